@@ -1,0 +1,73 @@
+"""segtxn's metadata store: the source of truth for every piece of shared state.
+
+Open one with :func:`open_store` (``memory://`` or ``etcd://host:port[,...][/namespace]``);
+see :class:`MetadataStore` for the contract and :mod:`segtxn.metastore.engine` for what a
+backend must provide.
+"""
+
+from segtxn.metastore.election import LeaderElection, Leadership
+from segtxn.metastore.errors import (
+    AlreadyExists,
+    BadVersion,
+    Compacted,
+    InvalidArgument,
+    InvalidKey,
+    MetadataStoreError,
+    NotFound,
+    SessionExpired,
+    StoreClosed,
+    StoreUnavailable,
+    TooLarge,
+    TooManyOperations,
+)
+from segtxn.metastore.records import (
+    MUST_NOT_EXIST,
+    Check,
+    Delete,
+    EventKind,
+    IndexEntry,
+    IndexEvent,
+    IndexListing,
+    Listing,
+    Op,
+    Put,
+    Record,
+    WatchEvent,
+)
+from segtxn.metastore.registry import open_store, register_scheme
+from segtxn.metastore.session import Session
+from segtxn.metastore.store import MetadataStore, StoreSettings
+
+__all__ = [
+    "MUST_NOT_EXIST",
+    "AlreadyExists",
+    "BadVersion",
+    "Check",
+    "Compacted",
+    "Delete",
+    "EventKind",
+    "IndexEntry",
+    "IndexEvent",
+    "IndexListing",
+    "InvalidArgument",
+    "InvalidKey",
+    "LeaderElection",
+    "Leadership",
+    "Listing",
+    "MetadataStore",
+    "MetadataStoreError",
+    "NotFound",
+    "Op",
+    "Put",
+    "Record",
+    "Session",
+    "SessionExpired",
+    "StoreClosed",
+    "StoreSettings",
+    "StoreUnavailable",
+    "TooLarge",
+    "TooManyOperations",
+    "WatchEvent",
+    "open_store",
+    "register_scheme",
+]

@@ -1,0 +1,120 @@
+"""Leader election on a session: one key, created only if absent, held by a lease.
+
+The winner's record version is its *fencing token*: it only grows across leaders, so a
+component that writes shared state on behalf of a leadership can guard those writes with
+``Check(election_key, token)`` and a deposed leader's late writes fail instead of landing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from segtxn.metastore.errors import AlreadyExists, BadVersion, NotFound, SessionExpired
+from segtxn.metastore.records import MUST_NOT_EXIST, EventKind, Record, WatchEvent
+from segtxn.metastore.session import Session
+from segtxn.metastore.store import MetadataStore
+
+log = logging.getLogger(__name__)
+
+ELECTIONS_PREFIX = "/segtxn/elections/"
+
+
+class Leadership:
+    """Held leadership. ``lost`` is set when the session expires or the key goes away."""
+
+    def __init__(self, election: LeaderElection, record: Record) -> None:
+        self.election = election
+        self.token = record.version
+        self.lost = asyncio.Event()
+        self._task = asyncio.create_task(
+            self._follow(), name=f"leadership-{election.name}-{self.token}"
+        )
+
+    async def _follow(self) -> None:
+        store, key = self.election.store, self.election.key
+        session_lost = asyncio.create_task(
+            self.election.session.expired.wait(), name=f"leadership-{self.election.name}-session"
+        )
+        try:
+            async with store.watch(key, from_revision=self.token + 1) as events:
+                watch = asyncio.ensure_future(anext(events))
+                try:
+                    while True:
+                        done, _ = await asyncio.wait(
+                            {watch, session_lost}, return_when=asyncio.FIRST_COMPLETED
+                        )
+                        if session_lost in done:
+                            return
+                        event = watch.result()
+                        if event.kind is EventKind.DELETE or (
+                            event.record is not None and event.record.version != self.token
+                        ):
+                            return
+                        watch = asyncio.ensure_future(anext(events))
+                finally:
+                    watch.cancel()
+        finally:
+            session_lost.cancel()
+            self.lost.set()
+
+    async def resign(self) -> None:
+        """Give leadership up (delete the key if it is still ours). Idempotent."""
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        with contextlib.suppress(NotFound, BadVersion):
+            await self.election.store.delete(self.election.key, expected_version=self.token)
+        self.lost.set()
+
+
+class LeaderElection:
+    """Campaign for leadership of ``name`` among every holder of a session on the store."""
+
+    def __init__(
+        self, store: MetadataStore, name: str, session: Session, value: bytes = b""
+    ) -> None:
+        self.store = store
+        self.name = name
+        self.session = session
+        self.value = value
+        self.key = ELECTIONS_PREFIX + name
+
+    async def leader(self) -> Record | None:
+        """The current leader's record (its value identifies it), or None."""
+        return await self.store.get(self.key)
+
+    async def campaign(self) -> Leadership:
+        """Wait until this candidate is the leader.
+
+        Raises:
+            SessionExpired: the session expired while waiting.
+        """
+        while True:
+            self.session.check()
+            try:
+                record = await self.store.put(
+                    self.key, self.value, expected_version=MUST_NOT_EXIST, session=self.session
+                )
+                return Leadership(self, record)
+            except AlreadyExists as e:
+                await self._wait_deleted(e.actual)
+
+    async def _wait_deleted(self, seen_version: int) -> None:
+        expired = asyncio.create_task(self.session.expired.wait())
+        event: asyncio.Future[WatchEvent] | None = None
+        try:
+            async with self.store.watch(self.key, from_revision=seen_version + 1) as events:
+                while True:
+                    event = asyncio.ensure_future(anext(events))
+                    done, _ = await asyncio.wait(
+                        {event, expired}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if event not in done:
+                        raise SessionExpired("the session expired while campaigning")
+                    if event.result().kind is EventKind.DELETE:
+                        return
+        finally:
+            expired.cancel()
+            if event is not None:
+                event.cancel()

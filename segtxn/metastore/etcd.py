@@ -1,0 +1,356 @@
+"""The ``etcd://`` backend: the engine contract on a real etcd v3 cluster.
+
+It speaks etcd's gRPC API through the stubs that ``aetcd`` generates (``aetcd.rpc``), and
+not through ``aetcd.Client``'s convenience layer, because the store needs what that layer
+hides: compares over key ranges, failure branches that read, one bidirectional stream per
+watch with its own start revision, and every gRPC status mapped to the store's own errors.
+
+A URL names one or more endpoints and an optional namespace:
+``etcd://10.0.0.1:2379,10.0.0.2:2379/segtxn``. Every physical key is prefixed with the
+namespace, so several segtxn clusters (or test cases) can share one etcd cluster. When an
+endpoint stops answering, the next request goes to the next endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+from aetcd import rpc
+
+from segtxn.metastore.engine import (
+    Compare,
+    DeleteOp,
+    Engine,
+    EventKind,
+    GetOp,
+    KeyValue,
+    ModEquals,
+    PutOp,
+    RangeResult,
+    RawEvent,
+    TxnOp,
+    TxnResult,
+    WatchStream,
+)
+from segtxn.metastore.errors import (
+    Compacted,
+    InvalidArgument,
+    MetadataStoreError,
+    SessionExpired,
+    StoreClosed,
+    StoreUnavailable,
+    TooLarge,
+    TooManyOperations,
+)
+from segtxn.metastore.keys import prefix_end
+
+_UNAVAILABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+}
+
+
+def map_grpc_error(e: grpc.aio.AioRpcError) -> MetadataStoreError:
+    """Translate an etcd gRPC failure into the store's error tree."""
+    code, details = e.code(), e.details() or ""
+    if "too many operations" in details:
+        return TooManyOperations(f"etcd refused the transaction: {details}")
+    if "request is too large" in details or (
+        code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and ("message larger than max" in details or "received message larger" in details)
+    ):
+        return TooLarge(f"etcd refused the request: {details}")
+    if "lease not found" in details:
+        return SessionExpired(f"etcd: {details}")
+    if "compacted" in details:
+        return Compacted(0)
+    if code in _UNAVAILABLE:
+        return StoreUnavailable(f"etcd did not answer ({code.name}): {details}")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(f"etcd refused the request: {details}")
+    return StoreUnavailable(f"etcd failed ({code.name}): {details}")
+
+
+class EtcdEngine(Engine):
+    """Engine on an etcd v3 cluster (3.4 or newer)."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        namespace: bytes = b"",
+        *,
+        request_timeout_s: float = 5.0,
+        max_message_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        if not endpoints:
+            raise InvalidArgument("an etcd URL needs at least one host:port")
+        self._endpoints = list(endpoints)
+        self._current = 0
+        self._ns = namespace
+        self._timeout = request_timeout_s
+        self._options = [
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes),
+        ]
+        self._channel: grpc.aio.Channel | None = None
+        self._kv: Any = None
+        self._watch_stub: Any = None
+        self._lease: Any = None
+        self._closed = False
+        self._calls: set[Any] = set()
+
+    # -- connection --------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        if self._closed:
+            raise StoreClosed("the etcd store is closed")
+        if self._channel is None:
+            target = self._endpoints[self._current]
+            self._channel = grpc.aio.insecure_channel(target, options=self._options)
+            self._kv = rpc.KVStub(self._channel)
+            self._watch_stub = rpc.WatchStub(self._channel)
+            self._lease = rpc.LeaseStub(self._channel)
+
+    async def _failover(self, error: grpc.aio.AioRpcError) -> None:
+        """After UNAVAILABLE, move to the next endpoint (when there is more than one)."""
+        if error.code() != grpc.StatusCode.UNAVAILABLE or len(self._endpoints) < 2:
+            return
+        channel, self._channel = self._channel, None
+        self._current = (self._current + 1) % len(self._endpoints)
+        if channel is not None:
+            await channel.close()
+
+    async def _unary(self, method: str, request: Any) -> Any:
+        self._connect()
+        stub = self._lease if method.startswith("Lease") else self._kv
+        try:
+            return await getattr(stub, method)(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as e:
+            await self._failover(e)
+            raise map_grpc_error(e) from e
+
+    # -- key translation ---------------------------------------------------------------
+
+    def _key(self, key: bytes) -> bytes:
+        return self._ns + key
+
+    def _kv_out(self, kv: Any) -> KeyValue:
+        return KeyValue(
+            kv.key[len(self._ns) :], kv.value, kv.create_revision, kv.mod_revision, kv.lease
+        )
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def range(self, lo: bytes, hi: bytes | None = None, *, limit: int = 0) -> RangeResult:
+        request = rpc.RangeRequest(key=self._key(lo), limit=limit)
+        if hi is not None:
+            request.range_end = self._key(hi)
+        response = await self._unary("Range", request)
+        return RangeResult(
+            [self._kv_out(kv) for kv in response.kvs], response.header.revision, response.more
+        )
+
+    async def current_revision(self) -> int:
+        response = await self._unary(
+            "Range", rpc.RangeRequest(key=self._key(b"\x00"), count_only=True)
+        )
+        return int(response.header.revision)
+
+    # -- writes ------------------------------------------------------------------------
+
+    async def txn(
+        self,
+        compares: Sequence[Compare],
+        success: Sequence[TxnOp],
+        failure: Sequence[TxnOp] = (),
+    ) -> TxnResult:
+        request = rpc.TxnRequest(
+            compare=[self._compare(c) for c in compares],
+            success=[self._op(op) for op in success],
+            failure=[self._op(op) for op in failure],
+        )
+        response = await self._unary("Txn", request)
+        ops = success if response.succeeded else failure
+        results: list[KeyValue | int | None] = []
+        for op, item in zip(ops, response.responses, strict=True):
+            if isinstance(op, GetOp):
+                kvs = item.response_range.kvs
+                results.append(self._kv_out(kvs[0]) if kvs else None)
+            elif isinstance(op, DeleteOp):
+                results.append(int(item.response_delete_range.deleted))
+            else:
+                results.append(None)
+        return TxnResult(bool(response.succeeded), int(response.header.revision), results)
+
+    def _compare(self, compare: Compare) -> Any:
+        if isinstance(compare, ModEquals):
+            return rpc.Compare(
+                key=self._key(compare.key),
+                target=rpc.Compare.MOD,
+                result=rpc.Compare.EQUAL,
+                mod_revision=compare.revision,
+            )
+        return rpc.Compare(
+            key=self._key(compare.lo),
+            range_end=self._key(compare.hi),
+            target=rpc.Compare.MOD,
+            result=rpc.Compare.LESS,
+            mod_revision=compare.revision + 1,
+        )
+
+    def _op(self, op: TxnOp) -> Any:
+        if isinstance(op, PutOp):
+            return rpc.RequestOp(
+                request_put=rpc.PutRequest(key=self._key(op.key), value=op.value, lease=op.lease)
+            )
+        if isinstance(op, DeleteOp):
+            request = rpc.DeleteRangeRequest(key=self._key(op.key))
+            if op.range_end is not None:
+                request.range_end = self._key(op.range_end)
+            return rpc.RequestOp(request_delete_range=request)
+        return rpc.RequestOp(request_range=rpc.RangeRequest(key=self._key(op.key)))
+
+    # -- watches -----------------------------------------------------------------------
+
+    def watch(self, lo: bytes, hi: bytes | None, start_revision: int) -> WatchStream:
+        return self._watch(lo, hi, start_revision)
+
+    @asynccontextmanager
+    async def _watch(
+        self, lo: bytes, hi: bytes | None, start_revision: int
+    ) -> AsyncIterator[AsyncIterator[Sequence[RawEvent]]]:
+        self._connect()
+        create = rpc.WatchCreateRequest(key=self._key(lo), start_revision=start_revision)
+        if hi is not None:
+            create.range_end = self._key(hi)
+        call = self._watch_stub.Watch()
+        self._calls.add(call)
+        try:
+            try:
+                await call.write(rpc.WatchRequest(create_request=create))
+                created = await asyncio.wait_for(call.read(), self._timeout)
+            except grpc.aio.AioRpcError as e:
+                await self._failover(e)
+                raise map_grpc_error(e) from e
+            except TimeoutError as e:
+                raise StoreUnavailable("etcd did not confirm a watch in time") from e
+            if created is grpc.aio.EOF:
+                raise StoreUnavailable("etcd closed the watch stream while creating it")
+            self._check_watch_response(created)
+            yield self._iterate(call, created)
+        finally:
+            self._calls.discard(call)
+            call.cancel()
+
+    def _check_watch_response(self, response: Any) -> None:
+        if response.compact_revision:
+            raise Compacted(int(response.compact_revision))
+        if response.canceled:
+            reason = response.cancel_reason or "no reason given"
+            raise StoreUnavailable(f"etcd cancelled the watch: {reason}")
+
+    async def _iterate(self, call: Any, first: Any) -> AsyncIterator[Sequence[RawEvent]]:
+        response = first
+        while True:
+            if response.events:
+                yield [self._event(e) for e in response.events]
+            try:
+                response = await call.read()
+            except grpc.aio.AioRpcError as e:
+                if self._closed:
+                    raise StoreClosed("the etcd store is closed") from e
+                await self._failover(e)
+                raise map_grpc_error(e) from e
+            if response is grpc.aio.EOF:
+                raise StoreUnavailable("etcd ended the watch stream")
+            self._check_watch_response(response)
+
+    def _event(self, event: Any) -> RawEvent:
+        kv = event.kv
+        kind = EventKind.DELETE if event.type == rpc.Event.DELETE else EventKind.PUT
+        return RawEvent(
+            kind, kv.key[len(self._ns) :], kv.value, kv.mod_revision, kv.create_revision, kv.lease
+        )
+
+    # -- leases ------------------------------------------------------------------------
+
+    async def lease_grant(self, ttl_s: float) -> tuple[int, float]:
+        ttl = max(1, math.ceil(ttl_s))
+        response = await self._unary("LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl))
+        if response.error:
+            raise StoreUnavailable(f"etcd refused a lease: {response.error}")
+        return int(response.ID), float(response.TTL)
+
+    async def lease_keepalive(self, lease_id: int) -> float:
+        self._connect()
+        call = self._lease.LeaseKeepAlive(timeout=self._timeout)
+        try:
+            await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+            response = await call.read()
+        except grpc.aio.AioRpcError as e:
+            await self._failover(e)
+            raise map_grpc_error(e) from e
+        finally:
+            call.cancel()
+        if response is grpc.aio.EOF:
+            raise StoreUnavailable("etcd ended the keep-alive stream")
+        return float(max(0, response.TTL))
+
+    async def lease_revoke(self, lease_id: int) -> None:
+        try:
+            await self._unary("LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease_id))
+        except SessionExpired:
+            return
+
+    # -- maintenance -------------------------------------------------------------------
+
+    async def compact(self, revision: int) -> None:
+        self._connect()
+        try:
+            await self._kv.Compact(
+                rpc.CompactionRequest(revision=revision, physical=True), timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as e:
+            if "compacted" in (e.details() or ""):
+                return  # already compacted at or past `revision`
+            raise map_grpc_error(e) from e
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for call in list(self._calls):
+            call.cancel()
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+
+def parse_endpoints(netloc: str) -> list[str]:
+    """``host:port[,host:port...]`` -> a list of gRPC targets (default port 2379)."""
+    out = []
+    for item in netloc.split(","):
+        endpoint = item.strip()
+        if endpoint:
+            has_port = ":" in endpoint.rsplit("]", 1)[-1]
+            out.append(endpoint if has_port else f"{endpoint}:2379")
+    return out
+
+
+def namespace_bytes(path: str) -> bytes:
+    """The URL path (``/segtxn``) as a key prefix; ``""`` or ``/`` means no namespace."""
+    path = path.rstrip("/")
+    if not path:
+        return b""
+    raw = path.encode()
+    prefix_end(raw)  # validates
+    return raw

@@ -1,0 +1,229 @@
+"""A fault-injecting engine wrapper, for the tests of every component above the store.
+
+Wrap any engine (``open_store(url, wrap=FaultInjector)``) and then, while the system runs:
+
+- :meth:`FaultInjector.fail` makes chosen operations raise (``StoreUnavailable`` by
+  default), optionally only for keys under a prefix, a number of times;
+- :meth:`FaultInjector.delay` makes chosen operations slow;
+- :meth:`FaultInjector.drop_watches` breaks every open watch stream, as a lost connection
+  would (the store must resume them without the caller noticing);
+- :meth:`FaultInjector.expire_sessions` revokes leases behind the holders' backs, as a
+  session timeout would.
+
+Operations are named after the engine methods: ``range``, ``txn``, ``watch``,
+``current_revision``, ``lease_grant``, ``lease_keepalive``, ``lease_revoke``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from segtxn.metastore.engine import (
+    Compare,
+    DeleteOp,
+    Engine,
+    GetOp,
+    ModEquals,
+    PutOp,
+    RangeResult,
+    RawEvent,
+    TxnOp,
+    TxnResult,
+    WatchStream,
+)
+from segtxn.metastore.errors import MetadataStoreError, StoreUnavailable
+
+OPERATIONS = frozenset(
+    {"range", "txn", "watch", "current_revision", "lease_grant", "lease_keepalive", "lease_revoke"}
+)
+
+
+@dataclass
+class _Rule:
+    operation: str
+    key_prefix: bytes | None
+    times: int | None  # None: until cleared
+    error: MetadataStoreError | None
+    delay_s: float
+    before: bool  # txn only: fail before applying (True) or after applying (False)
+
+
+class FaultInjector(Engine):
+    """Wraps an engine and misbehaves on request. Every injected fault is counted in
+    :attr:`injected` so tests can assert that it actually fired."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self._rules: list[_Rule] = []
+        self._watch_breakers: set[asyncio.Event] = set()
+        self._leases: set[int] = set()
+        self.injected = 0
+
+    # -- configuration -----------------------------------------------------------------
+
+    def fail(
+        self,
+        operation: str,
+        *,
+        key_prefix: str | bytes | None = None,
+        times: int | None = 1,
+        error: MetadataStoreError | None = None,
+        after_apply: bool = False,
+    ) -> None:
+        """Make ``operation`` raise ``error`` (default ``StoreUnavailable``).
+
+        Args:
+            key_prefix: only when the operation touches a key starting with this.
+            times: how many times (None: until :meth:`clear`).
+            after_apply: for ``txn``, apply it first and then raise, like a reply lost
+                on the way back (the outcome is unknown to the caller).
+        """
+        self._add(
+            operation,
+            key_prefix=key_prefix,
+            times=times,
+            error=error or StoreUnavailable("injected fault"),
+            delay_s=0.0,
+            before=not after_apply,
+        )
+
+    def delay(
+        self,
+        operation: str,
+        seconds: float,
+        *,
+        key_prefix: str | bytes | None = None,
+        times: int | None = 1,
+    ) -> None:
+        """Make ``operation`` take ``seconds`` longer."""
+        self._add(
+            operation, key_prefix=key_prefix, times=times, error=None, delay_s=seconds, before=True
+        )
+
+    def clear(self) -> None:
+        self._rules.clear()
+
+    def drop_watches(self) -> int:
+        """Break every open watch stream now; returns how many were broken."""
+        breakers, self._watch_breakers = self._watch_breakers, set()
+        for breaker in breakers:
+            breaker.set()
+        self.injected += len(breakers)
+        return len(breakers)
+
+    async def expire_sessions(self) -> int:
+        """Revoke every lease granted through this wrapper; returns how many."""
+        leases, self._leases = self._leases, set()
+        for lease_id in leases:
+            await self.inner.lease_revoke(lease_id)
+        self.injected += len(leases)
+        return len(leases)
+
+    def _add(
+        self,
+        operation: str,
+        *,
+        key_prefix: str | bytes | None,
+        times: int | None,
+        error: MetadataStoreError | None,
+        delay_s: float,
+        before: bool,
+    ) -> None:
+        if operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {operation!r}; one of {sorted(OPERATIONS)}")
+        prefix = key_prefix.encode() if isinstance(key_prefix, str) else key_prefix
+        self._rules.append(_Rule(operation, prefix, times, error, delay_s, before))
+
+    async def _inject(self, operation: str, keys: Sequence[bytes], *, before: bool = True) -> None:
+        for rule in list(self._rules):
+            if rule.operation != operation or rule.before != before:
+                continue
+            if rule.key_prefix is not None and not any(k.startswith(rule.key_prefix) for k in keys):
+                continue
+            if rule.times is not None:
+                rule.times -= 1
+                if rule.times <= 0:
+                    self._rules.remove(rule)
+            self.injected += 1
+            if rule.delay_s:
+                await asyncio.sleep(rule.delay_s)
+            if rule.error is not None:
+                raise rule.error
+
+    # -- the engine --------------------------------------------------------------------
+
+    async def range(self, lo: bytes, hi: bytes | None = None, *, limit: int = 0) -> RangeResult:
+        await self._inject("range", [lo])
+        return await self.inner.range(lo, hi, limit=limit)
+
+    async def txn(
+        self, compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
+    ) -> TxnResult:
+        keys = [c.key if isinstance(c, ModEquals) else c.lo for c in compares]
+        keys += [op.key for op in success if isinstance(op, PutOp | DeleteOp | GetOp)]
+        await self._inject("txn", keys)
+        result = await self.inner.txn(compares, success, failure)
+        await self._inject("txn", keys, before=False)
+        return result
+
+    def watch(self, lo: bytes, hi: bytes | None, start_revision: int) -> WatchStream:
+        return self._watch(lo, hi, start_revision)
+
+    @asynccontextmanager
+    async def _watch(
+        self, lo: bytes, hi: bytes | None, start_revision: int
+    ) -> AsyncIterator[AsyncIterator[Sequence[RawEvent]]]:
+        await self._inject("watch", [lo])
+        breaker = asyncio.Event()
+        self._watch_breakers.add(breaker)
+        try:
+            async with self.inner.watch(lo, hi, start_revision) as stream:
+                yield self._breakable(stream, breaker)
+        finally:
+            self._watch_breakers.discard(breaker)
+
+    async def _breakable(
+        self, stream: AsyncIterator[Sequence[RawEvent]], breaker: asyncio.Event
+    ) -> AsyncIterator[Sequence[RawEvent]]:
+        broken = asyncio.ensure_future(breaker.wait())
+        try:
+            while True:
+                batch = asyncio.ensure_future(anext(stream))
+                await asyncio.wait({batch, broken}, return_when=asyncio.FIRST_COMPLETED)
+                if broken.done():
+                    batch.cancel()
+                    raise StoreUnavailable("injected: watch connection dropped")
+                try:
+                    yield batch.result()
+                except StopAsyncIteration:
+                    return
+        finally:
+            broken.cancel()
+
+    async def current_revision(self) -> int:
+        await self._inject("current_revision", [])
+        return await self.inner.current_revision()
+
+    async def lease_grant(self, ttl_s: float) -> tuple[int, float]:
+        await self._inject("lease_grant", [])
+        lease_id, ttl = await self.inner.lease_grant(ttl_s)
+        self._leases.add(lease_id)
+        return lease_id, ttl
+
+    async def lease_keepalive(self, lease_id: int) -> float:
+        await self._inject("lease_keepalive", [])
+        return await self.inner.lease_keepalive(lease_id)
+
+    async def lease_revoke(self, lease_id: int) -> None:
+        await self._inject("lease_revoke", [])
+        self._leases.discard(lease_id)
+        await self.inner.lease_revoke(lease_id)
+
+    async def compact(self, revision: int) -> None:
+        await self.inner.compact(revision)
+
+    async def close(self) -> None:
+        await self.inner.close()
