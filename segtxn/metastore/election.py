@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 
+from segtxn.aio import first_completed
 from segtxn.metastore.errors import AlreadyExists, BadVersion, NotFound, SessionExpired
-from segtxn.metastore.records import MUST_NOT_EXIST, EventKind, Record, WatchEvent
+from segtxn.metastore.records import MUST_NOT_EXIST, EventKind, Record
 from segtxn.metastore.session import Session
 from segtxn.metastore.store import MetadataStore
 
@@ -29,35 +30,28 @@ class Leadership:
         self.token = record.version
         self.lost = asyncio.Event()
         self._task = asyncio.create_task(
-            self._follow(), name=f"leadership-{election.name}-{self.token}"
+            self._guard(), name=f"leadership-{election.name}-{self.token}"
         )
 
-    async def _follow(self) -> None:
-        store, key = self.election.store, self.election.key
-        session_lost = asyncio.create_task(
-            self.election.session.expired.wait(), name=f"leadership-{self.election.name}-session"
-        )
+    async def _guard(self) -> None:
         try:
-            async with store.watch(key, from_revision=self.token + 1) as events:
-                watch = asyncio.ensure_future(anext(events))
-                try:
-                    while True:
-                        done, _ = await asyncio.wait(
-                            {watch, session_lost}, return_when=asyncio.FIRST_COMPLETED
-                        )
-                        if session_lost in done:
-                            return
-                        event = watch.result()
-                        if event.kind is EventKind.DELETE or (
-                            event.record is not None and event.record.version != self.token
-                        ):
-                            return
-                        watch = asyncio.ensure_future(anext(events))
-                finally:
-                    watch.cancel()
+            await first_completed(
+                self._key_changes(),
+                self.election.session.expired.wait(),
+                name=f"leadership-{self.election.name}",
+            )
         finally:
-            session_lost.cancel()
             self.lost.set()
+
+    async def _key_changes(self) -> None:
+        """Return when the election key is deleted or rewritten by someone else."""
+        store, key = self.election.store, self.election.key
+        async with store.watch(key, from_revision=self.token + 1) as events:
+            async for event in events:
+                if event.kind is EventKind.DELETE or (
+                    event.record is not None and event.record.version != self.token
+                ):
+                    return
 
     async def resign(self) -> None:
         """Give leadership up (delete the key if it is still ours). Idempotent."""
@@ -101,20 +95,14 @@ class LeaderElection:
                 await self._wait_deleted(e.actual)
 
     async def _wait_deleted(self, seen_version: int) -> None:
-        expired = asyncio.create_task(self.session.expired.wait())
-        event: asyncio.Future[WatchEvent] | None = None
-        try:
-            async with self.store.watch(self.key, from_revision=seen_version + 1) as events:
-                while True:
-                    event = asyncio.ensure_future(anext(events))
-                    done, _ = await asyncio.wait(
-                        {event, expired}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if event not in done:
-                        raise SessionExpired("the session expired while campaigning")
-                    if event.result().kind is EventKind.DELETE:
-                        return
-        finally:
-            expired.cancel()
-            if event is not None:
-                event.cancel()
+        winner = await first_completed(
+            self._deleted(seen_version), self.session.expired.wait(), name="campaign"
+        )
+        if winner == 1:
+            raise SessionExpired("the session expired while campaigning")
+
+    async def _deleted(self, seen_version: int) -> None:
+        async with self.store.watch(self.key, from_revision=seen_version + 1) as events:
+            async for event in events:
+                if event.kind is EventKind.DELETE:
+                    return

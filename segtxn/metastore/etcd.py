@@ -249,7 +249,7 @@ class EtcdEngine(Engine):
             yield self._iterate(call, created)
         finally:
             self._calls.discard(call)
-            call.cancel()
+            await _finish(call)
 
     def _check_watch_response(self, response: Any) -> None:
         if response.compact_revision:
@@ -300,7 +300,7 @@ class EtcdEngine(Engine):
             await self._failover(e)
             raise map_grpc_error(e) from e
         finally:
-            call.cancel()
+            await _finish(call)
         if response is grpc.aio.EOF:
             raise StoreUnavailable("etcd ended the keep-alive stream")
         return float(max(0, response.TTL))
@@ -333,6 +333,18 @@ class EtcdEngine(Engine):
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+
+
+async def _finish(call: Any) -> None:
+    """Cancel a streaming call and wait until gRPC has torn it down (its internal tasks
+    would otherwise outlive the caller)."""
+    call.cancel()
+    try:
+        await call.code()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        return
 
 
 def parse_endpoints(netloc: str) -> list[str]:

@@ -51,6 +51,43 @@ class _Rule:
     before: bool  # txn only: fail before applying (True) or after applying (False)
 
 
+_END = object()
+
+
+@dataclass(eq=False)
+class _Link:
+    """One watch connection between the inner engine and the store. Batches, the
+    stream's own failure, and its end all travel through one bounded queue."""
+
+    queue: asyncio.Queue[Sequence[RawEvent] | MetadataStoreError | object]
+    pump: asyncio.Task[None] | None = None
+
+    async def run(self, stream: AsyncIterator[Sequence[RawEvent]]) -> None:
+        try:
+            async for batch in stream:
+                await self.queue.put(batch)
+        except MetadataStoreError as e:
+            await self.queue.put(e)
+        else:
+            await self.queue.put(_END)
+
+    def cut(self) -> None:
+        if self.pump is not None:
+            self.pump.cancel()
+        while not self.queue.empty():  # in flight on the wire: lost with the connection
+            self.queue.get_nowait()
+        self.queue.put_nowait(StoreUnavailable("injected: watch connection dropped"))
+
+    async def receive(self) -> AsyncIterator[Sequence[RawEvent]]:
+        while True:
+            item = await self.queue.get()
+            if item is _END:
+                return
+            if isinstance(item, MetadataStoreError):
+                raise item
+            yield item  # type: ignore[misc]
+
+
 class FaultInjector(Engine):
     """Wraps an engine and misbehaves on request. Every injected fault is counted in
     :attr:`injected` so tests can assert that it actually fired."""
@@ -58,7 +95,7 @@ class FaultInjector(Engine):
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
         self._rules: list[_Rule] = []
-        self._watch_breakers: set[asyncio.Event] = set()
+        self._links: set[_Link] = set()
         self._leases: set[int] = set()
         self.injected = 0
 
@@ -106,13 +143,19 @@ class FaultInjector(Engine):
     def clear(self) -> None:
         self._rules.clear()
 
+    @property
+    def open_watches(self) -> int:
+        """Watch connections currently open through this wrapper."""
+        return len(self._links)
+
     def drop_watches(self) -> int:
-        """Break every open watch stream now; returns how many were broken."""
-        breakers, self._watch_breakers = self._watch_breakers, set()
-        for breaker in breakers:
-            breaker.set()
-        self.injected += len(breakers)
-        return len(breakers)
+        """Break every open watch stream now, losing what was in flight on it; returns
+        how many were broken."""
+        links, self._links = self._links, set()
+        for link in links:
+            link.cut()
+        self.injected += len(links)
+        return len(links)
 
     async def expire_sessions(self) -> int:
         """Revoke every lease granted through this wrapper; returns how many."""
@@ -176,32 +219,18 @@ class FaultInjector(Engine):
     async def _watch(
         self, lo: bytes, hi: bytes | None, start_revision: int
     ) -> AsyncIterator[AsyncIterator[Sequence[RawEvent]]]:
+        """The inner stream, pumped through a small queue that a drop can cut."""
         await self._inject("watch", [lo])
-        breaker = asyncio.Event()
-        self._watch_breakers.add(breaker)
-        try:
-            async with self.inner.watch(lo, hi, start_revision) as stream:
-                yield self._breakable(stream, breaker)
-        finally:
-            self._watch_breakers.discard(breaker)
-
-    async def _breakable(
-        self, stream: AsyncIterator[Sequence[RawEvent]], breaker: asyncio.Event
-    ) -> AsyncIterator[Sequence[RawEvent]]:
-        broken = asyncio.ensure_future(breaker.wait())
-        try:
-            while True:
-                batch = asyncio.ensure_future(anext(stream))
-                await asyncio.wait({batch, broken}, return_when=asyncio.FIRST_COMPLETED)
-                if broken.done():
-                    batch.cancel()
-                    raise StoreUnavailable("injected: watch connection dropped")
-                try:
-                    yield batch.result()
-                except StopAsyncIteration:
-                    return
-        finally:
-            broken.cancel()
+        async with self.inner.watch(lo, hi, start_revision) as stream:
+            link = _Link(asyncio.Queue(maxsize=8))
+            link.pump = asyncio.create_task(link.run(stream), name=f"fault-watch-pump-{lo!r}")
+            self._links.add(link)
+            try:
+                yield link.receive()
+            finally:
+                self._links.discard(link)
+                link.pump.cancel()
+                await asyncio.gather(link.pump, return_exceptions=True)
 
     async def current_revision(self) -> int:
         await self._inject("current_revision", [])

@@ -82,6 +82,8 @@ def normalize_index_key(value: str | int | Sequence[str | int]) -> IndexKey:
     """Accept a bare component or a sequence of components and return a tuple."""
     if isinstance(value, str | int):
         return (value,)
+    if not isinstance(value, tuple | list):
+        raise InvalidKey(f"an index key is a str, an int or a tuple of them, not {value!r}")
     return tuple(value)
 
 

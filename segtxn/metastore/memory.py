@@ -6,6 +6,10 @@ of history for watches (older history is compacted away, exactly like an etcd se
 auto-compaction), and leases that expire on the event loop's clock. Nothing is persisted:
 the process is the store.
 
+Every call yields to the event loop once before it runs, as a network round trip would: a
+task writing in a loop cannot starve the others, and concurrent callers interleave the way
+they do against etcd (which is what the conformance suite's race tests rely on).
+
 Watch delivery never polls: each write hands its events to the watchers whose range
 matches (point watchers are found by a dict lookup, range watchers by a bounds check). A
 watcher that falls more than ``max_pending_events`` behind drops its buffer and re-reads
@@ -83,6 +87,7 @@ class MemoryEngine(Engine):
     # -- reads -------------------------------------------------------------------------
 
     async def range(self, lo: bytes, hi: bytes | None = None, *, limit: int = 0) -> RangeResult:
+        await asyncio.sleep(0)
         self._check_open()
         if hi is None:
             kv = self._data.get(lo)
@@ -108,6 +113,7 @@ class MemoryEngine(Engine):
         success: Sequence[TxnOp],
         failure: Sequence[TxnOp] = (),
     ) -> TxnResult:
+        await asyncio.sleep(0)
         self._check_open()
         ok = all(self._holds(c) for c in compares)
         ops = success if ok else failure

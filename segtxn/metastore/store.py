@@ -135,8 +135,18 @@ class MetadataStore:
     ``TooLarge`` / ``TooManyOperations`` for requests that can never succeed.
     """
 
-    def __init__(self, engine: Engine, settings: StoreSettings | None = None) -> None:
+    def __init__(
+        self, engine: Engine, settings: StoreSettings | None = None, *, owns_engine: bool = True
+    ) -> None:
+        """Args:
+        engine: the backend.
+        settings: limits and tuning.
+        owns_engine: close the engine with the store. Several store clients may share one
+            engine (e.g. components of one process on one memory engine); only the owner
+            closes it.
+        """
         self.engine = engine
+        self._owns_engine = owns_engine
         self.settings = settings or StoreSettings()
         self._known: OrderedDict[bytes, _Known] = OrderedDict()
         self._seq_locks = [asyncio.Lock() for _ in range(64)]
@@ -494,7 +504,8 @@ class MetadataStore:
         self._closed = True
         for session in list(self._sessions):
             await session.close()
-        await self.engine.close()
+        if self._owns_engine:
+            await self.engine.close()
 
     async def __aenter__(self) -> MetadataStore:
         return self

@@ -1,0 +1,41 @@
+"""Suite-wide fixtures: a real etcd server for the session, and a guard against leaked tasks."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from segtxn.metastore.etcd_server import EtcdServer
+
+
+@pytest.fixture(scope="session")
+def etcd_server() -> Iterator[EtcdServer]:
+    """One real etcd for the whole run (fsync off: tests measure behaviour, not disks).
+    Each test isolates itself in its own key namespace."""
+    server = EtcdServer.in_temp_dir(unsafe_no_fsync=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves tasks running on its loop: every task needs an owner."""
+    before = asyncio.all_tasks()
+    yield
+    leaked = {t for t in asyncio.all_tasks() - before if t is not asyncio.current_task()}
+    if leaked:  # tasks that are winding down (gRPC tears calls down in its own tasks) may end
+        _, leaked = await asyncio.wait(leaked, timeout=2.0)
+    if not leaked:
+        return
+    names = sorted(f"{t.get_name()}: {_describe(t)}" for t in leaked)
+    pytest.fail(f"{len(leaked)} task(s) leaked: {names}")
+
+
+def _describe(task: asyncio.Task[object]) -> str:
+    coro = task.get_coro()
+    return f"{getattr(coro, '__qualname__', None) or coro} {task.get_stack(limit=2)}"

@@ -1,0 +1,104 @@
+"""Conformance: sessions, ephemeral records, expiry, and leader election hand-over."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from segtxn.metastore import (
+    EventKind,
+    LeaderElection,
+    MetadataStore,
+    SessionExpired,
+)
+from segtxn.metastore.faults import FaultInjector
+from tests.metastore.conftest import MakeStore
+from tests.waiting import take, wait_until
+
+
+async def test_closing_a_session_deletes_its_records(store: MetadataStore) -> None:
+    session = await store.open_session(ttl_s=5)
+    await store.put("/owner/topic-1", b"broker-1", session=session, indexes={"by-owner": "b1"})
+    await store.put("/durable", b"stays")
+    async with store.watch("/owner/topic-1") as events:
+        await session.close()
+        (event,) = await take(events, 1)
+    assert event.kind is EventKind.DELETE
+    assert (await store.index_range("by-owner")).entries == []
+    assert await store.get("/durable") is not None
+    with pytest.raises(SessionExpired):
+        await store.put("/owner/topic-2", b"x", session=session)
+
+
+async def test_lease_expires_when_keepalives_stop(
+    store: MetadataStore, faults: FaultInjector
+) -> None:
+    session = await store.open_session(ttl_s=1)
+    record = await store.put("/eph", b"x", session=session)
+    assert record.session_id == session.lease_id
+    faults.fail("lease_keepalive", times=None)  # the holder is cut off from the store
+    await asyncio.wait_for(session.expired.wait(), 10)
+    await wait_until(lambda: _absent(store, "/eph"), timeout=10, what="ephemeral key deleted")
+    faults.clear()
+    await session.close()
+
+
+async def _absent(store: MetadataStore, key: str) -> bool:
+    return await store.get(key) is None
+
+
+async def test_store_side_expiry_is_noticed(store: MetadataStore, faults: FaultInjector) -> None:
+    session = await store.open_session(ttl_s=1)
+    await store.put("/eph2", b"x", session=session)
+    assert await faults.expire_sessions() == 1
+    await asyncio.wait_for(session.expired.wait(), 10)
+    assert await store.get("/eph2") is None
+    with pytest.raises(SessionExpired):
+        await store.put("/eph3", b"x", session=session)
+
+
+async def test_leader_election_hand_over(make_store: MakeStore) -> None:
+    a_store, b_store = make_store(), make_store()
+    a_session, b_session = await a_store.open_session(5), await b_store.open_session(5)
+    first = await LeaderElection(a_store, "tc-0", a_session, b"a").campaign()
+    standby = asyncio.create_task(LeaderElection(b_store, "tc-0", b_session, b"b").campaign())
+    await asyncio.sleep(0)
+    assert not standby.done()
+    leader = await LeaderElection(b_store, "tc-0", b_session).leader()
+    assert leader is not None and leader.value == b"a"
+
+    await a_session.close()  # the leader dies
+    second = await asyncio.wait_for(standby, 10)
+    await asyncio.wait_for(first.lost.wait(), 10)
+    assert second.token > first.token
+    leader = await LeaderElection(a_store, "tc-0", b_session).leader()
+    assert leader is not None and leader.value == b"b"
+    await second.resign()
+    assert second.lost.is_set()
+    assert await LeaderElection(a_store, "tc-0", b_session).leader() is None
+    await b_session.close()
+
+
+async def test_leadership_is_lost_when_the_key_goes(store: MetadataStore) -> None:
+    session = await store.open_session(5)
+    leadership = await LeaderElection(store, "ctl", session).campaign()
+    await store.delete(leadership.election.key)  # e.g. an operator forcing a re-election
+    await asyncio.wait_for(leadership.lost.wait(), 10)
+    await leadership.resign()
+    await session.close()
+
+
+async def test_campaign_fails_when_the_session_expires(make_store: MakeStore) -> None:
+    holder, waiter = make_store(), make_store()
+    held = await holder.open_session(5)
+    leadership = await LeaderElection(holder, "x", held).campaign()
+    waiting_session = await waiter.open_session(1)
+    campaign = asyncio.create_task(LeaderElection(waiter, "x", waiting_session).campaign())
+    injector = waiter.engine
+    assert isinstance(injector, FaultInjector)
+    await injector.expire_sessions()
+    with pytest.raises(SessionExpired):
+        await asyncio.wait_for(campaign, 10)
+    await leadership.resign()
+    await held.close()

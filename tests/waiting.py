@@ -1,0 +1,43 @@
+"""Bounded waiting for tests: never a fixed sleep, always a condition and a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]], *, timeout: float = 10.0, what: str = ""
+) -> None:
+    """Re-check ``condition`` until it holds; fail after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = condition()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+        await asyncio.sleep(0.005)
+
+
+async def take(events: AsyncIterator[T], n: int, *, timeout: float = 10.0) -> list[T]:
+    """The next ``n`` items of an async iterator, or fail after ``timeout`` seconds."""
+    out: list[T] = []
+
+    async def collect() -> None:
+        async for item in events:
+            out.append(item)
+            if len(out) == n:
+                return
+
+    try:
+        await asyncio.wait_for(collect(), timeout)
+    except TimeoutError:
+        raise AssertionError(f"got {len(out)} of {n} items in {timeout}s: {out!r}") from None
+    return out
