@@ -14,6 +14,7 @@ import sys
 import click
 
 from segtxn.cli.demo import run_demo
+from segtxn.metastore import MetadataStoreError
 
 
 @click.group()
@@ -36,5 +37,8 @@ def main(verbose: int) -> None:
 @click.option("--seed", default=None, type=int, help="Random seed (printed when chosen).")
 def demo(store: str, transactions: int, seed: int | None) -> None:
     """Run the end-to-end demonstration and print what it saw."""
-    ok = asyncio.run(run_demo(store, transactions=transactions, seed=seed))
+    try:
+        ok = asyncio.run(run_demo(store, transactions=transactions, seed=seed))
+    except MetadataStoreError as e:
+        raise click.ClickException(f"{type(e).__name__}: {e}") from e
     sys.exit(0 if ok else 1)
