@@ -33,7 +33,10 @@ def test_encoding_round_trips(key: tuple[str | int, ...]) -> None:
     assert K.decode_index_key(K.encode_index_key(key)) == key
 
 
-@given(index_keys, index_keys, st.text(min_size=1, max_size=5).map(lambda s: "/" + s.replace("\x00", "")))
+primaries = st.text(min_size=1, max_size=5).map(lambda s: "/" + s.replace("\x00", ""))
+
+
+@given(index_keys, index_keys, primaries)
 def test_prefix_bounds_select_exactly_the_extensions(
     prefix: tuple[str | int, ...], other: tuple[str | int, ...], primary: str
 ) -> None:
