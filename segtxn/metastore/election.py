@@ -12,7 +12,13 @@ import contextlib
 import logging
 
 from segtxn.aio import first_completed
-from segtxn.metastore.errors import AlreadyExists, BadVersion, NotFound, SessionExpired
+from segtxn.metastore.errors import (
+    AlreadyExists,
+    BadVersion,
+    Compacted,
+    NotFound,
+    SessionExpired,
+)
 from segtxn.metastore.records import MUST_NOT_EXIST, EventKind, Record
 from segtxn.metastore.session import Session
 from segtxn.metastore.store import MetadataStore
@@ -46,11 +52,19 @@ class Leadership:
     async def _key_changes(self) -> None:
         """Return when the election key is deleted or rewritten by someone else."""
         store, key = self.election.store, self.election.key
-        async with store.watch(key, from_revision=self.token + 1) as events:
-            async for event in events:
-                if event.kind is EventKind.DELETE or (
-                    event.record is not None and event.record.version != self.token
-                ):
+        start = self.token + 1
+        while True:
+            try:
+                async with store.watch(key, from_revision=start) as events:
+                    async for event in events:
+                        if event.kind is EventKind.DELETE or (
+                            event.record is not None and event.record.version != self.token
+                        ):
+                            return
+            except Compacted:
+                # history is gone, not necessarily the key: look at it again
+                current, start = await self.election.read()
+                if current is None or current.version != self.token:
                     return
 
     async def resign(self) -> None:
@@ -78,6 +92,12 @@ class LeaderElection:
         """The current leader's record (its value identifies it), or None."""
         return await self.store.get(self.key)
 
+    async def read(self) -> tuple[Record | None, int]:
+        """The leader's record and the revision after the read (to watch from)."""
+        listing = await self.store.list_range(self.key, self.key + "\x01")
+        current = listing.records[0] if listing.records else None
+        return current, listing.revision + 1
+
     async def campaign(self) -> Leadership:
         """Wait until this candidate is the leader.
 
@@ -91,18 +111,26 @@ class LeaderElection:
                     self.key, self.value, expected_version=MUST_NOT_EXIST, session=self.session
                 )
                 return Leadership(self, record)
-            except AlreadyExists as e:
-                await self._wait_deleted(e.actual)
+            except AlreadyExists:
+                await self._wait_deleted()
 
-    async def _wait_deleted(self, seen_version: int) -> None:
+    async def _wait_deleted(self) -> None:
         winner = await first_completed(
-            self._deleted(seen_version), self.session.expired.wait(), name="campaign"
+            self._deleted(), self.session.expired.wait(), name="campaign"
         )
         if winner == 1:
             raise SessionExpired("the session expired while campaigning")
 
-    async def _deleted(self, seen_version: int) -> None:
-        async with self.store.watch(self.key, from_revision=seen_version + 1) as events:
-            async for event in events:
-                if event.kind is EventKind.DELETE:
-                    return
+    async def _deleted(self) -> None:
+        """Return once the key is absent (re-reading it whenever history is compacted)."""
+        while True:
+            current, start = await self.read()
+            if current is None:
+                return
+            try:
+                async with self.store.watch(self.key, from_revision=start) as events:
+                    async for event in events:
+                        if event.kind is EventKind.DELETE:
+                            return
+            except Compacted:
+                continue

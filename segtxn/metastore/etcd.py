@@ -73,6 +73,8 @@ def map_grpc_error(e: grpc.aio.AioRpcError) -> MetadataStoreError:
         return SessionExpired(f"etcd: {details}")
     if "compacted" in details:
         return Compacted(0)
+    if "future revision" in details:
+        return InvalidArgument(f"etcd: {details}")
     if code in _UNAVAILABLE:
         return StoreUnavailable(f"etcd did not answer ({code.name}): {details}")
     if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -100,6 +102,11 @@ class EtcdEngine(Engine):
         self._options = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
+            # A half-open connection must fail a watch instead of stalling it forever.
+            # etcd refuses pings more often than every 5 s (--grpc-keepalive-min-time).
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
         ]
         self._channel: grpc.aio.Channel | None = None
         self._kv: Any = None

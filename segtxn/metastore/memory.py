@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedDict
 
 from segtxn.metastore.engine import (
+    MAX_REQUEST_BYTES,
+    MAX_TXN_OPS,
     Compare,
     DeleteOp,
     Engine,
@@ -42,7 +44,14 @@ from segtxn.metastore.engine import (
     TxnResult,
     WatchStream,
 )
-from segtxn.metastore.errors import Compacted, InvalidArgument, SessionExpired, StoreClosed
+from segtxn.metastore.errors import (
+    Compacted,
+    InvalidArgument,
+    SessionExpired,
+    StoreClosed,
+    TooLarge,
+    TooManyOperations,
+)
 
 
 @dataclass(eq=False)
@@ -115,9 +124,10 @@ class MemoryEngine(Engine):
     ) -> TxnResult:
         await asyncio.sleep(0)
         self._check_open()
+        self._check_ops(compares, success)
+        self._check_ops((), failure)
         ok = all(self._holds(c) for c in compares)
         ops = success if ok else failure
-        self._check_ops(ops)
         return TxnResult(ok, *self._apply(ops))
 
     def _holds(self, compare: Compare) -> bool:
@@ -129,15 +139,28 @@ class MemoryEngine(Engine):
             for k in self._data.irange(compare.lo, compare.hi, inclusive=(True, False))
         )
 
-    def _check_ops(self, ops: Sequence[TxnOp]) -> None:
-        written: set[bytes] = set()
+    def _check_ops(self, compares: Sequence[Compare], ops: Sequence[TxnOp]) -> None:
+        """etcd's rules for a transaction, so both engines refuse the same requests."""
+        if len(compares) > MAX_TXN_OPS or len(ops) > MAX_TXN_OPS:
+            raise TooManyOperations(f"too many operations in txn request (limit {MAX_TXN_OPS})")
+        size = sum(
+            len(op.key) + len(op.value) if isinstance(op, PutOp) else len(op.key) for op in ops
+        )
+        if size > MAX_REQUEST_BYTES:
+            raise TooLarge(f"request is too large ({size} > {MAX_REQUEST_BYTES} bytes)")
+        puts: set[bytes] = set()
         for op in ops:
             if isinstance(op, PutOp):
-                if op.key in written:
-                    raise InvalidArgument(f"key {op.key!r} written twice in one transaction")
-                written.add(op.key)
+                if op.key in puts:
+                    raise InvalidArgument(f"duplicate key {op.key!r} given in txn request")
+                puts.add(op.key)
                 if op.lease and op.lease not in self._leases:
                     raise SessionExpired(f"lease {op.lease:#x} does not exist")
+        for op in ops:
+            if isinstance(op, DeleteOp) and any(
+                k == op.key if op.range_end is None else op.key <= k < op.range_end for k in puts
+            ):
+                raise InvalidArgument(f"a put and a delete overlap at {op.key!r} in one txn")
 
     def _apply(self, ops: Sequence[TxnOp]) -> tuple[int, list[KeyValue | int | None]]:
         revision = self._revision + 1
@@ -313,6 +336,8 @@ class MemoryEngine(Engine):
 
     async def compact(self, revision: int) -> None:
         self._check_open()
+        if revision > self._revision:
+            raise InvalidArgument(f"cannot compact at future revision {revision}")
         while self._history and self._history[0][0] < revision:
             self._history.popleft()
         self._compacted = max(self._compacted, min(revision, self._revision + 1))

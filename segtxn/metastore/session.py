@@ -25,14 +25,15 @@ log = logging.getLogger(__name__)
 class Session:
     """A live lease. Create one with :meth:`MetadataStore.open_session`."""
 
-    def __init__(self, engine: Engine, lease_id: int, ttl_s: float) -> None:
+    def __init__(self, engine: Engine, lease_id: int, ttl_s: float, granted_at: float) -> None:
+        """``granted_at``: the loop time just *before* the grant request was sent (the
+        store's clock may have started the TTL at any moment after it)."""
         self._engine = engine
         self.lease_id = lease_id
         self.ttl_s = ttl_s
         self.expired = asyncio.Event()
         """Set once the lease is gone (expired, revoked, closed, or unreachable for a TTL)."""
-        loop = asyncio.get_running_loop()
-        self._last_refresh = loop.time()
+        self._deadline = granted_at + ttl_s
         self._task = asyncio.create_task(
             self._keep_alive(), name=f"metastore-session-{lease_id:#x}-keepalive"
         )
@@ -48,25 +49,29 @@ class Session:
             raise SessionExpired(f"session {self.lease_id:#x} has expired")
 
     async def _keep_alive(self) -> None:
+        """Refresh every TTL/3; the lease is presumed gone at ``_deadline`` = send time of
+        the last successful refresh + the TTL it granted, whatever a slow call is doing."""
         loop = asyncio.get_running_loop()
         interval = self.ttl_s / 3
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, min(interval, self._deadline - loop.time())))
+            if loop.time() >= self._deadline:
+                log.warning("session %#x: no refresh within its TTL", self.lease_id)
+                break
+            sent = loop.time()
             try:
-                remaining = await self._engine.lease_keepalive(self.lease_id)
-            except StoreUnavailable as e:
-                if loop.time() - self._last_refresh >= self.ttl_s:
-                    log.warning("session %#x: no refresh for a full TTL (%s)", self.lease_id, e)
-                    self.expired.set()
-                    return
+                async with asyncio.timeout_at(self._deadline):
+                    remaining = await self._engine.lease_keepalive(self.lease_id)
+            except (StoreUnavailable, TimeoutError) as e:
+                log.info("session %#x: keep-alive failed (%s); retrying", self.lease_id, e)
                 interval = self.ttl_s / 10
                 continue
             if remaining <= 0:
                 log.warning("session %#x expired in the store", self.lease_id)
-                self.expired.set()
-                return
-            self._last_refresh = loop.time()
+                break
+            self._deadline = sent + remaining
             interval = self.ttl_s / 3
+        self.expired.set()
 
     def _on_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:

@@ -150,7 +150,7 @@ class MetadataStore:
         self.settings = settings or StoreSettings()
         self._known: OrderedDict[bytes, _Known] = OrderedDict()
         self._seq_locks = [asyncio.Lock() for _ in range(64)]
-        self._counters: dict[bytes, int] = {}  # sequence prefix -> last number seen
+        self._counters: OrderedDict[bytes, int] = OrderedDict()  # prefix -> last number
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._closed = False
 
@@ -289,16 +289,25 @@ class MetadataStore:
             if to_read:
                 result = await engine.txn([], [GetOp(raw) for raw in to_read])
                 self._learn_all(to_read, result.results)
-                plan.raise_if_expectation_fails(self._known)
+                plan.raise_if_expectation_fails(self._known, only=set(to_read))
             txn = plan.build(self._known, self._counters)
             result = await engine.txn(txn.compares, txn.success, txn.failure)
             if result.succeeded:
                 return self._applied(plan, txn, result.revision)
             self._learn_all(txn.compared, result.results)
             plan.raise_if_expectation_fails(self._known)
+            self._skip_taken_sequence_numbers(plan, txn)
         raise StoreUnavailable(
             f"gave up after {self.settings.max_attempts} attempts lost to concurrent writers"
         )
+
+    def _skip_taken_sequence_numbers(self, plan: _Plan, txn: _Txn) -> None:
+        for step in plan.steps:
+            if step.sequential:
+                raw, _ = txn.written[id(step)]
+                if self._known.get(raw, _ABSENT).mod:
+                    taken = int(raw[len(step.raw) :])
+                    self._counters[step.raw] = max(self._counters.get(step.raw, 0), taken)
 
     def _applied(self, plan: _Plan, txn: _Txn, revision: int) -> list[Record | None]:
         out: list[Record | None] = []
@@ -318,8 +327,9 @@ class MetadataStore:
             lease = op.session.lease_id if op.session else 0
             out.append(Record(raw.decode(), op.value, revision, created, step.indexes, lease))
         for prefix, last in txn.counters.items():
-            self._remember(K.sequence_counter_key(prefix), _Known(revision, revision, {}))
             self._counters[prefix] = last
+            self._counters.move_to_end(prefix)
+            self._remember(K.sequence_counter_key(prefix), _Known(revision, revision, {}))
         return out
 
     async def delete_range(self, lo: str, hi: str | None = None) -> int:
@@ -341,40 +351,56 @@ class MetadataStore:
         else:
             raw_lo, raw_hi = K.check_range(lo, hi)
         engine = self._engine()
-        counters = DeleteOp(K.sequence_counter_key(raw_lo), K.sequence_counter_key(raw_hi))
-        deleted = 0
-        budget = MAX_TXN_OPS - 2
+        deleted = failures = 0
         while True:
-            result = await engine.range(raw_lo, raw_hi, limit=budget)
+            result = await engine.range(raw_lo, raw_hi, limit=MAX_TXN_OPS)
+            if not result.kvs:
+                break
             chosen: list[tuple[KeyValue, list[bytes]]] = []
             ops = 0
             for kv in result.kvs:
                 _, indexes = _unpack(kv.value)
-                entries = [
-                    K.index_entry_key(K.check_index_name(n), ik, kv.key)
-                    for n, ik in indexes.items()
-                ]
-                if chosen and ops + 1 + len(entries) > budget:
+                entries = [K.index_entry_key(n.encode(), ik, kv.key) for n, ik in indexes.items()]
+                if chosen and ops + 1 + len(entries) > MAX_TXN_OPS:
                     break
                 chosen.append((kv, entries))
                 ops += 1 + len(entries)
-            whole = not result.more and len(chosen) == len(result.kvs)
-            if whole:
-                compares: list[Compare] = [RangeUnchangedSince(raw_lo, raw_hi, result.revision)]
-                success: list[TxnOp] = [DeleteOp(raw_lo, raw_hi), counters]
+            index_ops: list[TxnOp] = [DeleteOp(e) for _, entries in chosen for e in entries]
+            compares: list[Compare]
+            if not result.more and len(chosen) == len(result.kvs) and len(index_ops) < MAX_TXN_OPS:
+                # the whole range fits in one step
+                compares = [RangeUnchangedSince(raw_lo, raw_hi, result.revision)]
+                success: list[TxnOp] = [DeleteOp(raw_lo, raw_hi), *index_ops]
             else:
                 compares = [ModEquals(kv.key, kv.mod_revision) for kv, _ in chosen]
-                success = [DeleteOp(kv.key) for kv, _ in chosen]
-            success += [DeleteOp(e) for _, entries in chosen for e in entries]
+                success = [DeleteOp(kv.key) for kv, _ in chosen] + index_ops
             txn = await engine.txn(compares, success)
-            if not txn.succeeded:
-                continue  # something in the range changed under us: read it again
+            if not txn.succeeded:  # something in the range changed under us: read it again
+                failures += 1
+                if failures >= self.settings.max_attempts:
+                    raise StoreUnavailable(
+                        f"delete_range gave up after {failures} attempts lost to writers"
+                    )
+                continue
+            failures = 0
             for kv, _ in chosen:
                 self._remember(kv.key, _ABSENT)
             deleted += len(chosen)
-            if whole:
-                self._forget_counters(raw_lo, raw_hi)
-                return deleted
+        await self._delete_counters(raw_lo, raw_hi)
+        return deleted
+
+    async def _delete_counters(self, lo: bytes, hi: bytes) -> None:
+        """Forget the sequence counters of prefixes whose whole key range is in [lo, hi)."""
+        engine = self._engine()
+        found = await engine.range(K.sequence_counter_key(lo), K.sequence_counter_key(hi))
+        root = len(K.SEQUENCE_ROOT)
+        covered = [kv.key for kv in found.kvs if K.prefix_end(kv.key[root:]) <= hi]
+        for i in range(0, len(covered), MAX_TXN_OPS):
+            chunk = covered[i : i + MAX_TXN_OPS]
+            await engine.txn([], [DeleteOp(k) for k in chunk])
+            for key in chunk:
+                self._counters.pop(key[root:], None)
+                self._known.pop(key, None)
 
     # ================================================================== watches
 
@@ -486,8 +512,9 @@ class MetadataStore:
         """
         if ttl_s <= 0:
             raise InvalidArgument("a session TTL must be positive")
+        sent = asyncio.get_running_loop().time()
         lease_id, granted = await self._engine().lease_grant(ttl_s)
-        session = Session(self.engine, lease_id, granted)
+        session = Session(self.engine, lease_id, granted, sent)
         self._sessions.add(session)
         return session
 
@@ -520,11 +547,6 @@ class MetadataStore:
             raise StoreClosed("the metadata store is closed")
         return self.engine
 
-    def _forget_counters(self, lo: bytes, hi: bytes) -> None:
-        for prefix in [p for p in self._counters if lo <= p < hi]:
-            del self._counters[prefix]
-            self._known.pop(K.sequence_counter_key(prefix), None)
-
     def _learn_all(self, raws: Sequence[bytes], found: Sequence[KeyValue | int | None]) -> None:
         for raw, kv in zip(raws, found, strict=True):
             self._learn(raw, None if isinstance(kv, int) else kv)
@@ -548,6 +570,8 @@ class MetadataStore:
         self._known.move_to_end(raw)
         while len(self._known) > self.settings.cache_entries:
             self._known.popitem(last=False)
+        while len(self._counters) > self.settings.cache_entries:
+            self._counters.popitem(last=False)
 
     def _record(self, kv: KeyValue) -> Record:
         value, indexes = _unpack(kv.value)
@@ -608,6 +632,8 @@ class _Plan:
             raw = K.check_key(op.key, what="prefix" if sequential else "key")
             if op.expected_version is not None and op.expected_version < 0:
                 raise InvalidArgument("expected_version must be >= 0")
+            if isinstance(op, Delete) and op.expected_version == MUST_NOT_EXIST:
+                raise InvalidArgument("a delete cannot expect the key not to exist")
             indexes = cls._validate_put(op, settings) if isinstance(op, Put) else {}
             if not sequential:
                 if raw in seen:
@@ -676,6 +702,7 @@ class _Plan:
                 txn.counters[step.raw] += 1
                 raw = K.sequential_key(op.key, txn.counters[step.raw]).encode()
                 state = _ABSENT
+                compare(raw, 0)  # never overwrite: a counter reset must not reuse a key
             else:
                 raw = step.raw
                 state = known.get(raw, _ABSENT)
@@ -713,11 +740,15 @@ class _Plan:
         txn.failure = [GetOp(raw) for raw in txn.compared]
         return txn
 
-    def raise_if_expectation_fails(self, known: Mapping[bytes, _Known]) -> None:
-        """Given what the store now knows, raise the error of the first unmet expectation."""
+    def raise_if_expectation_fails(
+        self, known: Mapping[bytes, _Known], only: set[bytes] | None = None
+    ) -> None:
+        """Given what the store just learned, raise the error of the first unmet
+        expectation. ``only`` limits the check to freshly read keys: for the others the
+        cache is a guess, and the transaction's compares decide."""
         for step in self.steps:
             op = step.op
-            if step.sequential:
+            if step.sequential or (only is not None and step.raw not in only):
                 continue
             actual = known.get(step.raw, _ABSENT).mod
             expected = op.expected_version
@@ -741,9 +772,10 @@ class _ResumableWatch:
     """An engine watch that re-establishes itself after connection loss.
 
     Invariant: every event with revision >= ``start`` is delivered exactly once, in
-    revision order. After a break it resumes from the revision of the last delivered event
-    (not the one after it: a revision's events might have been split across responses),
-    skipping the keys of that revision it already delivered.
+    revision order. Engines deliver whole revisions (etcd does not split a revision's
+    events unless asked to fragment), so after a break it resumes from the revision after
+    the last one delivered. A quiet watch resumes from its start; if compaction has passed
+    that point meanwhile, it ends with ``Compacted`` and the caller re-reads.
     """
 
     def __init__(
@@ -752,8 +784,6 @@ class _ResumableWatch:
         self._engine = engine
         self._lo, self._hi = lo, hi
         self._next = start
-        self._last_revision = 0
-        self._last_keys: set[bytes] = set()
         self._retry_max_s = retry_max_s
         self._stack: contextlib.AsyncExitStack | None = None
         self._iter: AsyncIterator[Sequence[RawEvent]] | None = None
@@ -762,9 +792,10 @@ class _ResumableWatch:
         """(Re-)establish the engine watch from the first revision not yet delivered."""
         await self._close_stream()
         stack = contextlib.AsyncExitStack()
-        start = self._last_revision or self._next
         try:
-            stream = await stack.enter_async_context(self._engine.watch(self._lo, self._hi, start))
+            stream = await stack.enter_async_context(
+                self._engine.watch(self._lo, self._hi, self._next)
+            )
         except BaseException:
             await stack.aclose()
             raise
@@ -795,12 +826,7 @@ class _ResumableWatch:
                 return
             delay = 0.01
             for event in batch:
-                if event.mod_revision < self._last_revision or (
-                    event.mod_revision == self._last_revision and event.key in self._last_keys
-                ):
-                    continue
-                if event.mod_revision != self._last_revision:
-                    self._last_revision = event.mod_revision
-                    self._last_keys = set()
-                self._last_keys.add(event.key)
+                if event.mod_revision < self._next:
+                    continue  # already delivered before a reconnect
                 yield event
+            self._next = max(self._next, batch[-1].mod_revision + 1)
