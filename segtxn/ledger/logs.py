@@ -1,0 +1,62 @@
+"""Entry logs: the physical ledgers a managed ledger is made of.
+
+An :class:`EntryLog` is one append-only ledger: entries numbered 0, 1, 2, ... written in
+batches that are durable when ``append_batch`` returns. :class:`LogStorage` creates, opens
+(recovering from a crash) and deletes them. A replicated implementation (BookKeeper-style
+ensembles) would slot in here; the managed ledger above does not care where bytes live.
+
+Methods are blocking: the managed ledger calls them from a worker thread, one at a time per
+log (appends are serialized by the group-commit writer; reads may run concurrently with an
+append and only ever see whole, synced entries).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+
+class EntryLog(ABC):
+    ledger_id: int
+
+    @property
+    @abstractmethod
+    def count(self) -> int:
+        """Number of entries (the next entry id)."""
+
+    @abstractmethod
+    def append_batch(self, payloads: Sequence[bytes]) -> None:
+        """Append entries ``count .. count+len-1``; durable when this returns."""
+
+    @abstractmethod
+    def read(self, first: int, last: int) -> list[bytes]:
+        """Entries ``first..last`` inclusive (all must exist).
+
+        Raises:
+            LedgerCorrupted: an entry fails its checksum.
+        """
+
+    @abstractmethod
+    def size_bytes(self) -> int: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class LogStorage(ABC):
+    """Where the entry logs of every managed ledger on this broker live."""
+
+    @abstractmethod
+    def create(self, ledger_name: str, ledger_id: int) -> EntryLog:
+        """A new, empty log (replacing any leftover of a crashed earlier attempt)."""
+
+    @abstractmethod
+    def open(self, ledger_name: str, ledger_id: int, *, tail_bytes: int) -> EntryLog:
+        """Open an existing log, recovering from a crash: a torn or corrupt record within
+        the last ``tail_bytes`` of the log (the most a crashed, unacknowledged batch can
+        span) is truncated away with everything after it; damage before that raises
+        ``LedgerCorrupted``."""
+
+    @abstractmethod
+    def delete(self, ledger_name: str, ledger_id: int) -> None:
+        """Remove a log (idempotent)."""

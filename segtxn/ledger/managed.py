@@ -1,0 +1,470 @@
+"""The managed ledger: one durable, sealable entry stream per topic or segment.
+
+A managed ledger is a chain of entry logs ("ledgers") plus one metadata record in the store,
+``/managed-ledgers/<quoted name>`` (:data:`METADATA_PREFIX`), written only with
+compare-and-set. The record lists the ledgers (closed ones with their entry counts), the
+next ledger id, the sealed flag and the ledger's properties (PIP-373's
+``__contains_txn_messages`` among them).
+
+Appends go through a **group-commit** writer: every append waiting while a batch is being
+written and synced joins the next batch, so concurrent appends share one fsync. A batch is
+bounded by ``max_batch_bytes`` (and, if set, waits at most ``max_batch_delay_s`` to fill).
+``append`` returns once its batch is durable.
+
+Each time a managed ledger is opened, the ledger its previous incarnation was appending to
+is recovered (a torn tail truncated), closed in the metadata, and a fresh ledger started:
+a ledger is only ever appended to by one incarnation, and the metadata CAS fences a stale
+one (``LedgerFenced``).
+
+``terminate()`` seals the ledger: appends already accepted are completed, then one CAS sets
+the sealed flag, so a crash leaves the ledger either sealed or not. Sealed ledgers still
+serve reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import msgspec
+
+from segtxn.ledger.errors import (
+    EntryTooLarge,
+    LedgerClosed,
+    LedgerError,
+    LedgerFenced,
+    LedgerSealed,
+)
+from segtxn.ledger.logs import EntryLog, LogStorage
+from segtxn.ledger.position import Entry, Position
+from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore, NotFound
+
+log = logging.getLogger(__name__)
+
+METADATA_PREFIX = "/managed-ledgers/"
+_RECORD_OVERHEAD = 16
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    max_ledger_bytes: int = 64 * 1024 * 1024
+    """Roll over to a new ledger (file) once the current one is this large."""
+    max_entry_bytes: int = 5 * 1024 * 1024
+    max_batch_bytes: int = 4 * 1024 * 1024
+    """Largest group-commit batch (one entry larger than this makes a batch of its own)."""
+    max_batch_delay_s: float = 0.0
+    """Extra time a batch may wait to fill; 0: write as soon as the previous sync ends."""
+    max_pending_bytes: int = 64 * 1024 * 1024
+    """Appends wait (backpressure) while this many bytes are queued and not yet durable."""
+
+
+class LedgerInfo(msgspec.Struct, frozen=True):
+    id: int
+    created_ms: int
+    entries: int | None = None
+    """Entry count once closed; None for the ledger being appended to."""
+
+
+class LedgerMetadata(msgspec.Struct, frozen=True):
+    ledgers: list[LedgerInfo]
+    next_ledger_id: int
+    sealed: bool = False
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(LedgerMetadata).decode
+
+
+def metadata_key(name: str) -> str:
+    return METADATA_PREFIX + quote(name, safe="")
+
+
+@dataclass
+class WriteStats:
+    """Counters of the group-commit writer (what the metrics export)."""
+
+    entries: int = 0
+    batches: int = 0
+    """Synced batches: ``entries / batches`` is the average group-commit size."""
+    bytes: int = 0
+    rollovers: int = 0
+
+
+@dataclass(eq=False)
+class _Pending:
+    payload: bytes
+    done: asyncio.Future[Position]
+
+
+class ManagedLedger:
+    """Open with :meth:`open`; close with :meth:`close`. One owner process at a time."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        store: MetadataStore,
+        storage: LogStorage,
+        settings: LedgerSettings,
+        metadata: LedgerMetadata,
+        version: int,
+        logs: dict[int, EntryLog],
+    ) -> None:
+        self.name = name
+        self._store = store
+        self._storage = storage
+        self.settings = settings
+        self._meta = metadata
+        self._version = version
+        self._logs = logs
+        self._current = logs[metadata.ledgers[-1].id] if not metadata.sealed else None
+        self._queue: deque[_Pending] = deque()
+        self._queued_bytes = 0
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()  # the queue fell below max_pending_bytes
+        self._drained.set()
+        self._idle = asyncio.Event()  # nothing queued and nothing being written
+        self._idle.set()
+        self._changed = asyncio.Event()
+        self._sealing = metadata.sealed
+        self._closed = False
+        self._failure: BaseException | None = None
+        self._last = self._compute_last()
+        self.stats = WriteStats()
+        self._writer = asyncio.create_task(self._write_loop(), name=f"ledger-writer-{name}")
+
+    # ================================================================= opening
+
+    @classmethod
+    async def open(
+        cls,
+        name: str,
+        store: MetadataStore,
+        storage: LogStorage,
+        settings: LedgerSettings | None = None,
+    ) -> ManagedLedger:
+        """Open (creating if needed) the managed ledger ``name``, recovering from a crash.
+
+        Raises:
+            LedgerCorrupted: the last ledger is damaged where a crash cannot explain it.
+            LedgerFenced: another process changed the metadata while this one opened it.
+        """
+        settings = settings or LedgerSettings()
+        key = metadata_key(name)
+        record = await store.get(key)
+        now_ms = int(time.time() * 1000)
+        if record is None:
+            meta = LedgerMetadata([LedgerInfo(1, now_ms)], next_ledger_id=2)
+            try:
+                record = await store.put(key, _encode(meta), expected_version=MUST_NOT_EXIST)
+            except BadVersion as e:
+                raise LedgerFenced(f"{name}: created concurrently by another owner") from e
+            first: dict[int, EntryLog] = {1: await asyncio.to_thread(storage.create, name, 1)}
+            return cls(
+                name=name,
+                store=store,
+                storage=storage,
+                settings=settings,
+                metadata=meta,
+                version=record.version,
+                logs=first,
+            )
+        meta = _decode(record.value)
+        tail = max(settings.max_batch_bytes, settings.max_entry_bytes) + _RECORD_OVERHEAD
+        last = meta.ledgers[-1]
+        recovered = await asyncio.to_thread(storage.open, name, last.id, tail_bytes=tail)
+        logs: dict[int, EntryLog] = {last.id: recovered}
+        ledgers = [*meta.ledgers[:-1], LedgerInfo(last.id, last.created_ms, recovered.count)]
+        if not meta.sealed:
+            new_id = meta.next_ledger_id
+            ledgers.append(LedgerInfo(new_id, now_ms))
+            meta = LedgerMetadata(ledgers, new_id + 1, False, meta.properties)
+        else:
+            meta = LedgerMetadata(ledgers, meta.next_ledger_id, True, meta.properties)
+        try:
+            record = await store.put(key, _encode(meta), expected_version=record.version)
+        except (BadVersion, NotFound) as e:
+            recovered.close()
+            raise LedgerFenced(f"{name}: metadata changed while opening") from e
+        if not meta.sealed:
+            logs[meta.ledgers[-1].id] = await asyncio.to_thread(
+                storage.create, name, meta.ledgers[-1].id
+            )
+        return cls(
+            name=name,
+            store=store,
+            storage=storage,
+            settings=settings,
+            metadata=meta,
+            version=record.version,
+            logs=logs,
+        )
+
+    # ================================================================= state
+
+    @property
+    def is_sealed(self) -> bool:
+        return self._meta.sealed
+
+    @property
+    def last_confirmed(self) -> Position | None:
+        """The last durable entry, or None if the ledger holds none."""
+        return self._last
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        return dict(self._meta.properties)
+
+    def first_position(self) -> Position | None:
+        """The first retained entry, or None if the ledger holds none."""
+        for info in self._meta.ledgers:
+            count = self._count(info)
+            if count:
+                return Position(info.id, 0)
+        return None
+
+    def _count(self, info: LedgerInfo) -> int:
+        if info.entries is not None:
+            return info.entries
+        current = self._logs.get(info.id)
+        return current.count if current is not None else 0
+
+    def _compute_last(self) -> Position | None:
+        for info in reversed(self._meta.ledgers):
+            count = self._count(info)
+            if count:
+                return Position(info.id, count - 1)
+        return None
+
+    # ================================================================= appends
+
+    async def append(self, payload: bytes) -> Position:
+        """Append one entry; returns its position once it is durable.
+
+        Raises:
+            LedgerSealed: the ledger is terminated (or being terminated).
+            EntryTooLarge: the entry exceeds ``max_entry_bytes``.
+            LedgerClosed: the ledger object was closed.
+            LedgerError: an earlier write failed; reopen the ledger.
+        """
+        self._check_writable()
+        if len(payload) > self.settings.max_entry_bytes:
+            raise EntryTooLarge(
+                f"entry of {len(payload)} bytes exceeds {self.settings.max_entry_bytes}"
+            )
+        while self._queued_bytes + len(payload) > self.settings.max_pending_bytes and self._queue:
+            self._drained.clear()
+            await self._drained.wait()
+            self._check_writable()
+        pending = _Pending(payload, asyncio.get_running_loop().create_future())
+        self._queue.append(pending)
+        self._queued_bytes += len(payload)
+        self._idle.clear()
+        self._wake.set()
+        # the entry is written even if the caller stops waiting for it
+        return await asyncio.shield(pending.done)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LedgerClosed(f"{self.name} is closed")
+        if self._sealing:
+            raise LedgerSealed(f"{self.name} is sealed: it accepts no more appends")
+        if self._failure is not None:
+            raise LedgerError(f"{self.name} failed a write ({self._failure}); reopen it")
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            if (
+                self.settings.max_batch_delay_s
+                and self._queued_bytes < self.settings.max_batch_bytes
+            ):
+                await asyncio.sleep(self.settings.max_batch_delay_s)
+            batch = self._take_batch()
+            if not batch:
+                self._wake.clear()
+                self._idle.set()
+                continue
+            try:
+                await self._write(batch)
+            except Exception as e:
+                log.exception(
+                    "%s: write failed; the ledger refuses appends until reopened", self.name
+                )
+                self._failure = e
+                for pending in [*batch, *self._queue]:
+                    if not pending.done.done():
+                        pending.done.set_exception(LedgerError(f"write failed: {e}"))
+                self._queue.clear()
+                self._queued_bytes = 0
+                self._drained.set()
+                self._idle.set()
+                return
+
+    def _take_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        size = 0
+        while self._queue and (
+            not batch or size + len(self._queue[0].payload) <= self.settings.max_batch_bytes
+        ):
+            pending = self._queue.popleft()
+            batch.append(pending)
+            size += len(pending.payload)
+        self._queued_bytes -= size
+        if self._queued_bytes < self.settings.max_pending_bytes:
+            self._drained.set()
+        return batch
+
+    async def _write(self, batch: list[_Pending]) -> None:
+        current = self._current
+        if current is None:  # only a sealed ledger has no current log, and it queues nothing
+            raise LedgerSealed(f"{self.name} is sealed")
+        if current.count and current.size_bytes() >= self.settings.max_ledger_bytes:
+            current = await self._roll_over(current)
+        first = current.count
+        await asyncio.to_thread(current.append_batch, [p.payload for p in batch])
+        self.stats.entries += len(batch)
+        self.stats.batches += 1
+        self.stats.bytes += sum(len(p.payload) for p in batch)
+        for i, pending in enumerate(batch):
+            if not pending.done.done():
+                pending.done.set_result(Position(current.ledger_id, first + i))
+        self._last = Position(current.ledger_id, first + len(batch) - 1)
+        self._notify()
+
+    async def _roll_over(self, current: EntryLog) -> EntryLog:
+        new_id = self._meta.next_ledger_id
+        ledgers = [*self._meta.ledgers[:-1]]
+        closing = self._meta.ledgers[-1]
+        ledgers.append(LedgerInfo(closing.id, closing.created_ms, current.count))
+        ledgers.append(LedgerInfo(new_id, int(time.time() * 1000)))
+        await self._save(LedgerMetadata(ledgers, new_id + 1, False, self._meta.properties))
+        fresh = await asyncio.to_thread(self._storage.create, self.name, new_id)
+        self.stats.rollovers += 1
+        self._logs[new_id] = fresh
+        self._current = fresh
+        return fresh
+
+    async def _save(self, meta: LedgerMetadata) -> None:
+        try:
+            record = await self._store.put(
+                metadata_key(self.name), _encode(meta), expected_version=self._version
+            )
+        except (BadVersion, NotFound) as e:
+            raise LedgerFenced(f"{self.name}: metadata changed by another owner") from e
+        self._meta, self._version = meta, record.version
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # ================================================================= sealing
+
+    async def terminate(self) -> Position | None:
+        """Seal the ledger: finish the appends already accepted, then refuse all others.
+
+        Idempotent; returns the last position. Durable when it returns (one metadata CAS).
+        """
+        if self._meta.sealed:
+            return self._last
+        self._sealing = True
+        await self._idle.wait()
+        if self._failure is not None:
+            raise LedgerError(f"{self.name}: cannot seal after a failed write") from self._failure
+        if self._meta.sealed:
+            return self._last
+        closing = self._meta.ledgers[-1]
+        count = self._current.count if self._current is not None else 0
+        ledgers = [*self._meta.ledgers[:-1], LedgerInfo(closing.id, closing.created_ms, count)]
+        await self._save(
+            LedgerMetadata(ledgers, self._meta.next_ledger_id, True, self._meta.properties)
+        )
+        self._notify()
+        return self._last
+
+    # ================================================================= reads
+
+    async def read(
+        self, start: Position, *, max_entries: int = 100, max_bytes: int = 5 * 1024 * 1024
+    ) -> list[Entry]:
+        """Durable entries at or after ``start``, in order, at most ``max_entries`` (and
+        about ``max_bytes``: at least one entry is returned if any exists). Positions before
+        the first retained entry start at the first retained entry."""
+        out: list[Entry] = []
+        size = 0
+        for info in self._meta.ledgers:
+            if info.id < start.ledger_id:
+                continue
+            count = self._count(info)
+            first = start.entry_id if info.id == start.ledger_id else 0
+            if first >= count:
+                continue
+            last = min(count - 1, first + max_entries - len(out) - 1)
+            entry_log = await self._log(info.id)
+            payloads = await asyncio.to_thread(entry_log.read, first, last)
+            for i, payload in enumerate(payloads):
+                if out and size + len(payload) > max_bytes:
+                    return out
+                out.append(Entry(Position(info.id, first + i), payload))
+                size += len(payload)
+            if len(out) >= max_entries:
+                return out
+        return out
+
+    async def _log(self, ledger_id: int) -> EntryLog:
+        entry_log = self._logs.get(ledger_id)
+        if entry_log is None:
+            entry_log = await asyncio.to_thread(
+                self._storage.open, self.name, ledger_id, tail_bytes=0
+            )
+            self._logs[ledger_id] = entry_log
+        return entry_log
+
+    async def wait_for_entries(self, after: Position | None) -> None:
+        """Return once an entry after ``after`` (any entry, for None) is durable.
+
+        Raises:
+            LedgerSealed: the ledger is sealed and holds nothing after ``after``.
+            LedgerClosed: the ledger was closed while waiting.
+        """
+        while True:
+            changed = self._changed
+            if self._last is not None and (after is None or self._last > after):
+                return
+            if self._meta.sealed:
+                raise LedgerSealed(f"{self.name} is sealed at {self._last}")
+            if self._closed:
+                raise LedgerClosed(f"{self.name} is closed")
+            await changed.wait()
+
+    # ================================================================= properties
+
+    async def update_properties(
+        self, updates: Mapping[str, str], removals: tuple[str, ...] = ()
+    ) -> None:
+        """Set and remove properties in one metadata CAS (durable when it returns)."""
+        properties = {**self._meta.properties, **updates}
+        for key in removals:
+            properties.pop(key, None)
+        meta = self._meta
+        await self._save(LedgerMetadata(meta.ledgers, meta.next_ledger_id, meta.sealed, properties))
+
+    # ================================================================= closing
+
+    async def close(self) -> None:
+        """Finish queued appends, stop the writer, release files. Idempotent."""
+        if self._closed:
+            return
+        await self._idle.wait()
+        self._closed = True
+        self._writer.cancel()
+        await asyncio.gather(self._writer, return_exceptions=True)
+        for entry_log in self._logs.values():
+            await asyncio.to_thread(entry_log.close)
+        self._notify()
