@@ -24,15 +24,17 @@ serve reads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import msgspec
 
+from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix
 from segtxn.ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
@@ -61,6 +63,28 @@ class LedgerSettings:
     """Extra time a batch may wait to fill; 0: write as soon as the previous sync ends."""
     max_pending_bytes: int = 64 * 1024 * 1024
     """Appends wait (backpressure) while this many bytes are queued and not yet durable."""
+    max_persisted_ranges: int = 10_000
+    """Individually acknowledged ranges a cursor stores (more are redelivered on restart)."""
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """How long consumed data is kept. Unconsumed data is never trimmed."""
+
+    retention_time_s: float = 0.0
+    """Keep a consumed ledger at least this long after it was created."""
+    retention_bytes: int = 0
+    """...and keep at least this many bytes of the newest consumed ledgers."""
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    """What :meth:`ManagedLedger.trim` removed, so higher layers can trim their indexes."""
+
+    ledgers: list[int]
+    entries: int
+    first_retained: Position | None
+    """Everything before this position is gone (None: nothing was trimmed)."""
 
 
 class LedgerInfo(msgspec.Struct, frozen=True):
@@ -137,6 +161,7 @@ class ManagedLedger:
         self._failure: BaseException | None = None
         self._last = self._compute_last()
         self.stats = WriteStats()
+        self.cursors: dict[str, ManagedCursor] = {}
         self._writer = asyncio.create_task(self._write_loop(), name=f"ledger-writer-{name}")
 
     # ================================================================= opening
@@ -149,13 +174,35 @@ class ManagedLedger:
         storage: LogStorage,
         settings: LedgerSettings | None = None,
     ) -> ManagedLedger:
-        """Open (creating if needed) the managed ledger ``name``, recovering from a crash.
+        """Open (creating if needed) the managed ledger ``name`` and its cursors,
+        recovering from a crash.
 
         Raises:
             LedgerCorrupted: the last ledger is damaged where a crash cannot explain it.
             LedgerFenced: another process changed the metadata while this one opened it.
         """
-        settings = settings or LedgerSettings()
+        ledger = await cls._open(name, store, storage, settings or LedgerSettings())
+        listing = await store.list_prefix(cursors_prefix(name))
+        for record in listing.records:
+            cursor_name = unquote(record.key.rsplit("/", 1)[1])
+            ledger.cursors[cursor_name] = ManagedCursor.restore(
+                ledger=ledger,
+                name=cursor_name,
+                store=store,
+                raw=record.value,
+                version=record.version,
+                max_persisted_ranges=ledger.settings.max_persisted_ranges,
+            )
+        return ledger
+
+    @classmethod
+    async def _open(
+        cls,
+        name: str,
+        store: MetadataStore,
+        storage: LogStorage,
+        settings: LedgerSettings,
+    ) -> ManagedLedger:
         key = metadata_key(name)
         record = await store.get(key)
         now_ms = int(time.time() * 1000)
@@ -234,6 +281,38 @@ class ManagedLedger:
             return info.entries
         current = self._logs.get(info.id)
         return current.count if current is not None else 0
+
+    def position_after(self, position: Position) -> Position | None:
+        """The entry that follows ``position`` in this ledger, or None if it is not
+        written (yet). ``position`` need not exist (a mark before a ledger's first entry is
+        ``(ledger, -1)``; a trimmed ledger is skipped)."""
+        for info in self._meta.ledgers:
+            if info.id < position.ledger_id:
+                continue
+            count = self._count(info)
+            following = position.entry_id + 1 if info.id == position.ledger_id else 0
+            if following < count:
+                return Position(info.id, following)
+        return None
+
+    def next_write_position(self) -> Position:
+        """Where the next append would go (just after the last entry, once sealed)."""
+        if self._current is not None:
+            return Position(self._current.ledger_id, self._current.count)
+        if self._last is not None:
+            return Position(self._last.ledger_id, self._last.entry_id + 1)
+        return Position(self._meta.ledgers[-1].id, 0)
+
+    def count_after(self, position: Position) -> int:
+        """How many durable entries lie after ``position``."""
+        total = 0
+        for info in self._meta.ledgers:
+            count = self._count(info)
+            if info.id > position.ledger_id:
+                total += count
+            elif info.id == position.ledger_id:
+                total += max(0, count - position.entry_id - 1)
+        return total
 
     def _compute_last(self) -> Position | None:
         for info in reversed(self._meta.ledgers):
@@ -455,6 +534,99 @@ class ManagedLedger:
         meta = self._meta
         await self._save(LedgerMetadata(meta.ledgers, meta.next_ledger_id, meta.sealed, properties))
 
+    # ================================================================= cursors
+
+    async def open_cursor(self, name: str, *, start: str = "latest") -> ManagedCursor:
+        """The cursor ``name``, created if missing with its first unacknowledged entry at
+        the first retained entry (``start="earliest"``) or the next write (``"latest"``)."""
+        cursor = self.cursors.get(name)
+        if cursor is not None:
+            return cursor
+        if start == "earliest":
+            first = self.first_position() or self.next_write_position()
+        elif start == "latest":
+            first = self.next_write_position()
+        else:
+            raise ValueError(f"start must be 'earliest' or 'latest', not {start!r}")
+        mark = Position(first.ledger_id, first.entry_id - 1)
+        cursor = await ManagedCursor.create(
+            ledger=self,
+            name=name,
+            store=self._store,
+            mark_delete=mark,
+            max_persisted_ranges=self.settings.max_persisted_ranges,
+        )
+        self.cursors[name] = cursor
+        return cursor
+
+    async def delete_cursor(self, name: str) -> None:
+        """Forget a cursor (idempotent): it no longer holds data back from trimming."""
+        cursor = self.cursors.pop(name, None)
+        if cursor is not None:
+            await cursor.close()
+        with contextlib.suppress(NotFound):
+            await self._store.delete(cursor_key(self.name, name))
+
+    # ================================================================= retention
+
+    async def trim(self, policy: RetentionPolicy, *, now_s: float | None = None) -> TrimResult:
+        """Delete whole closed ledgers that every cursor has consumed and that the policy no
+        longer needs to keep. The ledger being appended to is never trimmed.
+
+        Returns what was removed (higher layers trim their own per-entry indexes by it).
+        """
+        now_ms = (time.time() if now_s is None else now_s) * 1000
+        consumed = min(
+            (c.mark_delete for c in self.cursors.values()),
+            default=self._last or Position(0, -1),
+        )
+        closed = [i for i in self._meta.ledgers if i.entries is not None]
+        if self._current is None and closed:
+            closed = closed[:-1]  # a sealed ledger keeps its last ledger for reads
+        removable: list[LedgerInfo] = []
+        for info in closed:
+            fully_consumed = (
+                info.entries == 0 or Position(info.id, (info.entries or 0) - 1) <= consumed
+            )
+            old_enough = now_ms - info.created_ms >= self._policy_time_ms(policy)
+            if not (fully_consumed and old_enough):
+                break
+            removable.append(info)
+        removable = self._keep_bytes(removable, policy.retention_bytes)
+        if not removable:
+            return TrimResult([], 0, None)
+        gone = {i.id for i in removable}
+        ledgers = [i for i in self._meta.ledgers if i.id not in gone]
+        meta = self._meta
+        await self._save(LedgerMetadata(ledgers, meta.next_ledger_id, meta.sealed, meta.properties))
+        for info in removable:
+            entry_log = self._logs.pop(info.id, None)
+            if entry_log is not None:
+                await asyncio.to_thread(entry_log.close)
+            await asyncio.to_thread(self._storage.delete, self.name, info.id)
+        return TrimResult(
+            sorted(gone), sum(i.entries or 0 for i in removable), self.first_position()
+        )
+
+    @staticmethod
+    def _policy_time_ms(policy: RetentionPolicy) -> float:
+        return policy.retention_time_s * 1000
+
+    def _keep_bytes(self, removable: list[LedgerInfo], keep: int) -> list[LedgerInfo]:
+        """Drop from the end of ``removable`` the newest ledgers needed to keep ``keep``
+        bytes of consumed data."""
+        if keep <= 0:
+            return removable
+        kept = 0
+        while removable and kept < keep:
+            newest = removable.pop()
+            entry_log = self._logs.get(newest.id)
+            kept += entry_log.size_bytes() if entry_log is not None else self._size_guess(newest)
+        return removable
+
+    def _size_guess(self, info: LedgerInfo) -> int:
+        return self.settings.max_ledger_bytes if info.entries else 0
+
     # ================================================================= closing
 
     async def close(self) -> None:
@@ -462,6 +634,8 @@ class ManagedLedger:
         if self._closed:
             return
         await self._idle.wait()
+        for cursor in self.cursors.values():
+            await cursor.close()
         self._closed = True
         self._writer.cancel()
         await asyncio.gather(self._writer, return_exceptions=True)

@@ -1,0 +1,226 @@
+"""Durable cursors: where a subscription is in a managed ledger.
+
+A cursor is a *mark-delete position* (every entry at or before it is acknowledged) plus the
+set of entries acknowledged individually beyond it (a :class:`RangeSet`). Acknowledging the
+entry right after the mark-delete position moves the mark forward across every range it
+then touches.
+
+State is stored at ``/managed-cursors/<quoted ledger>/<quoted cursor>`` (JSON), written with
+compare-and-set. Writes are coalesced: while one is in flight, further changes wait and are
+saved together by the next, so a burst of acknowledgments costs a few store writes, and
+``ack`` returns only once its change is durable. At most ``max_persisted_ranges`` ranges are
+stored; acknowledgments beyond them are lost on restart (those entries are delivered
+again: duplicates, never loss).
+
+A cursor never reads entries; dispatchers do, and tell the cursor what was acknowledged.
+It works the same on a sealed ledger (PIP-471: a sealed segment still moves its cursors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+from urllib.parse import quote
+
+import msgspec
+
+from segtxn.ledger.errors import LedgerClosed, LedgerFenced
+from segtxn.ledger.position import Position
+from segtxn.ledger.rangeset import RangeSet
+from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore, NotFound
+
+if TYPE_CHECKING:
+    from segtxn.ledger.managed import ManagedLedger
+
+CURSORS_PREFIX = "/managed-cursors/"
+
+
+class CursorState(msgspec.Struct, frozen=True):
+    mark_delete: tuple[int, int]
+    acked: list[list[int]] = msgspec.field(default_factory=list)
+    """Individually acknowledged ranges beyond the mark: [ledger, first, ledger, last]."""
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(CursorState).decode
+
+
+def cursors_prefix(ledger_name: str) -> str:
+    return f"{CURSORS_PREFIX}{quote(ledger_name, safe='')}/"
+
+
+def cursor_key(ledger_name: str, cursor_name: str) -> str:
+    return cursors_prefix(ledger_name) + quote(cursor_name, safe="")
+
+
+class ManagedCursor:
+    """Create through :meth:`ManagedLedger.open_cursor`."""
+
+    def __init__(
+        self,
+        *,
+        ledger: ManagedLedger,
+        name: str,
+        store: MetadataStore,
+        state: CursorState,
+        version: int,
+        max_persisted_ranges: int,
+    ) -> None:
+        self.ledger = ledger
+        self.name = name
+        self._store = store
+        self._key = cursor_key(ledger.name, name)
+        self._mark = Position(*state.mark_delete)
+        self._acked = RangeSet.from_list(state.acked)
+        self._version = version
+        self._max_ranges = max_persisted_ranges
+        self._changes = 0  # generation of the in-memory state
+        self._saved = 0  # generation last made durable
+        self._saving: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ================================================================= state
+
+    @property
+    def mark_delete(self) -> Position:
+        """Every entry at or before this position is acknowledged."""
+        return self._mark
+
+    @property
+    def acked_ranges(self) -> RangeSet:
+        """Entries acknowledged individually beyond the mark (a copy)."""
+        return RangeSet(list(self._acked))
+
+    def is_acked(self, position: Position) -> bool:
+        return position <= self._mark or position in self._acked
+
+    def backlog(self) -> int:
+        """Entries after the mark that are not acknowledged."""
+        return max(0, self.ledger.count_after(self._mark) - self._acked.count())
+
+    # ================================================================= acknowledgment
+
+    async def ack(self, positions: list[Position]) -> None:
+        """Acknowledge individual entries; returns once that is durable."""
+        for position in positions:
+            if position > self._mark:
+                self._acked.add(position)
+        self._advance()
+        await self._changed()
+
+    async def ack_cumulative(self, position: Position) -> None:
+        """Acknowledge every entry up to and including ``position``."""
+        if position > self._mark:
+            self._mark = position
+            self._acked.remove_up_to(position)
+        self._advance()
+        await self._changed()
+
+    async def seek(self, position: Position) -> None:
+        """Make ``position`` the next unacknowledged entry (forgets individual acks)."""
+        self._mark = Position(position.ledger_id, position.entry_id - 1)
+        self._acked = RangeSet()
+        await self._changed()
+
+    async def reset_to_earliest(self) -> None:
+        first = self.ledger.first_position() or self.ledger.next_write_position()
+        await self.seek(first)
+
+    async def reset_to_latest(self) -> None:
+        await self.seek(self.ledger.next_write_position())
+
+    def _advance(self) -> None:
+        while True:
+            first = self._acked.first()
+            if first is None:
+                return
+            following = self.ledger.position_after(self._mark)
+            if following is None or first[0] != following:
+                return
+            self._mark = first[1]
+            self._acked.remove_up_to(first[1])
+
+    # ================================================================= persistence
+
+    async def _changed(self) -> None:
+        if self._closed:
+            raise LedgerClosed(f"cursor {self.name} is closed")
+        self._changes += 1
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Wait until the current state is durable (coalescing with writes in flight)."""
+        target = self._changes
+        while self._saved < target:
+            if self._saving is None:
+                self._saving = asyncio.create_task(
+                    self._save(), name=f"cursor-save-{self.ledger.name}-{self.name}"
+                )
+            saving = self._saving
+            await asyncio.shield(saving)
+
+    async def _save(self) -> None:
+        generation = self._changes
+        state = CursorState(
+            (self._mark.ledger_id, self._mark.entry_id), self._acked.to_list(self._max_ranges)
+        )
+        try:
+            record = await self._store.put(
+                self._key, _encode(state), expected_version=self._version
+            )
+        except (BadVersion, NotFound) as e:
+            raise LedgerFenced(f"cursor {self.name}: changed by another owner") from e
+        finally:
+            self._saving = None
+        self._version = record.version
+        self._saved = generation
+
+    async def close(self) -> None:
+        """Make the state durable and stop. Idempotent."""
+        if not self._closed:
+            await self.flush()
+            self._closed = True
+
+    # ================================================================= creation
+
+    @classmethod
+    async def create(
+        cls,
+        *,
+        ledger: ManagedLedger,
+        name: str,
+        store: MetadataStore,
+        mark_delete: Position,
+        max_persisted_ranges: int,
+    ) -> ManagedCursor:
+        state = CursorState((mark_delete.ledger_id, mark_delete.entry_id))
+        key = cursor_key(ledger.name, name)
+        record = await store.put(key, _encode(state), expected_version=MUST_NOT_EXIST)
+        return cls(
+            ledger=ledger,
+            name=name,
+            store=store,
+            state=state,
+            version=record.version,
+            max_persisted_ranges=max_persisted_ranges,
+        )
+
+    @classmethod
+    def restore(
+        cls,
+        *,
+        ledger: ManagedLedger,
+        name: str,
+        store: MetadataStore,
+        raw: bytes,
+        version: int,
+        max_persisted_ranges: int,
+    ) -> ManagedCursor:
+        return cls(
+            ledger=ledger,
+            name=name,
+            store=store,
+            state=_decode(raw),
+            version=version,
+            max_persisted_ranges=max_persisted_ranges,
+        )

@@ -1,0 +1,122 @@
+"""Cursors: mark-delete and individual acks, durability, seek/reset, sealed ledgers, retention."""
+
+from __future__ import annotations
+
+import asyncio
+
+from segtxn.ledger import Position
+from segtxn.ledger.managed import RetentionPolicy
+from segtxn.metastore import MetadataStore
+from tests.ledger.conftest import OpenLedger
+
+
+async def test_individual_acks_advance_the_mark(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = [await ledger.append(str(i).encode()) for i in range(6)]
+    assert cursor.backlog() == 6
+    await cursor.ack([p[1], p[2], p[4]])
+    assert cursor.mark_delete < p[0] and not cursor.is_acked(p[0]) and cursor.is_acked(p[4])
+    await cursor.ack([p[0]])
+    assert cursor.mark_delete == p[2]  # 0,1,2 contiguous now
+    assert list(cursor.acked_ranges) == [(p[4], p[4])]
+    assert cursor.backlog() == 2
+    await cursor.ack_cumulative(p[5])
+    assert cursor.mark_delete == p[5] and len(cursor.acked_ranges) == 0 and cursor.backlog() == 0
+
+
+async def test_cursor_state_survives_reopen(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = [await ledger.append(b"x") for _ in range(5)]
+    await cursor.ack([p[0], p[3]])
+    await ledger.close()
+    again = await open_ledger()
+    restored = again.cursors["sub"]
+    assert restored.mark_delete == p[0]
+    assert list(restored.acked_ranges) == [(p[3], p[3])]
+    await restored.ack([p[1], p[2]])
+    assert restored.mark_delete == p[3]
+
+
+async def test_the_mark_crosses_ledger_boundaries(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger(max_ledger_bytes=250)
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = [await ledger.append(b"y" * 100) for _ in range(9)]
+    assert len({x.ledger_id for x in p}) >= 3
+    await cursor.ack(list(reversed(p)))
+    assert cursor.mark_delete == p[-1] and cursor.backlog() == 0
+
+
+async def test_concurrent_acks_coalesce_store_writes(
+    open_ledger: OpenLedger, store: MetadataStore
+) -> None:
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = [await ledger.append(b"z") for _ in range(200)]
+    before = await store.revision()
+    await asyncio.gather(*(cursor.ack([x]) for x in p))
+    writes = await store.revision() - before
+    assert cursor.mark_delete == p[-1]
+    assert writes < 50, f"200 acks cost {writes} store writes"
+
+
+async def test_seek_and_reset(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger()
+    p = [await ledger.append(b"s") for _ in range(4)]
+    latest = await ledger.open_cursor("late")  # starts after everything written so far
+    assert latest.backlog() == 0
+    earliest = await ledger.open_cursor("early", start="earliest")
+    assert earliest.backlog() == 4
+    await earliest.seek(p[2])
+    assert earliest.backlog() == 2 and earliest.is_acked(p[1]) and not earliest.is_acked(p[2])
+    await earliest.reset_to_latest()
+    assert earliest.backlog() == 0
+    await earliest.reset_to_earliest()
+    assert earliest.backlog() == 4
+
+
+async def test_cursors_move_on_a_sealed_ledger(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = [await ledger.append(b"t") for _ in range(3)]
+    await ledger.terminate()
+    await cursor.ack(p)
+    assert cursor.mark_delete == p[-1]
+    await ledger.close()
+    reopened = await open_ledger()
+    assert reopened.is_sealed and reopened.cursors["sub"].mark_delete == p[-1]
+
+
+async def test_deleted_cursor_is_forgotten(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger()
+    await ledger.open_cursor("gone")
+    await ledger.delete_cursor("gone")
+    await ledger.delete_cursor("gone")  # idempotent
+    await ledger.close()
+    assert "gone" not in (await open_ledger()).cursors
+
+
+async def test_retention_trims_only_consumed_closed_ledgers(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger(max_ledger_bytes=250)
+    slow = await ledger.open_cursor("slow", start="earliest")
+    fast = await ledger.open_cursor("fast", start="earliest")
+    p = [await ledger.append(b"r" * 100) for _ in range(12)]
+    ledgers = sorted({x.ledger_id for x in p})
+    await fast.ack_cumulative(p[-1])
+    nothing = await ledger.trim(RetentionPolicy())
+    assert nothing.ledgers == []  # "slow" has consumed nothing
+    await slow.ack_cumulative(p[5])
+    trimmed = await ledger.trim(RetentionPolicy())
+    assert trimmed.ledgers and max(trimmed.ledgers) < p[6].ledger_id
+    assert trimmed.first_retained is not None and trimmed.first_retained <= p[6]
+    assert trimmed.entries == sum(1 for x in p if x.ledger_id in trimmed.ledgers)
+    remaining = await ledger.read(Position(0, 0), max_entries=100)
+    assert remaining[0].position == trimmed.first_retained
+    assert set(ledgers) - set(trimmed.ledgers)
+    # a time-based policy keeps even consumed data until it is old enough
+    await slow.ack_cumulative(p[-1])
+    kept = await ledger.trim(RetentionPolicy(retention_time_s=3600))
+    assert kept.ledgers == []
+    late = await ledger.trim(RetentionPolicy(retention_time_s=3600), now_s=10**10)
+    assert late.ledgers
