@@ -1,5 +1,6 @@
 """Managed ledgers: durable, sealable entry streams, one per topic or range segment."""
 
+from segtxn.ledger.cursor import ManagedCursor
 from segtxn.ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
@@ -7,13 +8,19 @@ from segtxn.ledger.errors import (
     LedgerError,
     LedgerFenced,
     LedgerSealed,
-    NoSuchEntry,
 )
 from segtxn.ledger.files import FileLogStorage
 from segtxn.ledger.logs import EntryLog, LogStorage
-from segtxn.ledger.managed import METADATA_PREFIX, LedgerSettings, ManagedLedger
+from segtxn.ledger.managed import (
+    METADATA_PREFIX,
+    LedgerSettings,
+    ManagedLedger,
+    RetentionPolicy,
+    TrimResult,
+)
 from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.ledger.position import Entry, Position
+from segtxn.ledger.registry import open_log_storage
 
 __all__ = [
     "METADATA_PREFIX",
@@ -28,8 +35,11 @@ __all__ = [
     "LedgerSealed",
     "LedgerSettings",
     "LogStorage",
+    "ManagedCursor",
     "ManagedLedger",
     "MemoryLogStorage",
-    "NoSuchEntry",
     "Position",
+    "RetentionPolicy",
+    "TrimResult",
+    "open_log_storage",
 ]

@@ -30,7 +30,3 @@ class LedgerFenced(LedgerError):
 
 class EntryTooLarge(LedgerError):
     """An entry exceeds the ledger's maximum entry size."""
-
-
-class NoSuchEntry(LedgerError):
-    """A read asked for a position the ledger does not hold (trimmed or never written)."""
