@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
@@ -157,7 +157,9 @@ class ManagedLedger:
         self._idle.set()
         self._changed = asyncio.Event()
         self._sealing = metadata.sealed
+        self._closing = False
         self._closed = False
+        self._meta_lock = asyncio.Lock()  # one metadata CAS at a time: they chain versions
         self._failure: BaseException | None = None
         self._last = self._compute_last()
         self.stats = WriteStats()
@@ -350,7 +352,7 @@ class ManagedLedger:
         return await asyncio.shield(pending.done)
 
     def _check_writable(self) -> None:
-        if self._closed:
+        if self._closing:
             raise LedgerClosed(f"{self.name} is closed")
         if self._sealing:
             raise LedgerSealed(f"{self.name} is sealed: it accepts no more appends")
@@ -418,26 +420,43 @@ class ManagedLedger:
         self._notify()
 
     async def _roll_over(self, current: EntryLog) -> EntryLog:
-        new_id = self._meta.next_ledger_id
-        ledgers = [*self._meta.ledgers[:-1]]
-        closing = self._meta.ledgers[-1]
-        ledgers.append(LedgerInfo(closing.id, closing.created_ms, current.count))
-        ledgers.append(LedgerInfo(new_id, int(time.time() * 1000)))
-        await self._save(LedgerMetadata(ledgers, new_id + 1, False, self._meta.properties))
+        def roll(meta: LedgerMetadata) -> LedgerMetadata:
+            closing = meta.ledgers[-1]
+            ledgers = [
+                *meta.ledgers[:-1],
+                LedgerInfo(closing.id, closing.created_ms, current.count),
+            ]
+            ledgers.append(LedgerInfo(meta.next_ledger_id, int(time.time() * 1000)))
+            return LedgerMetadata(ledgers, meta.next_ledger_id + 1, False, meta.properties)
+
+        meta = await self._update(roll)
+        new_id = meta.ledgers[-1].id
         fresh = await asyncio.to_thread(self._storage.create, self.name, new_id)
         self.stats.rollovers += 1
         self._logs[new_id] = fresh
         self._current = fresh
         return fresh
 
-    async def _save(self, meta: LedgerMetadata) -> None:
-        try:
-            record = await self._store.put(
-                metadata_key(self.name), _encode(meta), expected_version=self._version
-            )
-        except (BadVersion, NotFound) as e:
-            raise LedgerFenced(f"{self.name}: metadata changed by another owner") from e
-        self._meta, self._version = meta, record.version
+    async def _update(
+        self, change: Callable[[LedgerMetadata], LedgerMetadata | None]
+    ) -> LedgerMetadata:
+        """Apply ``change`` to the current metadata and CAS the result (None: no change).
+
+        Updates are serialised, so each CAS expects the version the previous one wrote; a
+        failed CAS means another process owns the ledger now.
+        """
+        async with self._meta_lock:
+            meta = change(self._meta)
+            if meta is None:
+                return self._meta
+            try:
+                record = await self._store.put(
+                    metadata_key(self.name), _encode(meta), expected_version=self._version
+                )
+            except (BadVersion, NotFound) as e:
+                raise LedgerFenced(f"{self.name}: metadata changed by another owner") from e
+            self._meta, self._version = meta, record.version
+            return meta
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -456,14 +475,17 @@ class ManagedLedger:
         await self._idle.wait()
         if self._failure is not None:
             raise LedgerError(f"{self.name}: cannot seal after a failed write") from self._failure
-        if self._meta.sealed:
-            return self._last
-        closing = self._meta.ledgers[-1]
         count = self._current.count if self._current is not None else 0
-        ledgers = [*self._meta.ledgers[:-1], LedgerInfo(closing.id, closing.created_ms, count)]
-        await self._save(
-            LedgerMetadata(ledgers, self._meta.next_ledger_id, True, self._meta.properties)
-        )
+
+        def seal(meta: LedgerMetadata) -> LedgerMetadata | None:
+            if meta.sealed:
+                return None  # a concurrent terminate() got there first
+            closing = meta.ledgers[-1]
+            ledgers = [*meta.ledgers[:-1], LedgerInfo(closing.id, closing.created_ms, count)]
+            return LedgerMetadata(ledgers, meta.next_ledger_id, True, meta.properties)
+
+        await self._update(seal)
+        self._current = None
         self._notify()
         return self._last
 
@@ -528,11 +550,14 @@ class ManagedLedger:
         self, updates: Mapping[str, str], removals: tuple[str, ...] = ()
     ) -> None:
         """Set and remove properties in one metadata CAS (durable when it returns)."""
-        properties = {**self._meta.properties, **updates}
-        for key in removals:
-            properties.pop(key, None)
-        meta = self._meta
-        await self._save(LedgerMetadata(meta.ledgers, meta.next_ledger_id, meta.sealed, properties))
+
+        def change(meta: LedgerMetadata) -> LedgerMetadata:
+            properties = {**meta.properties, **updates}
+            for key in removals:
+                properties.pop(key, None)
+            return LedgerMetadata(meta.ledgers, meta.next_ledger_id, meta.sealed, properties)
+
+        await self._update(change)
 
     # ================================================================= cursors
 
@@ -596,9 +621,12 @@ class ManagedLedger:
         if not removable:
             return TrimResult([], 0, None)
         gone = {i.id for i in removable}
-        ledgers = [i for i in self._meta.ledgers if i.id not in gone]
-        meta = self._meta
-        await self._save(LedgerMetadata(ledgers, meta.next_ledger_id, meta.sealed, meta.properties))
+
+        def drop(meta: LedgerMetadata) -> LedgerMetadata:
+            kept = [i for i in meta.ledgers if i.id not in gone]
+            return LedgerMetadata(kept, meta.next_ledger_id, meta.sealed, meta.properties)
+
+        await self._update(drop)
         for info in removable:
             entry_log = self._logs.pop(info.id, None)
             if entry_log is not None:
@@ -631,8 +659,9 @@ class ManagedLedger:
 
     async def close(self) -> None:
         """Finish queued appends, stop the writer, release files. Idempotent."""
-        if self._closed:
+        if self._closing:
             return
+        self._closing = True  # refuse new appends; finish the accepted ones
         await self._idle.wait()
         for cursor in self.cursors.values():
             await cursor.close()

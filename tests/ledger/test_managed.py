@@ -8,6 +8,7 @@ import pytest
 
 from segtxn.ledger import (
     EntryTooLarge,
+    LedgerClosed,
     LedgerError,
     LedgerFenced,
     LedgerSealed,
@@ -167,3 +168,37 @@ async def test_a_failed_write_fails_its_appends_and_later_ones(
         await ledger.append(b"lost?")
     with pytest.raises(LedgerError, match="reopen"):
         await ledger.append(b"refused")
+
+
+async def test_concurrent_metadata_updates_do_not_fence_each_other(
+    open_ledger: OpenLedger,
+) -> None:
+    ledger = await open_ledger(max_ledger_bytes=200)
+    appends = [asyncio.create_task(ledger.append(b"a" * 150)) for _ in range(10)]  # rollovers
+    await asyncio.gather(
+        ledger.update_properties({"k1": "v1"}),
+        ledger.update_properties({"k2": "v2"}),
+        *appends,
+    )
+    first, second = await asyncio.gather(ledger.terminate(), ledger.terminate())
+    assert first == second == ledger.last_confirmed
+    assert ledger.properties == {"k1": "v1", "k2": "v2"}
+
+
+async def test_close_finishes_or_refuses_every_append(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger()
+
+    async def append(i: int) -> Position | None:
+        try:
+            return await ledger.append(str(i).encode())
+        except LedgerClosed:
+            return None
+
+    tasks = [asyncio.create_task(append(i)) for i in range(50)]
+    await asyncio.sleep(0)
+    await ledger.close()
+    results = await asyncio.wait_for(asyncio.gather(*tasks), 10)  # none hangs
+    accepted = [p for p in results if p is not None]
+    assert accepted
+    with pytest.raises(LedgerClosed):
+        await ledger.append(b"late")
