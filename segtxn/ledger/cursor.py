@@ -24,10 +24,11 @@ from urllib.parse import quote
 
 import msgspec
 
-from segtxn.ledger.errors import LedgerClosed, LedgerFenced
+from segtxn.ledger.errors import LedgerClosed
+from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
-from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore, NotFound
+from segtxn.metastore import MUST_NOT_EXIST, MetadataStore
 
 if TYPE_CHECKING:
     from segtxn.ledger.managed import ManagedLedger
@@ -165,14 +166,9 @@ class ManagedCursor:
             (self._mark.ledger_id, self._mark.entry_id), self._acked.to_list(self._max_ranges)
         )
         try:
-            record = await self._store.put(
-                self._key, _encode(state), expected_version=self._version
-            )
-        except (BadVersion, NotFound) as e:
-            raise LedgerFenced(f"cursor {self.name}: changed by another owner") from e
+            self._version = await cas_put(self._store, self._key, _encode(state), self._version)
         finally:
             self._saving = None
-        self._version = record.version
         self._saved = generation
 
     async def close(self) -> None:

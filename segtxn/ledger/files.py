@@ -10,6 +10,7 @@ file fsyncs its directory, so a ledger the metadata names survives a crash.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import zlib
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
-from segtxn.ledger.errors import LedgerCorrupted
+from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced
 from segtxn.ledger.logs import EntryLog, LogStorage
 
 _HEADER = struct.Struct(">IIQ")
@@ -59,11 +60,15 @@ class FileEntryLog(EntryLog):
         while written < len(data):
             written += os.pwrite(self._fd, data[written:], self._end + written)
         os.fdatasync(self._fd)
+        offsets: list[int] = []
         offset = self._end
         for payload in payloads:
-            self._offsets.append(offset)
+            offsets.append(offset)
             offset += _HEADER.size + len(payload)
+        # publish the end before the entries: a concurrent read never sees an entry
+        # whose bytes lie past the end it uses
         self._end = offset
+        self._offsets.extend(offsets)
 
     def read(self, first: int, last: int) -> list[bytes]:
         start = self._offsets[first]
@@ -119,18 +124,30 @@ class FileLogStorage(LogStorage):
         directory = self._dir(ledger_name)
         directory.mkdir(parents=True, exist_ok=True)
         path = self.path(ledger_name, ledger_id)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.fsync(fd)
-        _fsync_dir(directory)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            _lock(fd, path)
+            os.ftruncate(fd, 0)
+            os.fsync(fd)
+            _fsync_dir(directory)
+        except BaseException:
+            os.close(fd)
+            raise
         return FileEntryLog(path, ledger_id, fd, array("Q"), 0)
 
-    def open(self, ledger_name: str, ledger_id: int, *, tail_bytes: int) -> FileEntryLog:
+    def open(
+        self, ledger_name: str, ledger_id: int, *, tail_bytes: int, must_exist: bool = True
+    ) -> FileEntryLog:
         path = self.path(ledger_name, ledger_id)
         if not path.exists():
+            if must_exist:
+                raise LedgerCorrupted(f"{path}: the metadata names this ledger; it is missing")
             # metadata named the ledger, then the process died before the file was made
             return self.create(ledger_name, ledger_id)
         fd = os.open(path, os.O_RDWR)
         try:
+            _lock(fd, path)
+            os.fdatasync(fd)  # a crashed writer's unsynced pages: durable before we count them
             data = _read_all(fd)
             offsets, valid_end = scan(data)
             if valid_end < len(data):
@@ -148,6 +165,14 @@ class FileLogStorage(LogStorage):
 
     def delete(self, ledger_name: str, ledger_id: int) -> None:
         self.path(ledger_name, ledger_id).unlink(missing_ok=True)
+
+
+def _lock(fd: int, path: Path) -> None:
+    """Hold the log exclusively (released on close, or by the kernel when a process dies)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise LedgerFenced(f"{path} is held by another writer") from None
 
 
 def _read_all(fd: int) -> bytes:

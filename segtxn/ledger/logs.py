@@ -40,7 +40,8 @@ class EntryLog(ABC):
     def size_bytes(self) -> int: ...
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the log (and the exclusive hold on it). Idempotent."""
 
 
 class LogStorage(ABC):
@@ -48,14 +49,28 @@ class LogStorage(ABC):
 
     @abstractmethod
     def create(self, ledger_name: str, ledger_id: int) -> EntryLog:
-        """A new, empty log (replacing any leftover of a crashed earlier attempt)."""
+        """A new, empty log (replacing any leftover of a crashed earlier attempt).
+
+        Raises:
+            LedgerFenced: another handle (in this or another process) holds the log.
+        """
 
     @abstractmethod
-    def open(self, ledger_name: str, ledger_id: int, *, tail_bytes: int) -> EntryLog:
-        """Open an existing log, recovering from a crash: a torn or corrupt record within
-        the last ``tail_bytes`` of the log (the most a crashed, unacknowledged batch can
-        span) is truncated away with everything after it; damage before that raises
-        ``LedgerCorrupted``."""
+    def open(
+        self, ledger_name: str, ledger_id: int, *, tail_bytes: int, must_exist: bool = True
+    ) -> EntryLog:
+        """Open an existing log exclusively, recovering from a crash.
+
+        Whatever the log holds is made durable first (a crashed writer may have left
+        unsynced pages). A torn or corrupt record within the last ``tail_bytes`` (the most
+        one crashed, unacknowledged batch can span on disk) is truncated away with
+        everything after it; damage before that raises ``LedgerCorrupted``. A missing log
+        is created empty unless ``must_exist``.
+
+        Raises:
+            LedgerCorrupted: damage a crash cannot explain, or a missing log that must exist.
+            LedgerFenced: another handle holds the log.
+        """
 
     @abstractmethod
     def delete(self, ledger_name: str, ledger_id: int) -> None:

@@ -38,10 +38,12 @@ from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix
 from segtxn.ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
+    LedgerCorrupted,
     LedgerError,
     LedgerFenced,
     LedgerSealed,
 )
+from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.logs import EntryLog, LogStorage
 from segtxn.ledger.position import Entry, Position
 from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore, NotFound
@@ -99,10 +101,18 @@ class LedgerMetadata(msgspec.Struct, frozen=True):
     next_ledger_id: int
     sealed: bool = False
     properties: dict[str, str] = msgspec.field(default_factory=dict)
+    tail_bytes: int = 0
+    """The most bytes one batch of the current writer can span on disk: how much of the
+    last ledger's tail a crash may have torn (recovery truncates no more than this)."""
 
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(LedgerMetadata).decode
+
+
+def tail_bound(settings: LedgerSettings) -> int:
+    """On-disk bytes one group-commit batch can span (batches count record headers)."""
+    return max(settings.max_batch_bytes, settings.max_entry_bytes + _RECORD_OVERHEAD)
 
 
 def metadata_key(name: str) -> str:
@@ -118,6 +128,9 @@ class WriteStats:
     """Synced batches: ``entries / batches`` is the average group-commit size."""
     bytes: int = 0
     rollovers: int = 0
+    largest_batch_bytes: int = 0
+    """The largest batch on disk, record headers included (bounded by max_batch_bytes,
+    or one entry's size)."""
 
 
 @dataclass(eq=False)
@@ -161,6 +174,10 @@ class ManagedLedger:
         self._closed = False
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time: they chain versions
         self._failure: BaseException | None = None
+        self._admission = asyncio.Lock()  # appends wait for room first come, first served
+        self._reading: dict[int, int] = {}  # ledger id -> reads in flight
+        self._doomed: set[int] = set()  # trimmed ledgers to delete once their reads end
+        self._last: Position | None = None
         self._last = self._compute_last()
         self.stats = WriteStats()
         self.cursors: dict[str, ManagedCursor] = {}
@@ -209,7 +226,9 @@ class ManagedLedger:
         record = await store.get(key)
         now_ms = int(time.time() * 1000)
         if record is None:
-            meta = LedgerMetadata([LedgerInfo(1, now_ms)], next_ledger_id=2)
+            meta = LedgerMetadata(
+                [LedgerInfo(1, now_ms)], next_ledger_id=2, tail_bytes=tail_bound(settings)
+            )
             try:
                 record = await store.put(key, _encode(meta), expected_version=MUST_NOT_EXIST)
             except BadVersion as e:
@@ -225,22 +244,35 @@ class ManagedLedger:
                 logs=first,
             )
         meta = _decode(record.value)
-        tail = max(settings.max_batch_bytes, settings.max_entry_bytes) + _RECORD_OVERHEAD
         last = meta.ledgers[-1]
-        recovered = await asyncio.to_thread(storage.open, name, last.id, tail_bytes=tail)
-        logs: dict[int, EntryLog] = {last.id: recovered}
-        ledgers = [*meta.ledgers[:-1], LedgerInfo(last.id, last.created_ms, recovered.count)]
-        if not meta.sealed:
-            new_id = meta.next_ledger_id
-            ledgers.append(LedgerInfo(new_id, now_ms))
-            meta = LedgerMetadata(ledgers, new_id + 1, False, meta.properties)
-        else:
-            meta = LedgerMetadata(ledgers, meta.next_ledger_id, True, meta.properties)
+        recovered = await asyncio.to_thread(
+            storage.open,
+            name,
+            last.id,
+            tail_bytes=meta.tail_bytes or tail_bound(settings),
+            must_exist=last.entries is not None and last.entries > 0,
+        )
         try:
-            record = await store.put(key, _encode(meta), expected_version=record.version)
-        except (BadVersion, NotFound) as e:
+            count = recovered.count
+            if last.entries is not None and count < last.entries:
+                raise LedgerCorrupted(
+                    f"{name}: ledger {last.id} holds {count} entries; {last.entries} were "
+                    "recorded when it was closed"
+                )
+            count = count if last.entries is None else last.entries
+            ledgers = [*meta.ledgers[:-1], LedgerInfo(last.id, last.created_ms, count)]
+            next_id = meta.next_ledger_id
+            if not meta.sealed:
+                ledgers.append(LedgerInfo(next_id, now_ms))
+                next_id += 1
+            meta = msgspec.structs.replace(
+                meta, ledgers=ledgers, next_ledger_id=next_id, tail_bytes=tail_bound(settings)
+            )
+            version = await cas_put(store, key, _encode(meta), record.version)
+        except BaseException:
             recovered.close()
-            raise LedgerFenced(f"{name}: metadata changed while opening") from e
+            raise
+        logs: dict[int, EntryLog] = {last.id: recovered}
         if not meta.sealed:
             logs[meta.ledgers[-1].id] = await asyncio.to_thread(
                 storage.create, name, meta.ledgers[-1].id
@@ -251,7 +283,7 @@ class ManagedLedger:
             storage=storage,
             settings=settings,
             metadata=meta,
-            version=record.version,
+            version=version,
             logs=logs,
         )
 
@@ -279,10 +311,12 @@ class ManagedLedger:
         return None
 
     def _count(self, info: LedgerInfo) -> int:
+        """Durable entries of a ledger: readers never see an entry whose sync is pending."""
         if info.entries is not None:
             return info.entries
-        current = self._logs.get(info.id)
-        return current.count if current is not None else 0
+        if self._last is not None and self._last.ledger_id == info.id:
+            return self._last.entry_id + 1
+        return 0
 
     def position_after(self, position: Position) -> Position | None:
         """The entry that follows ``position`` in this ledger, or None if it is not
@@ -339,15 +373,17 @@ class ManagedLedger:
             raise EntryTooLarge(
                 f"entry of {len(payload)} bytes exceeds {self.settings.max_entry_bytes}"
             )
-        while self._queued_bytes + len(payload) > self.settings.max_pending_bytes and self._queue:
-            self._drained.clear()
-            await self._drained.wait()
-            self._check_writable()
-        pending = _Pending(payload, asyncio.get_running_loop().create_future())
-        self._queue.append(pending)
-        self._queued_bytes += len(payload)
-        self._idle.clear()
-        self._wake.set()
+        async with self._admission:  # FIFO: a waiting append is never overtaken
+            limit = self.settings.max_pending_bytes
+            while self._queued_bytes + len(payload) > limit and self._queue:
+                self._drained.clear()
+                await self._drained.wait()
+                self._check_writable()
+            pending = _Pending(payload, asyncio.get_running_loop().create_future())
+            self._queue.append(pending)
+            self._queued_bytes += len(payload)
+            self._idle.clear()
+            self._wake.set()
         # the entry is written even if the caller stops waiting for it
         return await asyncio.shield(pending.done)
 
@@ -386,17 +422,22 @@ class ManagedLedger:
                 self._queued_bytes = 0
                 self._drained.set()
                 self._idle.set()
+                self._notify()  # readers waiting for entries must learn of it too
                 return
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []
         size = 0
+        on_disk = 0  # records count with their headers: this bounds what a crash can tear
         while self._queue and (
-            not batch or size + len(self._queue[0].payload) <= self.settings.max_batch_bytes
+            not batch
+            or on_disk + len(self._queue[0].payload) + _RECORD_OVERHEAD
+            <= self.settings.max_batch_bytes
         ):
             pending = self._queue.popleft()
             batch.append(pending)
             size += len(pending.payload)
+            on_disk += len(pending.payload) + _RECORD_OVERHEAD
         self._queued_bytes -= size
         if self._queued_bytes < self.settings.max_pending_bytes:
             self._drained.set()
@@ -413,6 +454,8 @@ class ManagedLedger:
         self.stats.entries += len(batch)
         self.stats.batches += 1
         self.stats.bytes += sum(len(p.payload) for p in batch)
+        on_disk = sum(len(p.payload) + _RECORD_OVERHEAD for p in batch)
+        self.stats.largest_batch_bytes = max(self.stats.largest_batch_bytes, on_disk)
         for i, pending in enumerate(batch):
             if not pending.done.done():
                 pending.done.set_result(Position(current.ledger_id, first + i))
@@ -427,7 +470,9 @@ class ManagedLedger:
                 LedgerInfo(closing.id, closing.created_ms, current.count),
             ]
             ledgers.append(LedgerInfo(meta.next_ledger_id, int(time.time() * 1000)))
-            return LedgerMetadata(ledgers, meta.next_ledger_id + 1, False, meta.properties)
+            return msgspec.structs.replace(
+                meta, ledgers=ledgers, next_ledger_id=meta.next_ledger_id + 1
+            )
 
         meta = await self._update(roll)
         new_id = meta.ledgers[-1].id
@@ -449,13 +494,10 @@ class ManagedLedger:
             meta = change(self._meta)
             if meta is None:
                 return self._meta
-            try:
-                record = await self._store.put(
-                    metadata_key(self.name), _encode(meta), expected_version=self._version
-                )
-            except (BadVersion, NotFound) as e:
-                raise LedgerFenced(f"{self.name}: metadata changed by another owner") from e
-            self._meta, self._version = meta, record.version
+            version = await cas_put(
+                self._store, metadata_key(self.name), _encode(meta), self._version
+            )
+            self._meta, self._version = meta, version
             return meta
 
     def _notify(self) -> None:
@@ -482,7 +524,7 @@ class ManagedLedger:
                 return None  # a concurrent terminate() got there first
             closing = meta.ledgers[-1]
             ledgers = [*meta.ledgers[:-1], LedgerInfo(closing.id, closing.created_ms, count)]
-            return LedgerMetadata(ledgers, meta.next_ledger_id, True, meta.properties)
+            return msgspec.structs.replace(meta, ledgers=ledgers, sealed=True)
 
         await self._update(seal)
         self._current = None
@@ -499,16 +541,15 @@ class ManagedLedger:
         the first retained entry start at the first retained entry."""
         out: list[Entry] = []
         size = 0
-        for info in self._meta.ledgers:
-            if info.id < start.ledger_id:
-                continue
+        for info in list(self._meta.ledgers):
+            if info.id < start.ledger_id or info.id in self._doomed:
+                continue  # before the start, or trimmed while this read went on
             count = self._count(info)
-            first = start.entry_id if info.id == start.ledger_id else 0
+            first = max(0, start.entry_id) if info.id == start.ledger_id else 0
             if first >= count:
                 continue
             last = min(count - 1, first + max_entries - len(out) - 1)
-            entry_log = await self._log(info.id)
-            payloads = await asyncio.to_thread(entry_log.read, first, last)
+            payloads = await self._read_log(info.id, first, last)
             for i, payload in enumerate(payloads):
                 if out and size + len(payload) > max_bytes:
                     return out
@@ -518,14 +559,30 @@ class ManagedLedger:
                 return out
         return out
 
-    async def _log(self, ledger_id: int) -> EntryLog:
-        entry_log = self._logs.get(ledger_id)
-        if entry_log is None:
-            entry_log = await asyncio.to_thread(
-                self._storage.open, self.name, ledger_id, tail_bytes=0
-            )
-            self._logs[ledger_id] = entry_log
-        return entry_log
+    async def _read_log(self, ledger_id: int, first: int, last: int) -> list[bytes]:
+        """Read from one ledger, holding it against deletion by a concurrent trim."""
+        self._reading[ledger_id] = self._reading.get(ledger_id, 0) + 1
+        try:
+            entry_log = self._logs.get(ledger_id)
+            if entry_log is None:  # a closed ledger, opened on first read
+                entry_log = await asyncio.to_thread(
+                    self._storage.open, self.name, ledger_id, tail_bytes=0
+                )
+                self._logs[ledger_id] = entry_log
+            return await asyncio.to_thread(entry_log.read, first, last)
+        finally:
+            self._reading[ledger_id] -= 1
+            if not self._reading[ledger_id]:
+                del self._reading[ledger_id]
+                if ledger_id in self._doomed:
+                    await self._delete_log(ledger_id)
+
+    async def _delete_log(self, ledger_id: int) -> None:
+        self._doomed.discard(ledger_id)
+        entry_log = self._logs.pop(ledger_id, None)
+        if entry_log is not None:
+            await asyncio.to_thread(entry_log.close)
+        await asyncio.to_thread(self._storage.delete, self.name, ledger_id)
 
     async def wait_for_entries(self, after: Position | None) -> None:
         """Return once an entry after ``after`` (any entry, for None) is durable.
@@ -540,6 +597,8 @@ class ManagedLedger:
                 return
             if self._meta.sealed:
                 raise LedgerSealed(f"{self.name} is sealed at {self._last}")
+            if self._failure is not None:
+                raise LedgerError(f"{self.name} failed a write; no more entries will come")
             if self._closed:
                 raise LedgerClosed(f"{self.name} is closed")
             await changed.wait()
@@ -555,7 +614,7 @@ class ManagedLedger:
             properties = {**meta.properties, **updates}
             for key in removals:
                 properties.pop(key, None)
-            return LedgerMetadata(meta.ledgers, meta.next_ledger_id, meta.sealed, properties)
+            return msgspec.structs.replace(meta, properties=properties)
 
         await self._update(change)
 
@@ -624,14 +683,13 @@ class ManagedLedger:
 
         def drop(meta: LedgerMetadata) -> LedgerMetadata:
             kept = [i for i in meta.ledgers if i.id not in gone]
-            return LedgerMetadata(kept, meta.next_ledger_id, meta.sealed, meta.properties)
+            return msgspec.structs.replace(meta, ledgers=kept)
 
         await self._update(drop)
         for info in removable:
-            entry_log = self._logs.pop(info.id, None)
-            if entry_log is not None:
-                await asyncio.to_thread(entry_log.close)
-            await asyncio.to_thread(self._storage.delete, self.name, info.id)
+            self._doomed.add(info.id)
+            if info.id not in self._reading:  # else the last read in flight deletes it
+                await self._delete_log(info.id)
         return TrimResult(
             sorted(gone), sum(i.entries or 0 for i in removable), self.first_position()
         )
@@ -662,12 +720,28 @@ class ManagedLedger:
         if self._closing:
             return
         self._closing = True  # refuse new appends; finish the accepted ones
-        await self._idle.wait()
-        for cursor in self.cursors.values():
-            await cursor.close()
-        self._closed = True
-        self._writer.cancel()
-        await asyncio.gather(self._writer, return_exceptions=True)
-        for entry_log in self._logs.values():
-            await asyncio.to_thread(entry_log.close)
-        self._notify()
+        try:
+            await self._idle.wait()
+            if self._failure is None and not self._meta.sealed:
+                await self._record_clean_close()
+            for cursor in self.cursors.values():
+                await cursor.close()
+        finally:
+            self._closed = True
+            self._writer.cancel()
+            await asyncio.gather(self._writer, return_exceptions=True)
+            for entry_log in self._logs.values():
+                await asyncio.to_thread(entry_log.close)
+            self._notify()
+
+    async def _record_clean_close(self) -> None:
+        """Record the last ledger's entry count: after a clean close, recovery can tell
+        a lost acknowledged entry (corruption) from a torn unacknowledged tail."""
+        count = self._current.count if self._current is not None else 0
+
+        def close_last(meta: LedgerMetadata) -> LedgerMetadata:
+            last = meta.ledgers[-1]
+            ledgers = [*meta.ledgers[:-1], LedgerInfo(last.id, last.created_ms, count)]
+            return msgspec.structs.replace(meta, ledgers=ledgers)
+
+        await self._update(close_last)

@@ -2,49 +2,70 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerFenced
 from segtxn.ledger.logs import EntryLog, LogStorage
 
 
 class MemoryEntryLog(EntryLog):
-    def __init__(self, ledger_id: int) -> None:
+    """A handle on entries the storage keeps; only one handle per log is open at a time."""
+
+    def __init__(self, ledger_id: int, entries: list[bytes], release: Callable[[], None]) -> None:
         self.ledger_id = ledger_id
-        self._entries: list[bytes] = []
-        self._bytes = 0
+        self._entries = entries
+        self._release: Callable[[], None] | None = release
 
     @property
     def count(self) -> int:
         return len(self._entries)
 
     def size_bytes(self) -> int:
-        return self._bytes
+        return sum(len(e) for e in self._entries)
 
     def append_batch(self, payloads: Sequence[bytes]) -> None:
+        if self._release is None:
+            raise LedgerClosed(f"ledger {self.ledger_id} handle is closed")
         self._entries.extend(payloads)
-        self._bytes += sum(len(p) for p in payloads)
 
     def read(self, first: int, last: int) -> list[bytes]:
         return self._entries[first : last + 1]
 
     def close(self) -> None:
-        return None
+        if self._release is not None:
+            self._release()
+            self._release = None
 
 
 class MemoryLogStorage(LogStorage):
     """Logs outlive a ManagedLedger object (reopening finds them) but not the process."""
 
     def __init__(self) -> None:
-        self._logs: dict[tuple[str, int], MemoryEntryLog] = {}
+        self._logs: dict[tuple[str, int], list[bytes]] = {}
+        self._held: set[tuple[str, int]] = set()
+
+    def _handle(self, key: tuple[str, int]) -> MemoryEntryLog:
+        if key in self._held:
+            raise LedgerFenced(f"ledger {key[1]} of {key[0]} is held by another writer")
+        self._held.add(key)
+        return MemoryEntryLog(key[1], self._logs[key], lambda: self._held.discard(key))
 
     def create(self, ledger_name: str, ledger_id: int) -> MemoryEntryLog:
-        log = MemoryEntryLog(ledger_id)
-        self._logs[ledger_name, ledger_id] = log
-        return log
+        key = (ledger_name, ledger_id)
+        if key in self._held:
+            raise LedgerFenced(f"ledger {ledger_id} of {ledger_name} is held by another writer")
+        self._logs[key] = []
+        return self._handle(key)
 
-    def open(self, ledger_name: str, ledger_id: int, *, tail_bytes: int) -> MemoryEntryLog:
-        log = self._logs.get((ledger_name, ledger_id))
-        return log if log is not None else self.create(ledger_name, ledger_id)
+    def open(
+        self, ledger_name: str, ledger_id: int, *, tail_bytes: int, must_exist: bool = True
+    ) -> MemoryEntryLog:
+        key = (ledger_name, ledger_id)
+        if key not in self._logs:
+            if must_exist:
+                raise LedgerCorrupted(f"ledger {ledger_id} of {ledger_name} is missing")
+            return self.create(ledger_name, ledger_id)
+        return self._handle(key)
 
     def delete(self, ledger_name: str, ledger_id: int) -> None:
         self._logs.pop((ledger_name, ledger_id), None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from segtxn.ledger import Position
+from segtxn.ledger import LogStorage, Position
 from segtxn.ledger.managed import RetentionPolicy
 from segtxn.metastore import MetadataStore
 from tests.ledger.conftest import OpenLedger
@@ -120,3 +120,44 @@ async def test_retention_trims_only_consumed_closed_ledgers(open_ledger: OpenLed
     assert kept.ledgers == []
     late = await ledger.trim(RetentionPolicy(retention_time_s=3600), now_s=10**10)
     assert late.ledgers
+
+
+async def test_trim_waits_for_reads_in_flight(open_ledger: OpenLedger) -> None:
+    ledger = await open_ledger(max_ledger_bytes=250)
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = [await ledger.append(b"q" * 100) for _ in range(9)]
+    await cursor.ack_cumulative(p[-1])
+    await ledger.close()
+    ledger = await open_ledger(max_ledger_bytes=250)  # closed ledgers now open lazily
+    first_ledger = p[0].ledger_id
+    reading = asyncio.create_task(ledger.read(p[0], max_entries=2))
+    await asyncio.sleep(0)  # the read has registered and gone to its thread
+    trimmed = await ledger.trim(RetentionPolicy())
+    assert first_ledger in trimmed.ledgers
+    entries = await reading
+    assert [e.position for e in entries] == p[:2]  # served, not broken by the trim
+    # ...and deleted by the read's end: every closed ledger was consumed, so none is left
+    assert first_ledger not in ledger._logs and not ledger._doomed
+    assert await ledger.read(p[0]) == []
+
+
+async def test_an_unknown_cursor_write_outcome_is_resolved(
+    store: MetadataStore, storage: LogStorage
+) -> None:
+    from segtxn.ledger import LedgerSettings, ManagedLedger
+    from segtxn.metastore import MetadataStore as Store
+    from segtxn.metastore.faults import FaultInjector
+
+    faulty = Store(FaultInjector(store.engine), owns_engine=False)
+    injector = faulty.engine
+    assert isinstance(injector, FaultInjector)
+    ledger = await ManagedLedger.open("cur", faulty, storage, LedgerSettings())
+    try:
+        cursor = await ledger.open_cursor("sub", start="earliest")
+        p = [await ledger.append(b"u") for _ in range(3)]
+        injector.fail("txn", key_prefix="/managed-cursors/", after_apply=True)
+        await cursor.ack([p[0]])  # the reply was lost, but the write landed: not fenced
+        await cursor.ack([p[1], p[2]])
+        assert injector.injected == 1 and cursor.mark_delete == p[2]
+    finally:
+        await ledger.close()

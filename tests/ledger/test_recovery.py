@@ -95,3 +95,42 @@ def _flip_byte(path: Path, offset: int) -> None:
 def _append_raw(path: Path, data: bytes) -> None:
     with path.open("ab") as f:
         f.write(data)
+
+
+async def test_a_damaged_entry_of_a_sealed_ledger_is_not_cut_off(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    positions = [await ledger.append(f"e{i}".encode()) for i in range(10)]
+    await ledger.terminate()
+    await ledger.close()
+    path = storage.path(NAME, positions[-1].ledger_id)
+    _flip_byte(path, path.stat().st_size - 1)  # inside the last, acknowledged entry
+    with pytest.raises(LedgerCorrupted, match="were recorded"):
+        await ManagedLedger.open(NAME, store, storage, SETTINGS)
+
+
+async def test_a_damaged_entry_after_a_clean_close_is_not_cut_off(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 10)
+    path = storage.path(NAME, positions[-1].ledger_id)
+    _flip_byte(path, path.stat().st_size - 1)
+    with pytest.raises(LedgerCorrupted):
+        await ManagedLedger.open(NAME, store, storage, SETTINGS)
+
+
+async def test_a_missing_closed_ledger_is_corruption(store: MetadataStore, tmp_path: Path) -> None:
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 3)
+    await _fill(store, storage, 1)
+    storage.path(NAME, positions[0].ledger_id).unlink()
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    try:
+        with pytest.raises(LedgerCorrupted, match="missing"):
+            await ledger.read(positions[0])
+        assert not storage.path(NAME, positions[0].ledger_id).exists()  # not recreated empty
+    finally:
+        await ledger.close()

@@ -1,0 +1,34 @@
+"""Compare-and-set writes of ledger and cursor metadata, with unknown outcomes resolved.
+
+A CAS whose reply is lost (``StoreUnavailable``) may or may not have landed. Guessing
+wrong either way is bad: assuming it failed makes the next CAS use a stale version and
+report a fencing that never happened; assuming it succeeded may lose the change. So the
+record is read back: our bytes at a new version mean it landed; the old version means it
+did not (the caller may retry); anything else means another owner wrote it.
+"""
+
+from __future__ import annotations
+
+from segtxn.ledger.errors import LedgerFenced
+from segtxn.metastore import BadVersion, MetadataStore, NotFound, StoreUnavailable
+
+
+async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version: int) -> int:
+    """Write ``value`` if ``key`` is still at ``expected_version``; return the new version.
+
+    Raises:
+        LedgerFenced: someone else changed the record.
+        StoreUnavailable: the store cannot be reached and the write did not land.
+    """
+    try:
+        record = await store.put(key, value, expected_version=expected_version)
+        return record.version
+    except (BadVersion, NotFound) as e:
+        raise LedgerFenced(f"{key}: changed by another owner") from e
+    except StoreUnavailable:
+        current = await store.get(key)  # StoreUnavailable again: still unknown, caller retries
+        if current is not None and current.value == value and current.version > expected_version:
+            return current.version
+        if current is not None and current.version == expected_version:
+            raise
+        raise LedgerFenced(f"{key}: changed by another owner") from None
