@@ -1,0 +1,77 @@
+"""Error names on the wire, shaped like Pulsar's ``ServerError`` where one fits.
+
+Every failure a client can see carries one of these names, in a JSON body
+``{"error": NAME, "message": ...}`` (REST) or an ``Error`` frame (WebSocket). Clients branch
+on the name, never on the message.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorName(enum.StrEnum):
+    UNKNOWN = "UnknownError"
+    METADATA = "MetadataError"
+    PERSISTENCE = "PersistenceError"
+    SERVICE_NOT_READY = "ServiceNotReady"
+    TOPIC_NOT_FOUND = "TopicNotFound"
+    TOPIC_EXISTS = "TopicAlreadyExists"
+    SUBSCRIPTION_NOT_FOUND = "SubscriptionNotFound"
+    CONSUMER_BUSY = "ConsumerBusy"
+    PRODUCER_BUSY = "ProducerBusy"
+    TOPIC_TERMINATED = "TopicTerminatedError"
+    INVALID_TOPIC_NAME = "InvalidTopicName"
+    INVALID_MESSAGE = "InvalidMessage"
+    MESSAGE_TOO_LARGE = "MessageTooLarge"
+    NOT_ALLOWED = "NotAllowed"
+    NOT_OWNER = "NotOwner"
+    TOO_MANY_REQUESTS = "TooManyRequests"
+    INVALID_TXN_STATUS = "InvalidTxnStatus"
+    TRANSACTION_CONFLICT = "TransactionConflict"
+    TRANSACTION_NOT_FOUND = "TransactionNotFound"
+    INVALID_ARGUMENT = "InvalidArgument"
+
+    @property
+    def http_status(self) -> int:
+        return _STATUS.get(self, 500)
+
+
+_STATUS = {
+    ErrorName.SERVICE_NOT_READY: 503,
+    ErrorName.TOPIC_NOT_FOUND: 404,
+    ErrorName.SUBSCRIPTION_NOT_FOUND: 404,
+    ErrorName.TRANSACTION_NOT_FOUND: 404,
+    ErrorName.TOPIC_EXISTS: 409,
+    ErrorName.CONSUMER_BUSY: 409,
+    ErrorName.PRODUCER_BUSY: 409,
+    ErrorName.TRANSACTION_CONFLICT: 409,
+    ErrorName.INVALID_TXN_STATUS: 409,
+    ErrorName.TOPIC_TERMINATED: 409,
+    ErrorName.INVALID_TOPIC_NAME: 400,
+    ErrorName.INVALID_MESSAGE: 400,
+    ErrorName.INVALID_ARGUMENT: 400,
+    ErrorName.MESSAGE_TOO_LARGE: 413,
+    ErrorName.NOT_ALLOWED: 405,
+    ErrorName.NOT_OWNER: 307,
+    ErrorName.TOO_MANY_REQUESTS: 429,
+}
+
+
+class ServerError(Exception):
+    """An error with a wire name; raised by servers, and by the client when a server says so."""
+
+    def __init__(self, name: ErrorName, message: str, *, redirect: str | None = None) -> None:
+        super().__init__(f"{name.value}: {message}")
+        self.name = name
+        self.message = message
+        self.redirect = redirect
+        """For NotOwner: the URL of the broker that serves the topic."""
+
+    @property
+    def retriable(self) -> bool:
+        return self.name in {
+            ErrorName.SERVICE_NOT_READY,
+            ErrorName.NOT_OWNER,
+            ErrorName.TOO_MANY_REQUESTS,
+        }

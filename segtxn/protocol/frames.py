@@ -1,0 +1,135 @@
+"""WebSocket frames of the data plane: typed msgpack messages (see docs/protocol.md).
+
+Each WebSocket binary message carries exactly one frame. Frames are msgspec Structs with a
+``type`` tag; a message that does not decode as a frame the endpoint accepts is answered
+with an ``Error`` frame named ``InvalidMessage``, and the connection stays open.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+MessageIdT = tuple[int, int]
+"""(ledger id, entry id) of a message within one topic or segment."""
+
+
+class Frame(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fields=True):
+    """Base of every frame."""
+
+
+# ---------------------------------------------------------------- producer
+
+
+class Send(Frame, tag="send"):
+    seq: int
+    """Producer-assigned, strictly increasing: the broker drops a seq it has already stored
+    (de-duplication across reconnects) and answers with the original message id."""
+    payload: bytes
+    key: str | None = None
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+    event_time_ms: int | None = None
+
+
+class SendBatch(Frame, tag="send_batch"):
+    """Several sends in one WebSocket message (each is still stored as its own entry)."""
+
+    sends: list[Send]
+
+
+class Receipt(Frame, tag="receipt"):
+    seq: int
+    message_id: MessageIdT
+    duplicate: bool = False
+
+
+class ProducerReady(Frame, tag="producer_ready"):
+    producer_name: str
+    last_sequence_id: int
+    """The highest seq the broker has stored for this producer name (-1: none)."""
+    max_message_bytes: int
+
+
+# ---------------------------------------------------------------- consumer / reader
+
+
+class Flow(Frame, tag="flow"):
+    """Grant the broker ``permits`` more messages."""
+
+    permits: int
+
+
+class Ack(Frame, tag="ack"):
+    message_ids: list[MessageIdT]
+    cumulative: bool = False
+    request_id: int = 0
+    """Non-zero: the broker answers with AckReceipt(request_id) once the ack is durable."""
+
+
+class Nack(Frame, tag="nack"):
+    """Ask for redelivery of these messages (negative acknowledgment)."""
+
+    message_ids: list[MessageIdT]
+
+
+class ConsumerReady(Frame, tag="consumer_ready"):
+    consumer_name: str
+    subscription: str
+    active: bool
+    """False for a Failover standby: it gets messages only when it becomes active."""
+
+
+class Message(Frame, tag="message"):
+    message_id: MessageIdT
+    payload: bytes
+    key: str | None = None
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+    publish_time_ms: int = 0
+    event_time_ms: int | None = None
+    producer_name: str = ""
+    sequence_id: int = -1
+    redelivery_count: int = 0
+
+
+class AckReceipt(Frame, tag="ack_receipt"):
+    request_id: int
+
+
+class ActiveChange(Frame, tag="active_change"):
+    active: bool
+
+
+class EndOfTopic(Frame, tag="end_of_topic"):
+    """The topic is sealed and everything in it has been delivered."""
+
+
+# ---------------------------------------------------------------- both
+
+
+class Error(Frame, tag="error"):
+    error: str
+    """An ErrorName value."""
+    message: str
+    seq: int | None = None
+    """For a producer: the send that failed."""
+    request_id: int | None = None
+    redirect: str | None = None
+
+
+ProducerInput = Send | SendBatch
+ConsumerInput = Flow | Ack | Nack
+ServerFrame = (
+    Receipt
+    | ProducerReady
+    | ConsumerReady
+    | Message
+    | AckReceipt
+    | ActiveChange
+    | EndOfTopic
+    | Error
+)
+
+_encoder = msgspec.msgpack.Encoder()
+encode = _encoder.encode
+producer_input = msgspec.msgpack.Decoder(ProducerInput)
+consumer_input = msgspec.msgpack.Decoder(ConsumerInput)
+server_frame = msgspec.msgpack.Decoder(ServerFrame)
