@@ -734,6 +734,15 @@ class ManagedLedger:
                 await asyncio.to_thread(entry_log.close)
             self._notify()
 
+    async def delete(self) -> None:
+        """Close the ledger and delete it: its logs, cursors and metadata. Irreversible."""
+        await self.close()
+        for info in self._meta.ledgers:
+            await asyncio.to_thread(self._storage.delete, self.name, info.id)
+        await self._store.delete_range(cursors_prefix(self.name))
+        with contextlib.suppress(NotFound):
+            await self._store.delete(metadata_key(self.name))
+
     async def _record_clean_close(self) -> None:
         """Record the last ledger's entry count: after a clean close, recovery can tell
         a lost acknowledged entry (corruption) from a torn unacknowledged tail."""

@@ -1,0 +1,1 @@
+"""The broker: topics and segments, producers, consumers, dispatch and the admin API."""

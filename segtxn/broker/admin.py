@@ -1,0 +1,344 @@
+"""The admin REST API (``/admin/v2/...``, shaped like Pulsar's) and topic lookup.
+
+Topic paths are ``{domain}/{tenant}/{namespace}/{topic}`` (plus ``/{segment}`` for
+``segment://``). Operations on a ``persistent://`` topic or a segment run on its home broker
+(others answer 307 to it); operations on a scalable topic (``topic://``) fan out to the home
+of each of its segments. Errors: ``{"error": NAME, "message": ...}`` with a fitting status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from segtxn.broker.http import SERVICE, error_response
+from segtxn.broker.service import BrokerService
+from segtxn.ledger import Position
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
+from segtxn.topics.model import ScalableTopic
+
+HTTP = web.AppKey("http", aiohttp.ClientSession)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _errors(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ServerError as e:
+            return error_response(e, request)
+
+    return wrapped
+
+
+def _name(request: web.Request) -> TopicName:
+    info = request.match_info
+    text = f"{info['domain']}://{info['tenant']}/{info['namespace']}/{info['topic']}"
+    if "segment" in info:
+        text += f"/{info['segment']}"
+    try:
+        return TopicName.parse(text)
+    except InvalidTopicName as e:
+        raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+
+
+async def _json(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
+
+
+async def _scalable(service: BrokerService, name: TopicName) -> ScalableTopic:
+    record = await service.catalog.get(name)
+    if not isinstance(record, ScalableTopic):
+        raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+    return record
+
+
+async def _fan_out(
+    request: web.Request, name: TopicName, method: str, suffix: str, body: Any = None
+) -> dict[str, Any]:
+    """Run an admin call on every segment of a scalable topic, on its home broker."""
+    service = request.app[SERVICE]
+    record = await _scalable(service, name)
+    results: dict[str, Any] = {}
+    for segment in record.segments:
+        ledger = name.segment_name(segment.id)
+        home = await service.catalog.home_of(ledger)
+        url = await service.catalog.broker_url(home) if home else None
+        if url is None:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker is down")
+        target = f"{url}/admin/v2/{ledger.path}{suffix}"
+        async with request.app[HTTP].request(method, target, params=request.query, json=body) as r:
+            text = await r.text()
+            if r.status >= 400:
+                try:
+                    error = json.loads(text)
+                    raise ServerError(ErrorName(error["error"]), f"{ledger}: {error['message']}")
+                except (ValueError, KeyError, TypeError):
+                    raise ServerError(ErrorName.UNKNOWN, f"{ledger}: HTTP {r.status}") from None
+            results[str(segment.id)] = json.loads(text) if text else None
+    return results
+
+
+# ---------------------------------------------------------------------- topics
+
+
+@_errors
+async def create_topic(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    name = _name(request)
+    segments = request.query.get("segments", "1")
+    if not segments.isdigit():
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "segments must be a number")
+    if name.domain is Domain.PERSISTENT and segments != "1":
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "persistent topics have no segments")
+    await service.create(name, segments=int(segments))
+    return web.Response(status=204)
+
+
+@_errors
+async def delete_topic(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    name = _name(request)
+    force = request.query.get("force") == "true"
+    if name.domain is Domain.TOPIC:
+        scalable = await _scalable(service, name)
+        await _fan_out(request, name, "DELETE", "")
+        await service.catalog.delete(name, scalable)
+        return web.Response(status=204)
+    topic = await service.serve(name)
+    busy = topic.producers or any(s.consumers for s in topic.subscriptions.values())
+    if busy and not force:
+        raise ServerError(ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)")
+    service.topics.pop(name, None)
+    await topic.delete()
+    if name.domain is Domain.PERSISTENT:
+        record = await service.catalog.get(name)
+        if record is not None:
+            await service.catalog.delete(name, record)
+    return web.Response(status=204)
+
+
+@_errors
+async def list_topics(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    info = request.match_info
+    names = await service.catalog.list_topics(info["tenant"], info["namespace"])
+    wanted = info["domain"]
+    return web.json_response([str(n) for n in names if n.domain.value == wanted])
+
+
+@_errors
+async def stats(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    name = _name(request)
+    if name.domain is Domain.TOPIC:
+        record = await _scalable(service, name)
+        per_segment = await _fan_out(request, name, "GET", "/stats")
+        return web.json_response(
+            {
+                "topic": str(name),
+                "epoch": record.epoch,
+                "segments": [
+                    {
+                        "id": s.id,
+                        "range": [s.lo, s.hi],
+                        "state": s.state,
+                        "stats": per_segment.get(str(s.id)),
+                    }
+                    for s in record.segments
+                ],
+            }
+        )
+    topic = await service.serve(name)
+    return web.json_response(topic.stats())
+
+
+# ---------------------------------------------------------------------- subscriptions
+
+
+@_errors
+async def list_subscriptions(request: web.Request) -> web.StreamResponse:
+    name = _name(request)
+    if name.domain is Domain.TOPIC:
+        per_segment = await _fan_out(request, name, "GET", "/subscriptions")
+        return web.json_response(sorted({s for subs in per_segment.values() for s in subs}))
+    topic = await request.app[SERVICE].serve(name)
+    return web.json_response(topic.subscription_names())
+
+
+@_errors
+async def create_subscription(request: web.Request) -> web.StreamResponse:
+    name = _name(request)
+    subscription = _subscription_name(request)
+    initial = request.query.get("initial", "latest")
+    if initial not in ("earliest", "latest"):
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "initial: earliest or latest")
+    if name.domain is Domain.TOPIC:
+        await _fan_out(request, name, "PUT", f"/subscription/{subscription}")
+        return web.Response(status=204)
+    topic = await request.app[SERVICE].serve(name)
+    await topic.subscription(subscription, initial=initial)
+    return web.Response(status=204)
+
+
+@_errors
+async def delete_subscription(request: web.Request) -> web.StreamResponse:
+    name = _name(request)
+    subscription = _subscription_name(request)
+    if name.domain is Domain.TOPIC:
+        await _fan_out(request, name, "DELETE", f"/subscription/{subscription}")
+        return web.Response(status=204)
+    topic = await request.app[SERVICE].serve(name)
+    await topic.delete_subscription(subscription)
+    return web.Response(status=204)
+
+
+@_errors
+async def reset_subscription(request: web.Request) -> web.StreamResponse:
+    name = _name(request)
+    subscription = _subscription_name(request)
+    to = request.query.get("to", "")
+    if name.domain is Domain.TOPIC:
+        if to not in ("earliest", "latest"):
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT, "a scalable topic resets to earliest or latest"
+            )
+        await _fan_out(request, name, "POST", f"/subscription/{subscription}/reset")
+        return web.Response(status=204)
+    target: str | Position = to
+    if to not in ("earliest", "latest"):
+        try:
+            target = Position.parse(to)
+        except ValueError as e:
+            raise ServerError(ErrorName.INVALID_ARGUMENT, str(e)) from e
+    topic = await request.app[SERVICE].serve(name)
+    await topic.reset_subscription(subscription, target)
+    return web.Response(status=204)
+
+
+def _subscription_name(request: web.Request) -> str:
+    from segtxn.broker.ws import check_name
+
+    return check_name("subscription", request.match_info["subscription"])
+
+
+# ---------------------------------------------------------------------- properties
+
+
+@_errors
+async def get_properties(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    name = _name(request)
+    if name.domain is Domain.TOPIC:
+        return web.json_response((await _scalable(service, name)).properties)
+    topic = await service.serve(name)
+    return web.json_response(topic.properties)
+
+
+@_errors
+async def update_properties(request: web.Request) -> web.StreamResponse:
+    body = await _json(request)
+    if not isinstance(body, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in body.items()
+    ):
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "properties are a JSON object of strings")
+    await _change_properties(request, body, ())
+    return web.Response(status=204)
+
+
+@_errors
+async def remove_property(request: web.Request) -> web.StreamResponse:
+    key = request.query.get("key")
+    if not key:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "which property? (?key=...)")
+    await _change_properties(request, {}, (key,))
+    return web.Response(status=204)
+
+
+async def _change_properties(
+    request: web.Request, updates: dict[str, str], removals: tuple[str, ...]
+) -> None:
+    from segtxn.broker.topic import SYSTEM_PROPERTY_PREFIX
+
+    service = request.app[SERVICE]
+    name = _name(request)
+    if name.domain is Domain.TOPIC:
+        for key in [*updates, *removals]:
+            if key.startswith(SYSTEM_PROPERTY_PREFIX):
+                raise ServerError(ErrorName.NOT_ALLOWED, f"{key!r} is a system property")
+        try:
+            await service.catalog.update_properties(name, updates, removals)
+        except KeyError:
+            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist") from None
+        return
+    topic = await service.serve(name)
+    await topic.update_properties(updates, removals)
+
+
+# ---------------------------------------------------------------------- lookup
+
+
+@_errors
+async def lookup(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    name = _name(request)
+    if name.domain is Domain.TOPIC:
+        record = await _scalable(service, name)
+        segments = []
+        for s in record.segments:
+            home = await service.catalog.home_of(name.segment_name(s.id))
+            url = await service.catalog.broker_url(home) if home else None
+            segments.append(
+                {
+                    "id": s.id,
+                    "lo": s.lo,
+                    "hi": s.hi,
+                    "state": s.state,
+                    "parents": s.parents,
+                    "children": s.children,
+                    "brokerUrl": url,
+                }
+            )
+        return web.json_response({"topic": str(name), "epoch": record.epoch, "segments": segments})
+    home = await service.catalog.home_of(name)
+    if home is None:
+        if name.domain is Domain.PERSISTENT and service.settings.auto_create_topics:
+            home = await service.catalog.create_persistent(name)
+        else:
+            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+    url = await service.catalog.broker_url(home)
+    if url is None:
+        raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}'s broker {home!r} is down")
+    return web.json_response({"topic": str(name), "brokerUrl": url})
+
+
+def routes() -> list[web.RouteDef]:
+    topic = "/{domain:persistent|topic}/{tenant}/{namespace}/{topic}"
+    segment = "/{domain:segment}/{tenant}/{namespace}/{topic}/{segment:[0-9]+}"
+    out: list[web.RouteDef] = [
+        web.get("/admin/v2/{domain:persistent|topic}/{tenant}/{namespace}", list_topics),
+    ]
+    for shape in (topic, segment):
+        base = "/admin/v2" + shape
+        out += [
+            web.put(base, create_topic),
+            web.delete(base, delete_topic),
+            web.get(base + "/stats", stats),
+            web.get(base + "/subscriptions", list_subscriptions),
+            web.put(base + "/subscription/{subscription}", create_subscription),
+            web.delete(base + "/subscription/{subscription}", delete_subscription),
+            web.post(base + "/subscription/{subscription}/reset", reset_subscription),
+            web.get(base + "/properties", get_properties),
+            web.put(base + "/properties", update_properties),
+            web.delete(base + "/properties", remove_property),
+            web.get("/lookup/v2/topic" + shape, lookup),
+        ]
+    return out

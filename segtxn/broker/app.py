@@ -1,0 +1,91 @@
+"""The broker's aiohttp application and a small runner for it.
+
+State lives under ``web.AppKey``s; the service and the HTTP client are resources opened and
+closed through ``cleanup_ctx``. Health: ``/healthz`` (the process answers), ``/readyz``
+(registered in the store and serving).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+
+from segtxn.broker import admin, ws
+from segtxn.broker.http import SERVICE
+from segtxn.broker.service import BrokerService
+from segtxn.broker.settings import BrokerSettings
+
+
+def create_app(settings: BrokerSettings) -> web.Application:
+    app = web.Application(client_max_size=2 * settings.max_message_bytes)
+    app[SERVICE] = BrokerService(settings)
+
+    async def service_ctx(app: web.Application) -> AsyncIterator[None]:
+        await app[SERVICE].start()
+        yield
+        await app[SERVICE].stop()
+
+    async def http_ctx(app: web.Application) -> AsyncIterator[None]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            app[admin.HTTP] = session
+            yield
+
+    app.cleanup_ctx.extend([service_ctx, http_ctx])
+    topic = "/{domain:persistent|topic}/{tenant}/{namespace}/{topic}"
+    segment = "/{domain:segment}/{tenant}/{namespace}/{topic}/{segment:[0-9]+}"
+    app.add_routes(
+        [
+            *(web.get("/ws/v2/producer" + shape, ws.producer) for shape in (topic, segment)),
+            *(
+                web.get("/ws/v2/consumer" + shape + "/{subscription}", ws.consumer)
+                for shape in (topic, segment)
+            ),
+            *(web.get("/ws/v2/reader" + shape, ws.reader) for shape in (topic, segment)),
+            web.get("/healthz", healthz),
+            web.get("/readyz", readyz),
+            web.get("/metrics", metrics),
+            *admin.routes(),
+        ]
+    )
+    return app
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    ready = request.app[SERVICE].ready.is_set()
+    return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[SERVICE].metrics.render()
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+class BrokerServer:
+    """Runs one broker app on a host and port (``start`` / ``stop``), for the CLI,
+    ``standalone`` and tests."""
+
+    def __init__(self, settings: BrokerSettings, host: str | None = None, port: int | None = None):
+        parts = urlsplit(settings.advertise_url)
+        self.settings = settings
+        self.host = host or parts.hostname or "127.0.0.1"
+        self.port = port if port is not None else (parts.port or 8080)
+        self.app = create_app(settings)
+        self._runner = web.AppRunner(self.app, handle_signals=False)
+
+    @property
+    def service(self) -> BrokerService:
+        return self.app[SERVICE]
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

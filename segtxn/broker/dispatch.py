@@ -1,0 +1,368 @@
+"""Dispatch: moving stored messages to consumers and readers, by permits, without polling.
+
+A :class:`Subscription` owns a durable cursor and the consumers attached to it. Its
+dispatcher task sleeps on one event, woken by new entries (a task parked on the ledger's
+``wait_for_entries``), flow permits, negative acks and consumer changes; it never polls.
+
+- **Exclusive**: one consumer; a second is refused (``ConsumerBusy``).
+- **Failover**: many consumers, one active (the longest connected); the others stand by and
+  take over, in connection order, when it leaves. Each is told with ``ActiveChange``.
+- **Shared**: messages go round-robin to consumers with permits; no ordering promise.
+
+Delivered but unacknowledged messages are *pending*. A negative ack, or the consumer
+leaving, makes them due for redelivery, which comes before new messages. Acks are durable
+(the cursor persists them) before the ack receipt is sent.
+
+A :class:`Reader` is a subscription without a cursor: it starts at a position and moves
+forward as permits allow, acknowledging nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+from collections.abc import Callable
+
+from sortedcontainers import SortedSet
+
+from segtxn.broker.entry import decode_entry
+from segtxn.ledger import (
+    Entry,
+    LedgerClosed,
+    LedgerError,
+    LedgerSealed,
+    ManagedCursor,
+    ManagedLedger,
+    Position,
+)
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.frames import ActiveChange, EndOfTopic, Frame, Message
+
+log = logging.getLogger(__name__)
+
+
+class SubscriptionType(enum.StrEnum):
+    EXCLUSIVE = "Exclusive"
+    FAILOVER = "Failover"
+    SHARED = "Shared"
+
+
+class ConsumerLink:
+    """A connected consumer (or reader) as the dispatcher sees it: permits, pending
+    messages, and a way to hand it frames (``send`` never blocks: the connection's
+    outbound queue holds at least ``max_permits`` frames)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, name: str, send: Callable[[Frame], None]) -> None:
+        self.id = next(self._ids)
+        self.name = name
+        self.send = send
+        self.permits = 0
+        self.pending: set[Position] = set()
+        self.ended = False
+
+
+def to_message(entry: Entry, redelivery_count: int = 0) -> Message:
+    stored = decode_entry(entry.payload)
+    return Message(
+        message_id=(entry.position.ledger_id, entry.position.entry_id),
+        payload=stored.payload,
+        key=stored.key,
+        properties=stored.properties,
+        publish_time_ms=stored.publish_time_ms,
+        event_time_ms=stored.event_time_ms,
+        producer_name=stored.producer_name,
+        sequence_id=stored.sequence_id,
+        redelivery_count=redelivery_count,
+    )
+
+
+class _Follower:
+    """Sets ``wake`` every time the ledger has entries beyond what was seen, or ends."""
+
+    def __init__(self, ledger: ManagedLedger, wake: asyncio.Event, name: str) -> None:
+        self._ledger = ledger
+        self._wake = wake
+        self.task = asyncio.create_task(self._run(), name=f"follow-{name}")
+
+    async def _run(self) -> None:
+        seen = self._ledger.last_confirmed
+        while True:
+            try:
+                await self._ledger.wait_for_entries(seen)
+            except (LedgerSealed, LedgerClosed, LedgerError):
+                self._wake.set()
+                return
+            seen = self._ledger.last_confirmed
+            self._wake.set()
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+class Subscription:
+    def __init__(
+        self,
+        name: str,
+        ledger: ManagedLedger,
+        cursor: ManagedCursor,
+        *,
+        batch: int,
+        max_permits: int,
+    ) -> None:
+        self.name = name
+        self.ledger = ledger
+        self.cursor = cursor
+        self.type: SubscriptionType | None = None
+        self.consumers: list[ConsumerLink] = []
+        self._batch = batch
+        self._max_permits = max_permits
+        mark = cursor.mark_delete
+        self._next = Position(mark.ledger_id, mark.entry_id + 1)
+        self._pending: dict[Position, ConsumerLink] = {}
+        self._redeliver: SortedSet[Position] = SortedSet()
+        self._redeliveries: dict[Position, int] = {}
+        self._round_robin = 0
+        self._wake = asyncio.Event()
+        self._follower = _Follower(ledger, self._wake, f"{ledger.name}/{name}")
+        self._task = asyncio.create_task(self._run(), name=f"dispatch-{ledger.name}/{name}")
+        self.messages_out = 0
+
+    # ------------------------------------------------------------------ consumers
+
+    def attach(self, link: ConsumerLink, sub_type: SubscriptionType) -> bool:
+        """Add a consumer; returns whether it is active (False: a Failover standby).
+
+        Raises:
+            ServerError(ConsumerBusy): the subscription is Exclusive and taken, or has
+                consumers of another type.
+        """
+        if self.consumers and self.type is not sub_type:
+            raise ServerError(
+                ErrorName.CONSUMER_BUSY,
+                f"subscription {self.name!r} has {self.type} consumers; cannot add {sub_type}",
+            )
+        if sub_type is SubscriptionType.EXCLUSIVE and self.consumers:
+            raise ServerError(
+                ErrorName.CONSUMER_BUSY, f"subscription {self.name!r} already has a consumer"
+            )
+        self.type = sub_type
+        self.consumers.append(link)
+        self._wake.set()
+        return self._is_active(link)
+
+    def detach(self, link: ConsumerLink) -> None:
+        if link not in self.consumers:
+            return
+        was_active = self._is_active(link)
+        self.consumers.remove(link)
+        for position in list(link.pending):
+            self._pending.pop(position, None)
+            self._due_again(position)
+        link.pending.clear()
+        if was_active and self.type is SubscriptionType.FAILOVER and self.consumers:
+            self.consumers[0].send(ActiveChange(active=True))
+        self._wake.set()
+
+    def _is_active(self, link: ConsumerLink) -> bool:
+        return self.type is SubscriptionType.SHARED or (
+            bool(self.consumers) and self.consumers[0] is link
+        )
+
+    def flow(self, link: ConsumerLink, permits: int) -> None:
+        if permits <= 0:
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT, f"permits must be positive, not {permits}"
+            )
+        link.permits = min(link.permits + permits, self._max_permits)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ acks
+
+    async def ack(self, link: ConsumerLink, ids: list[Position], *, cumulative: bool) -> None:
+        """Acknowledge; returns once durable.
+
+        Raises:
+            ServerError(InvalidArgument): an id the topic never held.
+            ServerError(NotAllowed): a cumulative ack on a Shared subscription.
+        """
+        self._check_known(ids)
+        if cumulative:
+            if self.type is SubscriptionType.SHARED:
+                raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
+            upto = max(ids)
+            for position in [p for p in self._pending if p <= upto]:
+                self._forget(position)
+            for position in [p for p in self._redeliver if p <= upto]:
+                self._redeliver.discard(position)
+            await self.cursor.ack_cumulative(upto)
+            return
+        for position in ids:
+            self._forget(position)
+            self._redeliver.discard(position)
+        await self.cursor.ack(ids)
+
+    def nack(self, link: ConsumerLink, ids: list[Position]) -> None:
+        self._check_known(ids)
+        for position in ids:
+            if self._pending.get(position) is link:
+                self._forget(position)
+                self._due_again(position)
+        self._wake.set()
+
+    def _check_known(self, ids: list[Position]) -> None:
+        last = self.ledger.last_confirmed
+        for position in ids:
+            if last is None or position > last or position.entry_id < 0:
+                raise ServerError(
+                    ErrorName.INVALID_ARGUMENT,
+                    f"message id {position} is not a message of {self.ledger.name}",
+                )
+
+    def _forget(self, position: Position) -> None:
+        owner = self._pending.pop(position, None)
+        if owner is not None:
+            owner.pending.discard(position)
+        self._redeliveries.pop(position, None)
+
+    def _due_again(self, position: Position) -> None:
+        self._redeliver.add(position)
+        self._redeliveries[position] = self._redeliveries.get(position, 0) + 1
+
+    # ------------------------------------------------------------------ dispatch
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._dispatch()
+            except (LedgerClosed, asyncio.CancelledError):
+                raise
+            except Exception:
+                log.exception("dispatcher of %s/%s failed a round", self.ledger.name, self.name)
+
+    def _ready(self) -> list[ConsumerLink]:
+        if not self.consumers:
+            return []
+        if self.type is SubscriptionType.SHARED:
+            return [c for c in self.consumers if c.permits > 0]
+        active = self.consumers[0]
+        return [active] if active.permits > 0 else []
+
+    async def _dispatch(self) -> None:
+        while True:
+            ready = self._ready()
+            if not ready:
+                return
+            if self._redeliver:
+                position = self._redeliver.pop(0)
+                if self.cursor.is_acked(position) or position in self._pending:
+                    continue
+                entries = await self.ledger.read(position, max_entries=1)
+                if entries and entries[0].position == position:
+                    self._deliver(entries[0])
+                continue
+            budget = min(self._batch, sum(c.permits for c in ready))
+            entries = await self.ledger.read(self._next, max_entries=budget)
+            if not entries:
+                self._maybe_end()
+                return
+            for entry in entries:
+                self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
+                if self.cursor.is_acked(entry.position) or entry.position in self._pending:
+                    continue
+                self._deliver(entry)
+
+    def _deliver(self, entry: Entry) -> None:
+        ready = self._ready()
+        if not ready:  # consumers left while reading
+            self._redeliver.add(entry.position)
+            return
+        if self.type is SubscriptionType.SHARED:
+            self._round_robin = (self._round_robin + 1) % len(ready)
+            link = ready[self._round_robin]
+        else:
+            link = ready[0]
+        link.permits -= 1
+        link.pending.add(entry.position)
+        self._pending[entry.position] = link
+        self.messages_out += 1
+        link.send(to_message(entry, self._redeliveries.get(entry.position, 0)))
+
+    def _maybe_end(self) -> None:
+        """On a sealed ledger, tell consumers once everything is delivered and acked."""
+        if not self.ledger.is_sealed or self._pending or self._redeliver:
+            return
+        last = self.ledger.last_confirmed
+        if last is not None and self.cursor.mark_delete < last:
+            return
+        for link in self.consumers:
+            if not link.ended:
+                link.ended = True
+                link.send(EndOfTopic())
+
+    def backlog(self) -> int:
+        return self.cursor.backlog()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self._follower.close()
+
+
+class Reader:
+    """A cursor-less, forward-only view of a topic from a start position."""
+
+    def __init__(
+        self,
+        ledger: ManagedLedger,
+        link: ConsumerLink,
+        start: Position,
+        *,
+        batch: int,
+        max_permits: int,
+    ) -> None:
+        self.ledger = ledger
+        self.link = link
+        self._next = start
+        self._batch = batch
+        self._max_permits = max_permits
+        self._wake = asyncio.Event()
+        self._follower = _Follower(ledger, self._wake, f"{ledger.name}/reader-{link.id}")
+        self._task = asyncio.create_task(self._run(), name=f"reader-{ledger.name}-{link.id}")
+
+    def flow(self, permits: int) -> None:
+        if permits <= 0:
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT, f"permits must be positive, not {permits}"
+            )
+        self.link.permits = min(self.link.permits + permits, self._max_permits)
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.link.permits > 0:
+                entries = await self.ledger.read(
+                    self._next, max_entries=min(self._batch, self.link.permits)
+                )
+                if not entries:
+                    if self.ledger.is_sealed and not self.link.ended:
+                        self.link.ended = True
+                        self.link.send(EndOfTopic())
+                    break
+                for entry in entries:
+                    self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
+                    self.link.permits -= 1
+                    self.link.send(to_message(entry))
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self._follower.close()

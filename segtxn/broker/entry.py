@@ -1,0 +1,19 @@
+"""How a message is stored: one managed-ledger entry per message, msgpack-encoded."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class StoredMessage(msgspec.Struct, array_like=True, frozen=True):
+    producer_name: str
+    sequence_id: int
+    publish_time_ms: int
+    payload: bytes
+    key: str | None = None
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+    event_time_ms: int | None = None
+
+
+encode_entry = msgspec.msgpack.Encoder().encode
+decode_entry = msgspec.msgpack.Decoder(StoredMessage).decode

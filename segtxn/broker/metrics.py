@@ -1,0 +1,57 @@
+"""Broker metrics: OpenTelemetry instruments, exported for Prometheus at ``/metrics``.
+
+Each broker has its own registry (several brokers may share a process in tests and in
+``segtxn standalone``). Names: ``segtxn_broker_*``; counters get Prometheus's ``_total``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+
+Gauge = Callable[[], float]
+
+
+class BrokerMetrics:
+    def __init__(self, broker_id: str) -> None:
+        self.registry = CollectorRegistry()
+        reader = PrometheusMetricReader(registry=self.registry)
+        resource = Resource.create({"service.name": "segtxn-broker", "segtxn.broker_id": broker_id})
+        self._provider = MeterProvider(metric_readers=[reader], resource=resource)
+        meter = self._provider.get_meter("segtxn.broker")
+        self._meter = meter
+        self.messages_in = meter.create_counter(
+            "segtxn_broker_messages_in", unit="1", description="Messages stored"
+        )
+        self.bytes_in = meter.create_counter(
+            "segtxn_broker_bytes_in", unit="By", description="Payload bytes stored"
+        )
+        self.messages_out = meter.create_counter(
+            "segtxn_broker_messages_out", unit="1", description="Messages delivered"
+        )
+        self.duplicates = meter.create_counter(
+            "segtxn_broker_duplicates_dropped", unit="1", description="Resent messages dropped"
+        )
+        self.errors = meter.create_counter(
+            "segtxn_broker_errors", unit="1", description="Errors returned to clients, by name"
+        )
+        self.publish_latency = meter.create_histogram(
+            "segtxn_broker_publish_latency", unit="s", description="Send to durable receipt"
+        )
+
+    def gauge(self, name: str, description: str, read: Gauge) -> None:
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(read())]
+
+        self._meter.create_observable_gauge(name, callbacks=[observe], description=description)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def shutdown(self) -> None:
+        self._provider.shutdown()

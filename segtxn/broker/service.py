@@ -1,0 +1,208 @@
+"""The broker service: its store, session, registration, and the topics it serves.
+
+A broker registers itself (``/brokers/<id>``, ephemeral) and serves the topics and segments
+whose home it is (see :mod:`segtxn.topics.catalog`). A request for a topic homed elsewhere
+gets ``NotOwner`` with the home's URL (clients follow it); one homed on a broker that is
+down gets ``ServiceNotReady``. Topics are loaded on first use, once (concurrent first uses
+share the load).
+
+If the broker's session expires (the store was unreachable for a TTL), it registers again
+with a new session; its topics keep being served meanwhile, since no other broker can serve
+them (their data is on this broker's disk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from segtxn.broker.metrics import BrokerMetrics
+from segtxn.broker.settings import BrokerSettings
+from segtxn.broker.topic import Topic
+from segtxn.ledger import LedgerCorrupted, LedgerError, LogStorage, open_log_storage
+from segtxn.metastore import MetadataStore, MetadataStoreError, Session, open_store
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.topics.catalog import Catalog, NoBrokers, TopicExists
+from segtxn.topics.model import PersistentTopic, ScalableTopic
+
+log = logging.getLogger(__name__)
+
+
+class BrokerService:
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        self.store: MetadataStore = open_store(settings.store_url)
+        self.catalog = Catalog(self.store)
+        self.storage: LogStorage = open_log_storage(settings.ledger_url)
+        self.topics: dict[TopicName, Topic] = {}
+        self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
+        self._session: Session | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+        self.metrics = BrokerMetrics(settings.broker_id)
+        self.metrics.gauge(
+            "segtxn_broker_topics", "Topics and segments loaded", lambda: len(self.topics)
+        )
+        self.metrics.gauge(
+            "segtxn_broker_producers",
+            "Connected producers",
+            lambda: sum(len(t.producers) for t in self.topics.values()),
+        )
+        self.metrics.gauge(
+            "segtxn_broker_consumers",
+            "Connected consumers",
+            lambda: sum(
+                len(s.consumers) for t in self.topics.values() for s in t.subscriptions.values()
+            ),
+        )
+        self.metrics.gauge(
+            "segtxn_broker_backlog",
+            "Unacknowledged messages over all subscriptions",
+            lambda: sum(
+                s.backlog() for t in self.topics.values() for s in t.subscriptions.values()
+            ),
+        )
+
+    @property
+    def broker_id(self) -> str:
+        return self.settings.broker_id
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        await self._register()
+        self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
+        self.ready.set()
+
+    async def _register(self) -> None:
+        self._session = await self.store.open_session(self.settings.session_ttl_s)
+        await self.catalog.register_broker(
+            self.broker_id, self.settings.advertise_url, self._session
+        )
+
+    async def _keep_registered(self) -> None:
+        while True:
+            assert self._session is not None
+            await self._session.expired.wait()
+            self.ready.clear()
+            log.warning("broker %s: session expired; registering again", self.broker_id)
+            while True:
+                try:
+                    await self._register()
+                    break
+                except MetadataStoreError as e:
+                    log.warning("broker %s: registration failed (%s); retrying", self.broker_id, e)
+                    await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
+            self.ready.set()
+
+    async def stop(self) -> None:
+        self.ready.clear()
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        for task in self._loading.values():
+            task.cancel()
+        await asyncio.gather(*self._loading.values(), return_exceptions=True)
+        for topic in list(self.topics.values()):
+            try:
+                await topic.close()
+            except Exception:
+                log.exception("closing %s failed", topic.name)
+        self.topics.clear()
+        if self._session is not None:
+            await self._session.close()
+        await self.store.close()
+        self.metrics.shutdown()
+
+    # ------------------------------------------------------------------ topics
+
+    async def serve(self, name: TopicName) -> Topic:
+        """The loaded topic or segment ``name``, if this broker is its home.
+
+        Raises:
+            ServerError: TopicNotFound, NotOwner (with a redirect), ServiceNotReady,
+                NotAllowed (a scalable topic is served through its segments),
+                PersistenceError (its data is damaged or missing).
+        """
+        topic = self.topics.get(name)
+        if topic is not None:
+            return topic
+        if name.domain is Domain.TOPIC:
+            raise ServerError(
+                ErrorName.NOT_ALLOWED,
+                f"{name} is a scalable topic: produce and consume through its segments "
+                "(the segtxn client does this for you)",
+            )
+        await self.check_home(name)
+        loading = self._loading.get(name)
+        if loading is None:
+            loading = asyncio.create_task(self._load(name), name=f"load-{name}")
+            self._loading[name] = loading
+        return await asyncio.shield(loading)
+
+    async def check_home(self, name: TopicName) -> None:
+        """Raise unless this broker is the home of ``name`` (creating it if allowed)."""
+        home = await self.catalog.home_of(name)
+        if home is None and name.domain is Domain.PERSISTENT and self.settings.auto_create_topics:
+            try:
+                home = await self.catalog.create_persistent(name)
+            except TopicExists:
+                home = await self.catalog.home_of(name)
+        if home is None:
+            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+        if home != self.broker_id:
+            url = await self.catalog.broker_url(home)
+            if url is None:
+                raise ServerError(
+                    ErrorName.SERVICE_NOT_READY,
+                    f"{name} lives on broker {home!r}, which is down; it returns with it",
+                )
+            raise ServerError(ErrorName.NOT_OWNER, f"{name} is served by {url}", redirect=url)
+
+    async def _load(self, name: TopicName) -> Topic:
+        try:
+            topic = await Topic.load(name, self.store, self.storage, self.settings)
+        except LedgerCorrupted as e:
+            raise ServerError(ErrorName.PERSISTENCE, f"{name}: {e}") from e
+        except LedgerError as e:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}: {e}") from e
+        finally:
+            self._loading.pop(name, None)
+        self.topics[name] = topic
+        return topic
+
+    async def unload(self, name: TopicName) -> None:
+        topic = self.topics.pop(name, None)
+        if topic is not None:
+            await topic.close()
+
+    # ------------------------------------------------------------------ creation
+
+    async def create(
+        self, name: TopicName, *, segments: int = 1
+    ) -> PersistentTopic | ScalableTopic:
+        """Create a persistent or scalable topic (placed on live brokers).
+
+        Raises:
+            ServerError(TopicAlreadyExists / InvalidArgument / ServiceNotReady)
+        """
+        try:
+            if name.domain is Domain.PERSISTENT:
+                await self.catalog.create_persistent(name)
+            elif name.domain is Domain.TOPIC:
+                try:
+                    await self.catalog.create_scalable(name, segments)
+                except ValueError as e:
+                    raise ServerError(ErrorName.INVALID_ARGUMENT, str(e)) from e
+            else:
+                raise ServerError(
+                    ErrorName.NOT_ALLOWED, "segments are created by their scalable topic"
+                )
+        except TopicExists as e:
+            raise ServerError(ErrorName.TOPIC_EXISTS, str(e)) from e
+        except NoBrokers as e:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, str(e)) from e
+        record = await self.catalog.get(name)
+        assert record is not None
+        return record

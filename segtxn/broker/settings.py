@@ -1,0 +1,43 @@
+"""Broker settings: parsed once at start-up (CLI flags, Helm values) and passed in."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from segtxn.ledger import LedgerSettings, RetentionPolicy
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+@dataclass(frozen=True)
+class BrokerSettings:
+    broker_id: str
+    """Stable identity: a broker's topics live on its disk and come back with this id."""
+    advertise_url: str
+    """How clients and other brokers reach this broker (http://host:port)."""
+    store_url: str = "memory://"
+    ledger_url: str = "memory://"
+    """Where managed ledgers live: file:///dir (or a path) or memory://."""
+    session_ttl_s: float = 10.0
+    max_message_bytes: int = 5 * 1024 * 1024 - 64 * 1024
+    """Largest payload accepted (the entry also carries the message's metadata)."""
+    max_pending_sends: int = 1000
+    """Sends one producer may have in flight; further frames wait (backpressure)."""
+    max_permits: int = 10_000
+    """Largest flow grant a consumer may hold."""
+    dispatch_batch: int = 100
+    auto_create_topics: bool = False
+    dedup_snapshot_every: int = 1000
+    """Persist de-duplication state after this many messages on a topic."""
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+
+    def __post_init__(self) -> None:
+        if not _ID.match(self.broker_id):
+            raise ValueError(f"broker id {self.broker_id!r}: 1-63 of letters, digits, _.-")
+        if not self.advertise_url.startswith(("http://", "https://")):
+            raise ValueError(f"advertise URL {self.advertise_url!r} must be http(s)://host:port")
+        limit = self.ledger.max_entry_bytes - 64 * 1024
+        if self.max_message_bytes > limit:
+            raise ValueError(f"max_message_bytes must leave room for metadata (<= {limit})")

@@ -1,0 +1,264 @@
+"""A topic (or range segment) served by this broker: its ledger, producers, subscriptions.
+
+Publishing is one ledger append per message, after de-duplication. Subscriptions are the
+ledger's durable cursors; each gets a dispatcher when its first consumer attaches (and
+keeps it until the topic is unloaded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from segtxn.broker.dedup import Deduplication
+from segtxn.broker.dispatch import ConsumerLink, Subscription, SubscriptionType
+from segtxn.broker.entry import StoredMessage, encode_entry
+from segtxn.broker.settings import BrokerSettings
+from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position
+from segtxn.metastore import MetadataStore
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.frames import Send
+from segtxn.protocol.names import TopicName
+
+log = logging.getLogger(__name__)
+
+SYSTEM_PROPERTY_PREFIX = "__"
+
+
+@dataclass
+class TopicCounters:
+    messages_in: int = 0
+    bytes_in: int = 0
+    duplicates: int = 0
+
+
+class Topic:
+    def __init__(
+        self,
+        name: TopicName,
+        ledger: ManagedLedger,
+        dedup: Deduplication,
+        settings: BrokerSettings,
+    ) -> None:
+        self.name = name
+        self.ledger = ledger
+        self.dedup = dedup
+        self.settings = settings
+        self.subscriptions: dict[str, Subscription] = {}
+        self.producers: dict[str, object] = {}
+        """Connected producer names -> their connection (a name is used by one at a time)."""
+        self.counters = TopicCounters()
+        self._snapshotting: asyncio.Task[None] | None = None
+        self._sub_lock = asyncio.Lock()
+
+    @classmethod
+    async def load(
+        cls,
+        name: TopicName,
+        store: MetadataStore,
+        storage: LogStorage,
+        settings: BrokerSettings,
+    ) -> Topic:
+        ledger = await ManagedLedger.open(str(name), store, storage, settings.ledger)
+        try:
+            dedup = Deduplication(str(name), store, settings.dedup_snapshot_every)
+            await dedup.recover(ledger)
+        except BaseException:
+            await ledger.close()
+            raise
+        return cls(name, ledger, dedup, settings)
+
+    # ------------------------------------------------------------------ publishing
+
+    async def publish(self, producer: str, send: Send) -> tuple[Position, bool]:
+        """Store one message unless it is a duplicate; returns (position, duplicate).
+
+        Raises:
+            ServerError(MessageTooLarge / TopicTerminatedError / PersistenceError)
+        """
+        if len(send.payload) > self.settings.max_message_bytes:
+            raise ServerError(
+                ErrorName.MESSAGE_TOO_LARGE,
+                f"payload of {len(send.payload)} bytes exceeds {self.settings.max_message_bytes}",
+            )
+        state = self.dedup.state(producer)
+        in_flight = state.in_flight.get(send.seq)
+        if in_flight is not None:
+            self.counters.duplicates += 1
+            return await asyncio.shield(in_flight), True
+        if send.seq <= state.last:
+            self.counters.duplicates += 1
+            known = state.recent.get(send.seq)
+            return (known if known is not None else Position(-1, -1)), True
+        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        state.in_flight[send.seq] = future
+        entry = StoredMessage(
+            producer_name=producer,
+            sequence_id=send.seq,
+            publish_time_ms=int(time.time() * 1000),
+            payload=send.payload,
+            key=send.key,
+            properties=send.properties,
+            event_time_ms=send.event_time_ms,
+        )
+        try:
+            position = await self.ledger.append(encode_entry(entry))
+        except LedgerSealed as e:
+            future.set_exception(e)
+            future.exception()  # retrieved: a resend waiting on it sees it
+            raise ServerError(ErrorName.TOPIC_TERMINATED, f"{self.name} is sealed") from e
+        except Exception as e:
+            future.set_exception(e)
+            future.exception()
+            raise ServerError(ErrorName.PERSISTENCE, f"could not store the message: {e}") from e
+        finally:
+            state.in_flight.pop(send.seq, None)
+        future.set_result(position)
+        self.counters.messages_in += 1
+        self.counters.bytes_in += len(send.payload)
+        if self.dedup.note_stored(producer, send.seq, position) and self._snapshotting is None:
+            self._snapshotting = asyncio.create_task(
+                self._snapshot(), name=f"dedup-snapshot-{self.name}"
+            )
+        return position, False
+
+    async def _snapshot(self) -> None:
+        try:
+            await self.dedup.snapshot()
+        except Exception:
+            log.exception("%s: de-duplication snapshot failed (replay will cover it)", self.name)
+        finally:
+            self._snapshotting = None
+
+    # ------------------------------------------------------------------ subscriptions
+
+    async def subscription(self, name: str, *, initial: str = "latest") -> Subscription:
+        """The subscription ``name``, created (durably) if it does not exist."""
+        async with self._sub_lock:
+            existing = self.subscriptions.get(name)
+            if existing is not None:
+                return existing
+            cursor = await self.ledger.open_cursor(name, start=initial)
+            subscription = Subscription(
+                name,
+                self.ledger,
+                cursor,
+                batch=self.settings.dispatch_batch,
+                max_permits=self.settings.max_permits,
+            )
+            self.subscriptions[name] = subscription
+            return subscription
+
+    def subscription_names(self) -> list[str]:
+        return sorted(set(self.ledger.cursors) | set(self.subscriptions))
+
+    async def attach(
+        self, name: str, link: ConsumerLink, sub_type: SubscriptionType, initial: str
+    ) -> tuple[Subscription, bool]:
+        subscription = await self.subscription(name, initial=initial)
+        return subscription, subscription.attach(link, sub_type)
+
+    async def delete_subscription(self, name: str) -> None:
+        """Raises ServerError(SubscriptionNotFound / ConsumerBusy)."""
+        if name not in self.ledger.cursors:
+            raise ServerError(ErrorName.SUBSCRIPTION_NOT_FOUND, f"{self.name} has no {name!r}")
+        subscription = self.subscriptions.get(name)
+        if subscription is not None and subscription.consumers:
+            raise ServerError(ErrorName.CONSUMER_BUSY, f"subscription {name!r} has consumers")
+        if subscription is not None:
+            await subscription.close()
+            del self.subscriptions[name]
+        await self.ledger.delete_cursor(name)
+
+    async def reset_subscription(self, name: str, target: str | Position) -> None:
+        """Move a subscription to ``earliest``, ``latest`` or a message id.
+
+        Raises ServerError(SubscriptionNotFound / ConsumerBusy).
+        """
+        if name not in self.ledger.cursors:
+            raise ServerError(ErrorName.SUBSCRIPTION_NOT_FOUND, f"{self.name} has no {name!r}")
+        subscription = self.subscriptions.get(name)
+        if subscription is not None and subscription.consumers:
+            raise ServerError(ErrorName.CONSUMER_BUSY, "disconnect the consumers to reset")
+        cursor = self.ledger.cursors[name]
+        if target == "earliest":
+            await cursor.reset_to_earliest()
+        elif target == "latest":
+            await cursor.reset_to_latest()
+        elif isinstance(target, Position):
+            await cursor.seek(target)
+        else:
+            raise ServerError(ErrorName.INVALID_ARGUMENT, f"cannot reset to {target!r}")
+        if subscription is not None:  # rebuild its dispatcher from the moved cursor
+            await subscription.close()
+            del self.subscriptions[name]
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def properties(self) -> dict[str, str]:
+        return dict(self.ledger.properties)
+
+    async def update_properties(self, updates: dict[str, str], removals: tuple[str, ...]) -> None:
+        """Raises ServerError(NotAllowed) for system (``__``) properties."""
+        for key in [*updates, *removals]:
+            if key.startswith(SYSTEM_PROPERTY_PREFIX):
+                raise ServerError(
+                    ErrorName.NOT_ALLOWED,
+                    f"{key!r} is a system property: it can be read, not set or removed",
+                )
+        await self.ledger.update_properties(updates, removals)
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, object]:
+        subs: dict[str, object] = {}
+        for name in self.subscription_names():
+            cursor = self.ledger.cursors.get(name)
+            live = self.subscriptions.get(name)
+            subs[name] = {
+                "type": str(live.type) if live and live.type else None,
+                "consumers": len(live.consumers) if live else 0,
+                "backlog": cursor.backlog() if cursor else 0,
+                "msgOutCounter": live.messages_out if live else 0,
+                "markDeletePosition": str(cursor.mark_delete) if cursor else None,
+            }
+        last = self.ledger.last_confirmed
+        return {
+            "topic": str(self.name),
+            "msgInCounter": self.counters.messages_in,
+            "bytesInCounter": self.counters.bytes_in,
+            "duplicatesDropped": self.counters.duplicates,
+            "producers": len(self.producers),
+            "lastConfirmedPosition": None if last is None else str(last),
+            "sealed": self.ledger.is_sealed,
+            "storage": {
+                "entriesWritten": self.ledger.stats.entries,
+                "batches": self.ledger.stats.batches,
+                "ledgerRollovers": self.ledger.stats.rollovers,
+            },
+            "subscriptions": subs,
+        }
+
+    async def delete(self) -> None:
+        """Delete the topic's data, subscriptions and de-duplication state."""
+        for subscription in self.subscriptions.values():
+            await subscription.close()
+        self.subscriptions.clear()
+        if self._snapshotting is not None:
+            await asyncio.gather(self._snapshotting, return_exceptions=True)
+        await self.ledger.delete()
+        await self.dedup.delete()
+
+    async def close(self) -> None:
+        for subscription in self.subscriptions.values():
+            await subscription.close()
+        if self._snapshotting is not None:
+            await asyncio.gather(self._snapshotting, return_exceptions=True)
+        try:
+            await self.dedup.snapshot()
+        except Exception:
+            log.exception("%s: final de-duplication snapshot failed", self.name)
+        await self.ledger.close()

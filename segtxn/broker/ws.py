@@ -1,0 +1,341 @@
+"""WebSocket endpoints of the data plane: producers, consumers and readers.
+
+- ``/ws/v2/producer/{domain}/{tenant}/{namespace}/{topic}?name=P``
+- ``/ws/v2/consumer/{domain}/{tenant}/{namespace}/{topic}/{subscription}?type=&initial=&name=``
+- ``/ws/v2/reader/{domain}/{tenant}/{namespace}/{topic}?start=earliest|latest|L:E``
+
+Problems known before the upgrade (bad names, unknown topics, another broker's topic,
+a busy subscription) are answered as HTTP errors with the JSON body
+``{"error": NAME, "message": ...}`` (``NotOwner`` is a 307 with ``Location``). After the
+upgrade every problem with one frame is an ``Error`` frame, and the connection goes on.
+Frames larger than twice the message limit close the connection with WebSocket code 1009.
+
+Each connection writes through one sender task and a bounded queue, so slow sockets never
+block a dispatcher; a consumer's queue is larger than the permits it may hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import re
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from aiohttp import WSMsgType, web
+
+from segtxn.broker.dispatch import ConsumerLink, Reader, Subscription, SubscriptionType
+from segtxn.broker.http import SERVICE, error_response
+from segtxn.broker.topic import Topic
+from segtxn.ledger import Position
+from segtxn.protocol import frames
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.frames import (
+    Ack,
+    ConsumerReady,
+    Error,
+    Flow,
+    Frame,
+    Nack,
+    ProducerReady,
+    Receipt,
+    Send,
+    SendBatch,
+)
+from segtxn.protocol.names import InvalidTopicName, TopicName
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,127}$")
+_generated = itertools.count(1)
+
+
+def check_name(kind: str, value: str) -> str:
+    if not _NAME.match(value):
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT,
+            f"{kind} name {value!r} must be 1-128 of letters, digits and _.:=- "
+            "(starting with a letter or digit)",
+        )
+    return value
+
+
+def topic_from(request: web.Request) -> TopicName:
+    info = request.match_info
+    text = f"{info['domain']}://{info['tenant']}/{info['namespace']}/{info['topic']}"
+    if "segment" in info:
+        text += f"/{info['segment']}"
+    try:
+        return TopicName.parse(text)
+    except InvalidTopicName as e:
+        raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+
+
+class _Outbox:
+    """A bounded queue of frames and the task that writes them to the socket."""
+
+    def __init__(self, ws: web.WebSocketResponse, size: int, name: str) -> None:
+        self.ws = ws
+        self.queue: asyncio.Queue[Frame] = asyncio.Queue(maxsize=size)
+        self.task = asyncio.create_task(self._run(), name=f"ws-sender-{name}")
+
+    def send(self, frame: Frame) -> None:
+        try:
+            self.queue.put_nowait(frame)
+        except asyncio.QueueFull:
+            log.warning("outbound queue full; closing a connection that does not read")
+            self.task.cancel()
+
+    async def _run(self) -> None:
+        while True:
+            frame = await self.queue.get()
+            try:
+                if not self.ws.closed:
+                    await self.ws.send_bytes(frames.encode(frame))
+            finally:
+                self.queue.task_done()
+
+    async def close(self) -> None:
+        # flush what is queued (receipts, ack receipts) unless the socket is gone
+        if not self.ws.closed and not self.task.done():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await self.queue.join()
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def _receive_frames(
+    ws: web.WebSocketResponse,
+    decode: Callable[[bytes], object],
+    handle: Callable[[object], Awaitable[None]],
+    outbox: _Outbox,
+) -> None:
+    """Read frames until the client closes; a bad frame gets an Error, not a hang-up."""
+    async for message in ws:
+        if message.type is WSMsgType.BINARY:
+            try:
+                frame = decode(message.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                outbox.send(Error(error=ErrorName.INVALID_MESSAGE, message=f"bad frame: {e}"))
+                continue
+            try:
+                await handle(frame)
+            except ServerError as e:
+                outbox.send(Error(error=e.name, message=e.message))
+        elif message.type is WSMsgType.TEXT:
+            outbox.send(Error(error=ErrorName.INVALID_MESSAGE, message="frames are binary msgpack"))
+        elif message.type is WSMsgType.ERROR:
+            log.info("websocket error: %s", ws.exception())
+            return
+
+
+def _socket(request: web.Request) -> web.WebSocketResponse:
+    limit = request.app[SERVICE].settings.max_message_bytes
+    return web.WebSocketResponse(max_msg_size=2 * limit + 64 * 1024, heartbeat=30)
+
+
+# ---------------------------------------------------------------------- producer
+
+
+async def producer(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    try:
+        name = topic_from(request)
+        producer_name = check_name(
+            "producer", request.query.get("name") or f"{service.broker_id}-{next(_generated)}"
+        )
+        topic = await service.serve(name)
+        if producer_name in topic.producers:
+            raise ServerError(
+                ErrorName.PRODUCER_BUSY, f"producer {producer_name!r} is already connected"
+            )
+    except ServerError as e:
+        return error_response(e, request)
+    ws = _socket(request)
+    await ws.prepare(request)
+    topic.producers[producer_name] = ws
+    settings = service.settings
+    outbox = _Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
+    window = asyncio.Semaphore(settings.max_pending_sends)
+    tasks: set[asyncio.Task[None]] = set()
+    outbox.send(
+        ProducerReady(
+            producer_name=producer_name,
+            last_sequence_id=topic.dedup.state(producer_name).last,
+            max_message_bytes=settings.max_message_bytes,
+        )
+    )
+
+    async def publish(send: Send) -> None:
+        try:
+            position, duplicate = await topic.publish(producer_name, send)
+            outbox.send(
+                Receipt(
+                    seq=send.seq,
+                    message_id=(position.ledger_id, position.entry_id),
+                    duplicate=duplicate,
+                )
+            )
+        except ServerError as e:
+            outbox.send(Error(error=e.name, message=e.message, seq=send.seq))
+        finally:
+            window.release()
+
+    async def handle(frame: object) -> None:
+        sends = frame.sends if isinstance(frame, SendBatch) else [frame]
+        for send in sends:
+            assert isinstance(send, Send)
+            await window.acquire()  # backpressure: stop reading while the window is full
+            task = asyncio.create_task(publish(send), name=f"publish-{producer_name}-{send.seq}")
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    try:
+        await _receive_frames(ws, frames.producer_input.decode, handle, outbox)
+    finally:
+        if topic.producers.get(producer_name) is ws:
+            del topic.producers[producer_name]
+        await asyncio.gather(*tasks, return_exceptions=True)  # stored either way
+        await outbox.close()
+    return ws
+
+
+# ---------------------------------------------------------------------- consumer
+
+
+def _parse_type(value: str) -> SubscriptionType:
+    try:
+        return SubscriptionType(value)
+    except ValueError:
+        known = ", ".join(t.value for t in SubscriptionType)
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT, f"subscription type {value!r}: one of {known}"
+        ) from None
+
+
+def _parse_initial(value: str) -> str:
+    if value not in ("earliest", "latest"):
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "initial position: earliest or latest")
+    return value
+
+
+async def consumer(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    ws = _socket(request)
+    link: ConsumerLink | None = None
+    try:
+        name = topic_from(request)
+        subscription_name = check_name("subscription", request.match_info["subscription"])
+        sub_type = _parse_type(request.query.get("type", "Exclusive"))
+        initial = _parse_initial(request.query.get("initial", "latest"))
+        consumer_name = check_name(
+            "consumer", request.query.get("name") or f"consumer-{next(_generated)}"
+        )
+        topic = await service.serve(name)
+        outbox = _Outbox(ws, service.settings.max_permits + 64, f"consumer-{consumer_name}")
+        link = ConsumerLink(consumer_name, outbox.send)
+        subscription, active = await topic.attach(subscription_name, link, sub_type, initial)
+    except ServerError as e:
+        if link is not None:
+            await outbox.close()
+        return error_response(e, request)
+    try:
+        await ws.prepare(request)
+        outbox.send(
+            ConsumerReady(
+                consumer_name=consumer_name, subscription=subscription_name, active=active
+            )
+        )
+        await _serve_consumer(ws, subscription, link, outbox)
+    finally:
+        subscription.detach(link)
+        await outbox.close()
+    return ws
+
+
+async def _serve_consumer(
+    ws: web.WebSocketResponse, subscription: Subscription, link: ConsumerLink, outbox: _Outbox
+) -> None:
+    acks: set[asyncio.Task[None]] = set()
+
+    async def ack(frame: Ack) -> None:
+        ids = [Position(*i) for i in frame.message_ids]
+        try:
+            await subscription.ack(link, ids, cumulative=frame.cumulative)
+            if frame.request_id:
+                outbox.send(frames.AckReceipt(request_id=frame.request_id))
+        except ServerError as e:
+            outbox.send(Error(error=e.name, message=e.message, request_id=frame.request_id))
+        except Exception as e:
+            log.exception("ack failed")
+            outbox.send(
+                Error(error=ErrorName.PERSISTENCE, message=str(e), request_id=frame.request_id)
+            )
+
+    async def handle(frame: object) -> None:
+        if isinstance(frame, Flow):
+            subscription.flow(link, frame.permits)
+        elif isinstance(frame, Ack):
+            task = asyncio.create_task(ack(frame), name=f"ack-{link.name}")
+            acks.add(task)
+            task.add_done_callback(acks.discard)
+        elif isinstance(frame, Nack):
+            subscription.nack(link, [Position(*i) for i in frame.message_ids])
+
+    try:
+        await _receive_frames(ws, frames.consumer_input.decode, handle, outbox)
+    finally:
+        await asyncio.gather(*acks, return_exceptions=True)
+
+
+# ---------------------------------------------------------------------- reader
+
+
+async def reader(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    ws = _socket(request)
+    try:
+        name = topic_from(request)
+        topic = await service.serve(name)
+        start = _start_position(topic, request.query.get("start", "latest"))
+    except ServerError as e:
+        return error_response(e, request)
+    await ws.prepare(request)
+    outbox = _Outbox(ws, service.settings.max_permits + 64, f"reader-{name}")
+    link = ConsumerLink(f"reader-{next(_generated)}", outbox.send)
+    session = Reader(
+        topic.ledger,
+        link,
+        start,
+        batch=service.settings.dispatch_batch,
+        max_permits=service.settings.max_permits,
+    )
+
+    async def handle(frame: object) -> None:
+        if isinstance(frame, Flow):
+            session.flow(frame.permits)
+        else:
+            raise ServerError(ErrorName.NOT_ALLOWED, "a reader does not acknowledge")
+
+    try:
+        await _receive_frames(ws, frames.consumer_input.decode, handle, outbox)
+    finally:
+        await session.close()
+        await outbox.close()
+    return ws
+
+
+def _start_position(topic: Topic, start: str) -> Position:
+    if start == "earliest":
+        return topic.ledger.first_position() or topic.ledger.next_write_position()
+    if start == "latest":
+        return topic.ledger.next_write_position()
+    try:
+        return Position.parse(start)
+    except ValueError:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT, f"start {start!r}: earliest, latest or LEDGER:ENTRY"
+        ) from None

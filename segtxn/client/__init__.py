@@ -1,0 +1,35 @@
+"""The segtxn asyncio client.
+
+```python
+async with Client("http://localhost:8080") as client:
+    producer = await client.create_producer("topic://acme/orders/events")
+    await producer.send(b"hello", key="customer-42")
+    consumer = await client.subscribe("topic://acme/orders/events", "billing")
+    async for message in consumer:
+        await consumer.acknowledge(message)
+```
+"""
+
+from segtxn.client.client import Client
+from segtxn.client.consumer import Consumer, Reader
+from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout
+from segtxn.client.messages import Message, MessageId
+from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
+from segtxn.protocol.errors import ErrorName, ServerError
+
+__all__ = [
+    "Client",
+    "ClientClosed",
+    "ClientError",
+    "Consumer",
+    "ErrorName",
+    "Message",
+    "MessageId",
+    "MessageTooLarge",
+    "Producer",
+    "ProducerOptions",
+    "Reader",
+    "ScalableProducer",
+    "ServerError",
+    "Timeout",
+]

@@ -1,0 +1,63 @@
+"""Topic administration through the brokers' REST API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from segtxn.client.connection import Connector
+from segtxn.protocol.names import TopicName
+
+
+class Admin:
+    def __init__(self, connector: Connector) -> None:
+        self._c = connector
+
+    @staticmethod
+    def _path(topic: str) -> str:
+        return "/admin/v2/" + TopicName.parse(topic).path
+
+    async def create_topic(self, topic: str, *, segments: int = 1) -> None:
+        """Create ``persistent://...`` or ``topic://...`` (with ``segments`` range segments)."""
+        params = {"segments": str(segments)} if topic.startswith("topic://") else {}
+        await self._c.request("PUT", self._path(topic), params=params)
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> None:
+        await self._c.request(
+            "DELETE", self._path(topic), params={"force": "true"} if force else {}
+        )
+
+    async def list_topics(self, domain: str, tenant: str, namespace: str) -> list[str]:
+        return list(await self._c.request("GET", f"/admin/v2/{domain}/{tenant}/{namespace}"))
+
+    async def stats(self, topic: str) -> dict[str, Any]:
+        return dict(await self._c.request("GET", self._path(topic) + "/stats"))
+
+    async def subscriptions(self, topic: str) -> list[str]:
+        return list(await self._c.request("GET", self._path(topic) + "/subscriptions"))
+
+    async def create_subscription(
+        self, topic: str, subscription: str, *, initial_position: str = "latest"
+    ) -> None:
+        await self._c.request(
+            "PUT",
+            f"{self._path(topic)}/subscription/{subscription}",
+            params={"initial": initial_position},
+        )
+
+    async def delete_subscription(self, topic: str, subscription: str) -> None:
+        await self._c.request("DELETE", f"{self._path(topic)}/subscription/{subscription}")
+
+    async def reset_subscription(self, topic: str, subscription: str, to: str) -> None:
+        """Move to ``earliest``, ``latest`` or ``LEDGER:ENTRY``."""
+        await self._c.request(
+            "POST", f"{self._path(topic)}/subscription/{subscription}/reset", params={"to": to}
+        )
+
+    async def properties(self, topic: str) -> dict[str, str]:
+        return dict(await self._c.request("GET", self._path(topic) + "/properties"))
+
+    async def update_properties(self, topic: str, properties: dict[str, str]) -> None:
+        await self._c.request("PUT", self._path(topic) + "/properties", json=properties)
+
+    async def remove_property(self, topic: str, key: str) -> None:
+        await self._c.request("DELETE", self._path(topic) + "/properties", params={"key": key})

@@ -1,0 +1,384 @@
+"""Consumers and readers: receive with flow control, acknowledge durably, reconnect.
+
+A :class:`Consumer` attaches to a subscription of one topic or segment. It grants the broker
+``receiver_queue_size`` permits and tops them up as the application takes messages, so at
+most that many messages wait in the client. ``acknowledge`` returns once the broker has
+made the acknowledgment durable. After a reconnect, messages received but not acknowledged
+are delivered again by the broker (the local queue is dropped, so nothing is seen twice
+because of the reconnect itself; ``redelivery_count`` tells a redelivery apart).
+
+A :class:`MultiConsumer` consumes every segment of a scalable topic through one queue (no
+ordering promise across segments), and a :class:`Reader` reads from a position without a
+subscription.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import aiohttp
+import msgspec
+
+from segtxn.client.connection import Connector
+from segtxn.client.errors import ClientClosed
+from segtxn.client.messages import Message, MessageId
+from segtxn.protocol import frames
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.frames import (
+    Ack,
+    AckReceipt,
+    ActiveChange,
+    ConsumerReady,
+    EndOfTopic,
+    Error,
+    Flow,
+    Nack,
+)
+from segtxn.protocol.frames import Message as MessageFrame
+from segtxn.protocol.names import TopicName
+
+log = logging.getLogger(__name__)
+_ids = itertools.count(1)
+
+FATAL = {
+    ErrorName.TOPIC_NOT_FOUND,
+    ErrorName.INVALID_TOPIC_NAME,
+    ErrorName.NOT_ALLOWED,
+    ErrorName.CONSUMER_BUSY,
+    ErrorName.INVALID_ARGUMENT,
+    ErrorName.SUBSCRIPTION_NOT_FOUND,
+}
+
+
+class _Stream:
+    """One WebSocket of messages from a broker, reconnecting; shared by consumer and reader.
+
+    A consumer's stream drops its undelivered messages on reconnect (the broker delivers
+    them again); a reader's keeps them and resumes after the last one it received.
+    """
+
+    def __init__(
+        self,
+        connector: Connector,
+        topic: TopicName,
+        *,
+        kind: str,
+        suffix: str,
+        query: dict[str, str],
+        receiver_queue_size: int,
+        deliver: asyncio.Queue[Message | BaseException],
+    ) -> None:
+        self.topic = topic
+        self._connector = connector
+        self._kind, self._suffix, self._query = kind, suffix, query
+        self._size = receiver_queue_size
+        self._deliver = deliver
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._acks: dict[int, asyncio.Future[None]] = {}
+        self._ack_frames: dict[int, Ack] = {}
+        self._granted = 0
+        self.active = True
+        self.ended = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.reconnects = 0
+
+    async def start(self) -> None:
+        ws = await self._connect()
+        self._task = asyncio.create_task(self._run(ws), name=f"{self._kind}-{self.topic}")
+
+    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+        broker = await self._connector.broker_for(self.topic)
+        ws = await self._connector.websocket(
+            broker, self._kind, self.topic, self._suffix, self._query
+        )
+        if self._kind == "consumer":
+            message = await ws.receive()
+            ready = (
+                frames.server_frame.decode(message.data)
+                if message.type is aiohttp.WSMsgType.BINARY
+                else None
+            )
+            if not isinstance(ready, ConsumerReady):
+                await ws.close()
+                raise ServerError(ErrorName.SERVICE_NOT_READY, "the broker did not accept us")
+            self.active = ready.active
+        self._ws = ws
+        self._granted = self._size
+        await ws.send_bytes(frames.encode(Flow(permits=self._size)))
+        for frame in self._ack_frames.values():  # acks whose receipts never came
+            await ws.send_bytes(frames.encode(frame))
+        return ws
+
+    async def _run(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await self._read(ws)
+            except (aiohttp.ClientError, ConnectionError) as e:
+                log.info("%s on %s lost its connection: %s", self._kind, self.topic, e)
+            finally:
+                self._ws = None
+                await ws.close()
+            if self._kind == "consumer":
+                self._drop_queued()
+            while True:
+                await asyncio.sleep(delay)
+                try:
+                    ws = await self._connect()
+                    self.reconnects += 1
+                    delay = 0.05
+                    break
+                except ServerError as e:
+                    if e.name in FATAL:
+                        self._deliver.put_nowait(e)
+                        return
+                    delay = min(delay * 2, 2.0)
+
+    def _drop_queued(self) -> None:
+        """Messages not yet taken will be redelivered: drop ours so none is seen twice."""
+        kept: list[Message | BaseException] = []
+        while not self._deliver.empty():
+            item = self._deliver.get_nowait()
+            if isinstance(item, Message) and item.message_id.topic == str(self.topic):
+                continue
+            kept.append(item)
+        for item in kept:
+            self._deliver.put_nowait(item)
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        async for raw in ws:
+            if raw.type is not aiohttp.WSMsgType.BINARY:
+                continue
+            try:
+                frame = frames.server_frame.decode(raw.data)
+            except msgspec.DecodeError:
+                log.warning("undecodable frame from the broker on %s", self.topic)
+                continue
+            if isinstance(frame, MessageFrame):
+                self._deliver.put_nowait(_message(self.topic, frame))
+                if self._kind == "reader":  # after a reconnect, go on after this one
+                    ledger, entry = frame.message_id
+                    self._query["start"] = f"{ledger}:{entry + 1}"
+            elif isinstance(frame, AckReceipt):
+                self._ack_frames.pop(frame.request_id, None)
+                future = self._acks.pop(frame.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result(None)
+            elif isinstance(frame, Error):
+                error = ServerError(ErrorName(frame.error), frame.message)
+                if frame.request_id:
+                    self._ack_frames.pop(frame.request_id, None)
+                    future = self._acks.pop(frame.request_id, None)
+                    if future is not None and not future.done():
+                        future.set_exception(error)
+                else:
+                    log.warning("%s on %s: %s", self._kind, self.topic, error)
+            elif isinstance(frame, ActiveChange):
+                self.active = frame.active
+            elif isinstance(frame, EndOfTopic):
+                self.ended.set()
+        raise ConnectionError("the broker closed the connection")
+
+    async def taken(self) -> None:
+        """One message was handed to the application: top permits up in halves."""
+        self._granted -= 1
+        if self._granted <= self._size // 2 and self._ws is not None:
+            more = self._size - self._granted
+            self._granted = self._size
+            await self._ws.send_bytes(frames.encode(Flow(permits=more)))
+
+    async def ack(self, ids: list[MessageId], *, cumulative: bool) -> None:
+        request_id = next(_ids)
+        frame = Ack(
+            message_ids=[(i.ledger_id, i.entry_id) for i in ids],
+            cumulative=cumulative,
+            request_id=request_id,
+        )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks[request_id] = future
+        self._ack_frames[request_id] = frame
+        if self._ws is not None:
+            await self._ws.send_bytes(frames.encode(frame))
+        await future  # sent again after a reconnect, until the broker confirms
+
+    async def nack(self, ids: list[MessageId]) -> None:
+        if self._ws is not None:
+            frame = Nack(message_ids=[(i.ledger_id, i.entry_id) for i in ids])
+            await self._ws.send_bytes(frames.encode(frame))
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._ws is not None:
+            await self._ws.close()
+        for future in self._acks.values():
+            if not future.done():
+                future.set_exception(ClientClosed("closed before the ack was confirmed"))
+
+
+def _message(topic: TopicName, frame: MessageFrame) -> Message:
+    return Message(
+        message_id=MessageId(str(topic), *frame.message_id),
+        value=frame.payload,
+        key=frame.key,
+        properties=frame.properties,
+        publish_time_ms=frame.publish_time_ms,
+        event_time_ms=frame.event_time_ms,
+        producer_name=frame.producer_name,
+        sequence_id=frame.sequence_id,
+        redelivery_count=frame.redelivery_count,
+    )
+
+
+class Consumer:
+    """Messages of one subscription, from one topic or from every segment of a scalable
+    topic (then one stream per segment feeds one queue)."""
+
+    def __init__(
+        self,
+        connector: Connector,
+        topics: list[TopicName],
+        subscription: str,
+        *,
+        sub_type: str = "Exclusive",
+        initial: str = "latest",
+        name: str | None = None,
+        receiver_queue_size: int = 1000,
+    ) -> None:
+        self.subscription = subscription
+        self.name = name or f"consumer-{next(_ids)}"
+        self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(
+            maxsize=(receiver_queue_size + 8) * max(1, len(topics))
+        )
+        query = {"type": sub_type, "initial": initial, "name": self.name}
+        self._streams = {
+            str(t): _Stream(
+                connector,
+                t,
+                kind="consumer",
+                suffix=f"/{subscription}",
+                query=query,
+                receiver_queue_size=receiver_queue_size,
+                deliver=self._queue,
+            )
+            for t in topics
+        }
+        self._closed = False
+
+    async def start(self) -> None:
+        started: list[_Stream] = []
+        try:
+            for stream in self._streams.values():
+                await stream.start()
+                started.append(stream)
+        except BaseException:
+            for stream in started:
+                await stream.close()
+            raise
+
+    @property
+    def active(self) -> bool:
+        """False while this is a Failover standby on every stream."""
+        return any(s.active for s in self._streams.values())
+
+    def ended(self) -> bool:
+        """True once every stream's topic is sealed and fully consumed."""
+        return all(s.ended.is_set() for s in self._streams.values())
+
+    async def receive(self, timeout_s: float | None = None) -> Message:
+        """The next message.
+
+        Raises:
+            TimeoutError: none arrived within ``timeout_s``.
+            ServerError: the subscription became unusable (e.g. the topic was deleted).
+        """
+        if self._closed:
+            raise ClientClosed("the consumer is closed")
+        async with asyncio.timeout(timeout_s):
+            item = await self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        await self._streams[item.message_id.topic].taken()
+        return item
+
+    def __aiter__(self) -> Consumer:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.receive()
+        except ClientClosed:
+            raise StopAsyncIteration from None
+
+    def _stream(self, message_id: MessageId) -> _Stream:
+        stream = self._streams.get(message_id.topic)
+        if stream is None:
+            raise ValueError(f"{message_id} is not from this consumer's topic")
+        return stream
+
+    async def acknowledge(self, message: Message | MessageId) -> None:
+        """Acknowledge one message; returns once the broker made it durable."""
+        message_id = message.message_id if isinstance(message, Message) else message
+        await self._stream(message_id).ack([message_id], cumulative=False)
+
+    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        """Acknowledge this message and every earlier one of its topic/segment."""
+        message_id = message.message_id if isinstance(message, Message) else message
+        await self._stream(message_id).ack([message_id], cumulative=True)
+
+    async def negative_acknowledge(self, message: Message | MessageId) -> None:
+        """Ask for this message to be delivered again."""
+        message_id = message.message_id if isinstance(message, Message) else message
+        await self._stream(message_id).nack([message_id])
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for stream in self._streams.values():
+            await stream.close()
+
+
+class Reader:
+    """Messages of one topic or segment from a start position, without a subscription."""
+
+    def __init__(
+        self,
+        connector: Connector,
+        topic: TopicName,
+        *,
+        start: str = "earliest",
+        receiver_queue_size: int = 1000,
+    ) -> None:
+        self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(
+            maxsize=receiver_queue_size + 8
+        )
+        self._stream = _Stream(
+            connector,
+            topic,
+            kind="reader",
+            suffix="",
+            query={"start": start},
+            receiver_queue_size=receiver_queue_size,
+            deliver=self._queue,
+        )
+
+    async def start(self) -> None:
+        await self._stream.start()
+
+    def ended(self) -> bool:
+        return self._stream.ended.is_set()
+
+    async def receive(self, timeout_s: float | None = None) -> Message:
+        async with asyncio.timeout(timeout_s):
+            item = await self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        await self._stream.taken()
+        return item
+
+    async def close(self) -> None:
+        await self._stream.close()

@@ -1,0 +1,1 @@
+"""Topics in the metadata store: records, range segments, key routing and placement."""

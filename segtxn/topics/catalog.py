@@ -1,0 +1,189 @@
+"""The catalog of topics, brokers and placements in the metadata store.
+
+Keys (all JSON):
+
+- ``/topics/<domain>/<tenant>/<namespace>/<name>``: a topic record (``model.TopicRecord``);
+- ``/homes/<quoted ledger name>``: which broker holds the managed ledger of a
+  ``persistent://`` topic or a ``segment://`` (indexed by broker, ``homes-by-broker``);
+- ``/brokers/<broker id>``: a live broker's advertised URL (ephemeral: its session).
+
+A managed ledger lives on its home broker's disk, so a topic or segment is *placed* once,
+when it is created, on the live broker with the fewest homes, and stays there: the home
+broker is its owner. While the home broker is down its topics are unavailable
+(``ServiceNotReady``); they come back when it restarts with the same id and disk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from urllib.parse import quote
+
+import msgspec
+
+from segtxn.metastore import (
+    MUST_NOT_EXIST,
+    AlreadyExists,
+    BadVersion,
+    Delete,
+    MetadataStore,
+    Put,
+    Session,
+)
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.topics.model import (
+    PersistentTopic,
+    ScalableTopic,
+    TopicRecord,
+    decode_topic,
+    encode_topic,
+    new_scalable_topic,
+)
+
+TOPICS = "/topics/"
+HOMES = "/homes/"
+BROKERS = "/brokers/"
+HOMES_BY_BROKER = "homes-by-broker"
+
+
+class BrokerInfo(msgspec.Struct, frozen=True):
+    broker_id: str
+    url: str
+    started_ms: int
+
+
+class TopicExists(Exception):
+    pass
+
+
+class NoBrokers(Exception):
+    pass
+
+
+def topic_key(name: TopicName) -> str:
+    if name.domain is Domain.SEGMENT:
+        raise ValueError("segments are part of their scalable topic's record")
+    return TOPICS + name.path
+
+
+def home_key(ledger_name: TopicName) -> str:
+    return HOMES + quote(str(ledger_name), safe="")
+
+
+class Catalog:
+    def __init__(self, store: MetadataStore) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ brokers
+
+    async def register_broker(self, broker_id: str, url: str, session: Session) -> None:
+        info = BrokerInfo(broker_id, url, int(time.time() * 1000))
+        await self.store.put(
+            BROKERS + quote(broker_id, safe=""), msgspec.json.encode(info), session=session
+        )
+
+    async def brokers(self) -> list[BrokerInfo]:
+        listing = await self.store.list_prefix(BROKERS)
+        return [msgspec.json.decode(r.value, type=BrokerInfo) for r in listing.records]
+
+    async def broker_url(self, broker_id: str) -> str | None:
+        record = await self.store.get(BROKERS + quote(broker_id, safe=""))
+        return None if record is None else msgspec.json.decode(record.value, type=BrokerInfo).url
+
+    # ------------------------------------------------------------------ topics
+
+    async def get(self, name: TopicName) -> TopicRecord | None:
+        record = await self.store.get(topic_key(name))
+        return None if record is None else decode_topic(record.value)
+
+    async def create_persistent(self, name: TopicName) -> str:
+        """Create a ``persistent://`` topic placed on a live broker; returns its home."""
+        home = await self._place(1)
+        record = PersistentTopic(int(time.time() * 1000))
+        await self._create(name, record, [(name, home[0])])
+        return home[0]
+
+    async def create_scalable(self, name: TopicName, segments: int) -> ScalableTopic:
+        record = new_scalable_topic(int(time.time() * 1000), segments)
+        homes = await self._place(len(record.segments))
+        placements = [
+            (name.segment_name(s.id), home) for s, home in zip(record.segments, homes, strict=True)
+        ]
+        await self._create(name, record, placements)
+        return record
+
+    async def _create(
+        self, name: TopicName, record: TopicRecord, homes: Sequence[tuple[TopicName, str]]
+    ) -> None:
+        ops = [Put(topic_key(name), encode_topic(record), expected_version=MUST_NOT_EXIST)]
+        ops += [
+            Put(
+                home_key(ledger),
+                msgspec.json.encode(home),
+                expected_version=MUST_NOT_EXIST,
+                indexes={HOMES_BY_BROKER: home},
+            )
+            for ledger, home in homes
+        ]
+        try:
+            await self.store.commit(ops)
+        except AlreadyExists as e:
+            raise TopicExists(f"{name} already exists") from e
+
+    async def _place(self, count: int) -> list[str]:
+        """Homes for ``count`` new ledgers: the live brokers with the fewest, in turn."""
+        live = await self.brokers()
+        if not live:
+            raise NoBrokers("no broker is registered")
+        load = {}
+        for broker in live:
+            listing = await self.store.index_range(HOMES_BY_BROKER, broker.broker_id)
+            load[broker.broker_id] = len(listing.entries)
+        chosen = []
+        for _ in range(count):
+            least = min(sorted(load), key=lambda b: load[b])
+            chosen.append(least)
+            load[least] += 1
+        return chosen
+
+    async def update_properties(
+        self, name: TopicName, updates: dict[str, str], removals: tuple[str, ...]
+    ) -> None:
+        """Change a topic record's properties with a CAS (retried if the record moved)."""
+        while True:
+            record = await self.store.get(topic_key(name))
+            if record is None:
+                raise KeyError(str(name))
+            topic = decode_topic(record.value)
+            properties = {**topic.properties, **updates}
+            for key in removals:
+                properties.pop(key, None)
+            changed = msgspec.structs.replace(topic, properties=properties)
+            try:
+                await self.store.put(
+                    topic_key(name), encode_topic(changed), expected_version=record.version
+                )
+                return
+            except BadVersion:
+                continue
+
+    async def home_of(self, ledger: TopicName) -> str | None:
+        record = await self.store.get(home_key(ledger))
+        return None if record is None else str(msgspec.json.decode(record.value))
+
+    async def list_topics(self, tenant: str, namespace: str) -> list[TopicName]:
+        out = []
+        for domain in ("persistent", "topic"):
+            listing = await self.store.list_prefix(f"{TOPICS}{domain}/{tenant}/{namespace}/")
+            out += [TopicName.from_path(r.key[len(TOPICS) :]) for r in listing.records]
+        return out
+
+    async def delete(self, name: TopicName, record: TopicRecord) -> None:
+        ledgers = (
+            [name.segment_name(s.id) for s in record.segments]
+            if isinstance(record, ScalableTopic)
+            else [name]
+        )
+        await self.store.commit(
+            [Delete(topic_key(name))] + [Delete(home_key(ledger)) for ledger in ledgers]
+        )

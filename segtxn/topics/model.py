@@ -1,0 +1,92 @@
+"""Topic records and the range-segment model of scalable topics (PIP-460).
+
+A scalable topic ``topic://t/n/x`` is one record holding its segments. Each segment covers an
+inclusive range of the key-hash space 0x0000-0xFFFF; the ACTIVE segments tile that space
+exactly, and a keyed message goes to the active segment whose range covers its key's hash.
+Splits and merges (a later issue) seal segments and add children; the record keeps the
+whole DAG, so consumers can traverse it parents-first.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from segtxn.protocol.hashing import HASH_SPACE
+
+
+class SegmentState(enum.StrEnum):
+    ACTIVE = "ACTIVE"
+    SEALED = "SEALED"
+
+
+class SegmentInfo(msgspec.Struct, frozen=True):
+    id: int
+    lo: int
+    """First hash of the range (inclusive)."""
+    hi: int
+    """Last hash of the range (inclusive)."""
+    state: SegmentState = SegmentState.ACTIVE
+    parents: list[int] = msgspec.field(default_factory=list)
+    children: list[int] = msgspec.field(default_factory=list)
+    created_epoch: int = 0
+    sealed_epoch: int | None = None
+
+    def covers(self, key_hash: int) -> bool:
+        return self.lo <= key_hash <= self.hi
+
+
+class PersistentTopic(msgspec.Struct, frozen=True, tag="persistent"):
+    created_ms: int
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class ScalableTopic(msgspec.Struct, frozen=True, tag="scalable"):
+    created_ms: int
+    epoch: int
+    next_segment_id: int
+    segments: list[SegmentInfo]
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+
+    def active(self) -> list[SegmentInfo]:
+        return sorted(
+            (s for s in self.segments if s.state is SegmentState.ACTIVE), key=lambda s: s.lo
+        )
+
+    def route(self, key_hash: int) -> SegmentInfo:
+        """The active segment covering ``key_hash``."""
+        for segment in self.active():
+            if segment.covers(key_hash):
+                return segment
+        raise ValueError(f"no active segment covers hash {key_hash:#06x}: the DAG is broken")
+
+    def segment(self, segment_id: int) -> SegmentInfo | None:
+        for segment in self.segments:
+            if segment.id == segment_id:
+                return segment
+        return None
+
+
+TopicRecord = PersistentTopic | ScalableTopic
+
+encode_topic = msgspec.json.Encoder().encode
+decode_topic = msgspec.json.Decoder(TopicRecord).decode
+
+MAX_INITIAL_SEGMENTS = 256
+
+
+def initial_segments(count: int) -> list[SegmentInfo]:
+    """``count`` segments that split the hash space evenly (the last takes the remainder)."""
+    if not 1 <= count <= MAX_INITIAL_SEGMENTS:
+        raise ValueError(f"a scalable topic starts with 1-{MAX_INITIAL_SEGMENTS} segments")
+    width = HASH_SPACE // count
+    return [
+        SegmentInfo(i, i * width, HASH_SPACE - 1 if i == count - 1 else (i + 1) * width - 1)
+        for i in range(count)
+    ]
+
+
+def new_scalable_topic(created_ms: int, segments: int) -> ScalableTopic:
+    infos = initial_segments(segments)
+    return ScalableTopic(created_ms, epoch=0, next_segment_id=len(infos), segments=infos)
