@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from segtxn.cli import clients, servers
 from segtxn.cli.demo import run_demo
 from segtxn.metastore import MetadataStoreError
 
@@ -42,3 +43,10 @@ def demo(store: str, transactions: int, seed: int | None) -> None:
     except MetadataStoreError as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
     sys.exit(0 if ok else 1)
+
+
+main.add_command(servers.broker)
+main.add_command(servers.standalone)
+main.add_command(clients.produce)
+main.add_command(clients.consume)
+main.add_command(clients.topics)

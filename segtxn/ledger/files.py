@@ -127,7 +127,13 @@ class FileLogStorage(LogStorage):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             _lock(fd, path)
-            os.ftruncate(fd, 0)
+            if os.fstat(fd).st_size:
+                # a new ledger id never has data: this file belongs to ledger metadata that
+                # was lost (e.g. a memory:// store restarted). Never destroy it.
+                raise LedgerCorrupted(
+                    f"{path} already holds data that the ledger metadata does not know; "
+                    "refusing to overwrite it"
+                )
             os.fsync(fd)
             _fsync_dir(directory)
         except BaseException:

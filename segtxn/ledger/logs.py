@@ -49,10 +49,12 @@ class LogStorage(ABC):
 
     @abstractmethod
     def create(self, ledger_name: str, ledger_id: int) -> EntryLog:
-        """A new, empty log (replacing any leftover of a crashed earlier attempt).
+        """A new, empty log (an empty leftover file from a crash is reused).
 
         Raises:
             LedgerFenced: another handle (in this or another process) holds the log.
+            LedgerCorrupted: a file with data already exists under this id (its metadata
+                was lost); it is never overwritten.
         """
 
     @abstractmethod

@@ -134,3 +134,14 @@ async def test_a_missing_closed_ledger_is_corruption(store: MetadataStore, tmp_p
         assert not storage.path(NAME, positions[0].ledger_id).exists()  # not recreated empty
     finally:
         await ledger.close()
+
+
+async def test_lost_metadata_never_overwrites_ledger_files(tmp_path: Path) -> None:
+    storage = FileLogStorage(tmp_path)
+    async with open_store("memory://") as first_store:
+        await _fill(first_store, storage, 5)
+    # a new, empty store (a memory store after a restart) knows nothing of those files
+    async with open_store("memory://") as second_store:
+        with pytest.raises(LedgerCorrupted, match="refusing to overwrite"):
+            await ManagedLedger.open(NAME, second_store, storage, SETTINGS)
+    assert storage.path(NAME, 1).stat().st_size > 0
