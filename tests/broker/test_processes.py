@@ -1,0 +1,176 @@
+"""Brokers as real processes on a shared etcd: SIGKILL and restart, lookups and redirects."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from segtxn.client import Client, MessageId
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+from tests.waiting import wait_until
+
+SEGTXN = str(Path(sys.executable).with_name("segtxn"))
+
+
+class BrokerProcess:
+    def __init__(self, store: str, data_dir: Path, broker_id: str) -> None:
+        self.store, self.data_dir, self.broker_id = store, data_dir, broker_id
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                SEGTXN,
+                "broker",
+                "--store",
+                self.store,
+                "--data-dir",
+                str(self.data_dir),
+                "--advertise",
+                self.url,
+                "--broker-id",
+                self.broker_id,
+                "--host",
+                "127.0.0.1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    async def ready(self) -> None:
+        async with aiohttp.ClientSession() as session:
+
+            async def up() -> bool:
+                try:
+                    async with session.get(self.url + "/readyz") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await wait_until(up, timeout=30, what=f"broker {self.broker_id} ready")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def cluster_store(etcd_server: EtcdServer) -> str:
+    return etcd_server.url(f"/procs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture
+def processes() -> Iterator[list[BrokerProcess]]:
+    started: list[BrokerProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+@pytest.mark.slow
+async def test_sigkilled_broker_loses_no_acknowledged_message(
+    cluster_store: str, tmp_path: Path, processes: list[BrokerProcess]
+) -> None:
+    seed = random.randrange(2**32)
+    print(f"broker crash seed {seed}")
+    rng = random.Random(seed)
+    broker = BrokerProcess(cluster_store, tmp_path / "b1", "b1")
+    processes.append(broker)
+    broker.start()
+    await broker.ready()
+    topic = "persistent://acme/crash/events"
+    acked: dict[int, MessageId] = {}
+    async with Client(broker.url) as client:
+        await client.admin.create_topic(topic)
+        producer = await client.create_producer(topic, name="crash-producer")
+        total = 3000
+        kill_after = rng.randint(200, 2000)
+
+        async def send(i: int) -> None:
+            acked[i] = await producer.send(f"m{i}".encode())
+
+        sends = []
+        for i in range(total):
+            sends.append(asyncio.create_task(send(i)))
+            if i == kill_after:
+                await wait_until(lambda: len(acked) > kill_after // 2, what="some acks")
+                broker.kill()  # mid-stream: appends in flight, acks in flight
+                broker.start()  # same id, same data dir, same port
+        await asyncio.wait_for(asyncio.gather(*sends), 60)
+        assert producer.reconnects >= 1  # type: ignore[union-attr]
+        consumer = await client.subscribe(topic, "check", initial_position="earliest")
+        seen: dict[bytes, MessageId] = {}
+        for _ in range(total):
+            message = await consumer.receive(timeout_s=30)
+            assert message.value not in seen, f"{message.value!r} stored twice"
+            seen[message.value] = message.message_id
+    missing = [i for i in acked if f"m{i}".encode() not in seen]
+    assert not missing, f"acknowledged but lost: {missing[:10]}"
+    assert all(seen[f"m{i}".encode()] == acked[i] for i in acked)  # the ids they were told
+
+
+@pytest.mark.slow
+async def test_two_brokers_share_a_store_and_redirect(
+    cluster_store: str, tmp_path: Path, processes: list[BrokerProcess]
+) -> None:
+    a = BrokerProcess(cluster_store, tmp_path / "a", "a")
+    b = BrokerProcess(cluster_store, tmp_path / "b", "b")
+    processes += [a, b]
+    a.start()
+    b.start()
+    await asyncio.gather(a.ready(), b.ready())
+    topics = [f"persistent://acme/two/t{i}" for i in range(6)]
+    async with Client(a.url) as via_a, Client(b.url) as via_b:
+        for topic in topics:
+            await via_a.admin.create_topic(topic)
+        homes = {t: (await via_a.connector.lookup(_name(t)))["brokerUrl"] for t in topics}
+        assert set(homes.values()) == {a.url, b.url}  # placed on both
+        for topic in topics:  # every topic through broker a only: redirects are followed
+            producer = await via_a.create_producer(topic)
+            await producer.send(topic.encode())
+            consumer = await via_b.subscribe(topic, "s", initial_position="earliest")
+            message = await consumer.receive(timeout_s=10)
+            assert message.value == topic.encode()
+        stats = await via_a.admin.stats(topics[1])  # admin calls are redirected too
+        assert stats["msgInCounter"] == 1
+        scalable = "topic://acme/two/scaled"
+        await via_b.admin.create_topic(scalable, segments=4)
+        layout = await via_a.connector.lookup(_name(scalable))
+        assert {s["brokerUrl"] for s in layout["segments"]} == {a.url, b.url}
+        producer = await via_a.create_producer(scalable)
+        for i in range(40):
+            await producer.send(b"x", key=f"k{i}")
+        total = await via_b.admin.stats(scalable)
+        assert sum(s["stats"]["msgInCounter"] for s in total["segments"]) == 40
+
+        b.kill()  # b's topics are unavailable while b is down, and say so
+        with pytest.raises(Exception) as down:
+            await via_a.admin.stats(next(t for t, url in homes.items() if url == b.url))
+        assert "ServiceNotReady" in str(down.value) or "NotOwner" in str(down.value)
+
+
+def _name(topic: str):  # type: ignore[no-untyped-def]
+    from segtxn.protocol.names import TopicName
+
+    return TopicName.parse(topic)
