@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -28,6 +29,7 @@ from aiohttp import WSMsgType, web
 
 from segtxn.broker.dispatch import ConsumerLink, Reader, Subscription, SubscriptionType
 from segtxn.broker.http import SERVICE, error_response
+from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.topic import Topic
 from segtxn.ledger import Position
 from segtxn.protocol import frames
@@ -169,9 +171,18 @@ async def producer(request: web.Request) -> web.StreamResponse:
         )
     )
 
+    metrics = service.metrics
+
     async def publish(send: Send) -> None:
+        started = time.perf_counter()
         try:
             position, duplicate = await topic.publish(producer_name, send)
+            if duplicate:
+                metrics.duplicates.add(1)
+            else:
+                metrics.messages_in.add(1)
+                metrics.bytes_in.add(len(send.payload))
+                metrics.publish_latency.record(time.perf_counter() - started)
             outbox.send(
                 Receipt(
                     seq=send.seq,
@@ -180,6 +191,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
                 )
             )
         except ServerError as e:
+            metrics.errors.add(1, {"error": e.name.value})
             outbox.send(Error(error=e.name, message=e.message, seq=send.seq))
         finally:
             window.release()
@@ -204,6 +216,15 @@ async def producer(request: web.Request) -> web.StreamResponse:
 
 
 # ---------------------------------------------------------------------- consumer
+
+
+def _counting(outbox: _Outbox, metrics: BrokerMetrics) -> Callable[[Frame], None]:
+    def send(frame: Frame) -> None:
+        if isinstance(frame, frames.Message):
+            metrics.messages_out.add(1)
+        outbox.send(frame)
+
+    return send
 
 
 def _parse_type(value: str) -> SubscriptionType:
@@ -236,7 +257,7 @@ async def consumer(request: web.Request) -> web.StreamResponse:
         )
         topic = await service.serve(name)
         outbox = _Outbox(ws, service.settings.max_permits + 64, f"consumer-{consumer_name}")
-        link = ConsumerLink(consumer_name, outbox.send)
+        link = ConsumerLink(consumer_name, _counting(outbox, service.metrics))
         subscription, active = await topic.attach(subscription_name, link, sub_type, initial)
     except ServerError as e:
         if link is not None:

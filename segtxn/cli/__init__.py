@@ -15,6 +15,7 @@ import click
 
 from segtxn.cli import clients, servers
 from segtxn.cli.demo import run_demo
+from segtxn.client import ServerError
 from segtxn.metastore import MetadataStoreError
 
 
@@ -34,13 +35,17 @@ def main(verbose: int) -> None:
     help="Metadata store URL (memory://, etcd://host:port[/ns]), or 'etcd-local' to start "
     "a private etcd server for the run.",
 )
-@click.option("--transactions", default=200, show_default=True, help="Transactions to run.")
+@click.option("--messages", default=20_000, show_default=True, help="Messages to stream.")
+@click.option("--keys", default=200, show_default=True, help="Distinct keys.")
+@click.option("--segments", default=4, show_default=True, help="Range segments of the topic.")
 @click.option("--seed", default=None, type=int, help="Random seed (printed when chosen).")
-def demo(store: str, transactions: int, seed: int | None) -> None:
-    """Run the end-to-end demonstration and print what it saw."""
+def demo(store: str, messages: int, keys: int, segments: int, seed: int | None) -> None:
+    """Stream keyed messages through a scalable topic on segtxn standalone, and check them."""
     try:
-        ok = asyncio.run(run_demo(store, transactions=transactions, seed=seed))
-    except MetadataStoreError as e:
+        ok = asyncio.run(
+            run_demo(store, messages=messages, keys=keys, segments=segments, seed=seed)
+        )
+    except (MetadataStoreError, ServerError) as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
     sys.exit(0 if ok else 1)
 

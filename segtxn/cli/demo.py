@@ -1,222 +1,155 @@
-"""``segtxn demo``: transaction-shaped records through the metadata store, watched live.
+"""``segtxn demo``: a keyed stream through a scalable topic on ``segtxn standalone``.
 
-It plays the record traffic of PIP-471 against a real store: transaction headers created
-OPEN and indexed by deadline, op records under sequential keys indexed by segment, one
-compare-and-set per end-txn (with a deliberate race that exactly one side must win), and
-participants that learn each outcome from a watch. It then checks what the watchers saw
-against what was written, prints a summary, and exits non-zero on any mismatch.
+It starts ``segtxn standalone`` as a separate process (on the embedded store, or on a
+private etcd with ``--store etcd-local``), creates a scalable topic with several range
+segments, produces a keyed stream (each key's messages numbered), consumes it through one
+subscription, and checks what it received: every message exactly once, each key's
+messages in order, keys routed to the segment covering their hash. It prints a summary and
+exits non-zero on any anomaly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import collections
 import random
+import subprocess
+import sys
 import time
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 
+import aiohttp
 import click
 
-from segtxn.metastore import (
-    MUST_NOT_EXIST,
-    BadVersion,
-    EventKind,
-    LeaderElection,
-    MetadataStore,
-    Put,
-    open_store,
-)
-from segtxn.metastore.etcd_server import EtcdServer
+from segtxn.client import Client
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.protocol.hashing import HASH_SPACE, key_hash
 
-SEGMENTS = [f"segment://demo/ns/orders/{i}" for i in range(4)]
+TOPIC = "topic://demo/orders/events"
 
 
-@dataclass
-class Seen:
-    decisions: dict[str, str] = field(default_factory=dict)
-    ops_indexed: int = 0
-    latencies_ms: list[float] = field(default_factory=list)
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-async def run_demo(url: str, *, transactions: int, seed: int | None) -> bool:
+async def run_demo(
+    store: str, *, messages: int = 20_000, keys: int = 200, segments: int = 4, seed: int | None
+) -> bool:
     seed = seed if seed is not None else random.randrange(2**32)
-    rng = random.Random(seed)
     async with AsyncExitStack() as stack:
-        if url == "etcd-local":
+        if store == "etcd-local":
             server = EtcdServer.in_temp_dir()
             await server.astart()
             stack.callback(server.stop)
-            url = server.url("/demo")
-            click.echo(f"started etcd at {server.endpoint} (data in {server.data_dir})")
-        store = open_store(url)
-        stack.push_async_callback(store.close)
-        click.echo(f"store {url}  seed {seed}  transactions {transactions}")
-        return await _play(store, rng, transactions)
+            store = server.url("/demo")
+            click.echo(f"started etcd at {server.endpoint}")
+        url = await _start_standalone(stack, store)
+        click.echo(f"segtxn standalone at {url} (store {store}); seed {seed}")
+        async with Client(url) as client:
+            return await _play(client, random.Random(seed), messages, keys, segments)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _play(store: MetadataStore, rng: random.Random, transactions: int) -> bool:
-    start_revision = await store.revision() + 1
-    seen = Seen()
-    written: dict[str, str] = {}
-    commit_times: dict[str, float] = {}
-    watcher = asyncio.create_task(
-        _participant(store, start_revision, transactions, seen, commit_times), name="demo-watch"
-    )
-    began = time.perf_counter()
-    races_won = 0
-    for n in range(transactions):
-        txn_id = f"{n:08d}"
-        now_ms = int(time.time() * 1000)
-        deadline_ms = now_ms + 30_000
-        header = {"state": "OPEN", "timeout_ms": deadline_ms, "created_ms": now_ms}
-        record = await store.put(
-            f"/txn/{txn_id}",
-            json.dumps(header).encode(),
-            expected_version=MUST_NOT_EXIST,
-            partition_key=txn_id,
-            indexes={"txn-by-deadline": deadline_ms},
-        )
-        segments = rng.sample(SEGMENTS, rng.randint(1, 3))
-        await store.commit(
-            [
-                Put(
-                    f"/txn-op/{txn_id}/",
-                    json.dumps({"kind": "write", "segment": s, "position": [1, n]}).encode(),
-                    sequential=True,
-                    partition_key=txn_id,
-                    indexes={"writes-by-segment": s},
-                )
-                for s in segments
-            ]
-        )
-        decision = "COMMITTED" if rng.random() < 0.8 else "ABORTED"
-        final = dict(header, state=decision, finalized_ms=int(time.time() * 1000))
-        rival = dict(final, state="ABORTED" if decision == "COMMITTED" else "COMMITTED")
-        commit_times[txn_id] = time.perf_counter()
+async def _start_standalone(stack: AsyncExitStack, store: str) -> str:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "segtxn.cli", "standalone", "--port", str(port), "--store", store,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
 
-        mine, theirs = await asyncio.gather(
-            _end_txn(store, txn_id, final, record.version),
-            _end_txn(store, txn_id, rival, record.version),
-        )
-        if mine == theirs:
-            click.echo(f"txn {txn_id}: both or neither end-txn CAS won", err=True)
-            return False
-        winner = final if mine else rival
-        races_won += mine
-        written[txn_id] = str(winner["state"])
-    elapsed = time.perf_counter() - began
-    try:
-        await asyncio.wait_for(seen.done.wait(), timeout=30)
-    finally:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+    async def stop() -> None:
+        process.terminate()
+        try:
+            await asyncio.wait_for(process.wait(), 15)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
 
-    open_left = await store.index_range("txn-by-deadline")
-    by_state = {
-        s: len((await store.index_range("txn-by-final-state", (s,))).entries)
-        for s in ("COMMITTED", "ABORTED")
-    }
-    ops = await store.index_range("writes-by-segment")
-    leader_ok = await _election_handover(store)
-    mismatches = {t for t in written if seen.decisions.get(t) != written[t]}
-    lat = sorted(seen.latencies_ms) or [0.0]
-    click.echo(
-        f"wrote {transactions} txns in {elapsed:.2f}s "
-        f"({transactions / elapsed:.0f} txn/s: create + ops + racing end-txn CAS)"
-    )
-    click.echo(f"end-txn races: exactly one winner every time (ours won {races_won})")
-    click.echo(
-        f"watch saw {len(seen.decisions)} decisions; decided->seen p50 "
-        f"{lat[len(lat) // 2]:.2f} ms, p99 {lat[int(len(lat) * 0.99)]:.2f} ms"
-    )
-    click.echo(
-        f"indexes: {len(open_left.entries)} open by deadline, {by_state} by final state, "
-        f"{len(ops.entries)} ops by segment (watch saw {seen.ops_indexed})"
-    )
-    click.echo(f"leader election hand-over: {'ok' if leader_ok else 'FAILED'}")
-    ok = (
-        not mismatches
-        and not open_left.entries
-        and sum(by_state.values()) == transactions
-        and seen.ops_indexed == len(ops.entries)
-        and leader_ok
-    )
-    click.echo("RESULT: " + ("every decision seen, indexes consistent" if ok else "MISMATCH"))
-    return ok
+    stack.push_async_callback(stop)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                raise click.ClickException("segtxn standalone exited at start-up")
+            try:
+                async with session.get(url + "/readyz") as response:
+                    if response.status == 200:
+                        return url
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)  # the process is starting: nothing to wait on but its port
+    raise click.ClickException("segtxn standalone did not become ready in 30 s")
 
 
-async def _end_txn(
-    store: MetadataStore, txn_id: str, body: dict[str, object], expected: int
+async def _play(
+    client: Client, rng: random.Random, messages: int, keys: int, segments: int
 ) -> bool:
-    """One end-txn: a CAS of the header from OPEN to a decision. False if it lost."""
-    state, finalized_ms = str(body["state"]), int(str(body["finalized_ms"]))
-    try:
-        await store.put(
-            f"/txn/{txn_id}",
-            json.dumps(body).encode(),
-            expected_version=expected,
-            indexes={"txn-by-final-state": (state, finalized_ms)},
-        )
-        return True
-    except BadVersion:
-        return False
+    await client.admin.create_topic(TOPIC, segments=segments)
+    consumer = await client.subscribe(TOPIC, "demo", initial_position="earliest")
+    producer = await client.create_producer(TOPIC, name="demo-producer")
+    key_names = [f"customer-{i:04d}" for i in range(keys)]
+    next_seq: collections.Counter[str] = collections.Counter()
+    sent_at: dict[tuple[str, int], float] = {}
+    anomalies: list[str] = []
+    last_seen: dict[str, int] = {}
+    seen: set[tuple[str, int]] = set()
+    latencies: list[float] = []
+    per_segment: collections.Counter[str] = collections.Counter()
+    acks: set[asyncio.Task[None]] = set()
 
+    async def consume() -> None:
+        for _ in range(messages):
+            message = await consumer.receive(timeout_s=30)
+            key, _, seq_text = message.value.decode().partition(":")
+            seq = int(seq_text)
+            latencies.append((time.perf_counter() - sent_at[key, seq]) * 1000)
+            if (key, seq) in seen:
+                anomalies.append(f"duplicate {key}:{seq}")
+            seen.add((key, seq))
+            if seq != last_seen.get(key, -1) + 1:
+                anomalies.append(f"{key}: {seq} after {last_seen.get(key)}")
+            last_seen[key] = seq
+            per_segment[message.message_id.topic.rsplit("/", 1)[1]] += 1
+            ack = asyncio.create_task(consumer.acknowledge(message))  # acks are pipelined
+            acks.add(ack)
+            ack.add_done_callback(acks.discard)
 
-async def _participant(
-    store: MetadataStore,
-    start_revision: int,
-    transactions: int,
-    seen: Seen,
-    commit_times: dict[str, float],
-) -> None:
-    """Learn outcomes from a prefix watch, as a PIP-471 participant does."""
-
-    async def ops() -> None:
-        async with store.watch_index("writes-by-segment", from_revision=start_revision) as events:
-            async for event in events:
-                if event.kind is EventKind.PUT:
-                    seen.ops_indexed += 1
-
-    op_task = asyncio.create_task(ops(), name="demo-watch-ops")
-    try:
-        async with store.watch_prefix("/txn/", from_revision=start_revision) as events:
-            async for event in events:
-                if event.record is None:
-                    continue
-                state = json.loads(event.record.value)["state"]
-                if state == "OPEN":
-                    continue
-                txn_id = event.key.rsplit("/", 1)[1]
-                seen.decisions[txn_id] = state
-                seen.latencies_ms.append((time.perf_counter() - commit_times[txn_id]) * 1000)
-                if len(seen.decisions) == transactions:
-                    seen.done.set()
-    finally:
-        op_task.cancel()
-        await asyncio.gather(op_task, return_exceptions=True)
-
-
-async def _election_handover(store: MetadataStore) -> bool:
-    first, second = await store.open_session(ttl_s=5), await store.open_session(ttl_s=5)
-    try:
-        a = await LeaderElection(store, "demo", first, b"a").campaign()
-        b_task = asyncio.create_task(LeaderElection(store, "demo", second, b"b").campaign())
-        await first.close()  # the leader dies: its lease goes, the standby takes over
-        b = await asyncio.wait_for(b_task, timeout=10)
-        leader = await LeaderElection(store, "demo", second).leader()
-        ok = a.lost.is_set() or await _wait(a.lost)
-        await b.resign()
-        return ok and leader is not None and leader.value == b"b" and b.token > a.token
-    finally:
-        await second.close()
-
-
-async def _wait(event: asyncio.Event) -> bool:
-    try:
-        await asyncio.wait_for(event.wait(), timeout=5)
-        return True
-    except TimeoutError:
-        return False
+    started = time.perf_counter()
+    consuming = asyncio.create_task(consume(), name="demo-consumer")
+    futures = []
+    for _ in range(messages):
+        key = rng.choice(key_names)
+        seq = next_seq[key]
+        next_seq[key] += 1
+        sent_at[key, seq] = time.perf_counter()
+        futures.append(await producer.send_async(f"{key}:{seq}".encode(), key=key))
+    ids = await asyncio.gather(*futures)
+    produced_s = time.perf_counter() - started
+    for message_id, (key, _seq) in zip(ids, sent_at, strict=True):
+        segment = int(message_id.topic.rsplit("/", 1)[1])
+        if segment != key_hash(key) * segments // HASH_SPACE:
+            anomalies.append(f"{key} went to segment {segment}")
+    await consuming
+    await asyncio.gather(*acks)
+    total_s = time.perf_counter() - started
+    missing = len(sent_at) - len(seen)
+    stats = await client.admin.stats(TOPIC)
+    backlog = sum(s["stats"]["subscriptions"]["demo"]["backlog"] for s in stats["segments"])
+    latencies.sort()
+    click.echo(
+        f"produced {messages} keyed messages ({keys} keys) in {produced_s:.2f}s "
+        f"= {messages / produced_s:,.0f} msg/s"
+    )
+    p50, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
+    click.echo(
+        f"consumed and acknowledged all in {total_s:.2f}s (while producing); "
+        f"send->receive p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+    )
+    click.echo("per segment: " + ", ".join(f"{s}: {n}" for s, n in sorted(per_segment.items())))
+    click.echo(f"missing {missing}, backlog after acks {backlog}, anomalies {len(anomalies)}")
+    for anomaly in anomalies[:10]:
+        click.echo(f"  {anomaly}")
+    ok = not anomalies and missing == 0 and backlog == 0
+    click.echo(
+        "RESULT: every message once, per-key order kept, keys on their segments"
+        if ok
+        else "RESULT: ANOMALIES"
+    )
+    return ok
