@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
-import subprocess
 import sys
+import tempfile
 import time
 from contextlib import AsyncExitStack
 
@@ -48,12 +48,15 @@ async def run_demo(
 
 async def _start_standalone(stack: AsyncExitStack, store: str) -> str:
     port = free_port()
+    log = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115 - a file, not a pipe nobody drains
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "segtxn.cli", "standalone", "--port", str(port), "--store", store,
-        stderr=subprocess.DEVNULL,
+        stderr=log,
     )  # fmt: skip
 
     async def stop() -> None:
+        if process.returncode is not None:
+            return
         process.terminate()
         try:
             await asyncio.wait_for(process.wait(), 15)
@@ -67,7 +70,9 @@ async def _start_standalone(stack: AsyncExitStack, store: str) -> str:
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             if process.returncode is not None:
-                raise click.ClickException("segtxn standalone exited at start-up")
+                log.seek(0)
+                why = log.read().decode(errors="replace").strip()
+                raise click.ClickException(f"segtxn standalone exited at start-up: {why[-500:]}")
             try:
                 async with session.get(url + "/readyz") as response:
                     if response.status == 200:

@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
+from segtxn.metastore import MetadataStoreError
 
 
 async def _serve(servers: list[BrokerServer]) -> None:
@@ -36,9 +38,12 @@ async def _serve(servers: list[BrokerServer]) -> None:
             await server.stop()
 
 
-def _run(servers: list[BrokerServer]) -> None:
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(servers))
+def _run(make: Callable[[], list[BrokerServer]]) -> None:
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(_serve(make()))
+    except (MetadataStoreError, ValueError, OSError) as e:
+        raise click.ClickException(f"{type(e).__name__}: {e}") from e
 
 
 @click.command()
@@ -69,14 +74,17 @@ def broker(
 
     parts = urlsplit(advertise)
     broker_id = broker_id or f"{parts.hostname}-{parts.port}"
-    settings = BrokerSettings(
-        broker_id=broker_id,
-        advertise_url=advertise,
-        store_url=store,
-        ledger_url=f"file://{data_dir.resolve()}",
-        auto_create_topics=auto_create_topics,
-    )
-    _run([BrokerServer(settings, host=host, port=port)])
+    try:
+        settings = BrokerSettings(
+            broker_id=broker_id,
+            advertise_url=advertise,
+            store_url=store,
+            ledger_url=f"file://{data_dir.resolve()}",
+            auto_create_topics=auto_create_topics,
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    _run(lambda: [BrokerServer(settings, host=host, port=port)])
 
 
 @click.command()
@@ -118,4 +126,4 @@ def standalone(
         ledger_url=ledger_url,
         auto_create_topics=auto_create_topics,
     )
-    _run([BrokerServer(settings, host=host, port=port)])
+    _run(lambda: [BrokerServer(settings, host=host, port=port)])
