@@ -90,6 +90,11 @@ async def _fan_out(
 # ---------------------------------------------------------------------- topics
 
 
+def _has_clients(stats: Any) -> bool:
+    subscriptions = stats.get("subscriptions", {}).values()
+    return bool(stats.get("producers")) or any(s.get("consumers") for s in subscriptions)
+
+
 @_errors
 async def create_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
@@ -110,14 +115,20 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
     force = request.query.get("force") == "true"
     if name.domain is Domain.TOPIC:
         scalable = await _scalable(service, name)
+        if not force:  # refuse before deleting anything, not half-way through
+            per_segment = await _fan_out(request, name, "GET", "/stats")
+            if any(_has_clients(s) for s in per_segment.values()):
+                raise ServerError(
+                    ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)"
+                )
         await _fan_out(request, name, "DELETE", "")
         await service.catalog.delete(name, scalable)
         return web.Response(status=204)
     topic = await service.serve(name)
-    busy = topic.producers or any(s.consumers for s in topic.subscriptions.values())
-    if busy and not force:
+    if topic.busy() and not force:
         raise ServerError(ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)")
     service.topics.pop(name, None)
+    await topic.disconnect_clients()
     await topic.delete()
     if name.domain is Domain.PERSISTENT:
         record = await service.catalog.get(name)

@@ -23,7 +23,7 @@ import asyncio
 import enum
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from sortedcontainers import SortedSet
 
@@ -56,10 +56,17 @@ class ConsumerLink:
 
     _ids = itertools.count(1)
 
-    def __init__(self, name: str, send: Callable[[Frame], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        send: Callable[[Frame], None],
+        disconnect: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
         self.id = next(self._ids)
         self.name = name
         self.send = send
+        self.disconnect = disconnect
+        """Hang up on the client (e.g. its topic was deleted); it then reconnects."""
         self.permits = 0
         self.pending: set[Position] = set()
         self.ended = False
@@ -210,7 +217,7 @@ class Subscription:
         self._check_known(ids)
         for position in ids:
             if self._pending.get(position) is link:
-                self._forget(position)
+                self._forget(position, keep_count=True)
                 self._due_again(position)
         self._wake.set()
 
@@ -223,11 +230,12 @@ class Subscription:
                     f"message id {position} is not a message of {self.ledger.name}",
                 )
 
-    def _forget(self, position: Position) -> None:
+    def _forget(self, position: Position, *, keep_count: bool = False) -> None:
         owner = self._pending.pop(position, None)
         if owner is not None:
             owner.pending.discard(position)
-        self._redeliveries.pop(position, None)
+        if not keep_count:
+            self._redeliveries.pop(position, None)
 
     def _due_again(self, position: Position) -> None:
         self._redeliver.add(position)

@@ -242,6 +242,20 @@ class Topic:
             "subscriptions": subs,
         }
 
+    async def disconnect_clients(self) -> None:
+        """Hang up on every producer and consumer (they reconnect and learn why)."""
+        for connection in list(self.producers.values()):
+            close = getattr(connection, "close", None)
+            if close is not None:
+                await close(code=1001, message=b"topic unloaded")
+        for subscription in self.subscriptions.values():
+            for link in list(subscription.consumers):
+                if link.disconnect is not None:
+                    await link.disconnect()
+
+    def busy(self) -> bool:
+        return bool(self.producers) or any(s.consumers for s in self.subscriptions.values())
+
     async def delete(self) -> None:
         """Delete the topic's data, subscriptions and de-duplication state."""
         for subscription in self.subscriptions.values():

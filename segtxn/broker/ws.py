@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from segtxn.broker.dispatch import ConsumerLink, Reader, Subscription, SubscriptionType
 from segtxn.broker.http import SERVICE, error_response
@@ -257,7 +257,11 @@ async def consumer(request: web.Request) -> web.StreamResponse:
         )
         topic = await service.serve(name)
         outbox = _Outbox(ws, service.settings.max_permits + 64, f"consumer-{consumer_name}")
-        link = ConsumerLink(consumer_name, _counting(outbox, service.metrics))
+        link = ConsumerLink(
+            consumer_name,
+            _counting(outbox, service.metrics),
+            lambda: ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic unloaded"),
+        )
         subscription, active = await topic.attach(subscription_name, link, sub_type, initial)
     except ServerError as e:
         if link is not None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from segtxn.client.connection import Connector
-from segtxn.protocol.names import TopicName
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import InvalidTopicName, TopicName
 
 
 class Admin:
@@ -14,7 +15,10 @@ class Admin:
 
     @staticmethod
     def _path(topic: str) -> str:
-        return "/admin/v2/" + TopicName.parse(topic).path
+        try:
+            return "/admin/v2/" + TopicName.parse(topic).path
+        except InvalidTopicName as e:
+            raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
 
     async def create_topic(self, topic: str, *, segments: int = 1) -> None:
         """Create ``persistent://...`` or ``topic://...`` (with ``segments`` range segments)."""
