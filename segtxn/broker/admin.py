@@ -332,10 +332,10 @@ async def lookup(request: web.Request) -> web.StreamResponse:
 
 
 def routes() -> list[web.RouteDef]:
-    topic = "/{domain:persistent|topic}/{tenant}/{namespace}/{topic}"
+    topic = "/{domain}/{tenant}/{namespace}/{topic}"  # the parser names a bad domain
     segment = "/{domain:segment}/{tenant}/{namespace}/{topic}/{segment:[0-9]+}"
     out: list[web.RouteDef] = [
-        web.get("/admin/v2/{domain:persistent|topic}/{tenant}/{namespace}", list_topics),
+        web.get("/admin/v2/{domain}/{tenant}/{namespace}", list_topics),
     ]
     for shape in (topic, segment):
         base = "/admin/v2" + shape

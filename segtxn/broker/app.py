@@ -7,20 +7,23 @@ closed through ``cleanup_ctx``. Health: ``/healthz`` (the process answers), ``/r
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
 from segtxn.broker import admin, ws
-from segtxn.broker.http import SERVICE
+from segtxn.broker.http import SERVICE, error_body
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
+from segtxn.protocol.errors import ErrorName
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def create_app(settings: BrokerSettings) -> web.Application:
-    app = web.Application(client_max_size=2 * settings.max_message_bytes)
+    app = web.Application(client_max_size=2 * settings.max_message_bytes, middlewares=[json_errors])
     app[SERVICE] = BrokerService(settings)
 
     async def service_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -34,7 +37,7 @@ def create_app(settings: BrokerSettings) -> web.Application:
             yield
 
     app.cleanup_ctx.extend([service_ctx, http_ctx])
-    topic = "/{domain:persistent|topic}/{tenant}/{namespace}/{topic}"
+    topic = "/{domain}/{tenant}/{namespace}/{topic}"  # any domain: the parser names errors
     segment = "/{domain:segment}/{tenant}/{namespace}/{topic}/{segment:[0-9]+}"
     app.add_routes(
         [
@@ -51,6 +54,24 @@ def create_app(settings: BrokerSettings) -> web.Application:
         ]
     )
     return app
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer paths and methods that match no route with the JSON error shape too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400 or e.content_type == "application/json":
+            raise
+        return web.Response(
+            status=e.status,
+            text=error_body(
+                ErrorName.INVALID_ARGUMENT, f"no such endpoint: {request.method} {request.path}"
+            ),
+            content_type="application/json",
+            headers={"X-Segtxn-Error": ErrorName.INVALID_ARGUMENT.value},
+        )
 
 
 async def healthz(request: web.Request) -> web.Response:

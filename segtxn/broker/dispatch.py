@@ -222,9 +222,10 @@ class Subscription:
         self._wake.set()
 
     def _check_known(self, ids: list[Position]) -> None:
-        last = self.ledger.last_confirmed
+        if not ids:
+            raise ServerError(ErrorName.INVALID_ARGUMENT, "no message ids given")
         for position in ids:
-            if last is None or position > last or position.entry_id < 0:
+            if not self.ledger.contains(position):
                 raise ServerError(
                     ErrorName.INVALID_ARGUMENT,
                     f"message id {position} is not a message of {self.ledger.name}",

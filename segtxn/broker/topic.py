@@ -78,6 +78,8 @@ class Topic:
         Raises:
             ServerError(MessageTooLarge / TopicTerminatedError / PersistenceError)
         """
+        if send.seq < 0:
+            raise ServerError(ErrorName.INVALID_MESSAGE, f"seq must be >= 0, not {send.seq}")
         if len(send.payload) > self.settings.max_message_bytes:
             raise ServerError(
                 ErrorName.MESSAGE_TOO_LARGE,

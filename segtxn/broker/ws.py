@@ -24,7 +24,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 
-import msgspec
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from segtxn.broker.dispatch import ConsumerLink, Reader, Subscription, SubscriptionType
@@ -120,7 +119,8 @@ async def _receive_frames(
         if message.type is WSMsgType.BINARY:
             try:
                 frame = decode(message.data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            except (ValueError, RecursionError) as e:
+                # msgspec's DecodeError/ValidationError, bad UTF-8, absurd nesting
                 outbox.send(Error(error=ErrorName.INVALID_MESSAGE, message=f"bad frame: {e}"))
                 continue
             try:

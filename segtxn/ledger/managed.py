@@ -318,6 +318,13 @@ class ManagedLedger:
             return self._last.entry_id + 1
         return 0
 
+    def contains(self, position: Position) -> bool:
+        """True if ``position`` is a durable entry of this ledger that is still retained."""
+        for info in self._meta.ledgers:
+            if info.id == position.ledger_id:
+                return 0 <= position.entry_id < self._count(info)
+        return False
+
     def position_after(self, position: Position) -> Position | None:
         """The entry that follows ``position`` in this ledger, or None if it is not
         written (yet). ``position`` need not exist (a mark before a ledger's first entry is
