@@ -7,6 +7,7 @@ closed through ``cleanup_ctx``. Health: ``/healthz`` (the process answers), ``/r
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -14,7 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from segtxn.broker import admin, ws
-from segtxn.broker.http import SERVICE, error_body
+from segtxn.broker.http import SERVICE, SOCKETS, error_body
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
 from segtxn.protocol.errors import ErrorName
@@ -25,6 +26,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def create_app(settings: BrokerSettings) -> web.Application:
     app = web.Application(client_max_size=2 * settings.max_message_bytes, middlewares=[json_errors])
     app[SERVICE] = BrokerService(settings)
+    app[SOCKETS] = weakref.WeakSet()
+    app.on_shutdown.append(ws.close_sockets)
 
     async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         await app[SERVICE].start()

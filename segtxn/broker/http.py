@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import weakref
 from urllib.parse import quote
 
 from aiohttp import web
@@ -11,6 +12,8 @@ from segtxn.broker.service import BrokerService
 from segtxn.protocol.errors import ErrorName, ServerError
 
 SERVICE = web.AppKey("service", BrokerService)
+SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])
+"""Open WebSockets: closed on shutdown, or aiohttp waits for their handlers."""
 
 
 def error_body(name: ErrorName | str, message: str) -> str:

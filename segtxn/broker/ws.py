@@ -22,12 +22,13 @@ import itertools
 import logging
 import re
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from segtxn.broker.dispatch import ConsumerLink, Reader, Subscription, SubscriptionType
-from segtxn.broker.http import SERVICE, error_response
+from segtxn.broker.http import SERVICE, SOCKETS, error_response
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.topic import Topic
 from segtxn.ledger import Position
@@ -136,7 +137,17 @@ async def _receive_frames(
 
 def _socket(request: web.Request) -> web.WebSocketResponse:
     limit = request.app[SERVICE].settings.max_message_bytes
-    return web.WebSocketResponse(max_msg_size=2 * limit + 64 * 1024, heartbeat=30)
+    ws = web.WebSocketResponse(max_msg_size=2 * limit + 64 * 1024, heartbeat=30)
+    request.app[SOCKETS].add(ws)
+    return ws
+
+
+async def close_sockets(app: web.Application) -> None:
+    """On shutdown: hang up on every client (they reconnect elsewhere or later)."""
+    sockets: weakref.WeakSet[web.WebSocketResponse] = app[SOCKETS]
+    for socket in list(sockets):
+        if socket.prepared and not socket.closed:  # some were refused before the upgrade
+            await socket.close(code=WSCloseCode.GOING_AWAY, message=b"broker shutting down")
 
 
 # ---------------------------------------------------------------------- producer

@@ -29,7 +29,7 @@ import msgspec
 
 from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientClosed, MessageTooLarge
+from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -57,6 +57,9 @@ class ProducerOptions:
     batch_delay_s: float = 0.0
     max_pending: int = 1000
     reconnect_max_s: float = 2.0
+    send_timeout_s: float = 30.0
+    """A send not acknowledged in this time fails with Timeout and is not sent again
+    (it may still have been stored). 0: wait as long as it takes."""
 
 
 @dataclass(eq=False)
@@ -227,12 +230,24 @@ class Producer:
         Raises:
             MessageTooLarge: the payload exceeds what the broker accepts.
             ServerError: the broker refused this message (e.g. TopicTerminatedError).
+            Timeout: not acknowledged within ``send_timeout_s`` (it may have been stored).
             ClientClosed: the producer was closed.
         """
         future = await self.send_async(
             value, key=key, properties=properties, event_time_ms=event_time_ms
         )
         return await future
+
+    def _expire(self, seq: int) -> None:
+        pending = self._pending.get(seq)
+        if pending is not None and not pending.future.done():
+            self._settle(
+                seq,
+                error=Timeout(
+                    f"message {seq} was not acknowledged in {self.options.send_timeout_s}s; "
+                    "it may or may not have been stored"
+                ),
+            )
 
     async def send_async(
         self,
@@ -267,6 +282,11 @@ class Producer:
         self._pending[seq] = _Pending(send, future)
         self._unsent.append(seq)
         self._wake.set()
+        if self.options.send_timeout_s:
+            timer = asyncio.get_running_loop().call_later(
+                self.options.send_timeout_s, self._expire, seq
+            )
+            future.add_done_callback(lambda _: timer.cancel())
         return future
 
     async def flush(self) -> None:

@@ -26,10 +26,11 @@ async def start_broker(tmp_path: Path) -> AsyncIterator[StartBroker]:
         store_url: str = "memory://",
         broker_id: str | None = None,
         data_dir: Path | None = None,
+        port: int | None = None,
         **settings: object,
     ) -> BrokerServer:
         broker_id = broker_id or f"b{next(_ids)}"
-        port = free_port()
+        port = port or free_port()
         ledger_dir = data_dir or (tmp_path / broker_id)
         server = BrokerServer(
             BrokerSettings(
