@@ -15,11 +15,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from segtxn.broker.http import SERVICE, error_response
+from segtxn.broker.http import SERVICE, check_name, error_response, topic_from
 from segtxn.broker.service import BrokerService
 from segtxn.ledger import Position
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
+from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.model import ScalableTopic
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
@@ -34,17 +34,6 @@ def _errors(handler: Handler) -> Handler:
             return error_response(e, request)
 
     return wrapped
-
-
-def _name(request: web.Request) -> TopicName:
-    info = request.match_info
-    text = f"{info['domain']}://{info['tenant']}/{info['namespace']}/{info['topic']}"
-    if "segment" in info:
-        text += f"/{info['segment']}"
-    try:
-        return TopicName.parse(text)
-    except InvalidTopicName as e:
-        raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
 
 
 async def _json(request: web.Request) -> Any:
@@ -98,7 +87,7 @@ def _has_clients(stats: Any) -> bool:
 @_errors
 async def create_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    name = _name(request)
+    name = topic_from(request)
     segments = request.query.get("segments", "1")
     if not segments.isdigit():
         raise ServerError(ErrorName.INVALID_ARGUMENT, "segments must be a number")
@@ -111,7 +100,7 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
 @_errors
 async def delete_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    name = _name(request)
+    name = topic_from(request)
     force = request.query.get("force") == "true"
     if name.domain is Domain.TOPIC:
         scalable = await _scalable(service, name)
@@ -149,7 +138,7 @@ async def list_topics(request: web.Request) -> web.StreamResponse:
 @_errors
 async def stats(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    name = _name(request)
+    name = topic_from(request)
     if name.domain is Domain.TOPIC:
         record = await _scalable(service, name)
         per_segment = await _fan_out(request, name, "GET", "/stats")
@@ -177,7 +166,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
 
 @_errors
 async def list_subscriptions(request: web.Request) -> web.StreamResponse:
-    name = _name(request)
+    name = topic_from(request)
     if name.domain is Domain.TOPIC:
         per_segment = await _fan_out(request, name, "GET", "/subscriptions")
         return web.json_response(sorted({s for subs in per_segment.values() for s in subs}))
@@ -187,7 +176,7 @@ async def list_subscriptions(request: web.Request) -> web.StreamResponse:
 
 @_errors
 async def create_subscription(request: web.Request) -> web.StreamResponse:
-    name = _name(request)
+    name = topic_from(request)
     subscription = _subscription_name(request)
     initial = request.query.get("initial", "latest")
     if initial not in ("earliest", "latest"):
@@ -202,7 +191,7 @@ async def create_subscription(request: web.Request) -> web.StreamResponse:
 
 @_errors
 async def delete_subscription(request: web.Request) -> web.StreamResponse:
-    name = _name(request)
+    name = topic_from(request)
     subscription = _subscription_name(request)
     if name.domain is Domain.TOPIC:
         await _fan_out(request, name, "DELETE", f"/subscription/{subscription}")
@@ -214,7 +203,7 @@ async def delete_subscription(request: web.Request) -> web.StreamResponse:
 
 @_errors
 async def reset_subscription(request: web.Request) -> web.StreamResponse:
-    name = _name(request)
+    name = topic_from(request)
     subscription = _subscription_name(request)
     to = request.query.get("to", "")
     if name.domain is Domain.TOPIC:
@@ -236,8 +225,6 @@ async def reset_subscription(request: web.Request) -> web.StreamResponse:
 
 
 def _subscription_name(request: web.Request) -> str:
-    from segtxn.broker.ws import check_name
-
     return check_name("subscription", request.match_info["subscription"])
 
 
@@ -247,7 +234,7 @@ def _subscription_name(request: web.Request) -> str:
 @_errors
 async def get_properties(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    name = _name(request)
+    name = topic_from(request)
     if name.domain is Domain.TOPIC:
         return web.json_response((await _scalable(service, name)).properties)
     topic = await service.serve(name)
@@ -280,7 +267,7 @@ async def _change_properties(
     from segtxn.broker.topic import SYSTEM_PROPERTY_PREFIX
 
     service = request.app[SERVICE]
-    name = _name(request)
+    name = topic_from(request)
     if name.domain is Domain.TOPIC:
         for key in [*updates, *removals]:
             if key.startswith(SYSTEM_PROPERTY_PREFIX):
@@ -300,7 +287,7 @@ async def _change_properties(
 @_errors
 async def lookup(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    name = _name(request)
+    name = topic_from(request)
     if name.domain is Domain.TOPIC:
         record = await _scalable(service, name)
         segments = []

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import re
 import time
 import weakref
 from collections.abc import Awaitable, Callable
@@ -28,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from segtxn.broker.dispatch import ConsumerLink, Reader, Subscription, SubscriptionType
-from segtxn.broker.http import SERVICE, SOCKETS, error_response
+from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.topic import Topic
 from segtxn.ledger import Position
@@ -46,33 +45,9 @@ from segtxn.protocol.frames import (
     Send,
     SendBatch,
 )
-from segtxn.protocol.names import InvalidTopicName, TopicName
 
 log = logging.getLogger(__name__)
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,127}$")
 _generated = itertools.count(1)
-
-
-def check_name(kind: str, value: str) -> str:
-    if not _NAME.match(value):
-        raise ServerError(
-            ErrorName.INVALID_ARGUMENT,
-            f"{kind} name {value!r} must be 1-128 of letters, digits and _.:=- "
-            "(starting with a letter or digit)",
-        )
-    return value
-
-
-def topic_from(request: web.Request) -> TopicName:
-    info = request.match_info
-    text = f"{info['domain']}://{info['tenant']}/{info['namespace']}/{info['topic']}"
-    if "segment" in info:
-        text += f"/{info['segment']}"
-    try:
-        return TopicName.parse(text)
-    except InvalidTopicName as e:
-        raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
 
 
 class _Outbox:

@@ -10,14 +10,10 @@ import pytest
 
 from segtxn.metastore import (
     InvalidArgument,
-    SessionExpired,
     StoreUnavailable,
-    TooLarge,
-    TooManyOperations,
     open_store,
 )
-from segtxn.metastore.engine import PutOp
-from segtxn.metastore.etcd import EtcdEngine, parse_endpoints
+from segtxn.metastore.etcd import parse_endpoints
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from tests.waiting import take
 
@@ -87,23 +83,6 @@ async def test_namespaces_are_isolated(etcd_server: EtcdServer) -> None:
     finally:
         await a.close()
         await b.close()
-
-
-async def test_etcd_refusals_map_to_store_errors(etcd_server: EtcdServer) -> None:
-    """The store checks limits before sending; the engine still maps etcd's own refusals."""
-    engine = EtcdEngine([etcd_server.endpoint], b"/raw")
-    try:
-        with pytest.raises(TooManyOperations):
-            await engine.txn([], [PutOp(f"/k{i}".encode(), b"") for i in range(129)])
-        with pytest.raises(TooLarge):
-            await engine.txn([], [PutOp(b"/big", b"x" * (2 * 1024 * 1024))])
-        with pytest.raises(InvalidArgument):
-            await engine.txn([], [PutOp(b"/dup", b"1"), PutOp(b"/dup", b"2")])
-        with pytest.raises(SessionExpired):
-            await engine.txn([], [PutOp(b"/eph", b"1", lease=123456789)])
-        await engine.txn([], [PutOp(b"/fine", b"1")])  # and the connection still works
-    finally:
-        await engine.close()
 
 
 def test_endpoint_parsing() -> None:
