@@ -28,6 +28,8 @@ class Send(Frame, tag="send"):
     key: str | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     event_time_ms: int | None = None
+    txn: tuple[int, int] | None = None
+    """(most, least) of the transaction this message belongs to, if any."""
 
 
 class SendBatch(Frame, tag="send_batch"):
@@ -62,7 +64,9 @@ class Ack(Frame, tag="ack"):
     message_ids: list[MessageIdT]
     cumulative: bool = False
     request_id: int = 0
-    """Non-zero: the broker answers with AckReceipt(request_id) once the ack is durable."""
+    """Non-zero: the broker answers with AckReceipt(request_id) once the ack is durable
+    (for a transactional ack: once it is recorded as pending on the transaction)."""
+    txn: tuple[int, int] | None = None
 
 
 class Nack(Frame, tag="nack"):

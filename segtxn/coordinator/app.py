@@ -1,0 +1,199 @@
+"""The coordinator's HTTP API: PIP-31's client commands as JSON over HTTP.
+
+| wire command | HTTP |
+| --- | --- |
+| NEW_TXN | ``POST /txn/v2/new?timeout_s=`` -> ``{"txnId": "MOST:LEAST", "timeoutMs": ...}`` |
+| ADD_PARTITION_TO_TXN | ``POST /txn/v2/{txn}/partitions`` body ``{"topics": [...]}`` |
+| ADD_SUBSCRIPTION_TO_TXN | ``POST /txn/v2/{txn}/subscriptions`` body ``{"topics": [...]}`` |
+| END_TXN | ``POST /txn/v2/{txn}/end?action=COMMIT|ABORT`` |
+| (status) | ``GET /txn/v2/{txn}`` |
+
+Errors are ``{"error": NAME, "message": ...}`` (TransactionNotFound, InvalidTxnStatus,
+NotAllowed, InvalidArgument, ServiceNotReady). Every call is idempotent or safe to repeat:
+aiohttp does not cancel a handler whose client went away.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from urllib.parse import quote, urlsplit
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
+from segtxn.metastore import open_store
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnAction, TxnId
+from segtxn.topics.transactions import TxnHeader
+
+COORDINATOR = web.AppKey("coordinator", CoordinatorV5)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(e: ServerError) -> web.Response:
+    return web.Response(
+        status=e.name.http_status,
+        text=json.dumps({"error": e.name.value, "message": e.message}),
+        content_type="application/json",
+        headers={"X-Segtxn-Error": e.name.value, "X-Segtxn-Message": quote(e.message)},
+    )
+
+
+def _errors(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ServerError as e:
+            return _error(e)
+
+    return wrapped
+
+
+def _txn(request: web.Request) -> TxnId:
+    try:
+        return TxnId.parse(request.match_info["txn"])
+    except ValueError as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, str(e)) from e
+
+
+def _header(txn: TxnId, header: TxnHeader) -> dict[str, object]:
+    return {
+        "txnId": str(txn),
+        "state": header.state.value,
+        "timeoutMs": header.timeout_ms,
+        "createdMs": header.created_ms,
+        "finalizedMs": header.finalized_ms,
+    }
+
+
+async def _topics(request: web.Request) -> list[str]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
+    topics = body.get("topics") if isinstance(body, dict) else None
+    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
+        raise ServerError(ErrorName.INVALID_ARGUMENT, 'expected {"topics": [...]}')
+    return topics
+
+
+@_errors
+async def new_txn(request: web.Request) -> web.StreamResponse:
+    timeout = request.query.get("timeout_s")
+    try:
+        timeout_s = float(timeout) if timeout is not None else None
+    except ValueError as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"timeout_s: {e}") from e
+    txn, header = await request.app[COORDINATOR].new_txn(timeout_s)
+    return web.json_response(_header(txn, header))
+
+
+@_errors
+async def add_participants(request: web.Request) -> web.StreamResponse:
+    request.app[COORDINATOR].add_participants(_txn(request), await _topics(request))
+    return web.Response(status=204)
+
+
+@_errors
+async def end_txn(request: web.Request) -> web.StreamResponse:
+    txn = _txn(request)
+    try:
+        action = TxnAction(request.query.get("action", ""))
+    except ValueError:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "action: COMMIT or ABORT") from None
+    header = await request.app[COORDINATOR].end_txn(txn, action)
+    return web.json_response(_header(txn, header))
+
+
+@_errors
+async def status(request: web.Request) -> web.StreamResponse:
+    txn = _txn(request)
+    return web.json_response(_header(txn, await request.app[COORDINATOR].status(txn)))
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    coordinator = request.app[COORDINATOR]
+    ready = bool(coordinator.held)
+    body = {"ready": ready, "ids": [f"{i:x}" for i in sorted(coordinator.held)]}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    coordinator = request.app[COORDINATOR]
+    registry = CollectorRegistry()
+    cas = Gauge(
+        "segtxn_txn_header_cas", "Header CAS outcomes (counter)", ["result"], registry=registry
+    )
+    for result in ("ok", "conflict", "reject"):
+        cas.labels(result).set(coordinator.counters[f"header_cas_{result}"])
+    for name, help_text in (
+        ("timeouts", "Transactions aborted by the timeout sweep"),
+        ("gc_headers", "Headers deleted by the GC sweep"),
+        ("gc_forced_ops", "Op records force-deleted as abandoned"),
+    ):
+        Gauge(f"segtxn_txn_{name}", help_text, registry=registry).set(coordinator.counters[name])
+    Gauge(
+        "segtxn_txn_outstanding_op_records",
+        "Op records of finalized transactions awaiting participant clean-up (GC backlog)",
+        registry=registry,
+    ).set(coordinator.gc_backlog)
+    Gauge("segtxn_txn_coordinator_ids_held", "Coordinator ids held", registry=registry).set(
+        len(coordinator.held)
+    )
+    return web.Response(body=generate_latest(registry), content_type="text/plain")
+
+
+def create_app(settings: CoordinatorSettings) -> web.Application:
+    app = web.Application()
+    store = open_store(settings.store_url)
+    app[COORDINATOR] = CoordinatorV5(store, settings)
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await app[COORDINATOR].start()
+        yield
+        await app[COORDINATOR].stop()
+        await store.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.add_routes(
+        [
+            web.post("/txn/v2/new", new_txn),
+            web.post("/txn/v2/{txn}/partitions", add_participants),
+            web.post("/txn/v2/{txn}/subscriptions", add_participants),
+            web.post("/txn/v2/{txn}/end", end_txn),
+            web.get("/txn/v2/{txn}", status),
+            web.get("/healthz", healthz),
+            web.get("/readyz", readyz),
+            web.get("/metrics", metrics),
+        ]
+    )
+    return app
+
+
+class CoordinatorServer:
+    def __init__(
+        self, settings: CoordinatorSettings, host: str | None = None, port: int | None = None
+    ):
+        parts = urlsplit(settings.advertise_url)
+        self.settings = settings
+        self.host = host or parts.hostname or "127.0.0.1"
+        self.port = port if port is not None else (parts.port or 8081)
+        self.app = create_app(settings)
+        self._runner = web.AppRunner(self.app, handle_signals=False)
+
+    @property
+    def coordinator(self) -> CoordinatorV5:
+        return self.app[COORDINATOR]
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()

@@ -1,0 +1,382 @@
+"""The v5 transaction coordinator: transaction state is a few records, never a log.
+
+- ``NEW_TXN`` creates ``/txn/<txnId>`` OPEN, indexed by deadline. The id's ``most`` is a v5
+  coordinator id this process holds (a lease, via leader election); ``least`` comes from a
+  block reserved with a CAS at ``/txn-coordinators/ids/<most>``, so ids are never reused,
+  even across take-overs. Creation is guarded by the election's fencing token, so a
+  deposed holder cannot mint ids any more.
+- ``ADD_PARTITION_TO_TXN`` / ``ADD_SUBSCRIPTION_TO_TXN`` are accepted and change nothing
+  (participants write their own op records); they only refuse topics of the wrong domain.
+- ``END_TXN`` is one CAS of the header from OPEN to COMMITTED/ABORTED, setting
+  ``finalized_ms`` and moving the header from the deadline index to the final-state index
+  in the same step. Repeating the same decision succeeds; the opposite one fails with
+  ``InvalidTxnStatus``; committing after the deadline aborts instead. The coordinator never
+  calls a participant: they learn the outcome by watching headers.
+- The **timeout sweep** aborts OPEN transactions of the ids it holds whose deadline passed.
+- The **GC sweep** deletes final headers older than the retention window once no op record
+  of theirs remains (participants delete their own after materializing). Op records a
+  participant never cleaned are only force-deleted after ``abandon_after_s`` (off by
+  default): deleting them early could make a crashed participant misjudge committed data.
+
+Any coordinator process may end any v5 transaction (the CAS arbitrates); standbys take
+over the ids of a dead process by winning their elections, with nothing to replay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from segtxn.aio import first_completed
+from segtxn.metastore import (
+    MUST_NOT_EXIST,
+    BadVersion,
+    Check,
+    LeaderElection,
+    Leadership,
+    MetadataStore,
+    MetadataStoreError,
+    NotFound,
+    Put,
+    Session,
+)
+from segtxn.metastore.election import ELECTIONS_PREFIX
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.protocol.txn import V5_COORDINATOR_BASE, TxnAction, TxnId, TxnState
+from segtxn.topics import transactions as T
+
+log = logging.getLogger(__name__)
+
+ID_BLOCKS = "/txn-coordinators/ids/"
+ELECTION_PREFIX = "txn-coordinator-"
+assert ELECTIONS_PREFIX + ELECTION_PREFIX == T.COORDINATOR_ELECTIONS  # noqa: S101
+
+
+def election_name(coordinator_id: int) -> str:
+    return f"{ELECTION_PREFIX}{coordinator_id:x}"
+
+
+
+
+@dataclass(frozen=True)
+class CoordinatorSettings:
+    advertise_url: str
+    store_url: str = "memory://"
+    coordinator_ids: int = 4
+    """How many v5 coordinator ids exist (shared out among coordinator processes)."""
+    session_ttl_s: float = 10.0
+    default_timeout_s: float = 60.0
+    max_timeout_s: float = 3600.0
+    timeout_sweep_s: float = 1.0
+    gc_sweep_s: float = 10.0
+    gc_retention_s: float = 60.0
+    """How long a final header stays after finalization before GC may delete it."""
+    abandon_after_s: float = 0.0
+    """Force-delete op records left this long after finalization (0: never)."""
+    id_block: int = 1000
+
+
+class IdBlock(msgspec.Struct):
+    next: int
+
+
+@dataclass
+class _Held:
+    leadership: Leadership
+    next_least: int = 0
+    block_end: int = 0
+
+
+class CoordinatorV5:
+    def __init__(self, store: MetadataStore, settings: CoordinatorSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.held: dict[int, _Held] = {}
+        self._session: Session | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._round_robin = 0
+        self._id_lock = asyncio.Lock()
+        self.counters: dict[str, int] = {
+            "header_cas_ok": 0,
+            "header_cas_conflict": 0,
+            "header_cas_reject": 0,
+            "timeouts": 0,
+            "gc_headers": 0,
+            "gc_forced_ops": 0,
+        }
+        self.gc_backlog = 0
+        """Op records of finalized transactions not yet cleaned by participants (last sweep)."""
+        self.ready = asyncio.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._session = await self.store.open_session(self.settings.session_ttl_s)
+        for n in range(self.settings.coordinator_ids):
+            coordinator_id = V5_COORDINATOR_BASE + n
+            self._tasks.append(
+                asyncio.create_task(
+                    self._hold(coordinator_id), name=f"coordinator-id-{coordinator_id:x}"
+                )
+            )
+        self._tasks.append(asyncio.create_task(self._sweeps(), name="coordinator-sweeps"))
+
+    async def _hold(self, coordinator_id: int) -> None:
+        """Campaign for one coordinator id; hold it; campaign again if it is lost."""
+        assert self._session is not None
+        election = LeaderElection(
+            self.store,
+            election_name(coordinator_id),
+            self._session,
+            self.settings.advertise_url.encode(),
+        )
+        while not self._session.is_expired:
+            try:
+                leadership = await election.campaign()
+            except MetadataStoreError as e:
+                log.warning("coordinator id %x: campaign failed (%s)", coordinator_id, e)
+                return
+            self.held[coordinator_id] = _Held(leadership)
+            self.ready.set()
+            log.info("holding coordinator id %x", coordinator_id)
+            await leadership.lost.wait()
+            self.held.pop(coordinator_id, None)
+            log.warning("lost coordinator id %x", coordinator_id)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for held in list(self.held.values()):
+            await held.leadership.resign()
+        self.held.clear()
+        if self._session is not None:
+            await self._session.close()
+
+    # ------------------------------------------------------------------ NEW_TXN
+
+    async def new_txn(self, timeout_s: float | None = None) -> tuple[TxnId, T.TxnHeader]:
+        """Create an OPEN transaction.
+
+        Raises:
+            ServerError(InvalidArgument): a timeout outside (0, max_timeout_s].
+            ServerError(ServiceNotReady): this process holds no coordinator id.
+        """
+        timeout = self.settings.default_timeout_s if timeout_s is None else timeout_s
+        if not 0 < timeout <= self.settings.max_timeout_s:
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT,
+                f"timeout must be in (0, {self.settings.max_timeout_s}] seconds, not {timeout}",
+            )
+        coordinator_id, held = self._pick()
+        least = await self._next_least(coordinator_id, held)
+        txn = TxnId(coordinator_id, least)
+        now_ms = int(time.time() * 1000)
+        header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms)
+        election_key = held.leadership.election.key
+        try:
+            await self.store.commit(
+                [
+                    Check(election_key, held.leadership.token),  # fencing
+                    Put(
+                        T.header_key(txn),
+                        T.encode(header),
+                        expected_version=MUST_NOT_EXIST,
+                        partition_key=txn.key,
+                        indexes=T.header_indexes(header),
+                    ),
+                ]
+            )
+        except (BadVersion, NotFound) as e:
+            if getattr(e, "key", None) == election_key:
+                raise ServerError(
+                    ErrorName.SERVICE_NOT_READY, f"lost coordinator id {coordinator_id:x}"
+                ) from e
+            raise
+        return txn, header
+
+    def _pick(self) -> tuple[int, _Held]:
+        ids = sorted(self.held)
+        if not ids:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, "this coordinator holds no id yet")
+        self._round_robin += 1
+        coordinator_id = ids[self._round_robin % len(ids)]
+        return coordinator_id, self.held[coordinator_id]
+
+    async def _next_least(self, coordinator_id: int, held: _Held) -> int:
+        async with self._id_lock:
+            if held.next_least >= held.block_end:
+                key = f"{ID_BLOCKS}{coordinator_id:x}"
+                record = await self.store.get(key)
+                start = (
+                    1 if record is None else msgspec.json.decode(record.value, type=IdBlock).next
+                )
+                end = start + self.settings.id_block
+                await self.store.commit(
+                    [
+                        Check(held.leadership.election.key, held.leadership.token),
+                        Put(
+                            key,
+                            msgspec.json.encode(IdBlock(end)),
+                            expected_version=record.version if record else MUST_NOT_EXIST,
+                        ),
+                    ]
+                )
+                held.next_least, held.block_end = start, end
+            least = held.next_least
+            held.next_least += 1
+            return least
+
+    # ------------------------------------------------------------------ ADD_*_TO_TXN
+
+    def add_participants(self, txn: TxnId, topics: list[str]) -> None:
+        """No-op for v5 beyond checking that every topic can take part.
+
+        Raises:
+            ServerError(NotAllowed / InvalidTopicName / InvalidArgument)
+        """
+        self._check_v5(txn)
+        for topic in topics:
+            try:
+                name = TopicName.parse(topic)
+            except ValueError as e:
+                raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+            if name.domain is Domain.PERSISTENT:
+                raise ServerError(
+                    ErrorName.NOT_ALLOWED,
+                    f"{topic}: v5 transactions run on scalable topics (topic://, segment://); "
+                    "persistent:// topics take part in v4 (marker-based) transactions",
+                )
+
+    @staticmethod
+    def _check_v5(txn: TxnId) -> None:
+        if not txn.is_v5:
+            raise ServerError(
+                ErrorName.NOT_ALLOWED,
+                f"{txn} is a v4 transaction id; this is the v5 coordinator",
+            )
+
+    # ------------------------------------------------------------------ END_TXN
+
+    async def status(self, txn: TxnId) -> T.TxnHeader:
+        self._check_v5(txn)
+        record = await self.store.get(T.header_key(txn))
+        if record is None:
+            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+        return T.decode_header(record.value)
+
+    async def end_txn(self, txn: TxnId, action: TxnAction) -> T.TxnHeader:
+        """Decide a transaction: one CAS on its header.
+
+        Raises:
+            ServerError(TransactionNotFound / InvalidTxnStatus)
+        """
+        self._check_v5(txn)
+        key = T.header_key(txn)
+        while True:
+            record = await self.store.get(key)
+            if record is None:
+                raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+            header = T.decode_header(record.value)
+            if header.state is action.outcome:
+                return header  # the same decision again: a harmless success
+            if header.state.final:
+                self.counters["header_cas_reject"] += 1
+                raise ServerError(
+                    ErrorName.INVALID_TXN_STATUS,
+                    f"{txn} is already {header.state}; cannot {action}",
+                )
+            now_ms = int(time.time() * 1000)
+            outcome = action.outcome
+            late = action is TxnAction.COMMIT and now_ms > header.timeout_ms
+            if late:
+                outcome = TxnState.ABORTED
+            final = msgspec.structs.replace(header, state=outcome, finalized_ms=now_ms)
+            try:
+                await self.store.put(
+                    key,
+                    T.encode(final),
+                    expected_version=record.version,
+                    partition_key=txn.key,
+                    indexes=T.header_indexes(final),
+                )
+            except (BadVersion, NotFound):
+                self.counters["header_cas_conflict"] += 1
+                continue  # decided concurrently (a timeout, another client): look again
+            self.counters["header_cas_ok"] += 1
+            if late:
+                raise ServerError(
+                    ErrorName.INVALID_TXN_STATUS, f"{txn} timed out before the commit: aborted"
+                )
+            return final
+
+    # ------------------------------------------------------------------ sweeps
+
+    async def _sweeps(self) -> None:
+        async def every(period: float, sweep: str) -> None:
+            while True:
+                await asyncio.sleep(period)  # a sweep interval, not a wait for a condition
+                try:
+                    await (self.sweep_timeouts() if sweep == "timeouts" else self.sweep_gc())
+                except MetadataStoreError as e:
+                    log.warning("%s sweep failed: %s", sweep, e)
+
+        await first_completed(
+            every(self.settings.timeout_sweep_s, "timeouts"),
+            every(self.settings.gc_sweep_s, "gc"),
+            name="coordinator-sweep",
+        )
+
+    async def sweep_timeouts(self, now_ms: int | None = None) -> int:
+        """Abort OPEN transactions of held ids whose deadline passed; returns how many."""
+        now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        due = await self.store.index_range(T.IDX_DEADLINE, 0, now_ms + 1)
+        aborted = 0
+        for entry in due.entries:
+            txn = T.txn_of_header_key(entry.key)
+            if txn.most not in self.held:
+                continue
+            try:
+                await self.end_txn(txn, TxnAction.ABORT)
+                aborted += 1
+            except ServerError as e:
+                if e.name not in (ErrorName.INVALID_TXN_STATUS, ErrorName.TRANSACTION_NOT_FOUND):
+                    raise
+        self.counters["timeouts"] += aborted
+        return aborted
+
+    async def sweep_gc(self, now_ms: int | None = None) -> int:
+        """Delete final headers past retention whose op records are gone; returns how many."""
+        now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        horizon = now_ms - int(self.settings.gc_retention_s * 1000)
+        abandon = now_ms - int(self.settings.abandon_after_s * 1000)
+        deleted = backlog = 0
+        for state in (TxnState.COMMITTED, TxnState.ABORTED):
+            due = await self.store.index_range(
+                T.IDX_FINAL, (state.value, 0), (state.value, horizon + 1)
+            )
+            for entry in due.entries:
+                txn = T.txn_of_header_key(entry.key)
+                header = T.decode_header(entry.value)
+                ops = await self.store.list_prefix(T.ops_prefix(txn))
+                if ops.records:
+                    if self.settings.abandon_after_s and (header.finalized_ms or 0) <= abandon:
+                        self.counters["gc_forced_ops"] += await self.store.delete_range(
+                            T.ops_prefix(txn)
+                        )
+                    else:
+                        backlog += len(ops.records)
+                        continue
+                try:
+                    await self.store.delete(entry.key, expected_version=entry.version)
+                    deleted += 1
+                except (BadVersion, NotFound):
+                    continue
+        self.gc_backlog = backlog
+        self.counters["gc_headers"] += deleted
+        return deleted

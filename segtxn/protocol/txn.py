@@ -1,0 +1,69 @@
+"""Transaction ids and the coordinator's wire commands.
+
+A transaction id is 128 bits, ``(most, least)``: ``most`` is the id of the coordinator that
+created it, ``least`` a number that coordinator never reuses. v5 (metadata-driven)
+coordinators have ids in their own range, at and above :data:`V5_COORDINATOR_BASE`, so a
+v5 id can never be taken for a v4 (marker-based) one, or the reverse: the version is read
+off the id.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import NamedTuple
+
+V5_COORDINATOR_BASE = 1 << 48
+"""v5 coordinator ids are V5_COORDINATOR_BASE + n; v4 ids are below it."""
+MAX_ID = (1 << 64) - 1
+
+_TEXT = re.compile(r"^([0-9a-f]{1,16}):([0-9a-f]{1,16})$")
+
+
+class TxnId(NamedTuple):
+    most: int
+    least: int
+
+    @property
+    def is_v5(self) -> bool:
+        return self.most >= V5_COORDINATOR_BASE
+
+    def __str__(self) -> str:
+        return f"{self.most:x}:{self.least:x}"
+
+    @property
+    def key(self) -> str:
+        """Fixed-width form for store keys (sorts like the id)."""
+        return f"{self.most:016x}-{self.least:016x}"
+
+    @classmethod
+    def parse(cls, text: str) -> TxnId:
+        """``"1000000000000:2a"`` -> TxnId. Raises ValueError for anything else."""
+        match = _TEXT.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise ValueError(f"not a transaction id: {text!r} (expected MOST:LEAST in hex)")
+        return cls(int(match[1], 16), int(match[2], 16))
+
+    @classmethod
+    def from_key(cls, key: str) -> TxnId:
+        most, _, least = key.partition("-")
+        return cls(int(most, 16), int(least, 16))
+
+
+class TxnState(enum.StrEnum):
+    OPEN = "OPEN"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+    @property
+    def final(self) -> bool:
+        return self is not TxnState.OPEN
+
+
+class TxnAction(enum.StrEnum):
+    COMMIT = "COMMIT"
+    ABORT = "ABORT"
+
+    @property
+    def outcome(self) -> TxnState:
+        return TxnState.COMMITTED if self is TxnAction.COMMIT else TxnState.ABORTED

@@ -1,0 +1,138 @@
+"""The v5 coordinator: ids held by leases, END_TXN as one CAS, sweeps, take-over."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import V5_COORDINATOR_BASE, TxnAction, TxnId, TxnState
+from segtxn.topics import transactions as T
+from tests.waiting import wait_until
+
+SETTINGS = CoordinatorSettings(
+    advertise_url="http://127.0.0.1:1", coordinator_ids=2, session_ttl_s=1,
+    timeout_sweep_s=3600, gc_sweep_s=3600, gc_retention_s=0, id_block=3,
+)  # fmt: skip
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MetadataStore]:
+    async with open_store("memory://") as s:
+        yield s
+
+
+@pytest.fixture
+async def coordinator(store: MetadataStore) -> AsyncIterator[CoordinatorV5]:
+    c = CoordinatorV5(store, SETTINGS)
+    await c.start()
+    await wait_until(lambda: len(c.held) == 2, what="both ids held")
+    yield c
+    await c.stop()
+
+
+async def test_new_txn_writes_an_open_header_indexed_by_deadline(
+    coordinator: CoordinatorV5, store: MetadataStore
+) -> None:
+    txn, header = await coordinator.new_txn(timeout_s=30)
+    assert txn.is_v5 and txn.most >= V5_COORDINATOR_BASE
+    record = await store.get(T.header_key(txn))
+    assert record is not None and T.decode_header(record.value) == header
+    assert header.state is TxnState.OPEN and header.timeout_ms - header.created_ms == 30_000
+    due = await store.index_range(T.IDX_DEADLINE, header.timeout_ms, header.timeout_ms + 1)
+    assert [e.key for e in due.entries] == [T.header_key(txn)]
+    ids = {(await coordinator.new_txn())[0] for _ in range(10)}  # across blocks of 3
+    assert len(ids) == 10 and txn not in ids
+
+
+async def test_end_txn_is_one_cas_and_idempotent(
+    coordinator: CoordinatorV5, store: MetadataStore
+) -> None:
+    txn, _ = await coordinator.new_txn()
+    committed = await coordinator.end_txn(txn, TxnAction.COMMIT)
+    assert committed.state is TxnState.COMMITTED and committed.finalized_ms is not None
+    again = await coordinator.end_txn(txn, TxnAction.COMMIT)
+    assert again == committed  # the same decision again: success, nothing written
+    with pytest.raises(ServerError) as opposite:
+        await coordinator.end_txn(txn, TxnAction.ABORT)
+    assert opposite.value.name is ErrorName.INVALID_TXN_STATUS
+    assert (await store.index_range(T.IDX_DEADLINE)).entries == []
+    final = await store.index_range(T.IDX_FINAL, (TxnState.COMMITTED.value,))
+    assert [e.key for e in final.entries] == [T.header_key(txn)]
+    assert coordinator.counters["header_cas_ok"] == 1
+    assert coordinator.counters["header_cas_reject"] == 1
+
+
+async def test_concurrent_commit_and_abort_have_one_winner(coordinator: CoordinatorV5) -> None:
+    for _ in range(20):
+        txn, _ = await coordinator.new_txn()
+        results = await asyncio.gather(
+            coordinator.end_txn(txn, TxnAction.COMMIT),
+            coordinator.end_txn(txn, TxnAction.ABORT),
+            return_exceptions=True,
+        )
+        winners = [r for r in results if not isinstance(r, BaseException)]
+        losers = [r for r in results if isinstance(r, ServerError)]
+        assert len(winners) == 1 and len(losers) == 1
+        assert losers[0].name is ErrorName.INVALID_TXN_STATUS
+        assert (await coordinator.status(txn)).state is winners[0].state
+
+
+async def test_unknown_and_v4_transactions(coordinator: CoordinatorV5) -> None:
+    with pytest.raises(ServerError) as unknown:
+        await coordinator.end_txn(TxnId(V5_COORDINATOR_BASE, 999_999), TxnAction.COMMIT)
+    assert unknown.value.name is ErrorName.TRANSACTION_NOT_FOUND
+    with pytest.raises(ServerError) as v4:
+        await coordinator.end_txn(TxnId(3, 1), TxnAction.COMMIT)
+    assert v4.value.name is ErrorName.NOT_ALLOWED
+    txn, _ = await coordinator.new_txn()
+    coordinator.add_participants(txn, ["topic://t/n/x", "segment://t/n/x/1"])
+    with pytest.raises(ServerError) as mixed:
+        coordinator.add_participants(txn, ["persistent://t/n/old"])
+    assert mixed.value.name is ErrorName.NOT_ALLOWED and "v4" in mixed.value.message
+    with pytest.raises(ServerError) as timeout:
+        await coordinator.new_txn(timeout_s=0)
+    assert timeout.value.name is ErrorName.INVALID_ARGUMENT
+
+
+async def test_timeout_sweep_aborts_and_late_commit_fails(coordinator: CoordinatorV5) -> None:
+    txn, header = await coordinator.new_txn(timeout_s=10)
+    assert await coordinator.sweep_timeouts(now_ms=header.timeout_ms - 1) == 0
+    assert await coordinator.sweep_timeouts(now_ms=header.timeout_ms + 1) == 1
+    assert (await coordinator.status(txn)).state is TxnState.ABORTED
+    with pytest.raises(ServerError) as late:
+        await coordinator.end_txn(txn, TxnAction.COMMIT)
+    assert late.value.name is ErrorName.INVALID_TXN_STATUS
+
+
+async def test_gc_waits_for_op_records_then_deletes_the_header(
+    coordinator: CoordinatorV5, store: MetadataStore
+) -> None:
+    txn, _ = await coordinator.new_txn()
+    op = T.TxnOp(T.OpKind.WRITE, "segment://t/n/x/0", (1, 0))
+    await store.put(T.ops_prefix(txn), T.encode(op), sequential=True, indexes=T.op_indexes(op))
+    await coordinator.end_txn(txn, TxnAction.COMMIT)
+    assert await coordinator.sweep_gc() == 0 and coordinator.gc_backlog == 1
+    await store.delete_range(T.ops_prefix(txn))  # the participant materialized and cleaned
+    assert await coordinator.sweep_gc() == 1 and coordinator.gc_backlog == 0
+    assert await store.get(T.header_key(txn)) is None
+
+
+async def test_a_standby_takes_over_the_ids_with_no_replay(store: MetadataStore) -> None:
+    first = CoordinatorV5(store, SETTINGS)
+    await first.start()
+    await wait_until(lambda: len(first.held) == 2, what="first holds both ids")
+    standby = CoordinatorV5(store, SETTINGS)
+    await standby.start()
+    txn, _ = await first.new_txn()
+    assert not standby.held
+    await first.stop()  # its session ends: the standby wins both elections
+    await wait_until(lambda: len(standby.held) == 2, what="standby holds both ids")
+    assert (await standby.end_txn(txn, TxnAction.COMMIT)).state is TxnState.COMMITTED
+    fresh, _ = await standby.new_txn()
+    assert fresh != txn and fresh.least > 0  # ids are never reused after a take-over
+    await standby.stop()
