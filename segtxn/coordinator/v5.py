@@ -53,8 +53,7 @@ from segtxn.topics import transactions as T
 log = logging.getLogger(__name__)
 
 ID_BLOCKS = "/txn-coordinators/ids/"
-ELECTION_PREFIX = "txn-coordinator-"
-assert ELECTIONS_PREFIX + ELECTION_PREFIX == T.COORDINATOR_ELECTIONS  # noqa: S101
+ELECTION_PREFIX = T.COORDINATOR_ELECTIONS.removeprefix(ELECTIONS_PREFIX)
 
 
 def election_name(coordinator_id: int) -> str:
