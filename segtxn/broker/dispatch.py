@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable
 from sortedcontainers import SortedSet
 
 from segtxn.broker.entry import decode_entry
+from segtxn.broker.txn.buffer import TransactionBuffer
+from segtxn.broker.txn.pending_ack import NoPendingAcks, PendingAckStore
 from segtxn.ledger import (
     Entry,
     LedgerClosed,
@@ -39,6 +41,7 @@ from segtxn.ledger import (
 )
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import ActiveChange, EndOfTopic, Frame, Message
+from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +114,27 @@ class _Follower:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
+def _readable(entries: list[Entry], buffer: TransactionBuffer) -> tuple[list[Entry], bool]:
+    """The entries within the transaction buffer's horizon, and whether the horizon cut."""
+    horizon = buffer.max_read_position
+    if horizon is None:
+        return [], bool(entries)
+    within = [e for e in entries if e.position <= horizon]
+    return within, len(within) < len(entries)
+
+
+def _txn_of(entry: Entry) -> TxnId | None:
+    txn = decode_entry(entry.payload).txn
+    return None if txn is None else TxnId(*txn)
+
+
 class Subscription:
     def __init__(
         self,
         name: str,
         ledger: ManagedLedger,
         cursor: ManagedCursor,
+        buffer: TransactionBuffer,
         *,
         batch: int,
         max_permits: int,
@@ -124,6 +142,8 @@ class Subscription:
         self.name = name
         self.ledger = ledger
         self.cursor = cursor
+        self.buffer = buffer
+        self.pending_acks: PendingAckStore = NoPendingAcks(ledger.name)
         self.type: SubscriptionType | None = None
         self.consumers: list[ConsumerLink] = []
         self._batch = batch
@@ -135,6 +155,7 @@ class Subscription:
         self._redeliveries: dict[Position, int] = {}
         self._round_robin = 0
         self._wake = asyncio.Event()
+        buffer.on_change(self._wake.set)  # the read horizon moved: no polling
         self._follower = _Follower(ledger, self._wake, f"{ledger.name}/{name}")
         self._task = asyncio.create_task(self._run(), name=f"dispatch-{ledger.name}/{name}")
         self.messages_out = 0
@@ -198,6 +219,9 @@ class Subscription:
             ServerError(NotAllowed): a cumulative ack on a Shared subscription.
         """
         self._check_known(ids)
+        ids = [p for p in ids if not self.pending_acks.is_pending(p)]  # held by a transaction
+        if not ids:
+            return
         if cumulative:
             if self.type is SubscriptionType.SHARED:
                 raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
@@ -212,6 +236,32 @@ class Subscription:
             self._forget(position)
             self._redeliver.discard(position)
         await self.cursor.ack(ids)
+
+    async def txn_ack(
+        self, link: ConsumerLink, txn: TxnId, ids: list[Position], *, cumulative: bool
+    ) -> None:
+        """Acknowledge in a transaction: the messages stay with it until it ends.
+
+        Raises:
+            ServerError: InvalidArgument, NotAllowed (cumulative on Shared, or a topic
+                without v5 transactions), TransactionNotFound, TransactionConflict.
+        """
+        self._check_known(ids)
+        if cumulative and self.type is SubscriptionType.SHARED:
+            raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
+        await self.pending_acks.ack(txn, ids, cumulative=cumulative)
+        upto = max(ids)
+        for position in [p for p in self._pending if (p <= upto if cumulative else p in ids)]:
+            self._forget(position)
+        self._wake.set()
+
+    def release(self, positions: list[Position]) -> None:
+        """An aborted transaction let these go: deliver them again."""
+        for position in positions:
+            if not self.cursor.is_acked(position):
+                self._forget(position, keep_count=True)
+                self._due_again(position)
+        self._wake.set()
 
     def nack(self, link: ConsumerLink, ids: list[Position]) -> None:
         self._check_known(ids)
@@ -270,22 +320,34 @@ class Subscription:
                 return
             if self._redeliver:
                 position = self._redeliver.pop(0)
-                if self.cursor.is_acked(position) or position in self._pending:
+                if self._settled(position) or position in self._pending:
                     continue
                 entries = await self.ledger.read(position, max_entries=1)
                 if entries and entries[0].position == position:
                     self._deliver(entries[0])
                 continue
             budget = min(self._batch, sum(c.permits for c in ready))
-            entries = await self.ledger.read(self._next, max_entries=budget)
+            entries, cut = _readable(
+                await self.ledger.read(self._next, max_entries=budget), self.buffer
+            )
             if not entries:
-                self._maybe_end()
-                return
+                if not cut:
+                    self._maybe_end()
+                return  # woken again when the ledger or the read horizon moves
+            invisible = []
             for entry in entries:
                 self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
-                if self.cursor.is_acked(entry.position) or entry.position in self._pending:
+                if self._settled(entry.position) or entry.position in self._pending:
+                    continue
+                if not self.buffer.visible(_txn_of(entry), entry.position):
+                    invisible.append(entry.position)  # aborted, or an orphan: never shown
                     continue
                 self._deliver(entry)
+            if invisible:  # nobody will ever ack them: the cursor moves past them here
+                await self.cursor.ack(invisible)
+
+    def _settled(self, position: Position) -> bool:
+        return self.cursor.is_acked(position) or self.pending_acks.is_pending(position)
 
     def _deliver(self, entry: Entry) -> None:
         ready = self._ready()
@@ -308,7 +370,9 @@ class Subscription:
         if not self.ledger.is_sealed or self._pending or self._redeliver:
             return
         last = self.ledger.last_confirmed
-        if last is not None and self.cursor.mark_delete < last:
+        if last is not None and (
+            self.buffer.max_read_position != last or self.cursor.mark_delete < last
+        ):
             return
         for link in self.consumers:
             if not link.ended:
@@ -319,17 +383,21 @@ class Subscription:
         return self.cursor.backlog()
 
     async def close(self) -> None:
+        self.buffer.remove_listener(self._wake.set)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         await self._follower.close()
+        await self.pending_acks.close()
 
 
 class Reader:
-    """A cursor-less, forward-only view of a topic from a start position."""
+    """A cursor-less, forward-only view of a topic from a start position (committed data
+    only, like a consumer)."""
 
     def __init__(
         self,
         ledger: ManagedLedger,
+        buffer: TransactionBuffer,
         link: ConsumerLink,
         start: Position,
         *,
@@ -337,11 +405,13 @@ class Reader:
         max_permits: int,
     ) -> None:
         self.ledger = ledger
+        self.buffer = buffer
         self.link = link
         self._next = start
         self._batch = batch
         self._max_permits = max_permits
         self._wake = asyncio.Event()
+        buffer.on_change(self._wake.set)
         self._follower = _Follower(ledger, self._wake, f"{ledger.name}/reader-{link.id}")
         self._task = asyncio.create_task(self._run(), name=f"reader-{ledger.name}-{link.id}")
 
@@ -358,20 +428,26 @@ class Reader:
             await self._wake.wait()
             self._wake.clear()
             while self.link.permits > 0:
-                entries = await self.ledger.read(
-                    self._next, max_entries=min(self._batch, self.link.permits)
+                entries, cut = _readable(
+                    await self.ledger.read(
+                        self._next, max_entries=min(self._batch, self.link.permits)
+                    ),
+                    self.buffer,
                 )
                 if not entries:
-                    if self.ledger.is_sealed and not self.link.ended:
+                    if not cut and self.ledger.is_sealed and not self.link.ended:
                         self.link.ended = True
                         self.link.send(EndOfTopic())
                     break
                 for entry in entries:
                     self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
+                    if not self.buffer.visible(_txn_of(entry), entry.position):
+                        continue
                     self.link.permits -= 1
                     self.link.send(to_message(entry))
 
     async def close(self) -> None:
+        self.buffer.remove_listener(self._wake.set)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         await self._follower.close()

@@ -13,6 +13,8 @@ class StoredMessage(msgspec.Struct, array_like=True, frozen=True):
     key: str | None = None
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     event_time_ms: int | None = None
+    txn: tuple[int, int] | None = None
+    """The transaction this message was written in (most, least), if any."""
 
 
 encode_entry = msgspec.msgpack.Encoder().encode

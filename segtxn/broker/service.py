@@ -19,6 +19,7 @@ import logging
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.topic import Topic
+from segtxn.broker.txn.headers import HeaderCache
 from segtxn.ledger import LedgerCorrupted, LedgerError, LogStorage, open_log_storage
 from segtxn.metastore import MetadataStore, MetadataStoreError, Session, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -36,6 +37,7 @@ class BrokerService:
         self.catalog = Catalog(self.store)
         self.storage: LogStorage = open_log_storage(settings.ledger_url)
         self.topics: dict[TopicName, Topic] = {}
+        self.headers = HeaderCache(self.store)
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
         self._session: Session | None = None
         self._keeper: asyncio.Task[None] | None = None
@@ -71,6 +73,7 @@ class BrokerService:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
+        await self.headers.start()
         await self._register()
         self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
         self.ready.set()
@@ -110,6 +113,7 @@ class BrokerService:
             except Exception:
                 log.exception("closing %s failed", topic.name)
         self.topics.clear()
+        await self.headers.close()
         if self._session is not None:
             await self._session.close()
         await self.store.close()
@@ -162,7 +166,7 @@ class BrokerService:
 
     async def _load(self, name: TopicName) -> Topic:
         try:
-            topic = await Topic.load(name, self.store, self.storage, self.settings)
+            topic = await Topic.load(name, self.store, self.storage, self.settings, self.headers)
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, f"{name}: {e}") from e
         except LedgerError as e:

@@ -16,11 +16,19 @@ from segtxn.broker.dedup import Deduplication
 from segtxn.broker.dispatch import ConsumerLink, Subscription, SubscriptionType
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.settings import BrokerSettings
+from segtxn.broker.txn.buffer import (
+    MetadataTransactionBuffer,
+    NoTransactions,
+    TransactionBuffer,
+)
+from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
 from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
-from segtxn.protocol.names import TopicName
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +49,18 @@ class Topic:
         ledger: ManagedLedger,
         dedup: Deduplication,
         settings: BrokerSettings,
+        *,
+        buffer: TransactionBuffer,
+        store: MetadataStore,
+        headers: HeaderCache,
     ) -> None:
         self.name = name
         self.ledger = ledger
         self.dedup = dedup
         self.settings = settings
+        self.buffer = buffer
+        self._store = store
+        self._headers = headers
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}
         """Connected producer names -> their connection (a name is used by one at a time)."""
@@ -60,15 +75,33 @@ class Topic:
         store: MetadataStore,
         storage: LogStorage,
         settings: BrokerSettings,
+        headers: HeaderCache,
     ) -> Topic:
+        """Open the ledger, recover de-duplication and transaction state, and restore
+        every subscription (so pending transactional acks materialize even with no
+        consumer attached)."""
         ledger = await ManagedLedger.open(str(name), store, storage, settings.ledger)
+        buffer: TransactionBuffer = (
+            MetadataTransactionBuffer(str(name), ledger, store, headers)
+            if name.domain is Domain.SEGMENT
+            else NoTransactions(ledger)
+        )
+        topic: Topic | None = None
         try:
             dedup = Deduplication(str(name), store, settings.dedup_snapshot_every)
             await dedup.recover(ledger)
+            await buffer.recover()
+            topic = cls(name, ledger, dedup, settings, buffer=buffer, store=store, headers=headers)
+            for cursor_name in list(ledger.cursors):
+                await topic.subscription(cursor_name)
         except BaseException:
+            if topic is not None:
+                for subscription in topic.subscriptions.values():
+                    await subscription.close()
+            await buffer.close()
             await ledger.close()
             raise
-        return cls(name, ledger, dedup, settings)
+        return topic
 
     # ------------------------------------------------------------------ publishing
 
@@ -93,24 +126,46 @@ class Topic:
         if send.seq <= state.last:
             self.counters.duplicates += 1
             known = state.recent.get(send.seq)
+            if (
+                known is not None
+                and send.txn is not None
+                and not self.buffer.visible(TxnId(*send.txn), known)
+                and self._is_orphan(known)
+            ):
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT,
+                    f"the first attempt of {producer}/{send.seq} was never recorded in its "
+                    "transaction",
+                )
             return (known if known is not None else Position(-1, -1)), True
+        txn = self._txn_of(send)
         future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
         state.in_flight[send.seq] = future
-        entry = StoredMessage(
-            producer_name=producer,
-            sequence_id=send.seq,
-            publish_time_ms=int(time.time() * 1000),
-            payload=send.payload,
-            key=send.key,
-            properties=send.properties,
-            event_time_ms=send.event_time_ms,
+        entry = encode_entry(
+            StoredMessage(
+                producer_name=producer,
+                sequence_id=send.seq,
+                publish_time_ms=int(time.time() * 1000),
+                payload=send.payload,
+                key=send.key,
+                properties=send.properties,
+                event_time_ms=send.event_time_ms,
+                txn=send.txn,
+            )
         )
         try:
-            position = await self.ledger.append(encode_entry(entry))
+            if txn is None:
+                position = await self.ledger.append(entry)
+            else:
+                position = await self.buffer.append(txn, entry)
         except LedgerSealed as e:
             future.set_exception(e)
             future.exception()  # retrieved: a resend waiting on it sees it
             raise ServerError(ErrorName.TOPIC_TERMINATED, f"{self.name} is sealed") from e
+        except ServerError as e:
+            future.set_exception(e)
+            future.exception()
+            raise
         except Exception as e:
             future.set_exception(e)
             future.exception()
@@ -125,6 +180,23 @@ class Topic:
                 self._snapshot(), name=f"dedup-snapshot-{self.name}"
             )
         return position, False
+
+    def _txn_of(self, send: Send) -> TxnId | None:
+        if send.txn is None:
+            return None
+        txn = TxnId(*send.txn)
+        if not txn.is_v5 or self.name.domain is not Domain.SEGMENT:
+            raise ServerError(
+                ErrorName.NOT_ALLOWED,
+                f"{self.name}: v5 transactions write to scalable topics (segment://) and v4 "
+                "ones to persistent:// topics; they never mix",
+            )
+        return txn
+
+    def _is_orphan(self, position: Position) -> bool:
+        return isinstance(self.buffer, MetadataTransactionBuffer) and self.buffer.is_orphan(
+            position
+        )
 
     async def _snapshot(self) -> None:
         try:
@@ -147,9 +219,20 @@ class Topic:
                 name,
                 self.ledger,
                 cursor,
+                self.buffer,
                 batch=self.settings.dispatch_batch,
                 max_permits=self.settings.max_permits,
             )
+            if self.name.domain is Domain.SEGMENT:
+                subscription.pending_acks = MetadataPendingAckStore(
+                    str(self.name),
+                    name,
+                    cursor=cursor,
+                    store=self._store,
+                    headers=self._headers,
+                    release=subscription.release,
+                )
+                await subscription.pending_acks.recover()
             self.subscriptions[name] = subscription
             return subscription
 
@@ -263,6 +346,7 @@ class Topic:
         for subscription in self.subscriptions.values():
             await subscription.close()
         self.subscriptions.clear()
+        await self.buffer.close()
         if self._snapshotting is not None:
             await asyncio.gather(self._snapshotting, return_exceptions=True)
         await self.ledger.delete()
@@ -271,6 +355,7 @@ class Topic:
     async def close(self) -> None:
         for subscription in self.subscriptions.values():
             await subscription.close()
+        await self.buffer.close()
         if self._snapshotting is not None:
             await asyncio.gather(self._snapshotting, return_exceptions=True)
         try:

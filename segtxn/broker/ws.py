@@ -319,6 +319,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
     link = ConsumerLink(f"reader-{next(_generated)}", outbox.send)
     session = Reader(
         topic.ledger,
+        topic.buffer,
         link,
         start,
         batch=service.settings.dispatch_batch,

@@ -60,8 +60,6 @@ def election_name(coordinator_id: int) -> str:
     return f"{ELECTION_PREFIX}{coordinator_id:x}"
 
 
-
-
 @dataclass(frozen=True)
 class CoordinatorSettings:
     advertise_url: str

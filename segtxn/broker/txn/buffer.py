@@ -1,0 +1,441 @@
+"""Transaction buffers: what a dispatcher may deliver, per topic or segment.
+
+The dispatcher asks two things (PIP-471: "the dispatcher does not change"):
+``max_read_position`` — nothing after it may be delivered yet — and ``visible(entry)`` —
+whether a transactional entry at or before it is committed. It waits on ``changed``
+(notified, never polled) for the horizon to move.
+
+:class:`NoTransactions` serves topics without transactions. :class:`MetadataTransactionBuffer`
+is PIP-471's buffer for ``segment://`` topics: a transactional send is one ledger append
+plus one op record ``/txn-op/<txn>/<seq>`` (indexed ``writes-by-segment``); outcomes come
+from the header cache. Beyond the PIP (DESIGN.md):
+
+- **Append, then record** (the PIP's order). Invariant: *an entry is visible only if its op
+  record landed and its transaction committed.* If the record cannot be written (the
+  transaction ended meanwhile, or the store failed) the entry is an **orphan**: it is
+  recorded at ``/txn-orphans/<segment>/<position>`` before the send fails, and never
+  shown. After a crash between the two steps, recovery scans the unresolved tail (from the
+  durable watermark) and records every transactional entry without an op record as an
+  orphan. Until an append's record is settled, the read horizon stays before it.
+- **Outcomes outlive headers.** An abort is recorded at ``/txn-aborted/<segment>/<txn>``
+  when it is materialized; the **resolved watermark** (``/txn-buffer/<segment>``) is the
+  horizon up to which every entry is decided. Op records are deleted only once the durable
+  watermark has passed all of a transaction's entries here, so after header GC an entry is
+  visible iff it is not an orphan and its transaction is not in the aborted index.
+- **No polling**: dispatchers wait on ``changed``, set whenever the horizon may have moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from urllib.parse import quote
+
+import msgspec
+
+from segtxn.broker.entry import decode_entry
+from segtxn.broker.txn.headers import HeaderCache
+from segtxn.ledger import ManagedLedger, Position, TrimResult
+from segtxn.metastore import BadVersion, Check, MetadataStore, MetadataStoreError, NotFound, Put
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnId, TxnState
+from segtxn.topics import transactions as T
+
+log = logging.getLogger(__name__)
+
+STATE = "/txn-buffer/"
+ABORTED = "/txn-aborted/"
+ORPHANS = "/txn-orphans/"
+
+
+class BufferState(msgspec.Struct, frozen=True):
+    watermark: tuple[int, int] | None
+
+
+class AbortedTxn(msgspec.Struct, frozen=True):
+    first: tuple[int, int]
+    last: tuple[int, int]
+
+
+def _pos(p: tuple[int, int] | Position) -> Position:
+    return Position(p[0], p[1])
+
+
+def _before(p: Position) -> Position:
+    return Position(p.ledger_id, p.entry_id - 1)
+
+
+class TransactionBuffer(ABC):
+    """What a dispatcher asks about transactions on one topic or segment."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever ``max_read_position`` or visibility may have changed."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    @property
+    @abstractmethod
+    def max_read_position(self) -> Position | None:
+        """Nothing after this may be delivered (None: nothing at all)."""
+
+    @abstractmethod
+    def visible(self, txn: TxnId | None, position: Position) -> bool:
+        """Whether an entry at or before ``max_read_position`` may be delivered."""
+
+    @abstractmethod
+    async def append(self, txn: TxnId, payload: bytes) -> Position:
+        """Append a transactional entry (one ledger append) and record it."""
+
+    async def recover(self) -> None:  # noqa: B027 - nothing to rebuild unless overridden
+        """Rebuild state on load."""
+
+    async def trimmed(self, result: TrimResult) -> None:  # noqa: B027
+        """The ledger dropped data before ``result.first_retained``: drop its indexes."""
+
+    async def close(self) -> None:  # noqa: B027
+        """Stop background work."""
+
+
+class NoTransactions(TransactionBuffer):
+    """A topic without transactions (``persistent://`` until v4 transactions exist)."""
+
+    def __init__(self, ledger: ManagedLedger) -> None:
+        super().__init__()
+        self._ledger = ledger
+
+    @property
+    def max_read_position(self) -> Position | None:
+        return self._ledger.last_confirmed
+
+    def visible(self, txn: TxnId | None, position: Position) -> bool:
+        return True
+
+    async def append(self, txn: TxnId, payload: bytes) -> Position:
+        raise ServerError(
+            ErrorName.NOT_ALLOWED,
+            f"{self._ledger.name}: v5 transactions run on scalable topics (segment://); "
+            "persistent:// topics take part in v4 (marker-based) transactions",
+        )
+
+
+class MetadataTransactionBuffer(TransactionBuffer):
+    """PIP-471's transaction buffer for one ``segment://`` (see the module docstring)."""
+
+    def __init__(
+        self, segment: str, ledger: ManagedLedger, store: MetadataStore, headers: HeaderCache
+    ) -> None:
+        super().__init__()
+        self.segment = segment
+        self._ledger = ledger
+        self._store = store
+        self._headers = headers
+        quoted = quote(segment, safe="")
+        self._state_key = STATE + quoted
+        self._aborted_prefix = f"{ABORTED}{quoted}/"
+        self._orphans_prefix = f"{ORPHANS}{quoted}/"
+        self._writes: dict[TxnId, list[Position]] = {}
+        """Entries here of transactions whose op records still exist."""
+        self._op_keys: dict[TxnId, list[str]] = {}
+        self._open_first: dict[TxnId, Position] = {}
+        self._floors: list[Position] = []
+        """For each append in flight: the last entry before it (the horizon stays there)."""
+        self._aborted: dict[TxnId, AbortedTxn] = {}
+        self._orphans: set[Position] = set()
+        self._watermark: Position | None = None
+        """The durable resolved watermark."""
+        self._unsettled_orphans: set[tuple[TxnId, Position]] = set()
+        self._cleanable: dict[TxnId, Position] = {}
+        """Decided transactions -> their last entry here; cleaned once the watermark passes."""
+        self._cleaner_wake = asyncio.Event()
+        self._cleaner: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ horizon
+
+    @property
+    def max_read_position(self) -> Position | None:
+        last = self._ledger.last_confirmed
+        if last is None:
+            return None
+        horizon = last
+        if self._floors:
+            horizon = min(horizon, *self._floors)
+        if self._open_first:
+            horizon = min(horizon, _before(min(self._open_first.values())))
+        return horizon
+
+    def is_orphan(self, position: Position) -> bool:
+        return position in self._orphans
+
+    def visible(self, txn: TxnId | None, position: Position) -> bool:
+        if txn is None:
+            return True
+        if position in self._orphans:
+            return False
+        if txn in self._writes:
+            header = self._headers.cached(txn)
+            return header is not None and header.state is TxnState.COMMITTED
+        return txn not in self._aborted
+
+    # ------------------------------------------------------------------ appends
+
+    async def append(self, txn: TxnId, payload: bytes) -> Position:
+        """One ledger append, then one op record guarded by the header's version.
+
+        Raises:
+            ServerError(TransactionNotFound): no such transaction.
+            ServerError(TransactionConflict): the transaction is no longer open (also when
+                it ends between the append and the record: the entry is then an orphan).
+            ServerError(PersistenceError / TopicTerminatedError)
+        """
+        self._headers.listen(txn, self._on_header)
+        header, version = await self._headers.get(txn)
+        if header is None:
+            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+        if header.state is not TxnState.OPEN:
+            raise ServerError(
+                ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}: no more writes"
+            )
+        floor = self._ledger.last_confirmed or Position(0, -1)
+        self._floors.append(floor)
+        try:
+            position = await self._ledger.append(payload)
+            try:
+                record = await self._record(txn, version, position)
+            except ServerError:
+                await self._orphan(txn, position)
+                raise
+            self._track(txn, position, record)
+            return position
+        finally:
+            self._floors.remove(floor)
+            self._changed()
+
+    async def _record(self, txn: TxnId, version: int, position: Position) -> str:
+        op = T.TxnOp(T.OpKind.WRITE, self.segment, (position.ledger_id, position.entry_id))
+        try:
+            results = await self._store.commit(
+                [
+                    Check(T.header_key(txn), version),  # the late-write race, settled here
+                    Put(
+                        T.ops_prefix(txn),
+                        T.encode(op),
+                        sequential=True,
+                        partition_key=txn.key,
+                        indexes=T.op_indexes(op),
+                    ),
+                ]
+            )
+        except (BadVersion, NotFound) as e:
+            raise ServerError(
+                ErrorName.TRANSACTION_CONFLICT, f"{txn} ended while this write was stored"
+            ) from e
+        except MetadataStoreError as e:
+            raise ServerError(ErrorName.PERSISTENCE, f"could not record the write: {e}") from e
+        record = results[1]
+        assert record is not None
+        return record.key
+
+    def _track(self, txn: TxnId, position: Position, op_key: str) -> None:
+        self._writes.setdefault(txn, []).append(position)
+        self._op_keys.setdefault(txn, []).append(op_key)
+        header = self._headers.cached(txn)
+        if header is not None and header.state.final:
+            self._materialize(txn, header)  # decided while we were recording
+        else:
+            self._open_first.setdefault(txn, position)
+
+    async def _orphan(self, txn: TxnId, position: Position) -> None:
+        """Record an entry whose op record never landed; until that is durable the
+        horizon stays before it (a background retry settles it)."""
+        self._orphans.add(position)
+        try:
+            await self._put_orphan(txn, position)
+        except MetadataStoreError:
+            log.warning("%s: orphan %s not yet recorded; retrying", self.segment, position)
+            self._unsettled_orphans.add((txn, position))
+            self._floors.append(_before(position))
+            self._cleaner_wake.set()
+
+    async def _put_orphan(self, txn: TxnId, position: Position) -> None:
+        key = f"{self._orphans_prefix}{position.ledger_id:016x}-{position.entry_id:016x}"
+        await self._store.put(key, str(txn).encode())
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _on_header(self, txn: TxnId, header: T.TxnHeader | None) -> None:
+        if header is not None and not header.state.final:
+            return
+        if txn in self._writes:
+            self._materialize(txn, header)
+
+    def _materialize(self, txn: TxnId, header: T.TxnHeader | None) -> None:
+        """Apply a decision locally (no ledger write: a sealed segment does this too)."""
+        positions = self._writes.get(txn, [])
+        if not positions:
+            return
+        self._open_first.pop(txn, None)
+        state = header.state if header is not None else TxnState.ABORTED
+        if header is None:
+            log.error(
+                "%s: header of %s vanished with op records left: hiding it", self.segment, txn
+            )
+        if state is TxnState.ABORTED:
+            self._aborted[txn] = AbortedTxn(
+                (min(positions).ledger_id, min(positions).entry_id),
+                (max(positions).ledger_id, max(positions).entry_id),
+            )
+        self._cleanable[txn] = max(positions)
+        self._cleaner_wake.set()
+        self._changed()
+
+    # ------------------------------------------------------------------ clean-up
+
+    async def _clean(self) -> None:
+        """Persist the watermark, then delete op records it has passed; settle orphans."""
+        while True:
+            await self._cleaner_wake.wait()
+            self._cleaner_wake.clear()
+            try:
+                await self._settle_orphans()
+                await self._clean_once()
+            except MetadataStoreError as e:
+                log.warning("%s: transaction clean-up failed (%s); will retry", self.segment, e)
+                await asyncio.sleep(1.0)  # the store is failing: retry at a gentle pace
+                self._cleaner_wake.set()
+
+    async def _settle_orphans(self) -> None:
+        for txn, position in list(self._unsettled_orphans):
+            await self._put_orphan(txn, position)
+            self._unsettled_orphans.discard((txn, position))
+            self._floors.remove(_before(position))
+            self._changed()
+
+    async def _clean_once(self) -> None:
+        horizon = self.max_read_position
+        if horizon is None:
+            return
+        ready = {txn: last for txn, last in self._cleanable.items() if last <= horizon}
+        if not ready:
+            return
+        for txn in ready:  # aborts first: they must outlive the op records
+            aborted = self._aborted.get(txn)
+            if aborted is not None:
+                await self._store.put(self._aborted_prefix + txn.key, msgspec.json.encode(aborted))
+        await self._save_watermark(max(ready.values()))
+        for txn, last in ready.items():
+            if self._cleanable.get(txn) != last:
+                continue  # another write of it arrived meanwhile: clean it next time
+            for key in self._op_keys.pop(txn, []):
+                with contextlib.suppress(NotFound):
+                    await self._store.delete(key)
+            self._writes.pop(txn, None)
+            self._headers.forget(txn, self._on_header)
+            del self._cleanable[txn]
+
+    async def _save_watermark(self, watermark: Position) -> None:
+        if self._watermark is not None and watermark <= self._watermark:
+            return
+        state = BufferState((watermark.ledger_id, watermark.entry_id))
+        await self._store.put(self._state_key, msgspec.json.encode(state))
+        self._watermark = watermark
+
+    # ------------------------------------------------------------------ recovery
+
+    async def recover(self) -> None:
+        """Rebuild from the store (no log replay): the aborted index, orphans, the op
+        records of this segment, their headers; then classify the unresolved tail."""
+        record = await self._store.get(self._state_key)
+        if record is not None:
+            saved = msgspec.json.decode(record.value, type=BufferState).watermark
+            self._watermark = None if saved is None else _pos(saved)
+        aborted = await self._store.list_prefix(self._aborted_prefix)
+        for item in aborted.records:
+            txn = TxnId.from_key(item.key.rsplit("/", 1)[1])
+            self._aborted[txn] = msgspec.json.decode(item.value, type=AbortedTxn)
+        orphans = await self._store.list_prefix(self._orphans_prefix)
+        for item in orphans.records:
+            ledger, _, entry = item.key.rsplit("/", 1)[1].partition("-")
+            self._orphans.add(Position(int(ledger, 16), int(entry, 16)))
+        ops = await self._store.index_range(T.IDX_WRITES, self.segment)
+        recorded: set[Position] = set()
+        for op in ops.entries:
+            txn = T.txn_of_op_key(op.key)
+            position = _pos(T.decode_op(op.value).position)
+            recorded.add(position)
+            self._writes.setdefault(txn, []).append(position)
+            self._op_keys.setdefault(txn, []).append(op.key)
+        await self._find_orphans(recorded)
+        for txn, positions in self._writes.items():
+            self._headers.listen(txn, self._on_header)
+            header, _ = await self._headers.get(txn)
+            if header is not None and header.state is TxnState.OPEN:
+                self._open_first[txn] = min(positions)
+        for txn in list(self._writes):
+            header = self._headers.cached(txn)
+            if txn not in self._open_first:
+                self._materialize(txn, header)
+        self._cleaner = asyncio.create_task(self._clean(), name=f"txn-clean-{self.segment}")
+        self._cleaner_wake.set()
+
+    async def _find_orphans(self, recorded: set[Position]) -> None:
+        """Transactional entries after the watermark with no op record are orphans."""
+        start = (
+            self._ledger.first_position()
+            if self._watermark is None
+            else self._ledger.position_after(self._watermark)
+        )
+        while start is not None:
+            entries = await self._ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            if not entries:
+                return
+            for entry in entries:
+                message = decode_entry(entry.payload)
+                if message.txn is None or entry.position in recorded:
+                    continue
+                if entry.position not in self._orphans:
+                    txn = TxnId(*message.txn)
+                    log.warning(
+                        "%s: %s of %s has no op record: an orphan",
+                        self.segment,
+                        entry.position,
+                        txn,
+                    )
+                    self._orphans.add(entry.position)
+                    await self._put_orphan(txn, entry.position)
+            start = self._ledger.position_after(entries[-1].position)
+
+    async def trimmed(self, result: TrimResult) -> None:
+        """Forget aborts and orphans wholly before the first retained entry."""
+        first = result.first_retained
+        if first is None:
+            return
+        for txn, aborted in list(self._aborted.items()):
+            if _pos(aborted.last) < first and txn not in self._writes:
+                del self._aborted[txn]
+                with contextlib.suppress(NotFound):
+                    await self._store.delete(self._aborted_prefix + txn.key)
+        for position in [p for p in self._orphans if p < first]:
+            self._orphans.discard(position)
+            key = f"{self._orphans_prefix}{position.ledger_id:016x}-{position.entry_id:016x}"
+            with contextlib.suppress(NotFound):
+                await self._store.delete(key)
+
+    async def close(self) -> None:
+        if self._cleaner is not None:
+            self._cleaner.cancel()
+            await asyncio.gather(self._cleaner, return_exceptions=True)
+        for txn in list(self._writes):
+            self._headers.forget(txn, self._on_header)

@@ -1,0 +1,132 @@
+"""The broker's view of transaction headers, kept current by a watch.
+
+Participants learn every outcome from the store, never from the coordinator (PIP-471). A
+broker keeps one cache of the headers its segments care about and one watch on the
+``/txn/`` prefix that keeps the cache current (PIP-471 speaks of one point-watch per cached
+header; a single prefix watch has the same semantics with one stream instead of thousands).
+
+The watch starts before any header is read, so a change made after a read is always seen;
+events older than what the cache holds are ignored. Listeners registered for a transaction
+are called, on the watch task, with every newer header (or ``None`` once it is deleted).
+If the watch's history is compacted, every watched header is read again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from segtxn.metastore import Compacted, EventKind, MetadataStore, StoreClosed
+from segtxn.protocol.txn import TxnId
+from segtxn.topics import transactions as T
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[TxnId, "T.TxnHeader | None"], None]
+
+
+@dataclass
+class _Entry:
+    header: T.TxnHeader | None
+    version: int
+    """Store revision the header was read or changed at (0: known absent)."""
+
+
+class HeaderCache:
+    def __init__(self, store: MetadataStore) -> None:
+        self._store = store
+        self._entries: dict[TxnId, _Entry] = {}
+        self._listeners: dict[TxnId, set[Listener]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._started = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._follow(), name="txn-header-watch")
+        await self._started.wait()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _follow(self) -> None:
+        start: int | None = None
+        while True:
+            try:
+                async with self._store.watch_prefix(T.HEADERS, from_revision=start) as events:
+                    self._started.set()
+                    async for event in events:
+                        txn = T.txn_of_header_key(event.key)
+                        header = (
+                            T.decode_header(event.record.value)
+                            if event.kind is EventKind.PUT and event.record is not None
+                            else None
+                        )
+                        self._apply(txn, header, event.revision)
+            except Compacted:
+                start = await self._reread()
+            except StoreClosed:
+                return
+
+    async def _reread(self) -> int:
+        """After compaction: read every watched header again; watch from after the reads."""
+        revision = await self._store.revision()
+        for txn in list(self._listeners):
+            record = await self._store.get(T.header_key(txn))
+            if record is None:
+                self._apply(txn, None, revision)
+            else:
+                self._apply(txn, T.decode_header(record.value), record.version)
+        return revision + 1
+
+    def _apply(self, txn: TxnId, header: T.TxnHeader | None, version: int) -> None:
+        entry = self._entries.get(txn)
+        if entry is None:
+            return  # nobody here has asked about this transaction
+        if entry.version >= version:
+            return  # older than what we hold
+        self._entries[txn] = _Entry(header, version)
+        for listener in list(self._listeners.get(txn, ())):
+            try:
+                listener(txn, header)
+            except Exception:
+                log.exception("a header listener for %s failed", txn)
+
+    async def get(self, txn: TxnId) -> tuple[T.TxnHeader | None, int]:
+        """The header (None if absent) and its version; cached after the first read.
+
+        A placeholder is cached before the read, so a change the watch reports while the
+        read is in flight is kept rather than overwritten by the older read.
+        """
+        entry = self._entries.get(txn)
+        if entry is not None and entry.version >= 0:
+            return entry.header, entry.version
+        if entry is None:
+            self._entries[txn] = _Entry(None, -1)
+        record = await self._store.get(T.header_key(txn))
+        entry = self._entries.setdefault(txn, _Entry(None, -1))
+        read_version = 0 if record is None else record.version
+        if entry.version < read_version or entry.version < 0:
+            header = None if record is None else T.decode_header(record.value)
+            entry = self._entries[txn] = _Entry(header, read_version)
+        return entry.header, entry.version
+
+    def cached(self, txn: TxnId) -> T.TxnHeader | None:
+        entry = self._entries.get(txn)
+        return None if entry is None else entry.header
+
+    def listen(self, txn: TxnId, listener: Listener) -> None:
+        """Call ``listener`` with every newer header of ``txn`` (register before ``get``)."""
+        self._listeners.setdefault(txn, set()).add(listener)
+        self._entries.setdefault(txn, _Entry(None, -1))
+
+    def forget(self, txn: TxnId, listener: Listener) -> None:
+        """Stop calling ``listener``; drop the cached header once nobody listens."""
+        listeners = self._listeners.get(txn)
+        if listeners is not None:
+            listeners.discard(listener)
+            if not listeners:
+                del self._listeners[txn]
+                self._entries.pop(txn, None)

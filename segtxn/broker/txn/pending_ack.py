@@ -1,0 +1,242 @@
+"""Pending acknowledgments: acks made inside a transaction, applied only when it commits.
+
+PIP-31's PENDING_ACK state, stored the PIP-471 way for ``segment://`` subscriptions: each
+transactional ack is an op record ``/txn-op/<txn>/<seq>`` (kind ``ack``, indexed
+``acks-by-segment-sub``), written in the same atomic step as a check that the header is
+still OPEN. While the transaction is open the message is delivered to nobody; a second
+transaction acknowledging it gets ``TransactionConflict``; a plain ack of it is ignored.
+When the header watch reports the outcome: commit applies the acks to the cursor
+(individual or cumulative, durably) and abort releases the messages for redelivery; then
+the op records are deleted. A crash half-way repeats the (idempotent) materialization on
+recovery, which rebuilds everything from the index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from segtxn.broker.txn.headers import HeaderCache
+from segtxn.ledger import ManagedCursor, Position
+from segtxn.metastore import BadVersion, Check, MetadataStore, MetadataStoreError, NotFound, Put
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnId, TxnState
+from segtxn.topics import transactions as T
+
+log = logging.getLogger(__name__)
+
+OPS_PER_STEP = 40
+"""Ack op records per atomic store step (each is a record, an index entry, a counter)."""
+
+
+class PendingAckStore(ABC):
+    @abstractmethod
+    def is_pending(self, position: Position) -> bool:
+        """True while a transaction holds an ack of ``position``."""
+
+    @abstractmethod
+    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+        """Record acks in ``txn``; returns once they are durable."""
+
+    async def recover(self) -> None:  # noqa: B027 - nothing to rebuild unless overridden
+        """Rebuild state on load."""
+
+    async def close(self) -> None:  # noqa: B027
+        """Stop background work."""
+
+
+class NoPendingAcks(PendingAckStore):
+    def __init__(self, topic: str) -> None:
+        self._topic = topic
+
+    def is_pending(self, position: Position) -> bool:
+        return False
+
+    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+        raise ServerError(
+            ErrorName.NOT_ALLOWED,
+            f"{self._topic}: v5 transactions acknowledge on scalable topics (segment://); "
+            "persistent:// topics take part in v4 (marker-based) transactions",
+        )
+
+
+class MetadataPendingAckStore(PendingAckStore):
+    def __init__(
+        self,
+        segment: str,
+        subscription: str,
+        *,
+        cursor: ManagedCursor,
+        store: MetadataStore,
+        headers: HeaderCache,
+        release: Callable[[list[Position]], None],
+    ) -> None:
+        """``release`` is called with the positions an aborted transaction acknowledged:
+        they are to be delivered again."""
+        self.segment = segment
+        self.subscription = subscription
+        self._cursor = cursor
+        self._store = store
+        self._headers = headers
+        self._release = release
+        self._individual: dict[Position, TxnId] = {}
+        self._cumulative: dict[TxnId, Position] = {}
+        self._op_keys: dict[TxnId, list[str]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+
+    def is_pending(self, position: Position) -> bool:
+        return position in self._individual or any(
+            position <= upto for upto in self._cumulative.values()
+        )
+
+    def holder(self, position: Position) -> TxnId | None:
+        txn = self._individual.get(position)
+        if txn is not None:
+            return txn
+        for owner, upto in self._cumulative.items():
+            if position <= upto:
+                return owner
+        return None
+
+    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+        """Raises ServerError(TransactionNotFound / TransactionConflict)."""
+        self._headers.listen(txn, self._on_header)
+        header, version = await self._headers.get(txn)
+        if header is None:
+            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+        if header.state is not TxnState.OPEN:
+            raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}")
+        for position in positions:
+            if self._cursor.is_acked(position):
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT, f"{position} is already acknowledged"
+                )
+            holder = self.holder(position)
+            if holder is not None and holder != txn:
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT,
+                    f"{position} is acknowledged by transaction {holder}, still open",
+                )
+        if cumulative:
+            upto = max(positions)
+            for position, holder in self._individual.items():
+                if holder != txn and position <= upto:
+                    raise ServerError(
+                        ErrorName.TRANSACTION_CONFLICT,
+                        f"{position} is acknowledged by transaction {holder}, still open",
+                    )
+            ops = [self._op(upto, cumulative=True)]
+        else:
+            ops = [self._op(p, cumulative=False) for p in positions]
+        keys = await self._write(txn, version, ops)
+        if cumulative:
+            self._cumulative[txn] = max(self._cumulative.get(txn, upto), upto)
+        else:
+            for position in positions:
+                self._individual[position] = txn
+        self._op_keys.setdefault(txn, []).extend(keys)
+        cached = self._headers.cached(txn)
+        if cached is not None and cached.state.final:  # decided while we were writing
+            self._on_header(txn, cached)
+
+    def _op(self, position: Position, *, cumulative: bool) -> T.TxnOp:
+        return T.TxnOp(
+            T.OpKind.ACK,
+            self.segment,
+            (position.ledger_id, position.entry_id),
+            self.subscription,
+            cumulative,
+        )
+
+    async def _write(self, txn: TxnId, version: int, ops: list[T.TxnOp]) -> list[str]:
+        keys: list[str] = []
+        for i in range(0, len(ops), OPS_PER_STEP):
+            step = [
+                Put(
+                    T.ops_prefix(txn),
+                    T.encode(op),
+                    sequential=True,
+                    partition_key=txn.key,
+                    indexes=T.op_indexes(op),
+                )
+                for op in ops[i : i + OPS_PER_STEP]
+            ]
+            try:
+                results = await self._store.commit([Check(T.header_key(txn), version), *step])
+            except (BadVersion, NotFound) as e:
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT, f"{txn} ended while acknowledging"
+                ) from e
+            except MetadataStoreError as e:
+                raise ServerError(ErrorName.PERSISTENCE, f"could not record the ack: {e}") from e
+            keys += [r.key for r in results[1:] if r is not None]
+        return keys
+
+    # ------------------------------------------------------------------ outcomes
+
+    def _on_header(self, txn: TxnId, header: T.TxnHeader | None) -> None:
+        if header is not None and not header.state.final:
+            return
+        task = asyncio.create_task(
+            self._materialize(txn, header), name=f"pending-ack-{self.segment}-{txn}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _materialize(self, txn: TxnId, header: T.TxnHeader | None) -> None:
+        async with self._lock:
+            individual = sorted(p for p, t in self._individual.items() if t == txn)
+            upto = self._cumulative.get(txn)
+            if not individual and upto is None and txn not in self._op_keys:
+                return
+            committed = header is not None and header.state is TxnState.COMMITTED
+            try:
+                if committed:
+                    if individual:
+                        await self._cursor.ack(individual)
+                    if upto is not None:
+                        await self._cursor.ack_cumulative(upto)
+                for position in individual:
+                    self._individual.pop(position, None)
+                self._cumulative.pop(txn, None)
+                if not committed:
+                    self._release([*individual, *([upto] if upto is not None else [])])
+                for key in self._op_keys.pop(txn, []):
+                    with contextlib.suppress(NotFound):
+                        await self._store.delete(key)
+                self._headers.forget(txn, self._on_header)
+            except MetadataStoreError as e:
+                log.warning(
+                    "%s/%s: materializing %s failed (%s)", self.segment, self.subscription, txn, e
+                )
+                # retried when the topic is loaded again (recovery re-reads the op records)
+
+    # ------------------------------------------------------------------ recovery
+
+    async def recover(self) -> None:
+        ops = await self._store.index_range(T.IDX_ACKS, (self.segment, self.subscription))
+        for entry in ops.entries:
+            txn = T.txn_of_op_key(entry.key)
+            op = T.decode_op(entry.value)
+            position = Position(*op.position)
+            if op.cumulative:
+                self._cumulative[txn] = max(self._cumulative.get(txn, position), position)
+            else:
+                self._individual[position] = txn
+            self._op_keys.setdefault(txn, []).append(entry.key)
+        for txn in list(self._op_keys):
+            self._headers.listen(txn, self._on_header)
+            header, _ = await self._headers.get(txn)
+            if header is None or header.state.final:
+                await self._materialize(txn, header)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for txn in list(self._op_keys):
+            self._headers.forget(txn, self._on_header)
