@@ -21,6 +21,7 @@ from segtxn.ledger import Position
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.model import ScalableTopic
+from segtxn.topics.transactions import COORDINATOR_ELECTIONS
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -318,11 +319,19 @@ async def lookup(request: web.Request) -> web.StreamResponse:
     return web.json_response({"topic": str(name), "brokerUrl": url})
 
 
+async def coordinators(request: web.Request) -> web.StreamResponse:
+    """The URLs of the v5 transaction coordinators (holders of coordinator ids)."""
+    listing = await request.app[SERVICE].store.list_prefix(COORDINATOR_ELECTIONS)
+    urls = sorted({record.value.decode() for record in listing.records})
+    return web.json_response({"coordinators": urls})
+
+
 def routes() -> list[web.RouteDef]:
     topic = "/{domain}/{tenant}/{namespace}/{topic}"  # the parser names a bad domain
     segment = "/{domain:segment}/{tenant}/{namespace}/{topic}/{segment:[0-9]+}"
     out: list[web.RouteDef] = [
         web.get("/admin/v2/{domain}/{tenant}/{namespace}", list_topics),
+        web.get("/lookup/v2/coordinators", coordinators),
     ]
     for shape in (topic, segment):
         base = "/admin/v2" + shape

@@ -45,6 +45,7 @@ from segtxn.protocol.frames import (
     Send,
     SendBatch,
 )
+from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
 _generated = itertools.count(1)
@@ -275,7 +276,15 @@ async def _serve_consumer(
     async def ack(frame: Ack) -> None:
         ids = [Position(*i) for i in frame.message_ids]
         try:
-            await subscription.ack(link, ids, cumulative=frame.cumulative)
+            if frame.txn is None:
+                await subscription.ack(link, ids, cumulative=frame.cumulative)
+            else:
+                txn = TxnId(*frame.txn)
+                if not txn.is_v5:
+                    raise ServerError(
+                        ErrorName.NOT_ALLOWED, f"{txn} is a v4 transaction: not on segments"
+                    )
+                await subscription.txn_ack(link, txn, ids, cumulative=frame.cumulative)
             if frame.request_id:
                 outbox.send(frames.AckReceipt(request_id=frame.request_id))
         except ServerError as e:

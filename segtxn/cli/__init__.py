@@ -52,6 +52,7 @@ def demo(store: str, messages: int, keys: int, segments: int, seed: int | None) 
 
 main.add_command(servers.broker)
 main.add_command(servers.standalone)
+main.add_command(servers.coordinator)
 main.add_command(clients.produce)
 main.add_command(clients.consume)
 main.add_command(clients.topics)

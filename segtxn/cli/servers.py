@@ -1,4 +1,4 @@
-"""``segtxn broker`` and ``segtxn standalone``: run servers until interrupted."""
+"""``segtxn broker``, ``segtxn coordinator`` and ``segtxn standalone``: run until interrupted."""
 
 from __future__ import annotations
 
@@ -8,42 +8,56 @@ import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
+from segtxn.coordinator.app import CoordinatorServer
+from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.metastore import MetadataStoreError
 
+Server = BrokerServer | CoordinatorServer
 
-async def _serve(servers: list[BrokerServer]) -> None:
+
+def _describe(server: Server) -> str:
+    if isinstance(server, BrokerServer):
+        s = server.settings
+        where = f"store {s.store_url}, ledgers {s.ledger_url}"
+        return f"broker {s.broker_id} on {s.advertise_url} ({where})"
+    return f"transaction coordinator on {server.settings.advertise_url}"
+
+
+async def _serve(servers: list[Server]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    started: list[BrokerServer] = []
+    started: list[Server] = []
     try:
         for server in servers:
             await server.start()
             started.append(server)
-            click.echo(
-                f"broker {server.settings.broker_id} serving on "
-                f"{server.settings.advertise_url} (store {server.settings.store_url}, "
-                f"ledgers {server.settings.ledger_url})",
-                err=True,
-            )
+            click.echo(f"serving: {_describe(server)}", err=True)
         await stop.wait()
     finally:
         for server in reversed(started):
             await server.stop()
 
 
-def _run(make: Callable[[], list[BrokerServer]]) -> None:
+def _run(make: Callable[[], list[Server]]) -> None:
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(_serve(make()))
     except (MetadataStoreError, ValueError, OSError) as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
+
+
+def _free(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 @click.command()
@@ -55,7 +69,7 @@ def _run(make: Callable[[], list[BrokerServer]]) -> None:
     help="Where this broker keeps its ledgers (its topics live here).",
 )
 @click.option("--advertise", required=True, help="How clients reach this broker: http://host:port")
-@click.option("--broker-id", default=None, help="Stable id (default: the advertised host:port).")
+@click.option("--broker-id", default=None, help="Stable id (default: the advertised host-port).")
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--port", default=None, type=int, help="Port (default: the advertised port).")
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
@@ -70,13 +84,10 @@ def broker(
     auto_create_topics: bool,
 ) -> None:
     """Run one broker of a cluster."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(advertise)
-    broker_id = broker_id or f"{parts.hostname}-{parts.port}"
     try:
         settings = BrokerSettings(
-            broker_id=broker_id,
+            broker_id=broker_id or f"{parts.hostname}-{parts.port}",
             advertise_url=advertise,
             store_url=store,
             ledger_url=f"file://{data_dir.resolve()}",
@@ -85,6 +96,23 @@ def broker(
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     _run(lambda: [BrokerServer(settings, host=host, port=port)])
+
+
+@click.command()
+@click.option("--store", required=True, help="Metadata store URL (etcd://host:port[/ns]).")
+@click.option("--advertise", required=True, help="How clients reach it: http://host:port")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--port", default=None, type=int, help="Port (default: the advertised port).")
+@click.option("--ids", default=4, show_default=True, help="Number of v5 coordinator ids.")
+@click.option("--gc-retention", default=60.0, show_default=True, help="Seconds before header GC.")
+def coordinator(
+    *, store: str, advertise: str, host: str, port: int | None, ids: int, gc_retention: float
+) -> None:
+    """Run a v5 transaction coordinator (several share the ids; standbys take over)."""
+    settings = CoordinatorSettings(
+        advertise_url=advertise, store_url=store, coordinator_ids=ids, gc_retention_s=gc_retention
+    )
+    _run(lambda: [CoordinatorServer(settings, host=host, port=port)])
 
 
 @click.command()
@@ -102,28 +130,51 @@ def broker(
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
+@click.option(
+    "--coordinator-port", default=None, type=int, help="Coordinator port (default: a free one)."
+)
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
 def standalone(
-    store: str, data_dir: Path | None, host: str, port: int, auto_create_topics: bool
+    *,
+    store: str,
+    data_dir: Path | None,
+    host: str,
+    port: int,
+    coordinator_port: int | None,
+    auto_create_topics: bool,
 ) -> None:
-    """Run a whole cluster in one process: a broker on an embedded metadata store."""
+    """Run a whole cluster in one process: a broker and a transaction coordinator on one
+    metadata store (the embedded one by default)."""
     if data_dir is not None and store.startswith("memory:"):
         raise click.UsageError(
             "--data-dir needs --store etcd://...: a memory store forgets the ledgers' "
             "metadata on restart, and segtxn never overwrites ledger files it cannot account for"
         )
-    if port == 0:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
+    port = port or _free(host)
+    coordinator_port = coordinator_port or _free(host)
     ledger_url = f"file://{data_dir.resolve()}" if data_dir else "memory://"
     if data_dir is None:
         click.echo("standalone: data is kept in memory and lost on exit", err=True)
-    settings = BrokerSettings(
-        broker_id="standalone",
-        advertise_url=f"http://{host}:{port}",
-        store_url=store,
-        ledger_url=ledger_url,
-        auto_create_topics=auto_create_topics,
+    try:
+        broker_settings = BrokerSettings(
+            broker_id="standalone",
+            advertise_url=f"http://{host}:{port}",
+            store_url=store,
+            ledger_url=ledger_url,
+            auto_create_topics=auto_create_topics,
+        )
+    except ValueError as e:
+        raise click.UsageError(str(e)) from e
+    coordinator_settings = CoordinatorSettings(
+        advertise_url=f"http://{host}:{coordinator_port}", store_url=store
     )
-    _run(lambda: [BrokerServer(settings, host=host, port=port)])
+
+    def servers() -> list[Server]:
+        node = BrokerServer(broker_settings, host=host, port=port)
+        # one process, one store: a memory:// URL opened twice would be two unrelated stores
+        txn = CoordinatorServer(
+            coordinator_settings, host=host, port=coordinator_port, store=node.service.store
+        )
+        return [node, txn]
+
+    _run(servers)

@@ -15,6 +15,7 @@ from segtxn.client.consumer import Consumer, Reader
 from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
+from segtxn.client.transaction import Transaction, TransactionFailed
 from segtxn.protocol.errors import ErrorName, ServerError
 
 __all__ = [
@@ -32,4 +33,6 @@ __all__ = [
     "ScalableProducer",
     "ServerError",
     "Timeout",
+    "Transaction",
+    "TransactionFailed",
 ]

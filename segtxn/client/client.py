@@ -12,6 +12,7 @@ from segtxn.client.connection import Connector
 from segtxn.client.consumer import Consumer, Reader
 from segtxn.client.errors import ClientClosed
 from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
+from segtxn.client.transaction import Coordinators, Transaction
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
 
@@ -37,6 +38,7 @@ class Client:
         self._session: aiohttp.ClientSession | None = None
         self._connector: Connector | None = None
         self._closables: list[Producer | ScalableProducer | Consumer | Reader] = []
+        self._coordinators: Coordinators | None = None
 
     async def __aenter__(self) -> Client:
         self._session = aiohttp.ClientSession(
@@ -120,6 +122,13 @@ class Client:
         await consumer.start()
         self._closables.append(consumer)
         return consumer
+
+    def transaction(self, *, timeout_s: float = 60.0) -> Transaction:
+        """A new transaction: ``async with client.transaction() as txn: ...`` commits on
+        exit and aborts on an exception. The coordinator aborts it after ``timeout_s``."""
+        if self._coordinators is None:
+            self._coordinators = Coordinators(self.connector)
+        return Transaction(self._coordinators, timeout_s)
 
     async def create_reader(
         self, topic: str, *, start: str = "earliest", receiver_queue_size: int = 1000

@@ -24,6 +24,7 @@ import msgspec
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed
 from segtxn.client.messages import Message, MessageId
+from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import (
@@ -189,12 +190,15 @@ class _Stream:
             self._granted = self._size
             await self._ws.send_bytes(frames.encode(Flow(permits=more)))
 
-    async def ack(self, ids: list[MessageId], *, cumulative: bool) -> None:
+    async def ack(
+        self, ids: list[MessageId], *, cumulative: bool, txn: tuple[int, int] | None = None
+    ) -> None:
         request_id = next(_ids)
         frame = Ack(
             message_ids=[(i.ledger_id, i.entry_id) for i in ids],
             cumulative=cumulative,
             request_id=request_id,
+            txn=txn,
         )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[request_id] = future
@@ -319,15 +323,37 @@ class Consumer:
             raise ValueError(f"{message_id} is not from this consumer's topic")
         return stream
 
-    async def acknowledge(self, message: Message | MessageId) -> None:
-        """Acknowledge one message; returns once the broker made it durable."""
-        message_id = message.message_id if isinstance(message, Message) else message
-        await self._stream(message_id).ack([message_id], cumulative=False)
+    async def acknowledge(
+        self, message: Message | MessageId, *, txn: Transaction | None = None
+    ) -> None:
+        """Acknowledge one message; returns once the broker made it durable (in ``txn``:
+        held by the transaction, applied if it commits, released if it aborts).
 
-    async def acknowledge_cumulative(self, message: Message | MessageId) -> None:
+        Raises:
+            ServerError: e.g. TransactionConflict when another open transaction holds it.
+        """
+        await self._ack(message, cumulative=False, txn=txn)
+
+    async def acknowledge_cumulative(
+        self, message: Message | MessageId, *, txn: Transaction | None = None
+    ) -> None:
         """Acknowledge this message and every earlier one of its topic/segment."""
+        await self._ack(message, cumulative=True, txn=txn)
+
+    async def _ack(
+        self, message: Message | MessageId, *, cumulative: bool, txn: Transaction | None
+    ) -> None:
         message_id = message.message_id if isinstance(message, Message) else message
-        await self._stream(message_id).ack([message_id], cumulative=True)
+        stream = self._stream(message_id)
+        if txn is None:
+            await stream.ack([message_id], cumulative=cumulative)
+            return
+        await txn.add_subscription(message_id.topic, self.subscription)
+        ack = asyncio.ensure_future(
+            stream.ack([message_id], cumulative=cumulative, txn=txn.wire_id)
+        )
+        txn.track(ack)
+        await ack
 
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask for this message to be delivered again."""

@@ -31,6 +31,7 @@ from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId
+from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
@@ -224,8 +225,10 @@ class Producer:
         key: str | None = None,
         properties: dict[str, str] | None = None,
         event_time_ms: int | None = None,
+        txn: Transaction | None = None,
     ) -> MessageId:
-        """Send one message; returns its id once the broker has stored it durably.
+        """Send one message; returns its id once the broker has stored it durably (in
+        ``txn``: stored, and visible only if the transaction commits).
 
         Raises:
             MessageTooLarge: the payload exceeds what the broker accepts.
@@ -234,7 +237,7 @@ class Producer:
             ClientClosed: the producer was closed.
         """
         future = await self.send_async(
-            value, key=key, properties=properties, event_time_ms=event_time_ms
+            value, key=key, properties=properties, event_time_ms=event_time_ms, txn=txn
         )
         return await future
 
@@ -256,9 +259,13 @@ class Producer:
         key: str | None = None,
         properties: dict[str, str] | None = None,
         event_time_ms: int | None = None,
+        txn: Transaction | None = None,
+        registered: bool = False,
     ) -> asyncio.Future[MessageId]:
         """Queue one message (waiting for room in the window); the future resolves to its
         id once stored. Messages queued by one task are stored in the order queued."""
+        if txn is not None and not registered:
+            await txn.add_partition(str(self.topic))
         if self._closed:
             raise ClientClosed(f"producer {self.name} is closed")
         if self._failure is not None:
@@ -278,6 +285,7 @@ class Producer:
             key=key,
             properties=dict(properties or {}),
             event_time_ms=event_time_ms,
+            txn=None if txn is None else txn.wire_id,
         )
         self._pending[seq] = _Pending(send, future)
         self._unsent.append(seq)
@@ -287,6 +295,8 @@ class Producer:
                 self.options.send_timeout_s, self._expire, seq
             )
             future.add_done_callback(lambda _: timer.cancel())
+        if txn is not None:
+            txn.track(future)
         return future
 
     async def flush(self) -> None:
@@ -375,10 +385,18 @@ class ScalableProducer:
         key: str | None = None,
         properties: dict[str, str] | None = None,
         event_time_ms: int | None = None,
+        txn: Transaction | None = None,
     ) -> asyncio.Future[MessageId]:
+        if txn is not None:
+            await txn.add_partition(str(self.topic))
         producer = await self._producer(self.route(key))
         return await producer.send_async(
-            value, key=key, properties=properties, event_time_ms=event_time_ms
+            value,
+            key=key,
+            properties=properties,
+            event_time_ms=event_time_ms,
+            txn=txn,
+            registered=True,
         )
 
     async def send(
@@ -388,9 +406,10 @@ class ScalableProducer:
         key: str | None = None,
         properties: dict[str, str] | None = None,
         event_time_ms: int | None = None,
+        txn: Transaction | None = None,
     ) -> MessageId:
         future = await self.send_async(
-            value, key=key, properties=properties, event_time_ms=event_time_ms
+            value, key=key, properties=properties, event_time_ms=event_time_ms, txn=txn
         )
         return await future
 

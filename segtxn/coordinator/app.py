@@ -23,7 +23,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
-from segtxn.metastore import open_store
+from segtxn.metastore import MetadataStore, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.transactions import TxnHeader
@@ -149,16 +149,22 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=generate_latest(registry), content_type="text/plain")
 
 
-def create_app(settings: CoordinatorSettings) -> web.Application:
+def create_app(
+    settings: CoordinatorSettings, store: MetadataStore | None = None
+) -> web.Application:
+    """The coordinator app; it opens ``settings.store_url`` unless handed a store (then
+    the caller owns it: ``segtxn standalone`` shares its broker's embedded store)."""
     app = web.Application()
-    store = open_store(settings.store_url)
-    app[COORDINATOR] = CoordinatorV5(store, settings)
+    own = store is None
+    used = open_store(settings.store_url) if store is None else store
+    app[COORDINATOR] = CoordinatorV5(used, settings)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await app[COORDINATOR].start()
         yield
         await app[COORDINATOR].stop()
-        await store.close()
+        if own:
+            await used.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.add_routes(
@@ -178,13 +184,17 @@ def create_app(settings: CoordinatorSettings) -> web.Application:
 
 class CoordinatorServer:
     def __init__(
-        self, settings: CoordinatorSettings, host: str | None = None, port: int | None = None
-    ):
+        self,
+        settings: CoordinatorSettings,
+        host: str | None = None,
+        port: int | None = None,
+        store: MetadataStore | None = None,
+    ) -> None:
         parts = urlsplit(settings.advertise_url)
         self.settings = settings
         self.host = host or parts.hostname or "127.0.0.1"
         self.port = port if port is not None else (parts.port or 8081)
-        self.app = create_app(settings)
+        self.app = create_app(settings, store)
         self._runner = web.AppRunner(self.app, handle_signals=False)
 
     @property

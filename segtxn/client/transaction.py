@@ -1,0 +1,186 @@
+"""Transactions, the Pythonic way.
+
+```python
+async with client.transaction(timeout_s=30) as txn:
+    await producer.send(b"derived", key="k", txn=txn)
+    await consumer.acknowledge(message, txn=txn)
+# committed here; an exception inside the block aborts instead
+```
+
+Sends and acks in a transaction are tracked: ``commit`` first waits for every one of them.
+If any failed, the transaction is *poisoned*: ``commit`` aborts it and raises
+:class:`TransactionFailed` (a transaction is all or nothing, so one lost message means none
+may count). A transaction whose timeout passes is aborted by its coordinator; committing it
+then fails with ``InvalidTxnStatus``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from types import TracebackType
+from typing import Any
+
+from segtxn.client.connection import Connector
+from segtxn.client.errors import ClientError
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnAction, TxnId
+
+
+class TransactionFailed(ClientError):
+    """The transaction was aborted because one of its operations failed (see __cause__)."""
+
+
+class Coordinators:
+    """Finds the v5 coordinators through any broker, and fails over between them."""
+
+    def __init__(self, connector: Connector) -> None:
+        self._connector = connector
+        self._urls: list[str] = []
+        self._next = itertools.count()
+
+    async def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """Call one coordinator; on a connection failure, the next one."""
+        last: ServerError | None = None
+        for _ in range(3):
+            if not self._urls:
+                found = await self._connector.request("GET", "/lookup/v2/coordinators")
+                self._urls = list(found["coordinators"])
+                if not self._urls:
+                    raise ServerError(ErrorName.SERVICE_NOT_READY, "no transaction coordinator")
+            url = self._urls[next(self._next) % len(self._urls)]
+            try:
+                return await self._connector.request(method, url + path, **kwargs)
+            except ServerError as e:
+                if e.name is not ErrorName.SERVICE_NOT_READY:
+                    raise
+                last = e
+                self._urls = []  # look them up again
+        assert last is not None
+        raise last
+
+
+class Transaction:
+    """One transaction. Get it from ``client.transaction()``; use it as an async context
+    manager, or call ``commit()`` / ``abort()`` yourself."""
+
+    def __init__(self, coordinators: Coordinators, timeout_s: float) -> None:
+        self._coordinators = coordinators
+        self._timeout_s = timeout_s
+        self._id: TxnId | None = None
+        self.state = "NEW"
+        self._in_flight: set[asyncio.Future[Any]] = set()
+        self._failure: BaseException | None = None
+        self._partitions: set[str] = set()
+        self._subscriptions: set[tuple[str, str]] = set()
+
+    @property
+    def id(self) -> TxnId:
+        if self._id is None:
+            raise ClientError("the transaction has not started (use `async with`)")
+        return self._id
+
+    @property
+    def wire_id(self) -> tuple[int, int]:
+        return (self.id.most, self.id.least)
+
+    async def start(self) -> Transaction:
+        """NEW_TXN. Raises ServerError (ServiceNotReady: no coordinator)."""
+        if self._id is None:
+            reply = await self._coordinators.call(
+                "POST", "/txn/v2/new", params={"timeout_s": str(self._timeout_s)}
+            )
+            self._id = TxnId.parse(reply["txnId"])
+            self.state = "OPEN"
+        return self
+
+    def _check_open(self) -> None:
+        if self.state != "OPEN":
+            raise ClientError(f"transaction {self._id} is {self.state}")
+
+    async def add_partition(self, topic: str) -> None:
+        """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain."""
+        self._check_open()
+        if topic not in self._partitions:
+            await self._coordinators.call(
+                "POST", f"/txn/v2/{self.id}/partitions", json={"topics": [topic]}
+            )
+            self._partitions.add(topic)
+
+    async def add_subscription(self, topic: str, subscription: str) -> None:
+        """ADD_SUBSCRIPTION_TO_TXN (once per topic and subscription)."""
+        self._check_open()
+        if (topic, subscription) not in self._subscriptions:
+            await self._coordinators.call(
+                "POST", f"/txn/v2/{self.id}/subscriptions", json={"topics": [topic]}
+            )
+            self._subscriptions.add((topic, subscription))
+
+    def track(self, future: asyncio.Future[Any]) -> None:
+        """Count an operation in the transaction: if it fails, the transaction fails."""
+        self._in_flight.add(future)
+        future.add_done_callback(self._settled)
+
+    def _settled(self, future: asyncio.Future[Any]) -> None:
+        self._in_flight.discard(future)
+        if not future.cancelled() and future.exception() is not None and self._failure is None:
+            self._failure = future.exception()
+
+    def poison(self, error: BaseException) -> None:
+        """Mark the transaction failed (its commit will abort)."""
+        if self._failure is None:
+            self._failure = error
+
+    async def commit(self) -> None:
+        """Wait for the transaction's operations, then END_TXN(COMMIT).
+
+        Raises:
+            TransactionFailed: an operation failed; the transaction was aborted.
+            ServerError(InvalidTxnStatus): it timed out (or was aborted) first.
+        """
+        self._check_open()
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
+        if self._failure is not None:
+            await self._end(TxnAction.ABORT)
+            raise TransactionFailed(
+                f"transaction {self._id} aborted: an operation in it failed"
+            ) from self._failure
+        self.state = "COMMITTING"
+        try:
+            await self._end(TxnAction.COMMIT)
+        except ServerError:
+            self.state = "ABORTED"
+            raise
+
+    async def abort(self) -> None:
+        """END_TXN(ABORT); nothing the transaction wrote or acknowledged will count."""
+        if self.state in ("ABORTED", "COMMITTED"):
+            return
+        await asyncio.gather(*self._in_flight, return_exceptions=True)
+        await self._end(TxnAction.ABORT)
+
+    async def _end(self, action: TxnAction) -> None:
+        await self._coordinators.call(
+            "POST", f"/txn/v2/{self.id}/end", params={"action": action.value}
+        )
+        self.state = "COMMITTED" if action is TxnAction.COMMIT else "ABORTED"
+
+    async def status(self) -> str:
+        reply = await self._coordinators.call("GET", f"/txn/v2/{self.id}")
+        return str(reply["state"])
+
+    async def __aenter__(self) -> Transaction:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            await self.commit()
+        elif self.state == "OPEN":
+            with contextlib.suppress(ServerError):
+                await self.abort()
