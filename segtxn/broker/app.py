@@ -18,14 +18,15 @@ from segtxn.broker import admin, ws
 from segtxn.broker.http import SERVICE, SOCKETS, error_body
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
+from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def create_app(settings: BrokerSettings) -> web.Application:
+def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> web.Application:
     app = web.Application(client_max_size=2 * settings.max_message_bytes, middlewares=[json_errors])
-    app[SERVICE] = BrokerService(settings)
+    app[SERVICE] = BrokerService(settings, store)
     app[SOCKETS] = weakref.WeakSet()
     app.on_shutdown.append(ws.close_sockets)
 
@@ -95,12 +96,18 @@ class BrokerServer:
     """Runs one broker app on a host and port (``start`` / ``stop``), for the CLI,
     ``standalone`` and tests."""
 
-    def __init__(self, settings: BrokerSettings, host: str | None = None, port: int | None = None):
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        host: str | None = None,
+        port: int | None = None,
+        store: MetadataStore | None = None,
+    ) -> None:
         parts = urlsplit(settings.advertise_url)
         self.settings = settings
         self.host = host or parts.hostname or "127.0.0.1"
         self.port = port if port is not None else (parts.port or 8080)
-        self.app = create_app(settings)
+        self.app = create_app(settings, store)
         self._runner = web.AppRunner(self.app, handle_signals=False)
 
     @property

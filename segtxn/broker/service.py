@@ -31,9 +31,12 @@ log = logging.getLogger(__name__)
 
 
 class BrokerService:
-    def __init__(self, settings: BrokerSettings) -> None:
+    def __init__(self, settings: BrokerSettings, store: MetadataStore | None = None) -> None:
+        """``store``: use this store instead of opening ``settings.store_url`` (the caller
+        then owns it: tests inject faults this way)."""
         self.settings = settings
-        self.store: MetadataStore = open_store(settings.store_url)
+        self._owns_store = store is None
+        self.store: MetadataStore = open_store(settings.store_url) if store is None else store
         self.catalog = Catalog(self.store)
         self.storage: LogStorage = open_log_storage(settings.ledger_url)
         self.topics: dict[TopicName, Topic] = {}
@@ -116,7 +119,8 @@ class BrokerService:
         await self.headers.close()
         if self._session is not None:
             await self._session.close()
-        await self.store.close()
+        if self._owns_store:
+            await self.store.close()
         self.metrics.shutdown()
 
     # ------------------------------------------------------------------ topics

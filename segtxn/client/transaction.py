@@ -179,8 +179,10 @@ class Transaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self.state != "OPEN":
+            return  # ended explicitly inside the block
         if exc is None:
             await self.commit()
-        elif self.state == "OPEN":
+        else:
             with contextlib.suppress(ServerError):
                 await self.abort()

@@ -1,0 +1,75 @@
+"""A transactional cluster in one process: a broker and a v5 coordinator on one store.
+
+The store is wrapped in a FaultInjector (``cluster.faults``) so tests can drop watches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from segtxn.broker.app import BrokerServer
+from segtxn.broker.settings import BrokerSettings
+from segtxn.client import Client
+from segtxn.coordinator.app import CoordinatorServer
+from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.etcd_server import free_port
+from segtxn.metastore.faults import FaultInjector
+
+
+@dataclass
+class Cluster:
+    store: MetadataStore
+    broker: BrokerServer
+    coordinator: CoordinatorServer
+
+    @property
+    def url(self) -> str:
+        return self.broker.settings.advertise_url
+
+    @property
+    def faults(self) -> FaultInjector:
+        engine = self.store.engine
+        assert isinstance(engine, FaultInjector)
+        return engine
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    store = open_store("memory://", wrap=FaultInjector)
+    port, txn_port = free_port(), free_port()
+    broker = BrokerServer(
+        BrokerSettings(
+            broker_id="b1",
+            advertise_url=f"http://127.0.0.1:{port}",
+            ledger_url=f"file://{tmp_path / 'ledgers'}",
+        ),
+        store=store,
+    )
+    coordinator = CoordinatorServer(
+        CoordinatorSettings(
+            advertise_url=f"http://127.0.0.1:{txn_port}",
+            timeout_sweep_s=0.1,
+            gc_sweep_s=3600,
+            gc_retention_s=0,
+        ),
+        store=store,
+    )
+    await broker.start()
+    await coordinator.start()
+    try:
+        yield Cluster(store, broker, coordinator)
+    finally:
+        await coordinator.stop()
+        await broker.stop()
+        await store.close()
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> AsyncIterator[Client]:
+    async with Client(cluster.url) as c:
+        yield c

@@ -1,0 +1,238 @@
+"""v5 transactions end to end: atomicity, READ_COMMITTED, pending acks, timeouts, GC, seals."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from segtxn.client import Client, ErrorName, Message, ServerError, TransactionFailed
+from segtxn.client.consumer import Consumer
+from segtxn.protocol.names import TopicName
+from segtxn.topics import transactions as T
+from tests.txn.conftest import Cluster
+from tests.waiting import wait_until
+
+ORDERS = "topic://acme/shop/orders"
+AUDIT = "topic://acme/shop/audit"
+
+
+async def nothing_arrives(consumer: Consumer) -> None:
+    with pytest.raises(TimeoutError):
+        await consumer.receive(timeout_s=0.3)  # bounded absence check
+
+
+async def take(consumer: Consumer, n: int) -> list[Message]:
+    out = []
+    for _ in range(n):
+        message = await consumer.receive(timeout_s=10)
+        out.append(message)
+        await consumer.acknowledge(message)
+    return out
+
+
+async def test_commit_is_atomic_across_segments_and_topics(client: Client) -> None:
+    await client.admin.create_topic(ORDERS, segments=4)
+    await client.admin.create_topic(AUDIT, segments=2)
+    orders = await client.subscribe(ORDERS, "read", initial_position="earliest")
+    audit = await client.subscribe(AUDIT, "read", initial_position="earliest")
+    order_producer = await client.create_producer(ORDERS)
+    audit_producer = await client.create_producer(AUDIT)
+    async with client.transaction() as txn:
+        ids = [await order_producer.send(f"o{i}".encode(), key=f"k{i}", txn=txn) for i in range(12)]
+        await audit_producer.send(b"audit", key="a", txn=txn)
+        assert len({i.topic for i in ids}) > 1  # several segments take part
+        await nothing_arrives(orders)  # READ_COMMITTED: nothing before the commit
+        await nothing_arrives(audit)
+    got = await take(orders, 12)
+    assert sorted(m.value for m in got) == sorted(f"o{i}".encode() for i in range(12))
+    assert [m.value for m in await take(audit, 1)] == [b"audit"]
+
+
+async def test_abort_hides_everything_and_later_messages_flow(client: Client) -> None:
+    await client.admin.create_topic(ORDERS, segments=2)
+    consumer = await client.subscribe(ORDERS, "read", initial_position="earliest")
+    producer = await client.create_producer(ORDERS)
+    with pytest.raises(RuntimeError):
+        async with client.transaction() as txn:
+            for i in range(6):
+                await producer.send(f"aborted-{i}".encode(), key=f"k{i}", txn=txn)
+            raise RuntimeError("the application changed its mind")
+    assert txn.state == "ABORTED"
+    for i in range(6):
+        await producer.send(f"plain-{i}".encode(), key=f"k{i}")
+    got = await take(consumer, 6)
+    assert sorted(m.value for m in got) == sorted(f"plain-{i}".encode() for i in range(6))
+    await nothing_arrives(consumer)
+    stats = await client.admin.stats(ORDERS)
+    assert all(s["stats"]["subscriptions"]["read"]["backlog"] == 0 for s in stats["segments"])
+
+
+async def test_consume_transform_produce_is_exactly_once(client: Client) -> None:
+    source, sink = "topic://acme/etl/in", "topic://acme/etl/out"
+    await client.admin.create_topic(source, segments=2)
+    await client.admin.create_topic(sink, segments=2)
+    inputs = await client.create_producer(source)
+    for i in range(30):
+        await inputs.send(f"{i}".encode(), key=f"k{i}")
+    consumer = await client.subscribe(source, "etl", initial_position="earliest")
+    outputs = await client.create_producer(sink)
+    batches = 0
+    processed: set[bytes] = set()
+    while len(processed) < 30:
+        batch = [await consumer.receive(timeout_s=10) for _ in range(5)]
+        txn = client.transaction()
+        async with txn:
+            for message in batch:
+                await outputs.send(message.value * 2, key=message.key, txn=txn)
+                await consumer.acknowledge(message, txn=txn)
+            batches += 1
+            if batches % 3 == 0:
+                await txn.abort()  # this batch will come again
+        if txn.state == "COMMITTED":
+            processed |= {m.value for m in batch}
+    reader = await client.subscribe(sink, "check", initial_position="earliest")
+    got = [m.value for m in await take(reader, 30)]
+    assert sorted(got) == sorted(f"{i}".encode() * 2 for i in range(30))  # once each
+    await nothing_arrives(reader)
+
+
+async def test_acks_in_a_transaction_conflict_and_are_released_on_abort(client: Client) -> None:
+    await client.admin.create_topic(ORDERS, segments=1)
+    producer = await client.create_producer(ORDERS)
+    await producer.send(b"only")
+    consumer = await client.subscribe(
+        ORDERS, "shared", subscription_type="Shared", initial_position="earliest"
+    )
+    message = await consumer.receive(timeout_s=10)
+    first = await client.transaction().start()
+    second = await client.transaction().start()
+    await consumer.acknowledge(message, txn=first)
+    with pytest.raises(ServerError) as conflict:
+        await consumer.acknowledge(message, txn=second)
+    assert conflict.value.name is ErrorName.TRANSACTION_CONFLICT
+    await consumer.acknowledge(message)  # a plain ack of it is ignored
+    await second.abort()
+    await first.abort()  # released: delivered again
+    again = await consumer.receive(timeout_s=10)
+    assert again.message_id == message.message_id and again.redelivery_count >= 1
+    async with client.transaction() as txn:
+        await consumer.acknowledge(again, txn=txn)
+    await nothing_arrives(consumer)
+    stats = await client.admin.stats(ORDERS)
+    assert stats["segments"][0]["stats"]["subscriptions"]["shared"]["backlog"] == 0
+
+
+async def test_timeout_aborts_and_releases(client: Client) -> None:
+    await client.admin.create_topic(ORDERS, segments=1)
+    producer = await client.create_producer(ORDERS)
+    await producer.send(b"input")
+    consumer = await client.subscribe(ORDERS, "s", initial_position="earliest")
+    message = await consumer.receive(timeout_s=10)
+    txn = await client.transaction(timeout_s=0.5).start()
+    await producer.send(b"never", txn=txn)
+    await consumer.acknowledge(message, txn=txn)
+    await wait_until(lambda: _aborted(txn), timeout=15, what="the timeout sweep aborted it")
+    with pytest.raises(ServerError) as late:
+        await txn.commit()
+    assert late.value.name is ErrorName.INVALID_TXN_STATUS
+    again = await consumer.receive(timeout_s=10)  # the pending ack was released
+    assert again.value == b"input"
+    await consumer.acknowledge(again)
+    await nothing_arrives(consumer)  # "never" never shows
+
+
+async def _aborted(txn: object) -> bool:
+    from segtxn.client import Transaction
+
+    assert isinstance(txn, Transaction)
+    return await txn.status() == "ABORTED"
+
+
+async def test_late_writes_and_wrong_domains_are_refused(client: Client) -> None:
+    await client.admin.create_topic(ORDERS, segments=1)
+    await client.admin.create_topic("persistent://acme/shop/legacy")
+    producer = await client.create_producer(ORDERS)
+    txn = await client.transaction().start()
+    await producer.send(b"in time", txn=txn)
+    await txn.commit()
+    with pytest.raises(Exception):  # noqa: B017 - the client refuses a committed txn locally
+        await producer.send(b"too late", txn=txn)
+    legacy = await client.create_producer("persistent://acme/shop/legacy")
+    with pytest.raises(ServerError) as mixed:
+        async with client.transaction() as other:
+            await legacy.send(b"x", txn=other)
+    assert mixed.value.name is ErrorName.NOT_ALLOWED
+
+
+async def test_a_failed_send_poisons_the_transaction(client: Client, cluster: Cluster) -> None:
+    await client.admin.create_topic(ORDERS, segments=1)
+    consumer = await client.subscribe(ORDERS, "s", initial_position="earliest")
+    producer = await client.create_producer(ORDERS)
+    txn = await client.transaction().start()
+    await producer.send(b"good", txn=txn)
+    cluster.faults.fail("txn", key_prefix="/txn-op/", times=1)  # the op record cannot land
+    with pytest.raises(ServerError):
+        await producer.send(b"lost", txn=txn)
+    with pytest.raises(TransactionFailed):
+        await txn.commit()
+    assert txn.state == "ABORTED"
+    await producer.send(b"after")
+    assert [m.value for m in await take(consumer, 1)] == [b"after"]  # no orphan, no "good"
+    await nothing_arrives(consumer)
+
+
+async def test_gc_drains_records_and_late_subscribers_read_correctly(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(ORDERS, segments=2)
+    producer = await client.create_producer(ORDERS)
+    consumer = await client.subscribe(ORDERS, "live", initial_position="earliest")
+    for n in range(6):
+        txn = await client.transaction().start()
+        for k in range(4):
+            await producer.send(f"t{n}-{k}".encode(), key=f"k{k}", txn=txn)
+        await (txn.commit() if n % 2 == 0 else txn.abort())
+    committed = {f"t{n}-{k}".encode() for n in (0, 2, 4) for k in range(4)}
+    assert {m.value for m in await take(consumer, 12)} == committed
+    store = cluster.store
+
+    async def drained() -> bool:
+        await cluster.coordinator.coordinator.sweep_gc()
+        ops = await store.list_prefix(T.OPS)
+        headers = await store.list_prefix(T.HEADERS)
+        return not ops.records and not headers.records
+
+    await wait_until(drained, timeout=20, what="op records and headers collected")
+    late = await client.subscribe(ORDERS, "late", initial_position="earliest")
+    assert {m.value for m in await take(late, 12)} == committed  # after GC: still right
+    await nothing_arrives(late)
+
+
+async def test_a_segment_sealed_mid_transaction_still_commits(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(ORDERS, segments=1)
+    consumer = await client.subscribe(ORDERS, "s", initial_position="earliest")
+    producer = await client.create_producer(ORDERS)
+    txn = await client.transaction().start()
+    await producer.send(b"before the seal", txn=txn)
+    segment = TopicName.parse(ORDERS).segment_name(0)
+    topic = cluster.broker.service.topics[segment]
+    await topic.ledger.terminate()  # what a split or merge does to a parent
+    await asyncio.wait_for(txn.commit(), 5)  # promptly: no marker needs to be written
+    assert [m.value for m in await take(consumer, 1)] == [b"before the seal"]
+
+
+async def test_dropped_watches_miss_no_decision(client: Client, cluster: Cluster) -> None:
+    await client.admin.create_topic(ORDERS, segments=2)
+    consumer = await client.subscribe(ORDERS, "s", initial_position="earliest")
+    producer = await client.create_producer(ORDERS)
+    expected = set()
+    for n in range(8):
+        txn = await client.transaction().start()
+        await producer.send(f"m{n}".encode(), key=f"k{n}", txn=txn)
+        cluster.faults.drop_watches()  # the header watch breaks right before the decision
+        await txn.commit()
+        expected.add(f"m{n}".encode())
+    assert {m.value for m in await take(consumer, 8)} == expected
