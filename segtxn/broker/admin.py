@@ -21,7 +21,7 @@ from segtxn.ledger import Position
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.model import ScalableTopic
-from segtxn.topics.transactions import COORDINATOR_ELECTIONS
+from segtxn.topics.transactions import COORDINATOR_MEMBERS
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -320,8 +320,8 @@ async def lookup(request: web.Request) -> web.StreamResponse:
 
 
 async def coordinators(request: web.Request) -> web.StreamResponse:
-    """The URLs of the v5 transaction coordinators (holders of coordinator ids)."""
-    listing = await request.app[SERVICE].store.list_prefix(COORDINATOR_ELECTIONS)
+    """The URLs of the live v5 transaction coordinators."""
+    listing = await request.app[SERVICE].store.list_prefix(COORDINATOR_MEMBERS)
     urls = sorted({record.value.decode() for record in listing.records})
     return web.json_response({"coordinators": urls})
 

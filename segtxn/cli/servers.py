@@ -73,8 +73,10 @@ def _free(host: str) -> int:
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
 @click.option("--port", default=None, type=int, help="Port (default: the advertised port).")
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
+@click.option("--session-ttl", default=10.0, show_default=True, help="Lease TTL.")
 def broker(
     *,
+    session_ttl: float,
     store: str,
     data_dir: Path,
     advertise: str,
@@ -92,6 +94,7 @@ def broker(
             store_url=store,
             ledger_url=f"file://{data_dir.resolve()}",
             auto_create_topics=auto_create_topics,
+            session_ttl_s=session_ttl,
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
@@ -105,12 +108,24 @@ def broker(
 @click.option("--port", default=None, type=int, help="Port (default: the advertised port).")
 @click.option("--ids", default=4, show_default=True, help="Number of v5 coordinator ids.")
 @click.option("--gc-retention", default=60.0, show_default=True, help="Seconds before header GC.")
+@click.option("--session-ttl", default=10.0, show_default=True, help="Lease TTL (take-over time).")
 def coordinator(
-    *, store: str, advertise: str, host: str, port: int | None, ids: int, gc_retention: float
+    *,
+    store: str,
+    advertise: str,
+    host: str,
+    port: int | None,
+    ids: int,
+    gc_retention: float,
+    session_ttl: float,
 ) -> None:
     """Run a v5 transaction coordinator (several share the ids; standbys take over)."""
     settings = CoordinatorSettings(
-        advertise_url=advertise, store_url=store, coordinator_ids=ids, gc_retention_s=gc_retention
+        advertise_url=advertise,
+        store_url=store,
+        coordinator_ids=ids,
+        gc_retention_s=gc_retention,
+        session_ttl_s=session_ttl,
     )
     _run(lambda: [CoordinatorServer(settings, host=host, port=port)])
 

@@ -35,30 +35,40 @@ class TransactionFailed(ClientError):
 class Coordinators:
     """Finds the v5 coordinators through any broker, and fails over between them."""
 
-    def __init__(self, connector: Connector) -> None:
+    def __init__(self, connector: Connector, retry_for_s: float = 30.0) -> None:
         self._connector = connector
         self._urls: list[str] = []
         self._next = itertools.count()
+        self._retry_for_s = retry_for_s
 
     async def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Call one coordinator; on a connection failure, the next one."""
-        last: ServerError | None = None
-        for _ in range(3):
-            if not self._urls:
-                found = await self._connector.request("GET", "/lookup/v2/coordinators")
-                self._urls = list(found["coordinators"])
-                if not self._urls:
-                    raise ServerError(ErrorName.SERVICE_NOT_READY, "no transaction coordinator")
-            url = self._urls[next(self._next) % len(self._urls)]
+        """Call a coordinator. While none answers (one died, a standby is taking over),
+        try the others and look them up again, backing off, for ``retry_for_s``: every
+        coordinator call is safe to repeat.
+
+        Raises:
+            ServerError: the coordinator's answer, or ServiceNotReady after the retries.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._retry_for_s
+        delay = 0.05
+        while True:
             try:
+                if not self._urls:
+                    found = await self._connector.request("GET", "/lookup/v2/coordinators")
+                    self._urls = list(found["coordinators"])
+                    if not self._urls:
+                        raise ServerError(
+                            ErrorName.SERVICE_NOT_READY, "no transaction coordinator is up"
+                        )
+                url = self._urls[next(self._next) % len(self._urls)]
                 return await self._connector.request(method, url + path, **kwargs)
             except ServerError as e:
-                if e.name is not ErrorName.SERVICE_NOT_READY:
+                if e.name is not ErrorName.SERVICE_NOT_READY or loop.time() > deadline:
                     raise
-                last = e
                 self._urls = []  # look them up again
-        assert last is not None
-        raise last
+                await asyncio.sleep(delay)  # back off while a standby takes over
+                delay = min(delay * 2, 1.0)
 
 
 class Transaction:
@@ -95,8 +105,8 @@ class Transaction:
             self.state = "OPEN"
         return self
 
-    def _check_open(self) -> None:
-        if self.state != "OPEN":
+    def _check_open(self, *also: str) -> None:
+        if self.state != "OPEN" and self.state not in also:
             raise ClientError(f"transaction {self._id} is {self.state}")
 
     async def add_partition(self, topic: str) -> None:
@@ -139,7 +149,7 @@ class Transaction:
             TransactionFailed: an operation failed; the transaction was aborted.
             ServerError(InvalidTxnStatus): it timed out (or was aborted) first.
         """
-        self._check_open()
+        self._check_open("COMMITTING")  # a commit whose outcome is unknown may be retried
         await asyncio.gather(*self._in_flight, return_exceptions=True)
         if self._failure is not None:
             await self._end(TxnAction.ABORT)
@@ -149,9 +159,10 @@ class Transaction:
         self.state = "COMMITTING"
         try:
             await self._end(TxnAction.COMMIT)
-        except ServerError:
-            self.state = "ABORTED"
-            raise
+        except ServerError as e:
+            if e.name in (ErrorName.INVALID_TXN_STATUS, ErrorName.TRANSACTION_NOT_FOUND):
+                self.state = "ABORTED"
+            raise  # otherwise the outcome is unknown: commit() may be called again
 
     async def abort(self) -> None:
         """END_TXN(ABORT); nothing the transaction wrote or acknowledged will count."""

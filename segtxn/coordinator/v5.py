@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import msgspec
 
@@ -114,6 +115,10 @@ class CoordinatorV5:
 
     async def start(self) -> None:
         self._session = await self.store.open_session(self.settings.session_ttl_s)
+        url = self.settings.advertise_url
+        await self.store.put(
+            T.COORDINATOR_MEMBERS + quote(url, safe=""), url.encode(), session=self._session
+        )
         for n in range(self.settings.coordinator_ids):
             coordinator_id = V5_COORDINATOR_BASE + n
             self._tasks.append(

@@ -31,6 +31,9 @@ IDX_ACKS = "acks-by-segment-sub"
 IDX_DEADLINE = "txn-by-deadline"
 IDX_FINAL = "txn-by-final-state"
 
+COORDINATOR_MEMBERS = "/txn-coordinators/members/"
+"""One ephemeral record per live coordinator process (value: its URL): any of them can end
+any v5 transaction, so clients list these, not just the id holders."""
 COORDINATOR_ELECTIONS = "/segtxn/elections/txn-coordinator-"
 """Election keys of the v5 coordinator ids; each value is the holder's URL (lookups list
 them so clients can find a coordinator)."""

@@ -5,74 +5,20 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from segtxn.client import Client, MessageId
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
+from tests import processes
+from tests.processes import ServerProcess
 from tests.waiting import wait_until
 
 SEGTXN = str(Path(sys.executable).with_name("segtxn"))
-
-
-class BrokerProcess:
-    def __init__(self, store: str, data_dir: Path, broker_id: str) -> None:
-        self.store, self.data_dir, self.broker_id = store, data_dir, broker_id
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                SEGTXN,
-                "broker",
-                "--store",
-                self.store,
-                "--data-dir",
-                str(self.data_dir),
-                "--advertise",
-                self.url,
-                "--broker-id",
-                self.broker_id,
-                "--host",
-                "127.0.0.1",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    async def ready(self) -> None:
-        async with aiohttp.ClientSession() as session:
-
-            async def up() -> bool:
-                try:
-                    async with session.get(self.url + "/readyz") as r:
-                        return r.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            await wait_until(up, timeout=30, what=f"broker {self.broker_id} ready")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @pytest.fixture
@@ -81,8 +27,8 @@ def cluster_store(etcd_server: EtcdServer) -> str:
 
 
 @pytest.fixture
-def processes() -> Iterator[list[BrokerProcess]]:
-    started: list[BrokerProcess] = []
+def started() -> Iterator[list[ServerProcess]]:
+    started: list[ServerProcess] = []
     yield started
     for process in started:
         process.stop()
@@ -90,13 +36,13 @@ def processes() -> Iterator[list[BrokerProcess]]:
 
 @pytest.mark.slow
 async def test_sigkilled_broker_loses_no_acknowledged_message(
-    cluster_store: str, tmp_path: Path, processes: list[BrokerProcess]
+    cluster_store: str, tmp_path: Path, started: list[ServerProcess]
 ) -> None:
     seed = random.randrange(2**32)
     print(f"broker crash seed {seed}")
     rng = random.Random(seed)
-    broker = BrokerProcess(cluster_store, tmp_path / "b1", "b1")
-    processes.append(broker)
+    broker = processes.broker(cluster_store, tmp_path / "b1", "b1")
+    started.append(broker)
     broker.start()
     await broker.ready()
     topic = "persistent://acme/crash/events"
@@ -132,11 +78,11 @@ async def test_sigkilled_broker_loses_no_acknowledged_message(
 
 @pytest.mark.slow
 async def test_two_brokers_share_a_store_and_redirect(
-    cluster_store: str, tmp_path: Path, processes: list[BrokerProcess]
+    cluster_store: str, tmp_path: Path, started: list[ServerProcess]
 ) -> None:
-    a = BrokerProcess(cluster_store, tmp_path / "a", "a")
-    b = BrokerProcess(cluster_store, tmp_path / "b", "b")
-    processes += [a, b]
+    a = processes.broker(cluster_store, tmp_path / "a", "a")
+    b = processes.broker(cluster_store, tmp_path / "b", "b")
+    started += [a, b]
     a.start()
     b.start()
     await asyncio.gather(a.ready(), b.ready())

@@ -1,0 +1,71 @@
+"""Real segtxn server processes for tests: start, wait until ready, SIGKILL, restart."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from segtxn.metastore.etcd_server import free_port
+from tests.waiting import wait_until
+
+SEGTXN = str(Path(sys.executable).with_name("segtxn"))
+
+
+class ServerProcess:
+    """``segtxn <command> ...`` on a fixed free port (kept across restarts)."""
+
+    def __init__(self, command: list[str], name: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.name = name
+        self._command = command
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = [SEGTXN, *self._command, "--advertise", self.url, "--host", "127.0.0.1"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    async def ready(self, limit_s: float = 30) -> None:
+        async with aiohttp.ClientSession() as session:
+
+            async def up() -> bool:
+                try:
+                    async with session.get(self.url + "/readyz") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            await wait_until(up, timeout=limit_s, what=f"{self.name} ready")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def broker(store: str, data_dir: Path, broker_id: str, *, session_ttl: float = 10) -> ServerProcess:
+    return ServerProcess(
+        ["broker", "--store", store, "--data-dir", str(data_dir), "--broker-id", broker_id,
+         "--session-ttl", str(session_ttl)],
+        f"broker {broker_id}",
+    )  # fmt: skip
+
+
+def coordinator(store: str, name: str, *, session_ttl: float = 10) -> ServerProcess:
+    return ServerProcess(
+        ["coordinator", "--store", store, "--session-ttl", str(session_ttl),
+         "--gc-retention", "0"],
+        f"coordinator {name}",
+    )  # fmt: skip
