@@ -43,6 +43,22 @@ class BrokerMetrics:
         self.publish_latency = meter.create_histogram(
             "segtxn_broker_publish_latency", unit="s", description="Send to durable receipt"
         )
+        # PIP-471's metrics, with segtxn's prefix
+        self.txn_op_writes = meter.create_counter(
+            "segtxn_txn_metadata_store_op_writes",
+            unit="1",
+            description="Transaction op records written (writes and acks)",
+        )
+        self.txn_materialized = meter.create_counter(
+            "segtxn_txn_materialized",
+            unit="1",
+            description="Transaction outcomes applied by participants, by outcome",
+        )
+        self.txn_index_query = meter.create_histogram(
+            "segtxn_txn_metadata_store_index_query",
+            unit="s",
+            description="Range queries of writes-by-segment / acks-by-segment-sub",
+        )
 
     def gauge(self, name: str, description: str, read: Gauge) -> None:
         def observe(_: CallbackOptions) -> Iterable[Observation]:

@@ -170,7 +170,14 @@ class BrokerService:
 
     async def _load(self, name: TopicName) -> Topic:
         try:
-            topic = await Topic.load(name, self.store, self.storage, self.settings, self.headers)
+            topic = await Topic.load(
+                name,
+                store=self.store,
+                storage=self.storage,
+                settings=self.settings,
+                headers=self.headers,
+                metrics=self.metrics,
+            )
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, f"{name}: {e}") from e
         except LedgerError as e:

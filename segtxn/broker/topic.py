@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from segtxn.broker.dedup import Deduplication
 from segtxn.broker.dispatch import ConsumerLink, Subscription, SubscriptionType
 from segtxn.broker.entry import StoredMessage, encode_entry
+from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.buffer import (
     MetadataTransactionBuffer,
@@ -53,6 +54,7 @@ class Topic:
         buffer: TransactionBuffer,
         store: MetadataStore,
         headers: HeaderCache,
+        metrics: BrokerMetrics,
     ) -> None:
         self.name = name
         self.ledger = ledger
@@ -61,6 +63,7 @@ class Topic:
         self.buffer = buffer
         self._store = store
         self._headers = headers
+        self._metrics = metrics
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}
         """Connected producer names -> their connection (a name is used by one at a time)."""
@@ -72,17 +75,19 @@ class Topic:
     async def load(
         cls,
         name: TopicName,
+        *,
         store: MetadataStore,
         storage: LogStorage,
         settings: BrokerSettings,
         headers: HeaderCache,
+        metrics: BrokerMetrics,
     ) -> Topic:
         """Open the ledger, recover de-duplication and transaction state, and restore
         every subscription (so pending transactional acks materialize even with no
         consumer attached)."""
         ledger = await ManagedLedger.open(str(name), store, storage, settings.ledger)
         buffer: TransactionBuffer = (
-            MetadataTransactionBuffer(str(name), ledger, store, headers)
+            MetadataTransactionBuffer(str(name), ledger, store, headers, metrics)
             if name.domain is Domain.SEGMENT
             else NoTransactions(ledger)
         )
@@ -91,7 +96,16 @@ class Topic:
             dedup = Deduplication(str(name), store, settings.dedup_snapshot_every)
             await dedup.recover(ledger)
             await buffer.recover()
-            topic = cls(name, ledger, dedup, settings, buffer=buffer, store=store, headers=headers)
+            topic = cls(
+                name,
+                ledger,
+                dedup,
+                settings,
+                buffer=buffer,
+                store=store,
+                headers=headers,
+                metrics=metrics,
+            )
             for cursor_name in list(ledger.cursors):
                 await topic.subscription(cursor_name)
         except BaseException:
@@ -231,6 +245,7 @@ class Topic:
                     store=self._store,
                     headers=self._headers,
                     release=subscription.release,
+                    metrics=self._metrics,
                 )
                 await subscription.pending_acks.recover()
             self.subscriptions[name] = subscription

@@ -16,11 +16,13 @@ aiohttp does not cancel a handler whose client went away.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import quote, urlsplit
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
 from segtxn.metastore import MetadataStore, open_store
@@ -124,28 +126,39 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ready else 503)
 
 
+class _Collector(Collector):
+    """The coordinator's counters as Prometheus families (PIP-471's names, segtxn prefix)."""
+
+    def __init__(self, coordinator: CoordinatorV5) -> None:
+        self._c = coordinator
+
+    def collect(self) -> Iterator[Metric]:
+        counters = self._c.counters
+        cas = CounterMetricFamily(
+            "segtxn_txn_metadata_store_header_cas", "Header CAS attempts", labels=["result"]
+        )
+        for result in ("ok", "conflict", "reject"):
+            cas.add_metric([result], counters[f"header_cas_{result}"])
+        yield cas
+        for name, text in (
+            ("timeouts", "Transactions aborted by the timeout sweep"),
+            ("gc_headers", "Headers deleted by the GC sweep"),
+            ("gc_forced_ops", "Op records force-deleted as abandoned"),
+        ):
+            yield CounterMetricFamily(f"segtxn_txn_{name}", text, value=counters[name])
+        yield GaugeMetricFamily(
+            "segtxn_txn_metadata_store_outstanding_op_records",
+            "Op records of finalized transactions awaiting participant clean-up (GC backlog)",
+            value=self._c.gc_backlog,
+        )
+        yield GaugeMetricFamily(
+            "segtxn_txn_coordinator_ids_held", "Coordinator ids held", value=len(self._c.held)
+        )
+
+
 async def metrics(request: web.Request) -> web.Response:
-    coordinator = request.app[COORDINATOR]
     registry = CollectorRegistry()
-    cas = Gauge(
-        "segtxn_txn_header_cas", "Header CAS outcomes (counter)", ["result"], registry=registry
-    )
-    for result in ("ok", "conflict", "reject"):
-        cas.labels(result).set(coordinator.counters[f"header_cas_{result}"])
-    for name, help_text in (
-        ("timeouts", "Transactions aborted by the timeout sweep"),
-        ("gc_headers", "Headers deleted by the GC sweep"),
-        ("gc_forced_ops", "Op records force-deleted as abandoned"),
-    ):
-        Gauge(f"segtxn_txn_{name}", help_text, registry=registry).set(coordinator.counters[name])
-    Gauge(
-        "segtxn_txn_outstanding_op_records",
-        "Op records of finalized transactions awaiting participant clean-up (GC backlog)",
-        registry=registry,
-    ).set(coordinator.gc_backlog)
-    Gauge("segtxn_txn_coordinator_ids_held", "Coordinator ids held", registry=registry).set(
-        len(coordinator.held)
-    )
+    registry.register(_Collector(request.app[COORDINATOR]))
     return web.Response(body=generate_latest(registry), content_type="text/plain")
 
 

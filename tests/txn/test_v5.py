@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -236,3 +237,23 @@ async def test_dropped_watches_miss_no_decision(client: Client, cluster: Cluster
         await txn.commit()
         expected.add(f"m{n}".encode())
     assert {m.value for m in await take(consumer, 8)} == expected
+
+
+async def test_transaction_metrics(client: Client, cluster: Cluster) -> None:
+    import aiohttp
+
+    await client.admin.create_topic(ORDERS, segments=1)
+    producer = await client.create_producer(ORDERS)
+    async with client.transaction() as txn:
+        await producer.send(b"m", txn=txn)
+    coordinator_url = cluster.coordinator.settings.advertise_url
+    async with aiohttp.ClientSession() as http:
+        async with http.get(coordinator_url + "/metrics") as response:
+            coordinator = await response.text()
+        async with http.get(cluster.url + "/metrics") as response:
+            broker = await response.text()
+    assert 'segtxn_txn_metadata_store_header_cas_total{result="ok"} 1.0' in coordinator
+    assert "segtxn_txn_metadata_store_outstanding_op_records" in coordinator
+    assert re.search(
+        r'segtxn_txn_metadata_store_op_writes_total\{[^}]*kind="write"[^}]*\} 1\.0', broker
+    )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from urllib.parse import quote
@@ -37,6 +38,7 @@ from urllib.parse import quote
 import msgspec
 
 from segtxn.broker.entry import decode_entry
+from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.ledger import ManagedLedger, Position, TrimResult
 from segtxn.metastore import BadVersion, Check, MetadataStore, MetadataStoreError, NotFound, Put
@@ -135,10 +137,16 @@ class MetadataTransactionBuffer(TransactionBuffer):
     """PIP-471's transaction buffer for one ``segment://`` (see the module docstring)."""
 
     def __init__(
-        self, segment: str, ledger: ManagedLedger, store: MetadataStore, headers: HeaderCache
+        self,
+        segment: str,
+        ledger: ManagedLedger,
+        store: MetadataStore,
+        headers: HeaderCache,
+        metrics: BrokerMetrics,
     ) -> None:
         super().__init__()
         self.segment = segment
+        self._metrics = metrics
         self._ledger = ledger
         self._store = store
         self._headers = headers
@@ -244,8 +252,10 @@ class MetadataTransactionBuffer(TransactionBuffer):
             ) from e
         except MetadataStoreError as e:
             raise ServerError(ErrorName.PERSISTENCE, f"could not record the write: {e}") from e
+        self._metrics.txn_op_writes.add(1, {"kind": "write"})
         record = results[1]
-        assert record is not None
+        if record is None:  # a Put always yields its record
+            raise ServerError(ErrorName.UNKNOWN, "the store returned no op record")
         return record.key
 
     def _track(self, txn: TxnId, position: Position, op_key: str) -> None:
@@ -288,6 +298,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
             return
         self._open_first.pop(txn, None)
         state = header.state if header is not None else TxnState.ABORTED
+        self._metrics.txn_materialized.add(1, {"outcome": state.value, "part": "writes"})
         if header is None:
             log.error(
                 "%s: header of %s vanished with op records left: hiding it", self.segment, txn
@@ -369,7 +380,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
         for item in orphans.records:
             ledger, _, entry = item.key.rsplit("/", 1)[1].partition("-")
             self._orphans.add(Position(int(ledger, 16), int(entry, 16)))
+        started = time.perf_counter()
         ops = await self._store.index_range(T.IDX_WRITES, self.segment)
+        self._metrics.txn_index_query.record(time.perf_counter() - started)
         recorded: set[Position] = set()
         for op in ops.entries:
             txn = T.txn_of_op_key(op.key)

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.ledger import ManagedCursor, Position
 from segtxn.metastore import BadVersion, Check, MetadataStore, MetadataStoreError, NotFound, Put
@@ -73,6 +75,7 @@ class MetadataPendingAckStore(PendingAckStore):
         store: MetadataStore,
         headers: HeaderCache,
         release: Callable[[list[Position]], None],
+        metrics: BrokerMetrics,
     ) -> None:
         """``release`` is called with the positions an aborted transaction acknowledged:
         they are to be delivered again."""
@@ -82,6 +85,7 @@ class MetadataPendingAckStore(PendingAckStore):
         self._store = store
         self._headers = headers
         self._release = release
+        self._metrics = metrics
         self._individual: dict[Position, TxnId] = {}
         self._cumulative: dict[TxnId, Position] = {}
         self._op_keys: dict[TxnId, list[str]] = {}
@@ -174,6 +178,7 @@ class MetadataPendingAckStore(PendingAckStore):
             except MetadataStoreError as e:
                 raise ServerError(ErrorName.PERSISTENCE, f"could not record the ack: {e}") from e
             keys += [r.key for r in results[1:] if r is not None]
+            self._metrics.txn_op_writes.add(len(step), {"kind": "ack"})
         return keys
 
     # ------------------------------------------------------------------ outcomes
@@ -194,6 +199,8 @@ class MetadataPendingAckStore(PendingAckStore):
             if not individual and upto is None and txn not in self._op_keys:
                 return
             committed = header is not None and header.state is TxnState.COMMITTED
+            outcome = TxnState.COMMITTED if committed else TxnState.ABORTED
+            self._metrics.txn_materialized.add(1, {"outcome": outcome.value, "part": "acks"})
             try:
                 if committed:
                     if individual:
@@ -218,7 +225,9 @@ class MetadataPendingAckStore(PendingAckStore):
     # ------------------------------------------------------------------ recovery
 
     async def recover(self) -> None:
+        started = time.perf_counter()
         ops = await self._store.index_range(T.IDX_ACKS, (self.segment, self.subscription))
+        self._metrics.txn_index_query.record(time.perf_counter() - started)
         for entry in ops.entries:
             txn = T.txn_of_op_key(entry.key)
             op = T.decode_op(entry.value)
