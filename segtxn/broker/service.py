@@ -44,6 +44,7 @@ class BrokerService:
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
         self._session: Session | None = None
         self._keeper: asyncio.Task[None] | None = None
+        self._retention: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics(settings.broker_id)
         self.metrics.gauge(
@@ -79,7 +80,19 @@ class BrokerService:
         await self.headers.start()
         await self._register()
         self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
+        self._retention = asyncio.create_task(self._trim_periodically(), name="broker-retention")
         self.ready.set()
+
+    async def _trim_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.retention_check_s)  # a schedule, not a wait
+            for topic in list(self.topics.values()):
+                try:
+                    result = await topic.trim()
+                    if result.ledgers:
+                        log.info("%s: trimmed ledgers %s", topic.name, result.ledgers)
+                except Exception:
+                    log.exception("%s: retention failed", topic.name)
 
     async def _register(self) -> None:
         self._session = await self.store.open_session(self.settings.session_ttl_s)
@@ -104,11 +117,12 @@ class BrokerService:
 
     async def stop(self) -> None:
         self.ready.clear()
-        if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.gather(self._keeper, return_exceptions=True)
-        for task in self._loading.values():
-            task.cancel()
+        for background in (self._keeper, self._retention):
+            if background is not None:
+                background.cancel()
+                await asyncio.gather(background, return_exceptions=True)
+        for loading in self._loading.values():
+            loading.cancel()
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
         for topic in list(self.topics.values()):
             try:

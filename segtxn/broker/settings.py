@@ -32,6 +32,8 @@ class BrokerSettings:
     """Persist de-duplication state after this many messages on a topic."""
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    retention_check_s: float = 60.0
+    """How often consumed ledgers past retention are trimmed (with their indexes)."""
 
     def __post_init__(self) -> None:
         if not _ID.match(self.broker_id):

@@ -24,7 +24,7 @@ from segtxn.broker.txn.buffer import (
 )
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
-from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position
+from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
@@ -294,6 +294,15 @@ class Topic:
         if subscription is not None:  # rebuild its dispatcher from the moved cursor
             await subscription.close()
             del self.subscriptions[name]
+
+    # ------------------------------------------------------------------ retention
+
+    async def trim(self) -> TrimResult:
+        """Drop consumed ledgers past retention, and the transaction indexes over them."""
+        result = await self.ledger.trim(self.settings.retention)
+        if result.ledgers:
+            await self.buffer.trimmed(result)
+        return result
 
     # ------------------------------------------------------------------ properties
 

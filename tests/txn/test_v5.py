@@ -257,3 +257,30 @@ async def test_transaction_metrics(client: Client, cluster: Cluster) -> None:
     assert re.search(
         r'segtxn_txn_metadata_store_op_writes_total\{[^}]*kind="write"[^}]*\} 1\.0', broker
     )
+
+
+async def test_retention_trims_the_aborted_index_with_the_data(
+    cluster: Cluster, client: Client
+) -> None:
+    await client.admin.create_topic(ORDERS, segments=1)
+    producer = await client.create_producer(ORDERS)
+    consumer = await client.subscribe(ORDERS, "s", initial_position="earliest")
+    txn = await client.transaction().start()
+    await producer.send(b"aborted", txn=txn)
+    await txn.abort()
+    await producer.send(b"kept")
+    assert [m.value for m in await take(consumer, 1)] == [b"kept"]
+    segment = TopicName.parse(ORDERS).segment_name(0)
+    prefix = "/txn-aborted/"
+    await wait_until(
+        lambda: _has(cluster, prefix), what="the abort recorded in the segment's index"
+    )
+    await cluster.broker.service.unload(segment)  # reloading starts a fresh ledger, so
+    topic = await cluster.broker.service.serve(segment)  # the consumed one can be trimmed
+    result = await topic.trim()
+    assert result.ledgers == [1]
+    assert not await _has(cluster, prefix)
+
+
+async def _has(cluster: Cluster, prefix: str) -> bool:
+    return bool((await cluster.store.list_prefix(prefix)).records)

@@ -431,10 +431,11 @@ class MetadataTransactionBuffer(TransactionBuffer):
             start = self._ledger.position_after(entries[-1].position)
 
     async def trimmed(self, result: TrimResult) -> None:
-        """Forget aborts and orphans wholly before the first retained entry."""
-        first = result.first_retained
-        if first is None:
+        """Forget aborts and orphans whose entries were all in the trimmed ledgers (the
+        oldest ones: every position in a ledger up to the last trimmed one is gone)."""
+        if not result.ledgers:
             return
+        first = Position(max(result.ledgers) + 1, -1)  # before anything retained
         for txn, aborted in list(self._aborted.items()):
             if _pos(aborted.last) < first and txn not in self._writes:
                 del self._aborted[txn]

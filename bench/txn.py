@@ -1,0 +1,664 @@
+"""Transaction benchmark: END_TXN latency, commit-to-visible latency, transactional
+consume-transform-produce throughput, on a real cluster with etcd as the metadata store.
+
+The script starts a private single-member etcd (``EtcdServer.in_temp_dir()``: data on
+``/dev/shm`` when it exists, fsync on), one broker and one v5 coordinator, each as a
+**separate process** (``python -m segtxn.cli broker|coordinator``), so this process's event
+loop (all the clients) does not share a process with them. Broker ledgers go to a temporary
+``.bench-ledger-txn-*`` directory under the repository (removed at the end). All clients go
+through the public :class:`~segtxn.client.Client`.
+
+It measures:
+
+(a) **END_TXN latency** with 1, 8 and 64 participant segments: each transaction writes
+    exactly one message to each of N distinct segments of an N-segment ``topic://`` (one
+    key per segment, chosen with ``ScalableProducer.route``); once every send is durable
+    the timer covers ``commit()`` alone. p50/p99 per N, and the 64/1 ratios. PIP-471 says
+    this stays flat: END_TXN is one CAS of the header (the coordinator never calls a
+    participant). The ``sends`` column is the time from NEW_TXN's return until the N sends
+    are durable, for comparison: each transactional send is a ledger append plus one op
+    record in etcd.
+(b) **commit-to-visible latency** on 8 segments: a consumer subscribed before the
+    transactions; a sample is the time from ``commit()`` returning (and from its start)
+    until the consumer has received all 8 messages of that transaction. Participants learn
+    the outcome from their watch on the transaction headers, then let the dispatcher go.
+    PIP-471 says "tens of ms".
+(c) **consume-transform-produce throughput**: an input topic (4 segments) pre-filled with
+    M messages, one processor loop that receives a batch of B messages (B = 10, 100), sends
+    one derived message per input to an output topic (4 segments) and acknowledges every
+    input, then the next batch. ``txn``: the sends and acks are made in one transaction per
+    batch, committed at the end of the batch; ``plain``: the same loop without
+    transactions (outputs sent, then inputs acknowledged, both awaited before the next
+    batch). In both, a batch's sends and acks are in flight together. Fresh topics and
+    subscriptions per run. The figure is txn msgs/s over plain msgs/s for the same B.
+
+What dominates (c): per transaction of B messages the broker writes **2*B op records**
+(one per transactional send, one per transactional ack: the client acknowledges one message
+per ``Ack`` frame), each its own atomic etcd step (a Check of the header's version plus a
+sequential Put with its index entry and sequence counter). All op records of a transaction
+are sequential keys under one prefix, ``/txn-op/<txnId>/``, and the store client serialises
+sequential puts under one prefix, so within one transaction they are written **one after
+another**: the op-record phase costs about 2*B etcd round trips regardless of how many are
+in flight. Besides those: NEW_TXN (one etcd step), one ADD_PARTITION per output topic and
+one ADD_SUBSCRIPTION per input segment (coordinator round trips, no etcd write), and
+END_TXN (a read and a CAS); after the commit the participants apply the acks to the cursors
+and delete the op records (more etcd writes, off the client's path). A reference row
+measures one such op-record step at a time from this process against the same etcd, so
+the table says whether op-record writes bound the throughput.
+
+All latency figures are nearest-rank percentiles. The machine's cores are shared by etcd,
+the broker, the coordinator and this process, so read the numbers as ratios from one run.
+
+Run: ``.venv/bin/python bench/txn.py [--quick] [--count N] [--messages M]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from segtxn.client import Client, Consumer, Message, MessageId, ScalableProducer, Transaction
+from segtxn.metastore import MUST_NOT_EXIST, Check, Put, open_store
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.topics import transactions as T
+
+REPO = Path(__file__).resolve().parent.parent
+NAMESPACE = "topic://bench/ns"
+SEGMENT_COUNTS = (1, 8, 64)
+MAX_SEGMENTS_PER_TOPIC = 32
+"""Creating a ``topic://`` with 64 segments fails (HTTP 500, TooManyOperations: the
+catalog writes the topic record and each segment's home record with its index entry in one
+atomic step, 2 * 64 + 1 = 129 physical operations > 128), so 64 participant segments are
+two 32-segment topics in one transaction."""
+VISIBLE_SEGMENTS = 8
+CTP_SEGMENTS = 4
+CTP_BATCHES = (10, 100)
+WARMUP_TXNS = 3
+READY_TIMEOUT_S = 30.0
+RECEIVE_TIMEOUT_S = 10.0
+TXN_TIMEOUT_S = 60.0
+REFERENCE_STEPS = 200
+SUBSCRIPTION = "bench"
+
+
+@dataclass
+class Counts:
+    """How much to do: transactions per segment count in (a) and in (b), messages per run
+    in (c)."""
+
+    end_txn: int
+    visible: int
+    messages: int
+
+
+@dataclass
+class EndTxnResult:
+    segments: int
+    commit: list[float]
+    sends: list[float]
+
+
+@dataclass
+class VisibleResult:
+    commit: list[float]
+    from_return: list[float]
+    from_start: list[float]
+
+
+@dataclass
+class PipelineResult:
+    """One consume-transform-produce run; times in seconds."""
+
+    transactional: bool
+    batch: int
+    messages: int
+    elapsed: float
+    batches: int
+    ops_phase: list[float] = field(default_factory=list)
+    """Per batch: from the first send to every send and ack done (txn: after NEW_TXN)."""
+    new_txn: list[float] = field(default_factory=list)
+    commit: list[float] = field(default_factory=list)
+
+    @property
+    def msgs_per_s(self) -> float:
+        return self.messages / self.elapsed
+
+
+@dataclass
+class Results:
+    end_txn: list[EndTxnResult] = field(default_factory=list)
+    visible: VisibleResult | None = None
+    pipelines: list[PipelineResult] = field(default_factory=list)
+    op_step: list[float] = field(default_factory=list)
+
+
+def percentile(samples: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def mean(samples: list[float]) -> float:
+    return sum(samples) / len(samples) if samples else 0.0
+
+
+# ---------------------------------------------------------------------- the cluster
+
+
+class ServerProcess:
+    """``python -m segtxn.cli <command> ...`` on a free loopback port, output to a log."""
+
+    def __init__(self, name: str, command: list[str], log_path: Path) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._command = [
+            sys.executable,
+            "-m",
+            "segtxn.cli",
+            *command,
+            "--advertise",
+            self.url,
+            "--host",
+            "127.0.0.1",
+        ]
+        self._log: IO[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(self._command, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self) -> None:
+        """Poll ``/readyz`` until it answers 200 (bounded)."""
+        assert self.process is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"the {self.name} exited with {self.process.returncode}: {self.tail()}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.05)  # process start-up: nothing to wait on but the port
+        raise RuntimeError(
+            f"the {self.name} was not ready within {READY_TIMEOUT_S:g} s: {self.tail()}"
+        )
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@dataclass
+class Cluster:
+    broker_url: str
+    store_url: str
+    etcd: EtcdServer
+
+
+@contextlib.contextmanager
+def cluster(directory: Path) -> Iterator[Cluster]:
+    """A private etcd (fsync on), one broker and one coordinator; stopped at the end."""
+    etcd = EtcdServer.in_temp_dir()
+    etcd.start()
+    servers: list[ServerProcess] = []
+    try:
+        store = etcd.url("/bench")
+        broker = ServerProcess(
+            "broker",
+            ["broker", "--store", store, "--data-dir", str(directory / "b1"), "--broker-id", "b1"],
+            directory / "broker.log",
+        )
+        coordinator = ServerProcess(
+            "coordinator", ["coordinator", "--store", store], directory / "coordinator.log"
+        )
+        servers += [broker, coordinator]
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready()
+        yield Cluster(broker.url, store, etcd)
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        etcd.stop()
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def keys_per_segment(producer: ScalableProducer, segments: int) -> list[str]:
+    """One key routed to each active segment (in segment-id order)."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < segments:
+        key = f"k{i}"
+        found.setdefault(producer.route(key), key)
+        i += 1
+        if i > 1_000_000:
+            raise RuntimeError(f"no key found for some of {segments} segments")
+    return [found[s] for s in sorted(found)]
+
+
+async def scalable_producer(client: Client, topic: str) -> ScalableProducer:
+    producer = await client.create_producer(topic)
+    assert isinstance(producer, ScalableProducer)
+    return producer
+
+
+async def send_all(
+    producer: ScalableProducer,
+    values: list[tuple[bytes, str | None]],
+    txn: Transaction | None = None,
+) -> None:
+    """Queue every send, then wait until all are durable."""
+    futures: list[asyncio.Future[MessageId]] = []
+    for value, key in values:
+        futures.append(await producer.send_async(value, key=key, txn=txn))
+    await asyncio.gather(*futures)
+
+
+# ---------------------------------------------------------------------- (a) END_TXN
+
+
+async def end_txn_latency(client: Client, segments: int, count: int) -> EndTxnResult:
+    """``count`` transactions (after a warm-up), each one message to each of ``segments``
+    segments spread over ceil(segments / MAX_SEGMENTS_PER_TOPIC) topics."""
+    topics = math.ceil(segments / MAX_SEGMENTS_PER_TOPIC)
+    targets: list[tuple[ScalableProducer, list[str]]] = []
+    for t in range(topics):
+        per_topic = segments // topics + (1 if t < segments % topics else 0)
+        topic = f"{NAMESPACE}/endtxn-{segments}-{t}"
+        await client.admin.create_topic(topic, segments=per_topic)
+        producer = await scalable_producer(client, topic)
+        targets.append((producer, keys_per_segment(producer, per_topic)))
+    result = EndTxnResult(segments, [], [])
+    for i in range(WARMUP_TXNS + count):
+        txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
+        t0 = time.perf_counter()
+        await asyncio.gather(
+            *(send_all(p, [(f"{i}".encode(), k) for k in keys], txn) for p, keys in targets)
+        )
+        t1 = time.perf_counter()
+        await txn.commit()
+        t2 = time.perf_counter()
+        if i >= WARMUP_TXNS:
+            result.sends.append(t1 - t0)
+            result.commit.append(t2 - t1)
+    return result
+
+
+# ---------------------------------------------------------------------- (b) visibility
+
+
+async def commit_to_visible(client: Client, count: int) -> VisibleResult:
+    topic = f"{NAMESPACE}/visible"
+    await client.admin.create_topic(topic, segments=VISIBLE_SEGMENTS)
+    consumer = await client.subscribe(topic, SUBSCRIPTION, initial_position="latest")
+    producer = await scalable_producer(client, topic)
+    keys = keys_per_segment(producer, VISIBLE_SEGMENTS)
+    result = VisibleResult([], [], [])
+    for i in range(WARMUP_TXNS + count):
+        txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
+        expected = {f"{i}/{k}".encode() for k in keys}
+        await send_all(producer, [(f"{i}/{k}".encode(), k) for k in keys], txn)
+        t0 = time.perf_counter()
+        await txn.commit()
+        t1 = time.perf_counter()
+        while expected:
+            message = await consumer.receive(timeout_s=RECEIVE_TIMEOUT_S)
+            if message.value not in expected:
+                raise RuntimeError(f"txn {i}: unexpected message {message.value!r}")
+            expected.discard(message.value)
+        t2 = time.perf_counter()
+        if i >= WARMUP_TXNS:
+            result.commit.append(t1 - t0)
+            result.from_return.append(t2 - t1)
+            result.from_start.append(t2 - t0)
+    return result
+
+
+# ---------------------------------------------------------------------- (c) pipeline
+
+
+async def pipeline(
+    client: Client, run: int, batch: int, messages: int, *, transactional: bool
+) -> PipelineResult:
+    source = f"{NAMESPACE}/ctp-in-{run}"
+    sink = f"{NAMESPACE}/ctp-out-{run}"
+    await client.admin.create_topic(source, segments=CTP_SEGMENTS)
+    await client.admin.create_topic(sink, segments=CTP_SEGMENTS)
+    filler = await scalable_producer(client, source)
+    await send_all(filler, [(f"in-{j}".encode(), f"k{j}") for j in range(messages)])
+    consumer: Consumer = await client.subscribe(source, SUBSCRIPTION, initial_position="earliest")
+    outputs = await scalable_producer(client, sink)
+    result = PipelineResult(transactional, batch, messages, 0.0, 0)
+    done = 0
+    start = time.perf_counter()
+    while done < messages:
+        inputs: list[Message] = [
+            await consumer.receive(timeout_s=RECEIVE_TIMEOUT_S)
+            for _ in range(min(batch, messages - done))
+        ]
+        if transactional:
+            t0 = time.perf_counter()
+            txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
+            t1 = time.perf_counter()
+            # register each input segment once, before the acks go out together
+            for segment in sorted({m.message_id.topic for m in inputs}):
+                await txn.add_subscription(segment, SUBSCRIPTION)
+            sends = [
+                await outputs.send_async(m.value + b"-out", key=m.key, txn=txn) for m in inputs
+            ]
+            acks = [asyncio.ensure_future(consumer.acknowledge(m, txn=txn)) for m in inputs]
+            await asyncio.gather(*sends, *acks)
+            t2 = time.perf_counter()
+            await txn.commit()
+            t3 = time.perf_counter()
+            result.new_txn.append(t1 - t0)
+            result.ops_phase.append(t2 - t1)
+            result.commit.append(t3 - t2)
+        else:
+            t1 = time.perf_counter()
+            sends = [await outputs.send_async(m.value + b"-out", key=m.key) for m in inputs]
+            acks = [asyncio.ensure_future(consumer.acknowledge(m)) for m in inputs]
+            await asyncio.gather(*sends, *acks)
+            result.ops_phase.append(time.perf_counter() - t1)
+        done += len(inputs)
+        result.batches += 1
+    result.elapsed = time.perf_counter() - start
+    await consumer.close()
+    return result
+
+
+# ---------------------------------------------------------------------- reference
+
+
+async def op_record_steps(store_url: str, count: int) -> list[float]:
+    """One op-record step at a time, shaped like the broker's: a Check of a header's
+    version and a sequential Put under the transaction's op prefix with its index entry.
+    Uses its own namespace, so the cluster never sees these records."""
+    store = open_store(store_url)
+    try:
+        header = await store.put("/ref/txn/h", b"{}", expected_version=MUST_NOT_EXIST)
+        op = T.TxnOp(T.OpKind.WRITE, "segment://bench/ns/ref/0", (1, 1))
+        samples: list[float] = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            await store.commit(
+                [
+                    Check(header.key, header.version),
+                    Put(
+                        "/ref/txn-op/h/",
+                        T.encode(op),
+                        sequential=True,
+                        partition_key="h",
+                        indexes=T.op_indexes(op),
+                    ),
+                ]
+            )
+            samples.append(time.perf_counter() - t0)
+        return samples
+    finally:
+        await store.close()
+
+
+# ---------------------------------------------------------------------- driver
+
+
+async def run_all(c: Cluster, counts: Counts) -> Results:
+    results = Results()
+    async with Client(c.broker_url) as client:
+        for n in SEGMENT_COUNTS:
+            started = time.perf_counter()
+            results.end_txn.append(await end_txn_latency(client, n, counts.end_txn))
+            print(f"  (a) {n} segments: {time.perf_counter() - started:.1f} s", flush=True)
+        started = time.perf_counter()
+        results.visible = await commit_to_visible(client, counts.visible)
+        print(f"  (b) commit-to-visible: {time.perf_counter() - started:.1f} s", flush=True)
+        run = 0
+        for batch in CTP_BATCHES:
+            for transactional in (False, True):
+                run += 1
+                r = await pipeline(client, run, batch, counts.messages, transactional=transactional)
+                results.pipelines.append(r)
+                mode = "txn" if transactional else "plain"
+                print(f"  (c) {mode}, batch {batch}: {r.elapsed:.1f} s", flush=True)
+    results.op_step = await op_record_steps(
+        c.etcd.url(f"/bench-ref-{os.getpid()}"), REFERENCE_STEPS
+    )
+    return results
+
+
+# ---------------------------------------------------------------------- output
+
+
+def print_rows(rows: list[tuple[str, ...]], left: int = 1) -> None:
+    """Print ``rows`` (the first is the header) with the first ``left`` columns left-aligned."""
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for j, row in enumerate(rows):
+        cells = [
+            cell.ljust(widths[c]) if c < left else cell.rjust(widths[c])
+            for c, cell in enumerate(row)
+        ]
+        print("  ".join(cells))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def ms(v: float) -> str:
+    return f"{v * 1000:.2f}"
+
+
+def ratio(a: float, b: float) -> str:
+    return "-" if b == 0 else f"{a / b:.2f}x"
+
+
+def print_tables(results: Results, counts: Counts) -> None:
+    print(
+        f"(a) END_TXN latency: {counts.end_txn} transactions per row, each one message to "
+        "each of N segments; the timer covers commit() once the sends are durable"
+    )
+    base = results.end_txn[0]
+    rows: list[tuple[str, ...]] = [
+        (
+            "segments",
+            "sends p50 ms",
+            "commit p50 ms",
+            "commit p99 ms",
+            "p50 ÷ 1 seg",
+            "p99 ÷ 1 seg",
+        )
+    ]
+    for r in results.end_txn:
+        p50, p99 = percentile(r.commit, 50), percentile(r.commit, 99)
+        rows.append(
+            (
+                str(r.segments),
+                ms(percentile(r.sends, 50)),
+                ms(p50),
+                ms(p99),
+                ratio(p50, percentile(base.commit, 50)),
+                ratio(p99, percentile(base.commit, 99)),
+            )
+        )
+    print_rows(rows)
+    last = results.end_txn[-1]
+    print(
+        f"END_TXN {last.segments}/{base.segments} segments: "
+        f"p50 {ratio(percentile(last.commit, 50), percentile(base.commit, 50))}, "
+        f"p99 {ratio(percentile(last.commit, 99), percentile(base.commit, 99))}"
+    )
+    print()
+
+    v = results.visible
+    assert v is not None
+    print(
+        f"(b) commit-to-visible: {len(v.commit)} transactions of one message to each of "
+        f"{VISIBLE_SEGMENTS} segments, one consumer subscribed before them"
+    )
+    rows = [("interval", "p50 ms", "p99 ms", "max ms")]
+    for label, samples in (
+        ("commit() call", v.commit),
+        ("commit() returned -> all received", v.from_return),
+        ("commit() started -> all received", v.from_start),
+    ):
+        rows.append(
+            (label, ms(percentile(samples, 50)), ms(percentile(samples, 99)), ms(max(samples)))
+        )
+    print_rows(rows)
+    print()
+
+    print(
+        f"(c) consume-transform-produce: {counts.messages} messages per run, "
+        f"{CTP_SEGMENTS} input and {CTP_SEGMENTS} output segments, one processor loop"
+    )
+    rows = [
+        (
+            "mode",
+            "batch",
+            "msgs/s",
+            "txn ÷ plain",
+            "op records/txn",
+            "NEW_TXN ms",
+            "sends+acks ms",
+            "commit ms",
+            "op records/s",
+        )
+    ]
+    plain: dict[int, float] = {}
+    for p in results.pipelines:
+        if not p.transactional:
+            plain[p.batch] = p.msgs_per_s
+    for p in results.pipelines:
+        if p.transactional:
+            records = 2 * p.batch
+            rows.append(
+                (
+                    "txn",
+                    str(p.batch),
+                    f"{p.msgs_per_s:,.0f}",
+                    ratio(p.msgs_per_s, plain[p.batch]),
+                    str(records),
+                    ms(mean(p.new_txn)),
+                    ms(mean(p.ops_phase)),
+                    ms(mean(p.commit)),
+                    f"{records / mean(p.ops_phase):,.0f}",
+                )
+            )
+        else:
+            rows.append(
+                (
+                    "plain",
+                    str(p.batch),
+                    f"{p.msgs_per_s:,.0f}",
+                    "1.00x",
+                    "-",
+                    "-",
+                    ms(mean(p.ops_phase)),
+                    "-",
+                    "-",
+                )
+            )
+    print_rows(rows, left=2)
+    step = results.op_step
+    step50 = percentile(step, 50)
+    print(
+        f"(per-batch means; op records/s: 2*batch over the sends+acks phase. Reference: one "
+        f"op-record step (Check + sequential Put + index) at a time from this process: "
+        f"p50 {ms(step50)} ms, p99 {ms(percentile(step, 99))} ms, i.e. at most "
+        f"{1 / step50:,.0f} op records/s per transaction, which serialises them)"
+    )
+    for p in results.pipelines:
+        if p.transactional:
+            bound = 2 * p.batch * step50
+            share = bound / mean(p.ops_phase) if p.ops_phase else 0.0
+            per_batch = mean(p.new_txn) + mean(p.ops_phase) + mean(p.commit)
+            print(
+                f"batch {p.batch}: 2*{p.batch} serial op-record steps ≈ {ms(bound)} ms = "
+                f"{share:.0%} of the sends+acks phase; the sends+acks phase is "
+                f"{mean(p.ops_phase) / per_batch:.0%} of a batch's transaction time"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=None,
+        help="transactions per row in (a) and (b) (default 100; 20 with --quick)",
+    )
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=None,
+        help="messages per consume-transform-produce run (default 2000; 400 with --quick)",
+    )
+    args = parser.parse_args(argv)
+    count = args.count or (20 if args.quick else 100)
+    counts = Counts(
+        end_txn=count,
+        visible=count,
+        messages=args.messages or (400 if args.quick else 2000),
+    )
+
+    started = time.perf_counter()
+    directory = Path(tempfile.mkdtemp(prefix=".bench-ledger-txn-", dir=REPO))
+    try:
+        print(
+            f"segtxn transaction bench: {os.cpu_count()} CPUs; etcd single member, fsync on; "
+            f"broker and coordinator in their own processes, ledgers in {directory}"
+        )
+        with cluster(directory) as c:
+            print(f"etcd data in {c.etcd.data_dir}")
+            results = asyncio.run(run_all(c, counts))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print()
+    print_tables(results, counts)
+    print(f"\ntotal run time: {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
