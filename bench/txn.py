@@ -11,18 +11,20 @@ through the public :class:`~segtxn.client.Client`.
 It measures:
 
 (a) **END_TXN latency** with 1, 8 and 64 participant segments: each transaction writes
-    exactly one message to each of N distinct segments of an N-segment ``topic://`` (one
-    key per segment, chosen with ``ScalableProducer.route``); once every send is durable
-    the timer covers ``commit()`` alone. p50/p99 per N, and the 64/1 ratios. PIP-471 says
-    this stays flat: END_TXN is one CAS of the header (the coordinator never calls a
-    participant). The ``sends`` column is the time from NEW_TXN's return until the N sends
-    are durable, for comparison: each transactional send is a ledger append plus one op
-    record in etcd.
+    exactly one message to each of N distinct segments of an N-segment ``topic://`` (64:
+    two 32-segment topics, see ``MAX_SEGMENTS_PER_TOPIC``; one key per segment, chosen
+    with ``ScalableProducer.route``); once every send is durable the timer covers
+    ``commit()`` alone. p50/p99 per N, and the 64/1 ratios. PIP-471 says this stays flat:
+    END_TXN is one CAS of the header (the coordinator never calls a participant). The
+    ``sends`` column is the time from NEW_TXN's return until the N sends (all in flight
+    together) are durable, for comparison, and ``sends ÷ N`` that per segment: each
+    transactional send is a ledger append plus one op record in etcd.
 (b) **commit-to-visible latency** on 8 segments: a consumer subscribed before the
     transactions; a sample is the time from ``commit()`` returning (and from its start)
-    until the consumer has received all 8 messages of that transaction. Participants learn
-    the outcome from their watch on the transaction headers, then let the dispatcher go.
-    PIP-471 says "tens of ms".
+    until the consumer has received all 8 messages of that transaction (it never
+    acknowledges: acks are not measured here). Participants learn the outcome from their
+    watch on the transaction headers, then let the dispatcher go. PIP-471 says "tens of
+    ms".
 (c) **consume-transform-produce throughput**: an input topic (4 segments) pre-filled with
     M messages, one processor loop that receives a batch of B messages (B = 10, 100), sends
     one derived message per input to an output topic (4 segments) and acknowledges every
@@ -33,18 +35,17 @@ It measures:
     subscriptions per run. The figure is txn msgs/s over plain msgs/s for the same B.
 
 What dominates (c): per transaction of B messages the broker writes **2*B op records**
-(one per transactional send, one per transactional ack: the client acknowledges one message
-per ``Ack`` frame), each its own atomic etcd step (a Check of the header's version plus a
-sequential Put with its index entry and sequence counter). All op records of a transaction
-are sequential keys under one prefix, ``/txn-op/<txnId>/``, and the store client serialises
-sequential puts under one prefix, so within one transaction they are written **one after
-another**: the op-record phase costs about 2*B etcd round trips regardless of how many are
-in flight. Besides those: NEW_TXN (one etcd step), one ADD_PARTITION per output topic and
-one ADD_SUBSCRIPTION per input segment (coordinator round trips, no etcd write), and
-END_TXN (a read and a CAS); after the commit the participants apply the acks to the cursors
-and delete the op records (more etcd writes, off the client's path). A reference row
-measures one such op-record step at a time from this process against the same etcd, so
-the table says whether op-record writes bound the throughput.
+(one per transactional send, one per transactional ack). The broker combines the op records
+of one transaction that are in flight together into one atomic etcd step (up to 40 each, with
+one check of the header's version: ``segtxn/broker/txn/oprecords.py``), so a batch of B costs
+about 2*B/40 steps on the send/ack path instead of 2*B. Besides those: NEW_TXN (one etcd
+step), one ADD_PARTITION per output topic and one ADD_SUBSCRIPTION per input topic
+(coordinator round trips, no etcd write), and END_TXN (a read and a CAS); after the commit the
+participants apply the acks to the cursors and delete the op records (one etcd delete each,
+off the client's path, competing with the next transaction's). A reference measures one
+op-record create, and its delete, at a time from this process against the same etcd.
+
+Each measurement uses its own :class:`~segtxn.client.Client` (fresh connections).
 
 All latency figures are nearest-rank percentiles. The machine's cores are shared by etcd,
 the broker, the coordinator and this process, so read the numbers as ratios from one run.
@@ -93,6 +94,8 @@ READY_TIMEOUT_S = 30.0
 RECEIVE_TIMEOUT_S = 10.0
 TXN_TIMEOUT_S = 60.0
 REFERENCE_STEPS = 200
+SECTION_LIMIT_S = 300.0
+"""A measurement that takes longer than this has hung: it fails instead of waiting forever."""
 SUBSCRIPTION = "bench"
 
 
@@ -144,7 +147,8 @@ class Results:
     end_txn: list[EndTxnResult] = field(default_factory=list)
     visible: VisibleResult | None = None
     pipelines: list[PipelineResult] = field(default_factory=list)
-    op_step: list[float] = field(default_factory=list)
+    op_create: list[float] = field(default_factory=list)
+    op_delete: list[float] = field(default_factory=list)
 
 
 def percentile(samples: list[float], p: float) -> float:
@@ -382,9 +386,6 @@ async def pipeline(
             t0 = time.perf_counter()
             txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
             t1 = time.perf_counter()
-            # register each input segment once, before the acks go out together
-            for segment in sorted({m.message_id.topic for m in inputs}):
-                await txn.add_subscription(segment, SUBSCRIPTION)
             sends = [
                 await outputs.send_async(m.value + b"-out", key=m.key, txn=txn) for m in inputs
             ]
@@ -412,18 +413,20 @@ async def pipeline(
 # ---------------------------------------------------------------------- reference
 
 
-async def op_record_steps(store_url: str, count: int) -> list[float]:
-    """One op-record step at a time, shaped like the broker's: a Check of a header's
-    version and a sequential Put under the transaction's op prefix with its index entry.
-    Uses its own namespace, so the cluster never sees these records."""
+async def op_record_steps(store_url: str, count: int) -> tuple[list[float], list[float]]:
+    """One op record at a time, shaped like the broker's: created with a Check of a
+    header's version and a sequential Put under the transaction's op prefix with its index
+    entry, then deleted (as a participant does once the outcome is applied). Returns the
+    create and delete latencies. Uses its own namespace: the cluster never sees these."""
     store = open_store(store_url)
     try:
         header = await store.put("/ref/txn/h", b"{}", expected_version=MUST_NOT_EXIST)
         op = T.TxnOp(T.OpKind.WRITE, "segment://bench/ns/ref/0", (1, 1))
-        samples: list[float] = []
+        creates: list[float] = []
+        deletes: list[float] = []
         for _ in range(count):
             t0 = time.perf_counter()
-            await store.commit(
+            written = await store.commit(
                 [
                     Check(header.key, header.version),
                     Put(
@@ -435,8 +438,14 @@ async def op_record_steps(store_url: str, count: int) -> list[float]:
                     ),
                 ]
             )
-            samples.append(time.perf_counter() - t0)
-        return samples
+            t1 = time.perf_counter()
+            record = written[1]
+            assert record is not None
+            await store.delete(record.key)
+            t2 = time.perf_counter()
+            creates.append(t1 - t0)
+            deletes.append(t2 - t1)
+        return creates, deletes
     finally:
         await store.close()
 
@@ -445,26 +454,31 @@ async def op_record_steps(store_url: str, count: int) -> list[float]:
 
 
 async def run_all(c: Cluster, counts: Counts) -> Results:
+    """Every measurement, each with its own Client (see ``SECTION_LIMIT_S`` and the client's
+    connection pool note in the module docstring) and a time limit, so a hang is an error."""
     results = Results()
-    async with Client(c.broker_url) as client:
-        for n in SEGMENT_COUNTS:
-            started = time.perf_counter()
-            results.end_txn.append(await end_txn_latency(client, n, counts.end_txn))
-            print(f"  (a) {n} segments: {time.perf_counter() - started:.1f} s", flush=True)
+    for n in SEGMENT_COUNTS:
         started = time.perf_counter()
+        async with asyncio.timeout(SECTION_LIMIT_S), Client(c.broker_url) as client:
+            results.end_txn.append(await end_txn_latency(client, n, counts.end_txn))
+        print(f"  (a) {n} segments: {time.perf_counter() - started:.1f} s", flush=True)
+    started = time.perf_counter()
+    async with asyncio.timeout(SECTION_LIMIT_S), Client(c.broker_url) as client:
         results.visible = await commit_to_visible(client, counts.visible)
-        print(f"  (b) commit-to-visible: {time.perf_counter() - started:.1f} s", flush=True)
-        run = 0
-        for batch in CTP_BATCHES:
-            for transactional in (False, True):
-                run += 1
+    print(f"  (b) commit-to-visible: {time.perf_counter() - started:.1f} s", flush=True)
+    run = 0
+    for batch in CTP_BATCHES:
+        for transactional in (False, True):
+            run += 1
+            async with asyncio.timeout(SECTION_LIMIT_S), Client(c.broker_url) as client:
                 r = await pipeline(client, run, batch, counts.messages, transactional=transactional)
-                results.pipelines.append(r)
-                mode = "txn" if transactional else "plain"
-                print(f"  (c) {mode}, batch {batch}: {r.elapsed:.1f} s", flush=True)
-    results.op_step = await op_record_steps(
-        c.etcd.url(f"/bench-ref-{os.getpid()}"), REFERENCE_STEPS
-    )
+            results.pipelines.append(r)
+            mode = "txn" if transactional else "plain"
+            print(f"  (c) {mode}, batch {batch}: {r.elapsed:.1f} s", flush=True)
+    async with asyncio.timeout(SECTION_LIMIT_S):
+        results.op_create, results.op_delete = await op_record_steps(
+            c.etcd.url(f"/bench-ref-{os.getpid()}"), REFERENCE_STEPS
+        )
     return results
 
 
@@ -495,13 +509,15 @@ def ratio(a: float, b: float) -> str:
 def print_tables(results: Results, counts: Counts) -> None:
     print(
         f"(a) END_TXN latency: {counts.end_txn} transactions per row, each one message to "
-        "each of N segments; the timer covers commit() once the sends are durable"
+        "each of N segments (64: two 32-segment topics); the timer covers commit() once "
+        "the sends are durable"
     )
     base = results.end_txn[0]
     rows: list[tuple[str, ...]] = [
         (
             "segments",
             "sends p50 ms",
+            "sends ÷ N ms",
             "commit p50 ms",
             "commit p99 ms",
             "p50 ÷ 1 seg",
@@ -514,6 +530,7 @@ def print_tables(results: Results, counts: Counts) -> None:
             (
                 str(r.segments),
                 ms(percentile(r.sends, 50)),
+                ms(percentile(r.sends, 50) / r.segments),
                 ms(p50),
                 ms(p99),
                 ratio(p50, percentile(base.commit, 50)),
@@ -599,27 +616,56 @@ def print_tables(results: Results, counts: Counts) -> None:
                 )
             )
     print_rows(rows, left=2)
-    step = results.op_step
-    step50 = percentile(step, 50)
+    print("(per-batch means; op records/s: 2*batch over the sends+acks phase)")
+    create50, delete50 = percentile(results.op_create, 50), percentile(results.op_delete, 50)
     print(
-        f"(per-batch means; op records/s: 2*batch over the sends+acks phase. Reference: one "
-        f"op-record step (Check + sequential Put + index) at a time from this process: "
-        f"p50 {ms(step50)} ms, p99 {ms(percentile(step, 99))} ms, i.e. at most "
-        f"{1 / step50:,.0f} op records/s per transaction, which serialises them)"
+        f"reference, one at a time from this process to the same etcd: op-record create "
+        f"(Check + sequential Put + index) p50 {ms(create50)} ms, p99 "
+        f"{ms(percentile(results.op_create, 99))} ms; its delete p50 {ms(delete50)} ms"
     )
+    per_record: dict[int, float] = {}
+    shares: list[float] = []
     for p in results.pipelines:
-        if p.transactional:
-            bound = 2 * p.batch * step50
-            share = bound / mean(p.ops_phase) if p.ops_phase else 0.0
-            per_batch = mean(p.new_txn) + mean(p.ops_phase) + mean(p.commit)
-            print(
-                f"batch {p.batch}: 2*{p.batch} serial op-record steps ≈ {ms(bound)} ms = "
-                f"{share:.0%} of the sends+acks phase; the sends+acks phase is "
-                f"{mean(p.ops_phase) / per_batch:.0%} of a batch's transaction time"
-            )
+        if not p.transactional:
+            continue
+        records = 2 * p.batch
+        phase = mean(p.ops_phase)
+        per_record[p.batch] = phase / records
+        per_batch = mean(p.new_txn) + phase + mean(p.commit)
+        shares.append(phase / per_batch)
+        print(
+            f"txn batch {p.batch}: {records} op records in {ms(phase)} ms = "
+            f"{ms(per_record[p.batch])} ms each (the reference: create {ms(create50)}, "
+            f"create + delete {ms(create50 + delete50)}); sends+acks are "
+            f"{phase / per_batch:.0%} of the transaction's time, NEW_TXN + commit the rest"
+        )
+    plain_per_op = {
+        p.batch: mean(p.ops_phase) / (2 * p.batch) for p in results.pipelines if not p.transactional
+    }
+    costs = list(per_record.values())
+    explained = min((create50 + delete50) / c for c in costs)
+    if min(shares) > 0.7 and explained > 0.5:
+        print(
+            f"=> the sends+acks phase is {min(shares):.0%}-{max(shares):.0%} of every "
+            f"transaction, and one op-record create + delete at a time would account for at "
+            f"least {min(explained, 1.0):.0%} of its per-record cost: op-record writes still "
+            f"bound the transactional throughput. Without transactions a send or ack costs "
+            f"{', '.join(ms(c) for c in plain_per_op.values())} ms of the same phase."
+        )
+    else:
+        print(
+            "=> op-record writes do not clearly bound the throughput here (per-record cost "
+            f"{', '.join(ms(c) for c in costs)} ms; sends+acks share "
+            f"{', '.join(f'{x:.0%}' for x in shares)})"
+        )
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # run the clean-up (servers, temporary directories)
 
 
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument(
@@ -632,14 +678,14 @@ def main(argv: list[str] | None = None) -> int:
         "--messages",
         type=int,
         default=None,
-        help="messages per consume-transform-produce run (default 2000; 400 with --quick)",
+        help="messages per consume-transform-produce run (default 3000; 400 with --quick)",
     )
     args = parser.parse_args(argv)
     count = args.count or (20 if args.quick else 100)
     counts = Counts(
         end_txn=count,
         visible=count,
-        messages=args.messages or (400 if args.quick else 2000),
+        messages=args.messages or (400 if args.quick else 3000),
     )
 
     started = time.perf_counter()

@@ -18,15 +18,18 @@ SEGTXN = str(Path(sys.executable).with_name("segtxn"))
 class ServerProcess:
     """``segtxn <command> ...`` on a fixed free port (kept across restarts)."""
 
-    def __init__(self, command: list[str], name: str) -> None:
+    def __init__(self, command: list[str], name: str, *, advertise: bool = True) -> None:
+        """``advertise``: the command takes ``--advertise URL --host``; else ``--port``."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name
         self._command = command
+        self._advertise = advertise
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        args = [SEGTXN, *self._command, "--advertise", self.url, "--host", "127.0.0.1"]
+        where = ["--advertise", self.url] if self._advertise else ["--port", str(self.port)]
+        args = [SEGTXN, *self._command, *where, "--host", "127.0.0.1"]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     async def ready(self, limit_s: float = 30) -> None:
@@ -69,3 +72,9 @@ def coordinator(store: str, name: str, *, session_ttl: float = 10) -> ServerProc
          "--gc-retention", "0"],
         f"coordinator {name}",
     )  # fmt: skip
+
+
+def standalone() -> ServerProcess:
+    return ServerProcess(
+        ["standalone", "--coordinator-port", str(free_port())], "standalone", advertise=False
+    )

@@ -18,6 +18,7 @@ from aiohttp import web
 from segtxn.broker.http import SERVICE, check_name, error_response, topic_from
 from segtxn.broker.service import BrokerService
 from segtxn.ledger import Position
+from segtxn.metastore import MetadataStoreError, StoreUnavailable
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.model import ScalableTopic
@@ -33,6 +34,11 @@ def _errors(handler: Handler) -> Handler:
             return await handler(request)
         except ServerError as e:
             return error_response(e, request)
+        except StoreUnavailable as e:
+            error = ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
+            return error_response(error, request)
+        except MetadataStoreError as e:
+            return error_response(ServerError(ErrorName.METADATA, str(e)), request)
 
     return wrapped
 

@@ -20,6 +20,7 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.topic import Topic
 from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import LedgerCorrupted, LedgerError, LogStorage, open_log_storage
 from segtxn.metastore import MetadataStore, MetadataStoreError, Session, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -47,6 +48,7 @@ class BrokerService:
         self._retention: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics(settings.broker_id)
+        self.op_records = OpRecordWriter(self.store, self.metrics)
         self.metrics.gauge(
             "segtxn_broker_topics", "Topics and segments loaded", lambda: len(self.topics)
         )
@@ -130,6 +132,7 @@ class BrokerService:
             except Exception:
                 log.exception("closing %s failed", topic.name)
         self.topics.clear()
+        await self.op_records.close()
         await self.headers.close()
         if self._session is not None:
             await self._session.close()
@@ -191,6 +194,7 @@ class BrokerService:
                 settings=self.settings,
                 headers=self.headers,
                 metrics=self.metrics,
+                ops=self.op_records,
             )
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, f"{name}: {e}") from e

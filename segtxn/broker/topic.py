@@ -23,6 +23,7 @@ from segtxn.broker.txn.buffer import (
     TransactionBuffer,
 )
 from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
 from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore
@@ -55,6 +56,7 @@ class Topic:
         store: MetadataStore,
         headers: HeaderCache,
         metrics: BrokerMetrics,
+        ops: OpRecordWriter,
     ) -> None:
         self.name = name
         self.ledger = ledger
@@ -64,6 +66,7 @@ class Topic:
         self._store = store
         self._headers = headers
         self._metrics = metrics
+        self._ops = ops
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}
         """Connected producer names -> their connection (a name is used by one at a time)."""
@@ -81,13 +84,16 @@ class Topic:
         settings: BrokerSettings,
         headers: HeaderCache,
         metrics: BrokerMetrics,
+        ops: OpRecordWriter,
     ) -> Topic:
         """Open the ledger, recover de-duplication and transaction state, and restore
         every subscription (so pending transactional acks materialize even with no
         consumer attached)."""
         ledger = await ManagedLedger.open(str(name), store, storage, settings.ledger)
         buffer: TransactionBuffer = (
-            MetadataTransactionBuffer(str(name), ledger, store, headers, metrics)
+            MetadataTransactionBuffer(
+                str(name), ledger, store=store, headers=headers, metrics=metrics, ops=ops
+            )
             if name.domain is Domain.SEGMENT
             else NoTransactions(ledger)
         )
@@ -105,6 +111,7 @@ class Topic:
                 store=store,
                 headers=headers,
                 metrics=metrics,
+                ops=ops,
             )
             for cursor_name in list(ledger.cursors):
                 await topic.subscription(cursor_name)
@@ -246,6 +253,7 @@ class Topic:
                     headers=self._headers,
                     release=subscription.release,
                     metrics=self._metrics,
+                    ops=self._ops,
                 )
                 await subscription.pending_acks.recover()
             self.subscriptions[name] = subscription

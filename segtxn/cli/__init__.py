@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from segtxn.cli import clients, servers
+from segtxn.cli import clients, servers, txn
 from segtxn.cli.demo import run_demo
 from segtxn.client import ServerError
 from segtxn.metastore import MetadataStoreError
@@ -56,3 +56,4 @@ main.add_command(servers.coordinator)
 main.add_command(clients.produce)
 main.add_command(clients.consume)
 main.add_command(clients.topics)
+main.add_command(txn.txn)

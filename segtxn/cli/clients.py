@@ -24,7 +24,9 @@ URL = click.option(
 )
 
 
-def _run(body: Callable[[Client], Awaitable[T]], url: str) -> T:
+def run(body: Callable[[Client], Awaitable[T]], url: str) -> T:
+    """Run ``body`` with a client of ``url``; server errors become clean CLI errors."""
+
     async def main() -> T:
         async with Client(url) as client:
             return await body(client)
@@ -69,7 +71,7 @@ def produce(
         )
         await producer.close()
 
-    _run(body, url)
+    run(body, url)
 
 
 @click.command()
@@ -118,7 +120,7 @@ def consume(
             received += 1
         click.echo(f"received {received} messages", err=True)
 
-    _run(body, url)
+    run(body, url)
 
 
 @click.group()
@@ -136,7 +138,7 @@ def _print(value: Any) -> None:
 @click.option("--segments", default=1, show_default=True, help="Range segments (topic://).")
 def create(url: str, topic: str, segments: int) -> None:
     """Create TOPIC (persistent://t/ns/name or topic://t/ns/name)."""
-    _run(lambda c: c.admin.create_topic(topic, segments=segments), url)
+    run(lambda c: c.admin.create_topic(topic, segments=segments), url)
     click.echo(f"created {topic}")
 
 
@@ -151,7 +153,7 @@ def list_(url: str, namespace: str, domain: str) -> None:
     tenant, _, ns = namespace.partition("/")
     if not ns:
         raise click.UsageError("NAMESPACE is tenant/namespace")
-    for name in _run(lambda c: c.admin.list_topics(domain, tenant, ns), url):
+    for name in run(lambda c: c.admin.list_topics(domain, tenant, ns), url):
         click.echo(name)
 
 
@@ -160,7 +162,7 @@ def list_(url: str, namespace: str, domain: str) -> None:
 @click.argument("topic")
 def stats(url: str, topic: str) -> None:
     """Print TOPIC's statistics (JSON)."""
-    _print(_run(lambda c: c.admin.stats(topic), url))
+    _print(run(lambda c: c.admin.stats(topic), url))
 
 
 @topics.command("delete")
@@ -169,7 +171,7 @@ def stats(url: str, topic: str) -> None:
 @click.option("--force", is_flag=True, help="Even with connected clients.")
 def delete(url: str, topic: str, force: bool) -> None:
     """Delete TOPIC and its data."""
-    _run(lambda c: c.admin.delete_topic(topic, force=force), url)
+    run(lambda c: c.admin.delete_topic(topic, force=force), url)
     click.echo(f"deleted {topic}")
 
 
@@ -196,7 +198,7 @@ def properties(
             await client.admin.remove_property(topic, key)
         return await client.admin.properties(topic)
 
-    _print(_run(body, url))
+    _print(run(body, url))
 
 
 @topics.command("subscriptions")
@@ -204,5 +206,5 @@ def properties(
 @click.argument("topic")
 def subscriptions(url: str, topic: str) -> None:
     """List TOPIC's subscriptions."""
-    for name in _run(lambda c: c.admin.subscriptions(topic), url):
+    for name in run(lambda c: c.admin.subscriptions(topic), url):
         click.echo(name)

@@ -41,10 +41,13 @@ class Client:
         self._coordinators: Coordinators | None = None
 
     async def __aenter__(self) -> Client:
+        # every producer and consumer stream holds a connection: no pool limit (aiohttp's
+        # default of 100 would make the 101st wait forever)
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout)
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout),
         )
-        self._connector = Connector(self.service_url, self._session)
+        self._connector = Connector(self.service_url, self._session, self._timeout)
         return self
 
     async def __aexit__(

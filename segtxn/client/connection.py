@@ -34,9 +34,12 @@ def _error(status: int, headers: Any, body: str = "") -> ServerError:
 class Connector:
     """HTTP and WebSocket access to a segtxn cluster through any of its brokers."""
 
-    def __init__(self, service_url: str, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self, service_url: str, session: aiohttp.ClientSession, request_timeout_s: float = 30.0
+    ) -> None:
         self.service_url = service_url.rstrip("/")
         self.session = session
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
 
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """An admin/lookup call; returns the decoded JSON (None for an empty body).
@@ -45,14 +48,15 @@ class Connector:
             ServerError: the error the broker answered with.
         """
         url = path if path.startswith("http") else self.service_url + path
+        kwargs.setdefault("timeout", self._timeout)
         try:
             async with self.session.request(method, url, **kwargs) as response:
                 text = await response.text()
                 if response.status >= 400:
                     raise _error(response.status, response.headers, text)
                 return json.loads(text) if text else None
-        except aiohttp.ClientConnectionError as e:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"cannot reach {url}: {e}") from e
+        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"cannot reach {url}: {e!r}") from e
 
     async def lookup(self, topic: TopicName) -> Any:
         return await self.request("GET", f"/lookup/v2/topic/{topic.path}")

@@ -38,7 +38,7 @@ from segtxn.protocol.frames import (
     Nack,
 )
 from segtxn.protocol.frames import Message as MessageFrame
-from segtxn.protocol.names import TopicName
+from segtxn.protocol.names import Domain, TopicName
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -348,7 +348,11 @@ class Consumer:
         if txn is None:
             await stream.ack([message_id], cumulative=cumulative)
             return
-        await txn.add_subscription(message_id.topic, self.subscription)
+        # one registration per scalable topic, not per segment (v5 treats it as a no-op
+        # beyond the domain check, so its segments share it)
+        name = TopicName.parse(message_id.topic)
+        registered = name.parent() if name.domain is Domain.SEGMENT else name
+        await txn.add_subscription(str(registered), self.subscription)
         ack = asyncio.ensure_future(
             stream.ack([message_id], cumulative=cumulative, txn=txn.wire_id)
         )

@@ -82,8 +82,8 @@ class Transaction:
         self.state = "NEW"
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._failure: BaseException | None = None
-        self._partitions: set[str] = set()
-        self._subscriptions: set[tuple[str, str]] = set()
+        self._registered: dict[str, asyncio.Future[None]] = {}
+        """ADD_PARTITION / ADD_SUBSCRIPTION calls made (or in flight), so each happens once."""
 
     @property
     def id(self) -> TxnId:
@@ -111,21 +111,27 @@ class Transaction:
 
     async def add_partition(self, topic: str) -> None:
         """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain."""
-        self._check_open()
-        if topic not in self._partitions:
-            await self._coordinators.call(
-                "POST", f"/txn/v2/{self.id}/partitions", json={"topics": [topic]}
-            )
-            self._partitions.add(topic)
+        await self._register(f"partition {topic}", "partitions", topic)
 
     async def add_subscription(self, topic: str, subscription: str) -> None:
         """ADD_SUBSCRIPTION_TO_TXN (once per topic and subscription)."""
+        await self._register(f"subscription {topic} {subscription}", "subscriptions", topic)
+
+    async def _register(self, what: str, command: str, topic: str) -> None:
         self._check_open()
-        if (topic, subscription) not in self._subscriptions:
-            await self._coordinators.call(
-                "POST", f"/txn/v2/{self.id}/subscriptions", json={"topics": [topic]}
+        future = self._registered.get(what)
+        if future is None:  # the first caller registers; concurrent ones wait for it
+            future = asyncio.ensure_future(
+                self._coordinators.call(
+                    "POST", f"/txn/v2/{self.id}/{command}", json={"topics": [topic]}
+                )
             )
-            self._subscriptions.add((topic, subscription))
+            self._registered[what] = future
+        try:
+            await asyncio.shield(future)
+        except ServerError:
+            self._registered.pop(what, None)  # a refused registration may be asked again
+            raise
 
     def track(self, future: asyncio.Future[Any]) -> None:
         """Count an operation in the transaction: if it fails, the transaction fails."""

@@ -110,6 +110,15 @@ async def end_txn(request: web.Request) -> web.StreamResponse:
 
 
 @_errors
+async def list_open(request: web.Request) -> web.StreamResponse:
+    limit = request.query.get("limit", "1000")
+    if not limit.isdigit():
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "limit must be a number")
+    found = await request.app[COORDINATOR].list_open(int(limit))
+    return web.json_response({"transactions": [_header(t, h) for t, h in found]})
+
+
+@_errors
 async def status(request: web.Request) -> web.StreamResponse:
     txn = _txn(request)
     return web.json_response(_header(txn, await request.app[COORDINATOR].status(txn)))
@@ -141,6 +150,9 @@ class _Collector(Collector):
             cas.add_metric([result], counters[f"header_cas_{result}"])
         yield cas
         for name, text in (
+            ("opened", "Transactions created (NEW_TXN)"),
+            ("committed", "Transactions committed"),
+            ("aborted", "Transactions aborted (including timeouts)"),
             ("timeouts", "Transactions aborted by the timeout sweep"),
             ("gc_headers", "Headers deleted by the GC sweep"),
             ("gc_forced_ops", "Op records force-deleted as abandoned"),
@@ -183,6 +195,7 @@ def create_app(
     app.add_routes(
         [
             web.post("/txn/v2/new", new_txn),
+            web.get("/txn/v2/open", list_open),
             web.post("/txn/v2/{txn}/partitions", add_participants),
             web.post("/txn/v2/{txn}/subscriptions", add_participants),
             web.post("/txn/v2/{txn}/end", end_txn),

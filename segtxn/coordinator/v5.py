@@ -100,6 +100,9 @@ class CoordinatorV5:
         self._round_robin = 0
         self._id_lock = asyncio.Lock()
         self.counters: dict[str, int] = {
+            "opened": 0,
+            "committed": 0,
+            "aborted": 0,
             "header_cas_ok": 0,
             "header_cas_conflict": 0,
             "header_cas_reject": 0,
@@ -200,6 +203,7 @@ class CoordinatorV5:
                     ErrorName.SERVICE_NOT_READY, f"lost coordinator id {coordinator_id:x}"
                 ) from e
             raise
+        self.counters["opened"] += 1
         return txn, header
 
     def _pick(self) -> tuple[int, _Held]:
@@ -311,11 +315,17 @@ class CoordinatorV5:
                 self.counters["header_cas_conflict"] += 1
                 continue  # decided concurrently (a timeout, another client): look again
             self.counters["header_cas_ok"] += 1
+            self.counters["committed" if outcome is TxnState.COMMITTED else "aborted"] += 1
             if late:
                 raise ServerError(
                     ErrorName.INVALID_TXN_STATUS, f"{txn} timed out before the commit: aborted"
                 )
             return final
+
+    async def list_open(self, limit: int = 1000) -> list[tuple[TxnId, T.TxnHeader]]:
+        """OPEN transactions (any coordinator id), soonest deadline first."""
+        due = await self.store.index_range(T.IDX_DEADLINE, limit=limit)
+        return [(T.txn_of_header_key(e.key), T.decode_header(e.value)) for e in due.entries]
 
     # ------------------------------------------------------------------ sweeps
 

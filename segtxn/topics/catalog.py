@@ -44,6 +44,7 @@ TOPICS = "/topics/"
 HOMES = "/homes/"
 BROKERS = "/brokers/"
 HOMES_BY_BROKER = "homes-by-broker"
+HOMES_PER_STEP = 40  # a home is a record and an index entry (and the old entry it replaces)
 
 
 class BrokerInfo(msgspec.Struct, frozen=True):
@@ -115,18 +116,29 @@ class Catalog:
     async def _create(
         self, name: TopicName, record: TopicRecord, homes: Sequence[tuple[TopicName, str]]
     ) -> None:
-        ops = [Put(topic_key(name), encode_topic(record), expected_version=MUST_NOT_EXIST)]
-        ops += [
-            Put(
-                home_key(ledger),
-                msgspec.json.encode(home),
-                expected_version=MUST_NOT_EXIST,
-                indexes={HOMES_BY_BROKER: home},
+        """Write the homes, then the topic record, which is what makes the topic exist.
+
+        Homes go in steps of :data:`HOMES_PER_STEP` (a topic may have more segments than
+        one atomic step can place). A crash in between leaves homes of a topic that does
+        not exist, which the next create of that name overwrites.
+        """
+        if await self.store.get(topic_key(name)) is not None:
+            raise TopicExists(f"{name} already exists")
+        for i in range(0, len(homes), HOMES_PER_STEP):
+            await self.store.commit(
+                [
+                    Put(
+                        home_key(ledger),
+                        msgspec.json.encode(home),
+                        indexes={HOMES_BY_BROKER: home},
+                    )
+                    for ledger, home in homes[i : i + HOMES_PER_STEP]
+                ]
             )
-            for ledger, home in homes
-        ]
         try:
-            await self.store.commit(ops)
+            await self.store.put(
+                topic_key(name), encode_topic(record), expected_version=MUST_NOT_EXIST
+            )
         except AlreadyExists as e:
             raise TopicExists(f"{name} already exists") from e
 

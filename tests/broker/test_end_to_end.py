@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from segtxn.client import Client, ErrorName, ServerError
+from segtxn.client import Client, ErrorName, ScalableProducer, ServerError
 from segtxn.protocol.hashing import key_hash
 
 
@@ -55,3 +55,24 @@ async def test_unknown_topic_is_a_named_error(client: Client) -> None:
     with pytest.raises(ServerError) as error:
         await client.subscribe("persistent://acme/orders/missing", "s")
     assert error.value.name is ErrorName.TOPIC_NOT_FOUND
+
+
+async def test_a_wide_scalable_topic_and_a_client_with_many_streams(client: Client) -> None:
+    """64 segments: more homes than one store step holds, and 128 open streams (more than
+    aiohttp's default pool of 100) from one client."""
+    topic = "topic://acme/orders/wide"
+    await client.admin.create_topic(topic, segments=64)
+    consumer = await client.subscribe(topic, "all", initial_position="earliest")
+    producer = await client.create_producer(topic)
+    assert isinstance(producer, ScalableProducer)
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < 64:  # one key per segment
+        keys.setdefault(producer.route(f"k{i}"), f"k{i}")
+        i += 1
+    await asyncio.gather(*(producer.send(k.encode(), key=k) for k in keys.values()))
+    got = {(await consumer.receive(timeout_s=10)).value for _ in range(64)}
+    assert got == {k.encode() for k in keys.values()}
+    with pytest.raises(ServerError) as too_wide:
+        await client.admin.create_topic("topic://acme/orders/too-wide", segments=257)
+    assert too_wide.value.name is ErrorName.INVALID_ARGUMENT

@@ -5,6 +5,8 @@ The store is wrapped in a FaultInjector (``cluster.faults``) so tests can drop w
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,7 @@ from segtxn.client import Client
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import free_port
+from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.faults import FaultInjector
 
 
@@ -38,9 +40,15 @@ class Cluster:
         return engine
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    store = open_store("memory://", wrap=FaultInjector)
+@pytest.fixture(params=["memory", "etcd"])
+async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Cluster]:
+    """The same cluster on the embedded store and on a real etcd."""
+    if request.param == "memory":
+        url = "memory://"
+    else:
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        url = server.url(f"/txn-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    store = open_store(url, wrap=FaultInjector)
     port, txn_port = free_port(), free_port()
     broker = BrokerServer(
         BrokerSettings(

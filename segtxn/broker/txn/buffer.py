@@ -40,8 +40,9 @@ import msgspec
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import ManagedLedger, Position, TrimResult
-from segtxn.metastore import BadVersion, Check, MetadataStore, MetadataStoreError, NotFound, Put
+from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
@@ -140,13 +141,16 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self,
         segment: str,
         ledger: ManagedLedger,
+        *,
         store: MetadataStore,
         headers: HeaderCache,
         metrics: BrokerMetrics,
+        ops: OpRecordWriter,
     ) -> None:
         super().__init__()
         self.segment = segment
         self._metrics = metrics
+        self._ops = ops
         self._ledger = ledger
         self._store = store
         self._headers = headers
@@ -232,31 +236,10 @@ class MetadataTransactionBuffer(TransactionBuffer):
             self._changed()
 
     async def _record(self, txn: TxnId, version: int, position: Position) -> str:
+        """The op record, written with a check that the header is still at ``version``
+        (the late-write race is settled there), batched with others of ``txn``."""
         op = T.TxnOp(T.OpKind.WRITE, self.segment, (position.ledger_id, position.entry_id))
-        try:
-            results = await self._store.commit(
-                [
-                    Check(T.header_key(txn), version),  # the late-write race, settled here
-                    Put(
-                        T.ops_prefix(txn),
-                        T.encode(op),
-                        sequential=True,
-                        partition_key=txn.key,
-                        indexes=T.op_indexes(op),
-                    ),
-                ]
-            )
-        except (BadVersion, NotFound) as e:
-            raise ServerError(
-                ErrorName.TRANSACTION_CONFLICT, f"{txn} ended while this write was stored"
-            ) from e
-        except MetadataStoreError as e:
-            raise ServerError(ErrorName.PERSISTENCE, f"could not record the write: {e}") from e
-        self._metrics.txn_op_writes.add(1, {"kind": "write"})
-        record = results[1]
-        if record is None:  # a Put always yields its record
-            raise ServerError(ErrorName.UNKNOWN, "the store returned no op record")
-        return record.key
+        return await self._ops.write(txn, version, op)
 
     def _track(self, txn: TxnId, position: Position, op_key: str) -> None:
         self._writes.setdefault(txn, []).append(position)

@@ -22,16 +22,14 @@ from collections.abc import Callable
 
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import ManagedCursor, Position
-from segtxn.metastore import BadVersion, Check, MetadataStore, MetadataStoreError, NotFound, Put
+from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
-
-OPS_PER_STEP = 40
-"""Ack op records per atomic store step (each is a record, an index entry, a counter)."""
 
 
 class PendingAckStore(ABC):
@@ -76,6 +74,7 @@ class MetadataPendingAckStore(PendingAckStore):
         headers: HeaderCache,
         release: Callable[[list[Position]], None],
         metrics: BrokerMetrics,
+        ops: OpRecordWriter,
     ) -> None:
         """``release`` is called with the positions an aborted transaction acknowledged:
         they are to be delivered again."""
@@ -86,6 +85,7 @@ class MetadataPendingAckStore(PendingAckStore):
         self._headers = headers
         self._release = release
         self._metrics = metrics
+        self._ops = ops
         self._individual: dict[Position, TxnId] = {}
         self._cumulative: dict[TxnId, Position] = {}
         self._op_keys: dict[TxnId, list[str]] = {}
@@ -136,13 +136,12 @@ class MetadataPendingAckStore(PendingAckStore):
             ops = [self._op(upto, cumulative=True)]
         else:
             ops = [self._op(p, cumulative=False) for p in positions]
-        keys = await self._write(txn, version, ops)
+        await self._write(txn, version, ops)
         if cumulative:
             self._cumulative[txn] = max(self._cumulative.get(txn, upto), upto)
         else:
             for position in positions:
                 self._individual[position] = txn
-        self._op_keys.setdefault(txn, []).extend(keys)
         cached = self._headers.cached(txn)
         if cached is not None and cached.state.final:  # decided while we were writing
             self._on_header(txn, cached)
@@ -157,28 +156,19 @@ class MetadataPendingAckStore(PendingAckStore):
         )
 
     async def _write(self, txn: TxnId, version: int, ops: list[T.TxnOp]) -> list[str]:
-        keys: list[str] = []
-        for i in range(0, len(ops), OPS_PER_STEP):
-            step = [
-                Put(
-                    T.ops_prefix(txn),
-                    T.encode(op),
-                    sequential=True,
-                    partition_key=txn.key,
-                    indexes=T.op_indexes(op),
-                )
-                for op in ops[i : i + OPS_PER_STEP]
-            ]
-            try:
-                results = await self._store.commit([Check(T.header_key(txn), version), *step])
-            except (BadVersion, NotFound) as e:
-                raise ServerError(
-                    ErrorName.TRANSACTION_CONFLICT, f"{txn} ended while acknowledging"
-                ) from e
-            except MetadataStoreError as e:
-                raise ServerError(ErrorName.PERSISTENCE, f"could not record the ack: {e}") from e
-            keys += [r.key for r in results[1:] if r is not None]
-            self._metrics.txn_op_writes.add(len(step), {"kind": "ack"})
+        """All the op records, batched with others of ``txn`` (several per store step).
+
+        Raises ServerError(TransactionConflict / PersistenceError); records written before a
+        failure are deleted when the transaction's (aborted) outcome is materialized.
+        """
+        results = await asyncio.gather(
+            *(self._ops.write(txn, version, op) for op in ops), return_exceptions=True
+        )
+        keys = [r for r in results if isinstance(r, str)]
+        self._op_keys.setdefault(txn, []).extend(keys)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
         return keys
 
     # ------------------------------------------------------------------ outcomes
