@@ -23,7 +23,7 @@ async def wait_until(
             return
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # sleep-ok: the poll interval of a bounded wait-until
 
 
 async def take(events: AsyncIterator[T], n: int, *, timeout: float = 10.0) -> list[T]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -20,6 +19,7 @@ from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName
+from segtxn.web import AppServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -92,7 +92,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
-class BrokerServer:
+class BrokerServer(AppServer):
     """Runs one broker app on a host and port (``start`` / ``stop``), for the CLI,
     ``standalone`` and tests."""
 
@@ -103,20 +103,9 @@ class BrokerServer:
         port: int | None = None,
         store: MetadataStore | None = None,
     ) -> None:
-        parts = urlsplit(settings.advertise_url)
+        super().__init__(create_app(settings, store), settings.advertise_url, host, port)
         self.settings = settings
-        self.host = host or parts.hostname or "127.0.0.1"
-        self.port = port if port is not None else (parts.port or 8080)
-        self.app = create_app(settings, store)
-        self._runner = web.AppRunner(self.app, handle_signals=False)
 
     @property
     def service(self) -> BrokerService:
         return self.app[SERVICE]
-
-    async def start(self) -> None:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()

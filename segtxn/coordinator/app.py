@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -29,6 +29,7 @@ from segtxn.metastore import MetadataStore, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.transactions import TxnHeader
+from segtxn.web import AppServer
 
 COORDINATOR = web.AppKey("coordinator", CoordinatorV5)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -208,7 +209,7 @@ def create_app(
     return app
 
 
-class CoordinatorServer:
+class CoordinatorServer(AppServer):
     def __init__(
         self,
         settings: CoordinatorSettings,
@@ -216,20 +217,9 @@ class CoordinatorServer:
         port: int | None = None,
         store: MetadataStore | None = None,
     ) -> None:
-        parts = urlsplit(settings.advertise_url)
+        super().__init__(create_app(settings, store), settings.advertise_url, host, port)
         self.settings = settings
-        self.host = host or parts.hostname or "127.0.0.1"
-        self.port = port if port is not None else (parts.port or 8081)
-        self.app = create_app(settings, store)
-        self._runner = web.AppRunner(self.app, handle_signals=False)
 
     @property
     def coordinator(self) -> CoordinatorV5:
         return self.app[COORDINATOR]
-
-    async def start(self) -> None:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
