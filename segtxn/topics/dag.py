@@ -1,0 +1,173 @@
+"""The segment DAG of a scalable topic: pure operations on its record, and their invariants.
+
+A split seals one active segment and adds two children covering its range (at its midpoint
+or at a given hash); a merge seals two adjacent active segments and adds one child covering
+both. Every operation bumps the epoch and takes child ids from ``next_segment_id``.
+
+Invariants (checked by :func:`check`, property-tested):
+
+- the ACTIVE segments tile the hash space 0x0000-0xFFFF exactly: sorted by range, each starts
+  right after the previous one ends, no overlap, no gap;
+- every SEALED segment's range is covered by its children's (contiguous) ranges — exactly
+  for a split, by a wider child for a merge — and each child lists it among its parents;
+- ids are unique and below ``next_segment_id``.
+
+An operation is first *planned* (the record gains a :class:`PendingOp` with the child ids and
+ranges decided), then *completed* (parents sealed, children active). The controller writes the
+planned record before it seals anything, so a controller that dies half-way leaves an intent
+its successor finishes, never a half-done topology.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+import msgspec
+
+from segtxn.protocol.hashing import HASH_SPACE
+from segtxn.topics.model import ScalableTopic, SegmentInfo, SegmentState
+
+
+class DagError(ValueError):
+    """An operation that does not fit the DAG (the message says why)."""
+
+
+class OpKind(enum.StrEnum):
+    SPLIT = "split"
+    MERGE = "merge"
+
+
+class PendingOp(msgspec.Struct, frozen=True):
+    kind: OpKind
+    parents: list[int]
+    children: list[tuple[int, int, int]]
+    """(id, lo, hi) of each child, decided when the operation was planned."""
+
+
+class PlannedTopic(msgspec.Struct, frozen=True):
+    """A scalable topic record with at most one operation in progress."""
+
+    topic: ScalableTopic
+    pending: PendingOp | None = None
+
+
+def _active(topic: ScalableTopic, segment_id: int) -> SegmentInfo:
+    segment = topic.segment(segment_id)
+    if segment is None:
+        raise DagError(f"segment {segment_id} does not exist")
+    if segment.state is not SegmentState.ACTIVE:
+        raise DagError(f"segment {segment_id} is sealed (it was split or merged)")
+    return segment
+
+
+def plan_split(topic: ScalableTopic, segment_id: int, at: int | None = None) -> PendingOp:
+    """Split ``segment_id`` into [lo, at-1] and [at, hi] (``at`` defaults to the midpoint).
+
+    Raises:
+        DagError: no such active segment, a one-hash segment, or ``at`` outside (lo, hi].
+    """
+    segment = _active(topic, segment_id)
+    if segment.lo == segment.hi:
+        raise DagError(f"segment {segment_id} covers a single hash: it cannot be split")
+    at = (segment.lo + segment.hi + 1) // 2 if at is None else at
+    if not segment.lo < at <= segment.hi:
+        raise DagError(
+            f"split point {at:#06x} must be within ({segment.lo:#06x}, {segment.hi:#06x}]"
+        )
+    first = topic.next_segment_id
+    return PendingOp(
+        OpKind.SPLIT,
+        [segment_id],
+        [(first, segment.lo, at - 1), (first + 1, at, segment.hi)],
+    )
+
+
+def plan_merge(topic: ScalableTopic, first_id: int, second_id: int) -> PendingOp:
+    """Merge two adjacent active segments into one.
+
+    Raises:
+        DagError: not both active, the same segment, or not adjacent.
+    """
+    if first_id == second_id:
+        raise DagError("a segment cannot be merged with itself")
+    a, b = sorted((_active(topic, first_id), _active(topic, second_id)), key=lambda s: s.lo)
+    if a.hi + 1 != b.lo:
+        raise DagError(f"segments {a.id} and {b.id} are not adjacent: only neighbours merge")
+    return PendingOp(OpKind.MERGE, [a.id, b.id], [(topic.next_segment_id, a.lo, b.hi)])
+
+
+def complete(topic: ScalableTopic, op: PendingOp) -> ScalableTopic:
+    """The topic after ``op``: parents sealed, children active, epoch + 1."""
+    epoch = topic.epoch + 1
+    children = [c[0] for c in op.children]
+    segments = [
+        msgspec.structs.replace(
+            segment, state=SegmentState.SEALED, children=children, sealed_epoch=epoch
+        )
+        if segment.id in op.parents
+        else segment
+        for segment in topic.segments
+    ]
+    segments += [
+        SegmentInfo(child, lo, hi, parents=list(op.parents), created_epoch=epoch)
+        for child, lo, hi in op.children
+    ]
+    done = msgspec.structs.replace(
+        topic,
+        epoch=epoch,
+        next_segment_id=max(topic.next_segment_id, max(children) + 1),
+        segments=segments,
+    )
+    check(done)
+    return done
+
+
+def check(topic: ScalableTopic) -> None:
+    """Raise DagError if an invariant (see the module docstring) does not hold."""
+    ids = [s.id for s in topic.segments]
+    if len(set(ids)) != len(ids):
+        raise DagError("duplicate segment ids")
+    if ids and max(ids) >= topic.next_segment_id:
+        raise DagError("a segment id is not below next_segment_id")
+    expected = 0
+    for segment in topic.active():
+        if segment.lo != expected or segment.hi < segment.lo:
+            raise DagError(f"active segments do not tile the hash space at {expected:#06x}")
+        expected = segment.hi + 1
+    if expected != HASH_SPACE:
+        raise DagError("active segments do not reach the end of the hash space")
+    by_id = {s.id: s for s in topic.segments}
+    for segment in topic.segments:
+        if segment.state is not SegmentState.SEALED:
+            continue
+        children = sorted((by_id[c] for c in segment.children), key=lambda s: s.lo)
+        contiguous = all(a.hi + 1 == b.lo for a, b in itertools.pairwise(children))
+        if (
+            not children
+            or not contiguous
+            or children[0].lo > segment.lo
+            or children[-1].hi < segment.hi
+        ):
+            raise DagError(f"sealed segment {segment.id} is not covered by its children")
+        if any(segment.id not in c.parents for c in children):
+            raise DagError(f"a child of {segment.id} does not list it as a parent")
+
+
+def ancestors_first(topic: ScalableTopic) -> list[SegmentInfo]:
+    """Every segment, each after all of its parents (the order consumers must follow)."""
+    by_id = {s.id: s for s in topic.segments}
+    done: set[int] = set()
+    order: list[SegmentInfo] = []
+
+    def visit(segment: SegmentInfo) -> None:
+        if segment.id in done:
+            return
+        for parent in segment.parents:
+            visit(by_id[parent])
+        done.add(segment.id)
+        order.append(segment)
+
+    for segment in sorted(topic.segments, key=lambda s: s.id):
+        visit(segment)
+    return order
