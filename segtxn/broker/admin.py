@@ -13,15 +13,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
-from segtxn.broker.http import SERVICE, check_name, error_response, topic_from
+from segtxn.aio import first_completed
+from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
 from segtxn.broker.service import BrokerService
 from segtxn.ledger import Position
 from segtxn.metastore import MetadataStoreError, StoreUnavailable
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
-from segtxn.topics.model import ScalableTopic
+from segtxn.topics.catalog import topic_key
+from segtxn.topics.controller import TopicBusy
+from segtxn.topics.dag import DagError
+from segtxn.topics.model import ScalableTopic, decode_topic
 from segtxn.topics.transactions import COORDINATOR_MEMBERS
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
@@ -288,6 +292,99 @@ async def _change_properties(
     await topic.update_properties(updates, removals)
 
 
+# ---------------------------------------------------------------------- topology
+
+
+@_errors
+async def terminate(request: web.Request) -> web.StreamResponse:
+    """Seal a persistent topic or a segment: no more writes; reads and acks go on."""
+    topic = await request.app[SERVICE].serve(topic_from(request))
+    last = await topic.ledger.terminate()
+    return web.json_response({"lastPosition": None if last is None else str(last)})
+
+
+@_errors
+async def load(request: web.Request) -> web.StreamResponse:
+    """Open a topic or segment on its home broker now (creating its ledger)."""
+    await request.app[SERVICE].serve(topic_from(request))
+    return web.Response(status=204)
+
+
+def _dag(topic: ScalableTopic) -> dict[str, Any]:
+    return {
+        "epoch": topic.epoch,
+        "segments": [
+            {
+                "id": s.id,
+                "range": [s.lo, s.hi],
+                "state": s.state,
+                "parents": s.parents,
+                "children": s.children,
+            }
+            for s in topic.segments
+        ],
+    }
+
+
+async def _as_controller(
+    request: web.Request, change: Callable[[TopicName], Awaitable[ScalableTopic]]
+) -> web.StreamResponse:
+    """Run a topology change here if this broker is (or becomes) the topic's controller;
+    otherwise forward the request to the controller."""
+    service = request.app[SERVICE]
+    name = topic_from(request)
+    if name.domain is not Domain.TOPIC:
+        raise ServerError(ErrorName.NOT_ALLOWED, f"{name}: only scalable topics split and merge")
+    leader = await service.controllers.leader(name)
+    if leader is not None:
+        target = leader.rstrip("/") + request.path_qs
+        async with request.app[HTTP].post(target) as forwarded:
+            return web.Response(
+                status=forwarded.status,
+                body=await forwarded.read(),
+                content_type=forwarded.content_type,
+                headers={k: v for k, v in forwarded.headers.items() if k.startswith("X-Segtxn")},
+            )
+    try:
+        return web.json_response(_dag(await change(name)))
+    except DagError as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"{name}: {e}") from e
+    except TopicBusy as e:
+        raise ServerError(ErrorName.TOPIC_BUSY, str(e)) from e
+    except KeyError:
+        raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist") from None
+
+
+def _int(request: web.Request, key: str, *, base: int = 10) -> int | None:
+    value = request.query.get(key)
+    if value is None:
+        return None
+    try:
+        return int(value, base)
+    except ValueError:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"{key} must be a number") from None
+
+
+@_errors
+async def split(request: web.Request) -> web.StreamResponse:
+    segment = _int(request, "segment")
+    if segment is None:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "which segment? (?segment=ID[&at=HASH])")
+    at = _int(request, "at", base=0)
+    controllers = request.app[SERVICE].controllers
+    return await _as_controller(request, lambda name: controllers.split(name, segment, at))
+
+
+@_errors
+async def merge(request: web.Request) -> web.StreamResponse:
+    parts = request.query.get("segments", "").split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "which segments? (?segments=A,B)")
+    first, second = (int(p) for p in parts)
+    controllers = request.app[SERVICE].controllers
+    return await _as_controller(request, lambda name: controllers.merge(name, first, second))
+
+
 # ---------------------------------------------------------------------- lookup
 
 
@@ -296,23 +393,7 @@ async def lookup(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     name = topic_from(request)
     if name.domain is Domain.TOPIC:
-        record = await _scalable(service, name)
-        segments = []
-        for s in record.segments:
-            home = await service.catalog.home_of(name.segment_name(s.id))
-            url = await service.catalog.broker_url(home) if home else None
-            segments.append(
-                {
-                    "id": s.id,
-                    "lo": s.lo,
-                    "hi": s.hi,
-                    "state": s.state,
-                    "parents": s.parents,
-                    "children": s.children,
-                    "brokerUrl": url,
-                }
-            )
-        return web.json_response({"topic": str(name), "epoch": record.epoch, "segments": segments})
+        return web.json_response(await layout(service, name, await _scalable(service, name)))
     home = await service.catalog.home_of(name)
     if home is None:
         if name.domain is Domain.PERSISTENT and service.settings.auto_create_topics:
@@ -323,6 +404,65 @@ async def lookup(request: web.Request) -> web.StreamResponse:
     if url is None:
         raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}'s broker {home!r} is down")
     return web.json_response({"topic": str(name), "brokerUrl": url})
+
+
+async def layout(service: BrokerService, name: TopicName, topic: ScalableTopic) -> dict[str, Any]:
+    """A scalable topic's DAG as clients see it: each segment with its broker's URL."""
+    segments = []
+    for s in topic.segments:
+        home = await service.catalog.home_of(name.segment_name(s.id))
+        url = await service.catalog.broker_url(home) if home else None
+        segments.append(
+            {
+                "id": s.id,
+                "lo": s.lo,
+                "hi": s.hi,
+                "state": s.state,
+                "parents": s.parents,
+                "children": s.children,
+                "brokerUrl": url,
+            }
+        )
+    return {"topic": str(name), "epoch": topic.epoch, "segments": segments}
+
+
+async def lookup_session(request: web.Request) -> web.StreamResponse:
+    """``/ws/v2/lookup/topic/...``: the current DAG (a JSON text frame), then the DAG again
+    after every change to it, until the client leaves. A deleted topic closes it."""
+    service = request.app[SERVICE]
+    try:
+        name = topic_from(request)
+        if name.domain is not Domain.TOPIC:
+            raise ServerError(ErrorName.NOT_ALLOWED, f"{name}: lookup sessions are for topic://")
+        record = await service.store.get(topic_key(name))
+        if record is None:
+            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+    except ServerError as e:
+        return error_response(e, request)
+    ws = web.WebSocketResponse(heartbeat=30)
+    request.app[SOCKETS].add(ws)
+    await ws.prepare(request)
+
+    async def push() -> None:
+        topic = decode_topic(record.value)
+        if isinstance(topic, ScalableTopic):
+            await ws.send_str(json.dumps(await layout(service, name, topic)))
+        async with service.store.watch(topic_key(name), from_revision=record.version + 1) as events:
+            async for event in events:
+                if event.record is None:
+                    await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic deleted")
+                    return
+                changed = decode_topic(event.record.value)
+                if isinstance(changed, ScalableTopic):
+                    await ws.send_str(json.dumps(await layout(service, name, changed)))
+
+    async def drain() -> None:
+        async for _ in ws:  # the client says nothing; this ends when it leaves
+            pass
+
+    await first_completed(push(), drain(), name=f"lookup-session-{name}")
+    await ws.close()
+    return ws
 
 
 async def coordinators(request: web.Request) -> web.StreamResponse:
@@ -353,5 +493,10 @@ def routes() -> list[web.RouteDef]:
             web.put(base + "/properties", update_properties),
             web.delete(base + "/properties", remove_property),
             web.get("/lookup/v2/topic" + shape, lookup),
+            web.get("/ws/v2/lookup" + shape, lookup_session),
+            web.post(base + "/terminate", terminate),
+            web.post(base + "/load", load),
+            web.post(base + "/split", split),
+            web.post(base + "/merge", merge),
         ]
     return out

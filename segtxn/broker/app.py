@@ -38,6 +38,7 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
     async def http_ctx(app: web.Application) -> AsyncIterator[None]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
             app[admin.HTTP] = session
+            app[SERVICE].controllers.start(session)
             yield
 
     app.cleanup_ctx.extend([service_ctx, http_ctx])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.topic import Topic
@@ -49,6 +50,13 @@ class BrokerService:
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics(settings.broker_id)
         self.op_records = OpRecordWriter(self.store, self.metrics)
+        self.controllers = TopicControllers(
+            self.store,
+            self.catalog,
+            advertise_url=settings.advertise_url,
+            sweep_s=settings.controller_sweep_s,
+            session=self.session,
+        )
         self.metrics.gauge(
             "segtxn_broker_topics", "Topics and segments loaded", lambda: len(self.topics)
         )
@@ -71,6 +79,11 @@ class BrokerService:
                 s.backlog() for t in self.topics.values() for s in t.subscriptions.values()
             ),
         )
+
+    def session(self) -> Session:
+        if self._session is None:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, "the broker is not registered yet")
+        return self._session
 
     @property
     def broker_id(self) -> str:
@@ -119,6 +132,7 @@ class BrokerService:
 
     async def stop(self) -> None:
         self.ready.clear()
+        await self.controllers.stop()
         for background in (self._keeper, self._retention):
             if background is not None:
                 background.cancel()

@@ -33,6 +33,8 @@ class BrokerSettings:
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_check_s: float = 60.0
+    controller_sweep_s: float = 5.0
+    """How often a broker looks for splits or merges a dead controller left unfinished."""
     """How often consumed ledgers past retention are trimmed (with their indexes)."""
 
     def __post_init__(self) -> None:

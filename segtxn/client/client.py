@@ -11,6 +11,7 @@ from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector
 from segtxn.client.consumer import Consumer, Reader
 from segtxn.client.errors import ClientClosed
+from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
 from segtxn.client.transaction import Coordinators, Transaction
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -109,14 +110,15 @@ class Client:
             initial_position: where a new subscription starts: earliest or latest.
         """
         parsed = _topic(topic)
-        topics = [parsed]
+        layout = None
         if parsed.domain is Domain.TOPIC:
-            layout = await self.connector.lookup(parsed)
-            topics = [parsed.segment_name(s["id"]) for s in layout["segments"]]
+            layout = TopicLayout(self.connector, parsed)
+            await layout.start()
         consumer = Consumer(
             self.connector,
-            topics,
+            parsed,
             subscription,
+            layout=layout,
             sub_type=subscription_type,
             initial=initial_position,
             name=name,

@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 
 import aiohttp
 import msgspec
 
+from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed
+from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
@@ -70,12 +73,14 @@ class _Stream:
         query: dict[str, str],
         receiver_queue_size: int,
         deliver: asyncio.Queue[Message | BaseException],
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         self.topic = topic
         self._connector = connector
         self._kind, self._suffix, self._query = kind, suffix, query
         self._size = receiver_queue_size
         self._deliver = deliver
+        self._on_end = on_end
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._acks: dict[int, asyncio.Future[None]] = {}
         self._ack_frames: dict[int, Ack] = {}
@@ -180,6 +185,8 @@ class _Stream:
                 self.active = frame.active
             elif isinstance(frame, EndOfTopic):
                 self.ended.set()
+                if self._on_end is not None:
+                    self._on_end()
         raise ConnectionError("the broker closed the connection")
 
     async def taken(self) -> None:
@@ -237,51 +244,104 @@ def _message(topic: TopicName, frame: MessageFrame) -> Message:
     )
 
 
+MAX_STREAMS = 257  # a topic's segments over its whole life: bounds the local queue
+
+
 class Consumer:
-    """Messages of one subscription, from one topic or from every segment of a scalable
-    topic (then one stream per segment feeds one queue)."""
+    """Messages of one subscription, from one topic, or from a scalable topic's segments.
+
+    For a scalable topic it follows the segment DAG (a lookup session). With Exclusive or
+    Failover (ordered) subscriptions a segment is consumed only after every one of its
+    parents has been consumed *and acknowledged* to its end (the broker says so with
+    ``end_of_topic``), so each key's messages arrive in order across splits and merges.
+    With Shared every segment is consumed as soon as it exists, in no particular order.
+    """
 
     def __init__(
         self,
         connector: Connector,
-        topics: list[TopicName],
+        topic: TopicName,
         subscription: str,
         *,
         sub_type: str = "Exclusive",
         initial: str = "latest",
         name: str | None = None,
         receiver_queue_size: int = 1000,
+        layout: TopicLayout | None = None,
     ) -> None:
         self.subscription = subscription
         self.name = name or f"consumer-{next(_ids)}"
+        self.topic = topic
+        self._connector = connector
+        self._layout = layout
+        self._ordered = sub_type != "Shared"
+        self._size = receiver_queue_size
+        self._query = {"type": sub_type, "initial": initial, "name": self.name}
         self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(
-            maxsize=(receiver_queue_size + 8) * max(1, len(topics))
+            maxsize=(receiver_queue_size + 8) * (MAX_STREAMS if layout else 1)
         )
-        query = {"type": sub_type, "initial": initial, "name": self.name}
-        self._streams = {
-            str(t): _Stream(
-                connector,
-                t,
-                kind="consumer",
-                suffix=f"/{subscription}",
-                query=query,
-                receiver_queue_size=receiver_queue_size,
-                deliver=self._queue,
-            )
-            for t in topics
-        }
+        self._streams: dict[str, _Stream] = {}
+        self._finished: set[int] = set()
+        """Segments consumed and acknowledged to their end (their streams are closed)."""
+        self._wake = asyncio.Event()
+        self._follower: asyncio.Task[None] | None = None
         self._closed = False
 
+    def _stream(self, message_id: MessageId) -> _Stream:
+        stream = self._streams.get(message_id.topic)
+        if stream is None:
+            raise ValueError(f"{message_id} is not from a segment this consumer reads now")
+        return stream
+
+    async def _open(self, topic: TopicName) -> None:
+        stream = _Stream(
+            self._connector,
+            topic,
+            kind="consumer",
+            suffix=f"/{self.subscription}",
+            query=self._query,
+            receiver_queue_size=self._size,
+            deliver=self._queue,
+            on_end=self._wake.set,
+        )
+        await stream.start()
+        self._streams[str(topic)] = stream
+
     async def start(self) -> None:
-        started: list[_Stream] = []
         try:
-            for stream in self._streams.values():
-                await stream.start()
-                started.append(stream)
+            if self._layout is None:
+                await self._open(self.topic)
+                return
+            await self._open_eligible()
+            self._follower = asyncio.create_task(self._follow(), name=f"consumer-dag-{self.name}")
         except BaseException:
-            for stream in started:
-                await stream.close()
+            await self.close()
             raise
+
+    async def _open_eligible(self) -> None:
+        assert self._layout is not None
+        for segment in sorted(self._layout.segments.values(), key=lambda s: s.id):
+            name = self.topic.segment_name(segment.id)
+            if str(name) in self._streams or segment.id in self._finished:
+                continue
+            if self._ordered and not all(p in self._finished for p in segment.parents):
+                continue  # its parents first: per-key order
+            await self._open(name)
+
+    async def _follow(self) -> None:
+        """Open segments as the DAG grows and as parents finish; close finished ones."""
+        assert self._layout is not None
+        while True:
+            await first_completed(
+                self._layout.changed.wait(), self._wake.wait(), name=f"consumer-dag-{self.name}"
+            )
+            self._wake.clear()
+            for key, stream in list(self._streams.items()):
+                if stream.ended.is_set() and self._ordered:
+                    self._finished.add(TopicName.parse(key).segment or 0)
+                    del self._streams[key]
+                    await stream.close()
+            await self._open_eligible()
 
     @property
     def active(self) -> bool:
@@ -305,7 +365,9 @@ class Consumer:
             item = await self._queue.get()
         if isinstance(item, BaseException):
             raise item
-        await self._streams[item.message_id.topic].taken()
+        stream = self._streams.get(item.message_id.topic)
+        if stream is not None:
+            await stream.taken()
         return item
 
     def __aiter__(self) -> Consumer:
@@ -316,12 +378,6 @@ class Consumer:
             return await self.receive()
         except ClientClosed:
             raise StopAsyncIteration from None
-
-    def _stream(self, message_id: MessageId) -> _Stream:
-        stream = self._streams.get(message_id.topic)
-        if stream is None:
-            raise ValueError(f"{message_id} is not from this consumer's topic")
-        return stream
 
     async def acknowledge(
         self, message: Message | MessageId, *, txn: Transaction | None = None
@@ -368,8 +424,13 @@ class Consumer:
         if self._closed:
             return
         self._closed = True
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
         for stream in self._streams.values():
             await stream.close()
+        if self._layout is not None:
+            await self._layout.close()
 
 
 class Reader:

@@ -22,7 +22,6 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import msgspec
@@ -30,12 +29,12 @@ import msgspec
 from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
+from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import MessageId
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
-from segtxn.protocol.hashing import key_hash
 from segtxn.protocol.names import TopicName
 
 log = logging.getLogger(__name__)
@@ -261,6 +260,7 @@ class Producer:
         event_time_ms: int | None = None,
         txn: Transaction | None = None,
         registered: bool = False,
+        track: bool = True,
     ) -> asyncio.Future[MessageId]:
         """Queue one message (waiting for room in the window); the future resolves to its
         id once stored. Messages queued by one task are stored in the order queued."""
@@ -295,7 +295,7 @@ class Producer:
                 self.options.send_timeout_s, self._expire, seq
             )
             future.add_done_callback(lambda _: timer.cancel())
-        if txn is not None:
+        if txn is not None and track:
             txn.track(future)
         return future
 
@@ -323,8 +323,25 @@ class Producer:
         self._fail_all(ClientClosed(f"producer {self.name} is closed"))
 
 
+@dataclass(eq=False)
+class _Outgoing:
+    value: bytes
+    key: str | None
+    properties: dict[str, str] | None
+    event_time_ms: int | None
+    txn: Transaction | None
+    result: asyncio.Future[MessageId]
+
+
 class ScalableProducer:
-    """Routes messages of a scalable topic to its segments by key hash."""
+    """Routes messages of a scalable topic to its segments by key hash.
+
+    The segment DAG comes from a lookup session (pushed on every change). A send that
+    reaches a segment sealed meanwhile (``TopicTerminatedError``: nothing was stored) is
+    sent again to the segment now covering its key; while any message is being re-routed,
+    later ones queue behind it, so each key's messages keep their order across a split or
+    merge. Nothing is lost and nothing is stored twice (a sealed segment stores nothing).
+    """
 
     def __init__(
         self,
@@ -337,30 +354,25 @@ class ScalableProducer:
         self.name = name or f"producer-{next(_names)}-{id(self):x}"
         self.options = options or ProducerOptions()
         self._connector = connector
-        self._segments: list[dict[str, Any]] = []
+        self.layout = TopicLayout(connector, topic)
         self._producers: dict[int, Producer] = {}
         self._round_robin = itertools.count()
         self._lock = asyncio.Lock()
+        self._order = asyncio.Lock()  # FIFO: re-routed messages, then the ones behind them
+        self._rerouting = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.reroutes = 0
 
     async def start(self) -> None:
-        await self.refresh()
+        await self.layout.start()
 
     async def refresh(self) -> None:
-        """Re-read the topic's segments (after a split or merge)."""
-        layout = await self._connector.lookup(self.topic)
-        self._segments = [s for s in layout["segments"] if s["state"] == "ACTIVE"]
+        """Re-read the topic's segments now."""
+        await self.layout.refresh()
 
     def route(self, key: str | None) -> int:
         """The id of the active segment for ``key`` (round-robin when there is none)."""
-        if not self._segments:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{self.topic} has no active segment")
-        if key is None:
-            return int(self._segments[next(self._round_robin) % len(self._segments)]["id"])
-        h = key_hash(key)
-        for segment in self._segments:
-            if segment["lo"] <= h <= segment["hi"]:
-                return int(segment["id"])
-        raise ServerError(ErrorName.UNKNOWN, f"no active segment of {self.topic} covers {h:#06x}")
+        return self.layout.route(key, next(self._round_robin))
 
     async def _producer(self, segment_id: int) -> Producer:
         producer = self._producers.get(segment_id)
@@ -389,15 +401,84 @@ class ScalableProducer:
     ) -> asyncio.Future[MessageId]:
         if txn is not None:
             await txn.add_partition(str(self.topic))
-        producer = await self._producer(self.route(key))
-        return await producer.send_async(
-            value,
-            key=key,
-            properties=properties,
-            event_time_ms=event_time_ms,
-            txn=txn,
+        result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        if txn is not None:
+            txn.track(result)
+        message = _Outgoing(value, key, properties, event_time_ms, txn, result)
+        if self._rerouting:
+            self._reroute(message, None)  # stay behind the messages being re-routed
+        else:
+            await self._dispatch(message)
+        return result
+
+    async def _dispatch(self, message: _Outgoing) -> int:
+        segment = self.route(message.key)
+        producer = await self._producer(segment)
+        inner = await producer.send_async(
+            message.value,
+            key=message.key,
+            properties=message.properties,
+            event_time_ms=message.event_time_ms,
+            txn=message.txn,
             registered=True,
+            track=False,
         )
+        inner.add_done_callback(lambda f: self._settled(message, segment, f))
+        return segment
+
+    def _settled(self, message: _Outgoing, segment: int, inner: asyncio.Future[MessageId]) -> None:
+        if message.result.done():
+            return
+        if inner.cancelled():
+            message.result.cancel()
+            return
+        error = inner.exception()
+        if isinstance(error, ServerError) and error.name is ErrorName.TOPIC_TERMINATED:
+            self._reroute(message, segment)
+        elif error is not None:
+            message.result.set_exception(error)
+        else:
+            message.result.set_result(inner.result())
+
+    def _reroute(self, message: _Outgoing, sealed: int | None) -> None:
+        self._rerouting += 1
+        task = asyncio.create_task(self._send_again(message, sealed), name=f"reroute-{self.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_again(self, message: _Outgoing, sealed: int | None) -> None:
+        try:
+            async with self._order:
+                if sealed is not None:
+                    self.reroutes += 1
+                    await self._wait_rerouted(message.key, sealed)
+                await self._dispatch(message)
+        except BaseException as e:  # the caller learns of it through its future
+            if not message.result.done():
+                message.result.set_exception(e)
+            if isinstance(e, asyncio.CancelledError):
+                raise
+        finally:
+            self._rerouting -= 1
+
+    async def _wait_rerouted(self, key: str | None, sealed: int, limit_s: float = 30.0) -> None:
+        """Wait until the DAG no longer routes ``key`` to the sealed segment."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while True:
+            segment = self.layout.segments.get(sealed)
+            if segment is None or not segment.active:
+                return
+            if loop.time() > deadline:
+                raise ServerError(
+                    ErrorName.TOPIC_TERMINATED,
+                    f"{self.topic}: segment {sealed} is sealed and no new layout came",
+                )
+            changed = self.layout.changed
+            try:
+                await asyncio.wait_for(changed.wait(), 0.5)
+            except TimeoutError:
+                await self.layout.refresh()  # the push may be late: ask
 
     async def send(
         self,
@@ -414,8 +495,12 @@ class ScalableProducer:
         return await future
 
     async def flush(self) -> None:
-        await asyncio.gather(*(p.flush() for p in self._producers.values()))
+        while self._tasks or any(p.pending for p in self._producers.values()):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.gather(*(p.flush() for p in self._producers.values()))
 
     async def close(self) -> None:
+        await self.flush()
         for producer in self._producers.values():
             await producer.close()
+        await self.layout.close()

@@ -31,6 +31,8 @@ class ErrorName(enum.StrEnum):
     TRANSACTION_CONFLICT = "TransactionConflict"
     TRANSACTION_NOT_FOUND = "TransactionNotFound"
     INVALID_ARGUMENT = "InvalidArgument"
+    TOPIC_BUSY = "TopicBusy"
+    """A split or merge of the topic is already in progress."""
 
     @property
     def http_status(self) -> int:
@@ -48,6 +50,7 @@ _STATUS = {
     ErrorName.TRANSACTION_CONFLICT: 409,
     ErrorName.INVALID_TXN_STATUS: 409,
     ErrorName.TOPIC_TERMINATED: 409,
+    ErrorName.TOPIC_BUSY: 409,
     ErrorName.INVALID_TOPIC_NAME: 400,
     ErrorName.INVALID_MESSAGE: 400,
     ErrorName.INVALID_ARGUMENT: 400,

@@ -99,14 +99,14 @@ class Catalog:
 
     async def create_persistent(self, name: TopicName) -> str:
         """Create a ``persistent://`` topic placed on a live broker; returns its home."""
-        home = await self._place(1)
+        home = await self.place(1)
         record = PersistentTopic(int(time.time() * 1000))
         await self._create(name, record, [(name, home[0])])
         return home[0]
 
     async def create_scalable(self, name: TopicName, segments: int) -> ScalableTopic:
         record = new_scalable_topic(int(time.time() * 1000), segments)
-        homes = await self._place(len(record.segments))
+        homes = await self.place(len(record.segments))
         placements = [
             (name.segment_name(s.id), home) for s, home in zip(record.segments, homes, strict=True)
         ]
@@ -142,7 +142,7 @@ class Catalog:
         except AlreadyExists as e:
             raise TopicExists(f"{name} already exists") from e
 
-    async def _place(self, count: int) -> list[str]:
+    async def place(self, count: int) -> list[str]:
         """Homes for ``count`` new ledgers: the live brokers with the fewest, in turn."""
         live = await self.brokers()
         if not live:

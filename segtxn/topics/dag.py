@@ -20,36 +20,16 @@ its successor finishes, never a half-done topology.
 
 from __future__ import annotations
 
-import enum
 import itertools
 
 import msgspec
 
 from segtxn.protocol.hashing import HASH_SPACE
-from segtxn.topics.model import ScalableTopic, SegmentInfo, SegmentState
+from segtxn.topics.model import OpKind, PendingOp, ScalableTopic, SegmentInfo, SegmentState
 
 
 class DagError(ValueError):
     """An operation that does not fit the DAG (the message says why)."""
-
-
-class OpKind(enum.StrEnum):
-    SPLIT = "split"
-    MERGE = "merge"
-
-
-class PendingOp(msgspec.Struct, frozen=True):
-    kind: OpKind
-    parents: list[int]
-    children: list[tuple[int, int, int]]
-    """(id, lo, hi) of each child, decided when the operation was planned."""
-
-
-class PlannedTopic(msgspec.Struct, frozen=True):
-    """A scalable topic record with at most one operation in progress."""
-
-    topic: ScalableTopic
-    pending: PendingOp | None = None
 
 
 def _active(topic: ScalableTopic, segment_id: int) -> SegmentInfo:
@@ -118,6 +98,7 @@ def complete(topic: ScalableTopic, op: PendingOp) -> ScalableTopic:
         epoch=epoch,
         next_segment_id=max(topic.next_segment_id, max(children) + 1),
         segments=segments,
+        pending=None,
     )
     check(done)
     return done

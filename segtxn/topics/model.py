@@ -37,6 +37,20 @@ class SegmentInfo(msgspec.Struct, frozen=True):
         return self.lo <= key_hash <= self.hi
 
 
+class OpKind(enum.StrEnum):
+    SPLIT = "split"
+    MERGE = "merge"
+
+
+class PendingOp(msgspec.Struct, frozen=True):
+    """A split or merge decided but not finished (see :mod:`segtxn.topics.dag`)."""
+
+    kind: OpKind
+    parents: list[int]
+    children: list[tuple[int, int, int]]
+    """(id, lo, hi) of each child, decided when the operation was planned."""
+
+
 class PersistentTopic(msgspec.Struct, frozen=True, tag="persistent"):
     created_ms: int
     properties: dict[str, str] = msgspec.field(default_factory=dict)
@@ -48,6 +62,8 @@ class ScalableTopic(msgspec.Struct, frozen=True, tag="scalable"):
     next_segment_id: int
     segments: list[SegmentInfo]
     properties: dict[str, str] = msgspec.field(default_factory=dict)
+    pending: PendingOp | None = None
+    """The split or merge in progress, if any (at most one at a time)."""
 
     def active(self) -> list[SegmentInfo]:
         return sorted(

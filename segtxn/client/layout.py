@@ -1,0 +1,117 @@
+"""A scalable topic's segment DAG, kept current by a lookup session.
+
+The broker's ``/ws/v2/lookup/topic/...`` session sends the DAG and then every new version of
+it. :class:`TopicLayout` holds the latest one (never going back to an older epoch), wakes
+whoever waits for a change, and re-opens the session if it breaks. Producers route with it;
+consumers follow it to find new segments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from segtxn.client.connection import Connector
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.hashing import key_hash
+from segtxn.protocol.names import TopicName
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Segment:
+    id: int
+    lo: int
+    hi: int
+    active: bool
+    parents: tuple[int, ...]
+    children: tuple[int, ...]
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Segment:
+        return cls(
+            int(raw["id"]),
+            int(raw["lo"]),
+            int(raw["hi"]),
+            raw["state"] == "ACTIVE",
+            tuple(raw["parents"]),
+            tuple(raw["children"]),
+        )
+
+
+class TopicLayout:
+    def __init__(self, connector: Connector, topic: TopicName) -> None:
+        self.topic = topic
+        self._connector = connector
+        self.epoch = -1
+        self.segments: dict[int, Segment] = {}
+        self.changed = asyncio.Event()
+        """Set (and replaced) whenever a newer DAG arrives."""
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Read the DAG, then follow it. Raises ServerError (e.g. TopicNotFound)."""
+        self.apply(await self._connector.lookup(self.topic))
+        self._task = asyncio.create_task(self._follow(), name=f"layout-{self.topic}")
+
+    def apply(self, raw: dict[str, Any]) -> None:
+        epoch = int(raw["epoch"])
+        if epoch < self.epoch:
+            return  # an older version than what we hold
+        self.epoch = epoch
+        self.segments = {s.id: s for s in (Segment.parse(x) for x in raw["segments"])}
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+    async def refresh(self) -> None:
+        """Look the DAG up now (when a send found a sealed segment before the push came)."""
+        self.apply(await self._connector.lookup(self.topic))
+
+    async def _follow(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                ws = await self._connector.websocket(
+                    self._connector.service_url, "lookup", self.topic, "", {}
+                )
+                async with ws:
+                    delay = 0.05
+                    async for message in ws:
+                        if message.type is aiohttp.WSMsgType.TEXT:
+                            self.apply(json.loads(message.data))
+            except ServerError as e:
+                if e.name is ErrorName.TOPIC_NOT_FOUND:
+                    log.warning("%s was deleted: no more layout updates", self.topic)
+                    return
+                log.info("lookup session of %s failed (%s); reconnecting", self.topic, e)
+            except (aiohttp.ClientError, ConnectionError) as e:
+                log.info("lookup session of %s dropped (%s); reconnecting", self.topic, e)
+            await asyncio.sleep(delay)  # back off before reconnecting
+            delay = min(delay * 2, 2.0)
+
+    def active(self) -> list[Segment]:
+        return sorted((s for s in self.segments.values() if s.active), key=lambda s: s.lo)
+
+    def route(self, key: str | None, round_robin: int) -> int:
+        """The active segment for ``key`` (round-robin when there is none)."""
+        active = self.active()
+        if not active:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{self.topic} has no active segment")
+        if key is None:
+            return active[round_robin % len(active)].id
+        h = key_hash(key)
+        for segment in active:
+            if segment.lo <= h <= segment.hi:
+                return segment.id
+        raise ServerError(ErrorName.UNKNOWN, f"no active segment of {self.topic} covers {h:#06x}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

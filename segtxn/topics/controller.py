@@ -1,0 +1,141 @@
+"""The split/merge controller of scalable topics.
+
+One controller per topic decides topology changes: the broker holding the topic's
+controller lease (``/segtxn/elections/topic-controller-<topic>``); other brokers forward
+requests to it. A split or merge runs in an order that never loses a message and never
+leaves a parent and a child writable at once:
+
+1. **plan**: CAS the topic record with the operation as ``pending`` (child ids and ranges
+   decided). A second request for a topic with an operation pending, or for a segment that
+   is no longer active, fails clearly.
+2. **place** each child on a broker (``/homes``), keeping a home written by an earlier,
+   interrupted attempt;
+3. **prepare** each child: create it on its home with every subscription of its parents,
+   positioned at its start (children are not routable yet: nothing can write to them);
+4. **seal** each parent (terminate its ledger): from now on sends to it fail with
+   ``TopicTerminatedError`` and clients look the topic up again;
+5. **complete**: CAS the record with parents SEALED, children ACTIVE, epoch + 1, no pending
+   operation. Watchers of the record (lookup sessions) push the new DAG.
+
+Every step is idempotent, so a controller that dies part-way leaves the ``pending`` intent
+for its successor, which finishes it before anything else (:meth:`TopicController.finish`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from segtxn.metastore import BadVersion, MetadataStore, NotFound
+from segtxn.protocol.names import TopicName
+from segtxn.topics import dag
+from segtxn.topics.catalog import HOMES_BY_BROKER, Catalog, home_key, topic_key
+from segtxn.topics.model import PendingOp, ScalableTopic, decode_topic, encode_topic
+
+log = logging.getLogger(__name__)
+
+
+class SegmentOps(Protocol):
+    """What the controller asks of the brokers that hold segments."""
+
+    async def subscriptions(self, segment: TopicName) -> list[str]:
+        """The subscriptions of a segment."""
+
+    async def prepare(self, segment: TopicName, subscriptions: list[str]) -> None:
+        """Create the segment with these subscriptions at its start (idempotent)."""
+
+    async def seal(self, segment: TopicName) -> None:
+        """Terminate the segment's ledger (idempotent)."""
+
+
+class TopicBusy(Exception):
+    """Another split or merge of the topic is in progress."""
+
+
+class Controller:
+    def __init__(self, store: MetadataStore, catalog: Catalog, ops: SegmentOps) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.ops = ops
+
+    async def split(self, name: TopicName, segment: int, at: int | None = None) -> ScalableTopic:
+        """Split ``segment`` of ``name`` (at ``at``, or its midpoint).
+
+        Raises:
+            DagError: no such active segment, or a bad split point.
+            TopicBusy: another operation on the topic is in progress.
+            KeyError: no such scalable topic.
+        """
+        return await self._change(name, lambda topic: dag.plan_split(topic, segment, at))
+
+    async def merge(self, name: TopicName, first: int, second: int) -> ScalableTopic:
+        """Merge two adjacent active segments of ``name`` (same errors as :meth:`split`)."""
+        return await self._change(name, lambda topic: dag.plan_merge(topic, first, second))
+
+    async def _change(
+        self, name: TopicName, plan: Callable[[ScalableTopic], PendingOp]
+    ) -> ScalableTopic:
+        topic, version = await self._read(name)
+        if topic.pending is not None:
+            raise TopicBusy(f"{name}: a {topic.pending.kind} is in progress")
+        op = plan(topic)
+        planned = msgspec.structs.replace(topic, pending=op)
+        try:
+            record = await self.store.put(
+                topic_key(name), encode_topic(planned), expected_version=version
+            )
+        except BadVersion as e:
+            raise TopicBusy(f"{name} changed meanwhile; try again") from e
+        return await self._execute(name, planned, record.version)
+
+    async def finish(self, name: TopicName) -> ScalableTopic | None:
+        """Complete the operation an earlier controller left pending, if any."""
+        topic, version = await self._read(name)
+        if topic.pending is None:
+            return None
+        log.warning("%s: finishing an interrupted %s", name, topic.pending.kind)
+        return await self._execute(name, topic, version)
+
+    async def _read(self, name: TopicName) -> tuple[ScalableTopic, int]:
+        record = await self.store.get(topic_key(name))
+        if record is None:
+            raise KeyError(str(name))
+        topic = decode_topic(record.value)
+        if not isinstance(topic, ScalableTopic):
+            raise KeyError(str(name))
+        return topic, record.version
+
+    async def _execute(self, name: TopicName, topic: ScalableTopic, version: int) -> ScalableTopic:
+        op = topic.pending
+        if op is None:
+            return topic
+        children = [name.segment_name(child) for child, _, _ in op.children]
+        parents = [name.segment_name(parent) for parent in op.parents]
+        await self._place(children)
+        subscriptions = sorted(
+            {s for parent in parents for s in await self.ops.subscriptions(parent)}
+        )
+        for child in children:
+            await self.ops.prepare(child, subscriptions)
+        for parent in parents:
+            await self.ops.seal(parent)
+        done = dag.complete(topic, op)
+        try:
+            await self.store.put(topic_key(name), encode_topic(done), expected_version=version)
+        except (BadVersion, NotFound) as e:
+            raise TopicBusy(f"{name} changed while completing its {op.kind}") from e
+        log.info("%s: %s of %s done (epoch %d)", name, op.kind, op.parents, done.epoch)
+        return done
+
+    async def _place(self, children: list[TopicName]) -> None:
+        missing = [c for c in children if await self.catalog.home_of(c) is None]
+        if not missing:
+            return
+        homes = await self.catalog.place(len(missing))
+        for child, home in zip(missing, homes, strict=True):
+            await self.store.put(
+                home_key(child), msgspec.json.encode(home), indexes={HOMES_BY_BROKER: home}
+            )
