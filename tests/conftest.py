@@ -9,6 +9,8 @@ import pytest
 
 from segtxn.metastore.etcd_server import EtcdServer
 
+pytest_plugins = ["tests.cluster"]
+
 
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[EtcdServer]:

@@ -231,11 +231,13 @@ class Subscription:
             for position in [p for p in self._redeliver if p <= upto]:
                 self._redeliver.discard(position)
             await self.cursor.ack_cumulative(upto)
-            return
-        for position in ids:
-            self._forget(position)
-            self._redeliver.discard(position)
-        await self.cursor.ack(ids)
+        else:
+            for position in ids:
+                self._forget(position)
+                self._redeliver.discard(position)
+            await self.cursor.ack(ids)
+        if self.ledger.is_sealed:
+            self._wake.set()  # the last ack of a sealed ledger ends it for the consumers
 
     async def txn_ack(
         self, link: ConsumerLink, txn: TxnId, ids: list[Position], *, cumulative: bool

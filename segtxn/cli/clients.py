@@ -201,6 +201,27 @@ def properties(
     _print(run(body, url))
 
 
+@topics.command("split")
+@URL
+@click.argument("topic")
+@click.argument("segment", type=int)
+@click.option("--at", default=None, help="Split hash (0x... or decimal; default: midpoint).")
+def split(url: str, topic: str, segment: int, at: str | None) -> None:
+    """Split SEGMENT of scalable TOPIC in two; prints the new DAG."""
+    point = int(at, 0) if at is not None else None
+    _print(run(lambda c: c.admin.split(topic, segment, at=point), url))
+
+
+@topics.command("merge")
+@URL
+@click.argument("topic")
+@click.argument("first", type=int)
+@click.argument("second", type=int)
+def merge(url: str, topic: str, first: int, second: int) -> None:
+    """Merge two adjacent active segments of scalable TOPIC; prints the new DAG."""
+    _print(run(lambda c: c.admin.merge(topic, first, second), url))
+
+
 @topics.command("subscriptions")
 @URL
 @click.argument("topic")

@@ -57,6 +57,21 @@ class Admin:
             "POST", f"{self._path(topic)}/subscription/{subscription}/reset", params={"to": to}
         )
 
+    async def split(self, topic: str, segment: int, *, at: int | None = None) -> dict[str, Any]:
+        """Split a segment of a scalable topic (at hash ``at``, or its midpoint); returns
+        the new DAG. Raises ServerError (InvalidArgument, TopicBusy, TopicNotFound)."""
+        params = {"segment": str(segment)} | ({"at": str(at)} if at is not None else {})
+        return dict(await self._c.request("POST", self._path(topic) + "/split", params=params))
+
+    async def merge(self, topic: str, first: int, second: int) -> dict[str, Any]:
+        """Merge two adjacent active segments; returns the new DAG."""
+        params = {"segments": f"{first},{second}"}
+        return dict(await self._c.request("POST", self._path(topic) + "/merge", params=params))
+
+    async def terminate(self, topic: str) -> dict[str, Any]:
+        """Seal a persistent topic or a segment: no more writes."""
+        return dict(await self._c.request("POST", self._path(topic) + "/terminate"))
+
     async def properties(self, topic: str) -> dict[str, str]:
         return dict(await self._c.request("GET", self._path(topic) + "/properties"))
 

@@ -11,7 +11,7 @@ from segtxn.client import Client, ErrorName, Message, ServerError, TransactionFa
 from segtxn.client.consumer import Consumer
 from segtxn.protocol.names import TopicName
 from segtxn.topics import transactions as T
-from tests.txn.conftest import Cluster
+from tests.cluster import Cluster
 from tests.waiting import wait_until
 
 ORDERS = "topic://acme/shop/orders"

@@ -202,6 +202,8 @@ class MetadataPendingAckStore(PendingAckStore):
                 self._cumulative.pop(txn, None)
                 if not committed:
                     self._release([*individual, *([upto] if upto is not None else [])])
+                else:
+                    self._release([])  # wakes the dispatcher: a sealed ledger may be done
                 for key in self._op_keys.pop(txn, []):
                     with contextlib.suppress(NotFound):
                         await self._store.delete(key)

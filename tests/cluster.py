@@ -1,4 +1,5 @@
-"""A transactional cluster in one process: a broker and a v5 coordinator on one store.
+"""Fixture plugin: a transactional cluster in one process, a broker and a v5 coordinator
+on one store (loaded by tests/conftest.py, so every test directory can use it).
 
 The store is wrapped in a FaultInjector (``cluster.faults``) so tests can drop watches.
 """

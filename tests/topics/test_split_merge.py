@@ -1,0 +1,184 @@
+"""Splits and merges at run time: no loss, no duplicates, per-key order, atomic transactions."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+
+from segtxn.client import Client, ErrorName, Message, ScalableProducer, ServerError
+from segtxn.client.consumer import Consumer
+from segtxn.protocol.names import TopicName
+from segtxn.topics.catalog import topic_key
+from segtxn.topics.controller import Controller
+from segtxn.topics.model import ScalableTopic, SegmentState, decode_topic
+from tests.cluster import Cluster
+
+TOPIC = "topic://acme/scale/events"
+
+
+@pytest.fixture
+async def client(cluster: Cluster) -> AsyncIterator[Client]:
+    async with Client(cluster.url) as c:
+        yield c
+
+
+async def drain(consumer: Consumer, count: int) -> list[Message]:
+    out = []
+    for _ in range(count):
+        message = await consumer.receive(timeout_s=20)
+        out.append(message)
+        await consumer.acknowledge(message)
+    return out
+
+
+async def test_keyed_stream_across_two_splits_and_a_merge(client: Client) -> None:
+    seed = random.randrange(2**32)
+    print(f"split/merge seed {seed}")
+    rng = random.Random(seed)
+    await client.admin.create_topic(TOPIC, segments=2)
+    consumer = await client.subscribe(TOPIC, "ordered", initial_position="earliest")
+    producer = await client.create_producer(TOPIC)
+    assert isinstance(producer, ScalableProducer)
+    keys = [f"k{i}" for i in range(40)]
+    sent: collections.Counter[str] = collections.Counter()
+    total = 3000
+    stop_changes = asyncio.Event()
+
+    async def produce() -> None:
+        futures = []
+        for n in range(total):
+            key = rng.choice(keys)
+            futures.append(await producer.send_async(f"{key}:{sent[key]}".encode(), key=key))
+            sent[key] += 1
+            if n % 200 == 0:
+                await asyncio.sleep(0)  # let the topology changes interleave
+        await asyncio.gather(*futures)
+        stop_changes.set()
+
+    async def change_topology() -> None:
+        await asyncio.sleep(0.05)  # sleep-ok: let some messages flow before the first split
+        await client.admin.split(TOPIC, 0)
+        await client.admin.split(TOPIC, 1, at=0xC000)
+        layout = await client.connector.lookup(TopicName.parse(TOPIC))
+        active = sorted(
+            (s for s in layout["segments"] if s["state"] == "ACTIVE"), key=lambda s: s["lo"]
+        )
+        await client.admin.merge(TOPIC, active[0]["id"], active[1]["id"])
+
+    await asyncio.gather(produce(), change_topology())
+    got = await drain(consumer, total)
+    by_key: dict[str, list[int]] = collections.defaultdict(list)
+    for message in got:
+        key, _, seq = message.value.decode().partition(":")
+        by_key[key].append(int(seq))
+    for key, seqs in by_key.items():
+        assert seqs == list(range(sent[key])), f"{key}: out of order or missing"
+    assert sum(len(v) for v in by_key.values()) == total  # exactly once
+    assert producer.reroutes >= 0
+    stats = await client.admin.stats(TOPIC)
+    states = {s["id"]: s["state"] for s in stats["segments"]}
+    assert list(states.values()).count("SEALED") == 4  # two splits and a merge sealed four
+
+
+async def test_concurrent_splits_of_one_segment(client: Client) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    results = await asyncio.gather(
+        client.admin.split(TOPIC, 0), client.admin.split(TOPIC, 0), return_exceptions=True
+    )
+    winners = [r for r in results if isinstance(r, dict)]
+    losers = [r for r in results if isinstance(r, ServerError)]
+    assert len(winners) == 1 and len(losers) == 1
+    assert losers[0].name in (ErrorName.TOPIC_BUSY, ErrorName.INVALID_ARGUMENT)
+    with pytest.raises(ServerError) as sealed:
+        await client.admin.split(TOPIC, 0)
+    assert sealed.value.name is ErrorName.INVALID_ARGUMENT and "sealed" in sealed.value.message
+    with pytest.raises(ServerError) as not_adjacent:
+        await client.admin.merge(TOPIC, 1, 1)
+    assert not_adjacent.value.name is ErrorName.INVALID_ARGUMENT
+
+
+async def test_transactions_span_a_split_and_a_merge(client: Client) -> None:
+    source, sink = "topic://acme/scale/in", "topic://acme/scale/out"
+    await client.admin.create_topic(source, segments=1)
+    await client.admin.create_topic(sink, segments=2)
+    inputs = await client.create_producer(source)
+    for i in range(6):
+        await inputs.send(f"in{i}".encode(), key=f"k{i}")
+    consumer = await client.subscribe(source, "etl", initial_position="earliest")
+    outputs = await client.create_producer(sink)
+    reader = await client.subscribe(sink, "check", initial_position="earliest")
+
+    committed = await client.transaction().start()
+    aborted = await client.transaction().start()
+    for _ in range(3):
+        message = await consumer.receive(timeout_s=10)
+        await outputs.send(b"c" + message.value, key=message.key, txn=committed)
+        await consumer.acknowledge(message, txn=committed)
+    for i in range(3):
+        await outputs.send(f"a{i}".encode(), key=f"k{i}", txn=aborted)
+    await client.admin.split(source, 0)  # the acked segment is sealed mid-transaction
+    await client.admin.split(sink, 0)  # and so is a written one
+    layout = await client.connector.lookup(TopicName.parse(sink))
+    active = sorted(
+        (s for s in layout["segments"] if s["state"] == "ACTIVE"), key=lambda s: s["lo"]
+    )
+    await client.admin.merge(sink, active[1]["id"], active[2]["id"])
+    await asyncio.wait_for(committed.commit(), 5)  # promptly: no marker to write anywhere
+    await asyncio.wait_for(aborted.abort(), 5)
+    got = sorted(m.value for m in await drain(reader, 3))
+    assert got == [b"cin0", b"cin1", b"cin2"]  # all of the committed one, none of the other
+    with pytest.raises(TimeoutError):
+        await reader.receive(timeout_s=0.5)  # bounded absence check
+    rest = sorted(m.value for m in await drain(consumer, 3))  # the acked three never return
+    assert rest == [b"in3", b"in4", b"in5"]
+
+
+class FailingOnce:
+    """SegmentOps whose first seal fails, as if the controller died right after sealing."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.failed = False
+
+    async def subscriptions(self, segment: TopicName) -> list[str]:
+        return await self.inner.subscriptions(segment)  # type: ignore[attr-defined,no-any-return]
+
+    async def prepare(self, segment: TopicName, subscriptions: list[str]) -> None:
+        await self.inner.prepare(segment, subscriptions)  # type: ignore[attr-defined]
+
+    async def seal(self, segment: TopicName) -> None:
+        await self.inner.seal(segment)  # type: ignore[attr-defined]
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("the controller died here")
+
+
+async def test_an_interrupted_split_is_finished_by_the_next_controller(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    await producer.send(b"before", key="a")
+    service = cluster.broker.service
+    from segtxn.broker.admin import HTTP
+    from segtxn.broker.controllers import HttpSegmentOps
+
+    ops = FailingOnce(HttpSegmentOps(service.catalog, cluster.broker.app[HTTP]))
+    name = TopicName.parse(TOPIC)
+    with pytest.raises(ConnectionError):
+        await Controller(service.store, service.catalog, ops).split(name, 0)
+    record = await service.store.get(topic_key(name))
+    assert record is not None
+    stuck = decode_topic(record.value)
+    assert isinstance(stuck, ScalableTopic) and stuck.pending is not None  # the intent is kept
+    done = await Controller(service.store, service.catalog, ops).finish(name)
+    assert done is not None and done.pending is None
+    parent = done.segment(0)
+    assert parent is not None and parent.state is SegmentState.SEALED and len(done.active()) == 2
+    await producer.send(b"after", key="a")  # re-routed to the child
+    consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
+    assert [m.value for m in await drain(consumer, 2)] == [b"before", b"after"]
