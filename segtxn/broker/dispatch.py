@@ -41,6 +41,7 @@ from segtxn.ledger import (
 )
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import ActiveChange, EndOfTopic, Frame, Message
+from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,7 @@ class Subscription:
         self.ledger = ledger
         self.cursor = cursor
         self.buffer = buffer
+        self._index = TopicName.parse(ledger.name).segment or 0
         self.pending_acks: PendingAckStore = NoPendingAcks(ledger.name)
         self.type: SubscriptionType | None = None
         self.consumers: list[ConsumerLink] = []
@@ -178,28 +180,56 @@ class Subscription:
             raise ServerError(
                 ErrorName.CONSUMER_BUSY, f"subscription {self.name!r} already has a consumer"
             )
+        before = self._active()
         self.type = sub_type
         self.consumers.append(link)
+        self._hand_over(before, joined=link)
         self._wake.set()
         return self._is_active(link)
 
     def detach(self, link: ConsumerLink) -> None:
         if link not in self.consumers:
             return
-        was_active = self._is_active(link)
+        before = self._active()
         self.consumers.remove(link)
         for position in list(link.pending):
             self._pending.pop(position, None)
             self._due_again(position)
         link.pending.clear()
-        if was_active and self.type is SubscriptionType.FAILOVER and self.consumers:
-            self.consumers[0].send(ActiveChange(active=True))
+        self._hand_over(before)
         self._wake.set()
 
+    def _active(self) -> ConsumerLink | None:
+        """The consumer that receives everything (Exclusive, Failover); None for Shared.
+
+        Failover members are ordered by name; segment ``i`` goes to member ``i mod n``, so
+        the segments of a scalable topic are shared out among the members, each segment to
+        one of them (as Pulsar does with partitions).
+        """
+        if not self.consumers or self.type is SubscriptionType.SHARED:
+            return None
+        if self.type is SubscriptionType.EXCLUSIVE:
+            return self.consumers[0]
+        members = sorted(self.consumers, key=lambda c: (c.name, c.id))
+        return members[self._index % len(members)]
+
+    def _hand_over(self, before: ConsumerLink | None, joined: ConsumerLink | None = None) -> None:
+        """Tell Failover members whose role changed; the old active's unacknowledged
+        messages go to the new one."""
+        after = self._active()
+        if self.type is not SubscriptionType.FAILOVER or before is after:
+            return
+        if before is not None and before in self.consumers:
+            for position in list(before.pending):
+                self._pending.pop(position, None)
+                self._due_again(position)
+            before.pending.clear()
+            before.send(ActiveChange(active=False))
+        if after is not None and after is not joined:  # a joiner learns it from its ready frame
+            after.send(ActiveChange(active=True))
+
     def _is_active(self, link: ConsumerLink) -> bool:
-        return self.type is SubscriptionType.SHARED or (
-            bool(self.consumers) and self.consumers[0] is link
-        )
+        return self.type is SubscriptionType.SHARED or self._active() is link
 
     def flow(self, link: ConsumerLink, permits: int) -> None:
         if permits <= 0:
@@ -312,8 +342,8 @@ class Subscription:
             return []
         if self.type is SubscriptionType.SHARED:
             return [c for c in self.consumers if c.permits > 0]
-        active = self.consumers[0]
-        return [active] if active.permits > 0 else []
+        active = self._active()
+        return [active] if active is not None and active.permits > 0 else []
 
     async def _dispatch(self) -> None:
         while True:

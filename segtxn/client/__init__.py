@@ -11,7 +11,7 @@ async with Client("http://localhost:8080") as client:
 """
 
 from segtxn.client.client import Client
-from segtxn.client.consumer import Consumer, Reader
+from segtxn.client.consumer import CheckpointConsumer, Consumer, Reader
 from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
@@ -19,6 +19,7 @@ from segtxn.client.transaction import Transaction, TransactionFailed
 from segtxn.protocol.errors import ErrorName, ServerError
 
 __all__ = [
+    "CheckpointConsumer",
     "Client",
     "ClientClosed",
     "ClientError",

@@ -9,7 +9,7 @@ import aiohttp
 
 from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector
-from segtxn.client.consumer import Consumer, Reader
+from segtxn.client.consumer import CheckpointConsumer, Consumer, Reader
 from segtxn.client.errors import ClientClosed
 from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
@@ -123,6 +123,27 @@ class Client:
             initial=initial_position,
             name=name,
             receiver_queue_size=receiver_queue_size,
+        )
+        await consumer.start()
+        self._closables.append(consumer)
+        return consumer
+
+    async def checkpoint_consumer(
+        self,
+        topic: str,
+        checkpoint: dict[str, Any] | None = None,
+        *,
+        receiver_queue_size: int = 1000,
+    ) -> CheckpointConsumer:
+        """Read a scalable topic with positions you keep (``consumer.checkpoint()``); pass a
+        saved checkpoint to resume there, across splits and merges."""
+        parsed = _topic(topic)
+        if parsed.domain is not Domain.TOPIC:
+            raise ServerError(ErrorName.NOT_ALLOWED, "checkpoint consumers read topic:// topics")
+        layout = TopicLayout(self.connector, parsed)
+        await layout.start()
+        consumer = CheckpointConsumer(
+            self.connector, parsed, layout, checkpoint, receiver_queue_size=receiver_queue_size
         )
         await consumer.start()
         self._closables.append(consumer)

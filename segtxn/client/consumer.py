@@ -18,13 +18,14 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import msgspec
 
 from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientClosed
+from segtxn.client.errors import ClientClosed, ClientError
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.transaction import Transaction
@@ -293,8 +294,8 @@ class Consumer:
             raise ValueError(f"{message_id} is not from a segment this consumer reads now")
         return stream
 
-    async def _open(self, topic: TopicName) -> None:
-        stream = _Stream(
+    def _new_stream(self, topic: TopicName) -> _Stream:
+        return _Stream(
             self._connector,
             topic,
             kind="consumer",
@@ -304,6 +305,9 @@ class Consumer:
             deliver=self._queue,
             on_end=self._wake.set,
         )
+
+    async def _open(self, topic: TopicName) -> None:
+        stream = self._new_stream(topic)
         await stream.start()
         self._streams[str(topic)] = stream
 
@@ -473,3 +477,68 @@ class Reader:
 
     async def close(self) -> None:
         await self._stream.close()
+
+
+class CheckpointConsumer(Consumer):
+    """Reads a scalable topic with positions held by the application, not the broker.
+
+    Segments are read in DAG order (a child after its parents are read to their end), with
+    readers: nothing is acknowledged. :meth:`checkpoint` returns a JSON-serializable dict of
+    where every segment is; a consumer created with it resumes there — after splits and
+    merges too: segments finished stay finished, new ones start at their beginning.
+    Delivery is at least once from a checkpoint (messages received after it come again).
+    """
+
+    def __init__(
+        self,
+        connector: Connector,
+        topic: TopicName,
+        layout: TopicLayout,
+        checkpoint: dict[str, Any] | None = None,
+        *,
+        receiver_queue_size: int = 1000,
+    ) -> None:
+        super().__init__(
+            connector,
+            topic,
+            "checkpoint",
+            sub_type="Exclusive",
+            receiver_queue_size=receiver_queue_size,
+            layout=layout,
+        )
+        saved = checkpoint or {}
+        self._positions: dict[int, str] = {int(k): v for k, v in saved.get("next", {}).items()}
+        self._finished = {int(s) for s in saved.get("finished", [])}
+
+    def _new_stream(self, topic: TopicName) -> _Stream:
+        start = self._positions.get(topic.segment or 0, "earliest")
+        return _Stream(
+            self._connector,
+            topic,
+            kind="reader",
+            suffix="",
+            query={"start": start},
+            receiver_queue_size=self._size,
+            deliver=self._queue,
+            on_end=self._wake.set,
+        )
+
+    async def receive(self, timeout_s: float | None = None) -> Message:
+        message = await super().receive(timeout_s)
+        segment = TopicName.parse(message.message_id.topic).segment or 0
+        self._positions[segment] = (
+            f"{message.message_id.ledger_id}:{message.message_id.entry_id + 1}"
+        )
+        return message
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Where reading stands: ``{"next": {segment: "L:E"}, "finished": [segment, ...]}``."""
+        return {
+            "next": {str(k): v for k, v in sorted(self._positions.items())},
+            "finished": sorted(self._finished),
+        }
+
+    async def acknowledge(
+        self, message: Message | MessageId, *, txn: Transaction | None = None
+    ) -> None:
+        raise ClientError("a checkpoint consumer acknowledges nothing: keep its checkpoint()")
