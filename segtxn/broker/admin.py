@@ -90,6 +90,19 @@ async def _fan_out(
 # ---------------------------------------------------------------------- topics
 
 
+def _change(topic: ScalableTopic) -> dict[str, Any] | None:
+    change = topic.last_change
+    if change is None:
+        return None
+    return {
+        "kind": change.kind.value,
+        "parents": change.parents,
+        "children": change.children,
+        "finishedMs": change.finished_ms,
+        "durationMs": change.duration_ms,
+    }
+
+
 def _has_clients(stats: Any) -> bool:
     subscriptions = stats.get("subscriptions", {}).values()
     return bool(stats.get("producers")) or any(s.get("consumers") for s in subscriptions)
@@ -162,10 +175,14 @@ async def stats(request: web.Request) -> web.StreamResponse:
                         "id": s.id,
                         "range": [s.lo, s.hi],
                         "state": s.state,
+                        "parents": s.parents,
+                        "children": s.children,
                         "stats": per_segment.get(str(s.id)),
                     }
                     for s in record.segments
                 ],
+                "activeSegments": len(record.active()),
+                "lastChange": _change(record),
             }
         )
     topic = await service.serve(name)

@@ -18,6 +18,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from segtxn.broker.metrics import BrokerMetrics
 from segtxn.metastore import (
     MUST_NOT_EXIST,
     AlreadyExists,
@@ -87,6 +88,7 @@ class TopicControllers:
         advertise_url: str,
         sweep_s: float,
         session: Callable[[], Session],
+        metrics: BrokerMetrics,
     ) -> None:
         """``session``: the broker's current session (controller keys live on it)."""
         self._store = store
@@ -94,6 +96,7 @@ class TopicControllers:
         self._url = advertise_url
         self._sweep_s = sweep_s
         self._session = session
+        self._metrics = metrics
         self._http: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._locks: dict[TopicName, asyncio.Lock] = {}
@@ -135,13 +138,23 @@ class TopicControllers:
         async with self.lock(name):
             controller = self._controller()
             await controller.finish(name)
-            return await controller.split(name, segment, at)
+            done = await controller.split(name, segment, at)
+        self._count(done)
+        return done
 
     async def merge(self, name: TopicName, first: int, second: int) -> ScalableTopic:
         async with self.lock(name):
             controller = self._controller()
             await controller.finish(name)
-            return await controller.merge(name, first, second)
+            done = await controller.merge(name, first, second)
+        self._count(done)
+        return done
+
+    def _count(self, done: ScalableTopic) -> None:
+        change = done.last_change
+        if change is not None:
+            self._metrics.topology_changes.add(1, {"kind": change.kind.value})
+            self._metrics.topology_change_seconds.record(change.duration_ms / 1000)
 
     async def _sweep(self) -> None:
         while True:

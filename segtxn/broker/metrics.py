@@ -43,6 +43,16 @@ class BrokerMetrics:
         self.publish_latency = meter.create_histogram(
             "segtxn_broker_publish_latency", unit="s", description="Send to durable receipt"
         )
+        self.topology_changes = meter.create_counter(
+            "segtxn_topic_changes",
+            unit="1",
+            description="Splits and merges this broker completed as a topic controller, by kind",
+        )
+        self.topology_change_seconds = meter.create_histogram(
+            "segtxn_topic_change",
+            unit="s",
+            description="Split/merge duration: plan, place, prepare, seal, complete",
+        )
         # PIP-471's metrics, with segtxn's prefix
         self.txn_op_writes = meter.create_counter(
             "segtxn_txn_metadata_store_op_writes",

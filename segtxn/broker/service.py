@@ -56,6 +56,16 @@ class BrokerService:
             advertise_url=settings.advertise_url,
             sweep_s=settings.controller_sweep_s,
             session=self.session,
+            metrics=self.metrics,
+        )
+        self.metrics.gauge(
+            "segtxn_broker_active_segments",
+            "Segments served here that are not sealed",
+            lambda: sum(
+                1
+                for t in self.topics.values()
+                if t.name.domain is Domain.SEGMENT and not t.ledger.is_sealed
+            ),
         )
         self.metrics.gauge(
             "segtxn_broker_topics", "Topics and segments loaded", lambda: len(self.topics)

@@ -24,6 +24,7 @@ for its successor, which finishes it before anything else (:meth:`TopicControlle
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -33,7 +34,7 @@ from segtxn.metastore import BadVersion, MetadataStore, NotFound
 from segtxn.protocol.names import TopicName
 from segtxn.topics import dag
 from segtxn.topics.catalog import HOMES_BY_BROKER, Catalog, home_key, topic_key
-from segtxn.topics.model import PendingOp, ScalableTopic, decode_topic, encode_topic
+from segtxn.topics.model import ChangeInfo, PendingOp, ScalableTopic, decode_topic, encode_topic
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +84,14 @@ class Controller:
             raise TopicBusy(f"{name}: a {topic.pending.kind} is in progress")
         op = plan(topic)
         planned = msgspec.structs.replace(topic, pending=op)
+        started = time.perf_counter()
         try:
             record = await self.store.put(
                 topic_key(name), encode_topic(planned), expected_version=version
             )
         except BadVersion as e:
             raise TopicBusy(f"{name} changed meanwhile; try again") from e
-        return await self._execute(name, planned, record.version)
+        return await self._execute(name, planned, record.version, started)
 
     async def finish(self, name: TopicName) -> ScalableTopic | None:
         """Complete the operation an earlier controller left pending, if any."""
@@ -97,7 +99,7 @@ class Controller:
         if topic.pending is None:
             return None
         log.warning("%s: finishing an interrupted %s", name, topic.pending.kind)
-        return await self._execute(name, topic, version)
+        return await self._execute(name, topic, version, time.perf_counter())
 
     async def _read(self, name: TopicName) -> tuple[ScalableTopic, int]:
         record = await self.store.get(topic_key(name))
@@ -108,7 +110,9 @@ class Controller:
             raise KeyError(str(name))
         return topic, record.version
 
-    async def _execute(self, name: TopicName, topic: ScalableTopic, version: int) -> ScalableTopic:
+    async def _execute(
+        self, name: TopicName, topic: ScalableTopic, version: int, started: float
+    ) -> ScalableTopic:
         op = topic.pending
         if op is None:
             return topic
@@ -123,6 +127,16 @@ class Controller:
         for parent in parents:
             await self.ops.seal(parent)
         done = dag.complete(topic, op)
+        done = msgspec.structs.replace(
+            done,
+            last_change=ChangeInfo(
+                op.kind,
+                list(op.parents),
+                [c[0] for c in op.children],
+                int(time.time() * 1000),
+                round((time.perf_counter() - started) * 1000, 3),
+            ),
+        )
         try:
             await self.store.put(topic_key(name), encode_topic(done), expected_version=version)
         except (BadVersion, NotFound) as e:

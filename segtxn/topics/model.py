@@ -51,6 +51,16 @@ class PendingOp(msgspec.Struct, frozen=True):
     """(id, lo, hi) of each child, decided when the operation was planned."""
 
 
+class ChangeInfo(msgspec.Struct, frozen=True):
+    """The last split or merge: what it did and how long it took (shown in stats)."""
+
+    kind: OpKind
+    parents: list[int]
+    children: list[int]
+    finished_ms: int
+    duration_ms: float
+
+
 class PersistentTopic(msgspec.Struct, frozen=True, tag="persistent"):
     created_ms: int
     properties: dict[str, str] = msgspec.field(default_factory=dict)
@@ -64,6 +74,7 @@ class ScalableTopic(msgspec.Struct, frozen=True, tag="scalable"):
     properties: dict[str, str] = msgspec.field(default_factory=dict)
     pending: PendingOp | None = None
     """The split or merge in progress, if any (at most one at a time)."""
+    last_change: ChangeInfo | None = None
 
     def active(self) -> list[SegmentInfo]:
         return sorted(

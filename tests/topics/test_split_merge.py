@@ -233,3 +233,21 @@ async def test_checkpoint_consumer_resumes_across_a_split(client: Client) -> Non
         await resumed.receive(timeout_s=0.3)  # bounded absence check: nothing twice
     later = resumed.checkpoint()
     assert 0 in later["finished"]  # the sealed parent was read to its end
+
+
+async def test_topology_is_visible_in_stats_and_metrics(client: Client, cluster: Cluster) -> None:
+    import re
+
+    import aiohttp
+
+    await client.admin.create_topic(TOPIC, segments=2)
+    await client.admin.split(TOPIC, 1)
+    stats = await client.admin.stats(TOPIC)
+    assert stats["activeSegments"] == 3 and stats["epoch"] == 1
+    change = stats["lastChange"]
+    assert change["kind"] == "split" and change["parents"] == [1] and change["durationMs"] > 0
+    assert {s["id"]: s["state"] for s in stats["segments"]}[1] == "SEALED"
+    async with aiohttp.ClientSession() as http, http.get(cluster.url + "/metrics") as response:
+        metrics = await response.text()
+    assert re.search(r'segtxn_topic_changes_total\{[^}]*kind="split"[^}]*\} 1\.0', metrics)
+    assert "segtxn_topic_change_seconds_bucket" in metrics
