@@ -92,6 +92,8 @@ class Producer:
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.reconnects = 0
+        self.refused = False
+        """The broker refused a send because the topic is terminated (a sealed segment)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -206,6 +208,8 @@ class Producer:
         if pending is None or pending.future.done():
             return
         if error is not None:
+            if isinstance(error, ServerError) and error.name is ErrorName.TOPIC_TERMINATED:
+                self.refused = True
             pending.future.set_exception(error)
         else:
             pending.future.set_result(result)  # type: ignore[arg-type]
@@ -325,6 +329,8 @@ class Producer:
 
 @dataclass(eq=False)
 class _Outgoing:
+    number: int
+    """The order the application sent it in (re-sends keep it)."""
     value: bytes
     key: str | None
     properties: dict[str, str] | None
@@ -337,10 +343,12 @@ class ScalableProducer:
     """Routes messages of a scalable topic to its segments by key hash.
 
     The segment DAG comes from a lookup session (pushed on every change). A send that
-    reaches a segment sealed meanwhile (``TopicTerminatedError``: nothing was stored) is
-    sent again to the segment now covering its key; while any message is being re-routed,
-    later ones queue behind it, so each key's messages keep their order across a split or
-    merge. Nothing is lost and nothing is stored twice (a sealed segment stores nothing).
+    reaches a segment sealed meanwhile is refused (``TopicTerminatedError``: nothing was
+    stored) and sent again to the segment now covering its key. While any send to a segment
+    that is no longer active is unsettled, or refused sends wait to go again, the producer
+    is *in transition*: new sends queue behind, and the refused ones go first, in the order
+    they were sent. So each key's messages are stored in order across a split or merge;
+    nothing is lost and nothing is stored twice (a sealed segment stores nothing).
     """
 
     def __init__(
@@ -357,10 +365,11 @@ class ScalableProducer:
         self.layout = TopicLayout(connector, topic)
         self._producers: dict[int, Producer] = {}
         self._round_robin = itertools.count()
+        self._numbers = itertools.count()
         self._lock = asyncio.Lock()
-        self._order = asyncio.Lock()  # FIFO: re-routed messages, then the ones behind them
-        self._rerouting = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._order = asyncio.Lock()  # FIFO: one sender at a time while in transition
+        self._refused: list[_Outgoing] = []
+        self._drainer: asyncio.Task[None] | None = None
         self.reroutes = 0
 
     async def start(self) -> None:
@@ -390,6 +399,17 @@ class ScalableProducer:
                     self._producers[segment_id] = producer
         return producer
 
+    def _retired(self) -> list[Producer]:
+        """Producers of segments no longer active (sealed: their sends may be refused)."""
+        return [
+            producer
+            for segment, producer in self._producers.items()
+            if producer.refused or not (s := self.layout.segments.get(segment)) or not s.active
+        ]
+
+    def _in_transition(self) -> bool:
+        return bool(self._refused) or any(p.pending for p in self._retired())
+
     async def send_async(
         self,
         value: bytes,
@@ -404,14 +424,16 @@ class ScalableProducer:
         result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         if txn is not None:
             txn.track(result)
-        message = _Outgoing(value, key, properties, event_time_ms, txn, result)
-        if self._rerouting:
-            self._reroute(message, None)  # stay behind the messages being re-routed
+        message = _Outgoing(next(self._numbers), value, key, properties, event_time_ms, txn, result)
+        if self._in_transition() or self._order.locked():
+            async with self._order:  # behind everything sent before it
+                await self._settle_transition()
+                await self._dispatch(message)
         else:
             await self._dispatch(message)
         return result
 
-    async def _dispatch(self, message: _Outgoing) -> int:
+    async def _dispatch(self, message: _Outgoing) -> None:
         segment = self.route(message.key)
         producer = await self._producer(segment)
         inner = await producer.send_async(
@@ -424,7 +446,6 @@ class ScalableProducer:
             track=False,
         )
         inner.add_done_callback(lambda f: self._settled(message, segment, f))
-        return segment
 
     def _settled(self, message: _Outgoing, segment: int, inner: asyncio.Future[MessageId]) -> None:
         if message.result.done():
@@ -434,51 +455,56 @@ class ScalableProducer:
             return
         error = inner.exception()
         if isinstance(error, ServerError) and error.name is ErrorName.TOPIC_TERMINATED:
-            self._reroute(message, segment)
+            self._refused.append(message)
+            if self._drainer is None or self._drainer.done():
+                self._drainer = asyncio.create_task(self._drain(), name=f"reroute-{self.name}")
         elif error is not None:
             message.result.set_exception(error)
         else:
             message.result.set_result(inner.result())
 
-    def _reroute(self, message: _Outgoing, sealed: int | None) -> None:
-        self._rerouting += 1
-        task = asyncio.create_task(self._send_again(message, sealed), name=f"reroute-{self.name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _drain(self) -> None:
+        async with self._order:
+            await self._settle_transition()
 
-    async def _send_again(self, message: _Outgoing, sealed: int | None) -> None:
-        try:
-            async with self._order:
-                if sealed is not None:
-                    self.reroutes += 1
-                    await self._wait_rerouted(message.key, sealed)
-                await self._dispatch(message)
-        except BaseException as e:  # the caller learns of it through its future
-            if not message.result.done():
-                message.result.set_exception(e)
-            if isinstance(e, asyncio.CancelledError):
-                raise
-        finally:
-            self._rerouting -= 1
+    async def _settle_transition(self) -> None:
+        """(Holding ``_order``.) Wait for sends to retired segments to settle, and send the
+        refused ones again, oldest first, until nothing is in transition."""
+        while self._in_transition():
+            retired = self._retired()
+            if any(p.pending for p in retired):
+                await asyncio.gather(*(p.flush() for p in retired))
+            refused, self._refused = sorted(self._refused, key=lambda m: m.number), []
+            for message in refused:
+                self.reroutes += 1
+                try:
+                    await self._wait_rerouted(message.key)
+                    await self._dispatch(message)
+                except Exception as e:  # the caller learns of it through its future
+                    if not message.result.done():
+                        message.result.set_exception(e)
 
-    async def _wait_rerouted(self, key: str | None, sealed: int, limit_s: float = 30.0) -> None:
-        """Wait until the DAG no longer routes ``key`` to the sealed segment."""
+    async def _wait_rerouted(self, key: str | None, limit_s: float = 30.0) -> None:
+        """Wait until ``key`` routes to an active segment the layout knows as active (the
+        push of the new DAG may come after the refusal)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
         while True:
-            segment = self.layout.segments.get(sealed)
-            if segment is None or not segment.active:
+            segment = self.layout.segments.get(self.route(key))
+            if segment is not None and segment.active and segment.id not in self._sealed_seen():
                 return
             if loop.time() > deadline:
                 raise ServerError(
-                    ErrorName.TOPIC_TERMINATED,
-                    f"{self.topic}: segment {sealed} is sealed and no new layout came",
+                    ErrorName.TOPIC_TERMINATED, f"{self.topic}: no layout with an open segment came"
                 )
-            changed = self.layout.changed
             try:
-                await asyncio.wait_for(changed.wait(), 0.5)
+                await asyncio.wait_for(self.layout.changed.wait(), 0.5)
             except TimeoutError:
                 await self.layout.refresh()  # the push may be late: ask
+
+    def _sealed_seen(self) -> set[int]:
+        """Segments that refused a send, whatever the layout says yet."""
+        return {segment for segment, producer in self._producers.items() if producer.refused}
 
     async def send(
         self,
@@ -495,12 +521,30 @@ class ScalableProducer:
         return await future
 
     async def flush(self) -> None:
-        while self._tasks or any(p.pending for p in self._producers.values()):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Wait until every message sent so far is stored (or failed), re-sends included."""
+        while (
+            self._refused
+            or (self._drainer is not None and not self._drainer.done())
+            or any(p.pending for p in self._producers.values())
+        ):
+            if self._drainer is not None:
+                await asyncio.gather(self._drainer, return_exceptions=True)
             await asyncio.gather(*(p.flush() for p in self._producers.values()))
+            if self._refused and (self._drainer is None or self._drainer.done()):
+                self._drainer = asyncio.create_task(self._drain(), name=f"reroute-{self.name}")
 
     async def close(self) -> None:
-        await self.flush()
+        """Flush (re-sends included, for at most 30 s), then disconnect."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(30):
+                await self.flush()
+        if self._drainer is not None:
+            self._drainer.cancel()
+            await asyncio.gather(self._drainer, return_exceptions=True)
+        for message in self._refused:
+            if not message.result.done():
+                message.result.set_exception(ClientClosed(f"producer {self.name} is closed"))
+        self._refused = []
         for producer in self._producers.values():
             await producer.close()
         await self.layout.close()

@@ -12,11 +12,13 @@ import pytest
 
 from segtxn.client import Client, ErrorName, Message, ScalableProducer, ServerError
 from segtxn.client.consumer import Consumer
+from segtxn.client.messages import MessageId
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import topic_key
 from segtxn.topics.controller import Controller
 from segtxn.topics.model import ScalableTopic, SegmentState, decode_topic
 from tests.cluster import Cluster
+from tests.waiting import wait_until
 
 TOPIC = "topic://acme/scale/events"
 
@@ -79,10 +81,62 @@ async def test_keyed_stream_across_two_splits_and_a_merge(client: Client) -> Non
     for key, seqs in by_key.items():
         assert seqs == list(range(sent[key])), f"{key}: out of order or missing"
     assert sum(len(v) for v in by_key.values()) == total  # exactly once
-    assert producer.reroutes >= 0
     stats = await client.admin.stats(TOPIC)
     states = {s["id"]: s["state"] for s in stats["segments"]}
     assert list(states.values()).count("SEALED") == 4  # two splits and a merge sealed four
+
+
+async def test_sends_in_flight_at_a_split_keep_per_key_order(client: Client) -> None:
+    """Hundreds of sends in flight when the segment seals: the refused ones go again first,
+    so each key is stored in order; a consumer acking concurrently sees every ack confirmed."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    consumer = await client.subscribe(TOPIC, "ordered", initial_position="earliest")
+    producer = await client.create_producer(TOPIC)
+    assert isinstance(producer, ScalableProducer)
+    keys = [f"k{i}" for i in range(50)]
+    sent: collections.Counter[str] = collections.Counter()
+    sends: dict[str, list[asyncio.Future[MessageId]]] = collections.defaultdict(list)
+    split_done = asyncio.Event()
+
+    async def produce() -> None:
+        window: collections.deque[asyncio.Future[MessageId]] = collections.deque()
+        n = 0
+        while not split_done.is_set() or (producer.reroutes == 0 and n < 50_000):
+            key = keys[n % len(keys)]
+            future = await producer.send_async(f"{key}:{sent[key]}".encode(), key=key)
+            sends[key].append(future)
+            window.append(future)
+            sent[key] += 1
+            n += 1
+            if len(window) >= 500:
+                await window.popleft()
+        await asyncio.gather(*window)
+
+    async def split() -> None:
+        await wait_until(lambda: sum(sent.values()) >= 2000, timeout=20)
+        await client.admin.split(TOPIC, 0)
+        split_done.set()
+
+    await asyncio.gather(produce(), split())
+    assert producer.reroutes > 0, "no send reached the sealed segment: nothing was tested"
+    for key, futures in sends.items():  # in the order sent, per segment
+        stored = [f.result() for f in futures]
+        for segment in {i.topic for i in stored}:
+            positions = [(i.ledger_id, i.entry_id) for i in stored if i.topic == segment]
+            assert positions == sorted(positions), f"{key} stored out of order in {segment}"
+    total = sum(sent.values())
+    got: dict[str, list[int]] = collections.defaultdict(list)
+    acks = []
+    for _ in range(total):
+        message = await consumer.receive(timeout_s=20)
+        key, _, seq = message.value.decode().partition(":")
+        got[key].append(int(seq))
+        acks.append(asyncio.create_task(consumer.acknowledge(message)))
+    results = await asyncio.gather(*acks, return_exceptions=True)
+    assert [r for r in results if r is not None] == []
+    for key in keys:
+        assert got[key] == list(range(sent[key])), f"{key}: out of order, missing or duplicated"
+    await consumer.close()
 
 
 async def test_concurrent_splits_of_one_segment(client: Client) -> None:
