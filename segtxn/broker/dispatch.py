@@ -401,6 +401,8 @@ class Subscription:
         """On a sealed ledger, tell consumers once everything is delivered and acked."""
         if not self.ledger.is_sealed or self._pending or self._redeliver:
             return
+        if not self.cursor.durable:
+            return  # an ack still saving: its receipt goes out before the end (woken then)
         last = self.ledger.last_confirmed
         if last is not None and (
             self.buffer.max_read_position != last or self.cursor.mark_delete < last

@@ -220,6 +220,12 @@ class _Stream:
             frame = Nack(message_ids=[(i.ledger_id, i.entry_id) for i in ids])
             await self._ws.send_bytes(frames.encode(frame))
 
+    async def settle_acks(self, limit_s: float) -> None:
+        """Wait, at most ``limit_s``, for the acks in flight to be confirmed."""
+        waiting = [future for future in self._acks.values() if not future.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=limit_s)
+
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -246,6 +252,7 @@ def _message(topic: TopicName, frame: MessageFrame) -> Message:
 
 
 MAX_STREAMS = 257  # a topic's segments over its whole life: bounds the local queue
+ACK_SETTLE_S = 10.0  # how long a finished segment waits for its last acks to be confirmed
 
 
 class Consumer:
@@ -344,6 +351,7 @@ class Consumer:
                 if stream.ended.is_set() and self._ordered:
                     self._finished.add(TopicName.parse(key).segment or 0)
                     del self._streams[key]
+                    await stream.settle_acks(ACK_SETTLE_S)  # its last acks' receipts
                     await stream.close()
             await self._open_eligible()
 

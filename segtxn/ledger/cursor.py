@@ -149,6 +149,11 @@ class ManagedCursor:
         self._changes += 1
         await self.flush()
 
+    @property
+    def durable(self) -> bool:
+        """Whether the state in memory is the state saved (no change unsaved or saving)."""
+        return self._saved == self._changes and self._saving is None
+
     async def flush(self) -> None:
         """Wait until the current state is durable (coalescing with writes in flight)."""
         target = self._changes
