@@ -56,6 +56,7 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             broker_id="b1",
             advertise_url=f"http://127.0.0.1:{port}",
             ledger_url=f"file://{tmp_path / 'ledgers'}",
+            consumer_hold_s=1.0,
         ),
         store=store,
     )

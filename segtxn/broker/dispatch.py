@@ -139,9 +139,13 @@ class Subscription:
         *,
         batch: int,
         max_permits: int,
+        hold_s: float = 0.0,
     ) -> None:
         self.name = name
         self.ledger = ledger
+        self._hold_s = hold_s
+        self._held: dict[str, tuple[ConsumerLink, asyncio.TimerHandle]] = {}
+        """Failover members that dropped off, keeping their place until they return."""
         self.cursor = cursor
         self.buffer = buffer
         self._index = TopicName.parse(ledger.name).segment or 0
@@ -182,16 +186,34 @@ class Subscription:
             )
         before = self._active()
         self.type = sub_type
+        held = self._held.pop(link.name, None)
+        if held is not None:  # back in time: its place (and its segments) are its own again
+            held[1].cancel()
         self.consumers.append(link)
         self._hand_over(before, joined=link)
         self._wake.set()
         return self._is_active(link)
 
-    def detach(self, link: ConsumerLink) -> None:
+    def detach(self, link: ConsumerLink, *, dropped: bool = False) -> None:
+        """Remove a consumer. A Failover member that ``dropped`` (its connection failed
+        rather than closed) keeps its place for ``hold_s``: while it is away, a segment it
+        was active on is dispatched to nobody; it resumes if it comes back under its name."""
         if link not in self.consumers:
             return
         before = self._active()
         self.consumers.remove(link)
+        if (
+            dropped
+            and self._hold_s > 0
+            and self.type is SubscriptionType.FAILOVER
+            and link.name not in self._held
+            and all(c.name != link.name for c in self.consumers)
+        ):
+            placeholder = ConsumerLink(link.name, lambda _frame: None)
+            timer = asyncio.get_running_loop().call_later(
+                self._hold_s, self._release_place, link.name
+            )
+            self._held[link.name] = (placeholder, timer)
         for position in list(link.pending):
             self._pending.pop(position, None)
             self._due_again(position)
@@ -199,18 +221,31 @@ class Subscription:
         self._hand_over(before)
         self._wake.set()
 
+    def _release_place(self, name: str) -> None:
+        """A dropped member did not come back in time: its segments move on."""
+        if name not in self._held:
+            return
+        before = self._active()
+        del self._held[name]
+        self._hand_over(before)
+        self._wake.set()
+
     def _active(self) -> ConsumerLink | None:
         """The consumer that receives everything (Exclusive, Failover); None for Shared.
 
-        Failover members are ordered by name; segment ``i`` goes to member ``i mod n``, so
-        the segments of a scalable topic are shared out among the members, each segment to
-        one of them (as Pulsar does with partitions).
+        Failover members (held places included) are ordered by name; segment ``i`` goes to
+        member ``i mod n``, so the segments of a scalable topic are shared out among the
+        members, each segment to one of them (as Pulsar does with partitions). A held place
+        has no permits: nothing is dispatched to it.
         """
-        if not self.consumers or self.type is SubscriptionType.SHARED:
+        if self.type is SubscriptionType.SHARED:
             return None
         if self.type is SubscriptionType.EXCLUSIVE:
-            return self.consumers[0]
-        members = sorted(self.consumers, key=lambda c: (c.name, c.id))
+            return self.consumers[0] if self.consumers else None
+        members = self.consumers + [placeholder for placeholder, _ in self._held.values()]
+        if not members:
+            return None
+        members.sort(key=lambda c: (c.name, c.id))
         return members[self._index % len(members)]
 
     def _hand_over(self, before: ConsumerLink | None, joined: ConsumerLink | None = None) -> None:
@@ -417,6 +452,9 @@ class Subscription:
         return self.cursor.backlog()
 
     async def close(self) -> None:
+        for _, timer in self._held.values():
+            timer.cancel()
+        self._held.clear()
         self.buffer.remove_listener(self._wake.set)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)

@@ -33,9 +33,13 @@ class BrokerSettings:
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_check_s: float = 60.0
+    """How often consumed ledgers past retention are trimmed (with their indexes)."""
     controller_sweep_s: float = 5.0
     """How often a broker looks for splits or merges a dead controller left unfinished."""
-    """How often consumed ledgers past retention are trimmed (with their indexes)."""
+    consumer_hold_s: float = 10.0
+    """A Failover member of a segment's subscription whose connection drops (not a clean
+    close) keeps its place this long: its segments wait for it to come back under the same
+    name rather than move to another member. 0: they move at once."""
 
     def __post_init__(self) -> None:
         if not _ID.match(self.broker_id):

@@ -243,6 +243,7 @@ class Topic:
                 self.buffer,
                 batch=self.settings.dispatch_batch,
                 max_permits=self.settings.max_permits,
+                hold_s=self.settings.consumer_hold_s if self.name.domain is Domain.SEGMENT else 0,
             )
             if self.name.domain is Domain.SEGMENT:
                 subscription.pending_acks = MetadataPendingAckStore(

@@ -263,7 +263,8 @@ async def consumer(request: web.Request) -> web.StreamResponse:
         )
         await _serve_consumer(ws, subscription, link, outbox)
     finally:
-        subscription.detach(link)
+        # a clean close (1000) leaves at once; anything else may be a consumer coming back
+        subscription.detach(link, dropped=ws.close_code != WSCloseCode.OK)
         await outbox.close()
     return ws
 

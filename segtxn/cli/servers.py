@@ -74,9 +74,16 @@ def _free(host: str) -> int:
 @click.option("--port", default=None, type=int, help="Port (default: the advertised port).")
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
 @click.option("--session-ttl", default=10.0, show_default=True, help="Lease TTL.")
+@click.option(
+    "--consumer-hold",
+    default=10.0,
+    show_default=True,
+    help="Seconds a dropped Failover member keeps its segments (0: they move at once).",
+)
 def broker(
     *,
     session_ttl: float,
+    consumer_hold: float,
     store: str,
     data_dir: Path,
     advertise: str,
@@ -95,6 +102,7 @@ def broker(
             ledger_url=f"file://{data_dir.resolve()}",
             auto_create_topics=auto_create_topics,
             session_ttl_s=session_ttl,
+            consumer_hold_s=consumer_hold,
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e

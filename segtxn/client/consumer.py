@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -278,7 +279,8 @@ class Consumer:
         layout: TopicLayout | None = None,
     ) -> None:
         self.subscription = subscription
-        self.name = name or f"consumer-{next(_ids)}"
+        # unique across processes: a Failover member's place is held by name
+        self.name = name or f"consumer-{next(_ids)}-{secrets.token_hex(4)}"
         self.topic = topic
         self._connector = connector
         self._layout = layout

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
 import random
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import ClientWebSocketResponse
 
 from segtxn.client import Client, ErrorName, Message, ScalableProducer, ServerError
 from segtxn.client.consumer import Consumer
 from segtxn.client.messages import MessageId
+from segtxn.protocol import frames
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import topic_key
 from segtxn.topics.controller import Controller
@@ -263,6 +267,67 @@ async def test_failover_members_share_segments_and_take_over(client: Client) -> 
     for key in keys.values():
         await producer.send(key.encode() + b"-again", key=key)
     assert len({m.message_id.topic for m in await drain(second, 4)}) == 4
+
+
+async def _member(client: Client, segment: TopicName, name: str) -> ClientWebSocketResponse:
+    """A Failover member of ``group`` on one segment, on a raw WebSocket we can drop."""
+    query = {"type": "Failover", "initial": "earliest", "name": name}
+    broker = await client.connector.broker_for(segment)
+    ws = await client.connector.websocket(broker, "consumer", segment, "/group", query)
+    ready = frames.server_frame.decode((await ws.receive()).data)
+    assert isinstance(ready, frames.ConsumerReady)
+    await ws.send_bytes(frames.encode(frames.Flow(permits=100)))
+    return ws
+
+
+async def _next_message(ws: ClientWebSocketResponse) -> frames.Message:
+    async with asyncio.timeout(10):
+        while True:
+            frame = frames.server_frame.decode((await ws.receive()).data)
+            if isinstance(frame, frames.Message):
+                return frame
+
+
+def _drop(ws: ClientWebSocketResponse) -> None:
+    """Cut the TCP connection without a WebSocket close, as a crashed process would."""
+    sock = ws.get_extra_info("socket")
+    assert sock is not None
+    sock.shutdown(socket.SHUT_RDWR)
+
+
+async def test_a_dropped_member_keeps_its_segment_for_the_hold(client: Client) -> None:
+    """m2 holds segment 1 (members m1, m2: segment i to member i mod 2). Dropped, it keeps
+    the segment for consumer_hold_s (1 s here) and gets it back on return; gone for good, the
+    segment moves to m1 once the hold ends."""
+    await client.admin.create_topic(TOPIC, segments=2)
+    segment = TopicName.parse(TOPIC).segment_name(1)
+    m1 = await client.subscribe(
+        TOPIC, "group", subscription_type="Failover", initial_position="earliest", name="m1"
+    )
+    m2 = await _member(client, segment, "m2")
+    producer = await client.create_producer(TOPIC)
+    assert isinstance(producer, ScalableProducer)
+    key = next(f"k{i}" for i in itertools.count() if producer.route(f"k{i}") == 1)
+
+    await producer.send(b"first", key=key)
+    assert (await _next_message(m2)).payload == b"first"
+    _drop(m2)
+    await producer.send(b"second", key=key)
+    with pytest.raises(TimeoutError):
+        await m1.receive(timeout_s=0.3)  # bounded absence check: the place is held
+    m2 = await _member(client, segment, "m2")  # back within the hold; nothing was acked
+    assert [(await _next_message(m2)).payload for _ in range(2)] == [b"first", b"second"]
+
+    _drop(m2)
+    dropped = asyncio.get_running_loop().time()
+    await producer.send(b"third", key=key)
+    taken = [await m1.receive(timeout_s=10)]  # the hold ends: segment 1 moves to m1
+    waited = asyncio.get_running_loop().time() - dropped
+    taken += [await m1.receive(timeout_s=10) for _ in range(2)]
+    assert [m.value for m in taken] == [b"first", b"second", b"third"]
+    assert {m.message_id.topic for m in taken} == {str(segment)}
+    assert waited >= 0.9, f"m1 took the segment over after {waited:.2f}s, inside the hold"
+    await m1.close()
 
 
 async def test_checkpoint_consumer_resumes_across_a_split(client: Client) -> None:
