@@ -51,20 +51,19 @@ import random
 import shutil
 import signal
 import string
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from servers import ServerProcess
 
 from segtxn.client import Client, Consumer, Message, MessageId, ScalableProducer
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.protocol.names import TopicName
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,7 +75,6 @@ PAYLOAD_BYTES = 100
 IN_FLIGHT = 500
 WARMUP_S = 0.5
 AFTER_SPLIT_S = 0.5
-READY_TIMEOUT_S = 30.0
 RUN_LIMIT_S = 180.0
 """The producing part taking longer than this has hung: it fails instead of waiting forever."""
 VERIFY_IDLE_S = 10.0
@@ -97,90 +95,18 @@ def percentile(samples: list[float], p: float) -> float:
 # ---------------------------------------------------------------------- the cluster
 
 
-class BrokerProcess:
-    """``python -m segtxn.cli broker ...`` on a free loopback port, output to a log."""
-
-    def __init__(self, broker_id: str, store: str, data_dir: Path, log_path: Path) -> None:
-        self.broker_id = broker_id
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._command = [
-            sys.executable,
-            "-m",
-            "segtxn.cli",
-            "broker",
-            "--store",
-            store,
-            "--data-dir",
-            str(data_dir),
-            "--broker-id",
-            broker_id,
-            "--advertise",
-            self.url,
-            "--host",
-            "127.0.0.1",
-        ]
-        self._log: IO[bytes] | None = None
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(self._command, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self) -> None:
-        """Poll ``/readyz`` until it answers 200 (bounded)."""
-        assert self.process is not None
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"broker {self.broker_id} exited with {self.process.returncode}: {self.tail()}"
-                )
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.05)  # process start-up: nothing to wait on but the port
-        raise RuntimeError(
-            f"broker {self.broker_id} was not ready within {READY_TIMEOUT_S:g} s: {self.tail()}"
-        )
-
-    def tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it does not exit in time."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-
 @contextlib.contextmanager
-def cluster(directory: Path) -> Iterator[list[BrokerProcess]]:
+def cluster(directory: Path) -> Iterator[list[ServerProcess]]:
     """A private etcd (fsync on) and two brokers; stopped at the end."""
     etcd = EtcdServer.in_temp_dir()
     etcd.start()
-    brokers: list[BrokerProcess] = []
+    brokers: list[ServerProcess] = []
     try:
         store = etcd.url("/scaling")
         for i in range(BROKERS):
-            brokers.append(
-                BrokerProcess(f"b{i}", store, directory / f"b{i}", directory / f"b{i}.log")
-            )
+            command = ["broker", "--store", store, "--broker-id", f"b{i}"]
+            command += ["--data-dir", str(directory / f"b{i}")]
+            brokers.append(ServerProcess(f"b{i}", command, directory / f"b{i}.log"))
         for broker in brokers:
             broker.start()
         for broker in brokers:
@@ -492,8 +418,8 @@ async def verify(client: Client, load: Load) -> Verification:
     return result
 
 
-async def run_all(brokers: list[BrokerProcess], seconds: float) -> Results:
-    names = {b.url: b.broker_id for b in brokers}
+async def run_all(brokers: list[ServerProcess], seconds: float) -> Results:
+    names = {b.url: b.name for b in brokers}
     started = time.perf_counter()
     async with Client(brokers[0].url) as client:
         async with asyncio.timeout(RUN_LIMIT_S):
