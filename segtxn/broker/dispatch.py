@@ -464,7 +464,8 @@ class Subscription:
 
 class Reader:
     """A cursor-less, forward-only view of a topic from a start position (committed data
-    only, like a consumer)."""
+    only, like a consumer). It ends (``end_of_topic``) at the end of a sealed ledger, or once
+    it has passed ``end`` (inclusive) when one is given."""
 
     def __init__(
         self,
@@ -475,11 +476,13 @@ class Reader:
         *,
         batch: int,
         max_permits: int,
+        end: Position | None = None,
     ) -> None:
         self.ledger = ledger
         self.buffer = buffer
         self.link = link
         self._next = start
+        self._end = end
         self._batch = batch
         self._max_permits = max_permits
         self._wake = asyncio.Event()
@@ -499,7 +502,11 @@ class Reader:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self.link.permits > 0:
+            while self.link.permits > 0 and not self.link.ended:
+                if self._end is not None and self._next > self._end:
+                    self.link.ended = True
+                    self.link.send(EndOfTopic())
+                    break
                 entries, cut = _readable(
                     await self.ledger.read(
                         self._next, max_entries=min(self._batch, self.link.permits)

@@ -322,6 +322,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
         name = topic_from(request)
         topic = await service.serve(name)
         start = _start_position(topic, request.query.get("start", "latest"))
+        end = _end_position(topic, request.query.get("end"))
     except ServerError as e:
         return error_response(e, request)
     await ws.prepare(request)
@@ -334,6 +335,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
         start,
         batch=service.settings.dispatch_batch,
         max_permits=service.settings.max_permits,
+        end=end,
     )
 
     async def handle(frame: object) -> None:
@@ -348,6 +350,21 @@ async def reader(request: web.Request) -> web.StreamResponse:
         await session.close()
         await outbox.close()
     return ws
+
+
+def _end_position(topic: Topic, end: str | None) -> Position | None:
+    """Where a reader stops (inclusive): ``latest`` is the last entry stored now."""
+    if end is None:
+        return None
+    if end == "latest":
+        last = topic.ledger.last_confirmed
+        return last if last is not None else Position(-1, -1)  # nothing stored: end at once
+    try:
+        return Position.parse(end)
+    except ValueError:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT, f"end {end!r}: latest or LEDGER:ENTRY"
+        ) from None
 
 
 def _start_position(topic: Topic, start: str) -> Position:

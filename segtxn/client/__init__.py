@@ -12,7 +12,7 @@ async with Client("http://localhost:8080") as client:
 
 from segtxn.client.client import Client
 from segtxn.client.consumer import CheckpointConsumer, Consumer, Reader
-from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout
+from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout, TopicEnded
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
 from segtxn.client.transaction import Transaction, TransactionFailed
@@ -34,6 +34,7 @@ __all__ = [
     "ScalableProducer",
     "ServerError",
     "Timeout",
+    "TopicEnded",
     "Transaction",
     "TransactionFailed",
 ]

@@ -157,12 +157,23 @@ class Client:
         return Transaction(self._coordinators, timeout_s)
 
     async def create_reader(
-        self, topic: str, *, start: str = "earliest", receiver_queue_size: int = 1000
+        self,
+        topic: str,
+        *,
+        start: str = "earliest",
+        end: str | None = None,
+        receiver_queue_size: int = 1000,
     ) -> Reader:
         """A reader of one ``persistent://`` topic or segment from ``start`` (earliest,
-        latest, or ``LEDGER:ENTRY``)."""
+        latest, or ``LEDGER:ENTRY``). With ``end`` (``latest``: the last entry stored now, or
+        ``LEDGER:ENTRY``, inclusive) it ends once past it: ``reader.ended()``, and
+        ``receive`` raises :class:`TopicEnded` when nothing is left."""
         reader = Reader(
-            self.connector, _topic(topic), start=start, receiver_queue_size=receiver_queue_size
+            self.connector,
+            _topic(topic),
+            start=start,
+            end=end,
+            receiver_queue_size=receiver_queue_size,
         )
         await reader.start()
         self._closables.append(reader)

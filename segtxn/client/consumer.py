@@ -26,7 +26,7 @@ import msgspec
 
 from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientClosed, ClientError
+from segtxn.client.errors import ClientClosed, ClientError, TopicEnded
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.transaction import Transaction
@@ -456,20 +456,27 @@ class Reader:
         topic: TopicName,
         *,
         start: str = "earliest",
+        end: str | None = None,
         receiver_queue_size: int = 1000,
     ) -> None:
         self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(
             maxsize=receiver_queue_size + 8
         )
+        query = {"start": start} if end is None else {"start": start, "end": end}
         self._stream = _Stream(
             connector,
             topic,
             kind="reader",
             suffix="",
-            query={"start": start},
+            query=query,
             receiver_queue_size=receiver_queue_size,
             deliver=self._queue,
+            on_end=self._ended,
         )
+
+    def _ended(self) -> None:
+        # after every message (one WebSocket, in order); kept across reconnects like errors
+        self._queue.put_nowait(TopicEnded(f"{self._stream.topic}: nothing more to read"))
 
     async def start(self) -> None:
         await self._stream.start()
@@ -478,8 +485,17 @@ class Reader:
         return self._stream.ended.is_set()
 
     async def receive(self, timeout_s: float | None = None) -> Message:
+        """The next message.
+
+        Raises:
+            TopicEnded: everything was read (sealed topic, or past ``end``); raised again on
+                every later call.
+        """
         async with asyncio.timeout(timeout_s):
             item = await self._queue.get()
+        if isinstance(item, TopicEnded):
+            self._queue.put_nowait(item)  # it stays the end
+            raise item
         if isinstance(item, BaseException):
             raise item
         await self._stream.taken()

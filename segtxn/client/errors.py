@@ -18,3 +18,7 @@ class MessageTooLarge(ClientError):
 
 class Timeout(ClientError):
     """An operation did not complete in time (the broker may still complete it)."""
+
+
+class TopicEnded(ClientError):
+    """A reader has received everything: its topic is sealed, or it passed its ``end``."""

@@ -7,7 +7,14 @@ import re
 
 import pytest
 
-from segtxn.client import Client, ErrorName, Message, ServerError, TransactionFailed
+from segtxn.client import (
+    Client,
+    ErrorName,
+    Message,
+    ServerError,
+    TopicEnded,
+    TransactionFailed,
+)
 from segtxn.client.consumer import Consumer
 from segtxn.protocol.names import TopicName
 from segtxn.topics import transactions as T
@@ -284,3 +291,36 @@ async def test_retention_trims_the_aborted_index_with_the_data(
 
 async def _has(cluster: Cluster, prefix: str) -> bool:
     return bool((await cluster.store.list_prefix(prefix)).records)
+
+
+async def test_a_reader_with_an_end_stops_there_even_after_aborted_entries(
+    client: Client,
+) -> None:
+    """``end=latest`` is the last entry stored when the reader connects, visible or not: a
+    reader whose range ends in an aborted transaction still ends (TopicEnded), and does not
+    see what is stored after its end."""
+    await client.admin.create_topic(ORDERS, segments=1)
+    segment = str(TopicName.parse(ORDERS).segment_name(0))
+    producer = await client.create_producer(ORDERS)
+    await producer.send(b"committed", key="k")
+    async with client.transaction() as txn:
+        await producer.send(b"in-commit", key="k", txn=txn)
+    txn = await client.transaction().start()
+    await producer.send(b"aborted", key="k", txn=txn)
+    await txn.abort()
+
+    reader = await client.create_reader(segment, start="earliest", end="latest")
+    await producer.send(b"after-the-end", key="k")
+    got = [(await reader.receive(timeout_s=10)).value for _ in range(2)]
+    assert got == [b"committed", b"in-commit"]
+    with pytest.raises(TopicEnded):
+        await reader.receive(timeout_s=10)
+    with pytest.raises(TopicEnded):  # and it stays ended
+        await reader.receive(timeout_s=10)
+
+    empty = await client.create_reader(segment, start="latest", end="latest")
+    with pytest.raises(TopicEnded):
+        await empty.receive(timeout_s=10)
+    with pytest.raises(ServerError) as bad:
+        await client.create_reader(segment, end="tomorrow")
+    assert bad.value.name is ErrorName.INVALID_ARGUMENT and "end" in bad.value.message
