@@ -105,6 +105,33 @@ async def test_consume_transform_produce_is_exactly_once(client: Client) -> None
     await nothing_arrives(reader)
 
 
+async def test_concurrent_acks_of_one_message_in_two_transactions_conflict(
+    client: Client,
+) -> None:
+    """Two transactions acking the same message at the same moment (two Failover members in
+    a hand-over): exactly one holds it, so at most one can commit it."""
+    await client.admin.create_topic(ORDERS, segments=1)
+    producer = await client.create_producer(ORDERS)
+    for i in range(20):
+        await producer.send(f"m{i}".encode())
+    consumer = await client.subscribe(ORDERS, "s", initial_position="earliest")
+    for _ in range(20):
+        message = await consumer.receive(timeout_s=10)
+        first = await client.transaction().start()
+        second = await client.transaction().start()
+        results = await asyncio.gather(
+            consumer.acknowledge(message, txn=first),
+            consumer.acknowledge(message, txn=second),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(errors) == 1, results
+        assert isinstance(errors[0], ServerError)
+        assert errors[0].name is ErrorName.TRANSACTION_CONFLICT
+        await first.abort()
+        await second.abort()
+
+
 async def test_acks_in_a_transaction_conflict_and_are_released_on_abort(client: Client) -> None:
     await client.admin.create_topic(ORDERS, segments=1)
     producer = await client.create_producer(ORDERS)

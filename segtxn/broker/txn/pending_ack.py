@@ -125,6 +125,8 @@ class MetadataPendingAckStore(PendingAckStore):
                     ErrorName.TRANSACTION_CONFLICT,
                     f"{position} is acknowledged by transaction {holder}, still open",
                 )
+        # Checked and reserved with no await in between: a concurrent ack of the same
+        # position by another transaction sees the reservation and conflicts.
         if cumulative:
             upto = max(positions)
             for position, holder in self._individual.items():
@@ -133,15 +135,27 @@ class MetadataPendingAckStore(PendingAckStore):
                         ErrorName.TRANSACTION_CONFLICT,
                         f"{position} is acknowledged by transaction {holder}, still open",
                     )
+            before = self._cumulative.get(txn)
+            self._cumulative[txn] = upto if before is None else max(before, upto)
             ops = [self._op(upto, cumulative=True)]
         else:
-            ops = [self._op(p, cumulative=False) for p in positions]
-        await self._write(txn, version, ops)
-        if cumulative:
-            self._cumulative[txn] = max(self._cumulative.get(txn, upto), upto)
-        else:
-            for position in positions:
+            reserved = [p for p in positions if p not in self._individual]
+            for position in reserved:
                 self._individual[position] = txn
+            ops = [self._op(p, cumulative=False) for p in positions]
+        try:
+            await self._write(txn, version, ops)
+        except BaseException:
+            if cumulative:
+                if before is None:
+                    self._cumulative.pop(txn, None)
+                else:
+                    self._cumulative[txn] = before
+            else:
+                for position in reserved:
+                    if self._individual.get(position) == txn:
+                        del self._individual[position]
+            raise
         cached = self._headers.cached(txn)
         if cached is not None and cached.state.final:  # decided while we were writing
             self._on_header(txn, cached)
