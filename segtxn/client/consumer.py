@@ -144,16 +144,20 @@ class _Stream:
                         return
                     delay = min(delay * 2, 2.0)
 
-    def _drop_queued(self) -> None:
-        """Messages not yet taken will be redelivered: drop ours so none is seen twice."""
+    def _drop_queued(self) -> int:
+        """Messages not yet taken will be redelivered: drop ours so none is seen twice.
+        Returns how many were dropped."""
         kept: list[Message | BaseException] = []
+        dropped = 0
         while not self._deliver.empty():
             item = self._deliver.get_nowait()
             if isinstance(item, Message) and item.message_id.topic == str(self.topic):
+                dropped += 1
                 continue
             kept.append(item)
         for item in kept:
             self._deliver.put_nowait(item)
+        return dropped
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for raw in ws:
@@ -185,6 +189,12 @@ class _Stream:
                     log.warning("%s on %s: %s", self._kind, self.topic, error)
             elif isinstance(frame, ActiveChange):
                 self.active = frame.active
+                if not frame.active:
+                    # the broker gives what we had not acked to the new active member: the
+                    # ones still queued here must not reach the application too
+                    dropped = self._drop_queued()
+                    if dropped:  # their permits were spent on the link: grant them again
+                        await ws.send_bytes(frames.encode(Flow(permits=dropped)))
             elif isinstance(frame, EndOfTopic):
                 self.ended.set()
                 if self._on_end is not None:

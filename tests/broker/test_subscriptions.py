@@ -144,6 +144,26 @@ async def test_failover_only_the_active_consumer_receives_and_a_standby_takes_ov
     assert (await sub_stats(client, TOPIC, "fo"))["backlog"] == 0
 
 
+async def test_a_failover_member_that_loses_its_turn_drops_what_it_had_queued(
+    client: Client,
+) -> None:
+    """c2 holds queued, untaken messages when c1 (first by name) joins and becomes active: c2
+    must not hand them to its application, since the broker gives them to c1."""
+    await client.admin.create_topic(TOPIC)
+    first = await client.subscribe(TOPIC, "fo", subscription_type="Failover", name="c2")
+    ids = await produce(client, TOPIC, 10)
+    head = await first.receive(timeout_s=10)  # the rest wait in its local queue
+    assert head.message_id == ids[0]
+    second = await client.subscribe(TOPIC, "fo", subscription_type="Failover", name="c1")
+    await wait_until(lambda: not first.active, timeout=5, what="c2 to stand by")
+    got = await receive_n(second, 10)
+    assert [m.message_id for m in got] == ids  # the one c2 took too: it never acked it
+    await assert_nothing_more(first)
+    for message in got:
+        await second.acknowledge(message)
+    assert (await sub_stats(client, TOPIC, "fo"))["backlog"] == 0
+
+
 # ---------------------------------------------------------------------- Shared
 
 
