@@ -160,6 +160,8 @@ class Subscription:
         self._redeliver: SortedSet[Position] = SortedSet()
         self._redeliveries: dict[Position, int] = {}
         self._round_robin = 0
+        self._fence: set[TxnId] = set()
+        """Transactions that must end before the (new) active consumer gets more."""
         self._wake = asyncio.Event()
         buffer.on_change(self._wake.set)  # the read horizon moved: no polling
         self._follower = _Follower(ledger, self._wake, f"{ledger.name}/{name}")
@@ -250,8 +252,15 @@ class Subscription:
 
     def _hand_over(self, before: ConsumerLink | None, joined: ConsumerLink | None = None) -> None:
         """Tell Failover members whose role changed; the old active's unacknowledged
-        messages go to the new one."""
+        messages go to the new one.
+
+        An ordered subscription (Exclusive, Failover) whose active consumer changes is
+        *fenced*: nothing is dispatched to the new one until every transaction then holding
+        acks on it has ended. Those acks may be aborted (a killed processor's transaction
+        times out), and their messages must then come first, before anything after them."""
         after = self._active()
+        if self.type is not SubscriptionType.SHARED and before is not after:
+            self._fence = self.pending_acks.transactions()
         if self.type is not SubscriptionType.FAILOVER or before is after:
             return
         if before is not None and before in self.consumers:
@@ -377,6 +386,10 @@ class Subscription:
             return []
         if self.type is SubscriptionType.SHARED:
             return [c for c in self.consumers if c.permits > 0]
+        if self._fence:  # woken when a transaction ends (its acks materialize)
+            self._fence &= self.pending_acks.transactions()
+            if self._fence:
+                return []
         active = self._active()
         return [active] if active is not None and active.permits > 0 else []
 

@@ -351,3 +351,21 @@ async def test_a_reader_with_an_end_stops_there_even_after_aborted_entries(
     with pytest.raises(ServerError) as bad:
         await client.create_reader(segment, end="tomorrow")
     assert bad.value.name is ErrorName.INVALID_ARGUMENT and "end" in bad.value.message
+
+
+async def test_a_new_owner_waits_for_the_old_owners_transaction(client: Client) -> None:
+    """Exclusive: A acks m0 in an open transaction and leaves. B gets nothing until that
+    transaction ends; when it aborts, m0 comes back first, then m1: per-key order holds."""
+    await client.admin.create_topic(ORDERS, segments=1)
+    producer = await client.create_producer(ORDERS)
+    for i in range(2):
+        await producer.send(f"m{i}".encode(), key="k")
+    a = await client.subscribe(ORDERS, "ordered", initial_position="earliest")
+    m0 = await a.receive(timeout_s=10)
+    txn = await client.transaction().start()
+    await a.acknowledge(m0, txn=txn)
+    await a.close()
+    b = await client.subscribe(ORDERS, "ordered", initial_position="earliest")
+    await nothing_arrives(b)  # fenced: m1 must not overtake the in-doubt m0
+    await txn.abort()
+    assert [m.value for m in await take(b, 2)] == [b"m0", b"m1"]

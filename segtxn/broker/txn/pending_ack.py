@@ -41,6 +41,10 @@ class PendingAckStore(ABC):
     async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
         """Record acks in ``txn``; returns once they are durable."""
 
+    def transactions(self) -> set[TxnId]:
+        """The open transactions holding acks now."""
+        return set()
+
     async def recover(self) -> None:  # noqa: B027 - nothing to rebuild unless overridden
         """Rebuild state on load."""
 
@@ -96,6 +100,9 @@ class MetadataPendingAckStore(PendingAckStore):
         return position in self._individual or any(
             position <= upto for upto in self._cumulative.values()
         )
+
+    def transactions(self) -> set[TxnId]:
+        return set(self._individual.values()) | set(self._cumulative)
 
     def holder(self, position: Position) -> TxnId | None:
         txn = self._individual.get(position)
