@@ -20,8 +20,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/segtxn demo --store memory://
-	$(BIN)/segtxn demo --store etcd-local
+	$(BIN)/segtxn demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check segtxn tests bench

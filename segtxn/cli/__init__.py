@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import sys
+from pathlib import Path
 
 import click
 
-from segtxn.cli import clients, servers, txn
-from segtxn.cli.demo import run_demo
+from segtxn.cli import clients, servers, txn, verify
+from segtxn.cli.demo import default_out_dir, run_demo
 from segtxn.client import ServerError
 from segtxn.metastore import MetadataStoreError
 
@@ -35,15 +37,41 @@ def main(verbose: int) -> None:
     help="Metadata store URL (memory://, etcd://host:port[/ns]), or 'etcd-local' to start "
     "a private etcd server for the run.",
 )
-@click.option("--messages", default=20_000, show_default=True, help="Messages to stream.")
-@click.option("--keys", default=200, show_default=True, help="Distinct keys.")
-@click.option("--segments", default=4, show_default=True, help="Range segments of the topic.")
+@click.option("--duration", default=60.0, show_default=True, help="Seconds of feeding inputs.")
+@click.option("--rate", default=100.0, show_default=True, help="Inputs fed per second.")
+@click.option("--processors", default=3, show_default=True, help="Processor processes.")
 @click.option("--seed", default=None, type=int, help="Random seed (printed when chosen).")
-def demo(store: str, messages: int, keys: int, segments: int, seed: int | None) -> None:
-    """Stream keyed messages through a scalable topic on segtxn standalone, and check them."""
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where runs are recorded (default: segtxn-demo/ in the temporary directory).",
+)
+def demo(
+    *,
+    store: str,
+    duration: float,
+    rate: float,
+    processors: int,
+    seed: int | None,
+    master: str,
+    out: Path | None,
+) -> None:
+    """The main job: a transactional pipeline with splits, merges, aborts and a processor
+    kill, checked end to end with Spark. Exit status 1 on any anomaly."""
+    seed = seed if seed is not None else random.randrange(2**31)
     try:
         ok = asyncio.run(
-            run_demo(store, messages=messages, keys=keys, segments=segments, seed=seed)
+            run_demo(
+                store,
+                duration_s=duration,
+                rate=rate,
+                processors=processors,
+                out_dir=out or default_out_dir(),
+                seed=seed,
+                master=master,
+            )
         )
     except (MetadataStoreError, ServerError) as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
@@ -57,3 +85,4 @@ main.add_command(clients.produce)
 main.add_command(clients.consume)
 main.add_command(clients.topics)
 main.add_command(txn.txn)
+main.add_command(verify.verify)

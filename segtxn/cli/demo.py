@@ -1,58 +1,130 @@
-"""``segtxn demo``: a keyed stream through a scalable topic on ``segtxn standalone``.
+"""``segtxn demo``: the main job. Start a cluster, run the transactional workload with splits,
+merges, aborts, timeouts and a processor kill, then prove the guarantees with Spark.
 
-It starts ``segtxn standalone`` as a separate process (on the embedded store, or on a
-private etcd with ``--store etcd-local``), creates a scalable topic with several range
-segments, produces a keyed stream (each key's messages numbered), consumes it through one
-subscription, and checks what it received: every message exactly once, each key's
-messages in order, keys routed to the segment covering their hash. It prints a summary and
-exits non-zero on any anomaly.
+On ``memory://`` (the default) the cluster is one ``segtxn standalone`` process on the
+embedded store. On etcd (``etcd://host:port[/ns]``, or ``etcd-local`` for a private etcd
+started for the run) it is two brokers and a transaction coordinator, each its own process.
+The workload (:mod:`segtxn.verify.workload`) records every client's history; the checker
+(:mod:`segtxn.verify.checker`) reads the topics back through the Spark data source and counts
+every anomaly kind. The text report goes to the terminal, an HTML report with plots next to
+the run's files; the exit status is non-zero on any anomaly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import random
 import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import aiohttp
 import click
 
-from segtxn.client import Client
 from segtxn.metastore.etcd_server import EtcdServer, free_port
-from segtxn.protocol.hashing import HASH_SPACE, key_hash
-
-TOPIC = "topic://demo/orders/events"
+from segtxn.metastore.registry import open_store
+from segtxn.verify.workload import WorkloadConfig, run_workload
 
 
 async def run_demo(
-    store: str, *, messages: int = 20_000, keys: int = 200, segments: int = 4, seed: int | None
+    store: str,
+    *,
+    duration_s: float,
+    rate: float,
+    processors: int,
+    out_dir: Path,
+    seed: int,
+    master: str,
 ) -> bool:
-    seed = seed if seed is not None else random.randrange(2**32)
+    run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{seed}"
+    run_dir = out_dir / run
     async with AsyncExitStack() as stack:
-        if store == "etcd-local":
-            server = EtcdServer.in_temp_dir()
-            await server.astart()
-            stack.callback(server.stop)
-            store = server.url("/demo")
-            click.echo(f"started etcd at {server.endpoint}")
-        url = await _start_standalone(stack, store)
-        click.echo(f"segtxn standalone at {url} (store {store}); seed {seed}")
-        async with Client(url) as client:
-            return await _play(client, random.Random(seed), messages, keys, segments)
+        if store == "memory://":
+            url = await _start(stack, "standalone", ["standalone", "--store", store], run_dir)
+            click.echo(f"segtxn standalone at {url} (embedded store)")
+        else:
+            if store == "etcd-local":
+                server = EtcdServer.in_temp_dir()
+                await server.astart()
+                stack.callback(server.stop)
+                store = server.url("/demo")
+                click.echo(f"started etcd at {server.endpoint}")
+            else:
+                await _check_store(store)
+            url = await _start_cluster(stack, store, run_dir)
+        config = WorkloadConfig(
+            url=url,
+            run_dir=run_dir,
+            run=run,
+            inputs=max(1, int(duration_s * rate)),
+            rate=rate,
+            processors=processors,
+            seed=seed,
+        )
+        click.echo(
+            f"workload: {config.inputs:,} inputs over {config.keys} keys at {rate:g}/s, "
+            f"{processors} processors, aborts {config.abort_rate:.0%}, stalls past the "
+            f"timeout {config.timeout_rate:.0%}, seed {seed}; recorded in {run_dir}"
+        )
+        info = await run_workload(config, click.echo)
+        if not info.drained:
+            click.echo(f"the processors did not consume every input in {config.drain_timeout_s} s")
+        click.echo(f"checking with Spark ({master}) ...")
+        # Spark's driver calls block, and the data source runs its own event loops
+        return await asyncio.to_thread(_check, run_dir, master, info.ended - info.started)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-async def _start_standalone(stack: AsyncExitStack, store: str) -> str:
+def _check(run_dir: Path, master: str, run_s: float) -> bool:
+    from segtxn.verify.checker import check, load
+    from segtxn.verify.report import summary, write_html
+    from segtxn.verify.spark import spark_session
+
+    spark = spark_session(master, work_dir=run_dir / "spark")
+    try:
+        report = check(load(spark, run_dir))
+    finally:
+        spark.stop()
+    click.echo(summary(report, run_s))
+    html = run_dir / "report.html"
+    write_html(report, run_s, html)
+    click.echo(f"HTML report: {html}")
+    return report.anomalies == 0
+
+
+async def _check_store(store: str) -> None:
+    """Fail early, with the store's own message, on a URL nothing can open."""
+    opened = open_store(store)  # raises InvalidArgument for an unknown scheme
+    await opened.close()
+
+
+async def _start_cluster(stack: AsyncExitStack, store: str, run_dir: Path) -> str:
+    """Two brokers and a coordinator on ``store``, each a process; returns a broker's URL."""
+    urls = []
+    for name in ("b1", "b2"):
+        args = ["broker", "--store", store, "--broker-id", name]
+        args += ["--data-dir", str(run_dir / "data" / name)]
+        urls.append(await _start(stack, f"broker {name}", args, run_dir))
+    await _start(stack, "coordinator", ["coordinator", "--store", store], run_dir)
+    click.echo(f"cluster on {store}: brokers {', '.join(urls)} and a coordinator")
+    return urls[0]
+
+
+async def _start(stack: AsyncExitStack, what: str, args: list[str], run_dir: Path) -> str:
+    """Start ``python -m segtxn.cli <args>`` on a free loopback port; its URL once ready."""
     port = free_port()
-    log = stack.enter_context(tempfile.TemporaryFile())  # noqa: SIM115 - a file, not a pipe nobody drains
+    url = f"http://127.0.0.1:{port}"
+    if args[0] == "standalone":
+        args = [*args, "--port", str(port)]
+    else:
+        args = [*args, "--advertise", url, "--host", "127.0.0.1"]
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log = stack.enter_context(open(logs / f"{what.replace(' ', '-')}.log", "w+b"))  # noqa: ASYNC230, SIM115
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "segtxn.cli", "standalone", "--port", str(port), "--store", store,
-        stderr=log,
-    )  # fmt: skip
+        sys.executable, "-m", "segtxn.cli", *args, stdout=log, stderr=log
+    )
 
     async def stop() -> None:
         if process.returncode is not None:
@@ -65,14 +137,13 @@ async def _start_standalone(stack: AsyncExitStack, store: str) -> str:
             await process.wait()
 
     stack.push_async_callback(stop)
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             if process.returncode is not None:
                 log.seek(0)
                 why = log.read().decode(errors="replace").strip()
-                raise click.ClickException(f"segtxn standalone exited at start-up: {why[-500:]}")
+                raise click.ClickException(f"{what} exited at start-up: {why[-500:]}")
             try:
                 async with session.get(url + "/readyz") as response:
                     if response.status == 200:
@@ -80,81 +151,8 @@ async def _start_standalone(stack: AsyncExitStack, store: str) -> str:
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.05)  # the process is starting: nothing to wait on but its port
-    raise click.ClickException("segtxn standalone did not become ready in 30 s")
+    raise click.ClickException(f"{what} did not become ready in 30 s")
 
 
-async def _play(
-    client: Client, rng: random.Random, messages: int, keys: int, segments: int
-) -> bool:
-    await client.admin.create_topic(TOPIC, segments=segments)
-    consumer = await client.subscribe(TOPIC, "demo", initial_position="earliest")
-    producer = await client.create_producer(TOPIC, name="demo-producer")
-    key_names = [f"customer-{i:04d}" for i in range(keys)]
-    next_seq: collections.Counter[str] = collections.Counter()
-    sent_at: dict[tuple[str, int], float] = {}
-    anomalies: list[str] = []
-    last_seen: dict[str, int] = {}
-    seen: set[tuple[str, int]] = set()
-    latencies: list[float] = []
-    per_segment: collections.Counter[str] = collections.Counter()
-    acks: set[asyncio.Task[None]] = set()
-
-    async def consume() -> None:
-        for _ in range(messages):
-            message = await consumer.receive(timeout_s=30)
-            key, _, seq_text = message.value.decode().partition(":")
-            seq = int(seq_text)
-            latencies.append((time.perf_counter() - sent_at[key, seq]) * 1000)
-            if (key, seq) in seen:
-                anomalies.append(f"duplicate {key}:{seq}")
-            seen.add((key, seq))
-            if seq != last_seen.get(key, -1) + 1:
-                anomalies.append(f"{key}: {seq} after {last_seen.get(key)}")
-            last_seen[key] = seq
-            per_segment[message.message_id.topic.rsplit("/", 1)[1]] += 1
-            ack = asyncio.create_task(consumer.acknowledge(message))  # acks are pipelined
-            acks.add(ack)
-            ack.add_done_callback(acks.discard)
-
-    started = time.perf_counter()
-    consuming = asyncio.create_task(consume(), name="demo-consumer")
-    futures = []
-    for _ in range(messages):
-        key = rng.choice(key_names)
-        seq = next_seq[key]
-        next_seq[key] += 1
-        sent_at[key, seq] = time.perf_counter()
-        futures.append(await producer.send_async(f"{key}:{seq}".encode(), key=key))
-    ids = await asyncio.gather(*futures)
-    produced_s = time.perf_counter() - started
-    for message_id, (key, _seq) in zip(ids, sent_at, strict=True):
-        segment = int(message_id.topic.rsplit("/", 1)[1])
-        if segment != key_hash(key) * segments // HASH_SPACE:
-            anomalies.append(f"{key} went to segment {segment}")
-    await consuming
-    await asyncio.gather(*acks)
-    total_s = time.perf_counter() - started
-    missing = len(sent_at) - len(seen)
-    stats = await client.admin.stats(TOPIC)
-    backlog = sum(s["stats"]["subscriptions"]["demo"]["backlog"] for s in stats["segments"])
-    latencies.sort()
-    click.echo(
-        f"produced {messages} keyed messages ({keys} keys) in {produced_s:.2f}s "
-        f"= {messages / produced_s:,.0f} msg/s"
-    )
-    p50, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
-    click.echo(
-        f"consumed and acknowledged all in {total_s:.2f}s (while producing); "
-        f"send->receive p50 {p50:.1f} ms, p99 {p99:.1f} ms"
-    )
-    click.echo("per segment: " + ", ".join(f"{s}: {n}" for s, n in sorted(per_segment.items())))
-    click.echo(f"missing {missing}, backlog after acks {backlog}, anomalies {len(anomalies)}")
-    for anomaly in anomalies[:10]:
-        click.echo(f"  {anomaly}")
-    ok = not anomalies and missing == 0 and backlog == 0
-    click.echo(
-        "RESULT: every message once, per-key order kept, keys on their segments"
-        if ok
-        else "RESULT: ANOMALIES"
-    )
-    return ok
+def default_out_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "segtxn-demo"

@@ -1,0 +1,230 @@
+"""The guarantee checker: Spark over the clients' histories and the topics' committed data.
+
+:func:`load` reads a run: every history file (JSON lines) and the three topics through the
+``segtxn`` data source. :func:`check` computes each anomaly kind in :data:`ANOMALIES` as a
+DataFrame, counts it and keeps a few samples; a run passes when every count is zero. The
+checks take frames, not files, so a test can inject any anomaly into a recorded run and see
+the checker catch it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from segtxn.verify.workload import RunInfo
+
+ANOMALIES: dict[str, str] = {
+    "aborted_read": "an output of an aborted transaction is visible (G1a)",
+    "uncommitted_read": "an output of a transaction that was never asked to commit is visible",
+    "torn_transaction": "a committed transaction is only partly visible",
+    "lost_write": "a committed transaction's outputs, or a stored input, are missing",
+    "duplicate": "one input produced more than one visible output in a topic",
+    "acked_without_output": "an input was consumed (acknowledged) with no visible output",
+    "unacked_committed": "an input is still unacknowledged though its output is committed",
+    "order_violation": "a key's records are out of order in a topic (across splits and merges)",
+    "non_monotonic_read": "a processor's committed inputs of one key went backwards",
+}
+
+EVENT_SCHEMA = (
+    "kind string, client string, session string, ts double, key string, seq long, id string, "
+    "txn string, outcome string, inputs array<struct<key: string, seq: long, id: string>>, "
+    "outputs long, commit_ms double, topic string, op string, victim string"
+)
+INPUT_VALUE = "key string, seq long"
+OUTPUT_VALUE = "in_key string, in_seq long, in_id string, txn string, client string"
+ABORTED = ("aborted", "timed_out")
+SAMPLES = 5
+
+
+@dataclass
+class Frames:
+    """A run as DataFrames: ``events`` (all histories), ``inputs`` (the input topic),
+    ``outputs`` (both output topics, column ``out`` = ``a`` | ``b``), ``leftover`` (input ids
+    still unacknowledged after the run)."""
+
+    events: DataFrame
+    inputs: DataFrame
+    outputs: DataFrame
+    leftover: DataFrame
+
+
+@dataclass
+class Report:
+    counts: dict[str, int]
+    samples: dict[str, list[str]]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def anomalies(self) -> int:
+        return sum(self.counts.values())
+
+
+def read_topic(spark: SparkSession, url: str, topic: str) -> DataFrame:
+    return spark.read.format("segtxn").option("url", url).option("topic", topic).load()
+
+
+def load(spark: SparkSession, run_dir: Path, url: str | None = None) -> Frames:
+    """The run in ``run_dir`` (``run.json``, ``history/``), its topics read through ``url``
+    (by default the URL the run used)."""
+    info = RunInfo.load(run_dir)
+    url = url or info.url
+    events = spark.read.schema(EVENT_SCHEMA).json(str(run_dir / "history" / "*.jsonl"))
+    inputs = read_topic(spark, url, info.topics["input"])
+    inputs = inputs.withColumn("v", F.from_json(F.col("value").cast("string"), INPUT_VALUE))
+    inputs = inputs.select(
+        "segment", "ledger_id", "entry_id", F.col("message_id").alias("id"), "v.key", "v.seq"
+    )
+    outputs = None
+    for out, topic in (("a", info.topics["out_a"]), ("b", info.topics["out_b"])):
+        frame = read_topic(spark, url, topic).withColumn(
+            "v", F.from_json(F.col("value").cast("string"), OUTPUT_VALUE)
+        )
+        frame = frame.select(
+            F.lit(out).alias("out"), "segment", "ledger_id", "entry_id", "message_id", "v.*"
+        )
+        outputs = frame if outputs is None else outputs.unionByName(frame)
+    assert outputs is not None
+    leftover = spark.createDataFrame([(i,) for i in info.leftover], "id string")
+    return Frames(events.cache(), inputs.cache(), outputs.cache(), leftover)
+
+
+def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
+    """Each anomaly kind as the rows that show it (empty: none)."""
+    events, inputs, outputs = frames.events, frames.inputs, frames.outputs
+    ended = events.where(F.col("kind") == "ended")
+    committed = ended.where(F.col("outcome") == "committed")
+    committing = events.where(F.col("kind") == "committing").select("txn").distinct()
+
+    aborted_read = outputs.join(
+        ended.where(F.col("outcome").isin(*ABORTED)).select("txn", "outcome"), "txn"
+    )
+    uncommitted_read = outputs.join(committing, "txn", "left_anti")
+
+    visible = outputs.groupBy("txn").agg(
+        F.sum(F.when(F.col("out") == "a", 1).otherwise(0)).alias("in_a"),
+        F.sum(F.when(F.col("out") == "b", 1).otherwise(0)).alias("in_b"),
+    )
+    per_txn = committed.select("txn", "client", "outputs").join(visible, "txn", "left")
+    per_txn = per_txn.fillna(0, ["in_a", "in_b"])
+    half = F.col("outputs") / 2
+    torn = per_txn.where(
+        (F.col("in_a") + F.col("in_b") > 0) & ((F.col("in_a") != half) | (F.col("in_b") != half))
+    )
+    lost_txn = per_txn.where((F.col("in_a") + F.col("in_b") == 0) & (F.col("outputs") > 0))
+    sent = events.where(F.col("kind") == "sent").select("id", "key", "seq")
+    lost_input = sent.join(inputs.select("id"), "id", "left_anti")
+    lost = lost_txn.select(F.concat(F.lit("txn "), "txn").alias("what")).unionByName(
+        lost_input.select(F.concat(F.lit("input "), "id").alias("what"))
+    )
+
+    duplicate = (
+        outputs.groupBy("out", "in_key", "in_seq")
+        .agg(F.count("*").alias("copies"), F.collect_set("txn").alias("txns"))
+        .where(F.col("copies") > 1)
+    )
+    with_output = outputs.select(F.col("in_id").alias("id")).distinct()
+    acked_without_output = (
+        inputs.join(with_output, "id", "left_anti")
+        .join(frames.leftover, "id", "left_anti")
+        .select("id", "key", "seq")
+    )
+    unacked_committed = frames.leftover.join(with_output, "id")
+
+    in_topic_order = ["segment", "ledger_id", "entry_id"]
+    by_output_key = Window.partitionBy("out", "in_key").orderBy(*in_topic_order)
+    output_order = (
+        outputs.withColumn("before", F.lag("in_seq").over(by_output_key))
+        .where(F.col("before") >= F.col("in_seq"))
+        .select(
+            F.concat(F.lit("out-"), "out").alias("topic"),
+            F.col("in_key").alias("key"),
+            "before",
+            F.col("in_seq").alias("seq"),
+            "message_id",
+        )
+    )
+    by_input_key = Window.partitionBy("key").orderBy(*in_topic_order)
+    input_order = (
+        inputs.withColumn("before", F.lag("seq").over(by_input_key))
+        .where(F.col("before") >= F.col("seq"))
+        .select(
+            F.lit("input").alias("topic"), "key", "before", "seq", F.col("id").alias("message_id")
+        )
+    )
+
+    consumed = committed.select(
+        "client", "session", "ts", "txn", F.posexplode("inputs").alias("pos", "input")
+    )
+    by_session_key = Window.partitionBy("client", "session", "input.key").orderBy("ts", "pos")
+    non_monotonic = (
+        consumed.withColumn("before", F.lag("input.seq").over(by_session_key))
+        .where(F.col("before") >= F.col("input.seq"))
+        .select("client", "session", "txn", "input.key", "before", "input.seq")
+    )
+    return {
+        "aborted_read": aborted_read.select("txn", "outcome", "out", "in_key", "in_seq"),
+        "uncommitted_read": uncommitted_read.select("txn", "out", "in_key", "in_seq"),
+        "torn_transaction": torn.select("txn", "client", "outputs", "in_a", "in_b"),
+        "lost_write": lost,
+        "duplicate": duplicate,
+        "acked_without_output": acked_without_output,
+        "unacked_committed": unacked_committed,
+        "order_violation": output_order.unionByName(input_order),
+        "non_monotonic_read": non_monotonic,
+    }
+
+
+def check(frames: Frames) -> Report:
+    started = time.perf_counter()
+    counts: dict[str, int] = {}
+    samples: dict[str, list[str]] = {}
+    for name, frame in anomaly_frames(frames).items():
+        counts[name] = frame.count()
+        samples[name] = [
+            ", ".join(f"{k}={v}" for k, v in row.asDict().items())
+            for row in (frame.limit(SAMPLES).collect() if counts[name] else [])
+        ]
+    report = Report(counts, samples)
+    report.stats = run_stats(frames)
+    report.stats["check_s"] = round(time.perf_counter() - started, 1)
+    return report
+
+
+def run_stats(frames: Frames) -> dict[str, Any]:
+    """What the run did: counts, commit latency, throughput over time, topology and kills."""
+    events = frames.events
+    ended = events.where(F.col("kind") == "ended")
+    outcomes = {r["outcome"]: r["count"] for r in ended.groupBy("outcome").count().collect()}
+    latencies = sorted(
+        r["commit_ms"]
+        for r in ended.where(F.col("outcome") == "committed").select("commit_ms").collect()
+    )
+    committed_inputs = (
+        ended.where(F.col("outcome") == "committed")
+        .select(F.floor("ts").alias("second"), F.size("inputs").alias("n"))
+        .groupBy("second")
+        .agg(F.sum("n").alias("inputs"))
+        .orderBy("second")
+        .collect()
+    )
+    marks = [
+        {"ts": r["ts"], "what": f"{r['op']} {r['topic'].rsplit('/', 1)[-1]}"}
+        if r["kind"] == "topology"
+        else {"ts": r["ts"], "what": f"kill {r['victim']}"}
+        for r in events.where(F.col("kind").isin("topology", "killed")).orderBy("ts").collect()
+    ]
+    return {
+        "inputs_sent": events.where(F.col("kind") == "sent").count(),
+        "inputs_stored": frames.inputs.count(),
+        "outputs_visible": frames.outputs.count(),
+        "transactions": outcomes,
+        "commit_ms": latencies,
+        "throughput": [(r["second"], r["inputs"]) for r in committed_inputs],
+        "marks": marks,
+    }

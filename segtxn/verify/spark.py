@@ -1,0 +1,43 @@
+"""A quiet Spark session for the checker, with the segtxn data source registered."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from segtxn.verify.source import SegtxnDataSource
+
+
+def spark_session(master: str = "local[*]", *, work_dir: Path | None = None) -> SparkSession:
+    """Spark in this process's Python (the data source's readers import segtxn), errors-only
+    logging once started, no UI, scratch space under ``work_dir`` (default: a temporary
+    directory). The JVM reads its environment once: the first session in a process decides."""
+    if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
+        raise RuntimeError(
+            "Spark needs a Java 17+ runtime: install one (e.g. apt install "
+            "openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+    scratch = work_dir or Path(tempfile.mkdtemp(prefix="segtxn-spark-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master(master)
+        .appName("segtxn-verify")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.memory", "1g")
+        .config("spark.local.dir", str(scratch / "local"))
+        .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")  # the JVM's start-up lines still reach stderr
+    spark.dataSource.register(SegtxnDataSource)
+    return spark
