@@ -325,6 +325,17 @@ class Subscription:
         self._check_known(ids)
         if cumulative and self.type is SubscriptionType.SHARED:
             raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
+        if self.type is not SubscriptionType.SHARED:
+            # In an ordered subscription a message given to another consumer (this one lost
+            # its turn) must not be held by this one's transaction: the new owner would go
+            # past it, and an abort would bring it back out of order.
+            strays = [p for p in ids if self._pending.get(p) is not link]
+            if strays:
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT,
+                    f"{strays[0]} is not this consumer's to acknowledge now "
+                    "(the subscription moved it to another consumer, or it was not delivered)",
+                )
         await self.pending_acks.ack(txn, ids, cumulative=cumulative)
         upto = max(ids)
         for position in [p for p in self._pending if (p <= upto if cumulative else p in ids)]:

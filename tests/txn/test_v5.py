@@ -369,3 +369,28 @@ async def test_a_new_owner_waits_for_the_old_owners_transaction(client: Client) 
     await nothing_arrives(b)  # fenced: m1 must not overtake the in-doubt m0
     await txn.abort()
     assert [m.value for m in await take(b, 2)] == [b"m0", b"m1"]
+
+
+async def test_a_member_that_lost_its_turn_cannot_hold_a_message_in_a_transaction(
+    client: Client,
+) -> None:
+    """Failover: "b" took m0, then "a" (first by name) joined and owns the segment. b's late
+    transactional ack of m0 is refused, so a delivers m0 before m1."""
+    await client.admin.create_topic(ORDERS, segments=1)
+    producer = await client.create_producer(ORDERS)
+    for i in range(2):
+        await producer.send(f"m{i}".encode(), key="k")
+    b = await client.subscribe(
+        ORDERS, "fo", subscription_type="Failover", initial_position="earliest", name="b"
+    )
+    m0 = await b.receive(timeout_s=10)
+    a = await client.subscribe(
+        ORDERS, "fo", subscription_type="Failover", initial_position="earliest", name="a"
+    )
+    await wait_until(lambda: not b.active, timeout=5, what="b to stand by")
+    txn = await client.transaction().start()
+    with pytest.raises(ServerError) as refused:
+        await b.acknowledge(m0, txn=txn)
+    assert refused.value.name is ErrorName.TRANSACTION_CONFLICT
+    await txn.abort()
+    assert [m.value for m in await take(a, 2)] == [b"m0", b"m1"]
