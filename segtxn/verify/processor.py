@@ -10,9 +10,10 @@ output topics, acknowledges the inputs in the transaction, and then (seeded dice
 - stalls past the transaction's timeout and then tries to commit (``timeout_rate``): the
   coordinator has aborted it, so the commit must be refused.
 
-After any transaction that did not commit, its inputs come back; the processor re-subscribes
-so they come back *first* (messages it had already received behind them are delivered again
-in order), which keeps each key's outputs in input order. Everything it does goes to its
+After any transaction that did not commit, its inputs come back (released when the broker
+learns the outcome), behind what the processor received meanwhile: it waits for them and goes
+on in position order, which keeps each key's outputs in input order. If they do not come back
+(the segment moved to another member), it subscribes again. Everything it does goes to its
 history (:mod:`segtxn.verify.history`); SIGTERM ends it after the transaction in hand.
 """
 
@@ -83,6 +84,10 @@ class Processor:
         self.history = History(config.run_dir / "history", config.name)
         self.rng = random.Random(f"{config.seed}-{config.name}-{self.session}")
         self.stopping = asyncio.Event()
+        self._owed: set[MessageId] = set()
+        """Inputs of a transaction that did not commit, until they are delivered again."""
+        self._held: list[Message] = []
+        """Inputs received and not yet processed."""
 
     async def _subscribe(self) -> Consumer:
         return await self.client.subscribe(
@@ -100,23 +105,50 @@ class Processor:
         consumer = await self._subscribe()
         try:
             while not self.stopping.is_set():
+                if self._owed and not await self._take_back(consumer):
+                    await consumer.close()  # they went elsewhere: start over, in order
+                    consumer = await self._subscribe()
                 batch = await self._batch(consumer)
                 if not batch:
                     continue
                 if not await self._process(consumer, batch, out_a, out_b):
-                    await consumer.close()  # what it had queued comes again, in order
-                    consumer = await self._subscribe()
+                    self._owed = {m.message_id for m in batch}
         finally:
             await consumer.close()
             self.history.close()
 
+    async def _take_back(self, consumer: Consumer) -> bool:
+        """After a transaction that did not commit: its inputs come back (released when the
+        broker learns the outcome), behind what we received meanwhile. Wait for them, then
+        order what we hold by position, so each key goes on in order. False if they do not
+        come back in time (the segment moved to another member)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * self.config.txn_timeout_s
+        held = {m.message_id for m in self._held}
+        while not self._owed <= held:
+            if loop.time() > deadline:
+                self._owed, self._held = set(), []
+                return False
+            with contextlib.suppress(TimeoutError):
+                message = await consumer.receive(timeout_s=0.1)
+                if message.message_id not in held:
+                    self._held.append(message)
+                    held.add(message.message_id)
+        self._owed = set()
+        self._held.sort(key=lambda m: (m.message_id.topic, m.message_id[1:]))
+        return True
+
     async def _batch(self, consumer: Consumer) -> list[Message]:
-        """Up to ``batch`` inputs. A message given back to the broker (this member lost its
-        segment for a moment) and delivered again while we hold it counts once."""
+        """Up to ``batch`` inputs, what we hold first. A message given back to the broker
+        (this member lost its segment for a moment) and delivered again counts once."""
         batch: dict[MessageId, Message] = {}
+        while self._held and len(batch) < self.config.batch:
+            message = self._held.pop(0)
+            batch.setdefault(message.message_id, message)
         with contextlib.suppress(TimeoutError):
-            first = await consumer.receive(timeout_s=0.5)
-            batch[first.message_id] = first
+            if not batch:
+                first = await consumer.receive(timeout_s=0.5)
+                batch[first.message_id] = first
             while len(batch) < self.config.batch:
                 message = await consumer.receive(timeout_s=0.05)
                 batch.setdefault(message.message_id, message)
