@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import shutil
 import signal
@@ -64,6 +63,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from common import filesystem_of, percentile, print_rows
 
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.client import Client, Consumer, MessageId
@@ -154,12 +155,6 @@ class PacedResult:
     @property
     def msgs_per_s(self) -> float:
         return self.messages / self.elapsed
-
-
-def percentile(sorted_samples: list[float], p: float) -> float:
-    """Nearest-rank percentile of already sorted samples."""
-    rank = max(1, math.ceil(p / 100 * len(sorted_samples)))
-    return sorted_samples[rank - 1]
 
 
 def stamped(now_ns: int) -> bytes:
@@ -505,37 +500,6 @@ async def broker_runs(
 
 
 # ---------------------------------------------------------------------- output
-
-
-def filesystem_of(path: Path) -> str:
-    """``device on mountpoint type fstype`` for the mount holding ``path`` (best effort)."""
-    best: tuple[str, str, str] | None = None
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                dev, mnt, fstype = fields[0], fields[1], fields[2]
-                inside = str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")
-                if inside and (best is None or len(mnt) > len(best[1])):
-                    best = (dev, mnt, fstype)
-    except OSError:
-        return "unknown filesystem"
-    return "unknown filesystem" if best is None else f"{best[0]} on {best[1]} type {best[2]}"
-
-
-def print_rows(rows: list[tuple[str, ...]], left: int = 1) -> None:
-    """Print ``rows`` (the first is the header) with the first ``left`` columns left-aligned."""
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    for j, row in enumerate(rows):
-        cells = [
-            cell.ljust(widths[c]) if c < left else cell.rjust(widths[c])
-            for c, cell in enumerate(row)
-        ]
-        print("  ".join(cells))
-        if j == 0:
-            print("  ".join("-" * w for w in widths))
 
 
 def fmt_ms(v: float | None) -> str:

@@ -27,13 +27,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+from common import percentile
 
 from segtxn.metastore import MUST_NOT_EXIST, EventKind, MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer, find_etcd_binary
@@ -112,12 +113,6 @@ async def sequential_key_puts(store: MetadataStore, seconds: float) -> float:
         return await store.put(f"/bench/seq/p{w % SEQ_PREFIXES}/", VALUE, sequential=True)
 
     return await in_flight(seconds, put)
-
-
-def percentile(sorted_samples: list[float], p: float) -> float:
-    """Nearest-rank percentile of already sorted samples."""
-    rank = max(1, math.ceil(p / 100 * len(sorted_samples)))
-    return sorted_samples[rank - 1]
 
 
 async def watch_latency(

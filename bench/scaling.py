@@ -49,7 +49,6 @@ import math
 import os
 import random
 import shutil
-import signal
 import string
 import sys
 import tempfile
@@ -60,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servers import ServerProcess
+from common import ServerProcess, exit_on_sigterm, percentile, print_rows
 
 from segtxn.client import Client, Consumer, Message, MessageId, ScalableProducer
 from segtxn.metastore.etcd_server import EtcdServer
@@ -81,15 +80,6 @@ VERIFY_IDLE_S = 10.0
 """The consumer receiving nothing for this long while messages are missing: it fails."""
 ACKS_IN_FLIGHT = 1000
 EXAMPLES = 5
-
-
-def percentile(samples: list[float], p: float) -> float:
-    """Nearest-rank percentile (0 for no samples)."""
-    if not samples:
-        return 0.0
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -437,19 +427,6 @@ async def run_all(brokers: list[ServerProcess], seconds: float) -> Results:
 # ---------------------------------------------------------------------- output
 
 
-def print_rows(rows: list[tuple[str, ...]], left: int = 1) -> None:
-    """Print ``rows`` (the first is the header) with the first ``left`` columns left-aligned."""
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    for j, row in enumerate(rows):
-        cells = [
-            cell.ljust(widths[c]) if c < left else cell.rjust(widths[c])
-            for c, cell in enumerate(row)
-        ]
-        print("  ".join(cells))
-        if j == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def ms(v: float) -> str:
     return f"{v * 1000:.1f}"
 
@@ -562,12 +539,8 @@ def print_tables(results: Results, seconds: float) -> None:
         )
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # run the clean-up (servers, temporary directories)
-
-
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _terminated)
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
         "--seconds", type=float, default=3.0, help="duration of each steady phase (default 3)"

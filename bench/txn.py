@@ -61,7 +61,6 @@ import contextlib
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -69,7 +68,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servers import ServerProcess
+from common import ServerProcess, exit_on_sigterm, percentile, print_rows
 
 from segtxn.client import Client, Consumer, Message, MessageId, ScalableProducer, Transaction
 from segtxn.metastore import MUST_NOT_EXIST, Check, Put, open_store
@@ -146,13 +145,6 @@ class Results:
     pipelines: list[PipelineResult] = field(default_factory=list)
     op_create: list[float] = field(default_factory=list)
     op_delete: list[float] = field(default_factory=list)
-
-
-def percentile(samples: list[float], p: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def mean(samples: list[float]) -> float:
@@ -416,19 +408,6 @@ async def run_all(c: Cluster, counts: Counts) -> Results:
 # ---------------------------------------------------------------------- output
 
 
-def print_rows(rows: list[tuple[str, ...]], left: int = 1) -> None:
-    """Print ``rows`` (the first is the header) with the first ``left`` columns left-aligned."""
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    for j, row in enumerate(rows):
-        cells = [
-            cell.ljust(widths[c]) if c < left else cell.rjust(widths[c])
-            for c, cell in enumerate(row)
-        ]
-        print("  ".join(cells))
-        if j == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def ms(v: float) -> str:
     return f"{v * 1000:.2f}"
 
@@ -591,12 +570,8 @@ def print_tables(results: Results, counts: Counts) -> None:
         )
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # run the clean-up (servers, temporary directories)
-
-
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _terminated)
+    exit_on_sigterm()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="smaller counts (a smoke run)")
     parser.add_argument(

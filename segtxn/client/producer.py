@@ -521,17 +521,14 @@ class ScalableProducer:
         return await future
 
     async def flush(self) -> None:
-        """Wait until every message sent so far is stored (or failed), re-sends included."""
-        while (
-            self._refused
-            or (self._drainer is not None and not self._drainer.done())
-            or any(p.pending for p in self._producers.values())
+        """Wait until every message sent so far is stored (or failed), re-sends included
+        (a refused send always has a drainer running until it is sent again)."""
+        while (self._drainer is not None and not self._drainer.done()) or any(
+            p.pending for p in self._producers.values()
         ):
             if self._drainer is not None:
                 await asyncio.gather(self._drainer, return_exceptions=True)
             await asyncio.gather(*(p.flush() for p in self._producers.values()))
-            if self._refused and (self._drainer is None or self._drainer.done()):
-                self._drainer = asyncio.create_task(self._drain(), name=f"reroute-{self.name}")
 
     async def close(self) -> None:
         """Flush (re-sends included, for at most 30 s), then disconnect."""

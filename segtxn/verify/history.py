@@ -13,7 +13,7 @@ leaves everything it recorded before the kill. One line is one event; ``kind`` t
     ``committing``: written just before the commit call (a transaction with no ``committing``
     line was never asked to commit, so nothing of it may ever be visible);
     ``ended``: ``{"kind", "client", "session", "txn", "ts", "outcome", "inputs", "outputs",
-    "commit_ms"}`` with ``outcome`` one of ``OUTCOMES``, ``inputs`` the ``{"key", "seq", "id"}``
+    "commit_ms"}`` with ``outcome`` one of :data:`Outcome`, ``inputs`` the ``{"key", "seq", "id"}``
     it consumed (acknowledged in it), ``outputs`` how many messages it sent, ``commit_ms`` the
     commit (or abort) call's duration.
 ``topology`` (the orchestrator): a split or merge. ``{"kind", "client", "ts", "topic", "op",
@@ -38,7 +38,6 @@ from typing import IO, Any, Literal
 import msgspec
 
 Outcome = Literal["committed", "aborted", "timed_out", "commit_failed"]
-OUTCOMES: tuple[Outcome, ...] = ("committed", "aborted", "timed_out", "commit_failed")
 """committed: commit returned; aborted: the processor aborted it on purpose; timed_out: it
 stalled past its timeout and the commit was refused; commit_failed: commit raised otherwise
 (the outcome is then whatever the coordinator decided: either is allowed)."""

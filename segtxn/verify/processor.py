@@ -26,6 +26,7 @@ import signal
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from segtxn.client import (
     Client,
@@ -37,7 +38,7 @@ from segtxn.client import (
     TransactionFailed,
 )
 from segtxn.client.producer import ScalableProducer
-from segtxn.verify.history import History, OutputRecord, decode_input, encode
+from segtxn.verify.history import History, Outcome, OutputRecord, decode_input, encode
 
 SUBSCRIPTION = "processors"
 
@@ -70,10 +71,6 @@ class ProcessorConfig:
     txn_timeout_s: float = 3.0
     hold_s: float = 0.02
     """Time spent inside each transaction before ending it (a kill lands mid-transaction)."""
-
-
-def message_text(message: Message) -> str:
-    return str(message.message_id)
 
 
 class Processor:
@@ -166,23 +163,18 @@ class Processor:
         txn = await self.client.transaction(timeout_s=config.txn_timeout_s).start()
         name = str(txn.id)
         self.history.record("begin", session=self.session, txn=name)
-        inputs = []
+        inputs: list[dict[str, Any]] = []
         outputs = 0
+        outcome: Outcome
         loop = asyncio.get_running_loop()
         try:
             for message in batch:
                 record = decode_input(message.value)
-                inputs.append({"key": record.key, "seq": record.seq, "id": message_text(message)})
-                self.history.record(
-                    "received",
-                    session=self.session,
-                    key=record.key,
-                    seq=record.seq,
-                    id=message_text(message),
-                )
-                output = encode(
-                    OutputRecord(record.key, record.seq, message_text(message), name, config.name)
-                )
+                input_id = str(message.message_id)
+                consumed = {"key": record.key, "seq": record.seq, "id": input_id}
+                inputs.append(consumed)
+                self.history.record("received", session=self.session, **consumed)
+                output = encode(OutputRecord(record.key, record.seq, input_id, name, config.name))
                 await out_a.send_async(output, key=record.key, txn=txn)
                 await out_b.send_async(output, key=record.key, txn=txn)
                 outputs += 2

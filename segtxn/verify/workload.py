@@ -314,8 +314,9 @@ async def _report_progress(
         await asyncio.sleep(2.0)  # sleep-ok: a progress display's pace
         with contextlib.suppress(Exception):  # a display never fails the run
             backlog = await _backlog(client, topics)
-            shapes = [len(await _active(client, t)) for t in (topics.input, topics.out_a)]
-            shapes.append(len(await _active(client, topics.out_b)))
+            shapes = [
+                len(await _active(client, t)) for t in (topics.input, topics.out_a, topics.out_b)
+            ]
             progress(
                 f"  {loop.time() - start:5.1f}s  fed {info.fed:,}/{config.inputs:,}  "
                 f"unconsumed {backlog:,}  active segments in/out-a/out-b "

@@ -1,8 +1,10 @@
-"""Server processes for the benchmarks: ``python -m segtxn.cli <command>`` on a free loopback
-port, logging to a file, ready when ``/readyz`` answers, stopped with SIGTERM (then SIGKILL)."""
+"""What the benchmarks share: server processes (``python -m segtxn.cli <command>`` on a free
+loopback port, logging to a file, ready when ``/readyz`` answers, stopped with SIGTERM then
+SIGKILL), percentiles, table printing, and where a directory lives."""
 
 from __future__ import annotations
 
+import math
 import signal
 import subprocess
 import sys
@@ -81,3 +83,52 @@ class ServerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit, so the clean-up (servers, temporary directories) runs."""
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
+def percentile(samples: list[float], p: float) -> float:
+    """Nearest-rank percentile (0 for no samples); sorted samples are sorted again cheaply."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def filesystem_of(path: Path) -> str:
+    """``device on mountpoint type fstype`` for the mount holding ``path`` (best effort)."""
+    best: tuple[str, str, str] | None = None
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                dev, mnt, fstype = fields[0], fields[1], fields[2]
+                inside = str(path) == mnt or str(path).startswith(mnt.rstrip("/") + "/")
+                if inside and (best is None or len(mnt) > len(best[1])):
+                    best = (dev, mnt, fstype)
+    except OSError:
+        return "unknown filesystem"
+    return "unknown filesystem" if best is None else f"{best[0]} on {best[1]} type {best[2]}"
+
+
+def print_rows(rows: list[tuple[str, ...]], left: int = 1) -> None:
+    """Print ``rows`` (the first is the header) with the first ``left`` columns left-aligned."""
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for j, row in enumerate(rows):
+        cells = [
+            cell.ljust(widths[c]) if c < left else cell.rjust(widths[c])
+            for c, cell in enumerate(row)
+        ]
+        print("  ".join(cells))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
