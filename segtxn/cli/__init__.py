@@ -17,6 +17,7 @@ import click
 
 from segtxn.cli import clients, servers, txn, verify
 from segtxn.cli.demo import default_out_dir, run_demo
+from segtxn.cli.operator import operator
 from segtxn.client import ServerError
 from segtxn.metastore import MetadataStoreError
 
@@ -86,3 +87,4 @@ main.add_command(clients.consume)
 main.add_command(clients.topics)
 main.add_command(txn.txn)
 main.add_command(verify.verify)
+main.add_command(operator)

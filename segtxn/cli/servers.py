@@ -116,6 +116,13 @@ def broker(
 @click.option("--port", default=None, type=int, help="Port (default: the advertised port).")
 @click.option("--ids", default=4, show_default=True, help="Number of v5 coordinator ids.")
 @click.option("--gc-retention", default=60.0, show_default=True, help="Seconds before header GC.")
+@click.option("--gc-sweep", default=10.0, show_default=True, help="Seconds between GC sweeps.")
+@click.option(
+    "--default-timeout", default=60.0, show_default=True, help="Transaction timeout if none asked."
+)
+@click.option(
+    "--timeout-sweep", default=1.0, show_default=True, help="Seconds between timeout sweeps."
+)
 @click.option("--session-ttl", default=10.0, show_default=True, help="Lease TTL (take-over time).")
 def coordinator(
     *,
@@ -125,6 +132,9 @@ def coordinator(
     port: int | None,
     ids: int,
     gc_retention: float,
+    gc_sweep: float,
+    default_timeout: float,
+    timeout_sweep: float,
     session_ttl: float,
 ) -> None:
     """Run a v5 transaction coordinator (several share the ids; standbys take over)."""
@@ -133,6 +143,9 @@ def coordinator(
         store_url=store,
         coordinator_ids=ids,
         gc_retention_s=gc_retention,
+        gc_sweep_s=gc_sweep,
+        default_timeout_s=default_timeout,
+        timeout_sweep_s=timeout_sweep,
         session_ttl_s=session_ttl,
     )
     _run(lambda: [CoordinatorServer(settings, host=host, port=port)])

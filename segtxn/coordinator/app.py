@@ -7,6 +7,7 @@
 | ADD_SUBSCRIPTION_TO_TXN | ``POST /txn/v2/{txn}/subscriptions`` body ``{"topics": [...]}`` |
 | END_TXN | ``POST /txn/v2/{txn}/end?action=COMMIT|ABORT`` |
 | (status) | ``GET /txn/v2/{txn}`` |
+| (counts) | ``GET /txn/v2/stats`` -> open transactions, GC backlog, ids held |
 
 Errors are ``{"error": NAME, "message": ...}`` (TransactionNotFound, InvalidTxnStatus,
 NotAllowed, InvalidArgument, ServiceNotReady). Every call is idempotent or safe to repeat:
@@ -119,6 +120,26 @@ async def list_open(request: web.Request) -> web.StreamResponse:
     return web.json_response({"transactions": [_header(t, h) for t, h in found]})
 
 
+OPEN_COUNT_LIMIT = 100_000
+"""``/txn/v2/stats`` counts open transactions up to this many (``openTransactionsCapped``)."""
+
+
+@_errors
+async def stats(request: web.Request) -> web.StreamResponse:
+    """What the operator puts in TransactionCoordinator status. The GC backlog is the
+    last sweep's count over all coordinator ids (every coordinator sweeps them all)."""
+    coordinator = request.app[COORDINATOR]
+    open_count = len(await coordinator.list_open(OPEN_COUNT_LIMIT))
+    return web.json_response(
+        {
+            "openTransactions": open_count,
+            "openTransactionsCapped": open_count >= OPEN_COUNT_LIMIT,
+            "gcBacklog": coordinator.gc_backlog,
+            "idsHeld": [f"{i:x}" for i in sorted(coordinator.held)],
+        }
+    )
+
+
 @_errors
 async def status(request: web.Request) -> web.StreamResponse:
     txn = _txn(request)
@@ -197,6 +218,7 @@ def create_app(
         [
             web.post("/txn/v2/new", new_txn),
             web.get("/txn/v2/open", list_open),
+            web.get("/txn/v2/stats", stats),
             web.post("/txn/v2/{txn}/partitions", add_participants),
             web.post("/txn/v2/{txn}/subscriptions", add_participants),
             web.post("/txn/v2/{txn}/end", end_txn),

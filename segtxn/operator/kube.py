@@ -1,0 +1,129 @@
+"""The few Kubernetes API calls the handlers make beyond what Kopf does for them.
+
+Kopf patches the handled resource (status, finalizers) itself; this client creates the
+children the renderers return and reads other objects. It authenticates with whatever
+Kopf's login found (service account in a pod, kubeconfig outside), so there is one
+source of credentials.
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+Obj = dict[str, Any]
+
+PLURALS = {
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "StatefulSet": "statefulsets",
+    "Deployment": "deployments",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "SegtxnCluster": "segtxnclusters",
+    "TransactionCoordinator": "transactioncoordinators",
+    "ScalableTopic": "scalabletopics",
+}
+
+
+class KubeError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+def _ssl(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
+    if info.insecure:
+        return False
+    context = ssl.create_default_context(cafile=str(info.ca_path) if info.ca_path else None)
+    if info.ca_data:
+        data = info.ca_data if isinstance(info.ca_data, bytes) else info.ca_data.encode()
+        context.load_verify_locations(cadata=base64.b64decode(data).decode())
+    if info.certificate_path or info.certificate_data:
+        with tempfile.TemporaryDirectory() as tmp:
+            cert = _to_file(tmp, "cert", info.certificate_path, info.certificate_data)
+            key = _to_file(tmp, "key", info.private_key_path, info.private_key_data)
+            context.load_cert_chain(cert, key)
+    return context
+
+
+def _to_file(tmp: str, name: str, path: object, data: str | bytes | None) -> str:
+    if path:
+        return str(path)
+    raw = data if isinstance(data, bytes) else (data or "").encode()
+    target = f"{tmp}/{name}"
+    with open(target, "wb") as f:
+        f.write(base64.b64decode(raw))
+    return target
+
+
+class Kube:
+    def __init__(self, info: kopf.ConnectionInfo) -> None:
+        headers = {"Accept": "application/json"}
+        if info.token:
+            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+        auth = (
+            aiohttp.BasicAuth(info.username, info.password or "")
+            if info.username and not info.token
+            else None
+        )
+        self._server = info.server.rstrip("/")
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            auth=auth,
+            connector=aiohttp.TCPConnector(ssl=_ssl(info)),
+            timeout=aiohttp.ClientTimeout(total=30),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    def _url(self, api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+        base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        url = f"{self._server}{base}/namespaces/{namespace}/{PLURALS[kind]}"
+        return f"{url}/{name}" if name else url
+
+    async def _call(
+        self, method: str, url: str, body: Obj | None = None, content_type: str | None = None
+    ) -> Obj | None:
+        headers = {"Content-Type": content_type} if content_type else {}
+        async with self._session.request(method, url, json=body, headers=headers) as response:
+            if response.status == 404:
+                return None
+            data = await response.json(content_type=None)
+            if response.status >= 400:
+                message = data.get("message", "") if isinstance(data, dict) else str(data)
+                raise KubeError(response.status, message)
+            return dict(data)
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        """The object, or None when it does not exist."""
+        return await self._call("GET", self._url(api_version, kind, namespace, name))
+
+    async def apply(self, obj: Mapping[str, Any]) -> Obj:
+        """Create ``obj``, or merge-patch it over the existing one (idempotent)."""
+        meta = obj["metadata"]
+        api_version, kind = obj["apiVersion"], obj["kind"]
+        url = self._url(api_version, kind, meta["namespace"])
+        try:
+            created = await self._call("POST", url, dict(obj))
+        except KubeError as e:
+            if e.status != 409:
+                raise
+        else:
+            assert created is not None
+            return created
+        patched = await self._call(
+            "PATCH",
+            self._url(api_version, kind, meta["namespace"], meta["name"]),
+            dict(obj),
+            "application/merge-patch+json",
+        )
+        if patched is None:  # deleted between the two calls: the next reconcile creates it
+            raise KubeError(404, f"{kind} {meta['name']} vanished while being updated")
+        return patched

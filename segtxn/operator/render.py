@@ -1,0 +1,414 @@
+"""Desired state: custom resources rendered into Kubernetes objects, as pure functions.
+
+Nothing here talks to Kubernetes or to segtxn; the handlers apply what these functions
+return (``kopf.adopt`` adds the owner references). Names are derived from the resource's
+name, so rendering the same spec twice yields the same objects (applying is idempotent).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+
+GROUP = "segtxn.io"
+VERSION = "v1alpha1"
+DATA_DIR = "/data"
+UID = 10001
+"""The image's unprivileged user (manifests/Dockerfile)."""
+CONFIG_HASH = "segtxn.io/config-hash"
+"""Pod-template annotation: a changed ConfigMap rolls the pods."""
+
+DEFAULT_RESOURCES: Obj = {
+    "requests": {"cpu": "250m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
+
+
+def labels(instance: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "segtxn",
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "segtxn-operator",
+    }
+
+
+def selector(instance: str, component: str) -> dict[str, str]:
+    return {k: v for k, v in labels(instance, component).items() if "managed-by" not in k}
+
+
+# ---------------------------------------------------------------------- SegtxnCluster
+
+
+@dataclass(frozen=True)
+class ClusterNames:
+    cluster: str
+
+    @property
+    def config(self) -> str:
+        return f"{self.cluster}-config"
+
+    @property
+    def brokers(self) -> str:
+        """The StatefulSet, its PodDisruptionBudget and the client Service."""
+        return f"{self.cluster}-broker"
+
+    @property
+    def headless(self) -> str:
+        return f"{self.cluster}-broker-headless"
+
+
+def service_url(cluster: str, namespace: str, spec: Mapping[str, Any]) -> str:
+    """How clients inside Kubernetes reach the cluster's brokers."""
+    port = spec.get("brokers", {}).get("port", 8080)
+    return f"http://{ClusterNames(cluster).brokers}.{namespace}.svc:{port}"
+
+
+def _hash(data: Mapping[str, str]) -> str:
+    return hashlib.sha256(json.dumps(dict(data), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _security() -> tuple[Obj, Obj]:
+    """(pod securityContext, container securityContext): unprivileged, read-only root."""
+    pod = {"runAsNonRoot": True, "runAsUser": UID, "runAsGroup": UID, "fsGroup": UID}
+    container = {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    return pod, container
+
+
+def _probes(port: int) -> Obj:
+    def get(path: str, period: int, failures: int) -> Obj:
+        return {
+            "httpGet": {"path": path, "port": port},
+            "periodSeconds": period,
+            "failureThreshold": failures,
+        }
+
+    return {
+        "startupProbe": get("/healthz", 2, 60),
+        "livenessProbe": get("/healthz", 10, 3),
+        "readinessProbe": get("/readyz", 5, 2),
+    }
+
+
+def _env(*pairs: tuple[str, Obj]) -> list[Obj]:
+    return [{"name": name, **value} for name, value in pairs]
+
+
+def _field(path: str) -> Obj:
+    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _config(config_map: str, key: str) -> Obj:
+    return {"valueFrom": {"configMapKeyRef": {"name": config_map, "key": key}}}
+
+
+def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[Obj]:
+    """ConfigMap, headless + client Services, broker StatefulSet (one PVC per broker),
+    PodDisruptionBudget."""
+    names = ClusterNames(name)
+    brokers = spec.get("brokers", {})
+    settings = brokers.get("settings", {})
+    storage = brokers.get("storage", {})
+    port = int(brokers.get("port", 8080))
+    replicas = int(brokers.get("replicas", 3))
+    config = {
+        "storeUrl": str(spec["metadataStore"]["url"]),
+        "sessionTtlSeconds": str(settings.get("sessionTtlSeconds", 10)),
+        "consumerHoldSeconds": str(settings.get("consumerHoldSeconds", 10)),
+        "autoCreateTopics": str(bool(settings.get("autoCreateTopics", False))).lower(),
+    }
+    component = labels(name, "broker")
+    select = selector(name, "broker")
+    pod_security, container_security = _security()
+    args = [
+        "broker",
+        "--store=$(SEGTXN_STORE)",
+        f"--data-dir={DATA_DIR}",
+        f"--advertise=http://$(POD_NAME).{names.headless}.$(POD_NAMESPACE).svc:{port}",
+        "--broker-id=$(POD_NAME)",
+        f"--port={port}",
+        "--session-ttl=$(SEGTXN_SESSION_TTL)",
+        "--consumer-hold=$(SEGTXN_CONSUMER_HOLD)",
+    ]
+    if config["autoCreateTopics"] == "true":
+        args.append("--auto-create-topics")
+    claim: Obj = {
+        "metadata": {"name": "data", "labels": component},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": storage.get("size", "10Gi")}},
+        },
+    }
+    if storage.get("storageClassName"):
+        claim["spec"]["storageClassName"] = storage["storageClassName"]
+    container: Obj = {
+        "name": "broker",
+        "image": spec.get("image", "segtxn:0.1.0"),
+        "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
+        "command": ["segtxn"],
+        "args": args,
+        "env": _env(
+            ("POD_NAME", _field("metadata.name")),
+            ("POD_NAMESPACE", _field("metadata.namespace")),
+            ("SEGTXN_STORE", _config(names.config, "storeUrl")),
+            ("SEGTXN_SESSION_TTL", _config(names.config, "sessionTtlSeconds")),
+            ("SEGTXN_CONSUMER_HOLD", _config(names.config, "consumerHoldSeconds")),
+        ),
+        "ports": [{"name": "http", "containerPort": port}],
+        "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
+        "resources": brokers.get("resources") or DEFAULT_RESOURCES,
+        "securityContext": container_security,
+        **_probes(port),
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": names.config, "namespace": namespace, "labels": component},
+            "data": config,
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": names.headless, "namespace": namespace, "labels": component},
+            "spec": {
+                "clusterIP": "None",
+                # Brokers find each other (and clients follow redirects) before readiness.
+                "publishNotReadyAddresses": True,
+                "selector": select,
+                "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": names.brokers, "namespace": namespace, "labels": component},
+            "spec": {
+                "selector": select,
+                "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": {"name": names.brokers, "namespace": namespace, "labels": component},
+            "spec": {
+                "serviceName": names.headless,
+                "replicas": replicas,
+                "podManagementPolicy": "Parallel",
+                "selector": {"matchLabels": select},
+                "template": {
+                    "metadata": {
+                        "labels": component,
+                        "annotations": {CONFIG_HASH: _hash(config)},
+                    },
+                    "spec": {
+                        "securityContext": pod_security,
+                        "terminationGracePeriodSeconds": 30,
+                        "containers": [container],
+                    },
+                },
+                "volumeClaimTemplates": [claim],
+            },
+        },
+        _pdb(names.brokers, namespace, component, select),
+    ]
+
+
+def _pdb(name: str, namespace: str, component: Obj, select: Obj) -> Obj:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": namespace, "labels": component},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": select}},
+    }
+
+
+# ---------------------------------------------------------------------- TransactionCoordinator
+
+
+def coordinator_name(name: str) -> str:
+    """The coordinators' Deployment, Service and PodDisruptionBudget."""
+    return f"{name}-coordinator"
+
+
+def coordinator_url(name: str, namespace: str, spec: Mapping[str, Any]) -> str:
+    return f"http://{coordinator_name(name)}.{namespace}.svc:{spec.get('port', 8081)}"
+
+
+def render_coordinator(
+    name: str, namespace: str, spec: Mapping[str, Any], cluster_spec: Mapping[str, Any]
+) -> list[Obj]:
+    """Deployment, Service and PodDisruptionBudget of the coordinators of ``spec``; the
+    store and image come from the SegtxnCluster they serve (``cluster_spec``)."""
+    full = coordinator_name(name)
+    port = int(spec.get("port", 8081))
+    config = ClusterNames(str(spec["clusterRef"])).config
+    component = labels(name, "coordinator")
+    select = selector(name, "coordinator")
+    pod_security, container_security = _security()
+    flags = {
+        "ids": spec.get("coordinatorIds", 4),
+        "default-timeout": spec.get("defaultTimeoutSeconds", 60),
+        "timeout-sweep": spec.get("timeoutSweepSeconds", 1),
+        "gc-sweep": spec.get("gcSweepSeconds", 10),
+        "gc-retention": spec.get("gcRetentionSeconds", 60),
+    }
+    container: Obj = {
+        "name": "coordinator",
+        "image": cluster_spec.get("image", "segtxn:0.1.0"),
+        "imagePullPolicy": cluster_spec.get("imagePullPolicy", "IfNotPresent"),
+        "command": ["segtxn"],
+        "args": [
+            "coordinator",
+            "--store=$(SEGTXN_STORE)",
+            f"--advertise=http://$(POD_IP):{port}",
+            f"--port={port}",
+            "--session-ttl=$(SEGTXN_SESSION_TTL)",
+            *(f"--{flag}={value}" for flag, value in flags.items()),
+        ],
+        "env": _env(
+            ("POD_IP", _field("status.podIP")),
+            ("SEGTXN_STORE", _config(config, "storeUrl")),
+            ("SEGTXN_SESSION_TTL", _config(config, "sessionTtlSeconds")),
+        ),
+        "ports": [{"name": "http", "containerPort": port}],
+        "resources": spec.get("resources") or DEFAULT_RESOURCES,
+        "securityContext": container_security,
+        **_probes(port),
+    }
+    store = str(cluster_spec["metadataStore"]["url"])
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": full, "namespace": namespace, "labels": component},
+            "spec": {
+                "replicas": int(spec.get("replicas", 2)),
+                "selector": {"matchLabels": select},
+                "template": {
+                    "metadata": {
+                        "labels": component,
+                        "annotations": {CONFIG_HASH: _hash({"storeUrl": store})},
+                    },
+                    "spec": {
+                        "securityContext": pod_security,
+                        "terminationGracePeriodSeconds": 30,
+                        "containers": [container],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": full, "namespace": namespace, "labels": component},
+            "spec": {
+                "selector": select,
+                "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+            },
+        },
+        _pdb(full, namespace, component, select),
+    ]
+
+
+# ---------------------------------------------------------------------- ScalableTopic
+
+
+def topic_of(spec: Mapping[str, Any]) -> str:
+    return f"topic://{spec['tenant']}/{spec['namespace']}/{spec['topic']}"
+
+
+@dataclass(frozen=True)
+class Split:
+    segment: int
+
+
+@dataclass(frozen=True)
+class Merge:
+    first: int
+    second: int
+
+
+def next_change(segments: Sequence[Mapping[str, Any]], target: int | None) -> Split | Merge | None:
+    """The next topology change towards ``target`` active segments, or None when there.
+
+    Splitting takes the widest active segment (the lowest id on a tie) at its midpoint;
+    merging takes the adjacent active pair with the narrowest union. One change at a time:
+    the handler re-reads the DAG the broker answers with and asks again.
+    """
+    active = sorted(
+        (s for s in segments if s["state"] == "ACTIVE"), key=lambda s: int(s["range"][0])
+    )
+    if target is None or len(active) == target or not active:
+        return None
+
+    def width(*parts: Mapping[str, Any]) -> int:
+        return int(parts[-1]["range"][1]) - int(parts[0]["range"][0]) + 1
+
+    if len(active) < target:
+        widest = min(active, key=lambda s: (-width(s), int(s["id"])))
+        return Split(int(widest["id"])) if width(widest) > 1 else None
+    pairs = list(itertools.pairwise(active))
+    first, second = min(pairs, key=lambda p: (width(*p), int(p[0]["id"])))
+    return Merge(int(first["id"]), int(second["id"]))
+
+
+def topic_status(dag: Mapping[str, Any], topic: str) -> Obj:
+    """ScalableTopic status fields from a broker's DAG answer (split, merge or stats)."""
+    segments = [
+        {
+            "id": int(s["id"]),
+            "range": [int(s["range"][0]), int(s["range"][1])],
+            "state": str(s["state"]),
+            "parents": [int(p) for p in s.get("parents", [])],
+            "children": [int(c) for c in s.get("children", [])],
+        }
+        for s in dag["segments"]
+    ]
+    active = sum(1 for s in segments if s["state"] == "ACTIVE")
+    return {
+        "topic": topic,
+        "epoch": int(dag.get("epoch", 0)),
+        "segments": segments,
+        "activeSegments": active,
+        "sealedSegments": len(segments) - active,
+    }
+
+
+# ---------------------------------------------------------------------- conditions
+
+
+def condition(
+    previous: Sequence[Mapping[str, Any]] | None,
+    *,
+    kind: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: str,
+) -> list[Obj]:
+    """``previous`` conditions with ``kind`` set; its lastTransitionTime moves only when
+    its status changes (Kubernetes' convention)."""
+    value = "True" if status else "False"
+    kept = [dict(c) for c in previous or () if c.get("type") != kind]
+    old = next((c for c in previous or () if c.get("type") == kind), None)
+    since = old["lastTransitionTime"] if old and old.get("status") == value else now
+    new = {
+        "type": kind,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since,
+    }
+    return sorted([*kept, new], key=lambda c: str(c["type"]))
