@@ -1,0 +1,3 @@
+from tests.manifests.support import helm
+
+__all__ = ["helm"]

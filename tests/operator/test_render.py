@@ -1,0 +1,233 @@
+"""Desired-state rendering: valid objects whose commands the real CLI accepts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from segtxn.cli import main
+from segtxn.operator import render
+from tests.manifests.support import ROOT, crd_schemas, validate
+from tests.manifests.test_crds import defaulted
+
+API = "segtxn.io/v1alpha1"
+
+
+def example(kind: str) -> dict[str, Any]:
+    for path in (ROOT / "manifests" / "examples").glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc["kind"] == kind:
+                return dict(defaulted(doc, crd_schemas()[(API, kind)]))
+    raise AssertionError(kind)
+
+
+def minimal(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec as the API server stores it: CRD defaults applied."""
+    doc = {"apiVersion": API, "kind": kind, "metadata": {"name": "m"}, "spec": spec}
+    return dict(defaulted(doc, crd_schemas()[(API, kind)])["spec"])
+
+
+def expand(container: Mapping[str, Any], config: Mapping[str, str]) -> list[str]:
+    """The container's args as the kubelet runs them: $(VAR) from its env."""
+    fields = {"metadata.name": "b-0", "metadata.namespace": "ns", "status.podIP": "10.0.0.7"}
+    env = {}
+    for var in container["env"]:
+        source = var["valueFrom"]
+        if "fieldRef" in source:
+            env[var["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        else:
+            env[var["name"]] = config[source["configMapKeyRef"]["key"]]
+    return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+
+
+def parse(args: list[str]) -> dict[str, Any]:
+    """Parse ``args`` with the real ``segtxn`` command: what the pod would run."""
+    command = main.commands[args[0]]
+    with command.make_context(args[0], args[1:]) as ctx:
+        return dict(ctx.params)
+
+
+def by_kind(objects: list[render.Obj]) -> dict[str, render.Obj]:
+    return {f"{o['kind']}/{o['metadata']['name']}": o for o in objects}
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        example("SegtxnCluster")["spec"],
+        minimal("SegtxnCluster", {"metadataStore": {"url": "etcd://e:2379"}}),
+        minimal(
+            "SegtxnCluster",
+            {
+                "metadataStore": {"url": "etcd://a:2379,b:2379/ns"},
+                "brokers": {
+                    "replicas": 1,
+                    "port": 9000,
+                    "storage": {"size": "1Gi", "storageClassName": "fast"},
+                    "settings": {"autoCreateTopics": True, "consumerHoldSeconds": 0},
+                },
+            },
+        ),
+    ],
+    ids=["example", "minimal", "custom"],
+)
+def test_cluster_renders_valid_objects_the_broker_cli_accepts(spec: dict[str, Any]) -> None:
+    objects = by_kind(render.render_cluster("demo", "segtxn", spec))
+    for obj in objects.values():
+        validate(obj)
+    assert sorted(objects) == [
+        "ConfigMap/demo-config",
+        "PodDisruptionBudget/demo-broker",
+        "Service/demo-broker",
+        "Service/demo-broker-headless",
+        "StatefulSet/demo-broker",
+    ]
+    sts = objects["StatefulSet/demo-broker"]
+    config = objects["ConfigMap/demo-config"]["data"]
+    brokers = spec["brokers"]
+    assert sts["spec"]["replicas"] == brokers["replicas"]
+    claim = sts["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert claim["resources"]["requests"]["storage"] == brokers["storage"]["size"]
+    assert claim.get("storageClassName") == brokers["storage"].get("storageClassName")
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    params = parse(expand(container, config))
+    port = brokers["port"]
+    assert params["store"] == spec["metadataStore"]["url"]
+    assert params["advertise"] == f"http://b-0.demo-broker-headless.ns.svc:{port}"
+    assert params["broker_id"] == "b-0" and params["port"] == port
+    assert str(params["data_dir"]) == render.DATA_DIR
+    assert params["consumer_hold"] == brokers["settings"]["consumerHoldSeconds"]
+    assert params["auto_create_topics"] == brokers["settings"]["autoCreateTopics"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
+    assert container["volumeMounts"] == [{"name": "data", "mountPath": render.DATA_DIR}]
+    headless = objects["Service/demo-broker-headless"]["spec"]
+    assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"]
+    assert render.service_url("demo", "segtxn", spec) == f"http://demo-broker.segtxn.svc:{port}"
+
+
+def test_config_changes_roll_the_pods_and_rendering_is_deterministic() -> None:
+    spec = example("SegtxnCluster")["spec"]
+
+    def pod_hash(s: dict[str, Any]) -> str:
+        sts = by_kind(render.render_cluster("demo", "segtxn", s))["StatefulSet/demo-broker"]
+        return str(sts["spec"]["template"]["metadata"]["annotations"][render.CONFIG_HASH])
+
+    assert render.render_cluster("demo", "segtxn", spec) == render.render_cluster(
+        "demo", "segtxn", spec
+    )
+    changed = {**spec, "metadataStore": {"url": "etcd://elsewhere:2379"}}
+    assert pod_hash(changed) != pod_hash(spec)
+
+
+def test_coordinator_renders_valid_objects_the_coordinator_cli_accepts() -> None:
+    cluster = example("SegtxnCluster")["spec"]
+    spec = minimal(
+        "TransactionCoordinator",
+        {"clusterRef": "demo", "replicas": 3, "gcRetentionSeconds": 5, "coordinatorIds": 8},
+    )
+    objects = by_kind(render.render_coordinator("tc", "segtxn", spec, cluster))
+    for obj in objects.values():
+        validate(obj)
+    assert sorted(objects) == [
+        "Deployment/tc-coordinator",
+        "PodDisruptionBudget/tc-coordinator",
+        "Service/tc-coordinator",
+    ]
+    deployment = objects["Deployment/tc-coordinator"]
+    assert deployment["spec"]["replicas"] == 3
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == cluster["image"]
+    config = by_kind(render.render_cluster("demo", "segtxn", cluster))["ConfigMap/demo-config"]
+    params = parse(expand(container, config["data"]))
+    assert params["store"] == cluster["metadataStore"]["url"]
+    assert params["advertise"] == "http://10.0.0.7:8081"
+    assert params["ids"] == 8 and params["gc_retention"] == 5
+    assert params["default_timeout"] == 60 and params["gc_sweep"] == 10
+    assert render.coordinator_url("tc", "segtxn", spec) == "http://tc-coordinator.segtxn.svc:8081"
+
+
+def test_verify_job_runs_commands_the_cli_accepts() -> None:
+    job = yaml.safe_load((ROOT / "manifests" / "spark" / "verify-job.yaml").read_text())
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        args = container["args"]
+        group = main.commands[args[0]]
+        assert isinstance(group, click.Group)
+        command = group.commands[args[1]]
+        with command.make_context(args[1], args[2:]) as ctx:
+            assert ctx.params["run_dir"] is not None
+
+
+def seg(sid: int, lo: int, hi: int, state: str = "ACTIVE") -> dict[str, Any]:
+    return {"id": sid, "range": [lo, hi], "state": state}
+
+
+@pytest.mark.parametrize(
+    ("segments", "target", "change"),
+    [
+        ([seg(0, 0, 0xFFFF)], None, None),
+        ([seg(0, 0, 0xFFFF)], 1, None),
+        ([seg(0, 0, 0xFFFF)], 2, render.Split(0)),
+        # the widest active segment splits; sealed ones never count
+        (
+            [seg(0, 0, 0xFFFF, "SEALED"), seg(1, 0, 0x3FFF), seg(2, 0x4000, 0xFFFF)],
+            3,
+            render.Split(2),
+        ),
+        # a tie goes to the lowest id
+        ([seg(3, 0x8000, 0xFFFF), seg(2, 0, 0x7FFF)], 3, render.Split(2)),
+        # the narrowest adjacent pair merges (ids need not be in range order)
+        (
+            [seg(5, 0x8000, 0xFFFF), seg(4, 0x1000, 0x7FFF), seg(3, 0, 0x0FFF)],
+            2,
+            render.Merge(3, 4),
+        ),
+        # a one-hash segment cannot split
+        ([seg(0, 0, 0)], 2, None),
+    ],
+)
+def test_next_change(
+    segments: list[dict[str, Any]], target: int | None, change: render.Split | render.Merge | None
+) -> None:
+    assert render.next_change(segments, target) == change
+
+
+def test_topic_status_from_a_dag() -> None:
+    dag = {
+        "epoch": 3,
+        "segments": [
+            {**seg(0, 0, 0xFFFF, "SEALED"), "parents": [], "children": [1, 2]},
+            {**seg(1, 0, 0x7FFF), "parents": [0], "children": []},
+            {**seg(2, 0x8000, 0xFFFF), "parents": [0], "children": []},
+        ],
+    }
+    status = render.topic_status(dag, "topic://t/n/x")
+    assert status["activeSegments"] == 2 and status["sealedSegments"] == 1
+    assert status["epoch"] == 3 and status["segments"][0]["children"] == [1, 2]
+    doc = {
+        "apiVersion": API,
+        "kind": "ScalableTopic",
+        "metadata": {"name": "x"},
+        "spec": {"clusterRef": "c", "tenant": "t", "namespace": "n", "topic": "x"},
+        "status": status,
+    }
+    validate(doc)
+
+
+def test_condition_moves_its_transition_time_only_when_its_status_changes() -> None:
+    first = render.condition(None, kind="Ready", status=False, reason="a", message="", now="t1")
+    same = render.condition(first, kind="Ready", status=False, reason="b", message="", now="t2")
+    flipped = render.condition(same, kind="Ready", status=True, reason="c", message="", now="t3")
+    other = render.condition(flipped, kind="Applied", status=True, reason="d", message="", now="t4")
+    assert [c["lastTransitionTime"] for c in (*first, *same, *flipped)] == ["t1", "t1", "t3"]
+    assert same[0]["reason"] == "b"
+    assert [(c["type"], c["lastTransitionTime"]) for c in other] == [
+        ("Applied", "t4"),
+        ("Ready", "t3"),
+    ]
