@@ -66,10 +66,12 @@ def broker(store: str, data_dir: Path, broker_id: str, *, session_ttl: float = 1
     )  # fmt: skip
 
 
-def coordinator(store: str, name: str, *, session_ttl: float = 10) -> ServerProcess:
+def coordinator(
+    store: str, name: str, *, session_ttl: float = 10, extra: tuple[str, ...] = ()
+) -> ServerProcess:
     return ServerProcess(
         ["coordinator", "--store", store, "--session-ttl", str(session_ttl),
-         "--gc-retention", "0"],
+         "--gc-retention", "0", *extra],
         f"coordinator {name}",
     )  # fmt: skip
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 import click
 
 
@@ -22,6 +24,13 @@ import click
 )
 @click.option("--standalone", is_flag=True, help="No peering (a single operator replica).")
 @click.option(
+    "--priority",
+    default=None,
+    type=click.IntRange(1, 2**31 - 1),
+    help="Peering priority: the highest live replica works, the others stand by. Default: "
+    "random, so two replicas never tie (Kopf freezes every replica of equal priority).",
+)
+@click.option(
     "--liveness", default=None, help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
 )
 @click.option(
@@ -36,6 +45,7 @@ def operator(
     all_namespaces: bool,
     peering: str,
     standalone: bool,
+    priority: int | None,
     liveness: str | None,
     broker_url: str | None,
     coordinator_url: str | None,
@@ -52,11 +62,20 @@ def operator(
     memo = kopf.Memo(
         config=handlers.OperatorConfig(broker_url=broker_url, coordinator_url=coordinator_url)
     )
-    kopf.run(
-        standalone=standalone,
-        peering_name=None if standalone else peering,
-        clusterwide=not namespaces,
-        namespaces=list(namespaces),
-        liveness_endpoint=liveness,
-        memo=memo,
-    )
+    try:
+        kopf.run(
+            standalone=standalone,
+            peering_name=None if standalone else peering,
+            priority=priority or secrets.randbelow(2**31 - 2) + 1,
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            liveness_endpoint=liveness,
+            memo=memo,
+        )
+    except (kopf.LoginError, kopf.PermanentError) as e:
+        raise click.ClickException(str(e)) from e
+    except Exception as e:  # Kopf's start-up failure wraps the handler's error
+        cause = e.__cause__
+        if isinstance(cause, kopf.PermanentError):
+            raise click.ClickException(str(cause)) from e
+        raise

@@ -69,12 +69,15 @@ class Runtime:
     config: OperatorConfig
     kube: Kube
     http: aiohttp.ClientSession
+    closed: bool = False
 
 
 def _runtime(memo: Any) -> Runtime:
     runtime = memo.get("runtime")
     if not isinstance(runtime, Runtime):
         raise kopf.TemporaryError("the operator is still starting", delay=1)
+    if runtime.closed:  # timers may still tick while Kopf stops
+        raise kopf.TemporaryError("the operator is stopping", delay=60)
     return runtime
 
 
@@ -113,12 +116,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.level = logging.INFO
     # The CRDs are installed before the operator (helm's crds/); no runtime discovery.
     settings.scanning.disabled = True
-    settings.execution.max_workers = 4
     config = memo.get("config") or OperatorConfig()
-    info = memo.get("connection") or (
-        kopf.login_with_service_account(settings=settings)
-        or kopf.login_with_kubeconfig(settings=settings)
-    )
+    try:
+        info = memo.get("connection") or (
+            kopf.login_with_service_account(settings=settings)
+            or kopf.login_with_kubeconfig(settings=settings)
+        )
+    except (OSError, ValueError, KeyError, kopf.LoginError) as e:
+        raise kopf.PermanentError(f"cannot read Kubernetes credentials: {e!r}") from e
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials (service account or kubeconfig)")
     memo["runtime"] = Runtime(config, Kube(info), aiohttp.ClientSession())
@@ -128,6 +133,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     runtime = memo.get("runtime")
     if isinstance(runtime, Runtime):
+        runtime.closed = True
         await runtime.kube.close()
         await runtime.http.close()
 
@@ -217,7 +223,7 @@ async def reconcile_cluster(
     kopf.info(body, reason="Applied", message=f"{len(objects)} objects applied")
 
 
-@kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S * 5, idle=1)
+@kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S * 5)
 async def cluster_readiness(
     *,
     name: str,
@@ -300,7 +306,7 @@ async def reconcile_coordinator(
     kopf.info(body, reason="Applied", message=f"{len(objects)} objects applied")
 
 
-@kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S, idle=1)
+@kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S)
 async def coordinator_status(
     *,
     body: kopf.Body,
@@ -418,16 +424,17 @@ async def reconcile_topic(
                 raise
         dag = await _converge(admin, topic, None if target is None else int(target), body)
     except ServerError as e:
+        # Why it is not ready shows in status; a refusal for good also as a Warning event.
+        patch.status["conditions"] = render.condition(
+            status.get("conditions"),
+            kind="Ready",
+            status=False,
+            reason=e.name.value,
+            message=str(e),
+            now=_now(),
+        )
         if e.name not in _TRANSIENT:
             kopf.warn(body, reason="Refused", message=f"{topic}: {e}")
-            patch.status["conditions"] = render.condition(
-                status.get("conditions"),
-                kind="Ready",
-                status=False,
-                reason=e.name.value,
-                message=str(e),
-                now=_now(),
-            )
         raise _kopf_error(e, topic) from e
     patch.status.update(render.topic_status(dag, topic))
     patch.status["observedGeneration"] = body.meta.get("generation")

@@ -1,0 +1,238 @@
+"""kmock's Kubernetes emulator made faithful enough for Kopf, and Kopf run against it.
+
+kmock 0.8 stores POST bodies as sent and replays every object on each WATCH. Kopf relies on
+what a real API server does, so the subclass adds it: uid, resourceVersion (bumped on every
+write, so Kopf's JSON-patch ``test`` ops pass), namespace from the URL, names from
+``generateName`` (events), a LIST resourceVersion that WATCH honours, subscription to
+changes before the replay snapshot, and 422 (not 500) for a failed patch test. Still absent,
+so tests do it themselves: schema validation and defaulting, garbage collection of owned
+objects, label selectors, and controllers (a StatefulSet's status is patched by the test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import jsonpatch
+import kmock
+import kopf
+
+from tests.manifests.support import crd_schemas
+from tests.manifests.test_crds import defaulted
+
+NS = "segtxn"
+API = "segtxn.io/v1alpha1"
+PLURALS = {
+    "SegtxnCluster": "segtxnclusters",
+    "TransactionCoordinator": "transactioncoordinators",
+    "ScalableTopic": "scalabletopics",
+}
+RESOURCES: dict[str, dict[str, Any]] = {
+    "v1/namespaces": {"kind": "Namespace", "namespaced": False},
+    "v1/events": {"kind": "Event", "namespaced": True},
+    "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
+    "v1/services": {"kind": "Service", "namespaced": True},
+    "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": ["status"]},
+    "apps/v1/statefulsets": {"kind": "StatefulSet", "namespaced": True, "subresources": ["status"]},
+    "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget", "namespaced": True},
+    "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
+    **{
+        f"{API}/{plural}": {
+            "kind": kind,
+            "singular": kind.lower(),
+            "namespaced": True,
+            "subresources": ["status"],
+            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+        }
+        for kind, plural in PLURALS.items()
+    },
+}
+
+
+class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+    _rv = 0  # class-wide and monotonic: only the order matters
+
+    @classmethod
+    def _next_rv(cls) -> str:
+        cls._rv += 1
+        return str(cls._rv)
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        data = request.data
+        if request.resource is not None and request.action == kmock.action.CREATE:
+            if isinstance(data, dict):
+                meta = data.setdefault("metadata", {})
+                if request.namespace:
+                    meta.setdefault("namespace", request.namespace)
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                meta.setdefault("uid", str(uuid.uuid4()))
+                meta.setdefault("creationTimestamp", _now())
+                meta["resourceVersion"] = self._next_rv()
+        elif request.resource is not None and request.action == kmock.action.UPDATE:
+            if isinstance(data, dict):  # merge patch
+                data.setdefault("metadata", {})["resourceVersion"] = self._next_rv()
+            elif isinstance(data, list):  # JSON patch: bump after Kopf's `test` op
+                data.append(
+                    {"op": "add", "path": "/metadata/resourceVersion", "value": self._next_rv()}
+                )
+        elif request.resource is not None and request.action == kmock.action.DELETE:
+            obj = self.objects._objects.get((request.resource, request.namespace, request.name))
+            meta = obj.raw.get("metadata", {}) if obj is not None else {}
+            pending = meta.get("finalizers") and not meta.get("deletionTimestamp")
+            if obj is not None and not obj.deleted and pending:  # kmock soft-deletes it next
+                obj.patch({"metadata": {"resourceVersion": self._next_rv()}})
+        try:
+            return await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as e:  # what a real API server answers
+            raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        rv = str(self._rv)  # before the snapshot: later writes are replayed by WATCH
+        result = await super()._serve_list(request)
+        result["metadata"]["resourceVersion"] = rv
+        return result
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        """Subscribe first, then replay objects changed after ?resourceVersion=."""
+        yield b""
+        since = request.params.get("resourceVersion", "")
+        since_rv = int(since) if since.isdigit() else -1
+        bus = self._buses[request.resource]
+        mark = await bus.mark()
+        try:
+            async with self._lock:
+                objs = self._KubernetesEmulator__get_objs(request, strict=False)
+                events = [
+                    {"type": "ADDED", "object": o.raw}
+                    for o in objs
+                    if not o.deleted and _rv(o.raw) > since_rv
+                ]
+            for event in events:
+                yield event
+            async for event in bus.stream(since=mark):
+                meta = event.get("object", {}).get("metadata", {})
+                if self._KubernetesEmulator__check(
+                    request, request.resource, meta.get("namespace"), meta.get("name"), strict=False
+                ):
+                    yield event
+        finally:
+            await bus.unmark(mark)
+
+    # ------------------------------------------------------------------ test helpers
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """One API call through a throw-away session (a kept-alive connection would hold
+        Kopf's shutdown for 5 s)."""
+        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+        async with (
+            aiohttp.ClientSession(str(self.url)) as session,
+            session.request(method, path, json=body, headers=headers) as response,
+        ):
+            return response.status, await response.json(content_type=None)
+
+    async def create(self, kind: str, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a segtxn resource as the API server would store it (CRD defaults)."""
+        doc = {"apiVersion": API, "kind": kind, "metadata": {"name": name, "namespace": NS},
+               "spec": dict(spec)}  # fmt: skip
+        doc = defaulted(doc, crd_schemas()[(API, kind)])
+        status, body = await self.call("POST", f"/apis/{API}/namespaces/{NS}/{PLURALS[kind]}", doc)
+        assert status in (200, 201), body
+        return dict(body)
+
+    async def patch(self, kind: str, name: str, patch: Mapping[str, Any]) -> None:
+        path = f"/apis/{API}/namespaces/{NS}/{PLURALS[kind]}/{name}"
+        status, body = await self.call("PATCH", path, dict(patch))
+        assert status == 200, body
+
+    async def delete(self, kind: str, name: str) -> None:
+        path = f"/apis/{API}/namespaces/{NS}/{PLURALS[kind]}/{name}"
+        status, body = await self.call("DELETE", path)
+        assert status == 200, body
+
+    def get(self, resource: str, name: str) -> dict[str, Any] | None:
+        """The live object (``resource`` like ``apps/v1/statefulsets``), None if absent."""
+        key = (kmock.resource(resource), NS, name)
+        if key not in self.objects or self.objects[key].deleted:
+            return None
+        return dict(self.objects[key].raw)
+
+    def mine(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self.get(f"{API}/{PLURALS[kind]}", name)
+
+    def events(self, name: str) -> list[tuple[str, str, str]]:
+        """(type, reason, message) of the events posted about ``name``."""
+        return [
+            (o.raw.get("type", ""), o.raw.get("reason", ""), o.raw.get("message", ""))
+            for (resource, _, _), o in list(self.objects.items())
+            if resource == kmock.resource("v1/events")
+            and not o.deleted
+            and o.raw["involvedObject"]["name"] == name
+        ]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat()
+
+
+def _rv(raw: Mapping[str, Any]) -> int:
+    rv = str(raw.get("metadata", {}).get("resourceVersion") or "0")
+    return int(rv) if rv.isdigit() else 0
+
+
+@contextlib.asynccontextmanager
+async def emulator() -> AsyncIterator[Emulator]:
+    async with Emulator() as emu, kmock.Server(emu):
+        for resource, info in RESOURCES.items():
+            emu.resources[resource] = info
+        yield emu
+
+
+def settings() -> kopf.OperatorSettings:
+    """Against the emulator: quick retries, event posting that stops at once."""
+    s = kopf.OperatorSettings()
+    s.scanning.disabled = True
+    s.posting.idle_timeout = 0.05
+    s.persistence.consistency_timeout = 1.0
+    s.watching.reconnect_backoff = 0.05
+    s.networking.error_backoffs = [0.1, 0.2, 0.5]
+    return s
+
+
+@contextlib.asynccontextmanager
+async def operator(emu: Emulator, memo: kopf.Memo, **kwargs: Any) -> AsyncIterator[None]:
+    """The segtxn operator (its handlers module) running in this loop against ``emu``.
+
+    Enter it in the test body, not in an async-generator fixture: on stop, Kopf waits for
+    and then cancels every task created after it started, a fixture's teardown included."""
+    from segtxn.operator import handlers  # registers the handlers
+    from tests.operator import login  # and how they reach the emulator
+
+    assert login.login
+
+    assert handlers.FINALIZER
+    memo["connection"] = kopf.ConnectionInfo(server=str(emu.url), insecure=True)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    kwargs.setdefault("standalone", True)
+    task = asyncio.create_task(
+        kopf.operator(
+            stop_flag=stop,
+            ready_flag=ready,
+            memo=memo,
+            namespaces=[NS],
+            settings=settings(),
+            **kwargs,
+        )
+    )
+    await asyncio.wait_for(ready.wait(), timeout=10)
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)

@@ -1,0 +1,345 @@
+"""The Kopf handlers end to end: Kopf against kmock's Kubernetes emulator, the handlers
+talking to a real segtxn cluster (broker and coordinator processes on a real etcd)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+import pytest
+
+from segtxn.client import Client, ServerError
+from segtxn.metastore.etcd_server import EtcdServer
+from segtxn.operator.handlers import FINALIZER, OperatorConfig
+from segtxn.operator.render import CONFIG_HASH
+from segtxn.protocol.errors import ErrorName
+from tests import processes
+from tests.operator.emulator import Emulator, emulator, operator
+from tests.processes import ServerProcess
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(180)
+TOPIC = {"clusterRef": "demo", "tenant": "acme", "namespace": "ops", "topic": "orders"}
+TOPIC_NAME = "topic://acme/ops/orders"
+WAIT_S = 30.0
+
+
+@dataclass
+class Local:
+    """A segtxn cluster on this machine, where the operator's admin calls land."""
+
+    store_url: str
+    broker: ServerProcess
+    coordinator: ServerProcess
+
+    def memo(self) -> kopf.Memo:
+        config = OperatorConfig(broker_url=self.broker.url, coordinator_url=self.coordinator.url)
+        return kopf.Memo(config=config)
+
+
+@pytest.fixture
+async def local(etcd_server: EtcdServer, tmp_path: Path) -> AsyncIterator[Local]:
+    store = etcd_server.url(f"/operator-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    broker = processes.broker(store, tmp_path / "b1", "b1", session_ttl=2)
+    coordinator = processes.coordinator(
+        store, "c1", extra=("--gc-sweep", "0.2", "--timeout-sweep", "0.2")
+    )
+    for server in (broker, coordinator):
+        server.start()
+    try:
+        await asyncio.gather(broker.ready(), coordinator.ready())
+        yield Local(store, broker, coordinator)
+    finally:
+        coordinator.stop()
+        broker.stop()
+
+
+def status(emu: Emulator, kind: str, name: str) -> dict[str, Any]:
+    return dict((emu.mine(kind, name) or {}).get("status", {}))
+
+
+def condition(emu: Emulator, kind: str, name: str, which: str) -> str | None:
+    found = [c for c in status(emu, kind, name).get("conditions", []) if c["type"] == which]
+    return str(found[0]["status"]) if found else None
+
+
+async def cluster(emu: Emulator, local: Local, **brokers: Any) -> None:
+    spec: dict[str, Any] = {"metadataStore": {"url": local.store_url}}
+    if brokers:
+        spec["brokers"] = brokers
+    await emu.create("SegtxnCluster", "demo", spec)
+
+
+async def test_cluster_children_status_and_update(local: Local) -> None:
+    async with emulator() as emu, operator(emu, local.memo()):
+        created = await cluster(emu, local, replicas=3) or emu.mine("SegtxnCluster", "demo")
+        assert created is not None
+        await wait_until(
+            lambda: (
+                emu.get("apps/v1/statefulsets", "demo-broker") is not None
+                and condition(emu, "SegtxnCluster", "demo", "Applied") == "True"
+            ),
+            timeout=WAIT_S,
+            what="the cluster's children applied",
+        )
+        uid = created["metadata"]["uid"]
+        for resource, name in (
+            ("v1/configmaps", "demo-config"),
+            ("v1/services", "demo-broker"),
+            ("v1/services", "demo-broker-headless"),
+            ("apps/v1/statefulsets", "demo-broker"),
+            ("policy/v1/poddisruptionbudgets", "demo-broker"),
+        ):
+            child = emu.get(resource, name)
+            assert child is not None, name
+            owner = child["metadata"]["ownerReferences"][0]
+            assert (owner["kind"], owner["uid"], owner["controller"]) == (
+                "SegtxnCluster",
+                uid,
+                True,
+            )
+        live = emu.mine("SegtxnCluster", "demo")
+        assert live is not None and FINALIZER in live["metadata"]["finalizers"]
+        assert status(emu, "SegtxnCluster", "demo")["serviceUrl"] == (
+            "http://demo-broker.segtxn.svc:8080"
+        )
+        await wait_until(
+            lambda: ("Normal", "Applied", "5 objects applied") in emu.events("demo"),
+            timeout=WAIT_S,
+            what="the Applied event",
+        )
+
+        # The StatefulSet controller (absent here) reports the brokers ready: the cluster is.
+        await emu.call(
+            "PATCH",
+            "/apis/apps/v1/namespaces/segtxn/statefulsets/demo-broker/status",
+            {"status": {"readyReplicas": 3, "replicas": 3}},
+        )
+        await wait_until(
+            lambda: status(emu, "SegtxnCluster", "demo").get("phase") == "Ready",
+            timeout=WAIT_S,
+            what="phase Ready",
+        )
+        assert status(emu, "SegtxnCluster", "demo")["readyBrokers"] == 3
+        assert condition(emu, "SegtxnCluster", "demo", "Ready") == "True"
+
+        # A new store URL reaches the ConfigMap and rolls the pods (the template's hash).
+        sts = emu.get("apps/v1/statefulsets", "demo-broker")
+        assert sts is not None
+        before = sts["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
+        await emu.patch(
+            "SegtxnCluster", "demo", {"spec": {"brokers": {"replicas": 5}, "metadataStore": {
+                "url": local.store_url + "x"}}},
+        )  # fmt: skip
+
+        def updated() -> bool:
+            s = emu.get("apps/v1/statefulsets", "demo-broker") or {}
+            return s["spec"]["replicas"] == 5 and (
+                s["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH] != before
+            )
+
+        await wait_until(updated, timeout=WAIT_S, what="the update applied")
+        config = emu.get("v1/configmaps", "demo-config")
+        assert config is not None and config["data"]["storeUrl"] == local.store_url + "x"
+
+
+async def test_topic_created_split_merged_and_deleted_through_the_brokers(local: Local) -> None:
+    async with (
+        emulator() as emu,
+        operator(emu, local.memo()),
+        Client(local.broker.url) as client,
+    ):
+        await cluster(emu, local)
+        await emu.create("ScalableTopic", "orders", {**TOPIC, "initialSegments": 2})
+        await wait_until(
+            lambda: status(emu, "ScalableTopic", "orders").get("activeSegments") == 2,
+            timeout=WAIT_S,
+            what="the topic created",
+        )
+        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 2
+        await wait_until(
+            lambda: ("Normal", "Created", f"{TOPIC_NAME} created") in emu.events("orders"),
+            timeout=WAIT_S,
+            what="the Created event",
+        )
+
+        # Split while a transaction is open on the topic: it still commits, and its
+        # message is read back.
+        producer = await client.create_producer(TOPIC_NAME)
+        async with client.transaction() as txn:
+            await producer.send(b"in-flight", key="k1", txn=txn)
+            await emu.patch("ScalableTopic", "orders", {"spec": {"targetSegments": 4}})
+            await wait_until(
+                lambda: (
+                    status(emu, "ScalableTopic", "orders").get("sealedSegments") == 2
+                    and status(emu, "ScalableTopic", "orders").get("activeSegments") == 4
+                ),
+                timeout=WAIT_S,
+                what="split to 4 active segments",
+            )
+        reader = await client.subscribe(TOPIC_NAME, "check", initial_position="earliest")
+        assert (await reader.receive(timeout_s=10)).value == b"in-flight"
+
+        seen = status(emu, "ScalableTopic", "orders")
+        truth = await client.admin.stats(TOPIC_NAME)
+        assert [(s["id"], s["state"], s["range"]) for s in seen["segments"]] == [
+            (s["id"], s["state"], s["range"]) for s in truth["segments"]
+        ]
+        assert seen["epoch"] == truth["epoch"]
+        await wait_until(
+            lambda: [r for _, r, _ in emu.events("orders")].count("Resharded") == 2,
+            timeout=WAIT_S,
+            what="two Resharded events",
+        )
+        assert condition(emu, "ScalableTopic", "orders", "Ready") == "True"
+
+        await emu.patch("ScalableTopic", "orders", {"spec": {"targetSegments": 3}})
+        await wait_until(
+            lambda: status(emu, "ScalableTopic", "orders").get("activeSegments") == 3,
+            timeout=WAIT_S,
+            what="merged to 3",
+        )
+        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 3
+
+        await reader.close()
+        await producer.close()
+        await emu.delete("ScalableTopic", "orders")
+        await wait_until(
+            lambda: emu.mine("ScalableTopic", "orders") is None,
+            timeout=WAIT_S,
+            what="the resource gone",
+        )
+        with pytest.raises(ServerError) as refused:
+            await client.admin.stats(TOPIC_NAME)
+        assert refused.value.name is ErrorName.TOPIC_NOT_FOUND
+
+
+async def test_cluster_deletion_waits_for_its_topics(local: Local) -> None:
+    async with emulator() as emu, operator(emu, local.memo()):
+        await cluster(emu, local)
+        await emu.create("ScalableTopic", "orders", TOPIC)
+        await wait_until(
+            lambda: status(emu, "ScalableTopic", "orders").get("activeSegments") == 1,
+            timeout=WAIT_S,
+            what="the topic created",
+        )
+        await emu.delete("SegtxnCluster", "demo")
+        await wait_until(
+            lambda: status(emu, "SegtxnCluster", "demo").get("phase") == "Deleting",
+            timeout=WAIT_S,
+            what="the cluster waiting",
+        )
+        live = emu.mine("SegtxnCluster", "demo")
+        assert live is not None and live["metadata"].get("deletionTimestamp")
+        await emu.delete("ScalableTopic", "orders")
+        await wait_until(
+            lambda: emu.mine("SegtxnCluster", "demo") is None,
+            timeout=WAIT_S,
+            what="the cluster released once its topic is gone",
+        )
+
+
+async def test_topic_waits_for_brokers_and_converges_when_they_come(local: Local) -> None:
+    local.broker.kill()
+    async with emulator() as emu, operator(emu, local.memo()):
+        await cluster(emu, local)
+        await emu.create("ScalableTopic", "orders", {**TOPIC, "targetSegments": 2})
+
+        # Status says why, and Kopf retries (its progress annotation counts the tries).
+        def retried() -> bool:
+            topic = emu.mine("ScalableTopic", "orders") or {}
+            progress = (
+                topic.get("metadata", {})
+                .get("annotations", {})
+                .get("segtxn.io/reconcile_topic", "{}")
+            )
+            reasons = [
+                c["reason"]
+                for c in status(emu, "ScalableTopic", "orders").get("conditions", [])
+                if c["type"] == "Ready" and c["status"] == "False"
+            ]
+            return json.loads(progress).get("retries", 0) >= 2 and reasons == ["ServiceNotReady"]
+
+        await wait_until(retried, timeout=WAIT_S, what="the handler retrying")
+        assert status(emu, "ScalableTopic", "orders").get("activeSegments") is None
+        local.broker.start()
+        await local.broker.ready()
+        await wait_until(
+            lambda: status(emu, "ScalableTopic", "orders").get("activeSegments") == 2,
+            timeout=WAIT_S,
+            what="the topic created and split once the brokers are back",
+        )
+
+
+async def test_coordinator_status_and_gc_backlog_condition(local: Local, tmp_path: Path) -> None:
+    async with emulator() as emu, operator(emu, local.memo()):
+        # Created before its cluster: it waits for it.
+        await emu.create(
+            "TransactionCoordinator",
+            "demo",
+            {"clusterRef": "demo", "statusIntervalSeconds": 1, "gcBacklogThreshold": 0},
+        )
+        assert emu.get("apps/v1/deployments", "demo-coordinator") is None
+        await cluster(emu, local)
+        await wait_until(
+            lambda: emu.get("apps/v1/deployments", "demo-coordinator") is not None,
+            timeout=WAIT_S,
+            what="the coordinators rendered once the cluster exists",
+        )
+        await wait_until(
+            lambda: condition(emu, "TransactionCoordinator", "demo", "Reachable") == "True",
+            timeout=WAIT_S,
+            what="the coordinators' counts read",
+        )
+        assert len(status(emu, "TransactionCoordinator", "demo")["idsHeld"]) == 4
+
+        async with Client(local.broker.url) as client:
+            await client.admin.create_topic(TOPIC_NAME, segments=2)
+            producer = await client.create_producer(TOPIC_NAME)
+            txn = await client.transaction(timeout_s=120).start()
+            await producer.send(b"x", key="k", txn=txn)
+            await wait_until(
+                lambda: status(emu, "TransactionCoordinator", "demo").get("openTransactions") == 1,
+                timeout=WAIT_S,
+                what="the open transaction counted",
+            )
+            # The participant dies before it can clean up: the commit leaves op records.
+            local.broker.kill()
+            await txn.commit()
+        await wait_until(
+            lambda: (
+                (status(emu, "TransactionCoordinator", "demo").get("gcBacklog") or 0) > 0
+                and condition(emu, "TransactionCoordinator", "demo", "GCBacklogHigh") == "True"
+            ),
+            timeout=WAIT_S,
+            what="the GC backlog reported",
+        )
+        assert status(emu, "TransactionCoordinator", "demo")["openTransactions"] == 0
+        await wait_until(
+            lambda: any(
+                kind == "Warning" and reason == "GCBacklogHigh"
+                for kind, reason, _ in emu.events("demo")
+            ),
+            timeout=WAIT_S,
+            what="a GCBacklogHigh warning",
+        )
+        # Back, the broker materializes the decision and deletes its op records.
+        local.broker.start()
+        await local.broker.ready()
+        async with Client(local.broker.url) as client:
+            await client.admin.stats(TOPIC_NAME)  # loads the segments
+        await wait_until(
+            lambda: (
+                status(emu, "TransactionCoordinator", "demo").get("gcBacklog") == 0
+                and condition(emu, "TransactionCoordinator", "demo", "GCBacklogHigh") == "False"
+            ),
+            timeout=WAIT_S,
+            what="the backlog drained",
+        )
