@@ -175,7 +175,7 @@ async def _cluster_spec(runtime: Runtime, namespace: str, cluster: str) -> Mappi
     found = await runtime.kube.get(API, "SegtxnCluster", namespace, cluster)
     if found is None:
         raise kopf.TemporaryError(
-            f"SegtxnCluster {namespace}/{cluster} does not exist (yet)", delay=RETRY_S * 3
+            f"SegtxnCluster {namespace}/{cluster} does not exist (yet)", delay=RETRY_S
         )
     return dict(found.get("spec", {}))
 

@@ -65,6 +65,12 @@ def status(emu: Emulator, kind: str, name: str) -> dict[str, Any]:
     return dict((emu.mine(kind, name) or {}).get("status", {}))
 
 
+def tries(emu: Emulator, kind: str, name: str, handler: str) -> int:
+    """How many times Kopf has retried ``handler`` on the resource (its progress record)."""
+    annotations = (emu.mine(kind, name) or {}).get("metadata", {}).get("annotations", {})
+    return int(json.loads(annotations.get(f"segtxn.io/{handler}", "{}")).get("retries", 0))
+
+
 def condition(emu: Emulator, kind: str, name: str, which: str) -> str | None:
     found = [c for c in status(emu, kind, name).get("conditions", []) if c["type"] == which]
     return str(found[0]["status"]) if found else None
@@ -254,18 +260,14 @@ async def test_topic_waits_for_brokers_and_converges_when_they_come(local: Local
 
         # Status says why, and Kopf retries (its progress annotation counts the tries).
         def retried() -> bool:
-            topic = emu.mine("ScalableTopic", "orders") or {}
-            progress = (
-                topic.get("metadata", {})
-                .get("annotations", {})
-                .get("segtxn.io/reconcile_topic", "{}")
-            )
             reasons = [
                 c["reason"]
                 for c in status(emu, "ScalableTopic", "orders").get("conditions", [])
                 if c["type"] == "Ready" and c["status"] == "False"
             ]
-            return json.loads(progress).get("retries", 0) >= 2 and reasons == ["ServiceNotReady"]
+            return tries(emu, "ScalableTopic", "orders", "reconcile_topic") >= 2 and reasons == [
+                "ServiceNotReady"
+            ]
 
         await wait_until(retried, timeout=WAIT_S, what="the handler retrying")
         assert status(emu, "ScalableTopic", "orders").get("activeSegments") is None
@@ -285,6 +287,11 @@ async def test_coordinator_status_and_gc_backlog_condition(local: Local, tmp_pat
             "TransactionCoordinator",
             "demo",
             {"clusterRef": "demo", "statusIntervalSeconds": 1, "gcBacklogThreshold": 0},
+        )
+        await wait_until(
+            lambda: tries(emu, "TransactionCoordinator", "demo", "reconcile_coordinator") >= 1,
+            timeout=WAIT_S,
+            what="the coordinators waiting for their cluster",
         )
         assert emu.get("apps/v1/deployments", "demo-coordinator") is None
         await cluster(emu, local)
