@@ -66,6 +66,9 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             timeout_sweep_s=0.1,
             gc_sweep_s=3600,
             gc_retention_s=0,
+            v4_coordinator_ids=2,
+            ledger_url=f"file://{tmp_path / 'txn-logs'}",
+            fan_out_timeout_s=2.0,
         ),
         store=store,
     )

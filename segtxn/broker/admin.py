@@ -18,10 +18,12 @@ from aiohttp import WSCloseCode, web
 from segtxn.aio import first_completed
 from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
 from segtxn.broker.service import BrokerService
+from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore
 from segtxn.ledger import Position
 from segtxn.metastore import MetadataStoreError, StoreUnavailable
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
+from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.catalog import topic_key
 from segtxn.topics.controller import TopicBusy
 from segtxn.topics.dag import DagError
@@ -320,6 +322,45 @@ async def terminate(request: web.Request) -> web.StreamResponse:
     return web.json_response({"lastPosition": None if last is None else str(last)})
 
 
+def _v4_end(request: web.Request) -> tuple[TxnId, TxnAction]:
+    try:
+        txn = TxnId.parse(request.match_info["txn"])
+        action = TxnAction(request.query.get("action", ""))
+    except ValueError as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"{e} (action: COMMIT or ABORT)") from e
+    if txn.is_v5:
+        raise ServerError(ErrorName.NOT_ALLOWED, f"{txn} is a v5 transaction: no markers")
+    return txn, action
+
+
+@_errors
+async def end_txn_on_partition(request: web.Request) -> web.StreamResponse:
+    """PIP-31's END_TXN_ON_PARTITION (from the v4 coordinator): the marker, if the
+    transaction wrote here. Idempotent."""
+    txn, action = _v4_end(request)
+    topic = await request.app[SERVICE].serve(topic_from(request))
+    if not isinstance(topic.buffer, MarkerTransactionBuffer):
+        raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
+    await topic.buffer.end(txn, action)
+    return web.Response(status=204)
+
+
+@_errors
+async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
+    """PIP-31's END_TXN_ON_SUBSCRIPTION: apply (commit) or release (abort) the pending
+    acks of the transaction on this subscription. Idempotent."""
+    txn, action = _v4_end(request)
+    topic = await request.app[SERVICE].serve(topic_from(request))
+    name = request.match_info["subscription"]
+    if name not in topic.ledger.cursors:
+        return web.Response(status=204)  # deleted since: nothing pending any more
+    pending = (await topic.subscription(name)).pending_acks
+    if not isinstance(pending, MLPendingAckStore):
+        raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
+    await pending.end(txn, action)
+    return web.Response(status=204)
+
+
 @_errors
 async def load(request: web.Request) -> web.StreamResponse:
     """Open a topic or segment on its home broker now (creating its ledger)."""
@@ -512,6 +553,8 @@ def routes() -> list[web.RouteDef]:
             web.get("/lookup/v2/topic" + shape, lookup),
             web.get("/ws/v2/lookup" + shape, lookup_session),
             web.post(base + "/terminate", terminate),
+            web.post(base + "/txn/{txn}/end", end_txn_on_partition),
+            web.post(base + "/subscription/{subscription}/txn/{txn}/end", end_txn_on_subscription),
             web.post(base + "/load", load),
             web.post(base + "/split", split),
             web.post(base + "/merge", merge),

@@ -77,6 +77,8 @@ class Deduplication:
                 break
             for entry in entries:
                 message = decode_entry(entry.payload)
+                if message.marker is not None:  # a v4 transaction marker: no producer's
+                    continue
                 self.state(message.producer_name).stored(message.sequence_id, entry.position)
             self._position = entries[-1].position
             start = ledger.position_after(entries[-1].position)

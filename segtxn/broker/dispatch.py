@@ -124,9 +124,13 @@ def _readable(entries: list[Entry], buffer: TransactionBuffer) -> tuple[list[Ent
     return within, len(within) < len(entries)
 
 
-def _txn_of(entry: Entry) -> TxnId | None:
-    txn = decode_entry(entry.payload).txn
-    return None if txn is None else TxnId(*txn)
+def _visible(buffer: TransactionBuffer, entry: Entry) -> bool:
+    """Whether a consumer may see ``entry``: not a v4 marker, not of an aborted (or
+    orphaned) transaction."""
+    stored = decode_entry(entry.payload)
+    if stored.marker is not None:
+        return False
+    return buffer.visible(None if stored.txn is None else TxnId(*stored.txn), entry.position)
 
 
 class Subscription:
@@ -430,8 +434,8 @@ class Subscription:
                 self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
                 if self._settled(entry.position) or entry.position in self._pending:
                     continue
-                if not self.buffer.visible(_txn_of(entry), entry.position):
-                    invisible.append(entry.position)  # aborted, or an orphan: never shown
+                if not _visible(self.buffer, entry):
+                    invisible.append(entry.position)  # a marker, aborted, an orphan: never shown
                     continue
                 self._deliver(entry)
             if invisible:  # nobody will ever ack them: the cursor moves past them here
@@ -544,7 +548,7 @@ class Reader:
                     break
                 for entry in entries:
                     self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
-                    if not self.buffer.visible(_txn_of(entry), entry.position):
+                    if not _visible(self.buffer, entry):
                         continue
                     self.link.permits -= 1
                     self.link.send(to_message(entry))

@@ -15,6 +15,13 @@ class StoredMessage(msgspec.Struct, array_like=True, frozen=True):
     event_time_ms: int | None = None
     txn: tuple[int, int] | None = None
     """The transaction this message was written in (most, least), if any."""
+    marker: str | None = None
+    """A v4 transaction marker (``COMMIT`` / ``ABORT`` of ``txn``), never delivered."""
+
+
+def marker_entry(txn: tuple[int, int], action: str, now_ms: int) -> bytes:
+    """PIP-31's commit/abort marker: an entry in the topic's own ledger."""
+    return encode_entry(StoredMessage("", -1, now_ms, b"", txn=txn, marker=action))
 
 
 encode_entry = msgspec.msgpack.Encoder().encode

@@ -21,6 +21,7 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.topic import Topic
 from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.markers import MarkerTransactionBuffer, SnapshotLogs
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import LedgerCorrupted, LedgerError, LogStorage, open_log_storage
 from segtxn.metastore import MetadataStore, MetadataStoreError, Session, open_store
@@ -50,6 +51,7 @@ class BrokerService:
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics(settings.broker_id)
         self.op_records = OpRecordWriter(self.store, self.metrics)
+        self.snapshots = SnapshotLogs(settings.broker_id, self.store, self.storage, settings.ledger)
         self.controllers = TopicControllers(
             self.store,
             self.catalog,
@@ -69,6 +71,15 @@ class BrokerService:
         )
         self.metrics.gauge(
             "segtxn_broker_topics", "Topics and segments loaded", lambda: len(self.topics)
+        )
+        self.metrics.gauge(  # PIP-373
+            "segtxn_broker_using_txn_topics_count",
+            "Loaded persistent topics that contain transactional messages",
+            lambda: sum(
+                1
+                for t in self.topics.values()
+                if isinstance(t.buffer, MarkerTransactionBuffer) and t.buffer.contains_txn
+            ),
         )
         self.metrics.gauge(
             "segtxn_broker_producers",
@@ -156,6 +167,7 @@ class BrokerService:
             except Exception:
                 log.exception("closing %s failed", topic.name)
         self.topics.clear()
+        await self.snapshots.close()
         await self.op_records.close()
         await self.headers.close()
         if self._session is not None:
@@ -219,6 +231,7 @@ class BrokerService:
                 headers=self.headers,
                 metrics=self.metrics,
                 ops=self.op_records,
+                snapshots=self.snapshots,
             )
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, f"{name}: {e}") from e

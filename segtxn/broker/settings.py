@@ -34,6 +34,9 @@ class BrokerSettings:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     retention_check_s: float = 60.0
     """How often consumed ledgers past retention are trimmed (with their indexes)."""
+    txn_buffer_snapshot_every: int = 100
+    """A persistent topic's v4 transaction buffer snapshots its indexes after this many
+    markers (recovery replays the ledger from the latest snapshot)."""
     controller_sweep_s: float = 5.0
     """How often a broker looks for splits or merges a dead controller left unfinished."""
     consumer_hold_s: float = 10.0

@@ -23,6 +23,7 @@ from segtxn.broker.txn.buffer import (
     TransactionBuffer,
 )
 from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore, SnapshotLogs
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
 from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position, TrimResult
@@ -57,8 +58,10 @@ class Topic:
         headers: HeaderCache,
         metrics: BrokerMetrics,
         ops: OpRecordWriter,
+        storage: LogStorage,
     ) -> None:
         self.name = name
+        self._storage = storage
         self.ledger = ledger
         self.dedup = dedup
         self.settings = settings
@@ -85,18 +88,28 @@ class Topic:
         headers: HeaderCache,
         metrics: BrokerMetrics,
         ops: OpRecordWriter,
+        snapshots: SnapshotLogs,
     ) -> Topic:
         """Open the ledger, recover de-duplication and transaction state, and restore
         every subscription (so pending transactional acks materialize even with no
         consumer attached)."""
         ledger = await ManagedLedger.open(str(name), store, storage, settings.ledger)
-        buffer: TransactionBuffer = (
-            MetadataTransactionBuffer(
+        buffer: TransactionBuffer
+        if name.domain is Domain.SEGMENT:
+            buffer = MetadataTransactionBuffer(
                 str(name), ledger, store=store, headers=headers, metrics=metrics, ops=ops
             )
-            if name.domain is Domain.SEGMENT
-            else NoTransactions(ledger)
-        )
+        elif name.domain is Domain.PERSISTENT:
+            buffer = MarkerTransactionBuffer(
+                str(name),
+                name.tenant,
+                name.namespace,
+                ledger,
+                snapshots=snapshots,
+                snapshot_every=settings.txn_buffer_snapshot_every,
+            )
+        else:
+            buffer = NoTransactions(ledger)
         topic: Topic | None = None
         try:
             dedup = Deduplication(str(name), store, settings.dedup_snapshot_every)
@@ -112,6 +125,7 @@ class Topic:
                 headers=headers,
                 metrics=metrics,
                 ops=ops,
+                storage=storage,
             )
             for cursor_name in list(ledger.cursors):
                 await topic.subscription(cursor_name)
@@ -206,7 +220,7 @@ class Topic:
         if send.txn is None:
             return None
         txn = TxnId(*send.txn)
-        if not txn.is_v5 or self.name.domain is not Domain.SEGMENT:
+        if txn.is_v5 != (self.name.domain is Domain.SEGMENT):
             raise ServerError(
                 ErrorName.NOT_ALLOWED,
                 f"{self.name}: v5 transactions write to scalable topics (segment://) and v4 "
@@ -255,6 +269,17 @@ class Topic:
                     release=subscription.release,
                     metrics=self._metrics,
                     ops=self._ops,
+                )
+                await subscription.pending_acks.recover()
+            elif self.name.domain is Domain.PERSISTENT:
+                subscription.pending_acks = MLPendingAckStore(
+                    str(self.name),
+                    name,
+                    cursor=cursor,
+                    store=self._store,
+                    storage=self._storage,
+                    settings=self.settings.ledger,
+                    release=subscription.release,
                 )
                 await subscription.pending_acks.recover()
             self.subscriptions[name] = subscription

@@ -45,6 +45,7 @@ from segtxn.protocol.frames import (
     Send,
     SendBatch,
 )
+from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
@@ -281,9 +282,12 @@ async def _serve_consumer(
                 await subscription.ack(link, ids, cumulative=frame.cumulative)
             else:
                 txn = TxnId(*frame.txn)
-                if not txn.is_v5:
+                on_segment = TopicName.parse(subscription.ledger.name).domain is Domain.SEGMENT
+                if txn.is_v5 != on_segment:
                     raise ServerError(
-                        ErrorName.NOT_ALLOWED, f"{txn} is a v4 transaction: not on segments"
+                        ErrorName.NOT_ALLOWED,
+                        f"{txn} is a v{5 if txn.is_v5 else 4} transaction; "
+                        f"{subscription.ledger.name} takes v{5 if on_segment else 4} ones",
                     )
                 await subscription.txn_ack(link, txn, ids, cumulative=frame.cumulative)
             if frame.request_id:

@@ -124,6 +124,16 @@ def broker(
     "--timeout-sweep", default=1.0, show_default=True, help="Seconds between timeout sweeps."
 )
 @click.option("--session-ttl", default=10.0, show_default=True, help="Lease TTL (take-over time).")
+@click.option(
+    "--data-dir",
+    default=None,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Keep v4 transaction logs here; enables v4 transactions (persistent:// topics). "
+    "Whoever may take a v4 id over must see the same directory.",
+)
+@click.option(
+    "--v4-ids", default=2, show_default=True, help="v4 coordinator ids (with --data-dir)."
+)
 def coordinator(
     *,
     store: str,
@@ -136,8 +146,11 @@ def coordinator(
     default_timeout: float,
     timeout_sweep: float,
     session_ttl: float,
+    data_dir: Path | None,
+    v4_ids: int,
 ) -> None:
-    """Run a v5 transaction coordinator (several share the ids; standbys take over)."""
+    """Run a transaction coordinator: v5, and v4 with --data-dir (several processes share
+    the ids; standbys take over)."""
     settings = CoordinatorSettings(
         advertise_url=advertise,
         store_url=store,
@@ -147,6 +160,8 @@ def coordinator(
         default_timeout_s=default_timeout,
         timeout_sweep_s=timeout_sweep,
         session_ttl_s=session_ttl,
+        v4_coordinator_ids=v4_ids if data_dir is not None else 0,
+        ledger_url=f"file://{data_dir.resolve()}" if data_dir is not None else "memory://",
     )
     _run(lambda: [CoordinatorServer(settings, host=host, port=port)])
 
@@ -202,7 +217,10 @@ def standalone(
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     coordinator_settings = CoordinatorSettings(
-        advertise_url=f"http://{host}:{coordinator_port}", store_url=store
+        advertise_url=f"http://{host}:{coordinator_port}",
+        store_url=store,
+        v4_coordinator_ids=2,
+        ledger_url=f"file://{(data_dir / 'txn-log').resolve()}" if data_dir else "memory://",
     )
 
     def servers() -> list[Server]:

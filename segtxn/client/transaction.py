@@ -83,26 +83,38 @@ class Transaction:
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._failure: BaseException | None = None
         self._registered: dict[str, asyncio.Future[None]] = {}
+        self._starting = asyncio.Lock()
         """ADD_PARTITION / ADD_SUBSCRIPTION calls made (or in flight), so each happens once."""
 
     @property
     def id(self) -> TxnId:
         if self._id is None:
-            raise ClientError("the transaction has not started (use `async with`)")
+            raise ClientError(
+                "the transaction has not started: it starts with its first send or "
+                "acknowledgment (or call start())"
+            )
         return self._id
 
     @property
     def wire_id(self) -> tuple[int, int]:
         return (self.id.most, self.id.least)
 
-    async def start(self) -> Transaction:
-        """NEW_TXN. Raises ServerError (ServiceNotReady: no coordinator)."""
+    async def start(self, protocol: str = "v5") -> Transaction:
+        """NEW_TXN now, for a v5 transaction (scalable topics) or a v4 one (``persistent://``
+        topics). Without it, the first send or acknowledgment starts the transaction with
+        the protocol its topic's domain calls for.
+
+        Raises ServerError (ServiceNotReady: no coordinator; NotAllowed: no v4 here)."""
         if self._id is None:
-            reply = await self._coordinators.call(
-                "POST", "/txn/v2/new", params={"timeout_s": str(self._timeout_s)}
-            )
-            self._id = TxnId.parse(reply["txnId"])
-            self.state = "OPEN"
+            async with self._starting:
+                if self._id is None:
+                    reply = await self._coordinators.call(
+                        "POST",
+                        "/txn/v2/new",
+                        params={"timeout_s": str(self._timeout_s), "protocol": protocol},
+                    )
+                    self._id = TxnId.parse(reply["txnId"])
+                    self.state = "OPEN"
         return self
 
     def _check_open(self, *also: str) -> None:
@@ -115,16 +127,32 @@ class Transaction:
 
     async def add_subscription(self, topic: str, subscription: str) -> None:
         """ADD_SUBSCRIPTION_TO_TXN (once per topic and subscription)."""
-        await self._register(f"subscription {topic} {subscription}", "subscriptions", topic)
+        await self._register(
+            f"subscription {topic} {subscription}", "subscriptions", topic, subscription
+        )
 
-    async def _register(self, what: str, command: str, topic: str) -> None:
+    async def _register(
+        self, what: str, command: str, topic: str, subscription: str | None = None
+    ) -> None:
+        v4 = topic.startswith("persistent://")
+        if self.state == "NEW":
+            await self.start("v4" if v4 else "v5")
         self._check_open()
+        if v4 == self.id.is_v5:
+            raise ServerError(
+                ErrorName.NOT_ALLOWED,
+                f"{topic} cannot join {self.id}: a v{5 if self.id.is_v5 else 4} transaction "
+                "spans only "
+                + ("scalable (topic://) topics" if self.id.is_v5 else "persistent:// topics")
+                + "; v4 and v5 never mix in one transaction",
+            )
         future = self._registered.get(what)
         if future is None:  # the first caller registers; concurrent ones wait for it
+            body: dict[str, Any] = {"topics": [topic]}
+            if subscription is not None:
+                body["subscription"] = subscription
             future = asyncio.ensure_future(
-                self._coordinators.call(
-                    "POST", f"/txn/v2/{self.id}/{command}", json={"topics": [topic]}
-                )
+                self._coordinators.call("POST", f"/txn/v2/{self.id}/{command}", json=body)
             )
             self._registered[what] = future
         try:
@@ -155,6 +183,9 @@ class Transaction:
             TransactionFailed: an operation failed; the transaction was aborted.
             ServerError(InvalidTxnStatus): it timed out (or was aborted) first.
         """
+        if self.state == "NEW":  # nothing was done in it
+            self.state = "COMMITTED"
+            return
         self._check_open("COMMITTING")  # a commit whose outcome is unknown may be retried
         await asyncio.gather(*self._in_flight, return_exceptions=True)
         if self._failure is not None:
@@ -174,6 +205,9 @@ class Transaction:
         """END_TXN(ABORT); nothing the transaction wrote or acknowledged will count."""
         if self.state in ("ABORTED", "COMMITTED"):
             return
+        if self.state == "NEW":
+            self.state = "ABORTED"
+            return
         await asyncio.gather(*self._in_flight, return_exceptions=True)
         await self._end(TxnAction.ABORT)
 
@@ -188,7 +222,7 @@ class Transaction:
         return str(reply["state"])
 
     async def __aenter__(self) -> Transaction:
-        return await self.start()
+        return self  # started by its first send or acknowledgment (v4 or v5 by topic)
 
     async def __aexit__(
         self,

@@ -2,12 +2,16 @@
 
 | wire command | HTTP |
 | --- | --- |
-| NEW_TXN | ``POST /txn/v2/new?timeout_s=`` -> ``{"txnId": "MOST:LEAST", "timeoutMs": ...}`` |
+| NEW_TXN | ``POST /txn/v2/new?timeout_s=[&protocol=v4]`` -> ``{"txnId": "MOST:LEAST", ...}`` |
 | ADD_PARTITION_TO_TXN | ``POST /txn/v2/{txn}/partitions`` body ``{"topics": [...]}`` |
-| ADD_SUBSCRIPTION_TO_TXN | ``POST /txn/v2/{txn}/subscriptions`` body ``{"topics": [...]}`` |
+| ADD_SUBSCRIPTION_TO_TXN | ``POST /txn/v2/{txn}/subscriptions`` body ``{..., "subscription": S}`` |
 | END_TXN | ``POST /txn/v2/{txn}/end?action=COMMIT|ABORT`` |
 | (status) | ``GET /txn/v2/{txn}`` |
 | (counts) | ``GET /txn/v2/stats`` -> open transactions, GC backlog, ids held |
+
+The version is read off the transaction id: v5 ids go to :class:`CoordinatorV5` (any
+process may serve them), v4 ids to :class:`CoordinatorV4`, forwarded to the process holding
+the id when it is not this one. ``protocol=v4`` asks NEW_TXN for a v4 transaction.
 
 Errors are ``{"error": NAME, "message": ...}`` (TransactionNotFound, InvalidTxnStatus,
 NotAllowed, InvalidArgument, ServiceNotReady). Every call is idempotent or safe to repeat:
@@ -20,11 +24,13 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from urllib.parse import quote
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from segtxn.coordinator.v4 import CoordinatorV4, TxnMeta
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -33,6 +39,7 @@ from segtxn.topics.transactions import TxnHeader
 from segtxn.web import AppServer
 
 COORDINATOR = web.AppKey("coordinator", CoordinatorV5)
+V4 = web.AppKey("coordinator-v4", CoordinatorV4)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -72,7 +79,20 @@ def _header(txn: TxnId, header: TxnHeader) -> dict[str, object]:
     }
 
 
-async def _topics(request: web.Request) -> list[str]:
+def _v4_meta(meta: TxnMeta) -> dict[str, object]:
+    return {
+        "txnId": str(TxnId(*meta.txn)),
+        "state": meta.state,
+        "timeoutMs": meta.timeout_ms,
+        "createdMs": meta.created_ms,
+        "finalizedMs": meta.finalized_ms,
+        "partitions": meta.partitions,
+        "subscriptions": [list(s) for s in meta.subscriptions],
+    }
+
+
+async def _topics(request: web.Request) -> tuple[list[str], str | None]:
+    """The body of ADD_*: its topics (and subscription, for ADD_SUBSCRIPTION)."""
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -80,7 +100,42 @@ async def _topics(request: web.Request) -> list[str]:
     topics = body.get("topics") if isinstance(body, dict) else None
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
         raise ServerError(ErrorName.INVALID_ARGUMENT, 'expected {"topics": [...]}')
-    return topics
+    subscription = body.get("subscription")
+    if subscription is not None and not isinstance(subscription, str):
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "subscription must be a string")
+    return topics, subscription
+
+
+def _v4_here(handler: Handler) -> Handler:
+    """Serve a call about a v4 transaction here if this process holds its coordinator id,
+    else forward it to the holder."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        txn = _txn(request)
+        v4 = request.app[V4]
+        if txn.is_v5 or v4.holds(txn):
+            return await handler(request)
+        holder = await v4.holder_url(txn)
+        if holder.rstrip("/") == v4.settings.advertise_url.rstrip("/"):
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{txn}: recovering its coordinator")
+        body = await request.read()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.request(
+                request.method,
+                holder.rstrip("/") + request.path_qs,
+                data=body,
+                headers={"Content-Type": request.content_type},
+            ) as forwarded,
+        ):
+            return web.Response(
+                status=forwarded.status,
+                body=await forwarded.read(),
+                content_type=forwarded.content_type,
+                headers={k: v for k, v in forwarded.headers.items() if k.startswith("X-Segtxn")},
+            )
+
+    return wrapped
 
 
 @_errors
@@ -90,23 +145,42 @@ async def new_txn(request: web.Request) -> web.StreamResponse:
         timeout_s = float(timeout) if timeout is not None else None
     except ValueError as e:
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"timeout_s: {e}") from e
+    protocol = request.query.get("protocol", "v5")
+    if protocol == "v4":
+        _, meta = await request.app[V4].new_txn(timeout_s)
+        return web.json_response(_v4_meta(meta))
+    if protocol != "v5":
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "protocol: v4 or v5")
     txn, header = await request.app[COORDINATOR].new_txn(timeout_s)
     return web.json_response(_header(txn, header))
 
 
 @_errors
+@_v4_here
 async def add_participants(request: web.Request) -> web.StreamResponse:
-    request.app[COORDINATOR].add_participants(_txn(request), await _topics(request))
+    txn = _txn(request)
+    topics, subscription = await _topics(request)
+    if txn.is_v5:
+        request.app[COORDINATOR].add_participants(txn, topics)
+    elif request.path.endswith("/subscriptions"):
+        if subscription is None:
+            raise ServerError(ErrorName.INVALID_ARGUMENT, "which subscription?")
+        await request.app[V4].add_participants(txn, [], [(t, subscription) for t in topics])
+    else:
+        await request.app[V4].add_participants(txn, topics, [])
     return web.Response(status=204)
 
 
 @_errors
+@_v4_here
 async def end_txn(request: web.Request) -> web.StreamResponse:
     txn = _txn(request)
     try:
         action = TxnAction(request.query.get("action", ""))
     except ValueError:
         raise ServerError(ErrorName.INVALID_ARGUMENT, "action: COMMIT or ABORT") from None
+    if not txn.is_v5:
+        return web.json_response(_v4_meta(await request.app[V4].end_txn(txn, action)))
     header = await request.app[COORDINATOR].end_txn(txn, action)
     return web.json_response(_header(txn, header))
 
@@ -141,8 +215,11 @@ async def stats(request: web.Request) -> web.StreamResponse:
 
 
 @_errors
+@_v4_here
 async def status(request: web.Request) -> web.StreamResponse:
     txn = _txn(request)
+    if not txn.is_v5:
+        return web.json_response(_v4_meta(request.app[V4].status(txn)))
     return web.json_response(_header(txn, await request.app[COORDINATOR].status(txn)))
 
 
@@ -205,10 +282,13 @@ def create_app(
     own = store is None
     used = open_store(settings.store_url) if store is None else store
     app[COORDINATOR] = CoordinatorV5(used, settings)
+    app[V4] = CoordinatorV4(used, settings)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await app[COORDINATOR].start()
+        await app[V4].start()
         yield
+        await app[V4].stop()
         await app[COORDINATOR].stop()
         if own:
             await used.close()

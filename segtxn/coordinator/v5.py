@@ -27,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote
 
 import msgspec
 
 from segtxn.aio import first_completed
+from segtxn.ledger import LedgerSettings
 from segtxn.metastore import (
     MUST_NOT_EXIST,
     BadVersion,
@@ -77,6 +78,14 @@ class CoordinatorSettings:
     abandon_after_s: float = 0.0
     """Force-delete op records left this long after finalization (0: never)."""
     id_block: int = 1000
+    v4_coordinator_ids: int = 0
+    """v4 (PIP-31) coordinator ids 0..N-1; 0: no v4 transactions here."""
+    ledger_url: str = "memory://"
+    """Where v4 transaction logs live (a directory shared by whoever may take an id over)."""
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    fan_out_timeout_s: float = 10.0
+    """How long a v4 END_TXN waits for unreachable participants before it answers
+    ServiceNotReady (the fan-out goes on in the background)."""
 
 
 class IdBlock(msgspec.Struct):

@@ -1,0 +1,561 @@
+"""v4 (PIP-31) transactions on ``persistent://`` topics: markers in the topic's ledger.
+
+:class:`MarkerTransactionBuffer` is PIP-31's ``TopicTransactionBuffer``. A transactional
+message is an ordinary entry carrying its transaction id; ``END_TXN_ON_PARTITION`` (from
+the v4 coordinator) appends a commit or abort **marker entry**. The buffer keeps, in
+memory, the ongoing transactions (their first entry: ``max_read_position`` stays before
+the earliest one) and the aborted set (what dispatchers must skip). Markers are never
+delivered. Both indexes are **snapshotted** every ``snapshot_every`` markers to the
+namespace's ``__transaction_buffer_snapshot`` log; recovery loads the topic's latest
+snapshot and replays the ledger from the position it covers.
+
+**PIP-373.** The topic's system property ``__contains_txn_messages`` is ``false``/absent
+until its first transactional message, and set to ``true`` durably *before* that message is
+appended (so before it is acknowledged). A topic whose property is ``false`` skips snapshot
+loading and replay entirely. Upgrade cases: absent -> scan the ledger once to find out and
+record the answer; a non-boolean value -> always rebuild, and never touch it; a user-set
+boolean -> trusted like the system's own. Users cannot set or remove it (``NotAllowed``).
+
+**A terminated topic cannot take a marker**: ending a transaction that wrote to it fails,
+at once, with ``TopicTerminatedError``, and the transaction cannot complete. This is the
+problem PIP-471 solves (a sealed segment materializes decisions without a write).
+
+:class:`MLPendingAckStore` is PIP-31's pending-ack store: transactional acks are logged to
+the subscription's ``<topic>-<sub>__transaction_pending_ack`` managed ledger before they are
+acknowledged, applied to the cursor (commit) or released (abort) by
+``END_TXN_ON_SUBSCRIPTION``, and replayed on recovery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from segtxn.broker.entry import decode_entry, marker_entry
+from segtxn.broker.txn.buffer import TransactionBuffer
+from segtxn.broker.txn.pending_ack import PendingAckStore
+from segtxn.ledger import (
+    LedgerSealed,
+    LedgerSettings,
+    LogStorage,
+    ManagedCursor,
+    ManagedLedger,
+    Position,
+    TrimResult,
+)
+from segtxn.ledger.managed import metadata_key
+from segtxn.metastore import MetadataStore
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnAction, TxnId, TxnState
+
+log = logging.getLogger(__name__)
+
+CONTAINS_TXN = "__contains_txn_messages"
+"""PIP-373's system topic property."""
+SNAPSHOT_LOG = "__transaction_buffer_snapshot"
+ENDED_MEMORY = 100_000
+"""Ended transactions remembered (refusing late writes, answering a repeated END at once)."""
+
+
+def _pos(p: tuple[int, int] | list[int]) -> Position:
+    return Position(p[0], p[1])
+
+
+def _before(p: Position) -> Position:
+    return Position(p.ledger_id, p.entry_id - 1)
+
+
+class BufferSnapshot(msgspec.Struct, frozen=True):
+    topic: str
+    position: tuple[int, int]
+    """Every entry up to here is reflected below."""
+    ongoing: dict[str, tuple[int, int]]
+    """Transaction (``most:least``) -> its first entry."""
+    aborted: dict[str, tuple[int, int]]
+    """Transaction -> its abort marker."""
+
+
+_encode = msgspec.json.Encoder().encode
+_decode_snapshot = msgspec.json.Decoder(BufferSnapshot).decode
+
+
+class SnapshotLog:
+    """One namespace's ``__transaction_buffer_snapshot`` log on this broker: every
+    snapshot is appended; the latest per topic is indexed at open (the log is read once)."""
+
+    def __init__(self, ledger: ManagedLedger) -> None:
+        self._ledger = ledger
+        self._latest: dict[str, Position] = {}
+
+    @classmethod
+    async def open(
+        cls, name: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
+    ) -> SnapshotLog:
+        log_ = cls(await ManagedLedger.open(name, store, storage, settings))
+        start = log_._ledger.first_position()
+        while start is not None:
+            entries = await log_._ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            if not entries:
+                break
+            for entry in entries:
+                log_._latest[_decode_snapshot(entry.payload).topic] = entry.position
+            start = log_._ledger.position_after(entries[-1].position)
+        return log_
+
+    async def write(self, snapshot: BufferSnapshot) -> None:
+        self._latest[snapshot.topic] = await self._ledger.append(_encode(snapshot))
+
+    async def latest(self, topic: str) -> BufferSnapshot | None:
+        at = self._latest.get(topic)
+        if at is None:
+            return None
+        entries = await self._ledger.read(at, max_entries=1)
+        return _decode_snapshot(entries[0].payload) if entries else None
+
+    async def close(self) -> None:
+        await self._ledger.close()
+
+
+class SnapshotLogs:
+    """The snapshot logs of the namespaces this broker serves, opened on first use. A
+    topic never moves between brokers, so its snapshots are written and read here."""
+
+    def __init__(
+        self, broker_id: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
+    ) -> None:
+        self._broker_id = broker_id
+        self._store = store
+        self._storage = storage
+        self._settings = settings
+        self._logs: dict[str, asyncio.Task[SnapshotLog]] = {}
+
+    def get(self, tenant: str, namespace: str) -> asyncio.Task[SnapshotLog]:
+        name = f"persistent://{tenant}/{namespace}/{SNAPSHOT_LOG}@{self._broker_id}"
+        task = self._logs.get(name)
+        if task is None or (task.done() and task.exception() is not None):
+            task = asyncio.ensure_future(
+                SnapshotLog.open(name, self._store, self._storage, self._settings)
+            )
+            self._logs[name] = task
+        return task
+
+    async def close(self) -> None:
+        for task in self._logs.values():
+            if task.done() and task.exception() is None:
+                await task.result().close()
+            elif not task.done():
+                task.cancel()
+        await asyncio.gather(*self._logs.values(), return_exceptions=True)
+        self._logs.clear()
+
+
+class MarkerTransactionBuffer(TransactionBuffer):
+    """PIP-31's TopicTransactionBuffer (see the module docstring)."""
+
+    def __init__(
+        self,
+        topic: str,
+        tenant: str,
+        namespace: str,
+        ledger: ManagedLedger,
+        *,
+        snapshots: SnapshotLogs,
+        snapshot_every: int = 100,
+    ) -> None:
+        super().__init__()
+        self.topic = topic
+        self._where = (tenant, namespace)
+        self._ledger = ledger
+        self._snapshots = snapshots
+        self._snapshot_every = snapshot_every
+        self._ongoing: dict[TxnId, Position] = {}
+        self._aborted: dict[TxnId, Position] = {}
+        self._ended: OrderedDict[TxnId, TxnState] = OrderedDict()
+        self._floors: list[Position] = []
+        self._locks: dict[TxnId, asyncio.Lock] = {}
+        self._flag_lock = asyncio.Lock()
+        self._markers_since_snapshot = 0
+        self._snapshotting: asyncio.Task[None] | None = None
+        self.contains_txn = False
+        self.recovery = {"snapshot": 0, "replayed": 0, "skipped": 0}
+        """What the last recovery did (for tests and the benchmark)."""
+
+    # ------------------------------------------------------------------ horizon
+
+    @property
+    def max_read_position(self) -> Position | None:
+        last = self._ledger.last_confirmed
+        if last is None:
+            return None
+        horizon = min(last, *self._floors) if self._floors else last
+        if self._ongoing:
+            horizon = min(horizon, _before(min(self._ongoing.values())))
+        return horizon
+
+    def visible(self, txn: TxnId | None, position: Position) -> bool:
+        return txn is None or (txn not in self._aborted and txn not in self._ongoing)
+
+    @property
+    def ongoing(self) -> set[TxnId]:
+        return set(self._ongoing)
+
+    # ------------------------------------------------------------------ writes
+
+    async def append(self, txn: TxnId, payload: bytes) -> Position:
+        """Raises ServerError(TransactionConflict): the transaction ended here already."""
+        if txn in self._ended:
+            raise ServerError(
+                ErrorName.TRANSACTION_CONFLICT, f"{txn} ended ({self._ended[txn]}): no more writes"
+            )
+        await self._mark_contains()
+        async with self._locks.setdefault(txn, asyncio.Lock()):
+            if txn in self._ended:  # ended while this write waited for the lock
+                raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
+            floor = self._ledger.last_confirmed or Position(0, -1)
+            self._floors.append(floor)
+            try:
+                position = await self._ledger.append(payload)
+                self._ongoing.setdefault(txn, position)
+                return position
+            finally:
+                self._floors.remove(floor)
+                self._changed()
+
+    async def _mark_contains(self) -> None:
+        """PIP-373: the property is durable before the first transactional message is."""
+        if self.contains_txn:
+            return
+        async with self._flag_lock:
+            value = self._ledger.properties.get(CONTAINS_TXN)
+            if value in (None, "false"):
+                await self._ledger.update_properties({CONTAINS_TXN: "true"}, ())
+            self.contains_txn = True
+
+    async def end(self, txn: TxnId, action: TxnAction) -> None:
+        """END_TXN_ON_PARTITION: append the marker (if the transaction wrote here).
+
+        Raises:
+            ServerError(TopicTerminatedError): the topic is sealed; it cannot take the marker.
+            ServerError(InvalidTxnStatus): it already ended the other way.
+        """
+        outcome = action.outcome
+        async with self._locks.setdefault(txn, asyncio.Lock()):
+            ended = self._ended.get(txn)
+            if ended is not None:
+                if ended is not outcome:
+                    raise ServerError(
+                        ErrorName.INVALID_TXN_STATUS, f"{txn} already {ended} on {self.topic}"
+                    )
+                return
+            if txn in self._ongoing:
+                try:
+                    at = await self._ledger.append(
+                        marker_entry((txn.most, txn.least), action.value, int(time.time() * 1000))
+                    )
+                except LedgerSealed as e:
+                    raise ServerError(
+                        ErrorName.TOPIC_TERMINATED,
+                        f"{self.topic} is terminated: it cannot take the {action.value} marker "
+                        f"of {txn}, so the transaction cannot complete (v4 needs a marker in "
+                        "every partition it wrote to)",
+                    ) from e
+                self._apply_end(txn, outcome, at)
+                self._markers_since_snapshot += 1
+            self._remember(txn, outcome)
+            self._locks.pop(txn, None)
+        self._changed()
+        if self._markers_since_snapshot >= self._snapshot_every and self._snapshotting is None:
+            self._snapshotting = asyncio.create_task(
+                self._snapshot(), name=f"txn-buffer-snapshot-{self.topic}"
+            )
+
+    def _apply_end(self, txn: TxnId, outcome: TxnState, marker: Position) -> None:
+        self._ongoing.pop(txn, None)
+        if outcome is TxnState.ABORTED:
+            self._aborted[txn] = marker
+
+    def _remember(self, txn: TxnId, outcome: TxnState) -> None:
+        self._ended[txn] = outcome
+        while len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
+
+    # ------------------------------------------------------------------ snapshots
+
+    async def _snapshot(self) -> None:
+        try:
+            await self.snapshot()
+        except Exception:
+            log.exception("%s: transaction buffer snapshot failed (replay covers it)", self.topic)
+        finally:
+            self._snapshotting = None
+
+    async def snapshot(self) -> None:
+        """Write both indexes as of ``max_read_position`` (everything up to it is in them)."""
+        at = self.max_read_position
+        if at is None:
+            return
+        self._markers_since_snapshot = 0
+        snapshot = BufferSnapshot(
+            self.topic,
+            (at.ledger_id, at.entry_id),
+            {str(t): (p.ledger_id, p.entry_id) for t, p in self._ongoing.items()},
+            {str(t): (p.ledger_id, p.entry_id) for t, p in self._aborted.items()},
+        )
+        log_ = await self._snapshots.get(*self._where)
+        await log_.write(snapshot)
+
+    # ------------------------------------------------------------------ recovery
+
+    async def recover(self) -> None:
+        value = self._ledger.properties.get(CONTAINS_TXN)
+        if value == "false":
+            self.recovery["skipped"] = 1
+            return  # PIP-373: nothing transactional here, nothing to load or replay
+        if value is None:  # upgrade: never recorded; find out by reading the ledger
+            found = await self._replay(self._ledger.first_position())
+            self.contains_txn = found
+            await self._ledger.update_properties({CONTAINS_TXN: str(found).lower()}, ())
+            return
+        self.contains_txn = True  # "true", or a non-boolean value: always rebuild
+        start = self._ledger.first_position()
+        snapshot = await (await self._snapshots.get(*self._where)).latest(self.topic)
+        if snapshot is not None:
+            self.recovery["snapshot"] = 1
+            for text, first in snapshot.ongoing.items():
+                self._ongoing[TxnId.parse(text)] = _pos(first)
+            for text, marker in snapshot.aborted.items():
+                self._aborted[TxnId.parse(text)] = _pos(marker)
+            start = self._ledger.position_after(_pos(snapshot.position))
+        await self._replay(start)
+
+    async def _replay(self, start: Position | None) -> bool:
+        """Apply entries from ``start`` on; returns whether any was transactional."""
+        found = False
+        while start is not None:
+            entries = await self._ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            if not entries:
+                break
+            for entry in entries:
+                self.recovery["replayed"] += 1
+                message = decode_entry(entry.payload)
+                if message.txn is None:
+                    continue
+                found = True
+                txn = TxnId(*message.txn)
+                if message.marker is not None:
+                    outcome = TxnAction(message.marker).outcome
+                    self._apply_end(txn, outcome, entry.position)
+                    self._remember(txn, outcome)
+                elif txn not in self._ended:
+                    self._ongoing.setdefault(txn, entry.position)
+            start = self._ledger.position_after(entries[-1].position)
+        return found
+
+    async def trimmed(self, result: TrimResult) -> None:
+        if not result.ledgers:
+            return
+        first = Position(max(result.ledgers) + 1, -1)
+        for txn in [t for t, marker in self._aborted.items() if marker < first]:
+            del self._aborted[txn]
+
+    async def close(self) -> None:
+        if self._snapshotting is not None:
+            await asyncio.gather(self._snapshotting, return_exceptions=True)
+
+
+class PendingAckOp(msgspec.Struct, frozen=True):
+    txn: tuple[int, int]
+    op: str
+    """``ack``, ``COMMIT`` or ``ABORT``."""
+    positions: list[tuple[int, int]] = msgspec.field(default_factory=list)
+    cumulative: bool = False
+
+
+_decode_op = msgspec.json.Decoder(PendingAckOp).decode
+
+
+def pending_ack_log(topic: str, subscription: str) -> str:
+    return f"{topic}-{subscription}__transaction_pending_ack"
+
+
+class MLPendingAckStore(PendingAckStore):
+    """PIP-31's pending-ack store for a ``persistent://`` subscription (module docstring)."""
+
+    def __init__(
+        self,
+        topic: str,
+        subscription: str,
+        *,
+        cursor: ManagedCursor,
+        store: MetadataStore,
+        storage: LogStorage,
+        settings: LedgerSettings,
+        release: Callable[[list[Position]], None],
+    ) -> None:
+        self.topic = topic
+        self.subscription = subscription
+        self._cursor = cursor
+        self._store = store
+        self._storage = storage
+        self._settings = settings
+        self._release = release
+        self._name = pending_ack_log(topic, subscription)
+        self._log: ManagedLedger | None = None
+        self._open_lock = asyncio.Lock()
+        self._individual: dict[Position, TxnId] = {}
+        self._cumulative: dict[TxnId, Position] = {}
+        self._ended: OrderedDict[TxnId, TxnState] = OrderedDict()
+        self._locks: dict[TxnId, asyncio.Lock] = {}
+
+    def is_pending(self, position: Position) -> bool:
+        return position in self._individual or any(
+            position <= upto for upto in self._cumulative.values()
+        )
+
+    def transactions(self) -> set[TxnId]:
+        return set(self._individual.values()) | set(self._cumulative)
+
+    def _holder(self, position: Position) -> TxnId | None:
+        txn = self._individual.get(position)
+        if txn is not None:
+            return txn
+        return next((t for t, upto in self._cumulative.items() if position <= upto), None)
+
+    async def _ledger(self) -> ManagedLedger:
+        async with self._open_lock:
+            if self._log is None:
+                self._log = await ManagedLedger.open(
+                    self._name, self._store, self._storage, self._settings
+                )
+            return self._log
+
+    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+        """Raises ServerError(TransactionConflict)."""
+        if txn in self._ended:
+            raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {self._ended[txn]}")
+        for position in positions:
+            if self._cursor.is_acked(position):
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT, f"{position} is already acknowledged"
+                )
+            holder = self._holder(position)
+            if holder is not None and holder != txn:
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT,
+                    f"{position} is acknowledged by transaction {holder}, still open",
+                )
+        upto = max(positions)
+        if cumulative:
+            for position, holder in self._individual.items():
+                if holder != txn and position <= upto:
+                    raise ServerError(
+                        ErrorName.TRANSACTION_CONFLICT,
+                        f"{position} is acknowledged by transaction {holder}, still open",
+                    )
+        before = self._cumulative.get(txn)
+        reserved = [p for p in positions if p not in self._individual]
+        self._reserve(txn, positions, cumulative=cumulative)  # no await since the checks
+        op = PendingAckOp(
+            (txn.most, txn.least), "ack", [(p.ledger_id, p.entry_id) for p in positions], cumulative
+        )
+        try:
+            await (await self._ledger()).append(_encode(op))
+        except BaseException:
+            if cumulative:
+                if before is None:
+                    self._cumulative.pop(txn, None)
+                else:
+                    self._cumulative[txn] = before
+            for position in reserved:
+                if self._individual.get(position) == txn:
+                    del self._individual[position]
+            raise
+
+    def _reserve(self, txn: TxnId, positions: Iterable[Position], *, cumulative: bool) -> None:
+        positions = list(positions)
+        if cumulative:
+            upto = max(positions)
+            self._cumulative[txn] = max(self._cumulative.get(txn, upto), upto)
+        else:
+            for position in positions:
+                self._individual.setdefault(position, txn)
+
+    async def end(self, txn: TxnId, action: TxnAction) -> None:
+        """END_TXN_ON_SUBSCRIPTION: commit applies the acks to the cursor, abort releases
+        them; then the outcome is logged (idempotent)."""
+        outcome = action.outcome
+        async with self._locks.setdefault(txn, asyncio.Lock()):
+            ended = self._ended.get(txn)
+            if ended is not None:
+                if ended is not outcome:
+                    raise ServerError(ErrorName.INVALID_TXN_STATUS, f"{txn} already {ended}")
+                return
+            individual, upto = self._held_by(txn)
+            if individual or upto is not None:
+                await self._apply(txn, outcome, individual, upto)
+                await (await self._ledger()).append(
+                    _encode(PendingAckOp((txn.most, txn.least), action.value))
+                )
+            self._ended[txn] = outcome
+            while len(self._ended) > ENDED_MEMORY:
+                self._ended.popitem(last=False)
+            self._locks.pop(txn, None)
+
+    def _held_by(self, txn: TxnId) -> tuple[list[Position], Position | None]:
+        return sorted(p for p, t in self._individual.items() if t == txn), self._cumulative.get(txn)
+
+    async def _apply(
+        self, txn: TxnId, outcome: TxnState, individual: list[Position], upto: Position | None
+    ) -> None:
+        if outcome is TxnState.COMMITTED:
+            if individual:
+                await self._cursor.ack(individual)
+            if upto is not None:
+                await self._cursor.ack_cumulative(upto)
+        for position in individual:
+            self._individual.pop(position, None)
+        self._cumulative.pop(txn, None)
+        if outcome is TxnState.COMMITTED:
+            self._release([])  # wakes the dispatcher
+        else:
+            self._release([*individual, *([upto] if upto is not None else [])])
+
+    async def recover(self) -> None:
+        """Replay the pending-ack log (if this subscription ever had one)."""
+        if await self._store.get(metadata_key(self._name)) is None:
+            return
+        ledger = await self._ledger()
+        committed: list[TxnId] = []
+        start = ledger.first_position()
+        while start is not None:
+            entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            if not entries:
+                break
+            for entry in entries:
+                op = _decode_op(entry.payload)
+                txn = TxnId(*op.txn)
+                if op.op == "ack":
+                    self._reserve(txn, [_pos(p) for p in op.positions], cumulative=op.cumulative)
+                    continue
+                outcome = TxnAction(op.op).outcome
+                self._ended[txn] = outcome
+                if outcome is TxnState.COMMITTED:  # re-applied below: cursor acks repeat safely
+                    committed.append(txn)
+                else:
+                    individual, _ = self._held_by(txn)
+                    for position in individual:
+                        self._individual.pop(position, None)
+                    self._cumulative.pop(txn, None)
+            start = ledger.position_after(entries[-1].position)
+        for txn in committed:
+            individual, upto = self._held_by(txn)
+            await self._apply(txn, TxnState.COMMITTED, individual, upto)
+
+    async def close(self) -> None:
+        if self._log is not None:
+            await self._log.close()

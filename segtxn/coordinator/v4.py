@@ -1,0 +1,408 @@
+"""The v4 transaction coordinator (PIP-31): a transaction log, and END_TXN fanned out.
+
+- Coordinator ids ``0..N-1`` are leases (leader election); the holder of id ``i`` owns the
+  managed ledger ``__transaction_log_<i>``. Every state change of a transaction appends its
+  whole metadata (state, partitions, subscriptions, timeout) to that log; ``NEW_TXN``
+  returns once OPEN is durable, so ``least`` numbers are never reused.
+- ``ADD_PARTITION_TO_TXN`` / ``ADD_SUBSCRIPTION_TO_TXN`` log the new participants.
+- ``END_TXN`` logs COMMITTING (or ABORTING), sends ``END_TXN_ON_PARTITION`` to the home
+  broker of every partition and ``END_TXN_ON_SUBSCRIPTION`` for every subscription (they
+  write markers / apply pending acks), then logs COMMITTED (ABORTED). PIP-31's rules: the
+  same END again succeeds (or resumes the fan-out); the opposite one fails with
+  ``InvalidTxnStatus``; a commit after the deadline aborts.
+- **Recovery**: the new holder of an id replays its log and finishes every transaction
+  caught COMMITTING / ABORTING; the timeout sweep moves OPEN transactions past their
+  deadline to TIME_OUT and aborts them.
+- A participant that cannot take its marker (a terminated topic) fails END_TXN at once
+  with ``TopicTerminatedError``; the transaction stays COMMITTING (it cannot complete).
+
+Calls for an id this process does not hold are forwarded to its holder (by the app).
+The log lives in ``CoordinatorSettings.ledger_url``; whoever takes an id over must reach
+the same storage (one machine, or a shared volume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+
+from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.ledger import LedgerError, LogStorage, ManagedLedger, open_log_storage
+from segtxn.metastore import LeaderElection, Leadership, MetadataStore, MetadataStoreError, Session
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.protocol.txn import TxnAction, TxnId
+from segtxn.topics.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+ELECTION_PREFIX = "txn-coordinator-v4-"
+OPEN, COMMITTING, ABORTING, TIME_OUT = "OPEN", "COMMITTING", "ABORTING", "TIME_OUT"
+COMMITTED, ABORTED = "COMMITTED", "ABORTED"
+FINAL = {COMMITTED, ABORTED}
+
+
+def log_name(coordinator_id: int) -> str:
+    return f"__transaction_log_{coordinator_id}"
+
+
+class TxnMeta(msgspec.Struct, frozen=True):
+    """One transaction as its log records it (each entry is its whole current state)."""
+
+    txn: tuple[int, int]
+    state: str
+    timeout_ms: int
+    created_ms: int
+    partitions: list[str] = msgspec.field(default_factory=list)
+    subscriptions: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    finalized_ms: int | None = None
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(TxnMeta).decode
+
+
+@dataclass
+class _Log:
+    leadership: Leadership
+    ledger: ManagedLedger
+    txns: dict[int, TxnMeta] = field(default_factory=dict)
+    next_least: int = 0
+    locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+
+
+class CoordinatorV4:
+    def __init__(
+        self, store: MetadataStore, settings: CoordinatorSettings, storage: LogStorage | None = None
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self._storage = storage or open_log_storage(settings.ledger_url)
+        self._catalog = Catalog(store)
+        self.held: dict[int, _Log] = {}
+        self._session: Session | None = None
+        self._http: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._round_robin = itertools.count()
+        self.counters = {"opened": 0, "committed": 0, "aborted": 0, "timeouts": 0, "replayed": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if not self.settings.v4_coordinator_ids:
+            return
+        self._session = await self.store.open_session(self.settings.session_ttl_s)
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        for n in range(self.settings.v4_coordinator_ids):
+            self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
+        self._spawn(self._sweep(), "v4-timeout-sweep")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _hold(self, coordinator_id: int) -> None:
+        """Campaign for a v4 id; on winning, recover its log; campaign again if lost."""
+        assert self._session is not None
+        election = LeaderElection(
+            self.store,
+            ELECTION_PREFIX + str(coordinator_id),
+            self._session,
+            self.settings.advertise_url.encode(),
+        )
+        while not self._session.is_expired:
+            try:
+                leadership = await election.campaign()
+                held = await self._recover(coordinator_id, leadership)
+            except (MetadataStoreError, LedgerError) as e:
+                log.warning("v4 coordinator id %d: take-over failed (%s)", coordinator_id, e)
+                return
+            self.held[coordinator_id] = held
+            log.info(
+                "holding v4 coordinator id %d (%d transactions)", coordinator_id, len(held.txns)
+            )
+            await leadership.lost.wait()
+            self.held.pop(coordinator_id, None)
+            with contextlib.suppress(LedgerError):
+                await held.ledger.close()
+
+    async def _recover(self, coordinator_id: int, leadership: Leadership) -> _Log:
+        ledger = await ManagedLedger.open(
+            log_name(coordinator_id), self.store, self._storage, self.settings.ledger
+        )
+        held = _Log(leadership, ledger)
+        start = ledger.first_position()
+        while start is not None:
+            entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            if not entries:
+                break
+            for entry in entries:
+                meta = _decode(entry.payload)
+                held.txns[meta.txn[1]] = meta
+                held.next_least = max(held.next_least, meta.txn[1] + 1)
+                self.counters["replayed"] += 1
+            start = ledger.position_after(entries[-1].position)
+        for meta in held.txns.values():  # caught mid-way: finish them
+            if meta.state in (COMMITTING, ABORTING, TIME_OUT):
+                action = TxnAction.COMMIT if meta.state == COMMITTING else TxnAction.ABORT
+                self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
+        return held
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for held in list(self.held.values()):
+            await held.leadership.resign()
+            with contextlib.suppress(LedgerError):
+                await held.ledger.close()
+        self.held.clear()
+        if self._http is not None:
+            await self._http.close()
+        if self._session is not None:
+            await self._session.close()
+
+    # ------------------------------------------------------------------ ownership
+
+    def holds(self, txn: TxnId) -> bool:
+        return txn.most in self.held
+
+    async def holder_url(self, txn: TxnId) -> str:
+        """Where the holder of ``txn``'s coordinator id listens.
+
+        Raises ServerError(TransactionNotFound / ServiceNotReady)."""
+        if self._session is None:
+            raise ServerError(
+                ErrorName.NOT_ALLOWED,
+                "v4 transactions are not enabled on this coordinator (it has no --data-dir)",
+            )
+        if txn.most >= self.settings.v4_coordinator_ids:
+            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no v4 coordinator {txn.most}")
+        election = LeaderElection(self.store, ELECTION_PREFIX + str(txn.most), self._session, b"")
+        leader = await election.leader()
+        if leader is None:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"v4 coordinator {txn.most} is down")
+        return leader.value.decode()
+
+    def _held(self, txn: TxnId) -> _Log:
+        held = self.held.get(txn.most)
+        if held is None:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"v4 coordinator {txn.most} moved")
+        return held
+
+    def _meta(self, txn: TxnId) -> tuple[_Log, TxnMeta]:
+        held = self._held(txn)
+        meta = held.txns.get(txn.least)
+        if meta is None:
+            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+        return held, meta
+
+    async def _log(self, held: _Log, meta: TxnMeta) -> TxnMeta:
+        try:
+            await held.ledger.append(_encode(meta))
+        except LedgerError as e:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"transaction log: {e}") from e
+        held.txns[meta.txn[1]] = meta
+        return meta
+
+    # ------------------------------------------------------------------ commands
+
+    async def new_txn(self, timeout_s: float | None = None) -> tuple[TxnId, TxnMeta]:
+        timeout = self.settings.default_timeout_s if timeout_s is None else timeout_s
+        if not 0 < timeout <= self.settings.max_timeout_s:
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT,
+                f"timeout must be in (0, {self.settings.max_timeout_s}] seconds, not {timeout}",
+            )
+        ids = sorted(self.held)
+        if not ids:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, "this coordinator holds no v4 id")
+        held = self.held[ids[next(self._round_robin) % len(ids)]]
+        coordinator_id = next(i for i, h in self.held.items() if h is held)
+        least = held.next_least
+        held.next_least += 1
+        now = int(time.time() * 1000)
+        meta = TxnMeta((coordinator_id, least), OPEN, now + int(timeout * 1000), now)
+        await self._log(held, meta)
+        self.counters["opened"] += 1
+        return TxnId(coordinator_id, least), meta
+
+    async def add_participants(
+        self, txn: TxnId, partitions: list[str], subscriptions: list[tuple[str, str]]
+    ) -> None:
+        """Raises ServerError(NotAllowed / TransactionNotFound / InvalidTxnStatus)."""
+        for topic in [*partitions, *(t for t, _ in subscriptions)]:
+            try:
+                name = TopicName.parse(topic)
+            except ValueError as e:
+                raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+            if name.domain is not Domain.PERSISTENT:
+                raise ServerError(
+                    ErrorName.NOT_ALLOWED,
+                    f"{topic}: v4 transactions run on persistent:// topics; scalable topics "
+                    "take part in v5 transactions (one transaction never mixes the two)",
+                )
+        held, _ = self._meta(txn)
+        async with held.locks.setdefault(txn.least, asyncio.Lock()):
+            _, meta = self._meta(txn)
+            if meta.state != OPEN:
+                raise ServerError(ErrorName.INVALID_TXN_STATUS, f"{txn} is {meta.state}")
+            new_partitions = [p for p in partitions if p not in meta.partitions]
+            new_subs = [s for s in subscriptions if s not in meta.subscriptions]
+            if new_partitions or new_subs:
+                await self._log(
+                    held,
+                    msgspec.structs.replace(
+                        meta,
+                        partitions=[*meta.partitions, *new_partitions],
+                        subscriptions=[*meta.subscriptions, *new_subs],
+                    ),
+                )
+
+    def status(self, txn: TxnId) -> TxnMeta:
+        return self._meta(txn)[1]
+
+    async def end_txn(self, txn: TxnId, action: TxnAction) -> TxnMeta:
+        """Raises ServerError(TransactionNotFound / InvalidTxnStatus / TopicTerminatedError /
+        ServiceNotReady: a participant did not answer in time; END_TXN may be repeated)."""
+        held, meta = self._meta(txn)
+        wanted = COMMITTED if action is TxnAction.COMMIT else ABORTED
+        going = COMMITTING if action is TxnAction.COMMIT else ABORTING
+        late = False
+        async with held.locks.setdefault(txn.least, asyncio.Lock()):
+            _, meta = self._meta(txn)
+            if meta.state in FINAL:
+                if meta.state == wanted:
+                    return meta
+                raise ServerError(
+                    ErrorName.INVALID_TXN_STATUS, f"{txn} is already {meta.state}; cannot {action}"
+                )
+            if meta.state == OPEN:
+                late = action is TxnAction.COMMIT and time.time() * 1000 > meta.timeout_ms
+                if late:
+                    action, going = TxnAction.ABORT, ABORTING
+                meta = await self._log(held, msgspec.structs.replace(meta, state=going))
+            elif (meta.state == COMMITTING) != (action is TxnAction.COMMIT):
+                raise ServerError(
+                    ErrorName.INVALID_TXN_STATUS, f"{txn} is {meta.state}; cannot {action}"
+                )
+        final = await self._finish(held, meta, action)
+        if late:
+            raise ServerError(
+                ErrorName.INVALID_TXN_STATUS, f"{txn} timed out before the commit: aborted"
+            )
+        return final
+
+    async def _finish(self, held: _Log, meta: TxnMeta, action: TxnAction) -> TxnMeta:
+        """Fan the decision out, then log the final state (safe to run twice)."""
+        txn = TxnId(*meta.txn)
+        await self._fan_out(txn, meta, action)
+        async with held.locks.setdefault(txn.least, asyncio.Lock()):
+            current = held.txns.get(txn.least, meta)
+            if current.state in FINAL:
+                return current
+            final = msgspec.structs.replace(
+                current,
+                state=COMMITTED if action is TxnAction.COMMIT else ABORTED,
+                finalized_ms=int(time.time() * 1000),
+            )
+            await self._log(held, final)
+            held.locks.pop(txn.least, None)
+        self.counters["committed" if action is TxnAction.COMMIT else "aborted"] += 1
+        return final
+
+    async def _resume(self, held: _Log, meta: TxnMeta, action: TxnAction) -> None:
+        """Finish a decided transaction in the background (recovery, timeouts), retrying
+        while participants are unreachable; one that cannot take its marker stays."""
+        while not held.leadership.lost.is_set():
+            try:
+                await self._finish(held, meta, action)
+                return
+            except ServerError as e:
+                log.warning("v4: finishing %s: %s", TxnId(*meta.txn), e)
+                if e.name is not ErrorName.SERVICE_NOT_READY:
+                    return
+
+    async def _fan_out(self, txn: TxnId, meta: TxnMeta, action: TxnAction) -> None:
+        """END_TXN_ON_PARTITION / _ON_SUBSCRIPTION to every participant, in parallel;
+        retried while brokers are unreachable, for ``fan_out_timeout_s``."""
+        query = f"?action={action.value}"
+        calls = [(p, f"/txn/{txn}/end{query}") for p in meta.partitions] + [
+            (t, f"/subscription/{quote(s, safe='')}/txn/{txn}/end{query}")
+            for t, s in meta.subscriptions
+        ]
+        await asyncio.gather(*(self._call_participant(topic, path) for topic, path in calls))
+
+    async def _call_participant(self, topic: str, path: str) -> None:
+        assert self._http is not None
+        name = TopicName.parse(topic)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.fan_out_timeout_s
+        delay = 0.05
+        while True:
+            problem: str
+            try:
+                url = await self._broker_of(name)
+                async with self._http.post(f"{url}/admin/v2/{name.path}{path}") as response:
+                    if response.status < 300:
+                        return
+                    body = await response.json(content_type=None)
+                    error = ErrorName(body.get("error", ErrorName.UNKNOWN.value))
+                    if error is not ErrorName.SERVICE_NOT_READY:
+                        raise ServerError(error, str(body.get("message", "")))
+                    problem = str(body.get("message"))
+            except (aiohttp.ClientError, TimeoutError, MetadataStoreError) as e:
+                problem = repr(e)
+            if loop.time() > deadline:
+                raise ServerError(
+                    ErrorName.SERVICE_NOT_READY, f"{topic} did not take the decision: {problem}"
+                )
+            await asyncio.sleep(delay)  # the participant's broker is down: back off, retry
+            delay = min(delay * 2, 1.0)
+
+    async def _broker_of(self, name: TopicName) -> str:
+        broker = await self._catalog.home_of(name)
+        url = None if broker is None else await self._catalog.broker_url(broker)
+        if url is None:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name} has no live home broker")
+        return url
+
+    # ------------------------------------------------------------------ timeouts
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.timeout_sweep_s)  # a sweep interval
+            try:
+                await self.sweep_timeouts()
+            except ServerError as e:
+                log.warning("v4 timeout sweep: %s", e)
+
+    async def sweep_timeouts(self) -> int:
+        """TIME_OUT (logged), then abort, every OPEN transaction past its deadline."""
+        now = time.time() * 1000
+        timed_out = 0
+        for held in list(self.held.values()):
+            for meta in [m for m in held.txns.values() if m.state == OPEN and m.timeout_ms < now]:
+                async with held.locks.setdefault(meta.txn[1], asyncio.Lock()):
+                    current = held.txns[meta.txn[1]]
+                    if current.state != OPEN:
+                        continue
+                    current = await self._log(
+                        held, msgspec.structs.replace(current, state=TIME_OUT)
+                    )
+                timed_out += 1
+                self.counters["timeouts"] += 1
+                self._spawn(
+                    self._resume(held, current, TxnAction.ABORT), f"v4-timeout-{meta.txn[1]:x}"
+                )
+        return timed_out

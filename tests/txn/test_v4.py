@@ -1,0 +1,228 @@
+"""v4 (PIP-31) transactions on persistent:// topics: markers, the coordinator's log,
+pending acks in a managed ledger, and PIP-373's property; on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from segtxn.broker.txn.markers import CONTAINS_TXN, MarkerTransactionBuffer
+from segtxn.client import Client, ServerError
+from segtxn.protocol.errors import ErrorName
+from tests.cluster import Cluster
+from tests.waiting import wait_until
+
+T1 = "persistent://acme/v4/t1"
+T2 = "persistent://acme/v4/t2"
+
+
+async def receive_all(consumer: object, n: int, timeout_s: float = 10) -> list[bytes]:
+    out = []
+    for _ in range(n):
+        message = await consumer.receive(timeout_s=timeout_s)  # type: ignore[attr-defined]
+        out.append(message.value)
+        await consumer.acknowledge(message)  # type: ignore[attr-defined]
+    return out
+
+
+async def end(client: Client, txn: str, action: str) -> dict[str, object]:
+    """END_TXN by hand (the client refuses to end an ended transaction itself)."""
+    url = (await client.connector.request("GET", "/lookup/v2/coordinators"))["coordinators"][0]
+    path = f"{url}/txn/v2/{txn}/end"
+    return dict(await client.connector.request("POST", path, params={"action": action}))
+
+
+async def nothing_more(consumer: object) -> None:
+    with pytest.raises(TimeoutError):
+        await consumer.receive(timeout_s=0.3)  # type: ignore[attr-defined]  # bounded absence
+
+
+def buffer(cluster: Cluster, topic: str) -> MarkerTransactionBuffer:
+    loaded = [t for n, t in cluster.broker.service.topics.items() if str(n) == topic]
+    assert loaded and isinstance(loaded[0].buffer, MarkerTransactionBuffer)
+    return loaded[0].buffer
+
+
+async def test_commit_across_topics_is_visible_and_abort_is_not(client: Client) -> None:
+    for topic in (T1, T2):
+        await client.admin.create_topic(topic)
+    consumers = [await client.subscribe(t, "s", initial_position="earliest") for t in (T1, T2)]
+    producers = [await client.create_producer(t) for t in (T1, T2)]
+    async with client.transaction() as txn:
+        for producer in producers:
+            await producer.send(b"committed", txn=txn)
+    assert not txn.id.is_v5  # picked by the topics' domain
+    aborted = client.transaction()
+    for producer in producers:
+        await producer.send(b"aborted", txn=aborted)
+    await aborted.abort()
+    await producers[0].send(b"plain")
+    assert await receive_all(consumers[0], 2) == [b"committed", b"plain"]
+    assert await receive_all(consumers[1], 1) == [b"committed"]
+    for consumer in consumers:  # markers and aborted messages are never delivered
+        await nothing_more(consumer)
+    assert await txn.status() == "COMMITTED" and await aborted.status() == "ABORTED"
+
+
+async def test_read_committed_holds_everything_behind_an_open_transaction(client: Client) -> None:
+    await client.admin.create_topic(T1)
+    consumer = await client.subscribe(T1, "s", initial_position="earliest")
+    producer = await client.create_producer(T1)
+    txn = client.transaction()
+    await producer.send(b"in-txn", txn=txn)
+    await producer.send(b"after")
+    await nothing_more(consumer)  # max_read_position stays before the open transaction
+    await txn.commit()
+    assert await receive_all(consumer, 2) == [b"in-txn", b"after"]
+
+
+async def test_pending_acks_conflict_commit_and_abort(client: Client, cluster: Cluster) -> None:
+    await client.admin.create_topic(T1)
+    producer = await client.create_producer(T1)
+    consumer = await client.subscribe(
+        T1, "s", initial_position="earliest", subscription_type="Shared"
+    )
+    for i in range(2):
+        await producer.send(f"m{i}".encode())
+    first, second = [await consumer.receive(timeout_s=10) for _ in range(2)]
+    holder = client.transaction()
+    await consumer.acknowledge(first, txn=holder)
+    other = client.transaction()
+    with pytest.raises(ServerError) as conflict:
+        await consumer.acknowledge(first, txn=other)
+    assert conflict.value.name is ErrorName.TRANSACTION_CONFLICT
+    await other.abort()
+    await holder.commit()
+    aborting = client.transaction()
+    await consumer.acknowledge(second, txn=aborting)
+    await aborting.abort()
+    again = await consumer.receive(timeout_s=10)  # released by the abort: delivered again
+    assert again.value == b"m1"
+    await consumer.acknowledge(again)
+    stats = await client.admin.stats(T1)
+    assert stats["subscriptions"]["s"]["backlog"] == 0
+
+
+async def test_end_txn_rules_and_timeout(client: Client) -> None:
+    await client.admin.create_topic(T1)
+    producer = await client.create_producer(T1)
+    txn = client.transaction()
+    await producer.send(b"x", txn=txn)
+    await txn.commit()
+    again = await end(client, str(txn.id), "COMMIT")  # the same END again: fine
+    assert again["state"] == "COMMITTED"
+    with pytest.raises(ServerError) as refused:
+        await end(client, str(txn.id), "ABORT")  # the opposite one
+    assert refused.value.name is ErrorName.INVALID_TXN_STATUS
+    slow = client.transaction(timeout_s=0.3)
+    await producer.send(b"too-slow", txn=slow)
+
+    async def aborted() -> bool:
+        return await slow.status() == "ABORTED"
+
+    await wait_until(aborted, timeout=10, what="the timeout sweep aborting it")
+    consumer = await client.subscribe(T1, "s", initial_position="earliest")
+    assert await receive_all(consumer, 1) == [b"x"]
+    await nothing_more(consumer)
+
+
+async def test_v4_and_v5_never_mix(client: Client) -> None:
+    await client.admin.create_topic(T1)
+    await client.admin.create_topic("topic://acme/v5/s", segments=1)
+    v4 = await client.create_producer(T1)
+    v5 = await client.create_producer("topic://acme/v5/s")
+    txn = client.transaction()
+    await v4.send(b"a", txn=txn)
+    with pytest.raises(ServerError) as mixed:
+        await v5.send(b"b", key="k", txn=txn)
+    assert mixed.value.name is ErrorName.NOT_ALLOWED and "never mix" in mixed.value.message
+    await txn.abort()
+    other = client.transaction()
+    await v5.send(b"b", key="k", txn=other)
+    with pytest.raises(ServerError) as mixed_again:
+        await v4.send(b"a", txn=other)
+    assert mixed_again.value.name is ErrorName.NOT_ALLOWED
+    await other.abort()
+
+
+async def test_commit_on_a_terminated_topic_fails_at_once(client: Client) -> None:
+    """The problem PIP-471 solves: a sealed topic cannot take its commit marker."""
+    await client.admin.create_topic(T1)
+    producer = await client.create_producer(T1)
+    txn = client.transaction()
+    await producer.send(b"x", txn=txn)
+    await client.admin.terminate(T1)
+    started = time.monotonic()
+    with pytest.raises(ServerError) as refused:
+        await txn.commit()
+    assert refused.value.name is ErrorName.TOPIC_TERMINATED
+    assert time.monotonic() - started < 2  # promptly, not after the fan-out timeout
+    assert await txn.status() == "COMMITTING"
+
+
+async def test_pip373_property(client: Client, cluster: Cluster) -> None:
+    await client.admin.create_topic(T1)
+    producer = await client.create_producer(T1)
+    await producer.send(b"plain")
+    assert (await client.admin.properties(T1)).get(CONTAINS_TXN) == "false"  # found out at load
+    assert buffer(cluster, T1).contains_txn is False
+    txn = client.transaction()
+    await producer.send(b"x", txn=txn)  # acknowledged only once the property is durable
+    assert (await client.admin.properties(T1))[CONTAINS_TXN] == "true"
+    await txn.commit()
+    for change in (
+        client.admin.update_properties(T1, {CONTAINS_TXN: "false"}),
+        client.admin.remove_property(T1, CONTAINS_TXN),
+    ):
+        with pytest.raises(ServerError) as refused:
+            await change
+        assert refused.value.name is ErrorName.NOT_ALLOWED
+    metrics = cluster.broker.service.metrics.render().decode().splitlines()
+    gauge = [line for line in metrics if line.startswith("segtxn_broker_using_txn_topics_count")]
+    assert len(gauge) == 1 and gauge[0].endswith(" 1.0"), gauge
+
+
+async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
+    cluster: Cluster, client: Client
+) -> None:
+    """The participant is unreachable during the fan-out: END_TXN answers
+    ServiceNotReady with COMMITTING logged; a new coordinator (the old one gone) replays the
+    log and finishes it once the participant is back."""
+    await client.admin.create_topic(T1)
+    consumer = await client.subscribe(T1, "s", initial_position="earliest")
+    producer = await client.create_producer(T1)
+    txn = client.transaction()
+    await producer.send(b"x", txn=txn)
+    v4 = cluster.coordinator.app[__import__("segtxn.coordinator.app").coordinator.app.V4]
+    fan_out = v4._call_participant
+
+    async def unreachable(topic: str, path: str) -> None:
+        raise ServerError(ErrorName.SERVICE_NOT_READY, "broker unreachable")
+
+    v4._call_participant = unreachable  # type: ignore[method-assign]
+    with pytest.raises(ServerError) as pending:
+        await txn.commit()
+    assert pending.value.name is ErrorName.SERVICE_NOT_READY
+    assert await txn.status() == "COMMITTING"
+    await nothing_more(consumer)
+    v4._call_participant = fan_out  # type: ignore[method-assign]
+    await v4.stop()  # the process goes; its log stays
+    from segtxn.coordinator.v4 import CoordinatorV4
+
+    successor = CoordinatorV4(cluster.store, cluster.coordinator.settings)
+    await successor.start()
+    try:
+        await wait_until(lambda: bool(successor.held), timeout=10, what="the ids taken over")
+        assert successor.counters["replayed"] >= 3  # OPEN, +partition, COMMITTING
+        assert await receive_all(consumer, 1) == [b"x"]  # the marker, written by recovery
+
+        def committed() -> bool:
+            return any(
+                m.state == "COMMITTED" for h in successor.held.values() for m in h.txns.values()
+            )
+
+        await wait_until(committed, timeout=10, what="COMMITTED logged")
+    finally:
+        await successor.stop()
