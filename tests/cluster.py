@@ -74,11 +74,12 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     )
     await broker.start()
     await coordinator.start()
+    running = Cluster(store, broker, coordinator)
     try:
-        yield Cluster(store, broker, coordinator)
+        yield running
     finally:
-        await coordinator.stop()
-        await broker.stop()
+        await running.coordinator.stop()
+        await running.broker.stop()  # the one running now (a test may have restarted it)
         await store.close()
 
 

@@ -3,7 +3,6 @@ pending acks in a managed ledger, and PIP-373's property; on both stores."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -202,8 +201,8 @@ async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
         raise ServerError(ErrorName.SERVICE_NOT_READY, "broker unreachable")
 
     v4._call_participant = unreachable  # type: ignore[method-assign]
-    with pytest.raises(ServerError) as pending:
-        await txn.commit()
+    with pytest.raises(ServerError) as pending:  # once, by hand (the client would retry)
+        await end(client, str(txn.id), "COMMIT")
     assert pending.value.name is ErrorName.SERVICE_NOT_READY
     assert await txn.status() == "COMMITTING"
     await nothing_more(consumer)
@@ -226,3 +225,116 @@ async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
         await wait_until(committed, timeout=10, what="COMMITTED logged")
     finally:
         await successor.stop()
+
+
+async def restart_broker(cluster: Cluster) -> None:
+    """Stop the broker and start another on the same store and ledger files."""
+    from segtxn.broker.app import BrokerServer
+
+    settings = cluster.broker.settings
+    await cluster.broker.stop()
+    cluster.broker = BrokerServer(settings, store=cluster.store)
+    await cluster.broker.start()
+
+
+async def loaded(cluster: Cluster, topic: str) -> MarkerTransactionBuffer:
+    async with Client(cluster.url) as client:
+        await client.admin.stats(topic)  # loads it
+    return buffer(cluster, topic)
+
+
+async def test_recovery_replays_the_ledger_then_uses_snapshots(cluster: Cluster) -> None:
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(T1)
+        producer = await client.create_producer(T1)
+        committed, aborted, open_ = (client.transaction() for _ in range(3))
+        for txn, value in ((committed, b"c"), (aborted, b"a"), (open_, b"o")):
+            await producer.send(value, txn=txn)
+        await committed.commit()
+        await aborted.abort()
+        await restart_broker(cluster)
+        first = await loaded(cluster, T1)
+        assert first.recovery == {"snapshot": 0, "replayed": 5, "skipped": 0}  # 3 + 2 markers
+        assert first.ongoing == {open_.id}
+        await first.snapshot()
+        late = client.transaction()
+        await producer.send(b"late", txn=late)
+        await restart_broker(cluster)
+        second = await loaded(cluster, T1)
+        assert second.recovery["snapshot"] == 1
+        assert second.recovery["replayed"] == 1  # only what came after the snapshot
+        assert second.ongoing == {open_.id, late.id}
+    async with Client(cluster.url) as client:
+        consumer = await client.subscribe(T1, "s", initial_position="earliest")
+        assert await receive_all(consumer, 1) == [b"c"]
+        await nothing_more(consumer)  # the open transaction holds everything after it
+        await end(client, str(open_.id), "COMMIT")
+        await end(client, str(late.id), "ABORT")
+        assert await receive_all(consumer, 1) == [b"o"]
+        await nothing_more(consumer)
+
+
+async def test_pip373_skips_recovery_and_handles_upgrades(cluster: Cluster) -> None:
+    plain, txns = T1, T2
+    async with Client(cluster.url) as client:
+        for topic in (plain, txns):
+            await client.admin.create_topic(topic)
+        await (await client.create_producer(plain)).send(b"p")
+        producer = await client.create_producer(txns)
+        aborted = client.transaction()
+        await producer.send(b"aborted", txn=aborted)
+        await aborted.abort()
+    await restart_broker(cluster)
+    assert (await loaded(cluster, plain)).recovery == {"snapshot": 0, "replayed": 0, "skipped": 1}
+
+    async def set_raw(value: str | None) -> None:
+        """What an older broker, or a user before PIP-373, left in the ledger's metadata."""
+        ledger = (await loaded(cluster, txns))._ledger
+        if value is None:
+            await ledger.update_properties({}, (CONTAINS_TXN,))
+        else:
+            await ledger.update_properties({CONTAINS_TXN: value}, ())
+        await restart_broker(cluster)
+
+    await set_raw(None)  # absent: found out by scanning, and recorded
+    upgraded = await loaded(cluster, txns)
+    assert upgraded.recovery["replayed"] == 2 and upgraded.contains_txn
+    assert upgraded._ledger.properties[CONTAINS_TXN] == "true"
+    await set_raw("yes please")  # not a boolean: rebuilt every time, never rewritten
+    odd = await loaded(cluster, txns)
+    assert odd.recovery["replayed"] == 2 and odd._ledger.properties[CONTAINS_TXN] == "yes please"
+    async with Client(cluster.url) as client:
+        with pytest.raises(ServerError) as refused:
+            await client.admin.update_properties(txns, {CONTAINS_TXN: "true"})
+        assert refused.value.name is ErrorName.NOT_ALLOWED
+    await set_raw("false")  # a user's boolean is trusted like the system's own
+    assert (await loaded(cluster, txns)).recovery["skipped"] == 1
+
+
+async def test_bad_v4_requests_get_clear_errors(client: Client, cluster: Cluster) -> None:
+    await client.admin.create_topic(T1)
+    base = "/admin/v2/persistent/acme/v4/t1"
+    for path, params, error in (
+        (f"{base}/txn/zz/end", {"action": "COMMIT"}, ErrorName.INVALID_ARGUMENT),
+        (f"{base}/txn/0:1/end", {"action": "MAYBE"}, ErrorName.INVALID_ARGUMENT),
+        (f"{base}/txn/1000000000000:1/end", {"action": "COMMIT"}, ErrorName.NOT_ALLOWED),
+        (
+            "/admin/v2/persistent/acme/v4/nope/txn/0:1/end",
+            {"action": "ABORT"},
+            ErrorName.TOPIC_NOT_FOUND,
+        ),
+    ):
+        with pytest.raises(ServerError) as refused:
+            await client.connector.request("POST", path, params=params)
+        assert refused.value.name is error, path
+    # An END for a transaction that never wrote here is a harmless no-op (idempotent).
+    await client.connector.request("POST", f"{base}/txn/0:99/end", params={"action": "ABORT"})
+    for txn, error in (
+        ("1:5", ErrorName.TRANSACTION_NOT_FOUND),
+        ("0:7777", ErrorName.TRANSACTION_NOT_FOUND),
+    ):
+        with pytest.raises(ServerError) as unknown:
+            await end(client, txn, "COMMIT")
+        assert unknown.value.name is error
+    stats = await client.admin.stats(T1)  # the broker is fine
+    assert stats is not None

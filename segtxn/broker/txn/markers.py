@@ -295,10 +295,12 @@ class MarkerTransactionBuffer(TransactionBuffer):
             self._snapshotting = None
 
     async def snapshot(self) -> None:
-        """Write both indexes as of ``max_read_position`` (everything up to it is in them)."""
-        at = self.max_read_position
-        if at is None:
+        """Write both indexes as they stand: they reflect every entry up to the last
+        confirmed one that no append in flight precedes."""
+        last = self._ledger.last_confirmed
+        if last is None:
             return
+        at = min(last, *self._floors) if self._floors else last
         self._markers_since_snapshot = 0
         snapshot = BufferSnapshot(
             self.topic,
