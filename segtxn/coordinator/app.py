@@ -119,21 +119,28 @@ def _v4_here(handler: Handler) -> Handler:
         if holder.rstrip("/") == v4.settings.advertise_url.rstrip("/"):
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{txn}: recovering its coordinator")
         body = await request.read()
-        async with (
-            aiohttp.ClientSession() as session,
-            session.request(
-                request.method,
-                holder.rstrip("/") + request.path_qs,
-                data=body,
-                headers={"Content-Type": request.content_type},
-            ) as forwarded,
-        ):
-            return web.Response(
-                status=forwarded.status,
-                body=await forwarded.read(),
-                content_type=forwarded.content_type,
-                headers={k: v for k, v in forwarded.headers.items() if k.startswith("X-Segtxn")},
-            )
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.request(
+                    request.method,
+                    holder.rstrip("/") + request.path_qs,
+                    data=body,
+                    headers={"Content-Type": request.content_type},
+                ) as forwarded,
+            ):
+                return web.Response(
+                    status=forwarded.status,
+                    body=await forwarded.read(),
+                    content_type=forwarded.content_type,
+                    headers={
+                        k: v for k, v in forwarded.headers.items() if k.startswith("X-Segtxn")
+                    },
+                )
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{txn}: its coordinator at {holder}: {e!r}"
+            ) from e
 
     return wrapped
 

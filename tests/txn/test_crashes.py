@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from segtxn.client import Client
+from segtxn.client import Client, ServerError
 from segtxn.metastore import open_store
 from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.topics import transactions as T
@@ -122,3 +122,56 @@ async def test_participant_killed_mid_materialization_finishes_on_restart(
             await wait_until(drained, timeout=30, what="participants cleaned their op records")
         finally:
             await store.close()
+
+
+@pytest.mark.slow
+async def test_v4_coordinator_killed_mid_fan_out_finishes_from_its_log(
+    store_url: str, tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    """The participant's broker is frozen (SIGSTOP) so the fan-out cannot finish; the
+    coordinator is SIGKILLed with COMMITTING in its log; a new coordinator process on the
+    same log directory replays it and commits once the broker runs again."""
+    import signal
+
+    broker = processes.broker(store_url, tmp_path / "b1", "b1")
+    v4 = ("--data-dir", str(tmp_path / "txn-logs"), "--v4-ids", "1")
+    first = processes.coordinator(store_url, "c1", session_ttl=2, extra=v4)
+    await _up(started, broker, first)
+    topic = "persistent://acme/crash/legacy"
+    async with Client(broker.url) as client:
+        await client.admin.create_topic(topic)
+        consumer = await client.subscribe(topic, "s", initial_position="earliest")
+        producer = await client.create_producer(topic)
+        txn = client.transaction()
+        await producer.send(b"x", txn=txn)
+        assert broker.proc is not None
+        broker.proc.send_signal(signal.SIGSTOP)
+        try:
+            path = f"{first.url}/txn/v2/{txn.id}/end"
+            ending = asyncio.ensure_future(
+                client.connector.request("POST", path, params={"action": "COMMIT"})
+            )
+
+            async def committing() -> bool:
+                status = await client.connector.request("GET", f"{first.url}/txn/v2/{txn.id}")
+                return bool(status["state"] == "COMMITTING")
+
+            await wait_until(committing, timeout=10, what="COMMITTING logged")
+            first.kill()
+            with pytest.raises(Exception):  # noqa: B017 - the connection died with it
+                await ending
+        finally:
+            broker.proc.send_signal(signal.SIGCONT)
+        second = processes.coordinator(store_url, "c2", session_ttl=2, extra=v4)
+        await _up(started, second)
+
+        async def committed() -> bool:
+            try:
+                status = await client.connector.request("GET", f"{second.url}/txn/v2/{txn.id}")
+            except ServerError:  # not taken over yet (ServiceNotReady)
+                return False
+            return bool(status["state"] == "COMMITTED")
+
+        await wait_until(committed, timeout=30, what="the successor finishing the commit")
+        message = await consumer.receive(timeout_s=10)
+        assert message.value == b"x"
