@@ -213,7 +213,9 @@ async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
     successor = CoordinatorV4(cluster.store, cluster.coordinator.settings)
     await successor.start()
     try:
-        await wait_until(lambda: bool(successor.held), timeout=10, what="the ids taken over")
+        await wait_until(
+            lambda: txn.id.most in successor.held, timeout=10, what="its id taken over"
+        )
         assert successor.counters["replayed"] >= 3  # OPEN, +partition, COMMITTING
         assert await receive_all(consumer, 1) == [b"x"]  # the marker, written by recovery
 

@@ -32,13 +32,13 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import msgspec
 
 from segtxn.broker.entry import decode_entry, marker_entry
 from segtxn.broker.txn.buffer import TransactionBuffer
-from segtxn.broker.txn.pending_ack import PendingAckStore
+from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
 from segtxn.ledger import (
     LedgerSealed,
     LedgerSettings,
@@ -385,7 +385,7 @@ def pending_ack_log(topic: str, subscription: str) -> str:
     return f"{topic}-{subscription}__transaction_pending_ack"
 
 
-class MLPendingAckStore(PendingAckStore):
+class MLPendingAckStore(ReservingPendingAckStore):
     """PIP-31's pending-ack store for a ``persistent://`` subscription (module docstring)."""
 
     def __init__(
@@ -399,9 +399,9 @@ class MLPendingAckStore(PendingAckStore):
         settings: LedgerSettings,
         release: Callable[[list[Position]], None],
     ) -> None:
+        super().__init__(cursor)
         self.topic = topic
         self.subscription = subscription
-        self._cursor = cursor
         self._store = store
         self._storage = storage
         self._settings = settings
@@ -409,24 +409,8 @@ class MLPendingAckStore(PendingAckStore):
         self._name = pending_ack_log(topic, subscription)
         self._log: ManagedLedger | None = None
         self._open_lock = asyncio.Lock()
-        self._individual: dict[Position, TxnId] = {}
-        self._cumulative: dict[TxnId, Position] = {}
         self._ended: OrderedDict[TxnId, TxnState] = OrderedDict()
         self._locks: dict[TxnId, asyncio.Lock] = {}
-
-    def is_pending(self, position: Position) -> bool:
-        return position in self._individual or any(
-            position <= upto for upto in self._cumulative.values()
-        )
-
-    def transactions(self) -> set[TxnId]:
-        return set(self._individual.values()) | set(self._cumulative)
-
-    def _holder(self, position: Position) -> TxnId | None:
-        txn = self._individual.get(position)
-        if txn is not None:
-            return txn
-        return next((t for t, upto in self._cumulative.items() if position <= upto), None)
 
     async def _ledger(self) -> ManagedLedger:
         async with self._open_lock:
@@ -440,52 +424,16 @@ class MLPendingAckStore(PendingAckStore):
         """Raises ServerError(TransactionConflict)."""
         if txn in self._ended:
             raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {self._ended[txn]}")
-        for position in positions:
-            if self._cursor.is_acked(position):
-                raise ServerError(
-                    ErrorName.TRANSACTION_CONFLICT, f"{position} is already acknowledged"
-                )
-            holder = self._holder(position)
-            if holder is not None and holder != txn:
-                raise ServerError(
-                    ErrorName.TRANSACTION_CONFLICT,
-                    f"{position} is acknowledged by transaction {holder}, still open",
-                )
-        upto = max(positions)
-        if cumulative:
-            for position, holder in self._individual.items():
-                if holder != txn and position <= upto:
-                    raise ServerError(
-                        ErrorName.TRANSACTION_CONFLICT,
-                        f"{position} is acknowledged by transaction {holder}, still open",
-                    )
-        before = self._cumulative.get(txn)
-        reserved = [p for p in positions if p not in self._individual]
-        self._reserve(txn, positions, cumulative=cumulative)  # no await since the checks
+        self._check(txn, positions, cumulative=cumulative)
+        undo = self._reserve(txn, positions, cumulative=cumulative)  # no await since the check
         op = PendingAckOp(
             (txn.most, txn.least), "ack", [(p.ledger_id, p.entry_id) for p in positions], cumulative
         )
         try:
             await (await self._ledger()).append(_encode(op))
         except BaseException:
-            if cumulative:
-                if before is None:
-                    self._cumulative.pop(txn, None)
-                else:
-                    self._cumulative[txn] = before
-            for position in reserved:
-                if self._individual.get(position) == txn:
-                    del self._individual[position]
+            self._unreserve(txn, undo, cumulative=cumulative)
             raise
-
-    def _reserve(self, txn: TxnId, positions: Iterable[Position], *, cumulative: bool) -> None:
-        positions = list(positions)
-        if cumulative:
-            upto = max(positions)
-            self._cumulative[txn] = max(self._cumulative.get(txn, upto), upto)
-        else:
-            for position in positions:
-                self._individual.setdefault(position, txn)
 
     async def end(self, txn: TxnId, action: TxnAction) -> None:
         """END_TXN_ON_SUBSCRIPTION: commit applies the acks to the cursor, abort releases
@@ -507,9 +455,6 @@ class MLPendingAckStore(PendingAckStore):
             while len(self._ended) > ENDED_MEMORY:
                 self._ended.popitem(last=False)
             self._locks.pop(txn, None)
-
-    def _held_by(self, txn: TxnId) -> tuple[list[Position], Position | None]:
-        return sorted(p for p, t in self._individual.items() if t == txn), self._cumulative.get(txn)
 
     async def _apply(
         self, txn: TxnId, outcome: TxnState, individual: list[Position], upto: Position | None

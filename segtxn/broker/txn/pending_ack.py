@@ -19,6 +19,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Any
 
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.headers import HeaderCache
@@ -67,34 +68,14 @@ class NoPendingAcks(PendingAckStore):
         )
 
 
-class MetadataPendingAckStore(PendingAckStore):
-    def __init__(
-        self,
-        segment: str,
-        subscription: str,
-        *,
-        cursor: ManagedCursor,
-        store: MetadataStore,
-        headers: HeaderCache,
-        release: Callable[[list[Position]], None],
-        metrics: BrokerMetrics,
-        ops: OpRecordWriter,
-    ) -> None:
-        """``release`` is called with the positions an aborted transaction acknowledged:
-        they are to be delivered again."""
-        self.segment = segment
-        self.subscription = subscription
+class ReservingPendingAckStore(PendingAckStore):
+    """PENDING_ACK's rules, shared by v5 (op records) and v4 (a log): which transaction
+    holds which position (individually, or cumulatively up to one), and the conflicts."""
+
+    def __init__(self, cursor: ManagedCursor) -> None:
         self._cursor = cursor
-        self._store = store
-        self._headers = headers
-        self._release = release
-        self._metrics = metrics
-        self._ops = ops
         self._individual: dict[Position, TxnId] = {}
         self._cumulative: dict[TxnId, Position] = {}
-        self._op_keys: dict[TxnId, list[str]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._lock = asyncio.Lock()
 
     def is_pending(self, position: Position) -> bool:
         return position in self._individual or any(
@@ -113,14 +94,9 @@ class MetadataPendingAckStore(PendingAckStore):
                 return owner
         return None
 
-    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
-        """Raises ServerError(TransactionNotFound / TransactionConflict)."""
-        self._headers.listen(txn, self._on_header)
-        header, version = await self._headers.get(txn)
-        if header is None:
-            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
-        if header.state is not TxnState.OPEN:
-            raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}")
+    def _check(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+        """Raises ServerError(TransactionConflict): acknowledged already, or held by
+        another open transaction."""
         for position in positions:
             if self._cursor.is_acked(position):
                 raise ServerError(
@@ -132,8 +108,6 @@ class MetadataPendingAckStore(PendingAckStore):
                     ErrorName.TRANSACTION_CONFLICT,
                     f"{position} is acknowledged by transaction {holder}, still open",
                 )
-        # Checked and reserved with no await in between: a concurrent ack of the same
-        # position by another transaction sees the reservation and conflicts.
         if cumulative:
             upto = max(positions)
             for position, holder in self._individual.items():
@@ -142,26 +116,83 @@ class MetadataPendingAckStore(PendingAckStore):
                         ErrorName.TRANSACTION_CONFLICT,
                         f"{position} is acknowledged by transaction {holder}, still open",
                     )
+
+    def _reserve(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> Any:
+        """Hold ``positions`` for ``txn``; returns what :meth:`_unreserve` needs."""
+        if cumulative:
             before = self._cumulative.get(txn)
+            upto = max(positions)
             self._cumulative[txn] = upto if before is None else max(before, upto)
-            ops = [self._op(upto, cumulative=True)]
-        else:
-            reserved = [p for p in positions if p not in self._individual]
-            for position in reserved:
-                self._individual[position] = txn
-            ops = [self._op(p, cumulative=False) for p in positions]
+            return before
+        reserved = [p for p in positions if p not in self._individual]
+        for position in reserved:
+            self._individual[position] = txn
+        return reserved
+
+    def _unreserve(self, txn: TxnId, undo: Any, *, cumulative: bool) -> None:
+        if cumulative:
+            if undo is None:
+                self._cumulative.pop(txn, None)
+            else:
+                self._cumulative[txn] = undo
+            return
+        for position in undo:
+            if self._individual.get(position) == txn:
+                del self._individual[position]
+
+    def _held_by(self, txn: TxnId) -> tuple[list[Position], Position | None]:
+        individual = sorted(p for p, t in self._individual.items() if t == txn)
+        return individual, self._cumulative.get(txn)
+
+
+class MetadataPendingAckStore(ReservingPendingAckStore):
+    def __init__(
+        self,
+        segment: str,
+        subscription: str,
+        *,
+        cursor: ManagedCursor,
+        store: MetadataStore,
+        headers: HeaderCache,
+        release: Callable[[list[Position]], None],
+        metrics: BrokerMetrics,
+        ops: OpRecordWriter,
+    ) -> None:
+        """``release`` is called with the positions an aborted transaction acknowledged:
+        they are to be delivered again."""
+        super().__init__(cursor)
+        self.segment = segment
+        self.subscription = subscription
+        self._store = store
+        self._headers = headers
+        self._release = release
+        self._metrics = metrics
+        self._ops = ops
+        self._op_keys: dict[TxnId, list[str]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+
+    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+        """Raises ServerError(TransactionNotFound / TransactionConflict)."""
+        self._headers.listen(txn, self._on_header)
+        header, version = await self._headers.get(txn)
+        if header is None:
+            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+        if header.state is not TxnState.OPEN:
+            raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}")
+        self._check(txn, positions, cumulative=cumulative)
+        # Checked and reserved with no await in between: a concurrent ack of the same
+        # position by another transaction sees the reservation and conflicts.
+        undo = self._reserve(txn, positions, cumulative=cumulative)
+        ops = (
+            [self._op(max(positions), cumulative=True)]
+            if cumulative
+            else [self._op(p, cumulative=False) for p in positions]
+        )
         try:
             await self._write(txn, version, ops)
         except BaseException:
-            if cumulative:
-                if before is None:
-                    self._cumulative.pop(txn, None)
-                else:
-                    self._cumulative[txn] = before
-            else:
-                for position in reserved:
-                    if self._individual.get(position) == txn:
-                        del self._individual[position]
+            self._unreserve(txn, undo, cumulative=cumulative)
             raise
         cached = self._headers.cached(txn)
         if cached is not None and cached.state.final:  # decided while we were writing
