@@ -4,7 +4,27 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
+import aiohttp
 from aiohttp import web
+
+
+async def relay(
+    session: aiohttp.ClientSession, request: web.Request, base_url: str
+) -> web.Response:
+    """Send ``request`` (method, path, query, body) on to the server at ``base_url`` and
+    answer with its response, segtxn's ``X-Segtxn-*`` headers included.
+
+    Raises aiohttp.ClientError / TimeoutError when that server cannot be reached."""
+    body = await request.read()
+    headers = {"Content-Type": request.content_type} if body else {}
+    target = base_url.rstrip("/") + request.path_qs
+    async with session.request(request.method, target, data=body, headers=headers) as answer:
+        return web.Response(
+            status=answer.status,
+            body=await answer.read(),
+            content_type=answer.content_type,
+            headers={k: v for k, v in answer.headers.items() if k.startswith("X-Segtxn")},
+        )
 
 
 class AppServer:

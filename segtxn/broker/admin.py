@@ -29,6 +29,7 @@ from segtxn.topics.controller import TopicBusy
 from segtxn.topics.dag import DagError
 from segtxn.topics.model import ScalableTopic, decode_topic
 from segtxn.topics.transactions import COORDINATOR_MEMBERS
+from segtxn.web import relay
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -395,14 +396,7 @@ async def _as_controller(
         raise ServerError(ErrorName.NOT_ALLOWED, f"{name}: only scalable topics split and merge")
     leader = await service.controllers.leader(name)
     if leader is not None:
-        target = leader.rstrip("/") + request.path_qs
-        async with request.app[HTTP].post(target) as forwarded:
-            return web.Response(
-                status=forwarded.status,
-                body=await forwarded.read(),
-                content_type=forwarded.content_type,
-                headers={k: v for k, v in forwarded.headers.items() if k.startswith("X-Segtxn")},
-            )
+        return await relay(request.app[HTTP], request, leader)
     try:
         return web.json_response(_dag(await change(name)))
     except DagError as e:

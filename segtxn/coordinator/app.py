@@ -36,7 +36,7 @@ from segtxn.metastore import MetadataStore, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.transactions import TxnHeader
-from segtxn.web import AppServer
+from segtxn.web import AppServer, relay
 
 COORDINATOR = web.AppKey("coordinator", CoordinatorV5)
 V4 = web.AppKey("coordinator-v4", CoordinatorV4)
@@ -118,25 +118,8 @@ def _v4_here(handler: Handler) -> Handler:
         holder = await v4.holder_url(txn)
         if holder.rstrip("/") == v4.settings.advertise_url.rstrip("/"):
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{txn}: recovering its coordinator")
-        body = await request.read()
         try:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.request(
-                    request.method,
-                    holder.rstrip("/") + request.path_qs,
-                    data=body,
-                    headers={"Content-Type": request.content_type},
-                ) as forwarded,
-            ):
-                return web.Response(
-                    status=forwarded.status,
-                    body=await forwarded.read(),
-                    content_type=forwarded.content_type,
-                    headers={
-                        k: v for k, v in forwarded.headers.items() if k.startswith("X-Segtxn")
-                    },
-                )
+            return await relay(v4.http, request, holder)
         except (aiohttp.ClientError, TimeoutError) as e:
             raise ServerError(
                 ErrorName.SERVICE_NOT_READY, f"{txn}: its coordinator at {holder}: {e!r}"

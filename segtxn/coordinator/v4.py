@@ -49,6 +49,7 @@ ELECTION_PREFIX = "txn-coordinator-v4-"
 OPEN, COMMITTING, ABORTING, TIME_OUT = "OPEN", "COMMITTING", "ABORTING", "TIME_OUT"
 COMMITTED, ABORTED = "COMMITTED", "ABORTED"
 FINAL = {COMMITTED, ABORTED}
+PARTICIPANT_TIMEOUT = aiohttp.ClientTimeout(total=10)
 
 
 def log_name(coordinator_id: int) -> str:
@@ -91,6 +92,7 @@ class CoordinatorV4:
         self.held: dict[int, _Log] = {}
         self._session: Session | None = None
         self._http: aiohttp.ClientSession | None = None
+        """Participant calls, and calls forwarded to the holder of another id."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = itertools.count()
         self.counters = {"opened": 0, "committed": 0, "aborted": 0, "timeouts": 0, "replayed": 0}
@@ -101,7 +103,7 @@ class CoordinatorV4:
         if not self.settings.v4_coordinator_ids:
             return
         self._session = await self.store.open_session(self.settings.session_ttl_s)
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        self._http = aiohttp.ClientSession()
         for n in range(self.settings.v4_coordinator_ids):
             self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
         self._spawn(self._sweep(), "v4-timeout-sweep")
@@ -174,6 +176,12 @@ class CoordinatorV4:
 
     # ------------------------------------------------------------------ ownership
 
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            raise ServerError(ErrorName.NOT_ALLOWED, "v4 transactions are not enabled here")
+        return self._http
+
     def holds(self, txn: TxnId) -> bool:
         return txn.most in self.held
 
@@ -227,8 +235,8 @@ class CoordinatorV4:
         ids = sorted(self.held)
         if not ids:
             raise ServerError(ErrorName.SERVICE_NOT_READY, "this coordinator holds no v4 id")
-        held = self.held[ids[next(self._round_robin) % len(ids)]]
-        coordinator_id = next(i for i, h in self.held.items() if h is held)
+        coordinator_id = ids[next(self._round_robin) % len(ids)]
+        held = self.held[coordinator_id]
         least = held.next_least
         held.next_least += 1
         now = int(time.time() * 1000)
@@ -353,7 +361,9 @@ class CoordinatorV4:
             problem: str
             try:
                 url = await self._broker_of(name)
-                async with self._http.post(f"{url}/admin/v2/{name.path}{path}") as response:
+                async with self._http.post(
+                    f"{url}/admin/v2/{name.path}{path}", timeout=PARTICIPANT_TIMEOUT
+                ) as response:
                     if response.status < 300:
                         return
                     body = await response.json(content_type=None)

@@ -87,17 +87,6 @@ def _namespaced(namespace: str | None) -> str:
     return namespace
 
 
-def _applied(status: kopf.Status, count: int) -> list[render.Obj]:
-    return render.condition(
-        status.get("conditions"),
-        kind="Applied",
-        status=True,
-        reason="Rendered",
-        message=f"{count} objects applied",
-        now=_now(),
-    )
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -158,7 +147,15 @@ def coordinators_by_cluster(
 # ---------------------------------------------------------------------- helpers
 
 
-async def _apply(runtime: Runtime, body: kopf.Body, objects: list[render.Obj]) -> None:
+async def _apply(
+    runtime: Runtime,
+    body: kopf.Body,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    objects: list[render.Obj],
+) -> None:
+    """Create or update the resource's children (owned by it), then say so: status
+    (``observedGeneration``, condition ``Applied``) and an event."""
     kopf.adopt(objects, owner=body)
     try:
         for obj in objects:
@@ -169,6 +166,17 @@ async def _apply(runtime: Runtime, body: kopf.Body, objects: list[render.Obj]) -
         raise kopf.TemporaryError(f"applying children: {e}", delay=RETRY_S) from e
     except aiohttp.ClientError as e:
         raise kopf.TemporaryError(f"applying children: {e!r}", delay=RETRY_S) from e
+    message = f"{len(objects)} objects applied"
+    patch.status["observedGeneration"] = body.meta.get("generation")
+    patch.status["conditions"] = render.condition(
+        status.get("conditions"),
+        kind="Applied",
+        status=True,
+        reason="Rendered",
+        message=message,
+        now=_now(),
+    )
+    kopf.info(body, reason="Applied", message=message)
 
 
 async def _cluster_spec(runtime: Runtime, namespace: str, cluster: str) -> Mapping[str, Any]:
@@ -214,13 +222,9 @@ async def reconcile_cluster(
 ) -> None:
     namespace = _namespaced(namespace)
     runtime = _runtime(memo)
-    objects = render.render_cluster(name, namespace, spec)
-    await _apply(runtime, body, objects)
+    await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
     patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
-    patch.status["observedGeneration"] = body.meta.get("generation")
     patch.status["phase"] = status.get("phase") or "Pending"
-    patch.status["conditions"] = _applied(status, len(objects))
-    kopf.info(body, reason="Applied", message=f"{len(objects)} objects applied")
 
 
 @kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S * 5)
@@ -300,10 +304,7 @@ async def reconcile_coordinator(
     runtime = _runtime(memo)
     cluster = await _cluster_spec(runtime, namespace, str(spec["clusterRef"]))
     objects = render.render_coordinator(name, namespace, spec, cluster)
-    await _apply(runtime, body, objects)
-    patch.status["observedGeneration"] = body.meta.get("generation")
-    patch.status["conditions"] = _applied(status, len(objects))
-    kopf.info(body, reason="Applied", message=f"{len(objects)} objects applied")
+    await _apply(runtime, body, status, patch, objects)
 
 
 @kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S)

@@ -70,6 +70,13 @@ def _before(p: Position) -> Position:
     return Position(p.ledger_id, p.entry_id - 1)
 
 
+def _remember(ended: OrderedDict[TxnId, TxnState], txn: TxnId, outcome: TxnState) -> None:
+    """Note an ended transaction, forgetting the oldest beyond ``ENDED_MEMORY``."""
+    ended[txn] = outcome
+    while len(ended) > ENDED_MEMORY:
+        ended.popitem(last=False)
+
+
 class BufferSnapshot(msgspec.Struct, frozen=True):
     topic: str
     position: tuple[int, int]
@@ -266,7 +273,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                     ) from e
                 self._apply_end(txn, outcome, at)
                 self._markers_since_snapshot += 1
-            self._remember(txn, outcome)
+            _remember(self._ended, txn, outcome)
             self._locks.pop(txn, None)
         self._changed()
         if self._markers_since_snapshot >= self._snapshot_every and self._snapshotting is None:
@@ -278,11 +285,6 @@ class MarkerTransactionBuffer(TransactionBuffer):
         self._ongoing.pop(txn, None)
         if outcome is TxnState.ABORTED:
             self._aborted[txn] = marker
-
-    def _remember(self, txn: TxnId, outcome: TxnState) -> None:
-        self._ended[txn] = outcome
-        while len(self._ended) > ENDED_MEMORY:
-            self._ended.popitem(last=False)
 
     # ------------------------------------------------------------------ snapshots
 
@@ -352,7 +354,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                 if message.marker is not None:
                     outcome = TxnAction(message.marker).outcome
                     self._apply_end(txn, outcome, entry.position)
-                    self._remember(txn, outcome)
+                    _remember(self._ended, txn, outcome)
                 elif txn not in self._ended:
                     self._ongoing.setdefault(txn, entry.position)
             start = self._ledger.position_after(entries[-1].position)
@@ -399,13 +401,12 @@ class MLPendingAckStore(ReservingPendingAckStore):
         settings: LedgerSettings,
         release: Callable[[list[Position]], None],
     ) -> None:
-        super().__init__(cursor)
+        super().__init__(cursor, release)
         self.topic = topic
         self.subscription = subscription
         self._store = store
         self._storage = storage
         self._settings = settings
-        self._release = release
         self._name = pending_ack_log(topic, subscription)
         self._log: ManagedLedger | None = None
         self._open_lock = asyncio.Lock()
@@ -447,30 +448,12 @@ class MLPendingAckStore(ReservingPendingAckStore):
                 return
             individual, upto = self._held_by(txn)
             if individual or upto is not None:
-                await self._apply(txn, outcome, individual, upto)
+                await self._settle(txn, outcome is TxnState.COMMITTED, individual, upto)
                 await (await self._ledger()).append(
                     _encode(PendingAckOp((txn.most, txn.least), action.value))
                 )
-            self._ended[txn] = outcome
-            while len(self._ended) > ENDED_MEMORY:
-                self._ended.popitem(last=False)
+            _remember(self._ended, txn, outcome)
             self._locks.pop(txn, None)
-
-    async def _apply(
-        self, txn: TxnId, outcome: TxnState, individual: list[Position], upto: Position | None
-    ) -> None:
-        if outcome is TxnState.COMMITTED:
-            if individual:
-                await self._cursor.ack(individual)
-            if upto is not None:
-                await self._cursor.ack_cumulative(upto)
-        for position in individual:
-            self._individual.pop(position, None)
-        self._cumulative.pop(txn, None)
-        if outcome is TxnState.COMMITTED:
-            self._release([])  # wakes the dispatcher
-        else:
-            self._release([*individual, *([upto] if upto is not None else [])])
 
     async def recover(self) -> None:
         """Replay the pending-ack log (if this subscription ever had one)."""
@@ -501,7 +484,7 @@ class MLPendingAckStore(ReservingPendingAckStore):
             start = ledger.position_after(entries[-1].position)
         for txn in committed:
             individual, upto = self._held_by(txn)
-            await self._apply(txn, TxnState.COMMITTED, individual, upto)
+            await self._settle(txn, True, individual, upto)
 
     async def close(self) -> None:
         if self._log is not None:

@@ -72,8 +72,11 @@ class ReservingPendingAckStore(PendingAckStore):
     """PENDING_ACK's rules, shared by v5 (op records) and v4 (a log): which transaction
     holds which position (individually, or cumulatively up to one), and the conflicts."""
 
-    def __init__(self, cursor: ManagedCursor) -> None:
+    def __init__(self, cursor: ManagedCursor, release: Callable[[list[Position]], None]) -> None:
+        """``release`` is called with the positions an aborted transaction acknowledged:
+        they are to be delivered again."""
         self._cursor = cursor
+        self._release = release
         self._individual: dict[Position, TxnId] = {}
         self._cumulative: dict[TxnId, Position] = {}
 
@@ -144,6 +147,24 @@ class ReservingPendingAckStore(PendingAckStore):
         individual = sorted(p for p, t in self._individual.items() if t == txn)
         return individual, self._cumulative.get(txn)
 
+    async def _settle(
+        self, txn: TxnId, committed: bool, individual: list[Position], upto: Position | None
+    ) -> None:
+        """Apply a decision: a commit acknowledges on the cursor (durably), an abort
+        releases the positions for redelivery; either way ``txn`` holds nothing after."""
+        if committed:
+            if individual:
+                await self._cursor.ack(individual)
+            if upto is not None:
+                await self._cursor.ack_cumulative(upto)
+        for position in individual:
+            self._individual.pop(position, None)
+        self._cumulative.pop(txn, None)
+        if committed:
+            self._release([])  # wakes the dispatcher: a sealed ledger may be done
+        else:
+            self._release([*individual, *([upto] if upto is not None else [])])
+
 
 class MetadataPendingAckStore(ReservingPendingAckStore):
     def __init__(
@@ -158,14 +179,11 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         metrics: BrokerMetrics,
         ops: OpRecordWriter,
     ) -> None:
-        """``release`` is called with the positions an aborted transaction acknowledged:
-        they are to be delivered again."""
-        super().__init__(cursor)
+        super().__init__(cursor, release)
         self.segment = segment
         self.subscription = subscription
         self._store = store
         self._headers = headers
-        self._release = release
         self._metrics = metrics
         self._ops = ops
         self._op_keys: dict[TxnId, list[str]] = {}
@@ -236,26 +254,14 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
 
     async def _materialize(self, txn: TxnId, header: T.TxnHeader | None) -> None:
         async with self._lock:
-            individual = sorted(p for p, t in self._individual.items() if t == txn)
-            upto = self._cumulative.get(txn)
+            individual, upto = self._held_by(txn)
             if not individual and upto is None and txn not in self._op_keys:
                 return
             committed = header is not None and header.state is TxnState.COMMITTED
             outcome = TxnState.COMMITTED if committed else TxnState.ABORTED
             self._metrics.txn_materialized.add(1, {"outcome": outcome.value, "part": "acks"})
             try:
-                if committed:
-                    if individual:
-                        await self._cursor.ack(individual)
-                    if upto is not None:
-                        await self._cursor.ack_cumulative(upto)
-                for position in individual:
-                    self._individual.pop(position, None)
-                self._cumulative.pop(txn, None)
-                if not committed:
-                    self._release([*individual, *([upto] if upto is not None else [])])
-                else:
-                    self._release([])  # wakes the dispatcher: a sealed ledger may be done
+                await self._settle(txn, committed, individual, upto)
                 for key in self._op_keys.pop(txn, []):
                     with contextlib.suppress(NotFound):
                         await self._store.delete(key)
