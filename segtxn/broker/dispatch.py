@@ -1,46 +1,54 @@
-"""Dispatch: moving stored messages to consumers and readers, by permits, without polling.
+"""Subscriptions: moving stored messages to consumers by permits, in order, without polling.
 
 A :class:`Subscription` owns a durable cursor and the consumers attached to it. Its
-dispatcher task sleeps on one event, woken by new entries (a task parked on the ledger's
-``wait_for_entries``), flow permits, negative acks and consumer changes; it never polls.
+dispatcher task sleeps on one event, woken by new entries (a :class:`Follower` parked on
+the ledger), flow permits, acks, transaction outcomes and consumer changes; it never polls.
 
 - **Exclusive**: one consumer; a second is refused (``ConsumerBusy``).
-- **Failover**: many consumers, one active (the longest connected); the others stand by and
-  take over, in connection order, when it leaves. Each is told with ``ActiveChange``.
+- **Failover**: many consumers; for each topic or segment one is active (members ordered by
+  name, segment *i* to member *i mod n*) and the others stand by. Each is told with
+  ``ActiveChange``.
 - **Shared**: messages go round-robin to consumers with permits; no ordering promise.
 
-Delivered but unacknowledged messages are *pending*. A negative ack, or the consumer
-leaving, makes them due for redelivery, which comes before new messages. Acks are durable
-(the cursor persists them) before the ack receipt is sent.
+Delivered but unacknowledged messages are *pending*. Acks are durable (the cursor persists
+them) before the ack receipt is sent.
 
-A :class:`Reader` is a subscription without a cursor: it starts at a position and moves
-forward as permits allow, acknowledging nothing.
+**Ordered redelivery (Exclusive, Failover).** Whenever messages are handed back — a
+transaction that acknowledged them aborts or times out, a negative ack, the active consumer
+leaving, a Failover hand-over, a reconnect, a client's ``Redeliver`` — the subscription
+*rewinds*: its epoch goes up, nothing stays pending, and delivery resumes at the earliest
+unacknowledged position (the cursor's mark-delete + 1) and goes forward in position order,
+skipping what is acknowledged or held by an open transaction. Everything that had been
+delivered after that position is sent again (a Kafka consumer seeks back after an abort the
+same way). The active consumer gets a ``Rewind`` frame before the first message of the new
+epoch, and its client drops what it still had queued; so an application never receives an
+older message of a topic after a newer one, except as a redelivery (``redelivery_count`` >
+0). A read from the ledger that was in flight while a rewind happened is discarded.
+
+A hand-over also *fences*: nothing goes to the new active consumer until every transaction
+then holding acks on the subscription has ended (its acks may be aborted, and then their
+messages must come first).
+
+**Shared** subscriptions hand messages back one by one instead: they are due again and
+come before new ones, to whichever consumer has permits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import itertools
 import logging
-from collections.abc import Awaitable, Callable
+import secrets
+from dataclasses import dataclass
 
-from sortedcontainers import SortedSet
+from sortedcontainers import SortedDict, SortedSet
 
-from segtxn.broker.entry import decode_entry
+from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message, visible
 from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.broker.txn.pending_ack import NoPendingAcks, PendingAckStore
-from segtxn.ledger import (
-    Entry,
-    LedgerClosed,
-    LedgerError,
-    LedgerSealed,
-    ManagedCursor,
-    ManagedLedger,
-    Position,
-)
+from segtxn.ledger import Entry, LedgerClosed, ManagedCursor, ManagedLedger, Position
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.frames import ActiveChange, EndOfTopic, Frame, Message
+from segtxn.protocol.frames import ActiveChange, ConsumerReady, EndOfTopic, Rewind
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 
@@ -53,84 +61,14 @@ class SubscriptionType(enum.StrEnum):
     SHARED = "Shared"
 
 
-class ConsumerLink:
-    """A connected consumer (or reader) as the dispatcher sees it: permits, pending
-    messages, and a way to hand it frames (``send`` never blocks: the connection's
-    outbound queue holds at least ``max_permits`` frames)."""
+@dataclass(eq=False)
+class _Request:
+    """A client's Redeliver (or Nack with a request id), answered with Rewind(request_id)
+    once ``txn`` holds no acks here."""
 
-    _ids = itertools.count(1)
-
-    def __init__(
-        self,
-        name: str,
-        send: Callable[[Frame], None],
-        disconnect: Callable[[], Awaitable[object]] | None = None,
-    ) -> None:
-        self.id = next(self._ids)
-        self.name = name
-        self.send = send
-        self.disconnect = disconnect
-        """Hang up on the client (e.g. its topic was deleted); it then reconnects."""
-        self.permits = 0
-        self.pending: set[Position] = set()
-        self.ended = False
-
-
-def to_message(entry: Entry, redelivery_count: int = 0) -> Message:
-    stored = decode_entry(entry.payload)
-    return Message(
-        message_id=(entry.position.ledger_id, entry.position.entry_id),
-        payload=stored.payload,
-        key=stored.key,
-        properties=stored.properties,
-        publish_time_ms=stored.publish_time_ms,
-        event_time_ms=stored.event_time_ms,
-        producer_name=stored.producer_name,
-        sequence_id=stored.sequence_id,
-        redelivery_count=redelivery_count,
-    )
-
-
-class _Follower:
-    """Sets ``wake`` every time the ledger has entries beyond what was seen, or ends."""
-
-    def __init__(self, ledger: ManagedLedger, wake: asyncio.Event, name: str) -> None:
-        self._ledger = ledger
-        self._wake = wake
-        self.task = asyncio.create_task(self._run(), name=f"follow-{name}")
-
-    async def _run(self) -> None:
-        seen = self._ledger.last_confirmed
-        while True:
-            try:
-                await self._ledger.wait_for_entries(seen)
-            except (LedgerSealed, LedgerClosed, LedgerError):
-                self._wake.set()
-                return
-            seen = self._ledger.last_confirmed
-            self._wake.set()
-
-    async def close(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-
-
-def _readable(entries: list[Entry], buffer: TransactionBuffer) -> tuple[list[Entry], bool]:
-    """The entries within the transaction buffer's horizon, and whether the horizon cut."""
-    horizon = buffer.max_read_position
-    if horizon is None:
-        return [], bool(entries)
-    within = [e for e in entries if e.position <= horizon]
-    return within, len(within) < len(entries)
-
-
-def _visible(buffer: TransactionBuffer, entry: Entry) -> bool:
-    """Whether a consumer may see ``entry``: not a v4 marker, not of an aborted (or
-    orphaned) transaction."""
-    stored = decode_entry(entry.payload)
-    if stored.marker is not None:
-        return False
-    return buffer.visible(None if stored.txn is None else TxnId(*stored.txn), entry.position)
+    link: ConsumerLink
+    request_id: int
+    txn: TxnId | None
 
 
 class Subscription:
@@ -144,14 +82,20 @@ class Subscription:
         batch: int,
         max_permits: int,
         hold_s: float = 0.0,
+        rewinds: bool = True,
     ) -> None:
+        """``rewinds=False`` is for tests of the soak harness only: ordered subscriptions
+        then hand messages back one by one like Shared ones (out of order: the race the
+        harness must catch)."""
         self.name = name
         self.ledger = ledger
-        self._hold_s = hold_s
-        self._held: dict[str, tuple[ConsumerLink, asyncio.TimerHandle]] = {}
-        """Failover members that dropped off, keeping their place until they return."""
         self.cursor = cursor
         self.buffer = buffer
+        self._where = f"{ledger.name}/{name}"
+        self._hold_s = hold_s
+        self._rewinds = rewinds
+        self._held: dict[str, tuple[ConsumerLink, asyncio.TimerHandle]] = {}
+        """Failover members that dropped off, keeping their place until they return."""
         self._index = TopicName.parse(ledger.name).segment or 0
         self.pending_acks: PendingAckStore = NoPendingAcks(ledger.name)
         self.type: SubscriptionType | None = None
@@ -160,22 +104,35 @@ class Subscription:
         self._max_permits = max_permits
         mark = cursor.mark_delete
         self._next = Position(mark.ledger_id, mark.entry_id + 1)
+        self._epoch = secrets.randbelow(1 << 30)
+        """Goes up at every rewind; a read in flight across a change is discarded. It starts
+        at random, so that an epoch from before a broker restart is not mistaken for one
+        after it."""
         self._pending: dict[Position, ConsumerLink] = {}
         self._redeliver: SortedSet[Position] = SortedSet()
-        self._redeliveries: dict[Position, int] = {}
+        """Shared: positions handed back, delivered before new ones."""
+        self._deliveries: SortedDict[Position, int] = SortedDict()
+        """How often each unacknowledged position was delivered (redelivery_count)."""
+        self._requests: list[_Request] = []
         self._round_robin = 0
         self._fence: set[TxnId] = set()
         """Transactions that must end before the (new) active consumer gets more."""
         self._wake = asyncio.Event()
         buffer.on_change(self._wake.set)  # the read horizon moved: no polling
-        self._follower = _Follower(ledger, self._wake, f"{ledger.name}/{name}")
-        self._task = asyncio.create_task(self._run(), name=f"dispatch-{ledger.name}/{name}")
+        self._follower = Follower(ledger, self._wake, self._where)
+        self._task = asyncio.create_task(self._run(), name=f"dispatch-{self._where}")
         self.messages_out = 0
+
+    @property
+    def _ordered(self) -> bool:
+        """Redelivery by rewinding (Exclusive and Failover)."""
+        return self._rewinds and self.type is not SubscriptionType.SHARED
 
     # ------------------------------------------------------------------ consumers
 
     def attach(self, link: ConsumerLink, sub_type: SubscriptionType) -> bool:
-        """Add a consumer; returns whether it is active (False: a Failover standby).
+        """Add a consumer and send it ``ConsumerReady`` (its first frame); returns whether
+        it is active (False: a Failover standby).
 
         Raises:
             ServerError(ConsumerBusy): the subscription is Exclusive and taken, or has
@@ -197,8 +154,21 @@ class Subscription:
             held[1].cancel()
         self.consumers.append(link)
         self._hand_over(before, joined=link)
+        active = self._is_active(link)
+        link.send(
+            ConsumerReady(
+                consumer_name=link.name, subscription=self.name, active=active, epoch=self._epoch
+            )
+        )
+        log.info(
+            "%s: consumer %s attached (%s, %s)",
+            self._where,
+            link.name,
+            sub_type,
+            "active" if active else "standby",
+        )
         self._wake.set()
-        return self._is_active(link)
+        return active
 
     def detach(self, link: ConsumerLink, *, dropped: bool = False) -> None:
         """Remove a consumer. A Failover member that ``dropped`` (its connection failed
@@ -208,22 +178,29 @@ class Subscription:
             return
         before = self._active()
         self.consumers.remove(link)
-        if (
+        self._requests = [r for r in self._requests if r.link is not link]
+        keep_place = (
             dropped
             and self._hold_s > 0
             and self.type is SubscriptionType.FAILOVER
             and link.name not in self._held
             and all(c.name != link.name for c in self.consumers)
-        ):
+        )
+        if keep_place:
             placeholder = ConsumerLink(link.name, lambda _frame: None)
             timer = asyncio.get_running_loop().call_later(
                 self._hold_s, self._release_place, link.name
             )
             self._held[link.name] = (placeholder, timer)
-        for position in list(link.pending):
-            self._pending.pop(position, None)
-            self._due_again(position)
-        link.pending.clear()
+        log.info(
+            "%s: consumer %s detached (%s)%s",
+            self._where,
+            link.name,
+            "dropped" if dropped else "closed",
+            f"; its place is held {self._hold_s:g} s" if keep_place else "",
+        )
+        if not self._ordered:
+            self._hand_back(link)
         self._hand_over(before)
         self._wake.set()
 
@@ -233,6 +210,7 @@ class Subscription:
             return
         before = self._active()
         del self._held[name]
+        log.info("%s: %s did not come back; its place is released", self._where, name)
         self._hand_over(before)
         self._wake.set()
 
@@ -255,26 +233,31 @@ class Subscription:
         return members[self._index % len(members)]
 
     def _hand_over(self, before: ConsumerLink | None, joined: ConsumerLink | None = None) -> None:
-        """Tell Failover members whose role changed; the old active's unacknowledged
-        messages go to the new one.
-
-        An ordered subscription (Exclusive, Failover) whose active consumer changes is
-        *fenced*: nothing is dispatched to the new one until every transaction then holding
-        acks on it has ended. Those acks may be aborted (a killed processor's transaction
-        times out), and their messages must then come first, before anything after them."""
+        """When the active consumer of an ordered subscription changes: fence, tell the
+        Failover members whose role changed, and rewind (what the old active had not
+        acknowledged goes to the new one, from the earliest unacknowledged position). A
+        joiner learns its role from its ``ConsumerReady``; a new active consumer has
+        nothing queued, so no ``Rewind`` frame is needed."""
         after = self._active()
-        if self.type is not SubscriptionType.SHARED and before is not after:
-            self._fence = self.pending_acks.transactions()
-        if self.type is not SubscriptionType.FAILOVER or before is after:
+        if self.type is SubscriptionType.SHARED or before is after:
             return
-        if before is not None and before in self.consumers:
-            for position in list(before.pending):
-                self._pending.pop(position, None)
-                self._due_again(position)
-            before.pending.clear()
-            before.send(ActiveChange(active=False))
-        if after is not None and after is not joined:  # a joiner learns it from its ready frame
-            after.send(ActiveChange(active=True))
+        self._fence = self.pending_acks.transactions()
+        if self.type is SubscriptionType.FAILOVER:
+            if before is not None and before in self.consumers:
+                before.send(ActiveChange(active=False))
+            if after is not None and after is not joined and after in self.consumers:
+                after.send(ActiveChange(active=True))
+        log.info(
+            "%s: hand-over from %s to %s%s",
+            self._where,
+            "nobody" if before is None else before.name,
+            "nobody" if after is None else after.name,
+            f", fenced until {len(self._fence)} open transaction(s) end" if self._fence else "",
+        )
+        if self._ordered:
+            self._rewind("hand-over", notify=False)
+        elif before is not None:
+            self._hand_back(before)
 
     def _is_active(self, link: ConsumerLink) -> bool:
         return self.type is SubscriptionType.SHARED or self._active() is link
@@ -313,32 +296,49 @@ class Subscription:
             for position in ids:
                 self._forget(position)
                 self._redeliver.discard(position)
+                self._deliveries.pop(position, None)
             await self.cursor.ack(ids)
+        if cumulative:
+            self._prune_deliveries()
         if self.ledger.is_sealed:
             self._wake.set()  # the last ack of a sealed ledger ends it for the consumers
 
     async def txn_ack(
-        self, link: ConsumerLink, txn: TxnId, ids: list[Position], *, cumulative: bool
+        self,
+        link: ConsumerLink,
+        txn: TxnId,
+        ids: list[Position],
+        *,
+        cumulative: bool,
+        epoch: int | None = None,
     ) -> None:
         """Acknowledge in a transaction: the messages stay with it until it ends.
+        ``epoch`` is the delivery epoch the client received them in.
 
         Raises:
             ServerError: InvalidArgument, NotAllowed (cumulative on Shared, or a topic
-                without v5 transactions), TransactionNotFound, TransactionConflict.
+                without v5 transactions), TransactionNotFound, TransactionConflict (among
+                others: delivered before the latest rewind; they come again).
         """
         self._check_known(ids)
         if cumulative and self.type is SubscriptionType.SHARED:
             raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
+        if self._ordered and epoch is not None and epoch != self._epoch:
+            raise ServerError(
+                ErrorName.TRANSACTION_CONFLICT,
+                f"{min(ids)} was delivered in epoch {epoch}; the subscription has rewound "
+                f"since (epoch {self._epoch}) and is delivering it again",
+            )
         if self.type is not SubscriptionType.SHARED:
-            # In an ordered subscription a message given to another consumer (this one lost
-            # its turn) must not be held by this one's transaction: the new owner would go
-            # past it, and an abort would bring it back out of order.
+            # In an ordered subscription a transaction may hold only what is pending on its
+            # consumer now: a message given to another consumer (this one lost its turn), or
+            # sent again after a rewind and not yet re-delivered, would be held out of order.
             strays = [p for p in ids if self._pending.get(p) is not link]
             if strays:
                 raise ServerError(
                     ErrorName.TRANSACTION_CONFLICT,
-                    f"{strays[0]} is not this consumer's to acknowledge now "
-                    "(the subscription moved it to another consumer, or it was not delivered)",
+                    f"{strays[0]} is not this consumer's to acknowledge now (the subscription "
+                    "moved it to another consumer or is delivering it again)",
                 )
         await self.pending_acks.ack(txn, ids, cumulative=cumulative)
         upto = max(ids)
@@ -347,20 +347,74 @@ class Subscription:
         self._wake.set()
 
     def release(self, positions: list[Position]) -> None:
-        """An aborted transaction let these go: deliver them again."""
-        for position in positions:
-            if not self.cursor.is_acked(position):
-                self._forget(position, keep_count=True)
-                self._due_again(position)
+        """A transaction's acks here were settled: committed (``positions`` empty) or
+        aborted, letting ``positions`` go (for a cumulative ack, its last position: the
+        rewind brings back everything unacknowledged before it too)."""
+        reason = None
+        if positions:
+            log.info(
+                "%s: a transaction's acks of %d message(s) from %s were aborted",
+                self._where,
+                len(positions),
+                min(positions),
+            )
+            if self._ordered:
+                reason = "transaction aborted"
+            else:
+                for position in positions:
+                    if not self.cursor.is_acked(position):
+                        self._forget(position)
+                        self._due_again(position)
+        self._prune_deliveries()
+        self._answer_requests(rewind=reason)
         self._wake.set()
 
-    def nack(self, link: ConsumerLink, ids: list[Position]) -> None:
+    def nack(self, link: ConsumerLink, ids: list[Position], request_id: int = 0) -> None:
+        """Deliver these again. On an ordered subscription this rewinds (when ``link`` is
+        the active consumer). ``request_id`` asks for a Rewind answer."""
         self._check_known(ids)
-        for position in ids:
-            if self._pending.get(position) is link:
-                self._forget(position, keep_count=True)
+        mine = [p for p in ids if self._pending.get(p) is link]
+        if self._ordered:
+            if request_id:
+                self._requests.append(_Request(link, request_id, None))
+                self._answer_requests(rewind="negative ack" if mine else None)
+            elif mine:
+                self._rewind("negative ack", notify=True)
+        else:
+            for position in mine:
+                self._forget(position)
                 self._due_again(position)
+            if request_id:
+                self.redeliver(link, request_id, None)
         self._wake.set()
+
+    def redeliver(self, link: ConsumerLink, request_id: int, txn: TxnId | None) -> None:
+        """Deliver ``link``'s unacknowledged messages again once ``txn`` (if any) holds no
+        acks here, and answer with Rewind(request_id)."""
+        self._requests.append(_Request(link, request_id, txn))
+        self._answer_requests()
+        self._wake.set()
+
+    def _answer_requests(self, rewind: str | None = None) -> None:
+        """Answer the requests whose transaction holds nothing here any more. On an ordered
+        subscription an answer to the active consumer comes with a rewind (its client
+        dropped its queue: what it held must come again); ``rewind`` forces one (naming
+        why) even with nothing to answer. On a Shared one, the asking consumer's pending
+        messages are due again."""
+        holding = self.pending_acks.transactions() if self._requests else set()
+        ready = [r for r in self._requests if r.txn is None or r.txn not in holding]
+        if ready:
+            self._requests = [r for r in self._requests if r not in ready]
+        if self._ordered:
+            active = self._active()
+            asked = any(r.link is active for r in ready)
+            if rewind is not None or asked:
+                self._rewind(rewind or "redeliver asked", notify=not asked)
+        else:
+            for request in ready:
+                self._hand_back(request.link)
+        for request in ready:
+            request.link.send(Rewind(epoch=self._epoch, request_id=request.request_id))
 
     def _check_known(self, ids: list[Position]) -> None:
         if not ids:
@@ -372,16 +426,51 @@ class Subscription:
                     f"message id {position} is not a message of {self.ledger.name}",
                 )
 
-    def _forget(self, position: Position, *, keep_count: bool = False) -> None:
+    # ------------------------------------------------------------------ handing back
+
+    def _rewind(self, reason: str, *, notify: bool) -> None:
+        """Start delivery again at the earliest unacknowledged position (ordered
+        subscriptions); ``notify`` sends the active consumer a Rewind frame."""
+        self._epoch += 1
+        again = len(self._pending)
+        for position, owner in self._pending.items():
+            owner.pending.discard(position)
+        self._pending.clear()
+        mark = self.cursor.mark_delete
+        self._next = Position(mark.ledger_id, mark.entry_id + 1)
+        self._prune_deliveries()
+        log.info(
+            "%s: rewound to %s, epoch %d (%s; %d delivered unacknowledged will come again)",
+            self._where,
+            self._next,
+            self._epoch,
+            reason,
+            again,
+        )
+        if notify:
+            active = self._active()
+            if active is not None and active in self.consumers:
+                active.send(Rewind(epoch=self._epoch))
+        self._wake.set()
+
+    def _hand_back(self, link: ConsumerLink) -> None:
+        """(Shared) What ``link`` had not acknowledged is due again, for anyone."""
+        for position in sorted(link.pending):
+            self._forget(position)
+            self._due_again(position)
+
+    def _forget(self, position: Position) -> None:
         owner = self._pending.pop(position, None)
         if owner is not None:
             owner.pending.discard(position)
-        if not keep_count:
-            self._redeliveries.pop(position, None)
 
     def _due_again(self, position: Position) -> None:
         self._redeliver.add(position)
-        self._redeliveries[position] = self._redeliveries.get(position, 0) + 1
+
+    def _prune_deliveries(self) -> None:
+        mark = self.cursor.mark_delete
+        while self._deliveries and self._deliveries.peekitem(0)[0] <= mark:
+            self._deliveries.popitem(0)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -394,7 +483,7 @@ class Subscription:
             except (LedgerClosed, asyncio.CancelledError):
                 raise
             except Exception:
-                log.exception("dispatcher of %s/%s failed a round", self.ledger.name, self.name)
+                log.exception("dispatcher of %s failed a round", self._where)
 
     def _ready(self) -> list[ConsumerLink]:
         if not self.consumers:
@@ -409,46 +498,55 @@ class Subscription:
         return [active] if active is not None and active.permits > 0 else []
 
     async def _dispatch(self) -> None:
+        if self._requests:
+            self._answer_requests()
         while True:
             ready = self._ready()
             if not ready:
                 return
+            epoch = self._epoch
             if self._redeliver:
                 position = self._redeliver.pop(0)
                 if self._settled(position) or position in self._pending:
                     continue
                 entries = await self.ledger.read(position, max_entries=1)
-                if entries and entries[0].position == position:
+                if (
+                    entries
+                    and entries[0].position == position
+                    and not (self._settled(position) or position in self._pending)
+                ):
                     self._deliver(entries[0])
                 continue
             budget = min(self._batch, sum(c.permits for c in ready))
-            entries, cut = _readable(
-                await self.ledger.read(self._next, max_entries=budget), self.buffer
-            )
+            read = await self.ledger.read(self._next, max_entries=budget)
+            if self._epoch != epoch:
+                continue  # rewound while reading: older positions come first
+            entries, cut = readable(read, self.buffer)
             if not entries:
                 if not cut:
                     self._maybe_end()
                 return  # woken again when the ledger or the read horizon moves
             invisible = []
             for entry in entries:
-                self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
                 if self._settled(entry.position) or entry.position in self._pending:
+                    self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
                     continue
-                if not _visible(self.buffer, entry):
+                if not visible(self.buffer, entry):
                     invisible.append(entry.position)  # a marker, aborted, an orphan: never shown
-                    continue
-                self._deliver(entry)
+                elif not self._deliver(entry):
+                    break
+                self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
             if invisible:  # nobody will ever ack them: the cursor moves past them here
                 await self.cursor.ack(invisible)
 
     def _settled(self, position: Position) -> bool:
         return self.cursor.is_acked(position) or self.pending_acks.is_pending(position)
 
-    def _deliver(self, entry: Entry) -> None:
+    def _deliver(self, entry: Entry) -> bool:
+        """Hand ``entry`` to a ready consumer; False if none is (it is left for later)."""
         ready = self._ready()
-        if not ready:  # consumers left while reading
-            self._redeliver.add(entry.position)
-            return
+        if not ready:  # (permits ran out) read again from here next round
+            return False
         if self.type is SubscriptionType.SHARED:
             self._round_robin = (self._round_robin + 1) % len(ready)
             link = ready[self._round_robin]
@@ -458,7 +556,10 @@ class Subscription:
         link.pending.add(entry.position)
         self._pending[entry.position] = link
         self.messages_out += 1
-        link.send(to_message(entry, self._redeliveries.get(entry.position, 0)))
+        delivered = self._deliveries.get(entry.position, 0)
+        self._deliveries[entry.position] = delivered + 1
+        link.send(to_message(entry, delivered, self._epoch))
+        return True
 
     def _maybe_end(self) -> None:
         """On a sealed ledger, tell consumers once everything is delivered and acked."""
@@ -488,73 +589,3 @@ class Subscription:
         await asyncio.gather(self._task, return_exceptions=True)
         await self._follower.close()
         await self.pending_acks.close()
-
-
-class Reader:
-    """A cursor-less, forward-only view of a topic from a start position (committed data
-    only, like a consumer). It ends (``end_of_topic``) at the end of a sealed ledger, or once
-    it has passed ``end`` (inclusive) when one is given."""
-
-    def __init__(
-        self,
-        ledger: ManagedLedger,
-        buffer: TransactionBuffer,
-        link: ConsumerLink,
-        start: Position,
-        *,
-        batch: int,
-        max_permits: int,
-        end: Position | None = None,
-    ) -> None:
-        self.ledger = ledger
-        self.buffer = buffer
-        self.link = link
-        self._next = start
-        self._end = end
-        self._batch = batch
-        self._max_permits = max_permits
-        self._wake = asyncio.Event()
-        buffer.on_change(self._wake.set)
-        self._follower = _Follower(ledger, self._wake, f"{ledger.name}/reader-{link.id}")
-        self._task = asyncio.create_task(self._run(), name=f"reader-{ledger.name}-{link.id}")
-
-    def flow(self, permits: int) -> None:
-        if permits <= 0:
-            raise ServerError(
-                ErrorName.INVALID_ARGUMENT, f"permits must be positive, not {permits}"
-            )
-        self.link.permits = min(self.link.permits + permits, self._max_permits)
-        self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self.link.permits > 0 and not self.link.ended:
-                if self._end is not None and self._next > self._end:
-                    self.link.ended = True
-                    self.link.send(EndOfTopic())
-                    break
-                entries, cut = _readable(
-                    await self.ledger.read(
-                        self._next, max_entries=min(self._batch, self.link.permits)
-                    ),
-                    self.buffer,
-                )
-                if not entries:
-                    if not cut and self.ledger.is_sealed and not self.link.ended:
-                        self.link.ended = True
-                        self.link.send(EndOfTopic())
-                    break
-                for entry in entries:
-                    self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
-                    if not _visible(self.buffer, entry):
-                        continue
-                    self.link.permits -= 1
-                    self.link.send(to_message(entry))
-
-    async def close(self) -> None:
-        self.buffer.remove_listener(self._wake.set)
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        await self._follower.close()

@@ -9,6 +9,11 @@ from segtxn.ledger import LedgerSettings, RetentionPolicy
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
+UNORDERED_REDELIVERY = "unordered-redelivery"
+"""Test-only bug: ordered subscriptions hand messages back one by one instead of rewinding
+(the race issue 14 fixed), so the soak harness can show it catches it."""
+TEST_BUGS = frozenset({UNORDERED_REDELIVERY})
+
 
 @dataclass(frozen=True)
 class BrokerSettings:
@@ -44,7 +49,18 @@ class BrokerSettings:
     close) keeps its place this long: its segments wait for it to come back under the same
     name rather than move to another member. 0: they move at once."""
 
+    test_bugs: frozenset[str] = frozenset()
+    """Known bugs put back on purpose to prove the soak harness catches them (tests only,
+    never in production; ``segtxn`` reads them from ``SEGTXN_TEST_BUGS``): see
+    :data:`TEST_BUGS`."""
+
     def __post_init__(self) -> None:
+        unknown = self.test_bugs - TEST_BUGS
+        if unknown:
+            raise ValueError(
+                f"unknown test bug(s) {', '.join(sorted(unknown))}: known are "
+                + ", ".join(sorted(TEST_BUGS))
+            )
         if not _ID.match(self.broker_id):
             raise ValueError(f"broker id {self.broker_id!r}: 1-63 of letters, digits, _.-")
         if not self.advertise_url.startswith(("http://", "https://")):

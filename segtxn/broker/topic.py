@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass
 
 from segtxn.broker.dedup import Deduplication
-from segtxn.broker.dispatch import ConsumerLink, Subscription, SubscriptionType
+from segtxn.broker.delivery import ConsumerLink
+from segtxn.broker.dispatch import Subscription, SubscriptionType
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.broker.settings import BrokerSettings
+from segtxn.broker.settings import UNORDERED_REDELIVERY, BrokerSettings
 from segtxn.broker.txn.buffer import (
     MetadataTransactionBuffer,
     NoTransactions,
@@ -258,6 +259,7 @@ class Topic:
                 batch=self.settings.dispatch_batch,
                 max_permits=self.settings.max_permits,
                 hold_s=self.settings.consumer_hold_s if self.name.domain is Domain.SEGMENT else 0,
+                rewinds=UNORDERED_REDELIVERY not in self.settings.test_bugs,
             )
             if self.name.domain is Domain.SEGMENT:
                 subscription.pending_acks = MetadataPendingAckStore(
@@ -290,9 +292,13 @@ class Topic:
 
     async def attach(
         self, name: str, link: ConsumerLink, sub_type: SubscriptionType, initial: str
-    ) -> tuple[Subscription, bool]:
+    ) -> Subscription:
+        """Attach a consumer (it is sent ConsumerReady) to ``name``, created if new.
+
+        Raises ServerError(ConsumerBusy)."""
         subscription = await self.subscription(name, initial=initial)
-        return subscription, subscription.attach(link, sub_type)
+        subscription.attach(link, sub_type)
+        return subscription
 
     async def delete_subscription(self, name: str) -> None:
         """Raises ServerError(SubscriptionNotFound / ConsumerBusy)."""

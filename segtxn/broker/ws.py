@@ -26,22 +26,24 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from segtxn.broker.dispatch import ConsumerLink, Reader, Subscription, SubscriptionType
+from segtxn.broker.delivery import ConsumerLink
+from segtxn.broker.dispatch import Subscription, SubscriptionType
 from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.broker.reader import Reader
 from segtxn.broker.topic import Topic
 from segtxn.ledger import Position
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import (
     Ack,
-    ConsumerReady,
     Error,
     Flow,
     Frame,
     Nack,
     ProducerReady,
     Receipt,
+    Redeliver,
     Send,
     SendBatch,
 )
@@ -53,19 +55,30 @@ _generated = itertools.count(1)
 
 
 class _Outbox:
-    """A bounded queue of frames and the task that writes them to the socket."""
+    """A bounded queue of frames and the task that writes them to the socket.
+
+    Frames may be queued before the WebSocket is prepared (a consumer's ``ConsumerReady``
+    is queued when it attaches); they are written, in order, once ``start`` is called."""
 
     def __init__(self, ws: web.WebSocketResponse, size: int, name: str) -> None:
         self.ws = ws
         self.queue: asyncio.Queue[Frame] = asyncio.Queue(maxsize=size)
-        self.task = asyncio.create_task(self._run(), name=f"ws-sender-{name}")
+        self._name = name
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """The socket is prepared: write what is queued and what comes."""
+        self.task = asyncio.create_task(self._run(), name=f"ws-sender-{self._name}")
 
     def send(self, frame: Frame) -> None:
         try:
             self.queue.put_nowait(frame)
         except asyncio.QueueFull:
-            log.warning("outbound queue full; closing a connection that does not read")
-            self.task.cancel()
+            log.warning(
+                "%s: outbound queue full; closing a connection that does not read", self._name
+            )
+            if self.task is not None:
+                self.task.cancel()
 
     async def _run(self) -> None:
         while True:
@@ -77,6 +90,8 @@ class _Outbox:
                 self.queue.task_done()
 
     async def close(self) -> None:
+        if self.task is None:
+            return
         # flush what is queued (receipts, ack receipts) unless the socket is gone
         if not self.ws.closed and not self.task.done():
             with contextlib.suppress(TimeoutError):
@@ -149,6 +164,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     topic.producers[producer_name] = ws
     settings = service.settings
     outbox = _Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
+    outbox.start()
     window = asyncio.Semaphore(settings.max_pending_sends)
     tasks: set[asyncio.Task[None]] = set()
     outbox.send(
@@ -250,18 +266,13 @@ async def consumer(request: web.Request) -> web.StreamResponse:
             _counting(outbox, service.metrics),
             lambda: ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic unloaded"),
         )
-        subscription, active = await topic.attach(subscription_name, link, sub_type, initial)
+        # attach queues ConsumerReady, the first frame, before anything else for the link
+        subscription = await topic.attach(subscription_name, link, sub_type, initial)
     except ServerError as e:
-        if link is not None:
-            await outbox.close()
         return error_response(e, request)
     try:
         await ws.prepare(request)
-        outbox.send(
-            ConsumerReady(
-                consumer_name=consumer_name, subscription=subscription_name, active=active
-            )
-        )
+        outbox.start()
         await _serve_consumer(ws, subscription, link, outbox)
     finally:
         # a clean close (1000) leaves at once; anything else may be a consumer coming back
@@ -289,7 +300,9 @@ async def _serve_consumer(
                         f"{txn} is a v{5 if txn.is_v5 else 4} transaction; "
                         f"{subscription.ledger.name} takes v{5 if on_segment else 4} ones",
                     )
-                await subscription.txn_ack(link, txn, ids, cumulative=frame.cumulative)
+                await subscription.txn_ack(
+                    link, txn, ids, cumulative=frame.cumulative, epoch=frame.epoch
+                )
             if frame.request_id:
                 outbox.send(frames.AckReceipt(request_id=frame.request_id))
         except ServerError as e:
@@ -308,7 +321,10 @@ async def _serve_consumer(
             acks.add(task)
             task.add_done_callback(acks.discard)
         elif isinstance(frame, Nack):
-            subscription.nack(link, [Position(*i) for i in frame.message_ids])
+            subscription.nack(link, [Position(*i) for i in frame.message_ids], frame.request_id)
+        elif isinstance(frame, Redeliver):
+            txn = None if frame.txn is None else TxnId(*frame.txn)
+            subscription.redeliver(link, frame.request_id, txn)
 
     try:
         await _receive_frames(ws, frames.consumer_input.decode, handle, outbox)
@@ -331,6 +347,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
         return error_response(e, request)
     await ws.prepare(request)
     outbox = _Outbox(ws, service.settings.max_permits + 64, f"reader-{name}")
+    outbox.start()
     link = ConsumerLink(f"reader-{next(_generated)}", outbox.send)
     session = Reader(
         topic.ledger,

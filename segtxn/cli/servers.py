@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 from collections.abc import Callable
@@ -52,6 +53,14 @@ def _run(make: Callable[[], list[Server]]) -> None:
             asyncio.run(_serve(make()))
     except (MetadataStoreError, ValueError, OSError) as e:
         raise click.ClickException(f"{type(e).__name__}: {e}") from e
+
+
+def _test_bugs() -> frozenset[str]:
+    """``SEGTXN_TEST_BUGS`` (comma-separated): known bugs put back on purpose, so that the
+    soak harness can show it catches them. Tests only."""
+    return frozenset(
+        b.strip() for b in os.environ.get("SEGTXN_TEST_BUGS", "").split(",") if b.strip()
+    )
 
 
 def _free(host: str) -> int:
@@ -103,6 +112,7 @@ def broker(
             auto_create_topics=auto_create_topics,
             session_ttl_s=session_ttl,
             consumer_hold_s=consumer_hold,
+            test_bugs=_test_bugs(),
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
@@ -213,6 +223,7 @@ def standalone(
             store_url=store,
             ledger_url=ledger_url,
             auto_create_topics=auto_create_topics,
+            test_bugs=_test_bugs(),
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e

@@ -3,18 +3,27 @@
 A :class:`Consumer` attaches to a subscription of one topic or segment. It grants the broker
 ``receiver_queue_size`` permits and tops them up as the application takes messages, so at
 most that many messages wait in the client. ``acknowledge`` returns once the broker has
-made the acknowledgment durable. After a reconnect, messages received but not acknowledged
-are delivered again by the broker (the local queue is dropped, so nothing is seen twice
-because of the reconnect itself; ``redelivery_count`` tells a redelivery apart).
+made the acknowledgment durable.
 
-A :class:`MultiConsumer` consumes every segment of a scalable topic through one queue (no
-ordering promise across segments), and a :class:`Reader` reads from a position without a
-subscription.
+On an ordered (Exclusive or Failover) subscription, the application receives each topic's
+or segment's messages in position order, and after anything hands messages back — a
+transaction in which it acknowledged them does not commit, a negative ack, a reconnect, a
+Failover hand-over — the broker *rewinds*: delivery starts again at the earliest
+unacknowledged message and goes forward (docs/protocol.md, "Ordered redelivery"). This
+client drops whatever it still had queued from before the rewind, and after its own abort
+(or negative ack) it hands the application nothing more of that topic or segment until the
+broker's rewind arrives. So an older message never follows a newer one except as a
+redelivery (``redelivery_count`` > 0).
+
+A scalable topic is consumed segment by segment through one queue (no ordering promise
+across segments; per key, parents before children), and a :class:`Reader` reads from a
+position without a subscription.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import secrets
@@ -41,6 +50,8 @@ from segtxn.protocol.frames import (
     Error,
     Flow,
     Nack,
+    Redeliver,
+    Rewind,
 )
 from segtxn.protocol.frames import Message as MessageFrame
 from segtxn.protocol.names import Domain, TopicName
@@ -61,8 +72,11 @@ FATAL = {
 class _Stream:
     """One WebSocket of messages from a broker, reconnecting; shared by consumer and reader.
 
-    A consumer's stream drops its undelivered messages on reconnect (the broker delivers
-    them again); a reader's keeps them and resumes after the last one it received.
+    A consumer's stream drops its undelivered messages on reconnect, on a ``Rewind`` and when
+    it stops being the active Failover member (the broker delivers them again); while a
+    redelivery it asked for is not yet answered, it drops arriving messages too (they were
+    sent before the rewind). A reader's stream keeps them and resumes after the last one it
+    received.
     """
 
     def __init__(
@@ -76,8 +90,10 @@ class _Stream:
         receiver_queue_size: int,
         deliver: asyncio.Queue[Message | BaseException],
         on_end: Callable[[], None] | None = None,
+        ordered: bool = False,
     ) -> None:
         self.topic = topic
+        self._ordered = ordered
         self._connector = connector
         self._kind, self._suffix, self._query = kind, suffix, query
         self._size = receiver_queue_size
@@ -87,6 +103,10 @@ class _Stream:
         self._acks: dict[int, asyncio.Future[None]] = {}
         self._ack_frames: dict[int, Ack] = {}
         self._granted = 0
+        self._awaiting: set[int] = set()
+        """Redeliver / Nack requests whose Rewind has not come: messages arriving meanwhile
+        were sent before the rewind and are dropped."""
+        self.epoch = 0
         self.active = True
         self.ended = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -112,6 +132,8 @@ class _Stream:
                 await ws.close()
                 raise ServerError(ErrorName.SERVICE_NOT_READY, "the broker did not accept us")
             self.active = ready.active
+            self.epoch = ready.epoch
+        self._awaiting.clear()  # a new attachment: the broker starts it from a rewind
         self._ws = ws
         self._granted = self._size
         await ws.send_bytes(frames.encode(Flow(permits=self._size)))
@@ -169,6 +191,9 @@ class _Stream:
                 log.warning("undecodable frame from the broker on %s", self.topic)
                 continue
             if isinstance(frame, MessageFrame):
+                if self._awaiting:  # sent before the rewind we asked for: it comes again
+                    await self.taken()
+                    continue
                 self._deliver.put_nowait(_message(self.topic, frame))
                 if self._kind == "reader":  # after a reconnect, go on after this one
                     ledger, entry = frame.message_id
@@ -192,14 +217,44 @@ class _Stream:
                 if not frame.active:
                     # the broker gives what we had not acked to the new active member: the
                     # ones still queued here must not reach the application too
-                    dropped = self._drop_queued()
-                    if dropped:  # their permits were spent on the link: grant them again
-                        await ws.send_bytes(frames.encode(Flow(permits=dropped)))
+                    await self._drop_and_regrant()
+            elif isinstance(frame, Rewind):
+                self.epoch = frame.epoch
+                self._awaiting.discard(frame.request_id)
+                dropped = await self._drop_and_regrant()
+                log.debug(
+                    "%s on %s: rewind to epoch %d (%d queued dropped)",
+                    self._kind,
+                    self.topic,
+                    frame.epoch,
+                    dropped,
+                )
             elif isinstance(frame, EndOfTopic):
                 self.ended.set()
                 if self._on_end is not None:
                     self._on_end()
         raise ConnectionError("the broker closed the connection")
+
+    async def _drop_and_regrant(self) -> int:
+        """Drop the queued messages (they come again); their permits were spent on the
+        link, so grant them again. Returns how many were dropped."""
+        dropped = self._drop_queued()
+        if dropped and self._ws is not None:
+            await self._ws.send_bytes(frames.encode(Flow(permits=dropped)))
+        return dropped
+
+    async def redeliver(self, txn: tuple[int, int] | None = None) -> None:
+        """Ask for every unacknowledged message again, once ``txn`` (if given) has let go
+        of its acks (after it did not commit); until the broker's Rewind answers, nothing
+        more of this stream reaches the application."""
+        await self._ask_again(Redeliver(request_id=next(_ids), txn=txn))
+
+    async def _ask_again(self, frame: Redeliver | Nack) -> None:
+        if self._ws is None:
+            return  # reconnecting: the new attachment starts from a rewind anyway
+        self._awaiting.add(frame.request_id)
+        await self._drop_and_regrant()
+        await self._ws.send_bytes(frames.encode(frame))
 
     async def taken(self) -> None:
         """One message was handed to the application: top permits up in halves."""
@@ -210,7 +265,12 @@ class _Stream:
             await self._ws.send_bytes(frames.encode(Flow(permits=more)))
 
     async def ack(
-        self, ids: list[MessageId], *, cumulative: bool, txn: tuple[int, int] | None = None
+        self,
+        ids: list[MessageId],
+        *,
+        cumulative: bool,
+        txn: tuple[int, int] | None = None,
+        epoch: int | None = None,
     ) -> None:
         request_id = next(_ids)
         frame = Ack(
@@ -218,6 +278,7 @@ class _Stream:
             cumulative=cumulative,
             request_id=request_id,
             txn=txn,
+            epoch=epoch,
         )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[request_id] = future
@@ -227,9 +288,13 @@ class _Stream:
         await future  # sent again after a reconnect, until the broker confirms
 
     async def nack(self, ids: list[MessageId]) -> None:
-        if self._ws is not None:
-            frame = Nack(message_ids=[(i.ledger_id, i.entry_id) for i in ids])
-            await self._ws.send_bytes(frames.encode(frame))
+        """Ask for these again; on an ordered subscription the broker rewinds and nothing
+        newer reaches the application before they do."""
+        positions = [(i.ledger_id, i.entry_id) for i in ids]
+        if self._ordered:
+            await self._ask_again(Nack(message_ids=positions, request_id=next(_ids)))
+        elif self._ws is not None:
+            await self._ws.send_bytes(frames.encode(Nack(message_ids=positions)))
 
     async def settle_acks(self, limit_s: float) -> None:
         """Wait, at most ``limit_s``, for the acks in flight to be confirmed."""
@@ -259,6 +324,7 @@ def _message(topic: TopicName, frame: MessageFrame) -> Message:
         producer_name=frame.producer_name,
         sequence_id=frame.sequence_id,
         redelivery_count=frame.redelivery_count,
+        epoch=frame.epoch,
     )
 
 
@@ -323,6 +389,7 @@ class Consumer:
             receiver_queue_size=self._size,
             deliver=self._queue,
             on_end=self._wake.set,
+            ordered=self._ordered,
         )
 
     async def _open(self, topic: TopicName) -> None:
@@ -433,8 +500,15 @@ class Consumer:
         name = TopicName.parse(message_id.topic)
         registered = name.parent() if name.domain is Domain.SEGMENT else name
         await txn.add_subscription(str(registered), self.subscription)
+        # if the transaction does not commit, what it acknowledged here comes again first
+        txn.on_failure(stream, functools.partial(stream.redeliver, txn.wire_id))
         ack = asyncio.ensure_future(
-            stream.ack([message_id], cumulative=cumulative, txn=txn.wire_id)
+            stream.ack(
+                [message_id],
+                cumulative=cumulative,
+                txn=txn.wire_id,
+                epoch=message.epoch if isinstance(message, Message) else None,
+            )
         )
         txn.track(ack)
         await ack

@@ -28,3 +28,7 @@ class Message:
     producer_name: str = ""
     sequence_id: int = -1
     redelivery_count: int = 0
+    """How many times the subscription delivered it before (0: the first time)."""
+    epoch: int = 0
+    """The subscription's delivery epoch it came in: a rewind starts a new one, and the
+    broker refuses to let a transaction acknowledge a message from an earlier epoch."""

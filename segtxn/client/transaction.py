@@ -12,6 +12,14 @@ If any failed, the transaction is *poisoned*: ``commit`` aborts it and raises
 :class:`TransactionFailed` (a transaction is all or nothing, so one lost message means none
 may count). A transaction whose timeout passes is aborted by its coordinator; committing it
 then fails with ``InvalidTxnStatus``.
+
+When a transaction does not commit (it is aborted, its commit is refused, or ending it fails
+with an unknown outcome), every consumer that acknowledged messages in it asks the broker to
+deliver its unacknowledged messages again, from the earliest, once the transaction has let
+go of them; until then it hands the application nothing newer from those topics. So after
+``abort()`` returns, the next messages an ordered consumer receives start with the ones
+the transaction had acknowledged, as if the consumer had sought back (Kafka's consumer does
+this by hand after an abort).
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -26,6 +36,8 @@ from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId
+
+log = logging.getLogger(__name__)
 
 
 class TransactionFailed(ClientError):
@@ -85,6 +97,7 @@ class Transaction:
         self._registered: dict[str, asyncio.Future[None]] = {}
         self._starting = asyncio.Lock()
         """ADD_PARTITION / ADD_SUBSCRIPTION calls made (or in flight), so each happens once."""
+        self._on_failure: dict[object, Callable[[], Awaitable[None]]] = {}
 
     @property
     def id(self) -> TxnId:
@@ -171,6 +184,20 @@ class Transaction:
         if not future.cancelled() and future.exception() is not None and self._failure is None:
             self._failure = future.exception()
 
+    def on_failure(self, key: object, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run ``callback`` (once per ``key``) if this transaction ends without a commit:
+        aborted, refused, or with an outcome unknown. Consumers use it to have what they
+        acknowledged in it delivered again, in order."""
+        self._on_failure.setdefault(key, callback)
+
+    async def _failed(self) -> None:
+        callbacks, self._on_failure = list(self._on_failure.values()), {}
+        for callback in callbacks:
+            try:
+                await callback()
+            except (ClientError, ServerError, ConnectionError) as e:
+                log.warning("transaction %s: asking for redelivery failed: %s", self._id, e)
+
     def poison(self, error: BaseException) -> None:
         """Mark the transaction failed (its commit will abort)."""
         if self._failure is None:
@@ -189,17 +216,25 @@ class Transaction:
         self._check_open("COMMITTING")  # a commit whose outcome is unknown may be retried
         await asyncio.gather(*self._in_flight, return_exceptions=True)
         if self._failure is not None:
-            await self._end(TxnAction.ABORT)
+            try:
+                await self._end(TxnAction.ABORT)
+            finally:
+                await self._failed()
             raise TransactionFailed(
                 f"transaction {self._id} aborted: an operation in it failed"
             ) from self._failure
         self.state = "COMMITTING"
         try:
             await self._end(TxnAction.COMMIT)
-        except ServerError as e:
-            if e.name in (ErrorName.INVALID_TXN_STATUS, ErrorName.TRANSACTION_NOT_FOUND):
+        except BaseException as e:
+            if isinstance(e, ServerError) and e.name in (
+                ErrorName.INVALID_TXN_STATUS,
+                ErrorName.TRANSACTION_NOT_FOUND,
+            ):
                 self.state = "ABORTED"
-            raise  # otherwise the outcome is unknown: commit() may be called again
+            await self._failed()  # aborted, or unknown: commit() may be called again
+            raise
+        self._on_failure.clear()
 
     async def abort(self) -> None:
         """END_TXN(ABORT); nothing the transaction wrote or acknowledged will count."""
@@ -209,7 +244,10 @@ class Transaction:
             self.state = "ABORTED"
             return
         await asyncio.gather(*self._in_flight, return_exceptions=True)
-        await self._end(TxnAction.ABORT)
+        try:
+            await self._end(TxnAction.ABORT)
+        finally:
+            await self._failed()
 
     async def _end(self, action: TxnAction) -> None:
         await self._coordinators.call(

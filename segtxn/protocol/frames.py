@@ -67,12 +67,29 @@ class Ack(Frame, tag="ack"):
     """Non-zero: the broker answers with AckReceipt(request_id) once the ack is durable
     (for a transactional ack: once it is recorded as pending on the transaction)."""
     txn: tuple[int, int] | None = None
+    epoch: int | None = None
+    """The delivery epoch of the acknowledged messages: on an ordered subscription a
+    transaction may not acknowledge messages delivered before the latest rewind
+    (TransactionConflict; they are being delivered again)."""
 
 
 class Nack(Frame, tag="nack"):
     """Ask for redelivery of these messages (negative acknowledgment)."""
 
     message_ids: list[MessageIdT]
+    request_id: int = 0
+    """Non-zero: answer with Rewind(request_id) once redelivery starts (ordered
+    subscriptions: everything from the earliest unacknowledged message comes again)."""
+
+
+class Redeliver(Frame, tag="redeliver"):
+    """Deliver this consumer's unacknowledged messages again, once ``txn`` (if given) no
+    longer holds acknowledgments on the subscription (its outcome is applied). The broker
+    answers with Rewind(request_id). A client sends it after a transaction in which it
+    acknowledged messages did not commit (Pulsar's redeliverUnacknowledgedMessages)."""
+
+    request_id: int
+    txn: tuple[int, int] | None = None
 
 
 class ConsumerReady(Frame, tag="consumer_ready"):
@@ -80,6 +97,8 @@ class ConsumerReady(Frame, tag="consumer_ready"):
     subscription: str
     active: bool
     """False for a Failover standby: it gets messages only when it becomes active."""
+    epoch: int = 0
+    """The subscription's delivery epoch (see Rewind)."""
 
 
 class Message(Frame, tag="message"):
@@ -92,6 +111,8 @@ class Message(Frame, tag="message"):
     producer_name: str = ""
     sequence_id: int = -1
     redelivery_count: int = 0
+    epoch: int = 0
+    """The subscription's delivery epoch (see Rewind); 0 from a reader."""
 
 
 class AckReceipt(Frame, tag="ack_receipt"):
@@ -100,6 +121,17 @@ class AckReceipt(Frame, tag="ack_receipt"):
 
 class ActiveChange(Frame, tag="active_change"):
     active: bool
+
+
+class Rewind(Frame, tag="rewind"):
+    """Delivery starts again: the messages that follow begin at the earliest unacknowledged
+    position and go forward in position order (ordered subscriptions), so every message
+    sent before this frame and not yet handed to the application is stale and is dropped
+    by the client. ``epoch`` counts the subscription's rewinds; ``request_id`` is non-zero
+    when this answers the client's Redeliver or Nack."""
+
+    epoch: int
+    request_id: int = 0
 
 
 class EndOfTopic(Frame, tag="end_of_topic"):
@@ -120,7 +152,7 @@ class Error(Frame, tag="error"):
 
 
 ProducerInput = Send | SendBatch
-ConsumerInput = Flow | Ack | Nack
+ConsumerInput = Flow | Ack | Nack | Redeliver
 ServerFrame = (
     Receipt
     | ProducerReady
@@ -128,6 +160,7 @@ ServerFrame = (
     | Message
     | AckReceipt
     | ActiveChange
+    | Rewind
     | EndOfTopic
     | Error
 )

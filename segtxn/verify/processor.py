@@ -10,17 +10,19 @@ output topics, acknowledges the inputs in the transaction, and then (seeded dice
 - stalls past the transaction's timeout and then tries to commit (``timeout_rate``): the
   coordinator has aborted it, so the commit must be refused.
 
-After any transaction that did not commit, its inputs come back (released when the broker
-learns the outcome), behind what the processor received meanwhile: it waits for them and goes
-on in position order, which keeps each key's outputs in input order. If they do not come back
-(the segment moved to another member), it subscribes again. Everything it does goes to its
-history (:mod:`segtxn.verify.history`); SIGTERM ends it after the transaction in hand.
+It relies on what the client and broker promise and nothing else: each segment's inputs
+arrive in position order, and after a transaction that did not commit, its inputs come
+again first (the broker rewinds the subscription; docs/protocol.md). So it just consumes,
+transforms, produces, acknowledges, and commits or aborts, the way the docs tell users to.
+Everything it does goes to its history (:mod:`segtxn.verify.history`); SIGTERM ends it
+after the transaction in hand.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import signal
 import uuid
@@ -33,12 +35,13 @@ from segtxn.client import (
     ClientError,
     Consumer,
     Message,
-    MessageId,
     ServerError,
     TransactionFailed,
 )
 from segtxn.client.producer import ScalableProducer
 from segtxn.verify.history import History, Outcome, OutputRecord, decode_input, encode
+
+log = logging.getLogger(__name__)
 
 SUBSCRIPTION = "processors"
 
@@ -81,75 +84,35 @@ class Processor:
         self.history = History(config.run_dir / "history", config.name)
         self.rng = random.Random(f"{config.seed}-{config.name}-{self.session}")
         self.stopping = asyncio.Event()
-        self._owed: set[MessageId] = set()
-        """Inputs of a transaction that did not commit, until they are delivered again."""
-        self._held: list[Message] = []
-        """Inputs received and not yet processed."""
 
-    async def _subscribe(self) -> Consumer:
-        return await self.client.subscribe(
+    async def run(self) -> None:
+        out_a = await self.client.create_producer(self.config.topics.out_a)
+        out_b = await self.client.create_producer(self.config.topics.out_b)
+        assert isinstance(out_a, ScalableProducer) and isinstance(out_b, ScalableProducer)
+        consumer = await self.client.subscribe(
             self.config.topics.input,
             SUBSCRIPTION,
             subscription_type="Failover",
             initial_position="earliest",
             name=self.config.name,
         )
-
-    async def run(self) -> None:
-        out_a = await self.client.create_producer(self.config.topics.out_a)
-        out_b = await self.client.create_producer(self.config.topics.out_b)
-        assert isinstance(out_a, ScalableProducer) and isinstance(out_b, ScalableProducer)
-        consumer = await self._subscribe()
         try:
             while not self.stopping.is_set():
-                if self._owed and not await self._take_back(consumer):
-                    await consumer.close()  # they went elsewhere: start over, in order
-                    consumer = await self._subscribe()
                 batch = await self._batch(consumer)
-                if not batch:
-                    continue
-                if not await self._process(consumer, batch, out_a, out_b):
-                    self._owed = {m.message_id for m in batch}
+                if batch:
+                    await self._process(consumer, batch, out_a, out_b)
         finally:
             await consumer.close()
             self.history.close()
 
-    async def _take_back(self, consumer: Consumer) -> bool:
-        """After a transaction that did not commit: its inputs come back (released when the
-        broker learns the outcome), behind what we received meanwhile. Wait for them, then
-        order what we hold by position, so each key goes on in order. False if they do not
-        come back in time (the segment moved to another member)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2 * self.config.txn_timeout_s
-        held = {m.message_id for m in self._held}
-        while not self._owed <= held:
-            if loop.time() > deadline:
-                self._owed, self._held = set(), []
-                return False
-            with contextlib.suppress(TimeoutError):
-                message = await consumer.receive(timeout_s=0.1)
-                if message.message_id not in held:
-                    self._held.append(message)
-                    held.add(message.message_id)
-        self._owed = set()
-        self._held.sort(key=lambda m: (m.message_id.topic, m.message_id[1:]))
-        return True
-
     async def _batch(self, consumer: Consumer) -> list[Message]:
-        """Up to ``batch`` inputs, what we hold first. A message given back to the broker
-        (this member lost its segment for a moment) and delivered again counts once."""
-        batch: dict[MessageId, Message] = {}
-        while self._held and len(batch) < self.config.batch:
-            message = self._held.pop(0)
-            batch.setdefault(message.message_id, message)
+        """Up to ``batch`` inputs: what has arrived, waiting a little for the first."""
+        batch: list[Message] = []
         with contextlib.suppress(TimeoutError):
-            if not batch:
-                first = await consumer.receive(timeout_s=0.5)
-                batch[first.message_id] = first
+            batch.append(await consumer.receive(timeout_s=0.5))
             while len(batch) < self.config.batch:
-                message = await consumer.receive(timeout_s=0.05)
-                batch.setdefault(message.message_id, message)
-        return list(batch.values())
+                batch.append(await consumer.receive(timeout_s=0.05))
+        return batch
 
     async def _process(
         self,
@@ -157,8 +120,8 @@ class Processor:
         batch: list[Message],
         out_a: ScalableProducer,
         out_b: ScalableProducer,
-    ) -> bool:
-        """One transaction over ``batch``; returns whether it committed."""
+    ) -> None:
+        """One transaction over ``batch``."""
         config = self.config
         txn = await self.client.transaction(timeout_s=config.txn_timeout_s).start()
         name = str(txn.id)
@@ -215,7 +178,7 @@ class Processor:
             outputs=outputs,
             commit_ms=(loop.time() - started) * 1000,
         )
-        return outcome == "committed"
+        log.debug("%s: %s %s (%d inputs)", config.name, name, outcome, len(inputs))
 
 
 async def run_processor(config: ProcessorConfig) -> None:
