@@ -340,6 +340,15 @@ class Consumer:
     parents has been consumed *and acknowledged* to its end (the broker says so with
     ``end_of_topic``), so each key's messages arrive in order across splits and merges.
     With Shared every segment is consumed as soon as it exists, in no particular order.
+
+    Ordered subscriptions also promise this within each topic or segment: messages arrive
+    in position order, and after messages are handed back (a transaction that acknowledged
+    them did not commit, a negative ack, a reconnect, a Failover hand-over) they arrive
+    again from the earliest unacknowledged one, in order; an older message never follows a
+    newer one except as a redelivery (``redelivery_count`` > 0). After ``txn.abort()`` (or a
+    failed commit) returns, nothing newer than the transaction's inputs is handed out until
+    they have come back. A transaction may only acknowledge a message received since the
+    latest rewind (else ``TransactionConflict``: abort and take it again).
     """
 
     def __init__(
