@@ -11,10 +11,11 @@ async with Client("http://localhost:8080") as client:
 """
 
 from segtxn.client.client import Client
-from segtxn.client.consumer import CheckpointConsumer, Consumer, Reader
+from segtxn.client.consumer import CheckpointConsumer, Consumer
 from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout, TopicEnded
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
+from segtxn.client.reader import Reader
 from segtxn.client.transaction import Transaction, TransactionFailed
 from segtxn.protocol.errors import ErrorName, ServerError
 

@@ -9,10 +9,11 @@ import aiohttp
 
 from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector
-from segtxn.client.consumer import CheckpointConsumer, Consumer, Reader
+from segtxn.client.consumer import CheckpointConsumer, Consumer
 from segtxn.client.errors import ClientClosed
 from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
+from segtxn.client.reader import Reader
 from segtxn.client.transaction import Coordinators, Transaction
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName

@@ -1,0 +1,70 @@
+"""Readers: the messages of one topic or segment from a start position, without a
+subscription (nothing is acknowledged; committed data only)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from segtxn.client.connection import Connector
+from segtxn.client.errors import TopicEnded
+from segtxn.client.messages import Message
+from segtxn.client.stream import MessageStream
+from segtxn.protocol.names import TopicName
+
+
+class Reader:
+    """Messages of one topic or segment from a start position, without a subscription."""
+
+    def __init__(
+        self,
+        connector: Connector,
+        topic: TopicName,
+        *,
+        start: str = "earliest",
+        end: str | None = None,
+        receiver_queue_size: int = 1000,
+    ) -> None:
+        self._queue: asyncio.Queue[Message | BaseException] = asyncio.Queue(
+            maxsize=receiver_queue_size + 8
+        )
+        query = {"start": start} if end is None else {"start": start, "end": end}
+        self._stream = MessageStream(
+            connector,
+            topic,
+            kind="reader",
+            suffix="",
+            query=query,
+            receiver_queue_size=receiver_queue_size,
+            deliver=self._queue,
+            on_end=self._ended,
+        )
+
+    def _ended(self) -> None:
+        # after every message (one WebSocket, in order); kept across reconnects like errors
+        self._queue.put_nowait(TopicEnded(f"{self._stream.topic}: nothing more to read"))
+
+    async def start(self) -> None:
+        await self._stream.start()
+
+    def ended(self) -> bool:
+        return self._stream.ended.is_set()
+
+    async def receive(self, timeout_s: float | None = None) -> Message:
+        """The next message.
+
+        Raises:
+            TopicEnded: everything was read (sealed topic, or past ``end``); raised again on
+                every later call.
+        """
+        async with asyncio.timeout(timeout_s):
+            item = await self._queue.get()
+        if isinstance(item, TopicEnded):
+            self._queue.put_nowait(item)  # it stays the end
+            raise item
+        if isinstance(item, BaseException):
+            raise item
+        await self._stream.taken()
+        return item
+
+    async def close(self) -> None:
+        await self._stream.close()
