@@ -4,11 +4,9 @@ A :class:`Subscription` owns a durable cursor and the consumers attached to it. 
 dispatcher task sleeps on one event, woken by new entries (a :class:`Follower` parked on
 the ledger), flow permits, acks, transaction outcomes and consumer changes; it never polls.
 
-- **Exclusive**: one consumer; a second is refused (``ConsumerBusy``).
-- **Failover**: many consumers; for each topic or segment one is active (members ordered by
-  name, segment *i* to member *i mod n*) and the others stand by. Each is told with
-  ``ActiveChange``.
-- **Shared**: messages go round-robin to consumers with permits; no ordering promise.
+Exclusive and Failover subscriptions deliver to one active consumer
+(:mod:`segtxn.broker.members` says which; Failover members are told with ``ActiveChange``);
+Shared ones go round-robin to consumers with permits, with no ordering promise.
 
 Delivered but unacknowledged messages are *pending*. Acks are durable (the cursor persists
 them) before the ack receipt is sent.
@@ -36,7 +34,6 @@ come before new ones, to whichever consumer has permits.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import secrets
 from dataclasses import dataclass
@@ -44,6 +41,7 @@ from dataclasses import dataclass
 from sortedcontainers import SortedDict, SortedSet
 
 from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message, visible
+from segtxn.broker.members import Members, SubscriptionType
 from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.broker.txn.pending_ack import NoPendingAcks, PendingAckStore
 from segtxn.ledger import Entry, LedgerClosed, ManagedCursor, ManagedLedger, Position
@@ -53,12 +51,6 @@ from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
-
-
-class SubscriptionType(enum.StrEnum):
-    EXCLUSIVE = "Exclusive"
-    FAILOVER = "Failover"
-    SHARED = "Shared"
 
 
 @dataclass(eq=False)
@@ -92,14 +84,11 @@ class Subscription:
         self.cursor = cursor
         self.buffer = buffer
         self._where = f"{ledger.name}/{name}"
-        self._hold_s = hold_s
         self._rewinds = rewinds
-        self._held: dict[str, tuple[ConsumerLink, asyncio.TimerHandle]] = {}
-        """Failover members that dropped off, keeping their place until they return."""
-        self._index = TopicName.parse(ledger.name).segment or 0
+        self.members = Members(
+            name, TopicName.parse(ledger.name).segment or 0, hold_s, self._place_released
+        )
         self.pending_acks: PendingAckStore = NoPendingAcks(ledger.name)
-        self.type: SubscriptionType | None = None
-        self.consumers: list[ConsumerLink] = []
         self._batch = batch
         self._max_permits = max_permits
         mark = cursor.mark_delete
@@ -124,6 +113,14 @@ class Subscription:
         self.messages_out = 0
 
     @property
+    def type(self) -> SubscriptionType | None:
+        return self.members.type
+
+    @property
+    def consumers(self) -> list[ConsumerLink]:
+        return self.members.consumers
+
+    @property
     def _ordered(self) -> bool:
         """Redelivery by rewinding (Exclusive and Failover)."""
         return self._rewinds and self.type is not SubscriptionType.SHARED
@@ -138,23 +135,10 @@ class Subscription:
             ServerError(ConsumerBusy): the subscription is Exclusive and taken, or has
                 consumers of another type.
         """
-        if self.consumers and self.type is not sub_type:
-            raise ServerError(
-                ErrorName.CONSUMER_BUSY,
-                f"subscription {self.name!r} has {self.type} consumers; cannot add {sub_type}",
-            )
-        if sub_type is SubscriptionType.EXCLUSIVE and self.consumers:
-            raise ServerError(
-                ErrorName.CONSUMER_BUSY, f"subscription {self.name!r} already has a consumer"
-            )
-        before = self._active()
-        self.type = sub_type
-        held = self._held.pop(link.name, None)
-        if held is not None:  # back in time: its place (and its segments) are its own again
-            held[1].cancel()
-        self.consumers.append(link)
+        before = self.members.active()
+        self.members.add(link, sub_type)
         self._hand_over(before, joined=link)
-        active = self._is_active(link)
+        active = self.members.is_active(link)
         link.send(
             ConsumerReady(
                 consumer_name=link.name, subscription=self.name, active=active, epoch=self._epoch
@@ -172,65 +156,29 @@ class Subscription:
 
     def detach(self, link: ConsumerLink, *, dropped: bool = False) -> None:
         """Remove a consumer. A Failover member that ``dropped`` (its connection failed
-        rather than closed) keeps its place for ``hold_s``: while it is away, a segment it
-        was active on is dispatched to nobody; it resumes if it comes back under its name."""
+        rather than closed) keeps its place for a while (see :class:`Members`): a segment it
+        was active on is dispatched to nobody until it comes back or the place is released."""
         if link not in self.consumers:
             return
-        before = self._active()
-        self.consumers.remove(link)
+        before = self.members.active()
+        held = self.members.remove(link, dropped=dropped)
         self._requests = [r for r in self._requests if r.link is not link]
-        keep_place = (
-            dropped
-            and self._hold_s > 0
-            and self.type is SubscriptionType.FAILOVER
-            and link.name not in self._held
-            and all(c.name != link.name for c in self.consumers)
-        )
-        if keep_place:
-            placeholder = ConsumerLink(link.name, lambda _frame: None)
-            timer = asyncio.get_running_loop().call_later(
-                self._hold_s, self._release_place, link.name
-            )
-            self._held[link.name] = (placeholder, timer)
         log.info(
             "%s: consumer %s detached (%s)%s",
             self._where,
             link.name,
             "dropped" if dropped else "closed",
-            f"; its place is held {self._hold_s:g} s" if keep_place else "",
+            f"; its place is held {self.members.hold_s:g} s" if held else "",
         )
         if not self._ordered:
             self._hand_back(link)
         self._hand_over(before)
         self._wake.set()
 
-    def _release_place(self, name: str) -> None:
-        """A dropped member did not come back in time: its segments move on."""
-        if name not in self._held:
-            return
-        before = self._active()
-        del self._held[name]
-        log.info("%s: %s did not come back; its place is released", self._where, name)
+    def _place_released(self, before: ConsumerLink | None) -> None:
+        log.info("%s: a dropped member did not come back; its place is released", self._where)
         self._hand_over(before)
         self._wake.set()
-
-    def _active(self) -> ConsumerLink | None:
-        """The consumer that receives everything (Exclusive, Failover); None for Shared.
-
-        Failover members (held places included) are ordered by name; segment ``i`` goes to
-        member ``i mod n``, so the segments of a scalable topic are shared out among the
-        members, each segment to one of them (as Pulsar does with partitions). A held place
-        has no permits: nothing is dispatched to it.
-        """
-        if self.type is SubscriptionType.SHARED:
-            return None
-        if self.type is SubscriptionType.EXCLUSIVE:
-            return self.consumers[0] if self.consumers else None
-        members = self.consumers + [placeholder for placeholder, _ in self._held.values()]
-        if not members:
-            return None
-        members.sort(key=lambda c: (c.name, c.id))
-        return members[self._index % len(members)]
 
     def _hand_over(self, before: ConsumerLink | None, joined: ConsumerLink | None = None) -> None:
         """When the active consumer of an ordered subscription changes: fence, tell the
@@ -238,7 +186,7 @@ class Subscription:
         acknowledged goes to the new one, from the earliest unacknowledged position). A
         joiner learns its role from its ``ConsumerReady``; a new active consumer has
         nothing queued, so no ``Rewind`` frame is needed."""
-        after = self._active()
+        after = self.members.active()
         if self.type is SubscriptionType.SHARED or before is after:
             return
         self._fence = self.pending_acks.transactions()
@@ -258,9 +206,6 @@ class Subscription:
             self._rewind("hand-over", notify=False)
         elif before is not None:
             self._hand_back(before)
-
-    def _is_active(self, link: ConsumerLink) -> bool:
-        return self.type is SubscriptionType.SHARED or self._active() is link
 
     def flow(self, link: ConsumerLink, permits: int) -> None:
         if permits <= 0:
@@ -406,7 +351,7 @@ class Subscription:
         if ready:
             self._requests = [r for r in self._requests if r not in ready]
         if self._ordered:
-            active = self._active()
+            active = self.members.active()
             asked = any(r.link is active for r in ready)
             if rewind is not None or asked:
                 self._rewind(rewind or "redeliver asked", notify=not asked)
@@ -448,7 +393,7 @@ class Subscription:
             again,
         )
         if notify:
-            active = self._active()
+            active = self.members.active()
             if active is not None and active in self.consumers:
                 active.send(Rewind(epoch=self._epoch))
         self._wake.set()
@@ -494,7 +439,7 @@ class Subscription:
             self._fence &= self.pending_acks.transactions()
             if self._fence:
                 return []
-        active = self._active()
+        active = self.members.active()
         return [active] if active is not None and active.permits > 0 else []
 
     async def _dispatch(self) -> None:
@@ -581,9 +526,7 @@ class Subscription:
         return self.cursor.backlog()
 
     async def close(self) -> None:
-        for _, timer in self._held.values():
-            timer.cancel()
-        self._held.clear()
+        self.members.close()
         self.buffer.remove_listener(self._wake.set)
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)

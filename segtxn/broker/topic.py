@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 from segtxn.broker.dedup import Deduplication
 from segtxn.broker.delivery import ConsumerLink
-from segtxn.broker.dispatch import Subscription, SubscriptionType
+from segtxn.broker.dispatch import Subscription
 from segtxn.broker.entry import StoredMessage, encode_entry
+from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import UNORDERED_REDELIVERY, BrokerSettings
 from segtxn.broker.txn.buffer import (

@@ -27,8 +27,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from segtxn.broker.delivery import ConsumerLink
-from segtxn.broker.dispatch import Subscription, SubscriptionType
+from segtxn.broker.dispatch import Subscription
 from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
+from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.reader import Reader
 from segtxn.broker.topic import Topic
