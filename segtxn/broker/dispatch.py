@@ -268,16 +268,21 @@ class Subscription:
         self._check_known(ids)
         if cumulative and self.type is SubscriptionType.SHARED:
             raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
-        if self._ordered and epoch is not None and epoch != self._epoch:
-            raise ServerError(
-                ErrorName.TRANSACTION_CONFLICT,
-                f"{min(ids)} was delivered in epoch {epoch}; the subscription has rewound "
-                f"since (epoch {self._epoch}) and is delivering it again",
-            )
-        if self.type is not SubscriptionType.SHARED:
-            # In an ordered subscription a transaction may hold only what is pending on its
-            # consumer now: a message given to another consumer (this one lost its turn), or
-            # sent again after a rewind and not yet re-delivered, would be held out of order.
+
+        def still_theirs() -> None:
+            """(Checked again right before the acks are reserved: the transaction's header
+            may be read from the store first, and a rewind may happen meanwhile.) On an
+            ordered subscription a transaction may hold only what is pending on its consumer
+            in the current epoch: a message given to another consumer (this one lost its
+            turn), or delivered before a rewind, would be held out of order."""
+            if self.type is SubscriptionType.SHARED:
+                return
+            if self._ordered and epoch is not None and epoch != self._epoch:
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT,
+                    f"{min(ids)} was delivered in epoch {epoch}; the subscription has rewound "
+                    f"since (epoch {self._epoch}) and is delivering it again",
+                )
             strays = [p for p in ids if self._pending.get(p) is not link]
             if strays:
                 raise ServerError(
@@ -285,7 +290,9 @@ class Subscription:
                     f"{strays[0]} is not this consumer's to acknowledge now (the subscription "
                     "moved it to another consumer or is delivering it again)",
                 )
-        await self.pending_acks.ack(txn, ids, cumulative=cumulative)
+
+        still_theirs()
+        await self.pending_acks.ack(txn, ids, cumulative=cumulative, guard=still_theirs)
         upto = max(ids)
         for position in [p for p in self._pending if (p <= upto if cumulative else p in ids)]:
             self._forget(position)

@@ -278,3 +278,29 @@ async def test_positions_in_the_messages_match_the_stored_order(
     )
     await holder.abort()
     assert values(await receive(consumer, 5)) == ["m0", "m2", "m3", "m4", "m5"]
+
+
+async def test_a_hand_over_while_a_transactional_ack_reads_its_header_refuses_the_ack(
+    client: Client, cluster: Cluster
+) -> None:
+    """b acknowledges m0 in a transaction; while the broker reads the transaction's header
+    from the store, a joins and takes the segment over. The ack must be refused: it was
+    checked before the hand-over but is reserved after it."""
+    b = await setup(client, 3, subscription_type="Failover", name="b")
+    (m0,) = await receive(b, 1)
+    pending = subscription(cluster).pending_acks
+    assert isinstance(pending, ReservingPendingAckStore)
+    txn = await client.transaction().start()
+    headers = pending._headers  # type: ignore[attr-defined]
+    with gated(headers, "get", when=lambda wanted: wanted == txn.id) as header_read:
+        ack = asyncio.create_task(b.acknowledge(m0, txn=txn))
+        await asyncio.wait_for(header_read.entered.wait(), 10)
+        a = await client.subscribe(
+            TOPIC, SUB, subscription_type="Failover", initial_position="earliest", name="a"
+        )
+        await wait_until(lambda: not b.active, timeout=5, what="b to stand by")
+    with pytest.raises(ServerError) as refused:
+        await ack
+    assert refused.value.name is ErrorName.TRANSACTION_CONFLICT
+    await txn.abort()
+    assert values(await receive(a, 3)) == ["m0", "m1", "m2"]

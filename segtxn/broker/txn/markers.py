@@ -421,10 +421,19 @@ class MLPendingAckStore(ReservingPendingAckStore):
                 )
             return self._log
 
-    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+    async def ack(
+        self,
+        txn: TxnId,
+        positions: list[Position],
+        *,
+        cumulative: bool,
+        guard: Callable[[], None] | None = None,
+    ) -> None:
         """Raises ServerError(TransactionConflict)."""
         if txn in self._ended:
             raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {self._ended[txn]}")
+        if guard is not None:
+            guard()
         self._check(txn, positions, cumulative=cumulative)
         undo = self._reserve(txn, positions, cumulative=cumulative)  # no await since the check
         op = PendingAckOp(

@@ -39,8 +39,17 @@ class PendingAckStore(ABC):
         """True while a transaction holds an ack of ``position``."""
 
     @abstractmethod
-    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
-        """Record acks in ``txn``; returns once they are durable."""
+    async def ack(
+        self,
+        txn: TxnId,
+        positions: list[Position],
+        *,
+        cumulative: bool,
+        guard: Callable[[], None] | None = None,
+    ) -> None:
+        """Record acks in ``txn``; returns once they are durable. ``guard`` is called
+        right before the positions are reserved, with no await in between, and may refuse
+        by raising (the subscription checks there that they are still the consumer's)."""
 
     def transactions(self) -> set[TxnId]:
         """The open transactions holding acks now."""
@@ -60,7 +69,14 @@ class NoPendingAcks(PendingAckStore):
     def is_pending(self, position: Position) -> bool:
         return False
 
-    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+    async def ack(
+        self,
+        txn: TxnId,
+        positions: list[Position],
+        *,
+        cumulative: bool,
+        guard: Callable[[], None] | None = None,
+    ) -> None:
         raise ServerError(
             ErrorName.NOT_ALLOWED,
             f"{self._topic}: v5 transactions acknowledge on scalable topics (segment://); "
@@ -190,7 +206,14 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
 
-    async def ack(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
+    async def ack(
+        self,
+        txn: TxnId,
+        positions: list[Position],
+        *,
+        cumulative: bool,
+        guard: Callable[[], None] | None = None,
+    ) -> None:
         """Raises ServerError(TransactionNotFound / TransactionConflict)."""
         self._headers.listen(txn, self._on_header)
         header, version = await self._headers.get(txn)
@@ -198,6 +221,8 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
             raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
         if header.state is not TxnState.OPEN:
             raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}")
+        if guard is not None:
+            guard()
         self._check(txn, positions, cumulative=cumulative)
         # Checked and reserved with no await in between: a concurrent ack of the same
         # position by another transaction sees the reservation and conflicts.
