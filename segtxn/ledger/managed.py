@@ -541,7 +541,7 @@ class ManagedLedger:
         out: list[Entry] = []
         size = 0
         for info in list(self._meta.ledgers):
-            if info.id < start.ledger_id or info.id in self._doomed:
+            if info.id < start.ledger_id or not self._retains(info.id):
                 continue  # before the start, or trimmed while this read went on
             count = self._count(info)
             first = max(0, start.entry_id) if info.id == start.ledger_id else 0
@@ -557,6 +557,13 @@ class ManagedLedger:
             if len(out) >= max_entries:
                 return out
         return out
+
+    def _retains(self, ledger_id: int) -> bool:
+        """Whether the metadata still names the ledger. A trim drops ledgers from the
+        metadata before it deletes a file, and only files no read holds: a read that
+        checks this and registers in ``_reading`` without yielding never meets a deleted
+        file (``_doomed`` is not enough: a ledger leaves it once its file is gone)."""
+        return any(info.id == ledger_id for info in self._meta.ledgers)
 
     async def _read_log(self, ledger_id: int, first: int, last: int) -> list[bytes]:
         """Read from one ledger, holding it against deletion by a concurrent trim."""

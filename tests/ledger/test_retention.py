@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -16,16 +17,19 @@ import pytest
 from segtxn.ledger import (
     FileLogStorage,
     LedgerSettings,
+    LogStorage,
     ManagedLedger,
     Position,
     RetentionPolicy,
 )
+from segtxn.ledger.logs import EntryLog
 from segtxn.ledger.managed import LedgerMetadata, metadata_key
 from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, ClosedLedger, deletable
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer
 from tests.ledger.conftest import OpenLedger
 from tests.ledger.test_crash import run_and_kill
+from tests.waiting import wait_until
 
 HOUR_MS = 3600 * 1000
 NOW_MS = 1_000_000 * HOUR_MS
@@ -272,6 +276,88 @@ async def test_earliest_starts_at_the_first_retained_entry(open_ledger: OpenLedg
     late = await ledger.open_cursor("late", start="earliest")
     assert late.backlog() == 4 and ledger.position_after(late.mark_delete) == first
     assert (await ledger.read(written[0]))[0].position == first  # clamped forward
+
+
+# ================================================================= reads during a trim
+
+
+class _GatedLog(EntryLog):
+    def __init__(self, inner: EntryLog, gate: _Gate) -> None:
+        self._inner = inner
+        self._gate = gate
+        self.ledger_id = inner.ledger_id
+
+    @property
+    def count(self) -> int:
+        return self._inner.count
+
+    def append_batch(self, payloads: Sequence[bytes]) -> None:
+        self._inner.append_batch(payloads)
+
+    def read(self, first: int, last: int) -> list[bytes]:
+        if self.ledger_id == self._gate.ledger_id:
+            self._gate.entered.set()
+            if not self._gate.release.wait(timeout=30):
+                raise TimeoutError("the test never released the read")
+        return self._inner.read(first, last)
+
+    def size_bytes(self) -> int:
+        return self._inner.size_bytes()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _Gate(LogStorage):
+    """A storage whose reads of one ledger wait until the test releases them."""
+
+    def __init__(self, inner: LogStorage, ledger_id: int) -> None:
+        self._inner = inner
+        self.ledger_id = ledger_id
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def create(self, ledger_name: str, ledger_id: int) -> EntryLog:
+        return _GatedLog(self._inner.create(ledger_name, ledger_id), self)
+
+    def open(
+        self, ledger_name: str, ledger_id: int, *, tail_bytes: int, must_exist: bool = True
+    ) -> EntryLog:
+        opened = self._inner.open(
+            ledger_name, ledger_id, tail_bytes=tail_bytes, must_exist=must_exist
+        )
+        return _GatedLog(opened, self)
+
+    def delete(self, ledger_name: str, ledger_id: int) -> None:
+        self._inner.delete(ledger_name, ledger_id)
+
+
+async def test_a_read_across_ledgers_trimmed_under_it_is_served_or_skipped(
+    store: MetadataStore, storage: LogStorage
+) -> None:
+    """A read holds the ledger it is in against deletion; ledgers after it that a trim
+    deletes meanwhile are skipped (not reopened from a deleted file)."""
+    settings = LedgerSettings(max_ledger_bytes=250)
+    ledger = await ManagedLedger.open("persistent://t/n/gated", store, storage, settings)
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    written = await fill(ledger, 10)  # ledgers 1, 2, 3 closed; 4 being written
+    await cursor.ack_cumulative(written[-1])
+    await ledger.close()
+    gate = _Gate(storage, written[0].ledger_id)
+    ledger = await ManagedLedger.open("persistent://t/n/gated", store, gate, settings)
+    try:
+        reading = asyncio.create_task(ledger.read(written[0], max_entries=100))
+        await wait_until(gate.entered.is_set, what="the read inside ledger 1")
+        trimmed = await ledger.trim(RetentionPolicy(0, 0))
+        assert trimmed.ledgers == [1, 2, 3, 4]  # 4 was closed by the reopen
+        assert 1 in ledger._doomed  # held by the read
+        gate.release.set()
+        entries = await reading
+        assert [e.position for e in entries] == written[:3]  # ledger 1 served, 2-4 skipped
+        assert not ledger._doomed and 1 not in ledger._logs  # deleted once the read ended
+    finally:
+        gate.release.set()
+        await ledger.close()
 
 
 # ================================================================= after a real crash
