@@ -76,7 +76,10 @@ def coordinator(
     )  # fmt: skip
 
 
-def standalone() -> ServerProcess:
+def standalone(*extra: str) -> ServerProcess:
+    """``extra``: more flags (e.g. ``--store``, ``--data-dir``), kept across restarts."""
     return ServerProcess(
-        ["standalone", "--coordinator-port", str(free_port())], "standalone", advertise=False
+        ["standalone", "--coordinator-port", str(free_port()), *extra],
+        "standalone",
+        advertise=False,
     )

@@ -323,6 +323,26 @@ async def terminate(request: web.Request) -> web.StreamResponse:
     return web.json_response({"lastPosition": None if last is None else str(last)})
 
 
+@_errors
+async def trim(request: web.Request) -> web.StreamResponse:
+    """Apply the broker's retention policy now (Pulsar's trimTopic), as the periodic pass
+    does: delete the ledgers it lets go, never unconsumed data. Fans out on a scalable
+    topic (``{"segments": {id: result}}``)."""
+    name = topic_from(request)
+    if name.domain is Domain.TOPIC:
+        return web.json_response({"segments": await _fan_out(request, name, "POST", "/trim")})
+    topic = await request.app[SERVICE].serve(name)
+    result = await topic.trim()
+    first = result.first_retained
+    return web.json_response(
+        {
+            "trimmedLedgers": result.ledgers,
+            "trimmedEntries": result.entries,
+            "firstRetained": None if first is None else str(first),
+        }
+    )
+
+
 def _v4_end(request: web.Request) -> tuple[TxnId, TxnAction]:
     try:
         txn = TxnId.parse(request.match_info["txn"])
@@ -547,6 +567,7 @@ def routes() -> list[web.RouteDef]:
             web.get("/lookup/v2/topic" + shape, lookup),
             web.get("/ws/v2/lookup" + shape, lookup_session),
             web.post(base + "/terminate", terminate),
+            web.post(base + "/trim", trim),
             web.post(base + "/txn/{txn}/end", end_txn_on_partition),
             web.post(base + "/subscription/{subscription}/txn/{txn}/end", end_txn_on_subscription),
             web.post(base + "/load", load),

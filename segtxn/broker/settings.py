@@ -37,8 +37,10 @@ class BrokerSettings:
     """Persist de-duplication state after this many messages on a topic."""
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    """Broker-wide, for every topic and segment served here: 7 days and no size limit by
+    default; unconsumed data is never deleted (the rules: :mod:`segtxn.ledger.retention`)."""
     retention_check_s: float = 60.0
-    """How often consumed ledgers past retention are trimmed (with their indexes)."""
+    """How often ledgers past retention are trimmed (with their indexes)."""
     txn_buffer_snapshot_every: int = 100
     """A persistent topic's v4 transaction buffer snapshots its indexes after this many
     markers (recovery replays the ledger from the latest snapshot)."""

@@ -338,9 +338,10 @@ class Topic:
 
     # ------------------------------------------------------------------ retention
 
-    async def trim(self) -> TrimResult:
-        """Drop consumed ledgers past retention, and the transaction indexes over them."""
-        result = await self.ledger.trim(self.settings.retention)
+    async def trim(self, *, now_s: float | None = None) -> TrimResult:
+        """Drop the ledgers the broker's retention policy lets go, and the transaction
+        indexes over them (``now_s``: the time to judge ages by, for tests)."""
+        result = await self.ledger.trim(self.settings.retention, now_s=now_s)
         if result.ledgers:
             await self.buffer.trimmed(result)
         return result

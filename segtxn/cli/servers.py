@@ -9,6 +9,7 @@ import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import click
@@ -17,9 +18,12 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.ledger import RetentionPolicy
+from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, NO_LIMIT, check_limit
 from segtxn.metastore import MetadataStoreError
 
 Server = BrokerServer | CoordinatorServer
+F = TypeVar("F", bound=Callable[..., None])
 
 
 def _describe(server: Server) -> str:
@@ -69,6 +73,44 @@ def _free(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def _limit(_: click.Context, param: click.Parameter, value: float) -> float:
+    try:
+        check_limit(param.name or "value", value)
+    except ValueError:
+        raise click.BadParameter(f"must be -1 (no limit) or >= 0, not {value}") from None
+    return value
+
+
+def _retention_options(command: F) -> F:
+    """``--retention-time`` and ``--retention-size``: the broker-wide retention policy."""
+    size = click.option(
+        "--retention-size",
+        default=NO_LIMIT,
+        show_default=True,
+        type=int,
+        callback=_limit,
+        metavar="BYTES",
+        help="Also delete a consumed ledger once the consumed data newer than it reaches "
+        "this many bytes (-1: no size limit).",
+    )
+    time = click.option(
+        "--retention-time",
+        default=DEFAULT_RETENTION_TIME_S,
+        show_default=True,
+        type=float,
+        callback=_limit,
+        metavar="SECONDS",
+        help="Delete a ledger every subscription has consumed once it closed this long ago "
+        "(-1: no time limit; 0: once consumed). Without subscriptions, keep data this long "
+        "(0 or -1: forever). Unconsumed data is never deleted.",
+    )
+    return time(size(command))
+
+
+def _retention(retention_time: float, retention_size: int) -> RetentionPolicy:
+    return RetentionPolicy(retention_time_s=retention_time, retention_bytes=retention_size)
+
+
 @click.command()
 @click.option("--store", required=True, help="Metadata store URL (etcd://host:port[/ns]).")
 @click.option(
@@ -89,10 +131,13 @@ def _free(host: str) -> int:
     show_default=True,
     help="Seconds a dropped Failover member keeps its segments (0: they move at once).",
 )
+@_retention_options
 def broker(
     *,
     session_ttl: float,
     consumer_hold: float,
+    retention_time: float,
+    retention_size: int,
     store: str,
     data_dir: Path,
     advertise: str,
@@ -113,6 +158,7 @@ def broker(
             session_ttl_s=session_ttl,
             consumer_hold_s=consumer_hold,
             test_bugs=_test_bugs(),
+            retention=_retention(retention_time, retention_size),
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
@@ -195,6 +241,7 @@ def coordinator(
     "--coordinator-port", default=None, type=int, help="Coordinator port (default: a free one)."
 )
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
+@_retention_options
 def standalone(
     *,
     store: str,
@@ -203,6 +250,8 @@ def standalone(
     port: int,
     coordinator_port: int | None,
     auto_create_topics: bool,
+    retention_time: float,
+    retention_size: int,
 ) -> None:
     """Run a whole cluster in one process: a broker and a transaction coordinator on one
     metadata store (the embedded one by default)."""
@@ -224,6 +273,7 @@ def standalone(
             ledger_url=ledger_url,
             auto_create_topics=auto_create_topics,
             test_bugs=_test_bugs(),
+            retention=_retention(retention_time, retention_size),
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e

@@ -72,6 +72,11 @@ class Admin:
         """Seal a persistent topic or a segment: no more writes."""
         return dict(await self._c.request("POST", self._path(topic) + "/terminate"))
 
+    async def trim(self, topic: str) -> dict[str, Any]:
+        """Apply the brokers' retention policy to a topic now, as their periodic pass does
+        (each segment of a ``topic://``); returns what each trimmed."""
+        return dict(await self._c.request("POST", self._path(topic) + "/trim"))
+
     async def properties(self, topic: str) -> dict[str, str]:
         return dict(await self._c.request("GET", self._path(topic) + "/properties"))
 

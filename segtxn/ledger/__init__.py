@@ -11,16 +11,11 @@ from segtxn.ledger.errors import (
 )
 from segtxn.ledger.files import FileLogStorage
 from segtxn.ledger.logs import EntryLog, LogStorage
-from segtxn.ledger.managed import (
-    METADATA_PREFIX,
-    LedgerSettings,
-    ManagedLedger,
-    RetentionPolicy,
-    TrimResult,
-)
+from segtxn.ledger.managed import METADATA_PREFIX, LedgerSettings, ManagedLedger
 from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.ledger.position import Entry, Position
 from segtxn.ledger.registry import open_log_storage
+from segtxn.ledger.retention import RetentionPolicy, TrimResult
 
 __all__ = [
     "METADATA_PREFIX",

@@ -46,6 +46,7 @@ from segtxn.ledger.errors import (
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.logs import EntryLog, LogStorage
 from segtxn.ledger.position import Entry, Position
+from segtxn.ledger.retention import ClosedLedger, RetentionPolicy, TrimResult, deletable
 from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore, NotFound
 
 log = logging.getLogger(__name__)
@@ -69,31 +70,22 @@ class LedgerSettings:
     """Individually acknowledged ranges a cursor stores (more are redelivered on restart)."""
 
 
-@dataclass(frozen=True)
-class RetentionPolicy:
-    """How long consumed data is kept. Unconsumed data is never trimmed."""
-
-    retention_time_s: float = 0.0
-    """Keep a consumed ledger at least this long after it was created."""
-    retention_bytes: int = 0
-    """...and keep at least this many bytes of the newest consumed ledgers."""
-
-
-@dataclass(frozen=True)
-class TrimResult:
-    """What :meth:`ManagedLedger.trim` removed, so higher layers can trim their indexes."""
-
-    ledgers: list[int]
-    entries: int
-    first_retained: Position | None
-    """Everything before this position is gone (None: nothing was trimmed)."""
-
-
 class LedgerInfo(msgspec.Struct, frozen=True):
     id: int
     created_ms: int
     entries: int | None = None
     """Entry count once closed; None for the ledger being appended to."""
+    closed_ms: int | None = None
+    """When it was closed: its last write (rollover, seal, clean close) or, after a crash,
+    its recovery. None while open, and in records written before this was kept."""
+    size_bytes: int | None = None
+    """Its size on disk once closed (None: open, or recorded before this was kept)."""
+
+
+def _closed(info: LedgerInfo, entries: int, size_bytes: int, now_ms: int) -> LedgerInfo:
+    """``info`` closed with ``entries``; a ledger closed already keeps its close time."""
+    closed_ms = now_ms if info.closed_ms is None else info.closed_ms
+    return LedgerInfo(info.id, info.created_ms, entries, closed_ms, size_bytes)
 
 
 class LedgerMetadata(msgspec.Struct, frozen=True):
@@ -260,7 +252,8 @@ class ManagedLedger:
                     "recorded when it was closed"
                 )
             count = count if last.entries is None else last.entries
-            ledgers = [*meta.ledgers[:-1], LedgerInfo(last.id, last.created_ms, count)]
+            size = recovered.size_bytes()
+            ledgers = [*meta.ledgers[:-1], _closed(last, count, size, now_ms)]
             next_id = meta.next_ledger_id
             if not meta.sealed:
                 ledgers.append(LedgerInfo(next_id, now_ms))
@@ -471,12 +464,10 @@ class ManagedLedger:
 
     async def _roll_over(self, current: EntryLog) -> EntryLog:
         def roll(meta: LedgerMetadata) -> LedgerMetadata:
-            closing = meta.ledgers[-1]
-            ledgers = [
-                *meta.ledgers[:-1],
-                LedgerInfo(closing.id, closing.created_ms, current.count),
-            ]
-            ledgers.append(LedgerInfo(meta.next_ledger_id, int(time.time() * 1000)))
+            now_ms = int(time.time() * 1000)
+            closing = _closed(meta.ledgers[-1], current.count, current.size_bytes(), now_ms)
+            ledgers = [*meta.ledgers[:-1], closing]
+            ledgers.append(LedgerInfo(meta.next_ledger_id, now_ms))
             return msgspec.structs.replace(
                 meta, ledgers=ledgers, next_ledger_id=meta.next_ledger_id + 1
             )
@@ -525,12 +516,13 @@ class ManagedLedger:
         if self._failure is not None:
             raise LedgerError(f"{self.name}: cannot seal after a failed write") from self._failure
         count = self._current.count if self._current is not None else 0
+        size = self._current.size_bytes() if self._current is not None else 0
 
         def seal(meta: LedgerMetadata) -> LedgerMetadata | None:
             if meta.sealed:
                 return None  # a concurrent terminate() got there first
-            closing = meta.ledgers[-1]
-            ledgers = [*meta.ledgers[:-1], LedgerInfo(closing.id, closing.created_ms, count)]
+            closing = _closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
+            ledgers = [*meta.ledgers[:-1], closing]
             return msgspec.structs.replace(meta, ledgers=ledgers, sealed=True)
 
         await self._update(seal)
@@ -549,7 +541,7 @@ class ManagedLedger:
         out: list[Entry] = []
         size = 0
         for info in list(self._meta.ledgers):
-            if info.id < start.ledger_id or info.id in self._doomed:
+            if info.id < start.ledger_id or not self._retains(info.id):
                 continue  # before the start, or trimmed while this read went on
             count = self._count(info)
             first = max(0, start.entry_id) if info.id == start.ledger_id else 0
@@ -565,6 +557,13 @@ class ManagedLedger:
             if len(out) >= max_entries:
                 return out
         return out
+
+    def _retains(self, ledger_id: int) -> bool:
+        """Whether the metadata still names the ledger. A trim drops ledgers from the
+        metadata before it deletes a file, and only files no read holds: a read that
+        checks this and registers in ``_reading`` without yielding never meets a deleted
+        file (``_doomed`` is not enough: a ledger leaves it once its file is gone)."""
+        return any(info.id == ledger_id for info in self._meta.ledgers)
 
     async def _read_log(self, ledger_id: int, first: int, last: int) -> list[bytes]:
         """Read from one ledger, holding it against deletion by a concurrent trim."""
@@ -661,64 +660,54 @@ class ManagedLedger:
     # ================================================================= retention
 
     async def trim(self, policy: RetentionPolicy, *, now_s: float | None = None) -> TrimResult:
-        """Delete whole closed ledgers that every cursor has consumed and that the policy no
-        longer needs to keep. The ledger being appended to is never trimmed.
+        """Delete the oldest closed ledgers that ``policy`` lets go (the rules, unconsumed
+        data never among them: :mod:`segtxn.ledger.retention`). A ledger being read is
+        deleted once its reads end; reads that start later skip it.
 
         Returns what was removed (higher layers trim their own per-entry indexes by it).
         """
         now_ms = (time.time() if now_s is None else now_s) * 1000
-        consumed = min(
-            (c.mark_delete for c in self.cursors.values()),
-            default=self._last or Position(0, -1),
-        )
-        closed = [i for i in self._meta.ledgers if i.entries is not None]
-        if self._current is None and closed:
-            closed = closed[:-1]  # a sealed ledger keeps its last ledger for reads
-        removable: list[LedgerInfo] = []
-        for info in closed:
-            fully_consumed = (
-                info.entries == 0 or Position(info.id, (info.entries or 0) - 1) <= consumed
-            )
-            old_enough = now_ms - info.created_ms >= self._policy_time_ms(policy)
-            if not (fully_consumed and old_enough):
-                break
-            removable.append(info)
-        removable = self._keep_bytes(removable, policy.retention_bytes)
-        if not removable:
-            return TrimResult([], 0, None)
-        gone = {i.id for i in removable}
+        removable: list[ClosedLedger] = []
 
-        def drop(meta: LedgerMetadata) -> LedgerMetadata:
-            kept = [i for i in meta.ledgers if i.id not in gone]
-            return msgspec.structs.replace(meta, ledgers=kept)
+        def drop(meta: LedgerMetadata) -> LedgerMetadata | None:
+            # chosen under the metadata lock: concurrent trims never remove a ledger twice
+            marks = [c.mark_delete for c in self.cursors.values()]
+            removable[:] = deletable(self._closed_ledgers(meta), marks, policy, now_ms)
+            gone = {i.id for i in removable}
+            if not gone:
+                return None
+            return msgspec.structs.replace(
+                meta, ledgers=[i for i in meta.ledgers if i.id not in gone]
+            )
 
         await self._update(drop)
+        if not removable:
+            return TrimResult([], 0, None)
         for info in removable:
             self._doomed.add(info.id)
             if info.id not in self._reading:  # else the last read in flight deletes it
                 await self._delete_log(info.id)
         return TrimResult(
-            sorted(gone), sum(i.entries or 0 for i in removable), self.first_position()
+            [i.id for i in removable], sum(i.entries for i in removable), self.first_position()
         )
 
-    @staticmethod
-    def _policy_time_ms(policy: RetentionPolicy) -> float:
-        return policy.retention_time_s * 1000
-
-    def _keep_bytes(self, removable: list[LedgerInfo], keep: int) -> list[LedgerInfo]:
-        """Drop from the end of ``removable`` the newest ledgers needed to keep ``keep``
-        bytes of consumed data."""
-        if keep <= 0:
-            return removable
-        kept = 0
-        while removable and kept < keep:
-            newest = removable.pop()
-            entry_log = self._logs.get(newest.id)
-            kept += entry_log.size_bytes() if entry_log is not None else self._size_guess(newest)
-        return removable
-
-    def _size_guess(self, info: LedgerInfo) -> int:
-        return self.settings.max_ledger_bytes if info.entries else 0
+    def _closed_ledgers(self, meta: LedgerMetadata) -> list[ClosedLedger]:
+        """The ledgers retention may consider, oldest first: every one but the last (being
+        appended to or, once sealed, where reads end)."""
+        out: list[ClosedLedger] = []
+        for info, successor in zip(meta.ledgers, meta.ledgers[1:], strict=False):
+            if info.entries is None:
+                break
+            # records from before closed_ms and size_bytes were kept: the next ledger was
+            # created when this one closed; an unknown size counts as 0 bytes of newer
+            # data (the size axis then keeps older ledgers longer, never shorter)
+            closed_ms = successor.created_ms if info.closed_ms is None else info.closed_ms
+            size = info.size_bytes
+            if size is None:
+                entry_log = self._logs.get(info.id)
+                size = entry_log.size_bytes() if entry_log is not None else 0
+            out.append(ClosedLedger(info.id, info.entries, closed_ms, size))
+        return out
 
     # ================================================================= closing
 
@@ -754,10 +743,11 @@ class ManagedLedger:
         """Record the last ledger's entry count: after a clean close, recovery can tell
         a lost acknowledged entry (corruption) from a torn unacknowledged tail."""
         count = self._current.count if self._current is not None else 0
+        size = self._current.size_bytes() if self._current is not None else 0
 
         def close_last(meta: LedgerMetadata) -> LedgerMetadata:
-            last = meta.ledgers[-1]
-            ledgers = [*meta.ledgers[:-1], LedgerInfo(last.id, last.created_ms, count)]
+            last = _closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
+            ledgers = [*meta.ledgers[:-1], last]
             return msgspec.structs.replace(meta, ledgers=ledgers)
 
         await self._update(close_last)

@@ -126,6 +126,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         "sessionTtlSeconds": str(settings.get("sessionTtlSeconds", 10)),
         "consumerHoldSeconds": str(settings.get("consumerHoldSeconds", 10)),
         "autoCreateTopics": str(bool(settings.get("autoCreateTopics", False))).lower(),
+        "retentionTimeSeconds": str(settings.get("retentionTimeSeconds", 604800)),
+        "retentionBytes": str(settings.get("retentionBytes", -1)),
     }
     component = labels(name, "broker")
     select = selector(name, "broker")
@@ -139,6 +141,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         f"--port={port}",
         "--session-ttl=$(SEGTXN_SESSION_TTL)",
         "--consumer-hold=$(SEGTXN_CONSUMER_HOLD)",
+        "--retention-time=$(SEGTXN_RETENTION_TIME)",
+        "--retention-size=$(SEGTXN_RETENTION_SIZE)",
     ]
     if config["autoCreateTopics"] == "true":
         args.append("--auto-create-topics")
@@ -163,6 +167,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
             ("SEGTXN_STORE", _config(names.config, "storeUrl")),
             ("SEGTXN_SESSION_TTL", _config(names.config, "sessionTtlSeconds")),
             ("SEGTXN_CONSUMER_HOLD", _config(names.config, "consumerHoldSeconds")),
+            ("SEGTXN_RETENTION_TIME", _config(names.config, "retentionTimeSeconds")),
+            ("SEGTXN_RETENTION_SIZE", _config(names.config, "retentionBytes")),
         ),
         "ports": [{"name": "http", "containerPort": port}],
         "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],

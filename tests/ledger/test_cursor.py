@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from segtxn.ledger import LogStorage, Position
-from segtxn.ledger.managed import RetentionPolicy
+from segtxn.ledger import LogStorage, Position, RetentionPolicy
 from segtxn.metastore import MetadataStore
 from tests.ledger.conftest import OpenLedger
+
+AT_ONCE = RetentionPolicy(retention_time_s=0)  # consumed ledgers go as soon as consumed
 
 
 async def test_individual_acks_advance_the_mark(open_ledger: OpenLedger) -> None:
@@ -104,10 +105,10 @@ async def test_retention_trims_only_consumed_closed_ledgers(open_ledger: OpenLed
     p = [await ledger.append(b"r" * 100) for _ in range(12)]
     ledgers = sorted({x.ledger_id for x in p})
     await fast.ack_cumulative(p[-1])
-    nothing = await ledger.trim(RetentionPolicy())
+    nothing = await ledger.trim(AT_ONCE)
     assert nothing.ledgers == []  # "slow" has consumed nothing
     await slow.ack_cumulative(p[5])
-    trimmed = await ledger.trim(RetentionPolicy())
+    trimmed = await ledger.trim(AT_ONCE)
     assert trimmed.ledgers and max(trimmed.ledgers) < p[6].ledger_id
     assert trimmed.first_retained is not None and trimmed.first_retained <= p[6]
     assert trimmed.entries == sum(1 for x in p if x.ledger_id in trimmed.ledgers)
@@ -132,7 +133,7 @@ async def test_trim_waits_for_reads_in_flight(open_ledger: OpenLedger) -> None:
     first_ledger = p[0].ledger_id
     reading = asyncio.create_task(ledger.read(p[0], max_entries=2))
     await asyncio.sleep(0)  # the read has registered and gone to its thread
-    trimmed = await ledger.trim(RetentionPolicy())
+    trimmed = await ledger.trim(AT_ONCE)
     assert first_ledger in trimmed.ledgers
     entries = await reading
     assert [e.position for e in entries] == p[:2]  # served, not broken by the trim

@@ -95,6 +95,23 @@ def test_cluster_create_points_at_the_chart_etcd(helm: Helm) -> None:
     assert service["spec"]["ports"][0]["port"] == 2379
     coordinator = next(d for d in docs if d["kind"] == "TransactionCoordinator")
     assert coordinator["spec"]["clusterRef"] == "prod"
+    settings = cluster["spec"]["brokers"]["settings"]
+    assert settings == {"retentionTimeSeconds": 604800, "retentionBytes": -1}  # a week
+
+
+def test_cluster_retention_values_reach_the_cluster(helm: Helm) -> None:
+    docs = template(
+        helm,
+        "cluster.create=true",
+        "cluster.retentionTimeSeconds=0",
+        "cluster.retentionBytes=107374182400",
+    )
+    cluster = next(d for d in docs if d["kind"] == "SegtxnCluster")
+    validate(cluster)
+    assert cluster["spec"]["brokers"]["settings"] == {
+        "retentionTimeSeconds": 0,
+        "retentionBytes": 100 * 1024**3,  # printed as an integer, not 1.073741824e+11
+    }
 
 
 @pytest.mark.parametrize(
@@ -105,6 +122,8 @@ def test_cluster_create_points_at_the_chart_etcd(helm: Helm) -> None:
         (("image.tag=",), "image.tag"),
         (("nonsense=1",), "Additional property nonsense is not allowed"),
         (("etcd.storage.size=lots",), "etcd.storage.size"),
+        (("cluster.retentionTimeSeconds=-2",), "cluster.retentionTimeSeconds"),
+        (("cluster.retentionBytes=10G",), "cluster.retentionBytes"),
     ],
 )
 def test_values_schema_refuses_bad_values(

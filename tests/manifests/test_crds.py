@@ -101,6 +101,22 @@ BAD = [
         {"metadataStore": {"url": "etcd://e:2379"}, "brokers": {"storage": {"size": "ten gigs"}}},
         "does not match",
     ),
+    (
+        "SegtxnCluster",
+        {
+            "metadataStore": {"url": "etcd://e:2379"},
+            "brokers": {"settings": {"retentionTimeSeconds": -2}},
+        },
+        "less than the minimum",
+    ),
+    (
+        "SegtxnCluster",
+        {
+            "metadataStore": {"url": "etcd://e:2379"},
+            "brokers": {"settings": {"retentionBytes": "1G"}},
+        },
+        "is not of type 'integer'",
+    ),
     ("TransactionCoordinator", {"replicas": 2}, "'clusterRef' is a required property"),
     (
         "TransactionCoordinator",

@@ -69,7 +69,12 @@ def by_kind(objects: list[render.Obj]) -> dict[str, render.Obj]:
                     "replicas": 1,
                     "port": 9000,
                     "storage": {"size": "1Gi", "storageClassName": "fast"},
-                    "settings": {"autoCreateTopics": True, "consumerHoldSeconds": 0},
+                    "settings": {
+                        "autoCreateTopics": True,
+                        "consumerHoldSeconds": 0,
+                        "retentionTimeSeconds": 0,
+                        "retentionBytes": 10 * 1024**3,
+                    },
                 },
             },
         ),
@@ -103,6 +108,8 @@ def test_cluster_renders_valid_objects_the_broker_cli_accepts(spec: dict[str, An
     assert str(params["data_dir"]) == render.DATA_DIR
     assert params["consumer_hold"] == brokers["settings"]["consumerHoldSeconds"]
     assert params["auto_create_topics"] == brokers["settings"]["autoCreateTopics"]
+    assert params["retention_time"] == brokers["settings"]["retentionTimeSeconds"]
+    assert params["retention_size"] == brokers["settings"]["retentionBytes"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
     assert container["volumeMounts"] == [{"name": "data", "mountPath": render.DATA_DIR}]
     headless = objects["Service/demo-broker-headless"]["spec"]
@@ -122,6 +129,20 @@ def test_config_changes_roll_the_pods_and_rendering_is_deterministic() -> None:
     )
     changed = {**spec, "metadataStore": {"url": "etcd://elsewhere:2379"}}
     assert pod_hash(changed) != pod_hash(spec)
+    brokers = spec["brokers"]
+    retention = {**brokers, "settings": {**brokers["settings"], "retentionBytes": 1 << 30}}
+    assert pod_hash({**spec, "brokers": retention}) != pod_hash(spec)
+
+
+def test_cluster_retention_defaults_are_the_brokers() -> None:
+    """A cluster that says nothing about retention gets the broker's own defaults."""
+    spec = minimal("SegtxnCluster", {"metadataStore": {"url": "etcd://e:2379"}})
+    objects = by_kind(render.render_cluster("demo", "segtxn", spec))
+    container = objects["StatefulSet/demo-broker"]["spec"]["template"]["spec"]["containers"][0]
+    params = parse(expand(container, objects["ConfigMap/demo-config"]["data"]))
+    defaults = parse(["broker", "--store=x", "--data-dir=/d", "--advertise=http://h:1"])
+    assert params["retention_time"] == defaults["retention_time"] == 7 * 24 * 3600
+    assert params["retention_size"] == defaults["retention_size"] == -1
 
 
 def test_coordinator_renders_valid_objects_the_coordinator_cli_accepts() -> None:

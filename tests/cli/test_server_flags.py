@@ -1,0 +1,76 @@
+"""`segtxn broker` and `segtxn standalone` flags become the settings the servers get."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from segtxn.broker.settings import BrokerSettings
+from segtxn.cli import main, servers
+from segtxn.ledger import RetentionPolicy
+
+BROKER = ["broker", "--store", "memory://", "--advertise", "http://127.0.0.1:9"]
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[BrokerSettings]:
+    """The broker settings a command would serve with (nothing is started)."""
+    captured: list[BrokerSettings] = []
+
+    class Broker:
+        def __init__(self, settings: BrokerSettings, **_: Any) -> None:
+            captured.append(settings)
+            self.service = SimpleNamespace(store=None)  # standalone shares it
+
+    def run(make: Callable[[], list[Any]]) -> None:
+        make()
+
+    monkeypatch.setattr(servers, "BrokerServer", Broker)
+    monkeypatch.setattr(servers, "CoordinatorServer", lambda *_, **__: None)
+    monkeypatch.setattr(servers, "_run", run)
+    return captured
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("command", ["broker", "standalone"])
+def test_retention_defaults_and_flags(
+    command: str, started: list[BrokerSettings], tmp_path: Path
+) -> None:
+    base = [*BROKER, "--data-dir", str(tmp_path)] if command == "broker" else ["standalone"]
+    assert invoke(*base)[0] == 0
+    assert started[-1].retention == RetentionPolicy(7 * 24 * 3600, -1)
+    code, out = invoke(*base, "--retention-time", "0", "--retention-size", "1048576")
+    assert code == 0, out
+    assert started[-1].retention == RetentionPolicy(retention_time_s=0, retention_bytes=1 << 20)
+    assert invoke(*base, "--retention-time", "-1", "--retention-size", "-1")[0] == 0
+    assert started[-1].retention == RetentionPolicy(-1, -1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--retention-time", "-2"], "'--retention-time': must be -1 (no limit) or >= 0"),
+        (["--retention-time", "-0.5"], "'--retention-time': must be -1 (no limit) or >= 0"),
+        (["--retention-time", "inf"], "'--retention-time': must be -1 (no limit) or >= 0"),
+        (["--retention-time", "week"], "'week' is not a valid float"),
+        (["--retention-size", "-5"], "'--retention-size': must be -1 (no limit) or >= 0"),
+        (["--retention-size", "1.5"], "'1.5' is not a valid integer"),
+        (["--retention-size", "10G"], "'10G' is not a valid integer"),
+    ],
+)
+def test_bad_retention_values_are_usage_errors(
+    flags: list[str], complaint: str, started: list[BrokerSettings], tmp_path: Path
+) -> None:
+    for base in ([*BROKER, "--data-dir", str(tmp_path)], ["standalone"]):
+        code, out = invoke(*base, *flags)
+        assert code == 2 and complaint in out, out  # click's UsageError
+    assert not started
