@@ -234,3 +234,58 @@ async def test_hundreds_of_pipelined_v4_sends_in_and_out_of_transactions_keep_th
     for txn in txns:
         await txn.commit()
     assert await read_all(client, PLAIN, 400) == [f"m{i}".encode() for i in range(400)]
+
+
+# ---------------------------------------------------------------------- client (scalable)
+
+
+async def test_a_transactions_sends_keep_per_key_order_across_a_split(
+    client: Client, cluster: Cluster
+) -> None:
+    """A send of a transaction waits (its header read is held) while its segment is split;
+    then it is refused (sealed) and goes again to the child, ahead of the key's later sends.
+    From the moment the segment producer forgets the refused send, the scalable producer is
+    in transition (new sends queue behind the re-send): there is no gap in between."""
+    await client.admin.create_topic(SCALABLE, segments=1)
+    producer = await client.create_producer(SCALABLE, name="p")
+    assert isinstance(producer, ScalableProducer)
+    await producer.send(b"warm-up", key="k")
+    parent = only_segment(producer)
+    txn = client.transaction()
+    await txn.add_partition(SCALABLE)
+    hold = cluster.faults.hold("range", key_prefix="/txn/")
+    first = await producer.send_async(b"k0", key="k", txn=txn)
+    await hold.wait_for(1)
+    await client.admin.split(SCALABLE, 0)  # seals the parent: nothing of the txn is queued
+    in_transition: list[bool] = []
+    settle = parent._settle
+
+    def spy(seq: int, **outcome: object) -> None:
+        settle(seq, **outcome)  # type: ignore[arg-type]
+        if outcome.get("error") is not None:
+            in_transition.append(producer._in_transition())
+
+    parent._settle = spy  # type: ignore[method-assign]
+    hold.release()  # the send goes on to the sealed ledger and is refused
+    await wait_until(lambda: bool(in_transition), what="the refusal")
+    futures = [first]
+    for i in range(1, 60):
+        key = "k" if i % 2 else f"other-{i}"
+        futures.append(await producer.send_async(f"{key}:{i}".encode(), key=key, txn=txn))
+    ids = await asyncio.gather(*futures)
+    assert in_transition == [True], "the refused send was not seen as in transition"
+    assert producer.reroutes >= 1 and ids[0].topic != parent.topic
+    keyed = [ids[i] for i in range(60) if i == 0 or i % 2]
+    assert {i.topic for i in keyed} == {ids[0].topic}  # one child covers "k"
+    assert_stored_in_send_order(keyed)
+    await txn.commit()
+    consumer = await client.subscribe(SCALABLE, "check", initial_position="earliest")
+    got = []
+    while len(got) < 61:
+        message = await consumer.receive(timeout_s=10)
+        await consumer.acknowledge(message)
+        got.append(message.value)
+    assert [v for v in got if v == b"k0" or v.startswith(b"k:")] == [
+        b"k0",
+        *(f"k:{i}".encode() for i in range(1, 60, 2)),
+    ]
