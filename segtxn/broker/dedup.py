@@ -5,6 +5,10 @@ positions of the most recent ones. A send whose id is not above that is a duplic
 not stored again, and the producer gets the original message id when it is still known.
 A send whose original is still being written waits for that write.
 
+Each producer's state also holds its :class:`~segtxn.broker.ordering.SendOrder`: kept here,
+with the rest of what the broker knows of a producer name, it outlives the producer's
+connection, so a reconnected producer's sends are stored after its old connection's.
+
 The state is snapshotted to ``/dedup/<quoted topic>`` every ``snapshot_every`` messages;
 after a restart the snapshot is loaded and the entries written after it are replayed, so
 a producer reconnecting to a restarted broker is de-duplicated too.
@@ -19,6 +23,7 @@ from urllib.parse import quote
 import msgspec
 
 from segtxn.broker.entry import decode_entry
+from segtxn.broker.ordering import SendOrder
 from segtxn.ledger import ManagedLedger, Position
 from segtxn.metastore import MetadataStore
 
@@ -38,6 +43,8 @@ class ProducerState:
         self.last = last
         self.recent: OrderedDict[int, Position] = OrderedDict()
         self.in_flight: dict[int, asyncio.Future[Position]] = {}
+        self.order = SendOrder()
+        """The turns of this producer's sends: they are stored in the order they arrive."""
 
     def stored(self, seq: int, position: Position) -> None:
         self.last = max(self.last, seq)

@@ -1,8 +1,8 @@
 """A topic (or range segment) served by this broker: its ledger, producers, subscriptions.
 
-Publishing is one ledger append per message, after de-duplication. Subscriptions are the
-ledger's durable cursors; each gets a dispatcher when its first consumer attaches (and
-keeps it until the topic is unloaded).
+Publishing is one ledger append per message, after de-duplication, in each producer's send
+order (segtxn/broker/ordering.py). Subscriptions are the ledger's durable cursors; each gets
+a dispatcher when its first consumer attaches (and keeps it until the topic is unloaded).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from segtxn.broker.dispatch import Subscription
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.broker.ordering import Turn
 from segtxn.broker.settings import UNORDERED_REDELIVERY, BrokerSettings
 from segtxn.broker.txn.buffer import (
     MetadataTransactionBuffer,
@@ -142,12 +143,29 @@ class Topic:
 
     # ------------------------------------------------------------------ publishing
 
-    async def publish(self, producer: str, send: Send) -> tuple[Position, bool]:
+    def turn(self, producer: str) -> Turn:
+        """The next turn of ``producer``'s sends: take one per send, in the order the sends
+        arrive, and hand it to :meth:`publish` (docs/protocol.md: producer order)."""
+        return self.dedup.state(producer).order.take()
+
+    async def publish(self, producer: str, send: Send, turn: Turn) -> tuple[Position, bool]:
         """Store one message unless it is a duplicate; returns (position, duplicate).
 
+        The message is queued on the ledger only after every earlier send of ``producer``
+        (earlier turns, this connection's or a previous one's) has queued its own or given
+        up, so a producer's messages are stored in the order they were sent, transactional
+        or not. The turn is released however this ends.
+
         Raises:
-            ServerError(MessageTooLarge / TopicTerminatedError / PersistenceError)
+            ServerError(MessageTooLarge / TopicTerminatedError / PersistenceError, and the
+                transaction buffer's errors for a transactional send)
         """
+        try:
+            return await self._publish(producer, send, turn)
+        finally:
+            turn.release()
+
+    async def _publish(self, producer: str, send: Send, turn: Turn) -> tuple[Position, bool]:
         if send.seq < 0:
             raise ServerError(ErrorName.INVALID_MESSAGE, f"seq must be >= 0, not {send.seq}")
         if len(send.payload) > self.settings.max_message_bytes:
@@ -159,6 +177,7 @@ class Topic:
         in_flight = state.in_flight.get(send.seq)
         if in_flight is not None:
             self.counters.duplicates += 1
+            turn.release()  # nothing to store: later sends need not wait for the original
             return await asyncio.shield(in_flight), True
         if send.seq <= state.last:
             self.counters.duplicates += 1
@@ -192,9 +211,9 @@ class Topic:
         )
         try:
             if txn is None:
-                position = await self.ledger.append(entry)
+                position = await (await turn.enqueue(self.ledger, entry))
             else:
-                position = await self.buffer.append(txn, entry)
+                position = await self.buffer.append(txn, entry, turn)
         except LedgerSealed as e:
             future.set_exception(e)
             future.exception()  # retrieved: a resend waiting on it sees it

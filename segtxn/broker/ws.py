@@ -12,12 +12,17 @@ Frames larger than twice the message limit close the connection with WebSocket c
 
 Each connection writes through one sender task and a bounded queue, so slow sockets never
 block a dispatcher; a consumer's queue is larger than the permits it may hold.
+
+A producer's sends are published concurrently (one task each, up to ``max_pending_sends``)
+but stored in the order they arrive: each takes its producer's next turn as its frame is
+read (segtxn/broker/ordering.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -31,6 +36,7 @@ from segtxn.broker.dispatch import Subscription
 from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
 from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.broker.ordering import Turn
 from segtxn.broker.reader import Reader
 from segtxn.broker.topic import Topic
 from segtxn.ledger import Position
@@ -146,6 +152,10 @@ async def close_sockets(app: web.Application) -> None:
 # ---------------------------------------------------------------------- producer
 
 
+def _release(turn: Turn, _: object) -> None:
+    turn.release()
+
+
 async def producer(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     try:
@@ -178,10 +188,10 @@ async def producer(request: web.Request) -> web.StreamResponse:
 
     metrics = service.metrics
 
-    async def publish(send: Send) -> None:
+    async def publish(send: Send, turn: Turn) -> None:
         started = time.perf_counter()
         try:
-            position, duplicate = await topic.publish(producer_name, send)
+            position, duplicate = await topic.publish(producer_name, send, turn)
             if duplicate:
                 metrics.duplicates.add(1)
             else:
@@ -206,9 +216,13 @@ async def producer(request: web.Request) -> web.StreamResponse:
         for send in sends:
             assert isinstance(send, Send)
             await window.acquire()  # backpressure: stop reading while the window is full
-            task = asyncio.create_task(publish(send), name=f"publish-{producer_name}-{send.seq}")
+            turn = topic.turn(producer_name)  # in arrival order: the order of storage
+            task = asyncio.create_task(
+                publish(send, turn), name=f"publish-{producer_name}-{send.seq}"
+            )
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+            task.add_done_callback(functools.partial(_release, turn))  # even if it never ran
 
     try:
         await _receive_frames(ws, frames.producer_input.decode, handle, outbox)

@@ -369,6 +369,9 @@ class ScalableProducer:
         self._lock = asyncio.Lock()
         self._order = asyncio.Lock()  # FIFO: one sender at a time while in transition
         self._refused: list[_Outgoing] = []
+        self._unsettled: dict[int, set[asyncio.Future[MessageId]]] = {}
+        """Segment id -> sends routed there whose outcome :meth:`_settled` has not taken in
+        (a segment producer forgets a send a moment before that: no gap in between)."""
         self._drainer: asyncio.Task[None] | None = None
         self.reroutes = 0
 
@@ -399,16 +402,20 @@ class ScalableProducer:
                     self._producers[segment_id] = producer
         return producer
 
-    def _retired(self) -> list[Producer]:
-        """Producers of segments no longer active (sealed: their sends may be refused)."""
+    def _retired(self) -> list[int]:
+        """Segments no longer active, or that refused a send (sealed: their sends may be
+        refused)."""
         return [
-            producer
+            segment
             for segment, producer in self._producers.items()
             if producer.refused or not (s := self.layout.segments.get(segment)) or not s.active
         ]
 
+    def _unsettled_on_retired(self) -> list[asyncio.Future[MessageId]]:
+        return [f for segment in self._retired() for f in self._unsettled.get(segment, ())]
+
     def _in_transition(self) -> bool:
-        return bool(self._refused) or any(p.pending for p in self._retired())
+        return bool(self._refused) or bool(self._unsettled_on_retired())
 
     async def send_async(
         self,
@@ -445,9 +452,11 @@ class ScalableProducer:
             registered=True,
             track=False,
         )
+        self._unsettled.setdefault(segment, set()).add(inner)
         inner.add_done_callback(lambda f: self._settled(message, segment, f))
 
     def _settled(self, message: _Outgoing, segment: int, inner: asyncio.Future[MessageId]) -> None:
+        self._unsettled[segment].discard(inner)
         if message.result.done():
             return
         if inner.cancelled():
@@ -471,9 +480,9 @@ class ScalableProducer:
         """(Holding ``_order``.) Wait for sends to retired segments to settle, and send the
         refused ones again, oldest first, until nothing is in transition."""
         while self._in_transition():
-            retired = self._retired()
-            if any(p.pending for p in retired):
-                await asyncio.gather(*(p.flush() for p in retired))
+            unsettled = self._unsettled_on_retired()
+            if unsettled:  # their _settled callbacks run before this wakes up
+                await asyncio.wait(unsettled)
             refused, self._refused = sorted(self._refused, key=lambda m: m.number), []
             for message in refused:
                 self.reroutes += 1

@@ -360,13 +360,31 @@ class ManagedLedger:
     # ================================================================= appends
 
     async def append(self, payload: bytes) -> Position:
-        """Append one entry; returns its position once it is durable.
+        """Append one entry; returns its position once it is durable (:meth:`enqueue`,
+        then wait for the write).
 
         Raises:
             LedgerSealed: the ledger is terminated (or being terminated).
             EntryTooLarge: the entry exceeds ``max_entry_bytes``.
             LedgerClosed: the ledger object was closed.
-            LedgerError: an earlier write failed; reopen the ledger.
+            LedgerError: an earlier write failed (or this one did); reopen the ledger.
+        """
+        written = await self.enqueue(payload)
+        # the entry is written even if the caller stops waiting for it
+        return await asyncio.shield(written)
+
+    async def enqueue(self, payload: bytes) -> asyncio.Future[Position]:
+        """Queue one entry; returns once it holds its place in the write queue.
+
+        Entries are written in the order they were queued: callers that must keep an order
+        (a producer's sends) queue one after another and await the writes in any order.
+        This waits only for room (``max_pending_bytes``: backpressure), first come, first
+        served. The future resolves to the entry's position once it is durable, or fails
+        with ``LedgerError`` if the write fails; the entry is written whether or not anyone
+        awaits it.
+
+        Raises:
+            LedgerSealed, EntryTooLarge, LedgerClosed, LedgerError: as :meth:`append`.
         """
         self._check_writable()
         if len(payload) > self.settings.max_entry_bytes:
@@ -384,8 +402,7 @@ class ManagedLedger:
             self._queued_bytes += len(payload)
             self._idle.clear()
             self._wake.set()
-        # the entry is written even if the caller stops waiting for it
-        return await asyncio.shield(pending.done)
+        return pending.done
 
     def _check_writable(self) -> None:
         if self._closing:

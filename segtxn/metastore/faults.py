@@ -5,6 +5,8 @@ Wrap any engine (``open_store(url, wrap=FaultInjector)``) and then, while the sy
 - :meth:`FaultInjector.fail` makes chosen operations raise (``StoreUnavailable`` by
   default), optionally only for keys under a prefix, a number of times;
 - :meth:`FaultInjector.delay` makes chosen operations slow;
+- :meth:`FaultInjector.hold` parks the answers of chosen operations until the test lets
+  them go, in the order it picks (an interleaving made on purpose, not hoped for);
 - :meth:`FaultInjector.drop_watches` breaks every open watch stream, as a lost connection
   would (the store must resume them without the caller noticing);
 - :meth:`FaultInjector.expire_sessions` revokes leases behind the holders' backs, as a
@@ -39,6 +41,62 @@ from segtxn.metastore.errors import MetadataStoreError, StoreUnavailable
 OPERATIONS = frozenset(
     {"range", "txn", "watch", "current_revision", "lease_grant", "lease_keepalive", "lease_revoke"}
 )
+
+
+_Call = asyncio.Future[None]
+"""One held call: its answer goes on once this is done."""
+
+
+class Hold:
+    """The answers parked by one :meth:`FaultInjector.hold`. Operations are numbered in
+    the order they were *called* (from 0), whatever order the backend answers in."""
+
+    def __init__(self, operation: str, key_prefix: bytes | None, times: int | None) -> None:
+        self.operation = operation
+        self.key_prefix = key_prefix
+        self.times = times
+        self._calls: list[_Call] = []
+        self._parked = 0
+        self._arrival = asyncio.Event()
+
+    @property
+    def parked(self) -> int:
+        """How many answers are (or were) parked so far."""
+        return self._parked
+
+    async def wait_for(self, count: int, *, timeout_s: float = 10.0) -> None:
+        """Return once ``count`` answers are parked.
+
+        Raises:
+            TimeoutError: fewer were parked within ``timeout_s``.
+        """
+        async with asyncio.timeout(timeout_s):
+            while self._parked < count:
+                self._arrival.clear()
+                await self._arrival.wait()
+
+    def release(self, *calls: int) -> None:
+        """Let the answers of ``calls`` (call numbers) go on, in the order given; with no
+        number, every call so far, in call order. The callers resume in that order."""
+        for call in calls or range(len(self._calls)):
+            if not self._calls[call].done():
+                self._calls[call].set_result(None)
+
+    def _claim(self, operation: str, keys: Sequence[bytes]) -> _Call | None:
+        if operation != self.operation or self.times == 0:
+            return None
+        if self.key_prefix is not None and not any(k.startswith(self.key_prefix) for k in keys):
+            return None
+        if self.times is not None:
+            self.times -= 1
+        call: _Call = asyncio.get_running_loop().create_future()
+        self._calls.append(call)
+        return call
+
+    async def _park(self, call: _Call) -> None:
+        self._parked += 1
+        self._arrival.set()
+        await call
 
 
 @dataclass
@@ -95,6 +153,7 @@ class FaultInjector(Engine):
     def __init__(self, inner: Engine) -> None:
         self.inner = inner
         self._rules: list[_Rule] = []
+        self._holds: list[Hold] = []
         self._links: set[_Link] = set()
         self._leases: set[int] = set()
         self.injected = 0
@@ -140,8 +199,27 @@ class FaultInjector(Engine):
             operation, key_prefix=key_prefix, times=times, error=None, delay_s=seconds, before=True
         )
 
+    def hold(
+        self, operation: str, *, key_prefix: str | bytes | None = None, times: int | None = 1
+    ) -> Hold:
+        """Park the answers of ``operation`` (``range`` or ``txn``; applied already) until
+        the returned :class:`Hold` lets them go. :meth:`clear` stops holding new calls; it
+        never lets parked ones go.
+
+        Args:
+            key_prefix: only when the operation touches a key starting with this.
+            times: how many calls to hold (None: until :meth:`clear`).
+        """
+        if operation not in ("range", "txn"):
+            raise ValueError(f"only range and txn answers can be held, not {operation!r}")
+        prefix = key_prefix.encode() if isinstance(key_prefix, str) else key_prefix
+        hold = Hold(operation, prefix, times)
+        self._holds.append(hold)
+        return hold
+
     def clear(self) -> None:
         self._rules.clear()
+        self._holds.clear()
 
     @property
     def open_watches(self) -> int:
@@ -180,6 +258,17 @@ class FaultInjector(Engine):
         prefix = key_prefix.encode() if isinstance(key_prefix, str) else key_prefix
         self._rules.append(_Rule(operation, prefix, times, error, delay_s, before))
 
+    def _claim(self, operation: str, keys: Sequence[bytes]) -> list[tuple[Hold, _Call]]:
+        """(When the operation is called, so in call order.) The holds its answer waits in."""
+        claimed = [(h, c) for h in self._holds if (c := h._claim(operation, keys)) is not None]
+        self.injected += len(claimed)
+        return claimed
+
+    @staticmethod
+    async def _park(claimed: list[tuple[Hold, _Call]]) -> None:
+        for hold, call in claimed:
+            await hold._park(call)
+
     async def _inject(self, operation: str, keys: Sequence[bytes], *, before: bool = True) -> None:
         for rule in list(self._rules):
             if rule.operation != operation or rule.before != before:
@@ -200,7 +289,10 @@ class FaultInjector(Engine):
 
     async def range(self, lo: bytes, hi: bytes | None = None, *, limit: int = 0) -> RangeResult:
         await self._inject("range", [lo])
-        return await self.inner.range(lo, hi, limit=limit)
+        claimed = self._claim("range", [lo])
+        result = await self.inner.range(lo, hi, limit=limit)
+        await self._park(claimed)
+        return result
 
     async def txn(
         self, compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp] = ()
@@ -208,8 +300,10 @@ class FaultInjector(Engine):
         keys = [c.key if isinstance(c, ModEquals) else c.lo for c in compares]
         keys += [op.key for op in success if isinstance(op, PutOp | DeleteOp | GetOp)]
         await self._inject("txn", keys)
+        claimed = self._claim("txn", keys)
         result = await self.inner.txn(compares, success, failure)
         await self._inject("txn", keys, before=False)
+        await self._park(claimed)
         return result
 
     def watch(self, lo: bytes, hi: bytes | None, start_revision: int) -> WatchStream:

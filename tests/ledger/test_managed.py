@@ -240,6 +240,31 @@ async def test_backpressure_is_first_come_first_served(open_ledger: OpenLedger) 
     assert positions == sorted(positions)
 
 
+async def test_enqueue_returns_once_queued_and_the_queue_order_is_the_write_order(
+    open_ledger: OpenLedger,
+) -> None:
+    ledger = await open_ledger()
+    current = ledger._current
+    assert current is not None
+    gate = threading.Event()
+    original = current.append_batch
+
+    def held(payloads: Sequence[bytes]) -> None:
+        gate.wait(10)
+        original(payloads)
+
+    current.append_batch = held  # type: ignore[method-assign]
+    try:
+        written = [await ledger.enqueue(f"q{i}".encode()) for i in range(5)]
+        assert not any(w.done() for w in written)  # queued, not durable: no write ended
+    finally:
+        gate.set()
+    positions = [await w for w in reversed(written)][::-1]  # awaited in any order
+    assert positions == sorted(positions)
+    entries = await ledger.read(positions[0])
+    assert [e.payload for e in entries] == [f"q{i}".encode() for i in range(5)]
+
+
 async def test_readers_learn_of_a_failed_write(open_ledger: OpenLedger) -> None:
     ledger = await open_ledger()
     position = await ledger.append(b"ok")

@@ -55,6 +55,30 @@ async def test_delay_slows_an_operation(store: MetadataStore, faults: FaultInjec
     assert faults.injected == 1
 
 
+async def test_hold_answers_in_the_order_the_test_picks(
+    store: MetadataStore, faults: FaultInjector
+) -> None:
+    await store.put("/h/a", b"a")
+    hold = faults.hold("range", key_prefix="/h/", times=3)
+    answered: list[str] = []
+
+    async def read(key: str) -> None:
+        await store.get(key)
+        answered.append(key)
+
+    readers = [asyncio.create_task(read(k)) for k in ("/h/a", "/h/b", "/h/c")]  # calls 0, 1, 2
+    await hold.wait_for(3)
+    assert hold.parked == 3 and not answered  # applied, answers parked
+    await store.get("/elsewhere")  # other keys are not held
+    hold.release(2, 0, 1)
+    await asyncio.gather(*readers)
+    assert answered == ["/h/c", "/h/a", "/h/b"]
+    await store.get("/h/a")  # the rule is used up
+    assert faults.injected == 3
+    with pytest.raises(ValueError, match="only range and txn"):
+        faults.hold("watch")
+
+
 async def test_drop_watches_is_invisible_to_the_caller(
     store: MetadataStore, faults: FaultInjector
 ) -> None:

@@ -39,6 +39,7 @@ import msgspec
 
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import ManagedLedger, Position, TrimResult
@@ -99,8 +100,15 @@ class TransactionBuffer(ABC):
         """Whether an entry at or before ``max_read_position`` may be delivered."""
 
     @abstractmethod
-    async def append(self, txn: TxnId, payload: bytes) -> Position:
-        """Append a transactional entry (one ledger append) and record it."""
+    async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
+        """Append a transactional entry (one ledger append) and record it.
+
+        The entry is queued on the ledger with ``turn`` (:meth:`Turn.enqueue`): only after
+        the producer's earlier sends have queued theirs, so the producer's order is kept.
+        Checks that may wait (a header read, a property update) come before the turn, so
+        they run concurrently with the earlier sends; the caller releases the turn if this
+        fails before queueing.
+        """
 
     async def recover(self) -> None:  # noqa: B027 - nothing to rebuild unless overridden
         """Rebuild state on load."""
@@ -126,7 +134,7 @@ class NoTransactions(TransactionBuffer):
     def visible(self, txn: TxnId | None, position: Position) -> bool:
         return True
 
-    async def append(self, txn: TxnId, payload: bytes) -> Position:
+    async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
         raise ServerError(
             ErrorName.NOT_ALLOWED,
             f"{self._ledger.name}: v5 transactions run on scalable topics (segment://); "
@@ -203,8 +211,10 @@ class MetadataTransactionBuffer(TransactionBuffer):
 
     # ------------------------------------------------------------------ appends
 
-    async def append(self, txn: TxnId, payload: bytes) -> Position:
-        """One ledger append, then one op record guarded by the header's version.
+    async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
+        """Read the header (concurrently with the producer's earlier sends), then, in the
+        producer's turn, one ledger append; then one op record guarded by the header's
+        version.
 
         Raises:
             ServerError(TransactionNotFound): no such transaction.
@@ -213,9 +223,11 @@ class MetadataTransactionBuffer(TransactionBuffer):
             ServerError(PersistenceError / TopicTerminatedError)
         """
         self._headers.listen(txn, self._on_header)
-        header, version = await self._headers.get(txn)
+        header, version = await self._headers.get(txn)  # a store read on a cache miss
         if header is None:
             raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+        await turn.wait()  # the read may end in any order; the appends may not (issue 14)
+        header = self._headers.cached(txn) or header  # it may have ended while we waited
         if header.state is not TxnState.OPEN:
             raise ServerError(
                 ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}: no more writes"
@@ -223,7 +235,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         floor = self._ledger.last_confirmed or Position(0, -1)
         self._floors.append(floor)
         try:
-            position = await self._ledger.append(payload)
+            position = await (await turn.enqueue(self._ledger, payload))
             try:
                 record = await self._record(txn, version, position)
             except ServerError:

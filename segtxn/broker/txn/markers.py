@@ -29,6 +29,7 @@ acknowledged, applied to the cursor (commit) or released (abort) by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -37,6 +38,7 @@ from collections.abc import Callable
 import msgspec
 
 from segtxn.broker.entry import decode_entry, marker_entry
+from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
 from segtxn.ledger import (
@@ -185,6 +187,9 @@ class MarkerTransactionBuffer(TransactionBuffer):
         self._ended: OrderedDict[TxnId, TxnState] = OrderedDict()
         self._floors: list[Position] = []
         self._locks: dict[TxnId, asyncio.Lock] = {}
+        """Per transaction: an append queues its entry, and ``end`` its marker, holding it."""
+        self._writing: dict[TxnId, set[asyncio.Future[Position]]] = {}
+        """Entries queued and not yet durable, per transaction (``end`` waits for them)."""
         self._flag_lock = asyncio.Lock()
         self._markers_since_snapshot = 0
         self._snapshotting: asyncio.Task[None] | None = None
@@ -213,25 +218,51 @@ class MarkerTransactionBuffer(TransactionBuffer):
 
     # ------------------------------------------------------------------ writes
 
-    async def append(self, txn: TxnId, payload: bytes) -> Position:
-        """Raises ServerError(TransactionConflict): the transaction ended here already."""
+    async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
+        """Queue the entry in the producer's turn, under the transaction's lock (so it is
+        queued before the transaction's marker, or refused); wait for the write outside
+        it, so a transaction's sends share group commits.
+
+        Raises ServerError(TransactionConflict): the transaction ended here already.
+        """
         if txn in self._ended:
             raise ServerError(
                 ErrorName.TRANSACTION_CONFLICT, f"{txn} ended ({self._ended[txn]}): no more writes"
             )
         await self._mark_contains()
+        await turn.wait()  # before the lock: a later send may be waiting for it
         async with self._locks.setdefault(txn, asyncio.Lock()):
-            if txn in self._ended:  # ended while this write waited for the lock
+            if txn in self._ended:  # ended while this write waited
                 raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
             floor = self._ledger.last_confirmed or Position(0, -1)
             self._floors.append(floor)
             try:
-                position = await self._ledger.append(payload)
-                self._ongoing.setdefault(txn, position)
-                return position
-            finally:
+                written = await turn.enqueue(self._ledger, payload)
+            except BaseException:
                 self._floors.remove(floor)
                 self._changed()
+                raise
+            writing = self._writing.setdefault(txn, set())
+            writing.add(written)
+        try:
+            position = await asyncio.shield(written)  # end() may be waiting for it too
+            self._note_write(txn, position)
+            return position
+        finally:
+            writing.discard(written)
+            if not writing and self._writing.get(txn) is writing:
+                del self._writing[txn]
+            self._floors.remove(floor)
+            self._changed()
+
+    def _note_write(self, txn: TxnId, position: Position) -> None:
+        """A durable entry of ``txn``: the transaction is ongoing from its first one (unless
+        it has ended meanwhile: its marker was written after this entry)."""
+        if txn in self._ended:
+            return
+        first = self._ongoing.get(txn)
+        if first is None or position < first:
+            self._ongoing[txn] = position
 
     async def _mark_contains(self) -> None:
         """PIP-373: the property is durable before the first transactional message is."""
@@ -259,6 +290,9 @@ class MarkerTransactionBuffer(TransactionBuffer):
                         ErrorName.INVALID_TXN_STATUS, f"{txn} already {ended} on {self.topic}"
                     )
                 return
+            for written in list(self._writing.pop(txn, ())):  # queued before the marker
+                with contextlib.suppress(Exception):  # a failed write stored nothing
+                    self._note_write(txn, await asyncio.shield(written))
             if txn in self._ongoing:
                 try:
                     at = await self._ledger.append(
