@@ -53,16 +53,24 @@ class HttpSegmentOps:
         return f"{url}/admin/v2/{segment.path}"
 
     async def _call(self, method: str, url: str, **kwargs: Any) -> Any:
-        async with self._http.request(method, url, **kwargs) as response:
-            text = await response.text()
-            if response.status >= 400:
-                name = response.headers.get("X-Segtxn-Error", ErrorName.UNKNOWN.value)
-                try:
-                    error = ErrorName(name)
-                except ValueError:
-                    error = ErrorName.UNKNOWN
-                raise ServerError(error, f"{method} {url}: {text}")
-            return await response.json() if text else None
+        """Raises ServerError: the peer's answer, or ServiceNotReady (retriable) when the
+        peer cannot be reached (it may be restarting; its registration outlives it until
+        its session expires)."""
+        try:
+            async with self._http.request(method, url, **kwargs) as response:
+                text = await response.text()
+                if response.status >= 400:
+                    name = response.headers.get("X-Segtxn-Error", ErrorName.UNKNOWN.value)
+                    try:
+                        error = ErrorName(name)
+                    except ValueError:
+                        error = ErrorName.UNKNOWN
+                    raise ServerError(error, f"{method} {url}: {text}")
+                return await response.json() if text else None
+        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{method} {url}: the broker did not answer ({e})"
+            ) from e
 
     async def subscriptions(self, segment: TopicName) -> list[str]:
         return list(await self._call("GET", await self._url(segment) + "/subscriptions"))

@@ -234,6 +234,14 @@ class Consumer:
         txn.track(ack)
         await ack
 
+    async def redeliver_unacknowledged(self) -> None:
+        """Have every message received and not acknowledged delivered again (Pulsar's
+        ``redeliverUnacknowledgedMessages``): on an ordered subscription from the earliest,
+        in order, and nothing newer is handed out before it. For when processing failed
+        before the messages could be acknowledged (a transaction that could not start)."""
+        for stream in list(self._streams.values()):
+            await stream.redeliver()
+
     async def negative_acknowledge(self, message: Message | MessageId) -> None:
         """Ask for this message to be delivered again."""
         message_id = message.message_id if isinstance(message, Message) else message

@@ -123,7 +123,14 @@ class Processor:
     ) -> None:
         """One transaction over ``batch``."""
         config = self.config
-        txn = await self.client.transaction(timeout_s=config.txn_timeout_s).start()
+        try:
+            txn = await self.client.transaction(timeout_s=config.txn_timeout_s).start()
+        except (ServerError, ClientError) as e:
+            log.warning(
+                "%s: no transaction could start (%s); the inputs come again", config.name, e
+            )
+            await consumer.redeliver_unacknowledged()
+            return
         name = str(txn.id)
         self.history.record("begin", session=self.session, txn=name)
         inputs: list[dict[str, Any]] = []

@@ -304,3 +304,17 @@ async def test_a_hand_over_while_a_transactional_ack_reads_its_header_refuses_th
     assert refused.value.name is ErrorName.TRANSACTION_CONFLICT
     await txn.abort()
     assert values(await receive(a, 3)) == ["m0", "m1", "m2"]
+
+
+async def test_redeliver_unacknowledged_starts_again_at_the_earliest(
+    client: Client, cluster: Cluster
+) -> None:
+    """What an application calls when it could not process what it took (its transaction
+    could not start): everything unacknowledged comes again, in order, nothing newer first."""
+    consumer = await setup(client, 4)
+    taken = await receive(consumer, 2)
+    await consumer.acknowledge(taken[0])
+    await consumer.redeliver_unacknowledged()
+    again = await receive(consumer, 3)
+    assert values(again) == ["m1", "m2", "m3"]
+    assert again[0].redelivery_count == 1
