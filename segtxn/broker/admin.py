@@ -143,9 +143,7 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
     topic = await service.serve(name)
     if topic.busy() and not force:
         raise ServerError(ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)")
-    service.topics.pop(name, None)
-    await topic.disconnect_clients()
-    await topic.delete()
+    await service.delete_data(name, topic)
     if name.domain is Domain.PERSISTENT:
         record = await service.catalog.get(name)
         if record is not None:
@@ -318,8 +316,7 @@ async def _change_properties(
 @_errors
 async def terminate(request: web.Request) -> web.StreamResponse:
     """Seal a persistent topic or a segment: no more writes; reads and acks go on."""
-    topic = await request.app[SERVICE].serve(topic_from(request))
-    last = await topic.ledger.terminate()
+    last = await request.app[SERVICE].seal(topic_from(request))
     return web.json_response({"lastPosition": None if last is None else str(last)})
 
 
