@@ -197,7 +197,7 @@ async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
     v4 = cluster.coordinator.app[__import__("segtxn.coordinator.app").coordinator.app.V4]
     fan_out = v4._call_participant
 
-    async def unreachable(topic: str, path: str) -> None:
+    async def unreachable(*_: object) -> None:
         raise ServerError(ErrorName.SERVICE_NOT_READY, "broker unreachable")
 
     v4._call_participant = unreachable  # type: ignore[method-assign]
