@@ -250,6 +250,7 @@ class CoordinatorV4:
         meta = TxnMeta((coordinator_id, least), OPEN, now + int(timeout * 1000), now)
         await self._log(held, meta)
         self.counters["opened"] += 1
+        log.debug("txn %s: opened (timeout %g s)", TxnId(coordinator_id, least), timeout)
         return TxnId(coordinator_id, least), meta
 
     async def add_participants(

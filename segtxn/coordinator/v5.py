@@ -221,6 +221,7 @@ class CoordinatorV5:
                 ) from e
             raise
         self.counters["opened"] += 1
+        log.debug("txn %s: opened (timeout %g s)", txn, timeout)
         return txn, header
 
     def _pick(self) -> tuple[int, _Held]:
