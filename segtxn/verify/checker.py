@@ -42,9 +42,13 @@ INPUT_VALUE = "key string, seq long"
 OUTPUT_VALUE = "in_key string, in_seq long, in_id string, txn string, client string"
 ABORTED = ("aborted", "timed_out")
 SAMPLES = 5
-ENTRY_COLUMNS = ("txn", "txns", "id", "in_id", "message_id", "message_ids", "before_id")
-"""The columns of an anomaly's rows that hold entries (transaction or message ids)."""
-ENTRIES_PER_SAMPLE = 4
+ENTRY_COLUMNS = (
+    "txn", "before_txn", "txns", "id", "in_id", "before_in_id", "message_id", "before_id",
+    "message_ids",
+)  # fmt: skip
+"""The columns of an anomaly's rows that hold entries (transaction or message ids), in the
+order the report lists them: the ones the histories record first."""
+ENTRIES_PER_SAMPLE = 6
 
 
 @dataclass
@@ -158,6 +162,8 @@ def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
     output_order = (
         outputs.withColumn("before", F.lag("in_seq").over(by_output_key))
         .withColumn("before_id", F.lag("message_id").over(by_output_key))
+        .withColumn("before_txn", F.lag("txn").over(by_output_key))
+        .withColumn("before_in_id", F.lag("in_id").over(by_output_key))
         .where(F.col("before") >= F.col("in_seq"))
         .select(
             F.concat(F.lit("out-"), "out").alias("topic"),
@@ -166,6 +172,10 @@ def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
             F.col("in_seq").alias("seq"),
             "message_id",
             "before_id",
+            "txn",
+            "before_txn",
+            "in_id",
+            "before_in_id",
         )
     )
     by_input_key = Window.partitionBy("key").orderBy(*in_topic_order)
@@ -204,7 +214,7 @@ def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
         "duplicate": duplicate,
         "acked_without_output": acked_without_output,
         "unacked_committed": unacked_committed,
-        "order_violation": output_order.unionByName(input_order),
+        "order_violation": output_order.unionByName(input_order, allowMissingColumns=True),
         "non_monotonic_read": non_monotonic,
     }
 

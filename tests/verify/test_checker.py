@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from segtxn.verify.checker import ANOMALIES, EVENT_SCHEMA, Frames, anomaly_frames, check
+from segtxn.verify.checker import (
+    ANOMALIES,
+    EVENT_SCHEMA,
+    Frames,
+    anomaly_frames,
+    check,
+    sample_entries,
+)
 from segtxn.verify.locate import PLACES
 from segtxn.verify.report import summary, write_html
 
@@ -57,6 +64,7 @@ def input_id(key: str, seq: int) -> str:
 
 
 KEYS = ["k0", "k1", "k2"]
+INPUT_IDS = {input_id(k, s) for k in KEYS for s in range(3)}
 
 
 @dataclass
@@ -194,6 +202,10 @@ def test_each_injected_anomaly_is_caught(spark: SparkSession, kind: str) -> None
     INJECTIONS[kind](run)
     caught = anomaly_frames(run.frames(spark))[kind].collect()  # just this kind: faster
     assert caught, f"{kind} was injected and not caught"
+    # Each row names entries to follow through the run's files; one the histories record
+    # (a transaction or an input) comes first.
+    entries = sample_entries(caught[0].asDict())
+    assert entries and (entries[0].startswith("T") or entries[0] in INPUT_IDS), entries
 
 
 @pytest.mark.timeout(600)  # the whole check (every query, the stats) on a shared machine
