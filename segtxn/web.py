@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
 
 
 async def relay(
@@ -27,6 +29,26 @@ async def relay(
         )
 
 
+class DebugAccessLogger(AbstractAccessLogger):
+    """One line per HTTP request, at DEBUG (logger ``aiohttp.access``, ``-vv``). aiohttp logs
+    them at INFO, where a transaction's calls (NEW_TXN, ADD_*, END_TXN) and every admin poll
+    would bury the lines an operator reads."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.DEBUG)
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.debug(
+            "%s %s %s -> %d in %.1f ms",
+            request.remote,
+            request.method,
+            request.path_qs,
+            response.status,
+            time * 1000,
+        )
+
+
 class AppServer:
     """``start()`` serves ``app`` on ``host:port`` (defaults: the advertised URL's);
     ``stop()`` runs its shutdown and clean-up."""
@@ -38,7 +60,7 @@ class AppServer:
         self.app = app
         self.host = host or parts.hostname or "127.0.0.1"
         self.port = port if port is not None else (parts.port or 80)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log_class=DebugAccessLogger)
 
     async def start(self) -> None:
         await self._runner.setup()

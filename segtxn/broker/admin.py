@@ -1,4 +1,4 @@
-"""The admin REST API (``/admin/v2/...``, shaped like Pulsar's) and topic lookup.
+"""The admin REST API (``/admin/v2/...``, shaped like Pulsar's); lookup is in :mod:`.lookup`.
 
 Topic paths are ``{domain}/{tenant}/{namespace}/{topic}`` (plus ``/{segment}`` for
 ``segment://``). Operations on a ``persistent://`` topic or a segment run on its home broker
@@ -13,41 +13,20 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from aiohttp import WSCloseCode, web
+from aiohttp import web
 
-from segtxn.aio import first_completed
-from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
-from segtxn.broker.service import BrokerService
+from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
 from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore
 from segtxn.ledger import Position
-from segtxn.metastore import MetadataStoreError, StoreUnavailable
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
-from segtxn.topics.catalog import topic_key
 from segtxn.topics.controller import TopicBusy
 from segtxn.topics.dag import DagError
-from segtxn.topics.model import ScalableTopic, decode_topic
-from segtxn.topics.transactions import COORDINATOR_MEMBERS
+from segtxn.topics.model import ScalableTopic
 from segtxn.web import relay
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _errors(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ServerError as e:
-            return error_response(e, request)
-        except StoreUnavailable as e:
-            error = ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
-            return error_response(error, request)
-        except MetadataStoreError as e:
-            return error_response(ServerError(ErrorName.METADATA, str(e)), request)
-
-    return wrapped
 
 
 async def _json(request: web.Request) -> Any:
@@ -57,19 +36,12 @@ async def _json(request: web.Request) -> Any:
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
 
 
-async def _scalable(service: BrokerService, name: TopicName) -> ScalableTopic:
-    record = await service.catalog.get(name)
-    if not isinstance(record, ScalableTopic):
-        raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
-    return record
-
-
 async def _fan_out(
     request: web.Request, name: TopicName, method: str, suffix: str, body: Any = None
 ) -> dict[str, Any]:
     """Run an admin call on every segment of a scalable topic, on its home broker."""
     service = request.app[SERVICE]
-    record = await _scalable(service, name)
+    record = await scalable_record(service, name)
     results: dict[str, Any] = {}
     for segment in record.segments:
         ledger = name.segment_name(segment.id)
@@ -111,7 +83,7 @@ def _has_clients(stats: Any) -> bool:
     return bool(stats.get("producers")) or any(s.get("consumers") for s in subscriptions)
 
 
-@_errors
+@json_errors
 async def create_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     name = topic_from(request)
@@ -124,13 +96,13 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@_errors
+@json_errors
 async def delete_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     name = topic_from(request)
     force = request.query.get("force") == "true"
     if name.domain is Domain.TOPIC:
-        scalable = await _scalable(service, name)
+        scalable = await scalable_record(service, name)
         if not force:  # refuse before deleting anything, not half-way through
             per_segment = await _fan_out(request, name, "GET", "/stats")
             if any(_has_clients(s) for s in per_segment.values()):
@@ -143,9 +115,7 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
     topic = await service.serve(name)
     if topic.busy() and not force:
         raise ServerError(ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)")
-    service.topics.pop(name, None)
-    await topic.disconnect_clients()
-    await topic.delete()
+    await service.delete_data(name, topic)
     if name.domain is Domain.PERSISTENT:
         record = await service.catalog.get(name)
         if record is not None:
@@ -153,7 +123,7 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@_errors
+@json_errors
 async def list_topics(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     info = request.match_info
@@ -162,12 +132,12 @@ async def list_topics(request: web.Request) -> web.StreamResponse:
     return web.json_response([str(n) for n in names if n.domain.value == wanted])
 
 
-@_errors
+@json_errors
 async def stats(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     name = topic_from(request)
     if name.domain is Domain.TOPIC:
-        record = await _scalable(service, name)
+        record = await scalable_record(service, name)
         per_segment = await _fan_out(request, name, "GET", "/stats")
         return web.json_response(
             {
@@ -195,7 +165,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
 # ---------------------------------------------------------------------- subscriptions
 
 
-@_errors
+@json_errors
 async def list_subscriptions(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     if name.domain is Domain.TOPIC:
@@ -205,7 +175,7 @@ async def list_subscriptions(request: web.Request) -> web.StreamResponse:
     return web.json_response(topic.subscription_names())
 
 
-@_errors
+@json_errors
 async def create_subscription(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     subscription = _subscription_name(request)
@@ -220,7 +190,7 @@ async def create_subscription(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@_errors
+@json_errors
 async def delete_subscription(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     subscription = _subscription_name(request)
@@ -232,7 +202,7 @@ async def delete_subscription(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@_errors
+@json_errors
 async def reset_subscription(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     subscription = _subscription_name(request)
@@ -262,17 +232,17 @@ def _subscription_name(request: web.Request) -> str:
 # ---------------------------------------------------------------------- properties
 
 
-@_errors
+@json_errors
 async def get_properties(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     name = topic_from(request)
     if name.domain is Domain.TOPIC:
-        return web.json_response((await _scalable(service, name)).properties)
+        return web.json_response((await scalable_record(service, name)).properties)
     topic = await service.serve(name)
     return web.json_response(topic.properties)
 
 
-@_errors
+@json_errors
 async def update_properties(request: web.Request) -> web.StreamResponse:
     body = await _json(request)
     if not isinstance(body, dict) or not all(
@@ -283,7 +253,7 @@ async def update_properties(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@_errors
+@json_errors
 async def remove_property(request: web.Request) -> web.StreamResponse:
     key = request.query.get("key")
     if not key:
@@ -315,15 +285,14 @@ async def _change_properties(
 # ---------------------------------------------------------------------- topology
 
 
-@_errors
+@json_errors
 async def terminate(request: web.Request) -> web.StreamResponse:
     """Seal a persistent topic or a segment: no more writes; reads and acks go on."""
-    topic = await request.app[SERVICE].serve(topic_from(request))
-    last = await topic.ledger.terminate()
+    last = await request.app[SERVICE].seal(topic_from(request))
     return web.json_response({"lastPosition": None if last is None else str(last)})
 
 
-@_errors
+@json_errors
 async def trim(request: web.Request) -> web.StreamResponse:
     """Apply the broker's retention policy now (Pulsar's trimTopic), as the periodic pass
     does: delete the ledgers it lets go, never unconsumed data. Fans out on a scalable
@@ -354,7 +323,7 @@ def _v4_end(request: web.Request) -> tuple[TxnId, TxnAction]:
     return txn, action
 
 
-@_errors
+@json_errors
 async def end_txn_on_partition(request: web.Request) -> web.StreamResponse:
     """PIP-31's END_TXN_ON_PARTITION (from the v4 coordinator): the marker, if the
     transaction wrote here. Idempotent."""
@@ -366,7 +335,7 @@ async def end_txn_on_partition(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@_errors
+@json_errors
 async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
     """PIP-31's END_TXN_ON_SUBSCRIPTION: apply (commit) or release (abort) the pending
     acks of the transaction on this subscription. Idempotent."""
@@ -382,7 +351,7 @@ async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@_errors
+@json_errors
 async def load(request: web.Request) -> web.StreamResponse:
     """Open a topic or segment on its home broker now (creating its ledger)."""
     await request.app[SERVICE].serve(topic_from(request))
@@ -437,7 +406,7 @@ def _int(request: web.Request, key: str, *, base: int = 10) -> int | None:
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"{key} must be a number") from None
 
 
-@_errors
+@json_errors
 async def split(request: web.Request) -> web.StreamResponse:
     segment = _int(request, "segment")
     if segment is None:
@@ -447,7 +416,7 @@ async def split(request: web.Request) -> web.StreamResponse:
     return await _as_controller(request, lambda name: controllers.split(name, segment, at))
 
 
-@_errors
+@json_errors
 async def merge(request: web.Request) -> web.StreamResponse:
     parts = request.query.get("segments", "").split(",")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
@@ -457,99 +426,11 @@ async def merge(request: web.Request) -> web.StreamResponse:
     return await _as_controller(request, lambda name: controllers.merge(name, first, second))
 
 
-# ---------------------------------------------------------------------- lookup
-
-
-@_errors
-async def lookup(request: web.Request) -> web.StreamResponse:
-    service = request.app[SERVICE]
-    name = topic_from(request)
-    if name.domain is Domain.TOPIC:
-        return web.json_response(await layout(service, name, await _scalable(service, name)))
-    home = await service.catalog.home_of(name)
-    if home is None:
-        if name.domain is Domain.PERSISTENT and service.settings.auto_create_topics:
-            home = await service.catalog.create_persistent(name)
-        else:
-            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
-    url = await service.catalog.broker_url(home)
-    if url is None:
-        raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}'s broker {home!r} is down")
-    return web.json_response({"topic": str(name), "brokerUrl": url})
-
-
-async def layout(service: BrokerService, name: TopicName, topic: ScalableTopic) -> dict[str, Any]:
-    """A scalable topic's DAG as clients see it: each segment with its broker's URL."""
-    segments = []
-    for s in topic.segments:
-        home = await service.catalog.home_of(name.segment_name(s.id))
-        url = await service.catalog.broker_url(home) if home else None
-        segments.append(
-            {
-                "id": s.id,
-                "lo": s.lo,
-                "hi": s.hi,
-                "state": s.state,
-                "parents": s.parents,
-                "children": s.children,
-                "brokerUrl": url,
-            }
-        )
-    return {"topic": str(name), "epoch": topic.epoch, "segments": segments}
-
-
-async def lookup_session(request: web.Request) -> web.StreamResponse:
-    """``/ws/v2/lookup/topic/...``: the current DAG (a JSON text frame), then the DAG again
-    after every change to it, until the client leaves. A deleted topic closes it."""
-    service = request.app[SERVICE]
-    try:
-        name = topic_from(request)
-        if name.domain is not Domain.TOPIC:
-            raise ServerError(ErrorName.NOT_ALLOWED, f"{name}: lookup sessions are for topic://")
-        record = await service.store.get(topic_key(name))
-        if record is None:
-            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
-    except ServerError as e:
-        return error_response(e, request)
-    ws = web.WebSocketResponse(heartbeat=30)
-    request.app[SOCKETS].add(ws)
-    await ws.prepare(request)
-
-    async def push() -> None:
-        topic = decode_topic(record.value)
-        if isinstance(topic, ScalableTopic):
-            await ws.send_str(json.dumps(await layout(service, name, topic)))
-        async with service.store.watch(topic_key(name), from_revision=record.version + 1) as events:
-            async for event in events:
-                if event.record is None:
-                    await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic deleted")
-                    return
-                changed = decode_topic(event.record.value)
-                if isinstance(changed, ScalableTopic):
-                    await ws.send_str(json.dumps(await layout(service, name, changed)))
-
-    async def drain() -> None:
-        async for _ in ws:  # the client says nothing; this ends when it leaves
-            pass
-
-    await first_completed(push(), drain(), name=f"lookup-session-{name}")
-    await ws.close()
-    return ws
-
-
-async def coordinators(request: web.Request) -> web.StreamResponse:
-    """The URLs of the live v5 transaction coordinators."""
-    listing = await request.app[SERVICE].store.list_prefix(COORDINATOR_MEMBERS)
-    urls = sorted({record.value.decode() for record in listing.records})
-    return web.json_response({"coordinators": urls})
-
-
 def routes() -> list[web.RouteDef]:
     topic = "/{domain}/{tenant}/{namespace}/{topic}"  # the parser names a bad domain
     segment = "/{domain:segment}/{tenant}/{namespace}/{topic}/{segment:[0-9]+}"
     out: list[web.RouteDef] = [
         web.get("/admin/v2/{domain}/{tenant}/{namespace}", list_topics),
-        web.get("/lookup/v2/coordinators", coordinators),
     ]
     for shape in (topic, segment):
         base = "/admin/v2" + shape
@@ -564,8 +445,6 @@ def routes() -> list[web.RouteDef]:
             web.get(base + "/properties", get_properties),
             web.put(base + "/properties", update_properties),
             web.delete(base + "/properties", remove_property),
-            web.get("/lookup/v2/topic" + shape, lookup),
-            web.get("/ws/v2/lookup" + shape, lookup_session),
             web.post(base + "/terminate", terminate),
             web.post(base + "/trim", trim),
             web.post(base + "/txn/{txn}/end", end_txn_on_partition),

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from segtxn.broker import admin, ws
+from segtxn.broker import admin, lookup, ws
 from segtxn.broker.http import SERVICE, SOCKETS, error_body
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
@@ -56,6 +56,7 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
             web.get("/readyz", readyz),
             web.get("/metrics", metrics),
             *admin.routes(),
+            *lookup.routes(),
         ]
     )
     return app

@@ -131,13 +131,17 @@ class TopicControllers:
             await self._store.put(
                 key, self._url.encode(), expected_version=MUST_NOT_EXIST, session=self._session()
             )
+            log.info("controller of %s: this broker (%s) took the lease", name, self._url)
             return None
         except AlreadyExists:
             record = await self._store.get(key)
             if record is None:
                 return await self.leader(name)  # released meanwhile: try again
             url = record.value.decode()
-            return None if url == self._url else url
+            if url == self._url:
+                return None
+            log.debug("controller of %s is %s: forwarding", name, url)
+            return url
 
     def lock(self, name: TopicName) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())

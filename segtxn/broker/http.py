@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import re
 import weakref
+from collections.abc import Awaitable, Callable
 from urllib.parse import quote
 
 from aiohttp import web
 
 from segtxn.broker.service import BrokerService
+from segtxn.metastore import MetadataStoreError, StoreUnavailable
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import InvalidTopicName, TopicName
+from segtxn.topics.model import ScalableTopic
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 SERVICE = web.AppKey("service", BrokerService)
 SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])
@@ -61,3 +66,28 @@ def topic_from(request: web.Request) -> TopicName:
         return TopicName.parse(text)
     except InvalidTopicName as e:
         raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+
+
+def json_errors(handler: Handler) -> Handler:
+    """A handler whose ServerErrors (and metadata store errors) become the JSON error body."""
+
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ServerError as e:
+            return error_response(e, request)
+        except StoreUnavailable as e:
+            error = ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
+            return error_response(error, request)
+        except MetadataStoreError as e:
+            return error_response(ServerError(ErrorName.METADATA, str(e)), request)
+
+    return wrapped
+
+
+async def scalable_record(service: BrokerService, name: TopicName) -> ScalableTopic:
+    """The record of scalable topic ``name``, or ServerError(TopicNotFound)."""
+    record = await service.catalog.get(name)
+    if not isinstance(record, ScalableTopic):
+        raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+    return record

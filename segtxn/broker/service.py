@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
@@ -23,7 +24,7 @@ from segtxn.broker.topic import Topic
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.markers import MarkerTransactionBuffer, SnapshotLogs
 from segtxn.broker.txn.oprecords import OpRecordWriter
-from segtxn.ledger import LedgerCorrupted, LedgerError, LogStorage, open_log_storage
+from segtxn.ledger import LedgerCorrupted, LedgerError, LogStorage, Position, open_log_storage
 from segtxn.metastore import MetadataStore, MetadataStoreError, Session, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
@@ -135,13 +136,26 @@ class BrokerService:
         await self.catalog.register_broker(
             self.broker_id, self.settings.advertise_url, self._session
         )
+        log.info(
+            "broker %s registered at %s (session %#x, ttl %g s)",
+            self.broker_id,
+            self.settings.advertise_url,
+            self._session.lease_id,
+            self.settings.session_ttl_s,
+        )
 
     async def _keep_registered(self) -> None:
         while True:
             assert self._session is not None
             await self._session.expired.wait()
             self.ready.clear()
-            log.warning("broker %s: session expired; registering again", self.broker_id)
+            log.warning(
+                "broker %s: session %#x expired (lease lost: its controller keys are gone); "
+                "registering again, %d topics and segments still served here",
+                self.broker_id,
+                self._session.lease_id,
+                len(self.topics),
+            )
             while True:
                 try:
                     await self._register()
@@ -222,6 +236,7 @@ class BrokerService:
             raise ServerError(ErrorName.NOT_OWNER, f"{name} is served by {url}", redirect=url)
 
     async def _load(self, name: TopicName) -> Topic:
+        started = time.perf_counter()
         try:
             topic = await Topic.load(
                 name,
@@ -233,19 +248,63 @@ class BrokerService:
                 ops=self.op_records,
                 snapshots=self.snapshots,
             )
-        except LedgerCorrupted as e:
-            raise ServerError(ErrorName.PERSISTENCE, f"{name}: {e}") from e
         except LedgerError as e:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}: {e}") from e
+            log.error("loading %s on broker %s failed: %s", name, self.broker_id, e)
+            error = (
+                ErrorName.PERSISTENCE
+                if isinstance(e, LedgerCorrupted)
+                else ErrorName.SERVICE_NOT_READY
+            )
+            raise ServerError(error, f"{name}: {e}") from e
+        except (MetadataStoreError, ServerError) as e:
+            log.warning("loading %s on broker %s failed: %s", name, self.broker_id, e)
+            raise
         finally:
             self._loading.pop(name, None)
         self.topics[name] = topic
+        last = topic.ledger.last_confirmed
+        log.info(
+            "loaded %s on broker %s: %s, %d subscriptions%s; took %.1f ms",
+            name,
+            self.broker_id,
+            "empty" if last is None else f"last entry {last}",
+            len(topic.subscriptions),
+            ", sealed" if topic.ledger.is_sealed else "",
+            (time.perf_counter() - started) * 1000,
+        )
         return topic
 
     async def unload(self, name: TopicName) -> None:
         topic = self.topics.pop(name, None)
         if topic is not None:
             await topic.close()
+            log.info("unloaded %s from broker %s", name, self.broker_id)
+
+    async def seal(self, name: TopicName) -> Position | None:
+        """Terminate a persistent topic or a segment (idempotent): no more writes; reads
+        and acks go on. Returns its last entry (None: it is empty).
+
+        Raises:
+            ServerError: as :meth:`serve`.
+        """
+        topic = await self.serve(name)
+        already = topic.ledger.is_sealed
+        last = await topic.ledger.terminate()
+        if not already:
+            log.info(
+                "sealed %s on broker %s: %s",
+                name,
+                self.broker_id,
+                "empty" if last is None else f"last entry {last}",
+            )
+        return last
+
+    async def delete_data(self, name: TopicName, topic: Topic) -> None:
+        """Delete a loaded topic's or segment's data here (its clients are hung up on)."""
+        self.topics.pop(name, None)
+        await topic.disconnect_clients()
+        await topic.delete()
+        log.info("deleted %s's data on broker %s", name, self.broker_id)
 
     # ------------------------------------------------------------------ creation
 

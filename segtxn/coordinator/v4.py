@@ -50,6 +50,7 @@ OPEN, COMMITTING, ABORTING, TIME_OUT = "OPEN", "COMMITTING", "ABORTING", "TIME_O
 COMMITTED, ABORTED = "COMMITTED", "ABORTED"
 FINAL = {COMMITTED, ABORTED}
 PARTICIPANT_TIMEOUT = aiohttp.ClientTimeout(total=10)
+FIRST_RETRY_S = 0.05
 
 
 def log_name(coordinator_id: int) -> str:
@@ -131,10 +132,16 @@ class CoordinatorV4:
                 return
             self.held[coordinator_id] = held
             log.info(
-                "holding v4 coordinator id %d (%d transactions)", coordinator_id, len(held.txns)
+                "v4 coordinator id %d: held by this coordinator (%s); its log has %d "
+                "transactions, %d being finished",
+                coordinator_id,
+                self.settings.advertise_url,
+                len(held.txns),
+                sum(m.state in (COMMITTING, ABORTING, TIME_OUT) for m in held.txns.values()),
             )
             await leadership.lost.wait()
             self.held.pop(coordinator_id, None)
+            log.warning("v4 coordinator id %d: lease lost; campaigning again", coordinator_id)
             with contextlib.suppress(LedgerError):
                 await held.ledger.close()
 
@@ -243,6 +250,7 @@ class CoordinatorV4:
         meta = TxnMeta((coordinator_id, least), OPEN, now + int(timeout * 1000), now)
         await self._log(held, meta)
         self.counters["opened"] += 1
+        log.debug("txn %s: opened (timeout %g s)", TxnId(coordinator_id, least), timeout)
         return TxnId(coordinator_id, least), meta
 
     async def add_participants(
@@ -292,6 +300,7 @@ class CoordinatorV4:
             if meta.state in FINAL:
                 if meta.state == wanted:
                     return meta
+                log.info("txn %s: %s refused, already %s", txn, action.value, meta.state)
                 raise ServerError(
                     ErrorName.INVALID_TXN_STATUS, f"{txn} is already {meta.state}; cannot {action}"
                 )
@@ -306,6 +315,11 @@ class CoordinatorV4:
                 )
         final = await self._finish(held, meta, action)
         if late:
+            log.info(
+                "txn %s: COMMIT came past its timeout of %.1f s: aborted instead",
+                txn,
+                (meta.timeout_ms - meta.created_ms) / 1000,
+            )
             raise ServerError(
                 ErrorName.INVALID_TXN_STATUS, f"{txn} timed out before the commit: aborted"
             )
@@ -327,6 +341,8 @@ class CoordinatorV4:
             await self._log(held, final)
             held.locks.pop(txn.least, None)
         self.counters["committed" if action is TxnAction.COMMIT else "aborted"] += 1
+        log.debug("txn %s: %s (%d partitions, %d subscriptions)", txn, final.state,
+                  len(final.partitions), len(final.subscriptions))  # fmt: skip
         return final
 
     async def _resume(self, held: _Log, meta: TxnMeta, action: TxnAction) -> None:
@@ -337,7 +353,7 @@ class CoordinatorV4:
                 await self._finish(held, meta, action)
                 return
             except ServerError as e:
-                log.warning("v4: finishing %s: %s", TxnId(*meta.txn), e)
+                log.warning("txn %s: finishing its %s failed: %s", TxnId(*meta.txn), action, e)
                 if e.name is not ErrorName.SERVICE_NOT_READY:
                     return
 
@@ -349,14 +365,16 @@ class CoordinatorV4:
             (t, f"/subscription/{quote(s, safe='')}/txn/{txn}/end{query}")
             for t, s in meta.subscriptions
         ]
-        await asyncio.gather(*(self._call_participant(topic, path) for topic, path in calls))
+        await asyncio.gather(
+            *(self._call_participant(txn, action, topic, path) for topic, path in calls)
+        )
 
-    async def _call_participant(self, topic: str, path: str) -> None:
+    async def _call_participant(self, txn: TxnId, action: TxnAction, topic: str, path: str) -> None:
         assert self._http is not None
         name = TopicName.parse(topic)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.fan_out_timeout_s
-        delay = 0.05
+        delay = FIRST_RETRY_S
         while True:
             problem: str
             try:
@@ -369,14 +387,24 @@ class CoordinatorV4:
                     body = await response.json(content_type=None)
                     error = ErrorName(body.get("error", ErrorName.UNKNOWN.value))
                     if error is not ErrorName.SERVICE_NOT_READY:
+                        log.warning(
+                            "txn %s: %s refused by participant %s (%s): %s",
+                            txn, action, topic, error, body.get("message", ""),
+                        )  # fmt: skip
                         raise ServerError(error, str(body.get("message", "")))
                     problem = str(body.get("message"))
             except (aiohttp.ClientError, TimeoutError, MetadataStoreError) as e:
                 problem = repr(e)
             if loop.time() > deadline:
+                log.warning(
+                    "txn %s: participant %s did not take the %s in %g s: %s",
+                    txn, topic, action, self.settings.fan_out_timeout_s, problem,
+                )  # fmt: skip
                 raise ServerError(
                     ErrorName.SERVICE_NOT_READY, f"{topic} did not take the decision: {problem}"
                 )
+            if delay == FIRST_RETRY_S:
+                log.info("txn %s: participant %s unreachable (%s); retrying", txn, topic, problem)
             await asyncio.sleep(delay)  # the participant's broker is down: back off, retry
             delay = min(delay * 2, 1.0)
 
@@ -412,6 +440,13 @@ class CoordinatorV4:
                     )
                 timed_out += 1
                 self.counters["timeouts"] += 1
+                log.info(
+                    "txn %s: timed out, aborting: TIME_OUT logged by the sweep (age %.1f s, "
+                    "timeout %.1f s)",
+                    TxnId(*current.txn),
+                    (now - current.created_ms) / 1000,
+                    (current.timeout_ms - current.created_ms) / 1000,
+                )
                 self._spawn(
                     self._resume(held, current, TxnAction.ABORT), f"v4-timeout-{meta.txn[1]:x}"
                 )

@@ -58,6 +58,10 @@ ID_BLOCKS = "/txn-coordinators/ids/"
 ELECTION_PREFIX = T.COORDINATOR_ELECTIONS.removeprefix(ELECTIONS_PREFIX)
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def election_name(coordinator_id: int) -> str:
     return f"{ELECTION_PREFIX}{coordinator_id:x}"
 
@@ -157,10 +161,14 @@ class CoordinatorV5:
                 return
             self.held[coordinator_id] = _Held(leadership)
             self.ready.set()
-            log.info("holding coordinator id %x", coordinator_id)
+            log.info(
+                "coordinator id %x: held by this coordinator (%s)",
+                coordinator_id,
+                self.settings.advertise_url,
+            )
             await leadership.lost.wait()
             self.held.pop(coordinator_id, None)
-            log.warning("lost coordinator id %x", coordinator_id)
+            log.warning("coordinator id %x: lease lost; campaigning again", coordinator_id)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -213,6 +221,7 @@ class CoordinatorV5:
                 ) from e
             raise
         self.counters["opened"] += 1
+        log.debug("txn %s: opened (timeout %g s)", txn, timeout)
         return txn, header
 
     def _pick(self) -> tuple[int, _Held]:
@@ -302,11 +311,18 @@ class CoordinatorV5:
                 return header  # the same decision again: a harmless success
             if header.state.final:
                 self.counters["header_cas_reject"] += 1
+                log.info(
+                    "txn %s: %s refused, already %s (%.1f s after it was created)",
+                    txn,
+                    action.value,
+                    header.state.value,
+                    ((header.finalized_ms or _now_ms()) - header.created_ms) / 1000,
+                )
                 raise ServerError(
                     ErrorName.INVALID_TXN_STATUS,
                     f"{txn} is already {header.state}; cannot {action}",
                 )
-            now_ms = int(time.time() * 1000)
+            now_ms = _now_ms()
             outcome = action.outcome
             late = action is TxnAction.COMMIT and now_ms > header.timeout_ms
             if late:
@@ -326,9 +342,16 @@ class CoordinatorV5:
             self.counters["header_cas_ok"] += 1
             self.counters["committed" if outcome is TxnState.COMMITTED else "aborted"] += 1
             if late:
+                log.info(
+                    "txn %s: COMMIT came %.1f s past its timeout of %.1f s: aborted instead",
+                    txn,
+                    (now_ms - header.timeout_ms) / 1000,
+                    (header.timeout_ms - header.created_ms) / 1000,
+                )
                 raise ServerError(
                     ErrorName.INVALID_TXN_STATUS, f"{txn} timed out before the commit: aborted"
                 )
+            log.debug("txn %s: %s", txn, outcome.value)
             return final
 
     async def list_open(self, limit: int = 1000) -> list[tuple[TxnId, T.TxnHeader]]:
@@ -368,6 +391,14 @@ class CoordinatorV5:
             except ServerError as e:
                 if e.name not in (ErrorName.INVALID_TXN_STATUS, ErrorName.TRANSACTION_NOT_FOUND):
                     raise
+                continue  # ended meanwhile: not a timeout
+            header = T.decode_header(entry.value)
+            log.info(
+                "txn %s: timed out, aborted by the sweep (age %.1f s, timeout %.1f s)",
+                txn,
+                (now_ms - header.created_ms) / 1000,
+                (header.timeout_ms - header.created_ms) / 1000,
+            )
         self.counters["timeouts"] += aborted
         return aborted
 
@@ -376,7 +407,7 @@ class CoordinatorV5:
         now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
         horizon = now_ms - int(self.settings.gc_retention_s * 1000)
         abandon = now_ms - int(self.settings.abandon_after_s * 1000)
-        deleted = backlog = 0
+        deleted = backlog = forced = 0
         for state in (TxnState.COMMITTED, TxnState.ABORTED):
             due = await self.store.index_range(
                 T.IDX_FINAL, (state.value, 0), (state.value, horizon + 1)
@@ -387,9 +418,9 @@ class CoordinatorV5:
                 ops = await self.store.list_prefix(T.ops_prefix(txn))
                 if ops.records:
                     if self.settings.abandon_after_s and (header.finalized_ms or 0) <= abandon:
-                        self.counters["gc_forced_ops"] += await self.store.delete_range(
-                            T.ops_prefix(txn)
-                        )
+                        removed = await self.store.delete_range(T.ops_prefix(txn))
+                        self.counters["gc_forced_ops"] += removed
+                        forced += removed
                     else:
                         backlog += len(ops.records)
                         continue
@@ -398,6 +429,14 @@ class CoordinatorV5:
                     deleted += 1
                 except (BadVersion, NotFound):
                     continue
+        if deleted or forced or backlog != self.gc_backlog:
+            log.info(
+                "gc sweep: deleted %d final headers%s; backlog %d op records (was %d)",
+                deleted,
+                f", force-deleted {forced} abandoned op records" if forced else "",
+                backlog,
+                self.gc_backlog,
+            )
         self.gc_backlog = backlog
         self.counters["gc_headers"] += deleted
         return deleted

@@ -15,6 +15,7 @@ broker is its owner. While the home broker is down its topics are unavailable
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from urllib.parse import quote
@@ -39,6 +40,8 @@ from segtxn.topics.model import (
     encode_topic,
     new_scalable_topic,
 )
+
+log = logging.getLogger(__name__)
 
 TOPICS = "/topics/"
 HOMES = "/homes/"
@@ -69,6 +72,21 @@ def topic_key(name: TopicName) -> str:
 
 def home_key(ledger_name: TopicName) -> str:
     return HOMES + quote(str(ledger_name), safe="")
+
+
+def _placements(record: TopicRecord, homes: Sequence[tuple[TopicName, str]]) -> str:
+    """``segment://t/ns/n/0 [0x0000-0x7fff] on broker b1, ...`` (at most 32 named)."""
+    ranges = (
+        {s.id: f" [{s.lo:#06x}-{s.hi:#06x}]" for s in record.segments}
+        if isinstance(record, ScalableTopic)
+        else {}
+    )
+    parts = [
+        f"{ledger}{ranges.get(ledger.segment or 0, '')} on broker {home}"
+        for ledger, home in homes[:32]
+    ]
+    more = f", ... (+{len(homes) - 32} more)" if len(homes) > 32 else ""
+    return ", ".join(parts) + more
 
 
 class Catalog:
@@ -141,6 +159,7 @@ class Catalog:
             )
         except AlreadyExists as e:
             raise TopicExists(f"{name} already exists") from e
+        log.info("topic created: %s; %s", name, _placements(record, homes))
 
     async def place(self, count: int) -> list[str]:
         """Homes for ``count`` new ledgers: the live brokers with the fewest, in turn."""
@@ -199,3 +218,4 @@ class Catalog:
         await self.store.commit(
             [Delete(topic_key(name))] + [Delete(home_key(ledger)) for ledger in ledgers]
         )
+        log.info("topic deleted: %s (%d ledgers)", name, len(ledgers))

@@ -91,6 +91,13 @@ class Controller:
             )
         except BadVersion as e:
             raise TopicBusy(f"{name} changed meanwhile; try again") from e
+        log.debug(
+            "%s %s planned: segments %s -> %s",
+            op.kind.value,
+            name,
+            ",".join(map(str, op.parents)),
+            ",".join(str(c[0]) for c in op.children),
+        )
         return await self._execute(name, planned, record.version, started)
 
     async def finish(self, name: TopicName) -> ScalableTopic | None:
@@ -98,7 +105,15 @@ class Controller:
         topic, version = await self._read(name)
         if topic.pending is None:
             return None
-        log.warning("%s: finishing an interrupted %s", name, topic.pending.kind)
+        op = topic.pending
+        log.warning(
+            "%s %s: finishing an interrupted change (segments %s -> %s, left pending by an "
+            "earlier controller)",
+            op.kind.value,
+            name,
+            ",".join(map(str, op.parents)),
+            ",".join(str(c[0]) for c in op.children),
+        )
         return await self._execute(name, topic, version, time.perf_counter())
 
     async def _read(self, name: TopicName) -> tuple[ScalableTopic, int]:
@@ -125,6 +140,7 @@ class Controller:
         for child in children:
             await self.ops.prepare(child, subscriptions)
         for parent in parents:
+            log.debug("%s %s: sealing %s", op.kind.value, name, parent)
             await self.ops.seal(parent)
         done = dag.complete(topic, op)
         done = msgspec.structs.replace(
@@ -141,7 +157,18 @@ class Controller:
             await self.store.put(topic_key(name), encode_topic(done), expected_version=version)
         except (BadVersion, NotFound) as e:
             raise TopicBusy(f"{name} changed while completing its {op.kind}") from e
-        log.info("%s: %s of %s done (epoch %d)", name, op.kind, op.parents, done.epoch)
+        sealed = [s for s in topic.segments if s.id in op.parents]
+        created = [s for s in done.segments if s.id in {c[0] for c in op.children}]
+        log.info(
+            "%s %s: segments %s -> %s; epoch %d; %s; took %.1f ms",
+            op.kind.value,
+            name,
+            dag.describe(sealed),
+            dag.describe(created),
+            done.epoch,
+            dag.shape(done),
+            done.last_change.duration_ms if done.last_change else 0.0,
+        )
         return done
 
     async def _place(self, children: list[TopicName]) -> None:
@@ -153,3 +180,4 @@ class Controller:
             await self.store.put(
                 home_key(child), msgspec.json.encode(home), indexes={HOMES_BY_BROKER: home}
             )
+            log.info("segment created: %s, placed on broker %s", child, home)

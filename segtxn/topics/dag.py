@@ -135,6 +135,35 @@ def check(topic: ScalableTopic) -> None:
             raise DagError(f"a child of {segment.id} does not list it as a parent")
 
 
+SHAPE_LIMIT = 32
+"""Segments named per list in a log line; the rest are counted (a line stays short)."""
+
+
+def _bounded(parts: list[str]) -> str:
+    if len(parts) <= SHAPE_LIMIT:
+        return ", ".join(parts)
+    return ", ".join(parts[:SHAPE_LIMIT]) + f", ... (+{len(parts) - SHAPE_LIMIT} more)"
+
+
+def describe(segments: list[SegmentInfo]) -> str:
+    """Segments as log lines name them: ``2 [0x0000-0x7fff], 3 [0x8000-0xffff]``."""
+    return _bounded([f"{s.id} [{s.lo:#06x}-{s.hi:#06x}]" for s in segments])
+
+
+def shape(topic: ScalableTopic) -> str:
+    """The DAG in one line: the active segments by range, then the sealed ones (newest
+    first) with their children: ``active 1 [...], 2 [...], 3 [...]; sealed 0->2,3``."""
+    sealed = sorted(
+        (s for s in topic.segments if s.state is SegmentState.SEALED), key=lambda s: -s.id
+    )
+    text = "active " + describe(topic.active())
+    if sealed:
+        text += "; sealed " + _bounded(
+            [f"{s.id}->{'+'.join(map(str, s.children))}" for s in sealed]
+        )
+    return text
+
+
 def ancestors_first(topic: ScalableTopic) -> list[SegmentInfo]:
     """Every segment, each after all of its parents (the order consumers must follow)."""
     by_id = {s.id: s for s in topic.segments}

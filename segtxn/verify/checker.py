@@ -4,7 +4,8 @@
 ``segtxn`` data source. :func:`check` computes each anomaly kind in :data:`ANOMALIES` as a
 DataFrame, counts it and keeps a few samples; a run passes when every count is zero. The
 checks take frames, not files, so a test can inject any anomaly into a recorded run and see
-the checker catch it.
+the checker catch it. For each sample, the report names the entries involved (message and
+transaction ids) and where the run's histories and logs mention them (:mod:`.locate`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from segtxn.verify.locate import Located, locate
 from segtxn.verify.workload import RunInfo
 
 ANOMALIES: dict[str, str] = {
@@ -40,25 +42,39 @@ INPUT_VALUE = "key string, seq long"
 OUTPUT_VALUE = "in_key string, in_seq long, in_id string, txn string, client string"
 ABORTED = ("aborted", "timed_out")
 SAMPLES = 5
+ENTRY_COLUMNS = (
+    "txn", "before_txn", "txns", "id", "in_id", "before_in_id", "message_id", "before_id",
+    "message_ids",
+)  # fmt: skip
+"""The columns of an anomaly's rows that hold entries (transaction or message ids), in the
+order the report lists them: the ones the histories record first."""
+ENTRIES_PER_SAMPLE = 6
 
 
 @dataclass
 class Frames:
     """A run as DataFrames: ``events`` (all histories), ``inputs`` (the input topic),
     ``outputs`` (both output topics, column ``out`` = ``a`` | ``b``), ``leftover`` (input ids
-    still unacknowledged after the run)."""
+    still unacknowledged after the run); ``run_dir``, where its histories and logs are (None:
+    the report names entries without their places)."""
 
     events: DataFrame
     inputs: DataFrame
     outputs: DataFrame
     leftover: DataFrame
+    run_dir: Path | None = None
 
 
 @dataclass
 class Report:
+    """``samples[kind][i]`` is a row of that kind as text; ``entries[kind][i]`` the ids in it,
+    whose places are in ``located`` (when the run's files were searched)."""
+
     counts: dict[str, int]
     samples: dict[str, list[str]]
     stats: dict[str, Any] = field(default_factory=dict)
+    entries: dict[str, list[list[str]]] = field(default_factory=dict)
+    located: Located | None = None
 
     @property
     def anomalies(self) -> int:
@@ -91,7 +107,7 @@ def load(spark: SparkSession, run_dir: Path, url: str | None = None) -> Frames:
         outputs = frame if outputs is None else outputs.unionByName(frame)
     assert outputs is not None
     leftover = spark.createDataFrame([(i,) for i in info.leftover], "id string")
-    return Frames(events.cache(), inputs.cache(), outputs.cache(), leftover)
+    return Frames(events.cache(), inputs.cache(), outputs.cache(), leftover, run_dir)
 
 
 def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
@@ -119,13 +135,18 @@ def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
     lost_txn = per_txn.where((F.col("in_a") + F.col("in_b") == 0) & (F.col("outputs") > 0))
     sent = events.where(F.col("kind") == "sent").select("id", "key", "seq")
     lost_input = sent.join(inputs.select("id"), "id", "left_anti")
-    lost = lost_txn.select(F.concat(F.lit("txn "), "txn").alias("what")).unionByName(
-        lost_input.select(F.concat(F.lit("input "), "id").alias("what"))
+    none = F.lit(None).cast("string")
+    lost = lost_txn.select(F.lit("txn").alias("what"), "txn", none.alias("id")).unionByName(
+        lost_input.select(F.lit("input").alias("what"), none.alias("txn"), "id")
     )
 
     duplicate = (
         outputs.groupBy("out", "in_key", "in_seq")
-        .agg(F.count("*").alias("copies"), F.collect_set("txn").alias("txns"))
+        .agg(
+            F.count("*").alias("copies"),
+            F.collect_set("txn").alias("txns"),
+            F.collect_set("message_id").alias("message_ids"),
+        )
         .where(F.col("copies") > 1)
     )
     with_output = outputs.select(F.col("in_id").alias("id")).distinct()
@@ -140,6 +161,9 @@ def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
     by_output_key = Window.partitionBy("out", "in_key").orderBy(*in_topic_order)
     output_order = (
         outputs.withColumn("before", F.lag("in_seq").over(by_output_key))
+        .withColumn("before_id", F.lag("message_id").over(by_output_key))
+        .withColumn("before_txn", F.lag("txn").over(by_output_key))
+        .withColumn("before_in_id", F.lag("in_id").over(by_output_key))
         .where(F.col("before") >= F.col("in_seq"))
         .select(
             F.concat(F.lit("out-"), "out").alias("topic"),
@@ -147,14 +171,25 @@ def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
             "before",
             F.col("in_seq").alias("seq"),
             "message_id",
+            "before_id",
+            "txn",
+            "before_txn",
+            "in_id",
+            "before_in_id",
         )
     )
     by_input_key = Window.partitionBy("key").orderBy(*in_topic_order)
     input_order = (
         inputs.withColumn("before", F.lag("seq").over(by_input_key))
+        .withColumn("before_id", F.lag("id").over(by_input_key))
         .where(F.col("before") >= F.col("seq"))
         .select(
-            F.lit("input").alias("topic"), "key", "before", "seq", F.col("id").alias("message_id")
+            F.lit("input").alias("topic"),
+            "key",
+            "before",
+            "seq",
+            F.col("id").alias("message_id"),
+            "before_id",
         )
     )
 
@@ -165,35 +200,52 @@ def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
     non_monotonic = (
         consumed.withColumn("before", F.lag("input.seq").over(by_session_key))
         .where(F.col("before") >= F.col("input.seq"))
-        .select("client", "session", "txn", "input.key", "before", "input.seq")
+        .select("client", "session", "txn", "input.key", "before", "input.seq", "input.id")
     )
     return {
-        "aborted_read": aborted_read.select("txn", "outcome", "out", "in_key", "in_seq"),
-        "uncommitted_read": uncommitted_read.select("txn", "out", "in_key", "in_seq"),
+        "aborted_read": aborted_read.select(
+            "txn", "outcome", "out", "in_key", "in_seq", "message_id", "in_id"
+        ),
+        "uncommitted_read": uncommitted_read.select(
+            "txn", "out", "in_key", "in_seq", "message_id", "in_id"
+        ),
         "torn_transaction": torn.select("txn", "client", "outputs", "in_a", "in_b"),
         "lost_write": lost,
         "duplicate": duplicate,
         "acked_without_output": acked_without_output,
         "unacked_committed": unacked_committed,
-        "order_violation": output_order.unionByName(input_order),
+        "order_violation": output_order.unionByName(input_order, allowMissingColumns=True),
         "non_monotonic_read": non_monotonic,
     }
 
 
 def check(frames: Frames) -> Report:
     started = time.perf_counter()
-    counts: dict[str, int] = {}
-    samples: dict[str, list[str]] = {}
+    report = Report({}, {})
     for name, frame in anomaly_frames(frames).items():
-        counts[name] = frame.count()
-        samples[name] = [
-            ", ".join(f"{k}={v}" for k, v in row.asDict().items())
-            for row in (frame.limit(SAMPLES).collect() if counts[name] else [])
+        report.counts[name] = frame.count()
+        rows = [r.asDict() for r in frame.limit(SAMPLES).collect()] if report.counts[name] else []
+        report.samples[name] = [
+            ", ".join(f"{k}={v}" for k, v in row.items() if v is not None) for row in rows
         ]
-    report = Report(counts, samples)
+        report.entries[name] = [sample_entries(row) for row in rows]
+    if frames.run_dir is not None:
+        wanted = {e for per_kind in report.entries.values() for row in per_kind for e in row}
+        report.located = locate(frames.run_dir, sorted(wanted))
     report.stats = run_stats(frames)
     report.stats["check_s"] = round(time.perf_counter() - started, 1)
     return report
+
+
+def sample_entries(row: dict[str, Any]) -> list[str]:
+    """The transaction and message ids in an anomaly's row (at most ENTRIES_PER_SAMPLE)."""
+    entries: list[str] = []
+    for column in ENTRY_COLUMNS:
+        value = row.get(column)
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None and str(item) not in entries:
+                entries.append(str(item))
+    return entries[:ENTRIES_PER_SAMPLE]
 
 
 def run_stats(frames: Frames) -> dict[str, Any]:

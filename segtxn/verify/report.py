@@ -1,6 +1,10 @@
 """The checker's report: a text summary for the terminal and an HTML page with two plots
 (commit latency histogram; committed inputs per second, with splits, merges and kills marked).
-The plots are inline SVG: the page stands alone, with nothing to fetch."""
+The plots are inline SVG: the page stands alone, with nothing to fetch.
+
+Under each anomaly's samples come the entries involved (transaction and message ids) and
+where the run's files mention them (``history/p1.jsonl:812``, ``logs/broker-b1.log:40``):
+the places to start reading when a run fails."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from segtxn.verify.checker import ANOMALIES, Report
+from segtxn.verify.locate import Mentions
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -36,10 +41,66 @@ def summary(report: Report, run_s: float) -> str:
     for name, description in ANOMALIES.items():
         count = report.counts.get(name, 0)
         lines.append(f"  {name:<22} {count:>6}   {description}")
-        lines.extend(f"      e.g. {sample}" for sample in report.samples.get(name, []))
+        for i, sample in enumerate(report.samples.get(name, [])):
+            lines.append(f"      e.g. {sample}")
+            lines.extend(f"          {where}" for where in _places(report, name, i))
+    if report.located is not None and report.located.truncated:
+        lines.append("  (searched only the start of " + ", ".join(report.located.truncated) + ")")
     verdict = "PASS: no anomaly" if report.anomalies == 0 else f"FAIL: {report.anomalies} anomalies"
     lines.append(verdict)
     return "\n".join(lines)
+
+
+def _mentions(report: Report, name: str, i: int) -> list[tuple[str, Mentions | None]]:
+    """The entries of sample ``i`` of anomaly ``name``, each with where it is mentioned
+    (None: the run's files were not searched)."""
+    entries = report.entries.get(name, [])
+    row = entries[i] if i < len(entries) else []
+    located = report.located
+    return [(entry, located.mentions.get(entry) if located else None) for entry in row]
+
+
+def _places(report: Report, name: str, i: int) -> list[str]:
+    out = []
+    for entry, mentions in _mentions(report, name, i):
+        if mentions is None:
+            out.append(entry)
+        elif not mentions.places:
+            out.append(f"{entry}: not in the run's histories or logs")
+        else:
+            more = mentions.total - len(mentions.places)
+            extra = f" (+{more} more lines)" if more > 0 else ""
+            out.append(f"{entry}: " + ", ".join(map(str, mentions.places)) + extra)
+    return out
+
+
+def _anomalies_html(report: Report) -> str:
+    """Each anomaly's samples, their entries, and the lines that mention each entry."""
+    parts = []
+    for name in ANOMALIES:
+        samples = report.samples.get(name, [])
+        if not samples:
+            continue
+        items = []
+        for i, sample in enumerate(samples):
+            entries = []
+            for entry, mentions in _mentions(report, name, i):
+                places = [
+                    f"<li><code>{html.escape(str(p))}</code> {html.escape(p.text)}</li>"
+                    for p in (mentions.places if mentions else [])
+                ]
+                if mentions is not None and mentions.total > len(mentions.places):
+                    places.append(f"<li>+{mentions.total - len(mentions.places)} more lines</li>")
+                if mentions is not None and not mentions.places:
+                    places.append("<li>not in the run's histories or logs</li>")
+                entries.append(f"<li><b>{html.escape(entry)}</b><ul>{''.join(places)}</ul></li>")
+            items.append(f"<li><code>{html.escape(sample)}</code><ul>{''.join(entries)}</ul></li>")
+        parts.append(
+            f"<h3>{html.escape(name)} ({report.counts.get(name, 0)})</h3><ol>{''.join(items)}</ol>"
+        )
+    if not parts:
+        return ""
+    return "<h2>Anomalies: entries and where the run's files mention them</h2>" + "".join(parts)
 
 
 def write_html(report: Report, run_s: float, path: Path) -> None:
@@ -47,6 +108,7 @@ def write_html(report: Report, run_s: float, path: Path) -> None:
     body = [
         "<h1>segtxn verification</h1>",
         f"<pre>{html.escape(summary(report, run_s))}</pre>",
+        _anomalies_html(report),
         "<h2>Commit latency (committed transactions)</h2>",
         _histogram(stats.get("commit_ms", [])),
         "<h2>Committed inputs per second</h2>",
@@ -55,6 +117,7 @@ def write_html(report: Report, run_s: float, path: Path) -> None:
     path.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>segtxn verification</title>"
         "<style>body{font-family:sans-serif;margin:2em}pre{background:#f4f4f4;padding:1em}"
+        "li li li{font-family:monospace;font-size:85%}"
         "</style></head><body>" + "\n".join(body) + "</body></html>"
     )
 

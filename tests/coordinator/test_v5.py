@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -99,19 +100,59 @@ async def test_unknown_and_v4_transactions(coordinator: CoordinatorV5) -> None:
     assert timeout.value.name is ErrorName.INVALID_ARGUMENT
 
 
-async def test_timeout_sweep_aborts_and_late_commit_fails(coordinator: CoordinatorV5) -> None:
+async def test_timeout_sweep_aborts_and_late_commit_fails(
+    coordinator: CoordinatorV5, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="segtxn")
     txn, header = await coordinator.new_txn(timeout_s=10)
     assert await coordinator.sweep_timeouts(now_ms=header.timeout_ms - 1) == 0
+    assert not info_lines(caplog, "timed out")
     assert await coordinator.sweep_timeouts(now_ms=header.timeout_ms + 1) == 1
     assert (await coordinator.status(txn)).state is TxnState.ABORTED
     with pytest.raises(ServerError) as late:
         await coordinator.end_txn(txn, TxnAction.COMMIT)
     assert late.value.name is ErrorName.INVALID_TXN_STATUS
+    # The operator sees both: the sweep's abort (id, age, timeout), then the refused commit,
+    # each naming the transaction as the client prints it.
+    assert info_lines(caplog, "timed out") == [
+        f"txn {txn}: timed out, aborted by the sweep (age 10.0 s, timeout 10.0 s)"
+    ]
+    [refused] = info_lines(caplog, "refused")
+    assert refused.startswith(f"txn {txn}: COMMIT refused, already ABORTED")
+
+
+def info_lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.INFO and r.name.startswith("segtxn") and text in r.getMessage()
+    ]
+
+
+async def test_commits_and_aborts_log_at_debug_only(
+    coordinator: CoordinatorV5, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="segtxn")
+    committed, _ = await coordinator.new_txn()
+    aborted, _ = await coordinator.new_txn()
+    await coordinator.end_txn(committed, TxnAction.COMMIT)
+    await coordinator.end_txn(aborted, TxnAction.ABORT)
+    mine = [
+        r
+        for r in caplog.records
+        if str(committed) in r.getMessage() or str(aborted) in r.getMessage()
+    ]
+    assert {r.levelno for r in mine} == {logging.DEBUG}
+    assert {r.getMessage() for r in mine} >= {
+        f"txn {committed}: COMMITTED",
+        f"txn {aborted}: ABORTED",
+    }
 
 
 async def test_gc_waits_for_op_records_then_deletes_the_header(
-    coordinator: CoordinatorV5, store: MetadataStore
+    coordinator: CoordinatorV5, store: MetadataStore, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="segtxn")
     txn, _ = await coordinator.new_txn()
     op = T.TxnOp(T.OpKind.WRITE, "segment://t/n/x/0", (1, 0))
     await store.put(T.ops_prefix(txn), T.encode(op), sequential=True, indexes=T.op_indexes(op))
@@ -120,6 +161,12 @@ async def test_gc_waits_for_op_records_then_deletes_the_header(
     await store.delete_range(T.ops_prefix(txn))  # the participant materialized and cleaned
     assert await coordinator.sweep_gc() == 1 and coordinator.gc_backlog == 0
     assert await store.get(T.header_key(txn)) is None
+    assert await coordinator.sweep_gc() == 0  # nothing new: nothing logged
+    # One summary per sweep that changed something, never a line per header.
+    assert info_lines(caplog, "gc sweep") == [
+        "gc sweep: deleted 0 final headers; backlog 1 op records (was 0)",
+        "gc sweep: deleted 1 final headers; backlog 0 op records (was 1)",
+    ]
 
 
 async def test_a_standby_takes_over_the_ids_with_no_replay(store: MetadataStore) -> None:

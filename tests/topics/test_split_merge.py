@@ -6,6 +6,7 @@ import asyncio
 import collections
 import itertools
 import json
+import logging
 import random
 import socket
 from collections.abc import AsyncIterator
@@ -370,3 +371,46 @@ async def test_topology_is_visible_in_stats_and_metrics(client: Client, cluster:
         metrics = await response.text()
     assert re.search(r'segtxn_topic_changes_total\{[^}]*kind="split"[^}]*\} 1\.0', metrics)
     assert "segtxn_topic_change_seconds_bucket" in metrics
+
+
+async def test_topology_changes_are_logged_at_info(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What an operator greps for: the topic, the segments before and after with their ranges,
+    the new DAG shape, each seal with the segment's last entry, each child created and loaded;
+    not a line per HTTP request."""
+    caplog.set_level(logging.INFO)
+    await client.admin.create_topic(TOPIC, segments=2)
+    producer = await client.create_producer(TOPIC)
+    await producer.send(b"x", key="a")
+    await client.admin.split(TOPIC, 0)
+    await client.admin.merge(TOPIC, 2, 3)
+    info = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    segment = TOPIC.replace("topic://", "segment://")
+    assert not [r for r in caplog.records if r.name == "aiohttp.access"]  # DEBUG only
+
+    assert f"topic created: {TOPIC}; {segment}/0 [0x0000-0x7fff] on broker b1, " in "\n".join(info)
+    assert any(
+        line.startswith(
+            f"split {TOPIC}: segments 0 [0x0000-0x7fff] -> 2 [0x0000-0x3fff], "
+            "3 [0x4000-0x7fff]; epoch 1; active 2 [0x0000-0x3fff], 3 [0x4000-0x7fff], "
+            "1 [0x8000-0xffff]; sealed 0->2+3; took "
+        )
+        for line in info
+    ), info
+    assert any(
+        line.startswith(
+            f"merge {TOPIC}: segments 2 [0x0000-0x3fff], 3 [0x4000-0x7fff] -> 4 [0x0000-0x7fff]; "
+            "epoch 2; active 4 [0x0000-0x7fff], 1 [0x8000-0xffff]; sealed 3->4, 2->4, 0->2+3; "
+        )
+        for line in info
+    ), info
+    last = (await client.admin.stats(f"{segment}/0"))["lastConfirmedPosition"]
+    assert [line for line in info if line.startswith("sealed ")] == [
+        f"sealed {segment}/0 on broker b1: last entry {last}",  # "L:E", as clients print it
+        f"sealed {segment}/2 on broker b1: empty",
+        f"sealed {segment}/3 on broker b1: empty",
+    ]
+    for child in (2, 3, 4):
+        assert f"segment created: {segment}/{child}, placed on broker b1" in info
+        assert any(line.startswith(f"loaded {segment}/{child} on broker b1: ") for line in info)

@@ -3,6 +3,7 @@ pending acks in a managed ledger, and PIP-373's property; on both stores."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -146,8 +147,12 @@ async def test_v4_and_v5_never_mix(client: Client) -> None:
     await other.abort()
 
 
-async def test_commit_on_a_terminated_topic_fails_at_once(client: Client) -> None:
-    """The problem PIP-471 solves: a sealed topic cannot take its commit marker."""
+async def test_commit_on_a_terminated_topic_fails_at_once(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The problem PIP-471 solves: a sealed topic cannot take its commit marker (and the
+    coordinator's log says which participant refused what)."""
+    caplog.set_level(logging.INFO, logger="segtxn")
     await client.admin.create_topic(T1)
     producer = await client.create_producer(T1)
     txn = client.transaction()
@@ -159,6 +164,15 @@ async def test_commit_on_a_terminated_topic_fails_at_once(client: Client) -> Non
     assert refused.value.name is ErrorName.TOPIC_TERMINATED
     assert time.monotonic() - started < 2  # promptly, not after the fan-out timeout
     assert await txn.status() == "COMMITTING"
+    refusals = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == "segtxn.coordinator.v4"
+    ]
+    assert refusals == [
+        f"txn {txn.id}: COMMIT refused by participant {T1} (TopicTerminatedError): "
+        + refused.value.message
+    ]
 
 
 async def test_pip373_property(client: Client, cluster: Cluster) -> None:
@@ -197,7 +211,7 @@ async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
     v4 = cluster.coordinator.app[__import__("segtxn.coordinator.app").coordinator.app.V4]
     fan_out = v4._call_participant
 
-    async def unreachable(topic: str, path: str) -> None:
+    async def unreachable(*_: object) -> None:
         raise ServerError(ErrorName.SERVICE_NOT_READY, "broker unreachable")
 
     v4._call_participant = unreachable  # type: ignore[method-assign]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 
@@ -159,7 +160,10 @@ async def test_acks_in_a_transaction_conflict_and_are_released_on_abort(client: 
     assert stats["segments"][0]["stats"]["subscriptions"]["shared"]["backlog"] == 0
 
 
-async def test_timeout_aborts_and_releases(client: Client) -> None:
+async def test_timeout_aborts_and_releases(
+    client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="segtxn")
     await client.admin.create_topic(ORDERS, segments=1)
     producer = await client.create_producer(ORDERS)
     await producer.send(b"input")
@@ -176,6 +180,22 @@ async def test_timeout_aborts_and_releases(client: Client) -> None:
     assert again.value == b"input"
     await consumer.acknowledge(again)
     await nothing_arrives(consumer)  # "never" never shows
+
+    def logged(level: int, text: str) -> bool:
+        return any(r.levelno == level and text in r.getMessage() for r in caplog.records)
+
+    # The sweep's abort is an INFO line; each participant's materialization a DEBUG one.
+    segment = f"{ORDERS.replace('topic://', 'segment://')}/0"
+    assert logged(logging.INFO, f"txn {txn.id}: timed out, aborted by the sweep (age ")
+    await wait_until(
+        lambda: (
+            logged(logging.DEBUG, f"txn {txn.id}: ABORTED materialized on {segment} (1 ")
+            and logged(
+                logging.DEBUG, f"txn {txn.id}: ABORTED materialized on {segment} subscription s"
+            )
+        ),
+        what="both materializations logged",
+    )
 
 
 async def _aborted(txn: object) -> bool:

@@ -3,14 +3,25 @@ it is caught. A checker that cannot fail proves nothing."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
-from segtxn.verify.checker import ANOMALIES, EVENT_SCHEMA, Frames, anomaly_frames, check
+from segtxn.verify.checker import (
+    ANOMALIES,
+    EVENT_SCHEMA,
+    Frames,
+    anomaly_frames,
+    check,
+    sample_entries,
+)
+from segtxn.verify.locate import PLACES
+from segtxn.verify.report import summary, write_html
 
 INPUTS = "segment int, ledger_id long, entry_id long, id string, key string, seq long"
 OUTPUTS = (
@@ -31,6 +42,7 @@ def event(kind: str, **fields: Any) -> dict[str, Any]:
 def txn(name: str, ts: float, outcome: str, inputs: list[tuple[str, int]]) -> list[dict[str, Any]]:
     consumed = [{"key": k, "seq": s, "id": input_id(k, s)} for k, s in inputs]
     events = [event("begin", txn=name, ts=ts)]
+    events += [event("received", ts=ts, **c) for c in consumed]
     if outcome != "aborted":
         events.append(event("committing", txn=name, ts=ts + 0.1))
     events.append(
@@ -52,6 +64,7 @@ def input_id(key: str, seq: int) -> str:
 
 
 KEYS = ["k0", "k1", "k2"]
+INPUT_IDS = {input_id(k, s) for k in KEYS for s in range(3)}
 
 
 @dataclass
@@ -89,13 +102,30 @@ class Run:
              input_id(key, seq), name, "p1")
         )  # fmt: skip
 
-    def frames(self, spark: SparkSession) -> Frames:
+    def frames(self, spark: SparkSession, run_dir: Path | None = None) -> Frames:
         return Frames(
             events=spark.createDataFrame(self.events, EVENT_SCHEMA),
             inputs=spark.createDataFrame(self.inputs, INPUTS),
             outputs=spark.createDataFrame(self.outputs, OUTPUTS),
             leftover=spark.createDataFrame([(i,) for i in self.leftover], "id string"),
+            run_dir=run_dir,
         )
+
+    def write(self, run_dir: Path, log: list[str]) -> dict[str, list[dict[str, Any]]]:
+        """The run's files, as a run leaves them: one history per client (JSON lines, as
+        History writes them) and ``logs/standalone.log``; returns each client's lines."""
+        histories: dict[str, list[dict[str, Any]]] = {}
+        for e in self.events:
+            histories.setdefault(e["client"], []).append(
+                {k: v for k, v in e.items() if v is not None}
+            )
+        (run_dir / "history").mkdir(parents=True)
+        for client, lines in histories.items():
+            text = "".join(json.dumps(line) + "\n" for line in lines)
+            (run_dir / "history" / f"{client}.jsonl").write_text(text)
+        (run_dir / "logs").mkdir()
+        (run_dir / "logs" / "standalone.log").write_text("".join(f"{line}\n" for line in log))
+        return histories
 
 
 def aborted_read(run: Run) -> None:
@@ -172,3 +202,63 @@ def test_each_injected_anomaly_is_caught(spark: SparkSession, kind: str) -> None
     INJECTIONS[kind](run)
     caught = anomaly_frames(run.frames(spark))[kind].collect()  # just this kind: faster
     assert caught, f"{kind} was injected and not caught"
+    # Each row names entries to follow through the run's files; one the histories record
+    # (a transaction or an input) comes first.
+    entries = sample_entries(caught[0].asDict())
+    assert entries and (entries[0].startswith("T") or entries[0] in INPUT_IDS), entries
+
+
+@pytest.mark.timeout(600)  # the whole check (every query, the stats) on a shared machine
+def test_a_report_names_an_anomalys_entries_and_where_they_appear(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The aborted T2's output shows: the report names T2, the output and the input it came
+    from, and for each the history and log lines that mention it (file:line)."""
+    run = Run.clean()
+    aborted_read(run)
+    histories = run.write(
+        tmp_path,
+        [
+            "12:00:01 INFO segtxn.broker.service: loaded segment://t/out-a/0 on broker b1",
+            "12:00:02 DEBUG segtxn.coordinator.v5: txn T2: ABORTED",
+            "12:00:02 DEBUG segtxn.broker.txn.buffer: txn T2: ABORTED materialized on "
+            "segment://t/out-a/0 (1 entries, 1:9..1:9)",
+            "12:00:03 DEBUG segtxn.broker.txn.buffer: txn T20: ABORTED",  # not T2
+        ],
+    )
+    report = check(run.frames(spark, tmp_path))
+    assert report.counts["aborted_read"] == 1
+    [entries] = report.entries["aborted_read"]
+    source = input_id("k1", 0)
+    assert entries == ["T2", source, "segment://t/out-a/0@1:9"]
+    assert report.located is not None
+    mentions = report.located.mentions
+
+    def lines_of(client: str, entry: str, kind: str | None = None) -> list[str]:
+        return [
+            f"history/{client}.jsonl:{n}"
+            for n, line in enumerate(histories[client], start=1)
+            if entry in json.dumps(line) and kind in (None, line["kind"])
+        ]
+
+    [sent] = lines_of("feeder", source)
+    received = lines_of("p1", source, "received")
+    assert len(received) == 2  # T2 received it, then T3 did
+    where = [str(place) for place in mentions[source].places]
+    assert where == [sent, *lines_of("p1", source)[: PLACES - 1]]
+    assert received[0] in where  # the first delivery (received, then ended with it in T2)
+    assert [str(p) for p in mentions["T2"].logs] == [
+        "logs/standalone.log:2",
+        "logs/standalone.log:3",
+    ]
+    [begin] = lines_of("p1", "T2", "begin")
+    assert str(mentions["T2"].history[0]) == begin
+    # A broker line names the segment and the position separately: still a mention.
+    assert [str(p) for p in mentions["segment://t/out-a/0@1:9"].places] == ["logs/standalone.log:3"]
+
+    text = summary(report, 1.0)
+    assert f"{source}: {sent}, {received[0]}" in text
+    assert f"T2: {begin}, " in text and "logs/standalone.log:3" in text
+    write_html(report, 1.0, tmp_path / "report.html")
+    page = (tmp_path / "report.html").read_text()
+    assert "segment://t/out-a/0@1:9" in page and "logs/standalone.log:3</code>" in page

@@ -298,6 +298,15 @@ class MetadataTransactionBuffer(TransactionBuffer):
             log.error(
                 "%s: header of %s vanished with op records left: hiding it", self.segment, txn
             )
+        log.debug(
+            "txn %s: %s materialized on %s (%d entries, %s..%s)",
+            txn,
+            state.value,
+            self.segment,
+            len(positions),
+            min(positions),
+            max(positions),
+        )
         if state is TxnState.ABORTED:
             self._aborted[txn] = AbortedTxn(
                 (min(positions).ledger_id, min(positions).entry_id),

@@ -299,6 +299,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                         marker_entry((txn.most, txn.least), action.value, int(time.time() * 1000))
                     )
                 except LedgerSealed as e:
+                    log.warning("txn %s: %s is terminated: no %s marker", txn, self.topic, action)
                     raise ServerError(
                         ErrorName.TOPIC_TERMINATED,
                         f"{self.topic} is terminated: it cannot take the {action.value} marker "
@@ -307,6 +308,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                     ) from e
                 self._apply_end(txn, outcome, at)
                 self._markers_since_snapshot += 1
+                log.debug("txn %s: %s marker on %s at %s", txn, action.value, self.topic, at)
             _remember(self._ended, txn, outcome)
             self._locks.pop(txn, None)
         self._changed()
@@ -491,6 +493,9 @@ class MLPendingAckStore(ReservingPendingAckStore):
                 return
             individual, upto = self._held_by(txn)
             if individual or upto is not None:
+                log.debug(
+                    "txn %s: %s on %s subscription %s", txn, action, self.topic, self.subscription
+                )
                 await self._settle(txn, outcome is TxnState.COMMITTED, individual, upto)
                 await (await self._ledger()).append(
                     _encode(PendingAckOp((txn.most, txn.least), action.value))

@@ -285,6 +285,15 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
             committed = header is not None and header.state is TxnState.COMMITTED
             outcome = TxnState.COMMITTED if committed else TxnState.ABORTED
             self._metrics.txn_materialized.add(1, {"outcome": outcome.value, "part": "acks"})
+            log.debug(
+                "txn %s: %s materialized on %s subscription %s (%d acks%s)",
+                txn,
+                outcome.value,
+                self.segment,
+                self.subscription,
+                len(individual),
+                "" if upto is None else f", cumulative up to {upto}",
+            )
             try:
                 await self._settle(txn, committed, individual, upto)
                 for key in self._op_keys.pop(txn, []):
@@ -293,9 +302,14 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
                 self._headers.forget(txn, self._on_header)
             except MetadataStoreError as e:
                 log.warning(
-                    "%s/%s: materializing %s failed (%s)", self.segment, self.subscription, txn, e
+                    "txn %s: materializing its %s on %s subscription %s failed (%s); retried "
+                    "when the segment is loaded again",
+                    txn,
+                    outcome.value,
+                    self.segment,
+                    self.subscription,
+                    e,
                 )
-                # retried when the topic is loaded again (recovery re-reads the op records)
 
     # ------------------------------------------------------------------ recovery
 

@@ -1,0 +1,126 @@
+"""Topic lookup: which broker serves a topic or segment, and a scalable topic's DAG.
+
+``GET /lookup/v2/topic/...`` answers once: the home broker of a ``persistent://`` topic or a
+segment, or a scalable topic's segments each with its broker's URL. ``/ws/v2/lookup/topic/...``
+(a WebSocket) sends the DAG, then again after every change, until the client leaves (a
+deleted topic closes it). ``GET /lookup/v2/coordinators`` lists the live v5 coordinators.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import WSCloseCode, web
+
+from segtxn.aio import first_completed
+from segtxn.broker.http import (
+    SERVICE,
+    SOCKETS,
+    error_response,
+    json_errors,
+    scalable_record,
+    topic_from,
+)
+from segtxn.broker.service import BrokerService
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.topics.catalog import topic_key
+from segtxn.topics.model import ScalableTopic, decode_topic
+from segtxn.topics.transactions import COORDINATOR_MEMBERS
+
+
+@json_errors
+async def lookup(request: web.Request) -> web.StreamResponse:
+    service = request.app[SERVICE]
+    name = topic_from(request)
+    if name.domain is Domain.TOPIC:
+        return web.json_response(await layout(service, name, await scalable_record(service, name)))
+    home = await service.catalog.home_of(name)
+    if home is None:
+        if name.domain is Domain.PERSISTENT and service.settings.auto_create_topics:
+            home = await service.catalog.create_persistent(name)
+        else:
+            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+    url = await service.catalog.broker_url(home)
+    if url is None:
+        raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}'s broker {home!r} is down")
+    return web.json_response({"topic": str(name), "brokerUrl": url})
+
+
+async def layout(service: BrokerService, name: TopicName, topic: ScalableTopic) -> dict[str, Any]:
+    """A scalable topic's DAG as clients see it: each segment with its broker's URL."""
+    segments = []
+    for s in topic.segments:
+        home = await service.catalog.home_of(name.segment_name(s.id))
+        url = await service.catalog.broker_url(home) if home else None
+        segments.append(
+            {
+                "id": s.id,
+                "lo": s.lo,
+                "hi": s.hi,
+                "state": s.state,
+                "parents": s.parents,
+                "children": s.children,
+                "brokerUrl": url,
+            }
+        )
+    return {"topic": str(name), "epoch": topic.epoch, "segments": segments}
+
+
+async def lookup_session(request: web.Request) -> web.StreamResponse:
+    """``/ws/v2/lookup/topic/...``: the current DAG (a JSON text frame), then the DAG again
+    after every change to it, until the client leaves. A deleted topic closes it."""
+    service = request.app[SERVICE]
+    try:
+        name = topic_from(request)
+        if name.domain is not Domain.TOPIC:
+            raise ServerError(ErrorName.NOT_ALLOWED, f"{name}: lookup sessions are for topic://")
+        record = await service.store.get(topic_key(name))
+        if record is None:
+            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+    except ServerError as e:
+        return error_response(e, request)
+    ws = web.WebSocketResponse(heartbeat=30)
+    request.app[SOCKETS].add(ws)
+    await ws.prepare(request)
+
+    async def push() -> None:
+        topic = decode_topic(record.value)
+        if isinstance(topic, ScalableTopic):
+            await ws.send_str(json.dumps(await layout(service, name, topic)))
+        async with service.store.watch(topic_key(name), from_revision=record.version + 1) as events:
+            async for event in events:
+                if event.record is None:
+                    await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic deleted")
+                    return
+                changed = decode_topic(event.record.value)
+                if isinstance(changed, ScalableTopic):
+                    await ws.send_str(json.dumps(await layout(service, name, changed)))
+
+    async def drain() -> None:
+        async for _ in ws:  # the client says nothing; this ends when it leaves
+            pass
+
+    await first_completed(push(), drain(), name=f"lookup-session-{name}")
+    await ws.close()
+    return ws
+
+
+async def coordinators(request: web.Request) -> web.StreamResponse:
+    """The URLs of the live v5 transaction coordinators."""
+    listing = await request.app[SERVICE].store.list_prefix(COORDINATOR_MEMBERS)
+    urls = sorted({record.value.decode() for record in listing.records})
+    return web.json_response({"coordinators": urls})
+
+
+def routes() -> list[web.RouteDef]:
+    topic = "/{domain}/{tenant}/{namespace}/{topic}"  # the parser names a bad domain
+    segment = "/{domain:segment}/{tenant}/{namespace}/{topic}/{segment:[0-9]+}"
+    out: list[web.RouteDef] = [web.get("/lookup/v2/coordinators", coordinators)]
+    for shape in (topic, segment):
+        out += [
+            web.get("/lookup/v2/topic" + shape, lookup),
+            web.get("/ws/v2/lookup" + shape, lookup_session),
+        ]
+    return out
