@@ -50,15 +50,24 @@ async def _fan_out(
         if url is None:
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker is down")
         target = f"{url}/admin/v2/{ledger.path}{suffix}"
-        async with request.app[HTTP].request(method, target, params=request.query, json=body) as r:
-            text = await r.text()
-            if r.status >= 400:
-                try:
-                    error = json.loads(text)
-                    raise ServerError(ErrorName(error["error"]), f"{ledger}: {error['message']}")
-                except (ValueError, KeyError, TypeError):
-                    raise ServerError(ErrorName.UNKNOWN, f"{ledger}: HTTP {r.status}") from None
-            results[str(segment.id)] = json.loads(text) if text else None
+        try:
+            async with request.app[HTTP].request(
+                method, target, params=request.query, json=body
+            ) as r:
+                text = await r.text()
+                status = r.status
+        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            # its registration outlives a dead broker until its session expires
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker at {url} did not answer ({e})"
+            ) from e
+        if status >= 400:
+            try:
+                error = json.loads(text)
+                raise ServerError(ErrorName(error["error"]), f"{ledger}: {error['message']}")
+            except (ValueError, KeyError, TypeError):
+                raise ServerError(ErrorName.UNKNOWN, f"{ledger}: HTTP {status}") from None
+        results[str(segment.id)] = json.loads(text) if text else None
     return results
 
 
