@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from segtxn.cli import clients, servers, txn, verify
+from segtxn.cli import clients, servers, stacks, txn, verify
 from segtxn.cli.demo import default_out_dir, run_demo
 from segtxn.cli.operator import operator
 from segtxn.client import ServerError
@@ -28,6 +28,7 @@ def main(verbose: int) -> None:
     """segtxn: transactional streaming on scalable topics."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stacks.install()
 
 
 @main.command()
