@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import sys
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from segtxn.cli import verbosity
 from segtxn.verify.processor import ProcessorConfig, Topics, run_processor
 from segtxn.verify.workload import RunInfo, WorkloadConfig, run_workload
 
@@ -54,8 +56,12 @@ def run(
     config = WorkloadConfig(
         url=url, run_dir=run_dir, run=run, inputs=inputs, keys=keys, rate=rate,
         processors=processors, abort_rate=abort_rate, timeout_rate=timeout_rate, seed=seed,
-        topology=not no_topology, kill=not no_kill,
+        launch=verbosity.child_launch(),
     )  # fmt: skip
+    if no_topology:
+        config = dataclasses.replace(config, changes=())
+    if no_kill:
+        config = dataclasses.replace(config, faults=())
     click.echo(f"workload {run} against {url}, seed {seed}, recorded in {run_dir}")
     info = asyncio.run(run_workload(config, click.echo))
     click.echo(f"fed {info.fed:,} inputs; drained: {info.drained}; left {len(info.leftover)}")
