@@ -63,6 +63,8 @@ class ManagedProcess:
         """Exit codes of incarnations that ended without the harness asking (crashes)."""
         self._accounted = False
         """This incarnation's end is the harness's doing, or already noted."""
+        self._watch: asyncio.Task[None] | None = None
+        """Notes the incarnation's end the moment it exits by itself (the log's timeline)."""
 
     @property
     def running(self) -> bool:
@@ -76,6 +78,10 @@ class ManagedProcess:
             log.write(f"{MARKER} {stamp} {self.name}: {text} ====\n".encode())
 
     async def start(self, why: str = "start") -> None:
+        """Start the next incarnation (the previous one must have ended)."""
+        if self.running:
+            raise RuntimeError(f"{self.name} is running: stop or kill it first")
+        await self._unwatch()
         self.check_exit()
         self.incarnation += 1
         self._accounted = False
@@ -90,6 +96,20 @@ class ManagedProcess:
             self.process = await asyncio.create_subprocess_exec(
                 *self.command, stdout=log, stderr=asyncio.subprocess.STDOUT, env=env
             )
+        self._watch = asyncio.create_task(
+            self._watch_exit(self.process), name=f"watch-{self.name}-{self.incarnation}"
+        )
+
+    async def _watch_exit(self, process: asyncio.subprocess.Process) -> None:
+        await process.wait()
+        if process is self.process:
+            self.check_exit()
+
+    async def _unwatch(self) -> None:
+        """The incarnation has ended: its watcher ends too (awaited: every task has an owner)."""
+        if self._watch is not None:
+            await self._watch
+            self._watch = None
 
     def send(self, sig: signal.Signals) -> None:
         if self.running:
@@ -132,6 +152,7 @@ class ManagedProcess:
         if self.process.returncode is None:
             self.process.send_signal(signal.SIGKILL)
         await self.process.wait()
+        await self._unwatch()
         self.note(f"incarnation {self.incarnation} SIGKILLed" + (f" ({why})" if why else ""))
 
     async def stop(self, limit_s: float = 30.0) -> int | None:
@@ -152,6 +173,7 @@ class ManagedProcess:
                 self.process.kill()
                 await self.process.wait()
             self.note(f"incarnation {self.incarnation} ended, exit code {self.process.returncode}")
+        await self._unwatch()
         return self.process.returncode
 
     def tail(self, n: int = 1500) -> str:
