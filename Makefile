@@ -28,7 +28,7 @@ $(HELM):
 demo: $(STAMP)
 	$(BIN)/segtxn demo
 
-# SOAK_RUNS seeds back to back (~1 min each), each with its own cluster shape and faults;
+# SOAK_RUNS seeds back to back (1-2 min each), each with its own cluster shape and faults;
 # e.g. `make soak SOAK_RUNS=5 SOAK_ARGS="--seed 42 --inject-bug NAME"`. Exit 1 names the
 # failing seeds (reproduce one with `.venv/bin/segtxn verify soak --runs 1 --seed S`).
 SOAK_RUNS ?= 20

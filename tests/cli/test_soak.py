@@ -8,8 +8,9 @@ SIGKILLed, with splits and merges of the input and an output. The test checks wh
 promises: one line per run, the table, ``soak.json``, every process's log with every
 incarnation, the faults in the logs and histories, the reports, an exit status that follows
 the verdicts. The standalone seed must pass. The restart seed's verdict is the product's: today
-it can fail on the bugs in FINDINGS.md (a client that gives up on a lookup while its broker
-restarts), which is what the soak is for; here it must only have run its faults.
+it can fail on bugs the soak found (a client start-up lookup that gives up while its broker or
+etcd restarts; consumed ledgers trimmed before the check reads them), which is what the soak
+is for; here it must only have run its faults.
 """
 
 from __future__ import annotations
