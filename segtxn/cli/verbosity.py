@@ -19,9 +19,15 @@ from segtxn.verify.processes import Launch
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+QUIET = ("py4j",)
+"""Libraries whose INFO and DEBUG are noise here (py4j logs every call to Spark's JVM)."""
+
+
 def configure(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format=FORMAT)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def verbosity() -> int:
