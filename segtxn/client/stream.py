@@ -101,29 +101,54 @@ class MessageStream:
         self._task = asyncio.create_task(self._run(ws), name=f"{self._kind}-{self.topic}")
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+        """Attach (again) and grant permits; acks whose receipts never came are sent again.
+
+        Raises:
+            ServerError: what the broker refused with, or ServiceNotReady when the
+                connection failed half-way (retriable).
+        """
         broker = await self._connector.broker_for(self.topic)
         ws = await self._connector.websocket(
             broker, self._kind, self.topic, self._suffix, self._query
         )
-        if self._kind == "consumer":
-            message = await ws.receive()
-            ready = (
-                frames.server_frame.decode(message.data)
-                if message.type is aiohttp.WSMsgType.BINARY
-                else None
-            )
-            if not isinstance(ready, ConsumerReady):
-                await ws.close()
-                raise ServerError(ErrorName.SERVICE_NOT_READY, "the broker did not accept us")
-            self.active = ready.active
-            self.epoch = ready.epoch
+        try:
+            if self._kind == "consumer":
+                message = await ws.receive()
+                ready = (
+                    frames.server_frame.decode(message.data)
+                    if message.type is aiohttp.WSMsgType.BINARY
+                    else None
+                )
+                if not isinstance(ready, ConsumerReady):
+                    raise ServerError(ErrorName.SERVICE_NOT_READY, "the broker did not accept us")
+                self.active = ready.active
+                self.epoch = ready.epoch
+            await ws.send_bytes(frames.encode(Flow(permits=self._size)))
+            for frame in self._ack_frames.values():  # acks whose receipts never came
+                await ws.send_bytes(frames.encode(frame))
+        except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as e:
+            await ws.close()
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{self.topic}: the connection failed ({e!r})"
+            ) from e
+        except ServerError:
+            await ws.close()
+            raise
         self._awaiting.clear()  # a new attachment: the broker starts it from a rewind
-        self._ws = ws
         self._granted = self._size
-        await ws.send_bytes(frames.encode(Flow(permits=self._size)))
-        for frame in self._ack_frames.values():  # acks whose receipts never came
-            await ws.send_bytes(frames.encode(frame))
+        self._ws = ws
         return ws
+
+    async def _send(self, frame: frames.Frame) -> None:
+        """Send on the current connection, if any. A connection failing under the send is
+        not the caller's problem: the reader notices, reconnects, and what must be sent
+        again is (acks until their receipts come; an attachment starts from a rewind)."""
+        if self._ws is None:
+            return
+        try:
+            await self._ws.send_bytes(frames.encode(frame))
+        except (aiohttp.ClientError, ConnectionError) as e:
+            log.info("%s on %s: a send failed (%s); reconnecting", self._kind, self.topic, e)
 
     async def _run(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         delay = 0.05
@@ -223,8 +248,8 @@ class MessageStream:
         """Drop the queued messages (they come again); their permits were spent on the
         link, so grant them again. Returns how many were dropped."""
         dropped = self._drop_queued()
-        if dropped and self._ws is not None:
-            await self._ws.send_bytes(frames.encode(Flow(permits=dropped)))
+        if dropped:
+            await self._send(Flow(permits=dropped))
         return dropped
 
     async def redeliver(self, txn: tuple[int, int] | None = None) -> None:
@@ -238,7 +263,7 @@ class MessageStream:
             return  # reconnecting: the new attachment starts from a rewind anyway
         self._awaiting.add(frame.request_id)
         await self._drop_and_regrant()
-        await self._ws.send_bytes(frames.encode(frame))
+        await self._send(frame)
 
     async def taken(self) -> None:
         """One message was handed to the application: top permits up in halves."""
@@ -246,7 +271,7 @@ class MessageStream:
         if self._granted <= self._size // 2 and self._ws is not None:
             more = self._size - self._granted
             self._granted = self._size
-            await self._ws.send_bytes(frames.encode(Flow(permits=more)))
+            await self._send(Flow(permits=more))
 
     async def ack(
         self,
@@ -267,8 +292,7 @@ class MessageStream:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[request_id] = future
         self._ack_frames[request_id] = frame
-        if self._ws is not None:
-            await self._ws.send_bytes(frames.encode(frame))
+        await self._send(frame)
         await future  # sent again after a reconnect, until the broker confirms
 
     async def nack(self, ids: list[MessageId]) -> None:
@@ -277,8 +301,8 @@ class MessageStream:
         positions = [(i.ledger_id, i.entry_id) for i in ids]
         if self._ordered:
             await self._ask_again(Nack(message_ids=positions, request_id=next(_ids)))
-        elif self._ws is not None:
-            await self._ws.send_bytes(frames.encode(Nack(message_ids=positions)))
+        else:
+            await self._send(Nack(message_ids=positions))
 
     async def settle_acks(self, limit_s: float) -> None:
         """Wait, at most ``limit_s``, for the acks in flight to be confirmed."""
