@@ -16,6 +16,7 @@ from segtxn.ledger.managed import ManagedLedger
 from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.ledger.metadata import METADATA_PREFIX, LedgerSettings
 from segtxn.ledger.position import Entry, Position
+from segtxn.ledger.recovery import check_files
 from segtxn.ledger.registry import open_log_storage
 from segtxn.ledger.retention import RetentionPolicy, TrimResult
 
@@ -41,5 +42,6 @@ __all__ = [
     "RetentionPolicy",
     "TrimResult",
     "Truncation",
+    "check_files",
     "open_log_storage",
 ]

@@ -251,6 +251,18 @@ async def open_chain(
     return Opened(meta, version, logs)
 
 
+async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> None:
+    """Check, without opening anything, that every ledger the metadata of ``name`` names
+    has its file (point 1 above): a broker checks its data directory at start-up this way.
+
+    Raises:
+        LedgerMissing: naming the missing files.
+    """
+    record = await store.get(metadata_key(name))
+    if record is not None:
+        await asyncio.to_thread(_check_files, name, storage, decode(record.value))
+
+
 def _check_files(name: str, storage: LogStorage, meta: LedgerMetadata) -> None:
     missing = [i for i in meta.ledgers if not storage.exists(name, i.id)]
     if not missing:
@@ -260,18 +272,17 @@ def _check_files(name: str, storage: LogStorage, meta: LedgerMetadata) -> None:
     held = f"; they hold at least {known} entries" if known else ""
     if len(missing) == len(meta.ledgers):
         what = (
-            f"none of its {len(missing)} ledger file(s) is in the data directory "
-            f"({', '.join(paths)}{held}): this is not the volume that holds them, or it "
-            "lost them"
+            f"none of the {len(missing)} ledger file(s) the metadata store names is in the "
+            f"data directory ({', '.join(paths)}{held}): it is not the volume that holds "
+            "them, or it lost them"
         )
     else:
         what = (
-            f"{len(missing)} of its {len(meta.ledgers)} ledger files are not in the data "
-            f"directory ({', '.join(paths)}{held})"
+            f"{len(missing)} of the {len(meta.ledgers)} ledger files the metadata store "
+            f"names are not in the data directory ({', '.join(paths)}{held})"
         )
     raise LedgerMissing(
-        f"{name}: {what}. Refusing to serve it (nothing is recreated empty): mount the "
-        "right volume or restore the files",
+        f"{name}: {what}. Nothing is recreated empty: mount the right volume or restore the files",
         paths=paths,
     )
 

@@ -326,7 +326,9 @@ async def test_an_empty_data_directory_is_refused_and_left_empty(
     """The tester's case: a broker restarted on an empty volume served its topics empty."""
     await _fill(store, FileLogStorage(tmp_path / "old"), 5)
     empty = FileLogStorage(tmp_path / "new")
-    with pytest.raises(LedgerMissing, match=r"none of its 1 ledger file\(s\) is in the") as caught:
+    with pytest.raises(
+        LedgerMissing, match=r"none of the 1 ledger file\(s\) the metadata"
+    ) as caught:
         await ManagedLedger.open(NAME, store, empty, SETTINGS)
     assert caught.value.paths == (str(empty.path(NAME, 1)),)
     assert not (tmp_path / "new").exists()  # nothing created
