@@ -29,7 +29,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from urllib.parse import unquote
 
 import msgspec
@@ -56,8 +55,14 @@ from segtxn.ledger.metadata import (
 from segtxn.ledger.position import Entry, Position
 from segtxn.ledger.records import ENTRY_OVERHEAD, FORMAT
 from segtxn.ledger.recovery import open_chain
-from segtxn.ledger.retention import ClosedLedger, RetentionPolicy, TrimResult, deletable
-from segtxn.ledger.writer import GroupCommit
+from segtxn.ledger.retention import (
+    ClosedLedger,
+    RetentionPolicy,
+    TrimResult,
+    closed_ledgers,
+    deletable,
+)
+from segtxn.ledger.writer import GroupCommit, WriteStats
 from segtxn.metastore import MetadataStore, NotFound
 
 __all__ = [  # the metadata names are re-exported for modules that import them from here
@@ -70,20 +75,6 @@ __all__ = [  # the metadata names are re-exported for modules that import them f
 ]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class WriteStats:
-    """Counters of the group-commit writer (what the metrics export)."""
-
-    entries: int = 0
-    batches: int = 0
-    """Synced batches: ``entries / batches`` is the average group-commit size."""
-    bytes: int = 0
-    rollovers: int = 0
-    largest_batch_bytes: int = 0
-    """The largest batch on disk, record headers included (bounded by max_batch_bytes,
-    or one entry's size)."""
 
 
 class ManagedLedger:
@@ -388,7 +379,16 @@ class ManagedLedger:
     ) -> list[Entry]:
         """Durable entries at or after ``start``, in order, at most ``max_entries`` (and
         about ``max_bytes``: at least one entry is returned if any exists). Positions before
-        the first retained entry start at the first retained entry."""
+        the first retained entry start at the first retained entry. A ledger that is
+        damaged (:mod:`segtxn.ledger.handles`) ends the entries returned before the damage.
+
+        Raises:
+            LedgerCorrupted: the entry at ``start`` (or the first one read) is damaged, or
+                its ledger's file is missing; the message names the file.
+            LedgerClosed: the ledger object is closed.
+        """
+        if self._closed:
+            raise LedgerClosed(f"{self.name} is closed")
         out: list[Entry] = []
         size = 0
         for info in list(self._meta.ledgers):
@@ -499,7 +499,8 @@ class ManagedLedger:
         def drop(meta: LedgerMetadata) -> LedgerMetadata | None:
             # chosen under the metadata lock: concurrent trims never remove a ledger twice
             marks = [c.mark_delete for c in self.cursors.values()]
-            removable[:] = deletable(self._closed_ledgers(meta), marks, policy, now_ms)
+            chain = closed_ledgers(meta.ledgers, self._open_size)
+            removable[:] = deletable(chain, marks, policy, now_ms)
             gone = {i.id for i in removable}
             if not gone:
                 return None
@@ -516,23 +517,10 @@ class ManagedLedger:
             [i.id for i in removable], sum(i.entries for i in removable), self.first_position()
         )
 
-    def _closed_ledgers(self, meta: LedgerMetadata) -> list[ClosedLedger]:
-        """The ledgers retention may consider, oldest first: every one but the last (being
-        appended to or, once sealed, where reads end)."""
-        out: list[ClosedLedger] = []
-        for info, successor in zip(meta.ledgers, meta.ledgers[1:], strict=False):
-            if info.entries is None:
-                break
-            # records from before closed_ms and size_bytes were kept: the next ledger was
-            # created when this one closed; an unknown size counts as 0 bytes of newer
-            # data (the size axis then keeps older ledgers longer, never shorter)
-            closed_ms = successor.created_ms if info.closed_ms is None else info.closed_ms
-            size = info.size_bytes
-            if size is None:
-                entry_log = self._logs.get(info.id)
-                size = entry_log.size_bytes() if entry_log is not None else 0
-            out.append(ClosedLedger(info.id, info.entries, closed_ms, size))
-        return out
+    def _open_size(self, ledger_id: int) -> int:
+        """The size of a ledger held open (0 if it is not)."""
+        entry_log = self._logs.get(ledger_id)
+        return entry_log.size_bytes() if entry_log is not None else 0
 
     # ================================================================= closing
 

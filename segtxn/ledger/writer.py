@@ -31,6 +31,20 @@ WriteBatch = Callable[[list[bytes]], Awaitable[list[Position]]]
 """Writes a batch durably (and marks it acknowledged); returns the entries' positions."""
 
 
+@dataclass
+class WriteStats:
+    """Counters of the group-commit writer (what the metrics export)."""
+
+    entries: int = 0
+    batches: int = 0
+    """Synced batches: ``entries / batches`` is the average group-commit size."""
+    bytes: int = 0
+    rollovers: int = 0
+    largest_batch_bytes: int = 0
+    """The largest batch on disk, record headers included (bounded by max_batch_bytes,
+    or one entry's size)."""
+
+
 @dataclass(eq=False)
 class _Pending:
     payload: bytes
