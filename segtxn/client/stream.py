@@ -221,6 +221,10 @@ class MessageStream:
                         future.set_exception(error)
                 else:
                     log.warning("%s on %s: %s", self._kind, self.topic, error)
+                    if error.name is ErrorName.PERSISTENCE and not self._deliver.full():
+                        # delivery stopped (damaged data): receive() raises it, naming the
+                        # file, instead of waiting in silence (sent again on each flow)
+                        self._deliver.put_nowait(error)
             elif isinstance(frame, ActiveChange):
                 self.active = frame.active
                 if not frame.active:

@@ -110,6 +110,14 @@ async def test_readers_and_consumers_of_a_damaged_closed_ledger_get_an_error_fra
         await consumer.close()
     async with Client(base) as client:
         stats = await client.admin.stats(TOPIC)
+        # the client's consumer raises it from receive() instead of waiting in silence
+        audit = await client.subscribe(TOPIC, "audit-client", initial_position="earliest")
+        got = [await audit.receive(timeout_s=10) for _ in range(3)]
+        assert [m.message_id.entry_id for m in got] == [0, 1, 2]
+        with pytest.raises(ServerError) as stopped:
+            await audit.receive(timeout_s=10)
+        assert stopped.value.name is ErrorName.PERSISTENCE and str(damaged) in str(stopped.value)
+        await audit.close()
     assert str(damaged) in stats["subscriptions"]["audit"]["deliveryError"]
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert any(str(damaged) in line and "damaged" in line for line in errors)
