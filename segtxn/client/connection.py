@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from urllib.parse import unquote, urlencode
@@ -12,6 +13,8 @@ from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import TopicName
 
 MAX_REDIRECTS = 5
+HANDSHAKE_S = 5.0
+"""How long a WebSocket handshake the caller gave up on may take to finish, to be closed."""
 
 
 def _error(status: int, headers: Any, body: str = "") -> ServerError:
@@ -64,6 +67,22 @@ class Connector:
     async def broker_for(self, topic: TopicName) -> str:
         return str((await self.lookup(topic))["brokerUrl"])
 
+    async def _ws_connect(self, url: str) -> aiohttp.ClientWebSocketResponse:
+        """``ws_connect``, hanging up if the caller gives up half-way: the broker may already
+        have accepted the upgrade, and would otherwise keep a session (a lookup session holds
+        a store watch) for a client that is gone until its heartbeat notices, a minute later.
+        """
+        attempt = asyncio.ensure_future(self.session.ws_connect(url, max_msg_size=0, heartbeat=30))
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            try:
+                ws = await asyncio.wait_for(attempt, HANDSHAKE_S)
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                raise asyncio.CancelledError from None  # it failed anyway: nothing to close
+            await ws.close()
+            raise
+
     async def websocket(
         self, broker_url: str, kind: str, topic: TopicName, suffix: str, query: dict[str, str]
     ) -> aiohttp.ClientWebSocketResponse:
@@ -77,7 +96,7 @@ class Connector:
             url += "?" + urlencode(query)
         for _ in range(MAX_REDIRECTS):
             try:
-                return await self.session.ws_connect(url, max_msg_size=0, heartbeat=30)
+                return await self._ws_connect(url)
             except aiohttp.WSServerHandshakeError as e:
                 error = _error(e.status, e.headers)
                 if error.name is ErrorName.NOT_OWNER and error.redirect:
