@@ -327,7 +327,7 @@ async def test_an_ack_sent_as_the_connection_breaks_is_sent_again_after_it(
     error; the ack goes again on the new connection and is confirmed (a soak finding: the
     send's ClientConnectionResetError killed a processor)."""
     consumer = await setup(client, 2)
-    m0, m1 = await receive(consumer, 2)
+    m0, _ = await receive(consumer, 2)
     (stream,) = consumer._streams.values()
     assert stream._ws is not None
     stream._ws._writer.transport.abort()  # type: ignore[attr-defined]
