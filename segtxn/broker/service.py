@@ -21,8 +21,9 @@ from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.topic import Topic
+from segtxn.broker.txn import snapshots, v4checks
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.markers import MarkerTransactionBuffer, SnapshotLogs
+from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import LedgerCorrupted, LedgerError, LogStorage, Position, open_log_storage
 from segtxn.metastore import MetadataStore, MetadataStoreError, Session, open_store
@@ -52,7 +53,11 @@ class BrokerService:
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics(settings.broker_id)
         self.op_records = OpRecordWriter(self.store, self.metrics)
-        self.snapshots = SnapshotLogs(settings.broker_id, self.store, self.storage, settings.ledger)
+        self.snapshots = snapshots.SnapshotLogs(
+            settings.broker_id, self.store, self.storage, settings.ledger
+        )
+        self.v4_checks = v4checks.V4TransactionChecks(self.store, settings.v4_txns, self.metrics)
+        """Checks the v4 transactions sends and acks name; ends abandoned ones."""
         self.controllers = TopicControllers(
             self.store,
             self.catalog,
@@ -115,6 +120,7 @@ class BrokerService:
 
     async def start(self) -> None:
         await self.headers.start()
+        await self.v4_checks.start()
         await self._register()
         self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
         self._retention = asyncio.create_task(self._trim_periodically(), name="broker-retention")
@@ -182,6 +188,7 @@ class BrokerService:
                 log.exception("closing %s failed", topic.name)
         self.topics.clear()
         await self.snapshots.close()
+        await self.v4_checks.stop()
         await self.op_records.close()
         await self.headers.close()
         if self._session is not None:
@@ -247,6 +254,7 @@ class BrokerService:
                 metrics=self.metrics,
                 ops=self.op_records,
                 snapshots=self.snapshots,
+                v4=self.v4_checks,
             )
         except LedgerError as e:
             log.error("loading %s on broker %s failed: %s", name, self.broker_id, e)
