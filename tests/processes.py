@@ -19,19 +19,31 @@ SEGTXN = str(Path(sys.executable).with_name("segtxn"))
 class ServerProcess:
     """``segtxn <command> ...`` on a fixed free port (kept across restarts)."""
 
-    def __init__(self, command: list[str], name: str, *, advertise: bool = True) -> None:
-        """``advertise``: the command takes ``--advertise URL --host``; else ``--port``."""
+    def __init__(
+        self, command: list[str], name: str, *, advertise: bool = True, log: Path | None = None
+    ) -> None:
+        """``advertise``: the command takes ``--advertise URL --host``; else ``--port``.
+        ``log``: append the process's stderr (its log) to this file, else discard it."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.name = name
         self._command = command
         self._advertise = advertise
+        self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         where = ["--advertise", self.url] if self._advertise else ["--port", str(self.port)]
         args = [SEGTXN, *self._command, *where, "--host", "127.0.0.1"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if self.log is None:
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return
+        with self.log.open("ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
+
+    def log_text(self) -> str:
+        """What the process has logged so far (with ``log``)."""
+        return self.log.read_text() if self.log is not None and self.log.exists() else ""
 
     async def ready(self, limit_s: float = 30) -> None:
         async with aiohttp.ClientSession() as session:
@@ -71,11 +83,14 @@ class ServerProcess:
                 self.kill()
 
 
-def broker(store: str, data_dir: Path, broker_id: str, *, session_ttl: float = 10) -> ServerProcess:
+def broker(
+    store: str, data_dir: Path, broker_id: str, *, session_ttl: float = 10, log: Path | None = None
+) -> ServerProcess:
     return ServerProcess(
         ["broker", "--store", store, "--data-dir", str(data_dir), "--broker-id", broker_id,
          "--session-ttl", str(session_ttl)],
         f"broker {broker_id}",
+        log=log,
     )  # fmt: skip
 
 

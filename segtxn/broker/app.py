@@ -2,7 +2,7 @@
 
 State lives under ``web.AppKey``s; the service and the HTTP client are resources opened and
 closed through ``cleanup_ctx``. Health: ``/healthz`` (the process answers), ``/readyz``
-(registered in the store and serving).
+(registered in the store, and its data directory holds the ledgers the store says it does).
 """
 
 from __future__ import annotations
@@ -85,8 +85,10 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    ready = request.app[SERVICE].ready.is_set()
-    return web.json_response({"ready": ready}, status=200 if ready else 503)
+    """200 once registered and holding its data; 503 with ``reason`` otherwise (e.g. an
+    empty or wrong data directory: ``refused`` names the topics and why)."""
+    ready, body = request.app[SERVICE].readiness()
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

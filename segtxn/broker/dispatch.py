@@ -29,6 +29,10 @@ messages must come first).
 
 **Shared** subscriptions hand messages back one by one instead: they are due again and
 come before new ones, to whichever consumer has permits.
+
+If the ledger cannot be read on (a damaged or missing ledger file), delivery stops there:
+every consumer, and each that attaches later, gets an ``Error`` frame
+(``PersistenceError``, naming the file), and it is logged once at ERROR. Acks still work.
 """
 
 from __future__ import annotations
@@ -44,9 +48,16 @@ from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message,
 from segtxn.broker.members import Members, SubscriptionType
 from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.broker.txn.pending_ack import NoPendingAcks, PendingAckStore
-from segtxn.ledger import Entry, LedgerClosed, ManagedCursor, ManagedLedger, Position
+from segtxn.ledger import (
+    Entry,
+    LedgerClosed,
+    LedgerError,
+    ManagedCursor,
+    ManagedLedger,
+    Position,
+)
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.frames import ActiveChange, ConsumerReady, EndOfTopic, Rewind
+from segtxn.protocol.frames import ActiveChange, ConsumerReady, EndOfTopic, Error, Rewind
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 
@@ -107,6 +118,8 @@ class Subscription:
         self._fence: set[TxnId] = set()
         """Transactions that must end before the (new) active consumer gets more."""
         self._wake = asyncio.Event()
+        self.failed: Error | None = None
+        """Why delivery stopped (the ledger cannot be read on), sent to every consumer."""
         buffer.on_change(self._wake.set)  # the read horizon moved: no polling
         self._follower = Follower(ledger, self._wake, self._where)
         self._task = asyncio.create_task(self._run(), name=f"dispatch-{self._where}")
@@ -144,6 +157,8 @@ class Subscription:
                 consumer_name=link.name, subscription=self.name, active=active, epoch=self._epoch
             )
         )
+        if self.failed is not None:
+            link.send(self.failed)
         log.info(
             "%s: consumer %s attached (%s, %s)",
             self._where,
@@ -430,12 +445,25 @@ class Subscription:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if self.failed is not None:
+                continue  # acks and consumer changes still wake it: nothing to deliver
             try:
                 await self._dispatch()
             except (LedgerClosed, asyncio.CancelledError):
                 raise
+            except LedgerError as e:
+                self._fail(e)
             except Exception:
                 log.exception("dispatcher of %s failed a round", self._where)
+
+    def _fail(self, error: LedgerError) -> None:
+        log.error("%s: delivery stopped at %s: %s", self._where, self._next, error)
+        self.failed = Error(
+            error=ErrorName.PERSISTENCE,
+            message=f"{self._where}: delivery stopped at {self._next}: {error}",
+        )
+        for link in self.consumers:
+            link.send(self.failed)
 
     def _ready(self) -> list[ConsumerLink]:
         if not self.consumers:

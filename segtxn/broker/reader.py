@@ -3,17 +3,24 @@
 A reader acknowledges nothing and keeps no state in the store; it delivers committed data
 only (like a consumer) as its client's permits allow. It ends (``end_of_topic``) at the end
 of a sealed ledger, or once it has passed ``end`` (inclusive) when one is given.
+
+If the ledger cannot be read on (a damaged or missing ledger file), the reader stops where
+it is and sends an ``Error`` frame (``PersistenceError``, naming the file), again whenever
+its client grants more permits; it never goes silent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message, visible
 from segtxn.broker.txn.buffer import TransactionBuffer
-from segtxn.ledger import ManagedLedger, Position
+from segtxn.ledger import LedgerClosed, LedgerError, ManagedLedger, Position
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.frames import EndOfTopic
+from segtxn.protocol.frames import EndOfTopic, Error
+
+log = logging.getLogger(__name__)
 
 
 class Reader:
@@ -36,6 +43,7 @@ class Reader:
         self._batch = batch
         self._max_permits = max_permits
         self._wake = asyncio.Event()
+        self._failed: Error | None = None
         buffer.on_change(self._wake.set)
         self._follower = Follower(ledger, self._wake, f"{ledger.name}/reader-{link.id}")
         self._task = asyncio.create_task(self._run(), name=f"reader-{ledger.name}-{link.id}")
@@ -46,9 +54,31 @@ class Reader:
                 ErrorName.INVALID_ARGUMENT, f"permits must be positive, not {permits}"
             )
         self.link.permits = min(self.link.permits + permits, self._max_permits)
+        if self._failed is not None:  # it asks for more: tell it again why none come
+            self.link.send(self._failed)
         self._wake.set()
 
     async def _run(self) -> None:
+        try:
+            await self._deliver()
+        except LedgerClosed:
+            return  # the topic is being unloaded: its connections close
+        except LedgerError as e:
+            self._fail(ErrorName.PERSISTENCE, e)
+        except Exception as e:
+            log.exception("reader %s of %s failed", self.link.name, self.ledger.name)
+            self._fail(ErrorName.UNKNOWN, e)
+
+    def _fail(self, name: ErrorName, error: Exception) -> None:
+        log.warning(
+            "%s: reader %s stopped at %s: %s", self.ledger.name, self.link.name, self._next, error
+        )
+        self._failed = Error(
+            error=name, message=f"{self.ledger.name}: cannot read on from {self._next}: {error}"
+        )
+        self.link.send(self._failed)
+
+    async def _deliver(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()

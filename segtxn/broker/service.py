@@ -9,6 +9,14 @@ share the load).
 If the broker's session expires (the store was unreachable for a TTL), it registers again
 with a new session; its topics keep being served meanwhile, since no other broker can serve
 them (their data is on this broker's disk).
+
+**Refused topics.** A topic or segment whose ledger is damaged where a crash cannot explain
+it, or whose ledger files are missing, is refused (``PersistenceError`` naming the file),
+never served partially or recreated empty, and logged at ERROR (once per reason). At
+start-up the broker checks that every ledger the store says it holds has its file: an
+empty or wrong data directory makes it *not ready* (``/readyz`` answers 503 with the reason
+and the refused topics) while it goes on serving the others. A refused topic is tried
+again on its next use (restored files are served).
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
+from urllib.parse import unquote
 
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
@@ -25,14 +35,25 @@ from segtxn.broker.txn import snapshots, v4checks
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
-from segtxn.ledger import LedgerCorrupted, LedgerError, LogStorage, Position, open_log_storage
+from segtxn.ledger import (
+    LedgerCorrupted,
+    LedgerError,
+    LedgerMissing,
+    LogStorage,
+    Position,
+    check_files,
+    open_log_storage,
+)
 from segtxn.metastore import MetadataStore, MetadataStoreError, Session, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
-from segtxn.topics.catalog import Catalog, NoBrokers, TopicExists
+from segtxn.topics.catalog import HOMES, HOMES_BY_BROKER, Catalog, NoBrokers, TopicExists
 from segtxn.topics.model import PersistentTopic, ScalableTopic
 
 log = logging.getLogger(__name__)
+
+DATA_CHECKS = 16
+"""Ledgers checked at once at start-up (each is a store read and a few stat calls)."""
 
 
 class BrokerService:
@@ -47,6 +68,9 @@ class BrokerService:
         self.topics: dict[TopicName, Topic] = {}
         self.headers = HeaderCache(self.store)
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
+        self.refused: dict[TopicName, LedgerCorrupted] = {}
+        """Topics and segments this broker refuses to serve (their data is damaged or
+        missing), and why; cleared when one loads again."""
         self._session: Session | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._retention: asyncio.Task[None] | None = None
@@ -118,9 +142,29 @@ class BrokerService:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Whether the broker is ready (registered, and its data directory holds every
+        ledger the store says it holds) and the ``/readyz`` body: ``{"ready": ...}``, with
+        ``reason`` and ``refused`` (topic -> why) when topics are refused."""
+        missing = {n: e for n, e in self.refused.items() if isinstance(e, LedgerMissing)}
+        ready = self.ready.is_set() and not missing
+        body: dict[str, Any] = {"ready": ready}
+        if missing:
+            body["reason"] = (
+                f"{len(missing)} topic(s) or segment(s) homed on broker {self.broker_id} have "
+                f"no ledger files in its data directory ({self.settings.ledger_url}): it is "
+                "empty or not this broker's volume; they are refused until it is fixed"
+            )
+        elif not self.ready.is_set():
+            body["reason"] = "not registered in the metadata store"
+        if self.refused:
+            body["refused"] = {str(n): str(e) for n, e in self.refused.items()}
+        return ready, body
+
     async def start(self) -> None:
         await self.headers.start()
         await self.v4_checks.start()
+        await self._check_data()
         await self._register()
         self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
         self._retention = asyncio.create_task(self._trim_periodically(), name="broker-retention")
@@ -136,6 +180,44 @@ class BrokerService:
                         log.info("%s: trimmed ledgers %s", topic.name, result.ledgers)
                 except Exception:
                     log.exception("%s: retention failed", topic.name)
+
+    async def _check_data(self) -> None:
+        """Refuse (and log) every topic homed here whose ledger files are missing."""
+        listing = await self.store.index_range(HOMES_BY_BROKER, self.broker_id)
+        names = [TopicName.parse(unquote(e.key[len(HOMES) :])) for e in listing.entries]
+        limit = asyncio.Semaphore(DATA_CHECKS)
+
+        async def check(name: TopicName) -> None:
+            async with limit:
+                try:
+                    await check_files(str(name), self.store, self.storage)
+                except LedgerMissing as e:
+                    self._refuse(name, e)
+
+        async with asyncio.TaskGroup() as group:
+            for name in names:
+                group.create_task(check(name), name=f"data-check-{name}")
+        missing = sum(isinstance(e, LedgerMissing) for e in self.refused.values())
+        if missing:
+            log.error(
+                "broker %s: %d of the %d topics and segments homed here have no ledger "
+                "files in %s: the data directory is empty or not this broker's volume. "
+                "They are refused (never recreated empty) and the broker is not ready "
+                "until the volume holding them is mounted or they are restored",
+                self.broker_id,
+                missing,
+                len(names),
+                self.settings.ledger_url,
+            )
+
+    def _refuse(self, name: TopicName, error: LedgerCorrupted) -> str:
+        """Note (and log, once per reason) that ``name`` is refused; returns why."""
+        previous = self.refused.get(name)
+        self.refused[name] = error
+        why = str(error) if str(error).startswith(str(name)) else f"{name}: {error}"
+        if previous is None or str(previous) != str(error):
+            log.error("refusing to serve %s", why)
+        return why
 
     async def _register(self) -> None:
         self._session = await self.store.open_session(self.settings.session_ttl_s)
@@ -256,19 +338,18 @@ class BrokerService:
                 snapshots=self.snapshots,
                 v4=self.v4_checks,
             )
+        except LedgerCorrupted as e:
+            raise ServerError(ErrorName.PERSISTENCE, self._refuse(name, e)) from e
         except LedgerError as e:
             log.error("loading %s on broker %s failed: %s", name, self.broker_id, e)
-            error = (
-                ErrorName.PERSISTENCE
-                if isinstance(e, LedgerCorrupted)
-                else ErrorName.SERVICE_NOT_READY
-            )
-            raise ServerError(error, f"{name}: {e}") from e
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}: {e}") from e
         except (MetadataStoreError, ServerError) as e:
             log.warning("loading %s on broker %s failed: %s", name, self.broker_id, e)
             raise
         finally:
             self._loading.pop(name, None)
+        if self.refused.pop(name, None) is not None:
+            log.warning("%s: its ledgers are whole again; serving it", name)
         self.topics[name] = topic
         last = topic.ledger.last_confirmed
         log.info(

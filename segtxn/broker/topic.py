@@ -396,13 +396,16 @@ class Topic:
         for name in self.subscription_names():
             cursor = self.ledger.cursors.get(name)
             live = self.subscriptions.get(name)
-            subs[name] = {
+            sub: dict[str, object] = {
                 "type": str(live.type) if live and live.type else None,
                 "consumers": len(live.consumers) if live else 0,
                 "backlog": cursor.backlog() if cursor else 0,
                 "msgOutCounter": live.messages_out if live else 0,
                 "markDeletePosition": str(cursor.mark_delete) if cursor else None,
             }
+            if live is not None and live.failed is not None:  # its ledger cannot be read on
+                sub["deliveryError"] = live.failed.message
+            subs[name] = sub
         last = self.ledger.last_confirmed
         return {
             "topic": str(self.name),

@@ -115,6 +115,12 @@ class MessageStream:
         self._task = asyncio.create_task(self._run(ws), name=f"{self._kind}-{self.topic}")
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+        """Attach (again) and grant permits; acks whose receipts never came are sent again.
+
+        Raises:
+            ServerError: what the broker refused with, or ServiceNotReady when the
+                connection failed half-way (retriable).
+        """
         broker = await self._connector.broker_for(self.topic)
         ws = await self._connector.websocket(
             broker, self._kind, self.topic, self._suffix, self._query
@@ -134,13 +140,29 @@ class MessageStream:
             await ws.send_bytes(frames.encode(Flow(permits=self._size)))
             for frame in list(self._ack_frames.values()):  # acks whose receipts never came
                 await ws.send_bytes(frames.encode(frame))
+        except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as e:
+            await close_quietly(ws.close())
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{self.topic}: the connection failed ({e!r})"
+            ) from e
         except BaseException:  # refused, or given up on (cancelled): do not leak the socket
             await close_quietly(ws.close())
             raise
         self._awaiting.clear()  # a new attachment: the broker starts it from a rewind
-        self._ws = ws
         self._granted = self._size
+        self._ws = ws
         return ws
+
+    async def _send(self, frame: frames.Frame) -> None:
+        """Send on the current connection, if any. A connection failing under the send is
+        not the caller's problem: the reader notices, reconnects, and what must be sent
+        again is (acks until their receipts come; an attachment starts from a rewind)."""
+        if self._ws is None:
+            return
+        try:
+            await self._ws.send_bytes(frames.encode(frame))
+        except (aiohttp.ClientError, ConnectionError) as e:
+            log.info("%s on %s: a send failed (%s); reconnecting", self._kind, self.topic, e)
 
     async def _run(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         delay = 0.05
@@ -216,6 +238,10 @@ class MessageStream:
                         future.set_exception(error)
                 else:
                     log.warning("%s on %s: %s", self._kind, self.topic, error)
+                    if error.name is ErrorName.PERSISTENCE and not self._deliver.full():
+                        # delivery stopped (damaged data): receive() raises it, naming the
+                        # file, instead of waiting in silence (sent again on each flow)
+                        self._deliver.put_nowait(error)
             elif isinstance(frame, ActiveChange):
                 self.active = frame.active
                 if not frame.active:
@@ -243,8 +269,8 @@ class MessageStream:
         """Drop the queued messages (they come again); their permits were spent on the
         link, so grant them again. Returns how many were dropped."""
         dropped = self._drop_queued()
-        if dropped and self._ws is not None:
-            await self._ws.send_bytes(frames.encode(Flow(permits=dropped)))
+        if dropped:
+            await self._send(Flow(permits=dropped))
         return dropped
 
     async def redeliver(self, txn: tuple[int, int] | None = None) -> None:
@@ -258,7 +284,7 @@ class MessageStream:
             return  # reconnecting: the new attachment starts from a rewind anyway
         self._awaiting.add(frame.request_id)
         await self._drop_and_regrant()
-        await self._ws.send_bytes(frames.encode(frame))
+        await self._send(frame)
 
     async def taken(self) -> None:
         """One message was handed to the application: top permits up in halves."""
@@ -266,7 +292,7 @@ class MessageStream:
         if self._granted <= self._size // 2 and self._ws is not None:
             more = self._size - self._granted
             self._granted = self._size
-            await self._ws.send_bytes(frames.encode(Flow(permits=more)))
+            await self._send(Flow(permits=more))
 
     async def ack(
         self,
@@ -298,8 +324,7 @@ class MessageStream:
         self._ack_frames[request_id] = frame
         try:
             async with deadline.timeout():
-                if self._ws is not None:
-                    await self._ws.send_bytes(frames.encode(frame))
+                await self._send(frame)
                 await future  # sent again after a reconnect, until the broker confirms
         except TimeoutError as e:
             if future.done() and not future.cancelled() and future.exception() is None:
@@ -318,8 +343,8 @@ class MessageStream:
         positions = [(i.ledger_id, i.entry_id) for i in ids]
         if self._ordered:
             await self._ask_again(Nack(message_ids=positions, request_id=next(_ids)))
-        elif self._ws is not None:
-            await self._ws.send_bytes(frames.encode(Nack(message_ids=positions)))
+        else:
+            await self._send(Nack(message_ids=positions))
 
     async def settle_acks(self, limit_s: float) -> None:
         """Wait, at most ``limit_s``, for the acks in flight to be confirmed."""

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from segtxn.coordinator.v4 import CoordinatorV4, TxnMeta
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import MetadataStore, MetadataStoreError, StoreUnavailable, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.transactions import TxnHeader
@@ -53,11 +53,18 @@ def _error(e: ServerError) -> web.Response:
 
 
 def _errors(handler: Handler) -> Handler:
+    """A handler whose ServerErrors become the JSON error body; a metadata store that does
+    not answer is ServiceNotReady (retriable: the client tries again), as on the broker."""
+
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
         except ServerError as e:
             return _error(e)
+        except StoreUnavailable as e:
+            return _error(ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}"))
+        except MetadataStoreError as e:
+            return _error(ServerError(ErrorName.METADATA, str(e)))
 
     return wrapped
 

@@ -7,13 +7,16 @@ from segtxn.ledger.errors import (
     LedgerCorrupted,
     LedgerError,
     LedgerFenced,
+    LedgerMissing,
     LedgerSealed,
 )
 from segtxn.ledger.files import FileLogStorage
-from segtxn.ledger.logs import EntryLog, LogStorage
-from segtxn.ledger.managed import METADATA_PREFIX, LedgerSettings, ManagedLedger
+from segtxn.ledger.logs import EntryLog, LogStorage, Recovered, Truncation
+from segtxn.ledger.managed import ManagedLedger
 from segtxn.ledger.memory import MemoryLogStorage
+from segtxn.ledger.metadata import METADATA_PREFIX, LedgerSettings
 from segtxn.ledger.position import Entry, Position
+from segtxn.ledger.recovery import check_files
 from segtxn.ledger.registry import open_log_storage
 from segtxn.ledger.retention import RetentionPolicy, TrimResult
 
@@ -27,6 +30,7 @@ __all__ = [
     "LedgerCorrupted",
     "LedgerError",
     "LedgerFenced",
+    "LedgerMissing",
     "LedgerSealed",
     "LedgerSettings",
     "LogStorage",
@@ -34,7 +38,10 @@ __all__ = [
     "ManagedLedger",
     "MemoryLogStorage",
     "Position",
+    "Recovered",
     "RetentionPolicy",
     "TrimResult",
+    "Truncation",
+    "check_files",
     "open_log_storage",
 ]

@@ -18,10 +18,27 @@ class LedgerClosed(LedgerError):
 
 
 class LedgerCorrupted(LedgerError):
-    """Stored data failed its checksum where a crash cannot explain it (not a torn tail).
+    """Stored data is damaged where a crash cannot explain it (not a torn, unacknowledged
+    tail): a record fails its checksum, a file is shorter than what was acknowledged, a
+    header is gone.
 
-    Nothing after the damage is served; an operator has to restore the data.
+    Nothing at or after the damage is served or truncated away; an operator has to
+    restore the data. ``path`` names the file (None for storage without files).
     """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class LedgerMissing(LedgerCorrupted):
+    """A ledger the metadata store names has no file: the data directory is empty or is
+    not this ledger's (a wrong or lost volume). The ledger is refused, never recreated
+    empty. ``paths`` names every missing file."""
+
+    def __init__(self, message: str, *, paths: tuple[str, ...]) -> None:
+        super().__init__(message, path=paths[0] if paths else None)
+        self.paths = paths
 
 
 class LedgerFenced(LedgerError):

@@ -1,51 +1,58 @@
-"""File-backed entry logs: one file per ledger, CRC-framed records, fsync per batch.
+"""File-backed entry logs: one file per ledger, CRC-framed records, one fdatasync per batch.
 
-Record layout (big-endian): ``u32 length | u32 crc32(entry_id || payload) | u64 entry_id``
-followed by ``length`` payload bytes. The CRC covers the entry id, so a record found at the
-wrong place is as detectable as a flipped bit.
+The record format (a header, entry records, acknowledgement marks) is in
+:mod:`segtxn.ledger.records`; what recovery keeps, truncates or refuses is in
+:mod:`segtxn.ledger.recovery`. This module does the I/O.
 
 Files live at ``<root>/<quoted managed-ledger name>/<ledger id, 16 digits>.log``. Creating a
-file fsyncs its directory, so a ledger the metadata names survives a crash.
+file writes its header and fsyncs it and its directory, so a ledger the metadata names (it
+is named only after this) survives a crash. A batch is one ``write`` and one
+``fdatasync``, then its mark: one more small ``write``, never another sync.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import struct
-import zlib
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
-from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced
-from segtxn.ledger.logs import EntryLog, LogStorage
-
-_HEADER = struct.Struct(">IIQ")
-MAX_RECORD_BYTES = 1 << 30
-
-
-def _crc(entry_id: int, payload: bytes | memoryview) -> int:
-    return zlib.crc32(payload, zlib.crc32(entry_id.to_bytes(8, "big")))
-
-
-def encode_records(first_id: int, payloads: Sequence[bytes]) -> bytes:
-    parts: list[bytes] = []
-    for i, payload in enumerate(payloads):
-        entry_id = first_id + i
-        parts.append(_HEADER.pack(len(payload), _crc(entry_id, payload), entry_id))
-        parts.append(payload)
-    return b"".join(parts)
+from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
+from segtxn.ledger.logs import EntryLog, LogStorage, Recovered
+from segtxn.ledger.records import (
+    ENTRY_OVERHEAD,
+    decode_entry,
+    encode_header,
+    encode_mark,
+    encode_records,
+    is_unused,
+    new_nonce,
+)
+from segtxn.ledger.recovery import check_closed, recover_tail
 
 
 class FileEntryLog(EntryLog):
-    def __init__(self, path: Path, ledger_id: int, fd: int, offsets: array[int], end: int):
+    def __init__(
+        self,
+        path: Path,
+        ledger_id: int,
+        fd: int,
+        offsets: array[int],
+        end: int,
+        *,
+        nonce: int | None,
+        damage: LedgerCorrupted | None = None,
+    ) -> None:
+        """``nonce``: the file's (None for a format-0 file, which is never appended to)."""
         self.path = path
         self.ledger_id = ledger_id
         self._fd = fd
         self._offsets = offsets  # start offset of each entry
         self._end = end
+        self._nonce = nonce
+        self.damage = damage
 
     @property
     def count(self) -> int:
@@ -55,36 +62,55 @@ class FileEntryLog(EntryLog):
         return self._end
 
     def append_batch(self, payloads: Sequence[bytes]) -> None:
+        if self._nonce is None:
+            raise LedgerCorrupted(f"{self.path}: a format-0 ledger is never appended to")
         data = encode_records(self.count, payloads)
-        written = 0
-        while written < len(data):
-            written += os.pwrite(self._fd, data[written:], self._end + written)
+        self._write_at(data, self._end)
         os.fdatasync(self._fd)
         offsets: list[int] = []
         offset = self._end
         for payload in payloads:
             offsets.append(offset)
-            offset += _HEADER.size + len(payload)
+            offset += ENTRY_OVERHEAD + len(payload)
+        offset = self._mark(self._nonce, offset, self.count + len(payloads))
         # publish the end before the entries: a concurrent read never sees an entry
         # whose bytes lie past the end it uses
         self._end = offset
         self._offsets.extend(offsets)
 
+    def _mark(self, nonce: int, offset: int, entries: int) -> int:
+        """Record that the first ``entries`` entries, all before ``offset``, are synced
+        (before any of them is acknowledged); returns the new end. Not synced: a process
+        crash keeps it, and the next batch's fdatasync makes it durable."""
+        mark = encode_mark(nonce, offset, entries)
+        self._write_at(mark, offset)
+        return offset + len(mark)
+
+    def _write_at(self, data: bytes, offset: int) -> None:
+        written = 0
+        while written < len(data):
+            written += os.pwrite(self._fd, data[written:], offset + written)
+
     def read(self, first: int, last: int) -> list[bytes]:
+        if last >= self.count:
+            if self.damage is None:
+                raise IndexError(f"{self.path}: entry {last} is beyond {self.count}")
+            if first >= self.count:
+                raise LedgerCorrupted(str(self.damage), path=str(self.path))
+            last = self.count - 1
         start = self._offsets[first]
         stop = self._offsets[last + 1] if last + 1 < len(self._offsets) else self._end
         data = memoryview(os.pread(self._fd, stop - start, start))
         out: list[bytes] = []
-        pos = 0
         for entry_id in range(first, last + 1):
-            length, crc, stored_id = _HEADER.unpack_from(data, pos)
-            payload = data[pos + _HEADER.size : pos + _HEADER.size + length]
-            if stored_id != entry_id or len(payload) != length or _crc(entry_id, payload) != crc:
+            payload = decode_entry(data, self._offsets[entry_id] - start, entry_id)
+            if payload is None:
                 raise LedgerCorrupted(
-                    f"{self.path}: entry {entry_id} at offset {start + pos} fails its checksum"
+                    f"{self.path}: entry {entry_id} at offset {self._offsets[entry_id]} "
+                    "fails its checksum (damaged after the ledger was opened)",
+                    path=str(self.path),
                 )
             out.append(bytes(payload))
-            pos += _HEADER.size + length
         return out
 
     def close(self) -> None:
@@ -93,24 +119,11 @@ class FileEntryLog(EntryLog):
             self._fd = -1
 
 
-def scan(data: bytes) -> tuple[array[int], int]:
-    """Offsets of the valid records from the start, and where validity ends."""
-    offsets: array[int] = array("Q")
-    pos, size = 0, len(data)
-    view = memoryview(data)
-    while pos + _HEADER.size <= size:
-        length, crc, entry_id = _HEADER.unpack_from(view, pos)
-        end = pos + _HEADER.size + length
-        if entry_id != len(offsets) or length > MAX_RECORD_BYTES or end > size:
-            break
-        if _crc(entry_id, view[pos + _HEADER.size : end]) != crc:
-            break
-        offsets.append(pos)
-        pos = end
-    return offsets, pos
-
-
 class FileLogStorage(LogStorage):
+    entry_log: type[FileEntryLog] = FileEntryLog
+    """The class of the logs it hands out (bench/ledger.py measures marks against a
+    subclass that writes none)."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
 
@@ -120,6 +133,12 @@ class FileLogStorage(LogStorage):
     def path(self, ledger_name: str, ledger_id: int) -> Path:
         return self._dir(ledger_name) / f"{ledger_id:016d}.log"
 
+    def where(self, ledger_name: str, ledger_id: int) -> str:
+        return str(self.path(ledger_name, ledger_id))
+
+    def exists(self, ledger_name: str, ledger_id: int) -> bool:
+        return self.path(ledger_name, ledger_id).exists()
+
     def create(self, ledger_name: str, ledger_id: int) -> FileEntryLog:
         directory = self._dir(ledger_name)
         directory.mkdir(parents=True, exist_ok=True)
@@ -127,47 +146,85 @@ class FileLogStorage(LogStorage):
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             _lock(fd, path)
-            if os.fstat(fd).st_size:
-                # a new ledger id never has data: this file belongs to ledger metadata that
-                # was lost (e.g. a memory:// store restarted). Never destroy it.
+            if not is_unused(_read_all(fd)):
+                # a new ledger id never has entries: this file belongs to ledger metadata
+                # that was lost (e.g. a memory:// store restarted). Never destroy it.
                 raise LedgerCorrupted(
                     f"{path} already holds data that the ledger metadata does not know; "
-                    "refusing to overwrite it"
+                    "refusing to overwrite it",
+                    path=str(path),
                 )
+            # (empty, or a header: a create whose metadata change never happened)
+            nonce = new_nonce()
+            os.ftruncate(fd, 0)
+            header = encode_header(nonce, ledger_id)
+            os.pwrite(fd, header, 0)
             os.fsync(fd)
             _fsync_dir(directory)
         except BaseException:
             os.close(fd)
             raise
-        return FileEntryLog(path, ledger_id, fd, array("Q"), 0)
+        return self.entry_log(path, ledger_id, fd, array("Q"), len(header), nonce=nonce)
 
-    def open(
-        self, ledger_name: str, ledger_id: int, *, tail_bytes: int, must_exist: bool = True
-    ) -> FileEntryLog:
+    def recover(
+        self, ledger_name: str, ledger_id: int, *, log_format: int, tail_bytes: int
+    ) -> Recovered:
         path = self.path(ledger_name, ledger_id)
-        if not path.exists():
-            if must_exist:
-                raise LedgerCorrupted(f"{path}: the metadata names this ledger; it is missing")
-            # metadata named the ledger, then the process died before the file was made
-            return self.create(ledger_name, ledger_id)
-        fd = os.open(path, os.O_RDWR)
+        fd = self._open(path)
         try:
-            _lock(fd, path)
             os.fdatasync(fd)  # a crashed writer's unsynced pages: durable before we count them
-            data = _read_all(fd)
-            offsets, valid_end = scan(data)
-            if valid_end < len(data):
-                if len(data) - valid_end > tail_bytes:
-                    raise LedgerCorrupted(
-                        f"{path}: damaged record at offset {valid_end} of {len(data)}, "
-                        f"before the last {tail_bytes} bytes a crash can tear"
-                    )
-                os.ftruncate(fd, valid_end)  # the torn tail of an unacknowledged batch
+            found, truncation, nonce = recover_tail(
+                str(path),
+                _read_all(fd),
+                ledger_id=ledger_id,
+                log_format=log_format,
+                tail_bytes=tail_bytes,
+            )
+            if truncation is not None:
+                os.ftruncate(fd, truncation.start)
                 os.fsync(fd)
         except BaseException:
             os.close(fd)
             raise
-        return FileEntryLog(path, ledger_id, fd, offsets, valid_end)
+        entry_log = self.entry_log(path, ledger_id, fd, found.offsets, found.end, nonce=nonce)
+        return Recovered(entry_log, truncation)
+
+    def open(
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        entries: int,
+    ) -> FileEntryLog:
+        path = self.path(ledger_name, ledger_id)
+        fd = self._open(path)
+        try:
+            data = _read_all(fd)
+            found, damage = check_closed(
+                str(path), data, ledger_id=ledger_id, log_format=log_format, entries=entries
+            )
+        except BaseException:
+            os.close(fd)
+            raise
+        return self.entry_log(
+            path, ledger_id, fd, found.offsets, len(data), nonce=None, damage=damage
+        )
+
+    def _open(self, path: Path) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise LedgerMissing(
+                f"{path}: the metadata names this ledger; its file is missing",
+                paths=(str(path),),
+            ) from None
+        try:
+            _lock(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def delete(self, ledger_name: str, ledger_id: int) -> None:
         self.path(ledger_name, ledger_id).unlink(missing_ok=True)

@@ -2,38 +2,71 @@
 
 An :class:`EntryLog` is one append-only ledger: entries numbered 0, 1, 2, ... written in
 batches that are durable when ``append_batch`` returns. :class:`LogStorage` creates, opens
-(recovering from a crash) and deletes them. A replicated implementation (BookKeeper-style
+and recovers them, and deletes them. A replicated implementation (BookKeeper-style
 ensembles) would slot in here; the managed ledger above does not care where bytes live.
 
 Methods are blocking: the managed ledger calls them from a worker thread, one at a time per
 log (appends are serialized by the group-commit writer; reads may run concurrently with an
 append and only ever see whole, synced entries).
+
+What a crash may leave behind, and what recovery does about it, is the contract of
+:mod:`segtxn.ledger.recovery`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from segtxn.ledger.errors import LedgerCorrupted
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What recovery cut off the end of a ledger: never-acknowledged bytes."""
+
+    path: str
+    start: int
+    """The first byte removed (the file's new size)."""
+    end: int
+    """The file's size before."""
+    first_entry: int
+    """How many entries are kept: the id of the first entry removed, if any was."""
+    reason: str
+
+    def __str__(self) -> str:
+        kept = f"entries 0..{self.first_entry - 1}" if self.first_entry else "no entry"
+        return (
+            f"truncated {self.path} at byte {self.start} (bytes {self.start}..{self.end}, "
+            f"{self.end - self.start} bytes), keeping {kept}: {self.reason}"
+        )
 
 
 class EntryLog(ABC):
     ledger_id: int
+    damage: LedgerCorrupted | None = None
+    """Set when a closed ledger was opened damaged: entries from ``count`` on cannot be
+    read, and reading them raises this error (the entries before it are served)."""
 
     @property
     @abstractmethod
     def count(self) -> int:
-        """Number of entries (the next entry id)."""
+        """Number of readable entries (the next entry id of a log being appended to)."""
 
     @abstractmethod
     def append_batch(self, payloads: Sequence[bytes]) -> None:
-        """Append entries ``count .. count+len-1``; durable when this returns."""
+        """Append entries ``count .. count+len-1``; durable when this returns, and (file
+        storage) marked as acknowledged before it returns."""
 
     @abstractmethod
     def read(self, first: int, last: int) -> list[bytes]:
-        """Entries ``first..last`` inclusive (all must exist).
+        """Entries ``first..last`` inclusive; fewer (from ``first``) when a damaged log's
+        readable entries end before ``last``.
 
         Raises:
-            LedgerCorrupted: an entry fails its checksum.
+            LedgerCorrupted: ``first`` is damaged, or an entry fails its checksum.
         """
 
     @abstractmethod
@@ -44,33 +77,68 @@ class EntryLog(ABC):
         """Release the log (and the exclusive hold on it). Idempotent."""
 
 
+class Recovered(NamedTuple):
+    log: EntryLog
+    truncation: Truncation | None
+    """What was cut off its end (None: nothing; the log is exactly as it was written)."""
+
+
 class LogStorage(ABC):
     """Where the entry logs of every managed ledger on this broker live."""
 
     @abstractmethod
+    def where(self, ledger_name: str, ledger_id: int) -> str:
+        """Where the log is kept (a path), for messages."""
+
+    @abstractmethod
+    def exists(self, ledger_name: str, ledger_id: int) -> bool:
+        """Whether the log's file exists (for memory storage: whether it is held)."""
+
+    @abstractmethod
     def create(self, ledger_name: str, ledger_id: int) -> EntryLog:
-        """A new, empty log (an empty leftover file from a crash is reused).
+        """A new, empty log, durable (file and directory entry synced) when this returns:
+        create the log *before* the metadata names it, so that a log the metadata names
+        always exists. A leftover from a create whose metadata change never happened (no
+        entries) is reused.
 
         Raises:
             LedgerFenced: another handle (in this or another process) holds the log.
-            LedgerCorrupted: a file with data already exists under this id (its metadata
-                was lost); it is never overwritten.
+            LedgerCorrupted: a file with entries already exists under this id (its
+                metadata was lost); it is never overwritten.
+        """
+
+    @abstractmethod
+    def recover(
+        self, ledger_name: str, ledger_id: int, *, log_format: int, tail_bytes: int
+    ) -> Recovered:
+        """Open the log a crashed (or killed) writer was appending to, exclusively.
+
+        Whatever the log holds is made durable first. A torn, never-acknowledged tail is
+        truncated and reported; damage to acknowledged entries is refused
+        (:mod:`segtxn.ledger.recovery` has the rules). ``tail_bytes``: the most one batch
+        of that writer spans on disk. ``log_format``: ``LedgerInfo.format``.
+
+        Raises:
+            LedgerMissing: the log does not exist.
+            LedgerCorrupted: damage a crash cannot explain.
+            LedgerFenced: another handle holds the log.
         """
 
     @abstractmethod
     def open(
-        self, ledger_name: str, ledger_id: int, *, tail_bytes: int, must_exist: bool = True
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        entries: int,
     ) -> EntryLog:
-        """Open an existing log exclusively, recovering from a crash.
-
-        Whatever the log holds is made durable first (a crashed writer may have left
-        unsynced pages). A torn or corrupt record within the last ``tail_bytes`` (the most
-        one crashed, unacknowledged batch can span on disk) is truncated away with
-        everything after it; damage before that raises ``LedgerCorrupted``. A missing log
-        is created empty unless ``must_exist``.
+        """Open a closed log (``entries`` recorded when it closed) exclusively, for
+        reading; it is never changed. Damage does not fail the open: the log's
+        ``damage`` says where its readable entries end, and why.
 
         Raises:
-            LedgerCorrupted: damage a crash cannot explain, or a missing log that must exist.
+            LedgerMissing: the log does not exist.
             LedgerFenced: another handle holds the log.
         """
 

@@ -6,15 +6,16 @@ compare-and-set. The record lists the ledgers (closed ones with their entry coun
 next ledger id, the sealed flag and the ledger's properties (PIP-373's
 ``__contains_txn_messages`` among them).
 
-Appends go through a **group-commit** writer: every append waiting while a batch is being
-written and synced joins the next batch, so concurrent appends share one fsync. A batch is
-bounded by ``max_batch_bytes`` (and, if set, waits at most ``max_batch_delay_s`` to fill).
-``append`` returns once its batch is durable.
+Appends go through a **group-commit** writer (:mod:`segtxn.ledger.writer`): concurrent
+appends share one fsync; ``append`` returns once its batch is durable and marked
+acknowledged.
 
 Each time a managed ledger is opened, the ledger its previous incarnation was appending to
-is recovered (a torn tail truncated), closed in the metadata, and a fresh ledger started:
-a ledger is only ever appended to by one incarnation, and the metadata CAS fences a stale
-one (``LedgerFenced``).
+is recovered, closed in the metadata, and a fresh ledger started: a ledger is only ever
+appended to by one incarnation, and the metadata CAS fences a stale one (``LedgerFenced``).
+What recovery keeps, truncates (with a WARNING) or refuses is the contract of
+:mod:`segtxn.ledger.recovery`; the open logs, reads of damaged ones and deletions are
+:mod:`segtxn.ledger.handles`.
 
 ``terminate()`` seals the ledger: appends already accepted are completed, then one CAS sets
 the sealed flag, so a crash leaves the ledger either sealed or not. Sealed ledgers still
@@ -27,10 +28,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import msgspec
 
@@ -38,97 +37,44 @@ from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix
 from segtxn.ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
-    LedgerCorrupted,
     LedgerError,
-    LedgerFenced,
     LedgerSealed,
 )
 from segtxn.ledger.fencing import cas_put
+from segtxn.ledger.handles import LogHandles
 from segtxn.ledger.logs import EntryLog, LogStorage
+from segtxn.ledger.metadata import (
+    METADATA_PREFIX,
+    LedgerInfo,
+    LedgerMetadata,
+    LedgerSettings,
+    closed,
+    encode,
+    metadata_key,
+)
 from segtxn.ledger.position import Entry, Position
-from segtxn.ledger.retention import ClosedLedger, RetentionPolicy, TrimResult, deletable
-from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore, NotFound
+from segtxn.ledger.records import ENTRY_OVERHEAD, FORMAT
+from segtxn.ledger.recovery import open_chain
+from segtxn.ledger.retention import (
+    ClosedLedger,
+    RetentionPolicy,
+    TrimResult,
+    closed_ledgers,
+    deletable,
+)
+from segtxn.ledger.writer import GroupCommit, WriteStats
+from segtxn.metastore import MetadataStore, NotFound
+
+__all__ = [  # the metadata names are re-exported for modules that import them from here
+    "METADATA_PREFIX",
+    "LedgerMetadata",
+    "LedgerSettings",
+    "ManagedLedger",
+    "WriteStats",
+    "metadata_key",
+]
 
 log = logging.getLogger(__name__)
-
-METADATA_PREFIX = "/managed-ledgers/"
-_RECORD_OVERHEAD = 16
-
-
-@dataclass(frozen=True)
-class LedgerSettings:
-    max_ledger_bytes: int = 64 * 1024 * 1024
-    """Roll over to a new ledger (file) once the current one is this large."""
-    max_entry_bytes: int = 5 * 1024 * 1024
-    max_batch_bytes: int = 4 * 1024 * 1024
-    """Largest group-commit batch (one entry larger than this makes a batch of its own)."""
-    max_batch_delay_s: float = 0.0
-    """Extra time a batch may wait to fill; 0: write as soon as the previous sync ends."""
-    max_pending_bytes: int = 64 * 1024 * 1024
-    """Appends wait (backpressure) while this many bytes are queued and not yet durable."""
-    max_persisted_ranges: int = 10_000
-    """Individually acknowledged ranges a cursor stores (more are redelivered on restart)."""
-
-
-class LedgerInfo(msgspec.Struct, frozen=True):
-    id: int
-    created_ms: int
-    entries: int | None = None
-    """Entry count once closed; None for the ledger being appended to."""
-    closed_ms: int | None = None
-    """When it was closed: its last write (rollover, seal, clean close) or, after a crash,
-    its recovery. None while open, and in records written before this was kept."""
-    size_bytes: int | None = None
-    """Its size on disk once closed (None: open, or recorded before this was kept)."""
-
-
-def _closed(info: LedgerInfo, entries: int, size_bytes: int, now_ms: int) -> LedgerInfo:
-    """``info`` closed with ``entries``; a ledger closed already keeps its close time."""
-    closed_ms = now_ms if info.closed_ms is None else info.closed_ms
-    return LedgerInfo(info.id, info.created_ms, entries, closed_ms, size_bytes)
-
-
-class LedgerMetadata(msgspec.Struct, frozen=True):
-    ledgers: list[LedgerInfo]
-    next_ledger_id: int
-    sealed: bool = False
-    properties: dict[str, str] = msgspec.field(default_factory=dict)
-    tail_bytes: int = 0
-    """The most bytes one batch of the current writer can span on disk: how much of the
-    last ledger's tail a crash may have torn (recovery truncates no more than this)."""
-
-
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder(LedgerMetadata).decode
-
-
-def tail_bound(settings: LedgerSettings) -> int:
-    """On-disk bytes one group-commit batch can span (batches count record headers)."""
-    return max(settings.max_batch_bytes, settings.max_entry_bytes + _RECORD_OVERHEAD)
-
-
-def metadata_key(name: str) -> str:
-    return METADATA_PREFIX + quote(name, safe="")
-
-
-@dataclass
-class WriteStats:
-    """Counters of the group-commit writer (what the metrics export)."""
-
-    entries: int = 0
-    batches: int = 0
-    """Synced batches: ``entries / batches`` is the average group-commit size."""
-    bytes: int = 0
-    rollovers: int = 0
-    largest_batch_bytes: int = 0
-    """The largest batch on disk, record headers included (bounded by max_batch_bytes,
-    or one entry's size)."""
-
-
-@dataclass(eq=False)
-class _Pending:
-    payload: bytes
-    done: asyncio.Future[Position]
 
 
 class ManagedLedger:
@@ -151,29 +97,18 @@ class ManagedLedger:
         self.settings = settings
         self._meta = metadata
         self._version = version
-        self._logs = logs
+        self._logs = LogHandles(name, storage, logs)
         self._current = logs[metadata.ledgers[-1].id] if not metadata.sealed else None
-        self._queue: deque[_Pending] = deque()
-        self._queued_bytes = 0
-        self._wake = asyncio.Event()
-        self._drained = asyncio.Event()  # the queue fell below max_pending_bytes
-        self._drained.set()
-        self._idle = asyncio.Event()  # nothing queued and nothing being written
-        self._idle.set()
         self._changed = asyncio.Event()
         self._sealing = metadata.sealed
         self._closing = False
         self._closed = False
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time: they chain versions
-        self._failure: BaseException | None = None
-        self._admission = asyncio.Lock()  # appends wait for room first come, first served
-        self._reading: dict[int, int] = {}  # ledger id -> reads in flight
-        self._doomed: set[int] = set()  # trimmed ledgers to delete once their reads end
         self._last: Position | None = None
         self._last = self._compute_last()
         self.stats = WriteStats()
         self.cursors: dict[str, ManagedCursor] = {}
-        self._writer = asyncio.create_task(self._write_loop(), name=f"ledger-writer-{name}")
+        self._writer = GroupCommit(name, settings, self._write, self._notify)
 
     # ================================================================= opening
 
@@ -188,11 +123,26 @@ class ManagedLedger:
         """Open (creating if needed) the managed ledger ``name`` and its cursors,
         recovering from a crash.
 
+        Recovery (what is kept, truncated with a WARNING, or refused) is the contract of
+        :mod:`segtxn.ledger.recovery`.
+
         Raises:
+            LedgerMissing: a ledger the metadata names has no file (a wrong or empty data
+                directory); nothing is recreated.
             LedgerCorrupted: the last ledger is damaged where a crash cannot explain it.
             LedgerFenced: another process changed the metadata while this one opened it.
         """
-        ledger = await cls._open(name, store, storage, settings or LedgerSettings())
+        settings = settings or LedgerSettings()
+        opened = await open_chain(name, store, storage, settings)
+        ledger = cls(
+            name=name,
+            store=store,
+            storage=storage,
+            settings=settings,
+            metadata=opened.metadata,
+            version=opened.version,
+            logs=opened.logs,
+        )
         listing = await store.list_prefix(cursors_prefix(name))
         for record in listing.records:
             cursor_name = unquote(record.key.rsplit("/", 1)[1])
@@ -205,80 +155,6 @@ class ManagedLedger:
                 max_persisted_ranges=ledger.settings.max_persisted_ranges,
             )
         return ledger
-
-    @classmethod
-    async def _open(
-        cls,
-        name: str,
-        store: MetadataStore,
-        storage: LogStorage,
-        settings: LedgerSettings,
-    ) -> ManagedLedger:
-        key = metadata_key(name)
-        record = await store.get(key)
-        now_ms = int(time.time() * 1000)
-        if record is None:
-            meta = LedgerMetadata(
-                [LedgerInfo(1, now_ms)], next_ledger_id=2, tail_bytes=tail_bound(settings)
-            )
-            try:
-                record = await store.put(key, _encode(meta), expected_version=MUST_NOT_EXIST)
-            except BadVersion as e:
-                raise LedgerFenced(f"{name}: created concurrently by another owner") from e
-            first: dict[int, EntryLog] = {1: await asyncio.to_thread(storage.create, name, 1)}
-            return cls(
-                name=name,
-                store=store,
-                storage=storage,
-                settings=settings,
-                metadata=meta,
-                version=record.version,
-                logs=first,
-            )
-        meta = _decode(record.value)
-        last = meta.ledgers[-1]
-        recovered = await asyncio.to_thread(
-            storage.open,
-            name,
-            last.id,
-            tail_bytes=meta.tail_bytes or tail_bound(settings),
-            must_exist=last.entries is not None and last.entries > 0,
-        )
-        try:
-            count = recovered.count
-            if last.entries is not None and count < last.entries:
-                raise LedgerCorrupted(
-                    f"{name}: ledger {last.id} holds {count} entries; {last.entries} were "
-                    "recorded when it was closed"
-                )
-            count = count if last.entries is None else last.entries
-            size = recovered.size_bytes()
-            ledgers = [*meta.ledgers[:-1], _closed(last, count, size, now_ms)]
-            next_id = meta.next_ledger_id
-            if not meta.sealed:
-                ledgers.append(LedgerInfo(next_id, now_ms))
-                next_id += 1
-            meta = msgspec.structs.replace(
-                meta, ledgers=ledgers, next_ledger_id=next_id, tail_bytes=tail_bound(settings)
-            )
-            version = await cas_put(store, key, _encode(meta), record.version)
-        except BaseException:
-            recovered.close()
-            raise
-        logs: dict[int, EntryLog] = {last.id: recovered}
-        if not meta.sealed:
-            logs[meta.ledgers[-1].id] = await asyncio.to_thread(
-                storage.create, name, meta.ledgers[-1].id
-            )
-        return cls(
-            name=name,
-            store=store,
-            storage=storage,
-            settings=settings,
-            metadata=meta,
-            version=version,
-            logs=logs,
-        )
 
     # ================================================================= state
 
@@ -391,109 +267,56 @@ class ManagedLedger:
             raise EntryTooLarge(
                 f"entry of {len(payload)} bytes exceeds {self.settings.max_entry_bytes}"
             )
-        async with self._admission:  # FIFO: a waiting append is never overtaken
-            limit = self.settings.max_pending_bytes
-            while self._queued_bytes + len(payload) > limit and self._queue:
-                self._drained.clear()
-                await self._drained.wait()
-                self._check_writable()
-            pending = _Pending(payload, asyncio.get_running_loop().create_future())
-            self._queue.append(pending)
-            self._queued_bytes += len(payload)
-            self._idle.clear()
-            self._wake.set()
-        return pending.done
+        return await self._writer.enqueue(payload, self._check_writable)
 
     def _check_writable(self) -> None:
         if self._closing:
             raise LedgerClosed(f"{self.name} is closed")
         if self._sealing:
             raise LedgerSealed(f"{self.name} is sealed: it accepts no more appends")
-        if self._failure is not None:
-            raise LedgerError(f"{self.name} failed a write ({self._failure}); reopen it")
+        if self._writer.failure is not None:
+            raise LedgerError(f"{self.name} failed a write ({self._writer.failure}); reopen it")
 
-    async def _write_loop(self) -> None:
-        while True:
-            await self._wake.wait()
-            if (
-                self.settings.max_batch_delay_s
-                and self._queued_bytes < self.settings.max_batch_bytes
-            ):
-                await asyncio.sleep(self.settings.max_batch_delay_s)
-            batch = self._take_batch()
-            if not batch:
-                self._wake.clear()
-                self._idle.set()
-                continue
-            try:
-                await self._write(batch)
-            except Exception as e:
-                log.exception(
-                    "%s: write failed; the ledger refuses appends until reopened", self.name
-                )
-                self._failure = e
-                for pending in [*batch, *self._queue]:
-                    if not pending.done.done():
-                        pending.done.set_exception(LedgerError(f"write failed: {e}"))
-                self._queue.clear()
-                self._queued_bytes = 0
-                self._drained.set()
-                self._idle.set()
-                self._notify()  # readers waiting for entries must learn of it too
-                return
-
-    def _take_batch(self) -> list[_Pending]:
-        batch: list[_Pending] = []
-        size = 0
-        on_disk = 0  # records count with their headers: this bounds what a crash can tear
-        while self._queue and (
-            not batch
-            or on_disk + len(self._queue[0].payload) + _RECORD_OVERHEAD
-            <= self.settings.max_batch_bytes
-        ):
-            pending = self._queue.popleft()
-            batch.append(pending)
-            size += len(pending.payload)
-            on_disk += len(pending.payload) + _RECORD_OVERHEAD
-        self._queued_bytes -= size
-        if self._queued_bytes < self.settings.max_pending_bytes:
-            self._drained.set()
-        return batch
-
-    async def _write(self, batch: list[_Pending]) -> None:
+    async def _write(self, batch: list[bytes]) -> list[Position]:
+        """The group-commit writer's one write: durable (and marked acknowledged) when
+        this returns, rolling over to a new ledger first if the current one is full."""
         current = self._current
         if current is None:  # only a sealed ledger has no current log, and it queues nothing
             raise LedgerSealed(f"{self.name} is sealed")
         if current.count and current.size_bytes() >= self.settings.max_ledger_bytes:
             current = await self._roll_over(current)
         first = current.count
-        await asyncio.to_thread(current.append_batch, [p.payload for p in batch])
+        await asyncio.to_thread(current.append_batch, batch)
         self.stats.entries += len(batch)
         self.stats.batches += 1
-        self.stats.bytes += sum(len(p.payload) for p in batch)
-        on_disk = sum(len(p.payload) + _RECORD_OVERHEAD for p in batch)
+        self.stats.bytes += sum(len(p) for p in batch)
+        on_disk = sum(len(p) + ENTRY_OVERHEAD for p in batch)
         self.stats.largest_batch_bytes = max(self.stats.largest_batch_bytes, on_disk)
-        for i, pending in enumerate(batch):
-            if not pending.done.done():
-                pending.done.set_result(Position(current.ledger_id, first + i))
         self._last = Position(current.ledger_id, first + len(batch) - 1)
         self._notify()
+        return [Position(current.ledger_id, first + i) for i in range(len(batch))]
 
     async def _roll_over(self, current: EntryLog) -> EntryLog:
-        def roll(meta: LedgerMetadata) -> LedgerMetadata:
-            now_ms = int(time.time() * 1000)
-            closing = _closed(meta.ledgers[-1], current.count, current.size_bytes(), now_ms)
-            ledgers = [*meta.ledgers[:-1], closing]
-            ledgers.append(LedgerInfo(meta.next_ledger_id, now_ms))
-            return msgspec.structs.replace(
-                meta, ledgers=ledgers, next_ledger_id=meta.next_ledger_id + 1
-            )
-
-        meta = await self._update(roll)
-        new_id = meta.ledgers[-1].id
+        """Close ``current`` and start the next ledger. Its file is created (and synced)
+        before the metadata names it: a named ledger always has its file."""
+        new_id = self._meta.next_ledger_id  # only the writer, here, takes ledger ids
         fresh = await asyncio.to_thread(self._storage.create, self.name, new_id)
+
+        def roll(meta: LedgerMetadata) -> LedgerMetadata:
+            if meta.next_ledger_id != new_id:
+                raise LedgerError(f"{self.name}: ledger id {new_id} was taken meanwhile")
+            now_ms = int(time.time() * 1000)
+            closing = closed(meta.ledgers[-1], current.count, current.size_bytes(), now_ms)
+            ledgers = [*meta.ledgers[:-1], closing, LedgerInfo(new_id, now_ms, format=FORMAT)]
+            return msgspec.structs.replace(meta, ledgers=ledgers, next_ledger_id=new_id + 1)
+
+        try:
+            await self._update(roll)
+        except BaseException:
+            await asyncio.to_thread(fresh.close)
+            raise
         self.stats.rollovers += 1
-        self._logs[new_id] = fresh
+        self._logs.add(fresh)
         self._current = fresh
         return fresh
 
@@ -510,7 +333,7 @@ class ManagedLedger:
             if meta is None:
                 return self._meta
             version = await cas_put(
-                self._store, metadata_key(self.name), _encode(meta), self._version
+                self._store, metadata_key(self.name), encode(meta), self._version
             )
             self._meta, self._version = meta, version
             return meta
@@ -529,16 +352,18 @@ class ManagedLedger:
         if self._meta.sealed:
             return self._last
         self._sealing = True
-        await self._idle.wait()
-        if self._failure is not None:
-            raise LedgerError(f"{self.name}: cannot seal after a failed write") from self._failure
+        await self._writer.idle.wait()
+        if self._writer.failure is not None:
+            raise LedgerError(
+                f"{self.name}: cannot seal after a failed write"
+            ) from self._writer.failure
         count = self._current.count if self._current is not None else 0
         size = self._current.size_bytes() if self._current is not None else 0
 
         def seal(meta: LedgerMetadata) -> LedgerMetadata | None:
             if meta.sealed:
                 return None  # a concurrent terminate() got there first
-            closing = _closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
+            closing = closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
             ledgers = [*meta.ledgers[:-1], closing]
             return msgspec.structs.replace(meta, ledgers=ledgers, sealed=True)
 
@@ -554,7 +379,16 @@ class ManagedLedger:
     ) -> list[Entry]:
         """Durable entries at or after ``start``, in order, at most ``max_entries`` (and
         about ``max_bytes``: at least one entry is returned if any exists). Positions before
-        the first retained entry start at the first retained entry."""
+        the first retained entry start at the first retained entry. A ledger that is
+        damaged (:mod:`segtxn.ledger.handles`) ends the entries returned before the damage.
+
+        Raises:
+            LedgerCorrupted: the entry at ``start`` (or the first one read) is damaged, or
+                its ledger's file is missing; the message names the file.
+            LedgerClosed: the ledger object is closed.
+        """
+        if self._closed:
+            raise LedgerClosed(f"{self.name} is closed")
         out: list[Entry] = []
         size = 0
         for info in list(self._meta.ledgers):
@@ -565,47 +399,23 @@ class ManagedLedger:
             if first >= count:
                 continue
             last = min(count - 1, first + max_entries - len(out) - 1)
-            payloads = await self._read_log(info.id, first, last)
+            payloads = await self._logs.read(info, first, last)
             for i, payload in enumerate(payloads):
                 if out and size + len(payload) > max_bytes:
                     return out
                 out.append(Entry(Position(info.id, first + i), payload))
                 size += len(payload)
-            if len(out) >= max_entries:
-                return out
+            if len(out) >= max_entries or len(payloads) <= last - first:
+                return out  # (fewer: a damaged ledger; reading on from there raises)
         return out
 
     def _retains(self, ledger_id: int) -> bool:
         """Whether the metadata still names the ledger. A trim drops ledgers from the
         metadata before it deletes a file, and only files no read holds: a read that
-        checks this and registers in ``_reading`` without yielding never meets a deleted
-        file (``_doomed`` is not enough: a ledger leaves it once its file is gone)."""
+        checks this and registers its read (:class:`LogHandles`) without yielding never
+        meets a deleted file (the doomed set is not enough: a ledger leaves it once its
+        file is gone)."""
         return any(info.id == ledger_id for info in self._meta.ledgers)
-
-    async def _read_log(self, ledger_id: int, first: int, last: int) -> list[bytes]:
-        """Read from one ledger, holding it against deletion by a concurrent trim."""
-        self._reading[ledger_id] = self._reading.get(ledger_id, 0) + 1
-        try:
-            entry_log = self._logs.get(ledger_id)
-            if entry_log is None:  # a closed ledger, opened on first read
-                entry_log = await asyncio.to_thread(
-                    self._storage.open, self.name, ledger_id, tail_bytes=0
-                )
-                self._logs[ledger_id] = entry_log
-            return await asyncio.to_thread(entry_log.read, first, last)
-        finally:
-            self._reading[ledger_id] -= 1
-            if not self._reading[ledger_id]:
-                del self._reading[ledger_id]
-                if ledger_id in self._doomed:
-                    await self._delete_log(ledger_id)
-
-    async def _delete_log(self, ledger_id: int) -> None:
-        self._doomed.discard(ledger_id)
-        entry_log = self._logs.pop(ledger_id, None)
-        if entry_log is not None:
-            await asyncio.to_thread(entry_log.close)
-        await asyncio.to_thread(self._storage.delete, self.name, ledger_id)
 
     async def wait_for_entries(self, after: Position | None) -> None:
         """Return once an entry after ``after`` (any entry, for None) is durable.
@@ -620,7 +430,7 @@ class ManagedLedger:
                 return
             if self._meta.sealed:
                 raise LedgerSealed(f"{self.name} is sealed at {self._last}")
-            if self._failure is not None:
+            if self._writer.failure is not None:
                 raise LedgerError(f"{self.name} failed a write; no more entries will come")
             if self._closed:
                 raise LedgerClosed(f"{self.name} is closed")
@@ -689,7 +499,8 @@ class ManagedLedger:
         def drop(meta: LedgerMetadata) -> LedgerMetadata | None:
             # chosen under the metadata lock: concurrent trims never remove a ledger twice
             marks = [c.mark_delete for c in self.cursors.values()]
-            removable[:] = deletable(self._closed_ledgers(meta), marks, policy, now_ms)
+            chain = closed_ledgers(meta.ledgers, self._open_size)
+            removable[:] = deletable(chain, marks, policy, now_ms)
             gone = {i.id for i in removable}
             if not gone:
                 return None
@@ -701,30 +512,15 @@ class ManagedLedger:
         if not removable:
             return TrimResult([], 0, None)
         for info in removable:
-            self._doomed.add(info.id)
-            if info.id not in self._reading:  # else the last read in flight deletes it
-                await self._delete_log(info.id)
+            await self._logs.doom(info.id)  # (or when the last read in flight on it ends)
         return TrimResult(
             [i.id for i in removable], sum(i.entries for i in removable), self.first_position()
         )
 
-    def _closed_ledgers(self, meta: LedgerMetadata) -> list[ClosedLedger]:
-        """The ledgers retention may consider, oldest first: every one but the last (being
-        appended to or, once sealed, where reads end)."""
-        out: list[ClosedLedger] = []
-        for info, successor in zip(meta.ledgers, meta.ledgers[1:], strict=False):
-            if info.entries is None:
-                break
-            # records from before closed_ms and size_bytes were kept: the next ledger was
-            # created when this one closed; an unknown size counts as 0 bytes of newer
-            # data (the size axis then keeps older ledgers longer, never shorter)
-            closed_ms = successor.created_ms if info.closed_ms is None else info.closed_ms
-            size = info.size_bytes
-            if size is None:
-                entry_log = self._logs.get(info.id)
-                size = entry_log.size_bytes() if entry_log is not None else 0
-            out.append(ClosedLedger(info.id, info.entries, closed_ms, size))
-        return out
+    def _open_size(self, ledger_id: int) -> int:
+        """The size of a ledger held open (0 if it is not)."""
+        entry_log = self._logs.get(ledger_id)
+        return entry_log.size_bytes() if entry_log is not None else 0
 
     # ================================================================= closing
 
@@ -734,17 +530,15 @@ class ManagedLedger:
             return
         self._closing = True  # refuse new appends; finish the accepted ones
         try:
-            await self._idle.wait()
-            if self._failure is None and not self._meta.sealed:
+            await self._writer.idle.wait()
+            if self._writer.failure is None and not self._meta.sealed:
                 await self._record_clean_close()
             for cursor in self.cursors.values():
                 await cursor.close()
         finally:
             self._closed = True
-            self._writer.cancel()
-            await asyncio.gather(self._writer, return_exceptions=True)
-            for entry_log in self._logs.values():
-                await asyncio.to_thread(entry_log.close)
+            await self._writer.close()
+            await self._logs.close()
             self._notify()
 
     async def delete(self) -> None:
@@ -763,7 +557,7 @@ class ManagedLedger:
         size = self._current.size_bytes() if self._current is not None else 0
 
         def close_last(meta: LedgerMetadata) -> LedgerMetadata:
-            last = _closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
+            last = closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
             ledgers = [*meta.ledgers[:-1], last]
             return msgspec.structs.replace(meta, ledgers=ledgers)
 

@@ -1,11 +1,15 @@
-"""In-memory entry logs: the same contract, held in the process (tests, ``memory://``)."""
+"""In-memory entry logs: the same contract, held in the process (tests, ``memory://``).
+
+Nothing here is torn or damaged by a crash (a crash loses it all): recovery truncates
+nothing, and a log the metadata names but this process does not hold is missing.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerFenced
-from segtxn.ledger.logs import EntryLog, LogStorage
+from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerFenced, LedgerMissing
+from segtxn.ledger.logs import EntryLog, LogStorage, Recovered
 
 
 class MemoryEntryLog(EntryLog):
@@ -44,9 +48,20 @@ class MemoryLogStorage(LogStorage):
         self._logs: dict[tuple[str, int], list[bytes]] = {}
         self._held: set[tuple[str, int]] = set()
 
+    def where(self, ledger_name: str, ledger_id: int) -> str:
+        return f"memory://{ledger_name}/{ledger_id}"
+
+    def exists(self, ledger_name: str, ledger_id: int) -> bool:
+        return (ledger_name, ledger_id) in self._logs
+
     def _handle(self, key: tuple[str, int]) -> MemoryEntryLog:
         if key in self._held:
             raise LedgerFenced(f"ledger {key[1]} of {key[0]} is held by another writer")
+        if key not in self._logs:
+            where = self.where(*key)
+            raise LedgerMissing(
+                f"{where}: the metadata names this ledger; it is missing", paths=(where,)
+            )
         self._held.add(key)
         return MemoryEntryLog(key[1], self._logs[key], lambda: self._held.discard(key))
 
@@ -54,18 +69,28 @@ class MemoryLogStorage(LogStorage):
         key = (ledger_name, ledger_id)
         if key in self._held:
             raise LedgerFenced(f"ledger {ledger_id} of {ledger_name} is held by another writer")
+        if self._logs.get(key):
+            raise LedgerCorrupted(
+                f"{self.where(*key)} already holds entries that the ledger metadata does not "
+                "know; refusing to overwrite it"
+            )
         self._logs[key] = []
         return self._handle(key)
 
+    def recover(
+        self, ledger_name: str, ledger_id: int, *, log_format: int, tail_bytes: int
+    ) -> Recovered:
+        return Recovered(self._handle((ledger_name, ledger_id)), None)
+
     def open(
-        self, ledger_name: str, ledger_id: int, *, tail_bytes: int, must_exist: bool = True
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        entries: int,
     ) -> MemoryEntryLog:
-        key = (ledger_name, ledger_id)
-        if key not in self._logs:
-            if must_exist:
-                raise LedgerCorrupted(f"ledger {ledger_id} of {ledger_name} is missing")
-            return self.create(ledger_name, ledger_id)
-        return self._handle(key)
+        return self._handle((ledger_name, ledger_id))
 
     def delete(self, ledger_name: str, ledger_id: int) -> None:
         self._logs.pop((ledger_name, ledger_id), None)

@@ -40,11 +40,13 @@ metadata names without its file.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from segtxn.ledger.metadata import LedgerInfo
 from segtxn.ledger.position import Position
 
 NO_LIMIT = -1
@@ -96,6 +98,25 @@ class ClosedLedger(NamedTuple):
     closed_ms: int
     """When it was closed (its last write, or its recovery after a crash)."""
     size_bytes: int
+
+
+def closed_ledgers(
+    ledgers: Sequence[LedgerInfo], open_size: Callable[[int], int]
+) -> list[ClosedLedger]:
+    """The ledgers retention may consider, oldest first: every one but the last (being
+    appended to or, once sealed, where reads end). ``open_size``: the size of a ledger held
+    open, for records that predate ``size_bytes``."""
+    out: list[ClosedLedger] = []
+    for info, successor in itertools.pairwise(ledgers):
+        if info.entries is None:
+            break
+        # records from before closed_ms and size_bytes were kept: the next ledger was
+        # created when this one closed; an unknown size counts as 0 bytes of newer
+        # data (the size axis then keeps older ledgers longer, never shorter)
+        closed_ms = successor.created_ms if info.closed_ms is None else info.closed_ms
+        size = open_size(info.id) if info.size_bytes is None else info.size_bytes
+        out.append(ClosedLedger(info.id, info.entries, closed_ms, size))
+    return out
 
 
 def deletable(

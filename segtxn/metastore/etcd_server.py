@@ -97,8 +97,11 @@ class EtcdServer:
         return cmd
 
     def start(self, timeout_s: float = 20.0) -> None:
-        """Start the process and wait until it serves requests."""
-        self.log_path = self.data_dir / "etcd.log"
+        """Start the process and wait until it serves requests (again, after :meth:`kill` or
+        ``stop(remove_data=False)``: same data dir, same ports). Its output is appended to
+        ``log_path`` (default: ``etcd.log`` in the data dir)."""
+        if self.log_path is None:
+            self.log_path = self.data_dir / "etcd.log"
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True

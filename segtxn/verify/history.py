@@ -18,8 +18,13 @@ leaves everything it recorded before the kill. One line is one event; ``kind`` t
     commit (or abort) call's duration.
 ``topology`` (the orchestrator): a split or merge. ``{"kind", "client", "ts", "topic", "op",
     "segments"}``.
-``killed`` (the orchestrator): a processor SIGKILLed. ``{"kind", "client", "ts", "victim",
-    "txn"}`` (``txn``: the transaction it had open, if any).
+``killed`` (the orchestrator): a processor, or a server, SIGKILLed. ``{"kind", "client",
+    "ts", "victim", "txn"}`` (``txn``: the processor's open transaction, or for a server the
+    transaction whose ``committing`` it was killed after, if any).
+``fault`` (the orchestrator): one step of a fault (:mod:`segtxn.verify.faults`).
+    ``{"kind", "client", "ts", "fault", "target", "step", "txn"}``; ``fault`` is a
+    :class:`segtxn.verify.plan.FaultKind` value, ``step`` one of ``killed``, ``restarted``,
+    ``stopped``, ``continued``, ``etcd-stopped``, ``etcd-started``.
 
 A processor's *session* is one process life (a restarted processor has a new session).
 ``id`` is a message id ``"segment@ledger:entry"``; ``txn`` is ``"most:least"``; ``ts`` is
@@ -88,6 +93,50 @@ class History:
 
     def close(self) -> None:
         self._file.close()
+
+
+class HistoryTail:
+    """Follows history files that other processes are appending to: the orchestrator's view
+    of what the processors are doing (who has a transaction open, how many commits were
+    asked for). :meth:`poll` reads what was added since the last call."""
+
+    def __init__(self, directory: Path, clients: list[str]) -> None:
+        self._paths = {client: directory / f"{client}.jsonl" for client in clients}
+        self._offsets = dict.fromkeys(clients, 0)
+        self.open: dict[str, str | None] = dict.fromkeys(clients)
+        """Each client's open transaction (begun, not ended), if any."""
+        self.committing = 0
+        """``committing`` events seen so far."""
+        self.last_committing: tuple[str, str] | None = None
+        """The client and transaction of the last one."""
+
+    def poll(self) -> None:
+        for client, path in self._paths.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets[client])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            complete = data[: data.rfind(b"\n") + 1]  # a line being written waits its turn
+            self._offsets[client] += len(complete)
+            for line in complete.splitlines():
+                try:
+                    event = msgspec.json.decode(line)
+                except msgspec.DecodeError:
+                    continue  # torn by a SIGKILL, and then appended to by the next incarnation
+                kind = event.get("kind")
+                if kind == "begin":
+                    self.open[client] = event.get("txn")
+                elif kind == "ended" and event.get("txn") == self.open[client]:
+                    self.open[client] = None
+                elif kind == "committing":
+                    self.committing += 1
+                    self.last_committing = (client, str(event.get("txn")))
+
+    def forget(self, client: str) -> None:
+        """``client`` was killed: what it had open will never end in its history."""
+        self.open[client] = None
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

@@ -13,20 +13,32 @@ from pyspark.sql import SparkSession
 from segtxn.verify.source import SegtxnDataSource
 
 
-def spark_session(master: str = "local[*]", *, work_dir: Path | None = None) -> SparkSession:
-    """Spark in this process's Python (the data source's readers import segtxn), errors-only
-    logging once started, no UI, scratch space under ``work_dir`` (default: a temporary
-    directory). The JVM reads its environment once: the first session in a process decides."""
+def require_java() -> None:
+    """Raises RuntimeError, saying what to install, when there is no Java runtime."""
     if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
         raise RuntimeError(
             "Spark needs a Java 17+ runtime: install one (e.g. apt install "
             "openjdk-17-jre-headless) or set JAVA_HOME"
         )
-    scratch = work_dir or Path(tempfile.mkdtemp(prefix="segtxn-spark-"))
-    scratch.mkdir(parents=True, exist_ok=True)
+
+
+def prepare_environment() -> None:
+    """Set the variables Spark reads from this process's environment. :func:`spark_session`
+    does it too; call it first in the main thread when the session starts in another thread
+    while this one spawns processes (copying ``os.environ`` as it grows is a race)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+
+def spark_session(master: str = "local[*]", *, work_dir: Path | None = None) -> SparkSession:
+    """Spark in this process's Python (the data source's readers import segtxn), errors-only
+    logging once started, no UI, scratch space under ``work_dir`` (default: a temporary
+    directory). The JVM reads its environment once: the first session in a process decides."""
+    require_java()
+    scratch = work_dir or Path(tempfile.mkdtemp(prefix="segtxn-spark-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    prepare_environment()
     spark = (
         SparkSession.builder.master(master)
         .appName("segtxn-verify")

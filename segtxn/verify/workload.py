@@ -1,4 +1,4 @@
-"""The verification workload: feed inputs, run processors, change the topology, kill one.
+"""The verification workload: feed inputs, run processors, change the topology, inject faults.
 
 :func:`run_workload` drives one run against a running cluster (any broker's URL):
 
@@ -7,8 +7,9 @@
 2. starts ``processors`` processor processes (``segtxn verify process``, see
    :mod:`segtxn.verify.processor`);
 3. feeds ``inputs`` keyed, numbered inputs at ``rate`` per second, recording each stored one;
-4. meanwhile splits and merges segments of all three topics, and SIGKILLs one processor in
-   the middle of the feed (and starts it again under the same name);
+4. meanwhile splits and merges segments (``changes``, each while a processor has a
+   transaction open) and injects the ``faults`` (:mod:`segtxn.verify.faults`: by default,
+   SIGKILL p1 in the middle of the feed and start it again under the same name);
 5. waits until every input is consumed (the subscription's backlog is zero), stops the
    processors with SIGTERM, and notes what input (if any) is left unacknowledged.
 
@@ -20,20 +21,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import functools
 import json
 import random
-import signal
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, TypeVar
 
-from segtxn.client import Client, MessageId, ScalableProducer
-from segtxn.verify.history import History, InputRecord, encode, read_events
+from segtxn.client import (
+    Client,
+    ClientError,
+    ErrorName,
+    MessageId,
+    ScalableProducer,
+    ServerError,
+)
+from segtxn.verify.faults import (
+    FaultContext,
+    Servers,
+    check_faults,
+    run_faults,
+    wait_for_open_transaction,
+)
+from segtxn.verify.history import History, HistoryTail, InputRecord, encode
+from segtxn.verify.plan import DEMO_TOPOLOGY, Fault, FaultKind, TopologyChange
+from segtxn.verify.processes import Launch, ManagedProcess
 from segtxn.verify.processor import SUBSCRIPTION, Topics
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,11 +70,15 @@ class WorkloadConfig:
     timeout_rate: float = 0.02
     txn_timeout_s: float = 3.0
     seed: int = 0
-    topology: bool = True
-    """Split and merge segments during the feed."""
-    kill: bool = True
-    """SIGKILL one processor mid-feed (and start it again)."""
+    changes: tuple[TopologyChange, ...] = DEMO_TOPOLOGY
+    """Splits and merges during the feed."""
+    faults: tuple[Fault, ...] = (Fault(FaultKind.KILL_PROCESSOR, 0.45, "p1"),)
+    """Faults during the feed (server faults need the cluster: ``run_workload(servers=)``)."""
     drain_timeout_s: float = 120.0
+    start_timeout_s: float = 60.0
+    """How long the feed waits for every processor to connect (then it starts anyway)."""
+    launch: Launch = field(default_factory=Launch)
+    """The processors' verbosity and extra environment."""
 
 
 @dataclass
@@ -72,6 +94,8 @@ class RunInfo:
     ended: float = 0.0
     leftover: list[str] = field(default_factory=list)
     """Input ids still unacknowledged on the subscription after the processors stopped."""
+    crashed: dict[str, list[int]] = field(default_factory=dict)
+    """Processors that exited without being stopped or killed: their exit codes."""
 
     def save(self, run_dir: Path) -> None:
         (run_dir / "run.json").write_text(json.dumps(asdict(self), indent=2))
@@ -81,92 +105,125 @@ class RunInfo:
         return cls(**json.loads((run_dir / "run.json").read_text()))
 
 
-class ProcessorProcess:
-    """``python -m segtxn.cli verify process ...``: one processor, restartable."""
-
-    def __init__(self, config: WorkloadConfig, topics: Topics, name: str) -> None:
-        self.name = name
-        self._command = [
-            sys.executable, "-m", "segtxn.cli", "verify", "process",
-            "--url", config.url, "--run-dir", str(config.run_dir), "--run", config.run,
-            "--name", name, "--seed", str(config.seed), "--batch", str(config.batch),
-            "--abort-rate", str(config.abort_rate), "--timeout-rate", str(config.timeout_rate),
-            "--txn-timeout", str(config.txn_timeout_s),
-        ]  # fmt: skip
-        logs = config.run_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        self._log: IO[bytes] = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.process: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        self.process = await asyncio.create_subprocess_exec(
-            *self._command, stdout=self._log, stderr=asyncio.subprocess.STDOUT
-        )
-
-    async def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        await self.process.wait()
-
-    async def stop(self, limit_s: float = 30.0) -> int | None:
-        """SIGTERM (it ends after the transaction in hand), SIGKILL after ``limit_s``."""
-        if self.process is not None and self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(self.process.wait(), limit_s)
-            except TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-        self._log.close()
-        return None if self.process is None else self.process.returncode
+def processor_process(config: WorkloadConfig, name: str) -> ManagedProcess:
+    """``segtxn verify process ...``: one processor, restartable, logged to ``logs/<name>.log``."""
+    command = config.launch.segtxn(
+        "verify", "process",
+        "--url", config.url, "--run-dir", str(config.run_dir), "--run", config.run,
+        "--name", name, "--seed", str(config.seed), "--batch", str(config.batch),
+        "--abort-rate", str(config.abort_rate), "--timeout-rate", str(config.timeout_rate),
+        "--txn-timeout", str(config.txn_timeout_s),
+    )  # fmt: skip
+    return ManagedProcess(name, command, config.run_dir / "logs" / f"{name}.log", config.launch)
 
 
-async def run_workload(config: WorkloadConfig, progress: Callable[[str], None] = print) -> RunInfo:
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return str(value) if isinstance(value, Path) else value
+
+
+async def run_workload(
+    config: WorkloadConfig,
+    progress: Callable[[str], None] = print,
+    servers: Servers | None = None,
+) -> RunInfo:
+    """Run the workload; the run's :class:`RunInfo` (also saved as ``run.json``).
+
+    Args:
+        servers: the cluster, for faults on servers and etcd.
+
+    Raises:
+        ValueError: a fault this run cannot inject (an unknown processor, no ``servers``).
+    """
     topics = Topics.for_run(config.run)
+    names = [f"p{i}" for i in range(1, config.processors + 1)]
+    check_faults(config.faults, names, servers is not None)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     info = RunInfo(
         url=config.url,
         run=config.run,
         topics={"input": topics.input, "out_a": topics.out_a, "out_b": topics.out_b},
-        config={k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+        config=_jsonable(asdict(config)),
         started=time.time(),
     )
     history = History(config.run_dir / "history", "orchestrator")
-    processors = [
-        ProcessorProcess(config, topics, f"p{i}") for i in range(1, config.processors + 1)
-    ]
+    tail = HistoryTail(config.run_dir / "history", names)
+    processors = {name: processor_process(config, name) for name in names}
     async with Client(config.url) as client:
         for topic in (topics.input, topics.out_a, topics.out_b):
             await client.admin.create_topic(topic, segments=2)
         await client.admin.create_subscription(
             topics.input, SUBSCRIPTION, initial_position="earliest"
         )
-        for processor in processors:
+        for processor in processors.values():
             await processor.start()
         try:
+            waited = await _connected(client, topics, len(processors), config.start_timeout_s)
+            progress(f"processors connected after {waited:.1f} s; feeding")
             feed_s = config.inputs / config.rate
-            fed = asyncio.create_task(_feed(client, config, topics, info))
-            chaos = [asyncio.create_task(_report_progress(client, config, topics, info, progress))]
-            if config.topology:
-                chaos.append(asyncio.create_task(_change_topology(client, topics, history, feed_s)))
-            if config.kill and processors:
-                chaos.append(asyncio.create_task(_kill_one(processors[0], config, history, feed_s)))
+            fed = asyncio.create_task(_feed(client, config, topics, info), name="feed")
+            chaos = [
+                asyncio.create_task(
+                    _report_progress(client, config, topics, info, progress), name="progress"
+                )
+            ]
+            if config.changes:
+                changes = _change_topology(
+                    client, topics, config.changes, history=history, tail=tail, feed_s=feed_s
+                )
+                chaos.append(asyncio.create_task(changes, name="topology"))
+            if config.faults:
+                context = FaultContext(processors, history, tail, feed_s, servers, progress)
+                chaos.append(asyncio.create_task(run_faults(config.faults, context), name="faults"))
             try:
                 await fed
                 await asyncio.gather(*chaos[1:])
                 info.drained = await _drained(client, topics, config.drain_timeout_s)
+                if not info.drained:  # what is each one stuck on? (in its log)
+                    dumps = [p.dump_stacks() for p in processors.values()]
+                    if servers is not None:
+                        dumps.append(servers.dump_stacks())
+                    await asyncio.gather(*dumps)
             finally:
                 for task in chaos:
                     task.cancel()
                 await asyncio.gather(*chaos, return_exceptions=True)
         finally:
-            codes = [await p.stop() for p in processors]
+            codes = [await p.stop() for p in processors.values()]
             progress(f"processors stopped (exit codes {codes})")
+            info.crashed = {
+                n: p.exited_on_its_own for n, p in processors.items() if p.exited_on_its_own
+            }
+            if info.crashed:
+                progress(f"processors that exited by themselves (exit codes): {info.crashed}")
         info.leftover = await _leftover(client, topics)
     history.close()
     info.ended = time.time()
     info.save(config.run_dir)
     return info
+
+
+async def _retrying(
+    call: Callable[[], Awaitable[T]],
+    limit_s: float = 60.0,
+    also: frozenset[ErrorName] = frozenset(),
+) -> T:
+    """An admin call, again while a server is down or moving (a fault is on), or on an error
+    named in ``also``: up to ``limit_s``, then its error."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while True:
+        try:
+            return await call()
+        except ServerError as e:
+            if not (e.retriable or e.name in also) or loop.time() > deadline:
+                raise
+        await asyncio.sleep(0.2)  # sleep-ok: a retry's pace while a server restarts
 
 
 async def _feed(client: Client, config: WorkloadConfig, topics: Topics, info: RunInfo) -> None:
@@ -209,61 +266,47 @@ async def _active(client: Client, topic: str) -> list[dict[str, Any]]:
     )
 
 
-async def _change_topology(client: Client, topics: Topics, history: History, feed_s: float) -> None:
-    """Split the input twice, split out-a, merge out-b's two segments; spread over the feed."""
-    plan: list[tuple[float, str, str]] = [
-        (0.2, topics.input, "split"),
-        (0.35, topics.out_a, "split"),
-        (0.5, topics.out_b, "merge"),
-        (0.65, topics.input, "split"),
-    ]
+async def _change_topology(
+    client: Client,
+    topics: Topics,
+    changes: tuple[TopologyChange, ...],
+    *,
+    history: History,
+    tail: HistoryTail,
+    feed_s: float,
+) -> None:
+    """Each change at its time, once a processor has a transaction open (up to 2 s): split a
+    topic's widest active segment, or merge its first two."""
+    by_role = {"input": topics.input, "out-a": topics.out_a, "out-b": topics.out_b}
     loop = asyncio.get_running_loop()
     start = loop.time()
-    for at, topic, op in plan:
-        await asyncio.sleep(max(0.0, start + at * feed_s - loop.time()))  # sleep-ok: schedule
-        active = await _active(client, topic)
-        if op == "split":
-            target = max(active, key=lambda s: s["range"][1] - s["range"][0])
-            result = await client.admin.split(topic, target["id"])
-            segments = [target["id"]]
-        else:
-            first, second = active[0], active[1]
-            result = await client.admin.merge(topic, first["id"], second["id"])
-            segments = [first["id"], second["id"]]
-        history.record("topology", topic=topic, op=op, segments=segments, result=result)
+    for change in sorted(changes, key=lambda c: c.at):
+        at = start + change.at * feed_s
+        await asyncio.sleep(max(0.0, at - loop.time()))  # sleep-ok: the change's time
+        open_txn = await wait_for_open_transaction(tail, None, 2.0)
+        topic = by_role[change.topic]
+        # re-planned on each attempt: a call lost with its server may have been applied, or be
+        # finished by the restarted server, and then the segment we chose is sealed
+        replan = functools.partial(_apply, client, topic, change.op)
+        op, segments, result = await _retrying(replan, also=REPLAN)
+        history.record(
+            "topology", topic=topic, op=op, segments=segments, result=result, open=open_txn
+        )
 
 
-async def _kill_one(
-    victim: ProcessorProcess, config: WorkloadConfig, history: History, feed_s: float
-) -> None:
-    """SIGKILL ``victim`` at 45% of the feed, inside a transaction if it has one open, and
-    start it again (it comes back under its name: its segments wait for it)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 0.45 * feed_s
-    await asyncio.sleep(max(0.0, deadline - loop.time()))  # sleep-ok: schedule
-    open_txn = None
-    for _ in range(200):  # up to ~2 s to catch it mid-transaction
-        open_txn = _open_transaction(config.run_dir / "history", victim.name)
-        if open_txn is not None:
-            break
-        await asyncio.sleep(0.01)  # sleep-ok: polling a file another process writes
-    await victim.kill()
-    history.record("killed", victim=victim.name, txn=open_txn)
-    await victim.start()
+REPLAN = frozenset({ErrorName.INVALID_ARGUMENT, ErrorName.TOPIC_BUSY})
 
 
-def _open_transaction(directory: Path, client: str) -> str | None:
-    """The transaction ``client`` began and has not ended, per its history."""
-    path = directory / f"{client}.jsonl"
-    if not path.exists():
-        return None
-    open_txn = None
-    for event in read_events(path):
-        if event.get("kind") == "begin":
-            open_txn = event.get("txn")
-        elif event.get("kind") == "ended" and event.get("txn") == open_txn:
-            open_txn = None
-    return open_txn
+async def _apply(client: Client, topic: str, op: str) -> tuple[str, list[int], dict[str, Any]]:
+    """Split or merge; a merge with one active segment left (a merge lost with its server
+    was applied after all) splits instead. Returns what it did."""
+    active = await _active(client, topic)
+    if op == "split" or len(active) < 2:
+        target = max(active, key=lambda s: s["range"][1] - s["range"][0])
+        return "split", [target["id"]], await client.admin.split(topic, target["id"])
+    first, second = active[0], active[1]
+    merged = await client.admin.merge(topic, first["id"], second["id"])
+    return "merge", [first["id"], second["id"]], merged
 
 
 async def _backlog(client: Client, topics: Topics) -> int:
@@ -275,13 +318,30 @@ async def _backlog(client: Client, topics: Topics) -> int:
     return total
 
 
+async def _connected(client: Client, topics: Topics, processors: int, limit_s: float) -> float:
+    """Wait (bounded) until ``processors`` consumers are on each input segment's subscription
+    (Failover members each attach to every segment), so that the feed, and the faults timed
+    by it, start with every processor at work (one takes seconds to start on a busy
+    machine). How long it took."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while loop.time() < start + limit_s:
+        stats = await client.admin.stats(topics.input)
+        subs = [(s.get("stats") or {}).get("subscriptions", {}) for s in stats["segments"]]
+        if all(int(sub.get(SUBSCRIPTION, {}).get("consumers", 0)) >= processors for sub in subs):
+            break
+        await asyncio.sleep(0.1)  # sleep-ok: polling the broker's stats
+    return loop.time() - start
+
+
 async def _drained(client: Client, topics: Topics, limit_s: float) -> bool:
     """Wait (bounded) until the processors have consumed every input."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit_s
     while loop.time() < deadline:
-        if await _backlog(client, topics) == 0:
-            return True
+        with contextlib.suppress(ServerError, ClientError):  # a restarted server catching up
+            if await _backlog(client, topics) == 0:
+                return True
         await asyncio.sleep(0.25)  # sleep-ok: polling the broker's stats
     return False
 

@@ -3,6 +3,7 @@ seed is printed) and the ledger is reopened from its files and the etcd metadata
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -14,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from segtxn.ledger import FileLogStorage, LedgerSealed, LedgerSettings, ManagedLedger, Position
+from segtxn.ledger import (
+    FileLogStorage,
+    LedgerCorrupted,
+    LedgerSealed,
+    LedgerSettings,
+    ManagedLedger,
+    Position,
+)
+from segtxn.ledger.metadata import decode, metadata_key
+from segtxn.ledger.records import HEADER_SIZE, decode_header, scan
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer
 from tests.ledger.crash_writer import digest
@@ -160,3 +170,83 @@ async def test_sigkill_around_seal_leaves_it_sealed_or_not(etcd_url: str, tmp_pa
     finally:
         await store.close()
     assert True in outcomes  # the writer reaches the seal in at least one round
+
+
+# ================================================================= a crash, then damage
+
+
+async def _killed(
+    url: str, store: MetadataStore, data_dir: Path, name: str, rng: random.Random
+) -> tuple[list[str], Path, list[Position]]:
+    """Kill a writer until its open ledger holds acknowledged entries; returns its lines,
+    that ledger's file and the acknowledged positions in it."""
+    for _ in range(5):
+        lines = run_and_kill(
+            url, data_dir, name, mode="append", seed=rng.randrange(2**31),
+            kill_after_acks=rng.randint(20, 200),
+        )  # fmt: skip
+        record = await store.get(metadata_key(name))
+        assert record is not None
+        last = decode(record.value).ledgers[-1]
+        assert last.entries is None  # a crash leaves it open
+        acked = [Position.parse(ln.split()[1]) for ln in lines if ln.startswith("ACK ")]
+        mine = sorted(p for p in acked if p.ledger_id == last.id)
+        if mine:
+            return lines, FileLogStorage(data_dir).path(name, last.id), mine
+    raise AssertionError("five kills and never an acknowledged entry in the open ledger")
+
+
+@pytest.mark.slow
+async def test_sigkill_then_damage_to_an_acknowledged_entry_is_refused(
+    etcd_url: str, tmp_path: Path
+) -> None:
+    """The tester's case: 8 damaged bytes mid-ledger lost the acknowledged entries after
+    them, silently. Every acknowledged entry is covered by a mark a SIGKILL cannot remove."""
+    seed = random.randrange(2**32)
+    print(f"damage after crash seed {seed}")
+    rng = random.Random(seed)
+    store = open_store(etcd_url)
+    try:
+        for round_ in range(2):
+            name = f"damaged-{round_}"
+            _, path, acked = await _killed(etcd_url, store, tmp_path, name, rng)
+            data = path.read_bytes()
+            offsets = scan(data, start=HEADER_SIZE, nonce=decode_header(data, _ledger_id(path)))
+            target = offsets.offsets[acked[len(acked) // 2].entry_id]
+            with path.open("r+b") as f:  # 8 bytes of its payload
+                f.seek(target + 18)
+                f.write(bytes(b ^ 0xFF for b in data[target + 18 : target + 26]))
+            before = path.read_bytes()
+            with pytest.raises(LedgerCorrupted, match="acknowledged") as caught:
+                await ManagedLedger.open(name, store, FileLogStorage(tmp_path), SETTINGS)
+            assert caught.value.path == str(path)
+            assert path.read_bytes() == before  # nothing cut
+    finally:
+        await store.close()
+
+
+@pytest.mark.slow
+async def test_sigkill_then_a_cut_tail_loses_no_acknowledged_entry(
+    etcd_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tester's case: the last 5 bytes cut off lost the last acknowledged entry."""
+    seed = random.randrange(2**32)
+    print(f"cut after crash seed {seed}")
+    rng = random.Random(seed)
+    store = open_store(etcd_url)
+    try:
+        for round_ in range(3):
+            name = f"cut-{round_}"
+            lines, path, _ = await _killed(etcd_url, store, tmp_path, name, rng)
+            os.truncate(path, path.stat().st_size - 5)
+            caplog.clear()
+            ledger = await verify(store, tmp_path, name, lines)  # every ack is there
+            await ledger.close()
+            warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+            assert any(f"truncated {path}" in line for line in warnings), warnings
+    finally:
+        await store.close()
+
+
+def _ledger_id(path: Path) -> int:
+    return int(path.stem)

@@ -138,7 +138,7 @@ async def test_trim_waits_for_reads_in_flight(open_ledger: OpenLedger) -> None:
     entries = await reading
     assert [e.position for e in entries] == p[:2]  # served, not broken by the trim
     # ...and deleted by the read's end: every closed ledger was consumed, so none is left
-    assert first_ledger not in ledger._logs and not ledger._doomed
+    assert first_ledger not in ledger._logs and not ledger._logs.doomed
     assert await ledger.read(p[0]) == []
 
 

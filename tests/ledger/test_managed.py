@@ -229,7 +229,7 @@ async def test_backpressure_is_first_come_first_served(open_ledger: OpenLedger) 
 
     current.append_batch = slow  # type: ignore[method-assign]
     head = asyncio.create_task(ledger.append(b"h"))  # being written, held at the gate
-    await wait_until(lambda: ledger._queued_bytes == 0 and not ledger._idle.is_set())
+    await wait_until(lambda: ledger._writer._queued_bytes == 0 and not ledger._writer.idle.is_set())
     filler = asyncio.create_task(ledger.append(b"f" * 900))
     big = asyncio.create_task(ledger.append(b"A" * 500))  # must wait for room
     await asyncio.sleep(0)

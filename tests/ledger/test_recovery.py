@@ -1,15 +1,33 @@
-"""File logs after a crash: torn tails are cut off, real corruption is an error."""
+"""File logs after a crash and after damage: what recovery keeps, truncates (logged) or
+refuses (naming the file). segtxn/ledger/recovery.py is the contract under test.
+
+A crash leaves the metadata with its last ledger open (no entry count) and the file as the
+writer left it; a clean close only adds the count to the metadata. So ``_as_if_crashed``
+(dropping that count again) gives exactly the state a SIGKILL right after the last
+acknowledgment leaves; tests/ledger/test_crash.py does the same with real processes.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from segtxn.ledger import FileLogStorage, LedgerCorrupted, LedgerSettings, ManagedLedger, Position
-from segtxn.ledger.files import encode_records
+from segtxn.ledger import (
+    FileLogStorage,
+    LedgerCorrupted,
+    LedgerMissing,
+    LedgerSettings,
+    ManagedLedger,
+    MemoryLogStorage,
+    Position,
+)
+from segtxn.ledger.metadata import LedgerMetadata, decode, encode, metadata_key
+from segtxn.ledger.records import HEADER_SIZE, MARK_SIZE, decode_header, encode_records, scan
 from segtxn.metastore import MetadataStore, open_store
 
 NAME = "persistent://t/n/recover"
@@ -22,72 +40,55 @@ async def store() -> AsyncIterator[MetadataStore]:
         yield s
 
 
-async def _fill(store: MetadataStore, storage: FileLogStorage, n: int) -> list[Position]:
+async def _fill(
+    store: MetadataStore, storage: FileLogStorage, n: int, *, crash: bool = True
+) -> list[Position]:
+    """``n`` acknowledged appends, then a crash (or a clean close)."""
     ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
     positions = [await ledger.append(f"entry-{i}".encode() * 10) for i in range(n)]
     await ledger.close()
+    if crash:
+        await _as_if_crashed(store)
     return positions
 
 
-async def test_torn_tail_is_truncated(store: MetadataStore, tmp_path: Path) -> None:
-    storage = FileLogStorage(tmp_path)
-    positions = await _fill(store, storage, 20)
-    path = storage.path(NAME, positions[-1].ledger_id)
-    whole = encode_records(20, [b"unacknowledged" * 5])
-    _append_raw(path, whole[: len(whole) // 2])  # a batch the crash cut in half
+async def _as_if_crashed(store: MetadataStore) -> None:
+    """The metadata as a crash leaves it: the last ledger still open."""
+    record = await store.get(metadata_key(NAME))
+    assert record is not None
+    meta = decode(record.value)
+    last = msgspec.structs.replace(meta.ledgers[-1], entries=None, closed_ms=None, size_bytes=None)
+    changed = msgspec.structs.replace(meta, ledgers=[*meta.ledgers[:-1], last])
+    await store.put(metadata_key(NAME), encode(changed), expected_version=record.version)
+
+
+async def _metadata(store: MetadataStore) -> LedgerMetadata:
+    record = await store.get(metadata_key(NAME))
+    assert record is not None
+    return decode(record.value)
+
+
+async def _reopen_keeps(
+    store: MetadataStore, storage: FileLogStorage, positions: list[Position]
+) -> ManagedLedger:
     ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
-    try:
-        assert ledger.last_confirmed == positions[-1]
-        entries = await ledger.read(positions[0], max_entries=100)
-        assert [e.position for e in entries] == positions
-        assert path.stat().st_size == sum(16 + len(e.payload) for e in entries)
-        fresh = await ledger.append(b"after")
-        assert fresh > positions[-1]
-    finally:
-        await ledger.close()
+    assert ledger.last_confirmed == positions[-1]
+    entries = await ledger.read(positions[0], max_entries=1000)
+    assert [e.position for e in entries] == positions
+    return ledger
 
 
-async def test_garbage_tail_is_truncated(store: MetadataStore, tmp_path: Path) -> None:
-    storage = FileLogStorage(tmp_path)
-    positions = await _fill(store, storage, 5)
-    path = storage.path(NAME, positions[-1].ledger_id)
-    _append_raw(path, b"\x00" * 300)  # the file grew, its pages never made it
-    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
-    try:
-        assert ledger.last_confirmed == positions[-1]
-    finally:
-        await ledger.close()
+def _offset(path: Path, entry_id: int) -> int:
+    """Where entry ``entry_id``'s record starts in a (format 1) ledger file."""
+    data = path.read_bytes()
+    return scan(data, start=HEADER_SIZE, nonce=decode_header(data, 1)).offsets[entry_id]
 
 
-async def test_corruption_before_the_tail_is_an_error(store: MetadataStore, tmp_path: Path) -> None:
-    storage = FileLogStorage(tmp_path)
-    positions = await _fill(store, storage, 50)  # ~5 KB, more than a batch can tear
-    path = storage.path(NAME, positions[-1].ledger_id)
-    _flip_byte(path, 40)  # inside entry 0's payload
-    with pytest.raises(LedgerCorrupted, match="damaged record"):
-        await ManagedLedger.open(NAME, store, storage, SETTINGS)
-
-
-async def test_corruption_in_a_closed_ledger_is_never_served(
-    store: MetadataStore, tmp_path: Path
-) -> None:
-    storage = FileLogStorage(tmp_path)
-    positions = await _fill(store, storage, 10)
-    await _fill(store, storage, 1)  # reopening closed the first ledger and started another
-    _flip_byte(storage.path(NAME, positions[0].ledger_id), 100)
-    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
-    try:
-        with pytest.raises(LedgerCorrupted):
-            await ledger.read(positions[0])
-    finally:
-        await ledger.close()
-
-
-def _flip_byte(path: Path, offset: int) -> None:
+def _flip(path: Path, offset: int, count: int = 1) -> None:
     fd = os.open(path, os.O_RDWR)
     try:
-        byte = os.pread(fd, 1, offset)
-        os.pwrite(fd, bytes([byte[0] ^ 0xFF]), offset)
+        old = os.pread(fd, count, offset)
+        os.pwrite(fd, bytes(b ^ 0xFF for b in old), offset)
     finally:
         os.close(fd)
 
@@ -97,43 +98,250 @@ def _append_raw(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-async def test_a_damaged_entry_of_a_sealed_ledger_is_not_cut_off(
-    store: MetadataStore, tmp_path: Path
+def _cut(path: Path, count: int) -> None:
+    os.truncate(path, path.stat().st_size - count)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# ================================================================= a torn tail: recovered
+
+
+async def test_a_torn_batch_is_truncated_and_logged(
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     storage = FileLogStorage(tmp_path)
-    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
-    positions = [await ledger.append(f"e{i}".encode()) for i in range(10)]
-    await ledger.terminate()
-    await ledger.close()
+    positions = await _fill(store, storage, 20)
     path = storage.path(NAME, positions[-1].ledger_id)
-    _flip_byte(path, path.stat().st_size - 1)  # inside the last, acknowledged entry
-    with pytest.raises(LedgerCorrupted, match="were recorded"):
+    size = path.stat().st_size
+    whole = encode_records(20, [b"unacknowledged" * 5])
+    _append_raw(path, whole[: len(whole) // 2])  # the batch a SIGKILL cut in half
+    ledger = await _reopen_keeps(store, storage, positions)
+    try:
+        assert path.stat().st_size == size
+        (line,) = _warnings(caplog)
+        assert str(path) in line and f"bytes {size}..{size + len(whole) // 2}" in line
+        assert "keeping entries 0..19" in line and "interrupted before it was acknowledged" in line
+        assert await ledger.append(b"after") > positions[-1]
+    finally:
+        await ledger.close()
+
+
+async def test_cutting_the_last_bytes_cuts_a_mark_not_an_acknowledged_entry(
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tester's case: 5 bytes cut off the end used to lose the last acknowledged entry.
+    Those bytes are its acknowledgement mark now; the entry stays."""
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 30)
+    path = storage.path(NAME, positions[-1].ledger_id)
+    _cut(path, 5)
+    ledger = await _reopen_keeps(store, storage, positions)
+    try:
+        (line,) = _warnings(caplog)
+        assert str(path) in line and f"an incomplete mark ({MARK_SIZE - 5} of" in line
+        assert "keeping entries 0..29" in line
+    finally:
+        await ledger.close()
+
+
+async def test_a_garbage_tail_after_the_last_mark_is_truncated(
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 5)
+    path = storage.path(NAME, positions[-1].ledger_id)
+    _append_raw(path, b"\x00" * 300)  # a power loss: the file grew, its pages never came
+    ledger = await _reopen_keeps(store, storage, positions)
+    try:
+        assert any("300 bytes" in line for line in _warnings(caplog))
+    finally:
+        await ledger.close()
+
+
+async def test_an_intact_batch_without_its_mark_is_kept(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """Killed after the sync, before the mark: not acknowledged, but whole; kept."""
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 3)
+    path = storage.path(NAME, positions[-1].ledger_id)
+    _append_raw(path, encode_records(3, [b"synced", b"not acked"]))
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    try:
+        assert ledger.last_confirmed == Position(positions[-1].ledger_id, 4)
+    finally:
+        await ledger.close()
+
+
+async def test_a_cut_past_the_last_mark_is_taken_for_a_torn_batch(
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The limit of what one file can tell: a cut through the last mark *and* into the
+    batch before it is what a crash during that batch leaves. It is truncated, and said."""
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 10)
+    path = storage.path(NAME, positions[-1].ledger_id)
+    _cut(path, MARK_SIZE + 6)
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    try:
+        assert ledger.last_confirmed == positions[-2]
+        (line,) = _warnings(caplog)
+        assert str(path) in line and "keeping entries 0..8" in line
+    finally:
+        await ledger.close()
+
+
+# ================================================================= damage: refused, named
+
+
+async def test_damage_in_the_middle_is_refused_not_truncated(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """The tester's case: 8 bytes damaged mid-file used to lose the 15 entries after them."""
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 30)
+    path = storage.path(NAME, positions[-1].ledger_id)
+    size = path.stat().st_size
+    _flip(path, size // 2, 8)
+    before = path.read_bytes()
+    with pytest.raises(LedgerCorrupted, match="acknowledged") as caught:
         await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    assert caught.value.path == str(path) and str(path) in str(caught.value)
+    assert path.read_bytes() == before  # nothing was cut
+    assert (await _metadata(store)).ledgers[-1].entries is None  # nor recorded as closed
 
 
-async def test_a_damaged_entry_after_a_clean_close_is_not_cut_off(
+async def test_damage_to_the_last_acknowledged_entry_is_refused(
     store: MetadataStore, tmp_path: Path
 ) -> None:
     storage = FileLogStorage(tmp_path)
     positions = await _fill(store, storage, 10)
     path = storage.path(NAME, positions[-1].ledger_id)
-    _flip_byte(path, path.stat().st_size - 1)
-    with pytest.raises(LedgerCorrupted):
+    _flip(path, path.stat().st_size - MARK_SIZE - 1)  # its last payload byte; the mark follows
+    with pytest.raises(LedgerCorrupted, match="a mark at offset"):
         await ManagedLedger.open(NAME, store, storage, SETTINGS)
 
 
-async def test_a_missing_closed_ledger_is_corruption(store: MetadataStore, tmp_path: Path) -> None:
+async def test_more_unconfirmed_bytes_than_a_crash_leaves_are_refused(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 60)  # ~5 KB, more than two 1 KiB batches
+    path = storage.path(NAME, positions[-1].ledger_id)
+    size = path.stat().st_size
+    with path.open("r+b") as f:  # zeroed from the second entry on: marks and all
+        f.seek(HEADER_SIZE + 200)
+        f.write(b"\x00" * (size - HEADER_SIZE - 200))
+    with pytest.raises(LedgerCorrupted, match="more than a crash leaves unconfirmed"):
+        await ManagedLedger.open(NAME, store, storage, SETTINGS)
+
+
+async def test_a_file_without_its_header_is_refused(store: MetadataStore, tmp_path: Path) -> None:
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 5)
+    path = storage.path(NAME, positions[-1].ledger_id)
+    os.truncate(path, 0)
+    with pytest.raises(LedgerCorrupted, match="no valid header"):
+        await ManagedLedger.open(NAME, store, storage, SETTINGS)
+
+
+@pytest.mark.parametrize("how", ["sealed", "clean close"])
+async def test_a_closed_last_ledger_is_never_cut(
+    store: MetadataStore, tmp_path: Path, how: str
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    positions = [await ledger.append(f"e{i}".encode()) for i in range(10)]
+    if how == "sealed":
+        await ledger.terminate()
+    await ledger.close()
+    path = storage.path(NAME, positions[-1].ledger_id)
+    _cut(path, MARK_SIZE + 1)  # into the last, acknowledged entry
+    with pytest.raises(LedgerCorrupted, match="10 entries were recorded"):
+        await ManagedLedger.open(NAME, store, storage, SETTINGS)
+
+
+async def test_a_damaged_closed_ledger_serves_up_to_the_damage_then_names_it(
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 10, crash=False)
+    await _fill(store, storage, 1, crash=False)  # the reopen closed the first ledger
+    path = storage.path(NAME, positions[0].ledger_id)
+    _flip(path, _offset(path, 4) + 20)  # inside entry 4's payload
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    try:
+        served = await ledger.read(positions[0], max_entries=100)
+        assert [e.position for e in served] == positions[:4]
+        for _ in range(2):  # every read of it fails the same way; logged once
+            with pytest.raises(LedgerCorrupted, match="entry 4 fails its checksum") as caught:
+                await ledger.read(positions[4])
+            assert caught.value.path == str(path)
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and str(path) in errors[0].getMessage()
+    finally:
+        await ledger.close()
+
+
+async def test_a_truncated_closed_ledger_names_what_is_missing(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 10, crash=False)
+    await _fill(store, storage, 1, crash=False)
+    path = storage.path(NAME, positions[0].ledger_id)
+    os.truncate(path, _offset(path, 7))  # at a record boundary: three entries gone
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    try:
+        assert len(await ledger.read(positions[0], max_entries=100)) == 7
+        with pytest.raises(LedgerCorrupted, match=r"entries 7\.\.9 cannot be read"):
+            await ledger.read(positions[7])
+    finally:
+        await ledger.close()
+
+
+# ================================================================= missing files: refused
+
+
+async def test_a_missing_closed_ledger_refuses_the_managed_ledger(
+    store: MetadataStore, tmp_path: Path
+) -> None:
     storage = FileLogStorage(tmp_path)
     positions = await _fill(store, storage, 3)
     await _fill(store, storage, 1)
-    storage.path(NAME, positions[0].ledger_id).unlink()
-    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
-    try:
-        with pytest.raises(LedgerCorrupted, match="missing"):
-            await ledger.read(positions[0])
-        assert not storage.path(NAME, positions[0].ledger_id).exists()  # not recreated empty
-    finally:
-        await ledger.close()
+    path = storage.path(NAME, positions[0].ledger_id)
+    path.unlink()
+    with pytest.raises(LedgerMissing) as caught:
+        await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    assert caught.value.paths == (str(path),)
+    assert not path.exists()  # not recreated empty
+
+
+async def test_an_empty_data_directory_is_refused_and_left_empty(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """The tester's case: a broker restarted on an empty volume served its topics empty."""
+    await _fill(store, FileLogStorage(tmp_path / "old"), 5)
+    empty = FileLogStorage(tmp_path / "new")
+    with pytest.raises(
+        LedgerMissing, match=r"none of the 1 ledger file\(s\) the metadata"
+    ) as caught:
+        await ManagedLedger.open(NAME, store, empty, SETTINGS)
+    assert caught.value.paths == (str(empty.path(NAME, 1)),)
+    assert not (tmp_path / "new").exists()  # nothing created
+    before = await _metadata(store)
+    assert before.ledgers[-1].entries is None  # the metadata is left as it was
+
+
+async def test_memory_storage_that_lost_its_logs_is_refused(store: MetadataStore) -> None:
+    ledger = await ManagedLedger.open(NAME, store, MemoryLogStorage(), SETTINGS)
+    await ledger.append(b"gone with the process")
+    await ledger.close()
+    with pytest.raises(LedgerMissing):
+        await ManagedLedger.open(NAME, store, MemoryLogStorage(), SETTINGS)
 
 
 async def test_lost_metadata_never_overwrites_ledger_files(tmp_path: Path) -> None:
@@ -144,4 +352,59 @@ async def test_lost_metadata_never_overwrites_ledger_files(tmp_path: Path) -> No
     async with open_store("memory://") as second_store:
         with pytest.raises(LedgerCorrupted, match="refusing to overwrite"):
             await ManagedLedger.open(NAME, second_store, storage, SETTINGS)
-    assert storage.path(NAME, 1).stat().st_size > 0
+    assert storage.path(NAME, 1).stat().st_size > HEADER_SIZE
+
+
+async def test_a_ledger_created_but_never_named_is_reused(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """A crash between creating the next ledger's file and the metadata naming it leaves
+    a file with a header only: the next open creates that ledger again over it."""
+    storage = FileLogStorage(tmp_path)
+    positions = await _fill(store, storage, 3)
+    next_id = (await _metadata(store)).next_ledger_id
+    storage.create(NAME, next_id).close()
+    ledger = await _reopen_keeps(store, storage, positions)
+    try:
+        assert (await ledger.append(b"x")).ledger_id == next_id
+    finally:
+        await ledger.close()
+
+
+# ================================================================= format 0 (no marks)
+
+
+async def _legacy(store: MetadataStore, storage: FileLogStorage, n: int) -> Path:
+    """A ledger as the previous version wrote it: records only, crashed while open."""
+    path = storage.path(NAME, 1)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(encode_records(0, [f"old-{i}".encode() * 10 for i in range(n)]))
+    meta = {"ledgers": [{"id": 1, "created_ms": 1}], "next_ledger_id": 2, "tail_bytes": 1040}
+    await store.put(metadata_key(NAME), msgspec.json.encode(meta))
+    return path
+
+
+async def test_a_format_0_ledger_recovers_by_the_older_rule(
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    path = await _legacy(store, storage, 20)
+    _append_raw(path, encode_records(20, [b"torn" * 20])[:30])
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    try:
+        assert ledger.last_confirmed == Position(1, 19)
+        assert any("format-0" in line and str(path) in line for line in _warnings(caplog))
+        assert (await ledger.append(b"new")).ledger_id == 2  # a new file, with marks
+        assert (await _metadata(store)).ledgers[-1].format == 1
+    finally:
+        await ledger.close()
+
+
+async def test_deep_damage_in_a_format_0_ledger_is_refused(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    path = await _legacy(store, storage, 100)  # ~7 KB, beyond the 1040 bytes a crash tears
+    _flip(path, 40)
+    with pytest.raises(LedgerCorrupted, match="format-0"):
+        await ManagedLedger.open(NAME, store, storage, SETTINGS)

@@ -22,7 +22,7 @@ from segtxn.ledger import (
     Position,
     RetentionPolicy,
 )
-from segtxn.ledger.logs import EntryLog
+from segtxn.ledger.logs import EntryLog, Recovered
 from segtxn.ledger.managed import LedgerMetadata, metadata_key
 from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, ClosedLedger, deletable
 from segtxn.metastore import MetadataStore, open_store
@@ -143,9 +143,14 @@ def test_only_the_front_of_the_chain_goes_and_empty_ledgers_hold_nothing() -> No
 # ================================================================= real managed ledgers
 
 
+SMALL = 600
+"""max_ledger_bytes that makes ledgers of 3 :func:`fill` entries, in files (with their
+header and acknowledgement marks) and in memory alike."""
+
+
 async def fill(ledger: ManagedLedger, n: int) -> list[Position]:
-    """``n`` entries of 100 bytes (with max_ledger_bytes=250: 3 per ledger)."""
-    return [await ledger.append(f"e{i:03}".encode() * 25) for i in range(n)]
+    """``n`` entries of 200 bytes (with max_ledger_bytes=SMALL: 3 per ledger)."""
+    return [await ledger.append(f"e{i:03}".encode() * 50) for i in range(n)]
 
 
 async def read_all(ledger: ManagedLedger) -> list[Position]:
@@ -153,10 +158,10 @@ async def read_all(ledger: ManagedLedger) -> list[Position]:
 
 
 async def test_a_reopen_makes_nothing_deletable_without_cursors(open_ledger: OpenLedger) -> None:
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     written = await fill(ledger, 7)
     await ledger.close()
-    ledger = await open_ledger(max_ledger_bytes=250)  # the last ledger is closed on reopen
+    ledger = await open_ledger(max_ledger_bytes=SMALL)  # the last ledger is closed on reopen
     now = time.time()
     for policy in (RetentionPolicy(), RetentionPolicy(0, 0), RetentionPolicy(-1, 0)):
         assert (await ledger.trim(policy, now_s=now)).ledgers == []
@@ -171,7 +176,7 @@ async def test_a_reopen_makes_nothing_deletable_without_cursors(open_ledger: Ope
 async def test_age_counts_from_the_close_not_the_creation(
     open_ledger: OpenLedger, store: MetadataStore
 ) -> None:
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     cursor = await ledger.open_cursor("sub", start="earliest")
     written = await fill(ledger, 4)  # ledger 1 holds 3 entries, ledger 2 is being written
     await cursor.ack_cumulative(written[-1])
@@ -192,7 +197,7 @@ async def test_old_metadata_records_count_from_the_next_ledgers_creation(
 ) -> None:
     """Records written before closed_ms and size_bytes were kept still decode; a ledger's
     age then counts from when its successor was created (which is when it closed)."""
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     cursor = await ledger.open_cursor("sub", start="earliest")
     written = await fill(ledger, 7)
     await cursor.ack_cumulative(written[-1])
@@ -208,7 +213,7 @@ async def test_old_metadata_records_count_from_the_next_ledgers_creation(
         "ledgers": [{**i, "created_ms": 1000 * (i["id"] * 3600)} for i in meta["ledgers"]],
     }
     await store.put(key, msgspec.json.encode(old), expected_version=record.version)
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     infos = ledger._meta.ledgers
     assert infos[0].closed_ms is None and infos[-2].closed_ms is not None  # recovered now
     hour = RetentionPolicy(retention_time_s=3600)
@@ -218,7 +223,7 @@ async def test_old_metadata_records_count_from_the_next_ledgers_creation(
 
 
 async def test_consumed_ledgers_go_and_the_open_ledger_never(open_ledger: OpenLedger) -> None:
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     cursor = await ledger.open_cursor("sub", start="earliest")
     written = await fill(ledger, 10)
     await cursor.ack_cumulative(written[-1])  # everything consumed, the open ledger too
@@ -230,7 +235,7 @@ async def test_consumed_ledgers_go_and_the_open_ledger_never(open_ledger: OpenLe
 
 
 async def test_a_sealed_ledger_keeps_its_last_ledger(open_ledger: OpenLedger) -> None:
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     cursor = await ledger.open_cursor("sub", start="earliest")
     written = await fill(ledger, 6)
     await ledger.terminate()
@@ -241,7 +246,7 @@ async def test_a_sealed_ledger_keeps_its_last_ledger(open_ledger: OpenLedger) ->
 
 
 async def test_the_size_axis_on_a_real_ledger(open_ledger: OpenLedger) -> None:
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     cursor = await ledger.open_cursor("sub", start="earliest")
     written = await fill(ledger, 13)  # ledgers of 3 entries
     await cursor.ack_cumulative(written[-1])
@@ -255,18 +260,18 @@ async def test_the_size_axis_on_a_real_ledger(open_ledger: OpenLedger) -> None:
 
 
 async def test_concurrent_trims_remove_each_ledger_once(open_ledger: OpenLedger) -> None:
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     cursor = await ledger.open_cursor("sub", start="earliest")
     written = await fill(ledger, 10)
     await cursor.ack_cumulative(written[-1])
     results = await asyncio.gather(*(ledger.trim(RetentionPolicy(0, 0)) for _ in range(3)))
     removed = [i for r in results for i in r.ledgers]
     assert sorted(removed) == sorted(set(removed)) and len(removed) == 3
-    assert not ledger._doomed
+    assert not ledger._logs.doomed
 
 
 async def test_earliest_starts_at_the_first_retained_entry(open_ledger: OpenLedger) -> None:
-    ledger = await open_ledger(max_ledger_bytes=250)
+    ledger = await open_ledger(max_ledger_bytes=SMALL)
     sub = await ledger.open_cursor("sub", start="earliest")
     written = await fill(ledger, 10)
     await sub.ack_cumulative(written[5])
@@ -317,15 +322,25 @@ class _Gate(LogStorage):
         self.entered = threading.Event()
         self.release = threading.Event()
 
+    def where(self, ledger_name: str, ledger_id: int) -> str:
+        return self._inner.where(ledger_name, ledger_id)
+
+    def exists(self, ledger_name: str, ledger_id: int) -> bool:
+        return self._inner.exists(ledger_name, ledger_id)
+
     def create(self, ledger_name: str, ledger_id: int) -> EntryLog:
         return _GatedLog(self._inner.create(ledger_name, ledger_id), self)
 
-    def open(
-        self, ledger_name: str, ledger_id: int, *, tail_bytes: int, must_exist: bool = True
-    ) -> EntryLog:
-        opened = self._inner.open(
-            ledger_name, ledger_id, tail_bytes=tail_bytes, must_exist=must_exist
+    def recover(
+        self, ledger_name: str, ledger_id: int, *, log_format: int, tail_bytes: int
+    ) -> Recovered:
+        recovered = self._inner.recover(
+            ledger_name, ledger_id, log_format=log_format, tail_bytes=tail_bytes
         )
+        return Recovered(_GatedLog(recovered.log, self), recovered.truncation)
+
+    def open(self, ledger_name: str, ledger_id: int, *, log_format: int, entries: int) -> EntryLog:
+        opened = self._inner.open(ledger_name, ledger_id, log_format=log_format, entries=entries)
         return _GatedLog(opened, self)
 
     def delete(self, ledger_name: str, ledger_id: int) -> None:
@@ -337,7 +352,7 @@ async def test_a_read_across_ledgers_trimmed_under_it_is_served_or_skipped(
 ) -> None:
     """A read holds the ledger it is in against deletion; ledgers after it that a trim
     deletes meanwhile are skipped (not reopened from a deleted file)."""
-    settings = LedgerSettings(max_ledger_bytes=250)
+    settings = LedgerSettings(max_ledger_bytes=SMALL)
     ledger = await ManagedLedger.open("persistent://t/n/gated", store, storage, settings)
     cursor = await ledger.open_cursor("sub", start="earliest")
     written = await fill(ledger, 10)  # ledgers 1, 2, 3 closed; 4 being written
@@ -350,11 +365,11 @@ async def test_a_read_across_ledgers_trimmed_under_it_is_served_or_skipped(
         await wait_until(gate.entered.is_set, what="the read inside ledger 1")
         trimmed = await ledger.trim(RetentionPolicy(0, 0))
         assert trimmed.ledgers == [1, 2, 3, 4]  # 4 was closed by the reopen
-        assert 1 in ledger._doomed  # held by the read
+        assert 1 in ledger._logs.doomed  # held by the read
         gate.release.set()
         entries = await reading
         assert [e.position for e in entries] == written[:3]  # ledger 1 served, 2-4 skipped
-        assert not ledger._doomed and 1 not in ledger._logs  # deleted once the read ended
+        assert not ledger._logs.doomed and 1 not in ledger._logs  # deleted once the read ended
     finally:
         gate.release.set()
         await ledger.close()

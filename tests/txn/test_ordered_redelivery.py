@@ -318,3 +318,21 @@ async def test_redeliver_unacknowledged_starts_again_at_the_earliest(
     again = await receive(consumer, 3)
     assert values(again) == ["m1", "m2", "m3"]
     assert again[0].redelivery_count == 1
+
+
+async def test_an_ack_sent_as_the_connection_breaks_is_sent_again_after_it(
+    client: Client, cluster: Cluster
+) -> None:
+    """The connection is gone under the ack's send: the application sees no connection
+    error; the ack goes again on the new connection and is confirmed (a soak finding: the
+    send's ClientConnectionResetError killed a processor)."""
+    consumer = await setup(client, 2)
+    m0, m1 = await receive(consumer, 2)
+    (stream,) = consumer._streams.values()
+    assert stream._ws is not None
+    stream._ws._writer.transport.abort()  # type: ignore[attr-defined]
+    await asyncio.wait_for(consumer.acknowledge(m0), 15)
+    again = await receive(consumer, 1)  # the reconnect rewound: m1 comes again
+    assert values(again) == ["m1"]
+    stats = await client.admin.stats(TOPIC)
+    assert stats["segments"][0]["stats"]["subscriptions"][SUB]["backlog"] == 1

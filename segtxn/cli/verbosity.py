@@ -1,0 +1,48 @@
+"""``-v`` / ``-vv``: this process's logging, and what the processes it starts are given.
+
+``segtxn -v COMMAND`` logs INFO, ``-vv`` DEBUG, to the terminal (default: warnings). The
+commands that start processes (``demo``, ``verify soak``) pass the verbosity down, as ``-v``
+or ``-vv`` before the subcommand, to every server and processor; those log into their files
+in the run's ``logs/`` directory, and at least at INFO (a run's logs must be enough to
+diagnose it), while the terminal stays as quiet as asked.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import click
+
+from segtxn.verify.processes import Launch
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+QUIET = ("py4j",)
+"""Libraries whose INFO and DEBUG are noise here (py4j logs every call to Spark's JVM)."""
+
+
+def configure(verbose: int) -> None:
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format=FORMAT)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def verbosity() -> int:
+    """The ``-v`` count given to ``segtxn`` (0 outside a command)."""
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return 0
+    return int(context.find_root().params.get("verbose") or 0)
+
+
+def child_launch(env: Mapping[str, str] | None = None) -> Launch:
+    """What the processes a command starts are given: INFO, or more if asked."""
+    return Launch(verbosity=max(1, verbosity()), env=dict(env or {}))
+
+
+def file_level() -> int:
+    """The level of this process's log in a run's directory: INFO, DEBUG with ``-vv``."""
+    return logging.DEBUG if verbosity() > 1 else logging.INFO

@@ -1,0 +1,116 @@
+"""The entry logs one managed ledger holds open, and the reads and deletions of them.
+
+The ledger being appended to (and the one recovered at open) are held from the start;
+closed ledgers are opened on their first read and kept. A read holds its ledger against
+deletion: a trim that removes a ledger being read deletes its file when the last read
+ends. A closed ledger found damaged serves the entries before the damage and then
+``LedgerCorrupted`` naming the file; it is logged once, at ERROR, and a missing one fails
+every read the same way without trying the disk again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from segtxn.ledger.errors import LedgerCorrupted
+from segtxn.ledger.logs import EntryLog, LogStorage
+from segtxn.ledger.metadata import LedgerInfo
+
+log = logging.getLogger(__name__)
+
+
+class LogHandles:
+    def __init__(self, name: str, storage: LogStorage, logs: dict[int, EntryLog]) -> None:
+        self._name = name
+        self._storage = storage
+        self._logs = logs
+        self._reading: dict[int, int] = {}  # ledger id -> reads in flight
+        self._doomed: set[int] = set()  # trimmed ledgers to delete once their reads end
+        self._unreadable: dict[int, LedgerCorrupted] = {}  # missing closed ledgers
+        self._opening = asyncio.Lock()  # one open per closed ledger (its file is locked)
+
+    def add(self, entry_log: EntryLog) -> None:
+        self._logs[entry_log.ledger_id] = entry_log
+
+    def get(self, ledger_id: int) -> EntryLog | None:
+        return self._logs.get(ledger_id)
+
+    def __contains__(self, ledger_id: object) -> bool:
+        """Whether the ledger is held open."""
+        return ledger_id in self._logs
+
+    @property
+    def doomed(self) -> frozenset[int]:
+        """Trimmed ledgers whose files wait for the reads in flight on them to end."""
+        return frozenset(self._doomed)
+
+    async def read(self, info: LedgerInfo, first: int, last: int) -> list[bytes]:
+        """Entries ``first..last`` of a ledger (fewer if a damaged one ends before).
+
+        Raises:
+            LedgerCorrupted: ``first`` is damaged, or the ledger's file is missing.
+        """
+        ledger_id = info.id
+        self._reading[ledger_id] = self._reading.get(ledger_id, 0) + 1
+        try:
+            entry_log = self._logs.get(ledger_id)
+            if entry_log is None:  # a closed ledger, opened on first read
+                entry_log = await self._open_closed(info)
+            return await asyncio.to_thread(entry_log.read, first, last)
+        finally:
+            self._reading[ledger_id] -= 1
+            if not self._reading[ledger_id]:
+                del self._reading[ledger_id]
+                if ledger_id in self._doomed:
+                    await self.delete(ledger_id)
+
+    async def _open_closed(self, info: LedgerInfo) -> EntryLog:
+        async with self._opening:
+            entry_log = self._logs.get(info.id)
+            if entry_log is not None:  # a concurrent read opened it
+                return entry_log
+            unreadable = self._unreadable.get(info.id)
+            if unreadable is not None:
+                raise LedgerCorrupted(str(unreadable), path=unreadable.path)
+            try:
+                entry_log = await asyncio.to_thread(
+                    self._storage.open,
+                    self._name,
+                    info.id,
+                    log_format=info.format,
+                    entries=info.entries or 0,
+                )
+            except LedgerCorrupted as e:
+                log.error("%s: ledger %d cannot be read: %s", self._name, info.id, e)
+                self._unreadable[info.id] = e
+                raise
+            if entry_log.damage is not None:
+                log.error(
+                    "%s: ledger %d is damaged; its first %d entries are served, the rest "
+                    "refused: %s",
+                    self._name,
+                    info.id,
+                    entry_log.count,
+                    entry_log.damage,
+                )
+            self._logs[info.id] = entry_log
+            return entry_log
+
+    async def doom(self, ledger_id: int) -> None:
+        """Delete a trimmed ledger's file now, or when the reads in flight on it end."""
+        self._doomed.add(ledger_id)
+        if ledger_id not in self._reading:
+            await self.delete(ledger_id)
+
+    async def delete(self, ledger_id: int) -> None:
+        self._doomed.discard(ledger_id)
+        self._unreadable.pop(ledger_id, None)
+        entry_log = self._logs.pop(ledger_id, None)
+        if entry_log is not None:
+            await asyncio.to_thread(entry_log.close)
+        await asyncio.to_thread(self._storage.delete, self._name, ledger_id)
+
+    async def close(self) -> None:
+        for entry_log in self._logs.values():
+            await asyncio.to_thread(entry_log.close)

@@ -1,0 +1,80 @@
+"""The managed ledger's record in the metadata store, and the settings it is written with.
+
+``/managed-ledgers/<quoted name>`` (:data:`METADATA_PREFIX`) holds the chain of ledgers
+(closed ones with their entry counts and sizes), the next ledger id, the sealed flag and the
+properties. It is written only with compare-and-set (:mod:`segtxn.ledger.fencing`). A
+ledger is created on disk *before* the record names it, so every ledger the record names
+has a file (a missing one means a lost or wrong data directory: ``LedgerMissing``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import msgspec
+
+from segtxn.ledger.records import ENTRY_OVERHEAD
+
+METADATA_PREFIX = "/managed-ledgers/"
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    max_ledger_bytes: int = 64 * 1024 * 1024
+    """Roll over to a new ledger (file) once the current one is this large."""
+    max_entry_bytes: int = 5 * 1024 * 1024
+    max_batch_bytes: int = 4 * 1024 * 1024
+    """Largest group-commit batch (one entry larger than this makes a batch of its own)."""
+    max_batch_delay_s: float = 0.0
+    """Extra time a batch may wait to fill; 0: write as soon as the previous sync ends."""
+    max_pending_bytes: int = 64 * 1024 * 1024
+    """Appends wait (backpressure) while this many bytes are queued and not yet durable."""
+    max_persisted_ranges: int = 10_000
+    """Individually acknowledged ranges a cursor stores (more are redelivered on restart)."""
+
+
+def tail_bound(settings: LedgerSettings) -> int:
+    """On-disk bytes one group-commit batch can span (batches count record headers)."""
+    return max(settings.max_batch_bytes, settings.max_entry_bytes + ENTRY_OVERHEAD)
+
+
+class LedgerInfo(msgspec.Struct, frozen=True):
+    id: int
+    created_ms: int
+    entries: int | None = None
+    """Entry count once closed; None for the ledger being appended to."""
+    closed_ms: int | None = None
+    """When it was closed: its last write (rollover, seal, clean close) or, after a crash,
+    its recovery. None while open, and in records written before this was kept."""
+    size_bytes: int | None = None
+    """Its size on disk once closed (None: open, or recorded before this was kept)."""
+    format: int = 0
+    """Its file format (segtxn/ledger/records.py): 1 has a header and acknowledgement
+    marks; 0 (ledgers created before) has entry records only."""
+
+
+def closed(info: LedgerInfo, entries: int, size_bytes: int, now_ms: int) -> LedgerInfo:
+    """``info`` closed with ``entries``; a ledger closed already keeps its close time."""
+    closed_ms = now_ms if info.closed_ms is None else info.closed_ms
+    return msgspec.structs.replace(
+        info, entries=entries, closed_ms=closed_ms, size_bytes=size_bytes
+    )
+
+
+class LedgerMetadata(msgspec.Struct, frozen=True):
+    ledgers: list[LedgerInfo]
+    next_ledger_id: int
+    sealed: bool = False
+    properties: dict[str, str] = msgspec.field(default_factory=dict)
+    tail_bytes: int = 0
+    """The most bytes one batch of the current writer can span on disk: how much of the
+    last ledger's tail a crash may have left unacknowledged."""
+
+
+encode = msgspec.json.Encoder().encode
+decode = msgspec.json.Decoder(LedgerMetadata).decode
+
+
+def metadata_key(name: str) -> str:
+    return METADATA_PREFIX + quote(name, safe="")

@@ -1,0 +1,313 @@
+"""Recovery: what reopening a managed ledger after a crash keeps, cuts off, or refuses.
+
+**The crash model.** The group-commit writer appends a batch with ``write()``, then
+``fdatasync``, then a small *acknowledgement mark* with ``write()`` (not synced), and only
+then resolves the appends of the batch (segtxn/ledger/records.py has the format).
+
+- A **process crash** (SIGKILL, OOM kill, a panic) cannot reorder or lose what ``write()``
+  handed to the kernel: the file is every earlier batch and its mark, plus at most a
+  *prefix* of the batch being written (a fatal signal can stop a large ``write()`` part
+  way), or that batch whole and without its mark. Every acknowledged entry is followed by
+  a mark on disk.
+- A **power loss** (or kernel crash) keeps what ``fdatasync`` made durable; pages written
+  after the last sync may be lost, zeroed or reordered. The last batch may be garbage; the
+  one before it is intact but may have lost its mark (marks are made durable by the next
+  batch's sync, never by a sync of their own). So at most two batches and a mark
+  (``2 * (tail_bytes + MARK_SIZE)``) follow the last durable mark.
+- Other damage (a disk error, an operator's tool, a truncated or copied file, a wrong
+  volume) is not a crash, and nothing here guesses at it.
+
+**The contract.** When a managed ledger is opened:
+
+1. Every ledger its metadata names must have its file (ledgers are created on disk before
+   the metadata names them). A missing one raises ``LedgerMissing`` naming the files: the
+   ledger is never recreated empty, so an empty or wrong data directory never serves a
+   topic as empty.
+2. The last ledger, if a crashed writer was appending to it, is scanned to its end. If
+   the first invalid byte (a torn or damaged record, or a torn mark) has a valid mark
+   *after* it, acknowledged entries are damaged: ``LedgerCorrupted`` naming the file and
+   offset. If it lies after the last mark, it is the interrupted batch: the file is
+   truncated there and the managed ledger logs a WARNING with the file, the byte range,
+   the first entry id removed and the reason; nothing acknowledged is lost. Bytes after
+   the last mark beyond what a crash can leave, or a missing header, are refused. Files
+   of format 0 (no marks) keep the older rule: damage within the last ``tail_bytes`` is
+   truncated (with the same WARNING), earlier damage is refused.
+3. A closed last ledger (a clean close, a seal) must hold exactly the entries recorded
+   when it closed; anything less is ``LedgerCorrupted``. Nothing is ever truncated in it.
+4. The last ledger is then recorded as closed and a fresh ledger is created (unless
+   sealed), in one compare-and-set; a stale owner is fenced (``LedgerFenced``).
+
+Closed ledgers are checked when they are first read (:func:`check_closed`): the entries
+before damage are served, and reading the damaged one raises ``LedgerCorrupted`` naming
+the file; the managed ledger logs it once, at ERROR.
+
+What remains ambiguous, by construction: damage that removes a final mark *and* part of
+the batch before it (a file cut by more than a mark's 24 bytes, right after an
+acknowledged batch, with no later write) looks exactly like a crash during that batch's
+write; it is truncated, with its WARNING. A process crash never produces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
+from segtxn.ledger.fencing import cas_put
+from segtxn.ledger.logs import EntryLog, LogStorage, Truncation
+from segtxn.ledger.metadata import (
+    LedgerInfo,
+    LedgerMetadata,
+    LedgerSettings,
+    closed,
+    decode,
+    encode,
+    metadata_key,
+    tail_bound,
+)
+from segtxn.ledger.records import (
+    FORMAT,
+    HEADER_SIZE,
+    MARK_SIZE,
+    Scan,
+    decode_header,
+    find_mark,
+    scan,
+)
+from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore
+
+log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------- one file
+
+
+def recover_tail(
+    path: str, data: bytes, *, ledger_id: int, log_format: int, tail_bytes: int
+) -> tuple[Scan, Truncation | None, int | None]:
+    """Decide what to keep of a log a crashed writer was appending to.
+
+    Returns the scan of what is kept, what to truncate (None: nothing) and the file's
+    nonce (None for format 0).
+
+    Raises:
+        LedgerCorrupted: damage that a crash cannot explain.
+    """
+    nonce: int | None = None
+    start = 0
+    if log_format >= 1:
+        nonce = decode_header(data, ledger_id)
+        if nonce is None:
+            raise LedgerCorrupted(
+                f"{path}: no valid header for ledger {ledger_id} ({len(data)} bytes); a "
+                "header is synced before the ledger is used, so the file was truncated or "
+                "overwritten: refusing it",
+                path=path,
+            )
+        start = HEADER_SIZE
+    found = scan(data, start=start, nonce=nonce)
+    if found.clean:
+        return found, None, nonce
+    where = f"{path}: {found.problem} at offset {found.end} of {found.size}"
+    if nonce is not None:
+        later = find_mark(data, found.end, nonce)
+        if later is not None:
+            raise LedgerCorrupted(
+                f"{where}; a mark at offset {later[0]} confirms {later[1]} entries were "
+                "acknowledged, so this is damage to acknowledged entries, not an "
+                "interrupted write: refusing to drop them (restore the file)",
+                path=path,
+            )
+        unconfirmed = found.size - found.marked_end
+        limit = 2 * (tail_bytes + MARK_SIZE)
+        if unconfirmed > limit:
+            raise LedgerCorrupted(
+                f"{where}; the last acknowledgement mark ends at offset {found.marked_end}, "
+                f"{unconfirmed} bytes before the end: more than a crash leaves unconfirmed "
+                f"({limit}), so entries there may have been acknowledged: refusing",
+                path=path,
+            )
+        reason = (
+            f"{found.problem}, after the last acknowledgement mark (offset "
+            f"{found.marked_end}, {found.marked_entries} entries acknowledged): the tail of "
+            "a write that was interrupted before it was acknowledged"
+        )
+    else:
+        if found.size - found.end > tail_bytes:
+            raise LedgerCorrupted(
+                f"{where}, before the last {tail_bytes} bytes a crash can tear (a format-0 "
+                "file, without acknowledgement marks): refusing",
+                path=path,
+            )
+        reason = (
+            f"{found.problem}, within the last {tail_bytes} bytes of a format-0 file "
+            "(written before acknowledgement marks): taken for the batch a crash interrupted"
+        )
+    return found, Truncation(path, found.end, found.size, found.count, reason), nonce
+
+
+def check_closed(
+    path: str,
+    data: bytes,
+    *,
+    ledger_id: int,
+    log_format: int,
+    entries: int,
+) -> tuple[Scan, LedgerCorrupted | None]:
+    """Check a closed log against the ``entries`` recorded when it closed. Returns the
+    scan, limited to the readable entries, and the damage (None: all readable)."""
+    nonce: int | None = None
+    start = 0
+    if log_format >= 1:
+        nonce = decode_header(data, ledger_id)
+        if nonce is None:
+            empty = scan(b"", start=0, nonce=None)
+            return empty, LedgerCorrupted(
+                f"{path}: no valid header for ledger {ledger_id} ({len(data)} bytes): none of "
+                f"its {entries} entries can be read",
+                path=path,
+            )
+        start = HEADER_SIZE
+    found = scan(data, start=start, nonce=nonce)
+    del found.offsets[entries:]
+    if found.count >= entries:
+        return found, None
+    if not found.clean:
+        why = f"{found.problem} at offset {found.end}"
+    else:
+        why = f"the file ends after {found.count} entries ({found.size} bytes; truncated)"
+    return found, LedgerCorrupted(
+        f"{path}: {why}; {entries} entries were recorded when this ledger closed: entries "
+        f"{found.count}..{entries - 1} cannot be read",
+        path=path,
+    )
+
+
+# ----------------------------------------------------------------------- the chain
+
+
+@dataclass
+class Opened:
+    """A managed ledger's state once recovered: what :class:`ManagedLedger` starts from."""
+
+    metadata: LedgerMetadata
+    version: int
+    logs: dict[int, EntryLog]
+
+
+async def open_chain(
+    name: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
+) -> Opened:
+    """Create the managed ledger ``name``, or recover it (points 1-4 above).
+
+    Raises:
+        LedgerMissing, LedgerCorrupted: as above (a WARNING names any truncation).
+        LedgerFenced: another owner created or changed it meanwhile.
+    """
+    key = metadata_key(name)
+    record = await store.get(key)
+    now_ms = int(time.time() * 1000)
+    if record is None:
+        first = await asyncio.to_thread(storage.create, name, 1)
+        meta = LedgerMetadata(
+            [LedgerInfo(1, now_ms, format=FORMAT)],
+            next_ledger_id=2,
+            tail_bytes=tail_bound(settings),
+        )
+        try:
+            record = await store.put(key, encode(meta), expected_version=MUST_NOT_EXIST)
+        except BaseException as e:
+            await asyncio.to_thread(first.close)
+            if isinstance(e, BadVersion):
+                raise LedgerFenced(f"{name}: created concurrently by another owner") from e
+            raise
+        return Opened(meta, record.version, {1: first})
+    meta = decode(record.value)
+    await asyncio.to_thread(_check_files, name, storage, meta)
+    last = meta.ledgers[-1]
+    recovered = await asyncio.to_thread(_recover_last, name, storage, meta, settings)
+    logs: dict[int, EntryLog] = {last.id: recovered}
+    try:
+        size = recovered.size_bytes() if last.size_bytes is None else last.size_bytes
+        ledgers = [*meta.ledgers[:-1], closed(last, recovered.count, size, now_ms)]
+        next_id = meta.next_ledger_id
+        if not meta.sealed:
+            logs[next_id] = await asyncio.to_thread(storage.create, name, next_id)
+            ledgers.append(LedgerInfo(next_id, now_ms, format=FORMAT))
+            next_id += 1
+        meta = LedgerMetadata(
+            ledgers,
+            next_ledger_id=next_id,
+            sealed=meta.sealed,
+            properties=meta.properties,
+            tail_bytes=tail_bound(settings),
+        )
+        version = await cas_put(store, key, encode(meta), record.version)
+    except BaseException:
+        for entry_log in logs.values():
+            await asyncio.to_thread(entry_log.close)
+        raise
+    return Opened(meta, version, logs)
+
+
+async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> None:
+    """Check, without opening anything, that every ledger the metadata of ``name`` names
+    has its file (point 1 above): a broker checks its data directory at start-up this way.
+
+    Raises:
+        LedgerMissing: naming the missing files.
+    """
+    record = await store.get(metadata_key(name))
+    if record is not None:
+        await asyncio.to_thread(_check_files, name, storage, decode(record.value))
+
+
+def _check_files(name: str, storage: LogStorage, meta: LedgerMetadata) -> None:
+    missing = [i for i in meta.ledgers if not storage.exists(name, i.id)]
+    if not missing:
+        return
+    paths = tuple(storage.where(name, i.id) for i in missing)
+    known = sum(i.entries or 0 for i in missing)
+    held = f"; they hold at least {known} entries" if known else ""
+    if len(missing) == len(meta.ledgers):
+        what = (
+            f"none of the {len(missing)} ledger file(s) the metadata store names is in the "
+            f"data directory ({', '.join(paths)}{held}): it is not the volume that holds "
+            "them, or it lost them"
+        )
+    else:
+        what = (
+            f"{len(missing)} of the {len(meta.ledgers)} ledger files the metadata store "
+            f"names are not in the data directory ({', '.join(paths)}{held})"
+        )
+    raise LedgerMissing(
+        f"{name}: {what}. Nothing is recreated empty: mount the right volume or restore the files",
+        paths=paths,
+    )
+
+
+def _recover_last(
+    name: str, storage: LogStorage, meta: LedgerMetadata, settings: LedgerSettings
+) -> EntryLog:
+    last = meta.ledgers[-1]
+    if last.entries is not None:  # closed cleanly or sealed: it must be whole
+        entry_log = storage.open(
+            name,
+            last.id,
+            log_format=last.format,
+            entries=last.entries,
+        )
+        if entry_log.damage is not None:
+            entry_log.close()
+            raise entry_log.damage
+        return entry_log
+    recovered = storage.recover(
+        name,
+        last.id,
+        log_format=last.format,
+        tail_bytes=meta.tail_bytes or tail_bound(settings),
+    )
+    if recovered.truncation is not None:
+        log.warning("%s: recovery %s", name, recovered.truncation)
+    return recovered.log

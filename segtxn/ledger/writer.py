@@ -1,0 +1,151 @@
+"""Group commit: the managed ledger's bounded write queue and the one task that drains it.
+
+Every append waiting while a batch is being written and synced joins the next batch, so
+concurrent appends share one ``fdatasync``. A batch is bounded by ``max_batch_bytes``
+counted on disk, record headers included (that bounds what a crash can tear), and, if set,
+waits at most ``max_batch_delay_s`` to fill. Appends wait (backpressure, first come first
+served) while ``max_pending_bytes`` are queued. Entries are written in the order they were
+queued.
+
+The first failed write stops the writer: that batch and everything queued fail with
+``LedgerError``, and so does every later append, until the ledger is reopened (a write
+that failed half-way leaves the file in a state only recovery may judge).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from segtxn.ledger.errors import LedgerError
+from segtxn.ledger.metadata import LedgerSettings
+from segtxn.ledger.position import Position
+from segtxn.ledger.records import ENTRY_OVERHEAD
+
+log = logging.getLogger(__name__)
+
+WriteBatch = Callable[[list[bytes]], Awaitable[list[Position]]]
+"""Writes a batch durably (and marks it acknowledged); returns the entries' positions."""
+
+
+@dataclass
+class WriteStats:
+    """Counters of the group-commit writer (what the metrics export)."""
+
+    entries: int = 0
+    batches: int = 0
+    """Synced batches: ``entries / batches`` is the average group-commit size."""
+    bytes: int = 0
+    rollovers: int = 0
+    largest_batch_bytes: int = 0
+    """The largest batch on disk, record headers included (bounded by max_batch_bytes,
+    or one entry's size)."""
+
+
+@dataclass(eq=False)
+class _Pending:
+    payload: bytes
+    done: asyncio.Future[Position]
+
+
+class GroupCommit:
+    """Owned by one managed ledger; :meth:`close` stops its task."""
+
+    def __init__(
+        self,
+        name: str,
+        settings: LedgerSettings,
+        write: WriteBatch,
+        on_failure: Callable[[], None],
+    ) -> None:
+        self._name = name
+        self._settings = settings
+        self._write = write
+        self._on_failure = on_failure
+        self._queue: deque[_Pending] = deque()
+        self._queued_bytes = 0
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()  # the queue fell below max_pending_bytes
+        self._drained.set()
+        self.idle = asyncio.Event()
+        """Set while nothing is queued and nothing is being written."""
+        self.idle.set()
+        self._admission = asyncio.Lock()  # appends wait for room first come, first served
+        self.failure: BaseException | None = None
+        """The write that stopped the writer (None while it runs)."""
+        self._task = asyncio.create_task(self._run(), name=f"ledger-writer-{name}")
+
+    async def enqueue(self, payload: bytes, check: Callable[[], None]) -> asyncio.Future[Position]:
+        """Queue ``payload`` once there is room; ``check`` raises if the ledger no longer
+        takes appends (called before and after any wait for room)."""
+        async with self._admission:  # FIFO: a waiting append is never overtaken
+            limit = self._settings.max_pending_bytes
+            while self._queued_bytes + len(payload) > limit and self._queue:
+                self._drained.clear()
+                await self._drained.wait()
+                check()
+            pending = _Pending(payload, asyncio.get_running_loop().create_future())
+            self._queue.append(pending)
+            self._queued_bytes += len(payload)
+            self.idle.clear()
+            self._wake.set()
+        return pending.done
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            if (
+                self._settings.max_batch_delay_s
+                and self._queued_bytes < self._settings.max_batch_bytes
+            ):
+                await asyncio.sleep(self._settings.max_batch_delay_s)
+            batch = self._take_batch()
+            if not batch:
+                self._wake.clear()
+                self.idle.set()
+                continue
+            try:
+                positions = await self._write([p.payload for p in batch])
+            except Exception as e:
+                self._fail(batch, e)
+                return
+            for pending, position in zip(batch, positions, strict=True):
+                if not pending.done.done():
+                    pending.done.set_result(position)
+
+    def _fail(self, batch: list[_Pending], error: Exception) -> None:
+        log.exception("%s: write failed; the ledger refuses appends until reopened", self._name)
+        self.failure = error
+        for pending in [*batch, *self._queue]:
+            if not pending.done.done():
+                pending.done.set_exception(LedgerError(f"write failed: {error}"))
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._drained.set()
+        self.idle.set()
+        self._on_failure()  # readers waiting for entries must learn of it too
+
+    def _take_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        size = 0
+        on_disk = 0  # records count with their headers: this bounds what a crash can tear
+        while self._queue and (
+            not batch
+            or on_disk + len(self._queue[0].payload) + ENTRY_OVERHEAD
+            <= self._settings.max_batch_bytes
+        ):
+            pending = self._queue.popleft()
+            batch.append(pending)
+            size += len(pending.payload)
+            on_disk += len(pending.payload) + ENTRY_OVERHEAD
+        self._queued_bytes -= size
+        if self._queued_bytes < self._settings.max_pending_bytes:
+            self._drained.set()
+        return batch
+
+    async def close(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)

@@ -1,0 +1,165 @@
+"""A verification run's plan: the cluster's shape, the processors, the topology changes and the
+faults, drawn from one seed.
+
+The soak (:mod:`segtxn.verify.soak`) runs many seeds; a failing one must be reproducible, so
+everything the harness chooses for a run comes from :func:`draw_plan` (a pure function of the
+seed: same seed, same plan) and nothing else. What the product then does with its own timing
+is not reproducible, which is why the run is checked rather than compared. Times are fractions
+of the feed, so one plan fits any feed length. ``segtxn demo`` runs the fixed
+:func:`demo_plan`.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+
+TOPICS = ("input", "out-a", "out-b")
+"""The run's topics by role (:class:`segtxn.verify.processor.Topics`)."""
+
+
+class Shape(enum.Enum):
+    """How the run's cluster is laid out (:mod:`segtxn.verify.cluster` starts it)."""
+
+    STANDALONE_MEMORY = "standalone-memory"
+    """One ``segtxn standalone`` on the embedded store: nothing survives a restart."""
+    STANDALONE_ETCD = "standalone-etcd"
+    """One ``segtxn standalone`` on a private etcd with a data dir: survives a restart."""
+    CLUSTER_ETCD = "cluster-etcd"
+    """Brokers b1 and b2 and a coordinator, each its own process, on a private etcd."""
+
+    @property
+    def on_etcd(self) -> bool:
+        return self is not Shape.STANDALONE_MEMORY
+
+    @property
+    def servers(self) -> tuple[str, ...]:
+        """The server processes that a fault may kill and restart on their data."""
+        if self is Shape.STANDALONE_MEMORY:
+            return ()  # the embedded store forgets everything: a restart is a new cluster
+        return ("standalone",) if self is Shape.STANDALONE_ETCD else ("b1", "b2")
+
+
+class FaultKind(enum.Enum):
+    KILL_PROCESSOR = "kill-processor"
+    """SIGKILL a processor inside a transaction, start it again under its name."""
+    STOP_PROCESSOR = "stop-processor"
+    """SIGSTOP a processor inside a transaction past its timeout, then SIGCONT: a zombie whose
+    commit must be refused and whose segments must have moved on safely."""
+    KILL_SERVER = "kill-server"
+    """SIGKILL a broker (or the standalone) just after a processor asked to commit, while
+    END_TXN materializes; restart it on its data dir and port."""
+    RESTART_ETCD = "restart-etcd"
+    """Stop the private etcd and start it again on the same data dir and ports."""
+
+    def allowed(self, shape: Shape) -> bool:
+        if self is FaultKind.KILL_SERVER:
+            return bool(shape.servers)
+        if self is FaultKind.RESTART_ETCD:
+            return shape.on_etcd
+        return True
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    at: float
+    """When, as a fraction of the feed (the fault then waits for its moment: an open
+    transaction, a commit)."""
+    target: str
+    """A processor (``p2``), a server (``b1``, ``standalone``) or ``etcd``."""
+    hold_s: float = 0.0
+    """How long the target stays stopped or down before it continues or restarts."""
+
+    def describe(self) -> str:
+        hold = f"/{self.hold_s:.1f}s" if self.hold_s else ""
+        return f"{self.kind.value}:{self.target}@{self.at:.2f}{hold}"
+
+
+@dataclass(frozen=True)
+class TopologyChange:
+    at: float
+    """When, as a fraction of the feed."""
+    topic: str
+    """A role in :data:`TOPICS`."""
+    op: str
+    """``split`` (the widest active segment) or ``merge`` (the first two active segments)."""
+
+    def describe(self) -> str:
+        return f"{self.op}:{self.topic}@{self.at:.2f}"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    seed: int
+    shape: Shape
+    processors: int
+    topology: tuple[TopologyChange, ...]
+    faults: tuple[Fault, ...]
+
+    def describe_faults(self) -> str:
+        return " ".join(f.describe() for f in self.faults) or "none"
+
+    def describe_topology(self) -> str:
+        return " ".join(t.describe() for t in self.topology) or "none"
+
+
+TXN_TIMEOUT_S = 3.0
+"""The processors' transaction timeout (:class:`segtxn.verify.workload.WorkloadConfig`)."""
+
+
+def draw_plan(seed: int, *, txn_timeout_s: float = TXN_TIMEOUT_S) -> RunPlan:
+    """The plan of the run with ``seed``: a pure function of its arguments.
+
+    The shape is one of the three; 3 to 6 processors (more than the 2 cores these machines
+    have); 2 to 4 splits and merges of any topic, spread over the first 80% of the feed; 1 to
+    3 faults, each of a kind the shape allows, one per slot of the feed (10%..85%, so each has
+    time to act and the run time to recover before the feed ends).
+    """
+    rng = random.Random(seed)
+    shape = rng.choice(list(Shape))
+    processors = rng.randint(3, 6)
+    names = [f"p{i}" for i in range(1, processors + 1)]
+
+    changes: list[TopologyChange] = []
+    active = dict.fromkeys(TOPICS, 2)
+    for at in sorted(rng.uniform(0.1, 0.8) for _ in range(rng.randint(2, 4))):
+        topic = rng.choice(TOPICS)
+        op = "merge" if active[topic] > 1 and rng.random() < 0.4 else "split"
+        active[topic] += 1 if op == "split" else -1
+        changes.append(TopologyChange(round(at, 3), topic, op))
+
+    kinds = [k for k in FaultKind if k.allowed(shape)]
+    count = rng.randint(1, 3)
+    slot = (0.85 - 0.1) / count
+    faults: list[Fault] = []
+    for i in range(count):
+        kind = rng.choice(kinds)
+        at = round(0.1 + slot * (i + rng.uniform(0.1, 0.9)), 3)
+        if kind is FaultKind.KILL_PROCESSOR:
+            fault = Fault(kind, at, rng.choice(names))
+        elif kind is FaultKind.STOP_PROCESSOR:
+            # past the timeout, and past the coordinator's sweep that aborts it
+            fault = Fault(kind, at, rng.choice(names), round(txn_timeout_s + rng.uniform(1, 3), 1))
+        elif kind is FaultKind.KILL_SERVER:
+            fault = Fault(kind, at, rng.choice(shape.servers), round(rng.uniform(0, 2), 1))
+        else:
+            fault = Fault(kind, at, "etcd", round(rng.uniform(0.5, 3), 1))
+        faults.append(fault)
+    return RunPlan(seed, shape, processors, tuple(changes), tuple(faults))
+
+
+DEMO_TOPOLOGY = (
+    TopologyChange(0.2, "input", "split"),
+    TopologyChange(0.35, "out-a", "split"),
+    TopologyChange(0.5, "out-b", "merge"),
+    TopologyChange(0.65, "input", "split"),
+)
+
+
+def demo_plan(seed: int, shape: Shape, processors: int) -> RunPlan:
+    """``segtxn demo``'s fixed plan: split the input twice, split out-a, merge out-b, and
+    SIGKILL p1 at 45% of the feed."""
+    kill = Fault(FaultKind.KILL_PROCESSOR, 0.45, "p1")
+    return RunPlan(seed, shape, processors, DEMO_TOPOLOGY, (kill,) if processors else ())

@@ -1,0 +1,219 @@
+"""The processes a verification run starts: restartable, signalled, and logged per incarnation.
+
+``segtxn demo`` and the soak start servers (standalone, brokers, a coordinator) and processors
+as child processes, and their faults SIGKILL, SIGSTOP and restart them. A failing run is
+diagnosed from its logs, so every process writes to one file in the run's ``logs/``
+directory, and every incarnation of it is appended to that file after a marker line that
+says which incarnation it is, why it started, its command line and what the harness put in
+its environment; another marker says how it ended. :class:`Launch` carries what every child
+gets: the verbosity (``-v``/``-vv`` before the subcommand) and extra environment (e.g.
+``SEGTXN_TEST_BUGS``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+MARKER = "==== segtxn harness:"
+"""The start of every line the harness writes into a process's log."""
+
+DUMP_END = "==== stacks (SIGUSR1): end ===="
+"""The last line of a stack dump (:mod:`segtxn.cli.stacks`)."""
+
+TEST_BUGS_ENV = "SEGTXN_TEST_BUGS"
+"""Names a known race the product re-introduces on purpose (``--inject-bug``)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What every child process of a run gets."""
+
+    verbosity: int = 1
+    """``-v`` count before the subcommand: 1 logs INFO (the default), 2 DEBUG, 0 WARNING."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables."""
+
+    def segtxn(self, *args: str) -> list[str]:
+        """The command line of ``segtxn <args>`` in this Python, at this verbosity."""
+        verbose = ["-" + "v" * min(self.verbosity, 2)] if self.verbosity > 0 else []
+        return [sys.executable, "-m", "segtxn.cli", *verbose, *args]
+
+
+class ManagedProcess:
+    """One child process, started, signalled and restarted by the harness."""
+
+    def __init__(self, name: str, command: list[str], log_path: Path, launch: Launch) -> None:
+        self.name = name
+        self.command = command
+        self.log_path = log_path
+        self.launch = launch
+        self.incarnation = 0
+        self.process: asyncio.subprocess.Process | None = None
+        self.exited_on_its_own: list[int] = []
+        """Exit codes of incarnations that ended without the harness asking (crashes)."""
+        self._accounted = False
+        """This incarnation's end is the harness's doing, or already noted."""
+        self._watch: asyncio.Task[None] | None = None
+        """Notes the incarnation's end the moment it exits by itself (the log's timeline)."""
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    def note(self, text: str) -> None:
+        """Append a marker line to the process's log."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.log_path, "ab") as log:
+            log.write(f"{MARKER} {stamp} {self.name}: {text} ====\n".encode())
+
+    async def start(self, why: str = "start") -> None:
+        """Start the next incarnation (the previous one must have ended)."""
+        if self.running:
+            raise RuntimeError(f"{self.name} is running: stop or kill it first")
+        await self._unwatch()
+        self.check_exit()
+        self.incarnation += 1
+        self._accounted = False
+        extra = " ".join(f"{k}={v}" for k, v in self.launch.env.items())
+        self.note(
+            f"incarnation {self.incarnation} ({why}): {shlex.join(self.command)}"
+            + (f" [env {extra}]" if extra else "")
+        )
+        env = {**os.environ, **self.launch.env}
+        # the child holds its own copy of the descriptor: ours is closed at once
+        with open(self.log_path, "ab") as log:  # noqa: ASYNC230 - a local file, opened once
+            self.process = await asyncio.create_subprocess_exec(
+                *self.command, stdout=log, stderr=asyncio.subprocess.STDOUT, env=env
+            )
+        self._watch = asyncio.create_task(
+            self._watch_exit(self.process), name=f"watch-{self.name}-{self.incarnation}"
+        )
+
+    async def _watch_exit(self, process: asyncio.subprocess.Process) -> None:
+        await process.wait()
+        if process is self.process:
+            self.check_exit()
+
+    async def _unwatch(self) -> None:
+        """The incarnation has ended: its watcher ends too (awaited: every task has an owner)."""
+        if self._watch is not None:
+            await self._watch
+            self._watch = None
+
+    def send(self, sig: signal.Signals) -> None:
+        if self.running:
+            assert self.process is not None
+            self.process.send_signal(sig)
+
+    def check_exit(self) -> None:
+        """Note an incarnation that ended by itself (before the harness stopped or killed it)
+        in :attr:`exited_on_its_own` and the log."""
+        if self.process is not None and self.process.returncode is not None:
+            if self._accounted:
+                return
+            self._accounted = True
+            code = self.process.returncode
+            self.exited_on_its_own.append(code)
+            self.note(f"incarnation {self.incarnation} had exited by itself, exit code {code}")
+
+    async def dump_stacks(self, limit_s: float = 5.0) -> None:
+        """SIGUSR1 (:mod:`segtxn.cli.stacks`): wait up to ``limit_s`` for the stacks of every
+        thread and asyncio task to be in the log."""
+        if not self.running:
+            return
+        before = self.log_path.read_bytes().count(DUMP_END.encode())
+        self.note("SIGUSR1: dump stacks")
+        self.send(signal.SIGUSR1)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while loop.time() < deadline and self.running:
+            if self.log_path.read_bytes().count(DUMP_END.encode()) > before:
+                return
+            await asyncio.sleep(0.05)  # sleep-ok: polling a file another process writes
+        self.note(f"no stack dump in {limit_s:g} s (stuck outside Python?)")
+
+    async def kill(self, why: str = "") -> None:
+        """SIGKILL, and wait for it to be gone."""
+        if self.process is None:
+            return
+        self.check_exit()
+        self._accounted = True
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGKILL)
+        await self.process.wait()
+        await self._unwatch()
+        self.note(f"incarnation {self.incarnation} SIGKILLed" + (f" ({why})" if why else ""))
+
+    async def stop(self, limit_s: float = 30.0) -> int | None:
+        """SIGTERM (and SIGCONT, should it be stopped), SIGKILL after ``limit_s``; the exit
+        code (None: never started)."""
+        if self.process is None:
+            return None
+        self.check_exit()
+        self._accounted = True
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(signal.SIGCONT)
+            try:
+                await asyncio.wait_for(self.process.wait(), limit_s)
+            except TimeoutError:
+                self.note(f"incarnation {self.incarnation} did not stop in {limit_s:g} s")
+                await self.dump_stacks()
+                self.process.kill()
+                await self.process.wait()
+            self.note(f"incarnation {self.incarnation} ended, exit code {self.process.returncode}")
+        await self._unwatch()
+        return self.process.returncode
+
+    def tail(self, n: int = 1500) -> str:
+        if not self.log_path.exists():
+            return ""
+        return self.log_path.read_bytes()[-n:].decode(errors="replace")
+
+
+class ServerProcess(ManagedProcess):
+    """A segtxn server on a fixed loopback port, kept across restarts (with its broker id and
+    data dir, which are in its command line)."""
+
+    def __init__(
+        self, name: str, command: list[str], log_path: Path, launch: Launch, port: int
+    ) -> None:
+        super().__init__(name, command, log_path, launch)
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def ready(self, limit_s: float = 30.0) -> None:
+        """Wait until ``/readyz`` answers 200.
+
+        Raises:
+            ServerFailed: it exited, or was not ready in ``limit_s``.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+            while loop.time() < deadline:
+                if not self.running:
+                    raise ServerFailed(f"{self.name} exited at start-up: {self.tail(500)}")
+                try:
+                    async with session.get(self.url + "/readyz") as response:
+                        if response.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.05)  # sleep-ok: the process is starting; only its port tells
+        raise ServerFailed(f"{self.name} was not ready in {limit_s:g} s: {self.tail(500)}")
+
+
+class ServerFailed(RuntimeError):
+    """A server the harness started did not come up (its log's tail is in the message)."""

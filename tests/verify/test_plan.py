@@ -1,0 +1,86 @@
+"""The soak's plans, drawn without any process: a seed always gives the same plan, and over
+seeds every shape, fault kind, target and topology change is drawn, each where it can act."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from segtxn.verify.plan import (
+    DEMO_TOPOLOGY,
+    TOPICS,
+    TXN_TIMEOUT_S,
+    FaultKind,
+    Shape,
+    demo_plan,
+    draw_plan,
+)
+
+SEEDS = range(500)
+
+
+def test_a_seed_gives_the_same_plan_every_time() -> None:
+    for seed in (0, 1, 7, 241, 2**40 + 3):
+        assert draw_plan(seed) == draw_plan(seed)
+    assert len({draw_plan(seed) for seed in range(50)}) == 50
+
+
+def test_the_plan_of_a_known_seed_does_not_change() -> None:
+    """A seed printed by a failing soak must run the same plan after an upgrade: a change to
+    draw_plan that moves this one breaks every recorded reproduction."""
+    plan = draw_plan(241)
+    assert plan.shape is Shape.CLUSTER_ETCD
+    assert plan.processors == 3
+    assert plan.describe_faults() == "kill-server:b1@0.35/0.3s stop-processor:p3@0.67/5.9s"
+    assert plan.describe_topology() == "split:out-b@0.14 split:out-b@0.68 merge:out-b@0.75"
+
+
+def test_every_shape_fault_kind_and_target_is_drawn() -> None:
+    plans = [draw_plan(seed) for seed in SEEDS]
+    assert {p.shape for p in plans} == set(Shape)
+    assert {f.kind for p in plans for f in p.faults} == set(FaultKind)
+    servers = {f.target for p in plans for f in p.faults if f.kind is FaultKind.KILL_SERVER}
+    assert servers == {"standalone", "b1", "b2"}
+    assert {p.processors for p in plans} == {3, 4, 5, 6}
+    changes = {(c.topic, c.op) for p in plans for c in p.topology}
+    assert changes == {(topic, op) for topic in TOPICS for op in ("split", "merge")}
+    per_shape = Counter((p.shape, f.kind) for p in plans for f in p.faults)
+    for shape in Shape:
+        for kind in FaultKind:
+            assert (per_shape[shape, kind] > 0) == kind.allowed(shape), (shape, kind)
+
+
+def test_faults_fit_their_shape_and_the_feed() -> None:
+    for seed in SEEDS:
+        plan = draw_plan(seed)
+        names = {f"p{i}" for i in range(1, plan.processors + 1)}
+        assert 1 <= len(plan.faults) <= 3
+        times = [f.at for f in plan.faults]
+        assert times == sorted(times) and all(0.1 <= t <= 0.85 for t in times)
+        for fault in plan.faults:
+            assert fault.kind.allowed(plan.shape)
+            if fault.kind in (FaultKind.KILL_PROCESSOR, FaultKind.STOP_PROCESSOR):
+                assert fault.target in names
+            if fault.kind is FaultKind.STOP_PROCESSOR:  # the zombie must outlive its txn
+                assert fault.hold_s > TXN_TIMEOUT_S + 0.5
+            if fault.kind is FaultKind.KILL_SERVER:
+                assert fault.target in plan.shape.servers
+            if fault.kind is FaultKind.RESTART_ETCD:
+                assert plan.shape.on_etcd and fault.target == "etcd"
+
+
+def test_topology_changes_never_merge_a_topic_below_one_segment() -> None:
+    for seed in SEEDS:
+        plan = draw_plan(seed)
+        active = dict.fromkeys(TOPICS, 2)
+        assert 2 <= len(plan.topology) <= 4
+        for change in plan.topology:
+            assert 0.1 <= change.at <= 0.8
+            active[change.topic] += 1 if change.op == "split" else -1
+            assert active[change.topic] >= 1
+
+
+def test_the_demo_plan_is_fixed() -> None:
+    plan = demo_plan(7, Shape.STANDALONE_MEMORY, 3)
+    assert plan.topology == DEMO_TOPOLOGY
+    assert plan.describe_faults() == "kill-processor:p1@0.45"
+    assert demo_plan(8, Shape.CLUSTER_ETCD, 3).faults == plan.faults
