@@ -68,7 +68,7 @@ class BrokerMetrics:
             "segtxn_txn_v4_checks",
             unit="1",
             description="v4 transactions checked with their coordinator before a first send or "
-            "ack on a topic, by result (admitted, not_found, status, unavailable)",
+            "ack on a topic, by result (admitted, not_found, status, unavailable, busy)",
         )
         self.txn_v4_ended_here = meter.create_counter(
             "segtxn_txn_v4_ended_by_broker",
