@@ -263,6 +263,7 @@ class BrokerService:
         for loading in self._loading.values():
             loading.cancel()
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
+        await self.v4_checks.stop()  # no sweep writes a marker while topics close
         for topic in list(self.topics.values()):
             try:
                 await topic.close()
@@ -270,7 +271,6 @@ class BrokerService:
                 log.exception("closing %s failed", topic.name)
         self.topics.clear()
         await self.snapshots.close()
-        await self.v4_checks.stop()
         await self.op_records.close()
         await self.headers.close()
         if self._session is not None:
