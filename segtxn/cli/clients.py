@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from segtxn.client import Client, ServerError
+from segtxn.client import Client, ServerError, Timeout
 
 T = TypeVar("T")
 
@@ -35,6 +35,8 @@ def run(body: Callable[[Client], Awaitable[T]], url: str) -> T:
         return asyncio.run(main())
     except ServerError as e:
         raise click.ClickException(f"{e.name.value}: {e.message}") from e
+    except Timeout as e:
+        raise click.ClickException(f"Timeout: {e}") from e
 
 
 @click.command()
