@@ -13,6 +13,8 @@ import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
 
+from sortedcontainers import SortedSet
+
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.ledger import Entry, LedgerClosed, LedgerError, LedgerSealed, ManagedLedger, Position
@@ -39,7 +41,8 @@ class ConsumerLink:
         self.disconnect = disconnect
         """Hang up on the client (e.g. its topic was deleted); it then reconnects."""
         self.permits = 0
-        self.pending: set[Position] = set()
+        self.pending: SortedSet[Position] = SortedSet()
+        """Delivered to this consumer, neither acknowledged nor held by a transaction."""
         self.ended = False
 
 

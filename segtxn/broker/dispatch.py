@@ -288,8 +288,10 @@ class Subscription:
             """(Checked again right before the acks are reserved: the transaction's header
             may be read from the store first, and a rewind may happen meanwhile.) On an
             ordered subscription a transaction may hold only what is pending on its consumer
-            in the current epoch: a message given to another consumer (this one lost its
-            turn), or delivered before a rewind, would be held out of order."""
+            in the current epoch, in order: a message given to another consumer (this one
+            lost its turn), delivered before a rewind, or after one the consumer received
+            and left unacknowledged (its application dropped it, say, when an earlier
+            transaction failed half-way through a batch) would be held out of order."""
             if self.type is SubscriptionType.SHARED:
                 return
             if self._ordered and epoch is not None and epoch != self._epoch:
@@ -305,6 +307,19 @@ class Subscription:
                     f"{strays[0]} is not this consumer's to acknowledge now (the subscription "
                     "moved it to another consumer or is delivering it again)",
                 )
+            if self._ordered and not cumulative:
+                skipped = [
+                    p
+                    for p in link.pending.irange(maximum=max(ids), inclusive=(True, False))
+                    if p not in ids
+                ]
+                if skipped:
+                    raise ServerError(
+                        ErrorName.TRANSACTION_CONFLICT,
+                        f"{max(ids)} comes after {skipped[0]}, which this consumer received and "
+                        "has not acknowledged: on an ordered subscription a transaction "
+                        "acknowledges in order (abort it; everything comes again in order)",
+                    )
 
         still_theirs()
         await self.pending_acks.ack(txn, ids, cumulative=cumulative, guard=still_theirs)

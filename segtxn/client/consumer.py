@@ -283,8 +283,10 @@ class Consumer:
         name = TopicName.parse(message_id.topic)
         registered = name.parent() if name.domain is Domain.SEGMENT else name
         await txn.add_subscription(str(registered), self.subscription, deadline)
-        # if the transaction does not commit, what it acknowledged here comes again first
-        txn.on_failure(stream, functools.partial(stream.redeliver, txn.wire_id))
+        # if the transaction does not commit, everything not acknowledged comes again, in
+        # order, on every stream: what it acknowledged, and what the application had taken
+        # for it and not reached (a batch spans segments)
+        txn.on_failure(self, functools.partial(self._redeliver_all, txn.wire_id))
         ack = asyncio.ensure_future(
             stream.ack(
                 [message_id],
@@ -296,6 +298,10 @@ class Consumer:
         )
         txn.track(ack)
         await ack
+
+    async def _redeliver_all(self, txn: tuple[int, int]) -> None:
+        for stream in list(self._streams.values()):
+            await self._bounded(stream.redeliver(txn), None, "redeliver")
 
     async def redeliver_unacknowledged(self, *, timeout_s: float | None = None) -> None:
         """Have every message received and not acknowledged delivered again (Pulsar's

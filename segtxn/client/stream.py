@@ -175,7 +175,14 @@ class MessageStream:
                 self._ws = None
                 await close_quietly(ws.close())
             if self._kind == "consumer":
-                self._drop_queued()
+                dropped = self._drop_queued()
+                if dropped:
+                    log.info(
+                        "%s on %s: %d queued message(s) dropped (reconnecting)",
+                        self._kind,
+                        self.topic,
+                        dropped,
+                    )
             while True:
                 await asyncio.sleep(delay)
                 try:
@@ -218,6 +225,13 @@ class MessageStream:
                 continue
             if isinstance(frame, MessageFrame):
                 if self._awaiting:  # sent before the rewind we asked for: it comes again
+                    log.debug(
+                        "%s on %s: %s dropped, awaiting %s",
+                        self._kind,
+                        self.topic,
+                        frame.message_id,
+                        self._awaiting,
+                    )
                     await self.taken()
                     continue
                 self._deliver.put_nowait(to_message(self.topic, frame))
@@ -247,17 +261,13 @@ class MessageStream:
                 if not frame.active:
                     # the broker gives what we had not acked to the new active member: the
                     # ones still queued here must not reach the application too
-                    await self._drop_and_regrant()
+                    await self._drop_and_regrant("no longer the active consumer")
             elif isinstance(frame, Rewind):
                 self.epoch = frame.epoch
                 self._awaiting.discard(frame.request_id)
-                dropped = await self._drop_and_regrant()
-                log.debug(
-                    "%s on %s: rewind to epoch %d (%d queued dropped)",
-                    self._kind,
-                    self.topic,
-                    frame.epoch,
-                    dropped,
+                await self._drop_and_regrant(
+                    f"rewind to epoch {frame.epoch}"
+                    + (f", answering request {frame.request_id}" if frame.request_id else "")
                 )
             elif isinstance(frame, EndOfTopic):
                 self.ended.set()
@@ -265,11 +275,14 @@ class MessageStream:
                     self._on_end()
         raise ConnectionError("the broker closed the connection")
 
-    async def _drop_and_regrant(self) -> int:
+    async def _drop_and_regrant(self, why: str) -> int:
         """Drop the queued messages (they come again); their permits were spent on the
         link, so grant them again. Returns how many were dropped."""
         dropped = self._drop_queued()
         if dropped:
+            log.info(
+                "%s on %s: %d queued message(s) dropped (%s)", self._kind, self.topic, dropped, why
+            )
             await self._send(Flow(permits=dropped))
         return dropped
 
@@ -283,7 +296,8 @@ class MessageStream:
         if self._ws is None:
             return  # reconnecting: the new attachment starts from a rewind anyway
         self._awaiting.add(frame.request_id)
-        await self._drop_and_regrant()
+        await self._drop_and_regrant(f"asked for redelivery, request {frame.request_id}")
+        log.info("%s on %s: %s sent", self._kind, self.topic, frame)
         await self._send(frame)
 
     async def taken(self) -> None:

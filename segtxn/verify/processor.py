@@ -171,7 +171,8 @@ class Processor:
                         outcome = "timed_out" if stalled else "aborted"
                     else:
                         outcome = "commit_failed"  # unknown: either outcome is allowed
-        except (ServerError, ClientError):
+        except (ServerError, ClientError) as e:
+            log.info("%s: %s failed (%s: %s); aborting it", config.name, name, type(e).__name__, e)
             with contextlib.suppress(ServerError, ClientError):
                 await txn.abort()
             outcome = "aborted"

@@ -267,12 +267,12 @@ async def test_positions_in_the_messages_match_the_stored_order(
     """Rewinds skip what is acknowledged or held by an open transaction."""
     consumer = await setup(client, 6)
     got = await receive(consumer, 6)
-    await consumer.acknowledge(got[1])
     holder = await client.transaction().start()
-    await consumer.acknowledge(got[3], txn=holder)
-    await consumer.negative_acknowledge(got[0])
+    await consumer.acknowledge(got[0], txn=holder)
+    await consumer.acknowledge(got[1])
+    await consumer.negative_acknowledge(got[2])
     again = await receive(consumer, 4)
-    assert values(again) == ["m0", "m2", "m4", "m5"]
+    assert values(again) == ["m2", "m3", "m4", "m5"]
     assert [Position(m.message_id.ledger_id, m.message_id.entry_id) for m in again] == sorted(
         Position(m.message_id.ledger_id, m.message_id.entry_id) for m in again
     )
@@ -353,3 +353,54 @@ async def test_a_shared_redelivery_read_that_finds_nobody_ready_keeps_the_messag
         await wait_until(lambda: not sub.consumers, timeout=10, what="c1 gone")
     c2 = await client.subscribe(TOPIC, SUB, subscription_type="Shared", name="c2")
     assert values(await receive(c2, 1)) == ["m0"]
+
+
+async def test_a_transaction_acknowledges_in_order_on_an_ordered_subscription(
+    client: Client, cluster: Cluster
+) -> None:
+    """m0 was received and left unacknowledged (its application dropped it when an earlier
+    transaction failed half-way through a batch): a transaction may not acknowledge m1 past
+    it; once it aborts, m0 comes first."""
+    consumer = await setup(client, 3)
+    m0, m1 = await receive(consumer, 2)
+    txn = await client.transaction().start()
+    with pytest.raises(ServerError) as skipped:
+        await consumer.acknowledge(m1, txn=txn)
+    assert skipped.value.name is ErrorName.TRANSACTION_CONFLICT and str(m0.message_id)[-3:] in (
+        skipped.value.message
+    )
+    await txn.abort()
+    again = await receive(consumer, 3)
+    assert values(again) == ["m0", "m1", "m2"]
+    async with client.transaction() as ok:  # in order, it is fine
+        for message in again:
+            await consumer.acknowledge(message, txn=ok)
+    await nothing_arrives(consumer)
+
+
+async def test_a_failed_transaction_rewinds_every_segment_the_consumer_reads(
+    client: Client, cluster: Cluster
+) -> None:
+    """A batch spans segments: the application took a0 (segment 0) and b0 (segment 1) and
+    its transaction failed after acknowledging b0 only. a0 comes again too."""
+    topic = "topic://acme/ordered/two"
+    await client.admin.create_topic(topic, segments=2)
+    producer = await client.create_producer(topic)
+    keys = {}
+    for i in range(40):  # find a key for each segment
+        keys.setdefault((await producer.send(f"probe{i}".encode(), key=f"k{i}")).topic, f"k{i}")
+    assert len(keys) == 2
+    consumer = await client.subscribe(topic, SUB, initial_position="earliest")
+    async with client.transaction() as clear:  # the probes are done with
+        for _ in range(40):
+            await consumer.acknowledge(await consumer.receive(timeout_s=10), txn=clear)
+    (ka, kb) = keys.values()
+    await producer.send(b"a0", key=ka)
+    await producer.send(b"b0", key=kb)
+    got = {m.value: m for m in await receive(consumer, 2)}
+    txn = await client.transaction().start()
+    await consumer.acknowledge(got[b"b0"], txn=txn)
+    await txn.abort()
+    again = await receive(consumer, 2)
+    assert sorted(values(again)) == ["a0", "b0"]
+    assert all(m.redelivery_count >= 1 for m in again)
