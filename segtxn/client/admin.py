@@ -6,7 +6,7 @@ from typing import Any
 
 from segtxn.client.connection import Connector
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.names import InvalidTopicName, TopicName
+from segtxn.protocol.names import InvalidTopicName, TopicName, check_list_part
 
 
 class Admin:
@@ -31,6 +31,12 @@ class Admin:
         )
 
     async def list_topics(self, domain: str, tenant: str, namespace: str) -> list[str]:
+        """Raises ServerError(InvalidTopicName) for a tenant or namespace no topic can have."""
+        try:
+            check_list_part("tenant", tenant)
+            check_list_part("namespace", namespace)
+        except InvalidTopicName as e:
+            raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
         return list(await self._c.request("GET", f"/admin/v2/{domain}/{tenant}/{namespace}"))
 
     async def stats(self, topic: str) -> dict[str, Any]:

@@ -187,7 +187,10 @@ class Catalog:
         out = []
         for domain in ("persistent", "topic"):
             listing = await self.store.list_prefix(f"{TOPICS}{domain}/{tenant}/{namespace}/")
-            out += [TopicName.from_path(r.key[len(TOPICS) :]) for r in listing.records]
+            out += [
+                TopicName.from_path(r.key[len(TOPICS) :], check_lengths=False)
+                for r in listing.records
+            ]
         return out
 
     async def delete(self, name: TopicName, record: TopicRecord) -> None:
