@@ -20,9 +20,16 @@ class Admin:
         except InvalidTopicName as e:
             raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
 
-    async def create_topic(self, topic: str, *, segments: int = 1) -> None:
-        """Create ``persistent://...`` or ``topic://...`` (with ``segments`` range segments)."""
-        params = {"segments": str(segments)} if topic.startswith("topic://") else {}
+    async def create_topic(self, topic: str, *, segments: int | None = None) -> None:
+        """Create ``persistent://...`` or ``topic://...`` (with ``segments`` range segments,
+        1 by default).
+
+        Raises:
+            ServerError: TopicAlreadyExists; InvalidArgument for ``segments`` outside 1..256,
+                or given for a persistent topic (it has none: the broker refuses rather than
+                ignore it).
+        """
+        params = {} if segments is None else {"segments": str(segments)}
         await self._c.request("PUT", self._path(topic), params=params)
 
     async def delete_topic(self, topic: str, *, force: bool = False) -> None:

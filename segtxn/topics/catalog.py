@@ -16,7 +16,7 @@ broker is its owner. While the home broker is down its topics are unavailable
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
 import msgspec
@@ -159,9 +159,16 @@ class Catalog:
         return chosen
 
     async def update_properties(
-        self, name: TopicName, updates: dict[str, str], removals: tuple[str, ...]
+        self,
+        name: TopicName,
+        updates: dict[str, str],
+        removals: tuple[str, ...],
+        check: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
-        """Change a topic record's properties with a CAS (retried if the record moved)."""
+        """Change a topic record's properties with a CAS (retried if the record moved).
+
+        ``check`` sees the resulting properties before each attempt and may raise to refuse
+        them (the limits hold on exactly the set that is written)."""
         while True:
             record = await self.store.get(topic_key(name))
             if record is None:
@@ -170,6 +177,8 @@ class Catalog:
             properties = {**topic.properties, **updates}
             for key in removals:
                 properties.pop(key, None)
+            if check is not None:
+                check(properties)
             changed = msgspec.structs.replace(topic, properties=properties)
             try:
                 await self.store.put(
@@ -199,6 +208,10 @@ class Catalog:
             if isinstance(record, ScalableTopic)
             else [name]
         )
-        await self.store.commit(
-            [Delete(topic_key(name))] + [Delete(home_key(ledger)) for ledger in ledgers]
-        )
+        # the record first, with as many homes as one store step takes (all of them for a
+        # topic of up to HOMES_PER_STEP - 1 segments); the rest after, in steps. A crash in
+        # between leaves homes of a topic that does not exist: the next create of that name
+        # overwrites them, as after a failed create.
+        deletes = [Delete(topic_key(name))] + [Delete(home_key(ledger)) for ledger in ledgers]
+        for i in range(0, len(deletes), HOMES_PER_STEP):
+            await self.store.commit(deletes[i : i + HOMES_PER_STEP])
