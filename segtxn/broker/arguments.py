@@ -1,8 +1,9 @@
-"""The arguments of admin requests, checked against the limits once, at the edge.
+"""The arguments of admin requests and data-plane frames, checked against the limits once,
+at the edge.
 
-Each function raises ``ServerError`` (InvalidArgument / InvalidTopicName) with a message that
-says what was wrong; nothing behind it needs to check again. The limits are in
-:mod:`segtxn.protocol.limits` (and docs/protocol.md).
+Each function raises ``ServerError`` (InvalidArgument / InvalidTopicName / InvalidMessage /
+MessageTooLarge) with a message that says what was wrong; nothing behind it needs to check
+again. The limits are in :mod:`segtxn.protocol.limits` (and docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -13,7 +14,19 @@ from aiohttp import web
 
 from segtxn.ledger import Position
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.limits import parse_int, parse_position, properties_problem
+from segtxn.protocol.frames import Ack, Nack, Redeliver, Send
+from segtxn.protocol.limits import (
+    MAX_BATCH_SENDS,
+    MAX_I64,
+    MAX_MESSAGE_IDS,
+    MAX_MESSAGE_KEY_BYTES,
+    MAX_MESSAGE_METADATA_BYTES,
+    MAX_PROPERTIES,
+    MAX_U64,
+    parse_int,
+    parse_position,
+    properties_problem,
+)
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName, check_list_part
 from segtxn.topics.model import MAX_INITIAL_SEGMENTS
 
@@ -97,3 +110,76 @@ def check_properties(properties: Mapping[str, str]) -> None:
     if problem is not None:
         raise ServerError(ErrorName.INVALID_ARGUMENT, problem)
 
+
+# ---------------------------------------------------------------------- frames
+
+
+def check_send(send: Send, max_message_bytes: int) -> None:
+    """One message of a ``send`` or ``send_batch``: its seq, sizes and numbers.
+
+    Raises:
+        ServerError(InvalidMessage): a number out of range, too many properties.
+        ServerError(MessageTooLarge): the payload, or the key and properties, too large for
+            the entry that stores them.
+    """
+    if send.seq < 0:
+        raise ServerError(ErrorName.INVALID_MESSAGE, f"seq must be >= 0, not {send.seq}")
+    if len(send.payload) > max_message_bytes:
+        raise ServerError(
+            ErrorName.MESSAGE_TOO_LARGE,
+            f"payload of {len(send.payload)} bytes exceeds {max_message_bytes}",
+        )
+    if send.event_time_ms is not None and not 0 <= send.event_time_ms <= MAX_I64:
+        raise ServerError(
+            ErrorName.INVALID_MESSAGE, f"event_time_ms must be in 0..{MAX_I64} (ms since 1970)"
+        )
+    _check_txn(send.txn, ErrorName.INVALID_MESSAGE)
+    key = len(send.key.encode()) if send.key is not None else 0
+    if key > MAX_MESSAGE_KEY_BYTES:
+        raise ServerError(
+            ErrorName.MESSAGE_TOO_LARGE, f"a key of {key} bytes; at most {MAX_MESSAGE_KEY_BYTES}"
+        )
+    if len(send.properties) > MAX_PROPERTIES:
+        raise ServerError(
+            ErrorName.INVALID_MESSAGE,
+            f"{len(send.properties)} properties; at most {MAX_PROPERTIES}",
+        )
+    metadata = key + sum(len(k.encode()) + len(v.encode()) for k, v in send.properties.items())
+    if metadata > MAX_MESSAGE_METADATA_BYTES:
+        raise ServerError(
+            ErrorName.MESSAGE_TOO_LARGE,
+            f"key and properties take {metadata} bytes; at most {MAX_MESSAGE_METADATA_BYTES}",
+        )
+
+
+def check_batch(sends: list[Send]) -> None:
+    """Raises ServerError(InvalidMessage) for a batch of more than MAX_BATCH_SENDS."""
+    if len(sends) > MAX_BATCH_SENDS:
+        raise ServerError(
+            ErrorName.INVALID_MESSAGE, f"{len(sends)} sends in a batch; at most {MAX_BATCH_SENDS}"
+        )
+
+
+def check_consumer_frame(frame: Ack | Nack | Redeliver) -> None:
+    """Counts and numbers of an ``ack``, ``nack`` or ``redeliver`` (message ids themselves
+    are checked against the topic: an unknown one is InvalidArgument there).
+
+    Raises:
+        ServerError(InvalidArgument)
+    """
+    if not 0 <= frame.request_id <= MAX_U64:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"request_id must be in 0..{MAX_U64}")
+    if isinstance(frame, Ack | Nack) and len(frame.message_ids) > MAX_MESSAGE_IDS:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT,
+            f"{len(frame.message_ids)} message ids in one frame; at most {MAX_MESSAGE_IDS}",
+        )
+    if isinstance(frame, Ack | Redeliver):
+        _check_txn(frame.txn, ErrorName.INVALID_ARGUMENT)
+    if isinstance(frame, Ack) and frame.epoch is not None and not 0 <= frame.epoch <= MAX_I64:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"epoch must be in 0..{MAX_I64}")
+
+
+def _check_txn(txn: tuple[int, int] | None, name: ErrorName) -> None:
+    if txn is not None and not all(0 <= half <= MAX_U64 for half in txn):
+        raise ServerError(name, f"a transaction id is two numbers in 0..{MAX_U64}, not {txn}")

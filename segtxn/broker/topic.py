@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from segtxn.broker.arguments import changed_properties, check_properties
+from segtxn.broker.arguments import changed_properties, check_properties, check_send
 from segtxn.broker.dedup import Deduplication
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
@@ -169,13 +169,7 @@ class Topic:
             turn.release()
 
     async def _publish(self, producer: str, send: Send, turn: Turn) -> tuple[Position, bool]:
-        if send.seq < 0:
-            raise ServerError(ErrorName.INVALID_MESSAGE, f"seq must be >= 0, not {send.seq}")
-        if len(send.payload) > self.settings.max_message_bytes:
-            raise ServerError(
-                ErrorName.MESSAGE_TOO_LARGE,
-                f"payload of {len(send.payload)} bytes exceeds {self.settings.max_message_bytes}",
-            )
+        check_send(send, self.settings.max_message_bytes)
         state = self.dedup.state(producer)
         in_flight = state.in_flight.get(send.seq)
         if in_flight is not None:
