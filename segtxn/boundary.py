@@ -60,6 +60,19 @@ def _cut(message: str) -> str:
     return message[:MAX_ERROR_MESSAGE_CHARS] + "... (cut)"
 
 
+MAX_HEADER_MESSAGE_BYTES = 2048
+"""``X-Segtxn-Message`` is cut here once quoted (clients refuse header lines over 8190)."""
+
+
+def _header_text(message: str) -> str:
+    quoted = quote(message, errors="backslashreplace")
+    if len(quoted) <= MAX_HEADER_MESSAGE_BYTES:
+        return quoted
+    cut = quoted[: MAX_HEADER_MESSAGE_BYTES - 12]
+    cut = cut[: cut.rfind("%")] if "%" in cut[-2:] else cut  # no half an escape
+    return cut + "...%20(cut)"
+
+
 def error_response(
     error: ServerError, request: web.BaseRequest | None = None, *, status: int | None = None
 ) -> web.Response:
@@ -70,7 +83,7 @@ def error_response(
     # also in headers: a failed WebSocket handshake shows the client headers, not the body
     headers = {
         "X-Segtxn-Error": error.name.value,
-        "X-Segtxn-Message": quote(message, errors="backslashreplace"),
+        "X-Segtxn-Message": _header_text(message),
     }
     if error.name is ErrorName.NOT_OWNER and error.redirect and request is not None:
         headers["Location"] = error.redirect.rstrip("/") + request.path_qs
