@@ -241,8 +241,9 @@ async def producer(request: web.Request) -> web.StreamResponse:
             window.release()
 
     async def handle(frame: object) -> None:
+        if isinstance(frame, SendBatch):
+            check_batch(frame.sends)
         sends = frame.sends if isinstance(frame, SendBatch) else [frame]
-        check_batch(sends)  # type: ignore[arg-type]
         for send in sends:
             assert isinstance(send, Send)
             await window.acquire()  # backpressure: stop reading while the window is full

@@ -106,10 +106,9 @@ def _cut(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def properties_problem(properties: Mapping[str, str], *, count: bool = True) -> str | None:
-    """What is wrong with a property set (a topic's, after a change), or None.
-
-    ``count=False`` skips the count and total checks (for the update alone)."""
+def properties_problem(properties: Mapping[str, str]) -> str | None:
+    """What is wrong with a topic's property set (checked on the set a change would write),
+    or None."""
     total = 0
     for key, value in properties.items():
         try:
@@ -123,9 +122,9 @@ def properties_problem(properties: Mapping[str, str], *, count: bool = True) -> 
         if value_bytes > MAX_PROPERTY_VALUE_BYTES:
             return f"property {_cut(key)!r}: its value is over {MAX_PROPERTY_VALUE_BYTES} bytes"
         total += key_bytes + value_bytes
-    if count and len(properties) > MAX_PROPERTIES:
+    if len(properties) > MAX_PROPERTIES:
         return f"{len(properties)} properties; at most {MAX_PROPERTIES}"
-    if count and total > MAX_PROPERTIES_BYTES:
+    if total > MAX_PROPERTIES_BYTES:
         return f"properties take {total} bytes; at most {MAX_PROPERTIES_BYTES}"
     return None
 
