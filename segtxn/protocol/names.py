@@ -149,6 +149,12 @@ def _check_lengths(shown: str, tenant: str, namespace: str, local: str) -> None:
         )
 
 
+def schema_pattern(limit: int) -> str:
+    """A name part of at most ``limit`` characters as an anchored pattern (as the CRDs'
+    OpenAPI schemas write it; they cannot weigh ``=``)."""
+    return f"^{_PART.pattern.removesuffix('*')}{{0,{limit - 1}}}$"
+
+
 def check_list_part(what: str, part: str) -> str:
     """A tenant or namespace given on its own (e.g. to list a namespace's topics).
 
