@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+
+from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler
 
 
 async def relay(
@@ -49,6 +52,36 @@ class DebugAccessLogger(AbstractAccessLogger):
         )
 
 
+class _Site(web.BaseSite):
+    """A TCP site whose connections are served by :class:`JsonRequestHandler`, so requests
+    refused before routing get the JSON error too (aiohttp's TCPSite hard-wires its own
+    handler class)."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int) -> None:
+        super().__init__(runner)
+        self._host = host
+        self._port = port
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        if server is None:  # BaseSite already refuses a runner that is not set up
+            raise RuntimeError("the runner is not set up")
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: JsonRequestHandler(
+                server, loop=loop, access_log_class=DebugAccessLogger, **HANDLER_ARGS
+            ),
+            self._host,
+            self._port,
+            reuse_address=True,
+        )
+
+
 class AppServer:
     """``start()`` serves ``app`` on ``host:port`` (defaults: the advertised URL's);
     ``stop()`` runs its shutdown and clean-up."""
@@ -64,7 +97,7 @@ class AppServer:
 
     async def start(self) -> None:
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
+        await _Site(self._runner, self.host, self.port).start()
 
     async def stop(self) -> None:
         await self._runner.cleanup()

@@ -15,10 +15,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from segtxn.boundary import read_json
+from segtxn.broker import arguments
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
 from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore
-from segtxn.ledger import Position
 from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.limits import parse_int
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.controller import TopicBusy
@@ -27,13 +29,6 @@ from segtxn.topics.model import ScalableTopic
 from segtxn.web import relay
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
-
-
-async def _json(request: web.Request) -> Any:
-    try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
 
 
 async def _fan_out(
@@ -96,12 +91,7 @@ def _has_clients(stats: Any) -> bool:
 async def create_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     name = topic_from(request)
-    segments = request.query.get("segments", "1")
-    if not segments.isdigit():
-        raise ServerError(ErrorName.INVALID_ARGUMENT, "segments must be a number")
-    if name.domain is Domain.PERSISTENT and segments != "1":
-        raise ServerError(ErrorName.INVALID_ARGUMENT, "persistent topics have no segments")
-    await service.create(name, segments=int(segments))
+    await service.create(name, segments=arguments.segments_to_create(request, name))
     return web.Response(status=204)
 
 
@@ -135,9 +125,8 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
 @json_errors
 async def list_topics(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    info = request.match_info
-    names = await service.catalog.list_topics(info["tenant"], info["namespace"])
-    wanted = info["domain"]
+    wanted, tenant, namespace = arguments.listed_namespace(request)
+    names = await service.catalog.list_topics(tenant, namespace)
     return web.json_response([str(n) for n in names if n.domain.value == wanted])
 
 
@@ -223,13 +212,8 @@ async def reset_subscription(request: web.Request) -> web.StreamResponse:
             )
         await _fan_out(request, name, "POST", f"/subscription/{subscription}/reset")
         return web.Response(status=204)
-    target: str | Position = to
-    if to not in ("earliest", "latest"):
-        try:
-            target = Position.parse(to)
-        except ValueError as e:
-            raise ServerError(ErrorName.INVALID_ARGUMENT, str(e)) from e
     topic = await request.app[SERVICE].serve(name)
+    target = arguments.reset_target(to, topic.ledger.next_write_position())
     await topic.reset_subscription(subscription, target)
     return web.Response(status=204)
 
@@ -253,12 +237,8 @@ async def get_properties(request: web.Request) -> web.StreamResponse:
 
 @json_errors
 async def update_properties(request: web.Request) -> web.StreamResponse:
-    body = await _json(request)
-    if not isinstance(body, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in body.items()
-    ):
-        raise ServerError(ErrorName.INVALID_ARGUMENT, "properties are a JSON object of strings")
-    await _change_properties(request, body, ())
+    updates = arguments.property_updates(await read_json(request))
+    await _change_properties(request, updates, ())
     return web.Response(status=204)
 
 
@@ -283,7 +263,9 @@ async def _change_properties(
             if key.startswith(SYSTEM_PROPERTY_PREFIX):
                 raise ServerError(ErrorName.NOT_ALLOWED, f"{key!r} is a system property")
         try:
-            await service.catalog.update_properties(name, updates, removals)
+            await service.catalog.update_properties(
+                name, updates, removals, check=arguments.check_properties
+            )
         except KeyError:
             raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist") from None
         return
@@ -428,9 +410,9 @@ async def split(request: web.Request) -> web.StreamResponse:
 @json_errors
 async def merge(request: web.Request) -> web.StreamResponse:
     parts = request.query.get("segments", "").split(",")
-    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+    if len(parts) != 2:
         raise ServerError(ErrorName.INVALID_ARGUMENT, "which segments? (?segments=A,B)")
-    first, second = (int(p) for p in parts)
+    first, second = (parse_int(p.strip(), "segments") for p in parts)
     controllers = request.app[SERVICE].controllers
     return await _as_controller(request, lambda name: controllers.merge(name, first, second))
 

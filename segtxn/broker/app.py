@@ -13,19 +13,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from segtxn.boundary import boundary
 from segtxn.broker import admin, lookup, ws
-from segtxn.broker.http import SERVICE, SOCKETS, error_body
+from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
 from segtxn.metastore import MetadataStore
-from segtxn.protocol.errors import ErrorName
+from segtxn.protocol.limits import MAX_REQUEST_BYTES
 from segtxn.web import AppServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> web.Application:
-    app = web.Application(client_max_size=2 * settings.max_message_bytes, middlewares=[json_errors])
+    # the largest body is a property set; WebSocket frames have their own limit (ws.py)
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[boundary])
     app[SERVICE] = BrokerService(settings, store)
     app[SOCKETS] = weakref.WeakSet()
     app.on_shutdown.append(ws.close_sockets)
@@ -60,24 +62,6 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
         ]
     )
     return app
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Answer paths and methods that match no route with the JSON error shape too."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status < 400 or e.content_type == "application/json":
-            raise
-        return web.Response(
-            status=e.status,
-            text=error_body(
-                ErrorName.INVALID_ARGUMENT, f"no such endpoint: {request.method} {request.path}"
-            ),
-            content_type="application/json",
-            headers={"X-Segtxn-Error": ErrorName.INVALID_ARGUMENT.value},
-        )
 
 
 async def healthz(request: web.Request) -> web.Response:

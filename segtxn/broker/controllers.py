@@ -177,7 +177,7 @@ class TopicControllers:
                     topic = decode_topic(record.value)
                     if not isinstance(topic, ScalableTopic) or topic.pending is None:
                         continue
-                    name = TopicName.from_path(record.key[len(TOPICS) :])
+                    name = TopicName.from_path(record.key[len(TOPICS) :], check_lengths=False)
                     if await self.leader(name) is None:
                         async with self.lock(name):
                             await self._controller().finish(name)

@@ -1,20 +1,29 @@
-"""Shared pieces of the broker's HTTP surface: app keys, names from paths, the error body."""
+"""Shared pieces of the broker's HTTP surface: app keys, names from paths, the error body
+(:func:`segtxn.boundary.error_response`)."""
 
 from __future__ import annotations
 
-import json
-import re
 import weakref
 from collections.abc import Awaitable, Callable
-from urllib.parse import quote
 
 from aiohttp import web
 
+from segtxn.boundary import error_response
 from segtxn.broker.service import BrokerService
 from segtxn.metastore import MetadataStoreError, StoreUnavailable
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.names import InvalidTopicName, TopicName
+from segtxn.protocol.names import InvalidTopicName, TopicName, client_name_problem
 from segtxn.topics.model import ScalableTopic
+
+__all__ = [
+    "SERVICE",
+    "SOCKETS",
+    "check_name",
+    "error_response",
+    "json_errors",
+    "scalable_record",
+    "topic_from",
+]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -23,36 +32,11 @@ SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])
 """Open WebSockets: closed on shutdown, or aiohttp waits for their handlers."""
 
 
-def error_body(name: ErrorName | str, message: str) -> str:
-    return json.dumps({"error": str(name), "message": message})
-
-
-def error_response(error: ServerError, request: web.Request | None = None) -> web.Response:
-    """``{"error": NAME, "message": ...}`` with the name's HTTP status; ``NotOwner`` is a
-    307 whose ``Location`` is the same path and query on the serving broker."""
-    # also in headers: a failed WebSocket handshake shows the client headers, not the body
-    headers = {"X-Segtxn-Error": error.name.value, "X-Segtxn-Message": quote(error.message)}
-    if error.name is ErrorName.NOT_OWNER and error.redirect and request is not None:
-        headers["Location"] = error.redirect.rstrip("/") + request.path_qs
-    return web.Response(
-        status=error.name.http_status,
-        text=error_body(error.name, error.message),
-        content_type="application/json",
-        headers=headers,
-    )
-
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,127}$")
-
-
 def check_name(kind: str, value: str) -> str:
     """A producer, consumer or subscription name, or ServerError(InvalidArgument)."""
-    if not _NAME.match(value):
-        raise ServerError(
-            ErrorName.INVALID_ARGUMENT,
-            f"{kind} name {value!r} must be 1-128 of letters, digits and _.:=- "
-            "(starting with a letter or digit)",
-        )
+    problem = client_name_problem(kind, value)
+    if problem is not None:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, problem)
     return value
 
 

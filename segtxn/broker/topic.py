@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from segtxn.broker.arguments import changed_properties, check_properties, check_send
 from segtxn.broker.dedup import Deduplication
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
@@ -83,6 +84,8 @@ class Topic:
         self.counters = TopicCounters()
         self._snapshotting: asyncio.Task[None] | None = None
         self._sub_lock = asyncio.Lock()
+        self._properties_lock = asyncio.Lock()
+        """Property changes one at a time: the limits hold on the set each one writes."""
 
     @classmethod
     async def load(
@@ -173,13 +176,7 @@ class Topic:
             turn.release()
 
     async def _publish(self, producer: str, send: Send, turn: Turn) -> tuple[Position, bool]:
-        if send.seq < 0:
-            raise ServerError(ErrorName.INVALID_MESSAGE, f"seq must be >= 0, not {send.seq}")
-        if len(send.payload) > self.settings.max_message_bytes:
-            raise ServerError(
-                ErrorName.MESSAGE_TOO_LARGE,
-                f"payload of {len(send.payload)} bytes exceeds {self.settings.max_message_bytes}",
-            )
+        check_send(send, self.settings.max_message_bytes)
         state = self.dedup.state(producer)
         in_flight = state.in_flight.get(send.seq)
         if in_flight is not None:
@@ -380,14 +377,17 @@ class Topic:
         return dict(self.ledger.properties)
 
     async def update_properties(self, updates: dict[str, str], removals: tuple[str, ...]) -> None:
-        """Raises ServerError(NotAllowed) for system (``__``) properties."""
+        """Raises ServerError(NotAllowed) for system (``__``) properties, and
+        ServerError(InvalidArgument) when the resulting set would break the limits."""
         for key in [*updates, *removals]:
             if key.startswith(SYSTEM_PROPERTY_PREFIX):
                 raise ServerError(
                     ErrorName.NOT_ALLOWED,
-                    f"{key!r} is a system property: it can be read, not set or removed",
+                    f"{key[:40]!r} is a system property: it can be read, not set or removed",
                 )
-        await self.ledger.update_properties(updates, removals)
+        async with self._properties_lock:
+            check_properties(changed_properties(self.ledger.properties, updates, removals))
+            await self.ledger.update_properties(updates, removals)
 
     # ------------------------------------------------------------------ stats
 

@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from segtxn.boundary import incident, translate
+from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
 from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
@@ -54,6 +56,7 @@ from segtxn.protocol.frames import (
     Send,
     SendBatch,
 )
+from segtxn.protocol.limits import parse_position
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnId
 
@@ -93,6 +96,9 @@ class _Outbox:
             try:
                 if not self.ws.closed:
                     await self.ws.send_bytes(frames.encode(frame))
+            except ConnectionError:  # the client went away: nothing more to write
+                log.info("%s: the connection closed while writing", self._name)
+                return
             finally:
                 self.queue.task_done()
 
@@ -126,12 +132,35 @@ async def _receive_frames(
             try:
                 await handle(frame)
             except ServerError as e:
-                outbox.send(Error(error=e.name, message=e.message))
+                outbox.send(Error(error=e.name, message=e.message, request_id=_request_id(frame)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug, or the store: answered, and the connection stays
+                outbox.send(_failure(f"{type(frame).__name__} frame", e, _request_id(frame)))
         elif message.type is WSMsgType.TEXT:
             outbox.send(Error(error=ErrorName.INVALID_MESSAGE, message="frames are binary msgpack"))
         elif message.type is WSMsgType.ERROR:
             log.info("websocket error: %s", ws.exception())
             return
+
+
+def _request_id(frame: object) -> int | None:
+    request_id = getattr(frame, "request_id", None)
+    return request_id if isinstance(request_id, int) and request_id else None
+
+
+def _failure(what: str, e: Exception, request_id: int | None = None) -> Error:
+    """The Error frame for an unexpected failure: ServiceNotReady when the store or a
+    peer is away, else a bug, logged once with an incident id."""
+    known = translate(e)
+    if known is not None:
+        return Error(error=known.name, message=known.message, request_id=request_id)
+    ident = incident(f"{what} failed", e)
+    return Error(
+        error=ErrorName.UNKNOWN,
+        message=f"internal error, incident {ident} (the broker log has the details)",
+        request_id=request_id,
+    )
 
 
 def _socket(request: web.Request) -> web.WebSocketResponse:
@@ -212,6 +241,8 @@ async def producer(request: web.Request) -> web.StreamResponse:
             window.release()
 
     async def handle(frame: object) -> None:
+        if isinstance(frame, SendBatch):
+            check_batch(frame.sends)
         sends = frame.sends if isinstance(frame, SendBatch) else [frame]
         for send in sends:
             assert isinstance(send, Send)
@@ -322,13 +353,14 @@ async def _serve_consumer(
                 outbox.send(frames.AckReceipt(request_id=frame.request_id))
         except ServerError as e:
             outbox.send(Error(error=e.name, message=e.message, request_id=frame.request_id))
+        except asyncio.CancelledError:
+            raise
         except Exception as e:
-            log.exception("ack failed")
-            outbox.send(
-                Error(error=ErrorName.PERSISTENCE, message=str(e), request_id=frame.request_id)
-            )
+            outbox.send(_failure("ack", e, frame.request_id))
 
     async def handle(frame: object) -> None:
+        if isinstance(frame, Ack | Nack | Redeliver):
+            check_consumer_frame(frame)
         if isinstance(frame, Flow):
             subscription.flow(link, frame.permits)
         elif isinstance(frame, Ack):
@@ -388,19 +420,21 @@ async def reader(request: web.Request) -> web.StreamResponse:
     return ws
 
 
+NOTHING = Position(-1, -1)
+"""A reader's end before any entry: it ends at once (``end=-1:-1``, what ``latest`` is on a
+topic that holds nothing)."""
+
+
 def _end_position(topic: Topic, end: str | None) -> Position | None:
     """Where a reader stops (inclusive): ``latest`` is the last entry stored now."""
     if end is None:
         return None
     if end == "latest":
         last = topic.ledger.last_confirmed
-        return last if last is not None else Position(-1, -1)  # nothing stored: end at once
-    try:
-        return Position.parse(end)
-    except ValueError:
-        raise ServerError(
-            ErrorName.INVALID_ARGUMENT, f"end {end!r}: latest or LEDGER:ENTRY"
-        ) from None
+        return last if last is not None else NOTHING  # nothing stored: end at once
+    if end == str(NOTHING):
+        return NOTHING
+    return Position(*parse_position(end, "end (latest or LEDGER:ENTRY)"))
 
 
 def _start_position(topic: Topic, start: str) -> Position:
@@ -408,9 +442,11 @@ def _start_position(topic: Topic, start: str) -> Position:
         return topic.ledger.first_position() or topic.ledger.next_write_position()
     if start == "latest":
         return topic.ledger.next_write_position()
-    try:
-        return Position.parse(start)
-    except ValueError:
+    position = Position(*parse_position(start, "start (earliest, latest or LEDGER:ENTRY)"))
+    if position > topic.ledger.next_write_position():
         raise ServerError(
-            ErrorName.INVALID_ARGUMENT, f"start {start!r}: earliest, latest or LEDGER:ENTRY"
-        ) from None
+            ErrorName.INVALID_ARGUMENT,
+            f"start={position} is beyond the end of {topic.name} "
+            f"(its next message is {topic.ledger.next_write_position()}); use latest",
+        )
+    return position

@@ -137,8 +137,10 @@ def _print(value: Any) -> None:
 @topics.command("create")
 @URL
 @click.argument("topic")
-@click.option("--segments", default=1, show_default=True, help="Range segments (topic://).")
-def create(url: str, topic: str, segments: int) -> None:
+@click.option(
+    "--segments", type=int, default=None, help="Range segments of a topic:// (default 1)."
+)
+def create(url: str, topic: str, segments: int | None) -> None:
     """Create TOPIC (persistent://t/ns/name or topic://t/ns/name)."""
     run(lambda c: c.admin.create_topic(topic, segments=segments), url)
     click.echo(f"created {topic}")

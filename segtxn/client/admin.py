@@ -6,7 +6,7 @@ from typing import Any
 
 from segtxn.client.connection import Connector
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.names import InvalidTopicName, TopicName
+from segtxn.protocol.names import InvalidTopicName, TopicName, check_list_part
 
 
 class Admin:
@@ -20,9 +20,16 @@ class Admin:
         except InvalidTopicName as e:
             raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
 
-    async def create_topic(self, topic: str, *, segments: int = 1) -> None:
-        """Create ``persistent://...`` or ``topic://...`` (with ``segments`` range segments)."""
-        params = {"segments": str(segments)} if topic.startswith("topic://") else {}
+    async def create_topic(self, topic: str, *, segments: int | None = None) -> None:
+        """Create ``persistent://...`` or ``topic://...`` (with ``segments`` range segments,
+        1 by default).
+
+        Raises:
+            ServerError: TopicAlreadyExists; InvalidArgument for ``segments`` outside 1..256,
+                or given for a persistent topic (it has none: the broker refuses rather than
+                ignore it).
+        """
+        params = {} if segments is None else {"segments": str(segments)}
         await self._c.request("PUT", self._path(topic), params=params)
 
     async def delete_topic(self, topic: str, *, force: bool = False) -> None:
@@ -31,6 +38,12 @@ class Admin:
         )
 
     async def list_topics(self, domain: str, tenant: str, namespace: str) -> list[str]:
+        """Raises ServerError(InvalidTopicName) for a tenant or namespace no topic can have."""
+        try:
+            check_list_part("tenant", tenant)
+            check_list_part("namespace", namespace)
+        except InvalidTopicName as e:
+            raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
         return list(await self._c.request("GET", f"/admin/v2/{domain}/{tenant}/{namespace}"))
 
     async def stats(self, topic: str) -> dict[str, Any]:

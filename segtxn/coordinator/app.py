@@ -20,9 +20,7 @@ aiohttp does not cancel a handler whose client went away.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -30,10 +28,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from segtxn.boundary import boundary, error_response, read_json
 from segtxn.coordinator.v4 import CoordinatorV4, TxnMeta
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
-from segtxn.metastore import MetadataStore, MetadataStoreError, StoreUnavailable, open_store
+from segtxn.metastore import MetadataStore, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.limits import (
+    MAX_LIST_LIMIT,
+    MAX_REQUEST_BYTES,
+    MAX_TOPICS_PER_CALL,
+    parse_int,
+)
+from segtxn.protocol.names import client_name_problem
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.transactions import TxnHeader
 from segtxn.web import AppServer, relay
@@ -43,28 +49,15 @@ V4 = web.AppKey("coordinator-v4", CoordinatorV4)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _error(e: ServerError) -> web.Response:
-    return web.Response(
-        status=e.name.http_status,
-        text=json.dumps({"error": e.name.value, "message": e.message}),
-        content_type="application/json",
-        headers={"X-Segtxn-Error": e.name.value, "X-Segtxn-Message": quote(e.message)},
-    )
-
-
 def _errors(handler: Handler) -> Handler:
-    """A handler whose ServerErrors become the JSON error body; a metadata store that does
-    not answer is ServiceNotReady (retriable: the client tries again), as on the broker."""
+    """A handler whose ServerErrors become the JSON error body (everything else, a metadata
+    store that does not answer among them, is :mod:`segtxn.boundary`'s)."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
         except ServerError as e:
-            return _error(e)
-        except StoreUnavailable as e:
-            return _error(ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}"))
-        except MetadataStoreError as e:
-            return _error(ServerError(ErrorName.METADATA, str(e)))
+            return error_response(e, request)
 
     return wrapped
 
@@ -100,16 +93,24 @@ def _v4_meta(meta: TxnMeta) -> dict[str, object]:
 
 async def _topics(request: web.Request) -> tuple[list[str], str | None]:
     """The body of ADD_*: its topics (and subscription, for ADD_SUBSCRIPTION)."""
-    try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
+    body = await read_json(request)
     topics = body.get("topics") if isinstance(body, dict) else None
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
         raise ServerError(ErrorName.INVALID_ARGUMENT, 'expected {"topics": [...]}')
+    if len(topics) > MAX_TOPICS_PER_CALL:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT,
+            f"{len(topics)} topics in one call; at most {MAX_TOPICS_PER_CALL}",
+        )
     subscription = body.get("subscription")
-    if subscription is not None and not isinstance(subscription, str):
-        raise ServerError(ErrorName.INVALID_ARGUMENT, "subscription must be a string")
+    if subscription is not None:
+        problem = (
+            "subscription must be a string"
+            if not isinstance(subscription, str)
+            else client_name_problem("subscription", subscription)
+        )
+        if problem is not None:
+            raise ServerError(ErrorName.INVALID_ARGUMENT, problem)
     return topics, subscription
 
 
@@ -184,10 +185,8 @@ async def end_txn(request: web.Request) -> web.StreamResponse:
 
 @_errors
 async def list_open(request: web.Request) -> web.StreamResponse:
-    limit = request.query.get("limit", "1000")
-    if not limit.isdigit():
-        raise ServerError(ErrorName.INVALID_ARGUMENT, "limit must be a number")
-    found = await request.app[COORDINATOR].list_open(int(limit))
+    limit = parse_int(request.query.get("limit", "1000"), "limit", lo=1, hi=MAX_LIST_LIMIT)
+    found = await request.app[COORDINATOR].list_open(limit)
     return web.json_response({"transactions": [_header(t, h) for t, h in found]})
 
 
@@ -275,7 +274,7 @@ def create_app(
 ) -> web.Application:
     """The coordinator app; it opens ``settings.store_url`` unless handed a store (then
     the caller owns it: ``segtxn standalone`` shares its broker's embedded store)."""
-    app = web.Application()
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[boundary])
     own = store is None
     used = open_store(settings.store_url) if store is None else store
     app[COORDINATOR] = CoordinatorV5(used, settings)

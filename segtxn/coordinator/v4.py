@@ -39,6 +39,7 @@ from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.ledger import LedgerError, LogStorage, ManagedLedger, open_log_storage
 from segtxn.metastore import LeaderElection, Leadership, MetadataStore, MetadataStoreError, Session
 from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.limits import MAX_TXN_PARTICIPANTS
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.catalog import Catalog
@@ -274,8 +275,15 @@ class CoordinatorV4:
             _, meta = self._meta(txn)
             if meta.state != OPEN:
                 raise ServerError(ErrorName.INVALID_TXN_STATUS, f"{txn} is {meta.state}")
-            new_partitions = [p for p in partitions if p not in meta.partitions]
-            new_subs = [s for s in subscriptions if s not in meta.subscriptions]
+            new_partitions = list(dict.fromkeys(p for p in partitions if p not in meta.partitions))
+            new_subs = list(dict.fromkeys(s for s in subscriptions if s not in meta.subscriptions))
+            total = len(meta.partitions) + len(meta.subscriptions) + len(new_partitions)
+            if total + len(new_subs) > MAX_TXN_PARTICIPANTS:
+                raise ServerError(
+                    ErrorName.INVALID_ARGUMENT,
+                    f"{txn}: at most {MAX_TXN_PARTICIPANTS} partitions and subscriptions "
+                    "in one transaction",
+                )
             if new_partitions or new_subs:
                 await self._log(
                     held,

@@ -4,7 +4,10 @@
 - ``topic://tenant/namespace/name``: a scalable topic, a DAG of range segments;
 - ``segment://tenant/namespace/name/<id>``: one range segment of a scalable topic.
 
-Each part is 1-128 characters of letters, digits and ``-_.=``; segment ids are decimal.
+Parts are letters, digits and ``-_.=``, starting with a letter or digit; segment ids are
+decimal. Their lengths are bounded so that every file name and store key derived from a name
+fits (:mod:`segtxn.protocol.limits`): tenant and namespace 1-64, name 1-128, the three together
+at most 140 (a ``=`` counts three: it is quoted in file names).
 """
 
 from __future__ import annotations
@@ -13,7 +16,20 @@ import enum
 import re
 from dataclasses import dataclass
 
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}$")
+from segtxn.protocol.limits import (
+    MAX_CLIENT_NAME,
+    MAX_LOCAL_NAME,
+    MAX_NAMESPACE,
+    MAX_SEGMENT_ID_DIGITS,
+    MAX_SUBSCRIPTION,
+    MAX_TENANT,
+    MAX_TOPIC_PARTS,
+    storage_length,
+)
+
+_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]*")  # fullmatch: "$" would take a "\n"
+_SEGMENT_ID = re.compile(rf"[0-9]{{1,{MAX_SEGMENT_ID_DIGITS}}}")
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=-]*")
 
 
 class Domain(enum.Enum):
@@ -35,39 +51,49 @@ class TopicName:
     segment: int | None = None
 
     @classmethod
-    def parse(cls, text: str) -> TopicName:
+    def parse(cls, text: str, *, check_lengths: bool = True) -> TopicName:
         """Parse ``domain://tenant/namespace/name[/segment]``.
+
+        ``check_lengths=False`` is for names read back from the store: they were checked
+        when their topic was created (a topic created before the length limits must still
+        list, and delete).
 
         Raises:
             InvalidTopicName: with a message that says which part is wrong.
         """
         if not isinstance(text, str):
             raise InvalidTopicName(f"a topic name is a string, not {type(text).__name__}")
+        shown = _shown(text)
         scheme, sep, rest = text.partition("://")
         if not sep:
-            raise InvalidTopicName(f"{text!r}: expected domain://tenant/namespace/name")
+            raise InvalidTopicName(f"{shown}: expected domain://tenant/namespace/name")
         try:
             domain = Domain(scheme)
         except ValueError:
             known = ", ".join(f"{d.value}://" for d in Domain)
             raise InvalidTopicName(
-                f"{text!r}: unknown domain {scheme!r} (one of {known})"
+                f"{shown}: unknown domain {_shown(scheme)} (one of {known})"
             ) from None
         parts = rest.split("/")
         expected = 4 if domain is Domain.SEGMENT else 3
         if len(parts) != expected:
             shape = "tenant/namespace/name" + ("/<segment id>" if domain is Domain.SEGMENT else "")
-            raise InvalidTopicName(f"{text!r}: expected {domain.value}://{shape}")
-        for part in parts[:3]:
-            if not _PART.match(part):
+            raise InvalidTopicName(f"{shown}: expected {domain.value}://{shape}")
+        for what, part in zip(("tenant", "namespace", "name"), parts, strict=False):
+            if not _PART.fullmatch(part):
                 raise InvalidTopicName(
-                    f"{text!r}: {part!r} must be 1-128 of letters, digits and -_.= "
+                    f"{shown}: {what} {_shown(part)} must be letters, digits and -_.= "
                     "(starting with a letter or digit)"
                 )
+        if check_lengths:
+            _check_lengths(shown, parts[0], parts[1], parts[2])
         segment = None
         if domain is Domain.SEGMENT:
-            if not parts[3].isdigit() or len(parts[3]) > 18:
-                raise InvalidTopicName(f"{text!r}: segment id {parts[3]!r} must be a number")
+            if not _SEGMENT_ID.fullmatch(parts[3]):
+                raise InvalidTopicName(
+                    f"{shown}: segment id {_shown(parts[3])} must be a number "
+                    f"of at most {MAX_SEGMENT_ID_DIGITS} digits"
+                )
             segment = int(parts[3])
         return cls(domain, parts[0], parts[1], parts[2], segment)
 
@@ -81,9 +107,9 @@ class TopicName:
         return str(self).replace("://", "/", 1)
 
     @classmethod
-    def from_path(cls, path: str) -> TopicName:
+    def from_path(cls, path: str, *, check_lengths: bool = True) -> TopicName:
         domain, _, rest = path.strip("/").partition("/")
-        return cls.parse(f"{domain}://{rest}")
+        return cls.parse(f"{domain}://{rest}", check_lengths=check_lengths)
 
     def segment_name(self, segment_id: int) -> TopicName:
         """The ``segment://`` name of one segment of this scalable topic."""
@@ -96,3 +122,67 @@ class TopicName:
         if self.domain is not Domain.SEGMENT:
             raise InvalidTopicName(f"{self} is not a segment")
         return TopicName(Domain.TOPIC, self.tenant, self.namespace, self.local)
+
+
+def _shown(text: str, limit: int = 80) -> str:
+    """``repr`` of a name in an error message, cut short (messages are sent back)."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _check_lengths(shown: str, tenant: str, namespace: str, local: str) -> None:
+    lengths = [storage_length(p) for p in (tenant, namespace, local)]
+    for what, length, limit in zip(
+        ("tenant", "namespace", "name"),
+        lengths,
+        (MAX_TENANT, MAX_NAMESPACE, MAX_LOCAL_NAME),
+        strict=True,
+    ):
+        if length > limit:
+            raise InvalidTopicName(
+                f"{shown}: the {what} is {length} characters long; at most {limit} (a '=' counts 3)"
+            )
+    if sum(lengths) > MAX_TOPIC_PARTS:
+        raise InvalidTopicName(
+            f"{shown}: tenant, namespace and name take {sum(lengths)} characters together; "
+            f"at most {MAX_TOPIC_PARTS} (a '=' counts 3), so that the files and keys named "
+            "after the topic fit"
+        )
+
+
+def schema_pattern(limit: int) -> str:
+    """A name part of at most ``limit`` characters as an anchored pattern (as the CRDs'
+    OpenAPI schemas write it; they cannot weigh ``=``)."""
+    return f"^{_PART.pattern.removesuffix('*')}{{0,{limit - 1}}}$"
+
+
+def check_list_part(what: str, part: str) -> str:
+    """A tenant or namespace given on its own (e.g. to list a namespace's topics).
+
+    Raises:
+        InvalidTopicName
+    """
+    limit = MAX_TENANT if what == "tenant" else MAX_NAMESPACE
+    if not _PART.fullmatch(part):
+        raise InvalidTopicName(
+            f"{what} {_shown(part)} must be letters, digits and -_.= "
+            "(starting with a letter or digit)"
+        )
+    if storage_length(part) > limit:
+        raise InvalidTopicName(f"{what} {_shown(part)} is longer than {limit} characters")
+    return part
+
+
+def client_name_problem(kind: str, value: str) -> str | None:
+    """What is wrong with a subscription, producer or consumer name, or None.
+
+    Subscriptions are 1-64 characters (a v4 subscription names its pending-ack log file,
+    :mod:`segtxn.protocol.limits`), producers and consumers 1-128; letters, digits and
+    ``_.:=-``, starting with a letter or digit; ``:`` and ``=`` count 3.
+    """
+    limit = MAX_SUBSCRIPTION if kind == "subscription" else MAX_CLIENT_NAME
+    if not _CLIENT_NAME.fullmatch(value) or storage_length(value) > limit:
+        return (
+            f"{kind} name {_shown(value)} must be 1-{limit} of letters, digits and _.:=- "
+            "(starting with a letter or digit; ':' and '=' count 3)"
+        )
+    return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
 import msgspec
@@ -178,9 +178,16 @@ class Catalog:
         return chosen
 
     async def update_properties(
-        self, name: TopicName, updates: dict[str, str], removals: tuple[str, ...]
+        self,
+        name: TopicName,
+        updates: dict[str, str],
+        removals: tuple[str, ...],
+        check: Callable[[dict[str, str]], None] | None = None,
     ) -> None:
-        """Change a topic record's properties with a CAS (retried if the record moved)."""
+        """Change a topic record's properties with a CAS (retried if the record moved).
+
+        ``check`` sees the resulting properties before each attempt and may raise to refuse
+        them (the limits hold on exactly the set that is written)."""
         while True:
             record = await self.store.get(topic_key(name))
             if record is None:
@@ -189,6 +196,8 @@ class Catalog:
             properties = {**topic.properties, **updates}
             for key in removals:
                 properties.pop(key, None)
+            if check is not None:
+                check(properties)
             changed = msgspec.structs.replace(topic, properties=properties)
             try:
                 await self.store.put(
@@ -206,7 +215,10 @@ class Catalog:
         out = []
         for domain in ("persistent", "topic"):
             listing = await self.store.list_prefix(f"{TOPICS}{domain}/{tenant}/{namespace}/")
-            out += [TopicName.from_path(r.key[len(TOPICS) :]) for r in listing.records]
+            out += [
+                TopicName.from_path(r.key[len(TOPICS) :], check_lengths=False)
+                for r in listing.records
+            ]
         return out
 
     async def delete(self, name: TopicName, record: TopicRecord) -> None:
@@ -215,7 +227,11 @@ class Catalog:
             if isinstance(record, ScalableTopic)
             else [name]
         )
-        await self.store.commit(
-            [Delete(topic_key(name))] + [Delete(home_key(ledger)) for ledger in ledgers]
-        )
+        # the record first, with as many homes as one store step takes (all of them for a
+        # topic of up to HOMES_PER_STEP - 1 segments); the rest after, in steps. A crash in
+        # between leaves homes of a topic that does not exist: the next create of that name
+        # overwrites them, as after a failed create.
+        deletes = [Delete(topic_key(name))] + [Delete(home_key(ledger)) for ledger in ledgers]
+        for i in range(0, len(deletes), HOMES_PER_STEP):
+            await self.store.commit(deletes[i : i + HOMES_PER_STEP])
         log.info("topic deleted: %s (%d ledgers)", name, len(ledgers))

@@ -63,9 +63,9 @@ async def raw(broker: BrokerServer, method: str, path: str, **kwargs: Any) -> tu
 
 @pytest.mark.parametrize("topic", [TOPIC, SCALABLE])
 async def test_creating_a_topic_twice_is_topic_already_exists(client: Client, topic: str) -> None:
-    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else 1)
+    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else None)
     with pytest.raises(ServerError) as error:
-        await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else 1)
+        await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else None)
     assert error.value.name is ErrorName.TOPIC_EXISTS
 
 
@@ -246,7 +246,7 @@ async def user_properties(client: Client, topic: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("topic", [TOPIC, SCALABLE])
 async def test_properties_are_updated_read_and_removed(client: Client, topic: str) -> None:
-    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else 1)
+    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else None)
     assert await user_properties(client, topic) == {}
     await client.admin.update_properties(topic, {"owner": "billing", "tier": "gold"})
     assert await user_properties(client, topic) == {"owner": "billing", "tier": "gold"}
@@ -258,7 +258,7 @@ async def test_properties_are_updated_read_and_removed(client: Client, topic: st
 
 @pytest.mark.parametrize("topic", [TOPIC, SCALABLE])
 async def test_system_properties_cannot_be_set_or_removed(client: Client, topic: str) -> None:
-    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else 1)
+    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else None)
     await client.admin.update_properties(topic, {"kept": "yes"})
     for call in (
         client.admin.update_properties(topic, {SYSTEM_PROPERTY: "true"}),
@@ -275,7 +275,7 @@ async def test_system_properties_cannot_be_set_or_removed(client: Client, topic:
 async def test_a_properties_body_that_is_not_a_json_object_of_strings_is_refused(
     client: Client, broker: BrokerServer, topic: str
 ) -> None:
-    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else 1)
+    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else None)
     path = "/admin/v2/" + topic.replace("://", "/", 1) + "/properties"
     for body in (b"not json", b'["a", "b"]', b'{"a": 1}', b"\xff\xfe"):
         status, answer = await raw(
@@ -291,7 +291,7 @@ async def test_a_properties_body_that_is_not_a_json_object_of_strings_is_refused
 
 @pytest.mark.parametrize("topic", [TOPIC, SCALABLE])
 async def test_a_deleted_topic_is_gone(client: Client, topic: str) -> None:
-    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else 1)
+    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else None)
     await produce(client, topic, 3)
     await client.admin.delete_topic(topic)
 
@@ -304,7 +304,7 @@ async def test_a_deleted_topic_is_gone(client: Client, topic: str) -> None:
     domain = topic.split(":", 1)[0]
     assert await client.admin.list_topics(domain, "acme", "admin") == []
 
-    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else 1)
+    await client.admin.create_topic(topic, segments=2 if topic == SCALABLE else None)
     consumer = await client.subscribe(topic, "fresh", initial_position="earliest")
     with pytest.raises(TimeoutError):
         await consumer.receive(timeout_s=0.3)  # bounded absence check: the old data is gone

@@ -685,7 +685,11 @@ async def _fuzz_producer(ws: aiohttp.ClientWebSocketResponse, data: bytes | str)
     def outcome(send: Send) -> str:
         if send.seq < 0:
             return ErrorName.INVALID_MESSAGE.value
-        return ErrorName.MESSAGE_TOO_LARGE.value if len(send.payload) > LIMIT else "stored"
+        if len(send.payload) > LIMIT:
+            return ErrorName.MESSAGE_TOO_LARGE.value
+        if send.event_time_ms is not None and not 0 <= send.event_time_ms < 2**63:
+            return ErrorName.INVALID_MESSAGE.value  # times in ms are signed 64-bit
+        return "stored"
 
     expected = sorted((s.seq, outcome(s)) for s in sends)
     got = []

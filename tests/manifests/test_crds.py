@@ -144,12 +144,18 @@ def test_bad_resources_are_refused(kind: str, spec: dict[str, Any], complaint: s
 
 
 def test_crd_topic_names_match_the_protocol() -> None:
-    """The CRD's name pattern is the one segtxn.protocol.names enforces."""
-    from segtxn.protocol import names
+    """The CRD's name patterns and lengths are the ones segtxn.protocol.names enforces."""
+    from segtxn.protocol import limits, names
+    from segtxn.topics.model import MAX_INITIAL_SEGMENTS
 
-    schema = crd_schemas()[(API, "ScalableTopic")]
-    pattern = schema["properties"]["spec"]["properties"]["tenant"]["pattern"]
-    assert pattern == names._PART.pattern
+    spec = crd_schemas()[(API, "ScalableTopic")]["properties"]["spec"]
+    fields = spec["properties"]
+    assert fields["tenant"]["pattern"] == names.schema_pattern(limits.MAX_TENANT)
+    assert fields["namespace"]["pattern"] == names.schema_pattern(limits.MAX_NAMESPACE)
+    assert fields["topic"]["pattern"] == names.schema_pattern(limits.MAX_LOCAL_NAME)
+    assert fields["initialSegments"]["maximum"] == MAX_INITIAL_SEGMENTS
+    rules = [v["rule"] for v in spec["x-kubernetes-validations"]]
+    assert f"size(self.topic) <= {limits.MAX_TOPIC_PARTS}" in " ".join(rules)
 
 
 def test_images_pin_the_extras_versions() -> None:

@@ -1,0 +1,234 @@
+"""The error boundary of segtxn's HTTP servers (brokers and coordinators).
+
+Every request either succeeds or gets the documented error: the JSON body
+``{"error": NAME, "message": ...}`` with the ``X-Segtxn-Error`` / ``X-Segtxn-Message`` headers
+(docs/protocol.md). One middleware per application turns whatever a handler raises into
+that answer:
+
+- :class:`ServerError`: its name and status (4xx: the client's fault; 503: try again);
+- aiohttp's own refusals, with their status: unknown path 404 and oversized body 413
+  (``InvalidArgument``, ``MessageTooLarge``), wrong method 405 (``NotAllowed``);
+- the metadata store being unreachable, closed, or the session gone: 503 ServiceNotReady;
+  a peer server unreachable or slow: 503 ServiceNotReady;
+- anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
+  message carries an *incident id*; the log has the same id and the traceback. The body never
+  has a stack trace.
+
+Requests aiohttp refuses before any handler runs (malformed HTTP, a request line or header
+longer than :data:`~segtxn.protocol.limits.MAX_LINE_BYTES`, too many headers) are answered
+by :class:`JsonRequestHandler` in the same shape: 431 for the sizes, 400 for the rest, and
+logged at INFO in one line, since a client's mistake is not the server's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
+
+from segtxn.metastore import MetadataStoreError, SessionExpired, StoreClosed, StoreUnavailable
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.limits import (
+    MAX_ERROR_MESSAGE_CHARS,
+    MAX_HEADERS,
+    MAX_JSON_DEPTH,
+    MAX_LINE_BYTES,
+)
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+HANDLER_ARGS: dict[str, Any] = {
+    "max_line_size": MAX_LINE_BYTES,
+    "max_field_size": MAX_LINE_BYTES,
+    "max_headers": MAX_HEADERS,
+}
+"""aiohttp's request-parser limits, spelled out (they are its defaults)."""
+
+
+def _cut(message: str) -> str:
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    return message[:MAX_ERROR_MESSAGE_CHARS] + "... (cut)"
+
+
+MAX_HEADER_MESSAGE_BYTES = 2048
+"""``X-Segtxn-Message`` is cut here once quoted (clients refuse header lines over 8190)."""
+
+
+def _header_text(message: str) -> str:
+    quoted = quote(message, errors="backslashreplace")
+    if len(quoted) <= MAX_HEADER_MESSAGE_BYTES:
+        return quoted
+    cut = quoted[: MAX_HEADER_MESSAGE_BYTES - 12]
+    cut = cut[: cut.rfind("%")] if "%" in cut[-2:] else cut  # no half an escape
+    return cut + "...%20(cut)"
+
+
+def error_response(
+    error: ServerError, request: web.BaseRequest | None = None, *, status: int | None = None
+) -> web.Response:
+    """``{"error": NAME, "message": ...}`` with the name's HTTP status (or ``status``);
+    ``NotOwner`` is a 307 whose ``Location`` is the same path and query on the serving broker.
+    Long messages are cut: they often quote the request back."""
+    message = _cut(error.message)
+    # also in headers: a failed WebSocket handshake shows the client headers, not the body
+    headers = {
+        "X-Segtxn-Error": error.name.value,
+        "X-Segtxn-Message": _header_text(message),
+    }
+    if error.name is ErrorName.NOT_OWNER and error.redirect and request is not None:
+        headers["Location"] = error.redirect.rstrip("/") + request.path_qs
+    return web.Response(
+        status=status or error.name.http_status,
+        text=json.dumps({"error": error.name.value, "message": message}),  # ASCII: \u escapes
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def incident(what: str, exc: BaseException) -> str:
+    """Log a server bug with a fresh incident id and its traceback; returns the id."""
+    ident = uuid.uuid4().hex[:12]
+    log.error("incident %s: %s", ident, what, exc_info=exc)
+    return ident
+
+
+_REFUSALS = {
+    404: ErrorName.INVALID_ARGUMENT,
+    405: ErrorName.NOT_ALLOWED,
+    413: ErrorName.MESSAGE_TOO_LARGE,
+}
+
+
+def _refusal(request: web.Request, e: web.HTTPException) -> web.Response:
+    """One of aiohttp's own answers (no route, wrong method, body too large, bad upgrade)."""
+    name = _REFUSALS.get(e.status, ErrorName.INVALID_ARGUMENT)
+    if e.status == 404:
+        message = f"no such endpoint: {request.method} {request.path}"
+        if request.raw_path.partition("?")[0] != request.path:  # "..", "//", escapes
+            message += f" (as written: {request.raw_path.partition('?')[0]})"
+    elif e.status == 405:
+        allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
+        message = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
+    else:
+        message = e.text or e.reason
+    return error_response(ServerError(name, message), request, status=e.status)
+
+
+def translate(e: Exception) -> ServerError | None:
+    """The wire error for a failure that is not a bug, or None."""
+    if isinstance(e, StoreUnavailable | StoreClosed | SessionExpired):
+        return ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
+    if isinstance(e, aiohttp.ClientError | TimeoutError):
+        return ServerError(ErrorName.SERVICE_NOT_READY, f"a peer did not answer: {e!r}")
+    return None
+
+
+@web.middleware
+async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The error boundary: see the module docstring."""
+    try:
+        return await handler(request)
+    except ServerError as e:
+        return error_response(e, request)
+    except web.HTTPException as e:
+        if e.status < 400 or e.content_type == "application/json":
+            raise  # redirects, and answers that already have the JSON shape
+        return _refusal(request, e)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        known = translate(e)
+        if known is not None:
+            return error_response(known, request)
+        ident = incident(f"{request.method} {request.path_qs} failed", e)
+        name = ErrorName.METADATA if isinstance(e, MetadataStoreError) else ErrorName.UNKNOWN
+        message = f"internal error, incident {ident} (the server log has the details)"
+        return error_response(ServerError(name, message), request)
+
+
+class JsonRequestHandler(web.RequestHandler):
+    """aiohttp's request handler, answering the requests it refuses before routing (bad
+    HTTP, oversized lines and headers) with segtxn's JSON error, logged without a traceback."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp: too late for another answer
+            raise ConnectionError("a response was already sent; cannot send an error")
+        if status >= 500:
+            ident = incident(f"{request.method} {request.path} failed", exc or Exception(message))
+            error = ServerError(ErrorName.UNKNOWN, f"internal error, incident {ident}")
+        else:
+            too_large = isinstance(exc, LineTooLong) or "Too many headers" in str(exc)
+            if too_large:
+                status = 431
+                text = (
+                    f"a request line or header is over {MAX_LINE_BYTES} bytes, "
+                    f"or there are over {MAX_HEADERS} headers"
+                )
+            else:
+                text = f"malformed HTTP request: {message or exc}"
+            log.info("refused a request from %s: %s", request.remote, _cut(str(exc or message)))
+            error = ServerError(ErrorName.INVALID_ARGUMENT, text)
+        response = error_response(error, status=status)
+        response.force_close()
+        return response
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON: at most :data:`MAX_JSON_DEPTH` deep, valid Unicode.
+
+    Raises:
+        ServerError(InvalidArgument): not JSON, nested too deep, or a string with a lone
+            surrogate (``"\\ud800"`` is valid JSON but no text: files and keys cannot hold it).
+        web.HTTPRequestEntityTooLarge: over the application's ``client_max_size``.
+    """
+    body = await request.read()
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT, f"the body nests deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
+    check_json(value)
+    return value
+
+
+def check_json(value: Any) -> None:
+    """Raise ServerError(InvalidArgument) for nesting deeper than :data:`MAX_JSON_DEPTH` or
+    a string that is not valid Unicode (iterative: the depth is what is being checked)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ServerError(
+                    ErrorName.INVALID_ARGUMENT,
+                    f"{item[:40]!r} is not valid Unicode (a lone surrogate)",
+                ) from None
+        elif isinstance(item, list | dict):
+            if depth >= MAX_JSON_DEPTH:
+                raise ServerError(
+                    ErrorName.INVALID_ARGUMENT,
+                    f"the body nests deeper than {MAX_JSON_DEPTH} levels",
+                )
+            items = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in items)
