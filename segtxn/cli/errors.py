@@ -127,6 +127,9 @@ class Main(click.Group):
         verbosity.reset()
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:  # `segtxn`, `segtxn topics`: no error
+            click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
+            sys.exit(0)
         except click.UsageError as e:
             where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
             fail(f"{e.format_message()}{where}", e.exit_code)

@@ -123,6 +123,13 @@ def test_version_and_the_service_url_variable_in_help() -> None:
     assert "--api-timeout" in invoke("operator", "--help").stdout
 
 
+def test_a_group_without_a_command_shows_its_help() -> None:
+    for args in ([], ["topics"], ["txn"], ["verify"]):
+        result = invoke(*args)
+        assert result.exit_code == 0 and result.stdout.startswith("Usage: "), result.output
+        assert result.stderr == ""
+
+
 def test_a_bad_service_url_in_the_environment_is_named() -> None:
     result = invoke("topics", "stats", "topic://a/b/c", env={"SEGTXN_URL": "localhost:8080"})
     assert result.exit_code == 2
