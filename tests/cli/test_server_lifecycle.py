@@ -249,6 +249,36 @@ async def test_a_shutdown_that_cannot_finish_ends_at_the_shutdown_timeout(
     )
 
 
+async def test_a_second_signal_ends_a_stuck_shutdown_at_once(
+    tmp_path: Path, runs: list[Run]
+) -> None:
+    etcd = EtcdServer.in_temp_dir(unsafe_no_fsync=True)
+    etcd.start()
+    try:
+        args = server_args("broker", etcd.url("/t"), tmp_path, "--shutdown-timeout", "300")
+        runs.append(run := Run(tmp_path, *args))
+        await wait_ready(args[args.index("--advertise") + 1], "broker", START_S)
+        assert etcd.process is not None
+        etcd.process.send_signal(signal.SIGSTOP)
+        try:
+            run.signal(signal.SIGTERM)
+            await wait_until(
+                lambda: "SIGTERM: stopping the servers" in run.stderr_path.read_text(),
+                timeout=STOP_S,
+                what="the shutdown to begin",
+            )
+            sent = run.signal(signal.SIGINT)
+            code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
+            took = time.monotonic() - sent
+        finally:
+            etcd.process.send_signal(signal.SIGCONT)
+    finally:
+        etcd.stop()
+    assert code == 1, lines
+    assert took < STOP_S / 2
+    assert lines[-1] == "second SIGINT: exiting without finishing the shutdown", lines
+
+
 def test_a_taken_port_is_one_line(tmp_path: Path, runs: list[Run]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
