@@ -1,4 +1,5 @@
-"""Real segtxn server processes for tests: start, wait until ready, SIGKILL, restart."""
+"""Real segtxn server processes for tests: start, wait until ready, pause (SIGSTOP) and
+resume, SIGKILL, restart."""
 
 from __future__ import annotations
 
@@ -52,8 +53,20 @@ class ServerProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP: the process answers nothing, yet the kernel still accepts connections
+        to its port (what a client sees of a broker stalled by GC, swap or a debugger)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused process cannot exit
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=15)

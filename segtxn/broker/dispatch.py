@@ -494,8 +494,9 @@ class Subscription:
                     entries
                     and entries[0].position == position
                     and not (self._settled(position) or position in self._pending)
+                    and not self._deliver(entries[0])
                 ):
-                    self._deliver(entries[0])
+                    self._redeliver.add(position)  # nobody ready after the read: later
                 continue
             budget = min(self._batch, sum(c.permits for c in ready))
             read = await self.ledger.read(self._next, max_entries=budget)

@@ -64,6 +64,18 @@ class BrokerMetrics:
             unit="1",
             description="Transaction outcomes applied by participants, by outcome",
         )
+        self.txn_v4_checks = meter.create_counter(
+            "segtxn_txn_v4_checks",
+            unit="1",
+            description="v4 transactions checked with their coordinator before a first send or "
+            "ack on a topic, by result (admitted, not_found, status, unavailable, busy)",
+        )
+        self.txn_v4_ended_here = meter.create_counter(
+            "segtxn_txn_v4_ended_by_broker",
+            unit="1",
+            description="v4 transactions past their timeout and grace that a broker ended "
+            "itself on a topic or subscription, by outcome and why",
+        )
         self.txn_index_query = meter.create_histogram(
             "segtxn_txn_metadata_store_index_query",
             unit="s",

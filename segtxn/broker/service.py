@@ -31,8 +31,9 @@ from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.topic import Topic
+from segtxn.broker.txn import snapshots, v4checks
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.markers import MarkerTransactionBuffer, SnapshotLogs
+from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import (
     LedgerCorrupted,
@@ -83,7 +84,11 @@ class BrokerService:
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics(settings.broker_id)
         self.op_records = OpRecordWriter(self.store, self.metrics)
-        self.snapshots = SnapshotLogs(settings.broker_id, self.store, self.storage, settings.ledger)
+        self.snapshots = snapshots.SnapshotLogs(
+            settings.broker_id, self.store, self.storage, settings.ledger
+        )
+        self.v4_checks = v4checks.V4TransactionChecks(self.store, settings.v4_txns, self.metrics)
+        """Checks the v4 transactions sends and acks name; ends abandoned ones."""
         self.controllers = TopicControllers(
             self.store,
             self.catalog,
@@ -177,6 +182,7 @@ class BrokerService:
                 self.store, timeout_s=self.settings.store_timeout_s, url=self.settings.store_url
             )
             await self.headers.start()
+            await self.v4_checks.start()
             await self._check_data()
             await self._register()
         except BaseException:
@@ -289,6 +295,7 @@ class BrokerService:
         for loading in self._loading.values():
             loading.cancel()
         await asyncio.gather(*self._loading.values(), return_exceptions=True)
+        await self.v4_checks.stop()  # no sweep writes a marker while topics close
         for topic in list(self.topics.values()):
             try:
                 await topic.close()
@@ -362,6 +369,7 @@ class BrokerService:
                 metrics=self.metrics,
                 ops=self.op_records,
                 snapshots=self.snapshots,
+                v4=self.v4_checks,
             )
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, self._refuse(name, e)) from e

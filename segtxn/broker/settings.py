@@ -16,6 +16,31 @@ TEST_BUGS = frozenset({UNORDERED_REDELIVERY})
 
 
 @dataclass(frozen=True)
+class V4TxnSettings:
+    """How a broker checks the v4 transactions clients name (segtxn/broker/txn/v4checks.py)."""
+
+    check_timeout_s: float = 5.0
+    """How long a send or ack naming a v4 transaction not yet seen on its topic waits for
+    the transaction's coordinator to confirm it; then it is refused (ServiceNotReady)."""
+    grace_s: float = 30.0
+    """How long past a v4 transaction's timeout the broker waits for its coordinator's
+    decision before ending it itself: with the coordinator's decision if one answers, else
+    aborted (an abort marker). Covers clock skew and a coordinator's take-over."""
+    max_timeout_s: float = 3600.0
+    """The timeout assumed for a v4 transaction found open in a topic at recovery whose
+    coordinator does not answer (the longest a coordinator grants by default)."""
+    sweep_s: float = 5.0
+    """How often the broker looks for v4 transactions past their timeout and grace."""
+
+    def __post_init__(self) -> None:
+        if (
+            min(self.check_timeout_s, self.sweep_s) <= 0
+            or min(self.grace_s, self.max_timeout_s) < 0
+        ):
+            raise ValueError("v4 transaction check timeouts must be positive")
+
+
+@dataclass(frozen=True)
 class BrokerSettings:
     broker_id: str
     """Stable identity: a broker's topics live on its disk and come back with this id."""
@@ -47,6 +72,8 @@ class BrokerSettings:
     txn_buffer_snapshot_every: int = 100
     """A persistent topic's v4 transaction buffer snapshots its indexes after this many
     markers (recovery replays the ledger from the latest snapshot)."""
+    v4_txns: V4TxnSettings = field(default_factory=V4TxnSettings)
+    """Checking the v4 transactions sends and acks name, and ending abandoned ones."""
     controller_sweep_s: float = 5.0
     """How often a broker looks for splits or merges a dead controller left unfinished."""
     consumer_hold_s: float = 10.0

@@ -26,9 +26,11 @@ from segtxn.broker.txn.buffer import (
     TransactionBuffer,
 )
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore, SnapshotLogs
+from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
+from segtxn.broker.txn.snapshots import SnapshotLogs
+from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -62,8 +64,10 @@ class Topic:
         metrics: BrokerMetrics,
         ops: OpRecordWriter,
         storage: LogStorage,
+        v4: V4TransactionChecks,
     ) -> None:
         self.name = name
+        self._v4 = v4
         self._storage = storage
         self.ledger = ledger
         self.dedup = dedup
@@ -92,6 +96,7 @@ class Topic:
         metrics: BrokerMetrics,
         ops: OpRecordWriter,
         snapshots: SnapshotLogs,
+        v4: V4TransactionChecks,
     ) -> Topic:
         """Open the ledger, recover de-duplication and transaction state, and restore
         every subscription (so pending transactional acks materialize even with no
@@ -109,6 +114,7 @@ class Topic:
                 name.namespace,
                 ledger,
                 snapshots=snapshots,
+                checks=v4,
                 snapshot_every=settings.txn_buffer_snapshot_every,
             )
         else:
@@ -129,6 +135,7 @@ class Topic:
                 metrics=metrics,
                 ops=ops,
                 storage=storage,
+                v4=v4,
             )
             for cursor_name in list(ledger.cursors):
                 await topic.subscription(cursor_name)
@@ -302,6 +309,7 @@ class Topic:
                     storage=self._storage,
                     settings=self.settings.ledger,
                     release=subscription.release,
+                    checks=self._v4,
                 )
                 await subscription.pending_acks.recover()
             self.subscriptions[name] = subscription

@@ -1,7 +1,7 @@
 """The segtxn asyncio client.
 
 ```python
-async with Client("http://localhost:8080") as client:
+async with Client("http://b1:8080,http://b2:8080", operation_timeout_s=30) as client:
     producer = await client.create_producer("topic://acme/orders/events")
     await producer.send(b"hello", key="customer-42")
     consumer = await client.subscribe("topic://acme/orders/events", "billing")
@@ -14,10 +14,11 @@ from segtxn.client.client import Client
 from segtxn.client.consumer import CheckpointConsumer, Consumer
 from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout, TopicEnded
 from segtxn.client.messages import Message, MessageId
-from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
+from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
+from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import Transaction, TransactionFailed
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 
 __all__ = [
     "CheckpointConsumer",
@@ -25,6 +26,7 @@ __all__ = [
     "ClientClosed",
     "ClientError",
     "Consumer",
+    "ErrorCategory",
     "ErrorName",
     "Message",
     "MessageId",

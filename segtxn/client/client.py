@@ -1,19 +1,29 @@
-"""The segtxn client: ``async with Client(url) as client: ...``."""
+"""The segtxn client: ``async with Client(url) as client: ...``.
+
+Every call ends within its time limit (docs/protocol.md, "Client time limits"): the
+client's ``operation_timeout_s`` unless the call takes its own (``send_timeout_s``,
+``receive(timeout_s)``, ...). Creating producers, consumers and readers retries while a
+broker or the metadata store restarts, on the next service URL when several are given.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 
 from segtxn.client.admin import Admin
-from segtxn.client.connection import Connector
+from segtxn.client.connection import Connector, service_urls
 from segtxn.client.consumer import CheckpointConsumer, Consumer
 from segtxn.client.errors import ClientClosed
 from segtxn.client.layout import TopicLayout
-from segtxn.client.producer import Producer, ProducerOptions, ScalableProducer
+from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
+from segtxn.client.scalable import ScalableProducer
+from segtxn.client.timeouts import Deadline, Timeouts
 from segtxn.client.transaction import Coordinators, Transaction
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
@@ -30,13 +40,29 @@ class Client:
     """A connection to a segtxn cluster through any of its brokers.
 
     Args:
-        service_url: any broker's HTTP URL (``http://host:port``); lookups find the rest.
-        request_timeout_s: timeout of admin and lookup calls.
+        service_url: a broker's HTTP URL (``http://host:port``), several separated by
+            commas, or a list: calls go to one that answers (Pulsar's multi-host service
+            URL); lookups find each topic's own broker.
+        operation_timeout_s: the default limit of every call that has no limit of its own:
+            creating producers, consumers and readers (retries included), acknowledgments,
+            negative acks, transactions' start/commit/abort, admin calls, closing.
+        request_timeout_s: one attempt of a retried call (a lookup, a WebSocket handshake,
+            a coordinator call) before it is tried again, on the next URL if there is one.
+
+    Raises:
+        ValueError: no service URL, or a limit that is not positive.
     """
 
-    def __init__(self, service_url: str, *, request_timeout_s: float = 30.0) -> None:
-        self.service_url = service_url
-        self._timeout = request_timeout_s
+    def __init__(
+        self,
+        service_url: str | Sequence[str],
+        *,
+        operation_timeout_s: float = 30.0,
+        request_timeout_s: float = 10.0,
+    ) -> None:
+        self.service_urls = service_urls(service_url)
+        self.service_url = ",".join(self.service_urls)
+        self.timeouts = Timeouts(operation_timeout_s, request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._connector: Connector | None = None
         self._closables: list[Producer | ScalableProducer | Consumer | Reader] = []
@@ -47,9 +73,9 @@ class Client:
         # default of 100 would make the 101st wait forever)
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeout),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.request_timeout_s),
         )
-        self._connector = Connector(self.service_url, self._session, self._timeout)
+        self._connector = Connector(self.service_urls, self._session, timeouts=self.timeouts)
         return self
 
     async def __aexit__(
@@ -68,21 +94,29 @@ class Client:
 
     @property
     def admin(self) -> Admin:
-        """Topic administration (create, delete, stats, subscriptions, properties)."""
+        """Topic administration (create, delete, stats, subscriptions, properties); each
+        call is one request, within the operation timeout."""
         return Admin(self.connector)
 
+    def _deadline(self, timeout_s: float | None) -> Deadline:
+        return Deadline(self.timeouts.operation_timeout_s if timeout_s is None else timeout_s)
+
     async def create_producer(
-        self, topic: str, *, name: str | None = None, **options: Any
+        self, topic: str, *, name: str | None = None, timeout_s: float | None = None, **options: Any
     ) -> Producer | ScalableProducer:
         """A producer for ``topic`` (``persistent://`` or ``topic://``).
 
         Args:
             name: producer name; reuse it after a restart to keep de-duplication.
-            options: fields of :class:`ProducerOptions` (batching, max_pending, ...).
+            timeout_s: limit of this call (default: the operation timeout); a broker that
+                is down or restarting meanwhile is tried again.
+            options: fields of :class:`ProducerOptions` (send_timeout_s, batching, ...).
 
         Raises:
             ServerError: TopicNotFound, ProducerBusy, InvalidTopicName, ...
+            Timeout: not connected in time (RETRIABLE; it names the last failure).
         """
+        deadline = self._deadline(timeout_s)
         parsed = _topic(topic)
         opts = ProducerOptions(**options)
         producer: Producer | ScalableProducer
@@ -90,7 +124,7 @@ class Client:
             producer = ScalableProducer(self.connector, parsed, name, opts)
         else:
             producer = Producer(self.connector, parsed, name, opts)
-        await producer.start()
+        await producer.start(deadline)
         self._closables.append(producer)
         return producer
 
@@ -103,18 +137,26 @@ class Client:
         initial_position: str = "latest",
         name: str | None = None,
         receiver_queue_size: int = 1000,
+        timeout_s: float | None = None,
     ) -> Consumer:
         """A consumer on ``subscription`` of ``topic`` (every segment, for ``topic://``).
 
         Args:
             subscription_type: Exclusive, Failover or Shared.
             initial_position: where a new subscription starts: earliest or latest.
+            timeout_s: limit of this call (default: the operation timeout); a broker that
+                is down or restarting meanwhile is tried again.
+
+        Raises:
+            ServerError: TopicNotFound, ConsumerBusy, InvalidTopicName, ...
+            Timeout: not attached in time (RETRIABLE; it names the last failure).
         """
+        deadline = self._deadline(timeout_s)
         parsed = _topic(topic)
         layout = None
         if parsed.domain is Domain.TOPIC:
             layout = TopicLayout(self.connector, parsed)
-            await layout.start()
+            await layout.start(deadline)
         consumer = Consumer(
             self.connector,
             parsed,
@@ -125,7 +167,7 @@ class Client:
             name=name,
             receiver_queue_size=receiver_queue_size,
         )
-        await consumer.start()
+        await consumer.start(deadline)
         self._closables.append(consumer)
         return consumer
 
@@ -135,24 +177,28 @@ class Client:
         checkpoint: dict[str, Any] | None = None,
         *,
         receiver_queue_size: int = 1000,
+        timeout_s: float | None = None,
     ) -> CheckpointConsumer:
         """Read a scalable topic with positions you keep (``consumer.checkpoint()``); pass a
-        saved checkpoint to resume there, across splits and merges."""
+        saved checkpoint to resume there, across splits and merges. ``timeout_s`` and the
+        errors: as :meth:`subscribe`."""
+        deadline = self._deadline(timeout_s)
         parsed = _topic(topic)
         if parsed.domain is not Domain.TOPIC:
             raise ServerError(ErrorName.NOT_ALLOWED, "checkpoint consumers read topic:// topics")
         layout = TopicLayout(self.connector, parsed)
-        await layout.start()
+        await layout.start(deadline)
         consumer = CheckpointConsumer(
             self.connector, parsed, layout, checkpoint, receiver_queue_size=receiver_queue_size
         )
-        await consumer.start()
+        await consumer.start(deadline)
         self._closables.append(consumer)
         return consumer
 
     def transaction(self, *, timeout_s: float = 60.0) -> Transaction:
         """A new transaction: ``async with client.transaction() as txn: ...`` commits on
-        exit and aborts on an exception. The coordinator aborts it after ``timeout_s``."""
+        exit and aborts on an exception. The coordinator aborts it after ``timeout_s`` (its
+        lifetime); each of its calls has the client's operation timeout."""
         if self._coordinators is None:
             self._coordinators = Coordinators(self.connector)
         return Transaction(self._coordinators, timeout_s)
@@ -164,11 +210,14 @@ class Client:
         start: str = "earliest",
         end: str | None = None,
         receiver_queue_size: int = 1000,
+        timeout_s: float | None = None,
     ) -> Reader:
         """A reader of one ``persistent://`` topic or segment from ``start`` (earliest,
         latest, or ``LEDGER:ENTRY``). With ``end`` (``latest``: the last entry stored now, or
         ``LEDGER:ENTRY``, inclusive) it ends once past it: ``reader.ended()``, and
-        ``receive`` raises :class:`TopicEnded` when nothing is left."""
+        ``receive`` raises :class:`TopicEnded` when nothing is left. ``timeout_s`` and the
+        errors: as :meth:`subscribe`."""
+        deadline = self._deadline(timeout_s)
         reader = Reader(
             self.connector,
             _topic(topic),
@@ -176,13 +225,19 @@ class Client:
             end=end,
             receiver_queue_size=receiver_queue_size,
         )
-        await reader.start()
+        await reader.start(deadline)
         self._closables.append(reader)
         return reader
 
-    async def close(self) -> None:
-        for closable in reversed(self._closables):
-            await closable.close()
+    async def close(self, *, timeout_s: float | None = None) -> None:
+        """Close every producer (flushing for at most ``timeout_s``, default: the operation
+        timeout), consumer and reader, at once, then the connections."""
+        limit = self.timeouts.operation_timeout_s if timeout_s is None else timeout_s
+        closing = [
+            c.close(limit) if isinstance(c, Producer | ScalableProducer) else c.close()
+            for c in reversed(self._closables)
+        ]
+        await asyncio.gather(*closing)
         self._closables.clear()
         if self._session is not None:
             await self._session.close()

@@ -1,17 +1,26 @@
-"""Reaching the right broker: lookup, redirects, and WebSocket connections with errors."""
+"""Reaching the right broker: lookup, redirects, and WebSocket connections with errors,
+through one or several service URLs."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlencode
 
 import aiohttp
 
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.client.errors import Timeout
+from segtxn.client.timeouts import CLOSE_WAIT_S, Deadline, Timeouts
+from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 from segtxn.protocol.names import TopicName
 
 MAX_REDIRECTS = 5
+WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_close=CLOSE_WAIT_S)
+HANDSHAKE_S = 5.0
+"""How long a WebSocket handshake the caller gave up on may take to finish, to be closed."""
 
 
 def _error(status: int, headers: Any, body: str = "") -> ServerError:
@@ -31,61 +40,171 @@ def _error(status: int, headers: Any, body: str = "") -> ServerError:
     return ServerError(error_name, message or f"HTTP {status}", redirect=redirect)
 
 
+def service_urls(spec: str | Sequence[str]) -> list[str]:
+    """The brokers a client may ask first: ``"http://b1:8080,http://b2:8080"`` or a list.
+
+    Raises:
+        ValueError: no URL, or one that is not http(s)://.
+    """
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    urls = [part.strip().rstrip("/") for part in parts if part.strip()]
+    if not urls:
+        raise ValueError("no service URL")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"service URL {url!r} must be http(s)://host:port")
+    return urls
+
+
 class Connector:
-    """HTTP and WebSocket access to a segtxn cluster through any of its brokers."""
+    """HTTP and WebSocket access to a segtxn cluster through any of its brokers.
+
+    ``service_url`` is one broker's URL, several separated by commas, or a list: calls go to
+    the one that last answered, and move on to the next when it cannot be reached (a
+    connection refused is tried on the next at once; a retried call's next attempt goes to
+    the next). Lookups then lead to each topic's own broker.
+
+    Args:
+        request_timeout_s: the limit of a single call, as ``timeouts.operation_timeout_s``
+            (kept for callers that build a Connector by hand).
+        timeouts: the client's time limits (:class:`Timeouts`).
+    """
 
     def __init__(
-        self, service_url: str, session: aiohttp.ClientSession, request_timeout_s: float = 30.0
+        self,
+        service_url: str | Sequence[str],
+        session: aiohttp.ClientSession,
+        request_timeout_s: float | None = None,
+        *,
+        timeouts: Timeouts | None = None,
     ) -> None:
-        self.service_url = service_url.rstrip("/")
+        self.service_urls = service_urls(service_url)
+        self._preferred = 0
         self.session = session
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        timeouts = timeouts or Timeouts()
+        if request_timeout_s is not None:
+            timeouts = replace(timeouts, operation_timeout_s=request_timeout_s)
+        self.timeouts = timeouts
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """An admin/lookup call; returns the decoded JSON (None for an empty body).
+    @property
+    def service_url(self) -> str:
+        """The service URL calls go to first (the one that last answered)."""
+        return self.service_urls[self._preferred]
+
+    def unreachable(self, url: str) -> None:
+        """``url`` (or a path on it) did not answer: prefer the next service URL."""
+        if url.startswith(self.service_url):
+            self._preferred = (self._preferred + 1) % len(self.service_urls)
+
+    def _bases(self) -> list[str]:
+        n = len(self.service_urls)
+        return [self.service_urls[(self._preferred + i) % n] for i in range(n)]
+
+    async def request(
+        self, method: str, path: str, *, timeout_s: float | None = None, **kwargs: Any
+    ) -> Any:
+        """One admin/lookup/coordinator call; returns the decoded JSON (None for an empty
+        body). A relative ``path`` goes to the service URLs, the next one tried while none
+        accepts a connection (nothing was sent yet).
+
+        Args:
+            timeout_s: the limit of the whole call (default: ``operation_timeout_s``).
 
         Raises:
-            ServerError: the error the broker answered with.
+            ServerError: the error the broker answered with; ServiceNotReady when no
+                service URL could be reached, or the connection broke.
+            Timeout: no answer in time (RETRIABLE for a GET, else OUTCOME_UNKNOWN: it may
+                have been done).
         """
-        url = path if path.startswith("http") else self.service_url + path
-        kwargs.setdefault("timeout", self._timeout)
-        try:
-            async with self.session.request(method, url, **kwargs) as response:
-                text = await response.text()
-                if response.status >= 400:
-                    raise _error(response.status, response.headers, text)
-                return json.loads(text) if text else None
-        except (aiohttp.ClientConnectionError, TimeoutError) as e:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"cannot reach {url}: {e!r}") from e
+        deadline = Deadline(self.timeouts.operation_timeout_s if timeout_s is None else timeout_s)
+        urls = [path] if path.startswith("http") else [base + path for base in self._bases()]
+        failures: list[str] = []
+        for i, url in enumerate(urls):
+            # a GET changes nothing: with more URLs to try, one that does not answer within
+            # request_timeout_s is left for the next
+            more = method == "GET" and i < len(urls) - 1
+            attempt = Deadline(deadline.cap(self.timeouts.request_timeout_s if more else None))
+            try:
+                async with attempt.timeout():
+                    return await self._once(method, url, attempt, **kwargs)
+            except TimeoutError as e:  # a connect timeout too: aiohttp's are TimeoutErrors
+                failures.append(f"{url}: no answer within {attempt}")
+                self.unreachable(url)
+                connecting = isinstance(e, aiohttp.ConnectionTimeoutError)  # nothing was sent
+                if deadline.expired() or not (more or connecting):
+                    raise self._timeout(method, url, deadline) from e
+            except aiohttp.ClientConnectorError as e:  # refused: nothing sent, try the next
+                failures.append(f"{url}: {e!r}")
+                self.unreachable(url)
+            except aiohttp.ClientConnectionError as e:
+                self.unreachable(url)
+                raise ServerError(ErrorName.SERVICE_NOT_READY, f"cannot reach {url}: {e!r}") from e
+        raise ServerError(ErrorName.SERVICE_NOT_READY, "cannot reach " + "; ".join(failures))
 
-    async def lookup(self, topic: TopicName) -> Any:
-        return await self.request("GET", f"/lookup/v2/topic/{topic.path}")
+    async def _once(self, method: str, url: str, deadline: Deadline, **kwargs: Any) -> Any:
+        kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=deadline.remaining()))
+        async with self.session.request(method, url, **kwargs) as response:
+            text = await response.text()
+            if response.status >= 400:
+                raise _error(response.status, response.headers, text)
+            return json.loads(text) if text else None
+
+    @staticmethod
+    def _timeout(method: str, url: str, deadline: Deadline) -> Timeout:
+        return Timeout(
+            f"{method} {url}: no answer within {deadline}",
+            category=ErrorCategory.RETRIABLE if method == "GET" else ErrorCategory.OUTCOME_UNKNOWN,
+        )
+
+    async def lookup(self, topic: TopicName, *, timeout_s: float | None = None) -> Any:
+        return await self.request("GET", f"/lookup/v2/topic/{topic.path}", timeout_s=timeout_s)
 
     async def broker_for(self, topic: TopicName) -> str:
         return str((await self.lookup(topic))["brokerUrl"])
 
+    async def _ws_connect(self, url: str) -> aiohttp.ClientWebSocketResponse:
+        """``ws_connect``, hanging up if the caller gives up half-way: the broker may already
+        have accepted the upgrade, and would otherwise keep a session (a lookup session holds
+        a store watch) for a client that is gone until its heartbeat notices, a minute later.
+        """
+        attempt = asyncio.ensure_future(
+            self.session.ws_connect(url, max_msg_size=0, heartbeat=30, timeout=WS_TIMEOUT)
+        )
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            try:
+                ws = await asyncio.wait_for(attempt, HANDSHAKE_S)
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                raise asyncio.CancelledError from None  # it failed anyway: nothing to close
+            await ws.close()
+            raise
+
     async def websocket(
         self, broker_url: str, kind: str, topic: TopicName, suffix: str, query: dict[str, str]
     ) -> aiohttp.ClientWebSocketResponse:
-        """Open ``/ws/v2/<kind>/<topic><suffix>`` on the broker, following NotOwner.
+        """Open ``/ws/v2/<kind>/<topic><suffix>`` on the broker, following NotOwner. No time
+        limit of its own: callers bound it (:func:`segtxn.client.timeouts.retrying`).
 
         Raises:
-            ServerError: what the broker refused the connection with.
+            ServerError: what the broker refused the connection with; ServiceNotReady when
+                it cannot be reached.
         """
         url = f"{broker_url.rstrip('/')}/ws/v2/{kind}/{topic.path}{suffix}"
         if query:
             url += "?" + urlencode(query)
         for _ in range(MAX_REDIRECTS):
             try:
-                return await self.session.ws_connect(url, max_msg_size=0, heartbeat=30)
+                return await self._ws_connect(url)
             except aiohttp.WSServerHandshakeError as e:
                 error = _error(e.status, e.headers)
                 if error.name is ErrorName.NOT_OWNER and error.redirect:
                     url = error.redirect
                     continue
                 raise error from e
-            except aiohttp.ClientConnectionError as e:
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
+                self.unreachable(broker_url)
                 raise ServerError(
-                    ErrorName.SERVICE_NOT_READY, f"cannot reach {broker_url}: {e}"
+                    ErrorName.SERVICE_NOT_READY, f"cannot reach {broker_url}: {e!r}"
                 ) from e
         raise ServerError(ErrorName.SERVICE_NOT_READY, f"too many redirects for {topic}")

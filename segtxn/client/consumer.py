@@ -19,6 +19,12 @@ A scalable topic is consumed segment by segment through one queue (no ordering p
 across segments; per key, parents before children); a :class:`CheckpointConsumer` reads it
 with positions the application keeps. The per-connection work is in
 :mod:`segtxn.client.stream`.
+
+Time limits: ``receive`` waits as long as it takes unless given ``timeout_s``; an
+acknowledgment, a negative ack and a redelivery request end within the client's operation
+timeout (or their ``timeout_s``); attaching retries a broker that is down or restarting
+until the operation timeout. A segment that appears later and cannot be attached yet is
+tried again in the background.
 """
 
 from __future__ import annotations
@@ -26,18 +32,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import logging
 import secrets
+from collections.abc import Awaitable
 from typing import Any
 
 from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientClosed, ClientError
+from segtxn.client.errors import ClientClosed, ClientError, Timeout
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
-from segtxn.client.stream import MessageStream
+from segtxn.client.stream import MessageStream, next_item
+from segtxn.client.timeouts import FIRST_RETRY_S, Deadline
 from segtxn.client.transaction import Transaction
+from segtxn.protocol.errors import ErrorCategory, ServerError
 from segtxn.protocol.names import Domain, TopicName
 
+log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 MAX_STREAMS = 257  # a topic's segments over its whole life: bounds the local queue
@@ -113,23 +124,29 @@ class Consumer:
             ordered=self._ordered,
         )
 
-    async def _open(self, topic: TopicName) -> None:
+    async def _open(self, topic: TopicName, deadline: Deadline) -> None:
         stream = self._new_stream(topic)
-        await stream.start()
+        await stream.start(deadline)
         self._streams[str(topic)] = stream
 
-    async def start(self) -> None:
+    async def start(self, deadline: Deadline) -> None:
+        """Attach to the topic (every eligible segment), retrying until ``deadline``.
+
+        Raises:
+            ServerError: the broker refused (TopicNotFound, ConsumerBusy, ...).
+            Timeout: not attached by ``deadline``.
+        """
         try:
             if self._layout is None:
-                await self._open(self.topic)
+                await self._open(self.topic, deadline)
                 return
-            await self._open_eligible()
+            await self._open_eligible(deadline)
             self._follower = asyncio.create_task(self._follow(), name=f"consumer-dag-{self.name}")
         except BaseException:
             await self.close()
             raise
 
-    async def _open_eligible(self) -> None:
+    async def _open_eligible(self, deadline: Deadline) -> None:
         assert self._layout is not None
         for segment in sorted(self._layout.segments.values(), key=lambda s: s.id):
             name = self.topic.segment_name(segment.id)
@@ -137,15 +154,23 @@ class Consumer:
                 continue
             if self._ordered and not all(p in self._finished for p in segment.parents):
                 continue  # its parents first: per-key order
-            await self._open(name)
+            await self._open(name, deadline)
 
     async def _follow(self) -> None:
-        """Open segments as the DAG grows and as parents finish; close finished ones."""
+        """Open segments as the DAG grows and as parents finish; close finished ones. A
+        segment that cannot be attached yet is tried again, backing off; one refused for
+        good ends the consumer's stream of messages with that error."""
         assert self._layout is not None
+        delay = 0.0
         while True:
-            await first_completed(
-                self._layout.changed.wait(), self._wake.wait(), name=f"consumer-dag-{self.name}"
-            )
+            if delay:
+                await asyncio.sleep(delay)  # back off: attaching a segment failed
+            else:
+                await first_completed(
+                    self._layout.changed.wait(),
+                    self._wake.wait(),
+                    name=f"consumer-dag-{self.name}",
+                )
             self._wake.clear()
             for key, stream in list(self._streams.items()):
                 if stream.ended.is_set() and self._ordered:
@@ -153,7 +178,16 @@ class Consumer:
                     del self._streams[key]
                     await stream.settle_acks(ACK_SETTLE_S)  # its last acks' receipts
                     await stream.close()
-            await self._open_eligible()
+            try:
+                await self._open_eligible(Deadline(self._connector.timeouts.operation_timeout_s))
+                delay = 0.0
+            except (Timeout, ServerError) as e:
+                if isinstance(e, ServerError) and not e.retriable:
+                    log.warning("consumer %s stops following %s: %s", self.name, self.topic, e)
+                    await self._queue.put(e)  # receive() raises it after what is queued
+                    return
+                log.warning("consumer %s: %s; trying again", self.name, e)
+                delay = min(max(delay * 2, FIRST_RETRY_S), 2.0)
 
     @property
     def active(self) -> bool:
@@ -167,14 +201,16 @@ class Consumer:
     async def receive(self, timeout_s: float | None = None) -> Message:
         """The next message.
 
+        Args:
+            timeout_s: how long to wait for one (default: as long as it takes).
+
         Raises:
-            TimeoutError: none arrived within ``timeout_s``.
+            Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
             ServerError: the subscription became unusable (e.g. the topic was deleted).
         """
         if self._closed:
             raise ClientClosed("the consumer is closed")
-        async with asyncio.timeout(timeout_s):
-            item = await self._queue.get()
+        item = await next_item(self._queue, timeout_s, f"consumer {self.name}")
         if isinstance(item, BaseException):
             raise item
         stream = self._streams.get(item.message_id.topic)
@@ -192,35 +228,61 @@ class Consumer:
             raise StopAsyncIteration from None
 
     async def acknowledge(
-        self, message: Message | MessageId, *, txn: Transaction | None = None
+        self,
+        message: Message | MessageId,
+        *,
+        txn: Transaction | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         """Acknowledge one message; returns once the broker made it durable (in ``txn``:
         held by the transaction, applied if it commits, released if it aborts).
 
+        Args:
+            timeout_s: limit of the whole call, registration with ``txn`` included
+                (default: the client's operation timeout).
+
         Raises:
             ServerError: e.g. TransactionConflict when another open transaction holds it.
+            Timeout: no receipt in time (OUTCOME_UNKNOWN: it may have been applied; in
+                ``txn`` the transaction can no longer commit).
         """
-        await self._ack(message, cumulative=False, txn=txn)
+        await self._ack(message, cumulative=False, txn=txn, timeout_s=timeout_s)
 
     async def acknowledge_cumulative(
-        self, message: Message | MessageId, *, txn: Transaction | None = None
+        self,
+        message: Message | MessageId,
+        *,
+        txn: Transaction | None = None,
+        timeout_s: float | None = None,
     ) -> None:
-        """Acknowledge this message and every earlier one of its topic/segment."""
-        await self._ack(message, cumulative=True, txn=txn)
+        """Acknowledge this message and every earlier one of its topic/segment (as
+        :meth:`acknowledge`)."""
+        await self._ack(message, cumulative=True, txn=txn, timeout_s=timeout_s)
+
+    def _deadline(self, timeout_s: float | None) -> Deadline:
+        return Deadline(
+            self._connector.timeouts.operation_timeout_s if timeout_s is None else timeout_s
+        )
 
     async def _ack(
-        self, message: Message | MessageId, *, cumulative: bool, txn: Transaction | None
+        self,
+        message: Message | MessageId,
+        *,
+        cumulative: bool,
+        txn: Transaction | None,
+        timeout_s: float | None,
     ) -> None:
+        deadline = self._deadline(timeout_s)
         message_id = message.message_id if isinstance(message, Message) else message
         stream = self._stream(message_id)
         if txn is None:
-            await stream.ack([message_id], cumulative=cumulative)
+            await stream.ack([message_id], cumulative=cumulative, deadline=deadline)
             return
         # one registration per scalable topic, not per segment (v5 treats it as a no-op
         # beyond the domain check, so its segments share it)
         name = TopicName.parse(message_id.topic)
         registered = name.parent() if name.domain is Domain.SEGMENT else name
-        await txn.add_subscription(str(registered), self.subscription)
+        await txn.add_subscription(str(registered), self.subscription, deadline)
         # if the transaction does not commit, what it acknowledged here comes again first
         txn.on_failure(stream, functools.partial(stream.redeliver, txn.wire_id))
         ack = asyncio.ensure_future(
@@ -229,23 +291,48 @@ class Consumer:
                 cumulative=cumulative,
                 txn=txn.wire_id,
                 epoch=message.epoch if isinstance(message, Message) else None,
+                deadline=deadline,
             )
         )
         txn.track(ack)
         await ack
 
-    async def redeliver_unacknowledged(self) -> None:
+    async def redeliver_unacknowledged(self, *, timeout_s: float | None = None) -> None:
         """Have every message received and not acknowledged delivered again (Pulsar's
         ``redeliverUnacknowledgedMessages``): on an ordered subscription from the earliest,
         in order, and nothing newer is handed out before it. For when processing failed
-        before the messages could be acknowledged (a transaction that could not start)."""
-        for stream in list(self._streams.values()):
-            await stream.redeliver()
+        before the messages could be acknowledged (a transaction that could not start).
 
-    async def negative_acknowledge(self, message: Message | MessageId) -> None:
-        """Ask for this message to be delivered again."""
+        Raises:
+            Timeout: the request could not be sent within ``timeout_s`` (default: the
+                operation timeout); a reconnect redelivers them anyway.
+        """
+        for stream in list(self._streams.values()):
+            await self._bounded(stream.redeliver(), timeout_s, "redeliver")
+
+    async def negative_acknowledge(
+        self, message: Message | MessageId, *, timeout_s: float | None = None
+    ) -> None:
+        """Ask for this message to be delivered again (returns once asked, not when it
+        comes back).
+
+        Raises:
+            Timeout: the request could not be sent within ``timeout_s`` (default: the
+                operation timeout).
+        """
         message_id = message.message_id if isinstance(message, Message) else message
-        await self._stream(message_id).nack([message_id])
+        await self._bounded(self._stream(message_id).nack([message_id]), timeout_s, "nack")
+
+    async def _bounded(self, call: Awaitable[None], timeout_s: float | None, what: str) -> None:
+        deadline = self._deadline(timeout_s)
+        try:
+            async with deadline.timeout():
+                await call
+        except TimeoutError as e:
+            raise Timeout(
+                f"consumer {self.name}: {what} not sent within {deadline}",
+                category=ErrorCategory.RETRIABLE,
+            ) from e
 
     async def close(self) -> None:
         if self._closed:
@@ -254,8 +341,7 @@ class Consumer:
         if self._follower is not None:
             self._follower.cancel()
             await asyncio.gather(self._follower, return_exceptions=True)
-        for stream in self._streams.values():
-            await stream.close()
+        await asyncio.gather(*(stream.close() for stream in self._streams.values()))
         if self._layout is not None:
             await self._layout.close()
 
@@ -320,6 +406,10 @@ class CheckpointConsumer(Consumer):
         }
 
     async def acknowledge(
-        self, message: Message | MessageId, *, txn: Transaction | None = None
+        self,
+        message: Message | MessageId,
+        *,
+        txn: Transaction | None = None,
+        timeout_s: float | None = None,
     ) -> None:
         raise ClientError("a checkpoint consumer acknowledges nothing: keep its checkpoint()")

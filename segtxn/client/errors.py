@@ -1,11 +1,25 @@
 """Client-side errors. Server errors arrive as :class:`segtxn.protocol.errors.ServerError`
-(branch on ``.name``); these are the ones the client raises itself."""
+(branch on ``.name``); these are the ones the client raises itself.
+
+Every error says what a caller may do about it (``category``, STYLE 16): retry it, abort the
+transaction it was part of, give up, or find out what happened (outcome unknown).
+:class:`Timeout` is also the builtin :class:`TimeoutError`, as aiohttp's
+``ServerTimeoutError`` is, so ``except TimeoutError`` catches every client timeout.
+"""
 
 from __future__ import annotations
+
+from segtxn.protocol.errors import ErrorCategory
 
 
 class ClientError(Exception):
     """Base of the client's own errors."""
+
+    category: ErrorCategory = ErrorCategory.FATAL
+
+    @property
+    def retriable(self) -> bool:
+        return self.category is ErrorCategory.RETRIABLE
 
 
 class ClientClosed(ClientError):
@@ -16,8 +30,26 @@ class MessageTooLarge(ClientError):
     """A payload larger than the broker accepts (checked before sending)."""
 
 
-class Timeout(ClientError):
-    """An operation did not complete in time (the broker may still complete it)."""
+class Timeout(ClientError, TimeoutError):
+    """A call did not complete within its timeout.
+
+    ``category`` says what is known: ``RETRIABLE`` when nothing was done (no connection, no
+    room to send, no message arrived), ``OUTCOME_UNKNOWN`` when the broker may still complete
+    it (a send, an acknowledgment or a commit whose answer did not come in time),
+    ``ABORTABLE`` when the transaction cannot commit as it stands. ``last_error`` is the
+    last failure seen while retrying, if any (also its ``__cause__``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        category: ErrorCategory = ErrorCategory.OUTCOME_UNKNOWN,
+        last_error: BaseException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.category = category
+        self.last_error = last_error
 
 
 class TopicEnded(ClientError):

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 
 from segtxn.client.connection import Connector
+from segtxn.client.timeouts import Deadline, retrying
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.hashing import key_hash
 from segtxn.protocol.names import TopicName
@@ -55,9 +56,21 @@ class TopicLayout:
         """Set (and replaced) whenever a newer DAG arrives."""
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        """Read the DAG, then follow it. Raises ServerError (e.g. TopicNotFound)."""
-        self.apply(await self._connector.lookup(self.topic))
+    async def start(self, deadline: Deadline) -> None:
+        """Read the DAG (retrying while brokers or the store restart), then follow it.
+
+        Raises:
+            ServerError: e.g. TopicNotFound.
+            Timeout: no broker answered the lookup before ``deadline``.
+        """
+        self.apply(
+            await retrying(
+                f"look {self.topic} up",
+                lambda: self._connector.lookup(self.topic),
+                deadline,
+                request_timeout_s=self._connector.timeouts.request_timeout_s,
+            )
+        )
         self._task = asyncio.create_task(self._follow(), name=f"layout-{self.topic}")
 
     def apply(self, raw: dict[str, Any]) -> None:
@@ -69,17 +82,21 @@ class TopicLayout:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
 
-    async def refresh(self) -> None:
-        """Look the DAG up now (when a send found a sealed segment before the push came)."""
-        self.apply(await self._connector.lookup(self.topic))
+    async def refresh(self, timeout_s: float | None = None) -> None:
+        """Look the DAG up now (when a send found a sealed segment before the push came).
+
+        Raises ServerError, or Timeout after ``timeout_s`` (default: the operation timeout).
+        """
+        self.apply(await self._connector.lookup(self.topic, timeout_s=timeout_s))
 
     async def _follow(self) -> None:
         delay = 0.05
         while True:
             try:
-                ws = await self._connector.websocket(
-                    self._connector.service_url, "lookup", self.topic, "", {}
-                )
+                async with asyncio.timeout(self._connector.timeouts.request_timeout_s):
+                    ws = await self._connector.websocket(
+                        self._connector.service_url, "lookup", self.topic, "", {}
+                    )
                 async with ws:
                     delay = 0.05
                     async for message in ws:
@@ -90,8 +107,9 @@ class TopicLayout:
                     log.warning("%s was deleted: no more layout updates", self.topic)
                     return
                 log.info("lookup session of %s failed (%s); reconnecting", self.topic, e)
-            except (aiohttp.ClientError, ConnectionError) as e:
-                log.info("lookup session of %s dropped (%s); reconnecting", self.topic, e)
+            except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
+                log.info("lookup session of %s dropped (%r); reconnecting", self.topic, e)
+                self._connector.unreachable(self._connector.service_url)
             await asyncio.sleep(delay)  # back off before reconnecting
             delay = min(delay * 2, 2.0)
 

@@ -8,7 +8,8 @@ import asyncio
 from segtxn.client.connection import Connector
 from segtxn.client.errors import TopicEnded
 from segtxn.client.messages import Message
-from segtxn.client.stream import MessageStream
+from segtxn.client.stream import MessageStream, next_item
+from segtxn.client.timeouts import Deadline
 from segtxn.protocol.names import TopicName
 
 
@@ -43,8 +44,9 @@ class Reader:
         # after every message (one WebSocket, in order); kept across reconnects like errors
         self._queue.put_nowait(TopicEnded(f"{self._stream.topic}: nothing more to read"))
 
-    async def start(self) -> None:
-        await self._stream.start()
+    async def start(self, deadline: Deadline) -> None:
+        """Attach, retrying until ``deadline`` (Timeout after it)."""
+        await self._stream.start(deadline)
 
     def ended(self) -> bool:
         return self._stream.ended.is_set()
@@ -52,12 +54,15 @@ class Reader:
     async def receive(self, timeout_s: float | None = None) -> Message:
         """The next message.
 
+        Args:
+            timeout_s: how long to wait for one (default: as long as it takes).
+
         Raises:
             TopicEnded: everything was read (sealed topic, or past ``end``); raised again on
                 every later call.
+            Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
         """
-        async with asyncio.timeout(timeout_s):
-            item = await self._queue.get()
+        item = await next_item(self._queue, timeout_s, f"reader of {self._stream.topic}")
         if isinstance(item, TopicEnded):
             self._queue.put_nowait(item)  # it stays the end
             raise item

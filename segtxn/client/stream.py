@@ -21,10 +21,11 @@ import aiohttp
 import msgspec
 
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientClosed
+from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.messages import Message, MessageId
+from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.protocol import frames
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 from segtxn.protocol.frames import (
     Ack,
     AckReceipt,
@@ -96,8 +97,21 @@ class MessageStream:
         self._task: asyncio.Task[None] | None = None
         self.reconnects = 0
 
-    async def start(self) -> None:
-        ws = await self._connect()
+    async def start(self, deadline: Deadline) -> None:
+        """Attach, retrying while the topic's broker (or the store behind it) is down or
+        restarting, until ``deadline``.
+
+        Raises:
+            ServerError: the broker refused (TopicNotFound, ConsumerBusy, ...).
+            Timeout: not attached by ``deadline`` (it names the last failure).
+        """
+        ws = await retrying(
+            f"attach a {self._kind} to {self.topic}",
+            self._connect,
+            deadline,
+            request_timeout_s=self._connector.timeouts.request_timeout_s,
+            busy={ErrorName.CONSUMER_BUSY},
+        )
         self._task = asyncio.create_task(self._run(ws), name=f"{self._kind}-{self.topic}")
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
@@ -124,15 +138,15 @@ class MessageStream:
                 self.active = ready.active
                 self.epoch = ready.epoch
             await ws.send_bytes(frames.encode(Flow(permits=self._size)))
-            for frame in self._ack_frames.values():  # acks whose receipts never came
+            for frame in list(self._ack_frames.values()):  # acks whose receipts never came
                 await ws.send_bytes(frames.encode(frame))
         except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as e:
-            await ws.close()
+            await close_quietly(ws.close())
             raise ServerError(
                 ErrorName.SERVICE_NOT_READY, f"{self.topic}: the connection failed ({e!r})"
             ) from e
-        except ServerError:
-            await ws.close()
+        except BaseException:  # refused, or given up on (cancelled): do not leak the socket
+            await close_quietly(ws.close())
             raise
         self._awaiting.clear()  # a new attachment: the broker starts it from a rewind
         self._granted = self._size
@@ -159,13 +173,14 @@ class MessageStream:
                 log.info("%s on %s lost its connection: %s", self._kind, self.topic, e)
             finally:
                 self._ws = None
-                await ws.close()
+                await close_quietly(ws.close())
             if self._kind == "consumer":
                 self._drop_queued()
             while True:
                 await asyncio.sleep(delay)
                 try:
-                    ws = await self._connect()
+                    async with asyncio.timeout(self._connector.timeouts.request_timeout_s):
+                        ws = await self._connect()
                     self.reconnects += 1
                     delay = 0.05
                     break
@@ -173,7 +188,9 @@ class MessageStream:
                     if e.name in FATAL:
                         self._deliver.put_nowait(e)
                         return
-                    delay = min(delay * 2, 2.0)
+                except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+                    log.info("%s on %s: reconnecting failed: %r", self._kind, self.topic, e)
+                delay = min(delay * 2, 2.0)
 
     def _drop_queued(self) -> int:
         """Messages not yet taken will be redelivered: drop ours so none is seen twice.
@@ -284,7 +301,16 @@ class MessageStream:
         cumulative: bool,
         txn: tuple[int, int] | None = None,
         epoch: int | None = None,
+        deadline: Deadline,
     ) -> None:
+        """Acknowledge ``ids``; returns once the broker made it durable (sent again after a
+        reconnect until then).
+
+        Raises:
+            ServerError: the broker refused it.
+            Timeout: no receipt by ``deadline`` (OUTCOME_UNKNOWN: it may have been applied;
+                it is not sent again).
+        """
         request_id = next(_ids)
         frame = Ack(
             message_ids=[(i.ledger_id, i.entry_id) for i in ids],
@@ -296,8 +322,20 @@ class MessageStream:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks[request_id] = future
         self._ack_frames[request_id] = frame
-        await self._send(frame)
-        await future  # sent again after a reconnect, until the broker confirms
+        try:
+            async with deadline.timeout():
+                await self._send(frame)
+                await future  # sent again after a reconnect, until the broker confirms
+        except TimeoutError as e:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                return  # the receipt came as the time ran out
+            raise Timeout(
+                f"acknowledgment of {len(ids)} message(s) on {self.topic}: no receipt within "
+                f"{deadline}; it may or may not have been applied"
+            ) from e
+        finally:
+            self._acks.pop(request_id, None)
+            self._ack_frames.pop(request_id, None)  # given up on: not sent again
 
     async def nack(self, ids: list[MessageId]) -> None:
         """Ask for these again; on an ordered subscription the broker rewinds and nothing
@@ -319,10 +357,25 @@ class MessageStream:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if self._ws is not None:
-            await self._ws.close()
+            await close_quietly(self._ws.close())
         for future in self._acks.values():
             if not future.done():
                 future.set_exception(ClientClosed("closed before the ack was confirmed"))
+
+
+async def next_item(
+    queue: asyncio.Queue[Message | BaseException], timeout_s: float | None, who: str
+) -> Message | BaseException:
+    """The next item of a receive queue, within ``timeout_s`` (None: no limit).
+
+    Raises Timeout (RETRIABLE) when none came."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await queue.get()
+    except TimeoutError as e:
+        raise Timeout(
+            f"{who}: no message within {timeout_s:g} s", category=ErrorCategory.RETRIABLE
+        ) from e
 
 
 def to_message(topic: TopicName, frame: MessageFrame) -> Message:

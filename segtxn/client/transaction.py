@@ -20,6 +20,12 @@ go of them; until then it hands the application nothing newer from those topics.
 ``abort()`` returns, the next messages an ordered consumer receives start with the ones
 the transaction had acknowledged, as if the consumer had sought back (Kafka's consumer does
 this by hand after an abort).
+
+Time limits: ``start``, ``commit``, ``abort`` and ``status`` each end within the client's
+operation timeout (or their ``timeout_s``), coordinator fail-over included; a registration
+made by a send or an acknowledgment ends within that call's own limit. A commit that times
+out before END_TXN was sent raises ``Timeout`` (ABORTABLE: it did not commit); one that
+times out after raises ``Timeout`` (OUTCOME_UNKNOWN: ``commit()`` may be called again).
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from types import TracebackType
 from typing import Any
 
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientError
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.client.errors import ClientError, Timeout
+from segtxn.client.timeouts import Deadline, retrying
+from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId
 
 log = logging.getLogger(__name__)
@@ -45,26 +52,40 @@ class TransactionFailed(ClientError):
 
 
 class Coordinators:
-    """Finds the v5 coordinators through any broker, and fails over between them."""
+    """Finds the transaction coordinators through any broker, and fails over between them."""
 
-    def __init__(self, connector: Connector, retry_for_s: float = 30.0) -> None:
+    def __init__(self, connector: Connector) -> None:
         self._connector = connector
         self._urls: list[str] = []
         self._next = itertools.count()
-        self._retry_for_s = retry_for_s
 
-    async def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        """Call a coordinator. While none answers (one died, a standby is taking over),
-        try the others and look them up again, backing off, for ``retry_for_s``: every
-        coordinator call is safe to repeat.
+    @property
+    def operation_timeout_s(self) -> float:
+        return self._connector.timeouts.operation_timeout_s
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        deadline: Deadline | None = None,
+        category: ErrorCategory = ErrorCategory.RETRIABLE,
+        **kwargs: Any,
+    ) -> Any:
+        """Call a coordinator. While none answers (one died or is paused, a standby is
+        taking over), try the others and look them up again, backing off, until
+        ``deadline``: every coordinator call is safe to repeat.
+
+        Args:
+            deadline: when to give up (default: the client's operation timeout from now).
+            category: what a Timeout means for this call (OUTCOME_UNKNOWN for a commit).
 
         Raises:
-            ServerError: the coordinator's answer, or ServiceNotReady after the retries.
+            ServerError: the coordinator's answer.
+            Timeout: no coordinator answered by ``deadline`` (it names the last failure).
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._retry_for_s
-        delay = 0.05
-        while True:
+
+        async def attempt() -> Any:
             try:
                 if not self._urls:
                     found = await self._connector.request("GET", "/lookup/v2/coordinators")
@@ -75,12 +96,18 @@ class Coordinators:
                         )
                 url = self._urls[next(self._next) % len(self._urls)]
                 return await self._connector.request(method, url + path, **kwargs)
-            except ServerError as e:
-                if e.name is not ErrorName.SERVICE_NOT_READY or loop.time() > deadline:
-                    raise
-                self._urls = []  # look them up again
-                await asyncio.sleep(delay)  # back off while a standby takes over
-                delay = min(delay * 2, 1.0)
+            except BaseException as e:
+                if not isinstance(e, ServerError) or e.retriable:
+                    self._urls = []  # look them up again: the next attempt goes elsewhere
+                raise
+
+        return await retrying(
+            f"{method} {path}",
+            attempt,
+            deadline or Deadline(self.operation_timeout_s),
+            request_timeout_s=self._connector.timeouts.request_timeout_s,
+            category=category,
+        )
 
 
 class Transaction:
@@ -112,44 +139,73 @@ class Transaction:
     def wire_id(self) -> tuple[int, int]:
         return (self.id.most, self.id.least)
 
-    async def start(self, protocol: str = "v5") -> Transaction:
+    def _deadline(self, timeout_s: float | None) -> Deadline:
+        return Deadline(self._coordinators.operation_timeout_s if timeout_s is None else timeout_s)
+
+    async def start(self, protocol: str = "v5", *, timeout_s: float | None = None) -> Transaction:
         """NEW_TXN now, for a v5 transaction (scalable topics) or a v4 one (``persistent://``
         topics). Without it, the first send or acknowledgment starts the transaction with
         the protocol its topic's domain calls for.
 
-        Raises ServerError (ServiceNotReady: no coordinator; NotAllowed: no v4 here)."""
+        Args:
+            timeout_s: limit of the call (default: the client's operation timeout).
+
+        Raises:
+            ServerError: NotAllowed (no v4 here), InvalidArgument.
+            Timeout: no coordinator answered in time (RETRIABLE).
+        """
+        await self._start(protocol, self._deadline(timeout_s))
+        return self
+
+    async def _start(self, protocol: str, deadline: Deadline) -> None:
         if self._id is None:
             async with self._starting:
                 if self._id is None:
                     reply = await self._coordinators.call(
                         "POST",
                         "/txn/v2/new",
+                        deadline=deadline,
                         params={"timeout_s": str(self._timeout_s), "protocol": protocol},
                     )
                     self._id = TxnId.parse(reply["txnId"])
                     self.state = "OPEN"
-        return self
 
     def _check_open(self, *also: str) -> None:
         if self.state != "OPEN" and self.state not in also:
             raise ClientError(f"transaction {self._id} is {self.state}")
 
-    async def add_partition(self, topic: str) -> None:
-        """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain."""
-        await self._register(f"partition {topic}", "partitions", topic)
+    async def add_partition(self, topic: str, deadline: Deadline | None = None) -> None:
+        """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain. Ends
+        by ``deadline`` (the calling send's; default: the operation timeout)."""
+        await self._register(f"partition {topic}", "partitions", topic, deadline=deadline)
 
-    async def add_subscription(self, topic: str, subscription: str) -> None:
-        """ADD_SUBSCRIPTION_TO_TXN (once per topic and subscription)."""
+    async def add_subscription(
+        self, topic: str, subscription: str, deadline: Deadline | None = None
+    ) -> None:
+        """ADD_SUBSCRIPTION_TO_TXN (once per topic and subscription), by ``deadline``."""
         await self._register(
-            f"subscription {topic} {subscription}", "subscriptions", topic, subscription
+            f"subscription {topic} {subscription}",
+            "subscriptions",
+            topic,
+            subscription,
+            deadline=deadline,
         )
 
     async def _register(
-        self, what: str, command: str, topic: str, subscription: str | None = None
+        self,
+        what: str,
+        command: str,
+        topic: str,
+        subscription: str | None = None,
+        *,
+        deadline: Deadline | None,
     ) -> None:
+        """Raises ServerError, or Timeout (RETRIABLE: the operation was not done; the
+        registration may still complete for the next one)."""
+        deadline = deadline or self._deadline(None)
         v4 = topic.startswith("persistent://")
         if self.state == "NEW":
-            await self.start("v4" if v4 else "v5")
+            await self._start("v4" if v4 else "v5", deadline)
         self._check_open()
         if v4 == self.id.is_v5:
             raise ServerError(
@@ -169,10 +225,19 @@ class Transaction:
             )
             self._registered[what] = future
         try:
-            await asyncio.shield(future)
+            async with deadline.timeout():
+                await asyncio.shield(future)  # shared: this caller's limit does not end it
         except ServerError:
             self._registered.pop(what, None)  # a refused registration may be asked again
             raise
+        except Timeout:  # the registration itself gave up
+            self._registered.pop(what, None)
+            raise
+        except TimeoutError as e:
+            raise Timeout(
+                f"transaction {self._id}: {what} not registered within {deadline}",
+                category=ErrorCategory.RETRIABLE,
+            ) from e
 
     def track(self, future: asyncio.Future[Any]) -> None:
         """Count an operation in the transaction: if it fails, the transaction fails."""
@@ -203,21 +268,41 @@ class Transaction:
         if self._failure is None:
             self._failure = error
 
-    async def commit(self) -> None:
-        """Wait for the transaction's operations, then END_TXN(COMMIT).
+    async def _settle(self, deadline: Deadline) -> bool:
+        """Wait, until ``deadline``, for the operations in flight; False if some are not
+        done by then."""
+        if not self._in_flight:
+            return True
+        _, late = await asyncio.wait(set(self._in_flight), timeout=deadline.remaining())
+        return not late
+
+    async def commit(self, *, timeout_s: float | None = None) -> None:
+        """Wait for the transaction's operations, then END_TXN(COMMIT), all within
+        ``timeout_s`` (default: the client's operation timeout).
 
         Raises:
             TransactionFailed: an operation failed; the transaction was aborted.
             ServerError(InvalidTxnStatus): it timed out (or was aborted) first.
+            Timeout: ABORTABLE when its operations were not done in time (it was not
+                committed: abort it, or its coordinator will after its timeout);
+                OUTCOME_UNKNOWN when END_TXN got no answer (``commit()`` may be repeated).
         """
+        deadline = self._deadline(timeout_s)
         if self.state == "NEW":  # nothing was done in it
             self.state = "COMMITTED"
             return
         self._check_open("COMMITTING")  # a commit whose outcome is unknown may be retried
-        await asyncio.gather(*self._in_flight, return_exceptions=True)
+        if not await self._settle(deadline):
+            late = Timeout(
+                f"transaction {self._id}: {len(self._in_flight)} operations not done within "
+                f"{deadline}; it was not committed",
+                category=ErrorCategory.ABORTABLE,
+            )
+            self.poison(late)
+            raise late
         if self._failure is not None:
             try:
-                await self._end(TxnAction.ABORT)
+                await self._end(TxnAction.ABORT, deadline)
             finally:
                 await self._failed()
             raise TransactionFailed(
@@ -225,7 +310,7 @@ class Transaction:
             ) from self._failure
         self.state = "COMMITTING"
         try:
-            await self._end(TxnAction.COMMIT)
+            await self._end(TxnAction.COMMIT, deadline)
         except BaseException as e:
             if isinstance(e, ServerError) and e.name in (
                 ErrorName.INVALID_TXN_STATUS,
@@ -236,27 +321,49 @@ class Transaction:
             raise
         self._on_failure.clear()
 
-    async def abort(self) -> None:
-        """END_TXN(ABORT); nothing the transaction wrote or acknowledged will count."""
+    async def abort(self, *, timeout_s: float | None = None) -> None:
+        """END_TXN(ABORT); nothing the transaction wrote or acknowledged will count. Waits
+        for its operations in flight for at most half of ``timeout_s`` (default: the
+        client's operation timeout), then aborts in what is left.
+
+        Raises:
+            Timeout: no coordinator answered in time (RETRIABLE: abort again; its
+                coordinator aborts it after its timeout anyway).
+        """
+        deadline = self._deadline(timeout_s)
         if self.state in ("ABORTED", "COMMITTED"):
             return
         if self.state == "NEW":
             self.state = "ABORTED"
             return
-        await asyncio.gather(*self._in_flight, return_exceptions=True)
+        remaining = deadline.remaining()
+        await self._settle(Deadline(None if remaining is None else remaining / 2))
         try:
-            await self._end(TxnAction.ABORT)
+            await self._end(TxnAction.ABORT, deadline)
         finally:
             await self._failed()
 
-    async def _end(self, action: TxnAction) -> None:
+    async def _end(self, action: TxnAction, deadline: Deadline) -> None:
         await self._coordinators.call(
-            "POST", f"/txn/v2/{self.id}/end", params={"action": action.value}
+            "POST",
+            f"/txn/v2/{self.id}/end",
+            deadline=deadline,
+            category=(
+                ErrorCategory.OUTCOME_UNKNOWN
+                if action is TxnAction.COMMIT
+                else ErrorCategory.RETRIABLE
+            ),
+            params={"action": action.value},
         )
         self.state = "COMMITTED" if action is TxnAction.COMMIT else "ABORTED"
 
-    async def status(self) -> str:
-        reply = await self._coordinators.call("GET", f"/txn/v2/{self.id}")
+    async def status(self, *, timeout_s: float | None = None) -> str:
+        """The coordinator's state of the transaction (OPEN, COMMITTED, ABORTED, ...).
+
+        Raises ServerError (TransactionNotFound), or Timeout (RETRIABLE)."""
+        reply = await self._coordinators.call(
+            "GET", f"/txn/v2/{self.id}", deadline=self._deadline(timeout_s)
+        )
         return str(reply["state"])
 
     async def __aenter__(self) -> Transaction:

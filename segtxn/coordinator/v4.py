@@ -42,10 +42,11 @@ from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.catalog import Catalog
+from segtxn.topics.transactions import V4_COORDINATOR_ELECTION
 
 log = logging.getLogger(__name__)
 
-ELECTION_PREFIX = "txn-coordinator-v4-"
+ELECTION_PREFIX = V4_COORDINATOR_ELECTION
 OPEN, COMMITTING, ABORTING, TIME_OUT = "OPEN", "COMMITTING", "ABORTING", "TIME_OUT"
 COMMITTED, ABORTED = "COMMITTED", "ABORTED"
 FINAL = {COMMITTED, ABORTED}

@@ -29,6 +29,7 @@ import kopf
 
 from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector
+from segtxn.client.errors import Timeout
 from segtxn.operator import render
 from segtxn.operator.kube import Kube, KubeError, KubeUnreachable
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -208,9 +209,19 @@ async def _admin(runtime: Runtime, namespace: str, cluster: str) -> Admin:
     return Admin(Connector(url, runtime.http, request_timeout_s=30))
 
 
-def _kopf_error(e: ServerError, doing: str) -> kopf.TemporaryError | kopf.PermanentError:
-    """Retry what may heal (brokers unreachable, a change in progress); not the rest."""
-    if e.name in _TRANSIENT:
+def _reason(e: ServerError | Timeout) -> str:
+    """A condition's reason: the error's wire name, or Timeout (no answer in time)."""
+    return e.name.value if isinstance(e, ServerError) else "Timeout"
+
+
+def _transient(e: ServerError | Timeout) -> bool:
+    return isinstance(e, Timeout) or e.name in _TRANSIENT
+
+
+def _kopf_error(e: ServerError | Timeout, doing: str) -> kopf.TemporaryError | kopf.PermanentError:
+    """Retry what may heal (brokers unreachable or not answering in time, a change in
+    progress); not the rest."""
+    if _transient(e):
         return kopf.TemporaryError(f"{doing}: {e}", delay=RETRY_S)
     return kopf.PermanentError(f"{doing}: {e}")
 
@@ -352,12 +363,12 @@ async def coordinator_status(
         stats = await Connector(url, runtime.http, request_timeout_s=10).request(
             "GET", "/txn/v2/stats"
         )
-    except ServerError as e:
+    except (ServerError, Timeout) as e:
         patch.status["conditions"] = render.condition(
             conditions,
             kind="Reachable",
             status=False,
-            reason=e.name.value,
+            reason=_reason(e),
             message=str(e),
             now=stamp,
         )
@@ -436,17 +447,17 @@ async def reconcile_topic(
             if e.name is not ErrorName.TOPIC_EXISTS:
                 raise
         dag = await _converge(admin, topic, None if target is None else int(target), body)
-    except ServerError as e:
+    except (ServerError, Timeout) as e:
         # Why it is not ready shows in status; a refusal for good also as a Warning event.
         patch.status["conditions"] = render.condition(
             status.get("conditions"),
             kind="Ready",
             status=False,
-            reason=e.name.value,
+            reason=_reason(e),
             message=str(e),
             now=_now(),
         )
-        if e.name not in _TRANSIENT:
+        if not _transient(e):
             kopf.warn(body, reason="Refused", message=f"{topic}: {e}")
         raise _kopf_error(e, topic) from e
     patch.status.update(render.topic_status(dag, topic))
@@ -482,5 +493,7 @@ async def delete_topic(
     except ServerError as e:
         if e.name is ErrorName.TOPIC_NOT_FOUND:
             return
+        raise _kopf_error(e, f"deleting {topic}") from e
+    except Timeout as e:
         raise _kopf_error(e, f"deleting {topic}") from e
     kopf.info(body, reason="Deleted", message=f"{topic} and its data deleted")

@@ -61,6 +61,31 @@ _STATUS = {
 }
 
 
+class ErrorCategory(enum.StrEnum):
+    """What a caller should do about an error (Kafka KIP-1050's categories)."""
+
+    RETRIABLE = "retriable"
+    """Nothing happened that counts; the same call may succeed later."""
+    ABORTABLE = "abortable"
+    """The transaction it was part of cannot commit: abort it and start again."""
+    FATAL = "fatal"
+    """Retrying the same call will not help (a bad name, a missing topic, a closed client)."""
+    OUTCOME_UNKNOWN = "outcome-unknown"
+    """It may or may not have taken effect (a send or commit whose answer never came)."""
+
+
+_RETRIABLE = {
+    ErrorName.SERVICE_NOT_READY,
+    ErrorName.NOT_OWNER,
+    ErrorName.TOO_MANY_REQUESTS,
+}
+_ABORTABLE = {
+    ErrorName.TRANSACTION_CONFLICT,
+    ErrorName.INVALID_TXN_STATUS,
+    ErrorName.TRANSACTION_NOT_FOUND,
+}
+
+
 class ServerError(Exception):
     """An error with a wire name; raised by servers, and by the client when a server says so."""
 
@@ -73,8 +98,14 @@ class ServerError(Exception):
 
     @property
     def retriable(self) -> bool:
-        return self.name in {
-            ErrorName.SERVICE_NOT_READY,
-            ErrorName.NOT_OWNER,
-            ErrorName.TOO_MANY_REQUESTS,
-        }
+        return self.name in _RETRIABLE
+
+    @property
+    def category(self) -> ErrorCategory:
+        """Retriable (the service is busy or moving), abortable (a transaction error: abort
+        and start again), else fatal: an answer is never of unknown outcome."""
+        if self.name in _RETRIABLE:
+            return ErrorCategory.RETRIABLE
+        if self.name in _ABORTABLE:
+            return ErrorCategory.ABORTABLE
+        return ErrorCategory.FATAL

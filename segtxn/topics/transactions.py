@@ -37,6 +37,11 @@ any v5 transaction, so clients list these, not just the id holders."""
 COORDINATOR_ELECTIONS = "/segtxn/elections/txn-coordinator-"
 """Election keys of the v5 coordinator ids; each value is the holder's URL (lookups list
 them so clients can find a coordinator)."""
+V4_COORDINATOR_ELECTION = "txn-coordinator-v4-"
+"""Election names of the v4 coordinator ids (``<name><most>``, under the store's elections
+prefix); each leader record's value is the URL of the process holding that id and its
+transaction log: brokers ask it whether a v4 transaction a client names is open
+(segtxn/broker/txn/v4checks.py)."""
 
 
 class TxnHeader(msgspec.Struct, frozen=True):

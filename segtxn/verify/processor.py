@@ -38,7 +38,7 @@ from segtxn.client import (
     ServerError,
     TransactionFailed,
 )
-from segtxn.client.producer import ScalableProducer
+from segtxn.client.scalable import ScalableProducer
 from segtxn.verify.history import History, Outcome, OutputRecord, decode_input, encode
 
 log = logging.getLogger(__name__)

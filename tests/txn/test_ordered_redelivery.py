@@ -327,7 +327,7 @@ async def test_an_ack_sent_as_the_connection_breaks_is_sent_again_after_it(
     error; the ack goes again on the new connection and is confirmed (a soak finding: the
     send's ClientConnectionResetError killed a processor)."""
     consumer = await setup(client, 2)
-    m0, m1 = await receive(consumer, 2)
+    m0, _ = await receive(consumer, 2)
     (stream,) = consumer._streams.values()
     assert stream._ws is not None
     stream._ws._writer.transport.abort()  # type: ignore[attr-defined]
@@ -336,3 +336,20 @@ async def test_an_ack_sent_as_the_connection_breaks_is_sent_again_after_it(
     assert values(again) == ["m1"]
     stats = await client.admin.stats(TOPIC)
     assert stats["segments"][0]["stats"]["subscriptions"][SUB]["backlog"] == 1
+
+
+async def test_a_shared_redelivery_read_that_finds_nobody_ready_keeps_the_message(
+    client: Client, cluster: Cluster
+) -> None:
+    """Shared: m0 is handed back; while the dispatcher reads it again its only consumer
+    leaves. m0 must stay due, and go to the next consumer."""
+    c1 = await setup(client, 1, subscription_type="Shared", name="c1")
+    (m0,) = await receive(c1, 1)
+    sub = subscription(cluster)
+    with gated(sub.ledger, "read", when=lambda start, **_: start.entry_id == 0) as read:
+        await c1.negative_acknowledge(m0)
+        await asyncio.wait_for(read.entered.wait(), 10)
+        await c1.close()
+        await wait_until(lambda: not sub.consumers, timeout=10, what="c1 gone")
+    c2 = await client.subscribe(TOPIC, SUB, subscription_type="Shared", name="c2")
+    assert values(await receive(c2, 1)) == ["m0"]

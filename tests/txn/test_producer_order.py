@@ -14,7 +14,8 @@ from urllib.parse import quote
 from segtxn.broker.dedup import ProducerState
 from segtxn.broker.topic import Topic
 from segtxn.client import Client, MessageId
-from segtxn.client.producer import Producer, ScalableProducer
+from segtxn.client.producer import Producer
+from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import Transaction
 from segtxn.ledger.managed import METADATA_PREFIX
 from tests.cluster import Cluster

@@ -6,8 +6,9 @@ the v4 coordinator) appends a commit or abort **marker entry**. The buffer keeps
 memory, the ongoing transactions (their first entry: ``max_read_position`` stays before
 the earliest one) and the aborted set (what dispatchers must skip). Markers are never
 delivered. Both indexes are **snapshotted** every ``snapshot_every`` markers to the
-namespace's ``__transaction_buffer_snapshot`` log; recovery loads the topic's latest
-snapshot and replays the ledger from the position it covers.
+namespace's ``__transaction_buffer_snapshot`` log (:mod:`segtxn.broker.txn.snapshots`);
+recovery loads the topic's latest snapshot and replays the ledger from the position it
+covers.
 
 **PIP-373.** The topic's system property ``__contains_txn_messages`` is ``false``/absent
 until its first transactional message, and set to ``true`` durably *before* that message is
@@ -24,6 +25,11 @@ problem PIP-471 solves (a sealed segment materializes decisions without a write)
 the subscription's ``<topic>-<sub>__transaction_pending_ack`` managed ledger before they are
 acknowledged, applied to the cursor (commit) or released (abort) by
 ``END_TXN_ON_SUBSCRIPTION``, and replayed on recovery.
+
+**Only transactions their coordinator knows are open get in**
+(:mod:`segtxn.broker.txn.v4checks`): both check a transaction with its coordinator before
+its first send or ack here, and tell the checks what they hold and what ended, so one
+abandoned past its timeout is ended by the broker: no client can pin a topic's read horizon.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ from segtxn.broker.entry import decode_entry, marker_entry
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
+from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLogs
+from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.ledger import (
     LedgerSealed,
     LedgerSettings,
@@ -59,7 +67,6 @@ log = logging.getLogger(__name__)
 
 CONTAINS_TXN = "__contains_txn_messages"
 """PIP-373's system topic property."""
-SNAPSHOT_LOG = "__transaction_buffer_snapshot"
 ENDED_MEMORY = 100_000
 """Ended transactions remembered (refusing late writes, answering a repeated END at once)."""
 
@@ -79,88 +86,7 @@ def _remember(ended: OrderedDict[TxnId, TxnState], txn: TxnId, outcome: TxnState
         ended.popitem(last=False)
 
 
-class BufferSnapshot(msgspec.Struct, frozen=True):
-    topic: str
-    position: tuple[int, int]
-    """Every entry up to here is reflected below."""
-    ongoing: dict[str, tuple[int, int]]
-    """Transaction (``most:least``) -> its first entry."""
-    aborted: dict[str, tuple[int, int]]
-    """Transaction -> its abort marker."""
-
-
 _encode = msgspec.json.Encoder().encode
-_decode_snapshot = msgspec.json.Decoder(BufferSnapshot).decode
-
-
-class SnapshotLog:
-    """One namespace's ``__transaction_buffer_snapshot`` log on this broker: every
-    snapshot is appended; the latest per topic is indexed at open (the log is read once)."""
-
-    def __init__(self, ledger: ManagedLedger) -> None:
-        self._ledger = ledger
-        self._latest: dict[str, Position] = {}
-
-    @classmethod
-    async def open(
-        cls, name: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
-    ) -> SnapshotLog:
-        log_ = cls(await ManagedLedger.open(name, store, storage, settings))
-        start = log_._ledger.first_position()
-        while start is not None:
-            entries = await log_._ledger.read(start, max_entries=1000, max_bytes=64 << 20)
-            if not entries:
-                break
-            for entry in entries:
-                log_._latest[_decode_snapshot(entry.payload).topic] = entry.position
-            start = log_._ledger.position_after(entries[-1].position)
-        return log_
-
-    async def write(self, snapshot: BufferSnapshot) -> None:
-        self._latest[snapshot.topic] = await self._ledger.append(_encode(snapshot))
-
-    async def latest(self, topic: str) -> BufferSnapshot | None:
-        at = self._latest.get(topic)
-        if at is None:
-            return None
-        entries = await self._ledger.read(at, max_entries=1)
-        return _decode_snapshot(entries[0].payload) if entries else None
-
-    async def close(self) -> None:
-        await self._ledger.close()
-
-
-class SnapshotLogs:
-    """The snapshot logs of the namespaces this broker serves, opened on first use. A
-    topic never moves between brokers, so its snapshots are written and read here."""
-
-    def __init__(
-        self, broker_id: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
-    ) -> None:
-        self._broker_id = broker_id
-        self._store = store
-        self._storage = storage
-        self._settings = settings
-        self._logs: dict[str, asyncio.Task[SnapshotLog]] = {}
-
-    def get(self, tenant: str, namespace: str) -> asyncio.Task[SnapshotLog]:
-        name = f"persistent://{tenant}/{namespace}/{SNAPSHOT_LOG}@{self._broker_id}"
-        task = self._logs.get(name)
-        if task is None or (task.done() and task.exception() is not None):
-            task = asyncio.ensure_future(
-                SnapshotLog.open(name, self._store, self._storage, self._settings)
-            )
-            self._logs[name] = task
-        return task
-
-    async def close(self) -> None:
-        for task in self._logs.values():
-            if task.done() and task.exception() is None:
-                await task.result().close()
-            elif not task.done():
-                task.cancel()
-        await asyncio.gather(*self._logs.values(), return_exceptions=True)
-        self._logs.clear()
 
 
 class MarkerTransactionBuffer(TransactionBuffer):
@@ -174,10 +100,12 @@ class MarkerTransactionBuffer(TransactionBuffer):
         ledger: ManagedLedger,
         *,
         snapshots: SnapshotLogs,
+        checks: V4TransactionChecks,
         snapshot_every: int = 100,
     ) -> None:
         super().__init__()
         self.topic = topic
+        self._checks = checks
         self._where = (tenant, namespace)
         self._ledger = ledger
         self._snapshots = snapshots
@@ -196,6 +124,9 @@ class MarkerTransactionBuffer(TransactionBuffer):
         self.contains_txn = False
         self.recovery = {"snapshot": 0, "replayed": 0, "skipped": 0}
         """What the last recovery did (for tests and the benchmark)."""
+
+    def __str__(self) -> str:
+        return self.topic
 
     # ------------------------------------------------------------------ horizon
 
@@ -223,12 +154,16 @@ class MarkerTransactionBuffer(TransactionBuffer):
         queued before the transaction's marker, or refused); wait for the write outside
         it, so a transaction's sends share group commits.
 
-        Raises ServerError(TransactionConflict): the transaction ended here already.
+        Raises:
+            ServerError(TransactionConflict): the transaction ended here already.
+            ServerError(TransactionNotFound / InvalidTxnStatus / ServiceNotReady): its
+                coordinator does not confirm it open with this topic in it (asked once).
         """
         if txn in self._ended:
             raise ServerError(
                 ErrorName.TRANSACTION_CONFLICT, f"{txn} ended ({self._ended[txn]}): no more writes"
             )
+        await self._checks.admit_write(txn, self.topic, self)
         await self._mark_contains()
         await turn.wait()  # before the lock: a later send may be waiting for it
         async with self._locks.setdefault(txn, asyncio.Lock()):
@@ -310,6 +245,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                 self._markers_since_snapshot += 1
                 log.debug("txn %s: %s marker on %s at %s", txn, action.value, self.topic, at)
             _remember(self._ended, txn, outcome)
+            self._checks.ended(txn, self)
             self._locks.pop(txn, None)
         self._changed()
         if self._markers_since_snapshot >= self._snapshot_every and self._snapshotting is None:
@@ -372,6 +308,8 @@ class MarkerTransactionBuffer(TransactionBuffer):
                 self._aborted[TxnId.parse(text)] = _pos(marker)
             start = self._ledger.position_after(_pos(snapshot.position))
         await self._replay(start)
+        for txn in self._ongoing:  # ended by its coordinator, or by the checks' sweep
+            self._checks.recovered(txn, self)
 
     async def _replay(self, start: Position | None) -> bool:
         """Apply entries from ``start`` on; returns whether any was transactional."""
@@ -404,6 +342,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
             del self._aborted[txn]
 
     async def close(self) -> None:
+        self._checks.forget(self)
         if self._snapshotting is not None:
             await asyncio.gather(self._snapshotting, return_exceptions=True)
 
@@ -436,9 +375,11 @@ class MLPendingAckStore(ReservingPendingAckStore):
         storage: LogStorage,
         settings: LedgerSettings,
         release: Callable[[list[Position]], None],
+        checks: V4TransactionChecks,
     ) -> None:
         super().__init__(cursor, release)
         self.topic = topic
+        self._checks = checks
         self.subscription = subscription
         self._store = store
         self._storage = storage
@@ -448,6 +389,9 @@ class MLPendingAckStore(ReservingPendingAckStore):
         self._open_lock = asyncio.Lock()
         self._ended: OrderedDict[TxnId, TxnState] = OrderedDict()
         self._locks: dict[TxnId, asyncio.Lock] = {}
+
+    def __str__(self) -> str:
+        return f"{self.topic} subscription {self.subscription!r}"
 
     async def _ledger(self) -> ManagedLedger:
         async with self._open_lock:
@@ -465,9 +409,12 @@ class MLPendingAckStore(ReservingPendingAckStore):
         cumulative: bool,
         guard: Callable[[], None] | None = None,
     ) -> None:
-        """Raises ServerError(TransactionConflict)."""
+        """Raises ServerError(TransactionConflict), or TransactionNotFound /
+        InvalidTxnStatus / ServiceNotReady when its coordinator does not confirm it open with
+        this subscription in it (asked once per transaction)."""
         if txn in self._ended:
             raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {self._ended[txn]}")
+        await self._checks.admit_ack(txn, self.topic, self.subscription, self)
         if guard is not None:
             guard()
         self._check(txn, positions, cumulative=cumulative)
@@ -501,6 +448,7 @@ class MLPendingAckStore(ReservingPendingAckStore):
                     _encode(PendingAckOp((txn.most, txn.least), action.value))
                 )
             _remember(self._ended, txn, outcome)
+            self._checks.ended(txn, self)
             self._locks.pop(txn, None)
 
     async def recover(self) -> None:
@@ -533,7 +481,10 @@ class MLPendingAckStore(ReservingPendingAckStore):
         for txn in committed:
             individual, upto = self._held_by(txn)
             await self._settle(txn, True, individual, upto)
+        for txn in self.transactions():  # ended by its coordinator, or by the checks' sweep
+            self._checks.recovered(txn, self)
 
     async def close(self) -> None:
+        self._checks.forget(self)
         if self._log is not None:
             await self._log.close()

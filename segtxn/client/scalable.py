@@ -1,0 +1,331 @@
+"""The producer of a scalable topic: routes keys to segments, and keeps each key's order
+across splits and merges.
+
+A :class:`ScalableProducer` routes keyed messages of a ``topic://`` to the active segment
+whose hash range covers the key (unkeyed ones go round-robin), one
+:class:`~segtxn.client.producer.Producer` per segment, opened on the first message for it.
+A send ends within ``send_timeout_s`` of the call whatever happens underneath (a segment's
+producer being created, a re-send after a seal): its future then fails with ``Timeout`` and
+the message is not sent again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from dataclasses import dataclass
+
+from segtxn.client.connection import Connector
+from segtxn.client.errors import ClientClosed, Timeout
+from segtxn.client.layout import TopicLayout
+from segtxn.client.messages import MessageId
+from segtxn.client.producer import Producer, ProducerOptions, new_name
+from segtxn.client.timeouts import Deadline
+from segtxn.client.transaction import Transaction
+from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+from segtxn.protocol.names import TopicName
+
+REROUTE_WAIT_S = 30.0
+"""How long a refused send waits for a layout with an open segment for its key."""
+
+
+@dataclass(eq=False)
+class _Outgoing:
+    number: int
+    """The order the application sent it in (re-sends keep it)."""
+    value: bytes
+    key: str | None
+    properties: dict[str, str] | None
+    event_time_ms: int | None
+    txn: Transaction | None
+    result: asyncio.Future[MessageId]
+    deadline: Deadline
+    """When the application's send times out (re-sends included)."""
+
+
+class ScalableProducer:
+    """Routes messages of a scalable topic to its segments by key hash.
+
+    The segment DAG comes from a lookup session (pushed on every change). A send that
+    reaches a segment sealed meanwhile is refused (``TopicTerminatedError``: nothing was
+    stored) and sent again to the segment now covering its key. While any send to a segment
+    that is no longer active is unsettled, or refused sends wait to go again, the producer
+    is *in transition*: new sends queue behind, and the refused ones go first, in the order
+    they were sent. So each key's messages are stored in order across a split or merge;
+    nothing is lost and nothing is stored twice (a sealed segment stores nothing).
+    """
+
+    def __init__(
+        self,
+        connector: Connector,
+        topic: TopicName,
+        name: str | None = None,
+        options: ProducerOptions | None = None,
+    ) -> None:
+        self.topic = topic
+        self.name = name or new_name(self)
+        self.options = options or ProducerOptions()
+        self._connector = connector
+        self.layout = TopicLayout(connector, topic)
+        self._producers: dict[int, Producer] = {}
+        self._round_robin = itertools.count()
+        self._numbers = itertools.count()
+        self._lock = asyncio.Lock()
+        self._order = asyncio.Lock()  # FIFO: one sender at a time while in transition
+        self._refused: list[_Outgoing] = []
+        self._unsettled: dict[int, set[asyncio.Future[MessageId]]] = {}
+        """Segment id -> sends routed there whose outcome :meth:`_settled` has not taken in
+        (a segment producer forgets a send a moment before that: no gap in between)."""
+        self._outstanding: set[asyncio.Future[MessageId]] = set()
+        """The application's sends not yet done (what ``flush`` waits for)."""
+        self._drainer: asyncio.Task[None] | None = None
+        self.reroutes = 0
+
+    async def start(self, deadline: Deadline) -> None:
+        """Read the segment DAG (retrying until ``deadline``: Timeout after it)."""
+        await self.layout.start(deadline)
+
+    async def refresh(self) -> None:
+        """Re-read the topic's segments now."""
+        await self.layout.refresh()
+
+    def route(self, key: str | None) -> int:
+        """The id of the active segment for ``key`` (round-robin when there is none)."""
+        return self.layout.route(key, next(self._round_robin))
+
+    async def _producer(self, segment_id: int, deadline: Deadline) -> Producer:
+        producer = self._producers.get(segment_id)
+        if producer is None:
+            async with self._lock:
+                producer = self._producers.get(segment_id)
+                if producer is None:
+                    producer = Producer(
+                        self._connector,
+                        self.topic.segment_name(segment_id),
+                        f"{self.name}-s{segment_id}",
+                        self.options,
+                    )
+                    await producer.start(deadline)
+                    self._producers[segment_id] = producer
+        return producer
+
+    def _retired(self) -> list[int]:
+        """Segments no longer active, or that refused a send (sealed: their sends may be
+        refused)."""
+        return [
+            segment
+            for segment, producer in self._producers.items()
+            if producer.refused or not (s := self.layout.segments.get(segment)) or not s.active
+        ]
+
+    def _unsettled_on_retired(self) -> list[asyncio.Future[MessageId]]:
+        return [f for segment in self._retired() for f in self._unsettled.get(segment, ())]
+
+    def _in_transition(self) -> bool:
+        return bool(self._refused) or bool(self._unsettled_on_retired())
+
+    async def send_async(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: dict[str, str] | None = None,
+        event_time_ms: int | None = None,
+        txn: Transaction | None = None,
+    ) -> asyncio.Future[MessageId]:
+        """Queue one message; the future resolves to its id once stored. See
+        :meth:`send` for the errors (raised here when the message never left)."""
+        deadline = Deadline(self.options.send_limit_s)
+        if txn is not None:
+            await txn.add_partition(str(self.topic), deadline)
+        result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
+        message = _Outgoing(
+            next(self._numbers), value, key, properties, event_time_ms, txn, result, deadline
+        )
+        if deadline.at is not None:
+            timer = asyncio.get_running_loop().call_at(deadline.at, self._expire, message)
+            result.add_done_callback(lambda _: timer.cancel())
+        self._outstanding.add(result)
+        result.add_done_callback(self._outstanding.discard)
+        if txn is not None:
+            txn.track(result)
+        try:
+            async with deadline.timeout():
+                if self._in_transition() or self._order.locked():
+                    async with self._order:  # behind everything sent before it
+                        await self._settle_transition()
+                        await self._dispatch(message)
+                else:
+                    await self._dispatch(message)
+        except Timeout as e:  # from below (a segment's producer could not be created)
+            self._fail(result, e)
+            raise
+        except TimeoutError as e:  # this send's own limit
+            failure = Timeout(
+                f"{self.name}: could not send within {deadline} (waiting for re-sends "
+                "before it, or for its segment's producer); nothing was sent",
+                category=ErrorCategory.RETRIABLE,
+            )
+            self._fail(result, failure)
+            raise failure from e
+        except BaseException as e:
+            self._fail(result, e)
+            raise
+        return result
+
+    def _fail(self, result: asyncio.Future[MessageId], error: BaseException) -> None:
+        """The send failed before it was queued: its future says so, and refused sends it
+        was sending again go on in the background."""
+        if not result.done():
+            if isinstance(error, asyncio.CancelledError):
+                result.cancel()
+            else:
+                result.set_exception(error)
+        if not result.cancelled():
+            result.exception()  # retrieved: the caller gets ``error`` raised instead
+        self._kick()
+
+    def _expire(self, message: _Outgoing) -> None:
+        if not message.result.done():
+            message.result.set_exception(
+                Timeout(
+                    f"{self.name}: message {message.number} was not stored within "
+                    f"{message.deadline} of its send; it may or may not have been stored"
+                )
+            )
+
+    async def _dispatch(self, message: _Outgoing) -> None:
+        segment = self.route(message.key)
+        producer = await self._producer(segment, message.deadline)
+        inner = await producer.send_async(
+            message.value,
+            key=message.key,
+            properties=message.properties,
+            event_time_ms=message.event_time_ms,
+            txn=message.txn,
+            registered=True,
+            track=False,
+            deadline=message.deadline,
+        )
+        self._unsettled.setdefault(segment, set()).add(inner)
+        inner.add_done_callback(lambda f: self._settled(message, segment, f))
+
+    def _settled(self, message: _Outgoing, segment: int, inner: asyncio.Future[MessageId]) -> None:
+        self._unsettled[segment].discard(inner)
+        if message.result.done():
+            return
+        if inner.cancelled():
+            message.result.cancel()
+            return
+        error = inner.exception()
+        if isinstance(error, ServerError) and error.name is ErrorName.TOPIC_TERMINATED:
+            self._refused.append(message)
+            self._kick()
+        elif error is not None:
+            message.result.set_exception(error)
+        else:
+            message.result.set_result(inner.result())
+
+    def _kick(self) -> None:
+        """Make sure refused sends are being sent again."""
+        if self._in_transition() and (self._drainer is None or self._drainer.done()):
+            self._drainer = asyncio.create_task(self._drain(), name=f"reroute-{self.name}")
+
+    async def _drain(self) -> None:
+        async with self._order:
+            await self._settle_transition()
+
+    async def _settle_transition(self) -> None:
+        """(Holding ``_order``.) Wait for sends to retired segments to settle, and send the
+        refused ones again, oldest first, until nothing is in transition. Cancelled half-way
+        (a send's timeout), what is not yet sent again stays refused for the next one."""
+        while self._in_transition():
+            unsettled = self._unsettled_on_retired()
+            if unsettled:  # their _settled callbacks run before this wakes up
+                await asyncio.wait(unsettled)
+            while self._refused:
+                message = min(self._refused, key=lambda m: m.number)
+                if not message.result.done():  # else it timed out: not sent again
+                    self.reroutes += 1
+                    try:
+                        await self._wait_rerouted(message)
+                        await self._dispatch(message)
+                    except Exception as e:  # the caller learns of it through its future
+                        if not message.result.done():
+                            message.result.set_exception(e)
+                self._refused.remove(message)
+
+    async def _wait_rerouted(self, message: _Outgoing) -> None:
+        """Wait until the message's key routes to an active segment the layout knows as
+        active (the push of the new DAG may come after the refusal)."""
+        limit = message.deadline.cap(REROUTE_WAIT_S)
+        deadline = Deadline(limit)
+        while True:
+            segment = self.layout.segments.get(self.route(message.key))
+            if segment is not None and segment.active and segment.id not in self._sealed_seen():
+                return
+            if deadline.expired():
+                raise ServerError(
+                    ErrorName.TOPIC_TERMINATED, f"{self.topic}: no layout with an open segment came"
+                )
+            try:
+                await asyncio.wait_for(self.layout.changed.wait(), deadline.cap(0.5))
+            except TimeoutError:
+                await self.layout.refresh(deadline.cap(None))  # the push may be late: ask
+
+    def _sealed_seen(self) -> set[int]:
+        """Segments that refused a send, whatever the layout says yet."""
+        return {segment for segment, producer in self._producers.items() if producer.refused}
+
+    async def send(
+        self,
+        value: bytes,
+        *,
+        key: str | None = None,
+        properties: dict[str, str] | None = None,
+        event_time_ms: int | None = None,
+        txn: Transaction | None = None,
+    ) -> MessageId:
+        """Send one message to the segment covering ``key``; returns its id once stored.
+
+        Raises:
+            ServerError: the broker refused it (re-sends after a seal included).
+            Timeout: not done within ``send_timeout_s`` of the call (RETRIABLE if it never
+                left, else OUTCOME_UNKNOWN).
+            ClientClosed: the producer was closed.
+        """
+        future = await self.send_async(
+            value, key=key, properties=properties, event_time_ms=event_time_ms, txn=txn
+        )
+        return await future
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every message sent so far is stored or failed, re-sends included;
+        without ``timeout_s`` bounded by the sends' own ``send_timeout_s``.
+
+        Raises:
+            Timeout: messages still in flight after ``timeout_s``.
+        """
+        waiting = list(self._outstanding)
+        if not waiting:
+            return
+        _, late = await asyncio.wait(waiting, timeout=timeout_s)
+        if late:
+            raise Timeout(f"{self.name}: {len(late)} messages still in flight after {timeout_s} s")
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Flush (re-sends included) for at most ``timeout_s`` (default: the operation
+        timeout), then disconnect every segment's producer (at most 1 s more)."""
+        limit = self._connector.timeouts.operation_timeout_s if timeout_s is None else timeout_s
+        with contextlib.suppress(Timeout):  # what is left fails with ClientClosed below
+            await self.flush(limit)
+        if self._drainer is not None:
+            self._drainer.cancel()
+            await asyncio.gather(self._drainer, return_exceptions=True)
+        for message in self._refused:
+            if not message.result.done():
+                message.result.set_exception(ClientClosed(f"producer {self.name} is closed"))
+        self._refused = []
+        await asyncio.gather(*(p.close(timeout_s=0) for p in self._producers.values()))
+        await self.layout.close()

@@ -1,0 +1,157 @@
+"""Time limits for every client call, and retrying what is safe to retry until them.
+
+Every public call of the client ends within its timeout, whatever the brokers do (a paused
+broker answers nothing, and a TCP connection to it still opens): it returns, or raises the
+error it got, or raises :class:`~segtxn.client.errors.Timeout`. The limits are
+:class:`Timeouts` (client options) unless a call is given its own ``timeout_s``; the table
+of calls and defaults is in docs/protocol.md, "Client time limits".
+
+:func:`retrying` is how calls that are safe to repeat — looking a topic up, attaching a
+producer or a consumer, calling a transaction coordinator — get through a broker or the
+metadata store restarting: a retriable error (``ServiceNotReady``, ``NotOwner``,
+``TooManyRequests``, no connection, no answer within ``request_timeout_s``) is tried again
+with back-off until the call's deadline, then the call raises ``Timeout`` naming the last
+cause. Anything else is raised at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
+from typing import TypeVar
+
+import aiohttp
+
+from segtxn.client.errors import Timeout
+from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+FIRST_RETRY_S = 0.05
+MAX_RETRY_S = 1.0
+"""Back-off between attempts: doubling from 50 ms, at most 1 s."""
+CLOSE_WAIT_S = 1.0
+"""How long closing a WebSocket waits for the broker's close frame before dropping it."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The client's time limits (``Client(url, operation_timeout_s=..., ...)``)."""
+
+    operation_timeout_s: float = 30.0
+    """Default limit of a call: creating a producer, consumer or reader (lookup and
+    connect, retried), an acknowledgment's receipt, a negative ack, a transaction's
+    start/commit/abort, an admin call, closing. Pulsar's ``operationTimeout`` (30 s)."""
+    request_timeout_s: float = 10.0
+    """One attempt of a call that is retried (a lookup, a WebSocket handshake, a coordinator
+    call): after this it is given up and tried again, on another broker or coordinator if
+    the client knows several, within the call's own limit."""
+
+    def __post_init__(self) -> None:
+        if not self.operation_timeout_s > 0 or not self.request_timeout_s > 0:
+            raise ValueError("operation_timeout_s and request_timeout_s must be positive")
+
+
+class Deadline:
+    """When a call must be done by, in event-loop time (``None``: no limit)."""
+
+    def __init__(self, timeout_s: float | None) -> None:
+        self.timeout_s = timeout_s
+        self.at = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+
+    def remaining(self) -> float | None:
+        """Seconds left (never negative), or None without a limit."""
+        if self.at is None:
+            return None
+        return max(0.0, self.at - asyncio.get_running_loop().time())
+
+    def expired(self) -> bool:
+        remaining = self.remaining()
+        return remaining is not None and remaining <= 0
+
+    def cap(self, limit_s: float | None) -> float | None:
+        """The smaller of what is left and ``limit_s`` (None: no limit on either)."""
+        remaining = self.remaining()
+        if remaining is None:
+            return limit_s
+        return remaining if limit_s is None else min(remaining, limit_s)
+
+    def timeout(self) -> asyncio.Timeout:
+        """``async with deadline.timeout(): ...`` (raises the builtin TimeoutError)."""
+        return asyncio.timeout_at(self.at)
+
+    def __str__(self) -> str:
+        return "no limit" if self.timeout_s is None else f"{self.timeout_s:g} s"
+
+
+def describe(error: BaseException | None) -> str:
+    if error is None:
+        return "no attempt finished"
+    if isinstance(error, TimeoutError) and not str(error):
+        return "no answer in time"
+    return f"{type(error).__name__}: {error}" if not isinstance(error, ServerError) else str(error)
+
+
+async def retrying(
+    what: str,
+    attempt: Callable[[], Awaitable[T]],
+    deadline: Deadline,
+    *,
+    request_timeout_s: float,
+    category: ErrorCategory = ErrorCategory.RETRIABLE,
+    busy: Collection[ErrorName] = (),
+) -> T:
+    """Run ``attempt`` until it succeeds, each try within ``request_timeout_s`` and all of
+    them before ``deadline``; back off between tries.
+
+    Args:
+        what: the call, for the timeout's message ("create a producer on ...").
+        category: the Timeout's category (RETRIABLE: nothing was done; OUTCOME_UNKNOWN: an
+            attempt may have taken effect).
+        busy: errors retried only after an earlier attempt was abandoned (``ProducerBusy``:
+            the broker may still hold the attempt we gave up on).
+
+    Raises:
+        Timeout: the deadline passed; ``last_error`` is the last retriable failure.
+        ServerError: a failure that is not retriable.
+    """
+    delay = FIRST_RETRY_S
+    last: BaseException | None = None
+    abandoned = False
+    while True:
+        limit = deadline.cap(request_timeout_s)
+        if limit is not None and limit <= 0:
+            raise Timeout(
+                f"{what}: not done within {deadline} (last: {describe(last)})",
+                category=category,
+                last_error=last,
+            ) from last
+        try:
+            async with asyncio.timeout(limit) as scope:
+                return await attempt()
+        except TimeoutError as e:  # ours (the attempt was abandoned), or one from below
+            abandoned = abandoned or scope.expired()
+            last = e
+        except ServerError as e:
+            if not (e.retriable or (abandoned and e.name in busy)):
+                raise
+            last = e
+        except (aiohttp.ClientError, ConnectionError) as e:
+            last = e
+        log.debug("%s: %s; trying again", what, describe(last))
+        pause = deadline.cap(delay)
+        await asyncio.sleep(pause or 0)  # back off before the next attempt
+        delay = min(delay * 2, MAX_RETRY_S)
+
+
+async def close_quietly(closing: Awaitable[object], limit_s: float = CLOSE_WAIT_S) -> None:
+    """Await a WebSocket's ``close()`` for at most ``limit_s`` (cancelling it drops the
+    connection at once); a broker that does not answer does not hold the caller."""
+    try:
+        async with asyncio.timeout(limit_s):
+            await closing
+    except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+        log.debug("closing a WebSocket: %s (dropped)", describe(e))
