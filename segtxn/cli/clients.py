@@ -6,82 +6,26 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from typing import Any
 
 import click
 
-from segtxn.cli.errors import ServiceUnreachable, unreachable
 from segtxn.cli.params import (
     COUNT,
     POSITIVE_INT,
     SECONDS,
-    SERVICE_URL,
     KeyHash,
     Namespace,
     Topic,
     refuse_unless,
 )
+from segtxn.cli.service import URL, run
 from segtxn.client import Client
 from segtxn.protocol.names import Domain
 from segtxn.topics.model import MAX_INITIAL_SEGMENTS
 
-T = TypeVar("T")
-
-URL_ENV = "SEGTXN_URL"
-URL = click.option(
-    "--url",
-    default="http://127.0.0.1:8080",
-    show_default=True,
-    envvar=URL_ENV,
-    show_envvar=True,
-    type=SERVICE_URL,
-    help="Any broker of the cluster: http://host:port.",
-)
 SCALABLE = Topic(Domain.TOPIC)
 MAX_GENERATED_BYTES = 5 * 1024 * 1024
-
-
-def run(body: Callable[[Client], Awaitable[T]], url: str) -> T:
-    """Run ``body`` with a client of ``url``.
-
-    Raises:
-        ServiceUnreachable: a connection could not be made (to ``url`` or to the broker it
-            pointed to); the CLI's edge (:mod:`segtxn.cli.errors`) reports it, and every
-            other error, in one line.
-    """
-
-    async def main() -> T:
-        async with Client(url) as client:
-            return await body(client)
-
-    try:
-        return asyncio.run(main())
-    except Exception as e:
-        failure = connection_failure(e, url)
-        if failure is None:
-            raise
-        raise failure from e
-
-
-def connection_failure(e: BaseException, url: str) -> ServiceUnreachable | None:
-    """``e`` as a :class:`ServiceUnreachable` naming what could not be reached, if it comes
-    from a connection that could not be made (to ``url``, or a broker it pointed to)."""
-    failed = unreachable(e)
-    if failed is None:
-        return None
-    where, why = failed
-    given = urlsplit(url)
-    port = given.port or (443 if given.scheme == "https" else 80)
-    if where == f"{given.hostname}:{port}":
-        return ServiceUnreachable(
-            f"cannot reach {url}: {why}; is a segtxn broker running there? "
-            f"(--url or {URL_ENV} names another)"
-        )
-    return ServiceUnreachable(
-        f"cannot reach the broker at {where} (the cluster at {url} sent this client there): {why}"
-    )
 
 
 @click.command()

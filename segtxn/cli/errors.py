@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import socket
 import sys
 import traceback
@@ -47,7 +48,7 @@ def causes(e: BaseException) -> Iterator[BaseException]:
 
 def why_unreachable(e: BaseException) -> str:
     """A connection failure in words."""
-    if isinstance(e, aiohttp.ClientConnectorDNSError) or isinstance(
+    if isinstance(e, aiohttp.ClientConnectorDNSError | socket.gaierror) or isinstance(
         getattr(e, "os_error", None), socket.gaierror
     ):
         return "the host name does not resolve"
@@ -74,13 +75,30 @@ def unreachable(e: BaseException) -> tuple[str, str] | None:
     return None
 
 
+_CONNECTOR_REPR = re.compile(
+    r"ClientConnector\w*Error\(ConnectionKey\([^()]*\), (?P<kind>\w+)\((?P<code>-?\d+), "
+    r"(?:'[^']*'|\"[^\"]*\")\)\)"
+)
+"""aiohttp's repr of a connection that could not be made, as the client's messages embed it
+(a list of failed service URLs carries no cause to read it from)."""
+
+
+def _connector_repr_in_words(match: re.Match[str]) -> str:
+    code = int(match["code"])
+    if match["kind"] == "gaierror":
+        return "the host name does not resolve"
+    if code == errno.ECONNREFUSED:
+        return "connection refused"
+    return os.strerror(code).lower() if code > 0 else match["kind"]
+
+
 def _in_words(message: str, e: BaseException) -> str:
     """``message`` with the reprs of ``e``'s causes (``ClientConnectorError(Connection
-    Key(...))``) replaced by words."""
+    Key(...))``), and any other connection-error repr in it, replaced by words."""
     for cause in causes(e):
         if cause is not e:
             message = message.replace(repr(cause), why_unreachable(cause))
-    return message
+    return _CONNECTOR_REPR.sub(_connector_repr_in_words, message)
 
 
 def describe(e: BaseException) -> str | None:

@@ -34,17 +34,27 @@ FRACTION = click.FloatRange(0, 1)
 
 class HttpUrl(click.ParamType[str]):
     """``http(s)://host[:port]``: a service URL. ``path_ok`` also allows a path (an endpoint
-    such as a liveness probe's)."""
+    such as a liveness probe's); ``several`` allows a comma-separated list (the client tries
+    them in turn)."""
 
     name = "URL"
 
-    def __init__(self, *, path_ok: bool = False) -> None:
+    def __init__(self, *, path_ok: bool = False, several: bool = False) -> None:
         self.path_ok = path_ok
+        self.several = several
+        if several:
+            self.name = "URL[,URL...]"
 
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> str:
-        text = str(value).strip()
+        items = str(value).split(",") if self.several else [str(value)]
+        urls = [self._one(item.strip(), param, ctx) for item in items if item.strip()]
+        if not urls:
+            self.fail("no URL given", param, ctx)
+        return ",".join(urls)
+
+    def _one(self, text: str, param: click.Parameter | None, ctx: click.Context | None) -> str:
         parts = urlsplit(text)
         form = "http://host:port" + ("/path" if self.path_ok else "")
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -141,6 +151,8 @@ class Namespace(click.ParamType[tuple[str, str]]):
 
 
 SERVICE_URL = HttpUrl()
+SERVICE_URLS = HttpUrl(several=True)
+"""What ``--url`` takes: one broker's URL, or several separated by commas."""
 STORE_URL = StoreUrl()
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from segtxn.cli.clients import URL, run
+from segtxn.cli.service import URL, run
 from segtxn.client import Client
 from segtxn.client.transaction import Coordinators
 from segtxn.protocol.txn import TxnId

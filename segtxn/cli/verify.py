@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.clients import URL_ENV, connection_failure
 from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URL
+from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
 from segtxn.client import ErrorName, ServerError
 from segtxn.verify.job import JobSettings
 from segtxn.verify.processes import TEST_BUGS_ENV
@@ -163,8 +163,9 @@ def run(
         config = dataclasses.replace(config, changes=())
     if no_kill:
         config = dataclasses.replace(config, faults=())
-    click.echo(f"workload {run} against {url}, seed {seed}, recorded in {run_dir}")
     try:
+        asyncio.run(check_reachable(url))
+        click.echo(f"workload {run} against {url}, seed {seed}, recorded in {run_dir}")
         info = asyncio.run(run_workload(config, click.echo))
     except ServerError as e:
         if e.name is ErrorName.TOPIC_EXISTS:

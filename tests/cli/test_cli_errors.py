@@ -10,15 +10,16 @@ need a cluster run against a real ``segtxn standalone`` process.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from click.testing import CliRunner, Result
 
-from segtxn.cli import clients, main
-from segtxn.client import Client
+from segtxn.cli import clients, main, service
+from segtxn.cli.errors import describe
+from segtxn.client import Client, ErrorName, ServerError
 from segtxn.metastore.etcd_server import free_port
 from tests import processes
 
@@ -259,13 +260,25 @@ def test_verify_run_again_with_the_same_run_name_is_one_line(
     assert line.endswith("give --run a new name")
 
 
+async def _refused_connection(port: int) -> aiohttp.ClientConnectorError:
+    """The error aiohttp raises for a connection nothing accepts."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            await session.get(f"http://127.0.0.1:{port}/")
+        except aiohttp.ClientConnectorError as e:
+            return e
+    raise AssertionError("connected to a port nothing listens on")
+
+
 def test_a_failure_to_reach_another_broker_names_both() -> None:
     """A connection refused by a broker other than the service URL (one a lookup sent the
     client to) names that broker and the service URL."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        dead = listener.getsockname()[1]  # closed again below: nothing listens there
-    failure = clients.connection_failure(_refused("127.0.0.1", dead), "http://127.0.0.1:8080")
+    dead = free_port()
+    cause = asyncio.run(_refused_connection(dead))
+    try:
+        raise ServerError(ErrorName.SERVICE_NOT_READY, f"cannot reach x: {cause!r}") from cause
+    except ServerError as e:
+        failure = service.connection_failure(e, "http://127.0.0.1:8080")
     assert failure is not None
     assert str(failure) == (
         f"cannot reach the broker at 127.0.0.1:{dead} (the cluster at http://127.0.0.1:8080 "
@@ -273,15 +286,29 @@ def test_a_failure_to_reach_another_broker_names_both() -> None:
     )
 
 
-def _refused(host: str, port: int) -> BaseException:
-    """The error the client raises for a refused connection, with its aiohttp cause."""
+def test_a_connection_repr_in_a_message_is_said_in_words() -> None:
+    """The client lists every service URL it could not reach in one message, with aiohttp's
+    reprs and no cause to read them from: the one line says them in words."""
+    dead = free_port()
+    cause = asyncio.run(_refused_connection(dead))
+    url = f"http://127.0.0.1:{dead}/lookup/v2/topic/topic/a/b/c"
+    error = ServerError(ErrorName.SERVICE_NOT_READY, f"cannot reach {url}: {cause!r}")
+    assert describe(error) == f"ServiceNotReady: cannot reach {url}: connection refused"
 
-    async def connect() -> None:
-        async with Client(f"http://{host}:{port}") as client:
-            await client.admin.stats("topic://a/b/c")
 
-    try:
-        asyncio.run(connect())
-    except Exception as e:
-        return e
-    raise AssertionError("connected to a port nothing listens on")
+def test_several_service_urls_none_reachable_are_each_named() -> None:
+    first, second = free_port(), free_port()
+    urls = f"http://127.0.0.1:{first},http://127.0.0.1:{second}"
+    result = invoke("topics", "stats", "topic://a/b/c", "--url", urls)
+    assert result.exit_code == 1
+    assert one_line(result) == (
+        f"Error: cannot reach any of http://127.0.0.1:{first} (connection refused), "
+        f"http://127.0.0.1:{second} (connection refused); is a segtxn broker running there? "
+        "(--url or SEGTXN_URL names another)"
+    )
+
+
+def test_one_reachable_service_url_of_several_is_enough(standalone: str) -> None:
+    urls = f"http://127.0.0.1:{free_port()},{standalone}"
+    result = invoke("topics", "create", "topic://t/ns/several", "--url", urls)
+    assert result.exit_code == 0, result.output
