@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -82,9 +83,30 @@ class _Site(web.BaseSite):
         )
 
 
+HANDLER_GRACE_S = 5.0
+"""On stop, how long requests still being handled may take to finish (aiohttp's default is
+a minute; WebSockets are closed before this wait)."""
+
+
+class ListenFailed(OSError):
+    """The server could not listen on its host and port (taken, not an address of this
+    machine, not allowed)."""
+
+    def __init__(self, host: str, port: int, error: OSError) -> None:
+        code = error.errno
+        reason = os.strerror(code) if isinstance(code, int) and code > 0 else error.strerror
+        reason = (reason or str(error)).lower()
+        super().__init__(error.errno, f"cannot listen on {host}:{port}: {reason}")
+        self.host = host
+        self.port = port
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 class AppServer:
     """``start()`` serves ``app`` on ``host:port`` (defaults: the advertised URL's);
-    ``stop()`` runs its shutdown and clean-up."""
+    ``stop()`` runs its shutdown and clean-up (also after a failed or interrupted start)."""
 
     def __init__(
         self, app: web.Application, advertise_url: str, host: str | None, port: int | None
@@ -93,11 +115,24 @@ class AppServer:
         self.app = app
         self.host = host or parts.hostname or "127.0.0.1"
         self.port = port if port is not None else (parts.port or 80)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log_class=DebugAccessLogger)
+        self._runner = web.AppRunner(
+            app,
+            handle_signals=False,
+            access_log_class=DebugAccessLogger,
+            shutdown_timeout=HANDLER_GRACE_S,
+        )
 
     async def start(self) -> None:
+        """Start the app (its ``cleanup_ctx``), then listen.
+
+        Raises:
+            ListenFailed: the port is taken or the host is not an address of this machine.
+        """
         await self._runner.setup()
-        await _Site(self._runner, self.host, self.port).start()
+        try:
+            await _Site(self._runner, self.host, self.port).start()
+        except OSError as e:
+            raise ListenFailed(self.host, self.port, e) from e
 
     async def stop(self) -> None:
         await self._runner.cleanup()

@@ -46,16 +46,7 @@ class ServerProcess:
         return self.log.read_text() if self.log is not None and self.log.exists() else ""
 
     async def ready(self, limit_s: float = 30) -> None:
-        async with aiohttp.ClientSession() as session:
-
-            async def up() -> bool:
-                try:
-                    async with session.get(self.url + "/readyz") as r:
-                        return r.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            await wait_until(up, timeout=limit_s, what=f"{self.name} ready")
+        await wait_ready(self.url, self.name, limit_s)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -81,6 +72,20 @@ class ServerProcess:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+async def wait_ready(url: str, name: str, limit_s: float = 30) -> None:
+    """Wait until the server at ``url`` answers ``/readyz`` with 200 (bounded)."""
+    async with aiohttp.ClientSession() as session:
+
+        async def up() -> bool:
+            try:
+                async with session.get(url + "/readyz") as r:
+                    return r.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(up, timeout=limit_s, what=f"{name} ready")
 
 
 def broker(

@@ -44,7 +44,13 @@ from segtxn.ledger import (
     check_files,
     open_log_storage,
 )
-from segtxn.metastore import MetadataStore, MetadataStoreError, Session, open_store
+from segtxn.metastore import (
+    MetadataStore,
+    MetadataStoreError,
+    Session,
+    open_store,
+    wait_reachable,
+)
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.catalog import HOMES, HOMES_BY_BROKER, Catalog, NoBrokers, TopicExists
@@ -74,6 +80,7 @@ class BrokerService:
         self._session: Session | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._retention: asyncio.Task[None] | None = None
+        self._stopped = False
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics(settings.broker_id)
         self.op_records = OpRecordWriter(self.store, self.metrics)
@@ -162,10 +169,25 @@ class BrokerService:
         return ready, body
 
     async def start(self) -> None:
-        await self.headers.start()
-        await self.v4_checks.start()
-        await self._check_data()
-        await self._register()
+        """Reach the store (retrying up to ``store_timeout_s``), check the data directory,
+        register. A failure or a cancellation half-way closes what was opened (the store
+        too, when this service opened it) and raises on.
+
+        Raises:
+            StoreUnavailable: the store did not answer within ``store_timeout_s``.
+            MetadataStoreError: another store failure during start-up.
+        """
+        try:
+            await wait_reachable(
+                self.store, timeout_s=self.settings.store_timeout_s, url=self.settings.store_url
+            )
+            await self.headers.start()
+            await self.v4_checks.start()
+            await self._check_data()
+            await self._register()
+        except BaseException:
+            await self.stop()
+            raise
         self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
         self._retention = asyncio.create_task(self._trim_periodically(), name="broker-retention")
         self.ready.set()
@@ -254,7 +276,17 @@ class BrokerService:
             self.ready.set()
 
     async def stop(self) -> None:
+        """Close everything :meth:`start` opened (safe after a partial start; idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.ready.clear()
+        log.info(
+            "broker %s: stopping; closing %d topics and segments, %s and the store",
+            self.broker_id,
+            len(self.topics),
+            "its session" if self._session is not None else "no session",
+        )
         await self.controllers.stop()
         for background in (self._keeper, self._retention):
             if background is not None:
@@ -278,6 +310,7 @@ class BrokerService:
         if self._owns_store:
             await self.store.close()
         self.metrics.shutdown()
+        log.info("broker %s: stopped", self.broker_id)
 
     # ------------------------------------------------------------------ topics
 

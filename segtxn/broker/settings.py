@@ -52,6 +52,9 @@ class BrokerSettings:
     ledger_url: str = "memory://"
     """Where managed ledgers live: file:///dir (or a path) or memory://."""
     session_ttl_s: float = 10.0
+    store_timeout_s: float = 15.0
+    """At start-up, how long to keep trying to reach the metadata store before giving up
+    with ``StoreUnavailable`` (the process then exits saying so)."""
     max_message_bytes: int = 5 * 1024 * 1024 - 64 * 1024
     """Largest payload accepted (the entry also carries the message's metadata)."""
     max_pending_sends: int = 1000

@@ -2,7 +2,8 @@
 
 DESIGN.md places the command line in ``segtxn/client/``; it lives here instead because
 commands such as ``standalone`` and ``broker`` must import the servers, and the client
-package must never import a server (an import-linter contract checks both).
+package must never import a server (an import-linter contract checks both). Every failure
+is reported by :class:`segtxn.cli.errors.Main` as one line (``Error: ...``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ import click
 
 from segtxn.cli import clients, servers, stacks, txn, verbosity, verify
 from segtxn.cli.demo import demo
+from segtxn.cli.errors import Main
 from segtxn.cli.operator import operator
 
 
-@click.group()
+@click.group(
+    cls=Main,
+    epilog="Exit status: 0 done (a server: stopped by SIGTERM or SIGINT), 1 failed, "
+    "2 bad usage, 130 interrupted. Errors are one line on stderr; -vv adds tracebacks.",
+)
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.version_option(package_name="segtxn", message="segtxn %(version)s")
 def main(verbose: int) -> None:
     """segtxn: transactional streaming on scalable topics."""
     verbosity.configure(verbose)

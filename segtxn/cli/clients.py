@@ -6,51 +6,62 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from segtxn.client import Client, ServerError, Timeout
-
-T = TypeVar("T")
-
-URL = click.option(
-    "--url",
-    default="http://127.0.0.1:8080",
-    show_default=True,
-    envvar="SEGTXN_URL",
-    help="Any broker of the cluster.",
+from segtxn.cli.params import (
+    COUNT,
+    POSITIVE_INT,
+    SECONDS,
+    KeyHash,
+    Namespace,
+    Topic,
+    refuse_unless,
 )
+from segtxn.cli.service import URL, run
+from segtxn.client import Client
+from segtxn.protocol.names import Domain
+from segtxn.topics.model import MAX_INITIAL_SEGMENTS
 
-
-def run(body: Callable[[Client], Awaitable[T]], url: str) -> T:
-    """Run ``body`` with a client of ``url``; server errors become clean CLI errors."""
-
-    async def main() -> T:
-        async with Client(url) as client:
-            return await body(client)
-
-    try:
-        return asyncio.run(main())
-    except ServerError as e:
-        raise click.ClickException(f"{e.name.value}: {e.message}") from e
-    except Timeout as e:
-        raise click.ClickException(f"Timeout: {e}") from e
+SCALABLE = Topic(Domain.TOPIC)
+MAX_GENERATED_BYTES = 5 * 1024 * 1024
 
 
 @click.command()
 @URL
-@click.argument("topic")
-@click.option("-n", "--count", default=1, show_default=True, help="Messages to send.")
-@click.option("-m", "--message", default=None, help="Payload (default: generated).")
-@click.option("--size", default=100, show_default=True, help="Generated payload bytes.")
-@click.option("--keys", default=0, help="Use this many distinct keys (0: no key).")
+@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
+@click.option(
+    "-n", "--count", default=1, show_default=True, type=POSITIVE_INT, help="Messages to send."
+)
+@click.option(
+    "-m", "--message", default=None, help="Payload of every message (default: generated)."
+)
+@click.option(
+    "--size",
+    default=100,
+    show_default=True,
+    type=click.IntRange(8, MAX_GENERATED_BYTES),
+    help="Generated payload bytes (not with -m).",
+)
+@click.option(
+    "--keys", default=0, type=COUNT, help="Use this many distinct keys (default 0: no key)."
+)
 @click.option("--name", default=None, help="Producer name (reuse it to keep de-duplication).")
+@click.pass_context
 def produce(
-    *, url: str, topic: str, count: int, message: str | None, size: int, keys: int, name: str | None
+    ctx: click.Context,
+    *,
+    url: str,
+    topic: str,
+    count: int,
+    message: str | None,
+    size: int,
+    keys: int,
+    name: str | None,
 ) -> None:
     """Send COUNT messages to TOPIC and report the rate."""
+    refuse_unless(ctx, "size", message is None, "-m gives the payload")
 
     async def body(client: Client) -> None:
         producer = await client.create_producer(topic, name=name)
@@ -69,7 +80,7 @@ def produce(
         elapsed = time.perf_counter() - started
         click.echo(
             f"sent {count} messages in {elapsed:.2f}s ({count / elapsed:.0f} msg/s); "
-            f"last id {ids[-1] if ids else None}"
+            f"last id {ids[-1]}"
         )
         await producer.close()
 
@@ -78,9 +89,9 @@ def produce(
 
 @click.command()
 @URL
-@click.argument("topic")
+@click.argument("topic", type=Topic())
 @click.argument("subscription")
-@click.option("-n", "--count", default=0, help="Stop after this many (0: until idle).")
+@click.option("-n", "--count", default=0, type=COUNT, help="Stop after this many (0: until idle).")
 @click.option(
     "--type",
     "sub_type",
@@ -91,7 +102,9 @@ def produce(
 @click.option(
     "--initial", default="earliest", show_default=True, type=click.Choice(["earliest", "latest"])
 )
-@click.option("--idle-timeout", default=5.0, show_default=True, help="Stop after idle seconds.")
+@click.option(
+    "--idle-timeout", default=5.0, show_default=True, type=SECONDS, help="Stop after idle seconds."
+)
 @click.option("--print/--no-print", "show", default=True, help="Print each message.")
 def consume(
     *,
@@ -105,6 +118,8 @@ def consume(
     show: bool,
 ) -> None:
     """Receive and acknowledge messages of TOPIC on SUBSCRIPTION."""
+    if not subscription.strip():
+        raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
 
     async def body(client: Client) -> None:
         consumer = await client.subscribe(
@@ -136,34 +151,40 @@ def _print(value: Any) -> None:
 
 @topics.command("create")
 @URL
-@click.argument("topic")
+@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
 @click.option(
-    "--segments", type=int, default=None, help="Range segments of a topic:// (default 1)."
+    "--segments",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, MAX_INITIAL_SEGMENTS),
+    help="Range segments (topic:// only).",
 )
-def create(url: str, topic: str, segments: int | None) -> None:
+@click.pass_context
+def create(ctx: click.Context, url: str, topic: str, segments: int) -> None:
     """Create TOPIC (persistent://t/ns/name or topic://t/ns/name)."""
-    run(lambda c: c.admin.create_topic(topic, segments=segments), url)
+    scalable = topic.startswith(f"{Domain.TOPIC.value}://")
+    refuse_unless(ctx, "segments", scalable, "only a topic:// topic has segments")
+    count = segments if scalable else None  # a persistent topic has none: the broker refuses one
+    run(lambda c: c.admin.create_topic(topic, segments=count), url)
     click.echo(f"created {topic}")
 
 
 @topics.command("list")
 @URL
-@click.argument("namespace")
+@click.argument("namespace", type=Namespace())
 @click.option(
     "--domain", default="persistent", type=click.Choice(["persistent", "topic"]), show_default=True
 )
-def list_(url: str, namespace: str, domain: str) -> None:
+def list_(url: str, namespace: tuple[str, str], domain: str) -> None:
     """List the topics of NAMESPACE (tenant/namespace)."""
-    tenant, _, ns = namespace.partition("/")
-    if not ns:
-        raise click.UsageError("NAMESPACE is tenant/namespace")
+    tenant, ns = namespace
     for name in run(lambda c: c.admin.list_topics(domain, tenant, ns), url):
         click.echo(name)
 
 
 @topics.command("stats")
 @URL
-@click.argument("topic")
+@click.argument("topic", type=Topic())
 def stats(url: str, topic: str) -> None:
     """Print TOPIC's statistics (JSON)."""
     _print(run(lambda c: c.admin.stats(topic), url))
@@ -171,7 +192,7 @@ def stats(url: str, topic: str) -> None:
 
 @topics.command("delete")
 @URL
-@click.argument("topic")
+@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
 @click.option("--force", is_flag=True, help="Even with connected clients.")
 def delete(url: str, topic: str, force: bool) -> None:
     """Delete TOPIC and its data."""
@@ -181,7 +202,7 @@ def delete(url: str, topic: str, force: bool) -> None:
 
 @topics.command("properties")
 @URL
-@click.argument("topic")
+@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
 @click.option("--set", "assignments", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--remove", "removals", multiple=True, help="KEY (repeatable).")
 def properties(
@@ -191,9 +212,14 @@ def properties(
     updates = {}
     for assignment in assignments:
         key, sep, value = assignment.partition("=")
-        if not sep:
-            raise click.UsageError(f"--set {assignment!r}: expected KEY=VALUE")
+        if not sep or not key.strip():
+            raise click.BadParameter(
+                f"{assignment!r}: expected KEY=VALUE with a KEY", param_hint="'--set'"
+            )
         updates[key] = value
+    for key in removals:
+        if not key.strip():
+            raise click.BadParameter("an empty KEY", param_hint="'--remove'")
 
     async def body(client: Client) -> dict[str, str]:
         if updates:
@@ -207,28 +233,35 @@ def properties(
 
 @topics.command("split")
 @URL
-@click.argument("topic")
-@click.argument("segment", type=int)
-@click.option("--at", default=None, help="Split hash (0x... or decimal; default: midpoint).")
-def split(url: str, topic: str, segment: int, at: str | None) -> None:
+@click.argument("topic", type=SCALABLE)
+@click.argument("segment", type=COUNT)
+@click.option(
+    "--at",
+    default=None,
+    type=KeyHash(),
+    help="Split at this key hash, 0x0001-0xffff inside the segment's range, in hex (0x...) "
+    "or decimal (default: the middle of its range).",
+)
+def split(url: str, topic: str, segment: int, at: int | None) -> None:
     """Split SEGMENT of scalable TOPIC in two; prints the new DAG."""
-    point = int(at, 0) if at is not None else None
-    _print(run(lambda c: c.admin.split(topic, segment, at=point), url))
+    _print(run(lambda c: c.admin.split(topic, segment, at=at), url))
 
 
 @topics.command("merge")
 @URL
-@click.argument("topic")
-@click.argument("first", type=int)
-@click.argument("second", type=int)
+@click.argument("topic", type=SCALABLE)
+@click.argument("first", type=COUNT)
+@click.argument("second", type=COUNT)
 def merge(url: str, topic: str, first: int, second: int) -> None:
     """Merge two adjacent active segments of scalable TOPIC; prints the new DAG."""
+    if first == second:
+        raise click.BadParameter("a segment cannot be merged with itself", param_hint="SECOND")
     _print(run(lambda c: c.admin.merge(topic, first, second), url))
 
 
 @topics.command("subscriptions")
 @URL
-@click.argument("topic")
+@click.argument("topic", type=Topic())
 def subscriptions(url: str, topic: str) -> None:
     """List TOPIC's subscriptions."""
     for name in run(lambda c: c.admin.subscriptions(topic), url):

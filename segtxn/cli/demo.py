@@ -24,13 +24,16 @@ from typing import TYPE_CHECKING
 import click
 
 from segtxn.cli import verbosity
-from segtxn.metastore import MetadataStoreError
-from segtxn.metastore.registry import open_store
+from segtxn.cli.params import StoreUrl
+from segtxn.cli.servers import STORE_TIMEOUT_S
+from segtxn.metastore import MetadataStoreError, open_store, wait_reachable
 from segtxn.verify.job import JobSettings, check_run, progress_to, run_job, run_log
 from segtxn.verify.plan import Shape, demo_plan
 
 if TYPE_CHECKING:
     from segtxn.verify.checker import Report
+
+LOCAL_ETCD = "etcd-local"
 
 
 @click.command()
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     "--store",
     default="memory://",
     show_default=True,
+    type=StoreUrl(LOCAL_ETCD),
     help="Metadata store URL (memory://, etcd://host:port[/ns]), or 'etcd-local' to start "
     "a private etcd server for the run.",
 )
@@ -90,7 +94,7 @@ def demo(
         shape = Shape.STANDALONE_MEMORY
     else:
         shape = Shape.CLUSTER_ETCD
-        if store != "etcd-local":
+        if store != LOCAL_ETCD:
             asyncio.run(_check_store(store))
             external = store
     run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{seed}"
@@ -128,12 +132,14 @@ def demo(
 
 
 async def _check_store(store: str) -> None:
-    """Fail early, with the store's own message, on a URL nothing can open."""
+    """Fail early, before starting anything, on a store that does not answer."""
+    opened = open_store(store)
     try:
-        opened = open_store(store)  # raises InvalidArgument for an unknown scheme
-        await opened.close()
+        await wait_reachable(opened, timeout_s=STORE_TIMEOUT_S, url=store)
     except MetadataStoreError as e:
-        raise click.ClickException(f"{type(e).__name__}: {e}") from e
+        raise click.ClickException(f"metadata store {store}: {e}") from e
+    finally:
+        await opened.close()
 
 
 def default_out_dir() -> Path:

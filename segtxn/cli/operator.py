@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import secrets
+import warnings
 
 import click
+
+from segtxn.cli import lifecycle, verbosity
+from segtxn.cli.params import SECONDS_OR_ZERO, SERVICE_URL, HttpUrl
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _namespaces(
+    _ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    for namespace in value:
+        if not DNS_LABEL.fullmatch(namespace):
+            raise click.BadParameter(
+                f"{namespace!r} is not a Kubernetes namespace name (1-63 of a-z 0-9 -)"
+            )
+    return value
 
 
 @click.command()
@@ -13,6 +32,7 @@ import click
     "--namespace",
     "namespaces",
     multiple=True,
+    callback=_namespaces,
     help="Namespace to manage (repeatable). Without it: --all-namespaces.",
 )
 @click.option("-A", "--all-namespaces", is_flag=True, help="Manage every namespace.")
@@ -31,14 +51,32 @@ import click
     "random, so two replicas never tie (Kopf freezes every replica of equal priority).",
 )
 @click.option(
-    "--liveness", default=None, help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    "--liveness",
+    default=None,
+    type=HttpUrl(path_ok=True),
+    help="Liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
 )
 @click.option(
     "--broker-url",
     default=None,
+    type=SERVICE_URL,
     help="Reach every cluster's brokers here (an operator outside Kubernetes, a port-forward).",
 )
-@click.option("--coordinator-url", default=None, help="Likewise for the coordinators.")
+@click.option(
+    "--coordinator-url",
+    default=None,
+    type=SERVICE_URL,
+    help="Likewise for the coordinators.",
+)
+@click.option(
+    "--api-timeout",
+    default=15.0,
+    show_default=True,
+    type=SECONDS_OR_ZERO,
+    metavar="SECONDS",
+    help="At start-up, keep trying to reach the Kubernetes API this long, then exit 1 "
+    "saying so (0: one attempt).",
+)
 def operator(
     *,
     namespaces: tuple[str, ...],
@@ -49,8 +87,10 @@ def operator(
     liveness: str | None,
     broker_url: str | None,
     coordinator_url: str | None,
+    api_timeout: float,
 ) -> None:
-    """Run the segtxn operator (Kopf) until interrupted."""
+    """Run the segtxn operator (Kopf) until SIGTERM or SIGINT."""
+    lifecycle.catch_signals_early()  # until Kopf handles them itself
     try:
         import kopf
 
@@ -60,8 +100,11 @@ def operator(
     if namespaces and all_namespaces:
         raise click.UsageError("--namespace and --all-namespaces exclude each other")
     memo = kopf.Memo(
-        config=handlers.OperatorConfig(broker_url=broker_url, coordinator_url=coordinator_url)
+        config=handlers.OperatorConfig(
+            broker_url=broker_url, coordinator_url=coordinator_url, api_timeout_s=api_timeout
+        )
     )
+    _quiet_start_up_failures()
     try:
         kopf.run(
             standalone=standalone,
@@ -79,3 +122,14 @@ def operator(
         if isinstance(cause, kopf.PermanentError):
             raise click.ClickException(str(cause)) from e
         raise
+
+
+def _quiet_start_up_failures() -> None:
+    """A start-up that fails is said once, by the CLI's edge: without ``-v``, Kopf's own
+    ERROR line for it, and the warning about a coroutine its failed start leaves behind,
+    would say it again in other words."""
+    if verbosity.configured() == 0:
+        logging.getLogger("kopf.activities.startup").setLevel(logging.CRITICAL)
+    warnings.filterwarnings(
+        "ignore", message="coroutine 'authenticator' was never awaited", category=RuntimeWarning
+    )

@@ -1,11 +1,10 @@
-"""``segtxn broker``, ``segtxn coordinator`` and ``segtxn standalone``: run until interrupted."""
+"""``segtxn broker``, ``segtxn coordinator`` and ``segtxn standalone``: run until SIGTERM or
+SIGINT (:mod:`segtxn.cli.lifecycle`: a start-up that fails fast, a bounded shutdown)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -16,47 +15,62 @@ import click
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
+from segtxn.cli import lifecycle
+from segtxn.cli.params import (
+    PORT,
+    SECONDS,
+    SECONDS_OR_ZERO,
+    SERVICE_URL,
+    StoreUrl,
+    data_dir_option,
+    prepare_data_dir,
+    refuse_unless,
+)
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
 from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, NO_LIMIT, check_limit
-from segtxn.metastore import MetadataStoreError
 
 Server = BrokerServer | CoordinatorServer
 F = TypeVar("F", bound=Callable[..., None])
 
-
-def _describe(server: Server) -> str:
-    if isinstance(server, BrokerServer):
-        s = server.settings
-        where = f"store {s.store_url}, ledgers {s.ledger_url}"
-        return f"broker {s.broker_id} on {s.advertise_url} ({where})"
-    return f"transaction coordinator on {server.settings.advertise_url}"
+STORE_TIMEOUT_S = 15.0
+SHUTDOWN_TIMEOUT_S = 20.0
 
 
-async def _serve(servers: list[Server]) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    started: list[Server] = []
-    try:
-        for server in servers:
-            await server.start()
-            started.append(server)
-            click.echo(f"serving: {_describe(server)}", err=True)
-        await stop.wait()
-    finally:
-        for server in reversed(started):
-            await server.stop()
+def _say(line: str) -> None:
+    click.echo(line, err=True)
 
 
-def _run(make: Callable[[], list[Server]]) -> None:
-    try:
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(make()))
-    except (MetadataStoreError, ValueError, OSError) as e:
-        raise click.ClickException(f"{type(e).__name__}: {e}") from e
+def _run(make: Callable[[], list[Server]], shutdown_timeout_s: float) -> None:
+    """Serve until SIGTERM or SIGINT; start-up and shutdown errors reach the CLI's edge
+    (:mod:`segtxn.cli.errors`) as typed errors."""
+    lifecycle.catch_signals_early()
+    asyncio.run(lifecycle.serve(make, shutdown_timeout_s=shutdown_timeout_s, say=_say))
+
+
+def _lifecycle_options(command: F) -> F:
+    """``--store-timeout`` and ``--shutdown-timeout``: how long start-up waits for the store,
+    and how long a stop may take."""
+    store = click.option(
+        "--store-timeout",
+        default=STORE_TIMEOUT_S,
+        show_default=True,
+        type=SECONDS_OR_ZERO,
+        metavar="SECONDS",
+        help="At start-up, keep trying to reach the metadata store this long, then exit 1 "
+        "saying so (0: one attempt).",
+    )
+    shutdown = click.option(
+        "--shutdown-timeout",
+        default=SHUTDOWN_TIMEOUT_S,
+        show_default=True,
+        type=SECONDS,
+        metavar="SECONDS",
+        help="On SIGTERM or SIGINT, stop within this long (exit 0), else exit 1 anyway; a "
+        "second signal exits at once.",
+    )
+    return store(shutdown(command))
 
 
 def _test_bugs() -> frozenset[str]:
@@ -111,27 +125,43 @@ def _retention(retention_time: float, retention_size: int) -> RetentionPolicy:
     return RetentionPolicy(retention_time_s=retention_time, retention_bytes=retention_size)
 
 
-@click.command()
-@click.option("--store", required=True, help="Metadata store URL (etcd://host:port[/ns]).")
-@click.option(
-    "--data-dir",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Where this broker keeps its ledgers (its topics live here).",
+IDS = click.IntRange(1, 1024)
+STORE_HELP = (
+    "Metadata store URL: etcd://host:port[,host:port...][/namespace] (memory:// for tests)."
 )
-@click.option("--advertise", required=True, help="How clients reach this broker: http://host:port")
-@click.option("--broker-id", default=None, help="Stable id (default: the advertised host-port).")
+
+
+@click.command()
+@click.option("--store", required=True, type=StoreUrl(), help=STORE_HELP)
+@data_dir_option(required=True, help="Where this broker keeps its ledgers (its topics live here).")
+@click.option(
+    "--advertise",
+    required=True,
+    type=SERVICE_URL,
+    help="How clients and other brokers reach this broker: http://host:port",
+)
+@click.option(
+    "--broker-id", default=None, help="Stable id, 1-63 of A-Z a-z 0-9 _ . - (default: host-port)."
+)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--port", default=None, type=int, help="Port (default: the advertised port).")
+@click.option("--port", default=None, type=PORT, help="Port (default: the advertised port).")
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
-@click.option("--session-ttl", default=10.0, show_default=True, help="Lease TTL.")
+@click.option(
+    "--session-ttl",
+    default=10.0,
+    show_default=True,
+    type=SECONDS,
+    help="Seconds the store keeps this broker registered without hearing from it.",
+)
 @click.option(
     "--consumer-hold",
     default=10.0,
     show_default=True,
+    type=SECONDS_OR_ZERO,
     help="Seconds a dropped Failover member keeps its segments (0: they move at once).",
 )
 @_retention_options
+@_lifecycle_options
 def broker(
     *,
     session_ttl: float,
@@ -145,52 +175,80 @@ def broker(
     host: str,
     port: int | None,
     auto_create_topics: bool,
+    store_timeout: float,
+    shutdown_timeout: float,
 ) -> None:
-    """Run one broker of a cluster."""
+    """Run one broker of a cluster until SIGTERM or SIGINT."""
     parts = urlsplit(advertise)
     try:
         settings = BrokerSettings(
             broker_id=broker_id or f"{parts.hostname}-{parts.port}",
             advertise_url=advertise,
             store_url=store,
-            ledger_url=f"file://{data_dir.resolve()}",
+            ledger_url=f"file://{prepare_data_dir(data_dir)}",
             auto_create_topics=auto_create_topics,
             session_ttl_s=session_ttl,
+            store_timeout_s=store_timeout,
             consumer_hold_s=consumer_hold,
             test_bugs=_test_bugs(),
             retention=_retention(retention_time, retention_size),
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    _run(lambda: [BrokerServer(settings, host=host, port=port)])
+    _run(lambda: [BrokerServer(settings, host=host, port=port)], shutdown_timeout)
 
 
 @click.command()
-@click.option("--store", required=True, help="Metadata store URL (etcd://host:port[/ns]).")
-@click.option("--advertise", required=True, help="How clients reach it: http://host:port")
+@click.option("--store", required=True, type=StoreUrl(), help=STORE_HELP)
+@click.option(
+    "--advertise", required=True, type=SERVICE_URL, help="How clients reach it: http://host:port"
+)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--port", default=None, type=int, help="Port (default: the advertised port).")
-@click.option("--ids", default=4, show_default=True, help="Number of v5 coordinator ids.")
-@click.option("--gc-retention", default=60.0, show_default=True, help="Seconds before header GC.")
-@click.option("--gc-sweep", default=10.0, show_default=True, help="Seconds between GC sweeps.")
+@click.option("--port", default=None, type=PORT, help="Port (default: the advertised port).")
+@click.option("--ids", default=4, show_default=True, type=IDS, help="Number of v5 coordinator ids.")
 @click.option(
-    "--default-timeout", default=60.0, show_default=True, help="Transaction timeout if none asked."
+    "--gc-retention",
+    default=60.0,
+    show_default=True,
+    type=SECONDS_OR_ZERO,
+    help="Seconds a finished transaction's header is kept before GC.",
 )
 @click.option(
-    "--timeout-sweep", default=1.0, show_default=True, help="Seconds between timeout sweeps."
+    "--gc-sweep", default=10.0, show_default=True, type=SECONDS, help="Seconds between GC sweeps."
 )
-@click.option("--session-ttl", default=10.0, show_default=True, help="Lease TTL (take-over time).")
 @click.option(
-    "--data-dir",
-    default=None,
-    type=click.Path(file_okay=False, path_type=Path),
+    "--default-timeout",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600, min_open=True),
+    help="Transaction timeout in seconds when a client asks for none.",
+)
+@click.option(
+    "--timeout-sweep",
+    default=1.0,
+    show_default=True,
+    type=SECONDS,
+    help="Seconds between timeout sweeps.",
+)
+@click.option(
+    "--session-ttl",
+    default=10.0,
+    show_default=True,
+    type=SECONDS,
+    help="Seconds before a standby takes the ids of a coordinator it stopped hearing from.",
+)
+@data_dir_option(
+    required=False,
     help="Keep v4 transaction logs here; enables v4 transactions (persistent:// topics). "
     "Whoever may take a v4 id over must see the same directory.",
 )
 @click.option(
-    "--v4-ids", default=2, show_default=True, help="v4 coordinator ids (with --data-dir)."
+    "--v4-ids", default=2, show_default=True, type=IDS, help="v4 coordinator ids (with --data-dir)."
 )
+@_lifecycle_options
+@click.pass_context
 def coordinator(
+    ctx: click.Context,
     *,
     store: str,
     advertise: str,
@@ -204,9 +262,12 @@ def coordinator(
     session_ttl: float,
     data_dir: Path | None,
     v4_ids: int,
+    store_timeout: float,
+    shutdown_timeout: float,
 ) -> None:
-    """Run a transaction coordinator: v5, and v4 with --data-dir (several processes share
-    the ids; standbys take over)."""
+    """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir
+    (several processes share the ids; standbys take over)."""
+    refuse_unless(ctx, "v4_ids", data_dir is not None, "v4 transactions need --data-dir")
     settings = CoordinatorSettings(
         advertise_url=advertise,
         store_url=store,
@@ -216,10 +277,11 @@ def coordinator(
         default_timeout_s=default_timeout,
         timeout_sweep_s=timeout_sweep,
         session_ttl_s=session_ttl,
+        store_timeout_s=store_timeout,
         v4_coordinator_ids=v4_ids if data_dir is not None else 0,
-        ledger_url=f"file://{data_dir.resolve()}" if data_dir is not None else "memory://",
+        ledger_url=f"file://{prepare_data_dir(data_dir)}" if data_dir is not None else "memory://",
     )
-    _run(lambda: [CoordinatorServer(settings, host=host, port=port)])
+    _run(lambda: [CoordinatorServer(settings, host=host, port=port)], shutdown_timeout)
 
 
 @click.command()
@@ -227,21 +289,26 @@ def coordinator(
     "--store",
     default="memory://",
     show_default=True,
+    type=StoreUrl(),
     help="memory:// (nothing persists) or etcd://host:port[/ns] (with --data-dir, persists).",
 )
-@click.option(
-    "--data-dir",
-    default=None,
-    type=click.Path(file_okay=False, path_type=Path),
+@data_dir_option(
+    required=False,
     help="Keep ledgers here (needs an etcd store: a memory store forgets their metadata).",
 )
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int, help="0 picks a free port.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option(
-    "--coordinator-port", default=None, type=int, help="Coordinator port (default: a free one)."
+    "--port", default=8080, show_default=True, type=PORT, help="Broker port (0: a free one)."
+)
+@click.option(
+    "--coordinator-port",
+    default=None,
+    type=PORT,
+    help="Coordinator port (default or 0: a free one).",
 )
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
 @_retention_options
+@_lifecycle_options
 def standalone(
     *,
     store: str,
@@ -252,9 +319,11 @@ def standalone(
     auto_create_topics: bool,
     retention_time: float,
     retention_size: int,
+    store_timeout: float,
+    shutdown_timeout: float,
 ) -> None:
-    """Run a whole cluster in one process: a broker and a transaction coordinator on one
-    metadata store (the embedded one by default)."""
+    """Run a whole cluster in one process until SIGTERM or SIGINT: a broker and a transaction
+    coordinator on one metadata store (the embedded one by default)."""
     if data_dir is not None and store.startswith("memory:"):
         raise click.UsageError(
             "--data-dir needs --store etcd://...: a memory store forgets the ledgers' "
@@ -262,9 +331,7 @@ def standalone(
         )
     port = port or _free(host)
     coordinator_port = coordinator_port or _free(host)
-    ledger_url = f"file://{data_dir.resolve()}" if data_dir else "memory://"
-    if data_dir is None:
-        click.echo("standalone: data is kept in memory and lost on exit", err=True)
+    ledger_url = f"file://{prepare_data_dir(data_dir)}" if data_dir else "memory://"
     try:
         broker_settings = BrokerSettings(
             broker_id="standalone",
@@ -272,6 +339,7 @@ def standalone(
             store_url=store,
             ledger_url=ledger_url,
             auto_create_topics=auto_create_topics,
+            store_timeout_s=store_timeout,
             test_bugs=_test_bugs(),
             retention=_retention(retention_time, retention_size),
         )
@@ -280,6 +348,7 @@ def standalone(
     coordinator_settings = CoordinatorSettings(
         advertise_url=f"http://{host}:{coordinator_port}",
         store_url=store,
+        store_timeout_s=store_timeout,
         v4_coordinator_ids=2,
         ledger_url=f"file://{(data_dir / 'txn-log').resolve()}" if data_dir else "memory://",
     )
@@ -292,4 +361,4 @@ def standalone(
         )
         return [node, txn]
 
-    _run(servers)
+    _run(servers, shutdown_timeout)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from segtxn.cli.clients import URL, run
+from segtxn.cli.service import URL, run
 from segtxn.client import Client
 from segtxn.client.transaction import Coordinators
 from segtxn.protocol.txn import TxnId
@@ -34,7 +34,13 @@ def _txn_id(text: str) -> str:
 
 @txn.command("list")
 @URL
-@click.option("--limit", default=100, show_default=True)
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 100_000),
+    help="List at most this many.",
+)
 def list_(url: str, limit: int) -> None:
     """Open transactions, the soonest deadline first."""
     found = _call(url, "GET", "/txn/v2/open", params={"limit": str(limit)})

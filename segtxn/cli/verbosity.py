@@ -23,7 +23,23 @@ QUIET = ("py4j",)
 """Libraries whose INFO and DEBUG are noise here (py4j logs every call to Spark's JVM)."""
 
 
+_configured = 0
+
+
+def reset() -> None:
+    """Forget the ``-v`` count of a previous command (tests run many in one process)."""
+    global _configured  # noqa: PLW0603 (the edge reads it after the command's context is gone)
+    _configured = 0
+
+
+def configured() -> int:
+    """The ``-v`` count of the command that ran last (0 if it failed before parsing it)."""
+    return _configured
+
+
 def configure(verbose: int) -> None:
+    global _configured  # noqa: PLW0603
+    _configured = verbose
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format=FORMAT)
     for name in QUIET:

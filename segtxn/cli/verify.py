@@ -14,6 +14,9 @@ from pathlib import Path
 import click
 
 from segtxn.cli import verbosity
+from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URL
+from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
+from segtxn.client import ErrorName, ServerError
 from segtxn.verify.job import JobSettings
 from segtxn.verify.processes import TEST_BUGS_ENV
 from segtxn.verify.processor import ProcessorConfig, Topics, run_processor
@@ -28,17 +31,105 @@ def verify() -> None:
     """Run the transactional workload and check its guarantees with Spark."""
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.=-]{0,127}")
+
+
+def _run_name(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    if not RUN_NAME.fullmatch(value):
+        raise click.BadParameter(
+            f"{value!r}: 1-128 of A-Z a-z 0-9 _ . = - (it names the run's topics)"
+        )
+    return value
+
+
+def _check_new_run_dir(value: Path) -> None:
+    """A run directory that holds no run yet: a second run's histories would be mixed into
+    the first's, and the checker would read both as one. (Checked when the command runs,
+    not when its flags parse: rendered commands are parsed where the directory is not.)"""
+    history = value / "history"
+    if (value / "run.json").exists() or (history.is_dir() and any(history.iterdir())):
+        raise click.BadParameter(
+            f"{value} already holds a recorded run: give a new directory",
+            param_hint="'--run-dir'",
+        )
+
+
+def _check_recorded_run_dir(value: Path) -> None:
+    if not (value / "run.json").is_file():
+        raise click.BadParameter(
+            f"{value} holds no recorded run (no run.json): record one with segtxn verify run",
+            param_hint="'--run-dir'",
+        )
+
+
+def _raise_unreachable(e: Exception, url: str) -> None:
+    failure = connection_failure(e, url)
+    if failure is not None:
+        raise failure from e
+
+
 @verify.command()
-@click.option("--url", required=True, help="A broker's service URL.")
-@click.option("--run-dir", required=True, type=RUN_DIR, help="Where the run is recorded.")
-@click.option("--run", default="run", show_default=True, help="Run name (names the topics).")
-@click.option("--inputs", default=5000, show_default=True, help="Inputs to feed.")
-@click.option("--keys", default=50, show_default=True, help="Distinct input keys.")
-@click.option("--rate", default=100.0, show_default=True, help="Inputs fed per second.")
-@click.option("--processors", default=3, show_default=True, help="Processor processes.")
-@click.option("--abort-rate", default=0.1, show_default=True, help="Transactions aborted.")
-@click.option("--timeout-rate", default=0.02, show_default=True, help="Transactions stalled.")
-@click.option("--seed", default=None, type=int, help="Random seed (printed when chosen).")
+@click.option(
+    "--url",
+    required=True,
+    envvar=URL_ENV,
+    show_envvar=True,
+    type=SERVICE_URL,
+    help="A broker's service URL: http://host:port.",
+)
+@click.option(
+    "--run-dir",
+    required=True,
+    type=RUN_DIR,
+    help="Where the run is recorded (a new directory).",
+)
+@click.option(
+    "--run",
+    default="run",
+    show_default=True,
+    callback=_run_name,
+    help="Run name: names the topics (topic://verify/RUN/...), new on the cluster.",
+)
+@click.option(
+    "--inputs", default=5000, show_default=True, type=POSITIVE_INT, help="Inputs to feed."
+)
+@click.option(
+    "--keys", default=50, show_default=True, type=POSITIVE_INT, help="Distinct input keys."
+)
+@click.option(
+    "--rate",
+    default=100.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1, max=100_000),
+    help="Inputs fed per second.",
+)
+@click.option(
+    "--processors",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Processor processes.",
+)
+@click.option(
+    "--abort-rate",
+    default=0.1,
+    show_default=True,
+    type=FRACTION,
+    help="Share of transactions aborted on purpose.",
+)
+@click.option(
+    "--timeout-rate",
+    default=0.02,
+    show_default=True,
+    type=FRACTION,
+    help="Share of transactions stalled past their timeout.",
+)
+@click.option(
+    "--seed",
+    default=None,
+    type=click.IntRange(min=0),
+    help="Random seed (printed when chosen).",
+)
 @click.option("--no-topology", is_flag=True, help="No splits or merges during the run.")
 @click.option("--no-kill", is_flag=True, help="Kill no processor during the run.")
 def run(
@@ -57,6 +148,11 @@ def run(
     no_kill: bool,
 ) -> None:
     """Feed, process (in transactions), split, merge and kill; record every client's history."""
+    _check_new_run_dir(run_dir)
+    if abort_rate + timeout_rate > 1:
+        raise click.BadParameter(
+            "--abort-rate and --timeout-rate add up to more than 1", param_hint="'--timeout-rate'"
+        )
     seed = seed if seed is not None else random.randrange(2**31)
     config = WorkloadConfig(
         url=url, run_dir=run_dir, run=run, inputs=inputs, keys=keys, rate=rate,
@@ -67,24 +163,48 @@ def run(
         config = dataclasses.replace(config, changes=())
     if no_kill:
         config = dataclasses.replace(config, faults=())
-    click.echo(f"workload {run} against {url}, seed {seed}, recorded in {run_dir}")
-    info = asyncio.run(run_workload(config, click.echo))
+    try:
+        asyncio.run(check_reachable(url))
+        click.echo(f"workload {run} against {url}, seed {seed}, recorded in {run_dir}")
+        info = asyncio.run(run_workload(config, click.echo))
+    except ServerError as e:
+        if e.name is ErrorName.TOPIC_EXISTS:
+            raise click.ClickException(
+                f"run {run!r} was run on this cluster before ({e.message}): give --run a new name"
+            ) from e
+        _raise_unreachable(e, url)
+        raise
+    except Exception as e:
+        _raise_unreachable(e, url)
+        raise
     click.echo(f"fed {info.fed:,} inputs; drained: {info.drained}; left {len(info.leftover)}")
     sys.exit(0 if info.drained else 1)
 
 
 @verify.command()
-@click.option("--run-dir", required=True, type=RUN_DIR, help="A run recorded by `verify run`.")
-@click.option("--url", default=None, help="A broker's URL (default: the one the run used).")
+@click.option(
+    "--run-dir",
+    required=True,
+    type=RUN_DIR,
+    help="A run recorded by `verify run`.",
+)
+@click.option(
+    "--url", default=None, type=SERVICE_URL, help="A broker's URL (default: the one the run used)."
+)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
-@click.option("--html", "html_path", default=None, type=click.Path(path_type=Path))
+@click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False, path_type=Path))
 def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -> None:
     """Check a recorded run with Spark; exit status 1 when any anomaly is found."""
+    _check_recorded_run_dir(run_dir)
     from segtxn.verify.checker import check as check_frames
     from segtxn.verify.checker import load
     from segtxn.verify.report import summary, write_html
-    from segtxn.verify.spark import spark_session
+    from segtxn.verify.spark import require_java, spark_session
 
+    try:
+        require_java()
+    except RuntimeError as e:
+        raise click.ClickException(str(e)) from e
     info = RunInfo.load(run_dir)
     spark = spark_session(master)
     try:
@@ -100,15 +220,15 @@ def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -
 
 
 @verify.command(hidden=True)
-@click.option("--url", required=True)
+@click.option("--url", required=True, type=SERVICE_URL)
 @click.option("--run-dir", required=True, type=RUN_DIR)
-@click.option("--run", required=True)
+@click.option("--run", required=True, callback=_run_name)
 @click.option("--name", required=True)
-@click.option("--seed", required=True, type=int)
-@click.option("--batch", default=20)
-@click.option("--abort-rate", default=0.1)
-@click.option("--timeout-rate", default=0.02)
-@click.option("--txn-timeout", default=3.0)
+@click.option("--seed", required=True, type=click.IntRange(min=0))
+@click.option("--batch", default=20, type=POSITIVE_INT)
+@click.option("--abort-rate", default=0.1, type=FRACTION)
+@click.option("--timeout-rate", default=0.02, type=FRACTION)
+@click.option("--txn-timeout", default=3.0, type=SECONDS)
 def process(
     *,
     url: str,

@@ -20,6 +20,7 @@ aiohttp does not cancel a handler whose client went away.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
@@ -31,7 +32,13 @@ from prometheus_client.registry import Collector
 from segtxn.boundary import boundary, error_response, read_json
 from segtxn.coordinator.v4 import CoordinatorV4, TxnMeta
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import (
+    MetadataStore,
+    MetadataStoreError,
+    StoreUnavailable,
+    open_store,
+    wait_reachable,
+)
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import (
     MAX_LIST_LIMIT,
@@ -43,6 +50,8 @@ from segtxn.protocol.names import client_name_problem
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.transactions import TxnHeader
 from segtxn.web import AppServer, relay
+
+log = logging.getLogger(__name__)
 
 COORDINATOR = web.AppKey("coordinator", CoordinatorV5)
 V4 = web.AppKey("coordinator-v4", CoordinatorV4)
@@ -281,13 +290,24 @@ def create_app(
     app[V4] = CoordinatorV4(used, settings)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
-        await app[COORDINATOR].start()
-        await app[V4].start()
+        # A failure or cancellation half-way closes what was opened and raises on.
+        try:
+            await wait_reachable(used, timeout_s=settings.store_timeout_s, url=settings.store_url)
+            await app[COORDINATOR].start()
+            await app[V4].start()
+        except BaseException:
+            await stop()
+            raise
         yield
+        await stop()
+
+    async def stop() -> None:
+        log.info("coordinator %s: stopping; resigning its ids", settings.advertise_url)
         await app[V4].stop()
         await app[COORDINATOR].stop()
         if own:
             await used.close()
+        log.info("coordinator %s: stopped", settings.advertise_url)
 
     app.cleanup_ctx.append(lifecycle)
     app.add_routes(

@@ -73,6 +73,9 @@ class CoordinatorSettings:
     coordinator_ids: int = 4
     """How many v5 coordinator ids exist (shared out among coordinator processes)."""
     session_ttl_s: float = 10.0
+    store_timeout_s: float = 15.0
+    """At start-up, how long to keep trying to reach the metadata store before giving up
+    with ``StoreUnavailable`` (the process then exits saying so)."""
     default_timeout_s: float = 60.0
     max_timeout_s: float = 3600.0
     timeout_sweep_s: float = 1.0

@@ -20,6 +20,7 @@ from segtxn.metastore.errors import (
     TooLarge,
     TooManyOperations,
 )
+from segtxn.metastore.reach import wait_reachable
 from segtxn.metastore.records import (
     MUST_NOT_EXIST,
     Check,
@@ -34,7 +35,7 @@ from segtxn.metastore.records import (
     Record,
     WatchEvent,
 )
-from segtxn.metastore.registry import open_store, register_scheme
+from segtxn.metastore.registry import check_url, open_store, register_scheme
 from segtxn.metastore.session import Session
 from segtxn.metastore.store import MetadataStore, StoreSettings
 
@@ -68,6 +69,8 @@ __all__ = [
     "TooLarge",
     "TooManyOperations",
     "WatchEvent",
+    "check_url",
     "open_store",
     "register_scheme",
+    "wait_reachable",
 ]

@@ -31,7 +31,7 @@ from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.operator import render
-from segtxn.operator.kube import Kube, KubeError
+from segtxn.operator.kube import Kube, KubeError, KubeUnreachable
 from segtxn.protocol.errors import ErrorName, ServerError
 
 GROUP, VERSION = render.GROUP, render.VERSION
@@ -61,6 +61,9 @@ class OperatorConfig:
 
     broker_url: str | None = None
     coordinator_url: str | None = None
+    api_timeout_s: float = 15.0
+    """At start-up, how long to keep trying to reach the Kubernetes API before giving up
+    (a PermanentError: the operator exits saying so)."""
 
 
 @dataclass
@@ -116,7 +119,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         raise kopf.PermanentError(f"cannot read Kubernetes credentials: {e!r}") from e
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials (service account or kubeconfig)")
-    memo["runtime"] = Runtime(config, Kube(info), aiohttp.ClientSession())
+    kube = Kube(info)
+    try:
+        await kube.wait_reachable(config.api_timeout_s)
+    except (KubeUnreachable, KubeError) as e:
+        await kube.close()
+        raise kopf.PermanentError(str(e)) from e
+    except BaseException:
+        await kube.close()
+        raise
+    memo["runtime"] = Runtime(config, kube, aiohttp.ClientSession())
 
 
 @kopf.on.cleanup()

@@ -8,7 +8,9 @@ source of credentials.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import os
 import ssl
 import tempfile
 from collections.abc import Mapping
@@ -29,6 +31,10 @@ PLURALS = {
     "TransactionCoordinator": "transactioncoordinators",
     "ScalableTopic": "scalabletopics",
 }
+
+
+class KubeUnreachable(Exception):
+    """The API server did not answer (the operator cannot start)."""
 
 
 class KubeError(Exception):
@@ -82,6 +88,44 @@ class Kube:
 
     async def close(self) -> None:
         await self._session.close()
+
+    @property
+    def server(self) -> str:
+        return self._server
+
+    async def wait_reachable(self, timeout_s: float) -> None:
+        """Wait until the API server answers ``GET /version`` (any HTTP answer), retrying
+        connection failures with back-off for ``timeout_s`` (0: one attempt).
+
+        Raises:
+            KubeUnreachable: no answer within ``timeout_s``; it says the last failure.
+            KubeError: 401, the API server refused the credentials.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        delay, attempts, last = 0.1, 0, "no answer"
+        while True:
+            attempts += 1
+            try:
+                bound = max(deadline - loop.time(), 0.001) if timeout_s > 0 else None
+                async with asyncio.timeout(bound):
+                    async with self._session.get(f"{self._server}/version") as response:
+                        if response.status == 401:
+                            raise KubeError(401, "the API server refused the credentials")
+                        return
+            except aiohttp.ClientConnectorError as e:
+                code = e.os_error.errno
+                last = os.strerror(code).lower() if code and code > 0 else str(e)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                last = str(e) or type(e).__name__
+            left = deadline - loop.time()
+            if left <= 0:
+                raise KubeUnreachable(
+                    f"cannot reach the Kubernetes API at {self._server} within {timeout_s:g} s "
+                    f"({attempts} attempt{'s' if attempts > 1 else ''}; last: {last})"
+                )
+            await asyncio.sleep(min(delay, left))  # a retry's back-off, bounded by the deadline
+            delay = min(delay * 2, 2.0)
 
     def _url(self, api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"

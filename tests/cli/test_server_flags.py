@@ -27,7 +27,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[BrokerSettings]:
             captured.append(settings)
             self.service = SimpleNamespace(store=None)  # standalone shares it
 
-    def run(make: Callable[[], list[Any]]) -> None:
+    def run(make: Callable[[], list[Any]], _shutdown_timeout_s: float) -> None:
         make()
 
     monkeypatch.setattr(servers, "BrokerServer", Broker)

@@ -140,7 +140,7 @@ def test_cluster_retention_defaults_are_the_brokers() -> None:
     objects = by_kind(render.render_cluster("demo", "segtxn", spec))
     container = objects["StatefulSet/demo-broker"]["spec"]["template"]["spec"]["containers"][0]
     params = parse(expand(container, objects["ConfigMap/demo-config"]["data"]))
-    defaults = parse(["broker", "--store=x", "--data-dir=/d", "--advertise=http://h:1"])
+    defaults = parse(["broker", "--store=memory://", "--data-dir=/d", "--advertise=http://h:1"])
     assert params["retention_time"] == defaults["retention_time"] == 7 * 24 * 3600
     assert params["retention_size"] == defaults["retention_size"] == -1
 

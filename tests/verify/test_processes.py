@@ -75,7 +75,7 @@ async def test_a_segtxn_server_gets_the_verbosity_and_dumps_its_stacks(tmp_path:
     finally:
         await server.stop()
     text = (tmp_path / "s.log").read_text()
-    assert "INFO aiohttp.access" in text  # -v reached it: its INFO lines are in its log
+    assert "INFO segtxn.broker.service" in text  # -v reached it: its INFO lines are in its log
     assert "asyncio tasks ====" in text and "-- task broker-registration" in text
     assert DUMP_END in text
     assert server.exited_on_its_own == []

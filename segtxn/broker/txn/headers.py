@@ -43,8 +43,22 @@ class HeaderCache:
         self._started = asyncio.Event()
 
     async def start(self) -> None:
+        """Start the watch; return once it is established.
+
+        Raises:
+            MetadataStoreError: the watch could not be established (the store did not
+                answer); the watch task has ended.
+        """
         self._task = asyncio.create_task(self._follow(), name="txn-header-watch")
-        await self._started.wait()
+        started = asyncio.create_task(self._started.wait(), name="txn-header-watch-started")
+        try:
+            await asyncio.wait({self._task, started}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            started.cancel()
+            await asyncio.gather(started, return_exceptions=True)
+        if not self._started.is_set():
+            self._task.result()  # it ended before the watch was up: raise what ended it
+            raise StoreClosed("the header watch ended before it started")
 
     async def close(self) -> None:
         if self._task is not None:

@@ -1,0 +1,172 @@
+"""The command line's edge: every failure becomes one line on stderr and a non-zero exit.
+
+The commands raise typed errors (the client's, the store's, the servers' start-up errors,
+click's usage errors); :class:`Main` turns each into one line, ``Error: ...``, here and
+nowhere else. Exit status: 2 for a usage error (a bad flag or argument), 1 for any other
+failure, 130 for Ctrl-C. An error nobody expected is an internal error: one line saying so,
+and its traceback with ``-vv`` (never without: a user reads the line, a developer asks for
+the traceback). Connection failures are said in words (``connection refused``, ``the host
+name does not resolve``), with the URL that could not be reached, never as an aiohttp
+object's repr.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+import sys
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
+
+import aiohttp
+import click
+
+from segtxn.cli import verbosity
+from segtxn.cli.lifecycle import Interrupted, ServeError
+from segtxn.client import ClientError, ServerError
+from segtxn.metastore import MetadataStoreError
+
+INTERRUPTED = 130
+
+
+class ServiceUnreachable(Exception):
+    """A command could not connect to the cluster; the message names the URL and why."""
+
+
+def causes(e: BaseException) -> Iterator[BaseException]:
+    """``e`` and what caused it (``__cause__``, ``__context__``, ``last_error``), in order."""
+    seen: set[int] = set()
+    current: BaseException | None = e
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__ or getattr(current, "last_error", None)
+
+
+def why_unreachable(e: BaseException) -> str:
+    """A connection failure in words."""
+    if isinstance(e, aiohttp.ClientConnectorDNSError | socket.gaierror) or isinstance(
+        getattr(e, "os_error", None), socket.gaierror
+    ):
+        return "the host name does not resolve"
+    if isinstance(e, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return "its TLS certificate was refused"
+    os_error = getattr(e, "os_error", e)
+    code = getattr(os_error, "errno", None)
+    if code == errno.ECONNREFUSED:
+        return "connection refused"
+    if isinstance(code, int) and code > 0:
+        return os.strerror(code).lower()
+    if isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectionResetError):
+        return "the server closed the connection"
+    if isinstance(e, TimeoutError):
+        return "no answer in time"
+    return str(e) or type(e).__name__
+
+
+def unreachable(e: BaseException) -> tuple[str, str] | None:
+    """``(host:port, why)`` when ``e`` comes from a connection that could not be made."""
+    for cause in causes(e):
+        if isinstance(cause, aiohttp.ClientConnectorError):
+            return f"{cause.host}:{cause.port}", why_unreachable(cause)
+    return None
+
+
+_CONNECTOR_REPR = re.compile(
+    r"ClientConnector\w*Error\(ConnectionKey\([^()]*\), (?P<kind>\w+)\((?P<code>-?\d+), "
+    r"(?:'[^']*'|\"[^\"]*\")\)\)"
+)
+"""aiohttp's repr of a connection that could not be made, as the client's messages embed it
+(a list of failed service URLs carries no cause to read it from)."""
+
+
+def _connector_repr_in_words(match: re.Match[str]) -> str:
+    code = int(match["code"])
+    if match["kind"] == "gaierror":
+        return "the host name does not resolve"
+    if code == errno.ECONNREFUSED:
+        return "connection refused"
+    return os.strerror(code).lower() if code > 0 else match["kind"]
+
+
+def _in_words(message: str, e: BaseException) -> str:
+    """``message`` with the reprs of ``e``'s causes (``ClientConnectorError(Connection
+    Key(...))``), and any other connection-error repr in it, replaced by words."""
+    for cause in causes(e):
+        if cause is not e:
+            message = message.replace(repr(cause), why_unreachable(cause))
+    return _CONNECTOR_REPR.sub(_connector_repr_in_words, message)
+
+
+def describe(e: BaseException) -> str | None:
+    """The one line for an error a user can meet; None for an unexpected one (a bug)."""
+    if isinstance(e, ExceptionGroup) and e.exceptions:  # a task group's: its first error
+        return describe(e.exceptions[0])
+    if isinstance(e, ServeError | ServiceUnreachable):
+        return str(e)
+    if isinstance(e, ServerError):
+        return f"{e.name.value}: {_in_words(e.message, e)}"
+    if isinstance(e, ClientError):
+        return f"{type(e).__name__}: {_in_words(str(e), e)}"
+    if isinstance(e, MetadataStoreError):
+        return f"metadata store: {type(e).__name__}: {e}"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return f"cannot reach {e.host}:{e.port}: {why_unreachable(e)}"
+    if isinstance(e, aiohttp.InvalidURL):
+        return f"not a URL segtxn can use: {e}"
+    if isinstance(e, aiohttp.ClientError):
+        return f"connection failed: {why_unreachable(e)}"
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename is not None else e.strerror
+    return None
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+class Main(click.Group):
+    """The ``segtxn`` group: runs a command and reports any failure in one line."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        verbosity.reset()
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:  # `segtxn`, `segtxn topics`: no error
+            click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
+            sys.exit(0)
+        except click.UsageError as e:
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            fail(f"{e.format_message()}{where}", e.exit_code)
+        except click.ClickException as e:
+            fail(e.format_message(), e.exit_code)
+        except Interrupted as e:  # a server asked to stop before it served: a clean stop
+            click.echo(f"{e.signal.name} while starting: stopped", err=True)
+            sys.exit(0)
+        except (click.Abort, KeyboardInterrupt):
+            fail("interrupted", INTERRUPTED)
+        except BrokenPipeError:  # `segtxn ... | head`: the reader left; nothing to say
+            os._exit(1)
+        except Exception as e:
+            debug = verbosity.configured() >= 2
+            if debug:
+                traceback.print_exception(e)
+            line = describe(e)
+            if line is None:
+                hint = "" if debug else " (segtxn -vv ... shows the traceback)"
+                line = f"internal error: {type(e).__name__}: {e}{hint}"
+            fail(line)
+        sys.exit(code if isinstance(code, int) else 0)

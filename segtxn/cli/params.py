@@ -1,0 +1,199 @@
+"""The command line's parameter types: bad input is refused when it is parsed, as a usage
+error that names the flag, before anything connects or starts.
+
+Numbers use click's ``IntRange``/``FloatRange`` (their bounds show in ``--help``); URLs,
+store URLs and key hashes have the types below. Defined once, so that every command that
+takes a port, a service URL or a count accepts exactly the same things.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import click
+
+from segtxn.metastore import InvalidArgument, check_url
+from segtxn.protocol.hashing import HASH_SPACE
+from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PORT = click.IntRange(0, 65535)
+"""A TCP port; 0 asks the system for a free one where the command allows it."""
+POSITIVE_INT = click.IntRange(min=1)
+COUNT = click.IntRange(min=0)
+SECONDS = click.FloatRange(min=0, min_open=True, max=365 * 24 * 3600)
+"""A duration that must pass (no zero, no negative, no inf or nan)."""
+SECONDS_OR_ZERO = click.FloatRange(min=0, max=365 * 24 * 3600)
+FRACTION = click.FloatRange(0, 1)
+
+
+class HttpUrl(click.ParamType[str]):
+    """``http(s)://host[:port]``: a service URL. ``path_ok`` also allows a path (an endpoint
+    such as a liveness probe's); ``several`` allows a comma-separated list (the client tries
+    them in turn)."""
+
+    name = "URL"
+
+    def __init__(self, *, path_ok: bool = False, several: bool = False) -> None:
+        self.path_ok = path_ok
+        self.several = several
+        if several:
+            self.name = "URL[,URL...]"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        items = str(value).split(",") if self.several else [str(value)]
+        urls = [self._one(item.strip(), param, ctx) for item in items if item.strip()]
+        if not urls:
+            self.fail("no URL given", param, ctx)
+        return ",".join(urls)
+
+    def _one(self, text: str, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        parts = urlsplit(text)
+        form = "http://host:port" + ("/path" if self.path_ok else "")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            self.fail(f"{text!r} is not a URL of the form {form}", param, ctx)
+        try:
+            parts.port  # noqa: B018 (it raises ValueError for a bad port)
+        except ValueError:
+            self.fail(f"{text!r}: the port must be a number from 0 to 65535", param, ctx)
+        if (parts.path not in ("", "/") and not self.path_ok) or parts.query or parts.fragment:
+            self.fail(f"{text!r}: expected only {form}", param, ctx)
+        return text if self.path_ok else text.rstrip("/")
+
+
+class StoreUrl(click.ParamType[str]):
+    """A metadata store URL (``memory://``, ``etcd://host:port[,...][/namespace]``), checked
+    without connecting. ``extra`` are other accepted words (the demo's ``etcd-local``)."""
+
+    name = "STORE"
+
+    def __init__(self, *extra: str) -> None:
+        self.extra = extra
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        text = str(value).strip()
+        if text in self.extra:
+            return text
+        try:
+            check_url(text)
+        except InvalidArgument as e:
+            self.fail(str(e), param, ctx)
+        return text
+
+
+class KeyHash(click.ParamType[int]):
+    """A point of the key-hash space, 0x0000-0xffff: hex (``0x4000``) or decimal."""
+
+    name = "HASH"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
+        if isinstance(value, int):
+            point = value
+        else:
+            try:
+                point = int(str(value).strip(), 0)
+            except ValueError:
+                self.fail(f"{value!r} is not a hash: 0x0000-0xffff, in hex (0x...) or decimal")
+        if not 0 <= point < HASH_SPACE:
+            self.fail(f"{value!r} is outside the hash space 0x0000-0xffff", param, ctx)
+        return point
+
+
+class Topic(click.ParamType[str]):
+    """A topic name (``persistent://``, ``topic://``, ``segment://``), parsed before
+    anything connects; ``domains`` limits which are accepted."""
+
+    name = "TOPIC"
+
+    def __init__(self, *domains: Domain) -> None:
+        self.domains = domains or tuple(Domain)
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        try:
+            name = TopicName.parse(str(value))
+        except InvalidTopicName as e:
+            self.fail(str(e), param, ctx)
+        if name.domain not in self.domains:
+            wanted = " or ".join(f"{d.value}://" for d in self.domains)
+            self.fail(f"{value!r}: this command takes a {wanted} topic", param, ctx)
+        return str(value)
+
+
+class Namespace(click.ParamType[tuple[str, str]]):
+    """``tenant/namespace``."""
+
+    name = "TENANT/NAMESPACE"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value
+        text = str(value)
+        try:
+            name = TopicName.parse(f"persistent://{text}/x")
+        except InvalidTopicName:
+            self.fail(f"{text!r} is not tenant/namespace (each 1-128 of A-Z a-z 0-9 -_.=)")
+        return name.tenant, name.namespace
+
+
+SERVICE_URL = HttpUrl()
+SERVICE_URLS = HttpUrl(several=True)
+"""What ``--url`` takes: one broker's URL, or several separated by commas."""
+STORE_URL = StoreUrl()
+
+
+def data_dir_option(*, required: bool, help: str) -> Callable[[F], F]:
+    """``--data-dir``: a directory a server keeps its files in (see :func:`prepare_data_dir`)."""
+    return click.option(
+        "--data-dir",
+        required=required,
+        default=None,
+        type=click.Path(file_okay=False, path_type=Path),
+        help=help,
+    )
+
+
+def prepare_data_dir(path: Path) -> Path:
+    """Create ``path`` if missing and prove it can be written (a file made and removed): a
+    server must not start and then fail on its first write. Returns it resolved.
+
+    Raises:
+        click.BadParameter: it cannot be created or written; says why.
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        raise click.BadParameter(
+            f"{path} cannot be used: {e.strerror or e}", param_hint="'--data-dir'"
+        ) from e
+    return path.resolve()
+
+
+def given(ctx: click.Context, name: str) -> bool:
+    """Whether the user gave option ``name`` (on the command line or from its env var),
+    rather than it taking its default."""
+    source = ctx.get_parameter_source(name)
+    return source not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def refuse_unless(ctx: click.Context, name: str, applies: bool, why: str) -> None:
+    """Refuse option ``name`` (a usage error) when given where it does not apply."""
+    if given(ctx, name) and not applies:
+        flag = "--" + name.replace("_", "-")
+        raise click.UsageError(f"{flag} does not apply here: {why}", ctx)
