@@ -34,8 +34,6 @@ from segtxn.coordinator.v4 import CoordinatorV4, TxnMeta
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
 from segtxn.metastore import (
     MetadataStore,
-    MetadataStoreError,
-    StoreUnavailable,
     open_store,
     wait_reachable,
 )

@@ -103,7 +103,7 @@ class Kube:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        delay, attempts, last = 0.1, 0, "no answer"
+        delay, attempts, last = 0.1, 0, ""
         while True:
             attempts += 1
             try:
@@ -116,8 +116,10 @@ class Kube:
             except aiohttp.ClientConnectorError as e:
                 code = e.os_error.errno
                 last = os.strerror(code).lower() if code and code > 0 else str(e)
-            except (aiohttp.ClientError, TimeoutError) as e:
+            except aiohttp.ClientError as e:
                 last = str(e) or type(e).__name__
+            except TimeoutError:  # cut short by the deadline: the reason before it says more
+                last = last or "no answer"
             left = deadline - loop.time()
             if left <= 0:
                 raise KubeUnreachable(
