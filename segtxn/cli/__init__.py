@@ -1,9 +1,10 @@
 """The ``segtxn`` command line: the composition root that wires components together.
 
-DESIGN.md places the command line in ``segtxn/client/``; it lives here instead because
-commands such as ``standalone`` and ``broker`` must import the servers, and the client
-package must never import a server (an import-linter contract checks both). Every failure
-is reported by :class:`segtxn.cli.errors.Main` as one line (``Error: ...``).
+The project's first design placed the command line in ``segtxn/client/``; it lives here
+instead because commands such as ``standalone`` and ``broker`` must import the servers, and
+the client package must never import a server (an import-linter contract checks both; see
+docs/design-notes.md). Every failure is reported by :class:`segtxn.cli.errors.Main` as one
+line (``Error: ...``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ whether a transactional entry at or before it is committed. It waits on ``change
 :class:`NoTransactions` serves topics without transactions. :class:`MetadataTransactionBuffer`
 is PIP-471's buffer for ``segment://`` topics: a transactional send is one ledger append
 plus one op record ``/txn-op/<txn>/<seq>`` (indexed ``writes-by-segment``); outcomes come
-from the header cache. Beyond the PIP (DESIGN.md):
+from the header cache. Beyond the PIP (docs/architecture.md):
 
 - **Append, then record** (the PIP's order). Invariant: *an entry is visible only if its op
   record landed and its transaction committed.* If the record cannot be written (the
