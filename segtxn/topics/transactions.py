@@ -1,8 +1,9 @@
-"""PIP-471's transaction records in the metadata store, exactly its schema.
+"""PIP-471's transaction records in the metadata store: its schema, plus ``cumulative`` on an
+ack op (PIP-471 has no cumulative transactional ack; segtxn has, for ordered subscriptions).
 
 ```
 /txn/<txnId>              header {state, timeout_ms, created_ms, finalized_ms}
-/txn-op/<txnId>/<seq>     op     {kind: write|ack, segment, subscription?, position}
+/txn-op/<txnId>/<seq>     op     {kind: write|ack, segment, subscription?, position, cumulative?}
 idx writes-by-segment     (segment)               -> op, kind=write
 idx acks-by-segment-sub   (segment, subscription) -> op, kind=ack
 idx txn-by-deadline       (timeout_ms)            -> header, while OPEN
