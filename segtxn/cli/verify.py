@@ -54,6 +54,22 @@ def _check_new_run_dir(value: Path) -> None:
         )
 
 
+def _check_new_soak_dirs(out: Path, seeds: list[int]) -> None:
+    """A soak's seed directories must be new: an earlier soak's histories would be mixed
+    into the new run's (the checker reads both as one run and reports anomalies that never
+    happened), and its brokers would find ledger files their fresh metadata does not know."""
+    taken = [
+        s for s in seeds if (out / f"seed-{s}").is_dir() and any((out / f"seed-{s}").iterdir())
+    ]
+    if taken:
+        more = f" (and {len(taken) - 1} more of these seeds)" if len(taken) > 1 else ""
+        raise click.BadParameter(
+            f"{out} already holds seed-{taken[0]}{more} from an earlier soak: give a new "
+            "directory, or other seeds",
+            param_hint="'--out'",
+        )
+
+
 def _check_recorded_run_dir(value: Path) -> None:
     if not (value / "run.json").is_file():
         raise click.BadParameter(
@@ -290,7 +306,8 @@ def _bug_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     "--out",
     default=None,
     type=RUN_DIR,
-    help="Where the runs are kept (default: segtxn-soak/<time> in the temporary directory).",
+    help="Where the runs are kept, one seed-S directory each; seeds an earlier soak left "
+    "there are refused (default: segtxn-soak/<time> in the temporary directory).",
 )
 @click.option("--master", default="local[2]", show_default=True, help="Spark master.")
 @click.option(
@@ -322,13 +339,14 @@ def soak(
     from its seed; exit status 1 naming the failing seeds."""
     from segtxn.verify.spark import require_java
 
+    first = seed if seed is not None else random.randrange(2**31)
+    seeds = list(range(first, first + runs))
+    out = out or Path(tempfile.gettempdir()) / "segtxn-soak" / time.strftime("%Y%m%d-%H%M%S")
+    _check_new_soak_dirs(out, seeds)
     try:
         require_java()
     except RuntimeError as e:
         raise click.ClickException(str(e)) from e
-    first = seed if seed is not None else random.randrange(2**31)
-    seeds = list(range(first, first + runs))
-    out = out or Path(tempfile.gettempdir()) / "segtxn-soak" / time.strftime("%Y%m%d-%H%M%S")
     env = {TEST_BUGS_ENV: inject_bug} if inject_bug else {}
     settings = SoakSettings(
         job=JobSettings(

@@ -143,6 +143,16 @@ def test_verify_check_wants_a_recorded_run(tmp_path: Path) -> None:
     assert f"{tmp_path} holds no recorded run (no run.json)" in one_line(result)
 
 
+def test_verify_soak_refuses_seed_directories_of_an_earlier_soak(tmp_path: Path) -> None:
+    (tmp_path / "seed-8").mkdir()  # empty: nothing to mix up
+    (tmp_path / "seed-9" / "history").mkdir(parents=True)
+    result = invoke("verify", "soak", "--out", str(tmp_path), "--seed", "8", "--runs", "3")
+    assert result.exit_code == 2
+    line = one_line(result)
+    assert f"{tmp_path} already holds seed-9 from an earlier soak: give a new directory" in line
+    assert not (tmp_path / "seed-10").exists()
+
+
 def test_verify_run_refuses_a_directory_that_holds_a_run(tmp_path: Path) -> None:
     (tmp_path / "run.json").write_text("{}")
     result = invoke("verify", "run", "--url", "http://127.0.0.1:1", "--run-dir", str(tmp_path))
