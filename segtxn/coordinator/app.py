@@ -32,13 +32,7 @@ from prometheus_client.registry import Collector
 from segtxn.boundary import boundary, error_response, read_json
 from segtxn.coordinator.v4 import CoordinatorV4, TxnMeta
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
-from segtxn.metastore import (
-    MetadataStore,
-    MetadataStoreError,
-    StoreUnavailable,
-    open_store,
-    wait_reachable,
-)
+from segtxn.metastore import MetadataStore, open_store, wait_reachable
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import (
     MAX_LIST_LIMIT,
