@@ -42,10 +42,9 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-from sortedcontainers import SortedDict, SortedSet
-
 from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message, visible
 from segtxn.broker.members import Members, SubscriptionType
+from segtxn.broker.outstanding import Outstanding
 from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.broker.txn.pending_ack import NoPendingAcks, PendingAckStore
 from segtxn.ledger import (
@@ -108,11 +107,8 @@ class Subscription:
         """Goes up at every rewind; a read in flight across a change is discarded. It starts
         at random, so that an epoch from before a broker restart is not mistaken for one
         after it."""
-        self._pending: dict[Position, ConsumerLink] = {}
-        self._redeliver: SortedSet[Position] = SortedSet()
-        """Shared: positions handed back, delivered before new ones."""
-        self._deliveries: SortedDict[Position, int] = SortedDict()
-        """How often each unacknowledged position was delivered (redelivery_count)."""
+        self._outstanding = Outstanding()
+        """Delivered, not yet acknowledged: to whom, what is due again, delivery counts."""
         self._requests: list[_Request] = []
         self._round_robin = 0
         self._fence: set[TxnId] = set()
@@ -186,7 +182,7 @@ class Subscription:
             f"; its place is held {self.members.hold_s:g} s" if held else "",
         )
         if not self._ordered:
-            self._hand_back(link)
+            self._outstanding.hand_back(link)
         self._hand_over(before)
         self._wake.set()
 
@@ -220,7 +216,7 @@ class Subscription:
         if self._ordered:
             self._rewind("hand-over", notify=False)
         elif before is not None:
-            self._hand_back(before)
+            self._outstanding.hand_back(before)
 
     def flow(self, link: ConsumerLink, permits: int) -> None:
         if permits <= 0:
@@ -247,19 +243,13 @@ class Subscription:
             if self.type is SubscriptionType.SHARED:
                 raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
             upto = max(ids)
-            for position in [p for p in self._pending if p <= upto]:
-                self._forget(position)
-            for position in [p for p in self._redeliver if p <= upto]:
-                self._redeliver.discard(position)
+            self._outstanding.acked_up_to(upto)
             await self.cursor.ack_cumulative(upto)
         else:
-            for position in ids:
-                self._forget(position)
-                self._redeliver.discard(position)
-                self._deliveries.pop(position, None)
+            self._outstanding.acked(ids)
             await self.cursor.ack(ids)
         if cumulative:
-            self._prune_deliveries()
+            self._outstanding.prune_deliveries(self.cursor.mark_delete)
         if self.ledger.is_sealed:
             self._wake.set()  # the last ack of a sealed ledger ends it for the consumers
 
@@ -286,46 +276,21 @@ class Subscription:
 
         def still_theirs() -> None:
             """(Checked again right before the acks are reserved: the transaction's header
-            may be read from the store first, and a rewind may happen meanwhile.) On an
-            ordered subscription a transaction may hold only what is pending on its consumer
-            in the current epoch, in order: a message given to another consumer (this one
-            lost its turn), delivered before a rewind, or after one the consumer received
-            and left unacknowledged (its application dropped it, say, when an earlier
-            transaction failed half-way through a batch) would be held out of order."""
+            may be read from the store first, and a rewind may happen meanwhile.)"""
             if self.type is SubscriptionType.SHARED:
                 return
-            if self._ordered and epoch is not None and epoch != self._epoch:
-                raise ServerError(
-                    ErrorName.TRANSACTION_CONFLICT,
-                    f"{min(ids)} was delivered in epoch {epoch}; the subscription has rewound "
-                    f"since (epoch {self._epoch}) and is delivering it again",
-                )
-            strays = [p for p in ids if self._pending.get(p) is not link]
-            if strays:
-                raise ServerError(
-                    ErrorName.TRANSACTION_CONFLICT,
-                    f"{strays[0]} is not this consumer's to acknowledge now (the subscription "
-                    "moved it to another consumer or is delivering it again)",
-                )
-            if self._ordered and not cumulative:
-                skipped = [
-                    p
-                    for p in link.pending.irange(maximum=max(ids), inclusive=(True, False))
-                    if p not in ids
-                ]
-                if skipped:
-                    raise ServerError(
-                        ErrorName.TRANSACTION_CONFLICT,
-                        f"{max(ids)} comes after {skipped[0]}, which this consumer received and "
-                        "has not acknowledged: on an ordered subscription a transaction "
-                        "acknowledges in order (abort it; everything comes again in order)",
-                    )
+            self._outstanding.check_txn_ack(
+                link,
+                ids,
+                cumulative=cumulative,
+                ordered=self._ordered,
+                epoch=epoch,
+                current_epoch=self._epoch,
+            )
 
         still_theirs()
         await self.pending_acks.ack(txn, ids, cumulative=cumulative, guard=still_theirs)
-        upto = max(ids)
-        for position in [p for p in self._pending if (p <= upto if cumulative else p in ids)]:
-            self._forget(position)
+        self._outstanding.held(ids, cumulative=cumulative)
         self._wake.set()
 
     def release(self, positions: list[Position]) -> None:
@@ -345,9 +310,8 @@ class Subscription:
             else:
                 for position in positions:
                     if not self.cursor.is_acked(position):
-                        self._forget(position)
-                        self._due_again(position)
-        self._prune_deliveries()
+                        self._outstanding.due_again(position)
+        self._outstanding.prune_deliveries(self.cursor.mark_delete)
         self._answer_requests(rewind=reason)
         self._wake.set()
 
@@ -355,7 +319,7 @@ class Subscription:
         """Deliver these again. On an ordered subscription this rewinds (when ``link`` is
         the active consumer). ``request_id`` asks for a Rewind answer."""
         self._check_known(ids)
-        mine = [p for p in ids if self._pending.get(p) is link]
+        mine = [p for p in ids if self._outstanding.pending.get(p) is link]
         if self._ordered:
             if request_id:
                 self._requests.append(_Request(link, request_id, None))
@@ -364,8 +328,7 @@ class Subscription:
                 self._rewind("negative ack", notify=True)
         else:
             for position in mine:
-                self._forget(position)
-                self._due_again(position)
+                self._outstanding.due_again(position)
             if request_id:
                 self.redeliver(link, request_id, None)
         self._wake.set()
@@ -394,7 +357,7 @@ class Subscription:
                 self._rewind(rewind or "redeliver asked", notify=not asked)
         else:
             for request in ready:
-                self._hand_back(request.link)
+                self._outstanding.hand_back(request.link)
         for request in ready:
             request.link.send(Rewind(epoch=self._epoch, request_id=request.request_id))
 
@@ -414,13 +377,10 @@ class Subscription:
         """Start delivery again at the earliest unacknowledged position (ordered
         subscriptions); ``notify`` sends the active consumer a Rewind frame."""
         self._epoch += 1
-        again = len(self._pending)
-        for position, owner in self._pending.items():
-            owner.pending.discard(position)
-        self._pending.clear()
+        again = self._outstanding.clear()
         mark = self.cursor.mark_delete
         self._next = Position(mark.ledger_id, mark.entry_id + 1)
-        self._prune_deliveries()
+        self._outstanding.prune_deliveries(mark)
         log.info(
             "%s: rewound to %s, epoch %d (%s; %d delivered unacknowledged will come again)",
             self._where,
@@ -434,25 +394,6 @@ class Subscription:
             if active is not None and active in self.consumers:
                 active.send(Rewind(epoch=self._epoch))
         self._wake.set()
-
-    def _hand_back(self, link: ConsumerLink) -> None:
-        """(Shared) What ``link`` had not acknowledged is due again, for anyone."""
-        for position in sorted(link.pending):
-            self._forget(position)
-            self._due_again(position)
-
-    def _forget(self, position: Position) -> None:
-        owner = self._pending.pop(position, None)
-        if owner is not None:
-            owner.pending.discard(position)
-
-    def _due_again(self, position: Position) -> None:
-        self._redeliver.add(position)
-
-    def _prune_deliveries(self) -> None:
-        mark = self.cursor.mark_delete
-        while self._deliveries and self._deliveries.peekitem(0)[0] <= mark:
-            self._deliveries.popitem(0)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -500,18 +441,18 @@ class Subscription:
             if not ready:
                 return
             epoch = self._epoch
-            if self._redeliver:
-                position = self._redeliver.pop(0)
-                if self._settled(position) or position in self._pending:
+            if self._outstanding.redeliver:
+                position = self._outstanding.redeliver.pop(0)
+                if self._settled(position) or position in self._outstanding.pending:
                     continue
                 entries = await self.ledger.read(position, max_entries=1)
                 if (
                     entries
                     and entries[0].position == position
-                    and not (self._settled(position) or position in self._pending)
+                    and not (self._settled(position) or position in self._outstanding.pending)
                     and not self._deliver(entries[0])
                 ):
-                    self._redeliver.add(position)  # nobody ready after the read: later
+                    self._outstanding.redeliver.add(position)  # nobody ready after the read: later
                 continue
             budget = min(self._batch, sum(c.permits for c in ready))
             read = await self.ledger.read(self._next, max_entries=budget)
@@ -524,7 +465,7 @@ class Subscription:
                 return  # woken again when the ledger or the read horizon moves
             invisible = []
             for entry in entries:
-                if self._settled(entry.position) or entry.position in self._pending:
+                if self._settled(entry.position) or entry.position in self._outstanding.pending:
                     self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
                     continue
                 if not visible(self.buffer, entry):
@@ -549,17 +490,14 @@ class Subscription:
         else:
             link = ready[0]
         link.permits -= 1
-        link.pending.add(entry.position)
-        self._pending[entry.position] = link
+        delivered = self._outstanding.delivered(link, entry.position)
         self.messages_out += 1
-        delivered = self._deliveries.get(entry.position, 0)
-        self._deliveries[entry.position] = delivered + 1
         link.send(to_message(entry, delivered, self._epoch))
         return True
 
     def _maybe_end(self) -> None:
         """On a sealed ledger, tell consumers once everything is delivered and acked."""
-        if not self.ledger.is_sealed or self._pending or self._redeliver:
+        if not self.ledger.is_sealed or self._outstanding.pending or self._outstanding.redeliver:
             return
         if not self.cursor.durable:
             return  # an ack still saving: its receipt goes out before the end (woken then)

@@ -13,25 +13,23 @@ stored; acknowledgments beyond them are lost on restart (those entries are deliv
 again: duplicates, never loss).
 
 A cursor never reads entries; dispatchers do, and tell the cursor what was acknowledged.
+It sees its ledger only as a :class:`~segtxn.ledger.chain.LedgerChain` (positions).
 It works the same on a sealed ledger (PIP-471: a sealed segment still moves its cursors).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import msgspec
 
+from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.errors import LedgerClosed
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
 from segtxn.metastore import MUST_NOT_EXIST, MetadataStore
-
-if TYPE_CHECKING:
-    from segtxn.ledger.managed import ManagedLedger
 
 CURSORS_PREFIX = "/managed-cursors/"
 
@@ -60,7 +58,7 @@ class ManagedCursor:
     def __init__(
         self,
         *,
-        ledger: ManagedLedger,
+        ledger: LedgerChain,
         name: str,
         store: MetadataStore,
         state: CursorState,
@@ -188,7 +186,7 @@ class ManagedCursor:
     async def create(
         cls,
         *,
-        ledger: ManagedLedger,
+        ledger: LedgerChain,
         name: str,
         store: MetadataStore,
         mark_delete: Position,
@@ -210,7 +208,7 @@ class ManagedCursor:
     def restore(
         cls,
         *,
-        ledger: ManagedLedger,
+        ledger: LedgerChain,
         name: str,
         store: MetadataStore,
         raw: bytes,

@@ -15,7 +15,9 @@ is recovered, closed in the metadata, and a fresh ledger started: a ledger is on
 appended to by one incarnation, and the metadata CAS fences a stale one (``LedgerFenced``).
 What recovery keeps, truncates (with a WARNING) or refuses is the contract of
 :mod:`segtxn.ledger.recovery`; the open logs, reads of damaged ones and deletions are
-:mod:`segtxn.ledger.handles`.
+:mod:`segtxn.ledger.handles`; the questions about positions that the chain of ledgers
+answers (the first retained entry, the entry after a position...) are
+:mod:`segtxn.ledger.chain`, the part cursors depend on.
 
 ``terminate()`` seals the ledger: appends already accepted are completed, then one CAS sets
 the sealed flag, so a crash leaves the ledger either sealed or not. Sealed ledgers still
@@ -33,6 +35,7 @@ from urllib.parse import unquote
 
 import msgspec
 
+from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix
 from segtxn.ledger.errors import (
     EntryTooLarge,
@@ -77,8 +80,10 @@ __all__ = [  # the metadata names are re-exported for modules that import them f
 log = logging.getLogger(__name__)
 
 
-class ManagedLedger:
-    """Open with :meth:`open`; close with :meth:`close`. One owner process at a time."""
+class ManagedLedger(LedgerChain):
+    """Open with :meth:`open`; close with :meth:`close`. One owner process at a time.
+    Its state and positions (``last_confirmed``, ``first_position()``...) are
+    :class:`LedgerChain`'s."""
 
     def __init__(
         self,
@@ -104,7 +109,7 @@ class ManagedLedger:
         self._closing = False
         self._closed = False
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time: they chain versions
-        self._last: Position | None = None
+        self._last = None
         self._last = self._compute_last()
         self.stats = WriteStats()
         self.cursors: dict[str, ManagedCursor] = {}
@@ -155,83 +160,6 @@ class ManagedLedger:
                 max_persisted_ranges=ledger.settings.max_persisted_ranges,
             )
         return ledger
-
-    # ================================================================= state
-
-    @property
-    def is_sealed(self) -> bool:
-        return self._meta.sealed
-
-    @property
-    def last_confirmed(self) -> Position | None:
-        """The last durable entry, or None if the ledger holds none."""
-        return self._last
-
-    @property
-    def properties(self) -> Mapping[str, str]:
-        return dict(self._meta.properties)
-
-    def first_position(self) -> Position | None:
-        """The first retained entry, or None if the ledger holds none."""
-        for info in self._meta.ledgers:
-            count = self._count(info)
-            if count:
-                return Position(info.id, 0)
-        return None
-
-    def _count(self, info: LedgerInfo) -> int:
-        """Durable entries of a ledger: readers never see an entry whose sync is pending."""
-        if info.entries is not None:
-            return info.entries
-        if self._last is not None and self._last.ledger_id == info.id:
-            return self._last.entry_id + 1
-        return 0
-
-    def contains(self, position: Position) -> bool:
-        """True if ``position`` is a durable entry of this ledger that is still retained."""
-        for info in self._meta.ledgers:
-            if info.id == position.ledger_id:
-                return 0 <= position.entry_id < self._count(info)
-        return False
-
-    def position_after(self, position: Position) -> Position | None:
-        """The entry that follows ``position`` in this ledger, or None if it is not
-        written (yet). ``position`` need not exist (a mark before a ledger's first entry is
-        ``(ledger, -1)``; a trimmed ledger is skipped)."""
-        for info in self._meta.ledgers:
-            if info.id < position.ledger_id:
-                continue
-            count = self._count(info)
-            following = position.entry_id + 1 if info.id == position.ledger_id else 0
-            if following < count:
-                return Position(info.id, following)
-        return None
-
-    def next_write_position(self) -> Position:
-        """Where the next append would go (just after the last entry, once sealed)."""
-        if self._current is not None:
-            return Position(self._current.ledger_id, self._current.count)
-        if self._last is not None:
-            return Position(self._last.ledger_id, self._last.entry_id + 1)
-        return Position(self._meta.ledgers[-1].id, 0)
-
-    def count_after(self, position: Position) -> int:
-        """How many durable entries lie after ``position``."""
-        total = 0
-        for info in self._meta.ledgers:
-            count = self._count(info)
-            if info.id > position.ledger_id:
-                total += count
-            elif info.id == position.ledger_id:
-                total += max(0, count - position.entry_id - 1)
-        return total
-
-    def _compute_last(self) -> Position | None:
-        for info in reversed(self._meta.ledgers):
-            count = self._count(info)
-            if count:
-                return Position(info.id, count - 1)
-        return None
 
     # ================================================================= appends
 

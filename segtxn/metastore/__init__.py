@@ -37,7 +37,8 @@ from segtxn.metastore.records import (
 )
 from segtxn.metastore.registry import check_url, open_store, register_scheme
 from segtxn.metastore.session import Session
-from segtxn.metastore.store import MetadataStore, StoreSettings
+from segtxn.metastore.settings import StoreSettings
+from segtxn.metastore.store import MetadataStore
 
 __all__ = [
     "MUST_NOT_EXIST",

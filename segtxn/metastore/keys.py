@@ -1,4 +1,4 @@
-"""Key validation and the store's physical key layout.
+"""Key validation and the store's physical layout: its keys, and what a record's key holds.
 
 User keys are UTF-8 paths that start with ``/``. Everything the store keeps for its own
 bookkeeping lives in a separate physical keyspace that sorts *before* ``/`` (it starts with
@@ -8,6 +8,10 @@ bookkeeping lives in a separate physical keyspace that sorts *before* ``/`` (it 
   Its value is a copy of the record's value (a covering index), so an index range needs no
   second read.
 - ``\\x01s<prefix>``: the counter behind ``sequential=True`` keys under ``<prefix>``.
+
+A record's own key holds ``\\x00`` + its value or, for a record in some index, ``\\x01`` +
+msgpack ``(value, {index name: encoded index key})`` (:func:`pack_value`): reading a record
+tells which index entries a later write of it must remove.
 
 Index keys are tuples of ``str`` and non-negative ``int`` components, encoded so that byte
 order equals tuple order: each component is tagged (``i`` + 20 decimal digits, or ``s`` +
@@ -19,7 +23,9 @@ Python.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+import msgspec
 
 from segtxn.metastore.errors import InvalidKey
 
@@ -155,3 +161,24 @@ def sequence_counter_key(prefix: bytes) -> bytes:
 
 def sequential_key(prefix: str, number: int) -> str:
     return f"{prefix}{number:0{SEQUENCE_DIGITS}d}"
+
+
+_PLAIN = b"\x00"
+_INDEXED = b"\x01"
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(tuple[bytes, dict[str, bytes]])
+
+
+def pack_value(value: bytes, indexes: Mapping[str, bytes]) -> bytes:
+    """What a record's key holds: its value and its (encoded) index keys."""
+    if not indexes:
+        return _PLAIN + value
+    return _INDEXED + _encoder.encode((value, dict(indexes)))
+
+
+def unpack_value(raw: bytes) -> tuple[bytes, dict[str, bytes]]:
+    """Inverse of :func:`pack_value`: the value and the encoded index keys by name."""
+    if raw[:1] == _INDEXED:
+        value, indexes = _decoder.decode(raw[1:])
+        return value, indexes
+    return raw[1:], {}

@@ -12,7 +12,8 @@ from urllib.parse import urlsplit
 
 from segtxn.metastore.engine import Engine
 from segtxn.metastore.errors import InvalidArgument
-from segtxn.metastore.store import MetadataStore, StoreSettings
+from segtxn.metastore.settings import StoreSettings
+from segtxn.metastore.store import MetadataStore
 
 EngineFactory = Callable[[str, StoreSettings], Engine]
 UrlCheck = Callable[[str], None]
