@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from segtxn.metastore.etcd_server import EtcdServer
+from tests.processes import ServerProcess
 
 pytest_plugins = ["tests.cluster"]
 
@@ -21,6 +22,16 @@ def etcd_server() -> Iterator[EtcdServer]:
     try:
         yield server
     finally:
+        server.stop()
+
+
+@pytest.fixture
+def started() -> Iterator[list[ServerProcess]]:
+    """Server processes a test started (it appends them): each is stopped after the test,
+    whatever happened, so none outlives it."""
+    servers: list[ServerProcess] = []
+    yield servers
+    for server in servers:
         server.stop()
 
 

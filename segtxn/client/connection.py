@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlencode
 
 import aiohttp
+import msgspec
 
 from segtxn.client.errors import Timeout
 from segtxn.client.timeouts import CLOSE_WAIT_S, Deadline, Timeouts
+from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 from segtxn.protocol.names import TopicName
+
+log = logging.getLogger(__name__)
 
 MAX_REDIRECTS = 5
 WS_TIMEOUT = aiohttp.ClientWSTimeout(ws_close=CLOSE_WAIT_S)
@@ -38,6 +43,21 @@ def _error(status: int, headers: Any, body: str = "") -> ServerError:
         error_name = ErrorName.UNKNOWN
     redirect = headers.get("Location") if headers else None
     return ServerError(error_name, message or f"HTTP {status}", redirect=redirect)
+
+
+async def server_frames(
+    ws: aiohttp.ClientWebSocketResponse, where: str
+) -> AsyncIterator[frames.ServerFrame]:
+    """The broker's frames on ``ws`` until it closes. A message that is not a frame (text, or
+    bytes that do not decode) is logged at WARNING with ``where`` and skipped: one bad frame
+    must not end a connection whose other frames are good."""
+    async for message in ws:
+        if message.type is not aiohttp.WSMsgType.BINARY:
+            continue
+        try:
+            yield frames.server_frame.decode(message.data)
+        except msgspec.DecodeError:
+            log.warning("undecodable frame from the broker on %s", where)
 
 
 def service_urls(spec: str | Sequence[str]) -> list[str]:

@@ -26,10 +26,9 @@ from collections import deque
 from dataclasses import dataclass
 
 import aiohttp
-import msgspec
 
 from segtxn.aio import first_completed
-from segtxn.client.connection import Connector
+from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
@@ -218,14 +217,7 @@ class Producer:
                 await ws.send_bytes(frames.encode(frame))
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        async for message in ws:
-            if message.type is not aiohttp.WSMsgType.BINARY:
-                continue
-            try:
-                frame = frames.server_frame.decode(message.data)
-            except msgspec.DecodeError:
-                log.warning("producer %s: undecodable frame from the broker", self.name)
-                continue
+        async for frame in server_frames(ws, f"producer {self.name}"):
             if isinstance(frame, Receipt):
                 self._settle(frame.seq, result=MessageId(str(self.topic), *frame.message_id))
             elif isinstance(frame, Error):

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import aiohttp
 import msgspec
 
-from segtxn.client.connection import Connector
+from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
@@ -215,14 +215,7 @@ class MessageStream:
         return dropped
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        async for raw in ws:
-            if raw.type is not aiohttp.WSMsgType.BINARY:
-                continue
-            try:
-                frame = frames.server_frame.decode(raw.data)
-            except msgspec.DecodeError:
-                log.warning("undecodable frame from the broker on %s", self.topic)
-                continue
+        async for frame in server_frames(ws, str(self.topic)):
             if isinstance(frame, MessageFrame):
                 if self._awaiting:  # sent before the rewind we asked for: it comes again
                     log.debug(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,6 @@ from tests.waiting import wait_until
 @pytest.fixture
 def cluster_store(etcd_server: EtcdServer) -> str:
     return etcd_server.url(f"/damage-procs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-@pytest.fixture
-def started() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for process in started:
-        process.stop()
 
 
 async def _open_ledger_file(store_url: str, data_dir: Path, topic: str) -> Path:

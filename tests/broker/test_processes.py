@@ -7,7 +7,6 @@ import os
 import random
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,6 @@ SEGTXN = str(Path(sys.executable).with_name("segtxn"))
 @pytest.fixture
 def cluster_store(etcd_server: EtcdServer) -> str:
     return etcd_server.url(f"/procs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-@pytest.fixture
-def started() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for process in started:
-        process.stop()
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import functools
 import logging
 import os
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,6 @@ SLACK_S = 1.0
 @pytest.fixture
 def store(etcd_server: EtcdServer) -> str:
     return etcd_server.url(f"/retries-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-@pytest.fixture
-def started() -> Iterator[list[ServerProcess]]:
-    started: list[ServerProcess] = []
-    yield started
-    for process in started:
-        process.stop()
 
 
 def retries(caplog: pytest.LogCaptureFixture, what: str) -> int:

@@ -7,7 +7,6 @@ import asyncio
 import os
 import random
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,6 @@ from tests.processes import ServerProcess
 from tests.waiting import wait_until
 
 TOPIC = "topic://acme/ctl/events"
-
-
-@pytest.fixture
-def started() -> Iterator[list[ServerProcess]]:
-    servers: list[ServerProcess] = []
-    yield servers
-    for server in servers:
-        server.stop()
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ import asyncio
 import os
 import random
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,6 @@ TOPIC = "topic://acme/crash/orders"
 @pytest.fixture
 def store_url(etcd_server: EtcdServer) -> str:
     return etcd_server.url(f"/txncrash-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-@pytest.fixture
-def started() -> Iterator[list[ServerProcess]]:
-    servers: list[ServerProcess] = []
-    yield servers
-    for server in servers:
-        server.stop()
 
 
 async def _up(servers: list[ServerProcess], *new: ServerProcess) -> None:
