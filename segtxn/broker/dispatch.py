@@ -281,6 +281,7 @@ class Subscription:
                 return
             self._outstanding.check_txn_ack(
                 link,
+                txn,
                 ids,
                 cumulative=cumulative,
                 ordered=self._ordered,
@@ -289,7 +290,11 @@ class Subscription:
             )
 
         still_theirs()
-        await self.pending_acks.ack(txn, ids, cumulative=cumulative, guard=still_theirs)
+        self._outstanding.acking_started(txn, ids)
+        try:
+            await self.pending_acks.ack(txn, ids, cumulative=cumulative, guard=still_theirs)
+        finally:
+            self._outstanding.acking_ended(txn, ids)
         self._outstanding.held(ids, cumulative=cumulative)
         self._wake.set()
 

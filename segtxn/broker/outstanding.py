@@ -26,6 +26,7 @@ from sortedcontainers import SortedDict, SortedSet
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.ledger import Position
 from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnId
 
 
 class Outstanding:
@@ -39,6 +40,9 @@ class Outstanding:
         """Shared: positions handed back, delivered before new ones."""
         self.deliveries: SortedDict[Position, int] = SortedDict()
         """How often each unacknowledged position was delivered (redelivery_count)."""
+        self.acking: dict[Position, TxnId] = {}
+        """Pending positions whose transactional ack is on its way (checked, not yet held:
+        the transaction's header or its op record is being read or written)."""
 
     def delivered(self, link: ConsumerLink, position: Position) -> int:
         """``position`` went to ``link``: it is pending there. Returns how often it was
@@ -70,11 +74,26 @@ class Outstanding:
         if owner is not None:
             owner.pending.discard(position)
 
+    def acking_started(self, txn: TxnId, ids: list[Position]) -> None:
+        """``txn``'s ack of ``ids`` passed its first check and is on its way."""
+        for position in ids:
+            self.acking[position] = txn
+
+    def acking_ended(self, txn: TxnId, ids: list[Position]) -> None:
+        """``txn``'s ack of ``ids`` is held, or failed."""
+        for position in ids:
+            if self.acking.get(position) == txn:
+                del self.acking[position]
+
     def held(self, ids: list[Position], *, cumulative: bool) -> None:
         """A transaction holds the acks of ``ids`` now (with ``cumulative``, of everything
         up to the last of them): none of it is pending any more."""
+        if not cumulative:
+            for position in ids:
+                self.forget(position)
+            return
         upto = max(ids)
-        for position in [p for p in self.pending if (p <= upto if cumulative else p in ids)]:
+        for position in [p for p in self.pending if p <= upto]:
             self.forget(position)
 
     def due_again(self, position: Position) -> None:
@@ -106,6 +125,7 @@ class Outstanding:
     def check_txn_ack(
         self,
         link: ConsumerLink,
+        txn: TxnId,
         ids: list[Position],
         *,
         cumulative: bool,
@@ -113,14 +133,19 @@ class Outstanding:
         epoch: int | None,
         current_epoch: int,
     ) -> None:
-        """Refuse a transactional ack of ``ids`` by ``link`` (delivered in ``epoch``) that
-        would be held out of turn or out of order (the subscription is not Shared).
+        """Refuse a transactional ack of ``ids`` in ``txn`` by ``link`` (delivered in
+        ``epoch``) that would be held out of turn or out of order (the subscription is not
+        Shared).
 
         On an ordered subscription a transaction may hold only what is pending on its
         consumer in the current epoch, in order: a message given to another consumer (this
         one lost its turn), delivered before a rewind, or after one the consumer received
         and left unacknowledged (its application dropped it, say, when an earlier
-        transaction failed half-way through a batch) would be held out of order.
+        transaction failed half-way through a batch) would be held out of order. An earlier
+        message whose ack *in the same transaction* is on its way counts as acknowledged:
+        a client may send a batch's acks without awaiting each (if that earlier ack fails,
+        the transaction cannot commit, and its abort brings both back in order). One on its
+        way in another transaction does not: that one may abort while this one commits.
 
         Raises:
             ServerError(TransactionConflict): saying which message and why.
@@ -139,10 +164,11 @@ class Outstanding:
                 "moved it to another consumer or is delivering it again)",
             )
         if ordered and not cumulative:
+            asked = set(ids)
             skipped = [
                 p
                 for p in link.pending.irange(maximum=max(ids), inclusive=(True, False))
-                if p not in ids
+                if p not in asked and self.acking.get(p) != txn
             ]
             if skipped:
                 raise ServerError(

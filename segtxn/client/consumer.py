@@ -71,7 +71,9 @@ class Consumer:
     newer one except as a redelivery (``redelivery_count`` > 0). After ``txn.abort()`` (or a
     failed commit) returns, nothing newer than the transaction's inputs is handed out until
     they have come back. A transaction may only acknowledge a message received since the
-    latest rewind (else ``TransactionConflict``: abort and take it again).
+    latest rewind, and in order: not past one received and left unacknowledged (else
+    ``TransactionConflict``: abort and take them again). Its acks may be sent together
+    (``asyncio.gather``) without awaiting each.
     """
 
     def __init__(

@@ -378,6 +378,54 @@ async def test_a_transaction_acknowledges_in_order_on_an_ordered_subscription(
     await nothing_arrives(consumer)
 
 
+async def test_a_transaction_may_send_its_acks_without_awaiting_each(
+    client: Client, cluster: Cluster
+) -> None:
+    """A batch's acks in one transaction, all on their way together (held at the pending-ack
+    store, where the header read and op-record write happen): each earlier one counts as
+    acknowledged for the in-order rule, so all are taken and committed."""
+    consumer = await setup(client, 3)
+    sub = subscription(cluster)
+    got = await receive(consumer, 3)
+    txn = await client.transaction().start()
+    at_store: list[object] = []
+    with gated(sub.pending_acks, "ack", when=lambda *args, **_: at_store.append(args) or True):
+        acks = [asyncio.ensure_future(consumer.acknowledge(m, txn=txn)) for m in got]
+        await wait_until(lambda: len(at_store) == 3, timeout=10, what="three acks on their way")
+    await asyncio.gather(*acks)
+    await txn.commit()
+    await wait_until(
+        lambda: sub.cursor.mark_delete == Position(*got[-1].message_id[1:]),
+        timeout=10,
+        what="the commit's acks applied",
+    )
+    await nothing_arrives(consumer)
+
+
+async def test_an_ack_on_its_way_in_another_transaction_does_not_count(
+    client: Client, cluster: Cluster
+) -> None:
+    """m0's ack in t1 is on its way: t2 may not acknowledge m1 past it (t1 may abort while
+    t2 commits)."""
+    consumer = await setup(client, 2)
+    sub = subscription(cluster)
+    m0, m1 = await receive(consumer, 2)
+    t1 = await client.transaction().start()
+    t2 = await client.transaction().start()
+    with gated(sub.pending_acks, "ack") as store:
+        first = asyncio.ensure_future(consumer.acknowledge(m0, txn=t1))
+        await asyncio.wait_for(store.entered.wait(), 10)
+        with pytest.raises(ServerError) as refused:
+            await consumer.acknowledge(m1, txn=t2)
+    assert refused.value.name is ErrorName.TRANSACTION_CONFLICT
+    assert "has not acknowledged" in refused.value.message
+    await first
+    await t2.abort()
+    await t1.commit()
+    again = await receive(consumer, 1)
+    assert values(again) == ["m1"]
+
+
 async def test_a_failed_transaction_rewinds_every_segment_the_consumer_reads(
     client: Client, cluster: Cluster
 ) -> None:
