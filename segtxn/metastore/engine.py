@@ -166,6 +166,11 @@ class Engine(ABC):
         that is guaranteed to be seen. The iterator yields non-empty batches of events in
         revision order.
 
+        Cancelling the task that is entering or iterating always cancels it: the engine
+        never swallows a cancel, whatever reply arrives with it. The store stops watches
+        by cancelling their tasks (a leadership's guard, a campaign's wait), and whoever
+        awaits such a task would otherwise wait for good.
+
         Raises (from the iterator or on entering):
             Compacted: ``start_revision`` is older than the retained history.
             StoreUnavailable: the stream broke; resume from the next undelivered revision.

@@ -244,7 +244,13 @@ class EtcdEngine(Engine):
         try:
             try:
                 await call.write(rpc.WatchRequest(create_request=create))
-                created = await asyncio.wait_for(call.read(), self._timeout)
+                # Not asyncio.wait_for: on Python 3.11 it runs the read as a task of its own
+                # and, when a cancel of *this* task comes in just as that read has finished,
+                # returns the reply and drops the cancel. The caller (a leadership's guard,
+                # say) then runs on with an open watch, and whoever awaits it hangs.
+                # asyncio.timeout reads in this task, so a cancel always propagates.
+                async with asyncio.timeout(self._timeout):
+                    created = await call.read()
             except grpc.aio.AioRpcError as e:
                 await self._failover(e)
                 raise map_grpc_error(e) from e

@@ -1,19 +1,22 @@
-"""etcd-only behaviour: real reconnects, endpoint failover, namespaces, and etcd's own limits."""
+"""etcd-only behaviour: real reconnects, endpoint failover, namespaces, etcd's own limits, and
+cancels that meet etcd's replies."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from segtxn.metastore import (
     InvalidArgument,
+    LeaderElection,
     StoreUnavailable,
     open_store,
 )
-from segtxn.metastore.etcd import parse_endpoints
+from segtxn.metastore.etcd import EtcdEngine, parse_endpoints
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from tests.waiting import take
 
@@ -89,3 +92,115 @@ def test_endpoint_parsing() -> None:
     assert parse_endpoints("a:1,b,  c:3 ") == ["a:1", "b:2379", "c:3"]
     with pytest.raises(InvalidArgument):
         open_store("etcd:///only-a-path")
+
+
+class _ConfirmationGate:
+    """Holds back etcd's confirmation of the next watch an engine opens: once the reply has
+    arrived, ``arrived`` is set, and the engine only gets it after :meth:`release`.
+
+    It wraps the engine's gRPC watch stub (a private attribute) because the race it sets
+    up is below every wrapper the store has: a task cancelled at the moment the reply to
+    its watch request is already in. Only the first read of that one call is held.
+    """
+
+    def __init__(self, engine: EtcdEngine) -> None:
+        engine._connect()
+        self._stub = engine._watch_stub
+        engine._watch_stub = self
+        self.arrived = asyncio.Event()
+        self._released = asyncio.Event()
+        self._armed = True
+
+    def Watch(self) -> Any:  # the stub's method name
+        call = self._stub.Watch()
+        if not self._armed:
+            return call
+        self._armed = False
+        return _GatedCall(call, self)
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def hold(self) -> None:
+        """(For the gated call.) The reply is in: say so, and wait for :meth:`release`."""
+        self.arrived.set()
+        await self._released.wait()
+
+
+class _GatedCall:
+    """A watch call whose first reply waits for its gate (see :class:`_ConfirmationGate`)."""
+
+    def __init__(self, call: Any, gate: _ConfirmationGate) -> None:
+        self._call = call
+        self._gate = gate
+        self._first = True
+
+    async def write(self, request: Any) -> None:
+        await self._call.write(request)
+
+    async def read(self) -> Any:
+        response = await self._call.read()
+        if self._first:
+            self._first = False
+            await self._gate.hold()
+        return response
+
+    def cancel(self) -> bool:
+        return bool(self._call.cancel())
+
+    async def code(self) -> Any:
+        return await self._call.code()
+
+
+async def test_a_cancel_that_meets_a_watch_confirmation_is_not_lost(
+    etcd_server: EtcdServer,
+) -> None:
+    """A task cancelled just as etcd's confirmation of its new watch arrives ends
+    cancelled. It used to swallow the cancel (Python 3.11's ``asyncio.wait_for`` returns
+    the result of an inner call that finished as the cancel came in) and run on with the
+    watch open, so whoever awaited it, e.g. ``Leadership.resign``, hung for good."""
+    engine = EtcdEngine([etcd_server.endpoint], f"/gate-{os.getpid()}".encode())
+    start = await engine.current_revision() + 1
+    gate = _ConfirmationGate(engine)
+
+    async def follow() -> None:
+        async with engine.watch(b"/k", None, start) as batches:
+            async for _ in batches:
+                pass
+
+    task = asyncio.create_task(follow())
+    try:
+        async with asyncio.timeout(10):
+            await gate.arrived.wait()
+        gate.release()  # the reply is in first,
+        task.cancel()  # then, before the engine has seen it, the cancel
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(10):
+                await task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await engine.close()
+
+
+async def test_resigning_as_the_leadership_watch_is_confirmed(etcd_server: EtcdServer) -> None:
+    """``resign`` right after ``campaign`` returns, while the leadership's guard is still
+    opening its watch, gives the leadership up (it used to hang: the guard's watch task
+    swallowed the cancel, see the test above)."""
+    store = open_store(etcd_server.url(f"/resign-{os.getpid()}"))
+    try:
+        session = await store.open_session(5)
+        assert isinstance(store.engine, EtcdEngine)
+        gate = _ConfirmationGate(store.engine)  # the next watch is the guard's
+        election = LeaderElection(store, "tc-0", session, b"a")
+        leadership = await election.campaign()
+        async with asyncio.timeout(10):
+            await gate.arrived.wait()
+        gate.release()
+        async with asyncio.timeout(10):
+            await leadership.resign()
+        assert leadership.lost.is_set()
+        assert await election.leader() is None
+        await session.close()
+    finally:
+        await store.close()
