@@ -41,7 +41,8 @@ process tree), of segtxn's coordinator + etcd (``other``), and of this process (
 client), over the window, from ``/proc``.
 
 Run: ``.venv/bin/python bench/peer.py [--seconds S] [--rounds R] [--sizes 1,10,100,1000]
-[--store etcd|memory]``.
+[--plain-sizes 10,100] [--store etcd|memory] [--subscription Shared|Exclusive]
+[--no-rabbitmq]``.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ NAMESPACE = "topic://bench/ns"
 TXN_TIMEOUT_S = 60.0
 ROW_LIMIT_S = 600.0
 """A run that takes longer than this has hung: it fails instead of waiting forever."""
-HEADROOM = 1.3
+HEADROOM = 2.0
 """Pre-fill this much more than the best rate seen times ``--seconds``."""
 MAX_PREFILL = 200_000
 
@@ -405,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         default="Shared",
         help="segtxn subscription type (Shared: a RabbitMQ queue's semantics)",
     )
+    parser.add_argument("--no-rabbitmq", action="store_true", help="the segtxn rows alone")
     parser.add_argument(
         "--serve-standalone", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
     )
@@ -416,8 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     rows = [Row(False, s) for s in args.plain_sizes] + [Row(True, s) for s in args.sizes]
     plan = Plan(rows, args.rounds, args.seconds, args.segments, args.subscription, args.store)
-    script = rabbitmq_script()
-    if script is None:
+    script = None if args.no_rabbitmq else rabbitmq_script()
+    if script is None and not args.no_rabbitmq:
         print(INSTALL_HINT)
     started = time.perf_counter()
     directory = Path(tempfile.mkdtemp(prefix=".bench-peer-", dir=REPO))
