@@ -1,0 +1,450 @@
+"""Peer benchmark: the same consume-transform-produce loop against RabbitMQ and segtxn,
+alternating in one run, printing segtxn ÷ RabbitMQ and transactional ÷ plain (issue 16).
+
+One loop per run: receive a batch of B messages from an input (100 B each, pre-filled),
+send one derived message (same size) per input to an output, acknowledge the inputs, next
+batch. Rows (``--plain-sizes``, ``--sizes``):
+
+* ``plain B``: at-least-once. RabbitMQ: publisher confirms, all B awaited together, then
+  one ``multiple`` ack. segtxn: the B sends and B acks in flight together, all awaited
+  (as ``bench/txn.py`` (c)).
+* ``txn B``: one transaction per batch covering the consumed acks and the sends.
+  RabbitMQ: AMQP channel transactions (``tx_select`` once, ``tx_commit`` per batch).
+  segtxn: NEW_TXN, the B transactional sends and acks in flight together, commit.
+
+Durable everywhere: RabbitMQ durable classic queues and persistent messages; segtxn
+``topic://`` topics of ``--segments`` segments (4: issue 16's and ``bench/txn.py``'s).
+segtxn consumes on a Shared subscription by default: a queue's semantics, each message
+acknowledged on its own, every ack of a batch in flight together. ``--subscription
+Exclusive`` is ``bench/txn.py`` (c)'s; on an ordered subscription the broker refuses a
+transactional ack while an earlier message of its segment is still unacknowledged, so acks
+in flight together may fail with TransactionConflict: a failed run is reported as FAILED and
+the others go on.
+Each run uses fresh queues or topics, a fresh connection or Client, and a pre-filled input
+sized from the rates seen so far (a run that empties it stops early: the rate still
+holds). The first batch is a warm-up; the window runs ``--seconds`` after it. Latency is per
+batch: from starting to receive its inputs until its sends and acks (or commit) are done.
+
+segtxn (``--store etcd``, the default: issue 16's setup, ``bench/txn.py`` (c)): a private
+single-member etcd (fsync on, on /dev/shm when it exists), one broker and one coordinator,
+each its own process. ``--store memory``: one process (this script, ``--serve-standalone``)
+running a broker and a coordinator on an in-memory store. RabbitMQ: a private node (see
+``peerlib``); without ``rabbitmq-server`` on PATH it says how to install it and runs the
+segtxn rows alone. Ledgers and RabbitMQ's data share one temporary ``.bench-peer-*``
+directory under the repository (removed at the end).
+
+Every round runs every row on both systems, in turns (RabbitMQ first in odd rounds, segtxn
+first in even ones), so drift in the machine's load hits both. Rates are the median over
+rounds with the range; ratios are per round (the same row, side by side), median and
+range. CPU per message: user + system seconds of the server (segtxn broker; RabbitMQ's
+process tree), of segtxn's coordinator + etcd (``other``), and of this process (the
+client), over the window, from ``/proc``.
+
+Run: ``.venv/bin/python bench/peer.py [--seconds S] [--rounds R] [--sizes 1,10,100,1000]
+[--plain-sizes 10,100] [--store etcd|memory] [--subscription Shared|Exclusive]
+[--no-rabbitmq]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import ServerProcess, exit_on_sigterm, filesystem_of, percentile, print_rows
+from peerlib import (
+    INSTALL_HINT,
+    RECEIVE_TIMEOUT_S,
+    Meter,
+    RabbitNode,
+    Row,
+    Sample,
+    payload,
+    rabbitmq_node,
+    rabbitmq_row,
+    rabbitmq_script,
+    transform,
+)
+
+from segtxn.client import Client, MessageId
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+
+REPO = Path(__file__).resolve().parent.parent
+NAMESPACE = "topic://bench/ns"
+TXN_TIMEOUT_S = 60.0
+ROW_LIMIT_S = 600.0
+"""A run that takes longer than this has hung: it fails instead of waiting forever."""
+HEADROOM = 2.0
+"""Pre-fill this much more than the best rate seen times ``--seconds``."""
+MAX_PREFILL = 200_000
+
+
+# ---------------------------------------------------------------------- segtxn
+
+
+@dataclass
+class Segtxn:
+    url: str
+    broker_pid: int | None
+    other_pids: list[int | None]
+
+
+class StandaloneProcess(ServerProcess):
+    """This script with ``--serve-standalone``: a broker and a coordinator in one process
+    on a ``memory://`` store, ledgers on disk (``segtxn standalone`` keeps them in memory
+    with that store)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__("standalone", [], directory / "standalone.log")
+        script = str(Path(__file__).resolve())
+        ledgers = str(directory / "ledgers")
+        self._command = [sys.executable, script, "--serve-standalone", str(self.port), ledgers]
+
+
+@contextmanager
+def segtxn_cluster(store: str, directory: Path) -> Iterator[Segtxn]:
+    servers: list[ServerProcess] = []
+    etcd: EtcdServer | None = None
+    try:
+        if store == "memory":
+            servers.append(StandaloneProcess(directory))
+        else:
+            etcd = EtcdServer.in_temp_dir()
+            etcd.start()
+            url = etcd.url("/bench")
+            ledgers = str(directory / "b1")
+            broker = ["broker", "--store", url, "--data-dir", ledgers, "--broker-id", "b1"]
+            servers.append(ServerProcess("broker", broker, directory / "broker.log"))
+            servers.append(
+                ServerProcess(
+                    "coordinator", ["coordinator", "--store", url], directory / "coordinator.log"
+                )
+            )
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready()
+        pids = [s.process.pid if s.process else None for s in servers]
+        if etcd is not None and etcd.process is not None:
+            pids.append(etcd.process.pid)
+        yield Segtxn(servers[0].url, pids[0], pids[1:])
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        if etcd is not None:
+            etcd.stop()
+
+
+async def serve_standalone(port: int, ledger_dir: Path) -> None:
+    """``--serve-standalone``: serve until SIGTERM or SIGINT."""
+    from segtxn.broker.app import BrokerServer
+    from segtxn.broker.settings import BrokerSettings
+    from segtxn.coordinator.app import CoordinatorServer
+    from segtxn.coordinator.v5 import CoordinatorSettings
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    broker = BrokerServer(
+        BrokerSettings(
+            broker_id="bench",
+            advertise_url=f"http://127.0.0.1:{port}",
+            store_url="memory://",
+            ledger_url=f"file://{ledger_dir}",
+        ),
+        host="127.0.0.1",
+        port=port,
+    )
+    coordinator_port = free_port()
+    coordinator = CoordinatorServer(
+        CoordinatorSettings(advertise_url=f"http://127.0.0.1:{coordinator_port}"),
+        host="127.0.0.1",
+        port=coordinator_port,
+        store=broker.service.store,
+    )
+    await broker.start()
+    await coordinator.start()
+    try:
+        await stop.wait()
+    finally:
+        await coordinator.stop()
+        await broker.stop()
+
+
+async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: Plan) -> Sample:
+    """The loop of ``bench/txn.py`` (c) on fresh topics ``name-in`` / ``name-out``."""
+    sample = Sample("segtxn", row)
+    source, sink = f"{NAMESPACE}/{name}-in", f"{NAMESPACE}/{name}-out"
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(source, segments=plan.segments)
+        await client.admin.create_topic(sink, segments=plan.segments)
+        filler = await client.create_producer(source)
+        sent: list[asyncio.Future[MessageId]] = [
+            await filler.send_async(payload(i), key=f"k{i}") for i in range(prefill)
+        ]
+        await asyncio.gather(*sent)
+        consumer = await client.subscribe(
+            source, "bench", initial_position="earliest", subscription_type=plan.sub_type
+        )
+        outputs = await client.create_producer(sink)
+        meter: Meter | None = None
+        consumed, start = 0, 0.0
+        while consumed + row.size <= prefill:
+            t0 = time.perf_counter()
+            inputs = [await consumer.receive(RECEIVE_TIMEOUT_S) for _ in range(row.size)]
+            txn = None
+            if row.transactional:
+                txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
+            sends = [
+                await outputs.send_async(transform(m.value), key=m.key, txn=txn) for m in inputs
+            ]
+            acks = [asyncio.ensure_future(consumer.acknowledge(m, txn=txn)) for m in inputs]
+            await asyncio.gather(*sends, *acks)
+            if txn is not None:
+                await txn.commit()
+            now = time.perf_counter()
+            consumed += row.size
+            if meter is None:  # the warm-up batch ends: the window starts
+                meter, start = Meter(cluster.broker_pid, cluster.other_pids), now
+                continue
+            sample.latencies.append(now - t0)
+            sample.messages += row.size
+            if now - start >= plan.seconds:
+                break
+        else:
+            sample.ran_out = True
+        sample.elapsed = time.perf_counter() - start
+        if meter is not None:
+            meter.stop(sample)
+        await consumer.close()
+    return sample
+
+
+# ---------------------------------------------------------------------- driver
+
+
+@dataclass
+class Plan:
+    rows: list[Row]
+    rounds: int
+    seconds: float
+    segments: int
+    sub_type: str
+    store: str
+
+
+def prefill_for(row: Row, rate: float, seconds: float) -> int:
+    batches = math.ceil(rate * seconds * HEADROOM / row.size) + 1  # + the warm-up batch
+    return min(MAX_PREFILL, max(3, batches) * row.size)
+
+
+def first_guess(row: Row) -> float:
+    """msg/s to size the first round's input (later rounds use the best rate seen)."""
+    return 3000.0 if not row.transactional else min(3000.0, 600.0 * row.size)
+
+
+async def run_rounds(plan: Plan, segtxn: Segtxn, rabbit: RabbitNode | None) -> list[Sample]:
+    systems = ["RabbitMQ", "segtxn"] if rabbit is not None else ["segtxn"]
+    best: dict[tuple[str, Row], float] = {}
+    samples: list[Sample] = []
+    for r in range(plan.rounds):
+        for i, row in enumerate(plan.rows):
+            for system in systems if r % 2 == 0 else systems[::-1]:
+                rate = best.get((system, row), first_guess(row))
+                prefill = prefill_for(row, rate, plan.seconds)
+                name = f"peer-r{r}-{i}"
+                try:
+                    async with asyncio.timeout(ROW_LIMIT_S):
+                        if system == "RabbitMQ":
+                            assert rabbit is not None
+                            s = await rabbitmq_row(rabbit, name, row, prefill, plan.seconds)
+                        else:
+                            s = await segtxn_row(segtxn, name, row, prefill, plan)
+                except Exception as e:  # refused or hung: say so, and run the rest
+                    s = Sample(system, row, error=f"{type(e).__name__}: {e}")
+                s.round = r
+                samples.append(s)
+                if s.error is not None:
+                    print(f"  round {r + 1} {row.label:>9} {system:>8}: FAILED {s.error}")
+                    continue
+                best[(system, row)] = max(best.get((system, row), 0.0), s.rate)
+                print(
+                    f"  round {r + 1} {row.label:>9} {system:>8}: {s.rate:8,.0f} msg/s, "
+                    f"p50 {ms(percentile(s.latencies, 50))} p99 {ms(percentile(s.latencies, 99))}"
+                    f" ms, {len(s.latencies)} batches{' (input ran out)' if s.ran_out else ''}",
+                    flush=True,
+                )
+    return samples
+
+
+# ---------------------------------------------------------------------- output
+
+
+def ms(v: float) -> str:
+    return f"{v * 1000:.1f}"
+
+
+def spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    """``median (min-max)``, or the one value."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    lo, mid, hi = min(values), statistics.median(values), max(values)
+    return f"{fmt.format(mid)} ({fmt.format(lo)}-{fmt.format(hi)})"
+
+
+def per_msg(seconds: float, messages: int) -> str:
+    return f"{seconds / messages * 1e6:,.0f}" if messages else "-"
+
+
+def print_tables(plan: Plan, samples: list[Sample]) -> None:
+    def runs(system: str, row: Row) -> list[Sample]:
+        return [s for s in samples if s.system == system and s.row == row and not s.error]
+
+    systems = sorted({s.system for s in samples})
+    print(
+        f"\nper system and row, over {plan.rounds} round(s) of {plan.seconds:g} s: msg/s "
+        "median (min-max); p50/p99 of per-batch latency over all rounds; CPU µs per message"
+    )
+    table: list[tuple[str, ...]] = [
+        ("system", "row", "msg/s", "p50 ms", "p99 ms", "server", "other", "client", "batches")
+    ]
+    for system in systems:
+        separate = system == "segtxn" and plan.store == "etcd"
+        for row in plan.rows:
+            rs = runs(system, row)
+            if not rs:
+                table.append((system, row.label, "failed", *["-"] * 6))
+                continue
+            lat = [x for s in rs for x in s.latencies]
+            n = sum(s.messages for s in rs)
+            table.append(
+                (
+                    system,
+                    row.label,
+                    spread([s.rate for s in rs], "{:,.0f}"),
+                    ms(percentile(lat, 50)),
+                    ms(percentile(lat, 99)),
+                    per_msg(sum(s.server_cpu for s in rs), n),
+                    per_msg(sum(s.other_cpu for s in rs), n) if separate else "-",
+                    per_msg(sum(s.client_cpu for s in rs), n),
+                    str(len(lat)),
+                )
+            )
+    print_rows(table, left=2)
+    print(
+        "(server: segtxn broker / RabbitMQ node; other: segtxn coordinator + etcd; client: "
+        "this process)"
+    )
+
+    plain = [row for row in plan.rows if not row.transactional]
+
+    def ratio(a: list[Sample], b: list[Sample]) -> list[float]:
+        """Per round in which both ran."""
+        base = {y.round: y.rate for y in b if y.rate}
+        return [x.rate / base[x.round] for x in a if x.round in base]
+
+    def vs_plain(system: str, row: Row) -> str:
+        if not row.transactional or not plain:
+            return "-"
+        base = min(plain, key=lambda p: (abs(math.log(p.size / row.size)), p.size))
+        return f"{spread(ratio(runs(system, row), runs(system, base)))} [÷ plain {base.size}]"
+
+    print("\nratios, per round side by side: median (min-max)")
+    header: tuple[str, ...] = ("row",)
+    if len(systems) > 1:
+        header += ("segtxn ÷ RabbitMQ",)
+    table = [header + tuple(f"txn ÷ plain, {s}" for s in systems)]
+    for row in plan.rows:
+        cells: tuple[str, ...] = (row.label,)
+        if len(systems) > 1:
+            cells += (spread(ratio(runs("segtxn", row), runs("RabbitMQ", row))),)
+        table.append(cells + tuple(vs_plain(s, row) for s in systems))
+    print_rows(table)
+    for s in samples:
+        if s.error:
+            print(f"FAILED: round {s.round + 1}, {s.row.label}, {s.system}: {s.error}")
+
+
+# ---------------------------------------------------------------------- main
+
+
+def sizes(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"not a list of positive sizes: {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=5.0, help="window per run (5)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds over every row (3)")
+    parser.add_argument(
+        "--sizes", type=sizes, default=[1, 10, 100, 1000], help="messages per txn (1,10,100,1000)"
+    )
+    parser.add_argument(
+        "--plain-sizes", type=sizes, default=[10, 100], help="messages per plain batch (10,100)"
+    )
+    parser.add_argument("--store", choices=("etcd", "memory"), default="etcd")
+    parser.add_argument("--segments", type=int, default=4, help="segments per segtxn topic (4)")
+    parser.add_argument(
+        "--subscription",
+        choices=("Shared", "Exclusive", "Failover"),
+        default="Shared",
+        help="segtxn subscription type (Shared: a RabbitMQ queue's semantics)",
+    )
+    parser.add_argument("--no-rabbitmq", action="store_true", help="the segtxn rows alone")
+    parser.add_argument(
+        "--serve-standalone", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+    if args.serve_standalone:
+        port, ledgers = args.serve_standalone
+        asyncio.run(serve_standalone(int(port), Path(ledgers)))
+        return 0
+    exit_on_sigterm()
+    rows = [Row(False, s) for s in args.plain_sizes] + [Row(True, s) for s in args.sizes]
+    plan = Plan(rows, args.rounds, args.seconds, args.segments, args.subscription, args.store)
+    script = None if args.no_rabbitmq else rabbitmq_script()
+    if script is None and not args.no_rabbitmq:
+        print(INSTALL_HINT)
+    started = time.perf_counter()
+    directory = Path(tempfile.mkdtemp(prefix=".bench-peer-", dir=REPO))
+    try:
+        with ExitStack() as stack:
+            segtxn = stack.enter_context(segtxn_cluster(args.store, directory))
+            rabbit = None
+            if script is not None:
+                rabbit = stack.enter_context(rabbitmq_node(script, directory / "rabbitmq"))
+            print(
+                f"peer bench: segtxn ({args.store} store, {args.segments}-segment topics) vs "
+                f"{f'RabbitMQ ({script})' if rabbit else 'no RabbitMQ'}; data in {directory} "
+                f"({filesystem_of(directory)}); rows: {', '.join(r.label for r in rows)}",
+                flush=True,
+            )
+            samples = asyncio.run(run_rounds(plan, segtxn, rabbit))
+    except KeyboardInterrupt:
+        print("\ninterrupted: the servers are stopped")
+        return 130
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print_tables(plan, samples)
+    print(f"\ntotal run time: {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
