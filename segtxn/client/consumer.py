@@ -45,7 +45,7 @@ from segtxn.client.messages import Message, MessageId
 from segtxn.client.stream import MessageStream, next_item
 from segtxn.client.timeouts import FIRST_RETRY_S, Deadline
 from segtxn.client.transaction import Transaction
-from segtxn.protocol.errors import ErrorCategory, ServerError
+from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 
 log = logging.getLogger(__name__)
@@ -107,11 +107,22 @@ class Consumer:
         self._follower: asyncio.Task[None] | None = None
         self._closed = False
 
-    def _stream(self, message_id: MessageId) -> MessageStream:
+    def _stream(self, message_id: MessageId) -> MessageStream | None:
+        """The stream ``message_id`` came on, or None when its segment was consumed to its
+        end (sealed, and every message of it acknowledged by the subscription: its stream is
+        closed). That happens to a message the application still held while another
+        consumer took the segment over and finished it (a Failover hand-over)."""
         stream = self._streams.get(message_id.topic)
-        if stream is None:
-            raise ValueError(f"{message_id} is not from a segment this consumer reads now")
-        return stream
+        if stream is not None:
+            return stream
+        name = TopicName.parse(message_id.topic)
+        if (
+            name.domain is Domain.SEGMENT
+            and name.parent() == self.topic
+            and (name.segment or 0) in self._finished
+        ):
+            return None
+        raise ValueError(f"{message_id} is not from a segment this consumer reads now")
 
     def _new_stream(self, topic: TopicName) -> MessageStream:
         return MessageStream(
@@ -243,10 +254,15 @@ class Consumer:
             timeout_s: limit of the whole call, registration with ``txn`` included
                 (default: the client's operation timeout).
 
+        A message whose segment was consumed to its end meanwhile (another Failover member
+        took the segment over and finished it) is acknowledged already: without ``txn`` this
+        returns at once; in ``txn`` it is a TransactionConflict.
+
         Raises:
             ServerError: e.g. TransactionConflict when another open transaction holds it.
             Timeout: no receipt in time (OUTCOME_UNKNOWN: it may have been applied; in
                 ``txn`` the transaction can no longer commit).
+            ValueError: the message is not from this consumer's topic.
         """
         await self._ack(message, cumulative=False, txn=txn, timeout_s=timeout_s)
 
@@ -277,6 +293,16 @@ class Consumer:
         deadline = self._deadline(timeout_s)
         message_id = message.message_id if isinstance(message, Message) else message
         stream = self._stream(message_id)
+        if stream is None:  # its segment is consumed to its end: it is acknowledged already
+            if txn is None:
+                return
+            error = ServerError(
+                ErrorName.TRANSACTION_CONFLICT,
+                f"{message_id}: its segment was consumed to its end by the subscription (another "
+                "consumer acknowledged it), so this transaction cannot hold it: abort it",
+            )
+            txn.poison(error)
+            raise error
         if txn is None:
             await stream.ack([message_id], cumulative=cumulative, deadline=deadline)
             return
@@ -329,7 +355,9 @@ class Consumer:
                 operation timeout).
         """
         message_id = message.message_id if isinstance(message, Message) else message
-        await self._bounded(self._stream(message_id).nack([message_id]), timeout_s, "nack")
+        stream = self._stream(message_id)
+        if stream is not None:  # else its segment is consumed to its end: nothing comes again
+            await self._bounded(stream.nack([message_id]), timeout_s, "nack")
 
     async def _bounded(self, call: Awaitable[None], timeout_s: float | None, what: str) -> None:
         deadline = self._deadline(timeout_s)

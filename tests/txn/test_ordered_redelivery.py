@@ -426,6 +426,35 @@ async def test_an_ack_on_its_way_in_another_transaction_does_not_count(
     assert values(again) == ["m1"]
 
 
+async def test_acknowledging_a_message_of_a_segment_consumed_to_its_end(
+    client: Client, cluster: Cluster
+) -> None:
+    """The application still holds m0 when its segment is sealed and consumed to its end (by
+    another Failover member after a hand-over; here by its own plain ack), so the consumer
+    closed that stream. Acking m0 again is a no-op, and in a transaction a conflict the
+    application can act on (abort), not a crash."""
+    consumer = await setup(client, 1)
+    (m0,) = await receive(consumer, 1)
+    await consumer.acknowledge(m0)
+    await client.admin.split(TOPIC, 0)
+    await wait_until(
+        lambda: SEGMENT.segment in consumer._finished,  # the state under test
+        timeout=10,
+        what="segment 0 consumed to its end",
+    )
+    await consumer.acknowledge(m0)
+    await consumer.negative_acknowledge(m0)
+    txn = await client.transaction().start()
+    with pytest.raises(ServerError) as conflict:
+        await consumer.acknowledge(m0, txn=txn)
+    assert conflict.value.name is ErrorName.TRANSACTION_CONFLICT
+    assert "consumed to its end" in conflict.value.message
+    with pytest.raises(TransactionFailed):
+        await txn.commit()  # the failed ack poisoned it: the commit aborts
+    with pytest.raises(ValueError, match="not from a segment this consumer reads"):
+        await consumer.acknowledge(m0.message_id._replace(topic="segment://acme/ordered/x/0"))
+
+
 async def test_a_failed_transaction_rewinds_every_segment_the_consumer_reads(
     client: Client, cluster: Cluster
 ) -> None:
