@@ -194,7 +194,8 @@ class Connector:
             return await asyncio.shield(attempt)
         except asyncio.CancelledError:
             try:
-                ws = await asyncio.wait_for(attempt, HANDSHAKE_S)
+                async with asyncio.timeout(HANDSHAKE_S):
+                    ws = await attempt
             except (aiohttp.ClientError, OSError, TimeoutError):
                 raise asyncio.CancelledError from None  # it failed anyway: nothing to close
             await ws.close()

@@ -270,7 +270,8 @@ class ScalableProducer:
                     ErrorName.TOPIC_TERMINATED, f"{self.topic}: no layout with an open segment came"
                 )
             try:
-                await asyncio.wait_for(self.layout.changed.wait(), deadline.cap(0.5))
+                async with asyncio.timeout(deadline.cap(0.5)):
+                    await self.layout.changed.wait()
             except TimeoutError:
                 await self.layout.refresh(deadline.cap(None))  # the push may be late: ask
 

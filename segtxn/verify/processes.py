@@ -166,7 +166,8 @@ class ManagedProcess:
             self.process.send_signal(signal.SIGTERM)
             self.process.send_signal(signal.SIGCONT)
             try:
-                await asyncio.wait_for(self.process.wait(), limit_s)
+                async with asyncio.timeout(limit_s):
+                    await self.process.wait()
             except TimeoutError:
                 self.note(f"incarnation {self.incarnation} did not stop in {limit_s:g} s")
                 await self.dump_stacks()
