@@ -40,6 +40,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check segtxn tests bench e2e
 	$(BIN)/ruff format --check segtxn tests bench e2e
 	$(BIN)/mypy
+	$(BIN)/mypy bench/*.py
 	$(BIN)/lint-imports
 
 test: lint $(HELM)

@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import filesystem_of, percentile, print_rows
+from common import file_ledger_broker, filesystem_of, percentile, print_rows, until_signalled
 
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.client import Client, Consumer, MessageId
@@ -226,26 +226,10 @@ async def raw_ledger(directory: Path, ledgers: int, appenders: int, seconds: flo
 
 async def serve_broker(port: int, ledger_dir: Path) -> None:
     """The broker side (``--serve-broker``): serve until SIGTERM or SIGINT."""
-    from segtxn.broker.app import BrokerServer
-    from segtxn.broker.settings import BrokerSettings
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    server = BrokerServer(
-        BrokerSettings(
-            broker_id="bench",
-            advertise_url=f"http://127.0.0.1:{port}",
-            store_url="memory://",
-            ledger_url=f"file://{ledger_dir}",
-        ),
-        host="127.0.0.1",
-        port=port,
-    )
+    server = file_ledger_broker(port, ledger_dir)
     await server.start()
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         await server.stop()
 

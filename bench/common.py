@@ -11,10 +11,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from segtxn.metastore.etcd_server import free_port
+
+if TYPE_CHECKING:
+    from segtxn.broker.app import BrokerServer
 
 READY_TIMEOUT_S = 30.0
 
@@ -85,6 +89,36 @@ class ServerProcess:
             self._log = None
 
 
+def file_ledger_broker(port: int, ledger_dir: Path) -> BrokerServer:
+    """A broker on the embedded metadata store with its ledgers in files under
+    ``ledger_dir`` (``segtxn standalone`` keeps files only with etcd: the embedded store
+    forgets them on restart, which a benchmark never does)."""
+    from segtxn.broker.app import BrokerServer
+    from segtxn.broker.settings import BrokerSettings
+
+    return BrokerServer(
+        BrokerSettings(
+            broker_id="bench",
+            advertise_url=f"http://127.0.0.1:{port}",
+            store_url="memory://",
+            ledger_url=f"file://{ledger_dir}",
+        ),
+        host="127.0.0.1",
+        port=port,
+    )
+
+
+async def until_signalled() -> None:
+    """Return on SIGINT or SIGTERM (a ``--serve-*`` process's life)."""
+    import asyncio
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM raises SystemExit, so the clean-up (servers, temporary directories) runs."""
 
@@ -121,7 +155,7 @@ def filesystem_of(path: Path) -> str:
     return "unknown filesystem" if best is None else f"{best[0]} on {best[1]} type {best[2]}"
 
 
-def print_rows(rows: list[tuple[str, ...]], left: int = 1) -> None:
+def print_rows(rows: Sequence[Sequence[str]], left: int = 1) -> None:
     """Print ``rows`` (the first is the header) with the first ``left`` columns left-aligned."""
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for j, row in enumerate(rows):

@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import math
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -61,7 +60,15 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import ServerProcess, exit_on_sigterm, filesystem_of, percentile, print_rows
+from common import (
+    ServerProcess,
+    exit_on_sigterm,
+    file_ledger_broker,
+    filesystem_of,
+    percentile,
+    print_rows,
+    until_signalled,
+)
 from peerlib import (
     INSTALL_HINT,
     RECEIVE_TIMEOUT_S,
@@ -147,25 +154,10 @@ def segtxn_cluster(store: str, directory: Path) -> Iterator[Segtxn]:
 
 async def serve_standalone(port: int, ledger_dir: Path) -> None:
     """``--serve-standalone``: serve until SIGTERM or SIGINT."""
-    from segtxn.broker.app import BrokerServer
-    from segtxn.broker.settings import BrokerSettings
     from segtxn.coordinator.app import CoordinatorServer
     from segtxn.coordinator.v5 import CoordinatorSettings
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    broker = BrokerServer(
-        BrokerSettings(
-            broker_id="bench",
-            advertise_url=f"http://127.0.0.1:{port}",
-            store_url="memory://",
-            ledger_url=f"file://{ledger_dir}",
-        ),
-        host="127.0.0.1",
-        port=port,
-    )
+    broker = file_ledger_broker(port, ledger_dir)
     coordinator_port = free_port()
     coordinator = CoordinatorServer(
         CoordinatorSettings(advertise_url=f"http://127.0.0.1:{coordinator_port}"),
@@ -176,7 +168,7 @@ async def serve_standalone(port: int, ledger_dir: Path) -> None:
     await broker.start()
     await coordinator.start()
     try:
-        await stop.wait()
+        await until_signalled()
     finally:
         await coordinator.stop()
         await broker.stop()

@@ -274,11 +274,11 @@ async def rabbitmq_row(
         filler = await connection.channel(publisher_confirms=True)
         source = await filler.declare_queue(f"{name}-in", durable=True)
         await filler.declare_queue(f"{name}-out", durable=True)
-        for start in range(0, prefill, PREFILL_CHUNK):
+        for first in range(0, prefill, PREFILL_CHUNK):
             await asyncio.gather(
                 *(
                     filler.default_exchange.publish(_persistent(payload(i)), f"{name}-in")
-                    for i in range(start, min(prefill, start + PREFILL_CHUNK))
+                    for i in range(first, min(prefill, first + PREFILL_CHUNK))
                 )
             )
         channel = await connection.channel(publisher_confirms=not row.transactional)

@@ -168,8 +168,10 @@ async def history(servers: Servers, client: Client, txns: int) -> tuple[float, i
     await servers.broker.stop()  # write the history straight into the ledgers
     storage = open_log_storage(servers.settings.ledger_url)
     now = int(time.time() * 1000)
-    for name, v4 in ((v4_topic, True), (str(segment), False)):
-        ledger = await ManagedLedger.open(name, servers.store, storage, servers.settings.ledger)
+    for ledger_name, v4 in ((v4_topic, True), (str(segment), False)):
+        ledger = await ManagedLedger.open(
+            ledger_name, servers.store, storage, servers.settings.ledger
+        )
         for start in range(0, txns, 5000):
             batch = []
             for least in range(start, min(start + 5000, txns)):
@@ -185,7 +187,7 @@ async def history(servers: Servers, client: Client, txns: int) -> tuple[float, i
         else:  # every transaction decided and cleaned: the resolved watermark is at the end
             last = max(positions)
             state = BufferState((last.ledger_id, last.entry_id))
-            await servers.store.put(STATE + quote(name, safe=""), msgspec.json.encode(state))
+            await servers.store.put(STATE + quote(ledger_name, safe=""), msgspec.json.encode(state))
         await ledger.close()
     servers.broker = BrokerServer(servers.settings, store=servers.store)
     await servers.broker.start()

@@ -20,7 +20,8 @@ from segtxn.verify.processes import (
 )
 
 PRINT_ENV = [sys.executable, "-c", f"import os; print('bug:', os.environ['{TEST_BUGS_ENV}'])"]
-SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
+SERVER_STAND_IN = "import time; print('up', flush=True); time.sleep(60)"  # sleep-ok: a child
+SLEEP = [sys.executable, "-c", SERVER_STAND_IN]
 
 
 async def test_each_incarnation_is_logged_with_its_environment(tmp_path: Path) -> None:
