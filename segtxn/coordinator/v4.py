@@ -94,6 +94,7 @@ class CoordinatorV4:
         self._catalog = Catalog(store)
         self.held: dict[int, _Log] = {}
         self._session: Session | None = None
+        self._renewing = asyncio.Lock()
         self._http: aiohttp.ClientSession | None = None
         """Participant calls, and calls forwarded to the holder of another id."""
         self._tasks: set[asyncio.Task[None]] = set()
@@ -105,7 +106,7 @@ class CoordinatorV4:
     async def start(self) -> None:
         if not self.settings.v4_coordinator_ids:
             return
-        self._session = await self.store.open_session(self.settings.session_ttl_s)
+        await self._live_session()
         self._http = aiohttp.ClientSession()
         for n in range(self.settings.v4_coordinator_ids):
             self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
@@ -116,22 +117,38 @@ class CoordinatorV4:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _live_session(self) -> Session:
+        """The session to campaign with; a new one once it expired (the store was
+        unreachable for its TTL), retrying while the store is down."""
+        async with self._renewing:
+            while self._session is None or self._session.is_expired:
+                try:
+                    self._session = await self.store.open_session(self.settings.session_ttl_s)
+                except MetadataStoreError as e:
+                    log.warning("v4 coordinator: no session (%s); retrying", e)
+                    await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
+            return self._session
+
     async def _hold(self, coordinator_id: int) -> None:
-        """Campaign for a v4 id; on winning, recover its log; campaign again if lost."""
-        assert self._session is not None
-        election = LeaderElection(
-            self.store,
-            ELECTION_PREFIX + str(coordinator_id),
-            self._session,
-            self.settings.advertise_url.encode(),
-        )
-        while not self._session.is_expired:
+        """Campaign for a v4 id; on winning, recover its log; campaign again if lost, with a
+        new session if the old one expired (before, an expired session or a failed take-over
+        ended the campaign for good)."""
+        while True:
+            election = LeaderElection(
+                self.store,
+                ELECTION_PREFIX + str(coordinator_id),
+                await self._live_session(),
+                self.settings.advertise_url.encode(),
+            )
             try:
                 leadership = await election.campaign()
                 held = await self._recover(coordinator_id, leadership)
             except (MetadataStoreError, LedgerError) as e:
-                log.warning("v4 coordinator id %d: take-over failed (%s)", coordinator_id, e)
-                return
+                log.warning(
+                    "v4 coordinator id %d: take-over failed (%s); trying again", coordinator_id, e
+                )
+                await asyncio.sleep(1.0)  # the store is unreachable: retry at a gentle pace
+                continue
             self.held[coordinator_id] = held
             log.info(
                 "v4 coordinator id %d: held by this coordinator (%s); its log has %d "

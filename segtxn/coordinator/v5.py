@@ -113,6 +113,8 @@ class CoordinatorV5:
         self.held: dict[int, _Held] = {}
         self._session: Session | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._holds: list[asyncio.Task[None]] = []
+        """One campaign task per id, on the current session."""
         self._round_robin = 0
         self._id_lock = asyncio.Lock()
         self.counters: dict[str, int] = {
@@ -133,35 +135,74 @@ class CoordinatorV5:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        self._session = await self.store.open_session(self.settings.session_ttl_s)
-        url = self.settings.advertise_url
-        await self.store.put(
-            T.COORDINATOR_MEMBERS + quote(url, safe=""), url.encode(), session=self._session
+        await self._register()
+        self._tasks.append(
+            asyncio.create_task(self._keep_registered(), name="coordinator-registration")
         )
-        for n in range(self.settings.coordinator_ids):
-            coordinator_id = V5_COORDINATOR_BASE + n
-            self._tasks.append(
-                asyncio.create_task(
-                    self._hold(coordinator_id), name=f"coordinator-id-{coordinator_id:x}"
-                )
-            )
         self._tasks.append(asyncio.create_task(self._sweeps(), name="coordinator-sweeps"))
 
-    async def _hold(self, coordinator_id: int) -> None:
-        """Campaign for one coordinator id; hold it; campaign again if it is lost."""
-        assert self._session is not None
+    async def _register(self) -> None:
+        """Open a session, list this process among the coordinators on it, and campaign
+        for every id with it."""
+        session = await self.store.open_session(self.settings.session_ttl_s)
+        self._session = session
+        url = self.settings.advertise_url
+        await self.store.put(
+            T.COORDINATOR_MEMBERS + quote(url, safe=""), url.encode(), session=session
+        )
+        self._holds = [
+            asyncio.create_task(
+                self._hold(V5_COORDINATOR_BASE + n, session),
+                name=f"coordinator-id-{V5_COORDINATOR_BASE + n:x}",
+            )
+            for n in range(self.settings.coordinator_ids)
+        ]
+
+    async def _keep_registered(self) -> None:
+        """When the session expires (the store was unreachable for its TTL), every id and
+        the member record went with it: register again with a new session, retrying while
+        the store is down. (Without this a coordinator never served again after an outage
+        longer than its TTL.)"""
+        while True:
+            assert self._session is not None
+            await self._session.expired.wait()
+            log.warning(
+                "coordinator %s: session %#x expired (its ids and member record are gone); "
+                "registering again",
+                self.settings.advertise_url,
+                self._session.lease_id,
+            )
+            for task in self._holds:
+                task.cancel()
+            await asyncio.gather(*self._holds, return_exceptions=True)
+            self.held.clear()
+            while True:
+                try:
+                    await self._register()
+                    break
+                except MetadataStoreError as e:
+                    log.warning("coordinator: registration failed (%s); retrying", e)
+                    await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
+
+    async def _hold(self, coordinator_id: int, session: Session) -> None:
+        """Campaign for one coordinator id with ``session``; hold it; campaign again if it
+        is lost while the session lives (when the session expires, :meth:`_keep_registered`
+        starts over with a new one)."""
         election = LeaderElection(
             self.store,
             election_name(coordinator_id),
-            self._session,
+            session,
             self.settings.advertise_url.encode(),
         )
-        while not self._session.is_expired:
+        while not session.is_expired:
             try:
                 leadership = await election.campaign()
             except MetadataStoreError as e:
-                log.warning("coordinator id %x: campaign failed (%s)", coordinator_id, e)
-                return
+                if session.is_expired:
+                    return
+                log.warning("coordinator id %x: campaign failed (%s); again", coordinator_id, e)
+                await asyncio.sleep(1.0)  # the store is unreachable: retry at a gentle pace
+                continue
             self.held[coordinator_id] = _Held(leadership)
             self.ready.set()
             log.info(
@@ -174,9 +215,9 @@ class CoordinatorV5:
             log.warning("coordinator id %x: lease lost; campaigning again", coordinator_id)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._holds]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._holds, return_exceptions=True)
         for held in list(self.held.values()):
             await held.leadership.resign()
         self.held.clear()

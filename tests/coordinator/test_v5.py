@@ -10,6 +10,9 @@ import pytest
 
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
 from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.faults import FaultInjector
+from segtxn.metastore.memory import MemoryEngine
+from segtxn.metastore.settings import StoreSettings
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import V5_COORDINATOR_BASE, TxnAction, TxnId, TxnState
 from segtxn.topics import transactions as T
@@ -183,3 +186,30 @@ async def test_a_standby_takes_over_the_ids_with_no_replay(store: MetadataStore)
     fresh, _ = await standby.new_txn()
     assert fresh != txn and fresh.least > 0  # ids are never reused after a take-over
     await standby.stop()
+
+
+async def test_a_coordinator_whose_session_expired_registers_and_serves_again() -> None:
+    """The store was unreachable for longer than the session's TTL (here: its lease revoked):
+    the ids and the member record went with the session. The coordinator registers again with
+    a new session and serves; before, it never campaigned again."""
+    faults = FaultInjector(MemoryEngine())
+    store = MetadataStore(faults, StoreSettings(), owns_engine=True)
+    coordinator = CoordinatorV5(store, SETTINGS)
+    await coordinator.start()
+    try:
+        await wait_until(lambda: len(coordinator.held) == 2, what="both ids held")
+        first = coordinator._session  # the state under test
+        assert first is not None
+        assert await faults.expire_sessions() >= 1
+        await wait_until(
+            lambda: coordinator._session is not first and len(coordinator.held) == 2,
+            timeout=10,
+            what="both ids held again on a new session",
+        )
+        _, header = await coordinator.new_txn()
+        assert header.state is TxnState.OPEN
+        members = await store.list_prefix(T.COORDINATOR_MEMBERS)
+        assert [r.value for r in members.records] == [SETTINGS.advertise_url.encode()]
+    finally:
+        await coordinator.stop()
+        await store.close()
