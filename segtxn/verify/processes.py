@@ -13,6 +13,7 @@ gets: the verbosity (``-v``/``-vv`` before the subcommand) and extra environment
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import signal
@@ -171,7 +172,8 @@ class ManagedProcess:
             except TimeoutError:
                 self.note(f"incarnation {self.incarnation} did not stop in {limit_s:g} s")
                 await self.dump_stacks()
-                self.process.kill()
+                with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
+                    self.process.kill()
                 await self.process.wait()
             self.note(f"incarnation {self.incarnation} ended, exit code {self.process.returncode}")
         await self._unwatch()
