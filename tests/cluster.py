@@ -6,6 +6,7 @@ The store is wrapped in a FaultInjector (``cluster.faults``) so tests can drop w
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -74,6 +75,10 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     )
     await broker.start()
     await coordinator.start()
+    # A coordinator serves once it holds an id; tests that inject store faults right away
+    # would otherwise race its first campaign (and see "holds no id yet").
+    async with asyncio.timeout(10):
+        await coordinator.coordinator.ready.wait()
     running = Cluster(store, broker, coordinator)
     try:
         yield running
