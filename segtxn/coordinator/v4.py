@@ -169,9 +169,22 @@ class CoordinatorV4:
             log_name(coordinator_id), self.store, self._storage, self.settings.ledger
         )
         held = _Log(leadership, ledger)
-        start = ledger.first_position()
+        try:
+            await self._replay(held)
+        except BaseException:  # failed or stopped mid-way: nothing else would close it
+            with contextlib.suppress(LedgerError):
+                await ledger.close()
+            raise
+        for meta in held.txns.values():  # caught mid-way: finish them
+            if meta.state in (COMMITTING, ABORTING, TIME_OUT):
+                action = TxnAction.COMMIT if meta.state == COMMITTING else TxnAction.ABORT
+                self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
+        return held
+
+    async def _replay(self, held: _Log) -> None:
+        start = held.ledger.first_position()
         while start is not None:
-            entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            entries = await held.ledger.read(start, max_entries=1000, max_bytes=64 << 20)
             if not entries:
                 break
             for entry in entries:
@@ -179,12 +192,7 @@ class CoordinatorV4:
                 held.txns[meta.txn[1]] = meta
                 held.next_least = max(held.next_least, meta.txn[1] + 1)
                 self.counters["replayed"] += 1
-            start = ledger.position_after(entries[-1].position)
-        for meta in held.txns.values():  # caught mid-way: finish them
-            if meta.state in (COMMITTING, ABORTING, TIME_OUT):
-                action = TxnAction.COMMIT if meta.state == COMMITTING else TxnAction.ABORT
-                self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
-        return held
+            start = held.ledger.position_after(entries[-1].position)
 
     async def stop(self) -> None:
         for task in list(self._tasks):

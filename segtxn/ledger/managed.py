@@ -148,7 +148,11 @@ class ManagedLedger(LedgerChain):
             version=opened.version,
             logs=opened.logs,
         )
-        listing = await store.list_prefix(cursors_prefix(name))
+        try:
+            listing = await store.list_prefix(cursors_prefix(name))
+        except BaseException:  # failed or cancelled: its writer must not outlive it
+            await ledger.close()
+            raise
         for record in listing.records:
             cursor_name = unquote(record.key.rsplit("/", 1)[1])
             ledger.cursors[cursor_name] = ManagedCursor.restore(
