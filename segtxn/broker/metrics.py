@@ -57,7 +57,7 @@ class BrokerMetrics:
         self.txn_op_writes = meter.create_counter(
             "segtxn_txn_metadata_store_op_writes",
             unit="1",
-            description="Transaction op records written (writes and acks)",
+            description="Op-record writes (a record is rewritten as its transaction grows)",
         )
         self.txn_materialized = meter.create_counter(
             "segtxn_txn_materialized",

@@ -7,6 +7,8 @@ Wrap any engine (``open_store(url, wrap=FaultInjector)``) and then, while the sy
 - :meth:`FaultInjector.delay` makes chosen operations slow;
 - :meth:`FaultInjector.hold` parks the answers of chosen operations until the test lets
   them go, in the order it picks (an interleaving made on purpose, not hoped for);
+- :meth:`FaultInjector.count` counts chosen operations from now on (how many store calls
+  an action cost);
 - :meth:`FaultInjector.drop_watches` breaks every open watch stream, as a lost connection
   would (the store must resume them without the caller noticing);
 - :meth:`FaultInjector.expire_sessions` revokes leases behind the holders' backs, as a
@@ -45,6 +47,15 @@ OPERATIONS = frozenset(
 
 _Call = asyncio.Future[None]
 """One held call: its answer goes on once this is done."""
+
+
+@dataclass
+class Tally:
+    """Calls of one operation (on keys under a prefix) since :meth:`FaultInjector.count`."""
+
+    operation: str
+    key_prefix: bytes | None
+    calls: int = 0
 
 
 class Hold:
@@ -154,6 +165,7 @@ class FaultInjector(Engine):
         self.inner = inner
         self._rules: list[_Rule] = []
         self._holds: list[Hold] = []
+        self._tallies: list[Tally] = []
         self._links: set[_Link] = set()
         self._leases: set[int] = set()
         self.injected = 0
@@ -217,6 +229,16 @@ class FaultInjector(Engine):
         self._holds.append(hold)
         return hold
 
+    def count(self, operation: str, *, key_prefix: str | bytes | None = None) -> Tally:
+        """Count the calls of ``operation`` (touching a key under ``key_prefix``, when
+        given) from now on, in the returned :class:`Tally` (``clear`` does not stop it)."""
+        if operation not in OPERATIONS:
+            raise ValueError(f"unknown operation {operation!r}; one of {sorted(OPERATIONS)}")
+        prefix = key_prefix.encode() if isinstance(key_prefix, str) else key_prefix
+        tally = Tally(operation, prefix)
+        self._tallies.append(tally)
+        return tally
+
     def clear(self) -> None:
         self._rules.clear()
         self._holds.clear()
@@ -270,6 +292,12 @@ class FaultInjector(Engine):
             await hold._park(call)
 
     async def _inject(self, operation: str, keys: Sequence[bytes], *, before: bool = True) -> None:
+        if before:
+            for tally in self._tallies:
+                if tally.operation == operation and (
+                    tally.key_prefix is None or any(k.startswith(tally.key_prefix) for k in keys)
+                ):
+                    tally.calls += 1
         for rule in list(self._rules):
             if rule.operation != operation or rule.before != before:
                 continue

@@ -71,6 +71,43 @@ async def test_end_txn_is_one_cas_and_idempotent(
     assert coordinator.counters["header_cas_reject"] == 1
 
 
+async def test_end_txn_of_a_transaction_created_here_needs_no_read() -> None:
+    async with open_store("memory://", wrap=FaultInjector) as store:
+        coordinator = CoordinatorV5(store, SETTINGS)
+        await coordinator.start()
+        try:
+            await wait_until(lambda: len(coordinator.held) == 2, what="both ids held")
+            txn, _ = await coordinator.new_txn()
+            engine = store._engine()
+            assert isinstance(engine, FaultInjector)
+            reads = engine.count("range", key_prefix=T.header_key(txn))
+            assert (await coordinator.end_txn(txn, TxnAction.COMMIT)).state is TxnState.COMMITTED
+            assert reads.calls == 0 and coordinator.counters["header_cas_ok"] == 1
+        finally:
+            await coordinator.stop()
+
+
+async def test_end_txn_after_someone_else_decided_reads_the_header(
+    coordinator: CoordinatorV5, store: MetadataStore
+) -> None:
+    """What this process remembers of a header it created may be stale (another
+    coordinator's timeout sweep aborted it): the CAS fails and the read tells the truth."""
+    txn, header = await coordinator.new_txn()
+    record = await store.get(T.header_key(txn))
+    assert record is not None
+    aborted = T.TxnHeader(TxnState.ABORTED, header.timeout_ms, header.created_ms, 1)
+    await store.put(
+        T.header_key(txn),
+        T.encode(aborted),
+        expected_version=record.version,
+        indexes=T.header_indexes(aborted),
+    )
+    with pytest.raises(ServerError) as refused:
+        await coordinator.end_txn(txn, TxnAction.COMMIT)
+    assert refused.value.name is ErrorName.INVALID_TXN_STATUS
+    assert coordinator.counters["header_cas_conflict"] == 1
+
+
 async def test_concurrent_commit_and_abort_have_one_winner(coordinator: CoordinatorV5) -> None:
     for _ in range(20):
         txn, _ = await coordinator.new_txn()
@@ -157,8 +194,9 @@ async def test_gc_waits_for_op_records_then_deletes_the_header(
 ) -> None:
     caplog.set_level(logging.INFO, logger="segtxn")
     txn, _ = await coordinator.new_txn()
-    op = T.TxnOp(T.OpKind.WRITE, "segment://t/n/x/0", (1, 0))
-    await store.put(T.ops_prefix(txn), T.encode(op), sequential=True, indexes=T.op_indexes(op))
+    segment = "segment://t/n/x/0"
+    op = T.WritesRecord(segment, (1, 0), (1, 0))
+    await store.put(T.writes_key(txn, segment), T.encode(op), indexes=T.op_indexes(op))
     await coordinator.end_txn(txn, TxnAction.COMMIT)
     assert await coordinator.sweep_gc() == 0 and coordinator.gc_backlog == 1
     await store.delete_range(T.ops_prefix(txn))  # the participant materialized and cleaned

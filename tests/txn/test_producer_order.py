@@ -71,25 +71,28 @@ def only_segment(producer: ScalableProducer) -> Producer:
 async def test_first_sends_of_a_transaction_are_stored_in_send_order(
     client: Client, cluster: Cluster
 ) -> None:
-    """Issue 14: the first sends of a transaction each read its header (a cache miss);
-    the store answers them in reverse, and plain sends pipelined after them need no read."""
+    """Issue 14: the first send of a transaction reads its header (a cache miss; sends of
+    one transaction share that read, so each send here is in its own transaction); the
+    store answers them in reverse, and plain sends pipelined after them need no read."""
     await client.admin.create_topic(SCALABLE, segments=1)
     producer = await client.create_producer(SCALABLE, name="p")
     assert isinstance(producer, ScalableProducer)
     await producer.send(b"warm-up", key="k")
     inner = only_segment(producer)
     segment = str(inner.topic)
-    txn = client.transaction()
-    await txn.add_partition(SCALABLE)  # NEW_TXN and ADD_PARTITION done: no header reads left
+    txns = [client.transaction() for _ in range(5)]
+    for txn in txns:  # NEW_TXN and ADD_PARTITION done: no header reads left
+        await txn.add_partition(SCALABLE)
     hold = cluster.faults.hold("range", key_prefix="/txn/", times=5)
-    futures = [await producer.send_async(f"t{i}".encode(), key="k", txn=txn) for i in range(5)]
+    futures = [await producer.send_async(f"t{i}".encode(), key="k", txn=txns[i]) for i in range(5)]
     futures += [await producer.send_async(f"p{i}".encode(), key="k") for i in range(2)]
     await hold.wait_for(5)  # the five header reads, answered and parked
     await arrived(cluster, segment, inner.name, range(1, 8))
     hold.release(4, 3, 2, 1, 0)  # answered last-sent first
     ids = await asyncio.gather(*futures)
     assert_stored_in_send_order(ids)
-    await txn.commit()
+    for txn in txns:
+        await txn.commit()
     values = await read_all(client, segment, 8)
     assert values == [b"warm-up", *(f"t{i}".encode() for i in range(5)), b"p0", b"p1"]
 
@@ -106,10 +109,11 @@ async def test_a_reconnected_producer_queues_behind_its_old_connection(
     await producer.send(b"warm-up", key="k")
     inner = only_segment(producer)
     segment = str(inner.topic)
-    txn = client.transaction()
-    await txn.add_partition(SCALABLE)
+    txns = [client.transaction() for _ in range(3)]  # one header read each (see above)
+    for txn in txns:
+        await txn.add_partition(SCALABLE)
     hold = cluster.faults.hold("range", key_prefix="/txn/", times=3)
-    futures = [await producer.send_async(f"t{i}".encode(), key="k", txn=txn) for i in range(3)]
+    futures = [await producer.send_async(f"t{i}".encode(), key="k", txn=txns[i]) for i in range(3)]
     await hold.wait_for(3)
     await arrived(cluster, segment, inner.name, range(1, 4))
     old = loaded(cluster, segment).producers[inner.name]
@@ -120,7 +124,8 @@ async def test_a_reconnected_producer_queues_behind_its_old_connection(
     hold.release(2, 1, 0)
     ids = await asyncio.gather(*futures)
     assert_stored_in_send_order(ids)
-    await txn.commit()
+    for txn in txns:
+        await txn.commit()
     values = await read_all(client, segment, 7)
     assert values == [b"warm-up", b"t0", b"t1", b"t2", b"p0", b"p1", b"p2"]
 

@@ -6,22 +6,30 @@ whether a transactional entry at or before it is committed. It waits on ``change
 (notified, never polled) for the horizon to move.
 
 :class:`NoTransactions` serves topics without transactions. :class:`MetadataTransactionBuffer`
-is PIP-471's buffer for ``segment://`` topics: a transactional send is one ledger append
-plus one op record ``/txn-op/<txn>/<seq>`` (indexed ``writes-by-segment``); outcomes come
-from the header cache. Beyond the PIP (docs/architecture.md):
+is PIP-471's buffer for ``segment://`` topics: a transactional send is one ledger append,
+then the transaction's writes record here (``/txn-op/<txn>/w/<segment>``, indexed
+``writes-by-segment``) must cover it; outcomes come from the header cache. Beyond the PIP
+(docs/architecture.md, docs/design-notes.md):
 
-- **Append, then record** (the PIP's order). Invariant: *an entry is visible only if its op
-  record landed and its transaction committed.* If the record cannot be written (the
+- **Append, then record** (the PIP's order). Invariant: *an entry is visible only if a
+  writes record covering it landed while its transaction was OPEN, and the transaction
+  committed.* The record holds a range ``first..last``: an append at or before the ``last``
+  of a record that already landed is covered without a store write (it was appended before
+  that record's header check); any other is covered by the next rewrite of the record,
+  which carries every append that completed meanwhile. If the rewrite fails (the
   transaction ended meanwhile, or the store failed) the entry is an **orphan**: it is
   recorded at ``/txn-orphans/<segment>/<position>`` before the send fails, and never
-  shown. After a crash between the two steps, recovery scans the unresolved tail (from the
-  durable watermark) and records every transactional entry without an op record as an
-  orphan. Until an append's record is settled, the read horizon stays before it.
+  shown; the record is never extended again. After a crash between the two steps, recovery
+  scans the unresolved tail (from the durable watermark) and records every transactional
+  entry outside its transaction's range as an orphan. Until an append's record is settled,
+  the read horizon stays before it.
 - **Outcomes outlive headers.** An abort is recorded at ``/txn-aborted/<segment>/<txn>``
   when it is materialized; the **resolved watermark** (``/txn-buffer/<segment>``) is the
-  horizon up to which every entry is decided. Op records are deleted only once the durable
-  watermark has passed all of a transaction's entries here, so after header GC an entry is
-  visible iff it is not an orphan and its transaction is not in the aborted index.
+  horizon up to which every entry is decided. A writes record is deleted only once the
+  durable watermark has passed all of its transaction's entries here, so after header GC an
+  entry is visible iff it is not an orphan and its transaction is not in the aborted index.
+  Clean-up batches: the abort index entries and the watermark go in one store step, the
+  records' deletes in another.
 - **No polling**: dispatchers wait on ``changed``, set whenever the horizon may have moved.
 """
 
@@ -41,9 +49,9 @@ from segtxn.broker.entry import decode_entry
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.oprecords import OpRecordWriter
+from segtxn.broker.txn.oprecords import Draft, OpRecordWriter
 from segtxn.ledger import ManagedLedger, Position, TrimResult
-from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound
+from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
@@ -70,6 +78,41 @@ def _pos(p: tuple[int, int] | Position) -> Position:
 
 def _before(p: Position) -> Position:
     return Position(p.ledger_id, p.entry_id - 1)
+
+
+def _pair(p: Position) -> tuple[int, int]:
+    return (p.ledger_id, p.entry_id)
+
+
+class _Writes(Draft):
+    """One transaction's writes record here: its entries are those with its id in
+    ``first..last``; ``durable`` is the range a landed record covers."""
+
+    def __init__(self, txn: TxnId, segment: str, position: Position) -> None:
+        super().__init__(T.writes_key(txn, segment))
+        self.segment = segment
+        self.first = self.last = position
+        self.durable: tuple[Position, Position] | None = None
+
+    def covers(self, position: Position) -> bool:
+        return self.durable is not None and self.durable[0] <= position <= self.durable[1]
+
+    def extend(self, position: Position) -> None:
+        self.first, self.last = min(self.first, position), max(self.last, position)
+
+    def snapshot(self) -> T.WritesRecord:
+        return T.WritesRecord(self.segment, _pair(self.first), _pair(self.last))
+
+    def landed(self, record: T.OpRecord) -> None:
+        assert isinstance(record, T.WritesRecord)
+        self.durable = (_pos(record.first), _pos(record.last))
+
+    @classmethod
+    def recovered(cls, txn: TxnId, record: T.WritesRecord) -> _Writes:
+        draft = cls(txn, record.segment, _pos(record.first))
+        draft.extend(_pos(record.last))
+        draft.landed(record)
+        return draft
 
 
 class TransactionBuffer(ABC):
@@ -167,8 +210,12 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._aborted_prefix = f"{ABORTED}{quoted}/"
         self._orphans_prefix = f"{ORPHANS}{quoted}/"
         self._writes: dict[TxnId, list[Position]] = {}
-        """Entries here of transactions whose op records still exist."""
-        self._op_keys: dict[TxnId, list[str]] = {}
+        """Entries here of transactions whose writes records still exist (after recovery:
+        the first and last of each range)."""
+        self._records: dict[TxnId, _Writes] = {}
+        self._appending: dict[TxnId, int] = {}
+        """Appends in flight per transaction: its record is not cleaned while one may still
+        extend what it covers."""
         self._open_first: dict[TxnId, Position] = {}
         self._floors: list[Position] = []
         """For each append in flight: the last entry before it (the horizon stays there)."""
@@ -213,8 +260,8 @@ class MetadataTransactionBuffer(TransactionBuffer):
 
     async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
         """Read the header (concurrently with the producer's earlier sends), then, in the
-        producer's turn, one ledger append; then one op record guarded by the header's
-        version.
+        producer's turn, one ledger append; then the writes record must cover it (a
+        rewrite guarded by the header's version, unless a landed one covers it already).
 
         Raises:
             ServerError(TransactionNotFound): no such transaction.
@@ -223,6 +270,16 @@ class MetadataTransactionBuffer(TransactionBuffer):
             ServerError(PersistenceError / TopicTerminatedError)
         """
         self._headers.listen(txn, self._on_header)
+        self._appending[txn] = self._appending.get(txn, 0) + 1
+        try:
+            return await self._append(txn, payload, turn)
+        finally:
+            if self._appending[txn] == 1:
+                del self._appending[txn]
+            else:
+                self._appending[txn] -= 1
+
+    async def _append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
         header, version = await self._headers.get(txn)  # a store read on a cache miss
         if header is None:
             raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
@@ -237,25 +294,40 @@ class MetadataTransactionBuffer(TransactionBuffer):
         try:
             position = await (await turn.enqueue(self._ledger, payload))
             try:
-                record = await self._record(txn, version, position)
+                await self._record(txn, version, position)
             except ServerError:
                 await self._orphan(txn, position)
                 raise
-            self._track(txn, position, record)
+            self._track(txn, position)
             return position
         finally:
             self._floors.remove(floor)
             self._changed()
 
-    async def _record(self, txn: TxnId, version: int, position: Position) -> str:
-        """The op record, written with a check that the header is still at ``version``
-        (the late-write race is settled there), batched with others of ``txn``."""
-        op = T.TxnOp(T.OpKind.WRITE, self.segment, (position.ledger_id, position.entry_id))
-        return await self._ops.write(txn, version, op)
+    async def _record(self, txn: TxnId, version: int, position: Position) -> None:
+        """Make the writes record cover ``position``: nothing to write when a landed one
+        does (``position`` was appended before that record's header check passed);
+        otherwise a rewrite with a check that the header is still at ``version`` (the
+        late-write race is settled there), shared with every append waiting for it.
 
-    def _track(self, txn: TxnId, position: Position, op_key: str) -> None:
+        Raises ServerError: see :meth:`OpRecordWriter.write`.
+        """
+        draft = self._records.get(txn)
+        if draft is None:
+            draft = self._records[txn] = _Writes(txn, self.segment, position)
+        if draft.covers(position):
+            draft.refuse_if_failed()
+            return
+        draft.extend(position)
+        try:
+            await self._ops.write(txn, version, draft)
+        except ServerError:
+            if txn not in self._writes and draft.durable is None:
+                self._records.pop(txn, None)  # nothing of it here: nothing to clean up
+            raise
+
+    def _track(self, txn: TxnId, position: Position) -> None:
         self._writes.setdefault(txn, []).append(position)
-        self._op_keys.setdefault(txn, []).append(op_key)
         header = self._headers.cached(txn)
         if header is not None and header.state.final:
             self._materialize(txn, header)  # decided while we were recording
@@ -342,30 +414,31 @@ class MetadataTransactionBuffer(TransactionBuffer):
         horizon = self.max_read_position
         if horizon is None:
             return
-        ready = {txn: last for txn, last in self._cleanable.items() if last <= horizon}
+        ready = {
+            txn: last
+            for txn, last in self._cleanable.items()
+            if last <= horizon and txn not in self._appending
+        }
         if not ready:
             return
-        for txn in ready:  # aborts first: they must outlive the op records
-            aborted = self._aborted.get(txn)
-            if aborted is not None:
-                await self._store.put(self._aborted_prefix + txn.key, msgspec.json.encode(aborted))
-        await self._save_watermark(max(ready.values()))
-        for txn, last in ready.items():
-            if self._cleanable.get(txn) != last:
-                continue  # another write of it arrived meanwhile: clean it next time
-            for key in self._op_keys.pop(txn, []):
-                with contextlib.suppress(NotFound):
-                    await self._store.delete(key)
+        # Aborts and the watermark before the deletes (in the same step when they fit):
+        # an abort index entry must outlive the writes record it stands for.
+        puts = [
+            Put(self._aborted_prefix + txn.key, msgspec.json.encode(aborted))
+            for txn in ready
+            if (aborted := self._aborted.get(txn)) is not None
+        ]
+        watermark = max(ready.values())
+        if self._watermark is None or watermark > self._watermark:
+            state = BufferState((watermark.ledger_id, watermark.entry_id))
+            puts.append(Put(self._state_key, msgspec.json.encode(state)))
+        await self._ops.clean(puts, [self._records[t].key for t in ready if t in self._records])
+        self._watermark = watermark if self._watermark is None else max(self._watermark, watermark)
+        for txn in ready:
+            self._records.pop(txn, None)
             self._writes.pop(txn, None)
             self._headers.forget(txn, self._on_header)
             del self._cleanable[txn]
-
-    async def _save_watermark(self, watermark: Position) -> None:
-        if self._watermark is not None and watermark <= self._watermark:
-            return
-        state = BufferState((watermark.ledger_id, watermark.entry_id))
-        await self._store.put(self._state_key, msgspec.json.encode(state))
-        self._watermark = watermark
 
     # ------------------------------------------------------------------ recovery
 
@@ -387,14 +460,18 @@ class MetadataTransactionBuffer(TransactionBuffer):
         started = time.perf_counter()
         ops = await self._store.index_range(T.IDX_WRITES, self.segment)
         self._metrics.txn_index_query.record(time.perf_counter() - started)
-        recorded: set[Position] = set()
         for op in ops.entries:
             txn = T.txn_of_op_key(op.key)
-            position = _pos(T.decode_op(op.value).position)
-            recorded.add(position)
-            self._writes.setdefault(txn, []).append(position)
-            self._op_keys.setdefault(txn, []).append(op.key)
-        await self._find_orphans(recorded)
+            try:
+                record = T.decode_op(op.value)
+            except msgspec.DecodeError as e:
+                record = None
+                log.error("%s: op record %s unreadable (%s): ignored", self.segment, op.key, e)
+            if not isinstance(record, T.WritesRecord):
+                continue
+            draft = self._records[txn] = _Writes.recovered(txn, record)
+            self._writes[txn] = [draft.first, draft.last]
+        await self._find_orphans()
         for txn, positions in self._writes.items():
             self._headers.listen(txn, self._on_header)
             header, _ = await self._headers.get(txn)
@@ -407,8 +484,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._cleaner = asyncio.create_task(self._clean(), name=f"txn-clean-{self.segment}")
         self._cleaner_wake.set()
 
-    async def _find_orphans(self, recorded: set[Position]) -> None:
-        """Transactional entries after the watermark with no op record are orphans."""
+    async def _find_orphans(self) -> None:
+        """Transactional entries after the watermark outside their transaction's writes
+        record are orphans."""
         start = (
             self._ledger.first_position()
             if self._watermark is None
@@ -420,12 +498,15 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 return
             for entry in entries:
                 message = decode_entry(entry.payload)
-                if message.txn is None or entry.position in recorded:
+                if message.txn is None:
+                    continue
+                txn = TxnId(*message.txn)
+                draft = self._records.get(txn)
+                if draft is not None and draft.covers(entry.position):
                     continue
                 if entry.position not in self._orphans:
-                    txn = TxnId(*message.txn)
                     log.warning(
-                        "%s: %s of %s has no op record: an orphan",
+                        "%s: %s of %s is not covered by its writes record: an orphan",
                         self.segment,
                         entry.position,
                         txn,

@@ -39,6 +39,8 @@ class HeaderCache:
         self._store = store
         self._entries: dict[TxnId, _Entry] = {}
         self._listeners: dict[TxnId, set[Listener]] = {}
+        self._reads: dict[TxnId, asyncio.Future[tuple[T.TxnHeader | None, int]]] = {}
+        """Store reads in flight, shared by everyone asking for the same header."""
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
 
@@ -111,14 +113,26 @@ class HeaderCache:
     async def get(self, txn: TxnId) -> tuple[T.TxnHeader | None, int]:
         """The header (None if absent) and its version; cached after the first read.
 
-        A placeholder is cached before the read, so a change the watch reports while the
-        read is in flight is kept rather than overwritten by the older read.
+        Callers asking while a read of ``txn`` is in flight share it: a hundred sends of a
+        new transaction arriving together cost one store read, not a hundred. A
+        placeholder is cached before the read, so a change the watch reports while the read
+        is in flight is kept rather than overwritten by the older read.
+
+        Raises:
+            MetadataStoreError: the read failed (every caller sharing it gets the error).
         """
         entry = self._entries.get(txn)
         if entry is not None and entry.version >= 0:
             return entry.header, entry.version
         if entry is None:
             self._entries[txn] = _Entry(None, -1)
+        reading = self._reads.get(txn)
+        if reading is None:
+            reading = self._reads[txn] = asyncio.ensure_future(self._read(txn))
+            reading.add_done_callback(lambda done: self._read_done(txn, done))
+        return await asyncio.shield(reading)
+
+    async def _read(self, txn: TxnId) -> tuple[T.TxnHeader | None, int]:
         record = await self._store.get(T.header_key(txn))
         entry = self._entries.setdefault(txn, _Entry(None, -1))
         read_version = 0 if record is None else record.version
@@ -126,6 +140,12 @@ class HeaderCache:
             header = None if record is None else T.decode_header(record.value)
             entry = self._entries[txn] = _Entry(header, read_version)
         return entry.header, entry.version
+
+    def _read_done(self, txn: TxnId, done: asyncio.Future[tuple[T.TxnHeader | None, int]]) -> None:
+        if self._reads.get(txn) is done:
+            del self._reads[txn]
+        if not done.cancelled():
+            done.exception()  # retrieved: the callers (if any are left) re-raise it
 
     def cached(self, txn: TxnId) -> T.TxnHeader | None:
         entry = self._entries.get(txn)

@@ -1,104 +1,308 @@
-"""Writing op records, several per store step.
+"""Writing op records: one per transaction and segment (or subscription), rewritten as it
+grows, several per store step.
 
-Every transactional send and ack writes one op record under ``/txn-op/<txnId>/``. They are
-sequential keys of one prefix, so a store client writes them one step at a time; written
-one by one they bound a transaction's throughput (bench/txn.py measured ~1 ms each). This
-writer combines: while a step for a transaction is in flight, the op records that arrive
-for the same transaction — from any segment or subscription on this broker — queue up and
-go together in the next step, up to :data:`MAX_OPS_PER_STEP`, with one check that the
-header is still at the version it had while OPEN. A failed step fails every record in it,
-which is exactly the outcome each would have had alone (the header check is shared).
+A participant keeps each op record's content in memory (a :class:`Draft`) and asks this
+writer to make it durable with a check that the transaction's header is still at the
+version it had while OPEN. While a step for a transaction is in flight, the drafts that
+change meanwhile — from any segment or subscription on this broker — wait, and the next
+step writes each of them once, with whatever it holds by then: a hundred appends in flight
+together cost one or two store steps, not a hundred records (issue 16; bench/peer.py's
+``store w/msg``). A step is all or nothing, so a failed one fails every waiter in it, which
+is the outcome each would have had alone (the header check is shared); a draft whose step
+failed is **failed for good**: its record may hold less than its participant believes (or,
+after an ambiguous store error, more), so nothing more is ever recorded in it and the
+transaction cannot commit what it would have covered.
+
+Clean-up after outcomes goes through the same writer, batched across the broker: what a
+segment or subscription hands to :meth:`OpRecordWriter.clean` (index entries and a
+watermark to put, then records to delete) waits up to :data:`CLEAN_LINGER_S` for others,
+and they go together in one store step (it is off every client's path: visibility comes
+from the header cache, not from the clean-up).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.metastore import BadVersion, Check, MetadataStore, MetadataStoreError, NotFound, Put
+from segtxn.metastore import (
+    BadVersion,
+    Check,
+    Delete,
+    MetadataStore,
+    MetadataStoreError,
+    NotFound,
+    Op,
+    Put,
+)
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
 
-MAX_OPS_PER_STEP = 40
-"""Each op record costs the store three physical writes (record, index entry, and its
-share of the sequence counter); 40 leave room under the 128 a step may hold."""
+MAX_RECORDS_PER_STEP = 40
+"""Each op record costs the store two physical writes (the record and its index entry);
+40 leave room under the 128 a step may hold."""
+CLEAN_LINGER_S = 0.05
+"""How long clean-up waits for more to go in the same store step."""
+CLEAN_OPS_PER_STEP = 40
+"""Puts and deletes per clean-up step (a delete of an indexed record counts two physical
+operations, as does a put: under the 128 a step may hold)."""
+CLEAN_RETRY_S = 1.0
+log = logging.getLogger(__name__)
+MAX_STEP_BYTES = 512 * 1024
+"""Encoded records per step (each is also copied into its index entry): a third of the
+store's request limit."""
+
+
+class Draft(ABC):
+    """The in-memory side of one op record: what it should hold now, and what has landed."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.failed: ServerError | None = None
+        """Set when a step writing it failed: it is never written again."""
+
+    @abstractmethod
+    def snapshot(self) -> T.OpRecord:
+        """What the record should hold now (taken when a step is built)."""
+
+    @abstractmethod
+    def landed(self, record: T.OpRecord) -> None:
+        """``record`` (an earlier snapshot) is durable."""
+
+    def refuse_if_failed(self) -> None:
+        """Raises ServerError: an earlier step writing this record failed."""
+        if self.failed is not None:
+            raise ServerError(
+                self.failed.name,
+                "an earlier op record of this transaction could not be written: "
+                + self.failed.message,
+            )
 
 
 @dataclass(eq=False)
-class _Queued:
-    op: T.TxnOp
+class _Waiting:
+    draft: Draft
     version: int
-    done: asyncio.Future[str] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Cleaning:
+    puts: list[Put]
+    deletes: list[str]
+    done: asyncio.Future[None] | None
+    """None: nobody waits (retried until it lands)."""
+
+    @property
+    def size(self) -> int:
+        return len(self.puts) + len(self.deletes)
+
+    @property
+    def keys(self) -> set[str]:
+        return {p.key for p in self.puts} | set(self.deletes)
 
 
 class OpRecordWriter:
     def __init__(self, store: MetadataStore, metrics: BrokerMetrics) -> None:
         self._store = store
         self._metrics = metrics
-        self._queues: dict[TxnId, list[_Queued]] = {}
+        self._queues: dict[TxnId, dict[str, _Waiting]] = {}
         self._flushers: dict[TxnId, asyncio.Task[None]] = {}
+        self._cleaning: list[_Cleaning] = []
+        self._cleaner: asyncio.Task[None] | None = None
+        self._closed = False
 
-    async def write(self, txn: TxnId, version: int, op: T.TxnOp) -> str:
-        """Write one op record if the header is still at ``version``; returns its key.
+    async def write(self, txn: TxnId, version: int, draft: Draft) -> None:
+        """Return once a step that began after this call wrote ``draft`` (with everything
+        it held then), checked against the header at ``version``.
 
         Raises:
             ServerError(TransactionConflict): the transaction ended meanwhile.
-            ServerError(PersistenceError): the store failed (the record may not exist).
+            ServerError(PersistenceError): the store failed (the record may hold it or not).
+            ServerError: ``draft`` failed earlier (its error's name).
         """
-        queued = _Queued(op, version)
-        self._queues.setdefault(txn, []).append(queued)
+        draft.refuse_if_failed()
+        queue = self._queues.setdefault(txn, {})
+        waiting = queue.get(draft.key)
+        if waiting is None:
+            waiting = queue[draft.key] = _Waiting(draft, version)
+        done = asyncio.get_running_loop().create_future()
+        waiting.waiters.append(done)
         if txn not in self._flushers:
             self._flushers[txn] = asyncio.create_task(self._flush(txn), name=f"op-records-{txn}")
-        return await asyncio.shield(queued.done)
+        await asyncio.shield(done)
+
+    def waiting(self, txn: TxnId) -> int:
+        """Callers waiting for a step of ``txn`` that has not begun (diagnostics, tests)."""
+        return sum(len(w.waiters) for w in self._queues.get(txn, {}).values())
 
     async def _flush(self, txn: TxnId) -> None:
         try:
-            while self._queues.get(txn):
-                queue = self._queues[txn]
-                batch, self._queues[txn] = queue[:MAX_OPS_PER_STEP], queue[MAX_OPS_PER_STEP:]
-                await self._step(txn, batch)
+            while queue := self._queues.get(txn):
+                await self._step(txn, queue)
         finally:
             self._queues.pop(txn, None)
             self._flushers.pop(txn, None)
 
-    async def _step(self, txn: TxnId, batch: list[_Queued]) -> None:
-        puts = [
-            Put(
-                T.ops_prefix(txn),
-                T.encode(q.op),
-                sequential=True,
-                partition_key=txn.key,
-                indexes=T.op_indexes(q.op),
+    async def _step(self, txn: TxnId, queue: dict[str, _Waiting]) -> None:
+        """Write some of ``queue``'s drafts (taking them out of it) in one store step."""
+        chosen: list[tuple[_Waiting, T.OpRecord]] = []
+        puts: list[Put] = []
+        size = 0
+        for key in list(queue):
+            waiting = queue[key]
+            if waiting.draft.failed is not None:
+                del queue[key]
+                _fail(waiting.waiters, waiting.draft.failed)
+                continue
+            record = waiting.draft.snapshot()
+            value = T.encode(record)
+            if chosen and (
+                len(chosen) >= MAX_RECORDS_PER_STEP or size + 2 * len(value) > MAX_STEP_BYTES
+            ):
+                break
+            del queue[key]
+            size += 2 * len(value)
+            chosen.append((waiting, record))
+            puts.append(
+                Put(key, value, partition_key=txn.key, indexes=T.op_indexes(record)),
             )
-            for q in batch
-        ]
+        if not chosen:
+            return
         error: ServerError | None = None
         try:
-            results = await self._store.commit([Check(T.header_key(txn), batch[0].version), *puts])
+            await self._store.commit([Check(T.header_key(txn), chosen[0][0].version), *puts])
         except (BadVersion, NotFound) as e:
             error = ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
             error.__cause__ = e
         except MetadataStoreError as e:
             error = ServerError(ErrorName.PERSISTENCE, f"could not record the op: {e}")
             error.__cause__ = e
-        if error is not None:
-            for queued in batch:
-                queued.done.set_exception(error)
-                queued.done.exception()  # retrieved: the waiter re-raises its own copy
+        for waiting, record in chosen:
+            if error is not None:
+                waiting.draft.failed = error
+                _fail(waiting.waiters, error)
+                continue
+            waiting.draft.landed(record)
+            kind = "write" if isinstance(record, T.WritesRecord) else "ack"
+            self._metrics.txn_op_writes.add(1, {"kind": kind})
+            for done in waiting.waiters:
+                if not done.done():
+                    done.set_result(None)
+
+    # ------------------------------------------------------------------ clean-up
+
+    async def clean(self, puts: list[Put], deletes: list[str]) -> None:
+        """Write ``puts``, then delete the records ``deletes`` (one already gone is not an
+        error), batched with other clean-up of this broker: in one atomic step when they
+        fit, else the puts first.
+
+        Raises:
+            MetadataStoreError: the store failed (nothing, or the puts only, were done).
+        """
+        done = asyncio.get_running_loop().create_future()
+        self._enqueue(_Cleaning(puts, deletes, done))
+        await asyncio.shield(done)
+
+    def discard(self, deletes: list[str]) -> None:
+        """Delete the records ``deletes`` soon, retrying while the store fails (nobody
+        waits: a subscription's next materialization must not wait for the last one's)."""
+        if deletes:
+            self._enqueue(_Cleaning([], deletes, None))
+
+    def _enqueue(self, cleaning: _Cleaning) -> None:
+        if self._closed:  # left for the next load to find (materializing is idempotent)
+            if cleaning.done is not None:
+                cleaning.done.cancel()
             return
-        for queued, record in zip(batch, results[1:], strict=True):
-            if record is None:  # a Put always yields its record
-                queued.done.set_exception(ServerError(ErrorName.UNKNOWN, "no op record"))
-            else:
-                queued.done.set_result(record.key)
-                self._metrics.txn_op_writes.add(1, {"kind": queued.op.kind.value})
+        self._cleaning.append(cleaning)
+        if self._cleaner is None:
+            self._cleaner = asyncio.create_task(self._clean_loop(), name="op-records-clean")
+
+    async def _clean_loop(self) -> None:
+        try:
+            while self._cleaning:
+                await asyncio.sleep(CLEAN_LINGER_S)  # let more arrive: one step for them all
+                batch: list[_Cleaning] = []
+                keys: set[str] = set()
+                while self._cleaning:
+                    nxt = self._cleaning[0]
+                    size = sum(c.size for c in batch) + nxt.size
+                    if batch and (size > CLEAN_OPS_PER_STEP or keys & nxt.keys):
+                        break  # a step touches a key once
+                    batch.append(self._cleaning.pop(0))
+                    keys |= nxt.keys
+                await self._clean_step(batch)
+        finally:
+            self._cleaner = None
+
+    async def _clean_step(self, batch: list[_Cleaning]) -> None:
+        try:
+            if sum(c.size for c in batch) <= CLEAN_OPS_PER_STEP:
+                ops: list[Op] = [op for c in batch for op in c.puts]
+                ops += [Delete(key) for c in batch for key in c.deletes]
+                try:
+                    await self._store.commit(ops)
+                except NotFound:  # a record is gone already: each on its own
+                    for cleaning in batch:
+                        await self._clean_alone(cleaning)
+            else:  # one too large for a step
+                for cleaning in batch:
+                    await self._clean_alone(cleaning)
+        except MetadataStoreError as e:
+            for cleaning in batch:
+                if cleaning.done is None:  # nobody waits: try again later
+                    log.warning("op-record clean-up failed (%s); retrying", e)
+                    asyncio.get_running_loop().call_later(CLEAN_RETRY_S, self._enqueue, cleaning)
+                elif not cleaning.done.done():
+                    cleaning.done.set_exception(e)
+                    cleaning.done.exception()  # retrieved: the waiter re-raises it
+            return
+        for cleaning in batch:
+            if cleaning.done is not None and not cleaning.done.done():
+                cleaning.done.set_result(None)
+
+    async def _clean_alone(self, cleaning: _Cleaning) -> None:
+        for start in range(0, len(cleaning.puts), CLEAN_OPS_PER_STEP):
+            await self._store.commit(cleaning.puts[start : start + CLEAN_OPS_PER_STEP])
+        await _delete_records(self._store, cleaning.deletes)
 
     async def close(self) -> None:
+        self._closed = True
+        if self._cleaner is not None:
+            self._cleaner.cancel()
+            await asyncio.gather(self._cleaner, return_exceptions=True)
         tasks = list(self._flushers.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _fail(waiters: list[asyncio.Future[None]], error: ServerError) -> None:
+    for done in waiters:
+        if not done.done():
+            done.set_exception(error)
+            done.exception()  # retrieved: the waiter re-raises it
+
+
+async def _delete_records(store: MetadataStore, keys: Sequence[str]) -> None:
+    """Delete op records, up to :data:`MAX_RECORDS_PER_STEP` per store step; a record
+    already gone (the coordinator force-deletes abandoned ones) is not an error.
+
+    Raises:
+        MetadataStoreError: the store failed (some may be deleted, the rest are not).
+    """
+    for start in range(0, len(keys), MAX_RECORDS_PER_STEP):
+        chunk = keys[start : start + MAX_RECORDS_PER_STEP]
+        try:
+            await store.commit([Delete(key) for key in chunk])
+        except NotFound:  # one of them is gone: the others one by one
+            for key in chunk:
+                with contextlib.suppress(NotFound):
+                    await store.delete(key)

@@ -1,31 +1,35 @@
 """Pending acknowledgments: acks made inside a transaction, applied only when it commits.
 
-PIP-31's PENDING_ACK state, stored the PIP-471 way for ``segment://`` subscriptions: each
-transactional ack is an op record ``/txn-op/<txn>/<seq>`` (kind ``ack``, indexed
-``acks-by-segment-sub``), written in the same atomic step as a check that the header is
-still OPEN. While the transaction is open the message is delivered to nobody; a second
-transaction acknowledging it gets ``TransactionConflict``; a plain ack of it is ignored.
-When the header watch reports the outcome: commit applies the acks to the cursor
-(individual or cumulative, durably) and abort releases the messages for redelivery; then
-the op records are deleted. A crash half-way repeats the (idempotent) materialization on
-recovery, which rebuilds everything from the index.
+PIP-31's PENDING_ACK state, stored the PIP-471 way for ``segment://`` subscriptions: a
+transaction's acks on one subscription are one acks record
+``/txn-op/<txn>/a/<segment>/<sub>/<chunk>`` (indexed ``acks-by-segment-sub``), rewritten as
+acks arrive in the same atomic step as a check that the header is still OPEN (one rewrite
+carries every ack that arrived while the previous one was in flight). While the
+transaction is open the message is delivered to nobody; a second transaction acknowledging
+it gets ``TransactionConflict``; a plain ack of it is ignored. When the header watch
+reports the outcome: commit applies the acks to the cursor (individual or cumulative,
+durably) and abort releases the messages for redelivery; then the records are deleted. A
+crash half-way repeats the (idempotent) materialization on recovery, which rebuilds
+everything from the index.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.oprecords import OpRecordWriter
+from segtxn.broker.txn.oprecords import Draft, OpRecordWriter
 from segtxn.ledger import ManagedCursor, Position
-from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound
+from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
@@ -182,6 +186,59 @@ class ReservingPendingAckStore(PendingAckStore):
             self._release([*individual, *([upto] if upto is not None else [])])
 
 
+class _Acks(Draft):
+    """One chunk of a transaction's acks record on a subscription."""
+
+    def __init__(self, txn: TxnId, segment: str, subscription: str, chunk: int) -> None:
+        super().__init__(T.acks_key(txn, segment, subscription, chunk))
+        self.segment, self.subscription, self.chunk = segment, subscription, chunk
+        self.individual: set[Position] = set()
+        self.cumulative: Position | None = None
+
+    @property
+    def full(self) -> bool:
+        return len(self.individual) >= T.MAX_ACKS_PER_RECORD
+
+    def add(self, positions: list[Position], *, cumulative: bool) -> None:
+        if cumulative:
+            upto = max(positions)
+            self.cumulative = upto if self.cumulative is None else max(self.cumulative, upto)
+        else:
+            self.individual.update(positions)
+
+    def snapshot(self) -> T.AcksRecord:
+        ranges: list[T.AckRange] = []
+        for ledger_id, group in itertools.groupby(sorted(self.individual), lambda p: p.ledger_id):
+            entries = [p.entry_id for p in group]
+            first = previous = entries[0]
+            for entry in entries[1:]:
+                if entry != previous + 1:
+                    ranges.append(T.AckRange(ledger_id, first, previous))
+                    first = entry
+                previous = entry
+            ranges.append(T.AckRange(ledger_id, first, previous))
+        upto = None if self.cumulative is None else _pair(self.cumulative)
+        return T.AcksRecord(self.segment, self.subscription, ranges, upto)
+
+    def landed(self, record: T.OpRecord) -> None:
+        """Nothing to keep: the reservations are the in-memory truth."""
+
+    @classmethod
+    def recovered(cls, txn: TxnId, key: str, record: T.AcksRecord) -> _Acks:
+        draft = cls(txn, record.segment, record.subscription, T.chunk_of_acks_key(key))
+        for r in record.ranges:
+            draft.individual.update(
+                Position(r.ledger_id, e) for e in range(r.first_entry, r.last_entry + 1)
+            )
+        if record.cumulative is not None:
+            draft.cumulative = Position(*record.cumulative)
+        return draft
+
+
+def _pair(p: Position) -> tuple[int, int]:
+    return (p.ledger_id, p.entry_id)
+
+
 class MetadataPendingAckStore(ReservingPendingAckStore):
     def __init__(
         self,
@@ -202,7 +259,8 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         self._headers = headers
         self._metrics = metrics
         self._ops = ops
-        self._op_keys: dict[TxnId, list[str]] = {}
+        self._records: dict[TxnId, list[_Acks]] = {}
+        """Each transaction's acks record here, chunk by chunk (the last one grows)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
 
@@ -224,47 +282,33 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         if guard is not None:
             guard()
         self._check(txn, positions, cumulative=cumulative)
+        draft = self._draft(txn)
         # Checked and reserved with no await in between: a concurrent ack of the same
         # position by another transaction sees the reservation and conflicts.
         undo = self._reserve(txn, positions, cumulative=cumulative)
-        ops = (
-            [self._op(max(positions), cumulative=True)]
-            if cumulative
-            else [self._op(p, cumulative=False) for p in positions]
-        )
+        draft.add(positions, cumulative=cumulative)
         try:
-            await self._write(txn, version, ops)
+            await self._ops.write(txn, version, draft)
         except BaseException:
+            # A failed draft is never written again (a record written before the failure
+            # is deleted when the transaction's aborted outcome is materialized).
             self._unreserve(txn, undo, cumulative=cumulative)
             raise
         cached = self._headers.cached(txn)
         if cached is not None and cached.state.final:  # decided while we were writing
             self._on_header(txn, cached)
 
-    def _op(self, position: Position, *, cumulative: bool) -> T.TxnOp:
-        return T.TxnOp(
-            T.OpKind.ACK,
-            self.segment,
-            (position.ledger_id, position.entry_id),
-            self.subscription,
-            cumulative,
-        )
+    def _draft(self, txn: TxnId) -> _Acks:
+        """The chunk new acks of ``txn`` go to (a new one when the last is full).
 
-    async def _write(self, txn: TxnId, version: int, ops: list[T.TxnOp]) -> list[str]:
-        """All the op records, batched with others of ``txn`` (several per store step).
-
-        Raises ServerError(TransactionConflict / PersistenceError); records written before a
-        failure are deleted when the transaction's (aborted) outcome is materialized.
+        Raises ServerError: an earlier ack of ``txn`` here could not be recorded.
         """
-        results = await asyncio.gather(
-            *(self._ops.write(txn, version, op) for op in ops), return_exceptions=True
-        )
-        keys = [r for r in results if isinstance(r, str)]
-        self._op_keys.setdefault(txn, []).extend(keys)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return keys
+        chunks = self._records.setdefault(txn, [])
+        for chunk in chunks:
+            chunk.refuse_if_failed()
+        if not chunks or chunks[-1].full:
+            chunks.append(_Acks(txn, self.segment, self.subscription, len(chunks)))
+        return chunks[-1]
 
     # ------------------------------------------------------------------ outcomes
 
@@ -280,7 +324,7 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
     async def _materialize(self, txn: TxnId, header: T.TxnHeader | None) -> None:
         async with self._lock:
             individual, upto = self._held_by(txn)
-            if not individual and upto is None and txn not in self._op_keys:
+            if not individual and upto is None and txn not in self._records:
                 return
             committed = header is not None and header.state is TxnState.COMMITTED
             outcome = TxnState.COMMITTED if committed else TxnState.ABORTED
@@ -296,9 +340,7 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
             )
             try:
                 await self._settle(txn, committed, individual, upto)
-                for key in self._op_keys.pop(txn, []):
-                    with contextlib.suppress(NotFound):
-                        await self._store.delete(key)
+                self._ops.discard([c.key for c in self._records.pop(txn, [])])
                 self._headers.forget(txn, self._on_header)
             except MetadataStoreError as e:
                 log.warning(
@@ -317,16 +359,23 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         started = time.perf_counter()
         ops = await self._store.index_range(T.IDX_ACKS, (self.segment, self.subscription))
         self._metrics.txn_index_query.record(time.perf_counter() - started)
-        for entry in ops.entries:
+        for entry in sorted(ops.entries, key=lambda e: e.key):  # each one's chunks in order
             txn = T.txn_of_op_key(entry.key)
-            op = T.decode_op(entry.value)
-            position = Position(*op.position)
-            if op.cumulative:
-                self._cumulative[txn] = max(self._cumulative.get(txn, position), position)
-            else:
+            try:
+                record = T.decode_op(entry.value)
+            except msgspec.DecodeError as e:
+                log.error("%s: op record %s unreadable (%s): ignored", self.segment, entry.key, e)
+                continue
+            if not isinstance(record, T.AcksRecord):
+                continue
+            draft = _Acks.recovered(txn, entry.key, record)
+            self._records.setdefault(txn, []).append(draft)
+            for position in draft.individual:
                 self._individual[position] = txn
-            self._op_keys.setdefault(txn, []).append(entry.key)
-        for txn in list(self._op_keys):
+            if draft.cumulative is not None:
+                before = self._cumulative.get(txn, draft.cumulative)
+                self._cumulative[txn] = max(before, draft.cumulative)
+        for txn in list(self._records):
             self._headers.listen(txn, self._on_header)
             header, _ = await self._headers.get(txn)
             if header is None or header.state.final:
@@ -336,5 +385,5 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for txn in list(self._op_keys):
+        for txn in list(self._records):
             self._headers.forget(txn, self._on_header)

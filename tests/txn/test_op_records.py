@@ -1,0 +1,190 @@
+"""Op records per transaction and segment (issue 16): what a transaction leaves in the store
+while open, that a step in flight collects what arrives meanwhile, that a failed record
+refuses the rest of its transaction's writes there, chunked acks, and shared header reads.
+
+Each test makes the interleaving it needs with ``cluster.faults.hold`` (the store's answer
+to a chosen call is parked until the test lets it go)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from segtxn.broker.txn.headers import HeaderCache
+from segtxn.client import Client, ErrorName, Message, ServerError, TransactionFailed
+from segtxn.client.consumer import Consumer
+from segtxn.client.transaction import Transaction
+from segtxn.protocol.txn import TxnId
+from segtxn.topics import transactions as T
+from tests.cluster import Cluster
+from tests.waiting import wait_until
+
+TOPIC = "topic://acme/ops/orders"
+OUT = "topic://acme/ops/out"
+
+
+async def op_records(cluster: Cluster, txn_id: str) -> dict[str, T.OpRecord]:
+    txn = TxnId.parse(txn_id)
+    listing = await cluster.store.list_prefix(T.ops_prefix(txn))
+    return {r.key[len(T.ops_prefix(txn)) :]: T.decode_op(r.value) for r in listing.records}
+
+
+async def receive_all(consumer: Consumer, n: int) -> list[Message]:
+    return [await consumer.receive(timeout_s=10) for _ in range(n)]
+
+
+async def test_a_transaction_leaves_one_writes_record_per_segment(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    txn = await client.transaction().start()
+    ids = await asyncio.gather(
+        *[await producer.send_async(f"m{i}".encode(), txn=txn) for i in range(30)]
+    )
+    records = await op_records(cluster, str(txn.id))
+    assert len(records) == 1, records  # not 30
+    (record,) = records.values()
+    assert isinstance(record, T.WritesRecord)
+    positions = sorted((i.ledger_id, i.entry_id) for i in ids)
+    assert record.first == positions[0] and record.last == positions[-1]
+    await txn.commit()
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    assert [m.value for m in await receive_all(reader, 30)] == [f"m{i}".encode() for i in range(30)]
+
+
+async def test_writes_arriving_during_a_step_share_the_next_one(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    txn = await client.transaction().start()
+    held = cluster.faults.hold("txn", key_prefix="/txn-op/", times=1)
+    first = await producer.send_async(b"first", txn=txn)
+    await held.wait_for(1)  # the first step is in flight, parked
+    rest = [await producer.send_async(f"r{i}".encode(), txn=txn) for i in range(20)]
+    writer = cluster.broker.service.op_records
+    await wait_until(
+        lambda: writer.waiting(txn.id) == 20, timeout=10, what="the twenty appends made, waiting"
+    )
+    steps = cluster.faults.count("txn", key_prefix="/txn-op/")
+    held.release(0)
+    await asyncio.gather(first, *rest)
+    assert 1 <= steps.calls <= 2, steps  # twenty appends, one more step (a retry at most)
+    await txn.commit()
+
+
+async def test_a_failed_record_refuses_the_transactions_later_writes_there(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    txn = await client.transaction().start()
+    await producer.send(b"good", txn=txn)
+    cluster.faults.fail("txn", key_prefix="/txn-op/", times=1)
+    with pytest.raises(ServerError) as failed:
+        await producer.send(b"lost", txn=txn)
+    assert failed.value.name is ErrorName.PERSISTENCE
+    # The broker refuses to extend that record again, whatever the client does: a second
+    # handle on the same id (as a client that ignores the failure would) says so.
+    raw = Transaction(txn._coordinators, 60)
+    raw._id, raw.state = txn.id, "OPEN"
+    with pytest.raises(ServerError) as again:
+        await producer.send(b"later", txn=raw)
+    assert "could not be written" in again.value.message
+    with pytest.raises(TransactionFailed):
+        await txn.commit()
+    await producer.send(b"plain")
+    assert [m.value for m in await receive_all(reader, 1)] == [b"plain"]
+
+
+async def test_acks_are_ranges_and_roll_over_to_new_chunks(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(T, "MAX_ACKS_PER_RECORD", 4)
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    for i in range(10):
+        await producer.send(f"m{i}".encode())
+    consumer = await client.subscribe(
+        TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+    )
+    messages = await receive_all(consumer, 10)
+    txn = await client.transaction().start()
+    for m in messages[:9]:  # one at a time: each goes to the chunk open then
+        await consumer.acknowledge(m, txn=txn)
+    records = await op_records(cluster, str(txn.id))
+    chunks = [r for r in records.values() if isinstance(r, T.AcksRecord)]
+    assert len(chunks) == 3, records  # 4 + 4 + 1
+    ranges = [(r.ledger_id, r.first_entry, r.last_entry) for c in chunks for r in c.ranges]
+    assert sum(last - first + 1 for _, first, last in ranges) == 9
+    await txn.commit()
+    await consumer.close()
+    again = await client.subscribe(
+        TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+    )
+    (left,) = await receive_all(again, 1)  # the nine are acknowledged, the tenth is not
+    assert left.value == b"m9"
+
+
+async def test_a_header_read_in_flight_is_shared(cluster: Cluster) -> None:
+    cache = HeaderCache(cluster.store)
+    await cache.start()
+    try:
+        txn_id = TxnId(0x5_0000, 77)  # no such header: the read answers "absent"
+        held = cluster.faults.hold("range", key_prefix=T.header_key(txn_id), times=1)
+        reads = cluster.faults.count("range", key_prefix=T.header_key(txn_id))
+        readers = [asyncio.ensure_future(cache.get(txn_id)) for _ in range(50)]
+        await held.wait_for(1)
+        held.release(0)
+        assert await asyncio.gather(*readers) == [(None, 0)] * 50
+        assert reads.calls == 1
+    finally:
+        await cache.close()
+
+
+async def test_clean_up_is_batched_across_segments_and_transactions(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=4)
+    producer = await client.create_producer(TOPIC)
+    txns = [await client.transaction().start() for _ in range(8)]
+    for txn in txns:
+        await asyncio.gather(
+            *[await producer.send_async(b"m", key=f"k{i}", txn=txn) for i in range(16)]
+        )
+    for txn in txns:
+        assert len(await op_records(cluster, str(txn.id))) == 4  # one per segment
+    steps = cluster.faults.count("txn", key_prefix="/txn-buffer/")  # each carries a watermark
+    await asyncio.gather(*(t.commit() for t in txns))
+
+    async def cleaned() -> bool:
+        return not (await cluster.store.list_prefix(T.OPS)).records
+
+    await wait_until(cleaned, timeout=10, what="every writes record deleted")
+    # 32 segment clean-ups (8 transactions x 4 segments); alone, each would be a step or two.
+    assert 1 <= steps.calls <= 16, steps
+
+
+async def test_records_whose_delete_failed_are_deleted_later(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    await producer.send(b"m")
+    consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
+    message = await consumer.receive(timeout_s=10)
+    txn = await client.transaction().start()
+    await consumer.acknowledge(message, txn=txn)
+    assert len(await op_records(cluster, str(txn.id))) == 1
+    injected = cluster.faults.injected
+    cluster.faults.fail("txn", key_prefix="/txn-op/", times=1)  # the first delete fails
+    await txn.commit()
+
+    async def deleted() -> bool:
+        return not await op_records(cluster, str(txn.id))
+
+    await wait_until(deleted, timeout=10, what="the acks record deleted after a retry")
+    assert cluster.faults.injected == injected + 1
