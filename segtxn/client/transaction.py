@@ -215,6 +215,11 @@ class Transaction:
                 + ("scalable (topic://) topics" if self.id.is_v5 else "persistent:// topics")
                 + "; v4 and v5 never mix in one transaction",
             )
+        if self.id.is_v5:
+            # v5 participants record their own part (op records); the coordinator's ADD_*
+            # is a no-op beyond the domain check just made, so it costs nothing to skip it
+            # and a round trip on every transaction's first send and ack to make it.
+            return
         future = self._registered.get(what)
         if future is None:  # the first caller registers; concurrent ones wait for it
             body: dict[str, Any] = {"topics": [topic]}
