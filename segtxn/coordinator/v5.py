@@ -117,6 +117,10 @@ class CoordinatorV5:
         """One campaign task per id, on the current session."""
         self._round_robin = 0
         self._id_lock = asyncio.Lock()
+        self._created: dict[TxnId, tuple[T.TxnHeader, int]] = {}
+        """OPEN headers this process created, with their versions: END_TXN's CAS needs no
+        read for them (a stale one fails the CAS, and the read follows). Dropped when ended
+        here or past their deadline (the timeout sweep)."""
         self.counters: dict[str, int] = {
             "opened": 0,
             "committed": 0,
@@ -246,7 +250,7 @@ class CoordinatorV5:
         header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms)
         election_key = held.leadership.election.key
         try:
-            await self.store.commit(
+            written = await self.store.commit(
                 [
                     Check(election_key, held.leadership.token),  # fencing
                     Put(
@@ -264,6 +268,9 @@ class CoordinatorV5:
                     ErrorName.SERVICE_NOT_READY, f"lost coordinator id {coordinator_id:x}"
                 ) from e
             raise
+        record = written[1]
+        if record is not None:
+            self._created[txn] = (header, record.version)
         self.counters["opened"] += 1
         log.debug("txn %s: opened (timeout %g s)", txn, timeout)
         return txn, header
@@ -346,11 +353,16 @@ class CoordinatorV5:
         """
         self._check_v5(txn)
         key = T.header_key(txn)
+        created = self._created.pop(txn, None)
         while True:
-            record = await self.store.get(key)
-            if record is None:
-                raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
-            header = T.decode_header(record.value)
+            if created is not None:  # as this process created it: the CAS checks that
+                header, version = created
+                created = None
+            else:
+                record = await self.store.get(key)
+                if record is None:
+                    raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+                header, version = T.decode_header(record.value), record.version
             if header.state is action.outcome:
                 return header  # the same decision again: a harmless success
             if header.state.final:
@@ -376,7 +388,7 @@ class CoordinatorV5:
                 await self.store.put(
                     key,
                     T.encode(final),
-                    expected_version=record.version,
+                    expected_version=version,
                     partition_key=txn.key,
                     indexes=T.header_indexes(final),
                 )
@@ -423,6 +435,9 @@ class CoordinatorV5:
     async def sweep_timeouts(self, now_ms: int | None = None) -> int:
         """Abort OPEN transactions of held ids whose deadline passed; returns how many."""
         now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        for txn, (header, _) in list(self._created.items()):
+            if header.timeout_ms < now_ms:  # decided by a sweep (here or elsewhere) or late
+                del self._created[txn]
         due = await self.store.index_range(T.IDX_DEADLINE, 0, now_ms + 1)
         aborted = 0
         for entry in due.entries:
