@@ -166,3 +166,19 @@ def print_rows(rows: Sequence[Sequence[str]], left: int = 1) -> None:
         print("  ".join(cells))
         if j == 0:
             print("  ".join("-" * w for w in widths))
+
+
+PROPOSALS = "etcd_server_proposals_committed_total"
+
+
+def store_writes(metrics_url: str | None) -> int:
+    """etcd's committed raft proposals so far (0 without a URL): one per write request (a
+    put, a delete, a multi-key transaction, a lease grant or revoke), whatever client sent
+    it. ``metrics_url``: the member's ``http://<client endpoint>/metrics``."""
+    if metrics_url is None:
+        return 0
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(PROPOSALS + " "):
+                return int(float(line.split()[1]))
+    raise RuntimeError(f"{metrics_url} has no {PROPOSALS}")

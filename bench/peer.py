@@ -38,7 +38,9 @@ first in even ones), so drift in the machine's load hits both. Rates are the med
 rounds with the range; ratios are per round (the same row, side by side), median and
 range. CPU per message: user + system seconds of the server (segtxn broker; RabbitMQ's
 process tree), of segtxn's coordinator + etcd (``other``), and of this process (the
-client), over the window, from ``/proc``.
+client), over the window, from ``/proc``. Store writes per message (``--store etcd``): etcd's
+own count of committed raft proposals over the window, so every write request of every
+segtxn process counts, whatever it wrote.
 
 Run: ``.venv/bin/python bench/peer.py [--seconds S] [--rounds R] [--sizes 1,10,100,1000]
 [--plain-sizes 10,100] [--store etcd|memory] [--subscription Shared|Exclusive]
@@ -67,6 +69,7 @@ from common import (
     filesystem_of,
     percentile,
     print_rows,
+    store_writes,
     until_signalled,
 )
 from peerlib import (
@@ -104,6 +107,8 @@ class Segtxn:
     url: str
     broker_pid: int | None
     other_pids: list[int | None]
+    etcd_metrics: str | None
+    """etcd's ``/metrics`` (``--store etcd``): its raft proposals count the store writes."""
 
 
 class StandaloneProcess(ServerProcess):
@@ -144,7 +149,8 @@ def segtxn_cluster(store: str, directory: Path) -> Iterator[Segtxn]:
         pids = [s.process.pid if s.process else None for s in servers]
         if etcd is not None and etcd.process is not None:
             pids.append(etcd.process.pid)
-        yield Segtxn(servers[0].url, pids[0], pids[1:])
+        metrics = None if etcd is None else f"http://{etcd.endpoint}/metrics"
+        yield Segtxn(servers[0].url, pids[0], pids[1:], metrics)
     finally:
         for server in reversed(servers):
             server.stop()
@@ -191,7 +197,7 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
         )
         outputs = await client.create_producer(sink)
         meter: Meter | None = None
-        consumed, start = 0, 0.0
+        consumed, start, writes = 0, 0.0, 0
         while consumed + row.size <= prefill:
             t0 = time.perf_counter()
             inputs = [await consumer.receive(RECEIVE_TIMEOUT_S) for _ in range(row.size)]
@@ -208,7 +214,9 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
             now = time.perf_counter()
             consumed += row.size
             if meter is None:  # the warm-up batch ends: the window starts
-                meter, start = Meter(cluster.broker_pid, cluster.other_pids), now
+                writes = await asyncio.to_thread(store_writes, cluster.etcd_metrics)
+                meter = Meter(cluster.broker_pid, cluster.other_pids)
+                start = time.perf_counter()
                 continue
             sample.latencies.append(now - t0)
             sample.messages += row.size
@@ -219,6 +227,8 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
         sample.elapsed = time.perf_counter() - start
         if meter is not None:
             meter.stop(sample)
+            end = await asyncio.to_thread(store_writes, cluster.etcd_metrics)
+            sample.store_writes = end - writes
         await consumer.close()
     return sample
 
@@ -311,14 +321,25 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
         "median (min-max); p50/p99 of per-batch latency over all rounds; CPU µs per message"
     )
     table: list[tuple[str, ...]] = [
-        ("system", "row", "msg/s", "p50 ms", "p99 ms", "server", "other", "client", "batches")
+        (
+            "system",
+            "row",
+            "msg/s",
+            "p50 ms",
+            "p99 ms",
+            "server",
+            "other",
+            "client",
+            "store w/msg",
+            "batches",
+        )
     ]
     for system in systems:
         separate = system == "segtxn" and plan.store == "etcd"
         for row in plan.rows:
             rs = runs(system, row)
             if not rs:
-                table.append((system, row.label, "failed", *["-"] * 6))
+                table.append((system, row.label, "failed", *["-"] * 7))
                 continue
             lat = [x for s in rs for x in s.latencies]
             n = sum(s.messages for s in rs)
@@ -332,13 +353,15 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
                     per_msg(sum(s.server_cpu for s in rs), n),
                     per_msg(sum(s.other_cpu for s in rs), n) if separate else "-",
                     per_msg(sum(s.client_cpu for s in rs), n),
+                    f"{sum(s.store_writes for s in rs) / n:.3f}" if separate and n else "-",
                     str(len(lat)),
                 )
             )
     print_rows(table, left=2)
     print(
         "(server: segtxn broker / RabbitMQ node; other: segtxn coordinator + etcd; client: "
-        "this process)"
+        "this process; store w/msg: etcd's committed raft proposals per message, every "
+        "write request of every segtxn process)"
     )
 
     plain = [row for row in plan.rows if not row.transactional]

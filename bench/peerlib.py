@@ -78,6 +78,8 @@ class Sample:
     other_cpu: float = 0.0
     """segtxn: coordinator and etcd processes (RabbitMQ is one process tree)."""
     client_cpu: float = 0.0
+    store_writes: int = 0
+    """segtxn on etcd: write requests the store committed in the window."""
 
     @property
     def rate(self) -> float:

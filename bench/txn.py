@@ -18,7 +18,8 @@ It measures:
     END_TXN is one CAS of the header (the coordinator never calls a participant). The
     ``sends`` column is the time from NEW_TXN's return until the N sends (all in flight
     together) are durable, for comparison, and ``sends ÷ N`` that per segment: each
-    transactional send is a ledger append plus one op record in etcd.
+    transactional send is a ledger append plus the write of its transaction's writes
+    record for that segment (one etcd step with the others in flight).
 (b) **commit-to-visible latency** on 8 segments: a consumer subscribed before the
     transactions; a sample is the time from ``commit()`` returning (and from its start)
     until the consumer has received all 8 messages of that transaction (it never
@@ -34,16 +35,13 @@ It measures:
     batch). In both, a batch's sends and acks are in flight together. Fresh topics and
     subscriptions per run. The figure is txn msgs/s over plain msgs/s for the same B.
 
-What dominates (c): per transaction of B messages the broker writes **2*B op records**
-(one per transactional send, one per transactional ack). The broker combines the op records
-of one transaction that are in flight together into one atomic etcd step (up to 40 each, with
-one check of the header's version: ``segtxn/broker/txn/oprecords.py``), so a batch of B costs
-about 2*B/40 steps on the send/ack path instead of 2*B. Besides those: NEW_TXN (one etcd
-step), one ADD_PARTITION per output topic and one ADD_SUBSCRIPTION per input topic
-(coordinator round trips, no etcd write), and END_TXN (a read and a CAS); after the commit the
-participants apply the acks to the cursors and delete the op records (one etcd delete each,
-off the client's path, competing with the next transaction's). A reference measures one
-op-record create, and its delete, at a time from this process against the same etcd.
+What (c) costs the store: per transaction, NEW_TXN (one etcd step) and END_TXN (a read and a
+CAS); on the broker, one writes record per output segment and one acks record per input
+segment, each rewritten when more sends or acks arrive while its last write was in flight
+(several records of one transaction share one etcd step: ``segtxn/broker/txn/oprecords.py``);
+after the outcome, the abort index and watermark (one step) and the records' deletes (one
+step). ``store writes/txn`` is etcd's own count of committed write requests during the run
+(its ``etcd_server_proposals_committed_total``) per transaction (plain: per batch).
 
 Each measurement uses its own :class:`~segtxn.client.Client` (fresh connections).
 
@@ -68,12 +66,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import ServerProcess, exit_on_sigterm, percentile, print_rows
+from common import ServerProcess, exit_on_sigterm, percentile, print_rows, store_writes
 
 from segtxn.client import Client, Consumer, Message, MessageId, ScalableProducer, Transaction
-from segtxn.metastore import MUST_NOT_EXIST, Check, Put, open_store
 from segtxn.metastore.etcd_server import EtcdServer
-from segtxn.topics import transactions as T
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "topic://bench/ns"
@@ -89,7 +85,6 @@ CTP_BATCHES = (10, 100)
 WARMUP_TXNS = 3
 RECEIVE_TIMEOUT_S = 10.0
 TXN_TIMEOUT_S = 60.0
-REFERENCE_STEPS = 200
 SECTION_LIMIT_S = 300.0
 """A measurement that takes longer than this has hung: it fails instead of waiting forever."""
 SUBSCRIPTION = "bench"
@@ -132,6 +127,8 @@ class PipelineResult:
     """Per batch: from the first send to every send and ack done (txn: after NEW_TXN)."""
     new_txn: list[float] = field(default_factory=list)
     commit: list[float] = field(default_factory=list)
+    store_writes: int = 0
+    """etcd write requests committed during the run (every process's)."""
 
     @property
     def msgs_per_s(self) -> float:
@@ -143,8 +140,6 @@ class Results:
     end_txn: list[EndTxnResult] = field(default_factory=list)
     visible: VisibleResult | None = None
     pipelines: list[PipelineResult] = field(default_factory=list)
-    op_create: list[float] = field(default_factory=list)
-    op_delete: list[float] = field(default_factory=list)
 
 
 def mean(samples: list[float]) -> float:
@@ -287,7 +282,7 @@ async def commit_to_visible(client: Client, count: int) -> VisibleResult:
 
 
 async def pipeline(
-    client: Client, run: int, batch: int, messages: int, *, transactional: bool
+    client: Client, run: int, batch: int, messages: int, *, transactional: bool, metrics: str
 ) -> PipelineResult:
     source = f"{NAMESPACE}/ctp-in-{run}"
     sink = f"{NAMESPACE}/ctp-out-{run}"
@@ -299,6 +294,7 @@ async def pipeline(
     outputs = await scalable_producer(client, sink)
     result = PipelineResult(transactional, batch, messages, 0.0, 0)
     done = 0
+    writes = await asyncio.to_thread(store_writes, metrics)
     start = time.perf_counter()
     while done < messages:
         inputs: list[Message] = [
@@ -329,48 +325,12 @@ async def pipeline(
         done += len(inputs)
         result.batches += 1
     result.elapsed = time.perf_counter() - start
+    result.store_writes = await asyncio.to_thread(store_writes, metrics) - writes
     await consumer.close()
     return result
 
 
 # ---------------------------------------------------------------------- reference
-
-
-async def op_record_steps(store_url: str, count: int) -> tuple[list[float], list[float]]:
-    """One op record at a time, shaped like the broker's: created with a Check of a
-    header's version and a sequential Put under the transaction's op prefix with its index
-    entry, then deleted (as a participant does once the outcome is applied). Returns the
-    create and delete latencies. Uses its own namespace: the cluster never sees these."""
-    store = open_store(store_url)
-    try:
-        header = await store.put("/ref/txn/h", b"{}", expected_version=MUST_NOT_EXIST)
-        op = T.TxnOp(T.OpKind.WRITE, "segment://bench/ns/ref/0", (1, 1))
-        creates: list[float] = []
-        deletes: list[float] = []
-        for _ in range(count):
-            t0 = time.perf_counter()
-            written = await store.commit(
-                [
-                    Check(header.key, header.version),
-                    Put(
-                        "/ref/txn-op/h/",
-                        T.encode(op),
-                        sequential=True,
-                        partition_key="h",
-                        indexes=T.op_indexes(op),
-                    ),
-                ]
-            )
-            t1 = time.perf_counter()
-            record = written[1]
-            assert record is not None
-            await store.delete(record.key)
-            t2 = time.perf_counter()
-            creates.append(t1 - t0)
-            deletes.append(t2 - t1)
-        return creates, deletes
-    finally:
-        await store.close()
 
 
 # ---------------------------------------------------------------------- driver
@@ -394,14 +354,17 @@ async def run_all(c: Cluster, counts: Counts) -> Results:
         for transactional in (False, True):
             run += 1
             async with asyncio.timeout(SECTION_LIMIT_S), Client(c.broker_url) as client:
-                r = await pipeline(client, run, batch, counts.messages, transactional=transactional)
+                r = await pipeline(
+                    client,
+                    run,
+                    batch,
+                    counts.messages,
+                    transactional=transactional,
+                    metrics=f"http://{c.etcd.endpoint}/metrics",
+                )
             results.pipelines.append(r)
             mode = "txn" if transactional else "plain"
             print(f"  (c) {mode}, batch {batch}: {r.elapsed:.1f} s", flush=True)
-    async with asyncio.timeout(SECTION_LIMIT_S):
-        results.op_create, results.op_delete = await op_record_steps(
-            c.etcd.url(f"/bench-ref-{os.getpid()}"), REFERENCE_STEPS
-        )
     return results
 
 
@@ -484,11 +447,11 @@ def print_tables(results: Results, counts: Counts) -> None:
             "batch",
             "msgs/s",
             "txn ÷ plain",
-            "op records/txn",
+            "store writes/txn",
+            "store writes/msg",
             "NEW_TXN ms",
             "sends+acks ms",
             "commit ms",
-            "op records/s",
         )
     ]
     plain: dict[int, float] = {}
@@ -496,78 +459,24 @@ def print_tables(results: Results, counts: Counts) -> None:
         if not p.transactional:
             plain[p.batch] = p.msgs_per_s
     for p in results.pipelines:
-        if p.transactional:
-            records = 2 * p.batch
-            rows.append(
-                (
-                    "txn",
-                    str(p.batch),
-                    f"{p.msgs_per_s:,.0f}",
-                    ratio(p.msgs_per_s, plain[p.batch]),
-                    str(records),
-                    ms(mean(p.new_txn)),
-                    ms(mean(p.ops_phase)),
-                    ms(mean(p.commit)),
-                    f"{records / mean(p.ops_phase):,.0f}",
-                )
+        rows.append(
+            (
+                "txn" if p.transactional else "plain",
+                str(p.batch),
+                f"{p.msgs_per_s:,.0f}",
+                ratio(p.msgs_per_s, plain[p.batch]) if p.transactional else "1.00x",
+                f"{p.store_writes / p.batches:.2f}",
+                f"{p.store_writes / p.messages:.3f}",
+                ms(mean(p.new_txn)) if p.transactional else "-",
+                ms(mean(p.ops_phase)),
+                ms(mean(p.commit)) if p.transactional else "-",
             )
-        else:
-            rows.append(
-                (
-                    "plain",
-                    str(p.batch),
-                    f"{p.msgs_per_s:,.0f}",
-                    "1.00x",
-                    "-",
-                    "-",
-                    ms(mean(p.ops_phase)),
-                    "-",
-                    "-",
-                )
-            )
+        )
     print_rows(rows, left=2)
-    print("(per-batch means; op records/s: 2*batch over the sends+acks phase)")
-    create50, delete50 = percentile(results.op_create, 50), percentile(results.op_delete, 50)
     print(
-        f"reference, one at a time from this process to the same etcd: op-record create "
-        f"(Check + sequential Put + index) p50 {ms(create50)} ms, p99 "
-        f"{ms(percentile(results.op_create, 99))} ms; its delete p50 {ms(delete50)} ms"
+        "(per-batch means; store writes: etcd's committed write requests during the run, "
+        "per transaction (plain: per batch) and per message)"
     )
-    per_record: dict[int, float] = {}
-    shares: list[float] = []
-    for p in results.pipelines:
-        if not p.transactional:
-            continue
-        records = 2 * p.batch
-        phase = mean(p.ops_phase)
-        per_record[p.batch] = phase / records
-        per_batch = mean(p.new_txn) + phase + mean(p.commit)
-        shares.append(phase / per_batch)
-        print(
-            f"txn batch {p.batch}: {records} op records in {ms(phase)} ms = "
-            f"{ms(per_record[p.batch])} ms each (the reference: create {ms(create50)}, "
-            f"create + delete {ms(create50 + delete50)}); sends+acks are "
-            f"{phase / per_batch:.0%} of the transaction's time, NEW_TXN + commit the rest"
-        )
-    plain_per_op = {
-        p.batch: mean(p.ops_phase) / (2 * p.batch) for p in results.pipelines if not p.transactional
-    }
-    costs = list(per_record.values())
-    explained = min((create50 + delete50) / c for c in costs)
-    if min(shares) > 0.7 and explained > 0.5:
-        print(
-            f"=> the sends+acks phase is {min(shares):.0%}-{max(shares):.0%} of every "
-            f"transaction, and one op-record create + delete at a time would account for at "
-            f"least {min(explained, 1.0):.0%} of its per-record cost: op-record writes still "
-            f"bound the transactional throughput. Without transactions a send or ack costs "
-            f"{', '.join(ms(c) for c in plain_per_op.values())} ms of the same phase."
-        )
-    else:
-        print(
-            "=> op-record writes do not clearly bound the throughput here (per-record cost "
-            f"{', '.join(ms(c) for c in costs)} ms; sends+acks share "
-            f"{', '.join(f'{x:.0%}' for x in shares)})"
-        )
 
 
 def main(argv: list[str] | None = None) -> int:
