@@ -188,3 +188,18 @@ async def test_records_whose_delete_failed_are_deleted_later(
 
     await wait_until(deleted, timeout=10, what="the acks record deleted after a retry")
     assert cluster.faults.injected == injected + 1
+
+
+async def test_the_first_send_finds_the_header_the_watch_reported(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    await producer.send(b"warm-up")
+    cache = cluster.broker.service.headers
+    txn = await client.transaction().start()
+    await wait_until(lambda: cache.cached(txn.id) is not None, what="the watch reporting it")
+    reads = cluster.faults.count("range", key_prefix=T.HEADERS)
+    await producer.send(b"m", txn=txn)
+    assert reads.calls == 0  # no header read on the send path
+    await txn.commit()

@@ -11,8 +11,11 @@ import threading
 from collections.abc import Sequence
 from urllib.parse import quote
 
+import pytest
+
 from segtxn.broker.dedup import ProducerState
 from segtxn.broker.topic import Topic
+from segtxn.broker.txn import headers
 from segtxn.client import Client, MessageId
 from segtxn.client.producer import Producer
 from segtxn.client.scalable import ScalableProducer
@@ -63,6 +66,13 @@ def only_segment(producer: ScalableProducer) -> Producer:
     """The producer of the (only) segment ``producer`` has written to."""
     (inner,) = producer._producers.values()
     return inner
+
+
+@pytest.fixture(autouse=True)
+def header_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests here hold the broker's header reads to answer them out of order: it must not
+    know the transactions from its watch beforehand (segtxn/broker/txn/headers.py)."""
+    monkeypatch.setattr(headers, "RECENT_OPEN", 0)
 
 
 # ---------------------------------------------------------------------- v5 (segments)

@@ -9,6 +9,11 @@ The watch starts before any header is read, so a change made after a read is alw
 events older than what the cache holds are ignored. Listeners registered for a transaction
 are called, on the watch task, with every newer header (or ``None`` once it is deleted).
 If the watch's history is compacted, every watched header is read again.
+
+The watch also sees transactions being opened. The newest :data:`RECENT_OPEN` OPEN headers
+nobody has asked about yet are kept (dropped when the watch reports them ended), so the
+first send of a transaction usually finds its header here instead of reading it: a header
+does not change while OPEN, and a stale one fails the op record's version check anyway.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from segtxn.metastore import Compacted, EventKind, MetadataStore, StoreClosed
-from segtxn.protocol.txn import TxnId
+from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
 
 Listener = Callable[[TxnId, "T.TxnHeader | None"], None]
+
+RECENT_OPEN = 10_000
+"""OPEN headers kept from the watch before anyone asks (about 2 MB)."""
 
 
 @dataclass
@@ -39,6 +47,8 @@ class HeaderCache:
         self._store = store
         self._entries: dict[TxnId, _Entry] = {}
         self._listeners: dict[TxnId, set[Listener]] = {}
+        self._recent: dict[TxnId, _Entry] = {}
+        """OPEN headers the watch reported that nobody here has asked about (oldest first)."""
         self._reads: dict[TxnId, asyncio.Future[tuple[T.TxnHeader | None, int]]] = {}
         """Store reads in flight, shared by everyone asking for the same header."""
         self._task: asyncio.Task[None] | None = None
@@ -89,6 +99,7 @@ class HeaderCache:
     async def _reread(self) -> int:
         """After compaction: read every watched header again; watch from after the reads."""
         revision = await self._store.revision()
+        self._recent.clear()  # their ends may be among the events lost
         for txn in list(self._listeners):
             record = await self._store.get(T.header_key(txn))
             if record is None:
@@ -99,8 +110,13 @@ class HeaderCache:
 
     def _apply(self, txn: TxnId, header: T.TxnHeader | None, version: int) -> None:
         entry = self._entries.get(txn)
-        if entry is None:
-            return  # nobody here has asked about this transaction
+        if entry is None:  # nobody here has asked about this transaction (yet)
+            self._recent.pop(txn, None)
+            if header is not None and header.state is TxnState.OPEN:
+                self._recent[txn] = _Entry(header, version)
+                if len(self._recent) > RECENT_OPEN:
+                    del self._recent[next(iter(self._recent))]
+            return
         if entry.version >= version:
             return  # older than what we hold
         self._entries[txn] = _Entry(header, version)
@@ -124,6 +140,10 @@ class HeaderCache:
         entry = self._entries.get(txn)
         if entry is not None and entry.version >= 0:
             return entry.header, entry.version
+        recent = self._recent.pop(txn, None)
+        if recent is not None:  # opened lately, as the watch reported: no read needed
+            self._entries[txn] = recent
+            return recent.header, recent.version
         if entry is None:
             self._entries[txn] = _Entry(None, -1)
         reading = self._reads.get(txn)
@@ -148,7 +168,8 @@ class HeaderCache:
             done.exception()  # retrieved: the callers (if any are left) re-raise it
 
     def cached(self, txn: TxnId) -> T.TxnHeader | None:
-        entry = self._entries.get(txn)
+        """The header as last seen, without a read (None: not known here)."""
+        entry = self._entries.get(txn) or self._recent.get(txn)
         return None if entry is None else entry.header
 
     def listen(self, txn: TxnId, listener: Listener) -> None:
