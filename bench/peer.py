@@ -10,7 +10,9 @@ batch. Rows (``--plain-sizes``, ``--sizes``):
   (as ``bench/txn.py`` (c)).
 * ``txn B``: one transaction per batch covering the consumed acks and the sends.
   RabbitMQ: AMQP channel transactions (``tx_select`` once, ``tx_commit`` per batch).
-  segtxn: NEW_TXN, the B transactional sends and acks in flight together, commit.
+  segtxn: NEW_TXN, the B transactional sends and acks in flight together, commit; the
+  client pre-starts the next transaction (``prestart_transactions``), as RabbitMQ's channel
+  is in its next transaction as soon as ``tx_commit`` returns.
 
 Durable everywhere: RabbitMQ durable classic queues and persistent messages; segtxn
 ``topic://`` topics of ``--segments`` segments (4: issue 16's and ``bench/txn.py``'s).
@@ -184,7 +186,7 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
     """The loop of ``bench/txn.py`` (c) on fresh topics ``name-in`` / ``name-out``."""
     sample = Sample("segtxn", row)
     source, sink = f"{NAMESPACE}/{name}-in", f"{NAMESPACE}/{name}-out"
-    async with Client(cluster.url) as client:
+    async with Client(cluster.url, prestart_transactions=True) as client:
         await client.admin.create_topic(source, segments=plan.segments)
         await client.admin.create_topic(sink, segments=plan.segments)
         filler = await client.create_producer(source)

@@ -48,6 +48,9 @@ class Client:
             negative acks, transactions' start/commit/abort, admin calls, closing.
         request_timeout_s: one attempt of a retried call (a lookup, a WebSocket handshake,
             a coordinator call) before it is tried again, on the next URL if there is one.
+        prestart_transactions: open the next transaction in the background whenever one
+            starts, so a loop of transactions spends no round trip on NEW_TXN
+            (segtxn/client/transaction.py; its unused last one is aborted at close).
 
     Raises:
         ValueError: no service URL, or a limit that is not positive.
@@ -59,6 +62,7 @@ class Client:
         *,
         operation_timeout_s: float = 30.0,
         request_timeout_s: float = 10.0,
+        prestart_transactions: bool = False,
     ) -> None:
         self.service_urls = service_urls(service_url)
         self.service_url = ",".join(self.service_urls)
@@ -67,6 +71,7 @@ class Client:
         self._connector: Connector | None = None
         self._closables: list[Producer | ScalableProducer | Consumer | Reader] = []
         self._coordinators: Coordinators | None = None
+        self._prestart = prestart_transactions
 
     async def __aenter__(self) -> Client:
         # every producer and consumer stream holds a connection: no pool limit (aiohttp's
@@ -200,7 +205,7 @@ class Client:
         exit and aborts on an exception. The coordinator aborts it after ``timeout_s`` (its
         lifetime); each of its calls has the client's operation timeout."""
         if self._coordinators is None:
-            self._coordinators = Coordinators(self.connector)
+            self._coordinators = Coordinators(self.connector, prestart=self._prestart)
         return Transaction(self._coordinators, timeout_s)
 
     async def create_reader(
@@ -239,6 +244,8 @@ class Client:
         ]
         await asyncio.gather(*closing)
         self._closables.clear()
+        if self._coordinators is not None:
+            await self._coordinators.close()
         if self._session is not None:
             await self._session.close()
             self._session = None

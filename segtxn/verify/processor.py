@@ -191,7 +191,8 @@ class Processor:
 
 async def run_processor(config: ProcessorConfig) -> None:
     """Run until SIGTERM (or SIGINT)."""
-    async with Client(config.url) as client:
+    # a loop of transactions: the next one opens while this one runs
+    async with Client(config.url, prestart_transactions=True) as client:
         processor = Processor(config, client)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
