@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from sortedcontainers import SortedSet
 
 from segtxn.broker.entry import decode_entry
-from segtxn.broker.txn.buffer import TransactionBuffer
+from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import Entry, LedgerClosed, LedgerError, LedgerSealed, ManagedLedger, Position
 from segtxn.protocol.frames import Frame, Message
 from segtxn.protocol.txn import TxnId

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message, visible
 from segtxn.broker.members import Members, SubscriptionType
 from segtxn.broker.outstanding import Outstanding
-from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.broker.txn.pending_ack import NoPendingAcks, PendingAckStore
+from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import (
     Entry,
     LedgerClosed,

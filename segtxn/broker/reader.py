@@ -15,7 +15,7 @@ import asyncio
 import logging
 
 from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message, visible
-from segtxn.broker.txn.buffer import TransactionBuffer
+from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import LedgerClosed, LedgerError, ManagedLedger, Position
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import EndOfTopic, Error

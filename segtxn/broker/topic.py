@@ -21,17 +21,14 @@ from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.settings import UNORDERED_REDELIVERY, BrokerSettings
-from segtxn.broker.txn.buffer import (
-    MetadataTransactionBuffer,
-    NoTransactions,
-    TransactionBuffer,
-)
+from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
 from segtxn.broker.txn.snapshots import SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
+from segtxn.broker.txn.visibility import NoTransactions, TransactionBuffer
 from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError

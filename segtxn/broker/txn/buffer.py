@@ -1,15 +1,9 @@
-"""Transaction buffers: what a dispatcher may deliver, per topic or segment.
+"""PIP-471's transaction buffer for ``segment://`` topics (the interface a dispatcher
+sees: :mod:`segtxn.broker.txn.visibility`).
 
-The dispatcher asks two things (PIP-471: "the dispatcher does not change"):
-``max_read_position`` — nothing after it may be delivered yet — and ``visible(entry)`` —
-whether a transactional entry at or before it is committed. It waits on ``changed``
-(notified, never polled) for the horizon to move.
-
-:class:`NoTransactions` serves topics without transactions. :class:`MetadataTransactionBuffer`
-is PIP-471's buffer for ``segment://`` topics: a transactional send is one ledger append,
-then the transaction's writes record here (``/txn-op/<txn>/w/<segment>``, indexed
-``writes-by-segment``) must cover it; outcomes come from the header cache. Beyond the PIP
-(docs/architecture.md, docs/design-notes.md):
+A transactional send is one ledger append, then the transaction's writes record here
+(``/txn-op/<txn>/w/<segment>``, indexed ``writes-by-segment``) must cover it; outcomes come
+from the header cache. Beyond the PIP (docs/architecture.md, docs/design-notes.md):
 
 - **Append, then record** (the PIP's order). Invariant: *an entry is visible only if a
   writes record covering it landed while its transaction was OPEN, and the transaction
@@ -39,8 +33,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable
 from urllib.parse import quote
 
 import msgspec
@@ -50,6 +42,7 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.oprecords import Draft, OpRecordWriter
+from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -113,76 +106,6 @@ class _Writes(Draft):
         draft.extend(_pos(record.last))
         draft.landed(record)
         return draft
-
-
-class TransactionBuffer(ABC):
-    """What a dispatcher asks about transactions on one topic or segment."""
-
-    def __init__(self) -> None:
-        self._listeners: list[Callable[[], None]] = []
-
-    def on_change(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` whenever ``max_read_position`` or visibility may have changed."""
-        self._listeners.append(listener)
-
-    def remove_listener(self, listener: Callable[[], None]) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
-
-    def _changed(self) -> None:
-        for listener in list(self._listeners):
-            listener()
-
-    @property
-    @abstractmethod
-    def max_read_position(self) -> Position | None:
-        """Nothing after this may be delivered (None: nothing at all)."""
-
-    @abstractmethod
-    def visible(self, txn: TxnId | None, position: Position) -> bool:
-        """Whether an entry at or before ``max_read_position`` may be delivered."""
-
-    @abstractmethod
-    async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
-        """Append a transactional entry (one ledger append) and record it.
-
-        The entry is queued on the ledger with ``turn`` (:meth:`Turn.enqueue`): only after
-        the producer's earlier sends have queued theirs, so the producer's order is kept.
-        Checks that may wait (a header read, a property update) come before the turn, so
-        they run concurrently with the earlier sends; the caller releases the turn if this
-        fails before queueing.
-        """
-
-    async def recover(self) -> None:  # noqa: B027 - nothing to rebuild unless overridden
-        """Rebuild state on load."""
-
-    async def trimmed(self, result: TrimResult) -> None:  # noqa: B027
-        """The ledger dropped data before ``result.first_retained``: drop its indexes."""
-
-    async def close(self) -> None:  # noqa: B027
-        """Stop background work."""
-
-
-class NoTransactions(TransactionBuffer):
-    """A topic without transactions (``persistent://`` until v4 transactions exist)."""
-
-    def __init__(self, ledger: ManagedLedger) -> None:
-        super().__init__()
-        self._ledger = ledger
-
-    @property
-    def max_read_position(self) -> Position | None:
-        return self._ledger.last_confirmed
-
-    def visible(self, txn: TxnId | None, position: Position) -> bool:
-        return True
-
-    async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
-        raise ServerError(
-            ErrorName.NOT_ALLOWED,
-            f"{self._ledger.name}: v5 transactions run on scalable topics (segment://); "
-            "persistent:// topics take part in v4 (marker-based) transactions",
-        )
 
 
 class MetadataTransactionBuffer(TransactionBuffer):

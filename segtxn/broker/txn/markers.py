@@ -45,10 +45,10 @@ import msgspec
 
 from segtxn.broker.entry import decode_entry, marker_entry
 from segtxn.broker.ordering import Turn
-from segtxn.broker.txn.buffer import TransactionBuffer
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
 from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
+from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import (
     LedgerSealed,
     LedgerSettings,

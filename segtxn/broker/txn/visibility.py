@@ -1,0 +1,91 @@
+"""What a dispatcher may deliver, per topic or segment: the transaction buffer's interface.
+
+The dispatcher asks two things (PIP-471: "the dispatcher does not change"):
+``max_read_position`` — nothing after it may be delivered yet — and ``visible(entry)`` —
+whether a transactional entry at or before it is committed. It waits on ``changed``
+(notified, never polled) for the horizon to move.
+
+:class:`NoTransactions` serves topics without transactions; the v5 buffer is
+:class:`segtxn.broker.txn.buffer.MetadataTransactionBuffer`, the v4 one
+:class:`segtxn.broker.txn.markers.MarkerTransactionBuffer`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from segtxn.broker.ordering import Turn
+from segtxn.ledger import ManagedLedger, Position, TrimResult
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnId
+
+
+class TransactionBuffer(ABC):
+    """What a dispatcher asks about transactions on one topic or segment."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` whenever ``max_read_position`` or visibility may have changed."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners):
+            listener()
+
+    @property
+    @abstractmethod
+    def max_read_position(self) -> Position | None:
+        """Nothing after this may be delivered (None: nothing at all)."""
+
+    @abstractmethod
+    def visible(self, txn: TxnId | None, position: Position) -> bool:
+        """Whether an entry at or before ``max_read_position`` may be delivered."""
+
+    @abstractmethod
+    async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
+        """Append a transactional entry (one ledger append) and record it.
+
+        The entry is queued on the ledger with ``turn`` (:meth:`Turn.enqueue`): only after
+        the producer's earlier sends have queued theirs, so the producer's order is kept.
+        Checks that may wait (a header read, a property update) come before the turn, so
+        they run concurrently with the earlier sends; the caller releases the turn if this
+        fails before queueing.
+        """
+
+    async def recover(self) -> None:  # noqa: B027 - nothing to rebuild unless overridden
+        """Rebuild state on load."""
+
+    async def trimmed(self, result: TrimResult) -> None:  # noqa: B027
+        """The ledger dropped data before ``result.first_retained``: drop its indexes."""
+
+    async def close(self) -> None:  # noqa: B027
+        """Stop background work."""
+
+
+class NoTransactions(TransactionBuffer):
+    """A topic without transactions (``persistent://`` until v4 transactions exist)."""
+
+    def __init__(self, ledger: ManagedLedger) -> None:
+        super().__init__()
+        self._ledger = ledger
+
+    @property
+    def max_read_position(self) -> Position | None:
+        return self._ledger.last_confirmed
+
+    def visible(self, txn: TxnId | None, position: Position) -> bool:
+        return True
+
+    async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
+        raise ServerError(
+            ErrorName.NOT_ALLOWED,
+            f"{self._ledger.name}: v5 transactions run on scalable topics (segment://); "
+            "persistent:// topics take part in v4 (marker-based) transactions",
+        )
