@@ -203,3 +203,22 @@ async def test_the_first_send_finds_the_header_the_watch_reported(
     await producer.send(b"m", txn=txn)
     assert reads.calls == 0  # no header read on the send path
     await txn.commit()
+
+
+async def test_a_step_that_fails_unexpectedly_fails_its_sends_instead_of_hanging(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    txn = await client.transaction().start()
+
+    def broken(record: T.OpRecord) -> dict[str, str]:
+        raise RuntimeError("a bug in building the step")
+
+    monkeypatch.setattr(T, "op_indexes", broken)
+    async with asyncio.timeout(10):  # not forever
+        with pytest.raises(ServerError) as failed:
+            await producer.send(b"m", txn=txn)
+    assert failed.value.name is ErrorName.UNKNOWN
+    monkeypatch.undo()
+    await txn.abort()

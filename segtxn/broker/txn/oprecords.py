@@ -90,6 +90,9 @@ class _Waiting:
     draft: Draft
     version: int
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    snapshot: T.OpRecord | None = None
+    put: Put | None = None
+    """What the step writing it holds, and its Put (set when the step is built)."""
 
 
 @dataclass(eq=False)
@@ -150,10 +153,9 @@ class OpRecordWriter:
             self._queues.pop(txn, None)
             self._flushers.pop(txn, None)
 
-    async def _step(self, txn: TxnId, queue: dict[str, _Waiting]) -> None:
-        """Write some of ``queue``'s drafts (taking them out of it) in one store step."""
-        chosen: list[tuple[_Waiting, T.OpRecord]] = []
-        puts: list[Put] = []
+    def _take(self, txn: TxnId, queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
+        """Move the drafts of the next step from ``queue`` to ``chosen``, each with its
+        snapshot and Put (failed drafts: their waiters fail at once)."""
         size = 0
         for key in list(queue):
             waiting = queue[key]
@@ -167,30 +169,41 @@ class OpRecordWriter:
                 len(chosen) >= MAX_RECORDS_PER_STEP or size + 2 * len(value) > MAX_STEP_BYTES
             ):
                 break
-            del queue[key]
+            put = Put(key, value, partition_key=txn.key, indexes=T.op_indexes(record))
+            waiting.snapshot, waiting.put = record, put
             size += 2 * len(value)
-            chosen.append((waiting, record))
-            puts.append(
-                Put(key, value, partition_key=txn.key, indexes=T.op_indexes(record)),
-            )
-        if not chosen:
-            return
+            chosen.append(queue.pop(key))
+
+    async def _step(self, txn: TxnId, queue: dict[str, _Waiting]) -> None:
+        """Write some of ``queue``'s drafts (taking them out of it) in one store step."""
+        chosen: list[_Waiting] = []
         error: ServerError | None = None
         try:
-            await self._store.commit([Check(T.header_key(txn), chosen[0][0].version), *puts])
+            self._take(txn, queue, chosen)
+            if not chosen:
+                return
+            puts = [w.put for w in chosen if w.put is not None]
+            await self._store.commit([Check(T.header_key(txn), chosen[0].version), *puts])
         except (BadVersion, NotFound) as e:
             error = ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
             error.__cause__ = e
         except MetadataStoreError as e:
             error = ServerError(ErrorName.PERSISTENCE, f"could not record the op: {e}")
             error.__cause__ = e
-        for waiting, record in chosen:
+        except Exception as e:  # a bug: fail every waiter rather than leave them hanging
+            log.exception("op records of %s: step failed", txn)
+            error = ServerError(ErrorName.UNKNOWN, f"could not record the op: {e}")
+            error.__cause__ = e
+            chosen += queue.values()
+            queue.clear()
+        for waiting in chosen:
             if error is not None:
                 waiting.draft.failed = error
                 _fail(waiting.waiters, error)
                 continue
-            waiting.draft.landed(record)
-            kind = "write" if isinstance(record, T.WritesRecord) else "ack"
+            assert waiting.snapshot is not None
+            waiting.draft.landed(waiting.snapshot)
+            kind = "write" if isinstance(waiting.snapshot, T.WritesRecord) else "ack"
             self._metrics.txn_op_writes.add(1, {"kind": kind})
             for done in waiting.waiters:
                 if not done.done():
@@ -238,7 +251,14 @@ class OpRecordWriter:
                         break  # a step touches a key once
                     batch.append(self._cleaning.pop(0))
                     keys |= nxt.keys
-                await self._clean_step(batch)
+                try:
+                    await self._clean_step(batch)
+                except Exception as e:  # a bug: tell the waiters rather than leave them hanging
+                    log.exception("op-record clean-up failed")
+                    for cleaning in batch:
+                        if cleaning.done is not None and not cleaning.done.done():
+                            cleaning.done.set_exception(e)
+                            cleaning.done.exception()
         finally:
             self._cleaner = None
 
