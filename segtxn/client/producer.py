@@ -31,7 +31,7 @@ from segtxn.aio import first_completed
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId
-from segtxn.client.timeouts import Deadline, close_quietly, retrying
+from segtxn.client.timeouts import Deadline, Expiries, close_quietly, retrying
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
@@ -100,6 +100,7 @@ class Producer:
         self._pending: dict[int, _Pending] = {}  # seq -> pending, in seq order
         self._unsent: deque[int] = deque()
         self._window = asyncio.Semaphore(self.options.max_pending)
+        self._expiries: Expiries[int] = Expiries(self._expire, self._pending.__contains__)
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._next_seq = 0
@@ -245,6 +246,7 @@ class Producer:
         self._failure = error
         for seq in list(self._pending):
             self._settle(seq, error=error)
+        self._expiries.clear()
 
     # ------------------------------------------------------------------ sending
 
@@ -313,15 +315,18 @@ class Producer:
             raise TypeError("a message value is bytes")
         if self._max_bytes and len(value) > self._max_bytes:
             raise MessageTooLarge(f"{len(value)} bytes exceeds the broker's {self._max_bytes}")
-        try:
-            async with deadline.timeout():
-                await self._window.acquire()
-        except TimeoutError as e:
-            raise Timeout(
-                f"{self.name}: no room to send within {deadline} "
-                f"({self.options.max_pending} messages in flight); nothing was sent",
-                category=ErrorCategory.RETRIABLE,
-            ) from e
+        if self._window.locked():
+            try:
+                async with deadline.timeout():
+                    await self._window.acquire()
+            except TimeoutError as e:
+                raise Timeout(
+                    f"{self.name}: no room to send within {deadline} "
+                    f"({self.options.max_pending} messages in flight); nothing was sent",
+                    category=ErrorCategory.RETRIABLE,
+                ) from e
+        else:
+            await self._window.acquire()  # there is room: returns at once, no timer needed
         seq = self._next_seq
         self._next_seq += 1
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
@@ -338,8 +343,7 @@ class Producer:
         self._unsent.append(seq)
         self._wake.set()
         if deadline.at is not None:
-            timer = asyncio.get_running_loop().call_at(deadline.at, self._expire, seq)
-            future.add_done_callback(lambda _: timer.cancel())
+            self._expiries.add(deadline.at, seq)
         if txn is not None and track:
             txn.track(future)
         return future

@@ -21,7 +21,7 @@ from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import MessageId
 from segtxn.client.producer import Producer, ProducerOptions, new_name
-from segtxn.client.timeouts import Deadline
+from segtxn.client.timeouts import Deadline, Expiries
 from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 from segtxn.protocol.names import TopicName
@@ -80,6 +80,9 @@ class ScalableProducer:
         self._outstanding: set[asyncio.Future[MessageId]] = set()
         """The application's sends not yet done (what ``flush`` waits for)."""
         self._drainer: asyncio.Task[None] | None = None
+        self._expiries: Expiries[_Outgoing] = Expiries(
+            self._expire, lambda message: not message.result.done()
+        )
         self.reroutes = 0
 
     async def start(self, deadline: Deadline) -> None:
@@ -144,19 +147,25 @@ class ScalableProducer:
             next(self._numbers), value, key, properties, event_time_ms, txn, result, deadline
         )
         if deadline.at is not None:
-            timer = asyncio.get_running_loop().call_at(deadline.at, self._expire, message)
-            result.add_done_callback(lambda _: timer.cancel())
+            self._expiries.add(deadline.at, message)
         self._outstanding.add(result)
         result.add_done_callback(self._outstanding.discard)
         if txn is not None:
             txn.track(result)
         try:
-            async with deadline.timeout():
-                if self._in_transition() or self._order.locked():
-                    async with self._order:  # behind everything sent before it
-                        await self._settle_transition()
-                        await self._dispatch(message)
-                else:
+            if not (self._in_transition() or self._order.locked()):
+                segment = self.route(message.key)
+                producer = self._producers.get(segment)
+                if producer is not None:  # the common case: its send_async keeps the limit
+                    await self._send_via(message, segment, producer)
+                    return result
+                async with deadline.timeout():
+                    await self._send_via(
+                        message, segment, await self._producer(segment, message.deadline)
+                    )
+            else:
+                async with deadline.timeout(), self._order:  # behind everything sent before
+                    await self._settle_transition()
                     await self._dispatch(message)
         except Timeout as e:  # from below (a segment's producer could not be created)
             self._fail(result, e)
@@ -197,7 +206,9 @@ class ScalableProducer:
 
     async def _dispatch(self, message: _Outgoing) -> None:
         segment = self.route(message.key)
-        producer = await self._producer(segment, message.deadline)
+        await self._send_via(message, segment, await self._producer(segment, message.deadline))
+
+    async def _send_via(self, message: _Outgoing, segment: int, producer: Producer) -> None:
         inner = await producer.send_async(
             message.value,
             key=message.key,
@@ -329,4 +340,5 @@ class ScalableProducer:
                 message.result.set_exception(ClientClosed(f"producer {self.name} is closed"))
         self._refused = []
         await asyncio.gather(*(p.close(timeout_s=0) for p in self._producers.values()))
+        self._expiries.clear()
         await self.layout.close()

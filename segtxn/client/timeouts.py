@@ -17,10 +17,11 @@ cause. Anything else is raised at once.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 import aiohttp
 
@@ -29,6 +30,7 @@ from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+K = TypeVar("K")
 
 FIRST_RETRY_S = 0.05
 MAX_RETRY_S = 1.0
@@ -85,6 +87,64 @@ class Deadline:
 
     def __str__(self) -> str:
         return "no limit" if self.timeout_s is None else f"{self.timeout_s:g} s"
+
+
+class Expiries(Generic[K]):
+    """The deadlines of many pending things under one timer.
+
+    A producer may have thousands of sends in flight; a ``TimerHandle`` each (created, then
+    cancelled when the receipt comes) was a fifth of a producing client's CPU. Here each
+    deadline is a heap entry, one timer waits for the earliest, and ``expire(key)`` is
+    called for every key whose deadline has passed — also for keys settled meanwhile, so
+    ``expire`` must ignore those. Entries of settled keys are dropped lazily: at their
+    deadline, or when they outnumber the live ones (``alive``)."""
+
+    def __init__(self, expire: Callable[[K], None], alive: Callable[[K], bool]) -> None:
+        self._expire = expire
+        self._alive = alive
+        self._heap: list[tuple[float, int, K]] = []
+        self._order = 0  # ties broken by insertion, so keys never need to compare
+        self._live_hint = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, at: float, key: K) -> None:
+        """Call ``expire(key)`` at loop time ``at`` (unless :meth:`clear` comes first)."""
+        self._order += 1
+        heapq.heappush(self._heap, (at, self._order, key))
+        if len(self._heap) > 2 * self._live_hint + 1024:
+            self._compact()
+        if self._timer is None or at < self._timer.when():
+            self._arm(self._heap[0][0])
+
+    def clear(self) -> None:
+        """Forget every deadline (the owner has failed or settled everything)."""
+        self._heap.clear()
+        self._live_hint = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _compact(self) -> None:
+        self._heap = [entry for entry in self._heap if self._alive(entry[2])]
+        heapq.heapify(self._heap)
+        self._live_hint = len(self._heap)
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_at(at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        now = asyncio.get_running_loop().time()
+        while self._heap and self._heap[0][0] <= now:
+            _, _, key = heapq.heappop(self._heap)
+            self._expire(key)
+        if self._heap and self._timer is None:
+            self._arm(self._heap[0][0])
 
 
 def describe(error: BaseException | None) -> str:
