@@ -17,6 +17,21 @@ from prometheus_client import CollectorRegistry, generate_latest
 Gauge = Callable[[], float]
 
 
+class Count:
+    """A monotonic count kept as a plain int and read by an observable counter when
+    ``/metrics`` is scraped. For what happens per message: OpenTelemetry's ``Counter.add``
+    costs microseconds a call (attribute hashing, aggregation, a lock), which was ~8 % of a
+    producing broker's CPU; this is an addition."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self, amount: int) -> None:
+        self.value += amount
+
+
 class BrokerMetrics:
     def __init__(self, broker_id: str) -> None:
         self.registry = CollectorRegistry()
@@ -25,17 +40,11 @@ class BrokerMetrics:
         self._provider = MeterProvider(metric_readers=[reader], resource=resource)
         meter = self._provider.get_meter("segtxn.broker")
         self._meter = meter
-        self.messages_in = meter.create_counter(
-            "segtxn_broker_messages_in", unit="1", description="Messages stored"
-        )
-        self.bytes_in = meter.create_counter(
-            "segtxn_broker_bytes_in", unit="By", description="Payload bytes stored"
-        )
-        self.messages_out = meter.create_counter(
-            "segtxn_broker_messages_out", unit="1", description="Messages delivered"
-        )
-        self.duplicates = meter.create_counter(
-            "segtxn_broker_duplicates_dropped", unit="1", description="Resent messages dropped"
+        self.messages_in = self._count("segtxn_broker_messages_in", "1", "Messages stored")
+        self.bytes_in = self._count("segtxn_broker_bytes_in", "By", "Payload bytes stored")
+        self.messages_out = self._count("segtxn_broker_messages_out", "1", "Messages delivered")
+        self.duplicates = self._count(
+            "segtxn_broker_duplicates_dropped", "1", "Resent messages dropped"
         )
         self.errors = meter.create_counter(
             "segtxn_broker_errors", unit="1", description="Errors returned to clients, by name"
@@ -81,6 +90,17 @@ class BrokerMetrics:
             unit="s",
             description="Range queries of writes-by-segment / acks-by-segment-sub",
         )
+
+    def _count(self, name: str, unit: str, description: str) -> Count:
+        count = Count()
+
+        def observe(_: CallbackOptions) -> Iterable[Observation]:
+            return [Observation(count.value)]
+
+        self._meter.create_observable_counter(
+            name, callbacks=[observe], unit=unit, description=description
+        )
+        return count
 
     def gauge(self, name: str, description: str, read: Gauge) -> None:
         def observe(_: CallbackOptions) -> Iterable[Observation]:
