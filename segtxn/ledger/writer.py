@@ -74,6 +74,7 @@ class GroupCommit:
         """Set while nothing is queued and nothing is being written."""
         self.idle.set()
         self._admission = asyncio.Lock()  # appends wait for room first come, first served
+        self._admitting = 0  # appends holding or waiting for _admission
         self.failure: BaseException | None = None
         """The write that stopped the writer (None while it runs)."""
         self._task = asyncio.create_task(self._run(), name=f"ledger-writer-{name}")
@@ -81,17 +82,28 @@ class GroupCommit:
     async def enqueue(self, payload: bytes, check: Callable[[], None]) -> asyncio.Future[Position]:
         """Queue ``payload`` once there is room; ``check`` raises if the ledger no longer
         takes appends (called before and after any wait for room)."""
-        async with self._admission:  # FIFO: a waiting append is never overtaken
-            limit = self._settings.max_pending_bytes
-            while self._queued_bytes + len(payload) > limit and self._queue:
-                self._drained.clear()
-                await self._drained.wait()
-                check()
-            pending = _Pending(payload, asyncio.get_running_loop().create_future())
-            self._queue.append(pending)
-            self._queued_bytes += len(payload)
-            self.idle.clear()
-            self._wake.set()
+        if self._admitting == 0 and self._has_room(len(payload)):
+            return self._push(payload)  # nobody waits for room: no lock to take
+        self._admitting += 1
+        try:
+            async with self._admission:  # FIFO: a waiting append is never overtaken
+                while not self._has_room(len(payload)):
+                    self._drained.clear()
+                    await self._drained.wait()
+                    check()
+                return self._push(payload)
+        finally:
+            self._admitting -= 1
+
+    def _has_room(self, size: int) -> bool:
+        return not self._queue or self._queued_bytes + size <= self._settings.max_pending_bytes
+
+    def _push(self, payload: bytes) -> asyncio.Future[Position]:
+        pending = _Pending(payload, asyncio.get_running_loop().create_future())
+        self._queue.append(pending)
+        self._queued_bytes += len(payload)
+        self.idle.clear()
+        self._wake.set()
         return pending.done
 
     async def _run(self) -> None:
