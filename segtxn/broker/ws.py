@@ -11,7 +11,10 @@ upgrade every problem with one frame is an ``Error`` frame, and the connection g
 Frames larger than twice the message limit close the connection with WebSocket code 1009.
 
 Each connection writes through one sender task and a bounded queue, so slow sockets never
-block a dispatcher; a consumer's queue is larger than the permits it may hold.
+block a dispatcher; a consumer's queue is larger than the permits it may hold. What is
+queued while the sender writes goes out together: consecutive receipts in one
+``ReceiptBatch``, consecutive messages in one ``MessageBatch`` (one WebSocket message and
+one write instead of one per message; the client unpacks them in order).
 
 A producer's sends are published concurrently (one task each, up to ``max_pending_sends``)
 but stored in the order they arrive: each takes its producer's next turn as its frame is
@@ -62,6 +65,8 @@ from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
 _generated = itertools.count(1)
+_MAX_COALESCED = 1000
+"""Frames an outbox takes off its queue at once (and sends as few WebSocket messages)."""
 
 
 class _Outbox:
@@ -92,15 +97,19 @@ class _Outbox:
 
     async def _run(self) -> None:
         while True:
-            frame = await self.queue.get()
+            queued = [await self.queue.get()]
+            while len(queued) < _MAX_COALESCED and not self.queue.empty():
+                queued.append(self.queue.get_nowait())
             try:
-                if not self.ws.closed:
-                    await self.ws.send_bytes(frames.encode(frame))
+                for frame in frames.coalesce(queued):  # runs of receipts/messages: one each
+                    if not self.ws.closed:
+                        await self.ws.send_bytes(frames.encode(frame))
             except ConnectionError:  # the client went away: nothing more to write
                 log.info("%s: the connection closed while writing", self._name)
                 return
             finally:
-                self.queue.task_done()
+                for _ in queued:
+                    self.queue.task_done()
 
     async def close(self) -> None:
         if self.task is None:

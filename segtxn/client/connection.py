@@ -48,16 +48,20 @@ def _error(status: int, headers: Any, body: str = "") -> ServerError:
 async def server_frames(
     ws: aiohttp.ClientWebSocketResponse, where: str
 ) -> AsyncIterator[frames.ServerFrame]:
-    """The broker's frames on ``ws`` until it closes. A message that is not a frame (text, or
-    bytes that do not decode) is logged at WARNING with ``where`` and skipped: one bad frame
-    must not end a connection whose other frames are good."""
+    """The broker's frames on ``ws`` until it closes, batches unpacked (each receipt or
+    message of a ``ReceiptBatch``/``MessageBatch`` in turn). A message that is not a frame
+    (text, or bytes that do not decode) is logged at WARNING with ``where`` and skipped: one
+    bad frame must not end a connection whose other frames are good."""
     async for message in ws:
         if message.type is not aiohttp.WSMsgType.BINARY:
             continue
         try:
-            yield frames.server_frame.decode(message.data)
+            frame = frames.server_frame.decode(message.data)
         except msgspec.DecodeError:
             log.warning("undecodable frame from the broker on %s", where)
+            continue
+        for each in frames.unbatch(frame):  # a batch's receipts or messages, one by one
+            yield each
 
 
 def service_urls(spec: str | Sequence[str]) -> list[str]:

@@ -44,6 +44,13 @@ class Receipt(Frame, tag="receipt"):
     duplicate: bool = False
 
 
+class ReceiptBatch(Frame, tag="receipt_batch"):
+    """Several receipts in one WebSocket message, in the order they were written (a broker
+    sends them together when they are ready together: one message instead of one each)."""
+
+    receipts: list[Receipt]
+
+
 class ProducerReady(Frame, tag="producer_ready"):
     producer_name: str
     last_sequence_id: int
@@ -115,6 +122,14 @@ class Message(Frame, tag="message"):
     """The subscription's delivery epoch (see Rewind); 0 from a reader."""
 
 
+class MessageBatch(Frame, tag="message_batch"):
+    """Several messages in one WebSocket message, in delivery order (a broker sends them
+    together when they are ready together); each counts as one delivery, as if it had come
+    in its own frame."""
+
+    messages: list[Message]
+
+
 class AckReceipt(Frame, tag="ack_receipt"):
     request_id: int
 
@@ -155,9 +170,11 @@ ProducerInput = Send | SendBatch
 ConsumerInput = Flow | Ack | Nack | Redeliver
 ServerFrame = (
     Receipt
+    | ReceiptBatch
     | ProducerReady
     | ConsumerReady
     | Message
+    | MessageBatch
     | AckReceipt
     | ActiveChange
     | Rewind
@@ -170,3 +187,56 @@ encode = _encoder.encode
 producer_input = msgspec.msgpack.Decoder(ProducerInput)
 consumer_input = msgspec.msgpack.Decoder(ConsumerInput)
 server_frame = msgspec.msgpack.Decoder(ServerFrame)
+
+MAX_BATCHED_PAYLOAD = 1024 * 1024
+"""Messages sent together in one :class:`MessageBatch` carry at most this many payload
+bytes (a single larger message travels alone)."""
+
+
+def unbatch(frame: ServerFrame) -> list[ServerFrame]:
+    """The frames a server frame stands for: a batch's receipts or messages, in order;
+    any other frame alone."""
+    if isinstance(frame, ReceiptBatch):
+        return list(frame.receipts)
+    if isinstance(frame, MessageBatch):
+        return list(frame.messages)
+    return [frame]
+
+
+def coalesce(queued: list[Frame]) -> list[Frame]:
+    """``queued`` with each run of two or more consecutive receipts (messages) merged into
+    one :class:`ReceiptBatch` (:class:`MessageBatch`, up to :data:`MAX_BATCHED_PAYLOAD`
+    bytes of payload); the order of everything is kept, so :func:`unbatch` gives back
+    ``queued``."""
+    out: list[Frame] = []
+    run: list[Frame] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal size
+        if len(run) == 1:
+            out.append(run[0])
+        elif run and isinstance(run[0], Receipt):
+            out.append(ReceiptBatch(receipts=[f for f in run if isinstance(f, Receipt)]))
+        elif run:
+            out.append(MessageBatch(messages=[f for f in run if isinstance(f, Message)]))
+        run.clear()
+        size = 0
+
+    for frame in queued:
+        if isinstance(frame, Receipt):
+            if run and not isinstance(run[0], Receipt):
+                flush()
+            run.append(frame)
+        elif isinstance(frame, Message):
+            if run and (
+                not isinstance(run[0], Message) or size + len(frame.payload) > MAX_BATCHED_PAYLOAD
+            ):
+                flush()
+            run.append(frame)
+            size += len(frame.payload)
+        else:
+            flush()
+            out.append(frame)
+    flush()
+    return out

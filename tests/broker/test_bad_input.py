@@ -43,6 +43,7 @@ from segtxn.protocol.frames import (
 )
 from segtxn.protocol.names import TopicName
 from tests.broker.conftest import StartBroker
+from tests.wsframes import next_frame
 
 _UPGRADE = {
     "Upgrade": "websocket",
@@ -60,12 +61,7 @@ _ids = itertools.count(1)
 
 async def _next(ws: aiohttp.ClientWebSocketResponse) -> frames.Frame:
     """The next server frame, within a bounded time; fails on anything but a binary frame."""
-    message = await ws.receive(timeout=5)
-    assert message.type is WSMsgType.BINARY, (
-        f"expected a frame, got {message.type!r} {message.data!r} {message.extra!r}"
-    )
-    frame: frames.Frame = frames.server_frame.decode(message.data)
-    return frame
+    return await next_frame(ws, 5)
 
 
 async def _error(ws: aiohttp.ClientWebSocketResponse) -> Error:

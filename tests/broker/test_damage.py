@@ -14,7 +14,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import WSMsgType
 
 from segtxn.broker.app import BrokerServer
 from segtxn.client import Client
@@ -25,6 +24,7 @@ from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import ConsumerReady, Error, Flow, Message
 from tests.broker.conftest import StartBroker
+from tests.wsframes import next_frame
 
 TOPIC = "persistent://acme/damage/events"
 PATH = "persistent/acme/damage/events"
@@ -56,9 +56,7 @@ async def _frames_until_error(ws: aiohttp.ClientWebSocketResponse) -> tuple[list
     """Messages received before the first Error frame, and that frame (bounded waits)."""
     messages: list[Message] = []
     while True:
-        raw = await ws.receive(timeout=10)
-        assert raw.type is WSMsgType.BINARY, f"expected a frame, got {raw.type!r}"
-        frame = frames.server_frame.decode(raw.data)
+        frame = await next_frame(ws)
         if isinstance(frame, Error):
             return messages, frame
         if isinstance(frame, Message):
@@ -100,9 +98,7 @@ async def test_readers_and_consumers_of_a_damaged_closed_ledger_get_an_error_fra
 
         url = f"{base}/ws/v2/consumer/{PATH}/audit"
         consumer = await http.ws_connect(url, params={"initial": "earliest", "name": "c1"})
-        assert isinstance(
-            frames.server_frame.decode((await consumer.receive(10)).data), ConsumerReady
-        )
+        assert isinstance(await next_frame(consumer), ConsumerReady)
         await consumer.send_bytes(frames.encode(Flow(permits=100)))
         served, error = await _frames_until_error(consumer)
         assert len(served) == 3

@@ -54,6 +54,7 @@ from segtxn.protocol.limits import (
 )
 from tests.cluster import Cluster
 from tests.fuzz.conftest import TALLY, Guarded, ServerLog, examples
+from tests.wsframes import next_frame
 
 KNOWN_ERRORS = {e.value for e in ErrorName} - {
     ErrorName.UNKNOWN.value,  # a bug
@@ -146,10 +147,7 @@ class Stream:
     """producer, consumer or reader."""
 
     async def next(self) -> frames.Frame:
-        message = await self.ws.receive(timeout=10)
-        assert message.type is aiohttp.WSMsgType.BINARY, (self.kind, message)
-        frame: frames.Frame = frames.server_frame.decode(message.data)
-        return frame
+        return await next_frame(self.ws)
 
     async def exchange(self, data: bytes, answers: int = 0) -> list[frames.Frame]:
         """Send ``data``; what it caused. A producer answers each send once (``answers``:

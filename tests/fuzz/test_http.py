@@ -49,6 +49,7 @@ from tests.fuzz.values import (
     topic_path,
     txn_id,
 )
+from tests.wsframes import next_frame
 
 KNOWN_ERRORS = {e.value for e in ErrorName}
 REFUSALS = {  # aiohttp's own refusals keep their HTTP status (docs/protocol.md)
@@ -308,10 +309,10 @@ async def _produce(http: aiohttp.ClientSession, base: str, case: Case) -> tuple[
         async with http.get(url) as r:  # the same refusal as a plain request, with its body
             return r.status, r.headers, await r.text()
     try:
-        ready = frames.server_frame.decode((await ws.receive(timeout=10)).data)
+        ready = await next_frame(ws)
         assert isinstance(ready, frames.ProducerReady), ready
         await ws.send_bytes(frames.encode(frames.Send(seq=0, payload=b"lifecycle")))
-        receipt = frames.server_frame.decode((await ws.receive(timeout=10)).data)
+        receipt = await next_frame(ws)
         if isinstance(receipt, frames.Error):
             return (
                 ErrorName(receipt.error).http_status,

@@ -24,6 +24,7 @@ from segtxn.topics.controller import Controller
 from segtxn.topics.model import ScalableTopic, SegmentState, decode_topic
 from tests.cluster import Cluster
 from tests.waiting import wait_until
+from tests.wsframes import next_frame
 
 TOPIC = "topic://acme/scale/events"
 
@@ -275,7 +276,7 @@ async def _member(client: Client, segment: TopicName, name: str) -> ClientWebSoc
     query = {"type": "Failover", "initial": "earliest", "name": name}
     broker = await client.connector.broker_for(segment)
     ws = await client.connector.websocket(broker, "consumer", segment, "/group", query)
-    ready = frames.server_frame.decode((await ws.receive()).data)
+    ready = await next_frame(ws)
     assert isinstance(ready, frames.ConsumerReady)
     await ws.send_bytes(frames.encode(frames.Flow(permits=100)))
     return ws
@@ -284,7 +285,7 @@ async def _member(client: Client, segment: TopicName, name: str) -> ClientWebSoc
 async def _next_message(ws: ClientWebSocketResponse) -> frames.Message:
     async with asyncio.timeout(10):
         while True:
-            frame = frames.server_frame.decode((await ws.receive()).data)
+            frame = await next_frame(ws)
             if isinstance(frame, frames.Message):
                 return frame
 

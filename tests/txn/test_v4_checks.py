@@ -27,6 +27,7 @@ from segtxn.protocol.frames import Ack, ConsumerReady, Error, Flow, ProducerRead
 from segtxn.protocol.frames import Message as MessageFrame
 from tests.cluster import Cluster
 from tests.waiting import wait_until
+from tests.wsframes import next_frame
 
 T1 = "persistent://acme/v4/t1"
 T2 = "persistent://acme/v4/t2"
@@ -41,12 +42,6 @@ async def raw(url: str, path: str) -> AsyncIterator[aiohttp.ClientWebSocketRespo
     to name a transaction id."""
     async with aiohttp.ClientSession() as session, session.ws_connect(url + path) as ws:
         yield ws
-
-
-async def next_frame(ws: aiohttp.ClientWebSocketResponse) -> frames.Frame:
-    message = await ws.receive(timeout=10)
-    assert message.type is aiohttp.WSMsgType.BINARY, message
-    return frames.server_frame.decode(message.data)
 
 
 async def refused_send(url: str, txn: tuple[int, int], seq: int) -> Error:
