@@ -1,7 +1,7 @@
 """A topic (or range segment) served by this broker: its ledger, producers, subscriptions.
 
 Publishing is one ledger append per message, after de-duplication, in each producer's send
-order (segtxn/broker/ordering.py). Subscriptions are the ledger's durable cursors; each gets
+order (segtxn/broker/publishing.py). Subscriptions are the ledger's durable cursors; each gets
 a dispatcher when its first consumer attaches (and keeps it until the topic is unloaded).
 """
 
@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from dataclasses import dataclass
 
-from segtxn.broker.arguments import changed_properties, check_properties, check_send
+from segtxn.broker.arguments import changed_properties, check_properties
 from segtxn.broker.dedup import Deduplication
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
-from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
+from segtxn.broker.publishing import Outcome, Publishing
 from segtxn.broker.settings import UNORDERED_REDELIVERY, BrokerSettings
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.headers import HeaderCache
@@ -29,23 +27,15 @@ from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
 from segtxn.broker.txn.snapshots import SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import NoTransactions, TransactionBuffer
-from segtxn.ledger import LedgerSealed, LogStorage, ManagedLedger, Position, TrimResult
+from segtxn.ledger import LogStorage, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
 from segtxn.protocol.names import Domain, TopicName
-from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
 
 SYSTEM_PROPERTY_PREFIX = "__"
-
-
-@dataclass
-class TopicCounters:
-    messages_in: int = 0
-    bytes_in: int = 0
-    duplicates: int = 0
 
 
 class Topic:
@@ -78,8 +68,8 @@ class Topic:
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}
         """Connected producer names -> their connection (a name is used by one at a time)."""
-        self.counters = TopicCounters()
-        self._snapshotting: asyncio.Task[None] | None = None
+        self.publishing = Publishing(name, ledger, dedup, buffer, settings.max_message_bytes)
+        self.counters = self.publishing.counters
         self._sub_lock = asyncio.Lock()
         self._properties_lock = asyncio.Lock()
         """Property changes one at a time: the limits hold on the set each one writes."""
@@ -152,116 +142,18 @@ class Topic:
 
     def turn(self, producer: str) -> Turn:
         """The next turn of ``producer``'s sends: take one per send, in the order the sends
-        arrive, and hand it to :meth:`publish` (docs/protocol.md: producer order)."""
-        return self.dedup.state(producer).order.take()
+        arrive (docs/protocol.md: producer order). See :class:`Publishing`."""
+        return self.publishing.turn(producer)
 
-    async def publish(self, producer: str, send: Send, turn: Turn) -> tuple[Position, bool]:
-        """Store one message unless it is a duplicate; returns (position, duplicate).
+    async def publish(self, producer: str, send: Send, turn: Turn) -> Outcome:
+        """Store one message unless it is a duplicate: :meth:`Publishing.publish`."""
+        return await self.publishing.publish(producer, send, turn)
 
-        The message is queued on the ledger only after every earlier send of ``producer``
-        (earlier turns, this connection's or a previous one's) has queued its own or given
-        up, so a producer's messages are stored in the order they were sent, transactional
-        or not. The turn is released however this ends.
-
-        Raises:
-            ServerError(MessageTooLarge / TopicTerminatedError / PersistenceError, and the
-                transaction buffer's errors for a transactional send)
-        """
-        try:
-            return await self._publish(producer, send, turn)
-        finally:
-            turn.release()
-
-    async def _publish(self, producer: str, send: Send, turn: Turn) -> tuple[Position, bool]:
-        check_send(send, self.settings.max_message_bytes)
-        state = self.dedup.state(producer)
-        in_flight = state.in_flight.get(send.seq)
-        if in_flight is not None:
-            self.counters.duplicates += 1
-            turn.release()  # nothing to store: later sends need not wait for the original
-            return await asyncio.shield(in_flight), True
-        if send.seq <= state.last:
-            self.counters.duplicates += 1
-            known = state.recent.get(send.seq)
-            if (
-                known is not None
-                and send.txn is not None
-                and not self.buffer.visible(TxnId(*send.txn), known)
-                and self._is_orphan(known)
-            ):
-                raise ServerError(
-                    ErrorName.TRANSACTION_CONFLICT,
-                    f"the first attempt of {producer}/{send.seq} was never recorded in its "
-                    "transaction",
-                )
-            return (known if known is not None else Position(-1, -1)), True
-        txn = self._txn_of(send)
-        future: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
-        state.in_flight[send.seq] = future
-        entry = encode_entry(
-            StoredMessage(
-                producer_name=producer,
-                sequence_id=send.seq,
-                publish_time_ms=int(time.time() * 1000),
-                payload=send.payload,
-                key=send.key,
-                properties=send.properties,
-                event_time_ms=send.event_time_ms,
-                txn=send.txn,
-            )
-        )
-        try:
-            if txn is None:
-                position = await (await turn.enqueue(self.ledger, entry))
-            else:
-                position = await self.buffer.append(txn, entry, turn)
-        except LedgerSealed as e:
-            future.set_exception(e)
-            future.exception()  # retrieved: a resend waiting on it sees it
-            raise ServerError(ErrorName.TOPIC_TERMINATED, f"{self.name} is sealed") from e
-        except ServerError as e:
-            future.set_exception(e)
-            future.exception()
-            raise
-        except Exception as e:
-            future.set_exception(e)
-            future.exception()
-            raise ServerError(ErrorName.PERSISTENCE, f"could not store the message: {e}") from e
-        finally:
-            state.in_flight.pop(send.seq, None)
-        future.set_result(position)
-        self.counters.messages_in += 1
-        self.counters.bytes_in += len(send.payload)
-        if self.dedup.note_stored(producer, send.seq, position) and self._snapshotting is None:
-            self._snapshotting = asyncio.create_task(
-                self._snapshot(), name=f"dedup-snapshot-{self.name}"
-            )
-        return position, False
-
-    def _txn_of(self, send: Send) -> TxnId | None:
-        if send.txn is None:
-            return None
-        txn = TxnId(*send.txn)
-        if txn.is_v5 != (self.name.domain is Domain.SEGMENT):
-            raise ServerError(
-                ErrorName.NOT_ALLOWED,
-                f"{self.name}: v5 transactions write to scalable topics (segment://) and v4 "
-                "ones to persistent:// topics; they never mix",
-            )
-        return txn
-
-    def _is_orphan(self, position: Position) -> bool:
-        return isinstance(self.buffer, MetadataTransactionBuffer) and self.buffer.is_orphan(
-            position
-        )
-
-    async def _snapshot(self) -> None:
-        try:
-            await self.dedup.snapshot()
-        except Exception:
-            log.exception("%s: de-duplication snapshot failed (replay will cover it)", self.name)
-        finally:
-            self._snapshotting = None
+    async def publish_plain(
+        self, producer: str, sends: list[tuple[Send, Turn]]
+    ) -> list[Outcome | ServerError]:
+        """Store plain sends that arrived together: :meth:`Publishing.publish_plain`."""
+        return await self.publishing.publish_plain(producer, sends)
 
     # ------------------------------------------------------------------ subscriptions
 
@@ -440,8 +332,7 @@ class Topic:
             await subscription.close()
         self.subscriptions.clear()
         await self.buffer.close()
-        if self._snapshotting is not None:
-            await asyncio.gather(self._snapshotting, return_exceptions=True)
+        await self.publishing.settle()
         await self.ledger.delete()
         await self.dedup.delete()
 
@@ -449,8 +340,7 @@ class Topic:
         for subscription in self.subscriptions.values():
             await subscription.close()
         await self.buffer.close()
-        if self._snapshotting is not None:
-            await asyncio.gather(self._snapshotting, return_exceptions=True)
+        await self.publishing.settle()
         try:
             await self.dedup.snapshot()
         except Exception:

@@ -30,7 +30,8 @@ import itertools
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -42,6 +43,7 @@ from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, top
 from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
+from segtxn.broker.publishing import Outcome
 from segtxn.broker.reader import Reader
 from segtxn.broker.topic import Topic
 from segtxn.ledger import Position
@@ -190,8 +192,9 @@ async def close_sockets(app: web.Application) -> None:
 # ---------------------------------------------------------------------- producer
 
 
-def _release(turn: Turn, _: object) -> None:
-    turn.release()
+def _release(turns: list[Turn], _: object) -> None:
+    for turn in turns:
+        turn.release()
 
 
 async def producer(request: web.Request) -> web.StreamResponse:
@@ -226,43 +229,76 @@ async def producer(request: web.Request) -> web.StreamResponse:
 
     metrics = service.metrics
 
+    def answer(send: Send, outcome: Outcome | ServerError, started: float) -> None:
+        if isinstance(outcome, ServerError):
+            metrics.errors.add(1, {"error": outcome.name.value})
+            outbox.send(Error(error=outcome.name, message=outcome.message, seq=send.seq))
+            return
+        position, duplicate = outcome
+        if duplicate:
+            metrics.duplicates.add(1)
+        else:
+            metrics.messages_in.add(1)
+            metrics.bytes_in.add(len(send.payload))
+            metrics.publish_latency.record(time.perf_counter() - started)
+        outbox.send(
+            Receipt(
+                seq=send.seq,
+                message_id=(position.ledger_id, position.entry_id),
+                duplicate=duplicate,
+            )
+        )
+
     async def publish(send: Send, turn: Turn) -> None:
         started = time.perf_counter()
         try:
-            position, duplicate = await topic.publish(producer_name, send, turn)
-            if duplicate:
-                metrics.duplicates.add(1)
-            else:
-                metrics.messages_in.add(1)
-                metrics.bytes_in.add(len(send.payload))
-                metrics.publish_latency.record(time.perf_counter() - started)
-            outbox.send(
-                Receipt(
-                    seq=send.seq,
-                    message_id=(position.ledger_id, position.entry_id),
-                    duplicate=duplicate,
-                )
-            )
+            outcome: Outcome | ServerError = await topic.publish(producer_name, send, turn)
         except ServerError as e:
-            metrics.errors.add(1, {"error": e.name.value})
-            outbox.send(Error(error=e.name, message=e.message, seq=send.seq))
+            outcome = e
         finally:
             window.release()
+        answer(send, outcome, started)
+
+    async def publish_together(items: list[tuple[Send, Turn]]) -> None:
+        started = time.perf_counter()
+        try:
+            outcomes = await topic.publish_plain(producer_name, items)
+        finally:
+            for _ in items:
+                window.release()
+        for (send, _), outcome in zip(items, outcomes, strict=True):
+            answer(send, outcome, started)
+
+    def start(work: Coroutine[Any, Any, None], turns: list[Turn], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        task.add_done_callback(functools.partial(_release, turns))  # even if it never ran
 
     async def handle(frame: object) -> None:
         if isinstance(frame, SendBatch):
             check_batch(frame.sends)
+            if all(send.txn is None for send in frame.sends):
+                await handle_plain(frame.sends)
+                return
         sends = frame.sends if isinstance(frame, SendBatch) else [frame]
         for send in sends:
             assert isinstance(send, Send)
             await window.acquire()  # backpressure: stop reading while the window is full
             turn = topic.turn(producer_name)  # in arrival order: the order of storage
-            task = asyncio.create_task(
-                publish(send, turn), name=f"publish-{producer_name}-{send.seq}"
-            )
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            task.add_done_callback(functools.partial(_release, turn))  # even if it never ran
+            start(publish(send, turn), [turn], f"publish-{producer_name}-{send.seq}")
+
+    async def handle_plain(sends: list[Send]) -> None:
+        """Plain sends that came together are published together, in one task per run of
+        sends the window has room for (Publishing.publish_plain)."""
+        items: list[tuple[Send, Turn]] = []
+        for send in sends:
+            if items and window.locked():  # let these go before waiting for room
+                start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
+                items = []
+            await window.acquire()
+            items.append((send, topic.turn(producer_name)))
+        start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
 
     try:
         await _receive_frames(ws, frames.producer_input.decode, handle, outbox)

@@ -1,0 +1,268 @@
+"""Publishing on one topic or segment: de-duplication, producer order, the ledger append.
+
+A send is stored at most once per (producer name, sequence id) (segtxn/broker/dedup.py), in
+its producer's send order (segtxn/broker/ordering.py), as one ledger entry; a transactional
+send goes through the topic's transaction buffer, a plain one straight to the ledger.
+
+Two ways in, with the same outcome per send:
+
+- :meth:`Publishing.publish`: one send, in its own task (the broker's default; a
+  transactional send may wait on the store, and the sends of a producer do not wait for each
+  other's waits);
+- :meth:`Publishing.publish_plain`: plain sends that arrived together (a ``send_batch``), in
+  one task: each is queued in its turn, then their writes are awaited together. A task per
+  message, its wake-ups and its bookkeeping were the largest share of a producing broker's
+  scheduling work (py-spy of bench/broker.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from segtxn.broker.arguments import check_send
+from segtxn.broker.dedup import Deduplication, ProducerState
+from segtxn.broker.entry import StoredMessage, encode_entry
+from segtxn.broker.ordering import Turn
+from segtxn.broker.txn.buffer import MetadataTransactionBuffer
+from segtxn.broker.txn.visibility import TransactionBuffer
+from segtxn.ledger import LedgerSealed, ManagedLedger, Position
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.frames import Send
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.protocol.txn import TxnId
+
+log = logging.getLogger(__name__)
+
+Outcome = tuple[Position, bool]
+"""(position, duplicate) of a send."""
+
+
+@dataclass
+class TopicCounters:
+    messages_in: int = 0
+    bytes_in: int = 0
+    duplicates: int = 0
+
+
+@dataclass
+class _Fresh:
+    """A send to store: its producer's state, the future resends of it wait on, its entry."""
+
+    state: ProducerState
+    original: asyncio.Future[Position]
+    entry: bytes
+    txn: TxnId | None
+
+
+class Publishing:
+    def __init__(
+        self,
+        name: TopicName,
+        ledger: ManagedLedger,
+        dedup: Deduplication,
+        buffer: TransactionBuffer,
+        max_message_bytes: int,
+    ) -> None:
+        self.name = name
+        self.ledger = ledger
+        self.dedup = dedup
+        self.buffer = buffer
+        self._max_message_bytes = max_message_bytes
+        self.counters = TopicCounters()
+        self._snapshotting: asyncio.Task[None] | None = None
+
+    def turn(self, producer: str) -> Turn:
+        """The next turn of ``producer``'s sends: take one per send, in the order the sends
+        arrive, and hand it to :meth:`publish` or :meth:`publish_plain`."""
+        return self.dedup.state(producer).order.take()
+
+    async def publish(self, producer: str, send: Send, turn: Turn) -> Outcome:
+        """Store one message unless it is a duplicate; returns (position, duplicate).
+
+        The message is queued on the ledger only after every earlier send of ``producer``
+        (earlier turns, this connection's or a previous one's) has queued its own or given
+        up, so a producer's messages are stored in the order they were sent, transactional
+        or not. The turn is released however this ends.
+
+        Raises:
+            ServerError(MessageTooLarge / TopicTerminatedError / PersistenceError, and the
+                transaction buffer's errors for a transactional send)
+        """
+        try:
+            admitted = self._admit(producer, send, turn)
+            if not isinstance(admitted, _Fresh):
+                return await self._duplicate(admitted)
+            try:
+                if admitted.txn is None:
+                    position = await (await turn.enqueue(self.ledger, admitted.entry))
+                else:
+                    position = await self.buffer.append(admitted.txn, admitted.entry, turn)
+            except Exception as e:
+                raise self._not_stored(send, admitted, e) from e
+            finally:
+                admitted.state.in_flight.pop(send.seq, None)
+            return self._stored(producer, send, admitted, position)
+        finally:
+            turn.release()
+
+    async def publish_plain(
+        self, producer: str, sends: list[tuple[Send, Turn]]
+    ) -> list[Outcome | ServerError]:
+        """Store plain sends of ``producer`` (each with its turn, taken in arrival order), as
+        :meth:`publish` would one by one; returns each one's outcome or refusal, in order.
+        Every turn is released however this ends."""
+        queued: list[tuple[Send, _Fresh | Outcome | asyncio.Future[Position] | ServerError]] = []
+        durable: dict[int, asyncio.Future[Position]] = {}
+        try:
+            for send, turn in sends:
+                try:
+                    if send.txn is not None:
+                        raise ValueError("publish_plain takes plain sends only")
+                    admitted = self._admit(producer, send, turn)
+                    if isinstance(admitted, _Fresh):
+                        try:
+                            durable[send.seq] = await turn.enqueue(self.ledger, admitted.entry)
+                        except Exception as e:
+                            admitted.state.in_flight.pop(send.seq, None)
+                            raise self._not_stored(send, admitted, e) from e
+                    queued.append((send, admitted))
+                except ServerError as e:
+                    queued.append((send, e))
+                finally:
+                    turn.release()
+            outcomes: list[Outcome | ServerError] = []
+            for send, item in queued:
+                if isinstance(item, ServerError):
+                    outcomes.append(item)
+                elif not isinstance(item, _Fresh):
+                    try:
+                        outcomes.append(await self._duplicate(item))
+                    except ServerError as e:
+                        outcomes.append(e)
+                else:
+                    try:
+                        position = await durable.pop(send.seq)
+                    except Exception as e:
+                        outcomes.append(self._not_stored(send, item, e))
+                        continue
+                    finally:
+                        item.state.in_flight.pop(send.seq, None)
+                    outcomes.append(self._stored(producer, send, item, position))
+            return outcomes
+        finally:
+            for _, turn in sends:
+                turn.release()
+            for send, item in queued:  # cancelled half-way: forget what never finished
+                if isinstance(item, _Fresh) and send.seq in durable:
+                    item.state.in_flight.pop(send.seq, None)
+
+    def _admit(
+        self, producer: str, send: Send, turn: Turn
+    ) -> _Fresh | Outcome | asyncio.Future[Position]:
+        """De-duplication: a send to store (registered as in flight), the known outcome of
+        a duplicate, or the future of its original still in flight.
+
+        Raises:
+            ServerError: the send is refused (too large, a transaction of the wrong kind,
+                a resend of a transactional message that was never recorded).
+        """
+        check_send(send, self._max_message_bytes)
+        state = self.dedup.state(producer)
+        in_flight = state.in_flight.get(send.seq)
+        if in_flight is not None:
+            self.counters.duplicates += 1
+            turn.release()  # nothing to store: later sends need not wait for the original
+            return in_flight
+        if send.seq <= state.last:
+            self.counters.duplicates += 1
+            known = state.recent.get(send.seq)
+            if (
+                known is not None
+                and send.txn is not None
+                and not self.buffer.visible(TxnId(*send.txn), known)
+                and self._is_orphan(known)
+            ):
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT,
+                    f"the first attempt of {producer}/{send.seq} was never recorded in its "
+                    "transaction",
+                )
+            return (known if known is not None else Position(-1, -1)), True
+        txn = self._txn_of(send)
+        original: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        state.in_flight[send.seq] = original
+        entry = encode_entry(
+            StoredMessage(
+                producer_name=producer,
+                sequence_id=send.seq,
+                publish_time_ms=int(time.time() * 1000),
+                payload=send.payload,
+                key=send.key,
+                properties=send.properties,
+                event_time_ms=send.event_time_ms,
+                txn=send.txn,
+            )
+        )
+        return _Fresh(state, original, entry, txn)
+
+    @staticmethod
+    async def _duplicate(admitted: Outcome | asyncio.Future[Position]) -> Outcome:
+        if isinstance(admitted, tuple):
+            return admitted
+        return await asyncio.shield(admitted), True  # the original's outcome, when it has one
+
+    def _not_stored(self, send: Send, fresh: _Fresh, error: Exception) -> ServerError:
+        """The refusal for a send whose append (or record) failed with ``error``; resends
+        waiting on the original get the same refusal."""
+        if isinstance(error, LedgerSealed):
+            refusal = ServerError(ErrorName.TOPIC_TERMINATED, f"{self.name} is sealed")
+        elif isinstance(error, ServerError):
+            refusal = error
+        else:
+            refusal = ServerError(ErrorName.PERSISTENCE, f"could not store the message: {error}")
+        fresh.original.set_exception(refusal)
+        fresh.original.exception()  # retrieved: a resend waiting on it sees it
+        return refusal
+
+    def _stored(self, producer: str, send: Send, fresh: _Fresh, position: Position) -> Outcome:
+        fresh.original.set_result(position)
+        self.counters.messages_in += 1
+        self.counters.bytes_in += len(send.payload)
+        if self.dedup.note_stored(producer, send.seq, position) and self._snapshotting is None:
+            self._snapshotting = asyncio.create_task(
+                self._snapshot(), name=f"dedup-snapshot-{self.name}"
+            )
+        return position, False
+
+    def _txn_of(self, send: Send) -> TxnId | None:
+        if send.txn is None:
+            return None
+        txn = TxnId(*send.txn)
+        if txn.is_v5 != (self.name.domain is Domain.SEGMENT):
+            raise ServerError(
+                ErrorName.NOT_ALLOWED,
+                f"{self.name}: v5 transactions write to scalable topics (segment://) and v4 "
+                "ones to persistent:// topics; they never mix",
+            )
+        return txn
+
+    def _is_orphan(self, position: Position) -> bool:
+        return isinstance(self.buffer, MetadataTransactionBuffer) and self.buffer.is_orphan(
+            position
+        )
+
+    async def _snapshot(self) -> None:
+        try:
+            await self.dedup.snapshot()
+        except Exception:
+            log.exception("%s: de-duplication snapshot failed (replay will cover it)", self.name)
+        finally:
+            self._snapshotting = None
+
+    async def settle(self) -> None:
+        """Wait for a de-duplication snapshot in progress (before closing or deleting)."""
+        if self._snapshotting is not None:
+            await asyncio.gather(self._snapshotting, return_exceptions=True)
