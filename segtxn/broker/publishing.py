@@ -18,6 +18,7 @@ Two ways in, with the same outcome per send:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.visibility import TransactionBuffer
-from segtxn.ledger import LedgerSealed, ManagedLedger, Position
+from segtxn.ledger import LedgerError, LedgerSealed, ManagedLedger, Position
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
 from segtxn.protocol.names import Domain, TopicName
@@ -95,15 +96,16 @@ class Publishing:
             admitted = self._admit(producer, send, turn)
             if not isinstance(admitted, _Fresh):
                 return await self._duplicate(admitted)
+            if admitted.txn is None:
+                await self._enqueue(producer, send, admitted, turn)
+                return await asyncio.shield(admitted.original), False
             try:
-                if admitted.txn is None:
-                    position = await (await turn.enqueue(self.ledger, admitted.entry))
-                else:
-                    position = await self.buffer.append(admitted.txn, admitted.entry, turn)
-            except Exception as e:
-                raise self._not_stored(send, admitted, e) from e
-            finally:
-                admitted.state.in_flight.pop(send.seq, None)
+                position = await self.buffer.append(admitted.txn, admitted.entry, turn)
+            except BaseException as e:
+                refusal = self._not_stored(send, admitted, e)
+                if isinstance(e, Exception):
+                    raise refusal from e
+                raise  # cancelled: never swallowed
             return self._stored(producer, send, admitted, position)
         finally:
             turn.release()
@@ -115,7 +117,6 @@ class Publishing:
         :meth:`publish` would one by one; returns each one's outcome or refusal, in order.
         Every turn is released however this ends."""
         queued: list[tuple[Send, _Fresh | Outcome | asyncio.Future[Position] | ServerError]] = []
-        durable: dict[int, asyncio.Future[Position]] = {}
         try:
             for send, turn in sends:
                 try:
@@ -123,41 +124,55 @@ class Publishing:
                         raise ValueError("publish_plain takes plain sends only")
                     admitted = self._admit(producer, send, turn)
                     if isinstance(admitted, _Fresh):
-                        try:
-                            durable[send.seq] = await turn.enqueue(self.ledger, admitted.entry)
-                        except Exception as e:
-                            admitted.state.in_flight.pop(send.seq, None)
-                            raise self._not_stored(send, admitted, e) from e
+                        await self._enqueue(producer, send, admitted, turn)
                     queued.append((send, admitted))
                 except ServerError as e:
                     queued.append((send, e))
                 finally:
                     turn.release()
-            outcomes: list[Outcome | ServerError] = []
-            for send, item in queued:
-                if isinstance(item, ServerError):
-                    outcomes.append(item)
-                elif not isinstance(item, _Fresh):
-                    try:
-                        outcomes.append(await self._duplicate(item))
-                    except ServerError as e:
-                        outcomes.append(e)
-                else:
-                    try:
-                        position = await durable.pop(send.seq)
-                    except Exception as e:
-                        outcomes.append(self._not_stored(send, item, e))
-                        continue
-                    finally:
-                        item.state.in_flight.pop(send.seq, None)
-                    outcomes.append(self._stored(producer, send, item, position))
-            return outcomes
         finally:
             for _, turn in sends:
                 turn.release()
-            for send, item in queued:  # cancelled half-way: forget what never finished
-                if isinstance(item, _Fresh) and send.seq in durable:
-                    item.state.in_flight.pop(send.seq, None)
+        outcomes: list[Outcome | ServerError] = []
+        for _, item in queued:
+            try:
+                if isinstance(item, ServerError):
+                    raise item
+                if isinstance(item, _Fresh):
+                    outcomes.append((await asyncio.shield(item.original), False))
+                else:
+                    outcomes.append(await self._duplicate(item))
+            except ServerError as e:
+                outcomes.append(e)
+        return outcomes
+
+    async def _enqueue(self, producer: str, send: Send, fresh: _Fresh, turn: Turn) -> None:
+        """Queue a plain send's entry in its turn. What follows its write (de-duplication's
+        record, the answer to resends waiting on it) hangs on the write itself, not on the
+        task that queued it: a publisher cancelled meanwhile (a broker stopping) must not
+        leave a resend waiting for ever, or let it store the message a second time.
+
+        Raises:
+            ServerError: it could not be queued (sealed topic, failed ledger).
+        """
+        try:
+            written = await turn.enqueue(self.ledger, fresh.entry)
+        except BaseException as e:
+            refusal = self._not_stored(send, fresh, e)
+            if isinstance(e, Exception):
+                raise refusal from e
+            raise  # cancelled: never swallowed
+        written.add_done_callback(functools.partial(self._written, producer, send, fresh))
+
+    def _written(
+        self, producer: str, send: Send, fresh: _Fresh, written: asyncio.Future[Position]
+    ) -> None:
+        if written.cancelled():
+            self._not_stored(send, fresh, LedgerError("the write was cancelled"))
+        elif (error := written.exception()) is not None:
+            self._not_stored(send, fresh, error)
+        else:
+            self._stored(producer, send, fresh, written.result())
 
     def _admit(
         self, producer: str, send: Send, turn: Turn
@@ -214,20 +229,26 @@ class Publishing:
             return admitted
         return await asyncio.shield(admitted), True  # the original's outcome, when it has one
 
-    def _not_stored(self, send: Send, fresh: _Fresh, error: Exception) -> ServerError:
-        """The refusal for a send whose append (or record) failed with ``error``; resends
-        waiting on the original get the same refusal."""
+    def _not_stored(self, send: Send, fresh: _Fresh, error: BaseException) -> ServerError:
+        """The refusal for a send whose append (or record) failed with ``error`` (or was
+        cancelled: the broker is stopping); resends waiting on the original get the same
+        refusal, and the next resend is admitted afresh."""
+        fresh.state.in_flight.pop(send.seq, None)
         if isinstance(error, LedgerSealed):
             refusal = ServerError(ErrorName.TOPIC_TERMINATED, f"{self.name} is sealed")
         elif isinstance(error, ServerError):
             refusal = error
-        else:
+        elif isinstance(error, Exception):
             refusal = ServerError(ErrorName.PERSISTENCE, f"could not store the message: {error}")
-        fresh.original.set_exception(refusal)
-        fresh.original.exception()  # retrieved: a resend waiting on it sees it
+        else:
+            refusal = ServerError(ErrorName.SERVICE_NOT_READY, "stopped before it was stored")
+        if not fresh.original.done():
+            fresh.original.set_exception(refusal)
+            fresh.original.exception()  # retrieved: a resend waiting on it sees it
         return refusal
 
     def _stored(self, producer: str, send: Send, fresh: _Fresh, position: Position) -> Outcome:
+        fresh.state.in_flight.pop(send.seq, None)
         fresh.original.set_result(position)
         self.counters.messages_in += 1
         self.counters.bytes_in += len(send.payload)

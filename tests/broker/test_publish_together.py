@@ -5,6 +5,7 @@ the window of sends in flight."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,7 @@ from segtxn.protocol.errors import ErrorName
 from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
 from segtxn.protocol.names import TopicName
 from tests.broker.conftest import StartBroker
+from tests.waiting import wait_until
 from tests.wsframes import next_frame
 
 TOPIC = "persistent://acme/together/events"
@@ -125,3 +127,55 @@ async def test_a_batch_to_a_sealed_topic_is_refused_and_holds_nothing_up(
             assert len(refused) == 4
             assert topic.dedup.state("p").order.idle  # every turn given back
             assert not topic.dedup.state("p").in_flight
+
+
+async def test_a_publisher_cancelled_while_waiting_for_its_turn_leaves_no_send_in_flight(
+    start_broker: StartBroker,
+) -> None:
+    """A send waiting for an earlier turn when its task is cancelled (a broker stopping)
+    is given up: a resend of it is not left waiting on it, and is stored once."""
+    broker = await start_broker()
+    async with Client(broker.settings.advertise_url) as client:
+        await client.admin.create_topic(TOPIC)
+        async with raw_producer(broker, "p"):
+            pass  # loads the topic
+        topic = broker.service.topics[TopicName.parse(TOPIC)]
+        earlier = topic.turn("p")  # an earlier send that has not queued yet
+        waiting = [(Send(seq=i, payload=b"%d" % i), topic.turn("p")) for i in range(3)]
+        task = asyncio.create_task(topic.publish_plain("p", waiting))
+        state = topic.dedup.state("p")
+        await wait_until(lambda: 0 in state.in_flight)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
+        assert not state.in_flight
+        earlier.release()
+        await wait_until(lambda: state.order.idle)  # every turn given back (passed on in turn)
+        (outcome,) = await topic.publish_plain("p", [(Send(seq=0, payload=b"0"), topic.turn("p"))])
+        assert isinstance(outcome, tuple) and not outcome[1]  # stored, once
+        assert await stored_in_order(client, 1) == [b"0"]
+
+
+async def test_a_send_queued_before_its_publisher_is_cancelled_is_recorded_once(
+    start_broker: StartBroker,
+) -> None:
+    """Once queued, a plain send's de-duplication record follows its write, not the task
+    that queued it: a resend after the publisher was cancelled is a duplicate."""
+    broker = await start_broker()
+    async with Client(broker.settings.advertise_url) as client:
+        await client.admin.create_topic(TOPIC)
+        async with raw_producer(broker, "p"):
+            pass
+        topic = broker.service.topics[TopicName.parse(TOPIC)]
+        state = topic.dedup.state("p")
+        sends = [(Send(seq=i, payload=b"%d" % i), topic.turn("p")) for i in range(50)]
+        task = asyncio.create_task(topic.publish_plain("p", sends))
+        await wait_until(lambda: state.order.idle)  # all 50 queued on the ledger
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await wait_until(lambda: not state.in_flight)  # the writes ended
+        again = await topic.publish_plain(
+            "p", [(Send(seq=i, payload=b"%d" % i), topic.turn("p")) for i in range(50)]
+        )
+        assert all(isinstance(o, tuple) and o[1] for o in again)  # every one a duplicate
+        assert await stored_in_order(client, 50) == [b"%d" % i for i in range(50)]
