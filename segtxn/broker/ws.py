@@ -278,7 +278,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     async def handle(frame: object) -> None:
         if isinstance(frame, SendBatch):
             check_batch(frame.sends)
-            if all(send.txn is None for send in frame.sends):
+            if frame.sends and all(send.txn is None for send in frame.sends):
                 await handle_plain(frame.sends)
                 return
         sends = frame.sends if isinstance(frame, SendBatch) else [frame]
