@@ -116,25 +116,34 @@ class Publishing:
         """Store plain sends of ``producer`` (each with its turn, taken in arrival order), as
         :meth:`publish` would one by one; returns each one's outcome or refusal, in order.
         Every turn is released however this ends."""
-        queued: list[tuple[Send, _Fresh | Outcome | asyncio.Future[Position] | ServerError]] = []
-        try:
-            for send, turn in sends:
-                try:
-                    if send.txn is not None:
-                        raise ValueError("publish_plain takes plain sends only")
-                    admitted = self._admit(producer, send, turn)
-                    if isinstance(admitted, _Fresh):
-                        await self._enqueue(producer, send, admitted, turn)
-                    queued.append((send, admitted))
-                except ServerError as e:
-                    queued.append((send, e))
-                finally:
-                    turn.release()
-        finally:
-            for _, turn in sends:
+        # every send is taken in at once, as its own task would have been (a resend of one
+        # on another connection waits for it); then each is queued in its turn
+        if any(send.txn is not None for send, _ in sends):
+            raise ValueError("publish_plain takes plain sends only")
+        queued: list[_Fresh | Outcome | asyncio.Future[Position] | ServerError] = []
+        for send, turn in sends:
+            try:
+                queued.append(self._admit(producer, send, turn))
+            except ServerError as e:
+                queued.append(e)
                 turn.release()
+        reached = 0
+        try:
+            for (send, turn), item in zip(sends, queued, strict=True):
+                if isinstance(item, _Fresh):
+                    try:
+                        await self._enqueue(producer, send, item, turn)
+                    except ServerError as e:
+                        queued[reached] = e
+                turn.release()
+                reached += 1
+        finally:
+            for (send, turn), item in zip(sends[reached:], queued[reached:], strict=True):
+                turn.release()
+                if isinstance(item, _Fresh):  # cancelled before its turn: given up
+                    self._not_stored(send, item, asyncio.CancelledError())
         outcomes: list[Outcome | ServerError] = []
-        for _, item in queued:
+        for item in queued:
             try:
                 if isinstance(item, ServerError):
                     raise item
