@@ -96,16 +96,16 @@ class Publishing:
             admitted = self._admit(producer, send, turn)
             if not isinstance(admitted, _Fresh):
                 return await self._duplicate(admitted)
-            if admitted.txn is None:
-                await self._enqueue(producer, send, admitted, turn)
-                return await asyncio.shield(admitted.original), False
             try:
-                position = await self.buffer.append(admitted.txn, admitted.entry, turn)
+                if admitted.txn is None:
+                    position = await (await self._enqueue(send, admitted, turn))
+                else:
+                    position = await self.buffer.append(admitted.txn, admitted.entry, turn)
             except BaseException as e:
                 refusal = self._not_stored(send, admitted, e)
-                if isinstance(e, Exception):
-                    raise refusal from e
-                raise  # cancelled: never swallowed
+                if refusal is e or not isinstance(e, Exception):
+                    raise  # a refusal already, or cancelled (never swallowed)
+                raise refusal from e
             return self._stored(producer, send, admitted, position)
         finally:
             turn.release()
@@ -127,61 +127,71 @@ class Publishing:
             except ServerError as e:
                 queued.append(e)
                 turn.release()
+        written: dict[int, asyncio.Future[Position]] = {}  # index -> its write
         reached = 0
         try:
             for (send, turn), item in zip(sends, queued, strict=True):
                 if isinstance(item, _Fresh):
                     try:
-                        await self._enqueue(producer, send, item, turn)
+                        written[reached] = await self._enqueue(send, item, turn)
                     except ServerError as e:
                         queued[reached] = e
                 turn.release()
                 reached += 1
+            if written:  # one wake-up for all of them; a cancel here leaves the writes alone
+                await asyncio.wait(written.values())
+        except BaseException:
+            for index, write in written.items():  # the rest follows each write by itself
+                item = queued[index]
+                assert isinstance(item, _Fresh)
+                write.add_done_callback(
+                    functools.partial(self._written, producer, sends[index][0], item)
+                )
+            raise
         finally:
             for (send, turn), item in zip(sends[reached:], queued[reached:], strict=True):
                 turn.release()
                 if isinstance(item, _Fresh):  # cancelled before its turn: given up
                     self._not_stored(send, item, asyncio.CancelledError())
         outcomes: list[Outcome | ServerError] = []
-        for item in queued:
-            try:
-                if isinstance(item, ServerError):
-                    raise item
-                if isinstance(item, _Fresh):
-                    outcomes.append((await asyncio.shield(item.original), False))
-                else:
+        for index, ((send, _), item) in enumerate(zip(sends, queued, strict=True)):
+            if isinstance(item, ServerError):
+                outcomes.append(item)
+            elif isinstance(item, _Fresh):
+                outcomes.append(self._written(producer, send, item, written[index]))
+            else:
+                try:
                     outcomes.append(await self._duplicate(item))
-            except ServerError as e:
-                outcomes.append(e)
+                except ServerError as e:
+                    outcomes.append(e)
         return outcomes
 
-    async def _enqueue(self, producer: str, send: Send, fresh: _Fresh, turn: Turn) -> None:
-        """Queue a plain send's entry in its turn. What follows its write (de-duplication's
-        record, the answer to resends waiting on it) hangs on the write itself, not on the
-        task that queued it: a publisher cancelled meanwhile (a broker stopping) must not
-        leave a resend waiting for ever, or let it store the message a second time.
+    async def _enqueue(self, send: Send, fresh: _Fresh, turn: Turn) -> asyncio.Future[Position]:
+        """Queue a plain send's entry in its turn; returns its write (done once durable).
 
         Raises:
-            ServerError: it could not be queued (sealed topic, failed ledger).
+            ServerError: it could not be queued (sealed topic, failed ledger); so does a
+                cancel, after which the send counts as given up.
         """
         try:
-            written = await turn.enqueue(self.ledger, fresh.entry)
+            return await turn.enqueue(self.ledger, fresh.entry)
         except BaseException as e:
             refusal = self._not_stored(send, fresh, e)
-            if isinstance(e, Exception):
-                raise refusal from e
-            raise  # cancelled: never swallowed
-        written.add_done_callback(functools.partial(self._written, producer, send, fresh))
+            if refusal is e or not isinstance(e, Exception):
+                raise  # a refusal already, or cancelled (never swallowed)
+            raise refusal from e
 
     def _written(
         self, producer: str, send: Send, fresh: _Fresh, written: asyncio.Future[Position]
-    ) -> None:
+    ) -> Outcome | ServerError:
+        """Settle a plain send whose write is done (in the publisher, or, when the publisher
+        was cancelled after queueing it, from the write itself: a resend must neither wait
+        for ever nor store the message again)."""
         if written.cancelled():
-            self._not_stored(send, fresh, LedgerError("the write was cancelled"))
-        elif (error := written.exception()) is not None:
-            self._not_stored(send, fresh, error)
-        else:
-            self._stored(producer, send, fresh, written.result())
+            return self._not_stored(send, fresh, LedgerError("the write was cancelled"))
+        if (error := written.exception()) is not None:
+            return self._not_stored(send, fresh, error)
+        return self._stored(producer, send, fresh, written.result())
 
     def _admit(
         self, producer: str, send: Send, turn: Turn
