@@ -170,8 +170,8 @@ class Publishing:
         """Queue a plain send's entry in its turn; returns its write (done once durable).
 
         Raises:
-            ServerError: it could not be queued (sealed topic, failed ledger); so does a
-                cancel, after which the send counts as given up.
+            ServerError: it could not be queued (sealed topic, failed ledger). A cancel
+                is raised as it is, once the send has been given up (nothing in flight).
         """
         try:
             return await turn.enqueue(self.ledger, fresh.entry)
