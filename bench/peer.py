@@ -45,7 +45,7 @@ own count of committed raft proposals over the window, so every write request of
 segtxn process counts, whatever it wrote.
 
 Run: ``.venv/bin/python bench/peer.py [--seconds S] [--rounds R] [--sizes 1,10,100,1000]
-[--plain-sizes 10,100] [--store etcd|memory] [--subscription Shared|Exclusive]
+[--plain-sizes 10,100|none] [--store etcd|memory] [--subscription Shared|Exclusive]
 [--no-rabbitmq]``.
 """
 
@@ -405,6 +405,11 @@ def sizes(text: str) -> list[int]:
     return values
 
 
+def plain_sizes(text: str) -> list[int]:
+    """``none``: no plain rows (the transactional ones alone, e.g. under a profiler)."""
+    return [] if text.strip().lower() == "none" else sizes(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=5.0, help="window per run (5)")
@@ -413,7 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         "--sizes", type=sizes, default=[1, 10, 100, 1000], help="messages per txn (1,10,100,1000)"
     )
     parser.add_argument(
-        "--plain-sizes", type=sizes, default=[10, 100], help="messages per plain batch (10,100)"
+        "--plain-sizes",
+        type=plain_sizes,
+        default=[10, 100],
+        help="messages per plain batch (10,100; none: no plain rows)",
     )
     parser.add_argument("--store", choices=("etcd", "memory"), default="etcd")
     parser.add_argument("--segments", type=int, default=4, help="segments per segtxn topic (4)")

@@ -308,21 +308,17 @@ class Consumer:
             return
         # one registration per scalable topic, not per segment (v5 treats it as a no-op
         # beyond the domain check, so its segments share it)
-        name = TopicName.parse(message_id.topic)
-        registered = name.parent() if name.domain is Domain.SEGMENT else name
-        await txn.add_subscription(str(registered), self.subscription, deadline)
+        await txn.add_subscription(_registered(message_id.topic), self.subscription, deadline)
         # if the transaction does not commit, everything not acknowledged comes again, in
         # order, on every stream: what it acknowledged, and what the application had taken
         # for it and not reached (a batch spans segments)
         txn.on_failure(self, functools.partial(self._redeliver_all, txn.wire_id))
-        ack = asyncio.ensure_future(
-            stream.ack(
-                [message_id],
-                cumulative=cumulative,
-                txn=txn.wire_id,
-                epoch=message.epoch if isinstance(message, Message) else None,
-                deadline=deadline,
-            )
+        ack = stream.ack(
+            [message_id],
+            cumulative=cumulative,
+            txn=txn.wire_id,
+            epoch=message.epoch if isinstance(message, Message) else None,
+            deadline=deadline,
         )
         txn.track(ack)
         await ack
@@ -380,6 +376,14 @@ class Consumer:
         await asyncio.gather(*(stream.close() for stream in self._streams.values()))
         if self._layout is not None:
             await self._layout.close()
+
+
+@functools.lru_cache(maxsize=1024)
+def _registered(topic: str) -> str:
+    """The name a transaction registers a subscription of ``topic`` under: a segment's
+    scalable topic (cached: it was parsed again for every transactional ack)."""
+    name = TopicName.parse(topic)
+    return str(name.parent() if name.domain is Domain.SEGMENT else name)
 
 
 class CheckpointConsumer(Consumer):

@@ -13,21 +13,20 @@ received.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import msgspec
 
+from segtxn.client.acks import Acknowledgments, request_ids
 from segtxn.client.connection import Connector, server_frames
-from segtxn.client.errors import ClientClosed, Timeout
+from segtxn.client.errors import Timeout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 from segtxn.protocol.frames import (
-    Ack,
     AckReceipt,
     ActiveChange,
     ConsumerReady,
@@ -42,7 +41,6 @@ from segtxn.protocol.frames import Message as MessageFrame
 from segtxn.protocol.names import TopicName
 
 log = logging.getLogger(__name__)
-_ids = itertools.count(1)
 
 FATAL = {
     ErrorName.TOPIC_NOT_FOUND,
@@ -85,8 +83,10 @@ class MessageStream:
         self._deliver = deliver
         self._on_end = on_end
         self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._acks: dict[int, asyncio.Future[None]] = {}
-        self._ack_frames: dict[int, Ack] = {}
+        self._acks = Acknowledgments(str(topic), self._write_acks_soon)
+        self._writing = asyncio.Lock()
+        """Held while frames are written: acks gathered before a frame go out before it."""
+        self._ack_writes: set[asyncio.Task[None]] = set()
         self._granted = 0
         self._awaiting: set[int] = set()
         """Redeliver / Nack requests whose Rewind has not come: messages arriving meanwhile
@@ -138,8 +138,10 @@ class MessageStream:
                 self.active = ready.active
                 self.epoch = ready.epoch
             await ws.send_bytes(frames.encode(Flow(permits=self._size)))
-            for frame in list(self._ack_frames.values()):  # acks whose receipts never came
-                await ws.send_bytes(frames.encode(frame))
+            async with self._writing:  # acks whose receipts never came, before anything new
+                for frame in self._acks.unanswered():
+                    await ws.send_bytes(frames.encode(frame))
+                self._ws = ws
         except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as e:
             await close_quietly(ws.close())
             raise ServerError(
@@ -150,17 +152,33 @@ class MessageStream:
             raise
         self._awaiting.clear()  # a new attachment: the broker starts it from a rewind
         self._granted = self._size
-        self._ws = ws
         return ws
 
     async def _send(self, frame: frames.Frame) -> None:
-        """Send on the current connection, if any. A connection failing under the send is
-        not the caller's problem: the reader notices, reconnects, and what must be sent
-        again is (acks until their receipts come; an attachment starts from a rewind)."""
-        if self._ws is None:
-            return
+        """Send on the current connection, if any, after the acks gathered so far. A
+        connection failing under the send is not the caller's problem: the reader notices,
+        reconnects, and what must be sent again is (acks until their receipts come; an
+        attachment starts from a rewind)."""
+        async with self._writing:
+            await self._write([*self._acks.take(), frame])
+
+    def _write_acks_soon(self) -> None:
+        """Acks were gathered: write them in the next turn of the loop (with whatever else
+        is gathered by then), unless a write before it takes them first."""
+        task = asyncio.get_running_loop().create_task(self._write_gathered())
+        self._ack_writes.add(task)
+        task.add_done_callback(self._ack_writes.discard)
+
+    async def _write_gathered(self) -> None:
+        async with self._writing:
+            await self._write(self._acks.take())
+
+    async def _write(self, batch: Sequence[frames.Frame]) -> None:
+        if self._ws is None or not batch:
+            return  # reconnecting: the new attachment sends the unanswered acks
         try:
-            await self._ws.send_bytes(frames.encode(frame))
+            for frame in batch:
+                await self._ws.send_bytes(frames.encode(frame))
         except (aiohttp.ClientError, ConnectionError) as e:
             log.info("%s on %s: a send failed (%s); reconnecting", self._kind, self.topic, e)
 
@@ -232,17 +250,11 @@ class MessageStream:
                     ledger, entry = frame.message_id
                     self._query["start"] = f"{ledger}:{entry + 1}"
             elif isinstance(frame, AckReceipt):
-                self._ack_frames.pop(frame.request_id, None)
-                future = self._acks.pop(frame.request_id, None)
-                if future is not None and not future.done():
-                    future.set_result(None)
+                self._acks.answered(frame.request_id, None)
             elif isinstance(frame, Error):
                 error = ServerError(ErrorName(frame.error), frame.message)
                 if frame.request_id:
-                    self._ack_frames.pop(frame.request_id, None)
-                    future = self._acks.pop(frame.request_id, None)
-                    if future is not None and not future.done():
-                        future.set_exception(error)
+                    self._acks.answered(frame.request_id, error)
                 else:
                     log.warning("%s on %s: %s", self._kind, self.topic, error)
                     if error.name is ErrorName.PERSISTENCE and not self._deliver.full():
@@ -283,7 +295,7 @@ class MessageStream:
         """Ask for every unacknowledged message again, once ``txn`` (if given) has let go
         of its acks (after it did not commit); until the broker's Rewind answers, nothing
         more of this stream reaches the application."""
-        await self._ask_again(Redeliver(request_id=next(_ids), txn=txn))
+        await self._ask_again(Redeliver(request_id=next(request_ids), txn=txn))
 
     async def _ask_again(self, frame: Redeliver | Nack) -> None:
         if self._ws is None:
@@ -301,7 +313,7 @@ class MessageStream:
             self._granted = self._size
             await self._send(Flow(permits=more))
 
-    async def ack(
+    def ack(
         self,
         ids: list[MessageId],
         *,
@@ -309,53 +321,33 @@ class MessageStream:
         txn: tuple[int, int] | None = None,
         epoch: int | None = None,
         deadline: Deadline,
-    ) -> None:
-        """Acknowledge ``ids``; returns once the broker made it durable (sent again after a
-        reconnect until then).
+    ) -> asyncio.Future[None]:
+        """Acknowledge ``ids``: the future is done once the broker made it durable (sent
+        again after a reconnect until then). Acks of the same turn of the loop travel
+        together (segtxn/client/acks.py).
 
-        Raises:
+        The future fails with:
             ServerError: the broker refused it.
             Timeout: no receipt by ``deadline`` (OUTCOME_UNKNOWN: it may have been applied;
                 it is not sent again).
+            ClientClosed: the stream closed first.
         """
-        request_id = next(_ids)
-        frame = Ack(
-            message_ids=[(i.ledger_id, i.entry_id) for i in ids],
-            cumulative=cumulative,
-            request_id=request_id,
-            txn=txn,
-            epoch=epoch,
+        return self._acks.submit(
+            ids, cumulative=cumulative, txn=txn, epoch=epoch, deadline=deadline
         )
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._acks[request_id] = future
-        self._ack_frames[request_id] = frame
-        try:
-            async with deadline.timeout():
-                await self._send(frame)
-                await future  # sent again after a reconnect, until the broker confirms
-        except TimeoutError as e:
-            if future.done() and not future.cancelled() and future.exception() is None:
-                return  # the receipt came as the time ran out
-            raise Timeout(
-                f"acknowledgment of {len(ids)} message(s) on {self.topic}: no receipt within "
-                f"{deadline}; it may or may not have been applied"
-            ) from e
-        finally:
-            self._acks.pop(request_id, None)
-            self._ack_frames.pop(request_id, None)  # given up on: not sent again
 
     async def nack(self, ids: list[MessageId]) -> None:
         """Ask for these again; on an ordered subscription the broker rewinds and nothing
         newer reaches the application before they do."""
         positions = [(i.ledger_id, i.entry_id) for i in ids]
         if self._ordered:
-            await self._ask_again(Nack(message_ids=positions, request_id=next(_ids)))
+            await self._ask_again(Nack(message_ids=positions, request_id=next(request_ids)))
         else:
             await self._send(Nack(message_ids=positions))
 
     async def settle_acks(self, limit_s: float) -> None:
         """Wait, at most ``limit_s``, for the acks in flight to be confirmed."""
-        waiting = [future for future in self._acks.values() if not future.done()]
+        waiting = self._acks.pending()
         if waiting:
             await asyncio.wait(waiting, timeout=limit_s)
 
@@ -363,11 +355,12 @@ class MessageStream:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        for task in self._ack_writes:
+            task.cancel()
+        await asyncio.gather(*self._ack_writes, return_exceptions=True)
         if self._ws is not None:
             await close_quietly(self._ws.close())
-        for future in self._acks.values():
-            if not future.done():
-                future.set_exception(ClientClosed("closed before the ack was confirmed"))
+        self._acks.close()
 
 
 async def next_item(

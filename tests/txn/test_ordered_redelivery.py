@@ -381,17 +381,20 @@ async def test_a_transaction_acknowledges_in_order_on_an_ordered_subscription(
 async def test_a_transaction_may_send_its_acks_without_awaiting_each(
     client: Client, cluster: Cluster
 ) -> None:
-    """A batch's acks in one transaction, all on their way together (held at the pending-ack
-    store, where the header read and op-record write happen): each earlier one counts as
-    acknowledged for the in-order rule, so all are taken and committed."""
+    """A batch's acks in one transaction, each in its own frame and all on their way
+    together (held at the pending-ack store, where the header read and op-record write
+    happen): each earlier one counts as acknowledged for the in-order rule, so all are taken
+    and committed."""
     consumer = await setup(client, 3)
     sub = subscription(cluster)
     got = await receive(consumer, 3)
     txn = await client.transaction().start()
     at_store: list[object] = []
+    acks: list[asyncio.Future[None]] = []
     with gated(sub.pending_acks, "ack", when=lambda *args, **_: at_store.append(args) or True):
-        acks = [asyncio.ensure_future(consumer.acknowledge(m, txn=txn)) for m in got]
-        await wait_until(lambda: len(at_store) == 3, timeout=10, what="three acks on their way")
+        for n, message in enumerate(got, 1):  # one at a time: one frame each
+            acks.append(asyncio.ensure_future(consumer.acknowledge(message, txn=txn)))
+            await wait_until(lambda n=n: len(at_store) == n, timeout=10, what=f"ack {n} held")
     await asyncio.gather(*acks)
     await txn.commit()
     await wait_until(

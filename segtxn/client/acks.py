@@ -1,0 +1,201 @@
+"""A stream's acknowledgments: gathered into frames, matched to receipts, sent again.
+
+Acknowledgments made in the same turn of the event loop (a batch acknowledged together, a
+transaction's acks) travel as one ``Ack`` frame per (transaction, delivery epoch): one
+request, one task on the broker, one receipt and, in a transaction, one rewrite of its acks
+record, instead of one of each per message. A frame per ack, its task, its timer and its
+socket write were the largest share of a consuming client's CPU (cProfile of the bench's
+consume-transform-produce loop).
+
+Each ack keeps its own deadline and its own answer:
+
+- a refused frame refuses every ack in it. In a transaction that changes nothing (one refused
+  ack already dooms the transaction, docs/transactions.md); plain acks from several calls
+  refused as ``InvalidArgument`` (an id the topic never held) are sent again one call per
+  frame, so only the call that named the bad id fails;
+- a frame whose callers have all given up (timed out or cancelled) is not sent again after
+  a reconnect; until then it is, like any unanswered ack;
+- cumulative acks are never gathered (one frame each, as they were asked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from segtxn.client.errors import ClientClosed, Timeout
+from segtxn.client.messages import MessageId
+from segtxn.client.timeouts import Deadline, Expiries
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.frames import Ack
+
+request_ids = itertools.count(1)
+"""Request ids of this process's streams: one sequence for acks, redeliveries and nacks, so
+an answer names exactly one request."""
+
+_Key = tuple[tuple[int, int] | None, int | None]
+"""What acks must share to travel in one frame: (transaction, delivery epoch)."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """One caller's ack: its positions, its answer, its deadline."""
+
+    positions: list[tuple[int, int]]
+    future: asyncio.Future[None]
+    deadline: Deadline
+
+
+_Solo = tuple[list[tuple[int, int]], bool, tuple[int, int] | None, int | None, list[_Waiter]]
+"""An ack that travels alone: (positions, cumulative, transaction, epoch, [its waiter])."""
+
+
+@dataclass(eq=False)
+class _Request:
+    """One Ack frame on its way: what it carries and who waits for its answer."""
+
+    frame: Ack
+    waiters: list[_Waiter] = field(default_factory=list)
+
+    def wanted(self) -> bool:
+        return any(not waiter.future.done() for waiter in self.waiters)
+
+
+class Acknowledgments:
+    """The acks of one stream. The stream calls :meth:`take` before each write (and, via
+    ``schedule``, once per turn in which acks were gathered), :meth:`unanswered` when it
+    attaches again, and :meth:`answered` for each receipt or refusal."""
+
+    def __init__(self, what: str, schedule: Callable[[], None]) -> None:
+        """``schedule``: arrange for :meth:`take` to be called and its frames written soon
+        (called once per batch, when its first ack is gathered)."""
+        self._what = what
+        self._schedule = schedule
+        self._gathering: dict[_Key, list[_Waiter]] = {}
+        self._solo: list[_Solo] = []
+        self._in_flight: dict[int, _Request] = {}
+        self._expiries: Expiries[_Waiter] = Expiries(self._expire, _pending)
+
+    def submit(
+        self,
+        ids: list[MessageId],
+        *,
+        cumulative: bool,
+        txn: tuple[int, int] | None,
+        epoch: int | None,
+        deadline: Deadline,
+    ) -> asyncio.Future[None]:
+        """Queue an ack; the future is done once the broker made it durable.
+
+        The future fails with ServerError (refused), Timeout (OUTCOME_UNKNOWN: no receipt by
+        ``deadline``; it may have been applied, and it is not sent again) or ClientClosed.
+        """
+        positions = [(i.ledger_id, i.entry_id) for i in ids]
+        waiter = _Waiter(positions, asyncio.get_running_loop().create_future(), deadline)
+        if not self._gathering and not self._solo:
+            self._schedule()
+        if cumulative:
+            self._solo.append((positions, True, txn, epoch, [waiter]))
+        else:
+            self._gathering.setdefault((txn, epoch), []).append(waiter)
+        if deadline.at is not None:
+            self._expiries.add(deadline.at, waiter)
+        return waiter.future
+
+    def take(self) -> list[Ack]:
+        """The frames of everything gathered, now in flight (to write, in this order)."""
+        taken = []
+        for (txn, epoch), gathered in self._gathering.items():
+            waiters = [w for w in gathered if not w.future.done()]  # given up: not sent
+            if waiters:
+                positions = [p for w in waiters for p in w.positions]
+                taken.append(self._send(positions, False, txn, epoch, waiters))
+        taken += [self._send(*solo) for solo in self._solo if not solo[4][0].future.done()]
+        self._gathering.clear()
+        self._solo.clear()
+        return taken
+
+    def _send(
+        self,
+        positions: list[tuple[int, int]],
+        cumulative: bool,
+        txn: tuple[int, int] | None,
+        epoch: int | None,
+        waiters: list[_Waiter],
+    ) -> Ack:
+        frame = Ack(
+            message_ids=positions,
+            cumulative=cumulative,
+            request_id=next(request_ids),
+            txn=txn,
+            epoch=epoch,
+        )
+        self._in_flight[frame.request_id] = _Request(frame, waiters)
+        return frame
+
+    def unanswered(self) -> list[Ack]:
+        """Frames still wanted whose answer has not come (to send again on a new attachment);
+        those no caller waits for any more are forgotten."""
+        for request_id, request in list(self._in_flight.items()):
+            if not request.wanted():
+                del self._in_flight[request_id]
+        return [request.frame for request in self._in_flight.values()]
+
+    def answered(self, request_id: int, error: ServerError | None) -> None:
+        """The broker's receipt (``error`` None) or refusal of a request; unknown ids (given
+        up on meanwhile) are ignored."""
+        request = self._in_flight.pop(request_id, None)
+        if request is None:
+            return
+        waiting = [waiter for waiter in request.waiters if not waiter.future.done()]
+        if (
+            error is not None
+            and error.name is ErrorName.INVALID_ARGUMENT
+            and request.frame.txn is None
+            and len(request.waiters) > 1
+        ):
+            for waiter in waiting:  # each call on its own, so only the bad one fails
+                if not self._gathering and not self._solo:
+                    self._schedule()
+                self._solo.append((waiter.positions, False, None, None, [waiter]))
+            return
+        for waiter in waiting:
+            if error is None:
+                waiter.future.set_result(None)
+            else:
+                waiter.future.set_exception(error)
+
+    def pending(self) -> list[asyncio.Future[None]]:
+        """The answers still awaited (gathered or in flight)."""
+        waiters = [w for ws in self._gathering.values() for w in ws]
+        waiters += [w for solo in self._solo for w in solo[4]]
+        waiters += [w for request in self._in_flight.values() for w in request.waiters]
+        return [waiter.future for waiter in waiters if not waiter.future.done()]
+
+    def close(self) -> None:
+        """Fail every ack still awaited with ClientClosed."""
+        for future in self.pending():
+            future.set_exception(ClientClosed("closed before the ack was confirmed"))
+        self._expiries.clear()
+        self._gathering.clear()
+        self._solo.clear()
+        self._in_flight.clear()
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if waiter.future.done():
+            return
+        waiter.future.set_exception(
+            Timeout(
+                f"acknowledgment of {len(waiter.positions)} message(s) on {self._what}: no "
+                f"receipt within {waiter.deadline}; it may or may not have been applied"
+            )
+        )
+        for request_id, request in list(self._in_flight.items()):
+            if waiter in request.waiters and not request.wanted():
+                del self._in_flight[request_id]  # given up on by everyone: not sent again
+
+
+def _pending(waiter: _Waiter) -> bool:
+    return not waiter.future.done()

@@ -1,0 +1,134 @@
+"""Acknowledgments made in one turn of the loop travel as one Ack frame per (transaction,
+epoch), and each still gets its own answer: segtxn/client/acks.py."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+
+from segtxn.broker.dispatch import Subscription
+from segtxn.client import Client, ErrorName, Message, MessageId, ServerError
+from segtxn.client.consumer import Consumer
+from segtxn.ledger import Position
+from segtxn.protocol.names import TopicName
+from tests.cluster import Cluster
+from tests.waiting import wait_until
+
+TOPIC = "topic://acme/acks/in"
+SEGMENT = TopicName.parse("segment://acme/acks/in/0")
+SUB = "gathered"
+
+
+async def setup(client: Client, n: int, **options: Any) -> tuple[Consumer, list[Message]]:
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    for i in range(n):
+        await producer.send(f"m{i}".encode())
+    await producer.close()
+    consumer = await client.subscribe(TOPIC, SUB, initial_position="earliest", **options)
+    return consumer, [await consumer.receive(timeout_s=10) for _ in range(n)]
+
+
+def subscription(cluster: Cluster) -> Subscription:
+    return cluster.broker.service.topics[SEGMENT].subscriptions[SUB]
+
+
+def record_calls(
+    monkeypatch: pytest.MonkeyPatch, target: object, name: str
+) -> list[list[Position]]:
+    """The ids of every ``target.name(link?, [txn?,] ids, ...)`` call, in order."""
+    calls: list[list[Position]] = []
+    original = getattr(target, name)
+
+    async def recorded(*args: Any, **kwargs: Any) -> Any:
+        calls.append(next(a for a in args if isinstance(a, list)))
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, recorded)
+    return calls
+
+
+def forged(message: Message) -> MessageId:
+    """An id of ``message``'s segment that it never held."""
+    return MessageId(message.message_id.topic, message.message_id.ledger_id, 10**9)
+
+
+def position(message: Message) -> Position:
+    return Position(message.message_id.ledger_id, message.message_id.entry_id)
+
+
+async def test_plain_acks_of_one_turn_are_one_request(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    consumer, got = await setup(client, 5)
+    sub = subscription(cluster)
+    calls = record_calls(monkeypatch, sub, "ack")
+    await asyncio.gather(*(consumer.acknowledge(m) for m in got))
+    assert calls == [[position(m) for m in got]]
+    assert sub.cursor.mark_delete == position(got[-1])
+
+
+async def test_transactional_acks_of_one_turn_are_one_request(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    consumer, got = await setup(client, 5)
+    sub = subscription(cluster)
+    calls = record_calls(monkeypatch, sub.pending_acks, "ack")
+    txn = await client.transaction().start()
+    await asyncio.gather(*(consumer.acknowledge(m, txn=txn) for m in got))
+    assert calls == [[position(m) for m in got]]
+    await txn.commit()
+    await wait_until(
+        lambda: sub.cursor.mark_delete == position(got[-1]), timeout=10, what="acks applied"
+    )
+
+
+async def test_a_refused_plain_ack_fails_only_its_own_caller(
+    client: Client, cluster: Cluster
+) -> None:
+    """An id the topic never held, gathered with good ones: the broker refuses the frame;
+    each call is then sent on its own, so only the bad one fails and the others apply."""
+    consumer, got = await setup(client, 3)
+    sub = subscription(cluster)
+    bad = forged(got[0])
+    outcomes = await asyncio.gather(
+        *(consumer.acknowledge(m) for m in [got[0], bad, got[1], got[2]]),
+        return_exceptions=True,
+    )
+    assert outcomes[0] is None and outcomes[2] is None and outcomes[3] is None
+    assert isinstance(outcomes[1], ServerError)
+    assert outcomes[1].name is ErrorName.INVALID_ARGUMENT
+    assert sub.cursor.mark_delete == position(got[-1])
+
+
+async def test_a_refused_transactional_ack_fails_the_acks_with_it_and_the_transaction(
+    client: Client, cluster: Cluster
+) -> None:
+    """In a transaction a refused ack dooms the transaction anyway: the acks that travelled
+    with it share its refusal, the commit aborts, and the messages come again."""
+    consumer, got = await setup(client, 3)
+    txn = await client.transaction().start()
+    bad = dataclasses.replace(got[0], message_id=forged(got[0]))  # the same epoch
+    outcomes = await asyncio.gather(
+        *(consumer.acknowledge(m, txn=txn) for m in [got[0], bad, got[1]]),
+        return_exceptions=True,
+    )
+    assert all(isinstance(o, ServerError) for o in outcomes), outcomes
+    with pytest.raises(Exception):  # noqa: B017 - the commit's own error class is not the point
+        await txn.commit()
+    again = [await consumer.receive(timeout_s=10) for _ in range(3)]
+    assert sorted(m.value for m in again) == [b"m0", b"m1", b"m2"]
+
+
+async def test_a_cumulative_ack_travels_alone(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    consumer, got = await setup(client, 3, subscription_type="Failover")
+    sub = subscription(cluster)
+    calls = record_calls(monkeypatch, sub, "ack")
+    await asyncio.gather(consumer.acknowledge(got[0]), consumer.acknowledge_cumulative(got[2]))
+    assert sorted(calls) == sorted([[position(got[0])], [position(got[2])]])
+    assert sub.cursor.mark_delete == position(got[2])
