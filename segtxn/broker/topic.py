@@ -155,6 +155,12 @@ class Topic:
         """Store plain sends that arrived together: :meth:`Publishing.publish_plain`."""
         return await self.publishing.publish_plain(producer, sends)
 
+    async def publish_txn(
+        self, producer: str, sends: list[tuple[Send, Turn]]
+    ) -> list[Outcome | ServerError]:
+        """Store sends of one transaction that arrived together: :meth:`Publishing.publish_txn`."""
+        return await self.publishing.publish_txn(producer, sends)
+
     # ------------------------------------------------------------------ subscriptions
 
     async def subscription(self, name: str, *, initial: str = "latest") -> Subscription:

@@ -262,7 +262,10 @@ async def producer(request: web.Request) -> web.StreamResponse:
     async def publish_together(items: list[tuple[Send, Turn]]) -> None:
         started = time.perf_counter()
         try:
-            outcomes = await topic.publish_plain(producer_name, items)
+            if items[0][0].txn is None:
+                outcomes = await topic.publish_plain(producer_name, items)
+            else:
+                outcomes = await topic.publish_txn(producer_name, items)
         finally:
             for _ in items:
                 window.release()
@@ -278,26 +281,25 @@ async def producer(request: web.Request) -> web.StreamResponse:
     async def handle(frame: object) -> None:
         if isinstance(frame, SendBatch):
             check_batch(frame.sends)
-            if frame.sends and all(send.txn is None for send in frame.sends):
-                await handle_plain(frame.sends)
-                return
-        sends = frame.sends if isinstance(frame, SendBatch) else [frame]
-        for send in sends:
-            assert isinstance(send, Send)
-            await window.acquire()  # backpressure: stop reading while the window is full
-            turn = topic.turn(producer_name)  # in arrival order: the order of storage
-            start(publish(send, turn), [turn], f"publish-{producer_name}-{send.seq}")
+            for _, run in itertools.groupby(frame.sends, key=lambda send: send.txn):
+                await handle_together(list(run))
+            return
+        assert isinstance(frame, Send)
+        await window.acquire()  # backpressure: stop reading while the window is full
+        turn = topic.turn(producer_name)  # in arrival order: the order of storage
+        start(publish(frame, turn), [turn], f"publish-{producer_name}-{frame.seq}")
 
-    async def handle_plain(sends: list[Send]) -> None:
-        """Plain sends that came together are published together, in one task per run of
-        sends the window has room for (Publishing.publish_plain)."""
+    async def handle_together(sends: list[Send]) -> None:
+        """Sends of one transaction (or of none) that came together are published together,
+        in one task per run of sends the window has room for (Publishing.publish_plain,
+        Publishing.publish_txn)."""
         items: list[tuple[Send, Turn]] = []
         for send in sends:
             if items and window.locked():  # let these go before waiting for room
                 start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
                 items = []
-            await window.acquire()
-            items.append((send, topic.turn(producer_name)))
+            await window.acquire()  # backpressure: stop reading while the window is full
+            items.append((send, topic.turn(producer_name)))  # in arrival order
         start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
 
     try:

@@ -15,6 +15,7 @@ from segtxn.broker.txn.headers import HeaderCache
 from segtxn.client import Client, ErrorName, Message, ServerError, TransactionFailed
 from segtxn.client.consumer import Consumer
 from segtxn.client.transaction import Transaction
+from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
 from tests.cluster import Cluster
@@ -22,6 +23,7 @@ from tests.waiting import wait_until
 
 TOPIC = "topic://acme/ops/orders"
 OUT = "topic://acme/ops/out"
+SEGMENT = TopicName.parse("segment://acme/ops/orders/0")
 
 
 async def op_records(cluster: Cluster, txn_id: str) -> dict[str, T.OpRecord]:
@@ -65,9 +67,13 @@ async def test_writes_arriving_during_a_step_share_the_next_one(
     await held.wait_for(1)  # the first step is in flight, parked
     rest = [await producer.send_async(f"r{i}".encode(), txn=txn) for i in range(20)]
     writer = cluster.broker.service.op_records
-    await wait_until(
-        lambda: writer.waiting(txn.id) == 20, timeout=10, what="the twenty appends made, waiting"
-    )
+    ledger = cluster.broker.service.topics[SEGMENT].ledger
+
+    def all_appended_and_waiting() -> bool:  # in one batch or several, each one waiter
+        last = ledger.last_confirmed
+        return last is not None and last.entry_id == 20 and writer.waiting(txn.id) >= 1
+
+    await wait_until(all_appended_and_waiting, timeout=10, what="the twenty appends, waiting")
     steps = cluster.faults.count("txn", key_prefix="/txn-op/")
     held.release(0)
     await asyncio.gather(first, *rest)

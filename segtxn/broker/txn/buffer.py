@@ -43,7 +43,7 @@ from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.oprecords import Draft, OpRecordWriter
 from segtxn.broker.txn.visibility import TransactionBuffer
-from segtxn.ledger import ManagedLedger, Position, TrimResult
+from segtxn.ledger import LedgerError, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId, TxnState
@@ -75,6 +75,15 @@ def _before(p: Position) -> Position:
 
 def _pair(p: Position) -> tuple[int, int]:
     return (p.ledger_id, p.entry_id)
+
+
+def _settled(outcome: asyncio.Future[Position] | BaseException) -> Position | BaseException:
+    """A queued write's position, or what it failed with."""
+    if not isinstance(outcome, asyncio.Future):
+        return outcome
+    if outcome.cancelled():
+        return LedgerError("the write was cancelled")
+    return outcome.exception() or outcome.result()
 
 
 class _Writes(Draft):
@@ -192,56 +201,96 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 it ends between the append and the record: the entry is then an orphan).
             ServerError(PersistenceError / TopicTerminatedError)
         """
+        outcome = (await self.append_together(txn, [(payload, turn)]))[0]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    async def append_together(
+        self, txn: TxnId, entries: list[tuple[bytes, Turn]]
+    ) -> list[Position | BaseException]:
+        """Entries of ``txn`` that arrived together: one header read, each appended in its
+        turn, their writes awaited together, then one rewrite of the writes record covers
+        them all (see :meth:`append` for each one's errors). A send at a time made each wait
+        for the previous one's wake-up, and a batch of a hundred cost a hundred turns of the
+        event loop (issue 16)."""
         self._headers.listen(txn, self._on_header)
         self._appending[txn] = self._appending.get(txn, 0) + 1
         try:
-            return await self._append(txn, payload, turn)
+            return await self._append_together(txn, entries)
         finally:
+            for _, turn in entries:
+                turn.release()
             if self._appending[txn] == 1:
                 del self._appending[txn]
             else:
                 self._appending[txn] -= 1
 
-    async def _append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
+    async def _append_together(
+        self, txn: TxnId, entries: list[tuple[bytes, Turn]]
+    ) -> list[Position | BaseException]:
         header, version = await self._headers.get(txn)  # a store read on a cache miss
         if header is None:
-            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
-        await turn.wait()  # the read may end in any order; the appends may not (issue 14)
-        header = self._headers.cached(txn) or header  # it may have ended while we waited
-        if header.state is not TxnState.OPEN:
-            raise ServerError(
-                ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}: no more writes"
-            )
-        floor = self._ledger.last_confirmed or Position(0, -1)
-        self._floors.append(floor)
+            missing = ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+            return [missing] * len(entries)
+        outcomes: list[asyncio.Future[Position] | BaseException] = []
+        floor: Position | None = None
         try:
-            position = await (await turn.enqueue(self._ledger, payload))
-            try:
-                await self._record(txn, version, position)
-            except ServerError:
-                await self._orphan(txn, position)
-                raise
-            self._track(txn, position)
-            return position
+            for payload, turn in entries:
+                await turn.wait()  # the read may end in any order; the appends may not
+                header = self._headers.cached(txn) or header  # it may have ended meanwhile
+                if header.state is not TxnState.OPEN:
+                    turn.release()
+                    outcomes.append(
+                        ServerError(
+                            ErrorName.TRANSACTION_CONFLICT,
+                            f"{txn} is {header.state}: no more writes",
+                        )
+                    )
+                    continue
+                if floor is None:
+                    floor = self._ledger.last_confirmed or Position(0, -1)
+                    self._floors.append(floor)
+                try:
+                    outcomes.append(await turn.enqueue(self._ledger, payload))
+                except (LedgerError, ServerError) as e:
+                    outcomes.append(e)
+            written = [o for o in outcomes if isinstance(o, asyncio.Future)]
+            if written:
+                await asyncio.wait(written)
+            positions = [_settled(o) for o in outcomes]
+            stored = [p for p in positions if isinstance(p, Position)]
+            if stored:
+                try:
+                    await self._record(txn, version, stored)
+                except ServerError as e:
+                    for position in stored:
+                        await self._orphan(txn, position)
+                    return [e if isinstance(p, Position) else p for p in positions]
+                for position in stored:
+                    self._track(txn, position)
+            return positions
         finally:
-            self._floors.remove(floor)
-            self._changed()
+            if floor is not None:
+                self._floors.remove(floor)
+                self._changed()
 
-    async def _record(self, txn: TxnId, version: int, position: Position) -> None:
-        """Make the writes record cover ``position``: nothing to write when a landed one
-        does (``position`` was appended before that record's header check passed);
-        otherwise a rewrite with a check that the header is still at ``version`` (the
-        late-write race is settled there), shared with every append waiting for it.
+    async def _record(self, txn: TxnId, version: int, positions: list[Position]) -> None:
+        """Make the writes record cover ``positions``: nothing to write when a landed one
+        does (they were appended before that record's header check passed); otherwise a
+        rewrite with a check that the header is still at ``version`` (the late-write race
+        is settled there), shared with every append waiting for it.
 
         Raises ServerError: see :meth:`OpRecordWriter.write`.
         """
         draft = self._records.get(txn)
         if draft is None:
-            draft = self._records[txn] = _Writes(txn, self.segment, position)
-        if draft.covers(position):
+            draft = self._records[txn] = _Writes(txn, self.segment, positions[0])
+        if all(draft.covers(position) for position in positions):
             draft.refuse_if_failed()
             return
-        draft.extend(position)
+        for position in positions:
+            draft.extend(position)
         try:
             await self._ops.write(txn, version, draft)
         except ServerError:

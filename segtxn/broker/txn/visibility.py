@@ -12,6 +12,7 @@ whether a transactional entry at or before it is committed. It waits on ``change
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -58,6 +59,21 @@ class TransactionBuffer(ABC):
         they run concurrently with the earlier sends; the caller releases the turn if this
         fails before queueing.
         """
+
+    async def append_together(
+        self, txn: TxnId, entries: list[tuple[bytes, Turn]]
+    ) -> list[Position | BaseException]:
+        """Append entries of ``txn`` that arrived together, each in its turn: each one's
+        position or what :meth:`append` would have raised, in order. Every turn is released
+        however this ends. By default an :meth:`append` each, concurrently."""
+
+        async def one(payload: bytes, turn: Turn) -> Position:
+            try:
+                return await self.append(txn, payload, turn)
+            finally:
+                turn.release()
+
+        return await asyncio.gather(*(one(p, t) for p, t in entries), return_exceptions=True)
 
     async def recover(self) -> None:  # noqa: B027 - nothing to rebuild unless overridden
         """Rebuild state on load."""

@@ -1,0 +1,150 @@
+"""Sends of one transaction that arrive together in a ``send_batch`` are published together
+(Publishing.publish_txn, MetadataTransactionBuffer.append_together): one header check and
+one request to record them all, each still answered on its own, in the producer's order,
+with de-duplication and refusals per send."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import pytest
+
+from segtxn.client import Client, Message
+from segtxn.client.consumer import Consumer
+from segtxn.protocol import frames
+from segtxn.protocol.errors import ErrorName
+from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
+from segtxn.protocol.names import TopicName
+from tests.cluster import Cluster
+from tests.wsframes import next_frame
+
+TOPIC = "topic://acme/together/orders"
+SEGMENT = TopicName.parse("segment://acme/together/orders/0")
+
+
+@asynccontextmanager
+async def raw_producer(
+    cluster: Cluster, name: str
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    url = f"{cluster.broker.settings.advertise_url}/ws/v2/producer/{SEGMENT.path}?name={name}"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        assert isinstance(await next_frame(ws), ProducerReady)
+        yield ws
+
+
+async def answers(ws: aiohttp.ClientWebSocketResponse, count: int) -> dict[int, frames.Frame]:
+    got: dict[int, frames.Frame] = {}
+    for _ in range(count):
+        frame = await next_frame(ws)
+        assert isinstance(frame, Receipt | Error), frame
+        assert frame.seq is not None and frame.seq not in got, frame
+        got[frame.seq] = frame
+    return got
+
+
+async def send_batch(ws: aiohttp.ClientWebSocketResponse, *sends: Send) -> None:
+    await ws.send_bytes(frames.encode(SendBatch(sends=list(sends))))
+
+
+async def receive_all(consumer: Consumer, n: int) -> list[Message]:
+    return [await consumer.receive(timeout_s=10) for _ in range(n)]
+
+
+async def test_a_transactions_batch_is_recorded_in_one_step(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    txn = await client.transaction().start()
+    steps = cluster.faults.count("txn", key_prefix="/txn-op/")
+    writer = cluster.broker.service.op_records
+    writes: list[object] = []
+    original = writer.write
+
+    async def counted(*args: Any, **kwargs: Any) -> None:
+        writes.append(args)
+        await original(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "write", counted)
+    async with raw_producer(cluster, "p") as ws:
+        await send_batch(ws, *(Send(seq=i, payload=b"%d" % i, txn=txn.wire_id) for i in range(30)))
+        got = await answers(ws, 30)
+    receipts = [got[i] for i in range(30)]
+    assert all(isinstance(r, Receipt) and not r.duplicate for r in receipts), receipts
+    ids = [r.message_id for r in receipts if isinstance(r, Receipt)]
+    assert ids == sorted(ids) and len(set(ids)) == 30  # stored in send order
+    assert len(writes) == 1  # a send at a time: each asked for the record to cover it
+    assert steps.calls == 1
+    await txn.commit()
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    assert [m.value for m in await receive_all(reader, 30)] == [b"%d" % i for i in range(30)]
+
+
+async def test_runs_of_two_transactions_and_plain_sends_in_one_batch(
+    client: Client, cluster: Cluster
+) -> None:
+    """Consecutive sends of one transaction go together; each run keeps its place in the
+    producer's order, and each transaction's outcome applies to its own sends only."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    kept = await client.transaction().start()
+    dropped = await client.transaction().start()
+    plan = [None, kept, kept, dropped, dropped, None, kept, None]
+    async with raw_producer(cluster, "p") as ws:
+        await send_batch(
+            ws,
+            *(
+                Send(seq=i, payload=b"%d" % i, txn=None if t is None else t.wire_id)
+                for i, t in enumerate(plan)
+            ),
+        )
+        got = await answers(ws, len(plan))
+    ids = [r.message_id for r in (got[i] for i in range(len(plan))) if isinstance(r, Receipt)]
+    assert len(ids) == len(plan) and ids == sorted(ids)
+    await kept.commit()
+    await dropped.abort()
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    expected = [b"%d" % i for i, t in enumerate(plan) if t is not dropped]
+    assert [m.value for m in await receive_all(reader, len(expected))] == expected
+
+
+async def test_a_resend_in_a_transactions_batch_is_a_duplicate(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    txn = await client.transaction().start()
+    async with raw_producer(cluster, "p") as ws:
+        await send_batch(ws, *(Send(seq=i, payload=b"%d" % i, txn=txn.wire_id) for i in range(3)))
+        first = await answers(ws, 3)
+        await send_batch(
+            ws, *(Send(seq=i, payload=b"%d" % i, txn=txn.wire_id) for i in range(2, 5))
+        )
+        again = await answers(ws, 3)
+    resent = again[2]
+    assert isinstance(resent, Receipt) and resent.duplicate
+    assert isinstance(first[2], Receipt) and resent.message_id == first[2].message_id
+    assert all(isinstance(again[i], Receipt) and not again[i].duplicate for i in (3, 4))  # type: ignore[union-attr]
+    await txn.commit()
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    assert [m.value for m in await receive_all(reader, 5)] == [b"%d" % i for i in range(5)]
+
+
+async def test_a_batch_of_an_ended_transaction_is_refused_send_by_send(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(TOPIC, segments=1)
+    txn = await client.transaction().start()
+    await txn.abort()
+    async with raw_producer(cluster, "p") as ws:
+        await send_batch(ws, *(Send(seq=i, payload=b"x", txn=txn.wire_id) for i in range(4)))
+        got = await answers(ws, 4)
+        assert all(
+            isinstance(got[i], Error) and got[i].error == ErrorName.TRANSACTION_CONFLICT  # type: ignore[union-attr]
+            for i in range(4)
+        ), got
+        await send_batch(ws, Send(seq=4, payload=b"plain"))  # the producer goes on
+        after = await answers(ws, 1)
+    assert isinstance(after[4], Receipt)
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    assert [m.value for m in await receive_all(reader, 1)] == [b"plain"]
