@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from segtxn.metastore.etcd_server import EtcdServer
+from segtxn.metastore.etcd_server import AutoCompaction, EtcdServer
 from tests.processes import ServerProcess
 
 pytest_plugins = ["tests.cluster"]
@@ -18,6 +18,20 @@ def etcd_server() -> Iterator[EtcdServer]:
     """One real etcd for the whole run (fsync off: tests measure behaviour, not disks).
     Each test isolates itself in its own key namespace."""
     server = EtcdServer.in_temp_dir(unsafe_no_fsync=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def compacting_etcd() -> Iterator[EtcdServer]:
+    """A real etcd that compacts its own history every second (periodic mode, one second
+    of retention), for tests of watches whose history is gone. Started on first use."""
+    server = EtcdServer.in_temp_dir(
+        unsafe_no_fsync=True, auto_compaction=AutoCompaction.periodic(1)
+    )
     server.start()
     try:
         yield server

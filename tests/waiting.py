@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+from segtxn.metastore import Compacted, MetadataStore
+
 T = TypeVar("T")
 
 
@@ -41,3 +43,25 @@ async def take(events: AsyncIterator[T], n: int, *, timeout: float = 10.0) -> li
     except TimeoutError:
         raise AssertionError(f"got {len(out)} of {n} items in {timeout}s: {out!r}") from None
     return out
+
+
+PROBE = "/compaction-probe"
+
+
+async def wait_compacted(store: MetadataStore, revision: int, *, timeout: float = 15.0) -> None:
+    """Wait until the store has compacted ``revision`` away: a watch from it fails with
+    ``Compacted``. Writes one probe record (at ``PROBE``) so a watch from ``revision``
+    that still has its history answers at once, with the probe."""
+    probe = await store.put(PROBE, b"")
+    if probe.version < revision:
+        raise ValueError(f"revision {revision} is in the future (the store is at {probe.version})")
+
+    async def gone() -> bool:
+        try:
+            async with store.watch(PROBE, from_revision=revision) as events:
+                await anext(events)  # the probe, while the history lasts
+        except Compacted:
+            return True
+        return False
+
+    await wait_until(gone, timeout=timeout, what=f"revision {revision} compacted")

