@@ -23,6 +23,7 @@ from segtxn.broker.http import (
     topic_from,
 )
 from segtxn.broker.service import BrokerService
+from segtxn.metastore import Compacted, MetadataStore, Record
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.catalog import topic_key
@@ -76,7 +77,7 @@ async def lookup_session(request: web.Request) -> web.StreamResponse:
         name = topic_from(request)
         if name.domain is not Domain.TOPIC:
             raise ServerError(ErrorName.NOT_ALLOWED, f"{name}: lookup sessions are for topic://")
-        record = await service.store.get(topic_key(name))
+        record, revision = await _read(service.store, topic_key(name))
         if record is None:
             raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
     except ServerError as e:
@@ -86,17 +87,38 @@ async def lookup_session(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
 
     async def push() -> None:
-        topic = decode_topic(record.value)
+        """Send the DAG of each new version of the record, from the one read above.
+
+        The watch starts after the revision of the *read*, not after the record's own
+        version: a topic left alone longer than the store keeps history has a version that
+        is compacted away, and a watch from it would fail at once, every time. When the
+        history the watch needs is compacted anyway (it was cut off for long), the record
+        is read again and the DAG sent if it changed meanwhile.
+        """
+        key = topic_key(name)
+        current: Record | None = record
+        start, sent = revision + 1, 0
+        while current is not None:
+            if current.version != sent:  # new, or changed while the history was compacted
+                sent = current.version
+                await send(current)
+            try:
+                async with service.store.watch(key, from_revision=start) as events:
+                    async for event in events:
+                        current, start = event.record, event.revision + 1
+                        if current is None:
+                            break
+                        sent = current.version
+                        await send(current)
+            except Compacted:
+                current, read_at = await _read(service.store, key)
+                start = read_at + 1
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic deleted")
+
+    async def send(current: Record) -> None:
+        topic = decode_topic(current.value)
         if isinstance(topic, ScalableTopic):
             await ws.send_str(json.dumps(await layout(service, name, topic)))
-        async with service.store.watch(topic_key(name), from_revision=record.version + 1) as events:
-            async for event in events:
-                if event.record is None:
-                    await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic deleted")
-                    return
-                changed = decode_topic(event.record.value)
-                if isinstance(changed, ScalableTopic):
-                    await ws.send_str(json.dumps(await layout(service, name, changed)))
 
     async def drain() -> None:
         async for _ in ws:  # the client says nothing; this ends when it leaves
@@ -105,6 +127,12 @@ async def lookup_session(request: web.Request) -> web.StreamResponse:
     await first_completed(push(), drain(), name=f"lookup-session-{name}")
     await ws.close()
     return ws
+
+
+async def _read(store: MetadataStore, key: str) -> tuple[Record | None, int]:
+    """The record at ``key`` (None: absent) and the revision it was read at."""
+    listing = await store.list_range(key, key + "\x01")  # keys hold no NUL: just ``key``
+    return (listing.records[0] if listing.records else None), listing.revision
 
 
 async def coordinators(request: web.Request) -> web.StreamResponse:

@@ -355,8 +355,11 @@ class MetadataStore:
 
         Args:
             from_revision: the first revision to report (inclusive). None: changes after
-                the store's current revision. After ``get``, pass ``record.version + 1``
-                to miss nothing since the read.
+                the store's current revision. To follow what a read returned, pass the
+                revision the read was made at plus one (a listing's ``revision + 1``).
+                ``record.version + 1`` misses nothing either, but it is the revision of
+                the record's last write: for a record left alone longer than the store
+                keeps history, the watch ends with ``Compacted`` at once.
 
         The stream survives connection loss: the store re-establishes it from the last
         revision it delivered, so the caller sees every change exactly once, in revision
