@@ -8,7 +8,8 @@ header; a single prefix watch has the same semantics with one stream instead of 
 The watch starts before any header is read, so a change made after a read is always seen;
 events older than what the cache holds are ignored. Listeners registered for a transaction
 are called, on the watch task, with every newer header (or ``None`` once it is deleted).
-If the watch's history is compacted, every watched header is read again.
+If the watch's history is compacted, every watched header is read again, and no store
+error after start-up ends the watch (it is retried): see :meth:`HeaderCache._follow`.
 
 The watch also sees transactions being opened. The newest :data:`RECENT_OPEN` OPEN headers
 nobody has asked about yet are kept (dropped when the watch reports them ended), so the
@@ -23,7 +24,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from segtxn.metastore import Compacted, EventKind, MetadataStore, StoreClosed
+from segtxn.metastore import Compacted, EventKind, MetadataStore, StoreClosed, StoreUnavailable
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 
@@ -33,6 +34,9 @@ Listener = Callable[[TxnId, "T.TxnHeader | None"], None]
 
 RECENT_OPEN = 10_000
 """OPEN headers kept from the watch before anyone asks (about 2 MB)."""
+
+RETRY_MIN_S = 0.01
+"""The first pause before asking an unavailable store again (it doubles each time)."""
 
 
 @dataclass
@@ -78,11 +82,26 @@ class HeaderCache:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _follow(self) -> None:
+        """Keep the cache current until the store is closed.
+
+        Once the watch is up, no store error ends this task: it is how the broker learns
+        every outcome, and nobody awaits it. The watch resumes by itself after a lost
+        connection; what it cannot do alone is done here. When the history it would
+        resume from is compacted, the watched headers are read again and the watch is
+        opened after those reads; when the store does not answer either step, it is asked
+        again after a pause that grows to the store's ``watch_retry_max_s``.
+        """
         start: int | None = None
+        compacted = False
+        pause_s = RETRY_MIN_S
         while True:
             try:
+                if compacted:
+                    start = await self._reread()
+                    compacted = False
                 async with self._store.watch_prefix(T.HEADERS, from_revision=start) as events:
                     self._started.set()
+                    pause_s = RETRY_MIN_S
                     async for event in events:
                         txn = T.txn_of_header_key(event.key)
                         header = (
@@ -91,10 +110,17 @@ class HeaderCache:
                             else None
                         )
                         self._apply(txn, header, event.revision)
+                        start = event.revision + 1
             except Compacted:
-                start = await self._reread()
+                compacted = True
             except StoreClosed:
                 return
+            except StoreUnavailable as e:
+                if not self._started.is_set():
+                    raise  # start() reports it: a broker without the watch does not start
+                log.warning("the transaction header watch could not resume (%s); retrying", e)
+                await asyncio.sleep(pause_s)
+                pause_s = min(pause_s * 2, self._store.settings.watch_retry_max_s)
 
     async def _reread(self) -> int:
         """After compaction: read every watched header again; watch from after the reads."""
