@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.manifests.support import CHART, kinds, template, validate
+from tests.manifests.support import CHART, KUBE_VERSION, Doc, kinds, load_all, template, validate
 
 Helm = Callable[..., str]
 
@@ -18,6 +19,10 @@ VALUE_SETS = {
         "operator.watchNamespaces={team-a,team-b}",
     ),
     "one etcd member, verbose": ("etcd.replicas=1", "operator.verbosity=2"),
+    "etcd compacting by revision": (
+        "etcd.autoCompaction.mode=revision",
+        "etcd.autoCompaction.retention=100000",
+    ),
 }
 
 
@@ -52,6 +57,10 @@ def test_default_install(helm: Helm) -> None:
     args = etcd["spec"]["template"]["spec"]["containers"][0]["args"]
     cluster = next(a for a in args if a.startswith("--initial-cluster="))
     assert cluster.count("=http://") == 3  # every member named in the initial cluster
+    # etcd keeps every revision until compacted: five minutes of history, a 4 GiB quota
+    assert "--auto-compaction-mode=periodic" in args
+    assert "--auto-compaction-retention=5m" in args
+    assert "--quota-backend-bytes=4294967296" in args
     pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
     assert pdb["spec"]["minAvailable"] == 2  # a quorum of 3 survives voluntary disruption
     operator = next(d for d in docs if d["kind"] == "Deployment")
@@ -114,6 +123,42 @@ def test_cluster_retention_values_reach_the_cluster(helm: Helm) -> None:
     }
 
 
+def etcd_args(docs: list[Doc]) -> list[str]:
+    etcd = next(d for d in docs if d["kind"] == "StatefulSet")
+    args: list[str] = etcd["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+@pytest.mark.parametrize(
+    ("sets", "flags"),
+    [
+        (
+            ("etcd.autoCompaction.retention=30s", "etcd.quotaBackendBytes=8589934592"),
+            ["periodic", "30s", "8589934592"],
+        ),
+        (  # a revision count is printed whole (not 1e+06), whether given as number or text
+            ("etcd.autoCompaction.mode=revision", "etcd.autoCompaction.retention=1000000"),
+            ["revision", "1000000", "4294967296"],
+        ),
+    ],
+)
+def test_etcd_compaction_values_become_its_flags(
+    helm: Helm, sets: tuple[str, ...], flags: list[str]
+) -> None:
+    args = etcd_args(template(helm, *sets))
+    names = ["--auto-compaction-mode", "--auto-compaction-retention", "--quota-backend-bytes"]
+    assert [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] in names] == flags
+
+
+def test_etcd_revision_retention_from_a_values_file_is_printed_whole(
+    helm: Helm, tmp_path: Path
+) -> None:
+    values = tmp_path / "values.yaml"  # a YAML number reaches the template as a float
+    values.write_text("etcd:\n  autoCompaction: {mode: revision, retention: 2500000}\n")
+    out = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values))
+    assert "--auto-compaction-retention=2500000" in etcd_args(load_all(out))
+
+
 @pytest.mark.parametrize(
     ("sets", "complaint"),
     [
@@ -124,6 +169,15 @@ def test_cluster_retention_values_reach_the_cluster(helm: Helm) -> None:
         (("etcd.storage.size=lots",), "etcd.storage.size"),
         (("cluster.retentionTimeSeconds=-2",), "cluster.retentionTimeSeconds"),
         (("cluster.retentionBytes=10G",), "cluster.retentionBytes"),
+        # etcd would read a bare number as hours in periodic mode: say 5h
+        (("etcd.autoCompaction.retention=5",), "etcd.autoCompaction.retention"),
+        # ...and a duration as a number of revisions in revision mode
+        (
+            ("etcd.autoCompaction.mode=revision", "etcd.autoCompaction.retention=5m"),
+            "etcd.autoCompaction.retention",
+        ),
+        (("etcd.autoCompaction.mode=hourly",), "etcd.autoCompaction.mode"),
+        (("etcd.quotaBackendBytes=4Gi",), "etcd.quotaBackendBytes"),
     ],
 )
 def test_values_schema_refuses_bad_values(
