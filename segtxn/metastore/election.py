@@ -18,6 +18,7 @@ from segtxn.metastore.errors import (
     Compacted,
     NotFound,
     SessionExpired,
+    StoreUnavailable,
 )
 from segtxn.metastore.records import MUST_NOT_EXIST, EventKind, Record
 from segtxn.metastore.session import Session
@@ -26,6 +27,9 @@ from segtxn.metastore.store import MetadataStore
 log = logging.getLogger(__name__)
 
 ELECTIONS_PREFIX = "/segtxn/elections/"
+
+RETRY_MIN_S = 0.01
+"""The first pause before asking an unavailable store again (it doubles each time)."""
 
 
 class Leadership:
@@ -50,22 +54,40 @@ class Leadership:
             self.lost.set()
 
     async def _key_changes(self) -> None:
-        """Return when the election key is deleted or rewritten by someone else."""
+        """Return when the election key is deleted or rewritten by someone else.
+
+        No store error ends it: when the history to resume from is compacted, the key is
+        read again (not necessarily gone: still ours, keep watching); when the store does
+        not answer that read or the watch after it, both are tried again after a pause
+        that grows to the store's ``watch_retry_max_s``. A store lost for long ends the
+        leadership through the session, whose ``expired`` is set after a whole TTL
+        without it. Ending here on an error would set ``lost`` while the key is still
+        ours, and a new campaign would wait for ever for that key to go.
+        """
         store, key = self.election.store, self.election.key
         start = self.token + 1
+        compacted = False
+        pause_s = RETRY_MIN_S
         while True:
             try:
+                if compacted:
+                    current, start = await self.election.read()
+                    if current is None or current.version != self.token:
+                        return
+                    compacted = False
                 async with store.watch(key, from_revision=start) as events:
+                    pause_s = RETRY_MIN_S
                     async for event in events:
                         if event.kind is EventKind.DELETE or (
                             event.record is not None and event.record.version != self.token
                         ):
                             return
             except Compacted:
-                # history is gone, not necessarily the key: look at it again
-                current, start = await self.election.read()
-                if current is None or current.version != self.token:
-                    return
+                compacted = True  # history is gone, not necessarily the key: read it
+            except StoreUnavailable as e:
+                log.warning("leadership %s: the store did not answer (%s); again", key, e)
+                await asyncio.sleep(pause_s)
+                pause_s = min(pause_s * 2, store.settings.watch_retry_max_s)
 
     async def resign(self) -> None:
         """Give leadership up (delete the key if it is still ours). Idempotent."""

@@ -155,3 +155,39 @@ async def test_a_rival_cut_off_past_the_history_wins_when_the_leader_left(
         await asyncio.gather(rival, return_exceptions=True)
         await session.close()
         await rival_session.close()
+
+
+async def test_store_errors_after_a_compaction_do_not_depose_a_leader(clients: Clients) -> None:
+    """Regression: a leadership's guard re-read its key after a compaction, and watched it
+    again, outside the watch's own retries; a store error in either step ended the guard
+    and set ``lost`` while the key was still the leader's. The v5 coordinator then
+    campaigned again and waited for its own key to go, which it never does while the
+    session lives: the coordinator id was served by nobody."""
+    store, other = clients(), clients()
+    faults = faults_of(store)
+    session = await store.open_session(5)
+    election = LeaderElection(store, "d", session, b"a")
+    leadership = await election.campaign()
+    try:
+        await wait_until(lambda: faults.open_watches == 1, what="the leader watching its key")
+        faults.fail("watch", key_prefix=election.key, times=None)
+        assert faults.drop_watches() == 1
+        noise = await other.put("/noise", b"x")
+        await wait_compacted(other, noise.version)
+        faults.clear()
+        faults.fail("range", key_prefix=election.key, times=1)  # the first re-read fails
+        held = faults.hold("range", key_prefix=election.key, times=1)  # the second is held...
+        injected = faults.injected
+        await held.wait_for(1)
+        faults.fail("watch", key_prefix=election.key, times=1)  # ...until re-watching fails
+        held.release()
+        await wait_until(
+            lambda: faults.open_watches == 1 and faults.injected - injected == 3,
+            what="the guard watching again, through every fault",
+        )
+        assert not leadership.lost.is_set()
+        await other.delete(election.key)  # and the guard still works: now it is lost
+        await asyncio.wait_for(leadership.lost.wait(), 10)
+    finally:
+        await leadership.resign()
+        await session.close()
