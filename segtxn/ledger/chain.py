@@ -47,6 +47,19 @@ class LedgerChain:
     def properties(self) -> Mapping[str, str]:
         return dict(self._meta.properties)
 
+    @property
+    def ledger_ids(self) -> list[int]:
+        """The ids of the retained ledgers, oldest first (every id below the first was
+        trimmed: ids only grow)."""
+        return [info.id for info in self._meta.ledgers]
+
+    def retained_bytes(self) -> int:
+        """Bytes on disk of the retained ledgers (a closed ledger recorded before sizes
+        were kept counts as 0)."""
+        closed = [info for info in self._meta.ledgers if info.entries is not None]
+        open_bytes = self._current.size_bytes() if self._current is not None else 0
+        return sum(info.size_bytes or 0 for info in closed) + open_bytes
+
     def first_position(self) -> Position | None:
         """The first retained entry, or None if the ledger holds none."""
         for info in self._meta.ledgers:

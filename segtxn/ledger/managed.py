@@ -109,6 +109,7 @@ class ManagedLedger(LedgerChain):
         self._closing = False
         self._closed = False
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time: they chain versions
+        self._write_lock = asyncio.Lock()  # a batch write, or a roll_over(): one at a time
         self._last = None
         self._last = self._compute_last()
         self.stats = WriteStats()
@@ -212,21 +213,41 @@ class ManagedLedger(LedgerChain):
     async def _write(self, batch: list[bytes]) -> list[Position]:
         """The group-commit writer's one write: durable (and marked acknowledged) when
         this returns, rolling over to a new ledger first if the current one is full."""
-        current = self._current
-        if current is None:  # only a sealed ledger has no current log, and it queues nothing
-            raise LedgerSealed(f"{self.name} is sealed")
-        if current.count and current.size_bytes() >= self.settings.max_ledger_bytes:
-            current = await self._roll_over(current)
-        first = current.count
-        await asyncio.to_thread(current.append_batch, batch)
+        async with self._write_lock:
+            current = self._current
+            if current is None:  # only a sealed ledger has no current log: it queues nothing
+                raise LedgerSealed(f"{self.name} is sealed")
+            if current.count and current.size_bytes() >= self.settings.max_ledger_bytes:
+                current = await self._roll_over(current)
+            first = current.count
+            await asyncio.to_thread(current.append_batch, batch)
+            self._last = Position(current.ledger_id, first + len(batch) - 1)
         self.stats.entries += len(batch)
         self.stats.batches += 1
         self.stats.bytes += sum(len(p) for p in batch)
         on_disk = sum(len(p) + ENTRY_OVERHEAD for p in batch)
         self.stats.largest_batch_bytes = max(self.stats.largest_batch_bytes, on_disk)
-        self._last = Position(current.ledger_id, first + len(batch) - 1)
         self._notify()
         return [Position(current.ledger_id, first + i) for i in range(len(batch))]
+
+    async def roll_over(self) -> Position:
+        """Close the ledger being appended to, if it holds entries, and start the next.
+
+        Returns where the next append goes. Entries durable before the call stay in the
+        earlier ledgers, and appends queued after it returns go to the new one: a caller
+        that lets no append of its own be in flight (the v4 transaction log's compaction)
+        gets a cut that whole-ledger trimming can use. Durable when it returns (one CAS).
+
+        Raises:
+            LedgerSealed, LedgerClosed, LedgerError: as :meth:`append`.
+            LedgerFenced: another process owns the ledger now.
+        """
+        self._check_writable()
+        async with self._write_lock:
+            current = self._current
+            if current is not None and current.count:
+                await self._roll_over(current)
+        return self.next_write_position()
 
     async def _roll_over(self, current: EntryLog) -> EntryLog:
         """Close ``current`` and start the next ledger. Its file is created (and synced)

@@ -62,6 +62,24 @@ async def test_rollover_and_reads_across_ledgers(
     assert len(listing.records) == 1
 
 
+async def test_roll_over_starts_a_new_ledger_at_once(open_ledger: OpenLedger) -> None:
+    """roll_over cuts the chain where it is called: what was durable stays before the
+    cut, what is appended after goes to the new ledger (the v4 log's compaction trims at
+    such a cut); with nothing in the current ledger it does nothing; a sealed ledger
+    refuses it."""
+    ledger = await open_ledger()
+    before = [await ledger.append(b"a") for _ in range(3)]
+    cut = await ledger.roll_over()
+    assert cut == Position(before[-1].ledger_id + 1, 0) and ledger.stats.rollovers == 1
+    assert await ledger.roll_over() == cut  # an empty ledger is not rolled over again
+    assert await ledger.append(b"b") == cut
+    assert [e.payload for e in await ledger.read(before[0])] == [b"a", b"a", b"a", b"b"]
+    assert len(ledger.ledger_ids) == 2
+    await ledger.terminate()
+    with pytest.raises(LedgerSealed):
+        await ledger.roll_over()
+
+
 async def test_reopen_keeps_entries_and_continues(open_ledger: OpenLedger) -> None:
     ledger = await open_ledger()
     before = [await ledger.append(f"a{i}".encode()) for i in range(5)]
