@@ -30,7 +30,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from segtxn.boundary import boundary, error_response, read_json
-from segtxn.coordinator.v4 import CoordinatorV4, TxnMeta
+from segtxn.coordinator.txnlog import TxnMeta
+from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
 from segtxn.metastore import (
     MetadataStore,
@@ -270,9 +271,39 @@ class _Collector(Collector):
         )
 
 
+class _V4Collector(Collector):
+    """The v4 coordinator's transaction logs: how big each one held here is, and what
+    compaction has done (segtxn/coordinator/txnlog.py)."""
+
+    def __init__(self, coordinator: CoordinatorV4) -> None:
+        self._c = coordinator
+
+    def collect(self) -> Iterator[Metric]:
+        counters = self._c.counters
+        for name, text in (
+            ("log_compactions", "v4 transaction log compactions"),
+            ("log_compaction_failures", "v4 transaction log compactions that failed"),
+            ("log_trimmed_ledgers", "v4 transaction log ledgers deleted by compactions"),
+            ("log_trimmed_entries", "v4 transaction log entries deleted by compactions"),
+            ("log_dropped_txns", "Ended v4 transactions dropped from their log"),
+        ):
+            yield CounterMetricFamily(f"segtxn_txn_v4_{name}", text, value=counters[name])
+        sizes = (
+            ("entries", "Entries a take-over of the id would replay", lambda h: h.log.entries),
+            ("bytes", "Bytes of the ledgers the log retains", lambda h: h.log.size_bytes),
+            ("txns", "Transactions the log holds (live and recently ended)", lambda h: len(h.txns)),
+        )
+        for what, text, value in sizes:
+            gauge = GaugeMetricFamily(f"segtxn_txn_v4_log_{what}", text, labels=["coordinator"])
+            for coordinator_id, held in sorted(self._c.held.items()):
+                gauge.add_metric([str(coordinator_id)], value(held))
+            yield gauge
+
+
 async def metrics(request: web.Request) -> web.Response:
     registry = CollectorRegistry()
     registry.register(_Collector(request.app[COORDINATOR]))
+    registry.register(_V4Collector(request.app[V4]))
     return web.Response(body=generate_latest(registry), content_type="text/plain")
 
 

@@ -13,6 +13,10 @@
 - **Recovery**: the new holder of an id replays its log and finishes every transaction
   caught COMMITTING / ABORTING; the timeout sweep moves OPEN transactions past their
   deadline to TIME_OUT and aborts them.
+- **The log stays bounded** (:mod:`segtxn.coordinator.txnlog`): once it has grown by
+  ``v4_log_compact_entries`` it is compacted in the background; a transaction ended more
+  than ``gc_retention_s`` ago is then forgotten (END_TXN or a status query about it gets
+  ``TransactionNotFound``, as for a number never issued).
 - A participant that cannot take its marker (a terminated topic) fails END_TXN at once
   with ``TopicTerminatedError``; the transaction stays COMMITTING (it cannot complete).
 
@@ -35,8 +39,20 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from segtxn.coordinator.txnlog import (
+    ABORTED,
+    ABORTING,
+    COMMITTED,
+    COMMITTING,
+    FINAL,
+    OPEN,
+    TIME_OUT,
+    TxnLog,
+    TxnMeta,
+    log_name,
+)
 from segtxn.coordinator.v5 import CoordinatorSettings
-from segtxn.ledger import LedgerError, LogStorage, ManagedLedger, open_log_storage
+from segtxn.ledger import LedgerError, LogStorage, open_log_storage
 from segtxn.metastore import LeaderElection, Leadership, MetadataStore, MetadataStoreError, Session
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_TXN_PARTICIPANTS
@@ -48,40 +64,21 @@ from segtxn.topics.transactions import V4_COORDINATOR_ELECTION
 log = logging.getLogger(__name__)
 
 ELECTION_PREFIX = V4_COORDINATOR_ELECTION
-OPEN, COMMITTING, ABORTING, TIME_OUT = "OPEN", "COMMITTING", "ABORTING", "TIME_OUT"
-COMMITTED, ABORTED = "COMMITTED", "ABORTED"
-FINAL = {COMMITTED, ABORTED}
 PARTICIPANT_TIMEOUT = aiohttp.ClientTimeout(total=10)
 FIRST_RETRY_S = 0.05
 
 
-def log_name(coordinator_id: int) -> str:
-    return f"__transaction_log_{coordinator_id}"
-
-
-class TxnMeta(msgspec.Struct, frozen=True):
-    """One transaction as its log records it (each entry is its whole current state)."""
-
-    txn: tuple[int, int]
-    state: str
-    timeout_ms: int
-    created_ms: int
-    partitions: list[str] = msgspec.field(default_factory=list)
-    subscriptions: list[tuple[str, str]] = msgspec.field(default_factory=list)
-    finalized_ms: int | None = None
-
-
-_encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder(TxnMeta).decode
-
-
 @dataclass
 class _Log:
+    """A coordinator id this process holds: its lease, its log, a lock per transaction."""
+
     leadership: Leadership
-    ledger: ManagedLedger
-    txns: dict[int, TxnMeta] = field(default_factory=dict)
-    next_least: int = 0
+    log: TxnLog
     locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+
+    @property
+    def txns(self) -> dict[int, TxnMeta]:
+        return self.log.txns
 
 
 class CoordinatorV4:
@@ -99,7 +96,18 @@ class CoordinatorV4:
         """Participant calls, and calls forwarded to the holder of another id."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = itertools.count()
-        self.counters = {"opened": 0, "committed": 0, "aborted": 0, "timeouts": 0, "replayed": 0}
+        self.counters = {
+            "opened": 0,
+            "committed": 0,
+            "aborted": 0,
+            "timeouts": 0,
+            "replayed": 0,
+            "log_compactions": 0,
+            "log_compaction_failures": 0,
+            "log_trimmed_ledgers": 0,
+            "log_trimmed_entries": 0,
+            "log_dropped_txns": 0,
+        }
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -162,37 +170,24 @@ class CoordinatorV4:
             self.held.pop(coordinator_id, None)
             log.warning("v4 coordinator id %d: lease lost; campaigning again", coordinator_id)
             with contextlib.suppress(LedgerError):
-                await held.ledger.close()
+                await held.log.close()
 
     async def _recover(self, coordinator_id: int, leadership: Leadership) -> _Log:
-        ledger = await ManagedLedger.open(
-            log_name(coordinator_id), self.store, self._storage, self.settings.ledger
+        txn_log = await TxnLog.open(
+            log_name(coordinator_id),
+            self.store,
+            self._storage,
+            self.settings.ledger,
+            compact_entries=self.settings.v4_log_compact_entries,
+            keep_ended_s=self.settings.gc_retention_s,
         )
-        held = _Log(leadership, ledger)
-        try:
-            await self._replay(held)
-        except BaseException:  # failed or stopped mid-way: nothing else would close it
-            with contextlib.suppress(LedgerError):
-                await ledger.close()
-            raise
+        self.counters["replayed"] += txn_log.replayed
+        held = _Log(leadership, txn_log)
         for meta in held.txns.values():  # caught mid-way: finish them
             if meta.state in (COMMITTING, ABORTING, TIME_OUT):
                 action = TxnAction.COMMIT if meta.state == COMMITTING else TxnAction.ABORT
                 self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
         return held
-
-    async def _replay(self, held: _Log) -> None:
-        start = held.ledger.first_position()
-        while start is not None:
-            entries = await held.ledger.read(start, max_entries=1000, max_bytes=64 << 20)
-            if not entries:
-                break
-            for entry in entries:
-                meta = _decode(entry.payload)
-                held.txns[meta.txn[1]] = meta
-                held.next_least = max(held.next_least, meta.txn[1] + 1)
-                self.counters["replayed"] += 1
-            start = held.ledger.position_after(entries[-1].position)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -201,7 +196,7 @@ class CoordinatorV4:
         for held in list(self.held.values()):
             await held.leadership.resign()
             with contextlib.suppress(LedgerError):
-                await held.ledger.close()
+                await held.log.close()
         self.held.clear()
         if self._http is not None:
             await self._http.close()
@@ -246,16 +241,42 @@ class CoordinatorV4:
         held = self._held(txn)
         meta = held.txns.get(txn.least)
         if meta is None:
-            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+            issued = txn.least < held.log.next_least
+            why = " (ended and forgotten, or never issued)" if issued else ""
+            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}{why}")
         return held, meta
 
     async def _log(self, held: _Log, meta: TxnMeta) -> TxnMeta:
+        """Append ``meta`` to the log (it is then the transaction's state); start a
+        compaction in the background once the log has grown enough."""
         try:
-            await held.ledger.append(_encode(meta))
+            await held.log.append(meta)
         except LedgerError as e:
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"transaction log: {e}") from e
-        held.txns[meta.txn[1]] = meta
+        if held.log.due:
+            self._spawn(self._compact(held), f"v4-log-compaction-{meta.txn[0]}")
         return meta
+
+    async def _compact(self, held: _Log) -> None:
+        """Compact an id's log (a failure leaves it correct; the next append retries)."""
+        if not held.log.due:  # another one started meanwhile
+            return
+        try:
+            done = await held.log.compact()
+        except (LedgerError, MetadataStoreError) as e:
+            self.counters["log_compaction_failures"] += 1
+            log.warning("v4 transaction log %s: compaction failed: %s", held.log.ledger.name, e)
+            return
+        self.counters["log_compactions"] += 1
+        self.counters["log_trimmed_ledgers"] += done.trimmed_ledgers
+        self.counters["log_trimmed_entries"] += done.trimmed_entries
+        self.counters["log_dropped_txns"] += done.dropped
+        log.debug(
+            "v4 transaction log %s: compacted: %d transactions kept, %d ended ones dropped, "
+            "%d ledgers (%d entries) deleted",
+            held.log.ledger.name, done.kept, done.dropped, done.trimmed_ledgers,
+            done.trimmed_entries,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ commands
 
@@ -271,8 +292,7 @@ class CoordinatorV4:
             raise ServerError(ErrorName.SERVICE_NOT_READY, "this coordinator holds no v4 id")
         coordinator_id = ids[next(self._round_robin) % len(ids)]
         held = self.held[coordinator_id]
-        least = held.next_least
-        held.next_least += 1
+        least = held.log.take_least()
         now = int(time.time() * 1000)
         meta = TxnMeta((coordinator_id, least), OPEN, now + int(timeout * 1000), now)
         await self._log(held, meta)

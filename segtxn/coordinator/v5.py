@@ -81,7 +81,8 @@ class CoordinatorSettings:
     timeout_sweep_s: float = 1.0
     gc_sweep_s: float = 10.0
     gc_retention_s: float = 60.0
-    """How long a final header stays after finalization before GC may delete it."""
+    """How long a final header stays after finalization before GC may delete it; v4: how
+    long an ended transaction stays in its log (and answers a repeated END_TXN)."""
     abandon_after_s: float = 0.0
     """Force-delete op records left this long after finalization (0: never)."""
     id_block: int = 1000
@@ -90,6 +91,11 @@ class CoordinatorSettings:
     ledger_url: str = "memory://"
     """Where v4 transaction logs live (a directory shared by whoever may take an id over)."""
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    v4_log_compact_entries: int = 10_000
+    """Compact a v4 transaction log once this many entries were appended to it since its
+    last compaction (and at least twice as many as the transactions it keeps): ended
+    transactions older than ``gc_retention_s`` leave it and its older ledgers are deleted
+    (segtxn/coordinator/txnlog.py). 0: never (the log grows for ever)."""
     fan_out_timeout_s: float = 10.0
     """How long a v4 END_TXN waits for unreachable participants before it answers
     ServiceNotReady (the fan-out goes on in the background)."""
