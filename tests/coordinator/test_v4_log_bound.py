@@ -1,0 +1,200 @@
+"""A v4 coordinator that runs for months: its transaction log stays bounded.
+
+Thousands of transactions through a real coordinator (its HTTP server for ``/metrics``,
+real files, the embedded store and etcd): the log a take-over would replay, and the files on
+disk, stay under a bound set by ``v4_log_compact_entries``; the same run without compaction
+grows past it (so the bound is not vacuous). The next holder recovers the same open
+transactions and never reuses a number; a compaction that fails is retried and loses
+nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from segtxn.coordinator.app import V4, CoordinatorServer
+from segtxn.coordinator.txnlog import FINAL, TxnMeta, log_name
+from segtxn.coordinator.v4 import CoordinatorV4
+from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.faults import FaultInjector
+from segtxn.metastore.memory import MemoryEngine
+from segtxn.metastore.settings import StoreSettings
+from segtxn.protocol.txn import TxnAction, TxnId
+from tests.waiting import wait_until
+
+TRANSACTIONS = 2000
+LEFT_OPEN = 10
+WAVE = 50
+"""Transactions in flight at once (their entries share group commits)."""
+COMPACT_ENTRIES = 300
+ENTRY_BYTES = 256
+"""More than one log entry of these transactions takes on disk, record header included."""
+
+
+@dataclass
+class Run:
+    max_entries: int = 0
+    max_bytes: int = 0
+    max_files: int = 0
+    open: dict[int, TxnMeta] | None = None
+    issued: int = 0
+
+
+async def store_for(request: pytest.FixtureRequest, kind: str) -> MetadataStore:
+    if kind == "memory":
+        return open_store("memory://", wrap=FaultInjector)
+    server: EtcdServer = request.getfixturevalue("etcd_server")
+    return open_store(server.url(f"/v4bound-{os.getpid()}-{uuid.uuid4().hex[:8]}"))
+
+
+def settings(tmp_path: Path, compact_entries: int) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        advertise_url=f"http://127.0.0.1:{free_port()}",
+        v4_coordinator_ids=1,
+        v4_log_compact_entries=compact_entries,
+        gc_retention_s=0,
+        timeout_sweep_s=3600,
+        ledger_url=f"file://{tmp_path / 'txn-logs'}",
+    )
+
+
+def on_disk(tmp_path: Path) -> tuple[int, int]:
+    """(files, bytes) of the log's ledgers on disk."""
+    files = list((tmp_path / "txn-logs").rglob("*.log"))
+    return len(files), sum(f.stat().st_size for f in files)
+
+
+async def drive(v4: CoordinatorV4, tmp_path: Path, seed: int) -> Run:
+    """TRANSACTIONS transactions, WAVE at a time, LEFT_OPEN of them left open; the log's
+    size is sampled after every wave."""
+    rng = random.Random(seed)
+    run = Run()
+    keep_open = set(rng.sample(range(TRANSACTIONS), LEFT_OPEN))
+
+    async def one(i: int) -> None:
+        txn, _ = await v4.new_txn(timeout_s=3600)
+        if i not in keep_open:
+            await v4.end_txn(txn, rng.choice([TxnAction.COMMIT, TxnAction.ABORT]))
+
+    for start in range(0, TRANSACTIONS, WAVE):
+        await asyncio.gather(*(one(i) for i in range(start, min(start + WAVE, TRANSACTIONS))))
+        held = v4.held[0]
+        files, size = on_disk(tmp_path)
+        run.max_entries = max(run.max_entries, held.log.entries)
+        run.max_bytes = max(run.max_bytes, size)
+        run.max_files = max(run.max_files, files)
+    held = v4.held[0]
+    run.open = {n: m for n, m in held.txns.items() if m.state not in FINAL}
+    run.issued = held.log.next_least
+    return run
+
+
+async def metrics(url: str) -> dict[str, float]:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("segtxn_txn_v4_"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kind", "compact_entries"),
+    [("memory", COMPACT_ENTRIES), ("etcd", COMPACT_ENTRIES), ("memory", 0)],
+)
+async def test_the_log_stays_bounded_over_thousands_of_transactions(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, compact_entries: int
+) -> None:
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    store = await store_for(request, kind)
+    server = CoordinatorServer(settings(tmp_path, compact_entries), store=store)
+    await server.start()
+    try:
+        v4 = server.app[V4]
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held")
+        run = await drive(v4, tmp_path, seed)
+        held = v4.held[0]
+        await wait_until(lambda: not held.log.compacting, what="the last compaction done")
+        exported = await metrics(server.settings.advertise_url)
+        assert exported['segtxn_txn_v4_log_entries{coordinator="0"}'] == held.log.entries
+        assert exported['segtxn_txn_v4_log_bytes{coordinator="0"}'] == held.log.size_bytes
+        print(
+            f"compact_entries={compact_entries}: max {run.max_entries} entries, "
+            f"{run.max_bytes} bytes in {run.max_files} files; now {held.log.entries} "
+            f"entries, {held.log.size_bytes} bytes; "
+            f"{exported['segtxn_txn_v4_log_compactions_total']:.0f} compactions"
+        )
+    finally:
+        await server.stop()
+    # the bound: what arrives while a compaction waits for the appends in flight is one
+    # wave (3 entries per transaction), on top of the threshold and what it keeps
+    bound = COMPACT_ENTRIES + 3 * WAVE + LEFT_OPEN
+    if compact_entries:
+        assert run.max_entries <= bound
+        assert run.max_bytes <= bound * ENTRY_BYTES
+        assert run.max_files <= 3
+        assert exported["segtxn_txn_v4_log_compactions_total"] >= 3 * TRANSACTIONS // bound
+        assert exported["segtxn_txn_v4_log_dropped_txns_total"] >= TRANSACTIONS - bound
+    else:  # the same run, never compacted: every entry of every transaction stays
+        assert run.max_entries >= 3 * TRANSACTIONS - LEFT_OPEN * 2 > 10 * bound
+        assert exported["segtxn_txn_v4_log_compactions_total"] == 0
+
+    successor = CoordinatorV4(store, settings(tmp_path, compact_entries))
+    await successor.start()  # the next holder of the id
+    try:
+        await wait_until(lambda: 0 in successor.held, what="id 0 taken over")
+        held = successor.held[0]
+        assert {n: m for n, m in held.txns.items() if m.state not in FINAL} == run.open
+        assert len(run.open or {}) == LEFT_OPEN
+        txn, _ = await successor.new_txn()
+        assert txn == TxnId(0, run.issued)  # no number issued before is issued again
+    finally:
+        await successor.stop()
+        await store.close()
+
+
+async def test_a_failed_compaction_is_retried_and_loses_nothing(tmp_path: Path) -> None:
+    """The store refuses the compaction's cursor move once: the failure is counted and
+    logged, the log stays as it was (and correct), and the compaction the next append
+    starts succeeds."""
+    faults = FaultInjector(MemoryEngine())
+    store = MetadataStore(faults, StoreSettings(), owns_engine=True)
+    v4 = CoordinatorV4(store, settings(tmp_path, 20))
+    await v4.start()
+    try:
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held")
+        opened = {(await v4.new_txn(timeout_s=3600))[0].least for _ in range(3)}
+        faults.fail("txn", key_prefix=f"/managed-cursors/{log_name(0)}")
+        for _ in range(24):  # 72 entries: past 20 several times
+            txn, _ = await v4.new_txn()
+            await v4.end_txn(txn, TxnAction.COMMIT)
+        await wait_until(lambda: not v4.held[0].log.compacting, what="compactions done")
+        assert v4.counters["log_compaction_failures"] == 1
+        assert v4.counters["log_compactions"] >= 1
+        held = v4.held[0]
+        assert {n for n, m in held.txns.items() if m.state not in FINAL} == opened
+        assert held.log.entries < 3 + 3 * 24  # trimmed
+    finally:
+        await v4.stop()
+    successor = CoordinatorV4(store, settings(tmp_path, 20))
+    await successor.start()
+    try:
+        await wait_until(lambda: 0 in successor.held, what="id 0 taken over")
+        recovered = successor.held[0].txns
+        assert {n for n, m in recovered.items() if m.state not in FINAL} == opened
+    finally:
+        await successor.stop()
+        await store.close()
