@@ -13,65 +13,38 @@ the highest transaction number seen, and never below the ledger property
 
 **Why it is compacted.** Without it the log grows by every transaction for ever and a
 take-over replays all of it. PIP-31's coordinator trims its managed ledger; Kafka compacts
-``__transaction_state``. Here, once ``compact_entries`` entries were appended since the last
-compaction (and at least twice as many as the transactions it would keep, so a compaction
-re-logs at most half of what it frees), :meth:`TxnLog.compact` does, in order:
+``__transaction_state``. The log is a :class:`~segtxn.ledger.compacted.CompactedLog`: once
+``compact_entries`` entries were appended since the last compaction (and at least twice as
+many as the transactions it keeps), :meth:`TxnLog.compact` cuts it, re-logs the state of
+every transaction it keeps — not ended, or ended less than ``keep_ended_s`` ago, so a
+repeated END_TXN still gets its answer — records :data:`NEXT_LEAST`, moves the cursor to
+the cut, forgets the others and trims the ledgers before the cut.
 
-1. hold the log alone (:class:`WriteGate`): no append is in flight, so ``txns`` is exactly
-   what the durable entries say;
-2. roll over: the next entry starts a new ledger, ``L``;
-3. re-log the state of every transaction it keeps (not ended, or ended less than
-   ``keep_ended_s`` ago: a repeated END_TXN still gets its answer) into ``L``;
-4. record :data:`NEXT_LEAST` in the ledger's properties (one CAS);
-5. move the cursor to just before ``L`` (one CAS): replay starts in ``L`` from then on;
-   forget the transactions not kept; let appends go on;
-6. trim: the ledgers before ``L`` leave the metadata (one CAS), then their files go.
-
-**Why recovery stays correct.** From ``L`` on, the log starts with the state of every
-transaction kept, as it stood with nothing in flight, followed by every later change: its
-replay gives what replaying the whole log gives, minus the transactions that ended more than
-``keep_ended_s`` before. A crash (a SIGKILL) between the steps leaves:
-
-- before step 5: the cursor where it was; the replay reads the old entries and then the
-  re-logged copies, which are equal to the states they follow: the same transactions;
-- after step 5, before or during step 6: replay starts in ``L``; the ledgers before it (or
-  the files a trim's metadata CAS had already dropped) are deleted by the next holder when
-  it opens the log (:meth:`TxnLog._trim`);
-- step 4 before 5: a transaction number is never reused, even once every transaction the
-  log held has been dropped from it.
+**Why recovery stays correct.** Replaying from the cut gives what replaying the whole log
+gives, minus the transactions that ended more than ``keep_ended_s`` before, and a crash at
+any step of the compaction leaves a log that replays to the same live transactions
+(:mod:`segtxn.ledger.compacted` says why). :data:`NEXT_LEAST` is recorded before the cursor
+moves, so a transaction number is never reused, even once every transaction the log held
+has been dropped from it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import msgspec
 
-from segtxn.ledger import (
-    LedgerSettings,
-    LogStorage,
-    ManagedCursor,
-    ManagedLedger,
-    Position,
-    RetentionPolicy,
-)
+from segtxn.ledger import LedgerSettings, LogStorage, Position
+from segtxn.ledger.compacted import CompactedLog, Compaction
 from segtxn.metastore import MetadataStore
 
 OPEN, COMMITTING, ABORTING, TIME_OUT = "OPEN", "COMMITTING", "ABORTING", "TIME_OUT"
 COMMITTED, ABORTED = "COMMITTED", "ABORTED"
 FINAL = frozenset({COMMITTED, ABORTED})
 
-CURSOR = "compaction"
-"""The log's one cursor: every entry at or before it is superseded by what follows."""
 NEXT_LEAST = "segtxn.v4.next_least"
 """Ledger property: no transaction number below it may be issued again."""
-TRIM_SUPERSEDED = RetentionPolicy(retention_time_s=0)
-"""Delete a ledger as soon as the cursor has passed it."""
 
 
 def log_name(coordinator_id: int) -> str:
@@ -94,74 +67,13 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(TxnMeta).decode
 
 
-class WriteGate:
-    """Appends share the log; a compaction holds it alone.
-
-    An append enters before it queues its entry and leaves once the entry's write has
-    settled, not when its caller stops waiting: a cancelled caller's entry is still
-    written, and the compaction must not take its snapshot before that entry's state is
-    in memory. Appends wait at the gate while a compaction holds it.
-    """
-
-    def __init__(self) -> None:
-        self._writers = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._open = asyncio.Event()
-        self._open.set()
-        self._alone = asyncio.Lock()
-
-    async def enter(self) -> None:
-        while not self._open.is_set():
-            await self._open.wait()
-        self._writers += 1  # no await since the check: a compaction sees this writer
-        self._idle.clear()
-
-    def leave(self) -> None:
-        self._writers -= 1
-        if not self._writers:
-            self._idle.set()
-
-    @contextlib.asynccontextmanager
-    async def alone(self) -> AsyncIterator[None]:
-        """Hold the log with no append in flight, new ones waiting until this ends."""
-        async with self._alone:
-            self._open.clear()
-            try:
-                await self._idle.wait()
-                yield
-            finally:
-                self._open.set()
-
-
-@dataclass(frozen=True)
-class Compaction:
-    """What one :meth:`TxnLog.compact` did."""
-
-    kept: int
-    """Transactions re-logged (live, or ended within ``keep_ended_s``)."""
-    dropped: int
-    """Ended transactions forgotten (the log and memory no longer hold them)."""
-    trimmed_ledgers: int
-    trimmed_entries: int
-
-
 class TxnLog:
     """One coordinator id's log and the transactions it holds (see the module docstring).
     Open with :meth:`open`; one owner at a time (the id's lease holder)."""
 
-    def __init__(
-        self,
-        ledger: ManagedLedger,
-        cursor: ManagedCursor,
-        storage: LogStorage,
-        *,
-        compact_entries: int,
-        keep_ended_s: float,
-    ) -> None:
-        self.ledger = ledger
-        self._cursor = cursor
-        self._storage = storage
+    def __init__(self, log: CompactedLog, *, compact_entries: int, keep_ended_s: float) -> None:
+        self._log = log
+        self.ledger = log.ledger
         self._compact_entries = compact_entries
         self._keep_ended_s = keep_ended_s
         self.txns: dict[int, TxnMeta] = {}
@@ -169,10 +81,6 @@ class TxnLog:
         self.next_least = 0
         self.replayed = 0
         """Entries the open replayed."""
-        self.since_compaction = 0
-        """Entries after the cursor (what a take-over would replay)."""
-        self._gate = WriteGate()
-        self._compacting = asyncio.Lock()
 
     @classmethod
     async def open(
@@ -185,45 +93,29 @@ class TxnLog:
         compact_entries: int,
         keep_ended_s: float,
     ) -> TxnLog:
-        """Open the log, replay it, and finish any compaction a crash interrupted.
+        """Open the log and replay it (finishing any compaction a crash interrupted).
 
         Raises:
             LedgerError: the ledger cannot be opened or read (``LedgerFenced``: another
                 holder took it over meanwhile).
             MetadataStoreError: the store failed.
         """
-        ledger = await ManagedLedger.open(name, store, storage, settings)
+        log = await CompactedLog.open(name, store, storage, settings)
+        txn_log = cls(log, compact_entries=compact_entries, keep_ended_s=keep_ended_s)
         try:
-            cursor = await ledger.open_cursor(CURSOR, start="earliest")
-            txn_log = cls(
-                ledger,
-                cursor,
-                storage,
-                compact_entries=compact_entries,
-                keep_ended_s=keep_ended_s,
-            )
-            await txn_log._replay()
-            await txn_log._trim()
-            await asyncio.to_thread(txn_log._delete_leftovers)  # nothing reads them now
+            txn_log.next_least = int(log.ledger.properties.get(NEXT_LEAST, "0"))
+            async for entries in log.replay():
+                for entry in entries:
+                    txn_log._apply(_decode(entry.payload))
+                txn_log.replayed += len(entries)
         except BaseException:  # failed or stopped mid-way: nothing else would close it
-            await ledger.close()
+            await log.close()
             raise
         return txn_log
 
-    async def _replay(self) -> None:
-        self.next_least = int(self.ledger.properties.get(NEXT_LEAST, "0"))
-        start = self.ledger.position_after(self._cursor.mark_delete)
-        while start is not None:
-            entries = await self.ledger.read(start, max_entries=1000, max_bytes=64 << 20)
-            if not entries:
-                break
-            for entry in entries:
-                meta = _decode(entry.payload)
-                self.txns[meta.txn[1]] = meta
-                self.next_least = max(self.next_least, meta.txn[1] + 1)
-            self.replayed += len(entries)
-            start = self.ledger.position_after(entries[-1].position)
-        self.since_compaction = self.replayed
+    def _apply(self, meta: TxnMeta, _: Position | None = None) -> None:
+        self.txns[meta.txn[1]] = meta
+        self.next_least = max(self.next_least, meta.txn[1] + 1)
 
     # ------------------------------------------------------------------ appends
 
@@ -240,95 +132,62 @@ class TxnLog:
         Raises:
             LedgerError: the write failed; ``txns`` is unchanged.
         """
-        await self._gate.enter()
-        try:
-            written = await self.ledger.enqueue(_encode(meta))
-        except BaseException:
-            self._gate.leave()
-            raise
-        written.add_done_callback(functools.partial(self._settled, meta))
-        await asyncio.shield(written)  # (runs after _settled: callbacks run in order)
-
-    def _settled(self, meta: TxnMeta, written: asyncio.Future[Position]) -> None:
-        self._gate.leave()
-        if not written.cancelled() and written.exception() is None:
-            self.txns[meta.txn[1]] = meta
-            self.since_compaction += 1
+        await self._log.append(_encode(meta), lambda at: self._apply(meta, at))
 
     # ------------------------------------------------------------------ compaction
 
     @property
     def compacting(self) -> bool:
-        return self._compacting.locked()
+        return self._log.compacting
 
     @property
     def due(self) -> bool:
         """Whether the log has grown enough since its last compaction to compact it."""
-        if self._compact_entries <= 0 or self.compacting:
-            return False
-        return self.since_compaction >= max(self._compact_entries, 2 * len(self.txns))
+        return self._log.due(self._compact_entries, len(self.txns))
 
-    async def compact(self, *, now_ms: int | None = None) -> Compaction:
-        """Steps 1-6 of the module docstring; one compaction at a time.
+    async def compact(self, *, now_ms: int | None = None) -> tuple[Compaction, int]:
+        """Compact the log; returns what it did and how many ended transactions it dropped.
 
         Raises:
             LedgerError, MetadataStoreError: a step failed. What it leaves is recovered
-                correctly (the module docstring says why); the next compaction starts over.
+                correctly; the next compaction starts over.
         """
-        async with self._compacting:
-            now = int(time.time() * 1000) if now_ms is None else now_ms
-            horizon = now - self._keep_ended_s * 1000
-            async with self._gate.alone():
-                cut = await self.ledger.roll_over()
-                kept = [
-                    m
-                    for m in self.txns.values()
-                    if m.state not in FINAL or (m.finalized_ms or 0) >= horizon
-                ]
-                writes = [await self.ledger.enqueue(_encode(meta)) for meta in kept]
-                for written in writes:
-                    await written
-                await self.ledger.update_properties({NEXT_LEAST: str(self.next_least)})
-                await self._cursor.ack_cumulative(Position(cut.ledger_id, cut.entry_id - 1))
-                keep = {m.txn[1] for m in kept}
-                dropped = [least for least in self.txns if least not in keep]
-                for least in dropped:
-                    del self.txns[least]
-                self.since_compaction = len(kept)
-            ledgers, entries = await self._trim()
-        return Compaction(len(kept), len(dropped), ledgers, entries)
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        horizon = now - self._keep_ended_s * 1000
+        kept: list[TxnMeta] = []
 
-    async def _trim(self) -> tuple[int, int]:
-        """Delete the ledgers the cursor has passed; returns (ledgers, entries) deleted."""
-        result = await self.ledger.trim(TRIM_SUPERSEDED)
-        return len(result.ledgers), result.entries
+        async def keep() -> Sequence[bytes]:
+            kept[:] = [
+                m
+                for m in self.txns.values()
+                if m.state not in FINAL or (m.finalized_ms or 0) >= horizon
+            ]
+            return [_encode(meta) for meta in kept]
 
-    def _delete_leftovers(self) -> int:
-        """Delete the files a crash during a trim left behind (at open: nothing reads).
+        dropped: list[int] = []
 
-        A trim removes its ledgers from the metadata, then deletes their files oldest
-        first; a crash in between leaves the newest of them, right below the first ledger
-        the metadata names (ledger ids only grow). Scan down from there to the first
-        absent file."""
-        ledger_id = self.ledger.ledger_ids[0] - 1
-        deleted = 0
-        while ledger_id > 0 and self._storage.exists(self.ledger.name, ledger_id):
-            self._storage.delete(self.ledger.name, ledger_id)
-            deleted += 1
-            ledger_id -= 1
-        return deleted
+        def forget(_: list[Position]) -> None:
+            keeping = {m.txn[1] for m in kept}
+            dropped[:] = [least for least in self.txns if least not in keeping]
+            for least in dropped:
+                del self.txns[least]
+
+        done = await self._log.compact(
+            keep, properties=lambda: {NEXT_LEAST: str(self.next_least)}, relogged=forget
+        )
+        return done, len(dropped)
 
     # ------------------------------------------------------------------ state
 
     @property
     def entries(self) -> int:
         """Entries a take-over would replay (those after the cursor)."""
-        return self.ledger.count_after(self._cursor.mark_delete)
+        return self._log.entries
 
     @property
     def size_bytes(self) -> int:
         """Bytes of the ledgers the log retains."""
-        return self.ledger.retained_bytes()
+        return self._log.size_bytes
 
     async def close(self) -> None:
-        await self.ledger.close()
+        await self._log.close()

@@ -258,25 +258,26 @@ class CoordinatorV4:
         return meta
 
     async def _compact(self, held: _Log) -> None:
-        """Compact an id's log (a failure leaves it correct; the next append retries)."""
-        if not held.log.due:  # another one started meanwhile
-            return
-        try:
-            done = await held.log.compact()
-        except (LedgerError, MetadataStoreError) as e:
-            self.counters["log_compaction_failures"] += 1
-            log.warning("v4 transaction log %s: compaction failed: %s", held.log.ledger.name, e)
-            return
-        self.counters["log_compactions"] += 1
-        self.counters["log_trimmed_ledgers"] += done.trimmed_ledgers
-        self.counters["log_trimmed_entries"] += done.trimmed_entries
-        self.counters["log_dropped_txns"] += done.dropped
-        log.debug(
-            "v4 transaction log %s: compacted: %d transactions kept, %d ended ones dropped, "
-            "%d ledgers (%d entries) deleted",
-            held.log.ledger.name, done.kept, done.dropped, done.trimmed_ledgers,
-            done.trimmed_entries,
-        )  # fmt: skip
+        """Compact an id's log while it is due: again at once if what arrived during one
+        compaction is enough for the next. A failure leaves the log correct; the next
+        append retries."""
+        while held.log.due and not held.leadership.lost.is_set():
+            try:
+                done, dropped = await held.log.compact()
+            except (LedgerError, MetadataStoreError) as e:
+                self.counters["log_compaction_failures"] += 1
+                log.warning("v4 transaction log %s: compaction failed: %s", held.log.ledger.name, e)
+                return
+            self.counters["log_compactions"] += 1
+            self.counters["log_trimmed_ledgers"] += done.trimmed_ledgers
+            self.counters["log_trimmed_entries"] += done.trimmed_entries
+            self.counters["log_dropped_txns"] += dropped
+            log.debug(
+                "v4 transaction log %s: compacted: %d transactions kept, %d ended ones "
+                "dropped, %d ledgers (%d entries) deleted",
+                held.log.ledger.name, done.relogged, dropped, done.trimmed_ledgers,
+                done.trimmed_entries,
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ commands
 

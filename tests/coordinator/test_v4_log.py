@@ -127,9 +127,9 @@ async def test_recovery_after_compaction_gives_the_same_transactions(
     await populate(first, 200, random.Random(seed))
     before = dict(first.txns)
     ledgers_before = len(first.ledger.ledger_ids)
-    done = await first.compact(now_ms=NOW_MS)
+    done, dropped = await first.compact(now_ms=NOW_MS)
     assert first.txns == kept(before)
-    assert done.kept == len(kept(before)) and done.dropped == len(before) - len(kept(before))
+    assert done.relogged == len(kept(before)) and dropped == len(before) - len(kept(before))
     assert done.trimmed_ledgers >= ledgers_before - 1 > 1  # every ledger before the cut went
     assert first.entries == len(kept(before))  # what a take-over would replay now
     assert stored_ledgers(storage) == set(first.ledger.ledger_ids)
@@ -214,8 +214,8 @@ STEPS: dict[str, Callable[[TxnLog, LogStorage], None]] = {
     "half-way through the re-log": lambda t, s: cut_before(t.ledger, "enqueue", skip=20),
     "before the NEXT_LEAST property": lambda t, s: cut_before(t.ledger, "update_properties"),
     "after the NEXT_LEAST property": lambda t, s: cut_after(t.ledger, "update_properties"),
-    "before the cursor moves": lambda t, s: cut_before(t._cursor, "ack_cumulative"),
-    "after the cursor moved": lambda t, s: cut_after(t._cursor, "ack_cumulative"),
+    "before the cursor moves": lambda t, s: cut_before(t._log._cursor, "ack_cumulative"),
+    "after the cursor moved": lambda t, s: cut_after(t._log._cursor, "ack_cumulative"),
     "before the trim": lambda t, s: cut_before(t.ledger, "trim"),
     "between the trim's metadata and its files": lambda t, s: cut_before(s, "delete"),
     "between two file deletions": lambda t, s: cut_delete_after_first(s),
