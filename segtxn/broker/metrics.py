@@ -85,6 +85,12 @@ class BrokerMetrics:
             description="v4 transactions past their timeout and grace that a broker ended "
             "itself on a topic or subscription, by outcome and why",
         )
+        self.txn_v4_log_compactions = meter.create_counter(
+            "segtxn_txn_v4_log_compactions",
+            unit="1",
+            description="Compactions of this broker's v4 logs, by log (snapshot: a namespace's "
+            "transaction-buffer snapshots; pending_ack: a subscription's pending acks)",
+        )
         self.txn_index_query = meter.create_histogram(
             "segtxn_txn_metadata_store_index_query",
             unit="s",

@@ -85,7 +85,12 @@ class BrokerService:
         self.metrics = BrokerMetrics(settings.broker_id)
         self.op_records = OpRecordWriter(self.store, self.metrics)
         self.snapshots = snapshots.SnapshotLogs(
-            settings.broker_id, self.store, self.storage, settings.ledger
+            settings.broker_id,
+            self.store,
+            self.storage,
+            settings.ledger,
+            compact_entries=settings.txn_log_compact_entries,
+            metrics=self.metrics,
         )
         self.v4_checks = v4checks.V4TransactionChecks(self.store, settings.v4_txns, self.metrics)
         """Checks the v4 transactions sends and acks name; ends abandoned ones."""
@@ -117,6 +122,16 @@ class BrokerService:
                 for t in self.topics.values()
                 if isinstance(t.buffer, MarkerTransactionBuffer) and t.buffer.contains_txn
             ),
+        )
+        self.metrics.gauge(
+            "segtxn_txn_v4_snapshot_log_entries",
+            "Entries in this broker's open v4 snapshot logs (what reopening them replays)",
+            lambda: sum(log_.entries for log_ in self.snapshots.opened()),
+        )
+        self.metrics.gauge(
+            "segtxn_txn_v4_snapshot_log_bytes",
+            "Bytes of this broker's open v4 snapshot logs",
+            lambda: sum(log_.size_bytes for log_ in self.snapshots.opened()),
         )
         self.metrics.gauge(
             "segtxn_broker_producers",

@@ -74,6 +74,11 @@ class BrokerSettings:
     txn_buffer_snapshot_every: int = 100
     """A persistent topic's v4 transaction buffer snapshots its indexes after this many
     markers (recovery replays the ledger from the latest snapshot)."""
+    txn_log_compact_entries: int = 1000
+    """Compact a namespace's v4 snapshot log, or a subscription's v4 pending-ack log, once
+    this many entries were appended to it since its last compaction (and twice as many as
+    it keeps): only each topic's latest snapshot, and the acks of open transactions, are
+    kept (segtxn/ledger/compacted.py). 0: never (the logs grow for ever)."""
     v4_txns: V4TxnSettings = field(default_factory=V4TxnSettings)
     """Checking the v4 transactions sends and acks name, and ending abandoned ones."""
     controller_sweep_s: float = 5.0

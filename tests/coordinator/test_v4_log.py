@@ -14,9 +14,8 @@ import asyncio
 import os
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -36,16 +35,13 @@ from segtxn.coordinator.txnlog import (
 from segtxn.ledger import FileLogStorage, LedgerSettings, LogStorage, MemoryLogStorage
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer
+from tests.compaction import CURSOR_MOVED, STEPS, Killed, kill, stored_ledgers
 
 NAME = "__transaction_log_0"
 NOW_MS = 1_800_000_000_000
 KEEP_ENDED_S = 60.0
 SMALL_LEDGERS = LedgerSettings(max_ledger_bytes=2048)
 """Many ledgers per log, so a trim deletes several."""
-
-
-class Killed(BaseException):
-    """The process died here (a BaseException: no handler on the way catches it)."""
 
 
 @pytest.fixture(params=["memory", "etcd"])
@@ -68,22 +64,6 @@ async def open_log(store: MetadataStore, storage: LogStorage) -> TxnLog:
     return await TxnLog.open(
         NAME, store, storage, SMALL_LEDGERS, compact_entries=0, keep_ended_s=KEEP_ENDED_S
     )
-
-
-async def kill(txn_log: TxnLog) -> None:
-    """What SIGKILL leaves of a log: the files are released and no clean close is
-    recorded. The entries queued when the step was cut are written first (one outcome a
-    kill may have; an entry never queued is the other), so no write of this "dead"
-    process lands after the next holder opened the files."""
-    ledger = txn_log.ledger
-    await ledger._writer.idle.wait()
-    await ledger._writer.close()
-    await ledger._logs.close()
-
-
-def stored_ledgers(storage: LogStorage) -> set[int]:
-    """The ids of the log's ledgers that have files (or memory) in the storage."""
-    return {i for i in range(1, 1000) if storage.exists(NAME, i)}
 
 
 async def populate(txn_log: TxnLog, n: int, rng: random.Random) -> None:
@@ -132,7 +112,7 @@ async def test_recovery_after_compaction_gives_the_same_transactions(
     assert done.relogged == len(kept(before)) and dropped == len(before) - len(kept(before))
     assert done.trimmed_ledgers >= ledgers_before - 1 > 1  # every ledger before the cut went
     assert first.entries == len(kept(before))  # what a take-over would replay now
-    assert stored_ledgers(storage) == set(first.ledger.ledger_ids)
+    assert stored_ledgers(storage, NAME) == set(first.ledger.ledger_ids)
     next_least = first.next_least
     await first.close()
 
@@ -167,67 +147,6 @@ async def test_numbers_are_never_reused_once_every_transaction_is_dropped(
         await second.close()
 
 
-def cut_before(target: Any, name: str, *, skip: int = 0) -> None:
-    """``target.name`` raises Killed instead of running, after ``skip`` calls that run."""
-    original = getattr(target, name)
-    calls = 0
-
-    def cut(*args: Any, **kwargs: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls > skip:
-            raise Killed(f"killed before {name}")
-        return original(*args, **kwargs)
-
-    setattr(target, name, cut)
-
-
-def cut_after(target: Any, name: str) -> None:
-    """``target.name`` (a coroutine function) does its work, then raises Killed."""
-    original = getattr(target, name)
-
-    async def cut(*args: Any, **kwargs: Any) -> Any:
-        await original(*args, **kwargs)
-        raise Killed(f"killed after {name}")
-
-    setattr(target, name, cut)
-
-
-def cut_delete_after_first(storage: LogStorage) -> None:
-    """The trim's first file deletion happens; the process dies before the next."""
-    original = storage.delete
-    calls = 0
-
-    def cut(ledger_name: str, ledger_id: int) -> None:
-        nonlocal calls
-        calls += 1
-        if calls > 1:
-            raise Killed("killed between two file deletions of a trim")
-        original(ledger_name, ledger_id)
-
-    storage.delete = cut  # type: ignore[method-assign]
-
-
-STEPS: dict[str, Callable[[TxnLog, LogStorage], None]] = {
-    "before the roll-over": lambda t, s: cut_before(t.ledger, "roll_over"),
-    "after the roll-over": lambda t, s: cut_after(t.ledger, "roll_over"),
-    "half-way through the re-log": lambda t, s: cut_before(t.ledger, "enqueue", skip=20),
-    "before the NEXT_LEAST property": lambda t, s: cut_before(t.ledger, "update_properties"),
-    "after the NEXT_LEAST property": lambda t, s: cut_after(t.ledger, "update_properties"),
-    "before the cursor moves": lambda t, s: cut_before(t._log._cursor, "ack_cumulative"),
-    "after the cursor moved": lambda t, s: cut_after(t._log._cursor, "ack_cumulative"),
-    "before the trim": lambda t, s: cut_before(t.ledger, "trim"),
-    "between the trim's metadata and its files": lambda t, s: cut_before(s, "delete"),
-    "between two file deletions": lambda t, s: cut_delete_after_first(s),
-}
-CURSOR_MOVED = {
-    "after the cursor moved",
-    "before the trim",
-    "between the trim's metadata and its files",
-    "between two file deletions",
-}
-
-
 @pytest.mark.parametrize("step", list(STEPS))
 async def test_a_crash_at_each_step_of_a_compaction_loses_nothing(
     store: MetadataStore, storage: FileLogStorage, tmp_path: Path, step: str
@@ -238,10 +157,10 @@ async def test_a_crash_at_each_step_of_a_compaction_loses_nothing(
     await populate(first, 120, random.Random(seed))
     before = dict(first.txns)
     next_least = first.next_least
-    STEPS[step](first, storage)
+    STEPS[step](first._log, storage, len(kept(before)) // 2)
     with pytest.raises(Killed):
         await first.compact(now_ms=NOW_MS)
-    await kill(first)
+    await kill(first._log)
     storage = FileLogStorage(tmp_path / "txn-logs")  # the next process's (nothing patched)
 
     second = await open_log(store, storage)  # the next holder of the id
@@ -253,10 +172,10 @@ async def test_a_crash_at_each_step_of_a_compaction_loses_nothing(
             assert second.replayed == len(kept(before))
         assert second.next_least >= next_least
         # what a crashed trim left is deleted: the files are the ledgers the metadata names
-        assert stored_ledgers(storage) == set(second.ledger.ledger_ids)
+        assert stored_ledgers(storage, NAME) == set(second.ledger.ledger_ids)
         await second.compact(now_ms=NOW_MS)  # the next compaction completes
         assert second.txns == kept(before)
-        assert stored_ledgers(storage) == set(second.ledger.ledger_ids)
+        assert stored_ledgers(storage, NAME) == set(second.ledger.ledger_ids)
     finally:
         await second.close()
     third = await open_log(store, storage)
@@ -369,7 +288,7 @@ async def test_memory_storage_compacts_the_same(store: MetadataStore) -> None:
     await populate(first, 60, random.Random(1))
     before = dict(first.txns)
     await first.compact(now_ms=NOW_MS)
-    assert stored_ledgers(storage) == set(first.ledger.ledger_ids)
+    assert stored_ledgers(storage, NAME) == set(first.ledger.ledger_ids)
     await first.close()
     second = await open_log(store, storage)
     try:

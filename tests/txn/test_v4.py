@@ -3,6 +3,7 @@ pending acks in a managed ledger, and PIP-373's property; on both stores."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -243,11 +244,12 @@ async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
         await successor.stop()
 
 
-async def restart_broker(cluster: Cluster) -> None:
-    """Stop the broker and start another on the same store and ledger files."""
+async def restart_broker(cluster: Cluster, **changes: int) -> None:
+    """Stop the broker and start another on the same store and ledger files (with
+    ``changes`` to its settings)."""
     from segtxn.broker.app import BrokerServer
 
-    settings = cluster.broker.settings
+    settings = dataclasses.replace(cluster.broker.settings, **changes)  # type: ignore[arg-type]
     await cluster.broker.stop()
     cluster.broker = BrokerServer(settings, store=cluster.store)
     await cluster.broker.start()
@@ -288,6 +290,44 @@ async def test_recovery_replays_the_ledger_then_uses_snapshots(cluster: Cluster)
         await end(client, str(late.id), "ABORT")
         assert await receive_all(consumer, 1) == [b"o"]
         await nothing_more(consumer)
+
+
+def metric(cluster: Cluster, name: str) -> float:
+    lines = cluster.broker.service.metrics.render().decode().splitlines()
+    found = [line for line in lines if line.startswith(name)]
+    assert len(found) == 1, found
+    return float(found[0].rsplit(" ", 1)[1])
+
+
+async def test_the_snapshot_log_keeps_the_latest_snapshot_and_what_follows(
+    cluster: Cluster,
+) -> None:
+    """Snapshots beyond ``txn_log_compact_entries`` compact the namespace's snapshot log
+    (counted, and the log's size exported); after a restart the topic recovers from its
+    latest snapshot, replaying only what followed it."""
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(T1)
+        producer = await client.create_producer(T1)
+        open_ = client.transaction()
+        await producer.send(b"o", txn=open_)
+        await restart_broker(cluster, txn_log_compact_entries=10)
+        first = await loaded(cluster, T1)
+        for _ in range(35):
+            await first.snapshot()
+        compactions = 'segtxn_txn_v4_log_compactions_total{log="snapshot"'
+        # one before the 11th, the 20th and the 29th snapshot (each leaves the topic's
+        # latest copied past its cut: 9 more make the next 10)
+        assert metric(cluster, compactions) == 3
+        assert metric(cluster, "segtxn_txn_v4_snapshot_log_entries") == 1 + 7
+        late = client.transaction()
+        await producer.send(b"late", txn=late)
+        await restart_broker(cluster, txn_log_compact_entries=10)
+        second = await loaded(cluster, T1)
+        assert second.recovery["snapshot"] == 1
+        assert second.recovery["replayed"] == 1  # only what came after the latest snapshot
+        assert second.ongoing == {open_.id, late.id}
+        await end(client, str(open_.id), "ABORT")
+        await end(client, str(late.id), "ABORT")
 
 
 async def test_pip373_skips_recovery_and_handles_upgrades(cluster: Cluster) -> None:

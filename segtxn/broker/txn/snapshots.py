@@ -1,23 +1,36 @@
-"""Snapshots of v4 transaction buffers: one log per namespace and broker.
+"""Snapshots of v4 transaction buffers: one log per namespace and broker, kept bounded.
 
 A ``persistent://`` topic's :class:`~segtxn.broker.txn.markers.MarkerTransactionBuffer`
 writes its indexes (ongoing transactions and their first entries, aborted ones and their
 markers) every so many markers to its namespace's
 ``persistent://<t>/<ns>/__transaction_buffer_snapshot@<broker>`` log, so recovery replays
 only the ledger after the latest one. A topic never moves between brokers, so each broker
-keeps its own log, read once when first opened.
+keeps its own log, read once when first opened (the latest position per topic is indexed).
+
+**Only each topic's latest snapshot is needed**, so the log is a
+:class:`~segtxn.ledger.compacted.CompactedLog`: once ``compact_entries`` snapshots were
+written since its last compaction (and twice as many as the topics it holds), it is cut,
+each topic's latest snapshot is copied past the cut, and the ledgers before the cut are
+deleted. A crash at any step leaves a log whose replay indexes, per topic, a snapshot with
+the same content as before (:mod:`segtxn.ledger.compacted` says why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Sequence
 
 import msgspec
 
-from segtxn.ledger import LedgerSettings, LogStorage, ManagedLedger, Position
-from segtxn.metastore import MetadataStore
+from segtxn.broker.metrics import BrokerMetrics
+from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, Position
+from segtxn.ledger.compacted import CompactedLog
+from segtxn.metastore import MetadataStore, MetadataStoreError
 
 SNAPSHOT_LOG = "__transaction_buffer_snapshot"
+
+log = logging.getLogger(__name__)
 
 
 class BufferSnapshot(msgspec.Struct, frozen=True):
@@ -30,45 +43,121 @@ class BufferSnapshot(msgspec.Struct, frozen=True):
     """Transaction -> its abort marker."""
 
 
+class _Topic(msgspec.Struct):
+    """Decodes just the topic of a snapshot."""
+
+    topic: str
+
+
 _encode = msgspec.json.Encoder().encode
 _decode_snapshot = msgspec.json.Decoder(BufferSnapshot).decode
+_decode_topic = msgspec.json.Decoder(_Topic).decode
 
 
 class SnapshotLog:
     """One namespace's ``__transaction_buffer_snapshot`` log on this broker: every
-    snapshot is appended; the latest per topic is indexed at open (the log is read once)."""
+    snapshot is appended; the latest per topic is indexed at open (the log is read once),
+    and the log is compacted to those (see the module docstring)."""
 
-    def __init__(self, ledger: ManagedLedger) -> None:
-        self._ledger = ledger
+    def __init__(
+        self, log_: CompactedLog, compact_entries: int, metrics: BrokerMetrics | None
+    ) -> None:
+        self._log = log_
+        self._compact_entries = compact_entries
+        self._metrics = metrics
         self._latest: dict[str, Position] = {}
 
     @classmethod
     async def open(
-        cls, name: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
+        cls,
+        name: str,
+        store: MetadataStore,
+        storage: LogStorage,
+        settings: LedgerSettings,
+        *,
+        compact_entries: int,
+        metrics: BrokerMetrics | None = None,
     ) -> SnapshotLog:
-        log_ = cls(await ManagedLedger.open(name, store, storage, settings))
-        start = log_._ledger.first_position()
-        while start is not None:
-            entries = await log_._ledger.read(start, max_entries=1000, max_bytes=64 << 20)
-            if not entries:
-                break
-            for entry in entries:
-                log_._latest[_decode_snapshot(entry.payload).topic] = entry.position
-            start = log_._ledger.position_after(entries[-1].position)
+        opened = await CompactedLog.open(name, store, storage, settings)
+        log_ = cls(opened, compact_entries, metrics)
+        try:
+            async for entries in log_._log.replay():
+                for entry in entries:
+                    log_._latest[_decode_topic(entry.payload).topic] = entry.position
+        except BaseException:
+            await log_.close()
+            raise
         return log_
 
     async def write(self, snapshot: BufferSnapshot) -> None:
-        self._latest[snapshot.topic] = await self._ledger.append(_encode(snapshot))
+        """Append ``snapshot`` (the topic's latest once durable); compact the log first if
+        it has grown enough (a failed compaction is logged: the log is as correct as
+        before, and the next write tries again).
+
+        Raises:
+            LedgerError: the snapshot could not be written.
+        """
+        if self._log.due(self._compact_entries, len(self._latest)):
+            try:
+                await self.compact()
+            except (LedgerError, MetadataStoreError) as e:
+                log.warning("%s: compaction failed (retried later): %s", self._log.ledger.name, e)
+        await self._log.append(_encode(snapshot), lambda at: self._index(snapshot.topic, at))
+
+    def _index(self, topic: str, at: Position) -> None:
+        self._latest[topic] = at
 
     async def latest(self, topic: str) -> BufferSnapshot | None:
-        at = self._latest.get(topic)
-        if at is None:
-            return None
-        entries = await self._ledger.read(at, max_entries=1)
-        return _decode_snapshot(entries[0].payload) if entries else None
+        """The topic's latest snapshot (None: it has none)."""
+        while True:
+            at = self._latest.get(topic)
+            if at is None:
+                return None
+            entries = await self._log.ledger.read(at, max_entries=1)
+            if entries and entries[0].position == at:
+                return _decode_snapshot(entries[0].payload)
+            if self._latest.get(topic) == at:  # not moved by a compaction: it is gone
+                log.warning("%s: %s's snapshot at %s is gone", self._log.ledger.name, topic, at)
+                return None  # (recovery then replays the topic's whole ledger)
+            # a compaction copied it and trimmed the original meanwhile: read the copy
+
+    async def compact(self) -> None:
+        """Keep only each topic's latest snapshot (one compaction at a time).
+
+        Raises:
+            LedgerError, MetadataStoreError: a step failed (the log stays correct).
+        """
+        topics: list[str] = []
+
+        async def keep() -> Sequence[bytes]:
+            topics[:] = list(self._latest)
+            payloads = []
+            for topic in topics:
+                at = self._latest[topic]
+                entries = await self._log.ledger.read(at, max_entries=1)
+                if not entries or entries[0].position != at:
+                    raise LedgerError(f"{self._log.ledger.name}: {topic}'s snapshot is gone")
+                payloads.append(entries[0].payload)
+            return payloads
+
+        def relogged(positions: list[Position]) -> None:
+            self._latest.update(zip(topics, positions, strict=True))
+
+        await self._log.compact(keep, relogged=relogged)
+        if self._metrics is not None:
+            self._metrics.txn_v4_log_compactions.add(1, {"log": "snapshot"})
+
+    @property
+    def entries(self) -> int:
+        """Snapshots the log holds after its cursor (what the next open replays)."""
+        return self._log.entries
+
+    @property
+    def size_bytes(self) -> int:
+        return self._log.size_bytes
 
     async def close(self) -> None:
-        await self._ledger.close()
+        await self._log.close()
 
 
 class SnapshotLogs:
@@ -76,12 +165,23 @@ class SnapshotLogs:
     topic never moves between brokers, so its snapshots are written and read here."""
 
     def __init__(
-        self, broker_id: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
+        self,
+        broker_id: str,
+        store: MetadataStore,
+        storage: LogStorage,
+        settings: LedgerSettings,
+        *,
+        compact_entries: int = 1000,
+        metrics: BrokerMetrics | None = None,
     ) -> None:
+        """``compact_entries``: compact a log once this many snapshots were written since
+        its last compaction (and twice as many as its topics); 0: never."""
         self._broker_id = broker_id
         self._store = store
         self._storage = storage
         self._settings = settings
+        self._compact_entries = compact_entries
+        self._metrics = metrics
         self._logs: dict[str, asyncio.Task[SnapshotLog]] = {}
 
     def get(self, tenant: str, namespace: str) -> asyncio.Task[SnapshotLog]:
@@ -89,10 +189,25 @@ class SnapshotLogs:
         task = self._logs.get(name)
         if task is None or (task.done() and task.exception() is not None):
             task = asyncio.ensure_future(
-                SnapshotLog.open(name, self._store, self._storage, self._settings)
+                SnapshotLog.open(
+                    name,
+                    self._store,
+                    self._storage,
+                    self._settings,
+                    compact_entries=self._compact_entries,
+                    metrics=self._metrics,
+                )
             )
             self._logs[name] = task
         return task
+
+    def opened(self) -> list[SnapshotLog]:
+        """The logs open now (for metrics)."""
+        return [
+            t.result()
+            for t in self._logs.values()
+            if t.done() and not t.cancelled() and t.exception() is None
+        ]
 
     async def close(self) -> None:
         for task in self._logs.values():

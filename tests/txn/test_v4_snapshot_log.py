@@ -1,0 +1,118 @@
+"""A namespace's v4 snapshot log (segtxn/broker/txn/snapshots.py) keeps each topic's latest
+snapshot and what follows it, and drops what precedes it: it stays bounded however many
+snapshots are written, each topic's latest is read back after a reopen, and a crash at any
+step of a compaction leaves a log whose latest snapshots are the same.
+
+Real files and the embedded store; tests/txn/test_v4.py runs the buffer on etcd too.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLog
+from segtxn.ledger import FileLogStorage, LedgerSettings
+from segtxn.metastore import MetadataStore, open_store
+from tests.compaction import (
+    CURSOR_MOVED,
+    STEPS,
+    WITHOUT_PROPERTIES,
+    Killed,
+    kill,
+    stored_ledgers,
+)
+
+NAME = "persistent://acme/v4/__transaction_buffer_snapshot@b1"
+TOPICS = [f"persistent://acme/v4/t{i}" for i in range(8)]
+SMALL_LEDGERS = LedgerSettings(max_ledger_bytes=4096)
+
+
+def snapshot(topic: str, n: int) -> BufferSnapshot:
+    """The ``n``-th snapshot of ``topic`` (its content tells which one it is)."""
+    return BufferSnapshot(
+        topic, (1, n), {f"0:{n}": (1, n)}, {f"0:{i}": (1, i) for i in range(n % 5)}
+    )
+
+
+async def open_log(store: MetadataStore, root: Path, compact_entries: int) -> SnapshotLog:
+    return await SnapshotLog.open(
+        NAME, store, FileLogStorage(root), SMALL_LEDGERS, compact_entries=compact_entries
+    )
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MetadataStore]:
+    async with open_store("memory://") as s:
+        yield s
+
+
+@pytest.mark.parametrize("compact_entries", [100, 0])
+async def test_the_snapshot_log_stays_bounded(
+    store: MetadataStore, tmp_path: Path, compact_entries: int
+) -> None:
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    log_ = await open_log(store, tmp_path, compact_entries)
+    latest = {TOPICS[-1]: snapshot(TOPICS[-1], 0)}  # an idle topic: it writes once, first
+    await log_.write(latest[TOPICS[-1]])
+    largest = 0
+    try:
+        for n in range(1, 2000):
+            topic = rng.choice(TOPICS[:-1])
+            latest[topic] = snapshot(topic, n)
+            await log_.write(latest[topic])
+            largest = max(largest, log_.entries)
+        for topic, expected in latest.items():
+            assert await log_.latest(topic) == expected
+        size = log_.size_bytes
+    finally:
+        await log_.close()
+    print(f"compact_entries={compact_entries}: at most {largest} snapshots, {size} bytes")
+    if compact_entries:
+        assert largest <= compact_entries + len(TOPICS)
+        assert size < 2 * (compact_entries + len(TOPICS)) * 200
+    else:
+        assert largest == 2000
+    again = await open_log(store, tmp_path, compact_entries)
+    try:
+        for topic, expected in latest.items():  # the idle topic's one snapshot included
+            assert await again.latest(topic) == expected
+        assert await again.latest("persistent://acme/v4/never") is None
+    finally:
+        await again.close()
+
+
+@pytest.mark.parametrize("step", sorted(set(STEPS) - WITHOUT_PROPERTIES))
+async def test_a_crash_at_each_step_of_a_compaction_keeps_the_latest_snapshots(
+    store: MetadataStore, tmp_path: Path, step: str
+) -> None:
+    log_ = await open_log(store, tmp_path, 0)
+    latest = {}
+    for n in range(300):
+        topic = TOPICS[n % len(TOPICS)]
+        latest[topic] = snapshot(topic, n)
+        await log_.write(latest[topic])
+    storage = log_._log._storage  # (whose delete the step may cut)
+    STEPS[step](log_._log, storage, len(TOPICS) // 2)
+    with pytest.raises(Killed):
+        await log_.compact()
+    await kill(log_._log)
+
+    again = await open_log(store, tmp_path, 0)  # the next process
+    try:
+        for topic, expected in latest.items():
+            assert await again.latest(topic) == expected
+        if step in CURSOR_MOVED:
+            assert again.entries == len(TOPICS)
+        assert stored_ledgers(FileLogStorage(tmp_path), NAME) == set(again._log.ledger.ledger_ids)
+        await again.compact()
+        assert again.entries == len(TOPICS)
+        for topic, expected in latest.items():
+            assert await again.latest(topic) == expected
+    finally:
+        await again.close()
