@@ -18,7 +18,8 @@ from aiohttp import web
 from segtxn.boundary import read_json
 from segtxn.broker import arguments
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
-from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore
+from segtxn.broker.txn.markers import MarkerTransactionBuffer
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import parse_int
 from segtxn.protocol.names import Domain, TopicName

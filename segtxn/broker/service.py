@@ -35,6 +35,7 @@ from segtxn.broker.txn import snapshots, v4checks
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.ledger import (
     LedgerCorrupted,
     LedgerError,
@@ -134,6 +135,16 @@ class BrokerService:
             lambda: sum(log_.size_bytes for log_ in self.snapshots.opened()),
         )
         self.metrics.gauge(
+            "segtxn_txn_v4_pending_ack_log_entries",
+            "Entries in the v4 pending-ack logs of the subscriptions loaded here",
+            lambda: sum(p.log_entries for p in self._pending_ack_logs()),
+        )
+        self.metrics.gauge(
+            "segtxn_txn_v4_pending_ack_log_bytes",
+            "Bytes of the v4 pending-ack logs of the subscriptions loaded here",
+            lambda: sum(p.log_bytes for p in self._pending_ack_logs()),
+        )
+        self.metrics.gauge(
             "segtxn_broker_producers",
             "Connected producers",
             lambda: sum(len(t.producers) for t in self.topics.values()),
@@ -152,6 +163,15 @@ class BrokerService:
                 s.backlog() for t in self.topics.values() for s in t.subscriptions.values()
             ),
         )
+
+    def _pending_ack_logs(self) -> list[MLPendingAckStore]:
+        """The v4 pending-ack stores of the subscriptions loaded here (for metrics)."""
+        return [
+            s.pending_acks
+            for t in self.topics.values()
+            for s in t.subscriptions.values()
+            if isinstance(s.pending_acks, MLPendingAckStore)
+        ]
 
     def session(self) -> Session:
         if self._session is None:

@@ -21,9 +21,10 @@ from segtxn.broker.publishing import Outcome, Publishing
 from segtxn.broker.settings import UNORDERED_REDELIVERY, BrokerSettings
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.markers import MarkerTransactionBuffer, MLPendingAckStore
+from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.broker.txn.snapshots import SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import NoTransactions, TransactionBuffer
@@ -202,6 +203,8 @@ class Topic:
                     settings=self.settings.ledger,
                     release=subscription.release,
                     checks=self._v4,
+                    compact_entries=self.settings.txn_log_compact_entries,
+                    metrics=self._metrics,
                 )
                 await subscription.pending_acks.recover()
             self.subscriptions[name] = subscription

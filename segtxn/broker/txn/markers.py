@@ -21,10 +21,7 @@ boolean -> trusted like the system's own. Users cannot set or remove it (``NotAl
 at once, with ``TopicTerminatedError``, and the transaction cannot complete. This is the
 problem PIP-471 solves (a sealed segment materializes decisions without a write).
 
-:class:`MLPendingAckStore` is PIP-31's pending-ack store: transactional acks are logged to
-the subscription's ``<topic>-<sub>__transaction_pending_ack`` managed ledger before they are
-acknowledged, applied to the cursor (commit) or released (abort) by
-``END_TXN_ON_SUBSCRIPTION``, and replayed on recovery.
+PIP-31's pending-ack store, ``MLPendingAckStore``, is :mod:`segtxn.broker.txn.pending_ack_log`.
 
 **Only transactions their coordinator knows are open get in**
 (:mod:`segtxn.broker.txn.v4checks`): both check a transaction with its coordinator before
@@ -39,27 +36,20 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 
 import msgspec
 
 from segtxn.broker.entry import decode_entry, marker_entry
 from segtxn.broker.ordering import Turn
-from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
 from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import (
     LedgerSealed,
-    LedgerSettings,
-    LogStorage,
-    ManagedCursor,
     ManagedLedger,
     Position,
     TrimResult,
 )
-from segtxn.ledger.managed import metadata_key
-from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId, TxnState
 
@@ -79,7 +69,7 @@ def _before(p: Position) -> Position:
     return Position(p.ledger_id, p.entry_id - 1)
 
 
-def _remember(ended: OrderedDict[TxnId, TxnState], txn: TxnId, outcome: TxnState) -> None:
+def remember(ended: OrderedDict[TxnId, TxnState], txn: TxnId, outcome: TxnState) -> None:
     """Note an ended transaction, forgetting the oldest beyond ``ENDED_MEMORY``."""
     ended[txn] = outcome
     while len(ended) > ENDED_MEMORY:
@@ -244,7 +234,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                 self._apply_end(txn, outcome, at)
                 self._markers_since_snapshot += 1
                 log.debug("txn %s: %s marker on %s at %s", txn, action.value, self.topic, at)
-            _remember(self._ended, txn, outcome)
+            remember(self._ended, txn, outcome)
             self._checks.ended(txn, self)
             self._locks.pop(txn, None)
         self._changed()
@@ -328,7 +318,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                 if message.marker is not None:
                     outcome = TxnAction(message.marker).outcome
                     self._apply_end(txn, outcome, entry.position)
-                    _remember(self._ended, txn, outcome)
+                    remember(self._ended, txn, outcome)
                 elif txn not in self._ended:
                     self._ongoing.setdefault(txn, entry.position)
             start = self._ledger.position_after(entries[-1].position)
@@ -345,146 +335,3 @@ class MarkerTransactionBuffer(TransactionBuffer):
         self._checks.forget(self)
         if self._snapshotting is not None:
             await asyncio.gather(self._snapshotting, return_exceptions=True)
-
-
-class PendingAckOp(msgspec.Struct, frozen=True):
-    txn: tuple[int, int]
-    op: str
-    """``ack``, ``COMMIT`` or ``ABORT``."""
-    positions: list[tuple[int, int]] = msgspec.field(default_factory=list)
-    cumulative: bool = False
-
-
-_decode_op = msgspec.json.Decoder(PendingAckOp).decode
-
-
-def pending_ack_log(topic: str, subscription: str) -> str:
-    return f"{topic}-{subscription}__transaction_pending_ack"
-
-
-class MLPendingAckStore(ReservingPendingAckStore):
-    """PIP-31's pending-ack store for a ``persistent://`` subscription (module docstring)."""
-
-    def __init__(
-        self,
-        topic: str,
-        subscription: str,
-        *,
-        cursor: ManagedCursor,
-        store: MetadataStore,
-        storage: LogStorage,
-        settings: LedgerSettings,
-        release: Callable[[list[Position]], None],
-        checks: V4TransactionChecks,
-    ) -> None:
-        super().__init__(cursor, release)
-        self.topic = topic
-        self._checks = checks
-        self.subscription = subscription
-        self._store = store
-        self._storage = storage
-        self._settings = settings
-        self._name = pending_ack_log(topic, subscription)
-        self._log: ManagedLedger | None = None
-        self._open_lock = asyncio.Lock()
-        self._ended: OrderedDict[TxnId, TxnState] = OrderedDict()
-        self._locks: dict[TxnId, asyncio.Lock] = {}
-
-    def __str__(self) -> str:
-        return f"{self.topic} subscription {self.subscription!r}"
-
-    async def _ledger(self) -> ManagedLedger:
-        async with self._open_lock:
-            if self._log is None:
-                self._log = await ManagedLedger.open(
-                    self._name, self._store, self._storage, self._settings
-                )
-            return self._log
-
-    async def ack(
-        self,
-        txn: TxnId,
-        positions: list[Position],
-        *,
-        cumulative: bool,
-        guard: Callable[[], None] | None = None,
-    ) -> None:
-        """Raises ServerError(TransactionConflict), or TransactionNotFound /
-        InvalidTxnStatus / ServiceNotReady when its coordinator does not confirm it open with
-        this subscription in it (asked once per transaction)."""
-        if txn in self._ended:
-            raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {self._ended[txn]}")
-        await self._checks.admit_ack(txn, self.topic, self.subscription, self)
-        if guard is not None:
-            guard()
-        self._check(txn, positions, cumulative=cumulative)
-        undo = self._reserve(txn, positions, cumulative=cumulative)  # no await since the check
-        op = PendingAckOp(
-            (txn.most, txn.least), "ack", [(p.ledger_id, p.entry_id) for p in positions], cumulative
-        )
-        try:
-            await (await self._ledger()).append(_encode(op))
-        except BaseException:
-            self._unreserve(txn, undo, cumulative=cumulative)
-            raise
-
-    async def end(self, txn: TxnId, action: TxnAction) -> None:
-        """END_TXN_ON_SUBSCRIPTION: commit applies the acks to the cursor, abort releases
-        them; then the outcome is logged (idempotent)."""
-        outcome = action.outcome
-        async with self._locks.setdefault(txn, asyncio.Lock()):
-            ended = self._ended.get(txn)
-            if ended is not None:
-                if ended is not outcome:
-                    raise ServerError(ErrorName.INVALID_TXN_STATUS, f"{txn} already {ended}")
-                return
-            individual, upto = self._held_by(txn)
-            if individual or upto is not None:
-                log.debug(
-                    "txn %s: %s on %s subscription %s", txn, action, self.topic, self.subscription
-                )
-                await self._settle(txn, outcome is TxnState.COMMITTED, individual, upto)
-                await (await self._ledger()).append(
-                    _encode(PendingAckOp((txn.most, txn.least), action.value))
-                )
-            _remember(self._ended, txn, outcome)
-            self._checks.ended(txn, self)
-            self._locks.pop(txn, None)
-
-    async def recover(self) -> None:
-        """Replay the pending-ack log (if this subscription ever had one)."""
-        if await self._store.get(metadata_key(self._name)) is None:
-            return
-        ledger = await self._ledger()
-        committed: list[TxnId] = []
-        start = ledger.first_position()
-        while start is not None:
-            entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
-            if not entries:
-                break
-            for entry in entries:
-                op = _decode_op(entry.payload)
-                txn = TxnId(*op.txn)
-                if op.op == "ack":
-                    self._reserve(txn, [_pos(p) for p in op.positions], cumulative=op.cumulative)
-                    continue
-                outcome = TxnAction(op.op).outcome
-                self._ended[txn] = outcome
-                if outcome is TxnState.COMMITTED:  # re-applied below: cursor acks repeat safely
-                    committed.append(txn)
-                else:
-                    individual, _ = self._held_by(txn)
-                    for position in individual:
-                        self._individual.pop(position, None)
-                    self._cumulative.pop(txn, None)
-            start = ledger.position_after(entries[-1].position)
-        for txn in committed:
-            individual, upto = self._held_by(txn)
-            await self._settle(txn, True, individual, upto)
-        for txn in self.transactions():  # ended by its coordinator, or by the checks' sweep
-            self._checks.recovered(txn, self)
-
-    async def close(self) -> None:
-        self._checks.forget(self)
-        if self._log is not None:
-            await self._log.close()

@@ -1,0 +1,138 @@
+"""A subscription's v4 pending-ack log (segtxn/broker/txn/pending_ack_log.py) keeps the acks
+of the transactions still open and drops the rest: it stays bounded however many
+transactions acknowledge through it, a restarted broker holds exactly the open ones' acks
+again, and a crash at any step of a compaction loses none of them.
+
+A real broker and coordinator (tests/cluster.py), real files.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
+from segtxn.client import Client
+from segtxn.client.messages import Message
+from segtxn.client.transaction import Transaction
+from segtxn.ledger import Position
+from segtxn.protocol.names import TopicName
+from tests.cluster import Cluster
+from tests.compaction import (
+    CURSOR_MOVED,
+    STEPS,
+    WITHOUT_PROPERTIES,
+    Killed,
+    kill,
+    stored_ledgers,
+)
+from tests.txn.test_v4 import metric, restart_broker
+
+TOPIC = "persistent://acme/v4/acks"
+COMPACT_ENTRIES = 20
+
+
+async def pending_acks(cluster: Cluster) -> MLPendingAckStore:
+    topic = await cluster.broker.service.serve(TopicName.parse(TOPIC))
+    store = (await topic.subscription("s")).pending_acks
+    assert isinstance(store, MLPendingAckStore)
+    return store
+
+
+def position(message: Message) -> Position:
+    return Position(message.message_id.ledger_id, message.message_id.entry_id)
+
+
+async def setup(client: Client, messages: int) -> list[Message]:
+    await client.admin.create_topic(TOPIC)
+    consumer = await client.subscribe(
+        TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+    )
+    producer = await client.create_producer(TOPIC)
+    for i in range(messages):
+        await producer.send(f"m{i}".encode())
+    received = [await consumer.receive(timeout_s=10) for _ in range(messages)]
+    client.__dict__["consumer"] = consumer  # (kept for the test's acks)
+    return received
+
+
+async def test_the_pending_ack_log_stays_bounded_and_keeps_the_open_acks(
+    cluster: Cluster,
+) -> None:
+    await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+    async with Client(cluster.url) as client:
+        received = await setup(client, 150)
+        consumer = client.__dict__["consumer"]
+        held: dict[Transaction, Message] = {}
+        for message in received[:3]:  # three transactions stay open, holding one ack each
+            txn = client.transaction()
+            await consumer.acknowledge(message, txn=txn)
+            held[txn] = message
+        pending = await pending_acks(cluster)
+        largest = 0
+        for message in received[3:]:  # each: its ack logged, then its COMMIT
+            txn = client.transaction()
+            await consumer.acknowledge(message, txn=txn)
+            await txn.commit()
+            largest = max(largest, pending.log_entries)
+        compactions = metric(cluster, 'segtxn_txn_v4_log_compactions_total{log="pending_ack"')
+        entries = metric(cluster, "segtxn_txn_v4_pending_ack_log_entries")
+        print(f"at most {largest} entries, {compactions:.0f} compactions")
+        # 2 entries a transaction, 3 kept, and a compaction runs in the background
+        assert largest <= COMPACT_ENTRIES + 3 + 4
+        assert compactions >= (2 * 147) // (COMPACT_ENTRIES + 4)
+        assert entries == pending.log_entries
+        await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+        pending = await pending_acks(cluster)
+        assert pending.transactions() == {t.id for t in held}
+        assert all(pending.is_pending(position(m)) for m in held.values())
+        assert not any(pending.is_pending(position(m)) for m in received[3:])
+        for txn in held:
+            await txn.commit()
+        stats = await client.admin.stats(TOPIC)
+        assert stats["subscriptions"]["s"]["backlog"] == 0
+
+
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)
+@pytest.mark.parametrize("step", sorted(set(STEPS) - WITHOUT_PROPERTIES))
+async def test_a_crash_at_each_step_of_a_compaction_keeps_the_open_acks(
+    cluster: Cluster, step: str
+) -> None:
+    async with Client(cluster.url) as client:
+        received = await setup(client, 16)
+        consumer = client.__dict__["consumer"]
+        for message in received[6:]:  # ten ended ones: what the compaction drops
+            txn = client.transaction()
+            await consumer.acknowledge(message, txn=txn)
+            await txn.commit()
+        pending = await pending_acks(cluster)
+        assert pending._log is not None
+        await pending._log.close()  # reopened at the next ack, on a new ledger: the
+        pending._log = None  # compaction's trim then deletes two
+        held: dict[Transaction, list[Message]] = {}
+        for i in range(3):  # three open transactions, two acks each
+            txn = client.transaction()
+            held[txn] = received[2 * i : 2 * i + 2]
+            for message in held[txn]:
+                await consumer.acknowledge(message, txn=txn)
+        log_ = pending._log
+        assert log_ is not None
+        STEPS[step](log_, log_._storage, 1)
+        with pytest.raises(Killed):
+            await pending.compact()
+        await kill(log_)
+        pending._log = None  # (dead: the broker's stop must not close it cleanly)
+
+        await restart_broker(cluster)  # the next process
+        pending = await pending_acks(cluster)
+        assert pending.transactions() == {t.id for t in held}
+        for messages in held.values():
+            assert all(pending.is_pending(position(m)) for m in messages)
+        assert pending._log is not None
+        if step in CURSOR_MOVED:
+            assert pending.log_entries == 3  # one re-logged op per open transaction
+        name = pending._log.ledger.name
+        assert stored_ledgers(pending._log._storage, name) == set(pending._log.ledger.ledger_ids)
+        for txn in held:
+            await txn.commit()
+        stats = await client.admin.stats(TOPIC)
+        assert stats["subscriptions"]["s"]["backlog"] == 0
