@@ -4,7 +4,8 @@ pending-ack logs.
 
 A step is cut by making it raise :class:`Killed`, before or after doing its work; then
 :func:`kill` abandons the log the way SIGKILL would, and the test opens it again as the next
-owner would, in a new process (a new storage object, nothing patched).
+owner would, in a new process (a new storage object, nothing patched). Or the step really
+SIGKILLs its process (:data:`die`), and the test opens the log the dead process left.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ from segtxn.ledger.compacted import CompactedLog
 
 class Killed(BaseException):
     """The process died here (a BaseException: no handler on the way catches it)."""
+
+
+def _raise_killed(where: str) -> None:
+    raise Killed(where)
+
+
+die: Callable[[str], None] = _raise_killed
+"""What a cut step does: raise :class:`Killed` (in-process tests), or SIGKILL the process
+(tests/coordinator/v4log_killer.py sets it)."""
 
 
 async def kill(log: CompactedLog) -> None:
@@ -45,7 +55,7 @@ def cut_before(target: Any, name: str, *, skip: int = 0) -> None:
         nonlocal calls
         calls += 1
         if calls > skip:
-            raise Killed(f"killed before {name}")
+            die(f"killed before {name}")
         return original(*args, **kwargs)
 
     setattr(target, name, cut)
@@ -57,7 +67,7 @@ def cut_after(target: Any, name: str) -> None:
 
     async def cut(*args: Any, **kwargs: Any) -> Any:
         await original(*args, **kwargs)
-        raise Killed(f"killed after {name}")
+        die(f"killed after {name}")
 
     setattr(target, name, cut)
 
@@ -71,7 +81,7 @@ def cut_delete_after_first(storage: LogStorage) -> None:
         nonlocal calls
         calls += 1
         if calls > 1:
-            raise Killed("killed between two file deletions of a trim")
+            die("killed between two file deletions of a trim")
         original(ledger_name, ledger_id)
 
     storage.delete = cut  # type: ignore[method-assign]
