@@ -211,7 +211,8 @@ def broker(
     default=60.0,
     show_default=True,
     type=SECONDS_OR_ZERO,
-    help="Seconds a finished transaction's header is kept before GC.",
+    help="Seconds a finished transaction's header is kept before GC (v4: its state in "
+    "the transaction log, which then answers a repeated END_TXN).",
 )
 @click.option(
     "--gc-sweep", default=10.0, show_default=True, type=SECONDS, help="Seconds between GC sweeps."
