@@ -487,8 +487,8 @@ class CoordinatorV4:
         for held in list(self.held.values()):
             for meta in [m for m in held.txns.values() if m.state == OPEN and m.timeout_ms < now]:
                 async with held.locks.setdefault(meta.txn[1], asyncio.Lock()):
-                    current = held.txns[meta.txn[1]]
-                    if current.state != OPEN:
+                    current = held.txns.get(meta.txn[1])  # (gone: ended, then compacted)
+                    if current is None or current.state != OPEN:
                         continue
                     current = await self._log(
                         held, msgspec.structs.replace(current, state=TIME_OUT)

@@ -170,7 +170,7 @@ class CompactedLog:
             admit: called once the gate lets this append in, right before the entry is
                 queued, with no await in between; it may refuse by raising (nothing is
                 appended). A change made to memory here is seen by no compaction before
-                the entry settles.
+                the entry settles; the caller undoes it if this then raises.
 
         Raises:
             LedgerError: the write failed (``settled`` is not called).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,4 +200,28 @@ async def test_a_failed_compaction_is_retried_and_loses_nothing(tmp_path: Path) 
         assert {n for n, m in recovered.items() if m.state not in FINAL} == opened
     finally:
         await successor.stop()
+        await store.close()
+
+
+async def test_the_timeout_sweep_skips_a_transaction_compacted_away_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """The sweep lists the open transactions past their deadline, then takes each one's
+    lock: one that ended and was compacted away meanwhile is skipped (it raised KeyError,
+    which ended the sweep task for good)."""
+    store = open_store("memory://")
+    v4 = CoordinatorV4(store, settings(tmp_path, 20))
+    await v4.start()
+    try:
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held")
+        txn, meta = await v4.new_txn(timeout_s=0.001)
+        await wait_until(lambda: time.time() * 1000 > meta.timeout_ms, what="its deadline")
+        held = v4.held[0]
+        async with held.locks.setdefault(txn.least, asyncio.Lock()):
+            sweeping = asyncio.create_task(v4.sweep_timeouts(), name="sweep")
+            await asyncio.sleep(0)  # sleep-ok: one loop step: the sweep waits for the lock
+            del held.txns[txn.least]  # what a compaction does to an ended transaction
+        assert await sweeping == 0
+    finally:
+        await v4.stop()
         await store.close()
