@@ -76,7 +76,8 @@ async def test_the_pending_ack_log_stays_bounded_and_keeps_the_open_acks(
             largest = max(largest, pending.log_entries)
         compactions = metric(cluster, 'segtxn_txn_v4_log_compactions_total{log="pending_ack"')
         entries = metric(cluster, "segtxn_txn_v4_pending_ack_log_entries")
-        print(f"at most {largest} entries, {compactions:.0f} compactions")
+        now = pending.log_bytes
+        print(f"at most {largest} entries ({now} bytes now), {compactions:.0f} compactions")
         # 2 entries a transaction, 3 kept, and a compaction runs in the background
         assert largest <= COMPACT_ENTRIES + 3 + 4
         assert compactions >= (2 * 147) // (COMPACT_ENTRIES + 4)
