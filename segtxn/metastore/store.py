@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -224,8 +225,19 @@ class MetadataStore:
             return await self._commit_planned(plan)
 
     async def _commit_planned(self, plan: Plan) -> list[Record | None]:
+        """Commit ``plan``, reading and trying again while it loses races.
+
+        A race lost to a sequential number another client took is not counted against
+        ``max_attempts`` (for ``request_timeout_s``): that client got somewhere, and the
+        loser, whose view is always one write behind a client with more puts queued on
+        the same prefix, would otherwise give up while the prefix is busy but healthy
+        (tests/metastore/test_sequential.py: a client four writers kept one step ahead of).
+        """
         engine = self._engine()
-        for _attempt in range(self.settings.max_attempts):
+        attempts = fruitless = 0
+        patient_until = time.monotonic() + self.settings.request_timeout_s
+        while fruitless < self.settings.max_attempts:
+            attempts += 1
             to_read = plan.must_read(self._cache.known)
             if to_read:
                 result = await engine.txn([], [GetOp(raw) for raw in to_read])
@@ -237,12 +249,14 @@ class MetadataStore:
                 return self._applied(plan, txn, result.revision)
             self._cache.learn_all(txn.compared, result.results)
             plan.raise_if_expectation_fails(self._cache.known)
-            self._skip_taken_sequence_numbers(plan, txn)
-        raise StoreUnavailable(
-            f"gave up after {self.settings.max_attempts} attempts lost to concurrent writers"
-        )
+            taken = self._skip_taken_sequence_numbers(plan, txn)
+            if not (taken and time.monotonic() < patient_until):
+                fruitless += 1
+        raise StoreUnavailable(f"gave up after {attempts} attempts lost to concurrent writers")
 
-    def _skip_taken_sequence_numbers(self, plan: Plan, txn: Txn) -> None:
+    def _skip_taken_sequence_numbers(self, plan: Plan, txn: Txn) -> bool:
+        """Move the counters past numbers another client took; whether there was one."""
+        taken_any = False
         for step in plan.steps:
             if step.sequential:
                 raw, _ = txn.written[id(step)]
@@ -251,6 +265,8 @@ class MetadataStore:
                     self._cache.counters[step.raw] = max(
                         self._cache.counters.get(step.raw, 0), taken
                     )
+                    taken_any = True
+        return taken_any
 
     def _applied(self, plan: Plan, txn: Txn, revision: int) -> list[Record | None]:
         out: list[Record | None] = []

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import pytest
 
 from segtxn.metastore import MetadataStore, Put
+from segtxn.metastore.engine import TxnResult
 from tests.metastore.conftest import MakeStore
 
 
@@ -56,3 +60,28 @@ async def test_delete_range_resets_the_counter(store: MetadataStore) -> None:
     await store.delete_range("/q/")
     again = await store.put("/q/", b"3", sequential=True)
     assert again.key == "/q/" + "1".zfill(20)
+
+
+async def test_a_client_kept_one_write_behind_gets_its_number(
+    make_store: MakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client always one write behind a busier one loses every race to the shared
+    counter while that client has puts queued; those are races lost to progress, not a
+    failing store: it gets its number once the prefix quietens (it gave up after 64
+    attempts: StoreUnavailable). Here the busy client takes one more number right before
+    each of the slow client's store calls, a hundred times."""
+    busy, slow = make_store(), make_store()
+    original = slow.engine.txn
+    rounds = 0
+
+    async def one_write_behind(*args: Any, **kwargs: Any) -> TxnResult:
+        nonlocal rounds
+        if rounds < 100:
+            rounds += 1
+            await busy.put("/seq-busy/", b"b", sequential=True)
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(slow.engine, "txn", one_write_behind)
+    record = await slow.put("/seq-busy/", b"s", sequential=True)
+    assert rounds == 100  # it was kept behind all that time, and did not give up
+    assert record.key.endswith(str(101).zfill(20))  # after the busy client's hundred
