@@ -15,7 +15,12 @@ Each ack keeps its own deadline and its own answer:
   frame, so only the call that named the bad id fails;
 - a frame whose callers have all given up (timed out or cancelled) is not sent again after
   a reconnect; until then it is, like any unanswered ack;
-- cumulative acks are never gathered (one frame each, as they were asked).
+- cumulative acks are never gathered (one frame each, as they were asked);
+- frames leave in the order their acks were made: only acks made one after the other with
+  the same (transaction, epoch) share a frame. On an ordered subscription a transaction
+  acknowledges in order (docs/protocol.md, "Ordered redelivery"): its ack of a message is
+  refused while an earlier one is neither acknowledged nor held by it, so a plain ack (or
+  a cumulative one) made before it must reach the broker before it.
 """
 
 from __future__ import annotations
@@ -48,8 +53,15 @@ class _Waiter:
     deadline: Deadline
 
 
-_Solo = tuple[list[tuple[int, int]], bool, tuple[int, int] | None, int | None, list[_Waiter]]
-"""An ack that travels alone: (positions, cumulative, transaction, epoch, [its waiter])."""
+@dataclass(eq=False)
+class _Run:
+    """Acks made one after the other that travel in one frame (in the order made)."""
+
+    key: _Key
+    cumulative: bool
+    alone: bool
+    """Travels alone: a cumulative ack, or one call of a refused frame sent again."""
+    waiters: list[_Waiter]
 
 
 @dataclass(eq=False)
@@ -73,8 +85,8 @@ class Acknowledgments:
         (called once per batch, when its first ack is gathered)."""
         self._what = what
         self._schedule = schedule
-        self._gathering: dict[_Key, list[_Waiter]] = {}
-        self._solo: list[_Solo] = []
+        self._gathering: list[_Run] = []
+        """Acks not yet taken, in the order they were made."""
         self._in_flight: dict[int, _Request] = {}
         self._expiries: Expiries[_Waiter] = Expiries(self._expire, _pending)
 
@@ -94,12 +106,7 @@ class Acknowledgments:
         """
         positions = [(i.ledger_id, i.entry_id) for i in ids]
         waiter = _Waiter(positions, asyncio.get_running_loop().create_future(), deadline)
-        if not self._gathering and not self._solo:
-            self._schedule()
-        if cumulative:
-            self._solo.append((positions, True, txn, epoch, [waiter]))
-        else:
-            self._gathering.setdefault((txn, epoch), []).append(waiter)
+        self._gather(_Run((txn, epoch), cumulative, cumulative, [waiter]))
         if deadline.at is not None:
             self._expiries.add(deadline.at, waiter)
         return waiter.future
@@ -107,15 +114,25 @@ class Acknowledgments:
     def take(self) -> list[Ack]:
         """The frames of everything gathered, now in flight (to write, in this order)."""
         taken = []
-        for (txn, epoch), gathered in self._gathering.items():
-            waiters = [w for w in gathered if not w.future.done()]  # given up: not sent
+        for run in self._gathering:
+            waiters = [w for w in run.waiters if not w.future.done()]  # given up: not sent
             if waiters:
                 positions = [p for w in waiters for p in w.positions]
-                taken.append(self._send(positions, False, txn, epoch, waiters))
-        taken += [self._send(*solo) for solo in self._solo if not solo[4][0].future.done()]
+                txn, epoch = run.key
+                taken.append(self._send(positions, run.cumulative, txn, epoch, waiters))
         self._gathering.clear()
-        self._solo.clear()
         return taken
+
+    def _gather(self, run: _Run) -> None:
+        """Queue ``run`` after everything gathered; joined to the last run when both may
+        share a frame (the same key, neither alone), so the order made is the order sent."""
+        if not self._gathering:
+            self._schedule()
+        last = self._gathering[-1] if self._gathering else None
+        if last is not None and last.key == run.key and not last.alone and not run.alone:
+            last.waiters += run.waiters
+        else:
+            self._gathering.append(run)
 
     def _send(
         self,
@@ -157,9 +174,7 @@ class Acknowledgments:
             and len(request.waiters) > 1
         ):
             for waiter in waiting:  # each call on its own, so only the bad one fails
-                if not self._gathering and not self._solo:
-                    self._schedule()
-                self._solo.append((waiter.positions, False, None, None, [waiter]))
+                self._gather(_Run((None, None), False, True, [waiter]))
             return
         for waiter in waiting:
             if error is None:
@@ -169,8 +184,7 @@ class Acknowledgments:
 
     def pending(self) -> list[asyncio.Future[None]]:
         """The answers still awaited (gathered or in flight)."""
-        waiters = [w for ws in self._gathering.values() for w in ws]
-        waiters += [w for solo in self._solo for w in solo[4]]
+        waiters = [w for run in self._gathering for w in run.waiters]
         waiters += [w for request in self._in_flight.values() for w in request.waiters]
         return [waiter.future for waiter in waiters if not waiter.future.done()]
 
@@ -180,7 +194,6 @@ class Acknowledgments:
             future.set_exception(ClientClosed("closed before the ack was confirmed"))
         self._expiries.clear()
         self._gathering.clear()
-        self._solo.clear()
         self._in_flight.clear()
 
     def _expire(self, waiter: _Waiter) -> None:

@@ -132,3 +132,46 @@ async def test_a_cumulative_ack_travels_alone(
     await asyncio.gather(consumer.acknowledge(got[0]), consumer.acknowledge_cumulative(got[2]))
     assert sorted(calls) == sorted([[position(got[0])], [position(got[2])]])
     assert sub.cursor.mark_delete == position(got[2])
+
+
+async def test_interleaved_plain_and_transactional_acks_of_one_turn_keep_their_order(
+    client: Client, cluster: Cluster
+) -> None:
+    """On an ordered subscription a transaction acknowledges in order: its ack of m2 is
+    refused while m1, before it, is neither acknowledged nor held by it. Acks made in one
+    turn must reach the broker in the order they were made: gathered by key alone, the
+    plain ack of m1 went after the transaction's frame [m0, m2], which was refused
+    (TransactionConflict) and doomed the transaction."""
+    consumer, got = await setup(client, 3, subscription_type="Failover")
+    txn = await client.transaction().start()
+    await txn.add_subscription(TOPIC, SUB)
+    outcomes = await asyncio.gather(
+        consumer.acknowledge(got[0], txn=txn),
+        consumer.acknowledge(got[1]),
+        consumer.acknowledge(got[2], txn=txn),
+        return_exceptions=True,
+    )
+    assert outcomes == [None, None, None], outcomes
+    await txn.commit()
+    sub = subscription(cluster)
+    await wait_until(
+        lambda: sub.cursor.mark_delete == position(got[-1]), timeout=10, what="acks applied"
+    )
+
+
+async def test_a_cumulative_ack_made_first_reaches_the_broker_first(
+    client: Client, cluster: Cluster
+) -> None:
+    """A cumulative ack travels alone, but not after acks made after it: the
+    transaction's ack of m1 counts m0 as acknowledged only once m0's cumulative ack in
+    the same transaction has reached the broker."""
+    consumer, got = await setup(client, 2, subscription_type="Failover")
+    txn = await client.transaction().start()
+    await txn.add_subscription(TOPIC, SUB)
+    outcomes = await asyncio.gather(
+        consumer.acknowledge_cumulative(got[0], txn=txn),
+        consumer.acknowledge(got[1], txn=txn),
+        return_exceptions=True,
+    )
+    assert outcomes == [None, None], outcomes
+    await txn.commit()
