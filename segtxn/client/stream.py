@@ -174,11 +174,12 @@ class MessageStream:
             await self._write(self._acks.take())
 
     async def _write(self, batch: Sequence[frames.Frame]) -> None:
-        if self._ws is None or not batch:
+        ws = self._ws  # the read loop may give it up (None) while a send below waits
+        if ws is None or not batch:
             return  # reconnecting: the new attachment sends the unanswered acks
         try:
             for frame in batch:
-                await self._ws.send_bytes(frames.encode(frame))
+                await ws.send_bytes(frames.encode(frame))
         except (aiohttp.ClientError, ConnectionError) as e:
             log.info("%s on %s: a send failed (%s); reconnecting", self._kind, self.topic, e)
 

@@ -175,3 +175,46 @@ async def test_a_cumulative_ack_made_first_reaches_the_broker_first(
     )
     assert outcomes == [None, None], outcomes
     await txn.commit()
+
+
+async def test_a_connection_lost_in_the_middle_of_a_write_fails_no_caller(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write of several frames (gathered acks, then a nack) may wait for the socket
+    between two frames (aiohttp drains its buffer). If the connection is lost meanwhile, the
+    read loop sets the stream's socket to None before the writer goes on: the writer must
+    not send the next frame on None (an AttributeError out of nack / receive / the
+    background ack write). The acks it took are sent again on the new connection."""
+    consumer, got = await setup(client, 2, subscription_type="Shared")
+    stream = consumer._streams[str(SEGMENT)]
+    ws = stream._ws
+    assert ws is not None
+    original = ws.send_bytes
+    first_sent, go_on, lost = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def draining(data: bytes, *args: Any, **kwargs: Any) -> None:
+        await original(data, *args, **kwargs)
+        if not first_sent.is_set():  # written; the drain waits for the peer
+            first_sent.set()
+            await go_on.wait()
+
+    monkeypatch.setattr(ws, "send_bytes", draining)
+    drop_queued = stream._drop_queued
+
+    def noticed() -> int:
+        if stream._ws is None:
+            lost.set()  # the read loop gave the socket up (its finally ran)
+        return drop_queued()
+
+    monkeypatch.setattr(stream, "_drop_queued", noticed)
+    ack = asyncio.ensure_future(consumer.acknowledge(got[0]))
+    nack = asyncio.ensure_future(consumer.negative_acknowledge(got[1]))
+    await first_sent.wait()  # the nack's write took the ack with it and wrote it
+    link = subscription(cluster).consumers[0]
+    assert link.disconnect is not None
+    await link.disconnect()
+    await lost.wait()
+    go_on.set()
+    await nack  # the nack is lost with its connection (the new one starts from a rewind)
+    await asyncio.wait_for(ack, 10)  # the ack: sent again on the new connection
+    assert subscription(cluster).cursor.mark_delete >= position(got[0])
