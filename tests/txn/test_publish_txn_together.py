@@ -5,6 +5,7 @@ with de-duplication and refusals per send."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,13 +13,17 @@ from typing import Any
 import aiohttp
 import pytest
 
+from segtxn.broker.topic import Topic
+from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.client import Client, Message
 from segtxn.client.consumer import Consumer
+from segtxn.ledger import Position
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName
 from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
+from tests.waiting import wait_until
 from tests.wsframes import next_frame
 
 TOPIC = "topic://acme/together/orders"
@@ -148,3 +153,55 @@ async def test_a_batch_of_an_ended_transaction_is_refused_send_by_send(
     assert isinstance(after[4], Receipt)
     reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
     assert [m.value for m in await receive_all(reader, 1)] == [b"plain"]
+
+
+def segment_topic(cluster: Cluster) -> tuple[Topic, MetadataTransactionBuffer]:
+    topic = cluster.broker.service.topics[SEGMENT]
+    assert isinstance(topic.buffer, MetadataTransactionBuffer)
+    return topic, topic.buffer
+
+
+def appended(topic: Topic, after: Position | None, count: int) -> list[Position]:
+    """The ``count`` entries appended after ``after`` (one ledger: this test's)."""
+    last = topic.ledger.last_confirmed
+    assert last is not None and last.entry_id - (-1 if after is None else after.entry_id) == count
+    return [Position(last.ledger_id, last.entry_id - i) for i in reversed(range(count))]
+
+
+async def test_a_batch_whose_record_failed_is_all_orphaned_even_if_cancelled_at_the_first_put(
+    client: Client, cluster: Cluster
+) -> None:
+    """A failed record makes every entry of the batch an orphan. The publisher may be
+    cancelled while the first orphan is being put (a broker stopping): the others must be
+    orphans already (in memory), or a commit of the transaction (it has a recorded entry
+    here) shows them, though their sends were never acknowledged."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    txn = await client.transaction().start()
+    async with raw_producer(cluster, "p") as ws:
+        await send_batch(ws, Send(seq=0, payload=b"good", txn=txn.wire_id))
+        assert isinstance((await answers(ws, 1))[0], Receipt)
+    topic, buffer = segment_topic(cluster)
+    before = topic.ledger.last_confirmed
+    cluster.faults.fail("txn", key_prefix="/txn-op/", times=1)  # the batch's record fails
+    put = cluster.faults.hold("txn", key_prefix="/txn-orphans/", times=1)
+    sends = [
+        (Send(seq=i, payload=b"lost-%d" % i, txn=txn.wire_id), topic.turn("p")) for i in (1, 2, 3)
+    ]
+    task = asyncio.create_task(topic.publish_txn("p", sends))
+    await put.wait_for(1)  # the first orphan's put: applied, its answer parked
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    lost = appended(topic, before, 3)
+    assert [buffer.is_orphan(p) for p in lost] == [True, True, True]
+    assert not topic.dedup.state("p").in_flight
+    put.release()
+    # the puts the cancel cut short are left to the background retry: all three durable
+    await wait_until(lambda: not buffer._unsettled_orphans, what="the orphans put")
+    listing = await cluster.store.list_prefix(buffer._orphans_prefix)
+    assert len(listing.records) == 3
+    await txn.commit()
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    async with raw_producer(cluster, "plain") as ws:
+        await send_batch(ws, Send(seq=0, payload=b"after"))
+        await answers(ws, 1)
+    assert [m.value for m in await receive_all(reader, 2)] == [b"good", b"after"]

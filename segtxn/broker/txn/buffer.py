@@ -264,8 +264,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 try:
                     await self._record(txn, version, stored)
                 except ServerError as e:
-                    for position in stored:
-                        await self._orphan(txn, position)
+                    await self._orphan_all(txn, stored)
                     return [e if isinstance(p, Position) else p for p in positions]
                 for position in stored:
                     self._track(txn, position)
@@ -306,6 +305,20 @@ class MetadataTransactionBuffer(TransactionBuffer):
         else:
             self._open_first.setdefault(txn, position)
 
+    async def _orphan_all(self, txn: TxnId, positions: list[Position]) -> None:
+        """Record entries whose op record never landed. All of them are orphans (never
+        shown) before the first put: a cancel during one (a broker stopping) must not leave
+        a later one showing once its transaction commits; those not yet put are then left
+        to the background retry, which holds the horizon before them until they are."""
+        self._orphans.update(positions)
+        for n, position in enumerate(positions):
+            try:
+                await self._orphan(txn, position)
+            except BaseException:
+                for rest in positions[n:]:
+                    self._orphan_later(txn, rest)
+                raise
+
     async def _orphan(self, txn: TxnId, position: Position) -> None:
         """Record an entry whose op record never landed; until that is durable the
         horizon stays before it (a background retry settles it)."""
@@ -314,9 +327,15 @@ class MetadataTransactionBuffer(TransactionBuffer):
             await self._put_orphan(txn, position)
         except MetadataStoreError:
             log.warning("%s: orphan %s not yet recorded; retrying", self.segment, position)
-            self._unsettled_orphans.add((txn, position))
-            self._floors.append(_before(position))
-            self._cleaner_wake.set()
+            self._orphan_later(txn, position)
+
+    def _orphan_later(self, txn: TxnId, position: Position) -> None:
+        """Leave an orphan's put to the background retry; the horizon stays before it."""
+        if (txn, position) in self._unsettled_orphans:
+            return
+        self._unsettled_orphans.add((txn, position))
+        self._floors.append(_before(position))
+        self._cleaner_wake.set()
 
     async def _put_orphan(self, txn: TxnId, position: Position) -> None:
         key = f"{self._orphans_prefix}{position.ledger_id:016x}-{position.entry_id:016x}"
