@@ -97,14 +97,16 @@ class Publishing:
                 transaction buffer's errors for a transactional send)
         """
         try:
+            if send.txn is not None:  # the transaction buffer's path (publish_txn)
+                (outcome,) = await self.publish_txn(producer, [(send, turn)])
+                if isinstance(outcome, ServerError):
+                    raise outcome
+                return outcome
             admitted = self._admit(producer, send, turn)
             if not isinstance(admitted, _Fresh):
                 return await self._duplicate(admitted)
             try:
-                if admitted.txn is None:
-                    position = await (await self._enqueue(send, admitted, turn))
-                else:
-                    position = await self.buffer.append(admitted.txn, admitted.entry, turn)
+                position = await (await self._enqueue(send, admitted, turn))
             except BaseException as e:
                 refusal = self._not_stored(send, admitted, e)
                 if refusal is e or not isinstance(e, Exception):
@@ -177,7 +179,10 @@ class Publishing:
         transaction (each with its turn, taken in arrival order), as :meth:`publish` would
         one by one: the transaction buffer checks the header once and records them with one
         rewrite (``append_together``). Returns each one's outcome or refusal, in order.
-        Every turn is released however this ends."""
+        Every turn is released however this ends.
+
+        A cancel once some are queued lets those be stored (or refused) first and their
+        resends see it (a duplicate, not a second copy), then is raised."""
         if len({send.txn for send, _ in sends}) != 1 or sends[0][0].txn is None:
             raise ValueError("publish_txn takes the sends of one transaction")
         admitted: list[_Fresh | Outcome | asyncio.Future[Position] | ServerError] = []
@@ -208,6 +213,9 @@ class Publishing:
                     settled[i] = self._stored(producer, send, one, result)
                 else:
                     settled[i] = self._not_stored(send, one, result)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError  # the buffer waited for what it had queued
         outcomes: list[Outcome | ServerError] = []
         for i, item in enumerate(admitted):
             if isinstance(item, ServerError):

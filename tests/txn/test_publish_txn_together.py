@@ -189,8 +189,12 @@ async def test_a_batch_whose_record_failed_is_all_orphaned_even_if_cancelled_at_
     ]
     task = asyncio.create_task(topic.publish_txn("p", sends))
     await put.wait_for(1)  # the first orphan's put: applied, its answer parked
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    # a broker stopping cancels every task: the publisher and the one finishing its appends
+    finishing = [t for t in asyncio.all_tasks() if t.get_name().startswith("txn-append-")]
+    assert len(finishing) == 1
+    for stopped in (task, *finishing):
+        stopped.cancel()
+    await asyncio.gather(task, *finishing, return_exceptions=True)
     lost = appended(topic, before, 3)
     assert [buffer.is_orphan(p) for p in lost] == [True, True, True]
     assert not topic.dedup.state("p").in_flight
@@ -205,3 +209,42 @@ async def test_a_batch_whose_record_failed_is_all_orphaned_even_if_cancelled_at_
         await send_batch(ws, Send(seq=0, payload=b"after"))
         await answers(ws, 1)
     assert [m.value for m in await receive_all(reader, 2)] == [b"good", b"after"]
+
+
+@pytest.mark.parametrize("together", [True, False], ids=["batch", "single"])
+async def test_a_resend_after_the_publisher_was_cancelled_during_the_record_is_stored_once(
+    client: Client, cluster: Cluster, together: bool
+) -> None:
+    """Once queued, transactional sends are written and recorded whatever becomes of the
+    task that queued them (the record's step goes on in the writer): a resend after the
+    publisher was cancelled must be a duplicate, not a second copy that the commit shows
+    next to the first."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    txn = await client.transaction().start()
+    async with raw_producer(cluster, "p"):
+        pass  # loads the segment
+    topic, _ = segment_topic(cluster)
+    record = cluster.faults.hold("txn", key_prefix="/txn-op/", times=1)
+    sends = [Send(seq=i, payload=b"m%d" % i, txn=txn.wire_id) for i in range(3)]
+    if together:
+        task = asyncio.create_task(topic.publish_txn("p", [(s, topic.turn("p")) for s in sends]))
+    else:
+        task = asyncio.create_task(topic.publish("p", sends[0], topic.turn("p")))
+        sends = sends[:1]
+    await record.wait_for(1)  # queued, written, the record's step applied and parked
+    task.cancel()
+    record.release()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled()
+    assert not topic.dedup.state("p").in_flight
+    async with raw_producer(cluster, "p") as ws:  # the producer sends them again
+        await send_batch(ws, *sends)
+        again = await answers(ws, len(sends))
+    assert all(isinstance(a, Receipt) and a.duplicate for a in again.values()), again
+    await txn.commit()
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    async with raw_producer(cluster, "plain") as ws:
+        await send_batch(ws, Send(seq=0, payload=b"after"))
+        await answers(ws, 1)
+    expected = [s.payload for s in sends] + [b"after"]
+    assert [m.value for m in await receive_all(reader, len(expected))] == expected

@@ -213,7 +213,13 @@ class MetadataTransactionBuffer(TransactionBuffer):
         turn, their writes awaited together, then one rewrite of the writes record covers
         them all (see :meth:`append` for each one's errors). A send at a time made each wait
         for the previous one's wake-up, and a batch of a hundred cost a hundred turns of the
-        event loop (issue 16)."""
+        event loop (issue 16).
+
+        A cancel before any entry is queued gives them all up (raised). Once one is queued,
+        a cancel gives up only those not yet queued (refused, ServiceNotReady) and waits for
+        the queued ones to be recorded or orphaned, then returns every outcome: the caller's
+        de-duplication must learn what was stored (a resend is a duplicate, not a second
+        copy), and then ends as cancelled (``asyncio.current_task().cancelling()``)."""
         self._headers.listen(txn, self._on_header)
         self._appending[txn] = self._appending.get(txn, 0) + 1
         try:
@@ -236,43 +242,65 @@ class MetadataTransactionBuffer(TransactionBuffer):
         outcomes: list[asyncio.Future[Position] | BaseException] = []
         floor: Position | None = None
         try:
-            for payload, turn in entries:
-                await turn.wait()  # the read may end in any order; the appends may not
-                header = self._headers.cached(txn) or header  # it may have ended meanwhile
-                if header.state is not TxnState.OPEN:
-                    turn.release()
-                    outcomes.append(
-                        ServerError(
-                            ErrorName.TRANSACTION_CONFLICT,
-                            f"{txn} is {header.state}: no more writes",
+            try:
+                for payload, turn in entries:
+                    await turn.wait()  # the read may end in any order; the appends may not
+                    header = self._headers.cached(txn) or header  # it may have ended meanwhile
+                    if header.state is not TxnState.OPEN:
+                        turn.release()
+                        outcomes.append(
+                            ServerError(
+                                ErrorName.TRANSACTION_CONFLICT,
+                                f"{txn} is {header.state}: no more writes",
+                            )
                         )
-                    )
-                    continue
-                if floor is None:
-                    floor = self._ledger.last_confirmed or Position(0, -1)
-                    self._floors.append(floor)
+                        continue
+                    if floor is None:
+                        floor = self._ledger.last_confirmed or Position(0, -1)
+                        self._floors.append(floor)
+                    try:
+                        outcomes.append(await turn.enqueue(self._ledger, payload))
+                    except (LedgerError, ServerError) as e:
+                        outcomes.append(e)
+            except asyncio.CancelledError:
+                if not any(isinstance(o, asyncio.Future) for o in outcomes):
+                    raise  # nothing queued: all given up
+                stopped = ServerError(ErrorName.SERVICE_NOT_READY, "stopped before it was stored")
+                outcomes += [stopped] * (len(entries) - len(outcomes))
+            # Queued entries are recorded or orphaned whatever becomes of this task: in a
+            # task of their own, waited for through any cancel (the floor stays till then).
+            finishing = asyncio.get_running_loop().create_task(
+                self._finish(txn, version, outcomes), name=f"txn-append-{txn}"
+            )
+            while True:
                 try:
-                    outcomes.append(await turn.enqueue(self._ledger, payload))
-                except (LedgerError, ServerError) as e:
-                    outcomes.append(e)
-            written = [o for o in outcomes if isinstance(o, asyncio.Future)]
-            if written:
-                await asyncio.wait(written)
-            positions = [_settled(o) for o in outcomes]
-            stored = [p for p in positions if isinstance(p, Position)]
-            if stored:
-                try:
-                    await self._record(txn, version, stored)
-                except ServerError as e:
-                    await self._orphan_all(txn, stored)
-                    return [e if isinstance(p, Position) else p for p in positions]
-                for position in stored:
-                    self._track(txn, position)
-            return positions
+                    return await asyncio.shield(finishing)
+                except asyncio.CancelledError:
+                    if finishing.done():
+                        raise
         finally:
             if floor is not None:
                 self._floors.remove(floor)
                 self._changed()
+
+    async def _finish(
+        self, txn: TxnId, version: int, outcomes: list[asyncio.Future[Position] | BaseException]
+    ) -> list[Position | BaseException]:
+        """Await the queued writes, then have one record cover them (or orphan them all)."""
+        written = [o for o in outcomes if isinstance(o, asyncio.Future)]
+        if written:
+            await asyncio.wait(written)
+        positions = [_settled(o) for o in outcomes]
+        stored = [p for p in positions if isinstance(p, Position)]
+        if stored:
+            try:
+                await self._record(txn, version, stored)
+            except ServerError as e:
+                await self._orphan_all(txn, stored)
+                return [e if isinstance(p, Position) else p for p in positions]
+            for position in stored:
+                self._track(txn, position)
+        return positions
 
     async def _record(self, txn: TxnId, version: int, positions: list[Position]) -> None:
         """Make the writes record cover ``positions``: nothing to write when a landed one
