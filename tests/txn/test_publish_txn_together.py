@@ -6,6 +6,7 @@ with de-duplication and refusals per send."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from segtxn.broker.publishing import Publishing
 from segtxn.broker.topic import Topic
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.client import Client, Message
@@ -247,4 +249,50 @@ async def test_a_resend_after_the_publisher_was_cancelled_during_the_record_is_s
         await send_batch(ws, Send(seq=0, payload=b"after"))
         await answers(ws, 1)
     expected = [s.payload for s in sends] + [b"after"]
+    assert [m.value for m in await receive_all(reader, len(expected))] == expected
+
+
+async def test_runs_of_transactions_and_plain_sends_larger_than_the_window_keep_their_order(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch with runs of two transactions and plain sends, each run longer than the
+    window of sends in flight (so runs are split into several publishing tasks): stored in
+    send order, every send answered once, and each transaction's outcome applies to its
+    own sends only."""
+    service = cluster.broker.service
+    monkeypatch.setattr(
+        service, "settings", dataclasses.replace(service.settings, max_pending_sends=3)
+    )
+    await client.admin.create_topic(TOPIC, segments=1)
+    sizes: list[int] = []
+    original = Publishing.publish_txn
+
+    async def recorded(self: Publishing, producer: str, sends: list[Any]) -> Any:
+        sizes.append(len(sends))
+        return await original(self, producer, sends)
+
+    monkeypatch.setattr(Publishing, "publish_txn", recorded)
+    kept = await client.transaction().start()
+    dropped = await client.transaction().start()
+    plan = [None] * 4 + [kept] * 7 + [dropped] * 5 + [None] * 2 + [kept] * 4 + [dropped] * 1
+    async with raw_producer(cluster, "p") as ws:
+        await send_batch(
+            ws,
+            *(
+                Send(seq=i, payload=b"%d" % i, txn=None if t is None else t.wire_id)
+                for i, t in enumerate(plan)
+            ),
+        )
+        got = await answers(ws, len(plan))
+    receipts = [got[i] for i in range(len(plan))]
+    assert all(isinstance(r, Receipt) and not r.duplicate for r in receipts), receipts
+    ids = [r.message_id for r in receipts if isinstance(r, Receipt)]
+    assert ids == sorted(ids) and len(set(ids)) == len(plan)
+    assert max(sizes) <= 3 and sum(sizes) == plan.count(kept) + plan.count(dropped), sizes
+    topic, _ = segment_topic(cluster)
+    assert topic.dedup.state("p").order.idle and not topic.dedup.state("p").in_flight
+    await kept.commit()
+    await dropped.abort()
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    expected = [b"%d" % i for i, t in enumerate(plan) if t is not dropped]
     assert [m.value for m in await receive_all(reader, len(expected))] == expected
