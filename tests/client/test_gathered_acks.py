@@ -12,6 +12,8 @@ import pytest
 from segtxn.broker.dispatch import Subscription
 from segtxn.client import Client, ErrorName, Message, MessageId, ServerError
 from segtxn.client.consumer import Consumer
+from segtxn.client.errors import ClientClosed
+from segtxn.client.timeouts import Deadline
 from segtxn.ledger import Position
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
@@ -218,3 +220,45 @@ async def test_a_connection_lost_in_the_middle_of_a_write_fails_no_caller(
     await nack  # the nack is lost with its connection (the new one starts from a rewind)
     await asyncio.wait_for(ack, 10)  # the ack: sent again on the new connection
     assert subscription(cluster).cursor.mark_delete >= position(got[0])
+
+
+async def test_acks_gathered_while_reconnecting_are_sent_on_the_new_attachment(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acks made while the stream has no socket are taken (in flight) and sent by the new
+    attachment before anything new; each caller gets its receipt."""
+    consumer, got = await setup(client, 3, subscription_type="Shared")
+    stream = consumer._streams[str(SEGMENT)]
+    lost = asyncio.Event()
+    drop_queued = stream._drop_queued
+
+    def noticed() -> int:
+        if stream._ws is None:
+            lost.set()
+        return drop_queued()
+
+    monkeypatch.setattr(stream, "_drop_queued", noticed)
+    link = subscription(cluster).consumers[0]
+    assert link.disconnect is not None
+    await link.disconnect()
+    await lost.wait()
+    assert stream._ws is None
+    acks = asyncio.gather(*(consumer.acknowledge(m) for m in got))
+    await asyncio.wait_for(acks, 10)
+    assert stream.reconnects == 1
+    sub = subscription(cluster)
+    assert sub.cursor.mark_delete == position(got[-1])
+
+
+async def test_close_fails_the_acks_not_yet_confirmed_and_leaves_no_task(
+    client: Client, cluster: Cluster
+) -> None:
+    consumer, got = await setup(client, 2)
+    stream = consumer._streams[str(SEGMENT)]
+    pending = [stream.ack([m.message_id], cumulative=False, deadline=Deadline(10)) for m in got]
+    assert stream._ack_writes  # their write is scheduled, not yet run
+    await consumer.close()
+    assert not stream._ack_writes
+    outcomes = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(o, ClientClosed) for o in outcomes), outcomes
+    assert stream._acks.pending() == []
