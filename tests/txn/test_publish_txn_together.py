@@ -296,3 +296,30 @@ async def test_runs_of_transactions_and_plain_sends_larger_than_the_window_keep_
     reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
     expected = [b"%d" % i for i, t in enumerate(plan) if t is not dropped]
     assert [m.value for m in await receive_all(reader, len(expected))] == expected
+
+
+async def test_a_txn_publisher_cancelled_before_queueing_leaves_no_send_in_flight(
+    client: Client, cluster: Cluster
+) -> None:
+    """Cancelled while waiting for an earlier send's turn (nothing of the batch queued):
+    every send is given up at once, every turn is passed on, and a resend is stored once."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    txn = await client.transaction().start()
+    async with raw_producer(cluster, "p"):
+        pass
+    topic, _ = segment_topic(cluster)
+    state = topic.dedup.state("p")
+    earlier = topic.turn("p")  # an earlier send that has not queued yet
+    sends = [Send(seq=i, payload=b"m%d" % i, txn=txn.wire_id) for i in range(3)]
+    task = asyncio.create_task(topic.publish_txn("p", [(s, topic.turn("p")) for s in sends]))
+    await wait_until(lambda: len(state.in_flight) == 3)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and not state.in_flight
+    earlier.release()
+    await wait_until(lambda: state.order.idle)
+    again = await topic.publish_txn("p", [(s, topic.turn("p")) for s in sends])
+    assert all(isinstance(o, tuple) and not o[1] for o in again), again
+    await txn.commit()
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    assert [m.value for m in await receive_all(reader, 3)] == [b"m0", b"m1", b"m2"]
