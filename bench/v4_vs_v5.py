@@ -39,7 +39,7 @@ from common import exit_on_sigterm, percentile, print_rows
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.entry import StoredMessage, encode_entry, marker_entry
 from segtxn.broker.settings import BrokerSettings
-from segtxn.broker.txn.buffer import STATE, BufferState
+from segtxn.broker.txn.buffer_records import STATE, BufferState
 from segtxn.broker.txn.markers import CONTAINS_TXN, MarkerTransactionBuffer
 from segtxn.client import Client
 from segtxn.coordinator.app import CoordinatorServer

@@ -40,8 +40,18 @@ import msgspec
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
+from segtxn.broker.txn.buffer_records import (
+    ABORTED,
+    ORPHANS,
+    STATE,
+    AbortedTxn,
+    BufferState,
+    WritesDraft,
+    as_position,
+    before,
+)
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.oprecords import Draft, OpRecordWriter
+from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import LedgerError, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
@@ -51,31 +61,6 @@ from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
 
-STATE = "/txn-buffer/"
-ABORTED = "/txn-aborted/"
-ORPHANS = "/txn-orphans/"
-
-
-class BufferState(msgspec.Struct, frozen=True):
-    watermark: tuple[int, int] | None
-
-
-class AbortedTxn(msgspec.Struct, frozen=True):
-    first: tuple[int, int]
-    last: tuple[int, int]
-
-
-def _pos(p: tuple[int, int] | Position) -> Position:
-    return Position(p[0], p[1])
-
-
-def _before(p: Position) -> Position:
-    return Position(p.ledger_id, p.entry_id - 1)
-
-
-def _pair(p: Position) -> tuple[int, int]:
-    return (p.ledger_id, p.entry_id)
-
 
 def _settled(outcome: asyncio.Future[Position] | BaseException) -> Position | BaseException:
     """A queued write's position, or what it failed with."""
@@ -84,37 +69,6 @@ def _settled(outcome: asyncio.Future[Position] | BaseException) -> Position | Ba
     if outcome.cancelled():
         return LedgerError("the write was cancelled")
     return outcome.exception() or outcome.result()
-
-
-class _Writes(Draft):
-    """One transaction's writes record here: its entries are those with its id in
-    ``first..last``; ``durable`` is the range a landed record covers."""
-
-    def __init__(self, txn: TxnId, segment: str, position: Position) -> None:
-        super().__init__(T.writes_key(txn, segment))
-        self.segment = segment
-        self.first = self.last = position
-        self.durable: tuple[Position, Position] | None = None
-
-    def covers(self, position: Position) -> bool:
-        return self.durable is not None and self.durable[0] <= position <= self.durable[1]
-
-    def extend(self, position: Position) -> None:
-        self.first, self.last = min(self.first, position), max(self.last, position)
-
-    def snapshot(self) -> T.WritesRecord:
-        return T.WritesRecord(self.segment, _pair(self.first), _pair(self.last))
-
-    def landed(self, record: T.OpRecord) -> None:
-        assert isinstance(record, T.WritesRecord)
-        self.durable = (_pos(record.first), _pos(record.last))
-
-    @classmethod
-    def recovered(cls, txn: TxnId, record: T.WritesRecord) -> _Writes:
-        draft = cls(txn, record.segment, _pos(record.first))
-        draft.extend(_pos(record.last))
-        draft.landed(record)
-        return draft
 
 
 class MetadataTransactionBuffer(TransactionBuffer):
@@ -144,7 +98,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._writes: dict[TxnId, list[Position]] = {}
         """Entries here of transactions whose writes records still exist (after recovery:
         the first and last of each range)."""
-        self._records: dict[TxnId, _Writes] = {}
+        self._records: dict[TxnId, WritesDraft] = {}
         self._appending: dict[TxnId, int] = {}
         """Appends in flight per transaction: its record is not cleaned while one may still
         extend what it covers."""
@@ -172,7 +126,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         if self._floors:
             horizon = min(horizon, *self._floors)
         if self._open_first:
-            horizon = min(horizon, _before(min(self._open_first.values())))
+            horizon = min(horizon, before(min(self._open_first.values())))
         return horizon
 
     def is_orphan(self, position: Position) -> bool:
@@ -312,7 +266,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         """
         draft = self._records.get(txn)
         if draft is None:
-            draft = self._records[txn] = _Writes(txn, self.segment, positions[0])
+            draft = self._records[txn] = WritesDraft(txn, self.segment, positions[0])
         if all(draft.covers(position) for position in positions):
             draft.refuse_if_failed()
             return
@@ -362,7 +316,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         if (txn, position) in self._unsettled_orphans:
             return
         self._unsettled_orphans.add((txn, position))
-        self._floors.append(_before(position))
+        self._floors.append(before(position))
         self._cleaner_wake.set()
 
     async def _put_orphan(self, txn: TxnId, position: Position) -> None:
@@ -426,7 +380,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         for txn, position in list(self._unsettled_orphans):
             await self._put_orphan(txn, position)
             self._unsettled_orphans.discard((txn, position))
-            self._floors.remove(_before(position))
+            self._floors.remove(before(position))
             self._changed()
 
     async def _clean_once(self) -> None:
@@ -467,7 +421,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         record = await self._store.get(self._state_key)
         if record is not None:
             saved = msgspec.json.decode(record.value, type=BufferState).watermark
-            self._watermark = None if saved is None else _pos(saved)
+            self._watermark = None if saved is None else as_position(saved)
         aborted = await self._store.list_prefix(self._aborted_prefix)
         for item in aborted.records:
             txn = TxnId.from_key(item.key.rsplit("/", 1)[1])
@@ -488,7 +442,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 log.error("%s: op record %s unreadable (%s): ignored", self.segment, op.key, e)
             if not isinstance(record, T.WritesRecord):
                 continue
-            draft = self._records[txn] = _Writes.recovered(txn, record)
+            draft = self._records[txn] = WritesDraft.recovered(txn, record)
             self._writes[txn] = [draft.first, draft.last]
         await self._find_orphans()
         for txn, positions in self._writes.items():
@@ -541,7 +495,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
             return
         first = Position(max(result.ledgers) + 1, -1)  # before anything retained
         for txn, aborted in list(self._aborted.items()):
-            if _pos(aborted.last) < first and txn not in self._writes:
+            if as_position(aborted.last) < first and txn not in self._writes:
                 del self._aborted[txn]
                 with contextlib.suppress(NotFound):
                     await self._store.delete(self._aborted_prefix + txn.key)
