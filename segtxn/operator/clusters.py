@@ -1,0 +1,244 @@
+"""Kopf handlers of SegtxnCluster and TransactionCoordinator: their children applied,
+their status read.
+
+- SegtxnCluster: children applied on create/update/resume; a timer reads broker readiness;
+  deletion waits until no ScalableTopic or TransactionCoordinator refers to the cluster.
+- TransactionCoordinator: children applied (the cluster must exist); a timer reads
+  ``/txn/v2/stats`` into status and raises ``GCBacklogHigh`` above the threshold.
+
+The two live in one module because a coordinator's children are rendered from its
+cluster's spec too (image, store, session TTL).
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import aiohttp
+import kopf
+
+from segtxn.client.connection import Connector
+from segtxn.client.errors import Timeout
+from segtxn.operator import render
+from segtxn.operator.kube import KubeError
+from segtxn.operator.runtime import (
+    GROUP,
+    RETRY_S,
+    VERSION,
+    Runtime,
+    cluster_spec,
+    namespaced,
+    now,
+    reason,
+    runtime_of,
+)
+from segtxn.protocol.errors import ServerError
+
+STATUS_TICK_S = 1.0
+"""How often status timers wake; each resource's own interval decides when they read."""
+
+
+async def _apply(
+    runtime: Runtime,
+    body: kopf.Body,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    objects: list[render.Obj],
+) -> None:
+    """Create or update the resource's children (owned by it), then say so: status
+    (``observedGeneration``, condition ``Applied``) and an event."""
+    kopf.adopt(objects, owner=body)
+    try:
+        for obj in objects:
+            await runtime.kube.apply(obj)
+    except KubeError as e:
+        if e.status in (400, 403, 422):
+            raise kopf.PermanentError(f"Kubernetes refused a child: {e}") from e
+        raise kopf.TemporaryError(f"applying children: {e}", delay=RETRY_S) from e
+    except aiohttp.ClientError as e:
+        raise kopf.TemporaryError(f"applying children: {e!r}", delay=RETRY_S) from e
+    message = f"{len(objects)} objects applied"
+    patch.status["observedGeneration"] = body.meta.get("generation")
+    patch.status["conditions"] = render.condition(
+        status.get("conditions"),
+        kind="Applied",
+        status=True,
+        reason="Rendered",
+        message=message,
+        now=now(),
+    )
+    kopf.info(body, reason="Applied", message=message)
+
+
+# ---------------------------------------------------------------------- SegtxnCluster
+
+
+@kopf.on.resume(GROUP, VERSION, "segtxnclusters")
+@kopf.on.create(GROUP, VERSION, "segtxnclusters")
+@kopf.on.update(GROUP, VERSION, "segtxnclusters", field="spec")
+async def reconcile_cluster(
+    *,
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: Any,
+    **_: Any,
+) -> None:
+    namespace = namespaced(namespace)
+    runtime = runtime_of(memo)
+    await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
+    patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
+    patch.status["phase"] = status.get("phase") or "Pending"
+
+
+@kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S * 5)
+async def cluster_readiness(
+    *,
+    name: str,
+    namespace: str | None,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: Any,
+    body: kopf.Body,
+    **_: Any,
+) -> None:
+    namespace = namespaced(namespace)
+    runtime = runtime_of(memo)
+    names = render.ClusterNames(name)
+    found = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
+    ready = int((found or {}).get("status", {}).get("readyReplicas") or 0)
+    wanted = int(spec.get("brokers", {}).get("replicas", 3))
+    phase = "Ready" if ready >= wanted else ("Degraded" if ready else "Pending")
+    if status.get("readyBrokers") == ready and status.get("phase") == phase:
+        return
+    patch.status["readyBrokers"] = ready
+    patch.status["phase"] = phase
+    patch.status["conditions"] = render.condition(
+        status.get("conditions"),
+        kind="Ready",
+        status=ready >= wanted,
+        reason=phase,
+        message=f"{ready}/{wanted} brokers ready",
+        now=now(),
+    )
+    if phase == "Ready":
+        kopf.info(body, reason="Ready", message=f"{ready}/{wanted} brokers ready")
+
+
+@kopf.on.delete(GROUP, VERSION, "segtxnclusters")
+async def delete_cluster(
+    *,
+    name: str,
+    namespace: str | None,
+    patch: kopf.Patch,
+    **indexes: Any,
+) -> None:
+    """Refuse to go while topics or coordinators refer to the cluster (their own deletion
+    needs the brokers); the children then go with their owner (owner references)."""
+    namespace = namespaced(namespace)
+    topics = sorted(indexes["topics_by_cluster"].get((namespace, name), []))
+    coordinators = sorted(indexes["coordinators_by_cluster"].get((namespace, name), []))
+    if topics or coordinators:
+        patch.status["phase"] = "Deleting"
+        waiting = [f"ScalableTopic/{t}" for t in topics] + [
+            f"TransactionCoordinator/{c}" for c in coordinators
+        ]
+        raise kopf.TemporaryError(f"waiting for {', '.join(waiting)} to be deleted", delay=RETRY_S)
+
+
+# ---------------------------------------------------------------------- TransactionCoordinator
+
+
+@kopf.on.resume(GROUP, VERSION, "transactioncoordinators")
+@kopf.on.create(GROUP, VERSION, "transactioncoordinators")
+@kopf.on.update(GROUP, VERSION, "transactioncoordinators", field="spec")
+async def reconcile_coordinator(
+    *,
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: Any,
+    **_: Any,
+) -> None:
+    namespace = namespaced(namespace)
+    runtime = runtime_of(memo)
+    cluster = await cluster_spec(runtime, namespace, str(spec["clusterRef"]))
+    objects = render.render_coordinator(name, namespace, spec, cluster)
+    await _apply(runtime, body, status, patch, objects)
+
+
+@kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S)
+async def coordinator_status(
+    *,
+    body: kopf.Body,
+    name: str,
+    namespace: str | None,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    memo: Any,
+    **_: Any,
+) -> None:
+    """Every ``statusIntervalSeconds``: open transactions and the GC backlog into status;
+    ``GCBacklogHigh`` when the backlog passes ``gcBacklogThreshold``."""
+    namespace = namespaced(namespace)
+    last = status.get("lastChecked")
+    interval = float(spec.get("statusIntervalSeconds", 30))
+    current = datetime.datetime.now(datetime.UTC)
+    if last and (current - datetime.datetime.fromisoformat(last)).total_seconds() < interval:
+        return
+    runtime = runtime_of(memo)
+    url = runtime.config.coordinator_url or render.coordinator_url(name, namespace, spec)
+    found = await runtime.kube.get(
+        "apps/v1", "Deployment", namespace, render.coordinator_name(name)
+    )
+    conditions = status.get("conditions")
+    stamp = now()
+    patch.status["lastChecked"] = stamp
+    patch.status["readyReplicas"] = int((found or {}).get("status", {}).get("readyReplicas") or 0)
+    try:
+        stats = await Connector(url, runtime.http, request_timeout_s=10).request(
+            "GET", "/txn/v2/stats"
+        )
+    except (ServerError, Timeout) as e:
+        patch.status["conditions"] = render.condition(
+            conditions,
+            kind="Reachable",
+            status=False,
+            reason=reason(e),
+            message=str(e),
+            now=stamp,
+        )
+        return
+    backlog = int(stats["gcBacklog"])
+    threshold = int(spec.get("gcBacklogThreshold", 10_000))
+    patch.status["openTransactions"] = int(stats["openTransactions"])
+    patch.status["gcBacklog"] = backlog
+    patch.status["idsHeld"] = list(stats["idsHeld"])
+    conditions = render.condition(
+        conditions, kind="Reachable", status=True, reason="StatsRead", message=url, now=stamp
+    )
+    high = backlog > threshold
+    was_high = any(
+        c.get("type") == "GCBacklogHigh" and c.get("status") == "True" for c in conditions
+    )
+    message = f"{backlog} op records await clean-up (threshold {threshold})"
+    conditions = render.condition(
+        conditions,
+        kind="GCBacklogHigh",
+        status=high,
+        reason="AboveThreshold" if high else "BelowThreshold",
+        message=message,
+        now=stamp,
+    )
+    patch.status["conditions"] = conditions
+    if high and not was_high:
+        kopf.warn(body, reason="GCBacklogHigh", message=message)

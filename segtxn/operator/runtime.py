@@ -1,0 +1,117 @@
+"""What every handler shares: the operator's configuration, its clients, and how a child
+is applied and an error becomes a Kopf retry.
+
+Split from the handlers so that each resource's handlers (:mod:`.clusters`,
+:mod:`.scalabletopics`) read as what they decide, not as plumbing. Nothing here is
+registered with Kopf.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+
+from segtxn.client.admin import Admin
+from segtxn.client.connection import Connector
+from segtxn.client.errors import Timeout
+from segtxn.operator import render
+from segtxn.operator.kube import Kube
+from segtxn.protocol.errors import ErrorName, ServerError
+
+GROUP, VERSION = render.GROUP, render.VERSION
+API = f"{GROUP}/{VERSION}"
+FINALIZER = "segtxn.io/finalizer"
+RETRY_S = 5.0
+"""Delay before retrying what may heal by itself."""
+
+_TRANSIENT = {
+    ErrorName.SERVICE_NOT_READY,
+    ErrorName.TOPIC_BUSY,
+    ErrorName.TOO_MANY_REQUESTS,
+    ErrorName.METADATA,
+    ErrorName.NOT_OWNER,
+}
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """How the operator reaches segtxn. In a pod it derives each cluster's Service URL
+    (:func:`render.service_url`); run outside Kubernetes (a laptop, the tests) the URLs
+    are given: every cluster is then reached there."""
+
+    broker_url: str | None = None
+    coordinator_url: str | None = None
+    api_timeout_s: float = 15.0
+    """At start-up, how long to keep trying to reach the Kubernetes API before giving up
+    (a PermanentError: the operator exits saying so)."""
+
+
+@dataclass
+class Runtime:
+    """What the handlers share, built at start-up (kept in Kopf's memo)."""
+
+    config: OperatorConfig
+    kube: Kube
+    http: aiohttp.ClientSession
+    closed: bool = False
+
+
+def runtime_of(memo: Any) -> Runtime:
+    """The runtime built by the start-up handler; a retry while it is not there (yet)."""
+    runtime = memo.get("runtime")
+    if not isinstance(runtime, Runtime):
+        raise kopf.TemporaryError("the operator is still starting", delay=1)
+    if runtime.closed:  # timers may still tick while Kopf stops
+        raise kopf.TemporaryError("the operator is stopping", delay=60)
+    return runtime
+
+
+def namespaced(namespace: str | None) -> str:
+    if namespace is None:  # the CRDs are namespaced: only a broken API server sends this
+        raise kopf.PermanentError("segtxn resources are namespaced")
+    return namespace
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def cluster_spec(runtime: Runtime, namespace: str, cluster: str) -> Mapping[str, Any]:
+    """The spec of SegtxnCluster ``cluster``; a retry while it does not exist."""
+    found = await runtime.kube.get(API, "SegtxnCluster", namespace, cluster)
+    if found is None:
+        raise kopf.TemporaryError(
+            f"SegtxnCluster {namespace}/{cluster} does not exist (yet)", delay=RETRY_S
+        )
+    return dict(found.get("spec", {}))
+
+
+async def admin(runtime: Runtime, namespace: str, cluster: str) -> Admin:
+    """The admin API of ``cluster``'s brokers (its Service, or the configured URL)."""
+    url = runtime.config.broker_url
+    if url is None:
+        spec = await cluster_spec(runtime, namespace, cluster)
+        url = render.service_url(cluster, namespace, spec)
+    return Admin(Connector(url, runtime.http, request_timeout_s=30))
+
+
+def reason(e: ServerError | Timeout) -> str:
+    """A condition's reason: the error's wire name, or Timeout (no answer in time)."""
+    return e.name.value if isinstance(e, ServerError) else "Timeout"
+
+
+def transient(e: ServerError | Timeout) -> bool:
+    return isinstance(e, Timeout) or e.name in _TRANSIENT
+
+
+def kopf_error(e: ServerError | Timeout, doing: str) -> kopf.TemporaryError | kopf.PermanentError:
+    """Retry what may heal (brokers unreachable or not answering in time, a change in
+    progress); not the rest."""
+    if transient(e):
+        return kopf.TemporaryError(f"{doing}: {e}", delay=RETRY_S)
+    return kopf.PermanentError(f"{doing}: {e}")
