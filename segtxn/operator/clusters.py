@@ -13,7 +13,8 @@ cluster's spec too (image, store, session TTL).
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 import aiohttp
 import kopf
@@ -21,8 +22,10 @@ import kopf
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.operator import render
+from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.kube import KubeError
 from segtxn.operator.runtime import (
+    API,
     GROUP,
     RETRY_S,
     VERSION,
@@ -39,16 +42,14 @@ STATUS_TICK_S = 1.0
 """How often status timers wake; each resource's own interval decides when they read."""
 
 
-async def _apply(
-    runtime: Runtime,
-    body: kopf.Body,
-    status: kopf.Status,
-    patch: kopf.Patch,
-    objects: list[render.Obj],
-) -> None:
-    """Create or update the resource's children (owned by it), then say so: status
-    (``observedGeneration``, condition ``Applied``) and an event."""
-    kopf.adopt(objects, owner=body)
+async def _apply_objects(runtime: Runtime, owner: kopf.Body, objects: list[render.Obj]) -> None:
+    """Create or update ``objects`` as children of ``owner`` (owner references).
+
+    Raises:
+        kopf.PermanentError: Kubernetes refused a child as invalid or forbidden.
+        kopf.TemporaryError: the API server failed or did not answer; retried.
+    """
+    kopf.adopt(objects, owner=owner)
     try:
         for obj in objects:
             await runtime.kube.apply(obj)
@@ -58,6 +59,18 @@ async def _apply(
         raise kopf.TemporaryError(f"applying children: {e}", delay=RETRY_S) from e
     except aiohttp.ClientError as e:
         raise kopf.TemporaryError(f"applying children: {e!r}", delay=RETRY_S) from e
+
+
+async def _apply(
+    runtime: Runtime,
+    body: kopf.Body,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    objects: list[render.Obj],
+) -> None:
+    """Create or update the resource's children (owned by it), then say so: status
+    (``observedGeneration``, condition ``Applied``) and an event."""
+    await _apply_objects(runtime, body, objects)
     message = f"{len(objects)} objects applied"
     patch.status["observedGeneration"] = body.meta.get("generation")
     patch.status["conditions"] = render.condition(
@@ -69,6 +82,16 @@ async def _apply(
         now=now(),
     )
     kopf.info(body, reason="Applied", message=message)
+
+
+async def _immutable_changes(
+    runtime: Runtime, namespace: str, cluster: str, spec: Mapping[str, Any]
+) -> str | None:
+    """Why ``spec`` of SegtxnCluster ``cluster`` may not be applied (it changes a field
+    that is fixed once applied), or None."""
+    live = await runtime.kube.get("v1", "ConfigMap", namespace, render.ClusterNames(cluster).config)
+    changes = immutable_changes(None if live is None else live.get("data", {}), spec)
+    return "; ".join(c.message() for c in changes) or None
 
 
 # ---------------------------------------------------------------------- SegtxnCluster
@@ -86,13 +109,43 @@ async def reconcile_cluster(
     status: kopf.Status,
     patch: kopf.Patch,
     memo: Any,
-    **_: Any,
+    **indexes: Any,
 ) -> None:
+    """Apply the cluster's children, then re-render its coordinators' children (their
+    image, store and session TTL are the cluster's): one spec change reaches every pod.
+
+    A change to an immutable field (:mod:`.immutable`) is refused whole, before anything
+    is applied: condition ``Applied`` False with reason ``ImmutableField`` and a Warning
+    event naming the field; not retried (only a new spec can heal it)."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
+    refused = await _immutable_changes(runtime, namespace, name, spec)
+    if refused is not None:
+        patch.status["conditions"] = render.condition(
+            status.get("conditions"),
+            kind="Applied",
+            status=False,
+            reason="ImmutableField",
+            message=refused,
+            now=now(),
+        )
+        kopf.warn(body, reason="ImmutableField", message=refused)
+        raise kopf.PermanentError(refused)
     await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
     patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
     patch.status["phase"] = status.get("phase") or "Pending"
+    for coordinator in sorted(indexes["coordinators_by_cluster"].get((namespace, name), [])):
+        found = await runtime.kube.get(API, "TransactionCoordinator", namespace, coordinator)
+        if found is None:  # deleted since it was indexed: nothing to render for it
+            continue
+        owner = kopf.Body(cast(kopf.RawBody, found))
+        objects = render.render_coordinator(coordinator, namespace, owner.spec, spec)
+        await _apply_objects(runtime, owner, objects)
+        kopf.info(
+            owner,
+            reason="Applied",
+            message=f"{len(objects)} objects re-rendered for SegtxnCluster {name}'s spec",
+        )
 
 
 @kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S * 5)
@@ -168,9 +221,18 @@ async def reconcile_coordinator(
     memo: Any,
     **_: Any,
 ) -> None:
+    """Apply the coordinators' children, rendered from this spec and its cluster's. While
+    the cluster's own spec is refused (:mod:`.immutable`), wait: rendering from it would
+    half-apply what the cluster's handler refused."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
-    cluster = await cluster_spec(runtime, namespace, str(spec["clusterRef"]))
+    cluster_name = str(spec["clusterRef"])
+    cluster = await cluster_spec(runtime, namespace, cluster_name)
+    refused = await _immutable_changes(runtime, namespace, cluster_name, cluster)
+    if refused is not None:
+        raise kopf.TemporaryError(
+            f"SegtxnCluster {cluster_name}'s spec is refused: {refused}", delay=RETRY_S * 6
+        )
     objects = render.render_coordinator(name, namespace, spec, cluster)
     await _apply(runtime, body, status, patch, objects)
 

@@ -112,16 +112,16 @@ def _config(config_map: str, key: str) -> Obj:
     return {"valueFrom": {"configMapKeyRef": {"name": config_map, "key": key}}}
 
 
-def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[Obj]:
-    """ConfigMap, headless + client Services, broker StatefulSet (one PVC per broker),
-    PodDisruptionBudget."""
-    names = ClusterNames(name)
-    brokers = spec.get("brokers", {})
-    settings = brokers.get("settings", {})
-    storage = brokers.get("storage", {})
-    port = int(brokers.get("port", 8080))
-    replicas = int(brokers.get("replicas", 3))
-    config = {
+COORDINATOR_CONFIG = ("storeUrl", "sessionTtlSeconds")
+"""The keys of the cluster's ConfigMap that coordinators read: a change to any of them
+must roll the coordinators too, not only the brokers."""
+
+
+def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
+    """The cluster's ConfigMap data: what brokers (and, :data:`COORDINATOR_CONFIG`,
+    coordinators) read from their environment at start."""
+    settings = spec.get("brokers", {}).get("settings", {})
+    return {
         "storeUrl": str(spec["metadataStore"]["url"]),
         "sessionTtlSeconds": str(settings.get("sessionTtlSeconds", 10)),
         "consumerHoldSeconds": str(settings.get("consumerHoldSeconds", 10)),
@@ -129,6 +129,17 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         "retentionTimeSeconds": str(settings.get("retentionTimeSeconds", 604800)),
         "retentionBytes": str(settings.get("retentionBytes", -1)),
     }
+
+
+def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[Obj]:
+    """ConfigMap, headless + client Services, broker StatefulSet (one PVC per broker),
+    PodDisruptionBudget."""
+    names = ClusterNames(name)
+    brokers = spec.get("brokers", {})
+    storage = brokers.get("storage", {})
+    port = int(brokers.get("port", 8080))
+    replicas = int(brokers.get("replicas", 3))
+    config = cluster_config(spec)
     component = labels(name, "broker")
     select = selector(name, "broker")
     pod_security, container_security = _security()
@@ -212,6 +223,9 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
                 "serviceName": names.headless,
                 "replicas": replicas,
                 "podManagementPolicy": "Parallel",
+                # One broker at a time, the highest ordinal first (each waits for the
+                # previous one to be ready): a spec change never takes two down together.
+                "updateStrategy": {"type": "RollingUpdate"},
                 "selector": {"matchLabels": select},
                 "template": {
                     "metadata": {
@@ -256,7 +270,14 @@ def render_coordinator(
     name: str, namespace: str, spec: Mapping[str, Any], cluster_spec: Mapping[str, Any]
 ) -> list[Obj]:
     """Deployment, Service and PodDisruptionBudget of the coordinators of ``spec``; the
-    store and image come from the SegtxnCluster they serve (``cluster_spec``)."""
+    store, session TTL and image come from the SegtxnCluster they serve (``cluster_spec``),
+    so a change there must re-render these too (the cluster's handler does).
+
+    The pod template carries a hash of the ConfigMap keys the coordinators read
+    (:data:`COORDINATOR_CONFIG`): env from a ConfigMap is read only when a pod starts.
+    The Deployment rolls one pod at a time and starts the new one before the old goes
+    (``maxUnavailable: 0``): the running coordinators keep serving their ids meanwhile.
+    """
     full = coordinator_name(name)
     port = int(spec.get("port", 8081))
     config = ClusterNames(str(spec["clusterRef"])).config
@@ -293,7 +314,7 @@ def render_coordinator(
         "securityContext": container_security,
         **_probes(port),
     }
-    store = str(cluster_spec["metadataStore"]["url"])
+    read = {k: v for k, v in cluster_config(cluster_spec).items() if k in COORDINATOR_CONFIG}
     return [
         {
             "apiVersion": "apps/v1",
@@ -301,11 +322,15 @@ def render_coordinator(
             "metadata": {"name": full, "namespace": namespace, "labels": component},
             "spec": {
                 "replicas": int(spec.get("replicas", 2)),
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+                },
                 "selector": {"matchLabels": select},
                 "template": {
                     "metadata": {
                         "labels": component,
-                        "annotations": {CONFIG_HASH: _hash({"storeUrl": store})},
+                        "annotations": {CONFIG_HASH: _hash(read)},
                     },
                     "spec": {
                         "securityContext": pod_security,

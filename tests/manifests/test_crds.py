@@ -171,3 +171,11 @@ def test_images_pin_the_extras_versions() -> None:
     assert "python3" in base.group(1)
     segtxn = (ROOT / "manifests" / "Dockerfile").read_text()
     assert '"segtxn[operator]"' in segtxn and "USER 10001" in segtxn
+
+
+def test_store_url_is_immutable_in_the_crd() -> None:
+    """The API server refuses a changed store URL itself (a CEL transition rule; kmock does
+    not run CEL, so the operator's own refusal is tested in tests/operator)."""
+    spec = crd_schemas()[(API, "SegtxnCluster")]["properties"]["spec"]
+    url = spec["properties"]["metadataStore"]["properties"]["url"]
+    assert [v["rule"] for v in url["x-kubernetes-validations"]] == ["self == oldSelf"]

@@ -3,84 +3,21 @@ talking to a real segtxn cluster (broker and coordinator processes on a real etc
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import kopf
 import pytest
 
 from segtxn.client import Client, ServerError
-from segtxn.metastore.etcd_server import EtcdServer
-from segtxn.operator.handlers import FINALIZER, OperatorConfig
+from segtxn.operator.handlers import FINALIZER
 from segtxn.operator.render import CONFIG_HASH
 from segtxn.protocol.errors import ErrorName
-from tests import processes
-from tests.operator.emulator import Emulator, emulator, operator
-from tests.processes import ServerProcess
+from tests.operator.emulator import emulator, operator
+from tests.operator.support import WAIT_S, Local, cluster, condition, status, tries
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 TOPIC = {"clusterRef": "demo", "tenant": "acme", "namespace": "ops", "topic": "orders"}
 TOPIC_NAME = "topic://acme/ops/orders"
-WAIT_S = 30.0
-
-
-@dataclass
-class Local:
-    """A segtxn cluster on this machine, where the operator's admin calls land."""
-
-    store_url: str
-    broker: ServerProcess
-    coordinator: ServerProcess
-
-    def memo(self) -> kopf.Memo:
-        config = OperatorConfig(broker_url=self.broker.url, coordinator_url=self.coordinator.url)
-        return kopf.Memo(config=config)
-
-
-@pytest.fixture
-async def local(etcd_server: EtcdServer, tmp_path: Path) -> AsyncIterator[Local]:
-    store = etcd_server.url(f"/operator-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    broker = processes.broker(store, tmp_path / "b1", "b1", session_ttl=2)
-    coordinator = processes.coordinator(
-        store, "c1", extra=("--gc-sweep", "0.2", "--timeout-sweep", "0.2")
-    )
-    for server in (broker, coordinator):
-        server.start()
-    try:
-        await asyncio.gather(broker.ready(), coordinator.ready())
-        yield Local(store, broker, coordinator)
-    finally:
-        coordinator.stop()
-        broker.stop()
-
-
-def status(emu: Emulator, kind: str, name: str) -> dict[str, Any]:
-    return dict((emu.mine(kind, name) or {}).get("status", {}))
-
-
-def tries(emu: Emulator, kind: str, name: str, handler: str) -> int:
-    """How many times Kopf has retried ``handler`` on the resource (its progress record)."""
-    annotations = (emu.mine(kind, name) or {}).get("metadata", {}).get("annotations", {})
-    return int(json.loads(annotations.get(f"segtxn.io/{handler}", "{}")).get("retries", 0))
-
-
-def condition(emu: Emulator, kind: str, name: str, which: str) -> str | None:
-    found = [c for c in status(emu, kind, name).get("conditions", []) if c["type"] == which]
-    return str(found[0]["status"]) if found else None
-
-
-async def cluster(emu: Emulator, local: Local, **brokers: Any) -> None:
-    spec: dict[str, Any] = {"metadataStore": {"url": local.store_url}}
-    if brokers:
-        spec["brokers"] = brokers
-    await emu.create("SegtxnCluster", "demo", spec)
 
 
 async def test_cluster_children_status_and_update(local: Local) -> None:
@@ -136,13 +73,13 @@ async def test_cluster_children_status_and_update(local: Local) -> None:
         assert status(emu, "SegtxnCluster", "demo")["readyBrokers"] == 3
         assert condition(emu, "SegtxnCluster", "demo", "Ready") == "True"
 
-        # A new store URL reaches the ConfigMap and rolls the pods (the template's hash).
+        # A new setting reaches the ConfigMap and rolls the pods (the template's hash).
         sts = emu.get("apps/v1/statefulsets", "demo-broker")
         assert sts is not None
         before = sts["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH]
         await emu.patch(
-            "SegtxnCluster", "demo", {"spec": {"brokers": {"replicas": 5}, "metadataStore": {
-                "url": local.store_url + "x"}}},
+            "SegtxnCluster", "demo", {"spec": {"brokers": {"replicas": 5, "settings": {
+                "consumerHoldSeconds": 3}}}},
         )  # fmt: skip
 
         def updated() -> bool:
@@ -153,7 +90,7 @@ async def test_cluster_children_status_and_update(local: Local) -> None:
 
         await wait_until(updated, timeout=WAIT_S, what="the update applied")
         config = emu.get("v1/configmaps", "demo-config")
-        assert config is not None and config["data"]["storeUrl"] == local.store_url + "x"
+        assert config is not None and config["data"]["consumerHoldSeconds"] == "3"
 
 
 async def test_topic_created_split_merged_and_deleted_through_the_brokers(local: Local) -> None:

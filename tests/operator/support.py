@@ -1,0 +1,51 @@
+"""What the operator's end-to-end tests share: a local segtxn cluster for the handlers'
+admin calls, and readers of the emulated resources' status."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from segtxn.operator.handlers import OperatorConfig
+from tests.operator.emulator import Emulator
+from tests.processes import ServerProcess
+
+WAIT_S = 30.0
+
+
+@dataclass
+class Local:
+    """A segtxn cluster on this machine, where the operator's admin calls land."""
+
+    store_url: str
+    broker: ServerProcess
+    coordinator: ServerProcess
+
+    def memo(self) -> kopf.Memo:
+        config = OperatorConfig(broker_url=self.broker.url, coordinator_url=self.coordinator.url)
+        return kopf.Memo(config=config)
+
+
+def status(emu: Emulator, kind: str, name: str) -> dict[str, Any]:
+    return dict((emu.mine(kind, name) or {}).get("status", {}))
+
+
+def tries(emu: Emulator, kind: str, name: str, handler: str) -> int:
+    """How many times Kopf has retried ``handler`` on the resource (its progress record)."""
+    annotations = (emu.mine(kind, name) or {}).get("metadata", {}).get("annotations", {})
+    return int(json.loads(annotations.get(f"segtxn.io/{handler}", "{}")).get("retries", 0))
+
+
+def condition(emu: Emulator, kind: str, name: str, which: str) -> str | None:
+    found = [c for c in status(emu, kind, name).get("conditions", []) if c["type"] == which]
+    return str(found[0]["status"]) if found else None
+
+
+async def cluster(emu: Emulator, local: Local, **brokers: Any) -> None:
+    spec: dict[str, Any] = {"metadataStore": {"url": local.store_url}}
+    if brokers:
+        spec["brokers"] = brokers
+    await emu.create("SegtxnCluster", "demo", spec)
