@@ -14,7 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from segtxn.boundary import boundary
-from segtxn.broker import admin, lookup, ws
+from segtxn.broker import admin, holdings, lookup, ws
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
@@ -57,6 +57,7 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
             web.get("/healthz", healthz),
             web.get("/readyz", readyz),
             web.get("/metrics", metrics),
+            *holdings.routes(),
             *admin.routes(),
             *lookup.routes(),
         ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from segtxn.ledger import LedgerSettings, RetentionPolicy
 from segtxn.protocol.limits import MAX_BROKER_ID
 
-_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_BROKER_ID - 1}}}")
+BROKER_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_BROKER_ID - 1}}}")
 """A broker id names files (its snapshot logs): MAX_BROKER_ID keeps them under 255 bytes."""
 
 UNORDERED_REDELIVERY = "unordered-redelivery"
@@ -100,7 +100,7 @@ class BrokerSettings:
                 f"unknown test bug(s) {', '.join(sorted(unknown))}: known are "
                 + ", ".join(sorted(TEST_BUGS))
             )
-        if not _ID.fullmatch(self.broker_id):
+        if not BROKER_ID.fullmatch(self.broker_id):
             raise ValueError(f"broker id {self.broker_id!r}: 1-63 of letters, digits, _.-")
         if not self.advertise_url.startswith(("http://", "https://")):
             raise ValueError(f"advertise URL {self.advertise_url!r} must be http(s)://host:port")

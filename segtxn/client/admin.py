@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from segtxn.client.connection import Connector
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import InvalidTopicName, TopicName, check_list_part
+
+
+@dataclass(frozen=True)
+class BrokerHomes:
+    """What a broker holds: the topics and segments homed on it (their data is on its
+    disk), at most the number asked for; ``more`` when there are others."""
+
+    broker: str
+    homes: list[str]
+    more: bool
+
+    @property
+    def empty(self) -> bool:
+        return not self.homes and not self.more
 
 
 class Admin:
@@ -98,3 +114,16 @@ class Admin:
 
     async def remove_property(self, topic: str, key: str) -> None:
         await self._c.request("DELETE", self._path(topic) + "/properties", params={"key": key})
+
+    async def broker_homes(self, broker: str, *, limit: int = 100) -> BrokerHomes:
+        """The topics and segments homed on ``broker`` (alive or not), at most ``limit``
+        (1..1000). Removing a broker strands their data: ledgers are not replicated.
+
+        Raises:
+            ServerError: InvalidArgument for an id no broker can have or a bad ``limit``.
+        """
+        found = await self._c.request(
+            "GET", f"/admin/v2/brokers/{quote(broker, safe='')}/homes", params={"limit": str(limit)}
+        )
+        homes = [str(h) for h in found["homes"]]
+        return BrokerHomes(str(found["broker"]), homes, bool(found["more"]))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import msgspec
 
@@ -206,6 +206,15 @@ class Catalog:
                 return
             except BadVersion:
                 continue
+
+    async def homes_on(self, broker_id: str, *, limit: int) -> tuple[list[str], bool]:
+        """The ledgers (topics and segments) whose home is ``broker_id``, at most ``limit``
+        of them in key order, and whether there are more. One index range read; the broker
+        need not be alive. A crash half-way through a create or delete can leave a home
+        whose topic does not exist: it is listed (the answer errs towards "holds data")."""
+        listing = await self.store.index_range(HOMES_BY_BROKER, broker_id, limit=limit)
+        ledgers = [unquote(e.key[len(HOMES) :]) for e in listing.entries]
+        return ledgers, listing.more
 
     async def home_of(self, ledger: TopicName) -> str | None:
         record = await self.store.get(home_key(ledger))

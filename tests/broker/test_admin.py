@@ -461,3 +461,35 @@ async def test_metrics_report_topics_clients_and_backlog(
 
     await wait_until(settled, timeout=5, what="the clients to be gone from the gauges")
     assert (await gauges())["segtxn_broker_backlog"] == 2
+
+
+async def test_a_broker_s_homes_list_what_removing_it_would_strand(
+    client: Client, broker: BrokerServer
+) -> None:
+    """The operator's scale-down guard asks this: every topic and segment whose data is on
+    the broker's disk, bounded, and nothing for a broker that holds nothing."""
+    me = broker.settings.broker_id
+    assert (await client.admin.broker_homes(me)).empty
+    await client.admin.create_topic("persistent://acme/homes/p")
+    await client.admin.create_topic("topic://acme/homes/s", segments=2)
+    held = await client.admin.broker_homes(me)
+    assert sorted(held.homes) == [
+        "persistent://acme/homes/p",
+        "segment://acme/homes/s/0",
+        "segment://acme/homes/s/1",
+    ]
+    assert not held.more and not held.empty
+    first = await client.admin.broker_homes(me, limit=2)
+    assert len(first.homes) == 2 and first.more and not first.empty
+    assert (await client.admin.broker_homes("never-started-7")).empty  # any id, alive or not
+    for bad_id, limit in (("-x", 1), ("a" * 64, 1), (me, 0), (me, 1001)):
+        with pytest.raises(ServerError) as refused:
+            await client.admin.broker_homes(bad_id, limit=limit)
+        assert refused.value.name is ErrorName.INVALID_ARGUMENT
+    # The namespace listing of the same shape still answers.
+    assert await client.admin.list_topics("persistent", "acme", "homes") == [
+        "persistent://acme/homes/p"
+    ]
+    await client.admin.delete_topic("topic://acme/homes/s")
+    await client.admin.delete_topic("persistent://acme/homes/p")
+    assert (await client.admin.broker_homes(me)).empty
