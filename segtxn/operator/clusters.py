@@ -21,7 +21,7 @@ import kopf
 
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
-from segtxn.operator import render
+from segtxn.operator import render, scaledown
 from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.kube import KubeError
 from segtxn.operator.runtime import (
@@ -30,6 +30,7 @@ from segtxn.operator.runtime import (
     RETRY_S,
     VERSION,
     Runtime,
+    admin,
     cluster_spec,
     namespaced,
     now,
@@ -40,6 +41,8 @@ from segtxn.protocol.errors import ServerError
 
 STATUS_TICK_S = 1.0
 """How often status timers wake; each resource's own interval decides when they read."""
+SCALE_DOWN_RECHECK_S = 30.0
+"""How often a refused scale-down is checked again."""
 
 
 async def _apply_objects(runtime: Runtime, owner: kopf.Body, objects: list[render.Obj]) -> None:
@@ -84,6 +87,27 @@ async def _apply(
     kopf.info(body, reason="Applied", message=message)
 
 
+def _refuse(
+    body: kopf.Body, status: kopf.Status, patch: kopf.Patch, why: str, message: str
+) -> None:
+    """Say that the spec was refused, and why: ``Applied`` False with reason ``why``, and
+    a Warning event unless the same refusal is already what the status says (a check
+    retried every half minute would otherwise repeat its event)."""
+    previous = status.get("conditions")
+    same = any(
+        c.get("type") == "Applied"
+        and c.get("status") == "False"
+        and c.get("reason") == why
+        and c.get("message") == message
+        for c in previous or ()
+    )
+    patch.status["conditions"] = render.condition(
+        previous, kind="Applied", status=False, reason=why, message=message, now=now()
+    )
+    if not same:
+        kopf.warn(body, reason=why, message=message)
+
+
 async def _immutable_changes(
     runtime: Runtime, namespace: str, cluster: str, spec: Mapping[str, Any]
 ) -> str | None:
@@ -114,23 +138,28 @@ async def reconcile_cluster(
     """Apply the cluster's children, then re-render its coordinators' children (their
     image, store and session TTL are the cluster's): one spec change reaches every pod.
 
-    A change to an immutable field (:mod:`.immutable`) is refused whole, before anything
-    is applied: condition ``Applied`` False with reason ``ImmutableField`` and a Warning
-    event naming the field; not retried (only a new spec can heal it)."""
+    A spec the safety checks refuse is refused whole, before anything is applied
+    (condition ``Applied`` False, a Warning event, the reason naming the check):
+    ``ImmutableField`` (:mod:`.immutable`), not retried, only a new spec heals it;
+    ``ScaleDownRefused`` (:mod:`.scaledown`), checked again every
+    :data:`SCALE_DOWN_RECHECK_S` (the brokers' topics may be deleted meanwhile)."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
+    names = render.ClusterNames(name)
     refused = await _immutable_changes(runtime, namespace, name, spec)
     if refused is not None:
-        patch.status["conditions"] = render.condition(
-            status.get("conditions"),
-            kind="Applied",
-            status=False,
-            reason="ImmutableField",
-            message=refused,
-            now=now(),
-        )
-        kopf.warn(body, reason="ImmutableField", message=refused)
+        _refuse(body, status, patch, "ImmutableField", refused)
         raise kopf.PermanentError(refused)
+    live = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
+    current = None if live is None else int(live.get("spec", {}).get("replicas", 0))
+    wanted = int(spec.get("brokers", {}).get("replicas", 3))
+    if current is not None and wanted < current:
+        brokers = await admin(runtime, namespace, name, spec)
+        verdict = await scaledown.check(brokers, names.brokers, current, wanted)
+        if not verdict.allowed:
+            _refuse(body, status, patch, "ScaleDownRefused", verdict.message)
+            raise kopf.TemporaryError(verdict.message, delay=SCALE_DOWN_RECHECK_S)
+        kopf.info(body, reason="ScaleDown", message=verdict.message)
     await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
     patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
     patch.status["phase"] = status.get("phase") or "Pending"

@@ -91,11 +91,15 @@ async def cluster_spec(runtime: Runtime, namespace: str, cluster: str) -> Mappin
     return dict(found.get("spec", {}))
 
 
-async def admin(runtime: Runtime, namespace: str, cluster: str) -> Admin:
-    """The admin API of ``cluster``'s brokers (its Service, or the configured URL)."""
+async def admin(
+    runtime: Runtime, namespace: str, cluster: str, spec: Mapping[str, Any] | None = None
+) -> Admin:
+    """The admin API of ``cluster``'s brokers (its Service, or the configured URL);
+    ``spec``, the cluster's, when the caller has it (else it is read)."""
     url = runtime.config.broker_url
     if url is None:
-        spec = await cluster_spec(runtime, namespace, cluster)
+        if spec is None:
+            spec = await cluster_spec(runtime, namespace, cluster)
         url = render.service_url(cluster, namespace, spec)
     return Admin(Connector(url, runtime.http, request_timeout_s=30))
 

@@ -1,15 +1,20 @@
 """A running cluster changed through its SegtxnCluster: upgrades reach every child, and
-what must not change is refused whole (Kopf against kmock, real segtxn processes)."""
+what must not change (the store URL) or would strand data (a scale-down) is refused whole
+(Kopf against kmock, real segtxn processes)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from segtxn.client import Client
+from segtxn.operator import clusters
 from segtxn.operator.render import CONFIG_HASH
+from tests import processes
 from tests.operator.emulator import Emulator, emulator, operator
-from tests.operator.support import WAIT_S, Local, cluster, status
+from tests.operator.support import WAIT_S, Local, cluster, status, tries
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -140,3 +145,79 @@ async def test_a_store_url_change_is_refused_whole_and_named(local: Local) -> No
             timeout=WAIT_S,
             what="Applied True again",
         )
+
+
+async def test_a_scale_down_that_would_strand_data_is_refused(
+    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Brokers demo-broker-0 (``local.broker``, id b1 here) and demo-broker-1 share the
+    store; a topic with a segment on demo-broker-1 forbids going down to one broker until
+    the topic is deleted."""
+    monkeypatch.setattr(clusters, "SCALE_DOWN_RECHECK_S", 0.5)
+    second = processes.broker(local.store_url, tmp_path / "b2", "demo-broker-1", session_ttl=2)
+    second.start()
+    try:
+        await second.ready()
+        async with (
+            emulator() as emu,
+            operator(emu, local.memo()),
+            Client(local.broker.url) as client,
+        ):
+            await cluster(emu, local, replicas=2)
+            await wait_until(
+                lambda: replicas(emu) == 2, timeout=WAIT_S, what="two brokers rendered"
+            )
+            await client.admin.create_topic("topic://acme/ops/scale", segments=2)
+            held = await client.admin.broker_homes("demo-broker-1")
+            assert held.homes == ["segment://acme/ops/scale/1"]  # the fewest homes: one each
+
+            await emu.patch("SegtxnCluster", "demo", {"spec": {"brokers": {"replicas": 1}}})
+            await wait_until(
+                lambda: (
+                    (applied(emu, "SegtxnCluster", "demo") or {}).get("reason")
+                    == "ScaleDownRefused"
+                ),
+                timeout=WAIT_S,
+                what="the scale-down refused",
+            )
+            refused = applied(emu, "SegtxnCluster", "demo")
+            assert refused is not None and refused["status"] == "False"
+            assert "demo-broker-1 holds segment://acme/ops/scale/1" in refused["message"]
+            assert "Delete those topics first, or keep 2 brokers" in refused["message"]
+            warnings = [
+                message
+                for kind, reason, message in emu.events("demo")
+                if (kind, reason) == ("Warning", "ScaleDownRefused")
+            ]
+            assert warnings == [refused["message"]]  # one event, not one per re-check
+            assert replicas(emu) == 2
+            # Re-checked while refused (the retries count up), and still refused.
+            await wait_until(
+                lambda: tries(emu, "SegtxnCluster", "demo", "reconcile_cluster.spec") >= 2,
+                timeout=WAIT_S,
+                what="the guard checking again",
+            )
+            assert replicas(emu) == 2
+            assert [r for _, r, _ in emu.events("demo")].count("ScaleDownRefused") == 1
+
+            # The topic gone, demo-broker-1 holds nothing: the next check lets it go.
+            await client.admin.delete_topic("topic://acme/ops/scale")
+            await wait_until(
+                lambda: replicas(emu) == 1, timeout=WAIT_S, what="scaled down once empty"
+            )
+            await wait_until(
+                lambda: (applied(emu, "SegtxnCluster", "demo") or {}).get("status") == "True",
+                timeout=WAIT_S,
+                what="Applied True again",
+            )
+            assert any(
+                reason == "ScaleDown" and "demo-broker-1 hold no topics" in message
+                for _, reason, message in emu.events("demo")
+            )
+    finally:
+        second.stop()
+
+
+def replicas(emu: Emulator) -> int | None:
+    sts = emu.get("apps/v1/statefulsets", "demo-broker")
+    return None if sts is None else int(sts["spec"]["replicas"])
