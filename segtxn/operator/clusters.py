@@ -37,6 +37,7 @@ from segtxn.operator.runtime import (
     reason,
     runtime_of,
 )
+from segtxn.operator.status import Rollout, condition, rollout, same
 from segtxn.protocol.errors import ServerError
 
 STATUS_TICK_S = 1.0
@@ -53,15 +54,16 @@ async def _apply_objects(runtime: Runtime, owner: kopf.Body, objects: list[rende
         kopf.TemporaryError: the API server failed or did not answer; retried.
     """
     kopf.adopt(objects, owner=owner)
-    try:
-        for obj in objects:
+    for obj in objects:
+        child = f"{obj['kind']} {obj['metadata']['name']}"
+        try:
             await runtime.kube.apply(obj)
-    except KubeError as e:
-        if e.status in (400, 403, 422):
-            raise kopf.PermanentError(f"Kubernetes refused a child: {e}") from e
-        raise kopf.TemporaryError(f"applying children: {e}", delay=RETRY_S) from e
-    except aiohttp.ClientError as e:
-        raise kopf.TemporaryError(f"applying children: {e!r}", delay=RETRY_S) from e
+        except KubeError as e:
+            if e.status in (400, 403, 422):
+                raise kopf.PermanentError(f"Kubernetes refused {child}: {e}") from e
+            raise kopf.TemporaryError(f"applying {child}: {e}", delay=RETRY_S) from e
+        except aiohttp.ClientError as e:
+            raise kopf.TemporaryError(f"applying {child}: {e!r}", delay=RETRY_S) from e
 
 
 async def _apply(
@@ -76,35 +78,42 @@ async def _apply(
     await _apply_objects(runtime, body, objects)
     message = f"{len(objects)} objects applied"
     patch.status["observedGeneration"] = body.meta.get("generation")
-    patch.status["conditions"] = render.condition(
+    patch.status["conditions"] = condition(
         status.get("conditions"),
         kind="Applied",
         status=True,
         reason="Rendered",
         message=message,
         now=now(),
+        generation=body.meta.get("generation"),
     )
     kopf.info(body, reason="Applied", message=message)
 
 
-def _refuse(
+def _not_applied(
     body: kopf.Body, status: kopf.Status, patch: kopf.Patch, why: str, message: str
 ) -> None:
-    """Say that the spec was refused, and why: ``Applied`` False with reason ``why``, and
-    a Warning event unless the same refusal is already what the status says (a check
-    retried every half minute would otherwise repeat its event)."""
+    """Say that the spec was not applied, and why: ``Applied`` False with reason ``why``
+    (a safety check's refusal, or a failure), and a Warning event unless the status says
+    the same already (a check retried every half minute would repeat its event)."""
     previous = status.get("conditions")
-    same = any(
+    repeated = any(
         c.get("type") == "Applied"
         and c.get("status") == "False"
         and c.get("reason") == why
         and c.get("message") == message
         for c in previous or ()
     )
-    patch.status["conditions"] = render.condition(
-        previous, kind="Applied", status=False, reason=why, message=message, now=now()
+    patch.status["conditions"] = condition(
+        previous,
+        kind="Applied",
+        status=False,
+        reason=why,
+        message=message,
+        now=now(),
+        generation=body.meta.get("generation"),
     )
-    if not same:
+    if not repeated:
         kopf.warn(body, reason=why, message=message)
 
 
@@ -148,7 +157,7 @@ async def reconcile_cluster(
     names = render.ClusterNames(name)
     refused = await _immutable_changes(runtime, namespace, name, spec)
     if refused is not None:
-        _refuse(body, status, patch, "ImmutableField", refused)
+        _not_applied(body, status, patch, "ImmutableField", refused)
         raise kopf.PermanentError(refused)
     live = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
     current = None if live is None else int(live.get("spec", {}).get("replicas", 0))
@@ -157,23 +166,42 @@ async def reconcile_cluster(
         brokers = await admin(runtime, namespace, name, spec)
         verdict = await scaledown.check(brokers, names.brokers, current, wanted)
         if not verdict.allowed:
-            _refuse(body, status, patch, "ScaleDownRefused", verdict.message)
+            _not_applied(body, status, patch, "ScaleDownRefused", verdict.message)
             raise kopf.TemporaryError(verdict.message, delay=SCALE_DOWN_RECHECK_S)
         kopf.info(body, reason="ScaleDown", message=verdict.message)
-    await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
+    try:
+        await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
+        await _apply_coordinators(runtime, namespace, name, spec, indexes)
+    except (kopf.TemporaryError, kopf.PermanentError) as e:
+        _not_applied(body, status, patch, "ApplyFailed", str(e))
+        raise
     patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
     patch.status["phase"] = status.get("phase") or "Pending"
-    for coordinator in sorted(indexes["coordinators_by_cluster"].get((namespace, name), [])):
+
+
+async def _apply_coordinators(
+    runtime: Runtime, namespace: str, cluster: str, spec: Mapping[str, Any], indexes: Any
+) -> None:
+    """Re-render the children of every TransactionCoordinator of ``cluster`` from its
+    ``spec`` (the image, store and session TTL they run are the cluster's)."""
+    for coordinator in sorted(indexes["coordinators_by_cluster"].get((namespace, cluster), [])):
         found = await runtime.kube.get(API, "TransactionCoordinator", namespace, coordinator)
         if found is None:  # deleted since it was indexed: nothing to render for it
             continue
         owner = kopf.Body(cast(kopf.RawBody, found))
         objects = render.render_coordinator(coordinator, namespace, owner.spec, spec)
-        await _apply_objects(runtime, owner, objects)
+        try:
+            await _apply_objects(runtime, owner, objects)
+        except kopf.TemporaryError as e:
+            raise kopf.TemporaryError(
+                f"TransactionCoordinator {coordinator}: {e}", delay=e.delay
+            ) from e
+        except kopf.PermanentError as e:
+            raise kopf.PermanentError(f"TransactionCoordinator {coordinator}: {e}") from e
         kopf.info(
             owner,
             reason="Applied",
-            message=f"{len(objects)} objects re-rendered for SegtxnCluster {name}'s spec",
+            message=f"{len(objects)} objects re-rendered for SegtxnCluster {cluster}'s spec",
         )
 
 
@@ -189,27 +217,47 @@ async def cluster_readiness(
     body: kopf.Body,
     **_: Any,
 ) -> None:
+    """Every few seconds: condition ``Ready`` (and ``phase``, ``readyBrokers``) from the
+    broker StatefulSet against what the spec renders (:func:`status.rollout`); written
+    only when something changed."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     names = render.ClusterNames(name)
     found = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
-    ready = int((found or {}).get("status", {}).get("readyReplicas") or 0)
-    wanted = int(spec.get("brokers", {}).get("replicas", 3))
-    phase = "Ready" if ready >= wanted else ("Degraded" if ready else "Pending")
-    if status.get("readyBrokers") == ready and status.get("phase") == phase:
-        return
-    patch.status["readyBrokers"] = ready
-    patch.status["phase"] = phase
-    patch.status["conditions"] = render.condition(
+    desired = next(
+        o for o in render.render_cluster(name, namespace, spec) if o["kind"] == "StatefulSet"
+    )
+    state = rollout(found, desired)
+    phase = _phase(state)
+    if body.meta.get("deletionTimestamp"):
+        phase = "Deleting"
+    conditions = condition(
         status.get("conditions"),
         kind="Ready",
-        status=ready >= wanted,
-        reason=phase,
-        message=f"{ready}/{wanted} brokers ready",
+        status=state.ready,
+        reason=state.reason,
+        message=state.message,
         now=now(),
+        generation=body.meta.get("generation"),
     )
-    if phase == "Ready":
-        kopf.info(body, reason="Ready", message=f"{ready}/{wanted} brokers ready")
+    unchanged = status.get("readyBrokers") == state.ready_replicas and status.get("phase") == phase
+    if unchanged and same(status.get("conditions"), conditions):
+        return
+    patch.status["readyBrokers"] = state.ready_replicas
+    patch.status["phase"] = phase
+    patch.status["conditions"] = conditions
+    was_ready = status.get("phase") == "Ready"
+    if state.ready and not was_ready:
+        kopf.info(body, reason="Ready", message=state.message)
+
+
+def _phase(state: Rollout) -> str:
+    """The one-word summary of a rollout (the CRD's ``phase``)."""
+    if state.ready:
+        return "Ready"
+    if state.reason in ("NotApplied", "RollingOut"):
+        return "Updating"
+    return "Degraded" if state.ready_replicas else "Pending"
 
 
 @kopf.on.delete(GROUP, VERSION, "segtxnclusters")
@@ -256,14 +304,22 @@ async def reconcile_coordinator(
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     cluster_name = str(spec["clusterRef"])
-    cluster = await cluster_spec(runtime, namespace, cluster_name)
-    refused = await _immutable_changes(runtime, namespace, cluster_name, cluster)
+    try:
+        cluster = await cluster_spec(runtime, namespace, cluster_name)
+        refused = await _immutable_changes(runtime, namespace, cluster_name, cluster)
+    except kopf.TemporaryError as e:
+        _not_applied(body, status, patch, "WaitingForCluster", str(e))
+        raise
     if refused is not None:
-        raise kopf.TemporaryError(
-            f"SegtxnCluster {cluster_name}'s spec is refused: {refused}", delay=RETRY_S * 6
-        )
+        message = f"SegtxnCluster {cluster_name}'s spec is refused: {refused}"
+        _not_applied(body, status, patch, "WaitingForCluster", message)
+        raise kopf.TemporaryError(message, delay=RETRY_S * 6)
     objects = render.render_coordinator(name, namespace, spec, cluster)
-    await _apply(runtime, body, status, patch, objects)
+    try:
+        await _apply(runtime, body, status, patch, objects)
+    except (kopf.TemporaryError, kopf.PermanentError) as e:
+        _not_applied(body, status, patch, "ApplyFailed", str(e))
+        raise
 
 
 @kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S)
@@ -278,8 +334,9 @@ async def coordinator_status(
     memo: Any,
     **_: Any,
 ) -> None:
-    """Every ``statusIntervalSeconds``: open transactions and the GC backlog into status;
-    ``GCBacklogHigh`` when the backlog passes ``gcBacklogThreshold``."""
+    """Every ``statusIntervalSeconds``: ``Ready`` from the Deployment against what the
+    spec and its cluster's render (:func:`status.rollout`); open transactions and the GC
+    backlog into status; ``GCBacklogHigh`` when the backlog passes ``gcBacklogThreshold``."""
     namespace = namespaced(namespace)
     last = status.get("lastChecked")
     interval = float(spec.get("statusIntervalSeconds", 30))
@@ -291,22 +348,40 @@ async def coordinator_status(
     found = await runtime.kube.get(
         "apps/v1", "Deployment", namespace, render.coordinator_name(name)
     )
-    conditions = status.get("conditions")
+    cluster_name = str(spec["clusterRef"])
+    cluster = await runtime.kube.get(API, "SegtxnCluster", namespace, cluster_name)
+    ready = int((found or {}).get("status", {}).get("readyReplicas") or 0)
+    if cluster is None:
+        state = Rollout(False, "Missing", f"SegtxnCluster {cluster_name} does not exist", ready)
+    else:
+        rendered = render.render_coordinator(name, namespace, spec, cluster.get("spec", {}))
+        state = rollout(found, next(o for o in rendered if o["kind"] == "Deployment"))
     stamp = now()
+    generation = body.meta.get("generation")
+    conditions = condition(
+        status.get("conditions"),
+        kind="Ready",
+        status=state.ready,
+        reason=state.reason,
+        message=state.message,
+        now=stamp,
+        generation=generation,
+    )
     patch.status["lastChecked"] = stamp
-    patch.status["readyReplicas"] = int((found or {}).get("status", {}).get("readyReplicas") or 0)
+    patch.status["readyReplicas"] = state.ready_replicas
     try:
         stats = await Connector(url, runtime.http, request_timeout_s=10).request(
             "GET", "/txn/v2/stats"
         )
     except (ServerError, Timeout) as e:
-        patch.status["conditions"] = render.condition(
+        patch.status["conditions"] = condition(
             conditions,
             kind="Reachable",
             status=False,
             reason=reason(e),
             message=str(e),
             now=stamp,
+            generation=generation,
         )
         return
     backlog = int(stats["gcBacklog"])
@@ -314,21 +389,28 @@ async def coordinator_status(
     patch.status["openTransactions"] = int(stats["openTransactions"])
     patch.status["gcBacklog"] = backlog
     patch.status["idsHeld"] = list(stats["idsHeld"])
-    conditions = render.condition(
-        conditions, kind="Reachable", status=True, reason="StatsRead", message=url, now=stamp
+    conditions = condition(
+        conditions,
+        kind="Reachable",
+        status=True,
+        reason="StatsRead",
+        message=url,
+        now=stamp,
+        generation=body.meta.get("generation"),
     )
     high = backlog > threshold
     was_high = any(
         c.get("type") == "GCBacklogHigh" and c.get("status") == "True" for c in conditions
     )
     message = f"{backlog} op records await clean-up (threshold {threshold})"
-    conditions = render.condition(
+    conditions = condition(
         conditions,
         kind="GCBacklogHigh",
         status=high,
         reason="AboveThreshold" if high else "BelowThreshold",
         message=message,
         now=stamp,
+        generation=body.meta.get("generation"),
     )
     patch.status["conditions"] = conditions
     if high and not was_high:

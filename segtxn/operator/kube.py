@@ -162,7 +162,8 @@ class Kube:
             if e.status != 409:
                 raise
         else:
-            assert created is not None
+            if created is None:  # 404 on a create: no such resource type or namespace
+                raise KubeError(404, f"cannot create {kind} {meta['name']}: no such resource")
             return created
         patched = await self._call(
             "PATCH",

@@ -415,31 +415,3 @@ def topic_status(dag: Mapping[str, Any], topic: str) -> Obj:
         "activeSegments": active,
         "sealedSegments": len(segments) - active,
     }
-
-
-# ---------------------------------------------------------------------- conditions
-
-
-def condition(
-    previous: Sequence[Mapping[str, Any]] | None,
-    *,
-    kind: str,
-    status: bool,
-    reason: str,
-    message: str,
-    now: str,
-) -> list[Obj]:
-    """``previous`` conditions with ``kind`` set; its lastTransitionTime moves only when
-    its status changes (Kubernetes' convention)."""
-    value = "True" if status else "False"
-    kept = [dict(c) for c in previous or () if c.get("type") != kind]
-    old = next((c for c in previous or () if c.get("type") == kind), None)
-    since = old["lastTransitionTime"] if old and old.get("status") == value else now
-    new = {
-        "type": kind,
-        "status": value,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-    }
-    return sorted([*kept, new], key=lambda c: str(c["type"]))

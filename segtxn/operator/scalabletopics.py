@@ -28,6 +28,7 @@ from segtxn.operator.runtime import (
     runtime_of,
     transient,
 )
+from segtxn.operator.status import condition
 from segtxn.protocol.errors import ErrorName, ServerError
 
 MAX_CHANGES_PER_RUN = 16
@@ -81,13 +82,14 @@ async def reconcile_topic(
         dag = await _converge(brokers, topic, None if target is None else int(target), body)
     except (ServerError, Timeout) as e:
         # Why it is not ready shows in status; a refusal for good also as a Warning event.
-        patch.status["conditions"] = render.condition(
+        patch.status["conditions"] = condition(
             status.get("conditions"),
             kind="Ready",
             status=False,
             reason=reason(e),
             message=str(e),
             now=now(),
+            generation=body.meta.get("generation"),
         )
         if not transient(e):
             kopf.warn(body, reason="Refused", message=f"{topic}: {e}")
@@ -95,13 +97,14 @@ async def reconcile_topic(
     patch.status.update(render.topic_status(dag, topic))
     patch.status["observedGeneration"] = body.meta.get("generation")
     active = int(patch.status["activeSegments"])
-    patch.status["conditions"] = render.condition(
+    patch.status["conditions"] = condition(
         status.get("conditions"),
         kind="Ready",
         status=True,
         reason="Converged" if target is None or active == int(target) else "AtLimit",
         message=f"{active} active segments",
         now=now(),
+        generation=body.meta.get("generation"),
     )
 
 

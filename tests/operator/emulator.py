@@ -7,6 +7,8 @@ write, so Kopf's JSON-patch ``test`` ops pass), namespace from the URL, names fr
 changes before the replay snapshot, and 422 (not 500) for a failed patch test. Still absent,
 so tests do it themselves: schema validation and defaulting, garbage collection of owned
 objects, label selectors, and controllers (a StatefulSet's status is patched by the test).
+``metadata.generation`` is kept for segtxn resources only (1 on create, +1 on a patch that
+carries ``spec``: the tests' patches change what they carry).
 """
 
 from __future__ import annotations
@@ -63,8 +65,16 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         cls._rv += 1
         return str(cls._rv)
 
+    failing: dict[str, int]
+    """Resource (``policy/v1/poddisruptionbudgets``) -> the HTTP status every create or
+    patch of it gets, for tests of what the operator does when an apply fails."""
+
     async def _handle(self, request: kmock.Request) -> Any:
         data = request.data
+        writes = (kmock.action.CREATE, kmock.action.UPDATE)
+        for resource, code in getattr(self, "failing", {}).items():
+            if request.resource == kmock.resource(resource) and request.action in writes:
+                raise kmock.KubernetesError(status=code, reason="Injected", message="injected")
         if request.resource is not None and request.action == kmock.action.CREATE:
             if isinstance(data, dict):
                 meta = data.setdefault("metadata", {})
@@ -75,9 +85,16 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 meta.setdefault("uid", str(uuid.uuid4()))
                 meta.setdefault("creationTimestamp", _now())
                 meta["resourceVersion"] = self._next_rv()
+                if _ours(request):
+                    meta["generation"] = 1
         elif request.resource is not None and request.action == kmock.action.UPDATE:
             if isinstance(data, dict):  # merge patch
                 data.setdefault("metadata", {})["resourceVersion"] = self._next_rv()
+                if _ours(request) and not request.subresource and "spec" in data:
+                    key = (request.resource, request.namespace, request.name)
+                    obj = self.objects._objects.get(key)
+                    old = int(obj.raw.get("metadata", {}).get("generation", 0)) if obj else 0
+                    data["metadata"]["generation"] = old + 1  # a spec change, as the tests make
             elif isinstance(data, list):  # JSON patch: bump after Kopf's `test` op
                 data.append(
                     {"op": "add", "path": "/metadata/resourceVersion", "value": self._next_rv()}
@@ -175,6 +192,12 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             and not o.deleted
             and o.raw["involvedObject"]["name"] == name
         ]
+
+
+def _ours(request: kmock.Request) -> bool:
+    """A segtxn resource: the emulator keeps its generation, as an API server does (the
+    tests set the generation of built-in kinds themselves, playing their controllers)."""
+    return bool(request.resource is not None and request.resource.group == "segtxn.io")
 
 
 def _now() -> str:

@@ -59,19 +59,38 @@ async def test_cluster_children_status_and_update(local: Local) -> None:
             what="the Applied event",
         )
 
-        # The StatefulSet controller (absent here) reports the brokers ready: the cluster is.
-        await emu.call(
-            "PATCH",
-            "/apis/apps/v1/namespaces/segtxn/statefulsets/demo-broker/status",
-            {"status": {"readyReplicas": 3, "replicas": 3}},
+        # The StatefulSet controller (absent here) reports three ready pods, but it has not
+        # acted on the latest generation yet: a rollout in progress is not Ready.
+        sts_path = "/apis/apps/v1/namespaces/segtxn/statefulsets/demo-broker"
+        await emu.call("PATCH", sts_path, {"metadata": {"generation": 2}})
+        pods = {"readyReplicas": 3, "replicas": 3, "updatedReplicas": 3}
+        await emu.call("PATCH", sts_path + "/status", {"status": {**pods, "observedGeneration": 1}})
+
+        def ready_reason() -> str | None:
+            found = [
+                c for c in status(emu, "SegtxnCluster", "demo").get("conditions", [])
+                if c["type"] == "Ready"
+            ]  # fmt: skip
+            return str(found[0]["reason"]) if found else None
+
+        await wait_until(
+            lambda: ready_reason() == "RollingOut", timeout=WAIT_S, what="Ready False: rolling"
         )
+        assert condition(emu, "SegtxnCluster", "demo", "Ready") == "False"
+        assert status(emu, "SegtxnCluster", "demo")["phase"] == "Updating"
+        # Now it has: the cluster is Ready.
+        await emu.call("PATCH", sts_path + "/status", {"status": {**pods, "observedGeneration": 2}})
         await wait_until(
             lambda: status(emu, "SegtxnCluster", "demo").get("phase") == "Ready",
             timeout=WAIT_S,
             what="phase Ready",
         )
         assert status(emu, "SegtxnCluster", "demo")["readyBrokers"] == 3
-        assert condition(emu, "SegtxnCluster", "demo", "Ready") == "True"
+        ready = next(
+            c for c in status(emu, "SegtxnCluster", "demo")["conditions"] if c["type"] == "Ready"
+        )
+        assert ready["status"] == "True"
+        assert ready["observedGeneration"] == 1  # the cluster's spec was never changed
 
         # A new setting reaches the ConfigMap and rolls the pods (the template's hash).
         sts = emu.get("apps/v1/statefulsets", "demo-broker")
@@ -91,6 +110,18 @@ async def test_cluster_children_status_and_update(local: Local) -> None:
         await wait_until(updated, timeout=WAIT_S, what="the update applied")
         config = emu.get("v1/configmaps", "demo-config")
         assert config is not None and config["data"]["consumerHoldSeconds"] == "3"
+        # Five brokers asked for, three running the old template: not Ready any more.
+        await wait_until(
+            lambda: condition(emu, "SegtxnCluster", "demo", "Ready") == "False",
+            timeout=WAIT_S,
+            what="Ready False during the rollout",
+        )
+        assert ready_reason() == "RollingOut"
+        conditions = status(emu, "SegtxnCluster", "demo")["conditions"]
+        assert {c["type"]: c["observedGeneration"] for c in conditions} == {
+            "Applied": 2,
+            "Ready": 2,
+        }
 
 
 async def test_topic_created_split_merged_and_deleted_through_the_brokers(local: Local) -> None:
@@ -243,6 +274,13 @@ async def test_coordinator_status_and_gc_backlog_condition(local: Local, tmp_pat
             what="the coordinators' counts read",
         )
         assert len(status(emu, "TransactionCoordinator", "demo")["idsHeld"]) == 4
+        # The coordinators answer, but no controller here ever rolled the Deployment out.
+        ready = next(
+            c
+            for c in status(emu, "TransactionCoordinator", "demo")["conditions"]
+            if c["type"] == "Ready"
+        )
+        assert (ready["status"], ready["reason"]) == ("False", "RollingOut")
 
         async with Client(local.broker.url) as client:
             await client.admin.create_topic(TOPIC_NAME, segments=2)

@@ -221,3 +221,30 @@ async def test_a_scale_down_that_would_strand_data_is_refused(
 def replicas(emu: Emulator) -> int | None:
     sts = emu.get("apps/v1/statefulsets", "demo-broker")
     return None if sts is None else int(sts["spec"]["replicas"])
+
+
+async def test_a_failed_apply_says_so_in_status_and_heals(local: Local) -> None:
+    """The API server fails to take one of the children: the cluster's Applied condition
+    turns False with the failure (before, it stayed as it was), and True once it takes it."""
+    async with emulator() as emu, operator(emu, local.memo()):
+        emu.failing = {"policy/v1/poddisruptionbudgets": 500}
+        await cluster(emu, local)
+        await wait_until(
+            lambda: (applied(emu, "SegtxnCluster", "demo") or {}).get("reason") == "ApplyFailed",
+            timeout=WAIT_S,
+            what="Applied False: the apply failed",
+        )
+        failed = applied(emu, "SegtxnCluster", "demo")
+        assert failed is not None and failed["status"] == "False"
+        assert "applying PodDisruptionBudget demo-broker: HTTP 500" in failed["message"]
+        assert failed["observedGeneration"] == 1
+        assert any(
+            (kind, reason) == ("Warning", "ApplyFailed") for kind, reason, _ in emu.events("demo")
+        )
+        emu.failing = {}
+        await wait_until(
+            lambda: (applied(emu, "SegtxnCluster", "demo") or {}).get("status") == "True",
+            timeout=WAIT_S,
+            what="Applied True once the API server takes every child",
+        )
+        assert emu.get("policy/v1/poddisruptionbudgets", "demo-broker") is not None
