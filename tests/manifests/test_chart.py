@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.manifests.support import CHART, KUBE_VERSION, Doc, kinds, load_all, template, validate
+from tests.manifests.support import (
+    CHART,
+    KUBE_VERSION,
+    ROOT,
+    Doc,
+    kinds,
+    load_all,
+    template,
+    validate,
+)
 
 Helm = Callable[..., str]
 
@@ -76,15 +86,41 @@ def test_operator_rbac_is_least_privilege(helm: Helm) -> None:
     resources = {r for rule in role["rules"] for r in rule["resources"]}
     assert "*" not in resources
     assert not {"secrets", "pods", "persistentvolumeclaims"} & resources
-    # The operator only creates what it renders; it never deletes its own resources.
+    # The operator only creates what it renders; it never deletes anything, nor replaces
+    # (PUT) anything but the owners' finalizers (docs/kubernetes.md, "RBAC").
     own = next(r for r in role["rules"] if "scalabletopics" in r["resources"])
-    assert "delete" not in own["verbs"] and "create" not in own["verbs"]
+    assert "create" not in own["verbs"]
+    assert "delete" not in verbs and "deletecollection" not in verbs
+    updates = [r["resources"] for r in role["rules"] if "update" in r["verbs"]]
+    assert updates == [["segtxnclusters/finalizers", "transactioncoordinators/finalizers"]]
+    kinds_owned = ["statefulsets", "deployments", "services", "configmaps", "poddisruptionbudgets"]
+    children = {
+        r: sorted(rule["verbs"])
+        for rule in role["rules"]
+        for r in rule["resources"]
+        if r in kinds_owned
+    }
+    assert children == {r: ["create", "get", "patch"] for r in kinds_owned}
+
+
+def test_rbac_grants_what_the_operator_code_calls() -> None:
+    """segtxn/operator talks to Kubernetes through kube.py only (Kopf does the rest, with
+    GET, POST and PATCH): the HTTP methods it uses are the verbs the chart grants on the
+    children, and it has no DELETE or PUT to grant."""
+    source = "\n".join(p.read_text() for p in (ROOT / "segtxn" / "operator").glob("*.py"))
+    methods = set(re.findall(r'_call\(\s*"([A-Z]+)"', source))
+    assert methods == {"GET", "POST", "PATCH"}
+    assert not re.search(r'"(DELETE|PUT)"', source)
 
 
 def test_namespaced_operator_gets_roles_not_cluster_rules(helm: Helm) -> None:
     docs = template(helm, "operator.watchNamespaces={team-a,team-b}")
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:  # the same rules as cluster-wide: no delete, finalizers update
+        verbs = {v for rule in role["rules"] for v in rule["verbs"]}
+        assert "delete" not in verbs
+        assert any("segtxnclusters/finalizers" in rule["resources"] for rule in role["rules"])
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
     operator = next(d for d in docs if d["kind"] == "Deployment")

@@ -34,26 +34,33 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 etcd://{{ include "segtxn.etcdName" . }}.{{ .Release.Namespace }}.svc:2379
 {{- end -}}
 
-{{/* What the operator may do: read and update its resources, and own their children. */}}
+{{/* What the operator may do: read and patch its resources, create and patch (never
+delete) their children. Kopf only GETs, POSTs and PATCHes (never PUT or DELETE), and so
+does segtxn/operator/kube.py; children go with their owner through owner references.
+Owner references with blockOwnerDeletion need update on the owner's finalizers
+(OwnerReferencesPermissionEnforcement); only clusters and coordinators own children. */}}
 {{- define "segtxn.operatorRules" -}}
 - apiGroups: [segtxn.io]
   resources: [segtxnclusters, transactioncoordinators, scalabletopics]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch]
 - apiGroups: [segtxn.io]
   resources: [segtxnclusters/status, transactioncoordinators/status, scalabletopics/status]
-  verbs: [get, patch, update]
+  verbs: [get, patch]
+- apiGroups: [segtxn.io]
+  resources: [segtxnclusters/finalizers, transactioncoordinators/finalizers]
+  verbs: [update]
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [services, configmaps]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, create, patch]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
   verbs: [get, list, watch, patch]
