@@ -1,10 +1,13 @@
 """Kopf handlers of SegtxnCluster and TransactionCoordinator: their children applied,
 their status read.
 
-- SegtxnCluster: children applied on create/update/resume; a timer reads broker readiness;
-  deletion waits until no ScalableTopic or TransactionCoordinator refers to the cluster.
-- TransactionCoordinator: children applied (the cluster must exist); a timer reads
-  ``/txn/v2/stats`` into status and raises ``GCBacklogHigh`` above the threshold.
+- SegtxnCluster: on create/update/resume, the safety checks (:mod:`.immutable`,
+  :mod:`.scaledown`) first, then its children and its coordinators' children applied; a
+  timer compares the broker StatefulSet with the spec (:func:`.status.rollout`) into
+  ``Ready``; deletion waits until no ScalableTopic or TransactionCoordinator refers to it.
+- TransactionCoordinator: children applied (the cluster must exist and its spec be
+  accepted); a timer reads ``Ready`` the same way and ``/txn/v2/stats`` into status, and
+  raises ``GCBacklogHigh`` above the threshold.
 
 The two live in one module because a coordinator's children are rendered from its
 cluster's spec too (image, store, session TTL).
