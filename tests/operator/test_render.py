@@ -12,6 +12,7 @@ import yaml
 
 from segtxn.cli import main
 from segtxn.operator import render
+from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.status import condition
 from tests.manifests.support import ROOT, crd_schemas, validate
 from tests.manifests.test_crds import defaulted
@@ -259,3 +260,61 @@ def test_condition_moves_its_transition_time_only_when_its_status_changes() -> N
         ("Applied", "t4", 3),
         ("Ready", "t3", 2),
     ]
+
+
+def test_coordinators_roll_when_what_they_read_from_the_cluster_changes() -> None:
+    """The coordinators read the store URL and the session TTL from the cluster's
+    ConfigMap at start: a change to either must change their pod template (roll them);
+    a broker-only setting must not."""
+    cluster = example("SegtxnCluster")["spec"]
+    spec = minimal("TransactionCoordinator", {"clusterRef": "demo"})
+
+    def template(c: dict[str, Any]) -> dict[str, Any]:
+        objects = by_kind(render.render_coordinator("tc", "segtxn", spec, c))
+        return dict(objects["Deployment/tc-coordinator"]["spec"]["template"])
+
+    def with_settings(**settings: Any) -> dict[str, Any]:
+        brokers = cluster["brokers"]
+        return {**cluster, "brokers": {**brokers, "settings": {**brokers["settings"], **settings}}}
+
+    before = template(cluster)["metadata"]["annotations"][render.CONFIG_HASH]
+    ttl = template(with_settings(sessionTtlSeconds=99))["metadata"]["annotations"]
+    store = template({**cluster, "metadataStore": {"url": "etcd://elsewhere:2379"}})
+    hold = template(with_settings(consumerHoldSeconds=99))["metadata"]["annotations"]
+    assert ttl[render.CONFIG_HASH] != before
+    assert store["metadata"]["annotations"][render.CONFIG_HASH] != before
+    assert hold[render.CONFIG_HASH] == before
+    new_image = template({**cluster, "image": "segtxn:9.9.9"})["spec"]["containers"][0]
+    assert new_image["image"] == "segtxn:9.9.9"
+
+
+def test_rollouts_take_one_pod_at_a_time() -> None:
+    cluster = example("SegtxnCluster")["spec"]
+    spec = minimal("TransactionCoordinator", {"clusterRef": "demo"})
+    deployment = by_kind(render.render_coordinator("tc", "segtxn", spec, cluster))[
+        "Deployment/tc-coordinator"
+    ]
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    sts = by_kind(render.render_cluster("demo", "segtxn", cluster))["StatefulSet/demo-broker"]
+    assert sts["spec"]["updateStrategy"] == {"type": "RollingUpdate"}  # no partition, no OnDelete
+
+
+def test_immutable_changes_compare_with_what_is_applied() -> None:
+    spec = minimal("SegtxnCluster", {"metadataStore": {"url": "etcd://e:2379/a"}})
+    applied = render.cluster_config(spec)
+    assert immutable_changes(None, spec) == []  # nothing applied yet: anything goes
+    assert immutable_changes(applied, spec) == []
+    other_settings = {**spec, "image": "segtxn:2", "brokers": {"replicas": 9}}
+    assert immutable_changes(applied, other_settings) == []
+    moved = {**spec, "metadataStore": {"url": "etcd://e:2379/b"}}
+    [change] = immutable_changes(applied, moved)
+    assert (change.field, change.applied, change.wanted) == (
+        "spec.metadataStore.url",
+        "etcd://e:2379/a",
+        "etcd://e:2379/b",
+    )
+    assert "spec.metadataStore.url" in change.message()
+    assert "etcd://e:2379/a" in change.message()
