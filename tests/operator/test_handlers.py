@@ -274,13 +274,22 @@ async def test_coordinator_status_and_gc_backlog_condition(local: Local, tmp_pat
             what="the coordinators' counts read",
         )
         assert len(status(emu, "TransactionCoordinator", "demo")["idsHeld"]) == 4
-        # The coordinators answer, but no controller here ever rolled the Deployment out.
-        ready = next(
-            c
-            for c in status(emu, "TransactionCoordinator", "demo")["conditions"]
-            if c["type"] == "Ready"
+
+        # The coordinators answer, but no controller here ever rolled the Deployment out
+        # (its status tick may have read it before it existed: Missing, then RollingOut).
+        def ready() -> tuple[str, str] | None:
+            found = [
+                (str(c["status"]), str(c["reason"]))
+                for c in status(emu, "TransactionCoordinator", "demo")["conditions"]
+                if c["type"] == "Ready"
+            ]
+            return found[0] if found else None
+
+        await wait_until(
+            lambda: ready() == ("False", "RollingOut"),
+            timeout=WAIT_S,
+            what="Ready False: the Deployment never rolled out",
         )
-        assert (ready["status"], ready["reason"]) == ("False", "RollingOut")
 
         async with Client(local.broker.url) as client:
             await client.admin.create_topic(TOPIC_NAME, segments=2)
