@@ -125,8 +125,10 @@ async def _immutable_changes(
 ) -> str | None:
     """Why ``spec`` of SegtxnCluster ``cluster`` may not be applied (it changes a field
     that is fixed once applied), or None."""
-    live = await runtime.kube.get("v1", "ConfigMap", namespace, render.ClusterNames(cluster).config)
-    changes = immutable_changes(None if live is None else live.get("data", {}), spec)
+    names = render.ClusterNames(cluster)
+    config = await runtime.kube.get("v1", "ConfigMap", namespace, names.config)
+    brokers = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
+    changes = immutable_changes(None if config is None else config.get("data", {}), brokers, spec)
     return "; ".join(c.message() for c in changes) or None
 
 

@@ -1,60 +1,121 @@
 """Fields of a SegtxnCluster that cannot change once it runs, and the check that refuses
-a change to them.
+a change to them, whole, before anything is applied.
 
-``spec.metadataStore.url`` is where every topic, transaction and ledger record of the
-cluster lives. Pointing running brokers and coordinators elsewhere would not move that
-data: rolled pods would start on an empty store while the others still use the old one
-(half the cluster on each), and the ledgers on the brokers' disks would be named by no
-record. The CRD refuses the change too (a CEL rule, ``self == oldSelf``); this check is
-the operator's own, for API servers that do not enforce the rule and for resources
-edited before it existed.
+- ``spec.metadataStore.url`` is where every topic, transaction and ledger record of the
+  cluster lives. Pointing running brokers and coordinators elsewhere would not move that
+  data: rolled pods would start on an empty store while the others still use the old one
+  (half the cluster on each), and the ledgers on the brokers' disks would be named by no
+  record.
+- ``spec.brokers.storage`` (size and class) shapes the StatefulSet's volume claim
+  templates, which Kubernetes refuses to change: the apply would fail on the StatefulSet
+  after the ConfigMap went through (a settings change in the same edit would then reach
+  pods only as they happen to restart).
 
-It compares the spec with what is *applied* (the cluster's ConfigMap), not with Kopf's
-last-handled spec: a refused change stays refused on every later run (an update of
-another field, an operator restart) until the spec says the old value again.
+The CRD refuses both changes too (CEL rules, ``self == oldSelf``); this check is the
+operator's own, for API servers that do not enforce the rules and for resources edited
+before they existed. It compares the spec with what is *applied* (the live ConfigMap and
+StatefulSet), not with Kopf's last-handled spec: a refused change stays refused on every
+later run (an update of another field, an operator restart) until the spec says the
+applied value again.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from segtxn.operator import render
 
+_STORE = (
+    "its data is in that store. To move a cluster to another store, create a new "
+    "SegtxnCluster there"
+)
+_STORAGE = (
+    "a StatefulSet's volume claims are fixed (Kubernetes refuses the change). To grow the "
+    "brokers' volumes, expand each PersistentVolumeClaim data-<cluster>-broker-<i> (if its "
+    "StorageClass allows expansion)"
+)
+
+
+_SUFFIXES = {
+    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10**3), "M": Decimal(10**6),
+    "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+}  # fmt: skip
+_QUANTITY = re.compile(r"([0-9.]+)([a-zA-Z]*)")
+
+
+def same_quantity(a: str, b: str) -> bool:
+    """Whether two Kubernetes quantities are equal: the API server stores its canonical
+    form (``1.5Gi`` comes back as ``1536Mi``), so the strings may differ. Unparsable ones
+    compare as strings."""
+    parsed = []
+    for text in (a, b):
+        found = _QUANTITY.fullmatch(text.strip())
+        if found is None or found.group(2) not in _SUFFIXES:
+            return a == b
+        try:
+            parsed.append(Decimal(found.group(1)) * _SUFFIXES[found.group(2)])
+        except InvalidOperation:
+            return a == b
+    return parsed[0] == parsed[1]
+
 
 @dataclass(frozen=True)
 class ImmutableChange:
-    """A change to a field that cannot change: which, from what, to what."""
+    """A change to a field that cannot change: which, from what, to what, and why not."""
 
     field: str
     applied: str
     wanted: str
+    why: str
 
     def message(self) -> str:
         return (
             f"{self.field} cannot change once the cluster exists (from {self.applied!r} to "
-            f"{self.wanted!r}): its data is in that store. Set it back to {self.applied!r}; "
-            "nothing of this change was applied. To move a cluster to another store, create "
-            "a new SegtxnCluster there."
+            f"{self.wanted!r}): {self.why}. Set it back to {self.applied!r}; nothing of this "
+            "change was applied."
         )
 
 
-_FIELDS = {"storeUrl": "spec.metadataStore.url"}
-"""ConfigMap key -> the spec field it comes from."""
-
-
 def immutable_changes(
-    applied_config: Mapping[str, Any] | None, cluster_spec: Mapping[str, Any]
+    applied_config: Mapping[str, Any] | None,
+    applied_brokers: Mapping[str, Any] | None,
+    cluster_spec: Mapping[str, Any],
 ) -> list[ImmutableChange]:
-    """The immutable fields ``cluster_spec`` changes against ``applied_config`` (the data
-    of the cluster's live ConfigMap; None before the first apply, when nothing is fixed
-    yet). Empty when the spec may be applied."""
-    if applied_config is None:
-        return []
-    wanted = render.cluster_config(cluster_spec)
-    return [
-        ImmutableChange(field, str(applied_config[key]), wanted[key])
-        for key, field in _FIELDS.items()
-        if key in applied_config and str(applied_config[key]) != wanted[key]
-    ]
+    """The immutable fields ``cluster_spec`` changes against what is applied: the data of
+    the cluster's live ConfigMap and its live broker StatefulSet (each None before the
+    first apply, when nothing is fixed yet). Empty when the spec may be applied."""
+    changes = []
+    if applied_config is not None and "storeUrl" in applied_config:
+        url = render.cluster_config(cluster_spec)["storeUrl"]
+        if str(applied_config["storeUrl"]) != url:
+            changes.append(
+                ImmutableChange(
+                    "spec.metadataStore.url", str(applied_config["storeUrl"]), url, _STORE
+                )
+            )
+    claims = (applied_brokers or {}).get("spec", {}).get("volumeClaimTemplates") or []
+    if claims:
+        claim = claims[0].get("spec", {})
+        size = str(claim.get("resources", {}).get("requests", {}).get("storage", ""))
+        storage_class = str(claim.get("storageClassName") or "")
+        wanted_size, wanted_class = render.broker_storage(cluster_spec)
+        if not same_quantity(size, wanted_size):
+            changes.append(
+                ImmutableChange("spec.brokers.storage.size", size, wanted_size, _STORAGE)
+            )
+        if storage_class != wanted_class:
+            changes.append(
+                ImmutableChange(
+                    "spec.brokers.storage.storageClassName",
+                    storage_class,
+                    wanted_class,
+                    _STORAGE,
+                )
+            )
+    return changes

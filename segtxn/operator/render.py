@@ -139,12 +139,18 @@ def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def broker_storage(spec: Mapping[str, Any]) -> tuple[str, str]:
+    """(size, storage class; "" for the cluster's default) of each broker's volume claim.
+    Fixed once the StatefulSet exists: Kubernetes refuses changes to its claim templates."""
+    storage = spec.get("brokers", {}).get("storage", {})
+    return str(storage.get("size", "10Gi")), str(storage.get("storageClassName") or "")
+
+
 def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[Obj]:
     """ConfigMap, headless + client Services, broker StatefulSet (one PVC per broker),
     PodDisruptionBudget."""
     names = ClusterNames(name)
     brokers = spec.get("brokers", {})
-    storage = brokers.get("storage", {})
     port = int(brokers.get("port", 8080))
     replicas = int(brokers.get("replicas", 3))
     config = cluster_config(spec)
@@ -165,15 +171,16 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
     ]
     if config["autoCreateTopics"] == "true":
         args.append("--auto-create-topics")
+    size, storage_class = broker_storage(spec)
     claim: Obj = {
         "metadata": {"name": "data", "labels": component},
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": storage.get("size", "10Gi")}},
+            "resources": {"requests": {"storage": size}},
         },
     }
-    if storage.get("storageClassName"):
-        claim["spec"]["storageClassName"] = storage["storageClassName"]
+    if storage_class:
+        claim["spec"]["storageClassName"] = storage_class
     container: Obj = {
         "name": "broker",
         "image": spec.get("image", "segtxn:0.1.0"),

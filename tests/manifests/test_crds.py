@@ -173,9 +173,12 @@ def test_images_pin_the_extras_versions() -> None:
     assert '"segtxn[operator]"' in segtxn and "USER 10001" in segtxn
 
 
-def test_store_url_is_immutable_in_the_crd() -> None:
-    """The API server refuses a changed store URL itself (a CEL transition rule; kmock does
-    not run CEL, so the operator's own refusal is tested in tests/operator)."""
+def test_store_url_and_storage_are_immutable_in_the_crd() -> None:
+    """The API server refuses a changed store URL or broker storage itself (CEL transition
+    rules; kmock does not run CEL, so the operator's own refusal is tested in
+    tests/operator)."""
     spec = crd_schemas()[(API, "SegtxnCluster")]["properties"]["spec"]
     url = spec["properties"]["metadataStore"]["properties"]["url"]
     assert [v["rule"] for v in url["x-kubernetes-validations"]] == ["self == oldSelf"]
+    storage = spec["properties"]["brokers"]["properties"]["storage"]
+    assert [v["rule"] for v in storage["x-kubernetes-validations"]] == ["self == oldSelf"]

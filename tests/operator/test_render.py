@@ -12,7 +12,7 @@ import yaml
 
 from segtxn.cli import main
 from segtxn.operator import render
-from segtxn.operator.immutable import immutable_changes
+from segtxn.operator.immutable import immutable_changes, same_quantity
 from segtxn.operator.status import condition
 from tests.manifests.support import ROOT, crd_schemas, validate
 from tests.manifests.test_crds import defaulted
@@ -304,13 +304,15 @@ def test_rollouts_take_one_pod_at_a_time() -> None:
 
 def test_immutable_changes_compare_with_what_is_applied() -> None:
     spec = minimal("SegtxnCluster", {"metadataStore": {"url": "etcd://e:2379/a"}})
-    applied = render.cluster_config(spec)
-    assert immutable_changes(None, spec) == []  # nothing applied yet: anything goes
-    assert immutable_changes(applied, spec) == []
-    other_settings = {**spec, "image": "segtxn:2", "brokers": {"replicas": 9}}
-    assert immutable_changes(applied, other_settings) == []
+    objects = by_kind(render.render_cluster("demo", "segtxn", spec))
+    config = objects["ConfigMap/demo-config"]["data"]
+    sts = objects["StatefulSet/demo-broker"]
+    assert immutable_changes(None, None, spec) == []  # nothing applied yet: anything goes
+    assert immutable_changes(config, sts, spec) == []
+    other_settings = {**spec, "image": "segtxn:2", "brokers": {**spec["brokers"], "replicas": 9}}
+    assert immutable_changes(config, sts, other_settings) == []
     moved = {**spec, "metadataStore": {"url": "etcd://e:2379/b"}}
-    [change] = immutable_changes(applied, moved)
+    [change] = immutable_changes(config, sts, moved)
     assert (change.field, change.applied, change.wanted) == (
         "spec.metadataStore.url",
         "etcd://e:2379/a",
@@ -318,3 +320,37 @@ def test_immutable_changes_compare_with_what_is_applied() -> None:
     )
     assert "spec.metadataStore.url" in change.message()
     assert "etcd://e:2379/a" in change.message()
+
+    def storage(**fields: str) -> dict[str, Any]:
+        return {**spec, "brokers": {**spec["brokers"], "storage": fields}}
+
+    grown = immutable_changes(config, sts, storage(size="20Gi"))
+    assert [(c.field, c.applied, c.wanted) for c in grown] == [
+        ("spec.brokers.storage.size", "10Gi", "20Gi")
+    ]
+    assert "expand each PersistentVolumeClaim" in grown[0].message()
+    classed = immutable_changes(config, sts, storage(size="10Gi", storageClassName="fast"))
+    assert [(c.field, c.applied, c.wanted) for c in classed] == [
+        ("spec.brokers.storage.storageClassName", "", "fast")
+    ]
+    # The API server keeps quantities in canonical form: equal amounts are no change.
+    canonical = dict(sts, spec=dict(sts["spec"]))
+    claim = {"spec": {"resources": {"requests": {"storage": "10240Mi"}}}}
+    canonical["spec"]["volumeClaimTemplates"] = [claim]
+    assert immutable_changes(config, canonical, spec) == []
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("10Gi", "10Gi", True),
+        ("1.5Gi", "1536Mi", True),
+        ("1G", "1000M", True),
+        ("1Gi", "1G", False),
+        ("10Gi", "20Gi", False),
+        ("lots", "lots", True),
+        ("lots", "10Gi", False),
+    ],
+)
+def test_quantities_compare_by_amount(a: str, b: str, same: bool) -> None:
+    assert same_quantity(a, b) is same
