@@ -18,11 +18,15 @@ import pytest
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
-from segtxn.coordinator.app import CoordinatorServer
+from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.faults import FaultInjector
+from tests.waiting import wait_until
+
+V4_IDS = 2
+"""v4 coordinator ids of the test cluster's coordinator."""
 
 
 @dataclass
@@ -67,7 +71,7 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             timeout_sweep_s=0.1,
             gc_sweep_s=3600,
             gc_retention_s=0,
-            v4_coordinator_ids=2,
+            v4_coordinator_ids=V4_IDS,
             ledger_url=f"file://{tmp_path / 'txn-logs'}",
             fan_out_timeout_s=2.0,
         ),
@@ -76,9 +80,13 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     await broker.start()
     await coordinator.start()
     # A coordinator serves once it holds an id; tests that inject store faults right away
-    # would otherwise race its first campaign (and see "holds no id yet").
+    # would otherwise race its first campaign (and see "holds no id yet"). Its v4 ids too:
+    # a v4 call is ServiceNotReady ("recovering its coordinator") until the id's log is
+    # recovered, which a test sending at once could see on a busy machine.
+    v4 = coordinator.app[V4]
     async with asyncio.timeout(10):
         await coordinator.coordinator.ready.wait()
+    await wait_until(lambda: len(v4.held) == V4_IDS, timeout=10, what="the v4 ids recovered")
     running = Cluster(store, broker, coordinator)
     try:
         yield running
