@@ -7,9 +7,10 @@ The store is wrapped in a FaultInjector (``cluster.faults``) so tests can drop w
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.faults import FaultInjector
+from segtxn.web import ListenFailed
 from tests.waiting import wait_until
 
 V4_IDS = 2
@@ -46,6 +48,35 @@ class Cluster:
         return engine
 
 
+async def start_on_free_ports(
+    make: Callable[[int, int], tuple[BrokerServer, CoordinatorServer]], attempts: int = 5
+) -> tuple[BrokerServer, CoordinatorServer]:
+    """Start a broker and a coordinator made for two free ports. ``free_port()`` is only a
+    guess: another process may bind the port before the server does (seen in make test
+    beside other jobs: "address already in use"), and then both start again on new ones."""
+    for _ in range(attempts - 1):
+        try:
+            return await _start_both(*make(free_port(), free_port()))
+        except ListenFailed as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+    return await _start_both(*make(free_port(), free_port()))
+
+
+async def _start_both(
+    broker: BrokerServer, coordinator: CoordinatorServer
+) -> tuple[BrokerServer, CoordinatorServer]:
+    """Start both, or neither (what started is stopped again)."""
+    try:
+        await broker.start()
+        await coordinator.start()
+    except BaseException:
+        await coordinator.stop()
+        await broker.stop()
+        raise
+    return broker, coordinator
+
+
 @pytest.fixture(params=["memory", "etcd"])
 async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Cluster]:
     """The same cluster on the embedded store and on a real etcd."""
@@ -55,30 +86,32 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         server: EtcdServer = request.getfixturevalue("etcd_server")
         url = server.url(f"/txn-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     store = open_store(url, wrap=FaultInjector)
-    port, txn_port = free_port(), free_port()
-    broker = BrokerServer(
-        BrokerSettings(
-            broker_id="b1",
-            advertise_url=f"http://127.0.0.1:{port}",
-            ledger_url=f"file://{tmp_path / 'ledgers'}",
-            consumer_hold_s=1.0,
-        ),
-        store=store,
-    )
-    coordinator = CoordinatorServer(
-        CoordinatorSettings(
-            advertise_url=f"http://127.0.0.1:{txn_port}",
-            timeout_sweep_s=0.1,
-            gc_sweep_s=3600,
-            gc_retention_s=0,
-            v4_coordinator_ids=V4_IDS,
-            ledger_url=f"file://{tmp_path / 'txn-logs'}",
-            fan_out_timeout_s=2.0,
-        ),
-        store=store,
-    )
-    await broker.start()
-    await coordinator.start()
+
+    def servers(port: int, txn_port: int) -> tuple[BrokerServer, CoordinatorServer]:
+        broker = BrokerServer(
+            BrokerSettings(
+                broker_id="b1",
+                advertise_url=f"http://127.0.0.1:{port}",
+                ledger_url=f"file://{tmp_path / 'ledgers'}",
+                consumer_hold_s=1.0,
+            ),
+            store=store,
+        )
+        coordinator = CoordinatorServer(
+            CoordinatorSettings(
+                advertise_url=f"http://127.0.0.1:{txn_port}",
+                timeout_sweep_s=0.1,
+                gc_sweep_s=3600,
+                gc_retention_s=0,
+                v4_coordinator_ids=V4_IDS,
+                ledger_url=f"file://{tmp_path / 'txn-logs'}",
+                fan_out_timeout_s=2.0,
+            ),
+            store=store,
+        )
+        return broker, coordinator
+
+    broker, coordinator = await start_on_free_ports(servers)
     # A coordinator serves once it holds an id; tests that inject store faults right away
     # would otherwise race its first campaign (and see "holds no id yet"). Its v4 ids too:
     # a v4 call is ServiceNotReady ("recovering its coordinator") until the id's log is
