@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass
 
 from growth import Sample
 
-from segtxn.client import Client, ClientError, Consumer, Message, ServerError
+from segtxn.client import Client, ClientError, Consumer, Message, MessageId, ServerError
 
 TOPICS = "topic://endurance/load"
 INPUT, OUTPUT = f"{TOPICS}/input", f"{TOPICS}/output"
@@ -107,16 +108,17 @@ class Load:
                     await self._pause(tick_s)
                     next_tick = loop.time()
                     continue
+                pending: list[asyncio.Future[MessageId]] = []
                 try:
-                    pending = []
                     for _ in range(per_tick):
                         key = f"k{i % KEYS}"
                         pending.append(await producer.send_async(self._payload, key=key))
                         i += 1
-                    await asyncio.gather(*pending)
+                    await settle(pending)
                     counts.sent += per_tick
                 except LOAD_ERRORS:
                     counts.send_errors += 1
+                    await asyncio.gather(*pending, return_exceptions=True)
                 next_tick += tick_s
                 await self._pause(max(0.0, next_tick - loop.time()))
 
@@ -144,20 +146,18 @@ class Load:
                     if not batch:
                         continue
                     txn = None
+                    sends: list[asyncio.Future[MessageId]] = []
                     try:
                         txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
-                        sends = [
-                            await out.send_async(m.value[::-1], key=m.key, txn=txn) for m in batch
-                        ]
-                        acks = [consumer.acknowledge(m, txn=txn) for m in batch]
-                        for result in await asyncio.gather(*sends, *acks, return_exceptions=True):
-                            if isinstance(result, BaseException):
-                                raise result
+                        for m in batch:
+                            sends.append(await out.send_async(m.value[::-1], key=m.key, txn=txn))
+                        await settle([*sends, *(consumer.acknowledge(m, txn=txn) for m in batch)])
                         await txn.commit()
                         counts.committed += 1
                         counts.processed += len(batch)
                     except LOAD_ERRORS:
                         counts.failed_txns += 1
+                        await asyncio.gather(*sends, return_exceptions=True)
                         if txn is not None:
                             with contextlib.suppress(*LOAD_ERRORS):
                                 await txn.abort()
@@ -177,7 +177,7 @@ class Load:
                 while not self.stop.is_set():
                     batch = await self._receive(consumer)
                     try:
-                        await asyncio.gather(*(consumer.acknowledge(m) for m in batch))
+                        await settle([consumer.acknowledge(m) for m in batch])
                         counts.sunk += len(batch)
                     except LOAD_ERRORS:
                         counts.sink_errors += 1
@@ -200,6 +200,15 @@ class Load:
                 except LOAD_ERRORS as e:
                     counts.change_errors += 1
                     print(f"  {op} of {role} failed: {type(e).__name__}: {e}", flush=True)
+
+
+async def settle(awaitables: Sequence[Awaitable[object]]) -> None:
+    """Await every one, then raise the first failure: none is left running or unretrieved
+    (an abandoned send's failure would be logged as "never retrieved")."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        raise failure
 
 
 async def change_topology(client: Client, topic: str, op: str) -> None:
