@@ -102,7 +102,8 @@ class Acknowledgments:
         """Queue an ack; the future is done once the broker made it durable.
 
         The future fails with ServerError (refused), Timeout (OUTCOME_UNKNOWN: no receipt by
-        ``deadline``; it may have been applied, and it is not sent again) or ClientClosed.
+        ``deadline``; it may have been applied; it is sent again after a reconnect only
+        inside a frame other acks still wait for) or ClientClosed.
         """
         positions = [(i.ledger_id, i.entry_id) for i in ids]
         waiter = _Waiter(positions, asyncio.get_running_loop().create_future(), deadline)

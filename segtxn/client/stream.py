@@ -330,7 +330,8 @@ class MessageStream:
         The future fails with:
             ServerError: the broker refused it.
             Timeout: no receipt by ``deadline`` (OUTCOME_UNKNOWN: it may have been applied;
-                it is not sent again).
+                it is sent again after a reconnect only inside a frame other acks still
+                wait for).
             ClientClosed: the stream closed first.
         """
         return self._acks.submit(
