@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from segtxn.ledger import LogStorage
+from segtxn.ledger.logs import LOCAL, Placement
 from segtxn.ledger.compacted import CompactedLog
 
 
@@ -77,12 +78,12 @@ def cut_delete_after_first(storage: LogStorage) -> None:
     original = storage.delete
     calls = 0
 
-    def cut(ledger_name: str, ledger_id: int) -> None:
+    def cut(ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         nonlocal calls
         calls += 1
         if calls > 1:
             die("killed between two file deletions of a trim")
-        original(ledger_name, ledger_id)
+        original(ledger_name, ledger_id, placement)
 
     storage.delete = cut  # type: ignore[method-assign]
 

@@ -47,3 +47,16 @@ class LedgerFenced(LedgerError):
 
 class EntryTooLarge(LedgerError):
     """An entry exceeds the ledger's maximum entry size."""
+
+
+class LedgerUnwritable(LedgerError):
+    """This log takes no more entries, and none of the batch that met this was
+    acknowledged (too few of a replicated log's replicas answered). The managed ledger
+    closes it at its count and writes the batch to its next ledger."""
+
+
+class NotEnoughReplicas(LedgerError):
+    """Fewer storage nodes answered than a replicated ledger needs (to create it, to
+    acknowledge an entry, or to recover it). Retriable: nodes come back, or others join."""
+
+    retriable = True

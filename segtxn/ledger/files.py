@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
-from segtxn.ledger.logs import EntryLog, LogStorage, Recovered
+from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered
 from segtxn.ledger.records import (
     ENTRY_OVERHEAD,
     decode_entry,
@@ -167,7 +167,13 @@ class FileLogStorage(LogStorage):
         return self.entry_log(path, ledger_id, fd, array("Q"), len(header), nonce=nonce)
 
     def recover(
-        self, ledger_name: str, ledger_id: int, *, log_format: int, tail_bytes: int
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        tail_bytes: int,
+        placement: Placement = LOCAL,
     ) -> Recovered:
         path = self.path(ledger_name, ledger_id)
         fd = self._open(path)
@@ -196,6 +202,7 @@ class FileLogStorage(LogStorage):
         *,
         log_format: int,
         entries: int,
+        placement: Placement = LOCAL,
     ) -> FileEntryLog:
         path = self.path(ledger_name, ledger_id)
         fd = self._open(path)
@@ -226,7 +233,7 @@ class FileLogStorage(LogStorage):
             raise
         return fd
 
-    def delete(self, ledger_name: str, ledger_id: int) -> None:
+    def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         self.path(ledger_name, ledger_id).unlink(missing_ok=True)
 
 

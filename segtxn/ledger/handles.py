@@ -14,7 +14,7 @@ import asyncio
 import logging
 
 from segtxn.ledger.errors import LedgerCorrupted
-from segtxn.ledger.logs import EntryLog, LogStorage
+from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement
 from segtxn.ledger.metadata import LedgerInfo
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class LogHandles:
         self._storage = storage
         self._logs = logs
         self._reading: dict[int, int] = {}  # ledger id -> reads in flight
-        self._doomed: set[int] = set()  # trimmed ledgers to delete once their reads end
+        self._doomed: dict[int, Placement] = {}  # trimmed ledgers to delete once read
         self._unreadable: dict[int, LedgerCorrupted] = {}  # missing closed ledgers
         self._opening = asyncio.Lock()  # one open per closed ledger (its file is locked)
 
@@ -80,6 +80,7 @@ class LogHandles:
                     info.id,
                     log_format=info.format,
                     entries=info.entries or 0,
+                    placement=info.placement,
                 )
             except LedgerCorrupted as e:
                 log.error("%s: ledger %d cannot be read: %s", self._name, info.id, e)
@@ -97,19 +98,19 @@ class LogHandles:
             self._logs[info.id] = entry_log
             return entry_log
 
-    async def doom(self, ledger_id: int) -> None:
+    async def doom(self, ledger_id: int, placement: Placement) -> None:
         """Delete a trimmed ledger's file now, or when the reads in flight on it end."""
-        self._doomed.add(ledger_id)
+        self._doomed[ledger_id] = placement
         if ledger_id not in self._reading:
             await self.delete(ledger_id)
 
     async def delete(self, ledger_id: int) -> None:
-        self._doomed.discard(ledger_id)
+        placement = self._doomed.pop(ledger_id, LOCAL)
         self._unreadable.pop(ledger_id, None)
         entry_log = self._logs.pop(ledger_id, None)
         if entry_log is not None:
             await asyncio.to_thread(entry_log.close)
-        await asyncio.to_thread(self._storage.delete, self._name, ledger_id)
+        await asyncio.to_thread(self._storage.delete, self._name, ledger_id, placement)
 
     async def close(self) -> None:
         for entry_log in self._logs.values():

@@ -23,6 +23,20 @@ from typing import NamedTuple
 from segtxn.ledger.errors import LedgerCorrupted
 
 
+class Placement(NamedTuple):
+    """Where a ledger's entries are kept: on this broker (no replicas), or on each of
+    ``replicas`` (``"<broker id>@<instance>"``), an entry durable once ``ack_quorum`` of
+    them hold it (:mod:`segtxn.ledger.replicas`). Recorded in the ledger's
+    ``LedgerInfo`` when it is created; it never changes."""
+
+    replicas: tuple[str, ...] = ()
+    ack_quorum: int = 0
+
+
+LOCAL = Placement()
+"""A ledger kept in this broker's own storage (a file, or memory)."""
+
+
 @dataclass(frozen=True)
 class Truncation:
     """What recovery cut off the end of a ledger: never-acknowledged bytes."""
@@ -46,6 +60,11 @@ class Truncation:
 
 class EntryLog(ABC):
     ledger_id: int
+    placement: Placement = LOCAL
+    """Where its entries are kept: recorded in the ledger's metadata when it is created."""
+    wants_rollover: bool = False
+    """Set when the log should take no more batches although it still could (a replica
+    dropped out of a replicated one): the managed ledger starts its next ledger."""
     damage: LedgerCorrupted | None = None
     """Set when a closed ledger was opened damaged: entries from ``count`` on cannot be
     read, and reading them raises this error (the entries before it are served)."""
@@ -58,7 +77,14 @@ class EntryLog(ABC):
     @abstractmethod
     def append_batch(self, payloads: Sequence[bytes]) -> None:
         """Append entries ``count .. count+len-1``; durable when this returns, and (file
-        storage) marked as acknowledged before it returns."""
+        storage) marked as acknowledged before it returns.
+
+        Raises:
+            LedgerUnwritable: none of the batch is acknowledged and this log takes no more
+                (too few replicas answered): close it at ``count`` and write the batch to
+                the next ledger.
+            LedgerFenced: another owner recovered the ledger.
+        """
 
     @abstractmethod
     def read(self, first: int, last: int) -> list[bytes]:
@@ -96,10 +122,11 @@ class LogStorage(ABC):
 
     @abstractmethod
     def create(self, ledger_name: str, ledger_id: int) -> EntryLog:
-        """A new, empty log, durable (file and directory entry synced) when this returns:
-        create the log *before* the metadata names it, so that a log the metadata names
-        always exists. A leftover from a create whose metadata change never happened (no
-        entries) is reused.
+        """A new, empty log, durable (file and directory entry synced, or created on
+        its replicas) when this returns: create the log *before* the metadata names it
+        (with its ``placement``), so that a log the metadata names always exists. A
+        leftover from a create whose metadata change never happened (no entries) is
+        reused.
 
         Raises:
             LedgerFenced: another handle (in this or another process) holds the log.
@@ -109,7 +136,13 @@ class LogStorage(ABC):
 
     @abstractmethod
     def recover(
-        self, ledger_name: str, ledger_id: int, *, log_format: int, tail_bytes: int
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        tail_bytes: int,
+        placement: Placement = LOCAL,
     ) -> Recovered:
         """Open the log a crashed (or killed) writer was appending to, exclusively.
 
@@ -117,6 +150,8 @@ class LogStorage(ABC):
         truncated and reported; damage to acknowledged entries is refused
         (:mod:`segtxn.ledger.recovery` has the rules). ``tail_bytes``: the most one batch
         of that writer spans on disk. ``log_format``: ``LedgerInfo.format``.
+        ``placement``: ``LedgerInfo.placement`` (a replicated log is fenced on its
+        replicas first, so its old writer can add nothing more).
 
         Raises:
             LedgerMissing: the log does not exist.
@@ -132,6 +167,7 @@ class LogStorage(ABC):
         *,
         log_format: int,
         entries: int,
+        placement: Placement = LOCAL,
     ) -> EntryLog:
         """Open a closed log (``entries`` recorded when it closed) exclusively, for
         reading; it is never changed. Damage does not fail the open: the log's
@@ -143,5 +179,5 @@ class LogStorage(ABC):
         """
 
     @abstractmethod
-    def delete(self, ledger_name: str, ledger_id: int) -> None:
+    def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         """Remove a log (idempotent)."""

@@ -42,10 +42,11 @@ from segtxn.ledger.errors import (
     LedgerClosed,
     LedgerError,
     LedgerSealed,
+    LedgerUnwritable,
 )
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.handles import LogHandles
-from segtxn.ledger.logs import EntryLog, LogStorage
+from segtxn.ledger.logs import EntryLog, LogStorage, Placement
 from segtxn.ledger.metadata import (
     METADATA_PREFIX,
     LedgerInfo,
@@ -217,11 +218,18 @@ class ManagedLedger(LedgerChain):
             current = self._current
             if current is None:  # only a sealed ledger has no current log: it queues nothing
                 raise LedgerSealed(f"{self.name} is sealed")
-            if current.count and current.size_bytes() >= self.settings.max_ledger_bytes:
+            if current.count and (
+                current.wants_rollover or current.size_bytes() >= self.settings.max_ledger_bytes
+            ):
                 current = await self._roll_over(current)
-            first = current.count
-            await asyncio.to_thread(current.append_batch, batch)
-            self._last = Position(current.ledger_id, first + len(batch) - 1)
+            try:
+                await asyncio.to_thread(current.append_batch, batch)
+            except LedgerUnwritable as e:  # closed at what it acknowledged; the next one
+                log.warning("%s: %s; starting its next ledger", self.name, e)
+                current = await self._roll_over(current)
+                await asyncio.to_thread(current.append_batch, batch)
+            first = current.count - len(batch)
+            self._last = Position(current.ledger_id, current.count - 1)
         self.stats.entries += len(batch)
         self.stats.batches += 1
         self.stats.bytes += sum(len(p) for p in batch)
@@ -260,7 +268,14 @@ class ManagedLedger(LedgerChain):
                 raise LedgerError(f"{self.name}: ledger id {new_id} was taken meanwhile")
             now_ms = int(time.time() * 1000)
             closing = closed(meta.ledgers[-1], current.count, current.size_bytes(), now_ms)
-            ledgers = [*meta.ledgers[:-1], closing, LedgerInfo(new_id, now_ms, format=FORMAT)]
+            opened = LedgerInfo(
+                new_id,
+                now_ms,
+                format=FORMAT,
+                replicas=fresh.placement.replicas,
+                ack_quorum=fresh.placement.ack_quorum,
+            )
+            ledgers = [*meta.ledgers[:-1], closing, opened]
             return msgspec.structs.replace(meta, ledgers=ledgers, next_ledger_id=new_id + 1)
 
         try:
@@ -448,6 +463,7 @@ class ManagedLedger(LedgerChain):
         """
         now_ms = (time.time() if now_s is None else now_s) * 1000
         removable: list[ClosedLedger] = []
+        placements: dict[int, Placement] = {}
 
         def drop(meta: LedgerMetadata) -> LedgerMetadata | None:
             # chosen under the metadata lock: concurrent trims never remove a ledger twice
@@ -457,6 +473,7 @@ class ManagedLedger(LedgerChain):
             gone = {i.id for i in removable}
             if not gone:
                 return None
+            placements.update((i.id, i.placement) for i in meta.ledgers if i.id in gone)
             return msgspec.structs.replace(
                 meta, ledgers=[i for i in meta.ledgers if i.id not in gone]
             )
@@ -464,8 +481,8 @@ class ManagedLedger(LedgerChain):
         await self._update(drop)
         if not removable:
             return TrimResult([], 0, None)
-        for info in removable:
-            await self._logs.doom(info.id)  # (or when the last read in flight on it ends)
+        for info in removable:  # deleted now, or when the last read in flight on it ends
+            await self._logs.doom(info.id, placements[info.id])
         return TrimResult(
             [i.id for i in removable], sum(i.entries for i in removable), self.first_position()
         )
@@ -498,7 +515,7 @@ class ManagedLedger(LedgerChain):
         """Close the ledger and delete it: its logs, cursors and metadata. Irreversible."""
         await self.close()
         for info in self._meta.ledgers:
-            await asyncio.to_thread(self._storage.delete, self.name, info.id)
+            await asyncio.to_thread(self._storage.delete, self.name, info.id, info.placement)
         await self._store.delete_range(cursors_prefix(self.name))
         with contextlib.suppress(NotFound):
             await self._store.delete(metadata_key(self.name))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerFenced, LedgerMissing
-from segtxn.ledger.logs import EntryLog, LogStorage, Recovered
+from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered
 
 
 class MemoryEntryLog(EntryLog):
@@ -78,7 +78,13 @@ class MemoryLogStorage(LogStorage):
         return self._handle(key)
 
     def recover(
-        self, ledger_name: str, ledger_id: int, *, log_format: int, tail_bytes: int
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        tail_bytes: int,
+        placement: Placement = LOCAL,
     ) -> Recovered:
         return Recovered(self._handle((ledger_name, ledger_id)), None)
 
@@ -89,8 +95,9 @@ class MemoryLogStorage(LogStorage):
         *,
         log_format: int,
         entries: int,
+        placement: Placement = LOCAL,
     ) -> MemoryEntryLog:
         return self._handle((ledger_name, ledger_id))
 
-    def delete(self, ledger_name: str, ledger_id: int) -> None:
+    def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         self._logs.pop((ledger_name, ledger_id), None)

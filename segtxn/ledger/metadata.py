@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from segtxn.ledger.logs import Placement
 from segtxn.ledger.records import ENTRY_OVERHEAD
 
 METADATA_PREFIX = "/managed-ledgers/"
@@ -52,6 +53,15 @@ class LedgerInfo(msgspec.Struct, frozen=True):
     format: int = 0
     """Its file format (segtxn/ledger/records.py): 1 has a header and acknowledgement
     marks; 0 (ledgers created before) has entry records only."""
+    replicas: tuple[str, ...] = ()
+    """The storage nodes holding it (``"<broker id>@<instance>"``); empty: the owner's
+    own storage (every ledger written before replication existed)."""
+    ack_quorum: int = 0
+    """How many of ``replicas`` held an entry before it was acknowledged."""
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.replicas, self.ack_quorum)
 
 
 def closed(info: LedgerInfo, entries: int, size_bytes: int, now_ms: int) -> LedgerInfo:

@@ -211,7 +211,7 @@ async def open_chain(
     if record is None:
         first = await asyncio.to_thread(storage.create, name, 1)
         meta = LedgerMetadata(
-            [LedgerInfo(1, now_ms, format=FORMAT)],
+            [_opened(first, now_ms)],
             next_ledger_id=2,
             tail_bytes=tail_bound(settings),
         )
@@ -234,7 +234,7 @@ async def open_chain(
         next_id = meta.next_ledger_id
         if not meta.sealed:
             logs[next_id] = await asyncio.to_thread(storage.create, name, next_id)
-            ledgers.append(LedgerInfo(next_id, now_ms, format=FORMAT))
+            ledgers.append(_opened(logs[next_id], now_ms))
             next_id += 1
         meta = LedgerMetadata(
             ledgers,
@@ -251,6 +251,17 @@ async def open_chain(
     return Opened(meta, version, logs)
 
 
+def _opened(entry_log: EntryLog, now_ms: int) -> LedgerInfo:
+    """The metadata of a ledger just created: open, where its storage put it."""
+    return LedgerInfo(
+        entry_log.ledger_id,
+        now_ms,
+        format=FORMAT,
+        replicas=entry_log.placement.replicas,
+        ack_quorum=entry_log.placement.ack_quorum,
+    )
+
+
 async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> None:
     """Check, without opening anything, that every ledger the metadata of ``name`` names
     has its file (point 1 above): a broker checks its data directory at start-up this way.
@@ -264,7 +275,8 @@ async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> N
 
 
 def _check_files(name: str, storage: LogStorage, meta: LedgerMetadata) -> None:
-    missing = [i for i in meta.ledgers if not storage.exists(name, i.id)]
+    # (a replicated ledger is on its replicas, not necessarily here: reading one finds out)
+    missing = [i for i in meta.ledgers if not i.replicas and not storage.exists(name, i.id)]
     if not missing:
         return
     paths = tuple(storage.where(name, i.id) for i in missing)
@@ -297,6 +309,7 @@ def _recover_last(
             last.id,
             log_format=last.format,
             entries=last.entries,
+            placement=last.placement,
         )
         if entry_log.damage is not None:
             entry_log.close()
@@ -307,6 +320,7 @@ def _recover_last(
         last.id,
         log_format=last.format,
         tail_bytes=meta.tail_bytes or tail_bound(settings),
+        placement=last.placement,
     )
     if recovered.truncation is not None:
         log.warning("%s: recovery %s", name, recovered.truncation)

@@ -22,7 +22,7 @@ from segtxn.ledger import (
     Position,
     RetentionPolicy,
 )
-from segtxn.ledger.logs import EntryLog, Recovered
+from segtxn.ledger.logs import LOCAL, EntryLog, Placement, Recovered
 from segtxn.ledger.managed import LedgerMetadata, metadata_key
 from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, ClosedLedger, deletable
 from segtxn.metastore import MetadataStore, open_store
@@ -332,18 +332,32 @@ class _Gate(LogStorage):
         return _GatedLog(self._inner.create(ledger_name, ledger_id), self)
 
     def recover(
-        self, ledger_name: str, ledger_id: int, *, log_format: int, tail_bytes: int
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        tail_bytes: int,
+        placement: Placement = LOCAL,
     ) -> Recovered:
         recovered = self._inner.recover(
             ledger_name, ledger_id, log_format=log_format, tail_bytes=tail_bytes
         )
         return Recovered(_GatedLog(recovered.log, self), recovered.truncation)
 
-    def open(self, ledger_name: str, ledger_id: int, *, log_format: int, entries: int) -> EntryLog:
+    def open(
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        entries: int,
+        placement: Placement = LOCAL,
+    ) -> EntryLog:
         opened = self._inner.open(ledger_name, ledger_id, log_format=log_format, entries=entries)
         return _GatedLog(opened, self)
 
-    def delete(self, ledger_name: str, ledger_id: int) -> None:
+    def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         self._inner.delete(ledger_name, ledger_id)
 
 
