@@ -12,6 +12,7 @@ is named only after this) survives a crash. A batch is one ``write`` and one
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import os
 from array import array
@@ -20,7 +21,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
-from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered
+from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered, check_local
 from segtxn.ledger.records import (
     ENTRY_OVERHEAD,
     decode_entry,
@@ -60,6 +61,15 @@ class FileEntryLog(EntryLog):
 
     def size_bytes(self) -> int:
         return self._end
+
+    def entries_within(self, first: int, max_bytes: int) -> int:
+        """How many entries from ``first`` fit in ``max_bytes`` on disk (at least one)."""
+        limit = self._offsets[first] + max_bytes
+        starts = bisect.bisect_right(self._offsets, limit, lo=first + 1)
+        count = starts - 1 - first  # entry j ends where entry j + 1 starts
+        if starts == len(self._offsets) and self._end <= limit:
+            count += 1  # (the last one ends at the end of the file)
+        return max(1, count)
 
     def append_batch(self, payloads: Sequence[bytes]) -> None:
         if self._nonce is None:
@@ -176,6 +186,7 @@ class FileLogStorage(LogStorage):
         placement: Placement = LOCAL,
     ) -> Recovered:
         path = self.path(ledger_name, ledger_id)
+        check_local(placement, str(path))
         fd = self._open(path)
         try:
             os.fdatasync(fd)  # a crashed writer's unsynced pages: durable before we count them
@@ -205,6 +216,7 @@ class FileLogStorage(LogStorage):
         placement: Placement = LOCAL,
     ) -> FileEntryLog:
         path = self.path(ledger_name, ledger_id)
+        check_local(placement, str(path))
         fd = self._open(path)
         try:
             data = _read_all(fd)

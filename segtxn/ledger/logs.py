@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from segtxn.ledger.errors import LedgerCorrupted
+from segtxn.ledger.errors import LedgerCorrupted, LedgerMissing
 
 
 class Placement(NamedTuple):
@@ -35,6 +35,17 @@ class Placement(NamedTuple):
 
 LOCAL = Placement()
 """A ledger kept in this broker's own storage (a file, or memory)."""
+
+
+def check_local(placement: Placement, where: str) -> None:
+    """Raises LedgerMissing for a replicated ledger: storage that keeps ledgers on this
+    broker alone cannot serve one."""
+    if placement.replicas:
+        raise LedgerMissing(
+            f"{where}: the ledger is replicated (on {', '.join(placement.replicas)}), and "
+            "this broker keeps ledgers in its own storage only: start it with replication",
+            paths=(where,),
+        )
 
 
 @dataclass(frozen=True)

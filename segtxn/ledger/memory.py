@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerFenced, LedgerMissing
-from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered
+from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered, check_local
 
 
 class MemoryEntryLog(EntryLog):
@@ -86,6 +86,7 @@ class MemoryLogStorage(LogStorage):
         tail_bytes: int,
         placement: Placement = LOCAL,
     ) -> Recovered:
+        check_local(placement, self.where(ledger_name, ledger_id))
         return Recovered(self._handle((ledger_name, ledger_id)), None)
 
     def open(
@@ -97,6 +98,7 @@ class MemoryLogStorage(LogStorage):
         entries: int,
         placement: Placement = LOCAL,
     ) -> MemoryEntryLog:
+        check_local(placement, self.where(ledger_name, ledger_id))
         return self._handle((ledger_name, ledger_id))
 
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:

@@ -1,0 +1,37 @@
+"""Replicated ledgers: each entry on an ensemble of storage nodes (issue 17's first step).
+
+:mod:`~segtxn.ledger.replicas.node` is a storage node's side (replica files, fencing,
+identity); :mod:`~segtxn.ledger.replicas.wire` carries it over HTTP;
+:mod:`~segtxn.ledger.replicas.quorum` writes one ledger to its ensemble;
+:mod:`~segtxn.ledger.replicas.storage` creates and recovers them (the ``LogStorage``).
+"""
+
+from segtxn.ledger.replicas.members import (
+    LocalReplica,
+    Member,
+    Nodes,
+    Replica,
+    ReplicaBehind,
+    ReplicaUnavailable,
+)
+from segtxn.ledger.replicas.node import ReplicaFenced, ReplicaGap, ReplicaNode, WrongInstance
+from segtxn.ledger.replicas.quorum import ReplicatedLog
+from segtxn.ledger.replicas.storage import ReplicatedLogStorage
+from segtxn.ledger.replicas.wire import HttpReplica, replica_routes
+
+__all__ = [
+    "HttpReplica",
+    "LocalReplica",
+    "Member",
+    "Nodes",
+    "Replica",
+    "ReplicaBehind",
+    "ReplicaFenced",
+    "ReplicaGap",
+    "ReplicaNode",
+    "ReplicaUnavailable",
+    "ReplicatedLog",
+    "ReplicatedLogStorage",
+    "WrongInstance",
+    "replica_routes",
+]

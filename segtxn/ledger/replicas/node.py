@@ -1,0 +1,263 @@
+"""A storage node: the replicas of ledgers that writers (brokers) keep here.
+
+Each replica is an ordinary ledger file (:mod:`segtxn.ledger.files`) under the node's root,
+so a node's crash model is the file storage's: what it acknowledged was synced and marked.
+A replica only ever holds a *prefix* of its ledger: a batch is taken only if it starts at
+the replica's count (:class:`ReplicaGap` otherwise), so the recovery in
+:mod:`segtxn.ledger.replicas.recovery` can reason about counts alone.
+
+**Fencing.** ``fence`` makes the replica refuse every later normal append, durably (a
+``<id>.fenced`` file, synced with its directory, before it answers), and answers with
+the count it holds at that moment. The fence and the count are taken under the same lock
+as appends, so no append lands between them: a writer that a recovery fenced out can no
+longer reach an ack quorum (BookKeeper's lesson from apache/bookkeeper#2614: the replica's
+answer that recovery uses must come from a fenced replica). Recovery's own appends (copying
+entries a quorum must hold before the ledger closes) pass the fence.
+
+**Identity.** A node's root holds an ``.instance`` id, made when the root is new. An
+ensemble names each replica as ``<broker id>@<instance>``, and a request for another
+instance is refused (:class:`WrongInstance`): a node restarted on an empty disk is a new
+instance, never a replica that silently lost what it acknowledged.
+
+Methods block (file I/O); :meth:`run` runs one on the node's own threads, so the threads
+of writers waiting for a quorum can never starve the node's work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from segtxn.ledger.errors import LedgerCorrupted, LedgerError, LedgerFenced
+from segtxn.ledger.files import FileEntryLog, FileLogStorage
+from segtxn.ledger.logs import EntryLog
+from segtxn.ledger.records import FORMAT
+
+T = TypeVar("T")
+
+INSTANCE_FILE = ".instance"
+READ_BYTES = 4 << 20
+"""About the most bytes one read answers with (one entry, however large, always goes)."""
+
+
+class ReplicaFenced(LedgerFenced):
+    """The replica was fenced by a recovery: its ledger has (or is getting) a new owner."""
+
+
+class ReplicaGap(LedgerError):
+    """A batch does not start at the replica's count (``count``): it missed one."""
+
+    def __init__(self, message: str, *, count: int) -> None:
+        super().__init__(message)
+        self.count = count
+
+
+class WrongInstance(LedgerError):
+    """The request names another instance of this node (it was wiped, or is another)."""
+
+
+class ReplicaNode:
+    """The replicas kept under ``root``. ``tail_bytes``: the most one batch spans on disk
+    (what a crash of this node may have torn off a replica's end)."""
+
+    def __init__(self, root: Path, *, tail_bytes: int, threads: int = 4) -> None:
+        self.root = root
+        self._files = FileLogStorage(root)
+        self._tail_bytes = tail_bytes
+        self.max_request_bytes = tail_bytes
+        """The largest batch a writer sends (its frames take no more than its records)."""
+        self.instance = _instance(root)
+        self._held: dict[tuple[str, int], FileEntryLog] = {}
+        self._locks: dict[tuple[str, int], threading.Lock] = {}
+        self._guard = threading.Lock()
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="replica-node")
+
+    async def run(self, call: Callable[..., T], *args: object) -> T:
+        """Run one of the blocking methods below on the node's own threads."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, call, *args)
+
+    def check(self, instance: str) -> None:
+        """Raises WrongInstance unless the request is for this instance."""
+        if instance != self.instance:
+            raise WrongInstance(
+                f"this storage node is instance {self.instance}, not {instance}: it was "
+                "emptied or replaced since, and holds none of that instance's replicas"
+            )
+
+    # ------------------------------------------------------------------ operations
+
+    def create(self, name: str, ledger_id: int) -> None:
+        """A new, empty replica (idempotent while it is still empty).
+
+        Raises:
+            ReplicaFenced: a recovery fenced it before it was created here.
+            LedgerCorrupted: it already holds entries.
+        """
+        key = (name, ledger_id)
+        with self._lock(key):
+            if self._fence_path(key).exists():
+                raise ReplicaFenced(f"replica {ledger_id} of {name} is fenced")
+            held = self._held.get(key)
+            if held is not None:
+                if held.count:
+                    raise LedgerCorrupted(f"replica {ledger_id} of {name} already has entries")
+                return
+            self._held[key] = self._files.create(name, ledger_id)
+
+    def append(
+        self, name: str, ledger_id: int, first: int, payloads: Sequence[bytes], recovery: bool
+    ) -> int:
+        """Append a batch that starts at entry ``first``; returns the count held, once
+        it is durable. A recovery's batch passes a fence and may overlap what is held (the
+        overlap is skipped: a replica only holds a prefix of its ledger's one sequence).
+
+        Raises:
+            ReplicaFenced: a normal append to a fenced replica.
+            ReplicaGap: ``first`` is not the count held (after the overlap, for recovery).
+        """
+        key = (name, ledger_id)
+        with self._lock(key):
+            if not recovery and self._fence_path(key).exists():
+                raise ReplicaFenced(f"replica {ledger_id} of {name} is fenced")
+            replica = self._replica(key, create=recovery)
+            count = replica.count
+            if recovery and first < count:
+                payloads = payloads[count - first :]
+                first = count
+            if first != count:
+                raise ReplicaGap(
+                    f"replica {ledger_id} of {name} holds {count} entries; a batch from "
+                    f"{first} would leave a gap",
+                    count=count,
+                )
+            if payloads:
+                replica.append_batch(payloads)
+            return replica.count
+
+    def fence(self, name: str, ledger_id: int) -> tuple[int, int]:
+        """Refuse normal appends from now on (durable before this returns); returns the
+        (count, size in bytes) held at that moment. A replica never created here is
+        fenced too (a late create is refused) and holds nothing."""
+        key = (name, ledger_id)
+        with self._lock(key):
+            path = self._fence_path(key)
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                _fsync_dir(path.parent)
+            if key not in self._held and not self._files.exists(name, ledger_id):
+                return 0, 0
+            replica = self._replica(key, create=False)
+            return replica.count, replica.size_bytes()
+
+    def read(self, name: str, ledger_id: int, first: int, last: int) -> list[bytes]:
+        """Entries ``first..last`` of the replica, or fewer from ``first`` (at least one):
+        as many as fit in ``READ_BYTES``.
+
+        Raises:
+            LedgerMissing: no such replica here.
+            IndexError: it does not hold ``first``.
+            LedgerCorrupted: an entry fails its checksum.
+        """
+        key = (name, ledger_id)
+        with self._lock(key):
+            replica = self._replica(key, create=False)
+        if first >= replica.count:
+            raise IndexError(f"replica {ledger_id} of {name} holds {replica.count} entries")
+        fit = replica.entries_within(first, READ_BYTES)
+        last = min(last, replica.count - 1, first + fit - 1)
+        return replica.read(first, last)
+
+    def delete(self, name: str, ledger_id: int) -> None:
+        """Remove the replica and its fence (idempotent)."""
+        key = (name, ledger_id)
+        with self._lock(key):
+            held = self._held.pop(key, None)
+            if held is not None:
+                held.close()
+            self._files.delete(name, ledger_id)
+            self._fence_path(key).unlink(missing_ok=True)
+        with self._guard:
+            self._locks.pop(key, None)
+
+    def close(self) -> None:
+        with self._guard:
+            held, self._held = self._held, {}
+        for replica in held.values():
+            replica.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _lock(self, key: tuple[str, int]) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _fence_path(self, key: tuple[str, int]) -> Path:
+        return self._files.path(*key).with_suffix(".fenced")
+
+    def _replica(self, key: tuple[str, int], *, create: bool) -> FileEntryLog:
+        """The replica held open, opened (recovered: a torn tail is what this node never
+        acknowledged) on first use, or created for a recovery's copy."""
+        held = self._held.get(key)
+        if held is not None:
+            return held
+        replica: EntryLog
+        if create and not self._files.exists(*key):
+            replica = self._files.create(*key)
+        else:
+            recovered = self._files.recover(*key, log_format=FORMAT, tail_bytes=self._tail_bytes)
+            replica = recovered.log
+        assert isinstance(replica, FileEntryLog)  # (what file storage hands out)
+        self._held[key] = replica
+        return replica
+
+
+def _instance(root: Path) -> str:
+    """This node's instance id: read from the root, or made for a new (empty) root.
+
+    Raises:
+        LedgerCorrupted: the root holds replicas but no instance id (it cannot say whose).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / INSTANCE_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    temporary = root / f"{INSTANCE_FILE}.new"  # (a crash while making one leaves it)
+    if any(p != temporary for p in root.iterdir()):
+        raise LedgerCorrupted(
+            f"{root} holds replicas but no {INSTANCE_FILE} file: it cannot be told which "
+            "storage node wrote them; refusing to start on it",
+            path=str(root),
+        )
+    instance = secrets.token_hex(8)
+    temporary.write_text(instance + "\n")
+    fd = os.open(temporary, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    temporary.rename(path)
+    _fsync_dir(root)
+    return instance
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

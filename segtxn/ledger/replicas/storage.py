@@ -1,0 +1,240 @@
+"""Replicated entry-log storage: each ledger on an ensemble of storage nodes.
+
+A new ledger is created on ``write_quorum`` live nodes (this broker's own node first), and
+its ensemble goes into the ledger's metadata (``LedgerInfo.replicas``, with the ack
+quorum). Writing is :mod:`segtxn.ledger.replicas.quorum`.
+
+**Recovery** of a ledger whose writer stopped (crashed, killed, paused, or alive but
+replaced) is BookKeeper's protocol, without ensemble changes:
+
+1. *Fence* every replica. Each fenced replica answers with the count it holds at that
+   moment, and from then on refuses the old writer. Once ``W - A + 1`` have answered
+   (``W`` replicas, ack quorum ``A``), fewer than ``A`` are unfenced, so the old writer
+   can no longer get any entry acknowledged; and every entry it did get acknowledged is
+   on ``A`` replicas, so on at least one of those that answered. Recovery only uses
+   counts from fenced replicas (apache/bookkeeper#2614 is what goes wrong otherwise).
+2. The ledger ends at the highest count answered: every acknowledged entry is before it
+   (entries past the last acknowledged one may be kept too: their writer never heard
+   back, and a producer resends them, which de-duplication absorbs).
+3. Copy the entries up to that end to every answering replica that holds fewer (a
+   recovery append passes the fence), so at least ``A`` replicas hold all of them before
+   the managed ledger records the count (one compare-and-set, which fences a competing
+   recovery).
+
+``2A <= W + 1`` is required so that the ``W - A + 1`` fenced replicas can hold the ``A``
+copies. Ledgers without replicas in their metadata (written before replication was
+turned on) are served by the ``local`` storage, as before.
+
+Construct it on the event loop it is to use (its blocking calls run coroutines there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+
+from segtxn.ledger.errors import LedgerError, NotEnoughReplicas
+from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered
+from segtxn.ledger.replicas.members import Member, Nodes, Replica
+from segtxn.ledger.replicas.quorum import ReplicatedLog, blocking
+
+log = logging.getLogger(__name__)
+
+COPY_BATCH = 500
+"""Entries one recovery read and append carry."""
+
+
+class ReplicatedLogStorage(LogStorage):
+    def __init__(
+        self, nodes: Nodes, local: LogStorage, *, write_quorum: int, ack_quorum: int
+    ) -> None:
+        """Raises ValueError: quorums that recovery cannot work with."""
+        if not 1 <= ack_quorum <= write_quorum or 2 * ack_quorum > write_quorum + 1:
+            raise ValueError(
+                f"replication {write_quorum}/{ack_quorum}: the ack quorum must be at least 1, "
+                "at most the write quorum, and at most a majority of it (2A <= W + 1)"
+            )
+        self.nodes = nodes
+        self.local = local
+        self.write_quorum = write_quorum
+        self.ack_quorum = ack_quorum
+        self._loop = asyncio.get_running_loop()
+
+    def where(self, ledger_name: str, ledger_id: int) -> str:
+        return self.local.where(ledger_name, ledger_id)
+
+    def exists(self, ledger_name: str, ledger_id: int) -> bool:
+        return self.local.exists(ledger_name, ledger_id)
+
+    # ------------------------------------------------------------------ create
+
+    def create(self, ledger_name: str, ledger_id: int) -> ReplicatedLog:
+        return blocking(self._loop, self._create(ledger_name, ledger_id))
+
+    async def _create(self, name: str, ledger_id: int) -> ReplicatedLog:
+        alive = await self.nodes.alive()
+        local = self.nodes.local
+        others = [m for m in alive if m != local]
+        random.shuffle(others)
+        candidates = ([local] if local in alive else []) + others
+        chosen: list[Replica] = []
+        problems: list[str] = []
+        while candidates and len(chosen) < self.write_quorum:
+            batch = candidates[: self.write_quorum - len(chosen)]
+            del candidates[: len(batch)]
+            replicas = [self.nodes.replica(m) for m in batch]
+            results = await asyncio.gather(
+                *(r.create(name, ledger_id) for r in replicas), return_exceptions=True
+            )
+            for replica, result in zip(replicas, results, strict=True):
+                if isinstance(result, BaseException):
+                    if not isinstance(result, Exception):
+                        raise result
+                    problems.append(f"{replica.member}: {result}")
+                else:
+                    chosen.append(replica)
+        if len(chosen) < self.write_quorum:
+            await _delete_all(chosen, name, ledger_id)
+            raise NotEnoughReplicas(
+                f"ledger {ledger_id} of {name} needs {self.write_quorum} storage nodes; "
+                f"{len(chosen)} of the {len(alive)} alive took it"
+                + (f" ({'; '.join(problems)})" if problems else "")
+            )
+        return ReplicatedLog(
+            name, ledger_id, chosen, ack_quorum=self.ack_quorum, loop=self._loop, writable=True
+        )
+
+    # ------------------------------------------------------------------ recover
+
+    def recover(
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        tail_bytes: int,
+        placement: Placement = LOCAL,
+    ) -> Recovered:
+        if not placement.replicas:
+            return self.local.recover(
+                ledger_name, ledger_id, log_format=log_format, tail_bytes=tail_bytes
+            )
+        recovered = blocking(self._loop, self._recover(ledger_name, ledger_id, placement))
+        return Recovered(recovered, None)
+
+    async def _recover(self, name: str, ledger_id: int, placement: Placement) -> ReplicatedLog:
+        replicas = self._replicas(placement)
+        needed = len(replicas) - placement.ack_quorum + 1
+        results = await asyncio.gather(
+            *(r.fence(name, ledger_id) for r in replicas), return_exceptions=True
+        )
+        fenced: list[tuple[Replica, int, int]] = []
+        problems: list[str] = []
+        for replica, result in zip(replicas, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                problems.append(f"{replica.member}: {result}")
+            else:
+                fenced.append((replica, *result))
+        what = f"ledger {ledger_id} of {name}"
+        if len(fenced) < needed:
+            raise NotEnoughReplicas(
+                f"{what}: recovery needs {needed} of its {len(replicas)} replicas fenced; "
+                f"{len(fenced)} answered ({'; '.join(problems)})"
+            )
+        end = max(count for _, count, _ in fenced)
+        source = next(r for r, count, _ in fenced if count == end)
+        holders = [r for r, count, _ in fenced if count == end]
+        for replica, count, _ in fenced:
+            if count < end:
+                try:
+                    await _copy(source, replica, name, ledger_id, start=count, end=end)
+                    holders.append(replica)
+                except LedgerError as e:
+                    problems.append(f"{replica.member}: copying entries {count}..: {e}")
+        if len(holders) < placement.ack_quorum:
+            raise NotEnoughReplicas(
+                f"{what}: {len(holders)} replicas hold its {end} entries after recovery; it "
+                f"needs {placement.ack_quorum} ({'; '.join(problems)})"
+            )
+        if problems:
+            log.warning("%s: recovered at %d entries; %s", what, end, "; ".join(problems))
+        size = max(size for r, _, size in fenced if r in holders)
+        return ReplicatedLog(
+            name,
+            ledger_id,
+            self._local_first(holders),
+            ack_quorum=placement.ack_quorum,
+            loop=self._loop,
+            count=end,
+            size=size,
+            writable=False,
+            placement=placement,
+        )
+
+    # ------------------------------------------------------------------ open, delete
+
+    def open(
+        self,
+        ledger_name: str,
+        ledger_id: int,
+        *,
+        log_format: int,
+        entries: int,
+        placement: Placement = LOCAL,
+    ) -> EntryLog:
+        if not placement.replicas:
+            return self.local.open(ledger_name, ledger_id, log_format=log_format, entries=entries)
+        return ReplicatedLog(
+            ledger_name,
+            ledger_id,
+            self._replicas(placement),
+            ack_quorum=placement.ack_quorum,
+            loop=self._loop,
+            count=entries,
+            writable=False,
+            placement=placement,
+        )
+
+    def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
+        if not placement.replicas:
+            self.local.delete(ledger_name, ledger_id)
+            return
+        blocking(self._loop, _delete_all(self._replicas(placement), ledger_name, ledger_id))
+
+    def _replicas(self, placement: Placement) -> list[Replica]:
+        return self._local_first([self.nodes.replica(Member.parse(m)) for m in placement.replicas])
+
+    def _local_first(self, replicas: Sequence[Replica]) -> list[Replica]:
+        return sorted(replicas, key=lambda r: r.member != self.nodes.local)
+
+
+async def _copy(
+    source: Replica, target: Replica, name: str, ledger_id: int, *, start: int, end: int
+) -> None:
+    """Give ``target`` entries ``start..end-1`` from ``source`` (recovery appends)."""
+    first = start
+    while first < end:
+        last = min(end, first + COPY_BATCH) - 1
+        payloads = await source.read(name, ledger_id, first, last)  # (maybe fewer)
+        await target.append(name, ledger_id, first, payloads, recovery=True)
+        first += len(payloads)
+
+
+async def _delete_all(replicas: Sequence[Replica], name: str, ledger_id: int) -> None:
+    """Delete the ledger on each replica; one that does not answer keeps its copy (logged)."""
+    results = await asyncio.gather(
+        *(r.delete(name, ledger_id) for r in replicas), return_exceptions=True
+    )
+    for replica, result in zip(replicas, results, strict=True):
+        if isinstance(result, Exception):
+            log.warning(
+                "ledger %d of %s: its replica on %s was not deleted: %s",
+                ledger_id,
+                name,
+                replica.member,
+                result,
+            )
