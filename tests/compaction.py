@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from segtxn.ledger import LogStorage
-from segtxn.ledger.logs import LOCAL, Placement
 from segtxn.ledger.compacted import CompactedLog
+from segtxn.ledger.logs import LOCAL, Placement
 
 
 class Killed(BaseException):

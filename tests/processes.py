@@ -89,11 +89,17 @@ async def wait_ready(url: str, name: str, limit_s: float = 30) -> None:
 
 
 def broker(
-    store: str, data_dir: Path, broker_id: str, *, session_ttl: float = 10, log: Path | None = None
+    store: str,
+    data_dir: Path,
+    broker_id: str,
+    *,
+    session_ttl: float = 10,
+    log: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> ServerProcess:
     return ServerProcess(
         ["broker", "--store", store, "--data-dir", str(data_dir), "--broker-id", broker_id,
-         "--session-ttl", str(session_ttl)],
+         "--session-ttl", str(session_ttl), *extra],
         f"broker {broker_id}",
         log=log,
     )  # fmt: skip

@@ -18,6 +18,7 @@ from segtxn.broker import admin, holdings, lookup, ws
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
+from segtxn.ledger.replicas import replica_routes
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.limits import MAX_REQUEST_BYTES
 from segtxn.web import AppServer
@@ -62,6 +63,9 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
             *lookup.routes(),
         ]
     )
+    nodes = app[SERVICE].replica_nodes
+    if nodes is not None:
+        app.add_routes(replica_routes(nodes.node))
     return app
 
 

@@ -43,7 +43,7 @@ async def lookup(request: web.Request) -> web.StreamResponse:
             home = await service.catalog.create_persistent(name)
         else:
             raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
-    url = await service.catalog.broker_url(home)
+    url = await service.owner_url(name, home)
     if url is None:
         raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}'s broker {home!r} is down")
     return web.json_response({"topic": str(name), "brokerUrl": url})
@@ -54,7 +54,7 @@ async def layout(service: BrokerService, name: TopicName, topic: ScalableTopic) 
     segments = []
     for s in topic.segments:
         home = await service.catalog.home_of(name.segment_name(s.id))
-        url = await service.catalog.broker_url(home) if home else None
+        url = await service.owner_url(name.segment_name(s.id), home) if home else None
         segments.append(
             {
                 "id": s.id,

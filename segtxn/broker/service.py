@@ -27,15 +27,14 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
+from segtxn.broker import gauges, replication
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.topic import Topic
 from segtxn.broker.txn import snapshots, v4checks
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
-from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.ledger import (
     LedgerCorrupted,
     LedgerError,
@@ -43,8 +42,8 @@ from segtxn.ledger import (
     LogStorage,
     Position,
     check_files,
-    open_log_storage,
 )
+from segtxn.ledger.replicas import ReplicatedLogStorage
 from segtxn.metastore import (
     MetadataStore,
     MetadataStoreError,
@@ -71,7 +70,10 @@ class BrokerService:
         self._owns_store = store is None
         self.store: MetadataStore = open_store(settings.store_url) if store is None else store
         self.catalog = Catalog(self.store)
-        self.storage: LogStorage = open_log_storage(settings.ledger_url)
+        self.storage: LogStorage
+        self.storage, self.replica_nodes = replication.open_storage(settings, self.catalog)
+        """``replica_nodes``: this broker's storage node and the others' (None: replication
+        is off)."""
         self.topics: dict[TopicName, Topic] = {}
         self.headers = HeaderCache(self.store)
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
@@ -103,75 +105,7 @@ class BrokerService:
             session=self.session,
             metrics=self.metrics,
         )
-        self.metrics.gauge(
-            "segtxn_broker_active_segments",
-            "Segments served here that are not sealed",
-            lambda: sum(
-                1
-                for t in self.topics.values()
-                if t.name.domain is Domain.SEGMENT and not t.ledger.is_sealed
-            ),
-        )
-        self.metrics.gauge(
-            "segtxn_broker_topics", "Topics and segments loaded", lambda: len(self.topics)
-        )
-        self.metrics.gauge(  # PIP-373
-            "segtxn_broker_using_txn_topics_count",
-            "Loaded persistent topics that contain transactional messages",
-            lambda: sum(
-                1
-                for t in self.topics.values()
-                if isinstance(t.buffer, MarkerTransactionBuffer) and t.buffer.contains_txn
-            ),
-        )
-        self.metrics.gauge(
-            "segtxn_txn_v4_snapshot_log_entries",
-            "Entries in this broker's open v4 snapshot logs (what reopening them replays)",
-            lambda: sum(log_.entries for log_ in self.snapshots.opened()),
-        )
-        self.metrics.gauge(
-            "segtxn_txn_v4_snapshot_log_bytes",
-            "Bytes of this broker's open v4 snapshot logs",
-            lambda: sum(log_.size_bytes for log_ in self.snapshots.opened()),
-        )
-        self.metrics.gauge(
-            "segtxn_txn_v4_pending_ack_log_entries",
-            "Entries in the v4 pending-ack logs of the subscriptions loaded here",
-            lambda: sum(p.log_entries for p in self._pending_ack_logs()),
-        )
-        self.metrics.gauge(
-            "segtxn_txn_v4_pending_ack_log_bytes",
-            "Bytes of the v4 pending-ack logs of the subscriptions loaded here",
-            lambda: sum(p.log_bytes for p in self._pending_ack_logs()),
-        )
-        self.metrics.gauge(
-            "segtxn_broker_producers",
-            "Connected producers",
-            lambda: sum(len(t.producers) for t in self.topics.values()),
-        )
-        self.metrics.gauge(
-            "segtxn_broker_consumers",
-            "Connected consumers",
-            lambda: sum(
-                len(s.consumers) for t in self.topics.values() for s in t.subscriptions.values()
-            ),
-        )
-        self.metrics.gauge(
-            "segtxn_broker_backlog",
-            "Unacknowledged messages over all subscriptions",
-            lambda: sum(
-                s.backlog() for t in self.topics.values() for s in t.subscriptions.values()
-            ),
-        )
-
-    def _pending_ack_logs(self) -> list[MLPendingAckStore]:
-        """The v4 pending-ack stores of the subscriptions loaded here (for metrics)."""
-        return [
-            s.pending_acks
-            for t in self.topics.values()
-            for s in t.subscriptions.values()
-            if isinstance(s.pending_acks, MLPendingAckStore)
-        ]
+        gauges.register(self)
 
     def session(self) -> Session:
         if self._session is None:
@@ -216,6 +150,10 @@ class BrokerService:
             await wait_reachable(
                 self.store, timeout_s=self.settings.store_timeout_s, url=self.settings.store_url
             )
+            if self.replica_nodes is not None:
+                assert isinstance(self.storage, ReplicatedLogStorage)
+                await self.storage.start()
+                await self.replica_nodes.start()
             await self.headers.start()
             await self.v4_checks.start()
             await self._check_data()
@@ -279,7 +217,10 @@ class BrokerService:
     async def _register(self) -> None:
         self._session = await self.store.open_session(self.settings.session_ttl_s)
         await self.catalog.register_broker(
-            self.broker_id, self.settings.advertise_url, self._session
+            self.broker_id,
+            self.settings.advertise_url,
+            self._session,
+            instance=self.replica_nodes.node.instance if self.replica_nodes else "",
         )
         log.info(
             "broker %s registered at %s (session %#x, ttl %g s)",
@@ -308,7 +249,28 @@ class BrokerService:
                 except MetadataStoreError as e:
                     log.warning("broker %s: registration failed (%s); retrying", self.broker_id, e)
                     await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
+            await self._unload_moved()
             self.ready.set()
+
+    async def _unload_moved(self) -> None:
+        """Unload what was taken over while this broker's session was lost (its clients
+        are hung up on, and find the new home by lookup)."""
+        for name in list(self.topics):
+            try:
+                home = await self.catalog.home_of(name)
+            except MetadataStoreError as e:
+                log.warning("%s: cannot check its home (%s); keeping it", name, e)
+                continue
+            topic = self.topics.get(name)
+            if home == self.broker_id or topic is None:
+                continue
+            self.topics.pop(name, None)
+            log.warning("%s: taken over by broker %s while this one was away", name, home)
+            await topic.disconnect_clients()
+            try:
+                await topic.close()
+            except LedgerError as e:  # fenced: the new home owns its ledgers now
+                log.info("%s: closed without a clean close (%s)", name, e)
 
     async def stop(self) -> None:
         """Close everything :meth:`start` opened (safe after a partial start; idempotent)."""
@@ -340,6 +302,9 @@ class BrokerService:
         await self.snapshots.close()
         await self.op_records.close()
         await self.headers.close()
+        if self.replica_nodes is not None:
+            await self.replica_nodes.close()
+            self.replica_nodes.node.close()
         if self._session is not None:
             await self._session.close()
         if self._owns_store:
@@ -383,14 +348,28 @@ class BrokerService:
                 home = await self.catalog.home_of(name)
         if home is None:
             raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
-        if home != self.broker_id:
-            url = await self.catalog.broker_url(home)
-            if url is None:
-                raise ServerError(
-                    ErrorName.SERVICE_NOT_READY,
-                    f"{name} lives on broker {home!r}, which is down; it returns with it",
-                )
+        if home == self.broker_id:
+            return
+        url = await self.owner_url(name, home)
+        if url is None:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{name} lives on broker {home!r}, which is down; it returns with it"
+                if self.replica_nodes is None
+                else f"{name}: its broker {home!r} is down and it cannot be taken over yet",
+            )
+        if url != self.settings.advertise_url:
             raise ServerError(ErrorName.NOT_OWNER, f"{name} is served by {url}", redirect=url)
+
+    async def owner_url(self, name: TopicName, home: str) -> str | None:
+        """The URL of the broker serving ``name``, whose home is ``home``: that broker's,
+        or, if it is down and replication is on, that of the broker taking it over
+        (:func:`replication.take_over`). None: no broker can serve it now."""
+        url = await self.catalog.broker_url(home)
+        if url is not None or self.replica_nodes is None:
+            return url
+        moved = await replication.take_over(self.catalog, self.store, name, home)
+        return None if moved is None else await self.catalog.broker_url(moved)
 
     async def _load(self, name: TopicName) -> Topic:
         started = time.perf_counter()

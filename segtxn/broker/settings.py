@@ -43,6 +43,38 @@ class V4TxnSettings:
 
 
 @dataclass(frozen=True)
+class Replication:
+    """Every new ledger goes to ``write_quorum`` brokers' storage nodes and an entry is
+    acknowledged once ``ack_quorum`` of them synced it (segtxn/ledger/replicas/)."""
+
+    write_quorum: int
+    ack_quorum: int
+    timeout_s: float = 5.0
+    """How long a storage node may take to answer before it is taken for gone."""
+
+    def __post_init__(self) -> None:
+        w, a = self.write_quorum, self.ack_quorum
+        if not 1 <= a <= w or 2 * a > w + 1:
+            raise ValueError(
+                f"replication {w}/{a}: the ack quorum must be at least 1, at most the write "
+                "quorum, and at most a majority of it (e.g. 3/2, 2/1, 1/1)"
+            )
+        if self.timeout_s <= 0:
+            raise ValueError("the replication timeout must be positive")
+
+    @classmethod
+    def parse(cls, text: str) -> Replication:
+        """``"W/A"``, e.g. ``"3/2"``. Raises ValueError."""
+        write, slash, ack = text.partition("/")
+        if not slash or not write.isdigit() or not ack.isdigit():
+            raise ValueError(f"replication {text!r}: write it W/A, e.g. 3/2")
+        return cls(int(write), int(ack))
+
+    def __str__(self) -> str:
+        return f"{self.write_quorum}/{self.ack_quorum}"
+
+
+@dataclass(frozen=True)
 class BrokerSettings:
     broker_id: str
     """Stable identity: a broker's topics live on its disk and come back with this id."""
@@ -51,6 +83,10 @@ class BrokerSettings:
     store_url: str = "memory://"
     ledger_url: str = "memory://"
     """Where managed ledgers live: file:///dir (or a path) or memory://."""
+    replication: Replication | None = None
+    """Replicate new ledgers across brokers (needs a ``file://`` ledger URL; each broker
+    then also keeps replicas, under ``<dir>/.replicas``). None: each ledger lives on its
+    owner's disk only, and its topic cannot move."""
     session_ttl_s: float = 10.0
     store_timeout_s: float = 15.0
     """At start-up, how long to keep trying to reach the metadata store before giving up
@@ -104,6 +140,8 @@ class BrokerSettings:
             raise ValueError(f"broker id {self.broker_id!r}: 1-63 of letters, digits, _.-")
         if not self.advertise_url.startswith(("http://", "https://")):
             raise ValueError(f"advertise URL {self.advertise_url!r} must be http(s)://host:port")
+        if self.replication is not None and not self.ledger_url.startswith("file://"):
+            raise ValueError("replication needs ledgers in files (a file:// ledger URL)")
         limit = self.ledger.max_entry_bytes - 64 * 1024
         if self.max_message_bytes > limit:
             raise ValueError(f"max_message_bytes must leave room for metadata (<= {limit})")

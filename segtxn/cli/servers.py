@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from segtxn.broker.app import BrokerServer
-from segtxn.broker.settings import BrokerSettings
+from segtxn.broker.settings import BrokerSettings, Replication
 from segtxn.cli import lifecycle
 from segtxn.cli.params import (
     PORT,
@@ -160,10 +160,18 @@ STORE_HELP = (
     type=SECONDS_OR_ZERO,
     help="Seconds a dropped Failover member keeps its segments (0: they move at once).",
 )
+@click.option(
+    "--replication",
+    default=None,
+    metavar="W/A",
+    help="Replicate new ledgers on W brokers, each entry acknowledged once A have it "
+    "(e.g. 3/2; A at most a majority of W). Default: each ledger on its broker's disk only.",
+)
 @_retention_options
 @_lifecycle_options
 def broker(
     *,
+    replication: str | None,
     session_ttl: float,
     consumer_hold: float,
     retention_time: float,
@@ -186,6 +194,7 @@ def broker(
             advertise_url=advertise,
             store_url=store,
             ledger_url=f"file://{prepare_data_dir(data_dir)}",
+            replication=Replication.parse(replication) if replication else None,
             auto_create_topics=auto_create_topics,
             session_ttl_s=session_ttl,
             store_timeout_s=store_timeout,

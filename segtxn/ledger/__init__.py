@@ -16,7 +16,7 @@ from segtxn.ledger.managed import ManagedLedger
 from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.ledger.metadata import METADATA_PREFIX, LedgerSettings
 from segtxn.ledger.position import Entry, Position
-from segtxn.ledger.recovery import check_files
+from segtxn.ledger.recovery import check_files, movable
 from segtxn.ledger.registry import open_log_storage
 from segtxn.ledger.retention import RetentionPolicy, TrimResult
 
@@ -43,5 +43,6 @@ __all__ = [
     "TrimResult",
     "Truncation",
     "check_files",
+    "movable",
     "open_log_storage",
 ]

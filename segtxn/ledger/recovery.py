@@ -274,6 +274,13 @@ async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> N
         await asyncio.to_thread(_check_files, name, storage, decode(record.value))
 
 
+async def movable(name: str, store: MetadataStore) -> bool:
+    """Whether any broker could open ``name``: every ledger it holds is replicated (or it
+    has none yet), so none of them lives on one broker's disk alone."""
+    record = await store.get(metadata_key(name))
+    return record is None or all(i.replicas for i in decode(record.value).ledgers)
+
+
 def _check_files(name: str, storage: LogStorage, meta: LedgerMetadata) -> None:
     # (a replicated ledger is on its replicas, not necessarily here: reading one finds out)
     missing = [i for i in meta.ledgers if not i.replicas and not storage.exists(name, i.id)]

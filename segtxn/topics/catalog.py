@@ -28,6 +28,7 @@ from segtxn.metastore import (
     BadVersion,
     Delete,
     MetadataStore,
+    NotFound,
     Put,
     Session,
 )
@@ -54,6 +55,9 @@ class BrokerInfo(msgspec.Struct, frozen=True):
     broker_id: str
     url: str
     started_ms: int
+    instance: str = ""
+    """Its storage node's instance (segtxn/ledger/replicas/node.py); empty: it keeps no
+    replicas (replication is off)."""
 
 
 class TopicExists(Exception):
@@ -95,8 +99,10 @@ class Catalog:
 
     # ------------------------------------------------------------------ brokers
 
-    async def register_broker(self, broker_id: str, url: str, session: Session) -> None:
-        info = BrokerInfo(broker_id, url, int(time.time() * 1000))
+    async def register_broker(
+        self, broker_id: str, url: str, session: Session, *, instance: str = ""
+    ) -> None:
+        info = BrokerInfo(broker_id, url, int(time.time() * 1000), instance)
         await self.store.put(
             BROKERS + quote(broker_id, safe=""), msgspec.json.encode(info), session=session
         )
@@ -219,6 +225,30 @@ class Catalog:
     async def home_of(self, ledger: TopicName) -> str | None:
         record = await self.store.get(home_key(ledger))
         return None if record is None else str(msgspec.json.decode(record.value))
+
+    async def move_home(self, ledger: TopicName, *, dead: str, to: str) -> str | None:
+        """Move ``ledger``'s home from broker ``dead`` to ``to`` (a take-over: its ledgers
+        are replicated, and ``dead`` is not registered). One compare-and-set on the home
+        record, so of brokers racing to take it over one wins. Returns the home after the
+        attempt (``to`` if this one moved it; None: the topic was deleted)."""
+        key = home_key(ledger)
+        record = await self.store.get(key)
+        if record is None:
+            return None
+        home = str(msgspec.json.decode(record.value))
+        if home != dead:
+            return home
+        try:
+            await self.store.put(
+                key,
+                msgspec.json.encode(to),
+                expected_version=record.version,
+                indexes={HOMES_BY_BROKER: to},
+            )
+        except (BadVersion, NotFound):
+            return await self.home_of(ledger)
+        log.warning("%s: taken over by broker %s from broker %s, which is down", ledger, to, dead)
+        return to
 
     async def list_topics(self, tenant: str, namespace: str) -> list[TopicName]:
         out = []

@@ -2,7 +2,10 @@
 
 A new ledger is created on ``write_quorum`` live nodes (this broker's own node first), and
 its ensemble goes into the ledger's metadata (``LedgerInfo.replicas``, with the ack
-quorum). Writing is :mod:`segtxn.ledger.replicas.quorum`.
+quorum). With fewer nodes alive it goes on as many as there are, but never on fewer than
+the ack quorum: each entry still waits for ``ack_quorum`` of them (durability is kept,
+and one more loss stops writes until a node returns; Kafka's ``min.insync.replicas`` makes
+the same trade). Writing is :mod:`segtxn.ledger.replicas.quorum`.
 
 **Recovery** of a ledger whose writer stopped (crashed, killed, paused, or alive but
 replaced) is BookKeeper's protocol, without ensemble changes:
@@ -22,15 +25,17 @@ replaced) is BookKeeper's protocol, without ensemble changes:
    recovery).
 
 ``2A <= W + 1`` is required so that the ``W - A + 1`` fenced replicas can hold the ``A``
-copies. Ledgers without replicas in their metadata (written before replication was
-turned on) are served by the ``local`` storage, as before.
+copies (a ledger created on fewer nodes needs more of them to answer its recovery).
+Ledgers without replicas in their metadata (written before replication was turned on) are
+served by the ``local`` storage, as before.
 
-Construct it on the event loop it is to use (its blocking calls run coroutines there).
+Its blocking calls run coroutines on the loop it was constructed on, or started on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Sequence
@@ -60,7 +65,19 @@ class ReplicatedLogStorage(LogStorage):
         self.local = local
         self.write_quorum = write_quorum
         self.ack_quorum = ack_quorum
-        self._loop = asyncio.get_running_loop()
+        self._running: asyncio.AbstractEventLoop | None = None
+        with contextlib.suppress(RuntimeError):
+            self._running = asyncio.get_running_loop()
+
+    async def start(self) -> None:
+        """Bind to the running loop (for storage constructed outside one)."""
+        self._running = asyncio.get_running_loop()
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        if self._running is None:
+            raise RuntimeError("replicated storage used before start()")
+        return self._running
 
     def where(self, ledger_name: str, ledger_id: int) -> str:
         return self.local.where(ledger_name, ledger_id)
@@ -95,12 +112,23 @@ class ReplicatedLogStorage(LogStorage):
                     problems.append(f"{replica.member}: {result}")
                 else:
                     chosen.append(replica)
-        if len(chosen) < self.write_quorum:
+        if len(chosen) < self.ack_quorum:
             await _delete_all(chosen, name, ledger_id)
             raise NotEnoughReplicas(
-                f"ledger {ledger_id} of {name} needs {self.write_quorum} storage nodes; "
-                f"{len(chosen)} of the {len(alive)} alive took it"
+                f"ledger {ledger_id} of {name} needs at least {self.ack_quorum} storage "
+                f"nodes (the ack quorum; {self.write_quorum} to be whole); {len(chosen)} of "
+                f"the {len(alive)} alive took it"
                 + (f" ({'; '.join(problems)})" if problems else "")
+            )
+        if len(chosen) < self.write_quorum:
+            log.warning(
+                "ledger %d of %s: created on %d storage nodes, not %d (too few alive); "
+                "each entry still waits for %d",
+                ledger_id,
+                name,
+                len(chosen),
+                self.write_quorum,
+                self.ack_quorum,
             )
         return ReplicatedLog(
             name, ledger_id, chosen, ack_quorum=self.ack_quorum, loop=self._loop, writable=True
