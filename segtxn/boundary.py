@@ -14,6 +14,15 @@ that answer:
   message carries an *incident id*; the log has the same id and the traceback. The body never
   has a stack trace.
 
+Once a handler has started its response (a WebSocket upgraded, a stream begun), no HTTP
+answer can follow it on that connection: a failure then closes a WebSocket with a close
+frame instead, whose code says what kind of failure it was and whose reason is
+``"NAME: message"`` cut to the 123 bytes a close frame holds: 1013 (try again later) for
+ServiceNotReady, 1008 (policy violation) for the client's fault, 1011 (internal error) for a
+bug, with the incident id. Any other started response is cut off (the connection closed),
+so the client cannot take it for a complete one. :func:`install` puts the boundary on an
+application: the middleware, and the hook that tells it a response was started.
+
 Requests aiohttp refuses before any handler runs (malformed HTTP, a request line or header
 longer than :data:`~segtxn.protocol.limits.MAX_LINE_BYTES`, too many headers) are answered
 by :class:`JsonRequestHandler` in the same shape: 431 for the sizes, 400 for the rest, and
@@ -31,7 +40,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 from aiohttp.http_exceptions import LineTooLong
 
 from segtxn.metastore import MetadataStoreError, SessionExpired, StoreClosed, StoreUnavailable
@@ -44,6 +53,8 @@ from segtxn.protocol.limits import (
 )
 
 log = logging.getLogger(__name__)
+STARTED = web.RequestKey("segtxn-started-response", web.StreamResponse)
+"""The response a handler has started (prepared) for a request, if any."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 HANDLER_ARGS: dict[str, Any] = {
@@ -133,27 +144,98 @@ def translate(e: Exception) -> ServerError | None:
     return None
 
 
+def install(app: web.Application) -> None:
+    """Put the error boundary on ``app`` (before it starts): the :func:`boundary`
+    middleware, and the hook that records each started response for it."""
+    app.middlewares.append(boundary)
+    app.on_response_prepare.append(_started)
+
+
+async def _started(request: web.Request, response: web.StreamResponse) -> None:
+    request[STARTED] = response
+
+
 @web.middleware
 async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The error boundary: see the module docstring."""
+    """The error boundary: see the module docstring. Install it with :func:`install`
+    (without the hook it cannot tell a failure after a WebSocket upgrade)."""
     try:
         return await handler(request)
-    except ServerError as e:
-        return error_response(e, request)
-    except web.HTTPException as e:
-        if e.status < 400 or e.content_type == "application/json":
-            raise  # redirects, and answers that already have the JSON shape
-        return _refusal(request, e)
     except asyncio.CancelledError:
         raise
     except Exception as e:
+        started = request.get(STARTED)
+        if started is not None and started.prepared:
+            return await _after_start(request, started, e)
+        if isinstance(e, ServerError):
+            return error_response(e, request)
+        if isinstance(e, web.HTTPException):
+            if e.status < 400 or e.content_type == "application/json":
+                raise  # redirects, and answers that already have the JSON shape
+            return _refusal(request, e)
         known = translate(e)
         if known is not None:
             return error_response(known, request)
-        ident = incident(f"{request.method} {request.path_qs} failed", e)
-        name = ErrorName.METADATA if isinstance(e, MetadataStoreError) else ErrorName.UNKNOWN
-        message = f"internal error, incident {ident} (the server log has the details)"
-        return error_response(ServerError(name, message), request)
+        return error_response(_bug(request, e), request)
+
+
+def _bug(request: web.Request, e: Exception) -> ServerError:
+    """A failure that is a bug: logged once with a fresh incident id and its traceback."""
+    ident = incident(f"{request.method} {request.path_qs} failed", e)
+    name = ErrorName.METADATA if isinstance(e, MetadataStoreError) else ErrorName.UNKNOWN
+    return ServerError(name, f"internal error, incident {ident} (the server log has the details)")
+
+
+MAX_CLOSE_REASON_BYTES = 123
+"""A close frame's payload is at most 125 bytes, two of them the code (RFC 6455, 5.5)."""
+
+
+def close_code(error: ServerError) -> WSCloseCode:
+    """The WebSocket close code for a failure after the upgrade: 1013 (try again later)
+    for a retriable name, 1011 (internal error) for a server's 5xx, else 1008 (the
+    client's fault)."""
+    if error.retriable:
+        return WSCloseCode.TRY_AGAIN_LATER
+    if error.name.http_status >= 500:
+        return WSCloseCode.INTERNAL_ERROR
+    return WSCloseCode.POLICY_VIOLATION
+
+
+def close_reason(error: ServerError) -> bytes:
+    """``"NAME: message"`` as UTF-8, cut to :data:`MAX_CLOSE_REASON_BYTES` (never in the
+    middle of a character)."""
+    text = f"{error.name.value}: {error.message}".encode("utf-8", "backslashreplace")
+    if len(text) <= MAX_CLOSE_REASON_BYTES:
+        return text
+    cut = text[: MAX_CLOSE_REASON_BYTES - 3].decode("utf-8", "ignore").encode("utf-8")
+    return cut + b"..."
+
+
+async def _after_start(
+    request: web.Request, response: web.StreamResponse, e: Exception
+) -> web.StreamResponse:
+    """A handler failed after its response started: close a WebSocket with a code and a
+    reason; cut any other response off (no HTTP can follow what was sent)."""
+    if isinstance(e, ServerError):
+        error = e
+    elif isinstance(e, web.HTTPException):
+        fallback = ErrorName.INVALID_ARGUMENT if e.status < 500 else ErrorName.UNKNOWN
+        error = ServerError(_REFUSALS.get(e.status, fallback), e.text or e.reason)
+    else:
+        error = translate(e) or _bug(request, e)
+    if not isinstance(response, web.WebSocketResponse):
+        log.warning(
+            "%s %s failed after its response started (%s); connection closed",
+            request.method,
+            request.path,
+            error,
+        )
+        if request.transport is not None:
+            request.transport.close()
+        return response
+    log.info("%s %s: closing the WebSocket after %s", request.method, request.path, error)
+    await response.close(code=close_code(error), message=close_reason(error))
+    return response
 
 
 class JsonRequestHandler(web.RequestHandler):

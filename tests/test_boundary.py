@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from segtxn.boundary import boundary, read_json
+from segtxn.boundary import install, read_json
 from segtxn.metastore import BadVersion, StoreUnavailable
 from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -33,7 +33,8 @@ async def echo_json(request: web.Request) -> web.StreamResponse:
 
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
-    app = web.Application(middlewares=[boundary], client_max_size=1000)
+    app = web.Application(client_max_size=1000)
+    install(app)
     app.router.add_get("/bug", failing(RuntimeError("a bug with a secret in it")))
     app.router.add_get("/store-down", failing(StoreUnavailable("etcd is away")))
     app.router.add_get("/store-refused", failing(BadVersion("/x", 1, 2)))
@@ -113,3 +114,81 @@ async def test_json_bodies_are_bounded(
     got, headers, text = await get(f"{server}/json", "POST", data=body)
     assert got == status, text
     assert headers.get("X-Segtxn-Error") == name
+
+
+# ------------------------------------------------------------- after a WebSocket upgrade
+
+
+def failing_after_upgrade(error: BaseException) -> Handler:
+    """A WebSocket handler that upgrades, says hello, then fails."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_bytes(b"hello")
+        raise error
+
+    return handler
+
+
+@pytest.fixture
+async def ws_server() -> AsyncIterator[str]:
+    app = web.Application()
+    install(app)
+    app.router.add_get("/bug", failing_after_upgrade(RuntimeError("a bug with a secret in it")))
+    app.router.add_get("/store-down", failing_after_upgrade(StoreUnavailable("etcd is away")))
+    app.router.add_get(
+        "/refused", failing_after_upgrade(ServerError(ErrorName.NOT_ALLOWED, "x" * 500))
+    )
+    app.router.add_get("/http-error", failing_after_upgrade(web.HTTPNotFound()))
+    port = free_port()
+    running = AppServer(app, f"http://127.0.0.1:{port}", "127.0.0.1", port)
+    await running.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await running.stop()
+
+
+async def closed_with(url: str) -> tuple[int | None, str]:
+    """Connect, read the hello, then the close frame: its code and reason. Anything else
+    (an HTTP response written onto the upgraded connection reads as a broken frame) fails."""
+    async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
+        hello = await ws.receive(timeout=10)
+        assert (hello.type, hello.data) == (aiohttp.WSMsgType.BINARY, b"hello")
+        closing = await ws.receive(timeout=10)
+        assert closing.type is aiohttp.WSMsgType.CLOSE, (closing.type, closing.data)
+        return ws.close_code, closing.extra or ""
+
+
+async def test_a_bug_after_the_upgrade_closes_the_websocket_with_1011_and_an_incident_id(
+    ws_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once upgraded, the connection speaks WebSocket: the failure is a close frame with a
+    reason (never an HTTP response written onto it), and the traceback is logged once."""
+    code, reason = await closed_with(f"{ws_server}/bug")
+    assert code == aiohttp.WSCloseCode.INTERNAL_ERROR, reason
+    incident = re.search(r"incident ([0-9a-f]{12})", reason)
+    assert incident, reason
+    assert "secret" not in reason and len(reason.encode()) <= 123
+    logged = [r for r in caplog.records if r.exc_info]
+    assert len(logged) == 1 and incident.group(1) in logged[0].getMessage()
+    assert logged[0].levelno == logging.ERROR
+
+
+@pytest.mark.parametrize(
+    ("path", "code", "name"),
+    [
+        ("/store-down", aiohttp.WSCloseCode.TRY_AGAIN_LATER, ErrorName.SERVICE_NOT_READY),
+        ("/refused", aiohttp.WSCloseCode.POLICY_VIOLATION, ErrorName.NOT_ALLOWED),
+        ("/http-error", aiohttp.WSCloseCode.POLICY_VIOLATION, ErrorName.INVALID_ARGUMENT),
+    ],
+)
+async def test_a_known_failure_after_the_upgrade_closes_with_its_name(
+    ws_server: str, caplog: pytest.LogCaptureFixture, path: str, code: int, name: ErrorName
+) -> None:
+    got, reason = await closed_with(f"{ws_server}{path}")
+    assert got == code, reason
+    assert reason.startswith(f"{name.value}: "), reason
+    assert len(reason.encode()) <= 123  # a close frame's reason: 125 bytes with the code
+    assert not [r for r in caplog.records if r.exc_info]  # not a bug: no traceback

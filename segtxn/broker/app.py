@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from segtxn.boundary import boundary
+from segtxn.boundary import install
 from segtxn.broker import admin, holdings, lookup, ws
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
@@ -28,7 +28,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> web.Application:
     # the largest body is a property set; WebSocket frames have their own limit (ws.py)
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[boundary])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    install(app)  # the error boundary
     app[SERVICE] = BrokerService(settings, store)
     app[SOCKETS] = weakref.WeakSet()
     app.on_shutdown.append(ws.close_sockets)

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from segtxn.boundary import boundary, error_response, read_json
+from segtxn.boundary import error_response, install, read_json
 from segtxn.coordinator.txnlog import TxnMeta
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
@@ -312,7 +312,8 @@ def create_app(
 ) -> web.Application:
     """The coordinator app; it opens ``settings.store_url`` unless handed a store (then
     the caller owns it: ``segtxn standalone`` shares its broker's embedded store)."""
-    app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[boundary])
+    app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+    install(app)  # the error boundary
     own = store is None
     used = open_store(settings.store_url) if store is None else store
     app[COORDINATOR] = CoordinatorV5(used, settings)
