@@ -334,8 +334,9 @@ class Consumer:
         before the messages could be acknowledged (a transaction that could not start).
 
         Raises:
-            Timeout: the request could not be sent within ``timeout_s`` (default: the
-                operation timeout); a reconnect redelivers them anyway.
+            Timeout: the request was not written within ``timeout_s`` (default: the
+                operation timeout); it is written later anyway (the stream owns it), and a
+                reconnect redelivers them too.
         """
         for stream in list(self._streams.values()):
             await self._bounded(stream.redeliver(), timeout_s, "redeliver")
@@ -346,9 +347,13 @@ class Consumer:
         """Ask for this message to be delivered again (returns once asked, not when it
         comes back).
 
+        On an ordered subscription the broker answers with a rewind; if it refuses
+        instead (an id the topic never held), the consumer attaches again, which rewinds
+        just the same. Nothing is taken back when the caller gives up.
+
         Raises:
-            Timeout: the request could not be sent within ``timeout_s`` (default: the
-                operation timeout).
+            Timeout: the request was not written within ``timeout_s`` (default: the
+                operation timeout); it is written later anyway.
         """
         message_id = message.message_id if isinstance(message, Message) else message
         stream = self._stream(message_id)

@@ -8,13 +8,20 @@ again), and while a redelivery it asked for (after a transaction that did not co
 negative ack) is not yet answered it drops the messages that arrive (they were sent before the
 rewind). A reader's stream keeps them, and after a reconnect resumes after the last one it
 received.
+
+Every outcome of such a request ends the wait for its rewind: the rewind itself; the
+broker's refusal (an ``error`` frame naming the request), after which the stream attaches
+again, since only a rewind brings back what it dropped and an attachment starts from one; a
+lost connection (the same); and a caller that gives up (times out, is cancelled) does not
+take the request back: the stream owns it and writes it anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -86,11 +93,14 @@ class MessageStream:
         self._acks = Acknowledgments(str(topic), self._write_acks_soon)
         self._writing = asyncio.Lock()
         """Held while frames are written: acks gathered before a frame go out before it."""
-        self._ack_writes: set[asyncio.Task[None]] = set()
+        self._writes: set[asyncio.Task[None]] = set()
+        """Writes the stream owns: gathered acks, and redelivery requests (sent even when
+        their caller gave up)."""
         self._granted = 0
         self._awaiting: set[int] = set()
         """Redeliver / Nack requests whose Rewind has not come: messages arriving meanwhile
-        were sent before the rewind and are dropped."""
+        were sent before the rewind and are dropped. An id leaves it with its Rewind, its
+        Error (then the stream attaches again) or a new attachment; nothing else."""
         self.epoch = 0
         self.active = True
         self.ended = asyncio.Event()
@@ -165,9 +175,14 @@ class MessageStream:
     def _write_acks_soon(self) -> None:
         """Acks were gathered: write them in the next turn of the loop (with whatever else
         is gathered by then), unless a write before it takes them first."""
-        task = asyncio.get_running_loop().create_task(self._write_gathered())
-        self._ack_writes.add(task)
-        task.add_done_callback(self._ack_writes.discard)
+        self._own(self._write_gathered(), f"{self._kind}-acks-{self.topic}")
+
+    def _own(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``work`` as a task of the stream (cancelled by :meth:`close`)."""
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return task
 
     async def _write_gathered(self) -> None:
         async with self._writing:
@@ -254,6 +269,18 @@ class MessageStream:
                 self._acks.answered(frame.request_id, None)
             elif isinstance(frame, Error):
                 error = ServerError(ErrorName(frame.error), frame.message)
+                if frame.request_id in self._awaiting:
+                    # no rewind will answer it, and only a rewind brings back what was
+                    # dropped for it: attach again (an attachment starts from one)
+                    self._awaiting.discard(frame.request_id)
+                    log.warning(
+                        "%s on %s: redelivery request %d refused (%s); attaching again",
+                        self._kind,
+                        self.topic,
+                        frame.request_id,
+                        error,
+                    )
+                    raise ConnectionError(f"redelivery request {frame.request_id} refused")
                 if frame.request_id:
                     self._acks.answered(frame.request_id, error)
                 else:
@@ -299,12 +326,24 @@ class MessageStream:
         await self._ask_again(Redeliver(request_id=next(request_ids), txn=txn))
 
     async def _ask_again(self, frame: Redeliver | Nack) -> None:
+        """Send a request answered by a Rewind. From now until the answer, arriving
+        messages are dropped; the request is written by a task of the stream, so a caller
+        that gives up (cancelled, timed out) leaves it on its way, not lost with the
+        messages already dropped for it."""
         if self._ws is None:
             return  # reconnecting: the new attachment starts from a rewind anyway
         self._awaiting.add(frame.request_id)
-        await self._drop_and_regrant(f"asked for redelivery, request {frame.request_id}")
+        task = self._own(self._request(frame), f"{self._kind}-request-{self.topic}")
+        await asyncio.shield(task)
+
+    async def _request(self, frame: Redeliver | Nack) -> None:
+        try:
+            await self._drop_and_regrant(f"asked for redelivery, request {frame.request_id}")
+            await self._send(frame)
+        except BaseException:  # not written (the stream closes, or a bug): nothing answers
+            self._awaiting.discard(frame.request_id)
+            raise
         log.info("%s on %s: %s sent", self._kind, self.topic, frame)
-        await self._send(frame)
 
     async def taken(self) -> None:
         """One message was handed to the application: top permits up in halves."""
@@ -357,9 +396,9 @@ class MessageStream:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for task in self._ack_writes:
+        for task in self._writes:
             task.cancel()
-        await asyncio.gather(*self._ack_writes, return_exceptions=True)
+        await asyncio.gather(*self._writes, return_exceptions=True)
         if self._ws is not None:
             await close_quietly(self._ws.close())
         self._acks.close()

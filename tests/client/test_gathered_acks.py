@@ -256,9 +256,9 @@ async def test_close_fails_the_acks_not_yet_confirmed_and_leaves_no_task(
     consumer, got = await setup(client, 2)
     stream = consumer._streams[str(SEGMENT)]
     pending = [stream.ack([m.message_id], cumulative=False, deadline=Deadline(10)) for m in got]
-    assert stream._ack_writes  # their write is scheduled, not yet run
+    assert stream._writes  # their write is scheduled, not yet run
     await consumer.close()
-    assert not stream._ack_writes
+    assert not stream._writes
     outcomes = await asyncio.gather(*pending, return_exceptions=True)
     assert all(isinstance(o, ClientClosed) for o in outcomes), outcomes
     assert stream._acks.pending() == []
