@@ -12,7 +12,14 @@ async with Client("http://b1:8080,http://b2:8080", operation_timeout_s=30) as cl
 
 from segtxn.client.client import Client
 from segtxn.client.consumer import CheckpointConsumer, Consumer
-from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout, TopicEnded
+from segtxn.client.errors import (
+    ClientClosed,
+    ClientError,
+    MessageTooLarge,
+    OperationCancelled,
+    Timeout,
+    TopicEnded,
+)
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
@@ -31,6 +38,7 @@ __all__ = [
     "Message",
     "MessageId",
     "MessageTooLarge",
+    "OperationCancelled",
     "Producer",
     "ProducerOptions",
     "Reader",

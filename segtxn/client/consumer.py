@@ -263,6 +263,10 @@ class Consumer:
             Timeout: no receipt in time (OUTCOME_UNKNOWN: it may have been applied; in
                 ``txn`` the transaction can no longer commit).
             ValueError: the message is not from this consumer's topic.
+
+        Cancelling the call in ``txn`` once the ack is made (its outcome is then unknown)
+        dooms the transaction: its commit aborts and raises TransactionFailed from
+        OperationCancelled.
         """
         await self._ack(message, cumulative=False, txn=txn, timeout_s=timeout_s)
 

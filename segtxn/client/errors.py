@@ -52,5 +52,14 @@ class Timeout(ClientError, TimeoutError):
         self.last_error = last_error
 
 
+class OperationCancelled(ClientError):
+    """A send or acknowledgment in a transaction was cancelled by its caller before its
+    answer came. The broker may or may not have applied it (``OUTCOME_UNKNOWN``), so the
+    transaction cannot commit: its commit aborts it and raises
+    :class:`~segtxn.client.transaction.TransactionFailed` from this."""
+
+    category = ErrorCategory.OUTCOME_UNKNOWN
+
+
 class TopicEnded(ClientError):
     """A reader has received everything: its topic is sealed, or it passed its ``end``."""

@@ -10,8 +10,11 @@ async with client.transaction(timeout_s=30) as txn:
 Sends and acks in a transaction are tracked: ``commit`` first waits for every one of them.
 If any failed, the transaction is *poisoned*: ``commit`` aborts it and raises
 :class:`TransactionFailed` (a transaction is all or nothing, so one lost message means none
-may count). A transaction whose timeout passes is aborted by its coordinator; committing it
-then fails with ``InvalidTxnStatus``.
+may count). One whose caller cancelled it (the task awaiting it was cancelled) poisons it
+too, with :class:`OperationCancelled`: it may have reached the broker and been applied,
+and a commit would then count what the application believes it cancelled. A transaction
+whose timeout passes is aborted by its coordinator; committing it then fails with
+``InvalidTxnStatus``.
 
 When a transaction does not commit (it is aborted, its commit is refused, or ending it fails
 with an unknown outcome), every consumer that acknowledged messages in it asks the broker to
@@ -46,7 +49,7 @@ from types import TracebackType
 from typing import Any
 
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientError, Timeout
+from segtxn.client.errors import ClientError, OperationCancelled, Timeout
 from segtxn.client.timeouts import Deadline, retrying
 from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId
@@ -362,14 +365,22 @@ class Transaction:
             ) from e
 
     def track(self, future: asyncio.Future[Any]) -> None:
-        """Count an operation in the transaction: if it fails, the transaction fails."""
+        """Count an operation in the transaction: if it fails, or is cancelled (its outcome
+        is then unknown), the transaction fails."""
         self._in_flight.add(future)
         future.add_done_callback(self._settled)
 
     def _settled(self, future: asyncio.Future[Any]) -> None:
         self._in_flight.discard(future)
-        if not future.cancelled() and future.exception() is not None and self._failure is None:
-            self._failure = future.exception()
+        if future.cancelled():
+            self.poison(
+                OperationCancelled(
+                    f"an operation in transaction {self._id} was cancelled by its caller "
+                    "before its answer came: whether the broker applied it is unknown"
+                )
+            )
+        elif (error := future.exception()) is not None:
+            self.poison(error)
 
     def on_failure(self, key: object, callback: Callable[[], Awaitable[None]]) -> None:
         """Run ``callback`` (once per ``key``) if this transaction ends without a commit:
@@ -403,7 +414,8 @@ class Transaction:
         ``timeout_s`` (default: the client's operation timeout).
 
         Raises:
-            TransactionFailed: an operation failed; the transaction was aborted.
+            TransactionFailed: an operation failed, or was cancelled by its caller
+                (``__cause__`` is then OperationCancelled); the transaction was aborted.
             ServerError(InvalidTxnStatus): it timed out (or was aborted) first.
             Timeout: ABORTABLE when its operations were not done in time (it was not
                 committed: abort it, or its coordinator will after its timeout);
