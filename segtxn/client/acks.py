@@ -12,7 +12,10 @@ Each ack keeps its own deadline and its own answer:
 - a refused frame refuses every ack in it. In a transaction that changes nothing (one refused
   ack already dooms the transaction, docs/transactions.md); plain acks from several calls
   refused as ``InvalidArgument`` (an id the topic never held) are sent again one call per
-  frame, so only the call that named the bad id fails;
+  frame, so only the call that named the bad id fails, and ahead of every ack gathered
+  since (all made after them). Frames written before the refusal came cannot wait for
+  them: a transaction's ack written meanwhile may find an earlier message not acknowledged
+  (``TransactionConflict`` on an ordered subscription);
 - a frame whose callers have all given up (timed out or cancelled) is not sent again after
   a reconnect; until then it is, like any unanswered ack;
 - cumulative acks are never gathered (one frame each, as they were asked);
@@ -174,8 +177,11 @@ class Acknowledgments:
             and request.frame.txn is None
             and len(request.waiters) > 1
         ):
-            for waiter in waiting:  # each call on its own, so only the bad one fails
-                self._gather(_Run((None, None), False, True, [waiter]))
+            # each call on its own, so only the bad one fails; before what was gathered
+            # since (made after them), so the order made is still the order sent
+            if waiting and not self._gathering:
+                self._schedule()
+            self._gathering[:0] = [_Run((None, None), False, True, [w]) for w in waiting]
             return
         for waiter in waiting:
             if error is None:

@@ -262,3 +262,47 @@ async def test_close_fails_the_acks_not_yet_confirmed_and_leaves_no_task(
     outcomes = await asyncio.gather(*pending, return_exceptions=True)
     assert all(isinstance(o, ClientClosed) for o in outcomes), outcomes
     assert stream._acks.pending() == []
+
+
+async def test_plain_acks_sent_again_after_a_refusal_go_before_acks_gathered_after_them(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain acks of m0 and of an id the segment never held share a frame; the broker
+    refuses it. Meanwhile the transaction's ack of m1, made after them, is gathered and not
+    yet written (another write holds the socket). The plain acks go again one per frame,
+    and still before m1's: on an ordered subscription the transaction's ack of m1 is
+    refused (TransactionConflict) while m0 before it is not acknowledged."""
+    consumer, got = await setup(client, 2, subscription_type="Failover")
+    stream = consumer._streams[str(SEGMENT)]
+    sub = subscription(cluster)
+    bad = forged(got[0])
+    reached, go_on = asyncio.Event(), asyncio.Event()
+    original = sub.ack
+
+    async def held(link: Any, ids: list[Position], **kwargs: Any) -> None:
+        if len(ids) == 2:  # the shared frame: hold it until m1's ack is gathered
+            reached.set()
+            await go_on.wait()
+        await original(link, ids, **kwargs)
+
+    monkeypatch.setattr(sub, "ack", held)
+    txn_acks = record_calls(monkeypatch, sub.pending_acks, "ack")
+    txn = await client.transaction().start()
+    plain = asyncio.gather(
+        consumer.acknowledge(got[0]), consumer.acknowledge(bad), return_exceptions=True
+    )
+    await reached.wait()  # the shared frame was written and is on the broker
+    async with stream._writing:  # a write in progress: m1's ack is gathered, not written
+        in_txn = asyncio.ensure_future(consumer.acknowledge(got[1], txn=txn))
+        await wait_until(lambda: bool(stream._acks._gathering), what="m1's ack gathered")
+        go_on.set()  # the refusal comes back: the plain acks are gathered again
+        await wait_until(lambda: len(stream._acks._gathering) == 3, what="sent again")
+    outcomes = await asyncio.wait_for(plain, 10)
+    assert outcomes[0] is None and isinstance(outcomes[1], ServerError), outcomes
+    assert outcomes[1].name is ErrorName.INVALID_ARGUMENT
+    await asyncio.wait_for(in_txn, 10)  # not TransactionConflict
+    assert txn_acks == [[position(got[1])]]
+    await txn.commit()
+    await wait_until(
+        lambda: sub.cursor.mark_delete == position(got[1]), timeout=10, what="acks applied"
+    )
