@@ -9,6 +9,9 @@ that answer:
 - aiohttp's own refusals, with their status: unknown path 404 and oversized body 413
   (``InvalidArgument``, ``MessageTooLarge``), wrong method 405 (``NotAllowed``);
 - the metadata store being unreachable, closed, or the session gone: 503 ServiceNotReady;
+- the metadata store full (etcd's NOSPACE alarm): 503 ``MetadataStoreFull``, whose message
+  tells the operator what to do; not retriable (it lasts until someone acts), and logged
+  at ERROR once per :data:`STORE_FULL_LOG_EVERY_S`, not once per request;
   a peer server unreachable or slow: 503 ServiceNotReady;
 - anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
   message carries an *incident id*; the log has the same id and the traceback. The body never
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -43,7 +47,13 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 from aiohttp.http_exceptions import LineTooLong
 
-from segtxn.metastore import MetadataStoreError, SessionExpired, StoreClosed, StoreUnavailable
+from segtxn.metastore import (
+    MetadataStoreError,
+    SessionExpired,
+    StoreClosed,
+    StoreFull,
+    StoreUnavailable,
+)
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import (
     MAX_ERROR_MESSAGE_CHARS,
@@ -135,8 +145,44 @@ def _refusal(request: web.Request, e: web.HTTPException) -> web.Response:
     return error_response(ServerError(name, message), request, status=e.status)
 
 
+STORE_FULL_MESSAGE = (
+    "the metadata store is full and refuses every write (etcd's NOSPACE alarm: its database "
+    "reached --quota-backend-bytes). An operator must compact and defragment etcd (etcdctl "
+    "compact, etcdctl defrag) or raise its quota, then disarm the alarm (etcdctl alarm disarm)"
+)
+STORE_FULL_LOG_EVERY_S = 600.0
+"""A full store is logged at ERROR at most this often (every request meets it)."""
+
+
+class Throttled:
+    """An ERROR line for a condition every request meets while it lasts: written the first
+    time, then at most once per ``every_s`` (with how many times it was met in between);
+    the other times at DEBUG."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self._last: float | None = None
+        self._since = 0
+
+    def report(self, message: str) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.every_s:
+            self._since += 1
+            log.debug("%s (again)", message)
+            return
+        repeats = f" ({self._since} more time(s) since it was last logged)" if self._since else ""
+        log.error("%s%s", message, repeats)
+        self._last, self._since = now, 0
+
+
+STORE_FULL_LOG = Throttled(STORE_FULL_LOG_EVERY_S)
+
+
 def translate(e: Exception) -> ServerError | None:
     """The wire error for a failure that is not a bug, or None."""
+    if isinstance(e, StoreFull):
+        STORE_FULL_LOG.report(f"{STORE_FULL_MESSAGE}; the store said: {e}")
+        return ServerError(ErrorName.METADATA_STORE_FULL, STORE_FULL_MESSAGE)
     if isinstance(e, StoreUnavailable | StoreClosed | SessionExpired):
         return ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
     if isinstance(e, aiohttp.ClientError | TimeoutError):

@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from segtxn.boundary import error_response
+from segtxn.boundary import error_response, translate
 from segtxn.broker.service import BrokerService
-from segtxn.metastore import MetadataStoreError, StoreUnavailable
+from segtxn.metastore import MetadataStoreError, StoreFull, StoreUnavailable
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import InvalidTopicName, TopicName, client_name_problem
 from segtxn.topics.model import ScalableTopic
@@ -63,6 +63,8 @@ def json_errors(handler: Handler) -> Handler:
         except StoreUnavailable as e:
             error = ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
             return error_response(error, request)
+        except StoreFull as e:
+            return error_response(translate(e) or ServerError(ErrorName.METADATA, str(e)), request)
         except MetadataStoreError as e:
             return error_response(ServerError(ErrorName.METADATA, str(e)), request)
 

@@ -222,7 +222,7 @@ class Producer:
             if isinstance(frame, Receipt):
                 self._settle(frame.seq, result=MessageId(str(self.topic), *frame.message_id))
             elif isinstance(frame, Error):
-                error = ServerError(ErrorName(frame.error), frame.message)
+                error = ServerError(ErrorName.parse(frame.error), frame.message)
                 if frame.seq is not None:
                     self._settle(frame.seq, error=error)
                 else:

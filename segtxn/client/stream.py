@@ -268,7 +268,7 @@ class MessageStream:
             elif isinstance(frame, AckReceipt):
                 self._acks.answered(frame.request_id, None)
             elif isinstance(frame, Error):
-                error = ServerError(ErrorName(frame.error), frame.message)
+                error = ServerError(ErrorName.parse(frame.error), frame.message)
                 if frame.request_id in self._awaiting:
                     # no rewind will answer it, and only a rewind brings back what was
                     # dropped for it: attach again (an attachment starts from one)

@@ -2,7 +2,8 @@
 
 Every failure a caller of :class:`~segtxn.metastore.store.MetadataStore` can see is one of
 these classes. A caller branches on the class (``BadVersion`` means "re-read and decide
-again", ``StoreUnavailable`` means "the same request may succeed later"), never on a
+again", ``StoreUnavailable`` means "the same request may succeed later", ``StoreFull``
+means "no write will succeed until an operator frees space"), never on a
 message. Foreign errors (gRPC, OS) are wrapped with ``raise ... from e`` at the backend edge
 so that nothing above the backend imports a client library's exceptions.
 """
@@ -84,6 +85,20 @@ class StoreUnavailable(MetadataStoreError):
     """
 
     retriable = True
+
+
+class StoreFull(MetadataStoreError):
+    """The store refused a write because its database reached its size quota (etcd's
+    ``NOSPACE`` alarm, "mvcc: database space exceeded").
+
+    The write was not applied. It is not transient: every write (and every new session)
+    is refused until an operator frees space (compacts and defragments etcd, or raises
+    its ``--quota-backend-bytes``) and disarms the alarm (``etcdctl alarm disarm``), so
+    repeating the request soon does not help (``retriable`` is False). Every write is
+    refused, deletes included (the store makes them as etcd transactions); reads, watches
+    and session keep-alives still work. The ``memory://`` backend has no quota and never
+    raises it.
+    """
 
 
 class StoreClosed(MetadataStoreError):

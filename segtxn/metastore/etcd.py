@@ -43,6 +43,7 @@ from segtxn.metastore.errors import (
     MetadataStoreError,
     SessionExpired,
     StoreClosed,
+    StoreFull,
     StoreUnavailable,
     TooLarge,
     TooManyOperations,
@@ -62,6 +63,8 @@ _UNAVAILABLE = {
 def map_grpc_error(e: grpc.aio.AioRpcError) -> MetadataStoreError:
     """Translate an etcd gRPC failure into the store's error tree."""
     code, details = e.code(), e.details() or ""
+    if "database space exceeded" in details:  # the NOSPACE alarm: until an operator acts
+        return StoreFull(f"etcd refused the write: {details} (its NOSPACE alarm is raised)")
     if "too many operations" in details:
         return TooManyOperations(f"etcd refused the transaction: {details}")
     if "request is too large" in details or (

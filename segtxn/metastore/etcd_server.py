@@ -121,8 +121,9 @@ class EtcdServer:
 
     ``auto_compaction`` is passed to etcd as its auto-compaction flags (None: etcd's own
     default, no compaction at all; history then grows until someone compacts it). The
-    backend quota is etcd's default (2 GiB): with history compacted the database stays far
-    below it, and a private server has no volume size a smaller quota would have to fit.
+    backend quota is etcd's default (2 GiB) unless ``quota_backend_bytes`` sets one: with
+    history compacted the database stays far below it, and a private server has no volume
+    size a smaller quota would have to fit (tests set a tiny one to fill the store).
     """
 
     data_dir: Path
@@ -130,6 +131,8 @@ class EtcdServer:
     peer_port: int = field(default_factory=free_port)
     unsafe_no_fsync: bool = False
     auto_compaction: AutoCompaction | None = DEFAULT_AUTO_COMPACTION
+    quota_backend_bytes: int | None = None
+    """etcd's ``--quota-backend-bytes`` (None: its default, 2 GiB)."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -147,12 +150,16 @@ class EtcdServer:
         prefer_shm: bool = True,
         unsafe_no_fsync: bool = False,
         auto_compaction: AutoCompaction | None = DEFAULT_AUTO_COMPACTION,
+        quota_backend_bytes: int | None = None,
     ) -> EtcdServer:
         base = "/dev/shm" if prefer_shm and os.path.isdir("/dev/shm") else None
         data_dir = Path(tempfile.mkdtemp(prefix="segtxn-etcd-", dir=base))
         data_dir.chmod(0o700)
         return cls(
-            data_dir=data_dir, unsafe_no_fsync=unsafe_no_fsync, auto_compaction=auto_compaction
+            data_dir=data_dir,
+            unsafe_no_fsync=unsafe_no_fsync,
+            auto_compaction=auto_compaction,
+            quota_backend_bytes=quota_backend_bytes,
         )
 
     def command(self) -> list[str]:
@@ -175,6 +182,8 @@ class EtcdServer:
             cmd += self.auto_compaction.flags()
         if self.unsafe_no_fsync:
             cmd.append("--unsafe-no-fsync")
+        if self.quota_backend_bytes is not None:
+            cmd += ["--quota-backend-bytes", str(self.quota_backend_bytes)]
         return cmd
 
     def start(self, timeout_s: float = 20.0) -> None:

@@ -33,6 +33,19 @@ class ErrorName(enum.StrEnum):
     INVALID_ARGUMENT = "InvalidArgument"
     TOPIC_BUSY = "TopicBusy"
     """A split or merge of the topic is already in progress."""
+    METADATA_STORE_FULL = "MetadataStoreFull"
+    """The metadata store reached its size quota (etcd's NOSPACE alarm) and refuses every
+    write until an operator frees space: a server condition (503), but not one that passes
+    by itself, so not retriable."""
+
+    @classmethod
+    def parse(cls, name: str) -> ErrorName:
+        """The name read off the wire; one this version does not know (a newer server's)
+        is ``UnknownError``."""
+        try:
+            return cls(name)
+        except ValueError:
+            return cls.UNKNOWN
 
     @property
     def http_status(self) -> int:
@@ -41,6 +54,7 @@ class ErrorName(enum.StrEnum):
 
 _STATUS = {
     ErrorName.SERVICE_NOT_READY: 503,
+    ErrorName.METADATA_STORE_FULL: 503,
     ErrorName.TOPIC_NOT_FOUND: 404,
     ErrorName.SUBSCRIPTION_NOT_FOUND: 404,
     ErrorName.TRANSACTION_NOT_FOUND: 404,
