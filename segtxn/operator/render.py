@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from segtxn.operator.placement import placement, resources
+
 Obj = dict[str, Any]
 
 GROUP = "segtxn.io"
@@ -23,11 +25,6 @@ UID = 10001
 """The image's unprivileged user (manifests/Dockerfile)."""
 CONFIG_HASH = "segtxn.io/config-hash"
 """Pod-template annotation: a changed ConfigMap rolls the pods."""
-
-DEFAULT_RESOURCES: Obj = {
-    "requests": {"cpu": "250m", "memory": "256Mi"},
-    "limits": {"memory": "1Gi"},
-}
 
 
 def labels(instance: str, component: str) -> dict[str, str]:
@@ -147,8 +144,9 @@ def broker_storage(spec: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[Obj]:
-    """ConfigMap, headless + client Services, broker StatefulSet (one PVC per broker),
-    PodDisruptionBudget."""
+    """ConfigMap, headless + client Services, broker StatefulSet (one PVC per broker;
+    placement and resources from ``spec.brokers``, :mod:`.placement`),
+    PodDisruptionBudget (one broker down at a time)."""
     names = ClusterNames(name)
     brokers = spec.get("brokers", {})
     port = int(brokers.get("port", 8080))
@@ -198,7 +196,7 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         ),
         "ports": [{"name": "http", "containerPort": port}],
         "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
-        "resources": brokers.get("resources") or DEFAULT_RESOURCES,
+        "resources": resources(brokers),
         "securityContext": container_security,
         **_probes(port),
     }
@@ -251,6 +249,7 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
                         "securityContext": pod_security,
                         "terminationGracePeriodSeconds": 30,
                         "containers": [container],
+                        **placement(brokers, select),
                     },
                 },
                 "volumeClaimTemplates": [claim],
@@ -284,9 +283,11 @@ def coordinator_url(name: str, namespace: str, spec: Mapping[str, Any]) -> str:
 def render_coordinator(
     name: str, namespace: str, spec: Mapping[str, Any], cluster_spec: Mapping[str, Any]
 ) -> list[Obj]:
-    """Deployment, Service and PodDisruptionBudget of the coordinators of ``spec``; the
-    store, session TTL and image come from the SegtxnCluster they serve (``cluster_spec``),
-    so a change there must re-render these too (the cluster's handler does).
+    """Deployment, Service and PodDisruptionBudget (one coordinator down at a time) of
+    the coordinators of ``spec``, their placement and resources from ``spec``
+    (:mod:`.placement`); the store, session TTL and image come from the SegtxnCluster
+    they serve (``cluster_spec``), so a change there must re-render these too (the
+    cluster's handler does).
 
     The pod template carries a hash of the ConfigMap keys the coordinators read
     (:data:`COORDINATOR_CONFIG`): env from a ConfigMap is read only when a pod starts.
@@ -325,7 +326,7 @@ def render_coordinator(
             ("SEGTXN_SESSION_TTL", _config(config, "sessionTtlSeconds")),
         ),
         "ports": [{"name": "http", "containerPort": port}],
-        "resources": spec.get("resources") or DEFAULT_RESOURCES,
+        "resources": resources(spec),
         "securityContext": container_security,
         **_probes(port),
     }
@@ -351,6 +352,7 @@ def render_coordinator(
                         "securityContext": pod_security,
                         "terminationGracePeriodSeconds": 30,
                         "containers": [container],
+                        **placement(spec, select),
                     },
                 },
             },

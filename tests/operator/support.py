@@ -29,6 +29,13 @@ class Local:
         return kopf.Memo(config=config)
 
 
+def offline() -> kopf.Memo:
+    """The operator with no segtxn to reach, for tests that never need the brokers (no
+    scale-down): the coordinators' stats reads fail at once (connection refused)."""
+    nowhere = "http://127.0.0.1:1"
+    return kopf.Memo(config=OperatorConfig(broker_url=nowhere, coordinator_url=nowhere))
+
+
 def status(emu: Emulator, kind: str, name: str) -> dict[str, Any]:
     return dict((emu.mine(kind, name) or {}).get("status", {}))
 
