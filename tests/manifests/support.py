@@ -66,8 +66,13 @@ def helm() -> Callable[..., str]:
     return run
 
 
-def template(helm: Callable[..., str], *sets: str, crds: bool = False) -> list[Doc]:
+def template(
+    helm: Callable[..., str], *sets: str, crds: bool = False, values: Path | None = None
+) -> list[Doc]:
+    """``helm template`` of the chart with ``--set`` ``sets`` (and a ``values`` file)."""
     args = ["template", "rel", str(CHART), "--namespace", "segtxn", "--kube-version", KUBE_VERSION]
+    if values is not None:
+        args += ["-f", str(values)]
     for value in sets:
         args += ["--set", value]
     if crds:

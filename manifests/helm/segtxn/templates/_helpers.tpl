@@ -21,6 +21,62 @@ app.kubernetes.io/name: segtxn
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Where a pod the chart renders runs: a values section's priorityClassName,
+nodeSelector, tolerations, affinity and topologySpreadConstraints, as given, for the pod
+spec. An empty affinity gets a preferred (never required) anti-affinity on
+kubernetes.io/hostname among the component's pods: spread over nodes when possible, all
+scheduled on a one-node cluster. A spread constraint without a labelSelector counts the
+component's pods. Called with (dict "values" <section> "selector" <matchLabels map>). */}}
+{{- define "segtxn.placement" -}}
+{{- $v := .values -}}
+{{- $select := .selector -}}
+{{- with $v.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
+{{- with $v.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $v.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+affinity:
+{{- if $v.affinity }}
+  {{- toYaml $v.affinity | nindent 2 }}
+{{- else }}
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- toYaml $select | nindent 14 }}
+{{- end }}
+{{- with $v.topologySpreadConstraints }}
+topologySpreadConstraints:
+{{- range . }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" $select) }}
+{{- end }}
+  - {{ toYaml $c | nindent 4 | trim }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The SegtxnCluster's spec.brokers / TransactionCoordinator's spec fields for a
+cluster.brokerPods / cluster.coordinatorPods section: only those given, so that the
+operator's defaults (resources, the soft spread over nodes) hold for the rest. */}}
+{{- define "segtxn.podKnobs" -}}
+{{- range $key := list "resources" "priorityClassName" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" }}
+{{- with index $ $key }}
+{{ $key }}:{{ if kindIs "string" . }} {{ . | quote }}{{ else }}{{ toYaml . | nindent 2 }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{- define "segtxn.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag }}
 {{- end -}}
