@@ -50,7 +50,8 @@ SCALE_DOWN_RECHECK_S = 30.0
 
 
 async def _apply_objects(runtime: Runtime, owner: kopf.Body, objects: list[render.Obj]) -> None:
-    """Create or update ``objects`` as children of ``owner`` (owner references).
+    """Server-side apply ``objects`` as children of ``owner`` (owner references), in
+    their order: one failing stops the rest, and what went before stays applied.
 
     Raises:
         kopf.PermanentError: Kubernetes refused a child as invalid or forbidden.

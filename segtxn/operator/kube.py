@@ -1,9 +1,9 @@
 """The few Kubernetes API calls the handlers make beyond what Kopf does for them.
 
-Kopf patches the handled resource (status, finalizers) itself; this client creates the
-children the renderers return and reads other objects. It authenticates with whatever
-Kopf's login found (service account in a pod, kubeconfig outside), so there is one
-source of credentials.
+Kopf patches the handled resource (status, finalizers) itself; this client applies the
+children the renderers return (server-side apply: :meth:`Kube.apply`) and reads other
+objects. It authenticates with whatever Kopf's login found (service account in a pod,
+kubeconfig outside), so there is one source of credentials.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ PLURALS = {
     "TransactionCoordinator": "transactioncoordinators",
     "ScalableTopic": "scalabletopics",
 }
+
+
+FIELD_MANAGER = "segtxn-operator"
+"""Who the operator is in ``metadata.managedFields`` of what it applies."""
+APPLY_PATCH = "application/apply-patch+yaml"
+"""Server-side apply's Content-Type (a JSON body is YAML too)."""
 
 
 class KubeUnreachable(Exception):
@@ -135,10 +141,17 @@ class Kube:
         return f"{url}/{name}" if name else url
 
     async def _call(
-        self, method: str, url: str, body: Obj | None = None, content_type: str | None = None
+        self,
+        method: str,
+        url: str,
+        body: Obj | None = None,
+        content_type: str | None = None,
+        params: Mapping[str, str] | None = None,
     ) -> Obj | None:
         headers = {"Content-Type": content_type} if content_type else {}
-        async with self._session.request(method, url, json=body, headers=headers) as response:
+        async with self._session.request(
+            method, url, json=body, headers=headers, params=params
+        ) as response:
             if response.status == 404:
                 return None
             data = await response.json(content_type=None)
@@ -152,25 +165,35 @@ class Kube:
         return await self._call("GET", self._url(api_version, kind, namespace, name))
 
     async def apply(self, obj: Mapping[str, Any]) -> Obj:
-        """Create ``obj``, or merge-patch it over the existing one (idempotent)."""
+        """Server-side apply ``obj``, the whole configuration the operator wants of it, as
+        field manager :data:`FIELD_MANAGER` with ``force``; the object as stored after it.
+
+        One request, idempotent: the object is created when absent; a field this manager
+        applied before and ``obj`` no longer has is removed (a JSON merge patch would leave
+        it on the live object); fields others own stay (a controller's status, an
+        annotation ``kubectl rollout restart`` added); ``force`` takes over a field another
+        manager set to another value instead of failing with a conflict (the operator's
+        word is the spec's).
+
+        A child created by an operator before this one (a POST, then JSON merge patches)
+        has its fields owned by that older client too (an ``Update`` manager named after
+        its User-Agent): Kubernetes then keeps a field this manager drops until that
+        entry is removed from ``managedFields`` (docs/kubernetes.md, "How the operator
+        applies").
+
+        Raises:
+            KubeError: the API server refused or failed it (its status and message); 404
+                when the resource type or the namespace does not exist.
+        """
         meta = obj["metadata"]
         api_version, kind = obj["apiVersion"], obj["kind"]
-        url = self._url(api_version, kind, meta["namespace"])
-        try:
-            created = await self._call("POST", url, dict(obj))
-        except KubeError as e:
-            if e.status != 409:
-                raise
-        else:
-            if created is None:  # 404 on a create: no such resource type or namespace
-                raise KubeError(404, f"cannot create {kind} {meta['name']}: no such resource")
-            return created
-        patched = await self._call(
+        applied = await self._call(
             "PATCH",
             self._url(api_version, kind, meta["namespace"], meta["name"]),
             dict(obj),
-            "application/merge-patch+json",
+            APPLY_PATCH,
+            {"fieldManager": FIELD_MANAGER, "force": "true"},
         )
-        if patched is None:  # deleted between the two calls: the next reconcile creates it
-            raise KubeError(404, f"{kind} {meta['name']} vanished while being updated")
-        return patched
+        if applied is None:
+            raise KubeError(404, f"cannot apply {kind} {meta['name']}: no such resource")
+        return applied

@@ -1,12 +1,17 @@
-"""kmock's Kubernetes emulator made faithful enough for Kopf, and Kopf run against it.
+"""kmock's Kubernetes emulator made faithful enough for Kopf and the operator, and Kopf run
+against it.
 
-kmock 0.8 stores POST bodies as sent and replays every object on each WATCH. Kopf relies on
-what a real API server does, so the subclass adds it: uid, resourceVersion (bumped on every
-write, so Kopf's JSON-patch ``test`` ops pass), namespace from the URL, names from
-``generateName`` (events), a LIST resourceVersion that WATCH honours, subscription to
-changes before the replay snapshot, and 422 (not 500) for a failed patch test. Still absent,
-so tests do it themselves: schema validation and defaulting, garbage collection of owned
-objects, label selectors, and controllers (a StatefulSet's status is patched by the test).
+kmock 0.8 stores POST bodies as sent, merges every PATCH body whatever its Content-Type, and
+replays every object on each WATCH. Kopf and the operator rely on what a real API server
+does, so the subclass adds it: uid, resourceVersion (bumped on every write, so Kopf's
+JSON-patch ``test`` ops pass), namespace from the URL, names from ``generateName`` (events),
+a LIST resourceVersion that WATCH honours, subscription to changes before the replay
+snapshot, 422 (not 500) for a failed patch test, and server-side apply (a PATCH with
+``application/apply-patch+yaml`` and a ``fieldManager``: created when absent, fields the
+manager no longer applies removed; :mod:`tests.operator.ssa` says how faithfully). Still
+absent, so tests do it themselves: schema validation and defaulting, garbage collection of
+owned objects, label selectors, and controllers (a StatefulSet's status is patched by the
+test).
 ``metadata.generation`` is kept for segtxn resources only (1 on create, +1 on a patch that
 carries ``spec``: the tests' patches change what they carry).
 """
@@ -27,6 +32,7 @@ import kopf
 
 from tests.manifests.support import crd_schemas
 from tests.manifests.test_crds import defaulted
+from tests.operator import ssa
 
 NS = "segtxn"
 API = "segtxn.io/v1alpha1"
@@ -75,6 +81,8 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         for resource, code in getattr(self, "failing", {}).items():
             if request.resource == kmock.resource(resource) and request.action in writes:
                 raise kmock.KubernetesError(status=code, reason="Injected", message="injected")
+        if request.action == kmock.action.UPDATE and _content_type(request) == ssa.APPLY_PATCH:
+            await self._apply(request)
         if request.resource is not None and request.action == kmock.action.CREATE:
             if isinstance(data, dict):
                 meta = data.setdefault("metadata", {})
@@ -109,6 +117,43 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             return await super()._handle(request)
         except jsonpatch.JsonPatchTestFailed as e:  # what a real API server answers
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
+
+    async def _apply(self, request: kmock.Request) -> None:
+        """Server-side apply (:mod:`tests.operator.ssa`), handed on to kmock as what it
+        knows: the object created first when absent, then the request's body rewritten in
+        place into the merge patch from the stored object to the applied outcome.
+
+        Raises:
+            kmock.KubernetesError: 422 without ``?fieldManager=`` (as Kubernetes answers),
+                400 for a body that is not an object.
+        """
+        manager = request.params.get("fieldManager", "")
+        if not manager:
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid", message="fieldManager is required for apply patch"
+            )
+        data = request.data
+        if not isinstance(data, dict):
+            raise kmock.KubernetesError(status=400, reason="BadRequest", message="not an object")
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            obj = self.objects._objects.get(key)
+            live = None if obj is None or obj.deleted else dict(obj.raw)
+            outcome = ssa.apply(live, data, manager, _now())
+            if live is None:  # an apply creates what does not exist
+                meta = outcome["metadata"]
+                meta.setdefault("namespace", request.namespace)
+                meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+                meta["resourceVersion"] = self._next_rv()
+                if obj is None:
+                    self.objects._objects[key] = kmock.Object(outcome)
+                else:
+                    obj.create(outcome)
+                await self._buses[request.resource].put({"type": "ADDED", "object": outcome})
+                live = outcome
+            patch = ssa.merge_patch(live, outcome)
+        data.clear()  # the UPDATE below (kmock's merge) now lands exactly on the outcome
+        data.update(patch)
 
     async def _serve_list(self, request: kmock.Request) -> Any:
         rv = str(self._rv)  # before the snapshot: later writes are replayed by WATCH
@@ -198,6 +243,11 @@ def _ours(request: kmock.Request) -> bool:
     """A segtxn resource: the emulator keeps its generation, as an API server does (the
     tests set the generation of built-in kinds themselves, playing their controllers)."""
     return bool(request.resource is not None and request.resource.group == "segtxn.io")
+
+
+def _content_type(request: kmock.Request) -> str:
+    found = next((v for k, v in request.headers.items() if k.lower() == "content-type"), "")
+    return str(found).split(";")[0].strip()
 
 
 def _now() -> str:

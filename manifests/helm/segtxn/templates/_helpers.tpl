@@ -91,8 +91,9 @@ etcd://{{ include "segtxn.etcdName" . }}.{{ .Release.Namespace }}.svc:2379
 {{- end -}}
 
 {{/* What the operator may do: read and patch its resources, create and patch (never
-delete) their children. Kopf only GETs, POSTs and PATCHes (never PUT or DELETE), and so
-does segtxn/operator/kube.py; children go with their owner through owner references.
+delete) their children. Kopf only GETs, POSTs and PATCHes (never PUT or DELETE);
+segtxn/operator/kube.py GETs and server-side applies (a PATCH, which needs create too when
+the child does not exist yet); children go with their owner through owner references.
 Owner references with blockOwnerDeletion need update on the owner's finalizers
 (OwnerReferencesPermissionEnforcement); only clusters and coordinators own children. */}}
 {{- define "segtxn.operatorRules" -}}
