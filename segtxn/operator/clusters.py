@@ -125,10 +125,13 @@ async def _immutable_changes(
     runtime: Runtime, namespace: str, cluster: str, spec: Mapping[str, Any]
 ) -> str | None:
     """Why ``spec`` of SegtxnCluster ``cluster`` may not be applied (it changes a field
-    that is fixed once applied), or None."""
+    that is fixed once applied), or None. What is applied is what the live broker
+    StatefulSet runs: its volume claims, and the ConfigMap its pods read (a newer one
+    whose StatefulSet apply failed was never in use)."""
     names = render.ClusterNames(cluster)
-    config = await runtime.kube.get("v1", "ConfigMap", namespace, names.config)
     brokers = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
+    used = render.config_ref(brokers)
+    config = None if used is None else await runtime.kube.get("v1", "ConfigMap", namespace, used)
     changes = immutable_changes(None if config is None else config.get("data", {}), brokers, spec)
     return "; ".join(c.message() for c in changes) or None
 

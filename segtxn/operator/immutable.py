@@ -8,15 +8,14 @@ a change to them, whole, before anything is applied.
   record.
 - ``spec.brokers.storage`` (size and class) shapes the StatefulSet's volume claim
   templates, which Kubernetes refuses to change: the apply would fail on the StatefulSet
-  after the ConfigMap went through (a settings change in the same edit would then reach
-  pods only as they happen to restart).
+  every time (the rest of the edit with it: the new ConfigMap it names is never used).
 
 The CRD refuses both changes too (CEL rules, ``self == oldSelf``); this check is the
 operator's own, for API servers that do not enforce the rules and for resources edited
-before they existed. It compares the spec with what is *applied* (the live ConfigMap and
-StatefulSet), not with Kopf's last-handled spec: a refused change stays refused on every
-later run (an update of another field, an operator restart) until the spec says the
-applied value again.
+before they existed. It compares the spec with what is *applied* (the live StatefulSet
+and the ConfigMap its pods read), not with Kopf's last-handled spec: a refused change
+stays refused on every later run (an update of another field, an operator restart) until
+the spec says the applied value again.
 """
 
 from __future__ import annotations
@@ -88,8 +87,9 @@ def immutable_changes(
     cluster_spec: Mapping[str, Any],
 ) -> list[ImmutableChange]:
     """The immutable fields ``cluster_spec`` changes against what is applied: the data of
-    the cluster's live ConfigMap and its live broker StatefulSet (each None before the
-    first apply, when nothing is fixed yet). Empty when the spec may be applied."""
+    the ConfigMap the live broker StatefulSet's pods read, and that StatefulSet (each
+    None before the first apply, when nothing is fixed yet). Empty when the spec may be
+    applied."""
     changes = []
     if applied_config is not None and "storeUrl" in applied_config:
         url = render.cluster_config(cluster_spec)["storeUrl"]

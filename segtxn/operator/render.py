@@ -1,8 +1,15 @@
 """Desired state: custom resources rendered into Kubernetes objects, as pure functions.
 
 Nothing here talks to Kubernetes or to segtxn; the handlers apply what these functions
-return (``kopf.adopt`` adds the owner references). Names are derived from the resource's
-name, so rendering the same spec twice yields the same objects (applying is idempotent).
+return, in the order returned (``kopf.adopt`` adds the owner references). Names are
+derived from the resource's name, so rendering the same spec twice yields the same
+objects (applying is idempotent).
+
+A ConfigMap is named after its content (:func:`config_map`) and comes first: a new
+configuration is a new ConfigMap, and the pod template that names it is applied after
+it. An apply that fails in between leaves the running workload on the ConfigMap it
+already names, unchanged (a shared, rewritten ConfigMap would reach any pod that
+restarted meanwhile: half the cluster on the new settings before the spec was applied).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class ClusterNames:
 
     @property
     def config(self) -> str:
+        """The prefix of the names of the brokers' ConfigMaps (:func:`config_map`)."""
         return f"{self.cluster}-config"
 
     @property
@@ -117,9 +125,45 @@ def _config(config_map: str, key: str) -> Obj:
     return {"valueFrom": {"configMapKeyRef": {"name": config_map, "key": key}}}
 
 
+def config_map(
+    prefix: str, namespace: str, labels: Mapping[str, str], data: Mapping[str, str]
+) -> Obj:
+    """An immutable ConfigMap holding ``data``, named ``<prefix>-<hash of data>``: the
+    same data always has the same name, other data another name, and Kubernetes refuses
+    any change to it (``immutable``; kubelets stop watching it too).
+
+    Superseded ConfigMaps are not deleted (the operator has no delete permission, and a
+    pod still rolling from the old template may need its ConfigMap to start): they go
+    with their owner (owner references), one per configuration the resource has had."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{prefix}-{_hash(data)}",
+            "namespace": namespace,
+            "labels": dict(labels),
+        },
+        "immutable": True,
+        "data": dict(data),
+    }
+
+
+def config_ref(workload: Mapping[str, Any] | None) -> str | None:
+    """The ConfigMap a live StatefulSet's or Deployment's pods read (the first container's
+    first ``configMapKeyRef``), or None (no workload, or none read)."""
+    template = (workload or {}).get("spec", {}).get("template", {})
+    for container in template.get("spec", {}).get("containers", [])[:1]:
+        for var in container.get("env") or ():
+            ref = (var.get("valueFrom") or {}).get("configMapKeyRef")
+            if ref:
+                return str(ref["name"])
+    return None
+
+
 COORDINATOR_CONFIG = ("storeUrl", "sessionTtlSeconds")
-"""The keys of the cluster's ConfigMap that coordinators read: a change to any of them
-must roll the coordinators too, not only the brokers."""
+"""The keys of the cluster's configuration that coordinators read (their own ConfigMap
+holds these): a change to any of them must roll the coordinators too, not only the
+brokers."""
 
 
 def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
@@ -144,7 +188,8 @@ def broker_storage(spec: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[Obj]:
-    """ConfigMap, headless + client Services, broker StatefulSet (one PVC per broker;
+    """ConfigMap (first: :func:`config_map`), headless + client Services, broker
+    StatefulSet (one PVC per broker;
     placement and resources from ``spec.brokers``, :mod:`.placement`),
     PodDisruptionBudget (one broker down at a time)."""
     names = ClusterNames(name)
@@ -153,6 +198,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
     replicas = int(brokers.get("replicas", 3))
     config = cluster_config(spec)
     component = labels(name, "broker")
+    config_obj = config_map(names.config, namespace, component, config)
+    config_name = config_obj["metadata"]["name"]
     select = selector(name, "broker")
     pod_security, container_security = _security()
     args = [
@@ -188,11 +235,11 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         "env": _env(
             ("POD_NAME", _field("metadata.name")),
             ("POD_NAMESPACE", _field("metadata.namespace")),
-            ("SEGTXN_STORE", _config(names.config, "storeUrl")),
-            ("SEGTXN_SESSION_TTL", _config(names.config, "sessionTtlSeconds")),
-            ("SEGTXN_CONSUMER_HOLD", _config(names.config, "consumerHoldSeconds")),
-            ("SEGTXN_RETENTION_TIME", _config(names.config, "retentionTimeSeconds")),
-            ("SEGTXN_RETENTION_SIZE", _config(names.config, "retentionBytes")),
+            ("SEGTXN_STORE", _config(config_name, "storeUrl")),
+            ("SEGTXN_SESSION_TTL", _config(config_name, "sessionTtlSeconds")),
+            ("SEGTXN_CONSUMER_HOLD", _config(config_name, "consumerHoldSeconds")),
+            ("SEGTXN_RETENTION_TIME", _config(config_name, "retentionTimeSeconds")),
+            ("SEGTXN_RETENTION_SIZE", _config(config_name, "retentionBytes")),
         ),
         "ports": [{"name": "http", "containerPort": port}],
         "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
@@ -201,12 +248,7 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         **_probes(port),
     }
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": names.config, "namespace": namespace, "labels": component},
-            "data": config,
-        },
+        config_obj,
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -283,22 +325,29 @@ def coordinator_url(name: str, namespace: str, spec: Mapping[str, Any]) -> str:
 def render_coordinator(
     name: str, namespace: str, spec: Mapping[str, Any], cluster_spec: Mapping[str, Any]
 ) -> list[Obj]:
-    """Deployment, Service and PodDisruptionBudget (one coordinator down at a time) of
-    the coordinators of ``spec``, their placement and resources from ``spec``
-    (:mod:`.placement`); the store, session TTL and image come from the SegtxnCluster
-    they serve (``cluster_spec``), so a change there must re-render these too (the
-    cluster's handler does).
+    """ConfigMap (first: :func:`config_map`), Deployment, Service and
+    PodDisruptionBudget (one coordinator down at a time) of the coordinators of
+    ``spec``, their placement and resources from ``spec`` (:mod:`.placement`); the
+    store, session TTL and image come from the SegtxnCluster they serve
+    (``cluster_spec``), so a change there must re-render these too (the cluster's
+    handler does).
 
-    The pod template carries a hash of the ConfigMap keys the coordinators read
-    (:data:`COORDINATOR_CONFIG`): env from a ConfigMap is read only when a pod starts.
-    The Deployment rolls one pod at a time and starts the new one before the old goes
-    (``maxUnavailable: 0``): the running coordinators keep serving their ids meanwhile.
+    The coordinators' ConfigMap is their own (owned by the TransactionCoordinator), with
+    only the cluster settings they read (:data:`COORDINATOR_CONFIG`): a broker-only
+    setting changes neither its name nor their pod template, so it does not roll them,
+    and it exists before the Deployment that names it whatever the cluster's handler has
+    applied yet. The pod template also carries a hash of that data (env from a ConfigMap
+    is read only when a pod starts). The Deployment rolls one pod at a time and starts
+    the new one before the old goes (``maxUnavailable: 0``): the running coordinators
+    keep serving their ids meanwhile.
     """
     full = coordinator_name(name)
     port = int(spec.get("port", 8081))
-    config = ClusterNames(str(spec["clusterRef"])).config
     component = labels(name, "coordinator")
     select = selector(name, "coordinator")
+    read = {k: v for k, v in cluster_config(cluster_spec).items() if k in COORDINATOR_CONFIG}
+    config_obj = config_map(f"{full}-config", namespace, component, read)
+    config = config_obj["metadata"]["name"]
     pod_security, container_security = _security()
     flags = {
         "ids": spec.get("coordinatorIds", 4),
@@ -330,8 +379,8 @@ def render_coordinator(
         "securityContext": container_security,
         **_probes(port),
     }
-    read = {k: v for k, v in cluster_config(cluster_spec).items() if k in COORDINATOR_CONFIG}
     return [
+        config_obj,
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",

@@ -36,6 +36,23 @@ def offline() -> kopf.Memo:
     return kopf.Memo(config=OperatorConfig(broker_url=nowhere, coordinator_url=nowhere))
 
 
+def config_of(
+    emu: Emulator, resource: str = "apps/v1/statefulsets", name: str = "demo-broker"
+) -> dict[str, Any] | None:
+    """The live ConfigMap the pods of a live workload read (the brokers' by default: the
+    one its first container's env names), or None when the workload, or the ConfigMap it
+    names, does not exist. Read here, not with the operator's own code: it is what is
+    tested."""
+    workload = emu.get(resource, name)
+    containers = [] if workload is None else workload["spec"]["template"]["spec"]["containers"]
+    refs = [
+        var["valueFrom"]["configMapKeyRef"]["name"]
+        for var in (containers[0].get("env") or [] if containers else [])
+        if "configMapKeyRef" in var.get("valueFrom", {})
+    ]
+    return emu.get("v1/configmaps", refs[0]) if refs else None
+
+
 def status(emu: Emulator, kind: str, name: str) -> dict[str, Any]:
     return dict((emu.mine(kind, name) or {}).get("status", {}))
 

@@ -13,7 +13,7 @@ from segtxn.operator.placement import spread_over_nodes
 from segtxn.operator.render import selector
 from tests.operator import ssa
 from tests.operator.emulator import NS, Emulator, emulator, operator
-from tests.operator.support import WAIT_S, offline
+from tests.operator.support import WAIT_S, config_of, offline, status
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -96,6 +96,55 @@ async def test_what_others_set_on_a_child_survives_a_reapply() -> None:
         annotations = live["spec"]["template"]["metadata"]["annotations"]
         assert annotations["kubectl.kubernetes.io/restartedAt"] == "2026-11-30T10:00:00Z"
         assert live["status"] == {"replicas": 3}
+
+
+def applied_reason(emu: Emulator) -> str | None:
+    found = [c for c in status(emu, "SegtxnCluster", "demo").get("conditions", [])
+             if c["type"] == "Applied"]  # fmt: skip
+    return str(found[0]["reason"]) if found else None
+
+
+async def test_a_failed_statefulset_apply_leaves_the_previous_configuration_in_use() -> None:
+    """Before, the one ConfigMap the brokers read was rewritten before the StatefulSet
+    was applied: when the StatefulSet's apply failed, the running brokers' ConfigMap held
+    settings the cluster had not applied (a broker restarting then ran them, the others
+    did not). Now a new configuration is a new ConfigMap, named by the pod template only
+    once that template is applied."""
+    async with emulator() as emu, operator(emu, offline()):
+        await emu.create("SegtxnCluster", "demo", {"metadataStore": {"url": STORE}})
+        await wait_until(
+            lambda: config_of(emu) is not None, timeout=WAIT_S, what="the brokers' ConfigMap"
+        )
+        before = config_of(emu)
+        assert before is not None and before["data"]["sessionTtlSeconds"] == "10"
+
+        emu.failing = {STS: 500}
+        await emu.patch(
+            "SegtxnCluster", "demo", {"spec": {"brokers": {"settings": {"sessionTtlSeconds": 30}}}}
+        )
+        await wait_until(
+            lambda: applied_reason(emu) == "ApplyFailed",
+            timeout=WAIT_S,
+            what="Applied False: the StatefulSet refused",
+        )
+        used = config_of(emu)
+        assert used is not None
+        assert used["metadata"]["name"] == before["metadata"]["name"]
+        assert used["data"] == before["data"]  # still the TTL the brokers were started with
+
+        emu.failing = {}
+        await wait_until(
+            lambda: (config_of(emu) or {}).get("data", {}).get("sessionTtlSeconds") == "30",
+            timeout=WAIT_S,
+            what="the new configuration in use once the StatefulSet is applied",
+        )
+        new = config_of(emu)
+        assert new is not None and new["metadata"]["name"] != before["metadata"]["name"]
+        # The superseded one stays (owned by the cluster, it goes with it): a broker still
+        # rolling from the old template can start.
+        kept = emu.get("v1/configmaps", before["metadata"]["name"])
+        assert kept is not None and kept["data"] == before["data"]
+        assert new.get("immutable") is True and kept.get("immutable") is True
 
 
 def test_the_emulated_apply_removes_only_what_the_manager_dropped() -> None:

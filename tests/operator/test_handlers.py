@@ -12,7 +12,15 @@ from segtxn.operator.handlers import FINALIZER
 from segtxn.operator.render import CONFIG_HASH
 from segtxn.protocol.errors import ErrorName
 from tests.operator.emulator import emulator, operator
-from tests.operator.support import WAIT_S, Local, cluster, condition, status, tries
+from tests.operator.support import (
+    WAIT_S,
+    Local,
+    cluster,
+    condition,
+    config_of,
+    status,
+    tries,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -33,8 +41,10 @@ async def test_cluster_children_status_and_update(local: Local) -> None:
             what="the cluster's children applied",
         )
         uid = created["metadata"]["uid"]
+        used = config_of(emu)
+        assert used is not None
         for resource, name in (
-            ("v1/configmaps", "demo-config"),
+            ("v1/configmaps", used["metadata"]["name"]),
             ("v1/services", "demo-broker"),
             ("v1/services", "demo-broker-headless"),
             ("apps/v1/statefulsets", "demo-broker"),
@@ -108,7 +118,7 @@ async def test_cluster_children_status_and_update(local: Local) -> None:
             )
 
         await wait_until(updated, timeout=WAIT_S, what="the update applied")
-        config = emu.get("v1/configmaps", "demo-config")
+        config = config_of(emu)
         assert config is not None and config["data"]["consumerHoldSeconds"] == "3"
         # Five brokers asked for, three running the old template: not Ready any more.
         await wait_until(

@@ -14,7 +14,7 @@ from segtxn.operator import clusters
 from segtxn.operator.render import CONFIG_HASH
 from tests import processes
 from tests.operator.emulator import Emulator, emulator, operator
-from tests.operator.support import WAIT_S, Local, cluster, status, tries
+from tests.operator.support import WAIT_S, Local, cluster, config_of, status, tries
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -78,8 +78,10 @@ async def test_image_and_session_ttl_changes_reach_the_coordinators_too(local: L
         # changed: only the brokers were re-rendered.
         await wait_until(everything_updated, timeout=WAIT_S, what="brokers and coordinators")
         assert config_hash(emu, "apps/v1/statefulsets", "demo-broker") != hashes["brokers"]
-        config = emu.get("v1/configmaps", "demo-config")
+        config = config_of(emu)
         assert config is not None and config["data"]["sessionTtlSeconds"] == "20"
+        coordinators = config_of(emu, "apps/v1/deployments", "demo-coordinator")
+        assert coordinators is not None and coordinators["data"]["sessionTtlSeconds"] == "20"
         # The coordinators roll one at a time, a new one ready before an old one goes.
         deployment = emu.get("apps/v1/deployments", "demo-coordinator")
         assert deployment is not None
@@ -126,7 +128,7 @@ async def test_a_store_url_change_is_refused_whole_and_named(local: Local) -> No
             timeout=WAIT_S,
             what="a Warning event naming the field",
         )
-        config = emu.get("v1/configmaps", "demo-config")
+        config = config_of(emu)
         assert config is not None and config["data"]["storeUrl"] == local.store_url
         assert image(emu, "apps/v1/statefulsets", "demo-broker") == "segtxn:0.1.0"
         assert image(emu, "apps/v1/deployments", "demo-coordinator") == "segtxn:0.1.0"

@@ -58,6 +58,14 @@ def by_kind(objects: list[render.Obj]) -> dict[str, render.Obj]:
     return {f"{o['kind']}/{o['metadata']['name']}": o for o in objects}
 
 
+def config_for(objects: dict[str, render.Obj], workload: str) -> dict[str, str]:
+    """The data of the ConfigMap the pods of ``workload`` (``StatefulSet/demo-broker``)
+    read: rendered with it, and named after its content."""
+    name = render.config_ref(objects[workload])
+    assert name is not None and re.fullmatch(r"[a-z0-9-]+-config-[0-9a-f]{16}", name), name
+    return dict(objects[f"ConfigMap/{name}"]["data"])
+
+
 @pytest.mark.parametrize(
     "spec",
     [
@@ -87,15 +95,15 @@ def test_cluster_renders_valid_objects_the_broker_cli_accepts(spec: dict[str, An
     objects = by_kind(render.render_cluster("demo", "segtxn", spec))
     for obj in objects.values():
         validate(obj)
-    assert sorted(objects) == [
-        "ConfigMap/demo-config",
+    config = config_for(objects, "StatefulSet/demo-broker")
+    assert sorted(objects)[1:] == [
         "PodDisruptionBudget/demo-broker",
         "Service/demo-broker",
         "Service/demo-broker-headless",
         "StatefulSet/demo-broker",
     ]
+    assert sorted(objects)[0].startswith("ConfigMap/demo-config-")
     sts = objects["StatefulSet/demo-broker"]
-    config = objects["ConfigMap/demo-config"]["data"]
     brokers = spec["brokers"]
     assert sts["spec"]["replicas"] == brokers["replicas"]
     claim = sts["spec"]["volumeClaimTemplates"][0]["spec"]
@@ -141,7 +149,7 @@ def test_cluster_retention_defaults_are_the_brokers() -> None:
     spec = minimal("SegtxnCluster", {"metadataStore": {"url": "etcd://e:2379"}})
     objects = by_kind(render.render_cluster("demo", "segtxn", spec))
     container = objects["StatefulSet/demo-broker"]["spec"]["template"]["spec"]["containers"][0]
-    params = parse(expand(container, objects["ConfigMap/demo-config"]["data"]))
+    params = parse(expand(container, config_for(objects, "StatefulSet/demo-broker")))
     defaults = parse(["broker", "--store=memory://", "--data-dir=/d", "--advertise=http://h:1"])
     assert params["retention_time"] == defaults["retention_time"] == 7 * 24 * 3600
     assert params["retention_size"] == defaults["retention_size"] == -1
@@ -156,17 +164,20 @@ def test_coordinator_renders_valid_objects_the_coordinator_cli_accepts() -> None
     objects = by_kind(render.render_coordinator("tc", "segtxn", spec, cluster))
     for obj in objects.values():
         validate(obj)
-    assert sorted(objects) == [
+    config = config_for(objects, "Deployment/tc-coordinator")
+    assert sorted(objects)[1:] == [
         "Deployment/tc-coordinator",
         "PodDisruptionBudget/tc-coordinator",
         "Service/tc-coordinator",
     ]
+    # The coordinators' own ConfigMap, with only what they read of the cluster's settings.
+    assert sorted(objects)[0].startswith("ConfigMap/tc-coordinator-config-")
+    assert sorted(config) == sorted(render.COORDINATOR_CONFIG)
     deployment = objects["Deployment/tc-coordinator"]
     assert deployment["spec"]["replicas"] == 3
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == cluster["image"]
-    config = by_kind(render.render_cluster("demo", "segtxn", cluster))["ConfigMap/demo-config"]
-    params = parse(expand(container, config["data"]))
+    params = parse(expand(container, config))
     assert params["store"] == cluster["metadataStore"]["url"]
     assert params["advertise"] == "http://10.0.0.7:8081"
     assert params["ids"] == 8 and params["gc_retention"] == 5
@@ -263,9 +274,9 @@ def test_condition_moves_its_transition_time_only_when_its_status_changes() -> N
 
 
 def test_coordinators_roll_when_what_they_read_from_the_cluster_changes() -> None:
-    """The coordinators read the store URL and the session TTL from the cluster's
-    ConfigMap at start: a change to either must change their pod template (roll them);
-    a broker-only setting must not."""
+    """The coordinators read the store URL and the session TTL from their ConfigMap at
+    start: a change to either must change their pod template (roll them); a broker-only
+    setting must not (their ConfigMap, its name and their template stay the same)."""
     cluster = example("SegtxnCluster")["spec"]
     spec = minimal("TransactionCoordinator", {"clusterRef": "demo"})
 
@@ -284,6 +295,7 @@ def test_coordinators_roll_when_what_they_read_from_the_cluster_changes() -> Non
     assert ttl[render.CONFIG_HASH] != before
     assert store["metadata"]["annotations"][render.CONFIG_HASH] != before
     assert hold[render.CONFIG_HASH] == before
+    assert template(with_settings(consumerHoldSeconds=99)) == template(cluster)
     new_image = template({**cluster, "image": "segtxn:9.9.9"})["spec"]["containers"][0]
     assert new_image["image"] == "segtxn:9.9.9"
 
@@ -305,7 +317,7 @@ def test_rollouts_take_one_pod_at_a_time() -> None:
 def test_immutable_changes_compare_with_what_is_applied() -> None:
     spec = minimal("SegtxnCluster", {"metadataStore": {"url": "etcd://e:2379/a"}})
     objects = by_kind(render.render_cluster("demo", "segtxn", spec))
-    config = objects["ConfigMap/demo-config"]["data"]
+    config = config_for(objects, "StatefulSet/demo-broker")
     sts = objects["StatefulSet/demo-broker"]
     assert immutable_changes(None, None, spec) == []  # nothing applied yet: anything goes
     assert immutable_changes(config, sts, spec) == []
@@ -354,3 +366,23 @@ def test_immutable_changes_compare_with_what_is_applied() -> None:
 )
 def test_quantities_compare_by_amount(a: str, b: str, same: bool) -> None:
     assert same_quantity(a, b) is same
+
+
+def test_configmaps_are_named_by_their_content_and_applied_first() -> None:
+    """A new configuration is a new, immutable ConfigMap, applied before the workload
+    that names it (the handlers apply in the order rendered)."""
+    cluster = example("SegtxnCluster")["spec"]
+    tc = minimal("TransactionCoordinator", {"clusterRef": "demo"})
+    brokers = render.render_cluster("demo", "segtxn", cluster)
+    coordinators = render.render_coordinator("tc", "segtxn", tc, cluster)
+    for objects, workload in ((brokers, "StatefulSet"), (coordinators, "Deployment")):
+        assert objects[0]["kind"] == "ConfigMap" and objects[0]["immutable"] is True
+        using = next(o for o in objects if o["kind"] == workload)
+        assert render.config_ref(using) == objects[0]["metadata"]["name"]
+    settings = cluster["brokers"]["settings"]
+    ttl = {**cluster, "brokers": {**cluster["brokers"], "settings": {**settings,
+           "sessionTtlSeconds": 99}}}  # fmt: skip
+    again = render.render_cluster("demo", "segtxn", ttl)
+    assert again[0]["metadata"]["name"] != brokers[0]["metadata"]["name"]
+    assert render.render_cluster("demo", "segtxn", cluster)[0] == brokers[0]  # same content
+    assert render.config_ref(None) is None
