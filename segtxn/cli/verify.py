@@ -18,6 +18,7 @@ from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URL
 from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
 from segtxn.client import ErrorName, ServerError
 from segtxn.verify.job import JobSettings
+from segtxn.verify.plan import Shape
 from segtxn.verify.processes import TEST_BUGS_ENV
 from segtxn.verify.processor import ProcessorConfig, Topics, run_processor
 from segtxn.verify.soak import SoakSettings, run_soak, summary_table
@@ -318,6 +319,13 @@ def _bug_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     help="Seconds a run may take to consume every input after the feed.",
 )
 @click.option(
+    "--shape",
+    default=None,
+    type=click.Choice([s.value for s in Shape]),
+    help="Run every seed on this cluster shape (default: drawn from each seed, like the "
+    "rest of its plan).",
+)
+@click.option(
     "--inject-bug",
     default=None,
     callback=_bug_name,
@@ -333,6 +341,7 @@ def soak(
     out: Path | None,
     master: str,
     drain_timeout: float,
+    shape: str | None,
     inject_bug: str | None,
 ) -> None:
     """Run the verification job for many seeds, each with a cluster shape and faults drawn
@@ -359,6 +368,7 @@ def soak(
         master=master,
         echo_progress=verbosity.verbosity() > 0,
         log_level=verbosity.file_level(),
+        shape=Shape(shape) if shape else None,
     )
     bug = f", {TEST_BUGS_ENV}={inject_bug}" if inject_bug else ""
     click.echo(
@@ -378,6 +388,8 @@ def soak(
         again += f" --drain-timeout {drain_timeout:g}"
     if inject_bug:
         again += f" --inject-bug {inject_bug}"
+    if shape:
+        again += f" --shape {shape}"
     click.echo(f"FAIL: {len(failed)} of {len(results)} run(s): seeds {', '.join(map(str, failed))}")
     click.echo(f"reproduce one: {again} --seed {failed[0]}")
     sys.exit(1)

@@ -7,7 +7,9 @@
 - ``standalone-etcd``: one ``segtxn standalone --store etcd://... --data-dir DIR`` on a
   private etcd, which survives a restart (the embedded store forgets everything);
 - ``cluster-etcd``: brokers ``b1`` and ``b2`` and a coordinator, each its own process, on a
-  private etcd (or on an etcd the caller names).
+  private etcd (or on an etcd the caller names);
+- ``cluster-replicated``: brokers ``b1``, ``b2`` and ``b3`` with ``--replication 3/2`` and a
+  short session (:data:`~segtxn.verify.plan.REPLICATED_SESSION_TTL_S`), and a coordinator.
 
 Each server listens on a loopback port of its own, kept across restarts, and keeps its
 ledgers under ``<run dir>/data/<name>``; :meth:`Cluster.restart_server` starts a SIGKILLed
@@ -20,13 +22,14 @@ ports. Every process's log is in ``<run dir>/logs/`` (:mod:`segtxn.verify.proces
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.registry import open_store
-from segtxn.verify.plan import Shape
+from segtxn.verify.plan import REPLICATED_SESSION_TTL_S, Shape
 from segtxn.verify.processes import MARKER, Launch, ServerProcess
 
 NAMESPACE = "/segtxn"
@@ -37,12 +40,18 @@ class Cluster:
     """The running servers of one run (and its private etcd, if any)."""
 
     def __init__(
-        self, shape: Shape, store: str, servers: list[ServerProcess], etcd: EtcdServer | None
+        self,
+        shape: Shape,
+        store: str,
+        servers: list[ServerProcess],
+        etcd: EtcdServer | None,
+        data: Path,
     ) -> None:
         self.shape = shape
         self.store = store
         self.servers = {s.name: s for s in servers}
         self.etcd = etcd
+        self._data = data
 
     @property
     def url(self) -> str:
@@ -61,6 +70,13 @@ class Cluster:
         server = self.servers[name]
         await server.start(why)
         await server.ready()
+
+    def wipe_server(self, name: str) -> None:
+        """Empty the data directory of ``name`` (killed first: it is not running)."""
+        if self.servers[name].running:
+            raise ValueError(f"{name} is running: kill it before emptying its data directory")
+        shutil.rmtree(self._data / name, ignore_errors=True)
+        self.servers[name].note("its data directory was emptied")
 
     async def stop_etcd(self) -> None:
         """Stop the private etcd (SIGTERM), keeping its data."""
@@ -138,17 +154,26 @@ async def open_cluster(
             servers.append(process)
             return process
 
-        if shape is Shape.CLUSTER_ETCD:
-            for name in ("b1", "b2"):
+        if shape in (Shape.CLUSTER_ETCD, Shape.CLUSTER_REPLICATED):
+            replication = (
+                ["--replication", "3/2", "--session-ttl", f"{REPLICATED_SESSION_TTL_S:g}"]
+                if shape.replicated
+                else []
+            )
+            for name in shape.servers:
                 data = str(run_dir / "data" / name)
-                server(name, "broker", "--store", store, "--broker-id", name, "--data-dir", data)
+                server(
+                    name,
+                    *("broker", "--store", store, "--broker-id", name, "--data-dir", data),
+                    *replication,
+                )
             server("coordinator", "coordinator", "--store", store)
         else:
             args = ["standalone", "--store", store, "--coordinator-port", str(free_port())]
             if shape is Shape.STANDALONE_ETCD:
                 args += ["--data-dir", str(run_dir / "data" / "standalone")]
             server("standalone", *args, advertise=False)
-        cluster = Cluster(shape, store, servers, etcd)
+        cluster = Cluster(shape, store, servers, etcd, run_dir / "data")
         stack.push_async_callback(cluster.stop)
         for process in servers:  # each on its own: start them all, then wait
             await process.start()

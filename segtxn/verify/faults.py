@@ -39,6 +39,8 @@ class Servers(Protocol):
 
     async def restart_server(self, name: str, why: str = "restart") -> None: ...
 
+    def wipe_server(self, name: str) -> None: ...
+
     async def stop_etcd(self) -> None: ...
 
     async def start_etcd(self) -> None: ...
@@ -77,7 +79,7 @@ async def run_faults(faults: Sequence[Fault], ctx: FaultContext) -> None:
             await _kill_processor(fault, ctx)
         elif fault.kind is FaultKind.STOP_PROCESSOR:
             await _stop_processor(fault, ctx)
-        elif fault.kind is FaultKind.KILL_SERVER:
+        elif fault.kind in (FaultKind.KILL_SERVER, FaultKind.WIPE_SERVER):
             await _kill_server(fault, ctx)
         else:
             await _restart_etcd(fault, ctx)
@@ -137,6 +139,9 @@ async def _kill_server(fault: Fault, ctx: FaultContext) -> None:
     await ctx.servers.kill_server(fault.target, f"fault {fault.describe()}, {where}")
     ctx.history.record("killed", victim=fault.target, txn=txn)
     ctx.history.record("fault", fault=fault.kind.value, target=fault.target, step="killed", txn=txn)
+    if fault.kind is FaultKind.WIPE_SERVER:
+        ctx.servers.wipe_server(fault.target)
+        ctx.history.record("fault", fault=fault.kind.value, target=fault.target, step="wiped")
     await asyncio.sleep(fault.hold_s)  # sleep-ok: the server's downtime
     await ctx.servers.restart_server(fault.target, f"restart after SIGKILL ({fault.describe()})")
     ctx.history.record("fault", fault=fault.kind.value, target=fault.target, step="restarted")

@@ -28,6 +28,9 @@ class Shape(enum.Enum):
     """One ``segtxn standalone`` on a private etcd with a data dir: survives a restart."""
     CLUSTER_ETCD = "cluster-etcd"
     """Brokers b1 and b2 and a coordinator, each its own process, on a private etcd."""
+    CLUSTER_REPLICATED = "cluster-replicated"
+    """Brokers b1, b2 and b3 with ledgers replicated 3/2 (and a short session, so a dead
+    broker's topics are taken over), and a coordinator, on a private etcd."""
 
     @property
     def on_etcd(self) -> bool:
@@ -38,7 +41,13 @@ class Shape(enum.Enum):
         """The server processes that a fault may kill and restart on their data."""
         if self is Shape.STANDALONE_MEMORY:
             return ()  # the embedded store forgets everything: a restart is a new cluster
-        return ("standalone",) if self is Shape.STANDALONE_ETCD else ("b1", "b2")
+        if self is Shape.STANDALONE_ETCD:
+            return ("standalone",)
+        return ("b1", "b2", "b3") if self is Shape.CLUSTER_REPLICATED else ("b1", "b2")
+
+    @property
+    def replicated(self) -> bool:
+        return self is Shape.CLUSTER_REPLICATED
 
 
 class FaultKind(enum.Enum):
@@ -52,12 +61,17 @@ class FaultKind(enum.Enum):
     END_TXN materializes; restart it on its data dir and port."""
     RESTART_ETCD = "restart-etcd"
     """Stop the private etcd and start it again on the same data dir and ports."""
+    WIPE_SERVER = "wipe-server"
+    """SIGKILL a broker of a replicated cluster as ``kill-server`` does, empty its data
+    directory, and start it again: nothing it acknowledged may be lost."""
 
     def allowed(self, shape: Shape) -> bool:
         if self is FaultKind.KILL_SERVER:
             return bool(shape.servers)
         if self is FaultKind.RESTART_ETCD:
             return shape.on_etcd
+        if self is FaultKind.WIPE_SERVER:
+            return shape.replicated
         return True
 
 
@@ -107,18 +121,32 @@ class RunPlan:
 
 TXN_TIMEOUT_S = 3.0
 """The processors' transaction timeout (:class:`segtxn.verify.workload.WorkloadConfig`)."""
+FIRST_SHAPES = (Shape.STANDALONE_MEMORY, Shape.STANDALONE_ETCD, Shape.CLUSTER_ETCD)
+"""The shapes seeds were drawn from before replication: still drawn the same way."""
+REPLICATED_SHARE = 0.25
+"""About this share of seeds run on ``cluster-replicated``."""
+REPLICATED_SESSION_TTL_S = 3.0
+"""The brokers' session in a replicated cluster: a broker down longer loses its topics."""
 
 
-def draw_plan(seed: int, *, txn_timeout_s: float = TXN_TIMEOUT_S) -> RunPlan:
+def draw_plan(
+    seed: int, *, txn_timeout_s: float = TXN_TIMEOUT_S, shape: Shape | None = None
+) -> RunPlan:
     """The plan of the run with ``seed``: a pure function of its arguments.
 
-    The shape is one of the three; 3 to 6 processors (more than the 2 cores these machines
+    The shape is ``cluster-replicated`` for about a quarter of the seeds, else one of the
+    first three (or ``shape``: the rest of the plan is drawn as for its seed; a seed's plan
+    on the first three shapes is what it was before the replicated shape existed); 3 to 6
+    processors (more than the 2 cores these machines
     have); 2 to 4 splits and merges of any topic, spread over the first 80% of the feed; 1 to
     3 faults, each of a kind the shape allows, one per slot of the feed (10%..85%, so each has
     time to act and the run time to recover before the feed ends).
     """
     rng = random.Random(seed)
-    shape = rng.choice(list(Shape))
+    drawn = rng.choice(FIRST_SHAPES)
+    if shape is None:  # (its own generator: the plans of the first shapes stay as they were)
+        replicated = random.Random(f"{seed}/replicated").random() < REPLICATED_SHARE
+        shape = Shape.CLUSTER_REPLICATED if replicated else drawn
     processors = rng.randint(3, 6)
     names = [f"p{i}" for i in range(1, processors + 1)]
 
@@ -142,8 +170,10 @@ def draw_plan(seed: int, *, txn_timeout_s: float = TXN_TIMEOUT_S) -> RunPlan:
         elif kind is FaultKind.STOP_PROCESSOR:
             # past the timeout, and past the coordinator's sweep that aborts it
             fault = Fault(kind, at, rng.choice(names), round(txn_timeout_s + rng.uniform(1, 3), 1))
-        elif kind is FaultKind.KILL_SERVER:
-            fault = Fault(kind, at, rng.choice(shape.servers), round(rng.uniform(0, 2), 1))
+        elif kind in (FaultKind.KILL_SERVER, FaultKind.WIPE_SERVER):
+            # in a replicated cluster, often down past its session: its topics move
+            longest = 2 * REPLICATED_SESSION_TTL_S + 1 if shape.replicated else 2
+            fault = Fault(kind, at, rng.choice(shape.servers), round(rng.uniform(0, longest), 1))
         else:
             fault = Fault(kind, at, "etcd", round(rng.uniform(0.5, 3), 1))
         faults.append(fault)

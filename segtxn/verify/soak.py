@@ -31,7 +31,7 @@ from segtxn.verify.job import (
     run_job,
     run_log,
 )
-from segtxn.verify.plan import draw_plan
+from segtxn.verify.plan import Shape, draw_plan
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,6 +49,8 @@ class SoakSettings:
     log_level: int = logging.INFO
     """This process's log records at this level and above go to each run's
     ``logs/orchestrator.log``."""
+    shape: Shape | None = None
+    """Every run on this cluster shape (None: each run's is drawn from its seed)."""
 
 
 async def run_soak(
@@ -65,7 +67,7 @@ async def run_soak(
         )
         try:
             for n, seed in enumerate(seeds, 1):
-                plan = draw_plan(seed)
+                plan = draw_plan(seed, shape=settings.shape)
                 run_dir = settings.out_dir / f"seed-{seed}"
                 progress = progress_to(
                     run_dir / "logs" / "orchestrator.log",
