@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URL
+from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URLS
 from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
 from segtxn.client import ErrorName, ServerError
 from segtxn.verify.job import JobSettings
@@ -91,8 +91,8 @@ def _raise_unreachable(e: Exception, url: str) -> None:
     required=True,
     envvar=URL_ENV,
     show_envvar=True,
-    type=SERVICE_URL,
-    help="A broker's service URL: http://host:port.",
+    type=SERVICE_URLS,
+    help="A broker's service URL, http://host:port, or several separated by commas.",
 )
 @click.option(
     "--run-dir",
@@ -206,7 +206,10 @@ def run(
     help="A run recorded by `verify run`.",
 )
 @click.option(
-    "--url", default=None, type=SERVICE_URL, help="A broker's URL (default: the one the run used)."
+    "--url",
+    default=None,
+    type=SERVICE_URLS,
+    help="A broker's URL, or several separated by commas (default: the run's).",
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False, path_type=Path))
@@ -237,7 +240,7 @@ def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -
 
 
 @verify.command(hidden=True)
-@click.option("--url", required=True, type=SERVICE_URL)
+@click.option("--url", required=True, type=SERVICE_URLS)
 @click.option("--run-dir", required=True, type=RUN_DIR)
 @click.option("--run", required=True, callback=_run_name)
 @click.option("--name", required=True)

@@ -55,8 +55,10 @@ class Cluster:
 
     @property
     def url(self) -> str:
-        """The URL clients are given: the first broker's (or the standalone's)."""
-        return next(iter(self.servers.values())).url
+        """The service URLs clients are given: every broker's, comma-separated (the
+        client tries the next when one is down), or the standalone's."""
+        urls = [s.url for s in self.servers.values() if s.name != "coordinator"]
+        return ",".join(urls)
 
     async def kill_server(self, name: str, why: str = "") -> None:
         await self.servers[name].kill(why)

@@ -13,7 +13,7 @@ One input partition per segment of a scalable topic (sealed ones included), or o
 readers never show an aborted or undecided transaction's entries), in each segment's order.
 
 Options:
-    url: a broker's service URL (required).
+    url: a broker's service URL, or several separated by commas (required).
     topic: ``topic://...`` or ``persistent://...`` (required).
     start: ``earliest`` (default) or ``latest``.
     end: ``latest`` (default): each segment up to the last entry it held when the read was
