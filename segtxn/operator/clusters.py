@@ -16,15 +16,16 @@ cluster's spec too (image, store, session TTL).
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import aiohttp
 import kopf
 
+from segtxn.broker.settings import Replication
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
-from segtxn.operator import render, scaledown
+from segtxn.operator import render, replication, scaledown
 from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.kube import KubeError
 from segtxn.operator.runtime import (
@@ -158,9 +159,12 @@ async def reconcile_cluster(
 
     A spec the safety checks refuse is refused whole, before anything is applied
     (condition ``Applied`` False, a Warning event, the reason naming the check):
-    ``ImmutableField`` (:mod:`.immutable`), not retried, only a new spec heals it;
+    ``ImmutableField`` (:mod:`.immutable`; replication turned off included) and
+    ``InvalidReplication`` (:mod:`.replication`: not a ``W/A`` the brokers accept, or
+    ``W`` above the broker count), not retried, only a new spec heals them;
     ``ScaleDownRefused`` (:mod:`.scaledown`), checked again every
-    :data:`SCALE_DOWN_RECHECK_S` (the brokers' topics may be deleted meanwhile)."""
+    :data:`SCALE_DOWN_RECHECK_S` (the brokers' topics may be deleted meanwhile), except
+    below replication's ``W``, which is final."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     names = render.ClusterNames(name)
@@ -168,16 +172,20 @@ async def reconcile_cluster(
     if refused is not None:
         _not_applied(body, status, patch, "ImmutableField", refused)
         raise kopf.PermanentError(refused)
+    quorums = _replication(body, status, patch, replication.parse, spec)
     live = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
     current = None if live is None else int(live.get("spec", {}).get("replicas", 0))
     wanted = int(spec.get("brokers", {}).get("replicas", 3))
     if current is not None and wanted < current:
         brokers = await admin(runtime, namespace, name, spec)
-        verdict = await scaledown.check(brokers, names.brokers, current, wanted)
+        verdict = await scaledown.check(brokers, names.brokers, current, wanted, quorums)
         if not verdict.allowed:
             _not_applied(body, status, patch, "ScaleDownRefused", verdict.message)
+            if verdict.final:
+                raise kopf.PermanentError(verdict.message)
             raise kopf.TemporaryError(verdict.message, delay=SCALE_DOWN_RECHECK_S)
         kopf.info(body, reason="ScaleDown", message=verdict.message)
+    _replication(body, status, patch, replication.wanted, spec)
     try:
         await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
         await _apply_coordinators(runtime, namespace, name, spec, indexes)
@@ -186,6 +194,26 @@ async def reconcile_cluster(
         raise
     patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
     patch.status["phase"] = status.get("phase") or "Pending"
+
+
+def _replication(
+    body: kopf.Body,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    check: Callable[[Mapping[str, Any]], Replication | None],
+    spec: Mapping[str, Any],
+) -> Replication | None:
+    """``check(spec)`` (:func:`.replication.parse` or :func:`.replication.wanted`).
+
+    Raises:
+        kopf.PermanentError: the check refused it (``Applied`` False,
+            ``InvalidReplication``); only a new spec heals it.
+    """
+    try:
+        return check(spec)
+    except replication.InvalidReplication as e:
+        _not_applied(body, status, patch, "InvalidReplication", str(e))
+        raise kopf.PermanentError(str(e)) from e
 
 
 async def _apply_coordinators(

@@ -9,8 +9,11 @@ a change to them, whole, before anything is applied.
 - ``spec.brokers.storage`` (size and class) shapes the StatefulSet's volume claim
   templates, which Kubernetes refuses to change: the apply would fail on the StatefulSet
   every time (the rest of the edit with it: the new ConfigMap it names is never used).
+- ``spec.brokers.replication`` may be turned on, or change its ``W/A``, but not be
+  turned off (:func:`.replication.turned_off`): brokers without it cannot read the
+  replicated ledgers.
 
-The CRD refuses both changes too (CEL rules, ``self == oldSelf``); this check is the
+The CRD refuses these changes too (CEL rules, ``self == oldSelf``); this check is the
 operator's own, for API servers that do not enforce the rules and for resources edited
 before they existed. It compares the spec with what is *applied* (the live StatefulSet
 and the ConfigMap its pods read), not with Kopf's last-handled spec: a refused change
@@ -26,11 +29,16 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from segtxn.operator import render
+from segtxn.operator import render, replication
 
 _STORE = (
     "its data is in that store. To move a cluster to another store, create a new "
     "SegtxnCluster there"
+)
+_REPLICATION = (
+    "brokers started without --replication read only their own ledger files, so every "
+    "ledger written replicated (and its topic) would become unreadable. Any W/A may be "
+    "set instead; to run without replication, create a new SegtxnCluster"
 )
 _STORAGE = (
     "a StatefulSet's volume claims are fixed (Kubernetes refuses the change). To grow the "
@@ -72,12 +80,12 @@ class ImmutableChange:
     applied: str
     wanted: str
     why: str
+    rule: str = "cannot change once the cluster exists"
 
     def message(self) -> str:
         return (
-            f"{self.field} cannot change once the cluster exists (from {self.applied!r} to "
-            f"{self.wanted!r}): {self.why}. Set it back to {self.applied!r}; nothing of this "
-            "change was applied."
+            f"{self.field} {self.rule} (from {self.applied!r} to {self.wanted!r}): "
+            f"{self.why}. Set it back to {self.applied!r}; nothing of this change was applied."
         )
 
 
@@ -99,6 +107,11 @@ def immutable_changes(
                     "spec.metadataStore.url", str(applied_config["storeUrl"]), url, _STORE
                 )
             )
+    running = replication.turned_off(applied_config, cluster_spec)
+    if running is not None:
+        changes.append(
+            ImmutableChange(replication.FIELD, running, "off", _REPLICATION, "cannot be turned off")
+        )
     claims = (applied_brokers or {}).get("spec", {}).get("volumeClaimTemplates") or []
     if claims:
         claim = claims[0].get("spec", {})

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from segtxn.operator import replication
 from segtxn.operator.placement import placement, resources
 
 Obj = dict[str, Any]
@@ -177,6 +178,7 @@ def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
         "autoCreateTopics": str(bool(settings.get("autoCreateTopics", False))).lower(),
         "retentionTimeSeconds": str(settings.get("retentionTimeSeconds", 604800)),
         "retentionBytes": str(settings.get("retentionBytes", -1)),
+        **replication.config_data(spec),
     }
 
 
@@ -189,9 +191,10 @@ def broker_storage(spec: Mapping[str, Any]) -> tuple[str, str]:
 
 def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[Obj]:
     """ConfigMap (first: :func:`config_map`), headless + client Services, broker
-    StatefulSet (one PVC per broker;
-    placement and resources from ``spec.brokers``, :mod:`.placement`),
-    PodDisruptionBudget (one broker down at a time)."""
+    StatefulSet (one PVC per broker; ``--replication`` when ``spec.brokers.replication``
+    is set, :mod:`.replication`; placement and resources from ``spec.brokers``,
+    :mod:`.placement`), PodDisruptionBudget (:func:`.replication.max_unavailable`: one
+    broker down at a time)."""
     names = ClusterNames(name)
     brokers = spec.get("brokers", {})
     port = int(brokers.get("port", 8080))
@@ -216,6 +219,18 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
     ]
     if config["autoCreateTopics"] == "true":
         args.append("--auto-create-topics")
+    env = _env(
+        ("POD_NAME", _field("metadata.name")),
+        ("POD_NAMESPACE", _field("metadata.namespace")),
+        ("SEGTXN_STORE", _config(config_name, "storeUrl")),
+        ("SEGTXN_SESSION_TTL", _config(config_name, "sessionTtlSeconds")),
+        ("SEGTXN_CONSUMER_HOLD", _config(config_name, "consumerHoldSeconds")),
+        ("SEGTXN_RETENTION_TIME", _config(config_name, "retentionTimeSeconds")),
+        ("SEGTXN_RETENTION_SIZE", _config(config_name, "retentionBytes")),
+    )
+    if replication.CONFIG_KEY in config:
+        args.append("--replication=$(SEGTXN_REPLICATION)")
+        env += _env(("SEGTXN_REPLICATION", _config(config_name, replication.CONFIG_KEY)))
     size, storage_class = broker_storage(spec)
     claim: Obj = {
         "metadata": {"name": "data", "labels": component},
@@ -232,15 +247,7 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         "imagePullPolicy": spec.get("imagePullPolicy", "IfNotPresent"),
         "command": ["segtxn"],
         "args": args,
-        "env": _env(
-            ("POD_NAME", _field("metadata.name")),
-            ("POD_NAMESPACE", _field("metadata.namespace")),
-            ("SEGTXN_STORE", _config(config_name, "storeUrl")),
-            ("SEGTXN_SESSION_TTL", _config(config_name, "sessionTtlSeconds")),
-            ("SEGTXN_CONSUMER_HOLD", _config(config_name, "consumerHoldSeconds")),
-            ("SEGTXN_RETENTION_TIME", _config(config_name, "retentionTimeSeconds")),
-            ("SEGTXN_RETENTION_SIZE", _config(config_name, "retentionBytes")),
-        ),
+        "env": env,
         "ports": [{"name": "http", "containerPort": port}],
         "volumeMounts": [{"name": "data", "mountPath": DATA_DIR}],
         "resources": resources(brokers),
@@ -297,16 +304,16 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
                 "volumeClaimTemplates": [claim],
             },
         },
-        _pdb(names.brokers, namespace, component, select),
+        _pdb(names.brokers, namespace, component, select, replication.broker_budget(spec)),
     ]
 
 
-def _pdb(name: str, namespace: str, component: Obj, select: Obj) -> Obj:
+def _pdb(name: str, namespace: str, component: Obj, select: Obj, max_unavailable: int = 1) -> Obj:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": name, "namespace": namespace, "labels": component},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": select}},
+        "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": select}},
     }
 
 

@@ -185,7 +185,9 @@ async def test_a_scale_down_that_would_strand_data_is_refused(
             refused = applied(emu, "SegtxnCluster", "demo")
             assert refused is not None and refused["status"] == "False"
             assert "demo-broker-1 holds segment://acme/ops/scale/1" in refused["message"]
-            assert "Delete those topics first, or keep 2 brokers" in refused["message"]
+            assert "Delete those topics first" in refused["message"]
+            assert "GET /admin/v2/brokers/demo-broker-1/homes" in refused["message"]
+            assert "set spec.brokers.replicas back to 2" in refused["message"]
             warnings = [
                 message
                 for kind, reason, message in emu.events("demo")
