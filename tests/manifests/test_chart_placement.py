@@ -81,7 +81,7 @@ def test_by_default_the_charts_pods_prefer_distinct_nodes(helm: Helm) -> None:
         assert not {"nodeSelector", "tolerations", "priorityClassName"} & set(pod), kind
     # Nothing set: the resources say nothing, and the operator's defaults apply.
     brokers = by_kind(docs, "SegtxnCluster")["spec"]["brokers"]
-    assert set(brokers) == {"replicas", "storage", "settings"}
+    assert set(brokers) == {"replicas", "replication", "storage", "settings"}
     assert set(by_kind(docs, "TransactionCoordinator")["spec"]) == {"clusterRef", "replicas"}
 
 
@@ -105,7 +105,8 @@ def test_the_cluster_resources_carry_the_brokers_and_coordinators_knobs(
     placed: list[Doc],
 ) -> None:
     brokers = by_kind(placed, "SegtxnCluster")["spec"]["brokers"]
-    assert {k: v for k, v in brokers.items() if k not in ("replicas", "storage", "settings")} == (
+    not_placement = ("replicas", "replication", "storage", "settings")
+    assert {k: v for k, v in brokers.items() if k not in not_placement} == (
         VALUES["cluster"]["brokerPods"]
     )
     coordinator = by_kind(placed, "TransactionCoordinator")["spec"]
