@@ -320,6 +320,10 @@ class Publishing:
             refusal = ServerError(ErrorName.TOPIC_TERMINATED, f"{self.name} is sealed")
         elif isinstance(error, ServerError):
             refusal = error
+        elif isinstance(error, LedgerError) and error.retriable:  # too few replicas, fenced
+            refusal = ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{self.name} could not store the message: {error}"
+            )
         elif isinstance(error, Exception):
             refusal = ServerError(ErrorName.PERSISTENCE, f"could not store the message: {error}")
         else:

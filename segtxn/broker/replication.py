@@ -38,8 +38,9 @@ from segtxn.ledger.replicas import (
     Replica,
     ReplicaNode,
     ReplicatedLogStorage,
+    ReplicaUnavailable,
 )
-from segtxn.metastore import MetadataStore
+from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog, NoBrokers
 
@@ -80,11 +81,23 @@ class BrokerNodes:
         return HttpReplica(member, self._locate, self._session, timeout_s=self._timeout_s)
 
     async def _locate(self, broker: str) -> str | None:
+        """``broker``'s URL: from the store at most every :data:`URL_TTL_S`, and the last
+        one known while the store does not answer (writes to replicas must not stop when
+        the metadata store restarts).
+
+        Raises:
+            ReplicaUnavailable: the store does not answer and no URL is known yet.
+        """
         now = time.monotonic()
         cached = self._urls.get(broker)
         if cached is not None and now - cached[0] < URL_TTL_S:
             return cached[1]
-        url = await self._catalog.broker_url(broker)
+        try:
+            url = await self._catalog.broker_url(broker)
+        except MetadataStoreError as e:
+            if cached is not None:
+                return cached[1]
+            raise ReplicaUnavailable(f"where broker {broker} is: {e}") from e
         self._urls[broker] = (now, url)
         return url
 

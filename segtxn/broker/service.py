@@ -41,6 +41,7 @@ from segtxn.ledger import (
     LedgerMissing,
     LogStorage,
     Position,
+    WriteFailed,
     check_files,
 )
 from segtxn.ledger.replicas import ReplicatedLogStorage
@@ -77,6 +78,8 @@ class BrokerService:
         self.topics: dict[TopicName, Topic] = {}
         self.headers = HeaderCache(self.store)
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
+        self._dropping: set[asyncio.Task[None]] = set()
+        """Topics being unloaded because their ledger stopped taking appends."""
         self.refused: dict[TopicName, LedgerCorrupted] = {}
         """Topics and segments this broker refuses to serve (their data is damaged or
         missing), and why; cleared when one loads again."""
@@ -266,11 +269,7 @@ class BrokerService:
                 continue
             self.topics.pop(name, None)
             log.warning("%s: taken over by broker %s while this one was away", name, home)
-            await topic.disconnect_clients()
-            try:
-                await topic.close()
-            except LedgerError as e:  # fenced: the new home owns its ledgers now
-                log.info("%s: closed without a clean close (%s)", name, e)
+            await self._drop(topic)
 
     async def stop(self) -> None:
         """Close everything :meth:`start` opened (safe after a partial start; idempotent)."""
@@ -291,7 +290,7 @@ class BrokerService:
                 await asyncio.gather(background, return_exceptions=True)
         for loading in self._loading.values():
             loading.cancel()
-        await asyncio.gather(*self._loading.values(), return_exceptions=True)
+        await asyncio.gather(*self._loading.values(), *self._dropping, return_exceptions=True)
         await self.v4_checks.stop()  # no sweep writes a marker while topics close
         for topic in list(self.topics.values()):
             try:
@@ -398,6 +397,7 @@ class BrokerService:
         if self.refused.pop(name, None) is not None:
             log.warning("%s: its ledgers are whole again; serving it", name)
         self.topics[name] = topic
+        topic.ledger.on_write_failure.append(lambda failure: self._write_failed(topic, failure))
         last = topic.ledger.last_confirmed
         log.info(
             "loaded %s on broker %s: %s, %d subscriptions%s; took %.1f ms",
@@ -409,6 +409,26 @@ class BrokerService:
             (time.perf_counter() - started) * 1000,
         )
         return topic
+
+    def _write_failed(self, topic: Topic, failure: WriteFailed) -> None:
+        """Unload a topic whose ledger stopped taking appends for a reason that reopening
+        may cure (replicas gone, or another broker recovered it): its clients are hung up
+        on, and the next one reopens it here or is sent where it lives now. Damage is not
+        such a reason: that topic stays, refusing appends."""
+        if not failure.retriable or self.topics.get(topic.name) is not topic:
+            return
+        del self.topics[topic.name]
+        log.warning("%s: unloading it (%s); the next client reopens it", topic.name, failure)
+        dropping = asyncio.create_task(self._drop(topic), name=f"drop-{topic.name}")
+        self._dropping.add(dropping)
+        dropping.add_done_callback(self._dropping.discard)
+
+    async def _drop(self, topic: Topic) -> None:
+        await topic.disconnect_clients()
+        try:
+            await topic.close()
+        except (LedgerError, MetadataStoreError) as e:  # e.g. fenced: it lives elsewhere
+            log.info("%s: closed without a clean close (%s)", topic.name, e)
 
     async def unload(self, name: TopicName) -> None:
         topic = self.topics.pop(name, None)
@@ -425,7 +445,11 @@ class BrokerService:
         """
         topic = await self.serve(name)
         already = topic.ledger.is_sealed
-        last = await topic.ledger.terminate()
+        try:
+            last = await topic.ledger.terminate()
+        except WriteFailed as e:  # (unloaded already if reopening may cure it)
+            why = ErrorName.SERVICE_NOT_READY if e.retriable else ErrorName.PERSISTENCE
+            raise ServerError(why, f"{name} cannot be sealed now: {e}") from e
         if not already:
             log.info(
                 "sealed %s on broker %s: %s",

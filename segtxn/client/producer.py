@@ -110,6 +110,8 @@ class Producer:
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.reconnects = 0
+        self._trouble: str | None = None
+        """The last reason a connection was lost or refused (a timeout names it)."""
         self.refused = False
         """The broker refused a send because the topic is terminated (a sealed segment)."""
 
@@ -155,6 +157,7 @@ class Producer:
         self._unsent = deque(sorted(self._pending))
         self._wake.set()
         self._connected.set()
+        self._trouble = None
         return ws
 
     async def _run(self, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -166,8 +169,10 @@ class Producer:
                 if e.name in FATAL:
                     self._fail_all(e)
                     return
+                self._trouble = f"{e.name}: {e.message}"
             except (aiohttp.ClientError, ConnectionError) as e:
                 log.info("producer %s lost its connection: %s", self.name, e)
+                self._trouble = f"the connection was lost ({e})"
             finally:
                 self._connected.clear()
                 await close_quietly(ws.close())
@@ -185,8 +190,10 @@ class Producer:
                     if e.name in FATAL:
                         self._fail_all(e)
                         return
+                    self._trouble = f"reconnecting: {e.name}: {e.message}"
                 except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                     log.info("producer %s: reconnecting failed: %r", self.name, e)
+                    self._trouble = f"reconnecting: {e!r}"
                 delay = min(delay * 2, self.options.reconnect_max_s)
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -282,7 +289,7 @@ class Producer:
                 error=Timeout(
                     f"{self.name}: message {seq} was not acknowledged within "
                     f"{self.options.send_timeout_s:g} s of its send; it may or may not have "
-                    "been stored"
+                    "been stored" + (f" (last trouble: {self._trouble})" if self._trouble else "")
                 ),
             )
 

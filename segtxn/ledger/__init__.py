@@ -9,6 +9,8 @@ from segtxn.ledger.errors import (
     LedgerFenced,
     LedgerMissing,
     LedgerSealed,
+    NotEnoughReplicas,
+    WriteFailed,
 )
 from segtxn.ledger.files import FileLogStorage
 from segtxn.ledger.logs import EntryLog, LogStorage, Recovered, Truncation
@@ -37,11 +39,13 @@ __all__ = [
     "ManagedCursor",
     "ManagedLedger",
     "MemoryLogStorage",
+    "NotEnoughReplicas",
     "Position",
     "Recovered",
     "RetentionPolicy",
     "TrimResult",
     "Truncation",
+    "WriteFailed",
     "check_files",
     "movable",
     "open_log_storage",

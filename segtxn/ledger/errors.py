@@ -60,3 +60,14 @@ class NotEnoughReplicas(LedgerError):
     acknowledge an entry, or to recover it). Retriable: nodes come back, or others join."""
 
     retriable = True
+
+
+class WriteFailed(LedgerError):
+    """An earlier write failed (``cause``), and the ledger takes no appends until it is
+    reopened. ``retriable``: reopening may well work — too few replicas answered (they come
+    back), or another broker recovered the ledger (then it is served there)."""
+
+    def __init__(self, message: str, cause: BaseException) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.retriable = isinstance(cause, LedgerFenced) or bool(getattr(cause, "retriable", False))

@@ -35,7 +35,6 @@ from urllib.parse import unquote
 
 import msgspec
 
-from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix
 from segtxn.ledger.errors import (
     EntryTooLarge,
@@ -43,6 +42,7 @@ from segtxn.ledger.errors import (
     LedgerError,
     LedgerSealed,
     LedgerUnwritable,
+    WriteFailed,
 )
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.handles import LogHandles
@@ -56,7 +56,8 @@ from segtxn.ledger.metadata import (
     encode,
     metadata_key,
 )
-from segtxn.ledger.position import Entry, Position
+from segtxn.ledger.position import Position
+from segtxn.ledger.reads import LedgerReads
 from segtxn.ledger.records import ENTRY_OVERHEAD, FORMAT
 from segtxn.ledger.recovery import open_chain
 from segtxn.ledger.retention import (
@@ -81,7 +82,7 @@ __all__ = [  # the metadata names are re-exported for modules that import them f
 log = logging.getLogger(__name__)
 
 
-class ManagedLedger(LedgerChain):
+class ManagedLedger(LedgerReads):
     """Open with :meth:`open`; close with :meth:`close`. One owner process at a time.
     Its state and positions (``last_confirmed``, ``first_position()``...) are
     :class:`LedgerChain`'s."""
@@ -115,7 +116,10 @@ class ManagedLedger(LedgerChain):
         self._last = self._compute_last()
         self.stats = WriteStats()
         self.cursors: dict[str, ManagedCursor] = {}
-        self._writer = GroupCommit(name, settings, self._write, self._notify)
+        self.on_write_failure: list[Callable[[WriteFailed], None]] = []
+        """Called once when a write fails and the ledger stops taking appends (its owner
+        reopens it, or, for a fenced one, lets it go)."""
+        self._writer = GroupCommit(name, settings, self._write, self._write_failed)
 
     # ================================================================= opening
 
@@ -209,7 +213,10 @@ class ManagedLedger(LedgerChain):
         if self._sealing:
             raise LedgerSealed(f"{self.name} is sealed: it accepts no more appends")
         if self._writer.failure is not None:
-            raise LedgerError(f"{self.name} failed a write ({self._writer.failure}); reopen it")
+            raise WriteFailed(
+                f"{self.name} failed a write ({self._writer.failure}); reopen it",
+                self._writer.failure,
+            )
 
     async def _write(self, batch: list[bytes]) -> list[Position]:
         """The group-commit writer's one write: durable (and marked acknowledged) when
@@ -310,6 +317,11 @@ class ManagedLedger(LedgerChain):
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def _write_failed(self, failure: WriteFailed) -> None:
+        self._notify()  # readers waiting for entries must learn of it too
+        for callback in self.on_write_failure:
+            callback(failure)
+
     # ================================================================= sealing
 
     async def terminate(self) -> Position | None:
@@ -322,9 +334,11 @@ class ManagedLedger(LedgerChain):
         self._sealing = True
         await self._writer.idle.wait()
         if self._writer.failure is not None:
-            raise LedgerError(
-                f"{self.name}: cannot seal after a failed write"
-            ) from self._writer.failure
+            raise WriteFailed(
+                f"{self.name}: cannot seal after a failed write ({self._writer.failure}); "
+                "reopen it",
+                self._writer.failure,
+            )
         count = self._current.count if self._current is not None else 0
         size = self._current.size_bytes() if self._current is not None else 0
 
@@ -339,70 +353,6 @@ class ManagedLedger(LedgerChain):
         self._current = None
         self._notify()
         return self._last
-
-    # ================================================================= reads
-
-    async def read(
-        self, start: Position, *, max_entries: int = 100, max_bytes: int = 5 * 1024 * 1024
-    ) -> list[Entry]:
-        """Durable entries at or after ``start``, in order, at most ``max_entries`` (and
-        about ``max_bytes``: at least one entry is returned if any exists). Positions before
-        the first retained entry start at the first retained entry. A ledger that is
-        damaged (:mod:`segtxn.ledger.handles`) ends the entries returned before the damage.
-
-        Raises:
-            LedgerCorrupted: the entry at ``start`` (or the first one read) is damaged, or
-                its ledger's file is missing; the message names the file.
-            LedgerClosed: the ledger object is closed.
-        """
-        if self._closed:
-            raise LedgerClosed(f"{self.name} is closed")
-        out: list[Entry] = []
-        size = 0
-        for info in list(self._meta.ledgers):
-            if info.id < start.ledger_id or not self._retains(info.id):
-                continue  # before the start, or trimmed while this read went on
-            count = self._count(info)
-            first = max(0, start.entry_id) if info.id == start.ledger_id else 0
-            if first >= count:
-                continue
-            last = min(count - 1, first + max_entries - len(out) - 1)
-            payloads = await self._logs.read(info, first, last)
-            for i, payload in enumerate(payloads):
-                if out and size + len(payload) > max_bytes:
-                    return out
-                out.append(Entry(Position(info.id, first + i), payload))
-                size += len(payload)
-            if len(out) >= max_entries or len(payloads) <= last - first:
-                return out  # (fewer: a damaged ledger; reading on from there raises)
-        return out
-
-    def _retains(self, ledger_id: int) -> bool:
-        """Whether the metadata still names the ledger. A trim drops ledgers from the
-        metadata before it deletes a file, and only files no read holds: a read that
-        checks this and registers its read (:class:`LogHandles`) without yielding never
-        meets a deleted file (the doomed set is not enough: a ledger leaves it once its
-        file is gone)."""
-        return any(info.id == ledger_id for info in self._meta.ledgers)
-
-    async def wait_for_entries(self, after: Position | None) -> None:
-        """Return once an entry after ``after`` (any entry, for None) is durable.
-
-        Raises:
-            LedgerSealed: the ledger is sealed and holds nothing after ``after``.
-            LedgerClosed: the ledger was closed while waiting.
-        """
-        while True:
-            changed = self._changed
-            if self._last is not None and (after is None or self._last > after):
-                return
-            if self._meta.sealed:
-                raise LedgerSealed(f"{self.name} is sealed at {self._last}")
-            if self._writer.failure is not None:
-                raise LedgerError(f"{self.name} failed a write; no more entries will come")
-            if self._closed:
-                raise LedgerClosed(f"{self.name} is closed")
-            await changed.wait()
 
     # ================================================================= properties
 

@@ -54,6 +54,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+import msgspec
+
 from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.logs import EntryLog, LogStorage, Truncation
@@ -230,7 +232,14 @@ async def open_chain(
     logs: dict[int, EntryLog] = {last.id: recovered}
     try:
         size = recovered.size_bytes() if last.size_bytes is None else last.size_bytes
-        ledgers = [*meta.ledgers[:-1], closed(last, recovered.count, size, now_ms)]
+        kept = closed(last, recovered.count, size, now_ms)
+        if recovered.placement != last.placement:  # its recovery made copies elsewhere
+            kept = msgspec.structs.replace(
+                kept,
+                replicas=recovered.placement.replicas,
+                ack_quorum=recovered.placement.ack_quorum,
+            )
+        ledgers = [*meta.ledgers[:-1], kept]
         next_id = meta.next_ledger_id
         if not meta.sealed:
             logs[next_id] = await asyncio.to_thread(storage.create, name, next_id)

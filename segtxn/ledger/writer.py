@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from segtxn.ledger.errors import LedgerError
+from segtxn.ledger.errors import LedgerError, LedgerFenced, WriteFailed
 from segtxn.ledger.metadata import LedgerSettings
 from segtxn.ledger.position import Position
 from segtxn.ledger.records import ENTRY_OVERHEAD
@@ -59,7 +59,7 @@ class GroupCommit:
         name: str,
         settings: LedgerSettings,
         write: WriteBatch,
-        on_failure: Callable[[], None],
+        on_failure: Callable[[WriteFailed], None],
     ) -> None:
         self._name = name
         self._settings = settings
@@ -129,16 +129,20 @@ class GroupCommit:
                     pending.done.set_result(position)
 
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
-        log.exception("%s: write failed; the ledger refuses appends until reopened", self._name)
+        if (isinstance(error, LedgerError) and error.retriable) or isinstance(error, LedgerFenced):
+            log.warning("%s: write failed (%s); refusing appends until reopened", self._name, error)
+        else:
+            log.exception("%s: write failed; the ledger refuses appends until reopened", self._name)
         self.failure = error
+        failed = WriteFailed(f"write failed: {error}", error)
         for pending in [*batch, *self._queue]:
             if not pending.done.done():
-                pending.done.set_exception(LedgerError(f"write failed: {error}"))
+                pending.done.set_exception(failed)
         self._queue.clear()
         self._queued_bytes = 0
         self._drained.set()
         self.idle.set()
-        self._on_failure()  # readers waiting for entries must learn of it too
+        self._on_failure(failed)
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []

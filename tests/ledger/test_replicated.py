@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from segtxn.ledger import LedgerError, LedgerSettings, ManagedLedger, Position
-from segtxn.ledger.errors import LedgerFenced, NotEnoughReplicas
+from segtxn.ledger.errors import LedgerFenced, NotEnoughReplicas, WriteFailed
 from segtxn.ledger.managed import metadata_key
 from segtxn.ledger.metadata import decode
 from segtxn.ledger.replicas import (
@@ -26,6 +26,7 @@ from segtxn.ledger.replicas import (
     ReplicaUnavailable,
 )
 from segtxn.ledger.replicas import node as node_module
+from segtxn.ledger.replicas import quorum as quorum_module
 from segtxn.ledger.replicas.wire import encode_frames
 from segtxn.metastore import MetadataStore, open_store
 from tests.ledger.replicas import TIMEOUT_S, Cluster, placement_members
@@ -133,11 +134,17 @@ async def test_without_a_quorum_an_append_fails_with_a_retriable_error_not_a_han
     await ledger.append(b"ok")
     await cluster.stop(1)
     await cluster.stop(2)
-    with pytest.raises(LedgerError) as raised:
+    failures: list[WriteFailed] = []
+    ledger.on_write_failure.append(failures.append)
+    with pytest.raises(WriteFailed) as raised:
         await asyncio.wait_for(ledger.append(b"lost"), 4 * TIMEOUT_S)
     assert "needs at least 2 storage nodes" in str(raised.value)
-    assert isinstance(ledger._writer.failure, NotEnoughReplicas)
-    assert ledger._writer.failure.retriable
+    assert raised.value.retriable  # the broker tells the producer to try again
+    assert isinstance(raised.value.cause, NotEnoughReplicas)
+    assert [f.cause for f in failures] == [raised.value.cause]  # its owner is told, once
+    with pytest.raises(WriteFailed) as again:
+        await ledger.append(b"later")
+    assert again.value.retriable
     await ledger.close()
 
 
@@ -408,6 +415,59 @@ async def test_reads_and_recovery_copies_come_in_bounded_pieces(
     reader = await ManagedLedger.open(NAME, store, cluster.storage(2, write=3, ack=2))
     assert cluster.holds(2, NAME, ledger_id) == 13  # copied back, a few entries at a time
     assert await payloads_of(reader) == sent
+    await reader.close()
+    with pytest.raises(LedgerFenced):
+        await writer.close()
+
+
+async def test_a_ledger_made_short_of_nodes_is_followed_by_a_whole_one_once_they_are_back(
+    store: MetadataStore, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(quorum_module, "RECHECK_S", 0.0)
+    await nodes(cluster, 3)
+    await cluster.stop(2)
+    ledger = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
+    await ledger.append(b"on two")
+    assert await ledgers_of(store) == [["b0", "b1"]]
+    await ledger.append(b"still on two")  # (it checks after each write: two are alive)
+    assert len(await ledgers_of(store)) == 1
+    await cluster.start(2)
+
+    async def rolled_to_three() -> bool:
+        await ledger.append(b"x")
+        return len((await ledgers_of(store))[-1]) == 3
+
+    await wait_until(rolled_to_three, what="a ledger on three nodes")
+    assert sorted((await ledgers_of(store))[-1]) == ["b0", "b1", "b2"]
+    assert (await payloads_of(ledger))[:2] == [b"on two", b"still on two"]
+    await ledger.close()
+
+
+async def test_a_ledger_that_lost_copies_gets_new_ones_when_it_is_recovered(
+    store: MetadataStore, cluster: Cluster
+) -> None:
+    """A ledger on two nodes (the third was down) loses one of them to a wiped disk, and its
+    writer dies: one copy is left, fewer than the ack quorum. Recovery copies it to another
+    live node and records the new placement (before, the ledger could never be opened
+    again: the lost instance does not come back)."""
+    await nodes(cluster, 3)
+    await cluster.stop(2)
+    writer = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
+    for i in range(5):
+        await writer.append(f"c{i}".encode())
+    assert await ledgers_of(store) == [["b0", "b1"]]
+    await cluster.start(2)
+    await cluster.restart(1, wipe=True)
+
+    reader = await ManagedLedger.open(NAME, store, cluster.storage(2, write=3, ack=2))
+    assert await payloads_of(reader) == [f"c{i}".encode() for i in range(5)]
+    record = await store.get(metadata_key(NAME))
+    assert record is not None
+    replicas = decode(record.value).ledgers[0].replicas
+    assert str(cluster.servers[0].member) in replicas
+    assert len(replicas) == 2 and all(
+        Member.parse(r) in {s.member for s in cluster.servers} for r in replicas
+    )  # the wiped instance is gone from it; a live node took its place
     await reader.close()
     with pytest.raises(LedgerFenced):
         await writer.close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from segtxn.ledger.errors import (
@@ -39,6 +39,9 @@ from segtxn.ledger.replicas.members import Replica
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+RECHECK_S = 1.0
+"""How often a ledger on fewer replicas than wanted asks whether more nodes are alive."""
 
 
 def blocking(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -80,6 +83,16 @@ class ReplicatedLog(EntryLog):
         self.placement = placement or Placement(tuple(str(r.member) for r in replicas), ack_quorum)
         self._sends: dict[str, asyncio.Future[None]] = {}
         """Each replica's latest send: the next one waits for it (a replica's order)."""
+        self._short_of: tuple[int, Callable[[], Awaitable[int]]] | None = None
+        self._checked = 0.0
+        self._checking: asyncio.Task[None] | None = None
+
+    def short_of(self, write_quorum: int, alive: Callable[[], Awaitable[int]]) -> None:
+        """This log went on fewer replicas than ``write_quorum`` (too few nodes were
+        alive): after each write, at most once per :data:`RECHECK_S`, ask ``alive`` how
+        many are now, and ask for a rollover (a new ledger on a whole ensemble) once
+        there are enough. (Its own entries stay on the replicas it has.)"""
+        self._short_of = (write_quorum, alive)
 
     @property
     def count(self) -> int:
@@ -127,6 +140,32 @@ class ReplicatedLog(EntryLog):
             )
         self._count = first + len(payloads)
         self._size += sum(len(p) + ENTRY_OVERHEAD for p in payloads)
+        self._maybe_recheck()
+
+    def _maybe_recheck(self) -> None:
+        if self._short_of is None or self.wants_rollover or self._checking is not None:
+            return
+        now = self._loop.time()
+        if now - self._checked < RECHECK_S:
+            return
+        self._checked = now
+        wanted, alive = self._short_of
+
+        async def check() -> None:
+            try:
+                if await alive() >= wanted:
+                    self.wants_rollover = True
+            except Exception as e:  # tried again after a later write
+                log.info(
+                    "ledger %d of %s: counting storage nodes failed: %s",
+                    self.ledger_id,
+                    self.name,
+                    e,
+                )
+            finally:
+                self._checking = None
+
+        self._checking = asyncio.ensure_future(check())
 
     def _send(self, replica: Replica, first: int, payloads: list[bytes]) -> asyncio.Future[None]:
         """Send the batch to ``replica`` after its previous one; a failure drops it."""
@@ -142,7 +181,7 @@ class ReplicatedLog(EntryLog):
                 await replica.append(self.name, self.ledger_id, first, payloads, recovery=False)
             except LedgerFenced:
                 raise
-            except (LedgerError, IndexError) as e:
+            except Exception as e:  # whatever it was, this replica did not take the batch
                 self._drop(replica, e)
                 raise LedgerError(f"{replica.member}: {e}") from None
 

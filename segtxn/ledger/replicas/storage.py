@@ -120,19 +120,25 @@ class ReplicatedLogStorage(LogStorage):
                 f"the {len(alive)} alive took it"
                 + (f" ({'; '.join(problems)})" if problems else "")
             )
+        created = ReplicatedLog(
+            name, ledger_id, chosen, ack_quorum=self.ack_quorum, loop=self._loop, writable=True
+        )
         if len(chosen) < self.write_quorum:
             log.warning(
                 "ledger %d of %s: created on %d storage nodes, not %d (too few alive); "
-                "each entry still waits for %d",
+                "each entry still waits for %d, and the next ledger starts once %d are alive",
                 ledger_id,
                 name,
                 len(chosen),
                 self.write_quorum,
                 self.ack_quorum,
+                self.write_quorum,
             )
-        return ReplicatedLog(
-            name, ledger_id, chosen, ack_quorum=self.ack_quorum, loop=self._loop, writable=True
-        )
+            created.short_of(self.write_quorum, self._count_alive)
+        return created
+
+    async def _count_alive(self) -> int:
+        return len(await self.nodes.alive())
 
     # ------------------------------------------------------------------ recover
 
@@ -183,6 +189,17 @@ class ReplicatedLogStorage(LogStorage):
                     holders.append(replica)
                 except LedgerError as e:
                     problems.append(f"{replica.member}: copying entries {count}..: {e}")
+        if len(holders) < placement.ack_quorum:  # copies were lost: make new ones
+            holders += await self._replace(
+                name,
+                ledger_id,
+                source,
+                end=end,
+                placement=placement,
+                wanted=placement.ack_quorum - len(holders),
+            )
+            placement = Placement(tuple(str(r.member) for r in holders), placement.ack_quorum)
+            log.warning("%s: its copies now live on %s", what, ", ".join(placement.replicas))
         if len(holders) < placement.ack_quorum:
             raise NotEnoughReplicas(
                 f"{what}: {len(holders)} replicas hold its {end} entries after recovery; it "
@@ -202,6 +219,39 @@ class ReplicatedLogStorage(LogStorage):
             writable=False,
             placement=placement,
         )
+
+    async def _replace(
+        self,
+        name: str,
+        ledger_id: int,
+        source: Replica,
+        *,
+        end: int,
+        placement: Placement,
+        wanted: int,
+    ) -> list[Replica]:
+        """Copy the recovered ledger (``end`` entries, from ``source``) to up to ``wanted``
+        live nodes outside its placement: its replicas that answered hold fewer copies
+        than its ack quorum (the others are gone, e.g. a node that came back empty is a
+        new instance). The ledger is closed, so its placement may change; the managed
+        ledger records the new one with the count."""
+        made: list[Replica] = []
+        for member in await self.nodes.alive():
+            if len(made) == wanted:
+                break
+            if str(member) in placement.replicas:
+                continue
+            replica = self.nodes.replica(member)
+            try:
+                await replica.create(name, ledger_id)
+                await _copy(source, replica, name, ledger_id, start=0, end=end)
+            except LedgerError as e:
+                log.warning(
+                    "ledger %d of %s: copying it to %s failed: %s", ledger_id, name, member, e
+                )
+                continue
+            made.append(replica)
+        return made
 
     # ------------------------------------------------------------------ open, delete
 

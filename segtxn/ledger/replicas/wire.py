@@ -237,7 +237,12 @@ class HttpReplica:
         query = {"instance": self.member.instance, "ledger": name, "id": str(ledger_id)}
         query.update(params or {})
         where = f"{self.member} ({op} of ledger {ledger_id} of {name})"
-        url = await self._locate(self.member.broker)
+        try:
+            url = await self._locate(self.member.broker)
+        except ReplicaUnavailable:
+            raise
+        except Exception as e:  # a directory that failed: the replica cannot be reached
+            raise ReplicaUnavailable(f"{where}: cannot tell where it is: {e}") from e
         if url is None:
             raise ReplicaUnavailable(f"{where}: broker {self.member.broker} is not registered")
         try:
