@@ -1,6 +1,7 @@
 """What the benchmarks share: server processes (``python -m segtxn.cli <command>`` on a free
 loopback port, logging to a file, ready when ``/readyz`` answers, stopped with SIGTERM then
-SIGKILL), percentiles, table printing, and where a directory lives."""
+SIGKILL, or killed and started again on the same port), percentiles, table printing, and
+where a directory lives."""
 
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ class ServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        """Start the process (again after :meth:`kill`: same port, same log)."""
+        if self._log is None:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(self._command, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self) -> None:
@@ -74,6 +77,12 @@ class ServerProcess:
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until it is gone (a crash: nothing of it runs on)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it does not exit in time."""
