@@ -10,7 +10,8 @@ namespace of the store:
 * ``replicated 3/2``: every broker is also a storage node; a new ledger goes to 3 brokers
   (its owner first) and an entry is acknowledged once 2 of them have synced it.
 
-Both run with ``--session-ttl`` (default 2 s). Every broker's files go to a temporary
+Each cluster also has a transaction coordinator process. The brokers run with
+``--session-ttl`` (default 2 s). Every broker's files go to a temporary
 ``.bench-ledger-replication-*`` directory under the repository (the repository's disk,
 never tmpfs; removed at the end). All clients run in this process, through the public
 :class:`~segtxn.client.Client`.
@@ -34,6 +35,12 @@ that includes waiting for room in the window, so it is mostly queueing (in fligh
 msgs/s and p50/p99 pool every round; the ``replicated ÷ unreplicated`` line gives the
 ratios: throughput below 1x and latency above 1x is what replication costs (the range is
 the throughput ratio's, round by round).
+
+Then, once per round and in turns too, ``bench/txn.py``'s transactional
+**consume-transform-produce** loop ((c) there: a 4-segment ``topic://`` pre-filled with
+``--ctp-messages`` messages, ``CTP_BATCH`` received, transformed, sent to another
+4-segment topic and acknowledged per transaction, committed; each cluster has a
+coordinator for it): msgs/s on each cluster and the ratio.
 
 **2. Take-over after a SIGKILL**, on the replicated cluster, ``--trials`` trials, each on
 a fresh topic (created with all three brokers up, so its ledger is on all three). In each,
@@ -69,13 +76,14 @@ returns (no ensemble change; a ledger rolls over at 64 MiB). Killing its owner t
 one replica, and recovery needs the ack quorum (2) to hold every entry, so no broker can
 load the topic until the killed one is back: the trial waits ``6 x TTL + 30`` s and fails.
 
-Percentiles are nearest-rank; over 5 trials the p99 is the slowest trial. etcd, six broker
-processes and this process share the machine's cores (two where this was written), so read
-the ratios from one run, not the absolute figures.
+Percentiles are nearest-rank; over 5 trials the p99 is the slowest trial. etcd, six
+brokers, two coordinators and this process share the machine's cores (two where this was
+written), so read the ratios from one run, not the absolute figures.
 
 Run: ``.venv/bin/python bench/replication.py [--seconds S] [--rounds R] [--producers P]
-[--size B] [--trials N] [--session-ttl S] [--same-topic]`` (defaults: 3 s windows, 2
-rounds, 4 producers, 100 B, 5 trials, 2 s TTL: about 1.5 minutes on 2 cores).
+[--size B] [--ctp-messages M] [--trials N] [--session-ttl S] [--same-topic]`` (defaults:
+3 s windows, 2 rounds, 4 producers, 100 B, 2000 messages, 5 trials, 2 s TTL: about 1.5
+minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -95,6 +103,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import ServerProcess, exit_on_sigterm, filesystem_of, percentile, print_rows
+from txn import PipelineResult, pipeline
 
 from segtxn.client import Client, MessageId, Producer
 from segtxn.metastore.etcd_server import EtcdServer
@@ -116,6 +125,8 @@ VERIFY_IDLE_S = 20.0
 ONE_AT_A_TIME = "one at a time"
 PIPELINED = "pipelined"
 MODES = (ONE_AT_A_TIME, PIPELINED)
+CTP_BATCH = 100
+"""Messages per transaction in the consume-transform-produce loop."""
 END = b"end of the take-over trials"
 
 
@@ -127,6 +138,8 @@ class Settings:
     size: int
     trials: int
     session_ttl_s: float
+    ctp_messages: int = 2000
+    """Messages per transactional consume-transform-produce run (0: none)."""
     same_topic: bool = False
     """Every trial on one topic (its home after the last trial's kill), not a fresh one."""
 
@@ -143,6 +156,8 @@ class Settings:
 class Cluster:
     name: str
     brokers: list[ServerProcess]
+    metrics_url: str
+    """etcd's ``/metrics`` (``bench/txn.py``'s loop counts the store's writes)."""
 
     @property
     def urls(self) -> list[str]:
@@ -157,8 +172,8 @@ class Cluster:
 
 @contextlib.contextmanager
 def clusters(directory: Path, session_ttl_s: float) -> Iterator[tuple[Cluster, Cluster]]:
-    """A private etcd (fsync on) and two clusters of three brokers on it: unreplicated and
-    replicated 3/2; all stopped at the end."""
+    """A private etcd (fsync on) and two clusters of three brokers and a transaction
+    coordinator on it: unreplicated and replicated 3/2; all stopped at the end."""
     etcd = EtcdServer.in_temp_dir()
     etcd.start()
     started: list[ServerProcess] = []
@@ -174,8 +189,12 @@ def clusters(directory: Path, session_ttl_s: float) -> Iterator[tuple[Cluster, C
                 command += ["--data-dir", str(directory / tag / f"b{i}")]
                 command += ["--session-ttl", f"{session_ttl_s:g}", *extra]
                 brokers.append(ServerProcess(f"{tag}-b{i}", command, directory / f"{tag}-b{i}.log"))
-            made.append(Cluster(name, brokers))
-            started += brokers
+            coordinator = ["coordinator", "--store", etcd.url(f"/{tag}")]
+            made.append(Cluster(name, brokers, f"http://{etcd.endpoint}/metrics"))
+            started += [
+                *brokers,
+                ServerProcess(f"{tag}-c", coordinator, directory / f"{tag}-c.log"),
+            ]
         for broker in started:
             broker.start()
         for broker in started:
@@ -301,6 +320,30 @@ async def load_rounds(
                 tag = f"{'r3' if cluster is replicated else 'r1'}-{mode.replace(' ', '-')}-{r}"
                 results[cluster.name] = await produce(cluster, mode, tag, settings)
             pairs.append((results[plain.name], results[replicated.name]))
+    return pairs
+
+
+async def ctp_rounds(
+    plain: Cluster, replicated: Cluster, settings: Settings
+) -> list[tuple[PipelineResult, PipelineResult]]:
+    """``bench/txn.py``'s transactional consume-transform-produce loop on both clusters, in
+    turns, once per round; (unreplicated, replicated) pairs."""
+    pairs: list[tuple[PipelineResult, PipelineResult]] = []
+    if not settings.ctp_messages:
+        return pairs
+    for r in range(1, settings.rounds + 1):
+        results: dict[str, PipelineResult] = {}
+        for cluster in [plain, replicated] if r % 2 else [replicated, plain]:
+            async with Client(cluster.urls, prestart_transactions=True) as client:
+                results[cluster.name] = await pipeline(
+                    client,
+                    r,
+                    CTP_BATCH,
+                    settings.ctp_messages,
+                    transactional=True,
+                    metrics=cluster.metrics_url,
+                )
+        pairs.append((results[plain.name], results[replicated.name]))
     return pairs
 
 
@@ -523,7 +566,11 @@ def ms(v: float) -> str:
     return f"{v * 1000:.2f}"
 
 
-def print_load(pairs: list[tuple[LoadResult, LoadResult]], settings: Settings) -> None:
+def print_load(
+    pairs: list[tuple[LoadResult, LoadResult]],
+    ctp: list[tuple[PipelineResult, PipelineResult]],
+    settings: Settings,
+) -> None:
     print(
         f"produce: {settings.producers} producers on one persistent topic, {settings.size} B "
         f"messages, {settings.seconds:g} s windows after {WARMUP_S:g} s warm-up, "
@@ -555,6 +602,20 @@ def print_load(pairs: list[tuple[LoadResult, LoadResult]], settings: Settings) -
     )
     for line in ratios:
         print(line)
+    if not ctp:
+        return
+    plain_rate, replicated_rate = (
+        sum(pair[side].messages for pair in ctp) / sum(pair[side].elapsed for pair in ctp)
+        for side in (0, 1)
+    )
+    per_round = [r.msgs_per_s / u.msgs_per_s for u, r in ctp]
+    print(
+        f"txn consume-transform-produce ({settings.ctp_messages} messages, {CTP_BATCH} per "
+        f"transaction, 4-segment topics, as bench/txn.py (c)): unreplicated "
+        f"{plain_rate:,.0f} msgs/s, replicated {replicated_rate:,.0f} msgs/s; replicated ÷ "
+        f"unreplicated {replicated_rate / plain_rate:.2f}x (rounds {min(per_round):.2f}-"
+        f"{max(per_round):.2f}x)"
+    )
 
 
 def print_takeover(trials: list[Trial], verdict: Verdict, settings: Settings) -> None:
@@ -619,7 +680,8 @@ async def run_all(
     plain: Cluster, replicated: Cluster, settings: Settings
 ) -> tuple[list[tuple[LoadResult, LoadResult]], list[Trial], Verdict]:
     pairs = await load_rounds(plain, replicated, settings)
-    print_load(pairs, settings)
+    ctp = await ctp_rounds(plain, replicated, settings)
+    print_load(pairs, ctp, settings)
     print(flush=True)
     trials, verdict = await takeover_trials(replicated, settings)
     return pairs, trials, verdict
@@ -639,6 +701,12 @@ def main(argv: list[str] | None = None) -> int:
         "--session-ttl", type=float, default=2.0, help="brokers' session TTL, s (default 2)"
     )
     parser.add_argument(
+        "--ctp-messages",
+        type=int,
+        default=2000,
+        help="messages per transactional consume-transform-produce run (0: none; default 2000)",
+    )
+    parser.add_argument(
         "--same-topic",
         action="store_true",
         help="every take-over trial on one topic (see the module docstring: it fails)",
@@ -646,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.producers < 1 or args.size < 1 or args.trials < 1:
         parser.error("--rounds, --producers, --size and --trials must be at least 1")
+    if args.ctp_messages < 0:
+        parser.error("--ctp-messages must be at least 0")
     settings = Settings(
         seconds=args.seconds,
         rounds=args.rounds,
@@ -653,6 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         size=args.size,
         trials=args.trials,
         session_ttl_s=args.session_ttl,
+        ctp_messages=args.ctp_messages,
         same_topic=args.same_topic,
     )
 
