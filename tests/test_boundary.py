@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 
 from segtxn.boundary import install, read_json
-from segtxn.metastore import BadVersion, StoreUnavailable
+from segtxn.broker.http import json_errors
+from segtxn.metastore import BadVersion, SessionExpired, StoreUnavailable
 from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.web import AppServer
@@ -37,6 +38,14 @@ async def server() -> AsyncIterator[str]:
     install(app)
     app.router.add_get("/bug", failing(RuntimeError("a bug with a secret in it")))
     app.router.add_get("/store-down", failing(StoreUnavailable("etcd is away")))
+    app.router.add_get("/session-expired", failing(SessionExpired("session 0x1 has expired")))
+    # a broker's JSON handlers translate store errors themselves (a soak run's split got
+    # MetadataError for a session that expired while etcd restarted: not retried)
+    app.router.add_get(
+        "/admin-session-expired", json_errors(failing(SessionExpired("session 0x1 has expired")))
+    )
+    app.router.add_get("/admin-store-down", json_errors(failing(StoreUnavailable("away"))))
+    app.router.add_get("/admin-store-refused", json_errors(failing(BadVersion("/x", 1, 2))))
     app.router.add_get("/store-refused", failing(BadVersion("/x", 1, 2)))
     app.router.add_get("/peer-down", failing(aiohttp.ClientConnectionError("refused")))
     app.router.add_get("/timeout", failing(TimeoutError()))
@@ -78,6 +87,10 @@ async def test_a_bug_is_a_500_with_an_incident_id_and_the_traceback_only_in_the_
     ("path", "status", "name"),
     [
         ("/store-down", 503, ErrorName.SERVICE_NOT_READY),
+        ("/session-expired", 503, ErrorName.SERVICE_NOT_READY),
+        ("/admin-session-expired", 503, ErrorName.SERVICE_NOT_READY),
+        ("/admin-store-down", 503, ErrorName.SERVICE_NOT_READY),
+        ("/admin-store-refused", 500, ErrorName.METADATA),
         ("/peer-down", 503, ErrorName.SERVICE_NOT_READY),
         ("/timeout", 503, ErrorName.SERVICE_NOT_READY),
         ("/store-refused", 500, ErrorName.METADATA),

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from segtxn.boundary import error_response, translate
 from segtxn.broker.service import BrokerService
-from segtxn.metastore import MetadataStoreError, StoreFull, StoreUnavailable
+from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import InvalidTopicName, TopicName, client_name_problem
 from segtxn.topics.model import ScalableTopic
@@ -60,13 +60,8 @@ def json_errors(handler: Handler) -> Handler:
             return await handler(request)
         except ServerError as e:
             return error_response(e, request)
-        except StoreUnavailable as e:
-            error = ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
-            return error_response(error, request)
-        except StoreFull as e:
+        except MetadataStoreError as e:  # (an expired session is ServiceNotReady: it comes back)
             return error_response(translate(e) or ServerError(ErrorName.METADATA, str(e)), request)
-        except MetadataStoreError as e:
-            return error_response(ServerError(ErrorName.METADATA, str(e)), request)
 
     return wrapped
 
