@@ -1,4 +1,5 @@
-"""``GET /admin/v2/brokers/{broker}/homes``: which topics and segments a broker holds.
+"""``GET /admin/v2/brokers/{broker}/homes``: which topics and segments a broker holds;
+``POST``/``DELETE /admin/v2/brokers/{broker}/drain``: hand them all to the others.
 
 A topic or segment lives on its home broker's disk and never moves (ledgers are not
 replicated; :mod:`segtxn.topics.catalog`). Removing a broker therefore strands the data
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from segtxn.broker import handoff
 from segtxn.broker.http import SERVICE, json_errors
 from segtxn.broker.settings import BROKER_ID
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -32,7 +34,32 @@ async def homes(request: web.Request) -> web.StreamResponse:
     return web.json_response({"broker": broker, "homes": ledgers, "more": more})
 
 
+@json_errors
+async def drain(request: web.Request) -> web.StreamResponse:
+    """``POST``: hand every topic the broker holds to the others
+    (:mod:`segtxn.broker.handoff`); ``{"broker", "moved": [...], "failed": {...}}``.
+    ``DELETE``: stop draining (new topics may be placed on it again). Answered by that
+    broker: another one redirects (NotOwner) or, if it is not registered, ServiceNotReady."""
+    service = request.app[SERVICE]
+    broker = request.match_info["broker"]
+    if not BROKER_ID.fullmatch(broker):
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"{broker[:80]!r} is not a broker id")
+    if broker != service.broker_id:
+        url = await service.catalog.broker_url(broker)
+        if url is None:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"broker {broker} is not registered")
+        raise ServerError(ErrorName.NOT_OWNER, f"broker {broker} is at {url}", redirect=url)
+    if request.method == "DELETE":
+        await service.set_draining(False)
+        return web.json_response({"broker": broker, "draining": False})
+    return web.json_response(await handoff.drain(service))
+
+
 def routes() -> list[web.RouteDef]:
     """Registered before the topic routes: ``brokers/{id}/homes`` has the shape of a
     namespace listing (``{domain}/{tenant}/{namespace}``)."""
-    return [web.get("/admin/v2/brokers/{broker}/homes", homes)]
+    return [
+        web.get("/admin/v2/brokers/{broker}/homes", homes),
+        web.post("/admin/v2/brokers/{broker}/drain", drain),
+        web.delete("/admin/v2/brokers/{broker}/drain", drain),
+    ]

@@ -135,4 +135,4 @@ async def take_over(
         (target,) = await catalog.place(1)
     except NoBrokers:
         return None
-    return await catalog.move_home(name, dead=dead, to=target)
+    return await catalog.move_home(name, away_from=dead, to=target)

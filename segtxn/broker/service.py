@@ -27,7 +27,7 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-from segtxn.broker import gauges, replication
+from segtxn.broker import gauges, handoff, replication
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
@@ -78,8 +78,12 @@ class BrokerService:
         self.topics: dict[TopicName, Topic] = {}
         self.headers = HeaderCache(self.store)
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
-        self._dropping: set[asyncio.Task[None]] = set()
+        self.dropping: set[asyncio.Task[None]] = set()
         """Topics being unloaded because their ledger stopped taking appends."""
+        self.moving: set[TopicName] = set()
+        """Topics being handed to another broker (a drain): clients are told to retry."""
+        self.draining = False
+        """Handing its topics off (:mod:`segtxn.broker.handoff`): nothing new comes here."""
         self.refused: dict[TopicName, LedgerCorrupted] = {}
         """Topics and segments this broker refuses to serve (their data is damaged or
         missing), and why; cleared when one loads again."""
@@ -219,12 +223,7 @@ class BrokerService:
 
     async def _register(self) -> None:
         self._session = await self.store.open_session(self.settings.session_ttl_s)
-        await self.catalog.register_broker(
-            self.broker_id,
-            self.settings.advertise_url,
-            self._session,
-            instance=self.replica_nodes.node.instance if self.replica_nodes else "",
-        )
+        await self._put_registration()
         log.info(
             "broker %s registered at %s (session %#x, ttl %g s)",
             self.broker_id,
@@ -232,6 +231,20 @@ class BrokerService:
             self._session.lease_id,
             self.settings.session_ttl_s,
         )
+
+    async def _put_registration(self) -> None:
+        await self.catalog.register_broker(
+            self.broker_id,
+            self.settings.advertise_url,
+            self.session(),
+            instance=self.replica_nodes.node.instance if self.replica_nodes else "",
+            draining=self.draining,
+        )
+
+    async def set_draining(self, draining: bool) -> None:
+        """Register as draining (nothing new is placed here) or not, now."""
+        self.draining = draining
+        await self._put_registration()
 
     async def _keep_registered(self) -> None:
         while True:
@@ -252,24 +265,8 @@ class BrokerService:
                 except MetadataStoreError as e:
                     log.warning("broker %s: registration failed (%s); retrying", self.broker_id, e)
                     await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
-            await self._unload_moved()
+            await handoff.unload_moved(self)
             self.ready.set()
-
-    async def _unload_moved(self) -> None:
-        """Unload what was taken over while this broker's session was lost (its clients
-        are hung up on, and find the new home by lookup)."""
-        for name in list(self.topics):
-            try:
-                home = await self.catalog.home_of(name)
-            except MetadataStoreError as e:
-                log.warning("%s: cannot check its home (%s); keeping it", name, e)
-                continue
-            topic = self.topics.get(name)
-            if home == self.broker_id or topic is None:
-                continue
-            self.topics.pop(name, None)
-            log.warning("%s: taken over by broker %s while this one was away", name, home)
-            await self._drop(topic)
 
     async def stop(self) -> None:
         """Close everything :meth:`start` opened (safe after a partial start; idempotent)."""
@@ -290,7 +287,7 @@ class BrokerService:
                 await asyncio.gather(background, return_exceptions=True)
         for loading in self._loading.values():
             loading.cancel()
-        await asyncio.gather(*self._loading.values(), *self._dropping, return_exceptions=True)
+        await asyncio.gather(*self._loading.values(), *self.dropping, return_exceptions=True)
         await self.v4_checks.stop()  # no sweep writes a marker while topics close
         for topic in list(self.topics.values()):
             try:
@@ -329,6 +326,10 @@ class BrokerService:
                 ErrorName.NOT_ALLOWED,
                 f"{name} is a scalable topic: produce and consume through its segments "
                 "(the segtxn client does this for you)",
+            )
+        if name in self.moving:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{name} is moving to another broker; try again"
             )
         await self.check_home(name)
         loading = self._loading.get(name)
@@ -397,7 +398,7 @@ class BrokerService:
         if self.refused.pop(name, None) is not None:
             log.warning("%s: its ledgers are whole again; serving it", name)
         self.topics[name] = topic
-        topic.ledger.on_write_failure.append(lambda failure: self._write_failed(topic, failure))
+        topic.ledger.on_write_failure.append(lambda e: handoff.write_failed(self, topic, e))
         last = topic.ledger.last_confirmed
         log.info(
             "loaded %s on broker %s: %s, %d subscriptions%s; took %.1f ms",
@@ -409,26 +410,6 @@ class BrokerService:
             (time.perf_counter() - started) * 1000,
         )
         return topic
-
-    def _write_failed(self, topic: Topic, failure: WriteFailed) -> None:
-        """Unload a topic whose ledger stopped taking appends for a reason that reopening
-        may cure (replicas gone, or another broker recovered it): its clients are hung up
-        on, and the next one reopens it here or is sent where it lives now. Damage is not
-        such a reason: that topic stays, refusing appends."""
-        if not failure.retriable or self.topics.get(topic.name) is not topic:
-            return
-        del self.topics[topic.name]
-        log.warning("%s: unloading it (%s); the next client reopens it", topic.name, failure)
-        dropping = asyncio.create_task(self._drop(topic), name=f"drop-{topic.name}")
-        self._dropping.add(dropping)
-        dropping.add_done_callback(self._dropping.discard)
-
-    async def _drop(self, topic: Topic) -> None:
-        await topic.disconnect_clients()
-        try:
-            await topic.close()
-        except (LedgerError, MetadataStoreError) as e:  # e.g. fenced: it lives elsewhere
-            log.info("%s: closed without a clean close (%s)", topic.name, e)
 
     async def unload(self, name: TopicName) -> None:
         topic = self.topics.pop(name, None)

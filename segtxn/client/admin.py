@@ -117,7 +117,7 @@ class Admin:
 
     async def broker_homes(self, broker: str, *, limit: int = 100) -> BrokerHomes:
         """The topics and segments homed on ``broker`` (alive or not), at most ``limit``
-        (1..1000). Removing a broker strands their data: ledgers are not replicated.
+        (1..1000). Without replication, removing a broker strands their data.
 
         Raises:
             ServerError: InvalidArgument for an id no broker can have or a bad ``limit``.
@@ -127,3 +127,19 @@ class Admin:
         )
         homes = [str(h) for h in found["homes"]]
         return BrokerHomes(str(found["broker"]), homes, bool(found["more"]))
+
+    async def drain_broker(self, broker: str, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Hand every topic and segment ``broker`` holds to the other brokers (it must run
+        with replication), and place nothing new on it until :meth:`undrain_broker` or its
+        restart. Returns ``{"broker", "moved": [names], "failed": {name: why}}``.
+
+        Raises:
+            ServerError: NotAllowed without replication; ServiceNotReady when the broker is
+                not registered or no other broker can take its topics.
+        """
+        path = f"/admin/v2/brokers/{quote(broker, safe='')}/drain"
+        return dict(await self._c.request("POST", path, timeout_s=timeout_s))
+
+    async def undrain_broker(self, broker: str) -> None:
+        """Let new topics be placed on ``broker`` again."""
+        await self._c.request("DELETE", f"/admin/v2/brokers/{quote(broker, safe='')}/drain")

@@ -58,6 +58,8 @@ class BrokerInfo(msgspec.Struct, frozen=True):
     instance: str = ""
     """Its storage node's instance (segtxn/ledger/replicas/node.py); empty: it keeps no
     replicas (replication is off)."""
+    draining: bool = False
+    """It is handing its topics to others: new ones are not placed on it."""
 
 
 class TopicExists(Exception):
@@ -100,9 +102,15 @@ class Catalog:
     # ------------------------------------------------------------------ brokers
 
     async def register_broker(
-        self, broker_id: str, url: str, session: Session, *, instance: str = ""
+        self,
+        broker_id: str,
+        url: str,
+        session: Session,
+        *,
+        instance: str = "",
+        draining: bool = False,
     ) -> None:
-        info = BrokerInfo(broker_id, url, int(time.time() * 1000), instance)
+        info = BrokerInfo(broker_id, url, int(time.time() * 1000), instance, draining)
         await self.store.put(
             BROKERS + quote(broker_id, safe=""), msgspec.json.encode(info), session=session
         )
@@ -168,10 +176,11 @@ class Catalog:
         log.info("topic created: %s; %s", name, _placements(record, homes))
 
     async def place(self, count: int) -> list[str]:
-        """Homes for ``count`` new ledgers: the live brokers with the fewest, in turn."""
-        live = await self.brokers()
+        """Homes for ``count`` new ledgers: the live brokers with the fewest, in turn
+        (never a draining one)."""
+        live = [b for b in await self.brokers() if not b.draining]
         if not live:
-            raise NoBrokers("no broker is registered")
+            raise NoBrokers("no broker is registered (and not draining)")
         load = {}
         for broker in live:
             listing = await self.store.index_range(HOMES_BY_BROKER, broker.broker_id)
@@ -226,17 +235,17 @@ class Catalog:
         record = await self.store.get(home_key(ledger))
         return None if record is None else str(msgspec.json.decode(record.value))
 
-    async def move_home(self, ledger: TopicName, *, dead: str, to: str) -> str | None:
-        """Move ``ledger``'s home from broker ``dead`` to ``to`` (a take-over: its ledgers
-        are replicated, and ``dead`` is not registered). One compare-and-set on the home
-        record, so of brokers racing to take it over one wins. Returns the home after the
+    async def move_home(self, ledger: TopicName, *, away_from: str, to: str) -> str | None:
+        """Move ``ledger``'s home from broker ``away_from`` to ``to`` (its ledgers are
+        replicated; ``away_from`` is gone, or is draining). One compare-and-set on the home
+        record, so of brokers racing to move it one wins. Returns the home after the
         attempt (``to`` if this one moved it; None: the topic was deleted)."""
         key = home_key(ledger)
         record = await self.store.get(key)
         if record is None:
             return None
         home = str(msgspec.json.decode(record.value))
-        if home != dead:
+        if home != away_from:
             return home
         try:
             await self.store.put(
@@ -247,7 +256,7 @@ class Catalog:
             )
         except (BadVersion, NotFound):
             return await self.home_of(ledger)
-        log.warning("%s: taken over by broker %s from broker %s, which is down", ledger, to, dead)
+        log.warning("%s: moved from broker %s to broker %s", ledger, away_from, to)
         return to
 
     async def list_topics(self, tenant: str, namespace: str) -> list[TopicName]:

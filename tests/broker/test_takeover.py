@@ -8,6 +8,7 @@ resumed accepted appends at once.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -214,3 +215,80 @@ async def test_without_a_quorum_a_send_is_refused_as_retriable_and_works_once_it
             assert got == [b"before", b"no quorum", b"after"]
         else:
             assert got == [b"before", b"after"]
+
+
+@pytest.mark.slow
+async def test_a_drained_broker_hands_its_segments_over_while_producers_go_on(
+    cluster_store: str, tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    """Drain (for a rolling restart or a scale-down): the broker's segments move to the
+    others while a producer sends; no send fails, nothing is lost or reordered per key,
+    and nothing new is placed on it until it is undrained."""
+    brokers = await three_brokers(cluster_store, tmp_path, started)
+    topic = "topic://acme/ha/drained"
+    acknowledged: list[tuple[str, bytes]] = []
+    async with Client(brokers[0].url) as client:
+        await client.admin.create_topic(topic, segments=6)
+        homes = {b: await client.admin.broker_homes(f"b{i}") for i, b in enumerate(brokers)}
+        victim = max(brokers, key=lambda b: len(homes[b].homes))
+        victim_id = f"b{brokers.index(victim)}"
+        producer = await client.create_producer(topic, send_timeout_s=30)
+        slowest = 0.0
+
+        async def send(i: int) -> None:
+            nonlocal slowest
+            key, value = f"k{i % 9}", f"{i}".encode()
+            started_at = time.monotonic()
+            await producer.send(value, key=key)
+            slowest = max(slowest, time.monotonic() - started_at)
+            acknowledged.append((key, value))
+
+        for i in range(100):
+            await send(i)
+        draining = asyncio.create_task(client.admin.drain_broker(victim_id, timeout_s=60))
+        i = 100
+        while not draining.done():
+            await send(i)
+            i += 1
+        result = await draining
+        for j in range(i, i + 50):
+            await send(j)
+        print(f"drained {victim_id}: {len(result['moved'])} moved; slowest send {slowest:.2f} s")
+        assert sorted(result["moved"]) == sorted(homes[victim].homes) and not result["failed"]
+        assert (await client.admin.broker_homes(victim_id)).empty
+
+        await client.admin.create_topic("topic://acme/ha/after", segments=6)
+        assert (await client.admin.broker_homes(victim_id)).empty  # nothing new lands there
+        await client.admin.undrain_broker(victim_id)
+        await client.admin.create_topic("topic://acme/ha/undrained", segments=6)
+        assert not (await client.admin.broker_homes(victim_id)).empty
+
+        consumer = await client.subscribe(topic, "check", initial_position="earliest")
+        got: dict[str, list[bytes]] = {}
+        for _ in acknowledged:
+            message = await consumer.receive(timeout_s=20)
+            assert message.key is not None
+            got.setdefault(message.key, []).append(message.value)
+            await consumer.acknowledge(message)
+    expected: dict[str, list[bytes]] = {}
+    for key, value in acknowledged:
+        expected.setdefault(key, []).append(value)
+    assert got == expected
+
+
+@pytest.mark.slow
+async def test_draining_needs_replication(
+    tmp_path: Path, cluster_store: str, started: list[ServerProcess]
+) -> None:
+    broker = processes.broker(cluster_store, tmp_path / "solo", "solo")
+    started.append(broker)
+    broker.start()
+    await broker.ready()
+    async with Client(broker.url) as client:
+        with pytest.raises(ServerError) as refused:
+            await client.admin.drain_broker("solo")
+        assert refused.value.name is ErrorName.NOT_ALLOWED
+        assert "cannot move" in refused.value.message
+        with pytest.raises(ServerError) as unknown:
+            await client.admin.drain_broker("nobody")
+        assert unknown.value.name is ErrorName.SERVICE_NOT_READY

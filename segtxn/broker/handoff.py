@@ -1,0 +1,134 @@
+"""Handing topics off: draining a broker, and letting go of topics that live elsewhere now.
+
+**Draining** hands every topic and segment a broker holds to the others, for a rolling
+restart or a scale-down, with a pause of a reconnect instead of an outage.
+
+Only with replication (its ledgers are on other brokers too). ``POST
+/admin/v2/brokers/{id}/drain`` (answered by that broker) first registers it as draining, so
+nothing new is placed on it (nor taken over by it), then moves its homes one by one to the
+live broker with the fewest:
+
+1. the topic is marked moving (a client that connects meanwhile is told to retry:
+   ``ServiceNotReady``), unloaded if loaded — its clients are hung up on, and its ledger
+   closed cleanly (the count recorded), so the new home opens it without a recovery;
+2. its home record moves, with one compare-and-set (:meth:`Catalog.move_home`);
+3. clients find the new home by lookup and go on there (producers resend what was not
+   acknowledged; de-duplication keeps it once).
+
+A topic that fails to move stays here, served, and is named in the answer; draining again
+retries it. The broker keeps serving its replicas (other brokers' ledgers). It stays
+draining until ``DELETE .../drain`` or a restart (the flag lives in its registration).
+
+**Letting go.** A topic whose ledger stopped taking appends for a reason reopening may
+cure (too few replicas, a fence, the store away) is unloaded, its clients hung up on, so
+the next one reopens it here or is sent where it lives now (:func:`write_failed`); and a
+broker that registers again after losing its session unloads what was taken over
+meanwhile (:func:`unload_moved`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from segtxn.ledger import LedgerError, WriteFailed
+from segtxn.metastore import MetadataStoreError
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import TopicName
+from segtxn.topics.catalog import HOMES, HOMES_BY_BROKER, NoBrokers
+
+if TYPE_CHECKING:
+    from segtxn.broker.service import BrokerService
+    from segtxn.broker.topic import Topic
+
+log = logging.getLogger(__name__)
+
+
+async def drain(service: BrokerService) -> dict[str, Any]:
+    """Move every home of ``service``'s broker elsewhere; ``{"broker", "moved": [names],
+    "failed": {name: why}}``.
+
+    Raises:
+        ServerError: NotAllowed without replication (its topics cannot move);
+            ServiceNotReady when no other broker can take them.
+    """
+    if service.replica_nodes is None:
+        raise ServerError(
+            ErrorName.NOT_ALLOWED,
+            f"broker {service.broker_id} keeps its ledgers on its own disk (no --replication): "
+            "its topics cannot move to another broker",
+        )
+    await service.set_draining(True)
+    listing = await service.store.index_range(HOMES_BY_BROKER, service.broker_id)
+    names = [TopicName.parse(unquote(e.key[len(HOMES) :])) for e in listing.entries]
+    moved: list[str] = []
+    failed: dict[str, str] = {}
+    for name in names:
+        try:
+            await _move(service, name)
+            moved.append(str(name))
+        except NoBrokers as e:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"no other broker can take {name}: {e}"
+            ) from e
+        except (LedgerError, MetadataStoreError, ServerError) as e:
+            log.warning("draining broker %s: %s stays here: %s", service.broker_id, name, e)
+            failed[str(name)] = str(e)
+    log.info(
+        "broker %s drained: %d topics and segments moved, %d stay",
+        service.broker_id,
+        len(moved),
+        len(failed),
+    )
+    return {"broker": service.broker_id, "moved": moved, "failed": failed}
+
+
+async def _move(service: BrokerService, name: TopicName) -> None:
+    (target,) = await service.catalog.place(1)
+    service.moving.add(name)
+    try:
+        topic = service.topics.pop(name, None)
+        if topic is not None:
+            await _let_go(topic)
+        await service.catalog.move_home(name, away_from=service.broker_id, to=target)
+    finally:
+        service.moving.discard(name)
+
+
+def write_failed(service: BrokerService, topic: Topic, failure: WriteFailed) -> None:
+    """Unload ``topic`` if its ledger stopped for a reason reopening may cure (retriable);
+    damage is not one: that topic stays, refusing appends."""
+    if not failure.retriable or service.topics.get(topic.name) is not topic:
+        return
+    del service.topics[topic.name]
+    log.warning("%s: unloading it (%s); the next client reopens it", topic.name, failure)
+    dropping = asyncio.create_task(_let_go(topic), name=f"drop-{topic.name}")
+    service.dropping.add(dropping)
+    dropping.add_done_callback(service.dropping.discard)
+
+
+async def unload_moved(service: BrokerService) -> None:
+    """Unload what was taken over while ``service``'s session was lost."""
+    for name in list(service.topics):
+        try:
+            home = await service.catalog.home_of(name)
+        except MetadataStoreError as e:
+            log.warning("%s: cannot check its home (%s); keeping it", name, e)
+            continue
+        topic = service.topics.get(name)
+        if home == service.broker_id or topic is None:
+            continue
+        service.topics.pop(name, None)
+        log.warning("%s: taken over by broker %s while this one was away", name, home)
+        await _let_go(topic)
+
+
+async def _let_go(topic: Topic) -> None:
+    """Hang up on the topic's clients and close it (cleanly if it still can)."""
+    await topic.disconnect_clients()
+    try:
+        await topic.close()
+    except (LedgerError, MetadataStoreError) as e:  # e.g. fenced: it lives elsewhere
+        log.info("%s: closed without a clean close (%s)", topic.name, e)
