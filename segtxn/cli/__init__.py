@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from segtxn.cli import clients, servers, stacks, txn, verbosity, verify
+from segtxn.cli import brokers, clients, servers, stacks, txn, verbosity, verify
 from segtxn.cli.demo import demo
 from segtxn.cli.errors import Main
 from segtxn.cli.operator import operator
@@ -37,6 +37,7 @@ main.add_command(servers.coordinator)
 main.add_command(clients.produce)
 main.add_command(clients.consume)
 main.add_command(clients.topics)
+main.add_command(brokers.brokers)
 main.add_command(txn.txn)
 main.add_command(verify.verify)
 main.add_command(operator)

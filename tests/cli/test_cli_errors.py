@@ -245,6 +245,21 @@ def test_server_errors_are_one_line(standalone: str) -> None:
     assert "InvalidArgument" in one_line(outside) and "split point 0x9000" in one_line(outside)
 
 
+def test_brokers_homes_and_a_drain_without_replication(standalone: str) -> None:
+    invoke("topics", "create", "persistent://t/ns/held", "--url", standalone)
+    held = invoke("brokers", "homes", "standalone", "--url", standalone)
+    assert held.exit_code == 0 and "persistent://t/ns/held" in held.stdout.splitlines()
+    refused = invoke("brokers", "drain", "standalone", "--url", standalone)
+    assert refused.exit_code == 1
+    assert one_line(refused) == (
+        "Error: NotAllowed: broker standalone keeps its ledgers on its own disk (no "
+        "--replication): its topics cannot move to another broker"
+    )
+    unknown = invoke("brokers", "drain", "nobody", "--url", standalone)
+    assert unknown.exit_code == 1
+    assert one_line(unknown) == "Error: ServiceNotReady: broker nobody is not registered"
+
+
 def test_produce_reports_what_it_sent(standalone: str) -> None:
     invoke("topics", "create", "topic://t/ns/rate", "--url", standalone)
     result = invoke("produce", "topic://t/ns/rate", "-n", "5", "--keys", "2", "--url", standalone)

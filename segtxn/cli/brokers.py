@@ -1,0 +1,57 @@
+"""``segtxn brokers``: what a broker holds, and handing it all to the others (a drain)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from segtxn.cli.service import URL, run
+
+BROKER_HOMES_LIMIT = 1000
+
+
+@click.group()
+def brokers() -> None:
+    """Inspect and drain brokers."""
+
+
+@brokers.command("homes")
+@URL
+@click.argument("broker")
+def homes(url: str, broker: str) -> None:
+    """List the topics and segments BROKER holds (it need not be alive)."""
+    found = run(lambda c: c.admin.broker_homes(broker, limit=BROKER_HOMES_LIMIT), url)
+    for home in found.homes:
+        click.echo(home)
+    if found.more:
+        click.echo(f"... (more than {BROKER_HOMES_LIMIT})", err=True)
+
+
+@brokers.command("drain")
+@URL
+@click.argument("broker")
+@click.option(
+    "--timeout",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(1, 3600),
+    help="Seconds the drain may take.",
+)
+def drain(url: str, broker: str, timeout: float) -> None:
+    """Hand every topic and segment BROKER holds to the other brokers (it must run with
+    --replication), and place nothing new on it until `segtxn brokers undrain` or its
+    restart. Exit status 1 if some stay (they are named; draining again retries them)."""
+    result = run(lambda c: c.admin.drain_broker(broker, timeout_s=timeout), url)
+    click.echo(json.dumps(result, indent=2, sort_keys=True))
+    if result.get("failed"):
+        raise SystemExit(1)
+
+
+@brokers.command("undrain")
+@URL
+@click.argument("broker")
+def undrain(url: str, broker: str) -> None:
+    """Let new topics be placed on BROKER again."""
+    run(lambda c: c.admin.undrain_broker(broker), url)
+    click.echo(f"{broker} takes new topics again")
