@@ -56,6 +56,26 @@ async def three_brokers(
     return brokers
 
 
+def by_key_of(sent: list[tuple[str, bytes]]) -> dict[str, list[bytes]]:
+    """What was sent, per key, in order."""
+    out: dict[str, list[bytes]] = {}
+    for key, value in sent:
+        out.setdefault(key, []).append(value)
+    return out
+
+
+async def by_key(client: Client, topic: str, count: int) -> dict[str, list[bytes]]:
+    """The first ``count`` messages of ``topic`` (a new subscription), per key, in order."""
+    consumer = await client.subscribe(topic, "check", initial_position="earliest")
+    got: dict[str, list[bytes]] = {}
+    for _ in range(count):
+        message = await consumer.receive(timeout_s=20)
+        assert message.key is not None
+        got.setdefault(message.key, []).append(message.value)
+        await consumer.acknowledge(message)
+    return got
+
+
 async def owner_of(url: str, topic: str) -> str:
     async with Client(url) as client:
         return await client.connector.broker_for(TopicName.parse(topic))
@@ -167,17 +187,7 @@ async def test_a_broker_restarted_on_an_empty_disk_loses_nothing_acknowledged(
     await victim.ready()
 
     async with Client(victim.url) as client:
-        consumer = await client.subscribe(topic, "check", initial_position="earliest")
-        got: dict[str, list[bytes]] = {}
-        for _ in sent:
-            message = await consumer.receive(timeout_s=20)
-            assert message.key is not None
-            got.setdefault(message.key, []).append(message.value)
-            await consumer.acknowledge(message)
-    expected: dict[str, list[bytes]] = {}
-    for key, payload in sent:
-        expected.setdefault(key, []).append(payload)
-    assert got == expected
+        assert await by_key(client, topic, len(sent)) == by_key_of(sent)
 
 
 @pytest.mark.slow
@@ -263,17 +273,7 @@ async def test_a_drained_broker_hands_its_segments_over_while_producers_go_on(
         await client.admin.create_topic("topic://acme/ha/undrained", segments=6)
         assert not (await client.admin.broker_homes(victim_id)).empty
 
-        consumer = await client.subscribe(topic, "check", initial_position="earliest")
-        got: dict[str, list[bytes]] = {}
-        for _ in acknowledged:
-            message = await consumer.receive(timeout_s=20)
-            assert message.key is not None
-            got.setdefault(message.key, []).append(message.value)
-            await consumer.acknowledge(message)
-    expected: dict[str, list[bytes]] = {}
-    for key, value in acknowledged:
-        expected.setdefault(key, []).append(value)
-    assert got == expected
+        assert await by_key(client, topic, len(acknowledged)) == by_key_of(acknowledged)
 
 
 @pytest.mark.slow

@@ -208,13 +208,26 @@ class ReplicatedLogStorage(LogStorage):
         if problems:
             log.warning("%s: recovered at %d entries; %s", what, end, "; ".join(problems))
         size = max(size for r, _, size in fenced if r in holders)
+        return self._closed(name, ledger_id, holders, placement, count=end, size=size)
+
+    def _closed(
+        self,
+        name: str,
+        ledger_id: int,
+        replicas: Sequence[Replica],
+        placement: Placement,
+        *,
+        count: int,
+        size: int = 0,
+    ) -> ReplicatedLog:
+        """A closed ledger to read, from ``replicas`` (this broker's own first)."""
         return ReplicatedLog(
             name,
             ledger_id,
-            self._local_first(holders),
+            self._local_first(replicas),
             ack_quorum=placement.ack_quorum,
             loop=self._loop,
-            count=end,
+            count=count,
             size=size,
             writable=False,
             placement=placement,
@@ -266,15 +279,8 @@ class ReplicatedLogStorage(LogStorage):
     ) -> EntryLog:
         if not placement.replicas:
             return self.local.open(ledger_name, ledger_id, log_format=log_format, entries=entries)
-        return ReplicatedLog(
-            ledger_name,
-            ledger_id,
-            self._replicas(placement),
-            ack_quorum=placement.ack_quorum,
-            loop=self._loop,
-            count=entries,
-            writable=False,
-            placement=placement,
+        return self._closed(
+            ledger_name, ledger_id, self._replicas(placement), placement, count=entries
         )
 
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
