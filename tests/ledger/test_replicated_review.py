@@ -1,0 +1,76 @@
+"""Replicated ledgers: cases found in the review of issue 17 (fencing, the wire's edge).
+
+Same harness as tests/ledger/test_replicated.py: real nodes on real files behind real
+aiohttp servers, managed ledgers on the in-memory store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from segtxn.ledger import LedgerError, ManagedLedger
+from segtxn.metastore import MetadataStore, open_store
+from tests.ledger.replicas import Cluster
+
+NAME = "persistent://t/n/replicated"
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MetadataStore]:
+    async with open_store("memory://") as s:
+        yield s
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    async with aiohttp.ClientSession() as session:
+        c = Cluster(tmp_path, session)
+        try:
+            yield c
+        finally:
+            await c.close()
+
+
+async def payloads_of(ledger: ManagedLedger) -> list[bytes]:
+    first = ledger.first_position() or ledger.next_write_position()
+    return [e.payload for e in await ledger.read(first, max_entries=10_000)]
+
+
+async def test_a_replica_that_lost_its_file_does_not_vouch_for_an_empty_ledger(
+    store: MetadataStore, cluster: Cluster
+) -> None:
+    """A replica in a ledger's placement was created there (the metadata names it only
+    after its create succeeded), so one whose file is gone lost data: its fence must not
+    answer "0 entries" (BookKeeper's #2908 made the same mistake with NoSuchLedger). Here
+    the ledger went on b0 and b1 (b2 was down), so one fenced answer is enough for its
+    recovery: b1's empty answer closed the ledger at 0, silently dropping 5 entries both
+    replicas had acknowledged."""
+    for _ in range(3):
+        await cluster.add()
+    await cluster.stop(2)
+    writer = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
+    for i in range(5):
+        await writer.append(f"k{i}".encode())
+    ledger_id = writer.ledger_ids[-1]
+    # the writer's broker goes away (no clean close), and b1 loses the replica's file
+    await cluster.stop(0)
+    cluster.servers[1].node.delete(NAME, ledger_id)
+    await cluster.start(2)
+
+    try:
+        try:
+            reader = await ManagedLedger.open(NAME, store, cluster.storage(2, write=3, ack=2))
+        except LedgerError:
+            pass  # refusing (too few replicas can vouch for it) is right; b0 may come back
+        else:
+            stored = await payloads_of(reader)
+            await reader.close()
+            assert stored == [f"k{i}".encode() for i in range(5)], "acknowledged entries lost"
+    finally:
+        await cluster.start(0)  # (so the writer's close can reach its node)
+        with pytest.raises(LedgerError):
+            await writer.close()
