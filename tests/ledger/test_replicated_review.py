@@ -74,3 +74,26 @@ async def test_a_replica_that_lost_its_file_does_not_vouch_for_an_empty_ledger(
         await cluster.start(0)  # (so the writer's close can reach its node)
         with pytest.raises(LedgerError):
             await writer.close()
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"ledger": NAME, "id": "\u00b2"},  # str.isdigit() holds for a superscript two
+        {"ledger": NAME, "id": "1", "first": "\u00b9"},
+        {"ledger": "..", "id": "1"},  # quote("..") is "..": the node's root's parent
+        {"ledger": ".", "id": "1"},  # (a file in the root, outside any ledger's directory)
+    ],
+)
+async def test_bad_names_and_numbers_get_a_400_and_touch_no_file(
+    cluster: Cluster, query: dict[str, str]
+) -> None:
+    server = await cluster.add()
+    before = sorted(p for p in server.root.parent.rglob("*"))
+    params = {"instance": server.node.instance, "first": "0", "recovery": "1", **query}
+    async with cluster.session.post(
+        f"{server.url}/replica/v1/append", params=params, data=b"\x00\x00\x00\x01x"
+    ) as response:
+        assert response.status == 400
+        assert (await response.json())["error"] == "InvalidArgument"
+    assert sorted(p for p in server.root.parent.rglob("*")) == before
