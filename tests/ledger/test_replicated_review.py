@@ -11,10 +11,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from segtxn.ledger import LedgerError, ManagedLedger
+from segtxn.ledger.replicas import HttpReplica, Member, ReplicaUnavailable
 from segtxn.metastore import MetadataStore, open_store
-from tests.ledger.replicas import Cluster
+from tests.ledger.replicas import TIMEOUT_S, Cluster
 
 NAME = "persistent://t/n/replicated"
 
@@ -97,3 +99,45 @@ async def test_bad_names_and_numbers_get_a_400_and_touch_no_file(
         assert response.status == 400
         assert (await response.json())["error"] == "InvalidArgument"
     assert sorted(p for p in server.root.parent.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("op", "body"),
+    [
+        ("fence", b"{}"),
+        ("fence", b"[1, 2]"),
+        ("fence", b'{"count": "many", "size": 1}'),
+        ("append", b"not json"),
+        ("append", b'{"count": null}'),
+    ],
+)
+async def test_a_node_answering_garbage_is_unavailable_not_a_crash(
+    cluster: Cluster, op: str, body: bytes
+) -> None:
+    """The wire's contract: "any other answer is ReplicaUnavailable". A KeyError or a
+    ValueError instead escapes the ``except LedgerError`` of recovery's copies and of
+    ``_replace``, so one bad node failed a whole recovery instead of being skipped."""
+
+    async def garbage(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/replica/v1/{op}", garbage)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    async def locate(broker: str) -> str | None:
+        return url
+
+    replica = HttpReplica(Member("bad", "x"), locate, cluster.session, timeout_s=TIMEOUT_S)
+    try:
+        with pytest.raises(ReplicaUnavailable):
+            if op == "fence":
+                await replica.fence(NAME, 1)
+            else:
+                await replica.append(NAME, 1, 0, [b"x"], recovery=True)
+    finally:
+        await runner.cleanup()
