@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from segtxn.ledger import LedgerError, LedgerSettings, ManagedLedger, Position
-from segtxn.ledger.errors import LedgerFenced, NotEnoughReplicas, WriteFailed
+from segtxn.ledger.errors import LedgerFenced, LedgerMissing, NotEnoughReplicas, WriteFailed
 from segtxn.ledger.managed import metadata_key
 from segtxn.ledger.metadata import decode
 from segtxn.ledger.replicas import (
@@ -239,7 +239,8 @@ def test_a_fence_survives_a_node_restart(tmp_path: Path) -> None:
     with pytest.raises(ReplicaFenced):
         again.append(NAME, 1, 1, [b"b"], False)
     assert again.append(NAME, 1, 1, [b"b"], True) == 2  # a recovery's copy passes
-    assert again.fence(NAME, 2) == (0, 0)  # a ledger this node never got is fenced too
+    with pytest.raises(LedgerMissing):  # a ledger this node never got vouches for nothing,
+        again.fence(NAME, 2)  # but is fenced too,
     with pytest.raises(ReplicaFenced):
         again.create(NAME, 2)  # so its old writer's late create cannot land here
     again.close()

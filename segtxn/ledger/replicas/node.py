@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from segtxn.ledger.errors import LedgerCorrupted, LedgerError, LedgerFenced
+from segtxn.ledger.errors import LedgerCorrupted, LedgerError, LedgerFenced, LedgerMissing
 from segtxn.ledger.files import FileEntryLog, FileLogStorage
 from segtxn.ledger.logs import EntryLog
 from segtxn.ledger.records import FORMAT
@@ -143,8 +143,15 @@ class ReplicaNode:
 
     def fence(self, name: str, ledger_id: int) -> tuple[int, int]:
         """Refuse normal appends from now on (durable before this returns); returns the
-        (count, size in bytes) held at that moment. A replica never created here is
-        fenced too (a late create is refused) and holds nothing."""
+        (count, size in bytes) held at that moment.
+
+        Raises:
+            LedgerMissing: the replica has no file here. It is fenced all the same (a late
+                create is refused; a recovery's copy may still fill it), but it vouches for
+                nothing: a ledger's placement only names replicas that were created, so a
+                missing one lost what it acknowledged, and counting it as empty would let
+                a recovery end the ledger before acknowledged entries (BookKeeper #2908).
+        """
         key = (name, ledger_id)
         with self._lock(key):
             path = self._fence_path(key)
@@ -157,7 +164,10 @@ class ReplicaNode:
                     os.close(fd)
                 _fsync_dir(path.parent)
             if key not in self._held and not self._files.exists(name, ledger_id):
-                return 0, 0
+                raise LedgerMissing(
+                    f"replica {ledger_id} of {name} is not on this node (fenced anyway)",
+                    paths=(str(self._files.path(name, ledger_id)),),
+                )
             replica = self._replica(key, create=False)
             return replica.count, replica.size_bytes()
 

@@ -15,7 +15,9 @@ replaced) is BookKeeper's protocol, without ensemble changes:
    (``W`` replicas, ack quorum ``A``), fewer than ``A`` are unfenced, so the old writer
    can no longer get any entry acknowledged; and every entry it did get acknowledged is
    on ``A`` replicas, so on at least one of those that answered. Recovery only uses
-   counts from fenced replicas (apache/bookkeeper#2614 is what goes wrong otherwise).
+   counts from fenced replicas (apache/bookkeeper#2614 is what goes wrong otherwise),
+   and never from one that no longer has its file: it is fenced, and gets the copy of
+   step 3, but it does not answer (#2908: a lost replica taken for an empty one).
 2. The ledger ends at the highest count answered: every acknowledged entry is before it
    (entries past the last acknowledged one may be kept too: their writer never heard
    back, and a producer resends them, which de-duplication absorbs).
@@ -40,7 +42,7 @@ import logging
 import random
 from collections.abc import Sequence
 
-from segtxn.ledger.errors import LedgerError, NotEnoughReplicas
+from segtxn.ledger.errors import LedgerError, LedgerMissing, NotEnoughReplicas
 from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered
 from segtxn.ledger.replicas.members import Member, Nodes, Replica
 from segtxn.ledger.replicas.quorum import ReplicatedLog, blocking
@@ -165,11 +167,14 @@ class ReplicatedLogStorage(LogStorage):
             *(r.fence(name, ledger_id) for r in replicas), return_exceptions=True
         )
         fenced: list[tuple[Replica, int, int]] = []
+        emptied: list[Replica] = []  # fenced, but without the replica: it vouches for nothing
         problems: list[str] = []
         for replica, result in zip(replicas, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
+                if isinstance(result, LedgerMissing):
+                    emptied.append(replica)
                 problems.append(f"{replica.member}: {result}")
             else:
                 fenced.append((replica, *result))
@@ -182,7 +187,7 @@ class ReplicatedLogStorage(LogStorage):
         end = max(count for _, count, _ in fenced)
         source = next(r for r, count, _ in fenced if count == end)
         holders = [r for r, count, _ in fenced if count == end]
-        for replica, count, _ in fenced:
+        for replica, count, _ in [*fenced, *((r, 0, 0) for r in emptied)]:
             if count < end:
                 try:
                     await _copy(source, replica, name, ledger_id, start=count, end=end)
