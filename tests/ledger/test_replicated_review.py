@@ -91,6 +91,7 @@ async def test_a_replica_that_lost_its_file_does_not_vouch_for_an_empty_ledger(
         {"ledger": NAME, "id": "1", "first": "\u00b9"},
         {"ledger": "..", "id": "1"},  # quote("..") is "..": the node's root's parent
         {"ledger": ".", "id": "1"},  # (a file in the root, outside any ledger's directory)
+        {"ledger": "\u00e9" * 50, "id": "1"},  # quoted, 300 bytes: over a file name's 255
     ],
 )
 async def test_bad_names_and_numbers_get_a_400_and_touch_no_file(
