@@ -25,6 +25,7 @@ import logging
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 PREFIX = "/replica/v1/"
 MAX_NAME = 1024
 MAX_READ_ENTRIES = 10_000
+FILE_NAME_BYTES = 255
+"""NAME_MAX: the node keeps a ledger's replicas in a directory named by its quoted name."""
 _LENGTH = struct.Struct(">I")
 
 
@@ -71,7 +74,7 @@ class _BadRequest(Exception):
 
 def _int(request: web.Request, key: str, lo: int) -> int:
     raw = request.query.get(key, "")
-    if not raw.isdigit() or len(raw) > 18 or int(raw) < lo:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18 or int(raw) < lo:  # (not "²")
         raise _BadRequest(f"{key} must be an integer >= {lo}, not {raw[:40]!r}")
     return int(raw)
 
@@ -80,6 +83,10 @@ def _target(request: web.Request) -> tuple[str, int]:
     name = request.query.get("ledger", "")
     if not name or len(name) > MAX_NAME:
         raise _BadRequest(f"ledger must be a name of 1 to {MAX_NAME} characters")
+    if name in (".", ".."):  # (quoted, they stay as they are: a directory outside the ledgers)
+        raise _BadRequest(f"ledger {name!r} is not a ledger name")
+    if len(quote(name, safe="")) > FILE_NAME_BYTES:  # its replicas' directory name
+        raise _BadRequest(f"ledger names a directory of over {FILE_NAME_BYTES} bytes")
     return name, _int(request, "id", 1)
 
 
