@@ -208,11 +208,19 @@ class HttpReplica:
     ) -> int:
         params = {"first": str(first), "recovery": "1" if recovery else "0"}
         answer = await self._call("append", name, ledger_id, params, encode_frames(payloads))
-        return int(answer["count"])
+        return self._number(answer, "count", "append")
 
     async def fence(self, name: str, ledger_id: int) -> tuple[int, int]:
         answer = await self._call("fence", name, ledger_id)
-        return int(answer["count"]), int(answer["size"])
+        return self._number(answer, "count", "fence"), self._number(answer, "size", "fence")
+
+    def _number(self, answer: Any, key: str, op: str) -> int:
+        """``answer[key]``, a count or size; ReplicaUnavailable for anything else (the
+        wire's contract: an answer we do not know is an unavailable replica)."""
+        value = answer.get(key) if isinstance(answer, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ReplicaUnavailable(f"{self.member}: its {op} answered {str(answer)[:200]!r}")
+        return value
 
     async def read(self, name: str, ledger_id: int, first: int, last: int) -> list[bytes]:
         params = {"first": str(first), "last": str(last)}
@@ -257,7 +265,12 @@ class HttpReplica:
                 url.rstrip("/") + PREFIX + op, params=query, data=body, timeout=self._timeout
             ) as response:
                 if response.status == 200:
-                    return await response.read() if raw else await response.json()
+                    if raw:
+                        return await response.read()
+                    try:
+                        return await response.json()
+                    except ValueError as e:  # (not JSON: a node that answers garbage)
+                        raise ReplicaUnavailable(f"{where}: its answer is not JSON: {e}") from None
                 try:
                     answer = await response.json()
                     kind, message = str(answer["error"]), str(answer["message"])
