@@ -6,6 +6,7 @@ aiohttp servers, managed ledgers on the in-memory store.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -148,3 +149,31 @@ async def test_a_node_answering_garbage_is_unavailable_not_a_crash(
                 await replica.append(NAME, 1, 0, [b"x"], recovery=True)
     finally:
         await runner.cleanup()
+
+
+async def test_the_replaced_owner_cannot_fence_the_new_owners_cursor(
+    store: MetadataStore, cluster: Cluster
+) -> None:
+    """After a take-over the old owner (paused past its session, not yet aware) still has
+    its consumers, and their acks, and the cursor flush of its unload_moved() close,
+    are compare-and-sets on the cursor's version. The new owner restored that version
+    when it opened the ledger, so the stale owner's save succeeds and every later ack
+    at the new owner fails with LedgerFenced: the subscription cannot move on there
+    until the topic is reloaded."""
+    for _ in range(3):
+        await cluster.add()
+    old = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
+    positions = [await old.append(f"c{i}".encode()) for i in range(3)]
+    old_cursor = await old.open_cursor("sub", start="earliest")
+
+    new = await ManagedLedger.open(NAME, store, cluster.storage(1, write=3, ack=2))
+    new_cursor = new.cursors["sub"]
+    try:
+        with contextlib.suppress(LedgerError):  # refusing it is right: it moved
+            await old_cursor.ack([positions[0]])  # the stale owner's consumer
+        await new_cursor.ack([positions[1]])  # must keep working where the topic lives now
+    finally:
+        with contextlib.suppress(LedgerError):
+            await new.close()
+        with contextlib.suppress(LedgerError):
+            await old.close()
