@@ -165,22 +165,23 @@ def test_the_brokers_budget_keeps_the_quorums_and_never_blocks_a_drain() -> None
 
 async def test_a_scale_down_below_w_is_refused_finally_without_asking_the_brokers() -> None:
     answers = Answers({})
-    verdict = await scaledown.check(answers, "c-broker", 4, 2, Replication(3, 2))
+    verdict = await scaledown.check(answers, "c-broker", 4, 2, replication=Replication(3, 2))
     assert not verdict.allowed and verdict.final
     assert answers.asked == []
     assert "spec.brokers.replicas 4 -> 2 refused: replication 3/2" in verdict.message
     assert "Keep at least 3 brokers" in verdict.message
     # Down to W itself is the usual check (the brokers are asked, empty ones may go).
-    verdict = await scaledown.check(answers, "c-broker", 4, 3, Replication(3, 2))
+    verdict = await scaledown.check(answers, "c-broker", 4, 3, replication=Replication(3, 2))
     assert verdict.allowed and [b for b, _ in answers.asked] == ["c-broker-3"]
 
 
 async def test_a_refused_scale_down_says_what_to_do_with_replication_too() -> None:
-    answers = Answers({"c-broker-3": ["persistent://t/n/p"]})
-    verdict = await scaledown.check(answers, "c-broker", 4, 3, Replication(3, 2))
+    answers = Answers({"c-broker-3": ["persistent://t/n/p"]}, stuck=frozenset({"c-broker-3"}))
+    verdict = await scaledown.check(answers, "c-broker", 4, 3, replication=Replication(3, 2))
     assert not verdict.allowed and not verdict.final  # checked again: topics may go
     message = verdict.message
-    assert "With replication 3/2" in message and "nothing re-replicates them yet" in message
+    assert "With replication 3/2 they were drained, but these stayed" in message
+    assert "written before replication was turned on" in message
     assert "GET /admin/v2/brokers/c-broker-3/homes" in message
     assert "set spec.brokers.replicas back to 4" in message
     plain = await scaledown.check(answers, "c-broker", 4, 3)
