@@ -25,7 +25,7 @@ import kopf
 from segtxn.broker.settings import Replication
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
-from segtxn.operator import render, replication, scaledown
+from segtxn.operator import render, replication, rolling, scaledown
 from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.kube import KubeError
 from segtxn.operator.runtime import (
@@ -164,7 +164,9 @@ async def reconcile_cluster(
     ``W`` above the broker count), not retried, only a new spec heals them;
     ``ScaleDownRefused`` (:mod:`.scaledown`), checked again every
     :data:`SCALE_DOWN_RECHECK_S` (the brokers' topics may be deleted meanwhile), except
-    below replication's ``W``, which is final."""
+    below replication's ``W``, which is final. With replication the brokers that would go
+    are drained first (their topics move to the others), and the replicas they keep go
+    with them (a ``ReplicasLost`` Warning event says so)."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     names = render.ClusterNames(name)
@@ -178,13 +180,22 @@ async def reconcile_cluster(
     wanted = int(spec.get("brokers", {}).get("replicas", 3))
     if current is not None and wanted < current:
         brokers = await admin(runtime, namespace, name, spec)
-        verdict = await scaledown.check(brokers, names.brokers, current, wanted, quorums)
+        verdict = await scaledown.check(
+            brokers,
+            names.brokers,
+            current,
+            wanted,
+            replication=quorums,
+            drain_timeout_s=runtime.config.roll.drain_timeout_s,
+        )
         if not verdict.allowed:
             _not_applied(body, status, patch, "ScaleDownRefused", verdict.message)
             if verdict.final:
                 raise kopf.PermanentError(verdict.message)
             raise kopf.TemporaryError(verdict.message, delay=SCALE_DOWN_RECHECK_S)
         kopf.info(body, reason="ScaleDown", message=verdict.message)
+        if verdict.lost:
+            kopf.warn(body, reason="ReplicasLost", message=verdict.lost)
     _replication(body, status, patch, replication.wanted, spec)
     try:
         await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
@@ -242,7 +253,7 @@ async def _apply_coordinators(
         )
 
 
-@kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S * 5)
+@kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S)
 async def cluster_readiness(
     *,
     name: str,
@@ -254,9 +265,11 @@ async def cluster_readiness(
     body: kopf.Body,
     **_: Any,
 ) -> None:
-    """Every few seconds: condition ``Ready`` (and ``phase``, ``readyBrokers``) from the
-    broker StatefulSet against what the spec renders (:func:`status.rollout`); written
-    only when something changed."""
+    """Every second: one step of the brokers' roll (:mod:`.rolling`: ``status.roll``,
+    conditions ``Rolling`` and, stalled, ``Degraded``), and condition ``Ready`` (and
+    ``phase``, ``readyBrokers``) from the broker StatefulSet against what the spec renders
+    (:func:`status.rollout`); written only when something changed. One timer writes both:
+    two would each rewrite the whole ``conditions`` list from what they last read."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     names = render.ClusterNames(name)
@@ -277,9 +290,22 @@ async def cluster_readiness(
         now=now(),
         generation=body.meta.get("generation"),
     )
+    roll = status.get("roll")
+    if found is not None and not body.meta.get("deletionTimestamp"):
+        brokers_api = await admin(runtime, namespace, name, spec)
+        conditions, roll = await rolling.step(
+            body,
+            kube=runtime.kube,
+            admin=brokers_api,
+            settings=runtime.config.roll,
+            brokers=found,
+            previous=roll,
+            conditions=conditions,
+        )
     unchanged = status.get("readyBrokers") == state.ready_replicas and status.get("phase") == phase
-    if unchanged and same(status.get("conditions"), conditions):
+    if unchanged and status.get("roll") == roll and same(status.get("conditions"), conditions):
         return
+    patch.status["roll"] = roll
     patch.status["readyBrokers"] = state.ready_replicas
     patch.status["phase"] = phase
     patch.status["conditions"] = conditions

@@ -1,8 +1,10 @@
 """The few Kubernetes API calls the handlers make beyond what Kopf does for them.
 
 Kopf patches the handled resource (status, finalizers) itself; this client applies the
-children the renderers return (server-side apply: :meth:`Kube.apply`) and reads other
-objects. It authenticates with whatever Kopf's login found (service account in a pod,
+children the renderers return (server-side apply: :meth:`Kube.apply`), reads other
+objects, and deletes one kind of object: a broker's pod, which is how the operator rolls
+the brokers (:mod:`.rolling`; their StatefulSet is ``OnDelete``).
+It authenticates with whatever Kopf's login found (service account in a pod,
 kubeconfig outside), so there is one source of credentials.
 """
 
@@ -30,6 +32,7 @@ PLURALS = {
     "SegtxnCluster": "segtxnclusters",
     "TransactionCoordinator": "transactioncoordinators",
     "ScalableTopic": "scalabletopics",
+    "Pod": "pods",
 }
 
 
@@ -197,3 +200,21 @@ class Kube:
         if applied is None:
             raise KubeError(404, f"cannot apply {kind} {meta['name']}: no such resource")
         return applied
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete pod ``name`` if it is still the pod ``uid`` (a precondition: a pod that
+        has been replaced meanwhile, same name, another uid, is left alone). True when
+        this call deleted it (its controller then creates a new one), False when it was
+        gone or replaced already.
+
+        Raises:
+            KubeError: the API server refused or failed it.
+        """
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        try:
+            found = await self._call("DELETE", self._url("v1", "Pod", namespace, name), body)
+        except KubeError as e:
+            if e.status == 409:  # the precondition failed: another pod by that name now
+                return False
+            raise
+        return found is not None

@@ -193,8 +193,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
     """ConfigMap (first: :func:`config_map`), headless + client Services, broker
     StatefulSet (one PVC per broker; ``--replication`` when ``spec.brokers.replication``
     is set, :mod:`.replication`; placement and resources from ``spec.brokers``,
-    :mod:`.placement`), PodDisruptionBudget (:func:`.replication.max_unavailable`: one
-    broker down at a time)."""
+    :mod:`.placement`; ``OnDelete``: the operator rolls it, :mod:`.rolling`),
+    PodDisruptionBudget (:func:`.replication.max_unavailable`: one broker down at a time)."""
     names = ClusterNames(name)
     brokers = spec.get("brokers", {})
     port = int(brokers.get("port", 8080))
@@ -285,9 +285,9 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
                 "serviceName": names.headless,
                 "replicas": replicas,
                 "podManagementPolicy": "Parallel",
-                # One broker at a time, the highest ordinal first (each waits for the
-                # previous one to be ready): a spec change never takes two down together.
-                "updateStrategy": {"type": "RollingUpdate"},
+                # The operator replaces the pods, one at a time, draining each first
+                # (:mod:`.rolling`); the controller only makes new pods from the template.
+                "updateStrategy": {"type": "OnDelete"},
                 "selector": {"matchLabels": select},
                 "template": {
                     "metadata": {

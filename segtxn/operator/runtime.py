@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -21,6 +21,7 @@ from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.operator import render
 from segtxn.operator.kube import Kube
+from segtxn.operator.rolling import RollSettings
 from segtxn.protocol.errors import ErrorName, ServerError
 
 GROUP, VERSION = render.GROUP, render.VERSION
@@ -49,6 +50,8 @@ class OperatorConfig:
     api_timeout_s: float = 15.0
     """At start-up, how long to keep trying to reach the Kubernetes API before giving up
     (a PermanentError: the operator exits saying so)."""
+    roll: RollSettings = field(default_factory=RollSettings)
+    """The brokers' rolling restart (:mod:`.rolling`) and the scale-down's drains."""
 
 
 @dataclass

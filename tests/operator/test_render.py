@@ -311,7 +311,8 @@ def test_rollouts_take_one_pod_at_a_time() -> None:
         "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
     }
     sts = by_kind(render.render_cluster("demo", "segtxn", cluster))["StatefulSet/demo-broker"]
-    assert sts["spec"]["updateStrategy"] == {"type": "RollingUpdate"}  # no partition, no OnDelete
+    # The operator replaces the brokers itself, one at a time (segtxn/operator/rolling.py).
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
 
 
 def test_immutable_changes_compare_with_what_is_applied() -> None:
