@@ -85,12 +85,18 @@ def test_operator_rbac_is_least_privilege(helm: Helm) -> None:
     assert "*" not in verbs and "escalate" not in verbs and "bind" not in verbs
     resources = {r for rule in role["rules"] for r in rule["resources"]}
     assert "*" not in resources
-    assert not {"secrets", "pods", "persistentvolumeclaims"} & resources
-    # The operator only creates what it renders; it never deletes anything, nor replaces
-    # (PUT) anything but the owners' finalizers (docs/kubernetes.md, "RBAC").
+    assert not {"secrets", "persistentvolumeclaims"} & resources
+    # The operator only creates what it renders; it deletes nothing but a broker's pod (how
+    # it rolls the OnDelete StatefulSet), reads pods one by one (no list, watch or
+    # eviction), and replaces (PUT) nothing but the owners' finalizers (docs/kubernetes.md,
+    # "RBAC").
     own = next(r for r in role["rules"] if "scalabletopics" in r["resources"])
     assert "create" not in own["verbs"]
-    assert "delete" not in verbs and "deletecollection" not in verbs
+    assert "deletecollection" not in verbs
+    pods = [r for r in role["rules"] if "pods" in r["resources"]]
+    assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}]
+    deletes = [r["resources"] for r in role["rules"] if "delete" in r["verbs"]]
+    assert deletes == [["pods"]]
     updates = [r["resources"] for r in role["rules"] if "update" in r["verbs"]]
     assert updates == [["segtxnclusters/finalizers", "transactioncoordinators/finalizers"]]
     kinds_owned = ["statefulsets", "deployments", "services", "configmaps", "poddisruptionbudgets"]
@@ -107,21 +113,23 @@ def test_rbac_grants_what_the_operator_code_calls() -> None:
     """segtxn/operator talks to Kubernetes through kube.py only (Kopf does the rest, with
     GET, POST and PATCH): GET is get, and its one PATCH, a server-side apply, is patch, or
     create when the child does not exist yet; the chart grants exactly get, create and
-    patch on the children, and the code has no DELETE or PUT to grant."""
+    patch on the children. Its one DELETE is of a Pod (the rolling restart), the only
+    resource the chart lets it delete; there is no PUT to grant."""
     source = "\n".join(p.read_text() for p in (ROOT / "segtxn" / "operator").glob("*.py"))
     methods = set(re.findall(r'_call\(\s*"([A-Z]+)"', source))
-    assert methods == {"GET", "PATCH"}
+    assert methods == {"GET", "PATCH", "DELETE"}
     assert "application/apply-patch+yaml" in source
-    assert not re.search(r'"(DELETE|PUT)"', source)
+    assert re.findall(r'_call\("DELETE", self\._url\("v1", "(\w+)"', source) == ["Pod"]
+    assert not re.search(r'"PUT"', source)
 
 
 def test_namespaced_operator_gets_roles_not_cluster_rules(helm: Helm) -> None:
     docs = template(helm, "operator.watchNamespaces={team-a,team-b}")
     roles = [d for d in docs if d["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    for role in roles:  # the same rules as cluster-wide: no delete, finalizers update
-        verbs = {v for rule in role["rules"] for v in rule["verbs"]}
-        assert "delete" not in verbs
+    for role in roles:  # the same rules as cluster-wide: delete pods only, finalizers update
+        deletes = [r["resources"] for r in role["rules"] if "delete" in r["verbs"]]
+        assert deletes == [["pods"]]
         assert any("segtxnclusters/finalizers" in rule["resources"] for rule in role["rules"])
     cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
