@@ -11,7 +11,7 @@ snapshot, 422 (not 500) for a failed patch test, and server-side apply (a PATCH 
 manager no longer applies removed; :mod:`tests.operator.ssa` says how faithfully). Still
 absent, so tests do it themselves: schema validation and defaulting, garbage collection of
 owned objects, label selectors, and controllers (a StatefulSet's status is patched by the
-test).
+test, and its pods made by the test: :attr:`Emulator.deleted` says when one goes).
 ``metadata.generation`` is kept for segtxn resources only (1 on create, +1 on a patch that
 carries ``spec``: the tests' patches change what they carry).
 """
@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import datetime
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -49,6 +49,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "apps/v1/deployments": {"kind": "Deployment", "namespaced": True, "subresources": ["status"]},
     "apps/v1/statefulsets": {"kind": "StatefulSet", "namespaced": True, "subresources": ["status"]},
     "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget", "namespaced": True},
+    "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": ["status"]},
     "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
     **{
         f"{API}/{plural}": {
@@ -74,6 +75,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     failing: dict[str, int]
     """Resource (``policy/v1/poddisruptionbudgets``) -> the HTTP status every create or
     patch of it gets, for tests of what the operator does when an apply fails."""
+    deleted: Callable[[str, str], None] | None = None
+    """Told (plural, name: ``("pods", "demo-broker-2")``) of each object a DELETE
+    removed, once it is: tests that play a controller (a StatefulSet's) react to it."""
 
     async def _handle(self, request: kmock.Request) -> Any:
         data = request.data
@@ -114,9 +118,12 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             if obj is not None and not obj.deleted and pending:  # kmock soft-deletes it next
                 obj.patch({"metadata": {"resourceVersion": self._next_rv()}})
         try:
-            return await super()._handle(request)
+            result = await super()._handle(request)
         except jsonpatch.JsonPatchTestFailed as e:  # what a real API server answers
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
+        if request.action == kmock.action.DELETE and request.resource and self.deleted:
+            self.deleted(request.resource.plural, str(request.name))
+        return result
 
     async def _apply(self, request: kmock.Request) -> None:
         """Server-side apply (:mod:`tests.operator.ssa`), handed on to kmock as what it
