@@ -29,10 +29,17 @@ class LedgerChain:
     name: str
     _meta: LedgerMetadata
     """The metadata record as last written (or read at open)."""
+    _version: int
+    """That record's version: writes of the ledger's other records (cursors) are
+    conditional on it, so a replaced owner cannot make them."""
     _last: Position | None
     """The last durable entry."""
     _current: EntryLog | None
     """The ledger being appended to (None once sealed)."""
+
+    @property
+    def metadata_version(self) -> int:
+        return self._version
 
     @property
     def is_sealed(self) -> bool:

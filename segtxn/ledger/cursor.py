@@ -26,7 +26,8 @@ import msgspec
 
 from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.errors import LedgerClosed
-from segtxn.ledger.fencing import cas_put
+from segtxn.ledger.fencing import OwnerChanged, cas_put_owned
+from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
 from segtxn.metastore import MUST_NOT_EXIST, MetadataStore
@@ -169,7 +170,21 @@ class ManagedCursor:
             (self._mark.ledger_id, self._mark.entry_id), self._acked.to_list(self._max_ranges)
         )
         try:
-            self._version = await cas_put(self._store, self._key, _encode(state), self._version)
+            while True:
+                owner_version = self.ledger.metadata_version
+                try:
+                    self._version = await cas_put_owned(
+                        self._store,
+                        self._key,
+                        _encode(state),
+                        self._version,
+                        owner_key=metadata_key(self.ledger.name),
+                        owner_version=owner_version,
+                    )
+                    break
+                except OwnerChanged:
+                    if self.ledger.metadata_version == owner_version:
+                        raise  # not our own change: another owner has the ledger now
         finally:
             self._saving = None
         self._saved = generation

@@ -10,7 +10,15 @@ did not (the caller may retry); anything else means another owner wrote it.
 from __future__ import annotations
 
 from segtxn.ledger.errors import LedgerFenced
-from segtxn.metastore import BadVersion, MetadataStore, NotFound, StoreUnavailable
+from segtxn.metastore import (
+    BadVersion,
+    Check,
+    MetadataStore,
+    NotFound,
+    Op,
+    Put,
+    StoreUnavailable,
+)
 
 
 async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version: int) -> int:
@@ -24,6 +32,52 @@ async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version
         record = await store.put(key, value, expected_version=expected_version)
         return record.version
     except (BadVersion, NotFound) as e:
+        raise LedgerFenced(f"{key}: changed by another owner") from e
+    except StoreUnavailable:
+        current = await store.get(key)  # StoreUnavailable again: still unknown, caller retries
+        if current is not None and current.value == value and current.version > expected_version:
+            return current.version
+        if current is not None and current.version == expected_version:
+            raise
+        raise LedgerFenced(f"{key}: changed by another owner") from None
+
+
+class OwnerChanged(LedgerFenced):
+    """The ledger's own metadata record moved on since the write was planned (its owner, or
+    another one, changed it): see :func:`cas_put_owned`."""
+
+
+async def cas_put_owned(
+    store: MetadataStore,
+    key: str,
+    value: bytes,
+    expected_version: int,
+    *,
+    owner_key: str,
+    owner_version: int,
+) -> int:
+    """:func:`cas_put`, and only while the record at ``owner_key`` (the ledger's metadata) is
+    still at ``owner_version``: a record of a ledger (a cursor) is fenced with the ledger.
+    Another owner that recovered the ledger changed its metadata, so a replaced owner can no
+    longer write — not even with the cursor version the new owner restored.
+
+    Raises:
+        OwnerChanged: the metadata record changed (the caller may check whether it was its
+            own change, and try again with the new version).
+        LedgerFenced: someone else changed the record.
+        StoreUnavailable: the store cannot be reached and the write did not land.
+    """
+    ops: list[Op] = [
+        Check(owner_key, owner_version),
+        Put(key, value, expected_version=expected_version),
+    ]
+    try:
+        written = (await store.commit(ops))[1]
+        assert written is not None
+        return written.version
+    except (BadVersion, NotFound) as e:
+        if getattr(e, "key", None) == owner_key:
+            raise OwnerChanged(f"{owner_key}: changed since version {owner_version}") from e
         raise LedgerFenced(f"{key}: changed by another owner") from e
     except StoreUnavailable:
         current = await store.get(key)  # StoreUnavailable again: still unknown, caller retries
