@@ -97,6 +97,27 @@ async def _move(service: BrokerService, name: TopicName) -> None:
         service.moving.discard(name)
 
 
+async def check_still_home(service: BrokerService, topic: Topic) -> None:
+    """Called when ``topic`` has just loaded, before it is served: a drain may have moved
+    it meanwhile (it was not in ``service.topics`` to unload). Between this check and the
+    caller's ``topics[name] = topic`` nothing yields, so a move that starts later finds it.
+
+    Raises:
+        ServerError: ServiceNotReady, it lives elsewhere now (the topic is let go).
+        MetadataStoreError: its home cannot be read (the topic is let go).
+    """
+    try:
+        home = await service.catalog.home_of(topic.name)
+    except BaseException:
+        await _let_go(topic)
+        raise
+    if home != service.broker_id or topic.name in service.moving:
+        await _let_go(topic)
+        raise ServerError(
+            ErrorName.SERVICE_NOT_READY, f"{topic.name} moved while it was loading; try again"
+        )
+
+
 def write_failed(service: BrokerService, topic: Topic, failure: WriteFailed) -> None:
     """Unload ``topic`` if its ledger stopped for a reason reopening may cure (retriable);
     damage is not one: that topic stays, refusing appends."""

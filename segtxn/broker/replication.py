@@ -22,7 +22,9 @@ unloads what is no longer its own when it registers again.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -45,6 +47,11 @@ from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog, NoBrokers
 
 URL_TTL_S = 5.0
+LEDGER_IO_THREADS = 64
+"""The event loop's default executor with replication: each replicated append, read or
+recovery holds one of its threads for a network round trip (the managed ledger calls
+storage from threads), and aiohttp resolves host names there too; the default
+(cores + 4) would let a handful of slow replicas starve every other ledger."""
 REPLICAS_DIR = ".replicas"
 
 
@@ -136,3 +143,10 @@ async def take_over(
     except NoBrokers:
         return None
     return await catalog.move_home(name, away_from=dead, to=target)
+
+
+def widen_default_executor() -> None:
+    """Give the running loop a default executor of :data:`LEDGER_IO_THREADS` threads."""
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(LEDGER_IO_THREADS, thread_name_prefix="ledger-io")
+    )

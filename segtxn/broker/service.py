@@ -159,6 +159,7 @@ class BrokerService:
             )
             if self.replica_nodes is not None:
                 assert isinstance(self.storage, ReplicatedLogStorage)
+                replication.widen_default_executor()
                 await self.storage.start()
                 await self.replica_nodes.start()
             await self.headers.start()
@@ -385,6 +386,8 @@ class BrokerService:
                 snapshots=self.snapshots,
                 v4=self.v4_checks,
             )
+            if self.replica_nodes is not None:  # it may have moved while it was loading
+                await handoff.check_still_home(self, topic)
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, self._refuse(name, e)) from e
         except LedgerError as e:
