@@ -472,3 +472,39 @@ async def test_a_ledger_that_lost_copies_gets_new_ones_when_it_is_recovered(
     await reader.close()
     with pytest.raises(LedgerFenced):
         await writer.close()
+
+
+def test_a_node_holds_a_bounded_number_of_replicas_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node touched every replica it serves: all stayed open (a file and an index each)
+    until deleted, however many ledgers it held. The least recently used are closed now,
+    and opened again on their next use, whole."""
+    monkeypatch.setattr(node_module, "MAX_OPEN", 3)
+    node = ReplicaNode(tmp_path, tail_bytes=1 << 20)
+    for ledger_id in range(1, 9):
+        node.create(NAME, ledger_id)
+        node.append(NAME, ledger_id, 0, [f"e{ledger_id}".encode()], False)
+        assert len(node._held) <= 3
+    for ledger_id in range(1, 9):  # each reopened on use, as it was
+        assert node.read(NAME, ledger_id, 0, 0) == [f"e{ledger_id}".encode()]
+        assert node.append(NAME, ledger_id, 1, [b"more"], False) == 2
+    assert len(node._held) <= 3
+    node.close()
+
+
+def test_a_replica_being_read_is_not_closed_under_the_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_module, "MAX_OPEN", 1)
+    node = ReplicaNode(tmp_path, tail_bytes=1 << 20)
+    node.create(NAME, 1)
+    node.append(NAME, 1, 0, [b"held"], False)
+    reading = node._held[(NAME, 1)]
+    node._readers[(NAME, 1)] = 1  # a read in flight (it runs outside the lock)
+    node.create(NAME, 2)  # over the limit: ledger 1 is the one to close, but it is in use
+    assert node._held.get((NAME, 1)) is reading and reading.read(0, 0) == [b"held"]
+    node._readers.clear()
+    node.create(NAME, 3)  # now it can go
+    assert (NAME, 1) not in node._held
+    node.close()

@@ -29,6 +29,7 @@ import asyncio
 import os
 import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +43,9 @@ from segtxn.ledger.records import FORMAT
 T = TypeVar("T")
 
 INSTANCE_FILE = ".instance"
+MAX_OPEN = 512
+"""Replicas a node holds open at most (about: one in use is never closed); the others are
+opened again when they are next used."""
 READ_BYTES = 4 << 20
 """About the most bytes one read answers with (one entry, however large, always goes)."""
 
@@ -73,7 +77,10 @@ class ReplicaNode:
         self.max_request_bytes = tail_bytes
         """The largest batch a writer sends (its frames take no more than its records)."""
         self.instance = _instance(root)
-        self._held: dict[tuple[str, int], FileEntryLog] = {}
+        self._held: OrderedDict[tuple[str, int], FileEntryLog] = OrderedDict()
+        """Replicas held open, least recently used first (at most about MAX_OPEN)."""
+        self._readers: dict[tuple[str, int], int] = {}
+        """Reads in flight per replica (they run outside its lock): never closed under one."""
         self._locks: dict[tuple[str, int], threading.Lock] = {}
         self._guard = threading.Lock()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="replica-node")
@@ -109,7 +116,7 @@ class ReplicaNode:
                 if held.count:
                     raise LedgerCorrupted(f"replica {ledger_id} of {name} already has entries")
                 return
-            self._held[key] = self._files.create(name, ledger_id)
+            self._hold(key, self._files.create(name, ledger_id))
 
     def append(
         self, name: str, ledger_id: int, first: int, payloads: Sequence[bytes], recovery: bool
@@ -183,11 +190,24 @@ class ReplicaNode:
         key = (name, ledger_id)
         with self._lock(key):
             replica = self._replica(key, create=False)
-        if first >= replica.count:
-            raise IndexError(f"replica {ledger_id} of {name} holds {replica.count} entries")
-        fit = replica.entries_within(first, READ_BYTES)
-        last = min(last, replica.count - 1, first + fit - 1)
-        return replica.read(first, last)
+            with self._guard:
+                self._readers[key] = self._readers.get(key, 0) + 1
+        try:
+            if first >= replica.count:
+                raise IndexError(f"replica {ledger_id} of {name} holds {replica.count} entries")
+            fit = replica.entries_within(first, READ_BYTES)
+            last = min(last, replica.count - 1, first + fit - 1)
+            return replica.read(first, last)
+        except OSError as e:  # deleted (a trim) while this read went on
+            where = self._files.where(name, ledger_id)
+            raise LedgerMissing(f"{where}: gone while it was read ({e})", paths=(where,)) from e
+        finally:
+            with self._guard:
+                left = self._readers[key] - 1
+                if left:
+                    self._readers[key] = left
+                else:
+                    del self._readers[key]
 
     def delete(self, name: str, ledger_id: int) -> None:
         """Remove the replica and its fence (idempotent)."""
@@ -203,7 +223,7 @@ class ReplicaNode:
 
     def close(self) -> None:
         with self._guard:
-            held, self._held = self._held, {}
+            held, self._held = self._held, OrderedDict()
         for replica in held.values():
             replica.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -222,6 +242,7 @@ class ReplicaNode:
         acknowledged) on first use, or created for a recovery's copy."""
         held = self._held.get(key)
         if held is not None:
+            self._held.move_to_end(key)
             return held
         replica: EntryLog
         if create and not self._files.exists(*key):
@@ -230,8 +251,37 @@ class ReplicaNode:
             recovered = self._files.recover(*key, log_format=FORMAT, tail_bytes=self._tail_bytes)
             replica = recovered.log
         assert isinstance(replica, FileEntryLog)  # (what file storage hands out)
-        self._held[key] = replica
+        self._hold(key, replica)
         return replica
+
+    def _hold(self, key: tuple[str, int], replica: FileEntryLog) -> None:
+        """Keep ``replica`` open (``key``'s lock held), closing idle ones past the limit."""
+        self._held[key] = replica
+        if len(self._held) > MAX_OPEN:
+            self._close_idle(but=key)
+
+    def _close_idle(self, *, but: tuple[str, int]) -> None:
+        """Close the least recently used replicas until at most :data:`MAX_OPEN` are open:
+        those whose lock is free (nothing is appended or fenced there now) and that no
+        read is using. They are opened again on their next use. Called with ``but``'s lock
+        held; other locks are only tried, never waited for (no lock order to get wrong)."""
+        for key in list(self._held):
+            if len(self._held) <= MAX_OPEN:
+                return
+            if key == but:
+                continue
+            lock = self._lock(key)
+            if not lock.acquire(blocking=False):
+                continue
+            try:
+                with self._guard:
+                    if self._readers.get(key):
+                        continue
+                    replica = self._held.pop(key, None)
+                if replica is not None:
+                    replica.close()
+            finally:
+                lock.release()
 
 
 def _instance(root: Path) -> str:
