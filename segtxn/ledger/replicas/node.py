@@ -222,11 +222,12 @@ class ReplicaNode:
             self._locks.pop(key, None)
 
     def close(self) -> None:
+        """Let the operations in flight end (an append's fsync), then close every replica."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
         with self._guard:
             held, self._held = self._held, OrderedDict()
         for replica in held.values():
             replica.close()
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ helpers
 

@@ -248,6 +248,7 @@ class ReplicatedLog(EntryLog):
         (each is bounded by its replica's timeout): a clean close leaves every replica
         that answers holding every entry."""
         self._writable = False
+        self._short_of = None  # (no more checks; one in flight only sets a flag)
         sends, self._sends = list(self._sends.values()), {}
         if sends:
             blocking(self._loop, asyncio.wait(sends))

@@ -115,7 +115,8 @@ class ReplicatedLogStorage(LogStorage):
                 else:
                     chosen.append(replica)
         if len(chosen) < self.ack_quorum:
-            await _delete_all(chosen, name, ledger_id)
+            # (the empty replicas made are left: a create of an empty replica is idempotent,
+            # so one of them may be another owner's, made for the same id, in use)
             raise NotEnoughReplicas(
                 f"ledger {ledger_id} of {name} needs at least {self.ack_quorum} storage "
                 f"nodes (the ack quorum; {self.write_quorum} to be whole); {len(chosen)} of "
