@@ -57,7 +57,7 @@ class LogHandles:
             entry_log = self._logs.get(ledger_id)
             if entry_log is None:  # a closed ledger, opened on first read
                 entry_log = await self._open_closed(info)
-            return await asyncio.to_thread(entry_log.read, first, last)
+            return await entry_log.read_async(first, last)
         finally:
             self._reading[ledger_id] -= 1
             if not self._reading[ledger_id]:

@@ -5,9 +5,11 @@ batches that are durable when ``append_batch`` returns. :class:`LogStorage` crea
 and recovers them, and deletes them. A replicated implementation (BookKeeper-style
 ensembles) would slot in here; the managed ledger above does not care where bytes live.
 
-Methods are blocking: the managed ledger calls them from a worker thread, one at a time per
-log (appends are serialized by the group-commit writer; reads may run concurrently with an
-append and only ever see whole, synced entries).
+Methods are blocking: the managed ledger calls them from a worker thread (appends and reads
+through ``append_batch_async`` and ``read_async``, which a log doing its I/O as coroutines
+runs on the loop instead), one at a time per log (appends are serialized by the
+group-commit writer; reads may run concurrently with an append and only ever see whole,
+synced entries).
 
 What a crash may leave behind, and what recovery does about it, is the contract of
 :mod:`segtxn.ledger.recovery`.
@@ -15,6 +17,7 @@ What a crash may leave behind, and what recovery does about it, is the contract 
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -96,6 +99,16 @@ class EntryLog(ABC):
                 the next ledger.
             LedgerFenced: another owner recovered the ledger.
         """
+
+    async def append_batch_async(self, payloads: Sequence[bytes]) -> None:
+        """:meth:`append_batch` without blocking the event loop: on a worker thread, unless
+        the log does its I/O as coroutines itself (a replicated one does: no thread is held
+        for its network round trips)."""
+        await asyncio.to_thread(self.append_batch, payloads)
+
+    async def read_async(self, first: int, last: int) -> list[bytes]:
+        """:meth:`read` without blocking the event loop (as :meth:`append_batch_async`)."""
+        return await asyncio.to_thread(self.read, first, last)
 
     @abstractmethod
     def read(self, first: int, last: int) -> list[bytes]:

@@ -230,11 +230,11 @@ class ManagedLedger(LedgerReads):
             ):
                 current = await self._roll_over(current)
             try:
-                await asyncio.to_thread(current.append_batch, batch)
+                await current.append_batch_async(batch)
             except LedgerUnwritable as e:  # closed at what it acknowledged; the next one
                 log.warning("%s: %s; starting its next ledger", self.name, e)
                 current = await self._roll_over(current)
-                await asyncio.to_thread(current.append_batch, batch)
+                await current.append_batch_async(batch)
             first = current.count - len(batch)
             self._last = Position(current.ledger_id, current.count - 1)
         self.stats.entries += len(batch)

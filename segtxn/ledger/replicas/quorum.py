@@ -14,8 +14,10 @@ the batch to the next. A replica that says it is fenced means another owner reco
 ledger: ``LedgerFenced``.
 
 Reads go to the local replica if it holds the ledger, then to the others in turn.
-``append_batch`` and ``read`` block (the managed ledger calls them from worker threads):
-they run their coroutines on the loop the storage was started on.
+The managed ledger appends and reads through ``append_batch_async`` and ``read_async``,
+coroutines on its loop: no thread waits for a network round trip. The blocking
+``append_batch`` and ``read`` (the ``EntryLog`` contract) run them on that loop from a
+worker thread.
 """
 
 from __future__ import annotations
@@ -102,9 +104,12 @@ class ReplicatedLog(EntryLog):
         return self._size
 
     def append_batch(self, payloads: Sequence[bytes]) -> None:
+        blocking(self._loop, self.append_batch_async(payloads))
+
+    async def append_batch_async(self, payloads: Sequence[bytes]) -> None:
         if not self._writable:
             raise LedgerError(f"ledger {self.ledger_id} of {self.name} is closed to appends")
-        blocking(self._loop, self._append(list(payloads)))
+        await self._append(list(payloads))
 
     async def _append(self, payloads: list[bytes]) -> None:
         first = self._count
@@ -212,11 +217,11 @@ class ReplicatedLog(EntryLog):
             )
 
     def read(self, first: int, last: int) -> list[bytes]:
+        return blocking(self._loop, self.read_async(first, last))
+
+    async def read_async(self, first: int, last: int) -> list[bytes]:
         if last >= self._count:
             raise IndexError(f"ledger {self.ledger_id}: entry {last} is beyond {self._count}")
-        return blocking(self._loop, self._read(first, last))
-
-    async def _read(self, first: int, last: int) -> list[bytes]:
         out: list[bytes] = []
         while first + len(out) <= last:
             out += await self._read_some(first + len(out), last)
