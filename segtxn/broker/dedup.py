@@ -12,12 +12,22 @@ connection, so a reconnected producer's sends are stored after its old connectio
 The state is snapshotted to ``/dedup/<quoted topic>`` every ``snapshot_every`` messages;
 after a restart the snapshot is loaded and the entries written after it are replayed, so
 a producer reconnecting to a restarted broker is de-duplicated too.
+
+**Expiry.** A producer name that stored nothing for ``expiry_s`` (a day by default, as
+Kafka's ``producer.id.expiration.ms``; Pulsar forgets inactive producers after 6 hours) and
+is not connected, with nothing in flight, is forgotten, at each snapshot and after a
+recovery: otherwise every name that ever produced would stay in memory and in the
+snapshot for good (clients make new names, e.g. each process start), and the snapshot
+would outgrow what one store write takes. A producer that comes back under a forgotten
+name after that starts afresh: a resend of a message older than the expiry is stored again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
+from collections.abc import Container
 from urllib.parse import quote
 
 import msgspec
@@ -29,6 +39,7 @@ from segtxn.metastore import MetadataStore
 
 PREFIX = "/dedup/"
 RECENT_PER_PRODUCER = 1024
+DEFAULT_EXPIRY_S = 24 * 3600.0
 
 
 class DedupSnapshot(msgspec.Struct, frozen=True):
@@ -36,46 +47,86 @@ class DedupSnapshot(msgspec.Struct, frozen=True):
     """Every entry up to here is reflected in ``producers``."""
     producers: dict[str, int]
     """producer name -> highest stored sequence id."""
+    seen: dict[str, int] = msgspec.field(default_factory=dict)
+    """producer name -> when it last stored a message (ms; absent in older snapshots)."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class ProducerState:
-    def __init__(self, last: int) -> None:
+    def __init__(self, last: int, seen_ms: int) -> None:
         self.last = last
+        self.seen_ms = seen_ms
+        """When it last stored a message (or was first seen): what expiry goes by."""
         self.recent: OrderedDict[int, Position] = OrderedDict()
         self.in_flight: dict[int, asyncio.Future[Position]] = {}
         self.order = SendOrder()
         """The turns of this producer's sends: they are stored in the order they arrive."""
 
-    def stored(self, seq: int, position: Position) -> None:
+    def stored(self, seq: int, position: Position, at_ms: int) -> None:
         self.last = max(self.last, seq)
+        self.seen_ms = max(self.seen_ms, at_ms)
         self.recent[seq] = position
         while len(self.recent) > RECENT_PER_PRODUCER:
             self.recent.popitem(last=False)
 
+    @property
+    def busy(self) -> bool:
+        """A send of it is in flight or waiting for its turn."""
+        return bool(self.in_flight) or not self.order.idle
+
 
 class Deduplication:
-    def __init__(self, topic: str, store: MetadataStore, snapshot_every: int) -> None:
+    def __init__(
+        self,
+        topic: str,
+        store: MetadataStore,
+        snapshot_every: int,
+        *,
+        expiry_s: float = DEFAULT_EXPIRY_S,
+    ) -> None:
         self._key = PREFIX + quote(topic, safe="")
         self._store = store
         self._every = snapshot_every
+        self._expiry_ms = int(expiry_s * 1000)
         self.producers: dict[str, ProducerState] = {}
+        self.connected: Container[str] = ()
+        """The names of the producers connected now (never forgotten): the topic's."""
         self._since_snapshot = 0
         self._position: Position | None = None
 
-    def state(self, producer: str) -> ProducerState:
+    def state(self, producer: str, *, seen_ms: int | None = None) -> ProducerState:
+        """``producer``'s state, made if new (seen at ``seen_ms``, default now)."""
         state = self.producers.get(producer)
         if state is None:
-            state = self.producers[producer] = ProducerState(-1)
+            seen = _now_ms() if seen_ms is None else seen_ms
+            state = self.producers[producer] = ProducerState(-1, seen)
         return state
+
+    def expire(self, now_ms: int | None = None) -> int:
+        """Forget the producers idle past the expiry (see the module docstring); returns
+        how many were forgotten."""
+        cutoff = (_now_ms() if now_ms is None else now_ms) - self._expiry_ms
+        idle = [
+            name
+            for name, state in self.producers.items()
+            if state.seen_ms < cutoff and not state.busy and name not in self.connected
+        ]
+        for name in idle:
+            del self.producers[name]
+        return len(idle)
 
     async def recover(self, ledger: ManagedLedger) -> None:
         """Load the snapshot and replay every entry written after it."""
         record = await self._store.get(self._key)
         start = ledger.first_position()
+        now = _now_ms()
         if record is not None:
             snapshot = msgspec.json.decode(record.value, type=DedupSnapshot)
             for name, last in snapshot.producers.items():
-                self.state(name).last = last
+                self.producers[name] = ProducerState(last, snapshot.seen.get(name, now))
             if snapshot.position is not None:
                 start = ledger.position_after(Position(*snapshot.position))
         while start is not None:
@@ -86,13 +137,16 @@ class Deduplication:
                 message = decode_entry(entry.payload)
                 if message.marker is not None:  # a v4 transaction marker: no producer's
                     continue
-                self.state(message.producer_name).stored(message.sequence_id, entry.position)
+                at = message.publish_time_ms
+                state = self.state(message.producer_name, seen_ms=at)
+                state.stored(message.sequence_id, entry.position, at)
             self._position = entries[-1].position
             start = ledger.position_after(entries[-1].position)
+        self.expire(now)
 
     def note_stored(self, producer: str, seq: int, position: Position) -> bool:
         """Record a stored message; True when a snapshot is due."""
-        self.state(producer).stored(seq, position)
+        self.state(producer).stored(seq, position, _now_ms())
         if self._position is None or position > self._position:
             self._position = position
         self._since_snapshot += 1
@@ -100,9 +154,14 @@ class Deduplication:
 
     async def snapshot(self) -> None:
         self._since_snapshot = 0
+        self.expire()
         at = self._position
         position = None if at is None else (at.ledger_id, at.entry_id)
-        body = DedupSnapshot(position, {n: s.last for n, s in self.producers.items()})
+        body = DedupSnapshot(
+            position,
+            {n: s.last for n, s in self.producers.items()},
+            {n: s.seen_ms for n, s in self.producers.items()},
+        )
         await self._store.put(self._key, msgspec.json.encode(body))
 
     async def delete(self) -> None:

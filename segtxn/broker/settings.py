@@ -101,6 +101,9 @@ class BrokerSettings:
     auto_create_topics: bool = False
     dedup_snapshot_every: int = 1000
     """Persist de-duplication state after this many messages on a topic."""
+    dedup_expiry_s: float = 24 * 3600.0
+    """Forget a producer name that stored nothing for this long and is not connected
+    (segtxn/broker/dedup.py): a resend older than this is stored again."""
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     """Broker-wide, for every topic and segment served here: 7 days and no size limit by

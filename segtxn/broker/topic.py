@@ -68,6 +68,7 @@ class Topic:
         self._ops = ops
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}
+        dedup.connected = self.producers  # connected producers are never forgotten
         """Connected producer names -> their connection (a name is used by one at a time)."""
         self.publishing = Publishing(name, ledger, dedup, buffer, settings.max_message_bytes)
         self.counters = self.publishing.counters
@@ -112,7 +113,9 @@ class Topic:
             buffer = NoTransactions(ledger)
         topic: Topic | None = None
         try:
-            dedup = Deduplication(str(name), store, settings.dedup_snapshot_every)
+            dedup = Deduplication(
+                str(name), store, settings.dedup_snapshot_every, expiry_s=settings.dedup_expiry_s
+            )
             await dedup.recover(ledger)
             await buffer.recover()
             topic = cls(
