@@ -21,9 +21,10 @@ draining until ``DELETE .../drain`` or a restart (the flag lives in its registra
 
 **Letting go.** A topic whose ledger stopped taking appends for a reason reopening may
 cure (too few replicas, a fence, the store away) is unloaded, its clients hung up on, so
-the next one reopens it here or is sent where it lives now (:func:`write_failed`); and a
+the next one reopens it here or is sent where it lives now (:func:`write_failed`); a
 broker that registers again after losing its session unloads what was taken over
-meanwhile (:func:`unload_moved`).
+meanwhile (:func:`unload_moved`); and sealed topics left idle are unloaded
+(:func:`unload_idle`), loaded again on their next use.
 """
 
 from __future__ import annotations
@@ -144,6 +145,25 @@ async def unload_moved(service: BrokerService) -> None:
         service.topics.pop(name, None)
         log.warning("%s: taken over by broker %s while this one was away", name, home)
         await _let_go(topic)
+
+
+async def unload_idle(service: BrokerService, now: float) -> None:
+    """Unload the topics seen :meth:`~Topic.idle` at two sweeps at least
+    ``unload_idle_s`` apart (0: never)."""
+    limit = service.settings.unload_idle_s
+    if not limit:
+        return
+    for name, topic in list(service.topics.items()):
+        if not topic.idle():
+            topic.idle_since = None
+        elif topic.idle_since is None:
+            topic.idle_since = now
+        elif now - topic.idle_since >= limit and service.topics.get(name) is topic:
+            del service.topics[name]
+            log.info(
+                "%s: unloaded, idle for %.0f s (sealed, no client)", name, now - topic.idle_since
+            )
+            await _let_go(topic)
 
 
 async def _let_go(topic: Topic) -> None:

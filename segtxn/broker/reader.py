@@ -19,6 +19,7 @@ from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import LedgerClosed, LedgerError, ManagedLedger, Position
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import EndOfTopic, Error
+from segtxn.protocol.limits import parse_position
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +114,36 @@ class Reader:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         await self._follower.close()
+
+
+NOTHING = Position(-1, -1)
+"""A reader's end before any entry: it ends at once (``end=-1:-1``, what ``latest`` is on a
+topic that holds nothing)."""
+
+
+def end_position(ledger: ManagedLedger, end: str | None) -> Position | None:
+    """Where a reader stops (inclusive): ``latest`` is the last entry stored now."""
+    if end is None:
+        return None
+    if end == "latest":
+        last = ledger.last_confirmed
+        return last if last is not None else NOTHING  # nothing stored: end at once
+    if end == str(NOTHING):
+        return NOTHING
+    return Position(*parse_position(end, "end (latest or LEDGER:ENTRY)"))
+
+
+def start_position(ledger: ManagedLedger, start: str) -> Position:
+    """Where a reader starts: ``earliest``, ``latest`` or a ``LEDGER:ENTRY`` in range."""
+    if start == "earliest":
+        return ledger.first_position() or ledger.next_write_position()
+    if start == "latest":
+        return ledger.next_write_position()
+    position = Position(*parse_position(start, "start (earliest, latest or LEDGER:ENTRY)"))
+    if position > ledger.next_write_position():
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT,
+            f"start={position} is beyond the end of {ledger.name} "
+            f"(its next message is {ledger.next_write_position()}); use latest",
+        )
+    return position

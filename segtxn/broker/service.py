@@ -183,6 +183,7 @@ class BrokerService:
                         log.info("%s: trimmed ledgers %s", topic.name, result.ledgers)
                 except Exception:
                     log.exception("%s: retention failed", topic.name)
+            await handoff.unload_idle(self, time.monotonic())
 
     async def _check_data(self) -> None:
         """Refuse (and log) every topic homed here whose ledger files are missing."""

@@ -109,7 +109,12 @@ class BrokerSettings:
     """Broker-wide, for every topic and segment served here: 7 days and no size limit by
     default; unconsumed data is never deleted (the rules: :mod:`segtxn.ledger.retention`)."""
     retention_check_s: float = 60.0
-    """How often ledgers past retention are trimmed (with their indexes)."""
+    """How often ledgers past retention are trimmed (with their indexes), and idle topics
+    unloaded (``unload_idle_s``)."""
+    unload_idle_s: float = 600.0
+    """A sealed topic or segment with no client and no transaction in flight is unloaded
+    once it has been idle this long (0: never): a broker serving a topic that splits and
+    merges for months would otherwise keep every sealed segment open (memory, files)."""
     txn_buffer_snapshot_every: int = 100
     """A persistent topic's v4 transaction buffer snapshots its indexes after this many
     markers (recovery replays the ledger from the latest snapshot)."""

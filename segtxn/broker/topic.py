@@ -68,8 +68,12 @@ class Topic:
         self._ops = ops
         self.subscriptions: dict[str, Subscription] = {}
         self.producers: dict[str, object] = {}
-        dedup.connected = self.producers  # connected producers are never forgotten
         """Connected producer names -> their connection (a name is used by one at a time)."""
+        dedup.connected = self.producers  # connected producers are never forgotten
+        self.readers: set[object] = set()
+        """Cursor-less readers reading it now."""
+        self.idle_since: float | None = None
+        """When (monotonic) it was last seen idle by the broker's sweep (None: in use)."""
         self.publishing = Publishing(name, ledger, dedup, buffer, settings.max_message_bytes)
         self.counters = self.publishing.counters
         self._sub_lock = asyncio.Lock()
@@ -337,6 +341,17 @@ class Topic:
 
     def busy(self) -> bool:
         return bool(self.producers) or any(s.consumers for s in self.subscriptions.values())
+
+    def idle(self) -> bool:
+        """Sealed, no producer, consumer or reader, and no transaction in flight in it:
+        nothing is lost by unloading it (it loads again on its next use, without making
+        a new ledger, since it is sealed)."""
+        return (
+            self.ledger.is_sealed
+            and not self.busy()
+            and not self.readers
+            and self.buffer.max_read_position == self.ledger.last_confirmed
+        )
 
     async def delete(self) -> None:
         """Delete the topic's data, subscriptions and de-duplication state."""

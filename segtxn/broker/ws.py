@@ -44,8 +44,7 @@ from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.publishing import Outcome
-from segtxn.broker.reader import Reader
-from segtxn.broker.topic import Topic
+from segtxn.broker.reader import Reader, end_position, start_position
 from segtxn.ledger import Position
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -61,7 +60,6 @@ from segtxn.protocol.frames import (
     Send,
     SendBatch,
 )
-from segtxn.protocol.limits import parse_position
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnId
 
@@ -435,8 +433,8 @@ async def reader(request: web.Request) -> web.StreamResponse:
     try:
         name = topic_from(request)
         topic = await service.serve(name)
-        start = _start_position(topic, request.query.get("start", "latest"))
-        end = _end_position(topic, request.query.get("end"))
+        start = start_position(topic.ledger, request.query.get("start", "latest"))
+        end = end_position(topic.ledger, request.query.get("end"))
     except ServerError as e:
         return error_response(e, request)
     await ws.prepare(request)
@@ -459,41 +457,11 @@ async def reader(request: web.Request) -> web.StreamResponse:
         else:
             raise ServerError(ErrorName.NOT_ALLOWED, "a reader does not acknowledge")
 
+    topic.readers.add(link)  # (a topic with readers is not unloaded for being idle)
     try:
         await _receive_frames(ws, frames.consumer_input.decode, handle, outbox)
     finally:
+        topic.readers.discard(link)
         await session.close()
         await outbox.close()
     return ws
-
-
-NOTHING = Position(-1, -1)
-"""A reader's end before any entry: it ends at once (``end=-1:-1``, what ``latest`` is on a
-topic that holds nothing)."""
-
-
-def _end_position(topic: Topic, end: str | None) -> Position | None:
-    """Where a reader stops (inclusive): ``latest`` is the last entry stored now."""
-    if end is None:
-        return None
-    if end == "latest":
-        last = topic.ledger.last_confirmed
-        return last if last is not None else NOTHING  # nothing stored: end at once
-    if end == str(NOTHING):
-        return NOTHING
-    return Position(*parse_position(end, "end (latest or LEDGER:ENTRY)"))
-
-
-def _start_position(topic: Topic, start: str) -> Position:
-    if start == "earliest":
-        return topic.ledger.first_position() or topic.ledger.next_write_position()
-    if start == "latest":
-        return topic.ledger.next_write_position()
-    position = Position(*parse_position(start, "start (earliest, latest or LEDGER:ENTRY)"))
-    if position > topic.ledger.next_write_position():
-        raise ServerError(
-            ErrorName.INVALID_ARGUMENT,
-            f"start={position} is beyond the end of {topic.name} "
-            f"(its next message is {topic.ledger.next_write_position()}); use latest",
-        )
-    return position
