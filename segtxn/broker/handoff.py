@@ -34,7 +34,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from segtxn.ledger import LedgerError, WriteFailed
+from segtxn.ledger import LedgerError, WriteFailed, movable
 from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import TopicName
@@ -87,6 +87,18 @@ async def drain(service: BrokerService) -> dict[str, Any]:
 
 
 async def _move(service: BrokerService, name: TopicName) -> None:
+    """Hand ``name`` to the live broker with the fewest homes.
+
+    Raises:
+        ServerError: NotAllowed, a ledger of it was written before replication was turned
+            on and lives on this broker's disk alone (it stays here, served).
+    """
+    if not await movable(str(name), service.store):
+        raise ServerError(
+            ErrorName.NOT_ALLOWED,
+            f"{name}: a ledger of it was written before replication was turned on and is "
+            f"on broker {service.broker_id}'s disk alone: it cannot move",
+        )
     (target,) = await service.catalog.place(1)
     service.moving.add(name)
     try:

@@ -292,3 +292,29 @@ async def test_draining_needs_replication(
         with pytest.raises(ServerError) as unknown:
             await client.admin.drain_broker("nobody")
         assert unknown.value.name is ErrorName.SERVICE_NOT_READY
+
+
+@pytest.mark.slow
+async def test_a_drain_leaves_a_topic_written_before_replication_where_it_is(
+    cluster_store: str, tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    """Its ledger is on its broker's disk alone: moved, its new home would refuse it
+    (PersistenceError) and turn not ready. The drain names it under `failed` instead."""
+    before = processes.broker(cluster_store, tmp_path / "b0", "b0", session_ttl=TTL)
+    started.append(before)
+    before.start()
+    await before.ready()
+    topic = "persistent://acme/ha/local"
+    async with Client(before.url) as client:
+        await client.admin.create_topic(topic)
+        await (await client.create_producer(topic)).send(b"on b0's disk")
+    before.stop()
+    brokers = await three_brokers(cluster_store, tmp_path, started)  # b0 again, replicated
+    async with Client(brokers[0].url) as client:
+        result = await client.admin.drain_broker("b0")
+        assert result["moved"] == []
+        assert "written before replication" in result["failed"][topic]
+        assert (await client.admin.broker_homes("b0")).homes == [topic]
+        await client.admin.undrain_broker("b0")
+        consumer = await client.subscribe(topic, "check", initial_position="earliest")
+        assert (await consumer.receive(timeout_s=10)).value == b"on b0's disk"
