@@ -1,11 +1,11 @@
 """``GET /admin/v2/brokers/{broker}/homes``: which topics and segments a broker holds;
 ``POST``/``DELETE /admin/v2/brokers/{broker}/drain``: hand them all to the others.
 
-A topic or segment lives on its home broker's disk and never moves (ledgers are not
-replicated; :mod:`segtxn.topics.catalog`). Removing a broker therefore strands the data
-of everything homed on it. The operator asks this before it lowers a cluster's broker
-count (its scale-down guard); any broker answers for any other, alive or not, from the
-store's ``homes-by-broker`` index (one bounded range read).
+Without replication a topic or segment lives on its home broker's disk and never moves
+(:mod:`segtxn.topics.catalog`), so removing the broker strands it; with it, a drain
+(:mod:`segtxn.broker.handoff`) moves them first. The operator asks this before it lowers
+a cluster's broker count (its scale-down guard); any broker answers for any other, alive
+or not, from the store's ``homes-by-broker`` index (one bounded range read).
 """
 
 from __future__ import annotations

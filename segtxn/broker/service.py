@@ -7,8 +7,10 @@ down gets ``ServiceNotReady``. Topics are loaded on first use, once (concurrent 
 share the load).
 
 If the broker's session expires (the store was unreachable for a TTL), it registers again
-with a new session; its topics keep being served meanwhile, since no other broker can serve
-them (their data is on this broker's disk).
+with a new session; its topics keep being served meanwhile. With replication another
+broker may have taken some over in the meantime: it unloads those when it registers again
+(:mod:`segtxn.broker.handoff`); without it no other broker can serve them (their data is
+on this broker's disk).
 
 **Refused topics.** A topic or segment whose ledger is damaged where a crash cannot explain
 it, or whose ledger files are missing, is refused (``PersistenceError`` naming the file),

@@ -77,7 +77,8 @@ class Replication:
 @dataclass(frozen=True)
 class BrokerSettings:
     broker_id: str
-    """Stable identity: a broker's topics live on its disk and come back with this id."""
+    """Stable identity: a broker's topics (without replication, on its disk alone) come back
+    with this id."""
     advertise_url: str
     """How clients and other brokers reach this broker (http://host:port)."""
     store_url: str = "memory://"

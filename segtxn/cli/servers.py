@@ -133,7 +133,9 @@ STORE_HELP = (
 
 @click.command()
 @click.option("--store", required=True, type=StoreUrl(), help=STORE_HELP)
-@data_dir_option(required=True, help="Where this broker keeps its ledgers (its topics live here).")
+@data_dir_option(
+    required=True, help="Where this broker keeps its ledgers (and, with --replication, replicas)."
+)
 @click.option(
     "--advertise",
     required=True,

@@ -11,6 +11,8 @@ then waits for the moment that makes it bite:
 - ``kill-server``: a processor has just written ``committing`` (its END_TXN is being
   materialized), then SIGKILL the server, wait ``hold_s``, restart it on its data dir and
   port;
+- ``wipe-server`` (replicated clusters): as ``kill-server``, and its data directory is
+  emptied before the restart (it comes back a new storage instance);
 - ``restart-etcd``: stop the private etcd, wait ``hold_s``, start it on the same data dir.
 
 Faults run one after another (a late one starts at once), each step recorded in the

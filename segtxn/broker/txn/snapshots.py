@@ -4,8 +4,9 @@ A ``persistent://`` topic's :class:`~segtxn.broker.txn.markers.MarkerTransaction
 writes its indexes (ongoing transactions and their first entries, aborted ones and their
 markers) every so many markers to its namespace's
 ``persistent://<t>/<ns>/__transaction_buffer_snapshot@<broker>`` log, so recovery replays
-only the ledger after the latest one. A topic never moves between brokers, so each broker
-keeps its own log, read once when first opened (the latest position per topic is indexed).
+only the ledger after the latest one. Each broker keeps its own log, read once when first
+opened (the latest position per topic is indexed); a topic that moved (a take-over or a
+drain) finds no snapshot, or an older one, in its new broker's log, and replays more.
 
 **Only each topic's latest snapshot is needed**, so the log is a
 :class:`~segtxn.ledger.compacted.CompactedLog`: once ``compact_entries`` snapshots were
