@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from segtxn.ledger import FileLogStorage, LedgerSettings, LogStorage, ManagedLedger
 from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.metastore import MetadataStore, open_store
+from tests.ledger.replicas import Cluster
 
 OpenLedger = Callable[..., Awaitable[ManagedLedger]]
 
@@ -39,3 +41,14 @@ async def open_ledger(store: MetadataStore, storage: LogStorage) -> AsyncIterato
     yield open_
     for ledger in opened:
         await ledger.close()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    """Storage nodes for replication tests (tests/ledger/replicas.py), none started yet."""
+    async with aiohttp.ClientSession() as session:
+        nodes = Cluster(tmp_path, session)
+        try:
+            yield nodes
+        finally:
+            await nodes.close()

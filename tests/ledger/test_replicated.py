@@ -7,10 +7,8 @@ Every node is a real ``ReplicaNode`` on real files behind a real aiohttp server
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 
 from segtxn.ledger import LedgerError, LedgerSettings, ManagedLedger, Position
@@ -28,28 +26,12 @@ from segtxn.ledger.replicas import (
 from segtxn.ledger.replicas import node as node_module
 from segtxn.ledger.replicas import quorum as quorum_module
 from segtxn.ledger.replicas.wire import encode_frames
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import MetadataStore
 from tests.ledger.replicas import TIMEOUT_S, Cluster, placement_members
 from tests.waiting import wait_until
 
 NAME = "persistent://t/n/replicated"
 TINY_LIMIT = 1000
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[MetadataStore]:
-    async with open_store("memory://") as s:
-        yield s
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    async with aiohttp.ClientSession() as session:
-        c = Cluster(tmp_path, session)
-        try:
-            yield c
-        finally:
-            await c.close()
 
 
 async def nodes(cluster: Cluster, n: int) -> Cluster:

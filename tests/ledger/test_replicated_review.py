@@ -7,35 +7,16 @@ aiohttp servers, managed ledgers on the in-memory store.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from segtxn.ledger import LedgerError, ManagedLedger
 from segtxn.ledger.replicas import HttpReplica, Member, ReplicaUnavailable
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import MetadataStore
 from tests.ledger.replicas import TIMEOUT_S, Cluster
 
 NAME = "persistent://t/n/replicated"
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[MetadataStore]:
-    async with open_store("memory://") as s:
-        yield s
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    async with aiohttp.ClientSession() as session:
-        c = Cluster(tmp_path, session)
-        try:
-            yield c
-        finally:
-            await c.close()
 
 
 async def payloads_of(ledger: ManagedLedger) -> list[bytes]:
