@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from segtxn.ledger import LedgerSettings, RetentionPolicy
+from segtxn.ledger.replicas import check_quorums
 from segtxn.protocol.limits import MAX_BROKER_ID
 
 BROKER_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_BROKER_ID - 1}}}")
@@ -53,12 +54,7 @@ class Replication:
     """How long a storage node may take to answer before it is taken for gone."""
 
     def __post_init__(self) -> None:
-        w, a = self.write_quorum, self.ack_quorum
-        if not 1 <= a <= w or 2 * a > w + 1:
-            raise ValueError(
-                f"replication {w}/{a}: the ack quorum must be at least 1, at most the write "
-                "quorum, and at most a majority of it (e.g. 3/2, 2/1, 1/1)"
-            )
+        check_quorums(self.write_quorum, self.ack_quorum)
         if self.timeout_s <= 0:
             raise ValueError("the replication timeout must be positive")
 

@@ -16,7 +16,7 @@ from segtxn.ledger.replicas.members import (
 )
 from segtxn.ledger.replicas.node import ReplicaFenced, ReplicaGap, ReplicaNode, WrongInstance
 from segtxn.ledger.replicas.quorum import ReplicatedLog
-from segtxn.ledger.replicas.storage import ReplicatedLogStorage
+from segtxn.ledger.replicas.storage import ReplicatedLogStorage, check_quorums
 from segtxn.ledger.replicas.wire import HttpReplica, replica_routes
 
 __all__ = [
@@ -33,5 +33,6 @@ __all__ = [
     "ReplicatedLog",
     "ReplicatedLogStorage",
     "WrongInstance",
+    "check_quorums",
     "replica_routes",
 ]

@@ -53,16 +53,22 @@ COPY_BATCH = 500
 """Entries one recovery read and append carry."""
 
 
+def check_quorums(write_quorum: int, ack_quorum: int) -> None:
+    """Raises ValueError unless ``1 <= A <= W`` and ``2A <= W + 1`` (see above)."""
+    if not 1 <= ack_quorum <= write_quorum or 2 * ack_quorum > write_quorum + 1:
+        raise ValueError(
+            f"replication {write_quorum}/{ack_quorum}: the ack quorum must be at least 1, at "
+            "most the write quorum, and at most a majority of it (2A <= W + 1; e.g. 3/2, 2/1, "
+            "1/1)"
+        )
+
+
 class ReplicatedLogStorage(LogStorage):
     def __init__(
         self, nodes: Nodes, local: LogStorage, *, write_quorum: int, ack_quorum: int
     ) -> None:
         """Raises ValueError: quorums that recovery cannot work with."""
-        if not 1 <= ack_quorum <= write_quorum or 2 * ack_quorum > write_quorum + 1:
-            raise ValueError(
-                f"replication {write_quorum}/{ack_quorum}: the ack quorum must be at least 1, "
-                "at most the write quorum, and at most a majority of it (2A <= W + 1)"
-            )
+        check_quorums(write_quorum, ack_quorum)
         self.nodes = nodes
         self.local = local
         self.write_quorum = write_quorum
