@@ -9,8 +9,7 @@ brokers, this one first; an entry is acknowledged once ``A`` have synced it
 this broker's own files, served as before.
 
 :class:`BrokerNodes` is the directory the replicated storage asks: the registered brokers
-that have a storage node are the ones alive, and a broker's URL is looked up in the store
-(kept for :data:`URL_TTL_S`, since a broker that restarts may come back elsewhere).
+that have a storage node are the ones alive (:class:`~segtxn.topics.nodes.CatalogNodes`).
 
 **Take-over.** A topic or segment whose home broker is not registered (its session
 expired: it died, or is paused or cut off) and whose ledgers are all replicated is moved to
@@ -22,91 +21,32 @@ unloads what is no longer its own when it registers again.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import aiohttp
-
-from segtxn.broker.settings import BrokerSettings, Replication
+from segtxn.broker.settings import BrokerSettings
 from segtxn.ledger import LogStorage, movable, open_log_storage
 from segtxn.ledger.metadata import tail_bound
 from segtxn.ledger.replicas import (
-    HttpReplica,
     LocalReplica,
-    Member,
-    Replica,
     ReplicaNode,
     ReplicatedLogStorage,
-    ReplicaUnavailable,
+    Replication,
 )
-from segtxn.metastore import MetadataStore, MetadataStoreError
+from segtxn.metastore import MetadataStore
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog, NoBrokers
+from segtxn.topics.nodes import CatalogNodes
 
-URL_TTL_S = 5.0
-LEDGER_IO_THREADS = 64
-"""The event loop's default executor with replication: each replicated append, read or
-recovery holds one of its threads for a network round trip (the managed ledger calls
-storage from threads), and aiohttp resolves host names there too; the default
-(cores + 4) would let a handful of slow replicas starve every other ledger."""
 REPLICAS_DIR = ".replicas"
 
 
-class BrokerNodes:
-    """The storage nodes of the registered brokers (the ``Nodes`` a replicated storage
-    uses)."""
+class BrokerNodes(CatalogNodes):
+    """The registered brokers' storage nodes, this broker's own among them (``node``)."""
 
     def __init__(self, catalog: Catalog, node: ReplicaNode, broker_id: str, timeout_s: float):
-        self._catalog = catalog
+        super().__init__(catalog, timeout_s, local=LocalReplica(node, broker_id))
         self.node = node
-        self._broker_id = broker_id
-        self.local: Member | None = Member(broker_id, node.instance)
-        self._timeout_s = timeout_s
-        self._session: aiohttp.ClientSession | None = None
-        self._urls: dict[str, tuple[float, str | None]] = {}
-
-    async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    async def alive(self) -> list[Member]:
-        return [
-            Member(b.broker_id, b.instance) for b in await self._catalog.brokers() if b.instance
-        ]
-
-    def replica(self, member: Member) -> Replica:
-        if member == self.local:
-            return LocalReplica(self.node, self._broker_id)
-        if self._session is None:
-            raise RuntimeError("BrokerNodes used before start()")
-        return HttpReplica(member, self._locate, self._session, timeout_s=self._timeout_s)
-
-    async def _locate(self, broker: str) -> str | None:
-        """``broker``'s URL: from the store at most every :data:`URL_TTL_S`, and the last
-        one known while the store does not answer (writes to replicas must not stop when
-        the metadata store restarts).
-
-        Raises:
-            ReplicaUnavailable: the store does not answer and no URL is known yet.
-        """
-        now = time.monotonic()
-        cached = self._urls.get(broker)
-        if cached is not None and now - cached[0] < URL_TTL_S:
-            return cached[1]
-        try:
-            url = await self._catalog.broker_url(broker)
-        except MetadataStoreError as e:
-            if cached is not None:
-                return cached[1]
-            raise ReplicaUnavailable(f"where broker {broker} is: {e}") from e
-        self._urls[broker] = (now, url)
-        return url
 
 
 def open_storage(
@@ -143,10 +83,3 @@ async def take_over(
     except NoBrokers:
         return None
     return await catalog.move_home(name, away_from=dead, to=target)
-
-
-def widen_default_executor() -> None:
-    """Give the running loop a default executor of :data:`LEDGER_IO_THREADS` threads."""
-    asyncio.get_running_loop().set_default_executor(
-        ThreadPoolExecutor(LEDGER_IO_THREADS, thread_name_prefix="ledger-io")
-    )

@@ -46,7 +46,7 @@ from segtxn.ledger import (
     WriteFailed,
     check_files,
 )
-from segtxn.ledger.replicas import ReplicatedLogStorage
+from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
 from segtxn.metastore import (
     MetadataStore,
     MetadataStoreError,
@@ -161,7 +161,7 @@ class BrokerService:
             )
             if self.replica_nodes is not None:
                 assert isinstance(self.storage, ReplicatedLogStorage)
-                replication.widen_default_executor()
+                widen_default_executor()
                 await self.storage.start()
                 await self.replica_nodes.start()
             await self.headers.start()

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from segtxn.ledger import LedgerSettings, RetentionPolicy
-from segtxn.ledger.replicas import check_quorums
+from segtxn.ledger.replicas import Replication
 from segtxn.protocol.limits import MAX_BROKER_ID
 
 BROKER_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_BROKER_ID - 1}}}")
@@ -41,33 +41,6 @@ class V4TxnSettings:
             or min(self.grace_s, self.max_timeout_s) < 0
         ):
             raise ValueError("v4 transaction check timeouts must be positive")
-
-
-@dataclass(frozen=True)
-class Replication:
-    """Every new ledger goes to ``write_quorum`` brokers' storage nodes and an entry is
-    acknowledged once ``ack_quorum`` of them synced it (segtxn/ledger/replicas/)."""
-
-    write_quorum: int
-    ack_quorum: int
-    timeout_s: float = 5.0
-    """How long a storage node may take to answer before it is taken for gone."""
-
-    def __post_init__(self) -> None:
-        check_quorums(self.write_quorum, self.ack_quorum)
-        if self.timeout_s <= 0:
-            raise ValueError("the replication timeout must be positive")
-
-    @classmethod
-    def parse(cls, text: str) -> Replication:
-        """``"W/A"``, e.g. ``"3/2"``. Raises ValueError."""
-        write, slash, ack = text.partition("/")
-        if not slash or not write.isdigit() or not ack.isdigit():
-            raise ValueError(f"replication {text!r}: write it W/A, e.g. 3/2")
-        return cls(int(write), int(ack))
-
-    def __str__(self) -> str:
-        return f"{self.write_quorum}/{self.ack_quorum}"
 
 
 @dataclass(frozen=True)

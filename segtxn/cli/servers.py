@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from segtxn.broker.app import BrokerServer
-from segtxn.broker.settings import BrokerSettings, Replication
+from segtxn.broker.settings import BrokerSettings
 from segtxn.cli import lifecycle
 from segtxn.cli.params import (
     PORT,
@@ -29,6 +29,7 @@ from segtxn.cli.params import (
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
+from segtxn.ledger.replicas import Replication
 from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, NO_LIMIT, check_limit
 
 Server = BrokerServer | CoordinatorServer

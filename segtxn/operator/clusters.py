@@ -22,9 +22,9 @@ from typing import Any, cast
 import aiohttp
 import kopf
 
-from segtxn.broker.settings import Replication
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
+from segtxn.ledger.replicas import Replication
 from segtxn.operator import render, replication, rolling, scaledown
 from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.kube import KubeError

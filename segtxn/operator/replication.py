@@ -29,7 +29,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from segtxn.broker.settings import Replication
+from segtxn.ledger.replicas import Replication
 
 FIELD = "spec.brokers.replication"
 CONFIG_KEY = "replication"

@@ -40,9 +40,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from segtxn.broker.settings import Replication
 from segtxn.client.admin import Admin, BrokerHomes
 from segtxn.client.errors import Timeout
+from segtxn.ledger.replicas import Replication
 from segtxn.protocol.errors import ServerError
 
 NAMED = 5

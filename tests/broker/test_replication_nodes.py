@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from segtxn.broker import replication
 from segtxn.broker.replication import BrokerNodes
 from segtxn.ledger.replicas import (
     HttpReplica,
@@ -20,6 +19,7 @@ from segtxn.ledger.replicas import (
 )
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.faults import FaultInjector
+from segtxn.topics import nodes as nodes_module
 from segtxn.topics.catalog import BROKERS, Catalog
 
 
@@ -57,7 +57,7 @@ async def test_alive_nodes_are_the_registered_brokers_with_a_storage_node(
 async def test_a_known_url_is_used_while_the_store_does_not_answer(
     store: MetadataStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(replication, "URL_TTL_S", 0.0)  # every call would ask the store
+    monkeypatch.setattr(nodes_module, "URL_TTL_S", 0.0)  # every call would ask the store
     catalog = Catalog(store)
     session = await store.open_session(10)
     await catalog.register_broker("b1", "http://b1:1", session, instance="i1")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from segtxn.broker.settings import Replication
+from segtxn.ledger.replicas import Replication
 from segtxn.operator import replication
 from tests.manifests.support import CHART, KUBE_VERSION, Doc, crd_schemas, template, validate
 from tests.manifests.test_crds import defaulted

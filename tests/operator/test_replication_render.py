@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from segtxn.broker.settings import Replication
+from segtxn.ledger.replicas import Replication
 from segtxn.operator import render, replication, scaledown
 from segtxn.operator.immutable import immutable_changes
 from tests.manifests.support import crd_schemas, validate

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from segtxn.broker.settings import Replication
 from segtxn.client.admin import Admin, BrokerHomes
 from segtxn.client.errors import Timeout
+from segtxn.ledger.replicas import Replication
 from segtxn.operator import scaledown
 from segtxn.protocol.errors import ErrorName, ServerError
 

@@ -3,7 +3,8 @@
 :mod:`~segtxn.ledger.replicas.node` is a storage node's side (replica files, fencing,
 identity); :mod:`~segtxn.ledger.replicas.wire` carries it over HTTP;
 :mod:`~segtxn.ledger.replicas.quorum` writes one ledger to its ensemble;
-:mod:`~segtxn.ledger.replicas.storage` creates and recovers them (the ``LogStorage``).
+:mod:`~segtxn.ledger.replicas.storage` creates and recovers them (the ``LogStorage``);
+:mod:`~segtxn.ledger.replicas.policy` is how many copies (``--replication W/A``).
 """
 
 from segtxn.ledger.replicas.members import (
@@ -15,8 +16,9 @@ from segtxn.ledger.replicas.members import (
     ReplicaUnavailable,
 )
 from segtxn.ledger.replicas.node import ReplicaFenced, ReplicaGap, ReplicaNode, WrongInstance
+from segtxn.ledger.replicas.policy import Replication, check_quorums
 from segtxn.ledger.replicas.quorum import ReplicatedLog
-from segtxn.ledger.replicas.storage import ReplicatedLogStorage, check_quorums
+from segtxn.ledger.replicas.storage import ReplicatedLogStorage, widen_default_executor
 from segtxn.ledger.replicas.wire import HttpReplica, replica_routes
 
 __all__ = [
@@ -32,7 +34,9 @@ __all__ = [
     "ReplicaUnavailable",
     "ReplicatedLog",
     "ReplicatedLogStorage",
+    "Replication",
     "WrongInstance",
     "check_quorums",
     "replica_routes",
+    "widen_default_executor",
 ]

@@ -41,26 +41,31 @@ import contextlib
 import logging
 import random
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from segtxn.ledger.errors import LedgerError, LedgerMissing, NotEnoughReplicas
 from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered
 from segtxn.ledger.replicas.members import Member, Nodes, Replica
+from segtxn.ledger.replicas.policy import check_quorums
 from segtxn.ledger.replicas.quorum import ReplicatedLog, blocking
 
 log = logging.getLogger(__name__)
 
 COPY_BATCH = 500
 """Entries one recovery read and append carry."""
+LEDGER_IO_THREADS = 64
+"""The event loop's default executor with replication: each replicated append, read or
+recovery holds one of its threads for a network round trip (the managed ledger calls
+storage from threads), and aiohttp resolves host names there too; the default
+(cores + 4) would let a handful of slow replicas starve every other ledger."""
 
 
-def check_quorums(write_quorum: int, ack_quorum: int) -> None:
-    """Raises ValueError unless ``1 <= A <= W`` and ``2A <= W + 1`` (see above)."""
-    if not 1 <= ack_quorum <= write_quorum or 2 * ack_quorum > write_quorum + 1:
-        raise ValueError(
-            f"replication {write_quorum}/{ack_quorum}: the ack quorum must be at least 1, at "
-            "most the write quorum, and at most a majority of it (2A <= W + 1; e.g. 3/2, 2/1, "
-            "1/1)"
-        )
+def widen_default_executor() -> None:
+    """Give the running loop a default executor of :data:`LEDGER_IO_THREADS` threads (a
+    process writing replicated ledgers calls this once, at start-up)."""
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(LEDGER_IO_THREADS, thread_name_prefix="ledger-io")
+    )
 
 
 class ReplicatedLogStorage(LogStorage):
