@@ -163,7 +163,7 @@ def segtxn_cluster(store: str, directory: Path) -> Iterator[Segtxn]:
 async def serve_standalone(port: int, ledger_dir: Path) -> None:
     """``--serve-standalone``: serve until SIGTERM or SIGINT."""
     from segtxn.coordinator.app import CoordinatorServer
-    from segtxn.coordinator.v5 import CoordinatorSettings
+    from segtxn.coordinator.settings import CoordinatorSettings
 
     broker = file_ledger_broker(port, ledger_dir)
     coordinator_port = free_port()

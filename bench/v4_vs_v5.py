@@ -43,7 +43,7 @@ from segtxn.broker.txn.buffer_records import STATE, BufferState
 from segtxn.broker.txn.markers import CONTAINS_TXN, MarkerTransactionBuffer
 from segtxn.client import Client
 from segtxn.coordinator.app import CoordinatorServer
-from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import ManagedLedger, open_log_storage
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import free_port

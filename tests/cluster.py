@@ -20,7 +20,7 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
 from segtxn.coordinator.app import V4, CoordinatorServer
-from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.faults import FaultInjector

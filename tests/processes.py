@@ -106,13 +106,43 @@ def broker(
 
 
 def coordinator(
-    store: str, name: str, *, session_ttl: float = 10, extra: tuple[str, ...] = ()
+    store: str,
+    name: str,
+    *,
+    session_ttl: float = 10,
+    log: Path | None = None,
+    extra: tuple[str, ...] = (),
 ) -> ServerProcess:
     return ServerProcess(
         ["coordinator", "--store", store, "--session-ttl", str(session_ttl),
          "--gc-retention", "0", *extra],
         f"coordinator {name}",
+        log=log,
     )  # fmt: skip
+
+
+async def replicated_brokers(
+    store: str, tmp_path: Path, started: list[ServerProcess], *, session_ttl: float
+) -> list[ServerProcess]:
+    """Brokers b0, b1, b2 with ledgers replicated 3/2, started and ready (and in
+    ``started``, so the test's fixture stops them); each logs to ``tmp_path/b<i>.log``."""
+    brokers = [
+        broker(
+            store,
+            tmp_path / f"b{i}",
+            f"b{i}",
+            session_ttl=session_ttl,
+            log=tmp_path / f"b{i}.log",
+            extra=("--replication", "3/2"),
+        )
+        for i in range(3)
+    ]
+    started += brokers
+    for server in brokers:
+        server.start()
+    for server in brokers:
+        await server.ready()
+    return brokers
 
 
 def standalone(*extra: str) -> ServerProcess:

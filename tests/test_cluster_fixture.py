@@ -8,7 +8,7 @@ from pathlib import Path
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.coordinator.app import CoordinatorServer
-from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import open_store
 from tests.cluster import start_on_free_ports
 

@@ -27,7 +27,7 @@ from segtxn.cli.params import (
     refuse_unless,
 )
 from segtxn.coordinator.app import CoordinatorServer
-from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
 from segtxn.ledger.replicas import Replication
 from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, NO_LIMIT, check_limit
@@ -253,10 +253,22 @@ def broker(
 @data_dir_option(
     required=False,
     help="Keep v4 transaction logs here; enables v4 transactions (persistent:// topics). "
-    "Whoever may take a v4 id over must see the same directory.",
+    "Whoever may take a v4 id over must see the same directory (unless --replication).",
 )
 @click.option(
-    "--v4-ids", default=2, show_default=True, type=IDS, help="v4 coordinator ids (with --data-dir)."
+    "--replication",
+    default=None,
+    metavar="W/A",
+    help="Keep v4 transaction logs on W brokers' storage nodes, each entry acknowledged once "
+    "A have it (brokers started with --replication); enables v4 transactions, and any "
+    "coordinator can take a v4 id over without a shared directory.",
+)
+@click.option(
+    "--v4-ids",
+    default=2,
+    show_default=True,
+    type=IDS,
+    help="v4 coordinator ids (with --data-dir or --replication).",
 )
 @_lifecycle_options
 @click.pass_context
@@ -274,13 +286,19 @@ def coordinator(
     timeout_sweep: float,
     session_ttl: float,
     data_dir: Path | None,
+    replication: str | None,
     v4_ids: int,
     store_timeout: float,
     shutdown_timeout: float,
 ) -> None:
-    """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir
-    (several processes share the ids; standbys take over)."""
-    refuse_unless(ctx, "v4_ids", data_dir is not None, "v4 transactions need --data-dir")
+    """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir or
+    --replication (several processes share the ids; standbys take over)."""
+    v4 = data_dir is not None or replication is not None
+    refuse_unless(ctx, "v4_ids", v4, "v4 transactions need --data-dir or --replication")
+    try:
+        replicated = Replication.parse(replication) if replication else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--replication") from e
     settings = CoordinatorSettings(
         advertise_url=advertise,
         store_url=store,
@@ -291,8 +309,9 @@ def coordinator(
         timeout_sweep_s=timeout_sweep,
         session_ttl_s=session_ttl,
         store_timeout_s=store_timeout,
-        v4_coordinator_ids=v4_ids if data_dir is not None else 0,
+        v4_coordinator_ids=v4_ids if v4 else 0,
         ledger_url=f"file://{prepare_data_dir(data_dir)}" if data_dir is not None else "memory://",
+        replication=replicated,
     )
     _run(lambda: [CoordinatorServer(settings, host=host, port=port)], shutdown_timeout)
 

@@ -30,9 +30,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from segtxn.boundary import error_response, install, read_json
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import TxnMeta
 from segtxn.coordinator.v4 import CoordinatorV4
-from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
+from segtxn.coordinator.v5 import CoordinatorV5
 from segtxn.metastore import (
     MetadataStore,
     open_store,

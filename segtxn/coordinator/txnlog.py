@@ -1,5 +1,10 @@
 """The v4 coordinator's transaction log (PIP-31), kept bounded by compaction.
 
+**Where it lives.** In the coordinator's data directory (a volume whoever takes an id over
+must see), or, with ``--replication W/A``, replicated on the brokers' storage nodes like a
+topic's ledgers (:func:`open_storage`): a successor anywhere reads it, and its recovery
+fences the replicas, so a previous holder that is only paused can append nothing more.
+
 **What it holds.** The holder of v4 coordinator id ``i`` owns the managed ledger
 ``__transaction_log_<i>``. Each entry is one transaction's whole state after a change (a
 :class:`TxnMeta`): OPEN, new participants, COMMITTING / ABORTING / TIME_OUT, and
@@ -35,9 +40,12 @@ from collections.abc import Sequence
 
 import msgspec
 
-from segtxn.ledger import LedgerSettings, LogStorage, Position
+from segtxn.ledger import LedgerSettings, LogStorage, Position, open_log_storage
 from segtxn.ledger.compacted import CompactedLog, Compaction
+from segtxn.ledger.replicas import ReplicatedLogStorage, Replication
 from segtxn.metastore import MetadataStore
+from segtxn.topics.catalog import Catalog
+from segtxn.topics.nodes import CatalogNodes
 
 OPEN, COMMITTING, ABORTING, TIME_OUT = "OPEN", "COMMITTING", "ABORTING", "TIME_OUT"
 COMMITTED, ABORTED = "COMMITTED", "ABORTED"
@@ -45,6 +53,24 @@ FINAL = frozenset({COMMITTED, ABORTED})
 
 NEXT_LEAST = "segtxn.v4.next_least"
 """Ledger property: no transaction number below it may be issued again."""
+
+
+def open_storage(
+    ledger_url: str, replication: Replication | None, catalog: Catalog
+) -> tuple[LogStorage, CatalogNodes | None]:
+    """Where the logs live: the files (or memory) of ``ledger_url``, which whoever may take
+    an id over must reach; or, with ``replication``, the brokers' storage nodes (a
+    coordinator has none of its own), so a coordinator anywhere can take any id over, and
+    the files only serve the ledgers written before replication was turned on. The nodes
+    are returned to be started and closed with the coordinator."""
+    local = open_log_storage(ledger_url)
+    if replication is None:
+        return local, None
+    nodes = CatalogNodes(catalog, replication.timeout_s)
+    storage = ReplicatedLogStorage(
+        nodes, local, write_quorum=replication.write_quorum, ack_quorum=replication.ack_quorum
+    )
+    return storage, nodes
 
 
 def log_name(coordinator_id: int) -> str:

@@ -21,8 +21,9 @@
   with ``TopicTerminatedError``; the transaction stays COMMITTING (it cannot complete).
 
 Calls for an id this process does not hold are forwarded to its holder (by the app).
-The log lives in ``CoordinatorSettings.ledger_url``; whoever takes an id over must reach
-the same storage (one machine, or a shared volume).
+The log lives in ``CoordinatorSettings.ledger_url`` (whoever takes an id over must reach
+the same storage: one machine, or a shared volume), or, with ``replication``, on the
+brokers' storage nodes, which any coordinator process reaches.
 """
 
 from __future__ import annotations
@@ -34,11 +35,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 import msgspec
 
+from segtxn.coordinator.fanout import Participants
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import (
     ABORTED,
     ABORTING,
@@ -50,22 +52,22 @@ from segtxn.coordinator.txnlog import (
     TxnLog,
     TxnMeta,
     log_name,
+    open_storage,
 )
-from segtxn.coordinator.v5 import CoordinatorSettings
-from segtxn.ledger import LedgerError, LogStorage, open_log_storage
+from segtxn.ledger import LedgerError, LogStorage
+from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
 from segtxn.metastore import LeaderElection, Leadership, MetadataStore, MetadataStoreError, Session
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_TXN_PARTICIPANTS
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.catalog import Catalog
+from segtxn.topics.nodes import CatalogNodes
 from segtxn.topics.transactions import V4_COORDINATOR_ELECTION
 
 log = logging.getLogger(__name__)
 
 ELECTION_PREFIX = V4_COORDINATOR_ELECTION
-PARTICIPANT_TIMEOUT = aiohttp.ClientTimeout(total=10)
-FIRST_RETRY_S = 0.05
 
 
 @dataclass
@@ -87,13 +89,20 @@ class CoordinatorV4:
     ) -> None:
         self.store = store
         self.settings = settings
-        self._storage = storage or open_log_storage(settings.ledger_url)
         self._catalog = Catalog(store)
+        self._nodes: CatalogNodes | None = None
+        if storage is None:
+            storage, self._nodes = open_storage(
+                settings.ledger_url, settings.replication, self._catalog
+            )
+        self._storage = storage
         self.held: dict[int, _Log] = {}
         self._session: Session | None = None
         self._renewing = asyncio.Lock()
         self._http: aiohttp.ClientSession | None = None
         """Participant calls, and calls forwarded to the holder of another id."""
+        self.participants: Participants | None = None
+        """Where decisions go (from :meth:`start`)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._round_robin = itertools.count()
         self.counters = {
@@ -114,8 +123,13 @@ class CoordinatorV4:
     async def start(self) -> None:
         if not self.settings.v4_coordinator_ids:
             return
+        if isinstance(self._storage, ReplicatedLogStorage) and self._nodes is not None:
+            widen_default_executor()
+            await self._storage.start()
+            await self._nodes.start()
         await self._live_session()
         self._http = aiohttp.ClientSession()
+        self.participants = Participants(self._catalog, self._http, self.settings.fan_out_timeout_s)
         for n in range(self.settings.v4_coordinator_ids):
             self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
         self._spawn(self._sweep(), "v4-timeout-sweep")
@@ -198,6 +212,8 @@ class CoordinatorV4:
             with contextlib.suppress(LedgerError):
                 await held.log.close()
         self.held.clear()
+        if self._nodes is not None:
+            await self._nodes.close()
         if self._http is not None:
             await self._http.close()
         if self._session is not None:
@@ -383,7 +399,8 @@ class CoordinatorV4:
     async def _finish(self, held: _Log, meta: TxnMeta, action: TxnAction) -> TxnMeta:
         """Fan the decision out, then log the final state (safe to run twice)."""
         txn = TxnId(*meta.txn)
-        await self._fan_out(txn, meta, action)
+        assert self.participants is not None  # a log is held only once started
+        await self.participants.end(txn, meta.partitions, meta.subscriptions, action)
         async with held.locks.setdefault(txn.least, asyncio.Lock()):
             current = held.txns.get(txn.least, meta)
             if current.state in FINAL:
@@ -411,64 +428,6 @@ class CoordinatorV4:
                 log.warning("txn %s: finishing its %s failed: %s", TxnId(*meta.txn), action, e)
                 if e.name is not ErrorName.SERVICE_NOT_READY:
                     return
-
-    async def _fan_out(self, txn: TxnId, meta: TxnMeta, action: TxnAction) -> None:
-        """END_TXN_ON_PARTITION / _ON_SUBSCRIPTION to every participant, in parallel;
-        retried while brokers are unreachable, for ``fan_out_timeout_s``."""
-        query = f"?action={action.value}"
-        calls = [(p, f"/txn/{txn}/end{query}") for p in meta.partitions] + [
-            (t, f"/subscription/{quote(s, safe='')}/txn/{txn}/end{query}")
-            for t, s in meta.subscriptions
-        ]
-        await asyncio.gather(
-            *(self._call_participant(txn, action, topic, path) for topic, path in calls)
-        )
-
-    async def _call_participant(self, txn: TxnId, action: TxnAction, topic: str, path: str) -> None:
-        assert self._http is not None
-        name = TopicName.parse(topic)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.fan_out_timeout_s
-        delay = FIRST_RETRY_S
-        while True:
-            problem: str
-            try:
-                url = await self._broker_of(name)
-                async with self._http.post(
-                    f"{url}/admin/v2/{name.path}{path}", timeout=PARTICIPANT_TIMEOUT
-                ) as response:
-                    if response.status < 300:
-                        return
-                    body = await response.json(content_type=None)
-                    error = ErrorName(body.get("error", ErrorName.UNKNOWN.value))
-                    if error is not ErrorName.SERVICE_NOT_READY:
-                        log.warning(
-                            "txn %s: %s refused by participant %s (%s): %s",
-                            txn, action, topic, error, body.get("message", ""),
-                        )  # fmt: skip
-                        raise ServerError(error, str(body.get("message", "")))
-                    problem = str(body.get("message"))
-            except (aiohttp.ClientError, TimeoutError, MetadataStoreError) as e:
-                problem = repr(e)
-            if loop.time() > deadline:
-                log.warning(
-                    "txn %s: participant %s did not take the %s in %g s: %s",
-                    txn, topic, action, self.settings.fan_out_timeout_s, problem,
-                )  # fmt: skip
-                raise ServerError(
-                    ErrorName.SERVICE_NOT_READY, f"{topic} did not take the decision: {problem}"
-                )
-            if delay == FIRST_RETRY_S:
-                log.info("txn %s: participant %s unreachable (%s); retrying", txn, topic, problem)
-            await asyncio.sleep(delay)  # the participant's broker is down: back off, retry
-            delay = min(delay * 2, 1.0)
-
-    async def _broker_of(self, name: TopicName) -> str:
-        broker = await self._catalog.home_of(name)
-        url = None if broker is None else await self._catalog.broker_url(broker)
-        if url is None:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name} has no live home broker")
-        return url
 
     # ------------------------------------------------------------------ timeouts
 

@@ -23,7 +23,7 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client, ServerError
 from segtxn.coordinator.app import CoordinatorServer
-from segtxn.coordinator.v5 import CoordinatorSettings
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.protocol.errors import ErrorName

@@ -34,28 +34,6 @@ def cluster_store(etcd_server: EtcdServer) -> str:
     return etcd_server.url(f"/takeover-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-async def three_brokers(
-    cluster_store: str, tmp_path: Path, started: list[ServerProcess]
-) -> list[ServerProcess]:
-    brokers = [
-        processes.broker(
-            cluster_store,
-            tmp_path / f"b{i}",
-            f"b{i}",
-            session_ttl=TTL,
-            log=tmp_path / f"b{i}.log",
-            extra=("--replication", "3/2"),
-        )
-        for i in range(3)
-    ]
-    started += brokers
-    for broker in brokers:
-        broker.start()
-    for broker in brokers:
-        await broker.ready()
-    return brokers
-
-
 def by_key_of(sent: list[tuple[str, bytes]]) -> dict[str, list[bytes]]:
     """What was sent, per key, in order."""
     out: dict[str, list[bytes]] = {}
@@ -85,7 +63,7 @@ async def owner_of(url: str, topic: str) -> str:
 async def test_a_killed_brokers_topic_is_served_by_another_with_every_acknowledged_message(
     cluster_store: str, tmp_path: Path, started: list[ServerProcess]
 ) -> None:
-    brokers = await three_brokers(cluster_store, tmp_path, started)
+    brokers = await processes.replicated_brokers(cluster_store, tmp_path, started, session_ttl=TTL)
     topic = "persistent://acme/ha/orders"
     sent = [f"order-{i}".encode() for i in range(50)]
     async with Client(brokers[0].url) as client:
@@ -122,7 +100,7 @@ async def test_a_paused_broker_is_fenced_when_it_resumes_after_a_take_over(
     """SIGSTOP the owner past its session; another broker takes the topic over; SIGCONT:
     the old owner appends nothing more, unloads the topic, and every acknowledged message
     is in the topic once."""
-    brokers = await three_brokers(cluster_store, tmp_path, started)
+    brokers = await processes.replicated_brokers(cluster_store, tmp_path, started, session_ttl=TTL)
     topic = "persistent://acme/ha/paused"
     async with Client(brokers[0].url) as client:
         await client.admin.create_topic(topic)
@@ -172,7 +150,7 @@ async def test_a_broker_restarted_on_an_empty_disk_loses_nothing_acknowledged(
     """Without replication the restarted broker refused its segments (and before that,
     served them as empty). Now it is a new storage instance, and its segments are served
     from the replicas on the other brokers, every key in order."""
-    brokers = await three_brokers(cluster_store, tmp_path, started)
+    brokers = await processes.replicated_brokers(cluster_store, tmp_path, started, session_ttl=TTL)
     topic = "topic://acme/ha/keyed"
     sent = [(f"k{i % 7}", f"{i}".encode()) for i in range(120)]
     async with Client(brokers[0].url) as client:
@@ -197,7 +175,7 @@ async def test_without_a_quorum_a_send_is_refused_as_retriable_and_works_once_it
     """Both other brokers die: the owner cannot get an entry acknowledged by two. The
     producer is told to try again (ServiceNotReady), not left hanging and not told the
     data is damaged; once one of them is back, the topic is reopened and sends work."""
-    brokers = await three_brokers(cluster_store, tmp_path, started)
+    brokers = await processes.replicated_brokers(cluster_store, tmp_path, started, session_ttl=TTL)
     topic = "persistent://acme/ha/quorum"
     async with Client(brokers[0].url) as client:
         await client.admin.create_topic(topic)
@@ -234,7 +212,7 @@ async def test_a_drained_broker_hands_its_segments_over_while_producers_go_on(
     """Drain (for a rolling restart or a scale-down): the broker's segments move to the
     others while a producer sends; no send fails, nothing is lost or reordered per key,
     and nothing new is placed on it until it is undrained."""
-    brokers = await three_brokers(cluster_store, tmp_path, started)
+    brokers = await processes.replicated_brokers(cluster_store, tmp_path, started, session_ttl=TTL)
     topic = "topic://acme/ha/drained"
     acknowledged: list[tuple[str, bytes]] = []
     async with Client(brokers[0].url) as client:
@@ -309,7 +287,9 @@ async def test_a_drain_leaves_a_topic_written_before_replication_where_it_is(
         await client.admin.create_topic(topic)
         await (await client.create_producer(topic)).send(b"on b0's disk")
     before.stop()
-    brokers = await three_brokers(cluster_store, tmp_path, started)  # b0 again, replicated
+    brokers = await processes.replicated_brokers(
+        cluster_store, tmp_path, started, session_ttl=TTL
+    )  # b0 again, replicated
     async with Client(brokers[0].url) as client:
         result = await client.admin.drain_broker("b0")
         assert result["moved"] == []

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.v4 import CoordinatorV4
-from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.metastore import MetadataStore
 from segtxn.metastore.faults import FaultInjector
 from segtxn.metastore.memory import MemoryEngine

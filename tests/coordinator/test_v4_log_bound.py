@@ -22,9 +22,9 @@ import aiohttp
 import pytest
 
 from segtxn.coordinator.app import V4, CoordinatorServer
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import FINAL, TxnMeta, log_name
 from segtxn.coordinator.v4 import CoordinatorV4
-from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.faults import FaultInjector

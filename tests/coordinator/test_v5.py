@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from segtxn.coordinator.v5 import CoordinatorSettings, CoordinatorV5
+from segtxn.coordinator.settings import CoordinatorSettings
+from segtxn.coordinator.v5 import CoordinatorV5
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.faults import FaultInjector
 from segtxn.metastore.memory import MemoryEngine

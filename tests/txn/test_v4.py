@@ -210,18 +210,18 @@ async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
     txn = client.transaction()
     await producer.send(b"x", txn=txn)
     v4 = cluster.coordinator.app[__import__("segtxn.coordinator.app").coordinator.app.V4]
-    fan_out = v4._call_participant
+    fan_out = v4.participants.call
 
     async def unreachable(*_: object) -> None:
         raise ServerError(ErrorName.SERVICE_NOT_READY, "broker unreachable")
 
-    v4._call_participant = unreachable  # type: ignore[method-assign]
+    v4.participants.call = unreachable  # type: ignore[method-assign]
     with pytest.raises(ServerError) as pending:  # once, by hand (the client would retry)
         await end(client, str(txn.id), "COMMIT")
     assert pending.value.name is ErrorName.SERVICE_NOT_READY
     assert await txn.status() == "COMMITTING"
     await nothing_more(consumer)
-    v4._call_participant = fan_out  # type: ignore[method-assign]
+    v4.participants.call = fan_out  # type: ignore[method-assign]
     await v4.stop()  # the process goes; its log stays
     from segtxn.coordinator.v4 import CoordinatorV4
 

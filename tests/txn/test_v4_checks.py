@@ -237,17 +237,17 @@ async def test_the_sweep_applies_a_decision_its_coordinator_could_not_deliver(
         consumer = await client.subscribe(T1, "s", initial_position="earliest")
         txn = client.transaction(timeout_s=1.0)
         await producer.send(b"decided", txn=txn)
-        fan_out = v4._call_participant
+        fan_out = v4.participants.call
 
         async def unreachable(*_: object) -> None:
             raise ServerError(ErrorName.SERVICE_NOT_READY, "broker unreachable")
 
-        v4._call_participant = unreachable  # type: ignore[method-assign]
+        v4.participants.call = unreachable  # type: ignore[method-assign]
         try:
             with pytest.raises(TimeoutError):  # END answers ServiceNotReady until the limit
                 await txn.commit(timeout_s=0.5)
             assert await txn.status() == "COMMITTING"
             assert (await consumer.receive(timeout_s=15)).value == b"decided"
         finally:
-            v4._call_participant = fan_out  # type: ignore[method-assign]
+            v4.participants.call = fan_out  # type: ignore[method-assign]
         assert buffer(cluster, T1).ongoing == set()

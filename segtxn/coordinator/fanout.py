@@ -1,0 +1,104 @@
+"""A v4 coordinator's decision, fanned out to its participants (PIP-31's second phase).
+
+Each partition of a v4 transaction gets ``END_TXN_ON_PARTITION`` (its home broker writes
+the commit or abort marker) and each subscription ``END_TXN_ON_SUBSCRIPTION`` (its broker
+applies or drops the pending acknowledgments), all in parallel. A call is retried, with a
+growing pause, while the participant's broker is unreachable or answers
+``ServiceNotReady``, for ``timeout_s``; then it fails with ``ServiceNotReady`` and the
+coordinator leaves the transaction COMMITTING / ABORTING in its log, to be finished later.
+Any other refusal (a terminated topic) fails at once. Calls are idempotent at the broker:
+running a fan-out twice is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from urllib.parse import quote
+
+import aiohttp
+
+from segtxn.metastore import MetadataStoreError
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import TopicName
+from segtxn.protocol.txn import TxnAction, TxnId
+from segtxn.topics.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+PARTICIPANT_TIMEOUT = aiohttp.ClientTimeout(total=10)
+FIRST_RETRY_S = 0.05
+
+
+class Participants:
+    """The brokers a v4 decision goes to, found through the catalog."""
+
+    def __init__(self, catalog: Catalog, http: aiohttp.ClientSession, timeout_s: float) -> None:
+        self._catalog = catalog
+        self._http = http
+        self.timeout_s = timeout_s
+
+    async def end(
+        self,
+        txn: TxnId,
+        partitions: list[str],
+        subscriptions: list[tuple[str, str]],
+        action: TxnAction,
+    ) -> None:
+        """Tell every participant; returns once all took it.
+
+        Raises:
+            ServerError: a participant refused it, or did not take it within
+                ``timeout_s`` (``ServiceNotReady``).
+        """
+        query = f"?action={action.value}"
+        calls = [(p, f"/txn/{txn}/end{query}") for p in partitions] + [
+            (t, f"/subscription/{quote(s, safe='')}/txn/{txn}/end{query}") for t, s in subscriptions
+        ]
+        await asyncio.gather(*(self.call(txn, action, topic, path) for topic, path in calls))
+
+    async def call(self, txn: TxnId, action: TxnAction, topic: str, path: str) -> None:
+        """One participant call, retried while its broker is away (see the module doc)."""
+        name = TopicName.parse(topic)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        delay = FIRST_RETRY_S
+        while True:
+            problem: str
+            try:
+                url = await self._broker_of(name)
+                async with self._http.post(
+                    f"{url}/admin/v2/{name.path}{path}", timeout=PARTICIPANT_TIMEOUT
+                ) as response:
+                    if response.status < 300:
+                        return
+                    body = await response.json(content_type=None)
+                    error = ErrorName(body.get("error", ErrorName.UNKNOWN.value))
+                    if error is not ErrorName.SERVICE_NOT_READY:
+                        log.warning(
+                            "txn %s: %s refused by participant %s (%s): %s",
+                            txn, action, topic, error, body.get("message", ""),
+                        )  # fmt: skip
+                        raise ServerError(error, str(body.get("message", "")))
+                    problem = str(body.get("message"))
+            except (aiohttp.ClientError, TimeoutError, MetadataStoreError) as e:
+                problem = repr(e)
+            if loop.time() > deadline:
+                log.warning(
+                    "txn %s: participant %s did not take the %s in %g s: %s",
+                    txn, topic, action, self.timeout_s, problem,
+                )  # fmt: skip
+                raise ServerError(
+                    ErrorName.SERVICE_NOT_READY, f"{topic} did not take the decision: {problem}"
+                )
+            if delay == FIRST_RETRY_S:
+                log.info("txn %s: participant %s unreachable (%s); retrying", txn, topic, problem)
+            await asyncio.sleep(delay)  # the participant's broker is down: back off, retry
+            delay = min(delay * 2, 1.0)
+
+    async def _broker_of(self, name: TopicName) -> str:
+        broker = await self._catalog.home_of(name)
+        url = None if broker is None else await self._catalog.broker_url(broker)
+        if url is None:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name} has no live home broker")
+        return url
