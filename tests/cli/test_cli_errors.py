@@ -87,6 +87,8 @@ USAGE_ERRORS = [
     ([*BROKER, "--port", "65536"], "65536 is not in the range 0<=x<=65535"),
     ([*COORDINATOR, "--v4-ids", "3"], "--v4-ids does not apply here: v4 transactions need"),
     ([*COORDINATOR, "--ids", "0"], "0 is not in the range 1<=x<=1024"),
+    ([*COORDINATOR, "--replication", "3"], "replication '3': write it W/A, e.g. 3/2"),
+    ([*COORDINATOR, "--replication", "3/3"], "at most a majority of it (2A <= W + 1"),
     ([*COORDINATOR, "--default-timeout", "7200"], "7200.0 is not in the range 0<x<=3600"),
     ([*RUN, "--inputs", "-1"], "-1 is not in the range x>=1"),
     ([*RUN, "--abort-rate", "2"], "2.0 is not in the range 0<=x<=1"),
