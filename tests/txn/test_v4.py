@@ -168,7 +168,7 @@ async def test_commit_on_a_terminated_topic_fails_at_once(
     refusals = [
         r.getMessage()
         for r in caplog.records
-        if r.levelno == logging.WARNING and r.name == "segtxn.coordinator.v4"
+        if r.levelno == logging.WARNING and r.name == "segtxn.coordinator.fanout"
     ]
     assert refusals == [
         f"txn {txn.id}: COMMIT refused by participant {T1} (TopicTerminatedError): "
