@@ -4,7 +4,8 @@
 identity); :mod:`~segtxn.ledger.replicas.wire` carries it over HTTP;
 :mod:`~segtxn.ledger.replicas.quorum` writes one ledger to its ensemble;
 :mod:`~segtxn.ledger.replicas.storage` creates and recovers them (the ``LogStorage``);
-:mod:`~segtxn.ledger.replicas.policy` is how many copies (``--replication W/A``).
+:mod:`~segtxn.ledger.replicas.policy` is how many copies (``--replication W/A``);
+:mod:`~segtxn.ledger.replicas.sweep` removes the replicas no placement names.
 """
 
 from segtxn.ledger.replicas.members import (
@@ -19,6 +20,7 @@ from segtxn.ledger.replicas.node import ReplicaFenced, ReplicaGap, ReplicaNode, 
 from segtxn.ledger.replicas.policy import Replication, check_quorums
 from segtxn.ledger.replicas.quorum import ReplicatedLog
 from segtxn.ledger.replicas.storage import ReplicatedLogStorage, widen_default_executor
+from segtxn.ledger.replicas.sweep import sweep
 from segtxn.ledger.replicas.wire import HttpReplica, replica_routes
 
 __all__ = [
@@ -38,5 +40,6 @@ __all__ = [
     "WrongInstance",
     "check_quorums",
     "replica_routes",
+    "sweep",
     "widen_default_executor",
 ]

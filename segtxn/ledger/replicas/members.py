@@ -60,6 +60,11 @@ class Replica(Protocol):
 
     async def fence(self, name: str, ledger_id: int) -> tuple[int, int]: ...
 
+    async def stat(self, name: str, ledger_id: int) -> tuple[int, int]:
+        """The (count, size) the replica holds, changing nothing; ``LedgerMissing`` if
+        the member has no such replica."""
+        ...
+
     async def read(self, name: str, ledger_id: int, first: int, last: int) -> list[bytes]:
         """Entries from ``first``: all up to ``last``, or fewer (at least one) when they
         are many bytes; ``ReplicaBehind`` if the replica does not hold ``first``."""
@@ -100,6 +105,9 @@ class LocalReplica:
 
     async def fence(self, name: str, ledger_id: int) -> tuple[int, int]:
         return await self.node.run(self.node.fence, name, ledger_id)
+
+    async def stat(self, name: str, ledger_id: int) -> tuple[int, int]:
+        return await self.node.run(self.node.stat, name, ledger_id)
 
     async def read(self, name: str, ledger_id: int, first: int, last: int) -> list[bytes]:
         try:

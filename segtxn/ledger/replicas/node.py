@@ -19,21 +19,32 @@ ensemble names each replica as ``<broker id>@<instance>``, and a request for ano
 instance is refused (:class:`WrongInstance`): a node restarted on an empty disk is a new
 instance, never a replica that silently lost what it acknowledged.
 
+**Garbage.** A replica that no placement names any more (its deletion was missed while
+this node was away, or it is the copy of a recovery or repair that lost its race) is
+removed by :mod:`segtxn.ledger.replicas.sweep`, through :meth:`ReplicaNode.untouched` and
+:meth:`ReplicaNode.remove_untouched`: only once it has been left alone for a grace
+period, re-checked under its lock (any create, append or fence refreshes its files'
+modification times).
+
 Methods block (file I/O); :meth:`run` runs one on the node's own threads, so the threads
-of writers waiting for a quorum can never starve the node's work.
+of writers waiting for a quorum can never starve the node's work. A lock per replica
+exists only while the replica is open or an operation on it is under way (a node that
+served millions of ledgers holds a lock for each of the few it has open, not for each).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import unquote
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerError, LedgerFenced, LedgerMissing
 from segtxn.ledger.files import FileEntryLog, FileLogStorage
@@ -66,6 +77,16 @@ class WrongInstance(LedgerError):
     """The request names another instance of this node (it was wiped, or is another)."""
 
 
+class _KeyLock:
+    """One replica's lock, and how many operations hold or wait for it."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+
+
 class ReplicaNode:
     """The replicas kept under ``root``. ``tail_bytes``: the most one batch spans on disk
     (what a crash of this node may have torn off a replica's end)."""
@@ -81,7 +102,8 @@ class ReplicaNode:
         """Replicas held open, least recently used first (at most about MAX_OPEN)."""
         self._readers: dict[tuple[str, int], int] = {}
         """Reads in flight per replica (they run outside its lock): never closed under one."""
-        self._locks: dict[tuple[str, int], threading.Lock] = {}
+        self._locks: dict[tuple[str, int], _KeyLock] = {}
+        """The locks of replicas held open or in use (dropped when neither)."""
         self._guard = threading.Lock()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="replica-node")
 
@@ -108,13 +130,14 @@ class ReplicaNode:
             LedgerCorrupted: it already holds entries.
         """
         key = (name, ledger_id)
-        with self._lock(key):
+        with self._locked(key):
             if self._fence_path(key).exists():
                 raise ReplicaFenced(f"replica {ledger_id} of {name} is fenced")
             held = self._held.get(key)
             if held is not None:
                 if held.count:
                     raise LedgerCorrupted(f"replica {ledger_id} of {name} already has entries")
+                os.utime(self._files.path(name, ledger_id))  # in use again: not garbage
                 return
             self._hold(key, self._files.create(name, ledger_id))
 
@@ -130,7 +153,7 @@ class ReplicaNode:
             ReplicaGap: ``first`` is not the count held (after the overlap, for recovery).
         """
         key = (name, ledger_id)
-        with self._lock(key):
+        with self._locked(key):
             if not recovery and self._fence_path(key).exists():
                 raise ReplicaFenced(f"replica {ledger_id} of {name} is fenced")
             replica = self._replica(key, create=recovery)
@@ -160,7 +183,7 @@ class ReplicaNode:
                 a recovery end the ledger before acknowledged entries (BookKeeper #2908).
         """
         key = (name, ledger_id)
-        with self._lock(key):
+        with self._locked(key):
             path = self._fence_path(key)
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -178,6 +201,23 @@ class ReplicaNode:
             replica = self._replica(key, create=False)
             return replica.count, replica.size_bytes()
 
+    def stat(self, name: str, ledger_id: int) -> tuple[int, int]:
+        """The (count, size in bytes) the replica holds; nothing changes (a repair asks
+        this of the copies it keeps).
+
+        Raises:
+            LedgerMissing: no such replica here.
+        """
+        key = (name, ledger_id)
+        with self._locked(key):
+            if key not in self._held and not self._files.exists(name, ledger_id):
+                raise LedgerMissing(
+                    f"replica {ledger_id} of {name} is not on this node",
+                    paths=(str(self._files.path(name, ledger_id)),),
+                )
+            replica = self._replica(key, create=False)
+            return replica.count, replica.size_bytes()
+
     def read(self, name: str, ledger_id: int, first: int, last: int) -> list[bytes]:
         """Entries ``first..last`` of the replica, or fewer from ``first`` (at least one):
         as many as fit in ``READ_BYTES``.
@@ -188,7 +228,7 @@ class ReplicaNode:
             LedgerCorrupted: an entry fails its checksum.
         """
         key = (name, ledger_id)
-        with self._lock(key):
+        with self._locked(key):
             replica = self._replica(key, create=False)
             with self._guard:
                 self._readers[key] = self._readers.get(key, 0) + 1
@@ -212,14 +252,38 @@ class ReplicaNode:
     def delete(self, name: str, ledger_id: int) -> None:
         """Remove the replica and its fence (idempotent)."""
         key = (name, ledger_id)
-        with self._lock(key):
-            held = self._held.pop(key, None)
-            if held is not None:
-                held.close()
-            self._files.delete(name, ledger_id)
-            self._fence_path(key).unlink(missing_ok=True)
-        with self._guard:
-            self._locks.pop(key, None)
+        with self._locked(key):
+            self._remove(key)
+
+    def untouched(self, before_ns: int) -> list[tuple[str, int]]:
+        """The replicas (and fences without a replica) here whose files were all last
+        modified before ``before_ns`` (wall clock, ns), by ledger name: candidates for the
+        sweep, to be checked against the store."""
+        found: list[tuple[str, int]] = []
+        for directory in sorted(self.root.iterdir()):
+            if not directory.is_dir():
+                continue
+            name = unquote(directory.name)
+            ids = {int(p.stem) for p in directory.iterdir() if _replica_file(p)}
+            for ledger_id in sorted(ids):
+                if self._last_touched((name, ledger_id)) < before_ns:
+                    found.append((name, ledger_id))
+        return found
+
+    def remove_untouched(self, name: str, ledger_id: int, before_ns: int) -> bool:
+        """Remove the replica (and its fence) if it is still untouched since before
+        ``before_ns`` and no read is using it, checked under its lock; returns whether
+        it was removed."""
+        key = (name, ledger_id)
+        with self._locked(key):
+            with self._guard:
+                if self._readers.get(key):
+                    return False
+            touched = self._last_touched(key)
+            if not touched or touched >= before_ns:  # (gone already, or in use again)
+                return False
+            self._remove(key)
+            return True
 
     def close(self) -> None:
         """Let the operations in flight end (an append's fsync), then close every replica."""
@@ -231,9 +295,42 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ helpers
 
-    def _lock(self, key: tuple[str, int]) -> threading.Lock:
+    @contextlib.contextmanager
+    def _locked(self, key: tuple[str, int]) -> Iterator[None]:
+        """Hold ``key``'s lock (made on first use, dropped after its last use once the
+        replica is not held open: the locks stay as few as the replicas in use)."""
         with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+            entry = self._locks.get(key)
+            if entry is None:
+                entry = self._locks[key] = _KeyLock()
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            self._unuse(key, entry)
+
+    def _unuse(self, key: tuple[str, int], entry: _KeyLock) -> None:
+        with self._guard:
+            entry.users -= 1
+            if not entry.users and key not in self._held and self._locks.get(key) is entry:
+                del self._locks[key]
+
+    def _remove(self, key: tuple[str, int]) -> None:
+        """Close and delete the replica and its fence (``key``'s lock held)."""
+        held = self._held.pop(key, None)
+        if held is not None:
+            held.close()
+        self._files.delete(*key)
+        self._fence_path(key).unlink(missing_ok=True)
+
+    def _last_touched(self, key: tuple[str, int]) -> int:
+        """The latest modification time (ns) of the replica's file and fence (0: none)."""
+        latest = 0
+        for path in (self._files.path(*key), self._fence_path(key)):
+            with contextlib.suppress(FileNotFoundError):
+                latest = max(latest, path.stat().st_mtime_ns)
+        return latest
 
     def _fence_path(self, key: tuple[str, int]) -> Path:
         return self._files.path(*key).with_suffix(".fenced")
@@ -271,18 +368,25 @@ class ReplicaNode:
                 return
             if key == but:
                 continue
-            lock = self._lock(key)
-            if not lock.acquire(blocking=False):
-                continue
+            with self._guard:
+                entry = self._locks.get(key)
+                if entry is None:
+                    continue
+                entry.users += 1
             try:
-                with self._guard:
-                    if self._readers.get(key):
-                        continue
-                    replica = self._held.pop(key, None)
-                if replica is not None:
-                    replica.close()
+                if not entry.lock.acquire(blocking=False):
+                    continue
+                try:
+                    with self._guard:
+                        if self._readers.get(key):
+                            continue
+                        replica = self._held.pop(key, None)
+                    if replica is not None:
+                        replica.close()
+                finally:
+                    entry.lock.release()
             finally:
-                lock.release()
+                self._unuse(key, entry)
 
 
 def _instance(root: Path) -> str:
@@ -314,6 +418,11 @@ def _instance(root: Path) -> str:
     temporary.rename(path)
     _fsync_dir(root)
     return instance
+
+
+def _replica_file(path: Path) -> bool:
+    """A replica's file or fence: ``<16 digits>.log`` / ``.fenced`` (not a temporary)."""
+    return path.suffix in (".log", ".fenced") and path.stem.isdigit() and len(path.stem) == 16
 
 
 def _fsync_dir(directory: Path) -> None:

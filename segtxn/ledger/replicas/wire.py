@@ -1,9 +1,10 @@
 """Replicas over HTTP: the routes a storage node serves, and the client a writer uses.
 
 Every call is ``POST /replica/v1/<op>?instance=&ledger=&id=...`` (``create``, ``append``
-with ``first`` and ``recovery``, ``fence``, ``read`` with ``first`` and ``last``,
+with ``first`` and ``recovery``, ``fence``, ``stat``, ``read`` with ``first`` and ``last``,
 ``delete``). Entries travel as frames: a big-endian ``u32`` length, then the payload,
-one after another. Answers are JSON (``{"count": n}``, ``{"count": n, "size": b}``), the
+one after another. Answers are JSON (``{"count": n}``, ``{"count": n, "size": b}`` for a
+fence or a stat), the
 frames of a read, or ``{"error": kind, "message": text}`` with
 
 | kind | status | raised by the client as |
@@ -160,6 +161,10 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
         count, size = await node.run(node.fence, name, ledger_id)
         return web.json_response({"count": count, "size": size})
 
+    async def stat(request: web.Request, name: str, ledger_id: int) -> web.StreamResponse:
+        count, size = await node.run(node.stat, name, ledger_id)
+        return web.json_response({"count": count, "size": size})
+
     async def read(request: web.Request, name: str, ledger_id: int) -> web.StreamResponse:
         first = _int(request, "first", 0)
         last = _int(request, "last", first)
@@ -172,7 +177,14 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
         await node.run(node.delete, name, ledger_id)
         return web.json_response({})
 
-    ops = {"create": create, "append": append, "fence": fence, "read": read, "delete": delete}
+    ops = {
+        "create": create,
+        "append": append,
+        "fence": fence,
+        "stat": stat,
+        "read": read,
+        "delete": delete,
+    }
     return [web.post(PREFIX + op, handler(call)) for op, call in ops.items()]
 
 
@@ -213,6 +225,10 @@ class HttpReplica:
     async def fence(self, name: str, ledger_id: int) -> tuple[int, int]:
         answer = await self._call("fence", name, ledger_id)
         return self._number(answer, "count", "fence"), self._number(answer, "size", "fence")
+
+    async def stat(self, name: str, ledger_id: int) -> tuple[int, int]:
+        answer = await self._call("stat", name, ledger_id)
+        return self._number(answer, "count", "stat"), self._number(answer, "size", "stat")
 
     def _number(self, answer: Any, key: str, op: str) -> int:
         """``answer[key]``, a count or size; ReplicaUnavailable for anything else (the
