@@ -15,7 +15,7 @@ sync is pending.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from segtxn.ledger.logs import EntryLog
 from segtxn.ledger.metadata import LedgerInfo, LedgerMetadata
@@ -59,6 +59,12 @@ class LedgerChain:
         """The ids of the retained ledgers, oldest first (every id below the first was
         trimmed: ids only grow)."""
         return [info.id for info in self._meta.ledgers]
+
+    @property
+    def ledgers(self) -> Sequence[LedgerInfo]:
+        """The retained ledgers' metadata, oldest first: closed ones have ``entries``
+        (the last one is open, unless the managed ledger is sealed)."""
+        return tuple(self._meta.ledgers)
 
     def retained_bytes(self) -> int:
         """Bytes on disk of the retained ledgers (a closed ledger recorded before sizes

@@ -98,6 +98,13 @@ class LogHandles:
             self._logs[info.id] = entry_log
             return entry_log
 
+    async def forget(self, ledger_id: int) -> None:
+        """Close a closed ledger's log, if open: its next read opens it again from its
+        metadata (its placement changed). Reads in flight on it end on the old one."""
+        entry_log = self._logs.pop(ledger_id, None)
+        if entry_log is not None:
+            await asyncio.to_thread(entry_log.close)
+
     async def doom(self, ledger_id: int, placement: Placement) -> None:
         """Delete a trimmed ledger's file now, or when the reads in flight on it end."""
         self._doomed[ledger_id] = placement

@@ -55,6 +55,7 @@ from segtxn.ledger.metadata import (
     closed,
     encode,
     metadata_key,
+    moved,
 )
 from segtxn.ledger.position import Position
 from segtxn.ledger.reads import LedgerReads
@@ -436,6 +437,29 @@ class ManagedLedger(LedgerReads):
         return TrimResult(
             [i.id for i in removable], sum(i.entries for i in removable), self.first_position()
         )
+
+    async def move_ledger(self, ledger_id: int, was: Placement, now: Placement) -> bool:
+        """Record that the closed ledger ``ledger_id`` is kept on ``now`` instead of
+        ``was`` (:mod:`segtxn.ledger.replicas.repair` made complete, synced copies), in a
+        metadata CAS made in turn with this owner's others; reads go to ``now`` from then
+        on. False, changing nothing: it is no longer a closed ledger kept on ``was``.
+
+        Raises:
+            LedgerClosed: this ledger object is closed.
+            LedgerFenced: another process owns the ledger now.
+        """
+        if self._closing:
+            raise LedgerClosed(f"{self.name} is closed")
+        changed: list[LedgerMetadata] = []
+
+        def move(meta: LedgerMetadata) -> LedgerMetadata | None:
+            changed[:] = [] if (after := moved(meta, ledger_id, was, now)) is None else [after]
+            return after
+
+        await self._update(move)
+        if changed:
+            await self._logs.forget(ledger_id)
+        return bool(changed)
 
     def _open_size(self, ledger_id: int) -> int:
         """The size of a ledger held open (0 if it is not)."""

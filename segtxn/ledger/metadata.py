@@ -72,6 +72,19 @@ def closed(info: LedgerInfo, entries: int, size_bytes: int, now_ms: int) -> Ledg
     )
 
 
+def moved(
+    meta: LedgerMetadata, ledger_id: int, was: Placement, now: Placement
+) -> LedgerMetadata | None:
+    """``meta`` with the closed ledger ``ledger_id`` kept on ``now``; None if it is not a
+    closed ledger kept on ``was`` (trimmed, still open, or moved meanwhile)."""
+    infos = [i for i in meta.ledgers if i.id == ledger_id]
+    if not infos or infos[0].entries is None or infos[0].placement != was:
+        return None
+    kept = msgspec.structs.replace(infos[0], replicas=now.replicas, ack_quorum=now.ack_quorum)
+    ledgers = [kept if i.id == ledger_id else i for i in meta.ledgers]
+    return msgspec.structs.replace(meta, ledgers=ledgers)
+
+
 class LedgerMetadata(msgspec.Struct, frozen=True):
     ledgers: list[LedgerInfo]
     next_ledger_id: int

@@ -4,7 +4,8 @@ A :class:`Cluster` holds ``n`` nodes (``b0``, ``b1``, ...), each a ``ReplicaNode
 directory served on a free loopback port. ``stop(i)`` takes a node's server down (its files
 stay), ``start(i)`` brings it back on a new port, ``wipe(i)`` restarts it on an empty
 directory (a new instance). ``storage(i, w, a)`` is the replicated storage a writer on
-broker ``i`` uses, whose directory of nodes follows what is up.
+broker ``i`` uses, whose directory of nodes follows what is up; ``census()`` is what a
+repairer sees of them (a node that is down counts as away, unless named ``gone``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aiohttp import web
 from segtxn.ledger import FileLogStorage
 from segtxn.ledger.metadata import LedgerSettings, tail_bound
 from segtxn.ledger.replicas import (
+    Census,
     HttpReplica,
     LocalReplica,
     Member,
@@ -91,6 +93,14 @@ class Cluster:
     def storage(self, i: int, *, write: int, ack: int) -> ReplicatedLogStorage:
         local = FileLogStorage(self.servers[i].root / "local")
         return ReplicatedLogStorage(self.nodes(i), local, write_quorum=write, ack_quorum=ack)
+
+    def census(self, *, gone: Sequence[str] = ()) -> Census:
+        up = [s for s in self.servers if s.runner is not None]
+        return Census(
+            registered={s.broker: s.node.instance for s in up},
+            gone=frozenset(gone),
+            targets=tuple(s.member for s in up),
+        )
 
     def holds(self, i: int, name: str, ledger_id: int) -> int:
         """How many entries node ``i``'s replica of the ledger holds (0: none)."""

@@ -52,7 +52,7 @@ from segtxn.ledger.replicas.quorum import ReplicatedLog, blocking
 log = logging.getLogger(__name__)
 
 COPY_BATCH = 500
-"""Entries one recovery read and append carry."""
+"""Entries one recovery (or repair) read and append carry at most."""
 LEDGER_IO_THREADS = 64
 """The event loop's default executor with replication: each replicated append, read or
 recovery holds one of its threads for a network round trip (the managed ledger calls
@@ -202,7 +202,7 @@ class ReplicatedLogStorage(LogStorage):
         for replica, count, _ in [*fenced, *((r, 0, 0) for r in emptied)]:
             if count < end:
                 try:
-                    await _copy(source, replica, name, ledger_id, start=count, end=end)
+                    await copy_entries([source], replica, name, ledger_id, start=count, end=end)
                     holders.append(replica)
                 except LedgerError as e:
                     problems.append(f"{replica.member}: copying entries {count}..: {e}")
@@ -274,7 +274,7 @@ class ReplicatedLogStorage(LogStorage):
             replica = self.nodes.replica(member)
             try:
                 await replica.create(name, ledger_id)
-                await _copy(source, replica, name, ledger_id, start=0, end=end)
+                await copy_entries([source], replica, name, ledger_id, start=0, end=end)
             except LedgerError as e:
                 log.warning(
                     "ledger %d of %s: copying it to %s failed: %s", ledger_id, name, member, e
@@ -313,16 +313,39 @@ class ReplicatedLogStorage(LogStorage):
         return sorted(replicas, key=lambda r: r.member != self.nodes.local)
 
 
-async def _copy(
-    source: Replica, target: Replica, name: str, ledger_id: int, *, start: int, end: int
-) -> None:
-    """Give ``target`` entries ``start..end-1`` from ``source`` (recovery appends)."""
+async def copy_entries(
+    sources: Sequence[Replica], target: Replica, name: str, ledger_id: int, *, start: int, end: int
+) -> int:
+    """Give ``target`` entries ``start..end-1``, read from the first of ``sources`` that
+    serves each piece (recovery appends: they pass a fence, and each is synced before the
+    target answers). Returns the count the target holds afterwards.
+
+    Raises:
+        LedgerError: the target refused a piece, or no source served one.
+    """
     first = start
+    count = start
     while first < end:
         last = min(end, first + COPY_BATCH) - 1
-        payloads = await source.read(name, ledger_id, first, last)  # (maybe fewer)
-        await target.append(name, ledger_id, first, payloads, recovery=True)
+        payloads = await _read_any(sources, name, ledger_id, first, last)  # (maybe fewer)
+        count = await target.append(name, ledger_id, first, payloads, recovery=True)
         first += len(payloads)
+    return count
+
+
+async def _read_any(
+    sources: Sequence[Replica], name: str, ledger_id: int, first: int, last: int
+) -> list[bytes]:
+    problems: list[str] = []
+    for source in sources:
+        try:
+            return await source.read(name, ledger_id, first, last)
+        except LedgerError as e:
+            problems.append(f"{source.member}: {e}")
+    raise NotEnoughReplicas(
+        f"ledger {ledger_id} of {name}: no copy served entries {first}..{last} "
+        f"({'; '.join(problems) or 'no copy to read'})"
+    )
 
 
 async def _delete_all(replicas: Sequence[Replica], name: str, ledger_id: int) -> None:
