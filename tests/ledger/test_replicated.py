@@ -490,3 +490,21 @@ def test_a_replica_being_read_is_not_closed_under_the_read(
     node.create(NAME, 3)  # now it can go
     assert (NAME, 1) not in node._held
     node.close()
+
+
+async def test_a_ledger_made_short_asks_for_a_whole_one_no_sooner_than_a_recheck_period_later(
+    store: MetadataStore, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that just died stays registered until its session expires: it counted as
+    alive, so each ledger made short of it asked for a rollover at its first write, and
+    the next was made short again (a topic rolled over at every write, about 20 ledgers
+    in a second in tests/broker/test_repair.py). The first check now waits a period."""
+    monkeypatch.setattr(quorum_module, "RECHECK_S", 3600.0)
+    await nodes(cluster, 3)
+    await cluster.stop(2)
+    ledger = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
+    await cluster.start(2)  # (as a dead node still registered looks: counted alive)
+    for i in range(5):
+        await ledger.append(f"e{i}".encode())
+    assert await ledgers_of(store) == [["b0", "b1"]]
+    await ledger.close()

@@ -43,7 +43,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RECHECK_S = 1.0
-"""How often a ledger on fewer replicas than wanted asks whether more nodes are alive."""
+"""How often a ledger on fewer replicas than wanted asks whether more nodes are alive (the
+first time one period after it was made: a node that just died stays registered until its
+session expires, and a ledger asking at once would roll over at every write meanwhile)."""
 
 
 def blocking(loop: asyncio.AbstractEventLoop, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -95,6 +97,7 @@ class ReplicatedLog(EntryLog):
         many are now, and ask for a rollover (a new ledger on a whole ensemble) once
         there are enough. (Its own entries stay on the replicas it has.)"""
         self._short_of = (write_quorum, alive)
+        self._checked = self._loop.time()
 
     @property
     def count(self) -> int:
