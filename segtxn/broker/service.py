@@ -46,7 +46,7 @@ from segtxn.ledger import (
     WriteFailed,
     check_files,
 )
-from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
+from segtxn.ledger.replicas import RepairSettings, ReplicatedLogStorage, widen_default_executor
 from segtxn.metastore import (
     MetadataStore,
     MetadataStoreError,
@@ -77,6 +77,7 @@ class BrokerService:
         self.storage, self.replica_nodes = replication.open_storage(settings, self.catalog)
         """``replica_nodes``: this broker's storage node and the others' (None: replication
         is off)."""
+        self.repairer: replication.Repairer | None = None
         self.topics: dict[TopicName, Topic] = {}
         self.headers = HeaderCache(self.store)
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
@@ -92,6 +93,7 @@ class BrokerService:
         self._session: Session | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._retention: asyncio.Task[None] | None = None
+        self._repair: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics(settings.broker_id)
@@ -106,6 +108,13 @@ class BrokerService:
         )
         self.v4_checks = v4checks.V4TransactionChecks(self.store, settings.v4_txns, self.metrics)
         """Checks the v4 transactions sends and acks name; ends abandoned ones."""
+        if self.replica_nodes is not None and settings.replication is not None:
+            self.repairer = replication.Repairer(
+                self,
+                self.replica_nodes,
+                write_quorum=settings.replication.write_quorum,
+                settings=RepairSettings(),
+            )
         self.controllers = TopicControllers(
             self.store,
             self.catalog,
@@ -173,6 +182,8 @@ class BrokerService:
             raise
         self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
         self._retention = asyncio.create_task(self._trim_periodically(), name="broker-retention")
+        if self.repairer is not None:
+            self._repair = asyncio.create_task(self.repairer.run(), name="broker-repair")
         self.ready.set()
 
     async def _trim_periodically(self) -> None:
@@ -285,7 +296,7 @@ class BrokerService:
             "its session" if self._session is not None else "no session",
         )
         await self.controllers.stop()
-        for background in (self._keeper, self._retention):
+        for background in (self._keeper, self._retention, self._repair):
             if background is not None:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
