@@ -8,6 +8,7 @@ retention deleted it (only a recovery that found fewer than two re-copied it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -201,3 +202,57 @@ async def test_a_topic_homed_here_but_not_loaded_is_loaded_and_repaired(
         consumer = await client.subscribe(topic, "check", initial_position="earliest")
         got = [(await consumer.receive(timeout_s=10)).value for _ in range(40)]
     assert got == [f"idle-{i:02d}".encode() * 4 for i in range(40)]
+
+
+async def test_a_broker_gone_for_good_has_its_copies_made_again_elsewhere(
+    start_broker: StartBroker, cluster_store: str, tmp_path: Path
+) -> None:
+    """A broker that stops and does not come back (scaled away) stays away only for
+    ``lost_after_s``: its copies are taken for lost then, and made again on a broker
+    outside each placement. Until then it may be restarting, and nothing is copied."""
+    ids = ["g0", "g1", "g2", "g3"]
+    brokers = {
+        i: await start_broker(
+            cluster_store,
+            i,
+            tmp_path / i,
+            replication=Replication(3, 2),
+            ledger=LedgerSettings(max_ledger_bytes=1000),
+        )
+        for i in ids
+    }
+    topic = "persistent://acme/ha/gone"
+    name = TopicName.parse(topic)
+    async with Client(brokers["g0"].settings.advertise_url) as client:
+        await client.admin.create_topic(topic)
+        producer = await client.create_producer(topic)
+        for i in range(40):
+            await producer.send(f"gone-{i:02d}".encode() * 4)
+        owner_url = await client.connector.broker_for(name)
+    owner = next(b for b in brokers.values() if b.settings.advertise_url == owner_url)
+    repairer = owner.service.repairer
+    assert repairer is not None
+    async with open_store(cluster_store) as store:
+
+        async def closed() -> list[LedgerInfo]:
+            record = await store.get(metadata_key(topic))
+            assert record is not None
+            return [i for i in decode(record.value).ledgers if i.entries is not None]
+
+        first = (await closed())[0]
+        holders = [Member.parse(m).broker for m in first.replicas]
+        victim = next(b for b in holders if brokers[b] is not owner)
+        await brokers[victim].stop()  # (a clean stop: unregistered at once)
+
+        await repairer.check(full=True)
+        assert (await closed())[0].replicas == first.replicas  # away: maybe restarting
+        repairer.settings = dataclasses.replace(repairer.settings, lost_after_s=0.0)
+        await repairer.check(full=True)
+
+        after = await closed()
+        assert victim not in [Member.parse(m).broker for m in after[0].replicas]
+        outside = next(b for b in ids if b not in holders)
+        assert outside in [Member.parse(m).broker for m in after[0].replicas]
+        for info in after:
+            assert victim not in [Member.parse(m).broker for m in info.replicas]
+            assert len(info.replicas) == 3
