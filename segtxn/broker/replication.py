@@ -283,8 +283,7 @@ class Repairer:
 
     async def _sweep(self) -> None:
         node = self._nodes.node
-        member = self._nodes.local
-        assert member is not None  # (a broker's nodes always have its own)
+        member = Member(self._service.broker_id, node.instance)
         await sweep(node, self._service.store, member, grace_s=self.settings.sweep_grace_s)
 
     async def _repeat(
