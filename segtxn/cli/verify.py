@@ -16,7 +16,7 @@ import click
 from segtxn.cli import verbosity
 from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URLS
 from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
-from segtxn.client import ErrorName, ServerError
+from segtxn.client import TopicAlreadyExists
 from segtxn.verify.job import JobSettings
 from segtxn.verify.plan import Shape
 from segtxn.verify.processes import TEST_BUGS_ENV
@@ -184,13 +184,10 @@ def run(
         asyncio.run(check_reachable(url))
         click.echo(f"workload {run} against {url}, seed {seed}, recorded in {run_dir}")
         info = asyncio.run(run_workload(config, click.echo))
-    except ServerError as e:
-        if e.name is ErrorName.TOPIC_EXISTS:
-            raise click.ClickException(
-                f"run {run!r} was run on this cluster before ({e.message}): give --run a new name"
-            ) from e
-        _raise_unreachable(e, url)
-        raise
+    except TopicAlreadyExists as e:
+        raise click.ClickException(
+            f"run {run!r} was run on this cluster before ({e.message}): give --run a new name"
+        ) from e
     except Exception as e:
         _raise_unreachable(e, url)
         raise

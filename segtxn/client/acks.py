@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, Expiries
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.errors import InvalidArgument, ServerError
 from segtxn.protocol.frames import Ack
 
 request_ids = itertools.count(1)
@@ -173,7 +173,7 @@ class Acknowledgments:
         waiting = [waiter for waiter in request.waiters if not waiter.future.done()]
         if (
             error is not None
-            and error.name is ErrorName.INVALID_ARGUMENT
+            and isinstance(error, InvalidArgument)
             and request.frame.txn is None
             and len(request.waiters) > 1
         ):

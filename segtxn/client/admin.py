@@ -7,8 +7,10 @@ from typing import Any
 from urllib.parse import quote
 
 from segtxn.client.connection import Connector
-from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.names import InvalidTopicName, TopicName, check_list_part
+from segtxn.protocol import errors, names
+from segtxn.protocol.names import TopicName, check_list_part
+
+__all__ = ["Admin", "BrokerHomes"]
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,8 @@ class Admin:
     def _path(topic: str) -> str:
         try:
             return "/admin/v2/" + TopicName.parse(topic).path
-        except InvalidTopicName as e:
-            raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+        except names.InvalidTopicName as e:
+            raise errors.InvalidTopicName(str(e)) from e
 
     async def create_topic(self, topic: str, *, segments: int | None = None) -> None:
         """Create ``persistent://...`` or ``topic://...`` (with ``segments`` range segments,
@@ -58,8 +60,8 @@ class Admin:
         try:
             check_list_part("tenant", tenant)
             check_list_part("namespace", namespace)
-        except InvalidTopicName as e:
-            raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+        except names.InvalidTopicName as e:
+            raise errors.InvalidTopicName(str(e)) from e
         return list(await self._c.request("GET", f"/admin/v2/{domain}/{tenant}/{namespace}"))
 
     async def stats(self, topic: str) -> dict[str, Any]:

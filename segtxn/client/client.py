@@ -25,15 +25,17 @@ from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.timeouts import Deadline, Timeouts
 from segtxn.client.transaction import Coordinators, Transaction
-from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
+from segtxn.protocol import errors, names
+from segtxn.protocol.names import Domain, TopicName
+
+__all__ = ["Client"]
 
 
 def _topic(name: str) -> TopicName:
     try:
         return TopicName.parse(name)
-    except InvalidTopicName as e:
-        raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+    except names.InvalidTopicName as e:
+        raise errors.InvalidTopicName(str(e)) from e
 
 
 class Client:
@@ -190,7 +192,7 @@ class Client:
         deadline = self._deadline(timeout_s)
         parsed = _topic(topic)
         if parsed.domain is not Domain.TOPIC:
-            raise ServerError(ErrorName.NOT_ALLOWED, "checkpoint consumers read topic:// topics")
+            raise errors.NotAllowed("checkpoint consumers read topic:// topics")
         layout = TopicLayout(self.connector, parsed)
         await layout.start(deadline)
         consumer = CheckpointConsumer(

@@ -17,7 +17,14 @@ import msgspec
 from segtxn.client.errors import Timeout
 from segtxn.client.timeouts import CLOSE_WAIT_S, Deadline, Timeouts
 from segtxn.protocol import frames
-from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+from segtxn.protocol.errors import (
+    ErrorCategory,
+    ErrorName,
+    NotOwner,
+    ServerError,
+    ServiceNotReady,
+    server_error,
+)
 from segtxn.protocol.names import TopicName
 
 log = logging.getLogger(__name__)
@@ -29,6 +36,8 @@ HANDSHAKE_S = 5.0
 
 
 def _error(status: int, headers: Any, body: str = "") -> ServerError:
+    """The error a broker answered with (its name in a header, else in the JSON body), as
+    the class named after it; UnknownError for a name this client does not know."""
     name = headers.get("X-Segtxn-Error") if headers else None
     message = unquote(headers.get("X-Segtxn-Message", "")) if headers else ""
     if not name and body:
@@ -37,12 +46,9 @@ def _error(status: int, headers: Any, body: str = "") -> ServerError:
             name, message = parsed["error"], parsed["message"]
         except (ValueError, KeyError, TypeError):
             pass
-    try:
-        error_name = ErrorName(name) if name else ErrorName.UNKNOWN
-    except ValueError:
-        error_name = ErrorName.UNKNOWN
+    error_name = ErrorName.parse(name) if isinstance(name, str) else ErrorName.UNKNOWN
     redirect = headers.get("Location") if headers else None
-    return ServerError(error_name, message or f"HTTP {status}", redirect=redirect)
+    return server_error(error_name, message or f"HTTP {status}", redirect=redirect)
 
 
 async def server_frames(
@@ -143,6 +149,7 @@ class Connector:
         deadline = Deadline(self.timeouts.operation_timeout_s if timeout_s is None else timeout_s)
         urls = [path] if path.startswith("http") else [base + path for base in self._bases()]
         failures: list[str] = []
+        last: BaseException | None = None  # the transport error the ServiceNotReady is from
         for i, url in enumerate(urls):
             # a GET changes nothing: with more URLs to try, one that does not answer within
             # request_timeout_s is left for the next
@@ -153,17 +160,19 @@ class Connector:
                     return await self._once(method, url, attempt, **kwargs)
             except TimeoutError as e:  # a connect timeout too: aiohttp's are TimeoutErrors
                 failures.append(f"{url}: no answer within {attempt}")
+                last = e
                 self.unreachable(url)
                 connecting = isinstance(e, aiohttp.ConnectionTimeoutError)  # nothing was sent
                 if deadline.expired() or not (more or connecting):
                     raise self._timeout(method, url, deadline) from e
             except aiohttp.ClientConnectorError as e:  # refused: nothing sent, try the next
                 failures.append(f"{url}: {e!r}")
+                last = e
                 self.unreachable(url)
             except aiohttp.ClientConnectionError as e:
                 self.unreachable(url)
-                raise ServerError(ErrorName.SERVICE_NOT_READY, f"cannot reach {url}: {e!r}") from e
-        raise ServerError(ErrorName.SERVICE_NOT_READY, "cannot reach " + "; ".join(failures))
+                raise ServiceNotReady(f"cannot reach {url}: {e!r}") from e
+        raise ServiceNotReady("cannot reach " + "; ".join(failures)) from last
 
     async def _once(self, method: str, url: str, deadline: Deadline, **kwargs: Any) -> Any:
         kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=deadline.remaining()))
@@ -223,13 +232,11 @@ class Connector:
                 return await self._ws_connect(url)
             except aiohttp.WSServerHandshakeError as e:
                 error = _error(e.status, e.headers)
-                if error.name is ErrorName.NOT_OWNER and error.redirect:
+                if isinstance(error, NotOwner) and error.redirect:
                     url = error.redirect
                     continue
                 raise error from e
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 self.unreachable(broker_url)
-                raise ServerError(
-                    ErrorName.SERVICE_NOT_READY, f"cannot reach {broker_url}: {e!r}"
-                ) from e
-        raise ServerError(ErrorName.SERVICE_NOT_READY, f"too many redirects for {topic}")
+                raise ServiceNotReady(f"cannot reach {broker_url}: {e!r}") from e
+        raise ServiceNotReady(f"too many redirects for {topic}")

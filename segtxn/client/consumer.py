@@ -45,8 +45,10 @@ from segtxn.client.messages import Message, MessageId
 from segtxn.client.stream import MessageStream, next_item
 from segtxn.client.timeouts import FIRST_RETRY_S, Deadline
 from segtxn.client.transaction import Transaction
-from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+from segtxn.protocol.errors import ErrorCategory, ServerError, TransactionConflict
 from segtxn.protocol.names import Domain, TopicName
+
+__all__ = ["CheckpointConsumer", "Consumer"]
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -300,8 +302,7 @@ class Consumer:
         if stream is None:  # its segment is consumed to its end: it is acknowledged already
             if txn is None:
                 return
-            error = ServerError(
-                ErrorName.TRANSACTION_CONFLICT,
+            error = TransactionConflict(
                 f"{message_id}: its segment was consumed to its end by the subscription (another "
                 "consumer acknowledged it), so this transaction cannot hold it: abort it",
             )

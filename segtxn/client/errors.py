@@ -1,5 +1,13 @@
-"""Client-side errors. Server errors arrive as :class:`segtxn.protocol.errors.ServerError`
-(branch on ``.name``); these are the ones the client raises itself.
+"""Every error the client raises, in two trees.
+
+- :class:`~segtxn.protocol.errors.ServerError`: a server refused (or the client could not
+  reach one: ``ServiceNotReady``). The client raises the class named after the wire error
+  (``TopicNotFound``, ``TransactionNotFound``, ...; all re-exported here), so callers catch
+  the class; ``.name`` (the :class:`ErrorName`) stays for code that logs or maps it. Where a
+  transport error caused it (a refused connection, a failed WebSocket handshake), it is
+  raised ``from`` that error.
+- :class:`ClientError`: what the client decides by itself (closed, timed out, cancelled,
+  the end of a topic).
 
 Every error says what a caller may do about it (``category``, STYLE 16): retry it, abort the
 transaction it was part of, give up, or find out what happened (outcome unknown).
@@ -9,7 +17,66 @@ transaction it was part of, give up, or find out what happened (outcome unknown)
 
 from __future__ import annotations
 
-from segtxn.protocol.errors import ErrorCategory
+from segtxn.protocol.errors import (
+    ConsumerBusy,
+    ErrorCategory,
+    ErrorName,
+    InvalidArgument,
+    InvalidMessage,
+    InvalidTopicName,
+    InvalidTxnStatus,
+    MessageTooLarge,
+    MetadataError,
+    MetadataStoreFull,
+    NotAllowed,
+    NotOwner,
+    PersistenceError,
+    ProducerBusy,
+    ServerError,
+    ServiceNotReady,
+    SubscriptionNotFound,
+    TooManyRequests,
+    TopicAlreadyExists,
+    TopicBusy,
+    TopicNotFound,
+    TopicTerminatedError,
+    TransactionConflict,
+    TransactionNotFound,
+    UnknownError,
+)
+
+__all__ = [
+    "ClientClosed",
+    "ClientError",
+    "ConsumerBusy",
+    "ErrorCategory",
+    "ErrorName",
+    "InvalidArgument",
+    "InvalidMessage",
+    "InvalidTopicName",
+    "InvalidTxnStatus",
+    "MessageTooLarge",
+    "MetadataError",
+    "MetadataStoreFull",
+    "NotAllowed",
+    "NotOwner",
+    "OperationCancelled",
+    "PersistenceError",
+    "ProducerBusy",
+    "ServerError",
+    "ServiceNotReady",
+    "SubscriptionNotFound",
+    "Timeout",
+    "TooManyRequests",
+    "TopicAlreadyExists",
+    "TopicBusy",
+    "TopicEnded",
+    "TopicNotFound",
+    "TopicTerminatedError",
+    "TransactionConflict",
+    "TransactionNotFound",
+    "UnknownError",
+]
 
 
 class ClientError(Exception):
@@ -24,10 +91,6 @@ class ClientError(Exception):
 
 class ClientClosed(ClientError):
     """The client, producer or consumer was closed."""
-
-
-class MessageTooLarge(ClientError):
-    """A payload larger than the broker accepts (checked before sending)."""
 
 
 class Timeout(ClientError, TimeoutError):

@@ -18,7 +18,7 @@ import aiohttp
 
 from segtxn.client.connection import Connector
 from segtxn.client.timeouts import Deadline, retrying
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.errors import ServerError, ServiceNotReady, TopicNotFound, UnknownError
 from segtxn.protocol.hashing import key_hash
 from segtxn.protocol.names import TopicName
 
@@ -102,10 +102,10 @@ class TopicLayout:
                     async for message in ws:
                         if message.type is aiohttp.WSMsgType.TEXT:
                             self.apply(json.loads(message.data))
+            except TopicNotFound:
+                log.warning("%s was deleted: no more layout updates", self.topic)
+                return
             except ServerError as e:
-                if e.name is ErrorName.TOPIC_NOT_FOUND:
-                    log.warning("%s was deleted: no more layout updates", self.topic)
-                    return
                 log.info("lookup session of %s failed (%s); reconnecting", self.topic, e)
             except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
                 log.info("lookup session of %s dropped (%r); reconnecting", self.topic, e)
@@ -120,14 +120,14 @@ class TopicLayout:
         """The active segment for ``key`` (round-robin when there is none)."""
         active = self.active()
         if not active:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{self.topic} has no active segment")
+            raise ServiceNotReady(f"{self.topic} has no active segment")
         if key is None:
             return active[round_robin % len(active)].id
         h = key_hash(key)
         for segment in active:
             if segment.lo <= h <= segment.hi:
                 return segment.id
-        raise ServerError(ErrorName.UNKNOWN, f"no active segment of {self.topic} covers {h:#06x}")
+        raise UnknownError(f"no active segment of {self.topic} covers {h:#06x}")
 
     async def close(self) -> None:
         if self._task is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+__all__ = ["Message", "MessageId"]
+
 
 class MessageId(NamedTuple):
     """Where a message is stored: the topic or segment, and its position there."""

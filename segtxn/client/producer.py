@@ -34,9 +34,24 @@ from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, Expiries, close_quietly, retrying
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
-from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+from segtxn.protocol.errors import (
+    ErrorCategory,
+    ErrorName,
+    InvalidArgument,
+    InvalidTopicName,
+    NotAllowed,
+    ProducerBusy,
+    ServerError,
+    ServiceNotReady,
+    TopicNotFound,
+    TopicTerminatedError,
+    UnknownError,
+    server_error,
+)
 from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
 from segtxn.protocol.names import TopicName
+
+__all__ = ["Producer", "ProducerOptions"]
 
 log = logging.getLogger(__name__)
 _names = itertools.count(1)
@@ -47,13 +62,7 @@ def new_name(owner: object) -> str:
     return f"producer-{next(_names)}-{id(owner):x}"
 
 
-FATAL = {
-    ErrorName.TOPIC_NOT_FOUND,
-    ErrorName.INVALID_TOPIC_NAME,
-    ErrorName.NOT_ALLOWED,
-    ErrorName.PRODUCER_BUSY,
-    ErrorName.INVALID_ARGUMENT,
-}
+FATAL = (TopicNotFound, InvalidTopicName, NotAllowed, ProducerBusy, InvalidArgument)
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,7 @@ class Producer:
             self._connect,
             deadline,
             request_timeout_s=self._connector.timeouts.request_timeout_s,
-            busy={ErrorName.PRODUCER_BUSY},
+            busy=(ProducerBusy,),
         )
         self._task = asyncio.create_task(self._run(ws), name=f"producer-{self.name}")
 
@@ -142,10 +151,10 @@ class Producer:
         try:
             message = await ws.receive()
             if message.type is not aiohttp.WSMsgType.BINARY:
-                raise ServerError(ErrorName.SERVICE_NOT_READY, "the broker closed the producer")
+                raise ServiceNotReady("the broker closed the producer")
             ready = frames.server_frame.decode(message.data)
             if not isinstance(ready, ProducerReady):
-                raise ServerError(ErrorName.UNKNOWN, f"expected producer_ready, got {ready!r}")
+                raise UnknownError(f"expected producer_ready, got {ready!r}")
         except BaseException:  # refused, or given up on (cancelled): do not leak the socket
             await close_quietly(ws.close())
             raise
@@ -165,10 +174,10 @@ class Producer:
         while True:
             try:
                 await first_completed(self._write(ws), self._read(ws), name=f"producer-{self.name}")
+            except FATAL as e:
+                self._fail_all(e)
+                return
             except ServerError as e:
-                if e.name in FATAL:
-                    self._fail_all(e)
-                    return
                 self._trouble = f"{e.name}: {e.message}"
             except (aiohttp.ClientError, ConnectionError) as e:
                 log.info("producer %s lost its connection: %s", self.name, e)
@@ -186,10 +195,10 @@ class Producer:
                     self.reconnects += 1
                     delay = 0.05
                     break
+                except FATAL as e:
+                    self._fail_all(e)
+                    return
                 except ServerError as e:
-                    if e.name in FATAL:
-                        self._fail_all(e)
-                        return
                     self._trouble = f"reconnecting: {e.name}: {e.message}"
                 except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                     log.info("producer %s: reconnecting failed: %r", self.name, e)
@@ -229,7 +238,7 @@ class Producer:
             if isinstance(frame, Receipt):
                 self._settle(frame.seq, result=MessageId(str(self.topic), *frame.message_id))
             elif isinstance(frame, Error):
-                error = ServerError(ErrorName.parse(frame.error), frame.message)
+                error = server_error(ErrorName.parse(frame.error), frame.message)
                 if frame.seq is not None:
                     self._settle(frame.seq, error=error)
                 else:
@@ -243,7 +252,7 @@ class Producer:
         if pending is None or pending.future.done():
             return
         if error is not None:
-            if isinstance(error, ServerError) and error.name is ErrorName.TOPIC_TERMINATED:
+            if isinstance(error, TopicTerminatedError):
                 self.refused = True
             pending.future.set_exception(error)
         else:
@@ -270,7 +279,7 @@ class Producer:
         ``txn``: stored, and visible only if the transaction commits).
 
         Raises:
-            MessageTooLarge: the payload exceeds what the broker accepts.
+            MessageTooLarge: the broker refused the payload as larger than it accepts.
             ServerError: the broker refused this message (e.g. TopicTerminatedError).
             Timeout: not done within ``send_timeout_s`` of the call (OUTCOME_UNKNOWN once
                 it was queued: it may have been stored).

@@ -12,6 +12,8 @@ from segtxn.client.stream import MessageStream, next_item
 from segtxn.client.timeouts import Deadline
 from segtxn.protocol.names import TopicName
 
+__all__ = ["Reader"]
+
 
 class Reader:
     """Messages of one topic or segment from a start position, without a subscription."""

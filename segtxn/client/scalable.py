@@ -23,8 +23,10 @@ from segtxn.client.messages import MessageId
 from segtxn.client.producer import Producer, ProducerOptions, new_name
 from segtxn.client.timeouts import Deadline, Expiries
 from segtxn.client.transaction import Transaction
-from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+from segtxn.protocol.errors import ErrorCategory, TopicTerminatedError
 from segtxn.protocol.names import TopicName
+
+__all__ = ["ScalableProducer"]
 
 REROUTE_WAIT_S = 30.0
 """How long a refused send waits for a layout with an open segment for its key."""
@@ -230,7 +232,7 @@ class ScalableProducer:
             message.result.cancel()
             return
         error = inner.exception()
-        if isinstance(error, ServerError) and error.name is ErrorName.TOPIC_TERMINATED:
+        if isinstance(error, TopicTerminatedError):
             self._refused.append(message)
             self._kick()
         elif error is not None:
@@ -277,9 +279,7 @@ class ScalableProducer:
             if segment is not None and segment.active and segment.id not in self._sealed_seen():
                 return
             if deadline.expired():
-                raise ServerError(
-                    ErrorName.TOPIC_TERMINATED, f"{self.topic}: no layout with an open segment came"
-                )
+                raise TopicTerminatedError(f"{self.topic}: no layout with an open segment came")
             try:
                 async with asyncio.timeout(deadline.cap(0.5)):
                     await self.layout.changed.wait()

@@ -32,7 +32,20 @@ from segtxn.client.errors import Timeout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.protocol import frames
-from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+from segtxn.protocol.errors import (
+    ConsumerBusy,
+    ErrorCategory,
+    ErrorName,
+    InvalidArgument,
+    InvalidTopicName,
+    NotAllowed,
+    PersistenceError,
+    ServerError,
+    ServiceNotReady,
+    SubscriptionNotFound,
+    TopicNotFound,
+    server_error,
+)
 from segtxn.protocol.frames import (
     AckReceipt,
     ActiveChange,
@@ -49,14 +62,14 @@ from segtxn.protocol.names import TopicName
 
 log = logging.getLogger(__name__)
 
-FATAL = {
-    ErrorName.TOPIC_NOT_FOUND,
-    ErrorName.INVALID_TOPIC_NAME,
-    ErrorName.NOT_ALLOWED,
-    ErrorName.CONSUMER_BUSY,
-    ErrorName.INVALID_ARGUMENT,
-    ErrorName.SUBSCRIPTION_NOT_FOUND,
-}
+FATAL = (
+    TopicNotFound,
+    InvalidTopicName,
+    NotAllowed,
+    ConsumerBusy,
+    InvalidArgument,
+    SubscriptionNotFound,
+)
 
 
 class MessageStream:
@@ -120,7 +133,7 @@ class MessageStream:
             self._connect,
             deadline,
             request_timeout_s=self._connector.timeouts.request_timeout_s,
-            busy={ErrorName.CONSUMER_BUSY},
+            busy=(ConsumerBusy,),
         )
         self._task = asyncio.create_task(self._run(ws), name=f"{self._kind}-{self.topic}")
 
@@ -144,7 +157,7 @@ class MessageStream:
                     else None
                 )
                 if not isinstance(ready, ConsumerReady):
-                    raise ServerError(ErrorName.SERVICE_NOT_READY, "the broker did not accept us")
+                    raise ServiceNotReady("the broker did not accept us")
                 self.active = ready.active
                 self.epoch = ready.epoch
             await ws.send_bytes(frames.encode(Flow(permits=self._size)))
@@ -154,9 +167,7 @@ class MessageStream:
                 self._ws = ws
         except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as e:
             await close_quietly(ws.close())
-            raise ServerError(
-                ErrorName.SERVICE_NOT_READY, f"{self.topic}: the connection failed ({e!r})"
-            ) from e
+            raise ServiceNotReady(f"{self.topic}: the connection failed ({e!r})") from e
         except BaseException:  # refused, or given up on (cancelled): do not leak the socket
             await close_quietly(ws.close())
             raise
@@ -225,10 +236,11 @@ class MessageStream:
                     self.reconnects += 1
                     delay = 0.05
                     break
-                except ServerError as e:
-                    if e.name in FATAL:
-                        self._deliver.put_nowait(e)
-                        return
+                except FATAL as e:
+                    self._deliver.put_nowait(e)
+                    return
+                except ServerError:
+                    pass  # not one that ends the stream: back off and reconnect
                 except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                     log.info("%s on %s: reconnecting failed: %r", self._kind, self.topic, e)
                 delay = min(delay * 2, 2.0)
@@ -268,7 +280,7 @@ class MessageStream:
             elif isinstance(frame, AckReceipt):
                 self._acks.answered(frame.request_id, None)
             elif isinstance(frame, Error):
-                error = ServerError(ErrorName.parse(frame.error), frame.message)
+                error = server_error(ErrorName.parse(frame.error), frame.message)
                 if frame.request_id in self._awaiting:
                     # no rewind will answer it, and only a rewind brings back what was
                     # dropped for it: attach again (an attachment starts from one)
@@ -285,7 +297,7 @@ class MessageStream:
                     self._acks.answered(frame.request_id, error)
                 else:
                     log.warning("%s on %s: %s", self._kind, self.topic, error)
-                    if error.name is ErrorName.PERSISTENCE and not self._deliver.full():
+                    if isinstance(error, PersistenceError) and not self._deliver.full():
                         # delivery stopped (damaged data): receive() raises it, naming the
                         # file, instead of waiting in silence (sent again on each flow)
                         self._deliver.put_nowait(error)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import aiohttp
 
 from segtxn.client.errors import Timeout
-from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+from segtxn.protocol.errors import ErrorCategory, ServerError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -162,7 +162,7 @@ async def retrying(
     *,
     request_timeout_s: float,
     category: ErrorCategory = ErrorCategory.RETRIABLE,
-    busy: Collection[ErrorName] = (),
+    busy: tuple[type[ServerError], ...] = (),
 ) -> T:
     """Run ``attempt`` until it succeeds, each try within ``request_timeout_s`` and all of
     them before ``deadline``; back off between tries.
@@ -196,7 +196,7 @@ async def retrying(
             abandoned = abandoned or scope.expired()
             last = e
         except ServerError as e:
-            if not (e.retriable or (abandoned and e.name in busy)):
+            if not (e.retriable or (abandoned and isinstance(e, busy))):
                 raise
             last = e
         except (aiohttp.ClientError, ConnectionError) as e:

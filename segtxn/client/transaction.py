@@ -51,8 +51,17 @@ from typing import Any
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientError, OperationCancelled, Timeout
 from segtxn.client.timeouts import Deadline, retrying
-from segtxn.protocol.errors import ErrorCategory, ErrorName, ServerError
+from segtxn.protocol.errors import (
+    ErrorCategory,
+    InvalidTxnStatus,
+    NotAllowed,
+    ServerError,
+    ServiceNotReady,
+    TransactionNotFound,
+)
 from segtxn.protocol.txn import TxnAction, TxnId
+
+__all__ = ["Coordinators", "Transaction", "TransactionFailed"]
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +143,7 @@ class Coordinators:
                     found = await self._connector.request("GET", "/lookup/v2/coordinators")
                     self._urls = list(found["coordinators"])
                     if not self._urls:
-                        raise ServerError(
-                            ErrorName.SERVICE_NOT_READY, "no transaction coordinator is up"
-                        )
+                        raise ServiceNotReady("no transaction coordinator is up")
                 wanted = first.pop() if first else None
                 url = (
                     wanted
@@ -328,8 +335,7 @@ class Transaction:
             await self._start("v4" if v4 else "v5", deadline)
         self._check_open()
         if v4 == self.id.is_v5:
-            raise ServerError(
-                ErrorName.NOT_ALLOWED,
+            raise NotAllowed(
                 f"{topic} cannot join {self.id}: a v{5 if self.id.is_v5 else 4} transaction "
                 "spans only "
                 + ("scalable (topic://) topics" if self.id.is_v5 else "persistent:// topics")
@@ -446,10 +452,7 @@ class Transaction:
         try:
             await self._end(TxnAction.COMMIT, deadline)
         except BaseException as e:
-            if isinstance(e, ServerError) and e.name in (
-                ErrorName.INVALID_TXN_STATUS,
-                ErrorName.TRANSACTION_NOT_FOUND,
-            ):
+            if isinstance(e, InvalidTxnStatus | TransactionNotFound):
                 self.state = "ABORTED"
             await self._failed()  # aborted, or unknown: commit() may be called again
             raise

@@ -55,7 +55,7 @@ from segtxn.client.admin import Admin
 from segtxn.client.errors import Timeout
 from segtxn.operator.kube import KubeError
 from segtxn.operator.status import condition
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.errors import NotAllowed, ServerError
 
 REVISION_LABEL = "controller-revision-hash"
 """The label a StatefulSet's controller sets on each pod: the revision it was made from."""
@@ -332,10 +332,10 @@ class Roll:
         try:
             answer = await self.admin.drain_broker(record.broker, timeout_s=max(left, 1.0))
             homes = await self.admin.broker_homes(record.broker, limit=5)
+        except NotAllowed as e:  # it runs without replication: no drain
+            note = f"not drained: {e.message}"
+            return await self._replace(record.to(Step.REPLACING, record.since), pod, note)
         except ServerError as e:
-            if e.name is ErrorName.NOT_ALLOWED:  # it runs without replication: no drain
-                note = f"not drained: {e.message}"
-                return await self._replace(record.to(Step.REPLACING, record.since), pod, note)
             return self._draining(replace(record, note=f"{e.name.value}: {e.message}"))
         except Timeout as e:
             return self._draining(replace(record, note=str(e)))

@@ -22,7 +22,14 @@ from segtxn.client.errors import Timeout
 from segtxn.operator import render
 from segtxn.operator.kube import Kube
 from segtxn.operator.rolling import RollSettings
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.errors import (
+    MetadataError,
+    NotOwner,
+    ServerError,
+    ServiceNotReady,
+    TooManyRequests,
+    TopicBusy,
+)
 
 GROUP, VERSION = render.GROUP, render.VERSION
 API = f"{GROUP}/{VERSION}"
@@ -30,13 +37,7 @@ FINALIZER = "segtxn.io/finalizer"
 RETRY_S = 5.0
 """Delay before retrying what may heal by itself."""
 
-_TRANSIENT = {
-    ErrorName.SERVICE_NOT_READY,
-    ErrorName.TOPIC_BUSY,
-    ErrorName.TOO_MANY_REQUESTS,
-    ErrorName.METADATA,
-    ErrorName.NOT_OWNER,
-}
+_TRANSIENT = (ServiceNotReady, TopicBusy, TooManyRequests, MetadataError, NotOwner)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def reason(e: ServerError | Timeout) -> str:
 
 
 def transient(e: ServerError | Timeout) -> bool:
-    return isinstance(e, Timeout) or e.name in _TRANSIENT
+    return isinstance(e, Timeout | _TRANSIENT)
 
 
 def kopf_error(e: ServerError | Timeout, doing: str) -> kopf.TemporaryError | kopf.PermanentError:

@@ -29,7 +29,7 @@ from segtxn.operator.runtime import (
     transient,
 )
 from segtxn.operator.status import condition
-from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.errors import ServerError, TopicAlreadyExists, TopicNotFound
 
 MAX_CHANGES_PER_RUN = 16
 """Splits/merges one handler run makes before handing back to Kopf (and retrying)."""
@@ -76,9 +76,8 @@ async def reconcile_topic(
         try:
             await brokers.create_topic(topic, segments=int(spec.get("initialSegments", 1)))
             kopf.info(body, reason="Created", message=f"{topic} created")
-        except ServerError as e:
-            if e.name is not ErrorName.TOPIC_EXISTS:
-                raise
+        except TopicAlreadyExists:
+            pass
         dag = await _converge(brokers, topic, None if target is None else int(target), body)
     except (ServerError, Timeout) as e:
         # Why it is not ready shows in status; a refusal for good also as a Warning event.
@@ -125,10 +124,8 @@ async def delete_topic(
         return  # nothing left to delete the data from; do not hold the resource forever
     try:
         await brokers.delete_topic(topic, force=True)
-    except ServerError as e:
-        if e.name is ErrorName.TOPIC_NOT_FOUND:
-            return
-        raise kopf_error(e, f"deleting {topic}") from e
-    except Timeout as e:
+    except TopicNotFound:
+        return
+    except (ServerError, Timeout) as e:
         raise kopf_error(e, f"deleting {topic}") from e
     kopf.info(body, reason="Deleted", message=f"{topic} and its data deleted")

@@ -2,7 +2,11 @@
 
 Every failure a client can see carries one of these names, in a JSON body
 ``{"error": NAME, "message": ...}`` (REST) or an ``Error`` frame (WebSocket). Clients branch
-on the name, never on the message.
+on the name, never on the message: in Python, on the class. Each name has a subclass of
+:class:`ServerError` named after it (``except TransactionNotFound``), which the client
+builds from the wire with :func:`server_error`; each carries the name's category (what a
+caller should do: retry, abort the transaction, give up, or find out; Kafka KIP-1050).
+Servers may raise the base class with a name: only the name crosses the wire.
 """
 
 from __future__ import annotations
@@ -101,7 +105,14 @@ _ABORTABLE = {
 
 
 class ServerError(Exception):
-    """An error with a wire name; raised by servers, and by the client when a server says so."""
+    """An error with a wire name; raised by servers, and by the client when a server says so.
+
+    The client always raises the subclass named after ``name`` (:class:`TopicNotFound`,
+    ...), so ``except TopicNotFound`` and ``e.name is ErrorName.TOPIC_NOT_FOUND`` agree; a
+    server may raise the base class with any name.
+    """
+
+    name: ErrorName
 
     def __init__(self, name: ErrorName, message: str, *, redirect: str | None = None) -> None:
         super().__init__(f"{name.value}: {message}")
@@ -123,3 +134,202 @@ class ServerError(Exception):
         if self.name in _ABORTABLE:
             return ErrorCategory.ABORTABLE
         return ErrorCategory.FATAL
+
+
+_CLASSES: dict[ErrorName, type[NamedServerError]] = {}
+
+
+class NamedServerError(ServerError):
+    """The base of the classes named after one error name: built from a message alone
+    (``TopicNotFound("topic://a/b/c")``). Each subclass sets ``name`` and is registered, one
+    class per name, for :func:`server_error`."""
+
+    def __init_subclass__(cls) -> None:
+        super().__init_subclass__()
+        if cls.name in _CLASSES:
+            raise TypeError(f"{cls.name.value} already has a class: {_CLASSES[cls.name]}")
+        _CLASSES[cls.name] = cls
+
+    def __init__(self, message: str, *, redirect: str | None = None) -> None:
+        super().__init__(self.name, message, redirect=redirect)
+
+    def __reduce__(self) -> tuple[type[NamedServerError], tuple[str]]:
+        return type(self), (self.message,)
+
+
+def server_error(name: ErrorName, message: str, *, redirect: str | None = None) -> ServerError:
+    """The exception for ``name``: an instance of the class named after it."""
+    return _CLASSES[name](message, redirect=redirect)
+
+
+class UnknownError(NamedServerError):
+    """Fatal. An unexpected server failure (its message names an incident id to find in
+    the server's log), or an error name this client does not know (a newer server's)."""
+
+    name = ErrorName.UNKNOWN
+
+
+class MetadataError(NamedServerError):
+    """Fatal. The metadata store refused a request in a way the server did not expect."""
+
+    name = ErrorName.METADATA
+
+
+class PersistenceError(NamedServerError):
+    """Fatal. A topic's stored data is damaged or missing; it must be restored."""
+
+    name = ErrorName.PERSISTENCE
+
+
+class ServiceNotReady(NamedServerError):
+    """Retriable. The service is starting, moving a topic, cannot reach its store or a
+    peer, or could not be reached (the client says so when no broker answers)."""
+
+    name = ErrorName.SERVICE_NOT_READY
+
+
+class TopicNotFound(NamedServerError):
+    """Fatal. No such topic."""
+
+    name = ErrorName.TOPIC_NOT_FOUND
+
+
+class TopicAlreadyExists(NamedServerError):
+    """Fatal. Creating a topic that exists."""
+
+    name = ErrorName.TOPIC_EXISTS
+
+
+class SubscriptionNotFound(NamedServerError):
+    """Fatal. No such subscription on the topic."""
+
+    name = ErrorName.SUBSCRIPTION_NOT_FOUND
+
+
+class ConsumerBusy(NamedServerError):
+    """Fatal. Another consumer holds the exclusive subscription."""
+
+    name = ErrorName.CONSUMER_BUSY
+
+
+class ProducerBusy(NamedServerError):
+    """Fatal. A producer of that name is connected already."""
+
+    name = ErrorName.PRODUCER_BUSY
+
+
+class TopicTerminatedError(NamedServerError):
+    """Fatal. The topic (or segment) is sealed: it takes no more writes."""
+
+    name = ErrorName.TOPIC_TERMINATED
+
+
+class InvalidTopicName(NamedServerError):
+    """Fatal. A topic name, tenant or namespace that no topic can have. (Not
+    :class:`segtxn.protocol.names.InvalidTopicName`, the parser's ``ValueError``: the client
+    turns that into this.)"""
+
+    name = ErrorName.INVALID_TOPIC_NAME
+
+
+class InvalidMessage(NamedServerError):
+    """Fatal. A frame or message the endpoint does not take."""
+
+    name = ErrorName.INVALID_MESSAGE
+
+
+class MessageTooLarge(NamedServerError):
+    """Fatal. A payload (or its key and properties) larger than the broker accepts."""
+
+    name = ErrorName.MESSAGE_TOO_LARGE
+
+
+class NotAllowed(NamedServerError):
+    """Fatal. The operation does not apply here (e.g. draining a broker that runs without
+    replication)."""
+
+    name = ErrorName.NOT_ALLOWED
+
+
+class NotOwner(NamedServerError):
+    """Retriable. Another broker serves the topic: ``redirect`` is its URL (the client
+    follows it by itself)."""
+
+    name = ErrorName.NOT_OWNER
+
+
+class TooManyRequests(NamedServerError):
+    """Retriable. A limit on concurrent work was reached; try again later."""
+
+    name = ErrorName.TOO_MANY_REQUESTS
+
+
+class InvalidTxnStatus(NamedServerError):
+    """Abortable. The transaction is not open any more (it timed out, or was committed or
+    aborted)."""
+
+    name = ErrorName.INVALID_TXN_STATUS
+
+
+class TransactionConflict(NamedServerError):
+    """Abortable. The transaction conflicts with another (an acknowledgment another
+    transaction holds)."""
+
+    name = ErrorName.TRANSACTION_CONFLICT
+
+
+class TransactionNotFound(NamedServerError):
+    """Abortable. The coordinator does not know the transaction (never begun, or ended
+    and forgotten)."""
+
+    name = ErrorName.TRANSACTION_NOT_FOUND
+
+
+class InvalidArgument(NamedServerError):
+    """Fatal. A parameter out of range or malformed; the message says which."""
+
+    name = ErrorName.INVALID_ARGUMENT
+
+
+class TopicBusy(NamedServerError):
+    """Fatal as a category (the same call fails while it lasts); a split or merge of the
+    topic is in progress, so callers that plan layout changes wait and plan again."""
+
+    name = ErrorName.TOPIC_BUSY
+
+
+class MetadataStoreFull(NamedServerError):
+    """Fatal. The metadata store reached its size quota; an operator must free space."""
+
+    name = ErrorName.METADATA_STORE_FULL
+
+
+__all__ = [
+    "ConsumerBusy",
+    "ErrorCategory",
+    "ErrorName",
+    "InvalidArgument",
+    "InvalidMessage",
+    "InvalidTopicName",
+    "InvalidTxnStatus",
+    "MessageTooLarge",
+    "MetadataError",
+    "MetadataStoreFull",
+    "NamedServerError",
+    "NotAllowed",
+    "NotOwner",
+    "PersistenceError",
+    "ProducerBusy",
+    "ServerError",
+    "ServiceNotReady",
+    "SubscriptionNotFound",
+    "TooManyRequests",
+    "TopicAlreadyExists",
+    "TopicBusy",
+    "TopicNotFound",
+    "TopicTerminatedError",
+    "TransactionConflict",
+    "TransactionNotFound",
+    "UnknownError",
+    "server_error",
+]

@@ -34,10 +34,11 @@ from typing import Any, TypeVar
 from segtxn.client import (
     Client,
     ClientError,
-    ErrorName,
+    InvalidArgument,
     MessageId,
     ScalableProducer,
     ServerError,
+    TopicBusy,
 )
 from segtxn.verify.faults import (
     FaultContext,
@@ -211,7 +212,7 @@ async def run_workload(
 async def _retrying(
     call: Callable[[], Awaitable[T]],
     limit_s: float = 60.0,
-    also: frozenset[ErrorName] = frozenset(),
+    also: tuple[type[ServerError], ...] = (),
 ) -> T:
     """An admin call, again while a server is down or moving (a fault is on), or on an error
     named in ``also``: up to ``limit_s``, then its error."""
@@ -221,7 +222,7 @@ async def _retrying(
         try:
             return await call()
         except ServerError as e:
-            if not (e.retriable or e.name in also) or loop.time() > deadline:
+            if not (e.retriable or isinstance(e, also)) or loop.time() > deadline:
                 raise
         await asyncio.sleep(0.2)  # sleep-ok: a retry's pace while a server restarts
 
@@ -294,7 +295,7 @@ async def _change_topology(
         )
 
 
-REPLAN = frozenset({ErrorName.INVALID_ARGUMENT, ErrorName.TOPIC_BUSY})
+REPLAN = (InvalidArgument, TopicBusy)
 
 
 async def _apply(client: Client, topic: str, op: str) -> tuple[str, list[int], dict[str, Any]]:
