@@ -114,7 +114,7 @@ def reason(e: ServerError | Timeout) -> str:
 
 
 def transient(e: ServerError | Timeout) -> bool:
-    return isinstance(e, Timeout | _TRANSIENT)
+    return isinstance(e, (Timeout, *_TRANSIENT))
 
 
 def kopf_error(e: ServerError | Timeout, doing: str) -> kopf.TemporaryError | kopf.PermanentError:
