@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from segtxn.cli import brokers, clients, servers, stacks, txn, verbosity, verify
+from segtxn.cli import brokers, clients, servers, stacks, topics, txn, verbosity, verify
 from segtxn.cli.demo import demo
 from segtxn.cli.errors import Main
 from segtxn.cli.operator import operator
@@ -22,7 +22,9 @@ from segtxn.cli.operator import operator
     epilog="Exit status: 0 done (a server: stopped by SIGTERM or SIGINT), 1 failed, "
     "2 bad usage, 130 interrupted. Errors are one line on stderr; -vv adds tracebacks.",
 )
-@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option(
+    "-v", "--verbose", count=True, help="More logging (-v info, -vv debug; also after COMMAND)."
+)
 @click.version_option(package_name="segtxn", message="segtxn %(version)s")
 def main(verbose: int) -> None:
     """segtxn: transactional streaming on scalable topics."""
@@ -36,8 +38,9 @@ main.add_command(servers.standalone)
 main.add_command(servers.coordinator)
 main.add_command(clients.produce)
 main.add_command(clients.consume)
-main.add_command(clients.topics)
+main.add_command(topics.topics)
 main.add_command(brokers.brokers)
 main.add_command(txn.txn)
 main.add_command(verify.verify)
 main.add_command(operator)
+verbosity.accept_after_subcommands(main)

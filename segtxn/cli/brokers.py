@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from segtxn.cli.output import OUTPUT, Table, show
 from segtxn.cli.service import URL, run
 
 BROKER_HOMES_LIMIT = 1000
@@ -19,11 +18,12 @@ def brokers() -> None:
 @brokers.command("homes")
 @URL
 @click.argument("broker")
-def homes(url: str, broker: str) -> None:
+@OUTPUT
+def homes(url: str, broker: str, output: str) -> None:
     """List the topics and segments BROKER holds (it need not be alive)."""
     found = run(lambda c: c.admin.broker_homes(broker, limit=BROKER_HOMES_LIMIT), url)
-    for home in found.homes:
-        click.echo(home)
+    data = {"broker": found.broker, "homes": found.homes, "more": found.more}
+    show(output, data, Table(("home",), [[home] for home in found.homes]))
     if found.more:
         click.echo(f"... (more than {BROKER_HOMES_LIMIT})", err=True)
 
@@ -38,13 +38,19 @@ def homes(url: str, broker: str) -> None:
     type=click.FloatRange(1, 3600),
     help="Seconds the drain may take.",
 )
-def drain(url: str, broker: str, timeout: float) -> None:
+@OUTPUT
+def drain(url: str, broker: str, timeout: float, output: str) -> None:
     """Hand every topic and segment BROKER holds to the other brokers (it must run with
     --replication), and place nothing new on it until `segtxn brokers undrain` or its
     restart. Exit status 1 if some stay (they are named; draining again retries them)."""
     result = run(lambda c: c.admin.drain_broker(broker, timeout_s=timeout), url)
-    click.echo(json.dumps(result, indent=2, sort_keys=True))
-    if result.get("failed"):
+    failed = dict(result.get("failed") or {})
+    line = f"moved {len(result.get('moved') or [])} topics and segments off {broker}"
+    if failed:
+        stayed = "; ".join(f"{name}: {why}" for name, why in sorted(failed.items()))
+        line += f"; {len(failed)} stayed: {stayed}"
+    show(output, result, line)
+    if failed:
         raise SystemExit(1)
 
 

@@ -1,31 +1,27 @@
-"""``segtxn produce``, ``segtxn consume`` and ``segtxn topics``: the client from a shell."""
+"""``segtxn produce`` and ``segtxn consume``: the client from a shell.
+
+Both print a summary (how many, how fast, the last id); ``consume --print`` also prints each
+message. ``-o json`` prints the summary (and the printed messages) as one JSON document.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from typing import Any
 
 import click
 
-from segtxn.cli.params import (
-    COUNT,
-    POSITIVE_INT,
-    SECONDS,
-    KeyHash,
-    Namespace,
-    Topic,
-    refuse_unless,
-)
+from segtxn.cli.output import OUTPUT, Format, show
+from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
-from segtxn.client import Client
+from segtxn.client import Client, Message
 from segtxn.protocol.names import Domain
-from segtxn.topics.model import MAX_INITIAL_SEGMENTS
 
-SCALABLE = Topic(Domain.TOPIC)
 MAX_GENERATED_BYTES = 5 * 1024 * 1024
+SHOWN_BYTES = 80
+"""How much of a payload ``consume --print`` shows (as a Python bytes literal)."""
 
 
 @click.command()
@@ -48,6 +44,7 @@ MAX_GENERATED_BYTES = 5 * 1024 * 1024
     "--keys", default=0, type=COUNT, help="Use this many distinct keys (default 0: no key)."
 )
 @click.option("--name", default=None, help="Producer name (reuse it to keep de-duplication).")
+@OUTPUT
 @click.pass_context
 def produce(
     ctx: click.Context,
@@ -59,11 +56,12 @@ def produce(
     size: int,
     keys: int,
     name: str | None,
+    output: str,
 ) -> None:
     """Send COUNT messages to TOPIC and report the rate."""
     refuse_unless(ctx, "size", message is None, "-m gives the payload")
 
-    async def body(client: Client) -> None:
+    async def body(client: Client) -> dict[str, Any]:
         producer = await client.create_producer(topic, name=name)
         started = time.perf_counter()
         futures = []
@@ -78,13 +76,31 @@ def produce(
                 futures.append(future)
             ids = await asyncio.gather(*futures)
         elapsed = time.perf_counter() - started
-        click.echo(
-            f"sent {count} messages in {elapsed:.2f}s ({count / elapsed:.0f} msg/s); "
-            f"last id {ids[-1]}"
-        )
         await producer.close()
+        return {
+            "topic": topic,
+            "sent": count,
+            "seconds": round(elapsed, 3),
+            "rate": round(count / elapsed),
+            "lastId": str(ids[-1]),
+        }
 
-    run(body, url)
+    done = run(body, url)
+    show(
+        output,
+        done,
+        f"sent {count} messages in {done['seconds']:.2f}s ({done['rate']} msg/s); "
+        f"last id {done['lastId']}",
+    )
+
+
+def _shown(message: Message) -> dict[str, Any]:
+    return {
+        "id": str(message.message_id),
+        "key": message.key,
+        "value": message.value[:SHOWN_BYTES].decode("utf-8", "backslashreplace"),
+        "bytes": len(message.value),
+    }
 
 
 @click.command()
@@ -105,7 +121,14 @@ def produce(
 @click.option(
     "--idle-timeout", default=5.0, show_default=True, type=SECONDS, help="Stop after idle seconds."
 )
-@click.option("--print/--no-print", "show", default=True, help="Print each message.")
+@click.option(
+    "--print/--no-print",
+    "show_each",
+    default=False,
+    show_default=True,
+    help="Also print each message (its id, key and first 80 bytes).",
+)
+@OUTPUT
 def consume(
     *,
     url: str,
@@ -115,154 +138,52 @@ def consume(
     sub_type: str,
     initial: str,
     idle_timeout: float,
-    show: bool,
+    show_each: bool,
+    output: str,
 ) -> None:
-    """Receive and acknowledge messages of TOPIC on SUBSCRIPTION."""
+    """Receive and acknowledge messages of TOPIC on SUBSCRIPTION; print how many."""
     if not subscription.strip():
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
+    streaming = show_each and output == Format.TABLE  # a person watches them come
 
-    async def body(client: Client) -> None:
+    async def body(client: Client) -> dict[str, Any]:
         consumer = await client.subscribe(
             topic, subscription, subscription_type=sub_type, initial_position=initial
         )
         received = 0
+        keys: set[str] = set()
+        shown: list[dict[str, Any]] = []
+        first = last = None
         while not count or received < count:
             try:
                 message = await consumer.receive(timeout_s=idle_timeout)
             except TimeoutError:
                 break
-            if show:
-                click.echo(f"{message.message_id} key={message.key} {message.value[:80]!r}")
+            if streaming:
+                shown_value = message.value[:SHOWN_BYTES]
+                click.echo(f"{message.message_id} key={message.key} {shown_value!r}")
+            elif show_each:
+                shown.append(_shown(message))
             await consumer.acknowledge(message)
             received += 1
-        click.echo(f"received {received} messages", err=True)
+            first = first or str(message.message_id)
+            last = str(message.message_id)
+            if message.key is not None:
+                keys.add(message.key)
+        summary: dict[str, Any] = {
+            "topic": topic,
+            "subscription": subscription,
+            "received": received,
+            "keys": len(keys),
+            "firstId": first,
+            "lastId": last,
+        }
+        if show_each and not streaming:
+            summary["messages"] = shown
+        return summary
 
-    run(body, url)
-
-
-@click.group()
-def topics() -> None:
-    """Create, list, inspect and delete topics."""
-
-
-def _print(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True))
-
-
-@topics.command("create")
-@URL
-@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
-@click.option(
-    "--segments",
-    default=1,
-    show_default=True,
-    type=click.IntRange(1, MAX_INITIAL_SEGMENTS),
-    help="Range segments (topic:// only).",
-)
-@click.pass_context
-def create(ctx: click.Context, url: str, topic: str, segments: int) -> None:
-    """Create TOPIC (persistent://t/ns/name or topic://t/ns/name)."""
-    scalable = topic.startswith(f"{Domain.TOPIC.value}://")
-    refuse_unless(ctx, "segments", scalable, "only a topic:// topic has segments")
-    count = segments if scalable else None  # a persistent topic has none: the broker refuses one
-    run(lambda c: c.admin.create_topic(topic, segments=count), url)
-    click.echo(f"created {topic}")
-
-
-@topics.command("list")
-@URL
-@click.argument("namespace", type=Namespace())
-@click.option(
-    "--domain", default="persistent", type=click.Choice(["persistent", "topic"]), show_default=True
-)
-def list_(url: str, namespace: tuple[str, str], domain: str) -> None:
-    """List the topics of NAMESPACE (tenant/namespace)."""
-    tenant, ns = namespace
-    for name in run(lambda c: c.admin.list_topics(domain, tenant, ns), url):
-        click.echo(name)
-
-
-@topics.command("stats")
-@URL
-@click.argument("topic", type=Topic())
-def stats(url: str, topic: str) -> None:
-    """Print TOPIC's statistics (JSON)."""
-    _print(run(lambda c: c.admin.stats(topic), url))
-
-
-@topics.command("delete")
-@URL
-@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
-@click.option("--force", is_flag=True, help="Even with connected clients.")
-def delete(url: str, topic: str, force: bool) -> None:
-    """Delete TOPIC and its data."""
-    run(lambda c: c.admin.delete_topic(topic, force=force), url)
-    click.echo(f"deleted {topic}")
-
-
-@topics.command("properties")
-@URL
-@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
-@click.option("--set", "assignments", multiple=True, help="KEY=VALUE (repeatable).")
-@click.option("--remove", "removals", multiple=True, help="KEY (repeatable).")
-def properties(
-    url: str, topic: str, assignments: tuple[str, ...], removals: tuple[str, ...]
-) -> None:
-    """Show TOPIC's properties, after setting or removing some."""
-    updates = {}
-    for assignment in assignments:
-        key, sep, value = assignment.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(
-                f"{assignment!r}: expected KEY=VALUE with a KEY", param_hint="'--set'"
-            )
-        updates[key] = value
-    for key in removals:
-        if not key.strip():
-            raise click.BadParameter("an empty KEY", param_hint="'--remove'")
-
-    async def body(client: Client) -> dict[str, str]:
-        if updates:
-            await client.admin.update_properties(topic, updates)
-        for key in removals:
-            await client.admin.remove_property(topic, key)
-        return await client.admin.properties(topic)
-
-    _print(run(body, url))
-
-
-@topics.command("split")
-@URL
-@click.argument("topic", type=SCALABLE)
-@click.argument("segment", type=COUNT)
-@click.option(
-    "--at",
-    default=None,
-    type=KeyHash(),
-    help="Split at this key hash, 0x0001-0xffff inside the segment's range, in hex (0x...) "
-    "or decimal (default: the middle of its range).",
-)
-def split(url: str, topic: str, segment: int, at: int | None) -> None:
-    """Split SEGMENT of scalable TOPIC in two; prints the new DAG."""
-    _print(run(lambda c: c.admin.split(topic, segment, at=at), url))
-
-
-@topics.command("merge")
-@URL
-@click.argument("topic", type=SCALABLE)
-@click.argument("first", type=COUNT)
-@click.argument("second", type=COUNT)
-def merge(url: str, topic: str, first: int, second: int) -> None:
-    """Merge two adjacent active segments of scalable TOPIC; prints the new DAG."""
-    if first == second:
-        raise click.BadParameter("a segment cannot be merged with itself", param_hint="SECOND")
-    _print(run(lambda c: c.admin.merge(topic, first, second), url))
-
-
-@topics.command("subscriptions")
-@URL
-@click.argument("topic", type=Topic())
-def subscriptions(url: str, topic: str) -> None:
-    """List TOPIC's subscriptions."""
-    for name in run(lambda c: c.admin.subscriptions(topic), url):
-        click.echo(name)
+    done = run(body, url)
+    line = f"received {done['received']} messages"
+    if done["received"]:
+        line += f" ({done['keys']} keys), first {done['firstId']}, last {done['lastId']}"
+    show(output, done, line)

@@ -1,16 +1,23 @@
-"""``segtxn txn``: list, inspect and abort v5 transactions."""
+"""``segtxn txn``: list, inspect and abort v5 transactions.
+
+Tables say times in words (``expires in 115 s``, ``opened 2 min ago``); ``-o json`` gives the
+coordinator's records as they are, with epoch-millisecond times.
+"""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
+from segtxn.cli.output import OUTPUT, Table, record, show, since, until
 from segtxn.cli.service import URL, run
 from segtxn.client import Client
 from segtxn.client.transaction import Coordinators
 from segtxn.protocol.txn import TxnId
+
+TIMES = {"timeoutMs": until, "createdMs": since, "finalizedMs": since}
+"""A transaction record's epoch-millisecond fields, in words."""
 
 
 @click.group()
@@ -41,25 +48,32 @@ def _txn_id(text: str) -> str:
     type=click.IntRange(1, 100_000),
     help="List at most this many.",
 )
-def list_(url: str, limit: int) -> None:
+@OUTPUT
+def list_(url: str, limit: int, output: str) -> None:
     """Open transactions, the soonest deadline first."""
     found = _call(url, "GET", "/txn/v2/open", params={"limit": str(limit)})
-    for item in found["transactions"]:
-        click.echo(f"{item['txnId']}  {item['state']}  timeout_ms={item['timeoutMs']}")
+    rows = [
+        (item["txnId"], item["state"], until(item["timeoutMs"]), since(item["createdMs"]))
+        for item in found["transactions"]
+    ]
+    show(output, found, Table(("transaction", "state", "deadline", "opened"), rows))
 
 
 @txn.command("show")
 @URL
 @click.argument("txn_id")
-def show(url: str, txn_id: str) -> None:
+@OUTPUT
+def show_(url: str, txn_id: str, output: str) -> None:
     """Print a transaction's header (MOST:LEAST in hex)."""
-    click.echo(json.dumps(_call(url, "GET", f"/txn/v2/{_txn_id(txn_id)}"), indent=2))
+    found = _call(url, "GET", f"/txn/v2/{_txn_id(txn_id)}")
+    show(output, found, record(found, times=TIMES))
 
 
 @txn.command("abort")
 @URL
 @click.argument("txn_id")
-def abort(url: str, txn_id: str) -> None:
+@OUTPUT
+def abort(url: str, txn_id: str, output: str) -> None:
     """Abort an open transaction (its writes and acks will never count)."""
     result = _call(url, "POST", f"/txn/v2/{_txn_id(txn_id)}/end", params={"action": "ABORT"})
-    click.echo(f"{result['txnId']} {result['state']}")
+    show(output, result, f"{result['txnId']} {result['state']}")

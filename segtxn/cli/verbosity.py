@@ -1,6 +1,7 @@
 """``-v`` / ``-vv``: this process's logging, and what the processes it starts are given.
 
-``segtxn -v COMMAND`` logs INFO, ``-vv`` DEBUG, to the terminal (default: warnings). The
+``segtxn -v COMMAND`` logs INFO, ``-vv`` DEBUG, to the terminal (default: warnings);
+``segtxn COMMAND -v`` too (every subcommand accepts the flag and adds it to the count). The
 commands that start processes (``demo``, ``verify soak``) pass the verbosity down, as ``-v``
 or ``-vv`` before the subcommand, to every server and processor; those log into their files
 in the run's ``logs/`` directory, and at least at INFO (a run's logs must be enough to
@@ -38,12 +39,42 @@ def configured() -> int:
 
 
 def configure(verbose: int) -> None:
+    """Log at WARNING, INFO (1) or DEBUG (2+) to the terminal; again with a higher count
+    when a subcommand's ``-v`` adds to it."""
     global _configured  # noqa: PLW0603
     _configured = verbose
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format=FORMAT)
+    logging.getLogger().setLevel(level)  # basicConfig sets it only the first time
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _more(ctx: click.Context, _: click.Parameter, count: int) -> None:
+    if count:
+        root = ctx.find_root()
+        total = int(root.params.get("verbose") or 0) + count
+        root.params["verbose"] = total
+        configure(total)
+
+
+def accept_after_subcommands(group: click.Group) -> None:
+    """Give every subcommand of ``group`` (at any depth) a ``-v/--verbose`` that adds to
+    ``segtxn -v``: ``segtxn topics list -v`` is ``segtxn -v topics list``."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            accept_after_subcommands(command)
+        if any("-v" in p.opts for p in command.params):
+            continue
+        command.params.append(
+            click.Option(
+                ["-v", "--verbose"],
+                count=True,
+                expose_value=False,
+                callback=_more,
+                help="More logging (as segtxn -v).",
+            )
+        )
 
 
 def verbosity() -> int:

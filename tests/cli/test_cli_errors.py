@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from click.testing import CliRunner, Result
 
-from segtxn.cli import clients, main, service
+from segtxn.cli import main, service, topics
 from segtxn.cli.errors import describe
 from segtxn.client import Client, ErrorName, ServerError
 from segtxn.metastore.etcd_server import free_port
@@ -206,7 +206,7 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_only_with_vv(
     def broken(*_: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(clients, "run", broken)
+    monkeypatch.setattr(topics, "run", broken)
     result = invoke("topics", "stats", "topic://a/b/c")
     assert result.exit_code == 1
     assert one_line(result) == (
@@ -216,6 +216,8 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_only_with_vv(
     assert verbose.exit_code == 1
     assert "Traceback" in verbose.stderr
     assert verbose.stderr.splitlines()[-1] == "Error: internal error: RuntimeError: boom"
+    after = invoke("topics", "stats", "topic://a/b/c", "-vv")  # -v after the command too
+    assert after.exit_code == 1 and "Traceback" in after.stderr
 
 
 # ------------------------------------------------------------------ against a real cluster

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -39,8 +40,10 @@ async def test_list_show_and_abort(standalone: str) -> None:
         txn = await client.transaction(timeout_s=300).start()
         code, listed = await segtxn("txn", "list", "--url", standalone)
         assert code == 0 and str(txn.id) in listed and "OPEN" in listed
-        code, shown = await segtxn("txn", "show", "--url", standalone, str(txn.id))
+        code, shown = await segtxn("txn", "show", "--url", standalone, str(txn.id), "-o", "json")
         assert code == 0 and '"state": "OPEN"' in shown
+        code, shown = await segtxn("txn", "show", "--url", standalone, str(txn.id))
+        assert code == 0 and re.search(r"^state +OPEN$", shown, re.M) and "expires in" in shown
         code, aborted = await segtxn("txn", "abort", "--url", standalone, str(txn.id))
         assert code == 0 and "ABORTED" in aborted
         assert await txn.status() == "ABORTED"

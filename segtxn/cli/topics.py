@@ -1,0 +1,199 @@
+"""``segtxn topics``: create, list, inspect, split, merge and delete topics.
+
+The commands that print data take ``-o table|json`` (:mod:`segtxn.cli.output`). ``split``
+and ``merge`` print one line saying what changed and which segments are active; the whole
+DAG the broker answered with is their ``-o json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from segtxn.cli.output import OUTPUT, Table, hash_range, show
+from segtxn.cli.params import COUNT, KeyHash, Namespace, Topic, refuse_unless
+from segtxn.cli.service import URL, run
+from segtxn.client import Client
+from segtxn.protocol.names import Domain
+from segtxn.topics.model import MAX_INITIAL_SEGMENTS
+
+SCALABLE = Topic(Domain.TOPIC)
+LISTED = (Domain.PERSISTENT, Domain.TOPIC)
+"""The domains ``topics list`` lists by default (segments are listed with their topic's
+stats, not here)."""
+
+
+@click.group()
+def topics() -> None:
+    """Create, list, inspect and delete topics."""
+
+
+@topics.command("create")
+@URL
+@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
+@click.option(
+    "--segments",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, MAX_INITIAL_SEGMENTS),
+    help="Range segments (topic:// only).",
+)
+@click.pass_context
+def create(ctx: click.Context, url: str, topic: str, segments: int) -> None:
+    """Create TOPIC (persistent://t/ns/name or topic://t/ns/name)."""
+    scalable = topic.startswith(f"{Domain.TOPIC.value}://")
+    refuse_unless(ctx, "segments", scalable, "only a topic:// topic has segments")
+    count = segments if scalable else None  # a persistent topic has none: the broker refuses one
+    run(lambda c: c.admin.create_topic(topic, segments=count), url)
+    click.echo(f"created {topic}")
+
+
+@topics.command("list")
+@URL
+@click.argument("namespace", type=Namespace())
+@click.option(
+    "--domain",
+    default=None,
+    type=click.Choice([d.value for d in LISTED]),
+    help="Only this kind of topic (default: both).",
+)
+@OUTPUT
+def list_(url: str, namespace: tuple[str, str], domain: str | None, output: str) -> None:
+    """List the topics of NAMESPACE (tenant/namespace): persistent:// and topic://."""
+    tenant, ns = namespace
+    domains = [domain] if domain else [d.value for d in LISTED]
+
+    async def body(client: Client) -> list[str]:
+        found = []
+        for each in domains:
+            found += await client.admin.list_topics(each, tenant, ns)
+        return sorted(found)
+
+    found = run(body, url)
+    show(output, found, Table(("topic",), [[name] for name in found]))
+
+
+@topics.command("stats")
+@URL
+@click.argument("topic", type=Topic())
+@OUTPUT
+def stats(url: str, topic: str, output: str) -> None:
+    """Print TOPIC's statistics."""
+    show(output, run(lambda c: c.admin.stats(topic), url))
+
+
+@topics.command("delete")
+@URL
+@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
+@click.option("--force", is_flag=True, help="Even with connected clients.")
+def delete(url: str, topic: str, force: bool) -> None:
+    """Delete TOPIC and its data."""
+    run(lambda c: c.admin.delete_topic(topic, force=force), url)
+    click.echo(f"deleted {topic}")
+
+
+@topics.command("properties")
+@URL
+@click.argument("topic", type=Topic(Domain.TOPIC, Domain.PERSISTENT))
+@click.option("--set", "assignments", multiple=True, help="KEY=VALUE (repeatable).")
+@click.option("--remove", "removals", multiple=True, help="KEY (repeatable).")
+@OUTPUT
+def properties(
+    url: str, topic: str, assignments: tuple[str, ...], removals: tuple[str, ...], output: str
+) -> None:
+    """Show TOPIC's properties, after setting or removing some."""
+    updates = {}
+    for assignment in assignments:
+        key, sep, value = assignment.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(
+                f"{assignment!r}: expected KEY=VALUE with a KEY", param_hint="'--set'"
+            )
+        updates[key] = value
+    for key in removals:
+        if not key.strip():
+            raise click.BadParameter("an empty KEY", param_hint="'--remove'")
+
+    async def body(client: Client) -> dict[str, str]:
+        if updates:
+            await client.admin.update_properties(topic, updates)
+        for key in removals:
+            await client.admin.remove_property(topic, key)
+        return await client.admin.properties(topic)
+
+    found = run(body, url)
+    show(output, found, Table(("key", "value"), sorted(found.items())))
+
+
+def _segments(dag: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(s["id"]): s for s in dag["segments"]}
+
+
+def _named(segment: dict[str, Any]) -> str:
+    return f"{segment['id']} [{hash_range(segment['range'])}]"
+
+
+def _active(dag: dict[str, Any]) -> str:
+    ids = sorted(int(s["id"]) for s in dag["segments"] if s["state"] == "ACTIVE")
+    return f"active segments: {', '.join(map(str, ids))} (epoch {dag['epoch']})"
+
+
+def split_summary(topic: str, segment: int, dag: dict[str, Any]) -> str:
+    """``split segment 0 [0x0000-0xffff] of T into 1 [...] and 2 [...]; active segments:
+    1, 2 (epoch 1)``: what a split did, from the DAG it answered with."""
+    by_id = _segments(dag)
+    parent = by_id[segment]
+    children = " and ".join(_named(by_id[c]) for c in parent["children"])
+    return f"split segment {_named(parent)} of {topic} into {children}; {_active(dag)}"
+
+
+def merge_summary(topic: str, first: int, second: int, dag: dict[str, Any]) -> str:
+    """``merged segments 1 [...] and 2 [...] of T into 3 [...]; active segments: ...``."""
+    by_id = _segments(dag)
+    into = " and ".join(_named(by_id[c]) for c in by_id[first]["children"])
+    parents = f"{_named(by_id[first])} and {_named(by_id[second])}"
+    return f"merged segments {parents} of {topic} into {into}; {_active(dag)}"
+
+
+@topics.command("split")
+@URL
+@click.argument("topic", type=SCALABLE)
+@click.argument("segment", type=COUNT)
+@click.option(
+    "--at",
+    default=None,
+    type=KeyHash(),
+    help="Split at this key hash, 0x0001-0xffff inside the segment's range, in hex (0x...) "
+    "or decimal (default: the middle of its range).",
+)
+@OUTPUT
+def split(url: str, topic: str, segment: int, at: int | None, output: str) -> None:
+    """Split SEGMENT of scalable TOPIC in two; says into which (-o json: the new DAG)."""
+    dag = run(lambda c: c.admin.split(topic, segment, at=at), url)
+    show(output, dag, split_summary(topic, segment, dag))
+
+
+@topics.command("merge")
+@URL
+@click.argument("topic", type=SCALABLE)
+@click.argument("first", type=COUNT)
+@click.argument("second", type=COUNT)
+@OUTPUT
+def merge(url: str, topic: str, first: int, second: int, output: str) -> None:
+    """Merge two adjacent active segments of scalable TOPIC; says into which (-o json: the
+    new DAG)."""
+    if first == second:
+        raise click.BadParameter("a segment cannot be merged with itself", param_hint="SECOND")
+    dag = run(lambda c: c.admin.merge(topic, first, second), url)
+    show(output, dag, merge_summary(topic, first, second, dag))
+
+
+@topics.command("subscriptions")
+@URL
+@click.argument("topic", type=Topic())
+@OUTPUT
+def subscriptions(url: str, topic: str, output: str) -> None:
+    """List TOPIC's subscriptions."""
+    found = run(lambda c: c.admin.subscriptions(topic), url)
+    show(output, found, Table(("subscription",), [[name] for name in found]))
