@@ -37,8 +37,8 @@ soak: $(STAMP)
 	$(BIN)/segtxn verify soak --runs $(SOAK_RUNS) $(SOAK_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check segtxn tests bench e2e
-	$(BIN)/ruff format --check segtxn tests bench e2e
+	$(BIN)/ruff check segtxn tests bench e2e examples
+	$(BIN)/ruff format --check segtxn tests bench e2e examples
 	$(BIN)/mypy
 	$(BIN)/mypy bench/*.py
 	$(BIN)/lint-imports
