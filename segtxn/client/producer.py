@@ -63,6 +63,7 @@ def new_name(owner: object) -> str:
 
 
 FATAL = (TopicNotFound, InvalidTopicName, NotAllowed, ProducerBusy, InvalidArgument)
+"""Refusals that end a producer's connection for good: reconnecting would meet them again."""
 
 
 @dataclass(frozen=True)

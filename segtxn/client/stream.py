@@ -70,6 +70,7 @@ FATAL = (
     InvalidArgument,
     SubscriptionNotFound,
 )
+"""Refusals that end a stream for good: ``receive`` raises them instead of reconnecting."""
 
 
 class MessageStream:
