@@ -23,7 +23,8 @@ def homes(url: str, broker: str, output: str) -> None:
     """List the topics and segments BROKER holds (it need not be alive)."""
     found = run(lambda c: c.admin.broker_homes(broker, limit=BROKER_HOMES_LIMIT), url)
     data = {"broker": found.broker, "homes": found.homes, "more": found.more}
-    show(output, data, Table(("home",), [[home] for home in found.homes]))
+    rows = [[home] for home in found.homes]
+    show(output, data, Table(("home",), rows, empty=f"{broker} holds no topic or segment"))
     if found.more:
         click.echo(f"... (more than {BROKER_HOMES_LIMIT})", err=True)
 

@@ -44,10 +44,12 @@ OUTPUT: Callable[[F], F] = click.option(
 
 @dataclass(frozen=True)
 class Table:
-    """Rows under named columns, printed aligned (the last column is not padded)."""
+    """Rows under named columns, printed aligned (the last column is not padded). With no
+    rows, :func:`show` prints nothing on stdout and says ``empty`` on stderr."""
 
     columns: Sequence[str]
     rows: Sequence[Sequence[object]]
+    empty: str = "none"
 
     def render(self) -> str:
         cells = [[c.upper() for c in self.columns]]
@@ -103,6 +105,9 @@ def show(output: str, data: Any, human: Table | str | None = None) -> None:
         return
     if human is None:
         human = record(data) if isinstance(data, Mapping) else Table(("name",), [[d] for d in data])
+    if isinstance(human, Table) and not human.rows:
+        click.echo(human.empty, err=True)
+        return
     click.echo(human.render() if isinstance(human, Table) else human)
 
 

@@ -71,7 +71,8 @@ def list_(url: str, namespace: tuple[str, str], domain: str | None, output: str)
         return sorted(found)
 
     found = run(body, url)
-    show(output, found, Table(("topic",), [[name] for name in found]))
+    rows = [[name] for name in found]
+    show(output, found, Table(("topic",), rows, empty=f"no topics in {tenant}/{ns}"))
 
 
 @topics.command("stats")
@@ -123,7 +124,7 @@ def properties(
         return await client.admin.properties(topic)
 
     found = run(body, url)
-    show(output, found, Table(("key", "value"), sorted(found.items())))
+    show(output, found, Table(("key", "value"), sorted(found.items()), empty="no properties"))
 
 
 def _segments(dag: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -196,4 +197,5 @@ def merge(url: str, topic: str, first: int, second: int, output: str) -> None:
 def subscriptions(url: str, topic: str, output: str) -> None:
     """List TOPIC's subscriptions."""
     found = run(lambda c: c.admin.subscriptions(topic), url)
-    show(output, found, Table(("subscription",), [[name] for name in found]))
+    rows = [[name] for name in found]
+    show(output, found, Table(("subscription",), rows, empty=f"{topic} has no subscriptions"))

@@ -56,7 +56,8 @@ def list_(url: str, limit: int, output: str) -> None:
         (item["txnId"], item["state"], until(item["timeoutMs"]), since(item["createdMs"]))
         for item in found["transactions"]
     ]
-    show(output, found, Table(("transaction", "state", "deadline", "opened"), rows))
+    columns = ("transaction", "state", "deadline", "opened")
+    show(output, found, Table(columns, rows, empty="no open transactions"))
 
 
 @txn.command("show")

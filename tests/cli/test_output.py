@@ -68,6 +68,8 @@ def test_tables_align_and_records_flatten(capsys: pytest.CaptureFixture[str]) ->
     assert rows == [("created", "0"), ("t.a", [1, 2]), ("t.b", 2)]
     show("json", {"b": 1, "a": [True]})
     assert json.loads(capsys.readouterr().out) == {"a": [True], "b": 1}
+    show("table", [], Table(("topic",), [], empty="no topics in a/b"))
+    assert capsys.readouterr() == ("", "no topics in a/b\n")  # stdout holds only data
 
 
 def test_the_readme_topic_is_listed_with_every_domain(standalone: str) -> None:
