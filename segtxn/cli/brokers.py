@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from segtxn.cli.output import OUTPUT, Table, show
+from segtxn.cli.params import BrokerId
 from segtxn.cli.service import URL, run
 
 BROKER_HOMES_LIMIT = 1000
@@ -17,7 +18,7 @@ def brokers() -> None:
 
 @brokers.command("homes")
 @URL
-@click.argument("broker")
+@click.argument("broker", type=BrokerId())
 @OUTPUT
 def homes(url: str, broker: str, output: str) -> None:
     """List the topics and segments BROKER holds (it need not be alive)."""
@@ -31,7 +32,7 @@ def homes(url: str, broker: str, output: str) -> None:
 
 @brokers.command("drain")
 @URL
-@click.argument("broker")
+@click.argument("broker", type=BrokerId())
 @click.option(
     "--timeout",
     default=300.0,
@@ -57,7 +58,7 @@ def drain(url: str, broker: str, timeout: float, output: str) -> None:
 
 @brokers.command("undrain")
 @URL
-@click.argument("broker")
+@click.argument("broker", type=BrokerId())
 def undrain(url: str, broker: str) -> None:
     """Let new topics be placed on BROKER again."""
     run(lambda c: c.admin.undrain_broker(broker), url)

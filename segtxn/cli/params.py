@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from segtxn.broker.settings import BROKER_ID
 from segtxn.metastore import InvalidArgument, check_url
 from segtxn.protocol.hashing import HASH_SPACE
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
@@ -130,6 +131,21 @@ class Topic(click.ParamType[str]):
             wanted = " or ".join(f"{d.value}://" for d in self.domains)
             self.fail(f"{value!r}: this command takes a {wanted} topic", param, ctx)
         return str(value)
+
+
+class BrokerId(click.ParamType[str]):
+    """A broker's id, as ``segtxn broker --broker-id`` accepts it (1-63 of letters, digits,
+    ``_.-``): a typo is refused before anything connects."""
+
+    name = "BROKER"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        text = str(value)
+        if not BROKER_ID.fullmatch(text):
+            self.fail(f"{text!r} is not a broker id (1-63 of letters, digits, _.-)", param, ctx)
+        return text
 
 
 class Namespace(click.ParamType[tuple[str, str]]):
