@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from segtxn.cli.output import OUTPUT, Table, hash_range, show
+from segtxn.cli.output import OUTPUT, Table, hash_range, show, since
 from segtxn.cli.params import COUNT, KeyHash, Namespace, Topic, refuse_unless
 from segtxn.cli.service import URL, run
 from segtxn.client import Client
@@ -75,13 +75,42 @@ def list_(url: str, namespace: tuple[str, str], domain: str | None, output: str)
     show(output, found, Table(("topic",), rows, empty=f"no topics in {tenant}/{ns}"))
 
 
+def scalable_stats(data: dict[str, Any]) -> str:
+    """A ``topic://`` topic's statistics for people: its layout and last change in a line,
+    then a row per segment (the sealed ones too: their backlog is still read)."""
+    head = f"{data['topic']}: epoch {data['epoch']}, active segments: {data['activeSegments']}"
+    change = data.get("lastChange")
+    if change:
+        parents = ", ".join(map(str, change["parents"]))
+        children = ", ".join(map(str, change["children"]))
+        head += f"; last change: {change['kind']} of {parents} into {children}, "
+        head += since(int(change["finishedMs"]))
+    rows = [
+        (
+            s["id"],
+            s["state"],
+            hash_range(s["range"]),
+            s["stats"]["msgInCounter"],
+            s["stats"]["bytesInCounter"],
+            s["stats"]["producers"],
+            sum(sub["backlog"] or 0 for sub in s["stats"]["subscriptions"].values()),
+            ", ".join(sorted(s["stats"]["subscriptions"])) or None,
+        )
+        for s in data["segments"]
+    ]
+    columns = ("segment", "state", "range", "msgs in", "bytes in", "producers", "backlog")
+    table = Table((*columns, "subscriptions"), rows)
+    return f"{head}\n{table.render()}"
+
+
 @topics.command("stats")
 @URL
 @click.argument("topic", type=Topic())
 @OUTPUT
 def stats(url: str, topic: str, output: str) -> None:
-    """Print TOPIC's statistics."""
-    show(output, run(lambda c: c.admin.stats(topic), url))
+    """Print TOPIC's statistics (a topic:// topic's: a row per segment)."""
+    found = run(lambda c: c.admin.stats(topic), url)
+    show(output, found, scalable_stats(found) if "segments" in found else None)
 
 
 @topics.command("delete")

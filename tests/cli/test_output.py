@@ -148,8 +148,13 @@ def test_every_data_command_takes_output(standalone: str) -> None:
     props = ok("topics", "properties", topic, "--set", "team=billing", url=standalone).stdout
     assert props.splitlines() == ["KEY   VALUE", "team  billing"]
     assert as_json("topics", "properties", topic, url=standalone) == {"team": "billing"}
-    stats = ok("topics", "stats", topic, url=standalone).stdout
-    assert "activeSegments" in stats and not stats.lstrip().startswith("{")
+    stats = ok("topics", "stats", topic, url=standalone).stdout.splitlines()
+    assert stats[0] == f"{topic}: epoch 0, active segments: 1"
+    assert stats[1].split()[:3] == ["SEGMENT", "STATE", "RANGE"]
+    assert stats[2].split()[:3] == ["0", "ACTIVE", "0x0000-0xffff"]
+    ok("topics", "create", "persistent://acme/props/p", url=standalone)
+    plain = ok("topics", "stats", "persistent://acme/props/p", url=standalone).stdout
+    assert re.search(r"^storage\.entriesWritten +0$", plain, re.M), plain  # a record
     assert as_json("topics", "stats", topic, url=standalone)["activeSegments"] == 1
     ok("consume", topic, "s", "--idle-timeout", "0.2", url=standalone)
     assert ok("topics", "subscriptions", topic, url=standalone).stdout.split() == [
