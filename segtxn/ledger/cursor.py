@@ -8,7 +8,8 @@ then touches.
 State is stored at ``/managed-cursors/<quoted ledger>/<quoted cursor>`` (JSON), written with
 compare-and-set. Writes are coalesced: while one is in flight, further changes wait and are
 saved together by the next, so a burst of acknowledgments costs a few store writes, and
-``ack`` returns only once its change is durable. At most ``max_persisted_ranges`` ranges are
+``ack`` returns only once its change is durable (unless asked not to wait: then the next
+save carries it). At most ``max_persisted_ranges`` ranges are
 stored; acknowledgments beyond them are lost on restart (those entries are delivered
 again: duplicates, never loss).
 
@@ -100,21 +101,27 @@ class ManagedCursor:
 
     # ================================================================= acknowledgment
 
-    async def ack(self, positions: list[Position]) -> None:
-        """Acknowledge individual entries; returns once that is durable."""
+    async def ack(self, positions: list[Position], *, wait: bool = True) -> None:
+        """Acknowledge individual entries; returns once that is durable.
+
+        ``wait=False`` applies them now and returns at once: the next save (a
+        :meth:`flush`, or another change's) makes them durable. A caller that must not lose
+        them in a crash keeps what it needs to apply them again until its flush returns.
+        """
         for position in positions:
             if position > self._mark:
                 self._acked.add(position)
         self._advance()
-        await self._changed()
+        await self._changed(wait)
 
-    async def ack_cumulative(self, position: Position) -> None:
-        """Acknowledge every entry up to and including ``position``."""
+    async def ack_cumulative(self, position: Position, *, wait: bool = True) -> None:
+        """Acknowledge every entry up to and including ``position`` (``wait``: as
+        :meth:`ack`)."""
         if position > self._mark:
             self._mark = position
             self._acked.remove_up_to(position)
         self._advance()
-        await self._changed()
+        await self._changed(wait)
 
     async def seek(self, position: Position) -> None:
         """Make ``position`` the next unacknowledged entry (forgets individual acks)."""
@@ -142,11 +149,12 @@ class ManagedCursor:
 
     # ================================================================= persistence
 
-    async def _changed(self) -> None:
+    async def _changed(self, wait: bool = True) -> None:
         if self._closed:
             raise LedgerClosed(f"cursor {self.name} is closed")
         self._changes += 1
-        await self.flush()
+        if wait:
+            await self.flush()
 
     @property
     def durable(self) -> bool:

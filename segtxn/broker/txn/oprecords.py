@@ -47,7 +47,7 @@ from segtxn.topics import transactions as T
 MAX_RECORDS_PER_STEP = 40
 """Each op record costs the store two physical writes (the record and its index entry);
 40 leave room under the 128 a step may hold."""
-CLEAN_LINGER_S = 0.05
+CLEAN_LINGER_S = 0.25
 """How long clean-up waits for more to go in the same store step."""
 CLEAN_OPS_PER_STEP = 40
 """Puts and deletes per clean-up step (a delete of an indexed record counts two physical

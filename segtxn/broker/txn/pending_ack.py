@@ -7,8 +7,10 @@ acks arrive in the same atomic step as a check that the header is still OPEN (on
 carries every ack that arrived while the previous one was in flight). While the
 transaction is open the message is delivered to nobody; a second transaction acknowledging
 it gets ``TransactionConflict``; a plain ack of it is ignored. When the header watch
-reports the outcome: commit applies the acks to the cursor (individual or cumulative,
-durably) and abort releases the messages for redelivery; then the records are deleted. A
+reports the outcome: commit applies the acks to the cursor (individual or cumulative) and
+abort releases the messages for redelivery; then the records are deleted — after a commit,
+only once a cursor save covers its acks (one save for every commit of the last
+:data:`SAVE_LINGER_S`, not one each). A
 crash half-way repeats the (idempotent) materialization on recovery, which rebuilds
 everything from the index.
 """
@@ -16,6 +18,7 @@ everything from the index.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -28,13 +31,17 @@ import msgspec
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.oprecords import Draft, OpRecordWriter
-from segtxn.ledger import ManagedCursor, Position
+from segtxn.ledger import LedgerError, ManagedCursor, Position
 from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
+
+SAVE_LINGER_S = 0.25
+"""How long the acks of committed transactions wait, applied in memory, for others to be
+saved with them in one cursor write (their records are kept until that write)."""
 
 
 class PendingAckStore(ABC):
@@ -168,15 +175,22 @@ class ReservingPendingAckStore(PendingAckStore):
         return individual, self._cumulative.get(txn)
 
     async def _settle(
-        self, txn: TxnId, committed: bool, individual: list[Position], upto: Position | None
+        self,
+        txn: TxnId,
+        committed: bool,
+        individual: list[Position],
+        upto: Position | None,
+        *,
+        wait: bool = True,
     ) -> None:
-        """Apply a decision: a commit acknowledges on the cursor (durably), an abort
-        releases the positions for redelivery; either way ``txn`` holds nothing after."""
+        """Apply a decision: a commit acknowledges on the cursor (durably, unless ``wait``
+        is False: see :meth:`ManagedCursor.ack`), an abort releases the positions for
+        redelivery; either way ``txn`` holds nothing after."""
         if committed:
             if individual:
-                await self._cursor.ack(individual)
+                await self._cursor.ack(individual, wait=wait)
             if upto is not None:
-                await self._cursor.ack_cumulative(upto)
+                await self._cursor.ack_cumulative(upto, wait=wait)
         for position in individual:
             self._individual.pop(position, None)
         self._cumulative.pop(txn, None)
@@ -263,6 +277,10 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         """Each transaction's acks record here, chunk by chunk (the last one grows)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
+        self._after_save: list[str] = []
+        """Records of committed transactions whose acks the cursor has not saved yet."""
+        self._saver: asyncio.Task[None] | None = None
+        self._save_now = asyncio.Event()
 
     async def ack(
         self,
@@ -339,8 +357,15 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
                 "" if upto is None else f", cumulative up to {upto}",
             )
             try:
-                await self._settle(txn, committed, individual, upto)
-                self._ops.discard([c.key for c in self._records.pop(txn, [])])
+                # A commit's acks are made durable by the cursor's next save, which its
+                # records wait for: until then they are what a recovery applies again.
+                await self._settle(txn, committed, individual, upto, wait=False)
+                keys = [c.key for c in self._records.pop(txn, [])]
+                if committed:
+                    self._after_save.extend(keys)
+                    self._save_soon()
+                else:
+                    self._ops.discard(keys)
                 self._headers.forget(txn, self._on_header)
             except MetadataStoreError as e:
                 log.warning(
@@ -352,6 +377,35 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
                     self.subscription,
                     e,
                 )
+
+    def _save_soon(self) -> None:
+        if self._saver is None:
+            self._saver = asyncio.create_task(
+                self._save_then_discard(), name=f"pending-ack-save-{self.segment}"
+            )
+
+    async def _save_then_discard(self) -> None:
+        """After :data:`SAVE_LINGER_S` (or at close), save the cursor once for every commit
+        materialized meanwhile, then delete their records: one cursor write for them all
+        instead of one each. If the save fails the records stay, and the next load of the
+        segment applies them again (materializing is idempotent)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SAVE_LINGER_S):
+                await self._save_now.wait()
+        self._saver = None
+        keys, self._after_save = self._after_save, []
+        try:
+            await self._cursor.flush()
+        except (MetadataStoreError, LedgerError) as e:
+            log.warning(
+                "%s subscription %s: saving the cursor after commits failed (%s); their "
+                "acks are applied again when the segment is loaded again",
+                self.segment,
+                self.subscription,
+                e,
+            )
+            return
+        self._ops.discard(keys)
 
     # ------------------------------------------------------------------ recovery
 
@@ -385,5 +439,8 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._saver is not None:  # save and clean up now, not on the next load
+            self._save_now.set()
+            await asyncio.gather(self._saver, return_exceptions=True)
         for txn in list(self._records):
             self._headers.forget(txn, self._on_header)
