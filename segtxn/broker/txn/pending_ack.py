@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 SAVE_LINGER_S = 0.25
 """How long the acks of committed transactions wait, applied in memory, for others to be
 saved with them in one cursor write (their records are kept until that write)."""
+SAVE_RETRY_S = 1.0
+"""The pause before saving again while the store fails."""
 
 
 class PendingAckStore(ABC):
@@ -387,25 +389,32 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
     async def _save_then_discard(self) -> None:
         """After :data:`SAVE_LINGER_S` (or at close), save the cursor once for every commit
         materialized meanwhile, then delete their records: one cursor write for them all
-        instead of one each. If the save fails the records stay, and the next load of the
+        instead of one each. While the store fails the save is tried again; if the cursor is
+        closed or the segment has another owner, the records stay, and the next load of the
         segment applies them again (materializing is idempotent)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(SAVE_LINGER_S):
                 await self._save_now.wait()
         self._saver = None
         keys, self._after_save = self._after_save, []
-        try:
-            await self._cursor.flush()
-        except (MetadataStoreError, LedgerError) as e:
-            log.warning(
-                "%s subscription %s: saving the cursor after commits failed (%s); their "
-                "acks are applied again when the segment is loaded again",
-                self.segment,
-                self.subscription,
-                e,
-            )
-            return
+        while True:
+            try:
+                await self._cursor.flush()
+                break
+            except (MetadataStoreError, LedgerError) as e:
+                again = isinstance(e, MetadataStoreError) and not self._save_now.is_set()
+                log.warning(
+                    "%s subscription %s: saving the cursor after commits failed (%s); %s",
+                    self.segment,
+                    self.subscription,
+                    e,
+                    "trying again" if again else "their acks are applied again on the next load",
+                )
+                if not again:
+                    return
+                await asyncio.sleep(SAVE_RETRY_S)
         self._ops.discard(keys)
+        self._release([])  # the dispatcher ends a sealed segment only once its cursor is saved
 
     # ------------------------------------------------------------------ recovery
 
