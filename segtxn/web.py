@@ -8,7 +8,7 @@ import os
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 
 from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler
@@ -18,11 +18,15 @@ async def relay(
     session: aiohttp.ClientSession, request: web.Request, base_url: str
 ) -> web.Response:
     """Send ``request`` (method, path, query, body) on to the server at ``base_url`` and
-    answer with its response, segtxn's ``X-Segtxn-*`` headers included.
+    answer with its response, segtxn's ``X-Segtxn-*`` headers included. The caller's
+    ``Authorization`` goes along: the server there checks the caller, not this server (whose
+    session would otherwise present the cluster role's token).
 
     Raises aiohttp.ClientError / TimeoutError when that server cannot be reached."""
     body = await request.read()
     headers = {"Content-Type": request.content_type} if body else {}
+    if hdrs.AUTHORIZATION in request.headers:
+        headers[hdrs.AUTHORIZATION] = request.headers[hdrs.AUTHORIZATION]
     target = base_url.rstrip("/") + request.path_qs
     async with session.request(request.method, target, data=body, headers=headers) as answer:
         return web.Response(

@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp import ClientMiddlewareType
 
 from segtxn.broker.settings import BrokerSettings, Replication
 from segtxn.ledger import LogStorage, movable, open_log_storage
@@ -59,17 +60,26 @@ class BrokerNodes:
     """The storage nodes of the registered brokers (the ``Nodes`` a replicated storage
     uses)."""
 
-    def __init__(self, catalog: Catalog, node: ReplicaNode, broker_id: str, timeout_s: float):
+    def __init__(
+        self,
+        catalog: Catalog,
+        node: ReplicaNode,
+        broker_id: str,
+        timeout_s: float,
+        client_middlewares: tuple[ClientMiddlewareType, ...] = (),
+    ):
         self._catalog = catalog
         self.node = node
         self._broker_id = broker_id
         self.local: Member | None = Member(broker_id, node.instance)
         self._timeout_s = timeout_s
+        self._middlewares = client_middlewares
+        """On calls to other brokers' nodes: the cluster role's token."""
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, tuple[float, str | None]] = {}
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
+        self._session = aiohttp.ClientSession(middlewares=self._middlewares)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -120,7 +130,13 @@ def open_storage(
         return local, None
     root = Path(urlsplit(settings.ledger_url).path) / REPLICAS_DIR
     node = ReplicaNode(root, tail_bytes=tail_bound(settings.ledger))
-    nodes = BrokerNodes(catalog, node, settings.broker_id, replication.timeout_s)
+    nodes = BrokerNodes(
+        catalog,
+        node,
+        settings.broker_id,
+        replication.timeout_s,
+        settings.auth.client_middlewares(),
+    )
     storage = ReplicatedLogStorage(
         nodes,
         local,

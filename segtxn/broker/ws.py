@@ -35,6 +35,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from segtxn.auth import principal_of
 from segtxn.boundary import incident, translate
 from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
@@ -45,6 +46,7 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.publishing import Outcome
 from segtxn.broker.reader import Reader, end_position, start_position
+from segtxn.broker.txnaccess import TxnAccess
 from segtxn.ledger import Position
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -217,6 +219,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     outbox.start()
     window = asyncio.Semaphore(settings.max_pending_sends)
     tasks: set[asyncio.Task[None]] = set()
+    access = TxnAccess(service, principal_of(request))
     outbox.send(
         ProducerReady(
             producer_name=producer_name,
@@ -276,13 +279,30 @@ async def producer(request: web.Request) -> web.StreamResponse:
         task.add_done_callback(tasks.discard)
         task.add_done_callback(functools.partial(_release, turns))  # even if it never ran
 
+    async def admitted(txn: tuple[int, int] | None, sends: list[Send]) -> bool:
+        """Whether this connection's role may write in ``txn``; if not, each send is
+        answered with the refusal, without a turn: nothing of it is stored."""
+        if txn is None:
+            return True
+        try:
+            await access.check(TxnId(*txn))
+        except ServerError as e:
+            for send in sends:
+                answer(send, e, 0.0)
+            return False
+        return True
+
     async def handle(frame: object) -> None:
         if isinstance(frame, SendBatch):
             check_batch(frame.sends)
-            for _, run in itertools.groupby(frame.sends, key=lambda send: send.txn):
-                await handle_together(list(run))
+            for txn, run in itertools.groupby(frame.sends, key=lambda send: send.txn):
+                sends = list(run)
+                if await admitted(txn, sends):
+                    await handle_together(sends)
             return
         assert isinstance(frame, Send)
+        if not await admitted(frame.txn, [frame]):
+            return
         await window.acquire()  # backpressure: stop reading while the window is full
         turn = topic.turn(producer_name)  # in arrival order: the order of storage
         start(publish(frame, turn), [turn], f"publish-{producer_name}-{frame.seq}")
@@ -364,7 +384,9 @@ async def consumer(request: web.Request) -> web.StreamResponse:
     try:
         await ws.prepare(request)
         outbox.start()
-        await _serve_consumer(ws, subscription, link, outbox)
+        await _serve_consumer(
+            ws, subscription, link, outbox, TxnAccess(service, principal_of(request))
+        )
     finally:
         # a clean close (1000) leaves at once; anything else may be a consumer coming back
         subscription.detach(link, dropped=ws.close_code != WSCloseCode.OK)
@@ -373,7 +395,11 @@ async def consumer(request: web.Request) -> web.StreamResponse:
 
 
 async def _serve_consumer(
-    ws: web.WebSocketResponse, subscription: Subscription, link: ConsumerLink, outbox: _Outbox
+    ws: web.WebSocketResponse,
+    subscription: Subscription,
+    link: ConsumerLink,
+    outbox: _Outbox,
+    access: TxnAccess,
 ) -> None:
     acks: set[asyncio.Task[None]] = set()
 
@@ -391,6 +417,7 @@ async def _serve_consumer(
                         f"{txn} is a v{5 if txn.is_v5 else 4} transaction; "
                         f"{subscription.ledger.name} takes v{5 if on_segment else 4} ones",
                     )
+                await access.check(txn)
                 await subscription.txn_ack(
                     link, txn, ids, cumulative=frame.cumulative, epoch=frame.epoch
                 )
@@ -416,6 +443,8 @@ async def _serve_consumer(
             subscription.nack(link, [Position(*i) for i in frame.message_ids], frame.request_id)
         elif isinstance(frame, Redeliver):
             txn = None if frame.txn is None else TxnId(*frame.txn)
+            if txn is not None:
+                await access.check(txn)
             subscription.redeliver(link, frame.request_id, txn)
 
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from segtxn.cli import brokers, clients, servers, stacks, txn, verbosity, verify
+from segtxn.cli import brokers, clients, servers, service, stacks, txn, verbosity, verify
 from segtxn.cli.demo import demo
 from segtxn.cli.errors import Main
 from segtxn.cli.operator import operator
@@ -23,9 +23,12 @@ from segtxn.cli.operator import operator
     "2 bad usage, 130 interrupted. Errors are one line on stderr; -vv adds tracebacks.",
 )
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@service.token_option
 @click.version_option(package_name="segtxn", message="segtxn %(version)s")
-def main(verbose: int) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: int, token: str | None) -> None:
     """segtxn: transactional streaming on scalable topics."""
+    ctx.meta[service.TOKEN_KEY] = token
     verbosity.configure(verbose)
     stacks.install()
 

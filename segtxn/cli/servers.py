@@ -8,7 +8,7 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
@@ -26,6 +26,7 @@ from segtxn.cli.params import (
     prepare_data_dir,
     refuse_unless,
 )
+from segtxn.cli.security import auth_options, auth_settings
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
@@ -171,6 +172,7 @@ STORE_HELP = (
 )
 @_retention_options
 @_lifecycle_options
+@auth_options
 def broker(
     *,
     replication: str | None,
@@ -187,8 +189,10 @@ def broker(
     auto_create_topics: bool,
     store_timeout: float,
     shutdown_timeout: float,
+    **auth_flags: Any,
 ) -> None:
     """Run one broker of a cluster until SIGTERM or SIGINT."""
+    auth = auth_settings(**auth_flags)
     parts = urlsplit(advertise)
     try:
         settings = BrokerSettings(
@@ -203,6 +207,7 @@ def broker(
             consumer_hold_s=consumer_hold,
             test_bugs=_test_bugs(),
             retention=_retention(retention_time, retention_size),
+            auth=auth,
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
@@ -258,9 +263,11 @@ def broker(
     "--v4-ids", default=2, show_default=True, type=IDS, help="v4 coordinator ids (with --data-dir)."
 )
 @_lifecycle_options
+@auth_options
 @click.pass_context
 def coordinator(
     ctx: click.Context,
+    /,
     *,
     store: str,
     advertise: str,
@@ -276,9 +283,11 @@ def coordinator(
     v4_ids: int,
     store_timeout: float,
     shutdown_timeout: float,
+    **auth_flags: Any,
 ) -> None:
     """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir
     (several processes share the ids; standbys take over)."""
+    auth = auth_settings(**auth_flags)
     refuse_unless(ctx, "v4_ids", data_dir is not None, "v4 transactions need --data-dir")
     settings = CoordinatorSettings(
         advertise_url=advertise,
@@ -292,6 +301,7 @@ def coordinator(
         store_timeout_s=store_timeout,
         v4_coordinator_ids=v4_ids if data_dir is not None else 0,
         ledger_url=f"file://{prepare_data_dir(data_dir)}" if data_dir is not None else "memory://",
+        auth=auth,
     )
     _run(lambda: [CoordinatorServer(settings, host=host, port=port)], shutdown_timeout)
 
@@ -321,6 +331,7 @@ def coordinator(
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
 @_retention_options
 @_lifecycle_options
+@auth_options
 def standalone(
     *,
     store: str,
@@ -333,9 +344,12 @@ def standalone(
     retention_size: int,
     store_timeout: float,
     shutdown_timeout: float,
+    **auth_flags: Any,
 ) -> None:
     """Run a whole cluster in one process until SIGTERM or SIGINT: a broker and a transaction
-    coordinator on one metadata store (the embedded one by default)."""
+    coordinator on one metadata store (the embedded one by default). Security is off unless
+    the --auth-* flags are given."""
+    auth = auth_settings(**auth_flags)
     if data_dir is not None and store.startswith("memory:"):
         raise click.UsageError(
             "--data-dir needs --store etcd://...: a memory store forgets the ledgers' "
@@ -354,6 +368,7 @@ def standalone(
             store_timeout_s=store_timeout,
             test_bugs=_test_bugs(),
             retention=_retention(retention_time, retention_size),
+            auth=auth,
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
@@ -363,6 +378,7 @@ def standalone(
         store_timeout_s=store_timeout,
         v4_coordinator_ids=2,
         ledger_url=f"file://{(data_dir / 'txn-log').resolve()}" if data_dir else "memory://",
+        auth=auth,
     )
 
     def servers() -> list[Server]:

@@ -22,6 +22,7 @@ import click
 from segtxn.cli.errors import ServiceUnreachable, unreachable, why_unreachable
 from segtxn.cli.params import SERVICE_URLS
 from segtxn.client import Client
+from segtxn.client.client import TOKEN_ENV
 
 T = TypeVar("T")
 
@@ -34,6 +35,17 @@ URL = click.option(
     show_envvar=True,
     type=SERVICE_URLS,
     help="Any broker of the cluster: http://host:port (several: comma-separated).",
+)
+TOKEN_KEY = "segtxn.token"
+"""Where the group's ``--token`` is kept (``click.Context.meta``, shared by subcommands)."""
+token_option = click.option(
+    "--token",
+    default=None,
+    envvar=TOKEN_ENV,
+    show_envvar=True,
+    metavar="JWT",
+    help="A signed token for a cluster with security on (sent with every request); "
+    "give it before the command: segtxn --token T topics list ...",
 )
 CONNECT_CHECK_S = 3.0
 """How long the quick check waits for a service URL to accept a connection."""
@@ -108,9 +120,12 @@ def run(body: Callable[[Client], Awaitable[T]], urls: str) -> T:
             be made later; the CLI's edge reports it, and every other error, in one line.
     """
 
+    ctx = click.get_current_context(silent=True)
+    token = None if ctx is None else ctx.meta.get(TOKEN_KEY)
+
     async def main() -> T:
         await check_reachable(urls)
-        async with Client(urls) as client:
+        async with Client(urls, token=token) as client:
             return await body(client)
 
     try:

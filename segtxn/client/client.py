@@ -9,6 +9,7 @@ broker or the metadata store restarts, on the next service URL when several are 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -25,6 +26,7 @@ from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.timeouts import Deadline, Timeouts
 from segtxn.client.transaction import Coordinators, Transaction
+from segtxn.protocol.auth import bearer_middleware
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
 
@@ -34,6 +36,10 @@ def _topic(name: str) -> TopicName:
         return TopicName.parse(name)
     except InvalidTopicName as e:
         raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+
+
+TOKEN_ENV = "SEGTXN_TOKEN"
+"""Where :class:`Client` finds its token when it is given none."""
 
 
 class Client:
@@ -51,9 +57,13 @@ class Client:
         prestart_transactions: open the next transaction in the background whenever one
             starts, so a loop of transactions spends no round trip on NEW_TXN
             (segtxn/client/transaction.py; its unused last one is aborted at close).
+        token: a signed token (JWT) for a cluster with security on, sent as
+            ``Authorization: Bearer`` on every request and WebSocket upgrade
+            (docs/security.md); default: the ``SEGTXN_TOKEN`` environment variable, if set.
 
     Raises:
-        ValueError: no service URL, or a limit that is not positive.
+        ValueError: no service URL, a limit that is not positive, or a token that is not
+            one line of printable characters.
     """
 
     def __init__(
@@ -63,8 +73,12 @@ class Client:
         operation_timeout_s: float = 30.0,
         request_timeout_s: float = 10.0,
         prestart_transactions: bool = False,
+        token: str | None = None,
     ) -> None:
         self.service_urls = service_urls(service_url)
+        if token is None:
+            token = os.environ.get(TOKEN_ENV) or None
+        self._auth = () if token is None else (bearer_middleware(token),)
         self.service_url = ",".join(self.service_urls)
         self.timeouts = Timeouts(operation_timeout_s, request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -79,6 +93,7 @@ class Client:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.request_timeout_s),
+            middlewares=self._auth,
         )
         self._connector = Connector(self.service_urls, self._session, timeouts=self.timeouts)
         return self

@@ -61,6 +61,8 @@ class TxnMeta(msgspec.Struct, frozen=True):
     partitions: list[str] = msgspec.field(default_factory=list)
     subscriptions: list[tuple[str, str]] = msgspec.field(default_factory=list)
     finalized_ms: int | None = None
+    owner: str | None = None
+    """The role that opened it (security on); None: opened with security off."""
 
 
 _encode = msgspec.json.Encoder().encode

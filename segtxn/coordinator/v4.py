@@ -115,7 +115,8 @@ class CoordinatorV4:
         if not self.settings.v4_coordinator_ids:
             return
         await self._live_session()
-        self._http = aiohttp.ClientSession()
+        # participants and other coordinators are called as the cluster role
+        self._http = aiohttp.ClientSession(middlewares=self.settings.auth.client_middlewares())
         for n in range(self.settings.v4_coordinator_ids):
             self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
         self._spawn(self._sweep(), "v4-timeout-sweep")
@@ -281,7 +282,11 @@ class CoordinatorV4:
 
     # ------------------------------------------------------------------ commands
 
-    async def new_txn(self, timeout_s: float | None = None) -> tuple[TxnId, TxnMeta]:
+    async def new_txn(
+        self, timeout_s: float | None = None, owner: str | None = None
+    ) -> tuple[TxnId, TxnMeta]:
+        """Open a transaction on one of the ids held here, logging ``owner`` (the role that
+        opens it, with security on) with it."""
         timeout = self.settings.default_timeout_s if timeout_s is None else timeout_s
         if not 0 < timeout <= self.settings.max_timeout_s:
             raise ServerError(
@@ -295,7 +300,7 @@ class CoordinatorV4:
         held = self.held[coordinator_id]
         least = held.log.take_least()
         now = int(time.time() * 1000)
-        meta = TxnMeta((coordinator_id, least), OPEN, now + int(timeout * 1000), now)
+        meta = TxnMeta((coordinator_id, least), OPEN, now + int(timeout * 1000), now, owner=owner)
         await self._log(held, meta)
         self.counters["opened"] += 1
         log.debug("txn %s: opened (timeout %g s)", TxnId(coordinator_id, least), timeout)

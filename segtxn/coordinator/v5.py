@@ -33,6 +33,7 @@ from urllib.parse import quote
 import msgspec
 
 from segtxn.aio import first_completed
+from segtxn.auth import AuthSettings
 from segtxn.ledger import LedgerSettings
 from segtxn.metastore import (
     MUST_NOT_EXIST,
@@ -99,6 +100,8 @@ class CoordinatorSettings:
     fan_out_timeout_s: float = 10.0
     """How long a v4 END_TXN waits for unreachable participants before it answers
     ServiceNotReady (the fan-out goes on in the background)."""
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    """Tokens, the policy and the cluster role's token (docs/security.md); off by default."""
 
 
 class IdBlock(msgspec.Struct):
@@ -236,8 +239,11 @@ class CoordinatorV5:
 
     # ------------------------------------------------------------------ NEW_TXN
 
-    async def new_txn(self, timeout_s: float | None = None) -> tuple[TxnId, T.TxnHeader]:
-        """Create an OPEN transaction.
+    async def new_txn(
+        self, timeout_s: float | None = None, owner: str | None = None
+    ) -> tuple[TxnId, T.TxnHeader]:
+        """Create an OPEN transaction, recording ``owner`` (the role that opens it, with
+        security on) in its header.
 
         Raises:
             ServerError(InvalidArgument): a timeout outside (0, max_timeout_s].
@@ -253,7 +259,7 @@ class CoordinatorV5:
         least = await self._next_least(coordinator_id, held)
         txn = TxnId(coordinator_id, least)
         now_ms = int(time.time() * 1000)
-        header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms)
+        header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms, owner=owner)
         election_key = held.leadership.election.key
         try:
             written = await self.store.commit(

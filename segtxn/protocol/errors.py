@@ -37,6 +37,12 @@ class ErrorName(enum.StrEnum):
     """The metadata store reached its size quota (etcd's NOSPACE alarm) and refuses every
     write until an operator frees space: a server condition (503), but not one that passes
     by itself, so not retriable."""
+    UNAUTHENTICATED = "Unauthenticated"
+    """No credentials, or credentials the server cannot verify (missing, malformed, expired,
+    signed with another key): 401. Not retriable: the same token fails the same way."""
+    NOT_AUTHORIZED = "NotAuthorized"
+    """The caller's role may not do this (its policy grants no such action on the tenant or
+    namespace, or the transaction belongs to another role): 403."""
 
     @classmethod
     def parse(cls, name: str) -> ErrorName:
@@ -72,6 +78,8 @@ _STATUS = {
     ErrorName.NOT_ALLOWED: 405,
     ErrorName.NOT_OWNER: 307,
     ErrorName.TOO_MANY_REQUESTS: 429,
+    ErrorName.UNAUTHENTICATED: 401,
+    ErrorName.NOT_AUTHORIZED: 403,
 }
 
 
