@@ -11,7 +11,7 @@ before and after); the right role's call then succeeds.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
