@@ -12,6 +12,7 @@ from segtxn.auth.guard import (
     require,
 )
 from segtxn.auth.policy import Action, Grant, Policy, Scope
+from segtxn.auth.tls import ServerCertificate, TlsSettings, client_context
 from segtxn.auth.tokens import AuthConfigError, Principal, TokenVerifier
 
 __all__ = [
@@ -24,9 +25,12 @@ __all__ = [
     "Principal",
     "Rule",
     "Scope",
+    "ServerCertificate",
+    "TlsSettings",
     "TokenVerifier",
     "authorize",
     "check_owner",
+    "client_context",
     "install_auth",
     "principal_of",
     "require",

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from aiohttp import ClientMiddlewareType, hdrs, web
+import aiohttp
+from aiohttp import hdrs, web
 
 from segtxn.auth.endpoints import Kind, Rule, rule_for
 from segtxn.auth.policy import Action, Policy, Scope
+from segtxn.auth.tls import TlsSettings
 from segtxn.auth.tokens import (
     AuthConfigError,
     Principal,
@@ -54,6 +57,8 @@ class AuthSettings:
     """The token this server presents when it calls another server."""
     protect_metrics: bool = False
     """``/metrics`` needs ``admin`` on ``*`` (else it is open, as the probes)."""
+    tls: TlsSettings = field(default_factory=TlsSettings)
+    """The listener's certificate, and the CA other servers are checked against."""
 
     @property
     def enabled(self) -> bool:
@@ -68,11 +73,13 @@ class AuthSettings:
         policy_file: Path | None = None,
         cluster_token_file: Path | None = None,
         protect_metrics: bool = False,
+        tls: TlsSettings | None = None,
     ) -> AuthSettings:
         """Read and check a server's security files; all None: security off.
 
-        Security on needs one key (an HS256 secret or a public key), a policy, and the
-        cluster role's token, which must verify with that key and name a superuser.
+        Tokens on need one key (an HS256 secret or a public key), a policy, and the
+        cluster role's token, which must verify with that key and name a superuser. TLS
+        (``tls``) goes with tokens or without them.
 
         Raises:
             AuthConfigError: a file missing, unreadable or wrong, or a combination that
@@ -99,7 +106,7 @@ class AuthSettings:
                     f"{', '.join(given)} without a token key: security needs an HS256 secret "
                     "file or a public key file"
                 )
-            return cls()
+            return cls(tls=_checked(tls))
         if policy_file is None:
             raise AuthConfigError("security needs a policy file (who may do what)")
         if cluster_token_file is None:
@@ -117,14 +124,33 @@ class AuthSettings:
                 f"{cluster_token_file}: its role {role!r} must be one of the policy's "
                 "superusers (servers act for every client)"
             )
-        return cls(verifier, policy, token, protect_metrics)
+        return cls(verifier, policy, token, protect_metrics, _checked(tls))
 
-    def client_middlewares(self) -> tuple[ClientMiddlewareType, ...]:
-        """For a server's own HTTP sessions: present the cluster role's token (none when
-        security is off)."""
-        if self.cluster_token is None:
-            return ()
-        return (bearer_middleware(self.cluster_token),)
+    def cluster_session(self, **options: Any) -> aiohttp.ClientSession:
+        """An HTTP session for a server's calls to other servers (``options`` go to
+        ``aiohttp.ClientSession``): the cluster role's token on every request when tokens
+        are on; with TLS, their certificates checked against the cluster's CA and this
+        server's own presented. Call it in a running event loop.
+
+        Raises:
+            AuthConfigError: the TLS files cannot be loaded (they were at start-up).
+        """
+        middlewares = () if self.cluster_token is None else (bearer_middleware(self.cluster_token),)
+        context = self.tls.client_context()
+        if context is not None:
+            options.setdefault("connector", aiohttp.TCPConnector(ssl=context))
+        return aiohttp.ClientSession(middlewares=middlewares, **options)
+
+
+def _checked(tls: TlsSettings | None) -> TlsSettings:
+    """``tls`` (or none) once its files load: a server must not start and then fail its
+    first handshake. Raises AuthConfigError."""
+    if tls is None:
+        return TlsSettings()
+    tls.check()
+    tls.server_certificate()
+    tls.client_context()
+    return tls
 
 
 AUTH = web.AppKey("segtxn-auth", AuthSettings)

@@ -42,9 +42,9 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
         await app[SERVICE].stop()
 
     async def http_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=30),
-            middlewares=settings.auth.client_middlewares(),  # as the cluster role
+        # as the cluster role, over TLS when it is on
+        async with settings.auth.cluster_session(
+            timeout=aiohttp.ClientTimeout(total=30)
         ) as session:
             app[admin.HTTP] = session
             app[SERVICE].controllers.start(session)
@@ -102,7 +102,9 @@ class BrokerServer(AppServer):
         port: int | None = None,
         store: MetadataStore | None = None,
     ) -> None:
-        super().__init__(create_app(settings, store), settings.advertise_url, host, port)
+        super().__init__(
+            create_app(settings, store), settings.advertise_url, host, port, settings.auth.tls
+        )
         self.settings = settings
 
     @property

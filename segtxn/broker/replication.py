@@ -29,8 +29,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import ClientMiddlewareType
 
+from segtxn.auth import AuthSettings
 from segtxn.broker.settings import BrokerSettings, Replication
 from segtxn.ledger import LogStorage, movable, open_log_storage
 from segtxn.ledger.metadata import tail_bound
@@ -66,20 +66,20 @@ class BrokerNodes:
         node: ReplicaNode,
         broker_id: str,
         timeout_s: float,
-        client_middlewares: tuple[ClientMiddlewareType, ...] = (),
+        auth: AuthSettings | None = None,
     ):
         self._catalog = catalog
         self.node = node
         self._broker_id = broker_id
         self.local: Member | None = Member(broker_id, node.instance)
         self._timeout_s = timeout_s
-        self._middlewares = client_middlewares
-        """On calls to other brokers' nodes: the cluster role's token."""
+        self._auth = auth or AuthSettings()
+        """Calls to other brokers' nodes go as the cluster role (and over TLS if on)."""
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, tuple[float, str | None]] = {}
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(middlewares=self._middlewares)
+        self._session = self._auth.cluster_session()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -135,7 +135,7 @@ def open_storage(
         node,
         settings.broker_id,
         replication.timeout_s,
-        settings.auth.client_middlewares(),
+        settings.auth,
     )
     storage = ReplicatedLogStorage(
         nodes,

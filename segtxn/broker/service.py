@@ -105,7 +105,7 @@ class BrokerService:
             metrics=self.metrics,
         )
         self.v4_checks = v4checks.V4TransactionChecks(
-            self.store, settings.v4_txns, self.metrics, settings.auth.client_middlewares()
+            self.store, settings.v4_txns, self.metrics, settings.auth
         )
         """Checks the v4 transactions sends and acks name; ends abandoned ones."""
         self.controllers = TopicControllers(

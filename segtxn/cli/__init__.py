@@ -9,6 +9,8 @@ line (``Error: ...``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from segtxn.cli import brokers, clients, servers, service, stacks, txn, verbosity, verify
@@ -23,12 +25,12 @@ from segtxn.cli.operator import operator
     "2 bad usage, 130 interrupted. Errors are one line on stderr; -vv adds tracebacks.",
 )
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-@service.token_option
+@service.credential_options
 @click.version_option(package_name="segtxn", message="segtxn %(version)s")
 @click.pass_context
-def main(ctx: click.Context, verbose: int, token: str | None) -> None:
+def main(ctx: click.Context, /, verbose: int, **credentials: Any) -> None:
     """segtxn: transactional streaming on scalable topics."""
-    ctx.meta[service.TOKEN_KEY] = token
+    ctx.meta[service.CREDENTIALS_KEY] = credentials  # for the clients the commands make
     verbosity.configure(verbose)
     stacks.install()
 

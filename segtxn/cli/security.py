@@ -1,6 +1,7 @@
-"""The servers' ``--auth-*`` flags (``segtxn broker``, ``coordinator``, ``standalone``): token
-authentication and authorization, parsed once into :class:`~segtxn.auth.AuthSettings`
-(docs/security.md). None given: security off, as before these flags existed."""
+"""The servers' ``--auth-*`` and ``--tls-*`` flags (``segtxn broker``, ``coordinator``,
+``standalone``): token authentication and authorization, and TLS on the listener, parsed
+once into :class:`~segtxn.auth.AuthSettings` (docs/security.md). None given: security off,
+as before these flags existed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from segtxn.auth import AuthConfigError, AuthSettings
+from segtxn.auth import AuthConfigError, AuthSettings, TlsSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,20 +53,57 @@ def auth_options(command: F) -> F:
             is_flag=True,
             help="/metrics needs a token with admin on '*' (else it is open, like the probes).",
         ),
+        click.option(
+            "--tls-cert",
+            type=_FILE,
+            metavar="FILE",
+            help="Serve HTTPS with this certificate chain (PEM; reloaded when it changes).",
+        ),
+        click.option("--tls-key", type=_FILE, metavar="FILE", help="The --tls-cert's key (PEM)."),
+        click.option(
+            "--tls-ca",
+            type=_FILE,
+            metavar="FILE",
+            help="Check other servers' certificates against this CA (default: the system's).",
+        ),
+        click.option(
+            "--tls-client-ca",
+            type=_FILE,
+            metavar="FILE",
+            help="Require client certificates signed by this CA (mutual TLS).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
+def check_scheme(auth: AuthSettings, url: str, flag: str) -> None:
+    """Refuse an ``http://`` URL to advertise for a server that serves HTTPS (or the
+    reverse): clients would be sent where they cannot connect.
+
+    Raises:
+        click.UsageError
+    """
+    wanted = "https" if auth.tls.enabled else "http"
+    if not url.startswith(f"{wanted}://"):
+        why = "it serves HTTPS (--tls-cert)" if auth.tls.enabled else "it has no --tls-cert"
+        raise click.UsageError(f"{flag} must be a {wanted}:// URL: {why}")
+
+
 def auth_settings(
+    *,
     auth_token_secret: Path | None,
     auth_public_key: Path | None,
     auth_policy: Path | None,
     auth_cluster_token: Path | None,
     auth_protect_metrics: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_ca: Path | None,
+    tls_client_ca: Path | None,
 ) -> AuthSettings:
-    """The servers' security settings from the ``--auth-*`` flags.
+    """The servers' security settings from the ``--auth-*`` and ``--tls-*`` flags.
 
     Raises:
         click.UsageError: a file that cannot be used, or flags that do not go together.
@@ -77,6 +115,7 @@ def auth_settings(
             policy_file=auth_policy,
             cluster_token_file=auth_cluster_token,
             protect_metrics=auth_protect_metrics,
+            tls=TlsSettings(tls_cert, tls_key, tls_ca, tls_client_ca),
         )
     except AuthConfigError as e:
         raise click.UsageError(f"security: {e}") from e

@@ -26,7 +26,7 @@ from segtxn.cli.params import (
     prepare_data_dir,
     refuse_unless,
 )
-from segtxn.cli.security import auth_options, auth_settings
+from segtxn.cli.security import auth_options, auth_settings, check_scheme
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
@@ -193,6 +193,7 @@ def broker(
 ) -> None:
     """Run one broker of a cluster until SIGTERM or SIGINT."""
     auth = auth_settings(**auth_flags)
+    check_scheme(auth, advertise, "--advertise")
     parts = urlsplit(advertise)
     try:
         settings = BrokerSettings(
@@ -288,6 +289,7 @@ def coordinator(
     """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir
     (several processes share the ids; standbys take over)."""
     auth = auth_settings(**auth_flags)
+    check_scheme(auth, advertise, "--advertise")
     refuse_unless(ctx, "v4_ids", data_dir is not None, "v4 transactions need --data-dir")
     settings = CoordinatorSettings(
         advertise_url=advertise,
@@ -350,6 +352,7 @@ def standalone(
     coordinator on one metadata store (the embedded one by default). Security is off unless
     the --auth-* flags are given."""
     auth = auth_settings(**auth_flags)
+    scheme = "https" if auth.tls.enabled else "http"
     if data_dir is not None and store.startswith("memory:"):
         raise click.UsageError(
             "--data-dir needs --store etcd://...: a memory store forgets the ledgers' "
@@ -361,7 +364,7 @@ def standalone(
     try:
         broker_settings = BrokerSettings(
             broker_id="standalone",
-            advertise_url=f"http://{host}:{port}",
+            advertise_url=f"{scheme}://{host}:{port}",
             store_url=store,
             ledger_url=ledger_url,
             auto_create_topics=auto_create_topics,
@@ -373,7 +376,7 @@ def standalone(
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     coordinator_settings = CoordinatorSettings(
-        advertise_url=f"http://{host}:{coordinator_port}",
+        advertise_url=f"{scheme}://{host}:{coordinator_port}",
         store_url=store,
         store_timeout_s=store_timeout,
         v4_coordinator_ids=2,

@@ -406,7 +406,9 @@ class CoordinatorServer(AppServer):
         port: int | None = None,
         store: MetadataStore | None = None,
     ) -> None:
-        super().__init__(create_app(settings, store), settings.advertise_url, host, port)
+        super().__init__(
+            create_app(settings, store), settings.advertise_url, host, port, settings.auth.tls
+        )
         self.settings = settings
 
     @property

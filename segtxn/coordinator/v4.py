@@ -116,7 +116,7 @@ class CoordinatorV4:
             return
         await self._live_session()
         # participants and other coordinators are called as the cluster role
-        self._http = aiohttp.ClientSession(middlewares=self.settings.auth.client_middlewares())
+        self._http = self.settings.auth.cluster_session()
         for n in range(self.settings.v4_coordinator_ids):
             self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
         self._spawn(self._sweep(), "v4-timeout-sweep")

@@ -183,4 +183,4 @@ def test_server_settings_need_a_whole_setup(tmp_path: Path) -> None:
         policy_file=policy,
         cluster_token_file=tmp_path / "cluster",
     )
-    assert on.enabled and on.cluster_token and len(on.client_middlewares()) == 1
+    assert on.enabled and on.cluster_token and not on.tls.enabled

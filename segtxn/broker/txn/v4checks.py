@@ -46,8 +46,8 @@ from typing import Protocol
 
 import aiohttp
 import msgspec
-from aiohttp import ClientMiddlewareType
 
+from segtxn.auth import AuthSettings
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import V4TxnSettings
 from segtxn.metastore import MetadataStore, MetadataStoreError
@@ -105,7 +105,7 @@ class V4TransactionChecks:
         store: MetadataStore,
         settings: V4TxnSettings,
         metrics: BrokerMetrics | None = None,
-        client_middlewares: tuple[ClientMiddlewareType, ...] = (),
+        auth: AuthSettings | None = None,
     ) -> None:
         self._store = store
         self.settings = settings
@@ -113,12 +113,12 @@ class V4TransactionChecks:
         self._tracked: dict[TxnId, _Tracked] = {}
         self._checking: dict[tuple[TxnId, Participant], asyncio.Task[None]] = {}
         self._http: aiohttp.ClientSession | None = None
-        self._middlewares = client_middlewares
-        """On calls to coordinators: the cluster role's token."""
+        self._auth = auth or AuthSettings()
+        """Calls to coordinators go as the cluster role (and over TLS if on)."""
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(middlewares=self._middlewares)
+        self._http = self._auth.cluster_session()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="v4-txn-sweep")
 
     async def stop(self) -> None:
