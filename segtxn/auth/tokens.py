@@ -16,7 +16,7 @@ is an :class:`AuthConfigError` at start-up, never a refusal per request.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,9 @@ from segtxn.protocol.errors import ErrorName, ServerError
 
 MIN_SECRET_BYTES = 32
 """An HS256 secret shorter than this is refused (RFC 7518, 3.2: at least the hash size)."""
+
+MAX_VERIFIED = 4096
+"""Verified tokens a server remembers (about 4 MB at most); past that it forgets them all."""
 
 LEEWAY_S = 5.0
 """Clock skew tolerated on ``exp`` and ``nbf`` between the token's issuer and the server."""
@@ -64,6 +67,8 @@ class TokenVerifier:
     key: bytes | rsa.RSAPublicKey | ec.EllipticCurvePublicKey
     source: str
     """The file the key came from (for messages)."""
+    _verified: dict[str, tuple[str, float]] = field(default_factory=dict, compare=False, repr=False)
+    """Tokens already verified: their role and expiry (see :meth:`role`)."""
 
     @classmethod
     def from_secret_file(cls, path: Path) -> TokenVerifier:
@@ -105,9 +110,26 @@ class TokenVerifier:
     def role(self, token: str) -> str:
         """The role ``token`` names, if it is signed with this key and not expired.
 
+        A token's signature is checked once: up to :data:`MAX_VERIFIED` verified tokens are
+        remembered with their expiry (a client sends the same token on every call; an RS256
+        or ES256 check costs a hundred microseconds or more), and checked again only for
+        that expiry.
+
         Raises:
             ServerError(Unauthenticated): with what is wrong with it.
         """
+        known = self._verified.get(token)
+        if known is not None:
+            if time.time() <= known[1] + LEEWAY_S:
+                return known[0]
+            del self._verified[token]  # expired: the full check says so
+        role, expires = self._verify(token)
+        if len(self._verified) >= MAX_VERIFIED:
+            self._verified.clear()
+        self._verified[token] = (role, expires)
+        return role
+
+    def _verify(self, token: str) -> tuple[str, float]:
         try:
             claims = jwt.decode(
                 token,
@@ -138,7 +160,7 @@ class TokenVerifier:
         role = claims["sub"]
         if not isinstance(role, str) or not role:
             raise _unauthenticated("the token's 'sub' claim (its role) must be a non-empty string")
-        return role
+        return role, float(claims["exp"])
 
 
 def _expired(token: str) -> str:

@@ -184,3 +184,24 @@ def test_server_settings_need_a_whole_setup(tmp_path: Path) -> None:
         cluster_token_file=tmp_path / "cluster",
     )
     assert on.enabled and on.cluster_token and not on.tls.enabled
+
+
+def test_a_verified_token_is_checked_again_only_for_its_expiry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    verifier = _hs256(tmp_path)
+    decoded: list[str] = []
+    real_decode = jwt.decode
+
+    def counting(value: str, *args: object, **kwargs: object) -> object:
+        decoded.append(value)
+        return real_decode(value, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("segtxn.auth.tokens.jwt.decode", counting)
+    value = token(PRODUCER, ttl_s=60)
+    assert [verifier.role(value) for _ in range(3)] == [PRODUCER] * 3
+    assert len(decoded) == 1  # the signature was checked once
+    later = time.time() + 3600
+    monkeypatch.setattr("segtxn.auth.tokens.time.time", lambda: later)
+    assert verifier.role(value) == PRODUCER  # PyJWT's clock is the real one: still valid
+    assert len(decoded) == 2  # past its expiry by the cache's clock: checked in full again
