@@ -10,15 +10,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from segtxn.auth import install_auth
+from segtxn.auth import AuthSettings, install_auth
 from segtxn.auth.endpoints import Kind, classified, rule_for
 from segtxn.boundary import install
+from segtxn.broker.app import BrokerServer
 from segtxn.broker.app import create_app as broker_app
 from segtxn.broker.settings import BrokerSettings, Replication
 from segtxn.coordinator.app import create_app as coordinator_app
 from segtxn.coordinator.v5 import CoordinatorSettings
 from segtxn.metastore.etcd_server import free_port
-from tests.auth.conftest import PRODUCER, ROOT, auth_settings, bearer, token
+from tests.auth.conftest import OPS, PRODUCER, ROOT, auth_settings, bearer, token
 
 
 def _routes(app: web.Application) -> list[tuple[str, str]]:
@@ -86,3 +87,31 @@ async def test_an_unclassified_route_is_for_superusers_only(app_with_a_new_route
             assert await answer.json() == {"called": True}
         async with http.get(app_with_a_new_route + "/no/such/path") as answer:
             assert answer.status == 404  # no route: the boundary's answer, not an auth one
+
+
+async def test_metrics_protected_by_the_setting(tmp_path: Path) -> None:
+    on = auth_settings(tmp_path)
+    protected = AuthSettings(on.verifier, on.policy, on.cluster_token, protect_metrics=True)
+    port = free_port()
+    server = BrokerServer(
+        BrokerSettings(
+            broker_id="b1",
+            advertise_url=f"http://127.0.0.1:{port}",
+            ledger_url=f"file://{tmp_path / 'ledgers'}",
+            auth=protected,
+        )
+    )
+    await server.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(url + "/metrics") as answer:
+                assert answer.status == 401
+            async with http.get(url + "/metrics", headers=bearer(token(PRODUCER))) as answer:
+                assert answer.status == 403
+            async with http.get(url + "/metrics", headers=bearer(token(OPS))) as answer:
+                assert answer.status == 200 and "segtxn" in await answer.text()
+            async with http.get(url + "/healthz") as answer:
+                assert answer.status == 200  # the probes stay open
+    finally:
+        await server.stop()
