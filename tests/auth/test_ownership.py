@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,6 +19,8 @@ from click.testing import CliRunner
 
 from segtxn.cli import main
 from segtxn.client import Client
+from segtxn.coordinator.app import V4, CoordinatorServer
+from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId
@@ -205,3 +209,28 @@ async def test_the_cli_sends_its_token(topics: SecureCluster) -> None:
     done = await asyncio.to_thread(cli, "--token", token(ROOT), *create)
     assert done.exit_code == 0, done.output
     assert "created persistent://acme/orders/cli" in done.output
+
+
+async def test_a_relayed_call_is_checked_as_its_caller(
+    secure: SecureCluster, tmp_path: Path
+) -> None:
+    """A v4 call to a coordinator that does not hold the id is relayed to the holder with
+    the caller's token, not the relaying server's (a superuser's): the owner check holds."""
+    settings = secure.coordinator.settings
+    standby = CoordinatorServer(
+        replace(settings, advertise_url=f"http://127.0.0.1:{free_port()}"), store=secure.store
+    )
+    await standby.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            txn = await _open(http, secure, PRODUCER, v4=True)
+            assert txn.most not in standby.app[V4].held
+            status = f"{standby.settings.advertise_url}/txn/v2/{txn}"
+            async with http.get(status, headers=bearer(token(PRODUCER_2))) as answer:
+                assert answer.status == 403
+                assert answer.headers["X-Segtxn-Error"] == "NotAuthorized"
+            async with http.get(status, headers=bearer(token(PRODUCER))) as answer:
+                assert answer.status == 200
+                assert (await answer.json())["owner"] == PRODUCER
+    finally:
+        await standby.stop()
