@@ -21,17 +21,21 @@ superuser, which is checked at start-up.
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import hdrs, web
+from aiohttp import WSCloseCode, hdrs, web
 
 from segtxn.auth.endpoints import Kind, Rule, rule_for
 from segtxn.auth.policy import Action, Policy, Scope
 from segtxn.auth.tls import TlsSettings
 from segtxn.auth.tokens import (
+    LEEWAY_S,
     AuthConfigError,
     Principal,
     TokenVerifier,
@@ -181,10 +185,12 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     if rule.kind is Kind.OPEN:
         return await handler(request)
     try:
-        role = settings.verifier.role(bearer_token(request.headers.get(hdrs.AUTHORIZATION)))
+        role, expires_s = settings.verifier.claims(
+            bearer_token(request.headers.get(hdrs.AUTHORIZATION))
+        )
     except ServerError as e:
         return _unauthenticated(request, e)
-    principal = settings.policy.principal(role)
+    principal = settings.policy.principal(role, expires_s)
     request[PRINCIPAL] = principal
     _check_rule(settings.policy, principal, rule, request.match_info)
     return await handler(request)
@@ -232,6 +238,32 @@ def authorize(request: web.Request, actions: frozenset[Action], scope: Scope) ->
         ServerError(NotAuthorized)
     """
     require(request.app[AUTH].policy, principal_of(request), actions, scope)
+
+
+EXPIRED_REASON = b"Unauthenticated: the token expired"
+_EXPIRING: set[asyncio.Task[object]] = set()
+"""Closes of WebSockets whose token expired, until they finish (their owner: a close is
+short, and the handler's own task is reading the socket meanwhile)."""
+
+
+def close_at_expiry(request: web.Request, ws: web.WebSocketResponse) -> Callable[[], None]:
+    """With tokens on, close ``ws`` when the token it was opened with expires (code 1008,
+    ``Unauthenticated: the token expired``): a connection lives no longer than its
+    credentials, and the client's reconnect then needs a valid token. Returns what to call
+    when the connection ends (it cancels the timer; nothing to do with security off)."""
+    principal = principal_of(request)
+    if principal is None or principal.expires_s is None:
+        return lambda: None
+    loop = asyncio.get_running_loop()
+
+    def expire() -> None:
+        closing = ws.close(code=WSCloseCode.POLICY_VIOLATION, message=EXPIRED_REASON)
+        task: asyncio.Task[object] = loop.create_task(closing, name="ws-token-expired")
+        _EXPIRING.add(task)
+        task.add_done_callback(_EXPIRING.discard)
+
+    delay_s = max(0.0, principal.expires_s + LEEWAY_S - time.time())
+    return loop.call_later(delay_s, expire).cancel
 
 
 def principal_of(request: web.Request) -> Principal | None:

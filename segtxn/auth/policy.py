@@ -69,8 +69,8 @@ class Policy:
     superusers: frozenset[str] = frozenset()
     roles: Mapping[str, tuple[Grant, ...]] = field(default_factory=dict)
 
-    def principal(self, role: str) -> Principal:
-        return Principal(role, superuser=role in self.superusers)
+    def principal(self, role: str, expires_s: float | None = None) -> Principal:
+        return Principal(role, superuser=role in self.superusers, expires_s=expires_s)
 
     def allows(self, principal: Principal, actions: frozenset[Action], scope: Scope) -> bool:
         """Whether ``principal`` may do any of ``actions`` on ``scope``."""

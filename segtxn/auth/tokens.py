@@ -51,6 +51,8 @@ class Principal:
 
     role: str
     superuser: bool = False
+    expires_s: float | None = None
+    """When its token expires (epoch seconds, the ``exp`` claim)."""
 
 
 def _unauthenticated(message: str) -> ServerError:
@@ -108,7 +110,12 @@ class TokenVerifier:
         )
 
     def role(self, token: str) -> str:
-        """The role ``token`` names, if it is signed with this key and not expired.
+        """The role ``token`` names (:meth:`claims` without the expiry)."""
+        return self.claims(token)[0]
+
+    def claims(self, token: str) -> tuple[str, float]:
+        """The role ``token`` names and when it expires (epoch seconds), if it is signed
+        with this key and not expired.
 
         A token's signature is checked once: up to :data:`MAX_VERIFIED` verified tokens are
         remembered with their expiry (a client sends the same token on every call; an RS256
@@ -121,13 +128,13 @@ class TokenVerifier:
         known = self._verified.get(token)
         if known is not None:
             if time.time() <= known[1] + LEEWAY_S:
-                return known[0]
+                return known
             del self._verified[token]  # expired: the full check says so
-        role, expires = self._verify(token)
+        verified = self._verify(token)
         if len(self._verified) >= MAX_VERIFIED:
             self._verified.clear()
-        self._verified[token] = (role, expires)
-        return role
+        self._verified[token] = verified
+        return verified
 
     def _verify(self, token: str) -> tuple[str, float]:
         try:

@@ -59,6 +59,16 @@ class TxnAccess:
             self._allowed.clear()
         self._allowed.add(txn)
 
+    async def refusal(self, txn: tuple[int, int] | None) -> ServerError | None:
+        """Why sends naming ``txn`` (None: no transaction) are refused here, or None."""
+        if txn is None:
+            return None
+        try:
+            await self.check(TxnId(*txn))
+        except ServerError as e:
+            return e
+        return None
+
     async def _owner(self, txn: TxnId) -> str | None:
         if txn.is_v5:
             # the cache if it has it; else one read that leaves the cache as it was (a

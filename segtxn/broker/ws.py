@@ -35,7 +35,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from segtxn.auth import principal_of
+from segtxn.auth import close_at_expiry, principal_of
 from segtxn.boundary import incident, translate
 from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
@@ -174,6 +174,10 @@ def _failure(what: str, e: Exception, request_id: int | None = None) -> Error:
     )
 
 
+def _nothing() -> None:
+    """Nothing to do (yet): a connection refused before its upgrade has no expiry."""
+
+
 def _socket(request: web.Request) -> web.WebSocketResponse:
     limit = request.app[SERVICE].settings.max_message_bytes
     ws = web.WebSocketResponse(max_msg_size=2 * limit + 64 * 1024, heartbeat=30)
@@ -213,6 +217,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
         return error_response(e, request)
     ws = _socket(request)
     await ws.prepare(request)
+    expiry = close_at_expiry(request, ws)
     topic.producers[producer_name] = ws
     settings = service.settings
     outbox = _Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
@@ -280,17 +285,13 @@ async def producer(request: web.Request) -> web.StreamResponse:
         task.add_done_callback(functools.partial(_release, turns))  # even if it never ran
 
     async def admitted(txn: tuple[int, int] | None, sends: list[Send]) -> bool:
-        """Whether this connection's role may write in ``txn``; if not, each send is
-        answered with the refusal, without a turn: nothing of it is stored."""
-        if txn is None:
+        """Refused sends are answered without a turn: nothing of them is stored."""
+        refusal = await access.refusal(txn)
+        if refusal is None:
             return True
-        try:
-            await access.check(TxnId(*txn))
-        except ServerError as e:
-            for send in sends:
-                answer(send, e, 0.0)
-            return False
-        return True
+        for send in sends:
+            answer(send, refusal, 0.0)
+        return False
 
     async def handle(frame: object) -> None:
         if isinstance(frame, SendBatch):
@@ -323,6 +324,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     try:
         await _receive_frames(ws, frames.producer_input.decode, handle, outbox)
     finally:
+        expiry()
         if topic.producers.get(producer_name) is ws:
             del topic.producers[producer_name]
         await asyncio.gather(*tasks, return_exceptions=True)  # stored either way
@@ -381,13 +383,16 @@ async def consumer(request: web.Request) -> web.StreamResponse:
         subscription = await topic.attach(subscription_name, link, sub_type, initial)
     except ServerError as e:
         return error_response(e, request)
+    expiry: Callable[[], None] = _nothing
     try:
         await ws.prepare(request)
+        expiry = close_at_expiry(request, ws)
         outbox.start()
         await _serve_consumer(
             ws, subscription, link, outbox, TxnAccess(service, principal_of(request))
         )
     finally:
+        expiry()
         # a clean close (1000) leaves at once; anything else may be a consumer coming back
         subscription.detach(link, dropped=ws.close_code != WSCloseCode.OK)
         await outbox.close()
@@ -467,6 +472,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
     except ServerError as e:
         return error_response(e, request)
     await ws.prepare(request)
+    expiry = close_at_expiry(request, ws)
     outbox = _Outbox(ws, service.settings.max_permits + 64, f"reader-{name}")
     outbox.start()
     link = ConsumerLink(f"reader-{next(_generated)}", outbox.send)
@@ -490,6 +496,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
     try:
         await _receive_frames(ws, frames.consumer_input.decode, handle, outbox)
     finally:
+        expiry()
         topic.readers.discard(link)
         await session.close()
         await outbox.close()

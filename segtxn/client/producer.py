@@ -53,6 +53,8 @@ FATAL = {
     ErrorName.NOT_ALLOWED,
     ErrorName.PRODUCER_BUSY,
     ErrorName.INVALID_ARGUMENT,
+    ErrorName.UNAUTHENTICATED,  # the token expired, or the key changed: it will not pass
+    ErrorName.NOT_AUTHORIZED,
 }
 
 

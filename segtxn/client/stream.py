@@ -56,6 +56,8 @@ FATAL = {
     ErrorName.CONSUMER_BUSY,
     ErrorName.INVALID_ARGUMENT,
     ErrorName.SUBSCRIPTION_NOT_FOUND,
+    ErrorName.UNAUTHENTICATED,  # the token expired, or the key changed: it will not pass
+    ErrorName.NOT_AUTHORIZED,
 }
 
 
