@@ -106,6 +106,13 @@ class TopicLayout:
                 if e.name is ErrorName.TOPIC_NOT_FOUND:
                     log.warning("%s was deleted: no more layout updates", self.topic)
                     return
+                if e.name in (ErrorName.UNAUTHENTICATED, ErrorName.NOT_AUTHORIZED):
+                    # the token expired or the rights went: trying again will not pass (the
+                    # segments' own connections hand the error to the application)
+                    log.warning(
+                        "lookup session of %s refused (%s): no more layout updates", self.topic, e
+                    )
+                    return
                 log.info("lookup session of %s failed (%s); reconnecting", self.topic, e)
             except (aiohttp.ClientError, ConnectionError, TimeoutError) as e:
                 log.info("lookup session of %s dropped (%r); reconnecting", self.topic, e)

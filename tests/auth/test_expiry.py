@@ -20,10 +20,14 @@ SHORT_S = 1.0
 """The tokens' life here: the broker closes LEEWAY_S after it."""
 
 
+SCALABLE = "topic://acme/orders/expiring"
+
+
 @pytest.fixture
 async def topic(secure: SecureCluster) -> SecureCluster:
     async with Client(secure.url, token=token(ROOT)) as client:
         await client.admin.create_topic(TOPIC)
+        await client.admin.create_topic(SCALABLE, segments=2)
     return secure
 
 
@@ -41,9 +45,13 @@ async def test_the_broker_closes_a_websocket_when_its_token_expires(topic: Secur
             assert isinstance(await next_frame(ws), frames.ProducerReady)
 
 
-async def test_the_client_hands_the_refusal_to_the_application(topic: SecureCluster) -> None:
+@pytest.mark.parametrize("name", [TOPIC, SCALABLE])
+async def test_the_client_hands_the_refusal_to_the_application(
+    topic: SecureCluster, name: str
+) -> None:
+    """Also on a scalable topic, whose lookup session stops instead of retrying."""
     async with Client(topic.url, token=token(CONSUMER, ttl_s=SHORT_S)) as client:
-        consumer = await client.subscribe(TOPIC, "s")
+        consumer = await client.subscribe(name, "s")
         with pytest.raises(ServerError) as caught:
             await consumer.receive(timeout_s=SHORT_S + LEEWAY_S + 15)
         assert caught.value.name is ErrorName.UNAUTHENTICATED
