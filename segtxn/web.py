@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 
+from segtxn.auth import TlsSettings
 from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler
 
 
@@ -18,11 +20,15 @@ async def relay(
     session: aiohttp.ClientSession, request: web.Request, base_url: str
 ) -> web.Response:
     """Send ``request`` (method, path, query, body) on to the server at ``base_url`` and
-    answer with its response, segtxn's ``X-Segtxn-*`` headers included.
+    answer with its response, segtxn's ``X-Segtxn-*`` headers included. The caller's
+    ``Authorization`` goes along: the server there checks the caller, not this server (whose
+    session would otherwise present the cluster role's token).
 
     Raises aiohttp.ClientError / TimeoutError when that server cannot be reached."""
     body = await request.read()
     headers = {"Content-Type": request.content_type} if body else {}
+    if hdrs.AUTHORIZATION in request.headers:
+        headers[hdrs.AUTHORIZATION] = request.headers[hdrs.AUTHORIZATION]
     target = base_url.rstrip("/") + request.path_qs
     async with session.request(request.method, target, data=body, headers=headers) as answer:
         return web.Response(
@@ -58,14 +64,17 @@ class _Site(web.BaseSite):
     refused before routing get the JSON error too (aiohttp's TCPSite hard-wires its own
     handler class)."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int) -> None:
+    def __init__(
+        self, runner: web.AppRunner, host: str, port: int, ssl_context: ssl.SSLContext | None
+    ) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
+        self._ssl = ssl_context
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        return f"{'https' if self._ssl else 'http'}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -80,6 +89,7 @@ class _Site(web.BaseSite):
             self._host,
             self._port,
             reuse_address=True,
+            ssl=self._ssl,
         )
 
 
@@ -106,15 +116,29 @@ class ListenFailed(OSError):
 
 class AppServer:
     """``start()`` serves ``app`` on ``host:port`` (defaults: the advertised URL's);
-    ``stop()`` runs its shutdown and clean-up (also after a failed or interrupted start)."""
+    ``stop()`` runs its shutdown and clean-up (also after a failed or interrupted start).
+    With ``tls`` (a certificate and key), it serves HTTPS only, and reloads the files when
+    they change while it runs (:class:`~segtxn.auth.ServerCertificate`).
+
+    Raises:
+        AuthConfigError: the TLS files cannot be loaded.
+    """
 
     def __init__(
-        self, app: web.Application, advertise_url: str, host: str | None, port: int | None
+        self,
+        app: web.Application,
+        advertise_url: str,
+        host: str | None,
+        port: int | None,
+        tls: TlsSettings | None = None,
     ) -> None:
         parts = urlsplit(advertise_url)
         self.app = app
         self.host = host or parts.hostname or "127.0.0.1"
         self.port = port if port is not None else (parts.port or 80)
+        self.certificate = None if tls is None else tls.server_certificate()
+        if self.certificate is not None:
+            app.cleanup_ctx.append(self.certificate.reloading)
         self._runner = web.AppRunner(
             app,
             handle_signals=False,
@@ -130,7 +154,8 @@ class AppServer:
         """
         await self._runner.setup()
         try:
-            await _Site(self._runner, self.host, self.port).start()
+            context = None if self.certificate is None else self.certificate.context
+            await _Site(self._runner, self.host, self.port, context).start()
         except OSError as e:
             raise ListenFailed(self.host, self.port, e) from e
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from segtxn.auth import install_auth
 from segtxn.boundary import install
 from segtxn.broker import admin, holdings, lookup, ws
 from segtxn.broker.http import SERVICE, SOCKETS
@@ -30,6 +31,7 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
     # the largest body is a property set; WebSocket frames have their own limit (ws.py)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     install(app)  # the error boundary
+    install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
     app[SERVICE] = BrokerService(settings, store)
     app[SOCKETS] = weakref.WeakSet()
     app.on_shutdown.append(ws.close_sockets)
@@ -40,7 +42,10 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
         await app[SERVICE].stop()
 
     async def http_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        # as the cluster role, over TLS when it is on
+        async with settings.auth.cluster_session(
+            timeout=aiohttp.ClientTimeout(total=30)
+        ) as session:
             app[admin.HTTP] = session
             app[SERVICE].controllers.start(session)
             yield
@@ -97,7 +102,9 @@ class BrokerServer(AppServer):
         port: int | None = None,
         store: MetadataStore | None = None,
     ) -> None:
-        super().__init__(create_app(settings, store), settings.advertise_url, host, port)
+        super().__init__(
+            create_app(settings, store), settings.advertise_url, host, port, settings.auth.tls
+        )
         self.settings = settings
 
     @property

@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 
 from segtxn.aio import first_completed
+from segtxn.auth import close_at_expiry
 from segtxn.broker.http import (
     SERVICE,
     SOCKETS,
@@ -124,7 +125,11 @@ async def lookup_session(request: web.Request) -> web.StreamResponse:
         async for _ in ws:  # the client says nothing; this ends when it leaves
             pass
 
-    await first_completed(push(), drain(), name=f"lookup-session-{name}")
+    expiry = close_at_expiry(request, ws)
+    try:
+        await first_completed(push(), drain(), name=f"lookup-session-{name}")
+    finally:
+        expiry()
     await ws.close()
     return ws
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
+from segtxn.auth import AuthSettings
 from segtxn.broker.settings import BrokerSettings
 from segtxn.ledger import LedgerError, LogStorage, movable, open_log_storage
 from segtxn.ledger.metadata import LedgerInfo, decode, metadata_key, tail_bound
@@ -75,8 +76,22 @@ REPLICAS_DIR = ".replicas"
 class BrokerNodes(CatalogNodes):
     """The registered brokers' storage nodes, this broker's own among them (``node``)."""
 
-    def __init__(self, catalog: Catalog, node: ReplicaNode, broker_id: str, timeout_s: float):
-        super().__init__(catalog, timeout_s, local=LocalReplica(node, broker_id))
+    def __init__(
+        self,
+        catalog: Catalog,
+        node: ReplicaNode,
+        broker_id: str,
+        timeout_s: float,
+        auth: AuthSettings | None = None,
+    ):
+        """``auth``: calls to other brokers' nodes go as the cluster role (and over TLS
+        when it is on)."""
+        super().__init__(
+            catalog,
+            timeout_s,
+            local=LocalReplica(node, broker_id),
+            session=(auth or AuthSettings()).cluster_session,
+        )
         self.node = node
 
 
@@ -91,7 +106,13 @@ def open_storage(
         return local, None
     root = Path(urlsplit(settings.ledger_url).path) / REPLICAS_DIR
     node = ReplicaNode(root, tail_bytes=tail_bound(settings.ledger))
-    nodes = BrokerNodes(catalog, node, settings.broker_id, replication.timeout_s)
+    nodes = BrokerNodes(
+        catalog,
+        node,
+        settings.broker_id,
+        replication.timeout_s,
+        settings.auth,
+    )
     storage = ReplicatedLogStorage(
         nodes,
         local,

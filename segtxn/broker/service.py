@@ -106,7 +106,9 @@ class BrokerService:
             compact_entries=settings.txn_log_compact_entries,
             metrics=self.metrics,
         )
-        self.v4_checks = v4checks.V4TransactionChecks(self.store, settings.v4_txns, self.metrics)
+        self.v4_checks = v4checks.V4TransactionChecks(
+            self.store, settings.v4_txns, self.metrics, settings.auth
+        )
         """Checks the v4 transactions sends and acks name; ends abandoned ones."""
         if self.replica_nodes is not None and settings.replication is not None:
             self.repairer = replication.Repairer(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from segtxn.auth import AuthSettings
 from segtxn.ledger import LedgerSettings, RetentionPolicy
 from segtxn.ledger.replicas import Replication
 from segtxn.protocol.limits import MAX_BROKER_ID
@@ -101,6 +102,9 @@ class BrokerSettings:
     """A Failover member of a segment's subscription whose connection drops (not a clean
     close) keeps its place this long: its segments wait for it to come back under the same
     name rather than move to another member. 0: they move at once."""
+
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    """Tokens, the policy and the cluster role's token (docs/security.md); off by default."""
 
     test_bugs: frozenset[str] = frozenset()
     """Known bugs put back on purpose to prove the soak harness catches them (tests only,

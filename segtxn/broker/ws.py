@@ -35,6 +35,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from segtxn.auth import close_at_expiry, principal_of
 from segtxn.boundary import incident, translate
 from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
@@ -45,6 +46,7 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.publishing import Outcome
 from segtxn.broker.reader import Reader, end_position, start_position
+from segtxn.broker.txnaccess import TxnAccess
 from segtxn.ledger import Position
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -172,6 +174,10 @@ def _failure(what: str, e: Exception, request_id: int | None = None) -> Error:
     )
 
 
+def _nothing() -> None:
+    """Nothing to do (yet): a connection refused before its upgrade has no expiry."""
+
+
 def _socket(request: web.Request) -> web.WebSocketResponse:
     limit = request.app[SERVICE].settings.max_message_bytes
     ws = web.WebSocketResponse(max_msg_size=2 * limit + 64 * 1024, heartbeat=30)
@@ -211,12 +217,14 @@ async def producer(request: web.Request) -> web.StreamResponse:
         return error_response(e, request)
     ws = _socket(request)
     await ws.prepare(request)
+    expiry = close_at_expiry(request, ws)
     topic.producers[producer_name] = ws
     settings = service.settings
     outbox = _Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
     outbox.start()
     window = asyncio.Semaphore(settings.max_pending_sends)
     tasks: set[asyncio.Task[None]] = set()
+    access = TxnAccess(service, principal_of(request))
     outbox.send(
         ProducerReady(
             producer_name=producer_name,
@@ -276,13 +284,26 @@ async def producer(request: web.Request) -> web.StreamResponse:
         task.add_done_callback(tasks.discard)
         task.add_done_callback(functools.partial(_release, turns))  # even if it never ran
 
+    async def admitted(txn: tuple[int, int] | None, sends: list[Send]) -> bool:
+        """Refused sends are answered without a turn: nothing of them is stored."""
+        refusal = await access.refusal(txn)
+        if refusal is None:
+            return True
+        for send in sends:
+            answer(send, refusal, 0.0)
+        return False
+
     async def handle(frame: object) -> None:
         if isinstance(frame, SendBatch):
             check_batch(frame.sends)
-            for _, run in itertools.groupby(frame.sends, key=lambda send: send.txn):
-                await handle_together(list(run))
+            for txn, run in itertools.groupby(frame.sends, key=lambda send: send.txn):
+                sends = list(run)
+                if await admitted(txn, sends):
+                    await handle_together(sends)
             return
         assert isinstance(frame, Send)
+        if not await admitted(frame.txn, [frame]):
+            return
         await window.acquire()  # backpressure: stop reading while the window is full
         turn = topic.turn(producer_name)  # in arrival order: the order of storage
         start(publish(frame, turn), [turn], f"publish-{producer_name}-{frame.seq}")
@@ -303,6 +324,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     try:
         await _receive_frames(ws, frames.producer_input.decode, handle, outbox)
     finally:
+        expiry()
         if topic.producers.get(producer_name) is ws:
             del topic.producers[producer_name]
         await asyncio.gather(*tasks, return_exceptions=True)  # stored either way
@@ -361,11 +383,16 @@ async def consumer(request: web.Request) -> web.StreamResponse:
         subscription = await topic.attach(subscription_name, link, sub_type, initial)
     except ServerError as e:
         return error_response(e, request)
+    expiry: Callable[[], None] = _nothing
     try:
         await ws.prepare(request)
+        expiry = close_at_expiry(request, ws)
         outbox.start()
-        await _serve_consumer(ws, subscription, link, outbox)
+        await _serve_consumer(
+            ws, subscription, link, outbox, TxnAccess(service, principal_of(request))
+        )
     finally:
+        expiry()
         # a clean close (1000) leaves at once; anything else may be a consumer coming back
         subscription.detach(link, dropped=ws.close_code != WSCloseCode.OK)
         await outbox.close()
@@ -373,7 +400,11 @@ async def consumer(request: web.Request) -> web.StreamResponse:
 
 
 async def _serve_consumer(
-    ws: web.WebSocketResponse, subscription: Subscription, link: ConsumerLink, outbox: _Outbox
+    ws: web.WebSocketResponse,
+    subscription: Subscription,
+    link: ConsumerLink,
+    outbox: _Outbox,
+    access: TxnAccess,
 ) -> None:
     acks: set[asyncio.Task[None]] = set()
 
@@ -391,6 +422,7 @@ async def _serve_consumer(
                         f"{txn} is a v{5 if txn.is_v5 else 4} transaction; "
                         f"{subscription.ledger.name} takes v{5 if on_segment else 4} ones",
                     )
+                await access.check(txn)
                 await subscription.txn_ack(
                     link, txn, ids, cumulative=frame.cumulative, epoch=frame.epoch
                 )
@@ -416,6 +448,8 @@ async def _serve_consumer(
             subscription.nack(link, [Position(*i) for i in frame.message_ids], frame.request_id)
         elif isinstance(frame, Redeliver):
             txn = None if frame.txn is None else TxnId(*frame.txn)
+            if txn is not None:
+                await access.check(txn)
             subscription.redeliver(link, frame.request_id, txn)
 
     try:
@@ -438,6 +472,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
     except ServerError as e:
         return error_response(e, request)
     await ws.prepare(request)
+    expiry = close_at_expiry(request, ws)
     outbox = _Outbox(ws, service.settings.max_permits + 64, f"reader-{name}")
     outbox.start()
     link = ConsumerLink(f"reader-{next(_generated)}", outbox.send)
@@ -461,6 +496,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
     try:
         await _receive_frames(ws, frames.consumer_input.decode, handle, outbox)
     finally:
+        expiry()
         topic.readers.discard(link)
         await session.close()
         await outbox.close()

@@ -9,9 +9,11 @@ line (``Error: ...``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from segtxn.cli import brokers, clients, servers, stacks, topics, txn, verbosity, verify
+from segtxn.cli import brokers, clients, servers, service, stacks, topics, txn, verbosity, verify
 from segtxn.cli.demo import demo
 from segtxn.cli.errors import Main
 from segtxn.cli.operator import operator
@@ -25,9 +27,12 @@ from segtxn.cli.operator import operator
 @click.option(
     "-v", "--verbose", count=True, help="More logging (-v info, -vv debug; also after COMMAND)."
 )
+@service.credential_options
 @click.version_option(package_name="segtxn", message="segtxn %(version)s")
-def main(verbose: int) -> None:
+@click.pass_context
+def main(ctx: click.Context, /, verbose: int, **credentials: Any) -> None:
     """segtxn: transactional streaming on scalable topics."""
+    ctx.meta[service.CREDENTIALS_KEY] = credentials  # for the clients the commands make
     verbosity.configure(verbose)
     stacks.install()
 

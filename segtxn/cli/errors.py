@@ -26,7 +26,7 @@ import click
 
 from segtxn.cli import verbosity
 from segtxn.cli.lifecycle import Interrupted, ServeError
-from segtxn.client import ClientError, ServerError
+from segtxn.client import CertificateError, ClientError, ServerError
 from segtxn.metastore import MetadataStoreError
 
 INTERRUPTED = 130
@@ -68,7 +68,10 @@ def why_unreachable(e: BaseException) -> str:
 
 
 def unreachable(e: BaseException) -> tuple[str, str] | None:
-    """``(host:port, why)`` when ``e`` comes from a connection that could not be made."""
+    """``(host:port, why)`` when ``e`` comes from a connection that could not be made (not
+    a TLS failure: the client's CertificateError already says what was wrong with it)."""
+    if isinstance(e, CertificateError):
+        return None
     for cause in causes(e):
         if isinstance(cause, aiohttp.ClientConnectorError):
             return f"{cause.host}:{cause.port}", why_unreachable(cause)

@@ -8,7 +8,7 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
@@ -26,6 +26,7 @@ from segtxn.cli.params import (
     prepare_data_dir,
     refuse_unless,
 )
+from segtxn.cli.security import auth_options, auth_settings, check_scheme
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
@@ -172,6 +173,7 @@ STORE_HELP = (
 )
 @_retention_options
 @_lifecycle_options
+@auth_options
 def broker(
     *,
     replication: str | None,
@@ -188,8 +190,11 @@ def broker(
     auto_create_topics: bool,
     store_timeout: float,
     shutdown_timeout: float,
+    **auth_flags: Any,
 ) -> None:
     """Run one broker of a cluster until SIGTERM or SIGINT."""
+    auth = auth_settings(**auth_flags)
+    check_scheme(auth, advertise, "--advertise")
     parts = urlsplit(advertise)
     try:
         settings = BrokerSettings(
@@ -204,6 +209,7 @@ def broker(
             consumer_hold_s=consumer_hold,
             test_bugs=_test_bugs(),
             retention=_retention(retention_time, retention_size),
+            auth=auth,
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
@@ -271,9 +277,11 @@ def broker(
     help="v4 coordinator ids (with --data-dir or --replication).",
 )
 @_lifecycle_options
+@auth_options
 @click.pass_context
 def coordinator(
     ctx: click.Context,
+    /,
     *,
     store: str,
     advertise: str,
@@ -290,9 +298,12 @@ def coordinator(
     v4_ids: int,
     store_timeout: float,
     shutdown_timeout: float,
+    **auth_flags: Any,
 ) -> None:
     """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir or
     --replication (several processes share the ids; standbys take over)."""
+    auth = auth_settings(**auth_flags)
+    check_scheme(auth, advertise, "--advertise")
     v4 = data_dir is not None or replication is not None
     refuse_unless(ctx, "v4_ids", v4, "v4 transactions need --data-dir or --replication")
     try:
@@ -312,6 +323,7 @@ def coordinator(
         v4_coordinator_ids=v4_ids if v4 else 0,
         ledger_url=f"file://{prepare_data_dir(data_dir)}" if data_dir is not None else "memory://",
         replication=replicated,
+        auth=auth,
     )
     _run(lambda: [CoordinatorServer(settings, host=host, port=port)], shutdown_timeout)
 
@@ -341,6 +353,7 @@ def coordinator(
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
 @_retention_options
 @_lifecycle_options
+@auth_options
 def standalone(
     *,
     store: str,
@@ -353,9 +366,13 @@ def standalone(
     retention_size: int,
     store_timeout: float,
     shutdown_timeout: float,
+    **auth_flags: Any,
 ) -> None:
     """Run a whole cluster in one process until SIGTERM or SIGINT: a broker and a transaction
-    coordinator on one metadata store (the embedded one by default)."""
+    coordinator on one metadata store (the embedded one by default). Security is off unless
+    the --auth-* flags are given."""
+    auth = auth_settings(**auth_flags)
+    scheme = "https" if auth.tls.enabled else "http"
     if data_dir is not None and store.startswith("memory:"):
         raise click.UsageError(
             "--data-dir needs --store etcd://...: a memory store forgets the ledgers' "
@@ -367,22 +384,24 @@ def standalone(
     try:
         broker_settings = BrokerSettings(
             broker_id="standalone",
-            advertise_url=f"http://{host}:{port}",
+            advertise_url=f"{scheme}://{host}:{port}",
             store_url=store,
             ledger_url=ledger_url,
             auto_create_topics=auto_create_topics,
             store_timeout_s=store_timeout,
             test_bugs=_test_bugs(),
             retention=_retention(retention_time, retention_size),
+            auth=auth,
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     coordinator_settings = CoordinatorSettings(
-        advertise_url=f"http://{host}:{coordinator_port}",
+        advertise_url=f"{scheme}://{host}:{coordinator_port}",
         store_url=store,
         store_timeout_s=store_timeout,
         v4_coordinator_ids=2,
         ledger_url=f"file://{(data_dir / 'txn-log').resolve()}" if data_dir else "memory://",
+        auth=auth,
     )
 
     def servers() -> list[Server]:

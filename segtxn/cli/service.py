@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import click
@@ -22,8 +23,10 @@ import click
 from segtxn.cli.errors import ServiceUnreachable, unreachable, why_unreachable
 from segtxn.cli.params import SERVICE_URLS
 from segtxn.client import Client
+from segtxn.client.client import TOKEN_ENV
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 URL_ENV = "SEGTXN_URL"
 URL = click.option(
@@ -35,6 +38,51 @@ URL = click.option(
     type=SERVICE_URLS,
     help="Any broker of the cluster: http://host:port (several: comma-separated).",
 )
+CREDENTIALS_KEY = "segtxn.credentials"
+"""Where the group's ``--token`` and ``--tls-*`` are kept (``click.Context.meta``, shared by
+subcommands), as :class:`Client` keyword arguments."""
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def credential_options(command: F) -> F:
+    """The group's ``--token``, ``--tls-ca``, ``--tls-cert``, ``--tls-key`` (given before the
+    command: ``segtxn --token T topics list ...``)."""
+    options = [
+        click.option(
+            "--token",
+            default=None,
+            envvar=TOKEN_ENV,
+            show_envvar=True,
+            metavar="JWT",
+            help="A signed token for a cluster with security on (sent with every request).",
+        ),
+        click.option(
+            "--tls-ca",
+            type=_FILE,
+            envvar="SEGTXN_TLS_CA",
+            show_envvar=True,
+            help="Check https:// brokers' certificates against this CA (default: the system's).",
+        ),
+        click.option(
+            "--tls-cert",
+            type=_FILE,
+            envvar="SEGTXN_TLS_CERT",
+            show_envvar=True,
+            help="A client certificate (PEM) for brokers that require one.",
+        ),
+        click.option(
+            "--tls-key",
+            type=_FILE,
+            envvar="SEGTXN_TLS_KEY",
+            show_envvar=True,
+            help="The --tls-cert's key (default: in the same file).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 CONNECT_CHECK_S = 3.0
 """How long the quick check waits for a service URL to accept a connection."""
 
@@ -108,9 +156,16 @@ def run(body: Callable[[Client], Awaitable[T]], urls: str) -> T:
             be made later; the CLI's edge reports it, and every other error, in one line.
     """
 
+    ctx = click.get_current_context(silent=True)
+    credentials = {} if ctx is None else ctx.meta.get(CREDENTIALS_KEY, {})
+    try:
+        client = Client(urls, **credentials)
+    except ValueError as e:  # a TLS file that does not load
+        raise click.UsageError(str(e)) from e
+
     async def main() -> T:
         await check_reachable(urls)
-        async with Client(urls) as client:
+        async with client:
             return await body(client)
 
     try:

@@ -13,6 +13,7 @@ async with Client("http://b1:8080,http://b2:8080", operation_timeout_s=30) as cl
 from segtxn.client.client import Client
 from segtxn.client.consumer import CheckpointConsumer, Consumer
 from segtxn.client.errors import (
+    CertificateError,
     ClientClosed,
     ClientError,
     ConsumerBusy,
@@ -51,6 +52,7 @@ from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import Transaction, TransactionFailed
 
 __all__ = [
+    "CertificateError",
     "CheckpointConsumer",
     "Client",
     "ClientClosed",

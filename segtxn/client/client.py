@@ -9,7 +9,9 @@ broker or the metadata store restarts, on the next service URL when several are 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -26,6 +28,7 @@ from segtxn.client.scalable import ScalableProducer
 from segtxn.client.timeouts import Deadline, Timeouts
 from segtxn.client.transaction import Coordinators, Transaction
 from segtxn.protocol import errors, names
+from segtxn.protocol.auth import bearer_middleware, client_ssl_context
 from segtxn.protocol.names import Domain, TopicName
 
 __all__ = ["Client"]
@@ -36,6 +39,10 @@ def _topic(name: str) -> TopicName:
         return TopicName.parse(name)
     except names.InvalidTopicName as e:
         raise errors.InvalidTopicName(str(e)) from e
+
+
+TOKEN_ENV = "SEGTXN_TOKEN"
+"""Where :class:`Client` finds its token when it is given none."""
 
 
 class Client:
@@ -53,9 +60,17 @@ class Client:
         prestart_transactions: open the next transaction in the background whenever one
             starts, so a loop of transactions spends no round trip on NEW_TXN
             (segtxn/client/transaction.py; its unused last one is aborted at close).
+        token: a signed token (JWT) for a cluster with security on, sent as
+            ``Authorization: Bearer`` on every request and WebSocket upgrade
+            (docs/security.md); default: the ``SEGTXN_TOKEN`` environment variable, if set.
+        tls_ca: for ``https://`` brokers: the CA file their certificates are checked
+            against (default: the system's CAs). Servers are always verified.
+        tls_cert: a certificate (PEM) to present to servers that ask for one, with its key
+            in ``tls_key`` (default: the same file).
 
     Raises:
-        ValueError: no service URL, or a limit that is not positive.
+        ValueError: no service URL, a limit that is not positive, a token that is not
+            one line of printable characters, or a TLS file that cannot be loaded.
     """
 
     def __init__(
@@ -65,8 +80,20 @@ class Client:
         operation_timeout_s: float = 30.0,
         request_timeout_s: float = 10.0,
         prestart_transactions: bool = False,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
     ) -> None:
         self.service_urls = service_urls(service_url)
+        if token is None:
+            token = os.environ.get(TOKEN_ENV) or None
+        self._auth = () if token is None else (bearer_middleware(token),)
+        self._ssl = (
+            client_ssl_context(*(Path(f) if f else None for f in (tls_ca, tls_cert, tls_key)))
+            if tls_ca or tls_cert
+            else True  # aiohttp's default: the system's CAs, host names checked
+        )
         self.service_url = ",".join(self.service_urls)
         self.timeouts = Timeouts(operation_timeout_s, request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -79,8 +106,9 @@ class Client:
         # every producer and consumer stream holds a connection: no pool limit (aiohttp's
         # default of 100 would make the 101st wait forever)
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeouts.request_timeout_s),
+            middlewares=self._auth,
         )
         self._connector = Connector(self.service_urls, self._session, timeouts=self.timeouts)
         return self

@@ -14,9 +14,10 @@ from urllib.parse import unquote, urlencode
 import aiohttp
 import msgspec
 
-from segtxn.client.errors import Timeout
+from segtxn.client.errors import CertificateError, Timeout
 from segtxn.client.timeouts import CLOSE_WAIT_S, Deadline, Timeouts
 from segtxn.protocol import frames
+from segtxn.protocol.auth import ssl_reason
 from segtxn.protocol.errors import (
     ErrorCategory,
     ErrorName,
@@ -49,6 +50,15 @@ def _error(status: int, headers: Any, body: str = "") -> ServerError:
     error_name = ErrorName.parse(name) if isinstance(name, str) else ErrorName.UNKNOWN
     redirect = headers.get("Location") if headers else None
     return server_error(error_name, message or f"HTTP {status}", redirect=redirect)
+
+
+def tls_failure(url: str, e: aiohttp.ClientSSLError) -> CertificateError:
+    """``e`` said in words: why the server's certificate did not verify, or the handshake
+    failed."""
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        why = ssl_reason(e.certificate_error)
+        return CertificateError(f"{url}: the server's TLS certificate does not verify: {why}")
+    return CertificateError(f"{url}: the TLS handshake failed: {ssl_reason(e.os_error)}")
 
 
 async def server_frames(
@@ -143,6 +153,7 @@ class Connector:
         Raises:
             ServerError: the error the broker answered with; ServiceNotReady when no
                 service URL could be reached, or the connection broke.
+            CertificateError: TLS failed (the server's certificate, or the handshake).
             Timeout: no answer in time (RETRIABLE for a GET, else OUTCOME_UNKNOWN: it may
                 have been done).
         """
@@ -165,6 +176,8 @@ class Connector:
                 connecting = isinstance(e, aiohttp.ConnectionTimeoutError)  # nothing was sent
                 if deadline.expired() or not (more or connecting):
                     raise self._timeout(method, url, deadline) from e
+            except aiohttp.ClientSSLError as e:  # another URL would not verify better
+                raise tls_failure(url, e) from e
             except aiohttp.ClientConnectorError as e:  # refused: nothing sent, try the next
                 failures.append(f"{url}: {e!r}")
                 last = e
@@ -223,6 +236,7 @@ class Connector:
         Raises:
             ServerError: what the broker refused the connection with; ServiceNotReady when
                 it cannot be reached.
+            CertificateError: TLS failed (the server's certificate, or the handshake).
         """
         url = f"{broker_url.rstrip('/')}/ws/v2/{kind}/{topic.path}{suffix}"
         if query:
@@ -236,6 +250,8 @@ class Connector:
                     url = error.redirect
                     continue
                 raise error from e
+            except aiohttp.ClientSSLError as e:
+                raise tls_failure(url, e) from e
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 self.unreachable(broker_url)
                 raise ServiceNotReady(f"cannot reach {broker_url}: {e!r}") from e

@@ -124,5 +124,11 @@ class OperationCancelled(ClientError):
     category = ErrorCategory.OUTCOME_UNKNOWN
 
 
+class CertificateError(ClientError):
+    """TLS failed: the server's certificate does not verify (signed by a CA the client does
+    not trust, expired, for another host name), or the server refused the handshake (it
+    wants a client certificate). The message says which; retrying cannot help."""
+
+
 class TopicEnded(ClientError):
     """A reader has received everything: its topic is sealed, or it passed its ``end``."""

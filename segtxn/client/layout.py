@@ -18,7 +18,14 @@ import aiohttp
 
 from segtxn.client.connection import Connector
 from segtxn.client.timeouts import Deadline, retrying
-from segtxn.protocol.errors import ServerError, ServiceNotReady, TopicNotFound, UnknownError
+from segtxn.protocol.errors import (
+    NotAuthorized,
+    ServerError,
+    ServiceNotReady,
+    TopicNotFound,
+    Unauthenticated,
+    UnknownError,
+)
 from segtxn.protocol.hashing import key_hash
 from segtxn.protocol.names import TopicName
 
@@ -104,6 +111,13 @@ class TopicLayout:
                             self.apply(json.loads(message.data))
             except TopicNotFound:
                 log.warning("%s was deleted: no more layout updates", self.topic)
+                return
+            except (Unauthenticated, NotAuthorized) as e:
+                # the token expired or the rights went: trying again will not pass (the
+                # segments' own connections hand the error to the application)
+                log.warning(
+                    "lookup session of %s refused (%s): no more layout updates", self.topic, e
+                )
                 return
             except ServerError as e:
                 log.info("lookup session of %s failed (%s); reconnecting", self.topic, e)

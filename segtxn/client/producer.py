@@ -40,11 +40,13 @@ from segtxn.protocol.errors import (
     InvalidArgument,
     InvalidTopicName,
     NotAllowed,
+    NotAuthorized,
     ProducerBusy,
     ServerError,
     ServiceNotReady,
     TopicNotFound,
     TopicTerminatedError,
+    Unauthenticated,
     UnknownError,
     server_error,
 )
@@ -62,7 +64,15 @@ def new_name(owner: object) -> str:
     return f"producer-{next(_names)}-{id(owner):x}"
 
 
-FATAL = (TopicNotFound, InvalidTopicName, NotAllowed, ProducerBusy, InvalidArgument)
+FATAL = (
+    TopicNotFound,
+    InvalidTopicName,
+    NotAllowed,
+    ProducerBusy,
+    InvalidArgument,
+    Unauthenticated,  # the token expired, or the key changed: it will not pass
+    NotAuthorized,
+)
 """Refusals that end a producer's connection for good: reconnecting would meet them again."""
 
 

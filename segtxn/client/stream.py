@@ -39,11 +39,13 @@ from segtxn.protocol.errors import (
     InvalidArgument,
     InvalidTopicName,
     NotAllowed,
+    NotAuthorized,
     PersistenceError,
     ServerError,
     ServiceNotReady,
     SubscriptionNotFound,
     TopicNotFound,
+    Unauthenticated,
     server_error,
 )
 from segtxn.protocol.frames import (
@@ -69,6 +71,8 @@ FATAL = (
     ConsumerBusy,
     InvalidArgument,
     SubscriptionNotFound,
+    Unauthenticated,  # the token expired, or the key changed: it will not pass
+    NotAuthorized,
 )
 """Refusals that end a stream for good: ``receive`` raises them instead of reconnecting."""
 

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from segtxn.auth import Action, authorize, check_owner, install_auth, principal_of
 from segtxn.boundary import error_response, install, read_json
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import TxnMeta
@@ -46,7 +47,7 @@ from segtxn.protocol.limits import (
     MAX_TOPICS_PER_CALL,
     parse_int,
 )
-from segtxn.protocol.names import client_name_problem
+from segtxn.protocol.names import InvalidTopicName, TopicName, client_name_problem
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.transactions import TxnHeader
 from segtxn.web import AppServer, relay
@@ -85,6 +86,7 @@ def _header(txn: TxnId, header: TxnHeader) -> dict[str, object]:
         "timeoutMs": header.timeout_ms,
         "createdMs": header.created_ms,
         "finalizedMs": header.finalized_ms,
+        "owner": header.owner,
     }
 
 
@@ -97,7 +99,38 @@ def _v4_meta(meta: TxnMeta) -> dict[str, object]:
         "finalizedMs": meta.finalized_ms,
         "partitions": meta.partitions,
         "subscriptions": [list(s) for s in meta.subscriptions],
+        "owner": meta.owner,
     }
+
+
+async def _check_owner(request: web.Request, txn: TxnId) -> None:
+    """Refuse a call on ``txn`` from a role that did not open it (security on; superusers
+    may). Raises ServerError(NotAuthorized / TransactionNotFound)."""
+    principal = principal_of(request)
+    if principal is None or principal.superuser:
+        return
+    if txn.is_v5:
+        owner = (await request.app[COORDINATOR].status(txn)).owner
+    else:
+        owner = request.app[V4].status(txn).owner
+    check_owner(principal, owner, f"transaction {txn}")
+
+
+_PRODUCE = frozenset({Action.PRODUCE})
+_CONSUME = frozenset({Action.CONSUME})
+
+
+def _authorize_topics(request: web.Request, topics: list[str], action: frozenset[Action]) -> None:
+    """Joining a topic to a transaction needs ``produce`` on its namespace, a subscription
+    ``consume`` (security on). Raises ServerError(NotAuthorized / InvalidTopicName)."""
+    if principal_of(request) is None:
+        return
+    for topic in topics:
+        try:
+            name = TopicName.parse(topic)
+        except InvalidTopicName as e:
+            raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+        authorize(request, action, (name.tenant, name.namespace))
 
 
 async def _topics(request: web.Request) -> tuple[list[str], str | None]:
@@ -153,12 +186,14 @@ async def new_txn(request: web.Request) -> web.StreamResponse:
     except ValueError as e:
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"timeout_s: {e}") from e
     protocol = request.query.get("protocol", "v5")
+    principal = principal_of(request)
+    owner = None if principal is None else principal.role
     if protocol == "v4":
-        _, meta = await request.app[V4].new_txn(timeout_s)
+        _, meta = await request.app[V4].new_txn(timeout_s, owner)
         return web.json_response(_v4_meta(meta))
     if protocol != "v5":
         raise ServerError(ErrorName.INVALID_ARGUMENT, "protocol: v4 or v5")
-    txn, header = await request.app[COORDINATOR].new_txn(timeout_s)
+    txn, header = await request.app[COORDINATOR].new_txn(timeout_s, owner)
     return web.json_response(_header(txn, header))
 
 
@@ -167,9 +202,12 @@ async def new_txn(request: web.Request) -> web.StreamResponse:
 async def add_participants(request: web.Request) -> web.StreamResponse:
     txn = _txn(request)
     topics, subscription = await _topics(request)
+    await _check_owner(request, txn)
+    joining_subscription = request.path.endswith("/subscriptions")
+    _authorize_topics(request, topics, _CONSUME if joining_subscription else _PRODUCE)
     if txn.is_v5:
         request.app[COORDINATOR].add_participants(txn, topics)
-    elif request.path.endswith("/subscriptions"):
+    elif joining_subscription:
         if subscription is None:
             raise ServerError(ErrorName.INVALID_ARGUMENT, "which subscription?")
         await request.app[V4].add_participants(txn, [], [(t, subscription) for t in topics])
@@ -186,6 +224,7 @@ async def end_txn(request: web.Request) -> web.StreamResponse:
         action = TxnAction(request.query.get("action", ""))
     except ValueError:
         raise ServerError(ErrorName.INVALID_ARGUMENT, "action: COMMIT or ABORT") from None
+    await _check_owner(request, txn)
     if not txn.is_v5:
         return web.json_response(_v4_meta(await request.app[V4].end_txn(txn, action)))
     header = await request.app[COORDINATOR].end_txn(txn, action)
@@ -223,6 +262,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
 @_v4_here
 async def status(request: web.Request) -> web.StreamResponse:
     txn = _txn(request)
+    await _check_owner(request, txn)
     if not txn.is_v5:
         return web.json_response(_v4_meta(request.app[V4].status(txn)))
     return web.json_response(_header(txn, await request.app[COORDINATOR].status(txn)))
@@ -315,6 +355,7 @@ def create_app(
     the caller owns it: ``segtxn standalone`` shares its broker's embedded store)."""
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
     install(app)  # the error boundary
+    install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
     own = store is None
     used = open_store(settings.store_url) if store is None else store
     app[COORDINATOR] = CoordinatorV5(used, settings)
@@ -366,7 +407,9 @@ class CoordinatorServer(AppServer):
         port: int | None = None,
         store: MetadataStore | None = None,
     ) -> None:
-        super().__init__(create_app(settings, store), settings.advertise_url, host, port)
+        super().__init__(
+            create_app(settings, store), settings.advertise_url, host, port, settings.auth.tls
+        )
         self.settings = settings
 
     @property

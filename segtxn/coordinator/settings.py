@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from segtxn.auth import AuthSettings
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.replicas import Replication
 
@@ -45,3 +46,5 @@ class CoordinatorSettings:
     fan_out_timeout_s: float = 10.0
     """How long a v4 END_TXN waits for unreachable participants before it answers
     ServiceNotReady (the fan-out goes on in the background)."""
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    """Tokens, the policy and the cluster role's token (docs/security.md); off by default."""

@@ -36,8 +36,9 @@ has been dropped from it.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import aiohttp
 import msgspec
 
 from segtxn.ledger import LedgerSettings, LogStorage, Position, open_log_storage
@@ -56,17 +57,21 @@ NEXT_LEAST = "segtxn.v4.next_least"
 
 
 def open_storage(
-    ledger_url: str, replication: Replication | None, catalog: Catalog
+    ledger_url: str,
+    replication: Replication | None,
+    catalog: Catalog,
+    session: Callable[[], aiohttp.ClientSession] = aiohttp.ClientSession,
 ) -> tuple[LogStorage, CatalogNodes | None]:
     """Where the logs live: the files (or memory) of ``ledger_url``, which whoever may take
     an id over must reach; or, with ``replication``, the brokers' storage nodes (a
     coordinator has none of its own), so a coordinator anywhere can take any id over, and
     the files only serve the ledgers written before replication was turned on. The nodes
-    are returned to be started and closed with the coordinator."""
+    are returned to be started and closed with the coordinator; ``session`` makes their
+    HTTP session (the coordinator's cluster session when security is on)."""
     local = open_log_storage(ledger_url)
     if replication is None:
         return local, None
-    nodes = CatalogNodes(catalog, replication.timeout_s)
+    nodes = CatalogNodes(catalog, replication.timeout_s, session=session)
     storage = ReplicatedLogStorage(
         nodes, local, write_quorum=replication.write_quorum, ack_quorum=replication.ack_quorum
     )
@@ -87,6 +92,8 @@ class TxnMeta(msgspec.Struct, frozen=True):
     partitions: list[str] = msgspec.field(default_factory=list)
     subscriptions: list[tuple[str, str]] = msgspec.field(default_factory=list)
     finalized_ms: int | None = None
+    owner: str | None = None
+    """The role that opened it (security on); None: opened with security off."""
 
 
 _encode = msgspec.json.Encoder().encode

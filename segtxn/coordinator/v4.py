@@ -93,7 +93,10 @@ class CoordinatorV4:
         self._nodes: CatalogNodes | None = None
         if storage is None:
             storage, self._nodes = open_storage(
-                settings.ledger_url, settings.replication, self._catalog
+                settings.ledger_url,
+                settings.replication,
+                self._catalog,
+                settings.auth.cluster_session,
             )
         self._storage = storage
         self.held: dict[int, _Log] = {}
@@ -128,7 +131,8 @@ class CoordinatorV4:
             await self._storage.start()
             await self._nodes.start()
         await self._live_session()
-        self._http = aiohttp.ClientSession()
+        # participants and other coordinators are called as the cluster role
+        self._http = self.settings.auth.cluster_session()
         self.participants = Participants(self._catalog, self._http, self.settings.fan_out_timeout_s)
         for n in range(self.settings.v4_coordinator_ids):
             self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
@@ -297,7 +301,11 @@ class CoordinatorV4:
 
     # ------------------------------------------------------------------ commands
 
-    async def new_txn(self, timeout_s: float | None = None) -> tuple[TxnId, TxnMeta]:
+    async def new_txn(
+        self, timeout_s: float | None = None, owner: str | None = None
+    ) -> tuple[TxnId, TxnMeta]:
+        """Open a transaction on one of the ids held here, logging ``owner`` (the role that
+        opens it, with security on) with it."""
         timeout = self.settings.default_timeout_s if timeout_s is None else timeout_s
         if not 0 < timeout <= self.settings.max_timeout_s:
             raise ServerError(
@@ -311,7 +319,7 @@ class CoordinatorV4:
         held = self.held[coordinator_id]
         least = held.log.take_least()
         now = int(time.time() * 1000)
-        meta = TxnMeta((coordinator_id, least), OPEN, now + int(timeout * 1000), now)
+        meta = TxnMeta((coordinator_id, least), OPEN, now + int(timeout * 1000), now, owner=owner)
         await self._log(held, meta)
         self.counters["opened"] += 1
         log.debug("txn %s: opened (timeout %g s)", TxnId(coordinator_id, least), timeout)

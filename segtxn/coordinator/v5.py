@@ -201,8 +201,11 @@ class CoordinatorV5:
 
     # ------------------------------------------------------------------ NEW_TXN
 
-    async def new_txn(self, timeout_s: float | None = None) -> tuple[TxnId, T.TxnHeader]:
-        """Create an OPEN transaction.
+    async def new_txn(
+        self, timeout_s: float | None = None, owner: str | None = None
+    ) -> tuple[TxnId, T.TxnHeader]:
+        """Create an OPEN transaction, recording ``owner`` (the role that opens it, with
+        security on) in its header.
 
         Raises:
             ServerError(InvalidArgument): a timeout outside (0, max_timeout_s].
@@ -218,7 +221,7 @@ class CoordinatorV5:
         least = await self._next_least(coordinator_id, held)
         txn = TxnId(coordinator_id, least)
         now_ms = int(time.time() * 1000)
-        header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms)
+        header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms, owner=owner)
         election_key = held.leadership.election.key
         try:
             written = await self.store.commit(

@@ -41,6 +41,12 @@ class ErrorName(enum.StrEnum):
     """The metadata store reached its size quota (etcd's NOSPACE alarm) and refuses every
     write until an operator frees space: a server condition (503), but not one that passes
     by itself, so not retriable."""
+    UNAUTHENTICATED = "Unauthenticated"
+    """No credentials, or credentials the server cannot verify (missing, malformed, expired,
+    signed with another key): 401. Not retriable: the same token fails the same way."""
+    NOT_AUTHORIZED = "NotAuthorized"
+    """The caller's role may not do this (its policy grants no such action on the tenant or
+    namespace, or the transaction belongs to another role): 403."""
 
     @classmethod
     def parse(cls, name: str) -> ErrorName:
@@ -76,6 +82,8 @@ _STATUS = {
     ErrorName.NOT_ALLOWED: 405,
     ErrorName.NOT_OWNER: 307,
     ErrorName.TOO_MANY_REQUESTS: 429,
+    ErrorName.UNAUTHENTICATED: 401,
+    ErrorName.NOT_AUTHORIZED: 403,
 }
 
 
@@ -304,6 +312,20 @@ class MetadataStoreFull(NamedServerError):
     name = ErrorName.METADATA_STORE_FULL
 
 
+class Unauthenticated(NamedServerError):
+    """Fatal. No credentials, or ones the server does not accept (expired, signed with
+    another key); the message says which (docs/security.md)."""
+
+    name = ErrorName.UNAUTHENTICATED
+
+
+class NotAuthorized(NamedServerError):
+    """Fatal. The caller's role may not do this (on this tenant and namespace, or in another
+    role's transaction)."""
+
+    name = ErrorName.NOT_AUTHORIZED
+
+
 __all__ = [
     "ConsumerBusy",
     "ErrorCategory",
@@ -317,6 +339,7 @@ __all__ = [
     "MetadataStoreFull",
     "NamedServerError",
     "NotAllowed",
+    "NotAuthorized",
     "NotOwner",
     "PersistenceError",
     "ProducerBusy",
@@ -330,6 +353,7 @@ __all__ = [
     "TopicTerminatedError",
     "TransactionConflict",
     "TransactionNotFound",
+    "Unauthenticated",
     "UnknownError",
     "server_error",
 ]

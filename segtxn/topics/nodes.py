@@ -13,6 +13,7 @@ not answer: writes to replicas must not stop when the metadata store restarts.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import aiohttp
 
@@ -31,17 +32,24 @@ class CatalogNodes:
     """
 
     def __init__(
-        self, catalog: Catalog, timeout_s: float, local: LocalReplica | None = None
+        self,
+        catalog: Catalog,
+        timeout_s: float,
+        local: LocalReplica | None = None,
+        session: Callable[[], aiohttp.ClientSession] = aiohttp.ClientSession,
     ) -> None:
+        """``session`` makes the HTTP session for calls to other brokers' nodes (a server's
+        cluster session when security is on: the cluster role's token, TLS)."""
         self._catalog = catalog
         self._timeout_s = timeout_s
+        self._new_session = session
         self._local_replica = local
         self.local: Member | None = None if local is None else local.member
         self._session: aiohttp.ClientSession | None = None
         self._urls: dict[str, tuple[float, str | None]] = {}
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession()
+        self._session = self._new_session()
 
     async def close(self) -> None:
         if self._session is not None:

@@ -59,6 +59,9 @@ class TxnHeader(msgspec.Struct, frozen=True):
     """Absolute epoch ms after which an OPEN transaction is aborted."""
     created_ms: int
     finalized_ms: int | None = None
+    owner: str | None = None
+    """The role that opened it (security on): only it or a superuser may add to, end or
+    inspect it (docs/security.md). None: opened with security off."""
 
 
 MAX_ACKS_PER_RECORD = 4096

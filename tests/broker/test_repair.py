@@ -20,12 +20,11 @@ import aiohttp
 import pytest
 
 from segtxn.broker.app import BrokerServer
-from segtxn.broker.settings import Replication
 from segtxn.client import Client
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.managed import metadata_key
 from segtxn.ledger.metadata import LedgerInfo, decode
-from segtxn.ledger.replicas import HttpReplica, Member
+from segtxn.ledger.replicas import HttpReplica, Member, Replication
 from segtxn.metastore import open_store
 from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.protocol.names import TopicName

@@ -47,6 +47,7 @@ from typing import Protocol
 import aiohttp
 import msgspec
 
+from segtxn.auth import AuthSettings
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import V4TxnSettings
 from segtxn.metastore import MetadataStore, MetadataStoreError
@@ -79,6 +80,8 @@ class TxnStatus(msgspec.Struct, frozen=True, rename="camel"):
     timeout_ms: int
     partitions: list[str] = msgspec.field(default_factory=list)
     subscriptions: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    owner: str | None = None
+    """The role that opened it (security on)."""
 
 
 @dataclass(eq=False)
@@ -98,7 +101,11 @@ class V4TransactionChecks:
     docstring). One per broker; :meth:`start` runs the sweep."""
 
     def __init__(
-        self, store: MetadataStore, settings: V4TxnSettings, metrics: BrokerMetrics | None = None
+        self,
+        store: MetadataStore,
+        settings: V4TxnSettings,
+        metrics: BrokerMetrics | None = None,
+        auth: AuthSettings | None = None,
     ) -> None:
         self._store = store
         self.settings = settings
@@ -106,10 +113,12 @@ class V4TransactionChecks:
         self._tracked: dict[TxnId, _Tracked] = {}
         self._checking: dict[tuple[TxnId, Participant], asyncio.Task[None]] = {}
         self._http: aiohttp.ClientSession | None = None
+        self._auth = auth or AuthSettings()
+        """Calls to coordinators go as the cluster role (and over TLS if on)."""
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession()
+        self._http = self._auth.cluster_session()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="v4-txn-sweep")
 
     async def stop(self) -> None:
@@ -217,6 +226,15 @@ class V4TransactionChecks:
     def _count(self, result: str) -> None:
         if self._metrics is not None:
             self._metrics.txn_v4_checks.add(1, {"result": result})
+
+    async def owner(self, txn: TxnId) -> str | None:
+        """The role that opened ``txn``, as its coordinator says (None: opened with
+        security off).
+
+        Raises:
+            ServerError: TransactionNotFound, or ServiceNotReady (no coordinator answered).
+        """
+        return (await self._status(txn)).owner
 
     async def _status(self, txn: TxnId) -> TxnStatus:
         """Ask the transaction's coordinator.

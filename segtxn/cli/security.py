@@ -1,0 +1,121 @@
+"""The servers' ``--auth-*`` and ``--tls-*`` flags (``segtxn broker``, ``coordinator``,
+``standalone``): token authentication and authorization, and TLS on the listener, parsed
+once into :class:`~segtxn.auth.AuthSettings` (docs/security.md). None given: security off,
+as before these flags existed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from segtxn.auth import AuthConfigError, AuthSettings, TlsSettings
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def auth_options(command: F) -> F:
+    """``--auth-*``: token authentication and authorization (docs/security.md); all absent:
+    security off."""
+    options = [
+        click.option(
+            "--auth-token-secret",
+            type=_FILE,
+            metavar="FILE",
+            help="Verify tokens with this HS256 secret (at least 32 bytes). Turns security on.",
+        ),
+        click.option(
+            "--auth-public-key",
+            type=_FILE,
+            metavar="FILE",
+            help="Verify tokens with this PEM public key (RSA: RS256; EC: ES256). Turns "
+            "security on.",
+        ),
+        click.option(
+            "--auth-policy",
+            type=_FILE,
+            metavar="FILE",
+            help="Roles and what they may do (YAML or JSON); needed with security on.",
+        ),
+        click.option(
+            "--auth-cluster-token",
+            type=_FILE,
+            metavar="FILE",
+            help="The token this server presents to other servers (a superuser's); needed "
+            "with security on.",
+        ),
+        click.option(
+            "--auth-protect-metrics",
+            is_flag=True,
+            help="/metrics needs a token with admin on '*' (else it is open, like the probes).",
+        ),
+        click.option(
+            "--tls-cert",
+            type=_FILE,
+            metavar="FILE",
+            help="Serve HTTPS with this certificate chain (PEM; reloaded when it changes).",
+        ),
+        click.option("--tls-key", type=_FILE, metavar="FILE", help="The --tls-cert's key (PEM)."),
+        click.option(
+            "--tls-ca",
+            type=_FILE,
+            metavar="FILE",
+            help="Check other servers' certificates against this CA (default: the system's).",
+        ),
+        click.option(
+            "--tls-client-ca",
+            type=_FILE,
+            metavar="FILE",
+            help="Require client certificates signed by this CA (mutual TLS).",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def check_scheme(auth: AuthSettings, url: str, flag: str) -> None:
+    """Refuse an ``http://`` URL to advertise for a server that serves HTTPS (or the
+    reverse): clients would be sent where they cannot connect.
+
+    Raises:
+        click.UsageError
+    """
+    wanted = "https" if auth.tls.enabled else "http"
+    if not url.startswith(f"{wanted}://"):
+        why = "it serves HTTPS (--tls-cert)" if auth.tls.enabled else "it has no --tls-cert"
+        raise click.UsageError(f"{flag} must be a {wanted}:// URL: {why}")
+
+
+def auth_settings(
+    *,
+    auth_token_secret: Path | None,
+    auth_public_key: Path | None,
+    auth_policy: Path | None,
+    auth_cluster_token: Path | None,
+    auth_protect_metrics: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_ca: Path | None,
+    tls_client_ca: Path | None,
+) -> AuthSettings:
+    """The servers' security settings from the ``--auth-*`` and ``--tls-*`` flags.
+
+    Raises:
+        click.UsageError: a file that cannot be used, or flags that do not go together.
+    """
+    try:
+        return AuthSettings.from_files(
+            secret_file=auth_token_secret,
+            public_key_file=auth_public_key,
+            policy_file=auth_policy,
+            cluster_token_file=auth_cluster_token,
+            protect_metrics=auth_protect_metrics,
+            tls=TlsSettings(tls_cert, tls_key, tls_ca, tls_client_ca),
+        )
+    except AuthConfigError as e:
+        raise click.UsageError(f"security: {e}") from e
