@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from segtxn import exposition
 from segtxn.boundary import install
 from segtxn.broker import admin, holdings, lookup, ws
 from segtxn.broker.http import SERVICE, SOCKETS
@@ -82,8 +83,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[SERVICE].metrics.render()
-    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+    return exposition.response(request.app[SERVICE].metrics)
 
 
 class BrokerServer(AppServer):

@@ -317,6 +317,7 @@ def _counting(outbox: _Outbox, metrics: BrokerMetrics) -> Callable[[Frame], None
     def send(frame: Frame) -> None:
         if isinstance(frame, frames.Message):
             metrics.messages_out.add(1)
+            metrics.bytes_out.add(len(frame.payload))
         outbox.send(frame)
 
     return send
