@@ -414,7 +414,7 @@ async def test_the_broker_refuses_invalid_topic_names(
     assert answer["error"] == ErrorName.INVALID_TOPIC_NAME.value
 
 
-# ---------------------------------------------------------------------- health (metrics: test_metrics.py)
+# ------------------------------------------------------ health (metrics: test_metrics.py)
 
 
 async def test_health_and_readiness(broker: BrokerServer) -> None:
