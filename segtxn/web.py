@@ -33,17 +33,21 @@ async def relay(
         )
 
 
-class DebugAccessLogger(AbstractAccessLogger):
-    """One line per HTTP request, at DEBUG (logger ``aiohttp.access``, ``-vv``). aiohttp logs
-    them at INFO, where a transaction's calls (NEW_TXN, ADD_*, END_TXN) and every admin poll
-    would bury the lines an operator reads."""
+ACCESS_LOGGER = "aiohttp.access"
+"""The logger of the access lines (aiohttp's name for it)."""
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per HTTP request, at INFO, when the server is asked for them
+    (``--access-log``; off by default: a transaction's calls (NEW_TXN, ADD_*, END_TXN) and
+    every admin and health poll would bury the lines an operator reads)."""
 
     @property
     def enabled(self) -> bool:
-        return self.logger.isEnabledFor(logging.DEBUG)
+        return self.logger.isEnabledFor(logging.INFO)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        self.logger.debug(
+        self.logger.info(
             "%s %s %s -> %d in %.1f ms",
             request.remote,
             request.method,
@@ -53,15 +57,21 @@ class DebugAccessLogger(AbstractAccessLogger):
         )
 
 
+def _access_log(enabled: bool) -> logging.Logger | None:
+    """What aiohttp is given as its access log: None turns the lines off."""
+    return logging.getLogger(ACCESS_LOGGER) if enabled else None
+
+
 class _Site(web.BaseSite):
     """A TCP site whose connections are served by :class:`JsonRequestHandler`, so requests
     refused before routing get the JSON error too (aiohttp's TCPSite hard-wires its own
     handler class)."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int) -> None:
+    def __init__(self, runner: web.AppRunner, host: str, port: int, access_log: bool) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
+        self._access_log = access_log
 
     @property
     def name(self) -> str:
@@ -75,7 +85,11 @@ class _Site(web.BaseSite):
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: JsonRequestHandler(
-                server, loop=loop, access_log_class=DebugAccessLogger, **HANDLER_ARGS
+                server,
+                loop=loop,
+                access_log_class=AccessLogger,
+                access_log=_access_log(self._access_log),  # type: ignore[arg-type]
+                **HANDLER_ARGS,
             ),
             self._host,
             self._port,
@@ -106,19 +120,28 @@ class ListenFailed(OSError):
 
 class AppServer:
     """``start()`` serves ``app`` on ``host:port`` (defaults: the advertised URL's);
-    ``stop()`` runs its shutdown and clean-up (also after a failed or interrupted start)."""
+    ``stop()`` runs its shutdown and clean-up (also after a failed or interrupted start).
+    ``access_log``: a line per HTTP request (:class:`AccessLogger`)."""
 
     def __init__(
-        self, app: web.Application, advertise_url: str, host: str | None, port: int | None
+        self,
+        app: web.Application,
+        advertise_url: str,
+        host: str | None,
+        port: int | None,
+        *,
+        access_log: bool = False,
     ) -> None:
         parts = urlsplit(advertise_url)
         self.app = app
         self.host = host or parts.hostname or "127.0.0.1"
         self.port = port if port is not None else (parts.port or 80)
+        self.access_log = access_log
         self._runner = web.AppRunner(
             app,
             handle_signals=False,
-            access_log_class=DebugAccessLogger,
+            access_log_class=AccessLogger,
+            access_log=_access_log(access_log),
             shutdown_timeout=HANDLER_GRACE_S,
         )
 
@@ -130,7 +153,7 @@ class AppServer:
         """
         await self._runner.setup()
         try:
-            await _Site(self._runner, self.host, self.port).start()
+            await _Site(self._runner, self.host, self.port, self.access_log).start()
         except OSError as e:
             raise ListenFailed(self.host, self.port, e) from e
 

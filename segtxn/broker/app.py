@@ -96,8 +96,12 @@ class BrokerServer(AppServer):
         host: str | None = None,
         port: int | None = None,
         store: MetadataStore | None = None,
+        *,
+        access_log: bool = False,
     ) -> None:
-        super().__init__(create_app(settings, store), settings.advertise_url, host, port)
+        super().__init__(
+            create_app(settings, store), settings.advertise_url, host, port, access_log=access_log
+        )
         self.settings = settings
 
     @property

@@ -212,6 +212,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     ws = _socket(request)
     await ws.prepare(request)
     topic.producers[producer_name] = ws
+    log.info("%s: producer %s connected (from %s)", name, producer_name, request.remote)
     settings = service.settings
     outbox = _Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
     outbox.start()
@@ -307,6 +308,12 @@ async def producer(request: web.Request) -> web.StreamResponse:
             del topic.producers[producer_name]
         await asyncio.gather(*tasks, return_exceptions=True)  # stored either way
         await outbox.close()
+        log.info(
+            "%s: producer %s disconnected (%s)",
+            name,
+            producer_name,
+            "closed" if ws.close_code == WSCloseCode.OK else f"close code {ws.close_code}",
+        )
     return ws
 
 
