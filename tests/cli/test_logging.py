@@ -22,17 +22,23 @@ TOPIC = "persistent://acme/logs/events"
 STOP_S = 20.0
 
 
-async def run_standalone(tmp_path: Path, *flags: str) -> list[str]:
-    """Start it with ``flags``, produce and consume one message, stop it; its stderr lines."""
-    port, coordinator_port = free_port(), free_port()
-    stderr_path = tmp_path / "stderr.txt"
+def start(
+    port: int, coordinator_port: int, stderr_path: Path, *flags: str
+) -> subprocess.Popen[bytes]:
     with stderr_path.open("wb") as stderr:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [SEGTXN, "-v", "standalone", "--host", "127.0.0.1", "--port", str(port),
              "--coordinator-port", str(coordinator_port), *flags],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )  # fmt: skip
+
+
+async def run_standalone(tmp_path: Path, *flags: str) -> list[str]:
+    """Start it with ``flags``, produce and consume one message, stop it; its stderr lines."""
+    port, coordinator_port = free_port(), free_port()
+    stderr_path = tmp_path / "stderr.txt"
+    proc = start(port, coordinator_port, stderr_path, *flags)
     try:
         url = f"http://127.0.0.1:{port}"
         await wait_ready(url, "standalone")
