@@ -23,7 +23,6 @@ V5_COUNTERS = (
     ("gc_forced_ops", "Op records force-deleted as abandoned"),
 )
 V4_COUNTERS = (
-    ("log_compactions", "v4 transaction log compactions"),
     ("log_compaction_failures", "v4 transaction log compactions that failed"),
     ("log_trimmed_ledgers", "v4 transaction log ledgers deleted by compactions"),
     ("log_trimmed_entries", "v4 transaction log entries deleted by compactions"),
@@ -83,6 +82,12 @@ class _V4(Collector):
 
     def collect(self) -> Iterator[Metric]:
         counters = self._c.counters
+        yield counter_family(  # the brokers count their v4 logs' under the same name
+            "segtxn_txn_v4_log_compactions_total",
+            "Compactions of v4 logs, by log (transaction: a coordinator id's transaction log)",
+            ["log"],
+            [(["transaction"], counters["log_compactions"])],
+        )
         for name, text in V4_COUNTERS:
             yield counter_family(f"segtxn_txn_v4_{name}_total", text, [], [([], counters[name])])
         held = sorted(self._c.held.items())
