@@ -11,6 +11,7 @@ from tests.metrics_scrape import check_conventions, scrape
 from tests.waiting import wait_until
 
 ORDERS = "topic://acme/metrics/orders"
+V4_TOPIC = "persistent://acme/metrics/v4"
 
 
 async def test_both_servers_export_one_shape(cluster: Cluster) -> None:
@@ -101,3 +102,30 @@ async def test_a_stuck_transaction_shows_its_age_and_what_it_pins(
     await wait_until(released, what="the committed transaction to stop pinning the segment")
     await producer.close()
     await consumer.close()
+
+
+async def test_a_v4_transaction_on_a_persistent_topic_is_measured_too(
+    client: Client, cluster: Cluster
+) -> None:
+    await client.admin.create_topic(V4_TOPIC)
+    producer = await client.create_producer(V4_TOPIC)
+    txn = client.transaction()
+    await producer.send(b"in-txn", txn=txn)
+    await producer.send(b"after")
+    await producer.send(b"after")
+    found = await scrape(cluster.url)
+    assert found.value("segtxn_topic_txn_pinned_entries", topic=V4_TOPIC) == 3
+    age = found.value("segtxn_topic_txn_oldest_open_age_seconds", topic=V4_TOPIC)
+    assert age is not None and age >= 0
+    assert found.value("segtxn_broker_topics_with_txns") == 1
+
+    await txn.commit()
+    coordinator = await scrape(cluster.coordinator.settings.advertise_url)
+    ended = coordinator.value(
+        "segtxn_txn_end_duration_seconds_count", action="commit", protocol="v4"
+    )
+    assert ended == 1
+    after = await scrape(cluster.url)  # the marker is written before END_TXN answers
+    assert after.value("segtxn_topic_txn_oldest_open_age_seconds", topic=V4_TOPIC) is None
+    assert after.value("segtxn_topic_txn_pinned_entries", topic=V4_TOPIC) == 0
+    await producer.close()
