@@ -4,7 +4,8 @@ one.
 
 ``--log-format json`` writes one JSON object per line on stderr, for a log pipeline (Loki,
 Elasticsearch, ``kubectl logs | jq``): ``ts`` (UTC, ISO 8601 with milliseconds), ``level``,
-``logger``, ``msg``, and ``error`` (``Type: message``) when a line carries an exception. It is
+``logger``, ``msg``, ``error`` (``Type: message``) when a line carries an exception, and
+``object`` (kind, namespace, name) on the operator's lines about a resource. It is
 trace-free: a traceback would spread one event over many lines, or bury it in one huge
 field; ``-vv`` with the default text format shows tracebacks when they are wanted.
 
@@ -44,6 +45,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        ref = getattr(record, "k8s_ref", None)  # what a Kopf handler's line is about
+        if isinstance(ref, dict):
+            line["object"] = {k: ref.get(k) for k in ("kind", "namespace", "name")}
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
             line["error"] = f"{type(error).__name__}: {error}"

@@ -13,6 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+from click.testing import CliRunner
+
+from segtxn.cli import main
 from segtxn.cli.logs import JsonFormatter
 from segtxn.client import Client
 from segtxn.metastore.etcd_server import free_port
@@ -99,3 +103,27 @@ def test_an_exception_is_one_field_not_a_traceback() -> None:
     assert "\n" not in line
     assert json.loads(line)["error"] == "ValueError: bad\nvalue"
     assert json.loads(line)["msg"] == "failed: it"
+
+
+def test_an_operator_line_about_a_resource_names_it() -> None:
+    record = logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, "reconciled", (), None)
+    record.k8s_ref = {"kind": "SegtxnCluster", "namespace": "team-a", "name": "orders", "uid": "u"}
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["object"] == {"kind": "SegtxnCluster", "namespace": "team-a", "name": "orders"}
+
+
+@pytest.mark.parametrize(
+    ("command", "access_log"),
+    [("broker", True), ("coordinator", True), ("standalone", True), ("operator", False)],
+)
+def test_every_server_command_takes_the_flags(command: str, access_log: bool) -> None:
+    result = CliRunner().invoke(main, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--log-format [text|json]" in result.output
+    assert ("--access-log" in result.output) is access_log
+
+
+def test_a_log_format_other_than_text_or_json_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["standalone", "--log-format", "xml"])
+    assert result.exit_code == 2
+    assert "'xml' is not one of 'text', 'json'" in result.output
