@@ -13,12 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
-from segtxn.exposition import counter_family, gauge_family
+from segtxn.exposition import Family, counter_family, gauge_family
 from segtxn.protocol.names import Domain
 
 if TYPE_CHECKING:
@@ -108,14 +105,15 @@ def pinned_entries(topic: Topic) -> int:
     return 0 if horizon is None else topic.ledger.count_after(horizon)
 
 
-class _Topics(Collector):
+class _Topics:
     """The per-topic and per-subscription families of the topics loaded now."""
 
     def __init__(self, service: BrokerService) -> None:
         self._service = service
 
-    def collect(self) -> Iterator[Metric]:
-        topics = sorted(self._service.topics.values(), key=lambda t: str(t.name))
+    def collect(self) -> Iterator[Family]:
+        named = sorted(((str(t.name), t) for t in self._service.topics.values()), key=_first)
+        topics = [t for _, t in named]
         yield gauge_family(
             "segtxn_broker_topics",
             "Topics loaded here, by domain (persistent: topics, segment: segments)",
@@ -155,13 +153,13 @@ class _Topics(Collector):
             ),
         ]
         for suffix, help_, read in per_topic:
-            samples = [((str(t.name),), float(read(t))) for t in topics]
+            samples = [((name,), float(read(t))) for name, t in named]
             name = f"segtxn_topic_{suffix}"
             if suffix.endswith("_total"):
                 yield counter_family(name, help_, TOPIC, samples)
             else:
                 yield gauge_family(name, help_, TOPIC, samples)
-        ages = [((str(t.name),), t.buffer.oldest_open_age_s()) for t in topics]
+        ages = [((name,), t.buffer.oldest_open_age_s()) for name, t in named]
         yield gauge_family(
             "segtxn_topic_txn_oldest_open_age_seconds",
             "How long the oldest transaction with entries here has been open (no sample: "
@@ -169,11 +167,11 @@ class _Topics(Collector):
             TOPIC,
             [(labels, age) for labels, age in ages if age is not None],
         )
-        yield from self._subscriptions(topics)
+        yield from self._subscriptions(named)
 
-    def _subscriptions(self, topics: list[Topic]) -> Iterator[Metric]:
+    def _subscriptions(self, named: list[tuple[str, Topic]]) -> Iterator[Family]:
         subs = [
-            ((str(t.name), name), s) for t in topics for name, s in sorted(t.subscriptions.items())
+            ((topic, name), s) for topic, t in named for name, s in sorted(t.subscriptions.items())
         ]
         per_subscription: list[tuple[str, str, Callable[[Subscription], float]]] = [
             ("backlog_messages", "Messages not acknowledged yet", lambda s: s.backlog()),
@@ -202,3 +200,7 @@ class _Topics(Collector):
 
 
 _SERVED = (Domain.PERSISTENT, Domain.SEGMENT)
+
+
+def _first(pair: tuple[str, Topic]) -> str:
+    return pair[0]

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import Metric
-from prometheus_client.registry import Collector
-
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
-from segtxn.exposition import Metrics, counter_family, gauge_family
+from segtxn.exposition import Family, Metrics, counter_family, gauge_family
 
 V5_COUNTERS = (
     ("opened", "Transactions created (NEW_TXN)"),
@@ -44,11 +41,11 @@ class CoordinatorMetrics(Metrics):
         self.add_collector(_V4(v4))
 
 
-class _V5(Collector):
+class _V5:
     def __init__(self, coordinator: CoordinatorV5) -> None:
         self._c = coordinator
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         counters = self._c.counters
         yield counter_family(
             "segtxn_txn_metadata_store_header_cas_total",
@@ -72,7 +69,7 @@ class _V5(Collector):
         )
 
 
-class _V4(Collector):
+class _V4:
     """The v4 coordinator's transaction logs: how big each one held here is, and what
     compaction has done (segtxn/coordinator/txnlog.py). Series per id exist while it is
     held here."""
@@ -80,7 +77,7 @@ class _V4(Collector):
     def __init__(self, coordinator: CoordinatorV4) -> None:
         self._c = coordinator
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         counters = self._c.counters
         yield counter_family(  # the brokers count their v4 logs' under the same name
             "segtxn_txn_v4_log_compactions_total",
