@@ -1,6 +1,6 @@
 """The chart's monitoring switches, with a real helm: the Grafana dashboard ConfigMap and the
 ServiceMonitor are off by default; on, they render valid objects; a ServiceMonitor asked
-for on a cluster without its CRD is refused, saying why."""
+for on a cluster without its CRD is refused, saying why. And the operator's log format."""
 
 from __future__ import annotations
 
@@ -100,3 +100,18 @@ def test_a_service_monitor_without_its_crd_is_refused_clearly(helm: Helm) -> Non
     assert "no ServiceMonitor kind (monitoring.coreos.com/v1)" in out
     bad = helm(*args, "--set", "metrics.serviceMonitor.interval=soon", ok=False)
     assert "metrics.serviceMonitor.interval" in bad
+
+
+def test_the_operator_logs_in_the_format_asked_for(helm: Helm) -> None:
+    def operator_args(*sets: str) -> list[str]:
+        (deployment,) = [
+            d
+            for d in of_kind(template(helm, *sets), "Deployment")
+            if d["metadata"]["name"].endswith("-operator")
+        ]
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--log-format=text" in operator_args()
+    assert "--log-format=json" in operator_args("operator.logFormat=json")
+    args = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION]
+    assert "operator.logFormat" in helm(*args, "--set", "operator.logFormat=xml", ok=False)

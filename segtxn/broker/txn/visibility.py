@@ -50,6 +50,12 @@ class OpenTransactions(MutableMapping[TxnId, Position]):
     def __len__(self) -> int:
         return len(self._first)
 
+    def __contains__(self, txn: object) -> bool:  # (Mapping's would raise and catch)
+        return txn in self._first
+
+    def get(self, txn: TxnId, default: Position | None = None) -> Position | None:  # type: ignore[override]
+        return self._first.get(txn, default)
+
     def oldest_age_s(self) -> float | None:
         """Seconds since the longest-open transaction here was first seen (None: none is
         open). Seen-times only grow in insertion order, so the first one is the oldest."""
