@@ -43,7 +43,7 @@ is context, not a resource)."""
 BROKER_GAUGES = {
     "segtxn_broker_topics": "topics_loaded",
     "segtxn_broker_active_segments": "active_segments",
-    "segtxn_broker_backlog": "backlog",
+    "segtxn_broker_backlog_messages": "backlog",
     "segtxn_broker_producers": "producers",
     "segtxn_broker_consumers": "consumers",
 }

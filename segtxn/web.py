@@ -39,17 +39,21 @@ async def relay(
         )
 
 
-class DebugAccessLogger(AbstractAccessLogger):
-    """One line per HTTP request, at DEBUG (logger ``aiohttp.access``, ``-vv``). aiohttp logs
-    them at INFO, where a transaction's calls (NEW_TXN, ADD_*, END_TXN) and every admin poll
-    would bury the lines an operator reads."""
+ACCESS_LOGGER = "aiohttp.access"
+"""The logger of the access lines (aiohttp's name for it)."""
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per HTTP request, at INFO, when the server is asked for them
+    (``--access-log``; off by default: a transaction's calls (NEW_TXN, ADD_*, END_TXN) and
+    every admin and health poll would bury the lines an operator reads)."""
 
     @property
     def enabled(self) -> bool:
-        return self.logger.isEnabledFor(logging.DEBUG)
+        return self.logger.isEnabledFor(logging.INFO)
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        self.logger.debug(
+        self.logger.info(
             "%s %s %s -> %d in %.1f ms",
             request.remote,
             request.method,
@@ -59,18 +63,29 @@ class DebugAccessLogger(AbstractAccessLogger):
         )
 
 
+def _access_log(enabled: bool) -> logging.Logger | None:
+    """What aiohttp is given as its access log: None turns the lines off."""
+    return logging.getLogger(ACCESS_LOGGER) if enabled else None
+
+
 class _Site(web.BaseSite):
     """A TCP site whose connections are served by :class:`JsonRequestHandler`, so requests
     refused before routing get the JSON error too (aiohttp's TCPSite hard-wires its own
     handler class)."""
 
     def __init__(
-        self, runner: web.AppRunner, host: str, port: int, ssl_context: ssl.SSLContext | None
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        access_log: bool,
     ) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._ssl = ssl_context
+        self._access_log = access_log
 
     @property
     def name(self) -> str:
@@ -84,7 +99,11 @@ class _Site(web.BaseSite):
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: JsonRequestHandler(
-                server, loop=loop, access_log_class=DebugAccessLogger, **HANDLER_ARGS
+                server,
+                loop=loop,
+                access_log_class=AccessLogger,
+                access_log=_access_log(self._access_log),  # type: ignore[arg-type]
+                **HANDLER_ARGS,
             ),
             self._host,
             self._port,
@@ -118,7 +137,8 @@ class AppServer:
     """``start()`` serves ``app`` on ``host:port`` (defaults: the advertised URL's);
     ``stop()`` runs its shutdown and clean-up (also after a failed or interrupted start).
     With ``tls`` (a certificate and key), it serves HTTPS only, and reloads the files when
-    they change while it runs (:class:`~segtxn.auth.ServerCertificate`).
+    they change while it runs (:class:`~segtxn.auth.ServerCertificate`). ``access_log``: a
+    line per HTTP request (:class:`AccessLogger`).
 
     Raises:
         AuthConfigError: the TLS files cannot be loaded.
@@ -131,6 +151,8 @@ class AppServer:
         host: str | None,
         port: int | None,
         tls: TlsSettings | None = None,
+        *,
+        access_log: bool = False,
     ) -> None:
         parts = urlsplit(advertise_url)
         self.app = app
@@ -139,10 +161,12 @@ class AppServer:
         self.certificate = None if tls is None else tls.server_certificate()
         if self.certificate is not None:
             app.cleanup_ctx.append(self.certificate.reloading)
+        self.access_log = access_log
         self._runner = web.AppRunner(
             app,
             handle_signals=False,
-            access_log_class=DebugAccessLogger,
+            access_log_class=AccessLogger,
+            access_log=_access_log(access_log),
             shutdown_timeout=HANDLER_GRACE_S,
         )
 
@@ -155,7 +179,7 @@ class AppServer:
         await self._runner.setup()
         try:
             context = None if self.certificate is None else self.certificate.context
-            await _Site(self._runner, self.host, self.port, context).start()
+            await _Site(self._runner, self.host, self.port, context, self.access_log).start()
         except OSError as e:
             raise ListenFailed(self.host, self.port, e) from e
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from segtxn import exposition
 from segtxn.auth import install_auth
 from segtxn.boundary import install
 from segtxn.broker import admin, holdings, lookup, ws
@@ -87,8 +88,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = request.app[SERVICE].metrics.render()
-    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+    return exposition.response(request.app[SERVICE].metrics)
 
 
 class BrokerServer(AppServer):
@@ -101,9 +101,16 @@ class BrokerServer(AppServer):
         host: str | None = None,
         port: int | None = None,
         store: MetadataStore | None = None,
+        *,
+        access_log: bool = False,
     ) -> None:
         super().__init__(
-            create_app(settings, store), settings.advertise_url, host, port, settings.auth.tls
+            create_app(settings, store),
+            settings.advertise_url,
+            host,
+            port,
+            settings.auth.tls,
+            access_log=access_log,
         )
         self.settings = settings
 

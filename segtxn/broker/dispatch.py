@@ -120,6 +120,8 @@ class Subscription:
         self._follower = Follower(ledger, self._wake, self._where)
         self._task = asyncio.create_task(self._run(), name=f"dispatch-{self._where}")
         self.messages_out = 0
+        self.bytes_out = 0
+        """Messages and payload bytes delivered since it was loaded (for metrics)."""
 
     @property
     def type(self) -> SubscriptionType | None:
@@ -496,8 +498,10 @@ class Subscription:
             link = ready[0]
         link.permits -= 1
         delivered = self._outstanding.delivered(link, entry.position)
+        message = to_message(entry, delivered, self._epoch)
         self.messages_out += 1
-        link.send(to_message(entry, delivered, self._epoch))
+        self.bytes_out += len(message.payload)
+        link.send(message)
         return True
 
     def _maybe_end(self) -> None:
@@ -518,6 +522,11 @@ class Subscription:
 
     def backlog(self) -> int:
         return self.cursor.backlog()
+
+    @property
+    def unacked(self) -> int:
+        """Messages delivered to a consumer and not acknowledged yet."""
+        return len(self._outstanding.pending)
 
     async def close(self) -> None:
         self.members.close()

@@ -96,7 +96,7 @@ class BrokerService:
         self._repair: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = asyncio.Event()
-        self.metrics = BrokerMetrics(settings.broker_id)
+        self.metrics = BrokerMetrics()
         self.op_records = OpRecordWriter(self.store, self.metrics)
         self.snapshots = snapshots.SnapshotLogs(
             settings.broker_id,
@@ -322,7 +322,6 @@ class BrokerService:
             await self._session.close()
         if self._owns_store:
             await self.store.close()
-        self.metrics.shutdown()
         log.info("broker %s: stopped", self.broker_id)
 
     # ------------------------------------------------------------------ topics

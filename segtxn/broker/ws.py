@@ -219,6 +219,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     await ws.prepare(request)
     expiry = close_at_expiry(request, ws)
     topic.producers[producer_name] = ws
+    log.info("%s: producer %s connected (from %s)", name, producer_name, request.remote)
     settings = service.settings
     outbox = _Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
     outbox.start()
@@ -329,6 +330,12 @@ async def producer(request: web.Request) -> web.StreamResponse:
             del topic.producers[producer_name]
         await asyncio.gather(*tasks, return_exceptions=True)  # stored either way
         await outbox.close()
+        log.info(
+            "%s: producer %s disconnected (%s)",
+            name,
+            producer_name,
+            "closed" if ws.close_code == WSCloseCode.OK else f"close code {ws.close_code}",
+        )
     return ws
 
 
@@ -339,6 +346,7 @@ def _counting(outbox: _Outbox, metrics: BrokerMetrics) -> Callable[[Frame], None
     def send(frame: Frame) -> None:
         if isinstance(frame, frames.Message):
             metrics.messages_out.add(1)
+            metrics.bytes_out.add(len(frame.payload))
         outbox.send(frame)
 
     return send

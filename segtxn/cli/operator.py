@@ -10,6 +10,7 @@ import warnings
 import click
 
 from segtxn.cli import lifecycle, verbosity
+from segtxn.cli.logs import log_format_option
 from segtxn.cli.params import SECONDS_OR_ZERO, SERVICE_URL, HttpUrl
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -77,6 +78,7 @@ def _namespaces(
     help="At start-up, keep trying to reach the Kubernetes API this long, then exit 1 "
     "saying so (0: one attempt).",
 )
+@log_format_option
 def operator(
     *,
     namespaces: tuple[str, ...],

@@ -16,6 +16,7 @@ import click
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.cli import lifecycle
+from segtxn.cli.logs import ACCESS_LOG, log_format_option, say
 from segtxn.cli.params import (
     PORT,
     SECONDS,
@@ -40,20 +41,17 @@ STORE_TIMEOUT_S = 15.0
 SHUTDOWN_TIMEOUT_S = 20.0
 
 
-def _say(line: str) -> None:
-    click.echo(line, err=True)
-
-
 def _run(make: Callable[[], list[Server]], shutdown_timeout_s: float) -> None:
     """Serve until SIGTERM or SIGINT; start-up and shutdown errors reach the CLI's edge
     (:mod:`segtxn.cli.errors`) as typed errors."""
     lifecycle.catch_signals_early()
-    asyncio.run(lifecycle.serve(make, shutdown_timeout_s=shutdown_timeout_s, say=_say))
+    asyncio.run(lifecycle.serve(make, shutdown_timeout_s=shutdown_timeout_s, say=say))
 
 
 def _lifecycle_options(command: F) -> F:
     """``--store-timeout`` and ``--shutdown-timeout``: how long start-up waits for the store,
-    and how long a stop may take."""
+    and how long a stop may take; ``--log-format`` and ``--access-log``
+    (:mod:`segtxn.cli.logs`)."""
     store = click.option(
         "--store-timeout",
         default=STORE_TIMEOUT_S,
@@ -72,7 +70,7 @@ def _lifecycle_options(command: F) -> F:
         help="On SIGTERM or SIGINT, stop within this long (exit 0), else exit 1 anyway; a "
         "second signal exits at once.",
     )
-    return store(shutdown(command))
+    return log_format_option(ACCESS_LOG(store(shutdown(command))))
 
 
 def _test_bugs() -> frozenset[str]:
@@ -190,6 +188,7 @@ def broker(
     auto_create_topics: bool,
     store_timeout: float,
     shutdown_timeout: float,
+    access_log: bool,
     **auth_flags: Any,
 ) -> None:
     """Run one broker of a cluster until SIGTERM or SIGINT."""
@@ -213,7 +212,10 @@ def broker(
         )
     except ValueError as e:
         raise click.UsageError(str(e)) from e
-    _run(lambda: [BrokerServer(settings, host=host, port=port)], shutdown_timeout)
+    _run(
+        lambda: [BrokerServer(settings, host=host, port=port, access_log=access_log)],
+        shutdown_timeout,
+    )
 
 
 @click.command()
@@ -298,6 +300,7 @@ def coordinator(
     v4_ids: int,
     store_timeout: float,
     shutdown_timeout: float,
+    access_log: bool,
     **auth_flags: Any,
 ) -> None:
     """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir or
@@ -325,7 +328,10 @@ def coordinator(
         replication=replicated,
         auth=auth,
     )
-    _run(lambda: [CoordinatorServer(settings, host=host, port=port)], shutdown_timeout)
+    _run(
+        lambda: [CoordinatorServer(settings, host=host, port=port, access_log=access_log)],
+        shutdown_timeout,
+    )
 
 
 @click.command()
@@ -366,6 +372,7 @@ def standalone(
     retention_size: int,
     store_timeout: float,
     shutdown_timeout: float,
+    access_log: bool,
     **auth_flags: Any,
 ) -> None:
     """Run a whole cluster in one process until SIGTERM or SIGINT: a broker and a transaction
@@ -405,10 +412,14 @@ def standalone(
     )
 
     def servers() -> list[Server]:
-        node = BrokerServer(broker_settings, host=host, port=port)
+        node = BrokerServer(broker_settings, host=host, port=port, access_log=access_log)
         # one process, one store: a memory:// URL opened twice would be two unrelated stores
         txn = CoordinatorServer(
-            coordinator_settings, host=host, port=coordinator_port, store=node.service.store
+            coordinator_settings,
+            host=host,
+            port=coordinator_port,
+            store=node.service.store,
+            access_log=access_log,
         )
         return [node, txn]
 

@@ -21,16 +21,16 @@ aiohttp does not cancel a handler whose client went away.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
+from segtxn import exposition
 from segtxn.auth import Action, authorize, check_owner, install_auth, principal_of
 from segtxn.boundary import error_response, install, read_json
+from segtxn.coordinator.metrics import CoordinatorMetrics
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import TxnMeta
 from segtxn.coordinator.v4 import CoordinatorV4
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 COORDINATOR = web.AppKey("coordinator", CoordinatorV5)
 V4 = web.AppKey("coordinator-v4", CoordinatorV4)
+METRICS = web.AppKey("metrics", CoordinatorMetrics)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -225,10 +226,16 @@ async def end_txn(request: web.Request) -> web.StreamResponse:
     except ValueError:
         raise ServerError(ErrorName.INVALID_ARGUMENT, "action: COMMIT or ABORT") from None
     await _check_owner(request, txn)
+    started = time.perf_counter()
     if not txn.is_v5:
-        return web.json_response(_v4_meta(await request.app[V4].end_txn(txn, action)))
-    header = await request.app[COORDINATOR].end_txn(txn, action)
-    return web.json_response(_header(txn, header))
+        meta = _v4_meta(await request.app[V4].end_txn(txn, action))
+    else:
+        meta = _header(txn, await request.app[COORDINATOR].end_txn(txn, action))
+    request.app[METRICS].end_txn.record(
+        time.perf_counter() - started,
+        {"action": action.value.lower(), "protocol": "v5" if txn.is_v5 else "v4"},
+    )
+    return web.json_response(meta)
 
 
 @_errors
@@ -279,73 +286,8 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(body, status=200 if ready else 503)
 
 
-class _Collector(Collector):
-    """The coordinator's counters as Prometheus families (PIP-471's names, segtxn prefix)."""
-
-    def __init__(self, coordinator: CoordinatorV5) -> None:
-        self._c = coordinator
-
-    def collect(self) -> Iterator[Metric]:
-        counters = self._c.counters
-        cas = CounterMetricFamily(
-            "segtxn_txn_metadata_store_header_cas", "Header CAS attempts", labels=["result"]
-        )
-        for result in ("ok", "conflict", "reject"):
-            cas.add_metric([result], counters[f"header_cas_{result}"])
-        yield cas
-        for name, text in (
-            ("opened", "Transactions created (NEW_TXN)"),
-            ("committed", "Transactions committed"),
-            ("aborted", "Transactions aborted (including timeouts)"),
-            ("timeouts", "Transactions aborted by the timeout sweep"),
-            ("gc_headers", "Headers deleted by the GC sweep"),
-            ("gc_forced_ops", "Op records force-deleted as abandoned"),
-        ):
-            yield CounterMetricFamily(f"segtxn_txn_{name}", text, value=counters[name])
-        yield GaugeMetricFamily(
-            "segtxn_txn_metadata_store_outstanding_op_records",
-            "Op records of finalized transactions awaiting participant clean-up (GC backlog)",
-            value=self._c.gc_backlog,
-        )
-        yield GaugeMetricFamily(
-            "segtxn_txn_coordinator_ids_held", "Coordinator ids held", value=len(self._c.held)
-        )
-
-
-class _V4Collector(Collector):
-    """The v4 coordinator's transaction logs: how big each one held here is, and what
-    compaction has done (segtxn/coordinator/txnlog.py)."""
-
-    def __init__(self, coordinator: CoordinatorV4) -> None:
-        self._c = coordinator
-
-    def collect(self) -> Iterator[Metric]:
-        counters = self._c.counters
-        for name, text in (
-            ("log_compactions", "v4 transaction log compactions"),
-            ("log_compaction_failures", "v4 transaction log compactions that failed"),
-            ("log_trimmed_ledgers", "v4 transaction log ledgers deleted by compactions"),
-            ("log_trimmed_entries", "v4 transaction log entries deleted by compactions"),
-            ("log_dropped_txns", "Ended v4 transactions dropped from their log"),
-        ):
-            yield CounterMetricFamily(f"segtxn_txn_v4_{name}", text, value=counters[name])
-        sizes = (
-            ("entries", "Entries a take-over of the id would replay", lambda h: h.log.entries),
-            ("bytes", "Bytes of the ledgers the log retains", lambda h: h.log.size_bytes),
-            ("txns", "Transactions the log holds (live and recently ended)", lambda h: len(h.txns)),
-        )
-        for what, text, value in sizes:
-            gauge = GaugeMetricFamily(f"segtxn_txn_v4_log_{what}", text, labels=["coordinator"])
-            for coordinator_id, held in sorted(self._c.held.items()):
-                gauge.add_metric([str(coordinator_id)], value(held))
-            yield gauge
-
-
 async def metrics(request: web.Request) -> web.Response:
-    registry = CollectorRegistry()
-    registry.register(_Collector(request.app[COORDINATOR]))
-    registry.register(_V4Collector(request.app[V4]))
-    return web.Response(body=generate_latest(registry), content_type="text/plain")
+    return exposition.response(request.app[METRICS])
 
 
 def create_app(
@@ -360,6 +302,7 @@ def create_app(
     used = open_store(settings.store_url) if store is None else store
     app[COORDINATOR] = CoordinatorV5(used, settings)
     app[V4] = CoordinatorV4(used, settings)
+    app[METRICS] = CoordinatorMetrics(app[COORDINATOR], app[V4])
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         # A failure or cancellation half-way closes what was opened and raises on.
@@ -406,9 +349,16 @@ class CoordinatorServer(AppServer):
         host: str | None = None,
         port: int | None = None,
         store: MetadataStore | None = None,
+        *,
+        access_log: bool = False,
     ) -> None:
         super().__init__(
-            create_app(settings, store), settings.advertise_url, host, port, settings.auth.tls
+            create_app(settings, store),
+            settings.advertise_url,
+            host,
+            port,
+            settings.auth.tls,
+            access_log=access_log,
         )
         self.settings = settings
 

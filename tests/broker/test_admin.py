@@ -7,7 +7,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from segtxn.broker.app import BrokerServer
 from segtxn.client import Client, Consumer, ErrorName, Message, MessageId, ServerError
@@ -415,52 +414,12 @@ async def test_the_broker_refuses_invalid_topic_names(
     assert answer["error"] == ErrorName.INVALID_TOPIC_NAME.value
 
 
-# ---------------------------------------------------------------------- health, metrics
+# ------------------------------------------------------ health (metrics: test_metrics.py)
 
 
 async def test_health_and_readiness(broker: BrokerServer) -> None:
     assert await raw(broker, "GET", "/healthz") == (200, {"status": "ok"})
     assert await raw(broker, "GET", "/readyz") == (200, {"ready": True})
-
-
-async def test_metrics_report_topics_clients_and_backlog(
-    client: Client, broker: BrokerServer
-) -> None:
-    async def gauges() -> dict[str, float]:
-        status, text = await raw(broker, "GET", "/metrics")
-        assert status == 200
-        return {
-            sample.name: sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name.startswith("segtxn_broker_")
-        }
-
-    status, text = await raw(broker, "GET", "/metrics")
-    assert status == 200 and "segtxn_broker_topics" in text
-    assert (await gauges())["segtxn_broker_topics"] == 0
-
-    await client.admin.create_topic(TOPIC)
-    producer = await client.create_producer(TOPIC)
-    consumer = await client.subscribe(TOPIC, "sub")
-    for i in range(3):
-        await producer.send(f"m{i}".encode())
-    now = await gauges()
-    assert now["segtxn_broker_topics"] == 1
-    assert now["segtxn_broker_producers"] == 1
-    assert now["segtxn_broker_consumers"] == 1
-    assert now["segtxn_broker_backlog"] == 3
-
-    await consumer.acknowledge(await consumer.receive(timeout_s=5))
-    await producer.close()
-    await consumer.close()
-
-    async def settled() -> bool:
-        g = await gauges()
-        return (g["segtxn_broker_producers"], g["segtxn_broker_consumers"]) == (0, 0)
-
-    await wait_until(settled, timeout=5, what="the clients to be gone from the gauges")
-    assert (await gauges())["segtxn_broker_backlog"] == 2
 
 
 async def test_a_broker_s_homes_list_what_removing_it_would_strand(

@@ -100,6 +100,9 @@ async def drive(v4: CoordinatorV4, tmp_path: Path, seed: int) -> Run:
     return run
 
 
+COMPACTIONS = 'segtxn_txn_v4_log_compactions_total{log="transaction"}'
+
+
 async def metrics(url: str) -> dict[str, float]:
     async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
         text = await response.text()
@@ -136,7 +139,7 @@ async def test_the_log_stays_bounded_over_thousands_of_transactions(
             f"compact_entries={compact_entries}: max {run.max_entries} entries, "
             f"{run.max_bytes} bytes in {run.max_files} files; now {held.log.entries} "
             f"entries, {held.log.size_bytes} bytes; "
-            f"{exported['segtxn_txn_v4_log_compactions_total']:.0f} compactions"
+            f"{exported[COMPACTIONS]:.0f} compactions"
         )
     finally:
         await server.stop()
@@ -149,11 +152,11 @@ async def test_the_log_stays_bounded_over_thousands_of_transactions(
         assert run.max_entries <= bound
         assert run.max_bytes <= bound * ENTRY_BYTES
         assert run.max_files <= 3
-        assert exported["segtxn_txn_v4_log_compactions_total"] >= 3 * TRANSACTIONS // bound
+        assert exported[COMPACTIONS] >= 3 * TRANSACTIONS // bound
         assert exported["segtxn_txn_v4_log_dropped_txns_total"] >= TRANSACTIONS - bound
     else:  # the same run, never compacted: every entry of every transaction stays
         assert run.max_entries >= 3 * TRANSACTIONS - LEFT_OPEN * 2 > 5 * bound
-        assert exported["segtxn_txn_v4_log_compactions_total"] == 0
+        assert exported[COMPACTIONS] == 0
 
     successor = CoordinatorV4(store, settings(tmp_path, compact_entries))
     await successor.start()  # the next holder of the id

@@ -194,7 +194,7 @@ async def test_pip373_property(client: Client, cluster: Cluster) -> None:
             await change
         assert refused.value.name is ErrorName.NOT_ALLOWED
     metrics = cluster.broker.service.metrics.render().decode().splitlines()
-    gauge = [line for line in metrics if line.startswith("segtxn_broker_using_txn_topics_count")]
+    gauge = [line for line in metrics if line.startswith("segtxn_broker_topics_with_txns")]
     assert len(gauge) == 1 and gauge[0].endswith(" 1.0"), gauge
 
 

@@ -52,7 +52,7 @@ from segtxn.broker.txn.buffer_records import (
 )
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.oprecords import OpRecordWriter
-from segtxn.broker.txn.visibility import TransactionBuffer
+from segtxn.broker.txn.visibility import OpenTransactions, TransactionBuffer
 from segtxn.ledger import LedgerError, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -102,7 +102,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._appending: dict[TxnId, int] = {}
         """Appends in flight per transaction: its record is not cleaned while one may still
         extend what it covers."""
-        self._open_first: dict[TxnId, Position] = {}
+        self._open_first = OpenTransactions()
         self._floors: list[Position] = []
         """For each append in flight: the last entry before it (the horizon stays there)."""
         self._aborted: dict[TxnId, AbortedTxn] = {}
@@ -128,6 +128,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
         if self._open_first:
             horizon = min(horizon, before(min(self._open_first.values())))
         return horizon
+
+    def oldest_open_age_s(self) -> float | None:
+        return self._open_first.oldest_age_s()
 
     def is_orphan(self, position: Position) -> bool:
         return position in self._orphans
@@ -339,6 +342,10 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._open_first.pop(txn, None)
         state = header.state if header is not None else TxnState.ABORTED
         self._metrics.txn_materialized.add(1, {"outcome": state.value, "part": "writes"})
+        if header is not None and header.finalized_ms is not None and state is TxnState.COMMITTED:
+            # the two clocks may disagree a little: never a negative latency
+            visible_s = max(0.0, time.time() - header.finalized_ms / 1000)
+            self._metrics.txn_commit_to_visible.record(visible_s)
         if header is None:
             log.error(
                 "%s: header of %s vanished with op records left: hiding it", self.segment, txn

@@ -43,7 +43,7 @@ from segtxn.broker.entry import decode_entry, marker_entry
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
-from segtxn.broker.txn.visibility import TransactionBuffer
+from segtxn.broker.txn.visibility import OpenTransactions, TransactionBuffer
 from segtxn.ledger import (
     LedgerSealed,
     ManagedLedger,
@@ -100,7 +100,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
         self._ledger = ledger
         self._snapshots = snapshots
         self._snapshot_every = snapshot_every
-        self._ongoing: dict[TxnId, Position] = {}
+        self._ongoing = OpenTransactions()
         self._aborted: dict[TxnId, Position] = {}
         self._ended: OrderedDict[TxnId, TxnState] = OrderedDict()
         self._floors: list[Position] = []
@@ -129,6 +129,9 @@ class MarkerTransactionBuffer(TransactionBuffer):
         if self._ongoing:
             horizon = min(horizon, _before(min(self._ongoing.values())))
         return horizon
+
+    def oldest_open_age_s(self) -> float | None:
+        return self._ongoing.oldest_age_s()
 
     def visible(self, txn: TxnId | None, position: Position) -> bool:
         return txn is None or (txn not in self._aborted and txn not in self._ongoing)

@@ -68,6 +68,11 @@ class PendingAckStore(ABC):
         """The open transactions holding acks now."""
         return set()
 
+    def pending_count(self) -> int:
+        """Acks held by open transactions: one per individual ack, one per transaction
+        holding a cumulative ack (for metrics)."""
+        return 0
+
     async def recover(self) -> None:  # noqa: B027 - nothing to rebuild unless overridden
         """Rebuild state on load."""
 
@@ -116,6 +121,9 @@ class ReservingPendingAckStore(PendingAckStore):
 
     def transactions(self) -> set[TxnId]:
         return set(self._individual.values()) | set(self._cumulative)
+
+    def pending_count(self) -> int:
+        return len(self._individual) + len(self._cumulative)
 
     def holder(self, position: Position) -> TxnId | None:
         txn = self._individual.get(position)

@@ -13,13 +13,55 @@ whether a transactional entry at or before it is committed. It waits on ``change
 from __future__ import annotations
 
 import asyncio
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, MutableMapping
 
 from segtxn.broker.ordering import Turn
 from segtxn.ledger import ManagedLedger, Position, TrimResult
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId
+
+
+class OpenTransactions(MutableMapping[TxnId, Position]):
+    """The open transactions of a topic or segment -> their first entry there, noting when
+    each was first seen open here (monotonic): how long the oldest one has held the
+    horizon back is what an operator needs when "one stuck transaction blocks every
+    reader". After a reload, a transaction counts as open since the load."""
+
+    def __init__(self) -> None:
+        self._first: dict[TxnId, Position] = {}
+        self._since: dict[TxnId, float] = {}
+
+    def __getitem__(self, txn: TxnId) -> Position:
+        return self._first[txn]
+
+    def __setitem__(self, txn: TxnId, position: Position) -> None:
+        self._first[txn] = position
+        self._since.setdefault(txn, time.monotonic())
+
+    def __delitem__(self, txn: TxnId) -> None:
+        del self._first[txn]
+        del self._since[txn]
+
+    def __iter__(self) -> Iterator[TxnId]:
+        return iter(self._first)
+
+    def __len__(self) -> int:
+        return len(self._first)
+
+    def __contains__(self, txn: object) -> bool:  # (Mapping's would raise and catch)
+        return txn in self._first
+
+    def get(self, txn: TxnId, default: Position | None = None) -> Position | None:  # type: ignore[override]
+        return self._first.get(txn, default)
+
+    def oldest_age_s(self) -> float | None:
+        """Seconds since the longest-open transaction here was first seen (None: none is
+        open). Seen-times only grow in insertion order, so the first one is the oldest."""
+        for since in self._since.values():
+            return time.monotonic() - since
+        return None
 
 
 class TransactionBuffer(ABC):
@@ -48,6 +90,10 @@ class TransactionBuffer(ABC):
     @abstractmethod
     def visible(self, txn: TxnId | None, position: Position) -> bool:
         """Whether an entry at or before ``max_read_position`` may be delivered."""
+
+    def oldest_open_age_s(self) -> float | None:
+        """How long the oldest transaction open here has been (None: none is; for metrics)."""
+        return None
 
     @abstractmethod
     async def append(self, txn: TxnId, payload: bytes, turn: Turn) -> Position:
