@@ -63,7 +63,7 @@ def _ns(actions: frozenset[Action]) -> Rule:
 _TOPIC = "/{domain}/{tenant}/{namespace}/{topic}"
 _ADMIN_TOPIC = "/admin/v2" + _TOPIC
 _SUB = _ADMIN_TOPIC + "/subscription/{subscription}"
-_REPLICA_OPS = ("create", "append", "fence", "read", "delete")
+_REPLICA_OPS = ("create", "append", "fence", "read", "delete", "stat")
 
 RULES: dict[tuple[str, str], Rule] = {
     # probes
