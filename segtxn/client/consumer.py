@@ -188,7 +188,10 @@ class Consumer:
                 )
             self._wake.clear()
             for key, stream in list(self._streams.items()):
-                if stream.ended.is_set() and self._ordered:
+                # Ended: sealed, and everything in it delivered and acknowledged by the
+                # subscription (on every subscription type): nothing more will come on it,
+                # and an open stream would keep the segment loaded on its broker for good.
+                if stream.ended.is_set():
                     self._finished.add(TopicName.parse(key).segment or 0)
                     del self._streams[key]
                     await stream.settle_acks(ACK_SETTLE_S)  # its last acks' receipts

@@ -82,6 +82,7 @@ class ScalableProducer:
         self._outstanding: set[asyncio.Future[MessageId]] = set()
         """The application's sends not yet done (what ``flush`` waits for)."""
         self._drainer: asyncio.Task[None] | None = None
+        self._retirer: asyncio.Task[None] | None = None
         self._expiries: Expiries[_Outgoing] = Expiries(
             self._expire, lambda message: not message.result.done()
         )
@@ -90,6 +91,26 @@ class ScalableProducer:
     async def start(self, deadline: Deadline) -> None:
         """Read the segment DAG (retrying until ``deadline``: Timeout after it)."""
         await self.layout.start(deadline)
+        self._retirer = asyncio.create_task(self._retire(), name=f"producer-retire-{self.name}")
+
+    async def _retire(self) -> None:
+        """Close the producer of each segment the layout shows sealed once nothing sent
+        through it is unsettled: a sealed segment takes no more sends, and an open producer
+        would keep it loaded on its broker (with a connection) for good."""
+        while True:
+            await self.layout.changed.wait()
+            async with self._order:  # no send is being routed or sent again meanwhile
+                if not self._in_transition():  # else the send that meets it closes them
+                    await self._close_sealed()
+
+    async def _close_sealed(self) -> None:
+        """(Holding ``_order``, nothing in transition.) See :meth:`_retire`."""
+        for segment in self._retired():
+            if (s := self.layout.segments.get(segment)) and s.active:
+                continue  # refused a send, but the layout does not show it sealed yet
+            if not self._unsettled.get(segment):
+                self._unsettled.pop(segment, None)
+                await self._producers.pop(segment).close(timeout_s=0)
 
     async def refresh(self) -> None:
         """Re-read the topic's segments now."""
@@ -268,6 +289,7 @@ class ScalableProducer:
                         if not message.result.done():
                             message.result.set_exception(e)
                 self._refused.remove(message)
+        await self._close_sealed()
 
     async def _wait_rerouted(self, message: _Outgoing) -> None:
         """Wait until the message's key routes to an active segment the layout knows as
@@ -332,9 +354,10 @@ class ScalableProducer:
         limit = self._connector.timeouts.operation_timeout_s if timeout_s is None else timeout_s
         with contextlib.suppress(Timeout):  # what is left fails with ClientClosed below
             await self.flush(limit)
-        if self._drainer is not None:
-            self._drainer.cancel()
-            await asyncio.gather(self._drainer, return_exceptions=True)
+        for task in (self._drainer, self._retirer):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for message in self._refused:
             if not message.result.done():
                 message.result.set_exception(ClientClosed(f"producer {self.name} is closed"))
