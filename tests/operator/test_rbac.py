@@ -23,7 +23,7 @@ from tests.manifests.support import CHART, KUBE_VERSION, Doc, helm, kinds, templ
 from tests.manifests.test_chart import Helm
 from tests.operator.emulator import NS, Sent, emulator, operator
 from tests.operator.fakebrokers import serving
-from tests.operator.support import WAIT_S, status
+from tests.operator.support import WAIT_S, statefulset_rolled, status
 from tests.operator.test_rolling import (
     BROKERS,
     change_image,
@@ -171,8 +171,9 @@ def observed(requests: Iterable[Sent]) -> set[Grant]:
 
 @pytest.mark.timeout(120)
 async def test_what_the_operator_sends_is_granted_and_every_call_is_exercised() -> None:
-    """A cluster with coordinators, a topic, a roll with its drains and evictions, with
-    peering on: every request recorded; each must be granted by the default Role."""
+    """A cluster with coordinators, a topic, a roll with its drains and evictions and then
+    the coordinators' turn, with peering on: every request recorded; each must be granted
+    by the default Role."""
     fake = fake_brokers()
     async with serving(fake), emulator() as emu:
         emu.requests = []
@@ -194,6 +195,14 @@ async def test_what_the_operator_sends_is_granted_and_every_call_is_exercised() 
                 await replaced(emu, fake, k, name, "r2")
             await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
                              timeout=WAIT_S, what="the roll done")  # fmt: skip
+            await statefulset_rolled(emu)  # then the coordinators' turn reads and applies them
+
+            def coordinators_applied() -> bool:
+                found = emu.get("apps/v1/deployments", "demo-coordinator") or {}
+                containers = found.get("spec", {}).get("template", {}).get("spec", {})
+                return bool(containers.get("containers", [{}])[0].get("image") == "segtxn:0.2.0")
+
+            await wait_until(coordinators_applied, timeout=WAIT_S, what="the coordinators' turn")
             await wait_until(lambda: bool(status(emu, "ScalableTopic", "orders")),
                              timeout=WAIT_S, what="the topic's status")  # fmt: skip
         seen = observed(emu.requests)
