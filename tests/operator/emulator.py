@@ -101,6 +101,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     requests: list[Sent] | None = None
     """When a list, every API request but the tests' own (:meth:`call`) and discovery's is
     appended: what RBAC would be asked for (tests/operator/test_rbac.py)."""
+    status_patches: list[tuple[str, Any]] | None = None
+    """When a list, (name, body) of every PATCH of a segtxn resource's status
+    subresource, in order: what a handler wrote while it ran."""
     deleted: Callable[[str, str], None] | None = None
     """Told (plural, name: ``("pods", "demo-broker-2")``) of each object a DELETE
     removed, once it is: tests that play a controller (a StatefulSet's) react to it."""
@@ -110,6 +113,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
         if self.requests is not None and agent != TESTS_AGENT:
             self._record(request, self.requests)
+        status_patch = request.subresource == "status" and request.method == "PATCH"
+        if self.status_patches is not None and _ours(request) and status_patch:
+            self.status_patches.append((str(request.name), data))
         if request.subresource == "eviction" and request.method == "POST":
             return await self._evict(request)
         writes = (kmock.action.CREATE, kmock.action.UPDATE)

@@ -188,6 +188,8 @@ async def test_what_the_operator_sends_is_granted_and_every_call_is_exercised() 
         async with operator(emu, memo, standalone=False, peering_name="segtxn", priority=1):
             await running(emu, replication="3/2")
             await emu.create("TransactionCoordinator", "demo", {"clusterRef": "demo"})
+            await wait_until(lambda: emu.get("apps/v1/deployments", "demo-coordinator")
+                             is not None, timeout=WAIT_S, what="the coordinators")  # fmt: skip
             await emu.create("ScalableTopic", "orders", {"clusterRef": "demo", "tenant": "t",
                              "namespace": "n", "topic": "orders"})  # fmt: skip
             await change_image(emu, "segtxn:0.2.0", "r2")
