@@ -4,6 +4,7 @@ replaced by a recorder; the flags are parsed by the real CLI)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import kopf
@@ -11,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 
 from segtxn.cli import lifecycle
-from segtxn.cli import operator as cli_operator
 from segtxn.cli.operator import operator
 from segtxn.operator.rolling import RollSettings
 
@@ -22,7 +22,9 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
     # What the command does to the process before Kopf runs: not to pytest's.
     monkeypatch.setattr(lifecycle, "catch_signals_early", lambda: None)
-    monkeypatch.setattr(cli_operator, "_quiet_start_up_failures", lambda: None)
+    # The module, not the command of the same name the package exports.
+    module = importlib.import_module("segtxn.cli.operator")
+    monkeypatch.setattr(module, "_quiet_start_up_failures", lambda: None)
     return calls
 
 
