@@ -74,10 +74,11 @@ async def coordinators_step(
     first TransactionCoordinator (of ``coordinators``, by name) whose Deployment does not
     run the spec is applied, or waited for; (reason, message) for condition ``Rolling``,
     or None when every one runs it. A coordinator whose Deployment does not exist yet is
-    its own handler's to create (skipped).
+    its own handler's to create (skipped). An apply that fails is the reason
+    ``ApplyFailed`` with the error, and is tried again at the next tick.
 
     Raises:
-        kopf.TemporaryError, kopf.PermanentError: applying failed (:func:`apply_objects`).
+        KubeError, aiohttp.ClientError: reading failed (the timer's next tick retries).
     """
     ordered = sorted(coordinators)
     for k, name in enumerate(ordered, start=1):
@@ -95,7 +96,12 @@ async def coordinators_step(
         if state.ready or state.reason == "Missing":
             continue
         if state.reason == "NotApplied":
-            await apply_objects(runtime, owner, objects)
+            try:
+                await apply_objects(runtime, owner, objects)
+            except (kopf.TemporaryError, kopf.PermanentError) as e:
+                # Said, and tried again at the next tick: an error raised from the timer
+                # would stop it (PermanentError) or lose this tick's status.
+                return "ApplyFailed", f"{which}: {e}"
             message = f"{len(objects)} objects re-rendered for SegtxnCluster {cluster}'s spec"
             kopf.info(owner, reason="Applied", message=message)
             return "Coordinators", (
