@@ -11,7 +11,7 @@ import click
 
 from segtxn.cli import lifecycle, verbosity
 from segtxn.cli.logs import log_format_option
-from segtxn.cli.params import SECONDS_OR_ZERO, SERVICE_URL, HttpUrl
+from segtxn.cli.params import SECONDS, SECONDS_OR_ZERO, SERVICE_URL, HttpUrl
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -79,6 +79,48 @@ def _namespaces(
     "saying so (0: one attempt).",
 )
 @log_format_option
+@click.option(
+    "--roll-drain-timeout",
+    default=300.0,
+    show_default=True,
+    type=SECONDS,
+    metavar="SECONDS",
+    envvar="SEGTXN_ROLL_DRAIN_TIMEOUT",
+    show_envvar=True,
+    help="A broker's drain (in a roll or before a scale-down) must empty it within this; "
+    "else the roll stalls (or the scale-down is refused).",
+)
+@click.option(
+    "--roll-evict-timeout",
+    default=300.0,
+    show_default=True,
+    type=SECONDS,
+    metavar="SECONDS",
+    envvar="SEGTXN_ROLL_EVICT_TIMEOUT",
+    show_envvar=True,
+    help="A broker's pod whose eviction a PodDisruptionBudget refuses is tried again "
+    "this long, then the roll stalls.",
+)
+@click.option(
+    "--roll-ready-timeout",
+    default=600.0,
+    show_default=True,
+    type=SECONDS,
+    metavar="SECONDS",
+    envvar="SEGTXN_ROLL_READY_TIMEOUT",
+    show_envvar=True,
+    help="A replaced broker's new pod must be Ready within this; else the roll stalls.",
+)
+@click.option(
+    "--roll-retry",
+    default=300.0,
+    show_default=True,
+    type=SECONDS,
+    metavar="SECONDS",
+    envvar="SEGTXN_ROLL_RETRY",
+    show_envvar=True,
+    help="A stalled roll is tried again after this (a new spec retries at once).",
+)
 def operator(
     *,
     namespaces: tuple[str, ...],
@@ -90,6 +132,10 @@ def operator(
     broker_url: str | None,
     coordinator_url: str | None,
     api_timeout: float,
+    roll_drain_timeout: float,
+    roll_evict_timeout: float,
+    roll_ready_timeout: float,
+    roll_retry: float,
 ) -> None:
     """Run the segtxn operator (Kopf) until SIGTERM or SIGINT."""
     lifecycle.catch_signals_early()  # until Kopf handles them itself
@@ -97,13 +143,23 @@ def operator(
         import kopf
 
         from segtxn.operator import handlers
+        from segtxn.operator.rolling import RollSettings
     except ImportError as e:  # the image installs it; a bare `pip install segtxn` does not
         raise click.ClickException(f"{e}: install segtxn[operator]") from e
     if namespaces and all_namespaces:
         raise click.UsageError("--namespace and --all-namespaces exclude each other")
+    roll = RollSettings(
+        drain_timeout_s=roll_drain_timeout,
+        evict_timeout_s=roll_evict_timeout,
+        ready_timeout_s=roll_ready_timeout,
+        retry_s=roll_retry,
+    )
     memo = kopf.Memo(
         config=handlers.OperatorConfig(
-            broker_url=broker_url, coordinator_url=coordinator_url, api_timeout_s=api_timeout
+            broker_url=broker_url,
+            coordinator_url=coordinator_url,
+            api_timeout_s=api_timeout,
+            roll=roll,
         )
     )
     _quiet_start_up_failures()

@@ -2,9 +2,10 @@
 their status read.
 
 - SegtxnCluster: on create/update/resume, the safety checks (:mod:`.immutable`,
-  :mod:`.scaledown`) first, then its children and its coordinators' children applied; a
-  timer compares the broker StatefulSet with the spec (:func:`.status.rollout`) into
-  ``Ready``; deletion waits until no ScalableTopic or TransactionCoordinator refers to it.
+  :mod:`.scaledown`) first, then its children applied; a timer rolls the brokers
+  (:mod:`.rolling`), then its coordinators (:mod:`.ordering`), and compares the broker
+  StatefulSet with the spec (:func:`.status.rollout`) into ``Ready``; deletion waits
+  until no ScalableTopic or TransactionCoordinator refers to it.
 - TransactionCoordinator: children applied (the cluster must exist and its spec be
   accepted); a timer reads ``Ready`` the same way and ``/txn/v2/stats`` into status, and
   raises ``GCBacklogHigh`` above the threshold.
@@ -17,17 +18,15 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
-import aiohttp
 import kopf
 
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.ledger.replicas import Replication
-from segtxn.operator import render, replication, rolling, scaledown
+from segtxn.operator import ordering, render, replication, rolling, scaledown
 from segtxn.operator.immutable import immutable_changes
-from segtxn.operator.kube import KubeError
 from segtxn.operator.runtime import (
     API,
     GROUP,
@@ -35,6 +34,7 @@ from segtxn.operator.runtime import (
     VERSION,
     Runtime,
     admin,
+    apply_objects,
     cluster_spec,
     namespaced,
     now,
@@ -50,27 +50,6 @@ SCALE_DOWN_RECHECK_S = 30.0
 """How often a refused scale-down is checked again."""
 
 
-async def _apply_objects(runtime: Runtime, owner: kopf.Body, objects: list[render.Obj]) -> None:
-    """Server-side apply ``objects`` as children of ``owner`` (owner references), in
-    their order: one failing stops the rest, and what went before stays applied.
-
-    Raises:
-        kopf.PermanentError: Kubernetes refused a child as invalid or forbidden.
-        kopf.TemporaryError: the API server failed or did not answer; retried.
-    """
-    kopf.adopt(objects, owner=owner)
-    for obj in objects:
-        child = f"{obj['kind']} {obj['metadata']['name']}"
-        try:
-            await runtime.kube.apply(obj)
-        except KubeError as e:
-            if e.status in (400, 403, 422):
-                raise kopf.PermanentError(f"Kubernetes refused {child}: {e}") from e
-            raise kopf.TemporaryError(f"applying {child}: {e}", delay=RETRY_S) from e
-        except aiohttp.ClientError as e:
-            raise kopf.TemporaryError(f"applying {child}: {e!r}", delay=RETRY_S) from e
-
-
 async def _apply(
     runtime: Runtime,
     body: kopf.Body,
@@ -80,7 +59,7 @@ async def _apply(
 ) -> None:
     """Create or update the resource's children (owned by it), then say so: status
     (``observedGeneration``, condition ``Applied``) and an event."""
-    await _apply_objects(runtime, body, objects)
+    await apply_objects(runtime, body, objects)
     message = f"{len(objects)} objects applied"
     patch.status["observedGeneration"] = body.meta.get("generation")
     patch.status["conditions"] = condition(
@@ -154,8 +133,9 @@ async def reconcile_cluster(
     memo: Any,
     **indexes: Any,
 ) -> None:
-    """Apply the cluster's children, then re-render its coordinators' children (their
-    image, store and session TTL are the cluster's): one spec change reaches every pod.
+    """Apply the cluster's children; its coordinators' children follow once the brokers
+    run the spec (:mod:`.ordering`: their image, store and session TTL are the cluster's,
+    and the brokers roll first). One spec change reaches every pod.
 
     A spec the safety checks refuse is refused whole, before anything is applied
     (condition ``Applied`` False, a Warning event, the reason naming the check):
@@ -199,7 +179,6 @@ async def reconcile_cluster(
     _replication(body, status, patch, replication.wanted, spec)
     try:
         await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
-        await _apply_coordinators(runtime, namespace, name, spec, indexes)
     except (kopf.TemporaryError, kopf.PermanentError) as e:
         _not_applied(body, status, patch, "ApplyFailed", str(e))
         raise
@@ -227,32 +206,6 @@ def _replication(
         raise kopf.PermanentError(str(e)) from e
 
 
-async def _apply_coordinators(
-    runtime: Runtime, namespace: str, cluster: str, spec: Mapping[str, Any], indexes: Any
-) -> None:
-    """Re-render the children of every TransactionCoordinator of ``cluster`` from its
-    ``spec`` (the image, store and session TTL they run are the cluster's)."""
-    for coordinator in sorted(indexes["coordinators_by_cluster"].get((namespace, cluster), [])):
-        found = await runtime.kube.get(API, "TransactionCoordinator", namespace, coordinator)
-        if found is None:  # deleted since it was indexed: nothing to render for it
-            continue
-        owner = kopf.Body(cast(kopf.RawBody, found))
-        objects = render.render_coordinator(coordinator, namespace, owner.spec, spec)
-        try:
-            await _apply_objects(runtime, owner, objects)
-        except kopf.TemporaryError as e:
-            raise kopf.TemporaryError(
-                f"TransactionCoordinator {coordinator}: {e}", delay=e.delay
-            ) from e
-        except kopf.PermanentError as e:
-            raise kopf.PermanentError(f"TransactionCoordinator {coordinator}: {e}") from e
-        kopf.info(
-            owner,
-            reason="Applied",
-            message=f"{len(objects)} objects re-rendered for SegtxnCluster {cluster}'s spec",
-        )
-
-
 @kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S)
 async def cluster_readiness(
     *,
@@ -263,13 +216,15 @@ async def cluster_readiness(
     patch: kopf.Patch,
     memo: Any,
     body: kopf.Body,
-    **_: Any,
+    **indexes: Any,
 ) -> None:
     """Every second: one step of the brokers' roll (:mod:`.rolling`: ``status.roll``,
     conditions ``Rolling`` and, stalled, ``Degraded``), and condition ``Ready`` (and
     ``phase``, ``readyBrokers``) from the broker StatefulSet against what the spec renders
-    (:func:`status.rollout`); written only when something changed. One timer writes both:
-    two would each rewrite the whole ``conditions`` list from what they last read."""
+    (:func:`status.rollout`); once the brokers run the spec, one step of the coordinators'
+    turn (:mod:`.ordering`, said in ``Rolling``); written only when something changed. One
+    timer writes them all: two would each rewrite the whole ``conditions`` list from what
+    they last read."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     names = render.ClusterNames(name)
@@ -302,16 +257,56 @@ async def cluster_readiness(
             previous=roll,
             conditions=conditions,
         )
+        applied = status.get("observedGeneration") == body.meta.get("generation")
+        if state.ready and roll is None and applied:
+            coordinators = indexes["coordinators_by_cluster"].get((namespace, name), [])
+            turn = await ordering.coordinators_step(runtime, namespace, name, spec, coordinators)
+            if turn is not None:
+                conditions = _rolling(status, conditions, turn, body.meta.get("generation"))
     unchanged = status.get("readyBrokers") == state.ready_replicas and status.get("phase") == phase
     if unchanged and status.get("roll") == roll and same(status.get("conditions"), conditions):
         return
     patch.status["roll"] = roll
     patch.status["readyBrokers"] = state.ready_replicas
     patch.status["phase"] = phase
-    patch.status["conditions"] = conditions
+    patch.status["conditions"] = await _with_fresh_others(runtime, namespace, name, conditions)
     was_ready = status.get("phase") == "Ready"
     if state.ready and not was_ready:
         kopf.info(body, reason="Ready", message=state.message)
+
+
+TIMER_CONDITIONS = ("Ready", "Rolling", "Degraded")
+"""The conditions the cluster's status timer owns; ``Applied`` is the handler's."""
+
+
+async def _with_fresh_others(
+    runtime: Runtime, namespace: str, name: str, conditions: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The timer's own ``conditions`` with the others as stored now, re-read: the tick
+    began with a snapshot, and the handler may have written ``Applied`` since (a merge
+    patch replaces the whole list, so writing the snapshot's would undo it). What remains
+    is a window of one request between this read and the timer's write."""
+    fresh = await runtime.kube.get(API, "SegtxnCluster", namespace, name)
+    stored = ((fresh or {}).get("status") or {}).get("conditions") or []
+    others = [c for c in stored if c.get("type") not in TIMER_CONDITIONS]
+    own = [c for c in conditions if c.get("type") in TIMER_CONDITIONS]
+    return sorted([*others, *own], key=lambda c: str(c["type"]))
+
+
+def _rolling(
+    status: kopf.Status,
+    conditions: list[dict[str, Any]],
+    turn: tuple[str, str],
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """``conditions`` with ``Rolling`` True for the coordinators' ``turn``; its
+    lastTransitionTime from what status holds (the brokers' tick may have set it False)."""
+    before = [c for c in status.get("conditions") or () if c.get("type") == "Rolling"]
+    reason, message = turn
+    rolling = condition(before, kind="Rolling", status=True, reason=reason, message=message,
+                        now=now(), generation=generation)  # fmt: skip
+    others = [c for c in conditions if c.get("type") != "Rolling"]
+    return sorted([*others, *rolling], key=lambda c: str(c["type"]))
 
 
 def _phase(state: Rollout) -> str:
@@ -363,7 +358,10 @@ async def reconcile_coordinator(
 ) -> None:
     """Apply the coordinators' children, rendered from this spec and its cluster's. While
     the cluster's own spec is refused (:mod:`.immutable`), wait: rendering from it would
-    half-apply what the cluster's handler refused."""
+    half-apply what the cluster's handler refused. A change of what the pods take from the
+    cluster (image, configuration) is not applied here: the cluster's roll applies it in
+    its turn (:mod:`.ordering`: the brokers first, then one TransactionCoordinator at a
+    time); meanwhile ``Applied`` is False, ``WaitingForRoll``."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     cluster_name = str(spec["clusterRef"])
@@ -378,6 +376,16 @@ async def reconcile_coordinator(
         _not_applied(body, status, patch, "WaitingForCluster", message)
         raise kopf.TemporaryError(message, delay=RETRY_S * 6)
     objects = render.render_coordinator(name, namespace, spec, cluster)
+    wanted = ordering.desired(objects)
+    live = await runtime.kube.get("apps/v1", "Deployment", namespace, wanted["metadata"]["name"])
+    if ordering.waits_for_brokers(live, wanted):
+        message = (
+            f"it changes what the coordinators take from SegtxnCluster {cluster_name}: "
+            "applied in its turn by the cluster's roll (the brokers first, then the "
+            "coordinators, one TransactionCoordinator at a time)"
+        )
+        _not_applied(body, status, patch, "WaitingForRoll", message)
+        raise kopf.TemporaryError(message, delay=RETRY_S * 2)
     try:
         await _apply(runtime, body, status, patch, objects)
     except (kopf.TemporaryError, kopf.PermanentError) as e:

@@ -2,10 +2,15 @@
 
 Kopf patches the handled resource (status, finalizers) itself; this client applies the
 children the renderers return (server-side apply: :meth:`Kube.apply`), reads other
-objects, and deletes one kind of object: a broker's pod, which is how the operator rolls
-the brokers (:mod:`.rolling`; their StatefulSet is ``OnDelete``).
+objects, patches a resource's status while a long handler runs (:meth:`Kube.patch_status`:
+a step of a resharding), and evicts a broker's pod, which is how the operator rolls the
+brokers (:mod:`.rolling`; their StatefulSet is ``OnDelete``): an eviction, not a delete,
+so that a PodDisruptionBudget is honoured. It deletes nothing.
 It authenticates with whatever Kopf's login found (service account in a pod,
 kubeconfig outside), so there is one source of credentials.
+
+:data:`CALLS` lists every request this module sends, as RBAC sees them; the chart grants
+those (and Kopf's own) and nothing else, which ``tests/operator/test_rbac.py`` checks.
 """
 
 from __future__ import annotations
@@ -40,6 +45,34 @@ FIELD_MANAGER = "segtxn-operator"
 """Who the operator is in ``metadata.managedFields`` of what it applies."""
 APPLY_PATCH = "application/apply-patch+yaml"
 """Server-side apply's Content-Type (a JSON body is YAML too)."""
+MERGE_PATCH = "application/merge-patch+json"
+
+
+CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget")
+"""What the renderers return, and :meth:`Kube.apply` applies."""
+READ_KINDS = (
+    "SegtxnCluster",
+    "TransactionCoordinator",
+    "StatefulSet",
+    "Deployment",
+    "ConfigMap",
+    "Pod",
+)
+"""What the handlers read: a coordinator's cluster, the workloads (status, what was
+applied), the ConfigMap the brokers run, a broker's pod in a roll."""
+CALLS: frozenset[tuple[str, str, str]] = frozenset(
+    {
+        *(("get", kind, "") for kind in READ_KINDS),
+        *((verb, kind, "") for verb in ("create", "patch") for kind in CHILD_KINDS),
+        ("patch", "ScalableTopic", "status"),
+        ("create", "Pod", "eviction"),
+    }
+)
+"""(RBAC verb, kind, subresource) of every request :class:`Kube` may send: a GET of
+:data:`READ_KINDS`; a server-side apply of a child (``patch``, and ``create`` when the
+child does not exist yet); a status patch of a ScalableTopic; a pod's eviction. Each
+method refuses anything else (:class:`NotGranted`), so this list is what the code does
+and the chart's RBAC can be checked against it."""
 
 
 class KubeUnreachable(Exception):
@@ -47,9 +80,26 @@ class KubeUnreachable(Exception):
 
 
 class KubeError(Exception):
+    """The API server refused or failed a request (its HTTP status and message)."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+
+
+class NotGranted(Exception):
+    """A call outside :data:`CALLS`: a bug (the chart's RBAC would refuse it too), raised
+    before anything is sent."""
+
+
+def _granted(verb: str, kind: str, subresource: str = "") -> None:
+    if (verb, kind, subresource) not in CALLS:
+        raise NotGranted(f"{verb} {kind}{'/' + subresource if subresource else ''}")
+
+
+class EvictionRefused(KubeError):
+    """429: the eviction would breach a PodDisruptionBudget (or the API server is
+    throttling it); the pod is left running, to be tried again later."""
 
 
 def _ssl(info: kopf.ConnectionInfo) -> ssl.SSLContext | bool:
@@ -164,7 +214,13 @@ class Kube:
             return dict(data)
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
-        """The object, or None when it does not exist."""
+        """The object, or None when it does not exist.
+
+        Raises:
+            NotGranted: ``kind`` is not one of :data:`READ_KINDS`.
+            KubeError: the API server refused or failed it.
+        """
+        _granted("get", kind)
         return await self._call("GET", self._url(api_version, kind, namespace, name))
 
     async def apply(self, obj: Mapping[str, Any]) -> Obj:
@@ -185,11 +241,13 @@ class Kube:
         applies").
 
         Raises:
+            NotGranted: not a child kind (:data:`CHILD_KINDS`).
             KubeError: the API server refused or failed it (its status and message); 404
                 when the resource type or the namespace does not exist.
         """
         meta = obj["metadata"]
         api_version, kind = obj["apiVersion"], obj["kind"]
+        _granted("patch", kind)
         applied = await self._call(
             "PATCH",
             self._url(api_version, kind, meta["namespace"], meta["name"]),
@@ -201,20 +259,47 @@ class Kube:
             raise KubeError(404, f"cannot apply {kind} {meta['name']}: no such resource")
         return applied
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
-        """Delete pod ``name`` if it is still the pod ``uid`` (a precondition: a pod that
-        has been replaced meanwhile, same name, another uid, is left alone). True when
-        this call deleted it (its controller then creates a new one), False when it was
-        gone or replaced already.
+    async def patch_status(
+        self, api_version: str, kind: str, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> None:
+        """Merge ``status`` into the resource's status (its ``status`` subresource), while
+        a handler still runs: Kopf writes its own patch only when the handler returns.
+        Each key given replaces the stored one whole (a list, ``conditions``, included).
 
         Raises:
-            KubeError: the API server refused or failed it.
+            NotGranted: not a kind whose status the operator patches (:data:`CALLS`).
+            KubeError: the API server refused or failed it; 404 when the resource is gone.
         """
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        _granted("patch", kind, "status")
+        url = self._url(api_version, kind, namespace, name) + "/status"
+        found = await self._call("PATCH", url, {"status": dict(status)}, MERGE_PATCH)
+        if found is None:
+            raise KubeError(404, f"cannot patch the status of {kind} {name}: it is gone")
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Evict pod ``name`` if it is still the pod ``uid`` (the Eviction subresource, with
+        the uid as precondition: a pod replaced meanwhile, same name, another uid, is left
+        alone). An eviction honours the PodDisruptionBudgets that select the pod, where a
+        delete would not. True when this call evicted it (its controller then creates a
+        new one), False when it was gone or replaced already.
+
+        Raises:
+            EvictionRefused: 429, a budget does not allow it now; the pod runs on.
+            KubeError: the API server refused or failed it otherwise.
+        """
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        url = self._url("v1", "Pod", namespace, name) + "/eviction"
         try:
-            found = await self._call("DELETE", self._url("v1", "Pod", namespace, name), body)
+            found = await self._call("POST", url, body)
         except KubeError as e:
             if e.status == 409:  # the precondition failed: another pod by that name now
                 return False
+            if e.status == 429:
+                raise EvictionRefused(429, str(e).removeprefix("HTTP 429: ")) from e
             raise
         return found is not None

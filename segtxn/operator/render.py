@@ -99,7 +99,7 @@ def _security() -> tuple[Obj, Obj]:
     return pod, container
 
 
-def _probes(port: int) -> Obj:
+def _probes(port: int, ready: str = "/readyz") -> Obj:
     def get(path: str, period: int, failures: int) -> Obj:
         return {
             "httpGet": {"path": path, "port": port},
@@ -110,7 +110,7 @@ def _probes(port: int) -> Obj:
     return {
         "startupProbe": get("/healthz", 2, 60),
         "livenessProbe": get("/healthz", 10, 3),
-        "readinessProbe": get("/readyz", 5, 2),
+        "readinessProbe": get(ready, 5, 2),
     }
 
 
@@ -384,7 +384,11 @@ def render_coordinator(
         "ports": [{"name": "http", "containerPort": port}],
         "resources": resources(spec),
         "securityContext": container_security,
-        **_probes(port),
+        # Ready once registered and campaigning for every id (its /healthz answers only
+        # after that): a standby holding no id yet is what keeps every id served while
+        # another goes. /readyz (holds an id) would keep a standby unready for ever, and
+        # a rollout with maxUnavailable 0, or a node drain under the budget, stuck.
+        **_probes(port, ready="/healthz"),
     }
     return [
         config_obj,

@@ -17,9 +17,12 @@ cluster's status timer doing at most one step:
    NotAllowed runs without replication (turned on in this very change): it is replaced
    undrained. Without replication there is no drain: its topics wait for it, as they
    would for any restart.
-3. **Replace** it: delete its pod (with the pod's uid as precondition: a pod replaced
-   meanwhile is left alone); the controller creates it again on the update revision,
-   with the same volume.
+3. **Replace** it: evict its pod (the Eviction subresource, with the pod's uid as
+   precondition: a pod replaced meanwhile is left alone); the controller creates it again
+   on the update revision, with the same volume. An eviction honours the
+   PodDisruptionBudget: one that refuses (429, e.g. a pod of the set went down meanwhile)
+   leaves the broker ``Evicting``, tried again each tick for
+   :attr:`RollSettings.evict_timeout_s`.
 4. **Wait** until that pod runs the update revision and is Ready (a broker's ``/readyz``
    is Ready only once it serves: with its topics loaded, without replication), then go
    on with the next.
@@ -29,15 +32,16 @@ its step, since when) and said in condition ``Rolling`` (``broker k of n: ...``)
 restarted operator reads the record and finishes that broker before picking another; a
 new change mid-roll does too (a drained broker is not left behind while others go). A
 crash between two steps repeats at most the last one, and each is idempotent: draining
-again moves what is left, deleting checks the uid.
+again moves what is left, evicting checks the uid.
 
 **When a step fails**: a broker whose drain does not empty it within
-:attr:`RollSettings.drain_timeout_s`, or whose new pod is not Ready within
+:attr:`RollSettings.drain_timeout_s`, whose pod cannot be evicted within
+:attr:`RollSettings.evict_timeout_s`, or whose new pod is not Ready within
 :attr:`RollSettings.ready_timeout_s`, stops the roll (``Rolling`` False and ``Degraded``
-True, reason ``RollStalled``, naming it; one Warning event). A broker whose drain stalled
-is undrained (new topics may be placed on it again) and keeps running. The roll is tried
-again, from that broker, after :attr:`RollSettings.retry_s` or as soon as the StatefulSet's
-update revision changes (a new spec).
+True, reason ``RollStalled``, naming it; one Warning event). A broker whose drain or
+eviction stalled is undrained (new topics may be placed on it again) and keeps running.
+The roll is tried again, from that broker, after :attr:`RollSettings.retry_s` or as soon
+as the StatefulSet's update revision changes (a new spec).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ import kopf
 
 from segtxn.client.admin import Admin
 from segtxn.client.errors import Timeout
-from segtxn.operator.kube import KubeError
+from segtxn.operator.kube import EvictionRefused, KubeError
 from segtxn.operator.status import condition
 from segtxn.protocol.errors import NotAllowed, ServerError
 
@@ -67,8 +71,11 @@ class RollSettings:
 
     drain_timeout_s: float = 300.0
     """From a broker's first drain request until it must hold no topic or segment."""
+    evict_timeout_s: float = 300.0
+    """From the first refused eviction of a broker's pod (a PodDisruptionBudget that does
+    not allow it now) until it must have been evicted."""
     ready_timeout_s: float = 600.0
-    """From deleting a broker's pod until its successor must be Ready (the brokers'
+    """From evicting a broker's pod until its successor must be Ready (the brokers'
     startup probe alone allows 120 s)."""
     retry_s: float = 300.0
     """How long a stalled roll waits before it is tried again (a new spec retries at
@@ -79,14 +86,18 @@ class Step(enum.Enum):
     """Where the broker in progress is."""
 
     DRAINING = "Draining"
+    EVICTING = "Evicting"
+    """Its eviction was refused (a budget); tried again each tick."""
     REPLACING = "Replacing"
     STALLED = "Stalled"
 
 
 NEXT: dict[Step, frozenset[Step]] = {
-    Step.DRAINING: frozenset({Step.REPLACING, Step.STALLED}),
-    Step.REPLACING: frozenset({Step.STALLED}),  # done: the record goes
-    Step.STALLED: frozenset({Step.DRAINING, Step.REPLACING}),  # retried
+    Step.DRAINING: frozenset({Step.EVICTING, Step.REPLACING, Step.STALLED}),
+    Step.EVICTING: frozenset({Step.REPLACING, Step.STALLED}),
+    # done: the record goes; an old pod there again: evicted again
+    Step.REPLACING: frozenset({Step.EVICTING, Step.STALLED}),
+    Step.STALLED: frozenset({Step.DRAINING, Step.EVICTING, Step.REPLACING}),  # retried
 }
 """The one transition table; a broker that is done leaves no record."""
 
@@ -100,7 +111,7 @@ class Kube(Protocol):
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any: ...
 
-    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool: ...
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -307,10 +318,12 @@ class Roll:
         self, record: Record, pods: Mapping[str, Pod | None], target: str
     ) -> Outcome:
         pod = pods[record.broker]
-        if record.step is Step.DRAINING:
+        if record.step in (Step.DRAINING, Step.EVICTING):
             if pod is None or pod.terminating or pod.revision == target:
-                # deleted already (a restart between the delete and its record)
+                # evicted already (a restart between the eviction and its record)
                 return self._replacing(record.to(Step.REPLACING, _stamp(self.now)))
+            if record.step is Step.EVICTING:
+                return await self._replace(record, pod, "")
             return await self._drain(record, pod)
         if pod is not None and not pod.terminating and pod.revision == target and pod.ready:
             message = f"{self.which(record.broker)} runs {target} and is ready"
@@ -319,12 +332,12 @@ class Roll:
             why = f"its new pod was not Ready within {self.settings.ready_timeout_s:g} s"
             return await self._stall(record, why)
         if pod is not None and not pod.terminating and pod.revision != target:
-            return await self._replace(record, pod, record.note)  # an old pod again: delete
+            return await self._replace(record, pod, record.note)  # an old pod again: evict
         return self._replacing(record)
 
     async def _drain(self, record: Record, pod: Pod | None) -> Outcome:
         """Drain the broker (again: it moves what is left) and, once it holds nothing,
-        delete its pod. Past the drain timeout, stall."""
+        evict its pod. Past the drain timeout, stall."""
         if _seconds_since(record.since, self.now) > self.settings.drain_timeout_s:
             why = f"draining did not empty it within {self.settings.drain_timeout_s:g} s"
             return await self._stall(record, f"{why} ({record.note or 'no answer'})", undrain=True)
@@ -334,7 +347,7 @@ class Roll:
             homes = await self.admin.broker_homes(record.broker, limit=5)
         except NotAllowed as e:  # it runs without replication: no drain
             note = f"not drained: {e.message}"
-            return await self._replace(record.to(Step.REPLACING, record.since), pod, note)
+            return await self._replace(record, pod, note)
         except ServerError as e:
             return self._draining(replace(record, note=f"{e.name.value}: {e.message}"))
         except Timeout as e:
@@ -347,19 +360,36 @@ class Roll:
             return self._draining(replace(record, note=note))
         moved = len(answer.get("moved") or [])
         drained = f"drained ({moved} topics and segments moved)"
-        outcome = await self._replace(record.to(Step.REPLACING, _stamp(self.now)), pod, drained)
+        outcome = await self._replace(record, pod, drained)
         outcome.events.insert(0, ("Drained", f"{self.which(record.broker)} {drained}"))
         return outcome
 
     async def _replace(self, record: Record, pod: Pod | None, note: str) -> Outcome:
-        """Delete the broker's pod (its controller makes the new one)."""
-        record = replace(record, note=note, since=_stamp(self.now))
+        """Evict the broker's pod (its controller makes the new one). A refused eviction
+        (a budget) leaves the record ``Evicting``, tried again at the next tick; past
+        :attr:`RollSettings.evict_timeout_s` from the first refusal, the roll stalls."""
         if pod is not None and not pod.terminating:
-            await self.kube.delete_pod(self.namespace, pod.name, pod.uid)
+            try:
+                await self.kube.evict_pod(self.namespace, pod.name, pod.uid)
+            except EvictionRefused as e:
+                return await self._refused(record, e)
+        if record.step is not Step.REPLACING:
+            record = record.to(Step.REPLACING, _stamp(self.now))
+        record = replace(record, note=note, since=_stamp(self.now))
         outcome = self._replacing(record)
         done = f"; {note}" if note else ""
-        outcome.events.append(("Replacing", f"{self.which(record.broker)}: pod deleted{done}"))
+        outcome.events.append(("Replacing", f"{self.which(record.broker)}: pod evicted{done}"))
         return outcome
+
+    async def _refused(self, record: Record, refusal: EvictionRefused) -> Outcome:
+        if record.step is not Step.EVICTING:
+            record = record.to(Step.EVICTING, _stamp(self.now))
+        record = replace(record, note=f"eviction refused: {refusal}")
+        if _seconds_since(record.since, self.now) > self.settings.evict_timeout_s:
+            why = f"its pod could not be evicted within {self.settings.evict_timeout_s:g} s"
+            return await self._stall(record, f"{why} ({record.note})", undrain=self.replicated)
+        message = f"{self.which(record.broker)}: {record.note}; tried again"
+        return Outcome(record, (True, "Evicting", message))
 
     def _draining(self, record: Record) -> Outcome:
         message = f"{self.which(record.broker)}: draining; {record.note}"

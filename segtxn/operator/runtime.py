@@ -20,7 +20,7 @@ from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.operator import render
-from segtxn.operator.kube import Kube
+from segtxn.operator.kube import Kube, KubeError
 from segtxn.operator.rolling import RollSettings
 from segtxn.protocol.errors import (
     MetadataError,
@@ -123,3 +123,24 @@ def kopf_error(e: ServerError | Timeout, doing: str) -> kopf.TemporaryError | ko
     if transient(e):
         return kopf.TemporaryError(f"{doing}: {e}", delay=RETRY_S)
     return kopf.PermanentError(f"{doing}: {e}")
+
+
+async def apply_objects(runtime: Runtime, owner: kopf.Body, objects: list[render.Obj]) -> None:
+    """Server-side apply ``objects`` as children of ``owner`` (owner references), in
+    their order: one failing stops the rest, and what went before stays applied.
+
+    Raises:
+        kopf.PermanentError: Kubernetes refused a child as invalid or forbidden.
+        kopf.TemporaryError: the API server failed or did not answer; retried.
+    """
+    kopf.adopt(objects, owner=owner)
+    for obj in objects:
+        child = f"{obj['kind']} {obj['metadata']['name']}"
+        try:
+            await runtime.kube.apply(obj)
+        except KubeError as e:
+            if e.status in (400, 403, 422):
+                raise kopf.PermanentError(f"Kubernetes refused {child}: {e}") from e
+            raise kopf.TemporaryError(f"applying {child}: {e}", delay=RETRY_S) from e
+        except aiohttp.ClientError as e:
+            raise kopf.TemporaryError(f"applying {child}: {e!r}", delay=RETRY_S) from e

@@ -69,7 +69,9 @@ class Rollout:
     ready_replicas: int
 
 
-def _pod_template_key(workload: Mapping[str, Any]) -> tuple[list[str], str | None]:
+def template_key(workload: Mapping[str, Any]) -> tuple[list[str], str | None]:
+    """(images, configuration hash) of a workload's pod template: what the spec decides
+    of its pods beyond the replica count."""
     template = workload.get("spec", {}).get("template", {})
     images = [str(c.get("image")) for c in template.get("spec", {}).get("containers", [])]
     annotations = template.get("metadata", {}).get("annotations") or {}
@@ -86,8 +88,8 @@ def rollout(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> Rollo
     status = live.get("status") or {}
     ready = int(status.get("readyReplicas") or 0)
     has = int(live.get("spec", {}).get("replicas", 1))
-    images, config = _pod_template_key(live)
-    want_images, want_config = _pod_template_key(desired)
+    images, config = template_key(live)
+    want_images, want_config = template_key(desired)
     if has != wanted or images != want_images or config != want_config:
         return Rollout(
             False,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import pytest
 from tests.manifests.support import (
     CHART,
     KUBE_VERSION,
-    ROOT,
     Doc,
     kinds,
     load_all,
@@ -28,6 +26,7 @@ VALUE_SETS = {
         "etcd.enabled=false",
         "operator.watchNamespaces={team-a,team-b}",
     ),
+    "cluster-wide": ("operator.clusterWide=true",),
     "one etcd member, verbose": ("etcd.replicas=1", "operator.verbosity=2"),
     "etcd compacting by revision": (
         "etcd.autoCompaction.mode=revision",
@@ -53,10 +52,10 @@ def test_every_rendered_object_is_valid(helm: Helm, sets: tuple[str, ...]) -> No
 def test_default_install(helm: Helm) -> None:
     docs = template(helm)
     assert kinds(docs) == [
-        "ClusterRole",
-        "ClusterRoleBinding",
         "Deployment",
         "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
         "Service",
         "Service",
         "ServiceAccount",
@@ -75,67 +74,10 @@ def test_default_install(helm: Helm) -> None:
     assert pdb["spec"]["minAvailable"] == 2  # a quorum of 3 survives voluntary disruption
     operator = next(d for d in docs if d["kind"] == "Deployment")
     op_args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--all-namespaces" in op_args and "--peering=segtxn" in op_args
+    assert "--namespace=segtxn" in op_args and "--peering=segtxn" in op_args
 
 
-def test_operator_rbac_is_least_privilege(helm: Helm) -> None:
-    docs = template(helm)
-    role = next(d for d in docs if d["kind"] == "ClusterRole")
-    verbs = {v for rule in role["rules"] for v in rule["verbs"]}
-    assert "*" not in verbs and "escalate" not in verbs and "bind" not in verbs
-    resources = {r for rule in role["rules"] for r in rule["resources"]}
-    assert "*" not in resources
-    assert not {"secrets", "persistentvolumeclaims"} & resources
-    # The operator only creates what it renders; it deletes nothing but a broker's pod (how
-    # it rolls the OnDelete StatefulSet), reads pods one by one (no list, watch or
-    # eviction), and replaces (PUT) nothing but the owners' finalizers (docs/kubernetes.md,
-    # "RBAC").
-    own = next(r for r in role["rules"] if "scalabletopics" in r["resources"])
-    assert "create" not in own["verbs"]
-    assert "deletecollection" not in verbs
-    pods = [r for r in role["rules"] if "pods" in r["resources"]]
-    assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "delete"]}]
-    deletes = [r["resources"] for r in role["rules"] if "delete" in r["verbs"]]
-    assert deletes == [["pods"]]
-    updates = [r["resources"] for r in role["rules"] if "update" in r["verbs"]]
-    assert updates == [["segtxnclusters/finalizers", "transactioncoordinators/finalizers"]]
-    kinds_owned = ["statefulsets", "deployments", "services", "configmaps", "poddisruptionbudgets"]
-    children = {
-        r: sorted(rule["verbs"])
-        for rule in role["rules"]
-        for r in rule["resources"]
-        if r in kinds_owned
-    }
-    assert children == {r: ["create", "get", "patch"] for r in kinds_owned}
-
-
-def test_rbac_grants_what_the_operator_code_calls() -> None:
-    """segtxn/operator talks to Kubernetes through kube.py only (Kopf does the rest, with
-    GET, POST and PATCH): GET is get, and its one PATCH, a server-side apply, is patch, or
-    create when the child does not exist yet; the chart grants exactly get, create and
-    patch on the children. Its one DELETE is of a Pod (the rolling restart), the only
-    resource the chart lets it delete; there is no PUT to grant."""
-    source = "\n".join(p.read_text() for p in (ROOT / "segtxn" / "operator").glob("*.py"))
-    methods = set(re.findall(r'_call\(\s*"([A-Z]+)"', source))
-    assert methods == {"GET", "PATCH", "DELETE"}
-    assert "application/apply-patch+yaml" in source
-    assert re.findall(r'_call\("DELETE", self\._url\("v1", "(\w+)"', source) == ["Pod"]
-    assert not re.search(r'"PUT"', source)
-
-
-def test_namespaced_operator_gets_roles_not_cluster_rules(helm: Helm) -> None:
-    docs = template(helm, "operator.watchNamespaces={team-a,team-b}")
-    roles = [d for d in docs if d["kind"] == "Role"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    for role in roles:  # the same rules as cluster-wide: delete pods only, finalizers update
-        deletes = [r["resources"] for r in role["rules"] if "delete" in r["verbs"]]
-        assert deletes == [["pods"]]
-        assert any("segtxnclusters/finalizers" in rule["resources"] for rule in role["rules"])
-    cluster_role = next(d for d in docs if d["kind"] == "ClusterRole")
-    assert [r["resources"] for r in cluster_role["rules"]] == [["customresourcedefinitions"]]
-    operator = next(d for d in docs if d["kind"] == "Deployment")
-    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=team-a" in args and "--all-namespaces" not in args
+# The operator's RBAC and the scope it watches: tests/operator/test_rbac.py.
 
 
 def test_cluster_create_points_at_the_chart_etcd(helm: Helm) -> None:

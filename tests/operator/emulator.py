@@ -6,7 +6,9 @@ replays every object on each WATCH. Kopf and the operator rely on what a real AP
 does, so the subclass adds it: uid, resourceVersion (bumped on every write, so Kopf's
 JSON-patch ``test`` ops pass), namespace from the URL, names from ``generateName`` (events),
 a LIST resourceVersion that WATCH honours, subscription to changes before the replay
-snapshot, 422 (not 500) for a failed patch test, and server-side apply (a PATCH with
+snapshot, 422 (not 500) for a failed patch test, a pod's Eviction subresource (a delete
+with its uid precondition; :attr:`Emulator.refuse_evictions` answers 429 as a
+PodDisruptionBudget would: budgets themselves are not computed), and server-side apply (a PATCH with
 ``application/apply-patch+yaml`` and a ``fieldManager``: created when absent, fields the
 manager no longer applies removed; :mod:`tests.operator.ssa` says how faithfully). Still
 absent, so tests do it themselves: schema validation and defaulting, garbage collection of
@@ -23,18 +25,21 @@ import contextlib
 import datetime
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import jsonpatch
 import kmock
 import kopf
+from aiohttp import web
 
 from tests.manifests.support import crd_schemas
 from tests.manifests.test_crds import defaulted
 from tests.operator import ssa
 
 NS = "segtxn"
+TESTS_AGENT = "segtxn-tests"
+"""The User-Agent of the tests' own requests (:meth:`Emulator.call`)."""
 API = "segtxn.io/v1alpha1"
 PLURALS = {
     "SegtxnCluster": "segtxnclusters",
@@ -64,6 +69,21 @@ RESOURCES: dict[str, dict[str, Any]] = {
 }
 
 
+class Sent(NamedTuple):
+    """One request as RBAC sees it."""
+
+    method: str
+    group: str
+    plural: str
+    subresource: str
+    watching: bool
+    named: bool
+    existed: bool
+    """The named object existed before the request."""
+    apply: bool
+    """A server-side apply (it creates what does not exist)."""
+
+
 class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     _rv = 0  # class-wide and monotonic: only the order matters
 
@@ -75,12 +95,29 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     failing: dict[str, int]
     """Resource (``policy/v1/poddisruptionbudgets``) -> the HTTP status every create or
     patch of it gets, for tests of what the operator does when an apply fails."""
+    refuse_evictions: str | None = None
+    """When set, every eviction is refused with 429 and this message (a budget that does
+    not allow one now)."""
+    requests: list[Sent] | None = None
+    """When a list, every API request but the tests' own (:meth:`call`) and discovery's is
+    appended: what RBAC would be asked for (tests/operator/test_rbac.py)."""
+    status_patches: list[tuple[str, Any]] | None = None
+    """When a list, (name, body) of every PATCH of a segtxn resource's status
+    subresource, in order: what a handler wrote while it ran."""
     deleted: Callable[[str, str], None] | None = None
     """Told (plural, name: ``("pods", "demo-broker-2")``) of each object a DELETE
     removed, once it is: tests that play a controller (a StatefulSet's) react to it."""
 
     async def _handle(self, request: kmock.Request) -> Any:
         data = request.data
+        agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
+        if self.requests is not None and agent != TESTS_AGENT:
+            self._record(request, self.requests)
+        status_patch = request.subresource == "status" and request.method == "PATCH"
+        if self.status_patches is not None and _ours(request) and status_patch:
+            self.status_patches.append((str(request.name), data))
+        if request.subresource == "eviction" and request.method == "POST":
+            return await self._evict(request)
         writes = (kmock.action.CREATE, kmock.action.UPDATE)
         for resource, code in getattr(self, "failing", {}).items():
             if request.resource == kmock.resource(resource) and request.action in writes:
@@ -124,6 +161,43 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         if request.action == kmock.action.DELETE and request.resource and self.deleted:
             self.deleted(request.resource.plural, str(request.name))
         return result
+
+    def _record(self, request: kmock.Request, into: list[Sent]) -> None:
+        target = request.resource
+        if target is None or not target.plural:  # discovery: no grant needed
+            return
+        key = (target, request.namespace, request.name)
+        existed = key in self.objects._objects and not self.objects._objects[key].deleted
+        method = getattr(request.method, "value", str(request.method))
+        watching = request.params.get("watch", "") == "true"
+        apply = _content_type(request) == ssa.APPLY_PATCH
+        named = request.name is not None
+        sub = request.subresource or ""
+        into.append(Sent(method, target.group, target.plural, sub, watching, named, existed, apply))
+
+    async def _evict(self, request: kmock.Request) -> Any:
+        """A pod's eviction: 429 while :attr:`refuse_evictions`, 409 when its uid
+        precondition fails, 404 when there is no such pod; else the pod is deleted (as
+        an eviction the budget allows does) and a Status answers 201."""
+        if self.refuse_evictions is not None:
+            raise kmock.KubernetesError(
+                status=429, reason="TooManyRequests", message=self.refuse_evictions
+            )
+        key = (request.resource, request.namespace, request.name)
+        obj = self.objects._objects.get(key)
+        if obj is None or obj.deleted:
+            raise kmock.KubernetesError(status=404, reason="NotFound", message="no such pod")
+        wanted = ((request.data or {}).get("deleteOptions") or {}).get("preconditions", {})
+        if wanted.get("uid") and wanted["uid"] != obj.raw.get("metadata", {}).get("uid"):
+            raise kmock.KubernetesError(status=409, reason="Conflict", message="uid differs")
+        async with self._lock:
+            raw = dict(obj.raw)
+            obj.delete()
+            await self._buses[request.resource].put({"type": "DELETED", "object": raw})
+        if self.deleted:
+            self.deleted(request.resource.plural, str(request.name))
+        status = {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
+        return web.json_response(status, status=201)
 
     async def _apply(self, request: kmock.Request) -> None:
         """Server-side apply (:mod:`tests.operator.ssa`), handed on to kmock as what it
@@ -199,7 +273,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         """One API call through a throw-away session (a kept-alive connection would hold
         Kopf's shutdown for 5 s)."""
-        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+        headers = {"User-Agent": TESTS_AGENT}
+        if method == "PATCH":
+            headers["Content-Type"] = "application/merge-patch+json"
         async with (
             aiohttp.ClientSession(str(self.url)) as session,
             session.request(method, path, json=body, headers=headers) as response,

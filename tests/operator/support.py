@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 
 from segtxn.operator.handlers import OperatorConfig
-from tests.operator.emulator import Emulator
+from tests.operator.emulator import NS, Emulator
 from tests.processes import ServerProcess
 
 WAIT_S = 30.0
@@ -73,3 +73,21 @@ async def cluster(emu: Emulator, local: Local, **brokers: Any) -> None:
     if brokers:
         spec["brokers"] = brokers
     await emu.create("SegtxnCluster", "demo", spec)
+
+
+async def statefulset_rolled(emu: Emulator, name: str = "demo-broker") -> None:
+    """Play the API server and the StatefulSet's controller (no controller runs here): its
+    current template seen (a new generation, observed) and every pod updated and ready.
+    What the brokers' roll ends with, and what the coordinators' turn waits for
+    (segtxn/operator/ordering.py)."""
+    sts = emu.get("apps/v1/statefulsets", name)
+    assert sts is not None, name
+    generation = int(sts["metadata"].get("generation") or 0) + 1
+    replicas = int(sts["spec"]["replicas"])
+    path = f"/apis/apps/v1/namespaces/{NS}/statefulsets/{name}"
+    code, body = await emu.call("PATCH", path, {"metadata": {"generation": generation}})
+    assert code == 200, body
+    state = {"observedGeneration": generation, "replicas": replicas,
+             "updatedReplicas": replicas, "readyReplicas": replicas}  # fmt: skip
+    code, body = await emu.call("PATCH", f"{path}/status", {"status": state})
+    assert code == 200, body

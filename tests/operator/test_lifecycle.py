@@ -14,7 +14,15 @@ from segtxn.operator import clusters
 from segtxn.operator.render import CONFIG_HASH
 from tests import processes
 from tests.operator.emulator import Emulator, emulator, operator
-from tests.operator.support import WAIT_S, Local, cluster, config_of, status, tries
+from tests.operator.support import (
+    WAIT_S,
+    Local,
+    cluster,
+    config_of,
+    statefulset_rolled,
+    status,
+    tries,
+)
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -74,6 +82,12 @@ async def test_image_and_session_ttl_changes_reach_the_coordinators_too(local: L
                 != hashes["coordinators"]
             )
 
+        # The brokers first: the coordinators follow once the brokers run the new spec
+        # (segtxn/operator/ordering.py; their roll is test_ordering.py's).
+        await wait_until(lambda: image(emu, "apps/v1/statefulsets", "demo-broker") ==
+                         "segtxn:0.2.0", timeout=WAIT_S, what="the brokers")  # fmt: skip
+        assert image(emu, "apps/v1/deployments", "demo-coordinator") == "segtxn:0.1.0"
+        await statefulset_rolled(emu)
         # Before the fix the coordinators kept the old image and TTL until their own spec
         # changed: only the brokers were re-rendered.
         await wait_until(everything_updated, timeout=WAIT_S, what="brokers and coordinators")
@@ -136,6 +150,9 @@ async def test_a_store_url_change_is_refused_whole_and_named(local: Local) -> No
         # The URL set back, the rest of the change goes through.
         await emu.patch("SegtxnCluster", "demo", {"spec": {"metadataStore": {
             "url": local.store_url}}})  # fmt: skip
+        await wait_until(lambda: image(emu, "apps/v1/statefulsets", "demo-broker") ==
+                         "segtxn:0.2.0", timeout=WAIT_S, what="the brokers")  # fmt: skip
+        await statefulset_rolled(emu)
         await wait_until(
             lambda: image(emu, "apps/v1/deployments", "demo-coordinator") == "segtxn:0.2.0",
             timeout=WAIT_S,
@@ -242,8 +259,13 @@ async def test_a_failed_apply_says_so_in_status_and_heals(local: Local) -> None:
         assert failed is not None and failed["status"] == "False"
         assert "applying PodDisruptionBudget demo-broker: HTTP 500" in failed["message"]
         assert failed["observedGeneration"] == 1
-        assert any(
-            (kind, reason) == ("Warning", "ApplyFailed") for kind, reason, _ in emu.events("demo")
+        await wait_until(  # events are posted through Kopf's queue: after the status
+            lambda: any(
+                (kind, reason) == ("Warning", "ApplyFailed")
+                for kind, reason, _ in emu.events("demo")
+            ),
+            timeout=WAIT_S,
+            what="the ApplyFailed Warning event",
         )
         emu.failing = {}
         await wait_until(

@@ -261,3 +261,47 @@ async def test_a_scale_down_with_replication_drains_then_shrinks() -> None:
         lost = [m for t, r, m in emu.events("demo") if r == "ReplicasLost"]
         assert lost[0].startswith("demo-broker-3 go with their replicas of other brokers'")
         assert cond(emu, "Applied")["status"] == "True"
+
+
+async def test_an_eviction_the_budget_refuses_is_retried_then_goes_through() -> None:
+    fake = fake_brokers()
+    async with serving(fake), emulator() as emu:
+        breaches = watch(emu, fake)
+        async with operator(emu, memo(fake)):
+            await running(emu, replication="3/2")
+            emu.refuse_evictions = "Cannot evict pod as it would violate the disruption budget"
+            await change_image(emu, "segtxn:0.2.0", "r2")
+            await wait_until(lambda: cond(emu, "Rolling").get("reason") == "Evicting",
+                             timeout=WAIT_S, what="the eviction refused")  # fmt: skip
+            message = cond(emu, "Rolling")["message"]
+            assert message.startswith("broker 1 of 3 (demo-broker-2): eviction refused")
+            assert "would violate the disruption budget" in message
+            roll = status(emu, "SegtxnCluster", "demo")["roll"]
+            assert (roll["broker"], roll["step"]) == ("demo-broker-2", "Evicting")
+            assert revision(emu, "demo-broker-2") == "r1"  # still running: nothing deleted
+            emu.refuse_evictions = None  # the budget allows it again
+            for k, name in enumerate(reversed(BROKERS), start=1):
+                await replaced(emu, fake, k, name, "r2")
+            await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
+                             timeout=WAIT_S, what="the roll done")  # fmt: skip
+        # Drained once: the retried eviction did not drain it again.
+        assert fake.log == [(a, b) for b in reversed(BROKERS) for a in ("drain", "delete")]
+        assert breaches == []
+
+
+async def test_an_eviction_refused_past_its_timeout_stalls_the_roll_and_undrains() -> None:
+    fake = fake_brokers()
+    async with serving(fake), emulator() as emu:
+        watch(emu, fake)
+        async with operator(emu, memo(fake, evict_timeout_s=1)):
+            await running(emu, replication="3/2")
+            emu.refuse_evictions = "Cannot evict pod as it would violate the disruption budget"
+            await change_image(emu, "segtxn:0.2.0", "r2")
+            await wait_until(lambda: cond(emu, "Degraded").get("reason") == "RollStalled",
+                             timeout=WAIT_S, what="the roll stalled")  # fmt: skip
+            degraded = cond(emu, "Degraded")["message"]
+            assert "stopped at broker 1 of 3 (demo-broker-2)" in degraded
+            assert "its pod could not be evicted within 1 s" in degraded
+            assert "demo-broker-2 was undrained" in degraded
+            assert fake.log == [("drain", "demo-broker-2"), ("undrain", "demo-broker-2")]
+            assert [revision(emu, b) for b in BROKERS] == ["r1", "r1", "r1"]

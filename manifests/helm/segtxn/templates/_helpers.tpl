@@ -90,19 +90,33 @@ operator's defaults (resources, the soft spread over nodes) hold for the rest. *
 etcd://{{ include "segtxn.etcdName" . }}.{{ .Release.Namespace }}.svc:2379
 {{- end -}}
 
-{{/* What the operator may do: read and patch its resources, create and patch (never
-delete) their children. Kopf only GETs, POSTs and PATCHes (never PUT or DELETE);
-segtxn/operator/kube.py GETs and server-side applies (a PATCH, which needs create too when
-the child does not exist yet); children go with their owner through owner references.
+{{/* The namespaces a namespaced operator watches (a YAML list): operator.watchNamespaces,
+or else the release's own. */}}
+{{- define "segtxn.watchedNamespaces" -}}
+{{- toYaml (default (list .Release.Namespace) .Values.operator.watchNamespaces) -}}
+{{- end -}}
+
+{{/* What the operator may do, and no more: exactly the requests it sends
+(segtxn/operator/kube.py, CALLS, which refuses any other) and those Kopf sends, checked by
+tests/operator/test_rbac.py against what the operator sends to an emulated API server.
+Kopf lists, watches and patches the three resources (their status through /status) and
+creates events; it never GETs one object, PUTs or DELETEs. kube.py GETs the kinds it reads,
+server-side applies children (a PATCH, which needs create too when the child does not exist
+yet), patches a ScalableTopic's status during a long resharding, and evicts a broker's pod
+in a roll; it deletes nothing (children go with their owner through owner references).
 Owner references with blockOwnerDeletion need update on the owner's finalizers
-(OwnerReferencesPermissionEnforcement); only clusters and coordinators own children. */}}
+(OwnerReferencesPermissionEnforcement); only clusters and coordinators own children. The
+peering objects are the caller's: namespaced ones in a Role, cluster ones cluster-wide. */}}
 {{- define "segtxn.operatorRules" -}}
 - apiGroups: [segtxn.io]
-  resources: [segtxnclusters, transactioncoordinators, scalabletopics]
+  resources: [segtxnclusters, transactioncoordinators]
   verbs: [get, list, watch, patch]
 - apiGroups: [segtxn.io]
+  resources: [scalabletopics]
+  verbs: [list, watch, patch]
+- apiGroups: [segtxn.io]
   resources: [segtxnclusters/status, transactioncoordinators/status, scalabletopics/status]
-  verbs: [get, patch]
+  verbs: [patch]
 - apiGroups: [segtxn.io]
   resources: [segtxnclusters/finalizers, transactioncoordinators/finalizers]
   verbs: [update]
@@ -110,18 +124,21 @@ Owner references with blockOwnerDeletion need update on the owner's finalizers
   resources: [statefulsets, deployments]
   verbs: [get, create, patch]
 - apiGroups: [""]
-  resources: [services, configmaps]
-  verbs: [get, create, patch]
-- apiGroups: [policy]
-  resources: [poddisruptionbudgets]
+  resources: [configmaps]
   verbs: [get, create, patch]
 - apiGroups: [""]
+  resources: [services]
+  verbs: [create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, patch]
+- apiGroups: [""]
   resources: [pods]
-  verbs: [get, delete]
-- apiGroups: ["", events.k8s.io]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [pods/eviction]
+  verbs: [create]
+- apiGroups: [""]
   resources: [events]
   verbs: [create]
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
 {{- end -}}

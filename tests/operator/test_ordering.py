@@ -1,0 +1,194 @@
+"""An upgrade's order: the brokers first, one at a time, then the coordinators, one
+TransactionCoordinator at a time, each Deployment rolled before the next is applied (Kopf
+against kmock; the brokers' admin endpoints faked, tests/operator/fakebrokers.py; the test
+plays the StatefulSet's and the Deployments' controllers: the generation the API server
+would bump, the status their controllers would write).
+
+Before this, one cluster change applied the brokers and every coordinator Deployment at
+once (both rolled together); these tests fail on that code at the first assertion that a
+coordinator Deployment still runs the old image while the brokers roll."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.operator.emulator import NS, Emulator, emulator, operator
+from tests.operator.fakebrokers import serving
+from tests.operator.support import WAIT_S, status
+from tests.operator.test_rolling import (
+    BROKERS,
+    change_image,
+    cond,
+    fake_brokers,
+    memo,
+    replaced,
+    running,
+    watch,
+)
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(150)
+DEPLOYMENTS = "apps/v1/deployments"
+
+
+def image(emu: Emulator, coordinator: str) -> str | None:
+    found = emu.get(DEPLOYMENTS, f"{coordinator}-coordinator")
+    return (
+        None if found is None else str(found["spec"]["template"]["spec"]["containers"][0]["image"])
+    )
+
+
+def args(emu: Emulator, coordinator: str) -> list[str]:
+    found = emu.get(DEPLOYMENTS, f"{coordinator}-coordinator")
+    assert found is not None
+    return list(found["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+async def controller(
+    emu: Emulator, plural: str, name: str, *, generation: int, observed: int, updated: int,
+    ready: int, replicas: int,
+) -> None:  # fmt: skip
+    """What the API server (``metadata.generation``) and the workload's controller
+    (its status) would say."""
+    path = f"/apis/apps/v1/namespaces/{NS}/{plural}/{name}"
+    code, body = await emu.call("PATCH", path, {"metadata": {"generation": generation}})
+    assert code == 200, body
+    state = {"observedGeneration": observed, "replicas": replicas, "updatedReplicas": updated,
+             "readyReplicas": ready}  # fmt: skip
+    code, body = await emu.call("PATCH", f"{path}/status", {"status": state})
+    assert code == 200, body
+
+
+async def brokers_done(emu: Emulator, generation: int) -> None:
+    await controller(emu, "statefulsets", "demo-broker", generation=generation,
+                     observed=generation, updated=3, ready=3, replicas=3)  # fmt: skip
+
+
+async def coordinators_done(emu: Emulator, coordinator: str, generation: int) -> None:
+    await controller(emu, "deployments", f"{coordinator}-coordinator", generation=generation,
+                     observed=generation, updated=2, ready=2, replicas=2)  # fmt: skip
+
+
+async def two_coordinators(emu: Emulator) -> None:
+    """TransactionCoordinators alpha and beta of cluster demo, their Deployments rolled."""
+    for name in ("alpha", "beta"):
+        await emu.create("TransactionCoordinator", name, {"clusterRef": "demo", "replicas": 2})
+    await wait_until(lambda: image(emu, "alpha") == image(emu, "beta") == "segtxn:0.1.0",
+                     timeout=WAIT_S, what="the coordinators rendered")  # fmt: skip
+    for name in ("alpha", "beta"):
+        await coordinators_done(emu, name, 1)
+
+
+async def lagging(emu: Emulator) -> None:
+    """The coordinators' Deployments as the API server and their controller will have them
+    once the new template is applied: generation 2, not acted on yet (set before, as a
+    real API server bumps it in the apply itself: nothing can see them rolled meanwhile)."""
+    for name in ("alpha", "beta"):
+        await controller(emu, "deployments", f"{name}-coordinator", generation=2, observed=1,
+                         updated=2, ready=2, replicas=2)  # fmt: skip
+
+
+def rolling(emu: Emulator) -> dict[str, Any]:
+    return cond(emu, "Rolling")
+
+
+async def test_an_image_change_rolls_the_brokers_then_each_coordinator_in_turn() -> None:
+    fake = fake_brokers()
+    async with serving(fake), emulator() as emu:
+        breaches = watch(emu, fake)
+        async with operator(emu, memo(fake)):
+            await running(emu, replication="3/2")
+            await brokers_done(emu, 1)
+            await two_coordinators(emu)
+            await change_image(emu, "segtxn:0.2.0", "r2")
+            await controller(emu, "statefulsets", "demo-broker", generation=2, observed=2,
+                             updated=0, ready=3, replicas=3)  # fmt: skip
+            await lagging(emu)
+            # A coordinator's own change mid-roll waits too: it would bring the new image.
+            await emu.patch("TransactionCoordinator", "beta", {"spec": {"gcSweepSeconds": 5}})
+            await wait_until(
+                lambda: any(c["type"] == "Applied" and c["reason"] == "WaitingForRoll"
+                            for c in status(emu, "TransactionCoordinator", "beta")
+                            .get("conditions", [])),
+                timeout=WAIT_S, what="beta waiting for the brokers",
+            )  # fmt: skip
+            for k, name in enumerate(reversed(BROKERS), start=1):
+                assert image(emu, "alpha") == image(emu, "beta") == "segtxn:0.1.0", name
+                await replaced(emu, fake, k, name, "r2")
+            await wait_until(lambda: rolling(emu).get("reason") == "UpToDate", timeout=WAIT_S,
+                             what="every broker on r2")  # fmt: skip
+            # Every pod runs r2, but the controller has not said so: still the brokers' turn.
+            assert image(emu, "alpha") == image(emu, "beta") == "segtxn:0.1.0"
+            await brokers_done(emu, 2)
+
+            await wait_until(lambda: image(emu, "alpha") == "segtxn:0.2.0", timeout=WAIT_S,
+                             what="alpha applied")  # fmt: skip
+            assert image(emu, "beta") == "segtxn:0.1.0"  # one at a time
+            await wait_until(lambda: rolling(emu).get("reason") == "Coordinators",
+                             timeout=WAIT_S, what="the coordinators' turn said")  # fmt: skip
+            assert rolling(emu)["status"] == "True"
+            assert rolling(emu)["message"].startswith("TransactionCoordinator alpha (1 of 2)")
+            # The Deployment's controller rolls alpha: seen, one pod updated, both.
+            await controller(emu, "deployments", "alpha-coordinator", generation=2,
+                             observed=2, updated=1, ready=2, replicas=3)  # fmt: skip
+            await wait_until(lambda: "1/2 pods updated" in rolling(emu).get("message", ""),
+                             timeout=WAIT_S, what="alpha's progress")  # fmt: skip
+            assert image(emu, "beta") == "segtxn:0.1.0"
+            await coordinators_done(emu, "alpha", 2)
+
+            await wait_until(lambda: image(emu, "beta") == "segtxn:0.2.0", timeout=WAIT_S,
+                             what="beta applied, after alpha")  # fmt: skip
+            assert "--gc-sweep=5" in args(emu, "beta")  # its own change, in its turn
+            await wait_until(
+                lambda: rolling(emu).get("message", "").startswith(
+                    "TransactionCoordinator beta (2 of 2)"),
+                timeout=WAIT_S, what="beta's turn said",
+            )  # fmt: skip
+            await coordinators_done(emu, "beta", 2)
+            await wait_until(lambda: rolling(emu).get("reason") == "UpToDate", timeout=WAIT_S,
+                             what="the whole roll done")  # fmt: skip
+            await wait_until(
+                lambda: any(c["type"] == "Applied" and c["status"] == "True"
+                            for c in status(emu, "TransactionCoordinator", "beta")
+                            .get("conditions", [])),
+                timeout=WAIT_S, what="beta Applied again",
+            )  # fmt: skip
+        assert breaches == []
+        reasons = [(r, m) for _, r, m in emu.events("alpha")]
+        assert ("Applied", "4 objects re-rendered for SegtxnCluster demo's spec") in reasons
+
+
+async def test_an_operator_restarted_during_the_coordinators_turn_goes_on_in_order() -> None:
+    fake = fake_brokers()
+    async with serving(fake), emulator() as emu:
+        watch(emu, fake)
+        async with operator(emu, memo(fake)):
+            await running(emu, replication="3/2")
+            await brokers_done(emu, 1)
+            await two_coordinators(emu)
+            await change_image(emu, "segtxn:0.2.0", "r2")
+            await controller(emu, "statefulsets", "demo-broker", generation=2, observed=2,
+                             updated=0, ready=3, replicas=3)  # fmt: skip
+            await lagging(emu)
+            for k, name in enumerate(reversed(BROKERS), start=1):
+                await replaced(emu, fake, k, name, "r2")
+            await brokers_done(emu, 2)
+            await wait_until(lambda: image(emu, "alpha") == "segtxn:0.2.0", timeout=WAIT_S,
+                             what="alpha applied")  # fmt: skip
+        # Stopped while alpha's Deployment rolls (its controller has not acted on the new
+        # template yet). A new operator reads where it is from the live objects: it waits
+        # for alpha, and only then applies beta.
+        async with operator(emu, memo(fake)):
+            await wait_until(
+                lambda: rolling(emu).get("message", "").startswith(
+                    "TransactionCoordinator alpha (1 of 2): Deployment alpha-coordinator"),
+                timeout=WAIT_S, what="alpha's roll said again",
+            )  # fmt: skip
+            assert "has not acted on generation 2" in rolling(emu)["message"]
+            assert image(emu, "beta") == "segtxn:0.1.0"
+            await coordinators_done(emu, "alpha", 2)
+            await wait_until(lambda: image(emu, "beta") == "segtxn:0.2.0", timeout=WAIT_S,
+                             what="beta applied after alpha")  # fmt: skip
+        assert [a for a, _ in fake.log].count("drain") == 3  # no broker rolled again
