@@ -10,10 +10,10 @@ drains each broker that would go (``POST /admin/v2/brokers/{id}/drain``: its top
 segments move to the others, nothing new is placed on it), then checks as without. What
 a drain cannot move stays and refuses the change: ledgers written before replication was
 turned on are on their home's disk alone. What the drain does not move: the replicas a
-removed broker keeps of *other* brokers' ledgers. They go with it, and nothing
-re-replicates them in the background yet: each such ledger has one copy fewer until a
-recovery of it finds fewer than ``A`` and copies it again (docs/ledger.md, "Copies
-lost"). :attr:`Verdict.lost` says so, for a Warning event.
+removed broker keeps of *other* brokers' ledgers. They go with it: each such ledger has
+one copy fewer until its owner's background repair copies it to another broker, once the
+removed broker has been unregistered for 5 minutes (docs/ledger.md, "Repair").
+:attr:`Verdict.lost` says so, for a Warning event.
 
 The check asks the brokers' admin API which topics and segments are homed on each
 broker that would go (``GET /admin/v2/brokers/{id}/homes``: one bounded index read each,
@@ -159,9 +159,8 @@ async def check(
         f"{', '.join(ids)} drained, they hold no topics or segments: scaling to {wanted}",
         lost=(
             f"{', '.join(ids)} go with their replicas of other brokers' ledgers (replication "
-            f"{replication}): nothing copies them elsewhere in the background yet, so each "
-            "such ledger has one copy fewer until a recovery of it finds fewer than "
-            f"{replication.ack_quorum} and copies it again"
+            f"{replication}): each such ledger has one copy fewer until its owner's "
+            "background repair copies it to another broker, 5 minutes after they are gone"
         ),
     )
 

@@ -84,7 +84,7 @@ async def test_with_replication_the_brokers_that_go_are_drained_first() -> None:
     assert "c-broker-3, c-broker-4 go with their replicas of other brokers' ledgers" in (
         verdict.lost
     )
-    assert "finds fewer than 2 and copies it again" in verdict.lost
+    assert "background repair copies it to another broker" in verdict.lost
 
 
 async def test_what_a_drain_cannot_move_refuses_and_says_why() -> None:
