@@ -161,10 +161,11 @@ def config_ref(workload: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-COORDINATOR_CONFIG = ("storeUrl", "sessionTtlSeconds")
+COORDINATOR_CONFIG = ("storeUrl", "sessionTtlSeconds", replication.CONFIG_KEY)
 """The keys of the cluster's configuration that coordinators read (their own ConfigMap
 holds these): a change to any of them must roll the coordinators too, not only the
-brokers."""
+brokers. With replication on, coordinators keep their v4 transaction logs on the brokers'
+storage nodes (``--replication``), so v4 transactions work without a shared volume."""
 
 
 def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
@@ -355,6 +356,7 @@ def render_coordinator(
     read = {k: v for k, v in cluster_config(cluster_spec).items() if k in COORDINATOR_CONFIG}
     config_obj = config_map(f"{full}-config", namespace, component, read)
     config = config_obj["metadata"]["name"]
+    replicated = replication.CONFIG_KEY in read
     pod_security, container_security = _security()
     flags = {
         "ids": spec.get("coordinatorIds", 4),
@@ -375,11 +377,17 @@ def render_coordinator(
             f"--port={port}",
             "--session-ttl=$(SEGTXN_SESSION_TTL)",
             *(f"--{flag}={value}" for flag, value in flags.items()),
+            *(["--replication=$(SEGTXN_REPLICATION)"] if replicated else []),
         ],
         "env": _env(
             ("POD_IP", _field("status.podIP")),
             ("SEGTXN_STORE", _config(config, "storeUrl")),
             ("SEGTXN_SESSION_TTL", _config(config, "sessionTtlSeconds")),
+            *(
+                [("SEGTXN_REPLICATION", _config(config, replication.CONFIG_KEY))]
+                if replicated
+                else []
+            ),
         ),
         "ports": [{"name": "http", "containerPort": port}],
         "resources": resources(spec),

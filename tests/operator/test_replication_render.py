@@ -58,7 +58,10 @@ def test_without_replication_nothing_is_rendered_and_nothing_rolls() -> None:
     assert "SEGTXN_REPLICATION" not in {e["name"] for e in container["env"]}
 
 
-def test_turning_it_on_rolls_the_brokers_but_not_the_coordinators() -> None:
+def test_turning_it_on_rolls_the_coordinators_too_with_their_v4_logs_replicated() -> None:
+    """Coordinators keep their v4 transaction logs on the brokers' storage nodes when the
+    brokers replicate, so a coordinator pod anywhere can take a v4 id over (before, v4
+    transactions needed a shared volume, which the chart never gave them)."""
     off = by_kind(render.render_cluster("demo", "segtxn", spec()))
     on = by_kind(render.render_cluster("demo", "segtxn", spec(replication="3/2")))
     template = "StatefulSet/demo-broker"
@@ -69,11 +72,17 @@ def test_turning_it_on_rolls_the_brokers_but_not_the_coordinators() -> None:
 
     assert hash_of(off) != hash_of(on)
     tc = minimal("TransactionCoordinator", {"clusterRef": "demo"})
-    coordinators = [
-        render.render_coordinator("demo", "segtxn", tc, cluster)
-        for cluster in (spec(), spec(replication="3/2"))
-    ]
-    assert coordinators[0] == coordinators[1]
+    runs = []
+    for cluster in (spec(), spec(replication="3/2")):
+        objects = by_kind(render.render_coordinator("demo", "segtxn", tc, cluster))
+        for obj in objects.values():
+            validate(obj)
+        deployment = objects["Deployment/demo-coordinator"]
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        config = config_for(objects, "Deployment/demo-coordinator")
+        runs.append(parse(expand(container, config)))
+    assert runs[0]["replication"] is None and runs[0]["data_dir"] is None  # no v4 there
+    assert runs[1]["replication"] == "3/2"  # v4 on, logs on the brokers' nodes
 
 
 @pytest.mark.parametrize(
