@@ -119,6 +119,11 @@ class OnlineCheck:
     def anomalies(self) -> int:
         return sum(self.counts.values())
 
+    @property
+    def pending(self) -> int:
+        """Transactions with visible outputs whose outcome no history has given yet."""
+        return len(self._pending)
+
     def batch(self, batch_id: int, records: Iterable[Record]) -> BatchReport:
         before = dict(self.counts)
         self.outcomes.poll()
@@ -140,7 +145,7 @@ class OnlineCheck:
             self._pending.popitem(last=False)
             self.undecided += 1
         found = {k: self.counts[k] - before[k] for k in ONLINE}
-        return BatchReport(batch_id, n, found, len(self._pending))
+        return BatchReport(batch_id, n, found, self.pending)
 
     def _order(self, record: Record) -> None:
         key = record.topic, record.key

@@ -96,10 +96,12 @@ async def test_a_stream_finds_nothing_on_clean_data_then_each_doctored_anomaly(
         history.record("ended", txn=name, outcome="committed" if commit else "aborted")
 
     check = OnlineCheck(Outcomes(tmp_path / "history"))
-    frame = run_frame(spark, cluster.url, topics)
-    query = await asyncio.to_thread(
-        start_check, frame, check, tmp_path / "ckpt", keep, trigger_s=0.2
-    )
+
+    def start() -> StreamingQuery:  # Spark plans in a thread: the loop serves the broker
+        frame = run_frame(spark, cluster.url, topics)
+        return start_check(frame, check, tmp_path / "ckpt", keep, trigger_s=0.2)
+
+    query = await asyncio.to_thread(start)
     try:
         for seq in range(3):
             for key in ("k0", "k1"):

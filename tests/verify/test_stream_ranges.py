@@ -107,7 +107,8 @@ async def test_a_range_held_by_an_open_transaction_times_out_clearly(
 
     with pytest.raises(
         SegmentReadTimeout,
-        match=r"/0 1:0\.\.1:\d+ not read in 0.5 s \(read 3 messages, up to 1:2\): a transaction still open",
+        match=r"/0 1:0\.\.1:\d+ not read in 0.5 s \(read 3 messages, up to 1:2\): a "
+        r"transaction still open",
     ) as caught:
         await read_range(cluster.url, part, ("value",), 0.5)
     assert isinstance(caught.value, TimeoutError)
