@@ -156,8 +156,9 @@ async def read_range(
         return rows
     end = parse_position(partition.end)
     last: Position | None = None
+    deadline = asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s), Client(url) as client:
+        async with deadline, Client(url) as client:
             reader = await client.create_reader(
                 partition.topic, start=partition.start, end=partition.end
             )
@@ -182,6 +183,8 @@ async def read_range(
                 }
                 rows.append(tuple(fields[c] for c in columns))
     except TimeoutError as e:
+        if not deadline.expired():
+            raise  # the client's own (attaching to the segment took too long): it says so
         got = f"up to {show(last)}" if last is not None else "nothing"
         raise SegmentReadTimeout(
             f"segtxn source: {partition.topic} {partition.start}..{partition.end} not read in "
