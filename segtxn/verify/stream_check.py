@@ -111,6 +111,9 @@ class OnlineCheck:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ONLINE, 0))
     samples: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in ONLINE})
     undecided: int = 0
+    last_batch: int = -1
+    """The last micro-batch checked: Spark runs a batch again, with the same records, when
+    its query stopped before committing it; the check skips it then."""
     _last: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     _recent: dict[tuple[str, str], tuple[list[int], set[int]]] = field(default_factory=dict)
     _pending: OrderedDict[str, list[Record]] = field(default_factory=OrderedDict)
@@ -125,6 +128,9 @@ class OnlineCheck:
         return len(self._pending)
 
     def batch(self, batch_id: int, records: Iterable[Record]) -> BatchReport:
+        if batch_id <= self.last_batch:  # checked already: the same records again
+            return BatchReport(batch_id, 0, dict.fromkeys(ONLINE, 0), self.pending)
+        self.last_batch = batch_id
         before = dict(self.counts)
         self.outcomes.poll()
         n = 0
