@@ -1,4 +1,4 @@
-"""``segtxn verify run|check|process``: the verification workload and its Spark checker."""
+"""``segtxn verify run|check|stream|process``: the verification workload and its Spark checker."""
 
 from __future__ import annotations
 
@@ -234,6 +234,62 @@ def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -
         write_html(report, run_s, html_path)
         click.echo(f"report: {html_path}")
     sys.exit(0 if report.anomalies == 0 and info.drained else 1)
+
+
+@verify.command()
+@click.option("--url", required=True, envvar=URL_ENV, show_envvar=True, type=SERVICE_URLS)
+@click.option("--run", required=True, callback=_run_name, help="The run's name (its topics).")
+@click.option("--run-dir", required=True, type=RUN_DIR, help="The run's directory (histories).")
+@click.option("--checkpoint", default=None, type=RUN_DIR, help="[default: RUN_DIR/stream-ckpt]")
+@click.option("--trigger", default=1.0, show_default=True, type=SECONDS, help="Seconds per batch.")
+@click.option("--window", default=1000, show_default=True, type=POSITIVE_INT, help="Dup window.")
+@click.option("--for", "duration", default=None, type=SECONDS, help="Stop after this long.")
+@click.option("--wait", default=60.0, show_default=True, type=SECONDS, help="For the topics.")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+def stream(
+    *,
+    url: str,
+    run: str,
+    run_dir: Path,
+    checkpoint: Path | None,
+    trigger: float,
+    window: int,
+    duration: float | None,
+    wait: float,
+    master: str,
+) -> None:
+    """Check a run's topics while it runs (a line per Spark micro-batch) until it ends;
+    exit status 1 when any anomaly is found."""
+    from pyspark.errors import StreamingQueryException
+
+    from segtxn.verify.processor import Topics
+    from segtxn.verify.spark import require_java, spark_session
+    from segtxn.verify.stream_job import (
+        StreamSettings,
+        TopicsMissing,
+        follow_run,
+        summary,
+        wait_for_topics,
+    )
+
+    try:
+        require_java()
+        asyncio.run(check_reachable(url))
+        asyncio.run(wait_for_topics(url, Topics.for_run(run), wait))
+    except (RuntimeError, TopicsMissing) as e:
+        raise click.ClickException(str(e)) from e
+    settings = StreamSettings(
+        url, run, run_dir, checkpoint or run_dir / "stream-ckpt", trigger, window, duration
+    )
+    spark = spark_session(master)
+    try:
+        online = follow_run(spark, settings, click.echo)
+    except StreamingQueryException as e:
+        raise click.ClickException(str(e)) from e
+    finally:
+        spark.stop()
+    click.echo(summary(online))
+    sys.exit(0 if online.anomalies == 0 else 1)
 
 
 @verify.command(hidden=True)
