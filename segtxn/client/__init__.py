@@ -27,6 +27,7 @@ from segtxn.client.errors import (
     MetadataError,
     MetadataStoreFull,
     NotAllowed,
+    NotAuthorized,
     NotOwner,
     OperationCancelled,
     PersistenceError,
@@ -43,6 +44,7 @@ from segtxn.client.errors import (
     TopicTerminatedError,
     TransactionConflict,
     TransactionNotFound,
+    Unauthenticated,
     UnknownError,
 )
 from segtxn.client.messages import Message, MessageId
@@ -71,6 +73,7 @@ __all__ = [
     "MetadataError",
     "MetadataStoreFull",
     "NotAllowed",
+    "NotAuthorized",
     "NotOwner",
     "OperationCancelled",
     "PersistenceError",
@@ -93,5 +96,6 @@ __all__ = [
     "TransactionConflict",
     "TransactionFailed",
     "TransactionNotFound",
+    "Unauthenticated",
     "UnknownError",
 ]

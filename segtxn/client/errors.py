@@ -29,6 +29,7 @@ from segtxn.protocol.errors import (
     MetadataError,
     MetadataStoreFull,
     NotAllowed,
+    NotAuthorized,
     NotOwner,
     PersistenceError,
     ProducerBusy,
@@ -42,6 +43,7 @@ from segtxn.protocol.errors import (
     TopicTerminatedError,
     TransactionConflict,
     TransactionNotFound,
+    Unauthenticated,
     UnknownError,
 )
 
@@ -59,6 +61,7 @@ __all__ = [
     "MetadataError",
     "MetadataStoreFull",
     "NotAllowed",
+    "NotAuthorized",
     "NotOwner",
     "OperationCancelled",
     "PersistenceError",
@@ -75,6 +78,7 @@ __all__ = [
     "TopicTerminatedError",
     "TransactionConflict",
     "TransactionNotFound",
+    "Unauthenticated",
     "UnknownError",
 ]
 

@@ -35,10 +35,13 @@ def store_url(etcd_server: EtcdServer) -> str:
 
 
 async def _state(client: Client, coordinator: ServerProcess, txn: str) -> str | None:
-    """The transaction's state as ``coordinator`` reports it (None: not its id, or not yet)."""
+    """The transaction's state as ``coordinator`` reports it (None: not its id, or not yet).
+    Asked with a short limit: a coordinator that does not hold the id relays the question
+    to the holder, which may be the paused one."""
     try:
-        status = await client.connector.request("GET", f"{coordinator.url}/txn/v2/{txn}")
-    except (ServerError, OSError):
+        async with asyncio.timeout(2):
+            status = await client.connector.request("GET", f"{coordinator.url}/txn/v2/{txn}")
+    except (ServerError, OSError, TimeoutError):
         return None
     return str(status["state"])
 
