@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from segtxn.ledger import FileLogStorage
+from segtxn.ledger import FileLogStorage, ManagedLedger
 from segtxn.ledger.metadata import LedgerSettings, tail_bound
 from segtxn.ledger.replicas import (
     Census,
@@ -152,3 +152,16 @@ def placement_members(replicas: Sequence[str]) -> list[str]:
 
 def _node(root: Path) -> ReplicaNode:
     return ReplicaNode(root / "replicas", tail_bytes=tail_bound(LedgerSettings()))
+
+
+async def started(cluster: Cluster, n: int) -> Cluster:
+    """``cluster`` with ``n`` more storage nodes running."""
+    for _ in range(n):
+        await cluster.add()
+    return cluster
+
+
+async def payloads_of(ledger: ManagedLedger) -> list[bytes]:
+    """Every entry ``ledger`` holds, oldest first."""
+    first = ledger.first_position() or ledger.next_write_position()
+    return [e.payload for e in await ledger.read(first, max_entries=10_000)]

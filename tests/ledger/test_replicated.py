@@ -27,22 +27,11 @@ from segtxn.ledger.replicas import node as node_module
 from segtxn.ledger.replicas import quorum as quorum_module
 from segtxn.ledger.replicas.wire import encode_frames
 from segtxn.metastore import MetadataStore
-from tests.ledger.replicas import TIMEOUT_S, Cluster, placement_members
+from tests.ledger.replicas import TIMEOUT_S, Cluster, payloads_of, placement_members, started
 from tests.waiting import wait_until
 
 NAME = "persistent://t/n/replicated"
 TINY_LIMIT = 1000
-
-
-async def nodes(cluster: Cluster, n: int) -> Cluster:
-    for _ in range(n):
-        await cluster.add()
-    return cluster
-
-
-async def payloads_of(ledger: ManagedLedger) -> list[bytes]:
-    first = ledger.first_position() or ledger.next_write_position()
-    return [e.payload for e in await ledger.read(first, max_entries=10_000)]
 
 
 async def ledgers_of(store: MetadataStore) -> list[list[str]]:
@@ -55,7 +44,7 @@ async def ledgers_of(store: MetadataStore) -> list[list[str]]:
 async def test_appends_reach_every_replica_and_read_back(
     store: MetadataStore, cluster: Cluster
 ) -> None:
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     storage = cluster.storage(0, write=3, ack=2)
     ledger = await ManagedLedger.open(NAME, store, storage)
     sent = [f"m{i}".encode() for i in range(50)]
@@ -71,7 +60,7 @@ async def test_appends_reach_every_replica_and_read_back(
 async def test_a_new_owner_fences_the_old_writer_and_keeps_every_acknowledged_entry(
     store: MetadataStore, cluster: Cluster
 ) -> None:
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     old = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     acknowledged = [await old.append(f"a{i}".encode()) for i in range(20)]
     assert acknowledged[-1] == Position(1, 19)
@@ -92,7 +81,7 @@ async def test_a_new_owner_fences_the_old_writer_and_keeps_every_acknowledged_en
 async def test_a_replica_that_dies_leaves_the_ensemble_and_the_next_ledger_avoids_it(
     store: MetadataStore, cluster: Cluster
 ) -> None:
-    await nodes(cluster, 4)
+    await started(cluster, 4)
     storage = cluster.storage(0, write=3, ack=2)
     ledger = await ManagedLedger.open(NAME, store, storage)
     (first,) = await ledgers_of(store)
@@ -111,7 +100,7 @@ async def test_a_replica_that_dies_leaves_the_ensemble_and_the_next_ledger_avoid
 async def test_without_a_quorum_an_append_fails_with_a_retriable_error_not_a_hang(
     store: MetadataStore, cluster: Cluster
 ) -> None:
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     ledger = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     await ledger.append(b"ok")
     await cluster.stop(1)
@@ -133,7 +122,7 @@ async def test_without_a_quorum_an_append_fails_with_a_retriable_error_not_a_han
 async def test_a_ledger_goes_on_fewer_nodes_when_too_few_are_alive_but_never_below_the_quorum(
     store: MetadataStore, cluster: Cluster
 ) -> None:
-    await nodes(cluster, 2)
+    await started(cluster, 2)
     await cluster.stop(1)
     with pytest.raises(NotEnoughReplicas, match="needs at least 2 storage nodes"):
         await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
@@ -150,7 +139,7 @@ async def test_recovery_ends_at_the_longest_fenced_replica_and_copies_it_to_the_
 ) -> None:
     """An entry that only one replica got (its writer never heard back) is kept, and
     after recovery a quorum holds every entry up to the end."""
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     writer = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     for i in range(10):
         await writer.append(f"e{i}".encode())
@@ -173,7 +162,7 @@ async def test_recovery_ends_at_the_longest_fenced_replica_and_copies_it_to_the_
 async def test_recovery_needs_enough_replicas_fenced(
     store: MetadataStore, cluster: Cluster
 ) -> None:
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     writer = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     await writer.append(b"x")
     await cluster.stop(1)
@@ -192,7 +181,7 @@ async def test_recovery_needs_enough_replicas_fenced(
 async def test_a_wiped_node_is_a_new_instance_and_reads_go_to_the_others(
     store: MetadataStore, cluster: Cluster
 ) -> None:
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     writer = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     for i in range(5):
         await writer.append(f"w{i}".encode())
@@ -274,7 +263,7 @@ ONE = {"ledger": NAME, "id": "1"}
 async def test_bad_requests_get_a_named_error_and_change_nothing(
     cluster: Cluster, op: str, query: dict[str, str], body: bytes, *, status: int, error: str
 ) -> None:
-    server = (await nodes(cluster, 1)).servers[0]
+    server = (await started(cluster, 1)).servers[0]
     server.node.max_request_bytes = TINY_LIMIT
     server.node.create(NAME, 1)
     server.node.append(NAME, 1, 0, [b"a"], False)
@@ -288,7 +277,7 @@ async def test_bad_requests_get_a_named_error_and_change_nothing(
 
 
 async def test_the_client_names_the_errors_it_gets(cluster: Cluster) -> None:
-    server = (await nodes(cluster, 1)).servers[0]
+    server = (await started(cluster, 1)).servers[0]
 
     async def locate(broker: str) -> str | None:
         return server.url
@@ -324,7 +313,7 @@ async def test_quorums_recovery_cannot_work_with_are_refused(
 
 
 async def test_settings_cover_a_single_node(store: MetadataStore, cluster: Cluster) -> None:
-    await nodes(cluster, 1)
+    await started(cluster, 1)
     ledger = await ManagedLedger.open(
         NAME, store, cluster.storage(0, write=1, ack=1), LedgerSettings(max_ledger_bytes=200)
     )
@@ -342,7 +331,7 @@ async def test_a_takeover_during_appends_keeps_every_acknowledged_entry_in_order
     """The old writer keeps appending (several in flight) while another opens the
     ledger: everything acknowledged to the old writer is in the new owner's ledger, in
     order, once; and the old writer gets nothing more acknowledged after the takeover."""
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     old = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     acknowledged: list[bytes] = []
     enough = asyncio.Event()
@@ -383,7 +372,7 @@ async def test_reads_and_recovery_copies_come_in_bounded_pieces(
     """A node answers a read with at most READ_BYTES (one entry at least), and readers
     and recovery's copies go on from where an answer ended."""
     monkeypatch.setattr(node_module, "READ_BYTES", 3000)
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     writer = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     sent = [bytes([i]) * 1000 for i in range(12)] + [b"big" * 2000]
     for payload in sent:
@@ -407,7 +396,7 @@ async def test_a_ledger_made_short_of_nodes_is_followed_by_a_whole_one_once_they
     store: MetadataStore, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(quorum_module, "RECHECK_S", 0.0)
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     await cluster.stop(2)
     ledger = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     await ledger.append(b"on two")
@@ -433,7 +422,7 @@ async def test_a_ledger_that_lost_copies_gets_new_ones_when_it_is_recovered(
     writer dies: one copy is left, fewer than the ack quorum. Recovery copies it to another
     live node and records the new placement (before, the ledger could never be opened
     again: the lost instance does not come back)."""
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     await cluster.stop(2)
     writer = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     for i in range(5):
@@ -500,7 +489,7 @@ async def test_a_ledger_made_short_asks_for_a_whole_one_no_sooner_than_a_recheck
     the next was made short again (a topic rolled over at every write, about 20 ledgers
     in a second in tests/broker/test_repair.py). The first check now waits a period."""
     monkeypatch.setattr(quorum_module, "RECHECK_S", 3600.0)
-    await nodes(cluster, 3)
+    await started(cluster, 3)
     await cluster.stop(2)
     ledger = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
     await cluster.start(2)  # (as a dead node still registered looks: counted alive)

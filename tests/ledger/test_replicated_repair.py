@@ -27,23 +27,12 @@ from segtxn.ledger.replicas import (
     sweep,
 )
 from segtxn.metastore import MetadataStore
-from tests.ledger.replicas import Cluster, TestNodes
+from tests.ledger.replicas import Cluster, TestNodes, payloads_of, started
 
 NAME = "persistent://t/n/repaired"
 SMALL = LedgerSettings(max_ledger_bytes=300)
 """Ledgers roll over every few entries: a topic with several closed ledgers."""
 SENT = [f"entry-{i:03d}".encode() * 4 for i in range(20)]
-
-
-async def started(cluster: Cluster, n: int) -> Cluster:
-    for _ in range(n):
-        await cluster.add()
-    return cluster
-
-
-async def payloads_of(ledger: ManagedLedger) -> list[bytes]:
-    first = ledger.first_position() or ledger.next_write_position()
-    return [e.payload for e in await ledger.read(first, max_entries=10_000)]
 
 
 async def stored(store: MetadataStore) -> dict[int, LedgerInfo]:

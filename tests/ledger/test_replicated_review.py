@@ -14,14 +14,9 @@ from aiohttp import web
 from segtxn.ledger import LedgerError, ManagedLedger
 from segtxn.ledger.replicas import HttpReplica, Member, ReplicaUnavailable
 from segtxn.metastore import MetadataStore
-from tests.ledger.replicas import TIMEOUT_S, Cluster
+from tests.ledger.replicas import TIMEOUT_S, Cluster, payloads_of
 
 NAME = "persistent://t/n/replicated"
-
-
-async def payloads_of(ledger: ManagedLedger) -> list[bytes]:
-    first = ledger.first_position() or ledger.next_write_position()
-    return [e.payload for e in await ledger.read(first, max_entries=10_000)]
 
 
 async def test_a_replica_that_lost_its_file_does_not_vouch_for_an_empty_ledger(

@@ -17,17 +17,11 @@ from segtxn.ledger import LedgerMissing, LedgerSettings, ManagedLedger, Retentio
 from segtxn.ledger.replicas import HttpReplica, Member, ReplicaNode, sweep
 from segtxn.ledger.replicas import node as node_module
 from segtxn.metastore import MetadataStore
-from tests.ledger.replicas import TIMEOUT_S, Cluster
+from tests.ledger.replicas import TIMEOUT_S, Cluster, started
 
 NAME = "persistent://t/n/swept"
 SMALL = LedgerSettings(max_ledger_bytes=300)
 HOUR_S = 3600.0
-
-
-async def started(cluster: Cluster, n: int) -> Cluster:
-    for _ in range(n):
-        await cluster.add()
-    return cluster
 
 
 def replicas_on(cluster: Cluster, i: int, name: str = NAME) -> list[int]:
