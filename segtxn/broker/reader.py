@@ -98,6 +98,10 @@ class Reader:
                         self._finish()
                     break
                 for entry in entries:
+                    if self._end is not None and entry.position > self._end:
+                        # The batch may run past ``end``: nothing after it is sent.
+                        self._next = entry.position
+                        break
                     self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
                     if not visible(self.buffer, entry):
                         continue

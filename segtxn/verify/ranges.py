@@ -154,7 +154,6 @@ async def read_range(
     rows: list[tuple[Any, ...]] = []
     if partition.end == NOTHING:
         return rows
-    end = parse_position(partition.end)
     last: Position | None = None
     deadline = asyncio.timeout(timeout_s)
     try:
@@ -168,8 +167,6 @@ async def read_range(
                 except TopicEnded:
                     return rows
                 id_ = message.message_id
-                if (id_.ledger_id, id_.entry_id) > end:  # a reader's last batch may pass it
-                    return rows
                 last = id_.ledger_id, id_.entry_id
                 fields = {
                     "topic": partition.read_as,

@@ -376,6 +376,29 @@ async def test_a_reader_with_an_end_stops_there_even_after_aborted_entries(
     assert bad.value.name is ErrorName.INVALID_ARGUMENT and "end" in bad.value.message
 
 
+async def test_a_reader_with_an_end_inside_a_read_batch_stops_at_that_entry(
+    client: Client,
+) -> None:
+    """A reader's ``end`` is checked entry by entry: with ``end`` in the middle of what one
+    read batch returns, the reader gets up to ``end`` inclusive and then TopicEnded."""
+    await client.admin.create_topic(ORDERS, segments=1)
+    segment = str(TopicName.parse(ORDERS).segment_name(0))
+    producer = await client.create_producer(ORDERS)
+    for i in range(10):
+        await producer.send(f"m{i}".encode(), key="k")
+    whole = await client.create_reader(segment, start="earliest")
+    ids = [(await whole.receive(timeout_s=10)).message_id for _ in range(10)]
+    end = ids[3]
+
+    reader = await client.create_reader(
+        segment, start="earliest", end=f"{end.ledger_id}:{end.entry_id}"
+    )
+    got = [(await reader.receive(timeout_s=10)).value for _ in range(4)]
+    assert got == [b"m0", b"m1", b"m2", b"m3"]
+    with pytest.raises(TopicEnded):
+        await reader.receive(timeout_s=10)
+
+
 async def test_a_new_owner_waits_for_the_old_owners_transaction(client: Client) -> None:
     """Exclusive: A acks m0 in an open transaction and leaves. B gets nothing until that
     transaction ends; when it aborts, m0 comes back first, then m1: per-key order holds."""
