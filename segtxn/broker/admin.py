@@ -18,8 +18,10 @@ from aiohttp import web
 from segtxn.boundary import read_json
 from segtxn.broker import arguments
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
+from segtxn.broker.stats import loaded_stats, sealed_stats
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
+from segtxn.ledger.sealed import read_sealed
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import parse_int
 from segtxn.protocol.names import Domain, TopicName
@@ -157,8 +159,17 @@ async def stats(request: web.Request) -> web.StreamResponse:
                 "lastChange": _change(record),
             }
         )
-    topic = await service.serve(name)
-    return web.json_response(topic.stats())
+    topic = service.topics.get(name)
+    if topic is None:  # a sealed one is answered from its records, not loaded for this
+        await service.check_home(name)
+        ledger = await read_sealed(
+            service.store,
+            str(name),
+            max_persisted_ranges=service.settings.ledger.max_persisted_ranges,
+        )
+        if ledger is not None:
+            return web.json_response(sealed_stats(name, ledger))
+    return web.json_response(loaded_stats(await service.serve(name)))
 
 
 # ---------------------------------------------------------------------- subscriptions

@@ -296,38 +296,6 @@ class Topic:
 
     # ------------------------------------------------------------------ stats
 
-    def stats(self) -> dict[str, object]:
-        subs: dict[str, object] = {}
-        for name in self.subscription_names():
-            cursor = self.ledger.cursors.get(name)
-            live = self.subscriptions.get(name)
-            sub: dict[str, object] = {
-                "type": str(live.type) if live and live.type else None,
-                "consumers": len(live.consumers) if live else 0,
-                "backlog": cursor.backlog() if cursor else 0,
-                "msgOutCounter": live.messages_out if live else 0,
-                "markDeletePosition": str(cursor.mark_delete) if cursor else None,
-            }
-            if live is not None and live.failed is not None:  # its ledger cannot be read on
-                sub["deliveryError"] = live.failed.message
-            subs[name] = sub
-        last = self.ledger.last_confirmed
-        return {
-            "topic": str(self.name),
-            "msgInCounter": self.counters.messages_in,
-            "bytesInCounter": self.counters.bytes_in,
-            "duplicatesDropped": self.counters.duplicates,
-            "producers": len(self.producers),
-            "lastConfirmedPosition": None if last is None else str(last),
-            "sealed": self.ledger.is_sealed,
-            "storage": {
-                "entriesWritten": self.ledger.stats.entries,
-                "batches": self.ledger.stats.batches,
-                "ledgerRollovers": self.ledger.stats.rollovers,
-            },
-            "subscriptions": subs,
-        }
-
     async def disconnect_clients(self) -> None:
         """Hang up on every producer and consumer (they reconnect and learn why)."""
         for connection in list(self.producers.values()):
