@@ -28,7 +28,7 @@ from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.controller import TopicBusy
 from segtxn.topics.dag import DagError
-from segtxn.topics.model import ScalableTopic
+from segtxn.topics.model import ScalableTopic, SegmentState
 from segtxn.web import relay
 
 HTTP = web.AppKey("http", aiohttp.ClientSession)
@@ -37,11 +37,14 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 async def _fan_out(
     request: web.Request, name: TopicName, method: str, suffix: str, body: Any = None
 ) -> dict[str, Any]:
-    """Run an admin call on every segment of a scalable topic, on its home broker."""
+    """Run an admin call on every segment of a scalable topic, on its home broker (but
+    the RETIRED ones: their data is gone, segtxn/broker/retire.py)."""
     service = request.app[SERVICE]
     record = await scalable_record(service, name)
     results: dict[str, Any] = {}
     for segment in record.segments:
+        if segment.state is SegmentState.RETIRED:
+            continue
         ledger = name.segment_name(segment.id)
         home = await service.catalog.home_of(ledger)
         url = await service.catalog.broker_url(home) if home else None

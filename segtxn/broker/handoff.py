@@ -104,7 +104,7 @@ async def _move(service: BrokerService, name: TopicName) -> None:
     try:
         topic = service.topics.pop(name, None)
         if topic is not None:
-            await _let_go(topic)
+            await let_go(topic)
         await service.catalog.move_home(name, away_from=service.broker_id, to=target)
     finally:
         service.moving.discard(name)
@@ -122,10 +122,10 @@ async def check_still_home(service: BrokerService, topic: Topic) -> None:
     try:
         home = await service.catalog.home_of(topic.name)
     except BaseException:
-        await _let_go(topic)
+        await let_go(topic)
         raise
     if home != service.broker_id or topic.name in service.moving:
-        await _let_go(topic)
+        await let_go(topic)
         raise ServerError(
             ErrorName.SERVICE_NOT_READY, f"{topic.name} moved while it was loading; try again"
         )
@@ -138,7 +138,7 @@ def write_failed(service: BrokerService, topic: Topic, failure: WriteFailed) -> 
         return
     del service.topics[topic.name]
     log.warning("%s: unloading it (%s); the next client reopens it", topic.name, failure)
-    dropping = asyncio.create_task(_let_go(topic), name=f"drop-{topic.name}")
+    dropping = asyncio.create_task(let_go(topic), name=f"drop-{topic.name}")
     service.dropping.add(dropping)
     dropping.add_done_callback(service.dropping.discard)
 
@@ -156,7 +156,7 @@ async def unload_moved(service: BrokerService) -> None:
             continue
         service.topics.pop(name, None)
         log.warning("%s: taken over by broker %s while this one was away", name, home)
-        await _let_go(topic)
+        await let_go(topic)
 
 
 async def unload_idle(service: BrokerService, now: float) -> None:
@@ -175,10 +175,10 @@ async def unload_idle(service: BrokerService, now: float) -> None:
             log.info(
                 "%s: unloaded, idle for %.0f s (sealed, no client)", name, now - topic.idle_since
             )
-            await _let_go(topic)
+            await let_go(topic)
 
 
-async def _let_go(topic: Topic) -> None:
+async def let_go(topic: Topic) -> None:
     """Hang up on the topic's clients and close it (cleanly if it still can)."""
     await topic.disconnect_clients()
     try:

@@ -29,7 +29,7 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-from segtxn.broker import gauges, handoff, replication
+from segtxn.broker import gauges, handoff, replication, retire
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
@@ -189,6 +189,7 @@ class BrokerService:
         self.ready.set()
 
     async def _trim_periodically(self) -> None:
+        retire_at = time.monotonic() + self.settings.retire_check_s
         while True:
             await asyncio.sleep(self.settings.retention_check_s)  # a schedule, not a wait
             for topic in list(self.topics.values()):
@@ -199,6 +200,12 @@ class BrokerService:
                 except Exception:
                     log.exception("%s: retention failed", topic.name)
             await handoff.unload_idle(self, time.monotonic())
+            if self.settings.retire_check_s and time.monotonic() >= retire_at:
+                retire_at = time.monotonic() + self.settings.retire_check_s
+                try:
+                    await retire.retire_segments(self)
+                except MetadataStoreError as e:
+                    log.warning("retiring sealed segments: %s; trying at the next sweep", e)
 
     async def _check_data(self) -> None:
         """Refuse (and log) every topic homed here whose ledger files are missing."""
@@ -354,6 +361,10 @@ class BrokerService:
             self._loading[name] = loading
         return await asyncio.shield(loading)
 
+    def is_loading(self, name: TopicName) -> bool:
+        """Whether ``name`` is being loaded here now."""
+        return name in self._loading
+
     async def check_home(self, name: TopicName) -> None:
         """Raise unless this broker is the home of ``name`` (creating it if allowed)."""
         home = await self.catalog.home_of(name)
@@ -390,6 +401,8 @@ class BrokerService:
     async def _load(self, name: TopicName) -> Topic:
         started = time.perf_counter()
         try:
+            if name.domain is Domain.SEGMENT:
+                await retire.check_not_retired(self.catalog, name)
             topic = await Topic.load(
                 name,
                 store=self.store,

@@ -86,6 +86,10 @@ class BrokerSettings:
     """A sealed topic or segment with no client and no transaction in flight is unloaded
     once it has been idle this long (0: never): a broker serving a topic that splits and
     merges for months would otherwise keep every sealed segment open (memory, files)."""
+    retire_check_s: float = 600.0
+    """How often the sealed segments homed here are checked for retirement (their data,
+    records and DAG node deleted once consumed and past retention: segtxn/broker/retire.py;
+    0: never)."""
     txn_buffer_snapshot_every: int = 100
     """A persistent topic's v4 transaction buffer snapshots its indexes after this many
     markers (recovery replays the ledger from the latest snapshot)."""

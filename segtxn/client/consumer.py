@@ -39,7 +39,7 @@ from typing import Any
 
 from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientClosed, ClientError, Timeout
+from segtxn.client.errors import ClientClosed, ClientError, Timeout, TopicNotFound
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.stream import MessageStream, next_item
@@ -167,9 +167,21 @@ class Consumer:
             name = self.topic.segment_name(segment.id)
             if str(name) in self._streams or segment.id in self._finished:
                 continue
+            if segment.retired:  # every subscription consumed it; its data is gone
+                self._finished.add(segment.id)
+                continue
             if self._ordered and not all(p in self._finished for p in segment.parents):
                 continue  # its parents first: per-key order
-            await self._open(name, deadline)
+            try:
+                await self._open(name, deadline)
+            except TopicNotFound:
+                if segment.active:
+                    raise
+                # A sealed segment gone since this layout was read was retired: consumed
+                # by every subscription and deleted by retention (a deleted topic's
+                # active segments refuse next).
+                log.info("consumer %s: %s was retired; counted done", self.name, name)
+                self._finished.add(segment.id)
 
     async def _follow(self) -> None:
         """Open segments as the DAG grows and as parents finish; close finished ones. A

@@ -40,6 +40,8 @@ class Segment:
     active: bool
     parents: tuple[int, ...]
     children: tuple[int, ...]
+    retired: bool = False
+    """Consumed by every subscription and deleted by retention: nothing to read."""
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Segment:
@@ -50,6 +52,7 @@ class Segment:
             raw["state"] == "ACTIVE",
             tuple(raw["parents"]),
             tuple(raw["children"]),
+            raw["state"] == "RETIRED",
         )
 
 

@@ -14,13 +14,17 @@ a snapshot — a broker that loads the ledger meanwhile may move its cursors on.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from urllib.parse import unquote
 
 from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.cursor import ManagedCursor, cursors_prefix
+from segtxn.ledger.logs import LogStorage
 from segtxn.ledger.metadata import LedgerMetadata, decode, metadata_key
 from segtxn.ledger.position import Position
-from segtxn.metastore import MetadataStore
+from segtxn.ledger.retention import NO_LIMIT, RetentionPolicy
+from segtxn.metastore import MetadataStore, NotFound
 
 
 class SealedLedger(LedgerChain):
@@ -37,6 +41,28 @@ class SealedLedger(LedgerChain):
                 self._last = Position(info.id, info.entries - 1)
                 break
         self.cursors: dict[str, ManagedCursor] = {}
+
+    def sealed_ms(self) -> int | None:
+        """When it was sealed: its last ledger's close (None if not recorded)."""
+        return self._meta.ledgers[-1].closed_ms if self._meta.ledgers else None
+
+    def consumed(self) -> bool:
+        """Every cursor's mark-delete position is at or past the last entry."""
+        last = self.last_confirmed
+        return last is None or all(c.mark_delete >= last for c in self.cursors.values())
+
+    def released(self, policy: RetentionPolicy, now_ms: float) -> bool:
+        """Whether retention lets all of it go: consumed by every cursor (with none, by
+        time alone and only with a positive limit, as retention treats a ledger without
+        cursors) and sealed at least ``retention_time_s`` ago. A size limit never releases
+        a whole sealed ledger: only time does (-1: never)."""
+        limit = policy.retention_time_s
+        sealed = self.sealed_ms()
+        if limit == NO_LIMIT or sealed is None or not self.consumed():
+            return False
+        if not self.cursors and limit <= 0:
+            return False
+        return now_ms - sealed >= limit * 1000
 
 
 async def read_sealed(
@@ -67,3 +93,15 @@ async def read_sealed(
             max_persisted_ranges=max_persisted_ranges,
         )
     return ledger
+
+
+async def delete_sealed(store: MetadataStore, storage: LogStorage, ledger: SealedLedger) -> None:
+    """Delete a sealed managed ledger that is not open anywhere: its logs, then its
+    cursors and its metadata record (idempotent: a delete a crash interrupted is finished
+    by doing it again, and the record goes last so that what is left can still be found).
+    """
+    for info in ledger.ledgers:
+        await asyncio.to_thread(storage.delete, ledger.name, info.id, info.placement)
+    await store.delete_range(cursors_prefix(ledger.name))
+    with contextlib.suppress(NotFound):
+        await store.delete(metadata_key(ledger.name))

@@ -33,6 +33,7 @@ from segtxn.metastore import (
     Session,
 )
 from segtxn.protocol.names import Domain, TopicName
+from segtxn.topics import dag
 from segtxn.topics.model import (
     PersistentTopic,
     ScalableTopic,
@@ -258,6 +259,44 @@ class Catalog:
             return await self.home_of(ledger)
         log.warning("%s: moved from broker %s to broker %s", ledger, away_from, to)
         return to
+
+    async def retire_segment(self, segment: TopicName) -> bool:
+        """Mark sealed ``segment`` RETIRED in its topic's record (one compare-and-set; see
+        :func:`segtxn.topics.dag.retire`). False, changing nothing: the topic is gone, a
+        split or merge is pending, the segment is not SEALED, or the record changed
+        meanwhile (the caller looks again later)."""
+        return await self._change_dag(segment, dag.retire, ())
+
+    async def prune_segment(self, segment: TopicName) -> bool:
+        """Remove RETIRED ``segment`` from its topic's record and delete its home, in one
+        store step (:func:`segtxn.topics.dag.prune`: only once its parents are gone). False,
+        changing nothing: not prunable now, or the record changed meanwhile."""
+        return await self._change_dag(segment, dag.prune, (Delete(home_key(segment)),))
+
+    async def _change_dag(
+        self,
+        segment: TopicName,
+        change: Callable[[ScalableTopic, int], ScalableTopic],
+        also: Sequence[Delete],
+    ) -> bool:
+        name, segment_id = segment.parent(), segment.segment
+        assert segment_id is not None, segment
+        record = await self.store.get(topic_key(name))
+        if record is None:
+            return False
+        topic = decode_topic(record.value)
+        if not isinstance(topic, ScalableTopic) or topic.pending is not None:
+            return False
+        try:
+            changed = change(topic, segment_id)
+        except dag.DagError:
+            return False
+        put = Put(topic_key(name), encode_topic(changed), expected_version=record.version)
+        try:
+            await self.store.commit([put, *also])
+        except (BadVersion, NotFound):
+            return False
+        return True
 
     async def list_topics(self, tenant: str, namespace: str) -> list[TopicName]:
         out = []

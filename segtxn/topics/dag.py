@@ -10,7 +10,12 @@ Invariants (checked by :func:`check`, property-tested):
   right after the previous one ends, no overlap, no gap;
 - every SEALED segment's range is covered by its children's (contiguous) ranges — exactly
   for a split, by a wider child for a merge — and each child lists it among its parents;
-- ids are unique and below ``next_segment_id``.
+- ids are unique and below ``next_segment_id``;
+- a RETIRED segment (:func:`retire`) is a sealed one whose data is gone; it stays in the
+  record, covered by its children like a sealed one, until :func:`prune` removes it, which
+  happens parents first: a segment is pruned only once none of its parents is left, so the
+  coverage of what remains always holds, and a parent missing from a child's ``parents``
+  was pruned (done, for consumers).
 
 An operation is first *planned* (the record gains a :class:`PendingOp` with the child ids and
 ranges decided), then *completed* (parents sealed, children active). The controller writes the
@@ -104,6 +109,59 @@ def complete(topic: ScalableTopic, op: PendingOp) -> ScalableTopic:
     return done
 
 
+def retire(topic: ScalableTopic, segment_id: int) -> ScalableTopic:
+    """The topic with sealed segment ``segment_id`` RETIRED: its data and state are being
+    deleted (every subscription consumed it and retention let it go). Nothing reads a
+    RETIRED segment again: consumers count it done, fan-outs skip it. The epoch is kept
+    (no route changes).
+
+    Raises:
+        DagError: no such segment, or it is not SEALED.
+    """
+    segment = topic.segment(segment_id)
+    if segment is None or segment.state is not SegmentState.SEALED:
+        raise DagError(f"segment {segment_id} is not sealed: only a sealed segment retires")
+    return msgspec.structs.replace(
+        topic,
+        segments=[
+            msgspec.structs.replace(s, state=SegmentState.RETIRED) if s.id == segment_id else s
+            for s in topic.segments
+        ],
+    )
+
+
+def prunable(topic: ScalableTopic) -> list[int]:
+    """The RETIRED segments none of whose parents is left in the record."""
+    present = {s.id for s in topic.segments}
+    return [
+        s.id
+        for s in topic.segments
+        if s.state is SegmentState.RETIRED and not present.intersection(s.parents)
+    ]
+
+
+def prune(topic: ScalableTopic, segment_id: int) -> ScalableTopic:
+    """The topic without RETIRED segment ``segment_id`` (one of :func:`prunable`), its id
+    gone from its children's ``parents``: the record stops growing with the topic's
+    history.
+
+    Raises:
+        DagError: not a prunable segment.
+    """
+    if segment_id not in prunable(topic):
+        raise DagError(f"segment {segment_id} is not retired, or a parent of it is left")
+    pruned = msgspec.structs.replace(
+        topic,
+        segments=[
+            msgspec.structs.replace(s, parents=[p for p in s.parents if p != segment_id])
+            for s in topic.segments
+            if s.id != segment_id
+        ],
+    )
+    check(pruned)
+    return pruned
+
+
 def check(topic: ScalableTopic) -> None:
     """Raise DagError if an invariant (see the module docstring) does not hold."""
     ids = [s.id for s in topic.segments]
@@ -120,7 +178,7 @@ def check(topic: ScalableTopic) -> None:
         raise DagError("active segments do not reach the end of the hash space")
     by_id = {s.id: s for s in topic.segments}
     for segment in topic.segments:
-        if segment.state is not SegmentState.SEALED:
+        if segment.state is SegmentState.ACTIVE:
             continue
         children = sorted((by_id[c] for c in segment.children), key=lambda s: s.lo)
         contiguous = all(a.hi + 1 == b.lo for a, b in itertools.pairwise(children))

@@ -19,6 +19,9 @@ from segtxn.protocol.hashing import HASH_SPACE
 class SegmentState(enum.StrEnum):
     ACTIVE = "ACTIVE"
     SEALED = "SEALED"
+    RETIRED = "RETIRED"
+    """Sealed, consumed by every subscription and past retention: its data and state are
+    deleted, and it leaves the record once its parents have (:func:`segtxn.topics.dag.prune`)."""
 
 
 class SegmentInfo(msgspec.Struct, frozen=True):

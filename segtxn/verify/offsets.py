@@ -99,7 +99,12 @@ def layout(topic: TopicName, stats: Mapping[str, Any]) -> list[SegmentView]:
     if topic.domain is not Domain.TOPIC:
         return [_view(0, (), stats)]
     return sorted(
-        (_view(s["id"], tuple(s.get("parents") or ()), s.get("stats")) for s in stats["segments"]),
+        (
+            SegmentView(s["id"], tuple(s.get("parents") or ()), None, sealed=True)
+            if s.get("state") == "RETIRED"  # consumed and deleted: nothing to read, done
+            else _view(s["id"], tuple(s.get("parents") or ()), s.get("stats"))
+            for s in stats["segments"]
+        ),
         key=lambda v: v.id,
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -79,3 +81,44 @@ def test_sealed_segments_cannot_be_split_again() -> None:
     topic = dag.complete(topic, dag.plan_split(topic, 0))
     with pytest.raises(dag.DagError, match="sealed"):
         dag.plan_split(topic, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(evolved(), st.randoms(use_true_random=False))
+def test_retiring_and_pruning_sealed_segments_in_any_order_keeps_the_invariants(
+    topic: ScalableTopic, rnd: random.Random
+) -> None:
+    """Sealed segments retire in any order; each pass prunes what has no parent left, and
+    in the end every sealed segment is gone while the active ones still tile the space."""
+    sealed = [s.id for s in topic.segments if s.state is SegmentState.SEALED]
+    rnd.shuffle(sealed)
+    active = [(s.id, s.lo, s.hi) for s in topic.active()]
+    for segment in sealed:
+        topic = dag.retire(topic, segment)
+        dag.check(topic)
+        for ready in dag.prunable(topic):
+            topic = dag.prune(topic, ready)
+    while prunable := dag.prunable(topic):
+        topic = dag.prune(topic, prunable[0])
+    assert [s.state for s in topic.segments] == [SegmentState.ACTIVE] * len(active)
+    assert [(s.id, s.lo, s.hi) for s in topic.active()] == active
+    assert all(not s.parents for s in topic.segments)  # every ancestor pruned
+
+
+def test_only_a_sealed_segment_retires_and_only_a_parentless_retired_one_is_pruned() -> None:
+    topic = dag.complete(new_scalable_topic(0, 1), dag.plan_split(new_scalable_topic(0, 1), 0))
+    topic = dag.complete(topic, dag.plan_split(topic, 1))  # 0 -> 1, 2; 1 -> 3, 4
+    with pytest.raises(dag.DagError, match="not sealed"):
+        dag.retire(topic, 2)  # active
+    retired = dag.retire(topic, 1)
+    assert dag.prunable(retired) == []  # its parent 0 is still there
+    with pytest.raises(dag.DagError):
+        dag.prune(retired, 1)
+    with pytest.raises(dag.DagError, match="not sealed"):
+        dag.retire(retired, 1)  # once
+    both = dag.retire(retired, 0)
+    assert dag.prunable(both) == [0]
+    pruned = dag.prune(both, 0)
+    assert pruned.segment(0) is None and pruned.segment(1).parents == []  # type: ignore[union-attr]
+    assert dag.prunable(pruned) == [1]
+    assert pruned.epoch == topic.epoch  # routes did not change
