@@ -316,6 +316,9 @@ class Topic:
             "topic": str(self.name),
             "msgInCounter": self.counters.messages_in,
             "bytesInCounter": self.counters.bytes_in,
+            # over every subscription (redeliveries included): what autoscale's rates read
+            "msgOutCounter": sum(s.messages_out for s in self.subscriptions.values()),
+            "bytesOutCounter": sum(s.bytes_out for s in self.subscriptions.values()),
             "duplicatesDropped": self.counters.duplicates,
             "producers": len(self.producers),
             "lastConfirmedPosition": None if last is None else str(last),
