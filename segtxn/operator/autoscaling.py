@@ -63,6 +63,7 @@ from segtxn.topics.autoscale import (
     History,
     Policy,
     PolicyError,
+    changes_of,
     decide,
     policy_from,
     segments_of,
@@ -129,12 +130,10 @@ def history(
     """When the topic last split and merged: the later of the daemon's own (status) and
     the brokers' last change (any split or merge, manual ones included)."""
     mine = status.get("autoscale") or {}
-    change = stats.get("lastChange") or {}
-    at = float(change["finishedMs"]) / 1000 if change.get("finishedMs") else None
-    kind = change.get("kind")
+    theirs = changes_of(stats)
     return History(
-        last_split_s=_latest(_seconds(mine.get("lastSplitTime")), at if kind == "split" else None),
-        last_merge_s=_latest(_seconds(mine.get("lastMergeTime")), at if kind == "merge" else None),
+        last_split_s=_latest(_seconds(mine.get("lastSplitTime")), theirs.last_split_s),
+        last_merge_s=_latest(_seconds(mine.get("lastMergeTime")), theirs.last_merge_s),
         cold_since_s=cold_since,
     )
 

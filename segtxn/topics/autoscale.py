@@ -151,6 +151,18 @@ def segments_of(dag: Mapping[str, Any]) -> list[SegmentInfo]:
     ]
 
 
+def changes_of(stats: Mapping[str, Any]) -> History:
+    """When the topic last split or merged, as its stats' ``lastChange`` says (any change:
+    automatic, ``targetSegments``, or by hand); one of the two is unknown (None)."""
+    change = stats.get("lastChange") or {}
+    at = float(change["finishedMs"]) / 1000 if change.get("finishedMs") else None
+    kind = change.get("kind")
+    return History(
+        last_split_s=at if kind == "split" else None,
+        last_merge_s=at if kind == "merge" else None,
+    )
+
+
 def merge_depth(segments: Sequence[SegmentInfo]) -> dict[int, int]:
     """Each segment's merge depth: merges in its lineage (parents before children: ids
     grow as the DAG does, so ascending ids are a topological order)."""
