@@ -187,8 +187,8 @@ class Tick:
             kopf.info(self.body, reason=f"Auto{decision.action}",
                       message=f"{topic}: {decision.message}")  # fmt: skip
             fields.update(render.topic_status(dag or {}, topic))
-        elif self.sampler.written == ("True", decision.why.value):
-            return  # the same reason as last written: nothing new to say
+        elif self._shown() == self.sampler.written == ("True", decision.why.value):
+            return  # the same reason as last written, and still there: nothing new to say
         mine["lastDecision"] = {
             "action": decision.action.value,
             "segments": list(decision.segments),
@@ -225,11 +225,20 @@ class Tick:
         decision = decide(segments_of(stats), loads, policy, found, at)
         return decision, await _apply(brokers, topic, decision), at
 
+    def _shown(self) -> tuple[str, str] | None:
+        """(status, reason) of condition ``AutoScaling`` as the resource has it now: the
+        ScalableTopic handler rewrites the conditions too, from what it read when it began,
+        and may have dropped or rolled back this one."""
+        for c in self.body.status.get("conditions") or ():
+            if c.get("type") == CONDITION:
+                return str(c.get("status")), str(c.get("reason"))
+        return None
+
     async def write(self, on: bool, why: str, message: str, fields: Mapping[str, Any]) -> None:
         """Condition ``AutoScaling`` (and ``fields``) to the status subresource now. A
         failure is logged and the status written again next tick."""
         value = ("True" if on else "False", why)
-        if not fields and self.sampler.written == value:
+        if not fields and self._shown() == self.sampler.written == value:
             return
         meta = self.body.meta
         conditions = condition(self.body.status.get("conditions"), kind=CONDITION, status=on,
