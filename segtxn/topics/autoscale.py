@@ -41,11 +41,6 @@ from typing import Any
 from segtxn.topics.model import SegmentInfo, SegmentState
 from segtxn.topics.segmentload import AXES, Load
 
-NEVER = Load(math.inf, math.inf, math.inf, math.inf)
-"""A threshold no load crosses (an axis not used to split) or always stays below (an axis
-not used to merge)."""
-
-
 SPLIT_AT = Load(10_000, 50 * 2**20, 50_000, 250 * 2**20)
 """PIP-483's default split thresholds: 10,000 msg/s and 50 MiB/s in; 50,000 msg/s and
 250 MiB/s out."""
@@ -229,7 +224,9 @@ def decide(
     active = sorted((s for s in segments if s.state is SegmentState.ACTIVE), key=lambda s: s.lo)
     measured = [s for s in active if s.id in loads]
     if not measured:
-        return _nothing(Why.NO_LOAD, "no load measured yet (one reading)")
+        return _nothing(
+            Why.NO_LOAD, "no rate yet: the first reading, or every segment new since the last"
+        )
     hot = sorted(
         ((_exceeds(loads[s.id], policy.split), s) for s in measured),
         key=lambda p: (-p[0], p[1].id),
