@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from segtxn.client import Client
+from segtxn.operator.autoscaling import history
 from tests.operator.emulator import Emulator, emulator, operator
 from tests.operator.support import WAIT_S, Local, cluster, status
 from tests.waiting import wait_until
@@ -138,3 +139,36 @@ async def test_a_policy_that_cannot_work_then_target_segments_then_opting_out(
                          timeout=WAIT_S, what="opted out")  # fmt: skip
         assert autoscaling(emu, "t")["status"] == "False"
         assert status(emu, "ScalableTopic", "t")["activeSegments"] == 1
+
+
+async def test_two_idle_segments_merge_once_cold_for_the_window(local: Local) -> None:
+    idle = {**AUTOSCALE, "merge": {"msgRateIn": 1, "windowSeconds": 2, "cooldownSeconds": 0}}
+    async with emulator() as emu, operator(emu, local.memo()):
+        await cluster(emu, local)
+        spec = {**BASE, "topic": "idle", "initialSegments": 2, "autoscale": idle}
+        await emu.create("ScalableTopic", "idle", spec)
+        await wait_until(lambda: decision(emu, "idle").get("action") == "Merge",
+                         timeout=WAIT_S, what="an automatic merge")  # fmt: skip
+        merged = decision(emu, "idle")
+        assert merged["segments"] == [0, 1] and merged["reason"] == "ColdPair"
+        topic = status(emu, "ScalableTopic", "idle")
+        assert (topic["activeSegments"], topic["sealedSegments"]) == (1, 2)
+        assert topic["autoscale"]["lastMergeTime"] == merged["time"]
+        await wait_until(lambda: any(e[:2] == ("Normal", "AutoMerge") for e in emu.events("idle")),
+                         timeout=WAIT_S, what="the AutoMerge event")  # fmt: skip
+        # one segment left: nothing more to merge, and nothing was split
+        await wait_until(lambda: decision(emu, "idle").get("reason") == "WithinThresholds",
+                         timeout=WAIT_S, what="left as it is")  # fmt: skip
+        async with Client(local.broker.url) as client:
+            assert (await client.admin.stats("topic://acme/auto/idle"))["epoch"] == 1
+
+
+def test_cooldowns_count_from_the_later_of_the_status_and_the_topics_last_change() -> None:
+    status_ = {"autoscale": {"lastSplitTime": "2026-01-01T00:00:00Z"}}
+    manual = {"lastChange": {"kind": "split", "finishedMs": 1_767_225_660_000}}  # a minute on
+    found = history(status_, manual, {3: 1.0})
+    assert found.last_split_s == 1_767_225_660.0 and found.last_merge_s is None
+    assert found.cold_since_s == {3: 1.0}
+    merged = history(status_, {"lastChange": {"kind": "merge", "finishedMs": 5_000}}, {})
+    assert (merged.last_split_s, merged.last_merge_s) == (1_767_225_600.0, 5.0)
+    assert history({}, {}, {}).last_split_s is None
