@@ -175,8 +175,9 @@ class Tick:
         try:
             decision, dag, at = await self._decide(namespace, topic, spec, status_now)
         except Blocked as e:
+            fresh = self.sampler.written != ("False", e.why)  # warned once, not every tick
             await self.write(False, e.why, str(e), {})
-            if e.warn:
+            if e.warn and fresh:
                 kopf.warn(self.body, reason=e.why, message=f"{topic}: {e}")
             return
         fields: dict[str, Any] = {}
