@@ -49,6 +49,9 @@ def loaded_stats(topic: Topic) -> dict[str, object]:
         "loaded": True,
         "msgInCounter": topic.counters.messages_in,
         "bytesInCounter": topic.counters.bytes_in,
+        # over every subscription (redeliveries included): what autoscale's rates read
+        "msgOutCounter": sum(s.messages_out for s in topic.subscriptions.values()),
+        "bytesOutCounter": sum(s.bytes_out for s in topic.subscriptions.values()),
         "duplicatesDropped": topic.counters.duplicates,
         "producers": len(topic.producers),
         "lastConfirmedPosition": None if last is None else str(last),
@@ -71,6 +74,8 @@ def sealed_stats(name: TopicName, ledger: SealedLedger) -> dict[str, object]:
         "loaded": False,
         "msgInCounter": 0,
         "bytesInCounter": 0,
+        "msgOutCounter": 0,
+        "bytesOutCounter": 0,
         "duplicatesDropped": 0,
         "producers": 0,
         "lastConfirmedPosition": None if last is None else str(last),

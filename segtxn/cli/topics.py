@@ -2,11 +2,16 @@
 
 The commands that print data take ``-o table|json`` (:mod:`segtxn.cli.output`). ``split``
 and ``merge`` print one line saying what changed and which segments are active; the whole
-DAG the broker answered with is their ``-o json``.
+DAG the broker answered with is their ``-o json``. ``autoscale`` is the operator's
+automatic split/merge once, without Kubernetes: measure, decide, and (``--apply``) act.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
+import time
 from typing import Any
 
 import click
@@ -16,7 +21,17 @@ from segtxn.cli.params import COUNT, KeyHash, Namespace, Topic, refuse_unless
 from segtxn.cli.service import URL, run
 from segtxn.client import Client
 from segtxn.protocol.names import Domain
+from segtxn.topics.autoscale import (
+    Action,
+    PolicyError,
+    changes_of,
+    decide,
+    policy_from,
+    segments_of,
+    track_cold,
+)
 from segtxn.topics.model import MAX_INITIAL_SEGMENTS
+from segtxn.topics.segmentload import Load, MalformedStats, rates, reading
 
 SCALABLE = Topic(Domain.TOPIC)
 LISTED = (Domain.PERSISTENT, Domain.TOPIC)
@@ -228,3 +243,78 @@ def subscriptions(url: str, topic: str, output: str) -> None:
     found = run(lambda c: c.admin.subscriptions(topic), url)
     rows = [[name] for name in found]
     show(output, found, Table(("subscription",), rows, empty=f"{topic} has no subscriptions"))
+
+
+def _policy(text: str) -> dict[str, Any]:
+    try:
+        found = json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--policy") from e
+    if not isinstance(found, dict):
+        raise click.BadParameter("a JSON object, as spec.autoscale", param_hint="--policy")
+    try:
+        policy_from(found)
+    except PolicyError as e:
+        raise click.BadParameter(str(e), param_hint="--policy") from e
+    return found
+
+
+@topics.command("autoscale")
+@URL
+@click.argument("topic", type=SCALABLE)
+@click.option("--window", default=10.0, show_default=True,
+              type=click.FloatRange(min=0.1, max=3600),
+              help="Seconds between the two readings the rates are measured over.")  # fmt: skip
+@click.option("--policy", "policy_text", default="{}", metavar="JSON",
+              help="The knobs, as a ScalableTopic's spec.autoscale (split, merge, maxSegments, "
+              "minSegments, maxDagDepth); absent ones take PIP-483's defaults.")  # fmt: skip
+@click.option("--apply", "apply_", is_flag=True, help="Make the change decided (else only say it).")
+@OUTPUT
+def autoscale(
+    *, url: str, topic: str, window: float, policy_text: str, apply_: bool, output: str
+) -> None:
+    """Measure each active segment of scalable TOPIC over --window seconds and say what
+    automatic split/merge would do now (split X, merge X and Y, or nothing, and why).
+
+    Two adjacent segments count as cold for the window only: to see a merge, give a
+    merge.windowSeconds no longer than --window."""
+    policy = policy_from(_policy(policy_text))
+
+    async def body(client: Client) -> dict[str, Any]:
+        first = await client.admin.stats(topic)
+        started = time.time()
+        before = reading(first, time.monotonic())
+        await asyncio.sleep(window)  # the measuring window itself
+        second = await client.admin.stats(topic)
+        loads = rates(before, reading(second, time.monotonic()))
+        cold = track_cold(None, loads, policy, started)  # cold over the window: since its start
+        history = dataclasses.replace(changes_of(second), cold_since_s=cold)
+        decision = decide(segments_of(second), loads, policy, history, time.time())
+        dag = None
+        if apply_ and decision.action is Action.SPLIT:
+            dag = await client.admin.split(topic, decision.segments[0])
+        elif apply_ and decision.action is Action.MERGE:
+            dag = await client.admin.merge(topic, *decision.segments)
+        return {
+            "action": decision.action.value,
+            "segments": list(decision.segments),
+            "reason": decision.why.value,
+            "message": decision.message,
+            "loads": {str(k): dataclasses.asdict(v) for k, v in sorted(loads.items())},
+            "dag": dag,
+        }
+
+    try:
+        found = run(body, url)
+    except MalformedStats as e:
+        raise click.ClickException(f"{topic}: {e}") from e
+    lines = [f"segment {k}: {Load(**v).describe()}" for k, v in found["loads"].items()]
+    said = f"{found['action']} ({found['reason']}): {found['message']}"
+    if found["dag"] is not None:
+        first, *rest = found["segments"]
+        dag = found["dag"]
+        said = (split_summary(topic, first, dag) if not rest
+                else merge_summary(topic, first, rest[0], dag))  # fmt: skip
+    elif found["action"] != Action.NONE.value:
+        said += " (not made: --apply makes it)"
+    show(output, found, "\n".join([*lines, said]))

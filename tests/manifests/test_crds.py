@@ -133,6 +133,28 @@ BAD = [
         {"clusterRef": "c", "tenant": "t", "namespace": "n", "topic": "t", "targetSegments": 0},
         "less than the minimum",
     ),
+    (
+        "ScalableTopic",
+        {
+            "clusterRef": "c",
+            "tenant": "t",
+            "namespace": "n",
+            "topic": "t",
+            "autoscale": {"enabled": True, "split": {"msgRateIn": -1}},
+        },
+        "less than the minimum",
+    ),
+    (
+        "ScalableTopic",
+        {
+            "clusterRef": "c",
+            "tenant": "t",
+            "namespace": "n",
+            "topic": "t",
+            "autoscale": {"enabled": "yes"},
+        },
+        "is not of type 'boolean'",
+    ),
 ]
 
 
@@ -182,3 +204,29 @@ def test_store_url_and_storage_are_immutable_in_the_crd() -> None:
     assert [v["rule"] for v in url["x-kubernetes-validations"]] == ["self == oldSelf"]
     storage = spec["properties"]["brokers"]["properties"]["storage"]
     assert [v["rule"] for v in storage["x-kubernetes-validations"]] == ["self == oldSelf"]
+
+
+def test_crd_autoscale_defaults_are_the_policys() -> None:
+    """What the CRD defaults and documents is what segtxn.topics.autoscale.Policy uses
+    when a knob is absent; autoscale and targetSegments are refused together."""
+    from segtxn.topics.autoscale import Policy
+
+    spec = crd_schemas()[(API, "ScalableTopic")]["properties"]["spec"]
+    knobs = spec["properties"]["autoscale"]["properties"]
+    policy = Policy()
+    assert knobs["maxSegments"]["default"] == policy.max_segments
+    assert knobs["minSegments"]["default"] == policy.min_segments
+    assert knobs["maxDagDepth"]["default"] == policy.max_dag_depth
+    for side, load in (("split", policy.split), ("merge", policy.merge)):
+        fields = knobs[side]["properties"]
+        for key, value in zip(("msgRateIn", "bytesRateIn", "msgRateOut", "bytesRateOut"),
+                              load.axes(), strict=True):  # fmt: skip
+            assert fields[key]["description"].endswith(f"({value:.0f}).")
+    assert knobs["split"]["properties"]["cooldownSeconds"]["description"].endswith(
+        f"({policy.split_cooldown_s:.0f})."
+    )
+    merge = knobs["merge"]["properties"]
+    assert merge["cooldownSeconds"]["description"].endswith(f"({policy.merge_cooldown_s:.0f}).")
+    assert merge["windowSeconds"]["description"].endswith(f"({policy.merge_window_s:.0f}).")
+    rules = " ".join(v["rule"] for v in spec["x-kubernetes-validations"])
+    assert "self.autoscale.enabled && has(self.targetSegments)" in rules
