@@ -3,9 +3,9 @@ registered (importing it is what ``segtxn operator`` and ``kopf run -m
 segtxn.operator.handlers`` do).
 
 Rendering is pure (:mod:`segtxn.operator.render`); the handlers that apply it live by
-resource: :mod:`.clusters` (SegtxnCluster, TransactionCoordinator) and
-:mod:`.scalabletopics`. What they share (configuration, clients, error mapping) is
-:mod:`.runtime`.
+resource: :mod:`.clusters` (SegtxnCluster, TransactionCoordinator),
+:mod:`.scalabletopics` and :mod:`.verification` (VerificationRun). What they share
+(configuration, clients, error mapping) is :mod:`.runtime`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 import aiohttp
 import kopf
 
-from segtxn.operator import clusters, scalabletopics
+from segtxn.operator import clusters, scalabletopics, verification
 from segtxn.operator.kube import Kube, KubeError, KubeUnreachable
 from segtxn.operator.runtime import FINALIZER, GROUP, VERSION, OperatorConfig, Runtime
 
-__all__ = ["FINALIZER", "OperatorConfig", "clusters", "scalabletopics"]
+__all__ = ["FINALIZER", "OperatorConfig", "clusters", "scalabletopics", "verification"]
 
 
 @kopf.on.startup()
