@@ -126,6 +126,10 @@ async def _look(runtime: Runtime, namespace: str, names: RunNames) -> Observatio
         report = await runtime.kube.get("v1", "ConfigMap", namespace, names.report)
     except (KubeError, aiohttp.ClientError, TimeoutError) as e:
         raise kopf.TemporaryError(f"reading run {names.run}: {e!r}", delay=RETRY_S) from e
+    except RuntimeError as e:  # aiohttp's "Session is closed": the operator stopped meanwhile
+        if runtime.closed:
+            raise kopf.TemporaryError("the operator is stopping", delay=60) from e
+        raise
     return observe(pod, report)
 
 
@@ -147,7 +151,7 @@ async def follow_run(
     # What this daemon wrote last: the live body shows a write only once it is watched back.
     phase = Phase(body.status.get("phase", Phase.PENDING.value))
     reason = body.status.get("reason")
-    while not stopped and not phase.finished:
+    while not stopped and not phase.finished and not runtime.closed:
         seen = await _look(runtime, ns, names)
         try:
             advance(phase, seen.phase)
