@@ -77,8 +77,9 @@ def test_spark_parses_the_rendered_command_as_a_client_mode_k8s_python_app(jvm: 
     assert submit.driverMemory() == "2g"
     assert list(java(jvm, submit.childArgs())) == sparkapp.check_args("r1")
     properties = java(jvm, submit.sparkProperties())
-    expected = sparkapp.spark_conf("r1", "segtxn", minimal("VerificationRun",
-                                                          {"clusterRef": "demo"}))  # fmt: skip
+    expected = sparkapp.spark_conf(
+        "r1", "segtxn", minimal("VerificationRun", {"clusterRef": "demo"})
+    )
     expected["spark.driver.host"] = POD_IP
     assert {k: properties.get(k) for k in expected} == expected
     assert properties.get("spark.executor.instances") == "2"
@@ -95,7 +96,9 @@ def test_spark_prepares_the_submission_it_would_run(jvm: Any) -> None:
     assert main_class == "org.apache.spark.deploy.PythonRunner"
     assert conf.get("spark.master") == sparkapp.MASTER
     assert conf.get("spark.submit.deployMode") == "client"
-    assert conf.get("spark.kubernetes.executor.podTemplateFile") == "/etc/segtxn-spark/executor.yaml"
+    assert (
+        conf.get("spark.kubernetes.executor.podTemplateFile") == "/etc/segtxn-spark/executor.yaml"
+    )
     assert child_args[0] == f"file:{sparkapp.CHECK_SCRIPT}"
     assert child_args[2:] == sparkapp.check_args("r1")
 

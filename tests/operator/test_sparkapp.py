@@ -4,19 +4,21 @@ chart's Spark service account with the rights Spark's driver uses."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import click
+import jsonschema
 import pytest
 import yaml
 
 from segtxn.cli import main
-
 from segtxn.operator import sparkapp
 from segtxn.operator.sparkapp import InvalidRun, RunNames, render_run
 from tests.manifests.podsecurity import violations
-from tests.manifests.support import helm, template, validate
+from tests.manifests.support import ROOT, crd_schemas, helm, template, validate
+from tests.manifests.test_crds import defaulted
 from tests.operator.test_render import minimal
 
 __all__ = ["helm"]  # the fixture
@@ -76,7 +78,11 @@ def test_workload_and_check_are_commands_the_cli_accepts() -> None:
     assert init["command"] == ["segtxn"]
     params = cli(init["args"])
     assert (params["run"], params["inputs"], params["rate"], params["processors"]) == (
-        "r1", 50, 12.5, 2)  # fmt: skip
+        "r1",
+        50,
+        12.5,
+        2,
+    )
     assert str(params["run_dir"]) == "/runs/r1" and params["url"] == URL
     [driver] = pod["spec"]["containers"]
     args = driver["args"]
@@ -91,20 +97,29 @@ def test_the_report_owner_and_namespace_reach_the_driver() -> None:
     _, pod = rendered()
     env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
     owner = yaml.safe_load(env[sparkapp.REPORT_OWNER_ENV]["value"])
-    assert owner == {"apiVersion": "segtxn.io/v1alpha1", "kind": "VerificationRun",
-                     "name": "r1", "uid": UID, "controller": True,
-                     "blockOwnerDeletion": True}  # fmt: skip
+    assert owner == {
+        "apiVersion": "segtxn.io/v1alpha1",
+        "kind": "VerificationRun",
+        "name": "r1",
+        "uid": UID,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     field = env[sparkapp.REPORT_NAMESPACE_ENV]["valueFrom"]["fieldRef"]["fieldPath"]
     assert field == "metadata.namespace"
 
 
 def test_spec_settings_reach_spark() -> None:
     storage = {"size": "5Gi", "accessMode": "ReadWriteMany", "storageClassName": "nfs"}
-    conf = sparkapp.spark_conf("r1", "ns", spec(
-        executors={"instances": 4, "cores": 2, "memory": "3g"},
-        sparkConf={"spark.executor.memory": "4g", "spark.sql.shuffle.partitions": "8"},
-        storage=storage,
-    ))  # fmt: skip
+    conf = sparkapp.spark_conf(
+        "r1",
+        "ns",
+        spec(
+            executors={"instances": 4, "cores": 2, "memory": "3g"},
+            sparkConf={"spark.executor.memory": "4g", "spark.sql.shuffle.partitions": "8"},
+            storage=storage,
+        ),
+    )
     assert conf["spark.executor.instances"] == "4" and conf["spark.executor.cores"] == "2"
     assert conf["spark.executor.memory"] == "4g"  # sparkConf has the last word
     assert conf["spark.sql.shuffle.partitions"] == "8"
@@ -112,8 +127,11 @@ def test_spec_settings_reach_spark() -> None:
     _, pod = rendered(storage=storage)
     [runs] = [v for v in pod["spec"]["volumes"] if v["name"] == "runs"]
     claim = runs["ephemeral"]["volumeClaimTemplate"]["spec"]
-    assert claim == {"accessModes": ["ReadWriteMany"], "storageClassName": "nfs",
-                     "resources": {"requests": {"storage": "5Gi"}}}  # fmt: skip
+    assert claim == {
+        "accessModes": ["ReadWriteMany"],
+        "storageClassName": "nfs",
+        "resources": {"requests": {"storage": "5Gi"}},
+    }
 
 
 @pytest.mark.parametrize("name", ["Upper", "has.dot", "x" * 41, "-lead", "trail-", ""])
@@ -128,13 +146,16 @@ def test_the_chart_gives_the_driver_spark_rights_in_each_watched_namespace(helm:
 
     docs = template(helm, "operator.watchNamespaces={team-a,team-b}")
     for kind in ("ServiceAccount", "Role", "RoleBinding"):
-        assert sorted(d["metadata"]["namespace"] for d in spark(docs, kind)) == [
-            "team-a", "team-b"]  # fmt: skip
+        assert sorted(d["metadata"]["namespace"] for d in spark(docs, kind)) == ["team-a", "team-b"]
     for doc in spark(docs, "Role"):
         validate(doc)
         [rule] = doc["rules"]
-        assert set(rule["resources"]) == {"pods", "services", "configmaps",
-                                          "persistentvolumeclaims"}  # fmt: skip
+        assert set(rule["resources"]) == {
+            "pods",
+            "services",
+            "configmaps",
+            "persistentvolumeclaims",
+        }
         assert {"create", "delete", "watch", "patch"} <= set(rule["verbs"])
     for binding in spark(docs, "RoleBinding"):
         [subject] = binding["subjects"]
@@ -142,3 +163,49 @@ def test_the_chart_gives_the_driver_spark_rights_in_each_watched_namespace(helm:
     wide = template(helm, "operator.clusterWide=true")
     assert [d["metadata"]["namespace"] for d in spark(wide, "Role")] == ["segtxn"]
     assert spark(template(helm, "spark.serviceAccount.create=false"), "Role") == []
+
+
+def crd_schema() -> dict[str, Any]:
+    return crd_schemas()[("segtxn.io/v1alpha1", "VerificationRun")]
+
+
+def test_the_sample_run_fits_the_crd_and_renders() -> None:
+    sample = yaml.safe_load((ROOT / "manifests" / "spark" / "verificationrun.yaml").read_text())
+    validate(sample)
+    stored = defaulted(sample, crd_schema())
+    validate(stored)
+    assert stored["spec"]["executors"]["instances"] == 2
+    for obj in render_run(sample["metadata"]["name"], "segtxn", UID, stored["spec"], URL):
+        validate(obj)
+
+
+@pytest.mark.parametrize(
+    ("spec_", "complaint"),
+    [
+        ({}, "'clusterRef' is a required property"),
+        ({"clusterRef": "d", "executors": {"instances": 0}}, "less than the minimum"),
+        ({"clusterRef": "d", "executors": {"memory": "1 GB"}}, "does not match"),
+        ({"clusterRef": "d", "storage": {"accessMode": "ReadOnlyMany"}}, "is not one of"),
+        ({"clusterRef": "d", "sparkConf": {"spark.executor.cores": 2}}, "is not of type"),
+    ],
+)
+def test_bad_runs_are_refused_by_the_schema(spec_: dict[str, Any], complaint: str) -> None:
+    doc = {
+        "apiVersion": "segtxn.io/v1alpha1",
+        "kind": "VerificationRun",
+        "metadata": {"name": "x"},
+        "spec": spec_,
+    }
+    with pytest.raises(jsonschema.ValidationError, match=complaint):
+        validate(doc)
+
+
+def test_the_crd_fixes_the_spec_and_the_name_rule_is_the_operators() -> None:
+    """CEL is not run here (no API server): the rules are checked to be there, and the
+    name pattern to be the one the operator refuses by itself (InvalidName)."""
+    schema = crd_schema()
+    spec_rules = [v["rule"] for v in schema["properties"]["spec"]["x-kubernetes-validations"]]
+    assert spec_rules == ["self == oldSelf"]
+    [name_rule] = [v["rule"] for v in schema["x-kubernetes-validations"]]
+    pattern = re.search(r"matches\('\^(.*)\$'\)", name_rule)
+    assert pattern is not None and pattern.group(1) == sparkapp.NAME.pattern

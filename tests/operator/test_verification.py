@@ -31,8 +31,9 @@ NOWHERE = "http://127.0.0.1:1"
 
 
 def memo() -> kopf.Memo:
-    return kopf.Memo(config=OperatorConfig(broker_url=NOWHERE, coordinator_url=NOWHERE,
-                                           verification_poll_s=0.1))  # fmt: skip
+    return kopf.Memo(
+        config=OperatorConfig(broker_url=NOWHERE, coordinator_url=NOWHERE, verification_poll_s=0.1)
+    )
 
 
 async def started(emu: Emulator, name: str, **spec: Any) -> dict[str, Any]:
@@ -40,14 +41,18 @@ async def started(emu: Emulator, name: str, **spec: Any) -> dict[str, Any]:
     if emu.mine("SegtxnCluster", "demo") is None:
         await emu.create("SegtxnCluster", "demo", {"metadataStore": {"url": "etcd://e:2379/v"}})
     run = await emu.create("VerificationRun", name, {"clusterRef": "demo", **spec})
-    await wait_until(lambda: status(emu, "VerificationRun", name).get("phase") is not None,
-                     timeout=WAIT_S, what=f"run {name} launched")  # fmt: skip
+    await wait_until(
+        lambda: status(emu, "VerificationRun", name).get("phase") is not None,
+        timeout=WAIT_S,
+        what=f"run {name} launched",
+    )
     return run
 
 
 async def kubelet(emu: Emulator, pod: str, pod_status: dict[str, Any]) -> None:
-    code, body = await emu.call("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod}/status",
-                                {"status": pod_status})  # fmt: skip
+    code, body = await emu.call(
+        "PATCH", f"/api/v1/namespaces/{NS}/pods/{pod}/status", {"status": pod_status}
+    )
     assert code == 200, body
 
 
@@ -59,13 +64,20 @@ def exited(name: str, code: int, message: str = "") -> dict[str, Any]:
     return {"name": name, "state": {"terminated": {"exitCode": code, "message": message}}}
 
 
-async def driver_publishes(emu: Emulator, run: dict[str, Any], counts: dict[str, int],
-                           tmp: Path) -> None:  # fmt: skip
+async def driver_publishes(
+    emu: Emulator, run: dict[str, Any], counts: dict[str, int], tmp: Path
+) -> None:
     """What ``segtxn verify check --report-configmap`` does at the end, against the
     emulated API server: the same body, the same server-side apply."""
     meta = run["metadata"]
-    owner = {"apiVersion": run["apiVersion"], "kind": "VerificationRun", "name": meta["name"],
-             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+    owner = {
+        "apiVersion": run["apiVersion"],
+        "kind": "VerificationRun",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     target = Target(NS, f"{meta['name']}-report", owner)
     report = Report(counts=counts, samples={})
     html = tmp / "report.html"
@@ -103,27 +115,48 @@ async def test_a_run_goes_from_launched_to_running_to_failed_with_its_anomalies(
         assert (owner["kind"], owner["uid"], owner["controller"]) == ("VerificationRun", uid, True)
         got = status(emu, "VerificationRun", "r1")
         assert got["driverPod"] == "r1-driver" and got["reportConfigMap"] == "r1-report"
-        assert got["report"] == (f"kubectl -n {NS} get configmap r1-report -o "
-                                 "jsonpath='{.data.report\\.html}' > report.html")  # fmt: skip
-        await wait_until(lambda: any(r == "Launched" and "3 executors" in m
-                                     for _, r, m in emu.events("r1")),
-                         timeout=WAIT_S, what="the Launched event")  # fmt: skip
+        assert got["report"] == (
+            f"kubectl -n {NS} get configmap r1-report -o "
+            "jsonpath='{.data.report\\.html}' > report.html"
+        )
+        await wait_until(
+            lambda: any(r == "Launched" and "3 executors" in m for _, r, m in emu.events("r1")),
+            timeout=WAIT_S,
+            what="the Launched event",
+        )
 
-        await kubelet(emu, "r1-driver", {"phase": "Pending",
-                                         "initContainerStatuses": [running("workload")]})  # fmt: skip
-        await wait_until(lambda: status(emu, "VerificationRun", "r1").get("reason") == "Workload",
-                         timeout=WAIT_S, what="the workload running")  # fmt: skip
+        await kubelet(
+            emu, "r1-driver", {"phase": "Pending", "initContainerStatuses": [running("workload")]}
+        )
+        await wait_until(
+            lambda: status(emu, "VerificationRun", "r1").get("reason") == "Workload",
+            timeout=WAIT_S,
+            what="the workload running",
+        )
         assert status(emu, "VerificationRun", "r1")["phase"] == "Running"
-        await kubelet(emu, "r1-driver", {"phase": "Running",
-                                         "initContainerStatuses": [exited("workload", 0)],
-                                         "containerStatuses": [running("driver")]})  # fmt: skip
-        await wait_until(lambda: status(emu, "VerificationRun", "r1").get("reason") == "Checking",
-                         timeout=WAIT_S, what="the check running")  # fmt: skip
+        await kubelet(
+            emu,
+            "r1-driver",
+            {
+                "phase": "Running",
+                "initContainerStatuses": [exited("workload", 0)],
+                "containerStatuses": [running("driver")],
+            },
+        )
+        await wait_until(
+            lambda: status(emu, "VerificationRun", "r1").get("reason") == "Checking",
+            timeout=WAIT_S,
+            what="the check running",
+        )
 
-        await driver_publishes(emu, run, {"duplicate": 2, "lost_write": 1, "order_violation": 0},
-                               tmp_path)  # fmt: skip
-        await wait_until(lambda: status(emu, "VerificationRun", "r1").get("phase") == "Failed",
-                         timeout=WAIT_S, what="the verdict in status")  # fmt: skip
+        await driver_publishes(
+            emu, run, {"duplicate": 2, "lost_write": 1, "order_violation": 0}, tmp_path
+        )
+        await wait_until(
+            lambda: status(emu, "VerificationRun", "r1").get("phase") == "Failed",
+            timeout=WAIT_S,
+            what="the verdict in status",
+        )
         got = status(emu, "VerificationRun", "r1")
         assert (got["reason"], got["verdict"], got["anomalies"]) == ("AnomaliesFound", "Failed", 3)
         assert got["anomalyCounts"] == {"duplicate": 2, "lost_write": 1, "order_violation": 0}
@@ -134,16 +167,23 @@ async def test_a_run_goes_from_launched_to_running_to_failed_with_its_anomalies(
         assert report is not None and "the report" in report["data"]["report.html"]
 
         # Finished is final: the pod ending afterwards changes nothing.
-        await kubelet(emu, "r1-driver", {"phase": "Failed",
-                                         "containerStatuses": [exited("driver", 1)]})  # fmt: skip
+        await kubelet(
+            emu, "r1-driver", {"phase": "Failed", "containerStatuses": [exited("driver", 1)]}
+        )
         patches = len([e for e in emu.events("r1") if e[1] != "Launched"])
         await emu.delete("VerificationRun", "r1")
-        await wait_until(lambda: emu.mine("VerificationRun", "r1") is None, timeout=WAIT_S,
-                         what="the run deleted (its finalizer released)")  # fmt: skip
+        await wait_until(
+            lambda: emu.mine("VerificationRun", "r1") is None,
+            timeout=WAIT_S,
+            what="the run deleted (its finalizer released)",
+        )
         assert len([e for e in emu.events("r1") if e[1] != "Launched"]) == patches
         # Everything the run made goes with it; Spark's executor pods are the driver pod's.
-        assert owned_by(emu, uid) == {("Pod", "r1-driver"), ("ConfigMap", "r1-spark"),
-                                      ("ConfigMap", "r1-report")}  # fmt: skip
+        assert owned_by(emu, uid) == {
+            ("Pod", "r1-driver"),
+            ("ConfigMap", "r1-spark"),
+            ("ConfigMap", "r1-report"),
+        }
         args = pod["spec"]["containers"][0]["args"]
         assert "spark.kubernetes.driver.pod.name=r1-driver" in args
 
@@ -151,11 +191,15 @@ async def test_a_run_goes_from_launched_to_running_to_failed_with_its_anomalies(
 async def test_a_clean_run_succeeds(tmp_path: Path) -> None:
     async with emulator() as emu, operator(emu, memo()):
         run = await started(emu, "clean")
-        await kubelet(emu, "clean-driver", {"phase": "Running",
-                                            "containerStatuses": [running("driver")]})  # fmt: skip
+        await kubelet(
+            emu, "clean-driver", {"phase": "Running", "containerStatuses": [running("driver")]}
+        )
         await driver_publishes(emu, run, {"duplicate": 0}, tmp_path)
-        await wait_until(lambda: status(emu, "VerificationRun", "clean").get("phase")
-                         == "Succeeded", timeout=WAIT_S, what="the run passed")  # fmt: skip
+        await wait_until(
+            lambda: status(emu, "VerificationRun", "clean").get("phase") == "Succeeded",
+            timeout=WAIT_S,
+            what="the run passed",
+        )
         got = status(emu, "VerificationRun", "clean")
         assert (got["verdict"], got["anomalies"], got["reason"]) == ("Passed", 0, "Passed")
         await posted(emu, "clean", ("Normal", "Passed", "no anomaly; every input consumed"))
@@ -165,21 +209,31 @@ async def test_a_run_that_cannot_be_checked_fails_saying_why() -> None:
     async with emulator() as emu, operator(emu, memo()):
         await started(emu, "broken")
         log_tail = "cannot reach the brokers at http://demo-broker.segtxn.svc:8080"
-        await kubelet(emu, "broken-driver", {
-            "phase": "Failed",
-            "initContainerStatuses": [exited("workload", 1, log_tail)],
-            "containerStatuses": [{"name": "driver", "state": {"waiting": {}}}],
-        })  # fmt: skip
-        await wait_until(lambda: status(emu, "VerificationRun", "broken").get("phase")
-                         == "Failed", timeout=WAIT_S, what="the run failed")  # fmt: skip
+        await kubelet(
+            emu,
+            "broken-driver",
+            {
+                "phase": "Failed",
+                "initContainerStatuses": [exited("workload", 1, log_tail)],
+                "containerStatuses": [{"name": "driver", "state": {"waiting": {}}}],
+            },
+        )
+        await wait_until(
+            lambda: status(emu, "VerificationRun", "broken").get("phase") == "Failed",
+            timeout=WAIT_S,
+            what="the run failed",
+        )
         got = status(emu, "VerificationRun", "broken")
         assert got["reason"] == "WorkloadFailed" and "verdict" not in got
         assert got["message"] == f"container workload exited 1: {log_tail}"
 
         await started(emu, "vanished")
         await emu.call("DELETE", f"/api/v1/namespaces/{NS}/pods/vanished-driver")
-        await wait_until(lambda: status(emu, "VerificationRun", "vanished").get("reason")
-                         == "DriverGone", timeout=WAIT_S, what="the lost driver noticed")  # fmt: skip
+        await wait_until(
+            lambda: status(emu, "VerificationRun", "vanished").get("reason") == "DriverGone",
+            timeout=WAIT_S,
+            what="the lost driver noticed",
+        )
 
 
 async def test_a_run_on_a_missing_cluster_waits_and_a_bad_name_fails() -> None:
@@ -187,15 +241,21 @@ async def test_a_run_on_a_missing_cluster_waits_and_a_bad_name_fails() -> None:
         await emu.create("VerificationRun", "early", {"clusterRef": "later"})
         await emu.create("VerificationRun", "x" * 41, {"clusterRef": "later"})
         long = "x" * 41
-        await wait_until(lambda: status(emu, "VerificationRun", long).get("phase") == "Failed",
-                         timeout=WAIT_S, what="the bad name refused")  # fmt: skip
+        await wait_until(
+            lambda: status(emu, "VerificationRun", long).get("phase") == "Failed",
+            timeout=WAIT_S,
+            what="the bad name refused",
+        )
         assert status(emu, "VerificationRun", long)["reason"] == "InvalidName"
         assert emu.get(PODS, f"{long}-driver") is None
         # The cluster appears: the waiting run is launched.
         assert emu.get(PODS, "early-driver") is None and not status(emu, "VerificationRun", "early")
         await emu.create("SegtxnCluster", "later", {"metadataStore": {"url": "etcd://e:2379/v"}})
-        await wait_until(lambda: emu.get(PODS, "early-driver") is not None, timeout=WAIT_S,
-                         what="the run launched once its cluster exists")  # fmt: skip
+        await wait_until(
+            lambda: emu.get(PODS, "early-driver") is not None,
+            timeout=WAIT_S,
+            what="the run launched once its cluster exists",
+        )
         init = emu.get(PODS, "early-driver")
         assert init is not None
         args = init["spec"]["initContainers"][0]["args"]
