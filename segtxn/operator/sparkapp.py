@@ -224,6 +224,8 @@ def workload_args(run: str, broker_url: str, workload: Mapping[str, Any]) -> lis
 
 
 def _driver_pod(run: str, namespace: str, uid: str, spec: Mapping[str, Any], url: str) -> Obj:
+    """The driver pod. A container that fails leaves the tail of its log as its termination
+    message (``FallbackToLogsOnError``): the operator's status says why the run failed."""
     names = RunNames(run)
     pod_security, container_security = _security()
     image = {"image": spec["image"], "imagePullPolicy": spec["imagePullPolicy"]}
@@ -256,6 +258,7 @@ def _driver_pod(run: str, namespace: str, uid: str, spec: Mapping[str, Any], url
                     "volumeMounts": [runs_mount],
                     "resources": spec["workload"]["resources"],
                     "securityContext": container_security,
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                 }
             ],
             "containers": [
@@ -288,6 +291,7 @@ def _driver_pod(run: str, namespace: str, uid: str, spec: Mapping[str, Any], url
                     ],
                     "resources": spec["driver"]["resources"],
                     "securityContext": container_security,
+                    "terminationMessagePolicy": "FallbackToLogsOnError",
                 }
             ],
             "volumes": [

@@ -56,11 +56,13 @@ def report_command(namespace: str, names: RunNames) -> str:
     )
 
 
-def _event(body: kopf.Body, seen: Observation) -> None:
+def _event(body: kopf.Body, seen: Observation, report: str | None = None) -> None:
+    """One event per change of phase or reason; a verdict's names where its report is."""
+    message = f"{seen.message}; report: {report}" if report and seen.verdict else seen.message
     if seen.phase is Phase.FAILED:
-        kopf.warn(body, reason=seen.reason, message=seen.message)
+        kopf.warn(body, reason=seen.reason, message=message)
     else:
-        kopf.info(body, reason=seen.reason, message=seen.message)
+        kopf.info(body, reason=seen.reason, message=message)
 
 
 @kopf.on.create(GROUP, VERSION, PLURAL)
@@ -160,7 +162,7 @@ async def follow_run(
         else:
             if (seen.phase, seen.reason) != (phase, reason):
                 await _write(runtime, ns, name, seen)
-                _event(body, seen)
+                _event(body, seen, report_command(ns, names))
                 phase, reason = seen.phase, seen.reason
                 continue
         await stopped.wait(runtime.config.verification_poll_s)

@@ -33,6 +33,8 @@ SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 OWNER_ENV = "SEGTXN_REPORT_OWNER"
 NAMESPACE_ENV = "SEGTXN_REPORT_NAMESPACE"
 VERDICT_KEY, SUMMARY_KEY, HTML_KEY = "verdict.json", "report.txt", "report.html"
+RUN_LABEL = "segtxn.io/verification-run"
+"""The label every object of a run carries (its value: the run's name, the owner's)."""
 
 
 class PublishError(Exception):
@@ -124,6 +126,7 @@ def config_map(
             "labels": {
                 "app.kubernetes.io/name": "segtxn",
                 "app.kubernetes.io/component": "verify-report",
+                RUN_LABEL: str(target.owner["name"]),
             },
             "ownerReferences": [dict(target.owner)],
         },

@@ -5,6 +5,8 @@ chart's Spark service account with the rights Spark's driver uses."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +72,25 @@ def test_the_run_renders_valid_restricted_objects() -> None:
     [container] = executor["spec"]["containers"]
     assert container["name"] == "executor" and container["command"] == ["/opt/entrypoint.sh"]
     assert executor["spec"]["automountServiceAccountToken"] is False
+    # A failed container's log tail becomes its termination message: the run's status.
+    for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]:
+        assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_the_primary_resource_is_the_segtxn_cli_and_the_image_has_it() -> None:
+    """spark-submit runs /opt/segtxn/check.py: manifests/spark/check.py, copied there."""
+    shim = ROOT / "manifests" / "spark" / "check.py"
+    dockerfile = (ROOT / "manifests" / "spark" / "Dockerfile").read_text()
+    assert f"COPY manifests/spark/check.py {sparkapp.CHECK_SCRIPT}" in dockerfile
+    done = subprocess.run(
+        [sys.executable, str(shim), "verify", "check", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--report-configmap" in done.stdout
 
 
 def test_workload_and_check_are_commands_the_cli_accepts() -> None:

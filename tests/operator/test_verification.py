@@ -162,9 +162,11 @@ async def test_a_run_goes_from_launched_to_running_to_failed_with_its_anomalies(
         assert got["anomalyCounts"] == {"duplicate": 2, "lost_write": 1, "order_violation": 0}
         assert got["message"] == "3 anomalies (duplicate 2, lost_write 1)"
         assert "completionTime" in got
-        await posted(emu, "r1", ("Warning", "AnomaliesFound", got["message"]))
+        event = f"{got['message']}; report: {got['report']}"  # the verdict says where it is
+        await posted(emu, "r1", ("Warning", "AnomaliesFound", event))
         report = emu.get(CONFIGMAPS, "r1-report")
         assert report is not None and "the report" in report["data"]["report.html"]
+        assert report["metadata"]["labels"]["segtxn.io/verification-run"] == "r1"
 
         # Finished is final: the pod ending afterwards changes nothing.
         await kubelet(
@@ -202,7 +204,8 @@ async def test_a_clean_run_succeeds(tmp_path: Path) -> None:
         )
         got = status(emu, "VerificationRun", "clean")
         assert (got["verdict"], got["anomalies"], got["reason"]) == ("Passed", 0, "Passed")
-        await posted(emu, "clean", ("Normal", "Passed", "no anomaly; every input consumed"))
+        event = f"no anomaly; every input consumed; report: {got['report']}"
+        await posted(emu, "clean", ("Normal", "Passed", event))
 
 
 async def test_a_run_that_cannot_be_checked_fails_saying_why() -> None:
