@@ -78,3 +78,52 @@ def test_workload_survives_split_and_pod_kills_with_zero_anomalies(kube: Kube) -
     kube("wait", "--for=condition=complete", "job/segtxn-verify", "--timeout=1200s", timeout=1300)
     report = kube("logs", "job/segtxn-verify", "-c", "check")
     assert "PASS: no anomaly" in report, report
+
+
+def test_a_verification_run_checks_on_two_spark_executors_and_keeps_its_report(
+    kube: Kube,
+) -> None:
+    """The VerificationRun sample: the operator launches the workload and then spark-submit
+    with --master k8s://; Spark's driver starts two executor pods (the history files are
+    read on them, from the run's volume); the verdict lands in status, the HTML report in
+    a ConfigMap that outlives the pods; deleting the run removes its pods."""
+    sample = ROOT / "manifests/spark/verificationrun.yaml"
+    kube("delete", "verificationrun", "demo-check", "--ignore-not-found", "--wait=true")
+    kube("apply", "-f", str(sample))
+    selector = "segtxn.io/verification-run=demo-check,spark-role=executor"
+
+    def executors() -> int:
+        names = kube("get", "pods", "-l", selector, "-o", "name").split()
+        return len(names)
+
+    kube.wait_until("two executor pods", lambda: executors() >= 2, timeout=1200)
+
+    def finished() -> bool:
+        phase = kube.get("verificationrun", "demo-check").get("status", {}).get("phase")
+        return phase in ("Succeeded", "Failed")
+
+    kube.wait_until("the run's verdict", finished, timeout=1500)
+    status = kube.get("verificationrun", "demo-check")["status"]
+    assert status["phase"] == "Succeeded", status
+    assert (status["verdict"], status["anomalies"]) == ("Passed", 0), status
+    html = kube("get", "configmap", "demo-check-report", "-o", r"jsonpath={.data.report\.html}")
+    assert "<html" in html and "PASS" in kube(
+        "get", "configmap", "demo-check-report", "-o", r"jsonpath={.data.report\.txt}"
+    )
+    events = kube("get", "events", "--field-selector", "involvedObject.name=demo-check")
+    assert "Passed" in events
+    kube("delete", "verificationrun", "demo-check", "--wait=true")
+    kube.wait_until(
+        "the run's pods and report gone",
+        lambda: (
+            not kube(
+                "get",
+                "pods,configmaps",
+                "-l",
+                "segtxn.io/verification-run=demo-check",
+                "-o",
+                "name",
+            ).strip()
+            and "demo-check-report" not in kube("get", "configmaps", "-o", "name")
+        ),
+    )

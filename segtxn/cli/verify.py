@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -23,6 +24,9 @@ from segtxn.verify.processes import TEST_BUGS_ENV
 from segtxn.verify.processor import ProcessorConfig, Topics, run_processor
 from segtxn.verify.soak import SoakSettings, run_soak, summary_table
 from segtxn.verify.workload import RunInfo, WorkloadConfig, run_workload
+
+if TYPE_CHECKING:
+    from segtxn.verify.checker import Report
 
 RUN_DIR = click.Path(file_okay=False, path_type=Path)
 
@@ -210,8 +214,22 @@ def run(
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False, path_type=Path))
-def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -> None:
+@click.option(
+    "--report-configmap",
+    default=None,
+    help="In a VerificationRun's driver pod: also write the verdict and reports into this "
+    "ConfigMap (needs --html; docs/kubernetes.md).",
+)
+def check(
+    run_dir: Path,
+    url: str | None,
+    master: str,
+    html_path: Path | None,
+    report_configmap: str | None,
+) -> None:
     """Check a recorded run with Spark; exit status 1 when any anomaly is found."""
+    if report_configmap is not None and html_path is None:
+        raise click.UsageError("--report-configmap needs --html")
     _check_recorded_run_dir(run_dir)
     from segtxn.verify.checker import check as check_frames
     from segtxn.verify.checker import load
@@ -233,7 +251,19 @@ def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -
     if html_path is not None:
         write_html(report, run_s, html_path)
         click.echo(f"report: {html_path}")
+        if report_configmap is not None:
+            _publish(report_configmap, report, info.drained, summary(report, run_s), html_path)
     sys.exit(0 if report.anomalies == 0 and info.drained else 1)
+
+
+def _publish(name: str, report: Report, drained: bool, summary: str, html_path: Path) -> None:
+    from segtxn.verify.publish import PublishError, publish_report
+
+    try:
+        publish_report(name, report, drained, summary, html_path)
+    except PublishError as e:
+        raise click.ClickException(f"the report was not published: {e}") from e
+    click.echo(f"report published: ConfigMap {name}")
 
 
 @verify.command()

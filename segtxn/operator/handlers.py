@@ -4,7 +4,8 @@ segtxn.operator.handlers`` do).
 
 Rendering is pure (:mod:`segtxn.operator.render`); the handlers that apply it live by
 resource: :mod:`.clusters` (SegtxnCluster, TransactionCoordinator),
-:mod:`.scalabletopics` and :mod:`.autoscaling` (ScalableTopic). What they share
+:mod:`.scalabletopics` and :mod:`.autoscaling` (ScalableTopic), :mod:`.verification`
+(VerificationRun). What they share
 (configuration, clients, error mapping) is :mod:`.runtime`.
 """
 
@@ -16,11 +17,18 @@ from typing import Any
 import aiohttp
 import kopf
 
-from segtxn.operator import autoscaling, clusters, scalabletopics
+from segtxn.operator import autoscaling, clusters, scalabletopics, verification
 from segtxn.operator.kube import Kube, KubeError, KubeUnreachable
 from segtxn.operator.runtime import FINALIZER, GROUP, VERSION, OperatorConfig, Runtime
 
-__all__ = ["FINALIZER", "OperatorConfig", "autoscaling", "clusters", "scalabletopics"]
+__all__ = [
+    "FINALIZER",
+    "OperatorConfig",
+    "autoscaling",
+    "clusters",
+    "scalabletopics",
+    "verification",
+]
 
 
 @kopf.on.startup()

@@ -38,6 +38,7 @@ PLURALS = {
     "TransactionCoordinator": "transactioncoordinators",
     "ScalableTopic": "scalabletopics",
     "Pod": "pods",
+    "VerificationRun": "verificationruns",
 }
 
 
@@ -48,8 +49,9 @@ APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget")
-"""What the renderers return, and :meth:`Kube.apply` applies."""
+CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget", "Pod")
+"""What the renderers return, and :meth:`Kube.apply` applies (a Pod: a VerificationRun's
+driver, :mod:`.sparkapp`)."""
 READ_KINDS = (
     "SegtxnCluster",
     "TransactionCoordinator",
@@ -59,18 +61,21 @@ READ_KINDS = (
     "Pod",
 )
 """What the handlers read: a coordinator's cluster, the workloads (status, what was
-applied), the ConfigMap the brokers run, a broker's pod in a roll."""
+applied), the ConfigMap the brokers run, a broker's pod in a roll, a VerificationRun's
+driver pod and report ConfigMap."""
 CALLS: frozenset[tuple[str, str, str]] = frozenset(
     {
         *(("get", kind, "") for kind in READ_KINDS),
         *((verb, kind, "") for verb in ("create", "patch") for kind in CHILD_KINDS),
         ("patch", "ScalableTopic", "status"),
+        ("patch", "VerificationRun", "status"),
         ("create", "Pod", "eviction"),
     }
 )
 """(RBAC verb, kind, subresource) of every request :class:`Kube` may send: a GET of
 :data:`READ_KINDS`; a server-side apply of a child (``patch``, and ``create`` when the
-child does not exist yet); a status patch of a ScalableTopic; a pod's eviction. Each
+child does not exist yet); a status patch of a ScalableTopic or a VerificationRun (a
+step of a resharding, a run's phase); a pod's eviction. Each
 method refuses anything else (:class:`NotGranted`), so this list is what the code does
 and the chart's RBAC can be checked against it."""
 

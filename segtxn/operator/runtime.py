@@ -53,6 +53,8 @@ class OperatorConfig:
     (a PermanentError: the operator exits saying so)."""
     roll: RollSettings = field(default_factory=RollSettings)
     """The brokers' rolling restart (:mod:`.rolling`) and the scale-down's drains."""
+    verification_poll_s: float = 5.0
+    """How often an unfinished VerificationRun's driver pod and report are read."""
 
 
 @dataclass

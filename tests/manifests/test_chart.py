@@ -46,7 +46,7 @@ def test_every_rendered_object_is_valid(helm: Helm, sets: tuple[str, ...]) -> No
     assert docs
     for doc in docs:
         validate(doc)
-    assert kinds(docs).count("CustomResourceDefinition") == 5
+    assert kinds(docs).count("CustomResourceDefinition") == 6
 
 
 def test_default_install(helm: Helm) -> None:
@@ -54,10 +54,13 @@ def test_default_install(helm: Helm) -> None:
     assert kinds(docs) == [
         "Deployment",
         "PodDisruptionBudget",
+        "Role",  # the operator's, and the Spark driver's (VerificationRun)
         "Role",
+        "RoleBinding",
         "RoleBinding",
         "Service",
         "Service",
+        "ServiceAccount",
         "ServiceAccount",
         "StatefulSet",
     ]

@@ -45,6 +45,7 @@ PLURALS = {
     "SegtxnCluster": "segtxnclusters",
     "TransactionCoordinator": "transactioncoordinators",
     "ScalableTopic": "scalabletopics",
+    "VerificationRun": "verificationruns",
 }
 RESOURCES: dict[str, dict[str, Any]] = {
     "v1/namespaces": {"kind": "Namespace", "namespaced": False},

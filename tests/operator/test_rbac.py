@@ -44,6 +44,7 @@ GROUPS = {
     "SegtxnCluster": ("segtxn.io", "segtxnclusters"),
     "TransactionCoordinator": ("segtxn.io", "transactioncoordinators"),
     "ScalableTopic": ("segtxn.io", "scalabletopics"),
+    "VerificationRun": ("segtxn.io", "verificationruns"),
     "StatefulSet": ("apps", "statefulsets"),
     "Deployment": ("apps", "deployments"),
     "ConfigMap": ("", "configmaps"),
@@ -51,7 +52,7 @@ GROUPS = {
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
     "Pod": ("", "pods"),
 }
-OURS = ("segtxnclusters", "transactioncoordinators", "scalabletopics")
+OURS = ("segtxnclusters", "transactioncoordinators", "scalabletopics", "verificationruns")
 KOPF: set[Grant] = {
     # Kopf watches each handled resource (a LIST, then a WATCH from its resourceVersion)
     # and patches it (finalizers, annotations) and its status subresource; it posts
@@ -63,9 +64,10 @@ KOPF: set[Grant] = {
 OWNERS: set[Grant] = {
     # Not a request: the OwnerReferencesPermissionEnforcement admission plugin requires it
     # of whoever sets an owner reference with blockOwnerDeletion (kopf.adopt does) on
-    # children of these two.
+    # children of these three.
     ("segtxn.io", "segtxnclusters/finalizers", "update"),
     ("segtxn.io", "transactioncoordinators/finalizers", "update"),
+    ("segtxn.io", "verificationruns/finalizers", "update"),
 }
 
 
@@ -94,6 +96,12 @@ def grants(rules: Iterable[Mapping[str, Any]]) -> set[Grant]:
     }
 
 
+def operator_roles(docs: list[Doc]) -> list[Doc]:
+    """The operator's Roles (the chart also has the Spark driver's: tests/operator/
+    test_sparkapp.py)."""
+    return [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-operator")]
+
+
 def operator_args(docs: list[Doc]) -> list[str]:
     deployment = next(d for d in docs if d["kind"] == "Deployment" and "operator" in
                       d["metadata"]["name"])  # fmt: skip
@@ -106,8 +114,9 @@ def test_by_default_a_role_in_the_release_namespace_grants_exactly_what_is_calle
 ) -> None:
     docs = template(helm)
     assert "ClusterRole" not in kinds(docs) and "ClusterRoleBinding" not in kinds(docs)
-    [role] = [d for d in docs if d["kind"] == "Role"]
-    [binding] = [d for d in docs if d["kind"] == "RoleBinding"]
+    [role] = operator_roles(docs)
+    [binding] = [d for d in docs if d["kind"] == "RoleBinding"
+                 and d["roleRef"]["name"] == role["metadata"]["name"]]  # fmt: skip
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "segtxn"
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": role["metadata"]["name"]}  # fmt: skip
@@ -118,7 +127,7 @@ def test_by_default_a_role_in_the_release_namespace_grants_exactly_what_is_calle
 
 def test_listed_namespaces_get_a_role_each_and_only_they_are_watched(helm: Helm) -> None:
     docs = template(helm, "operator.watchNamespaces={team-a,team-b}")
-    roles = [d for d in docs if d["kind"] == "Role"]
+    roles = operator_roles(docs)
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     assert all(grants(r["rules"]) == declared() for r in roles)
     assert "ClusterRole" not in kinds(docs)
@@ -128,7 +137,7 @@ def test_listed_namespaces_get_a_role_each_and_only_they_are_watched(helm: Helm)
 
 def test_cluster_wide_is_an_opt_in_cluster_role_with_the_same_rules(helm: Helm) -> None:
     docs = template(helm, "operator.clusterWide=true")
-    assert "Role" not in kinds(docs)
+    assert operator_roles(docs) == []
     [role] = [d for d in docs if d["kind"] == "ClusterRole"]
     assert grants(role["rules"]) == declared(cluster_wide=True)
     assert "--all-namespaces" in operator_args(docs)
@@ -144,7 +153,8 @@ def test_cluster_wide_and_listed_namespaces_are_refused_together(helm: Helm) -> 
 
 
 def test_the_grants_hold_no_wildcard_delete_or_secret(helm: Helm) -> None:
-    every = grants(next(d for d in template(helm) if d["kind"] == "Role")["rules"])
+    [role] = operator_roles(template(helm))
+    every = grants(role["rules"])
     assert not [g for g in every if "*" in g]
     assert not [g for g in every if g[2] in ("delete", "deletecollection", "escalate", "bind")]
     assert not [g for g in every if g[1] in ("secrets", "persistentvolumeclaims")]
@@ -207,6 +217,11 @@ async def test_what_the_operator_sends_is_granted_and_every_call_is_exercised() 
             await wait_until(coordinators_applied, timeout=WAIT_S, what="the coordinators' turn")
             await wait_until(lambda: bool(status(emu, "ScalableTopic", "orders")),
                              timeout=WAIT_S, what="the topic's status")  # fmt: skip
+            # A verification run: its driver pod applied, its phase followed (a status
+            # patch of the operator's own once the pod is read).
+            await emu.create("VerificationRun", "r1", {"clusterRef": "demo"})
+            await wait_until(lambda: status(emu, "VerificationRun", "r1").get("reason")
+                             == "Starting", timeout=WAIT_S, what="the run followed")  # fmt: skip
         seen = observed(emu.requests)
     role = declared()
     assert seen - role == set(), "sent but not granted"

@@ -99,26 +99,27 @@ or else the release's own. */}}
 {{/* What the operator may do, and no more: exactly the requests it sends
 (segtxn/operator/kube.py, CALLS, which refuses any other) and those Kopf sends, checked by
 tests/operator/test_rbac.py against what the operator sends to an emulated API server.
-Kopf lists, watches and patches the three resources (their status through /status) and
+Kopf lists, watches and patches the four resources (their status through /status) and
 creates events; it never GETs one object, PUTs or DELETEs. kube.py GETs the kinds it reads,
 server-side applies children (a PATCH, which needs create too when the child does not exist
-yet), patches a ScalableTopic's status during a long resharding, and evicts a broker's pod
-in a roll; it deletes nothing (children go with their owner through owner references).
+yet; a VerificationRun's driver is a Pod), patches a ScalableTopic's status during a long
+resharding and a VerificationRun's as it runs, and evicts a broker's pod in a roll; it
+deletes nothing (children go with their owner through owner references).
 Owner references with blockOwnerDeletion need update on the owner's finalizers
-(OwnerReferencesPermissionEnforcement); only clusters and coordinators own children. The
+(OwnerReferencesPermissionEnforcement); clusters, coordinators and runs own children. The
 peering objects are the caller's: namespaced ones in a Role, cluster ones cluster-wide. */}}
 {{- define "segtxn.operatorRules" -}}
 - apiGroups: [segtxn.io]
   resources: [segtxnclusters, transactioncoordinators]
   verbs: [get, list, watch, patch]
 - apiGroups: [segtxn.io]
-  resources: [scalabletopics]
+  resources: [scalabletopics, verificationruns]
   verbs: [list, watch, patch]
 - apiGroups: [segtxn.io]
-  resources: [segtxnclusters/status, transactioncoordinators/status, scalabletopics/status]
+  resources: [segtxnclusters/status, transactioncoordinators/status, scalabletopics/status, verificationruns/status]
   verbs: [patch]
 - apiGroups: [segtxn.io]
-  resources: [segtxnclusters/finalizers, transactioncoordinators/finalizers]
+  resources: [segtxnclusters/finalizers, transactioncoordinators/finalizers, verificationruns/finalizers]
   verbs: [update]
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
@@ -134,7 +135,7 @@ peering objects are the caller's: namespaced ones in a Role, cluster ones cluste
   verbs: [create, patch]
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get]
+  verbs: [get, create, patch]
 - apiGroups: [""]
   resources: [pods/eviction]
   verbs: [create]
