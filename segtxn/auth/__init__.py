@@ -10,13 +10,15 @@ from segtxn.auth.guard import (
     close_at_expiry,
     install_auth,
     principal_of,
+    recheck,
     require,
 )
-from segtxn.auth.policy import Action, Grant, Policy, Scope
+from segtxn.auth.policy import EVERY_SUBSCRIPTION, Action, Grant, Policy, Scope
 from segtxn.auth.tls import ServerCertificate, TlsSettings, client_context
 from segtxn.auth.tokens import AuthConfigError, Principal, TokenVerifier
 
 __all__ = [
+    "EVERY_SUBSCRIPTION",
     "Action",
     "AuthConfigError",
     "AuthSettings",
@@ -35,6 +37,7 @@ __all__ = [
     "close_at_expiry",
     "install_auth",
     "principal_of",
+    "recheck",
     "require",
     "rule_for",
 ]

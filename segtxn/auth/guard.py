@@ -31,8 +31,8 @@ from typing import Any
 import aiohttp
 from aiohttp import WSCloseCode, hdrs, web
 
-from segtxn.auth.endpoints import Kind, Rule, rule_for
-from segtxn.auth.policy import Action, Policy, Scope
+from segtxn.auth.endpoints import About, Kind, Rule, rule_for
+from segtxn.auth.policy import EVERY_SUBSCRIPTION, Action, Policy, Scope
 from segtxn.auth.tls import TlsSettings
 from segtxn.auth.tokens import (
     LEEWAY_S,
@@ -48,6 +48,8 @@ from segtxn.protocol.errors import ErrorName, ServerError
 
 PRINCIPAL = web.RequestKey("segtxn-principal", Principal)
 """Who a request comes from, once authenticated (absent with security off)."""
+RULE = web.RequestKey("segtxn-rule", Rule)
+"""The rule a request was let through by (for :func:`recheck`)."""
 
 
 @dataclass(frozen=True)
@@ -192,8 +194,27 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         return _unauthenticated(request, e)
     principal = settings.policy.principal(role, expires_s)
     request[PRINCIPAL] = principal
+    request[RULE] = rule
     _check_rule(settings.policy, principal, rule, request.match_info)
     return await handler(request)
+
+
+def recheck(request: web.Request) -> None:
+    """Check the route's rule again under the policy in force now, for a long-lived
+    request (a consumer's or reader's WebSocket checks it on every frame it reads): a
+    policy reloaded without a restart applies to connections already open. Nothing to do
+    with security off or on an open route.
+
+    Raises:
+        ServerError(NotAuthorized): the role may no longer do this.
+    """
+    principal, rule = request.get(PRINCIPAL), request.get(RULE)
+    if principal is None or rule is None:
+        return
+    policy = request.app[AUTH].policy
+    _check_rule(
+        policy, policy.principal(principal.role, principal.expires_s), rule, request.match_info
+    )
 
 
 def _check_rule(
@@ -209,35 +230,57 @@ def _check_rule(
             )
         return
     scope: Scope = (match["tenant"], match["namespace"]) if rule.kind is Kind.NAMESPACE else None
-    require(policy, principal, rule.actions, scope)
+    subscription = (
+        match["subscription"]
+        if rule.about is About.PATH
+        else EVERY_SUBSCRIPTION
+        if rule.about is About.EVERY
+        else None
+    )
+    require(policy, principal, rule.actions, scope, subscription)
 
 
 def require(
-    policy: Policy, principal: Principal | None, actions: frozenset[Action], scope: Scope
+    policy: Policy,
+    principal: Principal | None,
+    actions: frozenset[Action],
+    scope: Scope,
+    subscription: str | None = None,
 ) -> None:
-    """Refuse unless ``principal`` may do one of ``actions`` on ``scope`` (no principal:
-    security is off).
+    """Refuse unless ``principal`` may do one of ``actions`` on ``scope`` (and ``consume``
+    on ``subscription``, when the call is about one; :meth:`Policy.allows`). No principal:
+    security is off.
 
     Raises:
-        ServerError(NotAuthorized): naming the role, the actions and the scope.
+        ServerError(NotAuthorized): naming the role, the actions, the scope and the
+            subscription.
     """
-    if principal is None or policy.allows(principal, actions, scope):
+    if principal is None or policy.allows(principal, actions, scope, subscription):
         return
     wanted = " or ".join(sorted(a.value for a in actions))
     where = "the cluster" if scope is None else f"{scope[0]}/{scope[1]}"
+    if subscription == EVERY_SUBSCRIPTION:
+        where += " without a subscription (a reader needs consume on every subscription)"
+    elif subscription is not None:
+        where += f" on subscription {subscription!r}"
     raise ServerError(
         ErrorName.NOT_AUTHORIZED, f"role {principal.role!r} may not {wanted} on {where}"
     )
 
 
-def authorize(request: web.Request, actions: frozenset[Action], scope: Scope) -> None:
+def authorize(
+    request: web.Request,
+    actions: frozenset[Action],
+    scope: Scope,
+    subscription: str | None = None,
+) -> None:
     """:func:`require` for the caller of ``request`` under its application's policy (a
     check only the handler can make, such as on the topics a body lists).
 
     Raises:
         ServerError(NotAuthorized)
     """
-    require(request.app[AUTH].policy, principal_of(request), actions, scope)
+    require(request.app[AUTH].policy, principal_of(request), actions, scope, subscription)
 
 
 EXPIRED_REASON = b"Unauthenticated: the token expired"

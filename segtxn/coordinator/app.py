@@ -121,9 +121,16 @@ _PRODUCE = frozenset({Action.PRODUCE})
 _CONSUME = frozenset({Action.CONSUME})
 
 
-def _authorize_topics(request: web.Request, topics: list[str], action: frozenset[Action]) -> None:
+def _authorize_topics(
+    request: web.Request,
+    topics: list[str],
+    action: frozenset[Action],
+    subscription: str | None = None,
+) -> None:
     """Joining a topic to a transaction needs ``produce`` on its namespace, a subscription
-    ``consume`` (security on). Raises ServerError(NotAuthorized / InvalidTopicName)."""
+    ``consume`` there (on ``subscription`` when the call names one: a grant may restrict
+    its ``consume`` to some subscriptions). Security off: nothing to check.
+    Raises ServerError(NotAuthorized / InvalidTopicName)."""
     if principal_of(request) is None:
         return
     for topic in topics:
@@ -131,7 +138,7 @@ def _authorize_topics(request: web.Request, topics: list[str], action: frozenset
             name = TopicName.parse(topic)
         except InvalidTopicName as e:
             raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
-        authorize(request, action, (name.tenant, name.namespace))
+        authorize(request, action, (name.tenant, name.namespace), subscription)
 
 
 async def _topics(request: web.Request) -> tuple[list[str], str | None]:
@@ -205,7 +212,10 @@ async def add_participants(request: web.Request) -> web.StreamResponse:
     topics, subscription = await _topics(request)
     await _check_owner(request, txn)
     joining_subscription = request.path.endswith("/subscriptions")
-    _authorize_topics(request, topics, _CONSUME if joining_subscription else _PRODUCE)
+    if joining_subscription:
+        _authorize_topics(request, topics, _CONSUME, subscription)
+    else:
+        _authorize_topics(request, topics, _PRODUCE)
     if txn.is_v5:
         request.app[COORDINATOR].add_participants(txn, topics)
     elif joining_subscription:

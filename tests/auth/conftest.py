@@ -40,6 +40,8 @@ STRANGER = "stranger"
 """A role the policy names with rights elsewhere only (``other/ns``)."""
 PRODUCER_2 = "orders-producer-2"
 """A second role with the same rights as PRODUCER (another role's transaction)."""
+APP = "orders-app"
+"""Consumes on acme/orders in its own subscriptions only (``app-*``)."""
 
 POLICY: dict[str, Any] = {
     "superusers": [CLUSTER, ROOT],
@@ -50,6 +52,13 @@ POLICY: dict[str, Any] = {
         ADMIN: [{"resource": "acme/*", "actions": ["admin"]}],
         OPS: [{"resource": "*", "actions": ["admin"]}],
         STRANGER: [{"resource": "other/ns", "actions": ["produce", "consume", "admin"]}],
+        APP: [
+            {
+                "resource": "acme/orders",
+                "actions": ["produce", "consume"],
+                "subscriptions": ["app-*"],
+            }
+        ],
     },
 }
 
