@@ -2,6 +2,7 @@
 maps roles to actions per tenant and namespace, and every endpoint is classified
 (docs/security.md). Off unless a server is given a key and a policy."""
 
+from segtxn.auth.certroles import CertRole
 from segtxn.auth.endpoints import Kind, Rule, rule_for
 from segtxn.auth.guard import (
     AuthSettings,
@@ -22,6 +23,7 @@ __all__ = [
     "Action",
     "AuthConfigError",
     "AuthSettings",
+    "CertRole",
     "Grant",
     "Kind",
     "Policy",

@@ -8,11 +8,12 @@ exactly as one built before this module existed.
 
 On, each request's route is looked up in :mod:`segtxn.auth.endpoints`: open routes pass;
 every other one needs ``Authorization: Bearer <token>`` (a WebSocket's on its upgrade
-request: refused before the upgrade, as an HTTP answer), 401 ``Unauthenticated`` without a
-token that verifies, 403 ``NotAuthorized`` when the token's role may not. The request then
-carries its :class:`Principal` (:func:`principal_of`) for the checks only a handler can
-make: whose transaction a call names (:func:`check_owner`), which topics a body lists
-(:func:`require`).
+request: refused before the upgrade, as an HTTP answer) or, when the server takes roles
+from client certificates, a certificate (:mod:`segtxn.auth.certroles`; a token wins):
+401 ``Unauthenticated`` without credentials that verify, 403 ``NotAuthorized`` when their
+role may not. The request then carries its :class:`Principal` (:func:`principal_of`) for
+the checks only a handler can make: whose transaction a call names (:func:`check_owner`),
+which topics a body lists (:func:`require`).
 
 Servers call each other as the *cluster role*: :meth:`AuthSettings.client_middlewares`
 puts its token (read from a file) on their internal HTTP sessions; the policy must make it a
@@ -31,6 +32,7 @@ from typing import Any
 import aiohttp
 from aiohttp import WSCloseCode, hdrs, web
 
+from segtxn.auth.certroles import CertRole, certificate_role
 from segtxn.auth.endpoints import About, Kind, Rule, rule_for
 from segtxn.auth.policy import EVERY_SUBSCRIPTION, Action, Policy, Scope
 from segtxn.auth.tls import TlsSettings
@@ -65,6 +67,9 @@ class AuthSettings:
     """``/metrics`` needs ``admin`` on ``*`` (else it is open, as the probes)."""
     tls: TlsSettings = field(default_factory=TlsSettings)
     """The listener's certificate, and the CA other servers are checked against."""
+    cert_role: CertRole | None = None
+    """Take a request's role from its client certificate when it has no token (None: a
+    token is needed): :mod:`segtxn.auth.certroles`."""
 
     @property
     def enabled(self) -> bool:
@@ -80,12 +85,15 @@ class AuthSettings:
         cluster_token_file: Path | None = None,
         protect_metrics: bool = False,
         tls: TlsSettings | None = None,
+        cert_role: CertRole | None = None,
     ) -> AuthSettings:
         """Read and check a server's security files; all None: security off.
 
         Tokens on need one key (an HS256 secret or a public key), a policy, and the
         cluster role's token, which must verify with that key and name a superuser. TLS
-        (``tls``) goes with tokens or without them.
+        (``tls``) goes with tokens or without them. ``cert_role`` (roles from client
+        certificates) needs tokens on and client certificates required
+        (``tls.client_ca_file``).
 
         Raises:
             AuthConfigError: a file missing, unreadable or wrong, or a combination that
@@ -104,6 +112,7 @@ class AuthSettings:
                     ("a policy", policy_file),
                     ("a cluster token", cluster_token_file),
                     ("protected metrics", protect_metrics or None),
+                    ("roles from client certificates", cert_role),
                 )
                 if value is not None
             ]
@@ -130,7 +139,12 @@ class AuthSettings:
                 f"{cluster_token_file}: its role {role!r} must be one of the policy's "
                 "superusers (servers act for every client)"
             )
-        return cls(verifier, policy, token, protect_metrics, _checked(tls))
+        if cert_role is not None and (tls is None or tls.client_ca_file is None):
+            raise AuthConfigError(
+                "roles from client certificates need client certificates required: give "
+                "--tls-client-ca (the CA that signs them)"
+            )
+        return cls(verifier, policy, token, protect_metrics, _checked(tls), cert_role)
 
     def cluster_session(self, **options: Any) -> aiohttp.ClientSession:
         """An HTTP session for a server's calls to other servers (``options`` go to
@@ -186,10 +200,14 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     rule = rule_for(request.method, resource.canonical, protect_metrics=settings.protect_metrics)
     if rule.kind is Kind.OPEN:
         return await handler(request)
+    header = request.headers.get(hdrs.AUTHORIZATION)
     try:
-        role, expires_s = settings.verifier.claims(
-            bearer_token(request.headers.get(hdrs.AUTHORIZATION))
-        )
+        if header is None and settings.cert_role is not None:  # a token wins over a certificate
+            transport = request.transport
+            peer = None if transport is None else transport.get_extra_info("peercert")
+            role, expires_s = certificate_role(peer, settings.cert_role)
+        else:
+            role, expires_s = settings.verifier.claims(bearer_token(header))
     except ServerError as e:
         return _unauthenticated(request, e)
     principal = settings.policy.principal(role, expires_s)

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from segtxn.auth import AuthConfigError, AuthSettings, TlsSettings
+from segtxn.auth import AuthConfigError, AuthSettings, CertRole, TlsSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,6 +52,12 @@ def auth_options(command: F) -> F:
             "--auth-protect-metrics",
             is_flag=True,
             help="/metrics needs a token with admin on '*' (else it is open, like the probes).",
+        ),
+        click.option(
+            "--auth-cert-role",
+            type=click.Choice([r.value for r in CertRole]),
+            help="Without a token, take the role from the client certificate: its subject's "
+            "common name, or its first URI or e-mail alternative name (needs --tls-client-ca).",
         ),
         click.option(
             "--tls-cert",
@@ -98,6 +104,7 @@ def auth_settings(
     auth_policy: Path | None,
     auth_cluster_token: Path | None,
     auth_protect_metrics: bool,
+    auth_cert_role: str | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_ca: Path | None,
@@ -116,6 +123,7 @@ def auth_settings(
             cluster_token_file=auth_cluster_token,
             protect_metrics=auth_protect_metrics,
             tls=TlsSettings(tls_cert, tls_key, tls_ca, tls_client_ca),
+            cert_role=None if auth_cert_role is None else CertRole(auth_cert_role),
         )
     except AuthConfigError as e:
         raise click.UsageError(f"security: {e}") from e
