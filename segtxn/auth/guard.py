@@ -15,9 +15,10 @@ role may not. The request then carries its :class:`Principal` (:func:`principal_
 the checks only a handler can make: whose transaction a call names (:func:`check_owner`),
 which topics a body lists (:func:`require`).
 
-Servers call each other as the *cluster role*: :meth:`AuthSettings.client_middlewares`
-puts its token (read from a file) on their internal HTTP sessions; the policy must make it a
-superuser, which is checked at start-up.
+Servers call each other as the *cluster role*: :meth:`AuthSettings.cluster_session` puts
+its token (read from a file) on their internal HTTP sessions; the policy must make it a
+superuser, which is checked at start-up and on every reload
+(:mod:`segtxn.auth.credentials`).
 """
 
 from __future__ import annotations
@@ -33,17 +34,11 @@ import aiohttp
 from aiohttp import WSCloseCode, hdrs, web
 
 from segtxn.auth.certroles import CertRole, certificate_role
+from segtxn.auth.credentials import RELOAD_CHECK_S, CredentialFiles, LiveCredentials
 from segtxn.auth.endpoints import About, Kind, Rule, rule_for
 from segtxn.auth.policy import EVERY_SUBSCRIPTION, Action, Policy, Scope
 from segtxn.auth.tls import TlsSettings
-from segtxn.auth.tokens import (
-    LEEWAY_S,
-    AuthConfigError,
-    Principal,
-    TokenVerifier,
-    bearer_token,
-    read_token_file,
-)
+from segtxn.auth.tokens import LEEWAY_S, AuthConfigError, Principal, TokenVerifier, bearer_token
 from segtxn.boundary import Handler, error_response
 from segtxn.protocol.auth import bearer_middleware
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -58,11 +53,9 @@ RULE = web.RequestKey("segtxn-rule", Rule)
 class AuthSettings:
     """A server's security settings. The default is off: no key, nothing checked."""
 
-    verifier: TokenVerifier | None = None
-    """Checks tokens; None: security off."""
-    policy: Policy = field(default_factory=Policy)
-    cluster_token: str | None = None
-    """The token this server presents when it calls another server."""
+    credentials: LiveCredentials | None = None
+    """The key, policy and cluster token in force, reloaded when their files change;
+    None: tokens off."""
     protect_metrics: bool = False
     """``/metrics`` needs ``admin`` on ``*`` (else it is open, as the probes)."""
     tls: TlsSettings = field(default_factory=TlsSettings)
@@ -73,7 +66,22 @@ class AuthSettings:
 
     @property
     def enabled(self) -> bool:
-        return self.verifier is not None
+        return self.credentials is not None
+
+    @property
+    def verifier(self) -> TokenVerifier | None:
+        """Checks tokens now; None: security off."""
+        return None if self.credentials is None else self.credentials.current.verifier
+
+    @property
+    def policy(self) -> Policy:
+        """The policy in force (empty with security off)."""
+        return _NO_POLICY if self.credentials is None else self.credentials.current.policy
+
+    @property
+    def cluster_token(self) -> str | None:
+        """The token this server presents to other servers now."""
+        return None if self.credentials is None else self.credentials.current.cluster_token
 
     @classmethod
     def from_files(
@@ -86,14 +94,16 @@ class AuthSettings:
         protect_metrics: bool = False,
         tls: TlsSettings | None = None,
         cert_role: CertRole | None = None,
+        reload_check_s: float = RELOAD_CHECK_S,
     ) -> AuthSettings:
         """Read and check a server's security files; all None: security off.
 
         Tokens on need one key (an HS256 secret or a public key), a policy, and the
-        cluster role's token, which must verify with that key and name a superuser. TLS
-        (``tls``) goes with tokens or without them. ``cert_role`` (roles from client
-        certificates) needs tokens on and client certificates required
-        (``tls.client_ca_file``).
+        cluster role's token, which must verify with that key and name a superuser
+        (:class:`~segtxn.auth.credentials.CredentialFiles`); the three are reloaded when
+        they change (every ``reload_check_s``). TLS (``tls``) goes with tokens or without
+        them. ``cert_role`` (roles from client certificates) needs tokens on and client
+        certificates required (``tls.client_ca_file``).
 
         Raises:
             AuthConfigError: a file missing, unreadable or wrong, or a combination that
@@ -101,11 +111,7 @@ class AuthSettings:
         """
         if secret_file is not None and public_key_file is not None:
             raise AuthConfigError("give an HS256 secret or a public key, not both")
-        if secret_file is not None:
-            verifier = TokenVerifier.from_secret_file(secret_file)
-        elif public_key_file is not None:
-            verifier = TokenVerifier.from_public_key_file(public_key_file)
-        else:
+        if secret_file is None and public_key_file is None:
             given = [
                 what
                 for what, value in (
@@ -122,44 +128,46 @@ class AuthSettings:
                     "file or a public key file"
                 )
             return cls(tls=_checked(tls))
+        if secret_file is not None:  # a bad key is said first, whatever else is missing
+            TokenVerifier.from_secret_file(secret_file)
+        elif public_key_file is not None:
+            TokenVerifier.from_public_key_file(public_key_file)
         if policy_file is None:
             raise AuthConfigError("security needs a policy file (who may do what)")
         if cluster_token_file is None:
             raise AuthConfigError(
                 "security needs the cluster role's token file: servers call each other with it"
             )
-        policy = Policy.load(policy_file)
-        token = read_token_file(cluster_token_file)
-        try:
-            role = verifier.role(token)
-        except ServerError as e:
-            raise AuthConfigError(f"{cluster_token_file}: {e.message}") from e
-        if role not in policy.superusers:
-            raise AuthConfigError(
-                f"{cluster_token_file}: its role {role!r} must be one of the policy's "
-                "superusers (servers act for every client)"
-            )
+        files = CredentialFiles(policy_file, cluster_token_file, secret_file, public_key_file)
+        credentials = LiveCredentials(files, reload_check_s)
         if cert_role is not None and (tls is None or tls.client_ca_file is None):
             raise AuthConfigError(
                 "roles from client certificates need client certificates required: give "
                 "--tls-client-ca (the CA that signs them)"
             )
-        return cls(verifier, policy, token, protect_metrics, _checked(tls), cert_role)
+        return cls(credentials, protect_metrics, _checked(tls), cert_role)
 
     def cluster_session(self, **options: Any) -> aiohttp.ClientSession:
         """An HTTP session for a server's calls to other servers (``options`` go to
-        ``aiohttp.ClientSession``): the cluster role's token on every request when tokens
-        are on; with TLS, their certificates checked against the cluster's CA and this
-        server's own presented. Call it in a running event loop.
+        ``aiohttp.ClientSession``): the cluster role's token in force on every request
+        when tokens are on; with TLS, their certificates checked against the cluster's CA
+        and this server's own presented. Call it in a running event loop.
 
         Raises:
             AuthConfigError: the TLS files cannot be loaded (they were at start-up).
         """
-        middlewares = () if self.cluster_token is None else (bearer_middleware(self.cluster_token),)
+        middlewares = (
+            ()
+            if self.credentials is None
+            else (bearer_middleware(self.credentials.cluster_token()),)
+        )
         context = self.tls.client_context()
         if context is not None:
             options.setdefault("connector", aiohttp.TCPConnector(ssl=context))
         return aiohttp.ClientSession(middlewares=middlewares, **options)
+
+
+_NO_POLICY = Policy()
 
 
 def _checked(tls: TlsSettings | None) -> TlsSettings:
@@ -177,11 +185,13 @@ AUTH = web.AppKey("segtxn-auth", AuthSettings)
 
 
 def install_auth(app: web.Application, settings: AuthSettings) -> None:
-    """Put authentication on ``app`` (after :func:`segtxn.boundary.install`): nothing is
-    added when ``settings`` is off."""
+    """Put authentication on ``app`` (after :func:`segtxn.boundary.install`), and the
+    watch that reloads its key, policy and cluster token: nothing is added when
+    ``settings`` is off."""
     app[AUTH] = settings
-    if settings.enabled:
+    if settings.credentials is not None:
         app.middlewares.append(authenticate)
+        app.cleanup_ctx.append(settings.credentials.reloading)
 
 
 def _unauthenticated(request: web.Request, e: ServerError) -> web.Response:
