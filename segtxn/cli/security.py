@@ -1,7 +1,8 @@
-"""The servers' ``--auth-*`` and ``--tls-*`` flags (``segtxn broker``, ``coordinator``,
-``standalone``): token authentication and authorization, and TLS on the listener, parsed
-once into :class:`~segtxn.auth.AuthSettings` (docs/security.md). None given: security off,
-as before these flags existed."""
+"""The servers' ``--auth-*``, ``--tls-*`` and ``--store-*`` flags (``segtxn broker``,
+``coordinator``, ``standalone``): token authentication and authorization, TLS on the
+listener, and TLS and a user for the metadata store connection, parsed once into
+:class:`~segtxn.auth.AuthSettings` and :class:`~segtxn.metastore.StoreCredentials`
+(docs/security.md). None given: security off, as before these flags existed."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from segtxn.auth import AuthConfigError, AuthSettings, CertRole, TlsSettings
+from segtxn.metastore import InvalidArgument, StoreCredentials
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,6 +80,26 @@ def auth_options(command: F) -> F:
             metavar="FILE",
             help="Require client certificates signed by this CA (mutual TLS).",
         ),
+        click.option(
+            "--store-ca",
+            type=_FILE,
+            metavar="FILE",
+            help="Connect to etcd with TLS and check its certificate against this CA.",
+        ),
+        click.option(
+            "--store-cert",
+            type=_FILE,
+            metavar="FILE",
+            help="A client certificate (PEM) for an etcd with --client-cert-auth.",
+        ),
+        click.option("--store-key", type=_FILE, metavar="FILE", help="The --store-cert's key."),
+        click.option("--store-user", metavar="NAME", help="Authenticate to etcd as this user."),
+        click.option(
+            "--store-password-file",
+            type=_FILE,
+            metavar="FILE",
+            help="The --store-user's password (the file's first line).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -95,6 +117,35 @@ def check_scheme(auth: AuthSettings, url: str, flag: str) -> None:
     if not url.startswith(f"{wanted}://"):
         why = "it serves HTTPS (--tls-cert)" if auth.tls.enabled else "it has no --tls-cert"
         raise click.UsageError(f"{flag} must be a {wanted}:// URL: {why}")
+
+
+def store_credentials(flags: dict[str, Any], store_url: str) -> StoreCredentials:
+    """Take the ``--store-*`` flags out of ``flags`` (the rest are :func:`auth_settings`'s)
+    as the store connection's credentials, checked now (the password file read once).
+
+    Raises:
+        click.UsageError: flags that do not go together, a file that cannot be read, or
+            credentials for a ``memory://`` store.
+    """
+    credentials = StoreCredentials(
+        ca_file=flags.pop("store_ca"),
+        cert_file=flags.pop("store_cert"),
+        key_file=flags.pop("store_key"),
+        user=flags.pop("store_user"),
+        password_file=flags.pop("store_password_file"),
+    )
+    if not credentials.enabled:
+        return credentials
+    if not store_url.startswith("etcd:"):
+        raise click.UsageError("--store-* flags are for an etcd:// store")
+    try:
+        credentials.check()
+        credentials.pem()
+        if credentials.user is not None:
+            credentials.password()
+    except InvalidArgument as e:
+        raise click.UsageError(f"store: {e}") from e
+    return credentials
 
 
 def auth_settings(

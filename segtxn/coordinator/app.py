@@ -37,6 +37,7 @@ from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
 from segtxn.metastore import (
     MetadataStore,
+    StoreSettings,
     open_store,
     wait_reachable,
 )
@@ -309,7 +310,11 @@ def create_app(
     install(app)  # the error boundary
     install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
     own = store is None
-    used = open_store(settings.store_url) if store is None else store
+    used = (
+        open_store(settings.store_url, StoreSettings(credentials=settings.store_credentials))
+        if store is None
+        else store
+    )
     app[COORDINATOR] = CoordinatorV5(used, settings)
     app[V4] = CoordinatorV4(used, settings)
     app[METRICS] = CoordinatorMetrics(app[COORDINATOR], app[V4])
