@@ -113,6 +113,26 @@ async def test_a_revoked_right_refuses_the_frames_of_an_open_consumer(
         assert (s1["backlog"], s1["msgOutCounter"]) == (1, 0), s1
 
 
+async def test_a_revoked_right_refuses_the_frames_of_an_open_reader(
+    secure: SecureCluster,
+) -> None:
+    async with Client(secure.url, token=token(ROOT)) as root:
+        await root.admin.create_topic(T1)
+    url = f"{secure.url}/ws/v2/reader/persistent/acme/orders/t1?start=earliest"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(url, headers=bearer(token(CONSUMER))) as ws,
+    ):
+        # only the pattern "app-*": a reader needs consume on every subscription
+        restricted = [{"resource": "acme/*", "actions": ["consume"], "subscriptions": ["app-*"]}]
+        _replace(secure.files / "policy.yaml", _policy(**{CONSUMER: restricted}))
+        await _reloaded(secure, 1)
+        await ws.send_bytes(frames.encode(frames.Flow(permits=10)))
+        refused = await next_frame(ws)
+        assert isinstance(refused, frames.Error) and refused.error == "NotAuthorized"
+        assert "without a subscription" in refused.message
+
+
 async def test_a_new_key_and_cluster_token_are_used_together(secure: SecureCluster) -> None:
     topic = "persistent://acme/orders/rotated"
     _replace(secure.files / "secret", OTHER_SECRET)
