@@ -2,6 +2,7 @@
 maps roles to actions per tenant and namespace, and every endpoint is classified
 (docs/security.md). Off unless a server is given a key and a policy."""
 
+from segtxn.auth.certroles import CertRole
 from segtxn.auth.endpoints import Kind, Rule, rule_for
 from segtxn.auth.guard import (
     AuthSettings,
@@ -10,16 +11,19 @@ from segtxn.auth.guard import (
     close_at_expiry,
     install_auth,
     principal_of,
+    recheck,
     require,
 )
-from segtxn.auth.policy import Action, Grant, Policy, Scope
+from segtxn.auth.policy import EVERY_SUBSCRIPTION, Action, Grant, Policy, Scope
 from segtxn.auth.tls import ServerCertificate, TlsSettings, client_context
 from segtxn.auth.tokens import AuthConfigError, Principal, TokenVerifier
 
 __all__ = [
+    "EVERY_SUBSCRIPTION",
     "Action",
     "AuthConfigError",
     "AuthSettings",
+    "CertRole",
     "Grant",
     "Kind",
     "Policy",
@@ -35,6 +39,7 @@ __all__ = [
     "close_at_expiry",
     "install_auth",
     "principal_of",
+    "recheck",
     "require",
     "rule_for",
 ]

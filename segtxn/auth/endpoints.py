@@ -12,7 +12,9 @@ The kinds of rule:
 - ``authenticated``: any valid token; the handler checks the rest (a transaction's calls:
   only the role that opened it, or a superuser, may touch it; joining topics to it needs
   ``produce``/``consume`` on each);
-- ``namespace``: one of ``actions`` on the path's ``tenant/namespace``;
+- ``namespace``: one of ``actions`` on the path's ``tenant/namespace`` (a consumer's
+  ``consume`` also on the path's subscription, a reader's on every subscription: a grant's
+  ``subscriptions`` patterns, :mod:`segtxn.auth.policy`);
 - ``cluster``: one of ``actions`` on the whole cluster (a grant on ``*``);
 - ``internal``: superusers only: the calls servers make to each other (ledger replicas, the
   v4 coordinator's END on each participant) with the cluster role's token.
@@ -40,10 +42,23 @@ class Kind(enum.Enum):
     INTERNAL = "internal"
 
 
+class About(enum.Enum):
+    """Which subscription a ``consume`` rule is about (a grant may restrict its ``consume``
+    to some subscriptions)."""
+
+    NONE = "none"
+    """No one subscription (lookups, stats): any ``consume`` grant on the namespace counts."""
+    PATH = "path"
+    """The one the path's ``{subscription}`` names (a consumer)."""
+    EVERY = "every"
+    """The topic as a whole, without a subscription (a reader)."""
+
+
 @dataclass(frozen=True)
 class Rule:
     kind: Kind
     actions: frozenset[Action] = frozenset()
+    about: About = About.NONE
 
 
 OPEN = Rule(Kind.OPEN)
@@ -56,8 +71,8 @@ METRICS = "/metrics"
 PROTECTED_METRICS = Rule(Kind.CLUSTER, _ADMIN)
 
 
-def _ns(actions: frozenset[Action]) -> Rule:
-    return Rule(Kind.NAMESPACE, actions)
+def _ns(actions: frozenset[Action], about: About = About.NONE) -> Rule:
+    return Rule(Kind.NAMESPACE, actions, about)
 
 
 _TOPIC = "/{domain}/{tenant}/{namespace}/{topic}"
@@ -72,8 +87,8 @@ RULES: dict[tuple[str, str], Rule] = {
     ("GET", METRICS): OPEN,
     # the broker's data plane
     ("GET", "/ws/v2/producer" + _TOPIC): _ns(_PRODUCE),
-    ("GET", "/ws/v2/consumer" + _TOPIC + "/{subscription}"): _ns(_CONSUME),
-    ("GET", "/ws/v2/reader" + _TOPIC): _ns(_CONSUME),
+    ("GET", "/ws/v2/consumer" + _TOPIC + "/{subscription}"): _ns(_CONSUME, About.PATH),
+    ("GET", "/ws/v2/reader" + _TOPIC): _ns(_CONSUME, About.EVERY),
     # lookups: whoever may use the namespace at all
     ("GET", "/lookup/v2/topic" + _TOPIC): _ns(_ANY_USE),
     ("GET", "/ws/v2/lookup" + _TOPIC): _ns(_ANY_USE),

@@ -51,6 +51,7 @@ from segtxn.metastore import (
     MetadataStore,
     MetadataStoreError,
     Session,
+    StoreSettings,
     open_store,
     wait_reachable,
 )
@@ -71,7 +72,10 @@ class BrokerService:
         then owns it: tests inject faults this way)."""
         self.settings = settings
         self._owns_store = store is None
-        self.store: MetadataStore = open_store(settings.store_url) if store is None else store
+        if store is None:
+            tls_and_user = StoreSettings(credentials=settings.store_credentials)
+            store = open_store(settings.store_url, tls_and_user)
+        self.store: MetadataStore = store
         self.catalog = Catalog(self.store)
         self.storage: LogStorage
         self.storage, self.replica_nodes = replication.open_storage(settings, self.catalog)

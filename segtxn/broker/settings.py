@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from segtxn.auth import AuthSettings
 from segtxn.ledger import LedgerSettings, RetentionPolicy
 from segtxn.ledger.replicas import Replication
+from segtxn.metastore import StoreCredentials
 from segtxn.protocol.limits import MAX_BROKER_ID
 
 BROKER_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_BROKER_ID - 1}}}")
@@ -52,6 +53,8 @@ class BrokerSettings:
     advertise_url: str
     """How clients and other brokers reach this broker (http://host:port)."""
     store_url: str = "memory://"
+    store_credentials: StoreCredentials = field(default_factory=StoreCredentials)
+    """TLS and a user for the store connection (``--store-*``; none by default)."""
     ledger_url: str = "memory://"
     """Where managed ledgers live: file:///dir (or a path) or memory://."""
     replication: Replication | None = None

@@ -35,7 +35,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from segtxn.auth import close_at_expiry, principal_of
+from segtxn.auth import close_at_expiry, principal_of, recheck
 from segtxn.boundary import incident, translate
 from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
@@ -397,7 +397,12 @@ async def consumer(request: web.Request) -> web.StreamResponse:
         expiry = close_at_expiry(request, ws)
         outbox.start()
         await _serve_consumer(
-            ws, subscription, link, outbox, TxnAccess(service, principal_of(request))
+            ws,
+            subscription,
+            link,
+            outbox,
+            TxnAccess(service, principal_of(request)),
+            allowed=functools.partial(recheck, request),
         )
     finally:
         expiry()
@@ -413,7 +418,11 @@ async def _serve_consumer(
     link: ConsumerLink,
     outbox: _Outbox,
     access: TxnAccess,
+    *,
+    allowed: Callable[[], None],
 ) -> None:
+    """Serve a consumer's frames; ``allowed`` raises NotAuthorized when the policy in force
+    no longer lets its role consume on this subscription (each frame is then refused)."""
     acks: set[asyncio.Task[None]] = set()
 
     async def ack(frame: Ack) -> None:
@@ -444,6 +453,7 @@ async def _serve_consumer(
             outbox.send(_failure("ack", e, frame.request_id))
 
     async def handle(frame: object) -> None:
+        allowed()
         if isinstance(frame, Ack | Nack | Redeliver):
             check_consumer_frame(frame)
         if isinstance(frame, Flow):
@@ -495,6 +505,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
     )
 
     async def handle(frame: object) -> None:
+        recheck(request)  # the policy in force now: it may have been reloaded
         if isinstance(frame, Flow):
             session.flow(frame.permits)
         else:

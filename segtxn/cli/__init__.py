@@ -32,6 +32,11 @@ from segtxn.cli.operator import operator
 @click.pass_context
 def main(ctx: click.Context, /, verbose: int, **credentials: Any) -> None:
     """segtxn: transactional streaming on scalable topics."""
+    token_file = credentials.pop("token_file")
+    if token_file is not None:
+        if credentials["token"] is not None:
+            raise click.UsageError("give --token or --token-file, not both")
+        credentials["token"] = token_file  # a Path: the client reads it, again on change
     ctx.meta[service.CREDENTIALS_KEY] = credentials  # for the clients the commands make
     verbosity.configure(verbose)
     stacks.install()

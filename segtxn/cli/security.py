@@ -1,7 +1,8 @@
-"""The servers' ``--auth-*`` and ``--tls-*`` flags (``segtxn broker``, ``coordinator``,
-``standalone``): token authentication and authorization, and TLS on the listener, parsed
-once into :class:`~segtxn.auth.AuthSettings` (docs/security.md). None given: security off,
-as before these flags existed."""
+"""The servers' ``--auth-*``, ``--tls-*`` and ``--store-*`` flags (``segtxn broker``,
+``coordinator``, ``standalone``): token authentication and authorization, TLS on the
+listener, and TLS and a user for the metadata store connection, parsed once into
+:class:`~segtxn.auth.AuthSettings` and :class:`~segtxn.metastore.StoreCredentials`
+(docs/security.md). None given: security off, as before these flags existed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
-from segtxn.auth import AuthConfigError, AuthSettings, TlsSettings
+from segtxn.auth import AuthConfigError, AuthSettings, CertRole, TlsSettings
+from segtxn.metastore import InvalidArgument, StoreCredentials
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +56,12 @@ def auth_options(command: F) -> F:
             help="/metrics needs a token with admin on '*' (else it is open, like the probes).",
         ),
         click.option(
+            "--auth-cert-role",
+            type=click.Choice([r.value for r in CertRole]),
+            help="Without a token, take the role from the client certificate: its subject's "
+            "common name, or its first URI or e-mail alternative name (needs --tls-client-ca).",
+        ),
+        click.option(
             "--tls-cert",
             type=_FILE,
             metavar="FILE",
@@ -71,6 +79,26 @@ def auth_options(command: F) -> F:
             type=_FILE,
             metavar="FILE",
             help="Require client certificates signed by this CA (mutual TLS).",
+        ),
+        click.option(
+            "--store-ca",
+            type=_FILE,
+            metavar="FILE",
+            help="Connect to etcd with TLS and check its certificate against this CA.",
+        ),
+        click.option(
+            "--store-cert",
+            type=_FILE,
+            metavar="FILE",
+            help="A client certificate (PEM) for an etcd with --client-cert-auth.",
+        ),
+        click.option("--store-key", type=_FILE, metavar="FILE", help="The --store-cert's key."),
+        click.option("--store-user", metavar="NAME", help="Authenticate to etcd as this user."),
+        click.option(
+            "--store-password-file",
+            type=_FILE,
+            metavar="FILE",
+            help="The --store-user's password (the file's first line).",
         ),
     ]
     for option in reversed(options):
@@ -91,6 +119,35 @@ def check_scheme(auth: AuthSettings, url: str, flag: str) -> None:
         raise click.UsageError(f"{flag} must be a {wanted}:// URL: {why}")
 
 
+def store_credentials(flags: dict[str, Any], store_url: str) -> StoreCredentials:
+    """Take the ``--store-*`` flags out of ``flags`` (the rest are :func:`auth_settings`'s)
+    as the store connection's credentials, checked now (the password file read once).
+
+    Raises:
+        click.UsageError: flags that do not go together, a file that cannot be read, or
+            credentials for a ``memory://`` store.
+    """
+    credentials = StoreCredentials(
+        ca_file=flags.pop("store_ca"),
+        cert_file=flags.pop("store_cert"),
+        key_file=flags.pop("store_key"),
+        user=flags.pop("store_user"),
+        password_file=flags.pop("store_password_file"),
+    )
+    if not credentials.enabled:
+        return credentials
+    if not store_url.startswith("etcd:"):
+        raise click.UsageError("--store-* flags are for an etcd:// store")
+    try:
+        credentials.check()
+        credentials.pem()
+        if credentials.user is not None:
+            credentials.password()
+    except InvalidArgument as e:
+        raise click.UsageError(f"store: {e}") from e
+    return credentials
+
+
 def auth_settings(
     *,
     auth_token_secret: Path | None,
@@ -98,6 +155,7 @@ def auth_settings(
     auth_policy: Path | None,
     auth_cluster_token: Path | None,
     auth_protect_metrics: bool,
+    auth_cert_role: str | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_ca: Path | None,
@@ -116,6 +174,7 @@ def auth_settings(
             cluster_token_file=auth_cluster_token,
             protect_metrics=auth_protect_metrics,
             tls=TlsSettings(tls_cert, tls_key, tls_ca, tls_client_ca),
+            cert_role=None if auth_cert_role is None else CertRole(auth_cert_role),
         )
     except AuthConfigError as e:
         raise click.UsageError(f"security: {e}") from e

@@ -27,7 +27,7 @@ from segtxn.cli.params import (
     prepare_data_dir,
     refuse_unless,
 )
-from segtxn.cli.security import auth_options, auth_settings, check_scheme
+from segtxn.cli.security import auth_options, auth_settings, check_scheme, store_credentials
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
@@ -192,6 +192,7 @@ def broker(
     **auth_flags: Any,
 ) -> None:
     """Run one broker of a cluster until SIGTERM or SIGINT."""
+    credentials = store_credentials(auth_flags, store)
     auth = auth_settings(**auth_flags)
     check_scheme(auth, advertise, "--advertise")
     parts = urlsplit(advertise)
@@ -200,6 +201,7 @@ def broker(
             broker_id=broker_id or f"{parts.hostname}-{parts.port}",
             advertise_url=advertise,
             store_url=store,
+            store_credentials=credentials,
             ledger_url=f"file://{prepare_data_dir(data_dir)}",
             replication=Replication.parse(replication) if replication else None,
             auto_create_topics=auto_create_topics,
@@ -305,6 +307,7 @@ def coordinator(
 ) -> None:
     """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir or
     --replication (several processes share the ids; standbys take over)."""
+    credentials = store_credentials(auth_flags, store)
     auth = auth_settings(**auth_flags)
     check_scheme(auth, advertise, "--advertise")
     v4 = data_dir is not None or replication is not None
@@ -316,6 +319,7 @@ def coordinator(
     settings = CoordinatorSettings(
         advertise_url=advertise,
         store_url=store,
+        store_credentials=credentials,
         coordinator_ids=ids,
         gc_retention_s=gc_retention,
         gc_sweep_s=gc_sweep,
@@ -378,6 +382,7 @@ def standalone(
     """Run a whole cluster in one process until SIGTERM or SIGINT: a broker and a transaction
     coordinator on one metadata store (the embedded one by default). Security is off unless
     the --auth-* flags are given."""
+    credentials = store_credentials(auth_flags, store)
     auth = auth_settings(**auth_flags)
     scheme = "https" if auth.tls.enabled else "http"
     if data_dir is not None and store.startswith("memory:"):
@@ -393,6 +398,7 @@ def standalone(
             broker_id="standalone",
             advertise_url=f"{scheme}://{host}:{port}",
             store_url=store,
+            store_credentials=credentials,
             ledger_url=ledger_url,
             auto_create_topics=auto_create_topics,
             store_timeout_s=store_timeout,
@@ -405,6 +411,7 @@ def standalone(
     coordinator_settings = CoordinatorSettings(
         advertise_url=f"{scheme}://{host}:{coordinator_port}",
         store_url=store,
+        store_credentials=credentials,
         store_timeout_s=store_timeout,
         v4_coordinator_ids=2,
         ledger_url=f"file://{(data_dir / 'txn-log').resolve()}" if data_dir else "memory://",

@@ -23,7 +23,7 @@ import click
 from segtxn.cli.errors import ServiceUnreachable, unreachable, why_unreachable
 from segtxn.cli.params import SERVICE_URLS
 from segtxn.client import Client
-from segtxn.client.client import TOKEN_ENV
+from segtxn.client.credentials import TOKEN_ENV, TOKEN_FILE_ENV
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,8 +45,8 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 def credential_options(command: F) -> F:
-    """The group's ``--token``, ``--tls-ca``, ``--tls-cert``, ``--tls-key`` (given before the
-    command: ``segtxn --token T topics list ...``)."""
+    """The group's ``--token`` or ``--token-file``, ``--tls-ca``, ``--tls-cert``,
+    ``--tls-key`` (given before the command: ``segtxn --token T topics list ...``)."""
     options = [
         click.option(
             "--token",
@@ -55,6 +55,13 @@ def credential_options(command: F) -> F:
             show_envvar=True,
             metavar="JWT",
             help="A signed token for a cluster with security on (sent with every request).",
+        ),
+        click.option(
+            "--token-file",
+            type=_FILE,
+            envvar=TOKEN_FILE_ENV,
+            show_envvar=True,
+            help="A file holding the token instead (re-read when it changes).",
         ),
         click.option(
             "--tls-ca",

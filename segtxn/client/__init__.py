@@ -52,6 +52,7 @@ from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import Transaction, TransactionFailed
+from segtxn.protocol.tokens import SuppliedToken, TokenFile, TokenSource
 
 __all__ = [
     "CertificateError",
@@ -85,7 +86,10 @@ __all__ = [
     "ServerError",
     "ServiceNotReady",
     "SubscriptionNotFound",
+    "SuppliedToken",
     "Timeout",
+    "TokenFile",
+    "TokenSource",
     "TooManyRequests",
     "TopicAlreadyExists",
     "TopicBusy",

@@ -9,7 +9,6 @@ broker or the metadata store restarts, on the next service URL when several are 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +19,7 @@ import aiohttp
 from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector, service_urls
 from segtxn.client.consumer import CheckpointConsumer, Consumer
+from segtxn.client.credentials import Token, client_token
 from segtxn.client.errors import ClientClosed
 from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions
@@ -41,10 +41,6 @@ def _topic(name: str) -> TopicName:
         raise errors.InvalidTopicName(str(e)) from e
 
 
-TOKEN_ENV = "SEGTXN_TOKEN"
-"""Where :class:`Client` finds its token when it is given none."""
-
-
 class Client:
     """A connection to a segtxn cluster through any of its brokers.
 
@@ -60,9 +56,15 @@ class Client:
         prestart_transactions: open the next transaction in the background whenever one
             starts, so a loop of transactions spends no round trip on NEW_TXN
             (segtxn/client/transaction.py; its unused last one is aborted at close).
-        token: a signed token (JWT) for a cluster with security on, sent as
+        token: for a cluster with security on, a signed token (JWT) sent as
             ``Authorization: Bearer`` on every request and WebSocket upgrade
-            (docs/security.md); default: the ``SEGTXN_TOKEN`` environment variable, if set.
+            (docs/security.md), or where to get one: a :class:`~pathlib.Path` to a file
+            holding it (re-read when it changes), or a callable, plain or async, returning
+            one (called again when the last one expires within 30 s), or a
+            :class:`~segtxn.protocol.tokens.TokenSource`. A WebSocket the broker closes
+            when its token expires reconnects with a fresh one, as after any drop.
+            Default: the ``SEGTXN_TOKEN`` environment variable, else the file
+            ``SEGTXN_TOKEN_FILE`` names, if set.
         tls_ca: for ``https://`` brokers: the CA file their certificates are checked
             against (default: the system's CAs). Servers are always verified.
         tls_cert: a certificate (PEM) to present to servers that ask for one, with its key
@@ -80,15 +82,14 @@ class Client:
         operation_timeout_s: float = 30.0,
         request_timeout_s: float = 10.0,
         prestart_transactions: bool = False,
-        token: str | None = None,
+        token: Token | None = None,
         tls_ca: str | Path | None = None,
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
     ) -> None:
         self.service_urls = service_urls(service_url)
-        if token is None:
-            token = os.environ.get(TOKEN_ENV) or None
-        self._auth = () if token is None else (bearer_middleware(token),)
+        source = client_token(token)
+        self._auth = () if source is None else (bearer_middleware(source),)
         self._ssl = (
             client_ssl_context(*(Path(f) if f else None for f in (tls_ca, tls_cert, tls_key)))
             if tls_ca or tls_cert

@@ -37,6 +37,7 @@ from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
 from segtxn.metastore import (
     MetadataStore,
+    StoreSettings,
     open_store,
     wait_reachable,
 )
@@ -121,9 +122,16 @@ _PRODUCE = frozenset({Action.PRODUCE})
 _CONSUME = frozenset({Action.CONSUME})
 
 
-def _authorize_topics(request: web.Request, topics: list[str], action: frozenset[Action]) -> None:
+def _authorize_topics(
+    request: web.Request,
+    topics: list[str],
+    action: frozenset[Action],
+    subscription: str | None = None,
+) -> None:
     """Joining a topic to a transaction needs ``produce`` on its namespace, a subscription
-    ``consume`` (security on). Raises ServerError(NotAuthorized / InvalidTopicName)."""
+    ``consume`` there (on ``subscription`` when the call names one: a grant may restrict
+    its ``consume`` to some subscriptions). Security off: nothing to check.
+    Raises ServerError(NotAuthorized / InvalidTopicName)."""
     if principal_of(request) is None:
         return
     for topic in topics:
@@ -131,7 +139,7 @@ def _authorize_topics(request: web.Request, topics: list[str], action: frozenset
             name = TopicName.parse(topic)
         except InvalidTopicName as e:
             raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
-        authorize(request, action, (name.tenant, name.namespace))
+        authorize(request, action, (name.tenant, name.namespace), subscription)
 
 
 async def _topics(request: web.Request) -> tuple[list[str], str | None]:
@@ -205,7 +213,10 @@ async def add_participants(request: web.Request) -> web.StreamResponse:
     topics, subscription = await _topics(request)
     await _check_owner(request, txn)
     joining_subscription = request.path.endswith("/subscriptions")
-    _authorize_topics(request, topics, _CONSUME if joining_subscription else _PRODUCE)
+    if joining_subscription:
+        _authorize_topics(request, topics, _CONSUME, subscription)
+    else:
+        _authorize_topics(request, topics, _PRODUCE)
     if txn.is_v5:
         request.app[COORDINATOR].add_participants(txn, topics)
     elif joining_subscription:
@@ -299,7 +310,11 @@ def create_app(
     install(app)  # the error boundary
     install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
     own = store is None
-    used = open_store(settings.store_url) if store is None else store
+    used = (
+        open_store(settings.store_url, StoreSettings(credentials=settings.store_credentials))
+        if store is None
+        else store
+    )
     app[COORDINATOR] = CoordinatorV5(used, settings)
     app[V4] = CoordinatorV4(used, settings)
     app[METRICS] = CoordinatorMetrics(app[COORDINATOR], app[V4])

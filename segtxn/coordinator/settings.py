@@ -7,12 +7,15 @@ from dataclasses import dataclass, field
 from segtxn.auth import AuthSettings
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.replicas import Replication
+from segtxn.metastore import StoreCredentials
 
 
 @dataclass(frozen=True)
 class CoordinatorSettings:
     advertise_url: str
     store_url: str = "memory://"
+    store_credentials: StoreCredentials = field(default_factory=StoreCredentials)
+    """TLS and a user for the store connection (``--store-*``; none by default)."""
     coordinator_ids: int = 4
     """How many v5 coordinator ids exist (shared out among coordinator processes)."""
     session_ttl_s: float = 10.0

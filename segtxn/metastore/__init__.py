@@ -15,6 +15,7 @@ from segtxn.metastore.errors import (
     MetadataStoreError,
     NotFound,
     SessionExpired,
+    StoreAccessDenied,
     StoreClosed,
     StoreFull,
     StoreUnavailable,
@@ -38,7 +39,7 @@ from segtxn.metastore.records import (
 )
 from segtxn.metastore.registry import check_url, open_store, register_scheme
 from segtxn.metastore.session import Session
-from segtxn.metastore.settings import StoreSettings
+from segtxn.metastore.settings import StoreCredentials, StoreSettings
 from segtxn.metastore.store import MetadataStore
 
 __all__ = [
@@ -65,7 +66,9 @@ __all__ = [
     "Record",
     "Session",
     "SessionExpired",
+    "StoreAccessDenied",
     "StoreClosed",
+    "StoreCredentials",
     "StoreFull",
     "StoreSettings",
     "StoreUnavailable",

@@ -101,6 +101,14 @@ class StoreFull(MetadataStoreError):
     """
 
 
+class StoreAccessDenied(MetadataStoreError):
+    """The store refused who the client is: a wrong user name or password, no credentials
+    where the store requires them, or a user without the permission for the request
+    (etcd's authentication and roles). Not transient (``retriable`` is False): the
+    credentials or the store's roles must change first. The request was not applied.
+    """
+
+
 class StoreClosed(MetadataStoreError):
     """The store object was closed; no more requests are accepted."""
 

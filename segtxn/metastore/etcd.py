@@ -9,6 +9,15 @@ A URL names one or more endpoints and an optional namespace:
 ``etcd://10.0.0.1:2379,10.0.0.2:2379/segtxn``. Every physical key is prefixed with the
 namespace, so several segtxn clusters (or test cases) can share one etcd cluster. When an
 endpoint stops answering, the next request goes to the next endpoint.
+
+With :class:`~segtxn.metastore.settings.StoreCredentials` the channel is TLS (etcd's
+certificate checked against the CA, a client certificate presented to an etcd with
+``--client-cert-auth``; the endpoint's host must be in the certificate), and with a user the
+engine authenticates (etcd's ``Auth.Authenticate``) and sends the token it gets as the
+``token`` metadata of every call, as etcd's own clients do. etcd forgets a token after a
+while unused (``--auth-token-ttl``) or on another member: a call it refuses for that is made
+again once with a new token. Wrong credentials and missing permissions are
+:class:`StoreAccessDenied`, not retried.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from segtxn.metastore.errors import (
     InvalidArgument,
     MetadataStoreError,
     SessionExpired,
+    StoreAccessDenied,
     StoreClosed,
     StoreFull,
     StoreUnavailable,
@@ -49,6 +59,7 @@ from segtxn.metastore.errors import (
     TooManyOperations,
 )
 from segtxn.metastore.keys import prefix_end
+from segtxn.metastore.settings import StoreCredentials
 
 _UNAVAILABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -60,9 +71,30 @@ _UNAVAILABLE = {
 }
 
 
+_TOKEN_GONE = ("invalid auth token", "revision in header is old")
+"""etcd's refusals of a token it no longer knows (expired, another member's, issued before
+a change of users or roles): authenticating again helps."""
+_DENIED = ("authentication failed", "user name is empty", "permission denied")
+
+
+def token_gone(e: grpc.aio.AioRpcError) -> bool:
+    """Whether etcd refused the call's token as one it no longer honours."""
+    details = e.details() or ""
+    return any(text in details for text in _TOKEN_GONE)
+
+
 def map_grpc_error(e: grpc.aio.AioRpcError) -> MetadataStoreError:
     """Translate an etcd gRPC failure into the store's error tree."""
     code, details = e.code(), e.details() or ""
+    if token_gone(e):
+        return StoreUnavailable(f"etcd refused the session's token ({details}); it is renewed")
+    if code == grpc.StatusCode.PERMISSION_DENIED or any(text in details for text in _DENIED):
+        hint = (
+            " (etcd has authentication on: give a user and its password)"
+            if "user name is empty" in details
+            else ""
+        )
+        return StoreAccessDenied(f"etcd refused the credentials: {details}{hint}")
     if "database space exceeded" in details:  # the NOSPACE alarm: until an operator acts
         return StoreFull(f"etcd refused the write: {details} (its NOSPACE alarm is raised)")
     if "too many operations" in details:
@@ -95,9 +127,19 @@ class EtcdEngine(Engine):
         *,
         request_timeout_s: float = 5.0,
         max_message_bytes: int = 8 * 1024 * 1024,
+        credentials: StoreCredentials | None = None,
     ) -> None:
+        """Raises InvalidArgument: no endpoint, or credentials that cannot be used (files
+        unreadable, a user without a password)."""
         if not endpoints:
             raise InvalidArgument("an etcd URL needs at least one host:port")
+        credentials = credentials or StoreCredentials()
+        credentials.check()
+        self._tls = grpc.ssl_channel_credentials(*credentials.pem()) if credentials.tls else None
+        self._user = credentials.user
+        self._password = credentials.password() if credentials.user is not None else ""
+        self._token: str | None = None
+        self._authenticating = asyncio.Lock()
         self._endpoints = list(endpoints)
         self._current = 0
         self._ns = namespace
@@ -125,7 +167,12 @@ class EtcdEngine(Engine):
             raise StoreClosed("the etcd store is closed")
         if self._channel is None:
             target = self._endpoints[self._current]
-            self._channel = grpc.aio.insecure_channel(target, options=self._options)
+            self._channel = (
+                grpc.aio.insecure_channel(target, options=self._options)
+                if self._tls is None
+                else grpc.aio.secure_channel(target, self._tls, options=self._options)
+            )
+            self._token = None  # etcd's simple tokens are one member's
             self._kv = rpc.KVStub(self._channel)
             self._watch_stub = rpc.WatchStub(self._channel)
             self._lease = rpc.LeaseStub(self._channel)
@@ -136,17 +183,53 @@ class EtcdEngine(Engine):
             return
         channel, self._channel = self._channel, None
         self._current = (self._current + 1) % len(self._endpoints)
+        self._token = None
         if channel is not None:
             await channel.close()
 
+    async def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The ``token`` metadata of a call (None without a user), authenticating first
+        when there is no token yet. Raises StoreAccessDenied / StoreUnavailable."""
+        if self._user is None:
+            return None
+        async with self._authenticating:
+            if self._token is None:
+                self._connect()
+                request = rpc.AuthenticateRequest(name=self._user, password=self._password)
+                try:
+                    response = await rpc.AuthStub(self._channel).Authenticate(
+                        request, timeout=self._timeout
+                    )
+                except grpc.aio.AioRpcError as e:
+                    raise await self._failed(e) from e
+                self._token = str(response.token)
+            return (("token", self._token),)
+
+    async def _failed(self, e: grpc.aio.AioRpcError) -> MetadataStoreError:
+        """``e`` as the store's error, after forgetting a refused token (the next call
+        authenticates again) and moving to the next endpoint if this one is down."""
+        if token_gone(e):
+            self._token = None
+        await self._failover(e)
+        return map_grpc_error(e)
+
     async def _unary(self, method: str, request: Any) -> Any:
-        self._connect()
-        stub = self._lease if method.startswith("Lease") else self._kv
         try:
-            return await getattr(stub, method)(request, timeout=self._timeout)
+            return await self._call(method, request)
         except grpc.aio.AioRpcError as e:
-            await self._failover(e)
-            raise map_grpc_error(e) from e
+            if not token_gone(e):
+                raise await self._failed(e) from e
+            self._token = None  # a token etcd forgot: once more with a new one
+        try:
+            return await self._call(method, request)
+        except grpc.aio.AioRpcError as e:
+            raise await self._failed(e) from e
+
+    async def _call(self, method: str, request: Any) -> Any:
+        self._connect()
+        metadata = await self._metadata()
+        stub = self._lease if method.startswith("Lease") else self._kv
+        return await getattr(stub, method)(request, timeout=self._timeout, metadata=metadata)
 
     # -- key translation ---------------------------------------------------------------
 
@@ -242,7 +325,7 @@ class EtcdEngine(Engine):
         create = rpc.WatchCreateRequest(key=self._key(lo), start_revision=start_revision)
         if hi is not None:
             create.range_end = self._key(hi)
-        call = self._watch_stub.Watch()
+        call = self._watch_stub.Watch(metadata=await self._metadata())
         self._calls.add(call)
         try:
             try:
@@ -255,8 +338,7 @@ class EtcdEngine(Engine):
                 async with asyncio.timeout(self._timeout):
                     created = await call.read()
             except grpc.aio.AioRpcError as e:
-                await self._failover(e)
-                raise map_grpc_error(e) from e
+                raise await self._failed(e) from e
             except TimeoutError as e:
                 raise StoreUnavailable("etcd did not confirm a watch in time") from e
             if created is grpc.aio.EOF:
@@ -284,8 +366,7 @@ class EtcdEngine(Engine):
             except grpc.aio.AioRpcError as e:
                 if self._closed:
                     raise StoreClosed("the etcd store is closed") from e
-                await self._failover(e)
-                raise map_grpc_error(e) from e
+                raise await self._failed(e) from e
             if response is grpc.aio.EOF:
                 raise StoreUnavailable("etcd ended the watch stream")
             self._check_watch_response(response)
@@ -308,13 +389,13 @@ class EtcdEngine(Engine):
 
     async def lease_keepalive(self, lease_id: int) -> float:
         self._connect()
-        call = self._lease.LeaseKeepAlive(timeout=self._timeout)
+        metadata = await self._metadata()
+        call = self._lease.LeaseKeepAlive(timeout=self._timeout, metadata=metadata)
         try:
             await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
             response = await call.read()
         except grpc.aio.AioRpcError as e:
-            await self._failover(e)
-            raise map_grpc_error(e) from e
+            raise await self._failed(e) from e
         finally:
             await _finish(call)
         if response is grpc.aio.EOF:
@@ -331,14 +412,17 @@ class EtcdEngine(Engine):
 
     async def compact(self, revision: int) -> None:
         self._connect()
+        metadata = await self._metadata()
         try:
             await self._kv.Compact(
-                rpc.CompactionRequest(revision=revision, physical=True), timeout=self._timeout
+                rpc.CompactionRequest(revision=revision, physical=True),
+                timeout=self._timeout,
+                metadata=metadata,
             )
         except grpc.aio.AioRpcError as e:
             if "compacted" in (e.details() or ""):
                 return  # already compacted at or past `revision`
-            raise map_grpc_error(e) from e
+            raise await self._failed(e) from e
 
     async def close(self) -> None:
         if self._closed:

@@ -115,6 +115,22 @@ def free_port() -> int:
         return port
 
 
+@dataclass(frozen=True)
+class EtcdTls:
+    """TLS on a private etcd's client port: its certificate and key, and (optional) the CA
+    whose client certificates it requires (etcd's ``--client-cert-auth``)."""
+
+    cert_file: Path
+    key_file: Path
+    client_ca_file: Path | None = None
+
+    def flags(self) -> list[str]:
+        flags = ["--cert-file", str(self.cert_file), "--key-file", str(self.key_file)]
+        if self.client_ca_file is not None:
+            flags += ["--client-cert-auth", "--trusted-ca-file", str(self.client_ca_file)]
+        return flags
+
+
 @dataclass
 class EtcdServer:
     """A running etcd process. Use :meth:`start`, then :meth:`stop` (or :meth:`kill`).
@@ -133,6 +149,9 @@ class EtcdServer:
     auto_compaction: AutoCompaction | None = DEFAULT_AUTO_COMPACTION
     quota_backend_bytes: int | None = None
     """etcd's ``--quota-backend-bytes`` (None: its default, 2 GiB)."""
+    tls: EtcdTls | None = None
+    """Serve clients over TLS (its health is then asked on a plain metrics port)."""
+    metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
@@ -151,6 +170,7 @@ class EtcdServer:
         unsafe_no_fsync: bool = False,
         auto_compaction: AutoCompaction | None = DEFAULT_AUTO_COMPACTION,
         quota_backend_bytes: int | None = None,
+        tls: EtcdTls | None = None,
     ) -> EtcdServer:
         base = "/dev/shm" if prefer_shm and os.path.isdir("/dev/shm") else None
         data_dir = Path(tempfile.mkdtemp(prefix="segtxn-etcd-", dir=base))
@@ -160,10 +180,11 @@ class EtcdServer:
             unsafe_no_fsync=unsafe_no_fsync,
             auto_compaction=auto_compaction,
             quota_backend_bytes=quota_backend_bytes,
+            tls=tls,
         )
 
     def command(self) -> list[str]:
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         cmd = [
             find_etcd_binary(),
@@ -184,6 +205,9 @@ class EtcdServer:
             cmd.append("--unsafe-no-fsync")
         if self.quota_backend_bytes is not None:
             cmd += ["--quota-backend-bytes", str(self.quota_backend_bytes)]
+        if self.tls is not None:
+            cmd += self.tls.flags()
+            cmd += ["--listen-metrics-urls", f"http://127.0.0.1:{self.metrics_port}"]
         return cmd
 
     def start(self, timeout_s: float = 20.0) -> None:
@@ -209,8 +233,9 @@ class EtcdServer:
     def _healthy(self) -> bool:
         import urllib.request
 
+        where = self.endpoint if self.tls is None else f"127.0.0.1:{self.metrics_port}"
         try:
-            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=0.5) as r:
+            with urllib.request.urlopen(f"http://{where}/health", timeout=0.5) as r:
                 return b'"health":"true"' in r.read()
         except OSError:
             return False

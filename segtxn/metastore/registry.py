@@ -78,6 +78,10 @@ def _check_memory(url: str) -> None:
 def _memory(url: str, settings: StoreSettings) -> Engine:
     from segtxn.metastore.memory import MemoryEngine
 
+    if settings.credentials.enabled:
+        raise InvalidArgument(
+            "memory:// is in this process: it takes no TLS files, user or password"
+        )
     return MemoryEngine()
 
 
@@ -109,6 +113,7 @@ def _etcd(url: str, settings: StoreSettings) -> Engine:
         parse_endpoints(parts.netloc),
         namespace_bytes(parts.path),
         request_timeout_s=settings.request_timeout_s,
+        credentials=settings.credentials,
     )
 
 

@@ -16,27 +16,29 @@ from aiohttp import (
     hdrs,
 )
 
+from segtxn.protocol.tokens import TokenSource, token_source
+
 BEARER = "Bearer"
 
 
-def bearer_middleware(token: str) -> ClientMiddlewareType:
-    """An aiohttp client middleware that puts ``Authorization: Bearer token`` on every request
-    of a session, WebSocket upgrades included, and on each hop of a redirect (aiohttp drops
-    the header when a redirect leaves the origin: a ``NotOwner`` 307 leads to another broker
-    of the same cluster, which needs it too). A request that already carries the header keeps
-    it (a server relaying its caller's request sends the caller's credentials, not its own).
+def bearer_middleware(token: str | TokenSource) -> ClientMiddlewareType:
+    """An aiohttp client middleware that puts ``Authorization: Bearer <token>`` on every
+    request of a session, WebSocket upgrades included, and on each hop of a redirect
+    (aiohttp drops the header when a redirect leaves the origin: a ``NotOwner`` 307 leads to
+    another broker of the same cluster, which needs it too). A request that already carries
+    the header keeps it (a server relaying its caller's request sends the caller's
+    credentials, not its own). With a :class:`~segtxn.protocol.tokens.TokenSource`, each
+    request asks it for the token (a refreshed one once the old one nears its expiry).
 
     Raises:
-        ValueError: an empty token, or one with characters a header cannot hold.
+        ValueError: a fixed token that is empty, or has characters a header cannot hold.
+        segtxn.protocol.tokens.TokenUnavailable: (from a request) the source has no token.
     """
-    token = token.strip()
-    if not token or any(c.isspace() or not c.isprintable() for c in token):
-        raise ValueError("a token is one line of printable characters without spaces")
-    value = f"{BEARER} {token}"
+    source = token_source(token) if isinstance(token, str) else token
 
     async def middleware(request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         if hdrs.AUTHORIZATION not in request.headers:
-            request.headers[hdrs.AUTHORIZATION] = value
+            request.headers[hdrs.AUTHORIZATION] = f"{BEARER} {await source.get()}"
         return await handler(request)
 
     return middleware

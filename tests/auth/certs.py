@@ -53,9 +53,26 @@ def authority(directory: Path, name: str) -> Authority:
     return Authority(key, cert, path)
 
 
-def issue(ca: Authority, directory: Path, name: str, *, expired: bool = False) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and localhost signed by ``ca`` (valid for a day either
-    side of now, or ended yesterday): its chain file and its key file."""
+def issue(
+    ca: Authority,
+    directory: Path,
+    name: str,
+    *,
+    expired: bool = False,
+    uri: str | None = None,
+    email: str | None = None,
+) -> tuple[Path, Path]:
+    """A certificate whose subject's common name is ``name``, for 127.0.0.1 and localhost
+    (and ``uri``, ``email`` when given) signed by ``ca`` (valid for a day either side of
+    now, or ended yesterday): its chain file and its key file."""
+    names: list[x509.GeneralName] = [
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+    ]
+    if uri is not None:
+        names.append(x509.UniformResourceIdentifier(uri))
+    if email is not None:
+        names.append(x509.RFC822Name(email))
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     start, end = (
@@ -71,12 +88,7 @@ def issue(ca: Authority, directory: Path, name: str, *, expired: bool = False) -
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
         .not_valid_after(end)
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .sign(ca.key, hashes.SHA256())
     )
     cert_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"

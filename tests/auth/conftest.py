@@ -40,6 +40,8 @@ STRANGER = "stranger"
 """A role the policy names with rights elsewhere only (``other/ns``)."""
 PRODUCER_2 = "orders-producer-2"
 """A second role with the same rights as PRODUCER (another role's transaction)."""
+APP = "orders-app"
+"""Consumes on acme/orders in its own subscriptions only (``app-*``)."""
 
 POLICY: dict[str, Any] = {
     "superusers": [CLUSTER, ROOT],
@@ -50,6 +52,13 @@ POLICY: dict[str, Any] = {
         ADMIN: [{"resource": "acme/*", "actions": ["admin"]}],
         OPS: [{"resource": "*", "actions": ["admin"]}],
         STRANGER: [{"resource": "other/ns", "actions": ["produce", "consume", "admin"]}],
+        APP: [
+            {
+                "resource": "acme/orders",
+                "actions": ["produce", "consume"],
+                "subscriptions": ["app-*"],
+            }
+        ],
     },
 }
 
@@ -68,14 +77,21 @@ def write_policy(path: Path, policy: dict[str, Any] | None = None) -> Path:
     return path
 
 
+RELOAD_CHECK_S = 0.05
+"""How often the test servers look for new security files (tests/auth/test_reload.py)."""
+
+
 def auth_settings(tmp_path: Path) -> AuthSettings:
-    """HS256 with :data:`SECRET`, :data:`POLICY`, the cluster role's token."""
+    """HS256 with :data:`SECRET`, :data:`POLICY`, the cluster role's token (files in
+    ``tmp_path``: ``secret``, ``policy.yaml``, ``cluster-token``, checked for changes every
+    :data:`RELOAD_CHECK_S`)."""
     (tmp_path / "secret").write_bytes(SECRET + b"\n")
     (tmp_path / "cluster-token").write_text(token(CLUSTER, ttl_s=3600) + "\n")
     return AuthSettings.from_files(
         secret_file=tmp_path / "secret",
         policy_file=write_policy(tmp_path / "policy.yaml"),
         cluster_token_file=tmp_path / "cluster-token",
+        reload_check_s=RELOAD_CHECK_S,
     )
 
 
@@ -108,6 +124,8 @@ class SecureCluster:
     store: MetadataStore
     broker: BrokerServer
     coordinator: CoordinatorServer
+    files: Path
+    """Where the security files are (:func:`auth_settings`)."""
 
     @property
     def url(self) -> str:
@@ -156,7 +174,7 @@ async def secure(tmp_path: Path) -> AsyncIterator[SecureCluster]:
         await coordinator.coordinator.ready.wait()
     await wait_until(lambda: len(v4.held) == V4_IDS, timeout=10, what="the v4 ids recovered")
     try:
-        yield SecureCluster(store, broker, coordinator)
+        yield SecureCluster(store, broker, coordinator, tmp_path)
     finally:
         await coordinator.stop()
         await broker.stop()

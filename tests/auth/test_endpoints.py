@@ -3,6 +3,7 @@ superusers (a new endpoint cannot be added without deciding who may call it)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from segtxn.auth import AuthSettings, install_auth
+from segtxn.auth import install_auth
 from segtxn.auth.endpoints import Kind, classified, rule_for
 from segtxn.boundary import install
 from segtxn.broker.app import BrokerServer
@@ -92,7 +93,7 @@ async def test_an_unclassified_route_is_for_superusers_only(app_with_a_new_route
 
 async def test_metrics_protected_by_the_setting(tmp_path: Path) -> None:
     on = auth_settings(tmp_path)
-    protected = AuthSettings(on.verifier, on.policy, on.cluster_token, protect_metrics=True)
+    protected = dataclasses.replace(on, protect_metrics=True)
     port = free_port()
     server = BrokerServer(
         BrokerSettings(

@@ -111,8 +111,8 @@ class _ConfirmationGate:
         self._released = asyncio.Event()
         self._armed = True
 
-    def Watch(self) -> Any:  # the stub's method name
-        call = self._stub.Watch()
+    def Watch(self, **options: Any) -> Any:  # the stub's method name (and its metadata=)
+        call = self._stub.Watch(**options)
         if not self._armed:
             return call
         self._armed = False
