@@ -29,7 +29,7 @@ import time
 from typing import Any
 from urllib.parse import unquote
 
-from segtxn.broker import gauges, handoff, replication, retire
+from segtxn.broker import gauges, handoff, replication, retire, upkeep
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
@@ -96,7 +96,7 @@ class BrokerService:
         missing), and why; cleared when one loads again."""
         self._session: Session | None = None
         self._keeper: asyncio.Task[None] | None = None
-        self._retention: asyncio.Task[None] | None = None
+        self._upkeep: asyncio.Task[None] | None = None
         self._repair: asyncio.Task[None] | None = None
         self._stopped = False
         self.ready = asyncio.Event()
@@ -187,29 +187,10 @@ class BrokerService:
             await self.stop()
             raise
         self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
-        self._retention = asyncio.create_task(self._trim_periodically(), name="broker-retention")
+        self._upkeep = asyncio.create_task(upkeep.run(self), name="broker-upkeep")
         if self.repairer is not None:
             self._repair = asyncio.create_task(self.repairer.run(), name="broker-repair")
         self.ready.set()
-
-    async def _trim_periodically(self) -> None:
-        retire_at = time.monotonic() + self.settings.retire_check_s
-        while True:
-            await asyncio.sleep(self.settings.retention_check_s)  # a schedule, not a wait
-            for topic in list(self.topics.values()):
-                try:
-                    result = await topic.trim()
-                    if result.ledgers:
-                        log.info("%s: trimmed ledgers %s", topic.name, result.ledgers)
-                except Exception:
-                    log.exception("%s: retention failed", topic.name)
-            await handoff.unload_idle(self, time.monotonic())
-            if self.settings.retire_check_s and time.monotonic() >= retire_at:
-                retire_at = time.monotonic() + self.settings.retire_check_s
-                try:
-                    await retire.retire_segments(self)
-                except MetadataStoreError as e:
-                    log.warning("retiring sealed segments: %s; trying at the next sweep", e)
 
     async def _check_data(self) -> None:
         """Refuse (and log) every topic homed here whose ledger files are missing."""
@@ -309,7 +290,7 @@ class BrokerService:
             "its session" if self._session is not None else "no session",
         )
         await self.controllers.stop()
-        for background in (self._keeper, self._retention, self._repair):
+        for background in (self._keeper, self._upkeep, self._repair):
             if background is not None:
                 background.cancel()
                 await asyncio.gather(background, return_exceptions=True)
