@@ -35,11 +35,14 @@ The broker runs from this script (``--serve-broker``) rather than ``segtxn broke
 ledgers roll over at ``--ledger-mib`` (the product's 64 MiB would take hours per segment at
 this rate, and retention deletes only closed ledgers) and retention runs every
 ``--retention-check`` seconds, deleting consumed ledgers ``--retention-time`` seconds after
-they closed: within a run, trimming happens many times. Child processes import the segtxn
+they closed: within a run, trimming happens many times; and sealed segments consumed and
+past retention are retired every ``--retire-check`` seconds (the product's default is 10
+minutes). Child processes import the segtxn
 this script sits next to (its directory is put first on ``PYTHONPATH``).
 
 Run: ``.venv/bin/python bench/endurance.py [--duration 3600] [--warmup 600]
-[--sample-every 60] [--out endurance.jsonl] [--rate 200] [--change-every 180]``.
+[--sample-every 60] [--out endurance.jsonl] [--rate 200] [--change-every 180]
+[--retire-check 120]``.
 """
 
 from __future__ import annotations
@@ -102,6 +105,7 @@ class BrokerProcess(ServerProcess):
                     "ledger_bytes": int(settings.ledger_mib * 2**20),
                     "retention_time_s": settings.retention_time_s,
                     "retention_check_s": settings.retention_check_s,
+                    "retire_check_s": settings.retire_check_s,
                 }
             ),
         ]
@@ -123,6 +127,7 @@ async def serve_broker(spec: dict[str, Any]) -> None:
             ledger=LedgerSettings(max_ledger_bytes=int(spec["ledger_bytes"])),
             retention=RetentionPolicy(retention_time_s=float(spec["retention_time_s"])),
             retention_check_s=float(spec["retention_check_s"]),
+            retire_check_s=float(spec["retire_check_s"]),
         ),
         host="127.0.0.1",
         port=port,
@@ -278,6 +283,12 @@ def parse(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
     arg("--ledger-mib", type=float, default=1.0, help="roll a ledger over at this size")
     arg("--retention-time", type=float, default=60.0, help="keep consumed ledgers this long")
     arg("--retention-check", type=float, default=15.0, help="seconds between retention passes")
+    arg(
+        "--retire-check",
+        type=float,
+        default=120.0,
+        help="seconds between sweeps retiring consumed sealed segments (the product's: 600)",
+    )
     arg("--gc-retention", type=float, default=60.0, help="coordinator's header GC retention")
     arg("--key-depth", type=int, default=1, help="path components to group store keys by")
     arg("--out", type=Path, default=None, help="samples file (JSON lines; default: a new one)")
@@ -302,6 +313,7 @@ def parse(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         ledger_mib=args.ledger_mib,
         retention_time_s=args.retention_time,
         retention_check_s=args.retention_check,
+        retire_check_s=args.retire_check,
         gc_retention_s=args.gc_retention,
         key_depth=args.key_depth,
     )

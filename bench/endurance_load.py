@@ -42,6 +42,7 @@ class Settings:
     ledger_mib: float
     retention_time_s: float
     retention_check_s: float
+    retire_check_s: float
     gc_retention_s: float
     key_depth: int
 
