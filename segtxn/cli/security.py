@@ -5,9 +5,11 @@ as before these flags existed."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -89,6 +91,31 @@ def check_scheme(auth: AuthSettings, url: str, flag: str) -> None:
     if not url.startswith(f"{wanted}://"):
         why = "it serves HTTPS (--tls-cert)" if auth.tls.enabled else "it has no --tls-cert"
         raise click.UsageError(f"{flag} must be a {wanted}:// URL: {why}")
+
+
+def pod_dns_url(url: str, domain: str) -> str:
+    """``url`` with its host, an IP address, as Kubernetes' DNS name of the pod that has it
+    (``https://10.1.2.3:8081`` and ``ns.pod``: ``https://10-1-2-3.ns.pod:8081``). The
+    operator starts coordinators so (``--pod-dns``): their certificate covers
+    ``*.ns.pod``, which no single IP address could.
+
+    Raises:
+        click.BadParameter: the host is not an IP address, or the domain is empty.
+    """
+    parts = urlsplit(url)
+    try:
+        address = ipaddress.ip_address(parts.hostname or "")
+    except ValueError:
+        raise click.BadParameter(
+            f"--advertise {url}: the host must be an IP address with --pod-dns",
+            param_hint="--pod-dns",
+        ) from None
+    domain = domain.strip(".")
+    if not domain:
+        raise click.BadParameter("an empty domain", param_hint="--pod-dns")
+    dashed = str(address).replace(".", "-").replace(":", "-")
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{dashed}.{domain}{port}"
 
 
 def auth_settings(

@@ -25,7 +25,7 @@ import kopf
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.ledger.replicas import Replication
-from segtxn.operator import ordering, render, replication, rolling, scaledown
+from segtxn.operator import credentials, ordering, render, replication, rolling, scaledown
 from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.runtime import (
     API,
@@ -41,6 +41,7 @@ from segtxn.operator.runtime import (
     reason,
     runtime_of,
 )
+from segtxn.operator.security import InvalidSecurity
 from segtxn.operator.status import Rollout, condition, rollout, same
 from segtxn.protocol.errors import ServerError
 
@@ -177,6 +178,12 @@ async def reconcile_cluster(
         if verdict.lost:
             kopf.warn(body, reason="ReplicasLost", message=verdict.lost)
     _replication(body, status, patch, replication.wanted, spec)
+    try:
+        coordinators = indexes["coordinators_by_cluster"].get((namespace, name), [])
+        await credentials.ensure_cluster(runtime, body, spec, coordinators)
+    except InvalidSecurity as e:
+        _not_applied(body, status, patch, "InvalidSecurity", str(e))
+        raise kopf.PermanentError(str(e)) from e
     try:
         await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
     except (kopf.TemporaryError, kopf.PermanentError) as e:
@@ -368,6 +375,8 @@ async def reconcile_coordinator(
     try:
         cluster = await cluster_spec(runtime, namespace, cluster_name)
         refused = await _immutable_changes(runtime, namespace, cluster_name, cluster)
+        if refused is None:
+            await credentials.ensure_coordinator(runtime, body, cluster_name, cluster)
     except kopf.TemporaryError as e:
         _not_applied(body, status, patch, "WaitingForCluster", str(e))
         raise
@@ -415,12 +424,13 @@ async def coordinator_status(
     if last and (current - datetime.datetime.fromisoformat(last)).total_seconds() < interval:
         return
     runtime = runtime_of(memo)
-    url = runtime.config.coordinator_url or render.coordinator_url(name, namespace, spec)
     found = await runtime.kube.get(
         "apps/v1", "Deployment", namespace, render.coordinator_name(name)
     )
     cluster_name = str(spec["clusterRef"])
     cluster = await runtime.kube.get(API, "SegtxnCluster", namespace, cluster_name)
+    secured = dict((cluster or {}).get("spec", {}))
+    url = runtime.config.coordinator_url or render.coordinator_url(name, namespace, spec, secured)
     ready = int((found or {}).get("status", {}).get("readyReplicas") or 0)
     if cluster is None:
         state = Rollout(False, "Missing", f"SegtxnCluster {cluster_name} does not exist", ready)
@@ -441,9 +451,10 @@ async def coordinator_status(
     patch.status["lastChecked"] = stamp
     patch.status["readyReplicas"] = state.ready_replicas
     try:
-        stats = await Connector(url, runtime.http, request_timeout_s=10).request(
-            "GET", "/txn/v2/stats"
+        http = await runtime.sessions.session(
+            runtime.kube, runtime.http, namespace, cluster_name, secured
         )
+        stats = await Connector(url, http, request_timeout_s=10).request("GET", "/txn/v2/stats")
     except (ServerError, Timeout) as e:
         patch.status["conditions"] = condition(
             conditions,

@@ -4,7 +4,8 @@ segtxn.operator.handlers`` do).
 
 Rendering is pure (:mod:`segtxn.operator.render`); the handlers that apply it live by
 resource: :mod:`.clusters` (SegtxnCluster, TransactionCoordinator) and
-:mod:`.scalabletopics`. What they share (configuration, clients, error mapping) is
+:mod:`.scalabletopics`; a secured cluster's Secrets are kept and renewed by
+:mod:`.credentials`. What they share (configuration, clients, error mapping) is
 :mod:`.runtime`.
 """
 
@@ -16,11 +17,11 @@ from typing import Any
 import aiohttp
 import kopf
 
-from segtxn.operator import clusters, scalabletopics
+from segtxn.operator import clusters, credentials, scalabletopics
 from segtxn.operator.kube import Kube, KubeError, KubeUnreachable
 from segtxn.operator.runtime import FINALIZER, GROUP, VERSION, OperatorConfig, Runtime
 
-__all__ = ["FINALIZER", "OperatorConfig", "clusters", "scalabletopics"]
+__all__ = ["FINALIZER", "OperatorConfig", "clusters", "credentials", "scalabletopics"]
 
 
 @kopf.on.startup()
@@ -63,6 +64,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         runtime.closed = True
         await runtime.kube.close()
         await runtime.http.close()
+        await runtime.sessions.close()
 
 
 # ---------------------------------------------------------------------- indexes

@@ -38,6 +38,9 @@ PLURALS = {
     "TransactionCoordinator": "transactioncoordinators",
     "ScalableTopic": "scalabletopics",
     "Pod": "pods",
+    "Secret": "secrets",
+    "Certificate": "certificates",
+    "Issuer": "issuers",
 }
 
 
@@ -48,8 +51,18 @@ APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget")
-"""What the renderers return, and :meth:`Kube.apply` applies."""
+CHILD_KINDS = (
+    "ConfigMap",
+    "Service",
+    "StatefulSet",
+    "Deployment",
+    "PodDisruptionBudget",
+    "Secret",
+    "Certificate",
+    "Issuer",
+)
+"""What the renderers return, and :meth:`Kube.apply` applies (the Secrets of a secured
+cluster and cert-manager's Certificates and Issuers: :mod:`.credentials`)."""
 READ_KINDS = (
     "SegtxnCluster",
     "TransactionCoordinator",
@@ -57,9 +70,11 @@ READ_KINDS = (
     "Deployment",
     "ConfigMap",
     "Pod",
+    "Secret",
 )
 """What the handlers read: a coordinator's cluster, the workloads (status, what was
-applied), the ConfigMap the brokers run, a broker's pod in a roll."""
+applied), the ConfigMap the brokers run, a broker's pod in a roll, a secured cluster's
+Secrets (kept when still good, :mod:`.credentials`; the admin token, :mod:`.sessions`)."""
 CALLS: frozenset[tuple[str, str, str]] = frozenset(
     {
         *(("get", kind, "") for kind in READ_KINDS),
