@@ -17,13 +17,14 @@ from segtxn.auth.policy import Policy
 from segtxn.operator import pki, security
 from tests.operator.emulator import NS, Emulator, emulator, operator
 from tests.operator.support import WAIT_S, condition, config_of, offline
+from tests.operator.test_rbac import SECURED, declared, observed
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 STORE = "etcd://e:2379/security"
 STS, DEPLOY, SECRETS = "apps/v1/statefulsets", "apps/v1/deployments", "v1/secrets"
 ROLES = {"orders-app": [{"resource": "acme/orders", "actions": ["produce", "consume"]}]}
-SECURED = {"enabled": True, "roles": ROLES, "superusers": ["ops"]}
+SECURITY = {"enabled": True, "roles": ROLES, "superusers": ["ops"]}
 CLUSTER_SECRETS = [
     "demo-ca",
     "demo-broker-tls",
@@ -55,7 +56,7 @@ def volumes(emu: Emulator, resource: str, name: str) -> dict[str, Any]:
 
 
 async def secured(emu: Emulator, **extra: Any) -> None:
-    spec = {"metadataStore": {"url": STORE}, "security": {**SECURED, **extra}}
+    spec = {"metadataStore": {"url": STORE}, "security": {**SECURITY, **extra}}
     await emu.create("SegtxnCluster", "demo", spec)
     await emu.create("TransactionCoordinator", "demo", {"clusterRef": "demo"})
 
@@ -229,3 +230,26 @@ async def test_a_policy_the_servers_would_refuse_is_refused_whole() -> None:
         ]
         assert applied["reason"] == "InvalidSecurity" and "reserved" in applied["message"]
         assert emu.get(STS, "demo-broker") is None and emu.get(SECRETS, "demo-ca") is None
+
+
+async def test_what_a_secured_cluster_sends_is_granted_and_every_secured_grant_is_used() -> None:
+    """The grants only a secured cluster needs (test_rbac.py's SECURED) are sent, by the
+    operator's own certificates and by cert-manager's, and all it sends is granted."""
+    async with emulator() as emu, operator(emu, offline()):
+        emu.requests = []
+        await secured(emu)
+        spec = {"metadataStore": {"url": STORE},
+                "security": {"enabled": True, "certificates": "cert-manager"}}  # fmt: skip
+        await emu.create("SegtxnCluster", "certs", spec)
+        await wait_until(
+            lambda: (
+                emu.get(SECRETS, "demo-coordinator-tls") is not None
+                and emu.get("cert-manager.io/v1/certificates", "certs-broker-tls") is not None
+                and emu.get(STS, "certs-broker") is not None
+            ),
+            timeout=WAIT_S,
+            what="both clusters secured",
+        )
+        seen = observed(emu.requests)
+    assert seen - declared() == set(), "sent but not granted"
+    assert SECURED - seen == set(), "granted for security but never sent"
