@@ -142,7 +142,8 @@ async def reconcile_cluster(
     (condition ``Applied`` False, a Warning event, the reason naming the check):
     ``ImmutableField`` (:mod:`.immutable`; replication turned off included) and
     ``InvalidReplication`` (:mod:`.replication`: not a ``W/A`` the brokers accept, or
-    ``W`` above the broker count), not retried, only a new spec heals them;
+    ``W`` above the broker count) and ``InvalidSecurity`` (:mod:`.security`: a policy the
+    servers would refuse), not retried, only a new spec heals them;
     ``ScaleDownRefused`` (:mod:`.scaledown`), checked again every
     :data:`SCALE_DOWN_RECHECK_S` (the brokers' topics may be deleted meanwhile), except
     below replication's ``W``, which is final. With replication the brokers that would go
@@ -178,14 +179,13 @@ async def reconcile_cluster(
         if verdict.lost:
             kopf.warn(body, reason="ReplicasLost", message=verdict.lost)
     _replication(body, status, patch, replication.wanted, spec)
-    try:
+    try:  # the Secrets a secured cluster's pods mount first (:mod:`.credentials`)
         coordinators = indexes["coordinators_by_cluster"].get((namespace, name), [])
         await credentials.ensure_cluster(runtime, body, spec, coordinators)
+        await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
     except InvalidSecurity as e:
         _not_applied(body, status, patch, "InvalidSecurity", str(e))
         raise kopf.PermanentError(str(e)) from e
-    try:
-        await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
     except (kopf.TemporaryError, kopf.PermanentError) as e:
         _not_applied(body, status, patch, "ApplyFailed", str(e))
         raise
