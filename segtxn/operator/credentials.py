@@ -41,8 +41,9 @@ from segtxn.operator.sessions import secret_text
 
 log = logging.getLogger(__name__)
 
-RENEW_CHECK_S = 3600.0
-"""How often every secured cluster's Secrets are checked for renewal."""
+RENEW_CHECK_S = 300.0
+"""How often every secured cluster's Secrets are checked (a few GETs each): renewals,
+and cert-manager's CA copied into the token Secrets once it has written it."""
 CLUSTER_TOKEN_DAYS = 3650
 """The cluster role's token: servers read it at start-up only, so it must outlive them."""
 

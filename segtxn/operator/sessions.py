@@ -5,8 +5,10 @@ with security on needs its own: TLS verifying the servers against that cluster's
 the admin role's token on every request (:data:`.security.ADMIN_ROLE`: ``admin`` on
 ``*``, what the operator's calls need: topics, splits and merges, brokers' homes and
 drains, the coordinators' stats). Both come from the admin token's Secret, which
-:mod:`.credentials` keeps (``token`` and ``ca.crt``); they are read at each use and a
-session is made again when either changed (a renewed token, a new CA).
+:mod:`.credentials` keeps (``token`` and ``ca.crt``; with cert-manager, until the CA is
+copied there, from the brokers' certificate Secret that cert-manager writes); they are
+read at each use and a session is made again when either changed (a renewed token, a new
+CA).
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ class ClusterSessions:
         name = security.token_secret(cluster, security.ADMIN_ROLE)
         found = await kube.get("v1", "Secret", namespace, name)
         token, ca = secret_text(found, "token"), secret_text(found, "ca.crt")
+        if token is not None and ca is None:  # cert-manager's CA, not copied over yet
+            brokers = security.broker_tls_secret(cluster)
+            ca = secret_text(await kube.get("v1", "Secret", namespace, brokers), "ca.crt")
         if token is None or ca is None:
             raise kopf.TemporaryError(
                 f"waiting for Secret {name} (the admin token and the cluster's CA)", delay=WAIT_S

@@ -9,12 +9,16 @@ import base64
 import datetime
 from typing import Any
 
+import aiohttp
 import jwt
+import kopf
 import pytest
 import yaml
 
 from segtxn.auth.policy import Policy
 from segtxn.operator import pki, security
+from segtxn.operator.kube import Kube
+from segtxn.operator.sessions import ClusterSessions
 from tests.operator.emulator import NS, Emulator, emulator, operator
 from tests.operator.support import WAIT_S, condition, config_of, offline
 from tests.operator.test_rbac import SECURED, declared, observed
@@ -211,6 +215,27 @@ async def test_cert_manager_certificates_instead_of_the_operators_own() -> None:
         assert emu.get(SECRETS, "demo-ca") is None and emu.get(SECRETS, "demo-broker-tls") is None
         assert "ca.crt" not in data(emu, "demo-token-segtxn-admin")  # not known yet
         assert volumes(emu, STS, "demo-broker")["tls"]["secret"]["secretName"] == "demo-broker-tls"
+        # The operator's calls wait for cert-manager's CA, then take it from the brokers'
+        # Secret before it is copied into the admin token's.
+        kube = Kube(kopf.ConnectionInfo(server=str(emu.url), insecure=True))
+        sessions = ClusterSessions()
+        spec = (emu.mine("SegtxnCluster", "demo") or {})["spec"]
+        async with aiohttp.ClientSession() as plain:
+            try:
+                with pytest.raises(kopf.TemporaryError, match="demo-token-segtxn-admin"):
+                    await sessions.session(kube, plain, NS, "demo", spec)
+                ca = pki.new_ca("cert-manager's", datetime.datetime.now(datetime.UTC))
+                written = {"apiVersion": "v1", "kind": "Secret",
+                           "metadata": {"name": "demo-broker-tls", "namespace": NS},
+                           "data": {"ca.crt": base64.b64encode(ca.cert_pem).decode()}}  # fmt: skip
+                code, body = await emu.call("POST", f"/api/v1/namespaces/{NS}/secrets", written)
+                assert code in (200, 201), body
+                secured_session = await sessions.session(kube, plain, NS, "demo", spec)
+                assert secured_session is not plain
+                assert await sessions.session(kube, plain, NS, "demo", spec) is secured_session
+            finally:
+                await sessions.close()
+                await kube.close()
 
 
 async def test_a_policy_the_servers_would_refuse_is_refused_whole() -> None:
