@@ -255,7 +255,11 @@ def _volumes(tls_secret: str, cluster: str, config_map: str) -> tuple[list[Obj],
 def _secure_workload(
     workload: Obj, tls_secret: str, cluster: str, sec: SecuritySpec, advertise: str | None
 ) -> None:
-    """Turn a rendered workload's (only) container to HTTPS and tokens, in place."""
+    """Turn a rendered workload's (only) container to HTTPS and tokens, in place: its
+    ``--advertise`` to ``https://`` (the servers refuse an ``http://`` one with a
+    certificate), the flags and mounts added, the probes over HTTPS (the kubelet does not
+    verify the certificate). Done on the rendered object so that :mod:`.render` stays as it
+    was for clusters without security, which must render exactly as before."""
     pod = workload["spec"]["template"]["spec"]
     container = pod["containers"][0]
     config = next(
