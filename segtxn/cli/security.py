@@ -6,9 +6,11 @@ listener, and TLS and a user for the metadata store connection, parsed once into
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -146,6 +148,31 @@ def store_credentials(flags: dict[str, Any], store_url: str) -> StoreCredentials
     except InvalidArgument as e:
         raise click.UsageError(f"store: {e}") from e
     return credentials
+
+
+def pod_dns_url(url: str, domain: str) -> str:
+    """``url`` with its host, an IP address, as Kubernetes' DNS name of the pod that has it
+    (``https://10.1.2.3:8081`` and ``ns.pod``: ``https://10-1-2-3.ns.pod:8081``). The
+    operator starts coordinators so (``--pod-dns``): their certificate covers
+    ``*.ns.pod``, which no single IP address could.
+
+    Raises:
+        click.BadParameter: the host is not an IP address, or the domain is empty.
+    """
+    parts = urlsplit(url)
+    try:
+        address = ipaddress.ip_address(parts.hostname or "")
+    except ValueError:
+        raise click.BadParameter(
+            f"--advertise {url}: the host must be an IP address with --pod-dns",
+            param_hint="--pod-dns",
+        ) from None
+    domain = domain.strip(".")
+    if not domain:
+        raise click.BadParameter("an empty domain", param_hint="--pod-dns")
+    dashed = str(address).replace(".", "-").replace(":", "-")
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{dashed}.{domain}{port}"
 
 
 def auth_settings(

@@ -27,7 +27,13 @@ from segtxn.cli.params import (
     prepare_data_dir,
     refuse_unless,
 )
-from segtxn.cli.security import auth_options, auth_settings, check_scheme, store_credentials
+from segtxn.cli.security import (
+    auth_options,
+    auth_settings,
+    check_scheme,
+    pod_dns_url,
+    store_credentials,
+)
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
@@ -280,6 +286,14 @@ def broker(
     type=IDS,
     help="v4 coordinator ids (with --data-dir or --replication).",
 )
+@click.option(
+    "--pod-dns",
+    metavar="DOMAIN",
+    default=None,
+    help="Advertise the host of --advertise, an IP address, as its Kubernetes pod DNS name "
+    "(10.1.2.3 as 10-1-2-3.DOMAIN, e.g. DOMAIN ns.pod): a Deployment's pod has no other "
+    "stable name for a TLS certificate to cover.",
+)
 @_lifecycle_options
 @auth_options
 @click.pass_context
@@ -300,6 +314,7 @@ def coordinator(
     data_dir: Path | None,
     replication: str | None,
     v4_ids: int,
+    pod_dns: str | None,
     store_timeout: float,
     shutdown_timeout: float,
     access_log: bool,
@@ -309,6 +324,8 @@ def coordinator(
     --replication (several processes share the ids; standbys take over)."""
     credentials = store_credentials(auth_flags, store)
     auth = auth_settings(**auth_flags)
+    if pod_dns is not None:
+        advertise = pod_dns_url(advertise, pod_dns)
     check_scheme(auth, advertise, "--advertise")
     v4 = data_dir is not None or replication is not None
     refuse_unless(ctx, "v4_ids", v4, "v4 transactions need --data-dir or --replication")

@@ -25,7 +25,7 @@ import kopf
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.ledger.replicas import Replication
-from segtxn.operator import ordering, render, replication, rolling, scaledown
+from segtxn.operator import credentials, ordering, render, replication, rolling, scaledown
 from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.runtime import (
     API,
@@ -41,6 +41,7 @@ from segtxn.operator.runtime import (
     reason,
     runtime_of,
 )
+from segtxn.operator.security import InvalidSecurity
 from segtxn.operator.status import Rollout, condition, rollout, same
 from segtxn.protocol.errors import ServerError
 
@@ -141,7 +142,8 @@ async def reconcile_cluster(
     (condition ``Applied`` False, a Warning event, the reason naming the check):
     ``ImmutableField`` (:mod:`.immutable`; replication turned off included) and
     ``InvalidReplication`` (:mod:`.replication`: not a ``W/A`` the brokers accept, or
-    ``W`` above the broker count), not retried, only a new spec heals them;
+    ``W`` above the broker count) and ``InvalidSecurity`` (:mod:`.security`: a policy the
+    servers would refuse), not retried, only a new spec heals them;
     ``ScaleDownRefused`` (:mod:`.scaledown`), checked again every
     :data:`SCALE_DOWN_RECHECK_S` (the brokers' topics may be deleted meanwhile), except
     below replication's ``W``, which is final. With replication the brokers that would go
@@ -177,8 +179,13 @@ async def reconcile_cluster(
         if verdict.lost:
             kopf.warn(body, reason="ReplicasLost", message=verdict.lost)
     _replication(body, status, patch, replication.wanted, spec)
-    try:
+    try:  # the Secrets a secured cluster's pods mount first (:mod:`.credentials`)
+        coordinators = indexes["coordinators_by_cluster"].get((namespace, name), [])
+        await credentials.ensure_cluster(runtime, body, spec, coordinators)
         await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
+    except InvalidSecurity as e:
+        _not_applied(body, status, patch, "InvalidSecurity", str(e))
+        raise kopf.PermanentError(str(e)) from e
     except (kopf.TemporaryError, kopf.PermanentError) as e:
         _not_applied(body, status, patch, "ApplyFailed", str(e))
         raise
@@ -368,6 +375,8 @@ async def reconcile_coordinator(
     try:
         cluster = await cluster_spec(runtime, namespace, cluster_name)
         refused = await _immutable_changes(runtime, namespace, cluster_name, cluster)
+        if refused is None:
+            await credentials.ensure_coordinator(runtime, body, cluster_name, cluster)
     except kopf.TemporaryError as e:
         _not_applied(body, status, patch, "WaitingForCluster", str(e))
         raise
@@ -415,12 +424,13 @@ async def coordinator_status(
     if last and (current - datetime.datetime.fromisoformat(last)).total_seconds() < interval:
         return
     runtime = runtime_of(memo)
-    url = runtime.config.coordinator_url or render.coordinator_url(name, namespace, spec)
     found = await runtime.kube.get(
         "apps/v1", "Deployment", namespace, render.coordinator_name(name)
     )
     cluster_name = str(spec["clusterRef"])
     cluster = await runtime.kube.get(API, "SegtxnCluster", namespace, cluster_name)
+    secured = dict((cluster or {}).get("spec", {}))
+    url = runtime.config.coordinator_url or render.coordinator_url(name, namespace, spec, secured)
     ready = int((found or {}).get("status", {}).get("readyReplicas") or 0)
     if cluster is None:
         state = Rollout(False, "Missing", f"SegtxnCluster {cluster_name} does not exist", ready)
@@ -441,9 +451,10 @@ async def coordinator_status(
     patch.status["lastChecked"] = stamp
     patch.status["readyReplicas"] = state.ready_replicas
     try:
-        stats = await Connector(url, runtime.http, request_timeout_s=10).request(
-            "GET", "/txn/v2/stats"
+        http = await runtime.sessions.session(
+            runtime.kube, runtime.http, namespace, cluster_name, secured
         )
+        stats = await Connector(url, http, request_timeout_s=10).request("GET", "/txn/v2/stats")
     except (ServerError, Timeout) as e:
         patch.status["conditions"] = condition(
             conditions,

@@ -5,8 +5,8 @@ segtxn.operator.handlers`` do).
 Rendering is pure (:mod:`segtxn.operator.render`); the handlers that apply it live by
 resource: :mod:`.clusters` (SegtxnCluster, TransactionCoordinator),
 :mod:`.scalabletopics` and :mod:`.autoscaling` (ScalableTopic), :mod:`.verification`
-(VerificationRun). What they share
-(configuration, clients, error mapping) is :mod:`.runtime`.
+(VerificationRun); a secured cluster's Secrets are kept and renewed by :mod:`.credentials`.
+What they share (configuration, clients, error mapping) is :mod:`.runtime`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from segtxn.operator import autoscaling, clusters, scalabletopics, verification
+from segtxn.operator import autoscaling, clusters, credentials, scalabletopics, verification
 from segtxn.operator.kube import Kube, KubeError, KubeUnreachable
 from segtxn.operator.runtime import FINALIZER, GROUP, VERSION, OperatorConfig, Runtime
 
@@ -26,6 +26,7 @@ __all__ = [
     "OperatorConfig",
     "autoscaling",
     "clusters",
+    "credentials",
     "scalabletopics",
     "verification",
 ]
@@ -71,6 +72,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         runtime.closed = True
         await runtime.kube.close()
         await runtime.http.close()
+        await runtime.sessions.close()
 
 
 # ---------------------------------------------------------------------- indexes

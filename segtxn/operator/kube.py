@@ -39,6 +39,9 @@ PLURALS = {
     "ScalableTopic": "scalabletopics",
     "Pod": "pods",
     "VerificationRun": "verificationruns",
+    "Secret": "secrets",
+    "Certificate": "certificates",
+    "Issuer": "issuers",
 }
 
 
@@ -49,9 +52,20 @@ APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 
 
-CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "PodDisruptionBudget", "Pod")
+CHILD_KINDS = (
+    "ConfigMap",
+    "Service",
+    "StatefulSet",
+    "Deployment",
+    "PodDisruptionBudget",
+    "Pod",
+    "Secret",
+    "Certificate",
+    "Issuer",
+)
 """What the renderers return, and :meth:`Kube.apply` applies (a Pod: a VerificationRun's
-driver, :mod:`.sparkapp`)."""
+driver, :mod:`.sparkapp`; the Secrets of a secured cluster and cert-manager's Certificates
+and Issuers: :mod:`.credentials`)."""
 READ_KINDS = (
     "SegtxnCluster",
     "TransactionCoordinator",
@@ -59,10 +73,12 @@ READ_KINDS = (
     "Deployment",
     "ConfigMap",
     "Pod",
+    "Secret",
 )
 """What the handlers read: a coordinator's cluster, the workloads (status, what was
 applied), the ConfigMap the brokers run, a broker's pod in a roll, a VerificationRun's
-driver pod and report ConfigMap."""
+driver pod and report ConfigMap, a secured cluster's Secrets (kept when still good,
+:mod:`.credentials`; the admin token, :mod:`.sessions`)."""
 CALLS: frozenset[tuple[str, str, str]] = frozenset(
     {
         *(("get", kind, "") for kind in READ_KINDS),

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from segtxn.operator import replication
+from segtxn.operator import replication, security
 from segtxn.operator.placement import placement, resources
 
 Obj = dict[str, Any]
@@ -73,7 +73,7 @@ class ClusterNames:
 def service_url(cluster: str, namespace: str, spec: Mapping[str, Any]) -> str:
     """How clients inside Kubernetes reach the cluster's brokers."""
     port = spec.get("brokers", {}).get("port", 8080)
-    return f"http://{ClusterNames(cluster).brokers}.{namespace}.svc:{port}"
+    return f"{security.scheme(spec)}://{ClusterNames(cluster).brokers}.{namespace}.svc:{port}"
 
 
 def _hash(data: Mapping[str, str]) -> str:
@@ -161,7 +161,7 @@ def config_ref(workload: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-COORDINATOR_CONFIG = ("storeUrl", "sessionTtlSeconds", replication.CONFIG_KEY)
+COORDINATOR_CONFIG = ("storeUrl", "sessionTtlSeconds", replication.CONFIG_KEY, security.POLICY_KEY)
 """The keys of the cluster's configuration that coordinators read (their own ConfigMap
 holds these): a change to any of them must roll the coordinators too, not only the
 brokers. With replication on, coordinators keep their v4 transaction logs on the brokers'
@@ -180,6 +180,7 @@ def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
         "retentionTimeSeconds": str(settings.get("retentionTimeSeconds", 604800)),
         "retentionBytes": str(settings.get("retentionBytes", -1)),
         **replication.config_data(spec),
+        **security.config_data(spec),
     }
 
 
@@ -255,7 +256,7 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         "securityContext": container_security,
         **_probes(port),
     }
-    return [
+    objects = [
         config_obj,
         {
             "apiVersion": "v1",
@@ -307,6 +308,7 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         },
         _pdb(names.brokers, namespace, component, select, replication.broker_budget(spec)),
     ]
+    return security.secure_cluster(objects, name, spec)
 
 
 def _pdb(name: str, namespace: str, component: Obj, select: Obj, max_unavailable: int = 1) -> Obj:
@@ -326,8 +328,13 @@ def coordinator_name(name: str) -> str:
     return f"{name}-coordinator"
 
 
-def coordinator_url(name: str, namespace: str, spec: Mapping[str, Any]) -> str:
-    return f"http://{coordinator_name(name)}.{namespace}.svc:{spec.get('port', 8081)}"
+def coordinator_url(
+    name: str, namespace: str, spec: Mapping[str, Any], cluster_spec: Mapping[str, Any]
+) -> str:
+    """How the operator reaches a TransactionCoordinator's coordinators (its Service;
+    ``https`` when its cluster's security is on)."""
+    port = spec.get("port", 8081)
+    return f"{security.scheme(cluster_spec)}://{coordinator_name(name)}.{namespace}.svc:{port}"
 
 
 def render_coordinator(
@@ -398,7 +405,7 @@ def render_coordinator(
         # a rollout with maxUnavailable 0, or a node drain under the budget, stuck.
         **_probes(port, ready="/healthz"),
     }
-    return [
+    objects = [
         config_obj,
         {
             "apiVersion": "apps/v1",
@@ -436,6 +443,8 @@ def render_coordinator(
         },
         _pdb(full, namespace, component, select),
     ]
+    cluster = str(spec.get("clusterRef", ""))
+    return security.secure_coordinator(objects, name, namespace, cluster, cluster_spec)
 
 
 # ---------------------------------------------------------------------- ScalableTopic

@@ -22,6 +22,7 @@ from segtxn.client.errors import Timeout
 from segtxn.operator import render
 from segtxn.operator.kube import Kube, KubeError
 from segtxn.operator.rolling import RollSettings
+from segtxn.operator.sessions import ClusterSessions
 from segtxn.protocol.errors import (
     MetadataError,
     NotOwner,
@@ -65,6 +66,8 @@ class Runtime:
     kube: Kube
     http: aiohttp.ClientSession
     closed: bool = False
+    sessions: ClusterSessions = field(default_factory=ClusterSessions)
+    """Sessions to clusters with security on (TLS with their CA, their admin token)."""
 
 
 def runtime_of(memo: Any) -> Runtime:
@@ -100,14 +103,17 @@ async def cluster_spec(runtime: Runtime, namespace: str, cluster: str) -> Mappin
 async def admin(
     runtime: Runtime, namespace: str, cluster: str, spec: Mapping[str, Any] | None = None
 ) -> Admin:
-    """The admin API of ``cluster``'s brokers (its Service, or the configured URL);
-    ``spec``, the cluster's, when the caller has it (else it is read)."""
-    url = runtime.config.broker_url
-    if url is None:
-        if spec is None:
-            spec = await cluster_spec(runtime, namespace, cluster)
-        url = render.service_url(cluster, namespace, spec)
-    return Admin(Connector(url, runtime.http, request_timeout_s=30))
+    """The admin API of ``cluster``'s brokers (its Service, or the configured URL), over
+    TLS with the admin token when its security is on (:mod:`.sessions`); ``spec``, the
+    cluster's, when the caller has it (else it is read)."""
+    if spec is None and runtime.config.broker_url is None:
+        spec = await cluster_spec(runtime, namespace, cluster)
+    elif spec is None:  # a configured URL: a cluster not there (yet) has no security
+        found = await runtime.kube.get(API, "SegtxnCluster", namespace, cluster)
+        spec = dict((found or {}).get("spec", {}))
+    url = runtime.config.broker_url or render.service_url(cluster, namespace, spec)
+    http = await runtime.sessions.session(runtime.kube, runtime.http, namespace, cluster, spec)
+    return Admin(Connector(url, http, request_timeout_s=30))
 
 
 def reason(e: ServerError | Timeout) -> str:

@@ -51,6 +51,9 @@ GROUPS = {
     "Service": ("", "services"),
     "PodDisruptionBudget": ("policy", "poddisruptionbudgets"),
     "Pod": ("", "pods"),
+    "Secret": ("", "secrets"),
+    "Certificate": ("cert-manager.io", "certificates"),
+    "Issuer": ("cert-manager.io", "issuers"),
 }
 OURS = ("segtxnclusters", "transactioncoordinators", "scalabletopics", "verificationruns")
 KOPF: set[Grant] = {
@@ -68,6 +71,17 @@ OWNERS: set[Grant] = {
     ("segtxn.io", "segtxnclusters/finalizers", "update"),
     ("segtxn.io", "transactioncoordinators/finalizers", "update"),
     ("segtxn.io", "verificationruns/finalizers", "update"),
+}
+
+
+SECURED: set[Grant] = {
+    # Sent only for a cluster with spec.security on: its Secrets read, and created (a
+    # server-side apply) when missing or due; cert-manager's objects in that mode. Each is
+    # exercised by tests/operator/test_security.py, which checks it is sent and granted.
+    ("", "secrets", "get"),
+    ("", "secrets", "create"),
+    ("", "secrets", "patch"),
+    *(("cert-manager.io", r, v) for r in ("certificates", "issuers") for v in ("create", "patch")),
 }
 
 
@@ -152,12 +166,14 @@ def test_cluster_wide_and_listed_namespaces_are_refused_together(helm: Helm) -> 
     assert "leave operator.watchNamespaces empty" in out
 
 
-def test_the_grants_hold_no_wildcard_delete_or_secret(helm: Helm) -> None:
+def test_the_grants_hold_no_wildcard_delete_or_secret_listing(helm: Helm) -> None:
     [role] = operator_roles(template(helm))
     every = grants(role["rules"])
     assert not [g for g in every if "*" in g]
     assert not [g for g in every if g[2] in ("delete", "deletecollection", "escalate", "bind")]
-    assert not [g for g in every if g[1] in ("secrets", "persistentvolumeclaims")]
+    assert not [g for g in every if g[1] == "persistentvolumeclaims"]
+    # Secrets by name only (a secured cluster's own): never listed or watched.
+    assert {g[2] for g in every if g[1] == "secrets"} == {"get", "create", "patch"}
     assert ("", "pods", "list") not in every and ("", "pods", "get") in every
 
 
@@ -226,5 +242,5 @@ async def test_what_the_operator_sends_is_granted_and_every_call_is_exercised() 
     role = declared()
     assert seen - role == set(), "sent but not granted"
     # Every grant is used: none is there "just in case" (the finalizers are not a
-    # request, see OWNERS).
-    assert role - seen - OWNERS == set(), "granted but never sent"
+    # request, see OWNERS; a secured cluster's, SECURED, in test_security.py).
+    assert role - seen - OWNERS - SECURED == set(), "granted but never sent"

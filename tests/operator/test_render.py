@@ -183,7 +183,9 @@ def test_coordinator_renders_valid_objects_the_coordinator_cli_accepts() -> None
     assert params["advertise"] == "http://10.0.0.7:8081"
     assert params["ids"] == 8 and params["gc_retention"] == 5
     assert params["default_timeout"] == 60 and params["gc_sweep"] == 10
-    assert render.coordinator_url("tc", "segtxn", spec) == "http://tc-coordinator.segtxn.svc:8081"
+    assert render.coordinator_url("tc", "segtxn", spec, cluster) == (
+        "http://tc-coordinator.segtxn.svc:8081"
+    )
 
 
 def test_verify_job_runs_commands_the_cli_accepts() -> None:

@@ -140,6 +140,12 @@ peering objects are the caller's: namespaced ones in a Role, cluster ones cluste
   resources: [pods/eviction]
   verbs: [create]
 - apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch]
+- apiGroups: [cert-manager.io]
+  resources: [certificates, issuers]
+  verbs: [create, patch]
+- apiGroups: [""]
   resources: [events]
   verbs: [create]
 {{- end -}}

@@ -1,0 +1,97 @@
+"""The operator's HTTP sessions to each cluster's brokers and coordinators.
+
+A cluster with security off is reached with the operator's one plain session. A cluster
+with security on needs its own: TLS verifying the servers against that cluster's CA, and
+the admin role's token on every request (:data:`.security.ADMIN_ROLE`: ``admin`` on
+``*``, what the operator's calls need: topics, splits and merges, brokers' homes and
+drains, the coordinators' stats). Both come from the admin token's Secret, which
+:mod:`.credentials` keeps (``token`` and ``ca.crt``; with cert-manager, until the CA is
+copied there, from the brokers' certificate Secret that cert-manager writes); they are
+read at each use and a session is made again when either changed (a renewed token, a new
+CA).
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import kopf
+
+from segtxn.operator import security
+from segtxn.operator.kube import Kube
+from segtxn.protocol.auth import bearer_middleware
+
+WAIT_S = 5.0
+"""Retry delay while a cluster's admin token or CA is not there yet."""
+
+
+def secret_text(secret: Mapping[str, Any] | None, key: str) -> str | None:
+    """A Secret's ``data[key]`` decoded, or None when absent."""
+    value = ((secret or {}).get("data") or {}).get(key)
+    return base64.b64decode(value).decode() if value else None
+
+
+class ClusterSessions:
+    """One session per secured cluster, kept while its token and CA stay the same."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[str, str], tuple[tuple[str, str], aiohttp.ClientSession]] = {}
+        self._retired: list[aiohttp.ClientSession] = []
+        """Sessions of a token or CA since replaced: a handler may still be using one, so
+        they are closed with the rest (one per renewal: a handful a year)."""
+
+    async def session(
+        self,
+        kube: Kube,
+        plain: aiohttp.ClientSession,
+        namespace: str,
+        cluster: str,
+        spec: Mapping[str, Any],
+    ) -> aiohttp.ClientSession:
+        """The session for calls to SegtxnCluster ``cluster`` (``spec``, its spec):
+        ``plain`` when its security is off.
+
+        Raises:
+            kopf.TemporaryError: security is on and its admin token Secret (with the CA)
+                is not there yet.
+            KubeError: reading the Secret failed.
+        """
+        if not security.enabled(spec):
+            return plain
+        name = security.token_secret(cluster, security.ADMIN_ROLE)
+        found = await kube.get("v1", "Secret", namespace, name)
+        token, ca = secret_text(found, "token"), secret_text(found, "ca.crt")
+        if token is not None and ca is None:  # cert-manager's CA, not copied over yet
+            brokers = security.broker_tls_secret(cluster)
+            ca = secret_text(await kube.get("v1", "Secret", namespace, brokers), "ca.crt")
+        if token is None or ca is None:
+            raise kopf.TemporaryError(
+                f"waiting for Secret {name} (the admin token and the cluster's CA)", delay=WAIT_S
+            )
+        key = (namespace, cluster)
+        kept = self._sessions.get(key)
+        if kept is not None and kept[0] == (token, ca):
+            return kept[1]
+        try:
+            context = ssl.create_default_context(cadata=ca)
+        except ssl.SSLError as e:
+            raise kopf.TemporaryError(
+                f"Secret {name}: ca.crt is not a certificate ({e})", delay=WAIT_S
+            ) from e
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=context), middlewares=(bearer_middleware(token),)
+        )
+        self._sessions[key] = ((token, ca), session)
+        if kept is not None:
+            self._retired.append(kept[1])
+        return session
+
+    async def close(self) -> None:
+        for session in [*(s for _, s in self._sessions.values()), *self._retired]:
+            await session.close()
+        self._sessions.clear()
+        self._retired.clear()
