@@ -40,6 +40,11 @@ class BrokerMetrics(Metrics):
             "Splits and merges this broker completed as a topic controller, by kind",
             ["kind"],
         )
+        self.segments_retired = self.count(
+            "segtxn_segments_retired_total",
+            "Sealed segments homed here that were retired: consumed, past retention, deleted "
+            "and pruned from their topic's DAG",
+        )
         self.topology_change_seconds = self.histogram(
             "segtxn_topic_change_seconds",
             "Split/merge duration: plan, place, prepare, seal, complete",

@@ -79,6 +79,7 @@ async def retire_segments(service: BrokerService, now_ms: float | None = None) -
         await _delete_state(service, segment)
         if await service.catalog.prune_segment(segment):
             log.info("%s: retired and removed from %s's DAG", segment, topic)
+            service.metrics.segments_retired.add(1)
         done.append(segment)
         records.pop(topic)  # changed: read again for its next segment
     return done

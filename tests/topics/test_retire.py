@@ -75,6 +75,7 @@ async def test_a_consumed_sealed_segment_is_retired_and_its_topic_goes_on(
     logs = root / quote(str(SEALED), safe="")
     assert list(logs.glob("*.log"))
     assert await retire_segments(service, LATER_MS) == [SEALED]
+    assert service.metrics.segments_retired.value == 1
     record = await _record(cluster)
     assert record.segment(0) is None  # pruned: it had no parent
     assert all(0 not in s.parents for s in record.segments)
