@@ -82,3 +82,9 @@ def template(
 
 def kinds(docs: Iterable[Mapping[str, Any]]) -> list[str]:
     return sorted(str(d["kind"]) for d in docs)
+
+
+def operator_roles(docs: list[Doc]) -> list[Doc]:
+    """The operator's Roles (the chart also has the Spark driver's: tests/operator/
+    test_sparkapp.py)."""
+    return [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-operator")]

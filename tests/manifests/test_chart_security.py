@@ -11,7 +11,15 @@ import pytest
 
 from segtxn.operator import render, security
 from segtxn.operator.security import CertificateSource, SecuritySpec
-from tests.manifests.support import CHART, KUBE_VERSION, Doc, crd_schemas, template, validate
+from tests.manifests.support import (
+    CHART,
+    KUBE_VERSION,
+    Doc,
+    crd_schemas,
+    operator_roles,
+    template,
+    validate,
+)
 from tests.manifests.test_crds import defaulted
 
 Helm = Callable[..., str]
@@ -105,7 +113,7 @@ def test_roles_and_cert_manager_reach_the_cluster(helm: Helm) -> None:
     assert objects[0]["spec"]["issuerRef"] == issuer
     assert "--auth-protect-metrics" in pod(rendered(spec), "StatefulSet")["containers"][0]["args"]
     # The operator may write what it needs for it: Secrets and cert-manager's objects.
-    [role] = [d for d in docs if d["kind"] == "Role"]
+    [role] = operator_roles(docs)  # (the chart also has the Spark driver's Role)
     assert {"apiGroups": ["cert-manager.io"], "resources": ["certificates", "issuers"],
             "verbs": ["create", "patch"]} in role["rules"]  # fmt: skip
 

@@ -19,7 +19,16 @@ import pytest
 from segtxn.operator import kube
 from segtxn.operator.handlers import OperatorConfig
 from segtxn.operator.rolling import RollSettings
-from tests.manifests.support import CHART, KUBE_VERSION, Doc, helm, kinds, template, validate
+from tests.manifests.support import (
+    CHART,
+    KUBE_VERSION,
+    Doc,
+    helm,
+    kinds,
+    operator_roles,
+    template,
+    validate,
+)
 from tests.manifests.test_chart import Helm
 from tests.operator.emulator import NS, Sent, emulator, operator
 from tests.operator.fakebrokers import serving
@@ -108,12 +117,6 @@ def grants(rules: Iterable[Mapping[str, Any]]) -> set[Grant]:
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-
-
-def operator_roles(docs: list[Doc]) -> list[Doc]:
-    """The operator's Roles (the chart also has the Spark driver's: tests/operator/
-    test_sparkapp.py)."""
-    return [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-operator")]
 
 
 def operator_args(docs: list[Doc]) -> list[str]:
