@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import msgspec
 
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, Position
+from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, ManagedLedger, Position
 from segtxn.ledger.compacted import CompactedLog
 from segtxn.metastore import MetadataStore, MetadataStoreError
 
@@ -147,6 +147,12 @@ class SnapshotLog:
         await self._log.compact(keep, relogged=relogged)
         if self._metrics is not None:
             self._metrics.txn_v4_log_compactions.add(1, {"log": "snapshot"})
+
+    @property
+    def ledger(self) -> ManagedLedger:
+        """The log's managed ledger (the broker's repairer keeps its closed ledgers
+        copied)."""
+        return self._log.ledger
 
     @property
     def entries(self) -> int:

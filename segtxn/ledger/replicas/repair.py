@@ -3,11 +3,12 @@
 BookKeeper splits this in two: an auditor (one elected bookie) notices lost bookies and
 marks their ledgers under-replicated, and replication workers copy each marked ledger to
 a live bookie and swap the copy into the ledger's metadata. Here both are one small step
-run by the *owner* of the managed ledger (the broker serving its topic: no leader to
-elect, and its placement change is one more compare-and-set in the order of the owner's
-own): :class:`Census` says, from the registered storage nodes alone, which closed ledgers
-are short of copies, and :func:`repair_ledger` repairs one. When and how often is the
-broker's business (:mod:`segtxn.broker.replication`).
+run by the *owner* of the managed ledger (the broker serving its topic or holding its v4
+log open, the coordinator holding a v4 transaction log's id: no leader to elect, and its
+placement change is one more compare-and-set in the order of the owner's own):
+:class:`Census` says, from the registered storage nodes alone, which closed ledgers are
+short of copies, and :func:`repair_ledger` repairs one. When and how often is the owner's
+loop's business (:mod:`segtxn.topics.repairs`).
 
 A copy a closed ledger's placement names is
 
