@@ -160,7 +160,7 @@ class Repairer(RepairLoop):
         service.metrics.gauge(
             "segtxn_broker_under_replicated_ledgers",
             "Closed ledgers of the topics served here (and of their v4 logs) with fewer live "
-            "copies than the write quorum, at the last repair check",
+            "copies than the write quorum, or a copy found behind, at the last repair check",
             lambda: self.under_replicated,
         )
 

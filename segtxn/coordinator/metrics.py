@@ -91,7 +91,7 @@ class _V4:
             yield gauge_family(
                 "segtxn_txn_v4_log_under_replicated_ledgers",
                 "Closed ledgers of the v4 transaction logs held here with fewer live copies "
-                "than the write quorum, at the last repair check",
+                "than the write quorum, or a copy found behind, at the last repair check",
                 [],
                 [([], self._c.repairer.under_replicated)],
             )

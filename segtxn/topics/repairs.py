@@ -12,6 +12,19 @@ its owner holds every ``check_s`` and whenever the storage nodes change (listed 
 ``members_check_s``), repairs at most ``max_copies`` ledgers at once, and keeps the count
 of under-replicated ledgers for the owner's gauge.
 
+**Copies that fell behind.** Registration says nothing of a copy that is alive but holds
+only a prefix of its closed ledger (its node was paused or cut off past the replication
+timeout while the ack quorum went on, and the writer moved to a new ledger without it).
+So each closed ledger whose copies are all registered is *audited* once: the same repair
+step asks every copy what it holds and tops up those behind. A ledger found whole is
+remembered (by id and placement, for as long as it is held), so a check costs nothing for
+it afterwards: a closed ledger never changes. (A named copy whose file is removed by hand
+later, which nothing in segtxn does, is noticed when the ledger is audited again: its owner
+let it go and opened it again, or its placement changed.) At most ``audits_per_check``
+ledgers are audited per check (a broker that just started with many ledgers spreads them
+out); one found behind and not topped up (or with a copy that did not answer) is audited
+again at the next check, and counted as under-replicated until it is whole.
+
 What the owner holds is a callable (``held``), read at each check: the loop never opens a
 ledger itself (opening one recovers it, which fences its writer). A broker also loads the
 topics it homes but has not loaded when a full check is due (``load_short``), and sweeps its
@@ -44,6 +57,8 @@ log = logging.getLogger(__name__)
 
 Held = Callable[[], Iterable[ManagedLedger]]
 """The managed ledgers the owner holds open now (and writes, or may write)."""
+_Key = tuple[str, int, tuple[str, ...]]
+"""A closed ledger as audited: its managed ledger, its id, its placement."""
 LoadShort = Callable[[Census], Awaitable[None]]
 """At a full check, before the held ledgers are read: open what the owner owns but has not
 opened and is short of copies (a broker loads such topics)."""
@@ -78,9 +93,12 @@ class RepairLoop:
         self._full_due = True
         self._last_full = 0.0
         self._checking = asyncio.Lock()  # one round at a time: two would copy the same ledger
+        self._audited: set[_Key] = set()
+        """Closed ledgers (by placement) whose every copy answered whole: not asked again."""
         self.under_replicated = 0
         """Closed ledgers held here with fewer than W copies on registered storage nodes,
-        as of the last check (after its repairs)."""
+        or with a copy found behind (or not answering) and not topped up, as of the last
+        check (after its repairs)."""
 
     async def run(self) -> None:
         """Watch the storage nodes and check until cancelled (a failed round is logged
@@ -127,24 +145,39 @@ class RepairLoop:
                 await self._load_short(census)
         short = 0
         repairs: list[tuple[ManagedLedger, LedgerInfo]] = []
+        audits: list[tuple[ManagedLedger, LedgerInfo]] = []
+        keys: set[_Key] = set()
         for ledger in list(self._held()):
             for info in ledger.ledgers:
                 self.note_missing(info, census)
-                short += census.short(info, self._write_quorum)
-                if census.wanted(info, self._write_quorum):
-                    repairs.append((ledger, info))
-        outcomes: list[Outcome] = []
-        queue = iter(repairs)
+                if info.entries is None or not info.replicas:
+                    continue
+                key = (ledger.name, info.id, info.replicas)
+                keys.add(key)
+                if census.short(info, self._write_quorum):
+                    short += 1
+                    if census.wanted(info, self._write_quorum):
+                        repairs.append((ledger, info))
+                elif key not in self._audited and len(audits) < self.settings.audits_per_check:
+                    audits.append((ledger, info))
+        self._audited &= keys  # (forget the ledgers trimmed, moved or let go of)
+        outcomes: list[tuple[Outcome, bool]] = []
+        queue = iter([*((*r, True) for r in repairs), *((*a, False) for a in audits)])
 
         async def worker() -> None:  # (each takes the next repair from the shared queue)
-            for ledger, info in queue:
-                outcomes.append(await self._repair(ledger, info, census))
+            for ledger, info, was_short in queue:
+                outcome = await self._repair(ledger, info, census)
+                if outcome in (Outcome.WHOLE, Outcome.REPAIRED):
+                    self._audited.add((ledger.name, info.id, info.replicas))
+                outcomes.append((outcome, was_short))
 
         async with asyncio.TaskGroup() as group:
-            for n in range(min(self.settings.max_copies, len(repairs))):
+            for n in range(min(self.settings.max_copies, len(repairs) + len(audits))):
                 group.create_task(worker(), name=f"repair-worker-{n}")
-        repaired = outcomes.count(Outcome.REPAIRED)
-        self.under_replicated = max(0, short - repaired)
+        repaired = sum(o is Outcome.REPAIRED for o, _ in outcomes)
+        fixed = sum(o is Outcome.REPAIRED and was_short for o, was_short in outcomes)
+        behind = sum(o is Outcome.NOT_NOW and not was_short for o, was_short in outcomes)
+        self.under_replicated = max(0, short - fixed) + behind
         return repaired
 
     async def _repair(self, ledger: ManagedLedger, info: LedgerInfo, census: Census) -> Outcome:
