@@ -25,7 +25,8 @@ compare-and-set): the topics and segments it serves, their subscriptions' v4 pen
 logs and its namespaces' v4 snapshot logs. So no leader is needed and a repair never races
 its ledger's owner on the same broker. It checks what it has loaded every ``check_s`` (in
 memory, one listing of the brokers); it also reads the records of the topics homed here
-but not loaded, and loads those that are short of copies, every ``full_check_s`` and
+but not loaded (and of the v4 logs loading them would open), and loads those that are
+short of copies, every ``full_check_s`` and
 whenever the registered storage nodes change (listed every ``members_check_s``: a broker
 that came back on an empty disk is repaired for at once). At most ``max_copies`` ledgers
 are copied at once. It also sweeps this broker's storage node every ``sweep_s``
@@ -36,15 +37,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from segtxn.auth import AuthSettings
 from segtxn.broker.settings import BrokerSettings
-from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
+from segtxn.broker.txn.markers import CONTAINS_TXN
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore, pending_ack_log
+from segtxn.broker.txn.snapshots import snapshot_log
 from segtxn.ledger import LedgerError, LogStorage, ManagedLedger, movable, open_log_storage
-from segtxn.ledger.metadata import decode, metadata_key, tail_bound
+from segtxn.ledger.cursor import cursors_prefix
+from segtxn.ledger.metadata import LedgerInfo, LedgerMetadata, decode, metadata_key, tail_bound
 from segtxn.ledger.replicas import (
     Census,
     LocalReplica,
@@ -57,7 +62,7 @@ from segtxn.ledger.replicas import (
 )
 from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.protocol.errors import ServerError
-from segtxn.protocol.names import TopicName
+from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.catalog import HOMES, HOMES_BY_BROKER, Catalog, NoBrokers
 from segtxn.topics.nodes import CatalogNodes
 from segtxn.topics.repairs import RepairLoop
@@ -188,11 +193,14 @@ class Repairer(RepairLoop):
         return held
 
     async def _load_short(self, census: Census) -> None:
-        """Load the topics homed here, not loaded, that have a ledger to repair."""
+        """Load the topics homed here, not loaded, that have a ledger to repair: theirs,
+        or one of the v4 logs loading them opens (their subscriptions' pending-ack logs,
+        their namespace's snapshot log here when the topic has transactions)."""
         service = self._service
         if service.draining:
             return
         listing = await service.store.index_range(HOMES_BY_BROKER, service.broker_id)
+        seen: dict[str, bool] = {}  # (a namespace's snapshot log: read once per check)
         for entry in listing.entries:
             name = TopicName.parse(unquote(entry.key[len(HOMES) :]))
             if name in service.topics:
@@ -200,16 +208,47 @@ class Repairer(RepairLoop):
             record = await service.store.get(metadata_key(str(name)))
             if record is None:
                 continue
-            infos = decode(record.value).ledgers
-            for info in infos:
-                self.note_missing(info, census)
-            if not any(census.wanted(i, self._write_quorum) for i in infos):
+            meta = decode(record.value)
+            short = self._short(meta.ledgers, census)
+            for log_name in [] if short else await self._logs_opened_by_loading(name, meta):
+                if log_name not in seen:
+                    seen[log_name] = await self._log_short(log_name, census)
+                if seen[log_name]:
+                    short = True
+                    break
+            if not short:
                 continue
             log.info("%s: loading it to repair its ledgers", name)
             try:
                 await service.serve(name)
             except (ServerError, LedgerError, MetadataStoreError) as e:
                 log.warning("%s: not loaded to repair it: %s", name, e)
+
+    async def _logs_opened_by_loading(self, name: TopicName, meta: LedgerMetadata) -> list[str]:
+        """The v4 logs loading ``name`` (whose ledger's record is ``meta``) opens, if they
+        exist: the pending-ack log of each subscription, and the namespace's snapshot log
+        here when the topic is known to have transactions (:mod:`.txn.markers`)."""
+        if name.domain is not Domain.PERSISTENT:
+            return []
+        cursors = await self._service.store.list_prefix(cursors_prefix(str(name)))
+        names = [
+            pending_ack_log(str(name), unquote(record.key.rsplit("/", 1)[1]))
+            for record in cursors.records
+        ]
+        if meta.properties.get(CONTAINS_TXN) not in (None, "false"):
+            names.append(snapshot_log(name.tenant, name.namespace, self._service.broker_id))
+        return names
+
+    async def _log_short(self, log_name: str, census: Census) -> bool:
+        """Whether the managed ledger ``log_name`` (not open here) has a closed ledger to
+        repair now (False when it does not exist)."""
+        record = await self._service.store.get(metadata_key(log_name))
+        return record is not None and self._short(decode(record.value).ledgers, census)
+
+    def _short(self, infos: Sequence[LedgerInfo], census: Census) -> bool:
+        for info in infos:
+            self.note_missing(info, census)
+        return any(census.wanted(i, self._write_quorum) for i in infos)
 
     async def _sweep(self) -> None:
         member = Member(self._service.broker_id, self._node.instance)

@@ -26,7 +26,7 @@ from segtxn.client import Client
 from segtxn.coordinator.app import METRICS, V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import log_name
-from segtxn.ledger import LedgerSettings
+from segtxn.ledger import LedgerSettings, RetentionPolicy
 from segtxn.ledger.managed import metadata_key
 from segtxn.ledger.metadata import LedgerInfo, decode
 from segtxn.ledger.replicas import HttpReplica, Member, Replication
@@ -181,3 +181,76 @@ async def test_v4_logs_are_repaired_by_their_owners_and_a_successor_reads_the_co
     finally:
         for coordinator in coordinators:
             await coordinator.stop()
+
+
+async def test_a_topic_whose_pending_ack_log_alone_is_short_is_loaded_and_repaired(
+    start_broker: StartBroker, cluster_store: str, tmp_path: Path
+) -> None:
+    """The owner unloaded the topic, whose own old ledgers retention deleted: only its
+    subscription's pending-ack log still names the broker that went away. Nothing has it
+    open; the owner's full check reads the topic's subscriptions' logs too, loads the topic
+    (which restores the subscription and opens its log) and repairs the log."""
+
+    async def start(broker_id: str) -> BrokerServer:
+        return await start_broker(
+            cluster_store,
+            broker_id,
+            tmp_path / broker_id,
+            replication=Replication(3, 2),
+            ledger=SMALL,
+            retention=RetentionPolicy(retention_time_s=0, retention_bytes=-1),
+        )
+
+    brokers = {i: await start(i) for i in ("w0", "w1", "w2")}
+    coordinator = await start_coordinator(cluster_store)
+    name = TopicName.parse(TOPIC)
+    acks = pending_ack_log(TOPIC, "s")
+    try:
+        async with Client(brokers["w0"].settings.advertise_url) as client:
+            await client.admin.create_topic(TOPIC)
+            consumer = await client.subscribe(
+                TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+            )
+            producer = await client.create_producer(TOPIC)
+            for i in range(12):
+                await producer.send(f"m{i}".encode())
+            for _ in range(12):
+                async with client.transaction() as txn:
+                    await consumer.acknowledge(await consumer.receive(timeout_s=10), txn=txn)
+            owner_url = await client.connector.broker_for(name)
+            owner = next(b for b in brokers.values() if b.settings.advertise_url == owner_url)
+            victim = next(i for i, b in brokers.items() if b is not owner)
+            brokers["w3"] = await start("w3")
+            await brokers[victim].stop()
+            for i in range(3):  # the topic's ledger moves to the three brokers left
+                await producer.send(f"after-{i}".encode())
+                await consumer.acknowledge(await consumer.receive(timeout_s=10))
+        async with open_store(cluster_store) as store:
+
+            def names_victim(infos: list[LedgerInfo]) -> bool:
+                return any(victim in [Member.parse(m).broker for m in i.replicas] for i in infos)
+
+            topic = owner.service.topics[name]
+
+            async def trimmed() -> bool:  # every consumed ledger before the current one
+                await topic.trim()
+                return not names_victim([i for i in topic.ledger.ledgers if i.entries])
+
+            await wait_until(trimmed, timeout=10, what="the consumed ledgers deleted")
+            await owner.service.unload(name)
+            assert not names_victim(await closed(store, TOPIC))  # the topic is not short
+            assert names_victim(await closed(store, acks))  # its pending-ack log is
+            repairer = owner.service.repairer
+            assert repairer is not None
+            await repairer.check(full=True)  # seen unregistered: its clock starts
+            repairer.settings = dataclasses.replace(repairer.settings, lost_after_s=0.0)
+
+            await repairer.check(full=True)
+
+            assert name in owner.service.topics
+            after = await closed(store, acks)
+            assert after and not names_victim(after)
+            assert all(len(i.replicas) == 3 for i in after)
+            assert repairer.under_replicated == 0
+    finally:
+        await coordinator.stop()

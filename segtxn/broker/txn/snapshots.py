@@ -31,6 +31,12 @@ from segtxn.metastore import MetadataStore, MetadataStoreError
 
 SNAPSHOT_LOG = "__transaction_buffer_snapshot"
 
+
+def snapshot_log(tenant: str, namespace: str, broker_id: str) -> str:
+    """The name of the namespace's snapshot log on broker ``broker_id``."""
+    return f"persistent://{tenant}/{namespace}/{SNAPSHOT_LOG}@{broker_id}"
+
+
 log = logging.getLogger(__name__)
 
 
@@ -192,7 +198,7 @@ class SnapshotLogs:
         self._logs: dict[str, asyncio.Task[SnapshotLog]] = {}
 
     def get(self, tenant: str, namespace: str) -> asyncio.Task[SnapshotLog]:
-        name = f"persistent://{tenant}/{namespace}/{SNAPSHOT_LOG}@{self._broker_id}"
+        name = snapshot_log(tenant, namespace, self._broker_id)
         task = self._logs.get(name)
         if task is None or (task.done() and task.exception() is not None):
             task = asyncio.ensure_future(
