@@ -95,6 +95,8 @@ class RepairLoop:
         self._checking = asyncio.Lock()  # one round at a time: two would copy the same ledger
         self._audited: set[_Key] = set()
         """Closed ledgers (by placement) whose every copy answered whole: not asked again."""
+        self._behind: set[_Key] = set()
+        """Closed ledgers found with a copy behind (or silent) and not topped up yet."""
         self.under_replicated = 0
         """Closed ledgers held here with fewer than W copies on registered storage nodes,
         or with a copy found behind (or not answering) and not topped up, as of the last
@@ -156,19 +158,28 @@ class RepairLoop:
                 keys.add(key)
                 if census.short(info, self._write_quorum):
                     short += 1
+                    self._behind.discard(key)  # (counted as short now)
                     if census.wanted(info, self._write_quorum):
                         repairs.append((ledger, info))
-                elif key not in self._audited and len(audits) < self.settings.audits_per_check:
+                elif key in self._behind:  # (found behind before: asked again first)
+                    audits.insert(0, (ledger, info))
+                elif key not in self._audited:
                     audits.append((ledger, info))
+        audits = audits[: max(self.settings.audits_per_check, len(self._behind & keys))]
         self._audited &= keys  # (forget the ledgers trimmed, moved or let go of)
+        self._behind &= keys
         outcomes: list[tuple[Outcome, bool]] = []
         queue = iter([*((*r, True) for r in repairs), *((*a, False) for a in audits)])
 
         async def worker() -> None:  # (each takes the next repair from the shared queue)
             for ledger, info, was_short in queue:
                 outcome = await self._repair(ledger, info, census)
+                key = (ledger.name, info.id, info.replicas)
                 if outcome in (Outcome.WHOLE, Outcome.REPAIRED):
-                    self._audited.add((ledger.name, info.id, info.replicas))
+                    self._audited.add(key)
+                    self._behind.discard(key)
+                elif outcome is Outcome.NOT_NOW and not was_short:
+                    self._behind.add(key)
                 outcomes.append((outcome, was_short))
 
         async with asyncio.TaskGroup() as group:
@@ -176,8 +187,7 @@ class RepairLoop:
                 group.create_task(worker(), name=f"repair-worker-{n}")
         repaired = sum(o is Outcome.REPAIRED for o, _ in outcomes)
         fixed = sum(o is Outcome.REPAIRED and was_short for o, was_short in outcomes)
-        behind = sum(o is Outcome.NOT_NOW and not was_short for o, was_short in outcomes)
-        self.under_replicated = max(0, short - fixed) + behind
+        self.under_replicated = max(0, short - fixed) + len(self._behind)
         return repaired
 
     async def _repair(self, ledger: ManagedLedger, info: LedgerInfo, census: Census) -> Outcome:
