@@ -12,6 +12,7 @@ tops the copy up.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -108,7 +109,9 @@ async def test_a_copy_a_paused_broker_missed_is_topped_up_by_the_owners_periodic
                         return False
             return True
 
+        resumed = time.monotonic()
         await wait_until(victims_copies_whole, timeout=30, what="the victim's copies topped up")
+        print(f"the lagging copy was whole {time.monotonic() - resumed:.1f} s after the resume")
 
         async def none_under_replicated() -> bool:  # (counted until the next check)
             found = await scrape(brokers[owner].url)
