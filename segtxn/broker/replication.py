@@ -200,7 +200,8 @@ class Repairer(RepairLoop):
         if service.draining:
             return
         listing = await service.store.index_range(HOMES_BY_BROKER, service.broker_id)
-        seen: dict[str, bool] = {}  # (a namespace's snapshot log: read once per check)
+        # a log open here is repaired where it is held; a snapshot log is read once
+        seen: dict[str, bool] = dict.fromkeys((ledger.name for ledger in self._held()), False)
         for entry in listing.entries:
             name = TopicName.parse(unquote(entry.key[len(HOMES) :]))
             if name in service.topics:
