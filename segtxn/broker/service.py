@@ -46,7 +46,7 @@ from segtxn.ledger import (
     WriteFailed,
     check_files,
 )
-from segtxn.ledger.replicas import RepairSettings, ReplicatedLogStorage, widen_default_executor
+from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
 from segtxn.metastore import (
     MetadataStore,
     MetadataStoreError,
@@ -119,7 +119,7 @@ class BrokerService:
                 self,
                 self.replica_nodes,
                 write_quorum=settings.replication.write_quorum,
-                settings=RepairSettings(),
+                settings=settings.repair,
             )
         self.controllers = TopicControllers(
             self.store,

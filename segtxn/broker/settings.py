@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from segtxn.auth import AuthSettings
 from segtxn.ledger import LedgerSettings, RetentionPolicy
-from segtxn.ledger.replicas import Replication
+from segtxn.ledger.replicas import RepairSettings, Replication
 from segtxn.metastore import StoreCredentials
 from segtxn.protocol.limits import MAX_BROKER_ID
 
@@ -61,6 +61,9 @@ class BrokerSettings:
     """Replicate new ledgers across brokers (needs a ``file://`` ledger URL; each broker
     then also keeps replicas, under ``<dir>/.replicas``). None: each ledger lives on its
     owner's disk only, and its topic cannot move."""
+    repair: RepairSettings = field(default_factory=RepairSettings)
+    """With ``replication``: how often the closed ledgers served here are checked and
+    repaired, and the storage node swept (:mod:`segtxn.broker.replication`)."""
     session_ttl_s: float = 10.0
     store_timeout_s: float = 15.0
     """At start-up, how long to keep trying to reach the metadata store before giving up

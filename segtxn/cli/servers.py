@@ -27,6 +27,7 @@ from segtxn.cli.params import (
     prepare_data_dir,
     refuse_unless,
 )
+from segtxn.cli.repairs import repair_options
 from segtxn.cli.security import (
     auth_options,
     auth_settings,
@@ -37,7 +38,7 @@ from segtxn.cli.security import (
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
-from segtxn.ledger.replicas import Replication
+from segtxn.ledger.replicas import RepairSettings, Replication
 from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, NO_LIMIT, check_limit
 
 Server = BrokerServer | CoordinatorServer
@@ -175,12 +176,14 @@ STORE_HELP = (
     help="Replicate new ledgers on W brokers, each entry acknowledged once A have it "
     "(e.g. 3/2; A at most a majority of W). Default: each ledger on its broker's disk only.",
 )
+@repair_options(broker=True)
 @_retention_options
 @_lifecycle_options
 @auth_options
 def broker(
     *,
     replication: str | None,
+    repair: RepairSettings,
     session_ttl: float,
     consumer_hold: float,
     retention_time: float,
@@ -210,6 +213,7 @@ def broker(
             store_credentials=credentials,
             ledger_url=f"file://{prepare_data_dir(data_dir)}",
             replication=Replication.parse(replication) if replication else None,
+            repair=repair,
             auto_create_topics=auto_create_topics,
             session_ttl_s=session_ttl,
             store_timeout_s=store_timeout,
@@ -294,6 +298,7 @@ def broker(
     "(10.1.2.3 as 10-1-2-3.DOMAIN, e.g. DOMAIN ns.pod): a Deployment's pod has no other "
     "stable name for a TLS certificate to cover.",
 )
+@repair_options(broker=False)
 @_lifecycle_options
 @auth_options
 @click.pass_context
@@ -313,6 +318,7 @@ def coordinator(
     session_ttl: float,
     data_dir: Path | None,
     replication: str | None,
+    repair: RepairSettings,
     v4_ids: int,
     pod_dns: str | None,
     store_timeout: float,
@@ -347,6 +353,7 @@ def coordinator(
         v4_coordinator_ids=v4_ids if v4 else 0,
         ledger_url=f"file://{prepare_data_dir(data_dir)}" if data_dir is not None else "memory://",
         replication=replicated,
+        repair=repair,
         auth=auth,
     )
     _run(

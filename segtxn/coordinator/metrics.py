@@ -87,6 +87,14 @@ class _V4:
         )
         for name, text in V4_COUNTERS:
             yield counter_family(f"segtxn_txn_v4_{name}_total", text, [], [([], counters[name])])
+        if self._c.repairer is not None:
+            yield gauge_family(
+                "segtxn_txn_v4_log_under_replicated_ledgers",
+                "Closed ledgers of the v4 transaction logs held here with fewer live copies "
+                "than the write quorum, or a copy found behind, at the last repair check",
+                [],
+                [([], self._c.repairer.under_replicated)],
+            )
         held = sorted(self._c.held.items())
         yield gauge_family(
             "segtxn_txn_v4_log_entries",

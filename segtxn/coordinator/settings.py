@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from segtxn.auth import AuthSettings
 from segtxn.ledger import LedgerSettings
-from segtxn.ledger.replicas import Replication
+from segtxn.ledger.replicas import RepairSettings, Replication
 from segtxn.metastore import StoreCredentials
 
 
@@ -40,6 +40,10 @@ class CoordinatorSettings:
     replication: Replication | None = None
     """Write v4 transaction logs to the brokers' storage nodes (brokers started with
     ``--replication``), so any coordinator process anywhere can take an id over."""
+    repair: RepairSettings = field(default_factory=RepairSettings)
+    """With ``replication``: how often the closed ledgers of the v4 logs held here are
+    checked and repaired (the sweep settings are the brokers': a coordinator has no
+    storage node)."""
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     v4_log_compact_entries: int = 10_000
     """Compact a v4 transaction log once this many entries were appended to it since its

@@ -63,6 +63,7 @@ from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.catalog import Catalog
 from segtxn.topics.nodes import CatalogNodes
+from segtxn.topics.repairs import RepairLoop
 from segtxn.topics.transactions import V4_COORDINATOR_ELECTION
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,17 @@ class CoordinatorV4:
             )
         self._storage = storage
         self.held: dict[int, _Log] = {}
+        self.repairer: RepairLoop | None = None
+        """With replication: keeps the closed ledgers of the logs held here copied."""
+        if self._nodes is not None and settings.replication is not None:
+            self.repairer = RepairLoop(
+                self._catalog,
+                self._nodes,
+                write_quorum=settings.replication.write_quorum,
+                settings=settings.repair,
+                held=lambda: [h.log.ledger for h in self.held.values()],
+                owner=f"coordinator {settings.advertise_url}",
+            )
         self._session: Session | None = None
         self._renewing = asyncio.Lock()
         self._http: aiohttp.ClientSession | None = None
@@ -137,6 +149,8 @@ class CoordinatorV4:
         for n in range(self.settings.v4_coordinator_ids):
             self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
         self._spawn(self._sweep(), "v4-timeout-sweep")
+        if self.repairer is not None:
+            self._spawn(self.repairer.run(), "v4-log-repair")
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)

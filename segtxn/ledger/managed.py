@@ -468,6 +468,12 @@ class ManagedLedger(LedgerReads):
 
     # ================================================================= closing
 
+    @property
+    def is_closing(self) -> bool:
+        """Whether :meth:`close` was called: this owner let the ledger go (a background
+        job that holds it, such as a repair, stops using it)."""
+        return self._closing
+
     async def close(self) -> None:
         """Finish queued appends, stop the writer, release files. Idempotent."""
         if self._closing:

@@ -233,6 +233,9 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
     if replication.CONFIG_KEY in config:
         args.append("--replication=$(SEGTXN_REPLICATION)")
         env += _env(("SEGTXN_REPLICATION", _config(config_name, replication.CONFIG_KEY)))
+        if replication.REPAIR_KEY in config:
+            args.append("--repair-interval=$(SEGTXN_REPAIR_INTERVAL)")
+            env += _env(("SEGTXN_REPAIR_INTERVAL", _config(config_name, replication.REPAIR_KEY)))
     size, storage_class = broker_storage(spec)
     claim: Obj = {
         "metadata": {"name": "data", "labels": component},

@@ -34,6 +34,10 @@ from segtxn.ledger.replicas import Replication
 FIELD = "spec.brokers.replication"
 CONFIG_KEY = "replication"
 """The brokers' ConfigMap key holding ``W/A``; present only when replication is on."""
+REPAIR_KEY = "repairIntervalSeconds"
+"""The brokers' ConfigMap key for ``spec.brokers.settings.repairIntervalSeconds`` (their
+``--repair-interval``: how often each checks and repairs its closed ledgers); present only
+when replication is on and the setting is given, so it rolls nothing otherwise."""
 PATTERN = r"^[1-9][0-9]?/[1-9][0-9]?$"
 """What the CRD accepts (a pattern cannot say ``A <= W``: :func:`wanted` and the CEL rule
 do)."""
@@ -90,11 +94,14 @@ def wanted(spec: Mapping[str, Any]) -> Replication | None:
 
 
 def config_data(spec: Mapping[str, Any]) -> dict[str, str]:
-    """The brokers' ConfigMap entry for ``spec``'s replication: ``{"replication": "W/A"}``,
-    or nothing when off (the ConfigMap, its name and the pods' template then stay what
-    they were before replication existed)."""
+    """The brokers' ConfigMap entries for ``spec``'s replication: ``{"replication": "W/A"}``
+    (and :data:`REPAIR_KEY` when that setting is given), or nothing when off (the ConfigMap,
+    its name and the pods' template then stay what they were before replication existed)."""
     written = text(spec)
-    return {} if written is None else {CONFIG_KEY: written}
+    if written is None:
+        return {}
+    repair = ((spec.get("brokers") or {}).get("settings") or {}).get(REPAIR_KEY)
+    return {CONFIG_KEY: written, **({} if repair is None else {REPAIR_KEY: str(repair)})}
 
 
 def applied(config: Mapping[str, Any] | None) -> str | None:

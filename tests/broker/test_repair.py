@@ -21,7 +21,7 @@ import pytest
 
 from segtxn.broker.app import BrokerServer
 from segtxn.client import Client
-from segtxn.ledger import LedgerSettings
+from segtxn.ledger import LedgerCorrupted, LedgerSettings
 from segtxn.ledger.managed import metadata_key
 from segtxn.ledger.metadata import LedgerInfo, decode
 from segtxn.ledger.replicas import HttpReplica, Member, Replication
@@ -255,3 +255,97 @@ async def test_a_broker_gone_for_good_has_its_copies_made_again_elsewhere(
         for info in after:
             assert victim not in [Member.parse(m).broker for m in info.replicas]
             assert len(info.replicas) == 3
+
+
+async def test_a_copy_that_fell_behind_while_its_broker_was_away_briefly_is_topped_up(
+    start_broker: StartBroker,
+    cluster_store: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker stops while the owner writes and comes back on the same disk before its
+    copies count as lost: the ledger being written when it left closed without it, so
+    its copy holds a prefix only, yet every broker is registered with the instance the
+    placement names. The owner's check audits each closed ledger, finds the copy behind,
+    counts it under-replicated while the top-up fails, and tops it up once it can.
+
+    Before, registration alone was judged: the copy stayed behind for good, and the
+    gauge said 0."""
+
+    async def start(broker_id: str, port: int | None = None) -> BrokerServer:
+        return await start_broker(
+            cluster_store,
+            broker_id,
+            tmp_path / broker_id,
+            port,
+            replication=Replication(3, 2),
+            ledger=LedgerSettings(max_ledger_bytes=1000),
+        )
+
+    brokers = {i: await start(i) for i in ("l0", "l1", "l2")}
+    topic = "persistent://acme/ha/lagging"
+    name = TopicName.parse(topic)
+    sent = [f"lag-{i:02d}".encode() * 4 for i in range(40)]
+    async with Client(brokers["l0"].settings.advertise_url) as client:
+        await client.admin.create_topic(topic)
+        producer = await client.create_producer(topic)
+        for payload in sent[:25]:
+            await producer.send(payload)
+        owner_url = await client.connector.broker_for(name)
+        owner = next(b for b in brokers.values() if b.settings.advertise_url == owner_url)
+        victim = next(i for i, b in brokers.items() if b is not owner)
+        port = urlsplit(brokers[victim].settings.advertise_url).port
+        await brokers[victim].stop()
+        for payload in sent[25:]:  # the open ledger closes without the victim's copy
+            await producer.send(payload)
+    brokers[victim] = await start(victim, port)  # the same disk: the same instance
+    repairer = owner.service.repairer
+    assert repairer is not None
+    urls = {i: b.settings.advertise_url for i, b in brokers.items()}
+
+    async def locate(broker: str) -> str | None:
+        return urls[broker]
+
+    async with open_store(cluster_store) as store, aiohttp.ClientSession() as session:
+
+        async def lagging() -> list[LedgerInfo]:
+            """The closed ledgers naming the victim whose copy there holds less."""
+            record = await store.get(metadata_key(topic))
+            assert record is not None
+            behind = []
+            for info in decode(record.value).ledgers:
+                for member in map(Member.parse, info.replicas):
+                    if info.entries is not None and member.broker == victim:
+                        replica = HttpReplica(member, locate, session, timeout_s=5.0)
+                        if (await replica.stat(topic, info.id))[0] < info.entries:
+                            behind.append(info)
+            return behind
+
+        before = await lagging()
+        assert before, "no copy fell behind (the stop came between two ledgers)"
+        record = await store.get(metadata_key(topic))
+        assert record is not None
+        narrow = [  # made while the victim was away: on two brokers, widened by the check
+            i for i in decode(record.value).ledgers if i.entries is not None and len(i.replicas) < 3
+        ]
+        node = brokers[victim].service.replica_nodes
+        assert node is not None
+
+        def refuse(*_: object) -> int:
+            raise LedgerCorrupted("injected: this disk takes no writes")
+
+        monkeypatch.setattr(node.node, "append", refuse)
+        await repairer.check(full=False)
+        assert await lagging() == before
+        assert repairer.under_replicated == len(before) + len(narrow)
+        monkeypatch.undo()
+
+        await repairer.check(full=False)
+
+        assert await lagging() == []
+        assert repairer.under_replicated == 0
+        assert await repairer.check(full=False) == 0  # audited whole: nothing to do
+    async with Client(brokers[victim].settings.advertise_url) as client:
+        consumer = await client.subscribe(topic, "check", initial_position="earliest")
+        got = [(await consumer.receive(timeout_s=10)).value for _ in sent]
+    assert got == sent

@@ -12,7 +12,9 @@ from click.testing import CliRunner
 
 from segtxn.broker.settings import BrokerSettings
 from segtxn.cli import main, servers
+from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
+from segtxn.ledger.replicas import RepairSettings
 
 BROKER = ["broker", "--store", "memory://", "--advertise", "http://127.0.0.1:9"]
 
@@ -74,3 +76,79 @@ def test_bad_retention_values_are_usage_errors(
         code, out = invoke(*base, *flags)
         assert code == 2 and complaint in out, out  # click's UsageError
     assert not started
+
+
+REPLICATED = [*BROKER, "--replication", "3/2"]
+
+
+def test_repair_defaults_and_flags(started: list[BrokerSettings], tmp_path: Path) -> None:
+    base = [*REPLICATED, "--data-dir", str(tmp_path)]
+    assert invoke(*base)[0] == 0
+    assert started[-1].repair == RepairSettings()
+    code, out = invoke(
+        *base,
+        "--repair-interval", "2.5",
+        "--repair-full-interval", "60",
+        "--repair-members-interval", "1",
+        "--repair-lost-after", "0",
+        "--repair-max-copies", "4",
+        "--replica-sweep-interval", "120",
+        "--replica-sweep-grace", "7200",
+    )  # fmt: skip
+    assert code == 0, out
+    assert started[-1].repair == RepairSettings(
+        check_s=2.5,
+        full_check_s=60,
+        members_check_s=1,
+        lost_after_s=0,
+        max_copies=4,
+        sweep_s=120,
+        sweep_grace_s=7200,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--repair-interval", "0"], "'--repair-interval': 0.0 is not in the range 0<x"),
+        (["--repair-interval", "soon"], "'soon' is not a valid float"),
+        (["--repair-lost-after", "-1"], "'--repair-lost-after': -1.0 is not in the range"),
+        (["--repair-max-copies", "0"], "'--repair-max-copies': 0 is not in the range x>=1"),
+        (["--replica-sweep-grace", "0"], "'--replica-sweep-grace': 0.0 is not in the range"),
+    ],
+)
+def test_bad_repair_values_are_usage_errors(
+    flags: list[str], complaint: str, started: list[BrokerSettings], tmp_path: Path
+) -> None:
+    code, out = invoke(*REPLICATED, "--data-dir", str(tmp_path), *flags)
+    assert code == 2 and complaint in out, out
+    assert not started
+
+
+def test_repair_flags_need_replication(started: list[BrokerSettings], tmp_path: Path) -> None:
+    code, out = invoke(*BROKER, "--data-dir", str(tmp_path), "--repair-interval", "5")
+    assert code == 2
+    assert "--repair-interval does not apply here: it needs --replication" in out
+    assert not started
+    assert invoke(*BROKER, "--data-dir", str(tmp_path))[0] == 0  # the defaults: fine
+
+
+def test_the_coordinator_takes_the_repair_flags_of_its_loop(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    captured: list[CoordinatorSettings] = []
+
+    def coordinator(settings: CoordinatorSettings, **_: Any) -> None:
+        captured.append(settings)
+
+    monkeypatch.setattr(servers, "CoordinatorServer", coordinator)
+    monkeypatch.setattr(servers, "_run", lambda make, _timeout: make())
+    base = ["coordinator", "--store", "memory://", "--advertise", "http://127.0.0.1:9"]
+    flags = ["--repair-interval", "3", "--repair-lost-after", "60"]
+    code, out = invoke(*base, "--replication", "3/2", *flags)
+    assert code == 0, out
+    assert captured[-1].repair == RepairSettings(check_s=3, lost_after_s=60)
+    code, out = invoke(*base, "--replication", "3/2", "--replica-sweep-interval", "5")
+    assert code == 2 and "No such option '--replica-sweep-interval'" in out  # no node to sweep
+    code, out = invoke(*base, "--data-dir", str(tmp_path), *flags)
+    assert code == 2 and "it needs --replication" in out

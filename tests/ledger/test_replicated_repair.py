@@ -157,6 +157,42 @@ async def test_a_wiped_nodes_copies_are_made_again_and_served_once_the_old_ones_
     await ledger.close()
 
 
+async def test_a_copy_behind_is_topped_up_in_place_and_a_whole_ledger_is_left_alone(
+    store: MetadataStore, cluster: Cluster
+) -> None:
+    """b2's server stops while the owner writes (the ack quorum goes on without it, and
+    the ledger it missed closes) and starts again on the same files: every copy is
+    registered, yet b2's copy of that ledger holds a prefix. Asking the copies tops it up
+    in place (the placement is unchanged: no compare-and-set), and a ledger whose copies
+    are all whole is reported WHOLE with nothing done."""
+    await started(cluster, 3)
+    storage = cluster.storage(0, write=3, ack=2)
+    ledger = await ManagedLedger.open(NAME, store, storage, SMALL)
+    for payload in SENT[:5]:
+        await ledger.append(payload)
+    await cluster.stop(2)
+    for payload in SENT[5:]:
+        await ledger.append(payload)
+    await cluster.start(2)
+    census = cluster.census()
+    infos = [i for i in closed(ledger) if len(i.replicas) == 3]
+    behind = [i for i in infos if cluster.holds(2, NAME, i.id) < (i.entries or 0)]
+    assert behind and all(census.wanted(i, 3) == 0 for i in infos)
+    version = await store.get(metadata_key(NAME))
+    assert version is not None
+
+    outcomes = {i.id: await repair(ledger, i, census, storage.nodes) for i in infos}
+
+    for info in infos:
+        expected = Outcome.REPAIRED if info in behind else Outcome.WHOLE
+        assert outcomes[info.id] is expected, info.id
+        assert cluster.holds(2, NAME, info.id) == info.entries
+    after = await store.get(metadata_key(NAME))
+    assert after is not None and after.version == version.version  # nothing recorded
+    assert await repair(ledger, behind[0], census, storage.nodes) is Outcome.WHOLE
+    await ledger.close()
+
+
 async def test_a_ledger_made_on_too_few_nodes_is_widened_once_enough_are_alive(
     store: MetadataStore, cluster: Cluster
 ) -> None:

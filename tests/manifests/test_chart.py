@@ -114,6 +114,13 @@ def test_cluster_retention_values_reach_the_cluster(helm: Helm) -> None:
     }
 
 
+def test_cluster_repair_interval_reaches_the_cluster(helm: Helm) -> None:
+    docs = template(helm, "cluster.create=true", "cluster.repairIntervalSeconds=10")
+    cluster = next(d for d in docs if d["kind"] == "SegtxnCluster")
+    validate(cluster)
+    assert cluster["spec"]["brokers"]["settings"]["repairIntervalSeconds"] == 10
+
+
 def etcd_args(docs: list[Doc]) -> list[str]:
     etcd = next(d for d in docs if d["kind"] == "StatefulSet")
     args: list[str] = etcd["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -196,3 +196,21 @@ async def test_a_refused_scale_down_says_what_to_do_with_replication_too() -> No
     plain = await scaledown.check(answers, "c-broker", 4, 3)
     assert "ledgers are not replicated" in plain.message
     assert "GET /admin/v2/brokers/c-broker-3/homes" in plain.message
+
+
+def test_the_repair_interval_reaches_the_broker_command_line_with_replication_only() -> None:
+    """``settings.repairIntervalSeconds`` becomes the brokers' ``--repair-interval`` (parsed
+    by the real CLI); without replication it renders nothing (the flag would be refused,
+    and a cluster that does not replicate is not rolled for it)."""
+    on = spec(replication="3/2")
+    on["brokers"]["settings"]["repairIntervalSeconds"] = 5
+    params, config = broker_run(on)
+    assert params["repair_interval"] == 5.0
+    assert config[replication.REPAIR_KEY] == "5"
+    params, _ = broker_run(spec(replication="3/2"))
+    assert params["repair_interval"] == 30.0  # absent: the brokers' default
+    off = spec()
+    off["brokers"]["settings"]["repairIntervalSeconds"] = 5
+    params, config = broker_run(off)
+    assert params["repair_interval"] == 30.0
+    assert set(config) == BEFORE_REPLICATION

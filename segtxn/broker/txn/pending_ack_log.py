@@ -34,7 +34,14 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.markers import remember
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
 from segtxn.broker.txn.v4checks import V4TransactionChecks
-from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, ManagedCursor, Position
+from segtxn.ledger import (
+    LedgerError,
+    LedgerSettings,
+    LogStorage,
+    ManagedCursor,
+    ManagedLedger,
+    Position,
+)
 from segtxn.ledger.compacted import CompactedLog
 from segtxn.ledger.managed import metadata_key
 from segtxn.metastore import MetadataStore, MetadataStoreError
@@ -205,6 +212,12 @@ class MLPendingAckStore(ReservingPendingAckStore):
         await log_.compact(keep)
         if self._metrics is not None:
             self._metrics.txn_v4_log_compactions.add(1, {"log": "pending_ack"})
+
+    @property
+    def ledger(self) -> ManagedLedger | None:
+        """The log's managed ledger, once opened (None before: this subscription has had
+        no v4 ack here); the broker's repairer keeps its closed ledgers copied."""
+        return None if self._log is None else self._log.ledger
 
     @property
     def log_entries(self) -> int:

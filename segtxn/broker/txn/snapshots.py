@@ -25,11 +25,17 @@ from collections.abc import Sequence
 import msgspec
 
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, Position
+from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, ManagedLedger, Position
 from segtxn.ledger.compacted import CompactedLog
 from segtxn.metastore import MetadataStore, MetadataStoreError
 
 SNAPSHOT_LOG = "__transaction_buffer_snapshot"
+
+
+def snapshot_log(tenant: str, namespace: str, broker_id: str) -> str:
+    """The name of the namespace's snapshot log on broker ``broker_id``."""
+    return f"persistent://{tenant}/{namespace}/{SNAPSHOT_LOG}@{broker_id}"
+
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +155,12 @@ class SnapshotLog:
             self._metrics.txn_v4_log_compactions.add(1, {"log": "snapshot"})
 
     @property
+    def ledger(self) -> ManagedLedger:
+        """The log's managed ledger (the broker's repairer keeps its closed ledgers
+        copied)."""
+        return self._log.ledger
+
+    @property
     def entries(self) -> int:
         """Snapshots the log holds after its cursor (what the next open replays)."""
         return self._log.entries
@@ -186,7 +198,7 @@ class SnapshotLogs:
         self._logs: dict[str, asyncio.Task[SnapshotLog]] = {}
 
     def get(self, tenant: str, namespace: str) -> asyncio.Task[SnapshotLog]:
-        name = f"persistent://{tenant}/{namespace}/{SNAPSHOT_LOG}@{self._broker_id}"
+        name = snapshot_log(tenant, namespace, self._broker_id)
         task = self._logs.get(name)
         if task is None or (task.done() and task.exception() is not None):
             task = asyncio.ensure_future(

@@ -3,11 +3,12 @@
 BookKeeper splits this in two: an auditor (one elected bookie) notices lost bookies and
 marks their ledgers under-replicated, and replication workers copy each marked ledger to
 a live bookie and swap the copy into the ledger's metadata. Here both are one small step
-run by the *owner* of the managed ledger (the broker serving its topic: no leader to
-elect, and its placement change is one more compare-and-set in the order of the owner's
-own): :class:`Census` says, from the registered storage nodes alone, which closed ledgers
-are short of copies, and :func:`repair_ledger` repairs one. When and how often is the
-broker's business (:mod:`segtxn.broker.replication`).
+run by the *owner* of the managed ledger (the broker serving its topic or holding its v4
+log open, the coordinator holding a v4 transaction log's id: no leader to elect, and its
+placement change is one more compare-and-set in the order of the owner's own):
+:class:`Census` says, from the registered storage nodes alone, which closed ledgers are
+short of copies, and :func:`repair_ledger` repairs one. When and how often is the owner's
+loop's business (:mod:`segtxn.topics.repairs`).
 
 A copy a closed ledger's placement names is
 
@@ -20,11 +21,18 @@ A copy a closed ledger's placement names is
 
 A ledger is short when its alive and away copies are fewer than the write quorum ``W``: it
 lost some, or it was made on fewer nodes because fewer were alive (it is widened to ``W``
-once enough are). Repair:
+once enough are). A ledger whose copies are all alive may still be *behind*: a copy that
+fell out of the ensemble while the ledger was written (its node paused, or cut off, past
+the replication timeout while the ack quorum went on) holds a prefix only, and nothing in
+the registrations says so; only asking the copies does (the owner's loop audits each
+closed ledger once this way, with this same step). Repair:
 
 1. asks each alive copy what it holds (``stat``, changing nothing). One holding fewer
-   entries than the ledger (it fell out of the ensemble while the ledger was written) is
-   topped up from a complete one; if no complete copy answers, nothing is done now.
+   entries than the ledger's recorded count is topped up from a complete one (with
+   recovery appends, which pass its fence; nothing in the metadata changes, so no
+   compare-and-set is needed); if no complete copy answers, nothing is done now. A ledger
+   that needs no new copy ends here: :attr:`Outcome.WHOLE` if every copy answered
+   complete, :attr:`Outcome.REPAIRED` if the ones behind were topped up.
 2. copies the ledger to live nodes of brokers that hold none of its kept copies (draining
    ones excluded), until it has ``W``: each copy starts with ``create`` (which refuses a
    replica that already holds anything), each batch is synced by the node before it
@@ -78,6 +86,9 @@ class RepairSettings:
     """How long a broker may stay unregistered before its copies are taken for lost."""
     max_copies: int = 2
     """Ledgers repaired at once by one broker (each copies one batch at a time)."""
+    audits_per_check: int = 1000
+    """Closed ledgers whose copies are all registered asked what they hold, at most, per
+    check (each once, to find a copy that fell behind; the rest at the next checks)."""
     sweep_s: float = 600.0
     """How often the storage node looks for replicas no placement names."""
     sweep_grace_s: float = 3600.0
@@ -87,8 +98,8 @@ class RepairSettings:
         times = (self.check_s, self.full_check_s, self.members_check_s, self.sweep_s)
         if min(times) <= 0 or self.lost_after_s < 0 or self.sweep_grace_s <= 0:
             raise ValueError("repair intervals and the sweep's grace must be positive")
-        if self.max_copies < 1:
-            raise ValueError("max_copies must be at least 1")
+        if self.max_copies < 1 or self.audits_per_check < 0:
+            raise ValueError("max_copies must be at least 1, audits_per_check at least 0")
 
     @property
     def commit_within_s(self) -> float:
@@ -104,12 +115,16 @@ class CopyState(enum.Enum):
 
 
 class Outcome(enum.Enum):
+    WHOLE = "whole"
+    """Every copy is alive, answered, and holds the whole ledger: nothing was done."""
     REPAIRED = "repaired"
-    """Copies were made and the new placement recorded."""
+    """Copies were made and the new placement recorded, or the copies behind were topped
+    up (every copy now holds the whole ledger)."""
     LOST_RACE = "lost race"
     """The ledger changed meanwhile (trimmed, moved, another owner): nothing recorded."""
     NOT_NOW = "not now"
-    """No complete copy answered, no node took a copy, or it took too long: try later."""
+    """No complete copy answered, a copy did not answer or could not be topped up, no
+    node took a copy, or it took too long: try later."""
 
 
 @dataclass(frozen=True)
@@ -187,15 +202,22 @@ async def repair_ledger(
         log.warning("%s: no complete copy answers (%s); it is repaired later", what, behind)
         return Outcome.NOT_NOW
     sources = _local_first([nodes.replica(m) for m in complete], nodes.local)
+    whole = list(complete)
     for member, count in behind:
-        try:
-            await copy_entries(
-                sources, nodes.replica(member), name, info.id, start=count, end=entries
-            )
-            log.info("%s: topped up its copy on %s (%d..%d)", what, member, count, entries)
-        except LedgerError as e:
-            log.warning("%s: topping up its copy on %s failed: %s", what, member, e)
+        if await _top_up(sources, nodes.replica(member), name, info.id, count=count, end=entries):
+            whole.append(member)
     kept = [m for m in members if m not in lost]
+    if len(kept) >= write_quorum:  # no new copy wanted: were the kept ones all whole?
+        unverified = [m for m in kept if m not in whole]
+        if unverified:
+            log.info(
+                "%s: its copies on %s are not known whole yet (away, silent, or not topped "
+                "up); checked again later",
+                what,
+                ", ".join(map(str, unverified)),
+            )
+            return Outcome.NOT_NOW
+        return Outcome.REPAIRED if behind else Outcome.WHOLE
     targets = census.targets_for(kept)
     random.shuffle(targets)
     made: list[Member] = []
@@ -259,6 +281,23 @@ async def _ask(
         else:
             behind.append((replica.member, answer[0]))
     return complete, behind, missing
+
+
+async def _top_up(
+    sources: Sequence[Replica], target: Replica, name: str, ledger_id: int, *, count: int, end: int
+) -> bool:
+    """Give ``target`` (holding ``count`` entries) the rest of the ledger; False (logged)
+    if it fails or still holds fewer than ``end`` after."""
+    where = f"ledger {ledger_id} of {name}"
+    try:
+        held = await copy_entries(sources, target, name, ledger_id, start=count, end=end)
+        if held < end:
+            raise LedgerError(f"it holds {held} entries after the copy, not {end}")
+    except LedgerError as e:
+        log.warning("%s: topping up its copy on %s failed: %s", where, target.member, e)
+        return False
+    log.info("%s: topped up its copy on %s (%d..%d)", where, target.member, count, end)
+    return True
 
 
 async def _copy_to(
