@@ -42,7 +42,7 @@ import kopf
 
 from segtxn.client.admin import Admin
 from segtxn.client.errors import Timeout
-from segtxn.operator import render
+from segtxn.operator import topicplan
 from segtxn.operator.kube import KubeError
 from segtxn.operator.runtime import (
     API,
@@ -170,7 +170,7 @@ class Tick:
     async def run(self) -> None:
         spec, meta = self.body.spec, self.body.meta
         namespace = namespaced(meta.namespace)
-        topic = render.topic_of(spec)
+        topic = topicplan.topic_of(spec)
         status_now = dict(self.body.status)
         try:
             decision, dag, at = await self._decide(namespace, topic, spec, status_now)
@@ -187,7 +187,7 @@ class Tick:
             mine[key] = _stamp(at)
             kopf.info(self.body, reason=f"Auto{decision.action}",
                       message=f"{topic}: {decision.message}")  # fmt: skip
-            fields.update(render.topic_status(dag or {}, topic))
+            fields.update(topicplan.topic_status(dag or {}, topic))
         elif self._shown() == self.sampler.written == ("True", decision.why.value):
             return  # the same reason as last written, and still there: nothing new to say
         mine["lastDecision"] = {

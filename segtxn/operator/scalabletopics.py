@@ -1,7 +1,7 @@
 """Kopf handlers of ScalableTopic: the topic created, resharded and deleted through the
 brokers' admin API.
 
-``targetSegments`` becomes split/merge calls, one at a time (:func:`render.next_change`
+``targetSegments`` becomes split/merge calls, one at a time (:func:`topicplan.next_change`
 picks each); status shows the DAG the brokers answer with. A long resharding says where it
 is while it runs: before each change, condition ``Resharding`` (True, ``step k of n: ...``)
 is written straight to the status subresource (:class:`Progress`), since Kopf writes the
@@ -23,7 +23,7 @@ import kopf
 
 from segtxn.client.admin import Admin
 from segtxn.client.errors import Timeout
-from segtxn.operator import render
+from segtxn.operator import topicplan
 from segtxn.operator.kube import Kube, KubeError
 from segtxn.operator.runtime import (
     API,
@@ -95,10 +95,10 @@ async def _converge(
     active = sum(1 for s in dag["segments"] if s["state"] == "ACTIVE")
     progress.steps = 0 if target is None else abs(target - active)
     for _ in range(MAX_CHANGES_PER_RUN):
-        change = render.next_change(dag["segments"], target)
+        change = topicplan.next_change(dag["segments"], target)
         if change is None:
             return dag
-        if isinstance(change, render.Split):
+        if isinstance(change, topicplan.Split):
             await progress.step("Splitting", f"splitting segment {change.segment}")
             dag = await admin.split(topic, change.segment)
             message = f"segment {change.segment} split (sealed)"
@@ -127,7 +127,7 @@ async def reconcile_topic(
 ) -> None:
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
-    topic = render.topic_of(spec)
+    topic = topicplan.topic_of(spec)
     brokers = await admin(runtime, namespace, str(spec["clusterRef"]))
     target = spec.get("targetSegments")
     progress = Progress(runtime.kube, body, [dict(c) for c in status.get("conditions") or ()])
@@ -157,7 +157,7 @@ async def reconcile_topic(
         if not transient(e):
             kopf.warn(body, reason="Refused", message=f"{topic}: {e}")
         raise kopf_error(e, topic) from e
-    patch.status.update(render.topic_status(dag, topic))
+    patch.status.update(topicplan.topic_status(dag, topic))
     patch.status["observedGeneration"] = body.meta.get("generation")
     active = int(patch.status["activeSegments"])
     made = f"{progress.done} of {progress.steps} steps made" if progress.steps else "no step"
@@ -182,7 +182,7 @@ async def delete_topic(
     if not spec.get("deleteData", True):
         return
     runtime = runtime_of(memo)
-    topic = render.topic_of(spec)
+    topic = topicplan.topic_of(spec)
     try:
         brokers = await admin(runtime, namespace, str(spec["clusterRef"]))
     except kopf.TemporaryError:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from segtxn.cli import main
-from segtxn.operator import render
+from segtxn.operator import render, topicplan
 from segtxn.operator.immutable import immutable_changes, same_quantity
 from segtxn.operator.status import condition
 from tests.manifests.support import ROOT, crd_schemas, validate
@@ -210,29 +210,31 @@ def seg(sid: int, lo: int, hi: int, state: str = "ACTIVE") -> dict[str, Any]:
     [
         ([seg(0, 0, 0xFFFF)], None, None),
         ([seg(0, 0, 0xFFFF)], 1, None),
-        ([seg(0, 0, 0xFFFF)], 2, render.Split(0)),
+        ([seg(0, 0, 0xFFFF)], 2, topicplan.Split(0)),
         # the widest active segment splits; sealed ones never count
         (
             [seg(0, 0, 0xFFFF, "SEALED"), seg(1, 0, 0x3FFF), seg(2, 0x4000, 0xFFFF)],
             3,
-            render.Split(2),
+            topicplan.Split(2),
         ),
         # a tie goes to the lowest id
-        ([seg(3, 0x8000, 0xFFFF), seg(2, 0, 0x7FFF)], 3, render.Split(2)),
+        ([seg(3, 0x8000, 0xFFFF), seg(2, 0, 0x7FFF)], 3, topicplan.Split(2)),
         # the narrowest adjacent pair merges (ids need not be in range order)
         (
             [seg(5, 0x8000, 0xFFFF), seg(4, 0x1000, 0x7FFF), seg(3, 0, 0x0FFF)],
             2,
-            render.Merge(3, 4),
+            topicplan.Merge(3, 4),
         ),
         # a one-hash segment cannot split
         ([seg(0, 0, 0)], 2, None),
     ],
 )
 def test_next_change(
-    segments: list[dict[str, Any]], target: int | None, change: render.Split | render.Merge | None
+    segments: list[dict[str, Any]],
+    target: int | None,
+    change: topicplan.Split | topicplan.Merge | None,
 ) -> None:
-    assert render.next_change(segments, target) == change
+    assert topicplan.next_change(segments, target) == change
 
 
 def test_topic_status_from_a_dag() -> None:
@@ -244,7 +246,7 @@ def test_topic_status_from_a_dag() -> None:
             {**seg(2, 0x8000, 0xFFFF), "parents": [0], "children": []},
         ],
     }
-    status = render.topic_status(dag, "topic://t/n/x")
+    status = topicplan.topic_status(dag, "topic://t/n/x")
     assert status["activeSegments"] == 2 and status["sealedSegments"] == 1
     assert status["epoch"] == 3 and status["segments"][0]["children"] == [1, 2]
     doc = {
