@@ -16,9 +16,10 @@ import aiohttp
 from aiohttp import web
 
 from segtxn.boundary import read_json
-from segtxn.broker import arguments
+from segtxn.broker import arguments, retire
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
-from segtxn.broker.stats import loaded_stats, sealed_stats
+from segtxn.broker.service import BrokerService
+from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.ledger.sealed import read_sealed
@@ -35,15 +36,22 @@ HTTP = web.AppKey("http", aiohttp.ClientSession)
 
 
 async def _fan_out(
-    request: web.Request, name: TopicName, method: str, suffix: str, body: Any = None
+    request: web.Request,
+    name: TopicName,
+    method: str,
+    suffix: str,
+    body: Any = None,
+    *,
+    retired_too: bool = False,
 ) -> dict[str, Any]:
-    """Run an admin call on every segment of a scalable topic, on its home broker (but
-    the RETIRED ones: their data is gone, segtxn/broker/retire.py)."""
+    """Run an admin call on every segment of a scalable topic, on its home broker; the
+    RETIRED ones (their data is gone, segtxn/broker/retire.py) only with ``retired_too``.
+    A segment that retires while this runs answers nothing (None)."""
     service = request.app[SERVICE]
     record = await scalable_record(service, name)
     results: dict[str, Any] = {}
     for segment in record.segments:
-        if segment.state is SegmentState.RETIRED:
+        if segment.state is SegmentState.RETIRED and not retired_too:
             continue
         ledger = name.segment_name(segment.id)
         home = await service.catalog.home_of(ledger)
@@ -65,11 +73,24 @@ async def _fan_out(
         if status >= 400:
             try:
                 error = json.loads(text)
-                raise ServerError(ErrorName(error["error"]), f"{ledger}: {error['message']}")
+                failed = ServerError(ErrorName(error["error"]), f"{ledger}: {error['message']}")
             except (ValueError, KeyError, TypeError):
                 raise ServerError(ErrorName.UNKNOWN, f"{ledger}: HTTP {status}") from None
+            if failed.name is ErrorName.TOPIC_NOT_FOUND and await _gone(service, ledger):
+                results[str(segment.id)] = None
+                continue
+            raise failed
         results[str(segment.id)] = json.loads(text) if text else None
     return results
+
+
+async def _gone(service: BrokerService, segment: TopicName) -> bool:
+    """Whether ``segment`` retired (or was pruned) after its topic's record was read."""
+    record = await service.catalog.get(segment.parent())
+    if not isinstance(record, ScalableTopic):
+        return False  # the topic itself is gone: say so
+    info = record.segment(segment.segment or 0)
+    return info is None or info.state is SegmentState.RETIRED
 
 
 # ---------------------------------------------------------------------- topics
@@ -114,9 +135,14 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
                 raise ServerError(
                     ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)"
                 )
-        await _fan_out(request, name, "DELETE", "")
+        await _fan_out(request, name, "DELETE", "", retired_too=True)
         await service.catalog.delete(name, scalable)
         return web.Response(status=204)
+    if name.domain is Domain.SEGMENT and name not in service.topics:
+        await service.check_home(name)
+        if await retire.is_retired(service.catalog, name):  # its delete may be unfinished
+            await retire.delete_state(service, name)
+            return web.Response(status=204)
     topic = await service.serve(name)
     if topic.busy() and not force:
         raise ServerError(ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)")
@@ -172,6 +198,8 @@ async def stats(request: web.Request) -> web.StreamResponse:
         )
         if ledger is not None:
             return web.json_response(sealed_stats(name, ledger))
+        if name.domain is Domain.SEGMENT and await retire.is_retired(service.catalog, name):
+            return web.json_response(retired_stats(name))
     return web.json_response(loaded_stats(await service.serve(name)))
 
 

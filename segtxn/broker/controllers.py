@@ -118,10 +118,16 @@ class TopicControllers:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    def _controller(self) -> Controller:
+    def segment_ops(self) -> HttpSegmentOps:
+        """Admin calls on segments through their home brokers.
+
+        Raises ServerError(ServiceNotReady) before the broker has started."""
         if self._http is None:
             raise ServerError(ErrorName.SERVICE_NOT_READY, "the broker is starting")
-        return Controller(self._store, self._catalog, HttpSegmentOps(self._catalog, self._http))
+        return HttpSegmentOps(self._catalog, self._http)
+
+    def _controller(self) -> Controller:
+        return Controller(self._store, self._catalog, self.segment_ops())
 
     async def leader(self, name: TopicName) -> str | None:
         """Take the topic's controller key if it is free; the holder's URL otherwise

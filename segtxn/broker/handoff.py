@@ -100,6 +100,8 @@ async def _move(service: BrokerService, name: TopicName) -> None:
             f"on broker {service.broker_id}'s disk alone: it cannot move",
         )
     (target,) = await service.catalog.place(1)
+    if name in service.moving:  # being retired (or moved) already: not twice at once
+        raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name} is busy moving or retiring")
     service.moving.add(name)
     try:
         topic = service.topics.pop(name, None)

@@ -203,7 +203,12 @@ class BrokerService:
                 try:
                     await check_files(str(name), self.store, self.storage)
                 except LedgerMissing as e:
-                    self._refuse(name, e)
+                    # a RETIRED segment's files may be gone: its delete was cut short
+                    if not (
+                        name.domain is Domain.SEGMENT
+                        and await retire.is_retired(self.catalog, name)
+                    ):
+                        self._refuse(name, e)
 
         async with asyncio.TaskGroup() as group:
             for name in names:
@@ -340,6 +345,10 @@ class BrokerService:
                 ErrorName.SERVICE_NOT_READY, f"{name} is moving to another broker; try again"
             )
         await self.check_home(name)
+        if name in self.moving:  # it began to move or retire while the home was read
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{name} is moving to another broker; try again"
+            )
         loading = self._loading.get(name)
         if loading is None:
             loading = asyncio.create_task(self._load(name), name=f"load-{name}")

@@ -85,3 +85,23 @@ def sealed_stats(name: TopicName, ledger: SealedLedger) -> dict[str, object]:
             sub: _subscription(cursor, None, 0, 0) for sub, cursor in sorted(ledger.cursors.items())
         },
     }
+
+
+def retired_stats(name: TopicName) -> dict[str, object]:
+    """The stats of a RETIRED segment whose records are deleted already: nothing left,
+    ``retired`` true (segtxn/broker/retire.py)."""
+    return {
+        "topic": str(name),
+        "loaded": False,
+        "retired": True,
+        "msgInCounter": 0,
+        "bytesInCounter": 0,
+        "msgOutCounter": 0,
+        "bytesOutCounter": 0,
+        "duplicatesDropped": 0,
+        "producers": 0,
+        "lastConfirmedPosition": None,
+        "sealed": True,
+        "storage": {"entriesWritten": 0, "batches": 0, "ledgerRollovers": 0},
+        "subscriptions": {},
+    }

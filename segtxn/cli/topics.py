@@ -100,19 +100,29 @@ def scalable_stats(data: dict[str, Any]) -> str:
         children = ", ".join(map(str, change["children"]))
         head += f"; last change: {change['kind']} of {parents} into {children}, "
         head += since(int(change["finishedMs"]))
-    rows = [
-        (
-            s["id"],
-            s["state"],
-            hash_range(s["range"]),
-            s["stats"]["msgInCounter"],
-            s["stats"]["bytesInCounter"],
-            s["stats"]["producers"],
-            sum(sub["backlog"] or 0 for sub in s["stats"]["subscriptions"].values()),
-            ", ".join(sorted(s["stats"]["subscriptions"])) or None,
+    empty: dict[str, Any] = {
+        "msgInCounter": None,
+        "bytesInCounter": None,
+        "producers": None,
+        "subscriptions": {},
+    }
+    rows = []
+    for s in data["segments"]:
+        stats = s["stats"] or empty  # none for a RETIRED segment: its data is gone
+        rows.append(
+            (
+                s["id"],
+                s["state"],
+                hash_range(s["range"]),
+                stats["msgInCounter"],
+                stats["bytesInCounter"],
+                stats["producers"],
+                sum(sub["backlog"] or 0 for sub in stats["subscriptions"].values())
+                if s["stats"]
+                else None,
+                ", ".join(sorted(stats["subscriptions"])) or None,
+            )
         )
-        for s in data["segments"]
-    ]
     columns = ("segment", "state", "range", "msgs in", "bytes in", "producers", "backlog")
     table = Table((*columns, "subscriptions"), rows)
     return f"{head}\n{table.render()}"

@@ -26,6 +26,7 @@ from segtxn.metastore import (
     MUST_NOT_EXIST,
     AlreadyExists,
     BadVersion,
+    Check,
     Delete,
     MetadataStore,
     NotFound,
@@ -260,12 +261,16 @@ class Catalog:
         log.warning("%s: moved from broker %s to broker %s", ledger, away_from, to)
         return to
 
-    async def retire_segment(self, segment: TopicName) -> bool:
+    async def retire_segment(self, segment: TopicName, *, home_version: int) -> bool:
         """Mark sealed ``segment`` RETIRED in its topic's record (one compare-and-set; see
-        :func:`segtxn.topics.dag.retire`). False, changing nothing: the topic is gone, a
-        split or merge is pending, the segment is not SEALED, or the record changed
-        meanwhile (the caller looks again later)."""
-        return await self._change_dag(segment, dag.retire, ())
+        :func:`segtxn.topics.dag.retire`), if its home record is still at ``home_version``
+        (the broker retiring it still holds it: no drain or take-over meanwhile). False,
+        changing nothing: the topic is gone, a split or merge is pending, the segment is
+        not SEALED or a parent is not retired, or a record changed meanwhile (the caller
+        looks again later)."""
+        return await self._change_dag(
+            segment, dag.retire, (Check(home_key(segment), home_version),)
+        )
 
     async def prune_segment(self, segment: TopicName) -> bool:
         """Remove RETIRED ``segment`` from its topic's record and delete its home, in one
@@ -277,7 +282,7 @@ class Catalog:
         self,
         segment: TopicName,
         change: Callable[[ScalableTopic, int], ScalableTopic],
-        also: Sequence[Delete],
+        also: Sequence[Delete | Check],
     ) -> bool:
         name, segment_id = segment.parent(), segment.segment
         assert segment_id is not None, segment

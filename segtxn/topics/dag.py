@@ -11,11 +11,10 @@ Invariants (checked by :func:`check`, property-tested):
 - every SEALED segment's range is covered by its children's (contiguous) ranges — exactly
   for a split, by a wider child for a merge — and each child lists it among its parents;
 - ids are unique and below ``next_segment_id``;
-- a RETIRED segment (:func:`retire`) is a sealed one whose data is gone; it stays in the
-  record, covered by its children like a sealed one, until :func:`prune` removes it, which
-  happens parents first: a segment is pruned only once none of its parents is left, so the
-  coverage of what remains always holds, and a parent missing from a child's ``parents``
-  was pruned (done, for consumers).
+- a RETIRED segment (:func:`retire`, parents first) is a sealed one whose data is gone; it
+  stays in the record, covered by its children like a sealed one, until :func:`prune`
+  removes it, also parents first: a segment is pruned only once none of its parents is
+  left, so the coverage of what remains always holds.
 
 An operation is first *planned* (the record gains a :class:`PendingOp` with the child ids and
 ranges decided), then *completed* (parents sealed, children active). The controller writes the
@@ -112,15 +111,20 @@ def complete(topic: ScalableTopic, op: PendingOp) -> ScalableTopic:
 def retire(topic: ScalableTopic, segment_id: int) -> ScalableTopic:
     """The topic with sealed segment ``segment_id`` RETIRED: its data and state are being
     deleted (every subscription consumed it and retention let it go). Nothing reads a
-    RETIRED segment again: consumers count it done, fan-outs skip it. The epoch is kept
-    (no route changes).
+    RETIRED segment again: consumers count it done. Segments retire parents first: a
+    subscription reads a child only after its parents, so while a parent is not retired a
+    subscription may still be on its way to the child. The epoch is kept (no route
+    changes).
 
     Raises:
-        DagError: no such segment, or it is not SEALED.
+        DagError: no such segment, it is not SEALED, or a parent of it is not retired.
     """
     segment = topic.segment(segment_id)
     if segment is None or segment.state is not SegmentState.SEALED:
         raise DagError(f"segment {segment_id} is not sealed: only a sealed segment retires")
+    parents = [topic.segment(p) for p in segment.parents]
+    if any(p is not None and p.state is not SegmentState.RETIRED for p in parents):
+        raise DagError(f"segment {segment_id} has a parent that is not retired")
     return msgspec.structs.replace(
         topic,
         segments=[

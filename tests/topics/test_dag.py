@@ -88,16 +88,22 @@ def test_sealed_segments_cannot_be_split_again() -> None:
 def test_retiring_and_pruning_sealed_segments_in_any_order_keeps_the_invariants(
     topic: ScalableTopic, rnd: random.Random
 ) -> None:
-    """Sealed segments retire in any order; each pass prunes what has no parent left, and
-    in the end every sealed segment is gone while the active ones still tile the space."""
-    sealed = [s.id for s in topic.segments if s.state is SegmentState.SEALED]
-    rnd.shuffle(sealed)
+    """Sealed segments retire parents first (a random such order; a child before its
+    parent is refused); each pass prunes what has no parent left, and in the end every
+    sealed segment is gone while the active ones still tile the space."""
     active = [(s.id, s.lo, s.hi) for s in topic.active()]
-    for segment in sealed:
-        topic = dag.retire(topic, segment)
+    while sealed := [s for s in topic.segments if s.state is SegmentState.SEALED]:
+        ready = [s for s in sealed if all(
+            (p := topic.segment(x)) is None or p.state is SegmentState.RETIRED for x in s.parents
+        )]  # fmt: skip
+        blocked = [s for s in sealed if s not in ready]
+        if blocked:
+            with pytest.raises(dag.DagError, match="parent"):
+                dag.retire(topic, rnd.choice(blocked).id)
+        topic = dag.retire(topic, rnd.choice(ready).id)
         dag.check(topic)
-        for ready in dag.prunable(topic):
-            topic = dag.prune(topic, ready)
+        for prunable in dag.prunable(topic):
+            topic = dag.prune(topic, prunable)
     while prunable := dag.prunable(topic):
         topic = dag.prune(topic, prunable[0])
     assert [s.state for s in topic.segments] == [SegmentState.ACTIVE] * len(active)
@@ -110,14 +116,15 @@ def test_only_a_sealed_segment_retires_and_only_a_parentless_retired_one_is_prun
     topic = dag.complete(topic, dag.plan_split(topic, 1))  # 0 -> 1, 2; 1 -> 3, 4
     with pytest.raises(dag.DagError, match="not sealed"):
         dag.retire(topic, 2)  # active
-    retired = dag.retire(topic, 1)
-    assert dag.prunable(retired) == []  # its parent 0 is still there
-    with pytest.raises(dag.DagError):
-        dag.prune(retired, 1)
+    with pytest.raises(dag.DagError, match="parent"):
+        dag.retire(topic, 1)  # parents first: 0 is not retired
+    first = dag.retire(topic, 0)
     with pytest.raises(dag.DagError, match="not sealed"):
-        dag.retire(retired, 1)  # once
-    both = dag.retire(retired, 0)
-    assert dag.prunable(both) == [0]
+        dag.retire(first, 0)  # once
+    both = dag.retire(first, 1)
+    assert dag.prunable(both) == [0]  # 1 waits for its parent to leave
+    with pytest.raises(dag.DagError):
+        dag.prune(both, 1)
     pruned = dag.prune(both, 0)
     assert pruned.segment(0) is None and pruned.segment(1).parents == []  # type: ignore[union-attr]
     assert dag.prunable(pruned) == [1]
