@@ -66,6 +66,7 @@ __all__ = [
     "enabled",
     "end",
     "end_when_done",
+    "flush",
     "inject",
     "linked",
     "remote",
@@ -108,6 +109,13 @@ def enabled() -> bool:
     return _provider is not None
 
 
+def flush(timeout_s: float = 30.0) -> bool:
+    """Export the spans ended so far now (blocking: not on an event loop that serves);
+    False if the exporters did not finish within ``timeout_s``. Exit flushes by itself."""
+    force_flush = getattr(_provider, "force_flush", None)
+    return True if force_flush is None else bool(force_flush(int(timeout_s * 1000)))
+
+
 def _tracer(scope: str) -> Tracer | None:
     if _provider is None:
         return None
@@ -118,16 +126,14 @@ def _tracer(scope: str) -> Tracer | None:
 
 
 def configure(
-    default_service: str,
-    environ: Mapping[str, str] = os.environ,
-    *,
-    exporter: str | None = None,
-    out: IO[str] | None = None,
+    default_service: str, *, exporter: str | None = None, out: IO[str] | None = None
 ) -> bool:
-    """Turn tracing on from the standard variables, if they ask for it; returns whether
-    they did. On when ``OTEL_TRACES_EXPORTER`` names exporters other than ``none``
-    (``otlp``: OTLP over HTTP/protobuf, ``console``: one JSON line per span on ``out``,
-    stdout by default), or when it is unset and ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+    """Turn tracing on from the standard variables (this process's environment, which the
+    SDK's parts read too), if they ask for it; returns whether they did.
+
+    On when ``OTEL_TRACES_EXPORTER`` names exporters other than ``none`` (``otlp``: OTLP
+    over HTTP/protobuf, ``console``: one JSON line per span on ``out``, stdout by
+    default), or when it is unset and ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` is set; off with ``OTEL_SDK_DISABLED=true``.
     ``exporter`` (``--trace``: ``console``) stands for ``OTEL_TRACES_EXPORTER``. The
     exporter, sampler (``OTEL_TRACES_SAMPLER[_ARG]``), batching (``OTEL_BSP_*``) and
@@ -137,6 +143,7 @@ def configure(
     Raises:
         TracingConfigError: an exporter or OTLP protocol segtxn does not have.
     """
+    environ = os.environ
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
     names = _exporters(environ, exporter)

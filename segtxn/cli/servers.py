@@ -28,6 +28,7 @@ from segtxn.cli.params import (
     refuse_unless,
 )
 from segtxn.cli.security import auth_options, auth_settings, check_scheme
+from segtxn.cli.traces import trace_option
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
@@ -360,6 +361,7 @@ def coordinator(
 @_retention_options
 @_lifecycle_options
 @auth_options
+@trace_option
 def standalone(
     *,
     store: str,
@@ -373,11 +375,12 @@ def standalone(
     store_timeout: float,
     shutdown_timeout: float,
     access_log: bool,
+    trace: bool,
     **auth_flags: Any,
 ) -> None:
     """Run a whole cluster in one process until SIGTERM or SIGINT: a broker and a transaction
     coordinator on one metadata store (the embedded one by default). Security is off unless
-    the --auth-* flags are given."""
+    the --auth-* flags are given; --trace prints the spans of traced clients' requests."""
     auth = auth_settings(**auth_flags)
     scheme = "https" if auth.tls.enabled else "http"
     if data_dir is not None and store.startswith("memory:"):
