@@ -274,9 +274,10 @@ def traceparent(span: Span | None) -> str | None:
     """The ``traceparent`` value naming ``span`` (to carry in a frame or a record)."""
     if span is None:
         return None
-    carrier: dict[str, str] = {}
-    _propagator.inject(carrier, trace.set_span_in_context(span))
-    return carrier.get(TRACEPARENT)
+    context = span.get_span_context()  # formatted as the W3C propagator does, without it
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
 def inject(headers: MutableMapping[str, str]) -> None:

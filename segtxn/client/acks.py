@@ -237,9 +237,7 @@ def ack_span(
     if not tracing.enabled():
         return None
     attributes: dict[str, tracing.AttributeValue] = {
-        "messaging.system": "segtxn",
         "messaging.destination.name": message_id.topic,
-        "messaging.operation.type": "settle",
         "messaging.message.id": f"{message_id.ledger_id}:{message_id.entry_id}",
         "segtxn.ack.cumulative": cumulative,
     }

@@ -386,11 +386,8 @@ class Producer:
         span), from the call to the receipt; its context travels in the frame."""
         if not tracing.enabled():
             return None
-        attributes: dict[str, tracing.AttributeValue] = {
-            "messaging.system": "segtxn",
+        attributes: dict[str, tracing.AttributeValue] = {  # few: each costs on every send
             "messaging.destination.name": str(self.topic),
-            "messaging.operation.type": "send",
-            "segtxn.producer": self.name,
             "segtxn.seq": seq,
         }
         if txn is not None:
