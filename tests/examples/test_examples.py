@@ -127,8 +127,12 @@ async def test_06_tracing(cluster: Cluster) -> None:
     (named,) = [line.split()[1] for line in lines if line.startswith("trace ")]
     assert next(line for line in lines if line.startswith("committed ")).endswith(": COMMITTED")
     client_spans = [json.loads(line) for line in lines if line.startswith("{")]
-    assert {s["context"]["trace_id"] for s in client_spans} == {f"0x{named}"}
-    assert {s["name"] for s in client_spans} >= {"transaction", "new-txn", "end-txn"}
+    in_trace = {s["name"] for s in client_spans if s["context"]["trace_id"] == f"0x{named}"}
+    assert {"transaction", "new-txn", "end-txn"} <= in_trace
+    assert len([n for n in in_trace if n.startswith("send segment://examples/traced/in")]) == 2
+    assert any(n.startswith("ack segment://examples/traced/orders/") for n in in_trace)
+    # the order sent before the transaction is a trace of its own
+    assert [s for s in client_spans if s["name"].startswith("send segment://examples/traced/o")]
     served = {
         s.name for s in exporter.get_finished_spans() if f"{s.context.trace_id:032x}" == named
     }
