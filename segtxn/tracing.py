@@ -93,9 +93,37 @@ class TracingConfigError(ValueError):
 
 def enable(provider: trace.TracerProvider) -> None:
     """Trace into ``provider`` from now on (this process: clients and servers in it)."""
-    global _provider  # noqa: PLW0603 (one switch per process, set at start-up)
+    global _provider, _drops_unsampled  # noqa: PLW0603 (one switch per process, at start-up)
     _provider = provider
+    _drops_unsampled = _sampler_drops_unsampled(provider)
     _tracers.clear()
+
+
+_drops_unsampled = False
+"""The provider's sampler drops every span whose parent is not sampled (the parent-based
+samplers, the default): such a span is not made at all, nor its context sent on. A root
+span is still made, so that the sampler decides; only what follows a 'no' is skipped."""
+
+
+def _sampler_drops_unsampled(provider: trace.TracerProvider) -> bool:
+    """Ask the provider's sampler (an SDK provider has one) about a child of an unsampled
+    parent, local and remote, with the trace id a ratio sampler keeps most surely."""
+    sampler = getattr(provider, "sampler", None)
+    should_sample = getattr(sampler, "should_sample", None)
+    if should_sample is None:
+        return False
+    for remote_parent in (False, True):
+        parent = trace.NonRecordingSpan(
+            trace.SpanContext(1, 1, is_remote=remote_parent, trace_flags=trace.TraceFlags(0))
+        )
+        result = should_sample(trace.set_span_in_context(parent), 1, "probe")
+        if result.decision.is_recording():
+            return False
+    return True
+
+
+def _unsampled(context: trace.SpanContext) -> bool:
+    return _drops_unsampled and context.is_valid and not context.trace_flags.sampled
 
 
 def disable() -> None:
@@ -210,13 +238,19 @@ def start(
     parent: Span | None = None,
     attributes: Mapping[str, AttributeValue] | None = None,
 ) -> Span | None:
-    """A started span (None when tracing is off): a child of ``parent`` when given, else
-    of the current span. The caller ends it with :func:`end`."""
+    """A started span (None when tracing is off, or under a parent the sampler said no
+    to): a child of ``parent`` when given, else of the current span. The caller ends it
+    with :func:`end`. ``attributes`` are set only on a span that records."""
     tracer = _tracer(scope)
     if tracer is None:
         return None
-    context = None if parent is None else trace.set_span_in_context(parent)
-    return tracer.start_span(name, context, kind, attributes)
+    above = trace.get_current_span() if parent is None else parent
+    if _unsampled(above.get_span_context()):
+        return None
+    span = tracer.start_span(name, trace.set_span_in_context(above), kind)
+    if attributes and span.is_recording():
+        span.set_attributes(attributes)
+    return span
 
 
 def remote(
@@ -235,10 +269,20 @@ def remote(
     tracer = _tracer(scope)
     if tracer is None:
         return None
+    if (  # version 00 with the sampled flag (the last hex digit's low bit) off
+        _drops_unsampled
+        and len(carrier) == 55
+        and carrier.startswith("00-")
+        and carrier[-1] in "02468ace"
+    ):
+        return None  # the sampler would drop it: skip the parsing too
     context = _propagator.extract({TRACEPARENT: carrier})
     if not trace.get_current_span(context).get_span_context().is_valid:
         return None
-    return tracer.start_span(name, context, kind, attributes)
+    span = tracer.start_span(name, context, kind)
+    if attributes and span.is_recording():
+        span.set_attributes(attributes)
+    return span
 
 
 def server(

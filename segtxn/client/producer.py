@@ -386,15 +386,16 @@ class Producer:
         span), from the call to the receipt; its context travels in the frame."""
         if not tracing.enabled():
             return None
+        topic = str(self.topic)
         attributes: dict[str, tracing.AttributeValue] = {  # few: each costs on every send
-            "messaging.destination.name": str(self.topic),
+            "messaging.destination.name": topic,
             "segtxn.seq": seq,
         }
         if txn is not None:
             attributes["segtxn.txn.id"] = str(txn.id)
         return tracing.start(
             tracing.CLIENT,
-            f"send {self.topic}",
+            f"send {topic}",
             kind=tracing.SpanKind.PRODUCER,
             parent=None if txn is None else txn.span,
             attributes=attributes,

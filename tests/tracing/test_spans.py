@@ -14,6 +14,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind
 
 from segtxn import tracing
@@ -189,10 +190,7 @@ async def test_a_line_logged_under_a_span_carries_its_trace_id(
     its END_TXN span: the record has the span's ids, and both log formats show them."""
     caplog.handler.addFilter(tracing.SpanIds())
     caplog.set_level(logging.INFO, logger="segtxn.coordinator")
-    await client.admin.create_topic(OUT, segments=1)
-    producer = await client.create_producer(OUT)
-    txn = client.transaction(timeout_s=0.2)
-    await producer.send(b"late", key="k", txn=txn)
+    txn = await client.transaction(timeout_s=0.2).start()  # NEW_TXN: nothing to race the sweep
 
     async def aborted() -> bool:
         return await txn.status() == "ABORTED"
@@ -219,6 +217,37 @@ async def test_a_line_logged_under_a_span_carries_its_trace_id(
     assert not hasattr(outside, "trace_id")
     assert "trace_id" not in TextFormatter(FORMAT).format(outside)
     assert "trace_id" not in msgspec.json.decode(JsonFormatter().format(outside))
+
+
+async def test_a_transaction_the_sampler_drops_makes_no_span_anywhere(
+    cluster: Cluster, client: Client
+) -> None:
+    """Sampled out at its root (1 in 10^9 kept): nothing of it is recorded, in the client or
+    the servers, and a frame naming an unsampled parent makes no span either."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1e-9)))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.enable(provider)
+    try:
+        await client.admin.create_topic(OUT, segments=2)
+        orders = await client.subscribe(OUT, "audit", initial_position="earliest")
+        producer = await client.create_producer(OUT)
+        async with client.transaction() as txn:
+            for i in range(4):
+                await producer.send(b"x", key=f"k{i}", txn=txn)
+            assert txn.span is not None and not txn.span.is_recording()
+        await orders.acknowledge(await orders.receive(timeout_s=10))
+        await client.admin.create_topic("persistent://acme/traced/plain")
+        unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+        url = f"{cluster.url}/ws/v2/producer/persistent/acme/traced/plain"
+        async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
+            assert isinstance(await next_frame(ws), ProducerReady)
+            await ws.send_bytes(frames.encode(Send(seq=0, payload=b"x", traceparent=unsampled)))
+            assert isinstance(await next_frame(ws), Receipt)
+    finally:
+        tracing.disable()
+        provider.shutdown()
+    assert exporter.get_finished_spans() == ()
 
 
 async def test_tracing_off_makes_no_spans_and_sends_no_context(client: Client) -> None:
