@@ -10,21 +10,22 @@ a busy subscription) are answered as HTTP errors with the JSON body
 upgrade every problem with one frame is an ``Error`` frame, and the connection goes on.
 Frames larger than twice the message limit close the connection with WebSocket code 1009.
 
-Each connection writes through one sender task and a bounded queue, so slow sockets never
-block a dispatcher; a consumer's queue is larger than the permits it may hold. What is
-queued while the sender writes goes out together: consecutive receipts in one
+Each connection writes through one sender task and a bounded queue
+(segtxn/broker/outbox.py), so slow sockets never block a dispatcher; a consumer's queue is
+larger than the permits it may hold. What is queued while the sender writes goes out
+together: consecutive receipts in one
 ``ReceiptBatch``, consecutive messages in one ``MessageBatch`` (one WebSocket message and
 one write instead of one per message; the client unpacks them in order).
 
 A producer's sends are published concurrently (one task each, up to ``max_pending_sends``)
 but stored in the order they arrive: each takes its producer's next turn as its frame is
-read (segtxn/broker/ordering.py).
+read (segtxn/broker/ordering.py). A send or ack frame with a ``traceparent`` gets a span
+(segtxn/broker/spans.py, docs/tracing.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -35,6 +36,7 @@ from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from segtxn import tracing
 from segtxn.auth import close_at_expiry, principal_of, recheck
 from segtxn.boundary import incident, translate
 from segtxn.broker.arguments import check_batch, check_consumer_frame
@@ -44,8 +46,10 @@ from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, top
 from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
+from segtxn.broker.outbox import Outbox
 from segtxn.broker.publishing import Outcome
 from segtxn.broker.reader import Reader, end_position, start_position
+from segtxn.broker.spans import ack_span, send_span, send_span_ends
 from segtxn.broker.txnaccess import TxnAccess
 from segtxn.ledger import Position
 from segtxn.protocol import frames
@@ -67,69 +71,13 @@ from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
 _generated = itertools.count(1)
-_MAX_COALESCED = 1000
-"""Frames an outbox takes off its queue at once (and sends as few WebSocket messages)."""
-
-
-class _Outbox:
-    """A bounded queue of frames and the task that writes them to the socket.
-
-    Frames may be queued before the WebSocket is prepared (a consumer's ``ConsumerReady``
-    is queued when it attaches); they are written, in order, once ``start`` is called."""
-
-    def __init__(self, ws: web.WebSocketResponse, size: int, name: str) -> None:
-        self.ws = ws
-        self.queue: asyncio.Queue[Frame] = asyncio.Queue(maxsize=size)
-        self._name = name
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        """The socket is prepared: write what is queued and what comes."""
-        self.task = asyncio.create_task(self._run(), name=f"ws-sender-{self._name}")
-
-    def send(self, frame: Frame) -> None:
-        try:
-            self.queue.put_nowait(frame)
-        except asyncio.QueueFull:
-            log.warning(
-                "%s: outbound queue full; closing a connection that does not read", self._name
-            )
-            if self.task is not None:
-                self.task.cancel()
-
-    async def _run(self) -> None:
-        while True:
-            queued = [await self.queue.get()]
-            while len(queued) < _MAX_COALESCED and not self.queue.empty():
-                queued.append(self.queue.get_nowait())
-            try:
-                for frame in frames.coalesce(queued):  # runs of receipts/messages: one each
-                    if not self.ws.closed:
-                        await self.ws.send_bytes(frames.encode(frame))
-            except ConnectionError:  # the client went away: nothing more to write
-                log.info("%s: the connection closed while writing", self._name)
-                return
-            finally:
-                for _ in queued:
-                    self.queue.task_done()
-
-    async def close(self) -> None:
-        if self.task is None:
-            return
-        # flush what is queued (receipts, ack receipts) unless the socket is gone
-        if not self.ws.closed and not self.task.done():
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(5):
-                    await self.queue.join()
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
 
 
 async def _receive_frames(
     ws: web.WebSocketResponse,
     decode: Callable[[bytes], object],
     handle: Callable[[object], Awaitable[None]],
-    outbox: _Outbox,
+    outbox: Outbox,
 ) -> None:
     """Read frames until the client closes; a bad frame gets an Error, not a hang-up."""
     async for message in ws:
@@ -221,7 +169,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     topic.producers[producer_name] = ws
     log.info("%s: producer %s connected (from %s)", name, producer_name, request.remote)
     settings = service.settings
-    outbox = _Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
+    outbox = Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
     outbox.start()
     window = asyncio.Semaphore(settings.max_pending_sends)
     tasks: set[asyncio.Task[None]] = set()
@@ -236,7 +184,14 @@ async def producer(request: web.Request) -> web.StreamResponse:
 
     metrics = service.metrics
 
-    def answer(send: Send, outcome: Outcome | ServerError, started: float) -> None:
+    def answer(
+        send: Send,
+        outcome: Outcome | ServerError,
+        started: float,
+        span: tracing.Span | None = None,
+    ) -> None:
+        if span is not None:
+            send_span_ends(span, outcome)
         if isinstance(outcome, ServerError):
             metrics.errors.add(1, {"error": outcome.name.value})
             outbox.send(Error(error=outcome.name, message=outcome.message, seq=send.seq))
@@ -258,16 +213,19 @@ async def producer(request: web.Request) -> web.StreamResponse:
 
     async def publish(send: Send, turn: Turn) -> None:
         started = time.perf_counter()
+        span = send_span(name, producer_name, send)
         try:
-            outcome: Outcome | ServerError = await topic.publish(producer_name, send, turn)
+            with tracing.current(span):
+                outcome: Outcome | ServerError = await topic.publish(producer_name, send, turn)
         except ServerError as e:
             outcome = e
         finally:
             window.release()
-        answer(send, outcome, started)
+        answer(send, outcome, started, span)
 
     async def publish_together(items: list[tuple[Send, Turn]]) -> None:
         started = time.perf_counter()
+        spans = [send_span(name, producer_name, send) for send, _ in items]
         try:
             if items[0][0].txn is None:
                 outcomes = await topic.publish_plain(producer_name, items)
@@ -276,8 +234,8 @@ async def producer(request: web.Request) -> web.StreamResponse:
         finally:
             for _ in items:
                 window.release()
-        for (send, _), outcome in zip(items, outcomes, strict=True):
-            answer(send, outcome, started)
+        for (send, _), outcome, span in zip(items, outcomes, spans, strict=True):
+            answer(send, outcome, started, span)
 
     def start(work: Coroutine[Any, Any, None], turns: list[Turn], name: str) -> None:
         task = asyncio.create_task(work, name=name)
@@ -342,7 +300,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
 # ---------------------------------------------------------------------- consumer
 
 
-def _counting(outbox: _Outbox, metrics: BrokerMetrics) -> Callable[[Frame], None]:
+def _counting(outbox: Outbox, metrics: BrokerMetrics) -> Callable[[Frame], None]:
     def send(frame: Frame) -> None:
         if isinstance(frame, frames.Message):
             metrics.messages_out.add(1)
@@ -381,7 +339,7 @@ async def consumer(request: web.Request) -> web.StreamResponse:
             "consumer", request.query.get("name") or f"consumer-{next(_generated)}"
         )
         topic = await service.serve(name)
-        outbox = _Outbox(ws, service.settings.max_permits + 64, f"consumer-{consumer_name}")
+        outbox = Outbox(ws, service.settings.max_permits + 64, f"consumer-{consumer_name}")
         link = ConsumerLink(
             consumer_name,
             _counting(outbox, service.metrics),
@@ -416,7 +374,7 @@ async def _serve_consumer(
     ws: web.WebSocketResponse,
     subscription: Subscription,
     link: ConsumerLink,
-    outbox: _Outbox,
+    outbox: Outbox,
     access: TxnAccess,
     *,
     allowed: Callable[[], None],
@@ -427,6 +385,16 @@ async def _serve_consumer(
 
     async def ack(frame: Ack) -> None:
         ids = [Position(*i) for i in frame.message_ids]
+        span = ack_span(subscription.ledger.name, subscription.name, frame)
+        try:
+            with tracing.current(span):
+                await acknowledge(frame, ids)
+        except BaseException as e:
+            tracing.end(span, e)
+            raise
+        tracing.end(span)
+
+    async def acknowledge(frame: Ack, ids: list[Position]) -> None:
         try:
             if frame.txn is None:
                 await subscription.ack(link, ids, cumulative=frame.cumulative)
@@ -491,7 +459,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
         return error_response(e, request)
     await ws.prepare(request)
     expiry = close_at_expiry(request, ws)
-    outbox = _Outbox(ws, service.settings.max_permits + 64, f"reader-{name}")
+    outbox = Outbox(ws, service.settings.max_permits + 64, f"reader-{name}")
     outbox.start()
     link = ConsumerLink(f"reader-{next(_generated)}", outbox.send)
     session = Reader(

@@ -13,7 +13,18 @@ from typing import Any
 
 import click
 
-from segtxn.cli import brokers, clients, servers, service, stacks, topics, txn, verbosity, verify
+from segtxn.cli import (
+    brokers,
+    clients,
+    servers,
+    service,
+    stacks,
+    topics,
+    traces,
+    txn,
+    verbosity,
+    verify,
+)
 from segtxn.cli.demo import demo
 from segtxn.cli.errors import Main
 from segtxn.cli.operator import operator
@@ -39,6 +50,7 @@ def main(ctx: click.Context, /, verbose: int, **credentials: Any) -> None:
         credentials["token"] = token_file  # a Path: the client reads it, again on change
     ctx.meta[service.CREDENTIALS_KEY] = credentials  # for the clients the commands make
     verbosity.configure(verbose)
+    traces.start(ctx.invoked_subcommand)  # OTEL_*: off unless they ask (docs/tracing.md)
     stacks.install()
 
 

@@ -26,6 +26,7 @@ import click
 from segtxn.cli import verbosity
 from segtxn.cli.params import StoreUrl
 from segtxn.cli.servers import STORE_TIMEOUT_S
+from segtxn.cli.traces import child_env, trace_option
 from segtxn.metastore import MetadataStoreError, open_store, wait_reachable
 from segtxn.verify.job import JobSettings, check_run, progress_to, run_job, run_log
 from segtxn.verify.plan import Shape, demo_plan
@@ -76,6 +77,7 @@ LOCAL_ETCD = "etcd-local"
     type=click.Path(file_okay=False, path_type=Path),
     help="Where runs are recorded (default: segtxn-demo/ in the temporary directory).",
 )
+@trace_option
 def demo(
     *,
     store: str,
@@ -85,9 +87,11 @@ def demo(
     seed: int | None,
     master: str,
     out: Path | None,
+    trace: bool,
 ) -> None:
     """The main job: a transactional pipeline with splits, merges, aborts and a processor
-    kill, checked end to end with Spark. Exit status 1 on any anomaly."""
+    kill, checked end to end with Spark. Exit status 1 on any anomaly. --trace: every
+    process prints spans (one transaction in twenty) into its log in the run's logs/."""
     seed = seed if seed is not None else random.randrange(2**31)
     external = None
     if store == "memory://":
@@ -102,7 +106,7 @@ def demo(
     settings = JobSettings(
         inputs=max(1, int(duration * rate)),
         rate=rate,
-        launch=verbosity.child_launch(),
+        launch=verbosity.child_launch(child_env(trace)),
         store=external,
     )
     logs = run_dir / "logs"

@@ -9,6 +9,10 @@ Elasticsearch, ``kubectl logs | jq``): ``ts`` (UTC, ISO 8601 with milliseconds),
 trace-free: a traceback would spread one event over many lines, or bury it in one huge
 field; ``-vv`` with the default text format shows tracebacks when they are wanted.
 
+With tracing on (docs/tracing.md), a line logged under a span carries its ids: text lines
+end with `` trace_id=<32 hex> span_id=<16 hex>``, JSON objects have ``trace_id`` and
+``span_id``, the ids trace back-ends show, so a line leads to its trace and back.
+
 Access lines (logger ``aiohttp.access``, :class:`segtxn.web.AccessLogger`) are off by
 default, whatever the verbosity: a transaction's calls (NEW_TXN, ADD_*, END_TXN) and every
 admin and health poll would bury the domain events an operator reads. ``--access-log``
@@ -26,6 +30,8 @@ from typing import Any, TypeVar
 
 import click
 
+from segtxn.cli import verbosity
+from segtxn.tracing import SpanIds
 from segtxn.web import ACCESS_LOGGER
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -51,7 +57,33 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
             line["error"] = f"{type(error).__name__}: {error}"
+        trace_id = getattr(record, "trace_id", None)  # logged under a span (tracing on)
+        if trace_id is not None:
+            line["trace_id"] = trace_id
+            line["span_id"] = getattr(record, "span_id", None)
         return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``segtxn -v``'s text lines, ending with `` trace_id=... span_id=...`` when logged
+    under a span (the ids :class:`segtxn.tracing.SpanIds` puts on the record)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        line = super().formatMessage(record)
+        trace_id = getattr(record, "trace_id", None)
+        if trace_id is None:
+            return line
+        return f"{line} trace_id={trace_id} span_id={getattr(record, 'span_id', '')}"
+
+
+def show_span_ids() -> None:
+    """Tracing is on: the log handlers ``segtxn -v`` set up (the root logger's) give each
+    line logged under a span its ids, in text (:class:`TextFormatter`) or JSON."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, SpanIds) for f in handler.filters):
+            handler.addFilter(SpanIds())
+        if not isinstance(handler.formatter, JsonFormatter | TextFormatter):
+            handler.setFormatter(TextFormatter(verbosity.FORMAT))
 
 
 _format = TEXT

@@ -35,6 +35,7 @@ from segtxn.cli.security import (
     pod_dns_url,
     store_credentials,
 )
+from segtxn.cli.traces import trace_option
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
@@ -388,6 +389,7 @@ def coordinator(
 @_retention_options
 @_lifecycle_options
 @auth_options
+@trace_option
 def standalone(
     *,
     store: str,
@@ -401,11 +403,12 @@ def standalone(
     store_timeout: float,
     shutdown_timeout: float,
     access_log: bool,
+    trace: bool,
     **auth_flags: Any,
 ) -> None:
     """Run a whole cluster in one process until SIGTERM or SIGINT: a broker and a transaction
     coordinator on one metadata store (the embedded one by default). Security is off unless
-    the --auth-* flags are given."""
+    the --auth-* flags are given; --trace prints the spans of traced clients' requests."""
     credentials = store_credentials(auth_flags, store)
     auth = auth_settings(**auth_flags)
     scheme = "https" if auth.tls.enabled else "http"

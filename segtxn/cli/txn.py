@@ -13,7 +13,7 @@ import click
 from segtxn.cli.output import OUTPUT, Table, record, show, since, until
 from segtxn.cli.service import URL, run
 from segtxn.client import Client
-from segtxn.client.transaction import Coordinators
+from segtxn.client.coordinators import Coordinators
 from segtxn.protocol.txn import TxnId
 
 TIMES = {"timeoutMs": until, "createdMs": since, "finalizedMs": since}

@@ -33,9 +33,11 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from segtxn import tracing
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, Expiries
+from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import InvalidArgument, ServerError
 from segtxn.protocol.frames import Ack
 
@@ -54,6 +56,8 @@ class _Waiter:
     positions: list[tuple[int, int]]
     future: asyncio.Future[None]
     deadline: Deadline
+    traceparent: str | None = None
+    """The caller's span (tracing on): a frame carries its first ack's."""
 
 
 @dataclass(eq=False)
@@ -101,15 +105,18 @@ class Acknowledgments:
         txn: tuple[int, int] | None,
         epoch: int | None,
         deadline: Deadline,
+        traceparent: str | None = None,
     ) -> asyncio.Future[None]:
         """Queue an ack; the future is done once the broker made it durable.
+        ``traceparent``: the caller's span (tracing on), carried by the frame.
 
         The future fails with ServerError (refused), Timeout (OUTCOME_UNKNOWN: no receipt by
         ``deadline``; it may have been applied; it is sent again after a reconnect only
         inside a frame other acks still wait for) or ClientClosed.
         """
         positions = [(i.ledger_id, i.entry_id) for i in ids]
-        waiter = _Waiter(positions, asyncio.get_running_loop().create_future(), deadline)
+        future = asyncio.get_running_loop().create_future()
+        waiter = _Waiter(positions, future, deadline, traceparent)
         self._gather(_Run((txn, epoch), cumulative, cumulative, [waiter]))
         if deadline.at is not None:
             self._expiries.add(deadline.at, waiter)
@@ -152,6 +159,7 @@ class Acknowledgments:
             request_id=next(request_ids),
             txn=txn,
             epoch=epoch,
+            traceparent=next((w.traceparent for w in waiters if w.traceparent), None),
         )
         self._in_flight[frame.request_id] = _Request(frame, waiters)
         return frame
@@ -219,3 +227,26 @@ class Acknowledgments:
 
 def _pending(waiter: _Waiter) -> bool:
     return not waiter.future.done()
+
+
+def ack_span(
+    message_id: MessageId, cumulative: bool, txn: Transaction | None
+) -> tracing.Span | None:
+    """Tracing on: an acknowledgment's span, a child of its transaction's (else of the
+    current span), until the broker's receipt; its context travels in the ack frame."""
+    if not tracing.enabled():
+        return None
+    attributes: dict[str, tracing.AttributeValue] = {
+        "messaging.destination.name": message_id.topic,
+        "messaging.message.id": f"{message_id.ledger_id}:{message_id.entry_id}",
+        "segtxn.ack.cumulative": cumulative,
+    }
+    if txn is not None:
+        attributes["segtxn.txn.id"] = str(txn.id)
+    return tracing.start(
+        tracing.CLIENT,
+        f"ack {message_id.topic}",
+        kind=tracing.SpanKind.CLIENT,
+        parent=None if txn is None else txn.span,
+        attributes=attributes,
+    )

@@ -20,13 +20,14 @@ from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector, service_urls
 from segtxn.client.consumer import CheckpointConsumer, Consumer
 from segtxn.client.credentials import Token, client_token
+from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import ClientClosed
 from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.timeouts import Deadline, Timeouts
-from segtxn.client.transaction import Coordinators, Transaction
+from segtxn.client.transaction import Transaction
 from segtxn.protocol import errors, names
 from segtxn.protocol.auth import bearer_middleware, client_ssl_context
 from segtxn.protocol.names import Domain, TopicName

@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlencode
 import aiohttp
 import msgspec
 
+from segtxn import tracing
 from segtxn.client.errors import CertificateError, Timeout
 from segtxn.client.timeouts import CLOSE_WAIT_S, Deadline, Timeouts
 from segtxn.protocol import frames
@@ -189,6 +190,10 @@ class Connector:
 
     async def _once(self, method: str, url: str, deadline: Deadline, **kwargs: Any) -> Any:
         kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=deadline.remaining()))
+        if tracing.enabled():  # the current span's trace context, as a W3C header
+            headers = dict(kwargs.pop("headers", None) or {})
+            tracing.inject(headers)
+            kwargs["headers"] = headers
         async with self.session.request(method, url, **kwargs) as response:
             text = await response.text()
             if response.status >= 400:

@@ -37,7 +37,9 @@ import secrets
 from collections.abc import Awaitable
 from typing import Any
 
+from segtxn import tracing
 from segtxn.aio import first_completed
+from segtxn.client.acks import ack_span
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, ClientError, Timeout, TopicNotFound
 from segtxn.client.layout import TopicLayout
@@ -324,7 +326,15 @@ class Consumer:
             txn.poison(error)
             raise error
         if txn is None:
-            await stream.ack([message_id], cumulative=cumulative, deadline=deadline)
+            span = ack_span(message_id, cumulative, None)
+            plain = stream.ack(
+                [message_id],
+                cumulative=cumulative,
+                deadline=deadline,
+                traceparent=tracing.traceparent(span),
+            )
+            tracing.end_when_done(span, plain)
+            await plain
             return
         # one registration per scalable topic, not per segment (v5 treats it as a no-op
         # beyond the domain check, so its segments share it)
@@ -333,13 +343,16 @@ class Consumer:
         # order, on every stream: what it acknowledged, and what the application had taken
         # for it and not reached (a batch spans segments)
         txn.on_failure(self, functools.partial(self._redeliver_all, txn.wire_id))
+        span = ack_span(message_id, cumulative, txn)
         ack = stream.ack(
             [message_id],
             cumulative=cumulative,
             txn=txn.wire_id,
             epoch=message.epoch if isinstance(message, Message) else None,
             deadline=deadline,
+            traceparent=tracing.traceparent(span),
         )
+        tracing.end_when_done(span, ack)
         txn.track(ack)
         await ack
 

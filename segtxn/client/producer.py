@@ -20,6 +20,7 @@ Scalable topics: :mod:`segtxn.client.scalable`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections import deque
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from segtxn import tracing
 from segtxn.aio import first_completed
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
@@ -358,6 +360,7 @@ class Producer:
         self._next_seq += 1
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         future.add_done_callback(lambda _: self._window.release())
+        span = self._span(seq, txn)
         send = Send(
             seq=seq,
             payload=value,
@@ -365,7 +368,10 @@ class Producer:
             properties=dict(properties or {}),
             event_time_ms=event_time_ms,
             txn=None if txn is None else txn.wire_id,
+            traceparent=tracing.traceparent(span),
         )
+        if span is not None:
+            future.add_done_callback(functools.partial(_span_ends, span))
         self._pending[seq] = _Pending(send, future)
         self._unsent.append(seq)
         self._wake.set()
@@ -374,6 +380,26 @@ class Producer:
         if txn is not None and track:
             txn.track(future)
         return future
+
+    def _span(self, seq: int, txn: Transaction | None) -> tracing.Span | None:
+        """Tracing on: the send's span, a child of its transaction's (else of the current
+        span), from the call to the receipt; its context travels in the frame."""
+        if not tracing.enabled():
+            return None
+        topic = str(self.topic)
+        attributes: dict[str, tracing.AttributeValue] = {  # few: each costs on every send
+            "messaging.destination.name": topic,
+            "segtxn.seq": seq,
+        }
+        if txn is not None:
+            attributes["segtxn.txn.id"] = str(txn.id)
+        return tracing.start(
+            tracing.CLIENT,
+            f"send {topic}",
+            kind=tracing.SpanKind.PRODUCER,
+            parent=None if txn is None else txn.span,
+            attributes=attributes,
+        )
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far is stored (or failed). Without
@@ -411,3 +437,15 @@ class Producer:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         self._fail_all(ClientClosed(f"producer {self.name} is closed"))
+
+
+def _span_ends(span: tracing.Span, future: asyncio.Future[MessageId]) -> None:
+    """A send's span ends with its receipt (its message id) or its failure."""
+    if future.cancelled():
+        tracing.end(span, asyncio.CancelledError())
+    elif (error := future.exception()) is not None:
+        tracing.end(span, error)
+    else:
+        message_id = future.result()
+        span.set_attribute("messaging.message.id", f"{message_id.ledger_id}:{message_id.entry_id}")
+        tracing.end(span)

@@ -378,10 +378,11 @@ class MessageStream:
         txn: tuple[int, int] | None = None,
         epoch: int | None = None,
         deadline: Deadline,
+        traceparent: str | None = None,
     ) -> asyncio.Future[None]:
         """Acknowledge ``ids``: the future is done once the broker made it durable (sent
         again after a reconnect until then). Acks of the same turn of the loop travel
-        together (segtxn/client/acks.py).
+        together (segtxn/client/acks.py); ``traceparent`` names the caller's span.
 
         The future fails with:
             ServerError: the broker refused it.
@@ -391,7 +392,12 @@ class MessageStream:
             ClientClosed: the stream closed first.
         """
         return self._acks.submit(
-            ids, cumulative=cumulative, txn=txn, epoch=epoch, deadline=deadline
+            ids,
+            cumulative=cumulative,
+            txn=txn,
+            epoch=epoch,
+            deadline=deadline,
+            traceparent=traceparent,
         )
 
     async def nack(self, ids: list[MessageId]) -> None:

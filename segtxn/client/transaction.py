@@ -24,11 +24,9 @@ go of them; until then it hands the application nothing newer from those topics.
 the transaction had acknowledged, as if the consumer had sought back (Kafka's consumer does
 this by hand after an abort).
 
-Pre-started transactions (``Client(prestart_transactions=True)``): each NEW_TXN also opens
-the next transaction in the background (same protocol and timeout), so the next ``start``
-usually costs no round trip. A pre-started transaction is used only if it opened less than
-:data:`PRESTART_MAX_AGE_S` before (its timeout runs from its opening, so it is at most
-that much shorter); an older one, and the one left when the client closes, are aborted.
+Finding the coordinators, failing over between them and pre-starting transactions:
+:mod:`segtxn.client.coordinators`. Tracing on, a transaction is a span whose children are
+its NEW_TXN, sends, acks and END_TXN (docs/tracing.md).
 
 Time limits: ``start``, ``commit``, ``abort`` and ``status`` each end within the client's
 operation timeout (or their ``timeout_s``), coordinator fail-over included; a registration
@@ -41,203 +39,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from segtxn.client.connection import Connector
+from segtxn import tracing
+from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import ClientError, OperationCancelled, Timeout
-from segtxn.client.timeouts import Deadline, retrying
+from segtxn.client.timeouts import Deadline
 from segtxn.protocol.errors import (
     ErrorCategory,
     InvalidTxnStatus,
     NotAllowed,
     ServerError,
-    ServiceNotReady,
     TransactionNotFound,
 )
 from segtxn.protocol.txn import TxnAction, TxnId
 
-__all__ = ["Coordinators", "Transaction", "TransactionFailed"]
+__all__ = ["Transaction", "TransactionFailed"]
 
 log = logging.getLogger(__name__)
-
-PRESTART_MAX_AGE_S = 1.0
-"""A pre-started transaction older than this is aborted instead of used."""
+_T = TypeVar("_T")
 
 
 class TransactionFailed(ClientError):
     """The transaction was aborted because one of its operations failed (see __cause__)."""
-
-
-@dataclass(frozen=True)
-class _Opened:
-    txn: TxnId
-    url: str
-    """The coordinator that opened it: END_TXN goes there first (it needs no read there)."""
-    at: float
-    """Event-loop time of the opening."""
-
-
-class Coordinators:
-    """Finds the transaction coordinators through any broker, fails over between them, and
-    keeps a pre-started transaction when asked to."""
-
-    def __init__(self, connector: Connector, *, prestart: bool = False) -> None:
-        self._connector = connector
-        self._urls: list[str] = []
-        self._next = itertools.count()
-        self._prestart = prestart
-        self._spares: dict[tuple[str, float], asyncio.Task[_Opened]] = {}
-        self._aborting: set[asyncio.Task[None]] = set()
-        self._closed = False
-
-    @property
-    def operation_timeout_s(self) -> float:
-        return self._connector.timeouts.operation_timeout_s
-
-    async def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        deadline: Deadline | None = None,
-        category: ErrorCategory = ErrorCategory.RETRIABLE,
-        **kwargs: Any,
-    ) -> Any:
-        """Call a coordinator. While none answers (one died or is paused, a standby is
-        taking over), try the others and look them up again, backing off, until
-        ``deadline``: every coordinator call is safe to repeat.
-
-        Args:
-            deadline: when to give up (default: the client's operation timeout from now).
-            category: what a Timeout means for this call (OUTCOME_UNKNOWN for a commit).
-
-        Raises:
-            ServerError: the coordinator's answer.
-            Timeout: no coordinator answered by ``deadline`` (it names the last failure).
-        """
-        reply, _ = await self._call(method, path, deadline=deadline, category=category, **kwargs)
-        return reply
-
-    async def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        deadline: Deadline | None = None,
-        category: ErrorCategory = ErrorCategory.RETRIABLE,
-        prefer: str | None = None,
-        **kwargs: Any,
-    ) -> tuple[Any, str]:
-        """:meth:`call`, trying ``prefer`` first when it is among the coordinators; also
-        returns the URL that answered."""
-        first = [prefer]
-
-        async def attempt() -> tuple[Any, str]:
-            try:
-                if not self._urls:
-                    found = await self._connector.request("GET", "/lookup/v2/coordinators")
-                    self._urls = list(found["coordinators"])
-                    if not self._urls:
-                        raise ServiceNotReady("no transaction coordinator is up")
-                wanted = first.pop() if first else None
-                url = (
-                    wanted
-                    if wanted in self._urls
-                    else self._urls[next(self._next) % len(self._urls)]
-                )
-                return await self._connector.request(method, url + path, **kwargs), url
-            except BaseException as e:
-                if not isinstance(e, ServerError) or e.retriable:
-                    self._urls = []  # look them up again: the next attempt goes elsewhere
-                raise
-
-        return await retrying(
-            f"{method} {path}",
-            attempt,
-            deadline or Deadline(self.operation_timeout_s),
-            request_timeout_s=self._connector.timeouts.request_timeout_s,
-            category=category,
-        )
-
-    async def open(self, protocol: str, timeout_s: float, deadline: Deadline) -> _Opened:
-        """NEW_TXN, or the pre-started transaction when there is a fresh one (and, when
-        pre-starting, the next one begins opening now).
-
-        Raises ServerError / Timeout (see :meth:`call`).
-        """
-        key = (protocol, timeout_s)
-        spare = self._spares.pop(key, None)
-        if self._prestart and not self._closed:
-            self._spares[key] = asyncio.create_task(
-                self._open(protocol, timeout_s, Deadline(self.operation_timeout_s)),
-                name="txn-prestart",
-            )
-        if spare is not None:
-            try:
-                async with deadline.timeout():
-                    opened = await asyncio.shield(spare)
-            except Exception as e:  # a failed or late spare: open one the usual way
-                log.debug("pre-started transaction not available (%s)", e)
-                spare.add_done_callback(self._abort_unused)
-            else:
-                if asyncio.get_running_loop().time() - opened.at <= PRESTART_MAX_AGE_S:
-                    return opened
-                self._abort_soon(opened)
-        return await self._open(protocol, timeout_s, deadline)
-
-    async def _open(self, protocol: str, timeout_s: float, deadline: Deadline) -> _Opened:
-        reply, url = await self._call(
-            "POST",
-            "/txn/v2/new",
-            deadline=deadline,
-            params={"timeout_s": str(timeout_s), "protocol": protocol},
-        )
-        return _Opened(TxnId.parse(reply["txnId"]), url, asyncio.get_running_loop().time())
-
-    async def end(self, txn: TxnId, action: TxnAction, deadline: Deadline, url: str | None) -> None:
-        """END_TXN, at ``url`` first (where it was opened) when given."""
-        await self._call(
-            "POST",
-            f"/txn/v2/{txn}/end",
-            deadline=deadline,
-            category=(
-                ErrorCategory.OUTCOME_UNKNOWN
-                if action is TxnAction.COMMIT
-                else ErrorCategory.RETRIABLE
-            ),
-            prefer=url,
-            params={"action": action.value},
-        )
-
-    def _abort_unused(self, spare: asyncio.Task[_Opened]) -> None:
-        if not spare.cancelled() and spare.exception() is None:
-            self._abort_soon(spare.result())
-
-    def _abort_soon(self, opened: _Opened) -> None:
-        task = asyncio.create_task(self._abort_spare(opened), name="txn-prestart-abort")
-        self._aborting.add(task)
-        task.add_done_callback(self._aborting.discard)
-
-    async def _abort_spare(self, opened: _Opened) -> None:
-        try:
-            deadline = Deadline(self.operation_timeout_s)
-            await self.end(opened.txn, TxnAction.ABORT, deadline, opened.url)
-        except (ServerError, ClientError) as e:  # its coordinator times it out anyway
-            log.debug("pre-started transaction %s not aborted (%s)", opened.txn, e)
-
-    async def close(self) -> None:
-        """Abort the pre-started transactions (best effort: unused, they time out anyway)."""
-        self._closed = True
-        spares, self._spares = list(self._spares.values()), {}
-        for opened in await asyncio.gather(*spares, return_exceptions=True):
-            if isinstance(opened, _Opened):
-                self._abort_soon(opened)
-        await asyncio.gather(*self._aborting, return_exceptions=True)
 
 
 class Transaction:
@@ -257,6 +84,9 @@ class Transaction:
         self._starting = asyncio.Lock()
         """ADD_PARTITION / ADD_SUBSCRIPTION calls made (or in flight), so each happens once."""
         self._on_failure: dict[object, Callable[[], Awaitable[None]]] = {}
+        self.span: tracing.Span | None = None
+        """Tracing on: the transaction's span, from its start to its end; its NEW_TXN,
+        sends, acks and END_TXN are its children (docs/tracing.md)."""
 
     @property
     def id(self) -> TxnId:
@@ -293,9 +123,14 @@ class Transaction:
         if self._id is None:
             async with self._starting:
                 if self._id is None:
-                    opened = await self._coordinators.open(protocol, self._timeout_s, deadline)
+                    self.span = self.span or tracing.start(tracing.CLIENT, "transaction")
+                    opened = await self._traced(
+                        "new-txn", self._coordinators.open(protocol, self._timeout_s, deadline)
+                    )
                     self._id, self._opened_at = opened.txn, opened.url
                     self.state = "OPEN"
+                    if self.span is not None:
+                        self.span.set_attribute("segtxn.txn.id", str(opened.txn))
 
     def _check_open(self, *also: str) -> None:
         if self.state != "OPEN" and self.state not in also:
@@ -454,6 +289,7 @@ class Transaction:
         except BaseException as e:
             if isinstance(e, InvalidTxnStatus | TransactionNotFound):
                 self.state = "ABORTED"
+                self._span_ends(e)
             await self._failed()  # aborted, or unknown: commit() may be called again
             raise
         self._on_failure.clear()
@@ -481,8 +317,44 @@ class Transaction:
             await self._failed()
 
     async def _end(self, action: TxnAction, deadline: Deadline) -> None:
-        await self._coordinators.end(self.id, action, deadline, self._opened_at)
+        await self._traced(
+            "end-txn",
+            self._coordinators.end(self.id, action, deadline, self._opened_at),
+            {"segtxn.txn.id": str(self.id), "segtxn.txn.action": action.value},
+        )
         self.state = "COMMITTED" if action is TxnAction.COMMIT else "ABORTED"
+        self._span_ends()
+
+    async def _traced(
+        self,
+        name: str,
+        call: Awaitable[_T],
+        attributes: dict[str, tracing.AttributeValue] | None = None,
+    ) -> _T:
+        """``call`` under a client span ``name``, a child of the transaction's (its HTTP
+        request carries it to the coordinator)."""
+        span = tracing.start(
+            tracing.CLIENT,
+            name,
+            kind=tracing.SpanKind.CLIENT,
+            parent=self.span,
+            attributes=attributes,
+        )
+        try:
+            with tracing.current(span):
+                result = await call
+        except BaseException as e:
+            tracing.end(span, e)
+            raise
+        tracing.end(span)
+        return result
+
+    def _span_ends(self, error: BaseException | None = None) -> None:
+        """The transaction ended (committed, aborted, or refused): so does its span."""
+        if self.span is not None:
+            self.span.set_attribute("segtxn.txn.outcome", self.state)
+            tracing.end(self.span, error)
+            self.span = None
 
     async def status(self, *, timeout_s: float | None = None) -> str:
         """The coordinator's state of the transaction (OPEN, COMMITTED, ABORTED, ...).

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from segtxn import exposition
+from segtxn import exposition, tracing
 from segtxn.auth import Action, authorize, check_owner, install_auth, principal_of
 from segtxn.boundary import error_response, install, read_json
 from segtxn.coordinator.metrics import CoordinatorMetrics
@@ -72,6 +72,34 @@ def _errors(handler: Handler) -> Handler:
             return error_response(e, request)
 
     return wrapped
+
+
+def _traced(name: str) -> Callable[[Handler], Handler]:
+    """A server span named ``name`` around a handler, for a request that carries a trace
+    context (``traceparent``: docs/tracing.md); current while it runs, so its log lines
+    carry the trace id. The error a request was answered with is its ``segtxn.error``."""
+
+    def wrap(handler: Handler) -> Handler:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            span = tracing.server(tracing.COORDINATOR, name, request.headers)
+            if span is None:
+                return await handler(request)
+            with tracing.current(span):
+                try:
+                    response = await handler(request)
+                except BaseException as e:
+                    tracing.end(span, e)
+                    raise
+            span.set_attribute("http.response.status_code", response.status)
+            error = response.headers.get("X-Segtxn-Error")
+            if error is not None:
+                span.set_attribute("segtxn.error", error)
+            tracing.end(span)
+            return response
+
+        return wrapped
+
+    return wrap
 
 
 def _txn(request: web.Request) -> TxnId:
@@ -187,6 +215,7 @@ def _v4_here(handler: Handler) -> Handler:
     return wrapped
 
 
+@_traced("new-txn")
 @_errors
 async def new_txn(request: web.Request) -> web.StreamResponse:
     timeout = request.query.get("timeout_s")
@@ -199,10 +228,12 @@ async def new_txn(request: web.Request) -> web.StreamResponse:
     owner = None if principal is None else principal.role
     if protocol == "v4":
         _, meta = await request.app[V4].new_txn(timeout_s, owner)
+        tracing.annotate({"segtxn.txn.id": str(TxnId(*meta.txn))})
         return web.json_response(_v4_meta(meta))
     if protocol != "v5":
         raise ServerError(ErrorName.INVALID_ARGUMENT, "protocol: v4 or v5")
     txn, header = await request.app[COORDINATOR].new_txn(timeout_s, owner)
+    tracing.annotate({"segtxn.txn.id": str(txn)})
     return web.json_response(_header(txn, header))
 
 
@@ -228,6 +259,7 @@ async def add_participants(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
+@_traced("end-txn")
 @_errors
 @_v4_here
 async def end_txn(request: web.Request) -> web.StreamResponse:
@@ -237,11 +269,13 @@ async def end_txn(request: web.Request) -> web.StreamResponse:
     except ValueError:
         raise ServerError(ErrorName.INVALID_ARGUMENT, "action: COMMIT or ABORT") from None
     await _check_owner(request, txn)
+    tracing.annotate({"segtxn.txn.id": str(txn), "segtxn.txn.action": action.value})
     started = time.perf_counter()
     if not txn.is_v5:
         meta = _v4_meta(await request.app[V4].end_txn(txn, action))
     else:
-        meta = _header(txn, await request.app[COORDINATOR].end_txn(txn, action))
+        header = await request.app[COORDINATOR].end_txn(txn, action, tracing.current_traceparent())
+        meta = _header(txn, header)
     request.app[METRICS].end_txn.record(
         time.perf_counter() - started,
         {"action": action.value.lower(), "protocol": "v5" if txn.is_v5 else "v4"},

@@ -319,8 +319,9 @@ class CoordinatorV5:
             raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
         return T.decode_header(record.value)
 
-    async def end_txn(self, txn: TxnId, action: TxnAction) -> T.TxnHeader:
-        """Decide a transaction: one CAS on its header.
+    async def end_txn(self, txn: TxnId, action: TxnAction, trace: str | None = None) -> T.TxnHeader:
+        """Decide a transaction: one CAS on its header. ``trace``: the traced END_TXN's
+        ``traceparent``, kept in the final header for the participants' spans.
 
         Raises:
             ServerError(TransactionNotFound / InvalidTxnStatus)
@@ -357,7 +358,7 @@ class CoordinatorV5:
             late = action is TxnAction.COMMIT and now_ms > header.timeout_ms
             if late:
                 outcome = TxnState.ABORTED
-            final = msgspec.structs.replace(header, state=outcome, finalized_ms=now_ms)
+            final = msgspec.structs.replace(header, state=outcome, finalized_ms=now_ms, trace=trace)
             try:
                 await self.store.put(
                     key,

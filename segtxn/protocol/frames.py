@@ -20,7 +20,7 @@ class Frame(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_field
 # ---------------------------------------------------------------- producer
 
 
-class Send(Frame, tag="send"):
+class Send(Frame, tag="send", omit_defaults=True):
     seq: int
     """Producer-assigned, strictly increasing: the broker drops a seq it has already stored
     (de-duplication across reconnects) and answers with the original message id."""
@@ -30,6 +30,10 @@ class Send(Frame, tag="send"):
     event_time_ms: int | None = None
     txn: tuple[int, int] | None = None
     """(most, least) of the transaction this message belongs to, if any."""
+    traceparent: str | None = None
+    """W3C Trace Context of the client's span for this send (tracing on: docs/tracing.md);
+    fields left at their defaults are not encoded, so a frame without it is what a broker
+    without tracing reads."""
 
 
 class SendBatch(Frame, tag="send_batch"):
@@ -67,7 +71,7 @@ class Flow(Frame, tag="flow"):
     permits: int
 
 
-class Ack(Frame, tag="ack"):
+class Ack(Frame, tag="ack", omit_defaults=True):
     message_ids: list[MessageIdT]
     cumulative: bool = False
     request_id: int = 0
@@ -78,6 +82,9 @@ class Ack(Frame, tag="ack"):
     """The delivery epoch of the acknowledged messages: on an ordered subscription a
     transaction may not acknowledge messages delivered before the latest rewind
     (TransactionConflict; they are being delivered again)."""
+    traceparent: str | None = None
+    """W3C Trace Context of the client's span for the (first) acknowledgment in this frame
+    (tracing on: docs/tracing.md)."""
 
 
 class Nack(Frame, tag="nack"):

@@ -3,7 +3,7 @@ transaction and segment (or subscription) instead of per append or ack, and ``cu
 acks (PIP-471 has no cumulative transactional ack; segtxn has, for ordered subscriptions).
 
 ```
-/txn/<txnId>                               header {state, timeout_ms, created_ms, finalized_ms}
+/txn/<txnId>                               header {state, timeout_ms, created_ms, finalized_ms, ...}
 /txn-op/<txnId>/w/<segment>                writes {segment, first, last}
 /txn-op/<txnId>/a/<segment>/<sub>/<chunk>  acks   {segment, subscription, ranges, cumulative?}
 idx writes-by-segment     (segment)               -> writes record
@@ -53,7 +53,7 @@ transaction log: brokers ask it whether a v4 transaction a client names is open
 (segtxn/broker/txn/v4checks.py)."""
 
 
-class TxnHeader(msgspec.Struct, frozen=True):
+class TxnHeader(msgspec.Struct, frozen=True, omit_defaults=True):
     state: TxnState
     timeout_ms: int
     """Absolute epoch ms after which an OPEN transaction is aborted."""
@@ -62,6 +62,10 @@ class TxnHeader(msgspec.Struct, frozen=True):
     owner: str | None = None
     """The role that opened it (security on): only it or a superuser may add to, end or
     inspect it (docs/security.md). None: opened with security off."""
+    trace: str | None = None
+    """The ``traceparent`` of the END_TXN that decided it, when that call was traced:
+    participants link their materialization spans to it (docs/tracing.md). Fields left at
+    their defaults are not written, so a header without it reads as before."""
 
 
 MAX_ACKS_PER_RECORD = 4096

@@ -9,7 +9,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from segtxn.broker.ws import _Outbox
+from segtxn.broker.outbox import Outbox
 from segtxn.client import Client
 from segtxn.client.timeouts import Expiries
 from segtxn.protocol import frames
@@ -67,7 +67,7 @@ class _Socket:
 
 async def test_an_outbox_sends_what_was_queued_together_as_one_message() -> None:
     socket = _Socket()
-    outbox = _Outbox(socket, 100, "test")  # type: ignore[arg-type]
+    outbox = Outbox(socket, 100, "test")  # type: ignore[arg-type]
     queued: list[frames.Frame] = [Receipt(seq=i, message_id=(1, i)) for i in range(50)]
     queued.append(Rewind(epoch=1))
     queued += [Message(message_id=(1, i), payload=b"p") for i in range(3)]

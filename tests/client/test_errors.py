@@ -23,7 +23,7 @@ from segtxn.client import (
     TransactionNotFound,
     errors,
 )
-from segtxn.client.transaction import Coordinators
+from segtxn.client.coordinators import Coordinators
 from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol import names
 from segtxn.protocol.errors import NamedServerError, server_error

@@ -6,6 +6,7 @@ it describes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,11 @@ from typing import Any
 
 import pytest
 import yaml
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from segtxn import tracing
 from segtxn.client import Client
 from segtxn.operator import render
 from tests.cluster import Cluster
@@ -52,6 +57,7 @@ def test_every_example_is_tested() -> None:
         "03_consume_transform_produce.py",
         "04_split_during_transaction.py",
         "05_scalable_topic.yaml",
+        "06_tracing.py",
     }
     assert {p.name for p in EXAMPLES.iterdir() if p.is_file()} == tested
 
@@ -98,6 +104,43 @@ async def test_04_split_during_transaction(cluster: Cluster) -> None:
     assert lines[0].endswith("active segments now [1, 2]")
     assert lines[1].startswith("committed ")
     assert lines[2:] == [f"user-{k}: clicks [0, 1, 2, 3, 4, 5]" for k in range(4)]
+
+
+@MEMORY
+async def test_06_tracing(cluster: Cluster) -> None:
+    """The example's spans (its stdout) and the servers' (in this process: tracing on here
+    too) are one trace, the one it names; the materialization spans link to it."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.enable(provider)
+    try:
+        lines = await run("06_tracing.py", cluster.url)
+
+        def linked() -> list[ReadableSpan]:
+            return [s for s in exporter.get_finished_spans() if s.name.startswith("materialize")]
+
+        await wait_until(lambda: len(linked()) == 3, what="writes on 2 segments, acks on 1")
+    finally:
+        tracing.disable()
+        provider.shutdown()
+    (named,) = [line.split()[1] for line in lines if line.startswith("trace ")]
+    assert next(line for line in lines if line.startswith("committed ")).endswith(": COMMITTED")
+    client_spans = [json.loads(line) for line in lines if line.startswith("{")]
+    in_trace = {s["name"] for s in client_spans if s["context"]["trace_id"] == f"0x{named}"}
+    assert {"transaction", "new-txn", "end-txn"} <= in_trace
+    assert len([n for n in in_trace if n.startswith("send segment://examples/traced/in")]) == 2
+    assert any(n.startswith("ack segment://examples/traced/orders/") for n in in_trace)
+    # the order sent before the transaction is a trace of its own
+    assert [s for s in client_spans if s["name"].startswith("send segment://examples/traced/o")]
+    served = {
+        s.name for s in exporter.get_finished_spans() if f"{s.context.trace_id:032x}" == named
+    }
+    assert {"new-txn", "end-txn"} <= served
+    assert any(n.startswith("send segment://examples/traced/invoices/") for n in served)
+    assert any(n.startswith("ack segment://examples/traced/orders/") for n in served)
+    for span in linked():
+        assert [f"{link.context.trace_id:032x}" for link in span.links] == [named]
 
 
 @pytest.mark.timeout(180)

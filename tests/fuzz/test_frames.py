@@ -104,6 +104,8 @@ def send(limit: int) -> st.SearchStrategy[Send]:
         properties=PROPERTIES,
         event_time_ms=st.none() | st.sampled_from(I64_EDGES),
         txn=TXN,
+        # any trace context is taken (a malformed one is ignored, never refused)
+        traceparent=st.none() | st.text(max_size=600),
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from segtxn.client import Client
-from segtxn.client import transaction as client_txn
+from segtxn.client import coordinators as client_txn
 from segtxn.client.transaction import Transaction
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T

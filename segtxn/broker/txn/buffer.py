@@ -40,6 +40,7 @@ import msgspec
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
+from segtxn.broker.spans import materialization_span
 from segtxn.broker.txn.buffer_records import (
     ABORTED,
     ORPHANS,
@@ -341,6 +342,13 @@ class MetadataTransactionBuffer(TransactionBuffer):
             return
         self._open_first.pop(txn, None)
         state = header.state if header is not None else TxnState.ABORTED
+        with materialization_span(self.segment, txn, state, header, entries=len(positions)):
+            self._apply(txn, header, state, positions)
+
+    def _apply(
+        self, txn: TxnId, header: T.TxnHeader | None, state: TxnState, positions: list[Position]
+    ) -> None:
+        """Make the outcome count here: visible, or hidden with its range recorded."""
         self._metrics.txn_materialized.add(1, {"outcome": state.value, "part": "writes"})
         if header is not None and header.finalized_ms is not None and state is TxnState.COMMITTED:
             # the two clocks may disagree a little: never a negative latency

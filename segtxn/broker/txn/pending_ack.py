@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.broker.spans import materialization_span
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.oprecords import Draft, OpRecordWriter
 from segtxn.ledger import LedgerError, ManagedCursor, Position
@@ -356,37 +357,51 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
                 return
             committed = header is not None and header.state is TxnState.COMMITTED
             outcome = TxnState.COMMITTED if committed else TxnState.ABORTED
-            self._metrics.txn_materialized.add(1, {"outcome": outcome.value, "part": "acks"})
-            log.debug(
-                "txn %s: %s materialized on %s subscription %s (%d acks%s)",
+            with materialization_span(
+                self.segment, txn, outcome, header, subscription=self.subscription
+            ):
+                await self._apply(txn, committed, outcome, individual, upto)
+
+    async def _apply(
+        self,
+        txn: TxnId,
+        committed: bool,
+        outcome: TxnState,
+        individual: list[Position],
+        upto: Position | None,
+    ) -> None:
+        """Apply an outcome to the subscription (under the lock, in its span)."""
+        self._metrics.txn_materialized.add(1, {"outcome": outcome.value, "part": "acks"})
+        log.debug(
+            "txn %s: %s materialized on %s subscription %s (%d acks%s)",
+            txn,
+            outcome.value,
+            self.segment,
+            self.subscription,
+            len(individual),
+            "" if upto is None else f", cumulative up to {upto}",
+        )
+        try:
+            # A commit's acks are made durable by the cursor's next save, which its
+            # records wait for: until then they are what a recovery applies again.
+            await self._settle(txn, committed, individual, upto, wait=False)
+            keys = [c.key for c in self._records.pop(txn, [])]
+            if committed:
+                self._after_save.extend(keys)
+                self._save_soon()
+            else:
+                self._ops.discard(keys)
+            self._headers.forget(txn, self._on_header)
+        except MetadataStoreError as e:
+            log.warning(
+                "txn %s: materializing its %s on %s subscription %s failed (%s); retried "
+                "when the segment is loaded again",
                 txn,
                 outcome.value,
                 self.segment,
                 self.subscription,
-                len(individual),
-                "" if upto is None else f", cumulative up to {upto}",
+                e,
             )
-            try:
-                # A commit's acks are made durable by the cursor's next save, which its
-                # records wait for: until then they are what a recovery applies again.
-                await self._settle(txn, committed, individual, upto, wait=False)
-                keys = [c.key for c in self._records.pop(txn, [])]
-                if committed:
-                    self._after_save.extend(keys)
-                    self._save_soon()
-                else:
-                    self._ops.discard(keys)
-                self._headers.forget(txn, self._on_header)
-            except MetadataStoreError as e:
-                log.warning(
-                    "txn %s: materializing its %s on %s subscription %s failed (%s); retried "
-                    "when the segment is loaded again",
-                    txn,
-                    outcome.value,
-                    self.segment,
-                    self.subscription,
-                    e,
-                )
 
     def _save_soon(self) -> None:
         if self._saver is None:

@@ -1,0 +1,199 @@
+"""Reaching the transaction coordinators: finding them through any broker, failing over
+between them within a call's limit, and pre-starting transactions when asked to.
+
+Pre-started transactions (``Client(prestart_transactions=True)``): each NEW_TXN also opens
+the next transaction in the background (same protocol and timeout), so the next ``start``
+usually costs no round trip. A pre-started transaction is used only if it opened less than
+:data:`PRESTART_MAX_AGE_S` before (its timeout runs from its opening, so it is at most
+that much shorter); an older one, and the one left when the client closes, are aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from segtxn import tracing
+from segtxn.client.connection import Connector
+from segtxn.client.errors import ClientError
+from segtxn.client.timeouts import Deadline, retrying
+from segtxn.protocol.errors import ErrorCategory, ServerError, ServiceNotReady
+from segtxn.protocol.txn import TxnAction, TxnId
+
+__all__ = ["PRESTART_MAX_AGE_S", "Coordinators"]
+
+log = logging.getLogger(__name__)
+
+PRESTART_MAX_AGE_S = 1.0
+"""A pre-started transaction older than this is aborted instead of used."""
+
+
+@dataclass(frozen=True)
+class _Opened:
+    txn: TxnId
+    url: str
+    """The coordinator that opened it: END_TXN goes there first (it needs no read there)."""
+    at: float
+    """Event-loop time of the opening."""
+
+
+class Coordinators:
+    """Finds the transaction coordinators through any broker, fails over between them, and
+    keeps a pre-started transaction when asked to."""
+
+    def __init__(self, connector: Connector, *, prestart: bool = False) -> None:
+        self._connector = connector
+        self._urls: list[str] = []
+        self._next = itertools.count()
+        self._prestart = prestart
+        self._spares: dict[tuple[str, float], asyncio.Task[_Opened]] = {}
+        self._aborting: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def operation_timeout_s(self) -> float:
+        return self._connector.timeouts.operation_timeout_s
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        deadline: Deadline | None = None,
+        category: ErrorCategory = ErrorCategory.RETRIABLE,
+        **kwargs: Any,
+    ) -> Any:
+        """Call a coordinator. While none answers (one died or is paused, a standby is
+        taking over), try the others and look them up again, backing off, until
+        ``deadline``: every coordinator call is safe to repeat.
+
+        Args:
+            deadline: when to give up (default: the client's operation timeout from now).
+            category: what a Timeout means for this call (OUTCOME_UNKNOWN for a commit).
+
+        Raises:
+            ServerError: the coordinator's answer.
+            Timeout: no coordinator answered by ``deadline`` (it names the last failure).
+        """
+        reply, _ = await self._call(method, path, deadline=deadline, category=category, **kwargs)
+        return reply
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        deadline: Deadline | None = None,
+        category: ErrorCategory = ErrorCategory.RETRIABLE,
+        prefer: str | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, str]:
+        """:meth:`call`, trying ``prefer`` first when it is among the coordinators; also
+        returns the URL that answered."""
+        first = [prefer]
+
+        async def attempt() -> tuple[Any, str]:
+            try:
+                if not self._urls:
+                    found = await self._connector.request("GET", "/lookup/v2/coordinators")
+                    self._urls = list(found["coordinators"])
+                    if not self._urls:
+                        raise ServiceNotReady("no transaction coordinator is up")
+                wanted = first.pop() if first else None
+                url = (
+                    wanted
+                    if wanted in self._urls
+                    else self._urls[next(self._next) % len(self._urls)]
+                )
+                return await self._connector.request(method, url + path, **kwargs), url
+            except BaseException as e:
+                if not isinstance(e, ServerError) or e.retriable:
+                    self._urls = []  # look them up again: the next attempt goes elsewhere
+                raise
+
+        return await retrying(
+            f"{method} {path}",
+            attempt,
+            deadline or Deadline(self.operation_timeout_s),
+            request_timeout_s=self._connector.timeouts.request_timeout_s,
+            category=category,
+        )
+
+    async def open(self, protocol: str, timeout_s: float, deadline: Deadline) -> _Opened:
+        """NEW_TXN, or the pre-started transaction when there is a fresh one (and, when
+        pre-starting, the next one begins opening now).
+
+        Raises ServerError / Timeout (see :meth:`call`).
+        """
+        key = (protocol, timeout_s)
+        spare = self._spares.pop(key, None)
+        if self._prestart and not self._closed:
+            with tracing.detached():  # the next transaction's, not this one's
+                self._spares[key] = asyncio.create_task(
+                    self._open(protocol, timeout_s, Deadline(self.operation_timeout_s)),
+                    name="txn-prestart",
+                )
+        if spare is not None:
+            try:
+                async with deadline.timeout():
+                    opened = await asyncio.shield(spare)
+            except Exception as e:  # a failed or late spare: open one the usual way
+                log.debug("pre-started transaction not available (%s)", e)
+                spare.add_done_callback(self._abort_unused)
+            else:
+                if asyncio.get_running_loop().time() - opened.at <= PRESTART_MAX_AGE_S:
+                    return opened
+                self._abort_soon(opened)
+        return await self._open(protocol, timeout_s, deadline)
+
+    async def _open(self, protocol: str, timeout_s: float, deadline: Deadline) -> _Opened:
+        reply, url = await self._call(
+            "POST",
+            "/txn/v2/new",
+            deadline=deadline,
+            params={"timeout_s": str(timeout_s), "protocol": protocol},
+        )
+        return _Opened(TxnId.parse(reply["txnId"]), url, asyncio.get_running_loop().time())
+
+    async def end(self, txn: TxnId, action: TxnAction, deadline: Deadline, url: str | None) -> None:
+        """END_TXN, at ``url`` first (where it was opened) when given."""
+        await self._call(
+            "POST",
+            f"/txn/v2/{txn}/end",
+            deadline=deadline,
+            category=(
+                ErrorCategory.OUTCOME_UNKNOWN
+                if action is TxnAction.COMMIT
+                else ErrorCategory.RETRIABLE
+            ),
+            prefer=url,
+            params={"action": action.value},
+        )
+
+    def _abort_unused(self, spare: asyncio.Task[_Opened]) -> None:
+        if not spare.cancelled() and spare.exception() is None:
+            self._abort_soon(spare.result())
+
+    def _abort_soon(self, opened: _Opened) -> None:
+        task = asyncio.create_task(self._abort_spare(opened), name="txn-prestart-abort")
+        self._aborting.add(task)
+        task.add_done_callback(self._aborting.discard)
+
+    async def _abort_spare(self, opened: _Opened) -> None:
+        try:
+            deadline = Deadline(self.operation_timeout_s)
+            await self.end(opened.txn, TxnAction.ABORT, deadline, opened.url)
+        except (ServerError, ClientError) as e:  # its coordinator times it out anyway
+            log.debug("pre-started transaction %s not aborted (%s)", opened.txn, e)
+
+    async def close(self) -> None:
+        """Abort the pre-started transactions (best effort: unused, they time out anyway)."""
+        self._closed = True
+        spares, self._spares = list(self._spares.values()), {}
+        for opened in await asyncio.gather(*spares, return_exceptions=True):
+            if isinstance(opened, _Opened):
+                self._abort_soon(opened)
+        await asyncio.gather(*self._aborting, return_exceptions=True)
