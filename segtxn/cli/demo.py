@@ -26,7 +26,9 @@ import click
 from segtxn.cli import verbosity
 from segtxn.cli.params import StoreUrl
 from segtxn.cli.servers import STORE_TIMEOUT_S
+from segtxn.cli.verify import history_option
 from segtxn.metastore import MetadataStoreError, open_store, wait_reachable
+from segtxn.verify.history import HistoryStore
 from segtxn.verify.job import JobSettings, check_run, progress_to, run_job, run_log
 from segtxn.verify.plan import Shape, demo_plan
 
@@ -76,6 +78,7 @@ LOCAL_ETCD = "etcd-local"
     type=click.Path(file_okay=False, path_type=Path),
     help="Where runs are recorded (default: segtxn-demo/ in the temporary directory).",
 )
+@history_option(HistoryStore.FILES)
 def demo(
     *,
     store: str,
@@ -85,6 +88,7 @@ def demo(
     seed: int | None,
     master: str,
     out: Path | None,
+    history: str,
 ) -> None:
     """The main job: a transactional pipeline with splits, merges, aborts and a processor
     kill, checked end to end with Spark. Exit status 1 on any anomaly."""
@@ -104,6 +108,7 @@ def demo(
         rate=rate,
         launch=verbosity.child_launch(),
         store=external,
+        history=HistoryStore(history),
     )
     logs = run_dir / "logs"
     progress = progress_to(logs / "orchestrator.log", click.echo)

@@ -9,7 +9,9 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
@@ -17,14 +19,30 @@ from segtxn.cli import verbosity
 from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URLS
 from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
 from segtxn.client import TopicAlreadyExists
+from segtxn.verify.history import HistoryStore
 from segtxn.verify.job import JobSettings
 from segtxn.verify.plan import Shape
 from segtxn.verify.processes import TEST_BUGS_ENV
 from segtxn.verify.processor import ProcessorConfig, Topics, run_processor
 from segtxn.verify.soak import SoakSettings, run_soak, summary_table
-from segtxn.verify.workload import RunInfo, WorkloadConfig, run_workload
+from segtxn.verify.workload import WorkloadConfig, run_workload
 
 RUN_DIR = click.Path(file_okay=False, path_type=Path)
+HISTORY = click.Choice([s.value for s in HistoryStore])
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def history_option(default: HistoryStore) -> Callable[[F], F]:
+    """``--history files|topics``: where the clients record their histories."""
+    return click.option(
+        "--history",
+        default=default.value,
+        show_default=True,
+        type=HISTORY,
+        help="Where every client records its history: files in the run directory, or the "
+        "run's history topic (topic://verify/RUN/history), which the checker reads through "
+        "the segtxn data source.",
+    )
 
 
 @click.group()
@@ -149,6 +167,7 @@ def _raise_unreachable(e: Exception, url: str) -> None:
 )
 @click.option("--no-topology", is_flag=True, help="No splits or merges during the run.")
 @click.option("--no-kill", is_flag=True, help="Kill no processor during the run.")
+@history_option(HistoryStore.TOPICS)
 def run(
     *,
     url: str,
@@ -163,6 +182,7 @@ def run(
     seed: int | None,
     no_topology: bool,
     no_kill: bool,
+    history: str,
 ) -> None:
     """Feed, process (in transactions), split, merge and kill; record every client's history."""
     _check_new_run_dir(run_dir)
@@ -174,7 +194,7 @@ def run(
     config = WorkloadConfig(
         url=url, run_dir=run_dir, run=run, inputs=inputs, keys=keys, rate=rate,
         processors=processors, abort_rate=abort_rate, timeout_rate=timeout_rate, seed=seed,
-        launch=verbosity.child_launch(),
+        launch=verbosity.child_launch(), history=HistoryStore(history),
     )  # fmt: skip
     if no_topology:
         config = dataclasses.replace(config, changes=())
@@ -198,9 +218,10 @@ def run(
 @verify.command()
 @click.option(
     "--run-dir",
-    required=True,
+    default=None,
     type=RUN_DIR,
-    help="A run recorded by `verify run`.",
+    help="A run recorded by `verify run` (its run.json says where its histories are). "
+    "Without it, --url and --run name a run recorded in topics.",
 )
 @click.option(
     "--url",
@@ -208,13 +229,29 @@ def run(
     type=SERVICE_URLS,
     help="A broker's URL, or several separated by commas (default: the run's).",
 )
+@click.option(
+    "--run",
+    "run_name",
+    default=None,
+    callback=lambda ctx, param, value: value and _run_name(ctx, param, value),
+    help="Without --run-dir: the run's name (its topics, its history topic included).",
+)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False, path_type=Path))
-def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -> None:
+def check(
+    run_dir: Path | None,
+    url: str | None,
+    run_name: str | None,
+    master: str,
+    html_path: Path | None,
+) -> None:
     """Check a recorded run with Spark; exit status 1 when any anomaly is found."""
-    _check_recorded_run_dir(run_dir)
+    if run_dir is not None:
+        _check_recorded_run_dir(run_dir)
+    elif url is None or run_name is None:
+        raise click.UsageError("give --run-dir, or --url and --run for a run recorded in topics")
+    from segtxn.verify.checker import RunNotRecorded, load, load_topics
     from segtxn.verify.checker import check as check_frames
-    from segtxn.verify.checker import load
     from segtxn.verify.report import summary, write_html
     from segtxn.verify.spark import require_java, spark_session
 
@@ -222,12 +259,20 @@ def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -
         require_java()
     except RuntimeError as e:
         raise click.ClickException(str(e)) from e
-    info = RunInfo.load(run_dir)
     spark = spark_session(master)
     try:
-        report = check_frames(load(spark, run_dir, url))
+        if run_dir is not None:
+            frames = load(spark, run_dir, url)
+        else:
+            assert url is not None and run_name is not None  # checked above
+            frames = load_topics(spark, url, run_name)
+        report = check_frames(frames)
+    except RunNotRecorded as e:
+        raise click.ClickException(str(e)) from e
     finally:
         spark.stop()
+    info = frames.info
+    assert info is not None  # loaded from a run
     run_s = info.ended - info.started
     click.echo(summary(report, run_s))
     if html_path is not None:
@@ -302,6 +347,7 @@ def stream(
 @click.option("--abort-rate", default=0.1, type=FRACTION)
 @click.option("--timeout-rate", default=0.02, type=FRACTION)
 @click.option("--txn-timeout", default=3.0, type=SECONDS)
+@history_option(HistoryStore.FILES)
 def process(
     *,
     url: str,
@@ -313,11 +359,13 @@ def process(
     abort_rate: float,
     timeout_rate: float,
     txn_timeout: float,
+    history: str,
 ) -> None:
     """One processor of a run (started by `verify run`)."""
     config = ProcessorConfig(
         url=url, run_dir=run_dir, topics=Topics.for_run(run), name=name, seed=seed, batch=batch,
         abort_rate=abort_rate, timeout_rate=timeout_rate, txn_timeout_s=txn_timeout,
+        history=HistoryStore(history),
     )  # fmt: skip
     started = time.monotonic()
     asyncio.run(run_processor(config))
@@ -388,6 +436,7 @@ def _bug_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     help=f"Set {TEST_BUGS_ENV}=NAME for every server and processor: the product "
     "re-introduces that known race, to prove the soak can fail.",
 )
+@history_option(HistoryStore.FILES)
 def soak(
     *,
     runs: int,
@@ -399,6 +448,7 @@ def soak(
     drain_timeout: float,
     shape: str | None,
     inject_bug: str | None,
+    history: str,
 ) -> None:
     """Run the verification job for many seeds, each with a cluster shape and faults drawn
     from its seed; exit status 1 naming the failing seeds."""
@@ -419,6 +469,7 @@ def soak(
             rate=rate,
             launch=verbosity.child_launch(env),
             drain_timeout_s=drain_timeout,
+            history=HistoryStore(history),
         ),
         out_dir=out,
         master=master,
@@ -446,6 +497,8 @@ def soak(
         again += f" --inject-bug {inject_bug}"
     if shape:
         again += f" --shape {shape}"
+    if history != HistoryStore.FILES.value:
+        again += f" --history {history}"
     click.echo(f"FAIL: {len(failed)} of {len(results)} run(s): seeds {', '.join(map(str, failed))}")
     click.echo(f"reproduce one: {again} --seed {failed[0]}")
     sys.exit(1)

@@ -115,6 +115,11 @@ class RunInfo:
     def save(self, run_dir: Path) -> None:
         (run_dir / "run.json").write_text(json.dumps(asdict(self), indent=2))
 
+    def record(self, history: HistoryWriter) -> None:
+        """The run's last event in a history topic (``run``): what ``run.json`` holds, for a
+        checker that has only the cluster (:func:`segtxn.verify.checker.load_topics`)."""
+        history.record("run", info=asdict(self))
+
     @classmethod
     def load(cls, run_dir: Path) -> RunInfo:
         return cls(**json.loads((run_dir / "run.json").read_text()))
@@ -189,7 +194,7 @@ async def run_workload(
             await tail.close()
         info.ended = time.time()
         if config.history is HistoryStore.TOPICS:
-            history.record("run", info=asdict(info))
+            info.record(history)
         await history.close()
     info.save(config.run_dir)
     return info
