@@ -291,6 +291,7 @@ def check(
 @click.option("--for", "duration", default=None, type=SECONDS, help="Stop after this long.")
 @click.option("--wait", default=60.0, show_default=True, type=SECONDS, help="For the topics.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@history_option(HistoryStore.TOPICS)
 def stream(
     *,
     url: str,
@@ -302,6 +303,7 @@ def stream(
     duration: float | None,
     wait: float,
     master: str,
+    history: str,
 ) -> None:
     """Check a run's topics while it runs (a line per Spark micro-batch) until it ends;
     exit status 1 when any anomaly is found."""
@@ -320,12 +322,13 @@ def stream(
     try:
         require_java()
         asyncio.run(check_reachable(url))
-        asyncio.run(wait_for_topics(url, Topics.for_run(run), wait))
+        asyncio.run(wait_for_topics(url, Topics.for_run(run), wait, HistoryStore(history)))
     except (RuntimeError, TopicsMissing) as e:
         raise click.ClickException(str(e)) from e
     settings = StreamSettings(
-        url, run, run_dir, checkpoint or run_dir / "stream-ckpt", trigger, window, duration
-    )
+        url, run, run_dir, checkpoint or run_dir / "stream-ckpt", trigger, window, duration,
+        HistoryStore(history),
+    )  # fmt: skip
     spark = spark_session(master)
     try:
         online = follow_run(spark, settings, click.echo)

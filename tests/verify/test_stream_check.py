@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from segtxn.client import Client
-from segtxn.verify.history import FileHistory, InputRecord, OutputRecord, encode
+from segtxn.verify.history import FileHistory, HistoryStore, InputRecord, OutputRecord, encode
+from segtxn.verify.history_topic import open_history
 from segtxn.verify.processor import Topics
 from segtxn.verify.stream_check import (
     BatchReport,
@@ -62,16 +63,19 @@ def test_gives_up_on_the_oldest_pending_transactions(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cluster", ["memory"], indirect=True)  # Spark's time is the cost
+@pytest.mark.parametrize("store", list(HistoryStore))
 @pytest.mark.timeout(300)
 async def test_a_stream_finds_nothing_on_clean_data_then_each_doctored_anomaly(
-    client: Client, cluster: Cluster, spark: SparkSession, tmp_path: Path
+    client: Client, cluster: Cluster, spark: SparkSession, tmp_path: Path, store: HistoryStore
 ) -> None:
+    """The outcomes come from history files, or from the history topic as a fourth stream."""
     topics = Topics.for_run("online")
-    for topic in (topics.input, topics.out_a, topics.out_b):
+    for topic in (topics.input, topics.out_a, topics.out_b, topics.history):
         await client.admin.create_topic(topic, segments=2)
     feeder = await client.create_producer(topics.input)
     outputs = {t: await client.create_producer(t) for t in (topics.out_a, topics.out_b)}
-    history = FileHistory(tmp_path / "history", "p1")
+    history = await open_history(store, "p1", run_dir=tmp_path, topic=topics.history, client=client)
+    in_topic = store is HistoryStore.TOPICS
     reports: list[BatchReport] = []
     lock = threading.Lock()
 
@@ -96,10 +100,10 @@ async def test_a_stream_finds_nothing_on_clean_data_then_each_doctored_anomaly(
         await (txn.commit() if commit else txn.abort())
         history.record("ended", txn=name, outcome="committed" if commit else "aborted")
 
-    check = OnlineCheck(Outcomes(tmp_path / "history"))
+    check = OnlineCheck(Outcomes(None if in_topic else tmp_path / "history"))
 
     def start() -> StreamingQuery:  # Spark plans in a thread: the loop serves the broker
-        frame = run_frame(spark, cluster.url, topics)
+        frame = run_frame(spark, cluster.url, topics, history=in_topic)
         return start_check(frame, check, tmp_path / "ckpt", keep, trigger_s=0.2)
 
     query = await asyncio.to_thread(start)
