@@ -171,9 +171,9 @@ class Processor:
                 stalled = dice < config.abort_rate + config.timeout_rate
                 if stalled:
                     await asyncio.sleep(config.txn_timeout_s + 1.0)  # sleep-ok: a stall
-                    started = loop.time()
                 self.history.record("committing", session=self.session, txn=name)
                 await self.history.durable()  # no commit without its committing stored
+                started = loop.time()  # the commit call's own time, not the history's
                 try:
                     await txn.commit()
                     outcome = "committed"

@@ -190,12 +190,12 @@ async def run_workload(
                 config=config, topics=topics, info=info, processors=processors, client=client,
                 history=history, tail=tail, progress=progress, servers=servers,
             )  # fmt: skip
+            info.ended = time.time()
+            if config.history is HistoryStore.TOPICS:
+                info.record(history)
         finally:
             await tail.close()
-        info.ended = time.time()
-        if config.history is HistoryStore.TOPICS:
-            info.record(history)
-        await history.close()
+            await history.close()  # every event stored (or HistoryWriteFailed)
     info.save(config.run_dir)
     return info
 
