@@ -44,9 +44,10 @@ Where the histories are kept (:class:`HistoryStore`, the workload's ``--history`
     (:mod:`.history_topic`), one message per event keyed by the client (so one client's
     events are in one segment, in the order recorded), sent without a transaction (never in
     a transaction under test). An event counts once the broker acknowledged it:
-    :meth:`HistoryWriter.durable` returns when every event recorded so far has been. A
-    process SIGKILLed loses the events it recorded after its last ``durable()`` returned
-    (they may or may not be stored; none is ever stored twice or torn). The processors call
+    :meth:`HistoryWriter.durable` returns when every event recorded so far has been. Of
+    the events a SIGKILLed process recorded after its last ``durable()`` returned, some
+    first ones may be stored, the rest are lost (none is ever stored twice or torn, none
+    after one that is lost: one producer, one segment, in order). The processors call
     ``durable()`` after ``committing`` (before the commit call, so a transaction with no
     ``committing`` was never asked to commit, as with files) and after ``ended`` (so a kill
     loses at most the events of the transaction in hand: an ``ended`` lost is a
