@@ -48,11 +48,11 @@ Where the histories are kept (:class:`HistoryStore`, the workload's ``--history`
     the events a SIGKILLed process recorded after its last ``durable()`` returned, some
     first ones may be stored, the rest are lost (none is ever stored twice or torn, none
     after one that is lost: one producer, one segment, in order). The processors call
-    ``durable()`` after ``committing`` (before the commit call, so a transaction with no
-    ``committing`` was never asked to commit, as with files) and after ``ended`` (so a kill
-    loses at most the events of the transaction in hand: an ``ended`` lost is a
-    transaction whose outcome is unknown, which the checker never counts against the
-    system).
+    ``durable()`` after ``committing``, before the commit call (so a transaction with no
+    ``committing`` was never asked to commit, as with files): a kill loses at most what was
+    recorded since the last commit was asked for, the previous transaction's ``ended``
+    included (an ``ended`` lost is a transaction whose outcome is unknown, which the
+    checker never counts against the system).
 
 Either way a history event missing from a run only makes the checker see less (an input
 never ``sent``, a transaction never ``ended``); it never makes an anomaly.

@@ -15,8 +15,8 @@ arrive in position order, and after a transaction that did not commit, its input
 again first (the broker rewinds the subscription; docs/protocol.md). So it just consumes,
 transforms, produces, acknowledges, and commits or aborts, the way the docs tell users to.
 Everything it does goes to its history (:mod:`segtxn.verify.history`, in files or in the
-run's history topic), stored before it asks for a commit and again once the transaction has
-ended; SIGTERM ends it after the transaction in hand.
+run's history topic); what it recorded is stored before it asks for a commit. SIGTERM ends
+it after the transaction in hand.
 """
 
 from __future__ import annotations
@@ -199,7 +199,6 @@ class Processor:
             outputs=outputs,
             commit_ms=(loop.time() - started) * 1000,
         )
-        await self.history.durable()  # a kill from here on loses nothing of this one
         log.debug("%s: %s %s (%d inputs)", config.name, name, outcome, len(inputs))
 
 
