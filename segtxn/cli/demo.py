@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.params import StoreUrl
+from segtxn.cli.params import StoreUrl, history_option
 from segtxn.cli.servers import STORE_TIMEOUT_S
-from segtxn.cli.verify import history_option
 from segtxn.metastore import MetadataStoreError, open_store, wait_reachable
 from segtxn.verify.history import HistoryStore
 from segtxn.verify.job import JobSettings, check_run, progress_to, run_job, run_log

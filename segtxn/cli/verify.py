@@ -9,14 +9,12 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URLS
+from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URLS, history_option
 from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
 from segtxn.client import TopicAlreadyExists
 from segtxn.verify.history import HistoryStore
@@ -28,21 +26,6 @@ from segtxn.verify.soak import SoakSettings, run_soak, summary_table
 from segtxn.verify.workload import WorkloadConfig, run_workload
 
 RUN_DIR = click.Path(file_okay=False, path_type=Path)
-HISTORY = click.Choice([s.value for s in HistoryStore])
-F = TypeVar("F", bound=Callable[..., object])
-
-
-def history_option(default: HistoryStore) -> Callable[[F], F]:
-    """``--history files|topics``: where the clients record their histories."""
-    return click.option(
-        "--history",
-        default=default.value,
-        show_default=True,
-        type=HISTORY,
-        help="Where every client records its history: files in the run directory, or the "
-        "run's history topic (topic://verify/RUN/history), which the checker reads through "
-        "the segtxn data source.",
-    )
 
 
 @click.group()
