@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.params import StoreUrl
+from segtxn.cli.params import StoreUrl, history_option
 from segtxn.cli.servers import STORE_TIMEOUT_S
 from segtxn.cli.traces import child_env, trace_option
 from segtxn.metastore import MetadataStoreError, open_store, wait_reachable
+from segtxn.verify.history import HistoryStore
 from segtxn.verify.job import JobSettings, check_run, progress_to, run_job, run_log
 from segtxn.verify.plan import Shape, demo_plan
 
@@ -78,6 +79,7 @@ LOCAL_ETCD = "etcd-local"
     help="Where runs are recorded (default: segtxn-demo/ in the temporary directory).",
 )
 @trace_option
+@history_option(HistoryStore.FILES)
 def demo(
     *,
     store: str,
@@ -88,6 +90,7 @@ def demo(
     master: str,
     out: Path | None,
     trace: bool,
+    history: str,
 ) -> None:
     """The main job: a transactional pipeline with splits, merges, aborts and a processor
     kill, checked end to end with Spark. Exit status 1 on any anomaly. --trace: every
@@ -108,6 +111,7 @@ def demo(
         rate=rate,
         launch=verbosity.child_launch(child_env(trace)),
         store=external,
+        history=HistoryStore(history),
     )
     logs = run_dir / "logs"
     progress = progress_to(logs / "orchestrator.log", click.echo)

@@ -20,6 +20,7 @@ from segtxn.broker.settings import BROKER_ID
 from segtxn.metastore import InvalidArgument, check_url
 from segtxn.protocol.hashing import HASH_SPACE
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
+from segtxn.verify.history import HistoryStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -213,3 +214,19 @@ def refuse_unless(ctx: click.Context, name: str, applies: bool, why: str) -> Non
     if given(ctx, name) and not applies:
         flag = "--" + name.replace("_", "-")
         raise click.UsageError(f"{flag} does not apply here: {why}", ctx)
+
+
+HISTORY = click.Choice([s.value for s in HistoryStore])
+
+
+def history_option(default: HistoryStore) -> Callable[[F], F]:
+    """``--history files|topics``: where the clients record their histories."""
+    return click.option(
+        "--history",
+        default=default.value,
+        show_default=True,
+        type=HISTORY,
+        help="Where every client records its history: files in the run directory, or the "
+        "run's history topic (topic://verify/RUN/history), which the checker reads through "
+        "the segtxn data source.",
+    )

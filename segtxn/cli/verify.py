@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URLS
+from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URLS, history_option
 from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
 from segtxn.client import TopicAlreadyExists
+from segtxn.verify.history import HistoryStore
 from segtxn.verify.job import JobSettings
 from segtxn.verify.plan import Shape
 from segtxn.verify.processes import TEST_BUGS_ENV
 from segtxn.verify.processor import ProcessorConfig, Topics, run_processor
 from segtxn.verify.soak import SoakSettings, run_soak, summary_table
-from segtxn.verify.workload import RunInfo, WorkloadConfig, run_workload
+from segtxn.verify.workload import WorkloadConfig, run_workload
 
 if TYPE_CHECKING:
     from segtxn.verify.checker import Report
@@ -153,6 +154,7 @@ def _raise_unreachable(e: Exception, url: str) -> None:
 )
 @click.option("--no-topology", is_flag=True, help="No splits or merges during the run.")
 @click.option("--no-kill", is_flag=True, help="Kill no processor during the run.")
+@history_option(HistoryStore.TOPICS)
 def run(
     *,
     url: str,
@@ -167,6 +169,7 @@ def run(
     seed: int | None,
     no_topology: bool,
     no_kill: bool,
+    history: str,
 ) -> None:
     """Feed, process (in transactions), split, merge and kill; record every client's history."""
     _check_new_run_dir(run_dir)
@@ -178,7 +181,7 @@ def run(
     config = WorkloadConfig(
         url=url, run_dir=run_dir, run=run, inputs=inputs, keys=keys, rate=rate,
         processors=processors, abort_rate=abort_rate, timeout_rate=timeout_rate, seed=seed,
-        launch=verbosity.child_launch(),
+        launch=verbosity.child_launch(), history=HistoryStore(history),
     )  # fmt: skip
     if no_topology:
         config = dataclasses.replace(config, changes=())
@@ -202,15 +205,23 @@ def run(
 @verify.command()
 @click.option(
     "--run-dir",
-    required=True,
+    default=None,
     type=RUN_DIR,
-    help="A run recorded by `verify run`.",
+    help="A run recorded by `verify run` (its run.json says where its histories are). "
+    "Without it, --url and --run name a run recorded in topics.",
 )
 @click.option(
     "--url",
     default=None,
     type=SERVICE_URLS,
     help="A broker's URL, or several separated by commas (default: the run's).",
+)
+@click.option(
+    "--run",
+    "run_name",
+    default=None,
+    callback=lambda ctx, param, value: value and _run_name(ctx, param, value),
+    help="Without --run-dir: the run's name (its topics, its history topic included).",
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False, path_type=Path))
@@ -221,8 +232,9 @@ def run(
     "ConfigMap (needs --html; docs/kubernetes.md).",
 )
 def check(
-    run_dir: Path,
+    run_dir: Path | None,
     url: str | None,
+    run_name: str | None,
     master: str,
     html_path: Path | None,
     report_configmap: str | None,
@@ -230,9 +242,12 @@ def check(
     """Check a recorded run with Spark; exit status 1 when any anomaly is found."""
     if report_configmap is not None and html_path is None:
         raise click.UsageError("--report-configmap needs --html")
-    _check_recorded_run_dir(run_dir)
+    if run_dir is not None:
+        _check_recorded_run_dir(run_dir)
+    elif url is None or run_name is None:
+        raise click.UsageError("give --run-dir, or --url and --run for a run recorded in topics")
+    from segtxn.verify.checker import RunNotRecorded, load, load_topics
     from segtxn.verify.checker import check as check_frames
-    from segtxn.verify.checker import load
     from segtxn.verify.report import summary, write_html
     from segtxn.verify.spark import require_java, spark_session
 
@@ -240,12 +255,20 @@ def check(
         require_java()
     except RuntimeError as e:
         raise click.ClickException(str(e)) from e
-    info = RunInfo.load(run_dir)
     spark = spark_session(master)
     try:
-        report = check_frames(load(spark, run_dir, url))
+        if run_dir is not None:
+            frames = load(spark, run_dir, url)
+        else:
+            assert url is not None and run_name is not None  # checked above
+            frames = load_topics(spark, url, run_name)
+        report = check_frames(frames)
+    except RunNotRecorded as e:
+        raise click.ClickException(str(e)) from e
     finally:
         spark.stop()
+    info = frames.info
+    assert info is not None  # loaded from a run
     run_s = info.ended - info.started
     click.echo(summary(report, run_s))
     if html_path is not None:
@@ -276,6 +299,7 @@ def _publish(name: str, report: Report, drained: bool, summary: str, html_path: 
 @click.option("--for", "duration", default=None, type=SECONDS, help="Stop after this long.")
 @click.option("--wait", default=60.0, show_default=True, type=SECONDS, help="For the topics.")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
+@history_option(HistoryStore.TOPICS)
 def stream(
     *,
     url: str,
@@ -287,6 +311,7 @@ def stream(
     duration: float | None,
     wait: float,
     master: str,
+    history: str,
 ) -> None:
     """Check a run's topics while it runs (a line per Spark micro-batch) until it ends;
     exit status 1 when any anomaly is found."""
@@ -305,12 +330,13 @@ def stream(
     try:
         require_java()
         asyncio.run(check_reachable(url))
-        asyncio.run(wait_for_topics(url, Topics.for_run(run), wait))
+        asyncio.run(wait_for_topics(url, Topics.for_run(run), wait, HistoryStore(history)))
     except (RuntimeError, TopicsMissing) as e:
         raise click.ClickException(str(e)) from e
     settings = StreamSettings(
-        url, run, run_dir, checkpoint or run_dir / "stream-ckpt", trigger, window, duration
-    )
+        url, run, run_dir, checkpoint or run_dir / "stream-ckpt", trigger, window, duration,
+        HistoryStore(history),
+    )  # fmt: skip
     spark = spark_session(master)
     try:
         online = follow_run(spark, settings, click.echo)
@@ -332,6 +358,7 @@ def stream(
 @click.option("--abort-rate", default=0.1, type=FRACTION)
 @click.option("--timeout-rate", default=0.02, type=FRACTION)
 @click.option("--txn-timeout", default=3.0, type=SECONDS)
+@history_option(HistoryStore.FILES)
 def process(
     *,
     url: str,
@@ -343,11 +370,13 @@ def process(
     abort_rate: float,
     timeout_rate: float,
     txn_timeout: float,
+    history: str,
 ) -> None:
     """One processor of a run (started by `verify run`)."""
     config = ProcessorConfig(
         url=url, run_dir=run_dir, topics=Topics.for_run(run), name=name, seed=seed, batch=batch,
         abort_rate=abort_rate, timeout_rate=timeout_rate, txn_timeout_s=txn_timeout,
+        history=HistoryStore(history),
     )  # fmt: skip
     started = time.monotonic()
     asyncio.run(run_processor(config))
@@ -418,6 +447,7 @@ def _bug_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     help=f"Set {TEST_BUGS_ENV}=NAME for every server and processor: the product "
     "re-introduces that known race, to prove the soak can fail.",
 )
+@history_option(HistoryStore.FILES)
 def soak(
     *,
     runs: int,
@@ -429,6 +459,7 @@ def soak(
     drain_timeout: float,
     shape: str | None,
     inject_bug: str | None,
+    history: str,
 ) -> None:
     """Run the verification job for many seeds, each with a cluster shape and faults drawn
     from its seed; exit status 1 naming the failing seeds."""
@@ -449,6 +480,7 @@ def soak(
             rate=rate,
             launch=verbosity.child_launch(env),
             drain_timeout_s=drain_timeout,
+            history=HistoryStore(history),
         ),
         out_dir=out,
         master=master,
@@ -476,6 +508,8 @@ def soak(
         again += f" --inject-bug {inject_bug}"
     if shape:
         again += f" --shape {shape}"
+    if history != HistoryStore.FILES.value:
+        again += f" --history {history}"
     click.echo(f"FAIL: {len(failed)} of {len(results)} run(s): seeds {', '.join(map(str, failed))}")
     click.echo(f"reproduce one: {again} --seed {failed[0]}")
     sys.exit(1)

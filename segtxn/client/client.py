@@ -19,8 +19,8 @@ import aiohttp
 from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector, service_urls
 from segtxn.client.consumer import CheckpointConsumer, Consumer
-from segtxn.client.credentials import Token, client_token
 from segtxn.client.coordinators import Coordinators
+from segtxn.client.credentials import Token, client_token
 from segtxn.client.errors import ClientClosed
 from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions

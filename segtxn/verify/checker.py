@@ -1,15 +1,21 @@
 """The guarantee checker: Spark over the clients' histories and the topics' committed data.
 
-:func:`load` reads a run: every history file (JSON lines) and the three topics through the
-``segtxn`` data source. :func:`check` computes each anomaly kind in :data:`ANOMALIES` as a
-DataFrame, counts it and keeps a few samples; a run passes when every count is zero. The
-checks take frames, not files, so a test can inject any anomaly into a recorded run and see
-the checker catch it. For each sample, the report names the entries involved (message and
-transaction ids) and where the run's histories and logs mention them (:mod:`.locate`).
+:func:`load` reads a run: its histories (history files, JSON lines; or the run's history
+topic) and the three topics through the ``segtxn`` data source; :func:`load_topics` reads a
+run recorded in topics from the cluster alone (no file of the run: any executor reads its
+partition of the histories as of the data). :func:`check` computes each anomaly kind in
+:data:`ANOMALIES` as a DataFrame, counts it and keeps a few samples; a run passes when
+every count is zero. The checks take frames, not files, so a test can inject any anomaly
+into a recorded run and see the checker catch it, and both stores run the same checks. For
+each sample, the report names the entries involved (message and transaction ids) and where
+the run's histories and logs mention them (:mod:`.locate`).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import operator
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +24,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from segtxn.verify.locate import Located, locate
+from segtxn.verify.history import HistoryError, HistoryStore
+from segtxn.verify.history_topic import history_topic
+from segtxn.verify.locate import MAX_LINES, Located, locate
 from segtxn.verify.workload import RunInfo
 
 ANOMALIES: dict[str, str] = {
@@ -55,14 +63,23 @@ ENTRIES_PER_SAMPLE = 6
 class Frames:
     """A run as DataFrames: ``events`` (all histories), ``inputs`` (the input topic),
     ``outputs`` (both output topics, column ``out`` = ``a`` | ``b``), ``leftover`` (input ids
-    still unacknowledged after the run); ``run_dir``, where its histories and logs are (None:
-    the report names entries without their places)."""
+    still unacknowledged after the run); ``run_dir``, where its history files and logs are;
+    ``history``, a history topic's events as text (``client``, ``n``: the event's place in
+    its client's history, ``line``), searched for the report's places too. With neither, the
+    report names entries without their places. ``info``: the run, when loaded from one."""
 
     events: DataFrame
     inputs: DataFrame
     outputs: DataFrame
     leftover: DataFrame
     run_dir: Path | None = None
+    history: DataFrame | None = None
+    info: RunInfo | None = None
+
+
+class RunNotRecorded(HistoryError):
+    """The history topic holds no ``run`` event: the run has not finished (or never ran, or
+    recorded its histories in files)."""
 
 
 @dataclass
@@ -86,11 +103,51 @@ def read_topic(spark: SparkSession, url: str, topic: str) -> DataFrame:
 
 
 def load(spark: SparkSession, run_dir: Path, url: str | None = None) -> Frames:
-    """The run in ``run_dir`` (``run.json``, ``history/``), its topics read through ``url``
-    (by default the URL the run used)."""
+    """The run in ``run_dir`` (``run.json``), its topics read through ``url`` (by default the
+    URL the run used); its histories where it recorded them (``run.json``'s ``history``):
+    ``history/*.jsonl``, or its history topic (as :func:`load_topics`, with the logs of
+    ``run_dir`` searched for the report)."""
     info = RunInfo.load(run_dir)
     url = url or info.url
+    if info.history is HistoryStore.TOPICS:
+        return load_topics(spark, url, info.run, run_dir)
     events = spark.read.schema(EVENT_SCHEMA).json(str(run_dir / "history" / "*.jsonl"))
+    return _frames(spark, events, info, url, run_dir)
+
+
+def load_topics(spark: SparkSession, url: str, run: str, run_dir: Path | None = None) -> Frames:
+    """Run ``run``, recorded in topics, from the cluster at ``url`` alone: its histories and
+    its :class:`RunInfo` (the ``run`` event) from its history topic, its data from its three
+    topics, all through the ``segtxn`` data source. ``run_dir``: where its logs are, if at
+    hand (the report names the log lines that mention an anomaly's entries).
+
+    Raises:
+        RunNotRecorded: the history holds no ``run`` event.
+    """
+    raw = read_topic(spark, url, history_topic(run)).select(
+        "segment", "ledger_id", "entry_id", F.col("value").cast("string").alias("line")
+    )
+    raw = raw.withColumn("client", F.get_json_object("line", "$.client")).cache()
+    recorded = raw.where(F.get_json_object("line", "$.kind") == "run").collect()
+    if not recorded:
+        raise RunNotRecorded(
+            f"{history_topic(run)} holds no run event: run {run!r} has not finished, or "
+            "recorded its histories in files"
+        )
+    info = RunInfo(**json.loads(recorded[-1]["line"])["info"])
+    events = raw.select(F.from_json("line", EVENT_SCHEMA).alias("e")).select("e.*")
+    events = events.where(F.col("kind") != "run")
+    by_client = Window.partitionBy("client").orderBy("segment", "ledger_id", "entry_id")
+    history = raw.withColumn("n", F.row_number().over(by_client)).select("client", "n", "line")
+    frames = _frames(spark, events, info, url, run_dir)
+    frames.history = history
+    return frames
+
+
+def _frames(
+    spark: SparkSession, events: DataFrame, info: RunInfo, url: str, run_dir: Path | None
+) -> Frames:
+    """The run's frames, its histories' ``events`` already read (whatever kept them)."""
     inputs = read_topic(spark, url, info.topics["input"])
     inputs = inputs.withColumn("v", F.from_json(F.col("value").cast("string"), INPUT_VALUE))
     inputs = inputs.select(
@@ -107,7 +164,7 @@ def load(spark: SparkSession, run_dir: Path, url: str | None = None) -> Frames:
         outputs = frame if outputs is None else outputs.unionByName(frame)
     assert outputs is not None
     leftover = spark.createDataFrame([(i,) for i in info.leftover], "id string")
-    return Frames(events.cache(), inputs.cache(), outputs.cache(), leftover, run_dir)
+    return Frames(events.cache(), inputs.cache(), outputs.cache(), leftover, run_dir, info=info)
 
 
 def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
@@ -229,12 +286,24 @@ def check(frames: Frames) -> Report:
             ", ".join(f"{k}={v}" for k, v in row.items() if v is not None) for row in rows
         ]
         report.entries[name] = [sample_entries(row) for row in rows]
-    if frames.run_dir is not None:
-        wanted = {e for per_kind in report.entries.values() for row in per_kind for e in row}
-        report.located = locate(frames.run_dir, sorted(wanted))
+    if frames.run_dir is not None or frames.history is not None:
+        wanted = sorted({e for kind in report.entries.values() for row in kind for e in row})
+        lines = [] if frames.history is None else history_lines(frames.history, wanted)
+        report.located = locate(frames.run_dir, wanted, lines)
     report.stats = run_stats(frames)
     report.stats["check_s"] = round(time.perf_counter() - started, 1)
     return report
+
+
+def history_lines(history: DataFrame, entries: list[str]) -> list[tuple[str, int, str]]:
+    """The events of a history topic that contain one of ``entries``, as
+    (``history/<client>``, the event's place in its client's history, its text): what
+    :func:`locate` searches in place of history files."""
+    if not entries:
+        return []
+    mentions = functools.reduce(operator.or_, [F.instr("line", e) > 0 for e in entries])
+    rows = history.where(mentions).orderBy("client", "n").limit(MAX_LINES).collect()
+    return [(f"history/{r['client']}", r["n"], r["line"]) for r in rows]
 
 
 def sample_entries(row: dict[str, Any]) -> list[str]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from segtxn.verify.history import History, HistoryTail
+from segtxn.verify.history import HistoryTail, HistoryWriter
 from segtxn.verify.plan import Fault, FaultKind
 from segtxn.verify.processes import ManagedProcess
 
@@ -53,7 +53,7 @@ class Servers(Protocol):
 @dataclass
 class FaultContext:
     processors: dict[str, ManagedProcess]
-    history: History
+    history: HistoryWriter
     tail: HistoryTail
     feed_s: float
     servers: Servers | None
@@ -95,11 +95,11 @@ async def wait_for_open_transaction(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit_s
     while True:
-        tail.poll()
+        await tail.poll()
         open_txns = [t for c, t in tail.open.items() if t is not None and client in (None, c)]
         if open_txns or loop.time() >= deadline:
             return open_txns[0] if open_txns else None
-        await asyncio.sleep(0.01)  # sleep-ok: polling files other processes write
+        await asyncio.sleep(0.01)  # sleep-ok: polling what other processes record
 
 
 async def _kill_processor(fault: Fault, ctx: FaultContext) -> None:
@@ -130,11 +130,11 @@ async def _kill_server(fault: Fault, ctx: FaultContext) -> None:
     assert ctx.servers is not None  # check_faults
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 5.0
-    ctx.tail.poll()
+    await ctx.tail.poll()
     seen = ctx.tail.committing
     while ctx.tail.committing == seen and loop.time() < deadline:
-        await asyncio.sleep(0.005)  # sleep-ok: polling files other processes write
-        ctx.tail.poll()
+        await asyncio.sleep(0.005)  # sleep-ok: polling what other processes record
+        await ctx.tail.poll()
     committing = ctx.tail.last_committing if ctx.tail.committing > seen else None
     txn = None if committing is None else committing[1]
     where = "no commit seen in 5 s" if committing is None else f"after {committing} committing"

@@ -4,7 +4,8 @@
 runs one per seed with a drawn plan. A job starts the cluster of the plan's shape
 (:mod:`segtxn.verify.cluster`), runs the workload (:mod:`segtxn.verify.workload`) with the
 plan's topology changes and faults, checks the run with Spark while the cluster still serves
-its topics, and stops the cluster. The run directory keeps everything: ``history/``,
+its topics, and stops the cluster. The run directory keeps everything: ``history/`` (when the
+histories are kept in files, else they are in the run's history topic),
 ``logs/`` (every process, every incarnation, and ``orchestrator.log``: this process's own
 log and progress), ``run.json``, ``report.txt`` and ``report.html``.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from segtxn.verify.cluster import open_cluster
+from segtxn.verify.history import HistoryStore
 from segtxn.verify.plan import RunPlan
 from segtxn.verify.processes import Launch
 from segtxn.verify.workload import RunInfo, WorkloadConfig, run_workload
@@ -41,6 +43,8 @@ class JobSettings:
     store: str | None = None
     """For ``cluster-etcd``: an etcd URL to use instead of a private etcd."""
     drain_timeout_s: float = 120.0
+    history: HistoryStore = HistoryStore.FILES
+    """Where the run's clients record their histories."""
 
 
 @dataclass
@@ -98,6 +102,7 @@ async def run_job(
                 faults=plan.faults,
                 drain_timeout_s=settings.drain_timeout_s,
                 launch=settings.launch,
+                history=settings.history,
             )
             progress(
                 f"workload: {config.inputs:,} inputs over {config.keys} keys at "

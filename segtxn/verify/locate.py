@@ -12,6 +12,11 @@ into tokens (runs of characters other than spaces, quotes, brackets, ``,;=``; tr
 ``segment://t/ns/name/3@12:40`` is also mentioned by a line that names its segment
 (``segment://t/ns/name/3``) and its position (``12:40``) separately, as broker logs do.
 
+Histories kept in a topic rather than in files come as lines (the checker finds the events
+that contain a wanted id with Spark, :func:`segtxn.verify.checker.history_lines`): their
+places are ``history/<client>:N``, the client's N-th event, as ``history/<client>.jsonl:N``
+is its N-th line.
+
 Bounds: at most :data:`PLACES` places kept per entry and per kind of file (histories, logs),
 at most :data:`MAX_LINES` lines read per file; the number of mentions is counted.
 """
@@ -19,7 +24,7 @@ at most :data:`MAX_LINES` lines read per file; the number of mentions is counted
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,9 +81,14 @@ def run_files(run_dir: Path) -> list[tuple[str, Path]]:
     ]
 
 
-def locate(run_dir: Path, entries: Iterable[str]) -> Located:
+def locate(
+    run_dir: Path | None,
+    entries: Iterable[str],
+    history: Sequence[tuple[str, int, str]] = (),
+) -> Located:
     """Find where each of ``entries`` (message or transaction ids, as the clients print
-    them) is mentioned in ``run_dir``'s histories and logs."""
+    them) is mentioned: in ``history`` (lines of histories kept in a topic: ``(name, line
+    number, text)``), then in ``run_dir``'s history files and logs (None: no files)."""
     found = {entry: Mentions(entry) for entry in entries}
     by_segment: dict[str, set[str]] = {}
     for entry in found:
@@ -88,6 +98,10 @@ def locate(run_dir: Path, entries: Iterable[str]) -> Located:
     located = Located(found)
     if not found:
         return located
+    for name, number, line in history:
+        _take(found, by_segment, "history", Place(name, number, line))
+    if run_dir is None:
+        return located
     for kind, path in run_files(run_dir):
         name = str(path.relative_to(run_dir))
         with path.open("rb") as lines:
@@ -96,13 +110,20 @@ def locate(run_dir: Path, entries: Iterable[str]) -> Located:
                     located.truncated.append(name)
                     break
                 line = raw.decode(errors="replace").rstrip("\n")
-                for entry in _mentioned(line, found, by_segment):
-                    mentions = found[entry]
-                    mentions.total += 1
-                    kept = mentions.history if kind == "history" else mentions.logs
-                    if len(kept) < PLACES:
-                        kept.append(Place(name, number, line[:SNIPPET]))
+                _take(found, by_segment, kind, Place(name, number, line))
     return located
+
+
+def _take(
+    found: dict[str, Mentions], by_segment: dict[str, set[str]], kind: str, place: Place
+) -> None:
+    """Count ``place``'s line for every entry it mentions (keeping the first few places)."""
+    for entry in _mentioned(place.text, found, by_segment):
+        mentions = found[entry]
+        mentions.total += 1
+        kept = mentions.history if kind == "history" else mentions.logs
+        if len(kept) < PLACES:
+            kept.append(Place(place.path, place.line, place.text[:SNIPPET]))
 
 
 def _mentioned(line: str, wanted: dict[str, Mentions], by_segment: dict[str, set[str]]) -> set[str]:

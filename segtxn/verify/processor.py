@@ -14,8 +14,9 @@ It relies on what the client and broker promise and nothing else: each segment's
 arrive in position order, and after a transaction that did not commit, its inputs come
 again first (the broker rewinds the subscription; docs/protocol.md). So it just consumes,
 transforms, produces, acknowledges, and commits or aborts, the way the docs tell users to.
-Everything it does goes to its history (:mod:`segtxn.verify.history`); SIGTERM ends it
-after the transaction in hand.
+Everything it does goes to its history (:mod:`segtxn.verify.history`, in files or in the
+run's history topic); what it recorded is stored before it asks for a commit. SIGTERM ends
+it after the transaction in hand.
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ from segtxn.client import (
     TransactionFailed,
 )
 from segtxn.client.scalable import ScalableProducer
-from segtxn.verify.history import History, Outcome, OutputRecord, decode_input, encode
+from segtxn.verify.history import (
+    HistoryStore,
+    HistoryWriter,
+    Outcome,
+    OutputRecord,
+    decode_input,
+    encode,
+)
+from segtxn.verify.history_topic import history_topic, open_history
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,8 @@ class Topics:
     input: str
     out_a: str
     out_b: str
+    history: str
+    """Where the clients' histories go when they are kept in topics."""
 
     @classmethod
     def for_run(cls, run: str) -> Topics:
@@ -58,6 +69,7 @@ class Topics:
             f"topic://verify/{run}/input",
             f"topic://verify/{run}/out-a",
             f"topic://verify/{run}/out-b",
+            history_topic(run),
         )
 
 
@@ -74,14 +86,15 @@ class ProcessorConfig:
     txn_timeout_s: float = 3.0
     hold_s: float = 0.02
     """Time spent inside each transaction before ending it (a kill lands mid-transaction)."""
+    history: HistoryStore = HistoryStore.FILES
 
 
 class Processor:
-    def __init__(self, config: ProcessorConfig, client: Client) -> None:
+    def __init__(self, config: ProcessorConfig, client: Client, history: HistoryWriter) -> None:
         self.config = config
         self.client = client
         self.session = uuid.uuid4().hex[:8]
-        self.history = History(config.run_dir / "history", config.name)
+        self.history = history
         self.rng = random.Random(f"{config.seed}-{config.name}-{self.session}")
         self.stopping = asyncio.Event()
 
@@ -103,7 +116,6 @@ class Processor:
                     await self._process(consumer, batch, out_a, out_b)
         finally:
             await consumer.close()
-            self.history.close()
 
     async def _batch(self, consumer: Consumer) -> list[Message]:
         """Up to ``batch`` inputs: what has arrived, waiting a little for the first."""
@@ -159,8 +171,9 @@ class Processor:
                 stalled = dice < config.abort_rate + config.timeout_rate
                 if stalled:
                     await asyncio.sleep(config.txn_timeout_s + 1.0)  # sleep-ok: a stall
-                    started = loop.time()
                 self.history.record("committing", session=self.session, txn=name)
+                await self.history.durable()  # no commit without its committing stored
+                started = loop.time()  # the commit call's own time, not the history's
                 try:
                     await txn.commit()
                     outcome = "committed"
@@ -193,8 +206,18 @@ async def run_processor(config: ProcessorConfig) -> None:
     """Run until SIGTERM (or SIGINT)."""
     # a loop of transactions: the next one opens while this one runs
     async with Client(config.url, prestart_transactions=True) as client:
-        processor = Processor(config, client)
+        history = await open_history(
+            config.history,
+            config.name,
+            run_dir=config.run_dir,
+            topic=config.topics.history,
+            client=client,
+        )
+        processor = Processor(config, client, history)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, processor.stopping.set)
-        await processor.run()
+        try:
+            await processor.run()
+        finally:
+            await history.close()

@@ -15,7 +15,9 @@ Decided online (the batch checker, :mod:`.checker`, decides every kind at the en
     a visible output whose transaction the processor's history records as aborted or timed
     out. An output can be visible before its ``ended`` line is written: it then waits (in
     ``pending``, at most ``max_pending`` transactions, the oldest given up as ``undecided``)
-    until the histories say.
+    until the histories say. Histories in files are read as the processes append them
+    (:class:`Outcomes`); a history topic is a fourth stream of the query (:func:`run_frame`
+    with ``history``), its ``ended`` events handed to the check with the records.
 
 State is this process's memory (the query's checkpoint keeps the offsets, not it): a check
 restarted from its checkpoint reads on where it stopped, without the keys' last records.
@@ -23,6 +25,7 @@ restarted from its checkpoint reads on where it stopped, without the keys' last 
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -51,13 +54,19 @@ COLUMNS = "segment,ledger_id,entry_id,message_id,value"
 @dataclass(frozen=True)
 class Record:
     """One message of the run as the check sees it: ``topic`` is ``input``, ``out-a`` or
-    ``out-b``; for an output, ``key``/``seq`` are its input's and ``txn`` its transaction."""
+    ``out-b``; for an output, ``key``/``seq`` are its input's and ``txn`` its transaction.
+    ``topic`` :data:`HISTORY`: an ``ended`` event of the history topic, ``txn`` ended with
+    ``outcome`` (``key``: its client)."""
 
     topic: str
     key: str
     seq: int
     message_id: str
     txn: str | None = None
+    outcome: str | None = None
+
+
+HISTORY = "history"
 
 
 @dataclass
@@ -77,14 +86,18 @@ class BatchReport:
 
 class Outcomes:
     """Transaction outcomes from the run's history files (``ended`` lines), read as the
-    processes append them: :meth:`poll` reads what was added, a line being written waits."""
+    processes append them: :meth:`poll` reads what was added, a line being written waits.
+    ``directory`` None: the histories are in a topic, whose ``ended`` events come with the
+    stream's records (:meth:`OnlineCheck.batch` adds them)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path | None) -> None:
         self.directory = directory
         self.outcomes: dict[str, str] = {}
         self._offsets: dict[Path, int] = {}
 
     def poll(self) -> None:
+        if self.directory is None:
+            return
         for path in sorted(self.directory.glob("*.jsonl")):
             with open(path, "rb") as f:
                 f.seek(self._offsets.get(path, 0))
@@ -135,6 +148,10 @@ class OnlineCheck:
         self.outcomes.poll()
         n = 0
         for record in records:
+            if record.topic == HISTORY:
+                if record.txn is not None and record.outcome is not None:
+                    self.outcomes.outcomes[record.txn] = record.outcome
+                continue
             n += 1
             self._order(record)
             if record.txn is not None:
@@ -188,22 +205,36 @@ def _show(record: Record) -> str:
 def records(frame: DataFrame) -> list[Record]:
     """A micro-batch's rows (:func:`run_frame`) as records, in each topic's order."""
     rows = frame.orderBy("topic", "segment", "ledger_id", "entry_id").collect()
-    return [Record(r["topic"], r["key"], r["seq"], r["message_id"], r["txn"]) for r in rows]
+    return [
+        Record(r["topic"], r["key"], r["seq"], r["message_id"], r["txn"], r["outcome"])
+        for r in rows
+    ]
 
 
-def run_frame(spark: SparkSession, url: str, topics: Topics, **options: str) -> DataFrame:
+def run_frame(
+    spark: SparkSession, url: str, topics: Topics, *, history: bool = False, **options: str
+) -> DataFrame:
     """The run's three topics as one stream: ``topic`` (input, out-a, out-b), ``segment``,
-    ``ledger_id``, ``entry_id``, ``message_id``, ``key``, ``seq``, ``txn``."""
+    ``ledger_id``, ``entry_id``, ``message_id``, ``key``, ``seq``, ``txn``, ``outcome``;
+    with ``history``, the ``ended`` events of its history topic too (``topic`` history)."""
+    labels = [("input", topics.input), ("out-a", topics.out_a), ("out-b", topics.out_b)]
+    if history:
+        labels.append((HISTORY, topics.history))
     frames: list[DataFrame] = []
-    for label, topic in (("input", topics.input), ("out-a", topics.out_a), ("out-b", topics.out_b)):
+    for label, topic in labels:
         reader = spark.readStream.format("segtxn").option("url", url).option("topic", topic)
         for name, value in {"columns": COLUMNS, **options}.items():
             reader = reader.option(name, value)
         stream = reader.load()
         text = F.col("value").cast("string")
+        outcome = F.lit(None).cast("string")
         if label == "input":
             v = F.from_json(text, INPUT_VALUE)
             key, seq, txn = v["key"], v["seq"], F.lit(None).cast("string")
+        elif label == HISTORY:
+            stream = stream.where(F.get_json_object(text, "$.kind") == "ended")
+            key, seq = F.get_json_object(text, "$.client"), F.lit(0).cast("long")
+            txn, outcome = F.get_json_object(text, "$.txn"), F.get_json_object(text, "$.outcome")
         else:
             v = F.from_json(text, OUTPUT_VALUE)
             key, seq, txn = v["in_key"], v["in_seq"], v["txn"]
@@ -217,9 +248,10 @@ def run_frame(spark: SparkSession, url: str, topics: Topics, **options: str) -> 
                 key.alias("key"),
                 seq.alias("seq"),
                 txn.alias("txn"),
+                outcome.alias("outcome"),
             )
         )
-    return frames[0].unionByName(frames[1]).unionByName(frames[2])
+    return functools.reduce(DataFrame.unionByName, frames)
 
 
 def start_check(

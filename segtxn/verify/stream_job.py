@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 
 from segtxn.client import Client, ServerError
 from segtxn.protocol.errors import ErrorName
+from segtxn.verify.history import HistoryStore
 from segtxn.verify.processor import Topics
 from segtxn.verify.stream_check import (
     ONLINE,
@@ -47,15 +48,23 @@ class StreamSettings:
     """Outputs per key kept for the duplicate check."""
     duration_s: float | None = None
     """Stop after this long even if the run goes on (None: when it ends)."""
+    history: HistoryStore = HistoryStore.FILES
+    """Where the run records its histories: ``history/`` in ``run_dir``, or its history
+    topic (then read as a fourth stream of the query)."""
 
 
-async def wait_for_topics(url: str, topics: Topics, timeout_s: float) -> None:
-    """Return once every topic of the run exists.
+async def wait_for_topics(
+    url: str, topics: Topics, timeout_s: float, history: HistoryStore = HistoryStore.FILES
+) -> None:
+    """Return once every topic of the run exists (its history topic too, with ``history``
+    topics).
 
     Raises:
         TopicsMissing: some still do not after ``timeout_s``.
     """
     names = [topics.input, topics.out_a, topics.out_b]
+    if history is HistoryStore.TOPICS:
+        names.append(topics.history)
     deadline = time.monotonic() + timeout_s
     async with Client(url) as client:
         while True:
@@ -88,8 +97,10 @@ def follow_run(
             broker that went away): its message says why.
     """
     topics = Topics.for_run(settings.run)
-    check = OnlineCheck(Outcomes(settings.run_dir / "history"), window=settings.window)
-    frame = run_frame(spark, settings.url, topics)
+    in_topic = settings.history is HistoryStore.TOPICS
+    outcomes = Outcomes(None if in_topic else settings.run_dir / "history")
+    check = OnlineCheck(outcomes, window=settings.window)
+    frame = run_frame(spark, settings.url, topics, history=in_topic)
 
     def report(batch: BatchReport) -> None:
         echo(batch.line())

@@ -13,8 +13,12 @@
 5. waits until every input is consumed (the subscription's backlog is zero), stops the
    processors with SIGTERM, and notes what input (if any) is left unacknowledged.
 
-The run directory then holds ``history/*.jsonl`` (every client's events), ``logs/`` (the
-processors' output) and ``run.json`` (:class:`RunInfo`): what the checker needs.
+Every client records its events in its history (``history``: files in the run directory,
+or the run's history topic, ``topic://verify/<run>/history``, created with the others; see
+:mod:`segtxn.verify.history`). The run directory then holds ``logs/`` (the processors'
+output), ``run.json`` (:class:`RunInfo`) and, with files, ``history/*.jsonl``; with topics the
+orchestrator's last event (``run``) holds the :class:`RunInfo` too, so the checker needs
+nothing but the cluster.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import functools
 import json
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +52,8 @@ from segtxn.verify.faults import (
     run_faults,
     wait_for_open_transaction,
 )
-from segtxn.verify.history import History, HistoryTail, InputRecord, encode
+from segtxn.verify.history import HistoryStore, HistoryTail, HistoryWriter, InputRecord, encode
+from segtxn.verify.history_topic import HISTORY_SEGMENTS, open_history, open_tail
 from segtxn.verify.plan import DEMO_TOPOLOGY, Fault, FaultKind, TopologyChange
 from segtxn.verify.processes import Launch, ManagedProcess
 from segtxn.verify.processor import SUBSCRIPTION, Topics
@@ -80,6 +86,8 @@ class WorkloadConfig:
     """How long the feed waits for every processor to connect (then it starts anyway)."""
     launch: Launch = field(default_factory=Launch)
     """The processors' verbosity and extra environment."""
+    history: HistoryStore = HistoryStore.FILES
+    """Where every client records its history."""
 
 
 @dataclass
@@ -98,8 +106,19 @@ class RunInfo:
     crashed: dict[str, list[int]] = field(default_factory=dict)
     """Processors that exited without being stopped or killed: their exit codes."""
 
+    @property
+    def history(self) -> HistoryStore:
+        """Where the run's clients recorded their histories (files, for a run recorded
+        before there was a choice)."""
+        return HistoryStore(self.config.get("history", HistoryStore.FILES.value))
+
     def save(self, run_dir: Path) -> None:
         (run_dir / "run.json").write_text(json.dumps(asdict(self), indent=2))
+
+    def record(self, history: HistoryWriter) -> None:
+        """The run's last event in a history topic (``run``): what ``run.json`` holds, for a
+        checker that has only the cluster (:func:`segtxn.verify.checker.load_topics`)."""
+        history.record("run", info=asdict(self))
 
     @classmethod
     def load(cls, run_dir: Path) -> RunInfo:
@@ -113,7 +132,7 @@ def processor_process(config: WorkloadConfig, name: str) -> ManagedProcess:
         "--url", config.url, "--run-dir", str(config.run_dir), "--run", config.run,
         "--name", name, "--seed", str(config.seed), "--batch", str(config.batch),
         "--abort-rate", str(config.abort_rate), "--timeout-rate", str(config.timeout_rate),
-        "--txn-timeout", str(config.txn_timeout_s),
+        "--txn-timeout", str(config.txn_timeout_s), "--history", config.history.value,
     )  # fmt: skip
     return ManagedProcess(name, command, config.run_dir / "logs" / f"{name}.log", config.launch)
 
@@ -152,61 +171,91 @@ async def run_workload(
         config=_jsonable(asdict(config)),
         started=time.time(),
     )
-    history = History(config.run_dir / "history", "orchestrator")
-    tail = HistoryTail(config.run_dir / "history", names)
     processors = {name: processor_process(config, name) for name in names}
     async with Client(config.url) as client:
         for topic in (topics.input, topics.out_a, topics.out_b):
             await client.admin.create_topic(topic, segments=2)
+        if config.history is HistoryStore.TOPICS:
+            await client.admin.create_topic(topics.history, segments=HISTORY_SEGMENTS)
         await client.admin.create_subscription(
             topics.input, SUBSCRIPTION, initial_position="earliest"
         )
-        for processor in processors.values():
-            await processor.start()
+        run_dir, topic = config.run_dir, topics.history
+        history = await open_history(
+            config.history, "orchestrator", run_dir=run_dir, topic=topic, client=client
+        )
+        tail = await open_tail(config.history, names, run_dir=run_dir, topic=topic, client=client)
         try:
-            waited = await _connected(client, topics, len(processors), config.start_timeout_s)
-            progress(f"processors connected after {waited:.1f} s; feeding")
-            feed_s = config.inputs / config.rate
-            fed = asyncio.create_task(_feed(client, config, topics, info), name="feed")
-            chaos = [
-                asyncio.create_task(
-                    _report_progress(client, config, topics, info, progress), name="progress"
-                )
-            ]
-            if config.changes:
-                changes = _change_topology(
-                    client, topics, config.changes, history=history, tail=tail, feed_s=feed_s
-                )
-                chaos.append(asyncio.create_task(changes, name="topology"))
-            if config.faults:
-                context = FaultContext(processors, history, tail, feed_s, servers, progress)
-                chaos.append(asyncio.create_task(run_faults(config.faults, context), name="faults"))
-            try:
-                await fed
-                await asyncio.gather(*chaos[1:])
-                info.drained = await _drained(client, topics, config.drain_timeout_s)
-                if not info.drained:  # what is each one stuck on? (in its log)
-                    dumps = [p.dump_stacks() for p in processors.values()]
-                    if servers is not None:
-                        dumps.append(servers.dump_stacks())
-                    await asyncio.gather(*dumps)
-            finally:
-                for task in chaos:
-                    task.cancel()
-                await asyncio.gather(*chaos, return_exceptions=True)
+            await _run(
+                config=config, topics=topics, info=info, processors=processors, client=client,
+                history=history, tail=tail, progress=progress, servers=servers,
+            )  # fmt: skip
+            info.ended = time.time()
+            if config.history is HistoryStore.TOPICS:
+                info.record(history)
         finally:
-            codes = [await p.stop() for p in processors.values()]
-            progress(f"processors stopped (exit codes {codes})")
-            info.crashed = {
-                n: p.exited_on_its_own for n, p in processors.items() if p.exited_on_its_own
-            }
-            if info.crashed:
-                progress(f"processors that exited by themselves (exit codes): {info.crashed}")
-        info.leftover = await _leftover(client, topics)
-    history.close()
-    info.ended = time.time()
+            await tail.close()
+            await history.close()  # every event stored (or HistoryWriteFailed)
     info.save(config.run_dir)
     return info
+
+
+async def _run(
+    *,
+    config: WorkloadConfig,
+    topics: Topics,
+    info: RunInfo,
+    processors: dict[str, ManagedProcess],
+    client: Client,
+    history: HistoryWriter,
+    tail: HistoryTail,
+    progress: Callable[[str], None],
+    servers: Servers | None,
+) -> None:
+    """Start the processors, feed them while the topology changes and the faults strike,
+    wait for the drain, stop them; note what is left unacknowledged."""
+    for processor in processors.values():
+        await processor.start()
+    try:
+        waited = await _connected(client, topics, len(processors), config.start_timeout_s)
+        progress(f"processors connected after {waited:.1f} s; feeding")
+        feed_s = config.inputs / config.rate
+        fed = asyncio.create_task(_feed(client, config, topics, info), name="feed")
+        chaos = [
+            asyncio.create_task(
+                _report_progress(client, config, topics, info, progress), name="progress"
+            )
+        ]
+        if config.changes:
+            changes = _change_topology(
+                client, topics, config.changes, history=history, tail=tail, feed_s=feed_s
+            )
+            chaos.append(asyncio.create_task(changes, name="topology"))
+        if config.faults:
+            context = FaultContext(processors, history, tail, feed_s, servers, progress)
+            chaos.append(asyncio.create_task(run_faults(config.faults, context), name="faults"))
+        try:
+            await fed
+            await asyncio.gather(*chaos[1:])
+            info.drained = await _drained(client, topics, config.drain_timeout_s)
+            if not info.drained:  # what is each one stuck on? (in its log)
+                dumps = [p.dump_stacks() for p in processors.values()]
+                if servers is not None:
+                    dumps.append(servers.dump_stacks())
+                await asyncio.gather(*dumps)
+        finally:
+            for task in chaos:
+                task.cancel()
+            await asyncio.gather(*chaos, return_exceptions=True)
+    finally:
+        codes = [await p.stop() for p in processors.values()]
+        progress(f"processors stopped (exit codes {codes})")
+        info.crashed = {
+            n: p.exited_on_its_own for n, p in processors.items() if p.exited_on_its_own
+        }
+        if info.crashed:
+            progress(f"processors that exited by themselves (exit codes): {info.crashed}")
+    info.leftover = await _leftover(client, topics)
 
 
 async def _retrying(
@@ -230,34 +279,43 @@ async def _retrying(
 async def _feed(client: Client, config: WorkloadConfig, topics: Topics, info: RunInfo) -> None:
     """``inputs`` messages over ``keys`` keys at ``rate``/s; each key's are numbered 0, 1, ..."""
     rng = random.Random(config.seed)
-    history = History(config.run_dir / "history", "feeder")
+    history = await open_history(
+        config.history, "feeder", run_dir=config.run_dir, topic=topics.history, client=client
+    )
     producer = await client.create_producer(topics.input)
     assert isinstance(producer, ScalableProducer)
     next_seq: dict[str, int] = {}
     loop = asyncio.get_running_loop()
     start = loop.time()
-    pending: set[asyncio.Future[MessageId]] = set()
+    # in send order, recorded as they are stored: bounded by what the rate sends while the
+    # oldest one waits (its send_timeout_s at most)
+    pending: deque[tuple[str, int, asyncio.Future[MessageId]]] = deque()
 
-    def stored(key: str, seq: int, future: asyncio.Future[MessageId]) -> None:
-        pending.discard(future)
-        if not future.cancelled() and future.exception() is None:
-            history.record("sent", key=key, seq=seq, id=str(future.result()))
-            info.fed += 1
+    def record_stored(everything: bool) -> None:
+        """Record the inputs stored so far (all of them: ``everything``, once settled)."""
+        while pending and (everything or pending[0][2].done()):
+            key, seq, future = pending.popleft()
+            if not future.cancelled() and future.exception() is None:
+                history.record("sent", key=key, seq=seq, id=str(future.result()))
+                info.fed += 1
 
-    for n in range(config.inputs):
-        key = f"k{rng.randrange(config.keys)}"
-        seq = next_seq.get(key, 0)
-        next_seq[key] = seq + 1
-        future = await producer.send_async(encode(InputRecord(key, seq)), key=key)
-        pending.add(future)
-        future.add_done_callback(functools.partial(stored, key, seq))
-        ahead = start + (n + 1) / config.rate - loop.time()
-        if ahead > 0:
-            await asyncio.sleep(ahead)  # sleep-ok: the feed's pace
-    await producer.flush()
-    await asyncio.gather(*pending, return_exceptions=True)
-    info.feed_ended = time.time()
-    history.close()
+    try:
+        for n in range(config.inputs):
+            key = f"k{rng.randrange(config.keys)}"
+            seq = next_seq.get(key, 0)
+            next_seq[key] = seq + 1
+            future = await producer.send_async(encode(InputRecord(key, seq)), key=key)
+            pending.append((key, seq, future))
+            record_stored(False)
+            ahead = start + (n + 1) / config.rate - loop.time()
+            if ahead > 0:
+                await asyncio.sleep(ahead)  # sleep-ok: the feed's pace
+        await producer.flush()
+        await asyncio.gather(*(future for _, _, future in pending), return_exceptions=True)
+        record_stored(True)
+        info.feed_ended = time.time()
+    finally:
+        await history.close()
 
 
 async def _active(client: Client, topic: str) -> list[dict[str, Any]]:
@@ -272,7 +330,7 @@ async def _change_topology(
     topics: Topics,
     changes: tuple[TopologyChange, ...],
     *,
-    history: History,
+    history: HistoryWriter,
     tail: HistoryTail,
     feed_s: float,
 ) -> None:

@@ -148,6 +148,18 @@ def test_verify_check_wants_a_recorded_run(tmp_path: Path) -> None:
     assert f"{tmp_path} holds no recorded run (no run.json)" in one_line(result)
 
 
+def test_verify_check_without_a_run_dir_wants_the_run_in_topics() -> None:
+    result = invoke("verify", "check", "--url", "http://127.0.0.1:1")
+    assert result.exit_code == 2
+    assert "give --run-dir, or --url and --run for a run recorded in topics" in one_line(result)
+    result = invoke("verify", "check", "--url", "http://127.0.0.1:1", "--run", "a/b")
+    assert result.exit_code == 2
+    assert "'a/b': 1-128 of A-Z a-z 0-9 _ . = - (it names the run's topics)" in one_line(result)
+    result = invoke("verify", "run", "--url", "http://127.0.0.1:1", "--history", "s3")
+    assert result.exit_code == 2
+    assert "Invalid value for '--history': 's3' is not one of" in one_line(result)
+
+
 def test_verify_soak_refuses_seed_directories_of_an_earlier_soak(tmp_path: Path) -> None:
     (tmp_path / "seed-8").mkdir()  # empty: nothing to mix up
     (tmp_path / "seed-9" / "history").mkdir(parents=True)

@@ -93,6 +93,25 @@ def test_a_short_soak_runs_each_seed_with_its_faults(tmp_path: Path) -> None:
     assert (standalone / "report.html").read_text().count("<svg") == 2
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_soak_run_recorded_in_topics_passes_with_no_history_file(tmp_path: Path) -> None:
+    """Seed 2457 (zombies, a SIGKILLed processor, splits and merges) with every history in
+    the run's history topic: the checker reads them back through the data source."""
+    command = [SEGTXN, "verify", "soak", "--seed", "2457", "--runs", "1", "--duration", "8"]
+    command += ["--rate", "50", "--drain-timeout", "45", "--out", str(tmp_path)]
+    command += ["--history", "topics"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=880, check=False)
+    run = tmp_path / "seed-2457"
+    report = (run / "report.txt").read_text()
+    assert result.returncode == 0, result.stdout + report + result.stderr[-3000:]
+    assert not (run / "history").exists()
+    assert json.loads((run / "run.json").read_text())["config"]["history"] == "topics"
+    # what only the histories tell (outcomes, the kill, the merges) came from the topic
+    assert "PASS: no anomaly" in report and "kill p2" in report and "merge input" in report
+    assert "committed " in report.split("transactions: ", 1)[1].splitlines()[0]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from segtxn.metastore.etcd_server import free_port
-from segtxn.verify.history import History, HistoryTail
+from segtxn.verify.history import FileHistory, FileTail
 from segtxn.verify.processes import (
     DUMP_END,
     MARKER,
@@ -82,27 +82,32 @@ async def test_a_segtxn_server_gets_the_verbosity_and_dumps_its_stacks(tmp_path:
     assert server.exited_on_its_own == []
 
 
-def test_the_history_tail_follows_open_transactions_and_commits(tmp_path: Path) -> None:
+async def test_the_history_tail_follows_open_transactions_and_commits(tmp_path: Path) -> None:
     directory = tmp_path / "history"
-    p1, p2 = History(directory, "p1"), History(directory, "p2")
-    tail = HistoryTail(directory, ["p1", "p2", "p3"])
-    tail.poll()
+    p1, p2 = FileHistory(directory, "p1"), FileHistory(directory, "p2")
+    tail = FileTail(directory, ["p1", "p2", "p3"])
+    await tail.poll()
     assert tail.open == {"p1": None, "p2": None, "p3": None}
     p1.record("begin", txn="1:1")
     p2.record("begin", txn="2:1")
     p2.record("committing", txn="2:1")
-    tail.poll()
+    await tail.poll()
     assert tail.open == {"p1": "1:1", "p2": "2:1", "p3": None}
     assert (tail.committing, tail.last_committing) == (1, ("p2", "2:1"))
     p2.record("ended", txn="2:1", outcome="committed")
-    with open(directory / "p1.jsonl", "ab") as torn:  # SIGKILLed mid-line
-        torn.write(b'{"kind": "ended", "txn": "1:1", "outc')
-    tail.poll()
+    tear(directory / "p1.jsonl")  # SIGKILLed mid-line
+    await tail.poll()
     assert tail.open == {"p1": "1:1", "p2": None, "p3": None}
     tail.forget("p1")
     p1.record("begin", txn="1:2")  # the next incarnation appends to the torn line
     p1.record("begin", txn="1:3")
-    tail.poll()
+    await tail.poll()
     assert tail.open["p1"] == "1:3"
-    p1.close()
-    p2.close()
+    await p1.close()
+    await p2.close()
+
+
+def tear(path: Path) -> None:
+    """Half a line at the end of a history file, as a SIGKILL mid-write leaves it."""
+    with open(path, "ab") as torn:
+        torn.write(b'{"kind": "ended", "txn": "1:1", "outc')

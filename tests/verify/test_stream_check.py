@@ -13,7 +13,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from segtxn.client import Client
-from segtxn.verify.history import History, InputRecord, OutputRecord, encode
+from segtxn.verify.history import FileHistory, HistoryStore, InputRecord, OutputRecord, encode
+from segtxn.verify.history_topic import open_history
 from segtxn.verify.processor import Topics
 from segtxn.verify.stream_check import (
     BatchReport,
@@ -31,8 +32,8 @@ def out(key: str, seq: int, txn: str, n: int) -> Record:
     return Record("out-a", key, seq, f"segment://t/o/0@1:{n}", txn)
 
 
-def test_decides_order_duplicates_and_aborted_reads_across_batches(tmp_path: Path) -> None:
-    history = History(tmp_path, "p1")
+async def test_decides_order_duplicates_and_aborted_reads_across_batches(tmp_path: Path) -> None:
+    history = FileHistory(tmp_path, "p1")
     check = OnlineCheck(Outcomes(tmp_path), window=2)
     clean = [Record("input", "k", s, f"in@1:{s}") for s in range(3)]
     clean += [out("k", 0, "1:1", 0), out("k", 1, "1:1", 1)]
@@ -52,7 +53,7 @@ def test_decides_order_duplicates_and_aborted_reads_across_batches(tmp_path: Pat
     report = check.batch(3, [out("k", 0, "1:4", 4), Record("input", "k", 1, "in@1:9")])
     assert report.found == {"aborted_read": 0, "duplicate": 0, "order_violation": 2}
     assert check.anomalies == 5
-    history.close()
+    await history.close()
 
 
 def test_gives_up_on_the_oldest_pending_transactions(tmp_path: Path) -> None:
@@ -62,16 +63,19 @@ def test_gives_up_on_the_oldest_pending_transactions(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cluster", ["memory"], indirect=True)  # Spark's time is the cost
+@pytest.mark.parametrize("store", list(HistoryStore))
 @pytest.mark.timeout(300)
 async def test_a_stream_finds_nothing_on_clean_data_then_each_doctored_anomaly(
-    client: Client, cluster: Cluster, spark: SparkSession, tmp_path: Path
+    client: Client, cluster: Cluster, spark: SparkSession, tmp_path: Path, store: HistoryStore
 ) -> None:
+    """The outcomes come from history files, or from the history topic as a fourth stream."""
     topics = Topics.for_run("online")
-    for topic in (topics.input, topics.out_a, topics.out_b):
+    for topic in (topics.input, topics.out_a, topics.out_b, topics.history):
         await client.admin.create_topic(topic, segments=2)
     feeder = await client.create_producer(topics.input)
     outputs = {t: await client.create_producer(t) for t in (topics.out_a, topics.out_b)}
-    history = History(tmp_path / "history", "p1")
+    history = await open_history(store, "p1", run_dir=tmp_path, topic=topics.history, client=client)
+    in_topic = store is HistoryStore.TOPICS
     reports: list[BatchReport] = []
     lock = threading.Lock()
 
@@ -96,10 +100,10 @@ async def test_a_stream_finds_nothing_on_clean_data_then_each_doctored_anomaly(
         await (txn.commit() if commit else txn.abort())
         history.record("ended", txn=name, outcome="committed" if commit else "aborted")
 
-    check = OnlineCheck(Outcomes(tmp_path / "history"))
+    check = OnlineCheck(Outcomes(None if in_topic else tmp_path / "history"))
 
     def start() -> StreamingQuery:  # Spark plans in a thread: the loop serves the broker
-        frame = run_frame(spark, cluster.url, topics)
+        frame = run_frame(spark, cluster.url, topics, history=in_topic)
         return start_check(frame, check, tmp_path / "ckpt", keep, trigger_s=0.2)
 
     query = await asyncio.to_thread(start)
@@ -126,7 +130,7 @@ async def test_a_stream_finds_nothing_on_clean_data_then_each_doctored_anomaly(
         await wait_until(lambda: check.counts["aborted_read"] == 1, timeout=30, what="the abort")
     finally:
         await asyncio.to_thread(query.stop)
-        history.close()
+        await history.close()
     assert check.counts == {"aborted_read": 1, "duplicate": 2, "order_violation": 4}
     # in out-a and out-b each: k1:2 again is a duplicate and out of order (2 after 2), k2:4
     # after k2:5 out of order
