@@ -232,6 +232,7 @@ def run(
     "ConfigMap (needs --html; docs/kubernetes.md).",
 )
 def check(
+    *,
     run_dir: Path | None,
     url: str | None,
     run_name: str | None,

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from segtxn import tracing
 from segtxn.client import Client
-from segtxn.operator import render
+from segtxn.operator import topicplan
 from tests.cluster import Cluster
 from tests.manifests.support import validate
 from tests.operator.emulator import emulator, operator
@@ -160,7 +160,7 @@ async def test_05_scalable_topic(local: Local) -> None:
             what="the example's topic split to its target",
         )
     async with Client(local.broker.url) as client:
-        stats = await client.admin.stats(render.topic_of(spec))
+        stats = await client.admin.stats(topicplan.topic_of(spec))
     assert stats["activeSegments"] == spec["targetSegments"] == 4
 
 
