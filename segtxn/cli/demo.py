@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from segtxn.verify.checker import Report
 
 LOCAL_ETCD = "etcd-local"
+NO_SCREENSHOT = "no screenshot of it (needs playwright and a chromium; see docs/verification.md)"
 
 
 @click.command()
@@ -120,6 +121,8 @@ def demo(
             spark.stop()
         click.echo(summary(report, run_s))
         click.echo(f"HTML report: {run_dir / 'report.html'}")
+        png = run_dir / "report.png"
+        click.echo(f"its screenshot: {png}" if png.exists() else NO_SCREENSHOT)
         return report
 
     plan = demo_plan(seed, shape, processors)

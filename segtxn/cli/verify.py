@@ -209,13 +209,20 @@ def run(
     help="A broker's URL, or several separated by commas (default: the run's).",
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
-@click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--html",
+    "html_path",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the HTML report here, and its screenshot beside it (.png) when a headless "
+    "Chromium is at hand.",
+)
 def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -> None:
     """Check a recorded run with Spark; exit status 1 when any anomaly is found."""
     _check_recorded_run_dir(run_dir)
     from segtxn.verify.checker import check as check_frames
     from segtxn.verify.checker import load
-    from segtxn.verify.report import summary, write_html
+    from segtxn.verify.report import screenshot, summary, write_html
     from segtxn.verify.spark import require_java, spark_session
 
     try:
@@ -231,8 +238,13 @@ def check(run_dir: Path, url: str | None, master: str, html_path: Path | None) -
     run_s = info.ended - info.started
     click.echo(summary(report, run_s))
     if html_path is not None:
-        write_html(report, run_s, html_path)
+        write_html(report, run_s, html_path, info)
         click.echo(f"report: {html_path}")
+        try:
+            screenshot.take(html_path, html_path.with_suffix(".png"))
+            click.echo(f"its screenshot: {html_path.with_suffix('.png')}")
+        except screenshot.ScreenshotError as e:
+            click.echo(f"no screenshot of it: {e}")
     sys.exit(0 if report.anomalies == 0 and info.drained else 1)
 
 
