@@ -78,9 +78,10 @@ class Report:
     entries: dict[str, list[list[str]]] = field(default_factory=dict)
     located: Located | None = None
     times: dict[str, list[float | None]] = field(default_factory=dict)
-    """``times[kind][i]``: when sample ``i`` happened (the first history event naming one of
-    its entries, wall-clock seconds; None: no history event names them): where the report
-    places it on the run's timeline."""
+    """``times[kind][i]``: when sample ``i`` happened, wall-clock seconds: the first history
+    event naming its first entry that any event names (entries come transactions first: an
+    aborted read is placed where its transaction began, not where its input was sent); None:
+    no history event names them. Where the report places it on the run's timeline."""
 
     @property
     def anomalies(self) -> int:
@@ -240,7 +241,7 @@ def check(frames: Frames) -> Report:
         report.located = locate(frames.run_dir, sorted(wanted))
     first_seen = entry_times(frames.events, sorted(wanted))
     report.times = {
-        name: [min((first_seen[e] for e in row if e in first_seen), default=None) for row in rows]
+        name: [next((first_seen[e] for e in row if e in first_seen), None) for row in rows]
         for name, rows in report.entries.items()
     }
     report.stats = run_stats(frames.events, frames.inputs, frames.outputs)

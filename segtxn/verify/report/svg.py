@@ -114,7 +114,8 @@ def _anomalies(points: list[AnomalyPoint], x: Scale, y0: float) -> list[str]:
     for a in points:
         px = x(a.at_s)
         parts.append(
-            f"<path class='anomaly' d='M{px:.1f},{y0 - 9:.1f} l-6,-10 h12 z' fill='{ANOMALY}'>"
+            f"<path class='anomaly' data-anomaly='{a.kind}' d='M{px:.1f},{y0 - 9:.1f} "
+            f"l-6,-10 h12 z' fill='{ANOMALY}'>"
             f"<title>{html.escape(a.kind)} #{a.index + 1} at {a.at_s:.1f} s: "
             f"{html.escape(a.sample)}</title></path>"
         )
@@ -253,7 +254,8 @@ def timeline(marks: list[Mark], anomalies: list[AnomalyPoint], *, x_max: float) 
         px = x(a.at_s)
         y_mid = anomalies_top + lane * LANE_H + LANE_H / 2 + 1
         parts.append(
-            f"<path class='anomaly data' d='M{px:.1f},{y_mid + 5:.1f} l-5,-10 h10 z' "
+            f"<path class='anomaly data' data-anomaly='{a.kind}' "
+            f"d='M{px:.1f},{y_mid + 5:.1f} l-5,-10 h10 z' "
             f"fill='{ANOMALY}'><title>{html.escape(a.sample)}</title></path>"
         )
         parts.append(
