@@ -144,3 +144,14 @@ def test_the_page_stands_alone() -> None:
     # nothing to fetch: no script, stylesheet, image or font from anywhere
     assert not any(tag in page for tag in ("<script", "<link", "<img", "src=", "href=", "url("))
     assert page.count("<svg") == 6 and "FAIL: 1 anomalies" in page
+
+
+def test_the_configuration_shows_what_run_json_has() -> None:
+    """Seed 0 is a seed; a run.json from an older version shows the fields it has."""
+    run = info()
+    run.config["seed"] = 0
+    assert dict(build(checked(), 10.0, run).config)["seed"] == "0"
+    old = RunInfo("http://127.0.0.1:1", "r0", {}, {}, T0, drained=True)
+    assert [label for label, _ in build(checked(), 10.0, old).config] == [
+        "started", "run time", "run", "cluster", "drained",
+    ]  # fmt: skip

@@ -118,22 +118,33 @@ def configuration(info: RunInfo | None, run_s: float, origin: float) -> list[tup
     if info is None:
         return rows
     c = info.config
-    rows += [
+    described = [
         ("run", info.run),
-        ("seed", str(c.get("seed"))),
+        ("seed", c.get("seed")),
         ("cluster", info.url),
-        ("inputs", f"{c.get('inputs', 0):,} over {c.get('keys')} keys at {c.get('rate')}/s"),
-        ("processors", f"{c.get('processors')}, {c.get('batch')} inputs per transaction"),
+        (
+            "inputs",
+            "inputs" in c and f"{c['inputs']:,} over {c.get('keys')} keys at {c.get('rate')}/s",
+        ),
+        (
+            "processors",
+            "processors" in c and f"{c['processors']}, {c.get('batch')} inputs per transaction",
+        ),
         (
             "transactions",
-            f"aborted on purpose {c.get('abort_rate', 0):.0%}, stalled past the timeout "
+            "abort_rate" in c
+            and f"aborted on purpose {c['abort_rate']:.0%}, stalled past the timeout "
             f"{c.get('timeout_rate', 0):.0%}, timeout {c.get('txn_timeout_s')} s",
         ),
-        ("topology", _planned(c.get("changes", []), "op", "topic")),
-        ("faults", _planned(c.get("faults", []), "kind", "target")),
+        ("topology", "changes" in c and _planned(c["changes"], "op", "topic")),
+        ("faults", "faults" in c and _planned(c["faults"], "kind", "target")),
         ("drained", "yes" if info.drained else f"no: {len(info.leftover):,} inputs left"),
     ]
-    return rows
+    # a run.json from an older version may lack some: what it has is shown
+    shown = [
+        (label, value) for label, value in described if value is not None and value is not False
+    ]
+    return rows + [(label, str(value)) for label, value in shown]
 
 
 def _planned(items: list[dict[str, Any]], what: str, target: str) -> str:
