@@ -16,6 +16,8 @@ timestamp is wall-clock seconds (``time.time()``, as the histories record them).
     the committed transactions' commit call durations, sorted.
 ``ended``
     ``[(ts, outcome, inputs, commit_ms)]``, one per transaction end, by time.
+``sent``
+    ``[(ts, inputs)]``: the inputs stored, counted per tenth of a second (``ts`` its start).
 ``gauges``
     ``[(ts, backlog, {topic role: active segments})]``: the orchestrator's samples
     (``gauges`` events, about one a second while the run feeds and drains).
@@ -65,6 +67,13 @@ def run_stats(events: DataFrame, inputs: DataFrame, outputs: DataFrame) -> dict[
         .orderBy("ts")
         .collect()
     )
+    sent = (
+        events.where(F.col("kind") == "sent")
+        .groupBy(F.floor(F.col("ts") * 10).alias("tenth"))
+        .count()
+        .orderBy("tenth")
+        .collect()
+    )
     span = events.agg(F.min("ts").alias("first"), F.max("ts").alias("last")).first()
     return {
         "inputs_sent": events.where(F.col("kind") == "sent").count(),
@@ -73,6 +82,7 @@ def run_stats(events: DataFrame, inputs: DataFrame, outputs: DataFrame) -> dict[
         "transactions": outcomes,
         "commit_ms": sorted(ms for _, outcome, _, ms in ended if outcome == "committed"),
         "ended": ended,
+        "sent": [(r["tenth"] / 10, r["count"]) for r in sent],
         "gauges": gauges,
         "marks": marks([r.asDict() for r in orchestrated]),
         "span": (span["first"], span["last"]) if span and span["first"] is not None else None,

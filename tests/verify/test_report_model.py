@@ -74,6 +74,7 @@ def checked(counts: dict[str, int] | None = None) -> Report:
             (T0 + 2.0, "aborted", 20, 1.0),
             (T0 + 6.1, "committed", 20, 9.0),
         ],
+        "sent": [(T0 + 0.1, 30), (T0 + 0.9, 10), (T0 + 4.5, 20)],
         "gauges": [(T0 + s, 10 * s, {"input": 2 + (s > 5), "out-a": 2}) for s in range(1, 10)],
         "marks": [{"ts": T0 + 3.0, "what": "kill p1", "kind": "kill", "until": T0 + 3.5}],
         "span": (T0, T0 + 9.5),
@@ -95,6 +96,7 @@ def test_the_view_puts_everything_on_the_runs_clock() -> None:
     view = build(checked(), 10.0, info())
     assert view.duration_s == 10.0
     assert [v for _, v in view.throughput] == [20, 20, 0, 0, 0, 0, 20, 0, 0, 0, 0]
+    assert [v for _, v in view.fed] == [40, 0, 0, 0, 20, 0, 0, 0, 0, 0, 0]
     assert view.outcomes["aborted"][2] == (2.0, 1.0)
     assert view.backlog[0] == (1.0, 10.0)
     assert view.active["input"][-1] == (9.0, 3.0) and view.active["out-b"] == []

@@ -60,6 +60,9 @@ class RunView:
     duration_s: float
     """The x axis's end: the run's length (at least the last recorded event)."""
     throughput: Points
+    """Committed inputs per second (zero-filled)."""
+    fed: Points
+    """Inputs stored per second (zero-filled): what the processors had to keep up with."""
     backlog: Points
     active: dict[str, Points]
     outcomes: dict[str, Points]
@@ -187,6 +190,7 @@ def build(report: Report, run_s: float, info: RunInfo | None = None) -> RunView:
         config=configuration(info, run_s, origin),
         duration_s=duration,
         throughput=per_second(((t, float(n)) for t, n, _ in committed), seconds),
+        fed=per_second(((ts - origin, float(n)) for ts, n in stats.get("sent", [])), seconds),
         backlog=[(ts - origin, float(backlog or 0)) for ts, backlog, _ in gauges],
         active={
             role: [(ts - origin, float(a[role])) for ts, _, a in gauges if role in a]

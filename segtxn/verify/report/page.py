@@ -124,7 +124,10 @@ def _anomaly_table(report: Report, view: RunView) -> str:
 
 
 def _plots(view: RunView) -> list[str]:
-    committed = Series("committed inputs per second", view.throughput, "#1f77b4", "step")
+    committed = [
+        Series("inputs stored (fed)", view.fed, "#aaaaaa", "step", "4 3", 1.5),
+        Series("inputs committed (processed)", view.throughput, "#1f77b4", "step"),
+    ]
     backlog = Series("inputs not yet consumed", view.backlog, "#6a3d9a")
     active = [
         Series(role, points, color, "line", dash, width)
@@ -142,7 +145,13 @@ def _plots(view: RunView) -> list[str]:
         Series("p99", view.latency["p99"], "#e67e22"),
     ]
     plots = [
-        ("throughput", "Committed inputs per second", [committed], "", ""),
+        (
+            "throughput",
+            "Inputs per second: fed, and committed by the processors",
+            committed,
+            "",
+            "",
+        ),
         ("backlog", "Backlog: inputs stored, not yet consumed", [backlog], "", ""),
         ("active", "Active segments per topic", active, "", ""),
         ("outcomes", "Transaction outcomes per second", outcomes, "", ""),

@@ -151,10 +151,10 @@ def _series(series: list[Series], x: Scale, y: Scale) -> list[str]:
             continue
         title = f"<title>{html.escape(s.name)}</title>"
         if s.style == "bars":
-            width = max(x(1.0) - x(0.0) - 1, 1.0)
             for px, value in s.points:
                 if value <= 0:
                     continue
+                width = max(x(min(px + 1, x.hi)) - x(px) - 1, 1.0)  # the last may be cut short
                 below = base.get(px, 0.0)
                 base[px] = below + value
                 top_px = y(below + value)
@@ -172,7 +172,7 @@ def _series(series: list[Series], x: Scale, y: Scale) -> list[str]:
             for i, (px, value) in enumerate(s.points):
                 d.append(f"{'M' if i == 0 else 'L'}{x(px):.1f},{y(value):.1f}")
                 if s.style == "step":
-                    d.append(f"L{x(px + 1):.1f},{y(value):.1f}")
+                    d.append(f"L{x(min(px + 1, x.hi)):.1f},{y(value):.1f}")
             dash = f" stroke-dasharray='{s.dash}'" if s.dash else ""
             parts.append(
                 f"<path class='data' d='{' '.join(d)}' fill='none' stroke='{s.color}' "
