@@ -26,7 +26,8 @@ timestamp is wall-clock seconds (``time.time()``, as the histories record them).
     of :data:`MARK_KINDS` and ``until`` the end of a pause or of a server's downtime (None for
     an instant).
 ``span``
-    ``(first, last)`` event time.
+    ``(first, last)``: the times of the first and last of those events and sends (None: the
+    run recorded none).
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+ORCHESTRATED = ("topology", "killed", "fault")
+"""The orchestrator's events that become marks."""
+DRAWN_COLUMNS = (
+    "ts", "kind", "outcome", "commit_ms", "backlog", "active",
+    "op", "topic", "victim", "fault", "target", "step",
+)  # fmt: skip
+"""The columns of the events the report draws (and ``n``: how many inputs an end has)."""
 MARK_KINDS = ("kill", "pause", "down", "split", "merge")
 """kill: a process SIGKILLed (a processor, or a server: then ``until`` is its restart);
 pause: a processor SIGSTOPped until its SIGCONT; down: etcd stopped until started again;
@@ -43,27 +51,14 @@ split, merge: a topology change."""
 
 
 def run_stats(events: DataFrame, inputs: DataFrame, outputs: DataFrame) -> dict[str, Any]:
-    """The stats of a run's ``events`` (every history) and its topics' frames."""
-    ended_frame = events.where(F.col("kind") == "ended")
-    ended = [
-        (r["ts"], r["outcome"], r["n"], r["commit_ms"])
-        for r in ended_frame.select("ts", "outcome", F.size("inputs").alias("n"), "commit_ms")
-        .orderBy("ts")
-        .collect()
-    ]
-    outcomes: dict[str, int] = {}
-    for _, outcome, _, _ in ended:
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    gauges = [
-        (r["ts"], r["backlog"], dict(r["active"] or {}))
-        for r in events.where(F.col("kind") == "gauges")
-        .select("ts", "backlog", "active")
-        .orderBy("ts")
-        .collect()
-    ]
-    orchestrated = (
-        events.where(F.col("kind").isin("topology", "killed", "fault"))
-        .select("ts", "kind", "op", "topic", "victim", "fault", "target", "step")
+    """The stats of a run's ``events`` (every history) and its topics' frames.
+
+    Four Spark jobs, whatever the run's size: the events the report draws one by one
+    (transaction ends, gauges, faults and topology: a few per second), the sends per tenth of
+    a second (there may be millions of sends), and the two topics' counts."""
+    drawn = (
+        events.where(F.col("kind").isin("ended", "gauges", *ORCHESTRATED))
+        .select(*DRAWN_COLUMNS, F.size("inputs").alias("n"))
         .orderBy("ts")
         .collect()
     )
@@ -74,18 +69,24 @@ def run_stats(events: DataFrame, inputs: DataFrame, outputs: DataFrame) -> dict[
         .orderBy("tenth")
         .collect()
     )
-    span = events.agg(F.min("ts").alias("first"), F.max("ts").alias("last")).first()
+    ended = [(r["ts"], r["outcome"], r["n"], r["commit_ms"]) for r in drawn if r["kind"] == "ended"]
+    outcomes: dict[str, int] = {}
+    for _, outcome, _, _ in ended:
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    times = [r["ts"] for r in drawn] + [r["tenth"] / 10 for r in sent]
     return {
-        "inputs_sent": events.where(F.col("kind") == "sent").count(),
+        "inputs_sent": sum(r["count"] for r in sent),
         "inputs_stored": inputs.count(),
         "outputs_visible": outputs.count(),
         "transactions": outcomes,
         "commit_ms": sorted(ms for _, outcome, _, ms in ended if outcome == "committed"),
         "ended": ended,
         "sent": [(r["tenth"] / 10, r["count"]) for r in sent],
-        "gauges": gauges,
-        "marks": marks([r.asDict() for r in orchestrated]),
-        "span": (span["first"], span["last"]) if span and span["first"] is not None else None,
+        "gauges": [
+            (r["ts"], r["backlog"], dict(r["active"] or {})) for r in drawn if r["kind"] == "gauges"
+        ],
+        "marks": marks([r.asDict() for r in drawn if r["kind"] in ORCHESTRATED]),
+        "span": (min(times), max(times)) if times else None,
     }
 
 
