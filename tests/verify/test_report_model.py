@@ -94,9 +94,9 @@ def info(drained: bool = True) -> RunInfo:
 
 def test_the_view_puts_everything_on_the_runs_clock() -> None:
     view = build(checked(), 10.0, info())
-    assert view.duration_s == 10.0
-    assert [v for _, v in view.throughput] == [20, 20, 0, 0, 0, 0, 20, 0, 0, 0, 0]
-    assert [v for _, v in view.fed] == [40, 0, 0, 0, 20, 0, 0, 0, 0, 0, 0]
+    assert view.duration_s == 9.5  # from the first recorded event to the last
+    assert [v for _, v in view.throughput] == [20, 20, 0, 0, 0, 0, 20, 0, 0, 0]
+    assert [v for _, v in view.fed] == [40, 0, 0, 0, 20, 0, 0, 0, 0, 0]
     assert view.outcomes["aborted"][2] == (2.0, 1.0)
     assert view.backlog[0] == (1.0, 10.0)
     assert view.active["input"][-1] == (9.0, 3.0) and view.active["out-b"] == []
@@ -155,5 +155,5 @@ def test_the_configuration_shows_what_run_json_has() -> None:
     assert dict(build(checked(), 10.0, run).config)["seed"] == "0"
     old = RunInfo("http://127.0.0.1:1", "r0", {}, {}, T0, drained=True)
     assert [label for label, _ in build(checked(), 10.0, old).config] == [
-        "started", "run time", "run", "cluster", "drained",
+        "started", "run time", "time axis", "run", "cluster", "drained",
     ]  # fmt: skip

@@ -1,5 +1,6 @@
-"""The report's data: a checked run turned into what the page shows, in seconds since the run
-started.
+"""The report's data: a checked run turned into what the page shows, in seconds since the
+first event the run recorded (the feed's start; the run's own start, with the processors
+starting, is a few seconds earlier).
 
 :func:`build` takes the checker's :class:`~segtxn.verify.checker.Report` (its counts,
 samples and :mod:`stats <segtxn.verify.stats>`) and the run's :class:`RunInfo` and gives a
@@ -58,7 +59,7 @@ class RunView:
     verdict: Verdict
     config: list[tuple[str, str]]
     duration_s: float
-    """The x axis's end: the run's length (at least the last recorded event)."""
+    """The x axis's end: from the first recorded event to the last."""
     throughput: Points
     """Committed inputs per second (zero-filled)."""
     fed: Points
@@ -112,11 +113,15 @@ def verdict(report: Report, info: RunInfo | None) -> Verdict:
     return Verdict(report.anomalies == 0 and not problems, headline, details)
 
 
-def configuration(info: RunInfo | None, run_s: float, origin: float) -> list[tuple[str, str]]:
-    """The run's configuration (``run.json``) as label/value rows."""
+def configuration(
+    info: RunInfo | None, run_s: float, started: float, origin: float
+) -> list[tuple[str, str]]:
+    """The run's configuration (``run.json``) as label/value rows; ``origin``: the plots'
+    time 0."""
     rows = [
-        ("started", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(origin))),
+        ("started", time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started))),
         ("run time", f"{run_s:.1f} s"),
+        ("time axis", f"0 s is the first recorded event, {origin - started:.1f} s after the start"),
     ]
     if info is None:
         return rows
@@ -159,9 +164,12 @@ def _planned(items: list[dict[str, Any]], what: str, target: str) -> str:
 def build(report: Report, run_s: float, info: RunInfo | None = None) -> RunView:
     """The view of a checked run (``info``: its ``run.json``, when the report has it)."""
     stats = report.stats
-    span = stats.get("span") or (time.time(), time.time())
-    origin = info.started if info is not None and info.started else span[0]
-    duration = max(run_s, span[1] - origin, 1.0)
+    started = info.started if info is not None and info.started else None
+    span = stats.get("span") or (started or time.time(),) * 2
+    # time 0 is the first recorded event (the feed's start): the seconds before it, while
+    # the processors start, have nothing to draw
+    origin = span[0]
+    duration = max(span[1] - origin, 1.0)
     seconds = math.floor(duration) + 1
     ended: list[tuple[float, str, int, float | None]] = stats.get("ended", [])
     committed = [(ts - origin, n, ms) for ts, o, n, ms in ended if o == "committed"]
@@ -187,7 +195,7 @@ def build(report: Report, run_s: float, info: RunInfo | None = None) -> RunView:
     ]
     return RunView(
         verdict=verdict(report, info),
-        config=configuration(info, run_s, origin),
+        config=configuration(info, run_s, started or origin, origin),
         duration_s=duration,
         throughput=per_second(((t, float(n)) for t, n, _ in committed), seconds),
         fed=per_second(((ts - origin, float(n)) for ts, n in stats.get("sent", [])), seconds),

@@ -65,7 +65,7 @@ def render(report: Report, run_s: float, info: RunInfo | None = None) -> str:
         "<h2>Timeline</h2>",
         "<p class='note'>Faults and topology changes (dashed; shaded while a process is "
         "paused or down), and where each anomaly sample happened (red triangles, also on "
-        "every plot's time axis). Time is seconds since the run started.</p>",
+        "every plot's time axis). Time is seconds since the first event the run recorded.</p>",
         timeline(view.marks, view.anomalies, x_max=view.duration_s),
         *_plots(view),
         _entries(report),

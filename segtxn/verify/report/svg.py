@@ -1,9 +1,9 @@
 """The report's plots as inline SVG strings: nothing to fetch, no script, any browser.
 
-Every plot shares one x axis (seconds since the run started) so they line up when stacked:
-:func:`plot` draws series (lines, steps, stacked bars, dots) under the run's faults and
-topology changes (dashed lines, a shaded band for a pause or a downtime, labels in lanes
-above the plot so they never overlap) and its anomaly samples (red triangles on the x
+Every plot shares one x axis (seconds since the run's first recorded event) so they line up
+when stacked: :func:`plot` draws series (lines, steps, stacked bars, dots) under the run's
+faults and topology changes (dashed lines, a shaded band for a pause or a downtime, labels in
+lanes above the plot so they never overlap) and its anomaly samples (red triangles on the x
 axis); :func:`timeline` draws the faults and the anomalies alone, labelled. Axes have ticks
 at nice steps (:mod:`.scale`). Each data shape has the class ``data``: a test counts them.
 """
