@@ -137,6 +137,11 @@ def test_a_plot_has_axes_with_ticks_data_and_labelled_marks_in_separate_lanes() 
     }
     assert labels.keys() == {"split input", "merge out-b"}
     assert labels["split input"] != labels["merge out-b"]  # 0.2 s apart: one above the other
+    beyond = plot([Series("s", [(0.5, 1.0), (60.5, 2.0)], "#000")], x_max=60.0, unit="",
+                  marks=[], anomalies=[], label="b")  # fmt: skip
+    [line] = ET.fromstring(beyond).findall(f".//{SVG}path[@class='data']")
+    end_x = float(line.get("d", "").split()[-1][1:].split(",")[0])
+    assert end_x == 960 - 24  # drawn at the axis's end, not past it
     empty = plot([Series("s", [], "#000")], x_max=5, unit="", marks=[], anomalies=[], label="e")
     assert "no data" in empty and "class='data'" not in empty
 

@@ -164,13 +164,15 @@ def _series(series: list[Series], x: Scale, y: Scale) -> list[str]:
                 )
         elif s.style == "dots":
             parts += [
-                f"<circle class='data' cx='{x(px):.1f}' cy='{y(v):.1f}' r='2' fill='{s.color}'/>"
+                f"<circle class='data' cx='{x(min(px, x.hi)):.1f}' cy='{y(v):.1f}' r='2' "
+                f"fill='{s.color}'/>"
                 for px, v in s.points
             ]
         else:
             d = []
             for i, (px, value) in enumerate(s.points):
-                d.append(f"{'M' if i == 0 else 'L'}{x(px):.1f},{y(value):.1f}")
+                # a point past the axis's end (a last second's middle) is drawn at the end
+                d.append(f"{'M' if i == 0 else 'L'}{x(min(px, x.hi)):.1f},{y(value):.1f}")
                 if s.style == "step":
                     d.append(f"L{x(min(px + 1, x.hi)):.1f},{y(value):.1f}")
             dash = f" stroke-dasharray='{s.dash}'" if s.dash else ""
