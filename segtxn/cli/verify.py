@@ -224,7 +224,14 @@ def run(
     help="Without --run-dir: the run's name (its topics, its history topic included).",
 )
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
-@click.option("--html", "html_path", default=None, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--html",
+    "html_path",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the HTML report here, and its screenshot beside it (.png) when a headless "
+    "Chromium is at hand.",
+)
 @click.option(
     "--report-configmap",
     default=None,
@@ -249,7 +256,7 @@ def check(
         raise click.UsageError("give --run-dir, or --url and --run for a run recorded in topics")
     from segtxn.verify.checker import RunNotRecorded, load, load_topics
     from segtxn.verify.checker import check as check_frames
-    from segtxn.verify.report import summary, write_html
+    from segtxn.verify.report import screenshot, summary, write_html
     from segtxn.verify.spark import require_java, spark_session
 
     try:
@@ -273,8 +280,13 @@ def check(
     run_s = info.ended - info.started
     click.echo(summary(report, run_s))
     if html_path is not None:
-        write_html(report, run_s, html_path)
+        write_html(report, run_s, html_path, info)
         click.echo(f"report: {html_path}")
+        try:
+            screenshot.take(html_path, html_path.with_suffix(".png"))
+            click.echo(f"its screenshot: {html_path.with_suffix('.png')}")
+        except screenshot.ScreenshotError as e:
+            click.echo(f"no screenshot of it: {e}")
         if report_configmap is not None:
             _publish(report_configmap, report, info.drained, summary(report, run_s), html_path)
     sys.exit(0 if report.anomalies == 0 and info.drained else 1)

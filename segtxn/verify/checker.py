@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from segtxn.verify.history import HistoryError, HistoryStore
 from segtxn.verify.history_topic import history_topic
 from segtxn.verify.locate import MAX_LINES, Located, locate
+from segtxn.verify.stats import entry_times, run_stats
 from segtxn.verify.workload import RunInfo
 
 ANOMALIES: dict[str, str] = {
@@ -44,7 +45,8 @@ ANOMALIES: dict[str, str] = {
 EVENT_SCHEMA = (
     "kind string, client string, session string, ts double, key string, seq long, id string, "
     "txn string, outcome string, inputs array<struct<key: string, seq: long, id: string>>, "
-    "outputs long, commit_ms double, topic string, op string, victim string"
+    "outputs long, commit_ms double, topic string, op string, victim string, fault string, "
+    "target string, step string, backlog long, fed long, active map<string,int>"
 )
 INPUT_VALUE = "key string, seq long"
 OUTPUT_VALUE = "in_key string, in_seq long, in_id string, txn string, client string"
@@ -92,6 +94,11 @@ class Report:
     stats: dict[str, Any] = field(default_factory=dict)
     entries: dict[str, list[list[str]]] = field(default_factory=dict)
     located: Located | None = None
+    times: dict[str, list[float | None]] = field(default_factory=dict)
+    """``times[kind][i]``: when sample ``i`` happened, wall-clock seconds: the first history
+    event naming its first entry that any event names (entries come transactions first: an
+    aborted read is placed where its transaction began, not where its input was sent); None:
+    no history event names them. Where the report places it on the run's timeline."""
 
     @property
     def anomalies(self) -> int:
@@ -286,11 +293,16 @@ def check(frames: Frames) -> Report:
             ", ".join(f"{k}={v}" for k, v in row.items() if v is not None) for row in rows
         ]
         report.entries[name] = [sample_entries(row) for row in rows]
+    wanted = sorted({e for kind in report.entries.values() for row in kind for e in row})
     if frames.run_dir is not None or frames.history is not None:
-        wanted = sorted({e for kind in report.entries.values() for row in kind for e in row})
         lines = [] if frames.history is None else history_lines(frames.history, wanted)
         report.located = locate(frames.run_dir, wanted, lines)
-    report.stats = run_stats(frames)
+    first_seen = entry_times(frames.events, wanted)
+    report.times = {
+        name: [next((first_seen[e] for e in row if e in first_seen), None) for row in rows]
+        for name, rows in report.entries.items()
+    }
+    report.stats = run_stats(frames.events, frames.inputs, frames.outputs)
     report.stats["check_s"] = round(time.perf_counter() - started, 1)
     return report
 
@@ -315,37 +327,3 @@ def sample_entries(row: dict[str, Any]) -> list[str]:
             if item is not None and str(item) not in entries:
                 entries.append(str(item))
     return entries[:ENTRIES_PER_SAMPLE]
-
-
-def run_stats(frames: Frames) -> dict[str, Any]:
-    """What the run did: counts, commit latency, throughput over time, topology and kills."""
-    events = frames.events
-    ended = events.where(F.col("kind") == "ended")
-    outcomes = {r["outcome"]: r["count"] for r in ended.groupBy("outcome").count().collect()}
-    latencies = sorted(
-        r["commit_ms"]
-        for r in ended.where(F.col("outcome") == "committed").select("commit_ms").collect()
-    )
-    committed_inputs = (
-        ended.where(F.col("outcome") == "committed")
-        .select(F.floor("ts").alias("second"), F.size("inputs").alias("n"))
-        .groupBy("second")
-        .agg(F.sum("n").alias("inputs"))
-        .orderBy("second")
-        .collect()
-    )
-    marks = [
-        {"ts": r["ts"], "what": f"{r['op']} {r['topic'].rsplit('/', 1)[-1]}"}
-        if r["kind"] == "topology"
-        else {"ts": r["ts"], "what": f"kill {r['victim']}"}
-        for r in events.where(F.col("kind").isin("topology", "killed")).orderBy("ts").collect()
-    ]
-    return {
-        "inputs_sent": events.where(F.col("kind") == "sent").count(),
-        "inputs_stored": frames.inputs.count(),
-        "outputs_visible": frames.outputs.count(),
-        "transactions": outcomes,
-        "commit_ms": latencies,
-        "throughput": [(r["second"], r["inputs"]) for r in committed_inputs],
-        "marks": marks,
-    }

@@ -24,6 +24,10 @@ its events in its history, one JSON object per event; ``kind`` tells which:
     ``{"kind", "client", "ts", "fault", "target", "step", "txn"}``; ``fault`` is a
     :class:`segtxn.verify.plan.FaultKind` value, ``step`` one of ``killed``, ``restarted``,
     ``stopped``, ``continued``, ``etcd-stopped``, ``etcd-started``.
+``gauges`` (the orchestrator): about once a second while the run feeds and drains, what the
+    brokers' stats say. ``{"kind", "client", "ts", "backlog", "fed", "active"}``: ``backlog``
+    the inputs not yet consumed, ``fed`` the inputs stored so far, ``active`` each topic's
+    active segments (``{"input": 2, "out-a": 3, "out-b": 1}``).
 
 A processor's *session* is one process life (a restarted processor has a new session).
 ``id`` is a message id ``"segment@ledger:entry"``; ``txn`` is ``"most:least"``; ``ts`` is

@@ -7,7 +7,8 @@ plan's topology changes and faults, checks the run with Spark while the cluster 
 its topics, and stops the cluster. The run directory keeps everything: ``history/`` (when the
 histories are kept in files, else they are in the run's history topic),
 ``logs/`` (every process, every incarnation, and ``orchestrator.log``: this process's own
-log and progress), ``run.json``, ``report.txt`` and ``report.html``.
+log and progress), ``run.json``, ``report.txt``, ``report.html`` and ``report.png`` (its
+screenshot).
 """
 
 from __future__ import annotations
@@ -129,17 +130,16 @@ async def run_job(
 
 
 def check_run(spark: SparkSession, run_dir: Path, run_s: float) -> Report:
-    """Check the run in ``run_dir`` with ``spark``; write ``report.txt`` and ``report.html``
-    next to it."""
+    """Check the run in ``run_dir`` with ``spark``; write ``report.txt``, ``report.html``
+    and (with a headless Chromium at hand) ``report.png`` next to it."""
     from segtxn.verify.checker import check, load
-    from segtxn.verify.report import summary, write_html
+    from segtxn.verify.report import write_report
 
     try:
         report = check(load(spark, run_dir))
     finally:
         spark.catalog.clearCache()  # one session checks many runs: free this one's frames
-    (run_dir / "report.txt").write_text(summary(report, run_s) + "\n")
-    write_html(report, run_s, run_dir / "report.html")
+    write_report(report, run_s, run_dir, RunInfo.load(run_dir))
     return report
 
 

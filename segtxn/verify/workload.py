@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import enum
 import functools
+import itertools
 import json
 import random
 import time
@@ -59,6 +60,9 @@ from segtxn.verify.processes import Launch, ManagedProcess
 from segtxn.verify.processor import SUBSCRIPTION, Topics
 
 T = TypeVar("T")
+
+GAUGE_S = 1.0
+"""How often the orchestrator samples the backlog and the active segments (``gauges``)."""
 
 
 @dataclass(frozen=True)
@@ -223,7 +227,10 @@ async def _run(
         fed = asyncio.create_task(_feed(client, config, topics, info), name="feed")
         chaos = [
             asyncio.create_task(
-                _report_progress(client, config, topics, info, progress), name="progress"
+                _report_progress(
+                    client, config, topics, info, history=history, progress=progress
+                ),
+                name="progress",
             )
         ]
         if config.changes:
@@ -425,19 +432,24 @@ async def _report_progress(
     config: WorkloadConfig,
     topics: Topics,
     info: RunInfo,
+    *,
+    history: History,
     progress: Callable[[str], None],
 ) -> None:
+    """Every second: the backlog and each topic's active segments, recorded as a ``gauges``
+    event (the report plots them); every other second also a progress line."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    while True:
-        await asyncio.sleep(2.0)  # sleep-ok: a progress display's pace
+    roles = {"input": topics.input, "out-a": topics.out_a, "out-b": topics.out_b}
+    for tick in itertools.count(1):
+        await asyncio.sleep(max(0.0, start + tick * GAUGE_S - loop.time()))  # sleep-ok: pace
         with contextlib.suppress(Exception):  # a display never fails the run
             backlog = await _backlog(client, topics)
-            shapes = [
-                len(await _active(client, t)) for t in (topics.input, topics.out_a, topics.out_b)
-            ]
-            progress(
-                f"  {loop.time() - start:5.1f}s  fed {info.fed:,}/{config.inputs:,}  "
-                f"unconsumed {backlog:,}  active segments in/out-a/out-b "
-                f"{shapes[0]}/{shapes[1]}/{shapes[2]}"
-            )
+            active = {role: len(await _active(client, t)) for role, t in roles.items()}
+            history.record("gauges", backlog=backlog, fed=info.fed, active=active)
+            if tick % 2 == 0:
+                progress(
+                    f"  {loop.time() - start:5.1f}s  fed {info.fed:,}/{config.inputs:,}  "
+                    f"unconsumed {backlog:,}  active segments in/out-a/out-b "
+                    f"{active['input']}/{active['out-a']}/{active['out-b']}"
+                )

@@ -37,7 +37,11 @@ def test_demo_runs_the_pipeline_and_finds_no_anomaly(
     assert "kill p1" in out and "split input" in out and "merge out-b" in out
     (report,) = tmp_path.glob("*/report.html")
     page = report.read_text()
-    assert page.count("<svg") == 2 and "PASS: no anomaly" in page
+    assert page.count("<svg") == 6 and "PASS: no anomaly" in page  # a timeline and 5 plots
+    assert "kill p1" in page and "split input" in page  # the faults, marked
+    # make test installs chromium: the screenshot is kept next to the page
+    assert report.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert f"its screenshot: {report.with_suffix('.png')}" in out
     spans = [
         json.loads(line)
         for log in tmp_path.glob("*/logs/*.log")
