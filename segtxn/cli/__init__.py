@@ -18,6 +18,7 @@ from segtxn.cli import (
     clients,
     servers,
     service,
+    soak,
     stacks,
     topics,
     traces,
@@ -64,5 +65,6 @@ main.add_command(topics.topics)
 main.add_command(brokers.brokers)
 main.add_command(txn.txn)
 main.add_command(verify.verify)
+verify.verify.add_command(soak.soak)
 main.add_command(operator)
 verbosity.accept_after_subcommands(main)

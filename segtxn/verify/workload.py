@@ -227,9 +227,7 @@ async def _run(
         fed = asyncio.create_task(_feed(client, config, topics, info), name="feed")
         chaos = [
             asyncio.create_task(
-                _report_progress(
-                    client, config, topics, info, history=history, progress=progress
-                ),
+                _report_progress(client, config, topics, info, history=history, progress=progress),
                 name="progress",
             )
         ]
@@ -433,7 +431,7 @@ async def _report_progress(
     topics: Topics,
     info: RunInfo,
     *,
-    history: History,
+    history: HistoryWriter,
     progress: Callable[[str], None],
 ) -> None:
     """Every second: the backlog and each topic's active segments, recorded as a ``gauges``
