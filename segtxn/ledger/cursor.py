@@ -21,7 +21,8 @@ It works the same on a sealed ledger (PIP-471: a sealed segment still moves its 
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import quote
+from collections.abc import Sequence
+from urllib.parse import quote, unquote
 
 import msgspec
 
@@ -31,7 +32,7 @@ from segtxn.ledger.fencing import OwnerChanged, cas_put_owned
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
-from segtxn.metastore import MUST_NOT_EXIST, MetadataStore
+from segtxn.metastore import MUST_NOT_EXIST, MetadataStore, Record
 
 CURSORS_PREFIX = "/managed-cursors/"
 
@@ -246,3 +247,25 @@ class ManagedCursor:
             version=version,
             max_persisted_ranges=max_persisted_ranges,
         )
+
+
+def restore_cursors(
+    ledger: LedgerChain,
+    store: MetadataStore,
+    records: Sequence[Record],
+    *,
+    max_persisted_ranges: int,
+) -> dict[str, ManagedCursor]:
+    """The cursors of ``ledger`` from their records (a listing of
+    :func:`cursors_prefix`), by name."""
+    return {
+        (name := unquote(record.key.rsplit("/", 1)[1])): ManagedCursor.restore(
+            ledger=ledger,
+            name=name,
+            store=store,
+            raw=record.value,
+            version=record.version,
+            max_persisted_ranges=max_persisted_ranges,
+        )
+        for record in records
+    }

@@ -31,11 +31,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from urllib.parse import unquote
 
 import msgspec
 
-from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix
+from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix, restore_cursors
 from segtxn.ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
@@ -160,16 +159,14 @@ class ManagedLedger(LedgerReads):
         except BaseException:  # failed or cancelled: its writer must not outlive it
             await ledger.close()
             raise
-        for record in listing.records:
-            cursor_name = unquote(record.key.rsplit("/", 1)[1])
-            ledger.cursors[cursor_name] = ManagedCursor.restore(
-                ledger=ledger,
-                name=cursor_name,
-                store=store,
-                raw=record.value,
-                version=record.version,
+        ledger.cursors.update(
+            restore_cursors(
+                ledger,
+                store,
+                listing.records,
                 max_persisted_ranges=ledger.settings.max_persisted_ranges,
             )
+        )
         return ledger
 
     # ================================================================= appends

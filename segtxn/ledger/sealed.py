@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from urllib.parse import unquote
 
 from segtxn.ledger.chain import LedgerChain
-from segtxn.ledger.cursor import ManagedCursor, cursors_prefix
+from segtxn.ledger.cursor import ManagedCursor, cursors_prefix, restore_cursors
 from segtxn.ledger.logs import LogStorage
 from segtxn.ledger.metadata import LedgerMetadata, decode, metadata_key
 from segtxn.ledger.position import Position
@@ -82,16 +81,9 @@ async def read_sealed(
         return None
     ledger = SealedLedger(name, meta, record.version)
     listing = await store.list_prefix(cursors_prefix(name))
-    for cursor in listing.records:
-        cursor_name = unquote(cursor.key.rsplit("/", 1)[1])
-        ledger.cursors[cursor_name] = ManagedCursor.restore(
-            ledger=ledger,
-            name=cursor_name,
-            store=store,
-            raw=cursor.value,
-            version=cursor.version,
-            max_persisted_ranges=max_persisted_ranges,
-        )
+    ledger.cursors = restore_cursors(
+        ledger, store, listing.records, max_persisted_ranges=max_persisted_ranges
+    )
     return ledger
 
 
