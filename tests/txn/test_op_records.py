@@ -8,13 +8,24 @@ to a chosen call is parked until the test lets it go)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
+from segtxn.broker.txn import oprecords
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.client import Client, ErrorName, Message, ServerError, TransactionFailed
+from segtxn.client import (
+    Client,
+    ErrorName,
+    Message,
+    ScalableProducer,
+    ServerError,
+    TransactionFailed,
+)
 from segtxn.client.consumer import Consumer
 from segtxn.client.transaction import Transaction
+from segtxn.ledger import Position
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
@@ -24,6 +35,7 @@ from tests.waiting import wait_until
 TOPIC = "topic://acme/ops/orders"
 OUT = "topic://acme/ops/out"
 SEGMENT = TopicName.parse("segment://acme/ops/orders/0")
+OUT_SEGMENT = TopicName.parse("segment://acme/ops/out/0")
 
 
 async def op_records(cluster: Cluster, txn_id: str) -> dict[str, T.OpRecord]:
@@ -228,3 +240,85 @@ async def test_a_step_that_fails_unexpectedly_fails_its_sends_instead_of_hanging
     assert failed.value.name is ErrorName.UNKNOWN
     monkeypatch.undo()
     await txn.abort()
+
+
+@contextlib.asynccontextmanager
+async def _holding_appends(
+    cluster: Cluster, segment: TopicName
+) -> AsyncIterator[tuple[asyncio.Event, asyncio.Event]]:
+    """Park ``segment``'s ledger writes: (set once one is parked, set to let them go); let
+    them go at the end whatever happened (a parked write would hold the broker's close)."""
+    writer = cluster.broker.service.topics[segment].ledger._writer
+    original = writer._write
+    parked, gate = asyncio.Event(), asyncio.Event()
+
+    async def held(batch: list[bytes]) -> list[Position]:
+        parked.set()
+        await gate.wait()
+        return await original(batch)
+
+    writer._write = held
+    try:
+        yield parked, gate
+    finally:
+        gate.set()
+
+
+async def _consumed(client: Client) -> tuple[Consumer, Message, ScalableProducer]:
+    """A message received from TOPIC, and a producer on OUT that has sent ``warm-up``."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    await client.admin.create_topic(OUT, segments=1)
+    await (await client.create_producer(TOPIC)).send(b"in")
+    consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
+    (message,) = await receive_all(consumer, 1)
+    out = await client.create_producer(OUT)
+    assert isinstance(out, ScalableProducer)
+    await out.send(b"warm-up")  # OUT's segment is loaded
+    return consumer, message, out
+
+
+async def test_an_ack_waits_for_its_transactions_appends_and_shares_their_step(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Consume-transform-produce: the ack's record is ready before the send's entry is
+    durable; it waits for it, and both records land in one store step, not two in turn."""
+    monkeypatch.setattr(oprecords, "APPEND_WAIT_S", 30.0)
+    consumer, message, out = await _consumed(client)
+    txn = await client.transaction().start()
+    steps = cluster.faults.count("txn", key_prefix="/txn-op/")
+    async with _holding_appends(cluster, OUT_SEGMENT) as (parked, gate):
+        sent = await out.send_async(b"out", txn=txn)
+        await asyncio.wait_for(parked.wait(), 10)  # the send's entry is being written
+        acked = asyncio.ensure_future(consumer.acknowledge(message, txn=txn))
+        writer = cluster.broker.service.op_records
+        await wait_until(lambda: writer.waiting(txn.id) == 1, timeout=10, what="the ack waiting")
+        assert steps.calls == 0  # it waits for the append instead of taking a step alone
+        gate.set()
+        await asyncio.gather(sent, acked)
+    assert steps.calls == 1
+    records = await op_records(cluster, str(txn.id))
+    assert sorted(type(r).__name__ for r in records.values()) == ["AcksRecord", "WritesRecord"]
+    await txn.commit()
+
+
+async def test_an_ack_does_not_wait_long_for_an_append_that_hangs(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait is bounded: a slow disk delays only the send whose entry it holds."""
+    monkeypatch.setattr(oprecords, "APPEND_WAIT_S", 0.05)
+    consumer, message, out = await _consumed(client)
+    txn = await client.transaction().start()
+    async with _holding_appends(cluster, OUT_SEGMENT) as (parked, gate):
+        sent = await out.send_async(b"out", txn=txn)
+        await asyncio.wait_for(parked.wait(), 10)
+        await asyncio.wait_for(consumer.acknowledge(message, txn=txn), 10)  # while it is held
+        assert not sent.done()
+        gate.set()
+        await sent
+    await txn.commit()
+    await consumer.close()
+    again = await client.subscribe(TOPIC, "s", initial_position="earliest")
+    reader = await client.subscribe(OUT, "r", initial_position="earliest")
+    assert [m.value for m in await receive_all(reader, 2)] == [b"warm-up", b"out"]
+    with pytest.raises(asyncio.TimeoutError):  # the ack committed with the send
+        await again.receive(timeout_s=0.5)

@@ -52,7 +52,7 @@ from segtxn.broker.txn.buffer_records import (
     before,
 )
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.oprecords import OpRecordWriter
+from segtxn.broker.txn.oprecords import AppendInFlight, OpRecordWriter
 from segtxn.broker.txn.visibility import OpenTransactions, TransactionBuffer
 from segtxn.ledger import LedgerError, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
@@ -199,6 +199,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
             return [missing] * len(entries)
         outcomes: list[asyncio.Future[Position] | BaseException] = []
         floor: Position | None = None
+        appended = self._ops.appending(txn)  # its steps wait for these writes' record
         try:
             try:
                 for payload, turn in entries:
@@ -222,13 +223,14 @@ class MetadataTransactionBuffer(TransactionBuffer):
                         outcomes.append(e)
             except asyncio.CancelledError:
                 if not any(isinstance(o, asyncio.Future) for o in outcomes):
+                    appended.end()
                     raise  # nothing queued: all given up
                 stopped = ServerError(ErrorName.SERVICE_NOT_READY, "stopped before it was stored")
                 outcomes += [stopped] * (len(entries) - len(outcomes))
             # Queued entries are recorded or orphaned whatever becomes of this task: in a
             # task of their own, waited for through any cancel (the floor stays till then).
             finishing = asyncio.get_running_loop().create_task(
-                self._finish(txn, version, outcomes), name=f"txn-append-{txn}"
+                self._finish(txn, version, outcomes, appended), name=f"txn-append-{txn}"
             )
             while True:
                 try:
@@ -242,25 +244,36 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 self._changed()
 
     async def _finish(
-        self, txn: TxnId, version: int, outcomes: list[asyncio.Future[Position] | BaseException]
+        self,
+        txn: TxnId,
+        version: int,
+        outcomes: list[asyncio.Future[Position] | BaseException],
+        appended: AppendInFlight,
     ) -> list[Position | BaseException]:
-        """Await the queued writes, then have one record cover them (or orphan them all)."""
-        written = [o for o in outcomes if isinstance(o, asyncio.Future)]
-        if written:
-            await asyncio.wait(written)
-        positions = [_settled(o) for o in outcomes]
-        stored = [p for p in positions if isinstance(p, Position)]
-        if stored:
+        """Await the queued writes, then have one record cover them (or orphan them all);
+        ``appended`` ends once that record is queued (or nothing is to be recorded)."""
+        try:
+            written = [o for o in outcomes if isinstance(o, asyncio.Future)]
+            if written:
+                await asyncio.wait(written)
+            positions = [_settled(o) for o in outcomes]
+            stored = [p for p in positions if isinstance(p, Position)]
+            if not stored:
+                return positions
             try:
-                await self._record(txn, version, stored)
+                await self._record(txn, version, stored, appended)
             except ServerError as e:
                 await self._orphan_all(txn, stored)
                 return [e if isinstance(p, Position) else p for p in positions]
-            for position in stored:
-                self._track(txn, position)
+        finally:
+            appended.end()
+        for position in stored:
+            self._track(txn, position)
         return positions
 
-    async def _record(self, txn: TxnId, version: int, positions: list[Position]) -> None:
+    async def _record(
+        self, txn: TxnId, version: int, positions: list[Position], appended: AppendInFlight
+    ) -> None:
         """Make the writes record cover ``positions``: nothing to write when a landed one
         does (they were appended before that record's header check passed); otherwise a
         rewrite with a check that the header is still at ``version`` (the late-write race
@@ -277,7 +290,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         for position in positions:
             draft.extend(position)
         try:
-            await self._ops.write(txn, version, draft)
+            await self._ops.write(txn, version, draft, appended)
         except ServerError:
             if txn not in self._writes and draft.durable is None:
                 self._records.pop(txn, None)  # nothing of it here: nothing to clean up

@@ -7,11 +7,16 @@ version it had while OPEN. While a step for a transaction is in flight, the draf
 change meanwhile — from any segment or subscription on this broker — wait, and the next
 step writes each of them once, with whatever it holds by then: a hundred appends in flight
 together cost one or two store steps, not a hundred records (issue 16; bench/peer.py's
-``store w/msg``). A step is all or nothing, so a failed one fails every waiter in it, which
-is the outcome each would have had alone (the header check is shared); a draft whose step
-failed is **failed for good**: its record may hold less than its participant believes (or,
-after an ambiguous store error, more), so nothing more is ever recorded in it and the
-transaction cannot commit what it would have covered.
+``store w/msg``). A step also waits, up to :data:`APPEND_WAIT_S`, for the appends of its
+transaction still being written on this broker (:meth:`OpRecordWriter.appending`): a
+consume-transform-produce transaction's acks record is ready at once, its writes records
+only once their entries are durable, and without the wait the acks took a step of their
+own and the writes waited for it, two store round trips on every transaction's path instead
+of one (bench/peer.py ``txn 1``). A step is all or nothing, so a failed one fails every
+waiter in it, which is the outcome each would have had alone (the header check is shared);
+a draft whose step failed is **failed for good**: its record may hold less than its
+participant believes (or, after an ambiguous store error, more), so nothing more is ever
+recorded in it and the transaction cannot commit what it would have covered.
 
 Clean-up after outcomes goes through the same writer, batched across the broker: what a
 segment or subscription hands to :meth:`OpRecordWriter.clean` (index entries and a
@@ -53,6 +58,9 @@ CLEAN_OPS_PER_STEP = 40
 """Puts and deletes per clean-up step (a delete of an indexed record counts two physical
 operations, as does a put: under the 128 a step may hold)."""
 CLEAN_RETRY_S = 1.0
+APPEND_WAIT_S = 0.02
+"""How long a step waits for its transaction's appends in flight on this broker (so their
+records join it): a little over a slow disk's sync, never a stall when appends keep coming."""
 log = logging.getLogger(__name__)
 MAX_STEP_BYTES = 512 * 1024
 """Encoded records per step (each is also copied into its index entry): a third of the
@@ -83,6 +91,21 @@ class Draft(ABC):
                 "an earlier op record of this transaction could not be written: "
                 + self.failed.message,
             )
+
+
+class AppendInFlight:
+    """One run of appends of a transaction being written on this broker: ended (once)
+    when its records are queued for a step, or when it will record nothing."""
+
+    __slots__ = ("_open", "_txn", "_writer")
+
+    def __init__(self, writer: OpRecordWriter, txn: TxnId) -> None:
+        self._writer, self._txn, self._open = writer, txn, True
+
+    def end(self) -> None:
+        if self._open:
+            self._open = False
+            self._writer._appended(self._txn)
 
 
 @dataclass(eq=False)
@@ -117,26 +140,62 @@ class OpRecordWriter:
         self._metrics = metrics
         self._queues: dict[TxnId, dict[str, _Waiting]] = {}
         self._flushers: dict[TxnId, asyncio.Task[None]] = {}
+        self._appends: dict[TxnId, int] = {}
+        """Runs of appends in flight per transaction (:meth:`appending`)."""
+        self._appends_done: dict[TxnId, asyncio.Event] = {}
+        """Set when a transaction's last run of appends in flight ends (waited on by steps)."""
         self._cleaning: list[_Cleaning] = []
         self._cleaner: asyncio.Task[None] | None = None
         self._closed = False
 
-    async def write(self, txn: TxnId, version: int, draft: Draft) -> None:
+    def appending(self, txn: TxnId) -> AppendInFlight:
+        """Say that appends of ``txn`` are being written here and their record will follow:
+        steps of ``txn`` wait (a little) for it. End it with :meth:`write` or its ``end``."""
+        self._appends[txn] = self._appends.get(txn, 0) + 1
+        return AppendInFlight(self, txn)
+
+    def _appended(self, txn: TxnId) -> None:
+        left = self._appends[txn] - 1
+        if left:
+            self._appends[txn] = left
+            return
+        del self._appends[txn]
+        done = self._appends_done.pop(txn, None)
+        if done is not None:
+            done.set()
+
+    async def _appends_written(self, txn: TxnId) -> None:
+        """Wait until no appends of ``txn`` are in flight here, :data:`APPEND_WAIT_S` at most."""
+        if txn not in self._appends:
+            return
+        done = self._appends_done.setdefault(txn, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(APPEND_WAIT_S):
+                await done.wait()
+
+    async def write(
+        self, txn: TxnId, version: int, draft: Draft, appended: AppendInFlight | None = None
+    ) -> None:
         """Return once a step that began after this call wrote ``draft`` (with everything
-        it held then), checked against the header at ``version``.
+        it held then), checked against the header at ``version``. ``appended``: the run of
+        appends this record covers, ended once the draft is queued.
 
         Raises:
             ServerError(TransactionConflict): the transaction ended meanwhile.
             ServerError(PersistenceError): the store failed (the record may hold it or not).
             ServerError: ``draft`` failed earlier (its error's name).
         """
-        draft.refuse_if_failed()
-        queue = self._queues.setdefault(txn, {})
-        waiting = queue.get(draft.key)
-        if waiting is None:
-            waiting = queue[draft.key] = _Waiting(draft, version)
-        done = asyncio.get_running_loop().create_future()
-        waiting.waiters.append(done)
+        try:
+            draft.refuse_if_failed()
+            queue = self._queues.setdefault(txn, {})
+            waiting = queue.get(draft.key)
+            if waiting is None:
+                waiting = queue[draft.key] = _Waiting(draft, version)
+            done = asyncio.get_running_loop().create_future()
+            waiting.waiters.append(done)
+        finally:
+            if appended is not None:
+                appended.end()
         if txn not in self._flushers:
             self._flushers[txn] = asyncio.create_task(self._flush(txn), name=f"op-records-{txn}")
         await asyncio.shield(done)
@@ -147,8 +206,11 @@ class OpRecordWriter:
 
     async def _flush(self, txn: TxnId) -> None:
         try:
-            while queue := self._queues.get(txn):
-                await self._step(txn, queue)
+            while self._queues.get(txn):
+                await self._appends_written(txn)
+                queue = self._queues.get(txn)
+                if queue:
+                    await self._step(txn, queue)
         finally:
             self._queues.pop(txn, None)
             self._flushers.pop(txn, None)
