@@ -202,8 +202,8 @@ async def test_a_batch_whose_record_failed_is_all_orphaned_even_if_cancelled_at_
     assert not topic.dedup.state("p").in_flight
     put.release()
     # the puts the cancel cut short are left to the background retry: all three durable
-    await wait_until(lambda: not buffer._unsettled_orphans, what="the orphans put")
-    listing = await cluster.store.list_prefix(buffer._orphans_prefix)
+    await wait_until(lambda: not buffer._orphans.unsettled, what="the orphans put")
+    listing = await cluster.store.list_prefix(buffer._orphans._prefix)
     assert len(listing.records) == 3
     await txn.commit()
     reader = await client.subscribe(TOPIC, "r", initial_position="earliest")

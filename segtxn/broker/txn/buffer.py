@@ -43,7 +43,6 @@ from segtxn.broker.ordering import Turn
 from segtxn.broker.spans import materialization_span
 from segtxn.broker.txn.buffer_records import (
     ABORTED,
-    ORPHANS,
     STATE,
     AbortedTxn,
     BufferState,
@@ -53,6 +52,7 @@ from segtxn.broker.txn.buffer_records import (
 )
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.oprecords import AppendInFlight, OpRecordWriter
+from segtxn.broker.txn.orphans import Orphans
 from segtxn.broker.txn.visibility import OpenTransactions, TransactionBuffer
 from segtxn.ledger import LedgerError, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
@@ -95,7 +95,6 @@ class MetadataTransactionBuffer(TransactionBuffer):
         quoted = quote(segment, safe="")
         self._state_key = STATE + quoted
         self._aborted_prefix = f"{ABORTED}{quoted}/"
-        self._orphans_prefix = f"{ORPHANS}{quoted}/"
         self._writes: dict[TxnId, list[Position]] = {}
         """Entries here of transactions whose writes records still exist (after recovery:
         the first and last of each range)."""
@@ -107,10 +106,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._floors: list[Position] = []
         """For each append in flight: the last entry before it (the horizon stays there)."""
         self._aborted: dict[TxnId, AbortedTxn] = {}
-        self._orphans: set[Position] = set()
+        self._orphans = Orphans(segment, store)
         self._watermark: Position | None = None
         """The durable resolved watermark."""
-        self._unsettled_orphans: set[tuple[TxnId, Position]] = set()
         self._cleanable: dict[TxnId, Position] = {}
         """Decided transactions -> their last entry here; cleaned once the watermark passes."""
         self._cleaner_wake = asyncio.Event()
@@ -126,6 +124,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
         horizon = last
         if self._floors:
             horizon = min(horizon, *self._floors)
+        unsettled = self._orphans.floor()
+        if unsettled is not None:
+            horizon = min(horizon, unsettled)
         if self._open_first:
             horizon = min(horizon, before(min(self._open_first.values())))
         return horizon
@@ -263,7 +264,11 @@ class MetadataTransactionBuffer(TransactionBuffer):
             try:
                 await self._record(txn, version, stored, appended)
             except ServerError as e:
-                await self._orphan_all(txn, stored)
+                try:
+                    await self._orphans.add_all(txn, stored)
+                finally:
+                    if self._orphans.unsettled:  # the clean-up records them
+                        self._cleaner_wake.set()
                 return [e if isinstance(p, Position) else p for p in positions]
         finally:
             appended.end()
@@ -303,42 +308,6 @@ class MetadataTransactionBuffer(TransactionBuffer):
             self._materialize(txn, header)  # decided while we were recording
         else:
             self._open_first.setdefault(txn, position)
-
-    async def _orphan_all(self, txn: TxnId, positions: list[Position]) -> None:
-        """Record entries whose op record never landed. All of them are orphans (never
-        shown) before the first put: a cancel during one (a broker stopping) must not leave
-        a later one showing once its transaction commits; those not yet put are then left
-        to the background retry, which holds the horizon before them until they are."""
-        self._orphans.update(positions)
-        for n, position in enumerate(positions):
-            try:
-                await self._orphan(txn, position)
-            except BaseException:
-                for rest in positions[n:]:
-                    self._orphan_later(txn, rest)
-                raise
-
-    async def _orphan(self, txn: TxnId, position: Position) -> None:
-        """Record an entry whose op record never landed; until that is durable the
-        horizon stays before it (a background retry settles it)."""
-        self._orphans.add(position)
-        try:
-            await self._put_orphan(txn, position)
-        except MetadataStoreError:
-            log.warning("%s: orphan %s not yet recorded; retrying", self.segment, position)
-            self._orphan_later(txn, position)
-
-    def _orphan_later(self, txn: TxnId, position: Position) -> None:
-        """Leave an orphan's put to the background retry; the horizon stays before it."""
-        if (txn, position) in self._unsettled_orphans:
-            return
-        self._unsettled_orphans.add((txn, position))
-        self._floors.append(before(position))
-        self._cleaner_wake.set()
-
-    async def _put_orphan(self, txn: TxnId, position: Position) -> None:
-        key = f"{self._orphans_prefix}{position.ledger_id:016x}-{position.entry_id:016x}"
-        await self._store.put(key, str(txn).encode())
 
     # ------------------------------------------------------------------ outcomes
 
@@ -397,19 +366,13 @@ class MetadataTransactionBuffer(TransactionBuffer):
             await self._cleaner_wake.wait()
             self._cleaner_wake.clear()
             try:
-                await self._settle_orphans()
+                if await self._orphans.settle():
+                    self._changed()
                 await self._clean_once()
             except MetadataStoreError as e:
                 log.warning("%s: transaction clean-up failed (%s); will retry", self.segment, e)
                 await asyncio.sleep(1.0)  # the store is failing: retry at a gentle pace
                 self._cleaner_wake.set()
-
-    async def _settle_orphans(self) -> None:
-        for txn, position in list(self._unsettled_orphans):
-            await self._put_orphan(txn, position)
-            self._unsettled_orphans.discard((txn, position))
-            self._floors.remove(before(position))
-            self._changed()
 
     async def _clean_once(self) -> None:
         horizon = self.max_read_position
@@ -454,10 +417,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         for item in aborted.records:
             txn = TxnId.from_key(item.key.rsplit("/", 1)[1])
             self._aborted[txn] = msgspec.json.decode(item.value, type=AbortedTxn)
-        orphans = await self._store.list_prefix(self._orphans_prefix)
-        for item in orphans.records:
-            ledger, _, entry = item.key.rsplit("/", 1)[1].partition("-")
-            self._orphans.add(Position(int(ledger, 16), int(entry, 16)))
+        await self._orphans.load()
         started = time.perf_counter()
         ops = await self._store.index_range(T.IDX_WRITES, self.segment)
         self._metrics.txn_index_query.record(time.perf_counter() - started)
@@ -512,8 +472,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                         entry.position,
                         txn,
                     )
-                    self._orphans.add(entry.position)
-                    await self._put_orphan(txn, entry.position)
+                    await self._orphans.add(txn, entry.position)
             start = self._ledger.position_after(entries[-1].position)
 
     async def trimmed(self, result: TrimResult) -> None:
@@ -527,11 +486,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 del self._aborted[txn]
                 with contextlib.suppress(NotFound):
                     await self._store.delete(self._aborted_prefix + txn.key)
-        for position in [p for p in self._orphans if p < first]:
-            self._orphans.discard(position)
-            key = f"{self._orphans_prefix}{position.ledger_id:016x}-{position.entry_id:016x}"
-            with contextlib.suppress(NotFound):
-                await self._store.delete(key)
+        await self._orphans.trimmed(first)
 
     async def close(self) -> None:
         if self._cleaner is not None:
