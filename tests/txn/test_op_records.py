@@ -36,6 +36,8 @@ TOPIC = "topic://acme/ops/orders"
 OUT = "topic://acme/ops/out"
 SEGMENT = TopicName.parse("segment://acme/ops/orders/0")
 OUT_SEGMENT = TopicName.parse("segment://acme/ops/out/0")
+OUT2 = "topic://acme/ops/out2"
+OUT2_SEGMENT = TopicName.parse("segment://acme/ops/out2/0")
 
 
 async def op_records(cluster: Cluster, txn_id: str) -> dict[str, T.OpRecord]:
@@ -298,6 +300,38 @@ async def test_an_ack_waits_for_its_transactions_appends_and_shares_their_step(
     assert steps.calls == 1
     records = await op_records(cluster, str(txn.id))
     assert sorted(type(r).__name__ for r in records.values()) == ["AcksRecord", "WritesRecord"]
+    await txn.commit()
+
+
+async def test_a_step_waits_only_for_the_appends_in_flight_when_it_began(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that keeps sending does not hold its records back: appends that start
+    while a step waits for earlier ones are not waited for."""
+    monkeypatch.setattr(oprecords, "APPEND_WAIT_S", 30.0)
+    consumer, message, out = await _consumed(client)
+    await client.admin.create_topic(OUT2, segments=1)
+    out2 = await client.create_producer(OUT2)
+    await out2.send(b"warm-up")
+    txn = await client.transaction().start()
+    writer = cluster.broker.service.op_records
+    async with (
+        _holding_appends(cluster, OUT_SEGMENT) as (parked, gate),
+        _holding_appends(cluster, OUT2_SEGMENT) as (parked2, gate2),
+    ):
+        first = await out.send_async(b"first", txn=txn)
+        await asyncio.wait_for(parked.wait(), 10)
+        acked = asyncio.ensure_future(consumer.acknowledge(message, txn=txn))
+        # (the step for the ack starts waiting, for `first`, before this poll returns:
+        # asyncio runs callbacks in the order they were scheduled)
+        await wait_until(lambda: writer.waiting(txn.id) == 1, timeout=10, what="the ack waiting")
+        second = await out2.send_async(b"second", txn=txn)
+        await asyncio.wait_for(parked2.wait(), 10)  # a run that began after the step
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, acked), 10)  # not held back by `second`
+        assert not second.done()
+        gate2.set()
+        await second
     await txn.commit()
 
 

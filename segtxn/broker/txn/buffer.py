@@ -224,7 +224,6 @@ class MetadataTransactionBuffer(TransactionBuffer):
                         outcomes.append(e)
             except asyncio.CancelledError:
                 if not any(isinstance(o, asyncio.Future) for o in outcomes):
-                    appended.end()
                     raise  # nothing queued: all given up
                 stopped = ServerError(ErrorName.SERVICE_NOT_READY, "stopped before it was stored")
                 outcomes += [stopped] * (len(entries) - len(outcomes))
@@ -240,6 +239,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                     if finishing.done():
                         raise
         finally:
+            appended.end()  # (ended already by its record, unless this ends before one)
             if floor is not None:
                 self._floors.remove(floor)
                 self._changed()

@@ -97,15 +97,21 @@ class AppendInFlight:
     """One run of appends of a transaction being written on this broker: ended (once)
     when its records are queued for a step, or when it will record nothing."""
 
-    __slots__ = ("_open", "_txn", "_writer")
+    __slots__ = ("_all", "_txn", "ended")
 
-    def __init__(self, writer: OpRecordWriter, txn: TxnId) -> None:
-        self._writer, self._txn, self._open = writer, txn, True
+    def __init__(self, all_runs: dict[TxnId, set[AppendInFlight]], txn: TxnId) -> None:
+        self._all, self._txn = all_runs, txn
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        all_runs.setdefault(txn, set()).add(self)
 
     def end(self) -> None:
-        if self._open:
-            self._open = False
-            self._writer._appended(self._txn)
+        if self.ended.done():
+            return
+        self.ended.set_result(None)
+        runs = self._all[self._txn]
+        runs.discard(self)
+        if not runs:
+            del self._all[self._txn]
 
 
 @dataclass(eq=False)
@@ -140,10 +146,8 @@ class OpRecordWriter:
         self._metrics = metrics
         self._queues: dict[TxnId, dict[str, _Waiting]] = {}
         self._flushers: dict[TxnId, asyncio.Task[None]] = {}
-        self._appends: dict[TxnId, int] = {}
+        self._appends: dict[TxnId, set[AppendInFlight]] = {}
         """Runs of appends in flight per transaction (:meth:`appending`)."""
-        self._appends_done: dict[TxnId, asyncio.Event] = {}
-        """Set when a transaction's last run of appends in flight ends (waited on by steps)."""
         self._cleaning: list[_Cleaning] = []
         self._cleaner: asyncio.Task[None] | None = None
         self._closed = False
@@ -151,27 +155,15 @@ class OpRecordWriter:
     def appending(self, txn: TxnId) -> AppendInFlight:
         """Say that appends of ``txn`` are being written here and their record will follow:
         steps of ``txn`` wait (a little) for it. End it with :meth:`write` or its ``end``."""
-        self._appends[txn] = self._appends.get(txn, 0) + 1
-        return AppendInFlight(self, txn)
-
-    def _appended(self, txn: TxnId) -> None:
-        left = self._appends[txn] - 1
-        if left:
-            self._appends[txn] = left
-            return
-        del self._appends[txn]
-        done = self._appends_done.pop(txn, None)
-        if done is not None:
-            done.set()
+        return AppendInFlight(self._appends, txn)
 
     async def _appends_written(self, txn: TxnId) -> None:
-        """Wait until no appends of ``txn`` are in flight here, :data:`APPEND_WAIT_S` at most."""
-        if txn not in self._appends:
-            return
-        done = self._appends_done.setdefault(txn, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(APPEND_WAIT_S):
-                await done.wait()
+        """Wait until the runs of appends of ``txn`` in flight here now have ended (not
+        those that start meanwhile: a transaction that keeps sending must not hold its
+        records back), :data:`APPEND_WAIT_S` at most."""
+        runs = self._appends.get(txn)
+        if runs:
+            await asyncio.wait([run.ended for run in runs], timeout=APPEND_WAIT_S)
 
     async def write(
         self, txn: TxnId, version: int, draft: Draft, appended: AppendInFlight | None = None
