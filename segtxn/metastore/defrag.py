@@ -62,6 +62,11 @@ class DefragSettings:
     ``root`` role: defragmentation is an administrator's call)."""
 
 
+PRIVATE_ETCD = DefragSettings(min_free_bytes=32 * MIB, check_s=300.0)
+"""For a private single-member etcd (``--store etcd-local``, ``bench/``): its database is
+small, so a pause of its only member (the whole store) to give back 32 MiB is short."""
+
+
 @dataclass(frozen=True)
 class MemberStatus:
     name: str
@@ -88,8 +93,8 @@ class Defragmented:
     def __str__(self) -> str:
         return (
             f"etcd member {self.before.name} ({self.before.endpoint}) defragmented in "
-            f"{self.seconds:.2f} s: database file {self.before.db_size / MIB:.1f} MiB -> "
-            f"{self.after.db_size / MIB:.1f} MiB ({self.after.db_size_in_use / MIB:.1f} MiB "
+            f"{self.seconds:.2f} s: database file {self.before.db_size / MIB:.2f} MiB -> "
+            f"{self.after.db_size / MIB:.2f} MiB ({self.after.db_size_in_use / MIB:.2f} MiB "
             "in use)"
         )
 
