@@ -109,7 +109,9 @@ class Controller:
                 fresh, version = await self._read(name)
                 if attempts >= PLAN_ATTEMPTS or not _same_active(topic, fresh):
                     raise TopicBusy(f"{name} changed meanwhile; try again") from e
-                log.debug("%s %s: the record changed meanwhile; planning again", op.kind, name)
+                log.debug(
+                    "%s %s: the record changed meanwhile; planning again", op.kind.value, name
+                )
                 topic = fresh
         log.debug(
             "%s %s planned: segments %s -> %s",
