@@ -37,7 +37,9 @@ this rate, and retention deletes only closed ledgers) and retention runs every
 ``--retention-check`` seconds, deleting consumed ledgers ``--retention-time`` seconds after
 they closed: within a run, trimming happens many times; and sealed segments consumed and
 past retention are retired every ``--retire-check`` seconds (the product's default is 10
-minutes). Child processes import the segtxn
+minutes). The private etcd is defragmented (one log line each time) when ``--defrag-min-free-mib``
+of its file are free, checked every ``--defrag-check`` seconds, as ``segtxn store defrag``
+would. Child processes import the segtxn
 this script sits next to (its directory is put first on ``PYTHONPATH``).
 
 Run: ``.venv/bin/python bench/endurance.py [--duration 3600] [--warmup 600]
@@ -51,6 +53,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -78,6 +81,7 @@ from growth import (
 )
 
 import segtxn
+from segtxn.metastore.defrag import MIB, DefragSettings, run_defragmentation
 from segtxn.metastore.etcd_server import EtcdServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -259,9 +263,20 @@ async def sample_until_done(c: Cluster, load: Load, out: Any) -> list[Sample]:
 
 async def endure(c: Cluster, settings: Settings, out: Any) -> list[Sample]:
     load = Load(c.broker.url, settings)
-    async with asyncio.TaskGroup() as tasks:
-        tasks.create_task(load.run(), name="load")
-        sampled = tasks.create_task(sample_until_done(c, load, out), name="sample")
+    defrag = DefragSettings(
+        min_free_bytes=settings.defrag_min_free_mib * MIB,
+        check_s=settings.defrag_check_s if settings.defrag_min_free_mib else 0.0,
+    )
+    defragmenting = asyncio.create_task(
+        run_defragmentation([c.etcd.endpoint], defrag), name="etcd-defragmentation"
+    )
+    try:
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(load.run(), name="load")
+            sampled = tasks.create_task(sample_until_done(c, load, out), name="sample")
+    finally:
+        defragmenting.cancel()
+        await asyncio.gather(defragmenting, return_exceptions=True)
     return sampled.result()
 
 
@@ -290,6 +305,13 @@ def parse(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         help="seconds between sweeps retiring consumed sealed segments (the product's: 600)",
     )
     arg("--gc-retention", type=float, default=60.0, help="coordinator's header GC retention")
+    arg(
+        "--defrag-min-free-mib",
+        type=int,
+        default=32,
+        help="defragment etcd once this many MiB of its file are free (0: never)",
+    )
+    arg("--defrag-check", type=float, default=300.0, help="seconds between defrag checks")
     arg("--key-depth", type=int, default=1, help="path components to group store keys by")
     arg("--out", type=Path, default=None, help="samples file (JSON lines; default: a new one)")
     arg("--report", type=Path, default=None, help="only print the table of a samples file")
@@ -316,6 +338,8 @@ def parse(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
         retire_check_s=args.retire_check,
         gc_retention_s=args.gc_retention,
         key_depth=args.key_depth,
+        defrag_min_free_mib=args.defrag_min_free_mib,
+        defrag_check_s=args.defrag_check,
     )
     out = args.out or REPO / f".endurance-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     return settings, out, args.report
@@ -323,6 +347,8 @@ def parse(argv: list[str] | None) -> tuple[Settings, Path, Path | None]:
 
 def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("segtxn.metastore.defrag").setLevel(logging.INFO)  # each defrag: a line
     settings, out_path, report_of = parse(argv)
     if report_of is not None:
         settings_line = json.loads(report_of.read_text().splitlines()[0])

@@ -45,6 +45,9 @@ class Settings:
     retire_check_s: float
     gc_retention_s: float
     key_depth: int
+    defrag_min_free_mib: int = 32
+    """Defragment the private etcd once this many MiB of its file are free (0: never)."""
+    defrag_check_s: float = 300.0
 
 
 @dataclass

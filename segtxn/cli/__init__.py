@@ -20,6 +20,7 @@ from segtxn.cli import (
     service,
     soak,
     stacks,
+    store,
     topics,
     traces,
     txn,
@@ -67,4 +68,5 @@ main.add_command(txn.txn)
 main.add_command(verify.verify)
 verify.verify.add_command(soak.soak)
 main.add_command(operator)
+main.add_command(store.store)
 verbosity.accept_after_subcommands(main)

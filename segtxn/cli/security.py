@@ -23,8 +23,8 @@ _FILE = click.Path(dir_okay=False, path_type=Path)
 
 
 def auth_options(command: F) -> F:
-    """``--auth-*``: token authentication and authorization (docs/security.md); all absent:
-    security off."""
+    """``--auth-*``: token authentication and authorization (docs/security.md), and the
+    :func:`store_options`; all absent: security off."""
     options = [
         click.option(
             "--auth-token-secret",
@@ -82,6 +82,17 @@ def auth_options(command: F) -> F:
             metavar="FILE",
             help="Require client certificates signed by this CA (mutual TLS).",
         ),
+    ]
+    command = store_options(command)  # (listed after the others, as before)
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def store_options(command: F) -> F:
+    """``--store-*``: TLS and a user for the etcd connection (:func:`store_credentials`
+    parses them); all absent: plaintext, no user."""
+    options = [
         click.option(
             "--store-ca",
             type=_FILE,

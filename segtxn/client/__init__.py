@@ -10,8 +10,9 @@ async with Client("http://b1:8080,http://b2:8080", operation_timeout_s=30) as cl
 ```
 """
 
+from segtxn.client.checkpoint import CheckpointConsumer
 from segtxn.client.client import Client
-from segtxn.client.consumer import CheckpointConsumer, Consumer
+from segtxn.client.consumer import Consumer
 from segtxn.client.errors import (
     CertificateError,
     ClientClosed,

@@ -17,8 +17,9 @@ from typing import Any
 import aiohttp
 
 from segtxn.client.admin import Admin
+from segtxn.client.checkpoint import CheckpointConsumer
 from segtxn.client.connection import Connector, service_urls
-from segtxn.client.consumer import CheckpointConsumer, Consumer
+from segtxn.client.consumer import Consumer
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.credentials import Token, client_token
 from segtxn.client.errors import ClientClosed

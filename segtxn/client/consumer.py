@@ -16,9 +16,9 @@ broker's rewind arrives. So an older message never follows a newer one except as
 redelivery (``redelivery_count`` > 0).
 
 A scalable topic is consumed segment by segment through one queue (no ordering promise
-across segments; per key, parents before children); a :class:`CheckpointConsumer` reads it
-with positions the application keeps. The per-connection work is in
-:mod:`segtxn.client.stream`.
+across segments; per key, parents before children); a
+:class:`~segtxn.client.checkpoint.CheckpointConsumer` reads it with positions the
+application keeps. The per-connection work is in :mod:`segtxn.client.stream`.
 
 Time limits: ``receive`` waits as long as it takes unless given ``timeout_s``; an
 acknowledgment, a negative ack and a redelivery request end within the client's operation
@@ -35,13 +35,12 @@ import itertools
 import logging
 import secrets
 from collections.abc import Awaitable
-from typing import Any
 
 from segtxn import tracing
 from segtxn.aio import first_completed
 from segtxn.client.acks import ack_span
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientClosed, ClientError, Timeout, TopicNotFound
+from segtxn.client.errors import ClientClosed, Timeout, TopicNotFound
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.stream import MessageStream, next_item
@@ -50,7 +49,7 @@ from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import ErrorCategory, ServerError, TransactionConflict
 from segtxn.protocol.names import Domain, TopicName
 
-__all__ = ["CheckpointConsumer", "Consumer"]
+__all__ = ["Consumer"]
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
@@ -123,7 +122,8 @@ class Consumer:
         if (
             name.domain is Domain.SEGMENT
             and name.parent() == self.topic
-            and (name.segment or 0) in self._finished
+            and self._layout is not None
+            and ((name.segment or 0) in self._finished or self._layout.pruned(name.segment or 0))
         ):
             return None
         raise ValueError(f"{message_id} is not from a segment this consumer reads now")
@@ -163,8 +163,17 @@ class Consumer:
             await self.close()
             raise
 
+    def _forget_pruned(self) -> None:
+        """Forget the segments that have left the DAG (retired, then pruned): over months
+        of splits and merges the finished set would grow with every one. Safe: a pruned
+        segment is read by nobody again (its broker refuses it, its data is deleted), and
+        no segment lists it as a parent any more, so no child waits for it."""
+        assert self._layout is not None
+        self._finished = {s for s in self._finished if not self._layout.pruned(s)}
+
     async def _open_eligible(self, deadline: Deadline) -> None:
         assert self._layout is not None
+        self._forget_pruned()
         for segment in sorted(self._layout.segments.values(), key=lambda s: s.id):
             name = self.topic.segment_name(segment.id)
             if str(name) in self._streams or segment.id in self._finished:
@@ -422,72 +431,3 @@ def _registered(topic: str) -> str:
     scalable topic (cached: it was parsed again for every transactional ack)."""
     name = TopicName.parse(topic)
     return str(name.parent() if name.domain is Domain.SEGMENT else name)
-
-
-class CheckpointConsumer(Consumer):
-    """Reads a scalable topic with positions held by the application, not the broker.
-
-    Segments are read in DAG order (a child after its parents are read to their end), with
-    readers: nothing is acknowledged. :meth:`checkpoint` returns a JSON-serializable dict of
-    where every segment is; a consumer created with it resumes there — after splits and
-    merges too: segments finished stay finished, new ones start at their beginning.
-    Delivery is at least once from a checkpoint (messages received after it come again).
-    """
-
-    def __init__(
-        self,
-        connector: Connector,
-        topic: TopicName,
-        layout: TopicLayout,
-        checkpoint: dict[str, Any] | None = None,
-        *,
-        receiver_queue_size: int = 1000,
-    ) -> None:
-        super().__init__(
-            connector,
-            topic,
-            "checkpoint",
-            sub_type="Exclusive",
-            receiver_queue_size=receiver_queue_size,
-            layout=layout,
-        )
-        saved = checkpoint or {}
-        self._positions: dict[int, str] = {int(k): v for k, v in saved.get("next", {}).items()}
-        self._finished = {int(s) for s in saved.get("finished", [])}
-
-    def _new_stream(self, topic: TopicName) -> MessageStream:
-        start = self._positions.get(topic.segment or 0, "earliest")
-        return MessageStream(
-            self._connector,
-            topic,
-            kind="reader",
-            suffix="",
-            query={"start": start},
-            receiver_queue_size=self._size,
-            deliver=self._queue,
-            on_end=self._wake.set,
-        )
-
-    async def receive(self, timeout_s: float | None = None) -> Message:
-        message = await super().receive(timeout_s)
-        segment = TopicName.parse(message.message_id.topic).segment or 0
-        self._positions[segment] = (
-            f"{message.message_id.ledger_id}:{message.message_id.entry_id + 1}"
-        )
-        return message
-
-    def checkpoint(self) -> dict[str, Any]:
-        """Where reading stands: ``{"next": {segment: "L:E"}, "finished": [segment, ...]}``."""
-        return {
-            "next": {str(k): v for k, v in sorted(self._positions.items())},
-            "finished": sorted(self._finished),
-        }
-
-    async def acknowledge(
-        self,
-        message: Message | MessageId,
-        *,
-        txn: Transaction | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
-        raise ClientError("a checkpoint consumer acknowledges nothing: keep its checkpoint()")

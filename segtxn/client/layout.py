@@ -130,6 +130,19 @@ class TopicLayout:
             await asyncio.sleep(delay)  # back off before reconnecting
             delay = min(delay * 2, 2.0)
 
+    def pruned(self, segment_id: int) -> bool:
+        """Whether ``segment_id`` was a segment of this topic that has left its DAG
+        (retired, then pruned from the topic's record): not in the DAG, and below its
+        newest id. Ids are given in increasing order and never reused, and the newest
+        segment is never pruned (only a sealed one retires, and its children are newer),
+        so an id above the newest is one this layout has not seen yet, never a pruned
+        one."""
+        return (
+            bool(self.segments)
+            and segment_id not in self.segments
+            and segment_id < max(self.segments)
+        )
+
     def active(self) -> list[Segment]:
         return sorted((s for s in self.segments.values() if s.active), key=lambda s: s.lo)
 

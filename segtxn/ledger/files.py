@@ -8,11 +8,19 @@ Files live at ``<root>/<quoted managed-ledger name>/<ledger id, 16 digits>.log``
 file writes its header and fsyncs it and its directory, so a ledger the metadata names (it
 is named only after this) survives a crash. A batch is one ``write`` and one
 ``fdatasync``, then its mark: one more small ``write``, never another sync.
+
+A managed ledger's directory is removed when the delete of its last file empties it (a
+retired segment or a deleted topic leaves nothing behind, issue 22). The name may be used
+again at once (a topic re-created under the same name maps to the same directory), so the
+removal is only ever an ``rmdir`` (which refuses a directory holding anything), and a
+create that finds its directory removed between its ``mkdir`` and its ``open`` makes it
+again (:func:`create_file`): no lock is needed between them, across threads or processes.
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
 import fcntl
 import os
 from array import array
@@ -151,9 +159,8 @@ class FileLogStorage(LogStorage):
 
     def create(self, ledger_name: str, ledger_id: int) -> FileEntryLog:
         directory = self._dir(ledger_name)
-        directory.mkdir(parents=True, exist_ok=True)
         path = self.path(ledger_name, ledger_id)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = create_file(path, os.O_RDWR)
         try:
             _lock(fd, path)
             if not is_unused(_read_all(fd)):
@@ -246,7 +253,53 @@ class FileLogStorage(LogStorage):
         return fd
 
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
-        self.path(ledger_name, ledger_id).unlink(missing_ok=True)
+        """Remove the log, and its directory if that leaves it empty (idempotent)."""
+        path = self.path(ledger_name, ledger_id)
+        path.unlink(missing_ok=True)
+        remove_if_empty(path.parent)
+
+
+CREATE_ATTEMPTS = 8
+"""How often :func:`create_file` makes the directory again when a concurrent delete
+removed it (each time another delete must empty it between two system calls)."""
+
+
+def create_file(path: Path, flags: int) -> int:
+    """Open ``path`` with ``O_CREAT`` (and ``flags``), making its directory first (synced
+    into its parent, so a file synced in it survives a crash); returns the descriptor. A
+    delete may remove the directory (:func:`remove_if_empty`) between the ``mkdir`` and
+    the ``open``: it is made again.
+
+    Raises:
+        FileNotFoundError: the directory vanished :data:`CREATE_ATTEMPTS` times in a row.
+    """
+    attempts = 0
+    while True:
+        try:
+            path.parent.mkdir(parents=True)
+            _fsync_dir(path.parent.parent)
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, flags | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            attempts += 1
+            if attempts >= CREATE_ATTEMPTS:
+                raise
+
+
+def remove_if_empty(directory: Path) -> bool:
+    """Remove ``directory`` if it holds nothing (an ``rmdir``: never a file in it, nor one
+    a concurrent create is making, see :func:`create_file`); returns whether it did."""
+    try:
+        directory.rmdir()
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    return True
 
 
 def _lock(fd: int, path: Path) -> None:

@@ -157,6 +157,8 @@ class EtcdEngine(Engine):
         self._kv: Any = None
         self._watch_stub: Any = None
         self._lease: Any = None
+        self._maintenance: Any = None
+        self._cluster: Any = None
         self._closed = False
         self._calls: set[Any] = set()
 
@@ -176,6 +178,8 @@ class EtcdEngine(Engine):
             self._kv = rpc.KVStub(self._channel)
             self._watch_stub = rpc.WatchStub(self._channel)
             self._lease = rpc.LeaseStub(self._channel)
+            self._maintenance = rpc.MaintenanceStub(self._channel)
+            self._cluster = rpc.ClusterStub(self._channel)
 
     async def _failover(self, error: grpc.aio.AioRpcError) -> None:
         """After UNAVAILABLE, move to the next endpoint (when there is more than one)."""
@@ -213,23 +217,31 @@ class EtcdEngine(Engine):
         await self._failover(e)
         return map_grpc_error(e)
 
-    async def _unary(self, method: str, request: Any) -> Any:
+    async def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
-            return await self._call(method, request)
+            return await self._call(method, request, timeout_s)
         except grpc.aio.AioRpcError as e:
             if not token_gone(e):
                 raise await self._failed(e) from e
             self._token = None  # a token etcd forgot: once more with a new one
         try:
-            return await self._call(method, request)
+            return await self._call(method, request, timeout_s)
         except grpc.aio.AioRpcError as e:
             raise await self._failed(e) from e
 
-    async def _call(self, method: str, request: Any) -> Any:
+    async def _call(self, method: str, request: Any, timeout_s: float | None) -> Any:
         self._connect()
         metadata = await self._metadata()
-        stub = self._lease if method.startswith("Lease") else self._kv
-        return await getattr(stub, method)(request, timeout=self._timeout, metadata=metadata)
+        if method.startswith("Lease"):
+            stub = self._lease
+        elif method in ("Status", "Defragment"):
+            stub = self._maintenance
+        elif method == "MemberList":
+            stub = self._cluster
+        else:
+            stub = self._kv
+        timeout = self._timeout if timeout_s is None else timeout_s
+        return await getattr(stub, method)(request, timeout=timeout, metadata=metadata)
 
     # -- key translation ---------------------------------------------------------------
 
@@ -423,6 +435,20 @@ class EtcdEngine(Engine):
             if "compacted" in (e.details() or ""):
                 return  # already compacted at or past `revision`
             raise await self._failed(e) from e
+
+    async def member_status(self) -> Any:
+        """etcd's ``StatusResponse`` of the member this engine talks to now (its
+        ``dbSize``, ``dbSizeInUse``, ``leader``, ``header.member_id``...)."""
+        return await self._unary("Status", rpc.StatusRequest())
+
+    async def member_list(self) -> Any:
+        """etcd's ``MemberListResponse``: every member, with its ``clientURLs``."""
+        return await self._unary("MemberList", rpc.MemberListRequest())
+
+    async def defragment(self, timeout_s: float) -> None:
+        """Defragment the member this engine talks to (it answers nothing else meanwhile);
+        ``timeout_s``: how long it may take (a large database takes seconds)."""
+        await self._unary("Defragment", rpc.DefragmentRequest(), timeout_s)
 
     async def close(self) -> None:
         if self._closed:

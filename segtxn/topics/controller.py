@@ -7,7 +7,12 @@ leaves a parent and a child writable at once:
 
 1. **plan**: CAS the topic record with the operation as ``pending`` (child ids and ranges
    decided). A second request for a topic with an operation pending, or for a segment that
-   is no longer active, fails clearly.
+   is no longer active, fails clearly. A CAS that loses to a change that leaves the
+   active segments as they were (a sealed segment retired or pruned, properties changed:
+   the epoch is the same and nothing is pending) is planned again on the record read
+   afresh, up to :data:`PLAN_ATTEMPTS` times, rather than failing with ``TopicBusy``: the
+   plan depends only on the active segments and ``next_segment_id``, which such a change
+   keeps, so the caller would only have retried the same request.
 2. **place** each child on a broker (``/homes``), keeping a home written by an earlier,
    interrupted attempt;
 3. **prepare** each child: create it on its home with every subscription of its parents,
@@ -53,7 +58,14 @@ class SegmentOps(Protocol):
 
 
 class TopicBusy(Exception):
-    """Another split or merge of the topic is in progress."""
+    """Another split or merge of the topic is in progress, or the topic's record kept
+    changing while this one was planned."""
+
+
+PLAN_ATTEMPTS = 5
+"""How many times a split or merge is planned when its compare-and-set keeps losing to
+changes that leave the active segments as they were (each one a retire, a prune or a
+property change landing between the read and the write)."""
 
 
 class Controller:
@@ -80,17 +92,27 @@ class Controller:
         self, name: TopicName, plan: Callable[[ScalableTopic], PendingOp]
     ) -> ScalableTopic:
         topic, version = await self._read(name)
-        if topic.pending is not None:
-            raise TopicBusy(f"{name}: a {topic.pending.kind} is in progress")
-        op = plan(topic)
-        planned = msgspec.structs.replace(topic, pending=op)
         started = time.perf_counter()
-        try:
-            record = await self.store.put(
-                topic_key(name), encode_topic(planned), expected_version=version
-            )
-        except BadVersion as e:
-            raise TopicBusy(f"{name} changed meanwhile; try again") from e
+        attempts = 0
+        while True:
+            if topic.pending is not None:
+                raise TopicBusy(f"{name}: a {topic.pending.kind} is in progress")
+            op = plan(topic)
+            planned = msgspec.structs.replace(topic, pending=op)
+            attempts += 1
+            try:
+                record = await self.store.put(
+                    topic_key(name), encode_topic(planned), expected_version=version
+                )
+                break
+            except BadVersion as e:
+                fresh, version = await self._read(name)
+                if attempts >= PLAN_ATTEMPTS or not _same_active(topic, fresh):
+                    raise TopicBusy(f"{name} changed meanwhile; try again") from e
+                log.debug(
+                    "%s %s: the record changed meanwhile; planning again", op.kind.value, name
+                )
+                topic = fresh
         log.debug(
             "%s %s planned: segments %s -> %s",
             op.kind.value,
@@ -181,3 +203,13 @@ class Controller:
                 home_key(child), msgspec.json.encode(home), indexes={HOMES_BY_BROKER: home}
             )
             log.info("segment created: %s, placed on broker %s", child, home)
+
+
+def _same_active(read: ScalableTopic, fresh: ScalableTopic) -> bool:
+    """Whether ``fresh`` has the active segments ``read`` had: the same topic (not one
+    deleted and created again under its name), and no split or merge completed (the epoch
+    is the same) or started (nothing pending) in between. Retiring and pruning sealed
+    segments, and property changes, keep the epoch."""
+    return (
+        fresh.created_ms == read.created_ms and fresh.epoch == read.epoch and fresh.pending is None
+    )

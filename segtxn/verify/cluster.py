@@ -16,7 +16,9 @@ ledgers under ``<run dir>/data/<name>``; :meth:`Cluster.restart_server` starts a
 one again with the same id, data dir and port. The private etcd keeps its data in
 ``/dev/shm`` (removed when the cluster stops) and its log in ``<run dir>/logs/etcd.log``;
 :meth:`Cluster.stop_etcd` and :meth:`Cluster.start_etcd` restart it on the same data dir and
-ports. Every process's log is in ``<run dir>/logs/`` (:mod:`segtxn.verify.processes`).
+ports. The private etcd is defragmented when compaction has freed enough of its file
+(:data:`segtxn.metastore.defrag.PRIVATE_ETCD`). Every process's log is in ``<run dir>/logs/``
+(:mod:`segtxn.verify.processes`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+from segtxn.metastore.defrag import PRIVATE_ETCD, run_defragmentation
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.registry import open_store
 from segtxn.verify.plan import REPLICATED_SESSION_TTL_S, Shape
@@ -140,6 +143,10 @@ async def open_cluster(
             await etcd.astart()
             store = etcd.url(NAMESPACE)
             echo(f"started etcd at {etcd.endpoint} (data in {etcd.data_dir})")
+            defrag = asyncio.create_task(
+                run_defragmentation([etcd.endpoint], PRIVATE_ETCD), name="etcd-defragmentation"
+            )
+            stack.push_async_callback(_stop, defrag)
         elif store is not None:
             opened = open_store(store)  # InvalidArgument for a URL nothing can open
             await opened.close()
@@ -184,6 +191,11 @@ async def open_cluster(
         where = "embedded store" if store == "memory://" else store
         echo(f"{shape.value}: {', '.join(f'{s.name} {s.url}' for s in servers)} on {where}")
         yield cluster
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
 
 
 def _note(etcd: EtcdServer, text: str) -> None:

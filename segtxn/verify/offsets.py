@@ -13,7 +13,9 @@ read to its last entry, so it is never read again.
 
 Splits and merges (:func:`advance`): a segment appears once the topic's layout names it,
 and a segment with parents (a split's children, a merge's result) is read only once every
-parent is done. A key's records then reach a stream in the order the topic holds them: all
+parent is done. A segment that has left the topic's DAG (retired, then pruned) leaves the
+offset too (:func:`forget_pruned`), so an offset stays as small as the live DAG over months
+of splits and merges. A key's records then reach a stream in the order the topic holds them: all
 of the parent's before any of the child's, the parent's tail and the child's head in one
 micro-batch at the latest, in (segment id, position) order there.
 """
@@ -137,7 +139,28 @@ def advance(start: StreamOffset, views: list[SegmentView]) -> StreamOffset:
             moved = SegmentOffset(moved.next, done=True)
         if moved != now:
             segments[view.id] = moved
-    return StreamOffset(start.topic, segments)
+    return forget_pruned(StreamOffset(start.topic, segments), views)
+
+
+def forget_pruned(offset: StreamOffset, views: list[SegmentView]) -> StreamOffset:
+    """``offset`` without the segments that have left the topic's DAG: absent from
+    ``views`` and below its newest id (ids are given in increasing order and never reused,
+    and the newest segment is never pruned, so an id above it is one ``views`` has not
+    seen yet, and is kept).
+
+    Nothing is read twice or skipped for it: a pruned segment was retired (its data is
+    deleted and its broker refuses it, so a stale view of it shows no data to read), and
+    no segment lists it as a parent any more, so no child waits for it to be done. An old
+    offset (a restarted query's) that names one is fine: it is forgotten at the next
+    :func:`advance`, and :func:`ranges` reads only segments the end offset names."""
+    present = {v.id for v in views}
+    if not present:
+        return offset
+    newest = max(present)
+    kept = {i: o for i, o in offset.segments.items() if i in present or i > newest}
+    if len(kept) == len(offset.segments):
+        return offset
+    return StreamOffset(offset.topic, kept)
 
 
 def at_latest(topic: TopicName, views: list[SegmentView]) -> StreamOffset:

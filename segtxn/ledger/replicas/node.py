@@ -47,7 +47,7 @@ from typing import TypeVar
 from urllib.parse import unquote
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerError, LedgerFenced, LedgerMissing
-from segtxn.ledger.files import FileEntryLog, FileLogStorage
+from segtxn.ledger.files import FileEntryLog, FileLogStorage, create_file, remove_if_empty
 from segtxn.ledger.logs import EntryLog
 from segtxn.ledger.records import FORMAT
 
@@ -186,8 +186,7 @@ class ReplicaNode:
         with self._locked(key):
             path = self._fence_path(key)
             if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+                fd = create_file(path, os.O_WRONLY)
                 try:
                     os.fsync(fd)
                 finally:
@@ -264,7 +263,10 @@ class ReplicaNode:
             if not directory.is_dir():
                 continue
             name = unquote(directory.name)
-            ids = {int(p.stem) for p in directory.iterdir() if _replica_file(p)}
+            try:
+                ids = {int(p.stem) for p in directory.iterdir() if _replica_file(p)}
+            except FileNotFoundError:  # its last replica deleted meanwhile (and it with it)
+                continue
             for ledger_id in sorted(ids):
                 if self._last_touched((name, ledger_id)) < before_ns:
                     found.append((name, ledger_id))
@@ -317,12 +319,16 @@ class ReplicaNode:
                 del self._locks[key]
 
     def _remove(self, key: tuple[str, int]) -> None:
-        """Close and delete the replica and its fence (``key``'s lock held)."""
+        """Close and delete the replica, then its fence (a crash in between leaves a fence
+        alone, never an unfenced replica), then their directory if nothing else is in it
+        (``key``'s lock held): an empty directory per deleted ledger would pile up."""
         held = self._held.pop(key, None)
         if held is not None:
             held.close()
         self._files.delete(*key)
-        self._fence_path(key).unlink(missing_ok=True)
+        fence = self._fence_path(key)
+        fence.unlink(missing_ok=True)
+        remove_if_empty(fence.parent)
 
     def _last_touched(self, key: tuple[str, int]) -> int:
         """The latest modification time (ns) of the replica's file and fence (0: none)."""
