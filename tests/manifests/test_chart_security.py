@@ -66,20 +66,22 @@ def test_security_is_on_by_default_in_the_created_cluster(helm: Helm) -> None:
     objects = rendered(spec)
     for kind in ("StatefulSet", "Deployment"):
         spec_of = pod(objects, kind)
-        assert {v["name"] for v in spec_of["volumes"]} == {"tls", "auth", "policy"}
+        assert {v["name"] for v in spec_of["volumes"]} == {"tls", "auth", "policy", "store-tls"}
         assert "--auth-policy=/etc/segtxn/policy/policy.yaml" in spec_of["containers"][0]["args"]
     assert render.service_url("segtxn", "segtxn", spec).startswith("https://")
 
 
 def test_switched_off_the_cluster_and_its_pods_have_none_of_it(helm: Helm) -> None:
-    _, spec = created(helm, "cluster.security.enabled=false")
+    _, spec = created(helm, "cluster.security.enabled=false", "etcd.tls.enabled=false")
     assert spec["security"] == {"enabled": False, **_crd_defaults()}
     objects = rendered(spec)
     for kind in ("StatefulSet", "Deployment"):
         spec_of = pod(objects, kind)
         assert "volumes" not in spec_of
         assert not [
-            a for a in spec_of["containers"][0]["args"] if a.startswith(("--tls", "--auth"))
+            a
+            for a in spec_of["containers"][0]["args"]
+            if a.startswith(("--tls", "--auth", "--store-"))
         ]
     assert render.service_url("segtxn", "segtxn", spec).startswith("http://")
 

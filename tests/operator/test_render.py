@@ -35,13 +35,16 @@ def minimal(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def expand(container: Mapping[str, Any], config: Mapping[str, str]) -> list[str]:
-    """The container's args as the kubelet runs them: $(VAR) from its env."""
+    """The container's args as the kubelet runs them: $(VAR) from its env (a Secret's
+    key as ``<key>``)."""
     fields = {"metadata.name": "b-0", "metadata.namespace": "ns", "status.podIP": "10.0.0.7"}
     env = {}
     for var in container["env"]:
         source = var["valueFrom"]
         if "fieldRef" in source:
             env[var["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in source:
+            env[var["name"]] = f"<{source['secretKeyRef']['key']}>"
         else:
             env[var["name"]] = config[source["configMapKeyRef"]["key"]]
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
