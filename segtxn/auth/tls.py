@@ -9,8 +9,10 @@ rewritten one file at a time, a key that does not match) is logged at WARNING an
 certificate stays in use until a later check loads the pair.
 
 With ``client_ca_file``, the server also asks every client for a certificate signed by that
-CA and refuses the handshake without one (mutual TLS at the transport: who the client *is*
-still comes from its token).
+CA: a certificate that does not verify fails the handshake, and a connection that presented
+none is refused on every route but the probes (:mod:`segtxn.auth.clientcerts`, which says
+why not at the handshake). Mutual TLS at the transport: who the client *is* still comes
+from its token, unless the server takes roles from certificates.
 
 Servers calling each other verify the other server's certificate against ``ca_file`` (the
 cluster's CA; without it the system's CAs), and present their own certificate, which a
@@ -126,7 +128,8 @@ class ServerCertificate:
                 raise AuthConfigError(
                     f"{settings.client_ca_file}: not a CA certificate file ({ssl_reason(e)})"
                 ) from e
-            self.context.verify_mode = ssl.CERT_REQUIRED
+            # A certificate is checked when presented; none: segtxn.auth.clientcerts.
+            self.context.verify_mode = ssl.CERT_OPTIONAL
         _load_pair(self.context, self._cert, self._key)
         self._seen = self._stamp()
         self.reloads = 0

@@ -76,6 +76,9 @@ class SecuritySpec:
     renew_before_days: int = 30
     token_days: int = 365
     protect_metrics: bool = False
+    client_certificates: bool = False
+    """Mutual TLS (``--tls-client-ca``): each role's token Secret also holds a client
+    certificate (:mod:`.credentials`)."""
     superusers: tuple[str, ...] = ()
     roles: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
 
@@ -93,6 +96,7 @@ class SecuritySpec:
             renew_before_days=int(raw.get("renewBeforeDays", 30)),
             token_days=int(raw.get("tokenDays", 365)),
             protect_metrics=bool(raw.get("protectMetrics", False)),
+            client_certificates=bool(raw.get("clientCertificates", False)),
             superusers=tuple(str(r) for r in raw.get("superusers") or ()),
             roles=dict(raw.get("roles") or {}),
         )
@@ -114,6 +118,11 @@ class SecuritySpec:
         for role in (*self.superusers, *(self.roles or {})):
             if role in RESERVED:
                 raise InvalidSecurity(f"{FIELD}: role {role!r} is reserved for the operator")
+        if self.client_certificates and self.certificates is not CertificateSource.OPERATOR:
+            raise InvalidSecurity(
+                f"{FIELD}.clientCertificates: needs certificates: operator (the roles' "
+                "client certificates are issued by the operator's CA)"
+            )
         try:
             return Policy.parse(self.policy_data(), FIELD)
         except AuthConfigError as e:
@@ -227,6 +236,9 @@ def server_flags(sec: SecuritySpec) -> list[str]:
         f"--auth-cluster-token={AUTH_DIR}/cluster.jwt",
         f"--auth-policy={POLICY_DIR}/{POLICY_KEY}",
     ]
+    if sec.client_certificates:
+        # Probes present no certificate and still pass: segtxn/auth/clientcerts.py.
+        flags.append(f"--tls-client-ca={TLS_DIR}/ca.crt")
     return [*flags, "--auth-protect-metrics"] if sec.protect_metrics else flags
 
 

@@ -86,9 +86,19 @@ def test_switched_off_the_cluster_and_its_pods_have_none_of_it(helm: Helm) -> No
     assert render.service_url("segtxn", "segtxn", spec).startswith("http://")
 
 
+def test_client_certificates_reach_the_servers_flags(helm: Helm) -> None:
+    _, spec = created(helm, "cluster.security.clientCertificates=true")
+    assert SecuritySpec.of(spec).client_certificates
+    for kind in ("StatefulSet", "Deployment"):
+        args = pod(rendered(spec), kind)["containers"][0]["args"]
+        assert "--tls-client-ca=/etc/segtxn/tls/ca.crt" in args
+    _, default = created(helm)
+    assert "--tls-client-ca" not in str(pod(rendered(default), "StatefulSet"))
+
+
 def _crd_defaults() -> dict[str, Any]:
     return {"certificates": "operator", "certificateDays": 365, "renewBeforeDays": 30,
-            "tokenDays": 365, "protectMetrics": False}  # fmt: skip
+            "tokenDays": 365, "protectMetrics": False, "clientCertificates": False}  # fmt: skip
 
 
 def test_roles_and_cert_manager_reach_the_cluster(helm: Helm) -> None:
