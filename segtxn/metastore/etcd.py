@@ -23,6 +23,7 @@ again once with a new token. Wrong credentials and missing permissions are
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -60,6 +61,8 @@ from segtxn.metastore.errors import (
 )
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
+
+log = logging.getLogger(__name__)
 
 _UNAVAILABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -141,6 +144,8 @@ class EtcdEngine(Engine):
         self._token: str | None = None
         self._authenticating = asyncio.Lock()
         self._endpoints = list(endpoints)
+        self._where = f"{','.join(self._endpoints)}{namespace.decode(errors='replace')}"
+        """The store, for log lines."""
         self._current = 0
         self._ns = namespace
         self._timeout = request_timeout_s
@@ -207,23 +212,44 @@ class EtcdEngine(Engine):
 
     async def _failed(self, e: grpc.aio.AioRpcError) -> MetadataStoreError:
         """``e`` as the store's error, after forgetting a refused token (the next call
-        authenticates again) and moving to the next endpoint if this one is down."""
+        authenticates again) and moving to the next endpoint if this one is down. A
+        refusal of the credentials is remembered (:attr:`denied`) and logged once per
+        cause."""
         if token_gone(e):
             self._token = None
         await self._failover(e)
-        return map_grpc_error(e)
+        error = map_grpc_error(e)
+        if isinstance(error, StoreAccessDenied):
+            if self.denied is None or str(self.denied) != str(error):
+                log.error(
+                    "metadata store %s: access denied: %s. Every call that needs it fails "
+                    "with StoreAccessDenied, and this server says it is not ready, until the "
+                    "user's roles or password are set right again",
+                    self._where,
+                    error,
+                )
+            self.denied = error
+        return error
+
+    def _granted(self) -> None:
+        """A call went through: access is back if it was denied."""
+        if self.denied is not None:
+            log.warning("metadata store %s: access granted again", self._where)
+            self.denied = None
 
     async def _unary(self, method: str, request: Any) -> Any:
         try:
-            return await self._call(method, request)
+            response = await self._call(method, request)
         except grpc.aio.AioRpcError as e:
             if not token_gone(e):
                 raise await self._failed(e) from e
             self._token = None  # a token etcd forgot: once more with a new one
-        try:
-            return await self._call(method, request)
-        except grpc.aio.AioRpcError as e:
-            raise await self._failed(e) from e
+            try:
+                response = await self._call(method, request)
+            except grpc.aio.AioRpcError as e2:
+                raise await self._failed(e2) from e2
+        self._granted()
+        return response
 
     async def _call(self, method: str, request: Any) -> Any:
         self._connect()
