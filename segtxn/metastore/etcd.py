@@ -17,7 +17,8 @@ engine authenticates (etcd's ``Auth.Authenticate``) and sends the token it gets 
 ``token`` metadata of every call, as etcd's own clients do. etcd forgets a token after a
 while unused (``--auth-token-ttl``) or on another member: a call it refuses for that is made
 again once with a new token. Wrong credentials and missing permissions are
-:class:`StoreAccessDenied`, not retried.
+:class:`StoreAccessDenied`, not retried. Credentials files that change are loaded again
+(:mod:`.etcd_credentials`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from segtxn.metastore.errors import (
     TooLarge,
     TooManyOperations,
 )
+from segtxn.metastore.etcd_credentials import LiveCredentials
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
 
@@ -137,10 +139,8 @@ class EtcdEngine(Engine):
         if not endpoints:
             raise InvalidArgument("an etcd URL needs at least one host:port")
         credentials = credentials or StoreCredentials()
-        credentials.check()
-        self._tls = grpc.ssl_channel_credentials(*credentials.pem()) if credentials.tls else None
+        self._credentials = LiveCredentials(credentials)
         self._user = credentials.user
-        self._password = credentials.password() if credentials.user is not None else ""
         self._token: str | None = None
         self._authenticating = asyncio.Lock()
         self._endpoints = list(endpoints)
@@ -159,6 +159,10 @@ class EtcdEngine(Engine):
             ("grpc.keepalive_permit_without_calls", 1),
         ]
         self._channel: grpc.aio.Channel | None = None
+        self._retired: list[grpc.aio.Channel] = []
+        self._made_with = 0
+        """The TLS files (their ``tls_reloads``) the channel was made with."""
+        """Channels of credentials since reloaded (one per reload), closed at close()."""
         self._kv: Any = None
         self._watch_stub: Any = None
         self._lease: Any = None
@@ -168,14 +172,22 @@ class EtcdEngine(Engine):
     # -- connection --------------------------------------------------------------------
 
     def _connect(self) -> None:
+        """A channel for the next call. New credentials files (:mod:`.etcd_credentials`)
+        get a new channel: the old one is retired, not closed (calls and watches on it go
+        on; they end with it at :meth:`close`), so that a reload breaks nothing."""
         if self._closed:
             raise StoreClosed("the etcd store is closed")
+        self._credentials.check()
+        if self._channel is not None and self._made_with != self._credentials.tls_reloads:
+            self._retired.append(self._channel)
+            self._channel = None
         if self._channel is None:
-            target = self._endpoints[self._current]
+            target, tls = self._endpoints[self._current], self._credentials.tls
+            self._made_with = self._credentials.tls_reloads
             self._channel = (
                 grpc.aio.insecure_channel(target, options=self._options)
-                if self._tls is None
-                else grpc.aio.secure_channel(target, self._tls, options=self._options)
+                if tls is None
+                else grpc.aio.secure_channel(target, tls, options=self._options)
             )
             self._token = None  # etcd's simple tokens are one member's
             self._kv = rpc.KVStub(self._channel)
@@ -200,7 +212,8 @@ class EtcdEngine(Engine):
         async with self._authenticating:
             if self._token is None:
                 self._connect()
-                request = rpc.AuthenticateRequest(name=self._user, password=self._password)
+                password = self._credentials.password
+                request = rpc.AuthenticateRequest(name=self._user, password=password)
                 try:
                     response = await rpc.AuthStub(self._channel).Authenticate(
                         request, timeout=self._timeout
@@ -456,9 +469,10 @@ class EtcdEngine(Engine):
         self._closed = True
         for call in list(self._calls):
             call.cancel()
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        for channel in [*self._retired, *([self._channel] if self._channel else [])]:
+            await channel.close()
+        self._retired.clear()
+        self._channel = None
 
 
 async def _finish(call: Any) -> None:

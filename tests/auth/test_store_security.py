@@ -7,6 +7,7 @@ coordinator running on that etcd with the ``--store-*`` settings."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -94,9 +95,14 @@ async def _enable_auth(server: EtcdServer, tls: grpc.ChannelCredentials) -> None
 
 @pytest.fixture(scope="module")
 def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
+    with running_secure_etcd(tmp_path_factory.mktemp("secure-etcd")) as etcd:
+        yield etcd
+
+
+@contextlib.contextmanager
+def running_secure_etcd(directory: Path) -> Iterator[SecureEtcd]:
     """An etcd with TLS on its client port, client certificates required (signed by the
     test CA), and authentication on."""
-    directory = tmp_path_factory.mktemp("secure-etcd")
     ca = authority(directory, "etcd-ca")
     cert, key = issue(ca, directory, "etcd-server")
     server = EtcdServer.in_temp_dir(unsafe_no_fsync=True, tls=EtcdTls(cert, key, ca.path))
