@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import os
-import ssl
-import tempfile
 import time
 from pathlib import Path
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from segtxn.metastore.errors import InvalidArgument
 from segtxn.metastore.settings import StoreCredentials
@@ -123,20 +123,18 @@ def _load(credentials: StoreCredentials) -> tuple[Pem, grpc.ChannelCredentials |
 
 
 def _check_pair(cert: bytes, key: bytes, where: Path | None) -> None:
-    """gRPC takes any bytes and fails the handshake later; ``ssl`` says now whether the
-    key is the certificate's (it loads files only: a private temporary directory).
+    """gRPC takes any bytes and fails the handshake later: say now whether the key is the
+    certificate's (their public halves compared; in memory, since a server's root
+    filesystem is read-only on Kubernetes).
 
     Raises:
-        InvalidArgument: they do not go together, or do not load.
+        InvalidArgument: they do not load, or do not go together.
     """
-    with tempfile.TemporaryDirectory(prefix="segtxn-store-") as directory:
-        cert_file, key_file = Path(directory, "tls.crt"), Path(directory, "tls.key")
-        cert_file.write_bytes(cert)
-        key_file.touch(mode=0o600)
-        key_file.write_bytes(key)
-        try:
-            ssl.create_default_context().load_cert_chain(cert_file, key_file)
-        except ssl.SSLError as e:
-            raise InvalidArgument(
-                f"{where}: not a certificate and its key ({e.reason or e})"
-            ) from e
+    try:
+        public = x509.load_pem_x509_certificate(cert).public_key()
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError) as e:
+        raise InvalidArgument(f"{where}: not a certificate and its key ({e})") from e
+    der, spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if public.public_bytes(der, spki) != private.public_key().public_bytes(der, spki):
+        raise InvalidArgument(f"{where}: not a certificate and its key (another key's)")

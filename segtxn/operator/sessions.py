@@ -15,10 +15,9 @@ client certificate (``tls.crt``, ``tls.key``), which the session presents.
 from __future__ import annotations
 
 import base64
+import os
 import ssl
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -39,19 +38,23 @@ def secret_text(secret: Mapping[str, Any] | None, key: str) -> str | None:
 
 
 def _load_client_certificate(context: ssl.SSLContext, cert: str, key: str) -> None:
-    """Put a client certificate and its key (PEM text) into ``context``: ``ssl`` loads
-    them from files only, so they pass through a private temporary directory, removed at
-    once.
+    """Put a client certificate and its key (PEM text) into ``context``. ``ssl`` loads
+    them from files only, and the operator's root filesystem is read-only: they pass
+    through anonymous in-memory files (``memfd``), never a disk.
 
     Raises:
         ssl.SSLError: they do not load (not PEM, a key of another certificate).
     """
-    with tempfile.TemporaryDirectory(prefix="segtxn-operator-") as directory:
-        cert_file, key_file = Path(directory, "tls.crt"), Path(directory, "tls.key")
-        cert_file.write_text(cert)
-        key_file.touch(mode=0o600)
-        key_file.write_text(key)
-        context.load_cert_chain(cert_file, key_file)
+    fds = [os.memfd_create("segtxn-client-cert", os.MFD_CLOEXEC) for _ in range(2)]
+    try:
+        for fd, text in zip(fds, (cert, key), strict=True):
+            data = memoryview(text.encode())
+            while data:
+                data = data[os.write(fd, data) :]
+        context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class ClusterSessions:

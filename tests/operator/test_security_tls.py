@@ -9,7 +9,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime
 import socket
+import ssl
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +29,9 @@ from segtxn.client import Client, NotAuthorized, Unauthenticated
 from segtxn.client.connection import Connector
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
-from segtxn.metastore import open_store
-from segtxn.operator import pki
+from segtxn.metastore import InvalidArgument, StoreCredentials, open_store
+from segtxn.metastore.etcd_credentials import LiveCredentials
+from segtxn.operator import pki, sessions
 from segtxn.operator.kube import Kube
 from segtxn.operator.runtime import OperatorConfig, Runtime, admin
 from segtxn.protocol.auth import client_ssl_context
@@ -264,3 +268,27 @@ async def test_with_client_certificates_every_caller_presents_one_but_the_probes
         finally:
             await asyncio.gather(coordinator.stop(), broker.stop())
             await store.close()
+
+
+def test_client_certificates_load_without_a_writable_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's root filesystem is read-only (and the servers'): loading the admin
+    role's client certificate, or checking the store's client pair, must not need a
+    temporary file."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
+    ca = pki.new_ca("test CA", datetime.datetime.now(datetime.UTC))
+    issued = pki.issue_client(ca, "segtxn-admin", datetime.datetime.now(datetime.UTC), 2)
+    context = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    sessions._load_client_certificate(context, issued.cert_pem.decode(), issued.key_pem.decode())
+    other = pki.issue_client(ca, "other", datetime.datetime.now(datetime.UTC), 2)
+    with pytest.raises(ssl.SSLError):
+        sessions._load_client_certificate(context, issued.cert_pem.decode(), other.key_pem.decode())
+    files = {}
+    for name, data in (("ca", ca.cert_pem), ("crt", issued.cert_pem), ("key", issued.key_pem),
+                       ("other", other.key_pem)):  # fmt: skip
+        files[name] = tmp_path / name
+        files[name].write_bytes(data)
+    LiveCredentials(StoreCredentials(files["ca"], files["crt"], files["key"]))
+    with pytest.raises(InvalidArgument, match="not a certificate and its key"):
+        LiveCredentials(StoreCredentials(files["ca"], files["crt"], files["other"]))
