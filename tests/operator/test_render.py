@@ -124,7 +124,11 @@ def test_cluster_renders_valid_objects_the_broker_cli_accepts(spec: dict[str, An
     assert params["retention_time"] == brokers["settings"]["retentionTimeSeconds"]
     assert params["retention_size"] == brokers["settings"]["retentionBytes"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
-    assert container["volumeMounts"] == [{"name": "data", "mountPath": render.DATA_DIR}]
+    assert container["volumeMounts"][0] == {"name": "data", "mountPath": render.DATA_DIR}
+    # The example is on the chart's etcd, which requires its client certificate.
+    store_tls = bool(spec["metadataStore"].get("tls"))
+    assert (params["store_cert"] is not None) is store_tls
+    assert len(container["volumeMounts"]) == 1 + store_tls
     headless = objects["Service/demo-broker-headless"]["spec"]
     assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"]
     assert render.service_url("demo", "segtxn", spec) == f"http://demo-broker.segtxn.svc:{port}"
