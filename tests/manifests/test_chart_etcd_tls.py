@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,14 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from segtxn.metastore import StoreCredentials, StoreSettings, StoreUnavailable, open_store
-from segtxn.metastore.etcd_server import EtcdServer, EtcdTls
+from segtxn.metastore.etcd_server import EtcdServer, EtcdTls, find_etcd_binary, free_port
 from segtxn.operator import render
 from segtxn.operator.storeaccess import STORE_TLS_DIR
 from tests.manifests.support import Doc, template, validate
 from tests.manifests.test_chart_security import created, pod, rendered
 from tests.operator.test_render import expand, parse
 from tests.processes import broker
+from tests.waiting import wait_until
 
 Helm = Callable[..., str]
 ETCD = "rel-segtxn-etcd"
@@ -177,3 +179,82 @@ async def test_a_broker_reaches_the_charts_etcd_with_the_rendered_flags(
             await store.get("/k")
     finally:
         await store.close()
+
+
+def _members(args: list[str], etc: Path, base: Path) -> list[list[str]]:
+    """Three etcd members on loopback with the chart's TLS flags (their files in ``etc``)
+    and its URL schemes, the rest of what the chart gives (names, paths) made local."""
+    tls = [a.replace("/etc/etcd/tls", str(etc)) for a in args
+           if "/etc/etcd/tls" in a or a.endswith("client-cert-auth")]  # fmt: skip
+    ports = [(free_port(), free_port(), free_port()) for _ in range(3)]
+    cluster = ",".join(f"m{i}=https://127.0.0.1:{p}" for i, (_, p, _) in enumerate(ports))
+    commands = []
+    for i, (client, peer, metrics) in enumerate(ports):
+        commands.append([
+            find_etcd_binary(), f"--name=m{i}", f"--data-dir={base / f'm{i}'}",
+            f"--listen-client-urls=https://127.0.0.1:{client}",
+            f"--advertise-client-urls=https://127.0.0.1:{client}",
+            f"--listen-peer-urls=https://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=https://127.0.0.1:{peer}",
+            f"--listen-metrics-urls=http://127.0.0.1:{metrics}",
+            f"--initial-cluster={cluster}", "--initial-cluster-state=new",
+            "--initial-cluster-token=chart-tls", "--unsafe-no-fsync", "--log-level=warn", *tls,
+        ])  # fmt: skip
+    return commands
+
+
+@pytest.fixture
+def chart_quorum(helm: Helm, tmp_path: Path) -> Iterator[tuple[list[str], StoreCredentials]]:
+    """Three members started on the chart's certificates and TLS flags: their client
+    endpoints, and the servers' client credentials (the client Secret's files)."""
+    docs, _ = created(helm)
+    found = secrets(docs)
+    etc, client = tmp_path / "etcd-tls", tmp_path / "client"
+    for directory, secret in ((etc, f"{ETCD}-tls"), (client, f"{ETCD}-client-tls")):
+        directory.mkdir()
+        for key, value in found[secret].items():
+            (directory / key).write_bytes(value)
+    commands = _members(etcd_container(docs)["args"], etc, tmp_path)
+    assert sum("--peer-client-cert-auth" in c for c in commands) == 3
+    endpoints = [next(a.split("https://")[1] for a in c if a.startswith("--advertise-client"))
+                 for c in commands]  # fmt: skip
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    processes = [subprocess.Popen(c, start_new_session=True, **quiet) for c in commands]
+    try:
+        yield endpoints, StoreCredentials(client / "ca.crt", client / "tls.crt", client / "tls.key")
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+async def test_three_members_form_a_quorum_over_the_charts_peer_tls(
+    chart_quorum: tuple[list[str], StoreCredentials],
+) -> None:
+    """Peer TLS with client certificates required both ways (``--peer-client-cert-auth``),
+    on etcd's certificate as Helm made it: the members elect a leader and replicate, and a
+    client with the servers' certificate reaches each of them."""
+    endpoints, credentials = chart_quorum
+    settings = StoreSettings(request_timeout_s=2, credentials=credentials)
+    stores = [open_store(f"etcd://{e}/chart", settings) for e in endpoints]
+    try:
+
+        async def written() -> bool:
+            try:
+                await stores[0].put("/quorum", b"over peer TLS")
+            except StoreUnavailable:
+                return False
+            return True
+
+        await wait_until(written, timeout=30, what="a write through the first member")
+        for store in stores:  # a linearizable read on each member: replicated over peer TLS
+            record = await store.get("/quorum")
+            assert record is not None and record.value == b"over peer TLS"
+    finally:
+        for store in stores:
+            await store.close()
