@@ -22,7 +22,7 @@ from segtxn.metastore import StoreCredentials, StoreSettings, StoreUnavailable, 
 from segtxn.metastore.etcd_server import EtcdServer, EtcdTls, find_etcd_binary, free_port
 from segtxn.operator import render
 from segtxn.operator.storeaccess import STORE_TLS_DIR
-from tests.manifests.support import Doc, template, validate
+from tests.manifests.support import CHART, KUBE_VERSION, Doc, load_all, template, validate
 from tests.manifests.test_chart_security import created, pod, rendered
 from tests.operator.test_render import expand, parse
 from tests.processes import broker
@@ -258,3 +258,41 @@ async def test_three_members_form_a_quorum_over_the_charts_peer_tls(
     finally:
         for store in stores:
             await store.close()
+
+
+def with_cert_manager(helm: Helm, *sets: str) -> list[Doc]:
+    args = ["template", "rel", str(CHART), "--namespace", NS, "--kube-version", KUBE_VERSION,
+            "--api-versions", "cert-manager.io/v1/Certificate"]  # fmt: skip
+    for value in sets:
+        args += ["--set", value]
+    return load_all(helm(*args))
+
+
+def test_cert_manager_issues_the_same_secrets_instead(helm: Helm) -> None:
+    docs = with_cert_manager(helm, "etcd.tls.certificates=cert-manager", "cluster.create=true")
+    assert secrets(docs) == {}  # cert-manager writes them
+    certificates = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Certificate"}
+    assert sorted(certificates) == [f"{ETCD}-ca", f"{ETCD}-client-tls", f"{ETCD}-tls"]
+    assert certificates[f"{ETCD}-ca"]["isCA"]
+    server, client = certificates[f"{ETCD}-tls"], certificates[f"{ETCD}-client-tls"]
+    assert server["secretName"] == f"{ETCD}-tls" and client["secretName"] == f"{ETCD}-client-tls"
+    for host in (f"{ETCD}.{NS}.svc", f"{ETCD}-2.{ETCD}-headless.{NS}.svc", "localhost"):
+        assert any(covers(n, host) for n in server["dnsNames"]), host
+    assert "client auth" in server["usages"] and client["usages"][0] == "client auth"
+    assert server["issuerRef"]["name"] == f"{ETCD}-ca"  # the etcd's own CA issuer
+    assert server["duration"] == "87600h" and server["renewBefore"] == "720h"
+    [sts] = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == ETCD]
+    [volume] = sts["spec"]["template"]["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == f"{ETCD}-tls"  # the same mount either way
+    [cluster] = [d for d in docs if d["kind"] == "SegtxnCluster"]
+    assert cluster["spec"]["metadataStore"]["tls"]["secretName"] == f"{ETCD}-client-tls"
+    given = with_cert_manager(
+        helm, "etcd.tls.certificates=cert-manager", "etcd.tls.certManagerIssuer.name=corp",
+        "etcd.tls.certManagerIssuer.kind=ClusterIssuer",
+    )  # fmt: skip
+    assert not [d for d in given if d["kind"] == "Issuer"]  # no CA of its own
+    issuers = {d["spec"]["issuerRef"]["name"] for d in given if d["kind"] == "Certificate"}
+    assert issuers == {"corp"}
+    out = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION,
+               "--set", "etcd.tls.certificates=cert-manager", ok=False)  # fmt: skip
+    assert "this cluster has no cert-manager" in out
