@@ -160,9 +160,9 @@ class EtcdEngine(Engine):
         ]
         self._channel: grpc.aio.Channel | None = None
         self._retired: list[grpc.aio.Channel] = []
+        """Channels of TLS files since reloaded (one per reload), closed at close()."""
         self._made_with = 0
         """The TLS files (their ``tls_reloads``) the channel was made with."""
-        """Channels of credentials since reloaded (one per reload), closed at close()."""
         self._kv: Any = None
         self._watch_stub: Any = None
         self._lease: Any = None

@@ -13,7 +13,9 @@ only, with a certificate of the cluster's own CA, and checks a signed token on e
   half and a token of the *cluster role* (:data:`CLUSTER_ROLE`, a superuser: servers call
   each other with it); the *admin role* (:data:`ADMIN_ROLE`, ``admin`` on ``*``) has a
   token in a Secret for people and for the operator's own calls; every role of
-  ``spec.security.roles`` and ``superusers`` gets one too.
+  ``spec.security.roles`` and ``superusers`` gets one too; with ``clientCertificates``
+  (mutual TLS, operator certificates only) each token Secret also holds a client
+  certificate naming its role, and the servers get ``--tls-client-ca``.
 - **Roles**: the policy is part of the cluster's spec (``superusers`` and ``roles``, the
   servers' policy file format, checked by the CRD schema). Rendered into the cluster's
   content-named ConfigMap (key :data:`POLICY_KEY`), so a changed policy rolls the brokers
