@@ -52,6 +52,7 @@ def test_every_rendered_object_is_valid(helm: Helm, sets: tuple[str, ...]) -> No
 def test_default_install(helm: Helm) -> None:
     docs = template(helm)
     assert kinds(docs) == [
+        "CronJob",  # etcd's defragmentation
         "Deployment",
         "PodDisruptionBudget",
         "Role",  # the operator's, and the Spark driver's (VerificationRun)

@@ -118,7 +118,8 @@ def test_everything_rendered_with_the_knobs_is_valid_and_restricted(placed: list
     for doc in placed:
         validate(doc)  # built-ins strictly against Kubernetes 1.30; ours against the CRDs
         assert violations(doc) == []
-    assert len([d for d in placed if pod_spec(d) is not None]) == 2
+    # the operator's Deployment, etcd's StatefulSet and its defragmentation CronJob
+    assert len([d for d in placed if pod_spec(d) is not None]) == 3
 
 
 @pytest.mark.parametrize(
