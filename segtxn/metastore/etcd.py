@@ -3,7 +3,8 @@
 It speaks etcd's gRPC API through the stubs that ``aetcd`` generates (``aetcd.rpc``), and
 not through ``aetcd.Client``'s convenience layer, because the store needs what that layer
 hides: compares over key ranges, failure branches that read, one bidirectional stream per
-watch with its own start revision, and every gRPC status mapped to the store's own errors.
+watch with its own start revision (or many watches on one stream:
+:mod:`segtxn.metastore.etcd_mux`), and every gRPC status mapped to the store's own errors.
 
 A URL names one or more endpoints and an optional namespace:
 ``etcd://10.0.0.1:2379,10.0.0.2:2379/segtxn``. Every physical key is prefixed with the
@@ -35,7 +36,6 @@ from segtxn.metastore.engine import (
     Compare,
     DeleteOp,
     Engine,
-    EventKind,
     GetOp,
     KeyValue,
     ModEquals,
@@ -44,6 +44,8 @@ from segtxn.metastore.engine import (
     RawEvent,
     TxnOp,
     TxnResult,
+    WatchMux,
+    WatchMuxStream,
     WatchStream,
 )
 from segtxn.metastore.errors import (
@@ -58,6 +60,7 @@ from segtxn.metastore.errors import (
     TooLarge,
     TooManyOperations,
 )
+from segtxn.metastore.etcd_mux import EtcdWatchMux, raw_event
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
 
@@ -372,7 +375,7 @@ class EtcdEngine(Engine):
         response = first
         while True:
             if response.events:
-                yield [self._event(e) for e in response.events]
+                yield [raw_event(e, self._ns) for e in response.events]
             try:
                 response = await call.read()
             except grpc.aio.AioRpcError as e:
@@ -383,12 +386,20 @@ class EtcdEngine(Engine):
                 raise StoreUnavailable("etcd ended the watch stream")
             self._check_watch_response(response)
 
-    def _event(self, event: Any) -> RawEvent:
-        kv = event.kv
-        kind = EventKind.DELETE if event.type == rpc.Event.DELETE else EventKind.PUT
-        return RawEvent(
-            kind, kv.key[len(self._ns) :], kv.value, kv.mod_revision, kv.create_revision, kv.lease
-        )
+    def watch_many(self) -> WatchMuxStream:
+        return self._watch_many()
+
+    @asynccontextmanager
+    async def _watch_many(self) -> AsyncIterator[WatchMux]:
+        """One ``Watch`` call for many watches (see :mod:`segtxn.metastore.etcd_mux`)."""
+        self._connect()
+        call = self._watch_stub.Watch(metadata=await self._metadata())
+        self._calls.add(call)
+        try:
+            yield EtcdWatchMux(call, self._ns, self._failed, lambda: self._closed)
+        finally:
+            self._calls.discard(call)
+            await _finish(call)
 
     # -- leases ------------------------------------------------------------------------
 
