@@ -83,7 +83,7 @@ class BrokerService:
         is off)."""
         self.repairer: replication.Repairer | None = None
         self.topics: dict[TopicName, Topic] = {}
-        self.headers = HeaderCache(self.store)
+        self.headers = HeaderCache(self.store, settings.header_watch)
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
         self.dropping: set[asyncio.Task[None]] = set()
         """Topics being unloaded because their ledger stopped taking appends."""
