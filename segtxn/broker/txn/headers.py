@@ -35,6 +35,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from segtxn.exposition import Count
 from segtxn.metastore import (
     Compacted,
     EventKind,
@@ -73,11 +74,17 @@ class _Entry:
 
 
 class HeaderCache:
-    def __init__(self, store: MetadataStore, mode: HeaderWatch = HeaderWatch.PREFIX) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        mode: HeaderWatch = HeaderWatch.PREFIX,
+        events: Count | None = None,
+    ) -> None:
+        """``events``: counts the header changes the watch delivers (the broker's
+        ``segtxn_txn_header_events_total``)."""
         self._store = store
         self.mode = mode
-        self.events_seen = 0
-        """Header changes this cache's watch has delivered (and decoded) so far."""
+        self._events = events or Count()
         self._entries: dict[TxnId, _Entry] = {}
         self._listeners: dict[TxnId, set[Listener]] = {}
         self._recent: dict[TxnId, _Entry] = {}
@@ -96,6 +103,11 @@ class HeaderCache:
         self._stale: set[TxnId] = set()
         """Scoped mode: headers whose watch's history was compacted, to read again."""
         self._stale_ready = asyncio.Event()
+
+    @property
+    def events_seen(self) -> int:
+        """Header changes this cache's watch has delivered (and decoded) so far."""
+        return self._events.value
 
     @property
     def point_watches(self) -> int:
@@ -179,7 +191,7 @@ class HeaderCache:
         return revision + 1
 
     def _on_event(self, event: WatchEvent) -> None:
-        self.events_seen += 1
+        self._events.add(1)
         txn = T.txn_of_header_key(event.key)
         header = (
             T.decode_header(event.record.value)
