@@ -5,16 +5,25 @@ never hears of transactions it did not touch."""
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 
 from segtxn.broker.txn.headers import HeaderCache, HeaderWatch
-from segtxn.client import Client, Message
+from segtxn.client import Client, Message, ServerError
 from segtxn.client.consumer import Consumer
+from segtxn.ledger import Position
+from segtxn.protocol import frames
+from segtxn.protocol.errors import ErrorName
+from segtxn.protocol.frames import Error, ProducerReady, Send, SendBatch
+from segtxn.protocol.names import TopicName
+from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
 from tests.cluster import Cluster
 from tests.waiting import wait_until
+from tests.wsframes import next_frame
 
 ORDERS = "topic://acme/scoped/orders"
+SEGMENT = TopicName.parse("segment://acme/scoped/orders/0")
 
 
 @pytest.fixture
@@ -105,3 +114,42 @@ async def test_a_scoped_cache_hears_nothing_of_transactions_it_never_touched(
     finally:
         await scoped_b.close()
         await prefix_b.close()
+
+
+async def test_refused_sends_and_acks_leave_no_watch_behind(
+    client: Client, cluster: Cluster
+) -> None:
+    """A send or ack naming a transaction that is unknown or already ended is refused, and
+    nothing of it stays here to follow: a client cannot pile up watches with bogus ids."""
+    headers = headers_of(cluster)
+    await client.admin.create_topic(ORDERS, segments=1)
+    producer = await client.create_producer(ORDERS)
+    await producer.send(b"plain", key="k")
+    ended = await client.transaction().start()
+    await ended.abort()
+    unknown = TxnId(ended.id.most, ended.id.least + 1000)
+    reads = cluster.faults.count("range", key_prefix=T.HEADERS)
+    url = f"{cluster.url}/ws/v2/producer/{SEGMENT.path}?name=p"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        assert isinstance(await next_frame(ws), ProducerReady)
+        sends = [Send(seq=0, payload=b"x", txn=ended.wire_id)]
+        sends.append(Send(seq=1, payload=b"y", txn=(unknown.most, unknown.least)))
+        await ws.send_bytes(frames.encode(SendBatch(sends=sends)))
+        errors = [await next_frame(ws) for _ in sends]
+    assert sorted(e.error for e in errors if isinstance(e, Error)) == sorted(
+        [ErrorName.TRANSACTION_CONFLICT, ErrorName.TRANSACTION_NOT_FOUND]
+    )
+    consumer = await client.subscribe(ORDERS, "read", initial_position="earliest")
+    message = await consumer.receive(timeout_s=10)
+    # (the client refuses an ack in an ended transaction itself: the broker's side, then)
+    subscription = cluster.broker.service.topics[SEGMENT].subscriptions["read"]
+    position = Position(message.message_id.ledger_id, message.message_id.entry_id)
+    refusals = [(ended.id, ErrorName.TRANSACTION_CONFLICT)]
+    refusals.append((unknown, ErrorName.TRANSACTION_NOT_FOUND))
+    for txn, name in refusals:
+        with pytest.raises(ServerError) as refused:
+            await subscription.pending_acks.ack(txn, [position], cumulative=False)
+        assert refused.value.name is name
+    assert reads.calls >= 2  # the broker read the headers it was asked about
+    assert headers.point_watches == 0
+    assert headers.cached(ended.id) is None and headers.cached(unknown) is None
