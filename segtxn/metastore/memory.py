@@ -13,7 +13,9 @@ they do against etcd (which is what the conformance suite's race tests rely on).
 Watch delivery never polls: each write hands its events to the watchers whose range
 matches (point watchers are found by a dict lookup, range watchers by a bounds check). A
 watcher that falls more than ``max_pending_events`` behind drops its buffer and re-reads
-from history, or fails with ``Compacted`` if that history is gone.
+from history, or fails with ``Compacted`` if that history is gone. A multiplexed stream
+(``watch_many``) is the same watchers sharing one wake-up: each write marks the watches it
+touched, so a stream of thousands of point watches does work only for those.
 """
 
 from __future__ import annotations
