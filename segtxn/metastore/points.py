@@ -107,11 +107,15 @@ class PointWatches:
             self._outbox_ready.set()
 
     async def start(self) -> None:
-        """Open the stream; return once it is open.
+        """Open the stream; return once it is open and the store has answered (opening an
+        etcd stream sends nothing: a store that cannot be reached is found here, as it is
+        when a single watch is confirmed).
 
         Raises:
-            MetadataStoreError: it could not be opened (the task has ended).
+            MetadataStoreError: the store did not answer, or the stream could not be
+                opened (the task has ended).
         """
+        await self._engine.current_revision()
         self._task = asyncio.create_task(self._run(), name="point-watches")
         up = asyncio.create_task(self._up.wait(), name="point-watches-up")
         try:

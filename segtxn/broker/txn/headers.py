@@ -74,6 +74,8 @@ class _Entry:
 
 
 class HeaderCache:
+    """The transaction headers this broker's segments follow (see the module docstring)."""
+
     def __init__(
         self,
         store: MetadataStore,
@@ -84,7 +86,7 @@ class HeaderCache:
         ``segtxn_txn_header_events_total``)."""
         self._store = store
         self.mode = mode
-        self._events = events or Count()
+        self._events = events if events is not None else Count()
         self._entries: dict[TxnId, _Entry] = {}
         self._listeners: dict[TxnId, set[Listener]] = {}
         self._recent: dict[TxnId, _Entry] = {}
