@@ -178,3 +178,21 @@ async def test_deletes_are_events(store: MetadataStore, points: PointWatches, he
     await store.delete("/p/del")
     await wait_until(lambda: len(heard.events) == 1, what="the delete")
     assert heard.kinds == [EventKind.DELETE]
+
+
+async def test_hundreds_of_watches_share_one_stream(
+    store: MetadataStore, points: PointWatches, heard: Heard
+) -> None:
+    start = await store.revision() + 1
+    keys = [f"/p/many/{i:03d}" for i in range(300)]
+    for key in keys:
+        points.add(key, start)
+    for key in keys[::2]:
+        await store.put(key, b"x")
+    for key in keys[1::2]:  # cancelled before anything happened to them
+        points.cancel(key)
+    for key in keys:
+        await store.put(key, b"y")
+    await wait_until(lambda: len(heard.events) == 300, what="every watched change")
+    assert sorted(heard.keys()) == sorted(keys[::2] * 2)
+    assert len(points) == 150 and injector(points).open_watches == 1

@@ -5,6 +5,8 @@ never hears of transactions it did not touch."""
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 
@@ -16,12 +18,14 @@ from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName
 from segtxn.protocol.frames import Error, ProducerReady, Send, SendBatch
 from segtxn.protocol.names import TopicName
-from segtxn.protocol.txn import TxnId
+from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 from tests.cluster import Cluster
 from tests.waiting import wait_until
 from tests.wsframes import next_frame
 
+OPEN = T.TxnHeader(TxnState.OPEN, timeout_ms=2**40, created_ms=1)
+COMMITTED = T.TxnHeader(TxnState.COMMITTED, timeout_ms=2**40, created_ms=1, finalized_ms=2)
 ORDERS = "topic://acme/scoped/orders"
 SEGMENT = TopicName.parse("segment://acme/scoped/orders/0")
 
@@ -153,3 +157,41 @@ async def test_refused_sends_and_acks_leave_no_watch_behind(
     assert reads.calls >= 2  # the broker read the headers it was asked about
     assert headers.point_watches == 0
     assert headers.cached(ended.id) is None and headers.cached(unknown) is None
+
+
+async def test_a_change_between_the_read_and_its_watch_is_not_missed(cluster: Cluster) -> None:
+    """The point watch starts at the read's revision + 1, whenever it is created: a commit
+    made after the read answered, before the watch exists, still reaches the listener; and
+    forgetting the transaction cancels its watch."""
+    cache = HeaderCache(cluster.store, HeaderWatch.SCOPED)
+    await cache.start()
+    try:
+        txn = TxnId(0x6_0000, 1)
+        opened = await cluster.store.put(T.header_key(txn), T.encode(OPEN))
+        seen: list[T.TxnHeader | None] = []
+
+        def listener(_: TxnId, header: T.TxnHeader | None) -> None:
+            seen.append(header)
+
+        cache.listen(txn, listener)
+        held = cluster.faults.hold("range", key_prefix=T.header_key(txn), times=1)
+        reading = asyncio.ensure_future(cache.get(txn))
+        await held.wait_for(1)  # read (OPEN), its answer parked: no watch yet
+        await cluster.store.put(T.header_key(txn), T.encode(COMMITTED))
+        held.release()
+        assert await reading == (OPEN, opened.version)
+        await wait_until(lambda: seen == [COMMITTED], what="the commit made after the read")
+        assert cache.cached(txn) == COMMITTED and cache.point_watches == 1
+        cache.forget(txn, listener)
+        assert cache.point_watches == 0 and cache.cached(txn) is None
+        events = cache.events_seen
+        await cluster.store.delete(T.header_key(txn))
+        later = TxnId(0x6_0000, 2)  # a change after the delete, on a watched header...
+        cache.listen(later, listener)
+        opened_later = await cluster.store.put(T.header_key(later), T.encode(OPEN))
+        assert await cache.get(later) == (OPEN, opened_later.version)
+        await cluster.store.put(T.header_key(later), T.encode(COMMITTED))
+        await wait_until(lambda: len(seen) == 2, what="the later commit")
+        assert cache.events_seen == events + 1  # ...arrives; the forgotten one's delete never did
+    finally:
+        await cache.close()
