@@ -12,6 +12,11 @@ that answer:
 - the metadata store full (etcd's NOSPACE alarm): 503 ``MetadataStoreFull``, whose message
   tells the operator what to do; not retriable (it lasts until someone acts), and logged
   at ERROR once per :data:`STORE_FULL_LOG_EVERY_S`, not once per request;
+- the metadata store refusing the server's own credentials after start-up (its etcd
+  user's permission revoked, its password changed): 503 ``StoreAccessDenied`` with the
+  store's reason; not retriable either, and logged once per cause by the store client
+  (:attr:`segtxn.metastore.engine.Engine.denied`), which also makes ``/readyz`` say not
+  ready;
   a peer server unreachable or slow: 503 ServiceNotReady;
 - anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
   message carries an *incident id*; the log has the same id and the traceback. The body never
@@ -50,6 +55,7 @@ from aiohttp.http_exceptions import LineTooLong
 from segtxn.metastore import (
     MetadataStoreError,
     SessionExpired,
+    StoreAccessDenied,
     StoreClosed,
     StoreFull,
     StoreUnavailable,
@@ -176,6 +182,11 @@ class Throttled:
 
 
 STORE_FULL_LOG = Throttled(STORE_FULL_LOG_EVERY_S)
+STORE_DENIED_MESSAGE = (
+    "the metadata store refuses this server's credentials or permissions; an operator must "
+    "restore them (the etcd user's role and its read-write permission on the cluster's key "
+    "prefix, its password: --store-user, --store-password-file)"
+)
 
 
 def translate(e: Exception) -> ServerError | None:
@@ -183,6 +194,8 @@ def translate(e: Exception) -> ServerError | None:
     if isinstance(e, StoreFull):
         STORE_FULL_LOG.report(f"{STORE_FULL_MESSAGE}; the store said: {e}")
         return ServerError(ErrorName.METADATA_STORE_FULL, STORE_FULL_MESSAGE)
+    if isinstance(e, StoreAccessDenied):
+        return ServerError(ErrorName.STORE_ACCESS_DENIED, f"{STORE_DENIED_MESSAGE}: {e}")
     if isinstance(e, StoreUnavailable | StoreClosed | SessionExpired):
         return ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
     if isinstance(e, aiohttp.ClientError | TimeoutError):

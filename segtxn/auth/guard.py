@@ -2,9 +2,9 @@
 
 :class:`AuthSettings` is what a server is given (parsed once at start-up from its files);
 :func:`install_auth` puts the :func:`authenticate` middleware on an application, after the
-error boundary, so its refusals get the JSON error shape. Off (no key) it installs nothing
-and every request passes as before: a server started without ``--auth-*`` flags behaves
-exactly as one built before this module existed.
+error boundary, so its refusals get the JSON error shape. Off (no key, no client CA) it
+installs nothing and every request passes as before: a server started without ``--auth-*``
+flags behaves exactly as one built before this module existed.
 
 On, each request's route is looked up in :mod:`segtxn.auth.endpoints`: open routes pass;
 every other one needs ``Authorization: Bearer <token>`` (a WebSocket's on its upgrade
@@ -34,6 +34,7 @@ import aiohttp
 from aiohttp import WSCloseCode, hdrs, web
 
 from segtxn.auth.certroles import CertRole, certificate_role
+from segtxn.auth.clientcerts import client_certificates
 from segtxn.auth.credentials import RELOAD_CHECK_S, CredentialFiles, LiveCredentials
 from segtxn.auth.endpoints import About, Kind, Rule, rule_for
 from segtxn.auth.policy import EVERY_SUBSCRIPTION, Action, Policy, Scope
@@ -189,9 +190,13 @@ AUTH = web.AppKey("segtxn-auth", AuthSettings)
 
 def install_auth(app: web.Application, settings: AuthSettings) -> None:
     """Put authentication on ``app`` (after :func:`segtxn.boundary.install`), and the
-    watch that reloads its key, policy and cluster token: nothing is added when
-    ``settings`` is off."""
+    watch that reloads its key, policy and cluster token; before it, with a client CA,
+    the refusal of requests without a client certificate
+    (:func:`~segtxn.auth.clientcerts.client_certificates`). Nothing is added when
+    ``settings`` is off and asks for no client certificates."""
     app[AUTH] = settings
+    if settings.tls.client_ca_file is not None:
+        app.middlewares.append(client_certificates(settings.protect_metrics))
     if settings.credentials is not None:
         app.middlewares.append(authenticate)
         app.cleanup_ctx.append(settings.credentials.reloading)

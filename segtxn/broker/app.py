@@ -21,7 +21,7 @@ from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
 from segtxn.ledger.replicas import replica_routes
-from segtxn.metastore import MetadataStore
+from segtxn.metastore import MetadataStore, access_denied
 from segtxn.protocol.limits import MAX_REQUEST_BYTES
 from segtxn.web import AppServer
 
@@ -82,8 +82,10 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """200 once registered and holding its data; 503 with ``reason`` otherwise (e.g. an
-    empty or wrong data directory: ``refused`` names the topics and why)."""
-    ready, body = request.app[SERVICE].readiness()
+    empty or wrong data directory: ``refused`` names the topics and why; the metadata
+    store refusing the broker's credentials)."""
+    service = request.app[SERVICE]
+    ready, body = service.readiness(await access_denied(service.store))
     return web.json_response(body, status=200 if ready else 503)
 
 

@@ -51,6 +51,7 @@ from segtxn.metastore import (
     MetadataStore,
     MetadataStoreError,
     Session,
+    StoreAccessDenied,
     StoreSettings,
     open_store,
     wait_reachable,
@@ -144,14 +145,17 @@ class BrokerService:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Whether the broker is ready (registered, and its data directory holds every
-        ledger the store says it holds) and the ``/readyz`` body: ``{"ready": ...}``, with
-        ``reason`` and ``refused`` (topic -> why) when topics are refused."""
+    def readiness(self, denied: StoreAccessDenied | None = None) -> tuple[bool, dict[str, Any]]:
+        """Whether the broker is ready (registered, its data directory holds every ledger
+        the store says it holds, and the store does not refuse its credentials: ``denied``,
+        :func:`~segtxn.metastore.access_denied`) and the ``/readyz`` body: ``{"ready":
+        ...}``, with ``reason`` and ``refused`` (topic -> why) when topics are refused."""
         missing = {n: e for n, e in self.refused.items() if isinstance(e, LedgerMissing)}
-        ready = self.ready.is_set() and not missing
+        ready = self.ready.is_set() and not missing and denied is None
         body: dict[str, Any] = {"ready": ready}
-        if missing:
+        if denied is not None:
+            body["reason"] = f"the metadata store refuses the broker's credentials: {denied}"
+        elif missing:
             body["reason"] = (
                 f"{len(missing)} topic(s) or segment(s) homed on broker {self.broker_id} have "
                 f"no ledger files in its data directory ({self.settings.ledger_url}): it is "

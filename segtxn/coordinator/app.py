@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +39,7 @@ from segtxn.coordinator.v5 import CoordinatorV5
 from segtxn.metastore import (
     MetadataStore,
     StoreSettings,
+    access_denied,
     open_store,
     wait_reachable,
 )
@@ -325,9 +327,14 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    """200 while it holds a coordinator id and the metadata store takes its credentials;
+    503 otherwise (``reason`` says the store's refusal)."""
     coordinator = request.app[COORDINATOR]
-    ready = bool(coordinator.held)
-    body = {"ready": ready, "ids": [f"{i:x}" for i in sorted(coordinator.held)]}
+    denied = await access_denied(coordinator.store)
+    ready = bool(coordinator.held) and denied is None
+    body: dict[str, Any] = {"ready": ready, "ids": [f"{i:x}" for i in sorted(coordinator.held)]}
+    if denied is not None:
+        body["reason"] = f"the metadata store refuses the coordinator's credentials: {denied}"
     return web.json_response(body, status=200 if ready else 503)
 
 

@@ -22,7 +22,7 @@ from segtxn.metastore.errors import (
     TooLarge,
     TooManyOperations,
 )
-from segtxn.metastore.reach import wait_reachable
+from segtxn.metastore.reach import access_denied, wait_reachable
 from segtxn.metastore.records import (
     MUST_NOT_EXIST,
     Check,
@@ -75,6 +75,7 @@ __all__ = [
     "TooLarge",
     "TooManyOperations",
     "WatchEvent",
+    "access_denied",
     "check_url",
     "open_store",
     "register_scheme",

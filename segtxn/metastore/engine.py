@@ -33,6 +33,8 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
+from segtxn.metastore.errors import StoreAccessDenied
+
 MAX_TXN_OPS = 128
 """etcd's default ``--max-txn-ops``: compares, success ops and failure ops, each."""
 
@@ -187,6 +189,12 @@ WatchMuxStream = AbstractAsyncContextManager[WatchMux]
 
 class Engine(ABC):
     """A backend of the metadata store. See the module docstring for the semantics."""
+
+    denied: StoreAccessDenied | None = None
+    """The refusal of this client's credentials or permissions the store last answered
+    with, until a call succeeds again (a user's role revoked, a password changed after
+    start-up); None while access works. Servers answer 503 ``StoreAccessDenied`` and
+    say not ready meanwhile. Only an engine with credentials sets it."""
 
     @abstractmethod
     async def range(self, lo: bytes, hi: bytes | None = None, *, limit: int = 0) -> RangeResult:

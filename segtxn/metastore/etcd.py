@@ -18,12 +18,14 @@ engine authenticates (etcd's ``Auth.Authenticate``) and sends the token it gets 
 ``token`` metadata of every call, as etcd's own clients do. etcd forgets a token after a
 while unused (``--auth-token-ttl``) or on another member: a call it refuses for that is made
 again once with a new token. Wrong credentials and missing permissions are
-:class:`StoreAccessDenied`, not retried.
+:class:`StoreAccessDenied`, not retried. Credentials files that change are loaded again
+(:mod:`.etcd_credentials`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -60,9 +62,12 @@ from segtxn.metastore.errors import (
     TooLarge,
     TooManyOperations,
 )
+from segtxn.metastore.etcd_credentials import LiveCredentials
 from segtxn.metastore.etcd_mux import EtcdWatchMux, raw_event
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
+
+log = logging.getLogger(__name__)
 
 _UNAVAILABLE = {
     grpc.StatusCode.UNAVAILABLE,
@@ -137,13 +142,13 @@ class EtcdEngine(Engine):
         if not endpoints:
             raise InvalidArgument("an etcd URL needs at least one host:port")
         credentials = credentials or StoreCredentials()
-        credentials.check()
-        self._tls = grpc.ssl_channel_credentials(*credentials.pem()) if credentials.tls else None
+        self._credentials = LiveCredentials(credentials)
         self._user = credentials.user
-        self._password = credentials.password() if credentials.user is not None else ""
         self._token: str | None = None
         self._authenticating = asyncio.Lock()
         self._endpoints = list(endpoints)
+        self._where = f"{','.join(self._endpoints)}{namespace.decode(errors='replace')}"
+        """The store, for log lines."""
         self._current = 0
         self._ns = namespace
         self._timeout = request_timeout_s
@@ -157,6 +162,10 @@ class EtcdEngine(Engine):
             ("grpc.keepalive_permit_without_calls", 1),
         ]
         self._channel: grpc.aio.Channel | None = None
+        self._retired: list[grpc.aio.Channel] = []
+        """Channels of TLS files since reloaded (one per reload), closed at close()."""
+        self._made_with = 0
+        """The TLS files (their ``tls_reloads``) the channel was made with."""
         self._kv: Any = None
         self._watch_stub: Any = None
         self._lease: Any = None
@@ -168,14 +177,22 @@ class EtcdEngine(Engine):
     # -- connection --------------------------------------------------------------------
 
     def _connect(self) -> None:
+        """A channel for the next call. New credentials files (:mod:`.etcd_credentials`)
+        get a new channel: the old one is retired, not closed (calls and watches on it go
+        on; they end with it at :meth:`close`), so that a reload breaks nothing."""
         if self._closed:
             raise StoreClosed("the etcd store is closed")
+        self._credentials.check()
+        if self._channel is not None and self._made_with != self._credentials.tls_reloads:
+            self._retired.append(self._channel)
+            self._channel = None
         if self._channel is None:
-            target = self._endpoints[self._current]
+            target, tls = self._endpoints[self._current], self._credentials.tls
+            self._made_with = self._credentials.tls_reloads
             self._channel = (
                 grpc.aio.insecure_channel(target, options=self._options)
-                if self._tls is None
-                else grpc.aio.secure_channel(target, self._tls, options=self._options)
+                if tls is None
+                else grpc.aio.secure_channel(target, tls, options=self._options)
             )
             self._token = None  # etcd's simple tokens are one member's
             self._kv = rpc.KVStub(self._channel)
@@ -202,7 +219,8 @@ class EtcdEngine(Engine):
         async with self._authenticating:
             if self._token is None:
                 self._connect()
-                request = rpc.AuthenticateRequest(name=self._user, password=self._password)
+                password = self._credentials.password
+                request = rpc.AuthenticateRequest(name=self._user, password=password)
                 try:
                     response = await rpc.AuthStub(self._channel).Authenticate(
                         request, timeout=self._timeout
@@ -214,23 +232,44 @@ class EtcdEngine(Engine):
 
     async def _failed(self, e: grpc.aio.AioRpcError) -> MetadataStoreError:
         """``e`` as the store's error, after forgetting a refused token (the next call
-        authenticates again) and moving to the next endpoint if this one is down."""
+        authenticates again) and moving to the next endpoint if this one is down. A
+        refusal of the credentials is remembered (:attr:`denied`) and logged once per
+        cause."""
         if token_gone(e):
             self._token = None
         await self._failover(e)
-        return map_grpc_error(e)
+        error = map_grpc_error(e)
+        if isinstance(error, StoreAccessDenied):
+            if self.denied is None or str(self.denied) != str(error):
+                log.error(
+                    "metadata store %s: access denied: %s. Every call that needs it fails "
+                    "with StoreAccessDenied, and this server says it is not ready, until the "
+                    "user's roles or password are set right again",
+                    self._where,
+                    error,
+                )
+            self.denied = error
+        return error
+
+    def _granted(self) -> None:
+        """A call went through: access is back if it was denied."""
+        if self.denied is not None:
+            log.warning("metadata store %s: access granted again", self._where)
+            self.denied = None
 
     async def _unary(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         try:
-            return await self._call(method, request, timeout_s)
+            response = await self._call(method, request, timeout_s)
         except grpc.aio.AioRpcError as e:
             if not token_gone(e):
                 raise await self._failed(e) from e
             self._token = None  # a token etcd forgot: once more with a new one
-        try:
-            return await self._call(method, request, timeout_s)
-        except grpc.aio.AioRpcError as e:
-            raise await self._failed(e) from e
+            try:
+                response = await self._call(method, request, timeout_s)
+            except grpc.aio.AioRpcError as e2:
+                raise await self._failed(e2) from e2
+        self._granted()
+        return response
 
     async def _call(self, method: str, request: Any, timeout_s: float | None) -> Any:
         self._connect()
@@ -467,9 +506,10 @@ class EtcdEngine(Engine):
         self._closed = True
         for call in list(self._calls):
             call.cancel()
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        for channel in [*self._retired, *([self._channel] if self._channel else [])]:
+            await channel.close()
+        self._retired.clear()
+        self._channel = None
 
 
 async def _finish(call: Any) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from segtxn.metastore.errors import StoreUnavailable
+from segtxn.metastore.errors import MetadataStoreError, StoreAccessDenied, StoreUnavailable
 from segtxn.metastore.store import MetadataStore
 
 log = logging.getLogger(__name__)
@@ -60,3 +60,23 @@ async def wait_reachable(store: MetadataStore, *, timeout_s: float, url: str) ->
         log.info("metadata store %s: not reachable yet (%s); %.1f s left", url, last, left)
         await asyncio.sleep(min(delay, left))  # a retry's back-off, bounded by the deadline
         delay = min(delay * 2, LONGEST_RETRY_S)
+
+
+ACCESS_RECHECK_S = 1.0
+"""How long :func:`access_denied` waits for its one read."""
+
+
+async def access_denied(store: MetadataStore) -> StoreAccessDenied | None:
+    """The refusal of the server's store credentials in force, or None while access works
+    (``/readyz`` asks it). While access is denied, one read (of the store's revision,
+    which needs read permission on the key prefix) checks whether it is back first: a
+    server kept out of its Service by a failing readiness probe gets no other traffic
+    that would find out. No store I/O while access works."""
+    if store.engine.denied is None:
+        return None
+    try:
+        async with asyncio.timeout(ACCESS_RECHECK_S):
+            await store.revision()
+    except (MetadataStoreError, TimeoutError):
+        pass
+    return store.engine.denied

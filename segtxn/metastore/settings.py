@@ -33,6 +33,9 @@ class StoreCredentials:
     """Authenticate as this etcd user, with the password in ``password_file``."""
     password_file: Path | None = None
     """A file holding the user's password (a trailing newline is not part of it)."""
+    reload_check_s: float = 5.0
+    """How often, at most, the files are looked at for a change while the store is used
+    (:mod:`segtxn.metastore.etcd_credentials`)."""
 
     @property
     def tls(self) -> bool:

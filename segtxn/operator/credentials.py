@@ -193,18 +193,50 @@ class _Ensure:
             why="the cluster role's token",
         )
 
-    async def token(self, owner: kopf.Body, role: str, key: bytes, ca: bytes | None) -> None:
-        """A role's token Secret (``token``, ``ca.crt`` once the CA is known)."""
+    def _client_good(self, cert: bytes | None, ca: pki.Issued, role: str) -> bool:
+        try:
+            return (
+                cert is not None
+                and pki.signed_by(cert, ca.cert_pem)
+                and pki.common_name_of(cert) == role
+                and not _due(pki.expires(cert), self.now, self.sec)
+            )
+        except pki.PkiError:
+            return False
+
+    async def token(
+        self,
+        owner: kopf.Body,
+        role: str,
+        key: bytes,
+        ca: bytes | None,
+        client_ca: pki.Issued | None = None,
+    ) -> None:
+        """A role's token Secret (``token``, ``ca.crt`` once the CA is known), and with
+        ``client_ca`` (``clientCertificates``) a client certificate for the role
+        (``tls.crt``, ``tls.key``). What is still good is kept; the Secret is written only
+        when something in it must change (a key no longer wanted goes with the write)."""
         name = security.token_secret(self.cluster, role)
         found = await self.get(name)
-        if self._token_good(_bytes(found, "token"), key) and _bytes(found, "ca.crt") == ca:
-            return
-        data: dict[str, bytes | str] = {
-            "token": pki.mint_token(key, role, self.now, self.sec.token_days)
+        token = _bytes(found, "token")
+        data: dict[str, bytes] = {
+            "token": token
+            if token is not None and self._token_good(token, key)
+            else pki.mint_token(key, role, self.now, self.sec.token_days).encode()
         }
         if ca is not None:
             data["ca.crt"] = ca
-        await self.put(owner, name, data, why=f"a token of role {role}")
+        if client_ca is not None:
+            cert, cert_key = _bytes(found, "tls.crt"), _bytes(found, "tls.key")
+            if cert is None or cert_key is None or not self._client_good(cert, client_ca, role):
+                issued = pki.issue_client(client_ca, role, self.now, self.sec.token_days)
+                cert, cert_key = issued.cert_pem, issued.key_pem
+            data["tls.crt"], data["tls.key"] = cert, cert_key
+        present = set(((found or {}).get("data") or {}).keys())
+        if present == set(data) and all(_bytes(found, k) == v for k, v in data.items()):
+            return
+        what = " and its client certificate" if client_ca is not None else ""
+        await self.put(owner, name, dict(data), why=f"a token of role {role}{what}")
 
 
 async def ensure_cluster(
@@ -231,6 +263,7 @@ async def ensure_cluster(
     namespace, cluster = str(owner.meta.namespace), str(owner.meta.name)
     work = _Ensure(runtime, namespace, cluster, sec, now or _now())
     ca_pem: bytes | None
+    client_ca: pki.Issued | None = None
     if sec.certificates is CertificateSource.CERT_MANAGER:
         labels = render.labels(cluster, "security")
         await apply_objects(
@@ -242,10 +275,11 @@ async def ensure_cluster(
         names = security.broker_dns_names(cluster, namespace)
         await work.server(owner, security.broker_tls_secret(cluster), ca, names)
         ca_pem = ca.cert_pem
+        client_ca = ca if sec.client_certificates else None
     key = await work.signer(owner)
     await work.auth(owner, key)
     for role in sec.token_roles():
-        await work.token(owner, role, key, ca_pem)
+        await work.token(owner, role, key, ca_pem, client_ca)
     for name in coordinators:
         found = await runtime.kube.get(API, "TransactionCoordinator", namespace, name)
         if found is not None and not found.get("metadata", {}).get("deletionTimestamp"):

@@ -161,6 +161,40 @@ def issue_server(
     return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
 
 
+def issue_client(ca: Issued, role: str, now: datetime.datetime, days: int) -> Issued:
+    """A client certificate naming ``role`` (its subject's common name, which a server
+    with ``--auth-cert-role cn`` takes as the role) signed by ``ca``, and its new key: what
+    a caller presents to servers that require client certificates (mutual TLS).
+
+    Raises:
+        PkiError: ``ca`` cannot be loaded.
+    """
+    ca_cert, ca_key = load_certificate(ca.cert_pem), _load_key(ca.key_pem)
+    key = _key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, role)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - SKEW)
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def common_name_of(cert_pem: bytes) -> str | None:
+    """A certificate's subject common name (None without one)."""
+    names = load_certificate(cert_pem).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else None
+
+
 def dns_names_of(cert_pem: bytes) -> list[str]:
     """The DNS and IP subject alternative names of a certificate, as text."""
     try:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from segtxn.operator import replication, security
+from segtxn.operator import replication, security, storeaccess
 from segtxn.operator.placement import placement, resources
 
 Obj = dict[str, Any]
@@ -201,7 +201,9 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
     StatefulSet (one PVC per broker; ``--replication`` when ``spec.brokers.replication``
     is set, :mod:`.replication`; placement and resources from ``spec.brokers``,
     :mod:`.placement`; ``OnDelete``: the operator rolls it, :mod:`.rolling`),
-    PodDisruptionBudget (:func:`.replication.max_unavailable`: one broker down at a time)."""
+    PodDisruptionBudget (:func:`.replication.max_unavailable`: one broker down at a time).
+    The store's TLS and user (:mod:`.storeaccess`) and the cluster's security
+    (:mod:`.security`) are added to the rendered objects last."""
     names = ClusterNames(name)
     brokers = spec.get("brokers", {})
     port = int(brokers.get("port", 8080))
@@ -320,7 +322,7 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         },
         _pdb(names.brokers, namespace, component, select, replication.broker_budget(spec)),
     ]
-    return security.secure_cluster(objects, name, spec)
+    return security.secure_cluster(storeaccess.secure_store(objects, spec), name, spec)
 
 
 def _pdb(name: str, namespace: str, component: Obj, select: Obj, max_unavailable: int = 1) -> Obj:
@@ -456,4 +458,5 @@ def render_coordinator(
         _pdb(full, namespace, component, select),
     ]
     cluster = str(spec.get("clusterRef", ""))
+    storeaccess.secure_store(objects, cluster_spec)
     return security.secure_coordinator(objects, name, namespace, cluster, cluster_spec)

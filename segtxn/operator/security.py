@@ -13,7 +13,9 @@ only, with a certificate of the cluster's own CA, and checks a signed token on e
   half and a token of the *cluster role* (:data:`CLUSTER_ROLE`, a superuser: servers call
   each other with it); the *admin role* (:data:`ADMIN_ROLE`, ``admin`` on ``*``) has a
   token in a Secret for people and for the operator's own calls; every role of
-  ``spec.security.roles`` and ``superusers`` gets one too.
+  ``spec.security.roles`` and ``superusers`` gets one too; with ``clientCertificates``
+  (mutual TLS, operator certificates only) each token Secret also holds a client
+  certificate naming its role, and the servers get ``--tls-client-ca``.
 - **Roles**: the policy is part of the cluster's spec (``superusers`` and ``roles``, the
   servers' policy file format, checked by the CRD schema). Rendered into the cluster's
   content-named ConfigMap (key :data:`POLICY_KEY`), so a changed policy rolls the brokers
@@ -76,6 +78,9 @@ class SecuritySpec:
     renew_before_days: int = 30
     token_days: int = 365
     protect_metrics: bool = False
+    client_certificates: bool = False
+    """Mutual TLS (``--tls-client-ca``): each role's token Secret also holds a client
+    certificate (:mod:`.credentials`)."""
     superusers: tuple[str, ...] = ()
     roles: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
 
@@ -93,6 +98,7 @@ class SecuritySpec:
             renew_before_days=int(raw.get("renewBeforeDays", 30)),
             token_days=int(raw.get("tokenDays", 365)),
             protect_metrics=bool(raw.get("protectMetrics", False)),
+            client_certificates=bool(raw.get("clientCertificates", False)),
             superusers=tuple(str(r) for r in raw.get("superusers") or ()),
             roles=dict(raw.get("roles") or {}),
         )
@@ -114,6 +120,11 @@ class SecuritySpec:
         for role in (*self.superusers, *(self.roles or {})):
             if role in RESERVED:
                 raise InvalidSecurity(f"{FIELD}: role {role!r} is reserved for the operator")
+        if self.client_certificates and self.certificates is not CertificateSource.OPERATOR:
+            raise InvalidSecurity(
+                f"{FIELD}.clientCertificates: needs certificates: operator (the roles' "
+                "client certificates are issued by the operator's CA)"
+            )
         try:
             return Policy.parse(self.policy_data(), FIELD)
         except AuthConfigError as e:
@@ -227,6 +238,9 @@ def server_flags(sec: SecuritySpec) -> list[str]:
         f"--auth-cluster-token={AUTH_DIR}/cluster.jwt",
         f"--auth-policy={POLICY_DIR}/{POLICY_KEY}",
     ]
+    if sec.client_certificates:
+        # Probes present no certificate and still pass: segtxn/auth/clientcerts.py.
+        flags.append(f"--tls-client-ca={TLS_DIR}/ca.crt")
     return [*flags, "--auth-protect-metrics"] if sec.protect_metrics else flags
 
 

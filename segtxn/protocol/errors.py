@@ -41,6 +41,10 @@ class ErrorName(enum.StrEnum):
     """The metadata store reached its size quota (etcd's NOSPACE alarm) and refuses every
     write until an operator frees space: a server condition (503), but not one that passes
     by itself, so not retriable."""
+    STORE_ACCESS_DENIED = "StoreAccessDenied"
+    """The metadata store refuses the *server's* credentials or permissions (its etcd
+    user's role revoked, its password changed): a server condition (503) that lasts until
+    an operator acts, so not retriable."""
     UNAUTHENTICATED = "Unauthenticated"
     """No credentials, or credentials the server cannot verify (missing, malformed, expired,
     signed with another key): 401. Not retriable: the same token fails the same way."""
@@ -65,6 +69,7 @@ class ErrorName(enum.StrEnum):
 _STATUS = {
     ErrorName.SERVICE_NOT_READY: 503,
     ErrorName.METADATA_STORE_FULL: 503,
+    ErrorName.STORE_ACCESS_DENIED: 503,
     ErrorName.TOPIC_NOT_FOUND: 404,
     ErrorName.SUBSCRIPTION_NOT_FOUND: 404,
     ErrorName.TRANSACTION_NOT_FOUND: 404,
@@ -312,6 +317,13 @@ class MetadataStoreFull(NamedServerError):
     name = ErrorName.METADATA_STORE_FULL
 
 
+class StoreAccessDenied(NamedServerError):
+    """Fatal. The metadata store refuses the server's own credentials or permissions; an
+    operator must restore them (the message has the store's reason)."""
+
+    name = ErrorName.STORE_ACCESS_DENIED
+
+
 class Unauthenticated(NamedServerError):
     """Fatal. No credentials, or ones the server does not accept (expired, signed with
     another key); the message says which (docs/security.md)."""
@@ -345,6 +357,7 @@ __all__ = [
     "ProducerBusy",
     "ServerError",
     "ServiceNotReady",
+    "StoreAccessDenied",
     "SubscriptionNotFound",
     "TooManyRequests",
     "TopicAlreadyExists",

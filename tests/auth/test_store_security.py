@@ -7,12 +7,15 @@ coordinator running on that etcd with the ``--store-*`` settings."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from aetcd import rpc
@@ -22,6 +25,7 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.cli import main
 from segtxn.client import Client
+from segtxn.client import StoreAccessDenied as StoreAccessDeniedError
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import (
@@ -36,6 +40,7 @@ from segtxn.metastore.etcd_server import EtcdServer, EtcdTls, free_port
 from segtxn.metastore.keys import prefix_end
 from tests.auth.certs import Authority, authority, issue
 from tests.cluster import start_on_free_ports
+from tests.waiting import wait_until
 
 USER = "segtxn"
 PASSWORD = "a-long-password"
@@ -90,9 +95,14 @@ async def _enable_auth(server: EtcdServer, tls: grpc.ChannelCredentials) -> None
 
 @pytest.fixture(scope="module")
 def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
+    with running_secure_etcd(tmp_path_factory.mktemp("secure-etcd")) as etcd:
+        yield etcd
+
+
+@contextlib.contextmanager
+def running_secure_etcd(directory: Path) -> Iterator[SecureEtcd]:
     """An etcd with TLS on its client port, client certificates required (signed by the
     test CA), and authentication on."""
-    directory = tmp_path_factory.mktemp("secure-etcd")
     ca = authority(directory, "etcd-ca")
     cert, key = issue(ca, directory, "etcd-server")
     server = EtcdServer.in_temp_dir(unsafe_no_fsync=True, tls=EtcdTls(cert, key, ca.path))
@@ -258,3 +268,114 @@ def test_store_flags_that_cannot_work_are_usage_errors(
     assert denied.exit_code == 1, denied.output
     assert "StoreAccessDenied" in denied.output and "authentication failed" in denied.output
     assert time.monotonic() - started < 30, "not retried until --store-timeout"
+
+
+REVOCABLE = "revocable"
+"""A user of its own for the revocation test (the others keep USER's permission)."""
+
+
+async def _as_root(server: EtcdServer, ca: Authority, directory: Path, calls: list[Any]) -> None:
+    """Run ``calls`` (``(method name, request)`` of etcd's Auth service) as root."""
+    cert, key = issue(ca, directory, "root-client")
+    tls = grpc.ssl_channel_credentials(ca.path.read_bytes(), key.read_bytes(), cert.read_bytes())
+    async with grpc.aio.secure_channel(server.endpoint, tls) as channel:
+        auth = rpc.AuthStub(channel)
+        login = rpc.AuthenticateRequest(name="root", password="root-password")
+        token = (await auth.Authenticate(login)).token
+        for method, request in calls:
+            await getattr(auth, method)(request, metadata=(("token", token),))
+
+
+def _permission() -> Any:
+    return rpc.Permission(
+        permType=rpc.Permission.READWRITE,
+        key=PREFIX.encode(),
+        range_end=prefix_end(PREFIX.encode()),
+    )
+
+
+async def test_access_revoked_after_start_up_is_a_named_503_and_not_ready(
+    secure_etcd: SecureEtcd, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker's etcd role loses its permission while it runs: calls that need the
+    store answer 503 StoreAccessDenied saying so (not 500 MetadataError), the cause is
+    logged once, /readyz says not ready; the permission granted back, all is well again."""
+    password = tmp_path / "password"
+    password.write_text("revocable-password\n")
+    await _as_root(secure_etcd.server, secure_etcd.ca, tmp_path, [
+        ("UserAdd", rpc.AuthUserAddRequest(name=REVOCABLE, password="revocable-password")),
+        ("RoleAdd", rpc.AuthRoleAddRequest(name=REVOCABLE)),
+        ("UserGrantRole", rpc.AuthUserGrantRoleRequest(user=REVOCABLE, role=REVOCABLE)),
+    ])  # fmt: skip
+    await _grant(secure_etcd, tmp_path)
+    credentials = secure_etcd.credentials(user=REVOCABLE, password_file=password)
+
+    def make(port: int, txn_port: int) -> tuple[BrokerServer, CoordinatorServer]:
+        store_url = secure_etcd.url("revoked")
+        broker = BrokerSettings(
+            broker_id="b1",
+            advertise_url=f"http://127.0.0.1:{port}",
+            store_url=store_url,
+            store_credentials=credentials,
+            ledger_url=f"file://{tmp_path / 'ledgers'}",
+        )
+        coordinator = CoordinatorSettings(
+            advertise_url=f"http://127.0.0.1:{txn_port}",
+            store_url=store_url,
+            store_credentials=credentials,
+            v4_coordinator_ids=0,
+        )
+        return BrokerServer(broker), CoordinatorServer(coordinator)
+
+    broker, coordinator = await start_on_free_ports(make)
+    url, txn_url = broker.settings.advertise_url, coordinator.settings.advertise_url
+    try:
+        async with Client(url) as client, aiohttp.ClientSession() as http:
+
+            async def ready(server: str) -> bool:
+                async with http.get(f"{server}/readyz") as response:
+                    return response.status == 200
+
+            await client.admin.create_topic("persistent://acme/orders/before")
+            await wait_until(lambda: ready(txn_url), timeout=20, what="the coordinator ready")
+            assert await ready(url)
+            revoke = rpc.AuthRoleRevokePermissionRequest(
+                role=REVOCABLE, key=PREFIX.encode(), range_end=prefix_end(PREFIX.encode())
+            )
+            caplog.clear()
+            await _as_root(secure_etcd.server, secure_etcd.ca, tmp_path, [
+                ("RoleRevokePermission", revoke)])  # fmt: skip
+            for n in range(3):
+                with pytest.raises(StoreAccessDeniedError) as caught:
+                    await client.admin.create_topic(f"persistent://acme/orders/after-{n}")
+                assert "refuses this server's credentials" in str(caught.value)
+                assert "permission denied" in str(caught.value)
+            async with http.put(f"{url}/admin/v2/persistent/acme/orders/raw") as raw:
+                assert raw.status == 503
+                assert (await raw.json())["error"] == "StoreAccessDenied"
+            async with http.get(f"{url}/readyz") as unready:
+                assert unready.status == 503
+                assert "refuses the broker's credentials" in (await unready.json())["reason"]
+            for _ in range(2):  # the coordinator: a new transaction's header is refused
+                async with http.post(f"{txn_url}/txn/v2/new", json={}) as raw:
+                    assert raw.status == 503
+                    assert (await raw.json())["error"] == "StoreAccessDenied"
+            async with http.get(f"{txn_url}/readyz") as unready:
+                assert unready.status == 503
+                assert "the coordinator's credentials" in (await unready.json())["reason"]
+            denials = [r for r in caplog.records if "access denied" in r.getMessage()]
+            # once per cause and store client (the broker's, the coordinator's)
+            assert len(denials) == 2, [r.getMessage() for r in denials]
+            await _grant(secure_etcd, tmp_path)
+            await wait_until(lambda: ready(url), timeout=10, what="the broker ready again")
+            await wait_until(lambda: ready(txn_url), timeout=10, what="the coordinator too")
+            await client.admin.create_topic("persistent://acme/orders/granted")
+    finally:
+        await _grant(secure_etcd, tmp_path)  # (again, after a failure: the servers stop)
+        await coordinator.stop()
+        await broker.stop()
+
+
+async def _grant(secure_etcd: SecureEtcd, tmp_path: Path) -> None:
+    grant = rpc.AuthRoleGrantPermissionRequest(name=REVOCABLE, perm=_permission())
+    await _as_root(secure_etcd.server, secure_etcd.ca, tmp_path, [("RoleGrantPermission", grant)])

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 from click.testing import CliRunner
 
@@ -178,11 +180,31 @@ async def test_client_certificates_when_the_server_requires_them(tmp_path: Path)
             txn = await client.transaction().start("v4")  # servers present theirs too
             await txn.commit()
         async with Client(cluster.url, tls_ca=ca.path, operation_timeout_s=5) as anonymous:
-            # TLS 1.3 refuses a missing client certificate after the handshake: the client
-            # sees the connection dropped, not a certificate error
+            # No certificate: refused at once, saying why (not a dropped connection)
             with pytest.raises(ServerError) as caught:
                 await anonymous.admin.list_topics("persistent", "acme", "tls")
-            assert caught.value.name is ErrorName.SERVICE_NOT_READY
+            assert caught.value.name is ErrorName.UNAUTHENTICATED
+            assert "client certificate is required" in str(caught.value)
+            with pytest.raises(ServerError) as ws_caught:  # a WebSocket upgrade too
+                await anonymous.create_producer("persistent://acme/tls/mtls")
+            assert ws_caught.value.name is ErrorName.UNAUTHENTICATED
+        # The kubelet's probes present none, and pass; so does an open /metrics.
+        context = ssl.create_default_context(cafile=ca.path)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as probe:
+            for server in (cluster.url, cluster.coordinator.settings.advertise_url):
+                for path in ("/healthz", "/readyz", "/metrics"):
+                    async with probe.get(server + path) as response:
+                        assert response.status == 200, (server, path, await response.text())
+        # A certificate of another CA fails the handshake itself.
+        stranger = authority(tmp_path, "stranger-ca")
+        other_cert, other_key = issue(stranger, tmp_path, "stranger")
+        async with Client(
+            cluster.url, tls_ca=ca.path, tls_cert=other_cert, tls_key=other_key,
+            operation_timeout_s=2,
+        ) as impostor:  # fmt: skip
+            with pytest.raises(ServerError) as refused:
+                await impostor.admin.list_topics("persistent", "acme", "tls")
+            assert refused.value.name is not ErrorName.UNAUTHENTICATED  # never reached HTTP
     finally:
         await _stop(cluster)
 

@@ -58,6 +58,9 @@ def test_default_install(helm: Helm) -> None:
         "Role",
         "RoleBinding",
         "RoleBinding",
+        "Secret",  # the etcd's CA, its certificate, the servers' client certificate
+        "Secret",
+        "Secret",
         "Service",
         "Service",
         "ServiceAccount",
@@ -68,7 +71,7 @@ def test_default_install(helm: Helm) -> None:
     assert etcd["spec"]["replicas"] == 3
     args = etcd["spec"]["template"]["spec"]["containers"][0]["args"]
     cluster = next(a for a in args if a.startswith("--initial-cluster="))
-    assert cluster.count("=http://") == 3  # every member named in the initial cluster
+    assert cluster.count("=https://") == 3  # every member named in the initial cluster
     # etcd keeps every revision until compacted: five minutes of history, a 4 GiB quota
     assert "--auto-compaction-mode=periodic" in args
     assert "--auto-compaction-retention=5m" in args

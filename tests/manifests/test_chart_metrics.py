@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from segtxn.operator import security
 from tests.manifests.support import CHART, KUBE_VERSION, ROOT, Doc, load_all, template, validate
 
 Helm = Callable[..., str]
@@ -115,3 +116,43 @@ def test_the_operator_logs_in_the_format_asked_for(helm: Helm) -> None:
     assert "--log-format=json" in operator_args("operator.logFormat=json")
     args = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION]
     assert "operator.logFormat" in helm(*args, "--set", "operator.logFormat=xml", ok=False)
+
+
+def test_a_secured_created_cluster_is_scraped_over_https(helm: Helm) -> None:
+    """Its brokers and coordinators each get a ServiceMonitor of their own: ``https``, the
+    cluster's CA from the brokers' certificate Secret, a server name their certificate
+    has (Prometheus scrapes pod addresses), the admin token and certificate when asked;
+    the plain one leaves them out."""
+    sets = ("cluster.create=true", "metrics.serviceMonitor.enabled=true")
+    docs = with_monitoring_api(helm, *sets)
+    plain, brokers, coordinators = of_kind(docs, "ServiceMonitor")
+    excluded = plain["spec"]["selector"]["matchExpressions"][1]
+    assert excluded == {"key": "app.kubernetes.io/instance", "operator": "NotIn",
+                        "values": ["segtxn"]}  # fmt: skip
+    for monitor, component, names in [
+        (brokers, "broker", security.broker_dns_names("segtxn", "segtxn")),
+        (coordinators, "coordinator", security.coordinator_dns_names("segtxn", "segtxn")),
+    ]:
+        labels = monitor["spec"]["selector"]["matchLabels"]
+        assert labels["app.kubernetes.io/component"] == component
+        assert labels["app.kubernetes.io/instance"] == "segtxn"
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["scheme"] == "https"
+        tls = endpoint["tlsConfig"]
+        assert tls["serverName"] in names
+        assert tls["ca"]["secret"] == {"name": security.broker_tls_secret("segtxn"),
+                                       "key": "ca.crt"}  # fmt: skip
+        assert "authorization" not in endpoint and "cert" not in tls
+    admin = security.token_secret("segtxn", security.ADMIN_ROLE)
+    guarded = with_monitoring_api(
+        helm, *sets, "cluster.security.protectMetrics=true",
+        "cluster.security.clientCertificates=true",
+    )  # fmt: skip
+    for monitor in of_kind(guarded, "ServiceMonitor")[1:]:
+        (endpoint,) = monitor["spec"]["endpoints"]
+        assert endpoint["authorization"]["credentials"] == {"name": admin, "key": "token"}
+        assert endpoint["tlsConfig"]["keySecret"] == {"name": admin, "key": "tls.key"}
+    # Security off: one plain ServiceMonitor for everything, as before.
+    (only,) = of_kind(with_monitoring_api(helm, *sets, "cluster.security.enabled=false"),
+                      "ServiceMonitor")  # fmt: skip
+    assert len(only["spec"]["selector"]["matchExpressions"]) == 1

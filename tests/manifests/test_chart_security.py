@@ -66,27 +66,39 @@ def test_security_is_on_by_default_in_the_created_cluster(helm: Helm) -> None:
     objects = rendered(spec)
     for kind in ("StatefulSet", "Deployment"):
         spec_of = pod(objects, kind)
-        assert {v["name"] for v in spec_of["volumes"]} == {"tls", "auth", "policy"}
+        assert {v["name"] for v in spec_of["volumes"]} == {"tls", "auth", "policy", "store-tls"}
         assert "--auth-policy=/etc/segtxn/policy/policy.yaml" in spec_of["containers"][0]["args"]
     assert render.service_url("segtxn", "segtxn", spec).startswith("https://")
 
 
 def test_switched_off_the_cluster_and_its_pods_have_none_of_it(helm: Helm) -> None:
-    _, spec = created(helm, "cluster.security.enabled=false")
+    _, spec = created(helm, "cluster.security.enabled=false", "etcd.tls.enabled=false")
     assert spec["security"] == {"enabled": False, **_crd_defaults()}
     objects = rendered(spec)
     for kind in ("StatefulSet", "Deployment"):
         spec_of = pod(objects, kind)
         assert "volumes" not in spec_of
         assert not [
-            a for a in spec_of["containers"][0]["args"] if a.startswith(("--tls", "--auth"))
+            a
+            for a in spec_of["containers"][0]["args"]
+            if a.startswith(("--tls", "--auth", "--store-"))
         ]
     assert render.service_url("segtxn", "segtxn", spec).startswith("http://")
 
 
+def test_client_certificates_reach_the_servers_flags(helm: Helm) -> None:
+    _, spec = created(helm, "cluster.security.clientCertificates=true")
+    assert SecuritySpec.of(spec).client_certificates
+    for kind in ("StatefulSet", "Deployment"):
+        args = pod(rendered(spec), kind)["containers"][0]["args"]
+        assert "--tls-client-ca=/etc/segtxn/tls/ca.crt" in args
+    _, default = created(helm)
+    assert "--tls-client-ca" not in str(pod(rendered(default), "StatefulSet"))
+
+
 def _crd_defaults() -> dict[str, Any]:
     return {"certificates": "operator", "certificateDays": 365, "renewBeforeDays": 30,
-            "tokenDays": 365, "protectMetrics": False}  # fmt: skip
+            "tokenDays": 365, "protectMetrics": False, "clientCertificates": False}  # fmt: skip
 
 
 def test_roles_and_cert_manager_reach_the_cluster(helm: Helm) -> None:

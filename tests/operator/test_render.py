@@ -35,13 +35,16 @@ def minimal(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def expand(container: Mapping[str, Any], config: Mapping[str, str]) -> list[str]:
-    """The container's args as the kubelet runs them: $(VAR) from its env."""
+    """The container's args as the kubelet runs them: $(VAR) from its env (a Secret's
+    key as ``<key>``)."""
     fields = {"metadata.name": "b-0", "metadata.namespace": "ns", "status.podIP": "10.0.0.7"}
     env = {}
     for var in container["env"]:
         source = var["valueFrom"]
         if "fieldRef" in source:
             env[var["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        elif "secretKeyRef" in source:
+            env[var["name"]] = f"<{source['secretKeyRef']['key']}>"
         else:
             env[var["name"]] = config[source["configMapKeyRef"]["key"]]
     return [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
@@ -124,7 +127,11 @@ def test_cluster_renders_valid_objects_the_broker_cli_accepts(spec: dict[str, An
     assert params["retention_time"] == brokers["settings"]["retentionTimeSeconds"]
     assert params["retention_size"] == brokers["settings"]["retentionBytes"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
-    assert container["volumeMounts"] == [{"name": "data", "mountPath": render.DATA_DIR}]
+    assert container["volumeMounts"][0] == {"name": "data", "mountPath": render.DATA_DIR}
+    # The example is on the chart's etcd, which requires its client certificate.
+    store_tls = bool(spec["metadataStore"].get("tls"))
+    assert (params["store_cert"] is not None) is store_tls
+    assert len(container["volumeMounts"]) == 1 + store_tls
     headless = objects["Service/demo-broker-headless"]["spec"]
     assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"]
     assert render.service_url("demo", "segtxn", spec) == f"http://demo-broker.segtxn.svc:{port}"

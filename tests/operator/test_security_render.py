@@ -96,6 +96,8 @@ def test_a_secured_spec_renders_the_same_twice_and_off_renders_as_before() -> No
          "roles.app[0]: resource 'a'"),
         ({"enabled": True, "roles": {"app": [{"resource": "a/b", "actions": ["write"]}]}},
          "actions ['write']"),
+        ({"enabled": True, "certificates": "cert-manager", "clientCertificates": True},
+         "clientCertificates: needs certificates: operator"),
     ],
 )  # fmt: skip
 def test_a_policy_the_servers_would_refuse_is_named(
