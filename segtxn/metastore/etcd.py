@@ -4,7 +4,7 @@ It speaks etcd's gRPC API through the stubs that ``aetcd`` generates (``aetcd.rp
 not through ``aetcd.Client``'s convenience layer, because the store needs what that layer
 hides: compares over key ranges, failure branches that read, one bidirectional stream per
 watch with its own start revision (or many watches on one stream:
-:mod:`segtxn.metastore.etcd_mux`), and every gRPC status mapped to the store's own errors.
+:mod:`segtxn.metastore.etcd_watch`), and every gRPC status mapped to the store's own errors.
 
 A URL names one or more endpoints and an optional namespace:
 ``etcd://10.0.0.1:2379,10.0.0.2:2379/segtxn``. Every physical key is prefixed with the
@@ -63,7 +63,7 @@ from segtxn.metastore.errors import (
     TooManyOperations,
 )
 from segtxn.metastore.etcd_credentials import LiveCredentials
-from segtxn.metastore.etcd_mux import EtcdWatchMux, raw_event
+from segtxn.metastore.etcd_watch import EtcdWatchMux, confirmed_watch
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
 
@@ -382,55 +382,25 @@ class EtcdEngine(Engine):
         call = self._watch_stub.Watch(metadata=await self._metadata())
         self._calls.add(call)
         try:
-            try:
-                await call.write(rpc.WatchRequest(create_request=create))
-                # Not asyncio.wait_for: on Python 3.11 it runs the read as a task of its own
-                # and, when a cancel of *this* task comes in just as that read has finished,
-                # returns the reply and drops the cancel. The caller (a leadership's guard,
-                # say) then runs on with an open watch, and whoever awaits it hangs.
-                # asyncio.timeout reads in this task, so a cancel always propagates.
-                async with asyncio.timeout(self._timeout):
-                    created = await call.read()
-            except grpc.aio.AioRpcError as e:
-                raise await self._failed(e) from e
-            except TimeoutError as e:
-                raise StoreUnavailable("etcd did not confirm a watch in time") from e
-            if created is grpc.aio.EOF:
-                raise StoreUnavailable("etcd closed the watch stream while creating it")
-            self._check_watch_response(created)
-            yield self._iterate(call, created)
+            async with confirmed_watch(
+                call,
+                create,
+                namespace=self._ns,
+                timeout_s=self._timeout,
+                failed=self._failed,
+                closed=lambda: self._closed,
+            ) as batches:
+                yield batches
         finally:
             self._calls.discard(call)
             await _finish(call)
-
-    def _check_watch_response(self, response: Any) -> None:
-        if response.compact_revision:
-            raise Compacted(int(response.compact_revision))
-        if response.canceled:
-            reason = response.cancel_reason or "no reason given"
-            raise StoreUnavailable(f"etcd cancelled the watch: {reason}")
-
-    async def _iterate(self, call: Any, first: Any) -> AsyncIterator[Sequence[RawEvent]]:
-        response = first
-        while True:
-            if response.events:
-                yield [raw_event(e, self._ns) for e in response.events]
-            try:
-                response = await call.read()
-            except grpc.aio.AioRpcError as e:
-                if self._closed:
-                    raise StoreClosed("the etcd store is closed") from e
-                raise await self._failed(e) from e
-            if response is grpc.aio.EOF:
-                raise StoreUnavailable("etcd ended the watch stream")
-            self._check_watch_response(response)
 
     def watch_many(self) -> WatchMuxStream:
         return self._watch_many()
 
     @asynccontextmanager
     async def _watch_many(self) -> AsyncIterator[WatchMux]:
-        """One ``Watch`` call for many watches (see :mod:`segtxn.metastore.etcd_mux`)."""
+        """One ``Watch`` call for many watches (see :mod:`segtxn.metastore.etcd_watch`)."""
         self._connect()
         call = self._watch_stub.Watch(metadata=await self._metadata())
         self._calls.add(call)
