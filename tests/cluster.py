@@ -18,6 +18,7 @@ import pytest
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
+from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.client import Client
 from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
@@ -77,8 +78,17 @@ async def _start_both(
     return broker, coordinator
 
 
+@pytest.fixture
+def header_watch() -> HeaderWatch:
+    """How the cluster's broker follows transaction headers (a test module overrides this
+    fixture to run its tests in ``scoped`` mode)."""
+    return HeaderWatch.PREFIX
+
+
 @pytest.fixture(params=["memory", "etcd"])
-async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Cluster]:
+async def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path, header_watch: HeaderWatch
+) -> AsyncIterator[Cluster]:
     """The same cluster on the embedded store and on a real etcd."""
     if request.param == "memory":
         url = "memory://"
@@ -94,6 +104,7 @@ async def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
                 advertise_url=f"http://127.0.0.1:{port}",
                 ledger_url=f"file://{tmp_path / 'ledgers'}",
                 consumer_hold_s=1.0,
+                header_watch=header_watch,
             ),
             store=store,
         )

@@ -69,6 +69,12 @@ def register(service: BrokerService) -> None:
         lambda: sum(p.log_bytes for p in _pending_ack_logs(service)),
     )
     metrics.gauge(
+        "segtxn_txn_header_point_watches",
+        "Scoped header watch: transaction headers watched now, one per transaction a "
+        "segment here listens to (0 in prefix mode)",
+        lambda: service.headers.point_watches,
+    )
+    metrics.gauge(
         "segtxn_broker_producers",
         "Connected producers",
         lambda: sum(len(t.producers) for t in service.topics.values()),

@@ -65,6 +65,11 @@ class BrokerMetrics(Metrics):
             "v5: from the coordinator's commit to its entries being readable on a segment "
             "here (wall clocks of two processes)",
         )
+        self.txn_header_events = self.count(
+            "segtxn_txn_header_events_total",
+            "Transaction header changes this broker's header watch delivered (prefix mode: "
+            "every header of the cluster; scoped: those of transactions its segments touch)",
+        )
         self.txn_index_query = self.histogram(
             "segtxn_txn_metadata_store_index_query_seconds",
             "Range queries of writes-by-segment / acks-by-segment-sub",

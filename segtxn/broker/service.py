@@ -84,7 +84,6 @@ class BrokerService:
         is off)."""
         self.repairer: replication.Repairer | None = None
         self.topics: dict[TopicName, Topic] = {}
-        self.headers = HeaderCache(self.store)
         self._loading: dict[TopicName, asyncio.Task[Topic]] = {}
         self.dropping: set[asyncio.Task[None]] = set()
         """Topics being unloaded because their ledger stopped taking appends."""
@@ -102,6 +101,9 @@ class BrokerService:
         self._stopped = False
         self.ready = asyncio.Event()
         self.metrics = BrokerMetrics()
+        self.headers = HeaderCache(
+            self.store, settings.header_watch, self.metrics.txn_header_events
+        )
         self.op_records = OpRecordWriter(self.store, self.metrics)
         self.snapshots = snapshots.SnapshotLogs(
             settings.broker_id,

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from segtxn.auth import AuthSettings
+from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.ledger import LedgerSettings, RetentionPolicy
 from segtxn.ledger.replicas import RepairSettings, Replication
 from segtxn.metastore import StoreCredentials
@@ -108,6 +109,11 @@ class BrokerSettings:
     """Checking the v4 transactions sends and acks name, and ending abandoned ones."""
     controller_sweep_s: float = 5.0
     """How often a broker looks for splits or merges a dead controller left unfinished."""
+    header_watch: HeaderWatch = HeaderWatch.PREFIX
+    """How the broker follows transaction headers (``--header-watch``): ``prefix``, one
+    watch on every header of the cluster (a transaction's first send needs no header read);
+    ``scoped``, one point watch per transaction its segments touch, all on one stream (its
+    watch work follows its own load). See docs/transactions.md."""
     consumer_hold_s: float = 10.0
     """A Failover member of a segment's subscription whose connection drops (not a clean
     close) keeps its place this long: its segments wait for it to come back under the same

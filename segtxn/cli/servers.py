@@ -15,6 +15,7 @@ import click
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
+from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import lifecycle
 from segtxn.cli.logs import ACCESS_LOG, log_format_option, say
 from segtxn.cli.params import (
@@ -171,6 +172,14 @@ STORE_HELP = (
     help="Seconds a dropped Failover member keeps its segments (0: they move at once).",
 )
 @click.option(
+    "--header-watch",
+    type=click.Choice([mode.value for mode in HeaderWatch]),
+    default=HeaderWatch.PREFIX.value,
+    show_default=True,
+    help="How the broker follows transaction headers: prefix (one watch on all of them) "
+    "or scoped (one per transaction its segments touch, on one stream).",
+)
+@click.option(
     "--replication",
     default=None,
     metavar="W/A",
@@ -187,6 +196,7 @@ def broker(
     repair: RepairSettings,
     session_ttl: float,
     consumer_hold: float,
+    header_watch: str,
     retention_time: float,
     retention_size: int,
     store: str,
@@ -219,6 +229,7 @@ def broker(
             session_ttl_s=session_ttl,
             store_timeout_s=store_timeout,
             consumer_hold_s=consumer_hold,
+            header_watch=HeaderWatch(header_watch),
             test_bugs=_test_bugs(),
             retention=_retention(retention_time, retention_size),
             auth=auth,

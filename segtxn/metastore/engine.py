@@ -18,6 +18,9 @@ Semantics every engine provides (etcd's, exactly):
   events of one revision in the order the transaction wrote them. A watch never skips an
   event: it either delivers it or fails with ``Compacted`` (history gone) or
   ``StoreUnavailable`` (connection lost; the caller resumes from a revision it chooses).
+- A **multiplexed** stream (:meth:`Engine.watch_many`) carries many watches, each with its
+  own id and start revision, with the same per-watch guarantees; a watch whose start is
+  compacted ends alone (a :class:`WatchReply` with ``compacted``), the others go on.
 - Leases: keys written with a lease are deleted, in one revision, when the lease expires or
   is revoked.
 """
@@ -132,6 +135,58 @@ class RawEvent:
 WatchStream = AbstractAsyncContextManager[AsyncIterator[Sequence[RawEvent]]]
 
 
+@dataclass(frozen=True, slots=True)
+class WatchReply:
+    """What a multiplexed stream says about one of its watches."""
+
+    watch_id: int
+    events: Sequence[RawEvent] = ()
+    """A non-empty batch in revision order (empty when ``compacted`` is set)."""
+    compacted: int = 0
+    """When > 0: the watch's start revision is older than the retained history (this is
+    the oldest revision still kept). That watch has ended and says nothing more."""
+
+
+class WatchMux(ABC):
+    """Many watches on one stream, as etcd's Watch RPC carries them (a ``WatchCreateRequest``
+    with its own ``watch_id``, a ``WatchCancelRequest``; every response names its watch).
+
+    A stream breaks as a whole: then :meth:`replies` raises ``StoreUnavailable`` and the
+    caller opens a new stream and creates each watch again from the first revision it has
+    not seen. Watch ids are the caller's: positive, never reused within one stream.
+    """
+
+    @abstractmethod
+    async def create(self, watch_id: int, lo: bytes, hi: bytes | None, start_revision: int) -> None:
+        """Start watching ``lo`` (``hi=None``) or ``[lo, hi)`` from ``start_revision``
+        (inclusive). Returns once the request is sent: the start revision is explicit, so
+        no change is missed whenever the store gets to it.
+
+        Raises:
+            StoreUnavailable: the stream broke (:meth:`replies` raises it too).
+        """
+
+    @abstractmethod
+    async def cancel(self, watch_id: int) -> None:
+        """Stop a watch. Replies already on their way may still name it (ignore them).
+
+        Raises:
+            StoreUnavailable: the stream broke (:meth:`replies` raises it too).
+        """
+
+    @abstractmethod
+    def replies(self) -> AsyncIterator[WatchReply]:
+        """Every watch's events and per-watch compactions, as they come (one consumer).
+
+        Raises:
+            StoreUnavailable: the stream broke; every watch on it has ended.
+            StoreClosed: the engine was closed.
+        """
+
+
+WatchMuxStream = AbstractAsyncContextManager[WatchMux]
+
+
 class Engine(ABC):
     """A backend of the metadata store. See the module docstring for the semantics."""
 
@@ -182,6 +237,15 @@ class Engine(ABC):
         Raises (from the iterator or on entering):
             Compacted: ``start_revision`` is older than the retained history.
             StoreUnavailable: the stream broke; resume from the next undelivered revision.
+        """
+
+    @abstractmethod
+    def watch_many(self) -> WatchMuxStream:
+        """Open a multiplexed watch stream (see :class:`WatchMux`), closed with the context
+        (every watch on it ends). Cancelling the task that iterates it always cancels it.
+
+        Raises (on entering):
+            StoreUnavailable: the engine could not be reached.
         """
 
     @abstractmethod

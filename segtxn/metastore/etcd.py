@@ -3,7 +3,8 @@
 It speaks etcd's gRPC API through the stubs that ``aetcd`` generates (``aetcd.rpc``), and
 not through ``aetcd.Client``'s convenience layer, because the store needs what that layer
 hides: compares over key ranges, failure branches that read, one bidirectional stream per
-watch with its own start revision, and every gRPC status mapped to the store's own errors.
+watch with its own start revision (or many watches on one stream:
+:mod:`segtxn.metastore.etcd_watch`), and every gRPC status mapped to the store's own errors.
 
 A URL names one or more endpoints and an optional namespace:
 ``etcd://10.0.0.1:2379,10.0.0.2:2379/segtxn``. Every physical key is prefixed with the
@@ -37,7 +38,6 @@ from segtxn.metastore.engine import (
     Compare,
     DeleteOp,
     Engine,
-    EventKind,
     GetOp,
     KeyValue,
     ModEquals,
@@ -46,6 +46,8 @@ from segtxn.metastore.engine import (
     RawEvent,
     TxnOp,
     TxnResult,
+    WatchMux,
+    WatchMuxStream,
     WatchStream,
 )
 from segtxn.metastore.errors import (
@@ -61,6 +63,7 @@ from segtxn.metastore.errors import (
     TooManyOperations,
 )
 from segtxn.metastore.etcd_credentials import LiveCredentials
+from segtxn.metastore.etcd_watch import EtcdWatchMux, confirmed_watch
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
 
@@ -379,55 +382,33 @@ class EtcdEngine(Engine):
         call = self._watch_stub.Watch(metadata=await self._metadata())
         self._calls.add(call)
         try:
-            try:
-                await call.write(rpc.WatchRequest(create_request=create))
-                # Not asyncio.wait_for: on Python 3.11 it runs the read as a task of its own
-                # and, when a cancel of *this* task comes in just as that read has finished,
-                # returns the reply and drops the cancel. The caller (a leadership's guard,
-                # say) then runs on with an open watch, and whoever awaits it hangs.
-                # asyncio.timeout reads in this task, so a cancel always propagates.
-                async with asyncio.timeout(self._timeout):
-                    created = await call.read()
-            except grpc.aio.AioRpcError as e:
-                raise await self._failed(e) from e
-            except TimeoutError as e:
-                raise StoreUnavailable("etcd did not confirm a watch in time") from e
-            if created is grpc.aio.EOF:
-                raise StoreUnavailable("etcd closed the watch stream while creating it")
-            self._check_watch_response(created)
-            yield self._iterate(call, created)
+            async with confirmed_watch(
+                call,
+                create,
+                namespace=self._ns,
+                timeout_s=self._timeout,
+                failed=self._failed,
+                closed=lambda: self._closed,
+            ) as batches:
+                yield batches
         finally:
             self._calls.discard(call)
             await _finish(call)
 
-    def _check_watch_response(self, response: Any) -> None:
-        if response.compact_revision:
-            raise Compacted(int(response.compact_revision))
-        if response.canceled:
-            reason = response.cancel_reason or "no reason given"
-            raise StoreUnavailable(f"etcd cancelled the watch: {reason}")
+    def watch_many(self) -> WatchMuxStream:
+        return self._watch_many()
 
-    async def _iterate(self, call: Any, first: Any) -> AsyncIterator[Sequence[RawEvent]]:
-        response = first
-        while True:
-            if response.events:
-                yield [self._event(e) for e in response.events]
-            try:
-                response = await call.read()
-            except grpc.aio.AioRpcError as e:
-                if self._closed:
-                    raise StoreClosed("the etcd store is closed") from e
-                raise await self._failed(e) from e
-            if response is grpc.aio.EOF:
-                raise StoreUnavailable("etcd ended the watch stream")
-            self._check_watch_response(response)
-
-    def _event(self, event: Any) -> RawEvent:
-        kv = event.kv
-        kind = EventKind.DELETE if event.type == rpc.Event.DELETE else EventKind.PUT
-        return RawEvent(
-            kind, kv.key[len(self._ns) :], kv.value, kv.mod_revision, kv.create_revision, kv.lease
-        )
+    @asynccontextmanager
+    async def _watch_many(self) -> AsyncIterator[WatchMux]:
+        """One ``Watch`` call for many watches (see :mod:`segtxn.metastore.etcd_watch`)."""
+        self._connect()
+        call = self._watch_stub.Watch(metadata=await self._metadata())
+        self._calls.add(call)
+        try:
+            yield EtcdWatchMux(call, self._ns, self._failed, lambda: self._closed)
+        finally:
+            self._calls.discard(call)
+            await _finish(call)
 
     # -- leases ------------------------------------------------------------------------
 

@@ -9,13 +9,17 @@ Wrap any engine (``open_store(url, wrap=FaultInjector)``) and then, while the sy
   them go, in the order it picks (an interleaving made on purpose, not hoped for);
 - :meth:`FaultInjector.count` counts chosen operations from now on (how many store calls
   an action cost);
-- :meth:`FaultInjector.drop_watches` breaks every open watch stream, as a lost connection
-  would (the store must resume them without the caller noticing);
+- :meth:`FaultInjector.drop_watches` breaks every open watch stream (multiplexed ones
+  too), as a lost connection would (the store must resume them without the caller
+  noticing);
 - :meth:`FaultInjector.expire_sessions` revokes leases behind the holders' backs, as a
   session timeout would.
 
 Operations are named after the engine methods: ``range``, ``txn``, ``watch``,
-``current_revision``, ``lease_grant``, ``lease_keepalive``, ``lease_revoke``.
+``current_revision``, ``lease_grant``, ``lease_keepalive``, ``lease_revoke``. On a
+multiplexed stream (``watch_many``) each watch created is a ``watch`` on its key: it is
+counted, and a fault made for it breaks the whole stream, as a failed write on etcd's one
+Watch call would.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from segtxn.metastore.engine import (
     Compare,
@@ -36,6 +41,9 @@ from segtxn.metastore.engine import (
     RawEvent,
     TxnOp,
     TxnResult,
+    WatchMux,
+    WatchMuxStream,
+    WatchReply,
     WatchStream,
 )
 from segtxn.metastore.errors import MetadataStoreError, StoreUnavailable
@@ -122,16 +130,20 @@ class _Rule:
 
 _END = object()
 
+Item = TypeVar("Item")
+
 
 @dataclass(eq=False)
-class _Link:
-    """One watch connection between the inner engine and the store. Batches, the
-    stream's own failure, and its end all travel through one bounded queue."""
+class _Link(Generic[Item]):
+    """One watch connection between the inner engine and the store. Batches (or a
+    multiplexed stream's replies), the stream's own failure, and its end all travel
+    through one bounded queue."""
 
-    queue: asyncio.Queue[Sequence[RawEvent] | MetadataStoreError | object]
+    queue: asyncio.Queue[Item | MetadataStoreError | object]
     pump: asyncio.Task[None] | None = None
+    broken: bool = False
 
-    async def run(self, stream: AsyncIterator[Sequence[RawEvent]]) -> None:
+    async def run(self, stream: AsyncIterator[Item]) -> None:
         try:
             async for batch in stream:
                 await self.queue.put(batch)
@@ -141,13 +153,14 @@ class _Link:
             await self.queue.put(_END)
 
     def cut(self) -> None:
+        self.broken = True
         if self.pump is not None:
             self.pump.cancel()
         while not self.queue.empty():  # in flight on the wire: lost with the connection
             self.queue.get_nowait()
         self.queue.put_nowait(StoreUnavailable("injected: watch connection dropped"))
 
-    async def receive(self) -> AsyncIterator[Sequence[RawEvent]]:
+    async def receive(self) -> AsyncIterator[Item]:
         while True:
             item = await self.queue.get()
             if item is _END:
@@ -166,7 +179,7 @@ class FaultInjector(Engine):
         self._rules: list[_Rule] = []
         self._holds: list[Hold] = []
         self._tallies: list[Tally] = []
-        self._links: set[_Link] = set()
+        self._links: set[_Link[Sequence[RawEvent]] | _Link[WatchReply]] = set()
         self._leases: set[int] = set()
         self.injected = 0
 
@@ -344,11 +357,29 @@ class FaultInjector(Engine):
         """The inner stream, pumped through a small queue that a drop can cut."""
         await self._inject("watch", [lo])
         async with self.inner.watch(lo, hi, start_revision) as stream:
-            link = _Link(asyncio.Queue(maxsize=8))
+            link: _Link[Sequence[RawEvent]] = _Link(asyncio.Queue(maxsize=8))
             link.pump = asyncio.create_task(link.run(stream), name=f"fault-watch-pump-{lo!r}")
             self._links.add(link)
             try:
                 yield link.receive()
+            finally:
+                self._links.discard(link)
+                link.pump.cancel()
+                await asyncio.gather(link.pump, return_exceptions=True)
+
+    def watch_many(self) -> WatchMuxStream:
+        return self._watch_many()
+
+    @asynccontextmanager
+    async def _watch_many(self) -> AsyncIterator[WatchMux]:
+        """The inner stream's replies, pumped through a small queue that a drop can cut."""
+        await self._inject("watch", [])
+        async with self.inner.watch_many() as inner:
+            link: _Link[WatchReply] = _Link(asyncio.Queue(maxsize=8))
+            link.pump = asyncio.create_task(link.run(inner.replies()), name="fault-watch-many-pump")
+            self._links.add(link)
+            try:
+                yield _FaultyMux(self, inner, link)
             finally:
                 self._links.discard(link)
                 link.pump.cancel()
@@ -378,3 +409,33 @@ class FaultInjector(Engine):
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+class _FaultyMux(WatchMux):
+    """A multiplexed stream through the injector: each create is a ``watch`` operation."""
+
+    def __init__(self, injector: FaultInjector, inner: WatchMux, link: _Link[WatchReply]) -> None:
+        self._injector = injector
+        self._inner = inner
+        self._link = link
+
+    async def create(self, watch_id: int, lo: bytes, hi: bytes | None, start_revision: int) -> None:
+        self._check()
+        try:
+            await self._injector._inject("watch", [lo])
+        except MetadataStoreError:
+            self._injector._links.discard(self._link)
+            self._link.cut()  # a request that fails on the wire breaks the stream
+            raise
+        await self._inner.create(watch_id, lo, hi, start_revision)
+
+    async def cancel(self, watch_id: int) -> None:
+        self._check()
+        await self._inner.cancel(watch_id)
+
+    def _check(self) -> None:
+        if self._link.broken:
+            raise StoreUnavailable("injected: watch connection dropped")
+
+    def replies(self) -> AsyncIterator[WatchReply]:
+        return self._link.receive()

@@ -13,7 +13,9 @@ they do against etcd (which is what the conformance suite's race tests rely on).
 Watch delivery never polls: each write hands its events to the watchers whose range
 matches (point watchers are found by a dict lookup, range watchers by a bounds check). A
 watcher that falls more than ``max_pending_events`` behind drops its buffer and re-reads
-from history, or fails with ``Compacted`` if that history is gone.
+from history, or fails with ``Compacted`` if that history is gone. A multiplexed stream
+(``watch_many``) is the same watchers sharing one wake-up: each write marks the watches it
+touched, so a stream of thousands of point watches does work only for those.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -42,6 +44,9 @@ from segtxn.metastore.engine import (
     RawEvent,
     TxnOp,
     TxnResult,
+    WatchMux,
+    WatchMuxStream,
+    WatchReply,
     WatchStream,
 )
 from segtxn.metastore.errors import (
@@ -63,6 +68,13 @@ class _Watcher:
     pending_events: int = 0
     lagging: bool = False
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    on_wake: Callable[[], None] | None = None
+    """Called with every wake-up (a multiplexed stream learns which watch has news)."""
+
+    def wake(self) -> None:
+        self.wakeup.set()
+        if self.on_wake is not None:
+            self.on_wake()
 
     def matches(self, key: bytes) -> bool:
         if self.hi is None:
@@ -209,7 +221,7 @@ class MemoryEngine(Engine):
         for watcher in self._interested(events):
             matching = [e for e in events if watcher.matches(e.key)]
             if watcher.lagging:
-                watcher.wakeup.set()
+                watcher.wake()
                 continue
             watcher.pending.append(matching)
             watcher.pending_events += len(matching)
@@ -217,7 +229,7 @@ class MemoryEngine(Engine):
                 watcher.pending.clear()
                 watcher.pending_events = 0
                 watcher.lagging = True
-            watcher.wakeup.set()
+            watcher.wake()
 
     def _interested(self, events: list[RawEvent]) -> set[_Watcher]:
         found: set[_Watcher] = set()
@@ -237,44 +249,79 @@ class MemoryEngine(Engine):
     async def _watch(
         self, lo: bytes, hi: bytes | None, start_revision: int
     ) -> AsyncIterator[AsyncIterator[Sequence[RawEvent]]]:
+        watcher = self._register(lo, hi, start_revision)
+        try:
+            yield self._iterate(watcher)
+        finally:
+            self._unregister(watcher)
+
+    def _register(
+        self,
+        lo: bytes,
+        hi: bytes | None,
+        start_revision: int,
+        on_wake: Callable[[], None] | None = None,
+    ) -> _Watcher:
+        """Raises Compacted (``start_revision`` is gone) or StoreClosed."""
         self._check_open()
         start = start_revision or self._revision + 1
         if start < self._compacted:
             raise Compacted(self._compacted)
-        watcher = _Watcher(lo, hi, start, lagging=start <= self._revision)
+        watcher = _Watcher(lo, hi, start, lagging=start <= self._revision, on_wake=on_wake)
         if hi is None:
             self._point_watchers.setdefault(lo, set()).add(watcher)
         else:
             self._range_watchers.add(watcher)
-        try:
-            yield self._iterate(watcher)
-        finally:
-            if hi is None:
-                group = self._point_watchers.get(lo)
-                if group is not None:
-                    group.discard(watcher)
-                    if not group:
-                        del self._point_watchers[lo]
-            else:
-                self._range_watchers.discard(watcher)
+        return watcher
+
+    def _unregister(self, watcher: _Watcher) -> None:
+        if watcher.hi is None:
+            group = self._point_watchers.get(watcher.lo)
+            if group is not None:
+                group.discard(watcher)
+                if not group:
+                    del self._point_watchers[watcher.lo]
+        else:
+            self._range_watchers.discard(watcher)
 
     async def _iterate(self, watcher: _Watcher) -> AsyncIterator[Sequence[RawEvent]]:
         while True:
             self._check_open()
-            if watcher.lagging:
-                watcher.lagging = False
-                batch = self._replay(watcher)
-            elif watcher.pending:
-                batch = watcher.pending.popleft()
-                watcher.pending_events -= len(batch)
-            else:
+            batch = self._take(watcher)
+            if batch is None:
                 watcher.wakeup.clear()
                 await watcher.wakeup.wait()
-                continue
-            batch = [e for e in batch if e.mod_revision >= watcher.next_revision]
-            if batch:
-                watcher.next_revision = batch[-1].mod_revision + 1
+            elif batch:
                 yield batch
+
+    def _take(self, watcher: _Watcher) -> list[RawEvent] | None:
+        """The watcher's next batch (maybe empty), or None when it has nothing to say.
+        Raises Compacted when it lagged behind the retained history."""
+        if watcher.lagging:
+            watcher.lagging = False
+            batch = self._replay(watcher)
+        elif watcher.pending:
+            batch = watcher.pending.popleft()
+            watcher.pending_events -= len(batch)
+        else:
+            return None
+        batch = [e for e in batch if e.mod_revision >= watcher.next_revision]
+        if batch:
+            watcher.next_revision = batch[-1].mod_revision + 1
+        return batch
+
+    def watch_many(self) -> WatchMuxStream:
+        return self._watch_many()
+
+    @asynccontextmanager
+    async def _watch_many(self) -> AsyncIterator[WatchMux]:
+        self._check_open()
+        mux = _MemoryMux(self)
+        try:
+            yield mux
+        finally:
+            for watcher in mux.watchers.values():
+                self._unregister(watcher)
 
     def _replay(self, watcher: _Watcher) -> list[RawEvent]:
         """Events for ``watcher`` from history, from its next revision to now."""
@@ -355,3 +402,67 @@ class MemoryEngine(Engine):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed("the memory store is closed")
+
+
+class _MemoryMux(WatchMux):
+    """Watchers of one engine sharing one wake-up: each tells the stream it has news, so a
+    reply costs a dict lookup however many watches the stream carries."""
+
+    def __init__(self, engine: MemoryEngine) -> None:
+        self._engine = engine
+        self.watchers: dict[int, _Watcher] = {}
+        self._ready: dict[int, None] = {}
+        """Watches with something to say, in the order they said it (an ordered set)."""
+        self._compacted: dict[int, int] = {}
+        self._wakeup = asyncio.Event()
+
+    def _news(self, watch_id: int) -> None:
+        self._ready[watch_id] = None
+        self._wakeup.set()
+
+    async def create(self, watch_id: int, lo: bytes, hi: bytes | None, start_revision: int) -> None:
+        await asyncio.sleep(0)  # a request on the wire
+        try:
+            watcher = self._engine._register(
+                lo, hi, start_revision, on_wake=lambda: self._news(watch_id)
+            )
+        except Compacted as e:
+            self._compacted[watch_id] = e.compacted_revision
+            self._news(watch_id)
+            return
+        self.watchers[watch_id] = watcher
+        if watcher.lagging:
+            self._news(watch_id)
+
+    async def cancel(self, watch_id: int) -> None:
+        await asyncio.sleep(0)
+        self._engine._check_open()
+        watcher = self.watchers.pop(watch_id, None)
+        if watcher is not None:
+            self._engine._unregister(watcher)
+
+    async def replies(self) -> AsyncIterator[WatchReply]:
+        while True:
+            self._engine._check_open()
+            if not self._ready:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            watch_id = next(iter(self._ready))
+            del self._ready[watch_id]
+            if watch_id in self._compacted:
+                yield WatchReply(watch_id, compacted=self._compacted.pop(watch_id))
+                continue
+            watcher = self.watchers.get(watch_id)
+            if watcher is None:
+                continue  # cancelled
+            try:
+                batch = self._engine._take(watcher)
+            except Compacted as e:
+                self._engine._unregister(self.watchers.pop(watch_id))
+                yield WatchReply(watch_id, compacted=e.compacted_revision)
+                continue
+            if watcher.lagging or watcher.pending:
+                self._ready[watch_id] = None  # more to say: after the others' turn
+            if batch:
+                yield WatchReply(watch_id, batch)

@@ -21,7 +21,8 @@ compares the ``mod_revision`` of each key it touches, and a failed compare reads
 in the same round trip and tries again (for unconditional writes) or raises (for
 conditional ones). How an atomic step becomes that transaction is
 :mod:`segtxn.metastore.plan`; how a watch outlives a broken connection,
-:mod:`segtxn.metastore.watch`.
+:mod:`segtxn.metastore.watch` (and many point watches on one stream,
+:mod:`segtxn.metastore.points`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import asyncio
 import contextlib
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import cast
 
@@ -51,6 +52,7 @@ from segtxn.metastore.engine import (
 from segtxn.metastore.engine import EventKind as RawKind
 from segtxn.metastore.errors import InvalidArgument, StoreClosed, StoreUnavailable
 from segtxn.metastore.plan import Plan, Txn
+from segtxn.metastore.points import PointWatches
 from segtxn.metastore.records import (
     Check,
     Delete,
@@ -100,9 +102,15 @@ class MetadataStore:
 
     async def get(self, key: str) -> Record | None:
         """The record at ``key``, or None if there is none."""
+        return (await self.get_at(key))[0]
+
+    async def get_at(self, key: str) -> tuple[Record | None, int]:
+        """The record at ``key`` (None if there is none) and the revision it was read at:
+        a watch from that revision + 1 misses no later change, even of a record left alone
+        longer than the store keeps history."""
         raw = K.check_key(key)
         result = await self._engine().range(raw)
-        return self._record(result.kvs[0]) if result.kvs else None
+        return (self._record(result.kvs[0]) if result.kvs else None), result.revision
 
     async def list_prefix(self, prefix: str, *, limit: int = 0) -> Listing:
         """Records whose keys start with ``prefix``, in key order.
@@ -427,12 +435,27 @@ class MetadataStore:
         self, raw_events: AsyncIterator[RawEvent]
     ) -> AsyncIterator[WatchEvent]:
         async for e in raw_events:
-            if e.kind is RawKind.DELETE:
-                self._cache.remember(e.key, ABSENT)
-                yield WatchEvent(EventKind.DELETE, e.key.decode(), e.mod_revision, None)
-            else:
-                kv = KeyValue(e.key, e.value, e.create_revision, e.mod_revision, e.lease)
-                yield WatchEvent(EventKind.PUT, e.key.decode(), e.mod_revision, self._record(kv))
+            yield self._watch_event(e)
+
+    def _watch_event(self, e: RawEvent) -> WatchEvent:
+        if e.kind is RawKind.DELETE:
+            self._cache.remember(e.key, ABSENT)
+            return WatchEvent(EventKind.DELETE, e.key.decode(), e.mod_revision, None)
+        kv = KeyValue(e.key, e.value, e.create_revision, e.mod_revision, e.lease)
+        return WatchEvent(EventKind.PUT, e.key.decode(), e.mod_revision, self._record(kv))
+
+    def point_watches(
+        self, on_event: Callable[[WatchEvent], None], on_compacted: Callable[[str], None]
+    ) -> PointWatches:
+        """Many single-key watches on one multiplexed stream, each resumed from its own
+        last revision (see :class:`~segtxn.metastore.points.PointWatches`); start it."""
+        return PointWatches(
+            self._engine(),
+            self._watch_event,
+            on_event,
+            on_compacted,
+            self.settings.watch_retry_max_s,
+        )
 
     @asynccontextmanager
     async def _watch_index(

@@ -160,6 +160,9 @@ def config_ref(workload: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+HEADER_WATCH = "headerWatch"
+"""``spec.brokers.settings.headerWatch``: the brokers' ``--header-watch`` (prefix or scoped)."""
+
 COORDINATOR_CONFIG = ("storeUrl", "sessionTtlSeconds", replication.CONFIG_KEY, security.POLICY_KEY)
 """The keys of the cluster's configuration that coordinators read (their own ConfigMap
 holds these): a change to any of them must roll the coordinators too, not only the
@@ -178,6 +181,9 @@ def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
         "autoCreateTopics": str(bool(settings.get("autoCreateTopics", False))).lower(),
         "retentionTimeSeconds": str(settings.get("retentionTimeSeconds", 604800)),
         "retentionBytes": str(settings.get("retentionBytes", -1)),
+        # Only when given: the ConfigMap (named after its content) of a cluster that does not
+        # set it stays what it was, so an operator upgrade rolls no broker for it.
+        **({HEADER_WATCH: str(settings[HEADER_WATCH])} if HEADER_WATCH in settings else {}),
         **replication.config_data(spec),
         **security.config_data(spec),
     }
@@ -222,6 +228,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
     ]
     if config["autoCreateTopics"] == "true":
         args.append("--auto-create-topics")
+    if HEADER_WATCH in config:
+        args.append("--header-watch=$(SEGTXN_HEADER_WATCH)")
     env = _env(
         ("POD_NAME", _field("metadata.name")),
         ("POD_NAMESPACE", _field("metadata.namespace")),
@@ -231,6 +239,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         ("SEGTXN_RETENTION_TIME", _config(config_name, "retentionTimeSeconds")),
         ("SEGTXN_RETENTION_SIZE", _config(config_name, "retentionBytes")),
     )
+    if HEADER_WATCH in config:
+        env += _env(("SEGTXN_HEADER_WATCH", _config(config_name, HEADER_WATCH)))
     if replication.CONFIG_KEY in config:
         args.append("--replication=$(SEGTXN_REPLICATION)")
         env += _env(("SEGTXN_REPLICATION", _config(config_name, replication.CONFIG_KEY)))

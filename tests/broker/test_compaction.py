@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.headers import HeaderCache, HeaderWatch
 from segtxn.client import Client
 from segtxn.metastore import MetadataStore, StoreSettings, open_store
 from segtxn.metastore.etcd_server import EtcdServer
@@ -102,9 +102,10 @@ async def store(compacting_etcd: EtcdServer) -> AsyncIterator[MetadataStore]:
         yield s
 
 
-@pytest.fixture
-async def cache(store: MetadataStore) -> AsyncIterator[HeaderCache]:
-    cache = HeaderCache(store)
+@pytest.fixture(params=list(HeaderWatch), ids=lambda mode: mode.value)
+async def cache(store: MetadataStore, request: pytest.FixtureRequest) -> AsyncIterator[HeaderCache]:
+    """A header cache in each mode: one prefix watch, or one point watch per header."""
+    cache = HeaderCache(store, request.param)
     await cache.start()
     yield cache
     await cache.close()

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from segtxn.broker.settings import BrokerSettings
+from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import main, servers
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
@@ -152,3 +153,14 @@ def test_the_coordinator_takes_the_repair_flags_of_its_loop(
     assert code == 2 and "No such option '--replica-sweep-interval'" in out  # no node to sweep
     code, out = invoke(*base, "--data-dir", str(tmp_path), *flags)
     assert code == 2 and "it needs --replication" in out
+
+
+def test_header_watch_default_and_flag(started: list[BrokerSettings], tmp_path: Path) -> None:
+    base = [*BROKER, "--data-dir", str(tmp_path)]
+    assert invoke(*base)[0] == 0
+    assert started[-1].header_watch is HeaderWatch.PREFIX
+    code, out = invoke(*base, "--header-watch", "scoped")
+    assert code == 0, out
+    assert started[-1].header_watch is HeaderWatch.SCOPED
+    code, out = invoke(*base, "--header-watch", "everything")
+    assert code == 2 and "'everything' is not one of 'prefix', 'scoped'" in out

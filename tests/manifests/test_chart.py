@@ -125,6 +125,13 @@ def test_cluster_repair_interval_reaches_the_cluster(helm: Helm) -> None:
     assert cluster["spec"]["brokers"]["settings"]["repairIntervalSeconds"] == 10
 
 
+def test_cluster_header_watch_reaches_the_cluster(helm: Helm) -> None:
+    docs = template(helm, "cluster.create=true", "cluster.headerWatch=scoped")
+    cluster = next(d for d in docs if d["kind"] == "SegtxnCluster")
+    validate(cluster)
+    assert cluster["spec"]["brokers"]["settings"]["headerWatch"] == "scoped"
+
+
 def etcd_args(docs: list[Doc]) -> list[str]:
     etcd = next(d for d in docs if d["kind"] == "StatefulSet")
     args: list[str] = etcd["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -171,6 +178,7 @@ def test_etcd_revision_retention_from_a_values_file_is_printed_whole(
         (("etcd.storage.size=lots",), "etcd.storage.size"),
         (("cluster.retentionTimeSeconds=-2",), "cluster.retentionTimeSeconds"),
         (("cluster.retentionBytes=10G",), "cluster.retentionBytes"),
+        (("cluster.headerWatch=everything",), "cluster.headerWatch"),
         # etcd would read a bare number as hours in periodic mode: say 5h
         (("etcd.autoCompaction.retention=5",), "etcd.autoCompaction.retention"),
         # ...and a duration as a number of revisions in revision mode

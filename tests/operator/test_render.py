@@ -85,6 +85,7 @@ def config_for(objects: dict[str, render.Obj], workload: str) -> dict[str, str]:
                     "settings": {
                         "autoCreateTopics": True,
                         "consumerHoldSeconds": 0,
+                        "headerWatch": "scoped",
                         "retentionTimeSeconds": 0,
                         "retentionBytes": 10 * 1024**3,
                     },
@@ -120,6 +121,8 @@ def test_cluster_renders_valid_objects_the_broker_cli_accepts(spec: dict[str, An
     assert params["broker_id"] == "b-0" and params["port"] == port
     assert str(params["data_dir"]) == render.DATA_DIR
     assert params["consumer_hold"] == brokers["settings"]["consumerHoldSeconds"]
+    assert params["header_watch"] == brokers["settings"].get("headerWatch", "prefix")
+    assert (render.HEADER_WATCH in config) == ("headerWatch" in brokers["settings"])
     assert params["auto_create_topics"] == brokers["settings"]["autoCreateTopics"]
     assert params["retention_time"] == brokers["settings"]["retentionTimeSeconds"]
     assert params["retention_size"] == brokers["settings"]["retentionBytes"]

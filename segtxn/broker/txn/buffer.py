@@ -188,6 +188,8 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 turn.release()
             if self._appending[txn] == 1:
                 del self._appending[txn]
+                if txn not in self._writes:  # nothing of it here: its outcome changes
+                    self._headers.forget(txn, self._on_header)  # nothing (nor its watch)
             else:
                 self._appending[txn] -= 1
 

@@ -1,30 +1,50 @@
 """The broker's view of transaction headers, kept current by a watch.
 
 Participants learn every outcome from the store, never from the coordinator (PIP-471). A
-broker keeps one cache of the headers its segments care about and one watch on the
-``/txn/`` prefix that keeps the cache current (PIP-471 speaks of one point-watch per cached
-header; a single prefix watch has the same semantics with one stream instead of thousands).
+broker keeps one cache of the headers its segments care about, kept current in one of two
+ways (:class:`HeaderWatch`, the broker's ``--header-watch``):
 
-The watch starts before any header is read, so a change made after a read is always seen;
-events older than what the cache holds are ignored. Listeners registered for a transaction
-are called, on the watch task, with every newer header (or ``None`` once it is deleted).
-If the watch's history is compacted, every watched header is read again, and no store
-error after start-up ends the watch (it is retried): see :meth:`HeaderCache._follow`.
+- ``prefix`` (the default): one watch on the ``/txn/`` prefix. It sees every header change
+  in the cluster, which also lets the first send of a transaction find its header without a
+  read (below), but its work grows with all transactions, not with this broker's.
+- ``scoped``: one point watch per header somebody here listens to, as PIP-471 describes,
+  all on one multiplexed stream (:class:`~segtxn.metastore.points.PointWatches`). A watch
+  starts at the revision its header was read at + 1, and goes when nobody listens any more
+  (the outcome materialized, :meth:`HeaderCache.forget`): the broker's watch work follows
+  its own load. A header nobody listens to is read, never cached.
 
-The watch also sees transactions being opened. The newest :data:`RECENT_OPEN` OPEN headers
-nobody has asked about yet are kept (dropped when the watch reports them ended), so the
-first send of a transaction usually finds its header here instead of reading it: a header
-does not change while OPEN, and a stale one fails the op record's version check anyway.
+In prefix mode the watch starts before any header is read, so a change made after a read
+is always seen; events older than what the cache holds are ignored. Listeners registered
+for a transaction are called, on the watch task, with every newer header (or ``None``
+once it is deleted). If the watch's history is compacted, every watched header is read
+again (in scoped mode, that one header), and no store error after start-up ends the watch
+(it is retried): see :meth:`HeaderCache._follow` and :meth:`HeaderCache._refresh`.
+
+In prefix mode the watch also sees transactions being opened. The newest
+:data:`RECENT_OPEN` OPEN headers nobody has asked about yet are kept (dropped when the
+watch reports them ended), so the first send of a transaction usually finds its header
+here instead of reading it: a header does not change while OPEN, and a stale one fails the
+op record's version check anyway.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from segtxn.metastore import Compacted, EventKind, MetadataStore, StoreClosed, StoreUnavailable
+from segtxn.exposition import Count
+from segtxn.metastore import (
+    Compacted,
+    EventKind,
+    MetadataStore,
+    StoreClosed,
+    StoreUnavailable,
+    WatchEvent,
+)
+from segtxn.metastore.points import PointWatches
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 
@@ -39,6 +59,13 @@ RETRY_MIN_S = 0.01
 """The first pause before asking an unavailable store again (it doubles each time)."""
 
 
+class HeaderWatch(enum.Enum):
+    """How a broker's header cache follows the headers (see the module docstring)."""
+
+    PREFIX = "prefix"
+    SCOPED = "scoped"
+
+
 @dataclass
 class _Entry:
     header: T.TxnHeader | None
@@ -47,8 +74,19 @@ class _Entry:
 
 
 class HeaderCache:
-    def __init__(self, store: MetadataStore) -> None:
+    """The transaction headers this broker's segments follow (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        mode: HeaderWatch = HeaderWatch.PREFIX,
+        events: Count | None = None,
+    ) -> None:
+        """``events``: counts the header changes the watch delivers (the broker's
+        ``segtxn_txn_header_events_total``)."""
         self._store = store
+        self.mode = mode
+        self._events = events if events is not None else Count()
         self._entries: dict[TxnId, _Entry] = {}
         self._listeners: dict[TxnId, set[Listener]] = {}
         self._recent: dict[TxnId, _Entry] = {}
@@ -57,6 +95,26 @@ class HeaderCache:
         """Store reads in flight, shared by everyone asking for the same header."""
         self._task: asyncio.Task[None] | None = None
         self._started = asyncio.Event()
+        self._points: PointWatches | None = (
+            store.point_watches(self._on_point_event, self._on_compacted)
+            if mode is HeaderWatch.SCOPED
+            else None
+        )
+        """Scoped mode: the point watches, one per header in ``_watched``."""
+        self._watched: set[TxnId] = set()
+        self._stale: set[TxnId] = set()
+        """Scoped mode: headers whose watch's history was compacted, to read again."""
+        self._stale_ready = asyncio.Event()
+
+    @property
+    def events_seen(self) -> int:
+        """Header changes this cache's watch has delivered (and decoded) so far."""
+        return self._events.value
+
+    @property
+    def point_watches(self) -> int:
+        """Scoped mode: how many headers are watched now (0 in prefix mode)."""
+        return len(self._watched)
 
     async def start(self) -> None:
         """Start the watch; return once it is established.
@@ -65,6 +123,10 @@ class HeaderCache:
             MetadataStoreError: the watch could not be established (the store did not
                 answer); the watch task has ended.
         """
+        if self._points is not None:
+            await self._points.start()
+            self._task = asyncio.create_task(self._refresh(self._points), name="txn-header-refresh")
+            return
         self._task = asyncio.create_task(self._follow(), name="txn-header-watch")
         started = asyncio.create_task(self._started.wait(), name="txn-header-watch-started")
         try:
@@ -80,6 +142,8 @@ class HeaderCache:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._points is not None:
+            await self._points.close()
 
     async def _follow(self) -> None:
         """Keep the cache current until the store is closed.
@@ -103,13 +167,7 @@ class HeaderCache:
                     self._started.set()
                     pause_s = RETRY_MIN_S
                     async for event in events:
-                        txn = T.txn_of_header_key(event.key)
-                        header = (
-                            T.decode_header(event.record.value)
-                            if event.kind is EventKind.PUT and event.record is not None
-                            else None
-                        )
-                        self._apply(txn, header, event.revision)
+                        self._on_event(event)
                         start = event.revision + 1
             except Compacted:
                 compacted = True
@@ -134,9 +192,84 @@ class HeaderCache:
                 self._apply(txn, T.decode_header(record.value), record.version)
         return revision + 1
 
+    def _on_event(self, event: WatchEvent) -> None:
+        self._events.add(1)
+        txn = T.txn_of_header_key(event.key)
+        header = (
+            T.decode_header(event.record.value)
+            if event.kind is EventKind.PUT and event.record is not None
+            else None
+        )
+        self._apply(txn, header, event.revision)
+
+    # ------------------------------------------------------------------ scoped mode
+
+    def _on_point_event(self, event: WatchEvent) -> None:
+        if T.txn_of_header_key(event.key) in self._watched:
+            self._on_event(event)
+
+    def _on_compacted(self, key: str) -> None:
+        """A header's point watch lost its history (it has ended): read it again."""
+        txn = T.txn_of_header_key(key)
+        if txn in self._watched:
+            self._watched.discard(txn)
+            self._stale.add(txn)
+            self._stale_ready.set()
+
+    async def _refresh(self, points: PointWatches) -> None:
+        """Scoped mode: read again each header whose watch was compacted, and watch it
+        from that read. A store that does not answer is asked again after a pause that
+        grows to the store's ``watch_retry_max_s``; nothing but closing ends this task."""
+        pause_s = RETRY_MIN_S
+        while True:
+            if not self._stale:
+                self._stale_ready.clear()
+                await self._stale_ready.wait()
+                continue
+            txn = next(iter(self._stale))
+            self._stale.discard(txn)  # a compaction of the watch the read opens comes anew
+            try:
+                await self._read_and_watch(points, txn, refresh=True)
+            except StoreClosed:
+                return
+            except StoreUnavailable as e:
+                self._stale.add(txn)
+                log.warning("transaction header %s could not be read again (%s); retrying", txn, e)
+                await asyncio.sleep(pause_s)
+                pause_s = min(pause_s * 2, self._store.settings.watch_retry_max_s)
+                continue
+            pause_s = RETRY_MIN_S
+
+    async def _read_and_watch(
+        self, points: PointWatches, txn: TxnId, *, refresh: bool = False
+    ) -> tuple[T.TxnHeader | None, int]:
+        """Scoped mode: read a header; while somebody listens, cache it and watch it from
+        the revision after the read. ``refresh``: after a compaction, an absent header is
+        recorded at the read's revision so that listeners hear of its deletion."""
+        record, revision = await self._store.get_at(T.header_key(txn))
+        header = None if record is None else T.decode_header(record.value)
+        version = 0 if record is None else record.version
+        if txn not in self._listeners:  # nobody (any more): not cached, not watched
+            return header, version
+        if refresh:
+            self._apply(txn, header, revision if record is None else version)
+        else:
+            entry = self._entries.setdefault(txn, _Entry(None, -1))
+            if entry.version < version or entry.version < 0:
+                self._entries[txn] = _Entry(header, version)
+        if txn not in self._watched:
+            self._watched.add(txn)
+            points.add(T.header_key(txn), revision + 1)
+        entry = self._entries[txn]
+        return entry.header, entry.version
+
+    # ------------------------------------------------------------------ the cache
+
     def _apply(self, txn: TxnId, header: T.TxnHeader | None, version: int) -> None:
         entry = self._entries.get(txn)
         if entry is None:  # nobody here has asked about this transaction (yet)
+            if self._points is not None:
+                return  # scoped: a watch cancelled as this change was on its way
             self._recent.pop(txn, None)
             if header is not None and header.state is TxnState.OPEN:
                 self._recent[txn] = _Entry(header, version)
@@ -170,7 +303,7 @@ class HeaderCache:
         if recent is not None:  # opened lately, as the watch reported: no read needed
             self._entries[txn] = recent
             return recent.header, recent.version
-        if entry is None:
+        if entry is None and self._points is None:  # (scoped: cached only for listeners)
             self._entries[txn] = _Entry(None, -1)
         reading = self._reads.get(txn)
         if reading is None:
@@ -179,6 +312,8 @@ class HeaderCache:
         return await asyncio.shield(reading)
 
     async def _read(self, txn: TxnId) -> tuple[T.TxnHeader | None, int]:
+        if self._points is not None:
+            return await self._read_and_watch(self._points, txn)
         record = await self._store.get(T.header_key(txn))
         entry = self._entries.setdefault(txn, _Entry(None, -1))
         read_version = 0 if record is None else record.version
@@ -204,10 +339,14 @@ class HeaderCache:
         self._entries.setdefault(txn, _Entry(None, -1))
 
     def forget(self, txn: TxnId, listener: Listener) -> None:
-        """Stop calling ``listener``; drop the cached header once nobody listens."""
+        """Stop calling ``listener``; drop the cached header once nobody listens (and, in
+        scoped mode, its point watch)."""
         listeners = self._listeners.get(txn)
         if listeners is not None:
             listeners.discard(listener)
             if not listeners:
                 del self._listeners[txn]
                 self._entries.pop(txn, None)
+                if txn in self._watched and self._points is not None:
+                    self._watched.discard(txn)
+                    self._points.cancel(T.header_key(txn))

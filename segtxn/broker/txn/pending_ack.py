@@ -286,6 +286,8 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         self._ops = ops
         self._records: dict[TxnId, list[_Acks]] = {}
         """Each transaction's acks record here, chunk by chunk (the last one grows)."""
+        self._checking: dict[TxnId, int] = {}
+        """Acks of each transaction between listening to its header and their draft."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._after_save: list[str] = []
@@ -303,14 +305,28 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
     ) -> None:
         """Raises ServerError(TransactionNotFound / TransactionConflict)."""
         self._headers.listen(txn, self._on_header)
-        header, version = await self._headers.get(txn)
-        if header is None:
-            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
-        if header.state is not TxnState.OPEN:
-            raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}")
-        if guard is not None:
-            guard()
-        self._check(txn, positions, cumulative=cumulative)
+        self._checking[txn] = self._checking.get(txn, 0) + 1
+        try:
+            header, version = await self._headers.get(txn)
+            if header is None:
+                raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
+            if header.state is not TxnState.OPEN:
+                raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {header.state}")
+            if guard is not None:
+                guard()
+            self._check(txn, positions, cumulative=cumulative)
+        except BaseException:
+            # An ack that passed these checks has a draft (made with no await after
+            # them): with none, and no other ack of it being checked, nothing of the
+            # transaction is here to materialize (in scoped mode its point watch goes).
+            if self._checking[txn] == 1 and txn not in self._records:
+                self._headers.forget(txn, self._on_header)
+            raise
+        finally:
+            if self._checking[txn] == 1:
+                del self._checking[txn]
+            else:
+                self._checking[txn] -= 1
         draft = self._draft(txn)
         # Checked and reserved with no await in between: a concurrent ack of the same
         # position by another transaction sees the reservation and conflicts.
