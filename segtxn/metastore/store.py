@@ -36,18 +36,13 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import cast
 
 from segtxn.metastore import keys as K
+from segtxn.metastore import ranges
 from segtxn.metastore.cache import ABSENT, KeyCache, Known
 from segtxn.metastore.engine import (
-    MAX_TXN_OPS,
-    Compare,
-    DeleteOp,
     Engine,
     GetOp,
     KeyValue,
-    ModEquals,
-    RangeUnchangedSince,
     RawEvent,
-    TxnOp,
 )
 from segtxn.metastore.engine import EventKind as RawKind
 from segtxn.metastore.errors import InvalidArgument, StoreClosed, StoreUnavailable
@@ -317,57 +312,9 @@ class MetadataStore:
             raw_hi = K.prefix_end(raw_lo)
         else:
             raw_lo, raw_hi = K.check_range(lo, hi)
-        engine = self._engine()
-        deleted = failures = 0
-        while True:
-            result = await engine.range(raw_lo, raw_hi, limit=MAX_TXN_OPS)
-            if not result.kvs:
-                break
-            chosen: list[tuple[KeyValue, list[bytes]]] = []
-            ops = 0
-            for kv in result.kvs:
-                _, indexes = K.unpack_value(kv.value)
-                entries = [K.index_entry_key(n.encode(), ik, kv.key) for n, ik in indexes.items()]
-                if chosen and ops + 1 + len(entries) > MAX_TXN_OPS:
-                    break
-                chosen.append((kv, entries))
-                ops += 1 + len(entries)
-            index_ops: list[TxnOp] = [DeleteOp(e) for _, entries in chosen for e in entries]
-            compares: list[Compare]
-            if not result.more and len(chosen) == len(result.kvs) and len(index_ops) < MAX_TXN_OPS:
-                # the whole range fits in one step
-                compares = [RangeUnchangedSince(raw_lo, raw_hi, result.revision)]
-                success: list[TxnOp] = [DeleteOp(raw_lo, raw_hi), *index_ops]
-            else:
-                compares = [ModEquals(kv.key, kv.mod_revision) for kv, _ in chosen]
-                success = [DeleteOp(kv.key) for kv, _ in chosen] + index_ops
-            txn = await engine.txn(compares, success)
-            if not txn.succeeded:  # something in the range changed under us: read it again
-                failures += 1
-                if failures >= self.settings.max_attempts:
-                    raise StoreUnavailable(
-                        f"delete_range gave up after {failures} attempts lost to writers"
-                    )
-                continue
-            failures = 0
-            for kv, _ in chosen:
-                self._cache.remember(kv.key, ABSENT)
-            deleted += len(chosen)
-        await self._delete_counters(raw_lo, raw_hi)
-        return deleted
-
-    async def _delete_counters(self, lo: bytes, hi: bytes) -> None:
-        """Forget the sequence counters of prefixes whose whole key range is in [lo, hi)."""
-        engine = self._engine()
-        found = await engine.range(K.sequence_counter_key(lo), K.sequence_counter_key(hi))
-        root = len(K.SEQUENCE_ROOT)
-        covered = [kv.key for kv in found.kvs if K.prefix_end(kv.key[root:]) <= hi]
-        for i in range(0, len(covered), MAX_TXN_OPS):
-            chunk = covered[i : i + MAX_TXN_OPS]
-            await engine.txn([], [DeleteOp(k) for k in chunk])
-            for key in chunk:
-                self._cache.counters.pop(key[root:], None)
-                self._cache.known.pop(key, None)
+        return await ranges.delete_range(
+            self._engine(), self._cache, raw_lo, raw_hi, self.settings.max_attempts
+        )
 
     # ================================================================== watches
 
