@@ -27,9 +27,8 @@ import asyncio
 import logging
 import time
 from typing import Any
-from urllib.parse import unquote
 
-from segtxn.broker import gauges, handoff, replication, retire, upkeep
+from segtxn.broker import datacheck, gauges, handoff, replication, retire, upkeep
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import BrokerSettings
@@ -44,7 +43,6 @@ from segtxn.ledger import (
     LogStorage,
     Position,
     WriteFailed,
-    check_files,
 )
 from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
 from segtxn.metastore import (
@@ -58,13 +56,10 @@ from segtxn.metastore import (
 )
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
-from segtxn.topics.catalog import HOMES, HOMES_BY_BROKER, Catalog, NoBrokers, TopicExists
+from segtxn.topics.catalog import Catalog, NoBrokers, TopicExists
 from segtxn.topics.model import PersistentTopic, ScalableTopic
 
 log = logging.getLogger(__name__)
-
-DATA_CHECKS = 16
-"""Ledgers checked at once at start-up (each is a store read and a few stat calls)."""
 
 
 class BrokerService:
@@ -187,7 +182,7 @@ class BrokerService:
                 await self.replica_nodes.start()
             await self.headers.start()
             await self.v4_checks.start()
-            await self._check_data()
+            await datacheck.check_data(self)
             await self._register()
         except BaseException:
             await self.stop()
@@ -198,41 +193,7 @@ class BrokerService:
             self._repair = asyncio.create_task(self.repairer.run(), name="broker-repair")
         self.ready.set()
 
-    async def _check_data(self) -> None:
-        """Refuse (and log) every topic homed here whose ledger files are missing."""
-        listing = await self.store.index_range(HOMES_BY_BROKER, self.broker_id)
-        names = [TopicName.parse(unquote(e.key[len(HOMES) :])) for e in listing.entries]
-        limit = asyncio.Semaphore(DATA_CHECKS)
-
-        async def check(name: TopicName) -> None:
-            async with limit:
-                try:
-                    await check_files(str(name), self.store, self.storage)
-                except LedgerMissing as e:
-                    # a RETIRED segment's files may be gone: its delete was cut short
-                    if not (
-                        name.domain is Domain.SEGMENT
-                        and await retire.is_retired(self.catalog, name)
-                    ):
-                        self._refuse(name, e)
-
-        async with asyncio.TaskGroup() as group:
-            for name in names:
-                group.create_task(check(name), name=f"data-check-{name}")
-        missing = sum(isinstance(e, LedgerMissing) for e in self.refused.values())
-        if missing:
-            log.error(
-                "broker %s: %d of the %d topics and segments homed here have no ledger "
-                "files in %s: the data directory is empty or not this broker's volume. "
-                "They are refused (never recreated empty) and the broker is not ready "
-                "until the volume holding them is mounted or they are restored",
-                self.broker_id,
-                missing,
-                len(names),
-                self.settings.ledger_url,
-            )
-
-    def _refuse(self, name: TopicName, error: LedgerCorrupted) -> str:
+    def refuse(self, name: TopicName, error: LedgerCorrupted) -> str:
         """Note (and log, once per reason) that ``name`` is refused; returns why."""
         previous = self.refused.get(name)
         self.refused[name] = error
@@ -417,7 +378,7 @@ class BrokerService:
             if self.replica_nodes is not None:  # it may have moved while it was loading
                 await handoff.check_still_home(self, topic)
         except LedgerCorrupted as e:
-            raise ServerError(ErrorName.PERSISTENCE, self._refuse(name, e)) from e
+            raise ServerError(ErrorName.PERSISTENCE, self.refuse(name, e)) from e
         except LedgerError as e:
             log.error("loading %s on broker %s failed: %s", name, self.broker_id, e)
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}: {e}") from e

@@ -1,0 +1,62 @@
+"""The start-up check of a broker's data: every topic and segment homed here must find its
+ledger files, or it is refused (never recreated empty).
+
+A broker started on an empty or wrong volume would otherwise serve its topics from nothing
+and lose what they held; refused topics make it unready (``BrokerService.readiness``)
+until the volume is mounted or they are restored. A RETIRED segment is the exception: its
+files may be gone because its delete was cut short (segtxn/broker/retire.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+from segtxn.broker import retire
+from segtxn.ledger import LedgerMissing, check_files
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.topics.catalog import HOMES, HOMES_BY_BROKER
+
+if TYPE_CHECKING:
+    from segtxn.broker.service import BrokerService
+
+log = logging.getLogger(__name__)
+
+DATA_CHECKS = 16
+"""Ledgers checked at once at start-up (each is a store read and a few stat calls)."""
+
+
+async def check_data(service: BrokerService) -> None:
+    """Refuse (and log) every topic homed at ``service`` whose ledger files are missing."""
+    listing = await service.store.index_range(HOMES_BY_BROKER, service.broker_id)
+    names = [TopicName.parse(unquote(e.key[len(HOMES) :])) for e in listing.entries]
+    limit = asyncio.Semaphore(DATA_CHECKS)
+
+    async def check(name: TopicName) -> None:
+        async with limit:
+            try:
+                await check_files(str(name), service.store, service.storage)
+            except LedgerMissing as e:
+                # a RETIRED segment's files may be gone: its delete was cut short
+                if not (
+                    name.domain is Domain.SEGMENT and await retire.is_retired(service.catalog, name)
+                ):
+                    service.refuse(name, e)
+
+    async with asyncio.TaskGroup() as group:
+        for name in names:
+            group.create_task(check(name), name=f"data-check-{name}")
+    missing = sum(isinstance(e, LedgerMissing) for e in service.refused.values())
+    if missing:
+        log.error(
+            "broker %s: %d of the %d topics and segments homed here have no ledger "
+            "files in %s: the data directory is empty or not this broker's volume. "
+            "They are refused (never recreated empty) and the broker is not ready "
+            "until the volume holding them is mounted or they are restored",
+            service.broker_id,
+            missing,
+            len(names),
+            service.settings.ledger_url,
+        )
