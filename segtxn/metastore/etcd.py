@@ -51,78 +51,20 @@ from segtxn.metastore.engine import (
     WatchStream,
 )
 from segtxn.metastore.errors import (
-    Compacted,
     InvalidArgument,
     MetadataStoreError,
     SessionExpired,
     StoreAccessDenied,
     StoreClosed,
-    StoreFull,
     StoreUnavailable,
-    TooLarge,
-    TooManyOperations,
 )
 from segtxn.metastore.etcd_credentials import LiveCredentials
+from segtxn.metastore.etcd_errors import map_grpc_error, token_gone
 from segtxn.metastore.etcd_watch import EtcdWatchMux, confirmed_watch
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
 
 log = logging.getLogger(__name__)
-
-_UNAVAILABLE = {
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.INTERNAL,
-}
-
-
-_TOKEN_GONE = ("invalid auth token", "revision in header is old")
-"""etcd's refusals of a token it no longer knows (expired, another member's, issued before
-a change of users or roles): authenticating again helps."""
-_DENIED = ("authentication failed", "user name is empty", "permission denied")
-
-
-def token_gone(e: grpc.aio.AioRpcError) -> bool:
-    """Whether etcd refused the call's token as one it no longer honours."""
-    details = e.details() or ""
-    return any(text in details for text in _TOKEN_GONE)
-
-
-def map_grpc_error(e: grpc.aio.AioRpcError) -> MetadataStoreError:
-    """Translate an etcd gRPC failure into the store's error tree."""
-    code, details = e.code(), e.details() or ""
-    if token_gone(e):
-        return StoreUnavailable(f"etcd refused the session's token ({details}); it is renewed")
-    if code == grpc.StatusCode.PERMISSION_DENIED or any(text in details for text in _DENIED):
-        hint = (
-            " (etcd has authentication on: give a user and its password)"
-            if "user name is empty" in details
-            else ""
-        )
-        return StoreAccessDenied(f"etcd refused the credentials: {details}{hint}")
-    if "database space exceeded" in details:  # the NOSPACE alarm: until an operator acts
-        return StoreFull(f"etcd refused the write: {details} (its NOSPACE alarm is raised)")
-    if "too many operations" in details:
-        return TooManyOperations(f"etcd refused the transaction: {details}")
-    if "request is too large" in details or (
-        code == grpc.StatusCode.RESOURCE_EXHAUSTED
-        and ("message larger than max" in details or "received message larger" in details)
-    ):
-        return TooLarge(f"etcd refused the request: {details}")
-    if "lease not found" in details:
-        return SessionExpired(f"etcd: {details}")
-    if "compacted" in details:
-        return Compacted(0)
-    if "future revision" in details:
-        return InvalidArgument(f"etcd: {details}")
-    if code in _UNAVAILABLE:
-        return StoreUnavailable(f"etcd did not answer ({code.name}): {details}")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgument(f"etcd refused the request: {details}")
-    return StoreUnavailable(f"etcd failed ({code.name}): {details}")
 
 
 class EtcdEngine(Engine):
