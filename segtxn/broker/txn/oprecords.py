@@ -7,16 +7,17 @@ version it had while OPEN. While a step for a transaction is in flight, the draf
 change meanwhile — from any segment or subscription on this broker — wait, and the next
 step writes each of them once, with whatever it holds by then: a hundred appends in flight
 together cost one or two store steps, not a hundred records (issue 16; bench/peer.py's
-``store w/msg``). A step also waits, up to :data:`APPEND_WAIT_S`, for the appends of its
-transaction still being written on this broker (:meth:`OpRecordWriter.appending`): a
-consume-transform-produce transaction's acks record is ready at once, its writes records
-only once their entries are durable, and without the wait the acks took a step of their
-own and the writes waited for it, two store round trips on every transaction's path instead
-of one (bench/peer.py ``txn 1``). A step is all or nothing, so a failed one fails every
-waiter in it, which is the outcome each would have had alone (the header check is shared);
-a draft whose step failed is **failed for good**: its record may hold less than its
-participant believes (or, after an ambiguous store error, more), so nothing more is ever
-recorded in it and the transaction cannot commit what it would have covered.
+``store w/msg``). A step also waits, up to :data:`APPEND_WAIT_S`, for the runs of appends
+of its transaction that this broker is writing when it begins (not for later ones:
+:meth:`OpRecordWriter.appending`): a consume-transform-produce transaction's acks record is
+ready at once, its writes records only once their entries are durable, and without the
+wait the acks took a step of their own and the writes waited for it, two store round trips
+on every transaction's path instead of one (bench/peer.py ``txn 1``). A step is all or
+nothing, so a failed one fails every waiter in it, which is the outcome each would have had
+alone (the header check is shared); a draft whose step failed is **failed for good**: its
+record may hold less than its participant believes (or, after an ambiguous store error,
+more), so nothing more is ever recorded in it and the transaction cannot commit what it
+would have covered.
 
 Clean-up after outcomes goes through the same writer, batched across the broker: what a
 segment or subscription hands to :meth:`OpRecordWriter.clean` (index entries and a
