@@ -11,8 +11,7 @@ import aiohttp
 import pytest
 
 from segtxn.broker.txn.headers import HeaderCache, HeaderWatch
-from segtxn.client import Client, Message, ServerError
-from segtxn.client.consumer import Consumer
+from segtxn.client import Client, ServerError
 from segtxn.ledger import Position
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName
@@ -21,6 +20,7 @@ from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 from tests.cluster import Cluster
+from tests.txn.test_v5 import nothing_arrives, take
 from tests.waiting import wait_until
 from tests.wsframes import next_frame
 
@@ -37,20 +37,6 @@ def header_watch() -> HeaderWatch:
 
 def headers_of(cluster: Cluster) -> HeaderCache:
     return cluster.broker.service.headers
-
-
-async def nothing_arrives(consumer: Consumer) -> None:
-    with pytest.raises(TimeoutError):
-        await consumer.receive(timeout_s=0.3)  # bounded absence check
-
-
-async def take(consumer: Consumer, n: int) -> list[Message]:
-    out = []
-    for _ in range(n):
-        message = await consumer.receive(timeout_s=10)
-        out.append(message)
-        await consumer.acknowledge(message)
-    return out
 
 
 async def test_outcomes_reach_every_segment_and_the_watches_go(
