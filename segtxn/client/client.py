@@ -55,9 +55,10 @@ class Client:
             negative acks, transactions' start/commit/abort, admin calls, closing.
         request_timeout_s: one attempt of a retried call (a lookup, a WebSocket handshake,
             a coordinator call) before it is tried again, on the next URL if there is one.
-        prestart_transactions: open the next transaction in the background whenever one
-            starts, so a loop of transactions spends no round trip on NEW_TXN
-            (segtxn/client/transaction.py; its unused last one is aborted at close).
+        prestart_transactions: open transactions ahead in the background, in batches
+            that grow with use, so a loop of transactions spends no round trip on NEW_TXN
+            and a fraction of one store write each (segtxn/client/prestart.py; those left
+            unused are aborted at close).
         token: for a cluster with security on, a signed token (JWT) sent as
             ``Authorization: Bearer`` on every request and WebSocket upgrade
             (docs/security.md), or where to get one: a :class:`~pathlib.Path` to a file

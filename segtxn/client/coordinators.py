@@ -1,43 +1,26 @@
 """Reaching the transaction coordinators: finding them through any broker, failing over
-between them within a call's limit, and pre-starting transactions when asked to.
-
-Pre-started transactions (``Client(prestart_transactions=True)``): each NEW_TXN also opens
-the next transaction in the background (same protocol and timeout), so the next ``start``
-usually costs no round trip. A pre-started transaction is used only if it opened less than
-:data:`PRESTART_MAX_AGE_S` before (its timeout runs from its opening, so it is at most
-that much shorter); an older one, and the one left when the client closes, are aborted.
+between them within a call's limit, and pre-starting transactions when asked to
+(:mod:`segtxn.client.prestart`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
-from dataclasses import dataclass
 from typing import Any
 
-from segtxn import tracing
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientError
+from segtxn.client.prestart import MAX_BATCH, Opened, Spares
 from segtxn.client.timeouts import Deadline, retrying
 from segtxn.protocol.errors import ErrorCategory, ServerError, ServiceNotReady
 from segtxn.protocol.txn import TxnAction, TxnId
 
-__all__ = ["PRESTART_MAX_AGE_S", "Coordinators"]
+__all__ = ["Coordinators"]
 
 log = logging.getLogger(__name__)
-
-PRESTART_MAX_AGE_S = 1.0
-"""A pre-started transaction older than this is aborted instead of used."""
-
-
-@dataclass(frozen=True)
-class _Opened:
-    txn: TxnId
-    url: str
-    """The coordinator that opened it: END_TXN goes there first (it needs no read there)."""
-    at: float
-    """Event-loop time of the opening."""
 
 
 class Coordinators:
@@ -49,7 +32,7 @@ class Coordinators:
         self._urls: list[str] = []
         self._next = itertools.count()
         self._prestart = prestart
-        self._spares: dict[tuple[str, float], asyncio.Task[_Opened]] = {}
+        self._spares: dict[tuple[str, float], Spares] = {}
         self._aborting: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -122,41 +105,49 @@ class Coordinators:
             category=category,
         )
 
-    async def open(self, protocol: str, timeout_s: float, deadline: Deadline) -> _Opened:
-        """NEW_TXN, or the pre-started transaction when there is a fresh one (and, when
-        pre-starting, the next one begins opening now).
+    async def open(self, protocol: str, timeout_s: float, deadline: Deadline) -> Opened:
+        """NEW_TXN, or a pre-started transaction when there is a fresh one.
 
         Raises ServerError / Timeout (see :meth:`call`).
         """
-        key = (protocol, timeout_s)
-        spare = self._spares.pop(key, None)
         if self._prestart and not self._closed:
-            with tracing.detached():  # the next transaction's, not this one's
-                self._spares[key] = asyncio.create_task(
-                    self._open(protocol, timeout_s, Deadline(self.operation_timeout_s)),
-                    name="txn-prestart",
+            key = (protocol, timeout_s)
+            spares = self._spares.get(key)
+            if spares is None:
+                spares = self._spares[key] = Spares(
+                    functools.partial(self._open_batch, protocol, timeout_s),
+                    self._abort_soon,
+                    max_batch=MAX_BATCH if protocol == "v5" else 1,
                 )
-        if spare is not None:
-            try:
-                async with deadline.timeout():
-                    opened = await asyncio.shield(spare)
-            except Exception as e:  # a failed or late spare: open one the usual way
-                log.debug("pre-started transaction not available (%s)", e)
-                spare.add_done_callback(self._abort_unused)
-            else:
-                if asyncio.get_running_loop().time() - opened.at <= PRESTART_MAX_AGE_S:
-                    return opened
-                self._abort_soon(opened)
+            spare = await spares.take(deadline)
+            if spare is not None:
+                return spare
         return await self._open(protocol, timeout_s, deadline)
 
-    async def _open(self, protocol: str, timeout_s: float, deadline: Deadline) -> _Opened:
+    async def _open_batch(self, protocol: str, timeout_s: float, count: int) -> list[Opened]:
+        """``count`` transactions opened ahead, in one NEW_TXN call."""
+        deadline = Deadline(self.operation_timeout_s)
+        if count == 1:
+            return [await self._open(protocol, timeout_s, deadline)]
+        reply, url = await self._call(
+            "POST",
+            "/txn/v2/new",
+            deadline=deadline,
+            params={"timeout_s": str(timeout_s), "protocol": protocol, "count": str(count)},
+        )
+        at = asyncio.get_running_loop().time()
+        # (a coordinator that predates count answers with one transaction)
+        opened = reply.get("transactions", [reply])
+        return [Opened(TxnId.parse(item["txnId"]), url, at) for item in opened]
+
+    async def _open(self, protocol: str, timeout_s: float, deadline: Deadline) -> Opened:
         reply, url = await self._call(
             "POST",
             "/txn/v2/new",
             deadline=deadline,
             params={"timeout_s": str(timeout_s), "protocol": protocol},
         )
-        return _Opened(TxnId.parse(reply["txnId"]), url, asyncio.get_running_loop().time())
+        return Opened(TxnId.parse(reply["txnId"]), url, asyncio.get_running_loop().time())
 
     async def end(self, txn: TxnId, action: TxnAction, deadline: Deadline, url: str | None) -> None:
         """END_TXN, at ``url`` first (where it was opened) when given."""
@@ -173,16 +164,12 @@ class Coordinators:
             params={"action": action.value},
         )
 
-    def _abort_unused(self, spare: asyncio.Task[_Opened]) -> None:
-        if not spare.cancelled() and spare.exception() is None:
-            self._abort_soon(spare.result())
-
-    def _abort_soon(self, opened: _Opened) -> None:
+    def _abort_soon(self, opened: Opened) -> None:
         task = asyncio.create_task(self._abort_spare(opened), name="txn-prestart-abort")
         self._aborting.add(task)
         task.add_done_callback(self._aborting.discard)
 
-    async def _abort_spare(self, opened: _Opened) -> None:
+    async def _abort_spare(self, opened: Opened) -> None:
         try:
             deadline = Deadline(self.operation_timeout_s)
             await self.end(opened.txn, TxnAction.ABORT, deadline, opened.url)
@@ -193,7 +180,7 @@ class Coordinators:
         """Abort the pre-started transactions (best effort: unused, they time out anyway)."""
         self._closed = True
         spares, self._spares = list(self._spares.values()), {}
-        for opened in await asyncio.gather(*spares, return_exceptions=True):
-            if isinstance(opened, _Opened):
+        for left in await asyncio.gather(*(s.close() for s in spares)):
+            for opened in left:
                 self._abort_soon(opened)
         await asyncio.gather(*self._aborting, return_exceptions=True)

@@ -3,6 +3,7 @@
 | wire command | HTTP |
 | --- | --- |
 | NEW_TXN | ``POST /txn/v2/new?timeout_s=[&protocol=v4]`` -> ``{"txnId": "MOST:LEAST", ...}`` |
+| NEW_TXN x N (v5) | ``POST /txn/v2/new?timeout_s=&count=N`` -> ``{"transactions": [...]}`` |
 | ADD_PARTITION_TO_TXN | ``POST /txn/v2/{txn}/partitions`` body ``{"topics": [...]}`` |
 | ADD_SUBSCRIPTION_TO_TXN | ``POST /txn/v2/{txn}/subscriptions`` body ``{..., "subscription": S}`` |
 | END_TXN | ``POST /txn/v2/{txn}/end?action=COMMIT|ABORT`` |
@@ -46,6 +47,7 @@ from segtxn.metastore import (
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import (
     MAX_LIST_LIMIT,
+    MAX_NEW_TXNS,
     MAX_REQUEST_BYTES,
     MAX_TOPICS_PER_CALL,
     parse_int,
@@ -226,17 +228,24 @@ async def new_txn(request: web.Request) -> web.StreamResponse:
     except ValueError as e:
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"timeout_s: {e}") from e
     protocol = request.query.get("protocol", "v5")
+    given = request.query.get("count")
+    count = None if given is None else parse_int(given, "count", lo=1, hi=MAX_NEW_TXNS)
     principal = principal_of(request)
     owner = None if principal is None else principal.role
     if protocol == "v4":
+        if count is not None:
+            raise ServerError(ErrorName.INVALID_ARGUMENT, "count: v5 transactions only")
         _, meta = await request.app[V4].new_txn(timeout_s, owner)
         tracing.annotate({"segtxn.txn.id": str(TxnId(*meta.txn))})
         return web.json_response(_v4_meta(meta))
     if protocol != "v5":
         raise ServerError(ErrorName.INVALID_ARGUMENT, "protocol: v4 or v5")
-    txn, header = await request.app[COORDINATOR].new_txn(timeout_s, owner)
-    tracing.annotate({"segtxn.txn.id": str(txn)})
-    return web.json_response(_header(txn, header))
+    if count is None:
+        txn, header = await request.app[COORDINATOR].new_txn(timeout_s, owner)
+        tracing.annotate({"segtxn.txn.id": str(txn)})
+        return web.json_response(_header(txn, header))
+    opened = await request.app[COORDINATOR].new_txns(count, timeout_s, owner)
+    return web.json_response({"transactions": [_header(txn, header) for txn, header in opened]})
 
 
 @_errors

@@ -48,6 +48,7 @@ from segtxn.metastore import (
 )
 from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.limits import MAX_NEW_TXNS
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import V5_COORDINATOR_BASE, TxnAction, TxnId, TxnState
 from segtxn.topics import transactions as T
@@ -211,6 +212,24 @@ class CoordinatorV5:
             ServerError(InvalidArgument): a timeout outside (0, max_timeout_s].
             ServerError(ServiceNotReady): this process holds no coordinator id.
         """
+        (opened,) = await self.new_txns(1, timeout_s, owner)
+        return opened
+
+    async def new_txns(
+        self, count: int, timeout_s: float | None = None, owner: str | None = None
+    ) -> list[tuple[TxnId, T.TxnHeader]]:
+        """Create ``count`` OPEN transactions (as :meth:`new_txn`) in one store step: a
+        client that pre-starts transactions gets several for one round trip and one write.
+
+        Raises:
+            ServerError(InvalidArgument): a count outside [1, MAX_NEW_TXNS], or a timeout
+                outside (0, max_timeout_s].
+            ServerError(ServiceNotReady): this process holds no coordinator id.
+        """
+        if not 1 <= count <= MAX_NEW_TXNS:
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT, f"count must be in [1, {MAX_NEW_TXNS}], not {count}"
+            )
         timeout = self.settings.default_timeout_s if timeout_s is None else timeout_s
         if not 0 < timeout <= self.settings.max_timeout_s:
             raise ServerError(
@@ -218,21 +237,25 @@ class CoordinatorV5:
                 f"timeout must be in (0, {self.settings.max_timeout_s}] seconds, not {timeout}",
             )
         coordinator_id, held = self._pick()
-        least = await self._next_least(coordinator_id, held)
-        txn = TxnId(coordinator_id, least)
         now_ms = int(time.time() * 1000)
         header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms, owner=owner)
+        txns = [TxnId(coordinator_id, await self._next_least(coordinator_id, held))]
+        while len(txns) < count:
+            txns.append(TxnId(coordinator_id, await self._next_least(coordinator_id, held)))
         election_key = held.leadership.election.key
         try:
             written = await self.store.commit(
                 [
                     Check(election_key, held.leadership.token),  # fencing
-                    Put(
-                        T.header_key(txn),
-                        T.encode(header),
-                        expected_version=MUST_NOT_EXIST,
-                        partition_key=txn.key,
-                        indexes=T.header_indexes(header),
+                    *(
+                        Put(
+                            T.header_key(txn),
+                            T.encode(header),
+                            expected_version=MUST_NOT_EXIST,
+                            partition_key=txn.key,
+                            indexes=T.header_indexes(header),
+                        )
+                        for txn in txns
                     ),
                 ]
             )
@@ -242,12 +265,12 @@ class CoordinatorV5:
                     ErrorName.SERVICE_NOT_READY, f"lost coordinator id {coordinator_id:x}"
                 ) from e
             raise
-        record = written[1]
-        if record is not None:
-            self._created[txn] = (header, record.version)
-        self.counters["opened"] += 1
-        log.debug("txn %s: opened (timeout %g s)", txn, timeout)
-        return txn, header
+        for txn, record in zip(txns, written[1:], strict=True):
+            if record is not None:
+                self._created[txn] = (header, record.version)
+            log.debug("txn %s: opened (timeout %g s)", txn, timeout)
+        self.counters["opened"] += count
+        return [(txn, header) for txn in txns]
 
     def _pick(self) -> tuple[int, _Held]:
         ids = sorted(self.held)

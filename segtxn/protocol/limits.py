@@ -84,6 +84,9 @@ MAX_LIST_LIMIT = 10_000
 """``limit`` of a listing (``GET /txn/v2/open``)."""
 MAX_TOPICS_PER_CALL = 1000
 """Topics in one ADD_PARTITION / ADD_SUBSCRIPTION call."""
+MAX_NEW_TXNS = 16
+"""``count`` of one NEW_TXN (v5): its headers go in one store step, with their index
+entries and the fencing check well within etcd's 128 operations."""
 MAX_TXN_PARTICIPANTS = 1000
 """Partitions plus subscriptions of one v4 transaction (its whole metadata is logged at
 each change, and END_TXN fans out to each)."""
