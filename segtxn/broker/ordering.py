@@ -70,21 +70,16 @@ class Turn:
         if not self._mine.done():
             self._mine.set_result(None)
 
-    async def enqueue(
-        self,
-        ledger: ManagedLedger,
-        payload: bytes,
-        placed: asyncio.Future[Position] | None = None,
-    ) -> asyncio.Future[Position]:
+    async def enqueue(self, ledger: ManagedLedger, payload: bytes) -> asyncio.Future[Position]:
         """Wait for this turn, queue ``payload`` on ``ledger``, and pass the turn on
         (whether or not the ledger took the entry).
 
         Returns:
-            The entry's position, once it is durable (``placed``: as ``ManagedLedger.enqueue``).
+            The entry's position, once it is durable (see ``ManagedLedger.enqueue``).
         """
         await self.wait()
         try:
-            return await ledger.enqueue(payload, placed)
+            return await ledger.enqueue(payload)
         finally:
             self.release()
 

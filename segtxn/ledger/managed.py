@@ -67,7 +67,7 @@ from segtxn.ledger.retention import (
     closed_ledgers,
     deletable,
 )
-from segtxn.ledger.writer import GroupCommit, Placed, WriteStats
+from segtxn.ledger.writer import GroupCommit, WriteStats
 from segtxn.metastore import MetadataStore, NotFound
 
 __all__ = [  # the metadata names are re-exported for modules that import them from here
@@ -185,9 +185,7 @@ class ManagedLedger(LedgerReads):
         # the entry is written even if the caller stops waiting for it
         return await asyncio.shield(written)
 
-    async def enqueue(
-        self, payload: bytes, placed: asyncio.Future[Position] | None = None
-    ) -> asyncio.Future[Position]:
+    async def enqueue(self, payload: bytes) -> asyncio.Future[Position]:
         """Queue one entry; returns once it holds its place in the write queue.
 
         Entries are written in the order they were queued: callers that must keep an order
@@ -197,13 +195,6 @@ class ManagedLedger(LedgerReads):
         with ``LedgerError`` if the write fails; the entry is written whether or not anyone
         awaits it.
 
-        ``placed``, if given, resolves to the position chosen for the entry when its write
-        begins (or fails as the write does), so that a caller can record where the entry
-        goes while it is being made durable. That position is never given to another entry,
-        but the entry may still not be there: its write may fail, a crash may cut it off,
-        or the write may move it to the next ledger (the durable position, resolved by the
-        returned future, then differs).
-
         Raises:
             LedgerSealed, EntryTooLarge, LedgerClosed, LedgerError: as :meth:`append`.
         """
@@ -212,7 +203,7 @@ class ManagedLedger(LedgerReads):
             raise EntryTooLarge(
                 f"entry of {len(payload)} bytes exceeds {self.settings.max_entry_bytes}"
             )
-        return await self._writer.enqueue(payload, self._check_writable, placed)
+        return await self._writer.enqueue(payload, self._check_writable)
 
     def _check_writable(self) -> None:
         if self._closing:
@@ -225,11 +216,9 @@ class ManagedLedger(LedgerReads):
                 self._writer.failure,
             )
 
-    async def _write(self, batch: list[bytes], placed: Placed) -> list[Position]:
+    async def _write(self, batch: list[bytes]) -> list[Position]:
         """The group-commit writer's one write: durable (and marked acknowledged) when
-        this returns, rolling over to a new ledger first if the current one is full.
-        ``placed`` hears the positions before the I/O begins (ids are never reused: a failed
-        write stops the writer, and reopening starts a fresh ledger)."""
+        this returns, rolling over to a new ledger first if the current one is full."""
         async with self._write_lock:
             current = self._current
             if current is None:  # only a sealed ledger has no current log: it queues nothing
@@ -238,7 +227,6 @@ class ManagedLedger(LedgerReads):
                 current.wants_rollover or current.size_bytes() >= self.settings.max_ledger_bytes
             ):
                 current = await self._roll_over(current)
-            placed([Position(current.ledger_id, current.count + i) for i in range(len(batch))])
             try:
                 await current.append_batch_async(batch)
             except LedgerUnwritable as e:  # closed at what it acknowledged; the next one

@@ -15,7 +15,6 @@ that failed half-way leaves the file in a state only recovery may judge).
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -28,12 +27,8 @@ from segtxn.ledger.records import ENTRY_OVERHEAD
 
 log = logging.getLogger(__name__)
 
-Placed = Callable[[list[Position]], None]
-WriteBatch = Callable[[list[bytes], Placed], Awaitable[list[Position]]]
-"""Writes a batch durably (and marks it acknowledged); returns the entries' positions. It
-calls its second argument with those positions once they are chosen, before the write
-begins (the write may still move the batch to the next ledger: the positions it returns
-are then others)."""
+WriteBatch = Callable[[list[bytes]], Awaitable[list[Position]]]
+"""Writes a batch durably (and marks it acknowledged); returns the entries' positions."""
 
 
 @dataclass
@@ -54,7 +49,6 @@ class WriteStats:
 class _Pending:
     payload: bytes
     done: asyncio.Future[Position]
-    placed: asyncio.Future[Position] | None
 
 
 class GroupCommit:
@@ -85,17 +79,11 @@ class GroupCommit:
         """The write that stopped the writer (None while it runs)."""
         self._task = asyncio.create_task(self._run(), name=f"ledger-writer-{name}")
 
-    async def enqueue(
-        self,
-        payload: bytes,
-        check: Callable[[], None],
-        placed: asyncio.Future[Position] | None = None,
-    ) -> asyncio.Future[Position]:
+    async def enqueue(self, payload: bytes, check: Callable[[], None]) -> asyncio.Future[Position]:
         """Queue ``payload`` once there is room; ``check`` raises if the ledger no longer
-        takes appends (called before and after any wait for room). ``placed``: resolved
-        with the entry's position when its write begins (see ``ManagedLedger.enqueue``)."""
+        takes appends (called before and after any wait for room)."""
         if self._admitting == 0 and self._has_room(len(payload)):
-            return self._push(payload, placed)  # nobody waits for room: no lock to take
+            return self._push(payload)  # nobody waits for room: no lock to take
         self._admitting += 1
         try:
             async with self._admission:  # FIFO: a waiting append is never overtaken
@@ -103,17 +91,15 @@ class GroupCommit:
                     self._drained.clear()
                     await self._drained.wait()
                     check()
-                return self._push(payload, placed)
+                return self._push(payload)
         finally:
             self._admitting -= 1
 
     def _has_room(self, size: int) -> bool:
         return not self._queue or self._queued_bytes + size <= self._settings.max_pending_bytes
 
-    def _push(
-        self, payload: bytes, placed: asyncio.Future[Position] | None
-    ) -> asyncio.Future[Position]:
-        pending = _Pending(payload, asyncio.get_running_loop().create_future(), placed)
+    def _push(self, payload: bytes) -> asyncio.Future[Position]:
+        pending = _Pending(payload, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._queued_bytes += len(payload)
         self.idle.clear()
@@ -134,9 +120,7 @@ class GroupCommit:
                 self.idle.set()
                 continue
             try:
-                positions = await self._write(
-                    [p.payload for p in batch], functools.partial(_place, batch)
-                )
+                positions = await self._write([p.payload for p in batch])
             except Exception as e:
                 self._fail(batch, e)
                 return
@@ -154,8 +138,6 @@ class GroupCommit:
         for pending in [*batch, *self._queue]:
             if not pending.done.done():
                 pending.done.set_exception(failed)
-            if pending.placed is not None and not pending.placed.done():
-                pending.placed.set_exception(failed)
         self._queue.clear()
         self._queued_bytes = 0
         self._drained.set()
@@ -183,9 +165,3 @@ class GroupCommit:
     async def close(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
-
-
-def _place(batch: list[_Pending], positions: list[Position]) -> None:
-    for pending, position in zip(batch, positions, strict=True):
-        if pending.placed is not None and not pending.placed.done():
-            pending.placed.set_result(position)

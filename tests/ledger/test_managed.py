@@ -17,7 +17,6 @@ from segtxn.ledger import (
     LogStorage,
     Position,
 )
-from segtxn.ledger.errors import LedgerUnwritable
 from segtxn.ledger.managed import METADATA_PREFIX
 from segtxn.metastore import MetadataStore
 from tests.ledger.conftest import OpenLedger
@@ -299,75 +298,3 @@ async def test_readers_learn_of_a_failed_write(open_ledger: OpenLedger) -> None:
         await ledger.append(b"x")
     with pytest.raises(LedgerError, match="failed a write"):
         await asyncio.wait_for(waiter, 5)
-
-
-async def test_placed_gives_the_position_before_the_write_is_durable(
-    open_ledger: OpenLedger,
-) -> None:
-    """``placed`` resolves while the write is still held, to the position the write then
-    gets; when the write moves to the next ledger the durable position differs; when it
-    fails, ``placed`` (if not yet resolved) fails too, and the position is never given again."""
-    ledger = await open_ledger()
-    await ledger.append(b"first")
-    current = ledger._current
-    assert current is not None
-    gate = threading.Event()
-    original = current.append_batch
-    calls = 0
-
-    def held(payloads: Sequence[bytes]) -> None:
-        nonlocal calls
-        calls += 1
-        gate.wait(10)
-        if calls == 2:
-            raise LedgerUnwritable("too few replicas answered (test)")
-        original(payloads)
-
-    current.append_batch = held  # type: ignore[method-assign]
-    try:
-        placed = asyncio.get_running_loop().create_future()
-        written = await ledger.enqueue(b"p", placed)
-        chosen = await asyncio.wait_for(placed, 10)
-        assert not written.done()
-        assert ledger.last_confirmed == Position(chosen.ledger_id, chosen.entry_id - 1)
-    finally:
-        gate.set()
-    assert await written == chosen
-    gate.clear()
-    moving = asyncio.get_running_loop().create_future()
-    moved = await ledger.enqueue(b"m", moving)
-    first_choice = await asyncio.wait_for(moving, 10)
-    gate.set()
-    durable = await moved
-    assert durable.ledger_id > first_choice.ledger_id  # written to the next ledger
-    assert [e.payload for e in await ledger.read(durable)] == [b"m"]
-
-
-async def test_placed_fails_for_entries_queued_behind_a_failed_write(
-    open_ledger: OpenLedger,
-) -> None:
-    ledger = await open_ledger()
-    await ledger.append(b"ok")
-    current = ledger._current
-    assert current is not None
-    gate = threading.Event()
-
-    def broken(payloads: object) -> None:
-        gate.wait(10)
-        raise OSError(5, "Input/output error")
-
-    current.append_batch = broken  # type: ignore[method-assign]
-    loop = asyncio.get_running_loop()
-    try:
-        first, behind = loop.create_future(), loop.create_future()
-        failing = await ledger.enqueue(b"x", first)
-        await asyncio.wait_for(first, 10)  # its write began (and is held)
-        queued = await ledger.enqueue(b"y", behind)
-        assert not behind.done()  # waits for the next batch
-    finally:
-        gate.set()
-    for write in (failing, queued):
-        with pytest.raises(LedgerError):
-            await write
-    with pytest.raises(LedgerError):
-        await behind  # never placed: nobody waits for it forever

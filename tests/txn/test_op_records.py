@@ -26,7 +26,6 @@ from segtxn.client import (
 from segtxn.client.consumer import Consumer
 from segtxn.client.transaction import Transaction
 from segtxn.ledger import Position
-from segtxn.ledger.writer import Placed
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
@@ -255,10 +254,10 @@ async def _holding_appends(
     original = writer._write
     parked, gate = asyncio.Event(), asyncio.Event()
 
-    async def held(batch: list[bytes], placed: Placed) -> list[Position]:
+    async def held(batch: list[bytes]) -> list[Position]:
         parked.set()
         await gate.wait()
-        return await original(batch, placed)
+        return await original(batch)
 
     writer._write = held
     try:

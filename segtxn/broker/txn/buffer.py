@@ -5,24 +5,18 @@ A transactional send is one ledger append, then the transaction's writes record 
 (``/txn-op/<txn>/w/<segment>``, indexed ``writes-by-segment``) must cover it; outcomes come
 from the header cache. Beyond the PIP (docs/architecture.md, docs/design-notes.md):
 
-- **Record while appending** (the PIP records after the append; issue 16). Invariant: *an
-  entry is visible only if a writes record covering its position landed while its
-  transaction was OPEN, the entry's position was chosen before that record's header check,
-  and the transaction committed.* A record's range ``first..last`` is written as soon as the
-  ledger has chosen its entries' positions, while they are synced (a send is answered once
-  both are done). Positions are chosen in queue order and never given twice (a failed
-  write stops the ledger, and reopening it starts a fresh one), so a landed range holds
-  only entries placed before its check; it may also cover a position whose write then
-  failed or a crash cut off, which holds nothing. An append at or before the ``last`` of
-  a record that already landed is covered without a store write; any other (or one whose
-  write moved to the next ledger) is covered by the next rewrite of the record, which
-  carries every position chosen meanwhile. If the rewrite fails (the transaction ended
-  meanwhile, or the store failed) the entry is an **orphan**: it is recorded at
-  ``/txn-orphans/<segment>/<position>`` before the send fails, and never shown; the record
-  is never extended again. After a crash between the two steps, recovery scans the
-  unresolved tail (from the durable watermark) and records every transactional entry
-  outside its transaction's range as an orphan. Until an append's record is settled, the
-  read horizon stays before it.
+- **Append, then record** (the PIP's order). Invariant: *an entry is visible only if a
+  writes record covering it landed while its transaction was OPEN, and the transaction
+  committed.* The record holds a range ``first..last``: an append at or before the ``last``
+  of a record that already landed is covered without a store write (it was appended before
+  that record's header check); any other is covered by the next rewrite of the record,
+  which carries every append that completed meanwhile. If the rewrite fails (the
+  transaction ended meanwhile, or the store failed) the entry is an **orphan**: it is
+  recorded at ``/txn-orphans/<segment>/<position>`` before the send fails, and never
+  shown; the record is never extended again. After a crash between the two steps, recovery
+  scans the unresolved tail (from the durable watermark) and records every transactional
+  entry outside its transaction's range as an orphan. Until an append's record is settled,
+  the read horizon stays before it.
 - **Outcomes outlive headers.** An abort is recorded at ``/txn-aborted/<segment>/<txn>``
   when it is materialized; the **resolved watermark** (``/txn-buffer/<segment>``) is the
   horizon up to which every entry is decided. A writes record is deleted only once the
@@ -43,6 +37,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from segtxn.broker.entry import decode_entry
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.spans import materialization_span
@@ -58,7 +53,6 @@ from segtxn.broker.txn.buffer_records import (
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.oprecords import AppendInFlight, OpRecordWriter
 from segtxn.broker.txn.orphans import Orphans
-from segtxn.broker.txn.queued import QueuedEntry, all_placed, chosen_position, settled
 from segtxn.broker.txn.visibility import OpenTransactions, TransactionBuffer
 from segtxn.ledger import LedgerError, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
@@ -67,6 +61,15 @@ from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
+
+
+def _settled(outcome: asyncio.Future[Position] | BaseException) -> Position | BaseException:
+    """A queued write's position, or what it failed with."""
+    if not isinstance(outcome, asyncio.Future):
+        return outcome
+    if outcome.cancelled():
+        return LedgerError("the write was cancelled")
+    return outcome.exception() or outcome.result()
 
 
 class MetadataTransactionBuffer(TransactionBuffer):
@@ -197,7 +200,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         if header is None:
             missing = ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
             return [missing] * len(entries)
-        outcomes: list[QueuedEntry | BaseException] = []
+        outcomes: list[asyncio.Future[Position] | BaseException] = []
         floor: Position | None = None
         appended = self._ops.appending(txn)  # its steps wait for these writes' record
         try:
@@ -217,14 +220,12 @@ class MetadataTransactionBuffer(TransactionBuffer):
                     if floor is None:
                         floor = self._ledger.last_confirmed or Position(0, -1)
                         self._floors.append(floor)
-                    placed = asyncio.get_running_loop().create_future()
                     try:
-                        written = await turn.enqueue(self._ledger, payload, placed)
-                        outcomes.append(QueuedEntry(placed, written))
+                        outcomes.append(await turn.enqueue(self._ledger, payload))
                     except (LedgerError, ServerError) as e:
                         outcomes.append(e)
             except asyncio.CancelledError:
-                if not any(isinstance(o, QueuedEntry) for o in outcomes):
+                if not any(isinstance(o, asyncio.Future) for o in outcomes):
                     raise  # nothing queued: all given up
                 stopped = ServerError(ErrorName.SERVICE_NOT_READY, "stopped before it was stored")
                 outcomes += [stopped] * (len(entries) - len(outcomes))
@@ -249,40 +250,22 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self,
         txn: TxnId,
         version: int,
-        outcomes: list[QueuedEntry | BaseException],
+        outcomes: list[asyncio.Future[Position] | BaseException],
         appended: AppendInFlight,
     ) -> list[Position | BaseException]:
-        """Have one record cover the queued entries, written while they are being made
-        durable (from when their positions are chosen: the store step and the sync overlap),
-        then settle each one: stored, an orphan (the record failed), or failed as its
-        write did. An entry whose durable position is not the chosen one (its write moved
-        to the next ledger) is recorded after its write. ``appended`` ends once the first
-        record is queued (or nothing is to be recorded)."""
+        """Await the queued writes, then have one record cover them (or orphan them all);
+        ``appended`` ends once that record is queued (or nothing is to be recorded)."""
         try:
-            queued = [o for o in outcomes if isinstance(o, QueuedEntry)]
-            if not queued:
-                return [settled(o) for o in outcomes]
-            await all_placed(queued)
-            chosen = [p for q in queued if (p := chosen_position(q)) is not None]
-            recording = (
-                asyncio.ensure_future(self._record(txn, version, chosen, appended))
-                if chosen
-                else None
-            )
-            await asyncio.wait([q.written for q in queued])
-            positions = [settled(o) for o in outcomes]
+            written = [o for o in outcomes if isinstance(o, asyncio.Future)]
+            if written:
+                await asyncio.wait(written)
+            positions = [_settled(o) for o in outcomes]
             stored = [p for p in positions if isinstance(p, Position)]
+            if not stored:
+                return positions
             try:
-                if recording is not None:
-                    await recording
-                placed = set(chosen)
-                elsewhere = [p for p in stored if p not in placed]
-                if elsewhere:
-                    await self._record(txn, version, elsewhere, appended)
+                await self._record(txn, version, stored, appended)
             except ServerError as e:
-                self._keep_cleaning(txn, chosen)
-                if not stored:
-                    return positions
                 try:
                     await self._orphans.add_all(txn, stored)
                 finally:
@@ -293,23 +276,13 @@ class MetadataTransactionBuffer(TransactionBuffer):
             appended.end()
         for position in stored:
             self._track(txn, position)
-        self._keep_cleaning(txn, chosen)
         return positions
-
-    def _keep_cleaning(self, txn: TxnId, chosen: list[Position]) -> None:
-        """A record that landed for entries none of which is tracked here (their writes or
-        a later record failed) is cleaned like one recovery finds: by its range."""
-        draft = self._records.get(txn)
-        if draft is not None and draft.durable is not None and txn not in self._writes:
-            for position in chosen:
-                if draft.covers(position):
-                    self._track(txn, position)
 
     async def _record(
         self, txn: TxnId, version: int, positions: list[Position], appended: AppendInFlight
     ) -> None:
         """Make the writes record cover ``positions``: nothing to write when a landed one
-        does (they were placed before that record's header check passed); otherwise a
+        does (they were appended before that record's header check passed); otherwise a
         rewrite with a check that the header is still at ``version`` (the late-write race
         is settled there), shared with every append waiting for it.
 
@@ -461,12 +434,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 continue
             draft = self._records[txn] = WritesDraft.recovered(txn, record)
             self._writes[txn] = [draft.first, draft.last]
-        start = (
-            self._ledger.first_position()
-            if self._watermark is None
-            else self._ledger.position_after(self._watermark)
-        )
-        await self._orphans.find(self._ledger, start, self._covered)
+        await self._find_orphans()
         for txn, positions in self._writes.items():
             self._headers.listen(txn, self._on_header)
             header, _ = await self._headers.get(txn)
@@ -479,9 +447,35 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._cleaner = asyncio.create_task(self._clean(), name=f"txn-clean-{self.segment}")
         self._cleaner_wake.set()
 
-    def _covered(self, txn: TxnId, position: Position) -> bool:
-        draft = self._records.get(txn)
-        return draft is not None and draft.covers(position)
+    async def _find_orphans(self) -> None:
+        """Transactional entries after the watermark outside their transaction's writes
+        record are orphans."""
+        start = (
+            self._ledger.first_position()
+            if self._watermark is None
+            else self._ledger.position_after(self._watermark)
+        )
+        while start is not None:
+            entries = await self._ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            if not entries:
+                return
+            for entry in entries:
+                message = decode_entry(entry.payload)
+                if message.txn is None:
+                    continue
+                txn = TxnId(*message.txn)
+                draft = self._records.get(txn)
+                if draft is not None and draft.covers(entry.position):
+                    continue
+                if entry.position not in self._orphans:
+                    log.warning(
+                        "%s: %s of %s is not covered by its writes record: an orphan",
+                        self.segment,
+                        entry.position,
+                        txn,
+                    )
+                    await self._orphans.add(txn, entry.position)
+            start = self._ledger.position_after(entries[-1].position)
 
     async def trimmed(self, result: TrimResult) -> None:
         """Forget aborts and orphans whose entries were all in the trimmed ledgers (the

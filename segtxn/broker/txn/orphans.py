@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from urllib.parse import quote
 
-from segtxn.broker.entry import decode_entry
 from segtxn.broker.txn.buffer_records import ORPHANS, before
-from segtxn.ledger import ManagedLedger, Position
+from segtxn.ledger import Position
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound
 from segtxn.protocol.txn import TxnId
 
@@ -50,35 +48,6 @@ class Orphans:
         for item in listing.records:
             ledger, _, entry = item.key.rsplit("/", 1)[1].partition("-")
             self._positions.add(Position(int(ledger, 16), int(entry, 16)))
-
-    async def find(
-        self,
-        ledger: ManagedLedger,
-        start: Position | None,
-        covered: Callable[[TxnId, Position], bool],
-    ) -> None:
-        """Recovery: make every transactional entry of ``ledger`` from ``start`` on (the
-        unresolved tail) that is not ``covered`` by its transaction's writes record an
-        orphan (a crash between the append and its record)."""
-        while start is not None:
-            entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
-            if not entries:
-                return
-            for entry in entries:
-                message = decode_entry(entry.payload)
-                if message.txn is None:
-                    continue
-                txn = TxnId(*message.txn)
-                if covered(txn, entry.position) or entry.position in self._positions:
-                    continue
-                log.warning(
-                    "%s: %s of %s is not covered by its writes record: an orphan",
-                    self._segment,
-                    entry.position,
-                    txn,
-                )
-                await self.add(txn, entry.position)
-            start = ledger.position_after(entries[-1].position)
 
     async def add_all(self, txn: TxnId, positions: list[Position]) -> None:
         """Make ``positions`` orphans. All of them are orphans (never shown) before the
