@@ -122,7 +122,7 @@ def demo(
         from segtxn.verify.spark import spark_session
 
         progress(f"checking with Spark ({master}) ...")
-        spark = spark_session(master, work_dir=run_dir / "spark")
+        spark = spark_session(master, work_dir=run_dir / "spark", log=logs / "spark.log")
         try:
             report = check_run(spark, run_dir, run_s)
         finally:

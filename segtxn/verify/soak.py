@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -85,19 +84,11 @@ async def run_soak(
 
 
 def _spark(master: str, scratch: Path, log: Path) -> SparkSession:
-    """The shared session. The JVM it starts inherits this process's stderr, and writes its
-    start-up lines there: it gets ``log`` instead (anything else this process writes to stderr
-    meanwhile goes there too), so the terminal keeps one line per run."""
+    """The shared session; the JVM's stderr goes to ``log``, so the terminal keeps one line
+    per run."""
     from segtxn.verify.spark import spark_session
 
-    terminal = os.dup(2)
-    try:
-        with open(log, "ab") as f:
-            os.dup2(f.fileno(), 2)
-        return spark_session(master, work_dir=scratch)
-    finally:
-        os.dup2(terminal, 2)
-        os.close(terminal)
+    return spark_session(master, work_dir=scratch, log=log)
 
 
 def _checker(spark: Future[SparkSession]) -> Callable[[Path, float], Report]:

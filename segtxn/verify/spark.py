@@ -31,15 +31,24 @@ def prepare_environment() -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 
-def spark_session(master: str = "local[*]", *, work_dir: Path | None = None) -> SparkSession:
+def spark_session(
+    master: str = "local[*]", *, work_dir: Path | None = None, log: Path | None = None
+) -> SparkSession:
     """Spark in this process's Python (the data source's readers import segtxn), errors-only
     logging once started, no UI, scratch space under ``work_dir`` (default: a temporary
-    directory). The JVM reads its environment once: the first session in a process decides."""
+    directory). The JVM reads its environment once: the first session in a process decides.
+
+    ``log``: where the JVM's stderr goes, if this call starts it (appended). It inherits
+    this process's stderr otherwise, and so do the Python processes it starts: its start-up
+    lines land on the terminal, and so does the traceback of a Python streaming-source
+    runner that Spark starts for a query being stopped and then never answers (it gives
+    up 15 s later, after the query, the session and a test run have ended). While the JVM
+    starts, anything else this process writes to stderr goes to ``log`` too."""
     require_java()
     scratch = work_dir or Path(tempfile.mkdtemp(prefix="segtxn-spark-"))
     scratch.mkdir(parents=True, exist_ok=True)
     prepare_environment()
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("segtxn-verify")
         .config("spark.ui.enabled", "false")
@@ -48,8 +57,18 @@ def spark_session(master: str = "local[*]", *, work_dir: Path | None = None) -> 
         .config("spark.driver.memory", "1g")
         .config("spark.local.dir", str(scratch / "local"))
         .config("spark.sql.warehouse.dir", str(scratch / "warehouse"))
-        .getOrCreate()
     )
+    if log is None:
+        spark = builder.getOrCreate()
+    else:
+        terminal = os.dup(2)
+        try:
+            with open(log, "ab") as f:
+                os.dup2(f.fileno(), 2)
+            spark = builder.getOrCreate()
+        finally:
+            os.dup2(terminal, 2)
+            os.close(terminal)
     spark.sparkContext.setLogLevel("ERROR")  # the JVM's start-up lines still reach stderr
     spark.dataSource.register(SegtxnDataSource)
     return spark

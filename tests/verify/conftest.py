@@ -12,7 +12,8 @@ from segtxn.verify.spark import spark_session
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    session = spark_session("local[2]", work_dir=tmp_path_factory.mktemp("spark"))
+    scratch = tmp_path_factory.mktemp("spark")
+    session = spark_session("local[2]", work_dir=scratch, log=scratch / "spark.log")
     try:
         yield session
     finally:
