@@ -239,9 +239,10 @@ class CoordinatorV5:
         coordinator_id, held = self._pick()
         now_ms = int(time.time() * 1000)
         header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms, owner=owner)
-        txns = [TxnId(coordinator_id, await self._next_least(coordinator_id, held))]
-        while len(txns) < count:
-            txns.append(TxnId(coordinator_id, await self._next_least(coordinator_id, held)))
+        txns = [
+            TxnId(coordinator_id, await self._next_least(coordinator_id, held))
+            for _ in range(count)
+        ]
         election_key = held.leadership.election.key
         try:
             written = await self.store.commit(
