@@ -11,15 +11,19 @@ has connected to it.
 from __future__ import annotations
 
 import asyncio
+import gc
+import re
 import signal
 import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from segtxn.cli import lifecycle
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from tests.processes import SEGTXN, wait_ready
 from tests.waiting import wait_until
@@ -205,6 +209,42 @@ async def test_sigterm_while_serving_stops_standalone_and_says_what_it_closed(
     assert len(closed) == 2, lines  # in reverse order of starting
     assert closed[0].startswith("closed coordinator http://127.0.0.1:"), lines
     assert closed[1].startswith("closed broker standalone in "), lines
+
+
+async def test_what_start_up_left_alive_is_frozen_once_serving(
+    tmp_path: Path, runs: list[Run]
+) -> None:
+    port = free_port()
+    runs.append(run := Run(tmp_path, "standalone", "-v", "--port", str(port)))
+    await wait_ready(f"http://127.0.0.1:{port}", "standalone", START_S)
+    run.signal(signal.SIGTERM)
+    code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
+    assert code == 0, lines
+    frozen = [m for line in lines if (m := re.search(r"froze (\d+) start-up objects", line))]
+    assert len(frozen) == 1, lines
+    assert int(frozen[0].group(1)) > 10_000  # modules, classes, the servers: not a handful
+
+
+class _Node:
+    """Something start-up allocated."""
+
+    def __init__(self) -> None:
+        self.peer: _Node | None = None
+
+
+def test_freeze_collects_start_up_garbage_before_freezing_the_rest() -> None:
+    kept, garbage = _Node(), _Node()
+    garbage.peer = garbage  # a cycle: only a collection frees it
+    collected = weakref.ref(garbage)
+    del garbage
+    try:
+        frozen = lifecycle.freeze_start_up()
+        assert collected() is None, "start-up's garbage was frozen (leaked), not collected"
+        assert frozen == gc.get_freeze_count() > 0
+        in_reach = (o for generation in range(3) for o in gc.get_objects(generation))
+        assert not any(o is kept for o in in_reach), "a live object is still examined"
+    finally:
+        gc.unfreeze()
 
 
 async def test_sigint_while_serving_stops_a_broker_on_etcd(
