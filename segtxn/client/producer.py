@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from segtxn import tracing
-from segtxn.aio import first_completed
+from segtxn.aio import callbacks_context, first_completed
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId
@@ -116,12 +116,14 @@ class Producer:
         options: ProducerOptions | None = None,
     ) -> None:
         self.topic = topic
+        self._topic = str(topic)  # in every receipt's message id
         self.name = name or new_name(self)
         self.options = options or ProducerOptions()
         self._connector = connector
         self._pending: dict[int, _Pending] = {}  # seq -> pending, in seq order
         self._unsent: deque[int] = deque()
         self._window = asyncio.Semaphore(self.options.max_pending)
+        self._callbacks = callbacks_context()
         self._expiries: Expiries[int] = Expiries(self._expire, self._pending.__contains__)
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
@@ -249,7 +251,7 @@ class Producer:
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for frame in server_frames(ws, f"producer {self.name}"):
             if isinstance(frame, Receipt):
-                self._settle(frame.seq, result=MessageId(str(self.topic), *frame.message_id))
+                self._settle(frame.seq, result=MessageId(self._topic, *frame.message_id))
             elif isinstance(frame, Error):
                 error = server_error(ErrorName.parse(frame.error), frame.message)
                 if frame.seq is not None:
@@ -335,7 +337,7 @@ class Producer:
         fails with :class:`Timeout` (or this raises it, when the message never left)."""
         deadline = deadline or Deadline(self.options.send_limit_s)
         if txn is not None and not registered:
-            await txn.add_partition(str(self.topic), deadline)
+            await txn.add_partition(self._topic, deadline)
         if self._closed:
             raise ClientClosed(f"producer {self.name} is closed")
         if self._failure is not None:
@@ -359,7 +361,7 @@ class Producer:
         seq = self._next_seq
         self._next_seq += 1
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(lambda _: self._window.release())
+        future.add_done_callback(self._release, context=self._callbacks)
         span = self._span(seq, txn)
         send = Send(
             seq=seq,
@@ -380,6 +382,10 @@ class Producer:
         if txn is not None and track:
             txn.track(future)
         return future
+
+    def _release(self, _: asyncio.Future[MessageId]) -> None:
+        """A send is done: room for one more in the window."""
+        self._window.release()
 
     def _span(self, seq: int, txn: Transaction | None) -> tracing.Span | None:
         """Tracing on: the send's span, a child of its transaction's (else of the current

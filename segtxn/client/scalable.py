@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 from dataclasses import dataclass
 
+from segtxn.aio import callbacks_context
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
@@ -66,6 +68,7 @@ class ScalableProducer:
         options: ProducerOptions | None = None,
     ) -> None:
         self.topic = topic
+        self._topic = str(topic)  # registered with every transactional send
         self.name = name or new_name(self)
         self.options = options or ProducerOptions()
         self._connector = connector
@@ -81,6 +84,7 @@ class ScalableProducer:
         (a segment producer forgets a send a moment before that: no gap in between)."""
         self._outstanding: set[asyncio.Future[MessageId]] = set()
         """The application's sends not yet done (what ``flush`` waits for)."""
+        self._callbacks = callbacks_context()
         self._drainer: asyncio.Task[None] | None = None
         self._retirer: asyncio.Task[None] | None = None
         self._expiries: Expiries[_Outgoing] = Expiries(
@@ -149,7 +153,17 @@ class ScalableProducer:
         return [f for segment in self._retired() for f in self._unsettled.get(segment, ())]
 
     def _in_transition(self) -> bool:
-        return bool(self._refused) or bool(self._unsettled_on_retired())
+        """Refused sends wait to go again, or a send to a segment no longer active is
+        unsettled. (Asked on every send: it builds nothing.)"""
+        if self._refused:
+            return True
+        segments = self.layout.segments
+        for segment, producer in self._producers.items():
+            if self._unsettled.get(segment) and (
+                producer.refused or not (s := segments.get(segment)) or not s.active
+            ):
+                return True
+        return False
 
     async def send_async(
         self,
@@ -164,7 +178,7 @@ class ScalableProducer:
         :meth:`send` for the errors (raised here when the message never left)."""
         deadline = Deadline(self.options.send_limit_s)
         if txn is not None:
-            await txn.add_partition(str(self.topic), deadline)
+            await txn.add_partition(self._topic, deadline)
         result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         message = _Outgoing(
             next(self._numbers), value, key, properties, event_time_ms, txn, result, deadline
@@ -172,7 +186,7 @@ class ScalableProducer:
         if deadline.at is not None:
             self._expiries.add(deadline.at, message)
         self._outstanding.add(result)
-        result.add_done_callback(self._outstanding.discard)
+        result.add_done_callback(self._outstanding.discard, context=self._callbacks)
         if txn is not None:
             txn.track(result)
         try:
@@ -242,8 +256,13 @@ class ScalableProducer:
             track=False,
             deadline=message.deadline,
         )
-        self._unsettled.setdefault(segment, set()).add(inner)
-        inner.add_done_callback(lambda f: self._settled(message, segment, f))
+        unsettled = self._unsettled.get(segment)
+        if unsettled is None:
+            unsettled = self._unsettled[segment] = set()
+        unsettled.add(inner)
+        inner.add_done_callback(
+            functools.partial(self._settled, message, segment), context=self._callbacks
+        )
 
     def _settled(self, message: _Outgoing, segment: int, inner: asyncio.Future[MessageId]) -> None:
         self._unsettled[segment].discard(inner)

@@ -45,6 +45,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from segtxn import tracing
+from segtxn.aio import callbacks_context
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import ClientError, OperationCancelled, Timeout
 from segtxn.client.timeouts import Deadline
@@ -79,6 +80,7 @@ class Transaction:
         """The coordinator that opened it."""
         self.state = "NEW"
         self._in_flight: set[asyncio.Future[Any]] = set()
+        self._callbacks = callbacks_context()
         self._failure: BaseException | None = None
         self._registered: dict[str, asyncio.Future[None]] = {}
         self._starting = asyncio.Lock()
@@ -139,30 +141,20 @@ class Transaction:
     async def add_partition(self, topic: str, deadline: Deadline | None = None) -> None:
         """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain. Ends
         by ``deadline`` (the calling send's; default: the operation timeout)."""
-        await self._register(f"partition {topic}", "partitions", topic, deadline=deadline)
+        await self._register("partitions", topic, None, deadline)
 
     async def add_subscription(
         self, topic: str, subscription: str, deadline: Deadline | None = None
     ) -> None:
         """ADD_SUBSCRIPTION_TO_TXN (once per topic and subscription), by ``deadline``."""
-        await self._register(
-            f"subscription {topic} {subscription}",
-            "subscriptions",
-            topic,
-            subscription,
-            deadline=deadline,
-        )
+        await self._register("subscriptions", topic, subscription, deadline)
 
     async def _register(
-        self,
-        what: str,
-        command: str,
-        topic: str,
-        subscription: str | None = None,
-        *,
-        deadline: Deadline | None,
+        self, command: str, topic: str, subscription: str | None, deadline: Deadline | None
     ) -> None:
-        """Raises ServerError, or Timeout (RETRIABLE: the operation was not done; the
+        """Called for every send and ack in the transaction (cheap once registered).
+
+        Raises ServerError, or Timeout (RETRIABLE: the operation was not done; the
         registration may still complete for the next one)."""
         deadline = deadline or self._deadline(None)
         v4 = topic.startswith("persistent://")
@@ -181,6 +173,9 @@ class Transaction:
             # is a no-op beyond the domain check just made, so it costs nothing to skip it
             # and a round trip on every transaction's first send and ack to make it.
             return
+        what = (
+            f"partition {topic}" if subscription is None else f"subscription {topic} {subscription}"
+        )
         future = self._registered.get(what)
         if future is None:  # the first caller registers; concurrent ones wait for it
             body: dict[str, Any] = {"topics": [topic]}
@@ -209,7 +204,7 @@ class Transaction:
         """Count an operation in the transaction: if it fails, or is cancelled (its outcome
         is then unknown), the transaction fails."""
         self._in_flight.add(future)
-        future.add_done_callback(self._settled)
+        future.add_done_callback(self._settled, context=self._callbacks)
 
     def _settled(self, future: asyncio.Future[Any]) -> None:
         self._in_flight.discard(future)
