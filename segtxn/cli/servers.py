@@ -4,6 +4,7 @@ SIGINT (:mod:`segtxn.cli.lifecycle`: a start-up that fails fast, a bounded shutd
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import lifecycle
 from segtxn.cli.logs import ACCESS_LOG, log_format_option, say
+from segtxn.cli.loops import EventLoop, event_loop_option
 from segtxn.cli.params import (
     PORT,
     SECONDS,
@@ -43,6 +45,8 @@ from segtxn.ledger import RetentionPolicy
 from segtxn.ledger.replicas import RepairSettings, Replication
 from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, NO_LIMIT, check_limit
 
+log = logging.getLogger(__name__)
+
 Server = BrokerServer | CoordinatorServer
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -50,17 +54,19 @@ STORE_TIMEOUT_S = 15.0
 SHUTDOWN_TIMEOUT_S = 20.0
 
 
-def _run(make: Callable[[], list[Server]], shutdown_timeout_s: float) -> None:
-    """Serve until SIGTERM or SIGINT; start-up and shutdown errors reach the CLI's edge
-    (:mod:`segtxn.cli.errors`) as typed errors."""
+def _run(make: Callable[[], list[Server]], shutdown_timeout_s: float, loop: EventLoop) -> None:
+    """Serve on ``loop`` until SIGTERM or SIGINT; start-up and shutdown errors reach the
+    CLI's edge (:mod:`segtxn.cli.errors`) as typed errors."""
     lifecycle.catch_signals_early()
-    asyncio.run(lifecycle.serve(make, shutdown_timeout_s=shutdown_timeout_s, say=say))
+    log.info("event loop: %s", loop.name)
+    with asyncio.Runner(loop_factory=loop.factory) as runner:
+        runner.run(lifecycle.serve(make, shutdown_timeout_s=shutdown_timeout_s, say=say))
 
 
 def _lifecycle_options(command: F) -> F:
     """``--store-timeout`` and ``--shutdown-timeout``: how long start-up waits for the store,
     and how long a stop may take; ``--log-format`` and ``--access-log``
-    (:mod:`segtxn.cli.logs`)."""
+    (:mod:`segtxn.cli.logs`); ``--event-loop`` (:mod:`segtxn.cli.loops`)."""
     store = click.option(
         "--store-timeout",
         default=STORE_TIMEOUT_S,
@@ -79,7 +85,7 @@ def _lifecycle_options(command: F) -> F:
         help="On SIGTERM or SIGINT, stop within this long (exit 0), else exit 1 anyway; a "
         "second signal exits at once.",
     )
-    return log_format_option(ACCESS_LOG(store(shutdown(command))))
+    return event_loop_option(log_format_option(ACCESS_LOG(store(shutdown(command)))))
 
 
 def _test_bugs() -> frozenset[str]:
@@ -208,6 +214,7 @@ def broker(
     auto_create_topics: bool,
     store_timeout: float,
     shutdown_timeout: float,
+    event_loop: EventLoop,
     access_log: bool,
     **auth_flags: Any,
 ) -> None:
@@ -239,6 +246,7 @@ def broker(
     _run(
         lambda: [BrokerServer(settings, host=host, port=port, access_log=access_log)],
         shutdown_timeout,
+        event_loop,
     )
 
 
@@ -335,6 +343,7 @@ def coordinator(
     pod_dns: str | None,
     store_timeout: float,
     shutdown_timeout: float,
+    event_loop: EventLoop,
     access_log: bool,
     **auth_flags: Any,
 ) -> None:
@@ -371,6 +380,7 @@ def coordinator(
     _run(
         lambda: [CoordinatorServer(settings, host=host, port=port, access_log=access_log)],
         shutdown_timeout,
+        event_loop,
     )
 
 
@@ -413,6 +423,7 @@ def standalone(
     retention_size: int,
     store_timeout: float,
     shutdown_timeout: float,
+    event_loop: EventLoop,
     access_log: bool,
     trace: bool,
     **auth_flags: Any,
@@ -468,4 +479,4 @@ def standalone(
         )
         return [node, txn]
 
-    _run(servers, shutdown_timeout)
+    _run(servers, shutdown_timeout, event_loop)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jwt
 import pytest
+import uvloop
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
@@ -26,6 +27,18 @@ from segtxn.ledger.replicas import Replication
 from segtxn.metastore import MetadataStore, open_store
 from tests.cluster import V4_IDS, start_on_free_ports
 from tests.waiting import wait_until
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]] | None:
+    """Modules with ``BOTH_LOOPS = True`` run each test on asyncio's loop and on uvloop,
+    the two a server process may run on (segtxn/cli/loops.py): TLS handshakes and the SNI
+    hand-over of reloaded certificates go through each loop's own SSL code."""
+    if getattr(getattr(item, "module", None), "BOTH_LOOPS", False):
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return None
+
 
 SECRET = b"s" * 40
 OTHER_SECRET = b"o" * 40

@@ -30,6 +30,9 @@ from tests.auth.certs import Authority, authority, issue
 from tests.cluster import V4_IDS, start_on_free_ports
 from tests.waiting import wait_until
 
+BOTH_LOOPS = True
+"""Each test runs on asyncio's loop and on uvloop (tests/auth/conftest.py)."""
+
 
 @dataclass
 class TlsCluster:

@@ -18,6 +18,9 @@ from tests.auth.certs import authority, issue
 from tests.auth.test_tls import TlsCluster, _start, _stop
 from tests.waiting import wait_until
 
+BOTH_LOOPS = True
+"""Each test runs on asyncio's loop and on uvloop (tests/auth/conftest.py)."""
+
 
 def replace(source: Path | bytes, target: Path) -> None:
     """Write ``target`` as a Secret update does: a new file swapped in."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import re
 import signal
 import socket
@@ -21,9 +22,10 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import pytest
 
-from segtxn.cli import lifecycle
+from segtxn.cli import lifecycle, loops
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from tests.processes import SEGTXN, wait_ready
 from tests.waiting import wait_until
@@ -223,6 +225,29 @@ async def test_what_start_up_left_alive_is_frozen_once_serving(
     frozen = [m for line in lines if (m := re.search(r"froze (\d+) start-up objects", line))]
     assert len(frozen) == 1, lines
     assert int(frozen[0].group(1)) > 10_000  # modules, classes, the servers: not a handful
+    assert any(line.endswith("event loop: uvloop") for line in lines), lines  # the default
+
+
+async def test_asyncio_loop_when_asked_for_serves_and_stops(
+    tmp_path: Path, runs: list[Run]
+) -> None:
+    port = free_port()
+    env = {**os.environ, "SEGTXN_EVENT_LOOP": "asyncio"}
+    runs.append(run := Run(tmp_path, "standalone", "-v", "--port", str(port), env=env))
+    await wait_ready(f"http://127.0.0.1:{port}", "standalone", START_S)
+    run.signal(signal.SIGTERM)
+    code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
+    assert code == 0, lines
+    assert any(line.endswith("event loop: asyncio") for line in lines), lines
+    assert "SIGTERM: stopping the servers" in lines
+
+
+def test_auto_falls_back_to_asyncio_and_uvloop_must_be_installed_when_named() -> None:
+    assert loops.choose("auto", uvloop_installed=False).name == "asyncio"
+    assert loops.choose("auto", uvloop_installed=True).name == "uvloop"
+    assert loops.choose("asyncio", uvloop_installed=True).name == "asyncio"
+    with pytest.raises(click.BadParameter, match="uvloop is not installed"):
+        loops.choose("uvloop", uvloop_installed=False)
 
 
 class _Node:
