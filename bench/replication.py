@@ -103,7 +103,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import ServerProcess, exit_on_sigterm, filesystem_of, percentile, print_rows
-from txn import PipelineResult, pipeline
+from txn import pipeline
+from txnresults import PipelineResult
 
 from segtxn.client import Client, MessageId, Producer
 from segtxn.metastore.etcd_server import EtcdServer

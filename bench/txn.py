@@ -15,7 +15,11 @@ It measures:
     two 32-segment topics, see ``MAX_SEGMENTS_PER_TOPIC``; one key per segment, chosen
     with ``ScalableProducer.route``); once every send is durable the timer covers
     ``commit()`` alone. p50/p99 per N, and the 64/1 ratios. PIP-471 says this stays flat:
-    END_TXN is one CAS of the header (the coordinator never calls a participant). The
+    END_TXN is one CAS of the header (the coordinator never calls a participant). A second
+    block of as many transactions waits ``IDLE_S`` (50 ms) before each commit: with equal
+    idle before every commit the ratio is END_TXN's own; back to back it also counts how
+    much longer the processes sat idle during the 64 sends (``txnresults.IDLE_S`` says
+    why that matters on a virtual machine). The
     ``sends`` column is the time from NEW_TXN's return until the N sends (all in flight
     together) are durable, for comparison, and ``sends ÷ N`` that per segment: each
     transactional send is a ledger append plus the write of its transaction's writes
@@ -64,10 +68,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from common import ServerProcess, exit_on_sigterm, percentile, print_rows, store_writes
+from common import ServerProcess, exit_on_sigterm, store_writes
+from txnresults import (
+    CTP_SEGMENTS,
+    IDLE_S,
+    VISIBLE_SEGMENTS,
+    Counts,
+    EndTxnResult,
+    PipelineResult,
+    Results,
+    VisibleResult,
+    print_tables,
+)
 
 from segtxn.client import Client, Consumer, Message, MessageId, ScalableProducer, Transaction
 from segtxn.metastore.etcd_server import EtcdServer
@@ -80,8 +95,6 @@ MAX_SEGMENTS_PER_TOPIC = 32
 catalog writes the topic record and each segment's home record with its index entry in one
 atomic step, 2 * 64 + 1 = 129 physical operations > 128), so 64 participant segments are
 two 32-segment topics in one transaction."""
-VISIBLE_SEGMENTS = 8
-CTP_SEGMENTS = 4
 CTP_BATCHES = (10, 100)
 WARMUP_TXNS = 3
 RECEIVE_TIMEOUT_S = 10.0
@@ -89,62 +102,6 @@ TXN_TIMEOUT_S = 60.0
 SECTION_LIMIT_S = 300.0
 """A measurement that takes longer than this has hung: it fails instead of waiting forever."""
 SUBSCRIPTION = "bench"
-
-
-@dataclass
-class Counts:
-    """How much to do: transactions per segment count in (a) and in (b), messages per run
-    in (c)."""
-
-    end_txn: int
-    visible: int
-    messages: int
-
-
-@dataclass
-class EndTxnResult:
-    segments: int
-    commit: list[float]
-    sends: list[float]
-
-
-@dataclass
-class VisibleResult:
-    commit: list[float]
-    from_return: list[float]
-    from_start: list[float]
-
-
-@dataclass
-class PipelineResult:
-    """One consume-transform-produce run; times in seconds."""
-
-    transactional: bool
-    batch: int
-    messages: int
-    elapsed: float
-    batches: int
-    ops_phase: list[float] = field(default_factory=list)
-    """Per batch: from the first send to every send and ack done (txn: after NEW_TXN)."""
-    new_txn: list[float] = field(default_factory=list)
-    commit: list[float] = field(default_factory=list)
-    store_writes: int = 0
-    """etcd write requests committed during the run (every process's)."""
-
-    @property
-    def msgs_per_s(self) -> float:
-        return self.messages / self.elapsed
-
-
-@dataclass
-class Results:
-    end_txn: list[EndTxnResult] = field(default_factory=list)
-    visible: VisibleResult | None = None
-    pipelines: list[PipelineResult] = field(default_factory=list)
-
-
-def mean(samples: list[float]) -> float:
-    return sum(samples) / len(samples) if samples else 0.0
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -233,19 +190,24 @@ async def end_txn_latency(client: Client, segments: int, count: int) -> EndTxnRe
         await client.admin.create_topic(topic, segments=per_topic)
         producer = await scalable_producer(client, topic)
         targets.append((producer, keys_per_segment(producer, per_topic)))
-    result = EndTxnResult(segments, [], [])
-    for i in range(WARMUP_TXNS + count):
-        txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
-        t0 = time.perf_counter()
-        await asyncio.gather(
-            *(send_all(p, [(f"{i}".encode(), k) for k in keys], txn) for p, keys in targets)
-        )
-        t1 = time.perf_counter()
-        await txn.commit()
-        t2 = time.perf_counter()
-        if i >= WARMUP_TXNS:
-            result.sends.append(t1 - t0)
-            result.commit.append(t2 - t1)
+    result = EndTxnResult(segments, [], [], [])
+    for idle in (False, True):  # in blocks: an idle commit would cool the next one
+        for i in range(WARMUP_TXNS + count):
+            txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
+            t0 = time.perf_counter()
+            await asyncio.gather(
+                *(send_all(p, [(f"{i}".encode(), k) for k in keys], txn) for p, keys in targets)
+            )
+            t1 = time.perf_counter()
+            if idle:
+                await asyncio.sleep(IDLE_S)  # what is measured: a commit after this idle
+            t2 = time.perf_counter()
+            await txn.commit()
+            t3 = time.perf_counter()
+            if i >= WARMUP_TXNS:
+                (result.commit_after_idle if idle else result.commit).append(t3 - t2)
+                if not idle:
+                    result.sends.append(t1 - t0)
     return result
 
 
@@ -370,117 +332,6 @@ async def run_all(c: Cluster, counts: Counts) -> Results:
             mode = "txn" if transactional else "plain"
             print(f"  (c) {mode}, batch {batch}: {r.elapsed:.1f} s", flush=True)
     return results
-
-
-# ---------------------------------------------------------------------- output
-
-
-def ms(v: float) -> str:
-    return f"{v * 1000:.2f}"
-
-
-def ratio(a: float, b: float) -> str:
-    return "-" if b == 0 else f"{a / b:.2f}x"
-
-
-def print_tables(results: Results, counts: Counts) -> None:
-    print(
-        f"(a) END_TXN latency: {counts.end_txn} transactions per row, each one message to "
-        "each of N segments (64: two 32-segment topics); the timer covers commit() once "
-        "the sends are durable"
-    )
-    base = results.end_txn[0]
-    rows: list[tuple[str, ...]] = [
-        (
-            "segments",
-            "sends p50 ms",
-            "sends ÷ N ms",
-            "commit p50 ms",
-            "commit p99 ms",
-            "p50 ÷ 1 seg",
-            "p99 ÷ 1 seg",
-        )
-    ]
-    for r in results.end_txn:
-        p50, p99 = percentile(r.commit, 50), percentile(r.commit, 99)
-        rows.append(
-            (
-                str(r.segments),
-                ms(percentile(r.sends, 50)),
-                ms(percentile(r.sends, 50) / r.segments),
-                ms(p50),
-                ms(p99),
-                ratio(p50, percentile(base.commit, 50)),
-                ratio(p99, percentile(base.commit, 99)),
-            )
-        )
-    print_rows(rows)
-    last = results.end_txn[-1]
-    print(
-        f"END_TXN {last.segments}/{base.segments} segments: "
-        f"p50 {ratio(percentile(last.commit, 50), percentile(base.commit, 50))}, "
-        f"p99 {ratio(percentile(last.commit, 99), percentile(base.commit, 99))}"
-    )
-    print()
-
-    v = results.visible
-    assert v is not None
-    print(
-        f"(b) commit-to-visible: {len(v.commit)} transactions of one message to each of "
-        f"{VISIBLE_SEGMENTS} segments, one consumer subscribed before them"
-    )
-    rows = [("interval", "p50 ms", "p99 ms", "max ms")]
-    for label, samples in (
-        ("commit() call", v.commit),
-        ("commit() returned -> all received", v.from_return),
-        ("commit() started -> all received", v.from_start),
-    ):
-        rows.append(
-            (label, ms(percentile(samples, 50)), ms(percentile(samples, 99)), ms(max(samples)))
-        )
-    print_rows(rows)
-    print()
-
-    print(
-        f"(c) consume-transform-produce: {counts.messages} messages per run, "
-        f"{CTP_SEGMENTS} input and {CTP_SEGMENTS} output segments, one processor loop"
-    )
-    rows = [
-        (
-            "mode",
-            "batch",
-            "msgs/s",
-            "txn ÷ plain",
-            "store writes/txn",
-            "store writes/msg",
-            "NEW_TXN ms",
-            "sends+acks ms",
-            "commit ms",
-        )
-    ]
-    plain: dict[int, float] = {}
-    for p in results.pipelines:
-        if not p.transactional:
-            plain[p.batch] = p.msgs_per_s
-    for p in results.pipelines:
-        rows.append(
-            (
-                "txn" if p.transactional else "plain",
-                str(p.batch),
-                f"{p.msgs_per_s:,.0f}",
-                ratio(p.msgs_per_s, plain[p.batch]) if p.transactional else "1.00x",
-                f"{p.store_writes / p.batches:.2f}",
-                f"{p.store_writes / p.messages:.3f}",
-                ms(mean(p.new_txn)) if p.transactional else "-",
-                ms(mean(p.ops_phase)),
-                ms(mean(p.commit)) if p.transactional else "-",
-            )
-        )
-    print_rows(rows, left=2)
-    print(
-        "(per-batch means; store writes: etcd's committed write requests during the run, "
-        "per transaction (plain: per batch) and per message)"
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
