@@ -62,6 +62,8 @@ class TopicLayout:
         self._connector = connector
         self.epoch = -1
         self.segments: dict[int, Segment] = {}
+        self._active: list[Segment] = []
+        """The active segments by key range (routing asks on every send)."""
         self.changed = asyncio.Event()
         """Set (and replaced) whenever a newer DAG arrives."""
         self._task: asyncio.Task[None] | None = None
@@ -89,6 +91,7 @@ class TopicLayout:
             return  # an older version than what we hold
         self.epoch = epoch
         self.segments = {s.id: s for s in (Segment.parse(x) for x in raw["segments"])}
+        self._active = sorted((s for s in self.segments.values() if s.active), key=lambda s: s.lo)
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
 
@@ -143,12 +146,9 @@ class TopicLayout:
             and segment_id < max(self.segments)
         )
 
-    def active(self) -> list[Segment]:
-        return sorted((s for s in self.segments.values() if s.active), key=lambda s: s.lo)
-
     def route(self, key: str | None, round_robin: int) -> int:
         """The active segment for ``key`` (round-robin when there is none)."""
-        active = self.active()
+        active = self._active
         if not active:
             raise ServiceNotReady(f"{self.topic} has no active segment")
         if key is None:
