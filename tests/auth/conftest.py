@@ -31,13 +31,17 @@ from tests.waiting import wait_until
 
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
-) -> dict[str, Callable[[], asyncio.AbstractEventLoop]] | None:
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
     """Modules with ``BOTH_LOOPS = True`` run each test on asyncio's loop and on uvloop,
     the two a server process may run on (segtxn/cli/loops.py): TLS handshakes and the SNI
-    hand-over of reloaded certificates go through each loop's own SSL code."""
+    hand-over of reloaded certificates go through each loop's own SSL code. The others run
+    on asyncio's loop only (pytest-asyncio wants a mapping for every test here)."""
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+        "asyncio": asyncio.new_event_loop
+    }
     if getattr(getattr(item, "module", None), "BOTH_LOOPS", False):
-        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
-    return None
+        factories["uvloop"] = uvloop.new_event_loop
+    return factories
 
 
 SECRET = b"s" * 40
