@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import main, servers
+from segtxn.cli.loops import EventLoop
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
 from segtxn.ledger.replicas import RepairSettings
@@ -21,7 +22,13 @@ BROKER = ["broker", "--store", "memory://", "--advertise", "http://127.0.0.1:9"]
 
 
 @pytest.fixture
-def started(monkeypatch: pytest.MonkeyPatch) -> list[BrokerSettings]:
+def loops_run_on() -> list[str]:
+    """The event loop each command would have served on."""
+    return []
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch, loops_run_on: list[str]) -> list[BrokerSettings]:
     """The broker settings a command would serve with (nothing is started)."""
     captured: list[BrokerSettings] = []
 
@@ -30,7 +37,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[BrokerSettings]:
             captured.append(settings)
             self.service = SimpleNamespace(store=None)  # standalone shares it
 
-    def run(make: Callable[[], list[Any]], _shutdown_timeout_s: float) -> None:
+    def run(make: Callable[[], list[Any]], _shutdown_timeout_s: float, loop: EventLoop) -> None:
+        loops_run_on.append(loop.name)
         make()
 
     monkeypatch.setattr(servers, "BrokerServer", Broker)
@@ -42,6 +50,30 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[BrokerSettings]:
 def invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, list(args))
     return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("command", ["broker", "coordinator", "standalone"])
+def test_event_loop_flag_and_variable(
+    command: str,
+    started: list[BrokerSettings],
+    loops_run_on: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base = {
+        "broker": [*BROKER, "--data-dir", str(tmp_path)],
+        "coordinator": ["coordinator", "--store", "memory://", "--advertise", "http://h:1"],
+        "standalone": ["standalone"],
+    }[command]
+    assert invoke(*base)[0] == 0
+    assert invoke(*base, "--event-loop", "asyncio")[0] == 0
+    monkeypatch.setenv("SEGTXN_EVENT_LOOP", "asyncio")
+    assert invoke(*base)[0] == 0
+    assert invoke(*base, "--event-loop", "uvloop")[0] == 0  # the flag wins over the variable
+    assert loops_run_on == ["uvloop", "asyncio", "asyncio", "uvloop"]
+    code, out = invoke(*base, "--event-loop", "trio")
+    assert code == 2
+    assert "'trio' is not one of 'auto', 'uvloop', 'asyncio'" in out
 
 
 @pytest.mark.parametrize("command", ["broker", "standalone"])
@@ -143,7 +175,7 @@ def test_the_coordinator_takes_the_repair_flags_of_its_loop(
         captured.append(settings)
 
     monkeypatch.setattr(servers, "CoordinatorServer", coordinator)
-    monkeypatch.setattr(servers, "_run", lambda make, _timeout: make())
+    monkeypatch.setattr(servers, "_run", lambda make, _timeout, _loop: make())
     base = ["coordinator", "--store", "memory://", "--advertise", "http://127.0.0.1:9"]
     flags = ["--repair-interval", "3", "--repair-lost-after", "60"]
     code, out = invoke(*base, "--replication", "3/2", *flags)
