@@ -3,8 +3,9 @@
 uvloop (libuv under asyncio's interface) by default where it is installed, which is every
 Linux and macOS install: segtxn depends on it there. The servers spend most of their time
 in the event loop's own machinery (callbacks, sockets, timers), and uvloop does that part
-in C: measured on issue 16's consume-transform-produce loop, about 5 % more transactions
-per second and 3-10 % less broker CPU (docs/design-notes.md, note 19). ``asyncio`` keeps
+in C: measured on issue 16's consume-transform-produce loop, 7-10 % more transactions per
+second at one message each and 5-10 % less server CPU per message, within noise at 100
+(docs/design-notes.md, note 19). ``asyncio`` keeps
 the standard library's loop, for a platform uvloop does not build on or to rule it out
 when chasing a problem. Servers started in-process (tests, embedding applications) run on
 whatever loop their caller runs.
