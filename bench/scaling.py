@@ -68,6 +68,7 @@ from scalingresults import (
     Results,
     Split,
     Verification,
+    passed,
     print_tables,
 )
 
@@ -386,19 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_tables(results, seconds)
     print(f"\ntotal run time: {time.perf_counter() - started:.1f} s")
-    v = results.verification
-    failed = (
-        v is None
-        or v.missing
-        or v.duplicates
-        or v.unexpected
-        or v.out_of_order
-        or v.stored_out_of_order
-        or v.timed_out
-        or v.ack_errors
-        or results.errors
-    )
-    return 1 if failed else 0
+    return 0 if passed(results) else 1
 
 
 if __name__ == "__main__":

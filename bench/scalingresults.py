@@ -92,6 +92,22 @@ def ratio(a: float, b: float) -> str:
     return "-" if b == 0 or math.isnan(b) else f"{a / b:.2f}x"
 
 
+def passed(results: Results) -> bool:
+    """The run's verdict, printed and the script's exit status alike: every acknowledged
+    send read back once, in order per key, and no send or acknowledgment failed."""
+    v = results.verification
+    return v is not None and not (
+        v.missing
+        or v.duplicates
+        or v.unexpected
+        or v.out_of_order
+        or v.stored_out_of_order
+        or v.timed_out
+        or v.ack_errors
+        or results.errors
+    )
+
+
 def print_tables(results: Results, seconds: float) -> None:
     print(
         f"producer throughput: one ScalableProducer, {IN_FLIGHT} sends in flight, "
@@ -167,14 +183,7 @@ def print_tables(results: Results, seconds: float) -> None:
         print(f"  {error}")
     v = results.verification
     assert v is not None
-    ok = (
-        v.missing == 0
-        and v.duplicates == 0
-        and v.unexpected == 0
-        and v.out_of_order == 0
-        and v.stored_out_of_order == 0
-        and not v.timed_out
-    )
+    ok = passed(results)
     print(
         f"verification ({v.elapsed:.1f} s): {v.expected:,} sends acknowledged, {v.received:,} "
         f"messages received, {v.distinct:,} distinct; missing {v.missing}, duplicates "
