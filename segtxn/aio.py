@@ -25,9 +25,12 @@ def callbacks_context() -> contextvars.Context:
     object per callback for the garbage collector to track. A client's hot path adds
     several per message, so the copies were a tenth of what a consume-transform-produce
     loop allocated. A callback run here must read no context variable (none of ours do:
-    they settle futures and release counters). Keep one per object, used on its own event
-    loop: callbacks run one at a time there, so the context is never entered twice at once
-    (which ``Context.run`` refuses)."""
+    they settle futures and release counters), and a task it starts starts from this
+    context too (the scalable producer's re-router, started when a segment refuses a send:
+    its re-sends are traced as spans of their own, not as children of whichever send was
+    refused first). Keep one per object, used on its own event loop: callbacks run one at
+    a time there, so the context is never entered twice at once (which ``Context.run``
+    refuses)."""
     return contextvars.Context()
 
 

@@ -140,13 +140,15 @@ class ScalableProducer:
                     self._producers[segment_id] = producer
         return producer
 
+    def _is_retired(self, segment: int, producer: Producer) -> bool:
+        """No longer active, or it refused a send (sealed: its sends may be refused)."""
+        return producer.refused or not (s := self.layout.segments.get(segment)) or not s.active
+
     def _retired(self) -> list[int]:
-        """Segments no longer active, or that refused a send (sealed: their sends may be
-        refused)."""
         return [
             segment
             for segment, producer in self._producers.items()
-            if producer.refused or not (s := self.layout.segments.get(segment)) or not s.active
+            if self._is_retired(segment, producer)
         ]
 
     def _unsettled_on_retired(self) -> list[asyncio.Future[MessageId]]:
@@ -154,16 +156,11 @@ class ScalableProducer:
 
     def _in_transition(self) -> bool:
         """Refused sends wait to go again, or a send to a segment no longer active is
-        unsettled. (Asked on every send: it builds nothing.)"""
-        if self._refused:
-            return True
-        segments = self.layout.segments
-        for segment, producer in self._producers.items():
-            if self._unsettled.get(segment) and (
-                producer.refused or not (s := segments.get(segment)) or not s.active
-            ):
-                return True
-        return False
+        unsettled. (Asked on every send: it builds no list and stops at the first.)"""
+        return bool(self._refused) or any(
+            self._unsettled.get(segment) and self._is_retired(segment, producer)
+            for segment, producer in self._producers.items()
+        )
 
     async def send_async(
         self,
