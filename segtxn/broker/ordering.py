@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 
-from segtxn.ledger import ManagedLedger, Position
+from segtxn.ledger import ManagedLedger, Queued
 
 
 class Turn:
@@ -70,12 +70,13 @@ class Turn:
         if not self._mine.done():
             self._mine.set_result(None)
 
-    async def enqueue(self, ledger: ManagedLedger, payload: bytes) -> asyncio.Future[Position]:
+    async def enqueue(self, ledger: ManagedLedger, payload: bytes) -> Queued:
         """Wait for this turn, queue ``payload`` on ``ledger``, and pass the turn on
         (whether or not the ledger took the entry).
 
         Returns:
-            The entry's position, once it is durable (see ``ManagedLedger.enqueue``).
+            The queued entry: its position once durable, and the one predicted for it
+            (see ``ManagedLedger.enqueue``).
         """
         await self.wait()
         try:

@@ -279,60 +279,63 @@ async def _consumed(client: Client) -> tuple[Consumer, Message, ScalableProducer
     return consumer, message, out
 
 
-async def test_an_ack_waits_for_its_transactions_appends_and_shares_their_step(
-    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+async def test_the_writes_record_lands_while_its_entry_is_written_and_the_ack_beside_it(
+    client: Client, cluster: Cluster
 ) -> None:
-    """Consume-transform-produce: the ack's record is ready before the send's entry is
-    durable; it waits for it, and both records land in one store step, not two in turn."""
-    monkeypatch.setattr(oprecords, "APPEND_WAIT_S", 30.0)
+    """Consume-transform-produce: the writes record covering the position predicted for the
+    send's entry is written while the entry is (the store's round trip overlaps the
+    disk's), and the ack's record is not held back by the append: each lands while the
+    entry's write is parked. The send is answered only once its entry is durable, and no
+    further step is needed for it."""
     consumer, message, out = await _consumed(client)
     txn = await client.transaction().start()
     steps = cluster.faults.count("txn", key_prefix="/txn-op/")
+    ledger = cluster.broker.service.topics[OUT_SEGMENT].ledger
+    last = ledger.last_confirmed
+    assert last is not None
     async with _holding_appends(cluster, OUT_SEGMENT) as (parked, gate):
         sent = await out.send_async(b"out", txn=txn)
         await asyncio.wait_for(parked.wait(), 10)  # the send's entry is being written
-        acked = asyncio.ensure_future(consumer.acknowledge(message, txn=txn))
-        writer = cluster.broker.service.op_records
-        await wait_until(lambda: writer.waiting(txn.id) == 1, timeout=10, what="the ack waiting")
-        assert steps.calls == 0  # it waits for the append instead of taking a step alone
+        await asyncio.wait_for(consumer.acknowledge(message, txn=txn), 10)  # not held back
+        await wait_until(lambda: steps.calls == 2, timeout=10, what="the writes record's step")
+        records = await op_records(cluster, str(txn.id))
+        writes = [r for r in records.values() if isinstance(r, T.WritesRecord)]
+        predicted = (last.ledger_id, last.entry_id + 1)
+        assert [(w.first, w.last) for w in writes] == [(predicted, predicted)]
+        assert any(isinstance(r, T.AcksRecord) for r in records.values())
+        assert not sent.done()  # its entry is not durable yet
         gate.set()
-        await asyncio.gather(sent, acked)
-    assert steps.calls == 1
-    records = await op_records(cluster, str(txn.id))
-    assert sorted(type(r).__name__ for r in records.values()) == ["AcksRecord", "WritesRecord"]
+        message_id = await asyncio.wait_for(sent, 10)
+    assert (message_id.ledger_id, message_id.entry_id) == predicted
+    assert steps.calls == 2  # the prediction held: nothing more to write
     await txn.commit()
 
 
-async def test_a_step_waits_only_for_the_appends_in_flight_when_it_began(
-    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+async def test_a_record_is_in_one_step_at_a_time_while_others_go_beside_it(
+    client: Client, cluster: Cluster
 ) -> None:
-    """A transaction that keeps sending does not hold its records back: appends that start
-    while a step waits for earlier ones are not waited for."""
-    monkeypatch.setattr(oprecords, "APPEND_WAIT_S", 30.0)
+    """A record being written waits for that step before its next rewrite (two steps
+    writing one key could land out of order); records of other keys do not wait for it."""
     consumer, message, out = await _consumed(client)
-    await client.admin.create_topic(OUT2, segments=1)
-    out2 = await client.create_producer(OUT2)
-    await out2.send(b"warm-up")
     txn = await client.transaction().start()
+    held = cluster.faults.hold("txn", key_prefix=T.writes_key(txn.id, str(OUT_SEGMENT)), times=1)
+    first = await out.send_async(b"first", txn=txn)
+    await held.wait_for(1)  # the writes record's first step: landed, its answer parked
+    second = await out.send_async(b"second", txn=txn)
     writer = cluster.broker.service.op_records
-    async with (
-        _holding_appends(cluster, OUT_SEGMENT) as (parked, gate),
-        _holding_appends(cluster, OUT2_SEGMENT) as (parked2, gate2),
-    ):
-        first = await out.send_async(b"first", txn=txn)
-        await asyncio.wait_for(parked.wait(), 10)
-        acked = asyncio.ensure_future(consumer.acknowledge(message, txn=txn))
-        # (the step for the ack starts waiting, for `first`, before this poll returns:
-        # asyncio runs callbacks in the order they were scheduled)
-        await wait_until(lambda: writer.waiting(txn.id) == 1, timeout=10, what="the ack waiting")
-        second = await out2.send_async(b"second", txn=txn)
-        await asyncio.wait_for(parked2.wait(), 10)  # a run that began after the step
-        gate.set()
-        await asyncio.wait_for(asyncio.gather(first, acked), 10)  # not held back by `second`
-        assert not second.done()
-        gate2.set()
-        await second
+    await wait_until(lambda: writer.waiting(txn.id) == 1, timeout=10, what="the rewrite waiting")
+    await asyncio.wait_for(consumer.acknowledge(message, txn=txn), 10)  # beside it
+    assert not first.done() and not second.done()
+    assert writer.waiting(txn.id) == 1  # the rewrite has not begun
+    held.release(0)
+    first_id, second_id = await asyncio.wait_for(asyncio.gather(first, second), 10)
+    records = await op_records(cluster, str(txn.id))
+    (writes,) = [r for r in records.values() if isinstance(r, T.WritesRecord)]
+    assert writes.first == (first_id.ledger_id, first_id.entry_id)
+    assert writes.last == (second_id.ledger_id, second_id.entry_id)
     await txn.commit()
+    reader = await client.subscribe(OUT, "r", initial_position="earliest")
+    assert [m.value for m in await receive_all(reader, 3)] == [b"warm-up", b"first", b"second"]
 
 
 async def test_an_ack_does_not_wait_long_for_an_append_that_hangs(
