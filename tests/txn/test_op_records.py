@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -24,10 +25,12 @@ from segtxn.client import (
     TransactionFailed,
 )
 from segtxn.client.consumer import Consumer
+from segtxn.client.timeouts import Deadline
 from segtxn.client.transaction import Transaction
 from segtxn.ledger import Position
+from segtxn.metastore import MetadataStore, Op
 from segtxn.protocol.names import TopicName
-from segtxn.protocol.txn import TxnId
+from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics import transactions as T
 from tests.cluster import Cluster
 from tests.waiting import wait_until
@@ -336,6 +339,90 @@ async def test_a_record_is_in_one_step_at_a_time_while_others_go_beside_it(
     await txn.commit()
     reader = await client.subscribe(OUT, "r", initial_position="earliest")
     assert [m.value for m in await receive_all(reader, 3)] == [b"warm-up", b"first", b"second"]
+
+
+async def test_a_prediction_missed_by_a_rollover_takes_one_more_rewrite(
+    client: Client, cluster: Cluster
+) -> None:
+    """The ledger rolls over while the send's entry waits to be written: the entry lands
+    in the next ledger, after the position the record was written ahead for, so the
+    record is rewritten to cover where it really is before the send is answered; the
+    entry is then visible once the transaction commits."""
+    consumer, message, out = await _consumed(client)
+    txn = await client.transaction().start()
+    ledger = cluster.broker.service.topics[OUT_SEGMENT].ledger
+    last = ledger.last_confirmed
+    assert last is not None
+    steps = cluster.faults.count("txn", key_prefix=T.writes_key(txn.id, str(OUT_SEGMENT)))
+    async with _holding_appends(cluster, OUT_SEGMENT) as (parked, gate):
+        sent = await out.send_async(b"out", txn=txn)
+        await asyncio.wait_for(parked.wait(), 10)
+        await wait_until(lambda: steps.calls == 1, timeout=10, what="the step ahead")
+        cut = await ledger.roll_over()  # the parked batch has not taken the write lock
+        assert cut.ledger_id > last.ledger_id
+        gate.set()
+        message_id = await asyncio.wait_for(sent, 10)
+    assert (message_id.ledger_id, message_id.entry_id) == (cut.ledger_id, cut.entry_id)
+    assert steps.calls == 2  # the record written ahead missed it: one more rewrite
+    records = await op_records(cluster, str(txn.id))
+    (writes,) = [r for r in records.values() if isinstance(r, T.WritesRecord)]
+    assert writes.first == (last.ledger_id, last.entry_id + 1)  # the prediction
+    assert writes.last == (cut.ledger_id, cut.entry_id)
+    await consumer.acknowledge(message, txn=txn)
+    await txn.commit()
+    reader = await client.subscribe(OUT, "r", initial_position="earliest")
+    assert [m.value for m in await receive_all(reader, 2)] == [b"warm-up", b"out"]
+
+
+class _GatedStore:
+    """The broker's store as the op-record writer sees it, with steps writing ``key`` held
+    before they reach the store until ``gate`` is set."""
+
+    def __init__(self, inner: MetadataStore, key: str) -> None:
+        self._inner, self._key = inner, key
+        self.arrived, self.gate = asyncio.Event(), asyncio.Event()
+
+    async def commit(self, ops: list[Op]) -> list[int | None]:
+        if any(getattr(op, "key", None) == self._key for op in ops):
+            self.arrived.set()
+            await self.gate.wait()
+        return await self._inner.commit(ops)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_an_entry_whose_record_ahead_lands_after_the_commit_is_an_orphan(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The late-write race with the record written ahead: the entry is durable, but the
+    step covering it reaches the store only after END_TXN (a client that commits without
+    waiting for its send). The step's header check fails, the entry is an orphan, the send
+    fails, and the committed transaction shows only what was recorded in time."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
+    txn = await client.transaction().start()
+    await producer.send(b"in time", txn=txn)
+    writer = cluster.broker.service.op_records
+    gated = _GatedStore(writer._store, T.writes_key(txn.id, str(SEGMENT)))
+    monkeypatch.setattr(writer, "_store", gated)
+    ledger = cluster.broker.service.topics[SEGMENT].ledger
+    before = ledger.last_confirmed
+    late = await producer.send_async(b"late", txn=txn)
+    await asyncio.wait_for(gated.arrived.wait(), 10)
+    await wait_until(lambda: ledger.last_confirmed != before, timeout=10, what="late, durable")
+    position = ledger.last_confirmed
+    assert position is not None
+    await txn._end(TxnAction.COMMIT, Deadline(10))  # END_TXN without waiting for the send
+    gated.gate.set()
+    with pytest.raises(ServerError) as refused:
+        await late
+    assert refused.value.name is ErrorName.TRANSACTION_CONFLICT
+    assert cluster.broker.service.topics[SEGMENT].buffer.is_orphan(position)
+    await producer.send(b"after")
+    got = [await consumer.receive(timeout_s=10) for _ in range(2)]
+    assert [m.value for m in got] == [b"in time", b"after"]  # never "late"
 
 
 async def test_an_ack_does_not_wait_long_for_an_append_that_hangs(
