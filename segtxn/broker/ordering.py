@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 
-from segtxn.ledger import ManagedLedger, Queued
+from segtxn.ledger import ManagedLedger, Position
 
 
 class Turn:
@@ -70,13 +70,12 @@ class Turn:
         if not self._mine.done():
             self._mine.set_result(None)
 
-    async def enqueue(self, ledger: ManagedLedger, payload: bytes) -> Queued:
+    async def enqueue(self, ledger: ManagedLedger, payload: bytes) -> asyncio.Future[Position]:
         """Wait for this turn, queue ``payload`` on ``ledger``, and pass the turn on
         (whether or not the ledger took the entry).
 
         Returns:
-            The queued entry: its position once durable, and the one predicted for it
-            (see ``ManagedLedger.enqueue``).
+            The entry's position, once it is durable (see ``ManagedLedger.enqueue``).
         """
         await self.wait()
         try:

@@ -237,7 +237,7 @@ class Publishing:
                 is raised as it is, once the send has been given up (nothing in flight).
         """
         try:
-            return (await turn.enqueue(self.ledger, fresh.entry)).written
+            return await turn.enqueue(self.ledger, fresh.entry)
         except BaseException as e:
             refusal = self._not_stored(send, fresh, e)
             if refusal is e or not isinstance(e, Exception):

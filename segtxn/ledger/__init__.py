@@ -21,7 +21,6 @@ from segtxn.ledger.position import Entry, Position
 from segtxn.ledger.recovery import check_files, movable
 from segtxn.ledger.registry import open_log_storage
 from segtxn.ledger.retention import RetentionPolicy, TrimResult
-from segtxn.ledger.writer import Queued
 
 __all__ = [
     "METADATA_PREFIX",
@@ -42,7 +41,6 @@ __all__ = [
     "MemoryLogStorage",
     "NotEnoughReplicas",
     "Position",
-    "Queued",
     "Recovered",
     "RetentionPolicy",
     "TrimResult",

@@ -179,7 +179,7 @@ class CompactedLog:
         try:
             if admit is not None:
                 admit()
-            written = (await self.ledger.enqueue(payload)).written
+            written = await self.ledger.enqueue(payload)
         except BaseException:
             self._gate.leave()
             raise
@@ -235,7 +235,7 @@ class CompactedLog:
             async with self._gate.alone():
                 cut = await self.ledger.roll_over()
                 payloads = await keep()
-                writes = [(await self.ledger.enqueue(payload)).written for payload in payloads]
+                writes = [await self.ledger.enqueue(payload) for payload in payloads]
                 positions = [await written for written in writes]
                 if properties is not None:
                     await self.ledger.update_properties(properties())

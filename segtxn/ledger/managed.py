@@ -67,7 +67,7 @@ from segtxn.ledger.retention import (
     closed_ledgers,
     deletable,
 )
-from segtxn.ledger.writer import GroupCommit, Queued, WriteStats
+from segtxn.ledger.writer import GroupCommit, WriteStats
 from segtxn.metastore import MetadataStore, NotFound
 
 __all__ = [  # the metadata names are re-exported for modules that import them from here
@@ -119,10 +119,7 @@ class ManagedLedger(LedgerReads):
         self.on_write_failure: list[Callable[[WriteFailed], None]] = []
         """Called once when a write fails and the ledger stops taking appends (its owner
         reopens it, or, for a fenced one, lets it go)."""
-        first = Position(self._current.ledger_id, self._current.count) if self._current else None
-        self._writer = GroupCommit(
-            name, settings, self._write, self._write_failed, first or Position(0, 0)
-        )
+        self._writer = GroupCommit(name, settings, self._write, self._write_failed)
 
     # ================================================================= opening
 
@@ -184,13 +181,12 @@ class ManagedLedger(LedgerReads):
             LedgerClosed: the ledger object was closed.
             LedgerError: an earlier write failed (or this one did); reopen the ledger.
         """
-        written = (await self.enqueue(payload)).written
+        written = await self.enqueue(payload)
         # the entry is written even if the caller stops waiting for it
         return await asyncio.shield(written)
 
-    async def enqueue(self, payload: bytes) -> Queued:
-        """Queue one entry; returns once it holds its place in the write queue, with the
-        position it will have unless the ledger rolls over first (:class:`Queued`).
+    async def enqueue(self, payload: bytes) -> asyncio.Future[Position]:
+        """Queue one entry; returns once it holds its place in the write queue.
 
         Entries are written in the order they were queued: callers that must keep an order
         (a producer's sends) queue one after another and await the writes in any order.
@@ -295,7 +291,6 @@ class ManagedLedger(LedgerReads):
         self.stats.rollovers += 1
         self._logs.add(fresh)
         self._current = fresh
-        self._writer.rolled_over(new_id)
         return fresh
 
     async def _update(

@@ -7,12 +7,6 @@ waits at most ``max_batch_delay_s`` to fill. Appends wait (backpressure, first c
 served) while ``max_pending_bytes`` are queued. Entries are written in the order they were
 queued.
 
-Entries get positions in the order they were queued, so the writer can say, as an entry is
-queued, the position it will have (:class:`Queued`): exact unless the ledger rolls over to
-a new one before it is written, and then too low, never too high (the entries of a rolled
-over ledger all come after every position of the one before it). The transaction buffer
-relies on that: see ``MetadataTransactionBuffer.append_together``.
-
 The first failed write stops the writer: that batch and everything queued fail with
 ``LedgerError``, and so does every later append, until the ledger is reopened (a write
 that failed half-way leaves the file in a state only recovery may judge).
@@ -25,7 +19,6 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from segtxn.ledger.errors import LedgerError, LedgerFenced, WriteFailed
 from segtxn.ledger.metadata import LedgerSettings
@@ -52,16 +45,6 @@ class WriteStats:
     or one entry's size)."""
 
 
-class Queued(NamedTuple):
-    """An entry in the write queue."""
-
-    written: asyncio.Future[Position]
-    """Its position once it is durable, or the ``LedgerError`` its write failed with."""
-    predicted: Position
-    """Its position unless the ledger rolls over first; a later one if it does. No entry
-    queued after it is ever written at or before this position."""
-
-
 @dataclass(eq=False)
 class _Pending:
     payload: bytes
@@ -77,10 +60,7 @@ class GroupCommit:
         settings: LedgerSettings,
         write: WriteBatch,
         on_failure: Callable[[WriteFailed], None],
-        first: Position,
     ) -> None:
-        """``first``: where the first entry queued goes, unless the ledger rolls over
-        first (tell :meth:`rolled_over` when it does)."""
         self._name = name
         self._settings = settings
         self._write = write
@@ -97,19 +77,9 @@ class GroupCommit:
         self._admitting = 0  # appends holding or waiting for _admission
         self.failure: BaseException | None = None
         """The write that stopped the writer (None while it runs)."""
-        self._queued_count = 0  # entries ever queued
-        self._written_count = 0  # entries ever written
-        self._base, self._base_count = first, 0
-        """Entry number ``_base_count`` (counted from 0 over this writer's life) goes to
-        ``_base``; the ones after it follow it in the same ledger."""
         self._task = asyncio.create_task(self._run(), name=f"ledger-writer-{name}")
 
-    def rolled_over(self, ledger_id: int) -> None:
-        """The ledger started ``ledger_id``: every entry not yet written goes there, in
-        order (called with the write lock held, so no batch is half-written)."""
-        self._base, self._base_count = Position(ledger_id, 0), self._written_count
-
-    async def enqueue(self, payload: bytes, check: Callable[[], None]) -> Queued:
+    async def enqueue(self, payload: bytes, check: Callable[[], None]) -> asyncio.Future[Position]:
         """Queue ``payload`` once there is room; ``check`` raises if the ledger no longer
         takes appends (called before and after any wait for room)."""
         if self._admitting == 0 and self._has_room(len(payload)):
@@ -128,15 +98,13 @@ class GroupCommit:
     def _has_room(self, size: int) -> bool:
         return not self._queue or self._queued_bytes + size <= self._settings.max_pending_bytes
 
-    def _push(self, payload: bytes) -> Queued:
+    def _push(self, payload: bytes) -> asyncio.Future[Position]:
         pending = _Pending(payload, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._queued_bytes += len(payload)
-        ahead = self._queued_count - self._base_count
-        self._queued_count += 1
         self.idle.clear()
         self._wake.set()
-        return Queued(pending.done, Position(self._base.ledger_id, self._base.entry_id + ahead))
+        return pending.done
 
     async def _run(self) -> None:
         while True:
@@ -156,7 +124,6 @@ class GroupCommit:
             except Exception as e:
                 self._fail(batch, e)
                 return
-            self._written_count += len(batch)
             for pending, position in zip(batch, positions, strict=True):
                 if not pending.done.done():
                     pending.done.set_result(position)

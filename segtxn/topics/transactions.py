@@ -15,8 +15,7 @@ idx txn-by-final-state    (state, finalized_ms)   -> header, once final
 A **writes** record says: the transaction's entries in this segment are those carrying its
 id at positions ``first..last`` (minus recorded orphans). The participant rewrites it, with
 a check that the header is still OPEN, whenever an append extends the range; one rewrite
-covers every append queued before it (it may start while they are being written: the
-ledger predicts their positions) (docs/design-notes.md, "Op records per
+covers every append that completed before it (docs/design-notes.md, "Op records per
 transaction and segment"). An **acks** record holds a subscription's acknowledgements in the
 transaction as ranges of entry ids per ledger, plus the cumulative position; a record that
 holds :data:`MAX_ACKS_PER_RECORD` positions is left as it is and the next chunk starts.

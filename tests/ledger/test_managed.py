@@ -62,28 +62,6 @@ async def test_rollover_and_reads_across_ledgers(
     assert len(listing.records) == 1
 
 
-async def test_a_predicted_position_is_never_too_high_across_rollovers(
-    open_ledger: OpenLedger,
-) -> None:
-    """What the transaction buffer relies on (``Queued.predicted``): an entry is written at
-    its predicted position or, if the ledger rolled over before it was written, after it;
-    and no entry queued later is ever written at or before an earlier one's prediction.
-    Rollovers here come from the size limit (inside a write) and from ``roll_over()``
-    called with entries queued. (Exact predictions: the enqueue-order test above.)"""
-    ledger = await open_ledger(max_ledger_bytes=500, max_batch_bytes=300)
-    queued = [await ledger.enqueue(bytes([i]) * 100) for i in range(40)]
-    cut = asyncio.ensure_future(ledger.roll_over())
-    queued += [await ledger.enqueue(bytes([i]) * 100) for i in range(40, 60)]
-    await cut
-    queued += [await ledger.enqueue(bytes([i]) * 100) for i in range(60, 80)]
-    actual = [await q.written for q in queued]
-    assert ledger.stats.rollovers >= 5
-    for i, q in enumerate(queued):
-        assert q.predicted <= actual[i]
-        assert all(later > q.predicted for later in actual[i + 1 :])
-    assert any(q.predicted < a for q, a in zip(queued, actual, strict=True))  # rolled over
-
-
 async def test_roll_over_starts_a_new_ledger_at_once(open_ledger: OpenLedger) -> None:
     """roll_over cuts the chain where it is called: what was durable stays before the
     cut, what is appended after goes to the new ledger (the v4 log's compaction trims at
@@ -295,14 +273,12 @@ async def test_enqueue_returns_once_queued_and_the_queue_order_is_the_write_orde
 
     current.append_batch = held  # type: ignore[method-assign]
     try:
-        queued = [await ledger.enqueue(f"q{i}".encode()) for i in range(5)]
-        written = [q.written for q in queued]
+        written = [await ledger.enqueue(f"q{i}".encode()) for i in range(5)]
         assert not any(w.done() for w in written)  # queued, not durable: no write ended
     finally:
         gate.set()
     positions = [await w for w in reversed(written)][::-1]  # awaited in any order
     assert positions == sorted(positions)
-    assert [q.predicted for q in queued] == positions  # no rollover: predicted exactly
     entries = await ledger.read(positions[0])
     assert [e.payload for e in entries] == [f"q{i}".encode() for i in range(5)]
 

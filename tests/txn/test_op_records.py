@@ -282,96 +282,60 @@ async def _consumed(client: Client) -> tuple[Consumer, Message, ScalableProducer
     return consumer, message, out
 
 
-async def test_the_writes_record_lands_while_its_entry_is_written_and_the_ack_beside_it(
-    client: Client, cluster: Cluster
+async def test_an_ack_waits_for_its_transactions_appends_and_shares_their_step(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Consume-transform-produce: the writes record covering the position predicted for the
-    send's entry is written while the entry is (the store's round trip overlaps the
-    disk's), and the ack's record is not held back by the append: each lands while the
-    entry's write is parked. The send is answered only once its entry is durable, and no
-    further step is needed for it."""
+    """Consume-transform-produce: the ack's record is ready before the send's entry is
+    durable; it waits for it, and both records land in one store step, not two in turn."""
+    monkeypatch.setattr(oprecords, "APPEND_WAIT_S", 30.0)
     consumer, message, out = await _consumed(client)
     txn = await client.transaction().start()
     steps = cluster.faults.count("txn", key_prefix="/txn-op/")
-    ledger = cluster.broker.service.topics[OUT_SEGMENT].ledger
-    last = ledger.last_confirmed
-    assert last is not None
     async with _holding_appends(cluster, OUT_SEGMENT) as (parked, gate):
         sent = await out.send_async(b"out", txn=txn)
         await asyncio.wait_for(parked.wait(), 10)  # the send's entry is being written
-        await asyncio.wait_for(consumer.acknowledge(message, txn=txn), 10)  # not held back
-        await wait_until(lambda: steps.calls == 2, timeout=10, what="the writes record's step")
-        records = await op_records(cluster, str(txn.id))
-        writes = [r for r in records.values() if isinstance(r, T.WritesRecord)]
-        predicted = (last.ledger_id, last.entry_id + 1)
-        assert [(w.first, w.last) for w in writes] == [(predicted, predicted)]
-        assert any(isinstance(r, T.AcksRecord) for r in records.values())
-        assert not sent.done()  # its entry is not durable yet
+        acked = asyncio.ensure_future(consumer.acknowledge(message, txn=txn))
+        writer = cluster.broker.service.op_records
+        await wait_until(lambda: writer.waiting(txn.id) == 1, timeout=10, what="the ack waiting")
+        assert steps.calls == 0  # it waits for the append instead of taking a step alone
         gate.set()
-        message_id = await asyncio.wait_for(sent, 10)
-    assert (message_id.ledger_id, message_id.entry_id) == predicted
-    assert steps.calls == 2  # the prediction held: nothing more to write
+        await asyncio.gather(sent, acked)
+    assert steps.calls == 1
+    records = await op_records(cluster, str(txn.id))
+    assert sorted(type(r).__name__ for r in records.values()) == ["AcksRecord", "WritesRecord"]
     await txn.commit()
 
 
-async def test_a_record_is_in_one_step_at_a_time_while_others_go_beside_it(
-    client: Client, cluster: Cluster
+async def test_a_step_waits_only_for_the_appends_in_flight_when_it_began(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A record being written waits for that step before its next rewrite (two steps
-    writing one key could land out of order); records of other keys do not wait for it."""
+    """A transaction that keeps sending does not hold its records back: appends that start
+    while a step waits for earlier ones are not waited for."""
+    monkeypatch.setattr(oprecords, "APPEND_WAIT_S", 30.0)
     consumer, message, out = await _consumed(client)
+    await client.admin.create_topic(OUT2, segments=1)
+    out2 = await client.create_producer(OUT2)
+    await out2.send(b"warm-up")
     txn = await client.transaction().start()
-    held = cluster.faults.hold("txn", key_prefix=T.writes_key(txn.id, str(OUT_SEGMENT)), times=1)
-    first = await out.send_async(b"first", txn=txn)
-    await held.wait_for(1)  # the writes record's first step: landed, its answer parked
-    second = await out.send_async(b"second", txn=txn)
     writer = cluster.broker.service.op_records
-    await wait_until(lambda: writer.waiting(txn.id) == 1, timeout=10, what="the rewrite waiting")
-    await asyncio.wait_for(consumer.acknowledge(message, txn=txn), 10)  # beside it
-    assert not first.done() and not second.done()
-    assert writer.waiting(txn.id) == 1  # the rewrite has not begun
-    held.release(0)
-    first_id, second_id = await asyncio.wait_for(asyncio.gather(first, second), 10)
-    records = await op_records(cluster, str(txn.id))
-    (writes,) = [r for r in records.values() if isinstance(r, T.WritesRecord)]
-    assert writes.first == (first_id.ledger_id, first_id.entry_id)
-    assert writes.last == (second_id.ledger_id, second_id.entry_id)
-    await txn.commit()
-    reader = await client.subscribe(OUT, "r", initial_position="earliest")
-    assert [m.value for m in await receive_all(reader, 3)] == [b"warm-up", b"first", b"second"]
-
-
-async def test_a_prediction_missed_by_a_rollover_takes_one_more_rewrite(
-    client: Client, cluster: Cluster
-) -> None:
-    """The ledger rolls over while the send's entry waits to be written: the entry lands
-    in the next ledger, after the position the record was written ahead for, so the
-    record is rewritten to cover where it really is before the send is answered; the
-    entry is then visible once the transaction commits."""
-    consumer, message, out = await _consumed(client)
-    txn = await client.transaction().start()
-    ledger = cluster.broker.service.topics[OUT_SEGMENT].ledger
-    last = ledger.last_confirmed
-    assert last is not None
-    steps = cluster.faults.count("txn", key_prefix=T.writes_key(txn.id, str(OUT_SEGMENT)))
-    async with _holding_appends(cluster, OUT_SEGMENT) as (parked, gate):
-        sent = await out.send_async(b"out", txn=txn)
+    async with (
+        _holding_appends(cluster, OUT_SEGMENT) as (parked, gate),
+        _holding_appends(cluster, OUT2_SEGMENT) as (parked2, gate2),
+    ):
+        first = await out.send_async(b"first", txn=txn)
         await asyncio.wait_for(parked.wait(), 10)
-        await wait_until(lambda: steps.calls == 1, timeout=10, what="the step ahead")
-        cut = await ledger.roll_over()  # the parked batch has not taken the write lock
-        assert cut.ledger_id > last.ledger_id
+        acked = asyncio.ensure_future(consumer.acknowledge(message, txn=txn))
+        # (the step for the ack starts waiting, for `first`, before this poll returns:
+        # asyncio runs callbacks in the order they were scheduled)
+        await wait_until(lambda: writer.waiting(txn.id) == 1, timeout=10, what="the ack waiting")
+        second = await out2.send_async(b"second", txn=txn)
+        await asyncio.wait_for(parked2.wait(), 10)  # a run that began after the step
         gate.set()
-        message_id = await asyncio.wait_for(sent, 10)
-    assert (message_id.ledger_id, message_id.entry_id) == (cut.ledger_id, cut.entry_id)
-    assert steps.calls == 2  # the record written ahead missed it: one more rewrite
-    records = await op_records(cluster, str(txn.id))
-    (writes,) = [r for r in records.values() if isinstance(r, T.WritesRecord)]
-    assert writes.first == (last.ledger_id, last.entry_id + 1)  # the prediction
-    assert writes.last == (cut.ledger_id, cut.entry_id)
-    await consumer.acknowledge(message, txn=txn)
+        await asyncio.wait_for(asyncio.gather(first, acked), 10)  # not held back by `second`
+        assert not second.done()
+        gate2.set()
+        await second
     await txn.commit()
-    reader = await client.subscribe(OUT, "r", initial_position="earliest")
-    assert [m.value for m in await receive_all(reader, 2)] == [b"warm-up", b"out"]
 
 
 class _GatedStore:
@@ -392,13 +356,13 @@ class _GatedStore:
         return getattr(self._inner, name)
 
 
-async def test_an_entry_whose_record_ahead_lands_after_the_commit_is_an_orphan(
+async def test_an_entry_whose_record_lands_after_the_commit_is_an_orphan(
     client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The late-write race with the record written ahead: the entry is durable, but the
-    step covering it reaches the store only after END_TXN (a client that commits without
-    waiting for its send). The step's header check fails, the entry is an orphan, the send
-    fails, and the committed transaction shows only what was recorded in time."""
+    """The late-write race: the entry is durable, but the step covering it reaches the
+    store only after END_TXN (a client that commits without waiting for its send). The
+    step's header check fails, the entry is an orphan, the send fails, and the committed
+    transaction shows only what was recorded in time."""
     await client.admin.create_topic(TOPIC, segments=1)
     producer = await client.create_producer(TOPIC)
     consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")

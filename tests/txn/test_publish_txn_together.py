@@ -68,13 +68,13 @@ async def test_a_transactions_batch_is_recorded_in_one_step(
     steps = cluster.faults.count("txn", key_prefix="/txn-op/")
     writer = cluster.broker.service.op_records
     writes: list[object] = []
-    original = writer.submit
+    original = writer.write
 
-    def counted(*args: Any, **kwargs: Any) -> asyncio.Future[None]:
+    async def counted(*args: Any, **kwargs: Any) -> None:
         writes.append(args)
-        return original(*args, **kwargs)
+        await original(*args, **kwargs)
 
-    monkeypatch.setattr(writer, "submit", counted)
+    monkeypatch.setattr(writer, "write", counted)
     async with raw_producer(cluster, "p") as ws:
         await send_batch(ws, *(Send(seq=i, payload=b"%d" % i, txn=txn.wire_id) for i in range(30)))
         got = await answers(ws, 30)

@@ -5,23 +5,18 @@ A transactional send is one ledger append, then the transaction's writes record 
 (``/txn-op/<txn>/w/<segment>``, indexed ``writes-by-segment``) must cover it; outcomes come
 from the header cache. Beyond the PIP (docs/architecture.md, docs/design-notes.md):
 
-- **Queue, then record, while the append is written** (the PIP appends, then records).
-  Invariant: *an entry is visible only if a writes record covering it landed while its
-  transaction was OPEN, and the transaction committed*, and a record covers only entries
-  queued on the ledger before its step began. The record holds a range ``first..last``.
-  Once a batch's entries are queued, the rewrite covering the positions the ledger
-  predicts for them starts at once (``WritesRecords.ahead``): a prediction is never too
-  high, so no entry queued later falls inside it. A send is answered once its entry is
-  durable and a landed record covers its real position; a missed prediction (the ledger
-  rolled over) takes one more rewrite after the write. An append at or before the
-  ``last`` of a record that already landed is covered without a store write (it was
-  queued before that record's step). If the rewrite fails (the transaction ended
-  meanwhile, or the store failed) the entry is an **orphan**: it is recorded at
-  ``/txn-orphans/<segment>/<position>`` before the send fails, and never shown; the record
-  is never extended again. After a crash between the two steps, recovery scans the
-  unresolved tail (from the durable watermark) and records every transactional entry
-  outside its transaction's range as an orphan. Until an append's record is settled, the
-  read horizon stays before it.
+- **Append, then record** (the PIP's order). Invariant: *an entry is visible only if a
+  writes record covering it landed while its transaction was OPEN, and the transaction
+  committed.* The record holds a range ``first..last``: an append at or before the ``last``
+  of a record that already landed is covered without a store write (it was appended before
+  that record's header check); any other is covered by the next rewrite of the record,
+  which carries every append that completed meanwhile. If the rewrite fails (the
+  transaction ended meanwhile, or the store failed) the entry is an **orphan**: it is
+  recorded at ``/txn-orphans/<segment>/<position>`` before the send fails, and never
+  shown; the record is never extended again. After a crash between the two steps, recovery
+  scans the unresolved tail (from the durable watermark) and records every transactional
+  entry outside its transaction's range as an orphan. Until an append's record is settled,
+  the read horizon stays before it.
 - **Outcomes outlive headers.** An abort is recorded at ``/txn-aborted/<segment>/<txn>``
   when it is materialized; the **resolved watermark** (``/txn-buffer/<segment>``) is the
   horizon up to which every entry is decided. A writes record is deleted only once the
@@ -52,7 +47,6 @@ from segtxn.broker.txn.buffer_records import (
     AbortedTxn,
     BufferState,
     WritesDraft,
-    WritesRecords,
     as_position,
     before,
 )
@@ -104,7 +98,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._writes: dict[TxnId, list[Position]] = {}
         """Entries here of transactions whose writes records still exist (after recovery:
         the first and last of each range)."""
-        self._records = WritesRecords(segment, ops, has_entries=self._writes.__contains__)
+        self._records: dict[TxnId, WritesDraft] = {}
         self._appending: dict[TxnId, int] = {}
         """Appends in flight per transaction: its record is not cleaned while one may still
         extend what it covers."""
@@ -207,7 +201,6 @@ class MetadataTransactionBuffer(TransactionBuffer):
             missing = ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
             return [missing] * len(entries)
         outcomes: list[asyncio.Future[Position] | BaseException] = []
-        predicted: list[Position] = []
         floor: Position | None = None
         appended = self._ops.appending(txn)  # its steps wait for these writes' record
         try:
@@ -228,12 +221,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
                         floor = self._ledger.last_confirmed or Position(0, -1)
                         self._floors.append(floor)
                     try:
-                        queued = await turn.enqueue(self._ledger, payload)
+                        outcomes.append(await turn.enqueue(self._ledger, payload))
                     except (LedgerError, ServerError) as e:
                         outcomes.append(e)
-                    else:
-                        outcomes.append(queued.written)
-                        predicted.append(queued.predicted)
             except asyncio.CancelledError:
                 if not any(isinstance(o, asyncio.Future) for o in outcomes):
                     raise  # nothing queued: all given up
@@ -241,9 +231,8 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 outcomes += [stopped] * (len(entries) - len(outcomes))
             # Queued entries are recorded or orphaned whatever becomes of this task: in a
             # task of their own, waited for through any cancel (the floor stays till then).
-            ahead = self._records.ahead(txn, version, predicted, appended)
             finishing = asyncio.get_running_loop().create_task(
-                self._finish(txn, version, outcomes, appended, ahead), name=f"txn-append-{txn}"
+                self._finish(txn, version, outcomes, appended), name=f"txn-append-{txn}"
             )
             while True:
                 try:
@@ -263,11 +252,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
         version: int,
         outcomes: list[asyncio.Future[Position] | BaseException],
         appended: AppendInFlight,
-        ahead: asyncio.Future[None] | None,
     ) -> list[Position | BaseException]:
         """Await the queued writes, then have one record cover them (or orphan them all);
-        ``appended`` ends once that record is queued (or nothing is to be recorded).
-        ``ahead``: the rewrite started for their predicted positions (``WritesRecords.ahead``)."""
+        ``appended`` ends once that record is queued (or nothing is to be recorded)."""
         try:
             written = [o for o in outcomes if isinstance(o, asyncio.Future)]
             if written:
@@ -277,7 +264,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
             if not stored:
                 return positions
             try:
-                await self._records.cover(txn, version, stored, appended, ahead)
+                await self._record(txn, version, stored, appended)
             except ServerError as e:
                 try:
                     await self._orphans.add_all(txn, stored)
@@ -290,6 +277,31 @@ class MetadataTransactionBuffer(TransactionBuffer):
         for position in stored:
             self._track(txn, position)
         return positions
+
+    async def _record(
+        self, txn: TxnId, version: int, positions: list[Position], appended: AppendInFlight
+    ) -> None:
+        """Make the writes record cover ``positions``: nothing to write when a landed one
+        does (they were appended before that record's header check passed); otherwise a
+        rewrite with a check that the header is still at ``version`` (the late-write race
+        is settled there), shared with every append waiting for it.
+
+        Raises ServerError: see :meth:`OpRecordWriter.write`.
+        """
+        draft = self._records.get(txn)
+        if draft is None:
+            draft = self._records[txn] = WritesDraft(txn, self.segment, positions[0])
+        if all(draft.covers(position) for position in positions):
+            draft.refuse_if_failed()
+            return
+        for position in positions:
+            draft.extend(position)
+        try:
+            await self._ops.write(txn, version, draft, appended)
+        except ServerError:
+            if txn not in self._writes and draft.durable is None:
+                self._records.pop(txn, None)  # nothing of it here: nothing to clean up
+            raise
 
     def _track(self, txn: TxnId, position: Position) -> None:
         self._writes.setdefault(txn, []).append(position)
@@ -386,11 +398,10 @@ class MetadataTransactionBuffer(TransactionBuffer):
         if self._watermark is None or watermark > self._watermark:
             state = BufferState((watermark.ledger_id, watermark.entry_id))
             puts.append(Put(self._state_key, msgspec.json.encode(state)))
-        drafts = self._records.drafts
-        await self._ops.clean(puts, [drafts[t].key for t in ready if t in drafts])
+        await self._ops.clean(puts, [self._records[t].key for t in ready if t in self._records])
         self._watermark = watermark if self._watermark is None else max(self._watermark, watermark)
         for txn in ready:
-            drafts.pop(txn, None)
+            self._records.pop(txn, None)
             self._writes.pop(txn, None)
             self._headers.forget(txn, self._on_header)
             del self._cleanable[txn]
@@ -421,7 +432,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 log.error("%s: op record %s unreadable (%s): ignored", self.segment, op.key, e)
             if not isinstance(record, T.WritesRecord):
                 continue
-            draft = self._records.drafts[txn] = WritesDraft.recovered(txn, record)
+            draft = self._records[txn] = WritesDraft.recovered(txn, record)
             self._writes[txn] = [draft.first, draft.last]
         await self._find_orphans()
         for txn, positions in self._writes.items():
@@ -453,7 +464,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 if message.txn is None:
                     continue
                 txn = TxnId(*message.txn)
-                draft = self._records.drafts.get(txn)
+                draft = self._records.get(txn)
                 if draft is not None and draft.covers(entry.position):
                     continue
                 if entry.position not in self._orphans:

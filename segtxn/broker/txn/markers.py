@@ -165,7 +165,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
             floor = self._ledger.last_confirmed or Position(0, -1)
             self._floors.append(floor)
             try:
-                written = (await turn.enqueue(self._ledger, payload)).written
+                written = await turn.enqueue(self._ledger, payload)
             except BaseException:
                 self._floors.remove(floor)
                 self._changed()

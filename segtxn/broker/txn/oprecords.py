@@ -3,22 +3,21 @@ grows, several per store step.
 
 A participant keeps each op record's content in memory (a :class:`Draft`) and asks this
 writer to make it durable with a check that the transaction's header is still at the
-version it had while OPEN. A record is in one step at a time (two steps writing one key
-could land out of order): while it is being written, its changes wait, and the next step
-writes it once, with whatever it holds by then, together with the transaction's other
-records then waiting: a hundred appends in flight together cost one or two store steps,
-not a hundred records (issue 16; bench/peer.py's ``store w/msg``). Records of one
-transaction that are not being written take a step beside one in flight rather than wait
-for it: a consume-transform-produce transaction's writes record is written while its
-entries are (segtxn/broker/txn/buffer.py), and its acks, arriving a moment later, need
-not wait behind it. A step also waits, up to :data:`APPEND_WAIT_S`, for the runs of
-appends of its transaction that this broker has begun but not yet queued on a ledger
-(:meth:`OpRecordWriter.appending`; not for runs that begin later), so acks and writes that
-arrive together share a step. A step is all or nothing, so a failed one fails every waiter
-in it, which is the outcome each would have had alone (the header check is shared); a
-draft whose step failed is **failed for good**: its record may hold less than its
-participant believes (or, after an ambiguous store error, more), so nothing more is ever
-recorded in it and the transaction cannot commit what it would have covered.
+version it had while OPEN. While a step for a transaction is in flight, the drafts that
+change meanwhile — from any segment or subscription on this broker — wait, and the next
+step writes each of them once, with whatever it holds by then: a hundred appends in flight
+together cost one or two store steps, not a hundred records (issue 16; bench/peer.py's
+``store w/msg``). A step also waits, up to :data:`APPEND_WAIT_S`, for the runs of appends
+of its transaction that this broker is writing when it begins (not for later ones:
+:meth:`OpRecordWriter.appending`): a consume-transform-produce transaction's acks record is
+ready at once, its writes records only once their entries are durable, and without the
+wait the acks took a step of their own and the writes waited for it, two store round trips
+on every transaction's path instead of one (bench/peer.py ``txn 1``). A step is all or
+nothing, so a failed one fails every waiter in it, which is the outcome each would have had
+alone (the header check is shared); a draft whose step failed is **failed for good**: its
+record may hold less than its participant believes (or, after an ambiguous store error,
+more), so nothing more is ever recorded in it and the transaction cannot commit what it
+would have covered.
 
 Clean-up after outcomes goes through the same writer, batched across the broker: what a
 segment or subscription hands to :meth:`OpRecordWriter.clean` (index entries and a
@@ -61,9 +60,8 @@ CLEAN_OPS_PER_STEP = 40
 operations, as does a put: under the 128 a step may hold)."""
 CLEAN_RETRY_S = 1.0
 APPEND_WAIT_S = 0.02
-"""How long a step waits for its transaction's runs of appends on this broker that are not
-yet queued on a ledger (so their records join it): usually well under a millisecond, and
-bounded so that a ledger short of room (backpressure) holds nothing else back."""
+"""How long a step waits for its transaction's appends in flight on this broker (so their
+records join it): a little over a slow disk's sync, never a stall when appends keep coming."""
 log = logging.getLogger(__name__)
 MAX_STEP_BYTES = 512 * 1024
 """Encoded records per step (each is also copied into its index entry): a third of the
@@ -148,12 +146,7 @@ class OpRecordWriter:
         self._store = store
         self._metrics = metrics
         self._queues: dict[TxnId, dict[str, _Waiting]] = {}
-        """Drafts waiting for a step, per transaction and record key."""
-        self._writing: dict[TxnId, set[str]] = {}
-        """Keys of records being written by a step in flight: never two steps at once."""
-        self._gathering: dict[TxnId, int] = {}
-        """Flushers of a transaction waiting for its appends before they take drafts."""
-        self._flushers: set[asyncio.Task[None]] = set()
+        self._flushers: dict[TxnId, asyncio.Task[None]] = {}
         self._appends: dict[TxnId, set[AppendInFlight]] = {}
         """Runs of appends in flight per transaction (:meth:`appending`)."""
         self._cleaning: list[_Cleaning] = []
@@ -161,9 +154,8 @@ class OpRecordWriter:
         self._closed = False
 
     def appending(self, txn: TxnId) -> AppendInFlight:
-        """Say that appends of ``txn`` are being queued here and their record will follow:
-        steps of ``txn`` wait (a little) for it. End it with :meth:`submit`, :meth:`write`
-        or its ``end``."""
+        """Say that appends of ``txn`` are being written here and their record will follow:
+        steps of ``txn`` wait (a little) for it. End it with :meth:`write` or its ``end``."""
         return AppendInFlight(self._appends, txn)
 
     async def _appends_written(self, txn: TxnId) -> None:
@@ -186,72 +178,41 @@ class OpRecordWriter:
             ServerError(PersistenceError): the store failed (the record may hold it or not).
             ServerError: ``draft`` failed earlier (its error's name).
         """
-        await asyncio.shield(self.submit(txn, version, draft, appended))
-
-    def submit(
-        self, txn: TxnId, version: int, draft: Draft, appended: AppendInFlight | None = None
-    ) -> asyncio.Future[None]:
-        """:meth:`write` without waiting: queue ``draft`` now and return the future that
-        the step writing it settles (with :meth:`write`'s errors; they count as retrieved,
-        so it may be left unawaited)."""
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             draft.refuse_if_failed()
             queue = self._queues.setdefault(txn, {})
             waiting = queue.get(draft.key)
             if waiting is None:
                 waiting = queue[draft.key] = _Waiting(draft, version)
+            done = asyncio.get_running_loop().create_future()
             waiting.waiters.append(done)
-        except ServerError as e:
-            _fail([done], e)
-            return done
         finally:
             if appended is not None:
                 appended.end()
-        if not self._gathering.get(txn) and draft.key not in self._writing.get(txn, ()):
-            flusher = asyncio.create_task(self._flush(txn), name=f"op-records-{txn}")
-            self._flushers.add(flusher)
-            flusher.add_done_callback(self._flushers.discard)
-        return done
+        if txn not in self._flushers:
+            self._flushers[txn] = asyncio.create_task(self._flush(txn), name=f"op-records-{txn}")
+        await asyncio.shield(done)
 
     def waiting(self, txn: TxnId) -> int:
         """Callers waiting for a step of ``txn`` that has not begun (diagnostics, tests)."""
         return sum(len(w.waiters) for w in self._queues.get(txn, {}).values())
 
     async def _flush(self, txn: TxnId) -> None:
-        """Write drafts of ``txn`` in steps until none is left that no other step is
-        writing. Steps of one transaction run side by side when their records differ (a
-        consume-transform-produce transaction's acks need not wait behind its writes
-        record, which is written while its entries are); a record being written waits
-        for that step, and the flusher running it then takes it."""
-        while self._queues.get(txn):
-            self._gathering[txn] = self._gathering.get(txn, 0) + 1
-            try:
+        try:
+            while self._queues.get(txn):
                 await self._appends_written(txn)
-            finally:
-                self._gathering[txn] -= 1
-                if not self._gathering[txn]:
-                    del self._gathering[txn]
-            queue = self._queues.get(txn)
-            if not queue:
-                return
-            writing = self._writing.setdefault(txn, set())
-            free = [key for key in queue if key not in writing]
-            if not free:
-                return  # each is being written: that step's flusher takes it next
-            await self._step(txn, queue, free, writing)
-            if not writing and self._writing.get(txn) is writing:
-                del self._writing[txn]
-            if not queue and self._queues.get(txn) is queue:
-                del self._queues[txn]
+                queue = self._queues.get(txn)
+                if queue:
+                    await self._step(txn, queue)
+        finally:
+            self._queues.pop(txn, None)
+            self._flushers.pop(txn, None)
 
-    def _take(
-        self, txn: TxnId, queue: dict[str, _Waiting], keys: list[str], chosen: list[_Waiting]
-    ) -> None:
-        """Move the drafts of the next step (some of ``keys``) from ``queue`` to ``chosen``,
-        each with its snapshot and Put (failed drafts: their waiters fail at once)."""
+    def _take(self, txn: TxnId, queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
+        """Move the drafts of the next step from ``queue`` to ``chosen``, each with its
+        snapshot and Put (failed drafts: their waiters fail at once)."""
         size = 0
-        for key in keys:
+        for key in list(queue):
             waiting = queue[key]
             if waiting.draft.failed is not None:
                 del queue[key]
@@ -268,18 +229,14 @@ class OpRecordWriter:
             size += 2 * len(value)
             chosen.append(queue.pop(key))
 
-    async def _step(
-        self, txn: TxnId, queue: dict[str, _Waiting], keys: list[str], writing: set[str]
-    ) -> None:
-        """Write some of ``queue``'s drafts under ``keys`` (taking them out of it) in one
-        store step; their keys are in ``writing`` while it is in flight."""
+    async def _step(self, txn: TxnId, queue: dict[str, _Waiting]) -> None:
+        """Write some of ``queue``'s drafts (taking them out of it) in one store step."""
         chosen: list[_Waiting] = []
         error: ServerError | None = None
         try:
-            self._take(txn, queue, keys, chosen)
+            self._take(txn, queue, chosen)
             if not chosen:
                 return
-            writing.update(w.draft.key for w in chosen)
             puts = [w.put for w in chosen if w.put is not None]
             await self._store.commit([Check(T.header_key(txn), chosen[0].version), *puts])
         except (BadVersion, NotFound) as e:
@@ -292,9 +249,8 @@ class OpRecordWriter:
             log.exception("op records of %s: step failed", txn)
             error = ServerError(ErrorName.UNKNOWN, f"could not record the op: {e}")
             error.__cause__ = e
-            chosen += [queue.pop(key) for key in keys if key in queue]
-        finally:
-            writing.difference_update(w.draft.key for w in chosen)
+            chosen += queue.values()
+            queue.clear()
         for waiting in chosen:
             if error is not None:
                 waiting.draft.failed = error
@@ -397,7 +353,7 @@ class OpRecordWriter:
         if self._cleaner is not None:
             self._cleaner.cancel()
             await asyncio.gather(self._cleaner, return_exceptions=True)
-        tasks = list(self._flushers)
+        tasks = list(self._flushers.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
