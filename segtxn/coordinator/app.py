@@ -144,7 +144,7 @@ async def _check_owner(request: web.Request, txn: TxnId) -> None:
     if principal is None or principal.superuser:
         return
     if txn.is_v5:
-        owner = (await request.app[COORDINATOR].status(txn)).owner
+        owner = await request.app[COORDINATOR].owner(txn)
     else:
         owner = request.app[V4].status(txn).owner
     check_owner(principal, owner, f"transaction {txn}")

@@ -19,11 +19,13 @@ from click.testing import CliRunner
 
 from segtxn.cli import main
 from segtxn.client import Client
-from segtxn.coordinator.app import V4, CoordinatorServer
+from segtxn.coordinator.app import COORDINATOR, V4, CoordinatorServer
+from segtxn.metastore import Record
 from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId
+from segtxn.topics import transactions as T
 from tests.auth.conftest import CONSUMER, PRODUCER, PRODUCER_2, ROOT, SecureCluster, bearer, token
 from tests.wsframes import next_frame
 
@@ -168,6 +170,36 @@ async def test_a_superuser_may_end_any_transaction(topics: SecureCluster) -> Non
         assert await _coordinator(http, topics, ROOT, f"/txn/v2/{txn}/end?action=ABORT") == 200
         async with http.get(f"{topics.txn_url}/txn/v2/{txn}", headers=bearer(token(ROOT))) as a:
             assert (await a.json())["owner"] == PRODUCER
+
+
+async def test_the_owner_check_of_a_commit_reads_no_header_this_coordinator_made(
+    topics: SecureCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With security on, END_TXN still costs one store call, the CAS: the owner of a
+    transaction this coordinator opened is known (it never changes). Another role is
+    still refused, and a transaction it did not open (read from the store) still checked."""
+    coordinator = topics.coordinator.app[COORDINATOR]
+    reads: list[str] = []
+    original = coordinator.store.get
+
+    async def counted(key: str) -> Record | None:
+        reads.append(key)
+        return await original(key)
+
+    monkeypatch.setattr(coordinator.store, "get", counted)
+    async with aiohttp.ClientSession() as http:
+        mine = await _open(http, topics, PRODUCER, v4=False)
+        theirs = await _open(http, topics, PRODUCER, v4=False)
+        headers = {T.header_key(mine), T.header_key(theirs)}
+        commit = f"/txn/v2/{mine}/end?action=COMMIT"
+        assert await _coordinator(http, topics, PRODUCER, commit) == 200
+        assert [k for k in reads if k in headers] == []
+        end = f"/txn/v2/{theirs}/end?action=COMMIT"
+        assert await _coordinator(http, topics, PRODUCER_2, end) == 403
+        coordinator._created.clear()  # as after a restart: the owner comes from the store
+        assert await _coordinator(http, topics, PRODUCER_2, end) == 403
+        assert [k for k in reads if k in headers] == [T.header_key(theirs)]
+        assert await _coordinator(http, topics, PRODUCER, end) == 200
 
 
 async def test_the_client_with_a_token_does_transactions_as_usual(topics: SecureCluster) -> None:
