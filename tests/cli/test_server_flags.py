@@ -190,9 +190,11 @@ def test_the_coordinator_takes_the_repair_flags_of_its_loop(
 def test_header_watch_default_and_flag(started: list[BrokerSettings], tmp_path: Path) -> None:
     base = [*BROKER, "--data-dir", str(tmp_path)]
     assert invoke(*base)[0] == 0
-    assert started[-1].header_watch is HeaderWatch.PREFIX
+    default = started[-1]
+    assert default.header_watch is HeaderWatch.PREFIX
     code, out = invoke(*base, "--header-watch", "scoped")
     assert code == 0, out
-    assert started[-1].header_watch is HeaderWatch.SCOPED
+    scoped = started[-1]
+    assert scoped.header_watch is HeaderWatch.SCOPED
     code, out = invoke(*base, "--header-watch", "everything")
     assert code == 2 and "'everything' is not one of 'prefix', 'scoped'" in out
