@@ -6,12 +6,14 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
 from segtxn.metastore.etcd_server import free_port
+from tests.broker.bad_input_support import LIMIT, TOPIC, Stored
 
 _ids = itertools.count()
 StartBroker = Callable[..., Awaitable[BrokerServer]]
@@ -61,3 +63,32 @@ async def broker(start_broker: StartBroker) -> BrokerServer:
 async def client(broker: BrokerServer) -> AsyncIterator[Client]:
     async with Client(broker.settings.advertise_url) as c:
         yield c
+
+
+# ---------------------------------------------------------------------- bad input
+# The brokers of test_bad_handshake, test_bad_frames and test_bad_frames_fuzz.
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain HTTP session for raw requests and WebSockets (test_edges.py has its own)."""
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def small(start_broker: StartBroker) -> BrokerServer:
+    """A broker with a 1000-byte message limit and the topic ``persistent://acme/bad/t``."""
+    broker = await start_broker(max_message_bytes=LIMIT)
+    async with Client(broker.settings.advertise_url) as client:
+        await client.admin.create_topic("persistent://acme/bad/t")
+    return broker
+
+
+@pytest.fixture
+async def stored(small: BrokerServer) -> Stored:
+    """One message stored on ``persistent://acme/bad/t``."""
+    async with Client(small.settings.advertise_url) as client:
+        producer = await client.create_producer(TOPIC, name="stored")
+        message_id = await producer.send(b"stored")
+    return Stored(small, message_id.ledger_id, message_id.entry_id)

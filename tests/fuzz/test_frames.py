@@ -112,7 +112,7 @@ def send(limit: int) -> st.SearchStrategy[Send]:
 def _fits_a_frame(sends: list[Send], limit: int) -> bool:
     """Whether a batch of ``sends`` stays under the broker's frame limit (twice the message
     limit): a larger frame is not answered but closes the connection with code 1009, which
-    tests/broker/test_bad_input.py checks (three payloads at the limit in one batch
+    tests/broker/test_bad_frames.py checks (three payloads at the limit in one batch
     did that here, and the case then failed on the lost connection)."""
     return sum(len(s.payload) for s in sends) <= 2 * limit
 
