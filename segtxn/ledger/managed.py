@@ -8,7 +8,9 @@ next ledger id, the sealed flag and the ledger's properties (PIP-373's
 
 Appends go through a **group-commit** writer (:mod:`segtxn.ledger.writer`): concurrent
 appends share one fsync; ``append`` returns once its batch is durable and marked
-acknowledged.
+acknowledged. The append half (appends, rollovers, and the one serialised metadata CAS
+that every change of the record goes through) is :mod:`segtxn.ledger.appends`; the read
+half is :mod:`segtxn.ledger.reads`.
 
 Each time a managed ledger is opened, the ledger its previous incarnation was appending to
 is recovered, closed in the metadata, and a fresh ledger started: a ledger is only ever
@@ -28,37 +30,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Mapping
 
 import msgspec
 
+from segtxn.ledger.appends import LedgerAppends
 from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix, restore_cursors
-from segtxn.ledger.errors import (
-    EntryTooLarge,
-    LedgerClosed,
-    LedgerError,
-    LedgerSealed,
-    LedgerUnwritable,
-    WriteFailed,
-)
-from segtxn.ledger.fencing import cas_put
+from segtxn.ledger.errors import LedgerClosed, WriteFailed
 from segtxn.ledger.handles import LogHandles
 from segtxn.ledger.logs import EntryLog, LogStorage, Placement
 from segtxn.ledger.metadata import (
     METADATA_PREFIX,
-    LedgerInfo,
     LedgerMetadata,
     LedgerSettings,
     closed,
-    encode,
     metadata_key,
     moved,
 )
 from segtxn.ledger.position import Position
-from segtxn.ledger.reads import LedgerReads
-from segtxn.ledger.records import ENTRY_OVERHEAD, FORMAT
 from segtxn.ledger.recovery import open_chain
 from segtxn.ledger.retention import (
     ClosedLedger,
@@ -79,13 +69,12 @@ __all__ = [  # the metadata names are re-exported for modules that import them f
     "metadata_key",
 ]
 
-log = logging.getLogger(__name__)
 
-
-class ManagedLedger(LedgerReads):
+class ManagedLedger(LedgerAppends):
     """Open with :meth:`open`; close with :meth:`close`. One owner process at a time.
-    Its state and positions (``last_confirmed``, ``first_position()``...) are
-    :class:`LedgerChain`'s."""
+    Its state and positions (``last_confirmed``, ``first_position()``...) come from
+    :class:`LedgerChain`, its reads from :class:`LedgerReads` and its appends (and
+    rollovers) from :class:`LedgerAppends`."""
 
     def __init__(
         self,
@@ -168,157 +157,6 @@ class ManagedLedger(LedgerReads):
             )
         )
         return ledger
-
-    # ================================================================= appends
-
-    async def append(self, payload: bytes) -> Position:
-        """Append one entry; returns its position once it is durable (:meth:`enqueue`,
-        then wait for the write).
-
-        Raises:
-            LedgerSealed: the ledger is terminated (or being terminated).
-            EntryTooLarge: the entry exceeds ``max_entry_bytes``.
-            LedgerClosed: the ledger object was closed.
-            LedgerError: an earlier write failed (or this one did); reopen the ledger.
-        """
-        written = await self.enqueue(payload)
-        # the entry is written even if the caller stops waiting for it
-        return await asyncio.shield(written)
-
-    async def enqueue(self, payload: bytes) -> asyncio.Future[Position]:
-        """Queue one entry; returns once it holds its place in the write queue.
-
-        Entries are written in the order they were queued: callers that must keep an order
-        (a producer's sends) queue one after another and await the writes in any order.
-        This waits only for room (``max_pending_bytes``: backpressure), first come, first
-        served. The future resolves to the entry's position once it is durable, or fails
-        with ``LedgerError`` if the write fails; the entry is written whether or not anyone
-        awaits it.
-
-        Raises:
-            LedgerSealed, EntryTooLarge, LedgerClosed, LedgerError: as :meth:`append`.
-        """
-        self._check_writable()
-        if len(payload) > self.settings.max_entry_bytes:
-            raise EntryTooLarge(
-                f"entry of {len(payload)} bytes exceeds {self.settings.max_entry_bytes}"
-            )
-        return await self._writer.enqueue(payload, self._check_writable)
-
-    def _check_writable(self) -> None:
-        if self._closing:
-            raise LedgerClosed(f"{self.name} is closed")
-        if self._sealing:
-            raise LedgerSealed(f"{self.name} is sealed: it accepts no more appends")
-        if self._writer.failure is not None:
-            raise WriteFailed(
-                f"{self.name} failed a write ({self._writer.failure}); reopen it",
-                self._writer.failure,
-            )
-
-    async def _write(self, batch: list[bytes]) -> list[Position]:
-        """The group-commit writer's one write: durable (and marked acknowledged) when
-        this returns, rolling over to a new ledger first if the current one is full."""
-        async with self._write_lock:
-            current = self._current
-            if current is None:  # only a sealed ledger has no current log: it queues nothing
-                raise LedgerSealed(f"{self.name} is sealed")
-            if current.count and (
-                current.wants_rollover or current.size_bytes() >= self.settings.max_ledger_bytes
-            ):
-                current = await self._roll_over(current)
-            try:
-                await current.append_batch_async(batch)
-            except LedgerUnwritable as e:  # closed at what it acknowledged; the next one
-                log.warning("%s: %s; starting its next ledger", self.name, e)
-                current = await self._roll_over(current)
-                await current.append_batch_async(batch)
-            first = current.count - len(batch)
-            self._last = Position(current.ledger_id, current.count - 1)
-        self.stats.entries += len(batch)
-        self.stats.batches += 1
-        self.stats.bytes += sum(len(p) for p in batch)
-        on_disk = sum(len(p) + ENTRY_OVERHEAD for p in batch)
-        self.stats.largest_batch_bytes = max(self.stats.largest_batch_bytes, on_disk)
-        self._notify()
-        return [Position(current.ledger_id, first + i) for i in range(len(batch))]
-
-    async def roll_over(self) -> Position:
-        """Close the ledger being appended to, if it holds entries, and start the next.
-
-        Returns where the next append goes. Entries durable before the call stay in the
-        earlier ledgers, and appends queued after it returns go to the new one: a caller
-        that lets no append of its own be in flight (the v4 transaction log's compaction)
-        gets a cut that whole-ledger trimming can use. Durable when it returns (one CAS).
-
-        Raises:
-            LedgerSealed, LedgerClosed, LedgerError: as :meth:`append`.
-            LedgerFenced: another process owns the ledger now.
-        """
-        self._check_writable()
-        async with self._write_lock:
-            current = self._current
-            if current is not None and current.count:
-                await self._roll_over(current)
-        return self.next_write_position()
-
-    async def _roll_over(self, current: EntryLog) -> EntryLog:
-        """Close ``current`` and start the next ledger. Its file is created (and synced)
-        before the metadata names it: a named ledger always has its file."""
-        new_id = self._meta.next_ledger_id  # only the writer, here, takes ledger ids
-        fresh = await asyncio.to_thread(self._storage.create, self.name, new_id)
-
-        def roll(meta: LedgerMetadata) -> LedgerMetadata:
-            if meta.next_ledger_id != new_id:
-                raise LedgerError(f"{self.name}: ledger id {new_id} was taken meanwhile")
-            now_ms = int(time.time() * 1000)
-            closing = closed(meta.ledgers[-1], current.count, current.size_bytes(), now_ms)
-            opened = LedgerInfo(
-                new_id,
-                now_ms,
-                format=FORMAT,
-                replicas=fresh.placement.replicas,
-                ack_quorum=fresh.placement.ack_quorum,
-            )
-            ledgers = [*meta.ledgers[:-1], closing, opened]
-            return msgspec.structs.replace(meta, ledgers=ledgers, next_ledger_id=new_id + 1)
-
-        try:
-            await self._update(roll)
-        except BaseException:
-            await asyncio.to_thread(fresh.close)
-            raise
-        self.stats.rollovers += 1
-        self._logs.add(fresh)
-        self._current = fresh
-        return fresh
-
-    async def _update(
-        self, change: Callable[[LedgerMetadata], LedgerMetadata | None]
-    ) -> LedgerMetadata:
-        """Apply ``change`` to the current metadata and CAS the result (None: no change).
-
-        Updates are serialised, so each CAS expects the version the previous one wrote; a
-        failed CAS means another process owns the ledger now.
-        """
-        async with self._meta_lock:
-            meta = change(self._meta)
-            if meta is None:
-                return self._meta
-            version = await cas_put(
-                self._store, metadata_key(self.name), encode(meta), self._version
-            )
-            self._meta, self._version = meta, version
-            return meta
-
-    def _notify(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-
-    def _write_failed(self, failure: WriteFailed) -> None:
-        self._notify()  # readers waiting for entries must learn of it too
-        for callback in self.on_write_failure:
-            callback(failure)
 
     # ================================================================= sealing
 
