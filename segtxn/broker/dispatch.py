@@ -9,26 +9,10 @@ Exclusive and Failover subscriptions deliver to one active consumer
 Shared ones go round-robin to consumers with permits, with no ordering promise.
 
 Delivered but unacknowledged messages are *pending*. Acks are durable (the cursor persists
-them) before the ack receipt is sent.
-
-**Ordered redelivery (Exclusive, Failover).** Whenever messages are handed back — a
-transaction that acknowledged them aborts or times out, a negative ack, the active consumer
-leaving, a Failover hand-over, a reconnect, a client's ``Redeliver`` — the subscription
-*rewinds*: its epoch goes up, nothing stays pending, and delivery resumes at the earliest
-unacknowledged position (the cursor's mark-delete + 1) and goes forward in position order,
-skipping what is acknowledged or held by an open transaction. Everything that had been
-delivered after that position is sent again (a Kafka consumer seeks back after an abort the
-same way). The active consumer gets a ``Rewind`` frame before the first message of the new
-epoch, and its client drops what it still had queued; so an application never receives an
-older message of a topic after a newer one, except as a redelivery (``redelivery_count`` >
-0). A read from the ledger that was in flight while a rewind happened is discarded.
-
-A hand-over also *fences*: nothing goes to the new active consumer until every transaction
-then holding acks on the subscription has ended (its acks may be aborted, and then their
-messages must come first).
-
-**Shared** subscriptions hand messages back one by one instead: they are due again and
-come before new ones, to whichever consumer has permits.
+them) before the ack receipt is sent. Handing messages back (an aborted transaction's acks,
+a negative ack, a ``Redeliver``, a hand-over) is :mod:`segtxn.broker.redelivery`'s: an
+Exclusive or Failover subscription rewinds to its earliest unacknowledged position and
+delivers in order from there; a Shared one makes the messages due again one by one.
 
 If the ledger cannot be read on (a damaged or missing ledger file), delivery stops there:
 every consumer, and each that attaches later, gets an ``Error`` frame
@@ -39,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-from dataclasses import dataclass
 
 from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message, visible
 from segtxn.broker.members import Members, SubscriptionType
 from segtxn.broker.outstanding import Outstanding
+from segtxn.broker.redelivery import Redelivery
 from segtxn.broker.txn.pending_ack import NoPendingAcks, PendingAckStore
 from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import (
@@ -56,21 +39,11 @@ from segtxn.ledger import (
     Position,
 )
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.frames import ActiveChange, ConsumerReady, EndOfTopic, Error, Rewind
+from segtxn.protocol.frames import ConsumerReady, EndOfTopic, Error
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Request:
-    """A client's Redeliver (or Nack with a request id), answered with Rewind(request_id)
-    once ``txn`` holds no acks here."""
-
-    link: ConsumerLink
-    request_id: int
-    txn: TxnId | None
 
 
 class Subscription:
@@ -94,26 +67,27 @@ class Subscription:
         self.cursor = cursor
         self.buffer = buffer
         self._where = f"{ledger.name}/{name}"
-        self._rewinds = rewinds
         self.members = Members(
             name, TopicName.parse(ledger.name).segment or 0, hold_s, self._place_released
         )
         self.pending_acks: PendingAckStore = NoPendingAcks(ledger.name)
         self._batch = batch
         self._max_permits = max_permits
-        mark = cursor.mark_delete
-        self._next = Position(mark.ledger_id, mark.entry_id + 1)
-        self._epoch = secrets.randbelow(1 << 30)
-        """Goes up at every rewind; a read in flight across a change is discarded. It starts
-        at random, so that an epoch from before a broker restart is not mistaken for one
-        after it."""
         self._outstanding = Outstanding()
         """Delivered, not yet acknowledged: to whom, what is due again, delivery counts."""
-        self._requests: list[_Request] = []
         self._round_robin = 0
-        self._fence: set[TxnId] = set()
-        """Transactions that must end before the (new) active consumer gets more."""
         self._wake = asyncio.Event()
+        self._redelivery = Redelivery(
+            self._where,
+            self.members,
+            cursor,
+            self._outstanding,
+            # (a lambda: the topic replaces pending_acks after this, see topic.py)
+            holding=lambda: self.pending_acks.transactions(),  # noqa: PLW0108
+            wake=self._wake,
+            rewinds=rewinds,
+        )
+        """Handing messages back: the epoch, where delivery resumes, the fence, requests."""
         self.failed: Error | None = None
         """Why delivery stopped (the ledger cannot be read on), sent to every consumer."""
         buffer.on_change(self._wake.set)  # the read horizon moved: no polling
@@ -131,11 +105,6 @@ class Subscription:
     def consumers(self) -> list[ConsumerLink]:
         return self.members.consumers
 
-    @property
-    def _ordered(self) -> bool:
-        """Redelivery by rewinding (Exclusive and Failover)."""
-        return self._rewinds and self.type is not SubscriptionType.SHARED
-
     # ------------------------------------------------------------------ consumers
 
     def attach(self, link: ConsumerLink, sub_type: SubscriptionType) -> bool:
@@ -148,11 +117,14 @@ class Subscription:
         """
         before = self.members.active()
         self.members.add(link, sub_type)
-        self._hand_over(before, joined=link)
+        self._redelivery.hand_over(before, joined=link)
         active = self.members.is_active(link)
         link.send(
             ConsumerReady(
-                consumer_name=link.name, subscription=self.name, active=active, epoch=self._epoch
+                consumer_name=link.name,
+                subscription=self.name,
+                active=active,
+                epoch=self._redelivery.epoch,
             )
         )
         if self.failed is not None:
@@ -175,7 +147,7 @@ class Subscription:
             return
         before = self.members.active()
         held = self.members.remove(link, dropped=dropped)
-        self._requests = [r for r in self._requests if r.link is not link]
+        self._redelivery.forget(link)
         log.info(
             "%s: consumer %s detached (%s)%s",
             self._where,
@@ -183,42 +155,15 @@ class Subscription:
             "dropped" if dropped else "closed",
             f"; its place is held {self.members.hold_s:g} s" if held else "",
         )
-        if not self._ordered:
+        if not self._redelivery.ordered:
             self._outstanding.hand_back(link)
-        self._hand_over(before)
+        self._redelivery.hand_over(before)
         self._wake.set()
 
     def _place_released(self, before: ConsumerLink | None) -> None:
         log.info("%s: a dropped member did not come back; its place is released", self._where)
-        self._hand_over(before)
+        self._redelivery.hand_over(before)
         self._wake.set()
-
-    def _hand_over(self, before: ConsumerLink | None, joined: ConsumerLink | None = None) -> None:
-        """When the active consumer of an ordered subscription changes: fence, tell the
-        Failover members whose role changed, and rewind (what the old active had not
-        acknowledged goes to the new one, from the earliest unacknowledged position). A
-        joiner learns its role from its ``ConsumerReady``; a new active consumer has
-        nothing queued, so no ``Rewind`` frame is needed."""
-        after = self.members.active()
-        if self.type is SubscriptionType.SHARED or before is after:
-            return
-        self._fence = self.pending_acks.transactions()
-        if self.type is SubscriptionType.FAILOVER:
-            if before is not None and before in self.consumers:
-                before.send(ActiveChange(active=False))
-            if after is not None and after is not joined and after in self.consumers:
-                after.send(ActiveChange(active=True))
-        log.info(
-            "%s: hand-over from %s to %s%s",
-            self._where,
-            "nobody" if before is None else before.name,
-            "nobody" if after is None else after.name,
-            f", fenced until {len(self._fence)} open transaction(s) end" if self._fence else "",
-        )
-        if self._ordered:
-            self._rewind("hand-over", notify=False)
-        elif before is not None:
-            self._outstanding.hand_back(before)
 
     def flow(self, link: ConsumerLink, permits: int) -> None:
         if permits <= 0:
@@ -286,9 +231,9 @@ class Subscription:
                 txn,
                 ids,
                 cumulative=cumulative,
-                ordered=self._ordered,
+                ordered=self._redelivery.ordered,
                 epoch=epoch,
-                current_epoch=self._epoch,
+                current_epoch=self._redelivery.epoch,
             )
 
         still_theirs()
@@ -304,69 +249,18 @@ class Subscription:
         """A transaction's acks here were settled: committed (``positions`` empty) or
         aborted, letting ``positions`` go (for a cumulative ack, its last position: the
         rewind brings back everything unacknowledged before it too)."""
-        reason = None
-        if positions:
-            log.info(
-                "%s: a transaction's acks of %d message(s) from %s were aborted",
-                self._where,
-                len(positions),
-                min(positions),
-            )
-            if self._ordered:
-                reason = "transaction aborted"
-            else:
-                for position in positions:
-                    if not self.cursor.is_acked(position):
-                        self._outstanding.due_again(position)
-        self._outstanding.prune_deliveries(self.cursor.mark_delete)
-        self._answer_requests(rewind=reason)
-        self._wake.set()
+        self._redelivery.release(positions)
 
     def nack(self, link: ConsumerLink, ids: list[Position], request_id: int = 0) -> None:
         """Deliver these again. On an ordered subscription this rewinds (when ``link`` is
         the active consumer). ``request_id`` asks for a Rewind answer."""
         self._check_known(ids)
-        mine = [p for p in ids if self._outstanding.pending.get(p) is link]
-        if self._ordered:
-            if request_id:
-                self._requests.append(_Request(link, request_id, None))
-                self._answer_requests(rewind="negative ack" if mine else None)
-            elif mine:
-                self._rewind("negative ack", notify=True)
-        else:
-            for position in mine:
-                self._outstanding.due_again(position)
-            if request_id:
-                self.redeliver(link, request_id, None)
-        self._wake.set()
+        self._redelivery.nack(link, ids, request_id)
 
     def redeliver(self, link: ConsumerLink, request_id: int, txn: TxnId | None) -> None:
         """Deliver ``link``'s unacknowledged messages again once ``txn`` (if any) holds no
         acks here, and answer with Rewind(request_id)."""
-        self._requests.append(_Request(link, request_id, txn))
-        self._answer_requests()
-        self._wake.set()
-
-    def _answer_requests(self, rewind: str | None = None) -> None:
-        """Answer the requests whose transaction holds nothing here any more. On an ordered
-        subscription an answer to the active consumer comes with a rewind (its client
-        dropped its queue: what it held must come again); ``rewind`` forces one (naming
-        why) even with nothing to answer. On a Shared one, the asking consumer's pending
-        messages are due again."""
-        holding = self.pending_acks.transactions() if self._requests else set()
-        ready = [r for r in self._requests if r.txn is None or r.txn not in holding]
-        if ready:
-            self._requests = [r for r in self._requests if r not in ready]
-        if self._ordered:
-            active = self.members.active()
-            asked = any(r.link is active for r in ready)
-            if rewind is not None or asked:
-                self._rewind(rewind or "redeliver asked", notify=not asked)
-        else:
-            for request in ready:
-                self._outstanding.hand_back(request.link)
-        for request in ready:
-            request.link.send(Rewind(epoch=self._epoch, request_id=request.request_id))
+        self._redelivery.redeliver(link, request_id, txn)
 
     def _check_known(self, ids: list[Position]) -> None:
         if not ids:
@@ -377,30 +271,6 @@ class Subscription:
                     ErrorName.INVALID_ARGUMENT,
                     f"message id {position} is not a message of {self.ledger.name}",
                 )
-
-    # ------------------------------------------------------------------ handing back
-
-    def _rewind(self, reason: str, *, notify: bool) -> None:
-        """Start delivery again at the earliest unacknowledged position (ordered
-        subscriptions); ``notify`` sends the active consumer a Rewind frame."""
-        self._epoch += 1
-        again = self._outstanding.clear()
-        mark = self.cursor.mark_delete
-        self._next = Position(mark.ledger_id, mark.entry_id + 1)
-        self._outstanding.prune_deliveries(mark)
-        log.info(
-            "%s: rewound to %s, epoch %d (%s; %d delivered unacknowledged will come again)",
-            self._where,
-            self._next,
-            self._epoch,
-            reason,
-            again,
-        )
-        if notify:
-            active = self.members.active()
-            if active is not None and active in self.consumers:
-                active.send(Rewind(epoch=self._epoch))
-        self._wake.set()
 
     # ------------------------------------------------------------------ dispatch
 
@@ -420,10 +290,10 @@ class Subscription:
                 log.exception("dispatcher of %s failed a round", self._where)
 
     def _fail(self, error: LedgerError) -> None:
-        log.error("%s: delivery stopped at %s: %s", self._where, self._next, error)
+        log.error("%s: delivery stopped at %s: %s", self._where, self._redelivery.next, error)
         self.failed = Error(
             error=ErrorName.PERSISTENCE,
-            message=f"{self._where}: delivery stopped at {self._next}: {error}",
+            message=f"{self._where}: delivery stopped at {self._redelivery.next}: {error}",
         )
         for link in self.consumers:
             link.send(self.failed)
@@ -433,21 +303,19 @@ class Subscription:
             return []
         if self.type is SubscriptionType.SHARED:
             return [c for c in self.consumers if c.permits > 0]
-        if self._fence:  # woken when a transaction ends (its acks materialize)
-            self._fence &= self.pending_acks.transactions()
-            if self._fence:
-                return []
+        if self._redelivery.fenced():  # woken when a transaction ends (its acks materialize)
+            return []
         active = self.members.active()
         return [active] if active is not None and active.permits > 0 else []
 
     async def _dispatch(self) -> None:
-        if self._requests:
-            self._answer_requests()
+        if self._redelivery.waiting:
+            self._redelivery.answer_requests()
         while True:
             ready = self._ready()
             if not ready:
                 return
-            epoch = self._epoch
+            epoch = self._redelivery.epoch
             if self._outstanding.redeliver:
                 position = self._outstanding.redeliver.pop(0)
                 if self._settled(position) or position in self._outstanding.pending:
@@ -462,8 +330,8 @@ class Subscription:
                     self._outstanding.redeliver.add(position)  # nobody ready after the read: later
                 continue
             budget = min(self._batch, sum(c.permits for c in ready))
-            read = await self.ledger.read(self._next, max_entries=budget)
-            if self._epoch != epoch:
+            read = await self.ledger.read(self._redelivery.next, max_entries=budget)
+            if self._redelivery.epoch != epoch:
                 continue  # rewound while reading: older positions come first
             entries, cut = readable(read, self.buffer)
             if not entries:
@@ -473,13 +341,17 @@ class Subscription:
             invisible = []
             for entry in entries:
                 if self._settled(entry.position) or entry.position in self._outstanding.pending:
-                    self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
+                    self._redelivery.next = Position(
+                        entry.position.ledger_id, entry.position.entry_id + 1
+                    )
                     continue
                 if not visible(self.buffer, entry):
                     invisible.append(entry.position)  # a marker, aborted, an orphan: never shown
                 elif not self._deliver(entry):
                     break
-                self._next = Position(entry.position.ledger_id, entry.position.entry_id + 1)
+                self._redelivery.next = Position(
+                    entry.position.ledger_id, entry.position.entry_id + 1
+                )
             if invisible:  # nobody will ever ack them: the cursor moves past them here
                 await self.cursor.ack(invisible)
 
@@ -498,7 +370,7 @@ class Subscription:
             link = ready[0]
         link.permits -= 1
         delivered = self._outstanding.delivered(link, entry.position)
-        message = to_message(entry, delivered, self._epoch)
+        message = to_message(entry, delivered, self._redelivery.epoch)
         self.messages_out += 1
         self.bytes_out += len(message.payload)
         link.send(message)

@@ -122,7 +122,7 @@ async def test_the_race_comes_back_with_the_test_only_bug(client: Client, cluste
     the race, and that the test above would catch it."""
     consumer = await setup(client, 5, queue=3)
     sub = subscription(cluster)
-    sub._rewinds = False
+    sub._redelivery.rewinds = False
     txn = await client.transaction().start()
     with gated(sub.ledger, "read", when=lambda start, **_: start.entry_id >= 3) as read:
         first = await receive(consumer, 3)
