@@ -32,7 +32,7 @@ from segtxn.ledger.fencing import OwnerChanged, cas_put_owned
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
-from segtxn.metastore import MUST_NOT_EXIST, MetadataStore, Record
+from segtxn.metastore import MUST_NOT_EXIST, AlreadyExists, MetadataStore, Record
 
 CURSORS_PREFIX = "/managed-cursors/"
 
@@ -216,9 +216,30 @@ class ManagedCursor:
         mark_delete: Position,
         max_persisted_ranges: int,
     ) -> ManagedCursor:
+        """A new cursor at ``mark_delete``, or the one the store already holds: a create
+        whose answer was lost (the store restarted under it) landed all the same, and the
+        retry must take that cursor rather than fail on it for good.
+
+        Raises:
+            MetadataStoreError: the store failed (the cursor may have been created or not:
+                creating it again takes it either way).
+        """
         state = CursorState((mark_delete.ledger_id, mark_delete.entry_id))
         key = cursor_key(ledger.name, name)
-        record = await store.put(key, _encode(state), expected_version=MUST_NOT_EXIST)
+        try:
+            record = await store.put(key, _encode(state), expected_version=MUST_NOT_EXIST)
+        except AlreadyExists:
+            found = await store.get(key)
+            if found is None:  # deleted again meanwhile: the caller may try once more
+                raise
+            return cls.restore(
+                ledger=ledger,
+                name=name,
+                store=store,
+                raw=found.value,
+                version=found.version,
+                max_persisted_ranges=max_persisted_ranges,
+            )
         return cls(
             ledger=ledger,
             name=name,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from segtxn.ledger import LogStorage, Position, RetentionPolicy
 from segtxn.metastore import MetadataStore
 from tests.ledger.conftest import OpenLedger
@@ -162,3 +164,38 @@ async def test_an_unknown_cursor_write_outcome_is_resolved(
         assert injector.injected == 1 and cursor.mark_delete == p[2]
     finally:
         await ledger.close()
+
+
+async def test_a_create_whose_answer_was_lost_is_taken_on_the_retry(
+    store: MetadataStore, storage: LogStorage
+) -> None:
+    """The store applies a cursor's create but its answer is lost (etcd restarting under
+    it): the caller sees the error, and the retry takes the cursor the store holds rather
+    than failing on "already exists" for good (a new segment's subscription stayed missing
+    that way in a soak run, seed 77000, and its consumers got nothing from it)."""
+    from segtxn.ledger import LedgerSettings, ManagedLedger
+    from segtxn.metastore import MetadataStore as Store
+    from segtxn.metastore import StoreUnavailable
+    from segtxn.metastore.faults import FaultInjector
+
+    faulty = Store(FaultInjector(store.engine), owns_engine=False)
+    injector = faulty.engine
+    assert isinstance(injector, FaultInjector)
+    ledger = await ManagedLedger.open("cur", faulty, storage, LedgerSettings())
+    try:
+        p = [await ledger.append(b"u") for _ in range(3)]
+        injector.fail("txn", key_prefix="/managed-cursors/", after_apply=True)
+        with pytest.raises(StoreUnavailable):
+            await ledger.open_cursor("sub", start="earliest")
+        assert "sub" not in ledger.cursors
+        cursor = await ledger.open_cursor("sub", start="latest")
+        assert cursor.mark_delete == Position(p[0].ledger_id, p[0].entry_id - 1)  # as created
+        await cursor.ack([p[0], p[1]])  # at the store's version: not refused as a conflict
+        assert cursor.mark_delete == p[1]
+    finally:
+        await ledger.close()
+    reopened = await ManagedLedger.open("cur", store, storage, LedgerSettings())
+    try:
+        assert reopened.cursors["sub"].mark_delete == p[1]
+    finally:
+        await reopened.close()
