@@ -232,14 +232,7 @@ class ManagedCursor:
             found = await store.get(key)
             if found is None:  # deleted again meanwhile: the caller may try once more
                 raise
-            return cls.restore(
-                ledger=ledger,
-                name=name,
-                store=store,
-                raw=found.value,
-                version=found.version,
-                max_persisted_ranges=max_persisted_ranges,
-            )
+            state, record = _decode(found.value), found
         return cls(
             ledger=ledger,
             name=name,
