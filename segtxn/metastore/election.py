@@ -121,10 +121,14 @@ class LeaderElection:
         return current, listing.revision + 1
 
     async def campaign(self) -> Leadership:
-        """Wait until this candidate is the leader.
+        """Wait until this candidate is the leader. Safe to call again on the same session
+        after it failed: a create that landed but whose answer was lost left the key held
+        by this session, and the retry takes it (waiting for it to go would be waiting for
+        ever, the session keeping it alive).
 
         Raises:
             SessionExpired: the session expired while waiting.
+            MetadataStoreError: the store failed (the key may have been taken or not).
         """
         while True:
             self.session.check()
@@ -134,6 +138,9 @@ class LeaderElection:
                 )
                 return Leadership(self, record)
             except AlreadyExists:
+                current, _ = await self.read()
+                if current is not None and current.session_id == self.session.lease_id:
+                    return Leadership(self, current)  # an earlier attempt of ours landed
                 await self._wait_deleted()
 
     async def _wait_deleted(self) -> None:

@@ -11,7 +11,9 @@ from segtxn.metastore import (
     LeaderElection,
     MetadataStore,
     SessionExpired,
+    StoreUnavailable,
 )
+from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.metastore.faults import FaultInjector
 from tests.metastore.conftest import MakeStore
 from tests.waiting import take, wait_until
@@ -102,3 +104,26 @@ async def test_campaign_fails_when_the_session_expires(make_store: MakeStore) ->
         await asyncio.wait_for(campaign, 10)
     await leadership.resign()
     await held.close()
+
+
+async def test_a_campaign_whose_answer_was_lost_leads_on_the_retry(store: MetadataStore) -> None:
+    """The election key's create lands but its answer is lost (the store restarting under
+    it): the campaign fails, and a retry on the same session finds the key its own session
+    holds and leads, instead of waiting for ever for that key to go (a coordinator id held
+    by nobody, its timed-out transactions never aborted)."""
+    session = await store.open_session(5)
+    injector = store.engine
+    assert isinstance(injector, FaultInjector)
+    injector.fail("txn", key_prefix=ELECTIONS_PREFIX, after_apply=True)
+    election = LeaderElection(store, "lost", session, b"me")
+    with pytest.raises(StoreUnavailable):
+        await election.campaign()
+    leadership = await asyncio.wait_for(election.campaign(), 10)
+    held = await election.leader()
+    assert held is not None and held.value == b"me" and leadership.token == held.version
+    other = await store.open_session(5)
+    rival = asyncio.create_task(LeaderElection(store, "lost", other, b"rival").campaign())
+    await leadership.resign()  # the rival's wait is for this key, not for ever
+    assert (await asyncio.wait_for(rival, 10)).token > leadership.token
+    await session.close()
+    await other.close()
