@@ -182,6 +182,22 @@ async def serve_standalone(port: int, ledger_dir: Path) -> None:
         await broker.stop()
 
 
+async def fill(client: Client, topic: str, count: int) -> None:
+    """Pre-fill ``topic`` with ``count`` messages, all in flight together, and let their
+    futures go. A row that kept them (about 125,000 futures and ids) alive through its
+    window paid for them in every full collection of the garbage collector, which walks
+    every live object: up to 260 ms each, the rows of 100 at a p99 of 198-237 ms and 102-143
+    µs of client CPU per message, against 50-53 ms and 72-90 µs once they are let go (one
+    run each, a ``gc.callbacks`` timer in this process). RabbitMQ's pre-fill never held
+    them."""
+    filler = await client.create_producer(topic)
+    sent: list[asyncio.Future[MessageId]] = [
+        await filler.send_async(payload(i), key=f"k{i}") for i in range(count)
+    ]
+    await asyncio.gather(*sent)
+    await filler.close()
+
+
 async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: Plan) -> Sample:
     """The loop of ``bench/txn.py`` (c) on fresh topics ``name-in`` / ``name-out``."""
     sample = Sample("segtxn", row)
@@ -189,11 +205,7 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
     async with Client(cluster.url, prestart_transactions=True) as client:
         await client.admin.create_topic(source, segments=plan.segments)
         await client.admin.create_topic(sink, segments=plan.segments)
-        filler = await client.create_producer(source)
-        sent: list[asyncio.Future[MessageId]] = [
-            await filler.send_async(payload(i), key=f"k{i}") for i in range(prefill)
-        ]
-        await asyncio.gather(*sent)
+        await fill(client, source, prefill)
         consumer = await client.subscribe(
             source, "bench", initial_position="earliest", subscription_type=plan.sub_type
         )
