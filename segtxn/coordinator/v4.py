@@ -172,7 +172,12 @@ class CoordinatorV4:
     async def _hold(self, coordinator_id: int) -> None:
         """Campaign for a v4 id; on winning, recover its log; campaign again if lost, with a
         new session if the old one expired (before, an expired session or a failed take-over
-        ended the campaign for good)."""
+        ended the campaign for good).
+
+        A take-over that fails lets the id go before trying again, so that a coordinator
+        able to recover the log takes it meanwhile: campaigning again on the same session
+        would retake the key at once (a campaign takes a key its session holds), and an id
+        whose log cannot be read here would stay with this coordinator for ever."""
         while True:
             election = LeaderElection(
                 self.store,
@@ -180,6 +185,7 @@ class CoordinatorV4:
                 await self._live_session(),
                 self.settings.advertise_url.encode(),
             )
+            leadership: Leadership | None = None
             try:
                 leadership = await election.campaign()
                 held = await self._recover(coordinator_id, leadership)
@@ -187,6 +193,10 @@ class CoordinatorV4:
                 log.warning(
                     "v4 coordinator id %d: take-over failed (%s); trying again", coordinator_id, e
                 )
+                if leadership is not None:
+                    # the store unreachable: the key stays, and the next campaign retakes it
+                    with contextlib.suppress(MetadataStoreError):
+                        await leadership.resign()
                 await asyncio.sleep(1.0)  # the store is unreachable: retry at a gentle pace
                 continue
             self.held[coordinator_id] = held
