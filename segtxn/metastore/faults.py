@@ -67,13 +67,18 @@ class Tally:
 
 
 class Hold:
-    """The answers parked by one :meth:`FaultInjector.hold`. Operations are numbered in
-    the order they were *called* (from 0), whatever order the backend answers in."""
+    """The answers (or, ``before``, the calls) parked by one :meth:`FaultInjector.hold`.
+    Operations are numbered in the order they were *called* (from 0), whatever order the
+    backend answers in."""
 
-    def __init__(self, operation: str, key_prefix: bytes | None, times: int | None) -> None:
+    def __init__(
+        self, operation: str, key_prefix: bytes | None, times: int | None, before: bool
+    ) -> None:
         self.operation = operation
         self.key_prefix = key_prefix
         self.times = times
+        self.before = before
+        """Park the call before the backend applies it, not its answer after."""
         self._calls: list[_Call] = []
         self._parked = 0
         self._arrival = asyncio.Event()
@@ -225,7 +230,12 @@ class FaultInjector(Engine):
         )
 
     def hold(
-        self, operation: str, *, key_prefix: str | bytes | None = None, times: int | None = 1
+        self,
+        operation: str,
+        *,
+        key_prefix: str | bytes | None = None,
+        times: int | None = 1,
+        before: bool = False,
     ) -> Hold:
         """Park the answers of ``operation`` (``range`` or ``txn``; applied already) until
         the returned :class:`Hold` lets them go. :meth:`clear` stops holding new calls; it
@@ -234,11 +244,13 @@ class FaultInjector(Engine):
         Args:
             key_prefix: only when the operation touches a key starting with this.
             times: how many calls to hold (None: until :meth:`clear`).
+            before: park the calls themselves, before the backend applies them (a write
+                that reaches the store late), instead of their answers.
         """
         if operation not in ("range", "txn"):
             raise ValueError(f"only range and txn answers can be held, not {operation!r}")
         prefix = key_prefix.encode() if isinstance(key_prefix, str) else key_prefix
-        hold = Hold(operation, prefix, times)
+        hold = Hold(operation, prefix, times, before)
         self._holds.append(hold)
         return hold
 
@@ -300,9 +312,11 @@ class FaultInjector(Engine):
         return claimed
 
     @staticmethod
-    async def _park(claimed: list[tuple[Hold, _Call]]) -> None:
+    async def _park(claimed: list[tuple[Hold, _Call]], *, before: bool) -> None:
+        """Wait in the holds ``claimed`` that park calls ``before`` the backend, or after."""
         for hold, call in claimed:
-            await hold._park(call)
+            if hold.before == before:
+                await hold._park(call)
 
     async def _inject(self, operation: str, keys: Sequence[bytes], *, before: bool = True) -> None:
         if before:
@@ -331,8 +345,9 @@ class FaultInjector(Engine):
     async def range(self, lo: bytes, hi: bytes | None = None, *, limit: int = 0) -> RangeResult:
         await self._inject("range", [lo])
         claimed = self._claim("range", [lo])
+        await self._park(claimed, before=True)
         result = await self.inner.range(lo, hi, limit=limit)
-        await self._park(claimed)
+        await self._park(claimed, before=False)
         return result
 
     async def txn(
@@ -342,9 +357,10 @@ class FaultInjector(Engine):
         keys += [op.key for op in success if isinstance(op, PutOp | DeleteOp | GetOp)]
         await self._inject("txn", keys)
         claimed = self._claim("txn", keys)
+        await self._park(claimed, before=True)
         result = await self.inner.txn(compares, success, failure)
         await self._inject("txn", keys, before=False)
-        await self._park(claimed)
+        await self._park(claimed, before=False)
         return result
 
     def watch(self, lo: bytes, hi: bytes | None, start_revision: int) -> WatchStream:

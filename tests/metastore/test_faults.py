@@ -79,6 +79,21 @@ async def test_hold_answers_in_the_order_the_test_picks(
         faults.hold("watch")
 
 
+async def test_hold_before_parks_the_write_until_released(
+    store: MetadataStore, faults: FaultInjector
+) -> None:
+    """``before``: the call waits before the backend applies it (a write reaching the
+    store late), so a reader sees nothing until it is let go."""
+    hold = faults.hold("txn", key_prefix="/late/", before=True)
+    writing = asyncio.create_task(store.put("/late/x", b"x"))
+    await hold.wait_for(1)
+    assert await store.get("/late/x") is None  # not applied while parked
+    hold.release()
+    await writing
+    got = await store.get("/late/x")
+    assert got is not None and got.value == b"x"
+
+
 async def test_drop_watches_is_invisible_to_the_caller(
     store: MetadataStore, faults: FaultInjector
 ) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -28,7 +27,6 @@ from segtxn.client.consumer import Consumer
 from segtxn.client.timeouts import Deadline
 from segtxn.client.transaction import Transaction
 from segtxn.ledger import Position
-from segtxn.metastore import MetadataStore, Op
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics import transactions as T
@@ -338,26 +336,8 @@ async def test_a_step_waits_only_for_the_appends_in_flight_when_it_began(
     await txn.commit()
 
 
-class _GatedStore:
-    """The broker's store as the op-record writer sees it, with steps writing ``key`` held
-    before they reach the store until ``gate`` is set."""
-
-    def __init__(self, inner: MetadataStore, key: str) -> None:
-        self._inner, self._key = inner, key
-        self.arrived, self.gate = asyncio.Event(), asyncio.Event()
-
-    async def commit(self, ops: list[Op]) -> list[int | None]:
-        if any(getattr(op, "key", None) == self._key for op in ops):
-            self.arrived.set()
-            await self.gate.wait()
-        return await self._inner.commit(ops)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
 async def test_an_entry_whose_record_lands_after_the_commit_is_an_orphan(
-    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    client: Client, cluster: Cluster
 ) -> None:
     """The late-write race: the entry is durable, but the step covering it reaches the
     store only after END_TXN (a client that commits without waiting for its send). The
@@ -368,18 +348,16 @@ async def test_an_entry_whose_record_lands_after_the_commit_is_an_orphan(
     consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
     txn = await client.transaction().start()
     await producer.send(b"in time", txn=txn)
-    writer = cluster.broker.service.op_records
-    gated = _GatedStore(writer._store, T.writes_key(txn.id, str(SEGMENT)))
-    monkeypatch.setattr(writer, "_store", gated)
+    step = cluster.faults.hold("txn", key_prefix=T.writes_key(txn.id, str(SEGMENT)), before=True)
     ledger = cluster.broker.service.topics[SEGMENT].ledger
     before = ledger.last_confirmed
     late = await producer.send_async(b"late", txn=txn)
-    await asyncio.wait_for(gated.arrived.wait(), 10)
+    await step.wait_for(1)  # the step covering it, on its way to the store
     await wait_until(lambda: ledger.last_confirmed != before, timeout=10, what="late, durable")
     position = ledger.last_confirmed
     assert position is not None
     await txn._end(TxnAction.COMMIT, Deadline(10))  # END_TXN without waiting for the send
-    gated.gate.set()
+    step.release()
     with pytest.raises(ServerError) as refused:
         await late
     assert refused.value.name is ErrorName.TRANSACTION_CONFLICT
