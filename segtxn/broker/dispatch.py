@@ -82,8 +82,7 @@ class Subscription:
             self.members,
             cursor,
             self._outstanding,
-            # (a lambda: the topic replaces pending_acks after this, see topic.py)
-            holding=lambda: self.pending_acks.transactions(),  # noqa: PLW0108
+            holding=self._holding_acks,
             wake=self._wake,
             rewinds=rewinds,
         )
@@ -244,6 +243,12 @@ class Subscription:
             self._outstanding.acking_ended(txn, ids)
         self._outstanding.held(ids, cumulative=cumulative)
         self._wake.set()
+
+    def _holding_acks(self) -> set[TxnId]:
+        """The open transactions holding acks here, asked of the pending-ack store of the
+        moment: the topic gives the subscription its store after creating it (the store
+        needs :meth:`release`), so the store's own method cannot be bound at creation."""
+        return self.pending_acks.transactions()
 
     def release(self, positions: list[Position]) -> None:
         """A transaction's acks here were settled: committed (``positions`` empty) or
