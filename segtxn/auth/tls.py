@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from pathlib import Path
 from aiohttp import web
 
 from segtxn.auth.tokens import AuthConfigError
+from segtxn.filestamps import Stamp, stamp
 from segtxn.protocol.auth import client_ssl_context, load_pair, ssl_reason
 
 log = logging.getLogger(__name__)
@@ -149,8 +149,8 @@ class ServerCertificate:
         """The context of the set in force."""
         self.context.sni_callback = self._hand_over
         self._client = settings.client_context()
-        self._seen = self._stamp()
-        self._refused: tuple[tuple[float, int, int] | None, ...] | None = None
+        self._seen = stamp(self._files)
+        self._refused: Stamp | None = None
         self.reloads = 0
         """How many times new files were loaded (tests and logs)."""
 
@@ -158,32 +158,22 @@ class ServerCertificate:
         if self.current is not self.context:
             connection.context = self.current
 
-    def _stamp(self) -> tuple[tuple[float, int, int] | None, ...]:
-        def one(path: Path) -> tuple[float, int, int] | None:
-            try:
-                st = os.stat(path)
-            except OSError:
-                return None
-            return (st.st_mtime, st.st_size, st.st_ino)
-
-        return tuple(one(f) for f in self._files)
-
     def check(self) -> bool:
         """Load the files again if any changed since the last load; whether it did. A
         set that does not load is logged once and kept for the next change."""
-        stamp = self._stamp()
-        if stamp in (self._seen, self._refused) or None in stamp:
+        stamped = stamp(self._files)
+        if stamped in (self._seen, self._refused) or None in stamped:
             return False
         try:
             current = _listener_context(self._settings)
             if self._client is not None:
                 _reload_client(self._client, self._settings)
         except AuthConfigError as e:
-            self._refused = stamp
+            self._refused = stamped
             log.warning("TLS: keeping the current certificate and CAs: %s", e)
             return False
         self.current = current
-        self._seen, self._refused = stamp, None
+        self._seen, self._refused = stamped, None
         self.reloads += 1
         log.info("TLS: loaded a new certificate and CAs from %s", self._cert.parent)
         return True

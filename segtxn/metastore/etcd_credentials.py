@@ -20,7 +20,6 @@ of up to four files every few seconds of traffic, nothing at all without it.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -28,12 +27,11 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from segtxn.filestamps import Stamp, stamp
 from segtxn.metastore.errors import InvalidArgument
 from segtxn.metastore.settings import StoreCredentials
 
 log = logging.getLogger(__name__)
-
-Stamp = tuple[tuple[float, int, int] | None, ...]
 
 
 class LiveCredentials:
@@ -59,23 +57,13 @@ class LiveCredentials:
             if p is not None
         ]
         self._pem, self.tls, self.password = _load(credentials)
-        self._seen = self._stamp()
+        self._seen = stamp(self._files)
         self._refused: Stamp | None = None
         self._next_check = time.monotonic() + self._every_s
         self.reloads = 0
         """How many times new files were loaded."""
         self.tls_reloads = 0
         """How many of those changed the TLS files (the engine's channel is made again)."""
-
-    def _stamp(self) -> Stamp:
-        def one(path: Path) -> tuple[float, int, int] | None:
-            try:
-                st = os.stat(path)
-            except OSError:
-                return None
-            return (st.st_mtime, st.st_size, st.st_ino)
-
-        return tuple(one(p) for p in self._files)
 
     def check(self) -> bool:
         """Load the files again if they changed since the last load (looked at no more
@@ -84,16 +72,16 @@ class LiveCredentials:
         if now < self._next_check or not self._files:
             return False
         self._next_check = now + self._every_s
-        stamp = self._stamp()
-        if stamp in (self._seen, self._refused):
+        stamped = stamp(self._files)
+        if stamped in (self._seen, self._refused):
             return False
         try:
             pem, self.tls, self.password = _load(self._credentials)
         except InvalidArgument as e:
-            self._refused = stamp
+            self._refused = stamped
             log.warning("metadata store: keeping the current credentials: %s", e)
             return False
-        self._seen, self._refused = stamp, None
+        self._seen, self._refused = stamped, None
         self.reloads += 1
         if pem != self._pem:
             self._pem = pem
