@@ -187,13 +187,15 @@ def test_certificate_roles_need_required_client_certificates(tmp_path: Path) -> 
     cert, key = issue(ca, tmp_path, "server")
     (tmp_path / "secret").write_bytes(SECRET)
     (tmp_path / "cluster-token").write_text(token(CLUSTER))
-    files = {
-        "secret_file": tmp_path / "secret",
-        "policy_file": _write_policy(tmp_path / "policy.yaml"),
-        "cluster_token_file": tmp_path / "cluster-token",
-    }
+    policy = _write_policy(tmp_path / "policy.yaml")
     with pytest.raises(AuthConfigError, match="--tls-client-ca"):
-        AuthSettings.from_files(**files, tls=TlsSettings(cert, key), cert_role=CertRole.CN)
+        AuthSettings.from_files(
+            secret_file=tmp_path / "secret",
+            policy_file=policy,
+            cluster_token_file=tmp_path / "cluster-token",
+            tls=TlsSettings(cert, key),
+            cert_role=CertRole.CN,
+        )
     with pytest.raises(AuthConfigError, match="without a token key"):
         AuthSettings.from_files(tls=TlsSettings(cert, key, None, ca.path), cert_role=CertRole.CN)
     result = CliRunner().invoke(

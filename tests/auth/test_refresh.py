@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from segtxn.auth.tokens import LEEWAY_S
 from segtxn.cli import main
-from segtxn.client import Client, SuppliedToken, TokenFile, Unauthenticated
+from segtxn.client import Client, Producer, SuppliedToken, TokenFile, Unauthenticated
 from segtxn.protocol.tokens import TokenUnavailable, expiry_of
 from tests.auth.conftest import PRODUCER_2, ROOT, SecureCluster, token
 from tests.waiting import wait_until
@@ -95,6 +95,7 @@ async def test_websockets_closed_at_expiry_reconnect_with_a_fresh_token(
     supplied = SuppliedToken(lambda: token(PRODUCER_2, ttl_s=SHORT_S), refresh_before_s=0)
     async with Client(secure.url, token=supplied) as client:
         producer = await client.create_producer(TOPIC)
+        assert isinstance(producer, Producer)  # a persistent:// topic's
         consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
         received: list[bytes] = []
 

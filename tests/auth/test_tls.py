@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from segtxn.auth import AuthSettings, TlsSettings
 from segtxn.broker.app import BrokerServer
@@ -114,11 +114,11 @@ async def test_a_client_that_trusts_the_ca_does_v4_transactions(tls: TlsCluster)
         assert (await consumer.receive(timeout_s=20)).value == b"over-tls"
 
 
-async def _refused(url: str, **tls_files: Path) -> str:
+async def _refused(url: str, tls_ca: Path | None = None) -> str:
     """The CertificateError a client gets, well before its 20 s limit."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    async with Client(url, operation_timeout_s=20, **tls_files) as client:
+    async with Client(url, operation_timeout_s=20, tls_ca=tls_ca) as client:
         with pytest.raises(CertificateError) as caught:
             await client.create_producer("persistent://acme/tls/t")
         with pytest.raises(CertificateError):
@@ -216,7 +216,7 @@ async def test_the_cli_verifies_with_tls_ca(tls: TlsCluster) -> None:
     runner = CliRunner()
     create = ["topics", "create", "--url", tls.url, "persistent://acme/tls/cli"]
 
-    def cli(*args: str) -> Callable[[], object]:
+    def cli(*args: str) -> Callable[[], Result]:
         return lambda: runner.invoke(main, list(args))
 
     refused = await asyncio.to_thread(cli(*create))

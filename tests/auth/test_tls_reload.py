@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from segtxn.auth import ServerCertificate
 from segtxn.client import Client, ServerError, Unauthenticated
 from tests.auth.certs import authority, issue
 from tests.auth.test_tls import TlsCluster, _start, _stop
@@ -97,7 +98,11 @@ async def test_a_new_cluster_ca_keeps_the_servers_calls_to_each_other_working(
         for server in (cluster.broker, cluster.coordinator):
             certificate = server.certificate
             assert certificate is not None
-            await wait_until(lambda c=certificate: c.reloads >= 1, timeout=10, what="reload")
+
+            def reloaded(c: ServerCertificate = certificate) -> bool:
+                return c.reloads >= 1
+
+            await wait_until(reloaded, timeout=10, what="reload")
         async with Client(cluster.url, tls_ca=rotated.path) as client:
             await client.admin.create_topic(topic)
             producer = await client.create_producer(topic)

@@ -15,6 +15,7 @@ from aetcd import rpc
 from growth import (
     ETCD_METRICS,
     Growth,
+    Sample,
     Tolerance,
     dir_bytes,
     fill_groups,
@@ -48,7 +49,7 @@ def test_slope_is_the_least_squares_line_per_hour() -> None:
     assert slope_per_hour([(0, 10)]) == 0.0
 
 
-def samples(values: list[float], name: str = "x.rss_bytes", every_s: float = 60.0) -> list:
+def samples(values: list[float], name: str = "x.rss_bytes", every_s: float = 60.0) -> list[Sample]:
     return [{"t_s": i * every_s, name: v} for i, v in enumerate(values)]
 
 

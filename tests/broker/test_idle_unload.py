@@ -4,6 +4,8 @@ every segment that ever split or merged loaded — memory and open files growing
 
 from __future__ import annotations
 
+from typing import Any
+
 from segtxn.broker import handoff
 from segtxn.broker.app import BrokerServer
 from segtxn.client import Client
@@ -69,7 +71,7 @@ async def test_stats_answer_for_an_unloaded_sealed_segment_without_loading_it(
     await consumer.acknowledge(first)
     await consumer.close()
 
-    def segment_zero(stats: dict[str, object]) -> dict[str, object]:
+    def segment_zero(stats: dict[str, Any]) -> dict[str, Any]:
         segments = stats["segments"]
         assert isinstance(segments, list)
         found = next(s["stats"] for s in segments if s["id"] == 0)

@@ -91,18 +91,22 @@ async def test_each_send_of_a_batch_is_answered_on_its_own(start_broker: StartBr
                 )
             )
             replies = [await next_frame(ws) for _ in range(5)]  # receipts in any order
-    by_seq: dict[int | None, list[frames.Frame]] = {}
+    by_seq: dict[int, list[frames.Frame]] = {}
     for reply in replies:
         assert isinstance(reply, Receipt | Error), reply
+        assert reply.seq is not None, reply  # every send here is answered by its seq
         by_seq.setdefault(reply.seq, []).append(reply)
     assert sorted(by_seq) == [1, 2, 3, 4]
     (dup,), (refused,), copies, (last,) = by_seq[1], by_seq[2], by_seq[3], by_seq[4]
     assert isinstance(dup, Receipt) and dup.duplicate
-    assert dup.message_id == first[1].message_id  # type: ignore[union-attr]
+    original = first[1]
+    assert isinstance(original, Receipt)
+    assert dup.message_id == original.message_id
     assert isinstance(refused, Error) and refused.error == ErrorName.MESSAGE_TOO_LARGE
     assert all(isinstance(c, Receipt) for c in copies) and len(copies) == 2
-    assert sorted(c.duplicate for c in copies) == [False, True]  # type: ignore[union-attr]
-    assert len({c.message_id for c in copies}) == 1  # type: ignore[union-attr]
+    receipts = [c for c in copies if isinstance(c, Receipt)]  # all of them
+    assert sorted(c.duplicate for c in receipts) == [False, True]
+    assert len({c.message_id for c in receipts}) == 1
     assert isinstance(last, Receipt) and not last.duplicate
     async with Client(broker.settings.advertise_url) as client:
         assert await stored_in_order(client, 4) == [b"a", b"b", b"c", b"d"]

@@ -96,8 +96,9 @@ async def test_a_refused_plain_ack_fails_only_its_own_caller(
     consumer, got = await setup(client, 3)
     sub = subscription(cluster)
     bad = forged(got[0])
+    acked: list[Message | MessageId] = [got[0], bad, got[1], got[2]]
     outcomes = await asyncio.gather(
-        *(consumer.acknowledge(m) for m in [got[0], bad, got[1], got[2]]),
+        *(consumer.acknowledge(m) for m in acked),
         return_exceptions=True,
     )
     assert outcomes[0] is None and outcomes[2] is None and outcomes[3] is None
@@ -153,7 +154,7 @@ async def test_interleaved_plain_and_transactional_acks_of_one_turn_keep_their_o
         consumer.acknowledge(got[2], txn=txn),
         return_exceptions=True,
     )
-    assert outcomes == [None, None, None], outcomes
+    assert list(outcomes) == [None, None, None], outcomes
     await txn.commit()
     sub = subscription(cluster)
     await wait_until(
@@ -175,7 +176,7 @@ async def test_a_cumulative_ack_made_first_reaches_the_broker_first(
         consumer.acknowledge(got[1], txn=txn),
         return_exceptions=True,
     )
-    assert outcomes == [None, None], outcomes
+    assert list(outcomes) == [None, None], outcomes
     await txn.commit()
 
 

@@ -255,7 +255,7 @@ async def test_backpressure_is_first_come_first_served(open_ledger: OpenLedger) 
     await asyncio.sleep(0)
     gate.set()
     positions = await asyncio.gather(head, filler, big, small)
-    assert positions == sorted(positions)
+    assert list(positions) == sorted(positions)
 
 
 async def test_enqueue_returns_once_queued_and_the_queue_order_is_the_write_order(

@@ -20,6 +20,7 @@ from segtxn.ledger.metadata import LedgerInfo, decode
 from segtxn.ledger.replicas import (
     Census,
     Member,
+    Nodes,
     Outcome,
     Replica,
     ReplicatedLogStorage,
@@ -54,9 +55,7 @@ async def written(store: MetadataStore, storage: ReplicatedLogStorage) -> Manage
     return ledger
 
 
-async def repair(
-    ledger: ManagedLedger, info: LedgerInfo, census: Census, nodes: TestNodes | GatedNodes
-) -> Outcome:
+async def repair(ledger: ManagedLedger, info: LedgerInfo, census: Census, nodes: Nodes) -> Outcome:
     return await repair_ledger(ledger, info, census, nodes, write_quorum=3, commit_within_s=60.0)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]  # ships no type hints
 import pytest
 import yaml
 

@@ -218,8 +218,10 @@ def chart_quorum(helm: Helm, tmp_path: Path) -> Iterator[tuple[list[str], StoreC
     assert sum("--peer-client-cert-auth" in c for c in commands) == 3
     endpoints = [next(a.split("https://")[1] for a in c if a.startswith("--advertise-client"))
                  for c in commands]  # fmt: skip
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    processes = [subprocess.Popen(c, start_new_session=True, **quiet) for c in commands]
+    quiet = subprocess.DEVNULL
+    processes = [
+        subprocess.Popen(c, start_new_session=True, stdout=quiet, stderr=quiet) for c in commands
+    ]
     try:
         yield endpoints, StoreCredentials(client / "ca.crt", client / "tls.crt", client / "tls.key")
     finally:

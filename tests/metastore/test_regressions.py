@@ -117,7 +117,11 @@ async def test_leadership_survives_a_reconnect_after_compaction(make_store: Make
         injector.drop_watches()
     for injector in injectors:
         assert isinstance(injector, FaultInjector)
-        await wait_until(lambda i=injector: i.open_watches >= 1, what="watches re-established")
+
+        def reopened(i: FaultInjector = injector) -> bool:
+            return i.open_watches >= 1
+
+        await wait_until(reopened, what="watches re-established")
     assert not leadership.lost.is_set() and not rival.done()
     await leadership.resign()
     won = await asyncio.wait_for(rival, 10)

@@ -88,7 +88,7 @@ class Sent(NamedTuple):
     """A server-side apply (it creates what does not exist)."""
 
 
-class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+class Emulator(kmock.KubernetesEmulator):
     _rv = 0  # class-wide and monotonic: only the order matters
 
     @classmethod
@@ -144,6 +144,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             if isinstance(data, dict):  # merge patch
                 data.setdefault("metadata", {})["resourceVersion"] = self._next_rv()
                 if _ours(request) and not request.subresource and "spec" in data:
+                    assert request.name is not None  # a patch of a segtxn resource names it
                     key = (request.resource, request.namespace, request.name)
                     obj = self.objects._objects.get(key)
                     old = int(obj.raw.get("metadata", {}).get("generation", 0)) if obj else 0
@@ -153,7 +154,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     {"op": "add", "path": "/metadata/resourceVersion", "value": self._next_rv()}
                 )
         elif request.resource is not None and request.action == kmock.action.DELETE:
-            obj = self.objects._objects.get((request.resource, request.namespace, request.name))
+            obj = None
+            if request.name is not None:  # not a delete of a whole collection
+                obj = self.objects._objects.get((request.resource, request.namespace, request.name))
             meta = obj.raw.get("metadata", {}) if obj is not None else {}
             pending = meta.get("finalizers") and not meta.get("deletionTimestamp")
             if obj is not None and not obj.deleted and pending:  # kmock soft-deletes it next
@@ -163,6 +166,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         except jsonpatch.JsonPatchTestFailed as e:  # what a real API server answers
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(e)) from e
         if request.action == kmock.action.DELETE and request.resource and self.deleted:
+            assert request.resource.plural is not None  # a delete's URL names its resource
             self.deleted(request.resource.plural, str(request.name))
         return result
 
@@ -170,6 +174,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         target = request.resource
         if target is None or not target.plural:  # discovery: no grant needed
             return
+        assert target.group is not None  # from the URL: "" for the core group
         key = (target, request.namespace, request.name)
         existed = key in self.objects._objects and not self.objects._objects[key].deleted
         method = getattr(request.method, "value", str(request.method))
@@ -187,8 +192,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise kmock.KubernetesError(
                 status=429, reason="TooManyRequests", message=self.refuse_evictions
             )
-        key = (request.resource, request.namespace, request.name)
-        obj = self.objects._objects.get(key)
+        pods, name = request.resource, request.name
+        assert pods is not None and pods.plural is not None and name is not None  # pods/N/eviction
+        obj = self.objects._objects.get((pods, request.namespace, name))
         if obj is None or obj.deleted:
             raise kmock.KubernetesError(status=404, reason="NotFound", message="no such pod")
         wanted = ((request.data or {}).get("deleteOptions") or {}).get("preconditions", {})
@@ -197,9 +203,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         async with self._lock:
             raw = dict(obj.raw)
             obj.delete()
-            await self._buses[request.resource].put({"type": "DELETED", "object": raw})
+            await self._buses[pods].put({"type": "DELETED", "object": raw})
         if self.deleted:
-            self.deleted(request.resource.plural, str(request.name))
+            self.deleted(pods.plural, str(request.name))
         status = {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
         return web.json_response(status, status=201)
 
@@ -220,7 +226,9 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         data = request.data
         if not isinstance(data, dict):
             raise kmock.KubernetesError(status=400, reason="BadRequest", message="not an object")
-        key = (request.resource, request.namespace, request.name)
+        resource = request.resource
+        assert resource is not None and request.name is not None  # a PATCH of a named object
+        key = (resource, request.namespace, request.name)
         async with self._lock:
             obj = self.objects._objects.get(key)
             live = None if obj is None or obj.deleted else dict(obj.raw)
@@ -234,7 +242,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                     self.objects._objects[key] = kmock.Object(outcome)
                 else:
                     obj.create(outcome)
-                await self._buses[request.resource].put({"type": "ADDED", "object": outcome})
+                await self._buses[resource].put({"type": "ADDED", "object": outcome})
                 live = outcome
             patch = ssa.merge_patch(live, outcome)
         data.clear()  # the UPDATE below (kmock's merge) now lands exactly on the outcome
@@ -243,6 +251,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
     async def _serve_list(self, request: kmock.Request) -> Any:
         rv = str(self._rv)  # before the snapshot: later writes are replayed by WATCH
         result = await super()._serve_list(request)
+        assert isinstance(result, dict)  # kmock's list: {"metadata": ..., "items": ...}
         result["metadata"]["resourceVersion"] = rv
         return result
 
@@ -251,11 +260,14 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         yield b""
         since = request.params.get("resourceVersion", "")
         since_rv = int(since) if since.isdigit() else -1
+        assert request.resource is not None  # a watch is of a resource
         bus = self._buses[request.resource]
         mark = await bus.mark()
         try:
             async with self._lock:
-                objs = self._KubernetesEmulator__get_objs(request, strict=False)
+                # kmock's private helpers, by their mangled names (no public equivalent)
+                get_objs = self._KubernetesEmulator__get_objs  # type: ignore[attr-defined]
+                objs = get_objs(request, strict=False)
                 events = [
                     {"type": "ADDED", "object": o.raw}
                     for o in objs
@@ -265,7 +277,7 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
                 yield event
             async for event in bus.stream(since=mark):
                 meta = event.get("object", {}).get("metadata", {})
-                if self._KubernetesEmulator__check(
+                if self._KubernetesEmulator__check(  # type: ignore[attr-defined]  # kmock's, mangled
                     request, request.resource, meta.get("namespace"), meta.get("name"), strict=False
                 ):
                     yield event
@@ -295,17 +307,21 @@ class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
         assert status in (200, 201), body
         return dict(body)
 
-    async def patch(self, kind: str, name: str, patch: Mapping[str, Any]) -> None:
+    # The tests' helpers shadow kmock's client shortcuts (get/patch/delete of a URL),
+    # which nothing calls on an emulator here.
+    async def patch(  # type: ignore[override]
+        self, kind: str, name: str, patch: Mapping[str, Any]
+    ) -> None:
         path = f"/apis/{API}/namespaces/{NS}/{PLURALS[kind]}/{name}"
         status, body = await self.call("PATCH", path, dict(patch))
         assert status == 200, body
 
-    async def delete(self, kind: str, name: str) -> None:
+    async def delete(self, kind: str, name: str) -> None:  # type: ignore[override]
         path = f"/apis/{API}/namespaces/{NS}/{PLURALS[kind]}/{name}"
         status, body = await self.call("DELETE", path)
         assert status == 200, body
 
-    def get(self, resource: str, name: str) -> dict[str, Any] | None:
+    def get(self, resource: str, name: str) -> dict[str, Any] | None:  # type: ignore[override]
         """The live object (``resource`` like ``apps/v1/statefulsets``), None if absent."""
         key = (kmock.resource(resource), NS, name)
         if key not in self.objects or self.objects[key].deleted:
@@ -350,7 +366,7 @@ def _rv(raw: Mapping[str, Any]) -> int:
 async def emulator() -> AsyncIterator[Emulator]:
     async with Emulator() as emu, kmock.Server(emu):
         for resource, info in RESOURCES.items():
-            emu.resources[resource] = info
+            emu.resources[resource] = kmock.ResourceInfo(**info)
         yield emu
 
 

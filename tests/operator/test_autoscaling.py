@@ -70,8 +70,11 @@ async def test_auto_split_past_the_threshold_then_the_cooldown_holds(local: Loca
         await emu.create("ScalableTopic", "hot", {**BASE, "topic": "hot", "autoscale": AUTOSCALE})
         await emu.create("ScalableTopic", "calm", {**BASE, "topic": "calm"})
         for name in ("hot", "calm"):
-            await wait_until(lambda n=name: status(emu, "ScalableTopic", n).get("activeSegments")
-                             == 1, timeout=WAIT_S, what=f"{name} created")  # fmt: skip
+
+            def created(n: str = name) -> bool:
+                return bool(status(emu, "ScalableTopic", n).get("activeSegments") == 1)
+
+            await wait_until(created, timeout=WAIT_S, what=f"{name} created")
 
         async with load(local.broker.url, HOT, CALM):
             await wait_until(lambda: decision(emu, "hot").get("action") == "Split",

@@ -30,7 +30,8 @@ TOPIC_NAME = "topic://acme/ops/orders"
 
 async def test_cluster_children_status_and_update(local: Local) -> None:
     async with emulator() as emu, operator(emu, local.memo()):
-        created = await cluster(emu, local, replicas=3) or emu.mine("SegtxnCluster", "demo")
+        await cluster(emu, local, replicas=3)
+        created = emu.mine("SegtxnCluster", "demo")
         assert created is not None
         await wait_until(
             lambda: (
@@ -113,8 +114,9 @@ async def test_cluster_children_status_and_update(local: Local) -> None:
 
         def updated() -> bool:
             s = emu.get("apps/v1/statefulsets", "demo-broker") or {}
-            return s["spec"]["replicas"] == 5 and (
-                s["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH] != before
+            return bool(
+                s["spec"]["replicas"] == 5
+                and s["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH] != before
             )
 
         await wait_until(updated, timeout=WAIT_S, what="the update applied")

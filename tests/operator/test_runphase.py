@@ -25,7 +25,7 @@ def report(**verdict: Any) -> Any:
     return {"data": {"verdict.json": json.dumps(verdict)}}
 
 
-RUNNING = {"state": {"running": {}}}
+RUNNING: dict[str, Any] = {"state": {"running": {}}}
 
 
 @pytest.mark.parametrize(

@@ -47,6 +47,12 @@ def data(emu: Emulator, name: str) -> dict[str, bytes]:
     return {k: base64.b64decode(v) for k, v in found["data"].items()}
 
 
+def live(emu: Emulator, resource: str, name: str) -> dict[str, Any]:
+    found = emu.get(resource, name)
+    assert found is not None, name
+    return found
+
+
 def container(emu: Emulator, resource: str, name: str) -> dict[str, Any]:
     found = emu.get(resource, name)
     assert found is not None, name
@@ -97,10 +103,10 @@ async def test_secrets_are_created_once_mounted_and_reused_until_due() -> None:
             assert pki.token_verifies(token, key)
             assert jwt.decode(token, options={"verify_signature": False})["sub"] == role
         assert first["demo-token-segtxn-admin"]["ca.crt"] == ca
-        assert emu.get(SECRETS, "demo-ca")["metadata"]["ownerReferences"][0]["kind"] == (
+        assert live(emu, SECRETS, "demo-ca")["metadata"]["ownerReferences"][0]["kind"] == (
             "SegtxnCluster"
         )
-        tc_owner = emu.get(SECRETS, "demo-coordinator-tls")["metadata"]["ownerReferences"][0]
+        tc_owner = live(emu, SECRETS, "demo-coordinator-tls")["metadata"]["ownerReferences"][0]
         assert tc_owner["kind"] == "TransactionCoordinator"
 
         # Mounted, and read by the flags; probes over HTTPS.
@@ -124,14 +130,14 @@ async def test_secrets_are_created_once_mounted_and_reused_until_due() -> None:
         assert policy.principal("segtxn-cluster").superuser and policy.principal("ops").superuser
 
         # A spec change re-renders everything and writes no Secret again.
-        versions = {n: emu.get(SECRETS, n)["metadata"]["resourceVersion"] for n in ALL_SECRETS}
+        versions = {n: live(emu, SECRETS, n)["metadata"]["resourceVersion"] for n in ALL_SECRETS}
         await emu.patch("SegtxnCluster", "demo", {"spec": {"image": "segtxn:0.2.0"}})
         await wait_until(
             lambda: container(emu, STS, "demo-broker")["image"] == "segtxn:0.2.0",
             timeout=WAIT_S,
             what="the new image applied",
         )
-        assert {n: emu.get(SECRETS, n)["metadata"]["resourceVersion"] for n in ALL_SECRETS} == (
+        assert {n: live(emu, SECRETS, n)["metadata"]["resourceVersion"] for n in ALL_SECRETS} == (
             versions
         )
         assert {name: data(emu, name) for name in ALL_SECRETS} == first
@@ -206,11 +212,11 @@ async def test_cert_manager_certificates_instead_of_the_operators_own() -> None:
         assert broker["spec"]["secretName"] == "demo-broker-tls"
         assert broker["spec"]["dnsNames"] == security.broker_dns_names("demo", NS)
         assert broker["spec"]["issuerRef"]["name"] == "demo-ca"
-        ca = emu.get(certs, "demo-ca")
-        assert ca is not None and ca["spec"]["isCA"] is True
+        ca_certificate = emu.get(certs, "demo-ca")
+        assert ca_certificate is not None and ca_certificate["spec"]["isCA"] is True
         issuers = "cert-manager.io/v1/issuers"
-        assert emu.get(issuers, "demo-selfsigned")["spec"] == {"selfSigned": {}}
-        assert emu.get(issuers, "demo-ca")["spec"] == {"ca": {"secretName": "demo-ca"}}
+        assert live(emu, issuers, "demo-selfsigned")["spec"] == {"selfSigned": {}}
+        assert live(emu, issuers, "demo-ca")["spec"] == {"ca": {"secretName": "demo-ca"}}
         # cert-manager writes the certificates' Secrets; the operator only the tokens'.
         assert emu.get(SECRETS, "demo-ca") is None and emu.get(SECRETS, "demo-broker-tls") is None
         assert "ca.crt" not in data(emu, "demo-token-segtxn-admin")  # not known yet

@@ -28,7 +28,7 @@ def jvm() -> Iterator[Any]:
     from segtxn.verify.spark import require_java
 
     require_java()
-    gateway = launch_gateway(SparkConf())
+    gateway = launch_gateway(SparkConf())  # type: ignore[no-untyped-call]  # pyspark's is untyped
     try:
         yield gateway.jvm
     finally:
@@ -114,7 +114,7 @@ def test_spark_prepares_the_submission_it_would_run(jvm: Any) -> None:
 )
 def test_the_parser_is_strict(jvm: Any, bad: list[str], complaint: str) -> None:
     """The check above means something: the same parser refuses what spark-submit would."""
-    from py4j.protocol import Py4JJavaError
+    from py4j.protocol import Py4JJavaError  # type: ignore[import-untyped]  # no type hints
 
     args = driver_args()
     with pytest.raises(Py4JJavaError) as refused:

@@ -54,7 +54,8 @@ def test_split_and_merge_shapes() -> None:
         (3, 0x4000, 0x7FFF),
         (1, 0x8000, 0xFFFF),
     ]
-    assert split.segment(0) is not None and split.segment(0).state is SegmentState.SEALED
+    parent = split.segment(0)
+    assert parent is not None and parent.state is SegmentState.SEALED
     assert split.epoch == 1 and split.next_segment_id == 4
     merged = dag.complete(split, dag.plan_merge(split, 3, 1))
     child = merged.segment(4)
@@ -104,8 +105,8 @@ def test_retiring_and_pruning_sealed_segments_in_any_order_keeps_the_invariants(
         dag.check(topic)
         for prunable in dag.prunable(topic):
             topic = dag.prune(topic, prunable)
-    while prunable := dag.prunable(topic):
-        topic = dag.prune(topic, prunable[0])
+    while left := dag.prunable(topic):
+        topic = dag.prune(topic, left[0])
     assert [s.state for s in topic.segments] == [SegmentState.ACTIVE] * len(active)
     assert [(s.id, s.lo, s.hi) for s in topic.active()] == active
     assert all(not s.parents for s in topic.segments)  # every ancestor pruned

@@ -244,8 +244,10 @@ async def _route(client: Client, key: str) -> int:
 
     stats = await client.admin.stats(TOPIC)
     h = key_hash(key)
-    return next(
-        s["id"]
-        for s in stats["segments"]
-        if s["state"] == "ACTIVE" and s["range"][0] <= h <= s["range"][1]
+    return int(
+        next(
+            s["id"]
+            for s in stats["segments"]
+            if s["state"] == "ACTIVE" and s["range"][0] <= h <= s["range"][1]
+        )
     )

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind
 
 from segtxn import tracing
 from segtxn.cli.logs import JsonFormatter, TextFormatter
@@ -65,14 +65,18 @@ def parent_of(span: ReadableSpan) -> int:
     return span.parent.span_id
 
 
+def context_of(span: ReadableSpan) -> SpanContext:
+    context: SpanContext | None = span.context  # the SDK leaves the property unannotated
+    assert context is not None
+    return context
+
+
 def span_id(span: ReadableSpan) -> int:
-    assert span.context is not None
-    return span.context.span_id
+    return context_of(span).span_id
 
 
 def trace_of(span: ReadableSpan) -> int:
-    assert span.context is not None
-    return span.context.trace_id
+    return context_of(span).trace_id
 
 
 async def test_a_transaction_is_one_trace_from_client_to_coordinator_and_broker(

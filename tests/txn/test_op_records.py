@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from segtxn.broker.txn import oprecords
+from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.client import (
     Client,
@@ -361,7 +362,8 @@ async def test_an_entry_whose_record_lands_after_the_commit_is_an_orphan(
     with pytest.raises(ServerError) as refused:
         await late
     assert refused.value.name is ErrorName.TRANSACTION_CONFLICT
-    assert cluster.broker.service.topics[SEGMENT].buffer.is_orphan(position)
+    buffer = cluster.broker.service.topics[SEGMENT].buffer
+    assert isinstance(buffer, MetadataTransactionBuffer) and buffer.is_orphan(position)
     await producer.send(b"after")
     got = [await consumer.receive(timeout_s=10) for _ in range(2)]
     assert [m.value for m in got] == [b"in time", b"after"]  # never "late"

@@ -330,7 +330,7 @@ async def test_an_ack_sent_as_the_connection_breaks_is_sent_again_after_it(
     m0, _ = await receive(consumer, 2)
     (stream,) = consumer._streams.values()
     assert stream._ws is not None
-    stream._ws._writer.transport.abort()  # type: ignore[attr-defined]
+    stream._ws._writer.transport.abort()
     await asyncio.wait_for(consumer.acknowledge(m0), 15)
     again = await receive(consumer, 1)  # the reconnect rewound: m1 comes again
     assert values(again) == ["m1"]
@@ -391,10 +391,19 @@ async def test_a_transaction_may_send_its_acks_without_awaiting_each(
     txn = await client.transaction().start()
     at_store: list[object] = []
     acks: list[asyncio.Future[None]] = []
-    with gated(sub.pending_acks, "ack", when=lambda *args, **_: at_store.append(args) or True):
+
+    def at_the_store(*args: object, **_: object) -> bool:
+        at_store.append(args)
+        return True
+
+    with gated(sub.pending_acks, "ack", when=at_the_store):
         for n, message in enumerate(got, 1):  # one at a time: one frame each
             acks.append(asyncio.ensure_future(consumer.acknowledge(message, txn=txn)))
-            await wait_until(lambda n=n: len(at_store) == n, timeout=10, what=f"ack {n} held")
+
+            def held(n: int = n) -> bool:
+                return len(at_store) == n
+
+            await wait_until(held, timeout=10, what=f"ack {n} held")
     await asyncio.gather(*acks)
     await txn.commit()
     await wait_until(
@@ -466,7 +475,7 @@ async def test_a_failed_transaction_rewinds_every_segment_the_consumer_reads(
     topic = "topic://acme/ordered/two"
     await client.admin.create_topic(topic, segments=2)
     producer = await client.create_producer(topic)
-    keys = {}
+    keys: dict[str, str] = {}
     for i in range(40):  # find a key for each segment
         keys.setdefault((await producer.send(f"probe{i}".encode(), key=f"k{i}")).topic, f"k{i}")
     assert len(keys) == 2

@@ -110,8 +110,8 @@ async def test_a_loop_of_transactions_opens_them_in_batches_that_grow(
     assert max(batches) == prestart.MAX_BATCH
     assert len(batches) <= 9  # not 41
     assert await open_ids(cluster) == set()  # the spares left were aborted at close
-    for txn in used:
-        assert await state(cluster, txn) is TxnState.COMMITTED
+    for txn_id in used:
+        assert await state(cluster, txn_id) is TxnState.COMMITTED
 
 
 async def test_stale_spares_shrink_the_next_batch(

@@ -131,7 +131,7 @@ async def test_a_resend_in_a_transactions_batch_is_a_duplicate(
     resent = again[2]
     assert isinstance(resent, Receipt) and resent.duplicate
     assert isinstance(first[2], Receipt) and resent.message_id == first[2].message_id
-    assert all(isinstance(again[i], Receipt) and not again[i].duplicate for i in (3, 4))  # type: ignore[union-attr]
+    assert all(isinstance(r, Receipt) and not r.duplicate for r in (again[3], again[4]))
     await txn.commit()
     reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
     assert [m.value for m in await receive_all(reader, 5)] == [b"%d" % i for i in range(5)]
@@ -147,8 +147,8 @@ async def test_a_batch_of_an_ended_transaction_is_refused_send_by_send(
         await send_batch(ws, *(Send(seq=i, payload=b"x", txn=txn.wire_id) for i in range(4)))
         got = await answers(ws, 4)
         assert all(
-            isinstance(got[i], Error) and got[i].error == ErrorName.TRANSACTION_CONFLICT  # type: ignore[union-attr]
-            for i in range(4)
+            isinstance(e, Error) and e.error == ErrorName.TRANSACTION_CONFLICT
+            for e in [got[i] for i in range(4)]
         ), got
         await send_batch(ws, Send(seq=4, payload=b"plain"))  # the producer goes on
         after = await answers(ws, 1)
@@ -228,6 +228,7 @@ async def test_a_resend_after_the_publisher_was_cancelled_during_the_record_is_s
     topic, _ = segment_topic(cluster)
     record = cluster.faults.hold("txn", key_prefix="/txn-op/", times=1)
     sends = [Send(seq=i, payload=b"m%d" % i, txn=txn.wire_id) for i in range(3)]
+    task: asyncio.Task[object]
     if together:
         task = asyncio.create_task(topic.publish_txn("p", [(s, topic.turn("p")) for s in sends]))
     else:

@@ -11,6 +11,7 @@ import pytest
 
 from segtxn.broker.txn.markers import CONTAINS_TXN, MarkerTransactionBuffer
 from segtxn.client import Client, ServerError
+from segtxn.coordinator.app import V4
 from segtxn.protocol.errors import ErrorName
 from tests.cluster import Cluster
 from tests.waiting import wait_until
@@ -209,19 +210,21 @@ async def test_coordinator_recovers_from_its_log_and_finishes_the_commit(
     producer = await client.create_producer(T1)
     txn = client.transaction()
     await producer.send(b"x", txn=txn)
-    v4 = cluster.coordinator.app[__import__("segtxn.coordinator.app").coordinator.app.V4]
-    fan_out = v4.participants.call
+    v4 = cluster.coordinator.app[V4]
+    participants = v4.participants
+    assert participants is not None  # the coordinator has started
+    fan_out = participants.call
 
     async def unreachable(*_: object) -> None:
         raise ServerError(ErrorName.SERVICE_NOT_READY, "broker unreachable")
 
-    v4.participants.call = unreachable  # type: ignore[method-assign]
+    participants.call = unreachable  # type: ignore[method-assign, assignment]  # a stand-in
     with pytest.raises(ServerError) as pending:  # once, by hand (the client would retry)
         await end(client, str(txn.id), "COMMIT")
     assert pending.value.name is ErrorName.SERVICE_NOT_READY
     assert await txn.status() == "COMMITTING"
     await nothing_more(consumer)
-    v4.participants.call = fan_out  # type: ignore[method-assign]
+    participants.call = fan_out  # type: ignore[method-assign]  # the real one back
     await v4.stop()  # the process goes; its log stays
     from segtxn.coordinator.v4 import CoordinatorV4
 

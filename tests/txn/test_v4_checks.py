@@ -143,7 +143,7 @@ async def test_acks_naming_transactions_no_coordinator_has_open_are_refused(
             assert ErrorName(answer.error) is ErrorName.TRANSACTION_NOT_FOUND, answer
     # the message is not held by any transaction: the subscription goes on
     consumer = await client.subscribe(T1, "s", subscription_type="Shared")
-    values = set()
+    values: set[bytes] = set()
     while values != {b"m0", b"m1"}:
         message = await consumer.receive(timeout_s=10)
         values.add(message.value)
@@ -169,6 +169,7 @@ async def test_an_ack_in_a_transaction_not_added_to_the_subscription_is_refused(
     txn = client.transaction()
     await txn.add_subscription(T1, "other")  # registered elsewhere
     stream = consumer._stream(message.message_id)
+    assert stream is not None
     with pytest.raises(ServerError) as refused:  # the raw ack, without registering "s"
         await stream.ack(
             [message.message_id], cumulative=False, txn=txn.wire_id, deadline=Deadline(10)
@@ -237,17 +238,19 @@ async def test_the_sweep_applies_a_decision_its_coordinator_could_not_deliver(
         consumer = await client.subscribe(T1, "s", initial_position="earliest")
         txn = client.transaction(timeout_s=1.0)
         await producer.send(b"decided", txn=txn)
-        fan_out = v4.participants.call
+        participants = v4.participants
+        assert participants is not None  # the coordinator has started
+        fan_out = participants.call
 
         async def unreachable(*_: object) -> None:
             raise ServerError(ErrorName.SERVICE_NOT_READY, "broker unreachable")
 
-        v4.participants.call = unreachable  # type: ignore[method-assign]
+        participants.call = unreachable  # type: ignore[method-assign, assignment]  # a stand-in
         try:
             with pytest.raises(TimeoutError):  # END answers ServiceNotReady until the limit
                 await txn.commit(timeout_s=0.5)
             assert await txn.status() == "COMMITTING"
             assert (await consumer.receive(timeout_s=15)).value == b"decided"
         finally:
-            v4.participants.call = fan_out  # type: ignore[method-assign]
+            participants.call = fan_out  # type: ignore[method-assign]  # the real one back
         assert buffer(cluster, T1).ongoing == set()

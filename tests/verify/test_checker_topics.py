@@ -21,6 +21,7 @@ from segtxn.client import Client, TopicEnded
 from segtxn.protocol.names import TopicName
 from segtxn.verify.checker import (
     ANOMALIES,
+    Frames,
     RunNotRecorded,
     anomaly_frames,
     check,
@@ -34,7 +35,8 @@ from segtxn.verify.locate import locate
 from segtxn.verify.processor import Topics
 from segtxn.verify.workload import RunInfo
 from tests.cluster import Cluster
-from tests.verify.test_checker import INJECTIONS, Run, aborted_read, input_id
+from tests.verify.runs import Run, input_id
+from tests.verify.test_checker import INJECTIONS, aborted_read
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.parametrize("cluster", ["etcd"], indirect=True)
@@ -137,6 +139,11 @@ async def test_an_anomalys_places_in_a_history_topic_are_its_clients_events(
     assert mentions[source].total == 5  # sent; received and ended in T2, then in T3
 
 
+def rows_of(frames: Frames, kind: str) -> list[Row]:
+    """The rows that show anomaly ``kind`` (a Spark job: run it off the event loop)."""
+    return anomaly_frames(frames)[kind].collect()
+
+
 @pytest.mark.timeout(1200)  # nine runs, each read back by Spark
 async def test_each_anomaly_injected_into_a_run_recorded_in_topics_is_caught(
     client: Client, cluster: Cluster, spark: SparkSession
@@ -147,7 +154,7 @@ async def test_each_anomaly_injected_into_a_run_recorded_in_topics_is_caught(
         name = kind.replace("_", "-")
         await record(client, cluster, run, name)
         frames = await asyncio.to_thread(load_topics, spark, cluster.url, name)
-        caught = await asyncio.to_thread(lambda f=frames, k=kind: anomaly_frames(f)[k].collect())
+        caught = await asyncio.to_thread(rows_of, frames, kind)
         assert caught, f"{kind} was injected into a run recorded in topics and not caught"
         spark.catalog.clearCache()
 

@@ -21,10 +21,12 @@ from segtxn.verify.ranges import LAST_ENTRY, column_names, split
 TOPIC = TopicName.parse("topic://t/ns/orders")
 
 
-def covered(cuts: list[tuple[tuple[int, int], tuple[int, int]]], ledgers: dict[int, int]) -> list:
+def covered(
+    cuts: list[tuple[tuple[int, int], tuple[int, int]]], ledgers: dict[int, int]
+) -> list[tuple[int, int]]:
     """The entries of a segment whose ledger ``L`` holds ``ledgers[L]`` entries that each cut
     covers, in order."""
-    out = []
+    out: list[tuple[int, int]] = []
     for start, end in cuts:
         out += [
             (lg, e)
