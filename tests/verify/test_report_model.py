@@ -115,7 +115,7 @@ def test_a_failing_run_places_its_samples_and_says_why_it_failed() -> None:
     assert (point.kind, point.index) == ("aborted_read", 0)
     assert abs(point.at_s - 6.2) < 1e-6
     undrained = build(checked(), 10.0, info(drained=False)).verdict
-    assert not undrained.passed and "not drained" in undrained.headline
+    assert not undrained.passed and "not drained in time" in undrained.headline
 
 
 def test_a_plot_has_axes_with_ticks_data_and_labelled_marks_in_separate_lanes() -> None:

@@ -97,7 +97,12 @@ def verdict(report: Report, info: RunInfo | None) -> Verdict:
     outcomes: dict[str, int] = stats.get("transactions", {})
     problems = [f"{name} {n:,}" for name, n in report.counts.items() if n]
     if info is not None and not info.drained:
-        problems.append(f"not drained ({len(info.leftover):,} inputs left unacknowledged)")
+        # the backlog is counted again once the processors stopped: 0 means they consumed
+        # everything, only later than the drain timeout (overloaded rather than stuck)
+        problems.append(
+            f"not drained in time ({len(info.leftover):,} inputs still unacknowledged "
+            "when the processors stopped)"
+        )
     if report.anomalies == 0 and not problems:
         headline = "PASS: no anomaly"
     elif report.anomalies == 0:
@@ -146,7 +151,12 @@ def configuration(
         ),
         ("topology", "changes" in c and _planned(c["changes"], "op", "topic")),
         ("faults", "faults" in c and _planned(c["faults"], "kind", "target")),
-        ("drained", "yes" if info.drained else f"no: {len(info.leftover):,} inputs left"),
+        (
+            "drained",
+            "yes"
+            if info.drained
+            else f"not in time; {len(info.leftover):,} inputs left when the processors stopped",
+        ),
     ]
     # a run.json from an older version may lack some: what it has is shown
     shown = [
