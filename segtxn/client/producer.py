@@ -32,7 +32,7 @@ from segtxn import tracing
 from segtxn.aio import callbacks_context, first_completed
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
-from segtxn.client.messages import MessageId
+from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.timeouts import Deadline, Expiries, close_quietly, retrying
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
@@ -299,6 +299,9 @@ class Producer:
             Timeout: not done within ``send_timeout_s`` of the call (OUTCOME_UNKNOWN once
                 it was queued: it may have been stored).
             ClientClosed: the producer was closed.
+            TypeError / ValueError: the message is not one the broker could read (a value
+                not bytes, a property not str, ...: :func:`~segtxn.client.messages.check_outgoing`);
+                nothing was sent.
         """
         future = await self.send_async(
             value, key=key, properties=properties, event_time_ms=event_time_ms, txn=txn
@@ -342,8 +345,7 @@ class Producer:
             raise ClientClosed(f"producer {self.name} is closed")
         if self._failure is not None:
             raise self._failure
-        if not isinstance(value, bytes):
-            raise TypeError("a message value is bytes")
+        check_outgoing(value, key, properties, event_time_ms)
         if self._max_bytes and len(value) > self._max_bytes:
             raise MessageTooLarge(f"{len(value)} bytes exceeds the broker's {self._max_bytes}")
         if self._window.locked():

@@ -21,7 +21,7 @@ from segtxn.aio import callbacks_context
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
-from segtxn.client.messages import MessageId
+from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.producer import Producer, ProducerOptions, new_name
 from segtxn.client.timeouts import Deadline, Expiries
 from segtxn.client.transaction import Transaction
@@ -173,6 +173,7 @@ class ScalableProducer:
     ) -> asyncio.Future[MessageId]:
         """Queue one message; the future resolves to its id once stored. See
         :meth:`send` for the errors (raised here when the message never left)."""
+        check_outgoing(value, key, properties, event_time_ms)  # before its key is hashed
         deadline = Deadline(self.options.send_limit_s)
         if txn is not None:
             await txn.add_partition(self._topic, deadline)
@@ -344,6 +345,9 @@ class ScalableProducer:
             Timeout: not done within ``send_timeout_s`` of the call (RETRIABLE if it never
                 left, else OUTCOME_UNKNOWN).
             ClientClosed: the producer was closed.
+            TypeError / ValueError: the message is not one the broker could read (a value
+                not bytes, a property not str, ...: :func:`~segtxn.client.messages.check_outgoing`);
+                nothing was sent.
         """
         future = await self.send_async(
             value, key=key, properties=properties, event_time_ms=event_time_ms, txn=txn
