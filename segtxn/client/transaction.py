@@ -294,12 +294,20 @@ class Transaction:
         for its operations in flight for at most half of ``timeout_s`` (default: the
         client's operation timeout), then aborts in what is left.
 
+        Aborting an aborted transaction again does nothing; a committed one cannot be.
+
         Raises:
             Timeout: no coordinator answered in time (RETRIABLE: abort again; its
                 coordinator aborts it after its timeout anyway).
+            ClientError: it was committed (what it wrote and acknowledged counts).
         """
         deadline = self._deadline(timeout_s)
-        if self.state in ("ABORTED", "COMMITTED"):
+        if self.state == "COMMITTED":
+            raise ClientError(
+                f"transaction {self._id} is COMMITTED: it cannot be aborted (what it wrote "
+                "and acknowledged counts)"
+            )
+        if self.state == "ABORTED":
             return
         if self.state == "NEW":
             self.state = "ABORTED"

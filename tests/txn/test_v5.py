@@ -11,6 +11,7 @@ import pytest
 
 from segtxn.client import (
     Client,
+    ClientError,
     ErrorName,
     Message,
     ServerError,
@@ -76,6 +77,26 @@ async def test_abort_hides_everything_and_later_messages_flow(client: Client) ->
     await nothing_arrives(consumer)
     stats = await client.admin.stats(ORDERS)
     assert all(s["stats"]["subscriptions"]["read"]["backlog"] == 0 for s in stats["segments"])
+
+
+async def test_an_ended_transaction_says_so_when_ended_the_other_way(client: Client) -> None:
+    """abort() of an aborted transaction does nothing; abort() of a committed one, and
+    commit() of an aborted one, raise naming the state (before, abort() after commit()
+    returned as if it had aborted)."""
+    await client.admin.create_topic(ORDERS, segments=2)
+    producer = await client.create_producer(ORDERS)
+    committed = await client.transaction().start()
+    await producer.send(b"kept", key="k", txn=committed)
+    await committed.commit()
+    with pytest.raises(ClientError, match="is COMMITTED: it cannot be aborted"):
+        await committed.abort()
+    assert committed.state == "COMMITTED"
+    aborted = await client.transaction().start()
+    await producer.send(b"dropped", key="k", txn=aborted)
+    await aborted.abort()
+    await aborted.abort()  # again: nothing to do
+    with pytest.raises(ClientError, match="is ABORTED"):
+        await aborted.commit()
 
 
 async def test_consume_transform_produce_is_exactly_once(client: Client) -> None:
