@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from segtxn.cli.output import OUTPUT, Table, show
-from segtxn.cli.params import BrokerId
+from segtxn.cli.params import BrokerId, FloatRange
 from segtxn.cli.service import URL, run
 
 BROKER_HOMES_LIMIT = 1000
@@ -37,7 +37,7 @@ def homes(url: str, broker: str, output: str) -> None:
     "--timeout",
     default=300.0,
     show_default=True,
-    type=click.FloatRange(1, 3600),
+    type=FloatRange(1, 3600),
     help="Seconds the drain may take.",
 )
 @OUTPUT

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.params import StoreUrl, history_option
+from segtxn.cli.params import FloatRange, StoreUrl, history_option
 from segtxn.cli.servers import STORE_TIMEOUT_S
 from segtxn.cli.traces import child_env, trace_option
 from segtxn.metastore import MetadataStoreError, open_store, wait_reachable
@@ -52,14 +52,14 @@ NO_SCREENSHOT = "no screenshot of it (needs playwright and a chromium; see docs/
     "--duration",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(min=1, max=24 * 3600),
+    type=FloatRange(min=1, max=24 * 3600),
     help="Seconds of feeding inputs.",
 )
 @click.option(
     "--rate",
     default=100.0,
     show_default=True,
-    type=click.FloatRange(min=1, max=100_000),
+    type=FloatRange(min=1, max=100_000),
     help="Inputs fed per second.",
 )
 @click.option(

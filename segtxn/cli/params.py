@@ -1,13 +1,14 @@
 """The command line's parameter types: bad input is refused when it is parsed, as a usage
 error that names the flag, before anything connects or starts.
 
-Numbers use click's ``IntRange``/``FloatRange`` (their bounds show in ``--help``); URLs,
+Numbers use click's ``IntRange`` and :class:`FloatRange` (their bounds show in ``--help``); URLs,
 store URLs and key hashes have the types below. Defined once, so that every command that
 takes a port, a service URL or a count accepts exactly the same things.
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -19,19 +20,33 @@ import click
 from segtxn.broker.settings import BROKER_ID
 from segtxn.metastore import InvalidArgument, check_url
 from segtxn.protocol.hashing import HASH_SPACE
+from segtxn.protocol.limits import MAX_TENANT
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
 from segtxn.verify.history import HistoryStore
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+class FloatRange(click.FloatRange):
+    """click's ``FloatRange`` that also refuses ``nan``: every comparison with nan is false,
+    so a range let it through, and it then broke what used it (a shutdown's timer, a
+    session's TTL: an internal error; a store timeout: a start-up that never gave up)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if isinstance(number, float) and math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
 PORT = click.IntRange(0, 65535)
 """A TCP port; 0 asks the system for a free one where the command allows it."""
 POSITIVE_INT = click.IntRange(min=1)
 COUNT = click.IntRange(min=0)
-SECONDS = click.FloatRange(min=0, min_open=True, max=365 * 24 * 3600)
+SECONDS = FloatRange(min=0, min_open=True, max=365 * 24 * 3600)
 """A duration that must pass (no zero, no negative, no inf or nan)."""
-SECONDS_OR_ZERO = click.FloatRange(min=0, max=365 * 24 * 3600)
-FRACTION = click.FloatRange(0, 1)
+SECONDS_OR_ZERO = FloatRange(min=0, max=365 * 24 * 3600)
+FRACTION = FloatRange(0, 1)
 
 
 class HttpUrl(click.ParamType[str]):
@@ -163,7 +178,7 @@ class Namespace(click.ParamType[tuple[str, str]]):
         try:
             name = TopicName.parse(f"persistent://{text}/x")
         except InvalidTopicName:
-            self.fail(f"{text!r} is not tenant/namespace (each 1-128 of A-Z a-z 0-9 -_.=)")
+            self.fail(f"{text!r} is not tenant/namespace (each 1-{MAX_TENANT} of A-Z a-z 0-9 -_.=)")
         return name.tenant, name.namespace
 
 

@@ -25,6 +25,7 @@ from segtxn.cli.params import (
     SECONDS,
     SECONDS_OR_ZERO,
     SERVICE_URL,
+    FloatRange,
     StoreUrl,
     data_dir_option,
     prepare_data_dir,
@@ -273,7 +274,7 @@ def broker(
     "--default-timeout",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(0, 3600, min_open=True),
+    type=FloatRange(0, 3600, min_open=True),
     help="Transaction timeout in seconds when a client asks for none.",
 )
 @click.option(

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.params import history_option
+from segtxn.cli.params import FloatRange, history_option
 from segtxn.cli.verify import RUN_DIR
 from segtxn.verify.history import HistoryStore
 from segtxn.verify.job import JobSettings
@@ -63,14 +63,14 @@ def _bug_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     "--duration",
     default=25.0,
     show_default=True,
-    type=click.FloatRange(min=1, max=3600),
+    type=FloatRange(min=1, max=3600),
     help="Seconds of feed per run.",
 )
 @click.option(
     "--rate",
     default=100.0,
     show_default=True,
-    type=click.FloatRange(min=1, max=100_000),
+    type=FloatRange(min=1, max=100_000),
     help="Inputs fed per second.",
 )
 @click.option(
@@ -85,7 +85,7 @@ def _bug_name(_ctx: click.Context, _param: click.Parameter, value: str | None) -
     "--drain-timeout",
     default=DRAIN_TIMEOUT_S,
     show_default=True,
-    type=click.FloatRange(min=1),
+    type=FloatRange(min=1),
     help="Seconds a run may take to consume every input after the feed.",
 )
 @click.option(

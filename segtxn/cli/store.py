@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import click
 
 from segtxn.cli.output import OUTPUT, Table, show
-from segtxn.cli.params import StoreUrl
+from segtxn.cli.params import FloatRange, StoreUrl
 from segtxn.cli.security import store_credentials, store_options
 from segtxn.metastore import defrag as defrag_module
 from segtxn.metastore.defrag import (
@@ -56,14 +56,14 @@ def store() -> None:
     "--timeout",
     default=DefragSettings.timeout_s,
     show_default=True,
-    type=click.FloatRange(min=1, max=3600),
+    type=FloatRange(min=1, max=3600),
     help="Seconds one member's defragmentation may take.",
 )
 @click.option(
     "--every",
     default=0.0,
     show_default=True,
-    type=click.FloatRange(min=0),
+    type=FloatRange(min=0),
     help="Look again every this many seconds until stopped (0: once).",
 )
 @store_options

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from segtxn.cli.output import OUTPUT, Table, hash_range, show, since
-from segtxn.cli.params import COUNT, KeyHash, Namespace, Topic, refuse_unless
+from segtxn.cli.params import COUNT, FloatRange, KeyHash, Namespace, Topic, refuse_unless
 from segtxn.cli.service import URL, run
 from segtxn.client import Client
 from segtxn.protocol.names import Domain
@@ -273,7 +273,7 @@ def _policy(text: str) -> dict[str, Any]:
 @URL
 @click.argument("topic", type=SCALABLE)
 @click.option("--window", default=10.0, show_default=True,
-              type=click.FloatRange(min=0.1, max=3600),
+              type=FloatRange(min=0.1, max=3600),
               help="Seconds between the two readings the rates are measured over.")  # fmt: skip
 @click.option("--policy", "policy_text", default="{}", metavar="JSON",
               help="The knobs, as a ScalableTopic's spec.autoscale (split, merge, maxSegments, "

@@ -14,6 +14,7 @@ from segtxn.cli.output import OUTPUT, Table, record, show, since, until
 from segtxn.cli.service import URL, run
 from segtxn.client import Client
 from segtxn.client.coordinators import Coordinators
+from segtxn.protocol.limits import MAX_LIST_LIMIT
 from segtxn.protocol.txn import TxnId
 
 TIMES = {"timeoutMs": until, "createdMs": since, "finalizedMs": since}
@@ -45,7 +46,7 @@ def _txn_id(text: str) -> str:
     "--limit",
     default=100,
     show_default=True,
-    type=click.IntRange(1, 100_000),
+    type=click.IntRange(1, MAX_LIST_LIMIT),
     help="List at most this many.",
 )
 @OUTPUT

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING
 import click
 
 from segtxn.cli import verbosity
-from segtxn.cli.params import FRACTION, POSITIVE_INT, SECONDS, SERVICE_URLS, history_option
+from segtxn.cli.params import (
+    FRACTION,
+    POSITIVE_INT,
+    SECONDS,
+    SERVICE_URLS,
+    FloatRange,
+    history_option,
+)
 from segtxn.cli.service import URL_ENV, check_reachable, connection_failure
 from segtxn.client import TopicAlreadyExists
 from segtxn.verify.history import HistoryStore
@@ -102,7 +109,7 @@ def _raise_unreachable(e: Exception, url: str) -> None:
     "--rate",
     default=100.0,
     show_default=True,
-    type=click.FloatRange(min=0.1, max=100_000),
+    type=FloatRange(min=0.1, max=100_000),
     help="Inputs fed per second.",
 )
 @click.option(
