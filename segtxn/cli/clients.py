@@ -16,7 +16,7 @@ import click
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
-from segtxn.client import Client, Message
+from segtxn.client import Client, Message, MessageId
 from segtxn.protocol.names import Domain
 
 MAX_GENERATED_BYTES = 5 * 1024 * 1024
@@ -65,14 +65,29 @@ def produce(
         producer = await client.create_producer(topic, name=name)
         started = time.perf_counter()
         futures = []
+        failed: list[BaseException] = []
         with click.progressbar(length=count, label="sending", file=sys.stderr) as bar:
+
+            def settled(future: asyncio.Future[MessageId]) -> None:
+                """Count a stored message; keep the first failure (each one's error is
+                retrieved here, so none is logged again when the client closes)."""
+                if future.cancelled():
+                    return
+                error = future.exception()
+                if error is None:
+                    bar.update(1)
+                elif not failed:
+                    failed.append(error)
+
             for i in range(count):
+                if failed:  # stop at the first failure, not after every send timed out
+                    raise failed[0]
                 payload = (
                     message.encode() if message is not None else (b"%08d" % i).ljust(size, b".")
                 )
                 key = f"key-{i % keys}" if keys else None
                 future = await producer.send_async(payload, key=key)
-                future.add_done_callback(lambda _: bar.update(1))
+                future.add_done_callback(settled)
                 futures.append(future)
             ids = await asyncio.gather(*futures)
         elapsed = time.perf_counter() - started

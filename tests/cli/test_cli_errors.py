@@ -10,8 +10,11 @@ need a cluster run against a real ``segtxn standalone`` process.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -19,7 +22,8 @@ from click.testing import CliRunner, Result
 
 from segtxn.cli import main, service, topics
 from segtxn.cli.errors import describe
-from segtxn.client import Client, ErrorName, ServerError
+from segtxn.client import Client, ErrorName, MessageId, ServerError
+from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.metastore.etcd_server import free_port
 from tests import processes
 
@@ -292,6 +296,39 @@ def test_produce_reports_what_it_sent(standalone: str) -> None:
     result = invoke("produce", "topic://t/ns/rate", "-n", "5", "--keys", "2", "--url", standalone)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("sent 5 messages in ")
+
+
+def test_produce_stops_at_the_first_failed_send(
+    standalone: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every send to a terminated topic fails: produce says so once and stops, instead of
+    sending the rest and leaving every failed send's error for asyncio to log at exit (a
+    traceback per send, thousands of them)."""
+    topic = "persistent://t/ns/ended"
+
+    async def terminated() -> None:
+        async with Client(standalone) as client:
+            await client.admin.create_topic(topic)
+            await client.admin.terminate(topic)
+
+    asyncio.run(terminated())
+    sends = 0
+    send_async = Producer.send_async
+
+    async def counted(self: Producer, *args: Any, **kwargs: Any) -> asyncio.Future[MessageId]:
+        nonlocal sends
+        sends += 1
+        return await send_async(self, *args, **kwargs)
+
+    monkeypatch.setattr(Producer, "send_async", counted)
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        result = invoke("produce", topic, "-n", "100000", "--size", "8", "--url", standalone)
+        gc.collect()  # a future whose error nobody retrieved says so when it is freed
+    assert result.exit_code == 1, result.output
+    assert sends <= 2 * ProducerOptions().max_pending  # a window's worth, not all 100,000
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    error = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
+    assert error == [f"Error: TopicTerminatedError: {topic} is sealed"], result.stderr
 
 
 def test_verify_run_again_with_the_same_run_name_is_one_line(
