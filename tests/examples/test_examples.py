@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -166,8 +167,11 @@ async def test_05_scalable_topic(local: Local) -> None:
 
 @MEMORY
 async def test_the_readme_transaction_runs(cluster: Cluster, tmp_path: Path) -> None:
-    """The README's Python program, after its shell steps (the topic, a message in it)."""
+    """The README's Python program, after its shell steps (the topic, a message in it, the
+    shell's consume reading it all on its own subscription)."""
     readme = (ROOT / "README.md").read_text()
+    consume = re.search(r"segtxn consume topic://acme/orders/events (\S+)", readme)
+    assert consume is not None
     blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
     program = next(b for b in blocks if "client.transaction(" in b)
     assert "http://127.0.0.1:8080" in program
@@ -176,6 +180,11 @@ async def test_the_readme_transaction_runs(cluster: Cluster, tmp_path: Path) -> 
         await client.admin.create_topic("topic://acme/orders/events", segments=4)
         producer = await client.create_producer("topic://acme/orders/events")
         await producer.send(b"order 1", key="customer-42")
+        shell = await client.subscribe(
+            "topic://acme/orders/events", consume.group(1), initial_position="earliest"
+        )
+        await shell.acknowledge(await shell.receive(timeout_s=10))
+        await shell.close()
     lines = await run(str(tmp_path / "readme.py"), cluster.url)
     assert len(lines) == 1 and lines[0].endswith(": COMMITTED"), lines
     async with Client(cluster.url) as client:
