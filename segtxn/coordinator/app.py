@@ -50,6 +50,7 @@ from segtxn.protocol.limits import (
     MAX_NEW_TXNS,
     MAX_REQUEST_BYTES,
     MAX_TOPICS_PER_CALL,
+    parse_float,
     parse_int,
 )
 from segtxn.protocol.names import InvalidTopicName, TopicName, client_name_problem
@@ -223,10 +224,7 @@ def _v4_here(handler: Handler) -> Handler:
 @_errors
 async def new_txn(request: web.Request) -> web.StreamResponse:
     timeout = request.query.get("timeout_s")
-    try:
-        timeout_s = float(timeout) if timeout is not None else None
-    except ValueError as e:
-        raise ServerError(ErrorName.INVALID_ARGUMENT, f"timeout_s: {e}") from e
+    timeout_s = None if timeout is None else parse_float(timeout, "timeout_s")
     protocol = request.query.get("protocol", "v5")
     given = request.query.get("count")
     count = None if given is None else parse_int(given, "count", lo=1, hi=MAX_NEW_TXNS)

@@ -150,6 +150,24 @@ def parse_int(text: str, what: str, *, lo: int = 0, hi: int = MAX_I64) -> int:
     return value
 
 
+def parse_float(text: str, what: str) -> float:
+    """A decimal number of ASCII digits, with a point or an exponent (``60``, ``0.5``,
+    ``1e-05``: what Python's ``str`` of a float gives).
+
+    Raises:
+        ServerError(InvalidArgument): anything else (``float()`` would take ``"1_0"``,
+            ``" 7"``, ``"nan"``, ``"inf"`` and digits of other scripts).
+    """
+    if not text or not text.isascii() or text.strip("0123456789.eE+-"):
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"{what}: {_cut(text)!r} is not a number")
+    try:
+        return float(text)
+    except ValueError:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT, f"{what}: {_cut(text)!r} is not a number"
+        ) from None
+
+
 def parse_position(text: str, what: str) -> tuple[int, int]:
     """``LEDGER:ENTRY`` with both in 0..2^63-1.
 

@@ -114,6 +114,25 @@ async def test_a_limit_out_of_range_is_invalid_argument(
     assert (status, name) == (400, ErrorName.INVALID_ARGUMENT)
 
 
+@pytest.mark.parametrize("given", ["1_0", " 7", "nan", "inf", "\u0661", "", "1e999", "-5"])
+async def test_a_new_txn_timeout_that_is_not_a_plain_number_in_range_is_invalid_argument(
+    cluster: Cluster, http: aiohttp.ClientSession, given: str
+) -> None:
+    url = f"{coordinator(cluster)}/txn/v2/new"
+    status, name, _ = await answer(http, "POST", url, params={"timeout_s": given})
+    assert (status, name) == (400, ErrorName.INVALID_ARGUMENT)
+
+
+async def test_a_new_txn_timeout_as_python_writes_a_float_is_taken(
+    cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    for timeout in ("60", "0.5", str(0.00001)):  # the last one is "1e-05"
+        async with http.post(
+            f"{coordinator(cluster)}/txn/v2/new", params={"timeout_s": timeout}
+        ) as response:
+            assert response.status == 200, await response.text()
+
+
 @pytest.mark.parametrize(
     "name",
     [
