@@ -319,7 +319,8 @@ def autoscale(
     except MalformedStats as e:
         raise click.ClickException(f"{topic}: {e}") from e
     lines = [f"segment {k}: {Load(**v).describe()}" for k, v in found["loads"].items()]
-    said = f"{found['action']} ({found['reason']}): {found['message']}"
+    action = "no change" if found["action"] == Action.NONE.value else found["action"]
+    said = f"{action} ({found['reason']}): {found['message']}"
     if found["dag"] is not None:
         first, *rest = found["segments"]
         dag = found["dag"]

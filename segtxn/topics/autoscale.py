@@ -362,6 +362,13 @@ def policy_from(spec: Mapping[str, Any]) -> Policy:
     Raises:
         PolicyError: a value of the wrong type, or a policy that cannot work.
     """
+    for section in ("split", "merge"):
+        if not isinstance(spec.get(section) or {}, Mapping):
+            raise PolicyError(
+                f"autoscale: {section} is an object of thresholds (as "
+                f'{{"{section}": {{"cooldownSeconds": 60}}}}), not '
+                f"{type(spec[section]).__name__}"
+            )
     try:
         split = dict(spec.get("split") or {})
         merge = dict(spec.get("merge") or {})

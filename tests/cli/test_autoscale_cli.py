@@ -68,3 +68,8 @@ async def test_autoscale_says_and_applies_a_decision(standalone: str) -> None:
     code, out = await segtxn("topics", "autoscale", "--url", standalone, BUSY,
                              "--policy", '{"split": {"msgRateIn": 10}}')  # fmt: skip
     assert code == 2 and "must be below the split threshold" in out
+
+    # nothing to do: said in words, not as the action's name
+    code, out = await segtxn("topics", "autoscale", "--url", standalone, BUSY, "--window", "0.5")
+    assert code == 0, out
+    assert out.splitlines()[-1].startswith("no change (NotColdLongEnough): "), out

@@ -234,6 +234,8 @@ def test_policy_from_a_spec_keeps_defaults_for_what_is_absent() -> None:
         ({"minSegments": 5, "maxSegments": 4}, "minSegments"),
         ({"merge": {"windowSeconds": -1}}, "cannot be negative"),
         ({"maxSegments": "many"}, "autoscale"),
+        ({"split": 5}, "split is an object of thresholds .*, not int"),
+        ({"merge": ["msgRateIn"]}, "merge is an object of thresholds .*, not list"),
     ],
 )
 def test_a_policy_that_cannot_work_is_refused(spec: dict[str, Any], says: str) -> None:
