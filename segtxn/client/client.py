@@ -123,7 +123,12 @@ class Client:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.close()
+        """Close the client; a block left because it was cancelled (Ctrl-C, a task's
+        cancel) does not wait to flush its producers: what is in flight fails at once with
+        ClientClosed (it may have been stored) instead of holding the exit for up to the
+        operation timeout."""
+        cancelled = isinstance(exc, asyncio.CancelledError | KeyboardInterrupt)
+        await self.close(timeout_s=0 if cancelled else None)
 
     @property
     def connector(self) -> Connector:

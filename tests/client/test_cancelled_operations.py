@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 
 from segtxn.broker.dispatch import Subscription
-from segtxn.client import Client, Message, OperationCancelled, TransactionFailed
+from segtxn.client import Client, ClientClosed, Message, OperationCancelled, TransactionFailed
 from segtxn.client.consumer import Consumer
 from segtxn.protocol.errors import ErrorCategory
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
+from segtxn.topics import transactions as T
 from tests.cluster import Cluster
 from tests.waiting import wait_until
 
@@ -75,3 +76,36 @@ async def test_a_transactional_ack_cancelled_on_its_way_dooms_the_transaction(
     assert txn.state == "ABORTED"
     again = [await consumer.receive(timeout_s=10) for _ in range(2)]
     assert [m.value for m in again] == [b"m0", b"m1"]  # the abort rewound, in order
+
+
+async def test_a_client_left_by_a_cancel_does_not_wait_to_flush(cluster: Cluster) -> None:
+    """Ctrl-C (a cancel) inside ``async with Client(...)``: the exit fails the sends in
+    flight at once with ClientClosed instead of flushing them for up to the operation
+    timeout (before, an interrupted command stayed for it: 15-30 s)."""
+    async with Client(cluster.url) as admin:
+        await admin.admin.create_topic(TOPIC, segments=1)
+    step = cluster.faults.hold("txn", key_prefix=T.OPS, times=None, before=True)
+    sent: list[asyncio.Future[Any]] = []
+    ready = asyncio.Event()
+
+    async def application() -> None:
+        async with Client(cluster.url, operation_timeout_s=30) as client:
+            producer = await client.create_producer(TOPIC)
+            txn = await client.transaction().start()
+            sent.append(await producer.send_async(b"held", txn=txn))  # its record is held
+            ready.set()
+            await asyncio.Event().wait()  # until cancelled
+
+    task = asyncio.create_task(application())
+    try:
+        await asyncio.wait_for(ready.wait(), 10)
+        await step.wait_for(1)
+        task.cancel()
+        async with asyncio.timeout(5):  # not the 30 s operation timeout
+            await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
+        with pytest.raises(ClientClosed):
+            await sent[0]
+    finally:
+        cluster.faults.clear()
+        step.release()
