@@ -3,8 +3,8 @@
 - ``NEW_TXN`` creates ``/txn/<txnId>`` OPEN, indexed by deadline. The id's ``most`` is a v5
   coordinator id this process holds (a lease, via leader election); ``least`` comes from a
   block reserved with a CAS at ``/txn-coordinators/ids/<most>``, so ids are never reused,
-  even across take-overs. Creation is guarded by the election's fencing token, so a
-  deposed holder cannot mint ids any more.
+  even across take-overs (:mod:`segtxn.coordinator.v5ids`). Creation is guarded by the
+  election's fencing token, so a deposed holder cannot mint ids any more.
 - ``ADD_PARTITION_TO_TXN`` / ``ADD_SUBSCRIPTION_TO_TXN`` are accepted and change nothing
   (participants write their own op records); they only refuse topics of the wrong domain.
 - ``END_TXN`` is one CAS of the header from OPEN to COMMITTED/ABORTED, setting
@@ -27,68 +27,40 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from urllib.parse import quote
 
 import msgspec
 
 from segtxn.aio import first_completed
 from segtxn.coordinator.settings import CoordinatorSettings
+from segtxn.coordinator.v5ids import Held, HeldIds
 from segtxn.metastore import (
     MUST_NOT_EXIST,
     BadVersion,
     Check,
-    LeaderElection,
-    Leadership,
     MetadataStore,
     MetadataStoreError,
     NotFound,
     Put,
-    Session,
 )
-from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_NEW_TXNS
 from segtxn.protocol.names import Domain, TopicName
-from segtxn.protocol.txn import V5_COORDINATOR_BASE, TxnAction, TxnId, TxnState
+from segtxn.protocol.txn import TxnAction, TxnId, TxnState
 from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
-
-ID_BLOCKS = "/txn-coordinators/ids/"
-ELECTION_PREFIX = T.COORDINATOR_ELECTIONS.removeprefix(ELECTIONS_PREFIX)
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def election_name(coordinator_id: int) -> str:
-    return f"{ELECTION_PREFIX}{coordinator_id:x}"
-
-
-class IdBlock(msgspec.Struct):
-    next: int
-
-
-@dataclass
-class _Held:
-    leadership: Leadership
-    next_least: int = 0
-    block_end: int = 0
-
-
 class CoordinatorV5:
     def __init__(self, store: MetadataStore, settings: CoordinatorSettings) -> None:
         self.store = store
         self.settings = settings
-        self.held: dict[int, _Held] = {}
-        self._session: Session | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._holds: list[asyncio.Task[None]] = []
-        """One campaign task per id, on the current session."""
-        self._round_robin = 0
-        self._id_lock = asyncio.Lock()
+        self.ids = HeldIds(store, settings)
+        self._sweeper: asyncio.Task[None] | None = None
         self._created: dict[TxnId, tuple[T.TxnHeader, int]] = {}
         """OPEN headers this process created, with their versions: END_TXN's CAS needs no
         read for them (a stale one fails the CAS, and the read follows). Dropped when ended
@@ -106,99 +78,33 @@ class CoordinatorV5:
         }
         self.gc_backlog = 0
         """Op records of finalized transactions not yet cleaned by participants (last sweep)."""
-        self.ready = asyncio.Event()
+
+    @property
+    def held(self) -> dict[int, Held]:
+        """The coordinator ids this process holds now."""
+        return self.ids.held
+
+    @property
+    def ready(self) -> asyncio.Event:
+        """Set once an id is held."""
+        return self.ids.ready
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        await self._register()
-        self._tasks.append(
-            asyncio.create_task(self._keep_registered(), name="coordinator-registration")
-        )
-        self._tasks.append(asyncio.create_task(self._sweeps(), name="coordinator-sweeps"))
+        """Register and campaign for the ids (:class:`HeldIds`), and start the sweeps.
 
-    async def _register(self) -> None:
-        """Open a session, list this process among the coordinators on it, and campaign
-        for every id with it."""
-        session = await self.store.open_session(self.settings.session_ttl_s)
-        self._session = session
-        url = self.settings.advertise_url
-        await self.store.put(
-            T.COORDINATOR_MEMBERS + quote(url, safe=""), url.encode(), session=session
-        )
-        self._holds = [
-            asyncio.create_task(
-                self._hold(V5_COORDINATOR_BASE + n, session),
-                name=f"coordinator-id-{V5_COORDINATOR_BASE + n:x}",
-            )
-            for n in range(self.settings.coordinator_ids)
-        ]
-
-    async def _keep_registered(self) -> None:
-        """When the session expires (the store was unreachable for its TTL), every id and
-        the member record went with it: register again with a new session, retrying while
-        the store is down. (Without this a coordinator never served again after an outage
-        longer than its TTL.)"""
-        while True:
-            assert self._session is not None
-            await self._session.expired.wait()
-            log.warning(
-                "coordinator %s: session %#x expired (its ids and member record are gone); "
-                "registering again",
-                self.settings.advertise_url,
-                self._session.lease_id,
-            )
-            for task in self._holds:
-                task.cancel()
-            await asyncio.gather(*self._holds, return_exceptions=True)
-            self.held.clear()
-            while True:
-                try:
-                    await self._register()
-                    break
-                except MetadataStoreError as e:
-                    log.warning("coordinator: registration failed (%s); retrying", e)
-                    await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
-
-    async def _hold(self, coordinator_id: int, session: Session) -> None:
-        """Campaign for one coordinator id with ``session``; hold it; campaign again if it
-        is lost while the session lives (when the session expires, :meth:`_keep_registered`
-        starts over with a new one)."""
-        election = LeaderElection(
-            self.store,
-            election_name(coordinator_id),
-            session,
-            self.settings.advertise_url.encode(),
-        )
-        while not session.is_expired:
-            try:
-                leadership = await election.campaign()
-            except MetadataStoreError as e:
-                if session.is_expired:
-                    return
-                log.warning("coordinator id %x: campaign failed (%s); again", coordinator_id, e)
-                await asyncio.sleep(1.0)  # the store is unreachable: retry at a gentle pace
-                continue
-            self.held[coordinator_id] = _Held(leadership)
-            self.ready.set()
-            log.info(
-                "coordinator id %x: held by this coordinator (%s)",
-                coordinator_id,
-                self.settings.advertise_url,
-            )
-            await leadership.lost.wait()
-            self.held.pop(coordinator_id, None)
-            log.warning("coordinator id %x: lease lost; campaigning again", coordinator_id)
+        Raises:
+            MetadataStoreError: the store could not register this process.
+        """
+        await self.ids.start()
+        self._sweeper = asyncio.create_task(self._sweeps(), name="coordinator-sweeps")
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._holds]:
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._holds, return_exceptions=True)
-        for held in list(self.held.values()):
-            await held.leadership.resign()
-        self.held.clear()
-        if self._session is not None:
-            await self._session.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        await self.ids.stop()
 
     # ------------------------------------------------------------------ NEW_TXN
 
@@ -236,11 +142,11 @@ class CoordinatorV5:
                 ErrorName.INVALID_ARGUMENT,
                 f"timeout must be in (0, {self.settings.max_timeout_s}] seconds, not {timeout}",
             )
-        coordinator_id, held = self._pick()
+        coordinator_id, held = self.ids.pick()
         now_ms = int(time.time() * 1000)
         header = T.TxnHeader(TxnState.OPEN, now_ms + int(timeout * 1000), now_ms, owner=owner)
         txns = [
-            TxnId(coordinator_id, await self._next_least(coordinator_id, held))
+            TxnId(coordinator_id, await self.ids.next_least(coordinator_id, held))
             for _ in range(count)
         ]
         election_key = held.leadership.election.key
@@ -272,38 +178,6 @@ class CoordinatorV5:
             log.debug("txn %s: opened (timeout %g s)", txn, timeout)
         self.counters["opened"] += count
         return [(txn, header) for txn in txns]
-
-    def _pick(self) -> tuple[int, _Held]:
-        ids = sorted(self.held)
-        if not ids:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, "this coordinator holds no id yet")
-        self._round_robin += 1
-        coordinator_id = ids[self._round_robin % len(ids)]
-        return coordinator_id, self.held[coordinator_id]
-
-    async def _next_least(self, coordinator_id: int, held: _Held) -> int:
-        async with self._id_lock:
-            if held.next_least >= held.block_end:
-                key = f"{ID_BLOCKS}{coordinator_id:x}"
-                record = await self.store.get(key)
-                start = (
-                    1 if record is None else msgspec.json.decode(record.value, type=IdBlock).next
-                )
-                end = start + self.settings.id_block
-                await self.store.commit(
-                    [
-                        Check(held.leadership.election.key, held.leadership.token),
-                        Put(
-                            key,
-                            msgspec.json.encode(IdBlock(end)),
-                            expected_version=record.version if record else MUST_NOT_EXIST,
-                        ),
-                    ]
-                )
-                held.next_least, held.block_end = start, end
-            least = held.next_least
-            held.next_least += 1
-            return least
 
     # ------------------------------------------------------------------ ADD_*_TO_TXN
 

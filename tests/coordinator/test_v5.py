@@ -237,11 +237,11 @@ async def test_a_coordinator_whose_session_expired_registers_and_serves_again() 
     await coordinator.start()
     try:
         await wait_until(lambda: len(coordinator.held) == 2, what="both ids held")
-        first = coordinator._session  # the state under test
+        first = coordinator.ids.session  # the state under test
         assert first is not None
         assert await faults.expire_sessions() >= 1
         await wait_until(
-            lambda: coordinator._session is not first and len(coordinator.held) == 2,
+            lambda: coordinator.ids.session is not first and len(coordinator.held) == 2,
             timeout=10,
             what="both ids held again on a new session",
         )
