@@ -189,11 +189,12 @@ STORE_URL = StoreUrl()
 
 
 def data_dir_option(*, required: bool, help: str) -> Callable[[F], F]:
-    """``--data-dir``: a directory a server keeps its files in (see :func:`prepare_data_dir`)."""
+    """``--data-dir``: a directory a server keeps its files in (see :func:`prepare_data_dir`).
+    It has no ``default``: since click 8.3 an explicit ``default=None`` counts as a value, so
+    a required option left out was not reported (the command failed later, internally)."""
     return click.option(
         "--data-dir",
         required=required,
-        default=None,
         type=click.Path(file_okay=False, path_type=Path),
         help=help,
     )

@@ -98,9 +98,18 @@ def _test_bugs() -> frozenset[str]:
 
 
 def _free(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port free on ``host`` now (the system picks it).
+
+    Raises:
+        click.BadParameter: ``host`` is not an address this machine can listen on.
+    """
+    try:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    except OSError as e:
+        reason = (e.strerror or str(e)).lower()
+        raise click.BadParameter(f"cannot listen on {host}: {reason}", param_hint="'--host'") from e
 
 
 def _limit(_: click.Context, param: click.Parameter, value: float) -> float:
