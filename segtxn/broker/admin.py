@@ -109,6 +109,10 @@ def _change(topic: ScalableTopic) -> dict[str, Any] | None:
     }
 
 
+def _busy(name: TopicName) -> str:
+    return f"{name} has connected clients; force=true deletes it anyway, disconnecting them"
+
+
 def _has_clients(stats: Any) -> bool:
     subscriptions = stats.get("subscriptions", {}).values()
     return bool(stats.get("producers")) or any(s.get("consumers") for s in subscriptions)
@@ -132,9 +136,7 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
         if not force:  # refuse before deleting anything, not half-way through
             per_segment = await _fan_out(request, name, "GET", "/stats")
             if any(_has_clients(s) for s in per_segment.values()):
-                raise ServerError(
-                    ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)"
-                )
+                raise ServerError(ErrorName.CONSUMER_BUSY, _busy(name))
         await _fan_out(request, name, "DELETE", "", retired_too=True)
         await service.catalog.delete(name, scalable)
         return web.Response(status=204)
@@ -145,7 +147,7 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
             return web.Response(status=204)
     topic = await service.serve(name)
     if topic.busy() and not force:
-        raise ServerError(ErrorName.CONSUMER_BUSY, f"{name} has connected clients (force=true)")
+        raise ServerError(ErrorName.CONSUMER_BUSY, _busy(name))
     await service.delete_data(name, topic)
     if name.domain is Domain.PERSISTENT:
         record = await service.catalog.get(name)

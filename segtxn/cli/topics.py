@@ -20,6 +20,7 @@ from segtxn.cli.output import OUTPUT, Table, hash_range, show, since
 from segtxn.cli.params import COUNT, FloatRange, KeyHash, Namespace, Topic, refuse_unless
 from segtxn.cli.service import URL, run
 from segtxn.client import Client
+from segtxn.protocol.errors import ConsumerBusy
 from segtxn.protocol.names import Domain
 from segtxn.topics.autoscale import (
     Action,
@@ -144,7 +145,12 @@ def stats(url: str, topic: str, output: str) -> None:
 @click.option("--force", is_flag=True, help="Even with connected clients.")
 def delete(url: str, topic: str, force: bool) -> None:
     """Delete TOPIC and its data."""
-    run(lambda c: c.admin.delete_topic(topic, force=force), url)
+    try:
+        run(lambda c: c.admin.delete_topic(topic, force=force), url)
+    except ConsumerBusy as e:
+        raise click.ClickException(
+            f"{topic} has connected clients; --force deletes it anyway, disconnecting them"
+        ) from e
     click.echo(f"deleted {topic}")
 
 

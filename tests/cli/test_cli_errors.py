@@ -279,6 +279,31 @@ def test_server_errors_are_one_line(standalone: str) -> None:
     assert "InvalidArgument" in one_line(outside) and "split point 0x9000" in one_line(outside)
 
 
+def test_deleting_a_topic_in_use_names_the_flag_that_forces_it(standalone: str) -> None:
+    topic = "topic://t/ns/in-use"
+    assert invoke("topics", "create", topic, "--url", standalone).exit_code == 0
+
+    async def delete_while_consumed() -> tuple[Result, Result]:
+        async with Client(standalone) as client:
+            consumer = await client.subscribe(topic, "busy")
+            refused = await asyncio.to_thread(
+                invoke, "topics", "delete", topic, "--url", standalone
+            )
+            forced = await asyncio.to_thread(
+                invoke, "topics", "delete", topic, "--force", "--url", standalone
+            )
+            await consumer.close()
+            return refused, forced
+
+    refused, forced = asyncio.run(delete_while_consumed())
+    assert refused.exit_code == 1
+    assert one_line(refused) == (
+        f"Error: {topic} has connected clients; --force deletes it anyway, disconnecting them"
+    )
+    assert forced.exit_code == 0, forced.output
+    assert invoke("topics", "stats", topic, "--url", standalone).exit_code == 1  # gone
+
+
 def test_brokers_homes_and_a_drain_without_replication(standalone: str) -> None:
     invoke("topics", "create", "persistent://t/ns/held", "--url", standalone)
     held = invoke("brokers", "homes", "standalone", "--url", standalone)
