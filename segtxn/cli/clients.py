@@ -2,6 +2,7 @@
 
 Both print a summary (how many, how fast, the last id); ``consume --print`` also prints each
 message. ``-o json`` prints the summary (and the printed messages) as one JSON document.
+Interrupted (Ctrl-C), each says how far it got before it exits with status 130.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import click
 
+from segtxn.cli.errors import INTERRUPTED, fail
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
@@ -60,8 +62,10 @@ def produce(
 ) -> None:
     """Send COUNT messages to TOPIC and report the rate."""
     refuse_unless(ctx, "size", message is None, "-m gives the payload")
+    sent = stored = 0
 
     async def body(client: Client) -> dict[str, Any]:
+        nonlocal sent, stored
         producer = await client.create_producer(topic, name=name)
         started = time.perf_counter()
         futures = []
@@ -73,8 +77,10 @@ def produce(
                 retrieved here, so none is logged again when the client closes)."""
                 if future.cancelled():
                     return
+                nonlocal stored
                 error = future.exception()
                 if error is None:
+                    stored += 1
                     bar.update(1)
                 elif not failed:
                     failed.append(error)
@@ -87,6 +93,7 @@ def produce(
                 )
                 key = f"key-{i % keys}" if keys else None
                 future = await producer.send_async(payload, key=key)
+                sent += 1
                 future.add_done_callback(settled)
                 futures.append(future)
             ids = await asyncio.gather(*futures)
@@ -100,7 +107,15 @@ def produce(
             "lastId": str(ids[-1]),
         }
 
-    done = run(body, url)
+    try:
+        done = run(body, url)
+    except KeyboardInterrupt:
+        unknown = f"; {sent - stored:,} more sent, whether they were stored is unknown"
+        fail(
+            f"interrupted: {stored:,} of {count:,} messages stored"
+            + (unknown if sent > stored else ""),
+            INTERRUPTED,
+        )
     show(
         output,
         done,
@@ -160,12 +175,13 @@ def consume(
     if not subscription.strip():
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
     streaming = show_each and output == Format.TABLE  # a person watches them come
+    received = 0
 
     async def body(client: Client) -> dict[str, Any]:
+        nonlocal received
         consumer = await client.subscribe(
             topic, subscription, subscription_type=sub_type, initial_position=initial
         )
-        received = 0
         keys: set[str] = set()
         shown: list[dict[str, Any]] = []
         first = last = None
@@ -197,7 +213,10 @@ def consume(
             summary["messages"] = shown
         return summary
 
-    done = run(body, url)
+    try:
+        done = run(body, url)
+    except KeyboardInterrupt:
+        fail(f"interrupted: {received:,} messages received and acknowledged", INTERRUPTED)
     line = f"received {done['received']} messages"
     if done["received"]:
         line += f" ({done['keys']} keys), first {done['firstId']}, last {done['lastId']}"

@@ -12,7 +12,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Iterator
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,7 @@ from segtxn.client import Client, ErrorName, MessageId, ServerError
 from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.metastore.etcd_server import free_port
 from tests import processes
+from tests.waiting import wait_until
 
 
 def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -324,6 +329,69 @@ def test_produce_reports_what_it_sent(standalone: str) -> None:
     result = invoke("produce", "topic://t/ns/rate", "-n", "5", "--keys", "2", "--url", standalone)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("sent 5 messages in ")
+
+
+def _segtxn(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "segtxn.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def _stored(client: Client, topic: str) -> int:
+    return int((await client.admin.stats(topic)).get("msgInCounter", 0))
+
+
+def test_interrupted_produce_and_consume_say_how_far_they_got(standalone: str) -> None:
+    """Ctrl-C (SIGINT) in the middle: each says how many messages it stored or consumed,
+    and exits with 130."""
+    topic = "persistent://t/ns/interrupted"
+
+    async def interrupt(command: subprocess.Popen[str], progress: Callable[[], Any]) -> None:
+        async with Client(standalone) as client:
+            await wait_until(lambda: progress(client), timeout=60, what="the command is under way")
+        command.send_signal(signal.SIGINT)
+
+    async def produced(client: Client) -> bool:
+        return await _stored(client, topic) > 0
+
+    async def backlog(client: Client) -> int:
+        return int((await client.admin.stats(topic))["subscriptions"]["sub"]["backlog"])
+
+    async def consumed(client: Client) -> bool:
+        # it acknowledges one at a time, once the last is durable: two acknowledged means
+        # the first one's acknowledgment returned
+        return await backlog(client) <= left - 2
+
+    assert invoke("topics", "create", topic, "--url", standalone).exit_code == 0
+    producing = _segtxn("produce", topic, "-n", "10000000", "--size", "8", "--url", standalone)
+    asyncio.run(interrupt(producing, produced))
+    _, err = producing.communicate(timeout=60)
+    assert producing.returncode == 130, err
+    said = re.search(r"Error: interrupted: ([\d,]+) of 10,000,000 messages stored", err)
+    assert said is not None, err
+    stored = int(said[1].replace(",", ""))
+    assert 0 < stored <= asyncio.run(_stored_now(standalone, topic))
+
+    async def subscribed() -> int:
+        async with Client(standalone) as client:
+            await client.admin.create_subscription(topic, "sub", initial_position="earliest")
+            return await backlog(client)
+
+    left = asyncio.run(subscribed())
+    consuming = _segtxn("consume", topic, "sub", "--idle-timeout", "600", "--url", standalone)
+    asyncio.run(interrupt(consuming, consumed))
+    _, err = consuming.communicate(timeout=60)
+    assert consuming.returncode == 130, err
+    said = re.search(r"Error: interrupted: ([\d,]+) messages received and acknowledged", err)
+    assert said is not None and int(said[1].replace(",", "")) > 0, err
+
+
+async def _stored_now(url: str, topic: str) -> int:
+    async with Client(url) as client:
+        return await _stored(client, topic)
 
 
 def test_produce_stops_at_the_first_failed_send(
