@@ -129,6 +129,11 @@ def incident(what: str, exc: BaseException) -> str:
     return ident
 
 
+ELSEWHERE = web.AppKey("served-elsewhere", dict[str, str])
+"""Path prefixes another kind of server serves, and what to tell a client that asked this
+one (see :func:`install`)."""
+
+
 _REFUSALS = {
     404: ErrorName.INVALID_ARGUMENT,
     405: ErrorName.NOT_ALLOWED,
@@ -143,6 +148,10 @@ def _refusal(request: web.Request, e: web.HTTPException) -> web.Response:
         message = f"no such endpoint: {request.method} {request.path}"
         if request.raw_path.partition("?")[0] != request.path:  # "..", "//", escapes
             message += f" (as written: {request.raw_path.partition('?')[0]})"
+        elsewhere = request.app.get(ELSEWHERE, {})
+        served = next((p for p in elsewhere if request.path.startswith(p)), None)
+        if served is not None:
+            message += f": {elsewhere[served]}"
     elif e.status == 405:
         allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
         message = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
@@ -203,11 +212,16 @@ def translate(e: Exception) -> ServerError | None:
     return None
 
 
-def install(app: web.Application) -> None:
+def install(app: web.Application, elsewhere: dict[str, str] | None = None) -> None:
     """Put the error boundary on ``app`` (before it starts): the :func:`boundary`
-    middleware, and the hook that records each started response for it."""
+    middleware, and the hook that records each started response for it.
+
+    ``elsewhere``: path prefixes that another kind of segtxn server serves, each with a
+    sentence saying so, added to the "no such endpoint" answer of a path under it (a
+    client given a coordinator's URL for a broker's, or the other way round)."""
     app.middlewares.append(boundary)
     app.on_response_prepare.append(_started)
+    app[ELSEWHERE] = elsewhere or {}
 
 
 async def _started(request: web.Request, response: web.StreamResponse) -> None:

@@ -31,7 +31,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> web.Application:
     # the largest body is a property set; WebSocket frames have their own limit (ws.py)
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-    install(app)  # the error boundary
+    coordinators = "this is a broker; transactions are served by the transaction coordinators"
+    install(app, {"/txn/": coordinators})  # the error boundary
     install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
     app[SERVICE] = BrokerService(settings, store)
     app[SOCKETS] = weakref.WeakSet()

@@ -59,7 +59,10 @@ def tls_failure(url: str, e: aiohttp.ClientSSLError) -> CertificateError:
     if isinstance(e, aiohttp.ClientConnectorCertificateError):
         why = ssl_reason(e.certificate_error)
         return CertificateError(f"{url}: the server's TLS certificate does not verify: {why}")
-    return CertificateError(f"{url}: the TLS handshake failed: {ssl_reason(e.os_error)}")
+    why = ssl_reason(e.os_error)
+    if "WRONG_VERSION_NUMBER" in why:  # what OpenSSL makes of a plain-HTTP answer
+        why = "the server does not speak TLS there (is it an http:// URL?)"
+    return CertificateError(f"{url}: the TLS handshake failed: {why}")
 
 
 async def server_frames(

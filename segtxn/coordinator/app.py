@@ -355,7 +355,8 @@ def create_app(
     """The coordinator app; it opens ``settings.store_url`` unless handed a store (then
     the caller owns it: ``segtxn standalone`` shares its broker's embedded store)."""
     app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-    install(app)  # the error boundary
+    brokers = "this is a transaction coordinator; topics are served by the brokers"
+    install(app, {"/admin/": brokers, "/lookup/": brokers, "/ws/": brokers})  # error boundary
     install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
     own = store is None
     used = (

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from click.testing import CliRunner, Result
 
 from segtxn.auth import AuthSettings, TlsSettings
@@ -132,6 +133,19 @@ async def test_a_server_signed_by_an_unknown_ca_is_refused(tls: TlsCluster, tmp_
     message = await _refused(tls.url, tls_ca=stranger.path)
     assert "certificate does not verify" in message and "issuer" in message, message
     assert "certificate does not verify" in await _refused(tls.url)  # the system's CAs: no
+
+
+async def test_https_to_a_plain_http_server_says_it_does_not_speak_tls() -> None:
+    runner = web.AppRunner(web.Application())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        message = await _refused(f"https://127.0.0.1:{port}")
+    finally:
+        await runner.cleanup()
+    assert "the server does not speak TLS there (is it an http:// URL?)" in message, message
 
 
 async def test_an_expired_server_certificate_is_said_clearly(tmp_path: Path) -> None:

@@ -286,7 +286,17 @@ async def test_unknown_paths_and_methods_get_the_json_error(
     assert "PATCH is not allowed" in message and "allowed: " in message
     status, name, message = await answer(http, "GET", base + "/no/such/thing")
     assert (status, name) == (404, ErrorName.INVALID_ARGUMENT)
-    assert "no such endpoint: GET /no/such/thing" in message
+    assert message == "no such endpoint: GET /no/such/thing"
+    # the other kind of server's path: where it is served
+    other = "/txn/v2/new" if server == "broker" else "/admin/v2/persistent/acme/edges"
+    status, name, message = await answer(http, "GET", base + other)
+    assert (status, name) == (404, ErrorName.INVALID_ARGUMENT), message
+    assert message.startswith(f"no such endpoint: GET {other}: this is a "), message
+    assert message.endswith(
+        "served by the transaction coordinators"
+        if server == "broker"
+        else "topics are served by the brokers"
+    ), message
 
 
 @pytest.mark.parametrize("server", ["broker", "coordinator"])
