@@ -45,7 +45,7 @@ from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.stream import MessageStream, next_item
 from segtxn.client.timeouts import FIRST_RETRY_S, Deadline
-from segtxn.client.transaction import Transaction
+from segtxn.client.transaction import Transaction, poisons
 from segtxn.protocol.errors import ErrorCategory, ServerError, TransactionConflict
 from segtxn.protocol.names import Domain, TopicName
 
@@ -292,11 +292,11 @@ class Consumer:
                 ``txn`` the transaction can no longer commit).
             ValueError: the message is not from this consumer's topic.
 
-        Cancelling the call in ``txn`` once the ack is made (its outcome is then unknown)
-        dooms the transaction: its commit aborts and raises TransactionFailed from
-        OperationCancelled.
+        In ``txn``, anything this raises dooms the transaction: its commit aborts and
+        raises TransactionFailed from it (cancelling the call: from OperationCancelled).
         """
-        await self._ack(message, cumulative=False, txn=txn, timeout_s=timeout_s)
+        with poisons(txn):
+            await self._ack(message, cumulative=False, txn=txn, timeout_s=timeout_s)
 
     async def acknowledge_cumulative(
         self,
@@ -307,7 +307,8 @@ class Consumer:
     ) -> None:
         """Acknowledge this message and every earlier one of its topic/segment (as
         :meth:`acknowledge`)."""
-        await self._ack(message, cumulative=True, txn=txn, timeout_s=timeout_s)
+        with poisons(txn):
+            await self._ack(message, cumulative=True, txn=txn, timeout_s=timeout_s)
 
     def _deadline(self, timeout_s: float | None) -> Deadline:
         return Deadline(

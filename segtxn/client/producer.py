@@ -34,7 +34,7 @@ from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.timeouts import Deadline, Expiries, close_quietly, retrying
-from segtxn.client.transaction import Transaction
+from segtxn.client.transaction import Transaction, poisons
 from segtxn.protocol import frames
 from segtxn.protocol.errors import (
     ErrorCategory,
@@ -337,7 +337,34 @@ class Producer:
 
         The whole send — registering with ``txn``, waiting for room, the broker's receipt —
         ends within ``send_timeout_s`` of this call (or ``deadline``): then the future
-        fails with :class:`Timeout` (or this raises it, when the message never left)."""
+        fails with :class:`Timeout` (or this raises it, when the message never left).
+
+        In ``txn``, anything this raises poisons the transaction (with ``track``; without
+        it, the caller tracks the send and poisons it)."""
+        with poisons(txn if track else None):
+            return await self._queue(
+                value,
+                key=key,
+                properties=properties,
+                event_time_ms=event_time_ms,
+                txn=txn,
+                registered=registered,
+                track=track,
+                deadline=deadline,
+            )
+
+    async def _queue(
+        self,
+        value: bytes,
+        *,
+        key: str | None,
+        properties: dict[str, str] | None,
+        event_time_ms: int | None,
+        txn: Transaction | None,
+        registered: bool,
+        track: bool,
+        deadline: Deadline | None,
+    ) -> asyncio.Future[MessageId]:
         deadline = deadline or Deadline(self.options.send_limit_s)
         if txn is not None and not registered:
             await txn.add_partition(self._topic, deadline)

@@ -24,7 +24,7 @@ from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.producer import Producer, ProducerOptions, new_name
 from segtxn.client.timeouts import Deadline, Expiries
-from segtxn.client.transaction import Transaction
+from segtxn.client.transaction import Transaction, poisons
 from segtxn.protocol.errors import ErrorCategory, TopicTerminatedError
 from segtxn.protocol.names import TopicName
 
@@ -173,10 +173,11 @@ class ScalableProducer:
     ) -> asyncio.Future[MessageId]:
         """Queue one message; the future resolves to its id once stored. See
         :meth:`send` for the errors (raised here when the message never left)."""
-        check_outgoing(value, key, properties, event_time_ms)  # before its key is hashed
         deadline = Deadline(self.options.send_limit_s)
-        if txn is not None:
-            await txn.add_partition(self._topic, deadline)
+        with poisons(txn):  # refused before it is tracked: it must not commit without it
+            check_outgoing(value, key, properties, event_time_ms)  # before its key is hashed
+            if txn is not None:
+                await txn.add_partition(self._topic, deadline)
         result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         message = _Outgoing(
             next(self._numbers), value, key, properties, event_time_ms, txn, result, deadline

@@ -10,11 +10,13 @@ async with client.transaction(timeout_s=30) as txn:
 Sends and acks in a transaction are tracked: ``commit`` first waits for every one of them.
 If any failed, the transaction is *poisoned*: ``commit`` aborts it and raises
 :class:`TransactionFailed` (a transaction is all or nothing, so one lost message means none
-may count). One whose caller cancelled it (the task awaiting it was cancelled) poisons it
-too, with :class:`OperationCancelled`: it may have reached the broker and been applied,
-and a commit would then count what the application believes it cancelled. A transaction
-whose timeout passes is aborted by its coordinator; committing it then fails with
-``InvalidTxnStatus``.
+may count). That includes a send or ack refused before it left (a bad argument, a topic
+that cannot take part, no room in time): an application that caught the error and went on
+would otherwise commit the rest without it. One whose caller cancelled it (the task
+awaiting it was cancelled) poisons it too, with :class:`OperationCancelled`: it may have
+reached the broker and been applied, and a commit would then count what the application
+believes it cancelled. A transaction whose timeout passes is aborted by its coordinator;
+committing it then fails with ``InvalidTxnStatus``.
 
 When a transaction does not commit (it is aborted, its commit is refused, or ending it fails
 with an unknown outcome), every consumer that acknowledged messages in it asks the broker to
@@ -58,7 +60,7 @@ from segtxn.protocol.errors import (
 )
 from segtxn.protocol.txn import TxnAction, TxnId
 
-__all__ = ["Transaction", "TransactionFailed"]
+__all__ = ["Transaction", "TransactionFailed", "poisons"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -66,6 +68,38 @@ _T = TypeVar("_T")
 
 class TransactionFailed(ClientError):
     """The transaction was aborted because one of its operations failed (see __cause__)."""
+
+
+def poisons(txn: Transaction | None) -> contextlib.AbstractContextManager[None]:
+    """``with poisons(txn):`` around a send or acknowledgment given ``txn``: whatever it
+    raises poisons the transaction, so ``commit`` aborts instead of committing the rest
+    without it (a cancel: with :class:`OperationCancelled`). Without a transaction, a shared
+    context that does nothing."""
+    return _NOTHING if txn is None else _Poisoning(txn)
+
+
+_NOTHING = contextlib.nullcontext()
+
+
+class _Poisoning(contextlib.AbstractContextManager[None]):
+    __slots__ = ("_txn",)
+
+    def __init__(self, txn: Transaction) -> None:
+        self._txn = txn
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            return
+        if isinstance(exc, asyncio.CancelledError):
+            exc = OperationCancelled(
+                f"an operation in transaction {self._txn._id} was cancelled by its caller"
+            )
+        self._txn.poison(exc)
 
 
 class Transaction:
