@@ -23,8 +23,8 @@ from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
-from segtxn.broker.txn.pending_ack import MetadataPendingAckStore
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
+from segtxn.broker.txn.pending_ack_records import MetadataPendingAckStore
 from segtxn.broker.txn.snapshots import SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import NoTransactions, TransactionBuffer
