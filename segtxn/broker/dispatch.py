@@ -219,6 +219,15 @@ class Subscription:
         self._check_known(ids)
         if cumulative and self.type is SubscriptionType.SHARED:
             raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
+        if self.pending_acks.holds(txn, ids, cumulative=cumulative):
+            return  # the same ack again in the same transaction (a retry): held already
+        for position in ids:
+            holder = self.pending_acks.holder(position)
+            if holder is not None and holder != txn:
+                raise ServerError(
+                    ErrorName.TRANSACTION_CONFLICT,
+                    f"{position} is acknowledged by transaction {holder}, still open",
+                )
 
         def still_theirs() -> None:
             """(Checked again right before the acks are reserved: the transaction's header

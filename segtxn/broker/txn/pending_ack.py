@@ -44,6 +44,15 @@ class PendingAckStore(ABC):
         """The open transactions holding acks now."""
         return set()
 
+    def holder(self, position: Position) -> TxnId | None:
+        """The open transaction holding the ack of ``position``, if one does."""
+        return None
+
+    def holds(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> bool:
+        """Whether ``txn`` holds the acks of ``positions`` already (with ``cumulative``, of
+        everything up to the last of them): the same ack again, in the same transaction."""
+        return False
+
     def pending_count(self) -> int:
         """Acks held by open transactions: one per individual ack, one per transaction
         holding a cumulative ack (for metrics)."""
@@ -109,6 +118,12 @@ class ReservingPendingAckStore(PendingAckStore):
             if position <= upto:
                 return owner
         return None
+
+    def holds(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> bool:
+        if cumulative:
+            upto = self._cumulative.get(txn)
+            return upto is not None and max(positions) <= upto
+        return all(self.holder(position) == txn for position in positions)
 
     def _check(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> None:
         """Raises ServerError(TransactionConflict): acknowledged already, or held by
