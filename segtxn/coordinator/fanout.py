@@ -6,8 +6,11 @@ applies or drops the pending acknowledgments), all in parallel. A call is retrie
 growing pause, while the participant's broker is unreachable or answers
 ``ServiceNotReady``, for ``timeout_s``; then it fails with ``ServiceNotReady`` and the
 coordinator leaves the transaction COMMITTING / ABORTING in its log, to be finished later.
-Any other refusal (a terminated topic) fails at once. Calls are idempotent at the broker:
-running a fan-out twice is safe.
+A participant whose topic (or subscription) does not exist has taken the decision: it was
+deleted after it joined, with everything the transaction wrote or acknowledged there, so
+there is nothing left to commit or abort (otherwise the transaction stayed COMMITTING for
+good). Any other refusal (a terminated topic) fails at once. Calls are idempotent at the
+broker: running a fan-out twice is safe.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from segtxn.topics.catalog import Catalog
 log = logging.getLogger(__name__)
 
 PARTICIPANT_TIMEOUT = aiohttp.ClientTimeout(total=10)
+GONE = (ErrorName.TOPIC_NOT_FOUND,)
+"""A participant's answer that says its topic no longer exists (a deleted subscription is
+answered with success: nothing is pending there)."""
 FIRST_RETRY_S = 0.05
 
 
@@ -67,6 +73,9 @@ class Participants:
             problem: str
             try:
                 url = await self._broker_of(name)
+                if url is None:
+                    log.info("txn %s: participant %s is gone; nothing to %s", txn, topic, action)
+                    return
                 async with self._http.post(
                     f"{url}/admin/v2/{name.path}{path}", timeout=PARTICIPANT_TIMEOUT
                 ) as response:
@@ -74,6 +83,10 @@ class Participants:
                         return
                     body = await response.json(content_type=None)
                     error = ErrorName(body.get("error", ErrorName.UNKNOWN.value))
+                    if error in GONE:
+                        log.info("txn %s: participant %s is gone (%s); nothing to %s",
+                                 txn, topic, body.get("message", ""), action)  # fmt: skip
+                        return
                     if error is not ErrorName.SERVICE_NOT_READY:
                         log.warning(
                             "txn %s: %s refused by participant %s (%s): %s",
@@ -96,9 +109,17 @@ class Participants:
             await asyncio.sleep(delay)  # the participant's broker is down: back off, retry
             delay = min(delay * 2, 1.0)
 
-    async def _broker_of(self, name: TopicName) -> str:
+    async def _broker_of(self, name: TopicName) -> str | None:
+        """The URL of ``name``'s home broker; None when the topic does not exist.
+
+        Raises:
+            ServerError(ServiceNotReady): it exists, and its home broker is not live.
+            MetadataStoreError
+        """
         broker = await self._catalog.home_of(name)
         url = None if broker is None else await self._catalog.broker_url(broker)
         if url is None:
+            if await self._catalog.get(name) is None:
+                return None
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name} has no live home broker")
         return url

@@ -59,8 +59,8 @@ from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
 from segtxn.metastore import LeaderElection, Leadership, MetadataStore, MetadataStoreError, Session
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_TXN_PARTICIPANTS
-from segtxn.protocol.names import Domain, TopicName
-from segtxn.protocol.txn import TxnAction, TxnId
+from segtxn.protocol.names import TopicName
+from segtxn.protocol.txn import TxnAction, TxnId, check_participants
 from segtxn.topics.catalog import Catalog
 from segtxn.topics.nodes import CatalogNodes
 from segtxn.topics.repairs import RepairLoop
@@ -352,18 +352,14 @@ class CoordinatorV4:
     async def add_participants(
         self, txn: TxnId, partitions: list[str], subscriptions: list[tuple[str, str]]
     ) -> None:
-        """Raises ServerError(NotAllowed / TransactionNotFound / InvalidTxnStatus)."""
-        for topic in [*partitions, *(t for t, _ in subscriptions)]:
-            try:
-                name = TopicName.parse(topic)
-            except ValueError as e:
-                raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
-            if name.domain is not Domain.PERSISTENT:
-                raise ServerError(
-                    ErrorName.NOT_ALLOWED,
-                    f"{topic}: v4 transactions run on persistent:// topics; scalable topics "
-                    "take part in v5 transactions (one transaction never mixes the two)",
-                )
+        """Log new participants. A topic that does not exist is refused: its commit could
+        never reach it (a client's producer or consumer creates its topic before it sends
+        or acknowledges anything).
+
+        Raises:
+            ServerError(NotAllowed / TopicNotFound / TransactionNotFound / InvalidTxnStatus)
+        """
+        check_participants([*partitions, *(t for t, _ in subscriptions)], v5=False)
         held, _ = self._meta(txn)
         async with held.locks.setdefault(txn.least, asyncio.Lock()):
             _, meta = self._meta(txn)
@@ -378,6 +374,9 @@ class CoordinatorV4:
                     f"{txn}: at most {MAX_TXN_PARTICIPANTS} partitions and subscriptions "
                     "in one transaction",
                 )
+            for topic in dict.fromkeys([*new_partitions, *(t for t, _ in new_subs)]):
+                if await self._catalog.get(TopicName.parse(topic)) is None:
+                    raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {topic} does not exist")
             if new_partitions or new_subs:
                 await self._log(
                     held,

@@ -44,8 +44,7 @@ from segtxn.metastore import (
 )
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_NEW_TXNS
-from segtxn.protocol.names import Domain, TopicName
-from segtxn.protocol.txn import TxnAction, TxnId, TxnState
+from segtxn.protocol.txn import TxnAction, TxnId, TxnState, check_participants
 from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
@@ -188,17 +187,7 @@ class CoordinatorV5:
             ServerError(NotAllowed / InvalidTopicName / InvalidArgument)
         """
         self._check_v5(txn)
-        for topic in topics:
-            try:
-                name = TopicName.parse(topic)
-            except ValueError as e:
-                raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
-            if name.domain is Domain.PERSISTENT:
-                raise ServerError(
-                    ErrorName.NOT_ALLOWED,
-                    f"{topic}: v5 transactions run on scalable topics (topic://, segment://); "
-                    "persistent:// topics take part in v4 (marker-based) transactions",
-                )
+        check_participants(topics, v5=True)
 
     @staticmethod
     def _check_v5(txn: TxnId) -> None:

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
 from typing import NamedTuple
+
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import Domain, TopicName
 
 V5_COORDINATOR_BASE = 1 << 48
 """v5 coordinator ids are V5_COORDINATOR_BASE + n; v4 ids are below it."""
@@ -67,3 +71,29 @@ class TxnAction(enum.StrEnum):
     @property
     def outcome(self) -> TxnState:
         return TxnState.COMMITTED if self is TxnAction.COMMIT else TxnState.ABORTED
+
+
+def check_participants(topics: Iterable[str], *, v5: bool) -> list[TopicName]:
+    """The names of ``topics``, each able to take part in a v5 transaction (scalable topics)
+    or a v4 one (``persistent://`` topics): one transaction never mixes the two.
+
+    Raises:
+        ServerError(InvalidTopicName / NotAllowed)
+    """
+    names = []
+    for topic in topics:
+        try:
+            name = TopicName.parse(topic)
+        except ValueError as e:
+            raise ServerError(ErrorName.INVALID_TOPIC_NAME, str(e)) from e
+        if (name.domain is Domain.PERSISTENT) == v5:
+            raise ServerError(
+                ErrorName.NOT_ALLOWED,
+                f"{topic}: v5 transactions run on scalable topics (topic://, segment://); "
+                "persistent:// topics take part in v4 (marker-based) transactions"
+                if v5
+                else f"{topic}: v4 transactions run on persistent:// topics; scalable topics "
+                "take part in v5 transactions (one transaction never mixes the two)",
+            )
+        names.append(name)
+    return names

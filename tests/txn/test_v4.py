@@ -177,6 +177,39 @@ async def test_commit_on_a_terminated_topic_fails_at_once(
     ]
 
 
+async def test_a_participant_deleted_before_the_commit_does_not_hold_it_up(
+    client: Client,
+) -> None:
+    """Its topic and what the transaction wrote there are gone: the commit finishes with the
+    other participants (it used to stay COMMITTING for good, refused its abort too)."""
+    await client.admin.create_topic(T1)
+    await client.admin.create_topic(T2)
+    kept, doomed = await client.create_producer(T1), await client.create_producer(T2)
+    consumer = await client.subscribe(T1, "s", initial_position="earliest")
+    txn = client.transaction()
+    await kept.send(b"kept", txn=txn)
+    await doomed.send(b"doomed", txn=txn)
+    await client.admin.delete_topic(T2, force=True)
+    await txn.commit()
+    assert await txn.status() == "COMMITTED"
+    assert await receive_all(consumer, 1) == [b"kept"]
+
+
+async def test_a_topic_that_does_not_exist_cannot_join(client: Client) -> None:
+    txn = await client.transaction().start("v4")
+    url = (await client.connector.request("GET", "/lookup/v2/coordinators"))["coordinators"][0]
+    for command, body in (
+        ("partitions", {"topics": ["persistent://acme/v4/never"]}),
+        ("subscriptions", {"topics": ["persistent://acme/v4/never"], "subscription": "s"}),
+    ):
+        with pytest.raises(ServerError) as refused:
+            await client.connector.request("POST", f"{url}/txn/v2/{txn.id}/{command}", json=body)
+        assert refused.value.name is ErrorName.TOPIC_NOT_FOUND
+        assert refused.value.message == "topic persistent://acme/v4/never does not exist"
+    await txn.abort()  # nothing joined: it ends at once
+    assert await txn.status() == "ABORTED"
+
+
 async def test_pip373_property(client: Client, cluster: Cluster) -> None:
     await client.admin.create_topic(T1)
     producer = await client.create_producer(T1)
