@@ -249,7 +249,20 @@ async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse
         known = translate(e)
         if known is not None:
             return error_response(known, request)
+        if isinstance(e, ConnectionResetError) and _gone(request):
+            log.debug("%s %s: the client went away mid-request", request.method, request.path)
+            return error_response(
+                ServerError(ErrorName.INVALID_ARGUMENT, "the client went away mid-request"),
+                request,
+            )
         return error_response(_bug(request, e), request)
+
+
+def _gone(request: web.Request) -> bool:
+    """Whether the client's connection is closed (reading its body then fails with
+    ConnectionResetError: the client's doing, not a bug to log with a traceback)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _bug(request: web.Request, e: Exception) -> ServerError:

@@ -300,6 +300,34 @@ async def test_unknown_paths_and_methods_get_the_json_error(
 
 
 @pytest.mark.parametrize("server", ["broker", "coordinator"])
+async def test_a_client_gone_mid_body_is_not_a_server_error(
+    cluster: Cluster, server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It promised 100 bytes, sent 2 and closed: the server's read fails, which is the
+    client's doing (no incident, no traceback: the autouse check)."""
+    await coordinator_ready(cluster)
+    url = yarl.URL(cluster.url if server == "broker" else coordinator(cluster))
+    method, path = (
+        ("PUT", f"/admin/v2/{TOPIC.replace('://', '/')}/properties")
+        if server == "broker"
+        else ("POST", "/txn/v2/0:1/partitions")
+    )
+    assert url.host is not None and url.port is not None
+    caplog.set_level(logging.DEBUG, logger="segtxn.boundary")
+    _, writer = await asyncio.open_connection(url.host, url.port)
+    writer.write(
+        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n{}".encode()
+    )
+    await writer.drain()
+    writer.close()
+    await wait_until(
+        lambda: any("went away mid-request" in r.getMessage() for r in caplog.records),
+        what="the server saw the client go",
+    )
+
+
+@pytest.mark.parametrize("server", ["broker", "coordinator"])
 async def test_malformed_http_gets_the_json_error(cluster: Cluster, server: str) -> None:
     await coordinator_ready(cluster)
     url = yarl.URL(cluster.url if server == "broker" else coordinator(cluster))
