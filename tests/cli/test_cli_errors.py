@@ -349,7 +349,7 @@ def test_interrupted_produce_and_consume_say_how_far_they_got(standalone: str) -
     and exits with 130."""
     topic = "persistent://t/ns/interrupted"
 
-    async def interrupt(command: subprocess.Popen[str], progress: Callable[[], Any]) -> None:
+    async def interrupt(command: subprocess.Popen[str], progress: Callable[[Client], Any]) -> None:
         async with Client(standalone) as client:
             await wait_until(lambda: progress(client), timeout=60, what="the command is under way")
         command.send_signal(signal.SIGINT)
