@@ -24,7 +24,7 @@ from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.ledger.sealed import read_sealed
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.limits import parse_int
+from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_int, parse_key_hash
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.controller import TopicBusy
@@ -432,22 +432,14 @@ async def _as_controller(
         raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist") from None
 
 
-def _int(request: web.Request, key: str, *, base: int = 10) -> int | None:
-    value = request.query.get(key)
-    if value is None:
-        return None
-    try:
-        return int(value, base)
-    except ValueError:
-        raise ServerError(ErrorName.INVALID_ARGUMENT, f"{key} must be a number") from None
-
-
 @json_errors
 async def split(request: web.Request) -> web.StreamResponse:
-    segment = _int(request, "segment")
-    if segment is None:
+    given = request.query.get("segment")
+    if given is None:
         raise ServerError(ErrorName.INVALID_ARGUMENT, "which segment? (?segment=ID[&at=HASH])")
-    at = _int(request, "at", base=0)
+    segment = parse_int(given, "segment", hi=MAX_SEGMENT_ID)
+    point = request.query.get("at")
+    at = None if point is None else parse_key_hash(point, "at")
     controllers = request.app[SERVICE].controllers
     return await _as_controller(request, lambda name: controllers.split(name, segment, at))
 

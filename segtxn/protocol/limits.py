@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from urllib.parse import quote
 
 from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.hashing import HASH_SPACE
 
 # ---------------------------------------------------------------------- HTTP
 
@@ -45,6 +46,7 @@ MAX_LOCAL_NAME = 128
 MAX_TOPIC_PARTS = 140
 """Tenant, namespace and name together (storage lengths, separators not counted)."""
 MAX_SEGMENT_ID_DIGITS = 18
+MAX_SEGMENT_ID = 10**MAX_SEGMENT_ID_DIGITS - 1
 MAX_SUBSCRIPTION = 64
 MAX_CLIENT_NAME = 128
 """Producer and consumer names (they go into entries and memory, never into file names)."""
@@ -166,6 +168,25 @@ def parse_float(text: str, what: str) -> float:
         raise ServerError(
             ErrorName.INVALID_ARGUMENT, f"{what}: {_cut(text)!r} is not a number"
         ) from None
+
+
+def parse_key_hash(text: str, what: str) -> int:
+    """A point of the key-hash space, 0..0xFFFF: decimal (as :func:`parse_int`) or ``0x``
+    and one to four hex digits (hashes are shown in hex: ``0x8000``).
+
+    Raises:
+        ServerError(InvalidArgument): anything else (``int(text, 0)`` would take ``"1_0"``,
+            ``"0o17"``, ``"+3"`` and digits of other scripts).
+    """
+    hi = HASH_SPACE - 1
+    if text[:2] not in ("0x", "0X"):
+        return parse_int(text, what, hi=hi)
+    digits = text[2:]
+    if not 1 <= len(digits) <= 4 or digits.strip("0123456789abcdefABCDEF"):
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT, f"{what}: {_cut(text)!r} is not a hash (0x0000-0x{hi:x})"
+        )
+    return int(digits, 16)
 
 
 def parse_position(text: str, what: str) -> tuple[int, int]:

@@ -341,3 +341,48 @@ async def test_malformed_http_gets_the_json_error(cluster: Cluster, server: str)
     head, _, body = answer_bytes.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") or head.startswith(b"HTTP/1.0 400"), head
     assert json.loads(body)["error"] == ErrorName.INVALID_ARGUMENT
+
+
+SCALABLE = "topic://acme/edges/s"
+
+
+async def test_split_takes_only_plain_numbers(
+    cluster: Cluster, client: Client, http: aiohttp.ClientSession
+) -> None:
+    """``segment`` and ``at`` of a split were read with ``int()``: a fullwidth zero, ``1_0``,
+    ``+0`` or `` 16`` split something the caller did not write. Now they are refused, and
+    the topic is left as it was; decimal and ``0x`` hex hashes still split."""
+    await client.admin.create_topic(SCALABLE, segments=1)
+    url = f"{cluster.url}/admin/v2/topic/acme/edges/s/split"
+    refused = [
+        ({"segment": "\uff10"}, "segment: '\uff10' is not a number"),  # was segment 0
+        ({"segment": "+0"}, "segment: '+0' is not a number"),
+        ({"segment": "0_0"}, "segment: '0_0' is not a number"),
+        ({"segment": "0", "at": "1_0"}, "at: '1_0' is not a number"),  # was hash 10
+        ({"segment": "0", "at": " 16"}, "at: ' 16' is not a number"),
+        ({"segment": "0", "at": "\u0661\u0660"}, "is not a number"),  # Arabic-Indic 10
+        ({"segment": "0", "at": "0x_10"}, "at: '0x_10' is not a hash"),
+        ({"segment": "0", "at": "0o17"}, "at: '0o17' is not a number"),
+        ({"segment": "0", "at": "-5"}, "at must be in 0..65535, not -5"),  # was -0x005
+        ({"segment": "0", "at": "65536"}, "at must be in 0..65535, not 65536"),
+        ({"segment": "0", "at": "0x10000"}, "at: '0x10000' is not a hash"),
+    ]
+    for params, expected in refused:
+        status, name, message = await answer(http, "POST", url, params=params)
+        assert (status, name) == (400, ErrorName.INVALID_ARGUMENT), (params, message)
+        assert expected in message, (params, message)
+    assert (await client.admin.stats(SCALABLE))["epoch"] == 0  # nothing was split
+
+    dag = await client.admin.split(SCALABLE, 0, at=0x4000)  # the client sends decimal
+    assert [s["range"] for s in dag["segments"] if s["state"] == "ACTIVE"] == [
+        [0, 0x3FFF],
+        [0x4000, 0xFFFF],
+    ]
+    async with http.post(url, params={"segment": "2", "at": "0xC000"}) as response:
+        assert response.status == 200, await response.text()
+        dag = await response.json()
+    assert [s["range"] for s in dag["segments"] if s["state"] == "ACTIVE"] == [
+        [0, 0x3FFF],
+        [0x4000, 0xBFFF],
+        [0xC000, 0xFFFF],
+    ]
