@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 
 from segtxn.boundary import read_json
-from segtxn.broker import arguments, retire
+from segtxn.broker import arguments, retire, sealing
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
 from segtxn.broker.service import BrokerService
 from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
@@ -323,8 +323,13 @@ async def _change_properties(
 
 @json_errors
 async def terminate(request: web.Request) -> web.StreamResponse:
-    """Seal a persistent topic or a segment: no more writes; reads and acks go on."""
-    last = await request.app[SERVICE].seal(topic_from(request))
+    """Seal a persistent topic, or a segment a split or merge is sealing (only its topic's
+    controller calls this for a segment: :mod:`.sealing`): no more writes; reads and acks
+    go on."""
+    service = request.app[SERVICE]
+    name = topic_from(request)
+    await sealing.check_sealable(service.catalog, name)
+    last = await service.seal(name)
     return web.json_response({"lastPosition": None if last is None else str(last)})
 
 

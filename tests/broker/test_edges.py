@@ -18,6 +18,7 @@ import yarl
 from segtxn.client import Client, ServerError
 from segtxn.coordinator.app import V4
 from segtxn.protocol.errors import ErrorName
+from segtxn.protocol.hashing import key_hash
 from tests.cluster import Cluster
 from tests.waiting import wait_until
 
@@ -386,3 +387,38 @@ async def test_split_takes_only_plain_numbers(
         [0x4000, 0xBFFF],
         [0xC000, 0xFFFF],
     ]
+
+
+async def test_an_active_segment_is_sealed_only_by_a_split_or_merge(
+    cluster: Cluster, client: Client, http: aiohttp.ClientSession
+) -> None:
+    """``POST .../segment/.../terminate`` of an ACTIVE segment answered 200 and sealed its
+    ledger while the DAG still said ACTIVE: every send of a key in its range then timed out.
+    Now it is refused and the segment keeps taking writes; the controller's split still
+    seals it (through the same call), and terminating a sealed segment again is harmless."""
+    await client.admin.create_topic(SCALABLE, segments=2)
+    low = next(k for k in (f"k{i}" for i in range(1000)) if key_hash(k) < 0x8000)  # segment 0
+    producer = await client.create_producer(SCALABLE, send_timeout_s=10)
+    await producer.send(b"before", key=low)
+    segment = f"{cluster.url}/admin/v2/segment/acme/edges/s/0/terminate"
+    status, name, message = await answer(http, "POST", segment)
+    assert (status, name) == (405, ErrorName.NOT_ALLOWED), message
+    assert "sealed only by a split or merge" in message
+    assert "/admin/v2/topic/acme/edges/s/split?segment=0" in message
+    assert not (await client.admin.stats("segment://acme/edges/s/0"))["sealed"]
+    await producer.send(b"after", key=low)  # timed out for ever before
+
+    status, name, message = await answer(
+        http, "POST", f"{cluster.url}/admin/v2/topic/acme/edges/s/terminate"
+    )
+    assert (status, name) == (405, ErrorName.NOT_ALLOWED), message
+    assert "terminating one is not supported" in message
+
+    dag = await client.admin.split(SCALABLE, 0)  # its controller seals segment 0
+    assert [s["state"] for s in dag["segments"]][:2] == ["SEALED", "ACTIVE"]
+    await producer.send(b"split", key=low)  # to segment 0's child now
+    async with http.post(segment) as response:  # sealed already: harmless
+        assert response.status == 200, await response.text()
+    stats = await client.admin.stats("segment://acme/edges/s/0")
+    assert stats["sealed"] and stats["lastConfirmedPosition"].endswith(":1")  # both sends
+    await producer.close()
