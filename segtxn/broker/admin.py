@@ -24,7 +24,7 @@ from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.ledger.sealed import read_sealed
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_int, parse_key_hash
+from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_bool, parse_int, parse_key_hash
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.controller import TopicBusy
@@ -130,7 +130,7 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
 async def delete_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     name = topic_from(request)
-    force = request.query.get("force") == "true"
+    force = parse_bool(request.query.get("force", "false"), "force")
     if name.domain is Domain.TOPIC:
         scalable = await scalable_record(service, name)
         if not force:  # refuse before deleting anything, not half-way through

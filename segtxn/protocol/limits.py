@@ -170,6 +170,21 @@ def parse_float(text: str, what: str) -> float:
         ) from None
 
 
+def parse_bool(text: str, what: str) -> bool:
+    """``true`` or ``false``, exactly: a boolean query parameter (``?force=true``).
+
+    Raises:
+        ServerError(InvalidArgument): anything else; ``yes``, ``1``, ``TRUE`` or ``on``
+            must not count as false without a word (a ``DELETE ...?force=yes`` that was
+            refused for connected clients said nothing of its ``force``).
+    """
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    raise ServerError(ErrorName.INVALID_ARGUMENT, f"{what}: {_cut(text)!r} is not true or false")
+
+
 def parse_key_hash(text: str, what: str) -> int:
     """A point of the key-hash space, 0..0xFFFF: decimal (as :func:`parse_int`) or ``0x``
     and one to four hex digits (hashes are shown in hex: ``0x8000``).

@@ -422,3 +422,33 @@ async def test_an_active_segment_is_sealed_only_by_a_split_or_merge(
     stats = await client.admin.stats("segment://acme/edges/s/0")
     assert stats["sealed"] and stats["lastConfirmedPosition"].endswith(":1")  # both sends
     await producer.close()
+
+
+async def test_force_is_true_or_false_and_nothing_else(
+    cluster: Cluster, client: Client, http: aiohttp.ClientSession
+) -> None:
+    """``DELETE ...?force=yes`` (or ``1``, ``TRUE``, ``on``) counted as not forced, and the
+    refusal for connected clients said nothing of the ``force`` it ignored. Now only
+    ``true`` and ``false`` are taken, and anything else is refused, naming the parameter,
+    before anything is deleted (on a scalable topic too)."""
+    await client.admin.create_topic(SCALABLE, segments=2)
+    consumers = [await client.subscribe(t, "sub") for t in (TOPIC, SCALABLE)]
+    for path in (PATH, "/admin/v2/topic/acme/edges/s"):
+        for given in ("yes", "1", "TRUE", "True", "on", "", "true "):
+            status, name, message = await answer(
+                http, "DELETE", f"{cluster.url}{path}", params={"force": given}
+            )
+            assert (status, name) == (400, ErrorName.INVALID_ARGUMENT), (given, message)
+            assert message == f"force: {given!r} is not true or false"
+        status, name, _ = await answer(
+            http, "DELETE", f"{cluster.url}{path}", params={"force": "false"}
+        )
+        assert (status, name) == (409, ErrorName.CONSUMER_BUSY)
+    assert await client.admin.list_topics("persistent", "acme", "edges") == [TOPIC]
+    assert await client.admin.list_topics("topic", "acme", "edges") == [SCALABLE]
+    for path in (PATH, "/admin/v2/topic/acme/edges/s"):
+        async with http.delete(f"{cluster.url}{path}", params={"force": "true"}) as response:
+            assert response.status == 204, await response.text()
+    assert await client.admin.list_topics("topic", "acme", "edges") == []
+    for consumer in consumers:
+        await consumer.close()
