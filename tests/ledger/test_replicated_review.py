@@ -69,6 +69,8 @@ async def test_a_replica_that_lost_its_file_does_not_vouch_for_an_empty_ledger(
         {"ledger": "..", "id": "1"},  # quote("..") is "..": the node's root's parent
         {"ledger": ".", "id": "1"},  # (a file in the root, outside any ledger's directory)
         {"ledger": "\u00e9" * 50, "id": "1"},  # quoted, 300 bytes: over a file name's 255
+        {"ledger": NAME, "id": "1", "recovery": "true"},  # was read as 0, silently
+        {"ledger": NAME, "id": "1", "recovery": "yes"},
     ],
 )
 async def test_bad_names_and_numbers_get_a_400_and_touch_no_file(

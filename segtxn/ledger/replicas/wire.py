@@ -80,6 +80,15 @@ def _int(request: web.Request, key: str, lo: int) -> int:
     return int(raw)
 
 
+def _flag(request: web.Request, key: str) -> bool:
+    """``0`` (or absent) or ``1``: what :class:`HttpReplica` sends (kept so, not ``true``,
+    so that brokers of different versions still read each other's requests)."""
+    raw = request.query.get(key, "0")
+    if raw not in ("0", "1"):
+        raise _BadRequest(f"{key} must be 0 or 1, not {raw[:40]!r}")
+    return raw == "1"
+
+
 def _target(request: web.Request) -> tuple[str, int]:
     name = request.query.get("ledger", "")
     if not name or len(name) > MAX_NAME:
@@ -149,7 +158,7 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
 
     async def append(request: web.Request, name: str, ledger_id: int) -> web.StreamResponse:
         first = _int(request, "first", 0)
-        recovery = request.query.get("recovery") == "1"
+        recovery = _flag(request, "recovery")
         try:
             payloads = decode_frames(await _body(request, node.max_request_bytes))
         except ValueError as e:
