@@ -68,7 +68,10 @@ async def main(url: str) -> None:
         shouter = await client.create_producer(SHOUTED)
         print(f"processed {await process(client, inputs, shouter)} words")
 
-        out = [message.value.decode() for message in await batch_of(outputs, 100)]
+        out = []
+        for message in await batch_of(outputs, 100):
+            out.append(message.value.decode())
+            await outputs.acknowledge(message)  # so that a next run reads its own outputs
         print(f"{len(out)} outputs: {' '.join(out)}")
 
 

@@ -96,6 +96,8 @@ async def test_03_consume_transform_produce(cluster: Cluster) -> None:
         for sub in segment["stats"]["subscriptions"].values()
     ]
     assert backlog == [0]
+    again = await run("03_consume_transform_produce.py", cluster.url)  # the topics exist
+    assert again[-1] == lines[-1]  # its own 10 outputs, not the last run's too
 
 
 @MEMORY
