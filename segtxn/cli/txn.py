@@ -51,7 +51,8 @@ def _txn_id(text: str) -> str:
 )
 @OUTPUT
 def list_(url: str, limit: int, output: str) -> None:
-    """Open transactions, the soonest deadline first."""
+    """Open v5 transactions (scalable topics), the soonest deadline first. v4 ones live in
+    their coordinator's log: 'txn show' finds one by its id."""
     found = _call(url, "GET", "/txn/v2/open", params={"limit": str(limit)})
     rows = [
         (item["txnId"], item["state"], until(item["timeoutMs"]), since(item["createdMs"]))
