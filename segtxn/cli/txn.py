@@ -6,6 +6,7 @@ coordinator's records as they are, with epoch-millisecond times.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -69,7 +70,14 @@ def list_(url: str, limit: int, output: str) -> None:
 def show_(url: str, txn_id: str, output: str) -> None:
     """Print a transaction's header (MOST:LEAST in hex)."""
     found = _call(url, "GET", f"/txn/v2/{_txn_id(txn_id)}")
-    show(output, found, record(found, times=TIMES))
+    times: dict[str, Callable[[int], str]] = dict(TIMES)
+    if found.get("state") != "OPEN" and isinstance(found.get("createdMs"), int):
+        # decided: its deadline no longer applies, and "expires in" would say it does
+        def allowed(timeout_ms: int) -> str:
+            return f"{(timeout_ms - found['createdMs']) / 1000:g} s after it opened (decided)"
+
+        times["timeoutMs"] = allowed
+    show(output, found, record(found, times=times))
 
 
 @txn.command("abort")

@@ -47,6 +47,9 @@ async def test_list_show_and_abort(standalone: str) -> None:
         code, aborted = await segtxn("txn", "abort", "--url", standalone, str(txn.id))
         assert code == 0 and "ABORTED" in aborted
         assert await txn.status() == "ABORTED"
+        code, shown = await segtxn("txn", "show", "--url", standalone, str(txn.id))
+        assert code == 0 and "expires in" not in shown  # decided: no deadline any more
+        assert re.search(r"^timeout +300 s after it opened \(decided\)$", shown, re.M), shown
         code, bad = await segtxn("txn", "show", "--url", standalone, "not-an-id")
         assert code != 0 and "not a transaction id" in bad
         code, missing = await segtxn("txn", "abort", "--url", standalone, "1000000000000:ffff")
