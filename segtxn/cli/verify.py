@@ -290,14 +290,40 @@ def _publish(name: str, report: Report, drained: bool, summary: str, html_path: 
 
 
 @verify.command()
-@click.option("--url", required=True, envvar=URL_ENV, show_envvar=True, type=SERVICE_URLS)
+@click.option(
+    "--url",
+    required=True,
+    envvar=URL_ENV,
+    show_envvar=True,
+    type=SERVICE_URLS,
+    help="A broker of the cluster the run is on.",
+)
 @click.option("--run", required=True, callback=_run_name, help="The run's name (its topics).")
 @click.option("--run-dir", required=True, type=RUN_DIR, help="The run's directory (histories).")
-@click.option("--checkpoint", default=None, type=RUN_DIR, help="[default: RUN_DIR/stream-ckpt]")
+@click.option(
+    "--checkpoint",
+    default=None,
+    type=RUN_DIR,
+    help="Where Spark keeps the query's offsets (a restarted check reads on from them).  "
+    "[default: RUN_DIR/stream-ckpt]",
+)
 @click.option("--trigger", default=1.0, show_default=True, type=SECONDS, help="Seconds per batch.")
-@click.option("--window", default=1000, show_default=True, type=POSITIVE_INT, help="Dup window.")
+@click.option(
+    "--window",
+    default=1000,
+    show_default=True,
+    type=POSITIVE_INT,
+    help="Inputs per key remembered to find a duplicate output (an older copy shows up as an "
+    "order violation).",
+)
 @click.option("--for", "duration", default=None, type=SECONDS, help="Stop after this long.")
-@click.option("--wait", default=60.0, show_default=True, type=SECONDS, help="For the topics.")
+@click.option(
+    "--wait",
+    default=60.0,
+    show_default=True,
+    type=SECONDS,
+    help="How long to wait for the run's topics to exist.",
+)
 @click.option("--master", default="local[*]", show_default=True, help="Spark master.")
 @history_option(HistoryStore.TOPICS)
 def stream(
