@@ -41,7 +41,9 @@ URL = click.option(
 CREDENTIALS_KEY = "segtxn.credentials"
 """Where the group's ``--token`` and ``--tls-*`` are kept (``click.Context.meta``, shared by
 subcommands), as :class:`Client` keyword arguments."""
-_FILE = click.Path(dir_okay=False, path_type=Path)
+_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+"""A credential file: one that is missing is a usage error at once, not a failure at the
+first request."""
 
 
 def credential_options(command: F) -> F:

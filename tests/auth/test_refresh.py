@@ -137,4 +137,5 @@ async def test_the_cli_reads_its_token_from_a_file(secure: SecureCluster, tmp_pa
     both = await asyncio.to_thread(cli, "--token", "t", "--token-file", str(path), *create)
     assert both.exit_code == 2 and "not both" in both.output
     missing = await asyncio.to_thread(cli, "--token-file", str(tmp_path / "none"), *create)
-    assert missing.exit_code == 1 and "no token" in missing.output, missing.output
+    assert missing.exit_code == 2, missing.output  # a usage error, before any request
+    assert f"File '{tmp_path / 'none'}' does not exist" in missing.output, missing.output
