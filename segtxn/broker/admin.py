@@ -253,7 +253,9 @@ async def reset_subscription(request: web.Request) -> web.StreamResponse:
     if name.domain is Domain.TOPIC:
         if to not in ("earliest", "latest"):
             raise ServerError(
-                ErrorName.INVALID_ARGUMENT, "a scalable topic resets to earliest or latest"
+                ErrorName.INVALID_ARGUMENT,
+                f"to: a scalable topic resets to earliest or latest, not {to[:40]!r} (a "
+                "position names one segment's entry)",
             )
         await _fan_out(request, name, "POST", f"/subscription/{subscription}/reset")
         return web.Response(status=204)

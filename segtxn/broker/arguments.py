@@ -73,6 +73,8 @@ def reset_target(text: str, next_position: Position) -> str | Position:
     or before the next one the topic will write (a later one would hide future messages)."""
     if text in ("earliest", "latest"):
         return text
+    if not text:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, "to: earliest, latest or LEDGER:ENTRY?")
     position = Position(*parse_position(text, "to"))
     if position > next_position:
         raise ServerError(
@@ -83,13 +85,28 @@ def reset_target(text: str, next_position: Position) -> str | Position:
     return position
 
 
+def _json_kind(value: object) -> str:
+    """What a decoded JSON value is, in JSON's words."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "an array" if isinstance(value, list) else "an object"
+
+
 def property_updates(body: object) -> dict[str, str]:
     """A ``PUT .../properties`` body: a JSON object of strings within the limits (the
     limits on the whole set are checked again where the update is applied)."""
-    if not isinstance(body, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in body.items()
-    ):
+    if not isinstance(body, dict):
         raise ServerError(ErrorName.INVALID_ARGUMENT, "properties are a JSON object of strings")
+    for key, value in body.items():
+        if not isinstance(value, str):
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT,
+                f"properties are a JSON object of strings: {key[:64]!r} is {_json_kind(value)}",
+            )
     check_properties(body)
     return body
 

@@ -216,6 +216,21 @@ async def test_a_reset_to_a_negative_or_far_position_is_invalid_argument(
     assert stats["subscriptions"]["sub"]["backlog"] == 1  # nothing was skipped
 
 
+async def test_reset_and_property_refusals_say_what_is_wanted(
+    client: Client, cluster: Cluster, http: aiohttp.ClientSession
+) -> None:
+    url = f"{cluster.url}{PATH}"
+    _, _, message = await answer(http, "POST", f"{url}/subscription/sub/reset")
+    assert message == "to: earliest, latest or LEDGER:ENTRY?"
+    await client.admin.create_topic("topic://acme/edges/s")
+    scalable = f"{cluster.url}/admin/v2/topic/acme/edges/s"
+    await client.admin.create_subscription("topic://acme/edges/s", "sub")
+    _, _, message = await answer(http, "POST", f"{scalable}/subscription/sub/reset?to=1:0")
+    assert message.startswith("to: a scalable topic resets to earliest or latest, not '1:0'")
+    _, _, message = await answer(http, "PUT", f"{url}/properties", json={"ok": "v", "n": 7})
+    assert message == "properties are a JSON object of strings: 'n' is a number"
+
+
 async def test_a_reset_to_the_next_position_is_fine(client: Client, http: Any) -> None:
     stats = await client.admin.stats(TOPIC)
     ledger = stats["lastConfirmedPosition"].split(":")[0]
