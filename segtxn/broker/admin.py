@@ -16,7 +16,7 @@ import aiohttp
 from aiohttp import web
 
 from segtxn.boundary import read_json
-from segtxn.broker import arguments, retire, sealing
+from segtxn.broker import arguments, retire, segment_ends
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
 from segtxn.broker.service import BrokerService
 from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
@@ -132,14 +132,18 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     force = parse_bool(request.query.get("force", "false"), "force")
     if name.domain is Domain.TOPIC:
-        scalable = await scalable_record(service, name)
+        await scalable_record(service, name)  # TopicNotFound
         if not force:  # refuse before deleting anything, not half-way through
             per_segment = await _fan_out(request, name, "GET", "/stats")
             if any(_has_clients(s) for s in per_segment.values()):
                 raise ServerError(ErrorName.CONSUMER_BUSY, _busy(name))
+        marked = await service.catalog.mark_deleting(name)  # its segments may go now
+        if marked is None:
+            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
         await _fan_out(request, name, "DELETE", "", retired_too=True)
-        await service.catalog.delete(name, scalable)
+        await service.catalog.delete(name, marked)
         return web.Response(status=204)
+    await segment_ends.check_deletable(service.catalog, name)
     if name.domain is Domain.SEGMENT and name not in service.topics:
         await service.check_home(name)
         if await retire.is_retired(service.catalog, name):  # its delete may be unfinished
@@ -326,11 +330,11 @@ async def _change_properties(
 @json_errors
 async def terminate(request: web.Request) -> web.StreamResponse:
     """Seal a persistent topic, or a segment a split or merge is sealing (only its topic's
-    controller calls this for a segment: :mod:`.sealing`): no more writes; reads and acks
+    controller calls this for a segment: :mod:`.segment_ends`): no more writes; reads and acks
     go on."""
     service = request.app[SERVICE]
     name = topic_from(request)
-    await sealing.check_sealable(service.catalog, name)
+    await segment_ends.check_sealable(service.catalog, name)
     last = await service.seal(name)
     return web.json_response({"lastPosition": None if last is None else str(last)})
 

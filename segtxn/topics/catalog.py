@@ -313,6 +313,26 @@ class Catalog:
             ]
         return out
 
+    async def mark_deleting(self, name: TopicName) -> ScalableTopic | None:
+        """Mark scalable topic ``name`` as being deleted (a compare-and-set, again while its
+        record changes under it); returns the marked record, None when there is no such
+        topic. Marked, it starts no split or merge, and its segments may be deleted."""
+        while True:
+            found = await self.store.get(topic_key(name))
+            topic = None if found is None else decode_topic(found.value)
+            if found is None or not isinstance(topic, ScalableTopic):
+                return None
+            if topic.deleting:
+                return topic
+            marked = msgspec.structs.replace(topic, deleting=True)
+            try:
+                await self.store.put(
+                    topic_key(name), encode_topic(marked), expected_version=found.version
+                )
+            except (BadVersion, NotFound):
+                continue  # changed meanwhile (a split, a retirement): look again
+            return marked
+
     async def delete(self, name: TopicName, record: TopicRecord) -> None:
         ledgers = (
             [name.segment_name(s.id) for s in record.segments]

@@ -37,6 +37,8 @@ class DagError(ValueError):
 
 
 def _active(topic: ScalableTopic, segment_id: int) -> SegmentInfo:
+    if topic.deleting:
+        raise DagError("the topic is being deleted")
     segment = topic.segment(segment_id)
     if segment is None:
         raise DagError(f"segment {segment_id} does not exist")

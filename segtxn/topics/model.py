@@ -78,6 +78,9 @@ class ScalableTopic(msgspec.Struct, frozen=True, tag="scalable"):
     pending: PendingOp | None = None
     """The split or merge in progress, if any (at most one at a time)."""
     last_change: ChangeInfo | None = None
+    deleting: bool = False
+    """The topic is being deleted (its segments are deleted, then this record): no split or
+    merge starts, and only now may a segment of it be deleted."""
 
     def active(self) -> list[SegmentInfo]:
         return sorted(
