@@ -16,7 +16,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -349,9 +349,15 @@ def test_interrupted_produce_and_consume_say_how_far_they_got(standalone: str) -
     and exits with 130."""
     topic = "persistent://t/ns/interrupted"
 
-    async def interrupt(command: subprocess.Popen[str], progress: Callable[[Client], Any]) -> None:
+    async def interrupt(
+        command: subprocess.Popen[str], progress: Callable[[Client], Awaitable[bool]]
+    ) -> None:
+        async def under_way(client: Client) -> bool:
+            assert command.poll() is None, command.communicate()  # it must not have ended
+            return await progress(client)
+
         async with Client(standalone) as client:
-            await wait_until(lambda: progress(client), timeout=60, what="the command is under way")
+            await wait_until(lambda: under_way(client), timeout=60, what="the command at work")
         command.send_signal(signal.SIGINT)
 
     async def produced(client: Client) -> bool:
