@@ -6,7 +6,8 @@ whose hash range covers the key (unkeyed ones go round-robin), one
 :class:`~segtxn.client.producer.Producer` per segment, opened on the first message for it.
 A send ends within ``send_timeout_s`` of the call whatever happens underneath (a segment's
 producer being created, a re-send after a seal): its future then fails with ``Timeout`` and
-the message is not sent again.
+the message is not sent again. Once :meth:`~ScalableProducer.close` has begun, a send raises
+``ClientClosed`` and nothing is stored, as with a ``persistent://`` producer.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class ScalableProducer:
             self._expire, lambda message: not message.result.done()
         )
         self.reroutes = 0
+        self._closed = False
 
     async def start(self, deadline: Deadline) -> None:
         """Read the segment DAG (retrying until ``deadline``: Timeout after it)."""
@@ -175,6 +177,7 @@ class ScalableProducer:
         :meth:`send` for the errors (raised here when the message never left)."""
         deadline = Deadline(self.options.send_limit_s)
         with poisons(txn):  # refused before it is tracked: it must not commit without it
+            self._check_open()
             check_outgoing(value, key, properties, event_time_ms)  # before its key is hashed
             if txn is not None:
                 await txn.add_partition(self._topic, deadline)
@@ -218,6 +221,10 @@ class ScalableProducer:
             self._fail(result, e)
             raise
         return result
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"producer {self.name} is closed")
 
     def _fail(self, result: asyncio.Future[MessageId], error: BaseException) -> None:
         """The send failed before it was queued: its future says so, and refused sends it
@@ -345,7 +352,8 @@ class ScalableProducer:
             ServerError: the broker refused it (re-sends after a seal included).
             Timeout: not done within ``send_timeout_s`` of the call (RETRIABLE if it never
                 left, else OUTCOME_UNKNOWN).
-            ClientClosed: the producer was closed.
+            ClientClosed: the producer was closed (or is closing) before the call: nothing
+                was sent; or it closed before the message was stored (it may have been).
             TypeError / ValueError: the message is not one the broker could read (a value
                 not bytes, a property not str, ...: :func:`~segtxn.client.messages.check_outgoing`);
                 nothing was sent.
@@ -370,8 +378,13 @@ class ScalableProducer:
             raise Timeout(f"{self.name}: {len(late)} messages still in flight after {timeout_s} s")
 
     async def close(self, timeout_s: float | None = None) -> None:
-        """Flush (re-sends included) for at most ``timeout_s`` (default: the operation
-        timeout), then disconnect every segment's producer (at most 1 s more)."""
+        """Refuse new sends (ClientClosed), flush what was sent (re-sends included) for at
+        most ``timeout_s`` (default: the operation timeout), fail what is left with
+        ClientClosed, then disconnect every segment's producer (at most 1 s more).
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         limit = self._connector.timeouts.operation_timeout_s if timeout_s is None else timeout_s
         with contextlib.suppress(Timeout):  # what is left fails with ClientClosed below
             await self.flush(limit)
