@@ -20,11 +20,11 @@ across segments; per key, parents before children); a
 :class:`~segtxn.client.checkpoint.CheckpointConsumer` reads it with positions the
 application keeps. The per-connection work is in :mod:`segtxn.client.stream`.
 
-Time limits: ``receive`` waits as long as it takes unless given ``timeout_s``; an
-acknowledgment, a negative ack and a redelivery request end within the client's operation
-timeout (or their ``timeout_s``); attaching retries a broker that is down or restarting
-until the operation timeout. A segment that appears later and cannot be attached yet is
-tried again in the background.
+Time limits: ``receive`` waits as long as it takes unless given ``timeout_s`` (closing the
+consumer ends it at once: ClientClosed); an acknowledgment, a negative ack and a redelivery
+request end within the client's operation timeout (or their ``timeout_s``); attaching
+retries a broker that is down or restarting until the operation timeout. A segment that
+appears later and cannot be attached yet is tried again in the background.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, Timeout, TopicNotFound
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
-from segtxn.client.stream import MessageStream, next_item
+from segtxn.client.stream import MessageStream, close_queue, next_item
 from segtxn.client.timeouts import FIRST_RETRY_S, Deadline
 from segtxn.client.transaction import Transaction, poisons
 from segtxn.protocol.errors import ErrorCategory, ServerError, TransactionConflict
@@ -248,16 +248,22 @@ class Consumer:
         Raises:
             Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
             ServerError: the subscription became unusable (e.g. the topic was deleted).
+            ClientClosed: the consumer was closed, before the call or while it waited
+                (``async for`` then ends).
         """
-        if self._closed:
-            raise ClientClosed("the consumer is closed")
+        self._check_open()
         item = await next_item(self._queue, timeout_s, f"consumer {self.name}")
+        self._check_open()  # closed while a message was on its way to this receive
         if isinstance(item, BaseException):
             raise item
         stream = self._streams.get(item.message_id.topic)
         if stream is not None:
             await stream.taken()
         return item
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"consumer {self.name} is closed")
 
     def __aiter__(self) -> Consumer:
         return self
@@ -415,9 +421,13 @@ class Consumer:
             ) from e
 
     async def close(self) -> None:
+        """Detach from every stream (at most 1 s per socket); a ``receive`` waiting raises
+        ClientClosed at once, and acknowledgments not yet confirmed fail with it.
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
+        close_queue(self._queue, ClientClosed(f"consumer {self.name} is closed"))
         if self._follower is not None:
             self._follower.cancel()
             await asyncio.gather(self._follower, return_exceptions=True)

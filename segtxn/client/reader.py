@@ -1,14 +1,18 @@
 """Readers: the messages of one topic or segment from a start position, without a
-subscription (nothing is acknowledged; committed data only)."""
+subscription (nothing is acknowledged; committed data only).
+
+``receive`` waits as long as it takes unless given ``timeout_s``; closing the reader ends it
+at once (ClientClosed), as it does a consumer's.
+"""
 
 from __future__ import annotations
 
 import asyncio
 
 from segtxn.client.connection import Connector
-from segtxn.client.errors import TopicEnded
+from segtxn.client.errors import ClientClosed, TopicEnded
 from segtxn.client.messages import Message
-from segtxn.client.stream import MessageStream, next_item
+from segtxn.client.stream import MessageStream, close_queue, next_item
 from segtxn.client.timeouts import Deadline
 from segtxn.protocol.names import TopicName
 
@@ -41,6 +45,7 @@ class Reader:
             deliver=self._queue,
             on_end=self._ended,
         )
+        self._closed = False
 
     def _ended(self) -> None:
         # after every message (one WebSocket, in order); kept across reconnects like errors
@@ -63,8 +68,11 @@ class Reader:
             TopicEnded: everything was read (sealed topic, or past ``end``); raised again on
                 every later call.
             Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
+            ClientClosed: the reader was closed, before the call or while it waited.
         """
+        self._check_open()
         item = await next_item(self._queue, timeout_s, f"reader of {self._stream.topic}")
+        self._check_open()  # closed while a message was on its way to this receive
         if isinstance(item, TopicEnded):
             self._queue.put_nowait(item)  # it stays the end
             raise item
@@ -73,5 +81,15 @@ class Reader:
         await self._stream.taken()
         return item
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"reader of {self._stream.topic} is closed")
+
     async def close(self) -> None:
+        """Detach (at most 1 s); a ``receive`` waiting raises ClientClosed at once.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        close_queue(self._queue, ClientClosed(f"reader of {self._stream.topic} is closed"))
         await self._stream.close()

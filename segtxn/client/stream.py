@@ -19,6 +19,7 @@ take the request back: the stream owns it and writes it anyway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -28,7 +29,7 @@ import msgspec
 
 from segtxn.client.acks import Acknowledgments, request_ids
 from segtxn.client.connection import Connector, server_frames
-from segtxn.client.errors import Timeout
+from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.protocol import frames
@@ -432,14 +433,29 @@ async def next_item(
 ) -> Message | BaseException:
     """The next item of a receive queue, within ``timeout_s`` (None: no limit).
 
-    Raises Timeout (RETRIABLE) when none came."""
+    Raises:
+        Timeout: none came (RETRIABLE).
+        ClientClosed: the queue's consumer or reader was closed (:func:`close_queue`).
+    """
     try:
         async with asyncio.timeout(timeout_s):
-            return await queue.get()
+            item = await queue.get()
     except TimeoutError as e:
         raise Timeout(
             f"{who}: no message within {timeout_s:g} s", category=ErrorCategory.RETRIABLE
         ) from e
+    if isinstance(item, ClientClosed):
+        close_queue(queue, item)  # it stays, for the next receive waiting
+        raise ClientClosed(str(item))
+    return item
+
+
+def close_queue(queue: asyncio.Queue[Message | BaseException], closed: ClientClosed) -> None:
+    """The consumer or reader of ``queue`` closed: every receive waiting on it raises
+    ``closed`` now (each puts it back for the next). A full queue has no receive waiting,
+    and a receive that starts later sees its owner closed before it looks at the queue."""
+    with contextlib.suppress(asyncio.QueueFull):
+        queue.put_nowait(closed)
 
 
 def to_message(topic: TopicName, frame: MessageFrame) -> Message:

@@ -4,14 +4,17 @@ scalable producer still stored what it was given)."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
-from segtxn.client import Client, ClientClosed
+from segtxn.client import Client, ClientClosed, Message
 
 PERSISTENT = "persistent://acme/closed/events"
 SCALABLE = "topic://acme/closed/keyed"
+T = TypeVar("T")
 
 
 def stored(stats: dict[str, Any]) -> int:
@@ -36,3 +39,68 @@ async def test_a_closed_producer_sends_nothing(client: Client, topic: str) -> No
         await producer.send(b"after", key="k")
     await producer.close()  # again: nothing to do
     assert stored(await client.admin.stats(topic)) == 1
+
+
+async def receiving(receive: Callable[[], Coroutine[Any, Any, T]]) -> asyncio.Task[T]:
+    """A receive waiting for a message, in a task of its own."""
+    task = asyncio.create_task(receive())
+    await asyncio.sleep(0)  # sleep-ok: one loop step, in which it starts waiting
+    assert not task.done()
+    return task
+
+
+async def closed_at_once(*waiting: asyncio.Task[Message]) -> None:
+    """Each receive that was waiting raises ClientClosed at once (it used to wait forever)."""
+    async with asyncio.timeout(5):
+        for task in waiting:
+            with pytest.raises(ClientClosed, match="is closed"):
+                await task
+
+
+@pytest.mark.parametrize("topic", [PERSISTENT, SCALABLE])
+async def test_closing_a_consumer_ends_its_waiting_receives(client: Client, topic: str) -> None:
+    await client.admin.create_topic(topic)
+    consumer = await client.subscribe(topic, "s")
+    one = await receiving(consumer.receive)
+    two = await receiving(lambda: consumer.receive(timeout_s=60))
+
+    async def iterate() -> Message | None:
+        async for message in consumer:
+            return message
+        return None  # the loop ended
+
+    loop = await receiving(iterate)
+    await consumer.close()
+    await closed_at_once(one, two)
+    async with asyncio.timeout(5):
+        assert await loop is None
+    with pytest.raises(ClientClosed, match=f"consumer {consumer.name} is closed"):
+        await consumer.receive(timeout_s=0)
+
+
+@pytest.mark.parametrize("topic", [PERSISTENT, f"{SCALABLE}-segments"])
+async def test_closing_a_reader_ends_its_waiting_receives(client: Client, topic: str) -> None:
+    if topic.startswith("topic://"):
+        await client.admin.create_topic(topic, segments=2)
+        topic = topic.replace("topic://", "segment://") + "/1"
+    else:
+        await client.admin.create_topic(topic)
+    reader = await client.create_reader(topic)
+    one = await receiving(reader.receive)
+    two = await receiving(lambda: reader.receive(timeout_s=60))
+    await reader.close()
+    await closed_at_once(one, two)
+
+
+async def test_a_closed_reader_hands_out_nothing_it_had_queued(client: Client) -> None:
+    await client.admin.create_topic(PERSISTENT)
+    producer = await client.create_producer(PERSISTENT)
+    for value in (b"a", b"b"):
+        await producer.send(value)
+    reader = await client.create_reader(PERSISTENT)
+    assert (await reader.receive(timeout_s=10)).value == b"a"
+    await reader.close()
+    await reader.close()  # again: nothing to do
+    for limit in (None, 0, 1):  # it used to wait out the limit, then raise Timeout
+        with pytest.raises(ClientClosed, match=f"reader of {PERSISTENT} is closed"):
+            await reader.receive(timeout_s=limit)
