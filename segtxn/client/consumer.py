@@ -296,6 +296,8 @@ class Consumer:
             ServerError: e.g. TransactionConflict when another open transaction holds it.
             Timeout: no receipt in time (OUTCOME_UNKNOWN: it may have been applied; in
                 ``txn`` the transaction can no longer commit).
+            ClientClosed: the consumer was closed (nothing was sent), or closed before the
+                receipt came (it may have been applied).
             ValueError: the message is not from this consumer's topic.
 
         In ``txn``, anything this raises dooms the transaction: its commit aborts and
@@ -329,6 +331,7 @@ class Consumer:
         txn: Transaction | None,
         timeout_s: float | None,
     ) -> None:
+        self._check_open()
         deadline = self._deadline(timeout_s)
         message_id = message.message_id if isinstance(message, Message) else message
         stream = self._stream(message_id)
@@ -386,7 +389,9 @@ class Consumer:
             Timeout: the request was not written within ``timeout_s`` (default: the
                 operation timeout); it is written later anyway (the stream owns it), and a
                 reconnect redelivers them too.
+            ClientClosed: the consumer was closed.
         """
+        self._check_open()
         for stream in list(self._streams.values()):
             await self._bounded(stream.redeliver(), timeout_s, "redeliver")
 
@@ -403,7 +408,9 @@ class Consumer:
         Raises:
             Timeout: the request was not written within ``timeout_s`` (default: the
                 operation timeout); it is written later anyway.
+            ClientClosed: the consumer was closed.
         """
+        self._check_open()
         message_id = message.message_id if isinstance(message, Message) else message
         stream = self._stream(message_id)
         if stream is not None:  # else its segment is consumed to its end: nothing comes again

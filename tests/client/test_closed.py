@@ -104,3 +104,26 @@ async def test_a_closed_reader_hands_out_nothing_it_had_queued(client: Client) -
     for limit in (None, 0, 1):  # it used to wait out the limit, then raise Timeout
         with pytest.raises(ClientClosed, match=f"reader of {PERSISTENT} is closed"):
             await reader.receive(timeout_s=limit)
+
+
+@pytest.mark.parametrize("topic", [PERSISTENT, SCALABLE])
+async def test_a_closed_consumer_acknowledges_nothing(client: Client, topic: str) -> None:
+    await client.admin.create_topic(topic)
+    producer = await client.create_producer(topic)
+    await producer.send(b"m", key="k")
+    consumer = await client.subscribe(topic, "s", initial_position="earliest")
+    message = await consumer.receive(timeout_s=10)
+    await consumer.close()
+    calls: list[Callable[[], Coroutine[Any, Any, None]]] = [
+        lambda: consumer.acknowledge(message),
+        lambda: consumer.acknowledge_cumulative(message.message_id),
+        lambda: consumer.negative_acknowledge(message),
+        consumer.redeliver_unacknowledged,
+    ]
+    for call in calls:  # an ack used to wait out the operation timeout, then raise Timeout
+        async with asyncio.timeout(5):
+            with pytest.raises(ClientClosed, match=f"consumer {consumer.name} is closed"):
+                await call()
+    # it was not acknowledged: the subscription's next consumer gets it
+    again = await client.subscribe(topic, "s")
+    assert (await again.receive(timeout_s=10)).value == b"m"
