@@ -256,15 +256,24 @@ class Client:
         receiver_queue_size: int = 1000,
         timeout_s: float | None = None,
     ) -> Reader:
-        """A reader of one ``persistent://`` topic or segment from ``start`` (earliest,
-        latest, or ``LEDGER:ENTRY``). With ``end`` (``latest``: the last entry stored now, or
-        ``LEDGER:ENTRY``, inclusive) it ends once past it: ``reader.ended()``, and
-        ``receive`` raises :class:`TopicEnded` when nothing is left. ``timeout_s`` and the
-        errors: as :meth:`subscribe`."""
+        """A reader of one ``persistent://`` topic or one ``segment://`` of a scalable topic
+        from ``start`` (earliest, latest, or ``LEDGER:ENTRY``). With ``end`` (``latest``: the
+        last entry stored now, or ``LEDGER:ENTRY``, inclusive) it ends once past it:
+        ``reader.ended()``, and ``receive`` raises :class:`TopicEnded` when nothing is left.
+        ``timeout_s`` and the errors: as :meth:`subscribe`; a ``topic://`` (a scalable
+        topic: many segments) is NotAllowed: read a segment, or the whole topic with
+        :meth:`checkpoint_consumer`."""
         deadline = self._deadline(timeout_s)
+        parsed = _topic(topic)
+        if parsed.domain is Domain.TOPIC:
+            raise errors.NotAllowed(
+                f"{parsed} is a scalable topic and a reader reads one topic or segment: read "
+                f"a segment of it (segment://{parsed.tenant}/{parsed.namespace}/"
+                f"{parsed.local}/N), or the whole topic with checkpoint_consumer()"
+            )
         reader = Reader(
             self.connector,
-            _topic(topic),
+            parsed,
             start=start,
             end=end,
             receiver_queue_size=receiver_queue_size,

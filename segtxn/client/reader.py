@@ -1,5 +1,6 @@
 """Readers: the messages of one topic or segment from a start position, without a
-subscription (nothing is acknowledged; committed data only).
+subscription (nothing is acknowledged; committed data only). A scalable topic is many
+segments: it is read whole by a :class:`~segtxn.client.checkpoint.CheckpointConsumer`.
 
 ``receive`` waits as long as it takes unless given ``timeout_s``; closing the reader ends it
 at once (ClientClosed), as it does a consumer's.
