@@ -27,7 +27,7 @@ from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
-from segtxn.client.timeouts import Deadline, Timeouts
+from segtxn.client.timeouts import Deadline, Timeouts, checked_limit
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import errors, names
 from segtxn.protocol.auth import bearer_middleware, client_ssl_context
@@ -74,8 +74,14 @@ class Client:
             in ``tls_key`` (default: the same file).
 
     Raises:
-        ValueError: no service URL, a limit that is not positive, a token that is not
-            one line of printable characters, or a TLS file that cannot be loaded.
+        ValueError: no service URL, a limit that is not a positive finite number, a token
+            that is not one line of printable characters, or a TLS file that cannot be
+            loaded.
+        TypeError: a limit that is not a number.
+
+    Every ``timeout_s`` the client's calls take is None (the call's default) or a finite
+    number of seconds >= 0; anything else (nan, inf, a negative number, a string) raises
+    ValueError or TypeError naming it, before the call does anything.
     """
 
     def __init__(
@@ -285,7 +291,9 @@ class Client:
     async def close(self, *, timeout_s: float | None = None) -> None:
         """Close every producer (flushing for at most ``timeout_s``, default: the operation
         timeout), consumer and reader, at once, then the connections."""
-        limit = self.timeouts.operation_timeout_s if timeout_s is None else timeout_s
+        limit = checked_limit(timeout_s)
+        if limit is None:
+            limit = self.timeouts.operation_timeout_s
         closing = [
             c.close(limit) if isinstance(c, Producer | ScalableProducer) else c.close()
             for c in reversed(self._closables)

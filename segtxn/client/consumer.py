@@ -243,11 +243,13 @@ class Consumer:
         """The next message.
 
         Args:
-            timeout_s: how long to wait for one (default: as long as it takes).
+            timeout_s: how long to wait for one: None (the default) as long as it takes; 0
+                only for one already here; else a finite number of seconds.
 
         Raises:
             Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
             ServerError: the subscription became unusable (e.g. the topic was deleted).
+            TypeError / ValueError: ``timeout_s`` is not None or a finite number >= 0.
             ClientClosed: the consumer was closed, before the call or while it waited
                 (``async for`` then ends).
         """
@@ -377,7 +379,8 @@ class Consumer:
 
     async def _redeliver_all(self, txn: tuple[int, int]) -> None:
         for stream in list(self._streams.values()):
-            await self._bounded(stream.redeliver(txn), None, "redeliver")
+            deadline = self._deadline(None)  # each stream's request its own limit
+            await self._bounded(stream.redeliver(txn), deadline, "redeliver")
 
     async def redeliver_unacknowledged(self, *, timeout_s: float | None = None) -> None:
         """Have every message received and not acknowledged delivered again (Pulsar's
@@ -386,14 +389,15 @@ class Consumer:
         before the messages could be acknowledged (a transaction that could not start).
 
         Raises:
-            Timeout: the request was not written within ``timeout_s`` (default: the
-                operation timeout); it is written later anyway (the stream owns it), and a
-                reconnect redelivers them too.
+            Timeout: the requests (one per topic or segment) were not all written within
+                ``timeout_s`` (default: the operation timeout); they are written later
+                anyway (the stream owns them), and a reconnect redelivers them too.
             ClientClosed: the consumer was closed.
         """
         self._check_open()
+        deadline = self._deadline(timeout_s)
         for stream in list(self._streams.values()):
-            await self._bounded(stream.redeliver(), timeout_s, "redeliver")
+            await self._bounded(stream.redeliver(), deadline, "redeliver")
 
     async def negative_acknowledge(
         self, message: Message | MessageId, *, timeout_s: float | None = None
@@ -411,13 +415,13 @@ class Consumer:
             ClientClosed: the consumer was closed.
         """
         self._check_open()
+        deadline = self._deadline(timeout_s)
         message_id = message.message_id if isinstance(message, Message) else message
         stream = self._stream(message_id)
         if stream is not None:  # else its segment is consumed to its end: nothing comes again
-            await self._bounded(stream.nack([message_id]), timeout_s, "nack")
+            await self._bounded(stream.nack([message_id]), deadline, "nack")
 
-    async def _bounded(self, call: Awaitable[None], timeout_s: float | None, what: str) -> None:
-        deadline = self._deadline(timeout_s)
+    async def _bounded(self, call: Awaitable[None], deadline: Deadline, what: str) -> None:
         try:
             async with deadline.timeout():
                 await call

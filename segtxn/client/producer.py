@@ -33,7 +33,7 @@ from segtxn.aio import callbacks_context, first_completed
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId, check_outgoing
-from segtxn.client.timeouts import Deadline, Expiries, close_quietly, retrying
+from segtxn.client.timeouts import Deadline, Expiries, checked_limit, close_quietly, retrying
 from segtxn.client.transaction import Transaction, poisons
 from segtxn.protocol import frames
 from segtxn.protocol.errors import (
@@ -93,8 +93,9 @@ class ProducerOptions:
     ``sendTimeout`` (30 s). 0: wait as long as it takes."""
 
     def __post_init__(self) -> None:
-        if self.send_timeout_s < 0 or self.max_pending < 1:
-            raise ValueError("send_timeout_s must be >= 0 and max_pending >= 1")
+        checked_limit(self.send_timeout_s, "send_timeout_s")
+        if self.max_pending < 1:
+            raise ValueError("max_pending must be >= 1")
 
     @property
     def send_limit_s(self) -> float | None:
@@ -444,12 +445,13 @@ class Producer:
             Timeout: messages were still in flight after ``timeout_s`` (OUTCOME_UNKNOWN:
                 they go on, each within its own send timeout).
         """
+        deadline = Deadline(timeout_s)
         waiting = [p.future for p in self._pending.values()]
         if not waiting:
             return
-        _, late = await asyncio.wait(waiting, timeout=timeout_s)
+        _, late = await asyncio.wait(waiting, timeout=deadline.remaining())
         if late:
-            raise Timeout(f"{self.name}: {len(late)} messages still in flight after {timeout_s} s")
+            raise Timeout(f"{self.name}: {len(late)} messages still in flight after {deadline}")
 
     @property
     def pending(self) -> int:
@@ -459,9 +461,11 @@ class Producer:
         """Flush for at most ``timeout_s`` (default: the operation timeout), fail what is
         still in flight with ClientClosed, then disconnect (waiting at most 1 s for the
         broker). Idempotent."""
+        limit = checked_limit(timeout_s)
+        if limit is None:
+            limit = self._connector.timeouts.operation_timeout_s
         if self._closed:
             return
-        limit = self._connector.timeouts.operation_timeout_s if timeout_s is None else timeout_s
         if self._failure is None and self._task is not None and not self._task.done():
             try:
                 await self.flush(limit)

@@ -63,9 +63,11 @@ class Reader:
         """The next message.
 
         Args:
-            timeout_s: how long to wait for one (default: as long as it takes).
+            timeout_s: how long to wait for one: None (the default) as long as it takes; 0
+                only for one already here; else a finite number of seconds.
 
         Raises:
+            TypeError / ValueError: ``timeout_s`` is not None or a finite number >= 0.
             TopicEnded: everything was read (sealed topic, or past ``end``); raised again on
                 every later call.
             Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).

@@ -24,7 +24,7 @@ from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.producer import Producer, ProducerOptions, new_name
-from segtxn.client.timeouts import Deadline, Expiries
+from segtxn.client.timeouts import Deadline, Expiries, checked_limit
 from segtxn.client.transaction import Transaction, poisons
 from segtxn.protocol.errors import ErrorCategory, TopicTerminatedError
 from segtxn.protocol.names import TopicName
@@ -370,22 +370,25 @@ class ScalableProducer:
         Raises:
             Timeout: messages still in flight after ``timeout_s``.
         """
+        deadline = Deadline(timeout_s)
         waiting = list(self._outstanding)
         if not waiting:
             return
-        _, late = await asyncio.wait(waiting, timeout=timeout_s)
+        _, late = await asyncio.wait(waiting, timeout=deadline.remaining())
         if late:
-            raise Timeout(f"{self.name}: {len(late)} messages still in flight after {timeout_s} s")
+            raise Timeout(f"{self.name}: {len(late)} messages still in flight after {deadline}")
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Refuse new sends (ClientClosed), flush what was sent (re-sends included) for at
         most ``timeout_s`` (default: the operation timeout), fail what is left with
         ClientClosed, then disconnect every segment's producer (at most 1 s more).
         Idempotent."""
+        limit = checked_limit(timeout_s)
+        if limit is None:
+            limit = self._connector.timeouts.operation_timeout_s
         if self._closed:
             return
         self._closed = True
-        limit = self._connector.timeouts.operation_timeout_s if timeout_s is None else timeout_s
         with contextlib.suppress(Timeout):  # what is left fails with ClientClosed below
             await self.flush(limit)
         for task in (self._drainer, self._retirer):

@@ -431,18 +431,21 @@ class MessageStream:
 async def next_item(
     queue: asyncio.Queue[Message | BaseException], timeout_s: float | None, who: str
 ) -> Message | BaseException:
-    """The next item of a receive queue, within ``timeout_s`` (None: no limit).
+    """The next item of a receive queue, within ``timeout_s`` (None: no limit; 0: only
+    one already queued).
 
     Raises:
         Timeout: none came (RETRIABLE).
         ClientClosed: the queue's consumer or reader was closed (:func:`close_queue`).
+        TypeError / ValueError: ``timeout_s`` is not a limit (nan, negative, a string, ...).
     """
+    deadline = Deadline(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
-            item = await queue.get()
+        async with deadline.timeout():
+            item = await queue.get()  # one already queued: returned before the timeout
     except TimeoutError as e:
         raise Timeout(
-            f"{who}: no message within {timeout_s:g} s", category=ErrorCategory.RETRIABLE
+            f"{who}: no message within {deadline}", category=ErrorCategory.RETRIABLE
         ) from e
     if isinstance(item, ClientClosed):
         close_queue(queue, item)  # it stays, for the next receive waiting

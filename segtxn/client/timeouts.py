@@ -12,6 +12,14 @@ metadata store restarting: a retriable error (``ServiceNotReady``, ``NotOwner``,
 ``TooManyRequests``, no connection, no answer within ``request_timeout_s``) is tried again
 with back-off until the call's deadline, then the call raises ``Timeout`` naming the last
 cause. Anything else is raised at once.
+
+A limit the application gives (every ``timeout_s``, ``send_timeout_s``, the client's
+options) is checked by :func:`checked_limit` before the call does anything (every
+:class:`Deadline` is built through it): None or a finite number of seconds >= 0 (the
+client's options: > 0). ``nan`` (every comparison with it is false: it never expired, or
+at once), a negative number, ``inf`` (None says "no limit") and a string are refused with
+ValueError or TypeError naming the argument. ``receive(timeout_s=0)`` returns a message
+already queued, else raises ``Timeout`` at once.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import math
+import numbers
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -53,14 +63,41 @@ class Timeouts:
     the client knows several, within the call's own limit."""
 
     def __post_init__(self) -> None:
-        if not self.operation_timeout_s > 0 or not self.request_timeout_s > 0:
-            raise ValueError("operation_timeout_s and request_timeout_s must be positive")
+        for name in ("operation_timeout_s", "request_timeout_s"):
+            if not checked_limit(getattr(self, name), name):  # None or 0
+                raise ValueError(f"{name} must be a positive number of seconds")
+
+
+def checked_limit(timeout_s: object, name: str = "timeout_s") -> float | None:
+    """``timeout_s`` as a time limit: None (no limit) or a finite number of seconds >= 0.
+
+    Raises:
+        TypeError: not a number (a bool is not one either).
+        ValueError: nan, infinite or negative.
+    """
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise TypeError(
+            f"{name} is a number of seconds or None (no limit), not {type(timeout_s).__name__}"
+        )
+    seconds = float(timeout_s)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(
+            f"{name} must be a finite number of seconds >= 0, or None for no limit; "
+            f"got {timeout_s!r}"
+        )
+    return seconds
 
 
 class Deadline:
-    """When a call must be done by, in event-loop time (``None``: no limit)."""
+    """When a call must be done by, in event-loop time (``None``: no limit).
+
+    Raises TypeError / ValueError for a ``timeout_s`` that is not a limit
+    (:func:`checked_limit`): a call builds its deadline before it does anything."""
 
     def __init__(self, timeout_s: float | None) -> None:
+        timeout_s = checked_limit(timeout_s)
         self.timeout_s = timeout_s
         self.at = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
 
