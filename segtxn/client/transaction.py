@@ -143,7 +143,7 @@ class Transaction:
     async def start(self, protocol: str = "v5", *, timeout_s: float | None = None) -> Transaction:
         """NEW_TXN now, for a v5 transaction (scalable topics) or a v4 one (``persistent://``
         topics). Without it, the first send or acknowledgment starts the transaction with
-        the protocol its topic's domain calls for.
+        the protocol its topic's domain calls for. On an OPEN transaction it does nothing.
 
         Args:
             timeout_s: limit of the call (default: the client's operation timeout).
@@ -151,7 +151,10 @@ class Transaction:
         Raises:
             ServerError: NotAllowed (no v4 here), InvalidArgument.
             Timeout: no coordinator answered in time (RETRIABLE).
+            ClientError: the transaction has ended, or is ending (COMMITTED, ABORTED,
+                COMMITTING): it cannot start again; ``client.transaction()`` makes a new one.
         """
+        self._check_open("NEW")
         await self._start(protocol, self._deadline(timeout_s))
         return self
 
@@ -170,7 +173,10 @@ class Transaction:
 
     def _check_open(self, *also: str) -> None:
         if self.state != "OPEN" and self.state not in also:
-            raise ClientError(f"transaction {self._id} is {self.state}")
+            name = (
+                "the transaction (never started)" if self._id is None else f"transaction {self._id}"
+            )
+            raise ClientError(f"{name} is {self.state}")
 
     async def add_partition(self, topic: str, deadline: Deadline | None = None) -> None:
         """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain. Ends
