@@ -367,15 +367,17 @@ class Producer:
         deadline: Deadline | None,
     ) -> asyncio.Future[MessageId]:
         deadline = deadline or Deadline(self.options.send_limit_s)
-        if txn is not None and not registered:
-            await txn.add_partition(self._topic, deadline)
-        if self._closed:
+        if self._closed:  # refused here, before it starts or joins a transaction
             raise ClientClosed(f"producer {self.name} is closed")
         if self._failure is not None:
             raise self._failure
         check_outgoing(value, key, properties, event_time_ms)
         if self._max_bytes and len(value) > self._max_bytes:
             raise MessageTooLarge(f"{len(value)} bytes exceeds the broker's {self._max_bytes}")
+        if txn is not None and not registered:
+            await txn.add_partition(self._topic, deadline)
+            if self._closed:  # closed while it registered
+                raise ClientClosed(f"producer {self.name} is closed")
         if self._window.locked():
             try:
                 async with deadline.timeout():
