@@ -10,6 +10,7 @@ merges.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from segtxn.client.connection import Connector
@@ -21,7 +22,52 @@ from segtxn.client.stream import MessageStream
 from segtxn.client.transaction import Transaction
 from segtxn.protocol.names import TopicName
 
-__all__ = ["CheckpointConsumer"]
+__all__ = ["CheckpointConsumer", "read_checkpoint"]
+
+_POSITION = re.compile(r"[0-9]{1,19}:[0-9]{1,19}", re.ASCII)
+_SEGMENT = re.compile(r"[0-9]{1,18}", re.ASCII)
+
+
+def read_checkpoint(checkpoint: dict[str, Any] | None) -> tuple[dict[int, str], set[int]]:
+    """What :meth:`CheckpointConsumer.checkpoint` returned: where each segment's reading
+    goes on, and the segments finished.
+
+    Raises:
+        ValueError: it is not one (naming what is wrong): read as empty, it would read the
+            topic again from its start, without a word.
+    """
+    if checkpoint is None:
+        return {}, set()
+    if not isinstance(checkpoint, dict) or set(checkpoint) - {"next", "finished"}:
+        raise ValueError(
+            "a checkpoint is a dict of 'next' and 'finished' (what checkpoint() returns), not "
+            f"{_shown(checkpoint)}"
+        )
+    positions = checkpoint.get("next", {})
+    finished = checkpoint.get("finished", [])
+    if not isinstance(positions, dict) or not all(
+        isinstance(k, str)
+        and _SEGMENT.fullmatch(k)
+        and isinstance(v, str)
+        and _POSITION.fullmatch(v)
+        for k, v in positions.items()
+    ):
+        raise ValueError(
+            'a checkpoint\'s \'next\' maps segment ids to positions ({"0": "3:12"}), not '
+            f"{_shown(positions)}"
+        )
+    if not isinstance(finished, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in finished
+    ):
+        raise ValueError(
+            f"a checkpoint's 'finished' lists segment ids ([0, 1]), not {_shown(finished)}"
+        )
+    return {int(k): v for k, v in positions.items()}, set(finished)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 class CheckpointConsumer(Consumer):
@@ -51,9 +97,7 @@ class CheckpointConsumer(Consumer):
             receiver_queue_size=receiver_queue_size,
             layout=layout,
         )
-        saved = checkpoint or {}
-        self._positions: dict[int, str] = {int(k): v for k, v in saved.get("next", {}).items()}
-        self._finished = {int(s) for s in saved.get("finished", [])}
+        self._positions, self._finished = read_checkpoint(checkpoint)
 
     def _new_stream(self, topic: TopicName) -> MessageStream:
         start = self._positions.get(topic.segment or 0, "earliest")

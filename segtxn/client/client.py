@@ -231,16 +231,16 @@ class Client:
     ) -> CheckpointConsumer:
         """Read a scalable topic with positions you keep (``consumer.checkpoint()``); pass a
         saved checkpoint to resume there, across splits and merges. ``timeout_s`` and the
-        errors: as :meth:`subscribe`."""
+        errors: as :meth:`subscribe`; ValueError for a ``checkpoint`` that is not one."""
         deadline = self._deadline(timeout_s)
         parsed = _topic(topic)
         if parsed.domain is not Domain.TOPIC:
             raise errors.NotAllowed("checkpoint consumers read topic:// topics")
         layout = TopicLayout(self.connector, parsed)
-        await layout.start(deadline)
-        consumer = CheckpointConsumer(
+        consumer = CheckpointConsumer(  # a bad checkpoint: ValueError, before connecting
             self.connector, parsed, layout, checkpoint, receiver_queue_size=receiver_queue_size
         )
+        await layout.start(deadline)
         await consumer.start(deadline)
         self._closables.append(consumer)
         return consumer
