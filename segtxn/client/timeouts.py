@@ -77,11 +77,13 @@ def checked_limit(timeout_s: object, name: str = "timeout_s") -> float | None:
     """
     if timeout_s is None:
         return None
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+    if type(timeout_s) not in (float, int) and (  # (every send checks one: no ABC check then)
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real)
+    ):
         raise TypeError(
             f"{name} is a number of seconds or None (no limit), not {type(timeout_s).__name__}"
         )
-    seconds = float(timeout_s)
+    seconds = float(timeout_s)  # type: ignore[arg-type]  # a Real, checked above
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(
             f"{name} must be a finite number of seconds >= 0, or None for no limit; "
