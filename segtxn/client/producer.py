@@ -134,6 +134,9 @@ class Producer:
         self._closed = False
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        """The connection of the moment (closed by close() too: a task cancelled before it
+        ran never closes it)."""
         self.reconnects = 0
         self._trouble: str | None = None
         """The last reason a connection was lost or refused (a timeout names it)."""
@@ -157,6 +160,7 @@ class Producer:
             request_timeout_s=self._connector.timeouts.request_timeout_s,
             busy=(ProducerBusy,),
         )
+        self._ws = ws
         self._task = asyncio.create_task(self._run(ws), name=f"producer-{self.name}")
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
@@ -207,7 +211,7 @@ class Producer:
                 await asyncio.sleep(delay)
                 try:
                     async with asyncio.timeout(self._connector.timeouts.request_timeout_s):
-                        ws = await self._connect()
+                        ws = self._ws = await self._connect()
                     self.reconnects += 1
                     delay = 0.05
                     break
@@ -477,6 +481,8 @@ class Producer:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._ws is not None:  # a task cancelled before it ran never closed its socket
+            await close_quietly(self._ws.close())
         self._fail_all(ClientClosed(f"producer {self.name} is closed"))
 
 

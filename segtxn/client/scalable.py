@@ -139,6 +139,9 @@ class ScalableProducer:
                         self.options,
                     )
                     await producer.start(deadline)
+                    if self._closed:  # closed while it connected: close() has not seen it
+                        await producer.close(timeout_s=0)
+                        raise ClientClosed(f"producer {self.name} is closed")
                     self._producers[segment_id] = producer
         return producer
 

@@ -10,7 +10,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from segtxn.client import Client, ClientClosed, Message
+from segtxn.client import Client, ClientClosed, Message, ScalableProducer
+from segtxn.client.producer import Producer
+from segtxn.client.timeouts import Deadline
+from tests.waiting import wait_until
 
 PERSISTENT = "persistent://acme/closed/events"
 SCALABLE = "topic://acme/closed/keyed"
@@ -39,6 +42,47 @@ async def test_a_closed_producer_sends_nothing(client: Client, topic: str) -> No
         await producer.send(b"after", key="k")
     await producer.close()  # again: nothing to do
     assert stored(await client.admin.stats(topic)) == 1
+
+
+async def test_a_segment_producer_connected_after_close_is_closed_too(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send's segment producer still connecting when the scalable producer closes: close()
+    did not see it, so it stayed connected (a leaked connection and task)."""
+    await client.admin.create_topic(SCALABLE, segments=2)
+    producer = await client.create_producer(SCALABLE)
+    assert isinstance(producer, ScalableProducer)
+    connecting, go_on = asyncio.Event(), asyncio.Event()
+    started: list[Producer] = []
+    start = Producer.start
+
+    async def held_start(self: Producer, deadline: Deadline) -> None:
+        started.append(self)
+        connecting.set()
+        await go_on.wait()
+        await start(self, deadline)
+
+    monkeypatch.setattr(Producer, "start", held_start)
+    send = asyncio.create_task(producer.send(b"x", key="k"))
+    async with asyncio.timeout(10):
+        await connecting.wait()
+    await producer.close(timeout_s=0)
+    go_on.set()
+    with pytest.raises(ClientClosed):
+        async with asyncio.timeout(10):
+            await send
+    assert len(started) == 1
+
+    async def connected() -> int:
+        stats = await client.admin.stats(SCALABLE)
+        return sum(int(s["stats"]["producers"]) for s in stats["segments"])
+
+    await wait_until(lambda: _none(connected()), what="no producer left connected")
+    assert stored(await client.admin.stats(SCALABLE)) == 0
+
+
+async def _none(count: Coroutine[Any, Any, int]) -> bool:
+    return await count == 0
 
 
 async def receiving(receive: Callable[[], Coroutine[Any, Any, T]]) -> asyncio.Task[T]:
