@@ -53,7 +53,7 @@ from segtxn.client.messages import Message, MessageId
 from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
-from segtxn.client.transaction import Transaction, TransactionFailed
+from segtxn.client.transaction import Transaction, TransactionFailed, TransactionState
 from segtxn.protocol.tokens import SuppliedToken, TokenFile, TokenSource
 
 __all__ = [
@@ -103,6 +103,7 @@ __all__ = [
     "TransactionConflict",
     "TransactionFailed",
     "TransactionNotFound",
+    "TransactionState",
     "Unauthenticated",
     "UnknownError",
 ]

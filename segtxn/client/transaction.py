@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -60,10 +61,37 @@ from segtxn.protocol.errors import (
 )
 from segtxn.protocol.txn import TxnAction, TxnId
 
-__all__ = ["Transaction", "TransactionFailed", "poisons"]
+__all__ = ["Transaction", "TransactionFailed", "TransactionState", "poisons"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+
+class TransactionState(enum.StrEnum):
+    """Where a client's transaction is (a ``str``: ``txn.state == "ABORTED"`` holds)."""
+
+    NEW = "NEW"
+    """Nothing done in it yet: its first send or ack (or ``start()``) opens it."""
+    OPEN = "OPEN"
+    COMMITTING = "COMMITTING"
+    """END_TXN(COMMIT) sent, its answer not (yet) had: ``commit()`` may be called again."""
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+_NEXT: dict[TransactionState, frozenset[TransactionState]] = {
+    TransactionState.NEW: frozenset(
+        {TransactionState.OPEN, TransactionState.COMMITTED, TransactionState.ABORTED}
+    ),
+    TransactionState.OPEN: frozenset(
+        {TransactionState.COMMITTING, TransactionState.COMMITTED, TransactionState.ABORTED}
+    ),
+    TransactionState.COMMITTING: frozenset({TransactionState.COMMITTED, TransactionState.ABORTED}),
+    TransactionState.COMMITTED: frozenset(),
+    TransactionState.ABORTED: frozenset(),
+}
+"""The one transition table: a commit of a NEW transaction commits nothing; a commit whose
+outcome is unknown stays COMMITTING until it is known."""
 
 
 class TransactionFailed(ClientError):
@@ -112,7 +140,7 @@ class Transaction:
         self._id: TxnId | None = None
         self._opened_at: str | None = None
         """The coordinator that opened it."""
-        self.state = "NEW"
+        self.state = TransactionState.NEW
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._callbacks = callbacks_context()
         self._failure: BaseException | None = None
@@ -154,7 +182,7 @@ class Transaction:
             ClientError: the transaction has ended, or is ending (COMMITTED, ABORTED,
                 COMMITTING): it cannot start again; ``client.transaction()`` makes a new one.
         """
-        self._check_open("NEW")
+        self._check_open(TransactionState.NEW)
         await self._start(protocol, self._deadline(timeout_s))
         return self
 
@@ -167,12 +195,18 @@ class Transaction:
                         "new-txn", self._coordinators.open(protocol, self._timeout_s, deadline)
                     )
                     self._id, self._opened_at = opened.txn, opened.url
-                    self.state = "OPEN"
+                    self._move(TransactionState.OPEN)
                     if self.span is not None:
                         self.span.set_attribute("segtxn.txn.id", str(opened.txn))
 
-    def _check_open(self, *also: str) -> None:
-        if self.state != "OPEN" and self.state not in also:
+    def _move(self, to: TransactionState) -> None:
+        """Raises ClientError: ``to`` does not follow the state it is in (:data:`_NEXT`)."""
+        if to is not self.state and to not in _NEXT[self.state]:
+            raise ClientError(f"transaction {self._id}: {self.state} cannot become {to}")
+        self.state = to
+
+    def _check_open(self, *also: TransactionState) -> None:
+        if self.state is not TransactionState.OPEN and self.state not in also:
             name = (
                 "the transaction (never started)" if self._id is None else f"transaction {self._id}"
             )
@@ -198,7 +232,7 @@ class Transaction:
         registration may still complete for the next one)."""
         deadline = deadline or self._deadline(None)
         v4 = topic.startswith("persistent://")
-        if self.state == "NEW":
+        if self.state is TransactionState.NEW:
             await self._start("v4" if v4 else "v5", deadline)
         self._check_open()
         if v4 == self.id.is_v5:
@@ -298,10 +332,10 @@ class Transaction:
                 OUTCOME_UNKNOWN when END_TXN got no answer (``commit()`` may be repeated).
         """
         deadline = self._deadline(timeout_s)
-        if self.state == "NEW":  # nothing was done in it
-            self.state = "COMMITTED"
+        if self.state is TransactionState.NEW:  # nothing was done in it
+            self._move(TransactionState.COMMITTED)
             return
-        self._check_open("COMMITTING")  # a commit whose outcome is unknown may be retried
+        self._check_open(TransactionState.COMMITTING)  # an unknown outcome: commit again
         if not await self._settle(deadline):
             late = Timeout(
                 f"transaction {self._id}: {len(self._in_flight)} operations not done within "
@@ -318,12 +352,12 @@ class Transaction:
             raise TransactionFailed(
                 f"transaction {self._id} aborted: an operation in it failed"
             ) from self._failure
-        self.state = "COMMITTING"
+        self._move(TransactionState.COMMITTING)
         try:
             await self._end(TxnAction.COMMIT, deadline)
         except BaseException as e:
             if isinstance(e, InvalidTxnStatus | TransactionNotFound):
-                self.state = "ABORTED"
+                self._move(TransactionState.ABORTED)
                 self._span_ends(e)
             await self._failed()  # aborted, or unknown: commit() may be called again
             raise
@@ -342,15 +376,15 @@ class Transaction:
             ClientError: it was committed (what it wrote and acknowledged counts).
         """
         deadline = self._deadline(timeout_s)
-        if self.state == "COMMITTED":
+        if self.state is TransactionState.COMMITTED:
             raise ClientError(
                 f"transaction {self._id} is COMMITTED: it cannot be aborted (what it wrote "
                 "and acknowledged counts)"
             )
-        if self.state == "ABORTED":
+        if self.state is TransactionState.ABORTED:
             return
-        if self.state == "NEW":
-            self.state = "ABORTED"
+        if self.state is TransactionState.NEW:
+            self._move(TransactionState.ABORTED)
             return
         remaining = deadline.remaining()
         await self._settle(Deadline(None if remaining is None else remaining / 2))
@@ -365,7 +399,9 @@ class Transaction:
             self._coordinators.end(self.id, action, deadline, self._opened_at),
             {"segtxn.txn.id": str(self.id), "segtxn.txn.action": action.value},
         )
-        self.state = "COMMITTED" if action is TxnAction.COMMIT else "ABORTED"
+        self._move(
+            TransactionState.COMMITTED if action is TxnAction.COMMIT else TransactionState.ABORTED
+        )
         self._span_ends()
 
     async def _traced(
@@ -395,7 +431,7 @@ class Transaction:
     def _span_ends(self, error: BaseException | None = None) -> None:
         """The transaction ended (committed, aborted, or refused): so does its span."""
         if self.span is not None:
-            self.span.set_attribute("segtxn.txn.outcome", self.state)
+            self.span.set_attribute("segtxn.txn.outcome", self.state.value)
             tracing.end(self.span, error)
             self.span = None
 
@@ -417,7 +453,7 @@ class Transaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.state != "OPEN":
+        if self.state is not TransactionState.OPEN:
             return  # ended explicitly inside the block
         if exc is None:
             await self.commit()

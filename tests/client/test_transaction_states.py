@@ -5,9 +5,14 @@ first operation was opened again)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
-from segtxn.client import Client, ClientError, ServerError
+from segtxn.client import Client, ClientError, ServerError, TransactionState
+from segtxn.client.coordinators import Coordinators
+from segtxn.client.prestart import Opened
 
 
 async def test_start_of_an_open_transaction_does_nothing(client: Client) -> None:
@@ -35,3 +40,36 @@ async def test_start_of_an_ended_transaction_names_its_state(
     assert txn.state == state  # not opened again
     if started:
         assert await txn.status() == state
+
+
+async def test_an_abort_while_the_transaction_opens_is_not_undone(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send starts the transaction; the application aborts it while NEW_TXN is on its
+    way. It used to become OPEN when NEW_TXN answered, so leaving ``async with`` committed
+    the sends made after the abort. The transition table refuses ABORTED -> OPEN."""
+    topic = "persistent://acme/states/t"
+    await client.admin.create_topic(topic)
+    producer = await client.create_producer(topic)
+    opening, go_on = asyncio.Event(), asyncio.Event()
+    open_ = Coordinators.open
+
+    async def held_open(self: Coordinators, *args: Any, **kwargs: Any) -> Opened:
+        opening.set()
+        await go_on.wait()
+        return await open_(self, *args, **kwargs)
+
+    monkeypatch.setattr(Coordinators, "open", held_open)
+    txn = client.transaction()
+    send = asyncio.create_task(producer.send(b"after the abort", txn=txn))
+    async with asyncio.timeout(10):
+        await opening.wait()
+    await txn.abort()
+    assert txn.state == TransactionState.ABORTED
+    go_on.set()
+    with pytest.raises(ClientError, match="ABORTED cannot become OPEN"):
+        async with asyncio.timeout(10):
+            await send
+    assert txn.state == TransactionState.ABORTED
+    stats = await client.admin.stats(topic)
+    assert stats["msgInCounter"] == 0

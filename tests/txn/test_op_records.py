@@ -26,7 +26,7 @@ from segtxn.client import (
 )
 from segtxn.client.consumer import Consumer
 from segtxn.client.timeouts import Deadline
-from segtxn.client.transaction import Transaction
+from segtxn.client.transaction import Transaction, TransactionState
 from segtxn.ledger import Position
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
@@ -112,7 +112,7 @@ async def test_a_failed_record_refuses_the_transactions_later_writes_there(
     # The broker refuses to extend that record again, whatever the client does: a second
     # handle on the same id (as a client that ignores the failure would) says so.
     raw = Transaction(txn._coordinators, 60)
-    raw._id, raw.state = txn.id, "OPEN"
+    raw._id, raw.state = txn.id, TransactionState.OPEN
     with pytest.raises(ServerError) as again:
         await producer.send(b"later", txn=raw)
     assert "could not be written" in again.value.message
