@@ -35,6 +35,17 @@ if TYPE_CHECKING:
 RUN_DIR = click.Path(file_okay=False, path_type=Path)
 
 
+RUN_URL = click.option(
+    "--url",
+    required=True,
+    envvar=URL_ENV,
+    show_envvar=True,
+    type=SERVICE_URLS,
+    help="A broker's service URL, http://host:port, or several separated by commas.",
+)
+"""``--url`` of the commands that run against a cluster: required (no default broker)."""
+
+
 @click.group()
 def verify() -> None:
     """Run the transactional workload and check its guarantees with Spark."""
@@ -78,14 +89,7 @@ def _raise_unreachable(e: Exception, url: str) -> None:
 
 
 @verify.command()
-@click.option(
-    "--url",
-    required=True,
-    envvar=URL_ENV,
-    show_envvar=True,
-    type=SERVICE_URLS,
-    help="A broker's service URL, http://host:port, or several separated by commas.",
-)
+@RUN_URL
 @click.option(
     "--run-dir",
     required=True,
@@ -290,14 +294,7 @@ def _publish(name: str, report: Report, drained: bool, summary: str, html_path: 
 
 
 @verify.command()
-@click.option(
-    "--url",
-    required=True,
-    envvar=URL_ENV,
-    show_envvar=True,
-    type=SERVICE_URLS,
-    help="A broker of the cluster the run is on.",
-)
+@RUN_URL
 @click.option("--run", required=True, callback=_run_name, help="The run's name (its topics).")
 @click.option("--run-dir", required=True, type=RUN_DIR, help="The run's directory (histories).")
 @click.option(

@@ -16,6 +16,10 @@ class Position(NamedTuple):
     def __str__(self) -> str:
         return f"{self.ledger_id}:{self.entry_id}"
 
+    def as_pair(self) -> tuple[int, int]:
+        """A plain tuple, as records that store positions hold them."""
+        return (self.ledger_id, self.entry_id)
+
     @classmethod
     def parse(cls, text: str) -> Position:
         """Inverse of ``str()``: ``"3:17"`` -> ``Position(3, 17)``."""

@@ -42,10 +42,6 @@ def before(p: Position) -> Position:
     return Position(p.ledger_id, p.entry_id - 1)
 
 
-def as_pair(p: Position) -> tuple[int, int]:
-    return (p.ledger_id, p.entry_id)
-
-
 class WritesDraft(Draft):
     """One transaction's writes record here: its entries are those with its id in
     ``first..last``; ``durable`` is the range a landed record covers."""
@@ -63,7 +59,7 @@ class WritesDraft(Draft):
         self.first, self.last = min(self.first, position), max(self.last, position)
 
     def snapshot(self) -> T.WritesRecord:
-        return T.WritesRecord(self.segment, as_pair(self.first), as_pair(self.last))
+        return T.WritesRecord(self.segment, self.first.as_pair(), self.last.as_pair())
 
     def landed(self, record: T.OpRecord) -> None:
         assert isinstance(record, T.WritesRecord)

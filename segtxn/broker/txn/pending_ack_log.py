@@ -70,10 +70,6 @@ def pending_ack_log(topic: str, subscription: str) -> str:
     return f"{topic}-{subscription}__transaction_pending_ack"
 
 
-def _pair(p: Position) -> tuple[int, int]:
-    return (p.ledger_id, p.entry_id)
-
-
 class MLPendingAckStore(ReservingPendingAckStore):
     """PIP-31's pending-ack store for a ``persistent://`` subscription (module docstring)."""
 
@@ -141,7 +137,8 @@ class MLPendingAckStore(ReservingPendingAckStore):
             self._check(txn, positions, cumulative=cumulative)
             undo.append(self._reserve(txn, positions, cumulative=cumulative))
 
-        op = PendingAckOp((txn.most, txn.least), "ack", [_pair(p) for p in positions], cumulative)
+        pairs = [p.as_pair() for p in positions]
+        op = PendingAckOp((txn.most, txn.least), "ack", pairs, cumulative)
         try:
             await log_.append(_encode(op), admit=admit)
         except BaseException:
@@ -202,10 +199,10 @@ class MLPendingAckStore(ReservingPendingAckStore):
             for txn in sorted(self.transactions(), key=lambda t: (t.most, t.least)):
                 individual, upto = self._held_by(txn)
                 for i in range(0, len(individual), MAX_POSITIONS_PER_OP):
-                    chunk = [_pair(p) for p in individual[i : i + MAX_POSITIONS_PER_OP]]
+                    chunk = [p.as_pair() for p in individual[i : i + MAX_POSITIONS_PER_OP]]
                     ops.append(_encode(PendingAckOp((txn.most, txn.least), "ack", chunk)))
                 if upto is not None:
-                    op = PendingAckOp((txn.most, txn.least), "ack", [_pair(upto)], True)
+                    op = PendingAckOp((txn.most, txn.least), "ack", [upto.as_pair()], True)
                     ops.append(_encode(op))
             return ops
 

@@ -74,7 +74,7 @@ class _Acks(Draft):
                     first = entry
                 previous = entry
             ranges.append(T.AckRange(ledger_id, first, previous))
-        upto = None if self.cumulative is None else _pair(self.cumulative)
+        upto = None if self.cumulative is None else self.cumulative.as_pair()
         return T.AcksRecord(self.segment, self.subscription, ranges, upto)
 
     def landed(self, record: T.OpRecord) -> None:
@@ -90,10 +90,6 @@ class _Acks(Draft):
         if record.cumulative is not None:
             draft.cumulative = Position(*record.cumulative)
         return draft
-
-
-def _pair(p: Position) -> tuple[int, int]:
-    return (p.ledger_id, p.entry_id)
 
 
 class MetadataPendingAckStore(ReservingPendingAckStore):
