@@ -27,7 +27,7 @@ from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
-from segtxn.client.timeouts import Deadline, Timeouts, checked_limit
+from segtxn.client.timeouts import Deadline, Timeouts
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import errors, names
 from segtxn.protocol.auth import bearer_middleware, client_ssl_context
@@ -149,7 +149,7 @@ class Client:
         return Admin(self.connector)
 
     def _deadline(self, timeout_s: float | None) -> Deadline:
-        return Deadline(self.timeouts.operation_timeout_s if timeout_s is None else timeout_s)
+        return Deadline(self.timeouts.limit(timeout_s))
 
     async def create_producer(
         self, topic: str, *, name: str | None = None, timeout_s: float | None = None, **options: Any
@@ -291,9 +291,7 @@ class Client:
     async def close(self, *, timeout_s: float | None = None) -> None:
         """Close every producer (flushing for at most ``timeout_s``, default: the operation
         timeout), consumer and reader, at once, then the connections."""
-        limit = checked_limit(timeout_s)
-        if limit is None:
-            limit = self.timeouts.operation_timeout_s
+        limit = self.timeouts.limit(timeout_s)
         closing = [
             c.close(limit) if isinstance(c, Producer | ScalableProducer) else c.close()
             for c in reversed(self._closables)

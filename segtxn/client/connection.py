@@ -161,7 +161,7 @@ class Connector:
             Timeout: no answer in time (RETRIABLE for a GET, else OUTCOME_UNKNOWN: it may
                 have been done).
         """
-        deadline = Deadline(self.timeouts.operation_timeout_s if timeout_s is None else timeout_s)
+        deadline = Deadline(self.timeouts.limit(timeout_s))
         urls = [path] if path.startswith("http") else [base + path for base in self._bases()]
         failures: list[str] = []
         last: BaseException | None = None  # the transport error the ServiceNotReady is from

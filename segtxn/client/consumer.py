@@ -321,9 +321,7 @@ class Consumer:
             await self._ack(message, cumulative=True, txn=txn, timeout_s=timeout_s)
 
     def _deadline(self, timeout_s: float | None) -> Deadline:
-        return Deadline(
-            self._connector.timeouts.operation_timeout_s if timeout_s is None else timeout_s
-        )
+        return Deadline(self._connector.timeouts.limit(timeout_s))
 
     async def _ack(
         self,

@@ -371,8 +371,7 @@ class Producer:
         deadline: Deadline | None,
     ) -> asyncio.Future[MessageId]:
         deadline = deadline or Deadline(self.options.send_limit_s)
-        if self._closed:  # refused here, before it starts or joins a transaction
-            raise ClientClosed(f"producer {self.name} is closed")
+        self._check_open()  # refused here, before it starts or joins a transaction
         if self._failure is not None:
             raise self._failure
         check_outgoing(value, key, properties, event_time_ms)
@@ -380,8 +379,7 @@ class Producer:
             raise MessageTooLarge(f"{len(value)} bytes exceeds the broker's {self._max_bytes}")
         if txn is not None and not registered:
             await txn.add_partition(self._topic, deadline)
-            if self._closed:  # closed while it registered
-                raise ClientClosed(f"producer {self.name} is closed")
+            self._check_open()  # closed while it registered
         if self._window.locked():
             try:
                 async with deadline.timeout():
@@ -418,6 +416,10 @@ class Producer:
         if txn is not None and track:
             txn.track(future)
         return future
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(f"producer {self.name} is closed")
 
     def _release(self, _: asyncio.Future[MessageId]) -> None:
         """A send is done: room for one more in the window."""
@@ -467,9 +469,7 @@ class Producer:
         """Flush for at most ``timeout_s`` (default: the operation timeout), fail what is
         still in flight with ClientClosed, then disconnect (waiting at most 1 s for the
         broker). Idempotent."""
-        limit = checked_limit(timeout_s)
-        if limit is None:
-            limit = self._connector.timeouts.operation_timeout_s
+        limit = self._connector.timeouts.limit(timeout_s)
         if self._closed:
             return
         if self._failure is None and self._task is not None and not self._task.done():

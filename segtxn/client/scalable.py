@@ -24,7 +24,7 @@ from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.producer import Producer, ProducerOptions, new_name
-from segtxn.client.timeouts import Deadline, Expiries, checked_limit
+from segtxn.client.timeouts import Deadline, Expiries
 from segtxn.client.transaction import Transaction, poisons
 from segtxn.protocol.errors import ErrorCategory, TopicTerminatedError
 from segtxn.protocol.names import TopicName
@@ -386,9 +386,7 @@ class ScalableProducer:
         most ``timeout_s`` (default: the operation timeout), fail what is left with
         ClientClosed, then disconnect every segment's producer (at most 1 s more).
         Idempotent."""
-        limit = checked_limit(timeout_s)
-        if limit is None:
-            limit = self._connector.timeouts.operation_timeout_s
+        limit = self._connector.timeouts.limit(timeout_s)
         if self._closed:
             return
         self._closed = True

@@ -67,6 +67,15 @@ class Timeouts:
             if not checked_limit(getattr(self, name), name):  # None or 0
                 raise ValueError(f"{name} must be a positive number of seconds")
 
+    def limit(self, timeout_s: float | None) -> float:
+        """A call's time limit: ``timeout_s``, or the operation timeout when it is None.
+
+        Raises:
+            TypeError / ValueError: ``timeout_s`` is not a limit (:func:`checked_limit`).
+        """
+        checked = checked_limit(timeout_s)
+        return self.operation_timeout_s if checked is None else checked
+
 
 def checked_limit(timeout_s: object, name: str = "timeout_s") -> float | None:
     """``timeout_s`` as a time limit: None (no limit) or a finite number of seconds >= 0.
