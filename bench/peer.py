@@ -25,7 +25,9 @@ the others go on.
 Each run uses fresh queues or topics, a fresh connection or Client, and a pre-filled input
 sized from the rates seen so far (a run that empties it stops early: the rate still
 holds). The first batch is a warm-up; the window runs ``--seconds`` after it. Latency is per
-batch: from starting to receive its inputs until its sends and acks (or commit) are done.
+batch: from starting to receive its inputs until its sends and acks (or commit) are done;
+``commit ms`` is the commit call alone (segtxn: its sends and acks are settled before it,
+so it is END_TXN; RabbitMQ: ``tx_commit``).
 
 segtxn (``--store etcd``, the default: issue 16's setup, ``bench/txn.py`` (c)): a private
 single-member etcd (fsync on, on /dev/shm when it exists), one broker and one coordinator,
@@ -223,6 +225,7 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
             ]
             acks = [asyncio.ensure_future(consumer.acknowledge(m, txn=txn)) for m in inputs]
             await asyncio.gather(*sends, *acks)
+            committing = time.perf_counter()
             if txn is not None:
                 await txn.commit()
             now = time.perf_counter()
@@ -233,6 +236,8 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
                 start = time.perf_counter()
                 continue
             sample.latencies.append(now - t0)
+            if txn is not None:
+                sample.commits.append(now - committing)
             sample.messages += row.size
             if now - start >= plan.seconds:
                 break
@@ -332,7 +337,8 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
     systems = sorted({s.system for s in samples})
     print(
         f"\nper system and row, over {plan.rounds} round(s) of {plan.seconds:g} s: msg/s "
-        "median (min-max); p50/p99 of per-batch latency over all rounds; CPU µs per message"
+        "median (min-max); p50/p99 of per-batch latency over all rounds, and p50 of its "
+        "commit call alone; CPU µs per message"
     )
     table: list[tuple[str, ...]] = [
         (
@@ -341,6 +347,7 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
             "msg/s",
             "p50 ms",
             "p99 ms",
+            "commit ms",
             "server",
             "other",
             "client",
@@ -353,9 +360,10 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
         for row in plan.rows:
             rs = runs(system, row)
             if not rs:
-                table.append((system, row.label, "failed", *["-"] * 7))
+                table.append((system, row.label, "failed", *["-"] * 8))
                 continue
             lat = [x for s in rs for x in s.latencies]
+            commits = [x for s in rs for x in s.commits]
             n = sum(s.messages for s in rs)
             table.append(
                 (
@@ -364,6 +372,7 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
                     spread([s.rate for s in rs], "{:,.0f}"),
                     ms(percentile(lat, 50)),
                     ms(percentile(lat, 99)),
+                    ms(percentile(commits, 50)) if commits else "-",
                     per_msg(sum(s.server_cpu for s in rs), n),
                     per_msg(sum(s.other_cpu for s in rs), n) if separate else "-",
                     per_msg(sum(s.client_cpu for s in rs), n),

@@ -72,6 +72,8 @@ class Sample:
     elapsed: float = 0.0
     latencies: list[float] = field(default_factory=list)
     """Per batch: from starting to receive its inputs to its outputs and acks settled."""
+    commits: list[float] = field(default_factory=list)
+    """Per transactional batch: the commit call alone (its sends and acks were settled)."""
     ran_out: bool = False
     """The pre-filled input ran out before ``--seconds`` (the rate is still valid)."""
     server_cpu: float = 0.0
@@ -307,6 +309,7 @@ async def rabbitmq_row(
                 for o in outputs:
                     await exchange.publish(o, f"{name}-out")
                 await inputs[-1].ack(multiple=True)
+                committing = time.perf_counter()
                 await tx.commit()
             now = time.perf_counter()
             consumed += row.size
@@ -314,6 +317,8 @@ async def rabbitmq_row(
                 meter, start = Meter(node.pid, []), now
                 continue
             sample.latencies.append(now - t0)
+            if tx is not None:
+                sample.commits.append(now - committing)
             sample.messages += row.size
             if now - start >= seconds:
                 break
