@@ -105,10 +105,12 @@ async def test_a_failed_record_refuses_the_transactions_later_writes_there(
     reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
     txn = await client.transaction().start()
     await producer.send(b"good", txn=txn)
-    cluster.faults.fail("txn", key_prefix="/txn-op/", times=1)
+    cluster.faults.fail("txn", key_prefix="/txn-op/", times=1)  # the store did not answer
     with pytest.raises(ServerError) as failed:
         await producer.send(b"lost", txn=txn)
-    assert failed.value.name is ErrorName.PERSISTENCE
+    # the store's trouble, not "stored data is damaged or missing" (PersistenceError)
+    assert failed.value.name is ErrorName.SERVICE_NOT_READY
+    assert "could not record the op" in failed.value.message
     # The broker refuses to extend that record again, whatever the client does: a second
     # handle on the same id (as a client that ignores the failure would) says so.
     raw = Transaction(txn._coordinators, 60)

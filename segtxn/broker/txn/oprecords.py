@@ -35,6 +35,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from segtxn.boundary import translate
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.metastore import (
     BadVersion,
@@ -243,8 +244,7 @@ class OpRecordWriter:
             error = ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
             error.__cause__ = e
         except MetadataStoreError as e:
-            error = ServerError(ErrorName.PERSISTENCE, f"could not record the op: {e}")
-            error.__cause__ = e
+            error = _store_failed(e)
         except Exception as e:  # a bug: fail every waiter rather than leave them hanging
             log.exception("op records of %s: step failed", txn)
             error = ServerError(ErrorName.UNKNOWN, f"could not record the op: {e}")
@@ -357,6 +357,19 @@ class OpRecordWriter:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _store_failed(e: MetadataStoreError) -> ServerError:
+    """The refusal for ops whose step the store failed: what the store's trouble is on the
+    wire (unreachable or slow: ServiceNotReady, full, access denied), as for any other call;
+    PersistenceError ("stored data is damaged or missing") only for what is none of those.
+    Either way the transaction cannot commit these ops."""
+    wire = translate(e)
+    name = ErrorName.PERSISTENCE if wire is None else wire.name
+    message = str(e) if wire is None else wire.message
+    error = ServerError(name, f"could not record the op: {message}")
+    error.__cause__ = e
+    return error
 
 
 def _fail(waiters: list[asyncio.Future[None]], error: ServerError) -> None:
