@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 
 COORDINATOR = web.AppKey("coordinator", CoordinatorV5)
 V4 = web.AppKey("coordinator-v4", CoordinatorV4)
+V4_OFF = (
+    "this coordinator does not serve v4 (persistent://) transactions: start it with "
+    "--data-dir (or --replication), as every coordinator of the cluster"
+)
 METRICS = web.AppKey("metrics", CoordinatorMetrics)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -233,6 +237,8 @@ async def new_txn(request: web.Request) -> web.StreamResponse:
     if protocol == "v4":
         if count is not None:
             raise ServerError(ErrorName.INVALID_ARGUMENT, "count: v5 transactions only")
+        if not request.app[V4].settings.v4_coordinator_ids:  # never: no use trying again
+            raise ServerError(ErrorName.NOT_ALLOWED, V4_OFF)
         _, meta = await request.app[V4].new_txn(timeout_s, owner)
         tracing.annotate({"segtxn.txn.id": str(TxnId(*meta.txn))})
         return web.json_response(_v4_meta(meta))
