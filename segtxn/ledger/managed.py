@@ -49,7 +49,7 @@ from segtxn.ledger.metadata import (
     moved,
 )
 from segtxn.ledger.position import Position
-from segtxn.ledger.recovery import open_chain
+from segtxn.ledger.recovery import open_chain, report_lost
 from segtxn.ledger.retention import (
     ClosedLedger,
     RetentionPolicy,
@@ -156,6 +156,8 @@ class ManagedLedger(LedgerAppends):
                 max_persisted_ranges=ledger.settings.max_persisted_ranges,
             )
         )
+        marks = {sub: cursor.mark_delete for sub, cursor in ledger.cursors.items()}
+        report_lost(name, ledger._meta, marks)
         return ledger
 
     # ================================================================= sealing

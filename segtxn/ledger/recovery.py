@@ -44,7 +44,10 @@ the file; the managed ledger logs it once, at ERROR.
 What remains ambiguous, by construction: damage that removes a final mark *and* part of
 the batch before it (a file cut by more than a mark's 24 bytes, right after an
 acknowledged batch, with no later write) looks exactly like a crash during that batch's
-write; it is truncated, with its WARNING. A process crash never produces it.
+write; it is truncated, with its WARNING. A process crash never produces it. The file
+cannot tell, but the cursors can: a subscription that had acknowledged past the end
+recovery kept proves those entries were stored and are gone (:func:`report_lost`, an ERROR
+naming how many).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ from segtxn.ledger.metadata import (
     metadata_key,
     tail_bound,
 )
+from segtxn.ledger.position import Position
 from segtxn.ledger.records import (
     FORMAT,
     HEADER_SIZE,
@@ -132,8 +136,8 @@ def recover_tail(
             )
         reason = (
             f"{found.problem}, after the last acknowledgement mark (offset "
-            f"{found.marked_end}, {found.marked_entries} entries acknowledged): the tail of "
-            "a write that was interrupted before it was acknowledged"
+            f"{found.marked_end}, {found.marked_entries} entries acknowledged): taken for "
+            "the tail of a write that was interrupted before it was acknowledged"
         )
     else:
         if found.size - found.end > tail_bytes:
@@ -341,3 +345,32 @@ def _recover_last(
     if recovered.truncation is not None:
         log.warning("%s: recovery %s", name, recovered.truncation)
     return recovered.log
+
+
+def report_lost(name: str, meta: LedgerMetadata, marks: dict[str, Position]) -> int:
+    """Log at ERROR each subscription whose mark-delete ``marks[subscription]`` lies past the
+    end of the closed ledger it points into: it consumed entries that are no longer there,
+    so they had been stored and acknowledged, and the ledger's file lost them (a cut the
+    file alone takes for an interrupted write, above, or a disk that lost synced data).
+    Nothing is refused: what is left is served, and those entries cannot be recovered
+    here. Returns how many subscriptions said so."""
+    ends = {info.id: info.entries for info in meta.ledgers if info.entries is not None}
+    told = 0
+    for subscription, mark in sorted(marks.items()):
+        count = ends.get(mark.ledger_id)
+        if count is None or mark.entry_id < count:
+            continue
+        told += 1
+        log.error(
+            "%s: subscription %r had acknowledged up to %s, but ledger %d holds entries "
+            "0..%d: %d stored and acknowledged entries are gone from its file (a cut file "
+            "or a disk that lost synced writes); restore the file from a copy if there is "
+            "one, else they are lost",
+            name,
+            subscription,
+            mark,
+            mark.ledger_id,
+            count - 1,
+            mark.entry_id - count + 1,
+        )
+    return told
