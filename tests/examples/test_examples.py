@@ -180,6 +180,7 @@ async def test_the_readme_transaction_runs(cluster: Cluster, tmp_path: Path) -> 
     (tmp_path / "readme.py").write_text(program.replace("http://127.0.0.1:8080", cluster.url))
     async with Client(cluster.url) as client:
         await client.admin.create_topic("topic://acme/orders/events", segments=4)
+        await client.admin.create_topic("topic://acme/orders/invoices")  # an earlier run's
         producer = await client.create_producer("topic://acme/orders/events")
         await producer.send(b"order 1", key="customer-42")
         shell = await client.subscribe(
