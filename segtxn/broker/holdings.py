@@ -24,14 +24,20 @@ MAX_LISTED = 1000
 
 @json_errors
 async def homes(request: web.Request) -> web.StreamResponse:
-    """``{"broker": ID, "homes": [ledger names], "more": bool}``; ``?limit=N`` (1..1000,
-    default 100) bounds the list. InvalidArgument for an id no broker can have."""
+    """``{"broker": ID, "homes": [ledger names], "more": bool, "registered": bool}``;
+    ``?limit=N`` (1..1000, default 100) bounds the list. ``registered``: a broker of that id
+    is registered now (a stopped broker still holds its homes; a typo holds none).
+    InvalidArgument for an id no broker can have."""
     broker = request.match_info["broker"]
     if not BROKER_ID.fullmatch(broker):
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"{broker[:80]!r} is not a broker id")
     limit = parse_int(request.query.get("limit", "100"), "limit", lo=1, hi=MAX_LISTED)
-    ledgers, more = await request.app[SERVICE].catalog.homes_on(broker, limit=limit)
-    return web.json_response({"broker": broker, "homes": ledgers, "more": more})
+    catalog = request.app[SERVICE].catalog
+    ledgers, more = await catalog.homes_on(broker, limit=limit)
+    registered = await catalog.broker_url(broker) is not None
+    return web.json_response(
+        {"broker": broker, "homes": ledgers, "more": more, "registered": registered}
+    )
 
 
 @json_errors

@@ -23,9 +23,17 @@ def brokers() -> None:
 def homes(url: str, broker: str, output: str) -> None:
     """List the topics and segments BROKER holds (it need not be alive)."""
     found = run(lambda c: c.admin.broker_homes(broker, limit=BROKER_HOMES_LIMIT), url)
-    data = {"broker": found.broker, "homes": found.homes, "more": found.more}
+    data = {
+        "broker": found.broker,
+        "homes": found.homes,
+        "more": found.more,
+        "registered": found.registered,
+    }
     rows = [[home] for home in found.homes]
-    show(output, data, Table(("home",), rows, empty=f"{broker} holds no topic or segment"))
+    empty = f"{broker} holds no topic or segment"
+    if not found.registered:
+        empty += f", and no broker {broker} is registered now (is the id right?)"
+    show(output, data, Table(("home",), rows, empty=empty))
     if found.more:
         click.echo(f"... (more than {BROKER_HOMES_LIMIT})", err=True)
 

@@ -21,6 +21,8 @@ class BrokerHomes:
     broker: str
     homes: list[str]
     more: bool
+    registered: bool = True
+    """Whether a broker of that id is registered (alive) now: a typo holds nothing either."""
 
     @property
     def empty(self) -> bool:
@@ -128,7 +130,8 @@ class Admin:
             "GET", f"/admin/v2/brokers/{quote(broker, safe='')}/homes", params={"limit": str(limit)}
         )
         homes = [str(h) for h in found["homes"]]
-        return BrokerHomes(str(found["broker"]), homes, bool(found["more"]))
+        registered = bool(found.get("registered", True))  # (a broker before it said)
+        return BrokerHomes(str(found["broker"]), homes, bool(found["more"]), registered)
 
     async def drain_broker(self, broker: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         """Hand every topic and segment ``broker`` holds to the other brokers (it must run

@@ -440,7 +440,9 @@ async def test_a_broker_s_homes_list_what_removing_it_would_strand(
     assert not held.more and not held.empty
     first = await client.admin.broker_homes(me, limit=2)
     assert len(first.homes) == 2 and first.more and not first.empty
-    assert (await client.admin.broker_homes("never-started-7")).empty  # any id, alive or not
+    never = await client.admin.broker_homes("never-started-7")  # any id, alive or not
+    assert never.empty and not never.registered
+    assert held.registered
     for bad_id, limit in (("-x", 1), ("a" * 64, 1), (me, 0), (me, 1001)):
         with pytest.raises(ServerError) as refused:
             await client.admin.broker_homes(bad_id, limit=limit)

@@ -313,6 +313,11 @@ def test_brokers_homes_and_a_drain_without_replication(standalone: str) -> None:
     invoke("topics", "create", "persistent://t/ns/held", "--url", standalone)
     held = invoke("brokers", "homes", "standalone", "--url", standalone)
     assert held.exit_code == 0 and "persistent://t/ns/held" in held.stdout.splitlines()
+    typo = invoke("brokers", "homes", "standalnoe", "--url", standalone)
+    assert typo.exit_code == 0 and typo.stderr.strip() == (
+        "standalnoe holds no topic or segment, and no broker standalnoe is registered now "
+        "(is the id right?)"
+    )
     refused = invoke("brokers", "drain", "standalone", "--url", standalone)
     assert refused.exit_code == 1
     assert one_line(refused) == (
