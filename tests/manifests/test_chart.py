@@ -54,6 +54,7 @@ def test_default_install(helm: Helm) -> None:
     assert kinds(docs) == [
         "CronJob",  # etcd's defragmentation
         "Deployment",
+        "KopfPeering",  # without it the operator's watches stay paused
         "PodDisruptionBudget",
         "Role",  # the operator's, and the Spark driver's (VerificationRun)
         "Role",
@@ -85,6 +86,37 @@ def test_default_install(helm: Helm) -> None:
 
 
 # The operator's RBAC and the scope it watches: tests/operator/test_rbac.py.
+
+
+PEERING_CASES = {
+    "default": ((), "KopfPeering", ["segtxn"]),
+    "watchNamespaces": (("operator.watchNamespaces={team-a,team-b}", "operator.peering=p"),
+                        "KopfPeering", ["team-a", "team-b"]),
+    "clusterWide": (("operator.clusterWide=true",), "ClusterKopfPeering", [None]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sets", "kind", "namespaces"), PEERING_CASES.values(), ids=PEERING_CASES.keys()
+)
+def test_the_peering_object_the_operator_waits_for_is_rendered(
+    helm: Helm, sets: tuple[str, ...], kind: str, namespaces: list[str | None]
+) -> None:
+    """The operator runs with --peering=NAME, and Kopf keeps its watches paused until a
+    peering object of that name exists where it watches: one in each watched namespace,
+    or the cluster one when it watches every namespace (and no other kind)."""
+    docs = template(helm, *sets)
+    operator = next(d for d in docs if d["kind"] == "Deployment")
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    [name] = [a.removeprefix("--peering=") for a in args if a.startswith("--peering=")]
+    peerings = [d for d in docs if d["kind"] in ("KopfPeering", "ClusterKopfPeering")]
+    assert {d["kind"] for d in peerings} == {kind}
+    assert [d["metadata"]["name"] for d in peerings] == [name] * len(namespaces)
+    assert [d["metadata"].get("namespace") for d in peerings] == namespaces
+    watched = [a.removeprefix("--namespace=") for a in args if a.startswith("--namespace=")]
+    assert watched == [n for n in namespaces if n is not None]
+    for doc in peerings:
+        validate(doc)
 
 
 def test_cluster_create_points_at_the_chart_etcd(helm: Helm) -> None:
