@@ -160,6 +160,7 @@ def operator(
             coordinator_url=coordinator_url,
             api_timeout_s=api_timeout,
             roll=roll,
+            namespaces=namespaces,
         )
     )
     _quiet_start_up_failures()

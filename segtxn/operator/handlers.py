@@ -17,7 +17,14 @@ from typing import Any
 import aiohttp
 import kopf
 
-from segtxn.operator import autoscaling, clusters, credentials, scalabletopics, verification
+from segtxn.operator import (
+    autoscaling,
+    clusters,
+    credentials,
+    peering,
+    scalabletopics,
+    verification,
+)
 from segtxn.operator.kube import Kube, KubeError, KubeUnreachable
 from segtxn.operator.runtime import FINALIZER, GROUP, VERSION, OperatorConfig, Runtime
 
@@ -63,6 +70,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         await kube.close()
         raise
     memo["runtime"] = Runtime(config, kube, aiohttp.ClientSession())
+    if settings.peering.mandatory and not settings.peering.standalone:
+        # Kopf waits for the peering object without a word above DEBUG: say it once.
+        scope = None if settings.peering.clusterwide else config.namespaces
+        await peering.warn_if_missing(kube, settings.peering.name, scope)
 
 
 @kopf.on.cleanup()

@@ -42,6 +42,8 @@ PLURALS = {
     "Secret": "secrets",
     "Certificate": "certificates",
     "Issuer": "issuers",
+    "KopfPeering": "kopfpeerings",
+    "ClusterKopfPeering": "clusterkopfpeerings",
 }
 
 
@@ -79,9 +81,14 @@ READ_KINDS = (
 applied), the ConfigMap the brokers run, a broker's pod in a roll, a VerificationRun's
 driver pod and report ConfigMap, a secured cluster's Secrets (kept when still good,
 :mod:`.credentials`; the admin token, :mod:`.sessions`)."""
+PEERING_KINDS = ("KopfPeering", "ClusterKopfPeering")
+"""Kopf's peering objects (group ``kopf.dev``), read once at start-up
+(:mod:`.peering`): the namespaced one, or the cluster one when every namespace is
+watched."""
 CALLS: frozenset[tuple[str, str, str]] = frozenset(
     {
         *(("get", kind, "") for kind in READ_KINDS),
+        *(("get", kind, "") for kind in PEERING_KINDS),
         *((verb, kind, "") for verb in ("create", "patch") for kind in CHILD_KINDS),
         ("patch", "ScalableTopic", "status"),
         ("patch", "VerificationRun", "status"),
@@ -89,9 +96,10 @@ CALLS: frozenset[tuple[str, str, str]] = frozenset(
     }
 )
 """(RBAC verb, kind, subresource) of every request :class:`Kube` may send: a GET of
-:data:`READ_KINDS`; a server-side apply of a child (``patch``, and ``create`` when the
-child does not exist yet); a status patch of a ScalableTopic or a VerificationRun (a
-step of a resharding, a run's phase); a pod's eviction. Each
+:data:`READ_KINDS` and of a peering object (:data:`PEERING_KINDS`); a server-side apply
+of a child (``patch``, and ``create`` when the child does not exist yet); a status patch
+of a ScalableTopic or a VerificationRun (a step of a resharding, a run's phase); a pod's
+eviction. Each
 method refuses anything else (:class:`NotGranted`), so this list is what the code does
 and the chart's RBAC can be checked against it."""
 
@@ -243,6 +251,21 @@ class Kube:
         """
         _granted("get", kind)
         return await self._call("GET", self._url(api_version, kind, namespace, name))
+
+    async def get_peering(self, name: str, namespace: str | None) -> Obj | None:
+        """Kopf's peering object ``name``: the KopfPeering in ``namespace``, or the
+        ClusterKopfPeering when ``namespace`` is None; None when it does not exist (nor
+        its resource type: the CRDs missing).
+
+        Raises:
+            KubeError: the API server refused or failed it (403 under an RBAC without
+                ``get`` on it).
+        """
+        kind = "ClusterKopfPeering" if namespace is None else "KopfPeering"
+        _granted("get", kind)
+        scope = "" if namespace is None else f"/namespaces/{namespace}"
+        url = f"{self._server}/apis/kopf.dev/v1{scope}/{PLURALS[kind]}/{name}"
+        return await self._call("GET", url)
 
     async def apply(self, obj: Mapping[str, Any]) -> Obj:
         """Server-side apply ``obj``, the whole configuration the operator wants of it, as

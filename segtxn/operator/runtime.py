@@ -56,6 +56,10 @@ class OperatorConfig:
     """The brokers' rolling restart (:mod:`.rolling`) and the scale-down's drains."""
     verification_poll_s: float = 5.0
     """How often an unfinished VerificationRun's driver pod and report are read."""
+    namespaces: tuple[str, ...] = ()
+    """The namespaces Kopf is told to watch (``--namespace``; empty with
+    ``--all-namespaces``): where the start-up check looks for the peering object
+    (:mod:`.peering`)."""
 
 
 @dataclass

@@ -60,6 +60,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     "policy/v1/poddisruptionbudgets": {"kind": "PodDisruptionBudget", "namespaced": True},
     "v1/pods": {"kind": "Pod", "namespaced": True, "subresources": ["status"]},
     "kopf.dev/v1/kopfpeerings": {"kind": "KopfPeering", "namespaced": True},
+    "kopf.dev/v1/clusterkopfpeerings": {"kind": "ClusterKopfPeering", "namespaced": False},
     **{
         f"{API}/{plural}": {
             "kind": kind,

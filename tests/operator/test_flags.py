@@ -35,6 +35,8 @@ def test_the_roll_timeouts_default_to_the_documented_values(runs: list[dict[str,
         drain_timeout_s=300, evict_timeout_s=300, ready_timeout_s=600, retry_s=300
     )
     assert runs[0]["namespaces"] == ["segtxn"] and runs[0]["clusterwide"] is False
+    # where the start-up check looks for the peering object (segtxn/operator/peering.py)
+    assert runs[0]["memo"]["config"].namespaces == ("segtxn",)
 
 
 def test_flags_and_environment_set_the_roll_timeouts(runs: list[dict[str, Any]]) -> None:

@@ -63,6 +63,8 @@ GROUPS = {
     "Secret": ("", "secrets"),
     "Certificate": ("cert-manager.io", "certificates"),
     "Issuer": ("cert-manager.io", "issuers"),
+    "KopfPeering": ("kopf.dev", "kopfpeerings"),
+    "ClusterKopfPeering": ("kopf.dev", "clusterkopfpeerings"),
 }
 OURS = ("segtxnclusters", "transactioncoordinators", "scalabletopics", "verificationruns")
 KOPF: set[Grant] = {
@@ -96,15 +98,17 @@ SECURED: set[Grant] = {
 
 def peering(cluster_wide: bool) -> set[Grant]:
     """Kopf's peering: the namespaced objects in each watched namespace, or the cluster
-    one when it watches every namespace."""
+    one when it watches every namespace; Kopf lists, watches and patches them, and the
+    operator's start-up check GETs its own (kube.CALLS has both kinds: one is used)."""
     plural = "clusterkopfpeerings" if cluster_wide else "kopfpeerings"
-    return {("kopf.dev", plural, verb) for verb in ("list", "watch", "patch")}
+    return {("kopf.dev", plural, verb) for verb in ("get", "list", "watch", "patch")}
 
 
 def declared(cluster_wide: bool = False) -> set[Grant]:
     mine = {
         (GROUPS[kind][0], GROUPS[kind][1] + (f"/{sub}" if sub else ""), verb)
         for verb, kind, sub in kube.CALLS
+        if kind not in kube.PEERING_KINDS
     }
     return mine | KOPF | OWNERS | peering(cluster_wide)
 
@@ -209,7 +213,8 @@ async def test_what_the_operator_sends_is_granted_and_every_call_is_exercised() 
         watch(emu, fake)
         settings = RollSettings(drain_timeout_s=30, ready_timeout_s=60, retry_s=3600)
         memo = kopf.Memo(config=OperatorConfig(broker_url=fake.url, roll=settings,
-                                               coordinator_url="http://127.0.0.1:1"))  # fmt: skip
+                                               coordinator_url="http://127.0.0.1:1",
+                                               namespaces=(NS,)))  # fmt: skip
         code, body = await emu.call("POST", f"/apis/kopf.dev/v1/namespaces/{NS}/kopfpeerings",
                                     {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
                                      "metadata": {"name": "segtxn"}})  # fmt: skip

@@ -107,7 +107,9 @@ resharding and a VerificationRun's as it runs, and evicts a broker's pod in a ro
 deletes nothing (children go with their owner through owner references).
 Owner references with blockOwnerDeletion need update on the owner's finalizers
 (OwnerReferencesPermissionEnforcement); clusters, coordinators and runs own children. The
-peering objects are the caller's: namespaced ones in a Role, cluster ones cluster-wide. */}}
+peering objects are the caller's: namespaced ones in a Role, cluster ones cluster-wide;
+Kopf lists, watches and patches them, and kube.py GETs the one it needs once at start-up
+(segtxn/operator/peering.py: a WARNING when it is missing). */}}
 {{- define "segtxn.operatorRules" -}}
 - apiGroups: [segtxn.io]
   resources: [segtxnclusters, transactioncoordinators]
