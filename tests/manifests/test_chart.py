@@ -85,6 +85,21 @@ def test_default_install(helm: Helm) -> None:
     assert "--namespace=segtxn" in op_args and "--peering=segtxn" in op_args
 
 
+@pytest.mark.parametrize(("replicas", "min_available"), [(1, None), (3, 2), (5, 3), (7, 4)])
+def test_the_etcd_budget_keeps_a_quorum_and_never_blocks_a_drain(
+    helm: Helm, replicas: int, min_available: int | None
+) -> None:
+    """A majority stays through voluntary disruptions; a single member gets no budget
+    (minAvailable 1 would refuse every eviction: a node drain waiting for ever)."""
+    docs = template(helm, f"etcd.replicas={replicas}")
+    budgets = [d["spec"] for d in docs if d["kind"] == "PodDisruptionBudget"]
+    if min_available is None:
+        assert budgets == []
+    else:
+        assert [b["minAvailable"] for b in budgets] == [min_available]
+        assert min_available - 1 < replicas / 2 < min_available  # a majority, one evictable
+
+
 # The operator's RBAC and the scope it watches: tests/operator/test_rbac.py.
 
 
