@@ -10,7 +10,8 @@ name. This module renders both onto a workload the renderers of :mod:`.render` m
 - ``tls.secretName``: the Secret mounted at :data:`STORE_TLS_DIR`; ``--store-ca`` its
   ``ca.crt``, and ``--store-cert``/``--store-key`` its ``tls.crt``/``tls.key`` unless
   ``clientCertificate: false``. The chart's etcd writes such a Secret
-  (``<release>-etcd-client-tls``); cert-manager's Certificates write the same keys.
+  (``<fullname>-etcd-client-tls``, docs/kubernetes.md, "Names"); cert-manager's
+  Certificates write the same keys.
 - ``auth.secretName``: its ``password`` mounted at :data:`STORE_AUTH_DIR`
   (``--store-password-file``; a file, so it never shows in the pod's command line or
   environment) and its ``username`` given as ``--store-user`` through an environment
