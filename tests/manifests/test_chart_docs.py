@@ -97,3 +97,18 @@ def test_the_docs_helm_template_commands_run(helm: Helm, doc: str, line: str) ->
     # the docs' paths are from the repository's root, wherever pytest runs
     args = [str(ROOT / w) if (ROOT / w).exists() and "/" in w else w for w in words[1:]]
     assert load_all(helm(*args)), (doc, line)
+
+
+def test_the_files_the_docs_commands_name_exist() -> None:
+    """``-f PATH`` of every fenced command (``kubectl apply -f manifests/helm/segtxn/crds/``
+    before an upgrade, ``docker build -f ...``): a path of the repository."""
+    named = [
+        (path.name, words[i + 1])
+        for path in [*DOCS, ROOT / "README.md"]
+        for line in commands(path.read_text())
+        for words in [shlex.split(line, comments=True)]
+        for i, word in enumerate(words[:-1])
+        if word in ("-f", "--filename") and not words[i + 1].startswith(("-", "http"))
+    ]
+    assert ("kubernetes.md", "manifests/helm/segtxn/crds/") in named
+    assert [(doc, p) for doc, p in named if not (ROOT / p).exists()] == []
