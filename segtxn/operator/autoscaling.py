@@ -42,7 +42,7 @@ import kopf
 
 from segtxn.client.admin import Admin
 from segtxn.client.errors import Timeout
-from segtxn.operator import topicplan
+from segtxn.operator import topicowner, topicplan
 from segtxn.operator.kube import KubeError
 from segtxn.operator.runtime import (
     API,
@@ -213,6 +213,7 @@ class Tick:
         runtime = runtime_of(self.runtime_memo)
         try:
             brokers = await admin(runtime, namespace, str(spec["clusterRef"]))
+            self._check_owner(namespace, topic, await brokers.properties(topic), status)
             stats = await brokers.stats(topic)
             at = time.time()
             loads = self.sampler.observe(reading(stats, at), policy)
@@ -225,6 +226,15 @@ class Tick:
         found = history(status, stats, self.sampler.cold_since)
         decision = decide(segments_of(stats), loads, policy, found, at)
         return decision, await _apply(brokers, topic, decision), at
+
+    def _check_owner(
+        self, namespace: str, topic: str, found: Mapping[str, str], status: Mapping[str, Any]
+    ) -> None:
+        """A topic this resource did not create is not reshaped (:mod:`.topicowner`)."""
+        owner = topicowner.Owner(str(self.body.meta.uid), f"{namespace}/{self.body.meta.name}")
+        if not topicowner.owns(found, owner, creating=status.get("creating") == owner.uid):
+            refused = topicowner.ForeignTopic(topic, found)
+            raise Blocked(refused.reason, str(refused))
 
     def _shown(self) -> tuple[str, str] | None:
         """(status, reason) of condition ``AutoScaling`` as the resource has it now: the

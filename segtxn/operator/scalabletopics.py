@@ -9,6 +9,10 @@ handler's own patch only when it returns; at the end ``Resharding`` turns False.
 heal (brokers unreachable, a topic busy with a change) is a ``kopf.TemporaryError``; a
 request segtxn refuses for good (an impossible split) is a ``kopf.PermanentError`` and a
 Warning event.
+
+A resource changes and deletes only a topic it created (:mod:`.topicowner`): a topic that
+exists already and is not its own is refused (``Ready`` False, ``TopicOwnedElsewhere``, a
+Warning event), and deleting the resource leaves it as it is.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import kopf
 
 from segtxn.client.admin import Admin
 from segtxn.client.errors import Timeout
-from segtxn.operator import topicplan
+from segtxn.operator import topicowner, topicplan
 from segtxn.operator.kube import Kube, KubeError
 from segtxn.operator.runtime import (
     API,
     GROUP,
+    RETRY_S,
     VERSION,
     admin,
     kopf_error,
@@ -38,7 +43,7 @@ from segtxn.operator.runtime import (
     transient,
 )
 from segtxn.operator.status import condition
-from segtxn.protocol.errors import ServerError, TopicAlreadyExists, TopicNotFound
+from segtxn.protocol.errors import ServerError, TopicNotFound
 
 MAX_CHANGES_PER_RUN = 16
 """Splits/merges one handler run makes before handing back to Kopf (and retrying)."""
@@ -131,12 +136,35 @@ async def reconcile_topic(
     brokers = await admin(runtime, namespace, str(spec["clusterRef"]))
     target = spec.get("targetSegments")
     progress = Progress(runtime.kube, body, [dict(c) for c in status.get("conditions") or ()])
+    owner = _owner(body, namespace)
+
+    async def intend(creating: bool) -> None:
+        """Status ``creating``: this resource asked for the topic (:mod:`.topicowner`)."""
+        await runtime.kube.patch_status(API, "ScalableTopic", namespace, str(body.meta.name),
+                                        {"creating": owner.uid if creating else None})  # fmt: skip
+
     try:
         try:
-            await brokers.create_topic(topic, segments=int(spec.get("initialSegments", 1)))
+            created = await topicowner.ensure(
+                brokers,
+                topic,
+                owner,
+                segments=int(spec.get("initialSegments", 1)),
+                creating=status.get("creating") == owner.uid,
+                intend=intend,
+            )
+        except topicowner.ForeignTopic as e:
+            patch.status["conditions"] = condition(
+                progress.conditions, kind="Ready", status=False, reason=e.reason,
+                message=str(e), now=now(), generation=body.meta.get("generation"),
+            )  # fmt: skip
+            kopf.warn(body, reason=e.reason, message=str(e))
+            raise kopf.PermanentError(str(e)) from e
+        except (KubeError, aiohttp.ClientError) as e:  # `creating` not written
+            raise kopf.TemporaryError(f"{topic}: status not written: {e}", delay=RETRY_S) from e
+        if created:
+            patch.status["creating"] = None
             kopf.info(body, reason="Created", message=f"{topic} created")
-        except TopicAlreadyExists:
-            pass
         dag = await _converge(
             brokers, topic, None if target is None else int(target), body, progress
         )
@@ -173,11 +201,22 @@ async def reconcile_topic(
     )
 
 
+def _owner(body: kopf.Body, namespace: str) -> topicowner.Owner:
+    return topicowner.Owner(str(body.meta.uid), f"{namespace}/{body.meta.name}")
+
+
 @kopf.on.delete(GROUP, VERSION, "scalabletopics")
 async def delete_topic(
-    *, body: kopf.Body, namespace: str | None, spec: kopf.Spec, memo: Any, **_: Any
+    *,
+    body: kopf.Body,
+    namespace: str | None,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    memo: Any,
+    **_: Any,
 ) -> None:
-    """Delete the topic, its segments and their data (unless ``deleteData`` is false)."""
+    """Delete the topic, its segments and their data (unless ``deleteData`` is false), if
+    this resource created it (:mod:`.topicowner`); another's topic is left as it is."""
     namespace = namespaced(namespace)
     if not spec.get("deleteData", True):
         return
@@ -188,7 +227,13 @@ async def delete_topic(
     except kopf.TemporaryError:
         kopf.warn(body, reason="ClusterGone", message=f"{topic}: its cluster is gone")
         return  # nothing left to delete the data from; do not hold the resource forever
+    owner = _owner(body, namespace)
     try:
+        found = await brokers.properties(topic)
+        if not topicowner.owns(found, owner, creating=status.get("creating") == owner.uid):
+            message = f"{topic} was not created by this ScalableTopic: left as it is"
+            kopf.info(body, reason="Kept", message=message)
+            return
         await brokers.delete_topic(topic, force=True)
     except TopicNotFound:
         return
