@@ -121,6 +121,31 @@ def _namespaces(
     show_envvar=True,
     help="A stalled roll is tried again after this (a new spec retries at once).",
 )
+@click.option(
+    "--spark-service-account",
+    "spark_service_accounts",
+    multiple=True,
+    metavar="NAME",
+    help="A service account a VerificationRun's pods may run as (repeatable; never the "
+    "operator's own). Default: segtxn-spark.",
+)
+@click.option(
+    "--spark-image-prefix",
+    "spark_image_prefixes",
+    multiple=True,
+    metavar="PREFIX",
+    help="A VerificationRun's image must be under one of these (repeatable): 'segtxn' allows "
+    "segtxn-verify:TAG, 'registry.example/team/' anything under that path. Default: segtxn.",
+)
+@click.option(
+    "--own-service-account",
+    default=None,
+    metavar="NAME",
+    envvar="SEGTXN_OPERATOR_SERVICE_ACCOUNT",
+    show_envvar=True,
+    help="The operator's own service account, which no VerificationRun may use (the chart "
+    "sets it).",
+)
 def operator(
     *,
     namespaces: tuple[str, ...],
@@ -136,6 +161,9 @@ def operator(
     roll_evict_timeout: float,
     roll_ready_timeout: float,
     roll_retry: float,
+    spark_service_accounts: tuple[str, ...],
+    spark_image_prefixes: tuple[str, ...],
+    own_service_account: str | None,
 ) -> None:
     """Run the segtxn operator (Kopf) until SIGTERM or SIGINT."""
     lifecycle.catch_signals_early()  # until Kopf handles them itself
@@ -144,10 +172,28 @@ def operator(
 
         from segtxn.operator import handlers
         from segtxn.operator.rolling import RollSettings
+        from segtxn.operator.sparkpolicy import (
+            DEFAULT_IMAGE_PREFIX,
+            DEFAULT_SERVICE_ACCOUNT,
+            SparkPolicy,
+        )
     except ImportError as e:  # the image installs it; a bare `pip install segtxn` does not
         raise click.ClickException(f"{e}: install segtxn[operator]") from e
     if namespaces and all_namespaces:
         raise click.UsageError("--namespace and --all-namespaces exclude each other")
+    if "" in spark_image_prefixes:
+        raise click.UsageError("--spark-image-prefix '': an empty prefix would allow every image")
+    accounts = frozenset(spark_service_accounts or (DEFAULT_SERVICE_ACCOUNT,))
+    if own_service_account in accounts:
+        raise click.UsageError(
+            f"--spark-service-account {own_service_account}: the operator's own service "
+            "account; a VerificationRun would get the operator's rights"
+        )
+    spark = SparkPolicy(
+        service_accounts=accounts,
+        image_prefixes=spark_image_prefixes or (DEFAULT_IMAGE_PREFIX,),
+        operator_service_account=own_service_account,
+    )
     roll = RollSettings(
         drain_timeout_s=roll_drain_timeout,
         evict_timeout_s=roll_evict_timeout,
@@ -161,6 +207,7 @@ def operator(
             api_timeout_s=api_timeout,
             roll=roll,
             namespaces=namespaces,
+            spark=spark,
         )
     )
     _quiet_start_up_failures()

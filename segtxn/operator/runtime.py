@@ -23,6 +23,7 @@ from segtxn.operator import render
 from segtxn.operator.kube import Kube, KubeError
 from segtxn.operator.rolling import RollSettings
 from segtxn.operator.sessions import ClusterSessions
+from segtxn.operator.sparkpolicy import SparkPolicy
 from segtxn.protocol.errors import (
     MetadataError,
     NotOwner,
@@ -60,6 +61,8 @@ class OperatorConfig:
     """The namespaces Kopf is told to watch (``--namespace``; empty with
     ``--all-namespaces``): where the start-up check looks for the peering object
     (:mod:`.peering`)."""
+    spark: SparkPolicy = field(default_factory=SparkPolicy)
+    """What a VerificationRun's pods may be: service accounts, images, Spark settings."""
 
 
 @dataclass

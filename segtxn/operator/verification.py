@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from segtxn.operator import render
+from segtxn.operator import render, sparkpolicy
 from segtxn.operator.kube import KubeError
 from segtxn.operator.runphase import IllegalTransition, Observation, Phase, advance, observe
 from segtxn.operator.runtime import (
@@ -77,7 +77,8 @@ async def run_created(
     patch: kopf.Patch,
     **_: Any,
 ) -> None:
-    """Render and apply the run; a name that cannot name its objects, or children the API
+    """Render and apply the run; a name that cannot name its objects, a run the operator's
+    :class:`.sparkpolicy.SparkPolicy` refuses (no pod is created), or children the API
     server refuses, end the run as Failed (a Warning event) rather than retrying."""
     runtime = runtime_of(memo)
     ns = namespaced(namespace)
@@ -85,6 +86,13 @@ async def run_created(
         names = check_name(name)
     except InvalidRun as e:
         failed = Observation(Phase.FAILED, "InvalidName", str(e))
+        patch.status.update(failed.status())
+        _event(body, failed)
+        return
+    try:
+        sparkpolicy.check(spec, runtime.config.spark)
+    except sparkpolicy.RunRefused as e:
+        failed = Observation(Phase.FAILED, e.reason, str(e))
         patch.status.update(failed.status())
         _event(body, failed)
         return
