@@ -25,7 +25,7 @@ from segtxn.operator import (
     scalabletopics,
     verification,
 )
-from segtxn.operator.kube import Kube, KubeError, KubeUnreachable
+from segtxn.operator.kube import SERVICE_ACCOUNT_TOKEN, Kube, KubeError, KubeUnreachable
 from segtxn.operator.runtime import FINALIZER, GROUP, VERSION, OperatorConfig, Runtime
 
 __all__ = [
@@ -51,16 +51,19 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     # The CRDs are installed before the operator (helm's crds/); no runtime discovery.
     settings.scanning.disabled = True
     config = memo.get("config") or OperatorConfig()
+    token_file = None  # in a pod: the rotated token is re-read there after a 401
     try:
-        info = memo.get("connection") or (
-            kopf.login_with_service_account(settings=settings)
-            or kopf.login_with_kubeconfig(settings=settings)
-        )
+        info = memo.get("connection")
+        if info is None:
+            info = kopf.login_with_service_account(settings=settings)
+            token_file = SERVICE_ACCOUNT_TOKEN if info is not None else None
+        if info is None:
+            info = kopf.login_with_kubeconfig(settings=settings)
     except (OSError, ValueError, KeyError, kopf.LoginError) as e:
         raise kopf.PermanentError(f"cannot read Kubernetes credentials: {e!r}") from e
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials (service account or kubeconfig)")
-    kube = Kube(info)
+    kube = Kube(info, token_file=token_file)
     try:
         await kube.wait_reachable(config.api_timeout_s)
     except (KubeUnreachable, KubeError) as e:

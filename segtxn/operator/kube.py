@@ -7,7 +7,11 @@ a step of a resharding), and evicts a broker's pod, which is how the operator ro
 brokers (:mod:`.rolling`; their StatefulSet is ``OnDelete``): an eviction, not a delete,
 so that a PodDisruptionBudget is honoured. It deletes nothing.
 It authenticates with whatever Kopf's login found (service account in a pod,
-kubeconfig outside), so there is one source of credentials.
+kubeconfig outside), so there is one source of credentials. A pod's service-account token
+is bound and rotated: the kubelet rewrites the token file (about hourly) and the API server
+refuses the old token once it expires. So on a 401 the client re-reads that file
+(:data:`SERVICE_ACCOUNT_TOKEN`) and, when it holds another token, sends the request again
+once with it, as Kopf's own client re-authenticates.
 
 :data:`CALLS` lists every request this module sends, as RBAC sees them; the chart grants
 those (and Kopf's own) and nothing else, which ``tests/operator/test_rbac.py`` checks.
@@ -17,16 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import ssl
 import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import kopf
 
 Obj = dict[str, Any]
+
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+"""A pod's service-account token, where Kopf's in-cluster login reads it and the kubelet
+rewrites it as it rotates."""
+
+log = logging.getLogger(__name__)
 
 PLURALS = {
     "ConfigMap": "configmaps",
@@ -157,10 +169,13 @@ def _to_file(tmp: str, name: str, path: object, data: str | bytes | None) -> str
 
 
 class Kube:
-    def __init__(self, info: kopf.ConnectionInfo) -> None:
+    def __init__(self, info: kopf.ConnectionInfo, *, token_file: Path | None = None) -> None:
+        """``token_file``: where a newer token than ``info``'s is read after a 401 (the
+        pod's service-account token: :data:`SERVICE_ACCOUNT_TOKEN`); None, never."""
         headers = {"Accept": "application/json"}
-        if info.token:
-            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+        self._scheme = info.scheme or "Bearer"
+        self._token = info.token
+        self._token_file = token_file
         auth = (
             aiohttp.BasicAuth(info.username, info.password or "")
             if info.username and not info.token
@@ -197,10 +212,14 @@ class Kube:
             try:
                 bound = max(deadline - loop.time(), 0.001) if timeout_s > 0 else None
                 async with asyncio.timeout(bound):
-                    async with self._session.get(f"{self._server}/version") as response:
-                        if response.status == 401:
-                            raise KubeError(401, "the API server refused the credentials")
-                        return
+                    sent = self._token
+                    url = f"{self._server}/version"
+                    async with self._session.get(url, headers=self._auth()) as response:
+                        if response.status != 401:
+                            return
+                    if not await self._reload_token(sent):
+                        raise KubeError(401, "the API server refused the credentials")
+                    continue  # a rotated token: at once
             except aiohttp.ClientConnectorError as e:
                 code = e.os_error.errno
                 last = os.strerror(code).lower() if code and code > 0 else str(e)
@@ -217,6 +236,30 @@ class Kube:
             await asyncio.sleep(min(delay, left))  # a retry's back-off, bounded by the deadline
             delay = min(delay * 2, 2.0)
 
+    def _auth(self, headers: Mapping[str, str] | None = None) -> dict[str, str]:
+        found = dict(headers or {})
+        if self._token:
+            found["Authorization"] = f"{self._scheme} {self._token}"
+        return found
+
+    async def _reload_token(self, refused: str | None) -> bool:
+        """After a 401 for token ``refused``: take the token file's token; True when it is
+        another (worth one more try), False when there is none or it is the same."""
+        if self._token_file is None:
+            return False
+        if self._token != refused:  # another request has reloaded it meanwhile
+            return True
+        try:
+            token = (await asyncio.to_thread(self._token_file.read_text)).strip()
+        except OSError as e:
+            log.warning("HTTP 401, and the token cannot be read again: %s", e)
+            return False
+        if not token or token == refused:
+            return False
+        log.info("HTTP 401: the service-account token was rotated; using the new one")
+        self._token = token
+        return True
+
     def _url(self, api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
         base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
         url = f"{self._server}{base}/namespaces/{namespace}/{PLURALS[kind]}"
@@ -231,12 +274,16 @@ class Kube:
         params: Mapping[str, str] | None = None,
     ) -> Obj | None:
         headers = {"Content-Type": content_type} if content_type else {}
-        async with self._session.request(
-            method, url, json=body, headers=headers, params=params
-        ) as response:
-            if response.status == 404:
-                return None
-            data = await response.json(content_type=None)
+        while True:
+            sent = self._token
+            async with self._session.request(
+                method, url, json=body, headers=self._auth(headers), params=params
+            ) as response:
+                if response.status == 404:
+                    return None
+                data = await response.json(content_type=None)
+            if response.status == 401 and await self._reload_token(sent):
+                continue  # with the token just read; its own 401 is final
             if response.status >= 400:
                 message = data.get("message", "") if isinstance(data, dict) else str(data)
                 raise KubeError(response.status, message)

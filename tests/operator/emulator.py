@@ -109,6 +109,11 @@ class Emulator(kmock.KubernetesEmulator):
     status_patches: list[tuple[str, Any]] | None = None
     """When a list, (name, body) of every PATCH of a segtxn resource's status
     subresource, in order: what a handler wrote while it ran."""
+    tokens: frozenset[str] | None = None
+    """When set, a request (but the tests' own) without ``Bearer <one of these>`` is refused
+    with 401, as a real API server refuses a rotated-out service-account token; each
+    refused Authorization header is appended to :attr:`unauthorized`."""
+    unauthorized: list[str]
     deleted: Callable[[str, str], None] | None = None
     """Told (plural, name: ``("pods", "demo-broker-2")``) of each object a DELETE
     removed, once it is: tests that play a controller (a StatefulSet's) react to it."""
@@ -116,6 +121,12 @@ class Emulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> Any:
         data = request.data
         agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
+        if self.tokens is not None and agent != TESTS_AGENT:
+            sent = next((v for k, v in request.headers.items() if k.lower() == "authorization"),
+                        "")  # fmt: skip
+            if sent.removeprefix("Bearer ") not in self.tokens:
+                self.unauthorized = [*getattr(self, "unauthorized", []), sent]
+                raise kmock.KubernetesError(status=401, reason="Unauthorized", message="no")
         if self.requests is not None and agent != TESTS_AGENT:
             self._record(request, self.requests)
         status_patch = request.subresource == "status" and request.method == "PATCH"
