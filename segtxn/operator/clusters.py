@@ -25,7 +25,15 @@ import kopf
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.ledger.replicas import Replication
-from segtxn.operator import credentials, ordering, render, replication, rolling, scaledown
+from segtxn.operator import (
+    credentials,
+    ordering,
+    render,
+    replication,
+    rolling,
+    scaledown,
+    security,
+)
 from segtxn.operator.immutable import immutable_changes
 from segtxn.operator.runtime import (
     API,
@@ -142,8 +150,9 @@ async def reconcile_cluster(
     (condition ``Applied`` False, a Warning event, the reason naming the check):
     ``ImmutableField`` (:mod:`.immutable`; replication turned off included) and
     ``InvalidReplication`` (:mod:`.replication`: not a ``W/A`` the brokers accept, or
-    ``W`` above the broker count) and ``InvalidSecurity`` (:mod:`.security`: a policy the
-    servers would refuse), not retried, only a new spec heals them;
+    ``W`` above the broker count) and ``InvalidSecurity`` (:mod:`.security`: a role name
+    that cannot name its Secret, a policy the servers would refuse), not retried, only a
+    new spec heals them;
     ``ScaleDownRefused`` (:mod:`.scaledown`), checked again every
     :data:`SCALE_DOWN_RECHECK_S` (the brokers' topics may be deleted meanwhile), except
     below replication's ``W``, which is final. With replication the brokers that would go
@@ -157,6 +166,7 @@ async def reconcile_cluster(
         _not_applied(body, status, patch, "ImmutableField", refused)
         raise kopf.PermanentError(refused)
     quorums = _replication(body, status, patch, replication.parse, spec)
+    _security(body, status, patch, spec)
     live = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
     current = None if live is None else int(live.get("spec", {}).get("replicas", 0))
     wanted = int(spec.get("brokers", {}).get("replicas", 3))
@@ -210,6 +220,23 @@ def _replication(
         return check(spec)
     except replication.InvalidReplication as e:
         _not_applied(body, status, patch, "InvalidReplication", str(e))
+        raise kopf.PermanentError(str(e)) from e
+
+
+def _security(
+    body: kopf.Body, status: kopf.Status, patch: kopf.Patch, spec: Mapping[str, Any]
+) -> None:
+    """:func:`.security.check`, switch on or off, before anything is applied or scaled down
+    (the grants are checked later, when the policy is rendered).
+
+    Raises:
+        kopf.PermanentError: it refused the spec (``Applied`` False, ``InvalidSecurity``);
+            only a new spec heals it.
+    """
+    try:
+        security.check(spec)
+    except InvalidSecurity as e:
+        _not_applied(body, status, patch, "InvalidSecurity", str(e))
         raise kopf.PermanentError(str(e)) from e
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,17 @@ CLUSTER_ROLE = "segtxn-cluster"
 ADMIN_ROLE = "segtxn-admin"
 """The role of the admin token (``admin`` on ``*``): the operator's own calls, and people."""
 RESERVED = (CLUSTER_ROLE, ADMIN_ROLE)
+ROLE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+"""A role name: a DNS label (it names the Secret ``<cluster>-token-<role>``)."""
+MAX_ROLE_NAME = 40
+"""The longest role name: the CRD's ``maxLength`` of a superuser, and its rule on
+``roles``' keys."""
+MAX_ROLES = 64
+"""The most entries ``spec.security.roles`` may hold (the CRD's ``maxProperties``). Each
+role costs a token Secret (and, with ``clientCertificates``, a certificate) that every
+renewal pass reads and may re-issue, and a policy entry in the ConfigMap every server
+mounts; the bound also keeps the CRD's rule over the roles cheap for the API server to
+admit (a CEL rule's estimated cost grows with the size of the map it walks)."""
 POLICY_KEY = "policy.yaml"
 """The cluster ConfigMap's key holding the rendered policy (JSON, which is YAML)."""
 TLS_DIR = "/etc/segtxn/tls"
@@ -111,20 +123,41 @@ class SecuritySpec:
             roles[name] = [dict(g) for g in grants]
         return {"superusers": [CLUSTER_ROLE, *self.superusers], "roles": roles}
 
-    def policy(self) -> Policy:
-        """The policy, checked as the servers will check it.
+    def check(self) -> None:
+        """Refuse what the CRD's own rules refuse, switch on or off (for API servers that do
+        not run CEL, and because the role names are checked here only: a regex over a
+        map's keys costs the API server more than a CRD's rule may, docs/kubernetes.md).
 
         Raises:
-            InvalidSecurity: a reserved role name, or a grant the servers would refuse.
+            InvalidSecurity: a role name that is not a DNS label of at most
+                :data:`MAX_ROLE_NAME` characters, or reserved; more than :data:`MAX_ROLES`
+                roles; client certificates from cert-manager.
         """
         for role in (*self.superusers, *(self.roles or {})):
+            if len(role) > MAX_ROLE_NAME or not ROLE_NAME.fullmatch(role):
+                raise InvalidSecurity(
+                    f"{FIELD}: role name {role!r} is not a DNS label of at most "
+                    f"{MAX_ROLE_NAME} characters (lower-case letters, digits and '-'; it "
+                    "names the role's token Secret)"
+                )
             if role in RESERVED:
                 raise InvalidSecurity(f"{FIELD}: role {role!r} is reserved for the operator")
+        if len(self.roles or {}) > MAX_ROLES:
+            raise InvalidSecurity(f"{FIELD}.roles: at most {MAX_ROLES} roles")
         if self.client_certificates and self.certificates is not CertificateSource.OPERATOR:
             raise InvalidSecurity(
                 f"{FIELD}.clientCertificates: needs certificates: operator (the roles' "
                 "client certificates are issued by the operator's CA)"
             )
+
+    def policy(self) -> Policy:
+        """The policy, checked as the servers will check it (and :meth:`check`).
+
+        Raises:
+            InvalidSecurity: :meth:`check` refuses the spec, or a grant the servers would
+                refuse.
+        """
+        self.check()
         try:
             return Policy.parse(self.policy_data(), FIELD)
         except AuthConfigError as e:
@@ -134,6 +167,16 @@ class SecuritySpec:
         """The roles the operator keeps a token Secret for (the cluster role's token is in
         :func:`auth_secret` instead, mounted by the servers)."""
         return sorted({ADMIN_ROLE, *self.superusers, *(self.roles or {})})
+
+
+def check(spec: Mapping[str, Any]) -> None:
+    """:meth:`SecuritySpec.check` of a SegtxnCluster's spec, security on or off (its CRD
+    rules refuse these whether it is on or not).
+
+    Raises:
+        InvalidSecurity: as :meth:`SecuritySpec.check`.
+    """
+    SecuritySpec.of(spec).check()
 
 
 def enabled(spec: Mapping[str, Any]) -> bool:

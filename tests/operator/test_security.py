@@ -263,6 +263,52 @@ async def test_a_policy_the_servers_would_refuse_is_refused_whole() -> None:
         assert emu.get(STS, "demo-broker") is None and emu.get(SECRETS, "demo-ca") is None
 
 
+@pytest.mark.parametrize("enabled", [True, False], ids=["on", "off"])
+async def test_a_role_name_that_cannot_name_its_secret_is_refused_whole(enabled: bool) -> None:
+    """The CRD checks a role name's length only (a regex over a map's keys costs the API
+    server too much): the operator refuses the rest, switch on or off, as the CRD's rule
+    did."""
+    async with emulator() as emu, operator(emu, offline()):
+        roles = {"Orders_App": ROLES["orders-app"]}
+        spec = {"metadataStore": {"url": STORE},
+                "security": {"enabled": enabled, "roles": roles}}  # fmt: skip
+        await emu.create("SegtxnCluster", "demo", spec)
+        await wait_until(
+            lambda: condition(emu, "SegtxnCluster", "demo", "Applied") == "False",
+            timeout=WAIT_S,
+            what="Applied False",
+        )
+        [applied] = [
+            c
+            for c in (emu.mine("SegtxnCluster", "demo") or {})["status"]["conditions"]
+            if c["type"] == "Applied"
+        ]
+        assert applied["reason"] == "InvalidSecurity"
+        assert "'Orders_App' is not a DNS label" in applied["message"]
+        assert emu.get(STS, "demo-broker") is None and emu.get(SECRETS, "demo-ca") is None
+
+
+def test_the_crd_bounds_the_roles_as_the_operator_does() -> None:
+    """The CRD's bounds are the operator's: as many roles, names as long (the form of a
+    name is the operator's alone, above)."""
+    from tests.manifests.support import crd_schemas
+
+    sec = crd_schemas()[("segtxn.io/v1alpha1", "SegtxnCluster")]["properties"]["spec"][
+        "properties"
+    ]["security"]["properties"]
+    assert sec["roles"]["maxProperties"] == security.MAX_ROLES
+    assert sec["superusers"]["items"]["maxLength"] == security.MAX_ROLE_NAME
+    [rule] = sec["roles"]["x-kubernetes-validations"]
+    assert rule["rule"] == f"self.all(r, size(r) <= {security.MAX_ROLE_NAME})"
+    assert sec["superusers"]["items"]["pattern"] == f"^{security.ROLE_NAME.pattern}$"
+    too_many: dict[str, list[Any]] = {f"r{i}": [] for i in range(security.MAX_ROLES + 1)}
+    with pytest.raises(security.InvalidSecurity, match="at most 64 roles"):
+        security.check({"security": {"roles": too_many}})
+    with pytest.raises(security.InvalidSecurity, match="not a DNS label"):
+        security.check({"security": {"superusers": ["x" * (security.MAX_ROLE_NAME + 1)]}})
+    security.check({"security": {"roles": {"x" * security.MAX_ROLE_NAME: []}}})
+
+
 async def test_what_a_secured_cluster_sends_is_granted_and_every_secured_grant_is_used() -> None:
     """The grants only a secured cluster needs (test_rbac.py's SECURED) are sent, by the
     operator's own certificates and by cert-manager's, and all it sends is granted."""
