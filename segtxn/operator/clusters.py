@@ -34,7 +34,7 @@ from segtxn.operator import (
     scaledown,
     security,
 )
-from segtxn.operator.immutable import immutable_changes
+from segtxn.operator.immutable import coordinator_changes, immutable_changes
 from segtxn.operator.runtime import (
     API,
     GROUP,
@@ -395,10 +395,19 @@ async def reconcile_coordinator(
     half-apply what the cluster's handler refused. A change of what the pods take from the
     cluster (image, configuration) is not applied here: the cluster's roll applies it in
     its turn (:mod:`.ordering`: the brokers first, then one TransactionCoordinator at a
-    time); meanwhile ``Applied`` is False, ``WaitingForRoll``."""
+    time); meanwhile ``Applied`` is False, ``WaitingForRoll``. A change of
+    ``coordinatorIds`` or ``clusterRef`` against the live Deployment is refused whole
+    (:func:`.immutable.coordinator_changes`: ``Applied`` False, ``ImmutableField``), before
+    anything is written."""
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     cluster_name = str(spec["clusterRef"])
+    full = render.coordinator_name(name)
+    live = await runtime.kube.get("apps/v1", "Deployment", namespace, full)
+    changes = "; ".join(c.message() for c in coordinator_changes(live, spec))
+    if changes:
+        _not_applied(body, status, patch, "ImmutableField", changes)
+        raise kopf.PermanentError(changes)
     try:
         cluster = await cluster_spec(runtime, namespace, cluster_name)
         refused = await _immutable_changes(runtime, namespace, cluster_name, cluster)
@@ -413,7 +422,6 @@ async def reconcile_coordinator(
         raise kopf.TemporaryError(message, delay=RETRY_S * 6)
     objects = render.render_coordinator(name, namespace, spec, cluster)
     wanted = ordering.desired(objects)
-    live = await runtime.kube.get("apps/v1", "Deployment", namespace, wanted["metadata"]["name"])
     if ordering.waits_for_brokers(live, wanted):
         message = (
             f"it changes what the coordinators take from SegtxnCluster {cluster_name}: "

@@ -13,6 +13,14 @@ a change to them, whole, before anything is applied.
   turned off (:func:`.replication.turned_off`): brokers without it cannot read the
   replicated ledgers.
 
+Of a TransactionCoordinator (:func:`coordinator_changes`):
+
+- ``spec.coordinatorIds``: coordinators campaign only for ids ``0..coordinatorIds-1``;
+  lowering it leaves the open transactions and the GC work of the ids above with no
+  coordinator, and the ids' state stays in the cluster's store whatever the spec says.
+- ``spec.clusterRef``: the coordinators' ids, their open transactions and their GC work
+  are in that cluster's store; pointing them at another cluster orphans all of it.
+
 The CRD refuses these changes too (CEL rules, ``self == oldSelf``); this check is the
 operator's own, for API servers that do not enforce the rules and for resources edited
 before they existed. It compares the spec with what is *applied* (the live StatefulSet
@@ -45,6 +53,17 @@ _STORAGE = (
     "brokers' volumes, expand each PersistentVolumeClaim data-<cluster>-broker-<i> (if its "
     "StorageClass allows expansion)"
 )
+
+
+_IDS = (
+    "coordinators serve only the ids below it: fewer would leave the open transactions and "
+    "GC work of the others with no coordinator. The ids are fixed for the cluster's life"
+)
+_CLUSTER = (
+    "the coordinators' ids, open transactions and GC work are in that cluster's store. To "
+    "serve another cluster, create another TransactionCoordinator"
+)
+_COORDINATORS = "cannot change once the coordinators exist"
 
 
 _SUFFIXES = {
@@ -131,4 +150,35 @@ def immutable_changes(
                     _STORAGE,
                 )
             )
+    return changes
+
+
+def coordinator_changes(
+    applied: Mapping[str, Any] | None, spec: Mapping[str, Any]
+) -> list[ImmutableChange]:
+    """The immutable fields of TransactionCoordinator ``spec`` that change against its
+    live Deployment (``applied``; None before the first apply, when nothing is fixed yet):
+    the ``--ids`` its coordinators run with, the cluster it names
+    (:data:`.render.CLUSTER_ANNOTATION`; a Deployment applied before it existed fixes no
+    cluster). Empty when the spec may be applied."""
+    if applied is None:
+        return []
+    changes = []
+    wanted_ids = str(spec.get("coordinatorIds", render.COORDINATOR_IDS))
+    containers = applied.get("spec", {}).get("template", {}).get("spec", {}).get("containers")
+    for arg in (containers or [{}])[0].get("args") or ():
+        if str(arg).startswith("--ids=") and str(arg)[len("--ids=") :] != wanted_ids:
+            running = str(arg)[len("--ids=") :]
+            changes.append(
+                ImmutableChange("spec.coordinatorIds", running, wanted_ids, _IDS, _COORDINATORS)
+            )
+    annotations = applied.get("metadata", {}).get("annotations") or {}
+    cluster = annotations.get(render.CLUSTER_ANNOTATION)
+    wanted_cluster = str(spec.get("clusterRef", ""))
+    if cluster is not None and str(cluster) != wanted_cluster:
+        changes.append(
+            ImmutableChange(
+                "spec.clusterRef", str(cluster), wanted_cluster, _CLUSTER, _COORDINATORS
+            )
+        )
     return changes

@@ -32,6 +32,12 @@ UID = 10001
 """The image's unprivileged user (manifests/Dockerfile)."""
 CONFIG_HASH = "segtxn.io/config-hash"
 """Pod-template annotation: a changed ConfigMap rolls the pods."""
+CLUSTER_ANNOTATION = "segtxn.io/cluster"
+"""A coordinators' Deployment's annotation: the SegtxnCluster they serve, as applied
+(:func:`.immutable.coordinator_changes`: it cannot change). On the Deployment, not its pod
+template: adding it rolls no pod."""
+COORDINATOR_IDS = 4
+"""``spec.coordinatorIds`` when absent (the CRD's default)."""
 
 
 def labels(instance: str, component: str) -> dict[str, str]:
@@ -380,7 +386,7 @@ def render_coordinator(
     replicated = replication.CONFIG_KEY in read
     pod_security, container_security = _security()
     flags = {
-        "ids": spec.get("coordinatorIds", 4),
+        "ids": spec.get("coordinatorIds", COORDINATOR_IDS),
         "default-timeout": spec.get("defaultTimeoutSeconds", 60),
         "timeout-sweep": spec.get("timeoutSweepSeconds", 1),
         "gc-sweep": spec.get("gcSweepSeconds", 10),
@@ -424,7 +430,12 @@ def render_coordinator(
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": full, "namespace": namespace, "labels": component},
+            "metadata": {
+                "name": full,
+                "namespace": namespace,
+                "labels": component,
+                "annotations": {CLUSTER_ANNOTATION: str(spec.get("clusterRef", ""))},
+            },
             "spec": {
                 "replicas": int(spec.get("replicas", 2)),
                 "strategy": {
