@@ -131,7 +131,9 @@ class SecuritySpec:
         Raises:
             InvalidSecurity: a role name that is not a DNS label of at most
                 :data:`MAX_ROLE_NAME` characters, or reserved; more than :data:`MAX_ROLES`
-                roles; client certificates from cert-manager.
+                roles; a renewal window not shorter than what it renews (everything would
+                be due as soon as issued, and re-issued on every renewal pass); client
+                certificates from cert-manager.
         """
         for role in (*self.superusers, *(self.roles or {})):
             if len(role) > MAX_ROLE_NAME or not ROLE_NAME.fullmatch(role):
@@ -144,6 +146,14 @@ class SecuritySpec:
                 raise InvalidSecurity(f"{FIELD}: role {role!r} is reserved for the operator")
         if len(self.roles or {}) > MAX_ROLES:
             raise InvalidSecurity(f"{FIELD}.roles: at most {MAX_ROLES} roles")
+        for field, days in (("certificateDays", self.certificate_days),
+                            ("tokenDays", self.token_days)):  # fmt: skip
+            if self.renew_before_days >= days:
+                raise InvalidSecurity(
+                    f"{FIELD}.renewBeforeDays ({self.renew_before_days}) must be below "
+                    f"{field} ({days}): else everything is due for renewal as soon as it "
+                    "is issued, and is re-issued on every renewal pass"
+                )
         if self.client_certificates and self.certificates is not CertificateSource.OPERATOR:
             raise InvalidSecurity(
                 f"{FIELD}.clientCertificates: needs certificates: operator (the roles' "

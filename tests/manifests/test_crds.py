@@ -268,3 +268,35 @@ def test_crd_autoscale_defaults_are_the_policys() -> None:
     assert merge["windowSeconds"]["description"].endswith(f"({policy.merge_window_s:.0f}).")
     rules = " ".join(v["rule"] for v in spec["x-kubernetes-validations"])
     assert "self.autoscale.enabled && has(self.targetSegments)" in rules
+
+
+def _security_rules() -> list[str]:
+    spec = crd_schemas()[(API, "SegtxnCluster")]["properties"]["spec"]
+    return [v["rule"] for v in spec["properties"]["security"]["x-kubernetes-validations"]]
+
+
+@pytest.mark.parametrize(
+    ("security", "admitted"),
+    [
+        ({"renewBeforeDays": 30, "certificateDays": 365, "tokenDays": 365}, True),
+        ({"renewBeforeDays": 13, "certificateDays": 14, "tokenDays": 14}, True),
+        ({"renewBeforeDays": 30, "certificateDays": 14, "tokenDays": 365}, False),
+        ({"renewBeforeDays": 30, "certificateDays": 365, "tokenDays": 30}, False),
+        ({"clientCertificates": True, "certificates": "operator"}, True),
+        ({"clientCertificates": False, "certificates": "cert-manager"}, True),
+        ({"clientCertificates": True, "certificates": "cert-manager"}, False),
+    ],
+)
+def test_the_security_rules_refuse_what_cannot_run(
+    security: dict[str, Any], admitted: bool
+) -> None:
+    """A renewal window not shorter than the validity (everything re-issued on every renewal
+    pass) and client certificates from cert-manager are refused at admission, as the
+    operator refuses them (tests/operator/test_security.py). CEL evaluated here by
+    tests/manifests/celeval.py, on the spec as stored (defaults filled in)."""
+    from tests.manifests.celeval import evaluate
+
+    schema = crd_schemas()[(API, "SegtxnCluster")]["properties"]["spec"]["properties"]
+    stored = defaulted(security, schema["security"])
+    assert all(evaluate(rule, stored) for rule in _security_rules()) is admitted
+

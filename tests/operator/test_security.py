@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import re
 from typing import Any
 
 import aiohttp
@@ -307,6 +308,32 @@ def test_the_crd_bounds_the_roles_as_the_operator_does() -> None:
     with pytest.raises(security.InvalidSecurity, match="not a DNS label"):
         security.check({"security": {"superusers": ["x" * (security.MAX_ROLE_NAME + 1)]}})
     security.check({"security": {"roles": {"x" * security.MAX_ROLE_NAME: []}}})
+
+
+@pytest.mark.parametrize(
+    ("fields", "complaint"),
+    [
+        ({"certificateDays": 14}, "renewBeforeDays (30) must be below certificateDays (14)"),
+        ({"renewBeforeDays": 60, "tokenDays": 60}, "must be below tokenDays (60)"),
+        (
+            {"clientCertificates": True, "certificates": "cert-manager"},
+            "clientCertificates: needs certificates: operator",
+        ),
+    ],
+    ids=["certificates", "tokens", "client-certificates"],
+)
+def test_what_the_crds_security_rules_refuse_the_operator_refuses(
+    fields: dict[str, Any], complaint: str
+) -> None:
+    """A renewal window not shorter than the validity would make every renewal pass (each
+    5 minutes) re-issue every certificate and token; cert-manager cannot issue the roles'
+    client certificates. Refused whether security is on or off, as the CRD's rules do,
+    before anything is applied (the reconcile handler calls this check first)."""
+    with pytest.raises(security.InvalidSecurity, match=re.escape(complaint)):
+        security.check({"security": fields})
+    with pytest.raises(security.InvalidSecurity, match=re.escape(complaint)):
+        security.SecuritySpec.of({"security": {**fields, "enabled": True}}).policy()
+    security.check({"security": {"renewBeforeDays": 13, "certificateDays": 14, "tokenDays": 14}})
 
 
 async def test_what_a_secured_cluster_sends_is_granted_and_every_secured_grant_is_used() -> None:
