@@ -300,3 +300,35 @@ def test_the_security_rules_refuse_what_cannot_run(
     stored = defaulted(security, schema["security"])
     assert all(evaluate(rule, stored) for rule in _security_rules()) is admitted
 
+
+@pytest.mark.parametrize(
+    ("size", "admitted"),
+    [("10Gi", True), ("0.5Gi", True), ("1", True), ("100Mi", True), ("1.5Ti", True),
+     ("0", False), ("0Gi", False), ("0.0", False), ("00Mi", False), ("-1Gi", False),
+     ("1e3", False), ("ten", False)],
+)  # fmt: skip
+def test_broker_storage_is_a_quantity_above_zero(size: str, admitted: bool) -> None:
+    """The brokers' volume: "0" would make a claim no provisioner fills (pods Pending)."""
+    spec = {"metadataStore": {"url": "etcd://e:2379"}, "brokers": {"storage": {"size": size}}}
+    doc = {"apiVersion": API, "kind": "SegtxnCluster", "metadata": {"name": "x"}, "spec": spec}
+    if admitted:
+        validate(doc)
+    else:
+        with pytest.raises(jsonschema.ValidationError):
+            validate(doc)
+
+
+@pytest.mark.parametrize("kind", ["TransactionCoordinator", "VerificationRun"])
+@pytest.mark.parametrize(
+    ("ref", "admitted"),
+    [("demo", True), ("demo-1.a", True), ("Demo_1", False), ("-demo", False), ("d" * 254, False)],
+)
+def test_a_cluster_ref_is_an_object_name(kind: str, ref: str, admitted: bool) -> None:
+    """A typo that could never name a SegtxnCluster is refused at admission, not waited
+    for (``WaitingForCluster``, every 5 s) for ever."""
+    doc = {"apiVersion": API, "kind": kind, "metadata": {"name": "x"}, "spec": {"clusterRef": ref}}
+    if admitted:
+        validate(doc)
+    else:
+        with pytest.raises(jsonschema.ValidationError):
+            validate(doc)
