@@ -124,16 +124,21 @@ class SecuritySpec:
         return {"superusers": [CLUSTER_ROLE, *self.superusers], "roles": roles}
 
     def check(self) -> None:
-        """Refuse what the CRD's own rules refuse, switch on or off (for API servers that do
-        not run CEL, and because the role names are checked here only: a regex over a
-        map's keys costs the API server more than a CRD's rule may, docs/kubernetes.md).
+        """Refuse what the CRD's own rules refuse (for API servers that do not run CEL,
+        and because the role names are checked here only: a regex over a map's keys costs
+        the API server more than a CRD's rule may, docs/kubernetes.md).
+
+        The role names are checked switch on or off, as the CRD's rule on them always was.
+        The renewal window and client certificates only with security on, where they do
+        harm: a cluster admitted before the CRD refused them, with security off, must not
+        be refused by an operator upgrade.
 
         Raises:
             InvalidSecurity: a role name that is not a DNS label of at most
                 :data:`MAX_ROLE_NAME` characters, or reserved; more than :data:`MAX_ROLES`
-                roles; a renewal window not shorter than what it renews (everything would
-                be due as soon as issued, and re-issued on every renewal pass); client
-                certificates from cert-manager.
+                roles; with security on, a renewal window not shorter than what it renews
+                (everything would be due as soon as issued, and re-issued on every renewal
+                pass), or client certificates from cert-manager.
         """
         for role in (*self.superusers, *(self.roles or {})):
             if len(role) > MAX_ROLE_NAME or not ROLE_NAME.fullmatch(role):
@@ -146,6 +151,8 @@ class SecuritySpec:
                 raise InvalidSecurity(f"{FIELD}: role {role!r} is reserved for the operator")
         if len(self.roles or {}) > MAX_ROLES:
             raise InvalidSecurity(f"{FIELD}.roles: at most {MAX_ROLES} roles")
+        if not self.enabled:
+            return
         for field, days in (("certificateDays", self.certificate_days),
                             ("tokenDays", self.token_days)):  # fmt: skip
             if self.renew_before_days >= days:
@@ -180,8 +187,7 @@ class SecuritySpec:
 
 
 def check(spec: Mapping[str, Any]) -> None:
-    """:meth:`SecuritySpec.check` of a SegtxnCluster's spec, security on or off (its CRD
-    rules refuse these whether it is on or not).
+    """:meth:`SecuritySpec.check` of a SegtxnCluster's spec.
 
     Raises:
         InvalidSecurity: as :meth:`SecuritySpec.check`.

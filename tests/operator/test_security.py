@@ -327,13 +327,17 @@ def test_what_the_crds_security_rules_refuse_the_operator_refuses(
 ) -> None:
     """A renewal window not shorter than the validity would make every renewal pass (each
     5 minutes) re-issue every certificate and token; cert-manager cannot issue the roles'
-    client certificates. Refused whether security is on or off, as the CRD's rules do,
-    before anything is applied (the reconcile handler calls this check first)."""
+    client certificates. Refused with security on, before anything is applied (the
+    reconcile handler calls this check first); with it off they do no harm, and a cluster
+    admitted before the CRD's rules existed must not be refused by an operator upgrade."""
+    on = {"security": {**fields, "enabled": True}}
     with pytest.raises(security.InvalidSecurity, match=re.escape(complaint)):
-        security.check({"security": fields})
+        security.check(on)
     with pytest.raises(security.InvalidSecurity, match=re.escape(complaint)):
-        security.SecuritySpec.of({"security": {**fields, "enabled": True}}).policy()
-    security.check({"security": {"renewBeforeDays": 13, "certificateDays": 14, "tokenDays": 14}})
+        security.SecuritySpec.of(on).policy()
+    security.check({"security": fields})
+    window = {"renewBeforeDays": 13, "certificateDays": 14, "tokenDays": 14}
+    security.check({"security": {**window, "enabled": True}})
 
 
 async def test_what_a_secured_cluster_sends_is_granted_and_every_secured_grant_is_used() -> None:
