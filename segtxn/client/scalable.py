@@ -275,12 +275,17 @@ class ScalableProducer:
 
     def _settled(self, message: _Outgoing, segment: int, inner: asyncio.Future[MessageId]) -> None:
         self._unsettled[segment].discard(inner)
+        if inner.cancelled():
+            if not message.result.done():
+                message.result.cancel()
+            return
+        # Taken in first, whatever happened to the application's future: the segment's
+        # future is this producer's own, and one whose error nobody retrieves is logged with
+        # a traceback when freed (one per send in flight when a broker stays down past the
+        # send timeout: both futures fail then, the application's first).
+        error = inner.exception()
         if message.result.done():
             return
-        if inner.cancelled():
-            message.result.cancel()
-            return
-        error = inner.exception()
         if isinstance(error, TopicTerminatedError):
             self._refused.append(message)
             self._kick()
