@@ -2,7 +2,8 @@
 
 Both print a summary (how many, how fast, the last id); ``consume --print`` also prints each
 message. ``-o json`` prints the summary (and the printed messages) as one JSON document.
-Interrupted (Ctrl-C), each says how far it got before it exits with status 130.
+Interrupted (Ctrl-C), each says how far it got before it exits with status 130; failed,
+each says how far it got and why in its one error line, and exits with status 1.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from typing import Any
 
 import click
 
-from segtxn.cli.errors import INTERRUPTED, fail
+from segtxn.cli.errors import INTERRUPTED, FailedPartWay, fail
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
-from segtxn.client import Client, Message, MessageId
+from segtxn.client import Client, ErrorCategory, Message, MessageId, ServerError
 from segtxn.protocol.names import Domain
 
 MAX_GENERATED_BYTES = 5 * 1024 * 1024
@@ -46,6 +47,14 @@ SHOWN_BYTES = 80
     "--keys", default=0, type=COUNT, help="Use this many distinct keys (default 0: no key)."
 )
 @click.option("--name", default=None, help="Producer name (reuse it to keep de-duplication).")
+@click.option(
+    "--send-timeout",
+    "send_timeout_s",
+    default=30.0,
+    show_default=True,
+    type=SECONDS,
+    help="Fail once a message is not stored this many seconds after it was sent.",
+)
 @OUTPUT
 @click.pass_context
 def produce(
@@ -58,15 +67,28 @@ def produce(
     size: int,
     keys: int,
     name: str | None,
+    send_timeout_s: float,
     output: str,
 ) -> None:
-    """Send COUNT messages to TOPIC and report the rate."""
+    """Send COUNT messages to TOPIC and report the rate.
+
+    It stops at the first message that fails (exit status 1), saying how many were stored,
+    how many the broker refused and how many were sent with an outcome unknown.
+    """
     refuse_unless(ctx, "size", message is None, "-m gives the payload")
-    sent = stored = 0
+    sent = stored = refused = 0
+
+    def progress() -> str:
+        said = f"{stored:,} of {count:,} messages stored"
+        if refused:
+            said += f"; {refused:,} refused"
+        if unknown := sent - stored - refused:
+            said += f"; {unknown:,} more sent, whether they were stored is unknown"
+        return said
 
     async def body(client: Client) -> dict[str, Any]:
         nonlocal sent, stored
-        producer = await client.create_producer(topic, name=name)
+        producer = await client.create_producer(topic, name=name, send_timeout_s=send_timeout_s)
         started = time.perf_counter()
         futures = []
         failed: list[BaseException] = []
@@ -77,12 +99,17 @@ def produce(
                 retrieved here, so none is logged again when the client closes)."""
                 if future.cancelled():
                     return
-                nonlocal stored
+                nonlocal stored, refused
                 error = future.exception()
                 if error is None:
                     stored += 1
                     bar.update(1)
-                elif not failed:
+                    return
+                if isinstance(error, ServerError) and (
+                    error.category is not ErrorCategory.OUTCOME_UNKNOWN
+                ):
+                    refused += 1  # the broker said no: not stored
+                if not failed:
                     failed.append(error)
 
             for i in range(count):
@@ -110,12 +137,11 @@ def produce(
     try:
         done = run(body, url)
     except KeyboardInterrupt:
-        unknown = f"; {sent - stored:,} more sent, whether they were stored is unknown"
-        fail(
-            f"interrupted: {stored:,} of {count:,} messages stored"
-            + (unknown if sent > stored else ""),
-            INTERRUPTED,
-        )
+        fail(f"interrupted: {progress()}", INTERRUPTED)
+    except Exception as e:
+        if not sent:  # nothing done yet: the error alone says it
+            raise
+        raise FailedPartWay(progress()) from e  # every send is settled: the client closed
     show(
         output,
         done,
@@ -176,12 +202,14 @@ def consume(
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
     streaming = show_each and output == Format.TABLE  # a person watches them come
     received = 0
+    subscribed = False
 
     async def body(client: Client) -> dict[str, Any]:
-        nonlocal received
+        nonlocal received, subscribed
         consumer = await client.subscribe(
             topic, subscription, subscription_type=sub_type, initial_position=initial
         )
+        subscribed = True
         keys: set[str] = set()
         shown: list[dict[str, Any]] = []
         first = last = None
@@ -217,6 +245,10 @@ def consume(
         done = run(body, url)
     except KeyboardInterrupt:
         fail(f"interrupted: {received:,} messages received and acknowledged", INTERRUPTED)
+    except Exception as e:
+        if not subscribed:  # nothing done yet: the error alone says it
+            raise
+        raise FailedPartWay(f"{received:,} messages received and acknowledged") from e
     line = f"received {done['received']} messages"
     if done["received"]:
         line += f" ({done['keys']} keys), first {done['firstId']}, last {done['lastId']}"

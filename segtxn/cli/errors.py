@@ -3,11 +3,12 @@
 The commands raise typed errors (the client's, the store's, the servers' start-up errors,
 click's usage errors); :class:`Main` turns each into one line, ``Error: ...``, here and
 nowhere else. Exit status: 2 for a usage error (a bad flag or argument), 1 for any other
-failure, 130 for Ctrl-C. An error nobody expected is an internal error: one line saying so,
-and its traceback with ``-vv`` (never without: a user reads the line, a developer asks for
-the traceback). Connection failures are said in words (``connection refused``, ``the host
-name does not resolve``), with the URL that could not be reached, never as an aiohttp
-object's repr.
+failure, 130 for Ctrl-C. A command that fails part-way (``produce``, ``consume``) says how
+far it got first (:class:`FailedPartWay`). An error nobody expected is an internal error:
+one line saying so, and its traceback with ``-vv`` (never without: a user reads the line, a
+developer asks for the traceback). Connection failures are said in words (``connection
+refused``, ``the host name does not resolve``), with the URL that could not be reached,
+never as an aiohttp object's repr.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ INTERRUPTED = 130
 
 class ServiceUnreachable(Exception):
     """A command could not connect to the cluster; the message names the URL and why."""
+
+
+class FailedPartWay(Exception):
+    """A command failed after it had done part of its work (``raise FailedPartWay(done)
+    from error``): its one line says how far it got, as Ctrl-C's does, then the error,
+    ``Error: failed (10 of 20 messages stored): Timeout: ...``."""
+
+    def __init__(self, done: str) -> None:
+        super().__init__(done)
+        self.done = done
 
 
 def causes(e: BaseException) -> Iterator[BaseException]:
@@ -164,12 +175,16 @@ class Main(click.Group):
         except BrokenPipeError:  # `segtxn ... | head`: the reader left; nothing to say
             os._exit(1)
         except Exception as e:
+            done = ""
+            error: BaseException = e
+            if isinstance(e, FailedPartWay) and e.__cause__ is not None:
+                done, error = f"failed ({e.done}): ", e.__cause__
             debug = verbosity.configured() >= 2
             if debug:
-                traceback.print_exception(e)
-            line = describe(e)
+                traceback.print_exception(error)
+            line = describe(error)
             if line is None:
                 hint = "" if debug else " (segtxn -vv ... shows the traceback)"
-                line = f"internal error: {type(e).__name__}: {e}{hint}"
-            fail(line)
+                line = f"internal error: {type(error).__name__}: {error}{hint}"
+            fail(done + line)
         sys.exit(code if isinstance(code, int) else 0)

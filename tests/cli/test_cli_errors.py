@@ -436,7 +436,11 @@ def test_produce_stops_at_the_first_failed_send(
     assert sends <= 2 * ProducerOptions().max_pending  # a window's worth, not all 100,000
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
     error = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
-    assert error == [f"Error: TopicTerminatedError: {topic} is sealed"], result.stderr
+    [line] = error
+    said = (
+        r"Error: failed \(0 of 100,000 messages stored; ([\d,]+) refused\): TopicTerminatedError: "
+    )
+    assert re.fullmatch(said + f"{topic} is sealed", line), result.stderr
 
 
 def test_verify_run_again_with_the_same_run_name_is_one_line(

@@ -1,0 +1,115 @@
+"""``segtxn produce`` and ``segtxn consume`` that fail part-way say how far they got in their
+one error line (as Ctrl-C does) and exit 1."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from segtxn.cli import main
+from segtxn.client import Client, Message
+from segtxn.client.consumer import Consumer
+from segtxn.protocol.errors import TopicNotFound
+from tests import processes
+from tests.processes import ServerProcess
+from tests.waiting import wait_until
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def errors(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr
+    assert "never retrieved" not in stderr, stderr[:3000]
+    return [line for line in stderr.splitlines() if line.startswith("Error: ")]
+
+
+@pytest.fixture
+def standalone() -> Iterator[ServerProcess]:
+    server = processes.standalone()
+    server.start()
+    try:
+        asyncio.run(server.ready())
+        yield server
+    finally:
+        server.stop()
+
+
+async def _stored(url: str, topic: str) -> int:
+    async with Client(url) as client:
+        stats = await client.admin.stats(topic)
+    return sum(int((s["stats"] or {}).get("msgInCounter", 0)) for s in stats["segments"])
+
+
+def test_produce_whose_segment_broker_stays_down_says_how_many_were_stored(
+    standalone: ServerProcess,
+) -> None:
+    """The broker goes away mid-run for longer than the send timeout: one error line with
+    the count stored, not a traceback per send in flight (trial 2, S2)."""
+    topic = "topic://t/ns/down"
+    assert (
+        invoke("topics", "create", topic, "--segments", "2", "--url", standalone.url).exit_code == 0
+    )
+    producing = subprocess.Popen(
+        [sys.executable, "-m", "segtxn.cli", "produce", topic, "-n", "10000000", "--size", "8",
+         "--keys", "10", "--send-timeout", "2", "--url", standalone.url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+
+        async def under_way() -> bool:
+            assert producing.poll() is None, producing.communicate()
+            return await _stored(standalone.url, topic) > 0
+
+        asyncio.run(wait_until(under_way, timeout=60, what="messages stored"))
+        standalone.kill()
+        _, err = producing.communicate(timeout=90)
+    finally:
+        producing.kill()
+    assert producing.returncode == 1, err
+    [line] = errors(err)
+    said = re.fullmatch(
+        r"Error: failed \(([\d,]+) of 10,000,000 messages stored"
+        r"(; [\d,]+ more sent, whether they were stored is unknown)?\): .+",
+        line,
+    )
+    assert said is not None, line
+    assert int(said[1].replace(",", "")) > 0
+
+
+def test_consume_that_fails_says_how_many_it_received(
+    standalone: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure that is not an acknowledgment's (here the topic goes away under the
+    consumer) ends it with what it had received and acknowledged before (trial 2, M3)."""
+    topic = "persistent://t/ns/consumed"
+    url = standalone.url
+    assert invoke("topics", "create", topic, "--url", url).exit_code == 0
+    assert invoke("produce", topic, "-n", "10", "--url", url).exit_code == 0
+    receive = Consumer.receive
+    calls = 0
+
+    async def failing(self: Consumer, *args: Any, **kwargs: Any) -> Message:
+        nonlocal calls
+        calls += 1
+        if calls > 4:
+            raise TopicNotFound(f"topic {topic} does not exist")
+        return await receive(self, *args, **kwargs)
+
+    monkeypatch.setattr(Consumer, "receive", failing)
+    result = invoke("consume", topic, "sub", "--url", url)
+    assert result.exit_code == 1, result.output
+    assert errors(result.stderr) == [
+        f"Error: failed (4 messages received and acknowledged): "
+        f"TopicNotFound: topic {topic} does not exist"
+    ]
