@@ -15,11 +15,11 @@ from typing import Any
 
 import click
 
-from segtxn.cli.errors import INTERRUPTED, FailedPartWay, fail
+from segtxn.cli.errors import INTERRUPTED, FailedPartWay, describe, fail
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
-from segtxn.client import Client, ErrorCategory, Message, MessageId, ServerError
+from segtxn.client import Client, ErrorCategory, Message, MessageId, ServerError, Timeout
 from segtxn.protocol.names import Domain
 
 MAX_GENERATED_BYTES = 5 * 1024 * 1024
@@ -197,19 +197,54 @@ def consume(
     show_each: bool,
     output: str,
 ) -> None:
-    """Receive and acknowledge messages of TOPIC on SUBSCRIPTION; print how many."""
+    """Receive and acknowledge messages of TOPIC on SUBSCRIPTION; print how many.
+
+    An acknowledgment that fails (the broker's store is briefly down, or no answer came in
+    time) does not stop it: the message may be delivered again, which an at-least-once
+    consumer takes anyway. It warns once, counts them in its summary, and fails (exit
+    status 1) only when acknowledgments keep failing for longer than the client's
+    operation timeout (30 s).
+    """
     if not subscription.strip():
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
     streaming = show_each and output == Format.TABLE  # a person watches them come
-    received = 0
+    received = unacknowledged = 0
     subscribed = False
+    failing_since: float | None = None
+    """When the acknowledgments that failed since the last one that did not began."""
+
+    def progress() -> str:
+        if not unacknowledged:
+            return f"{received:,} messages received and acknowledged"
+        return (
+            f"{received:,} messages received, {received - unacknowledged:,} of them "
+            f"acknowledged ({_unacknowledged(unacknowledged)})"
+        )
+
+    def ack_failed(error: ServerError | Timeout, limit_s: float) -> None:
+        """Count a failed acknowledgment; raise ``error`` once they have failed for longer
+        than ``limit_s`` without one that did not."""
+        nonlocal unacknowledged, failing_since
+        now = time.monotonic()
+        if failing_since is None:
+            failing_since = now
+        elif now - failing_since > limit_s:
+            raise error  # not counted: not received either
+        unacknowledged += 1
+        if unacknowledged == 1:
+            click.echo(
+                f"Warning: an acknowledgment failed ({describe(error)}); going on: a "
+                "message whose acknowledgment failed may be delivered again",
+                err=True,
+            )
 
     async def body(client: Client) -> dict[str, Any]:
-        nonlocal received, subscribed
+        nonlocal received, subscribed, failing_since
         consumer = await client.subscribe(
             topic, subscription, subscription_type=sub_type, initial_position=initial
         )
         subscribed = True
+        outage_limit_s = client.timeouts.operation_timeout_s
         keys: set[str] = set()
         shown: list[dict[str, Any]] = []
         first = last = None
@@ -223,7 +258,15 @@ def consume(
                 click.echo(f"{message.message_id} key={message.key} {shown_value!r}")
             elif show_each:
                 shown.append(_shown(message))
-            await consumer.acknowledge(message)
+            try:
+                await consumer.acknowledge(message)
+                failing_since = None
+            except ServerError as e:
+                if not e.retriable:  # refused for good (not authorized, ...)
+                    raise
+                ack_failed(e, outage_limit_s)
+            except Timeout as e:
+                ack_failed(e, outage_limit_s)
             received += 1
             first = first or str(message.message_id)
             last = str(message.message_id)
@@ -236,6 +279,7 @@ def consume(
             "keys": len(keys),
             "firstId": first,
             "lastId": last,
+            "unacknowledged": unacknowledged,
         }
         if show_each and not streaming:
             summary["messages"] = shown
@@ -244,12 +288,21 @@ def consume(
     try:
         done = run(body, url)
     except KeyboardInterrupt:
-        fail(f"interrupted: {received:,} messages received and acknowledged", INTERRUPTED)
+        fail(f"interrupted: {progress()}", INTERRUPTED)
     except Exception as e:
         if not subscribed:  # nothing done yet: the error alone says it
             raise
-        raise FailedPartWay(f"{received:,} messages received and acknowledged") from e
+        raise FailedPartWay(progress()) from e
     line = f"received {done['received']} messages"
     if done["received"]:
         line += f" ({done['keys']} keys), first {done['firstId']}, last {done['lastId']}"
+    if unacknowledged:
+        line += f"; {_unacknowledged(unacknowledged)}"
     show(output, done, line)
+
+
+def _unacknowledged(count: int) -> str:
+    return (
+        f"{count:,} acknowledgment{'s' if count > 1 else ''} failed: "
+        "those messages may be delivered again"
+    )

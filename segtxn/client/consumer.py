@@ -296,6 +296,9 @@ class Consumer:
 
         Raises:
             ServerError: e.g. TransactionConflict when another open transaction holds it.
+                Without ``txn``, ServiceNotReady (the broker could not save it to its
+                store) may still have taken effect: the message may or may not be delivered
+                again; acknowledging it again is harmless (docs/protocol.md).
             Timeout: no receipt in time (OUTCOME_UNKNOWN: it may have been applied; in
                 ``txn`` the transaction can no longer commit).
             ClientClosed: the consumer was closed (nothing was sent), or closed before the

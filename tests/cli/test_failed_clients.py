@@ -1,5 +1,6 @@
 """``segtxn produce`` and ``segtxn consume`` that fail part-way say how far they got in their
-one error line (as Ctrl-C does) and exit 1."""
+one error line (as Ctrl-C does) and exit 1; a consumer whose acknowledgments fail for a
+while (the broker's store is down) warns once and goes on, as at-least-once allows."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ from click.testing import CliRunner, Result
 from segtxn.cli import main
 from segtxn.client import Client, Message
 from segtxn.client.consumer import Consumer
+from segtxn.ledger.cursor import cursor_key
 from segtxn.protocol.errors import TopicNotFound
+from segtxn.protocol.names import TopicName
 from tests import processes
+from tests.cluster import Cluster
 from tests.processes import ServerProcess
 from tests.waiting import wait_until
 
@@ -113,3 +117,32 @@ def test_consume_that_fails_says_how_many_it_received(
         f"Error: failed (4 messages received and acknowledged): "
         f"TopicNotFound: topic {topic} does not exist"
     ]
+
+
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)
+async def test_consume_goes_on_through_failed_acknowledgments(cluster: Cluster) -> None:
+    """While the broker cannot save the subscription's cursor, acknowledgments fail
+    (ServiceNotReady; the message may come again): consume warns once, counts them and goes
+    on to the end, exit 0 (trial 2, M2)."""
+    topic = "topic://t/ns/acks"
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(topic, segments=1)
+        await client.admin.create_subscription(topic, "sub", initial_position="earliest")
+        producer = await client.create_producer(topic)
+        for i in range(20):
+            await producer.send(b"m%d" % i)
+    cursors = cursor_key(str(TopicName.parse(topic).segment_name(0)), "sub")
+    cluster.faults.fail("txn", key_prefix=cursors, times=3)
+    result = await asyncio.to_thread(
+        invoke, "consume", topic, "sub", "-n", "20", "--url", cluster.url
+    )
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
+    assert len(warnings) == 1, result.stderr
+    assert "an acknowledgment failed (ServiceNotReady" in warnings[0]
+    assert "may be delivered again" in warnings[0]
+    async with Client(cluster.url) as client:  # the failed acks took effect (docs/protocol.md)
+        stats = await client.admin.stats(topic)
+    assert stats["segments"][0]["stats"]["subscriptions"]["sub"]["backlog"] == 0
+    assert re.search(r"received 20 messages.*; 3 acknowledgments failed: those messages may "
+                     r"be delivered again", result.stdout), result.stdout  # fmt: skip
