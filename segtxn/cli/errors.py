@@ -27,7 +27,14 @@ import click
 
 from segtxn.cli import verbosity
 from segtxn.cli.lifecycle import Interrupted, ServeError
-from segtxn.client import CertificateError, ClientError, ServerError
+from segtxn.client import (
+    CertificateError,
+    ClientError,
+    ErrorCategory,
+    ServerError,
+    ServiceNotReady,
+    Timeout,
+)
 from segtxn.metastore import MetadataStoreError
 
 INTERRUPTED = 130
@@ -87,6 +94,21 @@ def unreachable(e: BaseException) -> tuple[str, str] | None:
         if isinstance(cause, aiohttp.ClientConnectorError):
             return f"{cause.host}:{cause.port}", why_unreachable(cause)
     return None
+
+
+def answer_lost(e: BaseException) -> bool:
+    """A request went out and its answer never came, so it may or may not have been done:
+    a Timeout whose outcome is unknown, or a ServiceNotReady from a connection that broke
+    after it was made (one refused or never made sent nothing)."""
+    if isinstance(e, Timeout):
+        return e.category is ErrorCategory.OUTCOME_UNKNOWN
+    if isinstance(e, ServiceNotReady):
+        return any(
+            isinstance(cause, aiohttp.ClientConnectionError)
+            and not isinstance(cause, aiohttp.ClientConnectorError)
+            for cause in causes(e)
+        )
+    return False
 
 
 _CONNECTOR_REPR = re.compile(

@@ -12,14 +12,16 @@ import asyncio
 import dataclasses
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import click
 
+from segtxn.cli.errors import answer_lost, describe
 from segtxn.cli.output import OUTPUT, Table, hash_range, show, since
 from segtxn.cli.params import COUNT, FloatRange, KeyHash, Namespace, Topic, refuse_unless
 from segtxn.cli.service import URL, run
-from segtxn.client import Client
+from segtxn.client import Client, ClientError, ServerError
 from segtxn.protocol.errors import ConsumerBusy
 from segtxn.protocol.names import Domain
 from segtxn.topics.autoscale import (
@@ -230,9 +232,34 @@ def merge_summary(topic: str, first: int, second: int, dag: dict[str, Any]) -> s
 )
 @OUTPUT
 def split(url: str, topic: str, segment: int, at: int | None, output: str) -> None:
-    """Split SEGMENT of scalable TOPIC in two; says into which (-o json: the new DAG)."""
-    dag = run(lambda c: c.admin.split(topic, segment, at=at), url)
+    """Split SEGMENT of scalable TOPIC in two; says into which (-o json: the new DAG).
+
+    If the broker's answer is lost (the connection broke, or no answer in time), the split
+    may or may not have happened: it says so, and `segtxn topics stats TOPIC` shows the
+    segments and the last change (exit status 1)."""
+    dag = _changing(
+        f"the split of segment {segment} of {topic}",
+        topic,
+        url,
+        lambda c: c.admin.split(topic, segment, at=at),
+    )
     show(output, dag, split_summary(topic, segment, dag))
+
+
+def _changing(
+    change: str, topic: str, url: str, call: Callable[[Client], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """Run a split or merge; if its answer was lost, fail saying that ``change`` may or
+    may not have happened, and how to look."""
+    try:
+        return run(call, url)
+    except (ClientError, ServerError) as e:
+        if not answer_lost(e):
+            raise
+        raise click.ClickException(
+            f"the answer was lost ({describe(e)}): {change} may or may not have happened; "
+            f"'segtxn topics stats {topic}' shows its segments and last change"
+        ) from e
 
 
 @topics.command("merge")
@@ -243,10 +270,15 @@ def split(url: str, topic: str, segment: int, at: int | None, output: str) -> No
 @OUTPUT
 def merge(url: str, topic: str, first: int, second: int, output: str) -> None:
     """Merge two adjacent active segments of scalable TOPIC; says into which (-o json: the
-    new DAG)."""
+    new DAG). A lost answer is said as for split."""
     if first == second:
         raise click.BadParameter("a segment cannot be merged with itself", param_hint="SECOND")
-    dag = run(lambda c: c.admin.merge(topic, first, second), url)
+    dag = _changing(
+        f"the merge of segments {first} and {second} of {topic}",
+        topic,
+        url,
+        lambda c: c.admin.merge(topic, first, second),
+    )
     show(output, dag, merge_summary(topic, first, second, dag))
 
 

@@ -92,12 +92,16 @@ class Admin:
 
     async def split(self, topic: str, segment: int, *, at: int | None = None) -> dict[str, Any]:
         """Split a segment of a scalable topic (at hash ``at``, or its midpoint); returns
-        the new DAG. Raises ServerError (InvalidArgument, TopicBusy, TopicNotFound)."""
+        the new DAG. Raises ServerError (InvalidArgument, TopicBusy, TopicNotFound);
+        ServiceNotReady from a connection that broke after the request went out, or a
+        Timeout (OUTCOME_UNKNOWN), means it may or may not have happened (once planned, a
+        broker's sweep finishes it): :meth:`stats` shows the segments and the last change."""
         params = {"segment": str(segment)} | ({"at": str(at)} if at is not None else {})
         return dict(await self._c.request("POST", self._path(topic) + "/split", params=params))
 
     async def merge(self, topic: str, first: int, second: int) -> dict[str, Any]:
-        """Merge two adjacent active segments; returns the new DAG."""
+        """Merge two adjacent active segments; returns the new DAG (errors as
+        :meth:`split`'s)."""
         params = {"segments": f"{first},{second}"}
         return dict(await self._c.request("POST", self._path(topic) + "/merge", params=params))
 
