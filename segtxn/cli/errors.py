@@ -128,13 +128,18 @@ def _connector_repr_in_words(match: re.Match[str]) -> str:
     return os.strerror(code).lower() if code > 0 else match["kind"]
 
 
+def in_words(message: str) -> str:
+    """``message`` with any connection-error repr in it replaced by words."""
+    return _CONNECTOR_REPR.sub(_connector_repr_in_words, message)
+
+
 def _in_words(message: str, e: BaseException) -> str:
     """``message`` with the reprs of ``e``'s causes (``ClientConnectorError(Connection
     Key(...))``), and any other connection-error repr in it, replaced by words."""
     for cause in causes(e):
         if cause is not e:
             message = message.replace(repr(cause), why_unreachable(cause))
-    return _CONNECTOR_REPR.sub(_connector_repr_in_words, message)
+    return in_words(message)
 
 
 def describe(e: BaseException) -> str | None:

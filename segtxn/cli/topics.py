@@ -17,11 +17,11 @@ from typing import Any
 
 import click
 
-from segtxn.cli.errors import answer_lost, describe
+from segtxn.cli.errors import answer_lost, describe, in_words
 from segtxn.cli.output import OUTPUT, Table, hash_range, show, since
 from segtxn.cli.params import COUNT, FloatRange, KeyHash, Namespace, Topic, refuse_unless
 from segtxn.cli.service import URL, run
-from segtxn.client import Client, ClientError, ServerError
+from segtxn.client import Client, ClientError, ServerError, Timeout
 from segtxn.protocol.errors import ConsumerBusy
 from segtxn.protocol.names import Domain
 from segtxn.topics.autoscale import (
@@ -128,7 +128,12 @@ def scalable_stats(data: dict[str, Any]) -> str:
         )
     columns = ("segment", "state", "range", "msgs in", "bytes in", "producers", "backlog")
     table = Table((*columns, "subscriptions"), rows)
-    return f"{head}\n{table.render()}"
+    unreachable = [
+        f"segment {s['id']}: unreachable: {s['unreachable']}"
+        for s in data["segments"]
+        if s.get("unreachable")
+    ]
+    return "\n".join([head, table.render(), *unreachable])
 
 
 @topics.command("stats")
@@ -136,8 +141,27 @@ def scalable_stats(data: dict[str, Any]) -> str:
 @click.argument("topic", type=Topic())
 @OUTPUT
 def stats(url: str, topic: str, output: str) -> None:
-    """Print TOPIC's statistics (a topic:// topic's: a row per segment)."""
-    found = run(lambda c: c.admin.stats(topic), url)
+    """Print TOPIC's statistics (a topic:// topic's: a row per segment).
+
+    A topic:// topic with a segment whose broker cannot be reached: the other segments are
+    shown, that one is marked unreachable with why (-o json: its "unreachable"), and the
+    exit status is 0; it is 1 only when no segment could be reached."""
+
+    async def body(client: Client) -> dict[str, Any]:
+        try:
+            return await client.admin.stats(topic)
+        except (ServerError, Timeout) as e:
+            if not topic.startswith(f"{Domain.TOPIC.value}://") or not e.retriable:
+                raise
+            found = await client.admin.segment_stats(topic)
+            if not any(s["stats"] for s in found["segments"]):
+                raise  # none reached: the topic's own error says why
+            for segment in found["segments"]:
+                if "unreachable" in segment:
+                    segment["unreachable"] = in_words(segment["unreachable"])
+            return found
+
+    found = run(body, url)
     show(output, found, scalable_stats(found) if "segments" in found else None)
 
 

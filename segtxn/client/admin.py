@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from segtxn.client.connection import Connector
+from segtxn.client.errors import Timeout
 from segtxn.protocol import errors, names
 from segtxn.protocol.names import TopicName, check_list_part
 
@@ -68,6 +70,54 @@ class Admin:
 
     async def stats(self, topic: str) -> dict[str, Any]:
         return dict(await self._c.request("GET", self._path(topic) + "/stats"))
+
+    async def segment_stats(self, topic: str) -> dict[str, Any]:
+        """A ``topic://`` topic's statistics read segment by segment, each from its own
+        broker, for when :meth:`stats` fails whole because one segment's broker is down.
+
+        Returns:
+            :meth:`stats`'s shape (``lastChange`` unknown: None); a segment whose broker
+            could not be reached has ``stats`` None and ``unreachable`` saying why (a
+            RETIRED one has neither: its data is gone).
+
+        Raises:
+            ServerError, Timeout: the topic's segments could not be looked up.
+        """
+        name = TopicName.parse(topic)
+        layout = await self._c.lookup(name)
+
+        async def one(segment: dict[str, Any]) -> dict[str, Any]:
+            found: dict[str, Any] = {
+                "id": segment["id"],
+                "range": [segment["lo"], segment["hi"]],
+                "state": segment["state"],
+                "parents": segment["parents"],
+                "children": segment["children"],
+                "stats": None,
+            }
+            url = segment.get("brokerUrl")
+            if segment["state"] == "RETIRED":
+                return found
+            if not url:
+                found["unreachable"] = "its broker is down (not registered)"
+                return found
+            path = "/admin/v2/" + name.segment_name(int(segment["id"])).path + "/stats"
+            try:
+                found["stats"] = await self._c.request("GET", url + path)
+            except (errors.ServerError, Timeout) as e:
+                found["unreachable"] = (
+                    str(e) if isinstance(e, errors.ServerError) else f"Timeout: {e}"
+                )
+            return found
+
+        segments = await asyncio.gather(*(one(s) for s in layout["segments"]))
+        return {
+            "topic": str(name),
+            "epoch": layout["epoch"],
+            "segments": segments,
+            "activeSegments": sum(s["state"] == "ACTIVE" for s in segments),
+            "lastChange": None,
+        }
 
     async def subscriptions(self, topic: str) -> list[str]:
         return list(await self._c.request("GET", self._path(topic) + "/subscriptions"))
