@@ -1,16 +1,18 @@
 """The broker service: its store, session, registration, and the topics it serves.
 
-A broker registers itself (``/brokers/<id>``, ephemeral) and serves the topics and segments
-whose home it is (see :mod:`segtxn.topics.catalog`). A request for a topic homed elsewhere
-gets ``NotOwner`` with the home's URL (clients follow it); one homed on a broker that is
-down gets ``ServiceNotReady``. Topics are loaded on first use, once (concurrent first uses
-share the load).
+A broker registers itself (``/brokers/<id>``, ephemeral, created only if no live broker
+holds the id: :mod:`segtxn.broker.registration`) and serves the topics and segments whose
+home it is (see :mod:`segtxn.topics.catalog`). A request for a topic homed elsewhere gets
+``NotOwner`` with the home's URL (clients follow it); one homed on a broker that is down
+gets ``ServiceNotReady``. Topics are loaded on first use, once (concurrent first uses share
+the load).
 
-If the broker's session expires (the store was unreachable for a TTL), it registers again
-with a new session; its topics keep being served meanwhile. With replication another
-broker may have taken some over in the meantime: it unloads those when it registers again
-(:mod:`segtxn.broker.handoff`); without it no other broker can serve them (their data is
-on this broker's disk).
+If the broker's session expires (the store was unreachable for a TTL), or its record is
+deleted or overwritten behind its back, it is not ready and registers again (on a new
+session, in the first case); its topics keep being served meanwhile. With replication
+another broker may have taken some over in the meantime: it unloads those when it registers
+again (:mod:`segtxn.broker.handoff`); without it no other broker can serve them (their data
+is on this broker's disk).
 
 **Refused topics.** A topic or segment whose ledger is damaged where a crash cannot explain
 it, or whose ledger files are missing, is refused (``PersistenceError`` naming the file),
@@ -28,9 +30,11 @@ import logging
 import time
 from typing import Any
 
+from segtxn.aio import first_completed
 from segtxn.broker import datacheck, gauges, handoff, replication, retire, upkeep
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.broker.registration import Registration
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.topic import Topic
 from segtxn.broker.txn import snapshots, v4checks
@@ -46,8 +50,10 @@ from segtxn.ledger import (
 )
 from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
 from segtxn.metastore import (
+    BadVersion,
     MetadataStore,
     MetadataStoreError,
+    NotFound,
     Session,
     StoreAccessDenied,
     StoreSettings,
@@ -84,8 +90,12 @@ class BrokerService:
         """Topics being unloaded because their ledger stopped taking appends."""
         self.moving: set[TopicName] = set()
         """Topics being handed to another broker (a drain): clients are told to retry."""
-        self.draining = False
-        """Handing its topics off (:mod:`segtxn.broker.handoff`): nothing new comes here."""
+        self.registration = Registration(
+            self.catalog,
+            settings.broker_id,
+            settings.advertise_url,
+            instance=self.replica_nodes.node.instance if self.replica_nodes else "",
+        )
         self.refused: dict[TopicName, LedgerCorrupted] = {}
         """Topics and segments this broker refuses to serve (their data is damaged or
         missing), and why; cleared when one loads again."""
@@ -157,7 +167,7 @@ class BrokerService:
                 "empty or not this broker's volume; they are refused until it is fixed"
             )
         elif not self.ready.is_set():
-            body["reason"] = "not registered in the metadata store"
+            body["reason"] = self.registration.trouble or "not registered in the metadata store"
         if self.refused:
             body["refused"] = {str(n): str(e) for n, e in self.refused.items()}
         return ready, body
@@ -183,7 +193,7 @@ class BrokerService:
             await self.headers.start()
             await self.v4_checks.start()
             await datacheck.check_data(self)
-            await self._register()
+            await self._register(refuse=True)
         except BaseException:
             await self.stop()
             raise
@@ -202,50 +212,67 @@ class BrokerService:
             log.error("refusing to serve %s", why)
         return why
 
-    async def _register(self) -> None:
-        self._session = await self.store.open_session(self.settings.session_ttl_s)
-        await self._put_registration()
-        log.info(
-            "broker %s registered at %s (session %#x, ttl %g s)",
-            self.broker_id,
-            self.settings.advertise_url,
-            self._session.lease_id,
-            self.settings.session_ttl_s,
-        )
+    @property
+    def draining(self) -> bool:
+        """Handing its topics off (:mod:`segtxn.broker.handoff`): nothing new comes here."""
+        return self.registration.draining
 
-    async def _put_registration(self) -> None:
-        await self.catalog.register_broker(
-            self.broker_id,
-            self.settings.advertise_url,
-            self.session(),
-            instance=self.replica_nodes.node.instance if self.replica_nodes else "",
-            draining=self.draining,
-        )
+    async def _register(self, *, refuse: bool) -> None:
+        """Open a session and claim the broker id on it (``refuse``: see
+        :meth:`Registration.claim`)."""
+        self._session = await self.store.open_session(self.settings.session_ttl_s)
+        await self.registration.claim(self._session, refuse=refuse)
 
     async def set_draining(self, draining: bool) -> None:
-        """Register as draining (nothing new is placed here) or not, now."""
-        self.draining = draining
-        await self._put_registration()
+        """Register as draining (nothing new is placed here) or not, now.
+
+        Raises:
+            ServerError(ServiceNotReady): the broker is not registered now (it registers
+                again with this ``draining``).
+        """
+        self.registration.draining = draining
+        try:
+            await self.registration.update()
+        except (NotFound, BadVersion) as e:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"broker {self.broker_id} is not registered now: {self.registration.trouble or e}",
+            ) from e
 
     async def _keep_registered(self) -> None:
+        """Register again, not ready meanwhile, when the session expires or the record is
+        lost while it lives (:meth:`Registration.lost`)."""
         while True:
-            assert self._session is not None
-            await self._session.expired.wait()
-            self.ready.clear()
-            log.warning(
-                "broker %s: session %#x expired (lease lost: its controller keys are gone); "
-                "registering again, %d topics and segments still served here",
-                self.broker_id,
-                self._session.lease_id,
-                len(self.topics),
+            session = self.session()
+            await first_completed(
+                session.expired.wait(), self.registration.lost(), name="broker-registration"
             )
+            self.ready.clear()
+            self.registration.release()
+            if session.is_expired:
+                self.registration.trouble = f"session {session.lease_id:#x} expired"
+                log.warning(
+                    "broker %s: session %#x expired (lease lost: its controller keys are "
+                    "gone); registering again, %d topics and segments still served here",
+                    self.broker_id, session.lease_id, len(self.topics),
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "broker %s: %s; not ready until it is registered again, %d topics and "
+                    "segments still served here",
+                    self.broker_id, self.registration.trouble, len(self.topics),
+                )  # fmt: skip
             while True:
                 try:
-                    await self._register()
+                    if session.is_expired:
+                        await self._register(refuse=False)
+                    else:
+                        await self.registration.claim(session, refuse=False)
                     break
-                except MetadataStoreError as e:
+                except MetadataStoreError as e:  # SessionExpired too: a new one next time
                     log.warning("broker %s: registration failed (%s); retrying", self.broker_id, e)
                     await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
+                    session = self.session()
             await handoff.unload_moved(self)
             self.ready.set()
 

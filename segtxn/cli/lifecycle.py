@@ -12,8 +12,9 @@ start-up waited forever and the signal handler only set an event nobody waited o
   process at once (exit 1).
 - Each server reaches its store with bounded retries (``--store-timeout``; the servers do it
   themselves, :func:`segtxn.metastore.wait_reachable`). A server that cannot start (store
-  unreachable, port taken, data directory not writable) raises :class:`StartupFailed`, which
-  names it and the reason; what was started is closed first.
+  unreachable, port taken, data directory not writable, broker id held by a live broker)
+  raises :class:`StartupFailed`, which names it and the reason; what was started is closed
+  first.
 - The shutdown closes the servers in reverse order, saying each on stderr, within
   ``--shutdown-timeout`` altogether; past it, :class:`ShutdownTimedOut`.
 - Once every server has started, what start-up left alive is frozen out of the garbage
@@ -34,6 +35,7 @@ import sys
 from collections.abc import Callable
 
 from segtxn.broker.app import BrokerServer
+from segtxn.broker.registration import BrokerIdTaken
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.ledger import LedgerError
 from segtxn.metastore import MetadataStoreError
@@ -73,6 +75,8 @@ def describe(server: Server) -> str:
 
 
 def _reason(server: Server, e: BaseException) -> str:
+    if isinstance(e, BrokerIdTaken):
+        return str(e)
     if isinstance(e, MetadataStoreError):
         return f"metadata store {server.settings.store_url}: {type(e).__name__}: {e}"
     if isinstance(e, OSError) and e.filename is not None and e.strerror:
@@ -134,7 +138,7 @@ async def _start(servers: list[Server], opened: list[Server], say: Say) -> None:
         opened.append(server)  # stop() is safe after a failed or interrupted start
         try:
             await server.start()
-        except (MetadataStoreError, LedgerError, OSError) as e:
+        except (MetadataStoreError, LedgerError, OSError, BrokerIdTaken) as e:
             raise StartupFailed(f"{name_of(server)} could not start: {_reason(server, e)}") from e
         say(f"serving: {describe(server)}")
 

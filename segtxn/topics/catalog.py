@@ -5,7 +5,8 @@ Keys (all JSON):
 - ``/topics/<domain>/<tenant>/<namespace>/<name>``: a topic record (``model.TopicRecord``);
 - ``/homes/<quoted ledger name>``: which broker holds the managed ledger of a
   ``persistent://`` topic or a ``segment://`` (indexed by broker, ``homes-by-broker``);
-- ``/brokers/<broker id>``: a live broker's advertised URL (ephemeral: its session).
+- ``/brokers/<broker id>``: a live broker's advertised URL (ephemeral: its session; created,
+  never overwritten by another session: :mod:`segtxn.broker.registration`).
 
 A managed ledger lives on its home broker's disk, so a topic or segment is *placed* once,
 when it is created, on the live broker with the fewest homes, and stays there: the home
@@ -15,6 +16,7 @@ broker is its owner. While the home broker is down its topics are unavailable
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +33,7 @@ from segtxn.metastore import (
     MetadataStore,
     NotFound,
     Put,
+    Record,
     Session,
 )
 from segtxn.protocol.names import Domain, TopicName
@@ -62,6 +65,9 @@ class BrokerInfo(msgspec.Struct, frozen=True):
     replicas (replication is off)."""
     draining: bool = False
     """It is handing its topics to others: new ones are not placed on it."""
+    session_ttl_s: float = 0.0
+    """The TTL of the session holding the record: how long the record can outlive its
+    broker's crash (0: not recorded, by an older version)."""
 
 
 class TopicExists(Exception):
@@ -70,6 +76,10 @@ class TopicExists(Exception):
 
 class NoBrokers(Exception):
     pass
+
+
+def broker_key(broker_id: str) -> str:
+    return BROKERS + quote(broker_id, safe="")
 
 
 def topic_key(name: TopicName) -> str:
@@ -111,18 +121,44 @@ class Catalog:
         *,
         instance: str = "",
         draining: bool = False,
-    ) -> None:
-        info = BrokerInfo(broker_id, url, int(time.time() * 1000), instance, draining)
-        await self.store.put(
-            BROKERS + quote(broker_id, safe=""), msgspec.json.encode(info), session=session
+        expected_version: int = MUST_NOT_EXIST,
+    ) -> Record:
+        """Write ``/brokers/<broker_id>`` on ``session``: create it (the default), or
+        rewrite the version this broker holds. Never an unconditional write: two processes
+        must not both believe they are ``broker_id``.
+
+        Raises:
+            AlreadyExists: creating, and the id is registered (by a live session or one
+                whose TTL has not run out yet).
+            BadVersion, NotFound: rewriting, and the record changed or went.
+            SessionExpired: ``session`` has expired.
+        """
+        info = BrokerInfo(
+            broker_id, url, int(time.time() * 1000), instance, draining, session.ttl_s
         )
+        return await self.store.put(
+            broker_key(broker_id),
+            msgspec.json.encode(info),
+            expected_version=expected_version,
+            session=session,
+        )
+
+    async def broker_record(self, broker_id: str) -> tuple[Record | None, BrokerInfo | None, int]:
+        """``broker_id``'s registration record, decoded (None if it is not a broker's),
+        and the revision it was read at (watch from the next one to follow it)."""
+        record, revision = await self.store.get_at(broker_key(broker_id))
+        info = None
+        if record is not None:
+            with contextlib.suppress(msgspec.DecodeError):  # a record written by hand
+                info = msgspec.json.decode(record.value, type=BrokerInfo)
+        return record, info, revision
 
     async def brokers(self) -> list[BrokerInfo]:
         listing = await self.store.list_prefix(BROKERS)
         return [msgspec.json.decode(r.value, type=BrokerInfo) for r in listing.records]
 
     async def broker_url(self, broker_id: str) -> str | None:
-        record = await self.store.get(BROKERS + quote(broker_id, safe=""))
+        record = await self.store.get(broker_key(broker_id))
         return None if record is None else msgspec.json.decode(record.value, type=BrokerInfo).url
 
     # ------------------------------------------------------------------ topics
