@@ -1,0 +1,245 @@
+"""A broker's claim on its id (segtxn/broker/registration.py), on both stores and as real
+processes: a second broker with a live broker's id is refused and changes nothing; a broker
+killed with SIGKILL starts again with its id once its old session expires; a broker whose
+registration is deleted or taken behind its back is not ready until it holds it again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from segtxn.broker.app import BrokerServer
+from segtxn.broker.registration import BrokerIdTaken, grace_s
+from segtxn.broker.settings import BrokerSettings
+from segtxn.client import Client
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.faults import FaultInjector
+from segtxn.topics.catalog import Catalog, broker_key
+from tests import processes
+from tests.processes import ServerProcess
+from tests.waiting import wait_until
+
+TTL_S = 1.0
+"""The brokers' session TTL here (etcd grants at least 2 s)."""
+
+Store = tuple[MetadataStore, FaultInjector]
+
+
+@pytest.fixture(params=["memory", "etcd"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    """One store (with a fault injector) that every broker of the test shares."""
+    if request.param == "memory":
+        url = "memory://"
+    else:
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        url = server.url(f"/reg-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    opened = open_store(url, wrap=FaultInjector)
+    assert isinstance(opened.engine, FaultInjector)
+    try:
+        yield opened, opened.engine
+    finally:
+        await opened.close()
+
+
+def broker(
+    store: MetadataStore, data_dir: Path, broker_id: str = "x1", *, ttl_s: float = TTL_S
+) -> BrokerServer:
+    port = free_port()
+    settings = BrokerSettings(
+        broker_id=broker_id,
+        advertise_url=f"http://127.0.0.1:{port}",
+        ledger_url=f"file://{data_dir}",
+        session_ttl_s=ttl_s,
+    )
+    return BrokerServer(settings, host="127.0.0.1", port=port, store=store)
+
+
+async def readyz(url: str) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as http, http.get(url + "/readyz") as response:
+        return response.status, await response.json()
+
+
+async def readyz_ok(url: str) -> bool:
+    return (await readyz(url))[0] == 200
+
+
+async def registered_url(store: MetadataStore, broker_id: str = "x1") -> str | None:
+    return await Catalog(store).broker_url(broker_id)
+
+
+async def test_a_second_broker_with_a_live_id_is_refused(store: Store, tmp_path: Path) -> None:
+    meta, _ = store
+    first = broker(meta, tmp_path / "first")
+    await first.start()
+    try:
+        async with Client(first.settings.advertise_url) as client:
+            await client.admin.create_topic("persistent://acme/dup/a")
+            producer = await client.create_producer("persistent://acme/dup/a")
+            await producer.send(b"before")
+            second = broker(meta, tmp_path / "second")
+            with pytest.raises(BrokerIdTaken) as refused:
+                await second.start()
+            await second.stop()
+            assert str(refused.value) == (
+                f"broker id x1 is already registered by a live broker at "
+                f"{first.settings.advertise_url} "
+                f"(session {first.service.session().lease_id:#x}); stop it first, or "
+                "choose another --broker-id"
+            )
+            assert await registered_url(meta) == first.settings.advertise_url
+            assert (await readyz(first.settings.advertise_url))[0] == 200
+            await producer.send(b"after")  # the first one still serves
+    finally:
+        await first.stop()
+
+
+async def test_a_crashed_brokers_id_is_taken_once_its_session_expires(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker that could neither refresh nor revoke its session (as if killed): its
+    record outlives it until the TTL; the same id then starts, without being refused."""
+    meta, faults = store
+    crashed = broker(meta, tmp_path / "x1", ttl_s=3.0)  # outlives the stop below
+    await crashed.start()
+    ttl = crashed.service.session().ttl_s
+    faults.fail("lease_keepalive", times=None)
+    faults.fail("lease_revoke", times=None)
+    await crashed.stop()
+    faults.clear()
+    assert await registered_url(meta) == crashed.settings.advertise_url  # left behind
+
+    caplog.set_level(logging.INFO, logger="segtxn.broker.registration")
+    restarted = broker(meta, tmp_path / "x1", ttl_s=3.0)
+    loop_time = asyncio.get_running_loop().time
+    began = loop_time()
+    try:
+        await restarted.start()
+        assert loop_time() - began < grace_s(ttl) + 5  # not refused: no more than the wait
+        assert await registered_url(meta) == restarted.settings.advertise_url
+        waits = [r for r in caplog.records if "waiting up to" in r.getMessage()]
+        assert len(waits) == 1 and waits[0].levelno == logging.WARNING
+    finally:
+        await restarted.stop()
+
+
+async def test_a_deleted_registration_is_noticed_and_made_again(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    meta, faults = store
+    live = broker(meta, tmp_path / "x1")
+    await live.start()
+    url = live.settings.advertise_url
+    try:
+        # Park both the delete and the broker's claim after it, to see it not ready.
+        writes = faults.hold("txn", key_prefix="/brokers/", times=2, before=True)
+        deleting = asyncio.create_task(meta.delete(broker_key("x1")))
+        await writes.wait_for(1)
+        writes.release(0)
+        await deleting
+        await writes.wait_for(2)  # the broker claims its id again
+        status, body = await readyz(url)
+        assert status == 503
+        assert body["reason"] == "its registration /brokers/x1 was deleted"
+        assert await registered_url(meta) is None
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("was deleted; not ready" in r.getMessage() for r in warnings)
+        writes.release(1)
+        await wait_until(lambda: readyz_ok(url), what="ready again")
+        assert await registered_url(meta) == url
+    finally:
+        await live.stop()
+
+
+async def test_an_id_taken_behind_a_live_brokers_back_keeps_it_not_ready(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another live session writes over the record: the broker says so at ERROR and is
+    not ready; when that session ends, the broker registers again."""
+    meta, _ = store
+    live = broker(meta, tmp_path / "x1")
+    await live.start()
+    url = live.settings.advertise_url
+    other = await meta.open_session(TTL_S)
+    try:
+        squatter = b'{"broker_id": "x1", "url": "http://elsewhere:1", "started_ms": 0}'
+        await meta.put(broker_key("x1"), squatter, session=other)
+
+        async def says_taken() -> bool:
+            status, body = await readyz(url)
+            return status == 503 and "registered by http://elsewhere:1" in str(body["reason"])
+
+        await wait_until(says_taken, what="not ready, saying who holds the id")
+        await wait_until(
+            lambda: any(
+                r.levelno == logging.ERROR
+                and "registered by another broker, http://elsewhere:1" in r.getMessage()
+                for r in caplog.records
+            ),
+            what="an ERROR naming the holder",
+        )
+        await other.close()  # the other holder goes: the id is free
+        await wait_until(lambda: readyz_ok(url), what="ready again")
+        assert await registered_url(meta) == url
+    finally:
+        await other.close()
+        await live.stop()
+
+
+# ---------------------------------------------------------------------- real processes
+
+
+@pytest.fixture
+def store_url(etcd_server: EtcdServer) -> str:
+    return etcd_server.url(f"/reg-procs-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+async def test_the_cli_refuses_a_duplicate_broker_id(
+    store_url: str, tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    first = processes.broker(store_url, tmp_path / "d1", "x1", session_ttl=2)
+    started.append(first)
+    first.start()
+    await first.ready()
+    duplicate = processes.broker(
+        store_url, tmp_path / "d2", "x1", session_ttl=2, log=tmp_path / "dup.log"
+    )
+    started.append(duplicate)
+    duplicate.start()
+    assert duplicate.proc is not None
+    await wait_until(lambda: duplicate.proc.poll() is not None, timeout=30, what="refused")
+    assert duplicate.proc.returncode == 1
+    assert (
+        f"broker id x1 is already registered by a live broker at {first.url} (session "
+        in duplicate.log_text()
+    )
+    assert "stop it first, or choose another --broker-id" in duplicate.log_text()
+    await first.ready(limit_s=1)  # unaffected
+    async with open_store(store_url) as meta:
+        assert await registered_url(meta) == first.url
+
+
+async def test_a_sigkilled_broker_restarts_with_its_id(
+    store_url: str, tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    ttl = 6.0  # longer than a process start-up on a busy machine
+    server = processes.broker(
+        store_url, tmp_path / "d1", "x1", session_ttl=ttl, log=tmp_path / "x1.log"
+    )
+    started.append(server)
+    server.start()
+    await server.ready()
+    server.kill()
+    async with open_store(store_url) as meta:
+        assert await registered_url(meta) == server.url  # left behind, for a TTL
+    server.start()  # at once
+    await server.ready(limit_s=grace_s(ttl) + 15)  # the wait, plus a process start-up
+    assert "waiting up to" in server.log_text()
+    assert "already registered" not in server.log_text()
