@@ -213,9 +213,10 @@ async def test_the_cli_refuses_a_duplicate_broker_id(
     )
     started.append(duplicate)
     duplicate.start()
-    assert duplicate.proc is not None
-    await wait_until(lambda: duplicate.proc.poll() is not None, timeout=30, what="refused")
-    assert duplicate.proc.returncode == 1
+    proc = duplicate.proc
+    assert proc is not None
+    await wait_until(lambda: proc.poll() is not None, timeout=30, what="refused")
+    assert proc.returncode == 1
     assert (
         f"broker id x1 is already registered by a live broker at {first.url} (session "
         in duplicate.log_text()
