@@ -80,7 +80,7 @@ async def test_stats_of_a_topic_with_a_segment_broker_down_shows_the_others(
     topic = "topic://t/ns/spread"
     async with Client(brokers["b1"].url) as client:
         await client.admin.create_topic(topic, segments=4)
-        looked_up = await client._connector.lookup(TopicName.parse(topic))
+        looked_up = await client.connector.lookup(TopicName.parse(topic))
     on = {int(s["id"]): s["brokerUrl"] for s in looked_up["segments"]}
     down = brokers["b2"] if brokers["b2"].url in on.values() else brokers["b1"]
     up = brokers["b1"] if down is brokers["b2"] else brokers["b2"]
