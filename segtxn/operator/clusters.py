@@ -1,40 +1,21 @@
-"""Kopf handlers of SegtxnCluster and TransactionCoordinator: their children applied,
-their status read.
-
-- SegtxnCluster: on create/update/resume, the safety checks (:mod:`.immutable`,
-  :mod:`.scaledown`) first, then its children applied; a timer rolls the brokers
-  (:mod:`.rolling`), then its coordinators (:mod:`.ordering`), and compares the broker
-  StatefulSet with the spec (:func:`.status.rollout`) into ``Ready``; deletion waits
-  until no ScalableTopic or TransactionCoordinator refers to it.
-- TransactionCoordinator: children applied (the cluster must exist and its spec be
-  accepted); a timer reads ``Ready`` the same way and ``/txn/v2/stats`` into status, and
-  raises ``GCBacklogHigh`` above the threshold.
-
-The two live in one module because a coordinator's children are rendered from its
-cluster's spec too (image, store, session TTL).
+"""Kopf handlers of SegtxnCluster: the safety checks (:mod:`.immutable`,
+:mod:`.scaledown`) first, then its children applied (:mod:`.applying`); a timer rolls the
+brokers (:mod:`.rolling`), then its coordinators (:mod:`.ordering`), and compares the broker
+StatefulSet with the spec (:func:`.status.rollout`) into ``Ready``; deletion waits until no
+ScalableTopic or TransactionCoordinator refers to it. TransactionCoordinators:
+:mod:`.coordinators`.
 """
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
-from segtxn.client.connection import Connector
-from segtxn.client.errors import Timeout
 from segtxn.ledger.replicas import Replication
-from segtxn.operator import (
-    credentials,
-    ordering,
-    render,
-    replication,
-    rolling,
-    scaledown,
-    security,
-)
-from segtxn.operator.immutable import coordinator_changes, immutable_changes
+from segtxn.operator import credentials, ordering, render, replication, rolling, scaledown, security
+from segtxn.operator.applying import apply_children, not_applied, refused_changes
 from segtxn.operator.runtime import (
     API,
     GROUP,
@@ -42,90 +23,15 @@ from segtxn.operator.runtime import (
     VERSION,
     Runtime,
     admin,
-    apply_objects,
-    cluster_spec,
     namespaced,
     now,
-    reason,
     runtime_of,
 )
 from segtxn.operator.security import InvalidSecurity
-from segtxn.operator.status import Rollout, condition, rollout, same
-from segtxn.protocol.errors import ServerError
+from segtxn.operator.status import STATUS_TICK_S, Rollout, condition, rollout, same
 
-STATUS_TICK_S = 1.0
-"""How often status timers wake; each resource's own interval decides when they read."""
 SCALE_DOWN_RECHECK_S = 30.0
 """How often a refused scale-down is checked again."""
-
-
-async def _apply(
-    runtime: Runtime,
-    body: kopf.Body,
-    status: kopf.Status,
-    patch: kopf.Patch,
-    objects: list[render.Obj],
-) -> None:
-    """Create or update the resource's children (owned by it), then say so: status
-    (``observedGeneration``, condition ``Applied``) and an event."""
-    await apply_objects(runtime, body, objects)
-    message = f"{len(objects)} objects applied"
-    patch.status["observedGeneration"] = body.meta.get("generation")
-    patch.status["conditions"] = condition(
-        status.get("conditions"),
-        kind="Applied",
-        status=True,
-        reason="Rendered",
-        message=message,
-        now=now(),
-        generation=body.meta.get("generation"),
-    )
-    kopf.info(body, reason="Applied", message=message)
-
-
-def _not_applied(
-    body: kopf.Body, status: kopf.Status, patch: kopf.Patch, why: str, message: str
-) -> None:
-    """Say that the spec was not applied, and why: ``Applied`` False with reason ``why``
-    (a safety check's refusal, or a failure), and a Warning event unless the status says
-    the same already (a check retried every half minute would repeat its event)."""
-    previous = status.get("conditions")
-    repeated = any(
-        c.get("type") == "Applied"
-        and c.get("status") == "False"
-        and c.get("reason") == why
-        and c.get("message") == message
-        for c in previous or ()
-    )
-    patch.status["conditions"] = condition(
-        previous,
-        kind="Applied",
-        status=False,
-        reason=why,
-        message=message,
-        now=now(),
-        generation=body.meta.get("generation"),
-    )
-    if not repeated:
-        kopf.warn(body, reason=why, message=message)
-
-
-async def _immutable_changes(
-    runtime: Runtime, namespace: str, cluster: str, spec: Mapping[str, Any]
-) -> str | None:
-    """Why ``spec`` of SegtxnCluster ``cluster`` may not be applied (it changes a field
-    that is fixed once applied), or None. What is applied is what the live broker
-    StatefulSet runs: its volume claims, and the ConfigMap its pods read (a newer one
-    whose StatefulSet apply failed was never in use)."""
-    names = render.ClusterNames(cluster)
-    brokers = await runtime.kube.get("apps/v1", "StatefulSet", namespace, names.brokers)
-    used = render.config_ref(brokers)
-    config = None if used is None else await runtime.kube.get("v1", "ConfigMap", namespace, used)
-    changes = immutable_changes(None if config is None else config.get("data", {}), brokers, spec)
-    return "; ".join(c.message() for c in changes) or None
-
-
-# ---------------------------------------------------------------------- SegtxnCluster
 
 
 @kopf.on.resume(GROUP, VERSION, "segtxnclusters")
@@ -161,9 +67,9 @@ async def reconcile_cluster(
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     names = render.ClusterNames(name)
-    refused = await _immutable_changes(runtime, namespace, name, spec)
+    refused = await refused_changes(runtime, namespace, name, spec)
     if refused is not None:
-        _not_applied(body, status, patch, "ImmutableField", refused)
+        not_applied(body, status, patch, "ImmutableField", refused)
         raise kopf.PermanentError(refused)
     quorums = _replication(body, status, patch, replication.parse, spec)
     _security(body, status, patch, spec)
@@ -181,7 +87,7 @@ async def reconcile_cluster(
             drain_timeout_s=runtime.config.roll.drain_timeout_s,
         )
         if not verdict.allowed:
-            _not_applied(body, status, patch, "ScaleDownRefused", verdict.message)
+            not_applied(body, status, patch, "ScaleDownRefused", verdict.message)
             if verdict.final:
                 raise kopf.PermanentError(verdict.message)
             raise kopf.TemporaryError(verdict.message, delay=SCALE_DOWN_RECHECK_S)
@@ -192,12 +98,14 @@ async def reconcile_cluster(
     try:  # the Secrets a secured cluster's pods mount first (:mod:`.credentials`)
         coordinators = indexes["coordinators_by_cluster"].get((namespace, name), [])
         await credentials.ensure_cluster(runtime, body, spec, coordinators)
-        await _apply(runtime, body, status, patch, render.render_cluster(name, namespace, spec))
+        await apply_children(
+            runtime, body, status, patch, render.render_cluster(name, namespace, spec)
+        )
     except InvalidSecurity as e:
-        _not_applied(body, status, patch, "InvalidSecurity", str(e))
+        not_applied(body, status, patch, "InvalidSecurity", str(e))
         raise kopf.PermanentError(str(e)) from e
     except (kopf.TemporaryError, kopf.PermanentError) as e:
-        _not_applied(body, status, patch, "ApplyFailed", str(e))
+        not_applied(body, status, patch, "ApplyFailed", str(e))
         raise
     patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
     patch.status["phase"] = status.get("phase") or "Pending"
@@ -219,7 +127,7 @@ def _replication(
     try:
         return check(spec)
     except replication.InvalidReplication as e:
-        _not_applied(body, status, patch, "InvalidReplication", str(e))
+        not_applied(body, status, patch, "InvalidReplication", str(e))
         raise kopf.PermanentError(str(e)) from e
 
 
@@ -236,7 +144,7 @@ def _security(
     try:
         security.check(spec)
     except InvalidSecurity as e:
-        _not_applied(body, status, patch, "InvalidSecurity", str(e))
+        not_applied(body, status, patch, "InvalidSecurity", str(e))
         raise kopf.PermanentError(str(e)) from e
 
 
@@ -371,164 +279,3 @@ async def delete_cluster(
             f"TransactionCoordinator/{c}" for c in coordinators
         ]
         raise kopf.TemporaryError(f"waiting for {', '.join(waiting)} to be deleted", delay=RETRY_S)
-
-
-# ---------------------------------------------------------------------- TransactionCoordinator
-
-
-@kopf.on.resume(GROUP, VERSION, "transactioncoordinators")
-@kopf.on.create(GROUP, VERSION, "transactioncoordinators")
-@kopf.on.update(GROUP, VERSION, "transactioncoordinators", field="spec")
-async def reconcile_coordinator(
-    *,
-    body: kopf.Body,
-    name: str,
-    namespace: str | None,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    patch: kopf.Patch,
-    memo: Any,
-    **_: Any,
-) -> None:
-    """Apply the coordinators' children, rendered from this spec and its cluster's. While
-    the cluster's own spec is refused (:mod:`.immutable`), wait: rendering from it would
-    half-apply what the cluster's handler refused. A change of what the pods take from the
-    cluster (image, configuration) is not applied here: the cluster's roll applies it in
-    its turn (:mod:`.ordering`: the brokers first, then one TransactionCoordinator at a
-    time); meanwhile ``Applied`` is False, ``WaitingForRoll``. A change of
-    ``coordinatorIds`` or ``clusterRef`` against the live Deployment is refused whole
-    (:func:`.immutable.coordinator_changes`: ``Applied`` False, ``ImmutableField``), before
-    anything is written."""
-    namespace = namespaced(namespace)
-    runtime = runtime_of(memo)
-    cluster_name = str(spec["clusterRef"])
-    full = render.coordinator_name(name)
-    live = await runtime.kube.get("apps/v1", "Deployment", namespace, full)
-    changes = "; ".join(c.message() for c in coordinator_changes(live, spec))
-    if changes:
-        _not_applied(body, status, patch, "ImmutableField", changes)
-        raise kopf.PermanentError(changes)
-    try:
-        cluster = await cluster_spec(runtime, namespace, cluster_name)
-        refused = await _immutable_changes(runtime, namespace, cluster_name, cluster)
-        if refused is None:
-            await credentials.ensure_coordinator(runtime, body, cluster_name, cluster)
-    except kopf.TemporaryError as e:
-        _not_applied(body, status, patch, "WaitingForCluster", str(e))
-        raise
-    if refused is not None:
-        message = f"SegtxnCluster {cluster_name}'s spec is refused: {refused}"
-        _not_applied(body, status, patch, "WaitingForCluster", message)
-        raise kopf.TemporaryError(message, delay=RETRY_S * 6)
-    objects = render.render_coordinator(name, namespace, spec, cluster)
-    wanted = ordering.desired(objects)
-    if ordering.waits_for_brokers(live, wanted):
-        message = (
-            f"it changes what the coordinators take from SegtxnCluster {cluster_name}: "
-            "applied in its turn by the cluster's roll (the brokers first, then the "
-            "coordinators, one TransactionCoordinator at a time)"
-        )
-        _not_applied(body, status, patch, "WaitingForRoll", message)
-        raise kopf.TemporaryError(message, delay=RETRY_S * 2)
-    try:
-        await _apply(runtime, body, status, patch, objects)
-    except (kopf.TemporaryError, kopf.PermanentError) as e:
-        _not_applied(body, status, patch, "ApplyFailed", str(e))
-        raise
-
-
-@kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S)
-async def coordinator_status(
-    *,
-    body: kopf.Body,
-    name: str,
-    namespace: str | None,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    patch: kopf.Patch,
-    memo: Any,
-    **_: Any,
-) -> None:
-    """Every ``statusIntervalSeconds``: ``Ready`` from the Deployment against what the
-    spec and its cluster's render (:func:`status.rollout`); open transactions and the GC
-    backlog into status; ``GCBacklogHigh`` when the backlog passes ``gcBacklogThreshold``."""
-    namespace = namespaced(namespace)
-    last = status.get("lastChecked")
-    interval = float(spec.get("statusIntervalSeconds", 30))
-    current = datetime.datetime.now(datetime.UTC)
-    if last and (current - datetime.datetime.fromisoformat(last)).total_seconds() < interval:
-        return
-    runtime = runtime_of(memo)
-    found = await runtime.kube.get(
-        "apps/v1", "Deployment", namespace, render.coordinator_name(name)
-    )
-    cluster_name = str(spec["clusterRef"])
-    cluster = await runtime.kube.get(API, "SegtxnCluster", namespace, cluster_name)
-    secured = dict((cluster or {}).get("spec", {}))
-    url = runtime.config.coordinator_url or render.coordinator_url(name, namespace, spec, secured)
-    ready = int((found or {}).get("status", {}).get("readyReplicas") or 0)
-    if cluster is None:
-        state = Rollout(False, "Missing", f"SegtxnCluster {cluster_name} does not exist", ready)
-    else:
-        rendered = render.render_coordinator(name, namespace, spec, cluster.get("spec", {}))
-        state = rollout(found, next(o for o in rendered if o["kind"] == "Deployment"))
-    stamp = now()
-    generation = body.meta.get("generation")
-    conditions = condition(
-        status.get("conditions"),
-        kind="Ready",
-        status=state.ready,
-        reason=state.reason,
-        message=state.message,
-        now=stamp,
-        generation=generation,
-    )
-    patch.status["lastChecked"] = stamp
-    patch.status["readyReplicas"] = state.ready_replicas
-    try:
-        http = await runtime.sessions.session(
-            runtime.kube, runtime.http, namespace, cluster_name, secured
-        )
-        stats = await Connector(url, http, request_timeout_s=10).request("GET", "/txn/v2/stats")
-    except (ServerError, Timeout) as e:
-        patch.status["conditions"] = condition(
-            conditions,
-            kind="Reachable",
-            status=False,
-            reason=reason(e),
-            message=str(e),
-            now=stamp,
-            generation=generation,
-        )
-        return
-    backlog = int(stats["gcBacklog"])
-    threshold = int(spec.get("gcBacklogThreshold", 10_000))
-    patch.status["openTransactions"] = int(stats["openTransactions"])
-    patch.status["gcBacklog"] = backlog
-    patch.status["idsHeld"] = list(stats["idsHeld"])
-    conditions = condition(
-        conditions,
-        kind="Reachable",
-        status=True,
-        reason="StatsRead",
-        message=url,
-        now=stamp,
-        generation=body.meta.get("generation"),
-    )
-    high = backlog > threshold
-    was_high = any(
-        c.get("type") == "GCBacklogHigh" and c.get("status") == "True" for c in conditions
-    )
-    message = f"{backlog} op records await clean-up (threshold {threshold})"
-    conditions = condition(
-        conditions,
-        kind="GCBacklogHigh",
-        status=high,
-        reason="AboveThreshold" if high else "BelowThreshold",
-        message=message,
-        now=stamp,
-        generation=body.meta.get("generation"),
-    )
-    patch.status["conditions"] = conditions
-    if high and not was_high:
-        kopf.warn(body, reason="GCBacklogHigh", message=message)

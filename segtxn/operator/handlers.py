@@ -3,10 +3,11 @@ registered (importing it is what ``segtxn operator`` and ``kopf run -m
 segtxn.operator.handlers`` do).
 
 Rendering is pure (:mod:`segtxn.operator.render`); the handlers that apply it live by
-resource: :mod:`.clusters` (SegtxnCluster, TransactionCoordinator),
-:mod:`.scalabletopics` and :mod:`.autoscaling` (ScalableTopic), :mod:`.verification`
-(VerificationRun); a secured cluster's Secrets are kept and renewed by :mod:`.credentials`.
-What they share (configuration, clients, error mapping) is :mod:`.runtime`.
+resource: :mod:`.clusters` (SegtxnCluster), :mod:`.coordinators`
+(TransactionCoordinator), :mod:`.scalabletopics` and :mod:`.autoscaling` (ScalableTopic),
+:mod:`.verification` (VerificationRun); a secured cluster's Secrets are kept and renewed
+by :mod:`.credentials`. What they share (configuration, clients, error mapping) is
+:mod:`.runtime`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import kopf
 from segtxn.operator import (
     autoscaling,
     clusters,
+    coordinators,
     credentials,
     peering,
     scalabletopics,
@@ -33,6 +35,7 @@ __all__ = [
     "OperatorConfig",
     "autoscaling",
     "clusters",
+    "coordinators",
     "credentials",
     "scalabletopics",
     "verification",

@@ -2,8 +2,8 @@
 is applied and an error becomes a Kopf retry.
 
 Split from the handlers so that each resource's handlers (:mod:`.clusters`,
-:mod:`.scalabletopics`) read as what they decide, not as plumbing. Nothing here is
-registered with Kopf.
+:mod:`.coordinators`, :mod:`.scalabletopics`) read as what they decide, not as plumbing.
+Nothing here is registered with Kopf.
 """
 
 from __future__ import annotations

@@ -24,6 +24,9 @@ from segtxn.operator.render import CONFIG_HASH
 
 Obj = dict[str, Any]
 
+STATUS_TICK_S = 1.0
+"""How often status timers wake; each resource's own interval decides when they read."""
+
 
 def condition(
     previous: Sequence[Mapping[str, Any]] | None,
