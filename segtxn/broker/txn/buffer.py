@@ -426,13 +426,13 @@ class MetadataTransactionBuffer(TransactionBuffer):
         for op in ops.entries:
             txn = T.txn_of_op_key(op.key)
             try:
-                record = T.decode_op(op.value)
+                found = T.decode_op(op.value)
             except msgspec.DecodeError as e:
-                record = None
                 log.error("%s: op record %s unreadable (%s): ignored", self.segment, op.key, e)
-            if not isinstance(record, T.WritesRecord):
                 continue
-            draft = self._records[txn] = WritesDraft.recovered(txn, record)
+            if not isinstance(found, T.WritesRecord):
+                continue
+            draft = self._records[txn] = WritesDraft.recovered(txn, found)
             self._writes[txn] = [draft.first, draft.last]
         await self._find_orphans()
         for txn, positions in self._writes.items():
