@@ -5,6 +5,10 @@ An engine watch breaks when its connection does (``StoreUnavailable``);
 :class:`ResumableWatch` opens it again from the first revision it has not delivered, with
 a growing pause between attempts (at most ``watch_retry_max_s``). The store's ``watch*``
 methods (:class:`~segtxn.metastore.store.MetadataStore`) are built on :func:`resumable`.
+
+An outage is logged once per watch: a WARNING when it breaks, the failed attempts after it
+at DEBUG, and an INFO with how long it lasted when events flow again (a ten-second etcd
+outage used to print a WARNING per attempt of every watch, and nothing when it ended).
 """
 
 from __future__ import annotations
@@ -65,18 +69,29 @@ class ResumableWatch:
 
     async def events(self) -> AsyncIterator[RawEvent]:
         delay = 0.01
+        broken: float | None = None  # when the stream broke, until events flow again
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 stream = self._iter or await self.open()
                 batch = await anext(stream)
             except StoreUnavailable as e:
-                log.warning("watch on %r broke (%s); resuming", self._lo, e)
+                if broken is None:
+                    broken = loop.time()
+                    log.warning("watch on %r broke (%s); resuming", self._lo, e)
+                else:
+                    log.debug("watch on %r: still broken (%s)", self._lo, e)
                 await self._close_stream()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry_max_s)
                 continue
             except StopAsyncIteration:
                 return
+            if broken is not None:
+                log.info(
+                    "watch on %r resumed, %.1f s after it broke", self._lo, loop.time() - broken
+                )
+                broken = None
             delay = 0.01
             for event in batch:
                 if event.mod_revision < self._next:

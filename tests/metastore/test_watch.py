@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -116,6 +117,32 @@ async def test_watch_survives_dropped_connections(
         await asyncio.wait_for(consumer, 20)
     assert drops == 10
     assert received == [f"/drop/{i:03d}" for i in range(200)]
+
+
+async def test_an_outage_is_logged_once_and_its_end_too(
+    make_store: MakeStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A watch whose store stays away for several attempts says so once (WARNING), the
+    attempts at DEBUG, and once more when events flow again (INFO): a ten-second etcd
+    outage printed a WARNING per attempt of every watch, and nothing when it ended."""
+    watcher, writer = make_store(), make_store()
+    injector = watcher.engine
+    assert isinstance(injector, FaultInjector)
+    caplog.set_level(logging.DEBUG, logger="segtxn.metastore.watch")
+    async with watcher.watch_prefix("/out/") as events:
+        await writer.put("/out/0", b"x")
+        assert [e.key for e in await take(events, 1)] == ["/out/0"]
+        injector.fail("watch", times=5)  # the next five reopenings fail
+        injector.drop_watches()
+        await writer.put("/out/1", b"x")
+        assert [e.key for e in await take(events, 1)] == ["/out/1"]
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name.endswith(".watch")]
+    warnings = [m for level, m in said if level == logging.WARNING]
+    debug = [m for level, m in said if level == logging.DEBUG and "still broken" in m]
+    resumed = [m for level, m in said if level == logging.INFO]
+    assert len(warnings) == 1 and "broke" in warnings[0], said
+    assert len(debug) == 5, said  # each failed reopening, quietly
+    assert len(resumed) == 1 and "resumed" in resumed[0], said
 
 
 async def test_compacted_history_is_reported(store: MetadataStore) -> None:
