@@ -343,6 +343,9 @@ class BrokerService:
             raise ServerError(
                 ErrorName.SERVICE_NOT_READY, f"{name} is moving to another broker; try again"
             )
+        topic = self.topics.get(name)  # loaded meanwhile by a call that read the home first:
+        if topic is not None:  # a second load would serve the same subscriptions twice
+            return topic
         loading = self._loading.get(name)
         if loading is None:
             loading = asyncio.create_task(self._load(name), name=f"load-{name}")
