@@ -5,14 +5,13 @@ accepts connections to its port), then resumed and used again."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import pytest
 
 from segtxn.client import Client, ErrorCategory, Message, Timeout
 from segtxn.client.timeouts import CLOSE_WAIT_S
-from tests import processes
 from tests.processes import ServerProcess
 
 OPERATION_S = 2.0
@@ -39,17 +38,6 @@ async def timed(call: Awaitable[object]) -> Outcome:
     except Exception as e:
         return Outcome(loop.time() - started, e)
     return Outcome(loop.time() - started, None)
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ServerProcess]:
-    process = processes.standalone()
-    process.start()
-    try:
-        await process.ready()
-        yield process
-    finally:
-        process.stop()  # resumes it first if paused
 
 
 async def received(consumer: object, value: bytes) -> Message:

@@ -7,29 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
-
 from segtxn.client import Client, ErrorCategory, Timeout
-from tests import processes
 from tests.processes import ServerProcess
 
 T = "topic://acme/unretrieved/keyed"
 SEND_S = 1.0
 IN_FLIGHT = 200
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ServerProcess]:
-    process = processes.standalone()
-    process.start()
-    try:
-        await process.ready()
-        yield process
-    finally:
-        process.stop()
 
 
 async def test_sends_to_a_stopped_broker_fail_with_nothing_left_unretrieved(

@@ -63,9 +63,16 @@ def tries(emu: Emulator, kind: str, name: str, handler: str) -> int:
     return int(json.loads(annotations.get(f"segtxn.io/{handler}", "{}")).get("retries", 0))
 
 
-def condition(emu: Emulator, kind: str, name: str, which: str) -> str | None:
+def condition_of(emu: Emulator, kind: str, name: str, which: str) -> dict[str, Any] | None:
+    """The resource's condition ``which`` (its status, reason and message), or None."""
     found = [c for c in status(emu, kind, name).get("conditions", []) if c["type"] == which]
-    return str(found[0]["status"]) if found else None
+    return dict(found[0]) if found else None
+
+
+def condition(emu: Emulator, kind: str, name: str, which: str) -> str | None:
+    """The status (``True``/``False``) of the resource's condition ``which``, or None."""
+    found = condition_of(emu, kind, name, which)
+    return None if found is None else str(found["status"])
 
 
 async def cluster(emu: Emulator, local: Local, **brokers: Any) -> None:

@@ -12,7 +12,7 @@ from segtxn.operator import render
 from segtxn.operator.immutable import coordinator_changes
 from tests.manifests.support import crd_schemas
 from tests.operator.emulator import Emulator, emulator, operator
-from tests.operator.support import WAIT_S, condition, offline
+from tests.operator.support import WAIT_S, condition, condition_of, offline
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,9 +33,7 @@ def ids(emu: Emulator) -> str | None:
 
 
 def applied(emu: Emulator) -> dict[str, Any]:
-    conditions = (emu.mine("TransactionCoordinator", "tc") or {}).get("status", {})
-    found = [c for c in conditions.get("conditions", ()) if c["type"] == "Applied"]
-    return dict(found[0]) if found else {}
+    return condition_of(emu, "TransactionCoordinator", "tc", "Applied") or {}
 
 
 @pytest.mark.parametrize(

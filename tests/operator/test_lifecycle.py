@@ -18,9 +18,9 @@ from tests.operator.support import (
     WAIT_S,
     Local,
     cluster,
+    condition_of,
     config_of,
     statefulset_rolled,
-    status,
     tries,
 )
 from tests.waiting import wait_until
@@ -43,8 +43,7 @@ def config_hash(emu: Emulator, resource: str, name: str) -> str:
 
 
 def applied(emu: Emulator, kind: str, name: str) -> dict[str, Any] | None:
-    found = [c for c in status(emu, kind, name).get("conditions", []) if c["type"] == "Applied"]
-    return found[0] if found else None
+    return condition_of(emu, kind, name, "Applied")
 
 
 async def running(emu: Emulator, local: Local) -> None:

@@ -21,7 +21,7 @@ from segtxn.operator import pki, security
 from segtxn.operator.kube import Kube
 from segtxn.operator.sessions import ClusterSessions
 from tests.operator.emulator import NS, Emulator, emulator, operator
-from tests.operator.support import WAIT_S, condition, config_of, offline
+from tests.operator.support import WAIT_S, condition, condition_of, config_of, offline
 from tests.operator.test_rbac import SECURED, declared, observed
 from tests.waiting import wait_until
 
@@ -255,11 +255,8 @@ async def test_a_policy_the_servers_would_refuse_is_refused_whole() -> None:
             timeout=WAIT_S,
             what="Applied False",
         )
-        [applied] = [
-            c
-            for c in (emu.mine("SegtxnCluster", "demo") or {})["status"]["conditions"]
-            if c["type"] == "Applied"
-        ]
+        applied = condition_of(emu, "SegtxnCluster", "demo", "Applied")
+        assert applied is not None
         assert applied["reason"] == "InvalidSecurity" and "reserved" in applied["message"]
         assert emu.get(STS, "demo-broker") is None and emu.get(SECRETS, "demo-ca") is None
 
@@ -279,11 +276,8 @@ async def test_a_role_name_that_cannot_name_its_secret_is_refused_whole(enabled:
             timeout=WAIT_S,
             what="Applied False",
         )
-        [applied] = [
-            c
-            for c in (emu.mine("SegtxnCluster", "demo") or {})["status"]["conditions"]
-            if c["type"] == "Applied"
-        ]
+        applied = condition_of(emu, "SegtxnCluster", "demo", "Applied")
+        assert applied is not None
         assert applied["reason"] == "InvalidSecurity"
         assert "'Orders_App' is not a DNS label" in applied["message"]
         assert emu.get(STS, "demo-broker") is None and emu.get(SECRETS, "demo-ca") is None
