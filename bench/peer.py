@@ -223,7 +223,7 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
             sends = [
                 await outputs.send_async(transform(m.value), key=m.key, txn=txn) for m in inputs
             ]
-            acks = [asyncio.ensure_future(consumer.acknowledge(m, txn=txn)) for m in inputs]
+            acks = [await consumer.acknowledge_async(m, txn=txn) for m in inputs]
             await asyncio.gather(*sends, *acks)
             committing = time.perf_counter()
             if txn is not None:

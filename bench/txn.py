@@ -271,7 +271,7 @@ async def pipeline(
             sends = [
                 await outputs.send_async(m.value + b"-out", key=m.key, txn=txn) for m in inputs
             ]
-            acks = [asyncio.ensure_future(consumer.acknowledge(m, txn=txn)) for m in inputs]
+            acks = [await consumer.acknowledge_async(m, txn=txn) for m in inputs]
             await asyncio.gather(*sends, *acks)
             t2 = time.perf_counter()
             await txn.commit()

@@ -46,9 +46,9 @@ async def process(client: Client, consumer: Consumer, producer: Producer | Scala
     done = 0
     while batch := await batch_of(consumer, BATCH):
         async with client.transaction(timeout_s=30) as txn:
-            for message in batch:
-                await producer.send(message.value.upper(), key=message.key, txn=txn)
-                await consumer.acknowledge(message, txn=txn)
+            for message in batch:  # queued, not awaited one by one: the commit waits for them
+                await producer.send_async(message.value.upper(), key=message.key, txn=txn)
+                await consumer.acknowledge_async(message, txn=txn)
         done += len(batch)
         print(f"transaction {txn.id}: {len(batch)} in, {len(batch)} out, committed")
     return done

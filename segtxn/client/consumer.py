@@ -75,8 +75,8 @@ class Consumer:
     failed commit) returns, nothing newer than the transaction's inputs is handed out until
     they have come back. A transaction may only acknowledge a message received since the
     latest rewind, and in order: not past one received and left unacknowledged (else
-    ``TransactionConflict``: abort and take them again). Its acks may be sent together
-    (``asyncio.gather``) without awaiting each.
+    ``TransactionConflict``: abort and take them again). Its acks need not be awaited one
+    at a time: :meth:`acknowledge_async` queues them, and the commit waits for them.
     """
 
     def __init__(
@@ -326,6 +326,29 @@ class Consumer:
     def _deadline(self, timeout_s: float | None) -> Deadline:
         return Deadline(self._connector.timeouts.limit(timeout_s))
 
+    async def acknowledge_async(
+        self,
+        message: Message | MessageId,
+        *,
+        txn: Transaction | None = None,
+        timeout_s: float | None = None,
+    ) -> asyncio.Future[None]:
+        """Queue one acknowledgment (as :meth:`acknowledge`) and return at once with a future
+        that is done when the broker made it durable, or fails as :meth:`acknowledge` raises.
+        Acks queued one after the other travel in one frame, so a batch costs one request
+        and, in a transaction, one record, however many messages it holds.
+
+        In ``txn`` the commit waits for these futures and aborts if one failed (raising
+        TransactionFailed from its error): a loop may queue a batch's sends
+        (``send_async``) and acks and then commit, awaiting none of them. This call itself
+        raises only what happens before the ack is queued (the transaction could not be
+        joined, a message of another topic, the consumer closed). Without ``txn``, await
+        the future (or read its result) as with any asyncio future: a failure nobody
+        retrieves is logged by asyncio when the future is discarded.
+        """
+        with poisons(txn):
+            return await self._submit(message, cumulative=False, txn=txn, timeout_s=timeout_s)
+
     async def _ack(
         self,
         message: Message | MessageId,
@@ -334,13 +357,27 @@ class Consumer:
         txn: Transaction | None,
         timeout_s: float | None,
     ) -> None:
+        await (await self._submit(message, cumulative=cumulative, txn=txn, timeout_s=timeout_s))
+
+    async def _submit(
+        self,
+        message: Message | MessageId,
+        *,
+        cumulative: bool,
+        txn: Transaction | None,
+        timeout_s: float | None,
+    ) -> asyncio.Future[None]:
+        """Queue one ack on its stream; the future is its answer (in ``txn``: tracked by
+        the transaction)."""
         self._check_open()
         deadline = self._deadline(timeout_s)
         message_id = message.message_id if isinstance(message, Message) else message
         stream = self._stream(message_id)
         if stream is None:  # its segment is consumed to its end: it is acknowledged already
             if txn is None:
-                return
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                return done
             error = TransactionConflict(
                 f"{message_id}: its segment was consumed to its end by the subscription (another "
                 "consumer acknowledged it), so this transaction cannot hold it: abort it",
@@ -356,8 +393,7 @@ class Consumer:
                 traceparent=tracing.traceparent(span),
             )
             tracing.end_when_done(span, plain)
-            await plain
-            return
+            return plain
         # one registration per scalable topic, not per segment (v5 treats it as a no-op
         # beyond the domain check, so its segments share it)
         await txn.add_subscription(_registered(message_id.topic), self.subscription, deadline)
@@ -376,7 +412,7 @@ class Consumer:
         )
         tracing.end_when_done(span, ack)
         txn.track(ack)
-        await ack
+        return ack
 
     async def _redeliver_all(self, txn: tuple[int, int]) -> None:
         for stream in list(self._streams.values()):

@@ -160,7 +160,7 @@ class Processor:
                 await out_a.send_async(output, key=record.key, txn=txn)
                 await out_b.send_async(output, key=record.key, txn=txn)
                 outputs += 2
-                await consumer.acknowledge(message, txn=txn)
+                await consumer.acknowledge_async(message, txn=txn)  # commit awaits it
             await asyncio.sleep(config.hold_s)  # sleep-ok: work inside the transaction
             dice = self.rng.random()
             started = loop.time()
