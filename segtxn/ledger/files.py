@@ -226,15 +226,24 @@ class FileLogStorage(LogStorage):
         check_local(placement, str(path))
         fd = self._open(path)
         try:
-            data = _read_all(fd)
-            found, damage = check_closed(
-                str(path), data, ledger_id=ledger_id, log_format=log_format, entries=entries
+            checked = check_closed(
+                str(path),
+                _read_all(fd),
+                ledger_id=ledger_id,
+                log_format=log_format,
+                entries=entries,
             )
         except BaseException:
             os.close(fd)
             raise
         return self.entry_log(
-            path, ledger_id, fd, found.offsets, len(data), nonce=None, damage=damage
+            path,
+            ledger_id,
+            fd,
+            checked.found.offsets,
+            checked.end,  # reads never touch bytes past the entries recorded at close
+            nonce=None,
+            damage=checked.damage,
         )
 
     def _open(self, path: Path) -> int:

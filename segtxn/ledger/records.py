@@ -168,6 +168,26 @@ def scan(data: bytes, *, start: int, nonce: int | None) -> Scan:
     return result
 
 
+def written_end(
+    data: bytes, offsets: Sequence[int], *, start: int, nonce: int | None
+) -> tuple[int, bool]:
+    """Where the entry records at ``offsets`` (valid ones, as :func:`scan` found them) end,
+    past the mark that follows the last of them if a valid one does (``start``, the end
+    of the header, without entries); and whether that mark is there. This is where a
+    closed ledger's file ended when it closed, unless it was closed by a recovery that
+    kept a batch without its mark."""
+    end = start
+    if offsets:
+        end = offsets[-1] + ENTRY.size + ENTRY.unpack_from(data, offsets[-1])[0]
+    marked = bool(
+        offsets
+        and nonce is not None
+        and end + MARK_SIZE <= len(data)
+        and _is_mark(memoryview(data), end, nonce, len(offsets))
+    )
+    return (end + MARK_SIZE if marked else end), marked
+
+
 def _is_mark(view: memoryview, pos: int, nonce: int, entries_before: int) -> bool:
     tag, crc, offset, entries = CONTROL.unpack_from(view, pos)
     return bool(

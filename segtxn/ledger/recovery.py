@@ -39,7 +39,9 @@ then resolves the appends of the batch (segtxn/ledger/records.py has the format)
 
 Closed ledgers are checked when they are first read (:func:`check_closed`): the entries
 before damage are served, and reading the damaged one raises ``LedgerCorrupted`` naming
-the file; the managed ledger logs it once, at ERROR.
+the file; the managed ledger logs it once, at ERROR. Reads stop where the entries recorded
+at close end: the bytes after them are never read, so whatever they hold (even records
+that look like later entries) is never served.
 
 What remains ambiguous, by construction: damage that removes a final mark *and* part of
 the batch before it (a file cut by more than a mark's 24 bytes, right after an
@@ -56,6 +58,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import msgspec
 
@@ -81,6 +84,7 @@ from segtxn.ledger.records import (
     decode_header,
     find_mark,
     scan,
+    written_end,
 )
 from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore
 
@@ -153,6 +157,18 @@ def recover_tail(
     return found, Truncation(path, found.end, found.size, found.count, reason), nonce
 
 
+class Checked(NamedTuple):
+    """A closed log as :func:`check_closed` found it."""
+
+    found: Scan
+    """Its scan, limited to the readable entries (at most the count recorded at close)."""
+    end: int
+    """Where those entries end (past the mark after the last, if it is there): reads never
+    go further."""
+    damage: LedgerCorrupted | None
+    """Entries recorded at close that cannot be read (None: all can)."""
+
+
 def check_closed(
     path: str,
     data: bytes,
@@ -160,34 +176,39 @@ def check_closed(
     ledger_id: int,
     log_format: int,
     entries: int,
-) -> tuple[Scan, LedgerCorrupted | None]:
-    """Check a closed log against the ``entries`` recorded when it closed. Returns the
-    scan, limited to the readable entries, and the damage (None: all readable)."""
+) -> Checked:
+    """Check a closed log against the ``entries`` recorded when it closed."""
     nonce: int | None = None
     start = 0
     if log_format >= 1:
         nonce = decode_header(data, ledger_id)
         if nonce is None:
             empty = scan(b"", start=0, nonce=None)
-            return empty, LedgerCorrupted(
-                f"{path}: no valid header for ledger {ledger_id} ({len(data)} bytes): none of "
-                f"its {entries} entries can be read",
-                path=path,
+            return Checked(
+                empty,
+                0,
+                LedgerCorrupted(
+                    f"{path}: no valid header for ledger {ledger_id} ({len(data)} bytes): "
+                    f"none of its {entries} entries can be read",
+                    path=path,
+                ),
             )
         start = HEADER_SIZE
     found = scan(data, start=start, nonce=nonce)
     del found.offsets[entries:]
+    end, _ = written_end(data, found.offsets, start=start, nonce=nonce)
     if found.count >= entries:
-        return found, None
+        return Checked(found, end, None)
     if not found.clean:
         why = f"{found.problem} at offset {found.end}"
     else:
         why = f"the file ends after {found.count} entries ({found.size} bytes; truncated)"
-    return found, LedgerCorrupted(
+    damage = LedgerCorrupted(
         f"{path}: {why}; {entries} entries were recorded when this ledger closed: entries "
         f"{found.count}..{entries - 1} cannot be read",
         path=path,
     )
+    return Checked(found, end, damage)
 
 
 # ----------------------------------------------------------------------- the chain

@@ -27,7 +27,14 @@ from segtxn.ledger import (
     Position,
 )
 from segtxn.ledger.metadata import LedgerMetadata, decode, encode, metadata_key
-from segtxn.ledger.records import HEADER_SIZE, MARK_SIZE, decode_header, encode_records, scan
+from segtxn.ledger.records import (
+    FORMAT,
+    HEADER_SIZE,
+    MARK_SIZE,
+    decode_header,
+    encode_records,
+    scan,
+)
 from segtxn.metastore import MetadataStore, open_store
 
 NAME = "persistent://t/n/recover"
@@ -301,6 +308,42 @@ async def test_a_truncated_closed_ledger_names_what_is_missing(
             await ledger.read(positions[7])
     finally:
         await ledger.close()
+
+
+# ================================================================= closed, then changed
+
+
+CLOSED = 10
+"""Entries of the closed ledger (ledger 1) the tests below change."""
+GARBAGE = encode_records(CLOSED, [b"not an entry"]) + b"\xde\xad\xbe\xef" * 50
+"""Bytes appended to a closed ledger: a record that looks like its next entry (its id,
+a good checksum), then noise."""
+
+
+def _payload(i: int) -> bytes:
+    return f"entry-{i}".encode() * 10  # as _fill appends them
+
+
+async def test_reads_of_a_closed_ledger_stop_at_its_recorded_end(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """Bytes after a closed ledger's end are never read, let alone served: not the record
+    that looks like its next entry, nor the last entry's read running into them."""
+    storage = FileLogStorage(tmp_path)
+    await _fill(store, storage, CLOSED, crash=False)
+    path = storage.path(NAME, 1)
+    size = path.stat().st_size
+    _append_raw(path, GARBAGE + bytes(1 << 20))
+    entry_log = storage.open(NAME, 1, log_format=FORMAT, entries=CLOSED)
+    try:
+        assert entry_log.count == CLOSED and entry_log.size_bytes() == size
+        assert entry_log.read(CLOSED - 1, CLOSED - 1) == [_payload(CLOSED - 1)]
+        assert entry_log.entries_within(CLOSED - 2, 1 << 10) == 2  # (the last one ends there)
+        with pytest.raises(IndexError):
+            entry_log.read(CLOSED, CLOSED)
+        assert entry_log.damage is None
+    finally:
+        entry_log.close()
 
 
 # ================================================================= missing files: refused
