@@ -13,7 +13,7 @@ from segtxn.ledger.errors import (
     WriteFailed,
 )
 from segtxn.ledger.files import FileLogStorage
-from segtxn.ledger.logs import EntryLog, LogStorage, Recovered, Truncation
+from segtxn.ledger.logs import Alteration, EntryLog, LogStorage, Recovered, Truncation
 from segtxn.ledger.managed import ManagedLedger
 from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.ledger.metadata import METADATA_PREFIX, LedgerSettings
@@ -24,6 +24,7 @@ from segtxn.ledger.retention import RetentionPolicy, TrimResult
 
 __all__ = [
     "METADATA_PREFIX",
+    "Alteration",
     "Entry",
     "EntryLog",
     "EntryTooLarge",

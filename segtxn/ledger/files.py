@@ -29,7 +29,15 @@ from pathlib import Path
 from urllib.parse import quote
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
-from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered, check_local
+from segtxn.ledger.logs import (
+    LOCAL,
+    Alteration,
+    EntryLog,
+    LogStorage,
+    Placement,
+    Recovered,
+    check_local,
+)
 from segtxn.ledger.records import (
     ENTRY_OVERHEAD,
     decode_entry,
@@ -53,6 +61,7 @@ class FileEntryLog(EntryLog):
         *,
         nonce: int | None,
         damage: LedgerCorrupted | None = None,
+        alteration: Alteration | None = None,
     ) -> None:
         """``nonce``: the file's (None for a format-0 file, which is never appended to)."""
         self.path = path
@@ -62,6 +71,7 @@ class FileEntryLog(EntryLog):
         self._end = end
         self._nonce = nonce
         self.damage = damage
+        self.alteration = alteration
 
     @property
     def count(self) -> int:
@@ -220,6 +230,7 @@ class FileLogStorage(LogStorage):
         *,
         log_format: int,
         entries: int,
+        size_bytes: int | None = None,
         placement: Placement = LOCAL,
     ) -> FileEntryLog:
         path = self.path(ledger_name, ledger_id)
@@ -232,6 +243,7 @@ class FileLogStorage(LogStorage):
                 ledger_id=ledger_id,
                 log_format=log_format,
                 entries=entries,
+                size_bytes=size_bytes,
             )
         except BaseException:
             os.close(fd)
@@ -244,6 +256,7 @@ class FileLogStorage(LogStorage):
             checked.end,  # reads never touch bytes past the entries recorded at close
             nonce=None,
             damage=checked.damage,
+            alteration=checked.alteration,
         )
 
     def _open(self, path: Path) -> int:

@@ -80,6 +80,7 @@ class LogHandles:
                     info.id,
                     log_format=info.format,
                     entries=info.entries or 0,
+                    size_bytes=info.size_bytes,
                     placement=info.placement,
                 )
             except LedgerCorrupted as e:
@@ -95,6 +96,8 @@ class LogHandles:
                     entry_log.count,
                     entry_log.damage,
                 )
+            elif entry_log.alteration is not None:  # nothing lost: served, and said
+                log.warning("%s: %s", self._name, entry_log.alteration)
             self._logs[info.id] = entry_log
             return entry_log
 

@@ -72,6 +72,31 @@ class Truncation:
         )
 
 
+@dataclass(frozen=True)
+class Alteration:
+    """How a closed ledger's file changed after it closed, with every entry recorded then
+    still in its place and passing its checksum: nothing is lost, so it is served as it
+    is (and never changed), and the managed ledger logs this once, at WARNING."""
+
+    path: str
+    ledger_id: int
+    entries: int
+    """The entry count recorded when it closed: all of them are served, nothing after."""
+    what: str
+    """What was found, and where: its final acknowledgement mark missing, bytes after
+    its end."""
+    cause: str
+    """What can have done it (the broker never writes to a closed ledger, but the final
+    mark is never synced by itself: a power loss can take it)."""
+
+    def __str__(self) -> str:
+        return (
+            f"{self.path} changed after ledger {self.ledger_id} closed: {self.what}; the "
+            f"{self.entries} entries recorded when it closed are intact and are served as "
+            f"they are (the file is left as it is). {self.cause}"
+        )
+
+
 class EntryLog(ABC):
     ledger_id: int
     placement: Placement = LOCAL
@@ -82,6 +107,9 @@ class EntryLog(ABC):
     damage: LedgerCorrupted | None = None
     """Set when a closed ledger was opened damaged: entries from ``count`` on cannot be
     read, and reading them raises this error (the entries before it are served)."""
+    alteration: Alteration | None = None
+    """Set when a closed ledger was opened whole but changed since it closed (its final
+    mark cut off, bytes after its end): every entry is served, nothing past them."""
 
     @property
     @abstractmethod
@@ -191,11 +219,14 @@ class LogStorage(ABC):
         *,
         log_format: int,
         entries: int,
+        size_bytes: int | None = None,
         placement: Placement = LOCAL,
     ) -> EntryLog:
-        """Open a closed log (``entries`` recorded when it closed) exclusively, for
-        reading; it is never changed. Damage does not fail the open: the log's
-        ``damage`` says where its readable entries end, and why.
+        """Open a closed log (``entries`` and ``size_bytes`` recorded when it closed; the
+        size None: not recorded) exclusively, for reading; it is never changed. Damage
+        does not fail the open: the log's ``damage`` says where its readable entries end,
+        and why; its ``alteration`` says how a log holding all of them changed since
+        (reads never go past them).
 
         Raises:
             LedgerMissing: the log does not exist.

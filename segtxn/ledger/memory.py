@@ -96,6 +96,7 @@ class MemoryLogStorage(LogStorage):
         *,
         log_format: int,
         entries: int,
+        size_bytes: int | None = None,
         placement: Placement = LOCAL,
     ) -> MemoryEntryLog:
         check_local(placement, self.where(ledger_name, ledger_id))

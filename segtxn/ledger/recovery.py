@@ -34,6 +34,8 @@ then resolves the appends of the batch (segtxn/ledger/records.py has the format)
    truncated (with the same WARNING), earlier damage is refused.
 3. A closed last ledger (a clean close, a seal) must hold exactly the entries recorded
    when it closed; anything less is ``LedgerCorrupted``. Nothing is ever truncated in it.
+   One that holds them all but changed after it closed (its final mark cut off, bytes
+   after its end) is served as it is, with a WARNING (below).
 4. The last ledger is then recorded as closed and a fresh ledger is created (unless
    sealed), in one compare-and-set; a stale owner is fenced (``LedgerFenced``).
 
@@ -41,7 +43,14 @@ Closed ledgers are checked when they are first read (:func:`check_closed`): the 
 before damage are served, and reading the damaged one raises ``LedgerCorrupted`` naming
 the file; the managed ledger logs it once, at ERROR. Reads stop where the entries recorded
 at close end: the bytes after them are never read, so whatever they hold (even records
-that look like later entries) is never served.
+that look like later entries) is never served. A file that holds every entry recorded at
+close but is not as it was written then (the size recorded at close) has lost nothing: it
+is served as it is, never truncated, and the managed ledger logs once, at WARNING, the
+file, what was found and where (:class:`~segtxn.ledger.logs.Alteration`). Its final mark
+missing (cut off, or zeros where it was) is what a power loss soon after the close can
+leave, since no sync follows the last mark; bytes after its end, or other bytes in the
+mark's place, no crash leaves: the broker never writes to a closed ledger, so something
+else did.
 
 What remains ambiguous, by construction: damage that removes a final mark *and* part of
 the batch before it (a file cut by more than a mark's 24 bytes, right after an
@@ -64,7 +73,7 @@ import msgspec
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
 from segtxn.ledger.fencing import cas_put
-from segtxn.ledger.logs import EntryLog, LogStorage, Truncation
+from segtxn.ledger.logs import Alteration, EntryLog, LogStorage, Truncation
 from segtxn.ledger.metadata import (
     LedgerInfo,
     LedgerMetadata,
@@ -82,6 +91,7 @@ from segtxn.ledger.records import (
     MARK_SIZE,
     Scan,
     decode_header,
+    encode_mark,
     find_mark,
     scan,
     written_end,
@@ -167,6 +177,8 @@ class Checked(NamedTuple):
     go further."""
     damage: LedgerCorrupted | None
     """Entries recorded at close that cannot be read (None: all can)."""
+    alteration: Alteration | None
+    """How a file that holds all of them changed since it closed (None: it did not)."""
 
 
 def check_closed(
@@ -176,8 +188,10 @@ def check_closed(
     ledger_id: int,
     log_format: int,
     entries: int,
+    size_bytes: int | None = None,
 ) -> Checked:
-    """Check a closed log against the ``entries`` recorded when it closed."""
+    """Check a closed log against the ``entries`` (and ``size_bytes``, None: not recorded)
+    recorded when it closed."""
     nonce: int | None = None
     start = 0
     if log_format >= 1:
@@ -192,13 +206,25 @@ def check_closed(
                     f"none of its {entries} entries can be read",
                     path=path,
                 ),
+                None,
             )
         start = HEADER_SIZE
     found = scan(data, start=start, nonce=nonce)
+    beyond = found.count - entries  # valid records past the count: never served
     del found.offsets[entries:]
-    end, _ = written_end(data, found.offsets, start=start, nonce=nonce)
+    end, marked = written_end(data, found.offsets, start=start, nonce=nonce)
     if found.count >= entries:
-        return Checked(found, end, None)
+        what = _changed(
+            data,
+            end,
+            marked=marked,
+            nonce=nonce,
+            size_bytes=size_bytes,
+            entries=entries,
+            beyond=beyond,
+        )
+        alteration = None if what is None else Alteration(path, ledger_id, entries, *what)
+        return Checked(found, end, None, alteration)
     if not found.clean:
         why = f"{found.problem} at offset {found.end}"
     else:
@@ -208,7 +234,70 @@ def check_closed(
         f"{found.count}..{entries - 1} cannot be read",
         path=path,
     )
-    return Checked(found, end, damage)
+    return Checked(found, end, damage, None)
+
+
+_MARK_LOST = (
+    "A power loss soon after it closed can do this (a ledger's final mark is never synced "
+    "by itself), and so can a tool or a copy"
+)
+_CHANGED = (
+    "The broker never writes to a closed ledger: a tool, a copy, another volume or the "
+    "disk changed it"
+)
+_WRITTEN_TO = (
+    "The broker never writes to a closed ledger, and no crash adds bytes to one: a tool, a "
+    "copy, another volume or the disk wrote them"
+)
+
+
+def _changed(
+    data: bytes,
+    end: int,
+    *,
+    marked: bool,
+    nonce: int | None,
+    size_bytes: int | None,
+    entries: int,
+    beyond: int,
+) -> tuple[str, str] | None:
+    """What changed in a closed file whose ``entries`` all end at ``end`` (``marked``: a
+    valid mark follows the last), and what can have done it; None when it is as it was
+    written: ``size_bytes`` long (when recorded), nothing after its entries and mark."""
+    size = len(data)
+    recorded = "" if size_bytes is None else f" (it had {size_bytes} bytes when it closed)"
+    what = ""
+    if nonce is not None and entries > 0 and not marked and size_bytes == end + MARK_SIZE:
+        # it closed with a mark after its last entry, which is not there now
+        mark = encode_mark(nonce, end, entries)
+        tail = data[end:]
+        if len(tail) < MARK_SIZE and mark.startswith(tail):
+            left = f" ({len(tail)} of its {MARK_SIZE} bytes left)" if tail else ""
+            found = f"the file ends at byte {size}{left}"
+        elif len(tail) <= MARK_SIZE and all(b in (0, m) for b, m in zip(tail, mark, strict=False)):
+            held = "zeros" if not any(tail) else "zeros and parts of it"
+            found = f"bytes {end}..{size} hold {held}"  # (the pages a power loss lost)
+        else:
+            found = ""
+        if found:
+            what = f"its final acknowledgement mark (offset {end}) is missing: {found}"
+            return what + recorded, _MARK_LOST
+        what = f"its final acknowledgement mark (offset {end}) is missing, and "
+    if size == end:
+        if size_bytes in (None, end):
+            return None
+        return f"its entries end at offset {end}{recorded}", _CHANGED
+    after = "its last entry and its mark" if marked else "its last entry"
+    had = "" if size_bytes is None else f"; it had {size_bytes} bytes when it closed"
+    what += (
+        f"{size - end} unexpected bytes follow {after}, at offset {end} (bytes {end}..{size}{had})"
+    )
+    if beyond > 0:
+        what += (
+            f", holding records of entries {entries}..{entries + beyond - 1}, past the "
+            f"{entries} recorded (never served)"
+        )
+    return what, _WRITTEN_TO
 
 
 # ----------------------------------------------------------------------- the chain
@@ -350,11 +439,14 @@ def _recover_last(
             last.id,
             log_format=last.format,
             entries=last.entries,
+            size_bytes=last.size_bytes,
             placement=last.placement,
         )
         if entry_log.damage is not None:
             entry_log.close()
             raise entry_log.damage
+        if entry_log.alteration is not None:  # nothing lost: served, and said
+            log.warning("%s: %s", name, entry_log.alteration)
         return entry_log
     recovered = storage.recover(
         name,

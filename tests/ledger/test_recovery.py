@@ -255,10 +255,13 @@ async def test_a_file_without_its_header_is_refused(store: MetadataStore, tmp_pa
         await ManagedLedger.open(NAME, store, storage, SETTINGS)
 
 
+@pytest.mark.parametrize("then", ["", "garbage appended"])
 @pytest.mark.parametrize("how", ["sealed", "clean close"])
 async def test_a_closed_last_ledger_is_never_cut(
-    store: MetadataStore, tmp_path: Path, how: str
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str, then: str
 ) -> None:
+    """Short of one entry, it is refused, whatever follows (bytes after the cut are not
+    taken for the entry, nor for a change that lost nothing)."""
     storage = FileLogStorage(tmp_path)
     ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
     positions = [await ledger.append(f"e{i}".encode()) for i in range(10)]
@@ -267,8 +270,11 @@ async def test_a_closed_last_ledger_is_never_cut(
     await ledger.close()
     path = storage.path(NAME, positions[-1].ledger_id)
     _cut(path, MARK_SIZE + 1)  # into the last, acknowledged entry
+    if then:
+        _append_raw(path, GARBAGE)
     with pytest.raises(LedgerCorrupted, match="10 entries were recorded"):
         await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    assert not any("changed after" in line for line in _warnings(caplog))
 
 
 async def test_a_damaged_closed_ledger_serves_up_to_the_damage_then_names_it(
@@ -310,7 +316,7 @@ async def test_a_truncated_closed_ledger_names_what_is_missing(
         await ledger.close()
 
 
-# ================================================================= closed, then changed
+# ================================================================= closed, then changed: said
 
 
 CLOSED = 10
@@ -324,6 +330,83 @@ def _payload(i: int) -> bytes:
     return f"entry-{i}".encode() * 10  # as _fill appends them
 
 
+async def _closed_ledger(
+    store: MetadataStore, storage: FileLogStorage, where: str
+) -> list[Position]:
+    """Ledger 1 with CLOSED entries, closed as ``where`` says: the last ledger, closed
+    cleanly or sealed, or an older one (a reopen closed it, ledger 2 holds one more
+    entry). Returns every position of the managed ledger."""
+    if where == "last, sealed":
+        ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+        positions = [await ledger.append(_payload(i)) for i in range(CLOSED)]
+        await ledger.terminate()
+        await ledger.close()
+        return positions
+    positions = await _fill(store, storage, CLOSED, crash=False)
+    if where == "older":
+        positions += await _fill(store, storage, 1, crash=False)
+    return positions
+
+
+def _change(path: Path, change: str) -> str:
+    """Change a closed ledger's file as ``change`` says; returns what the WARNING must say."""
+    size = path.stat().st_size
+    if change == "mark cut":
+        _cut(path, MARK_SIZE)
+        return (
+            f"its final acknowledgement mark (offset {size - MARK_SIZE}) is missing: the file "
+            f"ends at byte {size - MARK_SIZE} (it had {size} bytes when it closed)"
+        )
+    if change == "mark zeroed":  # what a power loss right after the close can leave
+        with path.open("r+b") as f:
+            f.seek(size - MARK_SIZE)
+            f.write(bytes(MARK_SIZE))
+        return f"is missing: bytes {size - MARK_SIZE}..{size} hold zeros"
+    _append_raw(path, GARBAGE)
+    return (
+        f"{len(GARBAGE)} unexpected bytes follow its last entry and its mark, at offset {size} "
+        f"(bytes {size}..{size + len(GARBAGE)}; it had {size} bytes when it closed), holding "
+        f"records of entries {CLOSED}..{CLOSED}, past the {CLOSED} recorded (never served)"
+    )
+
+
+@pytest.mark.parametrize("where", ["last, closed", "last, sealed", "older"])
+@pytest.mark.parametrize("change", ["mark cut", "mark zeroed", "garbage"])
+async def test_a_closed_ledger_changed_after_it_closed_is_served_and_said(
+    store: MetadataStore,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    where: str,
+    change: str,
+) -> None:
+    """The trial's cases: a closed ledger's final mark cut off, or bytes appended after
+    its end, was served without a word. Every entry is still there, so it is served as it
+    is, and one WARNING names the file, what was found and where."""
+    storage = FileLogStorage(tmp_path)
+    positions = await _closed_ledger(store, storage, where)
+    path = storage.path(NAME, 1)
+    assert (await _metadata(store)).ledgers[0].size_bytes == path.stat().st_size
+    found = _change(path, change)
+    changed = path.read_bytes()
+    caplog.clear()
+    ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+    try:
+        for _ in range(2):  # every read serves it all; said once
+            served = await ledger.read(positions[0], max_entries=1000)
+            assert [e.position for e in served] == positions
+            assert [e.payload for e in served[:CLOSED]] == [_payload(i) for i in range(CLOSED)]
+        (record,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        line = record.getMessage()
+        assert record.levelno == logging.WARNING
+        assert f"{path} changed after ledger 1 closed: " in line and found in line
+        assert f"the {CLOSED} entries recorded when it closed are intact and are served" in line
+        cause = "power loss" if change.startswith("mark") else "no crash adds bytes"
+        assert cause in line
+        assert path.read_bytes() == changed  # a closed ledger is never changed
+    finally:
+        await ledger.close()
+
+
 async def test_reads_of_a_closed_ledger_stop_at_its_recorded_end(
     store: MetadataStore, tmp_path: Path
 ) -> None:
@@ -334,16 +417,47 @@ async def test_reads_of_a_closed_ledger_stop_at_its_recorded_end(
     path = storage.path(NAME, 1)
     size = path.stat().st_size
     _append_raw(path, GARBAGE + bytes(1 << 20))
-    entry_log = storage.open(NAME, 1, log_format=FORMAT, entries=CLOSED)
+    entry_log = storage.open(NAME, 1, log_format=FORMAT, entries=CLOSED, size_bytes=size)
     try:
         assert entry_log.count == CLOSED and entry_log.size_bytes() == size
         assert entry_log.read(CLOSED - 1, CLOSED - 1) == [_payload(CLOSED - 1)]
         assert entry_log.entries_within(CLOSED - 2, 1 << 10) == 2  # (the last one ends there)
         with pytest.raises(IndexError):
             entry_log.read(CLOSED, CLOSED)
-        assert entry_log.damage is None
+        assert entry_log.damage is None and entry_log.alteration is not None
     finally:
         entry_log.close()
+
+
+async def test_a_ledger_recovery_closed_without_a_final_mark_is_as_it_was_written(
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A crash between a batch's sync and its mark leaves a whole batch without a mark,
+    which recovery keeps and closes: no final mark is what was written, and reading it
+    says nothing. Bytes appended to it later are said, and not as a missing mark."""
+    storage = FileLogStorage(tmp_path)
+    await _fill(store, storage, 3)
+    path = storage.path(NAME, 1)
+    _append_raw(path, encode_records(3, [b"synced", b"not acked"]))
+    await (await ManagedLedger.open(NAME, store, storage, SETTINGS)).close()  # closes 1 at 5
+    first = Position(1, 0)
+    for appended in (b"", b"\xde\xad" * 10):
+        size = path.stat().st_size
+        _append_raw(path, appended)
+        caplog.clear()
+        ledger = await ManagedLedger.open(NAME, store, storage, SETTINGS)
+        try:
+            served = await ledger.read(first, max_entries=1000)
+            assert [e.position for e in served] == [Position(1, i) for i in range(5)]
+        finally:
+            await ledger.close()
+        lines = _warnings(caplog)
+        if not appended:
+            assert lines == []
+            continue
+        (line,) = lines
+        assert f"20 unexpected bytes follow its last entry, at offset {size} " in line
+        assert "is missing" not in line and "its mark" not in line
 
 
 # ================================================================= missing files: refused

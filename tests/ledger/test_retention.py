@@ -352,9 +352,12 @@ class _Gate(LogStorage):
         *,
         log_format: int,
         entries: int,
+        size_bytes: int | None = None,
         placement: Placement = LOCAL,
     ) -> EntryLog:
-        opened = self._inner.open(ledger_name, ledger_id, log_format=log_format, entries=entries)
+        opened = self._inner.open(
+            ledger_name, ledger_id, log_format=log_format, entries=entries, size_bytes=size_bytes
+        )
         return _GatedLog(opened, self)
 
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:

@@ -292,10 +292,17 @@ class ReplicatedLogStorage(LogStorage):
         *,
         log_format: int,
         entries: int,
+        size_bytes: int | None = None,
         placement: Placement = LOCAL,
     ) -> EntryLog:
         if not placement.replicas:
-            return self.local.open(ledger_name, ledger_id, log_format=log_format, entries=entries)
+            return self.local.open(
+                ledger_name,
+                ledger_id,
+                log_format=log_format,
+                entries=entries,
+                size_bytes=size_bytes,
+            )
         return self._closed(
             ledger_name, ledger_id, self._replicas(placement), placement, count=entries
         )
