@@ -37,6 +37,9 @@ class ErrorName(enum.StrEnum):
     INVALID_ARGUMENT = "InvalidArgument"
     TOPIC_BUSY = "TopicBusy"
     """A split or merge of the topic is already in progress."""
+    PRECONDITION_FAILED = "PreconditionFailed"
+    """A conditional request's precondition (``DELETE ...?ifProperty=...``) does not hold on
+    the topic as it is: nothing was changed (HTTP's 412)."""
     METADATA_STORE_FULL = "MetadataStoreFull"
     """The metadata store reached its size quota (etcd's NOSPACE alarm) and refuses every
     write until an operator frees space: a server condition (503), but not one that passes
@@ -80,6 +83,7 @@ _STATUS = {
     ErrorName.INVALID_TXN_STATUS: 409,
     ErrorName.TOPIC_TERMINATED: 409,
     ErrorName.TOPIC_BUSY: 409,
+    ErrorName.PRECONDITION_FAILED: 412,
     ErrorName.INVALID_TOPIC_NAME: 400,
     ErrorName.INVALID_MESSAGE: 400,
     ErrorName.INVALID_ARGUMENT: 400,
@@ -311,6 +315,14 @@ class TopicBusy(NamedServerError):
     name = ErrorName.TOPIC_BUSY
 
 
+class PreconditionFailed(NamedServerError):
+    """Fatal. The topic does not satisfy the precondition the request named (a property
+    with another value, or none): nothing was changed. The same call fails while the topic
+    stays as it is; read it again and decide again."""
+
+    name = ErrorName.PRECONDITION_FAILED
+
+
 class MetadataStoreFull(NamedServerError):
     """Fatal. The metadata store reached its size quota; an operator must free space."""
 
@@ -354,6 +366,7 @@ __all__ = [
     "NotAuthorized",
     "NotOwner",
     "PersistenceError",
+    "PreconditionFailed",
     "ProducerBusy",
     "ServerError",
     "ServiceNotReady",
