@@ -3,22 +3,21 @@
 Topic paths are ``{domain}/{tenant}/{namespace}/{topic}`` (plus ``/{segment}`` for
 ``segment://``). Operations on a ``persistent://`` topic or a segment run on its home broker
 (others answer 307 to it); operations on a scalable topic (``topic://``) fan out to the home
-of each of its segments. Errors: ``{"error": NAME, "message": ...}`` with a fitting status.
+of each of its segments (:mod:`.fanout`). Errors: ``{"error": NAME, "message": ...}`` with
+a fitting status.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from segtxn.boundary import read_json
 from segtxn.broker import arguments, retire, segment_ends
+from segtxn.broker.fanout import HTTP, fan_out
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
-from segtxn.broker.service import BrokerService
 from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
@@ -29,69 +28,8 @@ from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.controller import TopicBusy
 from segtxn.topics.dag import DagError
-from segtxn.topics.model import ScalableTopic, SegmentState
+from segtxn.topics.model import ScalableTopic
 from segtxn.web import relay
-
-HTTP = web.AppKey("http", aiohttp.ClientSession)
-
-
-async def _fan_out(
-    request: web.Request,
-    name: TopicName,
-    method: str,
-    suffix: str,
-    body: Any = None,
-    *,
-    retired_too: bool = False,
-) -> dict[str, Any]:
-    """Run an admin call on every segment of a scalable topic, on its home broker; the
-    RETIRED ones (their data is gone, segtxn/broker/retire.py) only with ``retired_too``.
-    A segment that retires while this runs answers nothing (None)."""
-    service = request.app[SERVICE]
-    record = await scalable_record(service, name)
-    results: dict[str, Any] = {}
-    for segment in record.segments:
-        if segment.state is SegmentState.RETIRED and not retired_too:
-            continue
-        ledger = name.segment_name(segment.id)
-        home = await service.catalog.home_of(ledger)
-        url = await service.catalog.broker_url(home) if home else None
-        if url is None:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker is down")
-        target = f"{url}/admin/v2/{ledger.path}{suffix}"
-        try:
-            async with request.app[HTTP].request(
-                method, target, params=request.query, json=body
-            ) as r:
-                text = await r.text()
-                status = r.status
-        except (aiohttp.ClientConnectionError, TimeoutError) as e:
-            # its registration outlives a dead broker until its session expires
-            raise ServerError(
-                ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker at {url} did not answer ({e})"
-            ) from e
-        if status >= 400:
-            try:
-                error = json.loads(text)
-                failed = ServerError(ErrorName(error["error"]), f"{ledger}: {error['message']}")
-            except (ValueError, KeyError, TypeError):
-                raise ServerError(ErrorName.UNKNOWN, f"{ledger}: HTTP {status}") from None
-            if failed.name is ErrorName.TOPIC_NOT_FOUND and await _gone(service, ledger):
-                results[str(segment.id)] = None
-                continue
-            raise failed
-        results[str(segment.id)] = json.loads(text) if text else None
-    return results
-
-
-async def _gone(service: BrokerService, segment: TopicName) -> bool:
-    """Whether ``segment`` retired (or was pruned) after its topic's record was read."""
-    record = await service.catalog.get(segment.parent())
-    if not isinstance(record, ScalableTopic):
-        return False  # the topic itself is gone: say so
-    info = record.segment(segment.segment or 0)
-    return info is None or info.state is SegmentState.RETIRED
-
 
 # ---------------------------------------------------------------------- topics
 
@@ -134,13 +72,13 @@ async def delete_topic(request: web.Request) -> web.StreamResponse:
     if name.domain is Domain.TOPIC:
         await scalable_record(service, name)  # TopicNotFound
         if not force:  # refuse before deleting anything, not half-way through
-            per_segment = await _fan_out(request, name, "GET", "/stats")
+            per_segment = await fan_out(request, name, "GET", "/stats")
             if any(_has_clients(s) for s in per_segment.values()):
                 raise ServerError(ErrorName.CONSUMER_BUSY, _busy(name))
         marked = await service.catalog.mark_deleting(name)  # its segments may go now
         if marked is None:
             raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
-        await _fan_out(request, name, "DELETE", "", retired_too=True)
+        await fan_out(request, name, "DELETE", "", retired_too=True)
         await service.catalog.delete(name, marked)
         return web.Response(status=204)
     await segment_ends.check_deletable(service.catalog, name)
@@ -174,7 +112,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     if name.domain is Domain.TOPIC:
         record = await scalable_record(service, name)
-        per_segment = await _fan_out(request, name, "GET", "/stats")
+        per_segment = await fan_out(request, name, "GET", "/stats")
         return web.json_response(
             {
                 "topic": str(name),
@@ -216,7 +154,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
 async def list_subscriptions(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     if name.domain is Domain.TOPIC:
-        per_segment = await _fan_out(request, name, "GET", "/subscriptions")
+        per_segment = await fan_out(request, name, "GET", "/subscriptions")
         return web.json_response(sorted({s for subs in per_segment.values() for s in subs}))
     topic = await request.app[SERVICE].serve(name)
     return web.json_response(topic.subscription_names())
@@ -230,7 +168,7 @@ async def create_subscription(request: web.Request) -> web.StreamResponse:
     if initial not in ("earliest", "latest"):
         raise ServerError(ErrorName.INVALID_ARGUMENT, "initial: earliest or latest")
     if name.domain is Domain.TOPIC:
-        await _fan_out(request, name, "PUT", f"/subscription/{subscription}")
+        await fan_out(request, name, "PUT", f"/subscription/{subscription}")
         return web.Response(status=204)
     topic = await request.app[SERVICE].serve(name)
     await topic.subscription(subscription, initial=initial)
@@ -242,7 +180,7 @@ async def delete_subscription(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     subscription = _subscription_name(request)
     if name.domain is Domain.TOPIC:
-        await _fan_out(request, name, "DELETE", f"/subscription/{subscription}")
+        await fan_out(request, name, "DELETE", f"/subscription/{subscription}")
         return web.Response(status=204)
     topic = await request.app[SERVICE].serve(name)
     await topic.delete_subscription(subscription)
@@ -261,7 +199,7 @@ async def reset_subscription(request: web.Request) -> web.StreamResponse:
                 f"to: a scalable topic resets to earliest or latest, not {to[:40]!r} (a "
                 "position names one segment's entry)",
             )
-        await _fan_out(request, name, "POST", f"/subscription/{subscription}/reset")
+        await fan_out(request, name, "POST", f"/subscription/{subscription}/reset")
         return web.Response(status=204)
     topic = await request.app[SERVICE].serve(name)
     target = arguments.reset_target(to, topic.ledger.next_write_position())
@@ -346,7 +284,7 @@ async def trim(request: web.Request) -> web.StreamResponse:
     topic (``{"segments": {id: result}}``)."""
     name = topic_from(request)
     if name.domain is Domain.TOPIC:
-        return web.json_response({"segments": await _fan_out(request, name, "POST", "/trim")})
+        return web.json_response({"segments": await fan_out(request, name, "POST", "/trim")})
     topic = await request.app[SERVICE].serve(name)
     result = await topic.trim()
     first = result.first_retained

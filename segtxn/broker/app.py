@@ -16,7 +16,7 @@ from aiohttp import web
 from segtxn import exposition
 from segtxn.auth import install_auth
 from segtxn.boundary import install
-from segtxn.broker import admin, holdings, lookup, ws
+from segtxn.broker import admin, fanout, holdings, lookup, ws
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
@@ -48,7 +48,7 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
         async with settings.auth.cluster_session(
             timeout=aiohttp.ClientTimeout(total=30)
         ) as session:
-            app[admin.HTTP] = session
+            app[fanout.HTTP] = session
             app[SERVICE].controllers.start(session)
             yield
 

@@ -1,0 +1,92 @@
+"""An admin call on a scalable topic, run on every segment's home broker.
+
+A ``topic://`` has no data of its own: its stats, subscriptions, trims and deletion are the
+same call on each of its segments (``segment://.../<id>``), made on the broker that holds
+the segment, and their answers gathered by segment id. Split from :mod:`.admin`, which
+had grown to its size limit.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from segtxn.broker.http import SERVICE, scalable_record
+from segtxn.broker.service import BrokerService
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import TopicName
+from segtxn.topics.model import ScalableTopic, SegmentState
+
+HTTP = web.AppKey("http", aiohttp.ClientSession)
+"""The broker's session for calls to other brokers (as the cluster role)."""
+
+
+async def fan_out(
+    request: web.Request,
+    name: TopicName,
+    method: str,
+    suffix: str,
+    body: Any = None,
+    *,
+    retired_too: bool = False,
+) -> dict[str, Any]:
+    """Run an admin call on every segment of scalable topic ``name``, on its home broker,
+    and return each answer by segment id; the RETIRED ones (their data is gone,
+    segtxn/broker/retire.py) only with ``retired_too``. A segment that retires while this
+    runs answers nothing (None).
+
+    Args:
+        suffix: the call's path after the segment's (``/stats``; ``""`` for the segment).
+
+    Raises:
+        ServerError: TopicNotFound (no such topic); ServiceNotReady (a segment's broker is
+            down or did not answer); the first error a segment's broker answered with,
+            its message prefixed with the segment's name.
+    """
+    service = request.app[SERVICE]
+    record = await scalable_record(service, name)
+    results: dict[str, Any] = {}
+    for segment in record.segments:
+        if segment.state is SegmentState.RETIRED and not retired_too:
+            continue
+        ledger = name.segment_name(segment.id)
+        home = await service.catalog.home_of(ledger)
+        url = await service.catalog.broker_url(home) if home else None
+        if url is None:
+            raise ServerError(ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker is down")
+        target = f"{url}/admin/v2/{ledger.path}{suffix}"
+        try:
+            async with request.app[HTTP].request(
+                method, target, params=request.query, json=body
+            ) as r:
+                text = await r.text()
+                status = r.status
+        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            # its registration outlives a dead broker until its session expires
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker at {url} did not answer ({e})"
+            ) from e
+        if status >= 400:
+            try:
+                error = json.loads(text)
+                failed = ServerError(ErrorName(error["error"]), f"{ledger}: {error['message']}")
+            except (ValueError, KeyError, TypeError):
+                raise ServerError(ErrorName.UNKNOWN, f"{ledger}: HTTP {status}") from None
+            if failed.name is ErrorName.TOPIC_NOT_FOUND and await _gone(service, ledger):
+                results[str(segment.id)] = None
+                continue
+            raise failed
+        results[str(segment.id)] = json.loads(text) if text else None
+    return results
+
+
+async def _gone(service: BrokerService, segment: TopicName) -> bool:
+    """Whether ``segment`` retired (or was pruned) after its topic's record was read."""
+    record = await service.catalog.get(segment.parent())
+    if not isinstance(record, ScalableTopic):
+        return False  # the topic itself is gone: say so
+    info = record.segment(segment.segment or 0)
+    return info is None or info.state is SegmentState.RETIRED
