@@ -55,6 +55,7 @@ from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import Transaction, TransactionFailed, TransactionState
+from segtxn.protocol.preconditions import PropertyPrecondition
 from segtxn.protocol.tokens import SuppliedToken, TokenFile, TokenSource
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "Producer",
     "ProducerBusy",
     "ProducerOptions",
+    "PropertyPrecondition",
     "Reader",
     "ScalableProducer",
     "ServerError",

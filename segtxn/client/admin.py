@@ -11,6 +11,7 @@ from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.protocol import errors, names
 from segtxn.protocol.names import TopicName, check_list_part
+from segtxn.protocol.preconditions import PropertyPrecondition
 
 __all__ = ["Admin", "BrokerHomes"]
 
@@ -54,10 +55,36 @@ class Admin:
         params = {} if segments is None else {"segments": str(segments)}
         await self._c.request("PUT", self._path(topic), params=params)
 
-    async def delete_topic(self, topic: str, *, force: bool = False) -> None:
-        await self._c.request(
-            "DELETE", self._path(topic), params={"force": "true"} if force else {}
-        )
+    async def delete_topic(
+        self,
+        topic: str,
+        *,
+        force: bool = False,
+        precondition: PropertyPrecondition | None = None,
+    ) -> None:
+        """Delete a topic and its data (a ``topic://``: every segment's).
+
+        Args:
+            force: delete it even with producers or consumers connected (they are
+                disconnected); without it, connected clients make it ConsumerBusy.
+            precondition: delete it only if its property holds this value (or, made with
+                :meth:`PropertyPrecondition.absent`, is not set). The broker checks it in
+                the store step that commits to the deletion, so a topic deleted and created
+                again by someone else since the caller looked at it is not deleted (a
+                ``topic://`` only: a persistent topic refuses it with NotAllowed).
+
+        Raises:
+            PreconditionFailed: the topic does not satisfy ``precondition``; nothing was
+                deleted (read the topic again to see why).
+            ServerError: TopicNotFound; ConsumerBusy; InvalidArgument for a malformed
+                precondition (an empty key or value, one over the property limits);
+                NotAllowed for a precondition on a persistent topic or a segment.
+            Timeout: no answer in time (outcome unknown: it may have been deleted).
+        """
+        params = {"force": "true"} if force else {}
+        if precondition is not None:
+            params |= precondition.params()
+        await self._c.request("DELETE", self._path(topic), params=params)
 
     async def list_topics(self, domain: str, tenant: str, namespace: str) -> list[str]:
         """Raises ServerError(InvalidTopicName) for a tenant or namespace no topic can have."""
