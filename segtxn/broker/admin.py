@@ -3,8 +3,8 @@
 Topic paths are ``{domain}/{tenant}/{namespace}/{topic}`` (plus ``/{segment}`` for
 ``segment://``). Operations on a ``persistent://`` topic or a segment run on its home broker
 (others answer 307 to it); operations on a scalable topic (``topic://``) fan out to the home
-of each of its segments (:mod:`.fanout`). Errors: ``{"error": NAME, "message": ...}`` with
-a fitting status.
+of each of its segments (:mod:`.fanout`); a topic's deletion is :mod:`.deletion`. Errors:
+``{"error": NAME, "message": ...}`` with a fitting status.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from segtxn.boundary import read_json
-from segtxn.broker import arguments, retire, segment_ends
+from segtxn.broker import arguments, deletion, retire, segment_ends
 from segtxn.broker.fanout import HTTP, fan_out
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
 from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
@@ -23,7 +23,7 @@ from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.ledger.sealed import read_sealed
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_bool, parse_int, parse_key_hash
+from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_int, parse_key_hash
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.controller import TopicBusy
@@ -47,15 +47,6 @@ def _change(topic: ScalableTopic) -> dict[str, Any] | None:
     }
 
 
-def _busy(name: TopicName) -> str:
-    return f"{name} has connected clients; force=true deletes it anyway, disconnecting them"
-
-
-def _has_clients(stats: Any) -> bool:
-    subscriptions = stats.get("subscriptions", {}).values()
-    return bool(stats.get("producers")) or any(s.get("consumers") for s in subscriptions)
-
-
 @json_errors
 async def create_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
@@ -66,35 +57,8 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
 
 @json_errors
 async def delete_topic(request: web.Request) -> web.StreamResponse:
-    service = request.app[SERVICE]
-    name = topic_from(request)
-    force = parse_bool(request.query.get("force", "false"), "force")
-    if name.domain is Domain.TOPIC:
-        await scalable_record(service, name)  # TopicNotFound
-        if not force:  # refuse before deleting anything, not half-way through
-            per_segment = await fan_out(request, name, "GET", "/stats")
-            if any(_has_clients(s) for s in per_segment.values()):
-                raise ServerError(ErrorName.CONSUMER_BUSY, _busy(name))
-        marked = await service.catalog.mark_deleting(name)  # its segments may go now
-        if marked is None:
-            raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
-        await fan_out(request, name, "DELETE", "", retired_too=True)
-        await service.catalog.delete(name, marked)
-        return web.Response(status=204)
-    await segment_ends.check_deletable(service.catalog, name)
-    if name.domain is Domain.SEGMENT and name not in service.topics:
-        await service.check_home(name)
-        if await retire.is_retired(service.catalog, name):  # its delete may be unfinished
-            await retire.delete_state(service, name)
-            return web.Response(status=204)
-    topic = await service.serve(name)
-    if topic.busy() and not force:
-        raise ServerError(ErrorName.CONSUMER_BUSY, _busy(name))
-    await service.delete_data(name, topic)
-    if name.domain is Domain.PERSISTENT:
-        record = await service.catalog.get(name)
-        if record is not None:
-            await service.catalog.delete(name, record)
+    """Delete a topic and its data (:mod:`.deletion`: the steps, and the precondition)."""
+    await deletion.delete_topic(request)
     return web.Response(status=204)
 
 

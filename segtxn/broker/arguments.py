@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from segtxn.ledger import Position
+from segtxn.protocol import preconditions
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Ack, Nack, Redeliver, Send
 from segtxn.protocol.limits import (
@@ -28,6 +29,7 @@ from segtxn.protocol.limits import (
     properties_problem,
 )
 from segtxn.protocol.names import Domain, InvalidTopicName, TopicName, check_list_part
+from segtxn.protocol.preconditions import PropertyPrecondition
 from segtxn.topics.model import MAX_INITIAL_SEGMENTS
 
 LISTED_DOMAINS = (Domain.PERSISTENT.value, Domain.TOPIC.value)
@@ -48,6 +50,31 @@ def segments_to_create(request: web.Request, name: TopicName) -> int:
     if given is None:
         return 1
     return parse_int(given, "segments", lo=1, hi=MAX_INITIAL_SEGMENTS)
+
+
+def delete_precondition(request: web.Request, name: TopicName) -> PropertyPrecondition | None:
+    """The property precondition of a topic's ``DELETE`` (``ifProperty`` with
+    ``ifPropertyValue`` or ``ifPropertyAbsent``: :mod:`segtxn.protocol.preconditions`), None
+    when it names none.
+
+    Raises:
+        ServerError(InvalidArgument): a malformed one (the message names the parameter).
+        ServerError(NotAllowed): one on anything but a scalable topic: only a scalable
+            topic's deletion checks it in the step that commits to it (broker/deletion.py).
+    """
+    try:
+        precondition = preconditions.from_query(lambda key: request.query.getall(key, []))
+    except ValueError as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, str(e)) from e
+    if precondition is not None and name.domain is not Domain.TOPIC:
+        raise ServerError(
+            ErrorName.NOT_ALLOWED,
+            f"{name}: a deletion takes a property precondition on a scalable topic "
+            "(topic://) only; a persistent topic keeps its properties in its ledger, where "
+            "its deletion cannot check them in the step that commits to it, and a segment is "
+            "deleted only with its topic",
+        )
+    return precondition
 
 
 def listed_namespace(request: web.Request) -> tuple[str, str, str]:

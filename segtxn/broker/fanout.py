@@ -2,13 +2,14 @@
 
 A ``topic://`` has no data of its own: its stats, subscriptions, trims and deletion are the
 same call on each of its segments (``segment://.../<id>``), made on the broker that holds
-the segment, and their answers gathered by segment id. Split from :mod:`.admin`, which
-had grown to its size limit.
+the segment, and their answers gathered by segment id. Split from :mod:`.admin` so that the
+topic's deletion (:mod:`.deletion`) can use it too.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -32,6 +33,8 @@ async def fan_out(
     body: Any = None,
     *,
     retired_too: bool = False,
+    record: ScalableTopic | None = None,
+    params: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run an admin call on every segment of scalable topic ``name``, on its home broker,
     and return each answer by segment id; the RETIRED ones (their data is gone,
@@ -40,6 +43,8 @@ async def fan_out(
 
     Args:
         suffix: the call's path after the segment's (``/stats``; ``""`` for the segment).
+        record: the topic's record to take the segments from (default: read it now).
+        params: the query to send (default: the request's own).
 
     Raises:
         ServerError: TopicNotFound (no such topic); ServiceNotReady (a segment's broker is
@@ -47,7 +52,9 @@ async def fan_out(
             its message prefixed with the segment's name.
     """
     service = request.app[SERVICE]
-    record = await scalable_record(service, name)
+    if record is None:
+        record = await scalable_record(service, name)
+    query = request.query if params is None else params
     results: dict[str, Any] = {}
     for segment in record.segments:
         if segment.state is SegmentState.RETIRED and not retired_too:
@@ -59,9 +66,7 @@ async def fan_out(
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker is down")
         target = f"{url}/admin/v2/{ledger.path}{suffix}"
         try:
-            async with request.app[HTTP].request(
-                method, target, params=request.query, json=body
-            ) as r:
+            async with request.app[HTTP].request(method, target, params=query, json=body) as r:
                 text = await r.text()
                 status = r.status
         except (aiohttp.ClientConnectionError, TimeoutError) as e:

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from urllib.parse import quote, unquote
 
 import msgspec
@@ -37,6 +38,7 @@ from segtxn.metastore import (
     Session,
 )
 from segtxn.protocol.names import Domain, TopicName
+from segtxn.protocol.preconditions import PropertyPrecondition
 from segtxn.topics import dag
 from segtxn.topics.model import (
     PersistentTopic,
@@ -72,6 +74,21 @@ class BrokerInfo(msgspec.Struct, frozen=True):
 
 class TopicExists(Exception):
     pass
+
+
+class PreconditionFailed(Exception):
+    """A topic's record does not satisfy the precondition of a change: nothing was changed
+    (the message says what the record holds)."""
+
+
+@dataclass(frozen=True)
+class DeletionMark:
+    """A scalable topic marked ``deleting`` (:meth:`Catalog.mark_deleting`): its record as
+    marked, and which topic of that name it is: the store revision that created the record
+    (a topic deleted and created again under the name has another)."""
+
+    topic: ScalableTopic
+    created_version: int
 
 
 class NoBrokers(Exception):
@@ -349,25 +366,41 @@ class Catalog:
             ]
         return out
 
-    async def mark_deleting(self, name: TopicName) -> ScalableTopic | None:
-        """Mark scalable topic ``name`` as being deleted (a compare-and-set, again while its
-        record changes under it); returns the marked record, None when there is no such
-        topic. Marked, it starts no split or merge, and its segments may be deleted."""
+    async def mark_deleting(
+        self, name: TopicName, precondition: PropertyPrecondition | None = None
+    ) -> DeletionMark | None:
+        """Mark scalable topic ``name`` as being deleted: one compare-and-set on its record,
+        made again on the record as it is now while it changes under it. Returns the mark,
+        None when there is no such topic. Marked, the topic starts no split or merge and its
+        segments may be deleted; nothing unmarks it: the mark commits to the deletion.
+
+        ``precondition`` is checked on the version of the record each attempt replaces, so
+        it holds on exactly the version marked: a record that changes between the check and
+        the write (a property changed, the topic deleted and created again) fails the write
+        and is checked again as it is then. A record marked already (a deletion that stopped
+        half-way) is checked too (it keeps its properties), and its mark returned.
+
+        Raises:
+            PreconditionFailed: ``precondition`` does not hold on the record as it is;
+                nothing was written.
+        """
         while True:
             found = await self.store.get(topic_key(name))
             topic = None if found is None else decode_topic(found.value)
             if found is None or not isinstance(topic, ScalableTopic):
                 return None
+            if precondition is not None and not precondition.holds(topic.properties):
+                raise PreconditionFailed(precondition.refusal(str(name), topic.properties))
             if topic.deleting:
-                return topic
+                return DeletionMark(topic, found.created_version)
             marked = msgspec.structs.replace(topic, deleting=True)
             try:
                 await self.store.put(
                     topic_key(name), encode_topic(marked), expected_version=found.version
                 )
             except (BadVersion, NotFound):
-                continue  # changed meanwhile (a split, a retirement): look again
-            return marked
+                continue  # changed meanwhile (a split, a retirement, a property): look again
+            return DeletionMark(marked, found.created_version)
 
     async def delete(self, name: TopicName, record: TopicRecord) -> None:
         ledgers = (

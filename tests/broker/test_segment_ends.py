@@ -49,7 +49,7 @@ async def test_a_topic_being_deleted_starts_no_split(cluster: Cluster, client: C
     deletion's list of segments stays whole."""
     await client.admin.create_topic(TOPIC, segments=1)
     marked = await cluster.broker.service.catalog.mark_deleting(TopicName.parse(TOPIC))
-    assert marked is not None and marked.deleting
+    assert marked is not None and marked.topic.deleting
     with pytest.raises(ServerError) as refused:
         await client.admin.split(TOPIC, 0)
     assert "the topic is being deleted" in refused.value.message

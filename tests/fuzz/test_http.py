@@ -152,7 +152,18 @@ def admin_case(draw: st.DrawFn, group: str) -> Case:
     sub = draw(SUBSCRIPTION)
     endpoints: list[tuple[str, str, list[str], dict[str, st.SearchStrategy[str]], bool]] = [
         ("topics", "PUT", topic, {"segments": NUMBER}, False),
-        ("topics", "DELETE", topic, {"force": WORD}, False),
+        (
+            "topics",
+            "DELETE",
+            topic,
+            {
+                "force": WORD,
+                "ifProperty": ANY_VALUE,
+                "ifPropertyValue": ANY_VALUE,
+                "ifPropertyAbsent": WORD,
+            },
+            False,
+        ),
         ("topics", "GET", [*topic, "stats"], {}, False),
         ("topics", "POST", [*topic, "terminate"], {}, False),
         ("topics", "POST", [*topic, "trim"], {}, False),

@@ -1,0 +1,129 @@
+"""``DELETE /admin/v2/{topic}``: deleting a topic and its data, and the precondition a
+caller can put on it.
+
+A scalable topic's data is on its segments' brokers, so its deletion is several steps, and
+one of them commits to it:
+
+1. with connected clients, refuse unless ``force`` (every segment's stats are read first:
+   a deletion is refused before anything is deleted, never half-way through);
+2. **mark** the topic's record ``deleting``: one compare-and-set on the record
+   (:meth:`~segtxn.topics.catalog.Catalog.mark_deleting`). Marked, it starts no split or
+   merge, its segments may be deleted (:mod:`.segment_ends`), and nothing unmarks it;
+3. delete each segment on its broker;
+4. delete the record and its segments' homes.
+
+A crash or a lost broker after step 2 leaves a marked topic: the next ``DELETE`` finishes it.
+
+**The precondition** (``?ifProperty=K&ifPropertyValue=V``, or ``&ifPropertyAbsent=true``:
+:mod:`segtxn.protocol.preconditions`) is checked in step 2, on the version of the record
+that the compare-and-set replaces. A check and a delete made as two calls can be separated
+by someone deleting the topic and creating it again (with other properties, or none); here
+a record that changes between the check and the mark fails the mark and is checked again
+as it is then, so a topic that does not satisfy the precondition is never marked, and only
+a marked topic loses data. When it does not hold: ``PreconditionFailed`` (412), nothing
+changed. It is checked once before step 1 as well, only to answer that before reading every
+segment. A persistent topic keeps its properties in its ledger on its broker, and its
+deletion has no such step, so a precondition on one (or on a segment, which is deleted only
+with its topic) is ``NotAllowed``: refused, not ignored.
+
+Every parameter is known or refused (``InvalidArgument``): a misspelt precondition must not
+become an unconditional deletion.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from segtxn.broker import arguments, retire, segment_ends
+from segtxn.broker.fanout import fan_out
+from segtxn.broker.http import SERVICE, scalable_record, topic_from
+from segtxn.protocol import preconditions
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.limits import parse_bool
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.protocol.preconditions import PropertyPrecondition
+from segtxn.topics.catalog import PreconditionFailed
+
+PARAMETERS = ("force", *preconditions.PARAMETERS)
+"""The query parameters a topic's ``DELETE`` takes."""
+
+
+def busy_message(name: TopicName) -> str:
+    return f"{name} has connected clients; force=true deletes it anyway, disconnecting them"
+
+
+async def delete_topic(request: web.Request) -> None:
+    """Delete the topic the request names, as the module docstring says.
+
+    Raises:
+        ServerError: InvalidArgument (an unknown parameter, a malformed ``force`` or
+            precondition); NotAllowed (a precondition on a persistent topic or a segment; a
+            segment of a topic not being deleted); TopicNotFound; ConsumerBusy (connected
+            clients, not forced); PreconditionFailed (nothing was changed); ServiceNotReady
+            (a segment's broker is down: a scalable topic marked already stays marked, and
+            the next ``DELETE`` finishes it).
+    """
+    service = request.app[SERVICE]
+    name = topic_from(request)
+    unknown = sorted(set(request.query) - set(PARAMETERS))
+    if unknown:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT,
+            f"unknown parameter {unknown[0][:40]!r}: deleting a topic takes "
+            f"{', '.join(PARAMETERS)}",
+        )
+    force = parse_bool(request.query.get("force", "false"), "force")
+    precondition = arguments.delete_precondition(request, name)
+    if name.domain is Domain.TOPIC:
+        await _delete_scalable(request, name, force=force, precondition=precondition)
+        return
+    await segment_ends.check_deletable(service.catalog, name)
+    if name.domain is Domain.SEGMENT and name not in service.topics:
+        await service.check_home(name)
+        if await retire.is_retired(service.catalog, name):  # its delete may be unfinished
+            await retire.delete_state(service, name)
+            return
+    topic = await service.serve(name)
+    if topic.busy() and not force:
+        raise ServerError(ErrorName.CONSUMER_BUSY, busy_message(name))
+    await service.delete_data(name, topic)
+    if name.domain is Domain.PERSISTENT:
+        record = await service.catalog.get(name)
+        if record is not None:
+            await service.catalog.delete(name, record)
+
+
+def _has_clients(stats: Any) -> bool:
+    """Whether a segment's stats (JSON) show a producer or a consumer."""
+    subscriptions = stats.get("subscriptions", {}).values()
+    return bool(stats.get("producers")) or any(s.get("consumers") for s in subscriptions)
+
+
+async def _delete_scalable(
+    request: web.Request,
+    name: TopicName,
+    *,
+    force: bool,
+    precondition: PropertyPrecondition | None,
+) -> None:
+    catalog = request.app[SERVICE].catalog
+    record = await scalable_record(request.app[SERVICE], name)  # TopicNotFound
+    if precondition is not None and not precondition.holds(record.properties):
+        raise ServerError(
+            ErrorName.PRECONDITION_FAILED, precondition.refusal(str(name), record.properties)
+        )
+    if not force:  # refuse before deleting anything, not half-way through
+        per_segment = await fan_out(request, name, "GET", "/stats", record=record, params={})
+        if any(_has_clients(s) for s in per_segment.values() if s is not None):
+            raise ServerError(ErrorName.CONSUMER_BUSY, busy_message(name))
+    try:
+        mark = await catalog.mark_deleting(name, precondition)  # its segments may go now
+    except PreconditionFailed as e:
+        raise ServerError(ErrorName.PRECONDITION_FAILED, str(e)) from e
+    if mark is None:
+        raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+    segments = {"force": "true" if force else "false"}
+    await fan_out(request, name, "DELETE", "", params=segments, retired_too=True)
+    await catalog.delete(name, mark.topic)
