@@ -10,7 +10,9 @@ one of them commits to it:
    (:meth:`~segtxn.topics.catalog.Catalog.mark_deleting`). Marked, it starts no split or
    merge, its segments may be deleted (:mod:`.segment_ends`), and nothing unmarks it;
 3. delete each segment on its broker;
-4. delete the record and its segments' homes.
+4. delete the record and its segments' homes, by compare-and-set on the versions read, and
+   only if the record is still the one step 2 marked (the store revision that created it):
+   never a topic created again under the name after another deletion finished this one.
 
 A crash or a lost broker after step 2 leaves a marked topic: the next ``DELETE`` finishes it.
 
@@ -124,6 +126,9 @@ async def _delete_scalable(
         raise ServerError(ErrorName.PRECONDITION_FAILED, str(e)) from e
     if mark is None:
         raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+    marked = await catalog.marked(name, mark)
+    if marked is None:
+        return  # another deletion finished it meanwhile
     segments = {"force": "true" if force else "false"}
-    await fan_out(request, name, "DELETE", "", params=segments, retired_too=True)
-    await catalog.delete(name, mark.topic)
+    await fan_out(request, name, "DELETE", "", record=marked, params=segments, retired_too=True)
+    await catalog.finish_deleting(name, mark)

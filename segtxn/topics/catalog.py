@@ -402,6 +402,61 @@ class Catalog:
                 continue  # changed meanwhile (a split, a retirement, a property): look again
             return DeletionMark(marked, found.created_version)
 
+    async def marked(self, name: TopicName, mark: DeletionMark) -> ScalableTopic | None:
+        """The record ``mark`` marked, as it is now (its segments may have changed since:
+        a retirement, a split planned before the mark and finished after it); None when that
+        topic is gone (another deletion finished it; the name may hold a new topic)."""
+        found = await self.store.get(topic_key(name))
+        if found is None or found.created_version != mark.created_version:
+            return None
+        topic = decode_topic(found.value)
+        return topic if isinstance(topic, ScalableTopic) else None
+
+    async def finish_deleting(self, name: TopicName, mark: DeletionMark) -> bool:
+        """Delete the record of marked topic ``name`` and its segments' homes (their data
+        deleted by then), if the record is still the one ``mark`` marked. Returns False
+        when there was none to delete (another deletion finished it).
+
+        Each record and home is deleted by a compare-and-set on the version read, so a topic
+        created again under the name after another deletion finished this one, and the
+        homes its creation wrote, are never deleted. The record and the first homes go in
+        one store step (every home of a topic of up to ``HOMES_PER_STEP - 1`` segments);
+        the rest after it, in steps: a crash in between leaves homes of a topic that does
+        not exist, which the next create of that name overwrites, as after a failed create.
+        """
+        while True:
+            found = await self.store.get(topic_key(name))
+            if found is None or found.created_version != mark.created_version:
+                return False
+            topic = decode_topic(found.value)
+            segments = topic.segments if isinstance(topic, ScalableTopic) else []
+            ledgers = [name.segment_name(s.id) for s in segments]
+            deletes = [Delete(topic_key(name), expected_version=found.version)]
+            for ledger in ledgers:
+                home = await self.store.get(home_key(ledger))
+                if home is not None:
+                    deletes.append(Delete(home.key, expected_version=home.version))
+            try:
+                await self.store.commit(deletes[:HOMES_PER_STEP])
+            except (BadVersion, NotFound):
+                continue  # the record or a home changed meanwhile (a move): look again
+            rest = deletes[HOMES_PER_STEP:]
+            for i in range(0, len(rest), HOMES_PER_STEP):
+                await self._delete_unchanged(rest[i : i + HOMES_PER_STEP])
+            log.info("topic deleted: %s (%d ledgers)", name, len(ledgers))
+            return True
+
+    async def _delete_unchanged(self, deletes: Sequence[Delete]) -> None:
+        """Apply ``deletes`` (each with its expected version) in one step, or, when one no
+        longer holds (a home a new topic of the name wrote since), one by one, skipping
+        those that changed."""
+        try:
+            await self.store.commit(deletes)
+        except (BadVersion, NotFound):
+            for delete in deletes:
+                with contextlib.suppress(BadVersion, NotFound):
+                    await self.store.commit([delete])
+
     async def delete(self, name: TopicName, record: TopicRecord) -> None:
         ledgers = (
             [name.segment_name(s.id) for s in record.segments]

@@ -23,7 +23,7 @@ from segtxn.client import (
     TopicNotFound,
 )
 from segtxn.protocol.names import TopicName
-from segtxn.topics.catalog import topic_key
+from segtxn.topics.catalog import home_key, topic_key
 from tests.cluster import Cluster
 
 TOPIC = "topic://acme/cond/orders"
@@ -147,6 +147,30 @@ async def test_a_deletion_that_stopped_half_way_is_finished_only_as_its_precondi
         await client.admin.delete_topic(TOPIC, precondition=PropertyPrecondition.absent(OWNER))
     await client.admin.delete_topic(TOPIC, precondition=PropertyPrecondition.equals(OWNER, "uid-1"))
     assert not await exists(client)
+
+
+async def test_the_end_of_a_deletion_leaves_a_topic_created_since_alone(
+    cluster: Cluster, client: Client
+) -> None:
+    """The last step deletes the record it marked, not whatever holds the name: a deletion
+    that another one finished (after its mark) while a new topic was created under the name
+    deletes nothing of the new topic, not its record nor its segments' homes."""
+    catalog = cluster.broker.service.catalog
+    name = TopicName.parse(TOPIC)
+    await client.admin.create_topic(TOPIC, segments=2)
+    mark = await catalog.mark_deleting(name)
+    assert mark is not None
+    await client.admin.delete_topic(TOPIC)  # another deletion finishes it
+    await client.admin.create_topic(TOPIC, segments=2)  # and a new topic takes the name
+
+    assert await catalog.marked(name, mark) is None
+    assert not await catalog.finish_deleting(name, mark)
+    assert await cluster.store.get(topic_key(name)) is not None
+    for segment in (0, 1):
+        assert await cluster.store.get(home_key(name.segment_name(segment))) is not None
+    producer = await client.create_producer(TOPIC)
+    await producer.send(b"the new topic works", key="k")
+    await producer.close()
 
 
 # ---------------------------------------------------------------------- bad input
