@@ -43,7 +43,7 @@ from segtxn.operator.runtime import (
     transient,
 )
 from segtxn.operator.status import condition
-from segtxn.protocol.errors import ServerError, TopicNotFound
+from segtxn.protocol.errors import PreconditionFailed, ServerError, TopicNotFound
 
 MAX_CHANGES_PER_RUN = 16
 """Splits/merges one handler run makes before handing back to Kopf (and retrying)."""
@@ -216,7 +216,8 @@ async def delete_topic(
     **_: Any,
 ) -> None:
     """Delete the topic, its segments and their data (unless ``deleteData`` is false), if
-    this resource created it (:mod:`.topicowner`); another's topic is left as it is."""
+    this resource created it (:mod:`.topicowner`: checked by the brokers in the step that
+    deletes); another's topic is left as it is."""
     namespace = namespaced(namespace)
     if not spec.get("deleteData", True):
         return
@@ -228,15 +229,17 @@ async def delete_topic(
         kopf.warn(body, reason="ClusterGone", message=f"{topic}: its cluster is gone")
         return  # nothing left to delete the data from; do not hold the resource forever
     owner = _owner(body, namespace)
+    creating = status.get("creating") == owner.uid
     try:
-        found = await brokers.properties(topic)
-        if not topicowner.owns(found, owner, creating=status.get("creating") == owner.uid):
-            message = f"{topic} was not created by this ScalableTopic: left as it is"
-            kopf.info(body, reason="Kept", message=message)
-            return
-        await brokers.delete_topic(topic, force=True)
+        deleted = await topicowner.delete(brokers, topic, owner, creating=creating)
     except TopicNotFound:
         return
+    except PreconditionFailed as e:  # it keeps changing under the deletion: look later
+        raise kopf.TemporaryError(f"deleting {topic}: {e}", delay=RETRY_S) from e
     except (ServerError, Timeout) as e:
         raise kopf_error(e, f"deleting {topic}") from e
+    if not deleted:
+        message = f"{topic} was not created by this ScalableTopic: left as it is"
+        kopf.info(body, reason="Kept", message=message)
+        return
     kopf.info(body, reason="Deleted", message=f"{topic} and its data deleted")

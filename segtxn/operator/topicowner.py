@@ -32,9 +32,15 @@ without the brokers making the topic, and a client created it before the retry; 
 resource then takes it. The window is one retry delay, and needs both a lost answer and a
 client creating that very name.
 
-**What a check cannot close.** The ownership read and the deletion are two calls: a topic
-deleted and re-created by someone else between them would be deleted (the brokers' delete
-has no precondition on a property).
+**A deletion checks ownership in the brokers' own step.** Reading the owner and then
+deleting would be two calls, and a topic deleted and created again by someone else between
+them (without the property, or with another owner's) would be deleted. So :func:`delete`
+reads the owner to decide, and then asks the brokers to delete the topic only if its
+:data:`OWNER_UID` is still what it read (or still unset, when this resource's ``creating``
+is what made it its own): the brokers check that precondition in the store step that
+commits to the deletion (segtxn/broker/deletion.py), and refuse with ``PreconditionFailed``
+when it does not hold; the topic is then read and judged again. What remains is the
+create's window above, and brokers older than this precondition, which ignore it.
 """
 
 from __future__ import annotations
@@ -44,12 +50,21 @@ from dataclasses import dataclass
 
 from segtxn.client.admin import Admin
 from segtxn.client.errors import ErrorCategory, Timeout
-from segtxn.protocol.errors import ServerError, TopicAlreadyExists, TopicNotFound
+from segtxn.protocol.errors import (
+    PreconditionFailed,
+    ServerError,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
+from segtxn.protocol.preconditions import PropertyPrecondition
 
 OWNER_UID = "segtxn.io/owner-uid"
 """Topic property: the UID of the ScalableTopic that created the topic."""
 OWNER = "segtxn.io/owner"
 """Topic property: ``namespace/name`` of that ScalableTopic (for people and messages)."""
+DELETE_ATTEMPTS = 3
+"""How many times :func:`delete` reads the topic again after the brokers refused its
+precondition (the topic changed between the read and the delete), before it gives up."""
 
 
 @dataclass(frozen=True)
@@ -137,3 +152,39 @@ async def ensure(
         await admin.update_properties(topic, owner.properties())
         return True
     raise ForeignTopic(topic, found)
+
+
+async def delete(admin: Admin, topic: str, owner: Owner, *, creating: bool) -> bool:
+    """Delete ``topic`` and its data (``force``: its clients are disconnected) if it is
+    ``owner``'s (:func:`owns`); True when it was deleted, False when it is another's and was
+    left as it is.
+
+    The owner read is only the decision: the delete carries the precondition "its
+    :data:`OWNER_UID` is what was read" (the UID, or unset when ``creating`` made it
+    ``owner``'s), which the brokers check in the step that commits to the deletion. A topic
+    that changed in between (deleted and created again by someone else, handed over) is
+    refused by them and judged again, as it is then.
+
+    Args:
+        creating: the resource's status says it asked for this topic's creation before.
+
+    Raises:
+        TopicNotFound: there is no such topic (any more).
+        PreconditionFailed: the topic changed between each of :data:`DELETE_ATTEMPTS` reads
+            and the delete that followed it (nothing was deleted; try again later).
+        ServerError, Timeout: the brokers refused or did not answer.
+    """
+    attempt = 1
+    while True:
+        found = await admin.properties(topic)
+        if not owns(found, owner, creating=creating):
+            return False
+        read = PropertyPrecondition(OWNER_UID, found.get(OWNER_UID))  # the uid, or unset
+        try:
+            await admin.delete_topic(topic, force=True, precondition=read)
+        except PreconditionFailed:  # changed since it was read: judge it again
+            if attempt == DELETE_ATTEMPTS:
+                raise
+            attempt += 1
+            continue
+        return True

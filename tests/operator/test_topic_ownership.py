@@ -1,16 +1,25 @@
 """A ScalableTopic changes and deletes only a topic it created (segtxn/operator/topicowner.py):
 a topic that exists already is refused and survives the resource's deletion; a topic the
-resource created is still deleted with it. Kopf against kmock, a real broker (its admin
-API keeps the owner in the topic's properties)."""
+resource created is still deleted with it, and one replaced between the operator's read and
+its delete is not (the brokers check the owner in the step that deletes). Kopf against
+kmock, a real broker (its admin API keeps the owner in the topic's properties)."""
 
 from __future__ import annotations
 
-import pytest
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-from segtxn.client import Client
+import aiohttp
+import kopf
+import pytest
+from aiohttp import web
+
+from segtxn.client import Client, PreconditionFailed
 from segtxn.client.admin import Admin
 from segtxn.operator import topicowner
+from segtxn.operator.handlers import OperatorConfig
 from segtxn.protocol.errors import InvalidArgument, TopicNotFound
+from segtxn.web import relay
 from tests.operator.emulator import Emulator, emulator, operator
 from tests.operator.support import WAIT_S, Local, cluster, status
 from tests.waiting import wait_until
@@ -141,3 +150,162 @@ async def test_a_create_whose_answer_was_lost_is_taken_a_re_created_resource_is_
             await topicowner.ensure(admin, other, mine, segments=0, creating=False,
                                     intend=intents)  # fmt: skip
         assert intents.said == [True, False]
+
+
+# ---------------------------------------------------------------------- the read-delete race
+
+Hook = Callable[[], Awaitable[None]]
+
+
+class Interposer:
+    """An HTTP relay between the operator and the broker: every call passes on as it is,
+    and is recorded with the status it got. When armed, after the broker answered the next
+    ``GET`` of the topic's properties and before the operator gets that answer, the hook
+    runs: the topic changes between the operator's read and its next call, every time."""
+
+    def __init__(self, broker_url: str, http: aiohttp.ClientSession) -> None:
+        self.broker_url = broker_url
+        self.http = http
+        self.armed: Hook | None = None
+        self.calls: list[tuple[str, str, int]] = []
+        """(method, path and query, status), in order."""
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        answer = await relay(self.http, request, self.broker_url)
+        self.calls.append((request.method, request.path_qs, answer.status))
+        reading = request.method == "GET" and request.path == f"/admin/v2/{PATH}/properties"
+        if reading and self.armed is not None:
+            hook, self.armed = self.armed, None
+            await hook()
+        return answer
+
+    def memo(self, local: Local) -> kopf.Memo:
+        config = OperatorConfig(broker_url=self.url, coordinator_url=local.coordinator.url)
+        return kopf.Memo(config=config)
+
+
+PATH = "topic/acme/ops/orders"
+
+
+@contextlib.asynccontextmanager
+async def interposed(broker_url: str) -> AsyncIterator[Interposer]:
+    """An :class:`Interposer` for the broker at ``broker_url``, on a free loopback port."""
+    async with aiohttp.ClientSession() as http:
+        interposer = Interposer(broker_url, http)
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", interposer.handle)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            interposer.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            yield interposer
+        finally:
+            await runner.cleanup()
+
+
+@pytest.mark.parametrize("new_owner", [None, "uid-of-another"], ids=["no-owner", "another"])
+async def test_a_topic_replaced_between_the_operators_read_and_its_delete_is_kept(
+    local: Local, new_owner: str | None
+) -> None:
+    """The operator read the topic's owner (this resource), and before its delete arrived
+    someone deleted the topic and created another under the name, without an owner (as
+    ``autoCreateTopics`` would) or with another resource's. Before the fix the delete was a
+    plain ``force`` and took the new topic with it; now the brokers refuse it
+    (PreconditionFailed), the operator reads again, and keeps the topic as another's."""
+    async with (
+        interposed(local.broker.url) as interposer,
+        emulator() as emu,
+        operator(emu, interposer.memo(local)),
+        Client(local.broker.url) as client,
+    ):
+        await cluster(emu, local)
+        await emu.create("ScalableTopic", "orders", TOPIC)
+        await wait_until(lambda: status(emu, "ScalableTopic", "orders").get("activeSegments")
+                         == 1, timeout=WAIT_S, what="the topic created")  # fmt: skip
+        mine = (await client.admin.properties(TOPIC_NAME))[topicowner.OWNER_UID]
+
+        async def replace() -> None:
+            await client.admin.delete_topic(TOPIC_NAME, force=True)
+            await client.admin.create_topic(TOPIC_NAME, segments=3)
+            if new_owner is not None:
+                await client.admin.update_properties(
+                    TOPIC_NAME, {topicowner.OWNER_UID: new_owner, topicowner.OWNER: "x/y"}
+                )
+
+        interposer.armed = replace
+        await deleted(emu, "orders")
+
+        assert interposer.armed is None  # the race happened
+        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 3
+        assert (await client.admin.properties(TOPIC_NAME)).get(topicowner.OWNER_UID) == new_owner
+        assert any(r == "Kept" for _, r, _ in emu.events("orders"))
+        refused = [(p, s) for m, p, s in interposer.calls if m == "DELETE"]
+        assert len(refused) == 1, interposer.calls
+        assert refused[0][1] == 412  # PreconditionFailed
+        assert f"ifPropertyValue={mine}" in refused[0][0]
+
+
+class Racing(Admin):
+    """An Admin whose next properties read is followed by ``hook`` (once), before it
+    returns: the topic changes between the read and the call after it."""
+
+    def __init__(self, client: Client, hook: Hook) -> None:
+        super().__init__(client.connector)
+        self.hook: Hook | None = hook
+
+    async def properties(self, topic: str) -> dict[str, str]:
+        found = await super().properties(topic)
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            await hook()
+        return found
+
+
+async def test_a_topic_left_without_owner_is_deleted_only_while_it_has_none(
+    local: Local,
+) -> None:
+    """``creating`` (a create whose answer was lost) makes a topic without an owner this
+    resource's: its deletion then asks for ``ifPropertyAbsent``, so a topic that gained an
+    owner between the read and the delete is kept, and one that has none still goes."""
+    mine = topicowner.Owner("uid-1", "segtxn/orders")
+    async with Client(local.broker.url) as client:
+        await client.admin.create_topic(TOPIC_NAME)
+
+        async def taken() -> None:
+            await client.admin.update_properties(TOPIC_NAME, {topicowner.OWNER_UID: "uid-2"})
+
+        racing = Racing(client, taken)
+        assert not await topicowner.delete(racing, TOPIC_NAME, mine, creating=True)
+        assert racing.hook is None
+        assert (await client.admin.properties(TOPIC_NAME))[topicowner.OWNER_UID] == "uid-2"
+
+        await client.admin.remove_property(TOPIC_NAME, topicowner.OWNER_UID)
+        assert await topicowner.delete(client.admin, TOPIC_NAME, mine, creating=True)
+        with pytest.raises(TopicNotFound):
+            await client.admin.stats(TOPIC_NAME)
+
+
+async def test_a_topic_that_keeps_changing_is_not_deleted_and_says_so(local: Local) -> None:
+    """Each read finds the topic this resource's, and each delete finds it another's: after
+    :data:`topicowner.DELETE_ATTEMPTS` reads the deletion gives up with PreconditionFailed
+    (the handler retries later), having deleted nothing."""
+    mine = topicowner.Owner("uid-1", "segtxn/orders")
+    async with Client(local.broker.url) as client:
+        await client.admin.create_topic(TOPIC_NAME)
+        reads: list[str] = []
+
+        class Flapping(Admin):
+            async def properties(self, topic: str) -> dict[str, str]:
+                await client.admin.update_properties(topic, mine.properties())  # handed back
+                found = await super().properties(topic)
+                reads.append(found[topicowner.OWNER_UID])
+                await client.admin.update_properties(topic, {topicowner.OWNER_UID: "uid-2"})
+                return found
+
+        with pytest.raises(PreconditionFailed):
+            await topicowner.delete(Flapping(client.connector), TOPIC_NAME, mine, creating=False)
+        assert reads == ["uid-1"] * topicowner.DELETE_ATTEMPTS
+        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 1
