@@ -53,6 +53,7 @@ from segtxn.operator.runtime import (
     now,
     reason,
     runtime_of,
+    track,
     transient,
 )
 from segtxn.operator.status import condition
@@ -271,6 +272,8 @@ class Tick:
 async def autoscale(*, body: kopf.Body, memo: Any, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """Evaluate the topic every ``intervalSeconds`` until opted out, deleted, or the
     operator stops; opted out, condition ``AutoScaling`` turns False (``Disabled``)."""
+    if track(memo, stopped):  # started again while the operator stops: nothing to do
+        return
     tick = Tick(memo, body, Sampler())
     while not stopped:
         await tick.run()

@@ -26,6 +26,8 @@ from segtxn.operator.runtime import (
     namespaced,
     now,
     runtime_of,
+    serving,
+    track,
 )
 from segtxn.operator.security import InvalidSecurity
 from segtxn.operator.status import STATUS_TICK_S, Rollout, condition, rollout, same
@@ -148,7 +150,7 @@ def _security(
         raise kopf.PermanentError(str(e)) from e
 
 
-@kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S)
+@kopf.timer(GROUP, VERSION, "segtxnclusters", interval=STATUS_TICK_S, when=serving)
 async def cluster_readiness(
     *,
     name: str,
@@ -167,6 +169,8 @@ async def cluster_readiness(
     turn (:mod:`.ordering`, said in ``Rolling``); written only when something changed. One
     timer writes them all: two would each rewrite the whole ``conditions`` list from what
     they last read."""
+    if track(memo, indexes["stopped"]):  # Kopf's TimerFn type leaves this kwarg out
+        return
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     names = render.ClusterNames(name)

@@ -26,6 +26,8 @@ from segtxn.operator.runtime import (
     now,
     reason,
     runtime_of,
+    serving,
+    track,
 )
 from segtxn.operator.status import STATUS_TICK_S, Rollout, condition, rollout
 from segtxn.protocol.errors import ServerError
@@ -92,7 +94,7 @@ async def reconcile_coordinator(
         raise
 
 
-@kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S)
+@kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S, when=serving)
 async def coordinator_status(
     *,
     body: kopf.Body,
@@ -102,11 +104,13 @@ async def coordinator_status(
     status: kopf.Status,
     patch: kopf.Patch,
     memo: Any,
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     """Every ``statusIntervalSeconds``: ``Ready`` from the Deployment against what the
     spec and its cluster's render (:func:`status.rollout`); open transactions and the GC
     backlog into status; ``GCBacklogHigh`` when the backlog passes ``gcBacklogThreshold``."""
+    if track(memo, kwargs["stopped"]):  # Kopf's TimerFn type leaves this kwarg out
+        return
     namespace = namespaced(namespace)
     last = status.get("lastChecked")
     interval = float(spec.get("statusIntervalSeconds", 30))

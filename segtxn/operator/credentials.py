@@ -35,7 +35,17 @@ from typing import Any, cast
 import kopf
 
 from segtxn.operator import pki, render, security
-from segtxn.operator.runtime import API, GROUP, RETRY_S, VERSION, Runtime, apply_objects, runtime_of
+from segtxn.operator.runtime import (
+    API,
+    GROUP,
+    RETRY_S,
+    VERSION,
+    Runtime,
+    apply_objects,
+    runtime_of,
+    serving,
+    track,
+)
 from segtxn.operator.security import CertificateSource, SecuritySpec
 from segtxn.operator.sessions import secret_text
 
@@ -323,7 +333,14 @@ async def ensure_coordinator(
     await work.server(owner, security.coordinator_tls_secret(name), pki.Issued(cert, key), names)
 
 
-@kopf.timer(GROUP, VERSION, "segtxnclusters", interval=RENEW_CHECK_S, initial_delay=RENEW_CHECK_S)
+@kopf.timer(
+    GROUP,
+    VERSION,
+    "segtxnclusters",
+    interval=RENEW_CHECK_S,
+    initial_delay=RENEW_CHECK_S,
+    when=serving,
+)
 async def renew(
     *,
     body: kopf.Body,
@@ -335,6 +352,8 @@ async def renew(
 ) -> None:
     """Every :data:`RENEW_CHECK_S`: what is due of a secured cluster's Secrets renewed
     (:func:`ensure_cluster`). A spec that cannot run is the handler's to say."""
+    if track(memo, indexes["stopped"]):  # Kopf's TimerFn type leaves this kwarg out
+        return
     if body.meta.get("deletionTimestamp") or not security.enabled(spec):
         return
     runtime = runtime_of(memo)

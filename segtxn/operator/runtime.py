@@ -9,6 +9,7 @@ Nothing here is registered with Kopf.
 from __future__ import annotations
 
 import datetime
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,18 @@ class Runtime:
     closed: bool = False
     sessions: ClusterSessions = field(default_factory=ClusterSessions)
     """Sessions to clusters with security on (TLS with their CA, their admin token)."""
+    stop_flags: weakref.WeakSet[kopf.DaemonStopped] = field(default_factory=weakref.WeakSet)
+    """The ``stopped`` flags of the timers and daemons running now (:func:`track`):
+    how the operator learns that Kopf is stopping it (:attr:`stopping`)."""
+
+    @property
+    def stopping(self) -> bool:
+        """Kopf is stopping the operator: it has told a timer or daemon so
+        (``OPERATOR_EXITING``, the first thing it does), or the clean-up has run."""
+        exiting = kopf.DaemonStoppingReason.OPERATOR_EXITING
+        return self.closed or any(
+            flag.reason is not None and exiting in flag.reason for flag in self.stop_flags
+        )
 
 
 def runtime_of(memo: Any) -> Runtime:
@@ -85,6 +98,30 @@ def runtime_of(memo: Any) -> Runtime:
     if runtime.closed:  # timers may still tick while Kopf stops
         raise kopf.TemporaryError("the operator is stopping", delay=60)
     return runtime
+
+
+def track(memo: Any, stopped: kopf.DaemonStopped) -> bool:
+    """Every timer and daemon hands its ``stopped`` flag here at each run: True when the
+    operator is stopping (:attr:`Runtime.stopping`), and the daemon should return.
+
+    Why: Kopf 1.45 stops every timer and daemon first when the operator stops, then lets
+    its workers finish the events they hold (``settings.queueing.exit_timeout``); an event
+    of an object whose timer has just exited starts that timer again, and nothing stops
+    the new one: Kopf cancels it only after its fixed 5 s grace for leftover tasks (and a
+    new daemon that retries ``the operator is stopping`` would sleep in that delay until
+    then). :func:`serving` keeps them from being started again."""
+    runtime = memo.get("runtime")
+    if not isinstance(runtime, Runtime):
+        return False
+    runtime.stop_flags.add(stopped)
+    return runtime.stopping
+
+
+def serving(memo: Any, **_: Any) -> bool:
+    """The ``when=`` filter of every timer: False once the operator is stopping, so that
+    Kopf does not start a timer it has just stopped again (:func:`track`)."""
+    runtime = memo.get("runtime")
+    return not (isinstance(runtime, Runtime) and runtime.stopping)
 
 
 def namespaced(namespace: str | None) -> str:

@@ -39,6 +39,7 @@ from segtxn.operator.runtime import (
     namespaced,
     now,
     runtime_of,
+    track,
 )
 from segtxn.operator.sparkapp import InvalidRun, RunNames, check_name, render_run
 
@@ -156,6 +157,8 @@ async def follow_run(
     """Until the run is finished: each change of phase (or reason) into status, with an
     event. Returns once it is finished; a daemon is started again only by an operator
     restart, and then not for a finished run (:func:`_unfinished`)."""
+    if track(memo, stopped):  # started again while the operator stops: nothing to do
+        return
     runtime = runtime_of(memo)
     ns, names = namespaced(namespace), RunNames(name)
     # What this daemon wrote last: the live body shows a write only once it is watched back.
