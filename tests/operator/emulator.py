@@ -393,12 +393,23 @@ def settings() -> kopf.OperatorSettings:
     return s
 
 
+STOP_S = 15.0
+"""How long the operator may take to stop. What Kopf's stop takes (kopf 1.45,
+``_core/reactor/running.py`` and ``queueing.py``): its daemons and timers are told to stop
+and return at once; its workers finish the events they hold, and one sleeping in a retry
+delay (a handler's ``TemporaryError(delay=...)``) is not woken but cancelled after
+``settings.queueing.exit_timeout`` (2 s); then the clean-up handler; then every task still
+running is given a fixed 5 s and cancelled. A stop that takes longer than this bound has a
+task that does not end when cancelled: the failure names what was still running."""
+
+
 @contextlib.asynccontextmanager
 async def operator(emu: Emulator, memo: kopf.Memo, **kwargs: Any) -> AsyncIterator[None]:
     """The segtxn operator (its handlers module) running in this loop against ``emu``.
 
     Enter it in the test body, not in an async-generator fixture: on stop, Kopf waits for
-    and then cancels every task created after it started, a fixture's teardown included."""
+    and then cancels every task created after it started, a fixture's teardown included.
+    Stopped within :data:`STOP_S`."""
     from segtxn.operator import handlers  # registers the handlers
     from tests.operator import login  # and how they reach the emulator
 
@@ -423,4 +434,22 @@ async def operator(emu: Emulator, memo: kopf.Memo, **kwargs: Any) -> AsyncIterat
         yield
     finally:
         stop.set()
-        await asyncio.wait_for(task, timeout=15)
+        await _stopped(task)
+
+
+async def _stopped(task: asyncio.Task[None]) -> None:
+    """Wait for the operator's task to end, at most :data:`STOP_S`; past that, fail
+    naming the tasks still running (then cancel it, as Kopf would its leftovers)."""
+    done, _ = await asyncio.wait({task}, timeout=STOP_S)
+    if task in done:
+        task.result()  # its error, if it failed
+        return
+    running = sorted(
+        f"{t.get_name()}: {getattr(t.get_coro(), '__qualname__', t.get_coro())}"
+        for t in asyncio.all_tasks()
+        if t is not asyncio.current_task() and not t.done()
+    )
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise AssertionError(f"the operator did not stop within {STOP_S:g} s; running: {running}")

@@ -16,6 +16,7 @@ from segtxn.operator import peering
 from segtxn.operator.kube import Kube
 from segtxn.operator.runtime import OperatorConfig
 from tests.operator.emulator import NS, Emulator, emulator, operator
+from tests.waiting import wait_until
 
 PEERING = "segtxn-test"
 
@@ -52,9 +53,17 @@ async def test_a_missing_peering_object_is_a_warning_at_start_up(
     async with emulator() as emu:
         if exists:
             await create_peering(emu, NS)
-        # The operator's start-up handlers have run once it is ready.
+        emu.requests = []
+        # The operator's start-up handlers have run once it is ready. Stopped only once
+        # Kopf watches the peering objects, i.e. has read the API's resources: stopped while
+        # it reads them, its reads go on as leftover tasks (it reads each API group in a task
+        # of asyncio.as_completed, which a cancel does not reach) and its stop waits 5 s.
         async with operator(emu, memo(), standalone=False, peering_name=PEERING, priority=1):
-            pass
+            await wait_until(
+                lambda: any(r.plural == "kopfpeerings" and r.watching for r in emu.requests or ()),
+                timeout=10,
+                what="Kopf watching the peering objects",
+            )
     if exists:
         assert warnings(caplog) == []
     else:
