@@ -19,7 +19,7 @@ key's public half are read by the servers at start-up only, so the cluster token
 (docs/security.md, "On Kubernetes").
 
 With ``certificates: cert-manager`` the certificates are cert-manager's (the operator
-applies its Certificates and Issuers, :func:`.security.cert_manager_objects`); the tokens
+applies its Certificates and Issuers, :func:`.certmanager.cert_manager_objects`); the tokens
 are still the operator's, and their Secrets get the CA from the brokers' Secret once
 cert-manager has written it.
 """
@@ -34,7 +34,7 @@ from typing import Any, cast
 
 import kopf
 
-from segtxn.operator import pki, render, security
+from segtxn.operator import certmanager, pki, render, security, securitynames
 from segtxn.operator.runtime import (
     API,
     GROUP,
@@ -127,7 +127,7 @@ class _Ensure:
     async def ca(self, owner: kopf.Body) -> pki.Issued:
         """The cluster CA: kept while it loads and is not due; else a new one (every
         certificate it signed is then issued again: :meth:`server`)."""
-        name = security.ca_secret(self.cluster)
+        name = securitynames.ca_secret(self.cluster)
         found = await self.get(name)
         cert, key = _bytes(found, "tls.crt"), _bytes(found, "tls.key")
         why = "created"
@@ -169,7 +169,7 @@ class _Ensure:
 
     async def signer(self, owner: kopf.Body) -> bytes:
         """The token signing key; a new one only when there is none that loads."""
-        name = security.signer_secret(self.cluster)
+        name = securitynames.signer_secret(self.cluster)
         key = _bytes(await self.get(name), "private.pem")
         if key is not None:
             try:
@@ -188,7 +188,7 @@ class _Ensure:
 
     async def auth(self, owner: kopf.Body, key: bytes) -> None:
         """What the servers mount: the key's public half and the cluster role's token."""
-        name = security.auth_secret(self.cluster)
+        name = securitynames.auth_secret(self.cluster)
         found = await self.get(name)
         public = pki.public_key_pem(key)
         if _bytes(found, "public.pem") == public and self._token_good(
@@ -226,7 +226,7 @@ class _Ensure:
         ``client_ca`` (``clientCertificates``) a client certificate for the role
         (``tls.crt``, ``tls.key``). What is still good is kept; the Secret is written only
         when something in it must change (a key no longer wanted goes with the write)."""
-        name = security.token_secret(self.cluster, role)
+        name = securitynames.token_secret(self.cluster, role)
         found = await self.get(name)
         token = _bytes(found, "token")
         data: dict[str, bytes] = {
@@ -277,13 +277,13 @@ async def ensure_cluster(
     if sec.certificates is CertificateSource.CERT_MANAGER:
         labels = render.labels(cluster, "security")
         await apply_objects(
-            runtime, owner, security.cert_manager_objects(cluster, namespace, spec, labels)
+            runtime, owner, certmanager.cert_manager_objects(cluster, namespace, spec, labels)
         )
-        ca_pem = _bytes(await work.get(security.broker_tls_secret(cluster)), "ca.crt")
+        ca_pem = _bytes(await work.get(securitynames.broker_tls_secret(cluster)), "ca.crt")
     else:
         ca = await work.ca(owner)
-        names = security.broker_dns_names(cluster, namespace)
-        await work.server(owner, security.broker_tls_secret(cluster), ca, names)
+        names = securitynames.broker_dns_names(cluster, namespace)
+        await work.server(owner, securitynames.broker_tls_secret(cluster), ca, names)
         ca_pem = ca.cert_pem
         client_ca = ca if sec.client_certificates else None
     key = await work.signer(owner)
@@ -318,19 +318,23 @@ async def ensure_coordinator(
     namespace, name = str(owner.meta.namespace), str(owner.meta.name)
     if sec.certificates is CertificateSource.CERT_MANAGER:
         labels = render.labels(name, "security")
-        objects = security.coordinator_certificate(name, namespace, cluster, cluster_spec, labels)
+        objects = certmanager.coordinator_certificate(
+            name, namespace, cluster, cluster_spec, labels
+        )
         await apply_objects(runtime, owner, objects)
         return
     work = _Ensure(runtime, namespace, cluster, sec, now or _now())
-    found = await work.get(security.ca_secret(cluster))
+    found = await work.get(securitynames.ca_secret(cluster))
     cert, key = _bytes(found, "tls.crt"), _bytes(found, "tls.key")
     if cert is None or key is None:
         raise kopf.TemporaryError(
-            f"waiting for SegtxnCluster {cluster}'s CA (Secret {security.ca_secret(cluster)})",
+            f"waiting for SegtxnCluster {cluster}'s CA (Secret {securitynames.ca_secret(cluster)})",
             delay=RETRY_S,
         )
-    names = security.coordinator_dns_names(name, namespace)
-    await work.server(owner, security.coordinator_tls_secret(name), pki.Issued(cert, key), names)
+    names = securitynames.coordinator_dns_names(name, namespace)
+    await work.server(
+        owner, securitynames.coordinator_tls_secret(name), pki.Issued(cert, key), names
+    )
 
 
 @kopf.timer(

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from segtxn.operator import replication, security, storeaccess
+from segtxn.operator import replication, secureservers, security, storeaccess
 from segtxn.operator.placement import placement, resources
 
 Obj = dict[str, Any]
@@ -328,7 +328,7 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         },
         _pdb(names.brokers, namespace, component, select, replication.broker_budget(spec)),
     ]
-    return security.secure_cluster(storeaccess.secure_store(objects, spec), name, spec)
+    return secureservers.secure_cluster(storeaccess.secure_store(objects, spec), name, spec)
 
 
 def _pdb(name: str, namespace: str, component: Obj, select: Obj, max_unavailable: int = 1) -> Obj:
@@ -470,4 +470,4 @@ def render_coordinator(
     ]
     cluster = str(spec.get("clusterRef", ""))
     storeaccess.secure_store(objects, cluster_spec)
-    return security.secure_coordinator(objects, name, namespace, cluster, cluster_spec)
+    return secureservers.secure_coordinator(objects, name, namespace, cluster, cluster_spec)

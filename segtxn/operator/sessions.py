@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from segtxn.operator import security
+from segtxn.operator import security, securitynames
 from segtxn.operator.kube import Kube
 from segtxn.protocol.auth import bearer_middleware
 
@@ -85,12 +85,12 @@ class ClusterSessions:
         """
         if not security.enabled(spec):
             return plain
-        name = security.token_secret(cluster, security.ADMIN_ROLE)
+        name = securitynames.token_secret(cluster, security.ADMIN_ROLE)
         found = await kube.get("v1", "Secret", namespace, name)
         token, ca = secret_text(found, "token"), secret_text(found, "ca.crt")
         pair = (secret_text(found, "tls.crt"), secret_text(found, "tls.key"))
         if token is not None and ca is None:  # cert-manager's CA, not copied over yet
-            brokers = security.broker_tls_secret(cluster)
+            brokers = securitynames.broker_tls_secret(cluster)
             ca = secret_text(await kube.get("v1", "Secret", namespace, brokers), "ca.crt")
         if token is None or ca is None:
             raise kopf.TemporaryError(

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from segtxn.operator.security import SECRET_MODE
+from segtxn.operator.secureservers import SECRET_MODE
 
 Obj = dict[str, Any]
 

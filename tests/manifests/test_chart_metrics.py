@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from segtxn.operator import security
+from segtxn.operator import security, securitynames
 from tests.manifests.support import CHART, KUBE_VERSION, ROOT, Doc, load_all, template, validate
 
 Helm = Callable[..., str]
@@ -130,8 +130,8 @@ def test_a_secured_created_cluster_is_scraped_over_https(helm: Helm) -> None:
     assert excluded == {"key": "app.kubernetes.io/instance", "operator": "NotIn",
                         "values": ["segtxn"]}  # fmt: skip
     for monitor, component, names in [
-        (brokers, "broker", security.broker_dns_names("segtxn", "segtxn")),
-        (coordinators, "coordinator", security.coordinator_dns_names("segtxn", "segtxn")),
+        (brokers, "broker", securitynames.broker_dns_names("segtxn", "segtxn")),
+        (coordinators, "coordinator", securitynames.coordinator_dns_names("segtxn", "segtxn")),
     ]:
         labels = monitor["spec"]["selector"]["matchLabels"]
         assert labels["app.kubernetes.io/component"] == component
@@ -140,10 +140,10 @@ def test_a_secured_created_cluster_is_scraped_over_https(helm: Helm) -> None:
         assert endpoint["scheme"] == "https"
         tls = endpoint["tlsConfig"]
         assert tls["serverName"] in names
-        assert tls["ca"]["secret"] == {"name": security.broker_tls_secret("segtxn"),
+        assert tls["ca"]["secret"] == {"name": securitynames.broker_tls_secret("segtxn"),
                                        "key": "ca.crt"}  # fmt: skip
         assert "authorization" not in endpoint and "cert" not in tls
-    admin = security.token_secret("segtxn", security.ADMIN_ROLE)
+    admin = securitynames.token_secret("segtxn", security.ADMIN_ROLE)
     guarded = with_monitoring_api(
         helm, *sets, "cluster.security.protectMetrics=true",
         "cluster.security.clientCertificates=true",

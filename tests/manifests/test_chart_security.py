@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from segtxn.operator import render, security
+from segtxn.operator import certmanager, render, security
 from segtxn.operator.security import CertificateSource, SecuritySpec
 from tests.manifests.support import (
     CHART,
@@ -119,7 +119,7 @@ def test_roles_and_cert_manager_reach_the_cluster(helm: Helm) -> None:
     policy = sec.policy()
     assert policy.principal("ops").superuser
     assert policy.roles["orders-app"][0].resource == "acme/orders"
-    objects = security.cert_manager_objects("segtxn", "segtxn", spec, {})
+    objects = certmanager.cert_manager_objects("segtxn", "segtxn", spec, {})
     assert [o["kind"] for o in objects] == ["Certificate"]  # the given issuer: no bootstrap
     issuer = {"group": "cert-manager.io", "kind": "ClusterIssuer", "name": "corp-ca"}
     assert objects[0]["spec"]["issuerRef"] == issuer

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from segtxn.auth.policy import Policy
-from segtxn.operator import pki, security
+from segtxn.operator import pki, security, securitynames
 from segtxn.operator.kube import Kube
 from segtxn.operator.sessions import ClusterSessions
 from tests.operator.emulator import NS, Emulator, emulator, operator
@@ -146,7 +146,7 @@ async def test_secrets_are_created_once_mounted_and_reused_until_due() -> None:
         # A broker certificate due for renewal (ends within renewBeforeDays) is issued
         # again at the next reconcile, by the same CA; the rest stays.
         now = datetime.datetime.now(datetime.UTC)
-        names = security.broker_dns_names("demo", NS)
+        names = securitynames.broker_dns_names("demo", NS)
         due = pki.issue_server(
             pki.Issued(ca, first["demo-ca"]["tls.key"]), names[0], names, now, days=10
         )
@@ -211,7 +211,7 @@ async def test_cert_manager_certificates_instead_of_the_operators_own() -> None:
         broker = emu.get(certs, "demo-broker-tls")
         assert broker is not None
         assert broker["spec"]["secretName"] == "demo-broker-tls"
-        assert broker["spec"]["dnsNames"] == security.broker_dns_names("demo", NS)
+        assert broker["spec"]["dnsNames"] == securitynames.broker_dns_names("demo", NS)
         assert broker["spec"]["issuerRef"]["name"] == "demo-ca"
         ca_certificate = emu.get(certs, "demo-ca")
         assert ca_certificate is not None and ca_certificate["spec"]["isCA"] is True

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from segtxn.cli import main
 from segtxn.cli.security import pod_dns_url
-from segtxn.operator import render, security
+from segtxn.operator import render, security, securitynames
 from segtxn.operator.security import InvalidSecurity, SecuritySpec
 from tests.manifests.podsecurity import violations
 from tests.manifests.support import validate
@@ -71,9 +71,9 @@ def test_the_servers_commands_read_the_mounted_files() -> None:
     advertised = pod_dns_url(params["advertise"], params["pod_dns"])
     assert advertised == "https://10-0-0-7.segtxn.pod:8081"
     host = advertised.split("//")[1].split(":")[0]
-    assert any(covers(n, host) for n in security.coordinator_dns_names("tc", "segtxn"))
+    assert any(covers(n, host) for n in securitynames.coordinator_dns_names("tc", "segtxn"))
     broker_host = "b-0.demo-broker-headless.ns.svc"  # expand()'s pod, in namespace "ns"
-    assert any(covers(n, broker_host) for n in security.broker_dns_names("demo", "ns"))
+    assert any(covers(n, broker_host) for n in securitynames.broker_dns_names("demo", "ns"))
 
 
 def test_a_secured_spec_renders_the_same_twice_and_off_renders_as_before() -> None:
