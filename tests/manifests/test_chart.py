@@ -260,3 +260,42 @@ def test_cluster_without_etcd_fails_clearly(helm: Helm) -> None:
         ok=False,
     )
     assert "cluster.create needs etcd.enabled" in out
+
+
+STORAGE_SIZES = ("etcd.storage.size", "cluster.storageSize")
+
+
+@pytest.mark.parametrize("field", STORAGE_SIZES)
+@pytest.mark.parametrize("size", ["0", "0Gi", "0.0Mi", "00Ti", "512m"])
+def test_a_storage_size_of_nothing_is_refused(helm: Helm, field: str, size: str) -> None:
+    """A volume of zero bytes (or of milli-bytes) is one no provisioner fills: the pods
+    would stay Pending. Refused by ``helm lint`` as by the CRD. ``--set-string``: ``--set``
+    would make ``0`` a number, refused for its type whatever the pattern."""
+    out = helm("lint", str(CHART), "--set", "cluster.create=true", "--set-string",
+               f"{field}={size}", ok=False)  # fmt: skip
+    assert f"{field}: Does not match pattern" in out
+
+
+@pytest.mark.parametrize("field", STORAGE_SIZES)
+@pytest.mark.parametrize("size", ["1", "0.5Gi", "20Gi"])
+def test_a_storage_size_above_zero_is_taken(helm: Helm, field: str, size: str) -> None:
+    out = helm("lint", str(CHART), "--set", "cluster.create=true", "--set-string",
+               f"{field}={size}")  # fmt: skip
+    assert "0 chart(s) failed" in out
+
+
+def test_the_storage_sizes_are_what_the_cluster_crd_takes() -> None:
+    """``cluster.storageSize`` becomes the SegtxnCluster's ``brokers.storage.size``: the
+    chart refuses what the API server would (and the same for etcd's volume)."""
+    import json
+
+    from tests.manifests.support import crd_schemas
+
+    values = json.loads((CHART / "values.schema.json").read_text())
+    brokers = crd_schemas()[("segtxn.io/v1alpha1", "SegtxnCluster")]["properties"]["spec"][
+        "properties"
+    ]["brokers"]["properties"]
+    assert (
+        values["definitions"]["storageSize"]["pattern"]
+        == (brokers["storage"]["properties"]["size"]["pattern"])
+    )
