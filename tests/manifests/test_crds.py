@@ -210,6 +210,79 @@ def test_the_crd_weighs_a_topic_name_as_the_brokers_do(name: tuple[str, str, str
     assert accepted == (stored <= limits.MAX_TOPIC_PARTS)
 
 
+def _around_the_limits() -> Iterator[tuple[str, str, str]]:
+    """Names with one part at, just below and just above its limit as the brokers weigh it
+    (a '=' counts 3), with 0, 1 or 2 '=' in it; and parts each rule alone refuses."""
+    from segtxn.protocol import limits
+
+    small = ["t", "n", "x"]
+    for i, limit in enumerate((limits.MAX_TENANT, limits.MAX_NAMESPACE, limits.MAX_LOCAL_NAME)):
+        for equals in (0, 1, 2):
+            for stored in (limit - 1, limit, limit + 1):
+                name = list(small)
+                name[i] = "a" * (stored - 3 * equals) + "=" * equals
+                yield (name[0], name[1], name[2])
+    yield from NAMES
+    yield ("a" + "=" * 21, "n", "x")  # 22 characters as typed, 64 as stored
+    yield ("a" + "=" * 22, "n", "x")  # 23 as typed, 67 as stored
+    yield ("t", "n" * 64, "x" * 76)  # each part fits, 141 together
+    for bad in ("", "=a", "-a", "a b", "a/b", "a%3D", "é", "a\n"):
+        yield (bad, "n", "x")
+        yield ("t", "n", bad)
+
+
+def _name_rules(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(field or "", rule) of every CEL rule on the topic's name: the whole name's, on
+    the spec, and each part's own."""
+    found = [("", v["rule"]) for v in spec["x-kubernetes-validations"]
+             if "size(self.tenant" in v["rule"]]  # fmt: skip
+    for field in ("tenant", "namespace", "topic"):
+        own = spec["properties"][field].get("x-kubernetes-validations", [])
+        found += [(field, v["rule"]) for v in own]
+    return found
+
+
+def _shown(name: tuple[str, str, str]) -> str:
+    """A test id: short parts as they are, long ones as their length and their '='s."""
+    return "/".join(p if len(p) <= 8 else f"{len(p)}chars{p.count('=')}eq" for p in name)
+
+
+@pytest.mark.parametrize("name", list(_around_the_limits()), ids=_shown)
+def test_the_crd_admits_a_topic_name_when_the_brokers_do(name: tuple[str, str, str]) -> None:
+    """Schema (pattern, maxLength) and every CEL rule on the name together admit exactly
+    the names segtxn.protocol.names parses: a part the CRD took but the brokers refuse
+    would leave the ScalableTopic failing for ever. The rules are evaluated as Python, as
+    above (size = len; '.replace()' means the same)."""
+    from segtxn.protocol.names import InvalidTopicName, TopicName
+
+    spec = crd_schemas()[(API, "ScalableTopic")]["properties"]["spec"]
+    tenant, namespace, topic = name
+    fields = {"clusterRef": "c", "tenant": tenant, "namespace": namespace, "topic": topic}
+    doc = {"apiVersion": API, "kind": "ScalableTopic", "metadata": {"name": "x"}, "spec": fields}
+    try:
+        validate(doc)
+    except jsonschema.ValidationError:
+        admitted = False
+    else:
+        whole = type("Spec", (), {"tenant": tenant, "namespace": namespace, "topic": topic})
+        # The API server's RE2 ends "$" at the end of the text; Python's lets a "\n" by.
+        admitted = all(
+            re.fullmatch(spec["properties"][f]["pattern"].strip("^$"), fields[f])
+            for f in ("tenant", "namespace", "topic")
+        )
+        for field, rule in _name_rules(spec):
+            assert re.fullmatch(r"[a-z.(), '=+<]+\d+", rule), rule  # nothing but what Python shares
+            this = fields[field] if field else whole
+            admitted &= bool(eval(rule, {"__builtins__": {}}, {"size": len, "self": this}))
+    try:
+        TopicName.parse(f"topic://{tenant}/{namespace}/{topic}")
+    except InvalidTopicName:
+        parsed = False
+    else:
+        parsed = True
+    assert admitted == parsed
+
+
 def test_no_crd_has_a_rule_twice() -> None:
     for crd in crds():
         for version in crd["spec"]["versions"]:
