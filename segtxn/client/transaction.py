@@ -458,5 +458,22 @@ class Transaction:
         if exc is None:
             await self.commit()
         else:
-            with contextlib.suppress(ServerError):
-                await self.abort()
+            await self._abort_quietly(exc)
+
+    async def _abort_quietly(self, reason: BaseException) -> None:
+        """Abort because the block raised ``reason``, never raising instead of it: an
+        abort that fails (no coordinator answered in time, the client closed) is logged,
+        and its coordinator aborts the transaction at its timeout anyway. Raising would
+        replace the application's own exception, and a cancellation with it (the task
+        would go on as if it had not been cancelled)."""
+        try:
+            await self.abort()
+        except (ServerError, ClientError) as e:
+            log.warning(
+                "transaction %s: not aborted after %s (%s: %s); its coordinator aborts it "
+                "at its timeout",
+                self._id,
+                type(reason).__name__,
+                type(e).__name__,
+                e,
+            )
