@@ -456,7 +456,16 @@ class Transaction:
         if self.state is not TransactionState.OPEN:
             return  # ended explicitly inside the block
         if exc is None:
-            await self.commit()
+            try:
+                await self.commit()
+            except asyncio.CancelledError as cancelled:
+                # cancelled while it waited for its operations: END_TXN(COMMIT) never went
+                # out, so nothing committed, and left OPEN the transaction would hold its
+                # inputs and keep every reader of its outputs' segments waiting until its
+                # timeout; a cancel in the block aborts, and so does this one
+                if self.state is TransactionState.OPEN:
+                    await self._abort_quietly(cancelled)
+                raise
         else:
             await self._abort_quietly(exc)
 

@@ -66,3 +66,58 @@ async def test_a_cancelled_block_stays_cancelled_when_the_abort_fails(
         await task
     assert task.cancelled()
     assert asked == [TxnAction.ABORT]
+
+
+async def test_a_cancel_while_the_block_commits_aborts(client: Client) -> None:
+    """The task is cancelled while the commit at the end of the block waits for the
+    transaction's operations (END_TXN not sent): the transaction used to stay OPEN until
+    its timeout, holding its inputs and keeping every reader of its outputs' segments
+    waiting; it is aborted, as a cancel in the block is."""
+    txn = await client.transaction().start()
+    in_flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    txn.track(in_flight)  # an operation whose answer has not come
+
+    async def application() -> None:
+        async with txn:
+            pass  # the commit waits for in_flight
+
+    task = asyncio.create_task(application())
+    await asyncio.sleep(0.2)
+    assert not task.done() and txn.state == "OPEN"  # committing: waiting for it
+    task.cancel()
+    in_flight.set_result(None)  # it comes right after
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert txn.state == "ABORTED"
+    assert await txn.status() == "ABORTED"
+
+
+async def test_a_cancel_once_end_txn_is_sent_does_not_abort(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after END_TXN(COMMIT) went out, the outcome is unknown (it may have
+    committed): the exit must not abort then, and ``commit()`` may be called again."""
+    sent, go_on = asyncio.Event(), asyncio.Event()
+    end = Coordinators.end
+
+    async def held(self: Coordinators, *args: Any, **kwargs: Any) -> None:
+        sent.set()
+        await go_on.wait()
+        await end(self, *args, **kwargs)
+
+    monkeypatch.setattr(Coordinators, "end", held)
+    txn = await client.transaction().start()
+
+    async def application() -> None:
+        async with txn:
+            pass
+
+    task = asyncio.create_task(application())
+    await sent.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert txn.state == "COMMITTING"
+    go_on.set()
+    await txn.commit()
+    assert await txn.status() == "COMMITTED"
