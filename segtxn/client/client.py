@@ -139,7 +139,10 @@ class Client:
     @property
     def connector(self) -> Connector:
         if self._connector is None:
-            raise ClientClosed("use the client as `async with Client(url) as client`")
+            raise ClientClosed(
+                "the client is closed, or was never opened: use it as "
+                "`async with Client(url) as client`"
+            )
         return self._connector
 
     @property

@@ -15,7 +15,7 @@ import aiohttp
 import msgspec
 
 from segtxn import tracing
-from segtxn.client.errors import CertificateError, Timeout
+from segtxn.client.errors import CertificateError, ClientClosed, Timeout
 from segtxn.client.timeouts import CLOSE_WAIT_S, Deadline, Timeouts
 from segtxn.protocol import frames
 from segtxn.protocol.auth import ssl_reason
@@ -140,6 +140,13 @@ class Connector:
         if url.startswith(self.service_url):
             self._preferred = (self._preferred + 1) % len(self.service_urls)
 
+    def _check_open(self) -> None:
+        """Raises ClientClosed once the client's session is closed: a transaction, an
+        admin handle or a stream kept past ``Client.close()`` gets the client's own error,
+        not aiohttp's RuntimeError("Session is closed")."""
+        if self.session.closed:
+            raise ClientClosed("the client was closed")
+
     def _bases(self) -> list[str]:
         n = len(self.service_urls)
         return [self.service_urls[(self._preferred + i) % n] for i in range(n)]
@@ -160,7 +167,9 @@ class Connector:
             CertificateError: TLS failed (the server's certificate, or the handshake).
             Timeout: no answer in time (RETRIABLE for a GET, else OUTCOME_UNKNOWN: it may
                 have been done).
+            ClientClosed: the client was closed (nothing was sent).
         """
+        self._check_open()
         deadline = Deadline(self.timeouts.limit(timeout_s))
         urls = [path] if path.startswith("http") else [base + path for base in self._bases()]
         failures: list[str] = []
@@ -245,7 +254,9 @@ class Connector:
             ServerError: what the broker refused the connection with; ServiceNotReady when
                 it cannot be reached.
             CertificateError: TLS failed (the server's certificate, or the handshake).
+            ClientClosed: the client was closed.
         """
+        self._check_open()
         url = f"{broker_url.rstrip('/')}/ws/v2/{kind}/{topic.path}{suffix}"
         if query:
             url += "?" + urlencode(query)

@@ -171,3 +171,23 @@ async def test_a_closed_consumer_acknowledges_nothing(client: Client, topic: str
     # it was not acknowledged: the subscription's next consumer gets it
     again = await client.subscribe(topic, "s")
     assert (await again.receive(timeout_s=10)).value == b"m"
+
+
+async def test_what_outlives_its_client_says_the_client_is_closed(client: Client) -> None:
+    """A transaction or an admin handle kept past ``Client.close()`` raised aiohttp's bare
+    ``RuntimeError: Session is closed``; it raises ClientClosed, a ClientError the
+    application already catches, at once and having sent nothing."""
+    open_txn = await client.transaction().start()
+    admin = client.admin
+    await client.close()
+    calls: list[Callable[[], Coroutine[Any, Any, object]]] = [
+        open_txn.status,
+        open_txn.abort,
+        open_txn.commit,
+        lambda: client.transaction().start(),
+        lambda: admin.create_topic(SCALABLE),
+    ]
+    for call in calls:
+        async with asyncio.timeout(5):
+            with pytest.raises(ClientClosed, match="the client was closed"):
+                await call()
