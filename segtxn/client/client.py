@@ -27,7 +27,7 @@ from segtxn.client.layout import TopicLayout
 from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
-from segtxn.client.timeouts import Deadline, Timeouts
+from segtxn.client.timeouts import Deadline, Timeouts, checked_limit
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import errors, names
 from segtxn.protocol.auth import bearer_middleware, client_ssl_context
@@ -251,10 +251,22 @@ class Client:
     def transaction(self, *, timeout_s: float = 60.0) -> Transaction:
         """A new transaction: ``async with client.transaction() as txn: ...`` commits on
         exit and aborts on an exception. The coordinator aborts it after ``timeout_s`` (its
-        lifetime); each of its calls has the client's operation timeout."""
+        lifetime); each of its calls has the client's operation timeout.
+
+        Raises:
+            TypeError / ValueError: ``timeout_s`` is not a finite number of seconds > 0
+                (the coordinator's upper bound, 3600 s unless configured, is its to check:
+                InvalidArgument at the transaction's start).
+        """
+        lifetime = checked_limit(timeout_s)  # TypeError / ValueError (nan, inf, < 0)
+        if not lifetime:  # None or 0: a lifetime has no "no limit"
+            raise ValueError(
+                "timeout_s (the transaction's lifetime) must be a finite number of seconds "
+                f"> 0; got {timeout_s!r}"
+            )
         if self._coordinators is None:
             self._coordinators = Coordinators(self.connector, prestart=self._prestart)
-        return Transaction(self._coordinators, timeout_s)
+        return Transaction(self._coordinators, lifetime)
 
     async def create_reader(
         self,

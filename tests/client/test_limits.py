@@ -126,3 +126,23 @@ async def test_options_refuse_a_limit_that_is_not_one(
     for option in ("operation_timeout_s", "request_timeout_s"):
         with pytest.raises(error, match=f"{option} .*{said}"):
             Client(client.service_url, **{option: value})
+
+
+@pytest.mark.parametrize(
+    "value, error, said",
+    [*BAD, (0, ValueError, "> 0; got 0"), (None, ValueError, "> 0; got None")],
+)
+async def test_a_transactions_lifetime_is_checked_at_the_call(
+    client: Client, value: Any, error: type[Exception], said: str
+) -> None:
+    """``client.transaction(timeout_s=)`` took anything: nan, 0 or a negative number failed
+    later, at the first send, as the coordinator's InvalidArgument, and ``"10"`` was sent
+    as it was (and accepted)."""
+    with pytest.raises(error, match=f"timeout_s .*{said}"):
+        client.transaction(timeout_s=value)
+
+
+async def test_a_transactions_lifetime_may_be_an_int(client: Client) -> None:
+    txn = await client.transaction(timeout_s=5).start()
+    assert await txn.status() == "OPEN"
+    await txn.abort()
