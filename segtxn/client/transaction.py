@@ -95,7 +95,18 @@ outcome is unknown stays COMMITTING until it is known."""
 
 
 class TransactionFailed(ClientError):
-    """The transaction was aborted because one of its operations failed (see __cause__)."""
+    """The transaction was aborted because one of its operations failed (see __cause__).
+
+    ``category`` is ABORTABLE (start a new transaction: what it acknowledged is delivered
+    again) unless the failure is one a new transaction would meet again: a FATAL error
+    (``MessageTooLarge``, ``TopicNotFound``, ``ClientClosed``, ...) or one that is not the
+    client's or a server's (a ``TypeError`` for a value that is not bytes), then FATAL."""
+
+    def __init__(self, message: str, *, failure: BaseException | None = None) -> None:
+        super().__init__(message)
+        category = getattr(failure, "category", None)
+        if isinstance(category, ErrorCategory) and category is not ErrorCategory.FATAL:
+            self.category = ErrorCategory.ABORTABLE  # it was aborted: the outcome is known
 
 
 def poisons(txn: Transaction | None) -> contextlib.AbstractContextManager[None]:
@@ -350,7 +361,8 @@ class Transaction:
             finally:
                 await self._failed()
             raise TransactionFailed(
-                f"transaction {self._id} aborted: an operation in it failed"
+                f"transaction {self._id} aborted: an operation in it failed",
+                failure=self._failure,
             ) from self._failure
         self._move(TransactionState.COMMITTING)
         try:
