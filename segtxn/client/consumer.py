@@ -304,6 +304,8 @@ class Consumer:
             ClientClosed: the consumer was closed (nothing was sent), or closed before the
                 receipt came (it may have been applied).
             ValueError: the message is not from this consumer's topic.
+            TypeError: ``message`` is not a Message or MessageId, or ``txn`` not a
+                Transaction.
 
         In ``txn``, anything this raises dooms the transaction: its commit aborts and
         raises TransactionFailed from it (cancelling the call: from OperationCancelled).
@@ -371,7 +373,7 @@ class Consumer:
         the transaction)."""
         self._check_open()
         deadline = self._deadline(timeout_s)
-        message_id = message.message_id if isinstance(message, Message) else message
+        message_id = _message_id(message)
         stream = self._stream(message_id)
         if stream is None:  # its segment is consumed to its end: it is acknowledged already
             if txn is None:
@@ -453,7 +455,7 @@ class Consumer:
         """
         self._check_open()
         deadline = self._deadline(timeout_s)
-        message_id = message.message_id if isinstance(message, Message) else message
+        message_id = _message_id(message)
         stream = self._stream(message_id)
         if stream is not None:  # else its segment is consumed to its end: nothing comes again
             await self._bounded(stream.nack([message_id]), deadline, "nack")
@@ -482,6 +484,18 @@ class Consumer:
         await asyncio.gather(*(stream.close() for stream in self._streams.values()))
         if self._layout is not None:
             await self._layout.close()
+
+
+def _message_id(message: Message | MessageId) -> MessageId:
+    """Raises TypeError for anything but a Message or a MessageId (an application's own
+    record of one, None): an AttributeError from deep inside said nothing useful."""
+    message_id = message.message_id if isinstance(message, Message) else message
+    if not isinstance(message_id, MessageId):
+        raise TypeError(
+            "a Message (or its message_id) received from this consumer, not "
+            f"{type(message).__name__}"
+        )
+    return message_id
 
 
 @functools.lru_cache(maxsize=1024)

@@ -113,8 +113,18 @@ def poisons(txn: Transaction | None) -> contextlib.AbstractContextManager[None]:
     """``with poisons(txn):`` around a send or acknowledgment given ``txn``: whatever it
     raises poisons the transaction, so ``commit`` aborts instead of committing the rest
     without it (a cancel: with :class:`OperationCancelled`). Without a transaction, a shared
-    context that does nothing."""
-    return _NOTHING if txn is None else _Poisoning(txn)
+    context that does nothing.
+
+    Raises:
+        TypeError: ``txn`` is neither None nor a Transaction (a transaction's id, say).
+    """
+    if txn is None:
+        return _NOTHING
+    if not isinstance(txn, Transaction):
+        raise TypeError(
+            f"txn is a Transaction (client.transaction()) or None, not {type(txn).__name__}"
+        )
+    return _Poisoning(txn)
 
 
 _NOTHING = contextlib.nullcontext()
