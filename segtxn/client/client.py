@@ -9,6 +9,7 @@ broker or the metadata store restarts, on the next service URL when several are 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -28,7 +29,7 @@ from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.timeouts import Deadline, Timeouts, checked_limit
-from segtxn.client.transaction import Transaction
+from segtxn.client.transaction import Transaction, TransactionState
 from segtxn.protocol import errors, names
 from segtxn.protocol.auth import bearer_middleware, client_ssl_context
 from segtxn.protocol.names import Domain, TopicName
@@ -111,6 +112,7 @@ class Client:
         self._closables: list[Producer | ScalableProducer | Consumer | Reader] = []
         self._coordinators: Coordinators | None = None
         self._prestart = prestart_transactions
+        self._transactions: weakref.WeakSet[Transaction] = weakref.WeakSet()
 
     async def __aenter__(self) -> Client:
         # every producer and consumer stream holds a connection: no pool limit (aiohttp's
@@ -266,7 +268,9 @@ class Client:
             )
         if self._coordinators is None:
             self._coordinators = Coordinators(self.connector, prestart=self._prestart)
-        return Transaction(self._coordinators, lifetime)
+        txn = Transaction(self._coordinators, lifetime)
+        self._transactions.add(txn)  # to abort at close() if left open
+        return txn
 
     async def create_reader(
         self,
@@ -304,15 +308,33 @@ class Client:
         return reader
 
     async def close(self, *, timeout_s: float | None = None) -> None:
-        """Close every producer (flushing for at most ``timeout_s``, default: the operation
-        timeout), consumer and reader, at once, then the connections."""
-        limit = self.timeouts.limit(timeout_s)
+        """Abort the transactions this client opened and left open, then close every
+        producer (flushing), consumer and reader, at once, then the connections; all within
+        ``timeout_s`` (default: the operation timeout). With ``timeout_s=0`` (what leaving
+        ``async with`` by a cancel does) nothing waits: open transactions are left to
+        their coordinators, which abort them at their timeouts.
+
+        An open transaction holds what it acknowledged, and every reader of a segment it
+        wrote to waits behind it until it ends: left to its timeout, that is up to its
+        lifetime (60 s by default; Kafka's producer aborts its open transaction at close
+        too). What the application does with such a transaction next (``commit()``, a
+        send, leaving its ``async with`` block) raises ClientClosed. An abort that fails
+        is logged at WARNING, not raised. A transaction whose END_TXN(COMMIT) is on its
+        way is not touched."""
+        deadline = Deadline(self.timeouts.limit(timeout_s))
+        if deadline.timeout_s:
+            left_open = [t for t in self._transactions if t.state is TransactionState.OPEN]
+            remaining = deadline.remaining() or 0.0
+            await asyncio.gather(*(t.abort_at_close(remaining) for t in left_open))
         closing = [
-            c.close(limit) if isinstance(c, Producer | ScalableProducer) else c.close()
+            c.close(deadline.remaining())
+            if isinstance(c, Producer | ScalableProducer)
+            else c.close()
             for c in reversed(self._closables)
         ]
         await asyncio.gather(*closing)
         self._closables.clear()
+        self._transactions.clear()  # a second close() leaves them as the first did
         if self._coordinators is not None:
             await self._coordinators.close()
         if self._session is not None:

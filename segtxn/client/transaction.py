@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 from segtxn import tracing
 from segtxn.aio import callbacks_context
 from segtxn.client.coordinators import Coordinators
-from segtxn.client.errors import ClientError, OperationCancelled, Timeout
+from segtxn.client.errors import ClientClosed, ClientError, OperationCancelled, Timeout
 from segtxn.client.timeouts import Deadline
 from segtxn.protocol.errors import (
     ErrorCategory,
@@ -169,6 +169,8 @@ class Transaction:
         self._starting = asyncio.Lock()
         """ADD_PARTITION / ADD_SUBSCRIPTION calls made (or in flight), so each happens once."""
         self._on_failure: dict[object, Callable[[], Awaitable[None]]] = {}
+        self._closed_by_client = False
+        """Aborted by ``Client.close()``, not by the application."""
         self.span: tracing.Span | None = None
         """Tracing on: the transaction's span, from its start to its end; its NEW_TXN,
         sends, acks and END_TXN are its children (docs/tracing.md)."""
@@ -231,6 +233,8 @@ class Transaction:
             name = (
                 "the transaction (never started)" if self._id is None else f"transaction {self._id}"
             )
+            if self._closed_by_client:
+                raise ClientClosed(f"{name} was aborted when its client closed")
             raise ClientError(f"{name} is {self.state}")
 
     async def add_partition(self, topic: str, deadline: Deadline | None = None) -> None:
@@ -476,6 +480,8 @@ class Transaction:
         tb: TracebackType | None,
     ) -> None:
         if self.state is not TransactionState.OPEN:
+            if exc is None and self._closed_by_client:  # not by the block: it must not
+                self._check_open()  # look committed (raises ClientClosed)
             return  # ended explicitly inside the block
         if exc is None:
             try:
@@ -486,25 +492,33 @@ class Transaction:
                 # inputs and keep every reader of its outputs' segments waiting until its
                 # timeout; a cancel in the block aborts, and so does this one
                 if self.state is TransactionState.OPEN:
-                    await self._abort_quietly(cancelled)
+                    await self.abort_quietly(f"after {type(cancelled).__name__}")
                 raise
         else:
-            await self._abort_quietly(exc)
+            await self.abort_quietly(f"after {type(exc).__name__}")
 
-    async def _abort_quietly(self, reason: BaseException) -> None:
-        """Abort because the block raised ``reason``, never raising instead of it: an
-        abort that fails (no coordinator answered in time, the client closed) is logged,
-        and its coordinator aborts the transaction at its timeout anyway. Raising would
-        replace the application's own exception, and a cancellation with it (the task
-        would go on as if it had not been cancelled)."""
+    async def abort_at_close(self, timeout_s: float) -> None:
+        """Its client closes with it open: abort it (:meth:`abort_quietly`). What the
+        application calls on it next (``commit()``, a send, leaving its ``async with``)
+        raises ClientClosed."""
+        if self.state is TransactionState.OPEN:
+            self._closed_by_client = True
+            await self.abort_quietly("at its client's close", timeout_s=timeout_s)
+
+    async def abort_quietly(self, why: str, *, timeout_s: float | None = None) -> None:
+        """:meth:`abort`, never raising: one that fails (no coordinator answered in time,
+        the client closed) is logged at WARNING with ``why``, and its coordinator aborts
+        the transaction at its timeout anyway. For where raising would replace a more
+        important outcome: leaving ``async with`` by an exception (the application's own,
+        or a cancellation: the task would go on as if it had not been cancelled), or
+        ``Client.close()``."""
         try:
-            await self.abort()
+            await self.abort(timeout_s=timeout_s)
         except (ServerError, ClientError) as e:
             log.warning(
-                "transaction %s: not aborted after %s (%s: %s); its coordinator aborts it "
-                "at its timeout",
+                "transaction %s: not aborted %s (%s: %s); its coordinator aborts it at its timeout",
                 self._id,
-                type(reason).__name__,
+                why,
                 type(e).__name__,
                 e,
             )

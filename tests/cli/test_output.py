@@ -126,6 +126,7 @@ def test_open_transactions_expire_in_words(standalone: str) -> None:
     async def opened() -> str:
         async with Client(standalone) as client:
             txn = await client.transaction(timeout_s=300).start()
+            await client.close(timeout_s=0)  # leaves it open (a close that waits aborts it)
             return str(txn.id)
 
     txn = asyncio.run(opened())

@@ -318,6 +318,7 @@ async def test_recovery_replays_the_ledger_then_uses_snapshots(cluster: Cluster)
         assert second.recovery["snapshot"] == 1
         assert second.recovery["replayed"] == 1  # only what came after the snapshot
         assert second.ongoing == {open_.id, late.id}
+        await client.close(timeout_s=0)  # leaves them open (a close that waits aborts them)
     async with Client(cluster.url) as client:
         consumer = await client.subscribe(T1, "s", initial_position="earliest")
         assert await receive_all(consumer, 1) == [b"c"]
