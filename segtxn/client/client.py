@@ -203,11 +203,19 @@ class Client:
                 is down or restarting meanwhile is tried again.
 
         Raises:
-            ServerError: TopicNotFound, ConsumerBusy, InvalidTopicName, ...
+            ServerError: TopicNotFound, ConsumerBusy, InvalidTopicName, InvalidArgument (a
+                subscription name no subscription can have: checked before connecting), ...
             Timeout: not attached in time (RETRIABLE; it names the last failure).
+            TypeError: ``subscription`` is not a str.
         """
         deadline = self._deadline(timeout_s)
         parsed = _topic(topic)
+        # checked here as the broker does: an empty name never reached its check (the URL
+        # it makes is another endpoint's, and the answer was "no such endpoint")
+        if not isinstance(subscription, str):
+            raise TypeError(f"a subscription is named by a str, not {type(subscription).__name__}")
+        if (problem := names.client_name_problem("subscription", subscription)) is not None:
+            raise errors.InvalidArgument(problem)
         layout = None
         if parsed.domain is Domain.TOPIC:
             layout = TopicLayout(self.connector, parsed)
