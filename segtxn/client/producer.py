@@ -109,6 +109,15 @@ class _Pending:
 
 
 class Producer:
+    """Messages to one ``persistent://`` topic or one ``segment://`` (a scalable topic's
+    producer, :class:`~segtxn.client.scalable.ScalableProducer`, holds one per segment).
+    Get it from ``client.create_producer()``.
+
+    Each message is stored once, in the order sent, across reconnects (the broker
+    de-duplicates by producer name and sequence id); at most ``max_pending`` are in flight
+    and a send waits for room. ``send`` returns once the message is stored; ``send_async``
+    queues it and returns a future, which a transaction's commit waits for."""
+
     def __init__(
         self,
         connector: Connector,
@@ -345,7 +354,10 @@ class Producer:
         fails with :class:`Timeout` (or this raises it, when the message never left).
 
         In ``txn``, anything this raises poisons the transaction (with ``track``; without
-        it, the caller tracks the send and poisons it)."""
+        it, the caller tracks the send and poisons it).
+
+        ``registered``, ``track`` and ``deadline`` are for a ScalableProducer sending
+        through this one: applications leave them at their defaults."""
         with poisons(txn if track else None):
             return await self._queue(
                 value,
