@@ -44,6 +44,30 @@ def _topic(name: str) -> TopicName:
         raise errors.InvalidTopicName(str(e)) from e
 
 
+def _lifetime(timeout_s: object) -> float:
+    """A transaction's ``timeout_s``: a finite number of seconds > 0 (unlike a call's limit,
+    never None: a lifetime has no "no limit").
+
+    Raises:
+        TypeError: not a number (None and bool included).
+        ValueError: nan, infinite, 0 or negative.
+    """
+    what = "timeout_s (the transaction's lifetime)"
+    if timeout_s is None:
+        raise TypeError(f"{what} is a number of seconds > 0, not None")
+    try:
+        lifetime = checked_limit(timeout_s)
+    except TypeError:
+        raise TypeError(
+            f"{what} is a number of seconds > 0, not {type(timeout_s).__name__}"
+        ) from None
+    except ValueError:
+        lifetime = None
+    if not lifetime:
+        raise ValueError(f"{what} must be a finite number of seconds > 0; got {timeout_s!r}")
+    return lifetime
+
+
 class Client:
     """A connection to a segtxn cluster through any of its brokers.
 
@@ -268,12 +292,7 @@ class Client:
                 (the coordinator's upper bound, 3600 s unless configured, is its to check:
                 InvalidArgument at the transaction's start).
         """
-        lifetime = checked_limit(timeout_s)  # TypeError / ValueError (nan, inf, < 0)
-        if not lifetime:  # None or 0: a lifetime has no "no limit"
-            raise ValueError(
-                "timeout_s (the transaction's lifetime) must be a finite number of seconds "
-                f"> 0; got {timeout_s!r}"
-            )
+        lifetime = _lifetime(timeout_s)
         if self._coordinators is None:
             self._coordinators = Coordinators(self.connector, prestart=self._prestart)
         txn = Transaction(self._coordinators, lifetime)
