@@ -357,7 +357,13 @@ class Transaction:
                 OUTCOME_UNKNOWN when END_TXN got no answer (``commit()`` may be repeated).
         """
         deadline = self._deadline(timeout_s)
-        if self.state is TransactionState.NEW:  # nothing was done in it
+        if self.state is TransactionState.NEW:  # nothing reached a coordinator or broker
+            if self._failure is not None:  # but an operation was refused before it started
+                self._move(TransactionState.ABORTED)
+                raise TransactionFailed(
+                    "the transaction (never started) was not committed: an operation in it failed",
+                    failure=self._failure,
+                ) from self._failure
             self._move(TransactionState.COMMITTED)
             return
         self._check_open(TransactionState.COMMITTING)  # an unknown outcome: commit again

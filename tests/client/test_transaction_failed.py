@@ -62,3 +62,20 @@ async def test_a_programming_error_keeps_it_fatal(client: Client) -> None:
         await txn.commit()
     assert isinstance(failed.value.__cause__, TypeError)
     assert failed.value.category is ErrorCategory.FATAL
+
+
+async def test_a_send_refused_before_the_transaction_started_fails_its_commit(
+    client: Client,
+) -> None:
+    """Nothing reached a server (the first send was refused in the client), yet the
+    application was told that send failed: committing the rest without it must not look
+    like success."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    txn = client.transaction()
+    with pytest.raises(TypeError):
+        await producer.send("not bytes", key="k", txn=txn)  # type: ignore[arg-type]
+    with pytest.raises(TransactionFailed) as failed:
+        await txn.commit()
+    assert isinstance(failed.value.__cause__, TypeError)
+    assert txn.state.value == "ABORTED"
