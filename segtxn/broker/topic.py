@@ -193,6 +193,7 @@ class Topic:
                     str(self.name),
                     name,
                     cursor=cursor,
+                    ledger=self.ledger,
                     store=self._store,
                     headers=self._headers,
                     release=subscription.release,

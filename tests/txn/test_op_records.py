@@ -28,6 +28,7 @@ from segtxn.client.consumer import Consumer
 from segtxn.client.timeouts import Deadline
 from segtxn.client.transaction import Transaction, TransactionState
 from segtxn.ledger import Position
+from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics import transactions as T
@@ -392,3 +393,50 @@ async def test_an_ack_does_not_wait_long_for_an_append_that_hangs(
     assert [m.value for m in await receive_all(reader, 2)] == [b"warm-up", b"out"]
     with pytest.raises(asyncio.TimeoutError):  # the ack committed with the send
         await again.receive(timeout_s=0.5)
+
+
+async def test_a_rollover_during_a_step_is_not_taken_for_another_owner(
+    client: Client, cluster: Cluster
+) -> None:
+    """A step is conditional on the segment's ledger metadata at the version this broker
+    last wrote; its own rollover changed it meanwhile: the step is tried again, and lands."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    txn = await client.transaction().start()
+    await producer.send(b"first", txn=txn)
+    held = cluster.faults.hold("txn", key_prefix="/txn-op/", times=1, before=True)
+    second = await producer.send_async(b"second", txn=txn)
+    await held.wait_for(1)  # the step is built (with the ledger's version), not yet sent
+    await cluster.broker.service.topics[SEGMENT].ledger.roll_over()
+    held.release(0)
+    await second
+    await txn.commit()
+    assert [m.value for m in await receive_all(reader, 2)] == [b"first", b"second"]
+
+
+async def test_a_step_is_refused_once_another_broker_opened_the_segments_ledger(
+    client: Client, cluster: Cluster
+) -> None:
+    """As a broker paused past its session finds it when it resumes: another broker took
+    the segment over, whose recovery changed its ledger's metadata record (and then read
+    the op records, taking what they do not cover for orphans). A record written now would
+    land after that: it is refused, the send fails, and the transaction cannot commit."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    txn = await client.transaction().start()
+    await producer.send(b"first", txn=txn)
+    held = cluster.faults.hold("txn", key_prefix="/txn-op/", times=1, before=True)
+    second = await producer.send_async(b"second", txn=txn)
+    await held.wait_for(1)
+    key = metadata_key(str(SEGMENT))
+    record = await cluster.store.get(key)
+    assert record is not None
+    await cluster.store.put(key, record.value, expected_version=record.version)  # "recovered"
+    held.release(0)
+    with pytest.raises(ServerError) as refused:
+        await second
+    assert refused.value.name is ErrorName.TRANSACTION_CONFLICT
+    assert "is not served by this broker any more" in refused.value.message
+    with pytest.raises(TransactionFailed):
+        await txn.commit()

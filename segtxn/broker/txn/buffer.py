@@ -297,7 +297,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         for position in positions:
             draft.extend(position)
         try:
-            await self._ops.write(txn, version, draft, appended)
+            await self._ops.write(txn, version, draft, appended, owner=self._ledger)
         except ServerError:
             if txn not in self._writes and draft.durable is None:
                 self._records.pop(txn, None)  # nothing of it here: nothing to clean up

@@ -19,6 +19,17 @@ record may hold less than its participant believes (or, after an ambiguous store
 more), so nothing more is ever recorded in it and the transaction cannot commit what it
 would have covered.
 
+**Fenced by the segment's ledger.** A step also checks that the ledger of each segment it
+writes for (its ``owner``) still has its metadata record at the version this broker last
+wrote. Whoever opens a segment's ledger changes that record (recovery always does), and only
+then reads the segment's op records to decide which of its transactional entries are
+orphans; so a record written by a broker that lost the segment meanwhile (paused past its
+session while another took it over) is refused rather than landing after that decision,
+and an entry the new owner will never show cannot be acknowledged as part of a transaction
+that commits. The header check alone let that happen (tests/broker/test_lost_registration.py).
+A check that fails because of this broker's own change of the record (a rollover, a trim)
+is tried again with the new version.
+
 Clean-up after outcomes goes through the same writer, batched across the broker: what a
 segment or subscription hands to :meth:`OpRecordWriter.clean` (index entries and a
 watermark to put, then records to delete) waits up to :data:`CLEAN_LINGER_S` for others,
@@ -34,9 +45,11 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from segtxn.boundary import translate
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import (
     BadVersion,
     Check,
@@ -67,6 +80,18 @@ log = logging.getLogger(__name__)
 MAX_STEP_BYTES = 512 * 1024
 """Encoded records per step (each is also copied into its index entry): a third of the
 store's request limit."""
+
+
+class Owner(Protocol):
+    """The ledger of the segment an op record is written for (a managed ledger)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def metadata_version(self) -> int: ...
+
+    async def settled_metadata_version(self) -> int: ...
 
 
 class Draft(ABC):
@@ -120,6 +145,8 @@ class AppendInFlight:
 class _Waiting:
     draft: Draft
     version: int
+    owner: Owner | None
+    """The ledger of the segment the record is written for (None: no such check)."""
     waiters: list[asyncio.Future[None]] = field(default_factory=list)
     snapshot: T.OpRecord | None = None
     put: Put | None = None
@@ -168,14 +195,24 @@ class OpRecordWriter:
             await asyncio.wait([run.ended for run in runs], timeout=APPEND_WAIT_S)
 
     async def write(
-        self, txn: TxnId, version: int, draft: Draft, appended: AppendInFlight | None = None
+        self,
+        txn: TxnId,
+        version: int,
+        draft: Draft,
+        appended: AppendInFlight | None = None,
+        *,
+        owner: Owner | None = None,
     ) -> None:
         """Return once a step that began after this call wrote ``draft`` (with everything
-        it held then), checked against the header at ``version``. ``appended``: the run of
-        appends this record covers, ended once the draft is queued.
+        it held then), checked against the header at ``version`` and, with ``owner`` (the
+        ledger of the segment the record is for), against that ledger's metadata record at
+        the version this broker last wrote. ``appended``: the run of appends this record
+        covers, ended once the draft is queued.
 
         Raises:
-            ServerError(TransactionConflict): the transaction ended meanwhile.
+            ServerError(TransactionConflict): the transaction ended meanwhile, or
+                ``owner``'s ledger was opened by another broker (the segment is not served
+                here any more).
             ServerError(PersistenceError): the store failed (the record may hold it or not).
             ServerError: ``draft`` failed earlier (its error's name).
         """
@@ -184,7 +221,7 @@ class OpRecordWriter:
             queue = self._queues.setdefault(txn, {})
             waiting = queue.get(draft.key)
             if waiting is None:
-                waiting = queue[draft.key] = _Waiting(draft, version)
+                waiting = queue[draft.key] = _Waiting(draft, version, owner)
             done = asyncio.get_running_loop().create_future()
             waiting.waiters.append(done)
         finally:
@@ -234,14 +271,31 @@ class OpRecordWriter:
         """Write some of ``queue``'s drafts (taking them out of it) in one store step."""
         chosen: list[_Waiting] = []
         error: ServerError | None = None
+        owners: dict[str, tuple[Owner, int]] = {}
         try:
             self._take(txn, queue, chosen)
             if not chosen:
                 return
+            for waiting in chosen:
+                if waiting.owner is not None:
+                    key = metadata_key(waiting.owner.name)
+                    owners[key] = (waiting.owner, waiting.owner.metadata_version)
+            checks = [Check(key, version) for key, (_, version) in owners.items()]
             puts = [w.put for w in chosen if w.put is not None]
-            await self._store.commit([Check(T.header_key(txn), chosen[0].version), *puts])
+            await self._store.commit([Check(T.header_key(txn), chosen[0].version), *checks, *puts])
         except (BadVersion, NotFound) as e:
-            error = ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
+            owned = owners.get(e.key)
+            if owned is not None and await owned[0].settled_metadata_version() != owned[1]:
+                _requeue(queue, chosen)  # its own rollover or trim meanwhile: again
+                return
+            if owned is not None:
+                error = ServerError(
+                    ErrorName.TRANSACTION_CONFLICT,
+                    f"{owned[0].name} is not served by this broker any more (another one "
+                    f"opened its ledger): {txn} cannot record its ops on it here",
+                )
+            else:
+                error = ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
             error.__cause__ = e
         except MetadataStoreError as e:
             error = _store_failed(e)
@@ -357,6 +411,18 @@ class OpRecordWriter:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _requeue(queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
+    """Put the drafts of a step that wrote nothing back in ``queue``, for the next step;
+    their waiters go before those of a draft queued again meanwhile."""
+    for waiting in chosen:
+        waiting.snapshot = waiting.put = None
+        newer = queue.get(waiting.draft.key)
+        if newer is None:
+            queue[waiting.draft.key] = waiting
+        else:
+            newer.waiters[:0] = waiting.waiters
 
 
 def _store_failed(e: MetadataStoreError) -> ServerError:

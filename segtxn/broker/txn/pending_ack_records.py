@@ -26,7 +26,7 @@ import msgspec
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.spans import materialization_span
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.oprecords import Draft, OpRecordWriter
+from segtxn.broker.txn.oprecords import Draft, OpRecordWriter, Owner
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
 from segtxn.ledger import LedgerError, ManagedCursor, Position
 from segtxn.metastore import MetadataStore, MetadataStoreError
@@ -99,6 +99,7 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         subscription: str,
         *,
         cursor: ManagedCursor,
+        ledger: Owner,
         store: MetadataStore,
         headers: HeaderCache,
         release: Callable[[list[Position]], None],
@@ -106,6 +107,8 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         ops: OpRecordWriter,
     ) -> None:
         super().__init__(cursor, release)
+        self._ledger = ledger
+        """The segment's ledger: acks records are written only while it is this broker's."""
         self.segment = segment
         self.subscription = subscription
         self._store = store
@@ -161,7 +164,7 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         undo = self._reserve(txn, positions, cumulative=cumulative)
         draft.add(positions, cumulative=cumulative)
         try:
-            await self._ops.write(txn, version, draft)
+            await self._ops.write(txn, version, draft, owner=self._ledger)
         except BaseException:
             # A failed draft is never written again (a record written before the failure
             # is deleted when the transaction's aborted outcome is materialized).
