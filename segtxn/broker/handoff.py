@@ -22,8 +22,8 @@ draining until ``DELETE .../drain`` or a restart (the flag lives in its registra
 **Letting go.** A topic whose ledger stopped taking appends for a reason reopening may
 cure (too few replicas, a fence, the store away) is unloaded, its clients hung up on, so
 the next one reopens it here or is sent where it lives now (:func:`write_failed`); a
-broker that registers again after losing its session unloads what was taken over
-meanwhile (:func:`unload_moved`); and sealed topics left idle are unloaded
+broker that lost its registration lets go of what is no longer provably its own
+(:mod:`segtxn.broker.fencing`); and sealed topics left idle are unloaded
 (:func:`unload_idle`), loaded again on their next use.
 """
 
@@ -143,22 +143,6 @@ def write_failed(service: BrokerService, topic: Topic, failure: WriteFailed) -> 
     dropping = asyncio.create_task(let_go(topic), name=f"drop-{topic.name}")
     service.dropping.add(dropping)
     dropping.add_done_callback(service.dropping.discard)
-
-
-async def unload_moved(service: BrokerService) -> None:
-    """Unload what was taken over while ``service``'s session was lost."""
-    for name in list(service.topics):
-        try:
-            home = await service.catalog.home_of(name)
-        except MetadataStoreError as e:
-            log.warning("%s: cannot check its home (%s); keeping it", name, e)
-            continue
-        topic = service.topics.get(name)
-        if home == service.broker_id or topic is None:
-            continue
-        service.topics.pop(name, None)
-        log.warning("%s: taken over by broker %s while this one was away", name, home)
-        await let_go(topic)
 
 
 async def unload_idle(service: BrokerService, now: float) -> None:

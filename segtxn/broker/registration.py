@@ -16,6 +16,9 @@ write, then compare-and-sets on its own version), and:
   holds it, it says so at ERROR every :func:`grace_s` and stays not ready.
 - When its own session expired (the store was unreachable for a TTL), its old record may
   still be in the store for a moment: it deletes that one (by version) instead of waiting.
+- Whether it holds the id *now* (:meth:`Registration.unproven`): its record is held and
+  its session is provably alive. What the broker does while it cannot prove it:
+  :mod:`segtxn.broker.fencing`.
 
 Without this (trial 2, S1) a second broker started with a live broker's id overwrote the
 record, and deleted it when it stopped: the first broker said nothing and stayed ready, and
@@ -28,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -96,12 +100,19 @@ class Registration:
         """The version of the record this broker wrote last (0: it holds none)."""
         self._past: deque[int] = deque(maxlen=PAST_SESSIONS)
 
-    async def claim(self, session: Session, *, refuse: bool) -> None:
+    async def claim(
+        self,
+        session: Session,
+        *,
+        refuse: bool,
+        taken: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
         """Create the record on ``session`` (with the current ``draining``).
 
         A record of another session is waited for until it goes. ``refuse`` (start-up):
         give up once it has outlived :func:`grace_s` of its holder's TTL, which only a live
-        holder's renewals explain. Else (serving) say so at ERROR each time and go on.
+        holder's renewals explain. Else (serving) say so at ERROR each time and go on;
+        ``taken`` is called (with who holds it) the first time.
 
         Raises:
             BrokerIdTaken: ``refuse``, and a live session holds the id.
@@ -153,6 +164,8 @@ class Registration:
                         "not ready until that registration goes (stop one of them)",
                         self.broker_id, holder,
                     )  # fmt: skip
+                    if taken is not None:
+                        await taken(holder)
             elif loop.time() >= deadline:
                 if refuse:
                     raise BrokerIdTaken(
@@ -185,6 +198,19 @@ class Registration:
             "broker %s registered at %s (session %#x, ttl %g s)",
             self.broker_id, self.url, session.lease_id, session.ttl_s,
         )  # fmt: skip
+
+    def unproven(self) -> str | None:
+        """Why this process cannot prove now that it holds the id (None: it can): it holds
+        the record, nobody has written over it, and its session is provably alive
+        (:meth:`Session.alive`)."""
+        if self.trouble is not None:
+            return self.trouble
+        session = self._session
+        if session is None or not self._version:
+            return "not registered"
+        if not session.alive():
+            return f"session {session.lease_id:#x} went a TTL without a refresh"
+        return None
 
     def release(self) -> None:
         """Forget the record held (lost, or its session expired); remember the session so

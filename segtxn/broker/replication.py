@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from segtxn.auth import AuthSettings
+from segtxn.broker import fencing
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.markers import CONTAINS_TXN
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore, pending_ack_log
@@ -197,8 +198,8 @@ class Repairer(RepairLoop):
         or one of the v4 logs loading them opens (their subscriptions' pending-ack logs,
         their namespace's snapshot log here when the topic has transactions)."""
         service = self._service
-        if service.draining:
-            return
+        if service.draining or fencing.why(service) is not None:
+            return  # (fenced: nothing may be loaded, and the id may be another's)
         listing = await service.store.index_range(HOMES_BY_BROKER, service.broker_id)
         # a log open here is repaired where it is held; a snapshot log is read once
         seen: dict[str, bool] = dict.fromkeys((ledger.name for ledger in self._held()), False)

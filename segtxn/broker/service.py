@@ -7,12 +7,14 @@ home it is (see :mod:`segtxn.topics.catalog`). A request for a topic homed elsew
 gets ``ServiceNotReady``. Topics are loaded on first use, once (concurrent first uses share
 the load).
 
-If the broker's session expires (the store was unreachable for a TTL), or its record is
-deleted or overwritten behind its back, it is not ready and registers again (on a new
-session, in the first case); its topics keep being served meanwhile. With replication
-another broker may have taken some over in the meantime: it unloads those when it registers
-again (:mod:`segtxn.broker.handoff`); without it no other broker can serve them (their data
-is on this broker's disk).
+If the broker's session expires (it was paused, or the store was unreachable, for a TTL),
+or its record is deleted or overwritten behind its back, it is not ready and registers
+again (on a new session, in the first case). Until it holds its id again it is *fenced*
+(:mod:`segtxn.broker.fencing`): it loads nothing, accepts no new client and sends no
+receipt; if another live process holds its id it lets go of its topics. Once registered
+again it keeps the topics still provably its own (their clients stay connected) and lets
+go of those taken over meanwhile (with replication another broker may take them; without
+it nobody else can serve them: their data is on this broker's disk).
 
 **Refused topics.** A topic or segment whose ledger is damaged where a crash cannot explain
 it, or whose ledger files are missing, is refused (``PersistenceError`` naming the file),
@@ -31,7 +33,7 @@ import time
 from typing import Any
 
 from segtxn.aio import first_completed
-from segtxn.broker import datacheck, gauges, handoff, replication, retire, upkeep
+from segtxn.broker import datacheck, fencing, gauges, handoff, replication, retire, upkeep
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.registration import Registration
@@ -99,6 +101,10 @@ class BrokerService:
         self.refused: dict[TopicName, LedgerCorrupted] = {}
         """Topics and segments this broker refuses to serve (their data is damaged or
         missing), and why; cleared when one loads again."""
+        self.fenced: str | None = None
+        """Why the broker does not hold its id and its topics (None: it does, if its
+        registration is held now): set when it loses either, cleared once it has claimed
+        its id again and checked its topics (:mod:`segtxn.broker.fencing`)."""
         self._session: Session | None = None
         self._keeper: asyncio.Task[None] | None = None
         self._upkeep: asyncio.Task[None] | None = None
@@ -219,9 +225,11 @@ class BrokerService:
 
     async def _register(self, *, refuse: bool) -> None:
         """Open a session and claim the broker id on it (``refuse``: see
-        :meth:`Registration.claim`)."""
+        :meth:`Registration.claim`; serving, topics are let go if another holds it)."""
         self._session = await self.store.open_session(self.settings.session_ttl_s)
-        await self.registration.claim(self._session, refuse=refuse)
+        await self.registration.claim(
+            self._session, refuse=refuse, taken=None if refuse else self._id_taken
+        )
 
     async def set_draining(self, draining: bool) -> None:
         """Register as draining (nothing new is placed here) or not, now.
@@ -240,8 +248,9 @@ class BrokerService:
             ) from e
 
     async def _keep_registered(self) -> None:
-        """Register again, not ready meanwhile, when the session expires or the record is
-        lost while it lives (:meth:`Registration.lost`)."""
+        """Register again, not ready and fenced meanwhile, when the session expires or the
+        record is lost while it lives (:meth:`Registration.lost`); then keep the topics
+        still provably this broker's (:func:`fencing.revalidate`)."""
         while True:
             session = self.session()
             await first_completed(
@@ -251,15 +260,18 @@ class BrokerService:
             self.registration.release()
             if session.is_expired:
                 self.registration.trouble = f"session {session.lease_id:#x} expired"
+                self.fenced = self.registration.trouble
                 log.warning(
                     "broker %s: session %#x expired (lease lost: its controller keys are "
-                    "gone); registering again, %d topics and segments still served here",
+                    "gone); registering again, fenced meanwhile: %d topics and segments "
+                    "loaded here get no new client and send no receipt",
                     self.broker_id, session.lease_id, len(self.topics),
                 )  # fmt: skip
             else:
+                self.fenced = self.registration.trouble or "its registration was lost"
                 log.warning(
-                    "broker %s: %s; not ready until it is registered again, %d topics and "
-                    "segments still served here",
+                    "broker %s: %s; not ready and fenced until it is registered again: %d "
+                    "topics and segments loaded here get no new client and send no receipt",
                     self.broker_id, self.registration.trouble, len(self.topics),
                 )  # fmt: skip
             while True:
@@ -267,14 +279,23 @@ class BrokerService:
                     if session.is_expired:
                         await self._register(refuse=False)
                     else:
-                        await self.registration.claim(session, refuse=False)
+                        await self.registration.claim(session, refuse=False, taken=self._id_taken)
                     break
                 except MetadataStoreError as e:  # SessionExpired too: a new one next time
                     log.warning("broker %s: registration failed (%s); retrying", self.broker_id, e)
                     await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
                     session = self.session()
-            await handoff.unload_moved(self)
+            await fencing.revalidate(self)
+            self.fenced = None
+            log.warning(
+                "broker %s: registered again; serving the %d topics and segments still its "
+                "own",
+                self.broker_id, len(self.topics),
+            )  # fmt: skip
             self.ready.set()
+
+    async def _id_taken(self, holder: str) -> None:
+        await fencing.let_go_all(self, holder)
 
     async def stop(self) -> None:
         """Close everything :meth:`start` opened (safe after a partial start; idempotent)."""
@@ -321,10 +342,12 @@ class BrokerService:
         """The loaded topic or segment ``name``, if this broker is its home.
 
         Raises:
-            ServerError: TopicNotFound, NotOwner (with a redirect), ServiceNotReady,
-                NotAllowed (a scalable topic is served through its segments),
-                PersistenceError (its data is damaged or missing).
+            ServerError: TopicNotFound, NotOwner (with a redirect), ServiceNotReady (also
+                while the broker is fenced: :mod:`segtxn.broker.fencing`), NotAllowed (a
+                scalable topic is served through its segments), PersistenceError (its data
+                is damaged or missing).
         """
+        fencing.check(self)
         topic = self.topics.get(name)
         if topic is not None:
             return topic
@@ -407,6 +430,10 @@ class BrokerService:
             )
             if self.replica_nodes is not None:  # it may have moved while it was loading
                 await handoff.check_still_home(self, topic)
+            refused = fencing.refusal(self)
+            if refused is not None:  # fenced while it was loading
+                await handoff.let_go(topic)
+                raise refused
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, self.refuse(name, e)) from e
         except LedgerError as e:

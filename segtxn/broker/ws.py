@@ -19,7 +19,9 @@ one write instead of one per message; the client unpacks them in order).
 
 A producer's sends are published concurrently (one task each, up to ``max_pending_sends``)
 but stored in the order they arrive: each takes its producer's next turn as its frame is
-read (segtxn/broker/ordering.py). A send or ack frame with a ``traceparent`` gets a span
+read (segtxn/broker/ordering.py). A broker that cannot prove it holds its id sends no
+receipt: it hangs up on the producer, which sends again once reconnected
+(segtxn/broker/fencing.py). A send or ack frame with a ``traceparent`` gets a span
 (segtxn/broker/spans.py, docs/tracing.md).
 """
 
@@ -39,6 +41,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from segtxn import tracing
 from segtxn.auth import close_at_expiry, principal_of, recheck
 from segtxn.boundary import incident, translate
+from segtxn.broker import fencing
 from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
@@ -183,6 +186,24 @@ async def producer(request: web.Request) -> web.StreamResponse:
     )
 
     metrics = service.metrics
+    fenced: list[str] = []
+    """Why this connection was hung up on instead of getting a receipt (once)."""
+
+    async def close_fenced() -> None:
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"broker fenced")
+
+    def hang_up(why: str) -> None:
+        """A stored send, and the broker cannot prove it holds its id: no receipt (the
+        topic may be another broker's now); the producer sends it again once reconnected."""
+        fenced.append(why)
+        log.warning(
+            "%s: producer %s: no receipt from a broker that cannot prove it holds its id "
+            "(%s); hanging up (it sends again once reconnected)",
+            name, producer_name, why,
+        )  # fmt: skip
+        closing = asyncio.create_task(close_fenced(), name=f"hang-up-{producer_name}")
+        tasks.add(closing)
+        closing.add_done_callback(tasks.discard)
 
     def answer(
         send: Send,
@@ -195,6 +216,12 @@ async def producer(request: web.Request) -> web.StreamResponse:
         if isinstance(outcome, ServerError):
             metrics.errors.add(1, {"error": outcome.name.value})
             outbox.send(Error(error=outcome.name, message=outcome.message, seq=send.seq))
+            return
+        if fenced:
+            return
+        why = fencing.why(service)
+        if why is not None:
+            hang_up(why)
             return
         position, duplicate = outcome
         if duplicate:

@@ -43,6 +43,14 @@ class Session:
     def is_expired(self) -> bool:
         return self.expired.is_set()
 
+    def alive(self) -> bool:
+        """Whether the lease is provably alive now: not expired, and before the send time
+        of its last successful refresh plus the TTL that refresh granted (the store's
+        clock started that TTL later). ``expired`` is set at that time too, but by a task
+        that may run after others do, when the process resumes from a pause: a holder that
+        must not act once its lease may be gone asks this."""
+        return not self.expired.is_set() and asyncio.get_running_loop().time() < self._deadline
+
     def check(self) -> None:
         """Raise ``SessionExpired`` if the session can no longer be used."""
         if self.expired.is_set():

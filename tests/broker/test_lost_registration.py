@@ -3,28 +3,30 @@ processes on etcd, 2 s sessions, paused (SIGSTOP) past their session and resumed
 
 The question: can a producer connected to the paused broker get receipts for messages that
 are lost, or can two processes serve one topic at once? What the experiment found before
-the broker fenced itself (segtxn/broker/fencing.py):
+op records were fenced by their segment's ledger (segtxn/broker/txn/oprecords.py) and the
+broker fenced itself (segtxn/broker/fencing.py):
 
-- **A paused owner, its topics taken over, plain messages** (replicated 3/2): nothing
-  acknowledged is lost. The new owner's recovery fences the old owner's replicas, so its
-  late appends fail and it unloads the topic; its producers resend to the new owner and
-  de-duplication keeps one copy.
+- **A paused owner, nobody takes its id** (scenario 1). Without replication nobody can take
+  its topics (their ledgers are on its disk): lookups say its broker is down, and it serves
+  them again when it resumes. With replication a client of another broker has the topic
+  taken over; the new owner's recovery fences the old owner's replicas, so the old owner's
+  late appends fail, it unloads the topic, and its producer's sends land on the new owner
+  (de-duplication keeps one copy). Nothing acknowledged was lost.
 - **The same, a transaction**: lost. The paused owner had appended ``m2`` (on two replicas)
   but not yet written the transaction's writes record covering it; the new owner's recovery
   took ``m2`` for an orphan (``1:2 of ... is not covered by its writes record``); the old
-  owner resumed, wrote the record (the header was still OPEN) and sent the receipt, and the
-  transaction COMMITTED with ``m2`` acknowledged and never delivered. Op records were
-  fenced by the header only, not by the segment's ownership.
-- **A duplicate with the paused broker's id** (another data directory, registered while it
-  was paused): the resumed broker, not registered, still loaded the topic for a client its
-  stale lookup sent to it, recovering the ledger and fencing the duplicate's: the two took
-  the topic from each other, and the duplicate's producer was refused (``ServiceNotReady``,
-  ``ledger 2 ... was recovered by another owner``) for what the old one did. A consumer
-  left on the old broker got nothing more for as long as the duplicate held the id.
-
-Scenario (1), a broker paused past its session with nobody taking its id, is here too, with
-and without replication: without it nobody can take its topics (their ledgers are on its
-disk), and it serves them again when it resumes.
+  owner resumed, wrote the record (the header was still OPEN, the only check) and sent the
+  receipt, and the transaction COMMITTED with ``m2`` acknowledged and never delivered.
+- **A duplicate with the paused owner's id** (scenario 2, another data directory,
+  registered while the owner was paused). With replication the duplicate recovered the
+  topic for its clients; the resumed owner, not registered, still served anything that
+  reached it (it compared the topic's home with its id only): in one run it opened the topic
+  again, recovering the ledger from under the duplicate, whose writes then failed (``ledger
+  2 ... was recovered by another owner``), so the sends that reached it were refused
+  (``ServiceNotReady``); the two took the topic from each other. Replica fencing kept every
+  acknowledged message. Without replication the duplicate refused the topic (its ledger
+  files are on the owner's disk: ``PersistenceError``, not ready) while the resumed owner
+  kept serving and acknowledging its connected clients from its disk: nothing lost either.
 """
 
 from __future__ import annotations
@@ -41,9 +43,13 @@ import aiohttp
 import msgspec
 import pytest
 
+from segtxn.broker import fencing
+from segtxn.broker.app import BrokerServer
+from segtxn.broker.settings import BrokerSettings
 from segtxn.client import (
     Client,
     Consumer,
+    ErrorName,
     Producer,
     ScalableProducer,
     ServerError,
@@ -51,8 +57,9 @@ from segtxn.client import (
 )
 from segtxn.client.errors import Timeout
 from segtxn.ledger.metadata import LedgerMetadata, metadata_key
-from segtxn.metastore import open_store
-from segtxn.metastore.etcd_server import EtcdServer
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog
 from tests import processes
@@ -191,7 +198,9 @@ async def test_nothing_acknowledged_is_lost_and_one_broker_serves_the_topic(
     duplicate process registers the owner's id; then the owner resumes. Every acknowledged
     message is in the topic once; the consumer left on the old owner gets what the rightful
     owner stores after it resumes (it is handed over, not kept on a broker that stopped
-    being the owner); the rightful owner's producer is never refused because of the old one.
+    being the owner); the rightful owner's producer is never refused because of the old one,
+    and a client that still connects to the old owner (its lookup from before the pause) is
+    refused by it rather than served.
     """
     brokers = brokers_of(cluster_store, tmp_path, replicated=replicated)
     await start_all(started, *brokers)
@@ -243,6 +252,14 @@ async def test_nothing_acknowledged_is_lost_and_one_broker_serves_the_topic(
                         acknowledged.append(f"late-{i}".encode())
                     except (ServerError, Timeout) as e:
                         print(f"late-{i} refused: {e!r}")
+                if duplicate:  # a client whose lookup named the old owner before its pause
+                    with pytest.raises(ServerError) as refused:
+                        stale = await old.connector.websocket(
+                            victim.url, "producer", TopicName.parse(topic), "", {"name": "stale"}
+                        )
+                        await stale.close()
+                    assert refused.value.name is ErrorName.SERVICE_NOT_READY
+                    assert "cannot prove it holds its id" in refused.value.message
                 after = [f"after-{i}".encode() for i in range(5)]
                 if new_producer is not None:  # never refused for what the old owner does
                     for value in after:
@@ -267,6 +284,58 @@ async def test_nothing_acknowledged_is_lost_and_one_broker_serves_the_topic(
     assert set(acknowledged) <= set(got), (acknowledged, got)  # nothing acknowledged lost
 
 
+@pytest.mark.slow
+async def test_a_duplicate_without_the_data_serves_nothing_and_the_original_takes_over_again(
+    cluster_store: str, tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    """Without replication a duplicate with the paused owner's id (another data directory)
+    holds none of its ledgers: it refuses its topics (PersistenceError) and is not ready.
+    The resumed owner, seeing its id held, lets go of its topics too: with both refusing,
+    clients retry, and nothing is acknowledged by a process that cannot prove it holds the
+    id. Once the duplicate is stopped (the ERROR on both says to stop one), the owner claims
+    its id again and serves from its own disk: everything acknowledged is there, once."""
+    brokers = brokers_of(cluster_store, tmp_path, replicated=False, count=2)
+    await start_all(started, *brokers)
+    topic = "persistent://acme/fence/local"
+    async with Client(brokers[0].url) as client:
+        await client.admin.create_topic(topic)
+    victim_url = await owner_of(brokers[0].url, topic)
+    index = next(i for i, b in enumerate(brokers) if b.url == victim_url)
+    victim, victim_id = brokers[index], f"b{index}"
+    acknowledged: list[bytes] = []
+    async with Client(victim.url) as old:
+        producer = await old.create_producer(topic, send_timeout_s=6 * TTL + 40)
+        consumer = await old.subscribe(topic, "audit", initial_position="earliest")
+        async with receiving(consumer) as audit:
+            acknowledged += await send_all(producer, [f"before-{i}".encode() for i in range(5)])
+            await wait_until(lambda: len(audit.values) == 5, what="the audit got the first five")
+            victim.pause()
+            await wait_registered(cluster_store, victim_id, None, "the paused owner unregistered")
+            duplicate = processes.broker(
+                cluster_store, tmp_path / "duplicate", victim_id, session_ttl=TTL,
+                log=tmp_path / "duplicate.log",
+            )  # fmt: skip
+            started.append(duplicate)
+            duplicate.start()
+            await wait_registered(cluster_store, victim_id, duplicate.url, "the duplicate in")
+            late = asyncio.ensure_future(producer.send(b"late"))
+            victim.resume()
+            await wait_until(
+                lambda: "letting go of the 1 topics" in victim.log_text(),
+                timeout=6 * TTL + 20,
+                what="the resumed owner letting go",
+            )
+            assert not late.done()  # acknowledged by neither meanwhile
+            duplicate.stop()  # the operator stops one of them
+            await late
+            acknowledged.append(b"late")
+            acknowledged += await send_all(producer, [b"after"])
+            await wait_until(lambda: b"after" in audit.values, what="the audit goes on")
+    assert "have no ledger files" in duplicate.log_text()
+    got = await read_all(victim.url, topic, "check")
+    assert got == acknowledged, got  # all of it, once, in order
+
+
 # ---------------------------------------------------------------------- transactions
 
 
@@ -282,14 +351,27 @@ async def replica_count(url: str, member: str, ledger: str, ledger_id: int) -> i
         return int(body["count"])
 
 
+async def last_confirmed(url: str, segment: str) -> str | None:
+    """The last entry the broker at ``url`` has stored of ``segment`` (its stats: no store
+    call for a segment it has loaded)."""
+    path = TopicName.parse(segment).path
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/admin/v2/{path}/stats") as response,
+    ):
+        position = (await response.json())["lastConfirmedPosition"]
+        return None if position is None else str(position)
+
+
 @pytest.mark.slow
 async def test_a_resumed_owner_cannot_commit_what_the_new_owner_took_for_an_orphan(
     own_etcd: EtcdServer, tmp_path: Path, started: list[ServerProcess]
 ) -> None:
     """A transactional send is an append, then a rewrite of the transaction's writes record
     covering it. The owner is paused between the two: etcd is paused for a moment so that
-    the record covering ``m1`` is in flight when ``m2`` is appended (``m2`` waits for the
-    next rewrite), and the owner is paused once a replica holds ``m2``. Its session expires;
+    the rewrite covering ``m1`` is in flight (``m1`` is stored at the owner before ``m2`` is
+    sent, so the rewrite does not wait for ``m2``) when ``m2`` is appended (it waits for the
+    next rewrite), and the owner is paused once it and a replica hold ``m2``. Its session expires;
     a client of another broker has the segment taken over, whose recovery finds ``m2``
     outside the writes record: an orphan, never shown. Then the owner resumes.
 
@@ -326,11 +408,15 @@ async def test_a_resumed_owner_cannot_commit_what_the_new_owner_took_for_an_orph
         async def on_replica(count: int) -> bool:
             return await replica_count(member_url, member, segment, ledger.id) >= count
 
+        async def stored(entry: int) -> bool:
+            return await last_confirmed(victim.url, segment) == f"{ledger.id}:{entry}"
+
         own_etcd.process.send_signal(signal.SIGSTOP)
         try:
             m1 = await producer.send_async(b"m1", key="k", txn=txn)
-            await wait_until(lambda: on_replica(held + 1), timeout=2, what="m1 on a replica")
+            await wait_until(lambda: stored(held), timeout=2, what="m1 stored at the owner")
             m2 = await producer.send_async(b"m2", key="k", txn=txn)
+            await wait_until(lambda: stored(held + 1), timeout=2, what="m2 stored at the owner")
             await wait_until(lambda: on_replica(held + 2), timeout=2, what="m2 on a replica")
             victim.pause()
         finally:
@@ -365,3 +451,70 @@ async def test_a_resumed_owner_cannot_commit_what_the_new_owner_took_for_an_orph
     assert isinstance(outcomes[1], ServerError), outcomes  # m2 is refused...
     assert not committed  # ...so the transaction cannot commit
     assert got == [b"end"]
+
+
+# ---------------------------------------------------------------------- in one process
+
+
+@pytest.fixture(params=["memory", "etcd"])
+async def faulty_store(request: pytest.FixtureRequest) -> AsyncIterator[MetadataStore]:
+    """A store every broker of the test shares, with a fault injector."""
+    if request.param == "memory":
+        url = "memory://"
+    else:
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        url = server.url(f"/fence-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    store = open_store(url, wrap=FaultInjector)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def test_a_broker_whose_session_lapsed_keeps_its_topics_and_their_clients(
+    faulty_store: MetadataStore, tmp_path: Path
+) -> None:
+    """Its session cannot be refreshed for a TTL (the store unreachable for it) and nobody
+    takes its id or its topics meanwhile: it is fenced (no receipt, no new client) until it
+    has registered again, then it keeps the topic loaded and its consumer connected, and
+    the producer's send is acknowledged once it is back (sent again, stored once)."""
+    faults = faulty_store.engine
+    assert isinstance(faults, FaultInjector)
+    port = free_port()
+    settings = BrokerSettings(
+        broker_id="x1",
+        advertise_url=f"http://127.0.0.1:{port}",
+        ledger_url=f"file://{tmp_path / 'x1'}",
+        session_ttl_s=1.0,
+    )
+    server = BrokerServer(settings, host="127.0.0.1", port=port, store=faulty_store)
+    await server.start()
+    service = server.service
+    topic = "persistent://acme/fence/lapsed"
+    try:
+        async with Client(settings.advertise_url) as client:
+            await client.admin.create_topic(topic)
+            producer = await client.create_producer(topic, send_timeout_s=30)
+            consumer = await client.subscribe(topic, "s", initial_position="earliest")
+            await producer.send(b"before")
+            assert (await consumer.receive(timeout_s=10)).value == b"before"
+            loaded = service.topics[TopicName.parse(topic)]
+
+            faults.fail("lease_keepalive", times=None)  # no session can be held: fenced
+            faults.fail("lease_grant", times=None)
+            await wait_until(lambda: fencing.why(service) is not None, what="fenced")
+            with pytest.raises(Timeout) as refused:  # no new client meanwhile (its lookup
+                await client.create_producer(topic, timeout_s=1)  # says its broker is down)
+            assert "ServiceNotReady" in str(refused.value)
+            during = await producer.send_async(b"during")  # stored, but not acknowledged yet
+            assert (await consumer.receive(timeout_s=10)).value == b"during"
+            await wait_until(lambda: not loaded.producers, what="the producer hung up on")
+            assert not during.done()
+            faults.clear()  # the store answers again
+            await during  # sent again, acknowledged once
+            await wait_until(lambda: fencing.why(service) is None, what="registered again")
+            assert service.topics[TopicName.parse(topic)] is loaded  # kept, not let go
+            await producer.send(b"after")
+            assert (await consumer.receive(timeout_s=10)).value == b"after"  # "during" once
+    finally:
+        await server.stop()

@@ -133,7 +133,7 @@ async def test_the_replaced_owner_cannot_fence_the_new_owners_cursor(
     store: MetadataStore, cluster: Cluster
 ) -> None:
     """After a take-over the old owner (paused past its session, not yet aware) still has
-    its consumers, and their acks, and the cursor flush of its unload_moved() close,
+    its consumers, and their acks, and the cursor flush of its close when it lets go,
     are compare-and-sets on the cursor's version. The new owner restored that version
     when it opened the ledger, so the stale owner's save succeeds and every later ack
     at the new owner fails with LedgerFenced: the subscription cannot move on there
