@@ -43,9 +43,12 @@ from each other, and the holder's producers were refused for what the other did.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING
 
+from segtxn.aio import first_completed
 from segtxn.broker.handoff import let_go
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStoreError
@@ -125,3 +128,53 @@ async def revalidate(service: BrokerService) -> None:
         del service.topics[name]
         log.warning("%s: letting go of it: %s", name, reason)
         await let_go(topic)
+
+
+async def keep_registered(service: BrokerService) -> None:
+    """Register again, not ready and fenced meanwhile, when the session expires or the
+    record is lost while it lives (:meth:`Registration.lost`); then keep the topics
+    still provably this broker's (:func:`revalidate`)."""
+    while True:
+        session = service.session()
+        await first_completed(
+            session.expired.wait(), service.registration.lost(), name="broker-registration"
+        )
+        service.ready.clear()
+        service.registration.release()
+        if session.is_expired:
+            service.registration.trouble = f"session {session.lease_id:#x} expired"
+            service.fenced = service.registration.trouble
+            log.warning(
+                "broker %s: session %#x expired (lease lost: its controller keys are "
+                "gone); registering again, fenced meanwhile: %d topics and segments "
+                "loaded here get no new client and send no receipt",
+                service.broker_id, session.lease_id, len(service.topics),
+            )  # fmt: skip
+        else:
+            service.fenced = service.registration.trouble or "its registration was lost"
+            log.warning(
+                "broker %s: %s; not ready and fenced until it is registered again: %d "
+                "topics and segments loaded here get no new client and send no receipt",
+                service.broker_id, service.registration.trouble, len(service.topics),
+            )  # fmt: skip
+        while True:
+            try:
+                if session.is_expired:
+                    await service.register(refuse=False)
+                else:
+                    await service.registration.claim(
+                        session, refuse=False, taken=functools.partial(let_go_all, service)
+                    )
+                break
+            except MetadataStoreError as e:  # SessionExpired too: a new one next time
+                log.warning("broker %s: registration failed (%s); retrying", service.broker_id, e)
+                await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
+                session = service.session()
+        await revalidate(service)
+        service.fenced = None
+        log.warning(
+            "broker %s: registered again; serving the %d topics and segments still its "
+            "own",
+            service.broker_id, len(service.topics),
+        )  # fmt: skip
+        service.ready.set()

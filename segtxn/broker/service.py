@@ -28,11 +28,11 @@ again on its next use (restored files are served).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
 
-from segtxn.aio import first_completed
 from segtxn.broker import datacheck, fencing, gauges, handoff, replication, retire, upkeep
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
@@ -199,11 +199,13 @@ class BrokerService:
             await self.headers.start()
             await self.v4_checks.start()
             await datacheck.check_data(self)
-            await self._register(refuse=True)
+            await self.register(refuse=True)
         except BaseException:
             await self.stop()
             raise
-        self._keeper = asyncio.create_task(self._keep_registered(), name="broker-registration")
+        self._keeper = asyncio.create_task(
+            fencing.keep_registered(self), name="broker-registration"
+        )
         self._upkeep = asyncio.create_task(upkeep.run(self), name="broker-upkeep")
         if self.repairer is not None:
             self._repair = asyncio.create_task(self.repairer.run(), name="broker-repair")
@@ -223,12 +225,14 @@ class BrokerService:
         """Handing its topics off (:mod:`segtxn.broker.handoff`): nothing new comes here."""
         return self.registration.draining
 
-    async def _register(self, *, refuse: bool) -> None:
+    async def register(self, *, refuse: bool) -> None:
         """Open a session and claim the broker id on it (``refuse``: see
         :meth:`Registration.claim`; serving, topics are let go if another holds it)."""
         self._session = await self.store.open_session(self.settings.session_ttl_s)
         await self.registration.claim(
-            self._session, refuse=refuse, taken=None if refuse else self._id_taken
+            self._session,
+            refuse=refuse,
+            taken=None if refuse else functools.partial(fencing.let_go_all, self),
         )
 
     async def set_draining(self, draining: bool) -> None:
@@ -246,56 +250,6 @@ class BrokerService:
                 ErrorName.SERVICE_NOT_READY,
                 f"broker {self.broker_id} is not registered now: {self.registration.trouble or e}",
             ) from e
-
-    async def _keep_registered(self) -> None:
-        """Register again, not ready and fenced meanwhile, when the session expires or the
-        record is lost while it lives (:meth:`Registration.lost`); then keep the topics
-        still provably this broker's (:func:`fencing.revalidate`)."""
-        while True:
-            session = self.session()
-            await first_completed(
-                session.expired.wait(), self.registration.lost(), name="broker-registration"
-            )
-            self.ready.clear()
-            self.registration.release()
-            if session.is_expired:
-                self.registration.trouble = f"session {session.lease_id:#x} expired"
-                self.fenced = self.registration.trouble
-                log.warning(
-                    "broker %s: session %#x expired (lease lost: its controller keys are "
-                    "gone); registering again, fenced meanwhile: %d topics and segments "
-                    "loaded here get no new client and send no receipt",
-                    self.broker_id, session.lease_id, len(self.topics),
-                )  # fmt: skip
-            else:
-                self.fenced = self.registration.trouble or "its registration was lost"
-                log.warning(
-                    "broker %s: %s; not ready and fenced until it is registered again: %d "
-                    "topics and segments loaded here get no new client and send no receipt",
-                    self.broker_id, self.registration.trouble, len(self.topics),
-                )  # fmt: skip
-            while True:
-                try:
-                    if session.is_expired:
-                        await self._register(refuse=False)
-                    else:
-                        await self.registration.claim(session, refuse=False, taken=self._id_taken)
-                    break
-                except MetadataStoreError as e:  # SessionExpired too: a new one next time
-                    log.warning("broker %s: registration failed (%s); retrying", self.broker_id, e)
-                    await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
-                    session = self.session()
-            await fencing.revalidate(self)
-            self.fenced = None
-            log.warning(
-                "broker %s: registered again; serving the %d topics and segments still its "
-                "own",
-                self.broker_id, len(self.topics),
-            )  # fmt: skip
-            self.ready.set()
-
-    async def _id_taken(self, holder: str) -> None:
-        await fencing.let_go_all(self, holder)
 
     async def stop(self) -> None:
         """Close everything :meth:`start` opened (safe after a partial start; idempotent)."""
