@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -82,6 +83,12 @@ class Cluster:
             raise ValueError(f"{name} is running: kill it before emptying its data directory")
         shutil.rmtree(self._data / name, ignore_errors=True)
         self.servers[name].note("its data directory was emptied")
+
+    def signal_server(self, name: str, sig: signal.Signals, why: str) -> None:
+        """Send ``sig`` to server ``name`` (SIGSTOP, SIGCONT), saying ``why`` in its log."""
+        server = self.servers[name]
+        server.note(why)
+        server.send(sig)
 
     async def stop_etcd(self) -> None:
         """Stop the private etcd (SIGTERM), keeping its data."""

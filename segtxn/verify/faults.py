@@ -13,6 +13,8 @@ then waits for the moment that makes it bite:
   port;
 - ``wipe-server`` (replicated clusters): as ``kill-server``, and its data directory is
   emptied before the restart (it comes back a new storage instance);
+- ``stop-server`` (replicated clusters): as ``kill-server`` waits, then SIGSTOP the server
+  for ``hold_s`` (often past its session: its topics move), then SIGCONT;
 - ``restart-etcd``: stop the private etcd, wait ``hold_s``, start it on the same data dir.
 
 Faults run one after another (a late one starts at once), each step recorded in the
@@ -42,6 +44,8 @@ class Servers(Protocol):
     async def restart_server(self, name: str, why: str = "restart") -> None: ...
 
     def wipe_server(self, name: str) -> None: ...
+
+    def signal_server(self, name: str, sig: signal.Signals, why: str) -> None: ...
 
     async def stop_etcd(self) -> None: ...
 
@@ -83,6 +87,8 @@ async def run_faults(faults: Sequence[Fault], ctx: FaultContext) -> None:
             await _stop_processor(fault, ctx)
         elif fault.kind in (FaultKind.KILL_SERVER, FaultKind.WIPE_SERVER):
             await _kill_server(fault, ctx)
+        elif fault.kind is FaultKind.STOP_SERVER:
+            await _stop_server(fault, ctx)
         else:
             await _restart_etcd(fault, ctx)
 
@@ -126,8 +132,9 @@ async def _stop_processor(fault: Fault, ctx: FaultContext) -> None:
     ctx.history.record("fault", fault=fault.kind.value, target=victim.name, step="continued")
 
 
-async def _kill_server(fault: Fault, ctx: FaultContext) -> None:
-    assert ctx.servers is not None  # check_faults
+async def _next_commit(ctx: FaultContext) -> tuple[str | None, str]:
+    """Up to 5 s for a processor's next ``committing`` event: its transaction, and where
+    the fault strikes (for the logs)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 5.0
     await ctx.tail.poll()
@@ -138,6 +145,12 @@ async def _kill_server(fault: Fault, ctx: FaultContext) -> None:
     committing = ctx.tail.last_committing if ctx.tail.committing > seen else None
     txn = None if committing is None else committing[1]
     where = "no commit seen in 5 s" if committing is None else f"after {committing} committing"
+    return txn, where
+
+
+async def _kill_server(fault: Fault, ctx: FaultContext) -> None:
+    assert ctx.servers is not None  # check_faults
+    txn, where = await _next_commit(ctx)
     await ctx.servers.kill_server(fault.target, f"fault {fault.describe()}, {where}")
     ctx.history.record("killed", victim=fault.target, txn=txn)
     ctx.history.record("fault", fault=fault.kind.value, target=fault.target, step="killed", txn=txn)
@@ -147,6 +160,21 @@ async def _kill_server(fault: Fault, ctx: FaultContext) -> None:
     await asyncio.sleep(fault.hold_s)  # sleep-ok: the server's downtime
     await ctx.servers.restart_server(fault.target, f"restart after SIGKILL ({fault.describe()})")
     ctx.history.record("fault", fault=fault.kind.value, target=fault.target, step="restarted")
+
+
+async def _stop_server(fault: Fault, ctx: FaultContext) -> None:
+    assert ctx.servers is not None  # check_faults
+    txn, where = await _next_commit(ctx)
+    target, kind = fault.target, fault.kind.value
+    ctx.servers.signal_server(
+        target, signal.SIGSTOP, f"SIGSTOP for {fault.hold_s:g} s ({fault.describe()}, {where})"
+    )
+    ctx.history.record("fault", fault=kind, target=target, step="stopped", txn=txn)
+    try:
+        await asyncio.sleep(fault.hold_s)  # sleep-ok: the pause lasts (often past its session)
+    finally:
+        ctx.servers.signal_server(target, signal.SIGCONT, "SIGCONT")
+    ctx.history.record("fault", fault=kind, target=target, step="continued")
 
 
 async def _restart_etcd(fault: Fault, ctx: FaultContext) -> None:

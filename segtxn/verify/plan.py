@@ -64,13 +64,18 @@ class FaultKind(enum.Enum):
     WIPE_SERVER = "wipe-server"
     """SIGKILL a broker of a replicated cluster as ``kill-server`` does, empty its data
     directory, and start it again: nothing it acknowledged may be lost."""
+    STOP_SERVER = "stop-server"
+    """SIGSTOP a broker of a replicated cluster just after a processor asked to commit, often
+    past its session (its topics move to the others), then SIGCONT: an owner that wakes up
+    with sends and acks in flight and must be fenced, not acknowledge what the new owner
+    does not keep. Drawn by a generator of its own (:func:`draw_plan`)."""
 
     def allowed(self, shape: Shape) -> bool:
         if self is FaultKind.KILL_SERVER:
             return bool(shape.servers)
         if self is FaultKind.RESTART_ETCD:
             return shape.on_etcd
-        if self is FaultKind.WIPE_SERVER:
+        if self in (FaultKind.WIPE_SERVER, FaultKind.STOP_SERVER):
             return shape.replicated
         return True
 
@@ -127,6 +132,8 @@ REPLICATED_SHARE = 0.25
 """About this share of seeds run on ``cluster-replicated``."""
 REPLICATED_SESSION_TTL_S = 3.0
 """The brokers' session in a replicated cluster: a broker down longer loses its topics."""
+STOP_SERVER_SHARE = 0.5
+"""About this share of the ``cluster-replicated`` seeds get a ``stop-server`` fault."""
 
 
 def draw_plan(
@@ -140,7 +147,9 @@ def draw_plan(
     processors (more than the 2 cores these machines
     have); 2 to 4 splits and merges of any topic, spread over the first 80% of the feed; 1 to
     3 faults, each of a kind the shape allows, one per slot of the feed (10%..85%, so each has
-    time to act and the run time to recover before the feed ends).
+    time to act and the run time to recover before the feed ends); and on
+    ``cluster-replicated``, for about half of the seeds (:data:`STOP_SERVER_SHARE`), one
+    ``stop-server`` more, anywhere in that span.
     """
     rng = random.Random(seed)
     drawn = rng.choice(FIRST_SHAPES)
@@ -158,7 +167,9 @@ def draw_plan(
         active[topic] += 1 if op == "split" else -1
         changes.append(TopologyChange(round(at, 3), topic, op))
 
-    kinds = [k for k in FaultKind if k.allowed(shape)]
+    # stop-server came later: drawn below by its own generator, so the faults drawn here,
+    # and the plans recorded before it, stay as they were
+    kinds = [k for k in FaultKind if k.allowed(shape) and k is not FaultKind.STOP_SERVER]
     count = rng.randint(1, 3)
     slot = (0.85 - 0.1) / count
     faults: list[Fault] = []
@@ -177,6 +188,13 @@ def draw_plan(
         else:
             fault = Fault(kind, at, "etcd", round(rng.uniform(0.5, 3), 1))
         faults.append(fault)
+    stops = random.Random(f"{seed}/stop-server")
+    if FaultKind.STOP_SERVER.allowed(shape) and stops.random() < STOP_SERVER_SHARE:
+        # paused 1..7 s: mostly past its 3 s session (fenced, its topics moved), not always
+        hold = round(stops.uniform(1, 2 * REPLICATED_SESSION_TTL_S + 1), 1)
+        at = round(stops.uniform(0.1, 0.85), 3)
+        faults.append(Fault(FaultKind.STOP_SERVER, at, stops.choice(shape.servers), hold))
+        faults.sort(key=lambda f: f.at)
     return RunPlan(seed, shape, processors, tuple(changes), tuple(faults))
 
 
