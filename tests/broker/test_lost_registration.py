@@ -143,6 +143,15 @@ class Received:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
+async def created_and_owned(brokers: list[ServerProcess], topic: str) -> tuple[ServerProcess, str]:
+    """Create ``topic``; the broker that owns it, and its id."""
+    async with Client(brokers[0].url) as client:
+        await client.admin.create_topic(topic)
+    owner = await owner_of(brokers[0].url, topic)
+    index = next(i for i, b in enumerate(brokers) if b.url == owner)
+    return brokers[index], f"b{index}"
+
+
 @contextlib.asynccontextmanager
 async def receiving(consumer: Consumer) -> AsyncIterator[Received]:
     received = Received(consumer)
@@ -205,11 +214,7 @@ async def test_nothing_acknowledged_is_lost_and_one_broker_serves_the_topic(
     brokers = brokers_of(cluster_store, tmp_path, replicated=replicated)
     await start_all(started, *brokers)
     topic = "persistent://acme/fence/orders"
-    async with Client(brokers[0].url) as client:
-        await client.admin.create_topic(topic)
-    victim_url = await owner_of(brokers[0].url, topic)
-    index = next(i for i, b in enumerate(brokers) if b.url == victim_url)
-    victim, victim_id = brokers[index], f"b{index}"
+    victim, victim_id = await created_and_owned(brokers, topic)
     survivor = next(b for b in brokers if b is not victim)
     acknowledged: list[bytes] = []
     async with Client(victim.url) as old:
@@ -297,11 +302,7 @@ async def test_a_duplicate_without_the_data_serves_nothing_and_the_original_take
     brokers = brokers_of(cluster_store, tmp_path, replicated=False, count=2)
     await start_all(started, *brokers)
     topic = "persistent://acme/fence/local"
-    async with Client(brokers[0].url) as client:
-        await client.admin.create_topic(topic)
-    victim_url = await owner_of(brokers[0].url, topic)
-    index = next(i for i, b in enumerate(brokers) if b.url == victim_url)
-    victim, victim_id = brokers[index], f"b{index}"
+    victim, victim_id = await created_and_owned(brokers, topic)
     acknowledged: list[bytes] = []
     async with Client(victim.url) as old:
         producer = await old.create_producer(topic, send_timeout_s=6 * TTL + 40)

@@ -12,7 +12,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +25,8 @@ from segtxn.cli.errors import describe
 from segtxn.client import Client, ErrorName, MessageId, ServerError
 from segtxn.client.producer import Producer, ProducerOptions
 from segtxn.metastore.etcd_server import free_port
-from tests import processes
 from tests.cli.test_cli_errors import invoke, one_line
 from tests.waiting import wait_until
-
-
-@pytest.fixture(scope="module")
-def standalone() -> Iterator[str]:
-    server = processes.standalone()
-    server.start()
-    try:
-        asyncio.run(server.ready())
-        yield server.url
-    finally:
-        server.stop()
 
 
 def test_server_errors_are_one_line(standalone: str) -> None:

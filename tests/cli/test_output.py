@@ -8,7 +8,6 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,20 +16,8 @@ from click.testing import CliRunner, Result
 from segtxn.cli import main, verbosity
 from segtxn.cli.output import Table, record, show, since, span, until
 from segtxn.client import Client
-from tests import processes
 
 EVENTS = "topic://acme/orders/events"
-
-
-@pytest.fixture(scope="module")
-def standalone() -> Iterator[str]:
-    server = processes.standalone()
-    server.start()
-    try:
-        asyncio.run(server.ready())
-        yield server.url
-    finally:
-        server.stop()
 
 
 def ok(*args: str, url: str) -> Result:

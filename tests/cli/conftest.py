@@ -1,0 +1,23 @@
+"""Fixtures of the command-line tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from tests import processes
+
+
+@pytest.fixture(scope="module")
+def standalone() -> Iterator[str]:
+    """The URL of a real ``segtxn standalone`` process (in-memory store), one per test
+    module, stopped after it."""
+    server = processes.standalone()
+    server.start()
+    try:
+        asyncio.run(server.ready())
+        yield server.url
+    finally:
+        server.stop()
