@@ -225,8 +225,8 @@ async def test_an_interrupted_split_is_finished_by_the_next_controller(
     producer = await client.create_producer(TOPIC)
     await producer.send(b"before", key="a")
     service = cluster.broker.service
-    from segtxn.broker.admin import HTTP
     from segtxn.broker.controllers import HttpSegmentOps
+    from segtxn.broker.fanout import HTTP
 
     ops = FailingOnce(HttpSegmentOps(service.catalog, cluster.broker.app[HTTP]))
     name = TopicName.parse(TOPIC)
