@@ -14,6 +14,7 @@ import pytest
 
 from segtxn.client import Client, ErrorCategory, Timeout
 from segtxn.client.coordinators import Coordinators
+from segtxn.client.timeouts import Deadline
 from segtxn.protocol.txn import TxnAction
 
 
@@ -68,7 +69,9 @@ async def test_a_cancelled_block_stays_cancelled_when_the_abort_fails(
     assert asked == [TxnAction.ABORT]
 
 
-async def test_a_cancel_while_the_block_commits_aborts(client: Client) -> None:
+async def test_a_cancel_while_the_block_commits_aborts(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The task is cancelled while the commit at the end of the block waits for the
     transaction's operations (END_TXN not sent): the transaction used to stay OPEN until
     its timeout, holding its inputs and keeping every reader of its outputs' segments
@@ -76,13 +79,21 @@ async def test_a_cancel_while_the_block_commits_aborts(client: Client) -> None:
     txn = await client.transaction().start()
     in_flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     txn.track(in_flight)  # an operation whose answer has not come
+    settling = asyncio.Event()
+    settle = txn._settle
+
+    async def watched(deadline: Deadline) -> bool:
+        settling.set()
+        return await settle(deadline)
+
+    monkeypatch.setattr(txn, "_settle", watched)
 
     async def application() -> None:
         async with txn:
             pass  # the commit waits for in_flight
 
     task = asyncio.create_task(application())
-    await asyncio.sleep(0.2)
+    await asyncio.wait_for(settling.wait(), 10)
     assert not task.done() and txn.state == "OPEN"  # committing: waiting for it
     task.cancel()
     in_flight.set_result(None)  # it comes right after
