@@ -61,7 +61,6 @@ class LedgerAppends(LedgerReads):
     settings: LedgerSettings
     _store: MetadataStore
     _storage: LogStorage
-    _meta_lock: asyncio.Lock
     _write_lock: asyncio.Lock
     _sealing: bool
     """Set once a seal starts: appends are refused from then on."""
@@ -215,13 +214,6 @@ class LedgerAppends(LedgerReads):
             )
             self._meta, self._version = meta, version
             return meta
-
-    async def settled_metadata_version(self) -> int:
-        """The metadata record's version once no change of this process's own is in
-        flight: a write conditional on the record (a cursor's, an op record's) that failed
-        while this process was changing it can tell that change from another owner's."""
-        async with self._meta_lock:
-            return self._version
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()

@@ -15,6 +15,7 @@ sync is pending.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 
 from segtxn.ledger.logs import EntryLog
@@ -36,10 +37,19 @@ class LedgerChain:
     """The last durable entry."""
     _current: EntryLog | None
     """The ledger being appended to (None once sealed)."""
+    _meta_lock: asyncio.Lock
+    """Held while this process changes the metadata record (one CAS at a time)."""
 
     @property
     def metadata_version(self) -> int:
         return self._version
+
+    async def settled_metadata_version(self) -> int:
+        """The metadata record's version once no change of this process's own is in
+        flight: a write conditional on the record (a cursor's, an op record's) that failed
+        while this process was changing it can tell that change from another owner's."""
+        async with self._meta_lock:
+            return self._version
 
     @property
     def is_sealed(self) -> bool:

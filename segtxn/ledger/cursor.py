@@ -192,7 +192,7 @@ class ManagedCursor:
                     )
                     break
                 except OwnerChanged:
-                    if self.ledger.metadata_version == owner_version:
+                    if await self.ledger.settled_metadata_version() == owner_version:
                         raise  # not our own change: another owner has the ledger now
         finally:
             self._saving = None

@@ -9,6 +9,7 @@ import pytest
 from segtxn.ledger import LogStorage, Position, RetentionPolicy
 from segtxn.metastore import MetadataStore
 from tests.ledger.conftest import OpenLedger
+from tests.waiting import wait_until
 
 AT_ONCE = RetentionPolicy(retention_time_s=0)  # consumed ledgers go as soon as consumed
 
@@ -191,6 +192,46 @@ async def test_a_create_whose_answer_was_lost_is_taken_on_the_retry(
         cursor = await ledger.open_cursor("sub", start="latest")
         assert cursor.mark_delete == Position(p[0].ledger_id, p[0].entry_id - 1)  # as created
         await cursor.ack([p[0], p[1]])  # at the store's version: not refused as a conflict
+        assert cursor.mark_delete == p[1]
+    finally:
+        await ledger.close()
+    reopened = await ManagedLedger.open("cur", store, storage, LedgerSettings())
+    try:
+        assert reopened.cursors["sub"].mark_delete == p[1]
+    finally:
+        await reopened.close()
+
+
+async def test_a_save_during_the_ledgers_own_rollover_is_tried_again(
+    store: MetadataStore, storage: LogStorage
+) -> None:
+    """A cursor's save is conditional on the ledger's metadata record at the version this
+    process last wrote. Its own rollover changed the record, and the save reached the store
+    before that rollover's answer came back: the save must wait the rollover out and try
+    again with the new version, not take it for another owner's change (a fenced cursor:
+    the acknowledgment failed, and the subscription was let go)."""
+    from segtxn.ledger import LedgerSettings, ManagedLedger
+    from segtxn.ledger.metadata import METADATA_PREFIX
+    from segtxn.metastore import MetadataStore as Store
+    from segtxn.metastore.faults import FaultInjector
+
+    faulty = Store(FaultInjector(store.engine), owns_engine=False)
+    injector = faulty.engine
+    assert isinstance(injector, FaultInjector)
+    ledger = await ManagedLedger.open("cur", faulty, storage, LedgerSettings())
+    try:
+        cursor = await ledger.open_cursor("sub", start="earliest")
+        p = [await ledger.append(b"r") for _ in range(2)]
+        held = injector.hold("txn", key_prefix=METADATA_PREFIX, times=1)  # applied, answer held
+        rolling = asyncio.create_task(ledger.roll_over())
+        await held.wait_for(1)
+        saves = injector.count("txn", key_prefix="/managed-cursors/")
+        acking = asyncio.create_task(cursor.ack([p[0], p[1]]))
+        await wait_until(lambda: saves.calls >= 1, what="the save reached the store")
+        assert not acking.done()  # it waits for the rollover, rather than failing at once
+        held.release()
+        await rolling
+        await acking
         assert cursor.mark_delete == p[1]
     finally:
         await ledger.close()
