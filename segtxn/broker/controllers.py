@@ -183,6 +183,8 @@ class TopicControllers:
                     topic = decode_topic(record.value)
                     if not isinstance(topic, ScalableTopic) or topic.pending is None:
                         continue
+                    if topic.deleting:  # its deletion stops the change (Controller.finish)
+                        continue
                     name = TopicName.from_path(record.key[len(TOPICS) :], check_lengths=False)
                     if await self.leader(name) is None:
                         async with self.lock(name):

@@ -9,7 +9,9 @@ one of them commits to it:
 2. **mark** the topic's record ``deleting``: one compare-and-set on the record
    (:meth:`~segtxn.topics.catalog.Catalog.mark_deleting`). Marked, it starts no split or
    merge, its segments may be deleted (:mod:`.segment_ends`), and nothing unmarks it;
-3. delete each segment on its broker;
+3. delete each segment on its broker, and the children of a split or merge in progress
+   (placed and prepared before it completes; from the mark on, none is loaded, so the split
+   fails rather than create one again after this step deleted it);
 4. delete the record and its segments' homes, by compare-and-set on the versions read, and
    only if the record is still the one step 2 marked (the store revision that created it):
    never a topic created again under the name after another deletion finished this one.
@@ -84,7 +86,9 @@ async def delete_topic(request: web.Request) -> None:
     await segment_ends.check_deletable(service.catalog, name)
     if name.domain is Domain.SEGMENT and name not in service.topics:
         await service.check_home(name)
-        if await retire.is_retired(service.catalog, name):  # its delete may be unfinished
+        if await retire.is_retired(service.catalog, name) or await retire.is_stopped_child(
+            service.catalog, name
+        ):  # a retired one's delete may be unfinished; a stopped child is never loaded
             await retire.delete_state(service, name)
             return
     topic = await service.serve(name)
@@ -130,5 +134,5 @@ async def _delete_scalable(
     if marked is None:
         return  # another deletion finished it meanwhile
     segments = {"force": "true" if force else "false"}
-    await fan_out(request, name, "DELETE", "", record=marked, params=segments, retired_too=True)
+    await fan_out(request, name, "DELETE", "", record=marked, params=segments, deleting=True)
     await catalog.finish_deleting(name, mark)

@@ -32,14 +32,16 @@ async def fan_out(
     suffix: str,
     body: Any = None,
     *,
-    retired_too: bool = False,
+    deleting: bool = False,
     record: ScalableTopic | None = None,
     params: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run an admin call on every segment of scalable topic ``name``, on its home broker,
     and return each answer by segment id; the RETIRED ones (their data is gone,
-    segtxn/broker/retire.py) only with ``retired_too``. A segment that retires while this
-    runs answers nothing (None).
+    segtxn/broker/retire.py) only with ``deleting``, and so the children of a split or merge
+    in progress (:meth:`ScalableTopic.creating`: their data may exist; one not placed yet
+    has none, and is skipped). A segment that retires while this runs answers nothing
+    (None).
 
     Args:
         suffix: the call's path after the segment's (``/stats``; ``""`` for the segment).
@@ -56,11 +58,13 @@ async def fan_out(
         record = await scalable_record(service, name)
     query = request.query if params is None else params
     results: dict[str, Any] = {}
-    for segment in record.segments:
-        if segment.state is SegmentState.RETIRED and not retired_too:
-            continue
-        ledger = name.segment_name(segment.id)
+    ids = [s.id for s in record.segments if deleting or s.state is not SegmentState.RETIRED]
+    creating = record.creating() if deleting else []
+    for segment_id in ids + creating:
+        ledger = name.segment_name(segment_id)
         home = await service.catalog.home_of(ledger)
+        if home is None and segment_id in creating:
+            continue  # not placed yet: nothing of it on any broker
         url = await service.catalog.broker_url(home) if home else None
         if url is None:
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{ledger}'s broker is down")
@@ -81,10 +85,10 @@ async def fan_out(
             except (ValueError, KeyError, TypeError):
                 raise ServerError(ErrorName.UNKNOWN, f"{ledger}: HTTP {status}") from None
             if failed.name is ErrorName.TOPIC_NOT_FOUND and await _gone(service, ledger):
-                results[str(segment.id)] = None
+                results[str(segment_id)] = None
                 continue
             raise failed
-        results[str(segment.id)] = json.loads(text) if text else None
+        results[str(segment_id)] = json.loads(text) if text else None
     return results
 
 

@@ -118,17 +118,35 @@ async def is_retired(catalog: Catalog, segment: TopicName) -> bool:
     return info is not None and info.state is SegmentState.RETIRED
 
 
+async def is_stopped_child(catalog: Catalog, segment: TopicName) -> bool:
+    """Whether ``segment`` is a child of a split or merge that its topic's deletion stopped
+    (:func:`check_not_retired` refuses to load it: its data, if any, is deleted as it is)."""
+    record = await catalog.get(segment.parent())
+    return (
+        isinstance(record, ScalableTopic)
+        and record.deleting
+        and (segment.segment or 0) in record.creating()
+    )
+
+
 async def check_not_retired(catalog: Catalog, segment: TopicName) -> None:
     """Raise TopicNotFound unless ``segment`` is in its topic's record and not RETIRED, or
     is a child of the split or merge in progress: a retired or pruned segment's data is
-    gone or going, and loading it would make it again, empty and unsealed."""
+    gone or going, and loading it would make it again, empty and unsealed. A child of a
+    topic being deleted is refused too: its deletion may have deleted it already, and a
+    split still preparing it would otherwise create it again after that, left on disk."""
     record = await catalog.get(segment.parent())
     number = segment.segment or 0
     if not isinstance(record, ScalableTopic):
         raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"{segment}: its topic does not exist")
     info = record.segment(number)
-    creating = record.pending is not None and number in {c[0] for c in record.pending.children}
-    if info is None and not creating:
+    if info is None and number in record.creating() and record.deleting:
+        raise ServerError(
+            ErrorName.TOPIC_NOT_FOUND,
+            f"{segment} will not exist: its topic is being deleted, and the split or merge "
+            "creating it stops",
+        )
+    if info is None and number not in record.creating():
         raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"{segment} does not exist (retired)")
     if info is not None and info.state is SegmentState.RETIRED:
         raise ServerError(

@@ -414,7 +414,8 @@ class Catalog:
 
     async def finish_deleting(self, name: TopicName, mark: DeletionMark) -> bool:
         """Delete the record of marked topic ``name`` and its segments' homes (their data
-        deleted by then), if the record is still the one ``mark`` marked. Returns False
+        deleted by then; the children of a split or merge it stopped too), if the record is
+        still the one ``mark`` marked. Returns False
         when there was none to delete (another deletion finished it).
 
         Each record and home is deleted by a compare-and-set on the version read, so a topic
@@ -429,8 +430,12 @@ class Catalog:
             if found is None or found.created_version != mark.created_version:
                 return False
             topic = decode_topic(found.value)
-            segments = topic.segments if isinstance(topic, ScalableTopic) else []
-            ledgers = [name.segment_name(s.id) for s in segments]
+            ids = (
+                [s.id for s in topic.segments] + topic.creating()
+                if isinstance(topic, ScalableTopic)
+                else []
+            )
+            ledgers = [name.segment_name(i) for i in ids]
             deletes = [Delete(topic_key(name), expected_version=found.version)]
             for ledger in ledgers:
                 home = await self.store.get(home_key(ledger))

@@ -123,9 +123,11 @@ class Controller:
         return await self._execute(name, planned, record.version, started)
 
     async def finish(self, name: TopicName) -> ScalableTopic | None:
-        """Complete the operation an earlier controller left pending, if any."""
+        """Complete the operation an earlier controller left pending, if any, unless the
+        topic is being deleted: its deletion stops it (and deletes the children it
+        prepared; completed now, they would join the DAG after that)."""
         topic, version = await self._read(name)
-        if topic.pending is None:
+        if topic.pending is None or topic.deleting:
             return None
         op = topic.pending
         log.warning(

@@ -100,6 +100,14 @@ class ScalableTopic(msgspec.Struct, frozen=True, tag="scalable"):
                 return segment
         return None
 
+    def creating(self) -> list[int]:
+        """The children of the split or merge in progress: not in the DAG yet, but placed
+        and prepared (their ledgers created, with data once the split completes) before it
+        completes, so a deletion deletes them too."""
+        if self.pending is None:
+            return []
+        return [child for child, _, _ in self.pending.children if self.segment(child) is None]
+
 
 TopicRecord = PersistentTopic | ScalableTopic
 
