@@ -43,6 +43,9 @@ from aiohttp import web
 from segtxn.broker import arguments, retire, segment_ends
 from segtxn.broker.fanout import fan_out
 from segtxn.broker.http import SERVICE, scalable_record, topic_from
+from segtxn.broker.service import BrokerService
+from segtxn.ledger import ManagedLedger
+from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol import preconditions
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import parse_bool
@@ -86,10 +89,11 @@ async def delete_topic(request: web.Request) -> None:
     await segment_ends.check_deletable(service.catalog, name)
     if name.domain is Domain.SEGMENT and name not in service.topics:
         await service.check_home(name)
-        if await retire.is_retired(service.catalog, name) or await retire.is_stopped_child(
-            service.catalog, name
-        ):  # a retired one's delete may be unfinished; a stopped child is never loaded
+        if await retire.is_retired(service.catalog, name):  # its delete may be unfinished
             await retire.delete_state(service, name)
+            return
+        if await retire.is_stopped_child(service.catalog, name):
+            await _delete_stopped_child(service, name)
             return
     topic = await service.serve(name)
     if topic.busy() and not force:
@@ -99,6 +103,18 @@ async def delete_topic(request: web.Request) -> None:
         record = await service.catalog.get(name)
         if record is not None:
             await service.catalog.delete(name, record)
+
+
+async def _delete_stopped_child(service: BrokerService, name: TopicName) -> None:
+    """Delete a child of a split or merge its topic's deletion stopped, not loaded here:
+    its ledger as it is, sealed or not (nothing appends to it: it is homed here and never
+    loaded again), then the rest of its state."""
+    if await service.store.get(metadata_key(str(name))) is not None:
+        ledger = await ManagedLedger.open(
+            str(name), service.store, service.storage, service.settings.ledger
+        )
+        await ledger.delete()
+    await retire.delete_state(service, name)
 
 
 def _has_clients(stats: Any) -> bool:

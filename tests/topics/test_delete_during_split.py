@@ -68,11 +68,17 @@ def _on_disk(root: Path, segment: TopicName) -> bool:
     return (root / "ledgers" / quote(str(segment), safe="")).exists()
 
 
+@pytest.mark.parametrize("loaded", [True, False], ids=["loaded", "unloaded"])
 async def test_a_deletion_deletes_the_children_a_stopped_split_prepared(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, loaded: bool
 ) -> None:
+    """Prepared children are loaded on their broker, or not (unloaded when idle, or their
+    broker restarted): a child that is not is deleted without loading it, sealed or not."""
     await _stop_a_split(cluster, "seal")
     assert all(_on_disk(tmp_path, child) for child in CHILDREN)
+    if not loaded:
+        for child in CHILDREN:
+            await cluster.broker.service.unload(child)
     async with Client(cluster.url) as client:
         await client.admin.delete_topic(TOPIC, force=True)
     store = cluster.broker.service.store
