@@ -9,7 +9,8 @@
 - ``cluster-etcd``: brokers ``b1`` and ``b2`` and a coordinator, each its own process, on a
   private etcd (or on an etcd the caller names);
 - ``cluster-replicated``: brokers ``b1``, ``b2`` and ``b3`` with ``--replication 3/2`` and a
-  short session (:data:`~segtxn.verify.plan.REPLICATED_SESSION_TTL_S`), and a coordinator.
+  short session (:data:`~segtxn.verify.plan.REPLICATED_SESSION_TTL_S`), and a coordinator,
+  on a short session too (:data:`~segtxn.verify.plan.COORDINATOR_SESSION_TTL_S`).
 
 Each server listens on a loopback port of its own, kept across restarts, and keeps its
 ledgers under ``<run dir>/data/<name>``; :meth:`Cluster.restart_server` starts a SIGKILLed
@@ -33,7 +34,7 @@ from pathlib import Path
 from segtxn.metastore.defrag import PRIVATE_ETCD, run_defragmentation
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.registry import open_store
-from segtxn.verify.plan import REPLICATED_SESSION_TTL_S, Shape
+from segtxn.verify.plan import COORDINATOR_SESSION_TTL_S, REPLICATED_SESSION_TTL_S, Shape
 from segtxn.verify.processes import MARKER, Launch, ServerProcess
 
 NAMESPACE = "/segtxn"
@@ -183,7 +184,10 @@ async def open_cluster(
                     *("broker", "--store", store, "--broker-id", name, "--data-dir", data),
                     *replication,
                 )
-            server("coordinator", "coordinator", "--store", store)
+            session = (
+                ["--session-ttl", f"{COORDINATOR_SESSION_TTL_S:g}"] if shape.replicated else []
+            )
+            server("coordinator", "coordinator", "--store", store, *session)
         else:
             args = ["standalone", "--store", store, "--coordinator-port", str(free_port())]
             if shape is Shape.STANDALONE_ETCD:

@@ -49,6 +49,12 @@ class Shape(enum.Enum):
     def replicated(self) -> bool:
         return self is Shape.CLUSTER_REPLICATED
 
+    @property
+    def coordinated(self) -> bool:
+        """Whether the transaction coordinator is a process of its own (``coordinator``),
+        which a fault may kill or stop (in a standalone it is the standalone)."""
+        return self in (Shape.CLUSTER_ETCD, Shape.CLUSTER_REPLICATED)
+
 
 class FaultKind(enum.Enum):
     KILL_PROCESSOR = "kill-processor"
@@ -57,8 +63,9 @@ class FaultKind(enum.Enum):
     """SIGSTOP a processor inside a transaction past its timeout, then SIGCONT: a zombie whose
     commit must be refused and whose segments must have moved on safely."""
     KILL_SERVER = "kill-server"
-    """SIGKILL a broker (or the standalone) just after a processor asked to commit, while
-    END_TXN materializes; restart it on its data dir and port."""
+    """SIGKILL a broker (or the standalone, or the coordinator) just after a processor asked
+    to commit, while END_TXN materializes (or is in flight); restart it on its data dir and
+    port."""
     RESTART_ETCD = "restart-etcd"
     """Stop the private etcd and start it again on the same data dir and ports."""
     WIPE_SERVER = "wipe-server"
@@ -68,15 +75,19 @@ class FaultKind(enum.Enum):
     """SIGSTOP a broker of a replicated cluster just after a processor asked to commit, often
     past its session (its topics move to the others), then SIGCONT: an owner that wakes up
     with sends and acks in flight and must be fenced, not acknowledge what the new owner
-    does not keep. Drawn by a generator of its own (:func:`draw_plan`)."""
+    does not keep. Drawn by a generator of its own (:func:`draw_plan`). Also the
+    coordinator of a cluster, past its session or not: it wakes up holding ids a new
+    campaign may have taken, with END_TXN calls whose clients gave up on them."""
 
     def allowed(self, shape: Shape) -> bool:
         if self is FaultKind.KILL_SERVER:
             return bool(shape.servers)
         if self is FaultKind.RESTART_ETCD:
             return shape.on_etcd
-        if self in (FaultKind.WIPE_SERVER, FaultKind.STOP_SERVER):
+        if self is FaultKind.WIPE_SERVER:
             return shape.replicated
+        if self is FaultKind.STOP_SERVER:  # a broker of a replicated one; any coordinator
+            return shape.coordinated
         return True
 
 
@@ -134,6 +145,11 @@ REPLICATED_SESSION_TTL_S = 3.0
 """The brokers' session in a replicated cluster: a broker down longer loses its topics."""
 STOP_SERVER_SHARE = 0.5
 """About this share of the ``cluster-replicated`` seeds get a ``stop-server`` fault."""
+COORDINATOR_FAULT_SHARE = 0.5
+"""About this share of the seeds on a cluster get a fault of its coordinator."""
+COORDINATOR_SESSION_TTL_S = REPLICATED_SESSION_TTL_S
+"""The coordinator's session in a replicated cluster (a stopped one loses its ids past it;
+on ``cluster-etcd`` it keeps the default 10 s, which no drawn stop outlasts)."""
 
 
 def draw_plan(
@@ -149,7 +165,9 @@ def draw_plan(
     3 faults, each of a kind the shape allows, one per slot of the feed (10%..85%, so each has
     time to act and the run time to recover before the feed ends); and on
     ``cluster-replicated``, for about half of the seeds (:data:`STOP_SERVER_SHARE`), one
-    ``stop-server`` more, anywhere in that span.
+    ``stop-server`` more, anywhere in that span; and on either cluster, for about half of
+    the seeds (:data:`COORDINATOR_FAULT_SHARE`), a ``kill-server`` or ``stop-server`` of
+    the coordinator for 0.5 to 7 s.
     """
     rng = random.Random(seed)
     drawn = rng.choice(FIRST_SHAPES)
@@ -189,12 +207,19 @@ def draw_plan(
             fault = Fault(kind, at, "etcd", round(rng.uniform(0.5, 3), 1))
         faults.append(fault)
     stops = random.Random(f"{seed}/stop-server")
-    if FaultKind.STOP_SERVER.allowed(shape) and stops.random() < STOP_SERVER_SHARE:
+    if shape.replicated and stops.random() < STOP_SERVER_SHARE:
         # paused 1..7 s: mostly past its 3 s session (fenced, its topics moved), not always
         hold = round(stops.uniform(1, 2 * REPLICATED_SESSION_TTL_S + 1), 1)
         at = round(stops.uniform(0.1, 0.85), 3)
         faults.append(Fault(FaultKind.STOP_SERVER, at, stops.choice(shape.servers), hold))
-        faults.sort(key=lambda f: f.at)
+    coordinator = random.Random(f"{seed}/coordinator")  # (came later still: its own too)
+    if shape.coordinated and coordinator.random() < COORDINATOR_FAULT_SHARE:
+        killed = coordinator.random() < 0.5  # else stopped
+        hold = round(coordinator.uniform(0.5, 2 * COORDINATOR_SESSION_TTL_S + 1), 1)
+        at = round(coordinator.uniform(0.1, 0.85), 3)
+        how = FaultKind.KILL_SERVER if killed else FaultKind.STOP_SERVER
+        faults.append(Fault(how, at, "coordinator", hold))
+    faults.sort(key=lambda f: f.at)
     return RunPlan(seed, shape, processors, tuple(changes), tuple(faults))
 
 

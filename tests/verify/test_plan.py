@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from segtxn.verify.plan import (
+    COORDINATOR_SESSION_TTL_S,
     DEMO_TOPOLOGY,
     REPLICATED_SESSION_TTL_S,
     TOPICS,
@@ -31,16 +32,21 @@ def test_the_plan_of_a_known_seed_does_not_change() -> None:
     replicated shape, about a quarter of the seeds run on it, 241 among them; their plans
     from before are run again with ``--shape`` and the shape they printed. ``stop-server``
     came later, drawn by a generator of its own: it adds a fault to about half of the
-    replicated seeds, 241 among them, and leaves the ones drawn before it as they were.)"""
+    replicated seeds, 241 among them, and leaves the ones drawn before it as they were. So
+    did the coordinator's faults, later still: about half of the seeds on a cluster, 241
+    among them, gain one.)"""
     replicated = draw_plan(241)
     assert replicated.shape is Shape.CLUSTER_REPLICATED
     assert replicated.describe_faults() == (
-        "kill-server:b3@0.35/6.1s stop-processor:p3@0.72/4.5s stop-server:b3@0.80/4.7s"
+        "kill-server:b3@0.35/6.1s kill-server:coordinator@0.60/1.8s "
+        "stop-processor:p3@0.72/4.5s stop-server:b3@0.80/4.7s"
     )
     plan = draw_plan(241, shape=Shape.CLUSTER_ETCD)
     assert plan.shape is Shape.CLUSTER_ETCD
     assert plan.processors == 3
-    assert plan.describe_faults() == "kill-server:b1@0.35/0.3s stop-processor:p3@0.67/5.9s"
+    assert plan.describe_faults() == (
+        "kill-server:b1@0.35/0.3s kill-server:coordinator@0.60/1.8s stop-processor:p3@0.67/5.9s"
+    )
     assert plan.describe_topology() == "split:out-b@0.14 split:out-b@0.68 merge:out-b@0.75"
 
 
@@ -49,7 +55,7 @@ def test_every_shape_fault_kind_and_target_is_drawn() -> None:
     assert {p.shape for p in plans} == set(Shape)
     assert {f.kind for p in plans for f in p.faults} == set(FaultKind)
     servers = {f.target for p in plans for f in p.faults if f.kind is FaultKind.KILL_SERVER}
-    assert servers == {"standalone", "b1", "b2", "b3"}
+    assert servers == {"standalone", "b1", "b2", "b3", "coordinator"}
     wiped = {f.target for p in plans for f in p.faults if f.kind is FaultKind.WIPE_SERVER}
     assert wiped == {"b1", "b2", "b3"}
     downtimes = [f.hold_s for p in plans for f in p.faults if p.shape.replicated
@@ -68,8 +74,11 @@ def test_faults_fit_their_shape_and_the_feed() -> None:
     for seed in SEEDS:
         plan = draw_plan(seed)
         names = {f"p{i}" for i in range(1, plan.processors + 1)}
+        coordinator = [f for f in plan.faults if f.target == "coordinator"]
         stops = [f for f in plan.faults if f.kind is FaultKind.STOP_SERVER]
-        assert 1 <= len(plan.faults) - len(stops) <= 3 and len(stops) <= 1
+        stops = [f for f in stops if f not in coordinator]
+        assert 1 <= len(plan.faults) - len(stops) - len(coordinator) <= 3
+        assert len(stops) <= 1 and len(coordinator) <= 1
         times = [f.at for f in plan.faults]
         assert times == sorted(times) and all(0.1 <= t <= 0.85 for t in times)
         for fault in plan.faults:
@@ -78,8 +87,13 @@ def test_faults_fit_their_shape_and_the_feed() -> None:
                 assert fault.target in names
             if fault.kind is FaultKind.STOP_PROCESSOR:  # the zombie must outlive its txn
                 assert fault.hold_s > TXN_TIMEOUT_S + 0.5
-            if fault.kind in (FaultKind.KILL_SERVER, FaultKind.WIPE_SERVER, FaultKind.STOP_SERVER):
+            if fault.target == "coordinator":
+                assert fault.kind in (FaultKind.KILL_SERVER, FaultKind.STOP_SERVER)
+                assert plan.shape.coordinated and 0.5 <= fault.hold_s <= 7
+            elif fault.kind in (FaultKind.KILL_SERVER, FaultKind.WIPE_SERVER):
                 assert fault.target in plan.shape.servers
+            elif fault.kind is FaultKind.STOP_SERVER:
+                assert plan.shape.replicated and fault.target in plan.shape.servers
             if fault.kind is FaultKind.RESTART_ETCD:
                 assert plan.shape.on_etcd and fault.target == "etcd"
 
@@ -113,8 +127,26 @@ def test_a_forced_shape_keeps_the_rest_of_the_seeds_plan() -> None:
 def test_about_half_the_replicated_seeds_pause_a_broker_mostly_past_its_session() -> None:
     plans = [draw_plan(seed) for seed in SEEDS]
     replicated = [p for p in plans if p.shape is Shape.CLUSTER_REPLICATED]
-    paused = [f for p in replicated for f in p.faults if f.kind is FaultKind.STOP_SERVER]
+    stopped = [f for p in replicated for f in p.faults if f.kind is FaultKind.STOP_SERVER]
+    paused = [f for f in stopped if f.target != "coordinator"]
     assert 0.35 < len(paused) / len(replicated) < 0.65
     assert {f.target for f in paused} == {"b1", "b2", "b3"}
     past = [f for f in paused if f.hold_s > REPLICATED_SESSION_TTL_S]
     assert 0.5 < len(past) / len(paused) < 1  # fenced and taken over, mostly; not always
+
+
+def test_about_half_the_cluster_seeds_kill_or_stop_the_coordinator() -> None:
+    """A fault of the coordinator (a process of its own only on a cluster): killed and
+    restarted, or stopped and continued, sometimes past its session (on the replicated
+    shape's short one: it loses its ids, and campaigns for them again)."""
+    plans = [draw_plan(seed) for seed in SEEDS]
+    clusters = [p for p in plans if p.shape.coordinated]
+    faults = [(p, f) for p in clusters for f in p.faults if f.target == "coordinator"]
+    assert 0.35 < len(faults) / len(clusters) < 0.65
+    assert {f.kind for _, f in faults} == {FaultKind.KILL_SERVER, FaultKind.STOP_SERVER}
+    assert {p.shape for p, _ in faults} == {Shape.CLUSTER_ETCD, Shape.CLUSTER_REPLICATED}
+    assert all(
+        f.target != "coordinator" for p in plans if not p.shape.coordinated for f in p.faults
+    )
+    past = [f for p, f in faults if p.shape.replicated and f.hold_s > COORDINATOR_SESSION_TTL_S]
+    assert past  # some outlast the replicated shape's coordinator session
