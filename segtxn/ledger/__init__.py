@@ -10,6 +10,7 @@ from segtxn.ledger.errors import (
     LedgerMissing,
     LedgerSealed,
     NotEnoughReplicas,
+    StorageFull,
     WriteFailed,
 )
 from segtxn.ledger.files import FileLogStorage
@@ -44,6 +45,7 @@ __all__ = [
     "Position",
     "Recovered",
     "RetentionPolicy",
+    "StorageFull",
     "TrimResult",
     "Truncation",
     "WriteFailed",

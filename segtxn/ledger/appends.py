@@ -34,6 +34,7 @@ from segtxn.ledger.errors import (
     LedgerSealed,
     LedgerUnwritable,
     WriteFailed,
+    full_disk_is_retriable,
 )
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.logs import EntryLog, LogStorage
@@ -118,21 +119,27 @@ class LedgerAppends(LedgerReads):
 
     async def _write(self, batch: list[bytes]) -> list[Position]:
         """The group-commit writer's one write: durable (and marked acknowledged) when
-        this returns, rolling over to a new ledger first if the current one is full."""
+        this returns, rolling over to a new ledger first if the current one is full.
+
+        Raises:
+            StorageFull: the disk had no room for the batch or for the next ledger's file
+                (retriable: the writer stops, and the ledger's owner reopens it).
+        """
         async with self._write_lock:
             current = self._current
             if current is None:  # only a sealed ledger has no current log: it queues nothing
                 raise LedgerSealed(f"{self.name} is sealed")
-            if current.count and (
-                current.wants_rollover or current.size_bytes() >= self.settings.max_ledger_bytes
-            ):
-                current = await self._roll_over(current)
-            try:
-                await current.append_batch_async(batch)
-            except LedgerUnwritable as e:  # closed at what it acknowledged; the next one
-                log.warning("%s: %s; starting its next ledger", self.name, e)
-                current = await self._roll_over(current)
-                await current.append_batch_async(batch)
+            with full_disk_is_retriable():
+                if current.count and (
+                    current.wants_rollover or current.size_bytes() >= self.settings.max_ledger_bytes
+                ):
+                    current = await self._roll_over(current)
+                try:
+                    await current.append_batch_async(batch)
+                except LedgerUnwritable as e:  # closed at what it acknowledged; the next one
+                    log.warning("%s: %s; starting its next ledger", self.name, e)
+                    current = await self._roll_over(current)
+                    await current.append_batch_async(batch)
             first = current.count - len(batch)
             self._last = Position(current.ledger_id, current.count - 1)
         self.stats.entries += len(batch)
@@ -156,12 +163,14 @@ class LedgerAppends(LedgerReads):
         Raises:
             LedgerSealed, LedgerClosed, LedgerError: as :meth:`append`.
             LedgerFenced: another process owns the ledger now.
+            StorageFull: no room for the next ledger's file (nothing changed; retriable).
         """
         self._check_writable()
         async with self._write_lock:
             current = self._current
             if current is not None and current.count:
-                await self._roll_over(current)
+                with full_disk_is_retriable():
+                    await self._roll_over(current)
         return self.next_write_position()
 
     async def _roll_over(self, current: EntryLog) -> EntryLog:

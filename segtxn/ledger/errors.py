@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+from collections.abc import Iterator
+
 
 class LedgerError(Exception):
     """Base of every managed-ledger error."""
@@ -60,6 +64,31 @@ class NotEnoughReplicas(LedgerError):
     acknowledge an entry, or to recover it). Retriable: nodes come back, or others join."""
 
     retriable = True
+
+
+class StorageFull(LedgerError):
+    """The data disk has no room (``ENOSPC``), or a quota is used up (``EDQUOT``), for a
+    write or a new ledger file. Retriable: nothing the failed write held was acknowledged,
+    and once there is room again the ledger reopens (recovery truncates what the write left
+    behind) and takes appends. The message keeps the system's words ("No space left on
+    device")."""
+
+    retriable = True
+
+
+FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@contextlib.contextmanager
+def full_disk_is_retriable() -> Iterator[None]:
+    """Raise :class:`StorageFull` (from it) for an ``OSError`` that says the disk or a quota
+    is full; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in FULL_DISK_ERRNOS:
+            raise
+        raise StorageFull(f"the data disk is full ({e})") from e
 
 
 class WriteFailed(LedgerError):

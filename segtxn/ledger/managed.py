@@ -37,7 +37,7 @@ import msgspec
 
 from segtxn.ledger.appends import LedgerAppends
 from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix, restore_cursors
-from segtxn.ledger.errors import LedgerClosed, WriteFailed
+from segtxn.ledger.errors import LedgerClosed, WriteFailed, full_disk_is_retriable
 from segtxn.ledger.handles import LogHandles
 from segtxn.ledger.logs import EntryLog, LogStorage, Placement
 from segtxn.ledger.metadata import (
@@ -131,9 +131,12 @@ class ManagedLedger(LedgerAppends):
                 directory); nothing is recreated.
             LedgerCorrupted: the last ledger is damaged where a crash cannot explain it.
             LedgerFenced: another process changed the metadata while this one opened it.
+            StorageFull: the disk has no room for the ledger's next file (every reopen
+                starts one); retriable, nothing changed.
         """
         settings = settings or LedgerSettings()
-        opened = await open_chain(name, store, storage, settings)
+        with full_disk_is_retriable():
+            opened = await open_chain(name, store, storage, settings)
         ledger = cls(
             name=name,
             store=store,
