@@ -477,6 +477,12 @@ class Producer:
     def pending(self) -> int:
         return len(self._pending)
 
+    @property
+    def trouble(self) -> str | None:
+        """The last reason its connection was lost or refused (None since it connected):
+        what a send's :class:`Timeout` names as its last trouble."""
+        return self._trouble
+
     async def close(self, timeout_s: float | None = None) -> None:
         """Flush for at most ``timeout_s`` (default: the operation timeout), fail what is
         still in flight with ClientClosed, then disconnect (waiting at most 1 s for the

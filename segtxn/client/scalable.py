@@ -47,6 +47,8 @@ class _Outgoing:
     result: asyncio.Future[MessageId]
     deadline: Deadline
     """When the application's send times out (re-sends included)."""
+    via: Producer | None = None
+    """The segment producer it was last handed to (its trouble explains a timeout)."""
 
 
 class ScalableProducer:
@@ -243,10 +245,12 @@ class ScalableProducer:
 
     def _expire(self, message: _Outgoing) -> None:
         if not message.result.done():
+            trouble = None if message.via is None else message.via.trouble
             message.result.set_exception(
                 Timeout(
                     f"{self.name}: message {message.number} was not stored within "
                     f"{message.deadline} of its send; it may or may not have been stored"
+                    + (f" (last trouble: {trouble})" if trouble else "")
                 )
             )
 
@@ -255,6 +259,7 @@ class ScalableProducer:
         await self._send_via(message, segment, await self._producer(segment, message.deadline))
 
     async def _send_via(self, message: _Outgoing, segment: int, producer: Producer) -> None:
+        message.via = producer
         inner = await producer.send_async(
             message.value,
             key=message.key,

@@ -24,6 +24,7 @@ from segtxn.client import Client, ErrorCategory, ErrorName, MessageId, ServerErr
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.files import FileEntryLog, FileLogStorage
 from tests.broker.conftest import StartBroker
+from tests.cluster import Cluster
 from tests.waiting import wait_until
 
 
@@ -133,4 +134,56 @@ async def test_a_full_disk_refuses_sends_retriably_and_recovers_by_itself(
             got.append(message.message_id)
         assert len(set(got)) == len(got)  # nothing twice
         assert [m for m in got if m in set(acked)] == acked  # every acknowledged one, in order
+    assert disk.refused
+
+
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)
+async def test_a_transaction_that_met_a_full_disk_does_not_commit_its_writes(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    words, shouted = "topic://acme/disk/words", "topic://acme/disk/shouted"
+    async with Client(cluster.url) as client:
+        for topic in (words, shouted):
+            await client.admin.create_topic(topic)
+        inputs = await client.subscribe(words, "shouter", initial_position="earliest")
+        outputs = await client.subscribe(shouted, "reader", initial_position="earliest")
+        feeder = await client.create_producer(words)
+        for i in range(6):
+            await feeder.send(f"w{i}".encode(), key=f"k{i}")
+        shouter = await client.create_producer(shouted, send_timeout_s=2)
+        committed: list[bytes] = []
+
+        async def transform(n: int) -> None:
+            """Read ``n`` words and write them shouted in one transaction."""
+            batch = [await inputs.receive(timeout_s=10) for _ in range(n)]
+            async with client.transaction(timeout_s=30) as txn:
+                for message in batch:
+                    await shouter.send(message.value.upper(), key=message.key, txn=txn)
+                    await inputs.acknowledge(message, txn=txn)
+            committed.extend(m.value.upper() for m in batch)
+
+        await transform(2)
+        disk = FullDisk(tmp_path / "ledgers", "append", monkeypatch)
+        disk.full = True
+        with pytest.raises((ServerError, Timeout)) as refused:
+            await transform(2)  # aborted: its inputs come again
+        assert "the data disk is full ([Errno 28] No space left on device)" in str(refused.value)
+
+        disk.full = False
+
+        async def transformed() -> bool:
+            try:
+                await transform(2)
+            except (ServerError, Timeout) as e:
+                assert isinstance(e, Timeout) or e.category is not ErrorCategory.FATAL, e
+                return False
+            return True
+
+        await wait_until(transformed, timeout=20, what="a transaction committed with room")
+        while len(committed) < 6:
+            await transform(2)
+        got = [(await outputs.receive(timeout_s=10)).value for _ in range(6)]
+        assert sorted(got) == sorted(committed) == [f"W{i}".encode() for i in range(6)]
+        with pytest.raises(Timeout):  # nothing of the aborted transaction, nothing twice
+            await outputs.receive(timeout_s=0.5)
     assert disk.refused
