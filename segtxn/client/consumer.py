@@ -43,9 +43,10 @@ from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, Timeout, TopicNotFound
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
+from segtxn.client.poisoning import poisons
 from segtxn.client.stream import MessageStream, close_queue, next_item
 from segtxn.client.timeouts import FIRST_RETRY_S, Deadline
-from segtxn.client.transaction import Transaction, poisons
+from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import ErrorCategory, ServerError, TransactionConflict
 from segtxn.protocol.names import Domain, TopicName
 

@@ -33,8 +33,9 @@ from segtxn.aio import callbacks_context, first_completed
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId, check_outgoing
+from segtxn.client.poisoning import poisons
 from segtxn.client.timeouts import Deadline, Expiries, checked_limit, close_quietly, retrying
-from segtxn.client.transaction import Transaction, poisons
+from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
 from segtxn.protocol.errors import (
     ErrorCategory,

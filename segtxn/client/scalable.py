@@ -23,9 +23,10 @@ from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import MessageId, check_outgoing
+from segtxn.client.poisoning import poisons
 from segtxn.client.producer import Producer, ProducerOptions, new_name
 from segtxn.client.timeouts import Deadline, Expiries
-from segtxn.client.transaction import Transaction, poisons
+from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import ErrorCategory, TopicTerminatedError
 from segtxn.protocol.names import TopicName
 

@@ -27,8 +27,10 @@ the transaction had acknowledged, as if the consumer had sought back (Kafka's co
 this by hand after an abort).
 
 Finding the coordinators, failing over between them and pre-starting transactions:
-:mod:`segtxn.client.coordinators`. Tracing on, a transaction is a span whose children are
-its NEW_TXN, sends, acks and END_TXN (docs/tracing.md).
+:mod:`segtxn.client.coordinators`. How a send or an acknowledgment poisons the transaction
+it is in: :mod:`segtxn.client.poisoning`; a v4 transaction's ADD_PARTITION and
+ADD_SUBSCRIPTION calls: :mod:`segtxn.client.registrations`. Tracing on, a transaction is a
+span whose children are its NEW_TXN, sends, acks and END_TXN (docs/tracing.md).
 
 Time limits: ``start``, ``commit``, ``abort`` and ``status`` each end within the client's
 operation timeout (or their ``timeout_s``), coordinator fail-over included; a registration
@@ -40,7 +42,6 @@ times out after raises ``Timeout`` (OUTCOME_UNKNOWN: ``commit()`` may be called 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 from collections.abc import Awaitable, Callable
@@ -51,6 +52,7 @@ from segtxn import tracing
 from segtxn.aio import callbacks_context
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import ClientClosed, ClientError, OperationCancelled, Timeout
+from segtxn.client.registrations import Registrations
 from segtxn.client.timeouts import Deadline
 from segtxn.protocol.errors import (
     ErrorCategory,
@@ -61,7 +63,7 @@ from segtxn.protocol.errors import (
 )
 from segtxn.protocol.txn import TxnAction, TxnId
 
-__all__ = ["Transaction", "TransactionFailed", "TransactionState", "poisons"]
+__all__ = ["Transaction", "TransactionFailed", "TransactionState"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -109,48 +111,6 @@ class TransactionFailed(ClientError):
             self.category = ErrorCategory.ABORTABLE  # it was aborted: the outcome is known
 
 
-def poisons(txn: Transaction | None) -> contextlib.AbstractContextManager[None]:
-    """``with poisons(txn):`` around a send or acknowledgment given ``txn``: whatever it
-    raises poisons the transaction, so ``commit`` aborts instead of committing the rest
-    without it (a cancel: with :class:`OperationCancelled`). Without a transaction, a shared
-    context that does nothing.
-
-    Raises:
-        TypeError: ``txn`` is neither None nor a Transaction (a transaction's id, say).
-    """
-    if txn is None:
-        return _NOTHING
-    if not isinstance(txn, Transaction):
-        raise TypeError(
-            f"txn is a Transaction (client.transaction()) or None, not {type(txn).__name__}"
-        )
-    return _Poisoning(txn)
-
-
-_NOTHING = contextlib.nullcontext()
-
-
-class _Poisoning(contextlib.AbstractContextManager[None]):
-    __slots__ = ("_txn",)
-
-    def __init__(self, txn: Transaction) -> None:
-        self._txn = txn
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            return
-        if isinstance(exc, asyncio.CancelledError):
-            exc = OperationCancelled(
-                f"an operation in transaction {self._txn._id} was cancelled by its caller"
-            )
-        self._txn.poison(exc)
-
-
 class Transaction:
     """One transaction. Get it from ``client.transaction()``; use it as an async context
     manager, or call ``commit()`` / ``abort()`` yourself."""
@@ -165,8 +125,8 @@ class Transaction:
         self._in_flight: set[asyncio.Future[Any]] = set()
         self._callbacks = callbacks_context()
         self._failure: BaseException | None = None
-        self._registered: dict[str, asyncio.Future[None]] = {}
         self._starting = asyncio.Lock()
+        self._registrations = Registrations(coordinators)
         """ADD_PARTITION / ADD_SUBSCRIPTION calls made (or in flight), so each happens once."""
         self._on_failure: dict[object, Callable[[], Awaitable[None]]] = {}
         self._closed_by_client = False
@@ -272,32 +232,7 @@ class Transaction:
             # is a no-op beyond the domain check just made, so it costs nothing to skip it
             # and a round trip on every transaction's first send and ack to make it.
             return
-        what = (
-            f"partition {topic}" if subscription is None else f"subscription {topic} {subscription}"
-        )
-        future = self._registered.get(what)
-        if future is None:  # the first caller registers; concurrent ones wait for it
-            body: dict[str, Any] = {"topics": [topic]}
-            if subscription is not None:
-                body["subscription"] = subscription
-            future = asyncio.ensure_future(
-                self._coordinators.call("POST", f"/txn/v2/{self.id}/{command}", json=body)
-            )
-            self._registered[what] = future
-        try:
-            async with deadline.timeout():
-                await asyncio.shield(future)  # shared: this caller's limit does not end it
-        except ServerError:
-            self._registered.pop(what, None)  # a refused registration may be asked again
-            raise
-        except Timeout:  # the registration itself gave up
-            self._registered.pop(what, None)
-            raise
-        except TimeoutError as e:
-            raise Timeout(
-                f"transaction {self._id}: {what} not registered within {deadline}",
-                category=ErrorCategory.RETRIABLE,
-            ) from e
+        await self._registrations.register(self.id, command, topic, subscription, deadline)
 
     def track(self, future: asyncio.Future[Any]) -> None:
         """Count an operation in the transaction: if it fails, or is cancelled (its outcome
