@@ -51,7 +51,8 @@ from segtxn.client.errors import (
     UnknownError,
 )
 from segtxn.client.messages import Message, MessageId
-from segtxn.client.producer import Producer, ProducerOptions
+from segtxn.client.producer import Producer
+from segtxn.client.producer_options import ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import Transaction, TransactionFailed, TransactionState

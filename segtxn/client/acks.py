@@ -33,11 +33,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from segtxn import tracing
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, Expiries
-from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import InvalidArgument, ServerError
 from segtxn.protocol.frames import Ack
 
@@ -227,26 +225,3 @@ class Acknowledgments:
 
 def _pending(waiter: _Waiter) -> bool:
     return not waiter.future.done()
-
-
-def ack_span(
-    message_id: MessageId, cumulative: bool, txn: Transaction | None
-) -> tracing.Span | None:
-    """Tracing on: an acknowledgment's span, a child of its transaction's (else of the
-    current span), until the broker's receipt; its context travels in the ack frame."""
-    if not tracing.enabled():
-        return None
-    attributes: dict[str, tracing.AttributeValue] = {
-        "messaging.destination.name": message_id.topic,
-        "messaging.message.id": f"{message_id.ledger_id}:{message_id.entry_id}",
-        "segtxn.ack.cumulative": cumulative,
-    }
-    if txn is not None:
-        attributes["segtxn.txn.id"] = str(txn.id)
-    return tracing.start(
-        tracing.CLIENT,
-        f"ack {message_id.topic}",
-        kind=tracing.SpanKind.CLIENT,
-        parent=None if txn is None else txn.span,
-        attributes=attributes,
-    )

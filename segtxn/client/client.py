@@ -25,7 +25,8 @@ from segtxn.client.coordinators import Coordinators
 from segtxn.client.credentials import Token, client_token
 from segtxn.client.errors import ClientClosed
 from segtxn.client.layout import TopicLayout
-from segtxn.client.producer import Producer, ProducerOptions
+from segtxn.client.producer import Producer
+from segtxn.client.producer_options import ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.timeouts import Deadline, Timeouts, checked_limit

@@ -38,12 +38,12 @@ from collections.abc import Awaitable
 
 from segtxn import tracing
 from segtxn.aio import first_completed
-from segtxn.client.acks import ack_span
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, Timeout, TopicNotFound
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.poisoning import poisons
+from segtxn.client.spans import ack_span
 from segtxn.client.stream import MessageStream, close_queue, next_item
 from segtxn.client.timeouts import FIRST_RETRY_S, Deadline
 from segtxn.client.transaction import Transaction

@@ -14,14 +14,14 @@ Time limits: a send ends within ``send_timeout_s`` of the call, room in the wind
 (in a transaction) its registration with the coordinator included; creating a producer
 retries a broker that is down or restarting until the client's operation timeout;
 ``flush`` and ``close`` take a ``timeout_s`` (docs/protocol.md, "Client time limits").
-Scalable topics: :mod:`segtxn.client.scalable`.
+Scalable topics: :mod:`segtxn.client.scalable`. The settings:
+:mod:`segtxn.client.producer_options`; a send's span (tracing on): :mod:`segtxn.client.spans`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -34,7 +34,9 @@ from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.poisoning import poisons
-from segtxn.client.timeouts import Deadline, Expiries, checked_limit, close_quietly, retrying
+from segtxn.client.producer_options import ProducerOptions, new_name
+from segtxn.client.spans import send_span, send_span_ends
+from segtxn.client.timeouts import Deadline, Expiries, close_quietly, retrying
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
 from segtxn.protocol.errors import (
@@ -56,15 +58,9 @@ from segtxn.protocol.errors import (
 from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
 from segtxn.protocol.names import TopicName
 
-__all__ = ["Producer", "ProducerOptions"]
+__all__ = ["Producer"]
 
 log = logging.getLogger(__name__)
-_names = itertools.count(1)
-
-
-def new_name(owner: object) -> str:
-    """A producer name unique in this process."""
-    return f"producer-{next(_names)}-{id(owner):x}"
 
 
 FATAL = (
@@ -77,30 +73,6 @@ FATAL = (
     NotAuthorized,
 )
 """Refusals that end a producer's connection for good: reconnecting would meet them again."""
-
-
-@dataclass(frozen=True)
-class ProducerOptions:
-    batching: bool = True
-    batch_max_messages: int = 1000
-    batch_max_bytes: int = 1024 * 1024
-    batch_delay_s: float = 0.0
-    max_pending: int = 1000
-    reconnect_max_s: float = 2.0
-    send_timeout_s: float = 30.0
-    """A send not done this long after the call fails with :class:`Timeout` and is not sent
-    again: OUTCOME_UNKNOWN once it was queued (it may still be stored), RETRIABLE when it
-    never left (no room in the window, or its transaction could not register it). Pulsar's
-    ``sendTimeout`` (30 s). 0: wait as long as it takes."""
-
-    def __post_init__(self) -> None:
-        checked_limit(self.send_timeout_s, "send_timeout_s")
-        if self.max_pending < 1:
-            raise ValueError("max_pending must be >= 1")
-
-    @property
-    def send_limit_s(self) -> float | None:
-        return self.send_timeout_s or None
 
 
 @dataclass(eq=False)
@@ -409,7 +381,7 @@ class Producer:
         self._next_seq += 1
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         future.add_done_callback(self._release, context=self._callbacks)
-        span = self._span(seq, txn)
+        span = send_span(str(self.topic), seq, txn)
         send = Send(
             seq=seq,
             payload=value,
@@ -420,7 +392,7 @@ class Producer:
             traceparent=tracing.traceparent(span),
         )
         if span is not None:
-            future.add_done_callback(functools.partial(_span_ends, span))
+            future.add_done_callback(functools.partial(send_span_ends, span))
         self._pending[seq] = _Pending(send, future)
         self._unsent.append(seq)
         self._wake.set()
@@ -437,26 +409,6 @@ class Producer:
     def _release(self, _: asyncio.Future[MessageId]) -> None:
         """A send is done: room for one more in the window."""
         self._window.release()
-
-    def _span(self, seq: int, txn: Transaction | None) -> tracing.Span | None:
-        """Tracing on: the send's span, a child of its transaction's (else of the current
-        span), from the call to the receipt; its context travels in the frame."""
-        if not tracing.enabled():
-            return None
-        topic = str(self.topic)
-        attributes: dict[str, tracing.AttributeValue] = {  # few: each costs on every send
-            "messaging.destination.name": topic,
-            "segtxn.seq": seq,
-        }
-        if txn is not None:
-            attributes["segtxn.txn.id"] = str(txn.id)
-        return tracing.start(
-            tracing.CLIENT,
-            f"send {topic}",
-            kind=tracing.SpanKind.PRODUCER,
-            parent=None if txn is None else txn.span,
-            attributes=attributes,
-        )
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far is stored (or failed). Without
@@ -503,15 +455,3 @@ class Producer:
         if self._ws is not None:  # a task cancelled before it ran never closed its socket
             await close_quietly(self._ws.close())
         self._fail_all(ClientClosed(f"producer {self.name} is closed"))
-
-
-def _span_ends(span: tracing.Span, future: asyncio.Future[MessageId]) -> None:
-    """A send's span ends with its receipt (its message id) or its failure."""
-    if future.cancelled():
-        tracing.end(span, asyncio.CancelledError())
-    elif (error := future.exception()) is not None:
-        tracing.end(span, error)
-    else:
-        message_id = future.result()
-        span.set_attribute("messaging.message.id", f"{message_id.ledger_id}:{message_id.entry_id}")
-        tracing.end(span)

@@ -24,7 +24,8 @@ from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.poisoning import poisons
-from segtxn.client.producer import Producer, ProducerOptions, new_name
+from segtxn.client.producer import Producer
+from segtxn.client.producer_options import ProducerOptions, new_name
 from segtxn.client.timeouts import Deadline, Expiries
 from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import ErrorCategory, TopicTerminatedError

@@ -23,7 +23,8 @@ from click.testing import Result
 from segtxn.cli import service
 from segtxn.cli.errors import describe
 from segtxn.client import Client, ErrorName, MessageId, ServerError
-from segtxn.client.producer import Producer, ProducerOptions
+from segtxn.client.producer import Producer
+from segtxn.client.producer_options import ProducerOptions
 from segtxn.metastore.etcd_server import free_port
 from tests.cli.test_cli_errors import invoke, one_line
 from tests.waiting import wait_until
