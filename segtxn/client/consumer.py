@@ -18,7 +18,8 @@ redelivery (``redelivery_count`` > 0).
 A scalable topic is consumed segment by segment through one queue (no ordering promise
 across segments; per key, parents before children); a
 :class:`~segtxn.client.checkpoint.CheckpointConsumer` reads it with positions the
-application keeps. The per-connection work is in :mod:`segtxn.client.stream`.
+application keeps. The per-connection work is in :mod:`segtxn.client.stream`; following
+the segment DAG (which segments are read, and when) in :mod:`segtxn.client.segments`.
 
 Time limits: ``receive`` waits as long as it takes unless given ``timeout_s`` (closing the
 consumer ends it at once: ClientClosed); an acknowledgment, a negative ack and a redelivery
@@ -37,17 +38,17 @@ import secrets
 from collections.abc import Awaitable
 
 from segtxn import tracing
-from segtxn.aio import first_completed
 from segtxn.client.connection import Connector
-from segtxn.client.errors import ClientClosed, Timeout, TopicNotFound
+from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.poisoning import poisons
+from segtxn.client.segments import SegmentFollowing
 from segtxn.client.spans import ack_span
 from segtxn.client.stream import MessageStream, close_queue, next_item
-from segtxn.client.timeouts import FIRST_RETRY_S, Deadline
+from segtxn.client.timeouts import Deadline
 from segtxn.client.transaction import Transaction
-from segtxn.protocol.errors import ErrorCategory, ServerError, TransactionConflict
+from segtxn.protocol.errors import ErrorCategory, TransactionConflict
 from segtxn.protocol.names import Domain, TopicName
 
 __all__ = ["Consumer"]
@@ -56,10 +57,9 @@ log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 
 MAX_STREAMS = 257  # a topic's segments over its whole life: bounds the local queue
-ACK_SETTLE_S = 10.0  # how long a finished segment waits for its last acks to be confirmed
 
 
-class Consumer:
+class Consumer(SegmentFollowing):
     """Messages of one subscription, from one topic, or from a scalable topic's segments.
 
     For a scalable topic it follows the segment DAG (a lookup session). With Exclusive or
@@ -163,73 +163,6 @@ class Consumer:
         except BaseException:
             await self.close()
             raise
-
-    def _forget_pruned(self) -> None:
-        """Forget the segments that have left the DAG (retired, then pruned): over months
-        of splits and merges the finished set would grow with every one. Safe: a pruned
-        segment is read by nobody again (its broker refuses it, its data is deleted), and
-        no segment lists it as a parent any more, so no child waits for it."""
-        assert self._layout is not None
-        self._finished = {s for s in self._finished if not self._layout.pruned(s)}
-
-    async def _open_eligible(self, deadline: Deadline) -> None:
-        assert self._layout is not None
-        self._forget_pruned()
-        for segment in sorted(self._layout.segments.values(), key=lambda s: s.id):
-            name = self.topic.segment_name(segment.id)
-            if str(name) in self._streams or segment.id in self._finished:
-                continue
-            if segment.retired:  # every subscription consumed it; its data is gone
-                self._finished.add(segment.id)
-                continue
-            if self._ordered and not all(p in self._finished for p in segment.parents):
-                continue  # its parents first: per-key order
-            try:
-                await self._open(name, deadline)
-            except TopicNotFound:
-                if segment.active:
-                    raise
-                # A sealed segment gone since this layout was read was retired: consumed
-                # by every subscription and deleted by retention (a deleted topic's
-                # active segments refuse next).
-                log.info("consumer %s: %s was retired; counted done", self.name, name)
-                self._finished.add(segment.id)
-
-    async def _follow(self) -> None:
-        """Open segments as the DAG grows and as parents finish; close finished ones. A
-        segment that cannot be attached yet is tried again, backing off; one refused for
-        good ends the consumer's stream of messages with that error."""
-        assert self._layout is not None
-        delay = 0.0
-        while True:
-            if delay:
-                await asyncio.sleep(delay)  # back off: attaching a segment failed
-            else:
-                await first_completed(
-                    self._layout.changed.wait(),
-                    self._wake.wait(),
-                    name=f"consumer-dag-{self.name}",
-                )
-            self._wake.clear()
-            for key, stream in list(self._streams.items()):
-                # Ended: sealed, and everything in it delivered and acknowledged by the
-                # subscription (on every subscription type): nothing more will come on it,
-                # and an open stream would keep the segment loaded on its broker for good.
-                if stream.ended.is_set():
-                    self._finished.add(TopicName.parse(key).segment or 0)
-                    del self._streams[key]
-                    await stream.settle_acks(ACK_SETTLE_S)  # its last acks' receipts
-                    await stream.close()
-            try:
-                await self._open_eligible(Deadline(self._connector.timeouts.operation_timeout_s))
-                delay = 0.0
-            except (Timeout, ServerError) as e:
-                if isinstance(e, ServerError) and not e.retriable:
-                    log.warning("consumer %s stops following %s: %s", self.name, self.topic, e)
-                    await self._queue.put(e)  # receive() raises it after what is queued
-                    return
-                log.warning("consumer %s: %s; trying again", self.name, e)
-                delay = min(max(delay * 2, FIRST_RETRY_S), 2.0)
 
     @property
     def active(self) -> bool:
