@@ -16,7 +16,7 @@ from aiohttp import web
 from segtxn import exposition
 from segtxn.auth import install_auth
 from segtxn.boundary import install
-from segtxn.broker import admin, fanout, holdings, lookup, ws
+from segtxn.broker import admin, fanout, holdings, lookup, sockets, ws
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
@@ -36,7 +36,7 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
     install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
     app[SERVICE] = BrokerService(settings, store)
     app[SOCKETS] = weakref.WeakSet()
-    app.on_shutdown.append(ws.close_sockets)
+    app.on_shutdown.append(sockets.close_sockets)
 
     async def service_ctx(app: web.Application) -> AsyncIterator[None]:
         await app[SERVICE].start()

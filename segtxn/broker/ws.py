@@ -9,6 +9,8 @@ a busy subscription) are answered as HTTP errors with the JSON body
 ``{"error": NAME, "message": ...}`` (``NotOwner`` is a 307 with ``Location``). After the
 upgrade every problem with one frame is an ``Error`` frame, and the connection goes on.
 Frames larger than twice the message limit close the connection with WebSocket code 1009.
+The socket, the frame loop and the shutdown hang-up the endpoints share:
+segtxn/broker/sockets.py.
 
 Each connection writes through one sender task and a bounded queue
 (segtxn/broker/outbox.py), so slow sockets never block a dispatcher; a consumer's queue is
@@ -32,26 +34,25 @@ import functools
 import itertools
 import logging
 import time
-import weakref
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from segtxn import tracing
 from segtxn.auth import close_at_expiry, principal_of, recheck
-from segtxn.boundary import incident, translate
 from segtxn.broker import fencing
 from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
-from segtxn.broker.http import SERVICE, SOCKETS, check_name, error_response, topic_from
+from segtxn.broker.http import SERVICE, check_name, error_response, topic_from
 from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.outbox import Outbox
 from segtxn.broker.publishing import Outcome
 from segtxn.broker.reader import Reader, end_position, start_position
+from segtxn.broker.sockets import failure_frame, new_socket, receive_frames
 from segtxn.broker.spans import ack_span, send_span, send_span_ends
 from segtxn.broker.txnaccess import TxnAccess
 from segtxn.ledger import Position
@@ -76,72 +77,8 @@ log = logging.getLogger(__name__)
 _generated = itertools.count(1)
 
 
-async def _receive_frames(
-    ws: web.WebSocketResponse,
-    decode: Callable[[bytes], object],
-    handle: Callable[[object], Awaitable[None]],
-    outbox: Outbox,
-) -> None:
-    """Read frames until the client closes; a bad frame gets an Error, not a hang-up."""
-    async for message in ws:
-        if message.type is WSMsgType.BINARY:
-            try:
-                frame = decode(message.data)
-            except (ValueError, RecursionError) as e:
-                # msgspec's DecodeError/ValidationError, bad UTF-8, absurd nesting
-                outbox.send(Error(error=ErrorName.INVALID_MESSAGE, message=f"bad frame: {e}"))
-                continue
-            try:
-                await handle(frame)
-            except ServerError as e:
-                outbox.send(Error(error=e.name, message=e.message, request_id=_request_id(frame)))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # a bug, or the store: answered, and the connection stays
-                outbox.send(_failure(f"{type(frame).__name__} frame", e, _request_id(frame)))
-        elif message.type is WSMsgType.TEXT:
-            outbox.send(Error(error=ErrorName.INVALID_MESSAGE, message="frames are binary msgpack"))
-        elif message.type is WSMsgType.ERROR:
-            log.info("websocket error: %s", ws.exception())
-            return
-
-
-def _request_id(frame: object) -> int | None:
-    request_id = getattr(frame, "request_id", None)
-    return request_id if isinstance(request_id, int) and request_id else None
-
-
-def _failure(what: str, e: Exception, request_id: int | None = None) -> Error:
-    """The Error frame for an unexpected failure: ServiceNotReady when the store or a
-    peer is away, else a bug, logged once with an incident id."""
-    known = translate(e)
-    if known is not None:
-        return Error(error=known.name, message=known.message, request_id=request_id)
-    ident = incident(f"{what} failed", e)
-    return Error(
-        error=ErrorName.UNKNOWN,
-        message=f"internal error, incident {ident} (the broker log has the details)",
-        request_id=request_id,
-    )
-
-
 def _nothing() -> None:
     """Nothing to do (yet): a connection refused before its upgrade has no expiry."""
-
-
-def _socket(request: web.Request) -> web.WebSocketResponse:
-    limit = request.app[SERVICE].settings.max_message_bytes
-    ws = web.WebSocketResponse(max_msg_size=2 * limit + 64 * 1024, heartbeat=30)
-    request.app[SOCKETS].add(ws)
-    return ws
-
-
-async def close_sockets(app: web.Application) -> None:
-    """On shutdown: hang up on every client (they reconnect elsewhere or later)."""
-    sockets: weakref.WeakSet[web.WebSocketResponse] = app[SOCKETS]
-    for socket in list(sockets):
-        if socket.prepared and not socket.closed:  # some were refused before the upgrade
-            await socket.close(code=WSCloseCode.GOING_AWAY, message=b"broker shutting down")
 
 
 # ---------------------------------------------------------------------- producer
@@ -166,7 +103,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
             )
     except ServerError as e:
         return error_response(e, request)
-    ws = _socket(request)
+    ws = new_socket(request)
     await ws.prepare(request)
     expiry = close_at_expiry(request, ws)
     topic.producers[producer_name] = ws
@@ -308,7 +245,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
         start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
 
     try:
-        await _receive_frames(ws, frames.producer_input.decode, handle, outbox)
+        await receive_frames(ws, frames.producer_input.decode, handle, outbox)
     finally:
         expiry()
         if topic.producers.get(producer_name) is ws:
@@ -355,7 +292,7 @@ def _parse_initial(value: str) -> str:
 
 async def consumer(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    ws = _socket(request)
+    ws = new_socket(request)
     link: ConsumerLink | None = None
     try:
         name = topic_from(request)
@@ -445,7 +382,7 @@ async def _serve_consumer(
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            outbox.send(_failure("ack", e, frame.request_id))
+            outbox.send(failure_frame("ack", e, frame.request_id))
 
     async def handle(frame: object) -> None:
         allowed()
@@ -466,7 +403,7 @@ async def _serve_consumer(
             subscription.redeliver(link, frame.request_id, txn)
 
     try:
-        await _receive_frames(ws, frames.consumer_input.decode, handle, outbox)
+        await receive_frames(ws, frames.consumer_input.decode, handle, outbox)
     finally:
         await asyncio.gather(*acks, return_exceptions=True)
 
@@ -476,7 +413,7 @@ async def _serve_consumer(
 
 async def reader(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
-    ws = _socket(request)
+    ws = new_socket(request)
     try:
         name = topic_from(request)
         topic = await service.serve(name)
@@ -508,7 +445,7 @@ async def reader(request: web.Request) -> web.StreamResponse:
 
     topic.readers.add(link)  # (a topic with readers is not unloaded for being idle)
     try:
-        await _receive_frames(ws, frames.consumer_input.decode, handle, outbox)
+        await receive_frames(ws, frames.consumer_input.decode, handle, outbox)
     finally:
         expiry()
         topic.readers.discard(link)
