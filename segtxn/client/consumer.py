@@ -111,6 +111,28 @@ class Consumer(SegmentFollowing):
         self._follower: asyncio.Task[None] | None = None
         self._closed = False
 
+    def _message_id(self, message: Message | MessageId) -> MessageId:
+        """The id of a message this consumer may acknowledge.
+
+        Raises:
+            TypeError: anything but a Message or a MessageId (an application's own record
+                of one, None): an AttributeError from deep inside said nothing useful.
+            ValueError: a Message another subscription delivered (acknowledged here, it
+                would count as consumed in this subscription, which may never have had it).
+        """
+        message_id = message.message_id if isinstance(message, Message) else message
+        if not isinstance(message_id, MessageId):
+            raise TypeError(
+                "a Message (or its message_id) received from this consumer, not "
+                f"{type(message).__name__}"
+            )
+        if isinstance(message, Message) and message.subscription not in (None, self.subscription):
+            raise ValueError(
+                f"{message_id} was delivered to subscription {message.subscription!r}, not "
+                f"{self.subscription!r}: acknowledge it with a consumer of that subscription"
+            )
+        return message_id
+
     def _stream(self, message_id: MessageId) -> MessageStream | None:
         """The stream ``message_id`` came on, or None when its segment was consumed to its
         end (sealed, and every message of it acknowledged by the subscription: its stream is
@@ -140,6 +162,7 @@ class Consumer(SegmentFollowing):
             deliver=self._queue,
             on_end=self._wake.set,
             ordered=self._ordered,
+            subscription=self.subscription,
         )
 
     async def _open(self, topic: TopicName, deadline: Deadline) -> None:
@@ -237,7 +260,8 @@ class Consumer(SegmentFollowing):
                 ``txn`` the transaction can no longer commit).
             ClientClosed: the consumer was closed (nothing was sent), or closed before the
                 receipt came (it may have been applied).
-            ValueError: the message is not from this consumer's topic.
+            ValueError: the message is not from this consumer's topic, or another
+                subscription delivered it.
             TypeError: ``message`` is not a Message or MessageId, or ``txn`` not a
                 Transaction.
 
@@ -307,7 +331,7 @@ class Consumer(SegmentFollowing):
         the transaction)."""
         self._check_open()
         deadline = self._deadline(timeout_s)
-        message_id = _message_id(message)
+        message_id = self._message_id(message)
         stream = self._stream(message_id)
         if stream is None:  # its segment is consumed to its end: it is acknowledged already
             if txn is None:
@@ -389,7 +413,7 @@ class Consumer(SegmentFollowing):
         """
         self._check_open()
         deadline = self._deadline(timeout_s)
-        message_id = _message_id(message)
+        message_id = self._message_id(message)
         stream = self._stream(message_id)
         if stream is not None:  # else its segment is consumed to its end: nothing comes again
             await self._bounded(stream.nack([message_id]), deadline, "nack")
@@ -418,18 +442,6 @@ class Consumer(SegmentFollowing):
         await asyncio.gather(*(stream.close() for stream in self._streams.values()))
         if self._layout is not None:
             await self._layout.close()
-
-
-def _message_id(message: Message | MessageId) -> MessageId:
-    """Raises TypeError for anything but a Message or a MessageId (an application's own
-    record of one, None): an AttributeError from deep inside said nothing useful."""
-    message_id = message.message_id if isinstance(message, Message) else message
-    if not isinstance(message_id, MessageId):
-        raise TypeError(
-            "a Message (or its message_id) received from this consumer, not "
-            f"{type(message).__name__}"
-        )
-    return message_id
 
 
 @functools.lru_cache(maxsize=1024)

@@ -37,6 +37,9 @@ class Message:
     epoch: int = 0
     """The subscription's delivery epoch it came in: a rewind starts a new one, and the
     broker refuses to let a transaction acknowledge a message from an earlier epoch."""
+    subscription: str | None = None
+    """The subscription that delivered it (None: a reader's): only a consumer of that
+    subscription may acknowledge it."""
 
 
 def check_outgoing(value: object, key: object, properties: object, event_time_ms: object) -> None:

@@ -100,8 +100,10 @@ class MessageStream:
         deliver: asyncio.Queue[Message | BaseException],
         on_end: Callable[[], None] | None = None,
         ordered: bool = False,
+        subscription: str | None = None,
     ) -> None:
         self.topic = topic
+        self._subscription = subscription
         self._ordered = ordered
         self._connector = connector
         self._kind, self._suffix, self._query = kind, suffix, query
@@ -279,7 +281,7 @@ class MessageStream:
                     )
                     await self.taken()
                     continue
-                self._deliver.put_nowait(to_message(self.topic, frame))
+                self._deliver.put_nowait(to_message(self.topic, frame, self._subscription))
                 if self._kind == "reader":  # after a reconnect, go on after this one
                     ledger, entry = frame.message_id
                     self._query["start"] = f"{ledger}:{entry + 1}"
@@ -461,7 +463,7 @@ def close_queue(queue: asyncio.Queue[Message | BaseException], closed: ClientClo
         queue.put_nowait(closed)
 
 
-def to_message(topic: TopicName, frame: MessageFrame) -> Message:
+def to_message(topic: TopicName, frame: MessageFrame, subscription: str | None) -> Message:
     return Message(
         message_id=MessageId(str(topic), *frame.message_id),
         value=frame.payload,
@@ -473,4 +475,5 @@ def to_message(topic: TopicName, frame: MessageFrame) -> Message:
         sequence_id=frame.sequence_id,
         redelivery_count=frame.redelivery_count,
         epoch=frame.epoch,
+        subscription=subscription,
     )

@@ -67,8 +67,8 @@ async def test_every_call_ends_within_its_limit_against_a_paused_broker(
         for value in (b"m1", b"m2", b"m3"):
             await producer.send(value)
         m1, m2, m3 = [await consumer.receive(timeout_s=10) for _ in range(3)]
-        for _ in range(3):
-            await other.receive(timeout_s=10)  # left unacknowledged: other has nothing queued
+        # other's, left unacknowledged: it has nothing queued
+        o1, _, _ = [await other.receive(timeout_s=10) for _ in range(3)]
         committing, aborting = client.transaction(), client.transaction()
         await producer.send(b"committed", txn=committing)
         await producer.send(b"aborted", txn=aborting)
@@ -143,7 +143,7 @@ async def test_every_call_ends_within_its_limit_against_a_paused_broker(
             outcomes = dict(zip(limits, ended, strict=True))
             # calls that need no answer: they return (closing waits 1 s at most per socket)
             quick = {
-                "negative_acknowledge": (other.negative_acknowledge(m1), OPERATION_S),
+                "negative_acknowledge": (other.negative_acknowledge(o1), OPERATION_S),
                 "redeliver_unacknowledged": (other.redeliver_unacknowledged(), OPERATION_S),
                 "producer close(timeout_s=1), a send in flight": (
                     unlimited.close(timeout_s=1.0),
