@@ -43,6 +43,15 @@ SAVE_RETRY_S = 1.0
 """The pause before saving again while the store fails."""
 
 
+_HOLD_RANK = {TxnState.ABORTED: 0, TxnState.OPEN: 1, TxnState.COMMITTED: 2}
+"""Which record holds a position several hold, after a crash (:meth:`recover`)."""
+
+
+def _state(header: T.TxnHeader | None) -> TxnState:
+    """A transaction's state by its header; a vanished header counts as aborted."""
+    return TxnState.ABORTED if header is None else header.state
+
+
 class _Acks(Draft):
     """One chunk of a transaction's acks record on a subscription."""
 
@@ -301,17 +310,26 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
                 continue
             if not isinstance(record, T.AcksRecord):
                 continue
-            draft = _Acks.recovered(txn, entry.key, record)
-            self._records.setdefault(txn, []).append(draft)
-            for position in draft.individual:
-                self._individual[position] = txn
-            if draft.cumulative is not None:
-                before = self._cumulative.get(txn, draft.cumulative)
-                self._cumulative[txn] = max(before, draft.cumulative)
-        for txn in list(self._records):
+            self._records.setdefault(txn, []).append(_Acks.recovered(txn, entry.key, record))
+        headers: dict[TxnId, T.TxnHeader | None] = {}
+        for txn in self._records:
             self._headers.listen(txn, self._on_header)
-            header, _ = await self._headers.get(txn)
-            if header is None or header.state.final:
+            headers[txn], _ = await self._headers.get(txn)
+        # Several records may hold one position: an aborted transaction's record is deleted
+        # only after its abort released the position, and a later transaction may have
+        # acknowledged it meanwhile (and committed). The position is the one of the
+        # transaction that took it last: a committed one's over any other, an open one's
+        # over an aborted one's. Taken by key order instead, a later aborted record could
+        # take back a committed acknowledgment, and its release deliver the message again.
+        for txn in sorted(self._records, key=lambda t: _HOLD_RANK[_state(headers[t])]):
+            for draft in self._records[txn]:
+                for position in draft.individual:
+                    self._individual[position] = txn
+                if draft.cumulative is not None:
+                    before = self._cumulative.get(txn, draft.cumulative)
+                    self._cumulative[txn] = max(before, draft.cumulative)
+        for txn, header in sorted(headers.items(), key=lambda h: -_HOLD_RANK[_state(h[1])]):
+            if header is None or header.state.final:  # commits first, then aborts
                 await self._materialize(txn, header)
 
     async def close(self) -> None:
