@@ -390,8 +390,9 @@ class BrokerService:
                 raise refused
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, self.refuse(name, e)) from e
-        except LedgerError as e:
-            log.error("loading %s on broker %s failed: %s", name, self.broker_id, e)
+        except LedgerError as e:  # a full disk, too few replicas (retriable): a WARNING each
+            level = logging.WARNING if e.retriable else logging.ERROR  # client's retry
+            log.log(level, "loading %s on broker %s failed: %s", name, self.broker_id, e)
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}: {e}") from e
         except (MetadataStoreError, ServerError) as e:
             log.warning("loading %s on broker %s failed: %s", name, self.broker_id, e)
