@@ -1,9 +1,9 @@
 """`segtxn verify soak`, run as a user runs it: two seeds with a short feed, real processes,
 real etcd, faults included; and its refusals of bad input.
 
-Seed 2456 is a cluster on a private etcd whose etcd is restarted and whose broker b1 is
-SIGKILLed after a commit and restarted on its data; seed 2457 is a standalone on the embedded
-store with two processors SIGSTOPped past their transaction timeout (zombies) and one
+Seed 2456 is a cluster on a private etcd whose etcd is restarted and whose broker b1, then
+its coordinator, are SIGKILLed after a commit and restarted; seed 2457 is a standalone on the
+embedded store with two processors SIGSTOPped past their transaction timeout (zombies) and one
 SIGKILLed, with splits and merges of the input and an output. The test checks what the harness
 promises: one line per run, the table, ``soak.json``, every process's log with every
 incarnation, the faults in the logs and histories, the reports, an exit status that follows
@@ -44,7 +44,10 @@ def test_a_short_soak_runs_each_seed_with_its_faults(tmp_path: Path) -> None:
     lines = out.splitlines()
     assert lines[0].startswith("soak: 2 run(s), seeds 2456..2457, 8 s of feed at 50/s")
     assert lines[1].startswith("[1/2] seed 2456 ") and "cluster-etcd" in lines[1]
-    assert "faults restart-etcd:etcd@0.20/1.4s kill-server:b1@0.62/1.5s" in lines[1]
+    faults = (
+        "restart-etcd:etcd@0.20/1.4s kill-server:b1@0.62/1.5s kill-server:coordinator@0.73/4.7s"
+    )
+    assert f"faults {faults}" in lines[1]
     assert lines[2].startswith("[2/2] seed 2457 PASS ") and "standalone-memory" in lines[2]
     assert "anomalies none" in lines[2]
     table = lines[lines.index("") + 1 :]
@@ -77,7 +80,13 @@ def test_a_short_soak_runs_each_seed_with_its_faults(tmp_path: Path) -> None:
         ("restart-etcd", "etcd-started"),
         ("kill-server", "killed"),
         ("kill-server", "restarted"),
+        ("kill-server", "killed"),  # the coordinator
+        ("kill-server", "restarted"),
     ]
+    coordinator = (cluster / "logs" / "coordinator.log").read_text()
+    assert "coordinator: incarnation 1 SIGKILLed (fault kill-server:coordinator@0.73/4.7s, " in (
+        coordinator
+    )
 
     assert sorted(p.name for p in (standalone / "logs").iterdir()) == [
         "orchestrator.log", "p1.log", "p2.log", "p3.log", "standalone.log",
