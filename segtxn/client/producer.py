@@ -137,13 +137,25 @@ class Producer:
         """
         ws = await retrying(
             f"create producer {self.name} on {self.topic}",
-            self._connect,
+            self._connect_first,
             deadline,
             request_timeout_s=self._connector.timeouts.request_timeout_s,
             busy=(ProducerBusy,),
         )
         self._ws = ws
         self._task = asyncio.create_task(self._run(ws), name=f"producer-{self.name}")
+
+    async def _connect_first(self) -> aiohttp.ClientWebSocketResponse:
+        """:meth:`_connect`, remembering why an attempt failed: a caller that gives up
+        waiting for this producer (a scalable producer's send) names it (:attr:`trouble`)."""
+        try:
+            return await self._connect()
+        except ServerError as e:
+            self._trouble = f"connecting: {e.name}: {e.message}"
+            raise
+        except (aiohttp.ClientError, ConnectionError) as e:
+            self._trouble = f"connecting: {e!r}"
+            raise
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
         broker = await self._connector.broker_for(self.topic)

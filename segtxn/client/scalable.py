@@ -82,6 +82,9 @@ class ScalableProducer:
         self._round_robin = itertools.count()
         self._numbers = itertools.count()
         self._lock = asyncio.Lock()
+        self._start_trouble: str | None = None
+        """Why the last segment producer that could not start failed (None once one
+        started): a send that gives up waiting for its segment's producer names it."""
         self._order = asyncio.Lock()  # FIFO: one sender at a time while in transition
         self._refused: list[_Outgoing] = []
         self._unsettled: dict[int, set[asyncio.Future[MessageId]]] = {}
@@ -142,7 +145,12 @@ class ScalableProducer:
                         f"{self.name}-s{segment_id}",
                         self.options,
                     )
-                    await producer.start(deadline)
+                    try:
+                        await producer.start(deadline)
+                    except BaseException:  # (a cancel too: the send's own limit)
+                        self._start_trouble = producer.trouble
+                        raise
+                    self._start_trouble = None
                     if self._closed:  # closed while it connected: close() has not seen it
                         await producer.close(timeout_s=0)
                         raise ClientClosed(f"producer {self.name} is closed")
@@ -217,9 +225,12 @@ class ScalableProducer:
             self._fail(result, e)
             raise
         except TimeoutError as e:  # this send's own limit
+            trouble = self._start_trouble
             failure = Timeout(
                 f"{self.name}: could not send within {deadline} (waiting for re-sends "
-                "before it, or for its segment's producer); nothing was sent",
+                "before it, or for its segment's producer"
+                + (f": last trouble: {trouble}" if trouble else "")
+                + "); nothing was sent",
                 category=ErrorCategory.RETRIABLE,
             )
             self._fail(result, failure)

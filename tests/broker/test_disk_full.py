@@ -23,6 +23,7 @@ from segtxn.broker.app import BrokerServer
 from segtxn.client import Client, ErrorCategory, ErrorName, MessageId, ServerError, Timeout
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.files import FileEntryLog, FileLogStorage
+from segtxn.protocol.names import TopicName
 from tests.broker.conftest import StartBroker
 from tests.cluster import Cluster
 from tests.waiting import wait_until
@@ -187,3 +188,27 @@ async def test_a_transaction_that_met_a_full_disk_does_not_commit_its_writes(
         with pytest.raises(Timeout):  # nothing of the aborted transaction, nothing twice
             await outputs.receive(timeout_s=0.5)
     assert disk.refused
+
+
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)
+async def test_a_send_waiting_for_its_segment_on_a_full_disk_says_why_it_gave_up(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment whose broker cannot open it (its reopen needs a new ledger file) refuses
+    producers while the disk is full; a send waiting for its segment's producer used to
+    give up saying only that it waited. Its Timeout names the refusal."""
+    topic = "topic://acme/disk/fresh"
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(topic, segments=1)
+        await cluster.broker.service.unload(TopicName.parse(topic).segment_name(0))
+        disk = FullDisk(tmp_path / "ledgers", "append", monkeypatch)
+        disk.full = True
+        producer = await client.create_producer(topic, send_timeout_s=2)
+        with pytest.raises(Timeout) as gave_up:
+            await producer.send(b"while full", key="k")
+        said = str(gave_up.value)
+        assert "for its segment's producer: last trouble: connecting: ServiceNotReady" in said
+        assert "the data disk is full ([Errno 28] No space left on device)" in said
+        assert gave_up.value.category is ErrorCategory.RETRIABLE  # nothing was sent
+        disk.full = False
+        await producer.send(b"with room", key="k")  # the next send connects
