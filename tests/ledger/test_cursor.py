@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
-from segtxn.ledger import LogStorage, Position, RetentionPolicy
-from segtxn.metastore import MetadataStore
+from segtxn.ledger import LedgerSettings, LogStorage, ManagedLedger, Position, RetentionPolicy
+from segtxn.ledger.metadata import METADATA_PREFIX
+from segtxn.metastore import MetadataStore, StoreUnavailable
+from segtxn.metastore.faults import FaultInjector
 from tests.ledger.conftest import OpenLedger
 from tests.waiting import wait_until
 
@@ -145,26 +149,40 @@ async def test_trim_waits_for_reads_in_flight(open_ledger: OpenLedger) -> None:
     assert await ledger.read(p[0]) == []
 
 
-async def test_an_unknown_cursor_write_outcome_is_resolved(
+@contextlib.asynccontextmanager
+async def _ledger_with_faults(
     store: MetadataStore, storage: LogStorage
-) -> None:
-    from segtxn.ledger import LedgerSettings, ManagedLedger
-    from segtxn.metastore import MetadataStore as Store
-    from segtxn.metastore.faults import FaultInjector
-
-    faulty = Store(FaultInjector(store.engine), owns_engine=False)
+) -> AsyncIterator[tuple[ManagedLedger, FaultInjector]]:
+    """Ledger ``cur`` on ``store`` through a fault injector (closed after)."""
+    faulty = MetadataStore(FaultInjector(store.engine), owns_engine=False)
     injector = faulty.engine
     assert isinstance(injector, FaultInjector)
     ledger = await ManagedLedger.open("cur", faulty, storage, LedgerSettings())
     try:
+        yield ledger, injector
+    finally:
+        await ledger.close()
+
+
+async def _mark_when_reopened(store: MetadataStore, storage: LogStorage) -> Position:
+    """Cursor ``sub``'s mark-delete as ledger ``cur`` opened again (what its store holds)."""
+    reopened = await ManagedLedger.open("cur", store, storage, LedgerSettings())
+    try:
+        return reopened.cursors["sub"].mark_delete
+    finally:
+        await reopened.close()
+
+
+async def test_an_unknown_cursor_write_outcome_is_resolved(
+    store: MetadataStore, storage: LogStorage
+) -> None:
+    async with _ledger_with_faults(store, storage) as (ledger, injector):
         cursor = await ledger.open_cursor("sub", start="earliest")
         p = [await ledger.append(b"u") for _ in range(3)]
         injector.fail("txn", key_prefix="/managed-cursors/", after_apply=True)
         await cursor.ack([p[0]])  # the reply was lost, but the write landed: not fenced
         await cursor.ack([p[1], p[2]])
         assert injector.injected == 1 and cursor.mark_delete == p[2]
-    finally:
-        await ledger.close()
 
 
 async def test_a_create_whose_answer_was_lost_is_taken_on_the_retry(
@@ -174,16 +192,7 @@ async def test_a_create_whose_answer_was_lost_is_taken_on_the_retry(
     it): the caller sees the error, and the retry takes the cursor the store holds rather
     than failing on "already exists" for good (a new segment's subscription stayed missing
     that way in a soak run, seed 77000, and its consumers got nothing from it)."""
-    from segtxn.ledger import LedgerSettings, ManagedLedger
-    from segtxn.metastore import MetadataStore as Store
-    from segtxn.metastore import StoreUnavailable
-    from segtxn.metastore.faults import FaultInjector
-
-    faulty = Store(FaultInjector(store.engine), owns_engine=False)
-    injector = faulty.engine
-    assert isinstance(injector, FaultInjector)
-    ledger = await ManagedLedger.open("cur", faulty, storage, LedgerSettings())
-    try:
+    async with _ledger_with_faults(store, storage) as (ledger, injector):
         p = [await ledger.append(b"u") for _ in range(3)]
         injector.fail("txn", key_prefix="/managed-cursors/", after_apply=True)
         with pytest.raises(StoreUnavailable):
@@ -193,13 +202,7 @@ async def test_a_create_whose_answer_was_lost_is_taken_on_the_retry(
         assert cursor.mark_delete == Position(p[0].ledger_id, p[0].entry_id - 1)  # as created
         await cursor.ack([p[0], p[1]])  # at the store's version: not refused as a conflict
         assert cursor.mark_delete == p[1]
-    finally:
-        await ledger.close()
-    reopened = await ManagedLedger.open("cur", store, storage, LedgerSettings())
-    try:
-        assert reopened.cursors["sub"].mark_delete == p[1]
-    finally:
-        await reopened.close()
+    assert await _mark_when_reopened(store, storage) == p[1]
 
 
 async def test_a_save_during_the_ledgers_own_rollover_is_tried_again(
@@ -210,16 +213,7 @@ async def test_a_save_during_the_ledgers_own_rollover_is_tried_again(
     before that rollover's answer came back: the save must wait the rollover out and try
     again with the new version, not take it for another owner's change (a fenced cursor:
     the acknowledgment failed, and the subscription was let go)."""
-    from segtxn.ledger import LedgerSettings, ManagedLedger
-    from segtxn.ledger.metadata import METADATA_PREFIX
-    from segtxn.metastore import MetadataStore as Store
-    from segtxn.metastore.faults import FaultInjector
-
-    faulty = Store(FaultInjector(store.engine), owns_engine=False)
-    injector = faulty.engine
-    assert isinstance(injector, FaultInjector)
-    ledger = await ManagedLedger.open("cur", faulty, storage, LedgerSettings())
-    try:
+    async with _ledger_with_faults(store, storage) as (ledger, injector):
         cursor = await ledger.open_cursor("sub", start="earliest")
         p = [await ledger.append(b"r") for _ in range(2)]
         held = injector.hold("txn", key_prefix=METADATA_PREFIX, times=1)  # applied, answer held
@@ -233,10 +227,4 @@ async def test_a_save_during_the_ledgers_own_rollover_is_tried_again(
         await rolling
         await acking
         assert cursor.mark_delete == p[1]
-    finally:
-        await ledger.close()
-    reopened = await ManagedLedger.open("cur", store, storage, LedgerSettings())
-    try:
-        assert reopened.cursors["sub"].mark_delete == p[1]
-    finally:
-        await reopened.close()
+    assert await _mark_when_reopened(store, storage) == p[1]
