@@ -179,6 +179,11 @@ class Throttled:
         self._last: float | None = None
         self._since = 0
 
+    @property
+    def since(self) -> int:
+        """How many times the condition was met since it was last logged at ERROR."""
+        return self._since
+
     def report(self, message: str) -> None:
         now = time.monotonic()
         if self._last is not None and now - self._last < self.every_s:

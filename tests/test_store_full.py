@@ -1,6 +1,7 @@
 """A full metadata store (etcd's NOSPACE alarm) as brokers and coordinators report it:
-503 ``MetadataStoreFull`` with a message telling the operator what to do, not retried by
-the client (it lasts until someone acts), and logged at ERROR once, not per request.
+503 ``MetadataStoreFull`` with a message telling the operator what to do, retriable (it
+passes once an operator frees space, and then nothing needs a restart: a call still
+retrying succeeds), and logged at ERROR once, not per request.
 
 On etcd the store is really filled (a private etcd with a tiny quota replaces the suite's
 shared one for this module), and then freed the way the error message tells an operator to;
@@ -20,11 +21,12 @@ import aiohttp
 import pytest
 
 from segtxn import boundary
-from segtxn.client import Client, ErrorName, ServerError
+from segtxn.client import Client, ErrorCategory, ErrorName, MetadataStoreFull, Timeout
 from segtxn.metastore import StoreFull, open_store
 from segtxn.metastore.etcd_server import EtcdServer, find_etcd_binary
 from segtxn.metastore.memory import MemoryEngine
 from tests.cluster import Cluster
+from tests.waiting import wait_until
 
 QUOTA_BYTES = 256 * 1024
 CHUNK = b"x" * 60_000
@@ -120,19 +122,23 @@ async def test_writes_on_a_full_store_are_503_store_full_logged_once(
                 body = await answer.json()
     for word in ("compact", "defrag", "quota", "alarm disarm"):
         assert word in body["message"], body
-    with pytest.raises(ServerError) as refused:  # the client does not retry it
+    with pytest.raises(MetadataStoreFull) as refused:  # an admin call is not retried
         await client.admin.create_topic("topic://acme/full/t2", segments=1)
-    assert refused.value.name is ErrorName.METADATA_STORE_FULL
-    assert not refused.value.retriable
-    with pytest.raises(ServerError) as coordinator:  # NEW_TXN writes its header
-        await client.transaction().start()
-    assert coordinator.value.name is ErrorName.METADATA_STORE_FULL
+    assert refused.value.retriable and refused.value.category is ErrorCategory.RETRIABLE
+    with pytest.raises(Timeout) as coordinator:  # NEW_TXN writes its header: retried
+        await client.transaction().start(timeout_s=1.0)
+    assert isinstance(coordinator.value.last_error, MetadataStoreFull), coordinator.value
+    assert "MetadataStoreFull" in str(coordinator.value)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1, [r.getMessage() for r in errors]
     assert "NOSPACE" in errors[0].getMessage() and not errors[0].exc_info
     assert await client.admin.list_topics("topic", "acme", "full") == [
         "topic://acme/full/before"
     ]  # reads still work
+    refusals = boundary.STORE_FULL_LOG.since
+    waiting = asyncio.create_task(client.transaction().start(timeout_s=30))
+    await wait_until(lambda: boundary.STORE_FULL_LOG.since > refusals, what="a refused start")
+    assert not waiting.done()  # still retrying, not failed
     await free_space(cluster, server)
+    await asyncio.wait_for(waiting, timeout=15)  # recovers by itself, no restart
     await client.admin.create_topic("topic://acme/full/after", segments=1)  # writes again
-    await client.transaction().start()

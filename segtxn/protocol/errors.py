@@ -113,6 +113,7 @@ _RETRIABLE = {
     ErrorName.SERVICE_NOT_READY,
     ErrorName.NOT_OWNER,
     ErrorName.TOO_MANY_REQUESTS,
+    ErrorName.METADATA_STORE_FULL,  # it passes once an operator frees space: no restart
 }
 _ABORTABLE = {
     ErrorName.TRANSACTION_CONFLICT,
@@ -324,7 +325,12 @@ class PreconditionFailed(NamedServerError):
 
 
 class MetadataStoreFull(NamedServerError):
-    """Fatal. The metadata store reached its size quota; an operator must free space."""
+    """Retriable. The metadata store reached its size quota (etcd's NOSPACE alarm) and
+    refuses every write until an operator frees space; nothing was done. It does not pass
+    by itself, but it passes without restarting anything: once space is freed the same
+    call succeeds, so the client retries it within the call's time limit like
+    ServiceNotReady (a Timeout's ``last_error`` then names it), and a caller that gets it
+    retries later rather than giving up."""
 
     name = ErrorName.METADATA_STORE_FULL
 

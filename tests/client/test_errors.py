@@ -33,6 +33,7 @@ CATEGORIES = {
     ErrorName.SERVICE_NOT_READY: ErrorCategory.RETRIABLE,
     ErrorName.NOT_OWNER: ErrorCategory.RETRIABLE,
     ErrorName.TOO_MANY_REQUESTS: ErrorCategory.RETRIABLE,
+    ErrorName.METADATA_STORE_FULL: ErrorCategory.RETRIABLE,
     ErrorName.TRANSACTION_CONFLICT: ErrorCategory.ABORTABLE,
     ErrorName.INVALID_TXN_STATUS: ErrorCategory.ABORTABLE,
     ErrorName.TRANSACTION_NOT_FOUND: ErrorCategory.ABORTABLE,
