@@ -196,6 +196,20 @@ class Throttled:
 
 
 STORE_FULL_LOG = Throttled(STORE_FULL_LOG_EVERY_S)
+
+
+def retry_warning(logger: logging.Logger, error: Exception, message: str, *args: object) -> None:
+    """Log one failed attempt of a background loop that retries (a clean-up, a cursor save):
+    at WARNING, except a full store, which every such loop meets every second while it
+    lasts: that goes to :data:`STORE_FULL_LOG` (one ERROR line for the whole server, with
+    what to do) and the loop's own line to DEBUG, so a full store does not flood the log."""
+    if isinstance(error, StoreFull):
+        STORE_FULL_LOG.report(f"{STORE_FULL_MESSAGE}; the store said: {error}")
+        logger.debug(message, *args)
+        return
+    logger.warning(message, *args)
+
+
 STORE_DENIED_MESSAGE = (
     "the metadata store refuses this server's credentials or permissions; an operator must "
     "restore them (the etcd user's role and its read-write permission on the cluster's key "

@@ -142,3 +142,41 @@ async def test_writes_on_a_full_store_are_503_store_full_logged_once(
     await free_space(cluster, server)
     await asyncio.wait_for(waiting, timeout=15)  # recovers by itself, no restart
     await client.admin.create_topic("topic://acme/full/after", segments=1)  # writes again
+
+
+async def test_clean_ups_retrying_on_a_full_store_log_it_once(
+    client: Client,
+    cluster: Cluster,
+    store_full_log: None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The brokers' background clean-ups after a commit (op records, the watermark, the
+    cursor) retry every second while the store is full: one ERROR line for them all, not a
+    WARNING per segment and subscription per second (a log flood on a large cluster)."""
+    if not isinstance(cluster.faults.inner, MemoryEngine):
+        pytest.skip("the fault is injected on memory://")
+    for topic in ("topic://acme/clean/in", "topic://acme/clean/out"):
+        await client.admin.create_topic(topic, segments=2)
+    inputs = await client.subscribe("topic://acme/clean/in", "s", initial_position="earliest")
+    feeder = await client.create_producer("topic://acme/clean/in")
+    outputs = await client.create_producer("topic://acme/clean/out")
+    for i in range(8):
+        await feeder.send(b"%d" % i, key=f"k{i}")
+    async with client.transaction(timeout_s=30) as txn:
+        for _ in range(8):
+            message = await inputs.receive(timeout_s=10)
+            await outputs.send(message.value, key=message.key, txn=txn)
+            await inputs.acknowledge(message, txn=txn)
+    caplog.clear()
+    writes = cluster.faults.count("txn")
+    cluster.faults.fail("txn", error=StoreFull("injected: database space exceeded"), times=None)
+    await wait_until(lambda: writes.calls >= 12, timeout=20, what="clean-ups retrying")
+    noisy = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "space exceeded" in r.getMessage()
+    ]
+    assert len(noisy) <= 1, noisy
+    cluster.faults.clear()
+    async with client.transaction(timeout_s=30) as txn:  # and it goes on, nothing restarted
+        await outputs.send(b"after", key="k0", txn=txn)

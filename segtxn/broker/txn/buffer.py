@@ -37,6 +37,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from segtxn.boundary import retry_warning
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
@@ -372,7 +373,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
                     self._changed()
                 await self._clean_once()
             except MetadataStoreError as e:
-                log.warning("%s: transaction clean-up failed (%s); will retry", self.segment, e)
+                retry_warning(
+                    log, e, "%s: transaction clean-up failed (%s); will retry", self.segment, e
+                )
                 await asyncio.sleep(1.0)  # the store is failing: retry at a gentle pace
                 self._cleaner_wake.set()
 

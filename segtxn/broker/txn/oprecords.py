@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from segtxn.boundary import translate
+from segtxn.boundary import retry_warning, translate
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import (
@@ -387,7 +387,7 @@ class OpRecordWriter:
         except MetadataStoreError as e:
             for cleaning in batch:
                 if cleaning.done is None:  # nobody waits: try again later
-                    log.warning("op-record clean-up failed (%s); retrying", e)
+                    retry_warning(log, e, "op-record clean-up failed (%s); retrying", e)
                     asyncio.get_running_loop().call_later(CLEAN_RETRY_S, self._enqueue, cleaning)
                 elif not cleaning.done.done():
                     cleaning.done.set_exception(e)

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from segtxn.boundary import retry_warning
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.spans import materialization_span
 from segtxn.broker.txn.headers import HeaderCache
@@ -282,7 +283,9 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
                 break
             except (MetadataStoreError, LedgerError) as e:
                 again = isinstance(e, MetadataStoreError) and not self._save_now.is_set()
-                log.warning(
+                retry_warning(
+                    log,
+                    e,
                     "%s subscription %s: saving the cursor after commits failed (%s); %s",
                     self.segment,
                     self.subscription,
