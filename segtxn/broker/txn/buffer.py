@@ -373,9 +373,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                     self._changed()
                 await self._clean_once()
             except MetadataStoreError as e:
-                retry_warning(
-                    log, e, "%s: transaction clean-up failed (%s); will retry", self.segment, e
-                )
+                retry_warning(log, e, "%s: clean-up failed (%s); retrying", self.segment, e)
                 await asyncio.sleep(1.0)  # the store is failing: retry at a gentle pace
                 self._cleaner_wake.set()
 
