@@ -144,6 +144,7 @@ async def test_writes_on_a_full_store_are_503_store_full_logged_once(
     await client.admin.create_topic("topic://acme/full/after", segments=1)  # writes again
 
 
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)  # (an injected fault)
 async def test_clean_ups_retrying_on_a_full_store_log_it_once(
     client: Client,
     cluster: Cluster,
@@ -153,8 +154,6 @@ async def test_clean_ups_retrying_on_a_full_store_log_it_once(
     """The brokers' background clean-ups after a commit (op records, the watermark, the
     cursor) retry every second while the store is full: one ERROR line for them all, not a
     WARNING per segment and subscription per second (a log flood on a large cluster)."""
-    if not isinstance(cluster.faults.inner, MemoryEngine):
-        pytest.skip("the fault is injected on memory://")
     for topic in ("topic://acme/clean/in", "topic://acme/clean/out"):
         await client.admin.create_topic(topic, segments=2)
     inputs = await client.subscribe("topic://acme/clean/in", "s", initial_position="earliest")
