@@ -22,6 +22,10 @@ from tests import processes
 from tests.processes import ServerProcess
 from tests.waiting import wait_until
 
+TTL = 2.0
+"""The brokers' session TTL: a broker restarted after a SIGKILL with its id waits for its
+old session to expire before it serves (the 10 s default would be most of each test)."""
+
 
 @pytest.fixture
 def cluster_store(etcd_server: EtcdServer) -> str:
@@ -51,7 +55,7 @@ async def test_sigkill_then_damage_or_a_cut_tail(
     entries silently). The last 5 bytes cut: nothing acknowledged lost, logged (it lost
     the last acknowledged entry silently)."""
     data = tmp_path / "b1"
-    broker = processes.broker(cluster_store, data, "b1", log=tmp_path / "b1.log")
+    broker = processes.broker(cluster_store, data, "b1", session_ttl=TTL, log=tmp_path / "b1.log")
     started.append(broker)
     broker.start()
     await broker.ready()
@@ -96,7 +100,9 @@ async def test_a_broker_restarted_on_an_empty_volume_refuses_its_segments(
     """Three brokers on etcd; one comes back on an empty data directory. It used to serve
     its segments as empty (256 of 1,814 acknowledged messages gone, nothing said)."""
     brokers = [
-        processes.broker(cluster_store, tmp_path / f"b{i}", f"b{i}", log=tmp_path / f"b{i}.log")
+        processes.broker(
+            cluster_store, tmp_path / f"b{i}", f"b{i}", session_ttl=TTL, log=tmp_path / f"b{i}.log"
+        )
         for i in range(3)
     ]
     started += brokers
@@ -119,7 +125,9 @@ async def test_a_broker_restarted_on_an_empty_volume_refuses_its_segments(
     victim.kill()
 
     empty = tmp_path / "empty"
-    wrong = processes.broker(cluster_store, empty, "b1", log=tmp_path / "wrong.log")
+    wrong = processes.broker(
+        cluster_store, empty, "b1", session_ttl=TTL, log=tmp_path / "wrong.log"
+    )
     started.append(wrong)
     wrong.start()
 

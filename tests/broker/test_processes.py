@@ -32,7 +32,9 @@ async def test_sigkilled_broker_loses_no_acknowledged_message(
     seed = random.randrange(2**32)
     print(f"broker crash seed {seed}")
     rng = random.Random(seed)
-    broker = processes.broker(cluster_store, tmp_path / "b1", "b1")
+    # restarted after a SIGKILL, it waits for its old session to expire before it serves:
+    # a 2 s session, not the 10 s default (what is tested is what the restart keeps)
+    broker = processes.broker(cluster_store, tmp_path / "b1", "b1", session_ttl=2)
     started.append(broker)
     broker.start()
     await broker.ready()

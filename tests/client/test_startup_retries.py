@@ -47,7 +47,9 @@ async def test_start_up_calls_wait_out_a_broker_restart(
     store: str, tmp_path: Path, started: list[ServerProcess], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="segtxn.client.timeouts")
-    broker = processes.broker(store, tmp_path / "b1", "b1")
+    # restarted after a SIGKILL, it waits for its old session to expire before it serves:
+    # a 2 s session, not the 10 s default (the calls wait out the restart whatever it takes)
+    broker = processes.broker(store, tmp_path / "b1", "b1", session_ttl=2)
     started.append(broker)
     broker.start()
     await broker.ready()
