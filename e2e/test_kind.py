@@ -39,7 +39,7 @@ def test_split_through_the_resource(kube: Kube) -> None:
 
     def split() -> bool:
         status = kube.get("scalabletopic", "orders").get("status", {})
-        return status.get("activeSegments") == 4 and status.get("sealedSegments") == 2
+        return bool(status.get("activeSegments") == 4 and status.get("sealedSegments") == 2)
 
     kube.wait_until("orders split to 4 active segments, 2 sealed", split)
     events = kube("get", "events", "--field-selector", "involvedObject.name=orders")
