@@ -37,7 +37,7 @@ from segtxn.ledger.errors import (
     full_disk_is_retriable,
 )
 from segtxn.ledger.fencing import cas_put
-from segtxn.ledger.logs import EntryLog, LogStorage
+from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import (
     LedgerInfo,
     LedgerMetadata,
@@ -177,7 +177,7 @@ class LedgerAppends(LedgerReads):
         """Close ``current`` and start the next ledger. Its file is created (and synced)
         before the metadata names it: a named ledger always has its file."""
         new_id = self._meta.next_ledger_id  # only the writer, here, takes ledger ids
-        fresh = await asyncio.to_thread(self._storage.create, self.name, new_id)
+        fresh = await open_in_thread(self._storage.create, self.name, new_id)
 
         def roll(meta: LedgerMetadata) -> LedgerMetadata:
             if meta.next_ledger_id != new_id:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 
 from segtxn.ledger.errors import LedgerCorrupted
-from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement
+from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, open_in_thread
 from segtxn.ledger.metadata import LedgerInfo
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class LogHandles:
             if unreadable is not None:
                 raise LedgerCorrupted(str(unreadable), path=unreadable.path)
             try:
-                entry_log = await asyncio.to_thread(
+                entry_log = await open_in_thread(
                     self._storage.open,
                     self._name,
                     info.id,

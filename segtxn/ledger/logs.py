@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerMissing
 
@@ -236,3 +236,23 @@ class LogStorage(ABC):
     @abstractmethod
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         """Remove a log (idempotent)."""
+
+
+async def open_in_thread(open_log: Callable[..., EntryLog], *args: Any, **kwargs: Any) -> EntryLog:
+    """``open_log(*args, **kwargs)`` (a storage's create, open or recovery) in a worker
+    thread. If the caller is cancelled meanwhile the thread still finishes, and the log it
+    opened is closed then rather than left open: an open log holds its file's lock, and a
+    leaked one made every later open of that ledger in this process fail with "held by
+    another writer" (a coordinator stopped while it took over a v4 log, then started again
+    in the same process, never took it back)."""
+    opening = asyncio.ensure_future(asyncio.to_thread(open_log, *args, **kwargs))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_opened)
+        raise
+
+
+def _close_opened(opening: asyncio.Future[EntryLog]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        opening.result().close()

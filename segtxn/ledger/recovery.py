@@ -73,7 +73,7 @@ import msgspec
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
 from segtxn.ledger.fencing import cas_put
-from segtxn.ledger.logs import Alteration, EntryLog, LogStorage, Truncation
+from segtxn.ledger.logs import Alteration, EntryLog, LogStorage, Truncation, open_in_thread
 from segtxn.ledger.metadata import (
     LedgerInfo,
     LedgerMetadata,
@@ -325,7 +325,7 @@ async def open_chain(
     record = await store.get(key)
     now_ms = int(time.time() * 1000)
     if record is None:
-        first = await asyncio.to_thread(storage.create, name, 1)
+        first = await open_in_thread(storage.create, name, 1)
         meta = LedgerMetadata(
             [_opened(first, now_ms)],
             next_ledger_id=2,
@@ -342,7 +342,7 @@ async def open_chain(
     meta = decode(record.value)
     await asyncio.to_thread(_check_files, name, storage, meta)
     last = meta.ledgers[-1]
-    recovered = await asyncio.to_thread(_recover_last, name, storage, meta, settings)
+    recovered = await open_in_thread(_recover_last, name, storage, meta, settings)
     logs: dict[int, EntryLog] = {last.id: recovered}
     try:
         size = recovered.size_bytes() if last.size_bytes is None else last.size_bytes
@@ -356,7 +356,7 @@ async def open_chain(
         ledgers = [*meta.ledgers[:-1], kept]
         next_id = meta.next_ledger_id
         if not meta.sealed:
-            logs[next_id] = await asyncio.to_thread(storage.create, name, next_id)
+            logs[next_id] = await open_in_thread(storage.create, name, next_id)
             ledgers.append(_opened(logs[next_id], now_ms))
             next_id += 1
         meta = LedgerMetadata(

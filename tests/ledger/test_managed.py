@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from segtxn.ledger import (
     EntryTooLarge,
+    FileLogStorage,
     LedgerClosed,
     LedgerError,
     LedgerFenced,
     LedgerSealed,
+    LedgerSettings,
     LogStorage,
+    ManagedLedger,
     Position,
 )
+from segtxn.ledger.files import FileEntryLog
 from segtxn.ledger.managed import METADATA_PREFIX
 from segtxn.metastore import MetadataStore
 from tests.ledger.conftest import OpenLedger
@@ -298,3 +304,50 @@ async def test_readers_learn_of_a_failed_write(open_ledger: OpenLedger) -> None:
         await ledger.append(b"x")
     with pytest.raises(LedgerError, match="failed a write"):
         await asyncio.wait_for(waiter, 5)
+
+
+class _GatedCreate(FileLogStorage):
+    """File storage whose creates wait, with the new file opened and locked, for ``gate``."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def create(self, ledger_name: str, ledger_id: int) -> FileEntryLog:
+        created = super().create(ledger_name, ledger_id)
+        self.entered.set()
+        self.gate.wait(10)
+        return created
+
+
+async def test_an_open_cancelled_while_its_file_opens_leaves_no_lock_behind(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """A file is opened (and locked) in a worker thread, which a cancel cannot stop: the
+    log it opened used to stay open, its lock held, and every later open of the ledger in
+    this process failed with "held by another writer" (a CI run: a coordinator stopped while
+    it took over a v4 log, started again in the same process, never took it back)."""
+    gated = _GatedCreate(tmp_path / "ledgers")
+    opening = asyncio.create_task(ManagedLedger.open("gated", store, gated, LedgerSettings()))
+    assert await asyncio.to_thread(gated.entered.wait, 10)
+    opening.cancel()
+    gated.gate.set()  # the thread finishes the create the caller no longer waits for
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    path = gated.path("gated", 1)
+
+    def unlocked() -> bool:
+        with path.open("rb") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            return True
+
+    await wait_until(unlocked, what="the file the cancelled open created unlocked")
+    ledger = await ManagedLedger.open("gated", store, FileLogStorage(tmp_path / "ledgers"))
+    try:
+        assert await ledger.append(b"after") is not None
+    finally:
+        await ledger.close()
