@@ -29,15 +29,7 @@ def send_span(topic: str, seq: int, txn: Transaction | None) -> tracing.Span | N
         "messaging.destination.name": topic,
         "segtxn.seq": seq,
     }
-    if txn is not None:
-        attributes["segtxn.txn.id"] = str(txn.id)
-    return tracing.start(
-        tracing.CLIENT,
-        f"send {topic}",
-        kind=tracing.SpanKind.PRODUCER,
-        parent=None if txn is None else txn.span,
-        attributes=attributes,
-    )
+    return _child_of(txn, f"send {topic}", tracing.SpanKind.PRODUCER, attributes)
 
 
 def send_span_ends(span: tracing.Span, future: asyncio.Future[MessageId]) -> None:
@@ -64,12 +56,23 @@ def ack_span(
         "messaging.message.id": f"{message_id.ledger_id}:{message_id.entry_id}",
         "segtxn.ack.cumulative": cumulative,
     }
+    return _child_of(txn, f"ack {message_id.topic}", tracing.SpanKind.CLIENT, attributes)
+
+
+def _child_of(
+    txn: Transaction | None,
+    name: str,
+    kind: tracing.SpanKind,
+    attributes: dict[str, tracing.AttributeValue],
+) -> tracing.Span | None:
+    """A span ``name``, a child of ``txn``'s (else of the current span), naming ``txn``
+    (None: its parent is not sampled)."""
     if txn is not None:
         attributes["segtxn.txn.id"] = str(txn.id)
     return tracing.start(
         tracing.CLIENT,
-        f"ack {message_id.topic}",
-        kind=tracing.SpanKind.CLIENT,
+        name,
+        kind=kind,
         parent=None if txn is None else txn.span,
         attributes=attributes,
     )

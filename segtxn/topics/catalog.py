@@ -415,8 +415,8 @@ class Catalog:
     async def finish_deleting(self, name: TopicName, mark: DeletionMark) -> bool:
         """Delete the record of marked topic ``name`` and its segments' homes (their data
         deleted by then; the children of a split or merge it stopped too), if the record is
-        still the one ``mark`` marked. Returns False
-        when there was none to delete (another deletion finished it).
+        still the one ``mark`` marked. Returns False when there was none to delete (another
+        deletion finished it).
 
         Each record and home is deleted by a compare-and-set on the version read, so a topic
         created again under the name after another deletion finished this one, and the
