@@ -9,9 +9,19 @@ Each producer's state also holds its :class:`~segtxn.broker.ordering.SendOrder`:
 with the rest of what the broker knows of a producer name, it outlives the producer's
 connection, so a reconnected producer's sends are stored after its old connection's.
 
-The state is snapshotted to ``/dedup/<quoted topic>`` every ``snapshot_every`` messages;
-after a restart the snapshot is loaded and the entries written after it are replayed, so
-a producer reconnecting to a restarted broker is de-duplicated too.
+The state is snapshotted to ``/dedup/<quoted topic>`` every ``snapshot_every`` messages
+(and when the topic closes); after a restart the snapshot is loaded and the entries written
+after its ``position`` are replayed, so a producer reconnecting to a restarted broker is
+de-duplicated too. **The replay reaches back one interval**: a snapshot's ``position`` is not
+where it was taken but where the one before the last interval was (at least
+``snapshot_every`` entries earlier), so a recovery learns again the positions of the last
+``snapshot_every`` messages or more, not only of those written since the snapshot. Those are
+the messages whose receipts may never have reached their producers (a broker that crashed,
+or was fenced and hung up, right after storing them): their resends get their original
+message ids. Before, a resend of a message stored just before a snapshot (a periodic one, or
+the one a topic writes as it closes) got ``-1:-1``, "a duplicate, where unknown" (as
+Pulsar answers), after any move of its segment: the producer could not tell where its
+message was (found by the soak, seed 109003). A resend older than that still gets ``-1:-1``.
 
 **Expiry.** A producer name that stored nothing for ``expiry_s`` (a day by default, as
 Kafka's ``producer.id.expiration.ms``; Pulsar forgets inactive producers after 6 hours) and
@@ -44,7 +54,9 @@ DEFAULT_EXPIRY_S = 24 * 3600.0
 
 class DedupSnapshot(msgspec.Struct, frozen=True):
     position: tuple[int, int] | None
-    """Every entry up to here is reflected in ``producers``."""
+    """A recovery replays the entries after here (None: all). Every entry up to here is
+    reflected in ``producers``, and usually more (replaying one again changes nothing):
+    it lags one interval behind (see the module docstring)."""
     producers: dict[str, int]
     """producer name -> highest stored sequence id."""
     seen: dict[str, int] = msgspec.field(default_factory=dict)
@@ -96,6 +108,10 @@ class Deduplication:
         """The names of the producers connected now (never forgotten): the topic's."""
         self._since_snapshot = 0
         self._position: Position | None = None
+        """The last entry stored (or replayed)."""
+        self._marks: tuple[Position | None, Position | None] = (None, None)
+        """Where the last two intervals ended (the older one is what a snapshot names as its
+        ``position``, so the replay reaches back at least one interval)."""
 
     def state(self, producer: str, *, seen_ms: int | None = None) -> ProducerState:
         """``producer``'s state, made if new (seen at ``seen_ms``, default now)."""
@@ -128,7 +144,9 @@ class Deduplication:
             for name, last in snapshot.producers.items():
                 self.producers[name] = ProducerState(last, snapshot.seen.get(name, now))
             if snapshot.position is not None:
-                start = ledger.position_after(Position(*snapshot.position))
+                replayed_from = Position(*snapshot.position)
+                start = ledger.position_after(replayed_from)
+                self._marks = (replayed_from, replayed_from)
         while start is not None:
             entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
             if not entries:
@@ -142,6 +160,7 @@ class Deduplication:
                 state.stored(message.sequence_id, entry.position, at)
             self._position = entries[-1].position
             start = ledger.position_after(entries[-1].position)
+        self._marks = (self._marks[0], self._position)
         self.expire(now)
 
     def note_stored(self, producer: str, seq: int, position: Position) -> bool:
@@ -153,9 +172,13 @@ class Deduplication:
         return self._since_snapshot >= self._every
 
     async def snapshot(self) -> None:
+        """Write the snapshot: the producers' state now, replayed from the end of the
+        interval before the last (see the module docstring)."""
+        if self._since_snapshot >= self._every:  # an interval ended
+            self._marks = (self._marks[1], self._position)
         self._since_snapshot = 0
         self.expire()
-        at = self._position
+        at = self._marks[0]
         position = None if at is None else (at.ledger_id, at.entry_id)
         body = DedupSnapshot(
             position,
