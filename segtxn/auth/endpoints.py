@@ -126,6 +126,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("POST", "/txn/v2/{txn}/partitions"): AUTHENTICATED,
     ("POST", "/txn/v2/{txn}/subscriptions"): AUTHENTICATED,
     ("POST", "/txn/v2/{txn}/end"): AUTHENTICATED,
+    ("POST", "/txn/v2/{txn}/commit"): AUTHENTICATED,
     ("GET", "/txn/v2/{txn}"): AUTHENTICATED,
 }
 

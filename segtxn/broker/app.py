@@ -16,7 +16,7 @@ from aiohttp import web
 from segtxn import exposition
 from segtxn.auth import install_auth
 from segtxn.boundary import install
-from segtxn.broker import admin, fanout, holdings, lookup, sockets, ws
+from segtxn.broker import admin, fanout, holdings, lookup, sockets, txncommit, ws
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
@@ -69,6 +69,7 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
             *holdings.routes(),
             *admin.routes(),
             *lookup.routes(),
+            *txncommit.routes(),
         ]
     )
     nodes = app[SERVICE].replica_nodes

@@ -55,6 +55,12 @@ class BrokerMetrics(Metrics):
             "Op-record writes (a record is rewritten as its transaction grows), by kind",
             ["kind"],
         )
+        self.txn_one_step_commits = self.labelled_count(
+            "segtxn_txn_one_step_commits_total",
+            "Commits clients asked of this broker (all of a transaction's operations here), by "
+            "answer: committed in an op-record step, or not_here (ended at its coordinator)",
+            ["answer"],
+        )
         self.txn_materialized = self.labelled_count(
             "segtxn_txn_materialized_total",
             "Transaction outcomes applied by participants, by outcome and part",

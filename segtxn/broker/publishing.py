@@ -34,6 +34,7 @@ from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import LedgerError, LedgerSealed, ManagedLedger, Position
+from segtxn.protocol import txnops
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
 from segtxn.protocol.names import Domain, TopicName
@@ -200,7 +201,11 @@ class Publishing:
             assert txn is not None
             try:  # the buffer releases every turn, however it ends
                 results = await self.buffer.append_together(
-                    txn, [(item.entry, sends[i][1]) for i, item in fresh]
+                    txn,
+                    [(item.entry, sends[i][1]) for i, item in fresh],
+                    ops=[
+                        txnops.send_op(str(self.name), producer, sends[i][0].seq) for i, _ in fresh
+                    ],
                 )
             except BaseException as e:
                 refusals = [self._not_stored(sends[i][0], item, e) for i, item in fresh]

@@ -115,7 +115,7 @@ class BrokerService:
         self.headers = HeaderCache(
             self.store, settings.header_watch, self.metrics.txn_header_events
         )
-        self.op_records = OpRecordWriter(self.store, self.metrics)
+        self.op_records = OpRecordWriter(self.store, self.metrics, self.headers)
         self.snapshots = snapshots.SnapshotLogs(
             settings.broker_id,
             self.store,

@@ -31,8 +31,19 @@ def ack_op(segment: str, subscription: str, position: tuple[int, int], cumulativ
 
 def digest(ops: Iterable[str]) -> int:
     """An order-independent 64-bit digest of a set of operation names (each counted once
-    by the caller): the sum of their BLAKE2b-64 hashes, modulo 2**64."""
+    by the caller): the sum of their :func:`op_hash`, modulo 2**64, so it can also be kept
+    as names arrive (:func:`add`)."""
     total = 0
     for op in ops:
-        total += int.from_bytes(hashlib.blake2b(op.encode(), digest_size=8).digest(), "big")
-    return total & _MASK
+        total = add(total, op)
+    return total
+
+
+def op_hash(op: str) -> int:
+    """BLAKE2b-64 of an operation name."""
+    return int.from_bytes(hashlib.blake2b(op.encode(), digest_size=8).digest(), "big")
+
+
+def add(total: int, op: str) -> int:
+    """``total`` (a digest) with ``op`` counted in it."""
+    return (total + op_hash(op)) & _MASK

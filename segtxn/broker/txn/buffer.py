@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from urllib.parse import quote
 
 import msgspec
@@ -167,7 +168,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         return outcome
 
     async def append_together(
-        self, txn: TxnId, entries: list[tuple[bytes, Turn]]
+        self, txn: TxnId, entries: list[tuple[bytes, Turn]], *, ops: Sequence[str] = ()
     ) -> list[Position | BaseException]:
         """Entries of ``txn`` that arrived together: one header read, each appended in its
         turn, their writes awaited together, then one rewrite of the writes record covers
@@ -183,7 +184,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._headers.listen(txn, self._on_header)
         self._appending[txn] = self._appending.get(txn, 0) + 1
         try:
-            return await self._append_together(txn, entries)
+            return await self._append_together(txn, entries, ops)
         finally:
             for _, turn in entries:
                 turn.release()
@@ -195,7 +196,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 self._appending[txn] -= 1
 
     async def _append_together(
-        self, txn: TxnId, entries: list[tuple[bytes, Turn]]
+        self, txn: TxnId, entries: list[tuple[bytes, Turn]], ops: Sequence[str]
     ) -> list[Position | BaseException]:
         header, version = await self._headers.get(txn)  # a store read on a cache miss
         if header is None:
@@ -233,7 +234,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
             # Queued entries are recorded or orphaned whatever becomes of this task: in a
             # task of their own, waited for through any cancel (the floor stays till then).
             finishing = asyncio.get_running_loop().create_task(
-                self._finish(txn, version, outcomes, appended), name=f"txn-append-{txn}"
+                self._finish(txn, version, outcomes, appended, ops), name=f"txn-append-{txn}"
             )
             while True:
                 try:
@@ -253,9 +254,11 @@ class MetadataTransactionBuffer(TransactionBuffer):
         version: int,
         outcomes: list[asyncio.Future[Position] | BaseException],
         appended: AppendInFlight,
+        ops: Sequence[str],
     ) -> list[Position | BaseException]:
         """Await the queued writes, then have one record cover them (or orphan them all);
-        ``appended`` ends once that record is queued (or nothing is to be recorded)."""
+        ``appended`` ends once that record is queued (or nothing is to be recorded).
+        ``ops``: each outcome's operation name (empty: none given)."""
         try:
             written = [o for o in outcomes if isinstance(o, asyncio.Future)]
             if written:
@@ -264,8 +267,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
             stored = [p for p in positions if isinstance(p, Position)]
             if not stored:
                 return positions
+            names = [op for op, p in zip(ops, positions, strict=False) if isinstance(p, Position)]
             try:
-                await self._record(txn, version, stored, appended)
+                await self._record(txn, version, stored, appended, names)
             except ServerError as e:
                 try:
                     await self._orphans.add_all(txn, stored)
@@ -280,7 +284,12 @@ class MetadataTransactionBuffer(TransactionBuffer):
         return positions
 
     async def _record(
-        self, txn: TxnId, version: int, positions: list[Position], appended: AppendInFlight
+        self,
+        txn: TxnId,
+        version: int,
+        positions: list[Position],
+        appended: AppendInFlight,
+        ops: Sequence[str],
     ) -> None:
         """Make the writes record cover ``positions``: nothing to write when a landed one
         does (they were appended before that record's header check passed); otherwise a
@@ -294,11 +303,12 @@ class MetadataTransactionBuffer(TransactionBuffer):
             draft = self._records[txn] = WritesDraft(txn, self.segment, positions[0])
         if all(draft.covers(position) for position in positions):
             draft.refuse_if_failed()
+            self._ops.covered(txn, ops)
             return
         for position in positions:
             draft.extend(position)
         try:
-            await self._ops.write(txn, version, draft, appended, owner=self._ledger)
+            await self._ops.write(txn, version, draft, appended, owner=self._ledger, ops=ops)
         except ServerError:
             if txn not in self._writes and draft.durable is None:
                 self._records.pop(txn, None)  # nothing of it here: nothing to clean up

@@ -30,30 +30,42 @@ that commits. The header check alone let that happen (tests/broker/test_lost_reg
 A check that fails because of this broker's own change of the record (a rollover, a trim)
 is tried again with the new version.
 
-Clean-up after outcomes goes through the same writer, batched across the broker: what a
-segment or subscription hands to :meth:`OpRecordWriter.clean` (index entries and a
-watermark to put, then records to delete) waits up to :data:`CLEAN_LINGER_S` for others,
-and they go together in one store step (it is off every client's path: visibility comes
-from the header cache, not from the clean-up).
+Clean-up after outcomes goes through the same writer, batched across the broker
+(:mod:`segtxn.broker.txn.opclean`).
+
+**The one-step commit** (:meth:`OpRecordWriter.commit`): a client whose transaction's
+operations all went to this broker asks it to commit, naming how many operations it made
+and their digest (:mod:`segtxn.protocol.txnops`). Once the operations whose records this
+writer queued for the transaction are exactly those, the step that writes the last of them
+carries the header's compare-and-set to COMMITTED in place of its check: one store step
+for the records and the decision, where the coordinator's END_TXN would be a second one
+after it (issue 16; docs/design-notes.md). The step is all or nothing, so the decision
+lands with every record it needs or not at all. A store error that leaves the step's fate
+unknown is settled before anything is answered or orphaned: an abort from the OPEN version
+(it lands: the step did not) or, refused, a read of the header (COMMITTED: it did).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import msgspec
+
 from segtxn.boundary import retry_warning, translate
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.broker.txn.commits import CommitAnswer, Commits, PendingCommit
+from segtxn.broker.txn.headers import HeaderCache
+from segtxn.broker.txn.opclean import OpRecordCleaner
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import (
     BadVersion,
     Check,
-    Delete,
     MetadataStore,
     MetadataStoreError,
     NotFound,
@@ -61,18 +73,14 @@ from segtxn.metastore import (
     Put,
 )
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.protocol.txn import TxnId
+from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 
 MAX_RECORDS_PER_STEP = 40
 """Each op record costs the store two physical writes (the record and its index entry);
 40 leave room under the 128 a step may hold."""
-CLEAN_LINGER_S = 0.25
-"""How long clean-up waits for more to go in the same store step."""
-CLEAN_OPS_PER_STEP = 40
-"""Puts and deletes per clean-up step (a delete of an indexed record counts two physical
-operations, as does a put: under the 128 a step may hold)."""
-CLEAN_RETRY_S = 1.0
+SETTLE_RETRY_S = 0.5
+"""How often a commit whose step's fate is unknown asks the store again."""
 APPEND_WAIT_S = 0.02
 """How long a step waits for its transaction's appends in flight on this broker (so their
 records join it): a little over a slow disk's sync, never a stall when appends keep coming."""
@@ -153,33 +161,20 @@ class _Waiting:
     """What the step writing it holds, and its Put (set when the step is built)."""
 
 
-@dataclass(eq=False)
-class _Cleaning:
-    puts: list[Put]
-    deletes: list[str]
-    done: asyncio.Future[None] | None
-    """None: nobody waits (retried until it lands)."""
-
-    @property
-    def size(self) -> int:
-        return len(self.puts) + len(self.deletes)
-
-    @property
-    def keys(self) -> set[str]:
-        return {p.key for p in self.puts} | set(self.deletes)
-
-
 class OpRecordWriter:
-    def __init__(self, store: MetadataStore, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self, store: MetadataStore, metrics: BrokerMetrics, headers: HeaderCache | None = None
+    ) -> None:
+        """``headers``: the broker's header cache (the one-step commit's counts of a
+        transaction are dropped when it tells the transaction is over)."""
         self._store = store
         self._metrics = metrics
         self._queues: dict[TxnId, dict[str, _Waiting]] = {}
         self._flushers: dict[TxnId, asyncio.Task[None]] = {}
         self._appends: dict[TxnId, set[AppendInFlight]] = {}
         """Runs of appends in flight per transaction (:meth:`appending`)."""
-        self._cleaning: list[_Cleaning] = []
-        self._cleaner: asyncio.Task[None] | None = None
-        self._closed = False
+        self._commits = Commits(headers)
+        self._cleaner = OpRecordCleaner(store)
 
     def appending(self, txn: TxnId) -> AppendInFlight:
         """Say that appends of ``txn`` are being written here and their record will follow:
@@ -202,12 +197,14 @@ class OpRecordWriter:
         appended: AppendInFlight | None = None,
         *,
         owner: Owner | None = None,
+        ops: Collection[str] = (),
     ) -> None:
         """Return once a step that began after this call wrote ``draft`` (with everything
         it held then), checked against the header at ``version`` and, with ``owner`` (the
         ledger of the segment the record is for), against that ledger's metadata record at
         the version this broker last wrote. ``appended``: the run of appends this record
-        covers, ended once the draft is queued.
+        covers, ended once the draft is queued. ``ops``: the names of the operations the
+        record now covers (:mod:`segtxn.protocol.txnops`), for the one-step commit.
 
         Raises:
             ServerError(TransactionConflict): the transaction ended meanwhile, or
@@ -224,24 +221,64 @@ class OpRecordWriter:
                 waiting = queue[draft.key] = _Waiting(draft, version, owner)
             done = asyncio.get_running_loop().create_future()
             waiting.waiters.append(done)
+            if ops:
+                self._commits.count(txn, ops)
         finally:
             if appended is not None:
                 appended.end()
+        self._start_flusher(txn)
+        await asyncio.shield(done)
+
+    def covered(self, txn: TxnId, ops: Collection[str]) -> None:
+        """Operations ``ops`` of ``txn`` are covered by a record that landed already (no
+        step needed): they count for the one-step commit all the same."""
+        self._commits.count(txn, ops)
+
+    def _start_flusher(self, txn: TxnId) -> None:
         if txn not in self._flushers:
             self._flushers[txn] = asyncio.create_task(self._flush(txn), name=f"op-records-{txn}")
-        await asyncio.shield(done)
 
     def waiting(self, txn: TxnId) -> int:
         """Callers waiting for a step of ``txn`` that has not begun (diagnostics, tests)."""
         return sum(len(w.waiters) for w in self._queues.get(txn, {}).values())
 
+    # ------------------------------------------------------------------ one-step commit
+
+    async def commit(
+        self,
+        txn: TxnId,
+        ops: int,
+        digest: int,
+        *,
+        header: T.TxnHeader,
+        version: int,
+        trace: str | None = None,
+    ) -> CommitAnswer:
+        """Commit OPEN ``txn`` (its ``header`` at ``version``) in the op-record step that
+        writes the last records of its operations here, once those are exactly the ``ops``
+        operations whose :func:`~segtxn.protocol.txnops.digest` is ``digest``; or, if they
+        are all written already, in a step of its own. Answers "not here" (nothing decided)
+        when that cannot be so within :data:`~segtxn.broker.txn.commits.COMMIT_WAIT_S`
+        (see :mod:`segtxn.broker.txn.commits`).
+        """
+        pending = self._commits.ask(txn, ops, digest, header=header, version=version, trace=trace)
+        if self._commits.matched(txn):
+            self._start_flusher(txn)  # (a running flusher takes it with its next step)
+        left = pending.expires - asyncio.get_running_loop().time()
+        try:
+            async with asyncio.timeout(max(left, 0)):
+                return await asyncio.shield(pending.answer)
+        except TimeoutError:
+            why = f"the {ops} operations of {txn} were not all recorded here in time"
+            self._commits.withdraw(pending, why)
+            return await asyncio.shield(pending.answer)
+
     async def _flush(self, txn: TxnId) -> None:
         try:
-            while self._queues.get(txn):
+            while self._queues.get(txn) or self._commits.matched(txn):
                 await self._appends_written(txn)
-                queue = self._queues.get(txn)
-                if queue:
-                    await self._step(txn, queue)
+                await self._commits.wait_counted(txn)
+                await self._step(txn, self._queues.setdefault(txn, {}))
         finally:
             self._queues.pop(txn, None)
             self._flushers.pop(txn, None)
@@ -268,13 +305,17 @@ class OpRecordWriter:
             chosen.append(queue.pop(key))
 
     async def _step(self, txn: TxnId, queue: dict[str, _Waiting]) -> None:
-        """Write some of ``queue``'s drafts (taking them out of it) in one store step."""
+        """Write some of ``queue``'s drafts (taking them out of it) in one store step; the
+        last step of a transaction whose commit waits here carries its compare-and-set."""
         chosen: list[_Waiting] = []
         error: ServerError | None = None
         owners: dict[str, tuple[Owner, int]] = {}
+        commit: PendingCommit | None = None
+        ended = False
         try:
             self._take(txn, queue, chosen)
-            if not chosen:
+            commit = None if queue else self._commits.due(txn)
+            if not chosen and commit is None:
                 return
             for waiting in chosen:
                 if waiting.owner is not None:
@@ -282,11 +323,16 @@ class OpRecordWriter:
                     owners[key] = (waiting.owner, waiting.owner.metadata_version)
             checks = [Check(key, version) for key, (_, version) in owners.items()]
             puts = [w.put for w in chosen if w.put is not None]
-            await self._store.commit([Check(T.header_key(txn), chosen[0].version), *checks, *puts])
+            header: Op = (
+                commit.cas() if commit is not None else Check(T.header_key(txn), chosen[0].version)
+            )
+            await self._store.commit([header, *checks, *puts])
         except (BadVersion, NotFound) as e:
             owned = owners.get(e.key)
             if owned is not None and await owned[0].settled_metadata_version() != owned[1]:
                 _requeue(queue, chosen)  # its own rollover or trim meanwhile: again
+                if commit is not None:
+                    self._commits.again(commit)
                 return
             if owned is not None:
                 error = ServerError(
@@ -296,15 +342,30 @@ class OpRecordWriter:
                 )
             else:
                 error = ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
+                ended = True
             error.__cause__ = e
         except MetadataStoreError as e:
             error = _store_failed(e)
+            if commit is not None and await self._settle(commit):
+                error = None  # the step landed: its decision and every record in it
         except Exception as e:  # a bug: fail every waiter rather than leave them hanging
             log.exception("op records of %s: step failed", txn)
             error = ServerError(ErrorName.UNKNOWN, f"could not record the op: {e}")
             error.__cause__ = e
-            chosen += queue.values()
-            queue.clear()
+            if commit is not None and await self._settle(commit):
+                error = None
+            else:
+                chosen += queue.values()
+                queue.clear()
+        if error is not None:
+            self._commits.failed(txn, error.message)
+            if commit is not None:
+                self._commits.answer(commit, CommitAnswer(None, error.message))
+            if ended:
+                self._commits.forget(txn)
+        elif commit is not None:
+            assert commit.final is not None
+            self._commits.answer(commit, CommitAnswer(commit.final))
         for waiting in chosen:
             if error is not None:
                 waiting.draft.failed = error
@@ -318,6 +379,44 @@ class OpRecordWriter:
                 if not done.done():
                     done.set_result(None)
 
+    async def _settle(self, commit: PendingCommit) -> bool:
+        """The fate of a step carrying ``commit`` is unknown (the store failed as it was
+        made): find it before anything is answered. An abort from the OPEN version lands
+        only if the step did not; refused, the header says (COMMITTED: the step landed,
+        every record in it too). Tried again while the store fails: an answer either way
+        would be a guess, and a wrong one loses committed data or commits what the client
+        believes failed."""
+        key = T.header_key(commit.txn)
+        aborted = msgspec.structs.replace(
+            commit.header, state=TxnState.ABORTED, finalized_ms=int(time.time() * 1000)
+        )
+        while True:
+            try:
+                try:
+                    await self._store.put(
+                        key,
+                        T.encode(aborted),
+                        expected_version=commit.version,
+                        partition_key=commit.txn.key,
+                        indexes=T.header_indexes(aborted),
+                    )
+                    return False
+                except (BadVersion, NotFound):
+                    record = await self._store.get(key)
+                    if record is None:
+                        return False
+                    return T.decode_header(record.value).state is TxnState.COMMITTED
+            except MetadataStoreError as e:
+                retry_warning(
+                    log,
+                    e,
+                    "txn %s: its commit's store step failed with an unknown outcome (%s); "
+                    "finding out",
+                    commit.txn,
+                    e,
+                )
+                await asyncio.sleep(SETTLE_RETRY_S)  # a retry interval, not a wait for a condition
+
     # ------------------------------------------------------------------ clean-up
 
     async def clean(self, puts: list[Put], deletes: list[str]) -> None:
@@ -328,89 +427,20 @@ class OpRecordWriter:
         Raises:
             MetadataStoreError: the store failed (nothing, or the puts only, were done).
         """
-        done = asyncio.get_running_loop().create_future()
-        self._enqueue(_Cleaning(puts, deletes, done))
-        await asyncio.shield(done)
+        await self._cleaner.clean(puts, deletes)
 
     def discard(self, deletes: list[str]) -> None:
         """Delete the records ``deletes`` soon, retrying while the store fails (nobody
         waits: a subscription's next materialization must not wait for the last one's)."""
-        if deletes:
-            self._enqueue(_Cleaning([], deletes, None))
-
-    def _enqueue(self, cleaning: _Cleaning) -> None:
-        if self._closed:  # left for the next load to find (materializing is idempotent)
-            if cleaning.done is not None:
-                cleaning.done.cancel()
-            return
-        self._cleaning.append(cleaning)
-        if self._cleaner is None:
-            self._cleaner = asyncio.create_task(self._clean_loop(), name="op-records-clean")
-
-    async def _clean_loop(self) -> None:
-        try:
-            while self._cleaning:
-                await asyncio.sleep(CLEAN_LINGER_S)  # let more arrive: one step for them all
-                batch: list[_Cleaning] = []
-                keys: set[str] = set()
-                while self._cleaning:
-                    nxt = self._cleaning[0]
-                    size = sum(c.size for c in batch) + nxt.size
-                    if batch and (size > CLEAN_OPS_PER_STEP or keys & nxt.keys):
-                        break  # a step touches a key once
-                    batch.append(self._cleaning.pop(0))
-                    keys |= nxt.keys
-                try:
-                    await self._clean_step(batch)
-                except Exception as e:  # a bug: tell the waiters rather than leave them hanging
-                    log.exception("op-record clean-up failed")
-                    for cleaning in batch:
-                        if cleaning.done is not None and not cleaning.done.done():
-                            cleaning.done.set_exception(e)
-                            cleaning.done.exception()
-        finally:
-            self._cleaner = None
-
-    async def _clean_step(self, batch: list[_Cleaning]) -> None:
-        try:
-            if sum(c.size for c in batch) <= CLEAN_OPS_PER_STEP:
-                ops: list[Op] = [op for c in batch for op in c.puts]
-                ops += [Delete(key) for c in batch for key in c.deletes]
-                try:
-                    await self._store.commit(ops)
-                except NotFound:  # a record is gone already: each on its own
-                    for cleaning in batch:
-                        await self._clean_alone(cleaning)
-            else:  # one too large for a step
-                for cleaning in batch:
-                    await self._clean_alone(cleaning)
-        except MetadataStoreError as e:
-            for cleaning in batch:
-                if cleaning.done is None:  # nobody waits: try again later
-                    retry_warning(log, e, "op-record clean-up failed (%s); retrying", e)
-                    asyncio.get_running_loop().call_later(CLEAN_RETRY_S, self._enqueue, cleaning)
-                elif not cleaning.done.done():
-                    cleaning.done.set_exception(e)
-                    cleaning.done.exception()  # retrieved: the waiter re-raises it
-            return
-        for cleaning in batch:
-            if cleaning.done is not None and not cleaning.done.done():
-                cleaning.done.set_result(None)
-
-    async def _clean_alone(self, cleaning: _Cleaning) -> None:
-        for start in range(0, len(cleaning.puts), CLEAN_OPS_PER_STEP):
-            await self._store.commit(cleaning.puts[start : start + CLEAN_OPS_PER_STEP])
-        await _delete_records(self._store, cleaning.deletes)
+        self._cleaner.discard(deletes)
 
     async def close(self) -> None:
-        self._closed = True
-        if self._cleaner is not None:
-            self._cleaner.cancel()
-            await asyncio.gather(self._cleaner, return_exceptions=True)
+        await self._cleaner.close()
         tasks = list(self._flushers.values())
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._commits.close()
 
 
 def _requeue(queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
@@ -443,20 +473,3 @@ def _fail(waiters: list[asyncio.Future[None]], error: ServerError) -> None:
         if not done.done():
             done.set_exception(error)
             done.exception()  # retrieved: the waiter re-raises it
-
-
-async def _delete_records(store: MetadataStore, keys: Sequence[str]) -> None:
-    """Delete op records, up to :data:`MAX_RECORDS_PER_STEP` per store step; a record
-    already gone (the coordinator force-deletes abandoned ones) is not an error.
-
-    Raises:
-        MetadataStoreError: the store failed (some may be deleted, the rest are not).
-    """
-    for start in range(0, len(keys), MAX_RECORDS_PER_STEP):
-        chunk = keys[start : start + MAX_RECORDS_PER_STEP]
-        try:
-            await store.commit([Delete(key) for key in chunk])
-        except NotFound:  # one of them is gone: the others one by one
-            for key in chunk:
-                with contextlib.suppress(NotFound):
-                    await store.delete(key)

@@ -31,6 +31,7 @@ from segtxn.broker.txn.oprecords import Draft, OpRecordWriter, Owner
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
 from segtxn.ledger import LedgerError, ManagedCursor, Position
 from segtxn.metastore import MetadataStore, MetadataStoreError
+from segtxn.protocol import txnops
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
@@ -174,7 +175,16 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         undo = self._reserve(txn, positions, cumulative=cumulative)
         draft.add(positions, cumulative=cumulative)
         try:
-            await self._ops.write(txn, version, draft, owner=self._ledger)
+            await self._ops.write(
+                txn,
+                version,
+                draft,
+                owner=self._ledger,
+                ops=[
+                    txnops.ack_op(self.segment, self.subscription, p.as_pair(), cumulative)
+                    for p in positions
+                ],
+            )
         except BaseException:
             # A failed draft is never written again (a record written before the failure
             # is deleted when the transaction's aborted outcome is materialized).

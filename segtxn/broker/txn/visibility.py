@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 
 from segtxn.broker.ordering import Turn
 from segtxn.ledger import ManagedLedger, Position, TrimResult
@@ -107,11 +107,13 @@ class TransactionBuffer(ABC):
         """
 
     async def append_together(
-        self, txn: TxnId, entries: list[tuple[bytes, Turn]]
+        self, txn: TxnId, entries: list[tuple[bytes, Turn]], *, ops: Sequence[str] = ()
     ) -> list[Position | BaseException]:
         """Append entries of ``txn`` that arrived together, each in its turn: each one's
         position or what :meth:`append` would have raised, in order. Every turn is released
-        however this ends. By default an :meth:`append` each, concurrently."""
+        however this ends. By default an :meth:`append` each, concurrently. ``ops``: each
+        entry's operation name (:func:`segtxn.protocol.txnops.send_op`), for a buffer that
+        counts them for the one-step commit."""
 
         async def one(payload: bytes, turn: Turn) -> Position:
             try:
