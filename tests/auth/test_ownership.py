@@ -22,7 +22,7 @@ from segtxn.client import Client
 from segtxn.coordinator.app import COORDINATOR, V4, CoordinatorServer
 from segtxn.metastore import Record
 from segtxn.metastore.etcd_server import free_port
-from segtxn.protocol import frames
+from segtxn.protocol import frames, txnops
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
@@ -168,6 +168,28 @@ async def test_another_roles_transaction_cannot_acknowledge_or_redeliver(
         await _send(ws, frames.Ack(message_ids=[message.message_id], request_id=1, txn=txn))
         assert await next_frame(ws) == frames.AckReceipt(request_id=1)
         await ws.close()
+
+
+async def test_only_the_owner_may_commit_at_the_broker(topics: SecureCluster) -> None:
+    """The one-step commit (``POST /txn/v2/{txn}/commit`` on the broker) checks the owner
+    as END_TXN does."""
+    async with aiohttp.ClientSession() as http:
+        opened = await _open(http, topics, PRODUCER, v4=False)
+        ws = await http.ws_connect(
+            f"{topics.url}/ws/v2/producer/{SEGMENT}?name=owned", headers=bearer(token(PRODUCER))
+        )
+        assert isinstance(await next_frame(ws), frames.ProducerReady)
+        await _send(ws, frames.Send(seq=1, payload=b"mine", txn=(opened.most, opened.least)))
+        assert isinstance(await next_frame(ws), frames.Receipt)
+        await ws.close()
+        names = [txnops.send_op("segment://acme/orders/sc/0", "owned", 1)]
+        body = {"ops": 1, "digest": txnops.digest(names)}
+        commit = f"{topics.url}/txn/v2/{opened}/commit"
+        async with http.post(commit, json=body, headers=bearer(token(PRODUCER_2))) as answer:
+            assert answer.status == 403
+        async with http.post(commit, json=body, headers=bearer(token(PRODUCER))) as answer:
+            assert (answer.status, await answer.json()) == (200, {"state": "COMMITTED"})
+        assert await _committed(http, topics, SEGMENT) == [b"mine"]
 
 
 async def test_a_superuser_may_end_any_transaction(topics: SecureCluster) -> None:
