@@ -9,7 +9,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
-from urllib.parse import unquote, urlencode
+from urllib.parse import unquote, urlencode, urlsplit
 
 import aiohttp
 import msgspec
@@ -256,17 +256,32 @@ class Connector:
             CertificateError: TLS failed (the server's certificate, or the handshake).
             ClientClosed: the client was closed.
         """
+        ws, _ = await self.websocket_at(broker_url, kind, topic, suffix, query)
+        return ws
+
+    async def websocket_at(
+        self, broker_url: str, kind: str, topic: TopicName, suffix: str, query: dict[str, str]
+    ) -> tuple[aiohttp.ClientWebSocketResponse, str]:
+        """:meth:`websocket`, and the URL of the broker it is connected to: ``broker_url``,
+        or the one a NotOwner redirect led to. A transaction's sends and acks are *placed*
+        on it (the one-step commit, :mod:`segtxn.client.onestep`).
+
+        Raises: as :meth:`websocket`.
+        """
         self._check_open()
-        url = f"{broker_url.rstrip('/')}/ws/v2/{kind}/{topic.path}{suffix}"
+        base = broker_url.rstrip("/")
+        url = f"{base}/ws/v2/{kind}/{topic.path}{suffix}"
         if query:
             url += "?" + urlencode(query)
         for _ in range(MAX_REDIRECTS):
             try:
-                return await self._ws_connect(url)
+                return await self._ws_connect(url), base
             except aiohttp.WSServerHandshakeError as e:
                 error = _error(e.status, e.headers)
                 if isinstance(error, NotOwner) and error.redirect:
                     url = error.redirect
+                    parts = urlsplit(url)  # the same path and query on the serving broker
+                    base = f"{parts.scheme}://{parts.netloc}"
                     continue
                 raise error from e
             except aiohttp.ClientSSLError as e:
