@@ -43,6 +43,10 @@ request_ids = itertools.count(1)
 """Request ids of this process's streams: one sequence for acks, redeliveries and nacks, so
 an answer names exactly one request."""
 
+Placed = Callable[[asyncio.Future[None], str], None]
+"""Called with an ack's future and a broker's URL when a frame carrying the ack is being
+written to that broker (a transaction's :meth:`~segtxn.client.transaction.Transaction.placed`)."""
+
 _Key = tuple[tuple[int, int] | None, int | None]
 """What acks must share to travel in one frame: (transaction, delivery epoch)."""
 
@@ -56,6 +60,8 @@ class _Waiter:
     deadline: Deadline
     traceparent: str | None = None
     """The caller's span (tracing on): a frame carries its first ack's."""
+    placed: Placed | None = None
+    """In a transaction: told each time a frame carrying it is written (one-step commit)."""
 
 
 @dataclass(eq=False)
@@ -104,9 +110,11 @@ class Acknowledgments:
         epoch: int | None,
         deadline: Deadline,
         traceparent: str | None = None,
+        placed: Placed | None = None,
     ) -> asyncio.Future[None]:
         """Queue an ack; the future is done once the broker made it durable.
-        ``traceparent``: the caller's span (tracing on), carried by the frame.
+        ``traceparent``: the caller's span (tracing on), carried by the frame; ``placed``:
+        told at each write of a frame carrying it (:meth:`placing`).
 
         The future fails with ServerError (refused), Timeout (OUTCOME_UNKNOWN: no receipt by
         ``deadline``; it may have been applied; it is sent again after a reconnect only
@@ -114,7 +122,7 @@ class Acknowledgments:
         """
         positions = [(i.ledger_id, i.entry_id) for i in ids]
         future = asyncio.get_running_loop().create_future()
-        waiter = _Waiter(positions, future, deadline, traceparent)
+        waiter = _Waiter(positions, future, deadline, traceparent, placed)
         self._gather(_Run((txn, epoch), cumulative, cumulative, [waiter]))
         if deadline.at is not None:
             self._expiries.add(deadline.at, waiter)
@@ -161,6 +169,14 @@ class Acknowledgments:
         )
         self._in_flight[frame.request_id] = _Request(frame, waiters)
         return frame
+
+    def placing(self, frame: Ack, broker_url: str) -> None:
+        """``frame`` is being written to ``broker_url``: tell its acks' ``placed``."""
+        request = self._in_flight.get(frame.request_id)
+        if request is not None and frame.txn is not None:
+            for waiter in request.waiters:
+                if waiter.placed is not None and not waiter.future.done():
+                    waiter.placed(waiter.future, broker_url)
 
     def unanswered(self) -> list[Ack]:
         """Frames still wanted whose answer has not come (to send again on a new attachment);

@@ -85,6 +85,10 @@ class Client:
             that grow with use, so a loop of transactions spends no round trip on NEW_TXN
             and a fraction of one store write each (segtxn/client/prestart.py; those left
             unused are aborted at close).
+        one_step_commit: commit a v5 transaction whose sends and acks all went to one
+            broker at that broker, in the store step that writes its last operations,
+            instead of END_TXN at a coordinator after them (segtxn/client/onestep.py;
+            the outcome and errors are the same). False: always END_TXN.
         token: for a cluster with security on, a signed token (JWT) sent as
             ``Authorization: Bearer`` on every request and WebSocket upgrade
             (docs/security.md), or where to get one: a :class:`~pathlib.Path` to a file
@@ -117,6 +121,7 @@ class Client:
         operation_timeout_s: float = 30.0,
         request_timeout_s: float = 10.0,
         prestart_transactions: bool = False,
+        one_step_commit: bool = True,
         token: Token | None = None,
         tls_ca: str | Path | None = None,
         tls_cert: str | Path | None = None,
@@ -137,6 +142,7 @@ class Client:
         self._closables: list[Producer | ScalableProducer | Consumer | Reader] = []
         self._coordinators: Coordinators | None = None
         self._prestart = prestart_transactions
+        self._one_step = one_step_commit
         self._transactions: weakref.WeakSet[Transaction] = weakref.WeakSet()
 
     async def __aenter__(self) -> Client:
@@ -296,7 +302,7 @@ class Client:
         lifetime = _lifetime(timeout_s)
         if self._coordinators is None:
             self._coordinators = Coordinators(self.connector, prestart=self._prestart)
-        txn = Transaction(self._coordinators, lifetime)
+        txn = Transaction(self._coordinators, lifetime, one_step=self._one_step)
         self._transactions.add(txn)  # to abort at close() if left open
         return txn
 

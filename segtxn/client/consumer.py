@@ -50,6 +50,7 @@ from segtxn.client.timeouts import Deadline
 from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import ErrorCategory, TransactionConflict
 from segtxn.protocol.names import Domain, TopicName
+from segtxn.protocol.txnops import ack_op
 
 __all__ = ["Consumer"]
 
@@ -362,6 +363,12 @@ class Consumer(SegmentFollowing):
         # for it and not reached (a batch spans segments)
         txn.on_failure(self, functools.partial(self._redeliver_all, txn.wire_id))
         span = ack_span(message_id, cumulative, txn)
+        name = ack_op(
+            message_id.topic,
+            self.subscription,
+            (message_id.ledger_id, message_id.entry_id),
+            cumulative,
+        )
         ack = stream.ack(
             [message_id],
             cumulative=cumulative,
@@ -369,6 +376,7 @@ class Consumer(SegmentFollowing):
             epoch=message.epoch if isinstance(message, Message) else None,
             deadline=deadline,
             traceparent=tracing.traceparent(span),
+            placed=functools.partial(_placed, txn, name),
         )
         tracing.end_when_done(span, ack)
         txn.track(ack)
@@ -450,3 +458,8 @@ def _registered(topic: str) -> str:
     scalable topic (cached: it was parsed again for every transactional ack)."""
     name = TopicName.parse(topic)
     return str(name.parent() if name.domain is Domain.SEGMENT else name)
+
+
+def _placed(txn: Transaction, name: str, future: asyncio.Future[None], broker_url: str) -> None:
+    """An ack of ``txn`` named ``name`` is being written to ``broker_url``."""
+    txn.placed(future, broker_url, name)

@@ -37,6 +37,11 @@ class Coordinators:
         self._closed = False
 
     @property
+    def connector(self) -> Connector:
+        """How the client reaches its brokers (a transaction's one-step commit asks one)."""
+        return self._connector
+
+    @property
     def operation_timeout_s(self) -> float:
         return self._connector.timeouts.operation_timeout_s
 

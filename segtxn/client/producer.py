@@ -25,6 +25,7 @@ import functools
 import logging
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -57,6 +58,7 @@ from segtxn.protocol.errors import (
 )
 from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
 from segtxn.protocol.names import TopicName
+from segtxn.protocol.txnops import send_op
 
 __all__ = ["Producer"]
 
@@ -79,6 +81,9 @@ FATAL = (
 class _Pending:
     send: Send
     future: asyncio.Future[MessageId]
+    txn: Transaction | None = None
+    tracked: asyncio.Future[Any] | None = None
+    """The future ``txn`` tracks for this send (its placements are recorded under it)."""
 
 
 class Producer:
@@ -119,6 +124,8 @@ class Producer:
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         """The connection of the moment (closed by close() too: a task cancelled before it
         ran never closes it)."""
+        self._broker = ""
+        """The URL of the broker the connection of the moment is to."""
         self.reconnects = 0
         self._trouble: str | None = None
         """The last reason a connection was lost or refused (a timeout names it)."""
@@ -159,7 +166,7 @@ class Producer:
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
         broker = await self._connector.broker_for(self.topic)
-        ws = await self._connector.websocket(
+        ws, broker = await self._connector.websocket_at(
             broker, "producer", self.topic, "", {"name": self.name}
         )
         try:
@@ -173,6 +180,7 @@ class Producer:
             await close_quietly(ws.close())
             raise
         self._max_bytes = ready.max_message_bytes
+        self._broker = broker
         if not self._ready.is_set():
             self._next_seq = ready.last_sequence_id + 1
             self._ready.set()
@@ -242,6 +250,10 @@ class Producer:
                     self._unsent.popleft()
                     batch.append(pending.send)
                     size += len(pending.send.payload)
+                    if pending.txn is not None and pending.tracked is not None:
+                        pending.txn.placed(
+                            pending.tracked, self._broker, send_op(self._topic, self.name, seq)
+                        )
                 if not batch:
                     break
                 frame: frames.Frame = batch[0] if len(batch) == 1 else SendBatch(sends=batch)
@@ -330,6 +342,7 @@ class Producer:
         registered: bool = False,
         track: bool = True,
         deadline: Deadline | None = None,
+        tracked: asyncio.Future[Any] | None = None,
     ) -> asyncio.Future[MessageId]:
         """Queue one message (waiting for room in the window); the future resolves to its
         id once stored. Messages queued by one task are stored in the order queued.
@@ -341,8 +354,9 @@ class Producer:
         In ``txn``, anything this raises poisons the transaction (with ``track``; without
         it, the caller tracks the send and poisons it).
 
-        ``registered``, ``track`` and ``deadline`` are for a ScalableProducer sending
-        through this one: applications leave them at their defaults."""
+        ``registered``, ``track``, ``deadline`` and ``tracked`` (the future ``txn`` tracks
+        for this send, when not this one's) are for a ScalableProducer sending through this
+        one: applications leave them at their defaults."""
         with poisons(txn if track else None):
             return await self._queue(
                 value,
@@ -353,6 +367,7 @@ class Producer:
                 registered=registered,
                 track=track,
                 deadline=deadline,
+                tracked=tracked,
             )
 
     async def _queue(
@@ -366,6 +381,7 @@ class Producer:
         registered: bool,
         track: bool,
         deadline: Deadline | None,
+        tracked: asyncio.Future[Any] | None,
     ) -> asyncio.Future[MessageId]:
         deadline = deadline or Deadline(self.options.send_limit_s)
         self._check_open()  # refused here, before it starts or joins a transaction
@@ -405,7 +421,9 @@ class Producer:
         )
         if span is not None:
             future.add_done_callback(functools.partial(send_span_ends, span))
-        self._pending[seq] = _Pending(send, future)
+        if txn is not None and track:
+            tracked = future
+        self._pending[seq] = _Pending(send, future, txn, tracked)
         self._unsent.append(seq)
         self._wake.set()
         if deadline.at is not None:

@@ -282,6 +282,7 @@ class ScalableProducer:
             registered=True,
             track=False,
             deadline=message.deadline,
+            tracked=message.result,
         )
         unsettled = self._unsettled.get(segment)
         if unsettled is None:

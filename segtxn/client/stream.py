@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from segtxn.client.acks import Acknowledgments, request_ids
+from segtxn.client.acks import Acknowledgments, Placed, request_ids
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.messages import Message, MessageId
@@ -50,6 +50,7 @@ from segtxn.protocol.errors import (
     server_error,
 )
 from segtxn.protocol.frames import (
+    Ack,
     AckReceipt,
     ActiveChange,
     ConsumerReady,
@@ -111,6 +112,8 @@ class MessageStream:
         self._deliver = deliver
         self._on_end = on_end
         self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._broker = ""
+        """The URL of the broker ``_ws`` is connected to."""
         self._acks = Acknowledgments(str(topic), self._write_acks_soon)
         self._writing = asyncio.Lock()
         """Held while frames are written: acks gathered before a frame go out before it."""
@@ -153,7 +156,7 @@ class MessageStream:
                 connection failed half-way (retriable).
         """
         broker = await self._connector.broker_for(self.topic)
-        ws = await self._connector.websocket(
+        ws, broker = await self._connector.websocket_at(
             broker, self._kind, self.topic, self._suffix, self._query
         )
         try:
@@ -171,8 +174,9 @@ class MessageStream:
             await ws.send_bytes(frames.encode(Flow(permits=self._size)))
             async with self._writing:  # acks whose receipts never came, before anything new
                 for frame in self._acks.unanswered():
+                    self._acks.placing(frame, broker)
                     await ws.send_bytes(frames.encode(frame))
-                self._ws = ws
+                self._ws, self._broker = ws, broker
         except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as e:
             await close_quietly(ws.close())
             raise ServiceNotReady(f"{self.topic}: the connection failed ({e!r})") from e
@@ -208,11 +212,13 @@ class MessageStream:
             await self._write(self._acks.take())
 
     async def _write(self, batch: Sequence[frames.Frame]) -> None:
-        ws = self._ws  # the read loop may give it up (None) while a send below waits
+        ws, broker = self._ws, self._broker  # the read loop may give it up meanwhile
         if ws is None or not batch:
             return  # reconnecting: the new attachment sends the unanswered acks
         try:
             for frame in batch:
+                if isinstance(frame, Ack):
+                    self._acks.placing(frame, broker)
                 await ws.send_bytes(frames.encode(frame))
         except (aiohttp.ClientError, ConnectionError) as e:
             log.info("%s on %s: a send failed (%s); reconnecting", self._kind, self.topic, e)
@@ -382,10 +388,13 @@ class MessageStream:
         epoch: int | None = None,
         deadline: Deadline,
         traceparent: str | None = None,
+        placed: Placed | None = None,
     ) -> asyncio.Future[None]:
         """Acknowledge ``ids``: the future is done once the broker made it durable (sent
         again after a reconnect until then). Acks of the same turn of the loop travel
-        together (segtxn/client/acks.py); ``traceparent`` names the caller's span.
+        together (segtxn/client/acks.py); ``traceparent`` names the caller's span;
+        ``placed`` is told each time a frame carrying the ack is written, with the
+        broker's URL (a transaction's one-step commit).
 
         The future fails with:
             ServerError: the broker refused it.
@@ -401,6 +410,7 @@ class MessageStream:
             epoch=epoch,
             deadline=deadline,
             traceparent=traceparent,
+            placed=placed,
         )
 
     async def nack(self, ids: list[MessageId]) -> None:

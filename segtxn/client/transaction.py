@@ -37,6 +37,11 @@ operation timeout (or their ``timeout_s``), coordinator fail-over included; a re
 made by a send or an acknowledgment ends within that call's own limit. A commit that times
 out before END_TXN was sent raises ``Timeout`` (ABORTABLE: it did not commit); one that
 times out after raises ``Timeout`` (OUTCOME_UNKNOWN: ``commit()`` may be called again).
+
+The one-step commit (:mod:`segtxn.client.onestep`): a v5 transaction whose operations all
+went to one broker asks that broker to commit it, in the store step that writes its last
+operations, instead of END_TXN at a coordinator after them; its outcome and errors are
+END_TXN's. ``Client(one_step_commit=False)`` turns it off.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from segtxn import tracing
 from segtxn.aio import callbacks_context
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import ClientClosed, ClientError, OperationCancelled, Timeout
+from segtxn.client.onestep import Answer, Placements, commit_at
 from segtxn.client.registrations import Registrations
 from segtxn.client.timeouts import Deadline
 from segtxn.protocol.errors import (
@@ -115,7 +121,9 @@ class Transaction:
     """One transaction. Get it from ``client.transaction()``; use it as an async context
     manager, or call ``commit()`` / ``abort()`` yourself."""
 
-    def __init__(self, coordinators: Coordinators, timeout_s: float) -> None:
+    def __init__(
+        self, coordinators: Coordinators, timeout_s: float, *, one_step: bool = False
+    ) -> None:
         self._coordinators = coordinators
         self._timeout_s = timeout_s
         self._id: TxnId | None = None
@@ -134,6 +142,12 @@ class Transaction:
         self.span: tracing.Span | None = None
         """Tracing on: the transaction's span, from its start to its end; its NEW_TXN,
         sends, acks and END_TXN are its children (docs/tracing.md)."""
+        self._placements = Placements() if one_step else None
+        """Where its operations went, for the one-step commit (None: it is off)."""
+        self.committed_by: str | None = None
+        """Once COMMITTED, who confirmed the commit: ``"broker"`` (the one-step commit,
+        :mod:`segtxn.client.onestep`) or ``"coordinator"`` (END_TXN); None before, and
+        for a transaction that committed nothing (never started)."""
 
     @property
     def id(self) -> TxnId:
@@ -240,8 +254,17 @@ class Transaction:
         self._in_flight.add(future)
         future.add_done_callback(self._settled, context=self._callbacks)
 
+    def placed(self, future: asyncio.Future[Any], broker_url: str, name: str) -> None:
+        """The operation ``future`` (as tracked), named ``name``
+        (:mod:`segtxn.protocol.txnops`), is being written to the broker at ``broker_url``:
+        producers and consumer streams call it at each write, resends included."""
+        if self._placements is not None:
+            self._placements.placed(future, broker_url, name)
+
     def _settled(self, future: asyncio.Future[Any]) -> None:
         self._in_flight.discard(future)
+        if self._placements is not None:
+            self._placements.settled(future)
         if future.cancelled():
             self.poison(
                 OperationCancelled(
@@ -281,7 +304,9 @@ class Transaction:
 
     async def commit(self, *, timeout_s: float | None = None) -> None:
         """Wait for the transaction's operations, then END_TXN(COMMIT), all within
-        ``timeout_s`` (default: the client's operation timeout).
+        ``timeout_s`` (default: the client's operation timeout). With the one-step commit
+        (a v5 transaction whose operations all went to one broker), that broker is asked
+        to commit it first, without waiting for them; the outcome and errors are the same.
 
         Raises:
             TransactionFailed: an operation failed, or was cancelled by its caller
@@ -302,7 +327,18 @@ class Transaction:
             self._move(TransactionState.COMMITTED)
             return
         self._check_open(TransactionState.COMMITTING)  # an unknown outcome: commit again
+        answer = Answer.NOT_HERE
+        if self._placements is not None and self.state is TransactionState.OPEN:
+            answer = await self._commit_at_broker(self._placements, deadline)
+            if answer is Answer.COMMITTED:
+                return
         if not await self._settle(deadline):
+            if answer is Answer.UNKNOWN:  # the broker may have committed it: not poisoned
+                raise Timeout(
+                    f"transaction {self._id}: its broker's commit got no answer and "
+                    f"{len(self._in_flight)} operations were not done within {deadline}: "
+                    "whether it committed is unknown (commit() may be called again)"
+                )
             late = Timeout(
                 f"transaction {self._id}: {len(self._in_flight)} operations not done within "
                 f"{deadline}; it was not committed",
@@ -311,10 +347,8 @@ class Transaction:
             self.poison(late)
             raise late
         if self._failure is not None:
-            try:
-                await self._end(TxnAction.ABORT, deadline)
-            finally:
-                await self._failed()
+            if await self._abort_failed(deadline):
+                return  # the broker's one-step commit had landed
             raise TransactionFailed(
                 f"transaction {self._id} aborted: an operation in it failed",
                 failure=self._failure,
@@ -328,7 +362,79 @@ class Transaction:
                 self._span_ends(e)
             await self._failed()  # aborted, or unknown: commit() may be called again
             raise
+        self.committed_by = "coordinator"
         self._on_failure.clear()
+
+    async def _commit_at_broker(self, placements: Placements, deadline: Deadline) -> Answer:
+        """The one-step commit, when the transaction is eligible: v5, nothing failed, and
+        its operations, once each is placed or settled (waited for until ``deadline``),
+        all placed on one broker. Not eligible: NOT_HERE, and it stays OPEN; else it is
+        COMMITTING, and COMMITTED on that answer (once its operations are done, or
+        ``deadline`` passed: their own answers do not change it).
+
+        Raises InvalidTxnStatus / TransactionNotFound (it is ABORTED), ClientClosed."""
+        if not self.id.is_v5 or self._failure is not None:
+            return Answer.NOT_HERE
+        if not await placements.wait(self._in_flight, deadline):
+            return Answer.NOT_HERE  # commit() finds them late: not committed
+        broker = placements.broker()
+        if broker is None or self._failure is not None:
+            return Answer.NOT_HERE
+        self._move(TransactionState.COMMITTING)
+        call = commit_at(
+            self._coordinators.connector, broker, self.id, placements.names(broker), deadline
+        )
+        attributes: dict[str, tracing.AttributeValue] = {
+            "segtxn.txn.id": str(self.id),
+            "segtxn.txn.action": TxnAction.COMMIT.value,
+            "segtxn.txn.broker": broker,
+        }
+        try:
+            answer = await self._traced("end-txn", call, attributes)
+        except (InvalidTxnStatus, TransactionNotFound) as e:
+            self._move(TransactionState.ABORTED)
+            self._span_ends(e)
+            await self._failed()
+            raise
+        if answer is Answer.COMMITTED:
+            await self._settle(deadline)  # so their futures are done when commit() returns
+            self._committed("broker")
+        return answer
+
+    async def _abort_failed(self, deadline: Deadline) -> bool:
+        """END_TXN(ABORT) of a transaction an operation of which failed. True if it turns
+        out committed: a one-step commit whose answer was lost had landed (the abort is
+        refused, and the coordinator says COMMITTED).
+
+        Raises what END_TXN raised (but for that case); Timeout (OUTCOME_UNKNOWN) when
+        the coordinator's state could not be read after such a refusal."""
+        try:
+            await self._end(TxnAction.ABORT, deadline)
+        except InvalidTxnStatus as e:
+            if self.state is TransactionState.COMMITTING:  # a commit was asked for
+                try:
+                    state = await self.status(timeout_s=deadline.cap(None))
+                except (ServerError, ClientError) as unread:
+                    raise Timeout(
+                        f"transaction {self._id}: its abort was refused ({e}) and its state "
+                        "could not be read: whether it committed is unknown"
+                    ) from unread
+                if state == TransactionState.COMMITTED:
+                    self._committed("broker")
+                    return True
+            await self._failed()
+            raise
+        except BaseException:
+            await self._failed()
+            raise
+        await self._failed()
+        return False
+
+    def _committed(self, by: str) -> None:
+        self._move(TransactionState.COMMITTED)
+        self.committed_by = by
+        self._on_failure.clear()
+        self._span_ends()
 
     async def abort(self, *, timeout_s: float | None = None) -> None:
         """END_TXN(ABORT); nothing the transaction wrote or acknowledged will count. Waits
@@ -361,6 +467,7 @@ class Transaction:
             await self._failed()
 
     async def _end(self, action: TxnAction, deadline: Deadline) -> None:
+        """END_TXN at the coordinator; the transaction is then COMMITTED or ABORTED."""
         await self._traced(
             "end-txn",
             self._coordinators.end(self.id, action, deadline, self._opened_at),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -75,18 +76,30 @@ async def test_a_cancel_while_the_block_commits_aborts(
     """The task is cancelled while the commit at the end of the block waits for the
     transaction's operations (END_TXN not sent): the transaction used to stay OPEN until
     its timeout, holding its inputs and keeping every reader of its outputs' segments
-    waiting; it is aborted, as a cancel in the block is."""
+    waiting; it is aborted, as a cancel in the block is. (With the one-step commit on, the
+    commit first waits for the operation to be placed on a broker: a cancel then is the
+    same case.)"""
     txn = await client.transaction().start()
     in_flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     txn.track(in_flight)  # an operation whose answer has not come
     settling = asyncio.Event()
     settle = txn._settle
+    placements = txn._placements
+    assert placements is not None  # on by default
+    placed = placements.wait
 
     async def watched(deadline: Deadline) -> bool:
         settling.set()
         return await settle(deadline)
 
+    async def watched_placement(
+        in_flight: Iterable[asyncio.Future[Any]], deadline: Deadline
+    ) -> bool:
+        settling.set()
+        return await placed(in_flight, deadline)
+
     monkeypatch.setattr(txn, "_settle", watched)
+    monkeypatch.setattr(placements, "wait", watched_placement)
 
     async def application() -> None:
         async with txn:

@@ -1,0 +1,167 @@
+"""The one-step commit, client side: where a transaction's operations went, and asking
+their broker to commit (docs/transactions.md, "The one-step commit").
+
+Why: a v5 commit costs two metadata-store steps, the brokers' op records of the
+transaction's sends and acks, then END_TXN's compare-and-set on the transaction's header.
+When every operation of a transaction went to one broker, that broker can fold the
+compare-and-set into the step that writes the last of them: one step instead of two, and
+no round trip to a coordinator.
+
+The contract with the broker (``POST {broker}/txn/v2/{txn}/commit``, body ``{"ops": n,
+"digest": d}``): ``n`` is the number of distinct operation names this client *placed* on
+that broker in the transaction and ``d`` their :func:`~segtxn.protocol.txnops.digest`. The
+broker commits only if the op records it queued for the transaction are exactly those, so a
+COMMITTED answer means every operation was durable in the same step, whatever their own
+answers say (a receipt lost on the way does not undo it). Its answers:
+
+- 200 ``{"state": "COMMITTED"}``: committed (:attr:`Answer.COMMITTED`);
+- 200 ``{"state": "OPEN", ...}``: nothing decided there (:attr:`Answer.NOT_HERE`); so are
+  InvalidArgument (an older broker without the route answers so), NotAllowed and the
+  authentication errors: the coordinator's END_TXN would meet them if they mattered;
+- ``InvalidTxnStatus`` / ``TransactionNotFound``: the transaction is over without a commit
+  (raised, as END_TXN's are);
+- anything else (ServiceNotReady, another error, no answer in time, a broken connection):
+  :attr:`Answer.UNKNOWN`; the commit may have landed.
+
+An operation is *placed* on a broker when its frame is written to a WebSocket connected to
+it (:meth:`Placements.placed`, called by producers and consumer streams through
+``Transaction.placed``). A resend after a reconnect places it again, possibly elsewhere:
+a transaction is eligible only while every placement of every operation went to one
+broker. Names placed that the broker never recorded (a send refused by a sealed segment, a
+frame lost with its connection) make the digests differ: that costs the fast path, never
+correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Collection, Iterable
+from typing import Any
+
+import aiohttp
+
+from segtxn.client.connection import Connector
+from segtxn.client.errors import ClientClosed, ClientError
+from segtxn.client.timeouts import Deadline
+from segtxn.protocol.errors import (
+    InvalidArgument,
+    InvalidTxnStatus,
+    NotAllowed,
+    NotAuthorized,
+    ServerError,
+    TransactionNotFound,
+    Unauthenticated,
+)
+from segtxn.protocol.txn import TxnId
+from segtxn.protocol.txnops import digest
+
+__all__ = ["Answer", "Placements", "commit_at"]
+
+log = logging.getLogger(__name__)
+
+NOT_HERE = (InvalidArgument, NotAllowed, Unauthenticated, NotAuthorized)
+"""Refusals of the one-step commit that decide nothing: the client ends the transaction at
+its coordinator instead, which answers for itself."""
+
+
+class Answer(enum.Enum):
+    """What the broker's answer to a one-step commit says about the transaction."""
+
+    COMMITTED = "COMMITTED"
+    """Committed, its operations durable in the same step."""
+    NOT_HERE = "NOT_HERE"
+    """Nothing decided: end it at the coordinator as if the broker had not been asked."""
+    UNKNOWN = "UNKNOWN"
+    """No usable answer: the commit may have landed."""
+
+
+class Placements:
+    """Where a transaction's operations were placed, by the future the transaction tracks
+    for each: the brokers, and the names placed on each."""
+
+    def __init__(self) -> None:
+        self._placed: set[asyncio.Future[Any]] = set()
+        """Operations placed and not yet settled (settled ones are forgotten)."""
+        self._names: dict[str, set[str]] = {}
+        """Broker URL -> the names of the operations placed on it (ever)."""
+        self._moved: asyncio.Future[None] | None = None
+        """Resolved at the next placement (:meth:`wait` waits on it)."""
+
+    def placed(self, future: asyncio.Future[Any], broker_url: str, name: str) -> None:
+        """The operation ``future`` stands for, named ``name``
+        (:mod:`segtxn.protocol.txnops`), is being written to ``broker_url``."""
+        if not future.done():
+            self._placed.add(future)
+        self._names.setdefault(broker_url, set()).add(name)
+        if self._moved is not None and not self._moved.done():
+            self._moved.set_result(None)
+
+    def settled(self, future: asyncio.Future[Any]) -> None:
+        """``future`` is done: its placement need not be remembered."""
+        self._placed.discard(future)
+
+    def broker(self) -> str | None:
+        """The one broker every placement went to; None for none, or several."""
+        return next(iter(self._names)) if len(self._names) == 1 else None
+
+    def names(self, broker_url: str) -> Collection[str]:
+        """The distinct operation names placed on ``broker_url``."""
+        return self._names.get(broker_url, set())
+
+    async def wait(self, in_flight: Iterable[asyncio.Future[Any]], deadline: Deadline) -> bool:
+        """Wait, until ``deadline``, until every operation of ``in_flight`` (re-read at each
+        turn: operations added meanwhile count) is placed or settled. False if one is
+        neither by then."""
+        while True:
+            unplaced = [f for f in in_flight if not f.done() and f not in self._placed]
+            if not unplaced:
+                return True
+            if deadline.expired():
+                return False
+            self._moved = asyncio.get_running_loop().create_future()
+            done, _ = await asyncio.wait(
+                [*unplaced, self._moved],
+                timeout=deadline.remaining(),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            self._moved = None
+            if not done:
+                return False
+
+
+async def commit_at(
+    connector: Connector, broker_url: str, txn: TxnId, names: Collection[str], deadline: Deadline
+) -> Answer:
+    """Ask ``broker_url`` to commit ``txn``, whose operations placed there are ``names``:
+    one attempt, within ``deadline`` and the client's ``request_timeout_s``.
+
+    Raises:
+        InvalidTxnStatus / TransactionNotFound: the transaction is over without a commit.
+        ClientClosed: the client was closed (nothing was sent).
+    """
+    body = {"ops": len(names), "digest": digest(names)}
+    try:
+        reply = await connector.request(
+            "POST",
+            f"{broker_url}/txn/v2/{txn}/commit",
+            json=body,
+            timeout_s=deadline.cap(connector.timeouts.request_timeout_s),
+        )
+    except (InvalidTxnStatus, TransactionNotFound, ClientClosed):
+        raise
+    except NOT_HERE as e:
+        log.debug("transaction %s: %s did not commit it (%s: %s)", txn, broker_url, e.name, e)
+        return Answer.NOT_HERE
+    except (ServerError, ClientError, aiohttp.ClientError, ValueError) as e:
+        log.debug("transaction %s: no answer from %s to its commit: %r", txn, broker_url, e)
+        return Answer.UNKNOWN
+    state = reply.get("state") if isinstance(reply, dict) else None
+    if state == "COMMITTED":
+        return Answer.COMMITTED
+    if state == "OPEN":
+        log.debug("transaction %s: not committed at %s (%s)", txn, broker_url, reply.get("reason"))
+        return Answer.NOT_HERE
+    log.debug("transaction %s: %s answered its commit with %r", txn, broker_url, reply)
+    return Answer.UNKNOWN
