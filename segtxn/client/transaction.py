@@ -47,7 +47,6 @@ END_TXN's. ``Client(one_step_commit=False)`` turns it off.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -60,6 +59,7 @@ from segtxn.client.errors import ClientClosed, ClientError, OperationCancelled, 
 from segtxn.client.onestep import Answer, Placements, commit_at
 from segtxn.client.registrations import Registrations
 from segtxn.client.timeouts import Deadline
+from segtxn.client.txnstates import NEXT, TransactionFailed, TransactionState
 from segtxn.protocol.errors import (
     ErrorCategory,
     InvalidTxnStatus,
@@ -73,48 +73,6 @@ __all__ = ["Transaction", "TransactionFailed", "TransactionState"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-
-class TransactionState(enum.StrEnum):
-    """Where a client's transaction is (a ``str``: ``txn.state == "ABORTED"`` holds)."""
-
-    NEW = "NEW"
-    """Nothing done in it yet: its first send or ack (or ``start()``) opens it."""
-    OPEN = "OPEN"
-    COMMITTING = "COMMITTING"
-    """END_TXN(COMMIT) sent, its answer not (yet) had: ``commit()`` may be called again."""
-    COMMITTED = "COMMITTED"
-    ABORTED = "ABORTED"
-
-
-_NEXT: dict[TransactionState, frozenset[TransactionState]] = {
-    TransactionState.NEW: frozenset(
-        {TransactionState.OPEN, TransactionState.COMMITTED, TransactionState.ABORTED}
-    ),
-    TransactionState.OPEN: frozenset(
-        {TransactionState.COMMITTING, TransactionState.COMMITTED, TransactionState.ABORTED}
-    ),
-    TransactionState.COMMITTING: frozenset({TransactionState.COMMITTED, TransactionState.ABORTED}),
-    TransactionState.COMMITTED: frozenset(),
-    TransactionState.ABORTED: frozenset(),
-}
-"""The one transition table: a commit of a NEW transaction commits nothing; a commit whose
-outcome is unknown stays COMMITTING until it is known."""
-
-
-class TransactionFailed(ClientError):
-    """The transaction was aborted because one of its operations failed (see __cause__).
-
-    ``category`` is ABORTABLE (start a new transaction: what it acknowledged is delivered
-    again) unless the failure is one a new transaction would meet again: a FATAL error
-    (``MessageTooLarge``, ``TopicNotFound``, ``ClientClosed``, ...) or one that is not the
-    client's or a server's (a ``TypeError`` for a value that is not bytes), then FATAL."""
-
-    def __init__(self, message: str, *, failure: BaseException | None = None) -> None:
-        super().__init__(message)
-        category = getattr(failure, "category", None)
-        if isinstance(category, ErrorCategory) and category is not ErrorCategory.FATAL:
-            self.category = ErrorCategory.ABORTABLE  # it was aborted: the outcome is known
 
 
 class Transaction:
@@ -143,11 +101,10 @@ class Transaction:
         """Tracing on: the transaction's span, from its start to its end; its NEW_TXN,
         sends, acks and END_TXN are its children (docs/tracing.md)."""
         self._placements = Placements() if one_step else None
-        """Where its operations went, for the one-step commit (None: it is off)."""
+        """Where its operations went, for the one-step commit (None: off)."""
         self.committed_by: str | None = None
-        """Once COMMITTED, who confirmed the commit: ``"broker"`` (the one-step commit,
-        :mod:`segtxn.client.onestep`) or ``"coordinator"`` (END_TXN); None before, and
-        for a transaction that committed nothing (never started)."""
+        """Once COMMITTED, who confirmed it: ``"broker"`` (the one-step commit) or
+        ``"coordinator"`` (END_TXN); None before, or when it committed nothing."""
 
     @property
     def id(self) -> TxnId:
@@ -197,8 +154,8 @@ class Transaction:
                         self.span.set_attribute("segtxn.txn.id", str(opened.txn))
 
     def _move(self, to: TransactionState) -> None:
-        """Raises ClientError: ``to`` does not follow the state it is in (:data:`_NEXT`)."""
-        if to is not self.state and to not in _NEXT[self.state]:
+        """Raises ClientError: ``to`` does not follow the state it is in (``NEXT``)."""
+        if to is not self.state and to not in NEXT[self.state]:
             raise ClientError(f"transaction {self._id}: {self.state} cannot become {to}")
         self.state = to
 
@@ -335,9 +292,9 @@ class Transaction:
         if not await self._settle(deadline):
             if answer is Answer.UNKNOWN:  # the broker may have committed it: not poisoned
                 raise Timeout(
-                    f"transaction {self._id}: its broker's commit got no answer and "
-                    f"{len(self._in_flight)} operations were not done within {deadline}: "
-                    "whether it committed is unknown (commit() may be called again)"
+                    f"transaction {self._id}: its broker's commit got no answer, and "
+                    f"{len(self._in_flight)} operations not done within {deadline}: it may "
+                    "have committed (commit() may be called again)"
                 )
             late = Timeout(
                 f"transaction {self._id}: {len(self._in_flight)} operations not done within "
@@ -366,12 +323,9 @@ class Transaction:
         self._on_failure.clear()
 
     async def _commit_at_broker(self, placements: Placements, deadline: Deadline) -> Answer:
-        """The one-step commit, when the transaction is eligible: v5, nothing failed, and
-        its operations, once each is placed or settled (waited for until ``deadline``),
-        all placed on one broker. Not eligible: NOT_HERE, and it stays OPEN; else it is
-        COMMITTING, and COMMITTED on that answer (once its operations are done, or
-        ``deadline`` passed: their own answers do not change it).
-
+        """The one-step commit if eligible (v5, nothing failed, each operation placed or
+        settled by ``deadline``, all placed on one broker), else NOT_HERE (still OPEN).
+        COMMITTED once its operations are done or ``deadline`` passed, whatever they say.
         Raises InvalidTxnStatus / TransactionNotFound (it is ABORTED), ClientClosed."""
         if not self.id.is_v5 or self._failure is not None:
             return Answer.NOT_HERE
@@ -384,13 +338,11 @@ class Transaction:
         call = commit_at(
             self._coordinators.connector, broker, self.id, placements.names(broker), deadline
         )
-        attributes: dict[str, tracing.AttributeValue] = {
-            "segtxn.txn.id": str(self.id),
-            "segtxn.txn.action": TxnAction.COMMIT.value,
-            "segtxn.txn.broker": broker,
-        }
+        attributes = {"segtxn.txn.id": str(self.id), "segtxn.txn.broker": broker}
         try:
-            answer = await self._traced("end-txn", call, attributes)
+            answer = await self._traced(
+                "end-txn", call, {**attributes, "segtxn.txn.action": "COMMIT"}
+            )
         except (InvalidTxnStatus, TransactionNotFound) as e:
             self._move(TransactionState.ABORTED)
             self._span_ends(e)
@@ -402,12 +354,9 @@ class Transaction:
         return answer
 
     async def _abort_failed(self, deadline: Deadline) -> bool:
-        """END_TXN(ABORT) of a transaction an operation of which failed. True if it turns
-        out committed: a one-step commit whose answer was lost had landed (the abort is
-        refused, and the coordinator says COMMITTED).
-
-        Raises what END_TXN raised (but for that case); Timeout (OUTCOME_UNKNOWN) when
-        the coordinator's state could not be read after such a refusal."""
+        """END_TXN(ABORT) after a failed operation; True if refused because a one-step commit
+        whose answer was lost had landed (the coordinator says COMMITTED). Raises what
+        END_TXN raised, or Timeout (OUTCOME_UNKNOWN): the state was unreadable then."""
         try:
             await self._end(TxnAction.ABORT, deadline)
         except InvalidTxnStatus as e:

@@ -25,6 +25,7 @@ from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import Timeout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.scalable import ScalableProducer
+from segtxn.client.timeouts import Deadline
 from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import InvalidTxnStatus, TransactionNotFound
 from segtxn.protocol.txn import TxnAction
@@ -268,21 +269,34 @@ async def test_no_answer_and_a_failed_operation(
 
 
 async def test_committed_whatever_an_operation_answered(
-    client: Client, broker: ScriptedBroker, ended: list[TxnAction]
+    client: Client,
+    broker: ScriptedBroker,
+    ended: list[TxnAction],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """COMMITTED: the broker counted every operation by name; one whose own answer failed
-    (its receipt lost) was applied all the same."""
+    """COMMITTED: commit() waits for the operations still in flight, and reports the
+    commit even if one's own answer fails (its receipt lost): the broker counted it by
+    name, so it was applied."""
     w = await work(client)
     receipt: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     w.txn.track(receipt)
     w.txn.placed(receipt, client.connector.service_url, "s lost")
+    settling = asyncio.Event()
+    settle = w.txn._settle
 
-    async def lost(txn: str) -> web.Response:
-        receipt.set_exception(Timeout("no receipt in time"))
-        return await answer("COMMITTED")(txn)
+    async def watched(deadline: Deadline) -> bool:
+        settling.set()
+        return await settle(deadline)
 
-    broker.script = committing(broker, w, then=lost)
-    await w.txn.commit()
+    monkeypatch.setattr(w.txn, "_settle", watched)
+    broker.script = committing(broker, w)  # the receipt still in flight
+    commit = asyncio.create_task(w.txn.commit())
+    async with asyncio.timeout(10):
+        await settling.wait()
+    assert not commit.done() and w.txn.state == "COMMITTING"
+    receipt.set_exception(Timeout("no receipt in time"))
+    async with asyncio.timeout(10):
+        await commit
     assert w.txn.state == "COMMITTED" and w.txn.committed_by == "broker"
     assert ended == []
 

@@ -1,0 +1,53 @@
+"""A client transaction's states, their one transition table, and the error of a
+transaction aborted because an operation in it failed (:mod:`segtxn.client.transaction`)."""
+
+from __future__ import annotations
+
+import enum
+
+from segtxn.client.errors import ClientError
+from segtxn.protocol.errors import ErrorCategory
+
+__all__ = ["NEXT", "TransactionFailed", "TransactionState"]
+
+
+class TransactionState(enum.StrEnum):
+    """Where a client's transaction is (a ``str``: ``txn.state == "ABORTED"`` holds)."""
+
+    NEW = "NEW"
+    """Nothing done in it yet: its first send or ack (or ``start()``) opens it."""
+    OPEN = "OPEN"
+    COMMITTING = "COMMITTING"
+    """END_TXN(COMMIT) sent, its answer not (yet) had: ``commit()`` may be called again."""
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+NEXT: dict[TransactionState, frozenset[TransactionState]] = {
+    TransactionState.NEW: frozenset(
+        {TransactionState.OPEN, TransactionState.COMMITTED, TransactionState.ABORTED}
+    ),
+    TransactionState.OPEN: frozenset(
+        {TransactionState.COMMITTING, TransactionState.COMMITTED, TransactionState.ABORTED}
+    ),
+    TransactionState.COMMITTING: frozenset({TransactionState.COMMITTED, TransactionState.ABORTED}),
+    TransactionState.COMMITTED: frozenset(),
+    TransactionState.ABORTED: frozenset(),
+}
+"""The one transition table: a commit of a NEW transaction commits nothing; a commit whose
+outcome is unknown stays COMMITTING until it is known."""
+
+
+class TransactionFailed(ClientError):
+    """The transaction was aborted because one of its operations failed (see __cause__).
+
+    ``category`` is ABORTABLE (start a new transaction: what it acknowledged is delivered
+    again) unless the failure is one a new transaction would meet again: a FATAL error
+    (``MessageTooLarge``, ``TopicNotFound``, ``ClientClosed``, ...) or one that is not the
+    client's or a server's (a ``TypeError`` for a value that is not bytes), then FATAL."""
+
+    def __init__(self, message: str, *, failure: BaseException | None = None) -> None:
+        super().__init__(message)
+        category = getattr(failure, "category", None)
+        if isinstance(category, ErrorCategory) and category is not ErrorCategory.FATAL:
+            self.category = ErrorCategory.ABORTABLE  # it was aborted: the outcome is known

@@ -1,0 +1,50 @@
+"""Where a transaction's operations went (segtxn/client/onestep.py, ``Placements``): the
+one broker they all went to, and waiting until each is placed or settled."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from segtxn.client.onestep import Placements
+from segtxn.client.timeouts import Deadline
+
+
+def future() -> asyncio.Future[Any]:
+    return asyncio.get_running_loop().create_future()
+
+
+async def test_one_broker_and_its_distinct_names() -> None:
+    placements = Placements()
+    assert placements.broker() is None  # nothing placed
+    op = future()
+    placements.placed(op, "http://b1", "s seg p 0")
+    placements.placed(op, "http://b1", "s seg p 0")  # a resend: the same operation
+    placements.placed(future(), "http://b1", "a seg sub 1:2")
+    assert placements.broker() == "http://b1"
+    assert sorted(placements.names("http://b1")) == ["a seg sub 1:2", "s seg p 0"]
+    placements.placed(op, "http://b2", "s seg p 0")  # a resend after a reconnect, elsewhere
+    assert placements.broker() is None
+
+
+async def test_wait_returns_once_each_is_placed_or_settled() -> None:
+    placements = Placements()
+    sent, acked = future(), future()
+    waiting = asyncio.create_task(placements.wait({sent, acked}, Deadline(10)))
+    await asyncio.sleep(0)  # sleep-ok: one turn, so the wait has started
+    assert not waiting.done()
+    placements.placed(sent, "http://b1", "s")
+    await asyncio.sleep(0)  # sleep-ok: one turn for the wait to look again
+    assert not waiting.done()  # acked: neither placed nor settled
+    acked.set_result(None)
+    async with asyncio.timeout(10):
+        assert await waiting
+
+
+async def test_wait_gives_up_at_its_deadline() -> None:
+    placements = Placements()
+    never = future()
+    async with asyncio.timeout(10):
+        assert not await placements.wait({never}, Deadline(0.05))
+    placements.settled(never)  # forgetting one that was never placed is harmless
+    never.cancel()
