@@ -215,7 +215,7 @@ class Transaction:
         """The operation ``future`` (as tracked), named ``name``
         (:mod:`segtxn.protocol.txnops`), is being written to the broker at ``broker_url``:
         producers and consumer streams call it at each write, resends included."""
-        if self._placements is not None:
+        if self._placements is not None and self._id is not None and self._id.is_v5:
             self._placements.placed(future, broker_url, name)
 
     def _settled(self, future: asyncio.Future[Any]) -> None:
