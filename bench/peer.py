@@ -10,9 +10,13 @@ batch. Rows (``--plain-sizes``, ``--sizes``):
   (as ``bench/txn.py`` (c)).
 * ``txn B``: one transaction per batch covering the consumed acks and the sends.
   RabbitMQ: AMQP channel transactions (``tx_select`` once, ``tx_commit`` per batch).
-  segtxn: NEW_TXN, the B transactional sends and acks in flight together, commit; the
-  client pre-starts the next transaction (``prestart_transactions``), as RabbitMQ's channel
-  is in its next transaction as soon as ``tx_commit`` returns.
+  segtxn: NEW_TXN, the B transactional sends and acks in flight together, then commit,
+  which waits for them (as ``tx_commit`` covers the publishes before it: neither waits for
+  each message on its own); the client pre-starts the next transaction
+  (``prestart_transactions``), as RabbitMQ's channel is in its next transaction as soon as
+  ``tx_commit`` returns. All of a batch's operations on the one broker, the commit is the
+  broker's one-step commit (docs/transactions.md): ``--two-step`` turns it off
+  (``Client(one_step_commit=False)``), so END_TXN follows the op records.
 
 Durable everywhere: RabbitMQ durable classic queues and persistent messages; segtxn
 ``topic://`` topics of ``--segments`` segments (4: issue 16's and ``bench/txn.py``'s).
@@ -26,8 +30,8 @@ Each run uses fresh queues or topics, a fresh connection or Client, and a pre-fi
 sized from the rates seen so far (a run that empties it stops early: the rate still
 holds). The first batch is a warm-up; the window runs ``--seconds`` after it. Latency is per
 batch: from starting to receive its inputs until its sends and acks (or commit) are done;
-``commit ms`` is the commit call alone (segtxn: its sends and acks are settled before it,
-so it is END_TXN; RabbitMQ: ``tx_commit``).
+``commit ms`` is the commit call (segtxn: with the sends and acks it waits for; RabbitMQ:
+``tx_commit``).
 
 segtxn (``--store etcd``, the default: issue 16's setup, ``bench/txn.py`` (c)): a private
 single-member etcd (fsync on, on /dev/shm when it exists), one broker and one coordinator,
@@ -48,7 +52,7 @@ segtxn process counts, whatever it wrote.
 
 Run: ``.venv/bin/python bench/peer.py [--seconds S] [--rounds R] [--sizes 1,10,100,1000]
 [--plain-sizes 10,100|none] [--store etcd|memory] [--subscription Shared|Exclusive]
-[--no-rabbitmq]``.
+[--no-rabbitmq] [--two-step]``.
 """
 
 from __future__ import annotations
@@ -204,7 +208,9 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
     """The loop of ``bench/txn.py`` (c) on fresh topics ``name-in`` / ``name-out``."""
     sample = Sample("segtxn", row)
     source, sink = f"{NAMESPACE}/{name}-in", f"{NAMESPACE}/{name}-out"
-    async with Client(cluster.url, prestart_transactions=True) as client:
+    async with Client(
+        cluster.url, prestart_transactions=True, one_step_commit=not row.two_step
+    ) as client:
         await client.admin.create_topic(source, segments=plan.segments)
         await client.admin.create_topic(sink, segments=plan.segments)
         await fill(client, source, prefill)
@@ -224,9 +230,10 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
                 await outputs.send_async(transform(m.value), key=m.key, txn=txn) for m in inputs
             ]
             acks = [await consumer.acknowledge_async(m, txn=txn) for m in inputs]
-            await asyncio.gather(*sends, *acks)
             committing = time.perf_counter()
-            if txn is not None:
+            if txn is None:
+                await asyncio.gather(*sends, *acks)
+            else:  # the commit waits for them (as tx_commit covers RabbitMQ's publishes)
                 await txn.commit()
             now = time.perf_counter()
             consumed += row.size
@@ -281,7 +288,8 @@ async def run_rounds(plan: Plan, segtxn: Segtxn, rabbit: RabbitNode | None) -> l
     samples: list[Sample] = []
     for r in range(plan.rounds):
         for i, row in enumerate(plan.rows):
-            for system in systems if r % 2 == 0 else systems[::-1]:
+            order = systems if r % 2 == 0 else systems[::-1]
+            for system in ["segtxn"] if row.two_step else order:
                 rate = best.get((system, row), first_guess(row))
                 prefill = prefill_for(row, rate, plan.seconds)
                 name = f"peer-r{r}-{i}"
@@ -454,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-rabbitmq", action="store_true", help="the segtxn rows alone")
     parser.add_argument(
+        "--two-step",
+        action="store_true",
+        help="also a txn2 row per size: END_TXN after the op records (no one-step commit)",
+    )
+    parser.add_argument(
         "--serve-standalone", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
@@ -463,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     exit_on_sigterm()
     rows = [Row(False, s) for s in args.plain_sizes] + [Row(True, s) for s in args.sizes]
+    rows += [Row(True, s, two_step=True) for s in args.sizes if args.two_step]
     plan = Plan(rows, args.rounds, args.seconds, args.segments, args.subscription, args.store)
     script = None if args.no_rabbitmq else rabbitmq_script()
     if script is None and not args.no_rabbitmq:

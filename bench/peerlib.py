@@ -48,15 +48,19 @@ INSTALL_HINT = (
 
 @dataclass(frozen=True)
 class Row:
-    """One kind of loop: ``plain`` (at-least-once: sends confirmed, then inputs acked) or
-    ``txn`` (one transaction per batch of ``size``)."""
+    """One kind of loop: ``plain`` (at-least-once: sends confirmed, then inputs acked),
+    ``txn`` (one transaction per batch of ``size``) or ``txn2`` (segtxn's, ended by END_TXN
+    after the op records: ``--two-step``)."""
 
     transactional: bool
     size: int
+    two_step: bool = False
+    """segtxn only: END_TXN after the op records, not the broker's one-step commit."""
 
     @property
     def label(self) -> str:
-        return f"{'txn' if self.transactional else 'plain'} {self.size}"
+        kind = "txn2" if self.two_step else "txn" if self.transactional else "plain"
+        return f"{kind} {self.size}"
 
 
 @dataclass

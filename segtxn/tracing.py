@@ -25,8 +25,8 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, MutableMapping
-from typing import IO, Any, Protocol
+from collections.abc import Awaitable, Iterator, Mapping, MutableMapping
+from typing import IO, Any, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -89,6 +89,9 @@ class _Shutdown(Protocol):
 class TracingConfigError(ValueError):
     """An ``OTEL_*`` setting segtxn cannot honour (an unknown exporter, a protocol other
     than http/protobuf); the command line reports it as a usage error."""
+
+
+_T = TypeVar("_T")
 
 
 def enable(provider: trace.TracerProvider) -> None:
@@ -302,6 +305,27 @@ def end(span: Span | None, error: BaseException | None = None) -> None:
     if error is not None:
         span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
     span.end()
+
+
+async def call_in_span(
+    scope: str,
+    name: str,
+    call: Awaitable[_T],
+    *,
+    parent: Span | None,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> _T:
+    """Await ``call`` under a CLIENT span ``name``, a child of ``parent``, ended with its
+    outcome (an HTTP request made in it carries it to the server)."""
+    span = start(scope, name, kind=SpanKind.CLIENT, parent=parent, attributes=attributes)
+    try:
+        with current(span):
+            result = await call
+    except BaseException as e:
+        end(span, e)
+        raise
+    end(span)
+    return result
 
 
 def end_when_done(span: Span | None, future: asyncio.Future[Any]) -> None:

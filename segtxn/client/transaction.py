@@ -37,11 +37,8 @@ operation timeout (or their ``timeout_s``), coordinator fail-over included; a re
 made by a send or an acknowledgment ends within that call's own limit. A commit that times
 out before END_TXN was sent raises ``Timeout`` (ABORTABLE: it did not commit); one that
 times out after raises ``Timeout`` (OUTCOME_UNKNOWN: ``commit()`` may be called again).
-
-The one-step commit (:mod:`segtxn.client.onestep`): a v5 transaction whose operations all
-went to one broker asks that broker to commit it, in the store step that writes its last
-operations, instead of END_TXN at a coordinator after them; its outcome and errors are
-END_TXN's. ``Client(one_step_commit=False)`` turns it off.
+A v5 transaction whose operations all went to one broker is committed by that broker
+(:mod:`segtxn.client.onestep`), with END_TXN's outcome and errors.
 """
 
 from __future__ import annotations
@@ -292,7 +289,7 @@ class Transaction:
         if not await self._settle(deadline):
             if answer is Answer.UNKNOWN:  # the broker may have committed it: not poisoned
                 raise Timeout(
-                    f"transaction {self._id}: its broker's commit got no answer, and "
+                    f"transaction {self._id}: no answer from its broker's commit, and "
                     f"{len(self._in_flight)} operations not done within {deadline}: it may "
                     "have committed (commit() may be called again)"
                 )
@@ -338,11 +335,9 @@ class Transaction:
         call = commit_at(
             self._coordinators.connector, broker, self.id, placements.names(broker), deadline
         )
-        attributes = {"segtxn.txn.id": str(self.id), "segtxn.txn.broker": broker}
+        traced = {"segtxn.txn.id": str(self.id), "segtxn.txn.action": "COMMIT"}
         try:
-            answer = await self._traced(
-                "end-txn", call, {**attributes, "segtxn.txn.action": "COMMIT"}
-            )
+            answer = await self._traced("end-txn", call, {**traced, "segtxn.txn.broker": broker})
         except (InvalidTxnStatus, TransactionNotFound) as e:
             self._move(TransactionState.ABORTED)
             self._span_ends(e)
@@ -351,6 +346,8 @@ class Transaction:
         if answer is Answer.COMMITTED:
             await self._settle(deadline)  # so their futures are done when commit() returns
             self._committed("broker")
+        elif answer is Answer.NOT_HERE:
+            self._move(TransactionState.OPEN)  # nothing was decided
         return answer
 
     async def _abort_failed(self, deadline: Deadline) -> bool:
@@ -362,21 +359,19 @@ class Transaction:
         except InvalidTxnStatus as e:
             if self.state is TransactionState.COMMITTING:  # a commit was asked for
                 try:
-                    state = await self.status(timeout_s=deadline.cap(None))
+                    committed = await self.status(timeout_s=deadline.cap(None)) == "COMMITTED"
                 except (ServerError, ClientError) as unread:
                     raise Timeout(
                         f"transaction {self._id}: its abort was refused ({e}) and its state "
                         "could not be read: whether it committed is unknown"
                     ) from unread
-                if state == TransactionState.COMMITTED:
+                if committed:
                     self._committed("broker")
                     return True
-            await self._failed()
             raise
-        except BaseException:
-            await self._failed()
-            raise
-        await self._failed()
+        finally:
+            if self.state is not TransactionState.COMMITTED:
+                await self._failed()
         return False
 
     def _committed(self, by: str) -> None:
@@ -434,22 +429,10 @@ class Transaction:
         attributes: dict[str, tracing.AttributeValue] | None = None,
     ) -> _T:
         """``call`` under a client span ``name``, a child of the transaction's (its HTTP
-        request carries it to the coordinator)."""
-        span = tracing.start(
-            tracing.CLIENT,
-            name,
-            kind=tracing.SpanKind.CLIENT,
-            parent=self.span,
-            attributes=attributes,
+        request carries it to the coordinator or broker)."""
+        return await tracing.call_in_span(
+            tracing.CLIENT, name, call, parent=self.span, attributes=attributes
         )
-        try:
-            with tracing.current(span):
-                result = await call
-        except BaseException as e:
-            tracing.end(span, e)
-            raise
-        tracing.end(span)
-        return result
 
     def _span_ends(self, error: BaseException | None = None) -> None:
         """The transaction ended (committed, aborted, or refused): so does its span."""

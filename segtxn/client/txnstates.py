@@ -18,7 +18,8 @@ class TransactionState(enum.StrEnum):
     """Nothing done in it yet: its first send or ack (or ``start()``) opens it."""
     OPEN = "OPEN"
     COMMITTING = "COMMITTING"
-    """END_TXN(COMMIT) sent, its answer not (yet) had: ``commit()`` may be called again."""
+    """A commit asked for (END_TXN(COMMIT), or a broker's one-step commit), its answer not
+    (yet) had: ``commit()`` may be called again."""
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
 
@@ -30,12 +31,16 @@ NEXT: dict[TransactionState, frozenset[TransactionState]] = {
     TransactionState.OPEN: frozenset(
         {TransactionState.COMMITTING, TransactionState.COMMITTED, TransactionState.ABORTED}
     ),
-    TransactionState.COMMITTING: frozenset({TransactionState.COMMITTED, TransactionState.ABORTED}),
+    TransactionState.COMMITTING: frozenset(
+        {TransactionState.COMMITTED, TransactionState.ABORTED, TransactionState.OPEN}
+    ),
     TransactionState.COMMITTED: frozenset(),
     TransactionState.ABORTED: frozenset(),
 }
 """The one transition table: a commit of a NEW transaction commits nothing; a commit whose
-outcome is unknown stays COMMITTING until it is known."""
+outcome is unknown stays COMMITTING until it is known; a broker that answers a one-step
+commit "not here" decided nothing, so the transaction is OPEN again (a cancel while it then
+waits for its operations aborts it, as one before the commit would)."""
 
 
 class TransactionFailed(ClientError):

@@ -232,3 +232,48 @@ async def test_a_commit_whose_step_is_in_flight_is_never_answered_not_here_at_a_
     assert not (await waiting.answer).committed
     with pytest.raises(commits.CommitUnknown):
         await writing.answer
+
+
+# ---------------------------------------------------------------------- through the client
+
+
+async def test_the_client_commits_a_transaction_at_its_only_broker(
+    client: Client, cluster: Cluster
+) -> None:
+    """Consume-transform-produce with every operation on one broker: the client's commit
+    is the broker's, in the step of the last op records (no END_TXN, one store step)."""
+    consumer, message, out = await _setup(client)
+    txn = client.transaction()
+    await txn.start()
+    header_writes = cluster.faults.count("txn", key_prefix=T.header_key(txn.id))
+    record_writes = cluster.faults.count("txn", key_prefix=T.ops_prefix(txn.id))
+    sent = [await out.send_async(v, txn=txn) for v in (b"a", b"b")]
+    acked = await consumer.acknowledge_async(message, txn=txn)
+    await txn.commit()
+    assert txn.committed_by == "broker"
+    assert all(f.done() and not f.exception() for f in sent)
+    assert acked.done() and not acked.exception()
+    assert (header_writes.calls, record_writes.calls) == (1, 1)
+    assert cluster.coordinator.coordinator.counters["committed"] == 0
+    assert (await _header(cluster, txn.id)).state is TxnState.COMMITTED
+    assert await _read_out(client, 3) == [b"warm-up", b"a", b"b"]
+    await consumer.close()
+    again = await client.subscribe(TOPIC, "s", initial_position="earliest")
+    await (await client.create_producer(TOPIC)).send(b"next")
+    assert (await again.receive(timeout_s=10)).value == b"next"  # "in" stays consumed
+
+
+async def test_a_transaction_spanning_two_brokers_ends_at_its_coordinator(
+    client: Client, cluster: Cluster
+) -> None:
+    """Its operations placed on two brokers (as seen by the client): the coordinator ends
+    it, as without the one-step commit."""
+    consumer, message, out = await _setup(client)
+    async with client.transaction() as txn:
+        await out.send(b"out", txn=txn)
+        await consumer.acknowledge(message, txn=txn)
+        assert txn._placements is not None
+        txn._placements.placed(asyncio.get_running_loop().create_future(), "http://b2", "op")
+    assert txn.committed_by == "coordinator"
+    assert cluster.coordinator.coordinator.counters["committed"] == 1
+    assert await _read_out(client, 2) == [b"warm-up", b"out"]

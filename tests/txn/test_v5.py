@@ -321,8 +321,12 @@ async def test_transaction_metrics(client: Client, cluster: Cluster) -> None:
 
     await client.admin.create_topic(ORDERS, segments=1)
     producer = await client.create_producer(ORDERS)
-    async with client.transaction() as txn:
+    async with client.transaction() as txn:  # committed by its only broker
         await producer.send(b"m", txn=txn)
+    async with Client(cluster.url, one_step_commit=False) as two_step:  # by END_TXN
+        other = await two_step.create_producer(ORDERS)
+        async with two_step.transaction() as txn:
+            await other.send(b"n", txn=txn)
     coordinator_url = cluster.coordinator.settings.advertise_url
     async with aiohttp.ClientSession() as http:
         async with http.get(coordinator_url + "/metrics") as response:
@@ -332,8 +336,9 @@ async def test_transaction_metrics(client: Client, cluster: Cluster) -> None:
     assert 'segtxn_txn_metadata_store_header_cas_total{result="ok"} 1.0' in coordinator
     assert "segtxn_txn_metadata_store_outstanding_op_records" in coordinator
     assert re.search(
-        r'segtxn_txn_metadata_store_op_writes_total\{[^}]*kind="write"[^}]*\} 1\.0', broker
+        r'segtxn_txn_metadata_store_op_writes_total\{[^}]*kind="write"[^}]*\} 2\.0', broker
     )
+    assert 'segtxn_txn_one_step_commits_total{answer="committed"} 1.0' in broker
 
 
 async def test_retention_trims_the_aborted_index_with_the_data(
