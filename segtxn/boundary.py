@@ -52,6 +52,7 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 from aiohttp.http_exceptions import LineTooLong
 
+from segtxn import tracing
 from segtxn.metastore import (
     MetadataStoreError,
     SessionExpired,
@@ -419,3 +420,32 @@ def check_json(value: Any) -> None:
                 )
             items = [*item.keys(), *item.values()] if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in items)
+
+
+def server_span(scope: str, name: str) -> Callable[[Handler], Handler]:
+    """A server span named ``name`` (of tracing scope ``scope``) around a handler, for a
+    request that carries a trace context (``traceparent``: docs/tracing.md); current while
+    it runs, so its log lines carry the trace id. The error a request was answered with is
+    its ``segtxn.error``."""
+
+    def wrap(handler: Handler) -> Handler:
+        async def wrapped(request: web.Request) -> web.StreamResponse:
+            span = tracing.server(scope, name, request.headers)
+            if span is None:
+                return await handler(request)
+            with tracing.current(span):
+                try:
+                    response = await handler(request)
+                except BaseException as e:
+                    tracing.end(span, e)
+                    raise
+            span.set_attribute("http.response.status_code", response.status)
+            error = response.headers.get("X-Segtxn-Error")
+            if error is not None:
+                span.set_attribute("segtxn.error", error)
+            tracing.end(span)
+            return response
+
+        return wrapped
+
+    return wrap

@@ -14,6 +14,7 @@ without asking. Refusals are END_TXN's: the transaction is not there
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -21,13 +22,14 @@ from aiohttp import web
 
 from segtxn import tracing
 from segtxn.auth import check_owner, principal_of
-from segtxn.boundary import read_json
+from segtxn.boundary import read_json, server_span
 from segtxn.broker.http import SERVICE, json_errors
 from segtxn.broker.txn.commits import CommitUnknown
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_I64
 from segtxn.protocol.txn import TxnId, TxnState
 
+log = logging.getLogger(__name__)
 MAX_OPS = MAX_I64
 _DIGEST_LIMIT = 1 << 64
 
@@ -46,6 +48,7 @@ def _count(body: Any, field: str, limit: int, lo: int) -> int:
     return value
 
 
+@server_span(tracing.BROKER, "end-txn")
 @json_errors
 async def commit_txn(request: web.Request) -> web.StreamResponse:
     try:
@@ -88,6 +91,7 @@ async def commit_txn(request: web.Request) -> web.StreamResponse:
         except CommitUnknown as e:  # (not "not here": the client must not abort it)
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{e}: its outcome is unknown") from e
         if answer.committed:
+            log.debug("txn %s: COMMITTED here, in the op-record step of its last operations", txn)
             metrics.add(1, {"answer": "committed"})
             return web.json_response({"state": TxnState.COMMITTED.value})
         why = answer.reason

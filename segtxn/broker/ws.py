@@ -153,6 +153,8 @@ async def producer(request: web.Request) -> web.StreamResponse:
         if isinstance(outcome, ServerError):
             metrics.errors.add(1, {"error": outcome.name.value})
             outbox.send(Error(error=outcome.name, message=outcome.message, seq=send.seq))
+            if send.txn is not None:
+                service.op_records.refused(TxnId(*send.txn), outcome.message)
             return
         if fenced:
             return
@@ -325,6 +327,7 @@ async def consumer(request: web.Request) -> web.StreamResponse:
             outbox,
             TxnAccess(service, principal_of(request)),
             allowed=functools.partial(recheck, request),
+            refused=service.op_records.refused,
         )
     finally:
         expiry()
@@ -342,9 +345,12 @@ async def _serve_consumer(
     access: TxnAccess,
     *,
     allowed: Callable[[], None],
+    refused: Callable[[TxnId, str], None],
 ) -> None:
     """Serve a consumer's frames; ``allowed`` raises NotAuthorized when the policy in force
-    no longer lets its role consume on this subscription (each frame is then refused)."""
+    no longer lets its role consume on this subscription (each frame is then refused);
+    ``refused`` is told of a transactional ack refused (its transaction cannot commit in
+    one step here)."""
     acks: set[asyncio.Task[None]] = set()
 
     async def ack(frame: Ack) -> None:
@@ -379,6 +385,8 @@ async def _serve_consumer(
                 outbox.send(frames.AckReceipt(request_id=frame.request_id))
         except ServerError as e:
             outbox.send(Error(error=e.name, message=e.message, request_id=frame.request_id))
+            if frame.txn is not None:
+                refused(TxnId(*frame.txn), e.message)
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -31,7 +31,7 @@ from aiohttp import web
 
 from segtxn import exposition, tracing
 from segtxn.auth import Action, authorize, check_owner, install_auth, principal_of
-from segtxn.boundary import error_response, install, read_json
+from segtxn.boundary import error_response, install, read_json, server_span
 from segtxn.coordinator.metrics import CoordinatorMetrics
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import TxnMeta
@@ -81,34 +81,6 @@ def _errors(handler: Handler) -> Handler:
             return error_response(e, request)
 
     return wrapped
-
-
-def _traced(name: str) -> Callable[[Handler], Handler]:
-    """A server span named ``name`` around a handler, for a request that carries a trace
-    context (``traceparent``: docs/tracing.md); current while it runs, so its log lines
-    carry the trace id. The error a request was answered with is its ``segtxn.error``."""
-
-    def wrap(handler: Handler) -> Handler:
-        async def wrapped(request: web.Request) -> web.StreamResponse:
-            span = tracing.server(tracing.COORDINATOR, name, request.headers)
-            if span is None:
-                return await handler(request)
-            with tracing.current(span):
-                try:
-                    response = await handler(request)
-                except BaseException as e:
-                    tracing.end(span, e)
-                    raise
-            span.set_attribute("http.response.status_code", response.status)
-            error = response.headers.get("X-Segtxn-Error")
-            if error is not None:
-                span.set_attribute("segtxn.error", error)
-            tracing.end(span)
-            return response
-
-        return wrapped
-
-    return wrap
 
 
 def _txn(request: web.Request) -> TxnId:
@@ -224,7 +196,7 @@ def _v4_here(handler: Handler) -> Handler:
     return wrapped
 
 
-@_traced("new-txn")
+@server_span(tracing.COORDINATOR, "new-txn")
 @_errors
 async def new_txn(request: web.Request) -> web.StreamResponse:
     timeout = request.query.get("timeout_s")
@@ -274,7 +246,7 @@ async def add_participants(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@_traced("end-txn")
+@server_span(tracing.COORDINATOR, "end-txn")
 @_errors
 @_v4_here
 async def end_txn(request: web.Request) -> web.StreamResponse:

@@ -88,16 +88,17 @@ async def test_standalone_trace_prints_the_servers_spans_of_a_clients_trace(
     linked = [s for s in spans if any(link["context"]["trace_id"] == f"0x{trace_id}"
                                       for link in s["links"])]  # fmt: skip
     assert linked and all(s["name"].startswith("materialize writes ") for s in linked)
-    # the coordinator's DEBUG line of the commit, logged under its END_TXN span
-    committed = [line for line in err.read_text().splitlines() if ": COMMITTED" in line]
+    # the DEBUG line of the commit, logged under its END_TXN span: the broker's, as every
+    # operation went to it (the one-step commit)
+    committed = [line for line in err.read_text().splitlines() if ": COMMITTED here" in line]
     assert committed, err.read_text()[-2000:]
     line = committed[0]
     if log_format == "json":
         entry = json.loads(line)
-        assert entry["logger"] == "segtxn.coordinator.v5"
+        assert entry["logger"] == "segtxn.broker.txncommit"
         assert entry["trace_id"] == trace_id and len(entry["span_id"]) == 16
     else:
-        assert " DEBUG segtxn.coordinator.v5: " in line
+        assert " DEBUG segtxn.broker.txncommit: " in line
         assert f" trace_id={trace_id} span_id=" in line
 
 

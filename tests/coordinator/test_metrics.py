@@ -26,34 +26,36 @@ async def test_both_servers_export_one_shape(cluster: Cluster) -> None:
     assert coordinator.value("segtxn_txn_v4_log_entries", coordinator="0") is not None
 
 
-async def test_end_txn_and_commit_to_visible_are_timed(client: Client, cluster: Cluster) -> None:
-    await client.admin.create_topic(ORDERS, segments=1)
-    producer = await client.create_producer(ORDERS)
-    async with client.transaction() as txn:
-        await producer.send(b"m", txn=txn)
-    aborted = await client.transaction().start()
-    await aborted.abort()
+async def test_end_txn_and_commit_to_visible_are_timed(cluster: Cluster) -> None:
+    async with Client(cluster.url, one_step_commit=False) as client:  # END_TXN's
+        await client.admin.create_topic(ORDERS, segments=1)
+        producer = await client.create_producer(ORDERS)
+        async with client.transaction() as txn:
+            await producer.send(b"m", txn=txn)
+        aborted = await client.transaction().start()
+        await aborted.abort()
 
-    coordinator = await scrape(cluster.coordinator.settings.advertise_url)
-    assert coordinator.types["segtxn_txn_end_duration_seconds"] == "histogram"
-    commits = coordinator.value(
-        "segtxn_txn_end_duration_seconds_count", action="commit", protocol="v5"
-    )
-    aborts = coordinator.value(
-        "segtxn_txn_end_duration_seconds_count", action="abort", protocol="v5"
-    )
-    assert (commits, aborts) == (1, 1)
-    assert coordinator.value("segtxn_txn_committed_total") == 1
-    assert coordinator.value("segtxn_txn_metadata_store_header_cas_total", result="ok") == 2
+        coordinator = await scrape(cluster.coordinator.settings.advertise_url)
+        assert coordinator.types["segtxn_txn_end_duration_seconds"] == "histogram"
+        commits = coordinator.value(
+            "segtxn_txn_end_duration_seconds_count", action="commit", protocol="v5"
+        )
+        aborts = coordinator.value(
+            "segtxn_txn_end_duration_seconds_count", action="abort", protocol="v5"
+        )
+        assert (commits, aborts) == (1, 1)
+        assert coordinator.value("segtxn_txn_committed_total") == 1
+        assert coordinator.value("segtxn_txn_metadata_store_header_cas_total", result="ok") == 2
 
-    async def visible() -> bool:
-        found = await scrape(cluster.url)
-        return found.value("segtxn_txn_commit_to_visible_seconds_count") == 1
+        async def visible() -> bool:
+            found = await scrape(cluster.url)
+            return found.value("segtxn_txn_commit_to_visible_seconds_count") == 1
 
-    await wait_until(visible, what="the commit to be materialized on the segment")
-    broker = await scrape(cluster.url)
-    assert broker.value("segtxn_txn_materialized_total", outcome="COMMITTED", part="writes") == 1
-    await producer.close()
+        await wait_until(visible, what="the commit to be materialized on the segment")
+        broker = await scrape(cluster.url)
+        assert (
+            broker.value("segtxn_txn_materialized_total", outcome="COMMITTED", part="writes") == 1
+        )
 
 
 async def test_a_stuck_transaction_shows_its_age_and_what_it_pins(

@@ -277,3 +277,26 @@ async def test_a_transaction_spanning_two_brokers_ends_at_its_coordinator(
     assert txn.committed_by == "coordinator"
     assert cluster.coordinator.coordinator.counters["committed"] == 1
     assert await _read_out(client, 2) == [b"warm-up", b"out"]
+
+
+async def test_a_refused_operation_makes_the_commit_not_here_at_once(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ack refused (the message is held by another open transaction): the commit that
+    names it is answered at once, not after the wait for operations still to come."""
+    monkeypatch.setattr(commits, "COMMIT_WAIT_S", 60.0)
+    consumer, message, out = await _setup(client)
+    holder = await client.transaction().start()
+    await consumer.acknowledge(message, txn=holder)
+    txn = await client.transaction().start()
+    seq = _next_seq(out)
+    await out.send(b"out", txn=txn)
+    asked = asyncio.ensure_future(_commit(cluster, txn.id, _names(out, [seq], message)))
+    await wait_until(lambda: txn.id in cluster.broker.service.op_records._commits._pending)
+    refused = await consumer.acknowledge_async(message, txn=txn)
+    with pytest.raises(Exception, match="acknowledged by transaction"):
+        await refused
+    status, answer = await asyncio.wait_for(asked, 10)
+    assert (status, answer["state"]) == (200, "OPEN")
+    assert "could not be recorded here" in answer["reason"]
+    await holder.abort()

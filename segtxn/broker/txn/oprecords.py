@@ -234,6 +234,13 @@ class OpRecordWriter:
         step needed): they count for the one-step commit all the same."""
         self._commits.count(txn, ops)
 
+    def refused(self, txn: TxnId, why: str) -> None:
+        """An operation of ``txn`` was refused here (a send or an ack, before or after its
+        record): a one-step commit of it is "not here" at once, not after a wait for an
+        operation that will never be recorded. (v4 transactions have no op records.)"""
+        if txn.is_v5:
+            self._commits.failed(txn, why)
+
     def _start_flusher(self, txn: TxnId) -> None:
         if txn not in self._flushers:
             self._flushers[txn] = asyncio.create_task(self._flush(txn), name=f"op-records-{txn}")
