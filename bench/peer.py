@@ -366,6 +366,8 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
     for system in systems:
         separate = system == "segtxn" and plan.store == "etcd"
         for row in plan.rows:
+            if row.two_step and system != "segtxn":
+                continue  # (segtxn's own rows)
             rs = runs(system, row)
             if not rs:
                 table.append((system, row.label, "failed", *["-"] * 8))
