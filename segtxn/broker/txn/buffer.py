@@ -39,7 +39,6 @@ from urllib.parse import quote
 import msgspec
 
 from segtxn.boundary import retry_warning
-from segtxn.broker.entry import decode_entry
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.spans import materialization_span
@@ -445,7 +444,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 continue
             draft = self._records[txn] = WritesDraft.recovered(txn, found)
             self._writes[txn] = [draft.first, draft.last]
-        await self._find_orphans()
+        await self._orphans.find(self._ledger, self._watermark, self._covers)
         for txn, positions in self._writes.items():
             self._headers.listen(txn, self._on_header)
             header, _ = await self._headers.get(txn)
@@ -458,35 +457,9 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._cleaner = asyncio.create_task(self._clean(), name=f"txn-clean-{self.segment}")
         self._cleaner_wake.set()
 
-    async def _find_orphans(self) -> None:
-        """Transactional entries after the watermark outside their transaction's writes
-        record are orphans."""
-        start = (
-            self._ledger.first_position()
-            if self._watermark is None
-            else self._ledger.position_after(self._watermark)
-        )
-        while start is not None:
-            entries = await self._ledger.read(start, max_entries=1000, max_bytes=64 << 20)
-            if not entries:
-                return
-            for entry in entries:
-                message = decode_entry(entry.payload)
-                if message.txn is None:
-                    continue
-                txn = TxnId(*message.txn)
-                draft = self._records.get(txn)
-                if draft is not None and draft.covers(entry.position):
-                    continue
-                if entry.position not in self._orphans:
-                    log.warning(
-                        "%s: %s of %s is not covered by its writes record: an orphan",
-                        self.segment,
-                        entry.position,
-                        txn,
-                    )
-                    await self._orphans.add(txn, entry.position)
-            start = self._ledger.position_after(entries[-1].position)
+    def _covers(self, txn: TxnId, position: Position) -> bool:
+        draft = self._records.get(txn)
+        return draft is not None and draft.covers(position)
 
     async def trimmed(self, result: TrimResult) -> None:
         """Forget aborts and orphans whose entries were all in the trimmed ledgers (the

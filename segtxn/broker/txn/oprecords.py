@@ -279,6 +279,9 @@ class OpRecordWriter:
             why = f"the {ops} operations of {txn} were not all recorded here in time"
             self._commits.withdraw(pending, why)
             return await asyncio.shield(pending.answer)
+        except asyncio.CancelledError:  # its caller left (a dropped request): not waited for
+            self._commits.withdraw(pending, "its client went away")
+            raise
 
     async def _flush(self, txn: TxnId) -> None:
         try:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from urllib.parse import quote
 
+from segtxn.broker.entry import decode_entry
 from segtxn.broker.txn.buffer_records import ORPHANS, before
-from segtxn.ledger import Position
+from segtxn.ledger import ManagedLedger, Position
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound
 from segtxn.protocol.txn import TxnId
 
@@ -96,3 +98,34 @@ class Orphans:
 
     def _key(self, position: Position) -> str:
         return f"{self._prefix}{position.ledger_id:016x}-{position.entry_id:016x}"
+
+    async def find(
+        self,
+        ledger: ManagedLedger,
+        after: Position | None,
+        covered: Callable[[TxnId, Position], bool],
+    ) -> None:
+        """Record as orphans the transactional entries of ``ledger`` after ``after`` (None:
+        all) that ``covered`` says no writes record of their transaction covers: what a
+        crash between an append and its record left (a recovery's scan of the unresolved
+        tail)."""
+        start = ledger.first_position() if after is None else ledger.position_after(after)
+        while start is not None:
+            entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            if not entries:
+                return
+            for entry in entries:
+                message = decode_entry(entry.payload)
+                if message.txn is None:
+                    continue
+                txn = TxnId(*message.txn)
+                if covered(txn, entry.position) or entry.position in self:
+                    continue
+                log.warning(
+                    "%s: %s of %s is not covered by its writes record: an orphan",
+                    self._segment,
+                    entry.position,
+                    txn,
+                )
+                await self.add(txn, entry.position)
+            start = ledger.position_after(entries[-1].position)
