@@ -97,6 +97,9 @@ class Processor:
         self.history = history
         self.rng = random.Random(f"{config.seed}-{config.name}-{self.session}")
         self.stopping = asyncio.Event()
+        self.committed_by: dict[str, int] = {}
+        """Committed transactions by who confirmed them (``Transaction.committed_by``: a
+        broker's one-step commit, or a coordinator), logged when it stops."""
 
     async def run(self) -> None:
         out_a = await self.client.create_producer(self.config.topics.out_a)
@@ -177,6 +180,8 @@ class Processor:
                 try:
                     await txn.commit()
                     outcome = "committed"
+                    by = txn.committed_by or "?"
+                    self.committed_by[by] = self.committed_by.get(by, 0) + 1
                 except TransactionFailed:
                     outcome = "aborted"  # an operation failed: the client aborted it
                 except (ServerError, ClientError):
@@ -221,3 +226,9 @@ async def run_processor(config: ProcessorConfig) -> None:
             await processor.run()
         finally:
             await history.close()
+            log.info(
+                "%s: transactions committed, by who confirmed them: %s",
+                config.name,
+                ", ".join(f"{by} {n}" for by, n in sorted(processor.committed_by.items()))
+                or "none",
+            )
