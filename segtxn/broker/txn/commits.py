@@ -149,6 +149,14 @@ class Commits:
             counted.failed = why
         self._changed(txn, counted)
 
+    def refused(self, txn: TxnId, why: str) -> None:
+        """An operation of ``txn`` was refused here: :meth:`failed`, if anything of it is
+        known here (a refusal of a transaction nothing here follows is not remembered: its
+        header may never be watched here, and what is kept is dropped on its outcome; a
+        commit of it then waits for the operation that never comes, and is "not here")."""
+        if txn in self._counted or txn in self._pending:
+            self.failed(txn, why)
+
     def _changed(self, txn: TxnId, counted: _Counted) -> None:
         counted.changed.set()
         counted.changed = asyncio.Event()

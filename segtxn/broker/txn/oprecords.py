@@ -239,7 +239,7 @@ class OpRecordWriter:
         record): a one-step commit of it is "not here" at once, not after a wait for an
         operation that will never be recorded. (v4 transactions have no op records.)"""
         if txn.is_v5:
-            self._commits.failed(txn, why)
+            self._commits.refused(txn, why)
 
     def _start_flusher(self, txn: TxnId) -> None:
         if txn not in self._flushers:
