@@ -35,6 +35,7 @@ name after that starts afresh: a resend of a message older than the expiry is st
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Container
@@ -44,8 +45,10 @@ import msgspec
 
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.ordering import SendOrder
-from segtxn.ledger import ManagedLedger, Position
+from segtxn.ledger import LedgerCorrupted, ManagedLedger, Position
 from segtxn.metastore import MetadataStore
+
+log = logging.getLogger(__name__)
 
 PREFIX = "/dedup/"
 RECENT_PER_PRODUCER = 1024
@@ -61,6 +64,10 @@ class DedupSnapshot(msgspec.Struct, frozen=True):
     """producer name -> highest stored sequence id."""
     seen: dict[str, int] = msgspec.field(default_factory=dict)
     """producer name -> when it last stored a message (ms; absent in older snapshots)."""
+    taken_at: tuple[int, int] | None = None
+    """The last entry stored when it was taken: ``producers`` reflects every entry up to
+    here, so the replay before it only learns positions again (None: an older snapshot,
+    taken at ``position``; or none stored)."""
 
 
 def _now_ms() -> int:
@@ -138,6 +145,7 @@ class Deduplication:
         """Load the snapshot and replay every entry written after it."""
         record = await self._store.get(self._key)
         start = ledger.first_position()
+        taken: Position | None = None
         now = _now_ms()
         if record is not None:
             snapshot = msgspec.json.decode(record.value, type=DedupSnapshot)
@@ -147,8 +155,26 @@ class Deduplication:
                 replayed_from = Position(*snapshot.position)
                 start = ledger.position_after(replayed_from)
                 self._marks = (replayed_from, replayed_from)
+            last_then = snapshot.taken_at or snapshot.position
+            taken = None if last_then is None else Position(*last_then)
         while start is not None:
-            entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            try:
+                entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
+            except LedgerCorrupted as e:
+                if taken is None or start > taken:
+                    raise
+                # only the look-back is unreadable: what the snapshot holds is enough, the
+                # ids of the resends of what it skips are not known (-1:-1)
+                log.warning(
+                    "%s: de-duplication's look-back could not read from %s (%s); resends of "
+                    "messages stored up to %s get no message id",
+                    self._key,
+                    start,
+                    e,
+                    taken,
+                )
+                start = ledger.position_after(taken)
+                continue
             if not entries:
                 break
             for entry in entries:
@@ -180,10 +206,12 @@ class Deduplication:
         self.expire()
         at = self._marks[0]
         position = None if at is None else (at.ledger_id, at.entry_id)
+        last = self._position
         body = DedupSnapshot(
             position,
             {n: s.last for n, s in self.producers.items()},
             {n: s.seen_ms for n, s in self.producers.items()},
+            None if last is None else (last.ledger_id, last.entry_id),
         )
         await self._store.put(self._key, msgspec.json.encode(body))
 
