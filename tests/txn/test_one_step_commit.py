@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from segtxn.broker.txn import commits
-from segtxn.client import Client, Message, ScalableProducer
+from segtxn.client import Client, Message, ScalableProducer, onestep
 from segtxn.client.consumer import Consumer
 from segtxn.protocol import txnops
 from segtxn.protocol.names import TopicName
@@ -300,3 +300,16 @@ async def test_a_refused_operation_makes_the_commit_not_here_at_once(
     assert (status, answer["state"]) == (200, "OPEN")
     assert "could not be recorded here" in answer["reason"]
     await holder.abort()
+
+
+async def test_a_large_transaction_ends_at_its_coordinator(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(onestep, "MAX_OPS", 2)
+    consumer, message, out = await _setup(client)
+    async with client.transaction() as txn:
+        await out.send_async(b"a", txn=txn)
+        await out.send_async(b"b", txn=txn)
+        await consumer.acknowledge_async(message, txn=txn)
+    assert txn.committed_by == "coordinator"
+    assert await _read_out(client, 3) == [b"warm-up", b"a", b"b"]
