@@ -18,6 +18,7 @@ import pytest
 from segtxn.broker.txn import commits
 from segtxn.client import Client, Message, ScalableProducer, onestep
 from segtxn.client.consumer import Consumer
+from segtxn.client.transaction import Transaction
 from segtxn.protocol import txnops
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId, TxnState
@@ -60,6 +61,18 @@ def _next_seq(out: ScalableProducer) -> int:
     return inner._next_seq
 
 
+async def _one_send(client: Client, *, acked: bool = True) -> tuple[Transaction, list[str]]:
+    """An open transaction that sent one message to OUT and (``acked``) acknowledged TOPIC's
+    message, and the names of that send and that ack (named even when not made)."""
+    consumer, message, out = await _setup(client)
+    txn = await client.transaction().start()
+    seq = _next_seq(out)
+    await out.send(b"out", txn=txn)
+    if acked:
+        await consumer.acknowledge(message, txn=txn)
+    return txn, _names(out, [seq], message)
+
+
 async def _commit(
     cluster: Cluster, txn: TxnId, names: list[str], *, body: Any = None
 ) -> tuple[int, dict[str, Any]]:
@@ -88,18 +101,14 @@ async def _read_out(client: Client, count: int) -> list[bytes]:
 async def test_a_transaction_whose_operations_are_all_here_commits_here(
     client: Client, cluster: Cluster
 ) -> None:
-    consumer, message, out = await _setup(client)
-    txn = await client.transaction().start()
-    seq = _next_seq(out)
-    await out.send(b"out", txn=txn)
-    await consumer.acknowledge(message, txn=txn)
-    status, answer = await _commit(cluster, txn.id, _names(out, [seq], message))
+    txn, names = await _one_send(client)
+    status, answer = await _commit(cluster, txn.id, names)
     assert (status, answer) == (200, {"state": "COMMITTED"})
     assert (await _header(cluster, txn.id)).state is TxnState.COMMITTED
     assert cluster.coordinator.coordinator.counters["committed"] == 0  # no END_TXN
     assert not cluster.broker.service.op_records._commits._counted  # nothing kept
     assert await _read_out(client, 2) == [b"warm-up", b"out"]
-    status, answer = await _commit(cluster, txn.id, _names(out, [seq], message))
+    status, answer = await _commit(cluster, txn.id, names)
     assert (status, answer) == (200, {"state": "COMMITTED"})  # asked again: the same
 
 
@@ -129,12 +138,7 @@ async def test_a_commit_asked_before_its_operations_rides_on_their_record_step(
 async def test_other_operations_than_those_named_are_not_committed_here(
     client: Client, cluster: Cluster, wrong: str
 ) -> None:
-    consumer, message, out = await _setup(client)
-    txn = await client.transaction().start()
-    seq = _next_seq(out)
-    await out.send(b"out", txn=txn)
-    await consumer.acknowledge(message, txn=txn)
-    names = _names(out, [seq], message)
+    txn, names = await _one_send(client)
     named = names[:1] if wrong == "count" else [names[0], names[1] + "x"]
     status, answer = await _commit(cluster, txn.id, named)
     assert status == 200
@@ -149,11 +153,7 @@ async def test_an_operation_that_never_arrives_makes_it_not_here_in_time(
     client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(commits, "COMMIT_WAIT_S", 0.3)
-    _consumer, message, out = await _setup(client)
-    txn = await client.transaction().start()
-    seq = _next_seq(out)
-    await out.send(b"out", txn=txn)
-    names = _names(out, [seq], message)  # the ack is named, never made
+    txn, names = await _one_send(client, acked=False)  # the ack is named, never made
     status, answer = await _commit(cluster, txn.id, names)
     assert (status, answer["state"]) == (200, "OPEN")
     assert "in time" in answer["reason"]
