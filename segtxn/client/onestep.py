@@ -69,10 +69,11 @@ its coordinator instead, which answers for itself."""
 MAX_OPS = 256
 """The most operations a transaction commits in one step; one with more ends at its
 coordinator. Measured side by side (bench/peer.py ``txn``/``txn2``, issue 16's closing
-note): the one-step commit is ahead with 10 and 100 messages per transaction (20 and 200
-operations), and behind with 1000 (2000 operations: 0.61-0.67 of plain against 0.86-0.95
-by END_TXN, with twice the broker's CPU per message; the cause is not found yet). What it
-saves, a store step and a call, matters less the larger the transaction."""
+note), the one-step commit was ahead with 10 and 100 messages per transaction and behind
+with 1000: a participant that learned the outcome while recording a batch of sends
+materialized the transaction again for every one of them (fixed: once per batch; the
+first measurement after the fix, one round: 0.95 of plain against 0.92 by END_TXN). The
+limit stays until that is measured over more rounds."""
 
 
 class Answer(enum.Enum):

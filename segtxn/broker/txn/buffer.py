@@ -278,8 +278,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 return [e if isinstance(p, Position) else p for p in positions]
         finally:
             appended.end()
-        for position in stored:
-            self._track(txn, position)
+        self._track(txn, stored)
         return positions
 
     async def _record(
@@ -313,13 +312,13 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 self._records.pop(txn, None)  # nothing of it here: nothing to clean up
             raise
 
-    def _track(self, txn: TxnId, position: Position) -> None:
-        self._writes.setdefault(txn, []).append(position)
+    def _track(self, txn: TxnId, positions: list[Position]) -> None:
+        self._writes.setdefault(txn, []).extend(positions)
         header = self._headers.cached(txn)
         if header is not None and header.state.final:
-            self._materialize(txn, header)  # decided while we were recording
+            self._materialize(txn, header)  # decided while we were recording: once for all
         else:
-            self._open_first.setdefault(txn, position)
+            self._open_first.setdefault(txn, positions[0])
 
     # ------------------------------------------------------------------ outcomes
 
