@@ -57,23 +57,13 @@ from segtxn.protocol.errors import (
 from segtxn.protocol.txn import TxnId
 from segtxn.protocol.txnops import digest
 
-__all__ = ["MAX_OPS", "Answer", "Placements", "commit_at"]
+__all__ = ["Answer", "Placements", "commit_at"]
 
 log = logging.getLogger(__name__)
 
 NOT_HERE = (InvalidArgument, NotAllowed, Unauthenticated, NotAuthorized)
 """Refusals of the one-step commit that decide nothing: the client ends the transaction at
 its coordinator instead, which answers for itself."""
-
-
-MAX_OPS = 256
-"""The most operations a transaction commits in one step; one with more ends at its
-coordinator. Measured side by side (bench/peer.py ``txn``/``txn2``, issue 16's closing
-note), the one-step commit was ahead with 10 and 100 messages per transaction and behind
-with 1000: a participant that learned the outcome while recording a batch of sends
-materialized the transaction again for every one of them (fixed: once per batch; the
-first measurement after the fix, one round: 0.95 of plain against 0.92 by END_TXN). The
-limit stays until that is measured over more rounds."""
 
 
 class Answer(enum.Enum):
@@ -122,11 +112,6 @@ class Placements:
     def broker(self) -> str | None:
         """The one broker every placement went to; None for none, or several."""
         return next(iter(self._names)) if len(self._names) == 1 else None
-
-    def few(self, broker_url: str) -> bool:
-        """Few enough operations on ``broker_url`` for the one-step commit to pay
-        (:data:`MAX_OPS`)."""
-        return len(self._names.get(broker_url, ())) <= MAX_OPS
 
     def names(self, broker_url: str) -> Collection[str]:
         """The distinct operation names placed on ``broker_url``."""

@@ -329,7 +329,7 @@ class Transaction:
         if not await placements.wait(self._in_flight, deadline):
             return Answer.NOT_HERE  # commit() finds them late: not committed
         broker = placements.broker()
-        if broker is None or self._failure is not None or not placements.few(broker):
+        if broker is None or self._failure is not None:
             return Answer.NOT_HERE
         self._move(TransactionState.COMMITTING)
         call = commit_at(

@@ -6,9 +6,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
-from segtxn.client import onestep
 from segtxn.client.onestep import Placements
 from segtxn.client.timeouts import Deadline
 
@@ -51,13 +48,3 @@ async def test_wait_gives_up_at_its_deadline() -> None:
         assert not await placements.wait({never}, Deadline(0.05))
     placements.settled(never)  # forgetting one that was never placed is harmless
     never.cancel()
-
-
-async def test_few_enough_operations(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(onestep, "MAX_OPS", 2)
-    placements = Placements()
-    placements.placed(future(), "http://b1", "a")
-    placements.placed(future(), "http://b1", "b")
-    assert placements.few("http://b1")
-    placements.placed(future(), "http://b1", "c")
-    assert not placements.few("http://b1")  # its coordinator ends it

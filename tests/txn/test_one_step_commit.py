@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from segtxn.broker.txn import commits
-from segtxn.client import Client, Message, ScalableProducer, onestep
+from segtxn.client import Client, Message, ScalableProducer
 from segtxn.client.consumer import Consumer
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import txnops
@@ -161,6 +161,34 @@ async def test_an_operation_that_never_arrives_makes_it_not_here_in_time(
     assert not cluster.broker.service.op_records._commits._pending
 
 
+async def test_a_commit_waits_on_while_its_operations_keep_arriving(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait is measured from the last operation that arrived: past the first wait, a
+    commit whose operations are still coming commits here (a large transaction is not
+    sent to its coordinator for taking long to send)."""
+    _consumer, _message, out = await _setup(client)
+    txn = await client.transaction().start()
+    seq = _next_seq(out)
+    names = _names(out, [seq, seq + 1], None)
+    monkeypatch.setattr(commits, "COMMIT_WAIT_S", 0.3)
+    asked = asyncio.ensure_future(_commit(cluster, txn.id, names))
+    await wait_until(lambda: txn.id in cluster.broker.service.op_records._commits._pending)
+    first_expiry = cluster.broker.service.op_records._commits._pending[txn.id].expires
+    monkeypatch.setattr(commits, "COMMIT_WAIT_S", 60.0)  # from the first operation on
+    first = await out.send_async(b"a", txn=txn)
+    commits_here = cluster.broker.service.op_records._commits
+    counted = commits_here._counted
+    await wait_until(lambda: txn.id in counted and len(counted[txn.id].names) == 1)
+    loop = asyncio.get_running_loop()
+    await wait_until(lambda: loop.time() > first_expiry)  # the first wait is over
+    assert not asked.done()
+    second = await out.send_async(b"b", txn=txn)
+    assert await asked == (200, {"state": "COMMITTED"})
+    await asyncio.gather(first, second)
+    assert await _read_out(client, 3) == [b"warm-up", b"a", b"b"]
+
+
 async def test_a_failed_record_step_refuses_the_commit_and_decides_nothing(
     client: Client, cluster: Cluster
 ) -> None:
@@ -300,16 +328,3 @@ async def test_a_refused_operation_makes_the_commit_not_here_at_once(
     assert (status, answer["state"]) == (200, "OPEN")
     assert "could not be recorded here" in answer["reason"]
     await holder.abort()
-
-
-async def test_a_large_transaction_ends_at_its_coordinator(
-    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(onestep, "MAX_OPS", 2)
-    consumer, message, out = await _setup(client)
-    async with client.transaction() as txn:
-        await out.send_async(b"a", txn=txn)
-        await out.send_async(b"b", txn=txn)
-        await consumer.acknowledge_async(message, txn=txn)
-    assert txn.committed_by == "coordinator"
-    assert await _read_out(client, 3) == [b"warm-up", b"a", b"b"]

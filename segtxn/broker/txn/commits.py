@@ -7,8 +7,8 @@ A commit is answered once: COMMITTED (the header's compare-and-set landed in an 
 step, with every record the transaction's operations here needed), or "not here" with a
 reason (nothing was decided: the client ends the transaction at its coordinator, as it
 would have without asking). "Not here" is the answer whenever the broker cannot be sure
-the operations it recorded are exactly the client's: fewer arrived within
-:data:`COMMIT_WAIT_S`, more or others did (the digest differs), one of them failed here,
+the operations it recorded are exactly the client's: fewer arrived, and none for
+:data:`COMMIT_WAIT_S`; more or others did (the digest differs), one of them failed here,
 or the transaction ended meanwhile. Names and digests: :mod:`segtxn.protocol.txnops`.
 
 The counts of a transaction are dropped when its header is final (the header cache tells),
@@ -32,9 +32,11 @@ from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 
 COMMIT_WAIT_S = 2.0
-"""How long a commit waits for the operations it names to reach this broker's op records
-before it is answered "not here": longer than an append on a slow disk, far shorter than
-a transaction's timeout (the client then ends the transaction at its coordinator)."""
+"""How long a commit waits, with none of the operations it names still missing reaching
+this broker's op records, before it is answered "not here": longer than an append on a
+slow disk, far shorter than a transaction's timeout (the client then ends the transaction
+at its coordinator). Measured from the last one that arrived, so a transaction of ten
+thousand operations still arriving is not sent to its coordinator for being large."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,8 @@ class PendingCommit:
     trace: str | None
     """The client's ``traceparent``, kept in the final header for the participants' spans."""
     expires: float
-    """Loop time after which, still WAITING, it is answered "not here"."""
+    """Loop time after which, still WAITING, it is answered "not here" (moved on each time
+    another of its operations is counted)."""
     answer: asyncio.Future[CommitAnswer]
     phase: Phase = Phase.WAITING
     final: T.TxnHeader | None = None
@@ -136,10 +139,14 @@ class Commits:
     def count(self, txn: TxnId, names: Collection[str]) -> None:
         """The records of operations ``names`` of ``txn`` are queued (or landed already)."""
         counted = self._entry(txn)
+        before = len(counted.names)
         for name in names:
             if name not in counted.names:
                 counted.names.add(name)
                 counted.digest = txnops.add(counted.digest, name)
+        pending = self._pending.get(txn)
+        if pending is not None and len(counted.names) > before:
+            pending.expires = asyncio.get_running_loop().time() + COMMIT_WAIT_S
         self._changed(txn, counted)
 
     def failed(self, txn: TxnId, why: str) -> None:

@@ -265,20 +265,25 @@ class OpRecordWriter:
         writes the last records of its operations here, once those are exactly the ``ops``
         operations whose :func:`~segtxn.protocol.txnops.digest` is ``digest``; or, if they
         are all written already, in a step of its own. Answers "not here" (nothing decided)
-        when that cannot be so within :data:`~segtxn.broker.txn.commits.COMMIT_WAIT_S`
-        (see :mod:`segtxn.broker.txn.commits`).
+        when that cannot be so: none of the missing operations arrived for
+        :data:`~segtxn.broker.txn.commits.COMMIT_WAIT_S` (see
+        :mod:`segtxn.broker.txn.commits`).
         """
         pending = self._commits.ask(txn, ops, digest, header=header, version=version, trace=trace)
         if self._commits.matched(txn):
             self._start_flusher(txn)  # (a running flusher takes it with its next step)
-        left = pending.expires - asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(max(left, 0)):
-                return await asyncio.shield(pending.answer)
-        except TimeoutError:
-            why = f"the {ops} operations of {txn} were not all recorded here in time"
-            self._commits.withdraw(pending, why)
-            return await asyncio.shield(pending.answer)
+            while True:
+                try:
+                    async with asyncio.timeout(max(pending.expires - loop.time(), 0)):
+                        return await asyncio.shield(pending.answer)
+                except TimeoutError:
+                    if pending.expires > loop.time():
+                        continue  # more of its operations arrived meanwhile
+                    why = f"the {ops} operations of {txn} were not all recorded here in time"
+                    self._commits.withdraw(pending, why)
+                    return await asyncio.shield(pending.answer)
         except asyncio.CancelledError:  # its caller left (a dropped request): not waited for
             self._commits.withdraw(pending, "its client went away")
             raise
