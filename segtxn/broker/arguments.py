@@ -177,7 +177,7 @@ def check_send(send: Send, max_message_bytes: int) -> None:
         raise ServerError(
             ErrorName.INVALID_MESSAGE, f"event_time_ms must be in 0..{MAX_I64} (ms since 1970)"
         )
-    _check_txn(send.txn, ErrorName.INVALID_MESSAGE)
+    check_txn(send.txn, ErrorName.INVALID_MESSAGE)
     key = len(send.key.encode()) if send.key is not None else 0
     if key > MAX_MESSAGE_KEY_BYTES:
         raise ServerError(
@@ -219,11 +219,12 @@ def check_consumer_frame(frame: Ack | Nack | Redeliver) -> None:
             f"{len(frame.message_ids)} message ids in one frame; at most {MAX_MESSAGE_IDS}",
         )
     if isinstance(frame, Ack | Redeliver):
-        _check_txn(frame.txn, ErrorName.INVALID_ARGUMENT)
+        check_txn(frame.txn, ErrorName.INVALID_ARGUMENT)
     if isinstance(frame, Ack) and frame.epoch is not None and not 0 <= frame.epoch <= MAX_I64:
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"epoch must be in 0..{MAX_I64}")
 
 
-def _check_txn(txn: tuple[int, int] | None, name: ErrorName) -> None:
+def check_txn(txn: tuple[int, int] | None, name: ErrorName) -> None:
+    """Refuse (as ``name``) a transaction id in a frame whose halves are not 64-bit."""
     if txn is not None and not all(0 <= half <= MAX_U64 for half in txn):
         raise ServerError(name, f"a transaction id is two numbers in 0..{MAX_U64}, not {txn}")

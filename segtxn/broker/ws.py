@@ -24,7 +24,8 @@ but stored in the order they arrive: each takes its producer's next turn as its 
 read (segtxn/broker/ordering.py). A broker that cannot prove it holds its id sends no
 receipt: it hangs up on the producer, which sends again once reconnected
 (segtxn/broker/fencing.py). A send or ack frame with a ``traceparent`` gets a span
-(segtxn/broker/spans.py, docs/tracing.md).
+(segtxn/broker/spans.py, docs/tracing.md). A producer may also ask, with a ``commit``
+frame, for the one-step commit of a transaction (segtxn/broker/txncommit.py).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from aiohttp import WSCloseCode, web
 
 from segtxn import tracing
 from segtxn.auth import close_at_expiry, principal_of, recheck
-from segtxn.broker import fencing
+from segtxn.broker import fencing, txncommit
 from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
@@ -60,6 +61,7 @@ from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import (
     Ack,
+    Commit,
     Error,
     Flow,
     Frame,
@@ -218,7 +220,13 @@ async def producer(request: web.Request) -> web.StreamResponse:
             answer(send, refusal, 0.0)
         return False
 
+    async def commit(frame: Commit) -> None:
+        outbox.send(await txncommit.answer_frame(service, principal_of(request), frame))
+
     async def handle(frame: object) -> None:
+        if isinstance(frame, Commit):  # answered when decided; later frames go on meanwhile
+            start(commit(frame), [], f"commit-{producer_name}-{frame.request_id}")
+            return
         if isinstance(frame, SendBatch):
             check_batch(frame.sends)
             for txn, run in itertools.groupby(frame.sends, key=lambda send: send.txn):

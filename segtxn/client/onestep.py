@@ -7,17 +7,20 @@ When every operation of a transaction went to one broker, that broker can fold t
 compare-and-set into the step that writes the last of them: one step instead of two, and
 no round trip to a coordinator.
 
-The contract with the broker (``POST {broker}/txn/v2/{txn}/commit``, body ``{"ops": n,
-"digest": d}``): ``n`` is the number of distinct operation names this client *placed* on
-that broker in the transaction and ``d`` their :func:`~segtxn.protocol.txnops.digest`. The
-broker commits only if the op records it queued for the transaction are exactly those, so a
-COMMITTED answer means every operation was durable in the same step, whatever their own
-answers say (a receipt lost on the way does not undo it). Its answers:
+The contract with the broker (a ``commit`` frame on a producer connection the client holds
+to it, :mod:`segtxn.client.commitchannel`; else ``POST {broker}/txn/v2/{txn}/commit``, body
+``{"ops": n, "digest": d}``; the same answers): ``n`` is the number of distinct operation
+names this client *placed* on that broker in the transaction and ``d`` their
+:func:`~segtxn.protocol.txnops.digest`. The broker commits only if the op records it queued
+for the transaction are exactly those, so a COMMITTED answer means every operation was
+durable in the same step, whatever their own answers say (a receipt lost on the way does
+not undo it). Its answers:
 
 - 200 ``{"state": "COMMITTED"}``: committed (:attr:`Answer.COMMITTED`);
 - 200 ``{"state": "OPEN", ...}``: nothing decided there (:attr:`Answer.NOT_HERE`); so are
-  InvalidArgument (an older broker without the route answers so), NotAllowed and the
-  authentication errors: the coordinator's END_TXN would meet them if they mattered;
+  InvalidArgument and InvalidMessage (an older broker without the route or the frame
+  answers so), NotAllowed and the authentication errors: the coordinator's END_TXN would
+  meet them if they mattered;
 - ``InvalidTxnStatus`` / ``TransactionNotFound``: the transaction is over without a commit
   (raised, as END_TXN's are);
 - anything else (ServiceNotReady, another error, no answer in time, a broken connection):
@@ -42,11 +45,13 @@ from typing import Any
 
 import aiohttp
 
+from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, ClientError
 from segtxn.client.timeouts import Deadline
 from segtxn.protocol.errors import (
     InvalidArgument,
+    InvalidMessage,
     InvalidTxnStatus,
     NotAllowed,
     NotAuthorized,
@@ -61,7 +66,7 @@ __all__ = ["Answer", "Placements", "commit_at"]
 
 log = logging.getLogger(__name__)
 
-NOT_HERE = (InvalidArgument, NotAllowed, Unauthenticated, NotAuthorized)
+NOT_HERE = (InvalidArgument, InvalidMessage, NotAllowed, Unauthenticated, NotAuthorized)
 """Refusals of the one-step commit that decide nothing: the client ends the transaction at
 its coordinator instead, which answers for itself."""
 
@@ -86,17 +91,28 @@ class Placements:
         """Operations placed and not yet settled (settled ones are forgotten)."""
         self._names: dict[str, set[str]] = {}
         """Broker URL -> the names of the operations placed on it (ever)."""
+        self._channels: dict[str, CommitChannel] = {}
+        """Broker URL -> the producer connection that last placed a send on it."""
         self._waiting: set[asyncio.Future[Any]] = set()
         """The operations :meth:`wait` still waits for (neither placed nor settled)."""
         self._emptied: asyncio.Future[None] | None = None
         """Resolved when ``_waiting`` empties (:meth:`wait` waits on it)."""
 
-    def placed(self, future: asyncio.Future[Any], broker_url: str, name: str) -> None:
+    def placed(
+        self,
+        future: asyncio.Future[Any],
+        broker_url: str,
+        name: str,
+        channel: CommitChannel | None = None,
+    ) -> None:
         """The operation ``future`` stands for, named ``name``
-        (:mod:`segtxn.protocol.txnops`), is being written to ``broker_url``."""
+        (:mod:`segtxn.protocol.txnops`), is being written to ``broker_url`` (by a producer
+        whose connection is ``channel``)."""
         if not future.done():
             self._placed.add(future)
         self._names.setdefault(broker_url, set()).add(name)
+        if channel is not None:
+            self._channels[broker_url] = channel
         self._done_waiting(future)
 
     def settled(self, future: asyncio.Future[Any]) -> None:
@@ -112,6 +128,14 @@ class Placements:
     def broker(self) -> str | None:
         """The one broker every placement went to; None for none, or several."""
         return next(iter(self._names)) if len(self._names) == 1 else None
+
+    def channel(self, broker_url: str) -> CommitChannel | None:
+        """A producer connection to ``broker_url`` a send was placed on, if one is still
+        connected there (the commit is asked on it), else None (it is asked over HTTP)."""
+        channel = self._channels.get(broker_url)
+        if channel is None or not channel.supported or channel.broker_url != broker_url:
+            return None
+        return channel
 
     def names(self, broker_url: str) -> Collection[str]:
         """The distinct operation names placed on ``broker_url``."""
@@ -146,36 +170,53 @@ class Placements:
 
 
 async def commit_at(
-    connector: Connector, broker_url: str, txn: TxnId, names: Collection[str], deadline: Deadline
+    connector: Connector, placements: Placements, broker_url: str, txn: TxnId, deadline: Deadline
 ) -> Answer:
-    """Ask ``broker_url`` to commit ``txn``, whose operations placed there are ``names``:
-    one attempt, within ``deadline`` and the client's ``request_timeout_s``.
+    """Ask ``broker_url`` to commit ``txn``, naming the operations ``placements`` placed
+    there: one attempt, within ``deadline`` and the client's ``request_timeout_s``; as a
+    ``commit`` frame on a producer connection to it that placed one, else over HTTP.
 
     Raises:
         InvalidTxnStatus / TransactionNotFound: the transaction is over without a commit.
         ClientClosed: the client was closed (nothing was sent).
     """
-    body = {"ops": len(names), "digest": digest(names)}
+    names, channel = placements.names(broker_url), placements.channel(broker_url)
+    ops, summed = len(names), digest(names)
+    timeout_s = deadline.cap(connector.timeouts.request_timeout_s)
+    state: object
+    reason: object = None
     try:
-        reply = await connector.request(
-            "POST",
-            f"{broker_url}/txn/v2/{txn}/commit",
-            json=body,
-            timeout_s=deadline.cap(connector.timeouts.request_timeout_s),
-        )
+        if channel is not None:
+            answer = await channel.commit(txn, ops, summed, timeout_s)
+            state, reason = answer.state, answer.reason
+        else:
+            reply = await connector.request(
+                "POST",
+                f"{broker_url}/txn/v2/{txn}/commit",
+                json={"ops": ops, "digest": summed},
+                timeout_s=timeout_s,
+            )
+            state = reply.get("state") if isinstance(reply, dict) else reply
+            reason = reply.get("reason") if isinstance(reply, dict) else None
     except (InvalidTxnStatus, TransactionNotFound, ClientClosed):
         raise
     except NOT_HERE as e:
         log.debug("transaction %s: %s did not commit it (%s: %s)", txn, broker_url, e.name, e)
         return Answer.NOT_HERE
-    except (ServerError, ClientError, aiohttp.ClientError, ValueError) as e:
+    except (
+        ServerError,
+        ClientError,
+        aiohttp.ClientError,
+        ConnectionError,
+        TimeoutError,
+        ValueError,
+    ) as e:
         log.debug("transaction %s: no answer from %s to its commit: %r", txn, broker_url, e)
         return Answer.UNKNOWN
-    state = reply.get("state") if isinstance(reply, dict) else None
     if state == "COMMITTED":
         return Answer.COMMITTED
     if state == "OPEN":
-        log.debug("transaction %s: not committed at %s (%s)", txn, broker_url, reply.get("reason"))
+        log.debug("transaction %s: not committed at %s (%s)", txn, broker_url, reason)
         return Answer.NOT_HERE
-    log.debug("transaction %s: %s answered its commit with %r", txn, broker_url, reply)
+    log.debug("transaction %s: %s answered its commit with %r", txn, broker_url, state)
     return Answer.UNKNOWN

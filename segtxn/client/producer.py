@@ -31,6 +31,7 @@ import aiohttp
 
 from segtxn import tracing
 from segtxn.aio import callbacks_context, first_completed
+from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
 from segtxn.client.messages import MessageId, check_outgoing
@@ -56,7 +57,7 @@ from segtxn.protocol.errors import (
     UnknownError,
     server_error,
 )
-from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
+from segtxn.protocol.frames import CommitAnswer, Error, ProducerReady, Receipt, Send, SendBatch
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txnops import send_op
 
@@ -131,6 +132,8 @@ class Producer:
         """The last reason a connection was lost or refused (a timeout names it)."""
         self.refused = False
         """The broker refused a send because the topic is terminated (a sealed segment)."""
+        self.commits = CommitChannel(self._wake.set)
+        """One-step commits asked on its connection (:mod:`segtxn.client.commitchannel`)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -180,7 +183,7 @@ class Producer:
             await close_quietly(ws.close())
             raise
         self._max_bytes = ready.max_message_bytes
-        self._broker = broker
+        self._broker = self.commits.broker_url = broker
         if not self._ready.is_set():
             self._next_seq = ready.last_sequence_id + 1
             self._ready.set()
@@ -206,6 +209,7 @@ class Producer:
                 self._trouble = f"the connection was lost ({e})"
             finally:
                 self._connected.clear()
+                self.commits.lost(f"producer {self.name} lost its connection to {self._broker}")
                 await close_quietly(ws.close())
             if self._closed:
                 return
@@ -251,18 +255,23 @@ class Producer:
                     batch.append(pending.send)
                     size += len(pending.send.payload)
                     if pending.txn is not None and pending.tracked is not None:
-                        pending.txn.placed(
-                            pending.tracked, self._broker, send_op(self._topic, self.name, seq)
-                        )
+                        name = send_op(self._topic, self.name, seq)
+                        pending.txn.placed(pending.tracked, self._broker, name, self.commits)
                 if not batch:
                     break
                 frame: frames.Frame = batch[0] if len(batch) == 1 else SendBatch(sends=batch)
                 await ws.send_bytes(frames.encode(frame))
+            for commit in self.commits.take():  # after the sends it names
+                await ws.send_bytes(frames.encode(commit))
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for frame in server_frames(ws, f"producer {self.name}"):
             if isinstance(frame, Receipt):
                 self._settle(frame.seq, result=MessageId(self._topic, *frame.message_id))
+            elif isinstance(frame, CommitAnswer | Error) and frame.request_id is not None:
+                self.commits.answered(frame)  # (a producer's own errors name a seq)
+            elif isinstance(frame, Error) and frame.error == ErrorName.INVALID_MESSAGE.value:
+                self.commits.unreadable(frame)  # sends name their seq: it was a commit
             elif isinstance(frame, Error):
                 error = server_error(ErrorName.parse(frame.error), frame.message)
                 if frame.seq is not None:
@@ -484,4 +493,5 @@ class Producer:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._ws is not None:  # a task cancelled before it ran never closed its socket
             await close_quietly(self._ws.close())
+        self.commits.lost(f"producer {self.name} is closed")
         self._fail_all(ClientClosed(f"producer {self.name} is closed"))

@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 
 from segtxn import tracing
 from segtxn.aio import callbacks_context
+from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import ClientClosed, ClientError, OperationCancelled, Timeout
 from segtxn.client.onestep import Answer, Placements, commit_at
@@ -208,12 +209,19 @@ class Transaction:
         self._in_flight.add(future)
         future.add_done_callback(self._settled, context=self._callbacks)
 
-    def placed(self, future: asyncio.Future[Any], broker_url: str, name: str) -> None:
+    def placed(
+        self,
+        future: asyncio.Future[Any],
+        broker_url: str,
+        name: str,
+        channel: CommitChannel | None = None,
+    ) -> None:
         """The operation ``future`` (as tracked), named ``name``
         (:mod:`segtxn.protocol.txnops`), is being written to the broker at ``broker_url``:
-        producers and consumer streams call it at each write, resends included."""
+        producers and consumer streams call it at each write, resends included. A producer
+        passes its ``channel``, on which the commit may be asked."""
         if self._placements is not None and self._id is not None and self._id.is_v5:
-            self._placements.placed(future, broker_url, name)
+            self._placements.placed(future, broker_url, name, channel)
 
     def _settled(self, future: asyncio.Future[Any]) -> None:
         self._in_flight.discard(future)
@@ -332,9 +340,7 @@ class Transaction:
         if broker is None or self._failure is not None:
             return Answer.NOT_HERE
         self._move(TransactionState.COMMITTING)
-        call = commit_at(
-            self._coordinators.connector, broker, self.id, placements.names(broker), deadline
-        )
+        call = commit_at(self._coordinators.connector, placements, broker, self.id, deadline)
         traced = {"segtxn.txn.id": str(self.id), "segtxn.txn.action": "COMMIT"}
         try:
             answer = await self._traced("end-txn", call, {**traced, "segtxn.txn.broker": broker})

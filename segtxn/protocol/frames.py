@@ -55,6 +55,32 @@ class ReceiptBatch(Frame, tag="receipt_batch"):
     receipts: list[Receipt]
 
 
+class Commit(Frame, tag="commit", omit_defaults=True):
+    """Commit transaction ``txn`` here in one step (the one-step commit: docs/protocol.md),
+    as ``POST /txn/v2/{txn}/commit`` would, on a producer connection the client already
+    holds to this broker. Answered with :class:`CommitAnswer` or an :class:`Error`, both
+    carrying ``request_id``; the connection's other frames go on meanwhile."""
+
+    request_id: int
+    txn: tuple[int, int]
+    """(most, least) of a v5 transaction."""
+    ops: int
+    """How many distinct operations it made (:mod:`segtxn.protocol.txnops`)."""
+    digest: int
+    """Their order-free digest (:func:`segtxn.protocol.txnops.digest`)."""
+    traceparent: str | None = None
+    """W3C Trace Context of the client's commit span (tracing on: docs/tracing.md)."""
+
+
+class CommitAnswer(Frame, tag="commit_answer", omit_defaults=True):
+    request_id: int
+    state: str
+    """``COMMITTED``, or ``OPEN``: nothing was decided here (the client ends the
+    transaction at its coordinator)."""
+    reason: str = ""
+    """Why not, with ``OPEN``."""
+
+
 class ProducerReady(Frame, tag="producer_ready"):
     producer_name: str
     last_sequence_id: int
@@ -170,14 +196,16 @@ class Error(Frame, tag="error"):
     seq: int | None = None
     """For a producer: the send that failed."""
     request_id: int | None = None
+    """For a request (a consumer's, a producer's commit): the request that failed."""
     redirect: str | None = None
 
 
-ProducerInput = Send | SendBatch
+ProducerInput = Send | SendBatch | Commit
 ConsumerInput = Flow | Ack | Nack | Redeliver
 ServerFrame = (
     Receipt
     | ReceiptBatch
+    | CommitAnswer
     | ProducerReady
     | ConsumerReady
     | Message

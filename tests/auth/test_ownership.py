@@ -192,6 +192,33 @@ async def test_only_the_owner_may_commit_at_the_broker(topics: SecureCluster) ->
         assert await _committed(http, topics, SEGMENT) == [b"mine"]
 
 
+async def test_only_the_owner_may_commit_with_a_frame(topics: SecureCluster) -> None:
+    """The ``commit`` frame on a producer connection checks the owner as the request does:
+    another role's, refused by its request id, commits nothing; the owner's does."""
+    async with aiohttp.ClientSession() as http:
+        opened = await _open(http, topics, PRODUCER, v4=False)
+        mine = await http.ws_connect(
+            f"{topics.url}/ws/v2/producer/{SEGMENT}?name=framed", headers=bearer(token(PRODUCER))
+        )
+        assert isinstance(await next_frame(mine), frames.ProducerReady)
+        await _send(mine, frames.Send(seq=0, payload=b"mine", txn=(opened.most, opened.least)))
+        assert isinstance(await next_frame(mine), frames.Receipt)
+        names = [txnops.send_op("segment://acme/orders/sc/0", "framed", 0)]
+        commit = frames.Commit(
+            request_id=5, txn=(opened.most, opened.least), ops=1, digest=txnops.digest(names)
+        )
+        other = await _producer(http, topics, PRODUCER_2, SEGMENT)
+        await _send(other, commit)
+        refused = await next_frame(other)
+        assert isinstance(refused, frames.Error)
+        assert (refused.error, refused.request_id) == (ErrorName.NOT_AUTHORIZED.value, 5)
+        await _send(mine, commit)
+        assert await next_frame(mine) == frames.CommitAnswer(request_id=5, state="COMMITTED")
+        await other.close()
+        await mine.close()
+        assert await _committed(http, topics, SEGMENT) == [b"mine"]
+
+
 async def test_a_superuser_may_end_any_transaction(topics: SecureCluster) -> None:
     async with aiohttp.ClientSession() as http:
         txn = await _open(http, topics, PRODUCER, v4=False)

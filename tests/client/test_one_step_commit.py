@@ -3,7 +3,11 @@ broker to commit, what they send it, and what each answer leads to.
 
 The broker's ``/txn/v2/{txn}/commit`` is played by a small real aiohttp server with scripted
 answers; the commit calls the client makes to the cluster's broker are sent there instead,
-and everything else (sends, acks, END_TXN, status) goes to the real cluster. A scripted
+and everything else (sends, acks, END_TXN, status) goes to the real cluster. A commit asked
+as a frame on a producer's connection (``frame``: what the client does when it holds one)
+gets the same script's answer as a frame, or its error; ``http`` (the default here): over
+HTTP, as without such a connection. The frame's own path, against a real broker:
+tests/txn/test_one_step_commit.py. A scripted
 COMMITTED is made true first: the script waits for the transaction's operations, then
 commits it at the real coordinator, as the broker's store step would."""
 
@@ -19,16 +23,24 @@ import pytest
 from aiohttp import web
 
 from segtxn.client import Client, TransactionFailed
+from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.connection import Connector
 from segtxn.client.consumer import Consumer
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import Timeout
 from segtxn.client.messages import Message, MessageId
+from segtxn.client.onestep import Placements
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.timeouts import Deadline
 from segtxn.client.transaction import Transaction
-from segtxn.protocol.errors import InvalidTxnStatus, TransactionNotFound
-from segtxn.protocol.txn import TxnAction
+from segtxn.protocol.errors import (
+    ErrorName,
+    InvalidTxnStatus,
+    TransactionNotFound,
+    server_error,
+)
+from segtxn.protocol.frames import CommitAnswer
+from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.protocol.txnops import ack_op, digest, send_op
 from tests.cluster import Cluster
 
@@ -46,6 +58,8 @@ class ScriptedBroker:
 
     cluster: Cluster
     url: str = ""
+    via: str = "http"
+    """How the client asks: ``http`` or ``frame`` (a producer connection's commit frame)."""
     asked: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     script: Script | None = None
 
@@ -67,9 +81,9 @@ class ScriptedBroker:
 
 @pytest.fixture
 async def broker(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> AsyncIterator[ScriptedBroker]:
-    scripted = ScriptedBroker(cluster)
+    scripted = ScriptedBroker(cluster, via=getattr(request, "param", "http"))
     app = web.Application()
     app.router.add_post("/txn/v2/{txn}/commit", scripted.handle)
     runner = web.AppRunner(app)
@@ -77,14 +91,33 @@ async def broker(
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     scripted.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    request = Connector.request
+    original = Connector.request
 
     async def rerouted(self: Connector, method: str, path: str, **kwargs: Any) -> Any:
         if path.startswith(cluster.url) and path.endswith("/commit"):
             path = scripted.url + path[len(cluster.url) :]
-        return await request(self, method, path, **kwargs)
+        return await original(self, method, path, **kwargs)
+
+    async def as_frame(
+        channel: CommitChannel, txn: TxnId, ops: int, summed: int, timeout_s: float | None
+    ) -> CommitAnswer:
+        """The script's answer as the broker's frame would carry it (its error raised)."""
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{scripted.url}/txn/v2/{txn}/commit", json={"ops": ops, "digest": summed}
+            ) as reply,
+        ):
+            body = await reply.json()
+        if reply.status != 200:
+            raise server_error(ErrorName.parse(body["error"]), body["message"])
+        return CommitAnswer(request_id=1, state=body["state"], reason=body.get("reason", ""))
 
     monkeypatch.setattr(Connector, "request", rerouted)
+    if scripted.via == "frame":
+        monkeypatch.setattr(CommitChannel, "commit", as_frame)
+    else:
+        monkeypatch.setattr(Placements, "channel", lambda self, url: None)
     try:
         yield scripted
     finally:
@@ -170,6 +203,7 @@ def committing(broker: ScriptedBroker, w: Work, *, then: Script | None = None) -
     return script
 
 
+@pytest.mark.parametrize("broker", ["http", "frame"], indirect=True)
 async def test_one_broker_commits_there_in_one_step(
     client: Client, broker: ScriptedBroker, ended: list[TxnAction]
 ) -> None:
@@ -185,6 +219,7 @@ async def test_one_broker_commits_there_in_one_step(
     assert await w.txn.status() == "COMMITTED"
 
 
+@pytest.mark.parametrize("broker", ["http", "frame"], indirect=True)
 async def test_not_here_ends_it_at_the_coordinator(
     client: Client, broker: ScriptedBroker, ended: list[TxnAction]
 ) -> None:
@@ -198,6 +233,7 @@ async def test_not_here_ends_it_at_the_coordinator(
 
 
 @pytest.mark.parametrize("refusal", [("InvalidTxnStatus", 409), ("TransactionNotFound", 404)])
+@pytest.mark.parametrize("broker", ["http", "frame"], indirect=True)
 async def test_a_refusal_ends_it_aborted(
     client: Client, broker: ScriptedBroker, ended: list[TxnAction], refusal: tuple[str, int]
 ) -> None:
@@ -221,6 +257,7 @@ async def test_a_refusal_ends_it_aborted(
     assert again.value == w.acked.value and again.redelivery_count > 0
 
 
+@pytest.mark.parametrize("broker", ["http", "frame"], indirect=True)
 async def test_no_answer_then_the_coordinator_confirms(
     client: Client, broker: ScriptedBroker, ended: list[TxnAction]
 ) -> None:
@@ -342,6 +379,7 @@ async def test_v4_and_nothing_placed_and_off_use_the_coordinator(
     assert [t.committed_by for t in (txn, empty, w.txn)] == ["coordinator"] * 3
 
 
+@pytest.mark.parametrize("broker", ["http", "frame"], indirect=True)
 async def test_error_replies_decide_nothing(
     client: Client, broker: ScriptedBroker, ended: list[TxnAction]
 ) -> None:
