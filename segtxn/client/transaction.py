@@ -207,6 +207,8 @@ class Transaction:
         """Count an operation in the transaction: if it fails, or is cancelled (its outcome
         is then unknown), the transaction fails."""
         self._in_flight.add(future)
+        if self._placements is not None:
+            self._placements.tracking(future)
         future.add_done_callback(self._settled, context=self._callbacks)
 
     def placed(
@@ -334,7 +336,7 @@ class Transaction:
         Raises InvalidTxnStatus / TransactionNotFound (it is ABORTED), ClientClosed."""
         if not self.id.is_v5 or self._failure is not None:
             return Answer.NOT_HERE
-        if not await placements.wait(self._in_flight, deadline):
+        if not await placements.wait(deadline):
             return Answer.NOT_HERE  # commit() finds them late: not committed
         broker = placements.broker()
         if broker is None or self._failure is not None:

@@ -30,21 +30,36 @@ async def test_one_broker_and_its_distinct_names() -> None:
 async def test_wait_returns_once_each_is_placed_or_settled() -> None:
     placements = Placements()
     sent, acked = future(), future()
-    waiting = asyncio.create_task(placements.wait({sent, acked}, Deadline(10)))
+    placements.tracking(sent)
+    placements.tracking(acked)
+    waiting = asyncio.create_task(placements.wait(Deadline(10)))
     await asyncio.sleep(0)  # sleep-ok: one turn, so the wait has started
     assert not waiting.done()
     placements.placed(sent, "http://b1", "s")
     await asyncio.sleep(0)  # sleep-ok: one turn for the wait to look again
     assert not waiting.done()  # acked: neither placed nor settled
     acked.set_result(None)
+    placements.settled(acked)  # (the transaction's callback on it)
     async with asyncio.timeout(10):
         assert await waiting
+
+
+async def test_an_operation_placed_before_it_is_tracked_is_not_waited_for() -> None:
+    placements = Placements()
+    ack = future()
+    placements.placed(ack, "http://b1", "a")  # written at once, tracked right after
+    placements.tracking(ack)
+    async with asyncio.timeout(10):
+        assert await placements.wait(Deadline(10))
 
 
 async def test_wait_gives_up_at_its_deadline() -> None:
     placements = Placements()
     never = future()
+    placements.tracking(never)
     async with asyncio.timeout(10):
-        assert not await placements.wait({never}, Deadline(0.05))
-    placements.settled(never)  # forgetting one that was never placed is harmless
+        assert not await placements.wait(Deadline(0.05))
+    placements.settled(never)
+    async with asyncio.timeout(10):
+        assert await placements.wait(Deadline(0.05))  # settled: nothing to wait for
     never.cancel()

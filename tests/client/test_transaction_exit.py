@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -92,11 +91,9 @@ async def test_a_cancel_while_the_block_commits_aborts(
         settling.set()
         return await settle(deadline)
 
-    async def watched_placement(
-        in_flight: Iterable[asyncio.Future[Any]], deadline: Deadline
-    ) -> bool:
+    async def watched_placement(deadline: Deadline) -> bool:
         settling.set()
-        return await placed(in_flight, deadline)
+        return await placed(deadline)
 
     monkeypatch.setattr(txn, "_settle", watched)
     monkeypatch.setattr(placements, "wait", watched_placement)
