@@ -236,7 +236,7 @@ class Producer:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if options.batch_delay_s and len(self._unsent) < options.batch_max_messages:
+            if options.batch_delay_s and 0 < len(self._unsent) < options.batch_max_messages:
                 await asyncio.sleep(options.batch_delay_s)  # let the batch fill a little
             while self._unsent:
                 batch: list[Send] = []
