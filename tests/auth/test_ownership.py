@@ -170,20 +170,28 @@ async def test_another_roles_transaction_cannot_acknowledge_or_redeliver(
         await ws.close()
 
 
+async def _sent_in_own_transaction(
+    http: aiohttp.ClientSession, cluster: SecureCluster
+) -> tuple[TxnId, aiohttp.ClientWebSocketResponse, int]:
+    """A v5 transaction PRODUCER opened, one message it sent in it to SEGMENT (stored), the
+    producer connection that sent it, and the one-step commit's digest of that send."""
+    opened = await _open(http, cluster, PRODUCER, v4=False)
+    ws = await http.ws_connect(
+        f"{cluster.url}/ws/v2/producer/{SEGMENT}?name=owned", headers=bearer(token(PRODUCER))
+    )
+    assert isinstance(await next_frame(ws), frames.ProducerReady)
+    await _send(ws, frames.Send(seq=0, payload=b"mine", txn=(opened.most, opened.least)))
+    assert isinstance(await next_frame(ws), frames.Receipt)
+    return opened, ws, txnops.digest([txnops.send_op("segment://acme/orders/sc/0", "owned", 0)])
+
+
 async def test_only_the_owner_may_commit_at_the_broker(topics: SecureCluster) -> None:
     """The one-step commit (``POST /txn/v2/{txn}/commit`` on the broker) checks the owner
     as END_TXN does."""
     async with aiohttp.ClientSession() as http:
-        opened = await _open(http, topics, PRODUCER, v4=False)
-        ws = await http.ws_connect(
-            f"{topics.url}/ws/v2/producer/{SEGMENT}?name=owned", headers=bearer(token(PRODUCER))
-        )
-        assert isinstance(await next_frame(ws), frames.ProducerReady)
-        await _send(ws, frames.Send(seq=1, payload=b"mine", txn=(opened.most, opened.least)))
-        assert isinstance(await next_frame(ws), frames.Receipt)
+        opened, ws, summed = await _sent_in_own_transaction(http, topics)
         await ws.close()
-        names = [txnops.send_op("segment://acme/orders/sc/0", "owned", 1)]
-        body = {"ops": 1, "digest": txnops.digest(names)}
+        body = {"ops": 1, "digest": summed}
         commit = f"{topics.url}/txn/v2/{opened}/commit"
         async with http.post(commit, json=body, headers=bearer(token(PRODUCER_2))) as answer:
             assert answer.status == 403
@@ -196,17 +204,8 @@ async def test_only_the_owner_may_commit_with_a_frame(topics: SecureCluster) -> 
     """The ``commit`` frame on a producer connection checks the owner as the request does:
     another role's, refused by its request id, commits nothing; the owner's does."""
     async with aiohttp.ClientSession() as http:
-        opened = await _open(http, topics, PRODUCER, v4=False)
-        mine = await http.ws_connect(
-            f"{topics.url}/ws/v2/producer/{SEGMENT}?name=framed", headers=bearer(token(PRODUCER))
-        )
-        assert isinstance(await next_frame(mine), frames.ProducerReady)
-        await _send(mine, frames.Send(seq=0, payload=b"mine", txn=(opened.most, opened.least)))
-        assert isinstance(await next_frame(mine), frames.Receipt)
-        names = [txnops.send_op("segment://acme/orders/sc/0", "framed", 0)]
-        commit = frames.Commit(
-            request_id=5, txn=(opened.most, opened.least), ops=1, digest=txnops.digest(names)
-        )
+        opened, mine, summed = await _sent_in_own_transaction(http, topics)
+        commit = frames.Commit(request_id=5, txn=(opened.most, opened.least), ops=1, digest=summed)
         other = await _producer(http, topics, PRODUCER_2, SEGMENT)
         await _send(other, commit)
         refused = await next_frame(other)
