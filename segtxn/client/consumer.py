@@ -462,4 +462,6 @@ def _registered(topic: str) -> str:
 
 def _placed(txn: Transaction, name: str, future: asyncio.Future[None], broker_url: str) -> None:
     """An ack of ``txn`` named ``name`` is being written to ``broker_url``."""
-    txn.placed(future, broker_url, name)
+    placements = txn.placements
+    if placements is not None:
+        placements.placed(future, broker_url, name)

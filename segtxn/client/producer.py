@@ -254,9 +254,10 @@ class Producer:
                     self._unsent.popleft()
                     batch.append(pending.send)
                     size += len(pending.send.payload)
-                    if pending.txn is not None and pending.tracked is not None:
+                    placements = None if pending.txn is None else pending.txn.placements
+                    if placements is not None and pending.tracked is not None:
                         name = send_op(self._topic, self.name, seq)
-                        pending.txn.placed(pending.tracked, self._broker, name, self.commits)
+                        placements.placed(pending.tracked, self._broker, name, self.commits)
                 if not batch:
                     break
                 frame: frames.Frame = batch[0] if len(batch) == 1 else SendBatch(sends=batch)

@@ -51,7 +51,6 @@ from typing import Any, TypeVar
 
 from segtxn import tracing
 from segtxn.aio import callbacks_context
-from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import ClientClosed, ClientError, OperationCancelled, Timeout
 from segtxn.client.onestep import Answer, Placements, commit_at
@@ -211,19 +210,14 @@ class Transaction:
             self._placements.tracking(future)
         future.add_done_callback(self._settled, context=self._callbacks)
 
-    def placed(
-        self,
-        future: asyncio.Future[Any],
-        broker_url: str,
-        name: str,
-        channel: CommitChannel | None = None,
-    ) -> None:
-        """The operation ``future`` (as tracked), named ``name``
-        (:mod:`segtxn.protocol.txnops`), is being written to the broker at ``broker_url``:
-        producers and consumer streams call it at each write, resends included. A producer
-        passes its ``channel``, on which the commit may be asked."""
-        if self._placements is not None and self._id is not None and self._id.is_v5:
-            self._placements.placed(future, broker_url, name, channel)
+    @property
+    def placements(self) -> Placements | None:
+        """Where its operations are placed (producers and consumer streams record each
+        write there, resends included: :class:`~segtxn.client.onestep.Placements`); None
+        when the one-step commit does not apply (off, or not a v5 transaction)."""
+        if self._id is None or not self._id.is_v5:
+            return None
+        return self._placements
 
     def _settled(self, future: asyncio.Future[Any]) -> None:
         self._in_flight.discard(future)
@@ -292,8 +286,9 @@ class Transaction:
             return
         self._check_open(TransactionState.COMMITTING)  # an unknown outcome: commit again
         answer = Answer.NOT_HERE
-        if self._placements is not None and self.state is TransactionState.OPEN:
-            answer = await self._commit_at_broker(self._placements, deadline)
+        placements = self.placements  # (None: v4, or the one-step commit is off)
+        if placements is not None and self.state is TransactionState.OPEN:
+            answer = await self._commit_at_broker(placements, deadline)
             if answer is Answer.COMMITTED:
                 return
         if not await self._settle(deadline):
@@ -330,14 +325,12 @@ class Transaction:
         self._on_failure.clear()
 
     async def _commit_at_broker(self, placements: Placements, deadline: Deadline) -> Answer:
-        """The one-step commit if eligible (v5, nothing failed, each operation placed or
-        settled by ``deadline``, all placed on one broker), else NOT_HERE (still OPEN).
+        """The one-step commit if eligible (nothing failed, each operation placed or settled
+        by ``deadline``, all placed on one broker), else NOT_HERE (still OPEN).
         COMMITTED once its operations are done or ``deadline`` passed, whatever they say.
         Raises InvalidTxnStatus / TransactionNotFound (it is ABORTED), ClientClosed."""
-        if not self.id.is_v5 or self._failure is not None:
-            return Answer.NOT_HERE
-        if not await placements.wait(deadline):
-            return Answer.NOT_HERE  # commit() finds them late: not committed
+        if self._failure is not None or not await placements.wait(deadline):
+            return Answer.NOT_HERE  # (not placed in time: commit() finds them late)
         broker = placements.broker()
         if broker is None or self._failure is not None:
             return Answer.NOT_HERE

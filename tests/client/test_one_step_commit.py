@@ -176,6 +176,12 @@ class Work:
         return names | {ack_op(acked.topic, "sub", (acked.ledger_id, acked.entry_id), False)}
 
 
+def _placements(txn: Transaction) -> Placements:
+    placements = txn.placements
+    assert placements is not None
+    return placements
+
+
 async def work(client: Client, n: int = 3) -> Work:
     await client.admin.create_topic(TOPIC, segments=2)
     await client.admin.create_topic(INPUT, segments=1)
@@ -284,7 +290,7 @@ async def test_no_answer_and_a_failed_operation(
     w = await work(client)
     receipt: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     w.txn.track(receipt)  # an operation whose receipt will be lost
-    w.txn.placed(receipt, client.connector.service_url, "s lost")
+    _placements(w.txn).placed(receipt, client.connector.service_url, "s lost")
 
     async def script(txn: str) -> web.Response:
         await asyncio.wait(w.operations())
@@ -317,7 +323,7 @@ async def test_committed_whatever_an_operation_answered(
     w = await work(client)
     receipt: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     w.txn.track(receipt)
-    w.txn.placed(receipt, client.connector.service_url, "s lost")
+    _placements(w.txn).placed(receipt, client.connector.service_url, "s lost")
     settling = asyncio.Event()
     settle = w.txn._settle
 
@@ -342,7 +348,9 @@ async def test_two_brokers_end_it_at_the_coordinator(
     client: Client, broker: ScriptedBroker, ended: list[TxnAction]
 ) -> None:
     w = await work(client)
-    w.txn.placed(w.sends[0], "http://127.0.0.1:1", "s elsewhere")  # a resend went elsewhere
+    _placements(w.txn).placed(
+        w.sends[0], "http://127.0.0.1:1", "s elsewhere"
+    )  # a resend went elsewhere
     await w.txn.commit()
     assert broker.asked == []
     assert w.txn.committed_by == "coordinator" and ended == [TxnAction.COMMIT]
