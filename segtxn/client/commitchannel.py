@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Callable
 
 from segtxn import tracing
-from segtxn.protocol.errors import ErrorName, server_error
+from segtxn.protocol.errors import ErrorName, ServerError, server_error
 from segtxn.protocol.frames import Commit, CommitAnswer, Error
 from segtxn.protocol.txn import TxnId
 
@@ -84,16 +84,20 @@ class CommitChannel:
         else:
             waiting.set_result(frame)
 
-    def unreadable(self, frame: Error) -> None:
-        """The broker could not decode a frame and said so without naming it: from a broker
-        that reads every frame this client writes but ``commit``, that was a commit (an
-        older broker). The waiting commits fail with it (nothing was decided) and later
-        ones are not asked here."""
+    def unreadable(self, error: ServerError) -> bool:
+        """An error the broker sent naming neither a send nor a request: if it is
+        ``InvalidMessage`` while commits wait, the broker could not decode a frame, and from
+        a broker that reads every frame this client writes but ``commit`` (an older one),
+        that was a commit. The waiting commits fail with it (nothing was decided) and later
+        ones are not asked here. True if it was taken so (False: not a commit's)."""
+        if error.name is not ErrorName.INVALID_MESSAGE or not self._waiting:
+            return False
         self.supported = False
         for waiting in self._waiting.values():
             if not waiting.done():
-                waiting.set_exception(server_error(ErrorName.parse(frame.error), frame.message))
+                waiting.set_exception(error)
                 waiting.exception()  # retrieved: its caller re-raises it
+        return True
 
     def lost(self, why: str) -> None:
         """The connection is gone (or the producer closed): nothing is asked on it any more,

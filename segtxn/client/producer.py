@@ -270,14 +270,12 @@ class Producer:
             if isinstance(frame, Receipt):
                 self._settle(frame.seq, result=MessageId(self._topic, *frame.message_id))
             elif isinstance(frame, CommitAnswer | Error) and frame.request_id is not None:
-                self.commits.answered(frame)  # (a producer's own errors name a seq)
-            elif isinstance(frame, Error) and frame.error == ErrorName.INVALID_MESSAGE.value:
-                self.commits.unreadable(frame)  # sends name their seq: it was a commit
+                self.commits.answered(frame)  # (a send's error names its seq instead)
             elif isinstance(frame, Error):
                 error = server_error(ErrorName.parse(frame.error), frame.message)
                 if frame.seq is not None:
                     self._settle(frame.seq, error=error)
-                else:
+                elif not self.commits.unreadable(error):
                     log.warning("producer %s: %s", self.name, error)
         raise ConnectionError("the broker closed the connection")
 
