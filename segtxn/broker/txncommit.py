@@ -101,7 +101,7 @@ async def commit_here(
     if header.state is TxnState.COMMITTED:
         return TxnState.COMMITTED, ""
     if header.state is TxnState.ABORTED:
-        raise ServerError(ErrorName.INVALID_TXN_STATUS, f"{txn} is already ABORTED; cannot COMMIT")
+        raise _already_aborted(txn)
     why = None
     if service.fenced is not None:
         why = f"this broker is fenced ({service.fenced})"
@@ -123,9 +123,15 @@ async def commit_here(
             log.debug("txn %s: COMMITTED here, in the op-record step of its last operations", txn)
             metrics.add(1, {"answer": "committed"})
             return TxnState.COMMITTED, ""
+        if answer.aborted:  # (the header read above was older than the abort)
+            raise _already_aborted(txn)
         why = answer.reason
     metrics.add(1, {"answer": "not_here"})
     return TxnState.OPEN, why
+
+
+def _already_aborted(txn: TxnId) -> ServerError:
+    return ServerError(ErrorName.INVALID_TXN_STATUS, f"{txn} is already ABORTED; cannot COMMIT")
 
 
 async def answer_frame(

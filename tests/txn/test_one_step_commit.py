@@ -245,6 +245,55 @@ async def test_refusals_are_end_txns(client: Client, cluster: Cluster) -> None:
         assert (status, answer["error"]) == (400, "InvalidArgument"), body
 
 
+async def test_an_abort_the_broker_hears_of_while_a_commit_waits_refuses_it(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker's header is OPEN as the commit arrives (the watch's ABORTED is parked on
+    purpose): once the watch tells, the commit is refused as END_TXN would be, not
+    answered "not here" (found in CI: a commit asked right after the abort on etcd)."""
+    await _setup(client)
+    service = cluster.broker.service
+    headers = service.headers
+    txn = await client.transaction().start()
+    await wait_until(lambda: headers.cached(txn.id) is not None, what="the watch saw it open")
+    parked: list[Any] = []
+    deliver = headers._on_event
+
+    def park_its_abort(event: Any) -> None:
+        if T.txn_of_header_key(event.key) == txn.id:
+            parked.append(event)
+        else:
+            deliver(event)
+
+    monkeypatch.setattr(headers, "_on_event", park_its_abort)
+    await txn.abort()
+    await wait_until(lambda: bool(parked), what="the watch reported the abort")
+    asked = asyncio.ensure_future(_commit(cluster, txn.id, ["x"]))
+    await wait_until(
+        lambda: txn.id in service.op_records._commits._pending, what="the commit waits"
+    )
+    deliver(parked[0])
+    assert (await asked)[0] == 409
+    assert (await asked)[1]["error"] == "InvalidTxnStatus"
+
+
+async def test_a_commit_waiting_for_operations_is_refused_when_its_transaction_is_aborted(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One of the two sends a commit names arrived: the abort's header change, not the
+    commit's wait (made far longer here), answers it, as END_TXN would."""
+    monkeypatch.setattr(commits, "COMMIT_WAIT_S", 600.0)
+    _consumer, _message, out = await _setup(client)
+    txn = await client.transaction().start()
+    seq = _next_seq(out)
+    await out.send(b"out", txn=txn)
+    asked = asyncio.ensure_future(_commit(cluster, txn.id, _names(out, [seq, seq + 1], None)))
+    await wait_until(lambda: txn.id in cluster.broker.service.op_records._commits._pending)
+    await txn.abort()
+    status, answer = await asyncio.wait_for(asked, 10)
+    assert (status, answer["error"]) == (409, "InvalidTxnStatus")
+
+
 async def test_a_commit_whose_step_is_in_flight_is_never_answered_not_here_at_a_stop() -> None:
     """Stopping with a commit's step in flight: it may land, so its answer is "unknown"
     (the client then asks the coordinator), never "not here" (the client would abort)."""

@@ -45,6 +45,8 @@ class CommitAnswer:
     """The COMMITTED header, or None: nothing was decided here."""
     reason: str = ""
     """Why not (for the client's log)."""
+    aborted: bool = False
+    """Not here because the transaction was aborted meanwhile (the header cache told)."""
 
     @property
     def committed(self) -> bool:
@@ -271,10 +273,17 @@ class Commits:
             pending.final = None
 
     def withdraw(self, pending: PendingCommit, why: str) -> bool:
-        """Answer ``pending`` "not here" if it still waits (False: a step carries it)."""
+        """Answer ``pending`` "not here" if it still waits (False: a step carries it); or
+        "aborted", if the header cache has heard so since the commit read its header (a
+        transaction none of whose operations are counted here has no listener to tell it
+        sooner)."""
         if pending.phase is Phase.WRITING:
             return False
-        self._answer(pending, CommitAnswer(None, why))
+        cached = None if self._headers is None else self._headers.cached(pending.txn)
+        if cached is not None and cached.state is TxnState.ABORTED:
+            self._answer(pending, CommitAnswer(None, f"{pending.txn} was aborted", aborted=True))
+        else:
+            self._answer(pending, CommitAnswer(None, why))
         return True
 
     def answer(self, pending: PendingCommit, answer: CommitAnswer) -> None:
@@ -302,6 +311,8 @@ class Commits:
         if pending is not None and pending.phase is Phase.WAITING:
             if header is not None and header.state is TxnState.COMMITTED:
                 self._answer(pending, CommitAnswer(header))
+            elif header is not None:
+                self._answer(pending, CommitAnswer(None, f"{txn} was aborted", aborted=True))
             else:
                 self._answer(pending, CommitAnswer(None, f"{txn} ended meanwhile"))
         if pending is None or pending.phase is Phase.DONE:
