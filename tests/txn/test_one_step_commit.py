@@ -377,3 +377,30 @@ async def test_a_refused_operation_makes_the_commit_not_here_at_once(
     assert (status, answer["state"]) == (200, "OPEN")
     assert "could not be recorded here" in answer["reason"]
     await holder.abort()
+
+
+async def test_a_refusal_before_anything_of_its_transaction_is_recorded_is_remembered(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The transaction's only operation here is refused, before anything of it is counted:
+    a commit asked after it is still answered at once."""
+    monkeypatch.setattr(commits, "COMMIT_WAIT_S", 60.0)
+    consumer, message, out = await _setup(client)
+    holder = await client.transaction().start()
+    await consumer.acknowledge(message, txn=holder)
+    txn = await client.transaction().start()
+    with pytest.raises(Exception, match="acknowledged by transaction"):
+        await consumer.acknowledge(message, txn=txn)
+    status, answer = await asyncio.wait_for(_commit(cluster, txn.id, _names(out, [], message)), 10)
+    assert (status, answer["state"]) == (200, "OPEN")
+    assert "acknowledged by transaction" in answer["reason"]
+    await holder.abort()
+
+
+def test_refusals_of_transactions_nothing_follows_are_bounded() -> None:
+    state = commits.Commits(None)
+    for least in range(commits.RECENT_REFUSALS + 10):
+        state.refused(TxnId(2**48, least), "refused")
+    assert len(state._refusals) == commits.RECENT_REFUSALS
+    assert TxnId(2**48, 0) not in state._refusals
+    assert TxnId(2**48, commits.RECENT_REFUSALS + 9) in state._refusals

@@ -39,6 +39,11 @@ at its coordinator). Measured from the last one that arrived, so a transaction o
 thousand operations still arriving is not sent to its coordinator for being large."""
 
 
+RECENT_REFUSALS = 4096
+"""Transactions nothing here follows whose operation was refused, remembered (the oldest
+forgotten first) so that a commit asked after the refusal is "not here" at once."""
+
+
 @dataclass(frozen=True)
 class CommitAnswer:
     header: T.TxnHeader | None
@@ -125,11 +130,14 @@ class Commits:
         self._headers = headers
         self._counted: dict[TxnId, _Counted] = {}
         self._pending: dict[TxnId, PendingCommit] = {}
+        self._refusals: dict[TxnId, str] = {}
+        """Why an operation was refused, for transactions not (yet) counted here (oldest
+        first, at most :data:`RECENT_REFUSALS`)."""
 
     def _entry(self, txn: TxnId) -> _Counted:
         counted = self._counted.get(txn)
         if counted is None:
-            counted = self._counted[txn] = _Counted()
+            counted = self._counted[txn] = _Counted(failed=self._refusals.pop(txn, None))
             if self._headers is not None:
                 self._headers.listen(txn, self._on_header)
                 cached = self._headers.cached(txn)
@@ -160,11 +168,16 @@ class Commits:
 
     def refused(self, txn: TxnId, why: str) -> None:
         """An operation of ``txn`` was refused here: :meth:`failed`, if anything of it is
-        known here (a refusal of a transaction nothing here follows is not remembered: its
-        header may never be watched here, and what is kept is dropped on its outcome; a
-        commit of it then waits for the operation that never comes, and is "not here")."""
+        known here; else remembered among the last :data:`RECENT_REFUSALS` (its header may
+        never be watched here, so what is kept for it could not be dropped on its outcome:
+        a refusal older than those, followed by a commit, costs that commit its wait)."""
         if txn in self._counted or txn in self._pending:
             self.failed(txn, why)
+            return
+        self._refusals.pop(txn, None)
+        self._refusals[txn] = why
+        if len(self._refusals) > RECENT_REFUSALS:
+            del self._refusals[next(iter(self._refusals))]
 
     def _changed(self, txn: TxnId, counted: _Counted) -> None:
         counted.changed.set()
@@ -179,7 +192,7 @@ class Commits:
     def _refusal(pending: PendingCommit, counted: _Counted) -> str | None:
         """Why ``pending`` can never match what is counted (None: it may yet)."""
         if counted.failed is not None:
-            return f"an operation of {pending.txn} could not be recorded here: {counted.failed}"
+            return _not_recorded(pending.txn, counted.failed)
         if len(counted.names) > pending.ops or (
             len(counted.names) == pending.ops and counted.digest != pending.digest
         ):
@@ -234,7 +247,10 @@ class Commits:
             loop.create_future(),
         )
         counted = self._counted.get(txn)
-        if counted is not None:
+        refusal_here = self._refusals.get(txn)
+        if counted is None and refusal_here is not None:
+            self._answer(pending, CommitAnswer(None, _not_recorded(txn, refusal_here)))
+        elif counted is not None:
             refusal = self._refusal(pending, counted)
             if refusal is not None:
                 self._answer(pending, CommitAnswer(None, refusal))
@@ -324,6 +340,7 @@ class Commits:
         pending = self._pending.get(txn)
         if pending is not None and pending.phase is Phase.WAITING:
             self._answer(pending, CommitAnswer(None, f"{txn} ended meanwhile"))
+        self._refusals.pop(txn, None)
         if txn in self._counted:
             del self._counted[txn]
             if self._headers is not None:
@@ -345,3 +362,7 @@ class Commits:
         self._pending.clear()
         for txn in list(self._counted):
             self.forget(txn)
+
+
+def _not_recorded(txn: TxnId, why: str) -> str:
+    return f"an operation of {txn} could not be recorded here: {why}"
