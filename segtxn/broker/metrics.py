@@ -58,8 +58,9 @@ class BrokerMetrics(Metrics):
         self.txn_one_step_commits = self.labelled_count(
             "segtxn_txn_one_step_commits_total",
             "Commits clients asked of this broker (all of a transaction's operations here), by "
-            "answer: committed in an op-record step, or not_here (ended at its coordinator)",
-            ["answer"],
+            "answer: committed in an op-record step, or not_here (ended at its coordinator); "
+            "and by how they came: a frame on a producer connection, or a request",
+            ["answer", "via"],
         )
         self.txn_materialized = self.labelled_count(
             "segtxn_txn_materialized_total",

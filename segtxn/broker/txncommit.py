@@ -68,18 +68,26 @@ async def commit_txn(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     fields = body if isinstance(body, dict) else {}
     ops, digest = fields.get("ops"), fields.get("digest")
-    state, why = await commit_here(request.app[SERVICE], principal_of(request), txn, ops, digest)
+    state, why = await commit_here(
+        request.app[SERVICE], principal_of(request), txn, ops, digest, via="request"
+    )
     if state is TxnState.COMMITTED:
         return web.json_response({"state": state.value})
     return web.json_response({"state": state.value, "reason": why})
 
 
 async def commit_here(
-    service: BrokerService, principal: Principal | None, txn: TxnId, ops: object, digest: object
+    service: BrokerService,
+    principal: Principal | None,
+    txn: TxnId,
+    ops: object,
+    digest: object,
+    *,
+    via: str,
 ) -> tuple[TxnState, str]:
     """Commit ``txn`` here if its ``ops`` operations with ``digest`` were all recorded here:
     (COMMITTED, "") or (OPEN, why not: nothing was decided). ``principal``: who asks (None:
-    security off).
+    security off); ``via``: how (``frame`` or ``request``, the metric's label).
 
     Raises:
         ServerError: InvalidArgument (``ops``, ``digest`` or a v4 id), TransactionNotFound,
@@ -121,12 +129,12 @@ async def commit_here(
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{e}: its outcome is unknown") from e
         if answer.committed:
             log.debug("txn %s: COMMITTED here, in the op-record step of its last operations", txn)
-            metrics.add(1, {"answer": "committed"})
+            metrics.add(1, {"answer": "committed", "via": via})
             return TxnState.COMMITTED, ""
         if answer.aborted:  # (the header read above was older than the abort)
             raise _already_aborted(txn)
         why = answer.reason
-    metrics.add(1, {"answer": "not_here"})
+    metrics.add(1, {"answer": "not_here", "via": via})
     return TxnState.OPEN, why
 
 
@@ -146,7 +154,7 @@ async def answer_frame(
         check_txn(frame.txn, ErrorName.INVALID_ARGUMENT)
         with tracing.current(span):
             state, why = await commit_here(
-                service, principal, TxnId(*frame.txn), frame.ops, frame.digest
+                service, principal, TxnId(*frame.txn), frame.ops, frame.digest, via="frame"
             )
     except ServerError as e:
         if span is not None:

@@ -338,7 +338,7 @@ async def test_transaction_metrics(client: Client, cluster: Cluster) -> None:
     assert re.search(
         r'segtxn_txn_metadata_store_op_writes_total\{[^}]*kind="write"[^}]*\} 2\.0', broker
     )
-    assert 'segtxn_txn_one_step_commits_total{answer="committed"} 1.0' in broker
+    assert 'segtxn_txn_one_step_commits_total{answer="committed",via="frame"} 1.0' in broker
 
 
 async def test_retention_trims_the_aborted_index_with_the_data(
