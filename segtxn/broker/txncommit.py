@@ -31,11 +31,13 @@ from segtxn.auth import Principal, check_owner, principal_of
 from segtxn.boundary import read_json, server_span
 from segtxn.broker.arguments import check_txn
 from segtxn.broker.http import SERVICE, json_errors
+from segtxn.broker.sockets import failure_frame
 from segtxn.broker.txn.commits import CommitUnknown
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Commit, CommitAnswer, Error
 from segtxn.protocol.limits import MAX_I64
 from segtxn.protocol.txn import TxnId, TxnState
+from segtxn.topics import transactions as T
 
 if TYPE_CHECKING:
     from segtxn.broker.service import BrokerService
@@ -101,6 +103,27 @@ async def commit_here(
             ErrorName.NOT_ALLOWED, f"{txn} is a v4 transaction: its coordinator ends it"
         )
     tracing.annotate({"segtxn.txn.id": str(txn), "segtxn.txn.action": "COMMIT"})
+
+    def following(_txn: TxnId, _header: T.TxnHeader | None) -> None:
+        """(The commit follows its header while it runs, so the header cache keeps it
+        current, and drops it after, however little else here follows the transaction.)"""
+
+    service.headers.listen(txn, following)
+    try:
+        return await _commit_here(service, principal, txn, ops, digest, via=via)
+    finally:
+        service.headers.forget(txn, following)
+
+
+async def _commit_here(
+    service: BrokerService,
+    principal: Principal | None,
+    txn: TxnId,
+    ops: int,
+    digest: int,
+    *,
+    via: str,
+) -> tuple[TxnState, str]:
     metrics = service.metrics.txn_one_step_commits
     header, version = await service.headers.get(txn)
     if header is None:
@@ -161,6 +184,12 @@ async def answer_frame(
             span.set_attribute("segtxn.error", e.name.value)
         tracing.end(span, e)
         return Error(error=e.name, message=e.message, request_id=frame.request_id)
+    except Exception as e:  # the store away (ServiceNotReady), or a bug: answered all the same
+        refusal = failure_frame("a commit frame", e, frame.request_id)
+        if span is not None:
+            span.set_attribute("segtxn.error", refusal.error)
+        tracing.end(span, e)
+        return refusal
     except BaseException as e:
         tracing.end(span, e)
         raise

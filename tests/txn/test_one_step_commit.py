@@ -297,7 +297,7 @@ async def test_a_commit_waiting_for_operations_is_refused_when_its_transaction_i
 async def test_a_commit_whose_step_is_in_flight_is_never_answered_not_here_at_a_stop() -> None:
     """Stopping with a commit's step in flight: it may land, so its answer is "unknown"
     (the client then asks the coordinator), never "not here" (the client would abort)."""
-    header = T.TxnHeader(TxnState.OPEN, 2**40, 0)
+    header = T.TxnHeader(TxnState.OPEN, 2**50, 0)  # (its timeout far off)
     state = commits.Commits(None)
     waiting = state.ask(TxnId(2**48, 1), 1, 7, header=header, version=3, trace=None)
     writing = state.ask(

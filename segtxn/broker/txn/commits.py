@@ -8,8 +8,10 @@ step, with every record the transaction's operations here needed), or "not here"
 reason (nothing was decided: the client ends the transaction at its coordinator, as it
 would have without asking). "Not here" is the answer whenever the broker cannot be sure
 the operations it recorded are exactly the client's: fewer arrived, and none for
-:data:`COMMIT_WAIT_S`; more or others did (the digest differs), one of them failed here,
-or the transaction ended meanwhile. Names and digests: :mod:`segtxn.protocol.txnops`.
+:data:`COMMIT_WAIT_S` (or before the transaction's timeout); more or others did (the
+digest differs), one of them failed here, the transaction ended meanwhile, or its timeout
+passed before its step (past it, its coordinator would refuse the commit too). Names and
+digests: :mod:`segtxn.protocol.txnops`.
 
 The counts of a transaction are dropped when its header is final (the header cache tells),
 when a step finds it ended, or when the writer closes.
@@ -84,7 +86,7 @@ class PendingCommit:
     """The client's ``traceparent``, kept in the final header for the participants' spans."""
     expires: float
     """Loop time after which, still WAITING, it is answered "not here" (moved on each time
-    another of its operations is counted)."""
+    another of its operations is counted, never past the transaction's timeout)."""
     answer: asyncio.Future[CommitAnswer]
     phase: Phase = Phase.WAITING
     final: T.TxnHeader | None = None
@@ -156,7 +158,7 @@ class Commits:
                 counted.digest = txnops.add(counted.digest, name)
         pending = self._pending.get(txn)
         if pending is not None and len(counted.names) > before:
-            pending.expires = asyncio.get_running_loop().time() + COMMIT_WAIT_S
+            pending.expires = _expiry(pending.header)
         self._changed(txn, counted)
 
     def failed(self, txn: TxnId, why: str) -> None:
@@ -243,7 +245,7 @@ class Commits:
             header,
             version,
             trace,
-            loop.time() + COMMIT_WAIT_S,
+            _expiry(header),
             loop.create_future(),
         )
         counted = self._counted.get(txn)
@@ -279,6 +281,9 @@ class Commits:
         if not self.matched(txn):
             return None
         pending = self._pending[txn]
+        if _past(pending.header):  # (what the coordinator would refuse, the broker does too)
+            self._answer(pending, CommitAnswer(None, f"{txn} is past its timeout"))
+            return None
         pending.phase = Phase.WRITING
         return pending
 
@@ -366,3 +371,16 @@ class Commits:
 
 def _not_recorded(txn: TxnId, why: str) -> str:
     return f"an operation of {txn} could not be recorded here: {why}"
+
+
+def _past(header: T.TxnHeader) -> bool:
+    """The transaction's timeout has passed (by this broker's clock)."""
+    return time.time() * 1000 > header.timeout_ms
+
+
+def _expiry(header: T.TxnHeader) -> float:
+    """When, in loop time, a commit of the transaction of ``header`` stops waiting for its
+    operations: :data:`COMMIT_WAIT_S` from now, or at the transaction's timeout if sooner."""
+    now = asyncio.get_running_loop().time()
+    left_s = max(0.0, header.timeout_ms / 1000 - time.time())
+    return now + min(COMMIT_WAIT_S, left_s)

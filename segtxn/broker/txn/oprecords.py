@@ -231,8 +231,11 @@ class OpRecordWriter:
 
     def covered(self, txn: TxnId, ops: Collection[str]) -> None:
         """Operations ``ops`` of ``txn`` are covered by a record that landed already (no
-        step needed): they count for the one-step commit all the same."""
+        step needed): they count for the one-step commit all the same, and a commit they
+        complete is carried by a step of its own (no write would start one)."""
         self._commits.count(txn, ops)
+        if self._commits.matched(txn):
+            self._start_flusher(txn)
 
     def refused(self, txn: TxnId, why: str) -> None:
         """An operation of ``txn`` was refused here (a send or an ack, before or after its
