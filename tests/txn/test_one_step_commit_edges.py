@@ -17,10 +17,11 @@ import pytest
 from segtxn.broker.txn import commits
 from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.client import Client
+from segtxn.metastore import StoreFull
 from segtxn.protocol import frames
 from segtxn.protocol.frames import Commit, CommitAnswer, Error
 from segtxn.protocol.names import TopicName
-from segtxn.protocol.txn import TxnId
+from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
 from tests.cluster import Cluster
 from tests.txn.test_one_step_commit import (
@@ -143,3 +144,30 @@ async def test_no_commit_lands_past_the_transactions_timeout(
     await asyncio.gather(late, return_exceptions=True)
     assert (status, answer["state"]) == (200, "OPEN")
     assert "timeout" in answer["reason"] or "in time" in answer["reason"]
+
+
+async def test_a_full_store_refuses_the_commit_at_once_and_decides_nothing(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step carrying the commit is refused by a full store (it did not apply): the
+    commit is "not here" at once, the header stays OPEN, and the send is refused, instead
+    of a settling that a full store refuses alike until an operator acts."""
+    monkeypatch.setattr(commits, "COMMIT_WAIT_S", 60.0)
+    _consumer, _message, out = await _setup(client)
+    txn = await client.transaction().start()
+    names = _names(out, [_next_seq(out)], None)
+    asked = asyncio.ensure_future(_commit(cluster, txn.id, names))
+    await wait_until(lambda: txn.id in cluster.broker.service.op_records._commits._pending)
+    full = StoreFull("injected: database space exceeded")
+    cluster.faults.fail("txn", key_prefix=T.header_key(txn.id), error=full, times=None)
+    sent = await out.send_async(b"out", txn=txn)
+    status, answer = await asyncio.wait_for(asked, 10)
+    assert (status, answer["state"]) == (200, "OPEN")
+    assert "store is full" in answer["reason"]
+    with pytest.raises(Exception, match="store is full"):
+        await asyncio.wait_for(sent, 10)
+    cluster.faults.clear()
+    record = await cluster.store.get(T.header_key(txn.id))
+    assert record is not None
+    assert T.decode_header(record.value).state is TxnState.OPEN
+    await txn.abort()

@@ -71,7 +71,10 @@ from segtxn.metastore import (
     NotFound,
     Op,
     Put,
+    StoreAccessDenied,
+    StoreFull,
 )
+from segtxn.metastore import InvalidArgument as StoreInvalidArgument
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.topics import transactions as T
@@ -364,7 +367,7 @@ class OpRecordWriter:
             error.__cause__ = e
         except MetadataStoreError as e:
             error = _store_failed(e)
-            if commit is not None and await self._settle(commit):
+            if commit is not None and not isinstance(e, NOT_APPLIED) and await self._settle(commit):
                 error = None  # the step landed: its decision and every record in it
         except Exception as e:  # a bug: fail every waiter rather than leave them hanging
             log.exception("op records of %s: step failed", txn)
@@ -471,6 +474,11 @@ def _requeue(queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
             queue[waiting.draft.key] = waiting
         else:
             newer.waiters[:0] = waiting.waiters
+
+
+NOT_APPLIED = (StoreFull, StoreAccessDenied, StoreInvalidArgument)
+"""The step was refused, not applied: its commit needs no settling (which would be refused
+alike, and its answer wait, until an operator frees the store or grants the permission)."""
 
 
 def _store_failed(e: MetadataStoreError) -> ServerError:
