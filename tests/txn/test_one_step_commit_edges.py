@@ -1,7 +1,8 @@
 """The one-step commit at its edges (found in a review of the broker's side): what a commit
 leaves behind in the header cache, in both header-watch modes; a store failure while a
 commit frame is decided; an operation that completes a commit without a write of its own;
-and a commit whose transaction's timeout passes while it waits.
+a commit whose transaction's timeout passes while it waits; and a step whose fate is
+unknown while someone else's END_TXN commits the header.
 
 The scenarios are made on purpose, as in tests/txn/test_one_step_commit.py, whose openings
 these share."""
@@ -12,12 +13,13 @@ import asyncio
 import time
 
 import aiohttp
+import msgspec
 import pytest
 
 from segtxn.broker.txn import commits
 from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.client import Client
-from segtxn.metastore import StoreFull
+from segtxn.metastore import Op, StoreFull, StoreUnavailable
 from segtxn.protocol import frames
 from segtxn.protocol.frames import Commit, CommitAnswer, Error
 from segtxn.protocol.names import TopicName
@@ -171,3 +173,49 @@ async def test_a_full_store_refuses_the_commit_at_once_and_decides_nothing(
     assert record is not None
     assert T.decode_header(record.value).state is TxnState.OPEN
     await txn.abort()
+
+
+async def test_a_commit_by_someone_else_does_not_settle_the_step_as_landed(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step carrying the commit fails with an unknown outcome (it did not apply), and by
+    the time the broker reads the header, an END_TXN sent while the send was in flight has
+    committed it. That COMMITTED is not the step's: the send's record is in no transaction,
+    so the send fails and the commit is not answered COMMITTED (it was: a success for a send
+    that the committed transaction does not hold)."""
+    monkeypatch.setattr(commits, "COMMIT_WAIT_S", 60.0)
+    _consumer, _message, out = await _setup(client)
+    txn = await client.transaction().start()
+    names = _names(out, [_next_seq(out)], None)
+    asked = asyncio.ensure_future(_commit(cluster, txn.id, names))
+    writer = cluster.broker.service.op_records
+    await wait_until(lambda: txn.id in writer._commits._pending)
+    store = writer._store
+    step = store.commit
+
+    async def committed_elsewhere_then_lost(ops: list[Op]) -> object:
+        if any(getattr(op, "key", None) == T.header_key(txn.id) for op in ops):
+            monkeypatch.setattr(store, "commit", step)
+            record = await cluster.store.get(T.header_key(txn.id))
+            assert record is not None
+            header = T.decode_header(record.value)
+            ended = msgspec.structs.replace(
+                header, state=TxnState.COMMITTED, finalized_ms=header.created_ms
+            )
+            await cluster.store.put(
+                T.header_key(txn.id),
+                T.encode(ended),
+                expected_version=record.version,
+                partition_key=txn.id.key,
+                indexes=T.header_indexes(ended),
+            )
+            raise StoreUnavailable("injected: the step's answer was lost")
+        return await step(ops)
+
+    monkeypatch.setattr(store, "commit", committed_elsewhere_then_lost)
+    sent = await out.send_async(b"out", txn=txn)
+    status, answer = await asyncio.wait_for(asked, 10)
+    assert (status, answer["state"]) == (200, "OPEN")
+    with pytest.raises(Exception, match="could not record"):
+        await asyncio.wait_for(sent, 10)
+    assert (await cluster.store.list_prefix(T.ops_prefix(txn.id))).records == []

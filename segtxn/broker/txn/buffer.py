@@ -52,7 +52,8 @@ from segtxn.broker.txn.buffer_records import (
     before,
 )
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.oprecords import AppendInFlight, OpRecordWriter
+from segtxn.broker.txn.opdrafts import AppendInFlight
+from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.orphans import Orphans
 from segtxn.broker.txn.visibility import OpenTransactions, TransactionBuffer
 from segtxn.ledger import LedgerError, ManagedLedger, Position, TrimResult

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import msgspec
 
-from segtxn.broker.txn.oprecords import Draft
+from segtxn.broker.txn.opdrafts import Draft
 from segtxn.ledger import Position
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T

@@ -50,10 +50,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import msgspec
 
@@ -62,6 +60,7 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.commits import CommitAnswer, Commits, PendingCommit
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.opclean import OpRecordCleaner
+from segtxn.broker.txn.opdrafts import AppendInFlight, Draft, Owner
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import (
     BadVersion,
@@ -91,65 +90,6 @@ log = logging.getLogger(__name__)
 MAX_STEP_BYTES = 512 * 1024
 """Encoded records per step (each is also copied into its index entry): a third of the
 store's request limit."""
-
-
-class Owner(Protocol):
-    """The ledger of the segment an op record is written for (a managed ledger)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def metadata_version(self) -> int: ...
-
-    async def settled_metadata_version(self) -> int: ...
-
-
-class Draft(ABC):
-    """The in-memory side of one op record: what it should hold now, and what has landed."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.failed: ServerError | None = None
-        """Set when a step writing it failed: it is never written again."""
-
-    @abstractmethod
-    def snapshot(self) -> T.OpRecord:
-        """What the record should hold now (taken when a step is built)."""
-
-    @abstractmethod
-    def landed(self, record: T.OpRecord) -> None:
-        """``record`` (an earlier snapshot) is durable."""
-
-    def refuse_if_failed(self) -> None:
-        """Raises ServerError: an earlier step writing this record failed."""
-        if self.failed is not None:
-            raise ServerError(
-                self.failed.name,
-                "an earlier op record of this transaction could not be written: "
-                + self.failed.message,
-            )
-
-
-class AppendInFlight:
-    """One run of appends of a transaction being written on this broker: ended (once)
-    when its records are queued for a step, or when it will record nothing."""
-
-    __slots__ = ("_all", "_txn", "ended")
-
-    def __init__(self, all_runs: dict[TxnId, set[AppendInFlight]], txn: TxnId) -> None:
-        self._all, self._txn = all_runs, txn
-        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        all_runs.setdefault(txn, set()).add(self)
-
-    def end(self) -> None:
-        if self.ended.done():
-            return
-        self.ended.set_result(None)
-        runs = self._all[self._txn]
-        runs.discard(self)
-        if not runs:
-            del self._all[self._txn]
 
 
 @dataclass(eq=False)
@@ -403,10 +343,12 @@ class OpRecordWriter:
     async def _settle(self, commit: PendingCommit) -> bool:
         """The fate of a step carrying ``commit`` is unknown (the store failed as it was
         made): find it before anything is answered. An abort from the OPEN version lands
-        only if the step did not; refused, the header says (COMMITTED: the step landed,
-        every record in it too). Tried again while the store fails: an answer either way
-        would be a guess, and a wrong one loses committed data or commits what the client
-        believes failed."""
+        only if the step did not; refused, the header says: the very header the step
+        wrote means it landed, every record in it too. A COMMITTED header of anyone else's
+        (an END_TXN the client sent while its operations were still in flight) does not:
+        the step's records are not in that transaction, so its sends must fail. Tried
+        again while the store fails: an answer either way would be a guess, and a wrong
+        one loses committed data or commits what the client believes failed."""
         key = T.header_key(commit.txn)
         aborted = msgspec.structs.replace(
             commit.header, state=TxnState.ABORTED, finalized_ms=int(time.time() * 1000)
@@ -426,7 +368,7 @@ class OpRecordWriter:
                     record = await self._store.get(key)
                     if record is None:
                         return False
-                    return T.decode_header(record.value).state is TxnState.COMMITTED
+                    return T.decode_header(record.value) == commit.final
             except MetadataStoreError as e:
                 retry_warning(
                     log,

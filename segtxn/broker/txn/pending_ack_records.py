@@ -27,7 +27,8 @@ from segtxn.boundary import retry_warning
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.spans import materialization_span
 from segtxn.broker.txn.headers import HeaderCache
-from segtxn.broker.txn.oprecords import Draft, OpRecordWriter, Owner
+from segtxn.broker.txn.opdrafts import Draft, Owner
+from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
 from segtxn.ledger import LedgerError, ManagedCursor, Position
 from segtxn.metastore import MetadataStore, MetadataStoreError
