@@ -42,7 +42,8 @@ for the records and the decision, where the coordinator's END_TXN would be a sec
 after it (issue 16; docs/design-notes.md). The step is all or nothing, so the decision
 lands with every record it needs or not at all. A store error that leaves the step's fate
 unknown is settled before anything is answered or orphaned: an abort from the OPEN version
-(it lands: the step did not) or, refused, a read of the header (COMMITTED: it did).
+(it lands: the step did not) or, refused, a read of the header (the COMMITTED header the step
+wrote: it did; one of anyone else's: it did not).
 """
 
 from __future__ import annotations
