@@ -32,6 +32,7 @@ from tests.txn.test_one_step_commit import (
     _names,
     _next_seq,
     _one_send,
+    _read_out,
     _setup,
 )
 from tests.waiting import wait_until
@@ -219,3 +220,7 @@ async def test_a_commit_by_someone_else_does_not_settle_the_step_as_landed(
     with pytest.raises(Exception, match="could not record"):
         await asyncio.wait_for(sent, 10)
     assert (await cluster.store.list_prefix(T.ops_prefix(txn.id))).records == []
+    later = await client.transaction().start()
+    await out.send(b"after", txn=later)
+    await later.commit()
+    assert await _read_out(client, 2) == [b"warm-up", b"after"]  # the entry is an orphan

@@ -144,6 +144,8 @@ class MetadataTransactionBuffer(TransactionBuffer):
             return True
         if position in self._orphans:
             return False
+        if txn in self._cleanable:  # decided here: that stands, whatever its header does next
+            return txn not in self._aborted
         if txn in self._writes:
             header = self._headers.cached(txn)
             return header is not None and header.state is TxnState.COMMITTED
@@ -318,15 +320,23 @@ class MetadataTransactionBuffer(TransactionBuffer):
         header = self._headers.cached(txn)
         if header is not None and header.state.final:
             self._materialize(txn, header)  # decided while we were recording: once for all
-        else:
-            self._open_first.setdefault(txn, positions[0])
+        else:  # the lowest entry holds the horizon: runs of one transaction may land in any
+            # order (two producers, or a run that waited for its producer's turn)
+            first = min(positions)
+            held = self._open_first.get(txn)
+            if held is None or first < held:
+                self._open_first[txn] = first
 
     # ------------------------------------------------------------------ outcomes
 
     def _on_header(self, txn: TxnId, header: T.TxnHeader | None) -> None:
+        """A final header decides ``txn`` here once. Later news of it changes nothing: a
+        decided header never changes, but it can be deleted before this segment cleaned up
+        (the coordinator's GC with ``abandon_after_s``), and taking that for an abort hid
+        committed data already delivered."""
         if header is not None and not header.state.final:
             return
-        if txn in self._writes:
+        if txn in self._writes and txn not in self._cleanable:
             self._materialize(txn, header)
 
     def _materialize(self, txn: TxnId, header: T.TxnHeader | None) -> None:
