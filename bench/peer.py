@@ -197,10 +197,14 @@ async def fill(client: Client, topic: str, count: int) -> None:
     run each, a ``gc.callbacks`` timer in this process). RabbitMQ's pre-fill never held
     them."""
     filler = await client.create_producer(topic)
-    sent: list[asyncio.Future[MessageId]] = [
-        await filler.send_async(payload(i), key=f"k{i}") for i in range(count)
-    ]
-    await asyncio.gather(*sent)
+    sent: list[asyncio.Future[MessageId]] = []
+    try:
+        for i in range(count):
+            sent.append(await filler.send_async(payload(i), key=f"k{i}"))
+        await asyncio.gather(*sent)
+    finally:  # interrupted (Ctrl-C): the sends in flight are let go, not each logged as failed
+        for future in sent:
+            future.cancel()
     await filler.close()
 
 
