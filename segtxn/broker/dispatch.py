@@ -189,6 +189,9 @@ class Subscription:
             if self.type is SubscriptionType.SHARED:
                 raise ServerError(ErrorName.NOT_ALLOWED, "Shared subscriptions ack individually")
             upto = max(ids)
+            if self.pending_acks.holds_up_to(upto):
+                return  # it would take a message a transaction holds: ignored, as a plain
+                # ack of that message is (the transaction's abort redelivers it)
             self._outstanding.acked_up_to(upto)
             await self.cursor.ack_cumulative(upto)
         else:

@@ -11,7 +11,9 @@ saved together by the next, so a burst of acknowledgments costs a few store writ
 ``ack`` returns only once its change is durable (unless asked not to wait: then the next
 save carries it). At most ``max_persisted_ranges`` ranges are
 stored; acknowledgments beyond them are lost on restart (those entries are delivered
-again: duplicates, never loss).
+again: duplicates, never loss). :meth:`ManagedCursor.saved` tells whether the last save
+holds a position's acknowledgment, for those that must not be lost (a committed
+transaction's, whose records stay until a save holds them).
 
 A cursor never reads entries; dispatchers do, and tell the cursor what was acknowledged.
 It sees its ledger only as a :class:`~segtxn.ledger.chain.LedgerChain` (positions).
@@ -80,6 +82,9 @@ class ManagedCursor:
         self._saved = 0  # generation last made durable
         self._saving: asyncio.Task[None] | None = None
         self._closed = False
+        self._saved_through: Position | None = None
+        """The last position whose acknowledgment the last save holds when that save left
+        out ranges past ``max_persisted_ranges`` (None: it left out none)."""
 
     # ================================================================= state
 
@@ -95,6 +100,11 @@ class ManagedCursor:
 
     def is_acked(self, position: Position) -> bool:
         return position <= self._mark or position in self._acked
+
+    def saved(self, position: Position) -> bool:
+        """Whether the last completed save holds the acknowledgment of ``position`` (made
+        before it): false only past the ``max_persisted_ranges`` ranges it could hold."""
+        return self._saved_through is None or position <= self._saved_through
 
     def backlog(self) -> int:
         """Entries after the mark that are not acknowledged."""
@@ -175,9 +185,11 @@ class ManagedCursor:
 
     async def _save(self) -> None:
         generation = self._changes
-        state = CursorState(
-            (self._mark.ledger_id, self._mark.entry_id), self._acked.to_list(self._max_ranges)
-        )
+        ranges = self._acked.to_list(self._max_ranges)
+        state = CursorState((self._mark.ledger_id, self._mark.entry_id), ranges)
+        through = None
+        if len(self._acked) > len(ranges):  # ranges left out: only what comes before counts
+            through = Position(*ranges[-1][2:]) if ranges else self._mark
         try:
             while True:
                 owner_version = self.ledger.metadata_version
@@ -197,6 +209,7 @@ class ManagedCursor:
         finally:
             self._saving = None
         self._saved = generation
+        self._saved_through = through
 
     async def close(self) -> None:
         """Make the state durable and stop. Idempotent."""

@@ -40,6 +40,11 @@ class PendingAckStore(ABC):
         right before the positions are reserved, with no await in between, and may refuse
         by raising (the subscription checks there that they are still the consumer's)."""
 
+    def holds_up_to(self, position: Position) -> bool:
+        """Whether an open transaction holds the ack of ``position`` or of one before it
+        (a plain cumulative ack up to ``position`` would take it)."""
+        return False
+
     def transactions(self) -> set[TxnId]:
         """The open transactions holding acks now."""
         return set()
@@ -104,6 +109,10 @@ class ReservingPendingAckStore(PendingAckStore):
             position <= upto for upto in self._cumulative.values()
         )
 
+    def holds_up_to(self, position: Position) -> bool:
+        # a cumulative hold covers everything unacknowledged up to it, the first one too
+        return bool(self._cumulative) or any(p <= position for p in self._individual)
+
     def transactions(self) -> set[TxnId]:
         return set(self._individual.values()) | set(self._cumulative)
 
@@ -147,25 +156,42 @@ class ReservingPendingAckStore(PendingAckStore):
                         ErrorName.TRANSACTION_CONFLICT,
                         f"{position} is acknowledged by transaction {holder}, still open",
                     )
+            # Two cumulative holds always overlap (each covers everything unacknowledged up
+            # to it), so one open transaction at a time acknowledges cumulatively (PIP-31):
+            # with two, the abort of one left what both held to the other, and its commit
+            # took messages whose processing had been aborted.
+            for holder, held in self._cumulative.items():
+                if holder != txn:
+                    raise ServerError(
+                        ErrorName.TRANSACTION_CONFLICT,
+                        f"transaction {holder}, still open, acknowledged cumulatively up to "
+                        f"{held}: one transaction at a time acknowledges cumulatively",
+                    )
 
     def _reserve(self, txn: TxnId, positions: list[Position], *, cumulative: bool) -> Any:
         """Hold ``positions`` for ``txn``; returns what :meth:`_unreserve` needs."""
         if cumulative:
             before = self._cumulative.get(txn)
             upto = max(positions)
-            self._cumulative[txn] = upto if before is None else max(before, upto)
-            return before
+            held = self._cumulative[txn] = upto if before is None else max(before, upto)
+            return before, held
         reserved = [p for p in positions if p not in self._individual]
         for position in reserved:
             self._individual[position] = txn
         return reserved
 
     def _unreserve(self, txn: TxnId, undo: Any, *, cumulative: bool) -> None:
+        """Take back a reservation whose ack failed. Only the hold that reservation made:
+        ``txn`` may have ended meanwhile (its outcome applied and its holds dropped), and a
+        hold put back then was never released again."""
         if cumulative:
-            if undo is None:
-                self._cumulative.pop(txn, None)
+            before, held = undo
+            if self._cumulative.get(txn) != held:
+                return  # ended meanwhile, or a later ack of it holds more
+            if before is None:
+                del self._cumulative[txn]
             else:
-                self._cumulative[txn] = undo
+                self._cumulative[txn] = before
             return
         for position in undo:
             if self._individual.get(position) == txn:

@@ -134,6 +134,9 @@ class MLPendingAckStore(ReservingPendingAckStore):
         def admit() -> None:  # checked and reserved with no await in between
             if guard is not None:
                 guard()
+            if txn in self._ended:  # ended while its coordinator was asked: nothing releases
+                # a hold taken now (a repeated END changes nothing; recovery replays it)
+                raise ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} is {self._ended[txn]}")
             self._check(txn, positions, cumulative=cumulative)
             undo.append(self._reserve(txn, positions, cumulative=cumulative))
 
@@ -238,8 +241,9 @@ class MLPendingAckStore(ReservingPendingAckStore):
                 op = _decode_op(entry.payload)
                 txn = TxnId(*op.txn)
                 if op.op == "ack":
-                    positions = [Position(*p) for p in op.positions]
-                    self._reserve(txn, positions, cumulative=op.cumulative)
+                    if txn not in self._ended:  # (one logged after its end: never held)
+                        positions = [Position(*p) for p in op.positions]
+                        self._reserve(txn, positions, cumulative=op.cumulative)
                     continue
                 outcome = TxnAction(op.op).outcome
                 self._ended[txn] = outcome

@@ -133,8 +133,9 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         """Acks of each transaction between listening to its header and their draft."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
-        self._after_save: list[str] = []
-        """Records of committed transactions whose acks the cursor has not saved yet."""
+        self._after_save: list[tuple[str, Position | None]] = []
+        """Records of committed transactions whose acks the cursor has not saved yet, each
+        with the last position it acknowledges individually (None: none)."""
         self._saver: asyncio.Task[None] | None = None
         self._save_now = asyncio.Event()
 
@@ -253,12 +254,12 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
             # A commit's acks are made durable by the cursor's next save, which its
             # records wait for: until then they are what a recovery applies again.
             await self._settle(txn, committed, individual, upto, wait=False)
-            keys = [c.key for c in self._records.pop(txn, [])]
+            chunks = self._records.pop(txn, [])
             if committed:
-                self._after_save.extend(keys)
+                self._after_save.extend((c.key, max(c.individual, default=None)) for c in chunks)
                 self._save_soon()
             else:
-                self._ops.discard(keys)
+                self._ops.discard([c.key for c in chunks])
             self._headers.forget(txn, self._on_header)
         except MetadataStoreError as e:
             log.warning(
@@ -287,7 +288,7 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
             async with asyncio.timeout(SAVE_LINGER_S):
                 await self._save_now.wait()
         self._saver = None
-        keys, self._after_save = self._after_save, []
+        records, self._after_save = self._after_save, []
         while True:
             try:
                 await self._cursor.flush()
@@ -306,7 +307,12 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
                 if not again:
                     return
                 await asyncio.sleep(SAVE_RETRY_S)
-        self._ops.discard(keys)
+        # A record whose acks the save left out (past the cursor's max_persisted_ranges)
+        # stays: it is what a recovery applies again, or the commit's acks would be lost
+        # and their messages delivered again. The save after the next commit looks again.
+        saved = [key for key, last in records if last is None or self._cursor.saved(last)]
+        self._after_save.extend(r for r in records if r[0] not in saved)
+        self._ops.discard(saved)
         self._release([])  # the dispatcher ends a sealed segment only once its cursor is saved
 
     # ------------------------------------------------------------------ recovery
