@@ -55,7 +55,12 @@ from segtxn.client.producer import Producer
 from segtxn.client.producer_options import ProducerOptions
 from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
-from segtxn.client.transaction import Transaction, TransactionFailed, TransactionState
+from segtxn.client.transaction import (
+    OutcomeUnknown,
+    Transaction,
+    TransactionFailed,
+    TransactionState,
+)
 from segtxn.protocol.preconditions import PropertyPrecondition
 from segtxn.protocol.tokens import SuppliedToken, TokenFile, TokenSource
 
@@ -82,6 +87,7 @@ __all__ = [
     "NotAuthorized",
     "NotOwner",
     "OperationCancelled",
+    "OutcomeUnknown",
     "PersistenceError",
     "PreconditionFailed",
     "Producer",

@@ -343,7 +343,7 @@ class Consumer(SegmentFollowing):
                 f"{message_id}: its segment was consumed to its end by the subscription (another "
                 "consumer acknowledged it), so this transaction cannot hold it: abort it",
             )
-            txn.poison(error)
+            txn.operations.poison(error)
             raise error
         if txn is None:
             span = ack_span(message_id, cumulative, None)
@@ -361,7 +361,7 @@ class Consumer(SegmentFollowing):
         # if the transaction does not commit, everything not acknowledged comes again, in
         # order, on every stream: what it acknowledged, and what the application had taken
         # for it and not reached (a batch spans segments)
-        txn.on_failure(self, functools.partial(self._redeliver_all, txn.wire_id))
+        txn.operations.on_failure(self, functools.partial(self._redeliver_all, txn.wire_id))
         span = ack_span(message_id, cumulative, txn)
         name = ack_op(
             message_id.topic,
@@ -379,7 +379,7 @@ class Consumer(SegmentFollowing):
             placed=functools.partial(_placed, txn, name),
         )
         tracing.end_when_done(span, ack)
-        txn.track(ack)
+        txn.operations.track(ack)
         return ack
 
     async def _redeliver_all(self, txn: tuple[int, int]) -> None:

@@ -18,6 +18,11 @@ from segtxn.client.timeouts import Deadline, retrying
 from segtxn.protocol.errors import ErrorCategory, ServerError, ServiceNotReady
 from segtxn.protocol.txn import TxnAction, TxnId
 
+MAX_SPARE_KINDS = 4
+"""Kinds of transaction (protocol and ``timeout_s``) kept pre-started, the most recently
+used: an application whose ``timeout_s`` varies (a remaining budget) kept spares, and open
+transactions at the coordinator, for every value it ever used."""
+
 __all__ = ["Coordinators"]
 
 log = logging.getLogger(__name__)
@@ -117,13 +122,16 @@ class Coordinators:
         """
         if self._prestart and not self._closed:
             key = (protocol, timeout_s)
-            spares = self._spares.get(key)
+            spares = self._spares.pop(key, None)  # put back last: the most recently used
             if spares is None:
-                spares = self._spares[key] = Spares(
+                spares = Spares(
                     functools.partial(self._open_batch, protocol, timeout_s),
                     self._abort_soon,
                     max_batch=MAX_BATCH if protocol == "v5" else 1,
                 )
+                while len(self._spares) >= MAX_SPARE_KINDS:
+                    self._retire(self._spares.pop(next(iter(self._spares))))
+            self._spares[key] = spares
             spare = await spares.take(deadline)
             if spare is not None:
                 return spare
@@ -169,6 +177,17 @@ class Coordinators:
             params={"action": action.value},
         )
 
+    def _retire(self, spares: Spares) -> None:
+        """Stop opening ``spares`` ahead and abort those it holds (in the background)."""
+
+        async def retire() -> None:
+            for opened in await spares.close():
+                self._abort_soon(opened)
+
+        task = asyncio.create_task(retire(), name="txn-prestart-retire")
+        self._aborting.add(task)
+        task.add_done_callback(self._aborting.discard)
+
     def _abort_soon(self, opened: Opened) -> None:
         task = asyncio.create_task(self._abort_spare(opened), name="txn-prestart-abort")
         self._aborting.add(task)
@@ -188,4 +207,5 @@ class Coordinators:
         for left in await asyncio.gather(*(s.close() for s in spares)):
             for opened in left:
                 self._abort_soon(opened)
-        await asyncio.gather(*self._aborting, return_exceptions=True)
+        while self._aborting:  # (a retiring kind's spares add their aborts meanwhile)
+            await asyncio.gather(*self._aborting, return_exceptions=True)

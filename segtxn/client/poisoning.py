@@ -66,4 +66,4 @@ class _Poisoning(contextlib.AbstractContextManager[None]):
             exc = OperationCancelled(
                 f"an operation in transaction {self._txn._id} was cancelled by its caller"
             )
-        self._txn.poison(exc)
+        self._txn.operations.poison(exc)

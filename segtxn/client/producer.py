@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from segtxn import tracing
 from segtxn.aio import callbacks_context, first_completed
@@ -176,7 +177,10 @@ class Producer:
             message = await ws.receive()
             if message.type is not aiohttp.WSMsgType.BINARY:
                 raise ServiceNotReady("the broker closed the producer")
-            ready = frames.server_frame.decode(message.data)
+            try:
+                ready = frames.server_frame.decode(message.data)
+            except msgspec.DecodeError as e:  # a broker's fault: tried again, as a refusal is
+                raise ServiceNotReady(f"undecodable producer_ready from the broker ({e})") from e
             if not isinstance(ready, ProducerReady):
                 raise UnknownError(f"expected producer_ready, got {ready!r}")
         except BaseException:  # refused, or given up on (cancelled): do not leak the socket
@@ -437,7 +441,7 @@ class Producer:
         if deadline.at is not None:
             self._expiries.add(deadline.at, seq)
         if txn is not None and track:
-            txn.track(future)
+            txn.operations.track(future)
         return future
 
     def _check_open(self) -> None:

@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass
 
 from segtxn.client.timeouts import checked_limit
+from segtxn.protocol.limits import MAX_BATCH_SENDS
 
 __all__ = ["ProducerOptions", "new_name"]
 
@@ -44,6 +45,12 @@ class ProducerOptions:
         checked_limit(self.send_timeout_s, "send_timeout_s")
         if self.max_pending < 1:
             raise ValueError("max_pending must be >= 1")
+        if not 1 <= self.batch_max_messages <= MAX_BATCH_SENDS:
+            # a larger batch is refused whole by the broker, no send of it answered
+            raise ValueError(
+                f"batch_max_messages must be in 1..{MAX_BATCH_SENDS} (the sends a broker "
+                f"takes in one batch), not {self.batch_max_messages}"
+            )
 
     @property
     def send_limit_s(self) -> float | None:

@@ -11,12 +11,13 @@ wait for that same call, each within its own limit.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.errors import Timeout
 from segtxn.client.timeouts import Deadline
-from segtxn.protocol.errors import ErrorCategory, ServerError
+from segtxn.protocol.errors import ErrorCategory
 from segtxn.protocol.txn import TxnId
 
 __all__ = ["Registrations"]
@@ -28,6 +29,15 @@ class Registrations:
     def __init__(self, coordinators: Coordinators) -> None:
         self._coordinators = coordinators
         self._made: dict[str, asyncio.Future[None]] = {}
+
+    def _done(self, what: str, future: asyncio.Future[None]) -> None:
+        """A failed registration is forgotten (the next operation asks again), its error
+        taken in: every caller may have given up on it first, and an error nobody retrieves
+        is logged with a traceback."""
+        if (future.cancelled() or future.exception() is not None) and self._made.get(
+            what
+        ) is future:
+            del self._made[what]
 
     async def register(
         self,
@@ -53,15 +63,12 @@ class Registrations:
             future = asyncio.ensure_future(
                 self._coordinators.call("POST", f"/txn/v2/{txn}/{command}", json=body)
             )
+            future.add_done_callback(functools.partial(self._done, what))
             self._made[what] = future
         try:
             async with deadline.timeout():
                 await asyncio.shield(future)  # shared: this caller's limit does not end it
-        except ServerError:
-            self._made.pop(what, None)  # a refused registration may be asked again
-            raise
-        except Timeout:  # the registration itself gave up
-            self._made.pop(what, None)
+        except Timeout:  # the registration itself gave up (forgotten by _done)
             raise
         except TimeoutError as e:
             raise Timeout(

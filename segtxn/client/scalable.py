@@ -205,7 +205,7 @@ class ScalableProducer:
         self._outstanding.add(result)
         result.add_done_callback(self._outstanding.discard, context=self._callbacks)
         if txn is not None:
-            txn.track(result)
+            txn.operations.track(result)
         try:
             if not (self._in_transition() or self._order.locked()):
                 segment = self.route(message.key)

@@ -27,10 +27,12 @@ the transaction had acknowledged, as if the consumer had sought back (Kafka's co
 this by hand after an abort).
 
 Finding the coordinators, failing over between them and pre-starting transactions:
-:mod:`segtxn.client.coordinators`. How a send or an acknowledgment poisons the transaction
-it is in: :mod:`segtxn.client.poisoning`; a v4 transaction's ADD_PARTITION and
-ADD_SUBSCRIPTION calls: :mod:`segtxn.client.registrations`. Tracing on, a transaction is a
-span whose children are its NEW_TXN, sends, acks and END_TXN (docs/tracing.md).
+:mod:`segtxn.client.coordinators`. Its operations in flight, their failures and whom to tell
+when it does not commit: :mod:`segtxn.client.txnoperations`. How a send or an acknowledgment
+poisons the transaction it is in: :mod:`segtxn.client.poisoning`; a v4 transaction's
+ADD_PARTITION and ADD_SUBSCRIPTION calls: :mod:`segtxn.client.registrations`. Tracing on, a
+transaction is a span whose children are its NEW_TXN, sends, acks and END_TXN
+(docs/tracing.md).
 
 Time limits: ``start``, ``commit``, ``abort`` and ``status`` each end within the client's
 operation timeout (or their ``timeout_s``), coordinator fail-over included; a registration
@@ -45,18 +47,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from segtxn import tracing
-from segtxn.aio import callbacks_context
 from segtxn.client.coordinators import Coordinators
-from segtxn.client.errors import ClientClosed, ClientError, OperationCancelled, Timeout
+from segtxn.client.errors import ClientClosed, ClientError, Timeout
 from segtxn.client.onestep import Answer, Placements, commit_at
 from segtxn.client.registrations import Registrations
 from segtxn.client.timeouts import Deadline
-from segtxn.client.txnstates import NEXT, TransactionFailed, TransactionState
+from segtxn.client.txnoperations import Operations
+from segtxn.client.txnstates import NEXT, OutcomeUnknown, TransactionFailed, TransactionState
 from segtxn.protocol.errors import (
     ErrorCategory,
     InvalidTxnStatus,
@@ -66,7 +68,7 @@ from segtxn.protocol.errors import (
 )
 from segtxn.protocol.txn import TxnAction, TxnId
 
-__all__ = ["Transaction", "TransactionFailed", "TransactionState"]
+__all__ = ["OutcomeUnknown", "Transaction", "TransactionFailed", "TransactionState"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -85,13 +87,9 @@ class Transaction:
         self._opened_at: str | None = None
         """The coordinator that opened it."""
         self.state = TransactionState.NEW
-        self._in_flight: set[asyncio.Future[Any]] = set()
-        self._callbacks = callbacks_context()
-        self._failure: BaseException | None = None
         self._starting = asyncio.Lock()
         self._registrations = Registrations(coordinators)
         """ADD_PARTITION / ADD_SUBSCRIPTION calls made (or in flight), so each happens once."""
-        self._on_failure: dict[object, Callable[[], Awaitable[None]]] = {}
         self._closed_by_client = False
         """Aborted by ``Client.close()``, not by the application."""
         self.span: tracing.Span | None = None
@@ -99,9 +97,14 @@ class Transaction:
         sends, acks and END_TXN are its children (docs/tracing.md)."""
         self._placements = Placements() if one_step else None
         """Where its operations went, for the one-step commit (None: off)."""
+        self.operations = Operations(self._placements, lambda: str(self._id))
+        """Its sends and acknowledgments: producers and consumers report each one there."""
         self.committed_by: str | None = None
         """Once COMMITTED, who confirmed it: ``"broker"`` (the one-step commit) or
         ``"coordinator"`` (END_TXN); None before, or when it committed nothing."""
+        self._asked_to_commit = "coordinator"
+        """Who was last asked to commit it: when that answer is lost and an abort is then
+        refused, it is who committed it."""
 
     @property
     def id(self) -> TxnId:
@@ -138,8 +141,21 @@ class Transaction:
         return self
 
     async def _start(self, protocol: str, deadline: Deadline) -> None:
+        """NEW_TXN once, by ``deadline``. An operation that arrives while another one
+        starts the transaction waits for it only within its own limit.
+
+        Raises Timeout (RETRIABLE: nothing was done), or what NEW_TXN raised."""
         if self._id is None:
-            async with self._starting:
+            try:
+                async with deadline.timeout():
+                    await self._starting.acquire()
+            except TimeoutError as e:
+                raise Timeout(
+                    f"the transaction was not started within {deadline} (another operation "
+                    "is starting it); nothing was done",
+                    category=ErrorCategory.RETRIABLE,
+                ) from e
+            try:
                 if self._id is None:
                     self.span = self.span or tracing.start(tracing.CLIENT, "transaction")
                     opened = await self._traced(
@@ -149,6 +165,8 @@ class Transaction:
                     self._move(TransactionState.OPEN)
                     if self.span is not None:
                         self.span.set_attribute("segtxn.txn.id", str(opened.txn))
+            finally:
+                self._starting.release()
 
     def _move(self, to: TransactionState) -> None:
         """Raises ClientError: ``to`` does not follow the state it is in (``NEXT``)."""
@@ -202,14 +220,6 @@ class Transaction:
             return
         await self._registrations.register(self.id, command, topic, subscription, deadline)
 
-    def track(self, future: asyncio.Future[Any]) -> None:
-        """Count an operation in the transaction: if it fails, or is cancelled (its outcome
-        is then unknown), the transaction fails."""
-        self._in_flight.add(future)
-        if self._placements is not None:
-            self._placements.tracking(future)
-        future.add_done_callback(self._settled, context=self._callbacks)
-
     @property
     def placements(self) -> Placements | None:
         """Where its operations are placed (producers and consumer streams record each
@@ -218,47 +228,6 @@ class Transaction:
         if self._id is None or not self._id.is_v5:
             return None
         return self._placements
-
-    def _settled(self, future: asyncio.Future[Any]) -> None:
-        self._in_flight.discard(future)
-        if self._placements is not None:
-            self._placements.settled(future)
-        if future.cancelled():
-            self.poison(
-                OperationCancelled(
-                    f"an operation in transaction {self._id} was cancelled by its caller "
-                    "before its answer came: whether the broker applied it is unknown"
-                )
-            )
-        elif (error := future.exception()) is not None:
-            self.poison(error)
-
-    def on_failure(self, key: object, callback: Callable[[], Awaitable[None]]) -> None:
-        """Run ``callback`` (once per ``key``) if this transaction ends without a commit:
-        aborted, refused, or with an outcome unknown. Consumers use it to have what they
-        acknowledged in it delivered again, in order."""
-        self._on_failure.setdefault(key, callback)
-
-    async def _failed(self) -> None:
-        callbacks, self._on_failure = list(self._on_failure.values()), {}
-        for callback in callbacks:
-            try:
-                await callback()
-            except (ClientError, ServerError, ConnectionError) as e:
-                log.warning("transaction %s: asking for redelivery failed: %s", self._id, e)
-
-    def poison(self, error: BaseException) -> None:
-        """Mark the transaction failed (its commit will abort)."""
-        if self._failure is None:
-            self._failure = error
-
-    async def _settle(self, deadline: Deadline) -> bool:
-        """Wait, until ``deadline``, for the operations in flight; False if some are not
-        done by then."""
-        if not self._in_flight:
-            return True
-        _, late = await asyncio.wait(set(self._in_flight), timeout=deadline.remaining())
-        return not late
 
     async def commit(self, *, timeout_s: float | None = None) -> None:
         """Wait for the transaction's operations, then END_TXN(COMMIT), all within
@@ -276,12 +245,12 @@ class Transaction:
         """
         deadline = self._deadline(timeout_s)
         if self.state is TransactionState.NEW:  # nothing reached a coordinator or broker
-            if self._failure is not None:  # but an operation was refused before it started
+            if self.operations.failure is not None:  # but one was refused before it started
                 self._move(TransactionState.ABORTED)
                 raise TransactionFailed(
                     "the transaction (never started) was not committed: an operation in it failed",
-                    failure=self._failure,
-                ) from self._failure
+                    failure=self.operations.failure,
+                ) from self.operations.failure
             self._move(TransactionState.COMMITTED)
             return
         self._check_open(TransactionState.COMMITTING)  # an unknown outcome: commit again
@@ -291,50 +260,61 @@ class Transaction:
             answer = await self._commit_at_broker(placements, deadline)
             if answer is Answer.COMMITTED:
                 return
-        if not await self._settle(deadline):
+        if not await self.operations.settle(deadline):
+            pending = len(self.operations.in_flight)
             if answer is Answer.UNKNOWN:  # the broker may have committed it: not poisoned
                 raise Timeout(
                     f"transaction {self._id}: no answer from its broker's commit, and "
-                    f"{len(self._in_flight)} operations not done within {deadline}: it may "
-                    "have committed (commit() may be called again)"
+                    f"{pending} operations not done within {deadline}: it may have committed "
+                    "(commit() may be called again)"
                 )
             late = Timeout(
-                f"transaction {self._id}: {len(self._in_flight)} operations not done within "
-                f"{deadline}; it was not committed",
+                f"transaction {self._id}: {pending} operations not done within {deadline}; it "
+                "was not committed",
                 category=ErrorCategory.ABORTABLE,
             )
-            self.poison(late)
+            self.operations.poison(late)
             raise late
-        if self._failure is not None:
+        if self.operations.failure is not None:
             if await self._abort_failed(deadline):
                 return  # the broker's one-step commit had landed
             raise TransactionFailed(
                 f"transaction {self._id} aborted: an operation in it failed",
-                failure=self._failure,
-            ) from self._failure
+                failure=self.operations.failure,
+            ) from self.operations.failure
+        asked_before = self.state is TransactionState.COMMITTING  # its answer was lost
         self._move(TransactionState.COMMITTING)
+        self._asked_to_commit = "coordinator"
         try:
             await self._end(TxnAction.COMMIT, deadline)
         except BaseException as e:
+            if isinstance(e, TransactionNotFound) and asked_before:
+                # collected after it ended, committed or not: no answer tells which any more
+                await self.operations.failed()
+                raise OutcomeUnknown(
+                    f"transaction {self._id}: its commit was asked again after its record "
+                    "was collected; whether it committed is unknown"
+                ) from e
             if isinstance(e, InvalidTxnStatus | TransactionNotFound):
                 self._move(TransactionState.ABORTED)
                 self._span_ends(e)
-            await self._failed()  # aborted, or unknown: commit() may be called again
+            await self.operations.failed()  # aborted, or unknown: commit() may be called again
             raise
         self.committed_by = "coordinator"
-        self._on_failure.clear()
+        self.operations.committed()
 
     async def _commit_at_broker(self, placements: Placements, deadline: Deadline) -> Answer:
         """The one-step commit if eligible (nothing failed, each operation placed or settled
         by ``deadline``, all placed on one broker), else NOT_HERE (still OPEN).
         COMMITTED once its operations are done or ``deadline`` passed, whatever they say.
         Raises InvalidTxnStatus / TransactionNotFound (it is ABORTED), ClientClosed."""
-        if self._failure is not None or not await placements.wait(deadline):
+        if self.operations.failure is not None or not await placements.wait(deadline):
             return Answer.NOT_HERE  # (not placed in time: commit() finds them late)
         broker = placements.broker()
-        if broker is None or self._failure is not None:
+        if broker is None or self.operations.failure is not None:
             return Answer.NOT_HERE
         self._move(TransactionState.COMMITTING)
+        self._asked_to_commit = "broker"
         call = commit_at(self._coordinators.connector, placements, broker, self.id, deadline)
         traced = {"segtxn.txn.id": str(self.id), "segtxn.txn.action": "COMMIT"}
         try:
@@ -342,19 +322,20 @@ class Transaction:
         except (InvalidTxnStatus, TransactionNotFound) as e:
             self._move(TransactionState.ABORTED)
             self._span_ends(e)
-            await self._failed()
+            await self.operations.failed()
             raise
         if answer is Answer.COMMITTED:
-            await self._settle(deadline)  # so their futures are done when commit() returns
+            await self.operations.settle(deadline)  # their futures done as commit() returns
             self._committed("broker")
         elif answer is Answer.NOT_HERE:
             self._move(TransactionState.OPEN)  # nothing was decided
         return answer
 
     async def _abort_failed(self, deadline: Deadline) -> bool:
-        """END_TXN(ABORT) after a failed operation; True if refused because a one-step commit
-        whose answer was lost had landed (the coordinator says COMMITTED). Raises what
-        END_TXN raised, or Timeout (OUTCOME_UNKNOWN): the state was unreadable then."""
+        """END_TXN(ABORT) after a failed operation or on ``abort()``; True if refused
+        because a commit whose answer was lost had landed (the coordinator says COMMITTED).
+        Raises what END_TXN raised, or Timeout (OUTCOME_UNKNOWN): the state was unreadable
+        then."""
         try:
             await self._end(TxnAction.ABORT, deadline)
         except InvalidTxnStatus as e:
@@ -367,18 +348,18 @@ class Transaction:
                         "could not be read: whether it committed is unknown"
                     ) from unread
                 if committed:
-                    self._committed("broker")
+                    self._committed(self._asked_to_commit)
                     return True
             raise
         finally:
             if self.state is not TransactionState.COMMITTED:
-                await self._failed()
+                await self.operations.failed()
         return False
 
     def _committed(self, by: str) -> None:
         self._move(TransactionState.COMMITTED)
         self.committed_by = by
-        self._on_failure.clear()
+        self.operations.committed()
         self._span_ends()
 
     async def abort(self, *, timeout_s: float | None = None) -> None:
@@ -405,11 +386,12 @@ class Transaction:
             self._move(TransactionState.ABORTED)
             return
         remaining = deadline.remaining()
-        await self._settle(Deadline(None if remaining is None else remaining / 2))
-        try:
-            await self._end(TxnAction.ABORT, deadline)
-        finally:
-            await self._failed()
+        await self.operations.settle(Deadline(None if remaining is None else remaining / 2))
+        if await self._abort_failed(deadline):  # a commit whose answer was lost had landed
+            raise ClientError(
+                f"transaction {self._id} is COMMITTED (its commit, whose answer was lost, had "
+                "landed): it cannot be aborted (what it wrote and acknowledged counts)"
+            )
 
     async def _end(self, action: TxnAction, deadline: Deadline) -> None:
         """END_TXN at the coordinator; the transaction is then COMMITTED or ABORTED."""

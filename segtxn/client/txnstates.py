@@ -56,3 +56,12 @@ class TransactionFailed(ClientError):
         category = getattr(failure, "category", None)
         if isinstance(category, ErrorCategory) and category is not ErrorCategory.FATAL:
             self.category = ErrorCategory.ABORTABLE  # it was aborted: the outcome is known
+
+
+class OutcomeUnknown(ClientError):
+    """Whether the transaction committed cannot be learned any more: a commit whose answer
+    was lost was asked again after the coordinator had collected the transaction's record
+    (``gc_retention_s`` after it ended). Its state stays COMMITTING; only the application
+    can tell, from what the transaction wrote, whether it counted."""
+
+    category = ErrorCategory.OUTCOME_UNKNOWN

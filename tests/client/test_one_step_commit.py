@@ -289,7 +289,7 @@ async def test_no_answer_and_a_failed_operation(
     state and reports the commit; otherwise the transaction is aborted."""
     w = await work(client)
     receipt: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    w.txn.track(receipt)  # an operation whose receipt will be lost
+    w.txn.operations.track(receipt)  # an operation whose receipt will be lost
     _placements(w.txn).placed(receipt, client.connector.service_url, "s lost")
 
     async def script(txn: str) -> web.Response:
@@ -322,16 +322,16 @@ async def test_committed_whatever_an_operation_answered(
     name, so it was applied."""
     w = await work(client)
     receipt: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    w.txn.track(receipt)
+    w.txn.operations.track(receipt)
     _placements(w.txn).placed(receipt, client.connector.service_url, "s lost")
     settling = asyncio.Event()
-    settle = w.txn._settle
+    settle = w.txn.operations.settle
 
     async def watched(deadline: Deadline) -> bool:
         settling.set()
         return await settle(deadline)
 
-    monkeypatch.setattr(w.txn, "_settle", watched)
+    monkeypatch.setattr(w.txn.operations, "settle", watched)
     broker.script = committing(broker, w)  # the receipt still in flight
     commit = asyncio.create_task(w.txn.commit())
     async with asyncio.timeout(10):

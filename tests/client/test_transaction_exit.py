@@ -80,9 +80,9 @@ async def test_a_cancel_while_the_block_commits_aborts(
     same case.)"""
     txn = await client.transaction().start()
     in_flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    txn.track(in_flight)  # an operation whose answer has not come
+    txn.operations.track(in_flight)  # an operation whose answer has not come
     settling = asyncio.Event()
-    settle = txn._settle
+    settle = txn.operations.settle
     placements = txn._placements
     assert placements is not None  # on by default
     placed = placements.wait
@@ -95,7 +95,7 @@ async def test_a_cancel_while_the_block_commits_aborts(
         settling.set()
         return await placed(deadline)
 
-    monkeypatch.setattr(txn, "_settle", watched)
+    monkeypatch.setattr(txn.operations, "settle", watched)
     monkeypatch.setattr(placements, "wait", watched_placement)
 
     async def application() -> None:

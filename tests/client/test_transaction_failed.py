@@ -43,7 +43,7 @@ async def test_a_cancelled_operation_makes_it_abortable(client: Client) -> None:
     """Unknown while the transaction was open; once it is aborted, it is known."""
     txn = await client.transaction().start()
     operation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    txn.track(operation)
+    txn.operations.track(operation)
     operation.cancel()
     with pytest.raises(TransactionFailed) as failed:
         await txn.commit()

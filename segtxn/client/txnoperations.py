@@ -1,0 +1,89 @@
+"""A transaction's operations, as the transaction sees them: the sends and acknowledgments in
+flight (``commit`` waits for them), the first failure among them, which *poisons* the
+transaction (its commit aborts it instead), and whom to tell when it ends without a commit
+(consumers, to have what they acknowledged in it delivered again). Producers and consumer
+streams report each operation here (:meth:`Operations.track`); how a refused or cancelled
+one poisons it: :mod:`segtxn.client.poisoning`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from segtxn.aio import callbacks_context
+from segtxn.client.errors import ClientError, OperationCancelled
+from segtxn.client.onestep import Placements
+from segtxn.client.timeouts import Deadline
+from segtxn.protocol.errors import ServerError
+
+log = logging.getLogger(__name__)
+
+
+class Operations:
+    def __init__(self, placements: Placements | None, name: Callable[[], str]) -> None:
+        """``placements``: where each operation is written, for the one-step commit (None:
+        off); ``name``: the transaction's, for messages (its id once it has one)."""
+        self._placements = placements
+        self._name = name
+        self.in_flight: set[asyncio.Future[Any]] = set()
+        self.failure: BaseException | None = None
+        """The first failure of an operation in it: set, the transaction cannot commit."""
+        self._on_failure: dict[object, Callable[[], Awaitable[None]]] = {}
+        self._callbacks = callbacks_context()
+
+    def track(self, future: asyncio.Future[Any]) -> None:
+        """Count an operation in the transaction: if it fails, or is cancelled (its outcome
+        is then unknown), the transaction fails."""
+        self.in_flight.add(future)
+        if self._placements is not None:
+            self._placements.tracking(future)
+        future.add_done_callback(self._settled, context=self._callbacks)
+
+    def _settled(self, future: asyncio.Future[Any]) -> None:
+        self.in_flight.discard(future)
+        if self._placements is not None:
+            self._placements.settled(future)
+        if future.cancelled():
+            self.poison(
+                OperationCancelled(
+                    f"an operation in transaction {self._name()} was cancelled by its caller "
+                    "before its answer came: whether the broker applied it is unknown"
+                )
+            )
+        elif (error := future.exception()) is not None:
+            self.poison(error)
+
+    def poison(self, error: BaseException) -> None:
+        """Mark the transaction failed (its commit will abort)."""
+        if self.failure is None:
+            self.failure = error
+
+    async def settle(self, deadline: Deadline) -> bool:
+        """Wait, until ``deadline``, for the operations in flight; False if some are not
+        done by then."""
+        if not self.in_flight:
+            return True
+        _, late = await asyncio.wait(set(self.in_flight), timeout=deadline.remaining())
+        return not late
+
+    def on_failure(self, key: object, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run ``callback`` (once per ``key``) if the transaction ends without a commit:
+        aborted, refused, or with an outcome unknown. Consumers use it to have what they
+        acknowledged in it delivered again, in order."""
+        self._on_failure.setdefault(key, callback)
+
+    async def failed(self) -> None:
+        """The transaction ended without a commit (or its outcome is unknown): run the
+        callbacks, each once."""
+        callbacks, self._on_failure = list(self._on_failure.values()), {}
+        for callback in callbacks:
+            try:
+                await callback()
+            except (ClientError, ServerError, ConnectionError) as e:
+                log.warning("transaction %s: asking for redelivery failed: %s", self._name(), e)
+
+    def committed(self) -> None:
+        """The transaction committed: nobody needs telling."""
+        self._on_failure.clear()
