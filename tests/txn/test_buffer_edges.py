@@ -1,6 +1,6 @@
 """A segment's transaction buffer at its edges: the read horizon when one transaction's runs
-of appends land out of order, and a decision that stands when its header is collected before
-the segment cleaned up. Each scenario is made on purpose (a held producer turn, a forced GC);
+of appends land out of order, a decision that stands when its header is collected before
+the segment cleaned up, and an unsettled orphan whose ledger is trimmed. Each scenario is made on purpose (a held producer turn, a forced GC);
 each test failed before its fix, with committed data never delivered or hidden."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
+from segtxn.broker.txn.buffer_records import ORPHANS
 from segtxn.client import Client, Message
 from segtxn.client.consumer import Consumer
 from segtxn.ledger import Position
@@ -111,3 +112,28 @@ async def test_a_committed_transaction_stays_visible_when_its_header_is_force_co
         f"(visible={buffer.visible(committed.id, position)}, "
         f"aborted index: {committed.id in buffer._aborted})"
     )
+
+
+async def test_an_unsettled_orphan_of_a_trimmed_ledger_is_forgotten(
+    client: Client, cluster: Cluster
+) -> None:
+    """An orphan whose record the store refused stays unsettled, holding the read horizon
+    before it. Once its ledger is trimmed it is forgotten with the settled ones: it held
+    the horizon before entries that are gone, and its record would have been written after
+    them."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    await producer.send(b"plain")
+    buffer = cluster.broker.service.topics[SEGMENT].buffer
+    assert isinstance(buffer, MetadataTransactionBuffer)
+    orphans = buffer._orphans
+    txn = await client.transaction().start()
+    cluster.faults.fail("txn", key_prefix=ORPHANS)  # its record is refused: unsettled
+    await orphans.add(txn.id, Position(1, 0))
+    assert orphans.unsettled
+    assert orphans.floor() == Position(1, -1)
+    await orphans.trimmed(Position(2, -1))  # ledger 1 is trimmed
+    assert not orphans.unsettled
+    assert orphans.floor() is None
+    assert Position(1, 0) not in orphans
+    await txn.abort()

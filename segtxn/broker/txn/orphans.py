@@ -87,7 +87,10 @@ class Orphans:
         return settled
 
     async def trimmed(self, first: Position) -> None:
-        """Forget the orphans before ``first`` (their ledgers are trimmed)."""
+        """Forget the orphans before ``first`` (their ledgers are trimmed): an unsettled one
+        too, which held the read horizon before entries that are gone and would have been
+        recorded after them."""
+        self._unsettled = {(t, p) for t, p in self._unsettled if p >= first}
         for position in [p for p in self._positions if p < first]:
             self._positions.discard(position)
             with contextlib.suppress(NotFound):
