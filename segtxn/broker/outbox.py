@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 from segtxn.protocol import frames
 from segtxn.protocol.frames import Frame
@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 _MAX_COALESCED = 1000
 """Frames an outbox takes off its queue at once (and sends as few WebSocket messages)."""
+HANG_UP_S = 5.0
+"""How long a connection that does not read gets to take its close frame before it is cut."""
 
 
 class Outbox:
@@ -31,12 +33,15 @@ class Outbox:
         self.queue: asyncio.Queue[Frame] = asyncio.Queue(maxsize=size)
         self._name = name
         self.task: asyncio.Task[None] | None = None
+        self._hanging_up: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         """The socket is prepared: write what is queued and what comes."""
         self.task = asyncio.create_task(self._run(), name=f"ws-sender-{self._name}")
 
     def send(self, frame: Frame) -> None:
+        if self._hanging_up is not None:
+            return  # nothing more goes to a connection being closed
         try:
             self.queue.put_nowait(frame)
         except asyncio.QueueFull:
@@ -45,6 +50,22 @@ class Outbox:
             )
             if self.task is not None:
                 self.task.cancel()
+            self._hanging_up = asyncio.create_task(self._hang_up(), name=f"ws-hang-up-{self._name}")
+
+    async def _hang_up(self) -> None:
+        """Close a connection that does not read: with a close frame if its socket takes one
+        within :data:`HANG_UP_S`, else cut. Its handler then detaches what it had (a
+        consumer's unacknowledged messages go to the others); the writer alone stopped, it
+        stayed attached, served nothing and held them."""
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            async with asyncio.timeout(HANG_UP_S):
+                await self.ws.close(
+                    code=WSCloseCode.TRY_AGAIN_LATER, message=b"the connection does not read"
+                )
+                return
+        transport = self.ws.get_extra_info("transport")
+        if transport is not None:
+            transport.abort()
 
     async def _run(self) -> None:
         while True:
@@ -63,6 +84,8 @@ class Outbox:
                     self.queue.task_done()
 
     async def close(self) -> None:
+        if self._hanging_up is not None:
+            await asyncio.gather(self._hanging_up, return_exceptions=True)
         if self.task is None:
             return
         # flush what is queued (receipts, ack receipts) unless the socket is gone

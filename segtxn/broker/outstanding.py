@@ -108,12 +108,14 @@ class Outstanding:
             self.due_again(position)
 
     def clear(self) -> int:
-        """(A rewind) Nothing is pending any more: it all comes again in position order.
-        Returns how many messages were pending."""
+        """(A rewind) Nothing is pending any more: it all comes again in position order,
+        also what was due again from Shared consumers before (served first, it came ahead
+        of earlier positions). Returns how many messages were pending."""
         again = len(self.pending)
         for position, owner in self.pending.items():
             owner.pending.discard(position)
         self.pending.clear()
+        self.redeliver.clear()
         return again
 
     def prune_deliveries(self, mark: Position) -> None:

@@ -31,6 +31,7 @@ appears later and cannot be attached yet is tried again in the background.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -46,9 +47,9 @@ from segtxn.client.poisoning import poisons
 from segtxn.client.segments import SegmentFollowing
 from segtxn.client.spans import ack_span
 from segtxn.client.stream import MessageStream, close_queue, next_item
-from segtxn.client.timeouts import Deadline
+from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.client.transaction import Transaction
-from segtxn.protocol.errors import ErrorCategory, TransactionConflict
+from segtxn.protocol.errors import ConsumerBusy, ErrorCategory, TransactionConflict
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txnops import ack_op
 
@@ -166,6 +167,25 @@ class Consumer(SegmentFollowing):
             subscription=self.subscription,
         )
 
+    async def _touch(self, topic: TopicName, deadline: Deadline) -> None:
+        async def attach_and_leave() -> None:
+            broker = await self._connector.broker_for(topic)
+            ws, _ = await self._connector.websocket_at(
+                broker, "consumer", topic, f"/{self.subscription}", self._query
+            )
+            try:
+                await ws.receive()  # its consumer_ready: attached, so the subscription exists
+            finally:
+                await close_quietly(ws.close())
+
+        with contextlib.suppress(ConsumerBusy):  # another consumer is attached there: it exists
+            await retrying(
+                f"create subscription {self.subscription} on {topic}",
+                attach_and_leave,
+                deadline,
+                request_timeout_s=self._connector.timeouts.request_timeout_s,
+            )
+
     async def _open(self, topic: TopicName, deadline: Deadline) -> None:
         stream = self._new_stream(topic)
         await stream.start(deadline)
@@ -183,6 +203,8 @@ class Consumer(SegmentFollowing):
                 await self._open(self.topic, deadline)
                 return
             await self._open_eligible(deadline)
+            if self._ordered and self._query["initial"] == "latest":
+                await self._create_ahead(deadline)
             self._follower = asyncio.create_task(self._follow(), name=f"consumer-dag-{self.name}")
         except BaseException:
             await self.close()

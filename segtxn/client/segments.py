@@ -55,6 +55,25 @@ class SegmentFollowing:
         """Open and start the consumer's stream on ``topic`` (a segment), by ``deadline``."""
         raise NotImplementedError
 
+    async def _touch(self, topic: TopicName, deadline: Deadline) -> None:
+        """Make sure the subscription exists on ``topic`` (a segment), by ``deadline``,
+        without reading it."""
+        raise NotImplementedError
+
+    async def _create_ahead(self, deadline: Deadline) -> None:
+        """(An ordered subscription from the latest position, being attached) Create it now
+        on the segments it reads only later (their parents first), so that what is sent to
+        them from now on is delivered once they are read. Created when first read, a
+        segment's subscription began at its latest position then: what was sent to it
+        between ``subscribe()`` and that moment was never delivered. Segments made later by
+        a split or merge take the subscription from their parents."""
+        assert self._layout is not None
+        for segment in sorted(self._layout.segments.values(), key=lambda s: s.id):
+            name = self.topic.segment_name(segment.id)
+            if str(name) in self._streams or segment.id in self._finished or segment.retired:
+                continue
+            await self._touch(name, deadline)
+
     def _forget_pruned(self) -> None:
         """Forget the segments that have left the DAG (retired, then pruned): over months
         of splits and merges the finished set would grow with every one. Safe: a pruned
