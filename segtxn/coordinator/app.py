@@ -286,7 +286,7 @@ async def stats(request: web.Request) -> web.StreamResponse:
     """What the operator puts in TransactionCoordinator status. The GC backlog is the
     last sweep's count over all coordinator ids (every coordinator sweeps them all)."""
     coordinator = request.app[COORDINATOR]
-    open_count = len(await coordinator.list_open(OPEN_COUNT_LIMIT))
+    open_count = await coordinator.count_open(OPEN_COUNT_LIMIT)
     return web.json_response(
         {
             "openTransactions": open_count,

@@ -96,6 +96,10 @@ class Participants:
                     problem = str(body.get("message"))
             except (aiohttp.ClientError, TimeoutError, MetadataStoreError) as e:
                 problem = repr(e)
+            except ServerError as e:  # (a refusal, above: raised)
+                if e.name is not ErrorName.SERVICE_NOT_READY:
+                    raise
+                problem = e.message  # no live home broker (yet): away, as one that is down
             if loop.time() > deadline:
                 log.warning(
                     "txn %s: participant %s did not take the %s in %g s: %s",

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from segtxn.coordinator.fanout import Participants
+from segtxn.coordinator.fanout import FIRST_RETRY_S, Participants
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import (
     ABORTED,
@@ -69,6 +69,8 @@ from segtxn.topics.transactions import V4_COORDINATOR_ELECTION
 log = logging.getLogger(__name__)
 
 ELECTION_PREFIX = V4_COORDINATOR_ELECTION
+RESUME_RETRY_MAX_S = 2.0
+"""The longest pause between tries to finish a decided transaction a participant delays."""
 
 
 @dataclass
@@ -78,6 +80,7 @@ class _Log:
     leadership: Leadership
     log: TxnLog
     locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+    giving_up: bool = False
 
     @property
     def txns(self) -> dict[int, TxnMeta]:
@@ -296,10 +299,22 @@ class CoordinatorV4:
         try:
             await held.log.append(meta)
         except LedgerError as e:
+            if not held.giving_up:  # the log refuses every write until it is opened again:
+                held.giving_up = True  # a take-over (here or elsewhere) reopens and replays it
+                self._spawn(self._give_up(held), f"v4-give-up-{meta.txn[0]:x}")
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"transaction log: {e}") from e
         if held.log.due:
             self._spawn(self._compact(held), f"v4-log-compaction-{meta.txn[0]}")
         return meta
+
+    async def _give_up(self, held: _Log) -> None:
+        """Resign an id whose log failed a write (tried again while the store fails)."""
+        while not held.leadership.lost.is_set():
+            try:
+                await held.leadership.resign()
+            except MetadataStoreError as e:
+                log.warning("v4: giving up an id whose log failed failed too (%s); again", e)
+                await asyncio.sleep(1.0)  # the store is failing: retry at a gentle pace
 
     async def _compact(self, held: _Log) -> None:
         """Compact an id's log while it is due: again at once if what arrived during one
@@ -451,6 +466,7 @@ class CoordinatorV4:
     async def _resume(self, held: _Log, meta: TxnMeta, action: TxnAction) -> None:
         """Finish a decided transaction in the background (recovery, timeouts), retrying
         while participants are unreachable; one that cannot take its marker stays."""
+        delay = FIRST_RETRY_S
         while not held.leadership.lost.is_set():
             try:
                 await self._finish(held, meta, action)
@@ -459,6 +475,8 @@ class CoordinatorV4:
                 log.warning("txn %s: finishing its %s failed: %s", TxnId(*meta.txn), action, e)
                 if e.name is not ErrorName.SERVICE_NOT_READY:
                     return
+            await asyncio.sleep(delay)  # a participant is away: back off, then again
+            delay = min(delay * 2, RESUME_RETRY_MAX_S)
 
     # ------------------------------------------------------------------ timeouts
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import AsyncIterator
 
 import msgspec
 
@@ -37,6 +38,7 @@ from segtxn.metastore import (
     MUST_NOT_EXIST,
     BadVersion,
     Check,
+    IndexEntry,
     MetadataStore,
     MetadataStoreError,
     NotFound,
@@ -49,9 +51,20 @@ from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
 
+PAGE = 500
+"""Headers a sweep reads per store request: each index entry holds a copy of its header, and
+one answer holding every final header of a busy cluster's backlog outgrew what a store
+answer may carry (etcd: 8 MiB, about 40,000 headers): the sweep then failed every time."""
+
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+async def _each(pages: AsyncIterator[list[IndexEntry]]) -> AsyncIterator[IndexEntry]:
+    async for page in pages:
+        for entry in page:
+            yield entry
 
 
 class CoordinatorV5:
@@ -290,6 +303,16 @@ class CoordinatorV5:
         due = await self.store.index_range(T.IDX_DEADLINE, limit=limit)
         return [(T.txn_of_header_key(e.key), T.decode_header(e.value)) for e in due.entries]
 
+    async def count_open(self, limit: int) -> int:
+        """How many transactions are OPEN (any coordinator id), counted up to ``limit``, a
+        page at a time (their headers together may exceed one store answer)."""
+        count = 0
+        async for page in self.store.index_pages(T.IDX_DEADLINE, page=PAGE):
+            count += len(page)
+            if count >= limit:
+                return limit
+        return count
+
     # ------------------------------------------------------------------ sweeps
 
     async def _sweeps(self) -> None:
@@ -313,9 +336,13 @@ class CoordinatorV5:
         for txn, (header, _) in list(self._created.items()):
             if header.timeout_ms < now_ms:  # decided by a sweep (here or elsewhere) or late
                 del self._created[txn]
-        due = await self.store.index_range(T.IDX_DEADLINE, 0, now_ms + 1)
+        due = [
+            entry
+            async for page in self.store.index_pages(T.IDX_DEADLINE, 0, now_ms + 1, page=PAGE)
+            for entry in page
+        ]
         aborted = 0
-        for entry in due.entries:
+        for entry in due:
             txn = T.txn_of_header_key(entry.key)
             if txn.most not in self.held:
                 continue
@@ -343,10 +370,10 @@ class CoordinatorV5:
         abandon = now_ms - int(self.settings.abandon_after_s * 1000)
         deleted = backlog = forced = 0
         for state in (TxnState.COMMITTED, TxnState.ABORTED):
-            due = await self.store.index_range(
-                T.IDX_FINAL, (state.value, 0), (state.value, horizon + 1)
+            pages = self.store.index_pages(
+                T.IDX_FINAL, (state.value, 0), (state.value, horizon + 1), page=PAGE
             )
-            for entry in due.entries:
+            async for entry in _each(pages):
                 txn = T.txn_of_header_key(entry.key)
                 header = T.decode_header(entry.value)
                 ops = await self.store.list_prefix(T.ops_prefix(txn))
