@@ -134,7 +134,8 @@ class CompactedLog:
             cursor = await ledger.open_cursor(CURSOR, start="earliest")
             compacted = cls(ledger, cursor, storage)
             await compacted._trim()
-            await asyncio.to_thread(compacted._delete_leftovers)  # nothing reads them now
+            # what a crash during a trim left behind (nothing reads it now)
+            await asyncio.to_thread(storage.delete_leftovers, ledger.name, ledger.ledger_ids[0])
         except BaseException:  # failed or stopped mid-way: nothing else would close it
             await ledger.close()
             raise
@@ -250,21 +251,6 @@ class CompactedLog:
         """Delete the ledgers the cursor has passed; returns (ledgers, entries) deleted."""
         result = await self.ledger.trim(TRIM_SUPERSEDED)
         return len(result.ledgers), result.entries
-
-    def _delete_leftovers(self) -> int:
-        """Delete the files a crash during a trim left behind (at open: nothing reads).
-
-        A trim removes its ledgers from the metadata, then deletes their files oldest
-        first; a crash in between leaves the newest of them, right below the first ledger
-        the metadata names (ledger ids only grow). Scan down from there to the first
-        absent file."""
-        ledger_id = self.ledger.ledger_ids[0] - 1
-        deleted = 0
-        while ledger_id > 0 and self._storage.exists(self.ledger.name, ledger_id):
-            self._storage.delete(self.ledger.name, ledger_id)
-            deleted += 1
-            ledger_id -= 1
-        return deleted
 
     # ------------------------------------------------------------------ state
 

@@ -237,6 +237,20 @@ class LogStorage(ABC):
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         """Remove a log (idempotent)."""
 
+    def delete_leftovers(self, ledger_name: str, first_id: int) -> int:
+        """Delete the logs a crash during a trim left behind, below ``first_id`` (the first
+        ledger the metadata names); returns how many. A trim removes its ledgers from the
+        metadata, then deletes their files oldest first, so a crash in between leaves the
+        newest of them, right below ``first_id`` (ledger ids only grow): scan down from
+        there to the first absent one. Left, they held the disk, and a ledger made again
+        under the same name later refused to overwrite them."""
+        ledger_id, deleted = first_id - 1, 0
+        while ledger_id > 0 and self.exists(ledger_name, ledger_id):
+            self.delete(ledger_name, ledger_id)
+            deleted += 1
+            ledger_id -= 1
+        return deleted
+
 
 async def open_in_thread(open_log: Callable[..., EntryLog], *args: Any, **kwargs: Any) -> EntryLog:
     """``open_log(*args, **kwargs)`` (a storage's create, open or recovery) in a worker

@@ -180,18 +180,19 @@ class ManagedLedger(LedgerAppends):
                 "reopen it",
                 self._writer.failure,
             )
-        count = self._current.count if self._current is not None else 0
-        size = self._current.size_bytes() if self._current is not None else 0
+        async with self._write_lock:  # not beside a roll_over(): it changes the last ledger
+            count = self._current.count if self._current is not None else 0
+            size = self._current.size_bytes() if self._current is not None else 0
 
-        def seal(meta: LedgerMetadata) -> LedgerMetadata | None:
-            if meta.sealed:
-                return None  # a concurrent terminate() got there first
-            closing = closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
-            ledgers = [*meta.ledgers[:-1], closing]
-            return msgspec.structs.replace(meta, ledgers=ledgers, sealed=True)
+            def seal(meta: LedgerMetadata) -> LedgerMetadata | None:
+                if meta.sealed:
+                    return None  # a concurrent terminate() got there first
+                closing = closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
+                ledgers = [*meta.ledgers[:-1], closing]
+                return msgspec.structs.replace(meta, ledgers=ledgers, sealed=True)
 
-        await self._update(seal)
-        self._current = None
+            await self._update(seal)
+            self._current = None
         self._notify()
         return self._last
 
@@ -334,6 +335,9 @@ class ManagedLedger(LedgerAppends):
     async def delete(self) -> None:
         """Close the ledger and delete it: its logs, cursors and metadata. Irreversible."""
         await self.close()
+        if self._meta.ledgers:
+            first = self._meta.ledgers[0].id
+            await asyncio.to_thread(self._storage.delete_leftovers, self.name, first)
         for info in self._meta.ledgers:
             await asyncio.to_thread(self._storage.delete, self.name, info.id, info.placement)
         await self._store.delete_range(cursors_prefix(self.name))
@@ -342,13 +346,16 @@ class ManagedLedger(LedgerAppends):
 
     async def _record_clean_close(self) -> None:
         """Record the last ledger's entry count: after a clean close, recovery can tell
-        a lost acknowledged entry (corruption) from a torn unacknowledged tail."""
-        count = self._current.count if self._current is not None else 0
-        size = self._current.size_bytes() if self._current is not None else 0
+        a lost acknowledged entry (corruption) from a torn unacknowledged tail. Not beside
+        a roll_over(): the count recorded for its new ledger would be the old one's, and
+        the ledger could never be opened again."""
+        async with self._write_lock:
+            count = self._current.count if self._current is not None else 0
+            size = self._current.size_bytes() if self._current is not None else 0
 
-        def close_last(meta: LedgerMetadata) -> LedgerMetadata:
-            last = closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
-            ledgers = [*meta.ledgers[:-1], last]
-            return msgspec.structs.replace(meta, ledgers=ledgers)
+            def close_last(meta: LedgerMetadata) -> LedgerMetadata:
+                last = closed(meta.ledgers[-1], count, size, int(time.time() * 1000))
+                ledgers = [*meta.ledgers[:-1], last]
+                return msgspec.structs.replace(meta, ledgers=ledgers)
 
-        await self._update(close_last)
+            await self._update(close_last)

@@ -39,7 +39,12 @@ class LedgerReads(LedgerChain):
             LedgerCorrupted: the entry at ``start`` (or the first one read) is damaged, or
                 its ledger's file is missing; the message names the file.
             LedgerClosed: the ledger object is closed.
+            ValueError: ``max_entries`` below 1 or ``max_bytes`` below 0.
         """
+        if max_entries < 1 or max_bytes < 0:
+            raise ValueError(
+                f"max_entries must be >= 1 and max_bytes >= 0, not {max_entries}, {max_bytes}"
+            )
         if self._closed:
             raise LedgerClosed(f"{self.name} is closed")
         out: list[Entry] = []

@@ -92,6 +92,9 @@ async def delete_sealed(store: MetadataStore, storage: LogStorage, ledger: Seale
     cursors and its metadata record (idempotent: a delete a crash interrupted is finished
     by doing it again, and the record goes last so that what is left can still be found).
     """
+    if ledger.ledgers:
+        first = ledger.ledgers[0].id
+        await asyncio.to_thread(storage.delete_leftovers, ledger.name, first)
     for info in ledger.ledgers:
         await asyncio.to_thread(storage.delete, ledger.name, info.id, info.placement)
     await store.delete_range(cursors_prefix(ledger.name))

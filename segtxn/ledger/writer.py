@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from segtxn.ledger.errors import LedgerError, LedgerFenced, WriteFailed
+from segtxn.ledger.errors import LedgerClosed, LedgerError, LedgerFenced, WriteFailed
 from segtxn.ledger.metadata import LedgerSettings
 from segtxn.ledger.position import Position
 from segtxn.ledger.records import ENTRY_OVERHEAD
@@ -119,14 +119,29 @@ class GroupCommit:
                 self._wake.clear()
                 self.idle.set()
                 continue
+            writing = asyncio.ensure_future(self._write([p.payload for p in batch]))
             try:
-                positions = await self._write([p.payload for p in batch])
+                positions = await asyncio.shield(writing)
+            except asyncio.CancelledError:
+                # Stopped mid-write (a close that was itself cancelled): the write's thread
+                # cannot be stopped, and the files must not be closed under it. It ends
+                # first, and its batch is answered (left unanswered, its appends hung).
+                await asyncio.wait([writing])
+                if writing.exception() is None:
+                    self._answer(batch, writing.result())
+                else:
+                    self._fail(batch, writing.exception())  # type: ignore[arg-type]
+                raise
             except Exception as e:
                 self._fail(batch, e)
                 return
-            for pending, position in zip(batch, positions, strict=True):
-                if not pending.done.done():
-                    pending.done.set_result(position)
+            self._answer(batch, positions)
+
+    @staticmethod
+    def _answer(batch: list[_Pending], positions: list[Position]) -> None:
+        for pending, position in zip(batch, positions, strict=True):
+            if not pending.done.done():
+                pending.done.set_result(position)
 
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
         if (isinstance(error, LedgerError) and error.retriable) or isinstance(error, LedgerFenced):
@@ -163,5 +178,11 @@ class GroupCommit:
         return batch
 
     async def close(self) -> None:
+        """Stop writing (a batch being written ends first); what is still queued fails."""
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        closed = LedgerClosed(f"{self._name} was closed before this append was written")
+        for pending in self._queue:
+            if not pending.done.done():
+                pending.done.set_exception(closed)
+        self._queue.clear()
