@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -81,19 +82,22 @@ class Participants:
                 ) as response:
                     if response.status < 300:
                         return
-                    body = await response.json(content_type=None)
-                    error = ErrorName(body.get("error", ErrorName.UNKNOWN.value))
-                    if error in GONE:
-                        log.info("txn %s: participant %s is gone (%s); nothing to %s",
-                                 txn, topic, body.get("message", ""), action)  # fmt: skip
-                        return
-                    if error is not ErrorName.SERVICE_NOT_READY:
-                        log.warning(
-                            "txn %s: %s refused by participant %s (%s): %s",
-                            txn, action, topic, error, body.get("message", ""),
-                        )  # fmt: skip
-                        raise ServerError(error, str(body.get("message", "")))
-                    problem = str(body.get("message"))
+                    body = await _error_body(response)
+                    if body is None:  # no broker's answer (a proxy's page): away, try again
+                        problem = f"HTTP {response.status} without an error of a broker"
+                    else:
+                        error = ErrorName.parse(str(body.get("error", ErrorName.UNKNOWN.value)))
+                        if error in GONE:
+                            log.info("txn %s: participant %s is gone (%s); nothing to %s",
+                                     txn, topic, body.get("message", ""), action)  # fmt: skip
+                            return
+                        if error is not ErrorName.SERVICE_NOT_READY:
+                            log.warning(
+                                "txn %s: %s refused by participant %s (%s): %s",
+                                txn, action, topic, error, body.get("message", ""),
+                            )  # fmt: skip
+                            raise ServerError(error, str(body.get("message", "")))
+                        problem = str(body.get("message"))
             except (aiohttp.ClientError, TimeoutError, MetadataStoreError) as e:
                 problem = repr(e)
             except ServerError as e:  # (a refusal, above: raised)
@@ -127,3 +131,12 @@ class Participants:
                 return None
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name} has no live home broker")
         return url
+
+
+async def _error_body(response: aiohttp.ClientResponse) -> dict[str, Any] | None:
+    """A broker's JSON error (``{"error", "message"}``), or None for anything else."""
+    try:
+        body = await response.json(content_type=None)
+    except ValueError:  # (JSONDecodeError)
+        return None
+    return body if isinstance(body, dict) else None

@@ -1,7 +1,7 @@
 """The transaction coordinator at its edges, with real components (etcd, aiohttp servers,
 fault-injecting store wrappers): sweeps and stats over more headers than one store answer
-may carry, a v4 end while a participant's home broker is not live, and a v4 id whose log
-failed a write. Each failed before its fix (a review)."""
+may carry, a v4 end while a participant's home broker is not live or its URL answers what
+no broker sends, and a v4 id whose log failed a write. Each failed before its fix (a review)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 import pytest
+from aiohttp import web
 
 from segtxn.client import Client
 from segtxn.coordinator import v5
@@ -35,7 +36,7 @@ from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import V5_COORDINATOR_BASE, TxnId, TxnState
 from segtxn.topics import transactions as T
-from segtxn.topics.catalog import HOMES_BY_BROKER, broker_key, home_key
+from segtxn.topics.catalog import HOMES_BY_BROKER, BrokerInfo, broker_key, home_key
 from tests.cluster import Cluster
 from tests.waiting import wait_until
 
@@ -286,3 +287,44 @@ async def test_stats_answers_with_many_open_transactions(
     finally:
         await server.stop()
         await store.close()
+
+
+async def test_v4_end_txn_retries_a_participant_answer_that_is_not_a_brokers(
+    client: Client, cluster: Cluster
+) -> None:
+    """A participant's URL answers something no broker sends (a proxy's HTML 502, a broker
+    restarting behind it): the fan-out tries again, as for a broker that does not answer,
+    and END_TXN succeeds once the topic is served again. The undecodable answer escaped as
+    a 500 from END_TXN."""
+    hit = asyncio.Event()
+
+    async def bad_gateway(request: web.Request) -> web.Response:
+        hit.set()
+        return web.Response(status=502, text="<html>bad gateway</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", bad_gateway)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        await client.admin.create_topic(V4_TOPIC)
+        producer = await client.create_producer(V4_TOPIC)
+        txn = client.transaction()
+        await producer.send(b"x", txn=txn)
+        proxy = BrokerInfo("b-proxy", f"http://127.0.0.1:{port}", int(time.time() * 1000))
+        await cluster.store.put(broker_key("b-proxy"), msgspec.json.encode(proxy))
+        await _home(cluster, "b-proxy")
+        url = await _coordinator_url(client)
+        ending = asyncio.create_task(
+            client.connector.request(
+                "POST", f"{url}/txn/v2/{txn.id}/end", params={"action": "COMMIT"}
+            )
+        )
+        await asyncio.wait_for(hit.wait(), 10)  # the participant's URL answered HTML
+        await _home(cluster, "b1")  # the topic is served again
+        reply = await asyncio.wait_for(ending, 10)
+        assert reply["state"] == "COMMITTED"
+    finally:
+        await runner.cleanup()
