@@ -33,7 +33,6 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -54,6 +53,7 @@ from segtxn.coordinator.txnlog import (
     log_name,
     open_storage,
 )
+from segtxn.coordinator.v4held import HeldLog
 from segtxn.ledger import LedgerError, LogStorage
 from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
 from segtxn.metastore import LeaderElection, Leadership, MetadataStore, MetadataStoreError, Session
@@ -73,20 +73,6 @@ RESUME_RETRY_MAX_S = 2.0
 """The longest pause between tries to finish a decided transaction a participant delays."""
 
 
-@dataclass
-class _Log:
-    """A coordinator id this process holds: its lease, its log, a lock per transaction."""
-
-    leadership: Leadership
-    log: TxnLog
-    locks: dict[int, asyncio.Lock] = field(default_factory=dict)
-    giving_up: bool = False
-
-    @property
-    def txns(self) -> dict[int, TxnMeta]:
-        return self.log.txns
-
-
 class CoordinatorV4:
     def __init__(
         self, store: MetadataStore, settings: CoordinatorSettings, storage: LogStorage | None = None
@@ -103,7 +89,7 @@ class CoordinatorV4:
                 settings.auth.cluster_session,
             )
         self._storage = storage
-        self.held: dict[int, _Log] = {}
+        self.held: dict[int, HeldLog] = {}
         self.repairer: RepairLoop | None = None
         """With replication: keeps the closed ledgers of the logs held here copied."""
         if self._nodes is not None and settings.replication is not None:
@@ -217,7 +203,7 @@ class CoordinatorV4:
             with contextlib.suppress(LedgerError):
                 await held.log.close()
 
-    async def _recover(self, coordinator_id: int, leadership: Leadership) -> _Log:
+    async def _recover(self, coordinator_id: int, leadership: Leadership) -> HeldLog:
         txn_log = await TxnLog.open(
             log_name(coordinator_id),
             self.store,
@@ -227,7 +213,7 @@ class CoordinatorV4:
             keep_ended_s=self.settings.gc_retention_s,
         )
         self.counters["replayed"] += txn_log.replayed
-        held = _Log(leadership, txn_log)
+        held = HeldLog(leadership, txn_log, self.counters)
         for meta in held.txns.values():  # caught mid-way: finish them
             if meta.state in (COMMITTING, ABORTING, TIME_OUT):
                 action = TxnAction.COMMIT if meta.state == COMMITTING else TxnAction.ABORT
@@ -278,13 +264,13 @@ class CoordinatorV4:
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"v4 coordinator {txn.most} is down")
         return leader.value.decode()
 
-    def _held(self, txn: TxnId) -> _Log:
+    def _held(self, txn: TxnId) -> HeldLog:
         held = self.held.get(txn.most)
         if held is None:
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"v4 coordinator {txn.most} moved")
         return held
 
-    def _meta(self, txn: TxnId) -> tuple[_Log, TxnMeta]:
+    def _meta(self, txn: TxnId) -> tuple[HeldLog, TxnMeta]:
         held = self._held(txn)
         meta = held.txns.get(txn.least)
         if meta is None:
@@ -293,7 +279,7 @@ class CoordinatorV4:
             raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}{why}")
         return held, meta
 
-    async def _log(self, held: _Log, meta: TxnMeta) -> TxnMeta:
+    async def _log(self, held: HeldLog, meta: TxnMeta) -> TxnMeta:
         """Append ``meta`` to the log (it is then the transaction's state); start a
         compaction in the background once the log has grown enough."""
         try:
@@ -301,42 +287,11 @@ class CoordinatorV4:
         except LedgerError as e:
             if not held.giving_up:  # the log refuses every write until it is opened again:
                 held.giving_up = True  # a take-over (here or elsewhere) reopens and replays it
-                self._spawn(self._give_up(held), f"v4-give-up-{meta.txn[0]:x}")
+                self._spawn(held.give_up(), f"v4-give-up-{meta.txn[0]:x}")
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"transaction log: {e}") from e
         if held.log.due:
-            self._spawn(self._compact(held), f"v4-log-compaction-{meta.txn[0]}")
+            self._spawn(held.compact(), f"v4-log-compaction-{meta.txn[0]}")
         return meta
-
-    async def _give_up(self, held: _Log) -> None:
-        """Resign an id whose log failed a write (tried again while the store fails)."""
-        while not held.leadership.lost.is_set():
-            try:
-                await held.leadership.resign()
-            except MetadataStoreError as e:
-                log.warning("v4: giving up an id whose log failed failed too (%s); again", e)
-                await asyncio.sleep(1.0)  # the store is failing: retry at a gentle pace
-
-    async def _compact(self, held: _Log) -> None:
-        """Compact an id's log while it is due: again at once if what arrived during one
-        compaction is enough for the next. A failure leaves the log correct; the next
-        append retries."""
-        while held.log.due and not held.leadership.lost.is_set():
-            try:
-                done, dropped = await held.log.compact()
-            except (LedgerError, MetadataStoreError) as e:
-                self.counters["log_compaction_failures"] += 1
-                log.warning("v4 transaction log %s: compaction failed: %s", held.log.ledger.name, e)
-                return
-            self.counters["log_compactions"] += 1
-            self.counters["log_trimmed_ledgers"] += done.trimmed_ledgers
-            self.counters["log_trimmed_entries"] += done.trimmed_entries
-            self.counters["log_dropped_txns"] += dropped
-            log.debug(
-                "v4 transaction log %s: compacted: %d transactions kept, %d ended ones "
-                "dropped, %d ledgers (%d entries) deleted",
-                held.log.ledger.name, done.relogged, dropped, done.trimmed_ledgers,
-                done.trimmed_entries,
-            )  # fmt: skip
 
     # ------------------------------------------------------------------ commands
 
@@ -442,7 +397,7 @@ class CoordinatorV4:
             )
         return final
 
-    async def _finish(self, held: _Log, meta: TxnMeta, action: TxnAction) -> TxnMeta:
+    async def _finish(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> TxnMeta:
         """Fan the decision out, then log the final state (safe to run twice)."""
         txn = TxnId(*meta.txn)
         assert self.participants is not None  # a log is held only once started
@@ -463,7 +418,7 @@ class CoordinatorV4:
                   len(final.partitions), len(final.subscriptions))  # fmt: skip
         return final
 
-    async def _resume(self, held: _Log, meta: TxnMeta, action: TxnAction) -> None:
+    async def _resume(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> None:
         """Finish a decided transaction in the background (recovery, timeouts), retrying
         while participants are unreachable; one that cannot take its marker stays."""
         delay = FIRST_RETRY_S

@@ -1,0 +1,66 @@
+"""An id a v4 coordinator holds: its lease, its transaction log, a lock per transaction, and
+the upkeep of that log. Once due, the log is compacted in the background. Once it failed a
+write, it refuses every later one until it is opened again, so the id is given up: a
+take-over (this coordinator's next campaign, or another's) reopens and replays the log.
+Holding on, the id refused every call for good."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from segtxn.coordinator.txnlog import TxnLog, TxnMeta
+from segtxn.ledger import LedgerError
+from segtxn.metastore import Leadership, MetadataStoreError
+
+log = logging.getLogger(__name__)
+
+GIVE_UP_RETRY_S = 1.0
+"""How often resigning an id whose log failed is tried again while the store fails too."""
+
+
+@dataclass
+class HeldLog:
+    leadership: Leadership
+    log: TxnLog
+    counters: dict[str, int]
+    """The coordinator's counters (compactions are counted there)."""
+    locks: dict[int, asyncio.Lock] = field(default_factory=dict)
+    giving_up: bool = False
+    """Set once its log failed a write: the id is being given up."""
+
+    @property
+    def txns(self) -> dict[int, TxnMeta]:
+        return self.log.txns
+
+    async def give_up(self) -> None:
+        """Resign the id (tried again while the store fails)."""
+        while not self.leadership.lost.is_set():
+            try:
+                await self.leadership.resign()
+            except MetadataStoreError as e:
+                log.warning("v4: giving up an id whose log failed failed too (%s); again", e)
+                await asyncio.sleep(GIVE_UP_RETRY_S)  # the store is failing: a gentle pace
+
+    async def compact(self) -> None:
+        """Compact the log while it is due: again at once if what arrived during one
+        compaction is enough for the next. A failure leaves the log correct; the next
+        append retries."""
+        while self.log.due and not self.leadership.lost.is_set():
+            try:
+                done, dropped = await self.log.compact()
+            except (LedgerError, MetadataStoreError) as e:
+                self.counters["log_compaction_failures"] += 1
+                log.warning("v4 transaction log %s: compaction failed: %s", self.log.ledger.name, e)
+                return
+            self.counters["log_compactions"] += 1
+            self.counters["log_trimmed_ledgers"] += done.trimmed_ledgers
+            self.counters["log_trimmed_entries"] += done.trimmed_entries
+            self.counters["log_dropped_txns"] += dropped
+            log.debug(
+                "v4 transaction log %s: compacted: %d transactions kept, %d ended ones "
+                "dropped, %d ledgers (%d entries) deleted",
+                self.log.ledger.name, done.relogged, dropped, done.trimmed_ledgers,
+                done.trimmed_entries,
+            )  # fmt: skip
