@@ -138,6 +138,15 @@ def split_index_entry_key(name: bytes, raw: bytes) -> tuple[IndexKey, str]:
     return decode_index_key(encoded), primary.decode()
 
 
+def checked_index_bounds(
+    index: str, lo: str | int | Sequence[str | int], hi: str | int | Sequence[str | int] | None
+) -> tuple[bytes, bytes, bytes]:
+    """The checked name of ``index`` and the physical bounds of ``[lo, hi)`` in it."""
+    name = check_index_name(index)
+    hi_key = None if hi is None else normalize_index_key(hi)
+    return name, *index_bounds(name, normalize_index_key(lo), hi_key)
+
+
 def index_bounds(name: bytes, lo: IndexKey, hi: IndexKey | None) -> tuple[bytes, bytes]:
     """Physical bounds for index keys in ``[lo, hi)``; ``hi=None`` means "every key that
     starts with the components of ``lo``" (an equality match on a tuple prefix)."""

@@ -142,7 +142,7 @@ class MetadataStore:
         of ``lo`` (``index_range("by-seg", ("s1",))`` matches ``("s1",)`` and
         ``("s1", 7)``); otherwise the half-open range ``[lo, hi)`` of index keys.
         """
-        name, raw_lo, raw_hi = _index_bounds(index, lo, hi)
+        name, raw_lo, raw_hi = K.checked_index_bounds(index, lo, hi)
         result = await self._engine().range(raw_lo, raw_hi, limit=max(0, limit))
         entries = [self._index_entry(name, kv) for kv in result.kvs]
         return IndexListing(entries, result.revision, result.more)
@@ -160,7 +160,7 @@ class MetadataStore:
         starts after the last entry of the one before; changes meanwhile may be missed."""
         if page < 1:
             raise InvalidArgument(f"page must be >= 1, not {page}")
-        name, raw_lo, raw_hi = _index_bounds(index, lo, hi)
+        name, raw_lo, raw_hi = K.checked_index_bounds(index, lo, hi)
         while True:
             result = await self._engine().range(raw_lo, raw_hi, limit=page)
             if result.kvs:
@@ -502,12 +502,3 @@ class MetadataStore:
     def _index_entry(self, name: bytes, kv: KeyValue) -> IndexEntry:
         ikey, primary = K.split_index_entry_key(name, kv.key)
         return IndexEntry(ikey, primary, kv.value, kv.mod_revision)
-
-
-def _index_bounds(
-    index: str, lo: str | int | Sequence[str | int], hi: str | int | Sequence[str | int] | None
-) -> tuple[bytes, bytes, bytes]:
-    """The index's checked name and the physical bounds of ``[lo, hi)`` in it."""
-    name = K.check_index_name(index)
-    hi_key = None if hi is None else K.normalize_index_key(hi)
-    return name, *K.index_bounds(name, K.normalize_index_key(lo), hi_key)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from segtxn.metastore import Delete, InvalidKey, MetadataStore, Put
+from segtxn.metastore import Delete, InvalidArgument, InvalidKey, MetadataStore, Put
 from tests.metastore.conftest import MakeStore
 
 
@@ -37,6 +37,24 @@ async def test_index_follows_its_record(store: MetadataStore) -> None:
     assert await entries(store, "writes-by-segment") == [(("seg-b",), "/op/2")]
     await store.delete("/op/2")
     assert await entries(store, "writes-by-segment") == []
+
+
+async def test_index_pages_walk_a_range_a_page_at_a_time(store: MetadataStore) -> None:
+    """Every entry once, in order, ties in one index key included, each page one request
+    of at most ``page`` entries (a range may hold more than one answer can carry)."""
+    rows = [("COMMITTED", 5)] * 4 + [("COMMITTED", 7)] * 3 + [("OPEN", 1)]
+    for i, key in enumerate(rows):
+        await store.put(f"/txn/{i:02d}", b"h", indexes={"txn-by-final-state": key})
+    whole = await store.index_range("txn-by-final-state", ("COMMITTED",))
+    pages = [
+        [(e.index_key, e.key) for e in page]
+        async for page in store.index_pages("txn-by-final-state", ("COMMITTED",), page=3)
+    ]
+    assert [len(p) for p in pages] == [3, 3, 1]
+    assert [x for p in pages for x in p] == [(e.index_key, e.key) for e in whole.entries]
+    with pytest.raises(InvalidArgument):
+        async for _ in store.index_pages("txn-by-final-state", page=0):
+            pass
 
 
 async def test_composite_keys_sort_like_tuples(store: MetadataStore) -> None:
