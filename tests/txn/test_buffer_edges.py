@@ -1,7 +1,8 @@
 """A segment's transaction buffer at its edges: the read horizon when one transaction's runs
 of appends land out of order, a decision that stands when its header is collected before
-the segment cleaned up, and an unsettled orphan whose ledger is trimmed. Each scenario is made on purpose (a held producer turn, a forced GC);
-each test failed before its fix, with committed data never delivered or hidden."""
+the segment cleaned up, and an unsettled orphan whose ledger is trimmed. Each scenario is
+made on purpose (a held producer turn, a forced GC, a refused store write); each test failed
+before its fix."""
 
 from __future__ import annotations
 
