@@ -16,6 +16,7 @@ import pytest
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.dispatch import Subscription
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.broker.txn.pending_ack_records import MetadataPendingAckStore
 from segtxn.client import Client, ErrorName, Message, ServerError, TransactionFailed
 from segtxn.client.consumer import Consumer
@@ -192,6 +193,46 @@ async def test_a_committed_transactions_acks_are_not_delivered_again_after_a_res
     assert sorted(redelivered) == ["m0", "m2", "m4"], (
         f"{sorted(redelivered)} delivered after the restart; m1 and m3 were acknowledged "
         f"in the committed {txn.id}"
+    )
+
+
+async def test_a_committed_v4_transactions_acks_survive_a_compaction_and_a_restart(
+    cluster: Cluster,
+) -> None:
+    """The same for a v4 transaction: its pending-ack log's compaction keeps a committed
+    transaction's acks that no cursor save holds (logged again, committed), so a restart
+    applies them again. It kept the open transactions' only, and after a restart the
+    committed-acked messages past the saved ranges came again."""
+    await restart_broker(cluster, ledger=LedgerSettings(max_persisted_ranges=1))
+    name = TopicName.parse(V4_TOPIC)
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(V4_TOPIC)
+        producer = await client.create_producer(V4_TOPIC)
+        for i in range(5):
+            await producer.send(f"m{i}".encode())
+        consumer = await client.subscribe(
+            V4_TOPIC, SUB, initial_position="earliest", subscription_type="Shared"
+        )
+        got = {
+            m.value.decode(): m for m in [await consumer.receive(timeout_s=10) for _ in range(5)]
+        }
+        async with client.transaction() as txn:
+            await consumer.acknowledge(got["m1"], txn=txn)
+            await consumer.acknowledge(got["m3"], txn=txn)
+        acks = subscription(cluster, name).pending_acks
+        assert isinstance(acks, MLPendingAckStore)
+        await wait_until(lambda: not acks.transactions(), what="the commit applied")
+        await acks.compact()  # the committed transaction's log entries are cut
+        await consumer.close()
+    await restart_broker(cluster)
+    async with Client(cluster.url) as client:
+        again = await client.subscribe(
+            V4_TOPIC, SUB, initial_position="earliest", subscription_type="Shared"
+        )
+        redelivered = await arriving(again)
+    assert sorted(redelivered) == ["m0", "m2", "m4"], (
+        f"{sorted(redelivered)} delivered after the restart; m1 and m3 were acknowledged "
+        "in a committed transaction"
     )
 
 

@@ -9,10 +9,12 @@ log: the acks of transactions still open are held again, and committed ones are 
 again (cursor acks repeat safely).
 
 **What the log must keep** is the acks of the transactions still open: a committed
-transaction's acks are durable in the cursor before its COMMIT is logged, and an aborted
-one's are released. So the log is a :class:`~segtxn.ledger.compacted.CompactedLog`: once
-``compact_entries`` entries were appended since its last compaction (and twice as many as
-it would keep), it is cut, every open transaction's acks are logged again past the cut (in
+transaction's acks are durable in the cursor before its COMMIT is logged (all but those a
+cursor save leaves out, past its ``max_persisted_ranges`` ranges: kept, committed, until a
+save holds them), and an aborted one's are released. So the log is a
+:class:`~segtxn.ledger.compacted.CompactedLog`: once ``compact_entries`` entries were
+appended since its last compaction (and twice as many as it would keep), it is cut, every
+open transaction's acks are logged again past the cut (in
 ops of at most :data:`MAX_POSITIONS_PER_OP` positions), and the ledgers before the cut are
 deleted. A crash at any step leaves a log that replays to the same open transactions and
 acks (:mod:`segtxn.ledger.compacted` says why). Ended transactions are then forgotten by the
@@ -100,6 +102,10 @@ class MLPendingAckStore(ReservingPendingAckStore):
         self._log: CompactedLog | None = None
         self._open_lock = asyncio.Lock()
         self._ended: OrderedDict[TxnId, TxnState] = OrderedDict()
+        self._unsaved: dict[TxnId, list[Position]] = {}
+        """Committed transactions' acks a cursor save did not hold (past its
+        ``max_persisted_ranges`` ranges): compactions log them again, committed, so that a
+        restart applies them again instead of delivering their messages again."""
         self._locks: dict[TxnId, asyncio.Lock] = {}
         self._compaction: asyncio.Task[None] | None = None
 
@@ -166,12 +172,22 @@ class MLPendingAckStore(ReservingPendingAckStore):
                     "txn %s: %s on %s subscription %s", txn, action, self.topic, self.subscription
                 )
                 await self._settle(txn, outcome is TxnState.COMMITTED, individual, upto)
+                if outcome is TxnState.COMMITTED:
+                    self._keep_unsaved(txn, individual)
                 log_ = await self._ledger()
                 await log_.append(_encode(PendingAckOp((txn.most, txn.least), action.value)))
                 self._compact_if_due(log_)
             remember(self._ended, txn, outcome)
             self._checks.ended(txn, self)
             self._locks.pop(txn, None)
+
+    def _keep_unsaved(self, txn: TxnId, acked: list[Position]) -> None:
+        """Remember what of a commit's acks the cursor's saves do not hold."""
+        unsaved = [p for p in acked if not self._cursor.saved(p)]
+        if unsaved:
+            self._unsaved[txn] = unsaved
+        else:
+            self._unsaved.pop(txn, None)
 
     # ------------------------------------------------------------------ compaction
 
@@ -207,6 +223,13 @@ class MLPendingAckStore(ReservingPendingAckStore):
                 if upto is not None:
                     op = PendingAckOp((txn.most, txn.least), "ack", [upto.as_pair()], True)
                     ops.append(_encode(op))
+            for txn, acked in list(self._unsaved.items()):  # committed, not in a save
+                self._keep_unsaved(txn, acked)
+                for i in range(0, len(self._unsaved.get(txn, [])), MAX_POSITIONS_PER_OP):
+                    chunk = [p.as_pair() for p in self._unsaved[txn][i : i + MAX_POSITIONS_PER_OP]]
+                    ops.append(_encode(PendingAckOp((txn.most, txn.least), "ack", chunk)))
+                if txn in self._unsaved:
+                    ops.append(_encode(PendingAckOp((txn.most, txn.least), "COMMIT")))
             return ops
 
         await log_.compact(keep)
@@ -257,6 +280,7 @@ class MLPendingAckStore(ReservingPendingAckStore):
         for txn in committed:
             individual, upto = self._held_by(txn)
             await self._settle(txn, True, individual, upto)
+            self._keep_unsaved(txn, individual)
         for txn in self.transactions():  # ended by its coordinator, or by the checks' sweep
             self._checks.recovered(txn, self)
 
