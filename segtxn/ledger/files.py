@@ -119,6 +119,11 @@ class FileEntryLog(EntryLog):
         while written < len(data):
             written += os.pwrite(self._fd, data[written:], offset + written)
 
+    def last_within(self, first: int, last: int, max_bytes: int) -> int:
+        if first >= self.count:
+            return last  # (a damaged one's read of it raises)
+        return max(first, min(last, first + self.entries_within(first, max_bytes) - 1))
+
     def read(self, first: int, last: int) -> list[bytes]:
         if last >= self.count:
             if self.damage is None:

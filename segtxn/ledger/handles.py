@@ -45,8 +45,11 @@ class LogHandles:
         """Trimmed ledgers whose files wait for the reads in flight on them to end."""
         return frozenset(self._doomed)
 
-    async def read(self, info: LedgerInfo, first: int, last: int) -> list[bytes]:
-        """Entries ``first..last`` of a ledger (fewer if a damaged one ends before).
+    async def read(
+        self, info: LedgerInfo, first: int, last: int, max_bytes: int | None = None
+    ) -> list[bytes]:
+        """Entries ``first..last`` of a ledger (fewer if a damaged one ends before, or
+        when the entries from ``first`` on hold more than about ``max_bytes``).
 
         Raises:
             LedgerCorrupted: ``first`` is damaged, or the ledger's file is missing.
@@ -57,6 +60,8 @@ class LogHandles:
             entry_log = self._logs.get(ledger_id)
             if entry_log is None:  # a closed ledger, opened on first read
                 entry_log = await self._open_closed(info)
+            if max_bytes is not None:
+                last = entry_log.last_within(first, last, max_bytes)
             return await entry_log.read_async(first, last)
         finally:
             self._reading[ledger_id] -= 1

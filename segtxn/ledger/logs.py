@@ -138,6 +138,13 @@ class EntryLog(ABC):
         """:meth:`read` without blocking the event loop (as :meth:`append_batch_async`)."""
         return await asyncio.to_thread(self.read, first, last)
 
+    def last_within(self, first: int, last: int, max_bytes: int) -> int:
+        """The last entry of ``first..last`` such that a read from ``first`` to it holds
+        about ``max_bytes`` (at least ``first``): what a read bounded by bytes asks for, so
+        that it reads no more than that. This default says ``last``: a log whose entries'
+        sizes are not known without reading them, or cost nothing to read, reads all."""
+        return last
+
     @abstractmethod
     def read(self, first: int, last: int) -> list[bytes]:
         """Entries ``first..last`` inclusive; fewer (from ``first``) when a damaged log's

@@ -16,6 +16,11 @@ from segtxn.ledger.handles import LogHandles
 from segtxn.ledger.position import Entry, Position
 from segtxn.ledger.writer import GroupCommit
 
+DISK_SLACK = 64 * 1024
+"""What a read bounded by bytes reads from disk is at most twice its bound plus this (entry
+headers and batch marks: room for a thousand tiny entries), so that every entry the bound
+takes is read; reading ``max_entries`` entries first read gigabytes for a bound of 64 MiB."""
+
 
 class LedgerReads(LedgerChain):
     """Reads over the chain of ledgers (see the module docstring). The managed ledger that
@@ -57,7 +62,8 @@ class LedgerReads(LedgerChain):
             if first >= count:
                 continue
             last = min(count - 1, first + max_entries - len(out) - 1)
-            payloads = await self._logs.read(info, first, last)
+            on_disk = 2 * (max_bytes - size) + DISK_SLACK  # what the byte bound may take
+            payloads = await self._logs.read(info, first, last, on_disk)
             for i, payload in enumerate(payloads):
                 if out and size + len(payload) > max_bytes:
                     return out

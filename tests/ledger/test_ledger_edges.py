@@ -224,5 +224,35 @@ async def test_read_refuses_a_negative_max_entries(
         await ledger.close()
 
 
+async def test_a_read_bounded_by_bytes_reads_no_more_from_disk(
+    store: MetadataStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``read(max_bytes=...)`` reads about that much from disk (at most twice it and some
+    slack), not ``max_entries`` entries first: the broker's load-time scans ask for 1000
+    entries within 64 MiB, and with messages near their 5 MiB limit that was one read of
+    5 GB."""
+    entry = 256 * 1024
+    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(tmp_path), LedgerSettings())
+    asked: list[tuple[int, int]] = []
+    read = FileEntryLog.read
+
+    def spied(self: FileEntryLog, first: int, last: int) -> list[bytes]:
+        asked.append((first, last))
+        return read(self, first, last)
+
+    try:
+        for i in range(40):
+            await ledger.append(bytes([i]) * entry)
+        monkeypatch.setattr(FileEntryLog, "read", spied)
+        got = await ledger.read(Position(1, 0), max_entries=40, max_bytes=2 * entry)
+        assert [len(e.payload) for e in got] == [entry, entry]
+        ((first, last),) = asked
+        assert last - first + 1 <= 5, f"read {asked} from disk for a read of 2 entries"
+        whole = await ledger.read(Position(1, 0), max_entries=40, max_bytes=50 * entry)
+        assert len(whole) == 40
+    finally:
+        await ledger.close()
+
+
 if __name__ == "__main__":
     asyncio.run(_crash_mid_trim_child(*sys.argv[1:4]))
