@@ -133,6 +133,16 @@ async def create_subscription(request: web.Request) -> web.StreamResponse:
         raise ServerError(ErrorName.INVALID_ARGUMENT, "initial: earliest or latest")
     if name.domain is Domain.TOPIC:
         await fan_out(request, name, "PUT", f"/subscription/{subscription}")
+        # and on the children of a split or merge in progress, already placed (empty until
+        # it completes: from the start), which its controller may have prepared before
+        await fan_out(
+            request,
+            name,
+            "PUT",
+            f"/subscription/{subscription}",
+            only_creating=True,
+            params={"initial": "earliest"},
+        )
         return web.Response(status=204)
     topic = await request.app[SERVICE].serve(name)
     await topic.subscription(subscription, initial=initial)

@@ -35,6 +35,7 @@ async def fan_out(
     deleting: bool = False,
     record: ScalableTopic | None = None,
     params: Mapping[str, str] | None = None,
+    only_creating: bool = False,
 ) -> dict[str, Any]:
     """Run an admin call on every segment of scalable topic ``name``, on its home broker,
     and return each answer by segment id; the RETIRED ones (their data is gone,
@@ -47,6 +48,8 @@ async def fan_out(
         suffix: the call's path after the segment's (``/stats``; ``""`` for the segment).
         record: the topic's record to take the segments from (default: read it now).
         params: the query to send (default: the request's own).
+        only_creating: on the children of a split or merge in progress alone (those
+            placed already).
 
     Raises:
         ServerError: TopicNotFound (no such topic); ServiceNotReady (a segment's broker is
@@ -59,7 +62,9 @@ async def fan_out(
     query = request.query if params is None else params
     results: dict[str, Any] = {}
     ids = [s.id for s in record.segments if deleting or s.state is not SegmentState.RETIRED]
-    creating = record.creating() if deleting else []
+    creating = record.creating() if deleting or only_creating else []
+    if only_creating:
+        ids = []
     for segment_id in ids + creating:
         ledger = name.segment_name(segment_id)
         home = await service.catalog.home_of(ledger)

@@ -41,7 +41,6 @@ A sweep runs every ``retire_check_s`` seconds (0: never) over the segments homed
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -51,9 +50,9 @@ import msgspec
 
 from segtxn.broker import handoff
 from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
-from segtxn.broker.txn.buffer_records import ABORTED, ORPHANS, STATE
+from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.ledger.sealed import SealedLedger, delete_sealed, read_sealed
-from segtxn.metastore import MetadataStoreError, NotFound
+from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics import transactions as T
@@ -218,10 +217,6 @@ async def delete_state(service: BrokerService, segment: TopicName) -> None:
     )
     if ledger is not None:
         await delete_sealed(service.store, service.storage, ledger)
-    quoted = quote(name, safe="")
-    for prefix in (f"{ABORTED}{quoted}/", f"{ORPHANS}{quoted}/"):
-        await service.store.delete_range(prefix)
-    dedup = DEDUP_PREFIX + quoted
+    await delete_records(service.store, name)
+    dedup = DEDUP_PREFIX + quote(name, safe="")
     await service.store.delete_range(dedup, dedup + "\x01")  # as Deduplication.delete
-    with contextlib.suppress(NotFound):
-        await service.store.delete(STATE + quoted)

@@ -20,6 +20,7 @@ from segtxn.broker.ordering import Turn
 from segtxn.broker.publishing import Outcome, Publishing
 from segtxn.broker.settings import UNORDERED_REDELIVERY, BrokerSettings
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
+from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
@@ -323,7 +324,8 @@ class Topic:
         )
 
     async def delete(self) -> None:
-        """Delete the topic's data, subscriptions and de-duplication state."""
+        """Delete the topic's data, subscriptions, de-duplication state and (a segment)
+        its transaction buffer's records."""
         for subscription in self.subscriptions.values():
             await subscription.close()
         self.subscriptions.clear()
@@ -331,6 +333,8 @@ class Topic:
         await self.publishing.settle()
         await self.ledger.delete()
         await self.dedup.delete()
+        if self.name.domain is Domain.SEGMENT:
+            await delete_records(self._store, str(self.name))
 
     async def close(self) -> None:
         for subscription in self.subscriptions.values():

@@ -158,14 +158,18 @@ class Controller:
         children = [name.segment_name(child) for child, _, _ in op.children]
         parents = [name.segment_name(parent) for parent in op.parents]
         await self._place(children)
-        subscriptions = sorted(
-            {s for parent in parents for s in await self.ops.subscriptions(parent)}
-        )
+        subscriptions = await self._subscriptions(parents)
         for child in children:
             await self.ops.prepare(child, subscriptions)
         for parent in parents:
             log.debug("%s %s: sealing %s", op.kind.value, name, parent)
             await self.ops.seal(parent)
+        # A subscription made on a parent since it was read would be on no child, and
+        # nothing written to the children would be kept for it: the children take it too.
+        # (One made through the topic from here on reaches them by its fan-out.)
+        late = sorted(set(await self._subscriptions(parents)) - set(subscriptions))
+        for child in children if late else []:
+            await self.ops.prepare(child, late)
         done = dag.complete(topic, op)
         done = msgspec.structs.replace(
             done,
@@ -194,6 +198,9 @@ class Controller:
             done.last_change.duration_ms if done.last_change else 0.0,
         )
         return done
+
+    async def _subscriptions(self, parents: list[TopicName]) -> list[str]:
+        return sorted({s for parent in parents for s in await self.ops.subscriptions(parent)})
 
     async def _place(self, children: list[TopicName]) -> None:
         missing = [c for c in children if await self.catalog.home_of(c) is None]

@@ -13,16 +13,32 @@ See segtxn/broker/txn/buffer.py for the rules they serve.
 
 from __future__ import annotations
 
+import contextlib
+from urllib.parse import quote
+
 import msgspec
 
 from segtxn.broker.txn.opdrafts import Draft
 from segtxn.ledger import Position
+from segtxn.metastore import MetadataStore, NotFound
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
 
 STATE = "/txn-buffer/"
 ABORTED = "/txn-aborted/"
 ORPHANS = "/txn-orphans/"
+
+
+async def delete_records(store: MetadataStore, segment: str) -> None:
+    """Delete a segment's watermark, aborted index and orphans (idempotent): its topic is
+    deleted, or the segment retired. Left, they applied to a topic made again under the
+    name, whose ledgers number their entries from ``1:0`` again: an old orphan at ``1:0``
+    hid the new topic's first message for good."""
+    quoted = quote(segment, safe="")
+    for prefix in (f"{ABORTED}{quoted}/", f"{ORPHANS}{quoted}/"):
+        await store.delete_range(prefix)
+    with contextlib.suppress(NotFound):
+        await store.delete(STATE + quoted)
 
 
 class BufferState(msgspec.Struct, frozen=True):
