@@ -92,6 +92,14 @@ class ProducerState:
             self.recent.popitem(last=False)
 
     @property
+    def last_taken(self) -> int:
+        """The highest seq taken in, stored or still being written: where a producer that
+        connects under this name goes on. Counting only stored ones, a producer restarted
+        while its old connection's last send was still being written reused that seq, and
+        its new message was answered as that send's duplicate and never stored."""
+        return max(self.last, max(self.in_flight, default=self.last))
+
+    @property
     def busy(self) -> bool:
         """A send of it is in flight or waiting for its turn."""
         return bool(self.in_flight) or not self.order.idle

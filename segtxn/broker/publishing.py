@@ -27,6 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from segtxn.boundary import translate
 from segtxn.broker.arguments import check_send
 from segtxn.broker.dedup import Deduplication, ProducerState
 from segtxn.broker.entry import StoredMessage, encode_entry
@@ -325,6 +326,8 @@ class Publishing:
             refusal = ServerError(ErrorName.TOPIC_TERMINATED, f"{self.name} is sealed")
         elif isinstance(error, ServerError):
             refusal = error
+        elif isinstance(error, Exception) and (wire := translate(error)) is not None:
+            refusal = wire  # the store is out or full: not damaged data
         elif isinstance(error, LedgerError) and error.retriable:  # too few replicas, fenced
             refusal = ServerError(
                 ErrorName.SERVICE_NOT_READY, f"{self.name} could not store the message: {error}"

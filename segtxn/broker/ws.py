@@ -35,6 +35,7 @@ import functools
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -77,6 +78,20 @@ from segtxn.protocol.txn import TxnId
 
 log = logging.getLogger(__name__)
 _generated = itertools.count(1)
+_instances: weakref.WeakKeyDictionary[web.WebSocketResponse, str] = weakref.WeakKeyDictionary()
+"""The instance a producer connection named (``instance=``): only the same one takes the
+producer's name over from a connection the broker still holds."""
+_closing: set[asyncio.Task[bool]] = set()
+
+
+def _close_soon(ws: web.WebSocketResponse) -> None:
+    """Hang up on a connection its producer replaced (not awaited: its peer is gone)."""
+    task = asyncio.create_task(
+        ws.close(code=WSCloseCode.GOING_AWAY, message=b"replaced by its reconnection"),
+        name="producer-replaced",
+    )
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 def _nothing() -> None:
@@ -93,13 +108,19 @@ def _release(turns: list[Turn], _: object) -> None:
 
 async def producer(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
+    held: object | None = None
     try:
         name = topic_from(request)
         producer_name = check_name(
             "producer", request.query.get("name") or f"{service.broker_id}-{next(_generated)}"
         )
+        instance = request.query.get("instance", "")
+        if instance:
+            check_name("producer instance", instance)
         topic = await service.serve(name)
-        if producer_name in topic.producers:
+        held = topic.producers.get(producer_name)
+        ours = isinstance(held, web.WebSocketResponse) and _instances.get(held) == instance
+        if held is not None and not (instance and ours):
             raise ServerError(
                 ErrorName.PRODUCER_BUSY, f"producer {producer_name!r} is already connected"
             )
@@ -108,7 +129,15 @@ async def producer(request: web.Request) -> web.StreamResponse:
     ws = new_socket(request)
     await ws.prepare(request)
     expiry = close_at_expiry(request, ws)
+    if isinstance(held, web.WebSocketResponse) and topic.producers.get(producer_name) is held:
+        # The same producer again (its instance): it saw its old connection drop, which the
+        # broker may not see for a heartbeat (30 s) yet. That one goes; its sends in
+        # flight are stored, and the resends of them wait for their outcome.
+        log.info("%s: producer %s reconnected; its old connection goes", name, producer_name)
+        _close_soon(held)
     topic.producers[producer_name] = ws
+    if instance:
+        _instances[ws] = instance
     log.info("%s: producer %s connected (from %s)", name, producer_name, request.remote)
     settings = service.settings
     outbox = Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
@@ -119,7 +148,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     outbox.send(
         ProducerReady(
             producer_name=producer_name,
-            last_sequence_id=topic.dedup.state(producer_name).last,
+            last_sequence_id=topic.dedup.state(producer_name).last_taken,
             max_message_bytes=settings.max_message_bytes,
         )
     )

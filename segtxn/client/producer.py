@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,7 @@ class Producer:
         self.topic = topic
         self._topic = str(topic)  # in every receipt's message id
         self.name = name or new_name(self)
+        self._instance = secrets.token_hex(8)  # only it takes its name over from an old link
         self.options = options or ProducerOptions()
         self._connector = connector
         self._pending: dict[int, _Pending] = {}  # seq -> pending, in seq order
@@ -171,7 +173,7 @@ class Producer:
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
         broker = await self._connector.broker_for(self.topic)
         ws, broker = await self._connector.websocket_at(
-            broker, "producer", self.topic, "", {"name": self.name}
+            broker, "producer", self.topic, "", {"name": self.name, "instance": self._instance}
         )
         try:
             message = await ws.receive()
@@ -225,6 +227,8 @@ class Producer:
                     self.reconnects += 1
                     delay = 0.05
                     break
+                except ProducerBusy as e:  # the broker has not seen our old connection go:
+                    self._trouble = f"reconnecting: {e.name}: {e.message}"  # it will, in time
                 except FATAL as e:
                     self._fail_all(e)
                     return
