@@ -56,9 +56,10 @@ class CatalogNodes:
             await self._session.close()
 
     async def alive(self) -> list[Member]:
-        return [
-            Member(b.broker_id, b.instance) for b in await self._catalog.brokers() if b.instance
-        ]
+        """The members new replicas go on: live brokers with a storage node, not draining
+        (nothing new is placed on a broker being drained: docs/ledger.md, Drain)."""
+        brokers = await self._catalog.brokers()
+        return [Member(b.broker_id, b.instance) for b in brokers if b.instance and not b.draining]
 
     def replica(self, member: Member) -> Replica:
         if self._local_replica is not None and member == self.local:

@@ -235,11 +235,12 @@ class ReplicatedLog(EntryLog):
         replica that serves them."""
         problems: list[str] = []
         corrupted: LedgerCorrupted | None = None
+        damaged = 0  # the replicas that answered with damage (every one: the data is)
         for replica in list(self._replicas):
             try:
                 return await replica.read(self.name, self.ledger_id, first, last)
             except LedgerCorrupted as e:
-                corrupted = e
+                corrupted, damaged = e, damaged + 1
                 problems.append(str(e))
             except LedgerError as e:
                 problems.append(str(e))
@@ -247,9 +248,9 @@ class ReplicatedLog(EntryLog):
             f"ledger {self.ledger_id} of {self.name}: no replica served entries "
             f"{first}..{last} ({'; '.join(problems) or 'no replica holds it'})"
         )
-        if corrupted is not None and len(problems) == len(self._replicas):
+        if corrupted is not None and damaged == len(self._replicas):
             raise LedgerCorrupted(message, path=corrupted.path)
-        raise NotEnoughReplicas(message)
+        raise NotEnoughReplicas(message)  # (a good copy may be back in a moment)
 
     def close(self) -> None:
         """Take no more appends, and let the sends still going to slower replicas end

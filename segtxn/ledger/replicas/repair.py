@@ -61,7 +61,13 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from segtxn.ledger.errors import LedgerClosed, LedgerError, LedgerFenced, LedgerMissing
+from segtxn.ledger.errors import (
+    LedgerClosed,
+    LedgerCorrupted,
+    LedgerError,
+    LedgerFenced,
+    LedgerMissing,
+)
 from segtxn.ledger.logs import Placement
 from segtxn.ledger.managed import ManagedLedger
 from segtxn.ledger.metadata import LedgerInfo
@@ -274,7 +280,7 @@ async def _ask(
         if isinstance(answer, BaseException):
             if not isinstance(answer, Exception):
                 raise answer
-            if isinstance(answer, LedgerMissing):
+            if isinstance(answer, LedgerMissing | LedgerCorrupted):  # damaged: as good as lost
                 missing.append(replica.member)
         elif answer[0] >= entries:
             complete.append(replica.member)

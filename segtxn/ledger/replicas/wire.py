@@ -33,7 +33,13 @@ from aiohttp import web
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerError, LedgerMissing
 from segtxn.ledger.replicas.members import Member, ReplicaBehind, ReplicaUnavailable
-from segtxn.ledger.replicas.node import ReplicaFenced, ReplicaGap, ReplicaNode, WrongInstance
+from segtxn.ledger.replicas.node import (
+    INSTANCE_FILE,
+    ReplicaFenced,
+    ReplicaGap,
+    ReplicaNode,
+    WrongInstance,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +99,8 @@ def _target(request: web.Request) -> tuple[str, int]:
     name = request.query.get("ledger", "")
     if not name or len(name) > MAX_NAME:
         raise _BadRequest(f"ledger must be a name of 1 to {MAX_NAME} characters")
-    if name in (".", ".."):  # (quoted, they stay as they are: a directory outside the ledgers)
+    if name in (".", "..", INSTANCE_FILE):  # (quoted, they stay as they are: a directory
+        # outside the ledgers, or the node's identity file)
         raise _BadRequest(f"ledger {name!r} is not a ledger name")
     if len(quote(name, safe="")) > FILE_NAME_BYTES:  # its replicas' directory name
         raise _BadRequest(f"ledger names a directory of over {FILE_NAME_BYTES} bytes")
