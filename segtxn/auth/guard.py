@@ -357,6 +357,15 @@ def principal_of(request: web.Request) -> Principal | None:
     return request.get(PRINCIPAL)
 
 
+def current_principal(request: web.Request) -> Principal | None:
+    """Who sent ``request``, under the policy in force now: for a long-lived request, whose
+    role a reloaded policy may have taken out of the superusers (or put in)."""
+    principal = request.get(PRINCIPAL)
+    if principal is None:
+        return None
+    return request.app[AUTH].policy.principal(principal.role, principal.expires_s)
+
+
 def check_owner(principal: Principal | None, owner: str | None, what: str) -> None:
     """Refuse unless ``principal`` opened the transaction ``what`` (its ``owner``) or is a
     superuser. With security off (no principal) everyone may; a transaction opened with

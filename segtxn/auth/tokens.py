@@ -137,6 +137,8 @@ class TokenVerifier:
         return verified
 
     def _verify(self, token: str) -> tuple[str, float]:
+        if not token.isascii():  # (bytes a header carried that are not text: no JWT)
+            raise _unauthenticated("the token is not a valid JWT: it is not ASCII")
         try:
             claims = jwt.decode(
                 token,

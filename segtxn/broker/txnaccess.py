@@ -15,8 +15,12 @@ own checks refuse it (``TransactionNotFound``), as they always did.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from segtxn.auth import Principal, check_owner
+from segtxn.boundary import translate
 from segtxn.broker.service import BrokerService
+from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
@@ -27,10 +31,11 @@ checks again (a header read each, usually from the cache)."""
 
 
 class TxnAccess:
-    """The transaction checks of one WebSocket connection (``principal`` None: security
-    off, every transaction allowed, nothing read)."""
+    """The transaction checks of one WebSocket connection. ``principal`` says who sends on
+    it, under the policy in force at each check (None: security off, every transaction
+    allowed, nothing read): a superuser a reloaded policy took out is one no more."""
 
-    def __init__(self, service: BrokerService, principal: Principal | None) -> None:
+    def __init__(self, service: BrokerService, principal: Callable[[], Principal | None]) -> None:
         self._service = service
         self._principal = principal
         self._allowed: set[TxnId] = set()
@@ -43,7 +48,7 @@ class TxnAccess:
             ServerError(ServiceNotReady): its owner could not be learned (store or
                 coordinator away): retriable.
         """
-        principal = self._principal
+        principal = self._principal()
         if principal is None or principal.superuser or txn in self._allowed:
             return
         if not all(0 <= half < 2**64 for half in txn):
@@ -75,7 +80,12 @@ class TxnAccess:
             # refused frame must not make the broker hold a header for ever)
             header = self._service.headers.cached(txn)
             if header is None:
-                record = await self._service.store.get(T.header_key(txn))
+                try:
+                    record = await self._service.store.get(T.header_key(txn))
+                except MetadataStoreError as e:  # (each send is answered with it: retriable)
+                    raise translate(e) or ServerError(
+                        ErrorName.SERVICE_NOT_READY, f"the owner of {txn} is unknown: {e}"
+                    ) from e
                 if record is None:
                     raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
                 header = T.decode_header(record.value)

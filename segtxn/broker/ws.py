@@ -42,7 +42,7 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 
 from segtxn import tracing
-from segtxn.auth import close_at_expiry, principal_of, recheck
+from segtxn.auth import close_at_expiry, current_principal, principal_of, recheck
 from segtxn.broker import fencing, txncommit
 from segtxn.broker.arguments import check_batch, check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
@@ -144,7 +144,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     outbox.start()
     window = asyncio.Semaphore(settings.max_pending_sends)
     tasks: set[asyncio.Task[None]] = set()
-    access = TxnAccess(service, principal_of(request))
+    access = TxnAccess(service, functools.partial(current_principal, request))
     outbox.send(
         ProducerReady(
             producer_name=producer_name,
@@ -362,7 +362,7 @@ async def consumer(request: web.Request) -> web.StreamResponse:
             subscription,
             link,
             outbox,
-            TxnAccess(service, principal_of(request)),
+            TxnAccess(service, functools.partial(current_principal, request)),
             allowed=functools.partial(recheck, request),
             refused=service.op_records.refused,
         )

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from segtxn import exposition, tracing
 from segtxn.auth import Action, authorize, check_owner, install_auth, principal_of
@@ -186,6 +186,12 @@ def _v4_here(handler: Handler) -> Handler:
         holder = await v4.holder_url(txn)
         if holder.rstrip("/") == v4.settings.advertise_url.rstrip("/"):
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{txn}: recovering its coordinator")
+        if principal_of(request) is not None and hdrs.AUTHORIZATION not in request.headers:
+            # Authenticated by its certificate: a relay would carry no credential of the
+            # caller, and go out as this server (the cluster role, a superuser). It goes to
+            # the holder itself, which checks its certificate.
+            location = holder.rstrip("/") + request.path_qs
+            return web.Response(status=307, headers={hdrs.LOCATION: location})
         try:
             return await relay(v4.http, request, holder)
         except (aiohttp.ClientError, TimeoutError) as e:
