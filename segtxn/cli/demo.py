@@ -120,6 +120,7 @@ def demo(
     def checker(run_dir: Path, run_s: float) -> Report:
         from segtxn.verify.report import summary
         from segtxn.verify.spark import spark_session
+        from segtxn.verify.workload import RunInfo
 
         progress(f"checking with Spark ({master}) ...")
         spark = spark_session(master, work_dir=run_dir / "spark", log=logs / "spark.log")
@@ -127,7 +128,7 @@ def demo(
             report = check_run(spark, run_dir, run_s)
         finally:
             spark.stop()
-        click.echo(summary(report, run_s))
+        click.echo(summary(report, run_s, RunInfo.load(run_dir)))
         click.echo(f"HTML report: {run_dir / 'report.html'}")
         png = run_dir / "report.png"
         click.echo(f"its screenshot: {png}" if png.exists() else NO_SCREENSHOT)

@@ -245,9 +245,11 @@ def check(
         _check_recorded_run_dir(run_dir)
     elif url is None or run_name is None:
         raise click.UsageError("give --run-dir, or --url and --run for a run recorded in topics")
-    from segtxn.verify.checker import RunNotRecorded, load, load_topics
     from segtxn.verify.checker import check as check_frames
+    from segtxn.verify.checker import load, load_topics
+    from segtxn.verify.history import HistoryError
     from segtxn.verify.report import screenshot, summary, write_html
+    from segtxn.verify.report.model import verdict
     from segtxn.verify.spark import require_java, spark_session
 
     try:
@@ -262,14 +264,15 @@ def check(
             assert url is not None and run_name is not None  # checked above
             frames = load_topics(spark, url, run_name)
         report = check_frames(frames)
-    except RunNotRecorded as e:
+    except HistoryError as e:  # (RunNotRecorded too): nothing can be concluded
         raise click.ClickException(str(e)) from e
     finally:
         spark.stop()
     info = frames.info
     assert info is not None  # loaded from a run
     run_s = info.ended - info.started
-    click.echo(summary(report, run_s))
+    passed = verdict(report, info).passed
+    click.echo(summary(report, run_s, info))
     if html_path is not None:
         write_html(report, run_s, html_path, info)
         click.echo(f"report: {html_path}")
@@ -279,15 +282,18 @@ def check(
         except screenshot.ScreenshotError as e:
             click.echo(f"no screenshot of it: {e}")
         if report_configmap is not None:
-            _publish(report_configmap, report, info.drained, summary(report, run_s), html_path)
-    sys.exit(0 if report.anomalies == 0 and info.drained else 1)
+            text = summary(report, run_s, info)
+            _publish(report_configmap, report, info.drained, text, html_path, passed=passed)
+    sys.exit(0 if passed else 1)
 
 
-def _publish(name: str, report: Report, drained: bool, summary: str, html_path: Path) -> None:
+def _publish(
+    name: str, report: Report, drained: bool, summary: str, html_path: Path, *, passed: bool
+) -> None:
     from segtxn.verify.publish import PublishError, publish_report
 
     try:
-        publish_report(name, report, drained, summary, html_path)
+        publish_report(name, report, drained, summary, html_path, passed=passed)
     except PublishError as e:
         raise click.ClickException(f"the report was not published: {e}") from e
     click.echo(f"report published: ConfigMap {name}")

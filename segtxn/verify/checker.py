@@ -118,8 +118,26 @@ def load(spark: SparkSession, run_dir: Path, url: str | None = None) -> Frames:
     url = url or info.url
     if info.history is HistoryStore.TOPICS:
         return load_topics(spark, url, info.run, run_dir)
+    _check_history_files(run_dir / "history")
     events = spark.read.schema(EVENT_SCHEMA).json(str(run_dir / "history" / "*.jsonl"))
     return _frames(spark, events, info, url, run_dir)
+
+
+def _check_history_files(directory: Path) -> None:
+    """Raises HistoryError for a history line that is not an event, but a file's last one
+    (torn by a SIGKILL): Spark's reader turned it into a row of nulls that no check saw,
+    and an aborted read it recorded passed."""
+    for path in sorted(directory.glob("*.jsonl")):
+        lines = path.read_bytes().split(b"\n")
+        while lines and not lines[-1].strip():
+            lines.pop()
+        for n, line in enumerate(lines[:-1], 1):
+            try:
+                json.loads(line)
+            except ValueError as e:
+                raise HistoryError(
+                    f"{path}:{n} is not an event ({e}): the history is damaged"
+                ) from e
 
 
 def load_topics(spark: SparkSession, url: str, run: str, run_dir: Path | None = None) -> Frames:
@@ -143,6 +161,11 @@ def load_topics(spark: SparkSession, url: str, run: str, run_dir: Path | None = 
         )
     info = RunInfo(**json.loads(recorded[-1]["line"])["info"])
     events = raw.select(F.from_json("line", EVENT_SCHEMA).alias("e")).select("e.*")
+    damaged = events.where(F.col("kind").isNull()).count()
+    if damaged:
+        raise HistoryError(
+            f"{history_topic(run)}: {damaged} events are not events: the history is damaged"
+        )
     events = events.where(F.col("kind") != "run")
     by_client = Window.partitionBy("client").orderBy("segment", "ledger_id", "entry_id")
     history = raw.withColumn("n", F.row_number().over(by_client)).select("client", "n", "line")
@@ -195,6 +218,27 @@ def anomaly_frames(frames: Frames) -> dict[str, DataFrame]:
     half = F.col("outputs") / 2
     torn = per_txn.where(
         (F.col("in_a") + F.col("in_b") > 0) & ((F.col("in_a") != half) | (F.col("in_b") != half))
+    )
+    # Whatever its history says (its "ended" lost with a processor killed after the
+    # commit, or a commit call that failed): an input's outputs are in both topics or none.
+    uneven = (
+        outputs.groupBy("txn", "in_id")
+        .agg(
+            F.sum(F.when(F.col("out") == "a", 1).otherwise(0)).alias("a"),
+            F.sum(F.when(F.col("out") == "b", 1).otherwise(0)).alias("b"),
+        )
+        .where(F.col("a") != F.col("b"))
+        .select("txn")
+        .distinct()
+    )
+    torn = (
+        torn.select("txn", "client", "outputs", "in_a", "in_b")
+        .unionByName(
+            visible.join(uneven, "txn")
+            .join(per_txn.select("txn", "client", "outputs"), "txn", "left")
+            .select("txn", "client", "outputs", "in_a", "in_b")
+        )
+        .dropDuplicates(["txn"])
     )
     lost_txn = per_txn.where((F.col("in_a") + F.col("in_b") == 0) & (F.col("outputs") > 0))
     sent = events.where(F.col("kind") == "sent").select("id", "key", "seq")
@@ -304,6 +348,14 @@ def check(frames: Frames) -> Report:
     }
     report.stats = run_stats(frames.events, frames.inputs, frames.outputs)
     report.stats["check_s"] = round(time.perf_counter() - started, 1)
+    sent = report.stats.get("inputs_sent", 0)
+    if frames.info is not None and sent != frames.info.fed:
+        # An input lost with its "sent" event (a history in the cluster under test, or a
+        # feeder's file gone) was counted by nothing.
+        raise HistoryError(
+            f"the run stored {frames.info.fed:,} inputs (run.json), its histories record "
+            f"{sent:,}: the history is incomplete, and a lost input would pass unnoticed"
+        )
     return report
 
 

@@ -96,11 +96,11 @@ class Api:
         return cls(server, token.read_text().strip(), SERVICE_ACCOUNT / "ca.crt")
 
 
-def verdict(report: Report, drained: bool) -> dict[str, Any]:
-    """The run's verdict: passed when no anomaly was found and every input was consumed
-    (what ``segtxn verify check`` exits 0 for); each anomaly kind's count."""
+def verdict(report: Report, drained: bool, passed: bool | None = None) -> dict[str, Any]:
+    """The run's verdict: ``passed`` (what ``segtxn verify check`` exits 0 for; default:
+    no anomaly was found and every input was consumed); each anomaly kind's count."""
     return {
-        "passed": report.anomalies == 0 and drained,
+        "passed": report.anomalies == 0 and drained if passed is None else passed,
         "anomalies": report.anomalies,
         "counts": dict(sorted(report.counts.items())),
         "drained": drained,
@@ -169,7 +169,15 @@ def publish(api: Api, target: Target, body: Mapping[str, Any], timeout_s: float 
         raise PublishError(f"writing ConfigMap {target.namespace}/{target.name}: {e}") from e
 
 
-def publish_report(name: str, report: Report, drained: bool, summary: str, html_path: Path) -> None:
+def publish_report(
+    name: str,
+    report: Report,
+    drained: bool,
+    summary: str,
+    html_path: Path,
+    *,
+    passed: bool | None = None,
+) -> None:
     """Publish the checked run's report into ConfigMap ``name``, from inside the driver pod.
 
     Raises:
@@ -178,5 +186,5 @@ def publish_report(name: str, report: Report, drained: bool, summary: str, html_
     env = dict(os.environ)
     target = Target.from_env(name, env)
     html = html_path.read_text()
-    body = config_map(target, verdict(report, drained), summary, html, html_path)
+    body = config_map(target, verdict(report, drained, passed), summary, html, html_path)
     publish(Api.in_cluster(env), target, body)

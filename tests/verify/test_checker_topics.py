@@ -88,6 +88,7 @@ async def record(client: Client, cluster: Cluster, run: Run, name: str) -> dict[
         drained=True,
         ended=10.0,
         leftover=[real.get(i, i) for i in run.leftover],
+        fed=sum(1 for e in run.events if e["kind"] == "sent"),
     )
     orchestrator = await TopicHistory.open(client, topics.history, "orchestrator")
     info.record(orchestrator)

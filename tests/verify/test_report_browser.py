@@ -126,23 +126,25 @@ async def test_a_failing_run_shows_its_anomalies_on_the_timeline(
 ) -> None:
     run = recorded_run()
     # T2 (begun at 2.0 s) aborted, and its output shows: an aborted read, and also a read of
-    # a transaction never asked to commit, a second output of k1:0, out of order
+    # a transaction never asked to commit, a second output of k1:0, out of order, in out-a
+    # only (torn)
     run.output("a", 9, "k1", 0, "T2")
     async with opened(await report_of(run, spark, tmp_path)) as tab:
         verdict = tab.locator("#verdict")
         assert (await verdict.inner_text()).startswith(
-            "FAIL: 4 anomalies (aborted_read 1, uncommitted_read 1, duplicate 1, order_violation 1)"
+            "FAIL: 5 anomalies (aborted_read 1, uncommitted_read 1, torn_transaction 1, "
+            "duplicate 1, order_violation 1)"
         )
         colour = await verdict.evaluate("e => getComputedStyle(e).backgroundColor")
         assert colour == "rgb(198, 40, 40)"
         found = tab.locator("#anomalies tr.found")
-        assert await found.count() == 4
+        assert await found.count() == 5
         aborted = found.filter(has_text="aborted_read")
         assert "#1 at 2.0 s: txn=T2" in await aborted.inner_text()
         timeline = tab.locator("svg[aria-label='timeline of faults and anomalies']")
         assert await timeline.locator("text", has_text="aborted_read #1").is_visible()
         for svg in [timeline, *(tab.locator(f"#plot-{name} svg") for name in PLOTS)]:
-            assert await svg.locator("path.anomaly").count() == 4
+            assert await svg.locator("path.anomaly").count() == 5
             [marker] = await svg.locator("path.anomaly[data-anomaly='aborted_read']").all()
             box = await marker.bounding_box()
             assert box is not None

@@ -10,6 +10,7 @@ import pytest
 
 from segtxn.verify.checker import ANOMALIES, Report
 from segtxn.verify.report import write_report
+from segtxn.verify.report.model import verdict
 from segtxn.verify.report.screenshot import (
     CHROMIUM_ENV,
     ScreenshotError,
@@ -30,7 +31,9 @@ def test_the_report_and_its_screenshot_are_written_side_by_side(tmp_path: Path) 
     png = write_report(empty_report(), 1.0, tmp_path, None)
     assert png == tmp_path / "report.png"
     assert png.read_bytes().startswith(PNG_MAGIC)
-    assert "PASS: no anomaly" in (tmp_path / "report.txt").read_text()
+    # its last line is the verdict (an empty run's: nothing was checked)
+    text = (tmp_path / "report.txt").read_text()
+    assert text.rstrip().endswith(verdict(empty_report(), None).headline)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html", "report.png", "report.txt"]
 
 

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 def write_report(report: Report, run_s: float, run_dir: Path, info: RunInfo | None) -> Path | None:
     """``report.txt``, ``report.html`` and ``report.png`` in ``run_dir``; the PNG's path, or
     None when there was no browser to take it (logged, with why: the run is not failed)."""
-    (run_dir / "report.txt").write_text(summary(report, run_s) + "\n")
+    (run_dir / "report.txt").write_text(summary(report, run_s, info) + "\n")
     page = run_dir / "report.html"
     write_html(report, run_s, page, info)
     png = run_dir / "report.png"

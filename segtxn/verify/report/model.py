@@ -96,6 +96,15 @@ def verdict(report: Report, info: RunInfo | None) -> Verdict:
     stats = report.stats
     outcomes: dict[str, int] = stats.get("transactions", {})
     problems = [f"{name} {n:,}" for name, n in report.counts.items() if n]
+    if not stats.get("inputs_stored", 0) or not outcomes.get("committed", 0):
+        problems.append("nothing checked (no input stored, or no transaction committed)")
+    if info is not None and info.crashed:
+        problems.append(
+            "processors exited by themselves: "
+            + ", ".join(
+                f"{p} (exit {', '.join(map(str, codes))})" for p, codes in info.crashed.items()
+            )
+        )
     if info is not None and not info.drained:
         # the backlog is counted again once the processors stopped: 0 means they consumed
         # everything, only later than the drain timeout (overloaded rather than stuck)

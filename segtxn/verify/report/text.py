@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from segtxn.verify.checker import ANOMALIES, Report
 from segtxn.verify.locate import Mentions
-from segtxn.verify.report.model import percentile
+from segtxn.verify.report.model import percentile, verdict
+from segtxn.verify.workload import RunInfo
 
 
-def summary(report: Report, run_s: float) -> str:
+def summary(report: Report, run_s: float, info: RunInfo | None = None) -> str:
+    """The report as text; its last line is the run's verdict (:func:`verdict`: anomalies,
+    and with ``info``, a run that did not drain or whose processors exited by themselves)."""
     stats = report.stats
     latencies: list[float] = stats.get("commit_ms", [])
     outcomes: dict[str, int] = stats.get("transactions", {})
@@ -35,8 +38,7 @@ def summary(report: Report, run_s: float) -> str:
             lines.extend(f"          {where}" for where in _places(report, name, i))
     if report.located is not None and report.located.truncated:
         lines.append("  (searched only the start of " + ", ".join(report.located.truncated) + ")")
-    verdict = "PASS: no anomaly" if report.anomalies == 0 else f"FAIL: {report.anomalies} anomalies"
-    lines.append(verdict)
+    lines.append(verdict(report, info).headline)
     return "\n".join(lines)
 
 
