@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Awaitable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,30 +18,11 @@ from segtxn.client import coordinators as coordinators_module
 from segtxn.client.coordinators import Coordinators
 from segtxn.protocol.txn import TxnAction
 from segtxn.topics import transactions as T
+from tests.client.test_timeouts import SLACK_S, timed
 from tests.cluster import Cluster
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.parametrize("cluster", ["memory"], indirect=True)
-
-SLACK_S = 1.0
-"""How late past its limit a call may end (scheduling on a loaded machine, not waits)."""
-
-
-@dataclass
-class Outcome:
-    elapsed_s: float
-    error: BaseException | None
-
-
-async def timed(call: Awaitable[object]) -> Outcome:
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    try:
-        await call
-    except Exception as e:
-        return Outcome(loop.time() - started, e)
-    return Outcome(loop.time() - started, None)
-
 
 # --------------------------------------------------------------------------- start's limit
 
