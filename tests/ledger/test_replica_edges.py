@@ -9,6 +9,7 @@ metadata store. Each test failed before its fix (a review).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,53 @@ async def test_a_copy_found_damaged_is_replaced_by_the_repair(
     assert outcome is Outcome.REPAIRED and len(good) == 3, (
         f"the damaged copy on b1 was not replaced: repair answered {outcome}, the ledger is "
         f"kept on {list(after.replicas)} ({len(good)} good copies)"
+    )
+
+
+# ----------------------------------------------------------------- a fenced copy lost
+
+
+async def test_a_lost_copy_of_a_recovered_ledger_is_made_again_on_its_own_node(
+    store: MetadataStore, cluster: Cluster
+) -> None:
+    """Every ledger a recovery closed (a crash, a take-over) has a ``.fenced`` file next
+    to each copy. b2 is alive but its copy's file is gone (a "lost" copy in repair.py's
+    terms), and with exactly W brokers b2 is the only node that may take a new copy. The
+    repair makes it there: its recovery appends pass the fence. It made it with
+    ``create``, which refuses a fenced replica, so the copy was never made: the ledger
+    stayed one copy short for ever, with nothing said but the gauge."""
+    await started(cluster, 3)
+    writer = await ManagedLedger.open(NAME, store, cluster.storage(0, write=3, ack=2))
+    for payload in SENT:
+        await writer.append(payload)
+    ledger_id = writer.ledger_ids[-1]
+    # the writer dies (no clean close); b1 opens the topic: recovery fences ledger 1
+    owner = await ManagedLedger.open(NAME, store, cluster.storage(1, write=3, ack=2))
+    info = (await stored(store))[ledger_id]
+    assert info.entries == len(SENT) and len(info.replicas) == 3
+    # b2's copy's file is lost (its fence stays); its node starts again on that disk
+    node = cluster.servers[2].node
+    log_path = node._files.path(NAME, ledger_id)
+    assert log_path.with_suffix(".fenced").exists()
+    await cluster.restart(2)
+    os.unlink(log_path)
+    census = cluster.census()
+    assert census.targets_for([cluster.servers[0].member, cluster.servers[1].member]) == [
+        cluster.servers[2].member
+    ]
+
+    try:
+        outcome = await repair_ledger(
+            owner, info, census, cluster.nodes(1), write_quorum=3, commit_within_s=60.0
+        )
+    finally:
+        await owner.close()
+        with pytest.raises(LedgerError):  # (fenced by the recovery)
+            await writer.close()
+
+    assert outcome is Outcome.REPAIRED and cluster.holds(2, NAME, ledger_id) == len(SENT), (
+        f"repair answered {outcome}; b2 holds {cluster.holds(2, NAME, ledger_id)} of the "
+        f"{len(SENT)} entries (its create is refused: the replica is fenced)"
     )
 
 

@@ -55,6 +55,7 @@ node to copy to, the ledger stays as it is (and is counted as under-replicated).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import random
@@ -72,6 +73,7 @@ from segtxn.ledger.logs import Placement
 from segtxn.ledger.managed import ManagedLedger
 from segtxn.ledger.metadata import LedgerInfo
 from segtxn.ledger.replicas.members import Member, Nodes, Replica
+from segtxn.ledger.replicas.node import ReplicaFenced
 from segtxn.ledger.replicas.storage import copy_entries
 
 log = logging.getLogger(__name__)
@@ -309,9 +311,13 @@ async def _top_up(
 async def _copy_to(
     target: Replica, sources: Sequence[Replica], name: str, ledger_id: int, entries: int
 ) -> bool:
-    """Make a complete copy on ``target``; False (logged) if it fails."""
+    """Make a complete copy on ``target``; False (logged) if it fails. A target that a
+    recovery fenced (its copy lost since, the fence left) takes the copy all the same: the
+    ledger is closed, and recovery appends pass a fence. Refused, a lost copy of every
+    ledger a crash or a take-over closed could not be made again on its own live node."""
     try:
-        await target.create(name, ledger_id)
+        with contextlib.suppress(ReplicaFenced):  # (the copy's recovery appends make it)
+            await target.create(name, ledger_id)
         count = await copy_entries(sources, target, name, ledger_id, start=0, end=entries)
         if count != entries:
             raise LedgerError(f"it holds {count} entries after the copy, not {entries}")
