@@ -43,6 +43,10 @@ from segtxn.protocol.frames import ConsumerReady, EndOfTopic, Error
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId
 
+READ_RETRY_S = 0.1
+READ_RETRY_MAX_S = 5.0
+"""How soon a read the ledger refused for now (too few replicas answered) is tried again:
+doubling from the first to the most, back to the first once a read works."""
 log = logging.getLogger(__name__)
 
 
@@ -292,6 +296,7 @@ class Subscription:
     # ------------------------------------------------------------------ dispatch
 
     async def _run(self) -> None:
+        pause = READ_RETRY_S
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -299,10 +304,19 @@ class Subscription:
                 continue  # acks and consumer changes still wake it: nothing to deliver
             try:
                 await self._dispatch()
+                pause = READ_RETRY_S
             except (LedgerClosed, asyncio.CancelledError):
                 raise
             except LedgerError as e:
-                self._fail(e)
+                if not e.retriable:
+                    self._fail(e)
+                    continue
+                # too few replicas answered, for now: delivery goes on once they do (it
+                # stopped for good, until the topic was loaded again)
+                log.warning("%s: reading at %s failed (%s); again in %g s",
+                            self._where, self._redelivery.next, e, pause)  # fmt: skip
+                asyncio.get_running_loop().call_later(pause, self._wake.set)
+                pause = min(pause * 2, READ_RETRY_MAX_S)
             except Exception:
                 log.exception("dispatcher of %s failed a round", self._where)
 

@@ -1,7 +1,8 @@
 """Delivery to consumers at its edges: a new subscription from the latest position on a split
-topic, an Exclusive consumer after Shared ones when an aborted transaction rewinds, and a
-connection that does not read. Real brokers and a real coordinator (memory store and real
-etcd); races are forced with events, not sleeps. Each failed before its fix (a review)."""
+topic, an Exclusive consumer after Shared ones when an aborted transaction rewinds, a
+connection that does not read, and a read the ledger refuses for now. Real brokers and a
+real coordinator (memory store and real etcd); races are forced with events, not sleeps.
+Each failed before its fix (a review)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from segtxn.broker.dispatch import Subscription
 from segtxn.client import Client, Message
 from segtxn.client.consumer import Consumer
+from segtxn.ledger import NotEnoughReplicas
 from segtxn.protocol import frames
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
@@ -182,3 +184,29 @@ async def test_a_consumer_connection_whose_outbox_overflowed_is_closed(
             "the broker neither served nor closed a consumer whose outbox overflowed; "
             f"consumers still attached: {still_attached}, unacked: {sub.unacked}"
         )
+
+
+async def test_delivery_goes_on_after_a_read_the_ledger_refused_for_now(
+    client: Client, cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read refused for now (too few replicas answered: retriable) is tried again, and
+    delivery goes on. It stopped for good, every consumer told PersistenceError, until the
+    topic was loaded again."""
+    topic = "persistent://acme/review/flaky-reads"
+    await client.admin.create_topic(topic)
+    consumer = await client.subscribe(topic, "s", initial_position="earliest")
+    ledger = cluster.broker.service.topics[TopicName.parse(topic)].ledger
+    read = ledger.read
+    refused = asyncio.Event()
+
+    async def refused_once(*args: Any, **kwargs: Any) -> Any:
+        if not refused.is_set():
+            refused.set()
+            raise NotEnoughReplicas("injected: one replica of two answered")
+        return await read(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "read", refused_once)
+    producer = await client.create_producer(topic)
+    await producer.send(b"after the refusal")
+    await asyncio.wait_for(refused.wait(), 10)
+    assert (await consumer.receive(timeout_s=10)).value == b"after the refusal"
