@@ -50,7 +50,10 @@ def check_key(key: str, *, what: str = "key") -> bytes:
         raise InvalidKey(f"{what} {key!r} must start with '/'")
     if "\x00" in key:
         raise InvalidKey(f"{what} {key!r} must not contain NUL characters")
-    raw = key.encode("utf-8", errors="strict")
+    try:
+        raw = key.encode("utf-8", errors="strict")
+    except UnicodeEncodeError as e:  # (a lone surrogate)
+        raise InvalidKey(f"{what} {key!r} is not valid UTF-8: {e.reason}") from e
     if len(raw) > MAX_KEY_BYTES:
         raise InvalidKey(f"{what} is {len(raw)} bytes long; the limit is {MAX_KEY_BYTES}")
     return raw
@@ -106,7 +109,10 @@ def encode_index_key(key: IndexKey) -> bytes:
         elif isinstance(component, str):
             if "\x00" in component:
                 raise InvalidKey(f"index key component {component!r} contains NUL")
-            parts.append(b"s" + component.encode())
+            try:
+                parts.append(b"s" + component.encode())
+            except UnicodeEncodeError as e:  # (a lone surrogate)
+                raise InvalidKey(f"index key component {component!r} is not valid UTF-8") from e
         else:
             raise InvalidKey(f"index key components may be str or int, not {type(component)}")
     return _COMPONENT_SEP.join(parts)

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 
 from segtxn.metastore import keys as K
 from segtxn.metastore.engine import Engine, RawEvent, WatchMux
-from segtxn.metastore.errors import InvalidArgument, StoreClosed, StoreUnavailable
+from segtxn.metastore.errors import (
+    InvalidArgument,
+    MetadataStoreError,
+    StoreClosed,
+    StoreUnavailable,
+)
 from segtxn.metastore.records import WatchEvent
 
 log = logging.getLogger(__name__)
@@ -147,10 +152,14 @@ class PointWatches:
                     await self._serve(mux)
             except StoreClosed:
                 return
-            except StoreUnavailable as e:
+            except MetadataStoreError as e:
+                # Once up, any refusal of a stream being opened again is taken as passing
+                # (a token forgotten, a role briefly revoked): ending here stopped every
+                # point watch for good, with nothing said.
                 if not self._up.is_set():
                     raise
-                log.warning("the point watch stream broke (%s); resuming", e)
+                level = logging.WARNING if isinstance(e, StoreUnavailable) else logging.ERROR
+                log.log(level, "the point watch stream broke (%s); resuming", e)
                 await asyncio.sleep(pause_s)
                 pause_s = min(pause_s * 2, self._retry_max_s)
 

@@ -142,8 +142,10 @@ class MetadataStore:
         of ``lo`` (``index_range("by-seg", ("s1",))`` matches ``("s1",)`` and
         ``("s1", 7)``); otherwise the half-open range ``[lo, hi)`` of index keys.
         """
+        if limit < 0:
+            raise InvalidArgument(f"limit must be >= 0, not {limit}")
         name, raw_lo, raw_hi = K.checked_index_bounds(index, lo, hi)
-        result = await self._engine().range(raw_lo, raw_hi, limit=max(0, limit))
+        result = await self._engine().range(raw_lo, raw_hi, limit=limit)
         entries = [self._index_entry(name, kv) for kv in result.kvs]
         return IndexListing(entries, result.revision, result.more)
 
