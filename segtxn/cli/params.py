@@ -72,8 +72,11 @@ class HttpUrl(click.ParamType[str]):
         return ",".join(urls)
 
     def _one(self, text: str, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        parts = urlsplit(text)
         form = "http://host:port" + ("/path" if self.path_ok else "")
+        try:
+            parts = urlsplit(text)
+        except ValueError as e:  # (an unclosed IPv6 bracket)
+            self.fail(f"{text!r} is not a URL of the form {form}: {e}", param, ctx)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             self.fail(f"{text!r} is not a URL of the form {form}", param, ctx)
         try:

@@ -37,13 +37,16 @@ def check_url(url: str) -> None:
     Raises:
         InvalidArgument: unknown scheme or malformed URL; the message says what is expected.
     """
-    scheme = urlsplit(url).scheme
-    if scheme not in _SCHEMES:
-        known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
-        raise InvalidArgument(f"unknown metadata store URL {url!r}; known schemes: {known}")
-    check = _CHECKS.get(scheme)
-    if check is not None:
-        check(url)
+    try:
+        scheme = urlsplit(url).scheme
+        if scheme not in _SCHEMES:
+            known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
+            raise InvalidArgument(f"unknown metadata store URL {url!r}; known schemes: {known}")
+        check = _CHECKS.get(scheme)
+        if check is not None:
+            check(url)
+    except ValueError as e:  # (urlsplit's, for an unclosed IPv6 bracket)
+        raise InvalidArgument(f"metadata store URL {url!r} is malformed: {e}") from e
 
 
 def open_store(

@@ -137,7 +137,8 @@ def _security(
     body: kopf.Body, status: kopf.Status, patch: kopf.Patch, spec: Mapping[str, Any]
 ) -> None:
     """:func:`.security.check`, switch on or off, before anything is applied or scaled down
-    (the grants are checked later, when the policy is rendered).
+    (with security on, the grants too: checked only when the policy was rendered, a refused
+    spec had drained the brokers a scale-down let go).
 
     Raises:
         kopf.PermanentError: it refused the spec (``Applied`` False, ``InvalidSecurity``);

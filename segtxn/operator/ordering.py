@@ -36,7 +36,7 @@ from typing import Any, cast
 
 import kopf
 
-from segtxn.operator import render
+from segtxn.operator import immutable, render
 from segtxn.operator.runtime import API, Runtime, apply_objects
 from segtxn.operator.status import Rollout, rollout, template_key
 
@@ -81,6 +81,7 @@ async def coordinators_step(
         KubeError, aiohttp.ClientError: reading failed (the timer's next tick retries).
     """
     ordered = sorted(coordinators)
+    held: tuple[str, str] | None = None
     for k, name in enumerate(ordered, start=1):
         found = await runtime.kube.get(API, "TransactionCoordinator", namespace, name)
         if found is None or found.get("metadata", {}).get("deletionTimestamp"):
@@ -96,6 +97,14 @@ async def coordinators_step(
         if state.ready or state.reason == "Missing":
             continue
         if state.reason == "NotApplied":
+            refused = immutable.coordinator_changes(live, owner.spec)
+            if refused:  # its own handler refused the spec (ImmutableField): never applied
+                held = held or (  # here, where the change would go through all the same
+                    "Coordinators",
+                    f"{which}: its spec changes {', '.join(c.field for c in refused)}, "
+                    "refused (ImmutableField): it runs the spec it ran",
+                )
+                continue
             try:
                 await apply_objects(runtime, owner, objects)
             except (kopf.TemporaryError, kopf.PermanentError) as e:
@@ -109,4 +118,4 @@ async def coordinators_step(
                 "coordinator at a time, each new one ready before an old one goes"
             )
         return "Coordinators", f"{which}: {state.message}"
-    return None
+    return held

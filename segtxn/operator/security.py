@@ -185,12 +185,18 @@ class SecuritySpec:
 
 
 def check(spec: Mapping[str, Any]) -> None:
-    """:meth:`SecuritySpec.check` of a SegtxnCluster's spec.
+    """:meth:`SecuritySpec.check` of a SegtxnCluster's spec, and with security on its
+    grants as the servers will check them (:meth:`SecuritySpec.policy`): a spec refused
+    for them must be refused before anything is applied or scaled down.
 
     Raises:
-        InvalidSecurity: as :meth:`SecuritySpec.check`.
+        InvalidSecurity: as :meth:`SecuritySpec.policy`.
     """
-    SecuritySpec.of(spec).check()
+    sec = SecuritySpec.of(spec)
+    if sec.enabled:
+        sec.policy()
+    else:
+        sec.check()
 
 
 def enabled(spec: Mapping[str, Any]) -> bool:
