@@ -16,23 +16,12 @@ from tests.manifests.support import crd_schemas
 from tests.operator.emulator import NS, Emulator, emulator, operator
 from tests.operator.fakebrokers import FakeBrokers, serving
 from tests.operator.support import WAIT_S, condition_of, offline, statefulset_rolled, status
+from tests.operator.test_coordinator_fixed import deployment, ids
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 DEPLOY = "apps/v1/deployments"
 STORE = "etcd://e:2379/review"
-
-
-def deployment(emu: Emulator, name: str = "tc") -> dict[str, Any]:
-    found = emu.get(DEPLOY, f"{name}-coordinator")
-    assert found is not None
-    return found
-
-
-def ids(emu: Emulator) -> str | None:
-    found = emu.get(DEPLOY, "tc-coordinator")
-    args = [] if found is None else found["spec"]["template"]["spec"]["containers"][0]["args"]
-    return next((a.removeprefix("--ids=") for a in args if a.startswith("--ids=")), None)
 
 
 def cluster_rolling(emu: Emulator, cluster: str) -> dict[str, Any]:
