@@ -87,11 +87,18 @@ async def statefulset_rolled(emu: Emulator, name: str = "demo-broker") -> None:
     current template seen (a new generation, observed) and every pod updated and ready.
     What the brokers' roll ends with, and what the coordinators' turn waits for
     (segtxn/operator/ordering.py)."""
-    sts = emu.get("apps/v1/statefulsets", name)
-    assert sts is not None, name
-    generation = int(sts["metadata"].get("generation") or 0) + 1
-    replicas = int(sts["spec"]["replicas"])
-    path = f"/apis/apps/v1/namespaces/{NS}/statefulsets/{name}"
+    await workload_rolled(emu, "statefulsets", name)
+
+
+async def workload_rolled(emu: Emulator, plural: str, name: str) -> None:
+    """Play the API server and the controller of the ``apps/v1`` workload ``plural/name``
+    (a StatefulSet or a Deployment): a new generation observed, every replica updated and
+    ready."""
+    found = emu.get(f"apps/v1/{plural}", name)
+    assert found is not None, name
+    generation = int(found["metadata"].get("generation") or 0) + 1
+    replicas = int(found["spec"]["replicas"])
+    path = f"/apis/apps/v1/namespaces/{NS}/{plural}/{name}"
     code, body = await emu.call("PATCH", path, {"metadata": {"generation": generation}})
     assert code == 200, body
     state = {"observedGeneration": generation, "replicas": replicas,

@@ -15,7 +15,14 @@ from segtxn.operator.rolling import REVISION_LABEL
 from tests.manifests.support import crd_schemas
 from tests.operator.emulator import NS, Emulator, emulator, operator
 from tests.operator.fakebrokers import FakeBrokers, serving
-from tests.operator.support import WAIT_S, condition_of, offline, statefulset_rolled, status
+from tests.operator.support import (
+    WAIT_S,
+    condition_of,
+    offline,
+    statefulset_rolled,
+    status,
+    workload_rolled,
+)
 from tests.operator.test_coordinator_fixed import deployment, ids
 from tests.waiting import wait_until
 
@@ -61,16 +68,7 @@ async def brokers_running(emu: Emulator, cluster: str) -> None:
 async def coordinators_rolled(emu: Emulator, cluster: str) -> None:
     """tc's Deployment rolled (the test plays its controller): the cluster's coordinators'
     turn has nothing left to do, and says so no more in ``Rolling``."""
-    found = deployment(emu)
-    generation = int(found["metadata"].get("generation") or 0) + 1
-    replicas = int(found["spec"]["replicas"])
-    path = f"/apis/apps/v1/namespaces/{NS}/deployments/tc-coordinator"
-    code, body = await emu.call("PATCH", path, {"metadata": {"generation": generation}})
-    assert code == 200, body
-    state = {"observedGeneration": generation, "replicas": replicas,
-             "updatedReplicas": replicas, "readyReplicas": replicas}  # fmt: skip
-    code, body = await emu.call("PATCH", f"{path}/status", {"status": state})
-    assert code == 200, body
+    await workload_rolled(emu, "deployments", "tc-coordinator")
     await wait_until(
         lambda: "TransactionCoordinator tc" not in cluster_rolling(emu, cluster).get("message", ""),
         timeout=WAIT_S,
