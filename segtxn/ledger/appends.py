@@ -39,16 +39,16 @@ from segtxn.ledger.errors import (
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import (
-    LedgerInfo,
     LedgerMetadata,
     LedgerSettings,
     closed,
     encode,
     metadata_key,
+    opened,
 )
 from segtxn.ledger.position import Position
 from segtxn.ledger.reads import LedgerReads
-from segtxn.ledger.records import ENTRY_OVERHEAD, FORMAT
+from segtxn.ledger.records import ENTRY_OVERHEAD
 from segtxn.ledger.writer import WriteStats
 from segtxn.metastore import MetadataStore
 
@@ -184,14 +184,7 @@ class LedgerAppends(LedgerReads):
                 raise LedgerError(f"{self.name}: ledger id {new_id} was taken meanwhile")
             now_ms = int(time.time() * 1000)
             closing = closed(meta.ledgers[-1], current.count, current.size_bytes(), now_ms)
-            opened = LedgerInfo(
-                new_id,
-                now_ms,
-                format=FORMAT,
-                replicas=fresh.placement.replicas,
-                ack_quorum=fresh.placement.ack_quorum,
-            )
-            ledgers = [*meta.ledgers[:-1], closing, opened]
+            ledgers = [*meta.ledgers[:-1], closing, opened(fresh, now_ms)]
             return msgspec.structs.replace(meta, ledgers=ledgers, next_ledger_id=new_id + 1)
 
         try:

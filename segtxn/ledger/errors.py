@@ -45,6 +45,21 @@ class LedgerMissing(LedgerCorrupted):
         self.paths = paths
 
 
+class LedgerMismatch(LedgerCorrupted):
+    """A ledger's file is not the one its metadata names: the nonce in its header (random,
+    written when the file was created) is not the one recorded in the ledger's
+    ``LedgerInfo`` then. The data directory is another cluster's, or a restored copy of
+    another incarnation of the topic (deleted and made again under the same name), whose
+    files have the same names, counts and sizes. Its entries are never served, and the
+    file is left as it is (never truncated, never deleted): mount the right volume or
+    restore the right files. ``recorded`` and ``found`` are the two nonces."""
+
+    def __init__(self, message: str, *, path: str, recorded: int, found: int) -> None:
+        super().__init__(message, path=path)
+        self.recorded = recorded
+        self.found = found
+
+
 class LedgerFenced(LedgerError):
     """Another writer changed this ledger's metadata: this one is no longer the owner."""
 

@@ -47,7 +47,7 @@ from segtxn.ledger.records import (
     is_unused,
     new_nonce,
 )
-from segtxn.ledger.recovery import check_closed, recover_tail
+from segtxn.ledger.recovery import check_closed, check_identity, recover_tail
 
 
 class FileEntryLog(EntryLog):
@@ -63,13 +63,14 @@ class FileEntryLog(EntryLog):
         damage: LedgerCorrupted | None = None,
         alteration: Alteration | None = None,
     ) -> None:
-        """``nonce``: the file's (None for a format-0 file, which is never appended to)."""
+        """``nonce``: the file's, for a log to append to (None for a closed one, and a
+        format-0 file: they are never appended to)."""
         self.path = path
         self.ledger_id = ledger_id
         self._fd = fd
         self._offsets = offsets  # start offset of each entry
         self._end = end
-        self._nonce = nonce
+        self.nonce = nonce
         self.damage = damage
         self.alteration = alteration
 
@@ -90,7 +91,7 @@ class FileEntryLog(EntryLog):
         return max(1, count)
 
     def append_batch(self, payloads: Sequence[bytes]) -> None:
-        if self._nonce is None:
+        if self.nonce is None:
             raise LedgerCorrupted(f"{self.path}: a format-0 ledger is never appended to")
         data = encode_records(self.count, payloads)
         self._write_at(data, self._end)
@@ -100,7 +101,7 @@ class FileEntryLog(EntryLog):
         for payload in payloads:
             offsets.append(offset)
             offset += ENTRY_OVERHEAD + len(payload)
-        offset = self._mark(self._nonce, offset, self.count + len(payloads))
+        offset = self._mark(self.nonce, offset, self.count + len(payloads))
         # publish the end before the entries: a concurrent read never sees an entry
         # whose bytes lie past the end it uses
         self._end = offset
@@ -206,15 +207,18 @@ class FileLogStorage(LogStorage):
         log_format: int,
         tail_bytes: int,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> Recovered:
         path = self.path(ledger_name, ledger_id)
         check_local(placement, str(path))
         fd = self._open(path)
         try:
             os.fdatasync(fd)  # a crashed writer's unsynced pages: durable before we count them
-            found, truncation, nonce = recover_tail(
+            data = _read_all(fd)
+            check_identity(str(path), data, name=ledger_name, ledger_id=ledger_id, recorded=nonce)
+            found, truncation, held = recover_tail(
                 str(path),
-                _read_all(fd),
+                data,
                 ledger_id=ledger_id,
                 log_format=log_format,
                 tail_bytes=tail_bytes,
@@ -225,7 +229,7 @@ class FileLogStorage(LogStorage):
         except BaseException:
             os.close(fd)
             raise
-        entry_log = self.entry_log(path, ledger_id, fd, found.offsets, found.end, nonce=nonce)
+        entry_log = self.entry_log(path, ledger_id, fd, found.offsets, found.end, nonce=held)
         return Recovered(entry_log, truncation)
 
     def open(
@@ -237,14 +241,17 @@ class FileLogStorage(LogStorage):
         entries: int,
         size_bytes: int | None = None,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> FileEntryLog:
         path = self.path(ledger_name, ledger_id)
         check_local(placement, str(path))
         fd = self._open(path)
         try:
+            data = _read_all(fd)
+            check_identity(str(path), data, name=ledger_name, ledger_id=ledger_id, recorded=nonce)
             checked = check_closed(
                 str(path),
-                _read_all(fd),
+                data,
                 ledger_id=ledger_id,
                 log_format=log_format,
                 entries=entries,

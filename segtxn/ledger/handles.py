@@ -87,6 +87,7 @@ class LogHandles:
                     entries=info.entries or 0,
                     size_bytes=info.size_bytes,
                     placement=info.placement,
+                    nonce=info.nonce,
                 )
             except LedgerCorrupted as e:
                 log.error("%s: ledger %d cannot be read: %s", self._name, info.id, e)

@@ -110,6 +110,12 @@ class EntryLog(ABC):
     alteration: Alteration | None = None
     """Set when a closed ledger was opened whole but changed since it closed (its final
     mark cut off, bytes after its end): every entry is served, nothing past them."""
+    nonce: int | None = None
+    """The identity of a log created (or recovered) for appending: the random nonce in its
+    file's header, recorded in its ``LedgerInfo`` when it is created, so that a file of
+    the same name that is not this ledger's is refused (``LedgerMismatch``). None: storage
+    without one (memory; a replicated log, whose copies are named by their nodes'
+    instances)."""
 
     @property
     @abstractmethod
@@ -202,6 +208,7 @@ class LogStorage(ABC):
         log_format: int,
         tail_bytes: int,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> Recovered:
         """Open the log a crashed (or killed) writer was appending to, exclusively.
 
@@ -210,10 +217,13 @@ class LogStorage(ABC):
         (:mod:`segtxn.ledger.recovery` has the rules). ``tail_bytes``: the most one batch
         of that writer spans on disk. ``log_format``: ``LedgerInfo.format``.
         ``placement``: ``LedgerInfo.placement`` (a replicated log is fenced on its
-        replicas first, so its old writer can add nothing more).
+        replicas first, so its old writer can add nothing more). ``nonce``:
+        ``LedgerInfo.nonce`` (None: not recorded, nothing to check).
 
         Raises:
             LedgerMissing: the log does not exist.
+            LedgerMismatch: its file is another ledger's (another nonce); it is left as
+                it is, before anything is truncated.
             LedgerCorrupted: damage a crash cannot explain.
             LedgerFenced: another handle holds the log.
         """
@@ -228,15 +238,17 @@ class LogStorage(ABC):
         entries: int,
         size_bytes: int | None = None,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> EntryLog:
         """Open a closed log (``entries`` and ``size_bytes`` recorded when it closed; the
         size None: not recorded) exclusively, for reading; it is never changed. Damage
         does not fail the open: the log's ``damage`` says where its readable entries end,
         and why; its ``alteration`` says how a log holding all of them changed since
-        (reads never go past them).
+        (reads never go past them). ``nonce``: as for :meth:`recover`.
 
         Raises:
             LedgerMissing: the log does not exist.
+            LedgerMismatch: its file is another ledger's (another nonce).
             LedgerFenced: another handle holds the log.
         """
 

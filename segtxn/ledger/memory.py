@@ -85,6 +85,7 @@ class MemoryLogStorage(LogStorage):
         log_format: int,
         tail_bytes: int,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> Recovered:
         check_local(placement, self.where(ledger_name, ledger_id))
         return Recovered(self._handle((ledger_name, ledger_id)), None)
@@ -98,6 +99,7 @@ class MemoryLogStorage(LogStorage):
         entries: int,
         size_bytes: int | None = None,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> MemoryEntryLog:
         check_local(placement, self.where(ledger_name, ledger_id))
         return self._handle((ledger_name, ledger_id))

@@ -14,8 +14,8 @@ from urllib.parse import quote
 
 import msgspec
 
-from segtxn.ledger.logs import Placement
-from segtxn.ledger.records import ENTRY_OVERHEAD
+from segtxn.ledger.logs import EntryLog, Placement
+from segtxn.ledger.records import ENTRY_OVERHEAD, FORMAT
 
 METADATA_PREFIX = "/managed-ledgers/"
 
@@ -58,10 +58,28 @@ class LedgerInfo(msgspec.Struct, frozen=True):
     own storage (every ledger written before replication existed)."""
     ack_quorum: int = 0
     """How many of ``replicas`` held an entry before it was acknowledged."""
+    nonce: int | None = None
+    """The random nonce in its file's header (:mod:`segtxn.ledger.records`), recorded when
+    it was created: a file under its name with another nonce is not this ledger's
+    (``LedgerMismatch``). None: not kept (a replicated ledger, whose copies each have
+    their own, a format-0 file, or a record written before this was kept)."""
 
     @property
     def placement(self) -> Placement:
         return Placement(self.replicas, self.ack_quorum)
+
+
+def opened(entry_log: EntryLog, now_ms: int) -> LedgerInfo:
+    """The metadata of a ledger just created: open, where its storage put it, and with
+    the nonce that identifies its file."""
+    return LedgerInfo(
+        entry_log.ledger_id,
+        now_ms,
+        format=FORMAT,
+        replicas=entry_log.placement.replicas,
+        ack_quorum=entry_log.placement.ack_quorum,
+        nonce=entry_log.nonce,
+    )
 
 
 def closed(info: LedgerInfo, entries: int, size_bytes: int, now_ms: int) -> LedgerInfo:

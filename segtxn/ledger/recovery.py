@@ -22,7 +22,10 @@ then resolves the appends of the batch (segtxn/ledger/records.py has the format)
 1. Every ledger its metadata names must have its file (ledgers are created on disk before
    the metadata names them). A missing one raises ``LedgerMissing`` naming the files: the
    ledger is never recreated empty, so an empty or wrong data directory never serves a
-   topic as empty.
+   topic as empty. A file must also be that ledger's: the nonce in its header is the one
+   its ``LedgerInfo`` recorded when it was created (:func:`check_identity`, when the last
+   ledger is recovered and when a closed one is first read); another is
+   ``LedgerMismatch``, and the file is left as it is.
 2. The last ledger, if a crashed writer was appending to it, is scanned to its end. If
    the first invalid byte (a torn or damaged record, or a torn mark) has a valid mark
    *after* it, acknowledged entries are damaged: ``LedgerCorrupted`` naming the file and
@@ -71,22 +74,21 @@ from typing import NamedTuple
 
 import msgspec
 
-from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
+from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMismatch, LedgerMissing
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.logs import Alteration, EntryLog, LogStorage, Truncation, open_in_thread
 from segtxn.ledger.metadata import (
-    LedgerInfo,
     LedgerMetadata,
     LedgerSettings,
     closed,
     decode,
     encode,
     metadata_key,
+    opened,
     tail_bound,
 )
 from segtxn.ledger.position import Position
 from segtxn.ledger.records import (
-    FORMAT,
     HEADER_SIZE,
     MARK_SIZE,
     Scan,
@@ -165,6 +167,36 @@ def recover_tail(
             "(written before acknowledgement marks): taken for the batch a crash interrupted"
         )
     return found, Truncation(path, found.end, found.size, found.count, reason), nonce
+
+
+def check_identity(
+    path: str, data: bytes, *, name: str, ledger_id: int, recorded: int | None
+) -> None:
+    """Check that a file is the ledger its metadata names: the nonce in its header is the
+    one ``recorded`` in its ``LedgerInfo`` when it was created (None: not recorded, as in
+    records written before it was kept; nothing to check). Done before anything else
+    reads or changes the file, so a foreign file is neither served nor truncated. A
+    missing or damaged header is not decided here (the checks after this refuse it).
+
+    Raises:
+        LedgerMismatch: the header holds another nonce (another cluster's volume, or a
+            restored copy of another incarnation of the topic).
+    """
+    if recorded is None:
+        return
+    found = decode_header(data, ledger_id)
+    if found is None or found == recorded:
+        return
+    raise LedgerMismatch(
+        f"{name}: {path} is not the file of its ledger {ledger_id}: its header's nonce is "
+        f"{found:#018x}, and the metadata recorded {recorded:#018x} when the ledger was "
+        "created. It belongs to another cluster's volume, or to another incarnation of the "
+        "topic (a restored copy): refusing to serve it (it is left as it is). Mount the "
+        "right volume or restore the right files",
+        path=path,
+        recorded=recorded,
+        found=found,
+    )
 
 
 class Checked(NamedTuple):
@@ -327,7 +359,7 @@ async def open_chain(
     if record is None:
         first = await open_in_thread(storage.create, name, 1)
         meta = LedgerMetadata(
-            [_opened(first, now_ms)],
+            [opened(first, now_ms)],
             next_ledger_id=2,
             tail_bytes=tail_bound(settings),
         )
@@ -357,7 +389,7 @@ async def open_chain(
         next_id = meta.next_ledger_id
         if not meta.sealed:
             logs[next_id] = await open_in_thread(storage.create, name, next_id)
-            ledgers.append(_opened(logs[next_id], now_ms))
+            ledgers.append(opened(logs[next_id], now_ms))
             next_id += 1
         meta = LedgerMetadata(
             ledgers,
@@ -372,17 +404,6 @@ async def open_chain(
             await asyncio.to_thread(entry_log.close)
         raise
     return Opened(meta, version, logs)
-
-
-def _opened(entry_log: EntryLog, now_ms: int) -> LedgerInfo:
-    """The metadata of a ledger just created: open, where its storage put it."""
-    return LedgerInfo(
-        entry_log.ledger_id,
-        now_ms,
-        format=FORMAT,
-        replicas=entry_log.placement.replicas,
-        ack_quorum=entry_log.placement.ack_quorum,
-    )
 
 
 async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> None:
@@ -441,6 +462,7 @@ def _recover_last(
             entries=last.entries,
             size_bytes=last.size_bytes,
             placement=last.placement,
+            nonce=last.nonce,
         )
         if entry_log.damage is not None:
             entry_log.close()
@@ -454,6 +476,7 @@ def _recover_last(
         log_format=last.format,
         tail_bytes=meta.tail_bytes or tail_bound(settings),
         placement=last.placement,
+        nonce=last.nonce,
     )
     if recovered.truncation is not None:
         log.warning("%s: recovery %s", name, recovered.truncation)

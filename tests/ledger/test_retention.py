@@ -291,6 +291,7 @@ class _GatedLog(EntryLog):
         self._inner = inner
         self._gate = gate
         self.ledger_id = inner.ledger_id
+        self.nonce = inner.nonce
 
     @property
     def count(self) -> int:
@@ -339,9 +340,10 @@ class _Gate(LogStorage):
         log_format: int,
         tail_bytes: int,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> Recovered:
         recovered = self._inner.recover(
-            ledger_name, ledger_id, log_format=log_format, tail_bytes=tail_bytes
+            ledger_name, ledger_id, log_format=log_format, tail_bytes=tail_bytes, nonce=nonce
         )
         return Recovered(_GatedLog(recovered.log, self), recovered.truncation)
 
@@ -354,9 +356,15 @@ class _Gate(LogStorage):
         entries: int,
         size_bytes: int | None = None,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> EntryLog:
         opened = self._inner.open(
-            ledger_name, ledger_id, log_format=log_format, entries=entries, size_bytes=size_bytes
+            ledger_name,
+            ledger_id,
+            log_format=log_format,
+            entries=entries,
+            size_bytes=size_bytes,
+            nonce=nonce,
         )
         return _GatedLog(opened, self)
 

@@ -164,10 +164,13 @@ class ReplicatedLogStorage(LogStorage):
         log_format: int,
         tail_bytes: int,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> Recovered:
+        """``nonce`` is checked for a ledger kept locally only (a replicated one records
+        none: its copies are named by their nodes' instances)."""
         if not placement.replicas:
             return self.local.recover(
-                ledger_name, ledger_id, log_format=log_format, tail_bytes=tail_bytes
+                ledger_name, ledger_id, log_format=log_format, tail_bytes=tail_bytes, nonce=nonce
             )
         recovered = blocking(self._loop, self._recover(ledger_name, ledger_id, placement))
         return Recovered(recovered, None)
@@ -294,6 +297,7 @@ class ReplicatedLogStorage(LogStorage):
         entries: int,
         size_bytes: int | None = None,
         placement: Placement = LOCAL,
+        nonce: int | None = None,
     ) -> EntryLog:
         if not placement.replicas:
             return self.local.open(
@@ -302,6 +306,7 @@ class ReplicatedLogStorage(LogStorage):
                 log_format=log_format,
                 entries=entries,
                 size_bytes=size_bytes,
+                nonce=nonce,
             )
         return self._closed(
             ledger_name, ledger_id, self._replicas(placement), placement, count=entries

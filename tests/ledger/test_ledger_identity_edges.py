@@ -1,0 +1,120 @@
+"""A ledger's files and their identity, at the edges: a file that is not the one the
+metadata names (another cluster's volume, a restored backup of another incarnation of the
+topic) is refused, never served. Each failed before its fix (a review).
+
+Real components throughout: files in ``tmp_path``, a real etcd (two key namespaces stand
+for two independent clusters).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger, Position
+from segtxn.ledger.errors import LedgerMismatch
+from segtxn.ledger.metadata import decode, metadata_key
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.etcd_server import EtcdServer
+
+NAME = "persistent://t/n/identity"
+
+
+def _cluster_url(etcd_server: EtcdServer, tmp_path: Path, cluster: str) -> str:
+    return etcd_server.url(f"/identity-{os.getpid()}-{tmp_path.name}-{cluster}")
+
+
+async def _write(store: MetadataStore, root: Path, payloads: list[bytes]) -> None:
+    """``NAME`` with ``payloads``, one ledger each (rolled over after each), cleanly closed."""
+    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(root), LedgerSettings())
+    try:
+        for payload in payloads:
+            await ledger.append(payload)
+            await ledger.roll_over()
+    finally:
+        await ledger.close()
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Nothing tied a ledger's file to the metadata that named it: a volume from another
+#    cluster (or a restored copy of another incarnation of the topic), holding files under
+#    the same names with the same entry counts and sizes, was served as this topic's data.
+
+
+async def test_another_clusters_volume_is_refused_not_served(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    async with (
+        open_store(_cluster_url(etcd_server, tmp_path, "a")) as store,
+        open_store(_cluster_url(etcd_server, tmp_path, "b")) as other,
+    ):
+        await _write(store, ours, [b"ours-0", b"ours-1"])
+        await _write(other, theirs, [b"them-0", b"them-1"])
+        before = sorted(p.read_bytes() for p in theirs.rglob("*.log"))
+
+        # the wrong volume is mounted: recovery of the last ledger finds a foreign file
+        with pytest.raises(LedgerMismatch) as caught:
+            await ManagedLedger.open(NAME, store, FileLogStorage(theirs), LedgerSettings())
+        error = caught.value
+        assert error.path is not None and error.path.startswith(str(theirs))
+        assert error.recorded != error.found
+        for said in (NAME, f"{error.recorded:#018x}", f"{error.found:#018x}"):
+            assert said in str(error)
+        # nothing on the foreign volume was changed or deleted
+        assert sorted(p.read_bytes() for p in theirs.rglob("*.log")) == before
+
+
+async def test_a_foreign_closed_ledger_is_refused_when_read(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    async with (
+        open_store(_cluster_url(etcd_server, tmp_path, "a")) as store,
+        open_store(_cluster_url(etcd_server, tmp_path, "b")) as other,
+    ):
+        await _write(store, ours, [b"ours-0", b"ours-1"])
+        await _write(other, theirs, [b"them-0", b"them-1"])
+        # a restore put another cluster's copy of ledger 1 in place of ours
+        storage = FileLogStorage(ours)
+        path = storage.path(NAME, 1)
+        shutil.copyfile(FileLogStorage(theirs).path(NAME, 1), path)
+        foreign = path.read_bytes()
+
+        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        try:
+            with pytest.raises(LedgerMismatch, match="ledger 1"):
+                await ledger.read(Position(1, 0))
+            # the ledgers after it are ours, and served
+            assert [e.payload for e in await ledger.read(Position(2, 0))] == [b"ours-1"]
+        finally:
+            await ledger.close()
+        assert path.read_bytes() == foreign  # left as it is
+
+
+async def test_ledgers_recorded_before_their_nonce_was_kept_are_served(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """Backward compatibility: a record written before ``LedgerInfo.nonce`` existed (no
+    such field) opens and serves as it did."""
+    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+        await _write(store, tmp_path, [b"old-0", b"old-1"])
+        key = metadata_key(NAME)
+        record = await store.get(key)
+        assert record is not None
+        raw = msgspec.json.decode(record.value)
+        for info in raw["ledgers"]:
+            assert info.pop("nonce") is not None  # recorded when each was created
+        await store.put(key, msgspec.json.encode(raw), expected_version=record.version)
+        assert all(i.nonce is None for i in decode((await store.get(key)).value).ledgers)  # type: ignore[union-attr]
+
+        ledger = await ManagedLedger.open(NAME, store, FileLogStorage(tmp_path), LedgerSettings())
+        try:
+            entries = await ledger.read(Position(0, 0))
+            assert [e.payload for e in entries] == [b"old-0", b"old-1"]
+        finally:
+            await ledger.close()
