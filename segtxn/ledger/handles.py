@@ -6,6 +6,11 @@ deletion: a trim that removes a ledger being read deletes its file when the last
 ends. A closed ledger found damaged serves the entries before the damage and then
 ``LedgerCorrupted`` naming the file; it is logged once, at ERROR, and a missing one fails
 every read the same way without trying the disk again.
+
+Closing waits for the reads in flight to end before it closes a log: a log closed under a
+read's thread left it reading a closed descriptor (a bare ``OSError``), or worse, one the
+process had meanwhile given to another file. Reads that start once closing has begun
+raise ``LedgerClosed``.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from segtxn.ledger.errors import LedgerCorrupted
+from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted
 from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, open_in_thread
 from segtxn.ledger.metadata import LedgerInfo
 
@@ -29,6 +34,11 @@ class LogHandles:
         self._doomed: dict[int, Placement] = {}  # trimmed ledgers to delete once read
         self._unreadable: dict[int, LedgerCorrupted] = {}  # missing closed ledgers
         self._opening = asyncio.Lock()  # one open per closed ledger (its file is locked)
+        self._busy = 0  # reads in flight, each until its deletion of a doomed ledger ended
+        self._idle = asyncio.Event()  # set while none is
+        self._idle.set()
+        self.closing = False
+        """Set once :meth:`close` began: reads are refused, the ones in flight end first."""
 
     def add(self, entry_log: EntryLog) -> None:
         self._logs[entry_log.ledger_id] = entry_log
@@ -53,9 +63,14 @@ class LogHandles:
 
         Raises:
             LedgerCorrupted: ``first`` is damaged, or the ledger's file is missing.
+            LedgerClosed: :meth:`close` began.
         """
+        if self.closing:
+            raise LedgerClosed(f"{self._name} is closed")
         ledger_id = info.id
         self._reading[ledger_id] = self._reading.get(ledger_id, 0) + 1
+        self._busy += 1
+        self._idle.clear()
         try:
             entry_log = self._logs.get(ledger_id)
             if entry_log is None:  # a closed ledger, opened on first read
@@ -65,10 +80,15 @@ class LogHandles:
             return await entry_log.read_async(first, last)
         finally:
             self._reading[ledger_id] -= 1
-            if not self._reading[ledger_id]:
-                del self._reading[ledger_id]
-                if ledger_id in self._doomed:
-                    await self.delete(ledger_id)
+            try:
+                if not self._reading[ledger_id]:
+                    del self._reading[ledger_id]
+                    if ledger_id in self._doomed:
+                        await self.delete(ledger_id)
+            finally:
+                self._busy -= 1
+                if not self._busy:
+                    self._idle.set()
 
     async def _open_closed(self, info: LedgerInfo) -> EntryLog:
         async with self._opening:
@@ -129,5 +149,9 @@ class LogHandles:
         await asyncio.to_thread(self._storage.delete, self._name, ledger_id, placement)
 
     async def close(self) -> None:
-        for entry_log in self._logs.values():
+        """Refuse new reads, wait for the ones in flight (each reads what it asked for, a
+        bounded piece), then close every log: none is closed under a read."""
+        self.closing = True
+        await self._idle.wait()
+        for entry_log in list(self._logs.values()):
             await asyncio.to_thread(entry_log.close)

@@ -1,6 +1,7 @@
 """A ledger's files and their identity, at the edges: a file that is not the one the
 metadata names (another cluster's volume, a restored backup of another incarnation of the
-topic) is refused, never served. Each failed before its fix (a review).
+topic) is refused, never served; a read racing close() ends with its entries or
+LedgerClosed. Each failed before its fix (a review).
 
 Real components throughout: files in ``tmp_path``, a real etcd (two key namespaces stand
 for two independent clusters).
@@ -8,18 +9,22 @@ for two independent clusters).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger, Position
-from segtxn.ledger.errors import LedgerMismatch
+from segtxn.ledger.errors import LedgerClosed, LedgerMismatch
+from segtxn.ledger.files import FileEntryLog
 from segtxn.ledger.metadata import decode, metadata_key
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer
+from tests.waiting import wait_until
 
 NAME = "persistent://t/n/identity"
 
@@ -118,3 +123,53 @@ async def test_ledgers_recorded_before_their_nonce_was_kept_are_served(
             assert [e.payload for e in entries] == [b"old-0", b"old-1"]
         finally:
             await ledger.close()
+
+
+# ---------------------------------------------------------------------------------------
+# 2. A read racing close(): the log's file was closed under the read's thread, which then
+#    read a closed descriptor (a bare OSError, EBADF), or one the process had meanwhile
+#    given to another file.
+
+_READING = threading.Event()
+_RESUME = threading.Event()
+
+
+class _PausedEntryLog(FileEntryLog):
+    """A file log whose reads wait for the test in their thread, before touching the file
+    (a slow disk)."""
+
+    def read(self, first: int, last: int) -> list[bytes]:
+        _READING.set()
+        _RESUME.wait(30)
+        return super().read(first, last)
+
+
+class _PausedStorage(FileLogStorage):
+    entry_log = _PausedEntryLog
+
+
+async def test_a_read_racing_close_is_answered_not_a_bare_os_error(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    _READING.clear()
+    _RESUME.clear()
+    ledger = await ManagedLedger.open(NAME, store, _PausedStorage(tmp_path), LedgerSettings())
+    await ledger.append(b"e0")
+    reading = asyncio.create_task(ledger.read(Position(0, 0)))
+    closing: asyncio.Task[None] | None = None
+    try:
+        assert await asyncio.to_thread(_READING.wait, 10)
+        closing = asyncio.create_task(ledger.close())
+        # the close either releases the files (before the fix) or waits for the read
+        await wait_until(
+            lambda: closing.done() or ledger._logs.closing, what="close reached the files"
+        )
+        late = asyncio.create_task(ledger.read(Position(0, 0)))  # once the close began
+        with pytest.raises(LedgerClosed):
+            await late
+    finally:
+        _RESUME.set()
+        if closing is not None:
+            await closing
+    # the read in flight ends as it began, with its entries: the close waited for it
+    assert [e.payload for e in await reading] == [b"e0"]
