@@ -17,12 +17,18 @@ delivers in order from there; a Shared one makes the messages due again one by o
 If the ledger cannot be read on (a damaged or missing ledger file), delivery stops there:
 every consumer, and each that attaches later, gets an ``Error`` frame
 (``PersistenceError``, naming the file), and it is logged once at ERROR. Acks still work.
+
+An ack that meets its subscription closed (its topic unloaded while the ack was in
+flight) is refused as ``ServiceNotReady``: retriable, since it may not be durable and
+acknowledging again is harmless (the consumer does once it reaches the topic's owner).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from segtxn.broker.delivery import ConsumerLink, Follower, readable, to_message, visible
 from segtxn.broker.members import Members, SubscriptionType
@@ -184,6 +190,8 @@ class Subscription:
         Raises:
             ServerError(InvalidArgument): an id the topic never held.
             ServerError(NotAllowed): a cumulative ack on a Shared subscription.
+            ServerError(ServiceNotReady): the subscription closed under it (its topic was
+                unloaded); the ack may not be durable: acknowledge again.
         """
         self._check_known(ids)
         ids = [p for p in ids if not self.pending_acks.is_pending(p)]  # held by a transaction
@@ -197,10 +205,12 @@ class Subscription:
                 return  # it would take a message a transaction holds: ignored, as a plain
                 # ack of that message is (the transaction's abort redelivers it)
             self._outstanding.acked_up_to(upto)
-            await self.cursor.ack_cumulative(upto)
+            with self._unloaded_is_retriable():
+                await self.cursor.ack_cumulative(upto)
         else:
             self._outstanding.acked(ids)
-            await self.cursor.ack(ids)
+            with self._unloaded_is_retriable():
+                await self.cursor.ack(ids)
         if cumulative:
             self._outstanding.prune_deliveries(self.cursor.mark_delete)
         if self.ledger.is_sealed:
@@ -221,7 +231,8 @@ class Subscription:
         Raises:
             ServerError: InvalidArgument, NotAllowed (cumulative on Shared, or a topic
                 without v5 transactions), TransactionNotFound, TransactionConflict (among
-                others: delivered before the latest rewind; they come again).
+                others: delivered before the latest rewind; they come again),
+                ServiceNotReady (as :meth:`ack`).
         """
         self._check_known(ids)
         if cumulative and self.type is SubscriptionType.SHARED:
@@ -254,7 +265,8 @@ class Subscription:
         still_theirs()
         self._outstanding.acking_started(txn, ids)
         try:
-            await self.pending_acks.ack(txn, ids, cumulative=cumulative, guard=still_theirs)
+            with self._unloaded_is_retriable():
+                await self.pending_acks.ack(txn, ids, cumulative=cumulative, guard=still_theirs)
         finally:
             self._outstanding.acking_ended(txn, ids)
         self._outstanding.held(ids, cumulative=cumulative)
@@ -265,6 +277,20 @@ class Subscription:
         moment: the topic gives the subscription its store after creating it (the store
         needs :meth:`release`), so the store's own method cannot be bound at creation."""
         return self.pending_acks.transactions()
+
+    @contextlib.contextmanager
+    def _unloaded_is_retriable(self) -> Iterator[None]:
+        """Refuse as ``ServiceNotReady`` (from it) the ``LedgerClosed`` of a cursor or a
+        pending-ack log closed under an ack: the topic was unloaded, it is served again on
+        the next use (here or by another broker), and an ack is harmless to repeat. Left
+        as it was, it reached the client as ``UnknownError`` (fatal), logged as a bug."""
+        try:
+            yield
+        except LedgerClosed as e:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{self._where} was unloaded while acknowledging; acknowledge again ({e})",
+            ) from e
 
     def release(self, positions: list[Position]) -> None:
         """A transaction's acks here were settled: committed (``positions`` empty) or
