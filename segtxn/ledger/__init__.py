@@ -20,8 +20,8 @@ from segtxn.ledger.managed import ManagedLedger
 from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.ledger.metadata import METADATA_PREFIX, LedgerSettings
 from segtxn.ledger.position import Entry, Position
-from segtxn.ledger.recovery import check_files, movable
 from segtxn.ledger.registry import open_log_storage
+from segtxn.ledger.reopen import check_files, movable
 from segtxn.ledger.retention import RetentionPolicy, TrimResult
 
 __all__ = [

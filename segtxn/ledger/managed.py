@@ -49,7 +49,7 @@ from segtxn.ledger.metadata import (
     moved,
 )
 from segtxn.ledger.position import Position
-from segtxn.ledger.recovery import open_chain, report_lost
+from segtxn.ledger.reopen import open_chain, report_lost
 from segtxn.ledger.retention import (
     ClosedLedger,
     RetentionPolicy,

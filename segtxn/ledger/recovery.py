@@ -60,34 +60,19 @@ the batch before it (a file cut by more than a mark's 24 bytes, right after an
 acknowledged batch, with no later write) looks exactly like a crash during that batch's
 write; it is truncated, with its WARNING. A process crash never produces it. The file
 cannot tell, but the cursors can: a subscription that had acknowledged past the end
-recovery kept proves those entries were stored and are gone (:func:`report_lost`, an ERROR
-naming how many).
+recovery kept proves those entries were stored and are gone
+(:func:`segtxn.ledger.reopen.report_lost`, an ERROR naming how many).
+
+:mod:`segtxn.ledger.reopen` carries out points 1 and 4 for a managed ledger; this module
+holds the rules for one file.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import time
-from dataclasses import dataclass
 from typing import NamedTuple
 
-import msgspec
-
-from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMismatch, LedgerMissing
-from segtxn.ledger.fencing import cas_put
-from segtxn.ledger.logs import Alteration, EntryLog, LogStorage, Truncation, open_in_thread
-from segtxn.ledger.metadata import (
-    LedgerMetadata,
-    LedgerSettings,
-    closed,
-    decode,
-    encode,
-    metadata_key,
-    opened,
-    tail_bound,
-)
-from segtxn.ledger.position import Position
+from segtxn.ledger.errors import LedgerCorrupted, LedgerMismatch
+from segtxn.ledger.logs import Alteration, Truncation
 from segtxn.ledger.records import (
     HEADER_SIZE,
     MARK_SIZE,
@@ -98,9 +83,6 @@ from segtxn.ledger.records import (
     scan,
     written_end,
 )
-from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore
-
-log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------- one file
 
@@ -330,183 +312,3 @@ def _changed(
             f"{entries} recorded (never served)"
         )
     return what, _WRITTEN_TO
-
-
-# ----------------------------------------------------------------------- the chain
-
-
-@dataclass
-class Opened:
-    """A managed ledger's state once recovered: what :class:`ManagedLedger` starts from."""
-
-    metadata: LedgerMetadata
-    version: int
-    logs: dict[int, EntryLog]
-
-
-async def open_chain(
-    name: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
-) -> Opened:
-    """Create the managed ledger ``name``, or recover it (points 1-4 above).
-
-    Raises:
-        LedgerMissing, LedgerCorrupted: as above (a WARNING names any truncation).
-        LedgerFenced: another owner created or changed it meanwhile.
-    """
-    key = metadata_key(name)
-    record = await store.get(key)
-    now_ms = int(time.time() * 1000)
-    if record is None:
-        first = await open_in_thread(storage.create, name, 1)
-        meta = LedgerMetadata(
-            [opened(first, now_ms)],
-            next_ledger_id=2,
-            tail_bytes=tail_bound(settings),
-        )
-        try:
-            record = await store.put(key, encode(meta), expected_version=MUST_NOT_EXIST)
-        except BaseException as e:
-            await asyncio.to_thread(first.close)
-            if isinstance(e, BadVersion):
-                raise LedgerFenced(f"{name}: created concurrently by another owner") from e
-            raise
-        return Opened(meta, record.version, {1: first})
-    meta = decode(record.value)
-    await asyncio.to_thread(_check_files, name, storage, meta)
-    last = meta.ledgers[-1]
-    recovered = await open_in_thread(_recover_last, name, storage, meta, settings)
-    logs: dict[int, EntryLog] = {last.id: recovered}
-    try:
-        size = recovered.size_bytes() if last.size_bytes is None else last.size_bytes
-        kept = closed(last, recovered.count, size, now_ms)
-        if recovered.placement != last.placement:  # its recovery made copies elsewhere
-            kept = msgspec.structs.replace(
-                kept,
-                replicas=recovered.placement.replicas,
-                ack_quorum=recovered.placement.ack_quorum,
-            )
-        ledgers = [*meta.ledgers[:-1], kept]
-        next_id = meta.next_ledger_id
-        if not meta.sealed:
-            logs[next_id] = await open_in_thread(storage.create, name, next_id)
-            ledgers.append(opened(logs[next_id], now_ms))
-            next_id += 1
-        meta = LedgerMetadata(
-            ledgers,
-            next_ledger_id=next_id,
-            sealed=meta.sealed,
-            properties=meta.properties,
-            tail_bytes=tail_bound(settings),
-        )
-        version = await cas_put(store, key, encode(meta), record.version)
-    except BaseException:
-        for entry_log in logs.values():
-            await asyncio.to_thread(entry_log.close)
-        raise
-    return Opened(meta, version, logs)
-
-
-async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> None:
-    """Check, without opening anything, that every ledger the metadata of ``name`` names
-    has its file (point 1 above): a broker checks its data directory at start-up this way.
-
-    Raises:
-        LedgerMissing: naming the missing files.
-    """
-    record = await store.get(metadata_key(name))
-    if record is not None:
-        await asyncio.to_thread(_check_files, name, storage, decode(record.value))
-
-
-async def movable(name: str, store: MetadataStore) -> bool:
-    """Whether any broker could open ``name``: every ledger it holds is replicated (or it
-    has none yet), so none of them lives on one broker's disk alone."""
-    record = await store.get(metadata_key(name))
-    return record is None or all(i.replicas for i in decode(record.value).ledgers)
-
-
-def _check_files(name: str, storage: LogStorage, meta: LedgerMetadata) -> None:
-    # (a replicated ledger is on its replicas, not necessarily here: reading one finds out)
-    missing = [i for i in meta.ledgers if not i.replicas and not storage.exists(name, i.id)]
-    if not missing:
-        return
-    paths = tuple(storage.where(name, i.id) for i in missing)
-    known = sum(i.entries or 0 for i in missing)
-    held = f"; they hold at least {known} entries" if known else ""
-    if len(missing) == len(meta.ledgers):
-        what = (
-            f"none of the {len(missing)} ledger file(s) the metadata store names is in the "
-            f"data directory ({', '.join(paths)}{held}): it is not the volume that holds "
-            "them, or it lost them"
-        )
-    else:
-        what = (
-            f"{len(missing)} of the {len(meta.ledgers)} ledger files the metadata store "
-            f"names are not in the data directory ({', '.join(paths)}{held})"
-        )
-    raise LedgerMissing(
-        f"{name}: {what}. Nothing is recreated empty: mount the right volume or restore the files",
-        paths=paths,
-    )
-
-
-def _recover_last(
-    name: str, storage: LogStorage, meta: LedgerMetadata, settings: LedgerSettings
-) -> EntryLog:
-    last = meta.ledgers[-1]
-    if last.entries is not None:  # closed cleanly or sealed: it must be whole
-        entry_log = storage.open(
-            name,
-            last.id,
-            log_format=last.format,
-            entries=last.entries,
-            size_bytes=last.size_bytes,
-            placement=last.placement,
-            nonce=last.nonce,
-        )
-        if entry_log.damage is not None:
-            entry_log.close()
-            raise entry_log.damage
-        if entry_log.alteration is not None:  # nothing lost: served, and said
-            log.warning("%s: %s", name, entry_log.alteration)
-        return entry_log
-    recovered = storage.recover(
-        name,
-        last.id,
-        log_format=last.format,
-        tail_bytes=meta.tail_bytes or tail_bound(settings),
-        placement=last.placement,
-        nonce=last.nonce,
-    )
-    if recovered.truncation is not None:
-        log.warning("%s: recovery %s", name, recovered.truncation)
-    return recovered.log
-
-
-def report_lost(name: str, meta: LedgerMetadata, marks: dict[str, Position]) -> int:
-    """Log at ERROR each subscription whose mark-delete ``marks[subscription]`` lies past the
-    end of the closed ledger it points into: it consumed entries that are no longer there,
-    so they had been stored and acknowledged, and the ledger's file lost them (a cut the
-    file alone takes for an interrupted write, above, or a disk that lost synced data).
-    Nothing is refused: what is left is served, and those entries cannot be recovered
-    here. Returns how many subscriptions said so."""
-    ends = {info.id: info.entries for info in meta.ledgers if info.entries is not None}
-    told = 0
-    for subscription, mark in sorted(marks.items()):
-        count = ends.get(mark.ledger_id)
-        if count is None or mark.entry_id < count:
-            continue
-        told += 1
-        log.error(
-            "%s: subscription %r had acknowledged up to %s, but ledger %d holds entries "
-            "0..%d: %d stored and acknowledged entries are gone from its file (a cut file "
-            "or a disk that lost synced writes); restore the file from a copy if there is "
-            "one, else they are lost",
-            name,
-            subscription,
-            mark,
-            mark.ledger_id,
-            count - 1,
-            mark.entry_id - count + 1,
-        )
-    return told
