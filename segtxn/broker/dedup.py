@@ -3,7 +3,12 @@
 The broker remembers, per producer name, the highest sequence id it has stored and the
 positions of the most recent ones. A send whose id is not above that is a duplicate: it is
 not stored again, and the producer gets the original message id when it is still known.
-A send whose original is still being written waits for that write.
+A send whose original is still being written waits for that write. A send above the highest
+stored id but below one still being written (not its own) is refused, ServiceNotReady, and
+not stored: written now, it would land after a later message of its producer (an
+inversion); it is the resend of a send refused on a connection that was lost with its
+answer, or a producer that does not number its sends in order (see
+:meth:`~segtxn.broker.publishing.Publishing._admit`).
 
 Each producer's state also holds its :class:`~segtxn.broker.ordering.SendOrder`: kept here,
 with the rest of what the broker knows of a producer name, it outlives the producer's
@@ -81,11 +86,28 @@ class ProducerState:
         """When it last stored a message (or was first seen): what expiry goes by."""
         self.recent: OrderedDict[int, Position] = OrderedDict()
         self.in_flight: dict[int, asyncio.Future[Position]] = {}
+        self.taken = last
+        """The highest seq ever taken in (its write may have failed since): below it, a
+        new send may be overtaken by one in flight (:meth:`overtaken_by`)."""
         self.order = SendOrder()
         """The turns of this producer's sends: they are stored in the order they arrive."""
 
+    def take_in(self, seq: int, original: asyncio.Future[Position]) -> None:
+        """A send of ``seq`` is to be written; its resends wait on ``original``."""
+        self.in_flight[seq] = original
+        self.taken = max(self.taken, seq)
+
+    def overtaken_by(self, seq: int) -> int | None:
+        """The highest seq above ``seq`` still being written (None: none is). Costs a look
+        at the sends in flight only when ``seq`` is below one taken in before: a resend, or
+        a producer that does not number its sends in order."""
+        if seq >= self.taken:
+            return None
+        return max((s for s in self.in_flight if s > seq), default=None)
+
     def stored(self, seq: int, position: Position, at_ms: int) -> None:
         self.last = max(self.last, seq)
+        self.taken = max(self.taken, seq)
         self.seen_ms = max(self.seen_ms, at_ms)
         self.recent[seq] = position
         while len(self.recent) > RECENT_PER_PRODUCER:

@@ -268,9 +268,20 @@ class Publishing:
         """De-duplication: a send to store (registered as in flight), the known outcome of
         a duplicate, or the future of its original still in flight.
 
+        A seq not in flight, above the highest stored and below one still in flight is
+        refused (ServiceNotReady: nothing was stored; a new send goes after the others). It
+        was never stored (stored, it would not be above the highest stored), and stored now
+        it would follow a later send of its producer: docs/protocol.md promises a gap,
+        never an inversion. That is the resend of a send whose refusal was lost with its
+        connection while later sends were still being written (the original's fate, given
+        again), or a producer that numbers its sends out of order. Once the later ones are
+        stored it is a duplicate, as in Pulsar (any seq not above the highest stored);
+        once they have all failed, it is stored (nothing after it is).
+
         Raises:
             ServerError: the send is refused (too large, a transaction of the wrong kind,
-                a resend of a transactional message that was never recorded).
+                a resend of a transactional message that was never recorded, a seq below
+                one in flight).
         """
         check_send(send, self._max_message_bytes)
         state = self.dedup.state(producer)
@@ -294,9 +305,15 @@ class Publishing:
                     "transaction",
                 )
             return (known if known is not None else Position(-1, -1)), True
+        if (later := state.overtaken_by(send.seq)) is not None:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{producer}/{send.seq} was not stored: {producer}/{later} is being written, "
+                "and a producer's messages are stored in the order of their sequence ids",
+            )
         txn = self._txn_of(send)
         original: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
-        state.in_flight[send.seq] = original
+        state.take_in(send.seq, original)
         entry = encode_entry(
             StoredMessage(
                 producer_name=producer,
