@@ -32,7 +32,7 @@ import aiohttp
 import msgspec
 
 from segtxn import tracing
-from segtxn.aio import callbacks_context, first_completed
+from segtxn.aio import first_completed
 from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
@@ -113,9 +113,12 @@ class Producer:
         self.options = options or ProducerOptions()
         self._connector = connector
         self._pending: dict[int, _Pending] = {}  # seq -> pending, in seq order
+        """The messages in flight, each holding a slot of ``_window`` until it leaves here
+        (:meth:`_settle`): not when its future is done, for a caller that cancels ``send``
+        cancels the future, and the message goes on (sent again after a reconnect, perhaps
+        stored). A slot freed then let more than ``max_pending`` be in flight."""
         self._unsent: deque[int] = deque()
         self._window = asyncio.Semaphore(self.options.max_pending)
-        self._callbacks = callbacks_context()
         self._expiries: Expiries[int] = Expiries(self._expire, self._pending.__contains__)
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
@@ -291,7 +294,10 @@ class Producer:
         self, seq: int, *, result: MessageId | None = None, error: BaseException | None = None
     ) -> None:
         pending = self._pending.pop(seq, None)
-        if pending is None or pending.future.done():
+        if pending is None:
+            return
+        self._window.release()  # no longer in flight: room for one more
+        if pending.future.done():  # its caller cancelled it, the message went on meanwhile
             return
         if error is not None:
             if isinstance(error, TopicTerminatedError):
@@ -320,6 +326,10 @@ class Producer:
         """Send one message; returns its id once the broker has stored it durably (in
         ``txn``: stored, and visible only if the transaction commits).
 
+        Cancelling it does not take the message back once queued: it goes on (it may be
+        stored) and holds its place among the ``max_pending`` until the broker answers or
+        its ``send_timeout_s`` ends.
+
         Raises:
             MessageTooLarge: the broker refused the payload as larger than it accepts.
             ServerError: the broker refused this message (e.g. TopicTerminatedError).
@@ -336,8 +346,9 @@ class Producer:
         return await future
 
     def _expire(self, seq: int) -> None:
-        pending = self._pending.get(seq)
-        if pending is not None and not pending.future.done():
+        """The send timeout of ``seq``: it is given up (even one its caller cancelled, which
+        holds its window slot till now)."""
+        if seq in self._pending:
             self._settle(
                 seq,
                 error=Timeout(
@@ -424,7 +435,6 @@ class Producer:
         seq = self._next_seq
         self._next_seq += 1
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(self._release, context=self._callbacks)
         span = send_span(str(self.topic), seq, txn)
         send = Send(
             seq=seq,
@@ -451,10 +461,6 @@ class Producer:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed(f"producer {self.name} is closed")
-
-    def _release(self, _: asyncio.Future[MessageId]) -> None:
-        """A send is done: room for one more in the window."""
-        self._window.release()
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far is stored (or failed). Without
