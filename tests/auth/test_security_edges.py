@@ -1,7 +1,9 @@
 """Security at its edges: a token that is not text, a v4 call relayed for a caller
 authenticated by its certificate, a send batch whose transaction's owner cannot be read,
 and a superuser taken out of the policy on an open consumer. Each test names the guarantee
-of docs/security.md or docs/protocol.md it checks, and failed before its fix (a review)."""
+of docs/security.md or docs/protocol.md it checks, and failed before its fix (a review);
+except the single send whose owner lookup fails, a suspicion that did not hold, kept for
+what it covers beyond the batch test (a ``send`` frame of its own, and v4)."""
 
 from __future__ import annotations
 
@@ -36,6 +38,11 @@ from tests.auth.conftest import (
     bearer,
     token,
     write_policy,
+)
+from tests.auth.test_ownership import (
+    _open,
+    _producer,
+    topics,  # noqa: F401 (a fixture)
 )
 from tests.cluster import V4_IDS
 from tests.waiting import wait_until
@@ -294,3 +301,55 @@ async def test_a_revoked_superuser_cannot_ack_in_another_roles_transaction_on_an
             answer = await next_frame(ws)
             assert isinstance(answer, frames.Error), answer
             assert (answer.error, answer.request_id) == (ErrorName.NOT_AUTHORIZED, 7)
+
+
+@pytest.mark.parametrize("v4", [False, True], ids=["v5 segment", "v4 persistent"])
+async def test_a_send_whose_owner_lookup_fails_is_answered_with_its_seq(
+    topics: SecureCluster,  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
+    v4: bool,
+) -> None:
+    """A suspicion (a review) that did not hold: a transactional ``send`` frame of its own
+    (not a batch: above), whose transaction's owner the broker cannot learn because the
+    store fails the read (the v5 header; for v4, where its coordinator is), is answered
+    ServiceNotReady *with its seq*, so the client's send fails at once instead of waiting
+    for its timeout; the producer's next send goes on."""
+    from segtxn.broker.http import SERVICE
+    from segtxn.broker.txn import headers as header_cache
+    from segtxn.metastore.election import ELECTIONS_PREFIX
+    from segtxn.metastore.errors import StoreUnavailable
+    from segtxn.topics import transactions as T
+
+    monkeypatch.setattr(header_cache, "RECENT_OPEN", 0)  # the first send reads the header
+    service = topics.broker.app[SERVICE]
+    async with aiohttp.ClientSession() as http:
+        txn = await _open(http, topics, PRODUCER, v4)
+        if v4:
+            key = ELECTIONS_PREFIX + T.V4_COORDINATOR_ELECTION + str(txn.most)
+        else:
+            key = T.header_key(txn)
+            assert service.headers.cached(txn) is None
+        original = service.store.get
+
+        async def away(k: str) -> Any:
+            if k == key:
+                raise StoreUnavailable("the store is away (injected)")
+            return await original(k)
+
+        path = "persistent/acme/orders/t1" if v4 else "segment/acme/orders/sc/0"
+        ws = await _producer(http, topics, PRODUCER, path)
+        try:
+            monkeypatch.setattr(service.store, "get", away)
+            await ws.send_bytes(
+                frames.encode(frames.Send(seq=1, payload=b"in-txn", txn=(txn.most, txn.least)))
+            )
+            refused = await next_frame(ws)
+            monkeypatch.setattr(service.store, "get", original)
+            assert isinstance(refused, frames.Error), refused
+            assert refused.seq == 1 and refused.error == ErrorName.SERVICE_NOT_READY, refused
+            assert "injected" in refused.message, refused  # the failure made on purpose
+            await ws.send_bytes(frames.encode(frames.Send(seq=2, payload=b"plain")))
+            stored = await next_frame(ws)
+            assert isinstance(stored, frames.Receipt) and stored.seq == 2, stored
+        finally:
+            await ws.close()
