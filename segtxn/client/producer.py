@@ -6,7 +6,8 @@ Every message gets the next sequence id of the producer's *name*; the broker sto
 again. The first sequence id continues from what the broker last stored for the name, so a
 restarted application that reuses its producer name is de-duplicated too.
 
-At most ``max_pending`` messages are in flight: ``send`` waits for room (backpressure).
+At most ``max_pending`` messages are in flight: ``send`` waits for room (backpressure;
+:mod:`segtxn.client.inflight`).
 With batching, messages queued while a frame is being written travel together in one
 ``SendBatch`` frame (``batch_delay_s`` may hold a batch open a little longer).
 
@@ -24,8 +25,6 @@ import asyncio
 import functools
 import logging
 import secrets
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -36,15 +35,15 @@ from segtxn.aio import first_completed
 from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
+from segtxn.client.inflight import InFlight, Pending
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.poisoning import poisons
 from segtxn.client.producer_options import ProducerOptions, new_name
 from segtxn.client.spans import send_span, send_span_ends
-from segtxn.client.timeouts import Deadline, Expiries, close_quietly, retrying
+from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.client.transaction import Transaction
 from segtxn.protocol import frames
 from segtxn.protocol.errors import (
-    ErrorCategory,
     ErrorName,
     InvalidArgument,
     InvalidTopicName,
@@ -80,15 +79,6 @@ FATAL = (
 """Refusals that end a producer's connection for good: reconnecting would meet them again."""
 
 
-@dataclass(eq=False)
-class _Pending:
-    send: Send
-    future: asyncio.Future[MessageId]
-    txn: Transaction | None = None
-    tracked: asyncio.Future[Any] | None = None
-    """The future ``txn`` tracks for this send (its placements are recorded under it)."""
-
-
 class Producer:
     """Messages to one ``persistent://`` topic or one ``segment://`` (a scalable topic's
     producer, :class:`~segtxn.client.scalable.ScalableProducer`, holds one per segment).
@@ -112,14 +102,7 @@ class Producer:
         self._instance = secrets.token_hex(8)  # only it takes its name over from an old link
         self.options = options or ProducerOptions()
         self._connector = connector
-        self._pending: dict[int, _Pending] = {}  # seq -> pending, in seq order
-        """The messages in flight, each holding a slot of ``_window`` until it leaves here
-        (:meth:`_settle`): not when its future is done, for a caller that cancels ``send``
-        cancels the future, and the message goes on (sent again after a reconnect, perhaps
-        stored). A slot freed then let more than ``max_pending`` be in flight."""
-        self._unsent: deque[int] = deque()
-        self._window = asyncio.Semaphore(self.options.max_pending)
-        self._expiries: Expiries[int] = Expiries(self._expire, self._pending.__contains__)
+        self._in_flight = InFlight(self.options.max_pending, self._timed_out)
         self._ready = asyncio.Event()
         self._wake = asyncio.Event()
         self._next_seq = 0
@@ -196,8 +179,7 @@ class Producer:
         if not self._ready.is_set():
             self._next_seq = ready.last_sequence_id + 1
             self._ready.set()
-        # everything not yet acknowledged goes again, in order (the broker de-duplicates)
-        self._unsent = deque(sorted(self._pending))
+        self._in_flight.send_all_again()
         self._wake.set()
         self._connected.set()
         self._trouble = None
@@ -247,31 +229,17 @@ class Producer:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if options.batch_delay_s and 0 < len(self._unsent) < options.batch_max_messages:
+            if options.batch_delay_s and 0 < self._in_flight.unsent < options.batch_max_messages:
                 await asyncio.sleep(options.batch_delay_s)  # let the batch fill a little
-            while self._unsent:
-                batch: list[Send] = []
-                size = 0
-                while self._unsent and len(batch) < (
-                    options.batch_max_messages if options.batching else 1
-                ):
-                    seq = self._unsent[0]
-                    pending = self._pending.get(seq)
-                    if pending is None:  # already acknowledged
-                        self._unsent.popleft()
-                        continue
-                    if batch and size + len(pending.send.payload) > options.batch_max_bytes:
-                        break
-                    self._unsent.popleft()
-                    batch.append(pending.send)
-                    size += len(pending.send.payload)
+            most = options.batch_max_messages if options.batching else 1
+            while batch := self._in_flight.next_batch(most, options.batch_max_bytes):
+                for pending in batch:
                     placements = None if pending.txn is None else pending.txn.placements
                     if placements is not None and pending.tracked is not None:
-                        name = send_op(self._topic, self.name, seq)
+                        name = send_op(self._topic, self.name, pending.send.seq)
                         placements.placed(pending.tracked, self._broker, name, self.commits)
-                if not batch:
-                    break
-                frame: frames.Frame = batch[0] if len(batch) == 1 else SendBatch(sends=batch)
+                sends = [pending.send for pending in batch]
+                frame: frames.Frame = sends[0] if len(sends) == 1 else SendBatch(sends=sends)
                 await ws.send_bytes(frames.encode(frame))
             for commit in self.commits.take():  # after the sends it names
                 await ws.send_bytes(frames.encode(commit))
@@ -293,24 +261,14 @@ class Producer:
     def _settle(
         self, seq: int, *, result: MessageId | None = None, error: BaseException | None = None
     ) -> None:
-        pending = self._pending.pop(seq, None)
-        if pending is None:
-            return
-        self._window.release()  # no longer in flight: room for one more
-        if pending.future.done():  # its caller cancelled it, the message went on meanwhile
-            return
-        if error is not None:
-            if isinstance(error, TopicTerminatedError):
-                self.refused = True
-            pending.future.set_exception(error)
-        else:
-            pending.future.set_result(result)  # type: ignore[arg-type]
+        if self._in_flight.settle(seq, result=result, error=error) and isinstance(
+            error, TopicTerminatedError
+        ):
+            self.refused = True
 
     def _fail_all(self, error: BaseException) -> None:
         self._failure = error
-        for seq in list(self._pending):
-            self._settle(seq, error=error)
-        self._expiries.clear()
+        self._in_flight.fail_all(error)
 
     # ------------------------------------------------------------------ sending
 
@@ -345,18 +303,13 @@ class Producer:
         )
         return await future
 
-    def _expire(self, seq: int) -> None:
-        """The send timeout of ``seq``: it is given up (even one its caller cancelled, which
-        holds its window slot till now)."""
-        if seq in self._pending:
-            self._settle(
-                seq,
-                error=Timeout(
-                    f"{self.name}: message {seq} was not acknowledged within "
-                    f"{self.options.send_timeout_s:g} s of its send; it may or may not have "
-                    "been stored" + (f" (last trouble: {self._trouble})" if self._trouble else "")
-                ),
-            )
+    def _timed_out(self, seq: int) -> Timeout:
+        """What a send gets at its timeout."""
+        return Timeout(
+            f"{self.name}: message {seq} was not acknowledged within "
+            f"{self.options.send_timeout_s:g} s of its send; it may or may not have "
+            "been stored" + (f" (last trouble: {self._trouble})" if self._trouble else "")
+        )
 
     async def send_async(
         self,
@@ -420,18 +373,7 @@ class Producer:
         if txn is not None and not registered:
             await txn.add_partition(self._topic, deadline)
             self._check_open()  # closed while it registered
-        if self._window.locked():
-            try:
-                async with deadline.timeout():
-                    await self._window.acquire()
-            except TimeoutError as e:
-                raise Timeout(
-                    f"{self.name}: no room to send within {deadline} "
-                    f"({self.options.max_pending} messages in flight); nothing was sent",
-                    category=ErrorCategory.RETRIABLE,
-                ) from e
-        else:
-            await self._window.acquire()  # there is room: returns at once, no timer needed
+        await self._in_flight.room(deadline, self.name)
         seq = self._next_seq
         self._next_seq += 1
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
@@ -449,11 +391,8 @@ class Producer:
             future.add_done_callback(functools.partial(send_span_ends, span))
         if txn is not None and track:
             tracked = future
-        self._pending[seq] = _Pending(send, future, txn, tracked)
-        self._unsent.append(seq)
+        self._in_flight.add(Pending(send, future, txn, tracked), deadline)
         self._wake.set()
-        if deadline.at is not None:
-            self._expiries.add(deadline.at, seq)
         if txn is not None and track:
             txn.operations.track(future)
         return future
@@ -470,17 +409,11 @@ class Producer:
             Timeout: messages were still in flight after ``timeout_s`` (OUTCOME_UNKNOWN:
                 they go on, each within its own send timeout).
         """
-        deadline = Deadline(timeout_s)
-        waiting = [p.future for p in self._pending.values()]
-        if not waiting:
-            return
-        _, late = await asyncio.wait(waiting, timeout=deadline.remaining())
-        if late:
-            raise Timeout(f"{self.name}: {len(late)} messages still in flight after {deadline}")
+        await self._in_flight.flush(Deadline(timeout_s), self.name)
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._in_flight)
 
     @property
     def trouble(self) -> str | None:

@@ -1,0 +1,152 @@
+"""A producer's sends in flight: the window of ``max_pending`` slots, the table of the
+messages not yet answered (in sequence order), the ones still to write on the connection of
+the moment, and each one's send timeout.
+
+A message holds its slot from the moment it is queued until it leaves the table: answered
+(a receipt or a refusal), timed out, or failed with the producer. Not until its future is
+done: a caller that cancels ``send`` cancels the future, but the message goes on (written
+again after a reconnect, perhaps stored), and a slot freed then let more than
+``max_pending`` be in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from segtxn.client.errors import Timeout
+from segtxn.client.messages import MessageId
+from segtxn.client.timeouts import Deadline, Expiries
+from segtxn.client.transaction import Transaction
+from segtxn.protocol.errors import ErrorCategory
+from segtxn.protocol.frames import Send
+
+
+@dataclass(eq=False)
+class Pending:
+    """One message in flight: its frame, its caller's future, its transaction."""
+
+    send: Send
+    future: asyncio.Future[MessageId]
+    txn: Transaction | None = None
+    tracked: asyncio.Future[Any] | None = None
+    """The future ``txn`` tracks for this send (its placements are recorded under it)."""
+
+
+class InFlight:
+    """The messages of one producer that the broker has not answered yet.
+
+    ``timed_out(seq)`` makes the error a message gets at its send timeout (it names the
+    producer and its last trouble)."""
+
+    def __init__(self, max_pending: int, timed_out: Callable[[int], BaseException]) -> None:
+        self.max_pending = max_pending
+        self._table: dict[int, Pending] = {}  # seq -> pending, in seq order
+        self._unsent: deque[int] = deque()
+        self._window = asyncio.Semaphore(max_pending)
+        self._timed_out = timed_out
+        self._expiries: Expiries[int] = Expiries(self._expire, self._table.__contains__)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    async def room(self, deadline: Deadline, producer: str) -> None:
+        """Take a slot of the window, waiting until ``deadline`` for one.
+
+        Raises:
+            Timeout: no room by ``deadline`` (retriable: nothing was sent).
+        """
+        if not self._window.locked():
+            await self._window.acquire()  # there is room: returns at once, no timer needed
+            return
+        try:
+            async with deadline.timeout():
+                await self._window.acquire()
+        except TimeoutError as e:
+            raise Timeout(
+                f"{producer}: no room to send within {deadline} "
+                f"({self.max_pending} messages in flight); nothing was sent",
+                category=ErrorCategory.RETRIABLE,
+            ) from e
+
+    def add(self, pending: Pending, deadline: Deadline) -> None:
+        """Queue ``pending`` (its slot taken by :meth:`room`) to be written, timed out at
+        ``deadline``."""
+        seq = pending.send.seq
+        self._table[seq] = pending
+        self._unsent.append(seq)
+        if deadline.at is not None:
+            self._expiries.add(deadline.at, seq)
+
+    def send_all_again(self) -> None:
+        """A new connection: every message not yet answered is written again, in order
+        (the broker de-duplicates)."""
+        self._unsent = deque(sorted(self._table))
+
+    @property
+    def unsent(self) -> int:
+        """How many are still to write on the connection of the moment (at most)."""
+        return len(self._unsent)
+
+    def next_batch(self, max_messages: int, max_bytes: int) -> list[Pending]:
+        """Take the next messages to write, in order: at most ``max_messages``, and no
+        more than ``max_bytes`` of payload unless it is one message."""
+        batch: list[Pending] = []
+        size = 0
+        while self._unsent and len(batch) < max_messages:
+            pending = self._table.get(self._unsent[0])
+            if pending is None:  # already answered
+                self._unsent.popleft()
+                continue
+            if batch and size + len(pending.send.payload) > max_bytes:
+                break
+            self._unsent.popleft()
+            batch.append(pending)
+            size += len(pending.send.payload)
+        return batch
+
+    def settle(
+        self, seq: int, *, result: MessageId | None = None, error: BaseException | None = None
+    ) -> bool:
+        """``seq`` was answered (``result``, or ``error``): it leaves the table and its slot
+        is free; its caller's future gets the answer unless it was cancelled. Returns
+        whether ``seq`` was in flight (an answer may come twice, or after a timeout)."""
+        pending = self._table.pop(seq, None)
+        if pending is None:
+            return False
+        self._window.release()
+        if not pending.future.done():  # done: its caller cancelled it, the message went on
+            if error is not None:
+                pending.future.set_exception(error)
+            else:
+                pending.future.set_result(result)  # type: ignore[arg-type]
+        return True
+
+    def fail_all(self, error: BaseException) -> None:
+        """Every message in flight fails with ``error`` (the producer is closed or was
+        refused for good)."""
+        for seq in list(self._table):
+            self.settle(seq, error=error)
+        self._expiries.clear()
+
+    def _expire(self, seq: int) -> None:
+        """The send timeout of ``seq``: it is given up (even one its caller cancelled,
+        which holds its slot till now)."""
+        if seq in self._table:
+            self.settle(seq, error=self._timed_out(seq))
+
+    async def flush(self, deadline: Deadline, producer: str) -> None:
+        """Wait until every message in flight now is answered.
+
+        Raises:
+            Timeout: some were not by ``deadline``.
+        """
+        waiting = [p.future for p in self._table.values()]
+        if not waiting:
+            return
+        _, late = await asyncio.wait(waiting, timeout=deadline.remaining())
+        if late:
+            raise Timeout(f"{producer}: {len(late)} messages still in flight after {deadline}")
