@@ -4,7 +4,12 @@
 A range is read in chunks; each chunk's records go with their index entries in one
 transaction, compared against the revisions just read, so a record never disappears
 without its index entries or the reverse. A chunk that lost a race to a writer is read
-again (up to ``max_attempts`` times in a row)."""
+again (up to ``max_attempts`` times in a row).
+
+Once the range reads empty, the sequence counters of the prefixes it covers go too, each
+only on condition that its prefix is still empty: a sequential put that lands between the
+two steps survives, and so must its counter, or the next put under the prefix would be
+numbered from 1 again, below the survivor (sequential keys must increase)."""
 
 from __future__ import annotations
 
@@ -27,7 +32,8 @@ async def delete_range(
     engine: Engine, cache: KeyCache, lo: bytes, hi: bytes, max_attempts: int
 ) -> int:
     """Delete every record in ``[lo, hi)`` with its index entries, then the sequence
-    counters of the prefixes the range covers; returns how many records went.
+    counters of the prefixes the range covers and that are still empty; returns how many
+    records went.
 
     Raises:
         StoreUnavailable: ``max_attempts`` chunks in a row lost to concurrent writers.
@@ -37,7 +43,7 @@ async def delete_range(
     while True:
         result = await engine.range(lo, hi, limit=MAX_TXN_OPS)
         if not result.kvs:
-            break
+            break  # empty at result.revision
         chosen: list[tuple[KeyValue, list[bytes]]] = []
         ops = 0
         for kv in result.kvs:
@@ -68,18 +74,41 @@ async def delete_range(
         for kv, _ in chosen:
             cache.remember(kv.key, ABSENT)
         deleted += len(chosen)
-    await _delete_counters(engine, cache, lo, hi)
+    await _delete_counters(engine, cache, lo, hi, result.revision)
     return deleted
 
 
-async def _delete_counters(engine: Engine, cache: KeyCache, lo: bytes, hi: bytes) -> None:
-    """Forget the sequence counters of prefixes whose whole key range is in [lo, hi)."""
+async def _delete_counters(
+    engine: Engine, cache: KeyCache, lo: bytes, hi: bytes, empty_at: int
+) -> None:
+    """Forget the sequence counters of prefixes whose whole key range is in [lo, hi) and
+    has had no write since ``empty_at``, a revision at which [lo, hi) was read empty: a
+    prefix written since holds a key numbered by its counter, which must stay (see the
+    module docstring). A chunk refused for one busy prefix is done again prefix by prefix.
+    """
     found = await engine.range(K.sequence_counter_key(lo), K.sequence_counter_key(hi))
     root = len(K.SEQUENCE_ROOT)
     covered = [kv.key for kv in found.kvs if K.prefix_end(kv.key[root:]) <= hi]
     for i in range(0, len(covered), MAX_TXN_OPS):
         chunk = covered[i : i + MAX_TXN_OPS]
-        await engine.txn([], [DeleteOp(k) for k in chunk])
+        if await _delete_if_still_empty(engine, cache, chunk, empty_at) or len(chunk) == 1:
+            continue
         for key in chunk:
-            cache.counters.pop(key[root:], None)
-            cache.known.pop(key, None)
+            await _delete_if_still_empty(engine, cache, [key], empty_at)
+
+
+async def _delete_if_still_empty(
+    engine: Engine, cache: KeyCache, counters: list[bytes], empty_at: int
+) -> bool:
+    """Delete ``counters`` in one step if none of their prefixes has had a write since
+    ``empty_at``; whether they went."""
+    root = len(K.SEQUENCE_ROOT)
+    empty: list[Compare] = [
+        RangeUnchangedSince(k[root:], K.prefix_end(k[root:]), empty_at) for k in counters
+    ]
+    if not (await engine.txn(empty, [DeleteOp(k) for k in counters])).succeeded:
+        return False
+    for key in counters:
+        cache.counters.pop(key[root:], None)
+        cache.known.pop(key, None)
+    return True

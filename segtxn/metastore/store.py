@@ -192,7 +192,7 @@ class MetadataStore:
 
         Args:
             key: the key; with ``sequential=True``, the prefix to which the store appends a
-                20-digit number larger than any it assigned under that prefix before.
+                20-digit number above any assigned there (until :meth:`delete_range` empties it).
             value: at most ``settings.max_value_bytes`` bytes.
             expected_version: None writes unconditionally; ``MUST_NOT_EXIST`` (0) creates;
                 a version makes the write a compare-and-set against it.
@@ -318,7 +318,7 @@ class MetadataStore:
     async def delete_range(self, lo: str, hi: str | None = None) -> int:
         """Delete every record with ``lo <= key < hi`` (``hi=None``: every key starting
         with ``lo``), with their index entries, and forget the sequence counters of
-        prefixes inside the range (sequential keys under them start again from 1).
+        prefixes it left empty (numbering starts again at 1; never below a surviving key).
 
         Each record disappears atomically with its index entries. The range as a whole is
         deleted in one atomic step when its records have at most about 120 index entries in
