@@ -16,8 +16,9 @@ Semantics every engine provides (etcd's, exactly):
   same key twice, and each of its three lists holds at most :data:`MAX_TXN_OPS` entries.
 - Watches deliver every event with a revision ``>= start_revision`` in revision order, all
   events of one revision in the order the transaction wrote them. A watch never skips an
-  event: it either delivers it or fails with ``Compacted`` (history gone) or
-  ``StoreUnavailable`` (connection lost; the caller resumes from a revision it chooses).
+  event: it either delivers it or fails with ``Compacted`` (history gone),
+  ``StoreUnavailable`` (connection lost; the caller resumes from a revision it chooses) or
+  ``StoreAccessDenied`` (the store refuses this client the range, for now or for good).
 - A **multiplexed** stream (:meth:`Engine.watch_many`) carries many watches, each with its
   own id and start revision, with the same per-watch guarantees; a watch whose start is
   compacted ends alone (a :class:`WatchReply` with ``compacted``), the others go on.

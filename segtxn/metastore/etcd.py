@@ -59,7 +59,7 @@ from segtxn.metastore.errors import (
     StoreUnavailable,
 )
 from segtxn.metastore.etcd_credentials import LiveCredentials
-from segtxn.metastore.etcd_errors import map_grpc_error, token_gone
+from segtxn.metastore.etcd_errors import map_grpc_error, map_watch_cancel, token_gone
 from segtxn.metastore.etcd_watch import EtcdWatchMux, confirmed_watch
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
@@ -180,7 +180,17 @@ class EtcdEngine(Engine):
         if token_gone(e):
             self._token = None
         await self._failover(e)
-        error = map_grpc_error(e)
+        return self._refused(map_grpc_error(e))
+
+    def _watch_cancelled(self, reason: str) -> MetadataStoreError:
+        """etcd's reason for cancelling a watch as the store's error; a refusal is
+        remembered and logged as :meth:`_failed` does (a watch etcd refuses for permission
+        is the same refusal as a read of its range)."""
+        return self._refused(map_watch_cancel(reason))
+
+    def _refused(self, error: MetadataStoreError) -> MetadataStoreError:
+        """``error``, after remembering it in :attr:`denied` (logged once per cause) if it
+        is a refusal of the credentials or permissions."""
         if isinstance(error, StoreAccessDenied):
             if self.denied is None or str(self.denied) != str(error):
                 log.error(
@@ -330,6 +340,7 @@ class EtcdEngine(Engine):
                 namespace=self._ns,
                 timeout_s=self._timeout,
                 failed=self._failed,
+                cancelled=self._watch_cancelled,
                 closed=lambda: self._closed,
             ) as batches:
                 yield batches
@@ -347,7 +358,9 @@ class EtcdEngine(Engine):
         call = self._watch_stub.Watch(metadata=await self._metadata())
         self._calls.add(call)
         try:
-            yield EtcdWatchMux(call, self._ns, self._failed, lambda: self._closed)
+            yield EtcdWatchMux(
+                call, self._ns, self._failed, self._watch_cancelled, lambda: self._closed
+            )
         finally:
             self._calls.discard(call)
             await _finish(call)

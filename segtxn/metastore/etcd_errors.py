@@ -40,6 +40,17 @@ def token_gone(e: grpc.aio.AioRpcError) -> bool:
     return any(text in details for text in _TOKEN_GONE)
 
 
+def map_watch_cancel(reason: str) -> MetadataStoreError:
+    """Translate the reason etcd gives for cancelling a watch it did not confirm or keep:
+    "permission denied" (the user may not read the range) is ``StoreAccessDenied``, as the
+    same refusal of a read is; anything else is ``StoreUnavailable`` (the watch is made
+    again)."""
+    reason = reason or "no reason given"
+    if any(text in reason for text in _DENIED):
+        return StoreAccessDenied(f"etcd refused the watch: {reason}")
+    return StoreUnavailable(f"etcd cancelled the watch: {reason}")
+
+
 def map_grpc_error(e: grpc.aio.AioRpcError) -> MetadataStoreError:
     """Translate an etcd gRPC failure into the store's error tree."""
     code, details = e.code(), e.details() or ""

@@ -26,6 +26,11 @@ from segtxn.metastore.errors import Compacted, MetadataStoreError, StoreClosed, 
 Failed = Callable[[grpc.aio.AioRpcError], Awaitable[MetadataStoreError]]
 """The engine's translation of a gRPC failure (it also fails over to the next endpoint)."""
 
+Cancelled = Callable[[str], MetadataStoreError]
+"""The engine's translation of etcd's reason for cancelling a watch it was not asked to
+cancel (``StoreAccessDenied`` for "permission denied", which the engine also counts as a
+refusal of its credentials: :attr:`~segtxn.metastore.engine.Engine.denied`)."""
+
 
 def raw_event(event: Any, namespace: bytes) -> RawEvent:
     """An etcd ``mvccpb.Event`` as the engine's event, its key without the namespace."""
@@ -44,12 +49,14 @@ async def confirmed_watch(
     namespace: bytes,
     timeout_s: float,
     failed: Failed,
+    cancelled: Cancelled,
     closed: Callable[[], bool],
 ) -> AsyncIterator[AsyncIterator[Sequence[RawEvent]]]:
     """One watch on an open ``Watch`` call (the engine opens and finishes the call): entered
     once etcd confirmed ``create``; its batches of events, in revision order.
 
-    Raises (on entering or from the iterator): Compacted, StoreUnavailable, StoreClosed.
+    Raises (on entering or from the iterator): Compacted, StoreUnavailable, StoreClosed,
+    StoreAccessDenied (etcd refused the watch: its user may not read the range).
     """
     try:
         await call.write(rpc.WatchRequest(create_request=create))
@@ -66,20 +73,25 @@ async def confirmed_watch(
         raise StoreUnavailable("etcd did not confirm a watch in time") from e
     if created is grpc.aio.EOF:
         raise StoreUnavailable("etcd closed the watch stream while creating it")
-    _check(created)
-    yield _batches(call, created, namespace, failed, closed)
+    _check(created, cancelled)
+    yield _batches(call, created, namespace, failed=failed, cancelled=cancelled, closed=closed)
 
 
-def _check(response: Any) -> None:
+def _check(response: Any, cancelled: Cancelled) -> None:
     if response.compact_revision:
         raise Compacted(int(response.compact_revision))
     if response.canceled:
-        reason = response.cancel_reason or "no reason given"
-        raise StoreUnavailable(f"etcd cancelled the watch: {reason}")
+        raise cancelled(response.cancel_reason)
 
 
 async def _batches(
-    call: Any, first: Any, namespace: bytes, failed: Failed, closed: Callable[[], bool]
+    call: Any,
+    first: Any,
+    namespace: bytes,
+    *,
+    failed: Failed,
+    cancelled: Cancelled,
+    closed: Callable[[], bool],
 ) -> AsyncIterator[Sequence[RawEvent]]:
     response = first
     while True:
@@ -93,18 +105,24 @@ async def _batches(
             raise await failed(e) from e
         if response is grpc.aio.EOF:
             raise StoreUnavailable("etcd ended the watch stream")
-        _check(response)
+        _check(response, cancelled)
 
 
 class EtcdWatchMux(WatchMux):
     """The watches of one open ``Watch`` call (the engine opens and finishes the call)."""
 
     def __init__(
-        self, call: Any, namespace: bytes, failed: Failed, closed: Callable[[], bool]
+        self,
+        call: Any,
+        namespace: bytes,
+        failed: Failed,
+        cancelled: Cancelled,
+        closed: Callable[[], bool],
     ) -> None:
         self._call = call
         self._ns = namespace
         self._failed = failed
+        self._cancelled_by_etcd = cancelled
         self._closed = closed
         self._writing = asyncio.Lock()
         self._cancelled: set[int] = set()
@@ -146,9 +164,9 @@ class EtcdWatchMux(WatchMux):
             if response.compact_revision:
                 yield WatchReply(watch_id, compacted=int(response.compact_revision))
             elif response.canceled:
-                if watch_id not in self._cancelled:
+                if watch_id not in self._cancelled:  # (one refused breaks the stream)
                     reason = response.cancel_reason or "no reason given"
-                    raise StoreUnavailable(f"etcd cancelled watch {watch_id}: {reason}")
+                    raise self._cancelled_by_etcd(f"watch {watch_id}: {reason}")
                 self._cancelled.discard(watch_id)
             elif response.events:
                 yield WatchReply(watch_id, [raw_event(e, self._ns) for e in response.events])

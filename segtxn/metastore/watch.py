@@ -9,6 +9,13 @@ methods (:class:`~segtxn.metastore.store.MetadataStore`) are built on :func:`res
 An outage is logged once per watch: a WARNING when it breaks, the failed attempts after it
 at DEBUG, and an INFO with how long it lasted when events flow again (a ten-second etcd
 outage used to print a WARNING per attempt of every watch, and nothing when it ended).
+
+A watch the store refuses while it resumes (``StoreAccessDenied``: its user lost the
+permission to read the range meanwhile) is tried again in the same way, since access may
+be given back (the engine's ``denied``, and the servers' readiness, say so meanwhile), but
+the refusal is logged at WARNING when it starts: retried quietly as an outage, it left a
+user nothing to tell why no event arrived. A refusal of the first attempt is raised to the
+caller (:func:`resumable`), as any other failure to open is.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from segtxn.metastore.engine import Engine, RawEvent
-from segtxn.metastore.errors import InvalidArgument, StoreUnavailable
+from segtxn.metastore.errors import InvalidArgument, StoreAccessDenied, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +77,27 @@ class ResumableWatch:
     async def events(self) -> AsyncIterator[RawEvent]:
         delay = 0.01
         broken: float | None = None  # when the stream broke, until events flow again
+        refused = False  # the last attempt was refused (StoreAccessDenied)
         loop = asyncio.get_running_loop()
         while True:
             try:
                 stream = self._iter or await self.open()
                 batch = await anext(stream)
-            except StoreUnavailable as e:
-                if broken is None:
-                    broken = loop.time()
+            except (StoreUnavailable, StoreAccessDenied) as e:
+                denied = isinstance(e, StoreAccessDenied)
+                if denied and not refused:
+                    log.warning(
+                        "watch on %r: StoreAccessDenied (%s): nothing arrives until the "
+                        "store's user may read it again; resuming",
+                        self._lo,
+                        e,
+                    )
+                elif broken is None:
                     log.warning("watch on %r broke (%s); resuming", self._lo, e)
                 else:
                     log.debug("watch on %r: still broken (%s)", self._lo, e)
+                broken = loop.time() if broken is None else broken
+                refused = denied
                 await self._close_stream()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry_max_s)
@@ -91,7 +108,7 @@ class ResumableWatch:
                 log.info(
                     "watch on %r resumed, %.1f s after it broke", self._lo, loop.time() - broken
                 )
-                broken = None
+                broken, refused = None, False
             delay = 0.01
             for event in batch:
                 if event.mod_revision < self._next:

@@ -1,14 +1,40 @@
 """The metadata store where it refuses or races, each failing before its fix (a review):
-``delete_range`` racing a sequential put (its counter was reset under a surviving key).
+``delete_range`` racing a sequential put (its counter was reset under a surviving key), and
+watches etcd refuses for permission (a retriable ``StoreUnavailable``, retried for ever
+and said only at DEBUG), on a real etcd with TLS and authentication on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import pytest
+from aetcd import rpc
+
+from segtxn.metastore import (
+    MetadataStore,
+    StoreAccessDenied,
+    StoreSettings,
+    WatchEvent,
+    open_store,
+)
 from segtxn.metastore import keys as K
+from segtxn.metastore.etcd import EtcdEngine
+from segtxn.metastore.faults import FaultInjector
+from tests.auth.test_store_security import (
+    PREFIX,
+    SecureEtcd,
+    _as_root,
+    _permission,
+    running_secure_etcd,
+)
 from tests.metastore.conftest import MakeStore
 from tests.metastore.test_store_edges import _faults
+from tests.waiting import wait_until
 
 # ------------------------------------------- delete_range never resets a counter under a key
 
@@ -53,3 +79,153 @@ async def test_delete_range_of_an_idle_prefix_still_forgets_its_counter(
         K.sequence_counter_key(b"/idle/"), K.sequence_counter_key(b"/idle0")
     )
     assert [kv.value for kv in counters.kvs] == [b"1"]
+
+
+# ------------------------------------------------ a watch etcd refuses is StoreAccessDenied
+
+WATCHER = "watcher"
+"""A user of this module's etcd whose permission on PREFIX the tests take and give back."""
+
+
+@pytest.fixture(scope="module")
+def refusing_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
+    """An etcd with TLS and authentication on (tests/auth/test_store_security.py), and
+    WATCHER, with its own role and password."""
+    directory = tmp_path_factory.mktemp("refusing-etcd")
+    with running_secure_etcd(directory) as etcd:
+        (directory / "watcher-password").write_text("watcher-password\n")
+        users = [
+            ("UserAdd", rpc.AuthUserAddRequest(name=WATCHER, password="watcher-password")),
+            ("RoleAdd", rpc.AuthRoleAddRequest(name=WATCHER)),
+            ("UserGrantRole", rpc.AuthUserGrantRoleRequest(user=WATCHER, role=WATCHER)),
+        ]
+        asyncio.run(_as_root(etcd.server, etcd.ca, directory, users))
+        yield etcd
+
+
+async def _permit(etcd: SecureEtcd, directory: Path, *, allowed: bool) -> None:
+    """Give WATCHER read-write on PREFIX, or take it away."""
+    change: tuple[str, object]
+    if allowed:
+        grant = rpc.AuthRoleGrantPermissionRequest(name=WATCHER, perm=_permission())
+        change = ("RoleGrantPermission", grant)
+    else:
+        whole = {"key": PREFIX.encode(), "range_end": K.prefix_end(PREFIX.encode())}
+        revoke = rpc.AuthRoleRevokePermissionRequest(role=WATCHER, **whole)
+        change = ("RoleRevokePermission", revoke)
+    await _as_root(etcd.server, etcd.ca, directory, [change])
+
+
+@pytest.fixture
+async def watcher(refusing_etcd: SecureEtcd, tmp_path: Path) -> AsyncIterator[MetadataStore]:
+    """A store client as WATCHER (allowed on PREFIX while the test runs), its engine
+    wrapped in a FaultInjector; its namespace is this test's own."""
+    await _permit(refusing_etcd, tmp_path, allowed=True)
+    credentials = refusing_etcd.credentials(
+        user=WATCHER, password_file=refusing_etcd.directory / "watcher-password"
+    )
+    url = refusing_etcd.url(f"w-{os.urandom(4).hex()}")
+    store = open_store(
+        url, StoreSettings(watch_retry_max_s=0.2, credentials=credentials), wrap=FaultInjector
+    )
+    yield store
+    await store.close()
+    await _permit(refusing_etcd, tmp_path, allowed=True)
+
+
+def _etcd(store: MetadataStore) -> EtcdEngine:
+    engine = _faults(store).inner
+    assert isinstance(engine, EtcdEngine)
+    return engine
+
+
+def _refusals(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING
+        and ("StoreAccessDenied" in r.getMessage() or "access denied" in r.getMessage())
+    ]
+
+
+async def test_a_watch_refused_at_once_is_access_denied(
+    watcher: MetadataStore, refusing_etcd: SecureEtcd, tmp_path: Path
+) -> None:
+    """etcd cancels a watch its user may not read with "permission denied": the watch
+    raised StoreUnavailable, the class that says "try the same again", and the engine
+    did not count it as a refusal (so /readyz said ready)."""
+    await _permit(refusing_etcd, tmp_path, allowed=False)
+    for watch in (
+        watcher.watch("/k", from_revision=1),
+        watcher.watch_prefix("/p/", from_revision=1),
+    ):
+        with pytest.raises(StoreAccessDenied, match="permission denied"):
+            async with watch:
+                pass
+    assert isinstance(_etcd(watcher).denied, StoreAccessDenied)
+
+
+async def test_a_watch_refused_while_it_resumes_says_why_and_goes_on(
+    watcher: MetadataStore,
+    refusing_etcd: SecureEtcd,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A watch whose stream broke and whose user lost the permission meanwhile: each
+    attempt to resume was a StoreUnavailable logged at DEBUG after the first WARNING
+    (which named the break, not the refusal), so nothing said why nothing arrived. The
+    refusal is now said at WARNING, as StoreAccessDenied, and the watch goes on once the
+    permission is back (nothing missed)."""
+    caplog.set_level(logging.DEBUG, logger="segtxn.metastore")
+    start = await watcher.revision() + 1
+    heard: list[str] = []
+
+    async def follow(events: AsyncIterator[WatchEvent]) -> None:
+        async for event in events:
+            heard.append(event.key)
+
+    async with watcher.watch_prefix("/r/", from_revision=start) as events:
+        following = asyncio.create_task(follow(events), name="follow-r")
+        try:
+            await watcher.put("/r/1", b"1")
+            await wait_until(lambda: heard == ["/r/1"], what="the first event")
+            await _permit(refusing_etcd, tmp_path, allowed=False)
+            caplog.clear()
+            assert _faults(watcher).drop_watches() == 1
+            await wait_until(lambda: bool(_refusals(caplog)), what="the refusal logged")
+            assert isinstance(_etcd(watcher).denied, StoreAccessDenied)
+            await _permit(refusing_etcd, tmp_path, allowed=True)
+            await watcher.put("/r/2", b"2")
+            await wait_until(lambda: heard == ["/r/1", "/r/2"], what="the change once allowed")
+        finally:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+    assert any("permission denied" in m for m in _refusals(caplog))
+
+
+async def test_point_watches_refused_while_they_resume_say_so_and_go_on(
+    watcher: MetadataStore,
+    refusing_etcd: SecureEtcd,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The point watch stream survives a refusal while it reopens (an earlier fix), but
+    etcd's "permission denied" cancel of a watch was a StoreUnavailable: the engine did not
+    count it as a refusal (/readyz said ready) and the log said the stream broke."""
+    heard: list[WatchEvent] = []
+    points = watcher.point_watches(heard.append, lambda key: None)
+    await points.start()
+    try:
+        points.add("/pw/a", await watcher.revision() + 1)
+        await watcher.put("/pw/a", b"1")
+        await wait_until(lambda: len(heard) == 1, what="the first event")
+        await _permit(refusing_etcd, tmp_path, allowed=False)
+        caplog.clear()
+        assert _faults(watcher).drop_watches() == 1
+        await wait_until(lambda: bool(_refusals(caplog)), what="the refusal logged")
+        assert isinstance(_etcd(watcher).denied, StoreAccessDenied)
+        await _permit(refusing_etcd, tmp_path, allowed=True)
+        await watcher.put("/pw/a", b"2")
+        await wait_until(lambda: len(heard) == 2, what="the change once allowed again")
+    finally:
+        await points.close()
