@@ -59,7 +59,13 @@ from segtxn.metastore.errors import (
     StoreUnavailable,
 )
 from segtxn.metastore.etcd_credentials import LiveCredentials
-from segtxn.metastore.etcd_errors import map_grpc_error, map_watch_cancel, token_gone
+from segtxn.metastore.etcd_errors import (
+    authentication_off,
+    map_grpc_error,
+    map_watch_cancel,
+    refused,
+    token_gone,
+)
 from segtxn.metastore.etcd_watch import EtcdWatchMux, confirmed_watch
 from segtxn.metastore.keys import prefix_end
 from segtxn.metastore.settings import StoreCredentials
@@ -87,6 +93,8 @@ class EtcdEngine(Engine):
         self._credentials = LiveCredentials(credentials)
         self._user = credentials.user
         self._token: str | None = None
+        """None: authenticate before the next call; "": etcd's authentication is off."""
+        self._unused_user_said = False
         self._authenticating = asyncio.Lock()
         self._endpoints = list(endpoints)
         self._where = f"{','.join(self._endpoints)}{namespace.decode(errors='replace')}"
@@ -154,23 +162,41 @@ class EtcdEngine(Engine):
             await channel.close()
 
     async def _metadata(self) -> tuple[tuple[str, str], ...] | None:
-        """The ``token`` metadata of a call (None without a user), authenticating first
-        when there is no token yet. Raises StoreAccessDenied / StoreUnavailable."""
+        """A call's ``token`` metadata (None without a user, or with etcd's authentication off),
+        got first when there is none yet. Raises StoreAccessDenied / StoreUnavailable."""
         if self._user is None:
             return None
         async with self._authenticating:
             if self._token is None:
-                self._connect()
-                password = self._credentials.password
-                request = rpc.AuthenticateRequest(name=self._user, password=password)
-                try:
-                    response = await rpc.AuthStub(self._channel).Authenticate(
-                        request, timeout=self._timeout
-                    )
-                except grpc.aio.AioRpcError as e:
-                    raise await self._failed(e) from e
-                self._token = str(response.token)
-            return (("token", self._token),)
+                self._token = await self._authenticate(self._user)
+            return (("token", self._token),) if self._token else None
+
+    async def _authenticate(self, user: str) -> str:
+        """A new token, or "" when etcd's authentication is off: etcd's clients go on without
+        one (``etcdctl --user`` works there), and so does the engine, saying so once (it was
+        taken for an outage, retried for ever). A call refused without a token (turned on
+        since) forgets the "" (:meth:`_refused`): the next one authenticates."""
+        self._connect()
+        request = rpc.AuthenticateRequest(name=user, password=self._credentials.password)
+        try:
+            response = await rpc.AuthStub(self._channel).Authenticate(
+                request, timeout=self._timeout
+            )
+        except grpc.aio.AioRpcError as e:
+            if not authentication_off(e):
+                raise await self._failed(e) from e
+            if not self._unused_user_said:
+                log.warning(
+                    "metadata store %s: %s: user %r and its password are not used; calls go "
+                    "without a token until etcd turns authentication on",
+                    self._where,
+                    e.details(),
+                    user,
+                )
+                self._unused_user_said = True
+            return ""
+        self._unused_user_said = False
+        return str(response.token)
 
     async def _failed(self, e: grpc.aio.AioRpcError) -> MetadataStoreError:
         """``e`` as the store's error, after forgetting a refused token (the next call
@@ -190,7 +216,11 @@ class EtcdEngine(Engine):
 
     def _refused(self, error: MetadataStoreError) -> MetadataStoreError:
         """``error``, after remembering it in :attr:`denied` (logged once per cause) if it
-        is a refusal of the credentials or permissions."""
+        is a refusal of the credentials or permissions. A call made without a token,
+        authentication being off, refused: etcd turned it on, the next call authenticates."""
+        if isinstance(error, StoreAccessDenied) and self._token == "":
+            self._token = None
+            return StoreUnavailable(f"etcd refused a call without a token ({error}): now with one")
         if isinstance(error, StoreAccessDenied):
             if self.denied is None or str(self.denied) != str(error):
                 log.error(
@@ -213,9 +243,9 @@ class EtcdEngine(Engine):
         try:
             response = await self._call(method, request, timeout_s)
         except grpc.aio.AioRpcError as e:
-            if not token_gone(e):
+            if not (token_gone(e) or (self._token == "" and refused(e))):
                 raise await self._failed(e) from e
-            self._token = None  # a token etcd forgot: once more with a new one
+            self._token = None  # a token etcd forgot, or now wants: once more with a new one
             try:
                 response = await self._call(method, request, timeout_s)
             except grpc.aio.AioRpcError as e2:

@@ -34,6 +34,16 @@ a change of users or roles): authenticating again helps."""
 _DENIED = ("authentication failed", "user name is empty", "permission denied")
 
 
+def authentication_off(e: grpc.aio.AioRpcError) -> bool:
+    """Whether etcd refused an ``Authenticate`` because its authentication is off."""
+    return "authentication is not enabled" in (e.details() or "")
+
+
+def refused(e: grpc.aio.AioRpcError) -> bool:
+    """Whether etcd refused the call's credentials or permissions (``StoreAccessDenied``)."""
+    return isinstance(map_grpc_error(e), StoreAccessDenied)
+
+
 def token_gone(e: grpc.aio.AioRpcError) -> bool:
     """Whether etcd refused the call's token as one it no longer honours."""
     details = e.details() or ""

@@ -1,7 +1,9 @@
 """The metadata store where it refuses or races, each failing before its fix (a review):
 ``delete_range`` racing a sequential put (its counter was reset under a surviving key), and
 watches etcd refuses for permission (a retriable ``StoreUnavailable``, retried for ever
-and said only at DEBUG), on a real etcd with TLS and authentication on.
+and said only at DEBUG), on a real etcd with TLS and authentication on, and a store user
+given for an etcd without authentication (its "authentication is not enabled" retried
+for ever).
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from aetcd import rpc
 
 from segtxn.metastore import (
     MetadataStore,
     StoreAccessDenied,
+    StoreCredentials,
     StoreSettings,
     WatchEvent,
     open_store,
 )
 from segtxn.metastore import keys as K
 from segtxn.metastore.etcd import EtcdEngine
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.metastore.faults import FaultInjector
 from tests.auth.test_store_security import (
     PREFIX,
@@ -229,3 +234,102 @@ async def test_point_watches_refused_while_they_resume_say_so_and_go_on(
         await wait_until(lambda: len(heard) == 2, what="the change once allowed again")
     finally:
         await points.close()
+
+
+# ------------------------------------------- a user given for an etcd without authentication
+
+
+def _unused_user(tmp_path: Path) -> StoreCredentials:
+    (tmp_path / "password").write_text("a-password\n")
+    return StoreCredentials(user="segtxn", password_file=tmp_path / "password")
+
+
+def _unused(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and "authentication is not enabled" in r.getMessage()
+    ]
+
+
+async def test_a_user_for_an_etcd_without_authentication_goes_on_without_a_token(
+    etcd_server: EtcdServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd answers Authenticate with "authentication is not enabled" when its
+    authentication is off; the engine took that for an outage (StoreUnavailable), so every
+    call failed and a server retried until its --store-timeout. etcdctl --user goes on
+    without a token there: so does the store, saying once that the user is not used."""
+    url = etcd_server.url(f"/unused-user-{os.getpid()}-{os.urandom(4).hex()}")
+    settings = StoreSettings(request_timeout_s=2.0, credentials=_unused_user(tmp_path))
+    async with open_store(url, settings) as store:
+        start = await store.revision() + 1
+        async with store.watch("/k", from_revision=start) as events:
+            await store.put("/k", b"v")
+            assert (await anext(events)).key == "/k"
+        record = await store.get("/k")
+        assert record is not None and record.value == b"v"
+        assert store.engine.denied is None
+    warned = _unused(caplog)
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    assert "segtxn" in warned[0].getMessage()
+
+
+async def test_authentication_turned_on_later_is_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client given a user before its etcd's authentication is turned on (credentials
+    first, then ``etcdctl auth enable``) authenticates once etcd wants it: going on
+    without a token must not stick once etcd refuses calls without one, a call's or a
+    watch's as it resumes (neither is a refusal of the user: nothing is denied)."""
+    server = EtcdServer.in_temp_dir(unsafe_no_fsync=True)
+    server.start()
+    heard: list[bytes] = []
+
+    async def follow(events: AsyncIterator[WatchEvent]) -> None:
+        async for event in events:
+            heard.append(event.record.value if event.record else b"")
+
+    try:
+        settings = StoreSettings(
+            request_timeout_s=2.0, watch_retry_max_s=0.2, credentials=_unused_user(tmp_path)
+        )
+        async with open_store(server.url("/segtxn"), settings, wrap=FaultInjector) as store:
+            start = await store.revision() + 1
+            async with store.watch("/k", from_revision=start) as events:
+                following = asyncio.create_task(follow(events), name="follow-k")
+                try:
+                    await store.put("/k", b"before")
+                    assert len(_unused(caplog)) == 1
+                    await wait_until(lambda: heard == [b"before"], what="the first event")
+                    await _turn_authentication_on(server)
+                    caplog.set_level(logging.DEBUG, logger="segtxn.metastore")
+                    assert _faults(store).drop_watches() == 1  # resumes: refused, made again
+                    await wait_until(
+                        lambda: any(
+                            "refused a call without" in r.getMessage() for r in caplog.records
+                        ),
+                        what="the watch refused without a token",
+                    )
+                    await store.put("/k", b"after")  # refused without a token, made again
+                    await store.put("/k", b"again")
+                    await wait_until(lambda: heard == [b"before", b"after", b"again"])
+                finally:
+                    following.cancel()
+                    await asyncio.gather(following, return_exceptions=True)
+            assert _etcd(store).denied is None
+            assert not [r for r in caplog.records if "access denied" in r.getMessage()]
+    finally:
+        server.stop()
+
+
+async def _turn_authentication_on(server: EtcdServer) -> None:
+    """root, and the user "segtxn" (read-write on /segtxn), then authentication on."""
+    async with grpc.aio.insecure_channel(server.endpoint) as channel:
+        auth = rpc.AuthStub(channel)
+        for user, password in (("root", "root-password"), ("segtxn", "a-password")):
+            await auth.UserAdd(rpc.AuthUserAddRequest(name=user, password=password))
+            await auth.RoleAdd(rpc.AuthRoleAddRequest(name=user))
+            await auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user=user, role=user))
+        grant = rpc.AuthRoleGrantPermissionRequest(name="segtxn", perm=_permission())
+        await auth.RoleGrantPermission(grant)
+        await auth.AuthEnable(rpc.AuthEnableRequest())
