@@ -20,7 +20,8 @@ cache: :mod:`segtxn.metastore.cache`). The cache is only ever a guess: every tra
 compares the ``mod_revision`` of each key it touches, and a failed compare reads the truth
 in the same round trip and tries again (for unconditional writes) or raises (for
 conditional ones). How an atomic step becomes that transaction is
-:mod:`segtxn.metastore.plan`; how a watch outlives a broken connection,
+:mod:`segtxn.metastore.plan`, applied by :mod:`segtxn.metastore.commits`; how a watch
+outlives a broken connection,
 :mod:`segtxn.metastore.watch` (and many point watches on one stream,
 :mod:`segtxn.metastore.points`).
 """
@@ -28,8 +29,6 @@ conditional ones). How an atomic step becomes that transaction is
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -38,18 +37,17 @@ from typing import cast
 from segtxn.metastore import keys as K
 from segtxn.metastore import ranges
 from segtxn.metastore.cache import ABSENT, KeyCache, Known
+from segtxn.metastore.commits import Commits
 from segtxn.metastore.engine import (
     Engine,
-    GetOp,
     KeyValue,
     RawEvent,
 )
 from segtxn.metastore.engine import EventKind as RawKind
-from segtxn.metastore.errors import InvalidArgument, StoreClosed, StoreUnavailable
-from segtxn.metastore.plan import Plan, Txn
+from segtxn.metastore.errors import InvalidArgument, StoreClosed
+from segtxn.metastore.plan import Plan
 from segtxn.metastore.points import PointWatches
 from segtxn.metastore.records import (
-    Check,
     Delete,
     EventKind,
     IndexEntry,
@@ -89,7 +87,7 @@ class MetadataStore:
         self._owns_engine = owns_engine
         self.settings = settings or StoreSettings()
         self._cache = KeyCache(self.settings.cache_entries)
-        self._seq_locks = [asyncio.Lock() for _ in range(64)]
+        self._commits = Commits(self._cache, self.settings)
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._closed = False
 
@@ -238,82 +236,7 @@ class MetadataStore:
         """
         if not ops:
             return []
-        plan = Plan.validate(ops, self.settings)
-        # Sequential puts under one prefix are serialised within this client, so that
-        # they do not race each other for the prefix's counter (other clients still may;
-        # the counter's compare-and-set arbitrates).
-        stripes = sorted({hash(p) % len(self._seq_locks) for p in plan.sequential_prefixes})
-        async with contextlib.AsyncExitStack() as stack:
-            for i in stripes:
-                await stack.enter_async_context(self._seq_locks[i])
-            return await self._commit_planned(plan)
-
-    async def _commit_planned(self, plan: Plan) -> list[Record | None]:
-        """Commit ``plan``, reading and trying again while it loses races.
-
-        A race lost to a sequential number another client took is not counted against
-        ``max_attempts`` (for ``request_timeout_s``): that client got somewhere, and the
-        loser, whose view is always one write behind a client with more puts queued on
-        the same prefix, would otherwise give up while the prefix is busy but healthy
-        (tests/metastore/test_sequential.py: a client four writers kept one step ahead of).
-        """
-        engine = self._engine()
-        attempts = fruitless = 0
-        patient_until = time.monotonic() + self.settings.request_timeout_s
-        while fruitless < self.settings.max_attempts:
-            attempts += 1
-            to_read = plan.must_read(self._cache.known)
-            if to_read:
-                result = await engine.txn([], [GetOp(raw) for raw in to_read])
-                self._cache.learn_all(to_read, result.results)
-                plan.raise_if_expectation_fails(self._cache.known, only=set(to_read))
-            txn = plan.build(self._cache.known, self._cache.counters)
-            result = await engine.txn(txn.compares, txn.success, txn.failure)
-            if result.succeeded:
-                return self._applied(plan, txn, result.revision)
-            self._cache.learn_all(txn.compared, result.results)
-            plan.raise_if_expectation_fails(self._cache.known)
-            taken = self._skip_taken_sequence_numbers(plan, txn)
-            if not (taken and time.monotonic() < patient_until):
-                fruitless += 1
-        raise StoreUnavailable(f"gave up after {attempts} attempts lost to concurrent writers")
-
-    def _skip_taken_sequence_numbers(self, plan: Plan, txn: Txn) -> bool:
-        """Move the counters past numbers another client took; whether there was one."""
-        taken_any = False
-        for step in plan.steps:
-            if step.sequential:
-                raw, _ = txn.written[id(step)]
-                if self._cache.known.get(raw, ABSENT).mod:
-                    taken = int(raw[len(step.raw) :])
-                    self._cache.counters[step.raw] = max(
-                        self._cache.counters.get(step.raw, 0), taken
-                    )
-                    taken_any = True
-        return taken_any
-
-    def _applied(self, plan: Plan, txn: Txn, revision: int) -> list[Record | None]:
-        out: list[Record | None] = []
-        for step in plan.steps:
-            op = step.op
-            if isinstance(op, Check):
-                out.append(None)
-                continue
-            raw, before = txn.written[id(step)]
-            if isinstance(op, Delete):
-                self._cache.remember(raw, ABSENT)
-                out.append(None)
-                continue
-            created = before.created if before.mod else revision
-            encoded = {name: K.encode_index_key(k) for name, k in step.indexes.items()}
-            self._cache.remember(raw, Known(revision, created, encoded))
-            lease = op.session.lease_id if op.session else 0
-            out.append(Record(raw.decode(), op.value, revision, created, step.indexes, lease))
-        for prefix, last in txn.counters.items():
-            self._cache.counters[prefix] = last
-            self._cache.counters.move_to_end(prefix)
-            self._cache.remember(K.sequence_counter_key(prefix), Known(revision, revision, {}))
-        return out
+        return await self._commits.apply(self._engine(), Plan.validate(ops, self.settings))
 
     async def delete_range(self, lo: str, hi: str | None = None) -> int:
         """Delete every record with ``lo <= key < hi`` (``hi=None``: every key starting
