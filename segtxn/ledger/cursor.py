@@ -85,6 +85,9 @@ class ManagedCursor:
         self._saved_through: Position | None = None
         """The last position whose acknowledgment the last save holds when that save left
         out ranges past ``max_persisted_ranges`` (None: it left out none)."""
+        self._persisted_mark = self._mark
+        """The lowest mark the store may hold: the last save's, or a lower one that a save
+        tried since (failed, or in flight) may have written."""
 
     # ================================================================= state
 
@@ -97,6 +100,16 @@ class ManagedCursor:
     def acked_ranges(self) -> RangeSet:
         """Entries acknowledged individually beyond the mark (a copy)."""
         return RangeSet(list(self._acked))
+
+    @property
+    def persisted_mark_delete(self) -> Position:
+        """The lowest mark-delete position the store may hold for this cursor: the last
+        completed save's, or a lower one if a save tried since may have landed (a save that
+        failed may have landed: its answer, and reading the record back, can both be lost;
+        or it is still in flight). A restart restores the cursor from the store, so an
+        acknowledgment that moved only :attr:`mark_delete` does not survive a crash:
+        retention keeps every entry after this position too (:meth:`ManagedLedger.trim`)."""
+        return self._persisted_mark
 
     def is_acked(self, position: Position) -> bool:
         return position <= self._mark or position in self._acked
@@ -186,7 +199,9 @@ class ManagedCursor:
     async def _save(self) -> None:
         generation = self._changes
         ranges = self._acked.to_list(self._max_ranges)
-        state = CursorState((self._mark.ledger_id, self._mark.entry_id), ranges)
+        mark = self._mark
+        state = CursorState((mark.ledger_id, mark.entry_id), ranges)
+        self._persisted_mark = min(self._persisted_mark, mark)  # may land, whatever it says
         through = None
         if len(self._acked) > len(ranges):  # ranges left out: only what comes before counts
             through = Position(*ranges[-1][2:]) if ranges else self._mark
@@ -210,6 +225,9 @@ class ManagedCursor:
             self._saving = None
         self._saved = generation
         self._saved_through = through
+        # the store holds this save's state: a save is a compare-and-set on the version an
+        # earlier attempt would also need, so none still in flight can land after it
+        self._persisted_mark = mark
 
     async def close(self) -> None:
         """Make the state durable and stop. Idempotent."""

@@ -251,6 +251,13 @@ class ManagedLedger(LedgerAppends):
         data never among them: :mod:`segtxn.ledger.retention`). A ledger being read is
         deleted once its reads end; reads that start later skip it.
 
+        Each cursor holds data back from its mark in memory (what its dispatcher reads on
+        from, lower after a seek back that is not saved yet) *and* from its persisted mark
+        (:attr:`ManagedCursor.persisted_mark_delete`): a restart restores the cursor from
+        the store, and the entries its saved state counts as unacknowledged are delivered
+        again from there. An acknowledgment whose save failed or is still pending releases
+        nothing, as Pulsar trims only behind each cursor's persisted mark-delete position.
+
         Returns what was removed (higher layers trim their own per-entry indexes by it).
         """
         now_ms = (time.time() if now_s is None else now_s) * 1000
@@ -259,7 +266,7 @@ class ManagedLedger(LedgerAppends):
 
         def drop(meta: LedgerMetadata) -> LedgerMetadata | None:
             # chosen under the metadata lock: concurrent trims never remove a ledger twice
-            marks = [c.mark_delete for c in self.cursors.values()]
+            marks = [min(c.mark_delete, c.persisted_mark_delete) for c in self.cursors.values()]
             chain = closed_ledgers(meta.ledgers, self._open_size)
             removable[:] = deletable(chain, marks, policy, now_ms)
             gone = {i.id for i in removable}

@@ -12,9 +12,11 @@ The contract:
   at the first ledger that must be kept, so what remains is always a suffix of the chain:
   readers never find a hole.
 - **Unconsumed data is never deleted.** A ledger is *consumed* once every cursor (durable
-  subscription) has its mark-delete position at or past the ledger's last entry. Cursor-less
-  readers (readers, checkpoint consumers, the Spark source) hold nothing back: they read
-  whatever retention keeps.
+  subscription) has its mark-delete position at or past the ledger's last entry, both in
+  memory and as the store holds it (a restart restores the saved one: an acknowledgment not
+  saved yet is lost in a crash, and its entries must still be there to be delivered
+  again). Cursor-less readers (readers, checkpoint consumers, the Spark source) hold
+  nothing back: they read whatever retention keeps.
 - **No cursors at all.** Then nothing acknowledges the data, so acknowledgment cannot be what
   releases it: a ledger counts as consumed once it has been closed for
   ``retention_time_s``, and only with a positive time limit. With a time limit of 0 or -1 a
@@ -130,7 +132,8 @@ def deletable(
     Args:
         ledgers: the closed ledgers retention may consider, oldest first (never the one
             being appended to, nor a sealed managed ledger's last).
-        marks: every cursor's mark-delete position (empty: the managed ledger has none).
+        marks: every cursor's mark-delete position, the lower of the one in memory and
+            the one the store may hold (empty: the managed ledger has none).
         policy: the limits.
         now_ms: the time, in milliseconds since the epoch.
 
