@@ -181,6 +181,11 @@ class ManagedCursor:
             await self.flush()
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` completed: the cursor takes no more changes."""
+        return self._closed
+
+    @property
     def durable(self) -> bool:
         """Whether the state in memory is the state saved (no change unsaved or saving)."""
         return self._saved == self._changes and self._saving is None

@@ -215,9 +215,10 @@ class ManagedLedger(LedgerAppends):
 
     async def open_cursor(self, name: str, *, start: str = "latest") -> ManagedCursor:
         """The cursor ``name``, created if missing with its first unacknowledged entry at
-        the first retained entry (``start="earliest"``) or the next write (``"latest"``)."""
+        the first retained entry (``start="earliest"``) or the next write (``"latest"``).
+        A cursor whose delete failed is taken up again as its record holds it."""
         cursor = self.cursors.get(name)
-        if cursor is not None:
+        if cursor is not None and not cursor.closed:
             return cursor
         if start == "earliest":
             first = self.first_position() or self.next_write_position()
@@ -237,12 +238,23 @@ class ManagedLedger(LedgerAppends):
         return cursor
 
     async def delete_cursor(self, name: str) -> None:
-        """Forget a cursor (idempotent): it no longer holds data back from trimming."""
-        cursor = self.cursors.pop(name, None)
+        """Forget a cursor (idempotent): it no longer holds data back from trimming.
+
+        It is forgotten only once its record is deleted: until then a restart restores it,
+        so it keeps holding back what its saved state has not consumed. If the delete
+        fails, the cursor is closed but still listed (a retry deletes it;
+        :meth:`open_cursor` takes it up again).
+
+        Raises:
+            MetadataStoreError: the store failed; the cursor is left as said above.
+        """
+        cursor = self.cursors.get(name)
         if cursor is not None:
             await cursor.close()
         with contextlib.suppress(NotFound):
             await self._store.delete(cursor_key(self.name, name))
+        if self.cursors.get(name) is cursor:  # not taken up again meanwhile
+            self.cursors.pop(name, None)
 
     # ================================================================= retention
 

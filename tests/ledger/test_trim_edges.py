@@ -171,3 +171,38 @@ async def test_a_cursor_saved_ahead_of_a_trim_resumes_where_it_was_saved(
         assert restored.mark_delete == second[0]
         assert await unacknowledged(reopened, restored) == [second[1], third[0]]
         assert reopened.first_position() == second[0]
+
+
+async def test_a_cursor_whose_delete_failed_still_holds_its_data_back(
+    etcd_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Deleting a cursor forgot it in memory before its record was deleted: when the store
+    refused that delete, the record (restored by the next open) no longer held anything
+    back, a trim deleted what it had not consumed, and a retry of the delete found no
+    such cursor. Until its record is gone the cursor counts, and subscribing again takes
+    up the state the store holds."""
+    data_dir = tmp_path / "ledgers"
+    async with opened(etcd_url, data_dir, faulty=True) as (ledger, store):
+        gone = await ledger.open_cursor("gone", start="earliest")
+        kept = await ledger.open_cursor("kept", start="earliest")
+        first, second = await two_closed_ledgers(ledger)
+        await kept.ack_cumulative(second[-1])
+        await gone.ack([first[0]])
+        faults(store).fail("txn", key_prefix=CURSORS_PREFIX)  # the record's delete
+        with pytest.raises(StoreUnavailable):
+            await ledger.delete_cursor("gone")
+        assert (await ledger.trim(AT_ONCE)).ledgers == []
+        again = await ledger.open_cursor("gone")
+        assert again.mark_delete == first[0]  # the state its record holds
+        await again.ack([first[1]])
+        await ledger.close()
+
+    async with opened(etcd_url, data_dir) as (reopened, _):
+        restored = reopened.cursors["gone"]
+        assert await unacknowledged(reopened, restored) == [first[2], *second]
+        await reopened.delete_cursor("gone")
+        assert (await reopened.trim(AT_ONCE)).ledgers[:2] == [
+            first[0].ledger_id,
+            second[0].ledger_id,
+        ]
