@@ -161,12 +161,16 @@ class ManagedCursor:
         await self.seek(self.ledger.next_write_position())
 
     def _advance(self) -> None:
+        """Move the mark across the acknowledged ranges that follow it. A range that
+        starts before the next retained entry follows it too: the entries in between are
+        gone (trimmed; a store written before trims kept what saved cursors need holds
+        such states), and a mark waiting for them would wait for ever."""
         while True:
             first = self._acked.first()
             if first is None:
                 return
             following = self.ledger.position_after(self._mark)
-            if following is None or first[0] != following:
+            if following is None or first[0] > following:
                 return
             self._mark = first[1]
             self._acked.remove_up_to(first[1])

@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from segtxn.ledger import (
@@ -27,7 +28,7 @@ from segtxn.ledger import (
     Position,
     RetentionPolicy,
 )
-from segtxn.ledger.cursor import CURSORS_PREFIX
+from segtxn.ledger.cursor import CURSORS_PREFIX, CursorState, cursor_key
 from segtxn.metastore import MetadataStore, MetadataStoreError, StoreUnavailable, open_store
 from segtxn.metastore.faults import FaultInjector
 from tests.ledger.test_ledger_edges import etcd_url, faults  # noqa: F401 (a fixture)
@@ -206,3 +207,31 @@ async def test_a_cursor_whose_delete_failed_still_holds_its_data_back(
             first[0].ledger_id,
             second[0].ledger_id,
         ]
+
+
+async def test_a_cursor_saved_with_acks_in_ledgers_since_trimmed_moves_on(
+    etcd_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A store written before trims kept what saved cursors need may hold a cursor whose
+    mark and individual acknowledgments lie in ledgers since deleted. Its mark must move
+    on once the entries after the gap are acknowledged: it stayed before the gap for good
+    (the acknowledged range in the deleted ledger never touched the next retained entry),
+    so its backlog was wrong and nothing after it could ever be trimmed again."""
+    data_dir = tmp_path / "ledgers"
+    async with opened(etcd_url, data_dir) as (ledger, store):
+        cursor = await ledger.open_cursor("sub", start="earliest")
+        first, second = await two_closed_ledgers(ledger)
+        await cursor.ack_cumulative(first[-1])
+        assert (await ledger.trim(AT_ONCE)).ledgers == [first[0].ledger_id]
+        await ledger.close()
+        # as the old trim left it: saved before acknowledging first[1], trimmed after
+        legacy = CursorState(first[0].as_pair(), [[*first[2].as_pair(), *first[2].as_pair()]])
+        await store.put(cursor_key(NAME, "sub"), msgspec.json.encode(legacy))
+
+    async with opened(etcd_url, data_dir) as (reopened, _):
+        restored = reopened.cursors["sub"]
+        await restored.ack(second)
+        assert restored.mark_delete == second[-1]
+        assert restored.backlog() == 0
+        assert (await reopened.trim(AT_ONCE)).ledgers[:1] == [second[0].ledger_id]
