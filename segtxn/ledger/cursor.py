@@ -23,13 +23,15 @@ It works the same on a sealed ledger (PIP-471: a sealed segment still moves its 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from collections import deque
 from collections.abc import Sequence
 from urllib.parse import quote, unquote
 
 import msgspec
 
 from segtxn.ledger.chain import LedgerChain
-from segtxn.ledger.errors import LedgerClosed
+from segtxn.ledger.errors import LedgerClosed, LedgerFenced
 from segtxn.ledger.fencing import OwnerChanged, cas_put_owned
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.position import Position
@@ -37,6 +39,10 @@ from segtxn.ledger.rangeset import RangeSet
 from segtxn.metastore import MUST_NOT_EXIST, AlreadyExists, MetadataStore, Record
 
 CURSORS_PREFIX = "/managed-cursors/"
+TRIED_SAVES_KEPT = 1024
+"""How many states tried since the last completed save a cursor remembers (a 16-byte digest
+each), to know its own write again when a save landed with no answer to tell it (a store
+outage): an older one is taken for another owner's change, as any other."""
 
 
 class CursorState(msgspec.Struct, frozen=True):
@@ -47,6 +53,10 @@ class CursorState(msgspec.Struct, frozen=True):
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(CursorState).decode
+
+
+def _digest(encoded: bytes) -> bytes:
+    return hashlib.blake2b(encoded, digest_size=16).digest()
 
 
 def cursors_prefix(ledger_name: str) -> str:
@@ -88,6 +98,8 @@ class ManagedCursor:
         self._persisted_mark = self._mark
         """The lowest mark the store may hold: the last save's, or a lower one that a save
         tried since (failed, or in flight) may have written."""
+        self._tried: deque[bytes] = deque(maxlen=TRIED_SAVES_KEPT)
+        """Digests of the states tried since the last completed save: any may have landed."""
 
     # ================================================================= state
 
@@ -214,6 +226,8 @@ class ManagedCursor:
         through = None
         if len(self._acked) > len(ranges):  # ranges left out: only what comes before counts
             through = Position(*ranges[-1][2:]) if ranges else self._mark
+        encoded = _encode(state)
+        self._tried.append(_digest(encoded))
         try:
             while True:
                 owner_version = self.ledger.metadata_version
@@ -221,7 +235,7 @@ class ManagedCursor:
                     self._version = await cas_put_owned(
                         self._store,
                         self._key,
-                        _encode(state),
+                        encoded,
                         self._version,
                         owner_key=metadata_key(self.ledger.name),
                         owner_version=owner_version,
@@ -230,13 +244,31 @@ class ManagedCursor:
                 except OwnerChanged:
                     if await self.ledger.settled_metadata_version() == owner_version:
                         raise  # not our own change: another owner has the ledger now
+                except LedgerFenced:
+                    if not await self._took_up_own_write():
+                        raise
         finally:
             self._saving = None
+        self._tried.clear()
         self._saved = generation
         self._saved_through = through
         # the store holds this save's state: a save is a compare-and-set on the version an
         # earlier attempt would also need, so none still in flight can land after it
         self._persisted_mark = mark
+
+    async def _took_up_own_write(self) -> bool:
+        """After a save found the record changed: whether the record holds a state this
+        cursor tried since its last completed save (it landed, but its answer and the
+        read-back that would tell were lost). Then its version is taken up and the save is
+        tried again, still conditional on the ledger's metadata record: another owner is
+        fenced as ever. Otherwise the change is another owner's, and the save fails."""
+        found = await self._store.get(self._key)
+        if found is None or found.version <= self._version:
+            return False
+        if _digest(found.value) not in self._tried:
+            return False
+        self._version = found.version
+        return True
 
     async def close(self) -> None:
         """Make the state durable and stop. Idempotent."""

@@ -235,3 +235,26 @@ async def test_a_cursor_saved_with_acks_in_ledgers_since_trimmed_moves_on(
         assert restored.mark_delete == second[-1]
         assert restored.backlog() == 0
         assert (await reopened.trim(AT_ONCE)).ledgers[:1] == [second[0].ledger_id]
+
+
+async def test_a_save_that_landed_unknown_does_not_fence_the_cursor_itself(
+    etcd_url: str,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A save lands, but its answer and the read-back that would tell are both lost. The
+    next save then finds the record a version ahead, written by this cursor itself: it
+    took that for another owner's change (LedgerFenced), and every save after it failed
+    the same way until the ledger was opened again."""
+    async with opened(etcd_url, tmp_path / "ledgers", faulty=True) as (ledger, store):
+        cursor = await ledger.open_cursor("sub", start="earliest")
+        p = [await ledger.append(b"s%d" % i) for i in range(3)]
+        injected = faults(store)
+        injected.fail("txn", key_prefix=CURSORS_PREFIX, after_apply=True)
+        injected.fail("range", key_prefix=CURSORS_PREFIX)
+        with pytest.raises(StoreUnavailable):
+            await cursor.ack([p[0]])
+        await cursor.ack([p[1], p[2]])
+        assert cursor.durable and cursor.persisted_mark_delete == p[2]
+        await ledger.close()
+    async with opened(etcd_url, tmp_path / "ledgers") as (reopened, _):
+        assert reopened.cursors["sub"].mark_delete == p[2]
