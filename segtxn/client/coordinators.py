@@ -126,7 +126,7 @@ class Coordinators:
             if spares is None:
                 spares = Spares(
                     functools.partial(self._open_batch, protocol, timeout_s),
-                    self._abort_soon,
+                    self.abort_soon,
                     max_batch=MAX_BATCH if protocol == "v5" else 1,
                 )
                 while len(self._spares) >= MAX_SPARE_KINDS:
@@ -182,13 +182,15 @@ class Coordinators:
 
         async def retire() -> None:
             for opened in await spares.close():
-                self._abort_soon(opened)
+                self.abort_soon(opened)
 
         task = asyncio.create_task(retire(), name="txn-prestart-retire")
         self._aborting.add(task)
         task.add_done_callback(self._aborting.discard)
 
-    def _abort_soon(self, opened: Opened) -> None:
+    def abort_soon(self, opened: Opened) -> None:
+        """Abort ``opened`` in the background (best effort: its coordinator times it out
+        anyway); ``close`` waits for it. For a transaction opened that nothing will use."""
         task = asyncio.create_task(self._abort_spare(opened), name="txn-prestart-abort")
         self._aborting.add(task)
         task.add_done_callback(self._aborting.discard)
@@ -206,6 +208,6 @@ class Coordinators:
         spares, self._spares = list(self._spares.values()), {}
         for left in await asyncio.gather(*(s.close() for s in spares)):
             for opened in left:
-                self._abort_soon(opened)
+                self.abort_soon(opened)
         while self._aborting:  # (a retiring kind's spares add their aborts meanwhile)
             await asyncio.gather(*self._aborting, return_exceptions=True)

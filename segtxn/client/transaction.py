@@ -7,7 +7,8 @@ async with client.transaction(timeout_s=30) as txn:
 # committed here; an exception inside the block aborts instead
 ```
 
-Sends and acks in a transaction are tracked: ``commit`` first waits for every one of them.
+Sends and acks in a transaction are tracked: ``commit`` first waits for every one of them
+(one still opening the transaction, or registering its topic, included).
 If any failed, the transaction is *poisoned*: ``commit`` aborts it and raises
 :class:`TransactionFailed` (a transaction is all or nothing, so one lost message means none
 may count). That includes a send or ack refused before it left (a bad argument, a topic
@@ -97,7 +98,9 @@ class Transaction:
         sends, acks and END_TXN are its children (docs/tracing.md)."""
         self._placements = Placements() if one_step else None
         """Where its operations went, for the one-step commit (None: off)."""
-        self.operations = Operations(self._placements, lambda: str(self._id))
+        self.operations = Operations(
+            self._placements, lambda: "(not started)" if self._id is None else str(self._id)
+        )
         """Its sends and acknowledgments: producers and consumers report each one there."""
         self.committed_by: str | None = None
         """Once COMMITTED, who confirmed it: ``"broker"`` (the one-step commit) or
@@ -142,9 +145,10 @@ class Transaction:
 
     async def _start(self, protocol: str, deadline: Deadline) -> None:
         """NEW_TXN once, by ``deadline``. An operation that arrives while another one
-        starts the transaction waits for it only within its own limit.
+        starts the transaction waits for it only within its own limit; so does an end
+        (``operations.joining``), and what opens after an end gave up waiting is aborted.
 
-        Raises Timeout (RETRIABLE: nothing was done), or what NEW_TXN raised."""
+        Raises Timeout (RETRIABLE: nothing was done), ClientError (ended), or NEW_TXN's."""
         if self._id is None:
             try:
                 async with deadline.timeout():
@@ -157,16 +161,25 @@ class Transaction:
                 ) from e
             try:
                 if self._id is None:
-                    self.span = self.span or tracing.start(tracing.CLIENT, "transaction")
-                    opened = await self._traced(
-                        "new-txn", self._coordinators.open(protocol, self._timeout_s, deadline)
-                    )
-                    self._id, self._opened_at = opened.txn, opened.url
-                    self._move(TransactionState.OPEN)
-                    if self.span is not None:
-                        self.span.set_attribute("segtxn.txn.id", str(opened.txn))
+                    with self.operations.joining():
+                        await self._open(protocol, deadline)
             finally:
                 self._starting.release()
+
+    async def _open(self, protocol: str, deadline: Deadline) -> None:
+        self._check_open(TransactionState.NEW)  # (ended while it waited to start it)
+        self.span = self.span or tracing.start(tracing.CLIENT, "transaction")
+        opened = await self._traced(
+            "new-txn", self._coordinators.open(protocol, self._timeout_s, deadline)
+        )
+        if self.state is not TransactionState.NEW:  # ended by an abort that stopped waiting:
+            self._coordinators.abort_soon(opened)  # not left OPEN until its timeout
+            self._span_ends()
+            self._check_open()  # raises
+        self._id, self._opened_at = opened.txn, opened.url
+        self._move(TransactionState.OPEN)
+        if self.span is not None:
+            self.span.set_attribute("segtxn.txn.id", str(opened.txn))
 
     def _move(self, to: TransactionState) -> None:
         """Raises ClientError: ``to`` does not follow the state it is in (``NEXT``)."""
@@ -218,7 +231,8 @@ class Transaction:
             # is a no-op beyond the domain check just made, so it costs nothing to skip it
             # and a round trip on every transaction's first send and ack to make it.
             return
-        await self._registrations.register(self.id, command, topic, subscription, deadline)
+        with self.operations.joining():  # a commit meanwhile waits for it, then its send
+            await self._registrations.register(self.id, command, topic, subscription, deadline)
 
     @property
     def placements(self) -> Placements | None:
@@ -244,6 +258,8 @@ class Transaction:
                 OUTCOME_UNKNOWN when END_TXN got no answer (``commit()`` may be repeated).
         """
         deadline = self._deadline(timeout_s)
+        if self.state is TransactionState.NEW and not await self.operations.settle(deadline):
+            raise self.operations.late(deadline)  # a send or ack is starting it, not done in time
         if self.state is TransactionState.NEW:  # nothing reached a coordinator or broker
             if self.operations.failure is not None:  # but one was refused before it started
                 self._move(TransactionState.ABORTED)
@@ -261,20 +277,13 @@ class Transaction:
             if answer is Answer.COMMITTED:
                 return
         if not await self.operations.settle(deadline):
-            pending = len(self.operations.in_flight)
             if answer is Answer.UNKNOWN:  # the broker may have committed it: not poisoned
                 raise Timeout(
                     f"transaction {self._id}: no answer from its broker's commit, and "
-                    f"{pending} operations not done within {deadline}: it may have committed "
-                    "(commit() may be called again)"
+                    f"{len(self.operations.in_flight)} operations not done within "
+                    f"{deadline}: it may have committed (commit() may be called again)"
                 )
-            late = Timeout(
-                f"transaction {self._id}: {pending} operations not done within {deadline}; it "
-                "was not committed",
-                category=ErrorCategory.ABORTABLE,
-            )
-            self.operations.poison(late)
-            raise late
+            raise self.operations.late(deadline)
         if self.operations.failure is not None:
             if await self._abort_failed(deadline):
                 return  # the broker's one-step commit had landed
@@ -382,11 +391,11 @@ class Transaction:
             )
         if self.state is TransactionState.ABORTED:
             return
-        if self.state is TransactionState.NEW:
+        remaining = deadline.remaining()  # (in NEW, a send or ack may be starting it:)
+        await self.operations.settle(Deadline(None if remaining is None else remaining / 2))
+        if self.state is TransactionState.NEW:  # (one starting it late aborts what opens)
             self._move(TransactionState.ABORTED)
             return
-        remaining = deadline.remaining()
-        await self.operations.settle(Deadline(None if remaining is None else remaining / 2))
         if await self._abort_failed(deadline):  # a commit whose answer was lost had landed
             raise ClientError(
                 f"transaction {self._id} is COMMITTED (its commit, whose answer was lost, had "
@@ -442,7 +451,8 @@ class Transaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.state is not TransactionState.OPEN:
+        starting = self.state is TransactionState.NEW and self.operations.in_flight
+        if self.state is not TransactionState.OPEN and not starting:
             if exc is None and self._closed_by_client:  # not by the block: it must not
                 self._check_open()  # look committed (raises ClientClosed)
             return  # ended explicitly inside the block
@@ -454,7 +464,7 @@ class Transaction:
                 # out, so nothing committed, and left OPEN the transaction would hold its
                 # inputs and keep every reader of its outputs' segments waiting until its
                 # timeout; a cancel in the block aborts, and so does this one
-                if self.state is TransactionState.OPEN:
+                if self.state in (TransactionState.OPEN, TransactionState.NEW):
                     await self.abort_quietly(f"after {type(cancelled).__name__}")
                 raise
         else:

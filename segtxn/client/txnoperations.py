@@ -8,15 +8,16 @@ one poisons it: :mod:`segtxn.client.poisoning`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from segtxn.aio import callbacks_context
-from segtxn.client.errors import ClientError, OperationCancelled
+from segtxn.client.errors import ClientError, OperationCancelled, Timeout
 from segtxn.client.onestep import Placements
 from segtxn.client.timeouts import Deadline
-from segtxn.protocol.errors import ServerError
+from segtxn.protocol.errors import ErrorCategory, ServerError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,25 @@ class Operations:
             self._placements.tracking(future)
         future.add_done_callback(self._settled, context=self._callbacks)
 
+    @contextlib.contextmanager
+    def joining(self) -> Iterator[None]:
+        """Count, while the block runs, an operation joining the transaction: opening it
+        (NEW_TXN), or registering its topic (a v4 ADD_PARTITION / ADD_SUBSCRIPTION). Its
+        end (``commit``, ``abort``) waits for the join, then for the operation the join
+        lets through, which is tracked on its way out of the block (:meth:`settle` waits
+        for operations tracked meanwhile too). Without it an end saw nothing in flight and
+        went ahead: a commit of a transaction being opened committed nothing while its
+        coordinator kept what it opened OPEN until its timeout, and a v4 commit left out a
+        send still registering. A failed join is the operation's failure (it poisons the
+        transaction itself), so the block's own outcome is not kept here."""
+        joined: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.in_flight.add(joined)
+        try:
+            yield
+        finally:
+            self.in_flight.discard(joined)
+            joined.set_result(None)
+
     def _settled(self, future: asyncio.Future[Any]) -> None:
         self.in_flight.discard(future)
         if self._placements is not None:
@@ -61,12 +81,26 @@ class Operations:
             self.failure = error
 
     async def settle(self, deadline: Deadline) -> bool:
-        """Wait, until ``deadline``, for the operations in flight; False if some are not
-        done by then."""
-        if not self.in_flight:
-            return True
-        _, late = await asyncio.wait(set(self.in_flight), timeout=deadline.remaining())
-        return not late
+        """Wait, until ``deadline``, for the operations in flight, those tracked meanwhile
+        included (an operation that was joining the transaction is tracked as its join
+        ends); False if some are not done by then."""
+        while self.in_flight:
+            _, late = await asyncio.wait(set(self.in_flight), timeout=deadline.remaining())
+            if late:
+                return False
+        return True
+
+    def late(self, deadline: Deadline) -> Timeout:
+        """The error of a commit whose operations (or the transaction's start) were not
+        done by ``deadline``: it did not commit, and it is poisoned (they may land later,
+        and it must not then commit without the ones that did not)."""
+        late = Timeout(
+            f"transaction {self._name()}: {len(self.in_flight)} operations not done within "
+            f"{deadline}; it was not committed",
+            category=ErrorCategory.ABORTABLE,
+        )
+        self.poison(late)
+        return late
 
     def on_failure(self, key: object, callback: Callable[[], Awaitable[None]]) -> None:
         """Run ``callback`` (once per ``key``) if the transaction ends without a commit:

@@ -13,6 +13,7 @@ import pytest
 from segtxn.client import Client, ClientError, ServerError, TransactionState
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.prestart import Opened
+from tests.waiting import wait_until
 
 
 async def test_start_of_an_open_transaction_does_nothing(client: Client) -> None:
@@ -46,30 +47,44 @@ async def test_an_abort_while_the_transaction_opens_is_not_undone(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A send starts the transaction; the application aborts it while NEW_TXN is on its
-    way. It used to become OPEN when NEW_TXN answered, so leaving ``async with`` committed
-    the sends made after the abort. The transition table refuses ABORTED -> OPEN."""
+    way, and the abort stops waiting for it (half its limit). It used to become OPEN when
+    NEW_TXN answered, so leaving ``async with`` committed the sends made after the abort.
+    The transaction stays ABORTED, the send fails, and what the coordinator opened is
+    aborted rather than left OPEN until its timeout (it was left so)."""
     topic = "persistent://acme/states/t"
     await client.admin.create_topic(topic)
     producer = await client.create_producer(topic)
     opening, go_on = asyncio.Event(), asyncio.Event()
     open_ = Coordinators.open
 
+    opened: list[Opened] = []
+
     async def held_open(self: Coordinators, *args: Any, **kwargs: Any) -> Opened:
         opening.set()
         await go_on.wait()
-        return await open_(self, *args, **kwargs)
+        opened.append(await open_(self, *args, **kwargs))
+        return opened[-1]
 
     monkeypatch.setattr(Coordinators, "open", held_open)
     txn = client.transaction()
     send = asyncio.create_task(producer.send(b"after the abort", txn=txn))
     async with asyncio.timeout(10):
         await opening.wait()
-    await txn.abort()
+    await txn.abort(timeout_s=0.2)  # it waits for the start for 0.1 s
     assert txn.state == TransactionState.ABORTED
     go_on.set()
-    with pytest.raises(ClientError, match="ABORTED cannot become OPEN"):
+    with pytest.raises(ClientError, match="ABORTED"):
         async with asyncio.timeout(10):
             await send
     assert txn.state == TransactionState.ABORTED
     stats = await client.admin.stats(topic)
     assert stats["msgInCounter"] == 0
+
+    coordinators = client._coordinators
+    assert coordinators is not None and len(opened) == 1
+
+    async def aborted() -> bool:
+        reply = await coordinators.call("GET", f"/txn/v2/{opened[0].txn}")
+        return bool(reply["state"] == "ABORTED")
+
+    await wait_until(aborted, what="the transaction opened after the abort aborted")
