@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from segtxn.coordinator import sweeps
 from segtxn.coordinator.fanout import FIRST_RETRY_S, Participants
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import (
@@ -137,7 +138,8 @@ class CoordinatorV4:
         self.participants = Participants(self._catalog, self._http, self.settings.fan_out_timeout_s)
         for n in range(self.settings.v4_coordinator_ids):
             self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
-        self._spawn(self._sweep(), "v4-timeout-sweep")
+        sweep = sweeps.every("v4 timeout sweep", self.settings.timeout_sweep_s, self.sweep_timeouts)
+        self._spawn(sweep, "v4-timeout-sweep")  # (a failed round does not end it)
         if self.repairer is not None:
             self._spawn(self.repairer.run(), "v4-log-repair")
 
@@ -434,14 +436,6 @@ class CoordinatorV4:
             delay = min(delay * 2, RESUME_RETRY_MAX_S)
 
     # ------------------------------------------------------------------ timeouts
-
-    async def _sweep(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.timeout_sweep_s)  # a sweep interval
-            try:
-                await self.sweep_timeouts()
-            except ServerError as e:
-                log.warning("v4 timeout sweep: %s", e)
 
     async def sweep_timeouts(self) -> int:
         """TIME_OUT (logged), then abort, every OPEN transaction past its deadline."""
