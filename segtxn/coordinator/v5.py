@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 import msgspec
 
 from segtxn.aio import first_completed
+from segtxn.coordinator import sweeps
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.v5ids import Held, HeldIds
 from segtxn.metastore import (
@@ -40,7 +41,6 @@ from segtxn.metastore import (
     Check,
     IndexEntry,
     MetadataStore,
-    MetadataStoreError,
     NotFound,
     Put,
 )
@@ -316,17 +316,11 @@ class CoordinatorV5:
     # ------------------------------------------------------------------ sweeps
 
     async def _sweeps(self) -> None:
-        async def every(period: float, sweep: str) -> None:
-            while True:
-                await asyncio.sleep(period)  # a sweep interval, not a wait for a condition
-                try:
-                    await (self.sweep_timeouts() if sweep == "timeouts" else self.sweep_gc())
-                except MetadataStoreError as e:
-                    log.warning("%s sweep failed: %s", sweep, e)
-
+        """Both sweeps until cancelled; a failed round of one stops neither
+        (:func:`sweeps.every`)."""
         await first_completed(
-            every(self.settings.timeout_sweep_s, "timeouts"),
-            every(self.settings.gc_sweep_s, "gc"),
+            sweeps.every("timeout sweep", self.settings.timeout_sweep_s, self.sweep_timeouts),
+            sweeps.every("gc sweep", self.settings.gc_sweep_s, self.sweep_gc),
             name="coordinator-sweep",
         )
 
