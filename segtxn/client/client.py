@@ -342,9 +342,10 @@ class Client:
         return reader
 
     async def close(self, *, timeout_s: float | None = None) -> None:
-        """Abort the transactions this client opened and left open, then close every
-        producer (flushing), consumer and reader, at once, then the connections; all within
-        ``timeout_s`` (default: the operation timeout). With ``timeout_s=0`` (what leaving
+        """Abort the transactions this client opened and left open (or is opening: a
+        send's NEW_TXN on its way), then close every producer (flushing), consumer and
+        reader, at once, then the connections; all within ``timeout_s`` (default: the
+        operation timeout). With ``timeout_s=0`` (what leaving
         ``async with`` by a cancel does) nothing waits: open transactions are left to
         their coordinators, which abort them at their timeouts.
 
@@ -357,7 +358,9 @@ class Client:
         way is not touched."""
         deadline = Deadline(self.timeouts.limit(timeout_s))
         if deadline.timeout_s:
-            left_open = [t for t in self._transactions if t.state is TransactionState.OPEN]
+            left_open = [
+                t for t in self._transactions if t.state is TransactionState.OPEN or t.opening
+            ]
             remaining = deadline.remaining() or 0.0
             await asyncio.gather(*(t.abort_at_close(remaining) for t in left_open))
         closing = [

@@ -147,24 +147,23 @@ class Transaction:
         """NEW_TXN once, by ``deadline``. An operation that arrives while another one
         starts the transaction waits for it only within its own limit; so does an end
         (``operations.joining``), and what opens after an end gave up waiting is aborted.
-
         Raises Timeout (RETRIABLE: nothing was done), ClientError (ended), or NEW_TXN's."""
         if self._id is None:
-            try:
-                async with deadline.timeout():
-                    await self._starting.acquire()
-            except TimeoutError as e:
-                raise Timeout(
-                    f"the transaction was not started within {deadline} (another operation "
-                    "is starting it); nothing was done",
-                    category=ErrorCategory.RETRIABLE,
-                ) from e
-            try:
-                if self._id is None:
-                    with self.operations.joining():
+            with self.operations.joining():  # (waiting for another's start included)
+                try:
+                    async with deadline.timeout():
+                        await self._starting.acquire()
+                except TimeoutError as e:
+                    raise Timeout(
+                        f"the transaction was not started within {deadline} (another "
+                        "operation is starting it); nothing was done",
+                        category=ErrorCategory.RETRIABLE,
+                    ) from e
+                try:
+                    if self._id is None:
                         await self._open(protocol, deadline)
-            finally:
-                self._starting.release()
+                finally:
+                    self._starting.release()
 
     async def _open(self, protocol: str, deadline: Deadline) -> None:
         self._check_open(TransactionState.NEW)  # (ended while it waited to start it)
@@ -259,7 +258,7 @@ class Transaction:
         """
         deadline = self._deadline(timeout_s)
         if self.state is TransactionState.NEW and not await self.operations.settle(deadline):
-            raise self.operations.late(deadline)  # a send or ack is starting it, not done in time
+            raise self.operations.late(deadline)  # a send or ack is starting it, not in time
         if self.state is TransactionState.NEW:  # nothing reached a coordinator or broker
             if self.operations.failure is not None:  # but one was refused before it started
                 self._move(TransactionState.ABORTED)
@@ -451,8 +450,7 @@ class Transaction:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        starting = self.state is TransactionState.NEW and self.operations.in_flight
-        if self.state is not TransactionState.OPEN and not starting:
+        if self.state is not TransactionState.OPEN and not self.opening:
             if exc is None and self._closed_by_client:  # not by the block: it must not
                 self._check_open()  # look committed (raises ClientClosed)
             return  # ended explicitly inside the block
@@ -470,11 +468,16 @@ class Transaction:
         else:
             await self.abort_quietly(f"after {type(exc).__name__}")
 
+    @property
+    def opening(self) -> bool:
+        """NEW, and a send or ack (or ``start()``) is opening it now."""
+        return self.state is TransactionState.NEW and bool(self.operations.in_flight)
+
     async def abort_at_close(self, timeout_s: float) -> None:
-        """Its client closes with it open: abort it (:meth:`abort_quietly`). What the
-        application calls on it next (``commit()``, a send, leaving its ``async with``)
-        raises ClientClosed."""
-        if self.state is TransactionState.OPEN:
+        """Its client closes with it open, or being opened: abort it (:meth:`abort_quietly`).
+        What the application calls on it next (``commit()``, a send, leaving its ``async
+        with``) raises ClientClosed."""
+        if self.state is TransactionState.OPEN or self.opening:
             self._closed_by_client = True
             await self.abort_quietly("at its client's close", timeout_s=timeout_s)
 

@@ -16,6 +16,8 @@ import pytest
 
 from segtxn.client import Client, Consumer, Producer, ScalableProducer, Transaction
 from segtxn.client.coordinators import Coordinators
+from segtxn.client.prestart import Opened
+from segtxn.protocol.txn import TxnState
 from tests.client.test_timeouts import Outcome, timed
 from tests.cluster import Cluster
 from tests.txn.test_ordered_redelivery import gated, nothing_arrives
@@ -149,3 +151,35 @@ async def test_a_v4_commit_while_a_send_registers_its_topic_commits_the_send(
         assert committed.error is None and sent.error is None, (committed, sent)
         assert await txn.status() == "COMMITTED"
         assert (await reader.receive(timeout_s=10)).value == b"out"
+
+
+async def test_a_close_while_a_send_starts_a_transaction_aborts_what_was_opened(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Client.close()`` aborts the transactions left open. One whose NEW_TXN the
+    coordinator had answered, the answer not yet taken in, was neither OPEN nor ended
+    for the client: close() left it, it became OPEN after the close, and its coordinator
+    kept it OPEN until its timeout (holding every reader of what the send wrote)."""
+    topic = "topic://acme/lifecycle/close"
+    answered, go_on = asyncio.Event(), asyncio.Event()
+    opened: list[Opened] = []
+    open_ = Coordinators._open
+
+    async def answer_held(self: Coordinators, *args: Any, **kwargs: Any) -> Opened:
+        opened.append(await open_(self, *args, **kwargs))  # the coordinator opened it
+        answered.set()
+        await go_on.wait()
+        return opened[-1]
+
+    monkeypatch.setattr(Coordinators, "_open", answer_held)
+    client = Client(cluster.url)
+    await client.__aenter__()
+    producer, _ = await setup(client, topic)
+    send = await running(producer.send(b"out", txn=client.transaction()))
+    await asyncio.wait_for(answered.wait(), 10)
+    closing = await running(client.close())
+    go_on.set()
+    assert (await closing).error is None
+    await send  # (its outcome: either; the transaction's is what counts)
+    header = await cluster.coordinator.coordinator.status(opened[0].txn)
+    assert header.state is TxnState.ABORTED, f"{opened[0].txn} is {header.state} after close()"
