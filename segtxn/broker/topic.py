@@ -112,6 +112,7 @@ class Topic:
                 ledger,
                 snapshots=snapshots,
                 checks=v4,
+                store=store,
                 snapshot_every=settings.txn_buffer_snapshot_every,
             )
         else:
@@ -324,8 +325,8 @@ class Topic:
         )
 
     async def delete(self) -> None:
-        """Delete the topic's data, subscriptions, de-duplication state and (a segment)
-        its transaction buffer's records."""
+        """Delete the topic's data, subscriptions, de-duplication state and its
+        transaction buffer's records (a segment's) or snapshots (a v4 topic's)."""
         for subscription in self.subscriptions.values():
             await subscription.close()
         self.subscriptions.clear()
@@ -333,6 +334,7 @@ class Topic:
         await self.publishing.settle()
         await self.ledger.delete()
         await self.dedup.delete()
+        await self.buffer.deleted()
         if self.name.domain is Domain.SEGMENT:
             await delete_records(self._store, str(self.name))
 

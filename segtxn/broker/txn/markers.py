@@ -8,7 +8,8 @@ the earliest one) and the aborted set (what dispatchers must skip). Markers are 
 delivered. Both indexes are **snapshotted** every ``snapshot_every`` markers to the
 namespace's ``__transaction_buffer_snapshot`` log (:mod:`segtxn.broker.txn.snapshots`);
 recovery loads the topic's latest snapshot and replays the ledger from the position it
-covers.
+covers: only a snapshot of this incarnation of the topic (not of one deleted before it under
+its name, whose positions the new ledger reuses: :mod:`segtxn.broker.txn.snapshots`).
 
 **PIP-373.** The topic's system property ``__contains_txn_messages`` is ``false``/absent
 until its first transactional message, and set to ``true`` durably *before* that message is
@@ -45,11 +46,14 @@ from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import OpenTransactions, TransactionBuffer
 from segtxn.ledger import (
+    LedgerError,
     LedgerSealed,
     ManagedLedger,
     Position,
     TrimResult,
 )
+from segtxn.ledger.metadata import metadata_key
+from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId, TxnState
 
@@ -91,9 +95,13 @@ class MarkerTransactionBuffer(TransactionBuffer):
         *,
         snapshots: SnapshotLogs,
         checks: V4TransactionChecks,
+        store: MetadataStore,
         snapshot_every: int = 100,
     ) -> None:
         super().__init__()
+        self._store = store
+        self._incarnation = 0
+        """The store revision that created the ledger's record (0: not read yet)."""
         self.topic = topic
         self._checks = checks
         self._where = (tenant, namespace)
@@ -264,6 +272,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
     async def snapshot(self) -> None:
         """Write both indexes as they stand: they reflect every entry up to the last
         confirmed one that no append in flight precedes."""
+        incarnation = await self.incarnation()
         last = self._ledger.last_confirmed
         if last is None:
             return
@@ -274,6 +283,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
             (at.ledger_id, at.entry_id),
             {str(t): (p.ledger_id, p.entry_id) for t, p in self._ongoing.items()},
             {str(t): (p.ledger_id, p.entry_id) for t, p in self._aborted.items()},
+            incarnation,
         )
         log_ = await self._snapshots.get(*self._where)
         await log_.write(snapshot)
@@ -293,6 +303,11 @@ class MarkerTransactionBuffer(TransactionBuffer):
         self.contains_txn = True  # "true", or a non-boolean value: always rebuild
         start = self._ledger.first_position()
         snapshot = await (await self._snapshots.get(*self._where)).latest(self.topic)
+        if snapshot is not None and (
+            not snapshot.incarnation or snapshot.incarnation != await self.incarnation()
+        ):  # a deleted topic's (its positions are not this one's), or one that cannot tell
+            log.info("%s: its snapshot is not of this topic; replaying it whole", self.topic)
+            snapshot = None
         if snapshot is not None:
             self.recovery["snapshot"] = 1
             for text, first in snapshot.ongoing.items():
@@ -303,6 +318,18 @@ class MarkerTransactionBuffer(TransactionBuffer):
         await self._replay(start)
         for txn in self._ongoing:  # ended by its coordinator, or by the checks' sweep
             self._checks.recovered(txn, self)
+
+    async def incarnation(self) -> int:
+        """The store revision that created the topic's ledger record: what tells this topic
+        from one deleted before it under its name (0: the record is gone, being deleted).
+
+        Raises:
+            MetadataStoreError: the store cannot be read.
+        """
+        if not self._incarnation:
+            record = await self._store.get(metadata_key(self._ledger.name))
+            self._incarnation = 0 if record is None else record.created_version
+        return self._incarnation
 
     async def _replay(self, start: Position | None) -> bool:
         """Apply entries from ``start`` on; returns whether any was transactional."""
@@ -333,6 +360,16 @@ class MarkerTransactionBuffer(TransactionBuffer):
         first = Position(max(result.ledgers) + 1, -1)
         for txn in [t for t, marker in self._aborted.items() if marker < first]:
             del self._aborted[txn]
+
+    async def deleted(self) -> None:
+        """Tombstone the topic's snapshots in this broker's log (a failure is logged: a
+        topic created again under the name never loads them anyway)."""
+        if not self.contains_txn:
+            return  # never snapshotted
+        try:
+            await self._snapshots.forget(*self._where, self.topic)
+        except (LedgerError, MetadataStoreError) as e:
+            log.warning("%s: its snapshots were not tombstoned: %s", self.topic, e)
 
     async def close(self) -> None:
         self._checks.forget(self)

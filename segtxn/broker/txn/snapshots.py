@@ -8,6 +8,17 @@ only the ledger after the latest one. Each broker keeps its own log, read once w
 opened (the latest position per topic is indexed); a topic that moved (a take-over or a
 drain) finds no snapshot, or an older one, in its new broker's log, and replays more.
 
+**A snapshot is of one incarnation of its topic.** A topic deleted and created again under
+its name has a new ledger that numbers its entries from the start again, so the deleted
+one's snapshot (its position past the new topic's entries, its aborted and open
+transactions) would hide the new topic's entries from recovery, and with them its open
+transactions and their uncommitted messages. Each snapshot records the store revision that
+created its topic's ledger record (:attr:`BufferSnapshot.incarnation`), and recovery loads
+only one of its own topic's incarnation, in any broker's log. A deletion also appends a
+tombstone to this broker's log, so a compaction stops keeping the deleted topic's snapshot
+(another broker's log keeps a snapshot of a topic that moved away until it is compacted
+with that topic deleted there; it is never loaded).
+
 **Only each topic's latest snapshot is needed**, so the log is a
 :class:`~segtxn.ledger.compacted.CompactedLog`: once ``compact_entries`` snapshots were
 written since its last compaction (and twice as many as the topics it holds), it is cut,
@@ -48,12 +59,24 @@ class BufferSnapshot(msgspec.Struct, frozen=True):
     """Transaction (``most:least``) -> its first entry."""
     aborted: dict[str, tuple[int, int]]
     """Transaction -> its abort marker."""
+    incarnation: int = 0
+    """The store revision that created the topic's ledger record (its
+    ``created_version``): another for a topic created again under the name. 0 in snapshots
+    written before this was kept, and when the record could not be found: never loaded."""
+
+
+class _Tombstone(msgspec.Struct, frozen=True):
+    """The topic was deleted: forget its snapshots."""
+
+    topic: str
+    deleted: bool = True
 
 
 class _Topic(msgspec.Struct):
-    """Decodes just the topic of a snapshot."""
+    """Decodes just the topic of a snapshot or a tombstone."""
 
     topic: str
+    deleted: bool = False
 
 
 _encode = msgspec.json.Encoder().encode
@@ -90,7 +113,11 @@ class SnapshotLog:
         try:
             async for entries in log_._log.replay():
                 for entry in entries:
-                    log_._latest[_decode_topic(entry.payload).topic] = entry.position
+                    about = _decode_topic(entry.payload)
+                    if about.deleted:
+                        log_._latest.pop(about.topic, None)
+                    else:
+                        log_._latest[about.topic] = entry.position
         except BaseException:
             await log_.close()
             raise
@@ -113,6 +140,20 @@ class SnapshotLog:
 
     def _index(self, topic: str, at: Position) -> None:
         self._latest[topic] = at
+
+    async def forget(self, topic: str) -> None:
+        """The topic was deleted: append a tombstone (if it has a snapshot here), after
+        which it has none, so the next compaction drops its snapshots.
+
+        Raises:
+            LedgerError: the tombstone could not be written (the snapshot stays, and is
+                never loaded for a topic created again: see the module docstring).
+        """
+        if topic in self._latest:
+            await self._log.append(_encode(_Tombstone(topic)), lambda _: self._unindex(topic))
+
+    def _unindex(self, topic: str) -> None:
+        self._latest.pop(topic, None)
 
     async def latest(self, topic: str) -> BufferSnapshot | None:
         """The topic's latest snapshot (None: it has none)."""
@@ -175,7 +216,8 @@ class SnapshotLog:
 
 class SnapshotLogs:
     """The snapshot logs of the namespaces this broker serves, opened on first use. A
-    topic never moves between brokers, so its snapshots are written and read here."""
+    topic's snapshots are written and read in this broker's log only (one that moved here
+    replays more: see the module docstring)."""
 
     def __init__(
         self,
@@ -213,6 +255,14 @@ class SnapshotLogs:
             )
             self._logs[name] = task
         return task
+
+    async def forget(self, tenant: str, namespace: str, topic: str) -> None:
+        """:meth:`SnapshotLog.forget` in the namespace's log (opened if need be).
+
+        Raises:
+            LedgerError, MetadataStoreError: the log could not be opened or written.
+        """
+        await (await self.get(tenant, namespace)).forget(topic)
 
     def opened(self) -> list[SnapshotLog]:
         """The logs open now (for metrics)."""

@@ -129,6 +129,10 @@ class TransactionBuffer(ABC):
     async def trimmed(self, result: TrimResult) -> None:  # noqa: B027
         """The ledger dropped data before ``result.first_retained``: drop its indexes."""
 
+    async def deleted(self) -> None:  # noqa: B027
+        """The topic's ledger was deleted (after :meth:`close`): drop what is kept about it
+        elsewhere, so that nothing of it applies to a topic created again under its name."""
+
     async def close(self) -> None:  # noqa: B027
         """Stop background work."""
 
