@@ -44,12 +44,11 @@ from __future__ import annotations
 import logging
 import time
 from typing import TYPE_CHECKING
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import msgspec
 
-from segtxn.broker import handoff
-from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
+from segtxn.broker import dedup, handoff
 from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.ledger.sealed import SealedLedger, delete_sealed, read_sealed
 from segtxn.metastore import MetadataStoreError
@@ -218,5 +217,4 @@ async def delete_state(service: BrokerService, segment: TopicName) -> None:
     if ledger is not None:
         await delete_sealed(service.store, service.storage, ledger)
     await delete_records(service.store, name)
-    dedup = DEDUP_PREFIX + quote(name, safe="")
-    await service.store.delete_range(dedup, dedup + "\x01")  # as Deduplication.delete
+    await dedup.delete_state(service.store, name)

@@ -1,14 +1,32 @@
 """A topic's state at its edges: what a ``persistent://`` topic deleted and created again
-under its name recovers. Real brokers and a real coordinator (memory store and real etcd),
-real ledger files; each failed before its fix (a review's suspicions)."""
+under its name recovers; de-duplication state larger than one store value. Real brokers
+and a real coordinator, or a real ledger (memory store and real etcd), real ledger files;
+each failed before its fix (a review's suspicions)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import pytest
 
+from segtxn.broker.dedup import Deduplication, parts_prefix
+from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.txn.snapshots import SnapshotLog
 from segtxn.client import Client
-from segtxn.ledger import LedgerError, Position
+from segtxn.ledger import (
+    FileLogStorage,
+    LedgerError,
+    LedgerSettings,
+    ManagedLedger,
+    Position,
+    RetentionPolicy,
+)
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.etcd_server import EtcdServer
+from segtxn.protocol.limits import MAX_CLIENT_NAME
 from tests.cluster import Cluster
 from tests.txn.test_v4 import end, loaded, nothing_more, receive_all, restart_broker
 
@@ -70,3 +88,65 @@ async def test_a_v4_topic_created_again_never_loads_the_deleted_ones_snapshot(
         await nothing_more(consumer)  # the open transaction holds everything after it
         await end(client, str(open_.id), "COMMIT")
         assert await receive_all(consumer, 2) == [b"uncommitted", b"plain"]
+
+
+# ---------------------------------------------------------------------- 2
+
+DEDUP_TOPIC = "persistent://acme/dedup/crowded"
+
+
+@pytest.fixture(params=["memory", "etcd"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[MetadataStore]:
+    if request.param == "memory":
+        url = "memory://"
+    else:
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        url = server.url(f"/dedup-{request.node.name}-{time.monotonic_ns()}")
+    async with open_store(url) as s:
+        yield s
+
+
+async def test_de_duplication_state_larger_than_a_store_value_survives_a_trim_and_a_reload(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """4,000 producers with names of the longest length a client may use, each with one
+    message stored: their de-duplication snapshot is larger than one store value (1 MiB,
+    below etcd's 1.5 MiB request). It must still be written: once the ledger holding
+    their messages is trimmed, the snapshot is all a reload knows of them, and a resend
+    of any of their messages must still be a duplicate. Before, the write was refused
+    (TooLarge) at every snapshot, logged and dropped: a reload replayed from the last
+    snapshot that fit, or the first entry left, and forgot every producer of what was
+    trimmed."""
+    names = [f"{i:05d}-".ljust(MAX_CLIENT_NAME, "p") for i in range(4000)]
+    storage = FileLogStorage(tmp_path)
+    ledger = await ManagedLedger.open(DEDUP_TOPIC, store, storage, LedgerSettings())
+    try:
+        dedup = Deduplication(DEDUP_TOPIC, store, snapshot_every=10**6)
+        now_ms = int(time.time() * 1000)
+        positions = await asyncio.gather(
+            *(ledger.append(encode_entry(StoredMessage(n, 7, now_ms, b"x"))) for n in names)
+        )
+        for name, position in zip(names, positions, strict=True):
+            dedup.note_stored(name, 7, position)
+        await dedup.snapshot()
+        await dedup.snapshot()  # a second one replaces the first one's parts
+        cursor = await ledger.open_cursor("all-read", start="earliest")
+        await ledger.roll_over()  # the messages' ledger is closed, and consumed:
+        await cursor.ack_cumulative(positions[-1])
+        trimmed = await ledger.trim(RetentionPolicy(retention_time_s=0))
+        assert trimmed.entries == len(names)
+    finally:
+        await ledger.close()
+    parts = await store.list_prefix(parts_prefix(DEDUP_TOPIC))
+    generations = {record.key.rsplit("/", 2)[1] for record in parts.records}
+    assert len(parts.records) > 1 and len(generations) == 1  # the older parts are gone
+
+    ledger = await ManagedLedger.open(DEDUP_TOPIC, store, storage, LedgerSettings())
+    try:
+        reloaded = Deduplication(DEDUP_TOPIC, store, snapshot_every=10**6)
+        await reloaded.recover(ledger)
+        assert {n: s.last for n, s in reloaded.producers.items()} == dict.fromkeys(names, 7)
+        await reloaded.delete()
+    finally:
+        await ledger.close()
+    assert not (await store.list_prefix(parts_prefix(DEDUP_TOPIC))).records
