@@ -14,7 +14,10 @@ leaves a parent and a child writable at once:
    plan depends only on the active segments and ``next_segment_id``, which such a change
    keeps, so the caller would only have retried the same request.
 2. **place** each child on a broker (``/homes``), keeping a home written by an earlier,
-   interrupted attempt;
+   interrupted attempt, or by another controller meanwhile: each home is created by a
+   compare-and-set on its absence, so a controller that stalled between finding a child
+   without a home and writing one (past its lease, while its successor placed, prepared
+   and completed the child) never moves it away from its data;
 3. **prepare** each child: create it on its home with every subscription of its parents,
    positioned at its start (children are not routable yet: nothing can write to them);
 4. **seal** each parent (terminate its ledger): from now on sends to it fail with
@@ -35,7 +38,7 @@ from typing import Protocol
 
 import msgspec
 
-from segtxn.metastore import BadVersion, MetadataStore, NotFound
+from segtxn.metastore import MUST_NOT_EXIST, AlreadyExists, BadVersion, MetadataStore, NotFound
 from segtxn.protocol.names import TopicName
 from segtxn.topics import dag
 from segtxn.topics.catalog import HOMES_BY_BROKER, Catalog, home_key, topic_key
@@ -208,9 +211,16 @@ class Controller:
             return
         homes = await self.catalog.place(len(missing))
         for child, home in zip(missing, homes, strict=True):
-            await self.store.put(
-                home_key(child), msgspec.json.encode(home), indexes={HOMES_BY_BROKER: home}
-            )
+            try:
+                await self.store.put(
+                    home_key(child),
+                    msgspec.json.encode(home),
+                    expected_version=MUST_NOT_EXIST,
+                    indexes={HOMES_BY_BROKER: home},
+                )
+            except AlreadyExists:  # placed since it was read: that home is the one
+                log.info("segment %s was placed meanwhile; keeping its home", child)
+                continue
             log.info("segment created: %s, placed on broker %s", child, home)
 
 

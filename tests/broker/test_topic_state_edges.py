@@ -1,19 +1,24 @@
 """A topic's state at its edges: what a ``persistent://`` topic deleted and created again
-under its name recovers; de-duplication state larger than one store value. Real brokers
-and a real coordinator, or a real ledger (memory store and real etcd), real ledger files;
-each failed before its fix (a review's suspicions)."""
+under its name recovers; de-duplication state larger than one store value; a split's
+child placed by a controller that paused. Real brokers and a real coordinator, or a real
+ledger (memory store and real etcd), real ledger files; each failed before its fix (a
+review's suspicions)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from segtxn.broker.app import BrokerServer
+from segtxn.broker.controllers import HttpSegmentOps
 from segtxn.broker.dedup import Deduplication, parts_prefix
 from segtxn.broker.entry import StoredMessage, encode_entry
+from segtxn.broker.fanout import HTTP
 from segtxn.broker.txn.snapshots import SnapshotLog
 from segtxn.client import Client
 from segtxn.ledger import (
@@ -25,8 +30,11 @@ from segtxn.ledger import (
     RetentionPolicy,
 )
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import EtcdServer
+from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.protocol.limits import MAX_CLIENT_NAME
+from segtxn.protocol.names import TopicName
+from segtxn.topics.catalog import Catalog
+from segtxn.topics.controller import Controller
 from tests.cluster import Cluster
 from tests.txn.test_v4 import end, loaded, nothing_more, receive_all, restart_broker
 
@@ -150,3 +158,72 @@ async def test_de_duplication_state_larger_than_a_store_value_survives_a_trim_an
     finally:
         await ledger.close()
     assert not (await store.list_prefix(parts_prefix(DEDUP_TOPIC))).records
+
+
+# ---------------------------------------------------------------------- 3
+
+SCALABLE = "topic://acme/review/placed"
+
+
+class PausedAfterHomeCheck(Catalog):
+    """A controller's catalog that, the first time it finds a segment without a home,
+    pauses (as a controller stalled past its lease does) until ``resume`` is set."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        super().__init__(catalog.store)
+        self.checked = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def home_of(self, ledger: TopicName) -> str | None:
+        home = await super().home_of(ledger)
+        if home is None and not self.checked.is_set():
+            self.checked.set()
+            await self.resume.wait()
+        return home
+
+
+async def test_a_controller_paused_after_its_home_check_keeps_the_home_placed_meanwhile(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Controller A plans a split, finds a child without a home and stalls before writing
+    one. Controller B (the next holder of the lease) finishes the split: it places the
+    child, prepares it there, completes; messages go to it. A resumes, and the broker it
+    would now place the child on is another: its write must not replace B's home (the
+    child's data is on B's pick). It was an unconditional put: the child moved to a broker
+    that holds none of its data."""
+    settings = dataclasses.replace(
+        cluster.broker.settings,
+        broker_id="b2",
+        advertise_url=f"http://127.0.0.1:{free_port()}",
+        ledger_url=f"file://{tmp_path / 'b2'}",
+    )
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(SCALABLE, segments=1)  # segment 0 on b1
+        b2 = BrokerServer(settings, store=cluster.store)
+        await b2.start()
+        try:
+            service = cluster.broker.service
+            ops = HttpSegmentOps(service.catalog, cluster.broker.app[HTTP])
+            paused = PausedAfterHomeCheck(service.catalog)
+            name = TopicName.parse(SCALABLE)
+            a = asyncio.create_task(Controller(service.store, paused, ops).split(name, 0))
+            await paused.checked.wait()
+            await Controller(service.store, service.catalog, ops).finish(name)
+            child = name.segment_name(1)
+            placed = await service.catalog.home_of(child)
+            await client.admin.create_topic("persistent://acme/review/other")  # on b2
+            assert placed is not None and (await service.catalog.place(1)) != [placed]
+
+            producer = await client.create_producer(SCALABLE)
+            for i in range(6):
+                await producer.send(f"m{i}".encode(), key=f"k{i}")
+            await producer.close()
+            paused.resume.set()
+            await asyncio.gather(a, return_exceptions=True)  # (B completed the split)
+            assert await service.catalog.home_of(child) == placed
+            consumer = await client.subscribe(SCALABLE, "s", initial_position="earliest")
+            got = {(await consumer.receive(timeout_s=10)).value for _ in range(6)}
+            assert got == {f"m{i}".encode() for i in range(6)}
+            await consumer.close()
+        finally:
+            await b2.stop()
