@@ -207,21 +207,33 @@ class Catalog:
 
         Homes go in steps of :data:`HOMES_PER_STEP` (a topic may have more segments than
         one atomic step can place). A crash in between leaves homes of a topic that does
-        not exist, which the next create of that name overwrites.
+        not exist, which the next create of that name overwrites. Each step also checks
+        that the topic record does not exist: a create that stalled after finding no topic,
+        while another made it (and stored messages on its homes), never writes its homes
+        over the live topic's.
+
+        Raises:
+            TopicExists: the topic exists (nothing of this create was written since).
         """
         if await self.store.get(topic_key(name)) is not None:
             raise TopicExists(f"{name} already exists")
         for i in range(0, len(homes), HOMES_PER_STEP):
-            await self.store.commit(
-                [
-                    Put(
-                        home_key(ledger),
-                        msgspec.json.encode(home),
-                        indexes={HOMES_BY_BROKER: home},
-                    )
-                    for ledger, home in homes[i : i + HOMES_PER_STEP]
-                ]
-            )
+            try:
+                await self.store.commit(
+                    [
+                        Check(topic_key(name), MUST_NOT_EXIST),
+                        *(
+                            Put(
+                                home_key(ledger),
+                                msgspec.json.encode(home),
+                                indexes={HOMES_BY_BROKER: home},
+                            )
+                            for ledger, home in homes[i : i + HOMES_PER_STEP]
+                        ),
+                    ]
+                )
+            except AlreadyExists as e:
+                raise TopicExists(f"{name} already exists") from e
         try:
             await self.store.put(
                 topic_key(name), encode_topic(record), expected_version=MUST_NOT_EXIST

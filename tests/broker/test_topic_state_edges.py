@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -30,11 +30,11 @@ from segtxn.ledger import (
     Position,
     RetentionPolicy,
 )
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import MetadataStore, Op, Put, Record, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.protocol.limits import MAX_CLIENT_NAME
 from segtxn.protocol.names import TopicName
-from segtxn.topics.catalog import Catalog
+from segtxn.topics.catalog import Catalog, TopicExists, home_key
 from segtxn.topics.controller import Controller
 from tests.broker.test_subscriptions import assert_nothing_more, produce, receive_n
 from tests.cluster import Cluster
@@ -193,16 +193,9 @@ async def test_a_controller_paused_after_its_home_check_keeps_the_home_placed_me
     would now place the child on is another: its write must not replace B's home (the
     child's data is on B's pick). It was an unconditional put: the child moved to a broker
     that holds none of its data."""
-    settings = dataclasses.replace(
-        cluster.broker.settings,
-        broker_id="b2",
-        advertise_url=f"http://127.0.0.1:{free_port()}",
-        ledger_url=f"file://{tmp_path / 'b2'}",
-    )
     async with Client(cluster.url) as client:
         await client.admin.create_topic(SCALABLE, segments=1)  # segment 0 on b1
-        b2 = BrokerServer(settings, store=cluster.store)
-        await b2.start()
+        b2 = await start_second_broker(cluster, tmp_path)
         try:
             service = cluster.broker.service
             ops = HttpSegmentOps(service.catalog, cluster.broker.app[HTTP])
@@ -229,6 +222,64 @@ async def test_a_controller_paused_after_its_home_check_keeps_the_home_placed_me
             await consumer.close()
         finally:
             await b2.stop()
+
+
+async def start_second_broker(cluster: Cluster, tmp_path: Path) -> BrokerServer:
+    """Broker ``b2`` on the cluster's store (stopped by the caller)."""
+    settings = dataclasses.replace(
+        cluster.broker.settings,
+        broker_id="b2",
+        advertise_url=f"http://127.0.0.1:{free_port()}",
+        ledger_url=f"file://{tmp_path / 'b2'}",
+    )
+    b2 = BrokerServer(settings, store=cluster.store)
+    await b2.start()
+    return b2
+
+
+async def test_a_create_paused_after_its_existence_check_keeps_the_home_of_the_topic_made_meanwhile(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two creates of one persistent topic (two brokers auto-creating it for their
+    clients, say): the first finds no topic, picks its home and stalls before writing it;
+    the second creates the topic on another broker, where messages are then stored. The
+    first one's homes must not be written over the live topic's (it then fails with
+    TopicExists). They were: the topic moved to a broker holding none of its data."""
+    name = TopicName.parse("persistent://acme/review/twice")
+    key = home_key(name)
+    checked, resume = asyncio.Event(), asyncio.Event()
+    commit = cluster.store.commit
+
+    async def paused_commit(ops: Sequence[Op]) -> list[Record | None]:
+        if not checked.is_set() and any(isinstance(op, Put) and op.key == key for op in ops):
+            checked.set()
+            await resume.wait()
+        return await commit(ops)
+
+    monkeypatch.setattr(cluster.store, "commit", paused_commit)
+    b2 = await start_second_broker(cluster, tmp_path)
+    try:
+        catalog = cluster.broker.service.catalog
+        first = asyncio.create_task(catalog.create_persistent(name))  # picks b1
+        await checked.wait()
+        async with Client(cluster.url) as client:
+            await client.admin.create_topic("persistent://acme/review/other")  # on b1
+            await client.admin.create_topic(str(name))  # so this one goes to b2
+            assert await catalog.home_of(name) == "b2"
+            producer = await client.create_producer(str(name))
+            sent = [await producer.send(f"m{i}".encode()) for i in range(3)]
+            await producer.close()
+            resume.set()
+            with pytest.raises(TopicExists):
+                await first
+            assert await catalog.home_of(name) == "b2"
+            consumer = await client.subscribe(str(name), "s", initial_position="earliest")
+            got = [(await consumer.receive(timeout_s=10)).message_id for _ in range(3)]
+            assert got == sent
+            await consumer.close()
+    finally:
+        resume.set()
+        await b2.stop()
 
 
 # ---------------------------------------------------------------------- 4
