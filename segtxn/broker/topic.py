@@ -243,6 +243,7 @@ class Topic:
         if subscription is not None:
             await subscription.close()
             del self.subscriptions[name]
+            await subscription.pending_acks.deleted()
         await self.ledger.delete_cursor(name)
 
     async def reset_subscription(self, name: str, target: str | Position) -> None:
@@ -325,10 +326,13 @@ class Topic:
         )
 
     async def delete(self) -> None:
-        """Delete the topic's data, subscriptions, de-duplication state and its
-        transaction buffer's records (a segment's) or snapshots (a v4 topic's)."""
+        """Delete the topic's data, subscriptions (with their v4 pending-ack logs),
+        de-duplication state and its transaction buffer's records (a segment's) or
+        snapshots (a v4 topic's)."""
         for subscription in self.subscriptions.values():
             await subscription.close()
+        for subscription in self.subscriptions.values():
+            await subscription.pending_acks.deleted()
         self.subscriptions.clear()
         await self.buffer.close()
         await self.publishing.settle()

@@ -100,6 +100,42 @@ async def test_a_v4_topic_created_again_never_loads_the_deleted_ones_snapshot(
         assert await receive_all(consumer, 2) == [b"uncommitted", b"plain"]
 
 
+@pytest.mark.parametrize("deleted", ["topic", "subscription"])
+async def test_a_v4_subscription_made_again_never_replays_the_deleted_ones_pending_acks(
+    cluster: Cluster, deleted: str
+) -> None:
+    """A v4 subscription's transactional acks go to its pending-ack log, replayed when the
+    subscription is loaded (committed acks are applied to the cursor again). The
+    subscription, or its topic, is deleted and made again under its name: its log must
+    not be the deleted one's, whose committed acks name positions of the topic (which a
+    topic created again reuses). Replayed, they acknowledged the first messages of the
+    subscription made again: never delivered to it."""
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(V4_TOPIC)
+        consumer = await client.subscribe(V4_TOPIC, "s", initial_position="earliest")
+        producer = await client.create_producer(V4_TOPIC)
+        for i in range(3):
+            await producer.send(f"m{i}".encode())
+        await producer.close()
+        txn = client.transaction()
+        for _ in range(2):
+            await consumer.acknowledge(await consumer.receive(timeout_s=10), txn=txn)
+        await txn.commit()
+        await consumer.close()
+        if deleted == "topic":
+            await client.admin.delete_topic(V4_TOPIC, force=True)
+            await client.admin.create_topic(V4_TOPIC)
+            producer = await client.create_producer(V4_TOPIC)
+            for i in range(3):
+                await producer.send(f"m{i}".encode())
+            await producer.close()
+        else:
+            await client.admin.delete_subscription(V4_TOPIC, "s")
+        consumer = await client.subscribe(V4_TOPIC, "s", initial_position="earliest")
+        assert (await consumer.receive(timeout_s=10)).value == b"m0"
+        assert await receive_all(consumer, 2) == [b"m1", b"m2"]
+
+
 # ---------------------------------------------------------------------- 2
 
 DEDUP_TOPIC = "persistent://acme/dedup/crowded"

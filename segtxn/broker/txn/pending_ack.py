@@ -69,6 +69,11 @@ class PendingAckStore(ABC):
     async def close(self) -> None:  # noqa: B027
         """Stop background work."""
 
+    async def deleted(self) -> None:  # noqa: B027
+        """The subscription was deleted (after :meth:`close`): delete what is kept for it
+        elsewhere, so that nothing of it applies to a subscription made again under its
+        name (on this topic, or on one created again under the topic's name)."""
+
 
 class NoPendingAcks(PendingAckStore):
     def __init__(self, topic: str) -> None:

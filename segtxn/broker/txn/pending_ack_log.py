@@ -20,6 +20,12 @@ deleted. A crash at any step leaves a log that replays to the same open transact
 acks (:mod:`segtxn.ledger.compacted` says why). Ended transactions are then forgotten by the
 log (this store still remembers the last 100,000 in memory); a late ack of one is refused
 by its coordinator's answer (:mod:`segtxn.broker.txn.v4checks`).
+
+**The log goes with its subscription**: deleting the subscription, or its topic, deletes it
+(:meth:`MLPendingAckStore.deleted`). Left, it was replayed by a subscription made again
+under the name, on the topic or on one created again under the topic's name, whose ledger
+numbers its entries from the start again: the deleted one's committed acks were applied to
+the new cursor, and the new topic's first messages were never delivered.
 """
 
 from __future__ import annotations
@@ -70,6 +76,14 @@ _decode_op = msgspec.json.Decoder(PendingAckOp).decode
 
 def pending_ack_log(topic: str, subscription: str) -> str:
     return f"{topic}-{subscription}__transaction_pending_ack"
+
+
+async def delete_log(
+    name: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
+) -> None:
+    """Delete the pending-ack log ``name`` if it exists (it is closed everywhere)."""
+    if await store.get(metadata_key(name)) is not None:
+        await (await ManagedLedger.open(name, store, storage, settings)).delete()
 
 
 class MLPendingAckStore(ReservingPendingAckStore):
@@ -283,6 +297,15 @@ class MLPendingAckStore(ReservingPendingAckStore):
             self._keep_unsaved(txn, individual)
         for txn in self.transactions():  # ended by its coordinator, or by the checks' sweep
             self._checks.recovered(txn, self)
+
+    async def deleted(self) -> None:
+        """Delete the log (see the module docstring), opened here if need be; idempotent.
+
+        Raises:
+            LedgerError, MetadataStoreError: it could not be deleted (the subscription's
+                deletion fails, and is done again).
+        """
+        await delete_log(self._name, self._store, self._storage, self._settings)
 
     async def close(self) -> None:
         self._checks.forget(self)
