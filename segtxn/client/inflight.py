@@ -49,6 +49,8 @@ class InFlight:
         self._window = asyncio.Semaphore(max_pending)
         self._timed_out = timed_out
         self._expiries: Expiries[int] = Expiries(self._expire, self._table.__contains__)
+        self._settled = asyncio.Event()
+        """Set by each :meth:`settle` (what :meth:`flush` waits on)."""
 
     def __len__(self) -> int:
         return len(self._table)
@@ -118,6 +120,7 @@ class InFlight:
         if pending is None:
             return False
         self._window.release()
+        self._settled.set()
         if not pending.future.done():  # done: its caller cancelled it, the message went on
             if error is not None:
                 pending.future.set_exception(error)
@@ -139,14 +142,20 @@ class InFlight:
             self.settle(seq, error=self._timed_out(seq))
 
     async def flush(self, deadline: Deadline, producer: str) -> None:
-        """Wait until every message in flight now is answered.
+        """Wait until every message in flight now is answered (or timed out): one whose
+        ``send`` was cancelled too, since it goes on and may be stored.
 
         Raises:
             Timeout: some were not by ``deadline``.
         """
-        waiting = [p.future for p in self._table.values()]
-        if not waiting:
+        if not self._table:
             return
-        _, late = await asyncio.wait(waiting, timeout=deadline.remaining())
-        if late:
-            raise Timeout(f"{producer}: {len(late)} messages still in flight after {deadline}")
+        last = next(reversed(self._table))  # the table is in seq order: wait until its
+        try:  # first seq is past ``last``
+            async with deadline.timeout():
+                while self._table and next(iter(self._table)) <= last:
+                    self._settled.clear()
+                    await self._settled.wait()
+        except TimeoutError:
+            late = sum(1 for seq in self._table if seq <= last)
+            raise Timeout(f"{producer}: {late} messages still in flight after {deadline}") from None

@@ -15,6 +15,7 @@ import pytest
 
 from segtxn.broker.publishing import Publishing
 from segtxn.client import Client
+from segtxn.client.errors import Timeout
 from segtxn.client.producer import Producer
 from tests.waiting import wait_until
 
@@ -96,6 +97,40 @@ async def test_a_cancelled_send_gives_its_place_back_at_its_send_timeout(
         await wait_until(lambda: producer.pending == 0, what="the send timeout of the first")
         second = await asyncio.wait_for(producer.send_async(b"second"), 10)  # room at once
         assert producer.pending == 1 and not second.done()
+    finally:
+        go_on.set()
+        await producer.close()
+
+
+async def test_flush_waits_for_a_cancelled_send_still_on_its_way(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``flush`` waits until every message sent so far is stored or failed: one whose
+    ``send`` was cancelled too, since it goes on and may be stored (flush waited on the
+    messages' futures, and a cancelled one is done: it returned at once)."""
+    reached, go_on = asyncio.Event(), asyncio.Event()
+    original = Publishing.publish
+
+    async def held(self: Publishing, *args: Any) -> Any:
+        reached.set()
+        await go_on.wait()
+        return await original(self, *args)
+
+    monkeypatch.setattr(Publishing, "publish", held)
+    await client.admin.create_topic(TOPIC)
+    producer = await client.create_producer(TOPIC, batching=False)
+    assert isinstance(producer, Producer)
+    try:
+        sending = asyncio.create_task(producer.send(b"first"))
+        await reached.wait()
+        sending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sending
+        with pytest.raises(Timeout, match="1 messages still in flight"):
+            await producer.flush(0.3)
+        go_on.set()
+        await producer.flush(10)
+        assert producer.pending == 0
     finally:
         go_on.set()
         await producer.close()
