@@ -42,6 +42,7 @@ from segtxn.metastore import (
     NotFound,
     Record,
     Session,
+    StoreAccessDenied,
     StoreUnavailable,
 )
 from segtxn.topics.catalog import BrokerInfo, Catalog, broker_key
@@ -267,7 +268,7 @@ class Registration:
                             return
             except Compacted:
                 start = 0  # history is gone, not necessarily the record: read it
-            except StoreUnavailable as e:
+            except (StoreUnavailable, StoreAccessDenied) as e:  # (access may come back)
                 log.warning("registration %s: the store did not answer (%s); again", self.key, e)
                 await asyncio.sleep(pause_s)
                 pause_s = min(pause_s * 2, store.settings.watch_retry_max_s)

@@ -17,7 +17,14 @@ import pytest
 
 from segtxn.broker.txn.headers import HeaderCache, HeaderWatch
 from segtxn.client import Client
-from segtxn.metastore import MetadataStore, StoreSettings, open_store
+from segtxn.metastore import (
+    MetadataStore,
+    MetadataStoreError,
+    StoreAccessDenied,
+    StoreSettings,
+    StoreUnavailable,
+    open_store,
+)
 from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.names import TopicName
@@ -166,12 +173,14 @@ async def test_the_header_cache_learns_outcomes_whose_events_were_compacted(
     assert cache.cached(committed) == COMMITTED
 
 
+@pytest.mark.parametrize("error", [StoreUnavailable, StoreAccessDenied])
 async def test_store_errors_after_a_compaction_do_not_end_the_header_watch(
-    store: MetadataStore, cache: HeaderCache
+    store: MetadataStore, cache: HeaderCache, error: type[MetadataStoreError]
 ) -> None:
     """Regression: after a compaction the cache re-reads its headers and watches again,
     outside the retries of the watch itself. A store error in either step ended the watch
-    task for good (nobody awaits it): the broker never learned another outcome."""
+    task for good (nobody awaits it): the broker never learned another outcome. A refusal
+    (``StoreAccessDenied``: a permission taken away, and given back) did so still."""
     txn = TxnId(0x5_0000, 3)
     seen = await follow(cache, store, txn)
     faults = faults_of(store)
@@ -180,11 +189,11 @@ async def test_store_errors_after_a_compaction_do_not_end_the_header_watch(
     commit = await store.put(T.header_key(txn), T.encode(COMMITTED))
     await wait_compacted(store, commit.version)
     faults.clear()
-    faults.fail("range", key_prefix=T.HEADERS, times=1)  # the first re-read fails
+    faults.fail("range", key_prefix=T.HEADERS, times=1, error=error("injected"))  # 1st re-read
     held = faults.hold("range", key_prefix=T.HEADERS, times=1)  # the second is held...
     injected = faults.injected
     await held.wait_for(1)
-    faults.fail("watch", key_prefix=T.HEADERS, times=1)  # ...until watching again will fail
+    faults.fail("watch", key_prefix=T.HEADERS, times=1, error=error("injected"))  # ...till then
     held.release()
     await wait_until(
         # the failed read, the held one, the failed watch: each fault fired

@@ -19,7 +19,7 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.registration import BrokerIdTaken, grace_s
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import MetadataStore, StoreAccessDenied, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.faults import FaultInjector
 from segtxn.topics.catalog import Catalog, broker_key
@@ -244,3 +244,36 @@ async def test_a_sigkilled_broker_restarts_with_its_id(
     await server.ready(limit_s=grace_s(ttl) + 15)  # the wait, plus a process start-up
     assert "waiting up to" in server.log_text()
     assert "already registered" not in server.log_text()
+
+
+async def test_a_refusal_while_the_registration_is_read_again_does_not_end_its_watch(
+    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The history the registration's watch would resume from is compacted, and reading the
+    record again is refused once (``StoreAccessDenied``: a permission taken away and given
+    back). The watch goes on: a deletion of the record later is still noticed. The refusal
+    ended the watch for good (only ``StoreUnavailable`` was retried), so the broker never
+    noticed its registration go."""
+    meta, faults = store
+    live = broker(meta, tmp_path / "x1")
+    await live.start()
+    url = live.settings.advertise_url
+    try:
+        faults.fail("watch", key_prefix="/brokers/", times=None)
+        assert faults.drop_watches() >= 1
+        for i in range(3):
+            await meta.put(f"/unrelated/{i}", b"x")
+        await meta.compact(await meta.revision())
+        injected = faults.injected
+        faults.clear()  # the watch may resume (and meets the compaction) once this yields:
+        refusal = StoreAccessDenied("injected refusal")  # its read of the record is refused
+        faults.fail("range", key_prefix=broker_key("x1"), error=refusal)
+        await wait_until(lambda: faults.injected > injected, what="the refused read again")
+        await meta.delete(broker_key("x1"))
+        await wait_until(
+            lambda: "was deleted; not ready" in caplog.text, what="the deletion noticed"
+        )
+        await wait_until(lambda: readyz_ok(url), what="registered again")
+        assert await registered_url(meta) == url
+    finally:
+        await live.stop()

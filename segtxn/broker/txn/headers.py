@@ -40,6 +40,7 @@ from segtxn.metastore import (
     Compacted,
     EventKind,
     MetadataStore,
+    StoreAccessDenied,
     StoreClosed,
     StoreUnavailable,
     WatchEvent,
@@ -173,7 +174,7 @@ class HeaderCache:
                 compacted = True
             except StoreClosed:
                 return
-            except StoreUnavailable as e:
+            except (StoreUnavailable, StoreAccessDenied) as e:  # (access may come back)
                 if not self._started.is_set():
                     raise  # start() reports it: a broker without the watch does not start
                 log.warning("the transaction header watch could not resume (%s); retrying", e)
@@ -232,7 +233,7 @@ class HeaderCache:
                 await self._read_and_watch(points, txn, refresh=True)
             except StoreClosed:
                 return
-            except StoreUnavailable as e:
+            except (StoreUnavailable, StoreAccessDenied) as e:  # (access may come back)
                 self._stale.add(txn)
                 log.warning("transaction header %s could not be read again (%s); retrying", txn, e)
                 await asyncio.sleep(pause_s)
