@@ -9,6 +9,8 @@ did not (the caller may retry); anything else means another owner wrote it.
 
 from __future__ import annotations
 
+from typing import cast
+
 from segtxn.ledger.errors import LedgerFenced
 from segtxn.metastore import (
     BadVersion,
@@ -17,6 +19,7 @@ from segtxn.metastore import (
     NotFound,
     Op,
     Put,
+    Record,
     StoreUnavailable,
 )
 
@@ -26,7 +29,9 @@ async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version
 
     Raises:
         LedgerFenced: someone else changed the record.
-        StoreUnavailable: the store cannot be reached and the write did not land.
+        StoreUnavailable: the store cannot be reached: the write did not land (it was
+            read back at ``expected_version``), or, when the read-back failed too, its
+            outcome is unknown (the caller must allow for both).
     """
     try:
         record = await store.put(key, value, expected_version=expected_version)
@@ -65,15 +70,16 @@ async def cas_put_owned(
         OwnerChanged: the metadata record changed (the caller may check whether it was its
             own change, and try again with the new version).
         LedgerFenced: someone else changed the record.
-        StoreUnavailable: the store cannot be reached and the write did not land.
+        StoreUnavailable: the store cannot be reached: the write did not land (it was
+            read back at ``expected_version``), or, when the read-back failed too, its
+            outcome is unknown (the caller must allow for both).
     """
     ops: list[Op] = [
         Check(owner_key, owner_version),
         Put(key, value, expected_version=expected_version),
     ]
     try:
-        written = (await store.commit(ops))[1]
-        assert written is not None
+        written = cast(Record, (await store.commit(ops))[1])  # (a Put's is its record)
         return written.version
     except (BadVersion, NotFound) as e:
         if getattr(e, "key", None) == owner_key:
