@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
+
 from segtxn.auth import Principal, check_owner
 from segtxn.boundary import translate
 from segtxn.broker.service import BrokerService
@@ -47,6 +49,7 @@ class TxnAccess:
             ServerError(NotAuthorized): another role's transaction.
             ServerError(ServiceNotReady): its owner could not be learned (store or
                 coordinator away): retriable.
+            ServerError(MetadataError): its (v5) header record is damaged.
         """
         principal = self._principal()
         if principal is None or principal.superuser or txn in self._allowed:
@@ -88,6 +91,11 @@ class TxnAccess:
                     ) from e
                 if record is None:
                     raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no transaction {txn}")
-                header = T.decode_header(record.value)
+                try:
+                    header = T.decode_header(record.value)
+                except (msgspec.DecodeError, ValueError) as e:  # (each send is answered)
+                    raise ServerError(
+                        ErrorName.METADATA, f"the header record of {txn} is damaged: {e}"
+                    ) from e
             return header.owner
         return await self._service.v4_checks.owner(txn)

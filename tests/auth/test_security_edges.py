@@ -353,3 +353,38 @@ async def test_a_send_whose_owner_lookup_fails_is_answered_with_its_seq(
             assert isinstance(stored, frames.Receipt) and stored.seq == 2, stored
         finally:
             await ws.close()
+
+
+async def test_a_send_whose_transaction_header_is_damaged_is_answered_with_its_seq(
+    topics: SecureCluster,  # noqa: F811 (the fixture)
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A v5 transactional send whose header record is damaged (not a header: a wrong
+    write, a bad restore) under security, where the broker reads the header for its owner:
+    refused ``MetadataError`` *with its seq*, naming the transaction, and the producer's
+    next send goes on. The decode error escaped the per-send refusal: one ``UnknownError``
+    frame without a seq, logged as an incident, and the client's send waited for its
+    timeout."""
+    from segtxn.broker.http import SERVICE
+    from segtxn.broker.txn import headers as header_cache
+    from segtxn.topics import transactions as T
+
+    monkeypatch.setattr(header_cache, "RECENT_OPEN", 0)  # the first send reads the header
+    service = topics.broker.app[SERVICE]
+    async with aiohttp.ClientSession() as http:
+        txn = await _open(http, topics, PRODUCER, False)
+        await service.store.put(T.header_key(txn), b"\xff not a header")
+        ws = await _producer(http, topics, PRODUCER, "segment/acme/orders/sc/0")
+        try:
+            await ws.send_bytes(
+                frames.encode(frames.Send(seq=1, payload=b"in-txn", txn=(txn.most, txn.least)))
+            )
+            refused = await next_frame(ws)
+            assert isinstance(refused, frames.Error), refused
+            assert refused.seq == 1 and refused.error == ErrorName.METADATA, refused
+            assert str(txn) in refused.message, refused
+            await ws.send_bytes(frames.encode(frames.Send(seq=2, payload=b"plain")))
+            stored = await next_frame(ws)
+            assert isinstance(stored, frames.Receipt) and stored.seq == 2, stored
+        finally:
+            await ws.close()
