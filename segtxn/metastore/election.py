@@ -18,6 +18,7 @@ from segtxn.metastore.errors import (
     Compacted,
     NotFound,
     SessionExpired,
+    StoreAccessDenied,
     StoreUnavailable,
 )
 from segtxn.metastore.records import MUST_NOT_EXIST, EventKind, Record
@@ -58,8 +59,9 @@ class Leadership:
 
         No store error ends it: when the history to resume from is compacted, the key is
         read again (not necessarily gone: still ours, keep watching); when the store does
-        not answer that read or the watch after it, both are tried again after a pause
-        that grows to the store's ``watch_retry_max_s``. A store lost for long ends the
+        not answer that read or the watch after it (or refuses them: access may come back),
+        both are tried again after a pause that grows to the store's
+        ``watch_retry_max_s``. A store lost for long ends the
         leadership through the session, whose ``expired`` is set after a whole TTL
         without it. Ending here on an error would set ``lost`` while the key is still
         ours, and a new campaign would wait for ever for that key to go.
@@ -84,7 +86,7 @@ class Leadership:
                             return
             except Compacted:
                 compacted = True  # history is gone, not necessarily the key: read it
-            except StoreUnavailable as e:
+            except (StoreUnavailable, StoreAccessDenied) as e:  # (access may come back)
                 log.warning("leadership %s: the store did not answer (%s); again", key, e)
                 await asyncio.sleep(pause_s)
                 pause_s = min(pause_s * 2, store.settings.watch_retry_max_s)

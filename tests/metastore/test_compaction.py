@@ -23,7 +23,10 @@ from segtxn.metastore import (
     Compacted,
     LeaderElection,
     MetadataStore,
+    MetadataStoreError,
+    StoreAccessDenied,
     StoreSettings,
+    StoreUnavailable,
     open_store,
 )
 from segtxn.metastore.etcd_server import (
@@ -157,12 +160,16 @@ async def test_a_rival_cut_off_past_the_history_wins_when_the_leader_left(
         await rival_session.close()
 
 
-async def test_store_errors_after_a_compaction_do_not_depose_a_leader(clients: Clients) -> None:
+@pytest.mark.parametrize("error", [StoreUnavailable, StoreAccessDenied])
+async def test_store_errors_after_a_compaction_do_not_depose_a_leader(
+    clients: Clients, error: type[MetadataStoreError]
+) -> None:
     """Regression: a leadership's guard re-read its key after a compaction, and watched it
     again, outside the watch's own retries; a store error in either step ended the guard
     and set ``lost`` while the key was still the leader's. The v5 coordinator then
     campaigned again and waited for its own key to go, which it never does while the
-    session lives: the coordinator id was served by nobody."""
+    session lives: the coordinator id was served by nobody. A refusal
+    (``StoreAccessDenied``: a permission taken away and given back) did so still."""
     store, other = clients(), clients()
     faults = faults_of(store)
     session = await store.open_session(5)
@@ -175,11 +182,11 @@ async def test_store_errors_after_a_compaction_do_not_depose_a_leader(clients: C
         noise = await other.put("/noise", b"x")
         await wait_compacted(other, noise.version)
         faults.clear()
-        faults.fail("range", key_prefix=election.key, times=1)  # the first re-read fails
+        faults.fail("range", key_prefix=election.key, error=error("injected"))  # 1st re-read
         held = faults.hold("range", key_prefix=election.key, times=1)  # the second is held...
         injected = faults.injected
         await held.wait_for(1)
-        faults.fail("watch", key_prefix=election.key, times=1)  # ...until re-watching fails
+        faults.fail("watch", key_prefix=election.key, error=error("injected"))  # ...till then
         held.release()
         await wait_until(
             lambda: faults.open_watches == 1 and faults.injected - injected == 3,
