@@ -22,22 +22,30 @@ from tests.waiting import wait_until
 TOPIC = "persistent://acme/cancelled/sends"
 
 
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, asyncio.Event]:
+    """The broker holds each send until the test lets it go: ``(reached, go_on)``, set when
+    a send reaches its publishing, and to let the sends be stored."""
+    reached, go_on = asyncio.Event(), asyncio.Event()
+    original = Publishing.publish
+
+    async def holding(self: Publishing, *args: Any) -> Any:
+        reached.set()
+        await go_on.wait()
+        return await original(self, *args)
+
+    monkeypatch.setattr(Publishing, "publish", holding)
+    return reached, go_on
+
+
 async def test_a_cancelled_send_keeps_its_place_in_the_window(
-    client: Client, monkeypatch: pytest.MonkeyPatch
+    client: Client, held: tuple[asyncio.Event, asyncio.Event]
 ) -> None:
     """``send`` waits on its message's future, so cancelling the caller cancelled that
     future, and its done callback gave the window slot back while the message was still
     pending (sent again after a reconnect, stored or not): a producer with
     ``max_pending=1`` let a second message in while the first was in flight."""
-    reached, go_on = asyncio.Event(), asyncio.Event()
-    original = Publishing.publish
-
-    async def held(self: Publishing, *args: Any) -> Any:
-        reached.set()
-        await go_on.wait()
-        return await original(self, *args)
-
-    monkeypatch.setattr(Publishing, "publish", held)
+    reached, go_on = held
     await client.admin.create_topic(TOPIC)
     producer = await client.create_producer(TOPIC, max_pending=1, batching=False)
     assert isinstance(producer, Producer)
@@ -69,20 +77,12 @@ async def test_a_cancelled_send_keeps_its_place_in_the_window(
 
 
 async def test_a_cancelled_send_gives_its_place_back_at_its_send_timeout(
-    client: Client, monkeypatch: pytest.MonkeyPatch
+    client: Client, held: tuple[asyncio.Event, asyncio.Event]
 ) -> None:
     """The other half: a cancelled send whose broker never answers does not hold its slot
     for good. Its send timeout ends it, as any send's (the expiry skipped a send whose
     future was done, so its slot would have stayed taken until the producer closed)."""
-    reached, go_on = asyncio.Event(), asyncio.Event()
-    original = Publishing.publish
-
-    async def held(self: Publishing, *args: Any) -> Any:
-        reached.set()
-        await go_on.wait()
-        return await original(self, *args)
-
-    monkeypatch.setattr(Publishing, "publish", held)
+    reached, go_on = held
     await client.admin.create_topic(TOPIC)
     producer = await client.create_producer(
         TOPIC, max_pending=1, batching=False, send_timeout_s=0.5
@@ -103,20 +103,12 @@ async def test_a_cancelled_send_gives_its_place_back_at_its_send_timeout(
 
 
 async def test_flush_waits_for_a_cancelled_send_still_on_its_way(
-    client: Client, monkeypatch: pytest.MonkeyPatch
+    client: Client, held: tuple[asyncio.Event, asyncio.Event]
 ) -> None:
     """``flush`` waits until every message sent so far is stored or failed: one whose
     ``send`` was cancelled too, since it goes on and may be stored (flush waited on the
     messages' futures, and a cancelled one is done: it returned at once)."""
-    reached, go_on = asyncio.Event(), asyncio.Event()
-    original = Publishing.publish
-
-    async def held(self: Publishing, *args: Any) -> Any:
-        reached.set()
-        await go_on.wait()
-        return await original(self, *args)
-
-    monkeypatch.setattr(Publishing, "publish", held)
+    reached, go_on = held
     await client.admin.create_topic(TOPIC)
     producer = await client.create_producer(TOPIC, batching=False)
     assert isinstance(producer, Producer)
