@@ -22,6 +22,7 @@ Scalable topics: :mod:`segtxn.client.scalable`. The settings:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import secrets
@@ -331,13 +332,16 @@ class Producer:
         ends within ``send_timeout_s`` of this call (or ``deadline``): then the future
         fails with :class:`Timeout` (or this raises it, when the message never left).
 
-        In ``txn``, anything this raises poisons the transaction (with ``track``; without
-        it, the caller tracks the send and poisons it).
+        In ``txn``, the send is counted by the transaction from this call on (its commit
+        waits for it, while it registers its topic and waits for room in the window too),
+        and anything this raises poisons the transaction (with ``track``; without it, the
+        caller counts and tracks the send, and poisons it).
 
         ``registered``, ``track``, ``deadline`` and ``tracked`` (the future ``txn`` tracks
         for this send, when not this one's) are for a ScalableProducer sending through this
         one: applications leave them at their defaults."""
-        with poisons(txn if track else None):
+        in_txn = txn if track else None
+        with poisons(in_txn), _counted(in_txn):
             return await self._queue(
                 value,
                 key=key,
@@ -441,3 +445,11 @@ class Producer:
             await close_quietly(self._ws.close())
         self.commits.lost(f"producer {self.name} is closed")
         self._fail_all(ClientClosed(f"producer {self.name} is closed"))
+
+
+def _counted(txn: Transaction | None) -> contextlib.AbstractContextManager[None]:
+    """Count a send in ``txn`` from its call until it is tracked (``operations.joining``):
+    the application called ``send`` before ``commit``, so the commit must wait for it,
+    while it waits for room in a full window too (it was counted only once it had room,
+    and a v4 commit went ahead without it: the send then failed, the transaction ended)."""
+    return contextlib.nullcontext() if txn is None else txn.operations.joining()

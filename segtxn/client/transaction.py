@@ -8,7 +8,8 @@ async with client.transaction(timeout_s=30) as txn:
 ```
 
 Sends and acks in a transaction are tracked: ``commit`` first waits for every one of them
-(one still opening the transaction, or registering its topic, included).
+(one still opening the transaction, registering its topic, or waiting for room in its
+producer's window included: counted from its call).
 If any failed, the transaction is *poisoned*: ``commit`` aborts it and raises
 :class:`TransactionFailed` (a transaction is all or nothing, so one lost message means none
 may count). That includes a send or ack refused before it left (a bad argument, a topic

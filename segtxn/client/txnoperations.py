@@ -45,14 +45,16 @@ class Operations:
     @contextlib.contextmanager
     def joining(self) -> Iterator[None]:
         """Count, while the block runs, an operation joining the transaction: opening it
-        (NEW_TXN), or registering its topic (a v4 ADD_PARTITION / ADD_SUBSCRIPTION). Its
-        end (``commit``, ``abort``) waits for the join, then for the operation the join
-        lets through, which is tracked on its way out of the block (:meth:`settle` waits
-        for operations tracked meanwhile too). Without it an end saw nothing in flight and
-        went ahead: a commit of a transaction being opened committed nothing while its
-        coordinator kept what it opened OPEN until its timeout, and a v4 commit left out a
-        send still registering. A failed join is the operation's failure (it poisons the
-        transaction itself), so the block's own outcome is not kept here."""
+        (NEW_TXN), registering its topic (a v4 ADD_PARTITION / ADD_SUBSCRIPTION), or a
+        send on its way to being tracked (from its call: waiting for room in its
+        producer's window included). Its end (``commit``, ``abort``) waits for the join,
+        then for the operation the join lets through, which is tracked on its way out of
+        the block (:meth:`settle` waits for operations tracked meanwhile too). Without it
+        an end saw nothing in flight and went ahead: a commit of a transaction being
+        opened committed nothing while its coordinator kept what it opened OPEN until its
+        timeout, and a v4 commit left out a send still registering, or waiting for room.
+        A failed join is the operation's failure (it poisons the transaction itself), so
+        the block's own outcome is not kept here."""
         joined: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.in_flight.add(joined)
         try:
