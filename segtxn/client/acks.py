@@ -45,7 +45,7 @@ an answer names exactly one request."""
 
 Placed = Callable[[asyncio.Future[None], str], None]
 """Called with an ack's future and a broker's URL when a frame carrying the ack is being
-written to that broker (a transaction's :meth:`~segtxn.client.transaction.Transaction.placed`)."""
+written to that broker (a transaction's :meth:`~segtxn.client.onestep.Placements.placed`)."""
 
 _Key = tuple[tuple[int, int] | None, int | None]
 """What acks must share to travel in one frame: (transaction, delivery epoch)."""

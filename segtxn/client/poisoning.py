@@ -11,7 +11,7 @@ poisons it with :class:`~segtxn.client.errors.OperationCancelled`: it may have r
 broker and been applied.
 
 It is apart from :mod:`segtxn.client.transaction` because it is the operations' side of the
-contract: the transaction only keeps the first failure (``Transaction.poison``); what counts
+contract: the transaction only keeps the first failure (``Operations.poison``); what counts
 as one is decided where the operations are made.
 """
 
