@@ -1,10 +1,13 @@
 """The start-up check of a broker's data: every topic and segment homed here must find its
-ledger files, or it is refused (never recreated empty).
+ledger files, and each must be its own (the nonce in its header is the one its metadata
+recorded), or it is refused (never recreated empty, never served from another's files).
 
 A broker started on an empty or wrong volume would otherwise serve its topics from nothing
-and lose what they held; refused topics make it unready (``BrokerService.readiness``)
-until the volume is mounted or they are restored. A RETIRED segment is the exception: its
-files may be gone because its delete was cut short (segtxn/broker/retire.py).
+and lose what they held, or, on another cluster's volume (or an old copy) holding files of
+the same names, be ready and fail each topic only when it is used; refused topics make
+it unready (``BrokerService.readiness``) until the volume is mounted or they are restored.
+A RETIRED segment is the exception: its files may be gone because its delete was cut
+short (segtxn/broker/retire.py).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from segtxn.broker import retire
-from segtxn.ledger import LedgerMissing, check_files
+from segtxn.ledger import LedgerMismatch, LedgerMissing, check_files
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.catalog import HOMES, HOMES_BY_BROKER
 
@@ -29,7 +32,8 @@ DATA_CHECKS = 16
 
 
 async def check_data(service: BrokerService) -> None:
-    """Refuse (and log) every topic homed at ``service`` whose ledger files are missing."""
+    """Refuse (and log) every topic homed at ``service`` whose ledger files are missing,
+    or are not its own."""
     listing = await service.store.index_range(HOMES_BY_BROKER, service.broker_id)
     names = [TopicName.parse(unquote(e.key[len(HOMES) :])) for e in listing.entries]
     limit = asyncio.Semaphore(DATA_CHECKS)
@@ -44,19 +48,25 @@ async def check_data(service: BrokerService) -> None:
                     name.domain is Domain.SEGMENT and await retire.is_retired(service.catalog, name)
                 ):
                     service.refuse(name, e)
+            except LedgerMismatch as e:  # (nothing explains another's file: not a retirement)
+                service.refuse(name, e)
 
     async with asyncio.TaskGroup() as group:
         for name in names:
             group.create_task(check(name), name=f"data-check-{name}")
     missing = sum(isinstance(e, LedgerMissing) for e in service.refused.values())
-    if missing:
+    foreign = sum(isinstance(e, LedgerMismatch) for e in service.refused.values())
+    if missing or foreign:
         log.error(
-            "broker %s: %d of the %d topics and segments homed here have no ledger "
-            "files in %s: the data directory is empty or not this broker's volume. "
-            "They are refused (never recreated empty) and the broker is not ready "
-            "until the volume holding them is mounted or they are restored",
+            "broker %s: of the %d topics and segments homed here, %d have no ledger files "
+            "in %s and %d find files there that are not theirs (another cluster's, or an "
+            "old copy): the data directory is empty or not this broker's volume. They are "
+            "refused (never recreated empty, never served from another's files) and the "
+            "broker is not ready until the volume holding them is mounted or they are "
+            "restored",
             service.broker_id,
-            missing,
             len(names),
+            missing,
             service.settings.ledger_url,
+            foreign,
         )

@@ -19,9 +19,10 @@ it nobody else can serve them: their data is on this broker's disk).
 **Refused topics.** A topic or segment whose ledger is damaged where a crash cannot explain
 it, or whose ledger files are missing, is refused (``PersistenceError`` naming the file),
 never served partially or recreated empty, and logged at ERROR (once per reason). At
-start-up the broker checks that every ledger the store says it holds has its file: an
-empty or wrong data directory makes it *not ready* (``/readyz`` answers 503 with the reason
-and the refused topics) while it goes on serving the others. A refused topic is tried
+start-up the broker checks that every ledger the store says it holds has its file, and
+that the file is that ledger's (not another cluster's): an empty or wrong data directory
+makes it *not ready* (``/readyz`` answers 503 with the reason and the refused topics)
+while it goes on serving the others. A refused topic is tried
 again on its next use (restored files are served).
 """
 
@@ -45,6 +46,7 @@ from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import (
     LedgerCorrupted,
     LedgerError,
+    LedgerMismatch,
     LedgerMissing,
     LogStorage,
     Position,
@@ -161,7 +163,8 @@ class BrokerService:
         the store says it holds, and the store does not refuse its credentials: ``denied``,
         :func:`~segtxn.metastore.access_denied`) and the ``/readyz`` body: ``{"ready":
         ...}``, with ``reason`` and ``refused`` (topic -> why) when topics are refused."""
-        missing = {n: e for n, e in self.refused.items() if isinstance(e, LedgerMissing)}
+        wrong = (LedgerMissing, LedgerMismatch)  # an empty or wrong volume
+        missing = {n: e for n, e in self.refused.items() if isinstance(e, wrong)}
         ready = self.ready.is_set() and not missing and denied is None
         body: dict[str, Any] = {"ready": ready}
         if denied is not None:
@@ -169,8 +172,9 @@ class BrokerService:
         elif missing:
             body["reason"] = (
                 f"{len(missing)} topic(s) or segment(s) homed on broker {self.broker_id} have "
-                f"no ledger files in its data directory ({self.settings.ledger_url}): it is "
-                "empty or not this broker's volume; they are refused until it is fixed"
+                f"no ledger files in its data directory ({self.settings.ledger_url}), or "
+                "files there that are not theirs: it is empty or not this broker's volume; "
+                "they are refused until it is fixed"
             )
         elif not self.ready.is_set():
             body["reason"] = self.registration.trouble or "not registered in the metadata store"

@@ -40,6 +40,7 @@ from segtxn.ledger.logs import (
 )
 from segtxn.ledger.records import (
     ENTRY_OVERHEAD,
+    HEADER_SIZE,
     decode_entry,
     encode_header,
     encode_mark,
@@ -172,6 +173,17 @@ class FileLogStorage(LogStorage):
 
     def exists(self, ledger_name: str, ledger_id: int) -> bool:
         return self.path(ledger_name, ledger_id).exists()
+
+    def verify_identity(self, ledger_name: str, ledger_id: int, nonce: int | None) -> None:
+        if nonce is None:
+            return
+        path = self.path(ledger_name, ledger_id)
+        try:
+            with path.open("rb") as file:
+                header = file.read(HEADER_SIZE)
+        except FileNotFoundError:
+            return
+        check_identity(str(path), header, name=ledger_name, ledger_id=ledger_id, recorded=nonce)
 
     def create(self, ledger_name: str, ledger_id: int) -> FileEntryLog:
         directory = self._dir(ledger_name)

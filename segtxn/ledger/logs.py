@@ -252,6 +252,18 @@ class LogStorage(ABC):
             LedgerFenced: another handle holds the log.
         """
 
+    def verify_identity(self, ledger_name: str, ledger_id: int, nonce: int | None) -> None:  # noqa: B027
+        """Check that the log kept under this ledger's name is this ledger's: its file's
+        header holds ``nonce`` (``LedgerInfo.nonce``; None: not recorded, nothing to check).
+        The file is only read: not locked (its owner may hold it), never changed. A missing
+        log, or one without a valid header, is not decided here (opening it refuses it).
+        This default: storage without nonces (memory) has nothing to check.
+
+        Raises:
+            LedgerMismatch: the file holds another nonce (another cluster's volume, a
+                restored copy of another incarnation of the topic).
+        """
+
     @abstractmethod
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         """Remove a log (idempotent)."""

@@ -312,6 +312,10 @@ class ReplicatedLogStorage(LogStorage):
             ledger_name, ledger_id, self._replicas(placement), placement, count=entries
         )
 
+    def verify_identity(self, ledger_name: str, ledger_id: int, nonce: int | None) -> None:
+        """(Only a ledger kept locally records a nonce.)"""
+        self.local.verify_identity(ledger_name, ledger_id, nonce)
+
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         if not placement.replicas:
             self.local.delete(ledger_name, ledger_id)

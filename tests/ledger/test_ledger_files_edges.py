@@ -1,0 +1,130 @@
+"""A ledger's files at the edges, after their identity (a nonce in each file's header,
+recorded in its ``LedgerInfo``) was added: the start-up check, trims and deletes on a
+foreign volume, a refusal repeated, and a log let go while reads are in flight on it. Each
+failed before its fix (a review of tests/ledger/test_ledger_identity_edges.py's leftovers).
+
+Real components throughout: files in ``tmp_path``, a real etcd (two key namespaces stand
+for two independent clusters), a real broker answering ``/readyz`` over HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from segtxn.broker.app import BrokerServer
+from segtxn.broker.settings import BrokerSettings
+from segtxn.client import Client
+from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger, check_files
+from segtxn.ledger.errors import LedgerMismatch
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+
+NAME = "persistent://t/n/files"
+
+
+def _cluster_url(etcd_server: EtcdServer, tmp_path: Path, cluster: str) -> str:
+    return etcd_server.url(f"/files-{os.getpid()}-{tmp_path.name}-{cluster}")
+
+
+async def _write(store: MetadataStore, root: Path, payloads: list[bytes]) -> None:
+    """``NAME`` with ``payloads``, one ledger each (rolled over after each), cleanly closed."""
+    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(root), LedgerSettings())
+    try:
+        for payload in payloads:
+            await ledger.append(payload)
+            await ledger.roll_over()
+    finally:
+        await ledger.close()
+
+
+def _volume(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.rglob("*.log")}
+
+
+# ---------------------------------------------------------------------------------------
+# 1. The start-up check looked for each ledger's file, not at whose it was: a broker
+#    started on another cluster's volume (files of the same names) was ready, and its
+#    topics failed one by one when they were first used.
+
+
+async def test_the_start_up_check_refuses_another_clusters_files(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    async with (
+        open_store(_cluster_url(etcd_server, tmp_path, "a")) as store,
+        open_store(_cluster_url(etcd_server, tmp_path, "b")) as other,
+    ):
+        await _write(store, ours, [b"ours-0", b"ours-1"])
+        await _write(other, theirs, [b"them-0", b"them-1"])
+        before = _volume(theirs)
+
+        await check_files(NAME, store, FileLogStorage(ours))  # our own volume passes
+        with pytest.raises(LedgerMismatch) as caught:
+            await check_files(NAME, store, FileLogStorage(theirs))
+        error = caught.value
+        assert error.path == str(FileLogStorage(theirs).path(NAME, 1))
+        assert error.recorded != error.found
+        said = str(error)
+        for part in (NAME, "ledger 1", error.path, f"{error.recorded:#018x}"):
+            assert part in said
+        assert f"{error.found:#018x}" in said
+        assert "3 of its 3 ledger files" in said
+        assert _volume(theirs) == before  # looked at, not changed
+
+
+def _broker(store_url: str, data_dir: Path) -> BrokerServer:
+    port = free_port()
+    return BrokerServer(
+        BrokerSettings(
+            broker_id="b1",
+            advertise_url=f"http://127.0.0.1:{port}",
+            store_url=store_url,
+            ledger_url=f"file://{data_dir}",
+        ),
+        host="127.0.0.1",
+        port=port,
+    )
+
+
+async def _readyz(broker: BrokerServer) -> tuple[int, dict[str, object]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(broker.settings.advertise_url + "/readyz") as response,
+    ):
+        return response.status, await response.json()
+
+
+async def test_a_broker_started_on_another_clusters_volume_is_not_ready(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    topic = "persistent://acme/files/events"
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    prefix = f"/files-broker-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    for cluster, volume in (("a", ours), ("b", theirs)):
+        broker = _broker(etcd_server.url(f"{prefix}-{cluster}"), volume)
+        await broker.start()
+        try:
+            async with Client(broker.settings.advertise_url) as client:
+                await client.admin.create_topic(topic)
+                producer = await client.create_producer(topic)
+                await producer.send(f"from {cluster}".encode())
+        finally:
+            await broker.stop()
+
+    wrong = _broker(etcd_server.url(f"{prefix}-a"), theirs)  # cluster a on b's volume
+    await wrong.start()
+    try:
+        status, body = await _readyz(wrong)
+        assert status == 503 and body["ready"] is False, body
+        assert "not this broker's volume" in str(body["reason"])
+        refused = body["refused"]
+        assert isinstance(refused, dict) and set(refused) == {topic}
+        assert "nonce" in refused[topic] and str(theirs) in refused[topic]
+    finally:
+        await wrong.stop()
