@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted
-from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, open_in_thread
+from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerMismatch
+from segtxn.ledger.identity import delete_own
+from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import LedgerInfo
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ class LogHandles:
         self._storage = storage
         self._logs = logs
         self._reading: dict[int, int] = {}  # ledger id -> reads in flight
-        self._doomed: dict[int, Placement] = {}  # trimmed ledgers to delete once read
+        self._doomed: dict[int, LedgerInfo] = {}  # trimmed ledgers to delete once read
         self._unreadable: dict[int, LedgerCorrupted] = {}  # missing closed ledgers
         self._opening = asyncio.Lock()  # one open per closed ledger (its file is locked)
         self._busy = 0  # reads in flight, each until its deletion of a doomed ledger ended
@@ -134,19 +135,26 @@ class LogHandles:
         if entry_log is not None:
             await asyncio.to_thread(entry_log.close)
 
-    async def doom(self, ledger_id: int, placement: Placement) -> None:
+    async def doom(self, info: LedgerInfo) -> None:
         """Delete a trimmed ledger's file now, or when the reads in flight on it end."""
-        self._doomed[ledger_id] = placement
-        if ledger_id not in self._reading:
-            await self.delete(ledger_id)
+        self._doomed[info.id] = info
+        if info.id not in self._reading:
+            await self.delete(info.id)
 
     async def delete(self, ledger_id: int) -> None:
-        placement = self._doomed.pop(ledger_id, LOCAL)
+        """Close a doomed ledger's log and delete its file, unless the file is another's
+        (its nonce is not the one recorded: a foreign volume, a wrong restore): that one
+        is left as it is, and said at ERROR (the trim that dropped the ledger checked it,
+        so only a file replaced since gets here)."""
+        info = self._doomed.pop(ledger_id)
         self._unreadable.pop(ledger_id, None)
         entry_log = self._logs.pop(ledger_id, None)
         if entry_log is not None:
             await asyncio.to_thread(entry_log.close)
-        await asyncio.to_thread(self._storage.delete, self._name, ledger_id, placement)
+        try:
+            await asyncio.to_thread(delete_own, self._name, self._storage, info)
+        except LedgerMismatch as e:
+            log.error("%s: trimmed ledger %d: its file is left: %s", self._name, ledger_id, e)
 
     async def close(self) -> None:
         """Refuse new reads, wait for the ones in flight (each reads what it asked for, a

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import logging
 import time
 from collections.abc import Callable, Mapping
 
@@ -39,9 +41,11 @@ from segtxn.ledger.appends import LedgerAppends
 from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix, restore_cursors
 from segtxn.ledger.errors import LedgerClosed, WriteFailed, full_disk_is_retriable
 from segtxn.ledger.handles import LogHandles
+from segtxn.ledger.identity import delete_chain, own_prefix
 from segtxn.ledger.logs import EntryLog, LogStorage, Placement
 from segtxn.ledger.metadata import (
     METADATA_PREFIX,
+    LedgerInfo,
     LedgerMetadata,
     LedgerSettings,
     closed,
@@ -59,6 +63,8 @@ from segtxn.ledger.retention import (
 )
 from segtxn.ledger.writer import GroupCommit, WriteStats
 from segtxn.metastore import MetadataStore, NotFound
+
+log = logging.getLogger(__name__)
 
 __all__ = [  # the metadata names are re-exported for modules that import them from here
     "METADATA_PREFIX",
@@ -261,7 +267,10 @@ class ManagedLedger(LedgerAppends):
     async def trim(self, policy: RetentionPolicy, *, now_s: float | None = None) -> TrimResult:
         """Delete the oldest closed ledgers that ``policy`` lets go (the rules, unconsumed
         data never among them: :mod:`segtxn.ledger.retention`). A ledger being read is
-        deleted once its reads end; reads that start later skip it.
+        deleted once its reads end; reads that start later skip it. A ledger whose file is
+        not its own (another nonce: a foreign volume, a wrong restore) is never deleted:
+        the trim stops before it, says so at ERROR, and the metadata keeps naming it
+        (:mod:`segtxn.ledger.identity`).
 
         Each cursor holds data back from its mark in memory (what its dispatcher reads on
         from, lower after a seek back that is not saved yet) *and* from its persisted mark
@@ -273,18 +282,18 @@ class ManagedLedger(LedgerAppends):
         Returns what was removed (higher layers trim their own per-entry indexes by it).
         """
         now_ms = (time.time() if now_s is None else now_s) * 1000
+        own = await self._own_files(self._deletable(self._meta, policy, now_ms))
         removable: list[ClosedLedger] = []
-        placements: dict[int, Placement] = {}
+        infos: dict[int, LedgerInfo] = {}
 
         def drop(meta: LedgerMetadata) -> LedgerMetadata | None:
             # chosen under the metadata lock: concurrent trims never remove a ledger twice
-            marks = [min(c.mark_delete, c.persisted_mark_delete) for c in self.cursors.values()]
-            chain = closed_ledgers(meta.ledgers, self._open_size)
-            removable[:] = deletable(chain, marks, policy, now_ms)
+            chosen = self._deletable(meta, policy, now_ms)
+            removable[:] = itertools.takewhile(lambda c: c.id in own, chosen)
             gone = {i.id for i in removable}
             if not gone:
                 return None
-            placements.update((i.id, i.placement) for i in meta.ledgers if i.id in gone)
+            infos.update((i.id, i) for i in meta.ledgers if i.id in gone)
             return msgspec.structs.replace(
                 meta, ledgers=[i for i in meta.ledgers if i.id not in gone]
             )
@@ -292,11 +301,34 @@ class ManagedLedger(LedgerAppends):
         await self._update(drop)
         if not removable:
             return TrimResult([], 0, None)
-        for info in removable:  # deleted now, or when the last read in flight on it ends
-            await self._logs.doom(info.id, placements[info.id])
+        for ledger in removable:  # deleted now, or when the last read in flight on it ends
+            await self._logs.doom(infos[ledger.id])
         return TrimResult(
             [i.id for i in removable], sum(i.entries for i in removable), self.first_position()
         )
+
+    def _deletable(
+        self, meta: LedgerMetadata, policy: RetentionPolicy, now_ms: float
+    ) -> list[ClosedLedger]:
+        marks = [min(c.mark_delete, c.persisted_mark_delete) for c in self.cursors.values()]
+        return deletable(closed_ledgers(meta.ledgers, self._open_size), marks, policy, now_ms)
+
+    async def _own_files(self, chosen: list[ClosedLedger]) -> set[int]:
+        """The ids of the front of ``chosen`` whose files are their own: a trim deletes
+        no further, so a foreign file (a wrong volume, a wrong restore) stays named by the
+        metadata, refused when read and never deleted; said at ERROR each time."""
+        ids = {c.id for c in chosen}
+        infos = [i for i in self._meta.ledgers if i.id in ids]
+        own, foreign = await asyncio.to_thread(own_prefix, self.name, self._storage, infos)
+        if foreign is not None:
+            log.error(
+                "%s: retention keeps ledger %d and the ledgers after it, as its file is "
+                "not its own: %s",
+                self.name,
+                infos[len(own)].id,
+                foreign,
+            )
+        return {i.id for i in own}
 
     async def move_ledger(self, ledger_id: int, was: Placement, now: Placement) -> bool:
         """Record that the closed ledger ``ledger_id`` is kept on ``now`` instead of
@@ -352,13 +384,14 @@ class ManagedLedger(LedgerAppends):
             self._notify()
 
     async def delete(self) -> None:
-        """Close the ledger and delete it: its logs, cursors and metadata. Irreversible."""
+        """Close the ledger and delete it: its logs, cursors and metadata. Irreversible.
+
+        Raises:
+            LedgerMismatch: a file under one of its ledgers' names is another's (a foreign
+                volume): it is closed, and nothing was deleted.
+        """
         await self.close()
-        if self._meta.ledgers:
-            first = self._meta.ledgers[0].id
-            await asyncio.to_thread(self._storage.delete_leftovers, self.name, first)
-        for info in self._meta.ledgers:
-            await asyncio.to_thread(self._storage.delete, self.name, info.id, info.placement)
+        await delete_chain(self.name, self._storage, self._meta.ledgers)
         await self._store.delete_range(cursors_prefix(self.name))
         with contextlib.suppress(NotFound):
             await self._store.delete(metadata_key(self.name))

@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
 
-from segtxn.ledger.errors import LedgerFenced, LedgerMismatch, LedgerMissing
+from segtxn.ledger.errors import LedgerFenced, LedgerMissing
 from segtxn.ledger.fencing import cas_put
+from segtxn.ledger.identity import check_identities
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import (
-    LedgerInfo,
     LedgerMetadata,
     LedgerSettings,
     closed,
@@ -123,33 +122,6 @@ async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> N
         meta = decode(record.value)
         await asyncio.to_thread(_check_files, name, storage, meta)
         await asyncio.to_thread(check_identities, name, storage, meta.ledgers)
-
-
-def check_identities(name: str, storage: LogStorage, ledgers: Sequence[LedgerInfo]) -> None:
-    """Check that the file of each of ``ledgers`` (of the managed ledger ``name``) that
-    recorded a nonce is that ledger's (:meth:`LogStorage.verify_identity`); files are
-    only read. A missing file passes (:func:`check_files` refuses it where it matters).
-
-    Raises:
-        LedgerMismatch: the first foreign one (its ledger, its file, both nonces), saying
-            how many of them are foreign, and which.
-    """
-    foreign: list[LedgerMismatch] = []
-    for info in ledgers:
-        try:
-            storage.verify_identity(name, info.id, info.nonce)
-        except LedgerMismatch as e:
-            foreign.append(e)
-    if not foreign:
-        return
-    first = foreign[0]
-    paths = ", ".join(str(e.path) for e in foreign)
-    raise LedgerMismatch(
-        f"{first} ({len(foreign)} of its {len(ledgers)} ledger files are not its own: {paths})",
-        path=str(first.path),
-        recorded=first.recorded,
-        found=first.found,
-    )
 
 
 async def movable(name: str, store: MetadataStore) -> bool:

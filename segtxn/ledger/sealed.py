@@ -14,11 +14,11 @@ a snapshot — a broker that loads the ledger meanwhile may move its cursors on.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.cursor import ManagedCursor, cursors_prefix, restore_cursors
+from segtxn.ledger.identity import delete_chain
 from segtxn.ledger.logs import LogStorage
 from segtxn.ledger.metadata import LedgerMetadata, decode, metadata_key
 from segtxn.ledger.position import Position
@@ -91,12 +91,11 @@ async def delete_sealed(store: MetadataStore, storage: LogStorage, ledger: Seale
     """Delete a sealed managed ledger that is not open anywhere: its logs, then its
     cursors and its metadata record (idempotent: a delete a crash interrupted is finished
     by doing it again, and the record goes last so that what is left can still be found).
+
+    Raises:
+        LedgerMismatch: a file is not its ledger's (a foreign volume): nothing was deleted.
     """
-    if ledger.ledgers:
-        first = ledger.ledgers[0].id
-        await asyncio.to_thread(storage.delete_leftovers, ledger.name, first)
-    for info in ledger.ledgers:
-        await asyncio.to_thread(storage.delete, ledger.name, info.id, info.placement)
+    await delete_chain(ledger.name, storage, ledger.ledgers)
     await store.delete_range(cursors_prefix(ledger.name))
     with contextlib.suppress(NotFound):
         await store.delete(metadata_key(ledger.name))

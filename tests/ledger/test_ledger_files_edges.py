@@ -9,18 +9,29 @@ for two independent clusters), a real broker answering ``/readyz`` over HTTP.
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import uuid
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import pytest
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
-from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger, check_files
+from segtxn.ledger import (
+    FileLogStorage,
+    LedgerSettings,
+    ManagedLedger,
+    RetentionPolicy,
+    check_files,
+)
 from segtxn.ledger.errors import LedgerMismatch
+from segtxn.ledger.metadata import metadata_key
+from segtxn.ledger.sealed import delete_sealed, read_sealed
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 
@@ -128,3 +139,105 @@ async def test_a_broker_started_on_another_clusters_volume_is_not_ready(
         assert "nonce" in refused[topic] and str(theirs) in refused[topic]
     finally:
         await wrong.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# 2. A trim or a delete on a foreign volume deleted the files at the metadata's paths,
+#    whoever's they were: another cluster's data (or the only copy of an old one) gone.
+
+
+async def _with_foreign(
+    etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore, ledger_id: int
+) -> tuple[FileLogStorage, Path]:
+    """``NAME`` in ``store`` on ``tmp_path / "ours"`` (ledgers 1 and 2 with an entry each,
+    3 empty), ledger ``ledger_id``'s file replaced by another cluster's copy of it (a
+    restore from the wrong backup). Returns our storage and the foreign file's path."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    async with open_store(_cluster_url(etcd_server, tmp_path, "b")) as other:
+        await _write(store, ours, [b"ours-0", b"ours-1"])
+        await _write(other, theirs, [b"them-0", b"them-1"])
+    storage = FileLogStorage(ours)
+    path = storage.path(NAME, ledger_id)
+    shutil.copyfile(FileLogStorage(theirs).path(NAME, ledger_id), path)
+    return storage, path
+
+
+async def test_a_trim_stops_at_a_foreign_file_and_leaves_it(
+    etcd_server: EtcdServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+        storage, foreign = await _with_foreign(etcd_server, tmp_path, store, 2)
+        held = foreign.read_bytes()
+        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        try:
+            await ledger.open_cursor("all", start="latest")  # everything is consumed
+            with caplog.at_level(logging.ERROR):
+                result = await ledger.trim(RetentionPolicy(retention_time_s=0))
+            # ledger 1 is ours, and goes; 2 is not, and stays, with all after it
+            assert result.ledgers == [1]
+            assert ledger.ledger_ids[0] == 2
+            assert foreign.read_bytes() == held
+            assert not storage.path(NAME, 1).exists()
+            errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+            assert any("ledger 2" in m and str(foreign) in m for m in errors), errors
+        finally:
+            await ledger.close()
+
+
+async def test_deleting_a_managed_ledger_with_a_foreign_file_deletes_nothing(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+        storage, foreign = await _with_foreign(etcd_server, tmp_path, store, 1)
+        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        before = _volume(tmp_path / "ours")
+        with pytest.raises(LedgerMismatch, match="ledger 1") as caught:
+            await ledger.delete()
+        assert caught.value.path == str(foreign)
+        # refused before anything went: the foreign file, ours, and the metadata
+        assert set(_volume(tmp_path / "ours")) == set(before)
+        assert foreign.read_bytes() == before[foreign]
+        assert await store.get(metadata_key(NAME)) is not None
+
+
+async def test_deleting_a_sealed_ledger_with_a_foreign_file_deletes_nothing(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """A retired segment's delete (segtxn/broker/retire.py) opens nothing: no recovery
+    would have noticed."""
+    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+        storage, _ = await _with_foreign(etcd_server, tmp_path, store, 1)
+        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        await ledger.terminate()
+        await ledger.close()
+        before = _volume(tmp_path / "ours")
+        sealed = await read_sealed(store, NAME, max_persisted_ranges=10)
+        assert sealed is not None
+        with pytest.raises(LedgerMismatch, match="ledger 1"):
+            await delete_sealed(store, storage, sealed)
+        assert _volume(tmp_path / "ours") == before
+        assert await store.get(metadata_key(NAME)) is not None
+
+
+async def test_a_trim_of_ledgers_recorded_without_a_nonce_deletes_as_before(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    """Records written before ``LedgerInfo.nonce`` was kept say nothing to check against:
+    their files are deleted as they always were."""
+    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+        storage, foreign = await _with_foreign(etcd_server, tmp_path, store, 1)
+        key = metadata_key(NAME)
+        record = await store.get(key)
+        assert record is not None
+        raw = msgspec.json.decode(record.value)
+        for info in raw["ledgers"]:
+            del info["nonce"]
+        await store.put(key, msgspec.json.encode(raw), expected_version=record.version)
+        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        try:
+            await ledger.open_cursor("all", start="latest")
+            result = await ledger.trim(RetentionPolicy(retention_time_s=0))
+            assert result.ledgers == [1, 2, 3]
+            assert not foreign.exists()
+        finally:
+            await ledger.close()
