@@ -35,6 +35,17 @@ class LedgerCorrupted(LedgerError):
         self.path = path
 
 
+def again(error: LedgerCorrupted) -> LedgerCorrupted:
+    """A new error equal to ``error`` (found earlier): the same class, message and
+    attributes (a ``LedgerMismatch``'s nonces, a ``LedgerMissing``'s paths), so that a
+    refusal repeated is caught as it was the first time. (Not ``error`` itself: each
+    raise of one exception object adds to its traceback, and concurrent readers would
+    share it.)"""
+    fresh = type(error).__new__(type(error), *error.args)
+    fresh.__dict__.update(error.__dict__)
+    return fresh
+
+
 class LedgerMissing(LedgerCorrupted):
     """A ledger the metadata store names has no file: the data directory is empty or is
     not this ledger's (a wrong or lost volume). The ledger is refused, never recreated

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerMismatch
+from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerMismatch, again
 from segtxn.ledger.identity import delete_own
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import LedgerInfo
@@ -97,8 +97,8 @@ class LogHandles:
             if entry_log is not None:  # a concurrent read opened it
                 return entry_log
             unreadable = self._unreadable.get(info.id)
-            if unreadable is not None:
-                raise LedgerCorrupted(str(unreadable), path=unreadable.path)
+            if unreadable is not None:  # refused as it was the first time, not opened again
+                raise again(unreadable)
             try:
                 entry_log = await open_in_thread(
                     self._storage.open,

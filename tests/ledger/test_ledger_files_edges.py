@@ -26,10 +26,11 @@ from segtxn.ledger import (
     FileLogStorage,
     LedgerSettings,
     ManagedLedger,
+    Position,
     RetentionPolicy,
     check_files,
 )
-from segtxn.ledger.errors import LedgerMismatch
+from segtxn.ledger.errors import LedgerMismatch, LedgerMissing
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.sealed import delete_sealed, read_sealed
 from segtxn.metastore import MetadataStore, open_store
@@ -241,3 +242,46 @@ async def test_a_trim_of_ledgers_recorded_without_a_nonce_deletes_as_before(
             assert not foreign.exists()
         finally:
             await ledger.close()
+
+
+# ---------------------------------------------------------------------------------------
+# 3. A closed ledger refused once was refused again, on every later read, as a plain
+#    LedgerCorrupted: a caller catching LedgerMismatch (or LedgerMissing) got it once.
+
+
+async def test_a_foreign_closed_ledger_is_refused_the_same_way_every_time(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+        storage, foreign = await _with_foreign(etcd_server, tmp_path, store, 1)
+        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        try:
+            refusals = []
+            for _ in range(3):
+                with pytest.raises(LedgerMismatch) as caught:
+                    await ledger.read(Position(1, 0))
+                refusals.append(caught.value)
+            first = refusals[0]
+            for again in refusals[1:]:
+                assert again is not first  # (a new error each time, not one shared)
+                assert (str(again), again.path) == (str(first), str(foreign))
+                assert (again.recorded, again.found) == (first.recorded, first.found)
+        finally:
+            await ledger.close()
+
+
+async def test_a_closed_ledger_whose_file_went_is_missing_every_time(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    storage = FileLogStorage(tmp_path)
+    await _write(store, tmp_path, [b"e0", b"e1"])
+    ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+    try:
+        path = storage.path(NAME, 1)
+        path.unlink()  # gone after the open checked it
+        for _ in range(2):
+            with pytest.raises(LedgerMissing) as caught:
+                await ledger.read(Position(1, 0))
+            assert caught.value.paths == (str(path),)
+    finally:
+        await ledger.close()
