@@ -7,10 +7,13 @@ ends. A closed ledger found damaged serves the entries before the damage and the
 ``LedgerCorrupted`` naming the file; it is logged once, at ERROR, and a missing one fails
 every read the same way without trying the disk again.
 
-Closing waits for the reads in flight to end before it closes a log: a log closed under a
-read's thread left it reading a closed descriptor (a bare ``OSError``), or worse, one the
-process had meanwhile given to another file. Reads that start once closing has begun
-raise ``LedgerClosed``.
+No log is ever closed under a read: a log closed under a read's thread left it reading a
+closed descriptor (a bare ``OSError``), or worse, one the process had meanwhile given to
+another file. Closing waits for the reads in flight to end before it closes the logs;
+reads that start once closing has begun raise ``LedgerClosed``. Letting go of one ledger's
+log (:meth:`LogHandles.forget`, when it moved) is the same for that log: reads that start
+afterwards open the ledger again, the ones in flight end on it, and the last of them
+closes it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class LogHandles:
         self._doomed: dict[int, LedgerInfo] = {}  # trimmed ledgers to delete once read
         self._unreadable: dict[int, LedgerCorrupted] = {}  # missing closed ledgers
         self._opening = asyncio.Lock()  # one open per closed ledger (its file is locked)
+        self._using: dict[EntryLog, int] = {}  # log -> reads in flight on it
+        self._letting_go: dict[EntryLog, asyncio.Event] = {}  # forgotten, closed when unused
         self._busy = 0  # reads in flight, each until its deletion of a doomed ledger ended
         self._idle = asyncio.Event()  # set while none is
         self._idle.set()
@@ -56,6 +61,12 @@ class LogHandles:
         """Trimmed ledgers whose files wait for the reads in flight on them to end."""
         return frozenset(self._doomed)
 
+    @property
+    def letting_go(self) -> frozenset[int]:
+        """Ledgers whose logs :meth:`forget` let go of, waiting for the reads in flight on
+        them to end before they are closed."""
+        return frozenset(entry_log.ledger_id for entry_log in self._letting_go)
+
     async def read(
         self, info: LedgerInfo, first: int, last: int, max_bytes: int | None = None
     ) -> list[bytes]:
@@ -76,9 +87,7 @@ class LogHandles:
             entry_log = self._logs.get(ledger_id)
             if entry_log is None:  # a closed ledger, opened on first read
                 entry_log = await self._open_closed(info)
-            if max_bytes is not None:
-                last = entry_log.last_within(first, last, max_bytes)
-            return await entry_log.read_async(first, last)
+            return await self._read_on(entry_log, first, last, max_bytes)
         finally:
             self._reading[ledger_id] -= 1
             try:
@@ -90,6 +99,27 @@ class LogHandles:
                 self._busy -= 1
                 if not self._busy:
                     self._idle.set()
+
+    async def _read_on(
+        self, entry_log: EntryLog, first: int, last: int, max_bytes: int | None
+    ) -> list[bytes]:
+        """Read from ``entry_log``, holding it open: if :meth:`forget` let go of it
+        meanwhile, the last read on it closes it."""
+        self._using[entry_log] = self._using.get(entry_log, 0) + 1
+        try:
+            if max_bytes is not None:
+                last = entry_log.last_within(first, last, max_bytes)
+            return await entry_log.read_async(first, last)
+        finally:
+            self._using[entry_log] -= 1
+            if not self._using[entry_log]:
+                del self._using[entry_log]
+                released = self._letting_go.pop(entry_log, None)
+                if released is not None:
+                    try:
+                        await asyncio.to_thread(entry_log.close)
+                    finally:
+                        released.set()
 
     async def _open_closed(self, info: LedgerInfo) -> EntryLog:
         async with self._opening:
@@ -129,11 +159,18 @@ class LogHandles:
             return entry_log
 
     async def forget(self, ledger_id: int) -> None:
-        """Close a closed ledger's log, if open: its next read opens it again from its
-        metadata (its placement changed). Reads in flight on it end on the old one."""
+        """Let go of a closed ledger's log, if open: its next read opens it again from its
+        metadata (its placement changed). Reads in flight on it end on it, with their
+        entries; it is closed once they have, and this waits for that (if it is
+        cancelled meanwhile, the last of them still closes it)."""
         entry_log = self._logs.pop(ledger_id, None)
-        if entry_log is not None:
+        if entry_log is None:
+            return
+        if entry_log not in self._using:
             await asyncio.to_thread(entry_log.close)
+            return
+        released = self._letting_go.setdefault(entry_log, asyncio.Event())
+        await released.wait()
 
     async def doom(self, info: LedgerInfo) -> None:
         """Delete a trimmed ledger's file now, or when the reads in flight on it end."""

@@ -9,9 +9,11 @@ for two independent clusters), a real broker answering ``/readyz`` over HTTP.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
+import threading
 import uuid
 from pathlib import Path
 
@@ -31,10 +33,12 @@ from segtxn.ledger import (
     check_files,
 )
 from segtxn.ledger.errors import LedgerMismatch, LedgerMissing
+from segtxn.ledger.files import FileEntryLog
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.sealed import delete_sealed, read_sealed
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
+from tests.waiting import wait_until
 
 NAME = "persistent://t/n/files"
 
@@ -284,4 +288,68 @@ async def test_a_closed_ledger_whose_file_went_is_missing_every_time(
                 await ledger.read(Position(1, 0))
             assert caught.value.paths == (str(path),)
     finally:
+        await ledger.close()
+
+
+# ---------------------------------------------------------------------------------------
+# 4. LogHandles.forget() (a replicated ledger's move: its next read opens it from its new
+#    placement) closed the log at once, under a read in flight on it in its thread, which
+#    then read a closed descriptor (a bare OSError, EBADF) or one the process had
+#    meanwhile given to another file.
+
+_READING = threading.Event()
+_RESUME = threading.Event()
+_CLOSED = threading.Event()
+
+
+class _PausedEntryLog(FileEntryLog):
+    """A file log whose reads wait for the test in their thread, before touching the file
+    (a slow disk), and which says when it is closed."""
+
+    def read(self, first: int, last: int) -> list[bytes]:
+        _READING.set()
+        _RESUME.wait(30)
+        return super().read(first, last)
+
+    def close(self) -> None:
+        _CLOSED.set()
+        super().close()
+
+
+class _PausedStorage(FileLogStorage):
+    entry_log = _PausedEntryLog
+
+
+async def test_forget_lets_a_read_in_flight_end_on_the_log_before_closing_it(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    for event in (_READING, _RESUME, _CLOSED):
+        event.clear()
+    ledger = await ManagedLedger.open(NAME, store, _PausedStorage(tmp_path), LedgerSettings())
+    forgetting: asyncio.Task[None] | None = None
+    try:
+        await ledger.append(b"e0")
+        await ledger.roll_over()  # ledger 1 is closed, its log still held for reads
+        reading = asyncio.create_task(ledger.read(Position(1, 0)))
+        try:
+            assert await asyncio.to_thread(_READING.wait, 10)
+            forgetting = asyncio.create_task(ledger._logs.forget(1))
+            # forget() closes the log under the read (before the fix), or waits for it
+            await wait_until(
+                lambda: _CLOSED.is_set() or 1 in ledger._logs.letting_go,
+                what="forget() closed the log or waits for the read",
+            )
+            assert not _CLOSED.is_set() and not forgetting.done()
+        finally:
+            _RESUME.set()
+        # the read in flight ends as it began, with its entries; then the log is closed
+        assert [e.payload for e in await reading] == [b"e0"]
+        await forgetting
+        assert _CLOSED.is_set() and not ledger._logs.letting_go
+        # and the ledger's next read opens it again
+        assert [e.payload for e in await ledger.read(Position(1, 0))] == [b"e0"]
+    finally:
+        _RESUME.set()
+        if forgetting is not None:
+            await forgetting
         await ledger.close()
