@@ -33,7 +33,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import msgspec
 
@@ -76,6 +76,35 @@ __all__ = [  # the metadata names are re-exported for modules that import them f
 ]
 
 
+class CursorTurns:
+    """One :meth:`ManagedLedger.open_cursor` or :meth:`ManagedLedger.delete_cursor` of a
+    cursor name at a time, in call order (other names are not held up). Each takes several
+    store calls; interleaved, an open could take up the record a delete then removed, and
+    list a cursor that a restart would not restore. A name's lock is dropped once no
+    operation holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def users(self, name: str) -> int:
+        """How many operations on ``name`` hold its turn or wait for it."""
+        return self._locks.get(name, (None, 0))[1]
+
+    @contextlib.asynccontextmanager
+    async def turn(self, name: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(name) or (asyncio.Lock(), 0)
+        self._locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[name]
+            if users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)
+
+
 class ManagedLedger(LedgerAppends):
     """Open with :meth:`open`; close with :meth:`close`. One owner process at a time.
     Its state and positions (``last_confirmed``, ``first_position()``...) come from
@@ -111,6 +140,7 @@ class ManagedLedger(LedgerAppends):
         self._last = self._compute_last()
         self.stats = WriteStats()
         self.cursors: dict[str, ManagedCursor] = {}
+        self._cursor_turns = CursorTurns()
         self.on_write_failure: list[Callable[[WriteFailed], None]] = []
         """Called once when a write fails and the ledger stops taking appends (its owner
         reopens it, or, for a fenced one, lets it go)."""
@@ -222,26 +252,32 @@ class ManagedLedger(LedgerAppends):
     async def open_cursor(self, name: str, *, start: str = "latest") -> ManagedCursor:
         """The cursor ``name``, created if missing with its first unacknowledged entry at
         the first retained entry (``start="earliest"``) or the next write (``"latest"``).
-        A cursor whose delete failed is taken up again as its record holds it."""
-        cursor = self.cursors.get(name)
-        if cursor is not None and not cursor.closed:
-            return cursor
-        if start == "earliest":
-            first = self.first_position() or self.next_write_position()
-        elif start == "latest":
-            first = self.next_write_position()
-        else:
+        A cursor whose delete failed is taken up again as its record holds it.
+
+        An open and a :meth:`delete_cursor` of the same name run one after the other, in
+        call order: the cursor ends open in memory with its record in the store, or
+        neither (a cursor returned before a delete is closed by it).
+        """
+        if start not in ("earliest", "latest"):
             raise ValueError(f"start must be 'earliest' or 'latest', not {start!r}")
-        mark = Position(first.ledger_id, first.entry_id - 1)
-        cursor = await ManagedCursor.create(
-            ledger=self,
-            name=name,
-            store=self._store,
-            mark_delete=mark,
-            max_persisted_ranges=self.settings.max_persisted_ranges,
-        )
-        self.cursors[name] = cursor
-        return cursor
+        async with self._cursor_turns.turn(name):
+            cursor = self.cursors.get(name)
+            if cursor is not None and not cursor.closed:
+                return cursor
+            if start == "earliest":
+                first = self.first_position() or self.next_write_position()
+            else:
+                first = self.next_write_position()
+            mark = Position(first.ledger_id, first.entry_id - 1)
+            cursor = await ManagedCursor.create(
+                ledger=self,
+                name=name,
+                store=self._store,
+                mark_delete=mark,
+                max_persisted_ranges=self.settings.max_persisted_ranges,
+            )
+            self.cursors[name] = cursor
+            return cursor
 
     async def delete_cursor(self, name: str) -> None:
         """Forget a cursor (idempotent): it no longer holds data back from trimming.
@@ -249,17 +285,18 @@ class ManagedLedger(LedgerAppends):
         It is forgotten only once its record is deleted: until then a restart restores it,
         so it keeps holding back what its saved state has not consumed. If the delete
         fails, the cursor is closed but still listed (a retry deletes it;
-        :meth:`open_cursor` takes it up again).
+        :meth:`open_cursor` takes it up again). Runs after the opens and deletes of the
+        same name called before it (:meth:`open_cursor`).
 
         Raises:
             MetadataStoreError: the store failed; the cursor is left as said above.
         """
-        cursor = self.cursors.get(name)
-        if cursor is not None:
-            await cursor.close()
-        with contextlib.suppress(NotFound):
-            await self._store.delete(cursor_key(self.name, name))
-        if self.cursors.get(name) is cursor:  # not taken up again meanwhile
+        async with self._cursor_turns.turn(name):
+            cursor = self.cursors.get(name)
+            if cursor is not None:
+                await cursor.close()
+            with contextlib.suppress(NotFound):
+                await self._store.delete(cursor_key(self.name, name))
             self.cursors.pop(name, None)
 
     # ================================================================= retention

@@ -1,0 +1,157 @@
+"""A cursor's delete racing its open, and the ledger's own metadata writes whose outcome was
+lost.
+
+1. ``delete_cursor`` and ``open_cursor`` of one name, interleaved on purpose (a store call
+   of one held while the other runs), must end as one of their two serial orders: the
+   cursor open in memory *and* its record in the store, or neither. The interleaving left
+   a cursor open in memory with no record (gone after a restart, its acknowledgments
+   lost, retention blind to it).
+2. A metadata compare-and-set of the ledger that landed while its answer and the read-back
+   were lost is the ledger's own write: the next change (or a cursor's save, which is
+   conditional on the record) must take it up, not take it for another owner's fencing
+   (the topic unloaded and recovered). Another owner's change is still a fencing.
+
+Real components: the in-memory store wrapped by the fault injector (its holds make the
+interleavings), file-backed and in-memory logs, and "restarts" that open new objects over
+the same store and storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from segtxn.ledger import (
+    LedgerError,
+    LedgerSettings,
+    LogStorage,
+    ManagedLedger,
+    Position,
+    RetentionPolicy,
+)
+from segtxn.ledger.cursor import CURSORS_PREFIX, cursor_key
+from segtxn.metastore import MetadataStore, MetadataStoreError, StoreUnavailable, open_store
+from segtxn.metastore.faults import FaultInjector
+from tests.ledger.test_ledger_edges import faults
+from tests.waiting import wait_until
+
+NAME = "persistent://t/n/cursor-races"
+AT_ONCE = RetentionPolicy(retention_time_s=0)
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MetadataStore]:
+    async with open_store("memory://", wrap=FaultInjector) as s:
+        yield s
+
+
+OpenLedger = Callable[[], Awaitable[ManagedLedger]]
+
+
+@pytest.fixture
+async def open_ledger(store: MetadataStore, storage: LogStorage) -> AsyncIterator[OpenLedger]:
+    """Opens ``NAME`` over the store and storage (again: a restart). Those a test left open
+    (it failed first) are closed after it, faults cleared: its failure is the one to see."""
+    opened: list[ManagedLedger] = []
+
+    async def open_() -> ManagedLedger:
+        opened.append(await ManagedLedger.open(NAME, store, storage, LedgerSettings()))
+        return opened[-1]
+
+    yield open_
+    faults(store).clear()
+    for ledger in opened:
+        if not ledger.is_closing:
+            with contextlib.suppress(LedgerError, MetadataStoreError):
+                await ledger.close()
+
+
+def waiting_for_its_turn(ledger: ManagedLedger, name: str) -> bool:
+    """Whether a second open or delete of the cursor ``name`` waits for the first to end
+    (how the ledger serialises them; before it did, nothing waited)."""
+    turns = getattr(ledger, "_cursor_turns", None)
+    return turns is not None and turns.users(name) > 1
+
+
+async def consistent(ledger: ManagedLedger, store: MetadataStore, name: str) -> bool:
+    """Whether the cursor ``name`` is open in memory exactly when the store holds it."""
+    record = await store.get(cursor_key(NAME, name))
+    cursor = ledger.cursors.get(name)
+    return (cursor is not None and not cursor.closed) == (record is not None)
+
+
+async def appended(ledger: ManagedLedger, count: int) -> list[Position]:
+    return [await ledger.append(b"e%d" % i) for i in range(count)]
+
+
+# ---------------------------------------------------------------------------------------
+# 1. delete_cursor racing open_cursor
+
+
+async def test_an_open_during_a_delete_ends_as_delete_then_open(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """The delete's store call reaches the store late; an open of the same name meanwhile
+    found the record still there and took it up, and then the delete removed it: the
+    cursor it returned was open, listed by the ledger, and had no record."""
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = await appended(ledger, 3)
+    await cursor.ack([p[0]])
+    held = faults(store).hold("txn", key_prefix=CURSORS_PREFIX, before=True)  # the delete
+    deleting = asyncio.create_task(ledger.delete_cursor("sub"))
+    await held.wait_for(1)
+    opening = asyncio.create_task(ledger.open_cursor("sub"))
+    await wait_until(
+        lambda: opening.done() or waiting_for_its_turn(ledger, "sub"), what="the open ran"
+    )
+    held.release()
+    await deleting
+    again = await opening
+
+    assert await consistent(ledger, store, "sub"), "open in memory, no record in the store"
+    assert ledger.cursors["sub"] is again and not again.closed
+    assert again.mark_delete == p[-1]  # a new cursor, at the next write
+    q = await appended(ledger, 1)
+    await again.ack([q[0]])  # its saves land
+    await ledger.close()
+
+    reopened = await open_ledger()
+    assert reopened.cursors["sub"].mark_delete == q[0]
+
+
+async def test_a_delete_during_an_open_ends_as_open_then_delete(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """A failed delete left the cursor closed but listed; an open takes it up again, and
+    reading its record answers late; a delete meanwhile removed the record and the ledger's
+    entry, and then the open listed the cursor it built from the record it had read: open
+    in memory, with no record."""
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = await appended(ledger, 3)
+    await cursor.ack([p[0]])
+    injected = faults(store)
+    injected.fail("txn", key_prefix=CURSORS_PREFIX)
+    with pytest.raises(StoreUnavailable):
+        await ledger.delete_cursor("sub")
+    held = injected.hold("range", key_prefix=CURSORS_PREFIX)  # the open reads the record
+    opening = asyncio.create_task(ledger.open_cursor("sub"))
+    await held.wait_for(1)
+    deleting = asyncio.create_task(ledger.delete_cursor("sub"))
+    await wait_until(
+        lambda: deleting.done() or waiting_for_its_turn(ledger, "sub"), what="the delete ran"
+    )
+    held.release()
+    again = await opening
+    await deleting
+
+    assert await consistent(ledger, store, "sub"), "open in memory, no record in the store"
+    assert "sub" not in ledger.cursors and again.closed
+    assert (await ledger.trim(AT_ONCE)).ledgers == []  # nothing closed yet to let go
+    await ledger.close()
+    reopened = await open_ledger()
+    assert "sub" not in reopened.cursors
