@@ -14,13 +14,17 @@ became, and every ledger the record names has its file. That CAS goes through
 :meth:`LedgerAppends._update`, the one path of every change of the metadata record (the
 managed ledger's seal, clean close, properties, trims and placement moves take it too):
 changes are serialised, each expecting the version the previous one wrote, so a failed
-CAS means another process owns the ledger now (``LedgerFenced``). It lives here because
-the write path is what needs it first; the managed ledger's other changes build on it.
+CAS means another process owns the ledger now (``LedgerFenced``) — unless the record holds
+a state this owner tried itself, whose answer and read-back were lost
+(:mod:`segtxn.ledger.fencing`): that state is taken up and the change applied on it. It
+lives here because the write path is what needs it first; the managed ledger's other
+changes build on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -31,17 +35,20 @@ from segtxn.ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
     LedgerError,
+    LedgerFenced,
     LedgerSealed,
     LedgerUnwritable,
     WriteFailed,
     full_disk_is_retriable,
 )
-from segtxn.ledger.fencing import cas_put
+from segtxn.ledger.fencing import TriedWrites, cas_put, own_landed_write
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import (
+    LedgerInfo,
     LedgerMetadata,
     LedgerSettings,
     closed,
+    decode,
     encode,
     metadata_key,
     opened,
@@ -50,7 +57,7 @@ from segtxn.ledger.position import Position
 from segtxn.ledger.reads import LedgerReads
 from segtxn.ledger.records import ENTRY_OVERHEAD
 from segtxn.ledger.writer import WriteStats
-from segtxn.metastore import MetadataStore
+from segtxn.metastore import MetadataStore, MetadataStoreError
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,11 @@ class LedgerAppends(LedgerReads):
     _closing: bool
     """Set once a close starts: appends are refused from then on."""
     stats: WriteStats
+    _tried: TriedWrites
+    """The metadata states tried since the last CAS known to land: any may have landed."""
+    _let_go: list[LedgerInfo]
+    """Ledgers that a trim of this owner's removed though it seemed to fail (its state,
+    found landed, was taken up since): the next trim reports them (:class:`TrimResult`)."""
     on_write_failure: list[Callable[[WriteFailed], None]]
 
     # ================================================================= appends
@@ -205,17 +217,80 @@ class LedgerAppends(LedgerReads):
         """Apply ``change`` to the current metadata and CAS the result (None: no change).
 
         Updates are serialised, so each CAS expects the version the previous one wrote; a
-        failed CAS means another process owns the ledger now.
+        failed CAS means another process owns the ledger now, unless the record holds a
+        state this owner tried (:meth:`_take_up_own_write`): then ``change`` is applied
+        again, on that state. ``change`` may be called more than once.
+
+        Raises:
+            LedgerFenced: another owner changed the record.
+            StoreUnavailable: the store cannot be reached (the write may have landed: the
+                next change, or a cursor's save, finds out).
         """
         async with self._meta_lock:
-            meta = change(self._meta)
-            if meta is None:
-                return self._meta
-            version = await cas_put(
-                self._store, metadata_key(self.name), encode(meta), self._version
+            while True:
+                meta = change(self._meta)
+                if meta is None:
+                    return self._meta
+                encoded = encode(meta)
+                self._tried.add(encoded)
+                try:
+                    version = await cas_put(
+                        self._store, metadata_key(self.name), encoded, self._version
+                    )
+                except LedgerFenced:
+                    if not await self._take_up_own_write():
+                        raise
+                    continue
+                self._tried.clear()
+                self._meta, self._version = meta, version
+                return meta
+
+    async def settled_metadata_version(self) -> int:
+        """The metadata record's version once no change of this owner's is in flight, nor
+        in doubt: a state it tried that landed unseen is taken up first, so a write
+        conditional on the record (a cursor's save) that failed on it is tried again
+        rather than taken for fenced. Never raises: when the store cannot tell (or the
+        state is one that needs a reopen), the version is the last one known, as before."""
+        async with self._meta_lock:
+            with contextlib.suppress(LedgerFenced, MetadataStoreError):
+                await self._take_up_own_write()
+            return self._version
+
+    async def _take_up_own_write(self) -> bool:
+        """(Under the metadata lock.) Whether the record holds a metadata state this owner
+        tried since its last CAS known to land (a change whose answer and read-back were
+        lost). If so, it becomes the current state, and what that change would have done
+        in memory is done now: trimmed ledgers' files deleted, moved ledgers' logs reopened
+        where they are now, a sealed ledger's log let go.
+
+        Raises:
+            LedgerFenced: the state is a rollover of its own: the log it names was let go
+                when the rollover seemed to fail, and appends went on in the previous one,
+                which the record has closed. The ledger must be reopened.
+            StoreUnavailable: the record could not be read (still unknown).
+        """
+        key = metadata_key(self.name)
+        found = await own_landed_write(self._store, key, self._version, self._tried)
+        if found is None:
+            return False
+        landed, before = decode(found.value), self._meta
+        if landed.next_ledger_id != before.next_ledger_id:
+            raise LedgerFenced(
+                f"{self.name}: a rollover of its own landed though it seemed to fail (its "
+                "answer and the read-back were lost); reopen the ledger"
             )
-            self._meta, self._version = meta, version
-            return meta
+        self._meta, self._version = landed, found.version
+        if landed.sealed:
+            self._current = None
+        kept = {info.id: info for info in landed.ledgers}
+        for info in before.ledgers:
+            now = kept.get(info.id)
+            if now is None:  # trimmed: deleted now, or once the reads in flight on it end
+                self._let_go.append(info)
+                await self._logs.doom(info.id, info.placement)
+            elif now.placement != info.placement:  # moved: read from where it is now
+                await self._logs.forget(info.id)
+        return True
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()

@@ -23,8 +23,6 @@ It works the same on a sealed ledger (PIP-471: a sealed segment still moves its 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-from collections import deque
 from collections.abc import Sequence
 from urllib.parse import quote, unquote
 
@@ -32,17 +30,13 @@ import msgspec
 
 from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.errors import LedgerClosed, LedgerFenced
-from segtxn.ledger.fencing import OwnerChanged, cas_put_owned
+from segtxn.ledger.fencing import OwnerChanged, TriedWrites, cas_put_owned, own_landed_write
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
 from segtxn.metastore import MUST_NOT_EXIST, AlreadyExists, MetadataStore, Record
 
 CURSORS_PREFIX = "/managed-cursors/"
-TRIED_SAVES_KEPT = 1024
-"""How many states tried since the last completed save a cursor remembers (a 16-byte digest
-each), to know its own write again when a save landed with no answer to tell it (a store
-outage): an older one is taken for another owner's change, as any other."""
 
 
 class CursorState(msgspec.Struct, frozen=True):
@@ -53,10 +47,6 @@ class CursorState(msgspec.Struct, frozen=True):
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(CursorState).decode
-
-
-def _digest(encoded: bytes) -> bytes:
-    return hashlib.blake2b(encoded, digest_size=16).digest()
 
 
 def cursors_prefix(ledger_name: str) -> str:
@@ -98,8 +88,8 @@ class ManagedCursor:
         self._persisted_mark = self._mark
         """The lowest mark the store may hold: the last save's, or a lower one that a save
         tried since (failed, or in flight) may have written."""
-        self._tried: deque[bytes] = deque(maxlen=TRIED_SAVES_KEPT)
-        """Digests of the states tried since the last completed save: any may have landed."""
+        self._tried = TriedWrites()
+        """The states tried since the last completed save: any may have landed."""
 
     # ================================================================= state
 
@@ -227,7 +217,7 @@ class ManagedCursor:
         if len(self._acked) > len(ranges):  # ranges left out: only what comes before counts
             through = Position(*ranges[-1][2:]) if ranges else self._mark
         encoded = _encode(state)
-        self._tried.append(_digest(encoded))
+        self._tried.add(encoded)
         try:
             while True:
                 owner_version = self.ledger.metadata_version
@@ -262,10 +252,8 @@ class ManagedCursor:
         read-back that would tell were lost). Then its version is taken up and the save is
         tried again, still conditional on the ledger's metadata record: another owner is
         fenced as ever. Otherwise the change is another owner's, and the save fails."""
-        found = await self._store.get(self._key)
-        if found is None or found.version <= self._version:
-            return False
-        if _digest(found.value) not in self._tried:
+        found = await own_landed_write(self._store, self._key, self._version, self._tried)
+        if found is None:
             return False
         self._version = found.version
         return True

@@ -5,10 +5,18 @@ wrong either way is bad: assuming it failed makes the next CAS use a stale versi
 report a fencing that never happened; assuming it succeeded may lose the change. So the
 record is read back: our bytes at a new version mean it landed; the old version means it
 did not (the caller may retry); anything else means another owner wrote it.
+
+When the read-back is lost too, the outcome stays unknown, and the writer's next CAS finds
+the record a version ahead if it landed. So each writer (a cursor, a managed ledger) keeps
+the values it tried since its last write known to land (:class:`TriedWrites`): a record
+found holding one of them is its own write (:func:`own_landed_write`), taken up and built
+on; any other value is another owner's, a fencing as ever.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import deque
 from typing import cast
 
 from segtxn.ledger.errors import LedgerFenced
@@ -22,6 +30,55 @@ from segtxn.metastore import (
     Record,
     StoreUnavailable,
 )
+
+TRIED_WRITES_KEPT = 1024
+"""How many values tried since its last write known to land a writer remembers (a 16-byte
+digest each), to know its own write again when one landed with no answer to tell it (a
+store outage): an older one is taken for another owner's change, as any other."""
+
+
+class TriedWrites:
+    """Digests of the values a writer tried since its last write known to land: any of
+    them may have landed unseen. Cleared once a write is known to land (a CAS on the
+    version every earlier try also needed, so none still in flight can land after it)."""
+
+    def __init__(self) -> None:
+        self._digests: deque[bytes] = deque(maxlen=TRIED_WRITES_KEPT)
+
+    @staticmethod
+    def _digest(value: bytes) -> bytes:
+        return hashlib.blake2b(value, digest_size=16).digest()
+
+    def add(self, value: bytes) -> None:
+        self._digests.append(self._digest(value))
+
+    def clear(self) -> None:
+        self._digests.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self._digests)
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, bytes) and self._digest(value) in self._digests
+
+
+async def own_landed_write(
+    store: MetadataStore, key: str, version: int, tried: TriedWrites
+) -> Record | None:
+    """After a CAS expecting ``key`` at ``version`` found it changed: the record, if it
+    holds a value in ``tried`` at a later version (the writer's own write landed, but its
+    answer and the read-back that would tell were lost); None if the change is another
+    writer's (or the record is gone).
+
+    Raises:
+        StoreUnavailable: the record could not be read (still unknown; the caller retries).
+    """
+    if not tried:
+        return None
+    found = await store.get(key)
+    if found is None or found.version <= version or found.value not in tried:
+        return None
+    return found
 
 
 async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version: int) -> int:

@@ -40,6 +40,7 @@ import msgspec
 from segtxn.ledger.appends import LedgerAppends
 from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix, restore_cursors
 from segtxn.ledger.errors import LedgerClosed, WriteFailed, full_disk_is_retriable
+from segtxn.ledger.fencing import TriedWrites
 from segtxn.ledger.handles import LogHandles
 from segtxn.ledger.identity import delete_chain, own_prefix
 from segtxn.ledger.logs import EntryLog, LogStorage, Placement
@@ -135,6 +136,8 @@ class ManagedLedger(LedgerAppends):
         self._closing = False
         self._closed = False
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time: they chain versions
+        self._tried = TriedWrites()
+        self._let_go: list[LedgerInfo] = []
         self._write_lock = asyncio.Lock()  # a batch write, or a roll_over(): one at a time
         self._last = None
         self._last = self._compute_last()
@@ -316,7 +319,9 @@ class ManagedLedger(LedgerAppends):
         again from there. An acknowledgment whose save failed or is still pending releases
         nothing, as Pulsar trims only behind each cursor's persisted mark-delete position.
 
-        Returns what was removed (higher layers trim their own per-entry indexes by it).
+        Returns what was removed (higher layers trim their own per-entry indexes by it),
+        with the ledgers an earlier trim removed though it seemed to fail (its answer and
+        the read-back were lost; its state was found landed since).
         """
         now_ms = (time.time() if now_s is None else now_s) * 1000
         own = await self._own_files(self._deletable(self._meta, policy, now_ms))
@@ -336,12 +341,15 @@ class ManagedLedger(LedgerAppends):
             )
 
         await self._update(drop)
-        if not removable:
+        let_go, self._let_go = self._let_go, []  # their files are deleted already
+        if not removable and not let_go:
             return TrimResult([], 0, None)
         for ledger in removable:  # deleted now, or when the last read in flight on it ends
             await self._logs.doom(infos[ledger.id])
         return TrimResult(
-            [i.id for i in removable], sum(i.entries for i in removable), self.first_position()
+            sorted([*(i.id for i in let_go), *(i.id for i in removable)]),
+            sum(i.entries or 0 for i in let_go) + sum(i.entries for i in removable),
+            self.first_position(),
         )
 
     def _deletable(

@@ -22,17 +22,21 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import msgspec
 import pytest
 
 from segtxn.ledger import (
     LedgerError,
+    LedgerFenced,
     LedgerSettings,
     LogStorage,
+    ManagedCursor,
     ManagedLedger,
     Position,
     RetentionPolicy,
 )
 from segtxn.ledger.cursor import CURSORS_PREFIX, cursor_key
+from segtxn.ledger.metadata import METADATA_PREFIX, decode, encode, metadata_key
 from segtxn.metastore import MetadataStore, MetadataStoreError, StoreUnavailable, open_store
 from segtxn.metastore.faults import FaultInjector
 from tests.ledger.test_ledger_edges import faults
@@ -155,3 +159,117 @@ async def test_a_delete_during_an_open_ends_as_open_then_delete(
     await ledger.close()
     reopened = await open_ledger()
     assert "sub" not in reopened.cursors
+
+
+# ---------------------------------------------------------------------------------------
+# 2. the ledger's own metadata write, landed with no answer
+
+
+def lose_the_next_metadata_answer(store: MetadataStore) -> None:
+    """The next metadata CAS lands but its answer is lost, and so is the read-back."""
+    injected = faults(store)
+    injected.fail("txn", key_prefix=METADATA_PREFIX, after_apply=True)
+    injected.fail("range", key_prefix=METADATA_PREFIX)
+
+
+async def test_a_property_change_that_landed_unseen_is_not_a_fencing(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """Its retry found the record a version ahead, written by this owner itself, and took
+    it for another owner's (LedgerFenced: the topic unloaded and recovered)."""
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = await appended(ledger, 2)
+    lose_the_next_metadata_answer(store)
+    with pytest.raises(StoreUnavailable):
+        await ledger.update_properties({"k": "v"})
+    await ledger.update_properties({"k": "v", "other": "w"})  # the retry
+    assert ledger.properties == {"k": "v", "other": "w"}
+    await appended(ledger, 1)
+    await ledger.close()
+
+    reopened = await open_ledger()
+    assert reopened.properties == {"k": "v", "other": "w"}
+    assert reopened.cursors["sub"].mark_delete == cursor.mark_delete
+    assert reopened.contains(p[1])
+
+
+async def test_a_cursor_save_after_the_ledgers_own_unseen_write_is_not_fenced(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """A cursor's save is conditional on the ledger's record: the ledger's own write that
+    landed unseen moved it on, and the save took that for another owner's."""
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = await appended(ledger, 2)
+    lose_the_next_metadata_answer(store)
+    with pytest.raises(StoreUnavailable):
+        await ledger.update_properties({"k": "v"})
+    await cursor.ack([p[0], p[1]])
+    assert cursor.durable and cursor.persisted_mark_delete == p[1]
+    assert ledger.properties == {"k": "v"}  # the write it found is taken up
+    await ledger.close()
+
+
+async def test_a_trim_that_landed_unseen_deletes_its_ledgers_when_tried_again(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """The trim's record (without its ledgers) landed unseen; tried again, it must take
+    that record up and delete the files it no longer names, not fail as fenced."""
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    first = await appended(ledger, 2)
+    await ledger.roll_over()
+    second = await appended(ledger, 2)
+    await cursor.ack_cumulative(second[-1])
+    gone = first[0].ledger_id
+    lose_the_next_metadata_answer(store)
+    with pytest.raises(StoreUnavailable):
+        await ledger.trim(AT_ONCE)
+    retried = await ledger.trim(AT_ONCE)
+    assert (retried.ledgers, retried.entries) == ([gone], 2)  # for the indexes over it
+    assert gone not in ledger.ledger_ids
+    assert not storage.exists(NAME, gone)
+    assert ledger.first_position() == second[0]
+    await ledger.close()
+
+
+async def test_a_seal_that_landed_unseen_completes_when_tried_again(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    ledger = await open_ledger()
+    p = await appended(ledger, 2)
+    lose_the_next_metadata_answer(store)
+    with pytest.raises(StoreUnavailable):
+        await ledger.terminate()
+    assert await ledger.terminate() == p[-1]
+    assert ledger.is_sealed
+    await ledger.close()
+    reopened = await open_ledger()
+    assert reopened.is_sealed and reopened.last_confirmed == p[-1]
+
+
+async def test_another_owners_change_is_still_a_fencing(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """The owner's own write landed unseen, and then another owner changed the record: it
+    holds the other owner's state, and the retry (and a cursor's save) is fenced."""
+    ledger = await open_ledger()
+    cursor: ManagedCursor = await ledger.open_cursor("sub", start="earliest")
+    p = await appended(ledger, 2)
+    lose_the_next_metadata_answer(store)
+    with pytest.raises(StoreUnavailable):
+        await ledger.update_properties({"k": "v"})
+    key = metadata_key(NAME)
+    found = await store.get(key)
+    assert found is not None and decode(found.value).properties == {"k": "v"}  # it landed
+    theirs = msgspec.structs.replace(decode(found.value), properties={"by": "another"})
+    await store.put(key, encode(theirs), expected_version=found.version)
+
+    with pytest.raises(LedgerFenced):
+        await ledger.update_properties({"k": "v"})
+    with pytest.raises(LedgerFenced):
+        await cursor.ack([p[0]])
+    with pytest.raises(LedgerFenced):  # its close's own writes are fenced too
+        await ledger.close()
+    assert (await store.get(cursor_key(NAME, "sub"))) is not None
