@@ -41,7 +41,7 @@ from segtxn.ledger.errors import (
     WriteFailed,
     full_disk_is_retriable,
 )
-from segtxn.ledger.fencing import TriedWrites, cas_put, own_landed_write
+from segtxn.ledger.fencing import OutcomeUnknown, TriedWrites, cas_put, own_landed_write
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import (
     LedgerInfo,
@@ -138,6 +138,8 @@ class LedgerAppends(LedgerReads):
                 (retriable: the writer stops, and the ledger's owner reopens it).
         """
         async with self._write_lock:
+            if self._writer.failure is not None:  # halted while this batch waited
+                raise WriteFailed(f"{self.name}: appends stopped", self._writer.failure)
             current = self._current
             if current is None:  # only a sealed ledger has no current log: it queues nothing
                 raise LedgerSealed(f"{self.name} is sealed")
@@ -176,13 +178,22 @@ class LedgerAppends(LedgerReads):
             LedgerSealed, LedgerClosed, LedgerError: as :meth:`append`.
             LedgerFenced: another process owns the ledger now.
             StorageFull: no room for the next ledger's file (nothing changed; retriable).
+            OutcomeUnknown: the store was unreachable, and whether the rollover landed is
+                unknown: the ledger refuses appends from then on, as after a failed write
+                (``on_write_failure``); its owner reopens it, which finds out.
         """
         self._check_writable()
         async with self._write_lock:
             current = self._current
             if current is not None and current.count:
                 with full_disk_is_retriable():
-                    await self._roll_over(current)
+                    try:
+                        await self._roll_over(current)
+                    except OutcomeUnknown as e:
+                        # the record may have closed ``current`` and named the next ledger,
+                        # or not: an append could go to neither without being lost
+                        self._writer.halt(e)
+                        raise
         return self.next_write_position()
 
     async def _roll_over(self, current: EntryLog) -> EntryLog:

@@ -6,7 +6,8 @@ report a fencing that never happened; assuming it succeeded may lose the change.
 record is read back: our bytes at a new version mean it landed; the old version means it
 did not (the caller may retry); anything else means another owner wrote it.
 
-When the read-back is lost too, the outcome stays unknown, and the writer's next CAS finds
+When the read-back is lost too, the outcome stays unknown (``OutcomeUnknown``: a rollover
+stops the ledger's appends until it is reopened), and the writer's next CAS finds
 the record a version ahead if it landed. So each writer (a cursor, a managed ledger) keeps
 the values it tried since its last write known to land (:class:`TriedWrites`): a record
 found holding one of them is its own write (:func:`own_landed_write`), taken up and built
@@ -81,14 +82,28 @@ async def own_landed_write(
     return found
 
 
+class OutcomeUnknown(StoreUnavailable):
+    """A compare-and-set whose answer was lost, and so was reading the record back: it may
+    have landed or not. A writer whose state in memory depends on the answer (a rollover
+    names the ledger appends go to) cannot go on until it knows."""
+
+
+async def _read_back(store: MetadataStore, key: str) -> Record | None:
+    try:
+        return await store.get(key)
+    except StoreUnavailable as e:
+        raise OutcomeUnknown(f"{key}: a write may have landed or not ({e})") from e
+
+
 async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version: int) -> int:
     """Write ``value`` if ``key`` is still at ``expected_version``; return the new version.
 
     Raises:
         LedgerFenced: someone else changed the record.
-        StoreUnavailable: the store cannot be reached: the write did not land (it was
-            read back at ``expected_version``), or, when the read-back failed too, its
-            outcome is unknown (the caller must allow for both).
+        StoreUnavailable: the store cannot be reached; the write did not land (it was
+            read back at ``expected_version``).
+        OutcomeUnknown: the store cannot be reached, nor the record read back: the write
+            may have landed or not (the caller must allow for both).
     """
     try:
         record = await store.put(key, value, expected_version=expected_version)
@@ -96,7 +111,7 @@ async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version
     except (BadVersion, NotFound) as e:
         raise LedgerFenced(f"{key}: changed by another owner") from e
     except StoreUnavailable:
-        current = await store.get(key)  # StoreUnavailable again: still unknown, caller retries
+        current = await _read_back(store, key)
         if current is not None and current.value == value and current.version > expected_version:
             return current.version
         if current is not None and current.version == expected_version:
@@ -127,9 +142,10 @@ async def cas_put_owned(
         OwnerChanged: the metadata record changed (the caller may check whether it was its
             own change, and try again with the new version).
         LedgerFenced: someone else changed the record.
-        StoreUnavailable: the store cannot be reached: the write did not land (it was
-            read back at ``expected_version``), or, when the read-back failed too, its
-            outcome is unknown (the caller must allow for both).
+        StoreUnavailable: the store cannot be reached; the write did not land (it was
+            read back at ``expected_version``).
+        OutcomeUnknown: the store cannot be reached, nor the record read back: the write
+            may have landed or not (the caller must allow for both).
     """
     ops: list[Op] = [
         Check(owner_key, owner_version),
@@ -143,7 +159,7 @@ async def cas_put_owned(
             raise OwnerChanged(f"{owner_key}: changed since version {owner_version}") from e
         raise LedgerFenced(f"{key}: changed by another owner") from e
     except StoreUnavailable:
-        current = await store.get(key)  # StoreUnavailable again: still unknown, caller retries
+        current = await _read_back(store, key)
         if current is not None and current.value == value and current.version > expected_version:
             return current.version
         if current is not None and current.version == expected_version:

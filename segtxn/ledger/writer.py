@@ -143,13 +143,36 @@ class GroupCommit:
             if not pending.done.done():
                 pending.done.set_result(position)
 
+    def halt(self, error: Exception) -> None:
+        """Stop taking appends as after a failed write, for ``error`` (the ledger can no
+        longer tell where they would go): what is queued fails, and the owner is told once
+        (``on_failure``), to reopen the ledger. A batch already taken is refused by the
+        ledger's own write, which checks :attr:`failure` before writing it."""
+        if self.failure is None:
+            log.warning("%s: %s; refusing appends until reopened", self._name, error)
+            self.failure = error
+            self._refuse([], error, tell=True)
+
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
-        if (isinstance(error, LedgerError) and error.retriable) or isinstance(error, LedgerFenced):
-            log.warning("%s: write failed (%s); refusing appends until reopened", self._name, error)
-        else:
-            log.exception("%s: write failed; the ledger refuses appends until reopened", self._name)
-        self.failure = error
-        failed = WriteFailed(f"write failed: {error}", error)
+        first = self.failure is None  # else halted while this batch waited: told already
+        if first:
+            if (isinstance(error, LedgerError) and error.retriable) or isinstance(
+                error, LedgerFenced
+            ):
+                log.warning(
+                    "%s: write failed (%s); refusing appends until reopened", self._name, error
+                )
+            else:
+                log.exception(
+                    "%s: write failed; the ledger refuses appends until reopened", self._name
+                )
+            self.failure = error
+        self._refuse(batch, self.failure or error, tell=first)
+
+    def _refuse(self, batch: list[_Pending], failure: BaseException, *, tell: bool) -> None:
+        """Fail ``batch`` and everything queued with ``failure``; ``tell``: the owner too
+        (once per writer)."""
+        failed = WriteFailed(f"write failed: {failure}", failure)
         for pending in [*batch, *self._queue]:
             if not pending.done.done():
                 pending.done.set_exception(failed)
@@ -157,7 +180,8 @@ class GroupCommit:
         self._queued_bytes = 0
         self._drained.set()
         self.idle.set()
-        self._on_failure(failed)
+        if tell:
+            self._on_failure(failed)
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []

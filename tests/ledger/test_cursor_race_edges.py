@@ -34,6 +34,7 @@ from segtxn.ledger import (
     ManagedLedger,
     Position,
     RetentionPolicy,
+    WriteFailed,
 )
 from segtxn.ledger.cursor import CURSORS_PREFIX, cursor_key
 from segtxn.ledger.metadata import METADATA_PREFIX, decode, encode, metadata_key
@@ -273,3 +274,79 @@ async def test_another_owners_change_is_still_a_fencing(
     with pytest.raises(LedgerFenced):  # its close's own writes are fenced too
         await ledger.close()
     assert (await store.get(cursor_key(NAME, "sub"))) is not None
+
+
+async def test_an_append_after_a_rollover_of_unknown_outcome_is_never_lost(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """A rollover's CAS landed, its answer and the read-back lost: the record closed the
+    ledger being appended to, at its count then, and names the next one. The appends went
+    on into the closed ledger, were acknowledged, and were gone once the ledger was
+    reopened. The ledger cannot tell where an append goes: it refuses them, and its owner
+    is told to reopen it, as after a failed write."""
+    ledger = await open_ledger()
+    told: list[WriteFailed] = []
+    ledger.on_write_failure.append(told.append)
+    acknowledged = await appended(ledger, 2)
+    lose_the_next_metadata_answer(store)
+    with pytest.raises(StoreUnavailable):
+        await ledger.roll_over()
+    with contextlib.suppress(WriteFailed):
+        acknowledged.append(await ledger.append(b"after"))
+    with contextlib.suppress(LedgerFenced):  # (before: its clean close found the rollover)
+        await ledger.close()
+
+    reopened = await open_ledger()
+    stored = await reopened.read(Position(0, 0), max_entries=10)
+    assert acknowledged == [e.position for e in stored], "an acknowledged append was lost"
+    assert len(told) == 1
+
+
+async def test_a_rollover_known_not_to_have_landed_lets_appends_go_on(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """The rollover's CAS never reached the store, and the read-back says so: the ledger
+    appends on where it was (nothing to reopen)."""
+    ledger = await open_ledger()
+    told: list[WriteFailed] = []
+    ledger.on_write_failure.append(told.append)
+    acknowledged = await appended(ledger, 2)
+    faults(store).fail("txn", key_prefix=METADATA_PREFIX)
+    with pytest.raises(StoreUnavailable):
+        await ledger.roll_over()
+    acknowledged.append(await ledger.append(b"after"))
+    await ledger.roll_over()
+    acknowledged.append(await ledger.append(b"next"))
+    assert not told
+    await ledger.close()
+
+    reopened = await open_ledger()
+    stored = await reopened.read(Position(0, 0), max_entries=10)
+    assert acknowledged == [e.position for e in stored]
+
+
+async def test_an_append_waiting_for_a_rollover_of_unknown_outcome_is_refused(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """An append queued while the rollover's CAS is on its way waits for it, its batch taken
+    already: once the rollover's outcome is unknown, that batch is refused too, not written
+    into the ledger the record may have closed."""
+    ledger = await open_ledger()
+    acknowledged = await appended(ledger, 2)
+    injected = faults(store)
+    held = injected.hold("txn", key_prefix=METADATA_PREFIX, before=True)
+    lose_the_next_metadata_answer(store)
+    rolling = asyncio.create_task(ledger.roll_over())
+    await held.wait_for(1)
+    waiting = await ledger.enqueue(b"during")
+    await wait_until(lambda: not ledger._writer._queue, what="the writer took the batch")
+    held.release()
+    with pytest.raises(StoreUnavailable):
+        await rolling
+    with pytest.raises(WriteFailed):
+        acknowledged.append(await waiting)
+    await ledger.close()
+
+    reopened = await open_ledger()
+    stored = await reopened.read(Position(0, 0), max_entries=10)
+    assert acknowledged == [e.position for e in stored]
