@@ -260,10 +260,16 @@ class ManagedLedger(LedgerAppends):
         An open and a :meth:`delete_cursor` of the same name run one after the other, in
         call order: the cursor ends open in memory with its record in the store, or
         neither (a cursor returned before a delete is closed by it).
+
+        Raises:
+            LedgerClosed: :meth:`close` began (it saves the cursors it holds, and would
+                leave a later one behind).
         """
         if start not in ("earliest", "latest"):
             raise ValueError(f"start must be 'earliest' or 'latest', not {start!r}")
         async with self._cursor_turns.turn(name):
+            if self._closing:
+                raise LedgerClosed(f"{self.name} is closed")
             cursor = self.cursors.get(name)
             if cursor is not None and not cursor.closed:
                 return cursor
@@ -420,7 +426,7 @@ class ManagedLedger(LedgerAppends):
             await self._writer.idle.wait()
             if self._writer.failure is None and not self._meta.sealed:
                 await self._record_clean_close()
-            for cursor in self.cursors.values():
+            for cursor in list(self.cursors.values()):  # (a delete_cursor may run meanwhile)
                 await cursor.close()
         finally:
             self._closed = True

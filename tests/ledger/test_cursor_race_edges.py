@@ -9,7 +9,11 @@ lost.
 2. A metadata compare-and-set of the ledger that landed while its answer and the read-back
    were lost is the ledger's own write: the next change (or a cursor's save, which is
    conditional on the record) must take it up, not take it for another owner's fencing
-   (the topic unloaded and recovered). Another owner's change is still a fencing.
+   (the topic unloaded and recovered). Another owner's change is still a fencing. A
+   rollover whose outcome stays unknown stops the appends (they were acknowledged into a
+   ledger the record had closed, and lost).
+3. A cursor opened while the ledger closes (its saves of the cursors on their way) broke
+   the close, and cursors after it were never saved.
 
 Real components: the in-memory store wrapped by the fault injector (its holds make the
 interleavings), file-backed and in-memory logs, and "restarts" that open new objects over
@@ -26,6 +30,7 @@ import msgspec
 import pytest
 
 from segtxn.ledger import (
+    LedgerClosed,
     LedgerError,
     LedgerFenced,
     LedgerSettings,
@@ -350,3 +355,32 @@ async def test_an_append_waiting_for_a_rollover_of_unknown_outcome_is_refused(
     reopened = await open_ledger()
     stored = await reopened.read(Position(0, 0), max_entries=10)
     assert acknowledged == [e.position for e in stored]
+
+
+# ---------------------------------------------------------------------------------------
+# 3. a cursor opened while the ledger closes
+
+
+async def test_a_cursor_opened_while_the_ledger_closes_stops_no_other_cursors_save(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """The close saves each cursor in turn; a cursor opened while one of those saves was on
+    its way changed the ledger's list of cursors under the close ("dictionary changed size
+    during iteration"): the cursors after it were never saved, their acknowledgments
+    delivered again after the reopen. A ledger that is closing opens no cursor."""
+    ledger = await open_ledger()
+    first = await ledger.open_cursor("a", start="earliest")
+    second = await ledger.open_cursor("b", start="earliest")
+    p = await appended(ledger, 2)
+    await first.ack([p[0]], wait=False)
+    await second.ack([p[0]], wait=False)
+    held = faults(store).hold("txn", key_prefix=CURSORS_PREFIX, before=True)  # a's save
+    closing = asyncio.create_task(ledger.close())
+    await held.wait_for(1)
+    with pytest.raises(LedgerClosed):
+        await ledger.open_cursor("c")
+    held.release()
+    await closing
+
+    reopened = await open_ledger()
+    assert {n: c.mark_delete for n, c in reopened.cursors.items()} == {"a": p[0], "b": p[0]}
