@@ -81,9 +81,8 @@ async def open_ledger(store: MetadataStore, storage: LogStorage) -> AsyncIterato
 
 def waiting_for_its_turn(ledger: ManagedLedger, name: str) -> bool:
     """Whether a second open or delete of the cursor ``name`` waits for the first to end
-    (how the ledger serialises them; before it did, nothing waited)."""
-    turns = getattr(ledger, "_cursor_turns", None)
-    return turns is not None and turns.users(name) > 1
+    (how the ledger serialises them)."""
+    return ledger._cursor_turns.users(name) > 1
 
 
 async def consistent(ledger: ManagedLedger, store: MetadataStore, name: str) -> bool:
