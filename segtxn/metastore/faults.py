@@ -10,8 +10,8 @@ Wrap any engine (``open_store(url, wrap=FaultInjector)``) and then, while the sy
 - :meth:`FaultInjector.count` counts chosen operations from now on (how many store calls
   an action cost);
 - :meth:`FaultInjector.drop_watches` breaks every open watch stream (multiplexed ones
-  too), as a lost connection would (the store must resume them without the caller
-  noticing);
+  too, and those still being created), as a lost connection would (the store must resume
+  them without the caller noticing);
 - :meth:`FaultInjector.expire_sessions` revokes leases behind the holders' backs, as a
   session timeout would.
 
@@ -185,6 +185,9 @@ class FaultInjector(Engine):
         self._holds: list[Hold] = []
         self._tallies: list[Tally] = []
         self._links: set[_Link[Sequence[RawEvent]] | _Link[WatchReply]] = set()
+        self._drops = 0
+        """How many times :meth:`drop_watches` ran: a watch whose creation began under an
+        older count was being created across a drop (see :meth:`_listed`)."""
         self._leases: set[int] = set()
         self.injected = 0
 
@@ -275,7 +278,15 @@ class FaultInjector(Engine):
 
     def drop_watches(self) -> int:
         """Break every open watch stream now, losing what was in flight on it; returns
-        how many were broken."""
+        how many were broken.
+
+        A watch still being created (its creation is a round trip to the backend, after
+        the fault check and before it is listed as open) is broken too, as soon as it is
+        created, and counted in :attr:`injected` then, not in the number returned: a
+        connection lost during the creation breaks the watch made on it. Left alive, it
+        missed whatever the test dropped the watches for (a compaction meanwhile, say).
+        """
+        self._drops += 1
         links, self._links = self._links, set()
         for link in links:
             link.cut()
@@ -304,6 +315,15 @@ class FaultInjector(Engine):
             raise ValueError(f"unknown operation {operation!r}; one of {sorted(OPERATIONS)}")
         prefix = key_prefix.encode() if isinstance(key_prefix, str) else key_prefix
         self._rules.append(_Rule(operation, prefix, times, error, delay_s, before))
+
+    def _listed(self, link: _Link[Sequence[RawEvent]] | _Link[WatchReply], drops: int) -> None:
+        """List ``link`` as open, or break it at once when a drop came since its creation
+        began (``drops`` was :attr:`_drops` then)."""
+        if self._drops != drops:
+            link.cut()
+            self.injected += 1
+        else:
+            self._links.add(link)
 
     def _claim(self, operation: str, keys: Sequence[bytes]) -> list[tuple[Hold, _Call]]:
         """(When the operation is called, so in call order.) The holds its answer waits in."""
@@ -372,10 +392,11 @@ class FaultInjector(Engine):
     ) -> AsyncIterator[AsyncIterator[Sequence[RawEvent]]]:
         """The inner stream, pumped through a small queue that a drop can cut."""
         await self._inject("watch", [lo])
+        drops = self._drops
         async with self.inner.watch(lo, hi, start_revision) as stream:
             link: _Link[Sequence[RawEvent]] = _Link(asyncio.Queue(maxsize=8))
             link.pump = asyncio.create_task(link.run(stream), name=f"fault-watch-pump-{lo!r}")
-            self._links.add(link)
+            self._listed(link, drops)
             try:
                 yield link.receive()
             finally:
@@ -390,10 +411,11 @@ class FaultInjector(Engine):
     async def _watch_many(self) -> AsyncIterator[WatchMux]:
         """The inner stream's replies, pumped through a small queue that a drop can cut."""
         await self._inject("watch", [])
+        drops = self._drops
         async with self.inner.watch_many() as inner:
             link: _Link[WatchReply] = _Link(asyncio.Queue(maxsize=8))
             link.pump = asyncio.create_task(link.run(inner.replies()), name="fault-watch-many-pump")
-            self._links.add(link)
+            self._listed(link, drops)
             try:
                 yield _FaultyMux(self, inner, link)
             finally:
