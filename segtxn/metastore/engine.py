@@ -191,11 +191,13 @@ WatchMuxStream = AbstractAsyncContextManager[WatchMux]
 class Engine(ABC):
     """A backend of the metadata store. See the module docstring for the semantics."""
 
-    denied: StoreAccessDenied | None = None
-    """The refusal of this client's credentials or permissions the store last answered
-    with, until a call succeeds again (a user's role revoked, a password changed after
-    start-up); None while access works. Servers answer 503 ``StoreAccessDenied`` and
-    say not ready meanwhile. Only an engine with credentials sets it."""
+    @property
+    def denied(self) -> StoreAccessDenied | None:
+        """The refusal of this client's credentials or permissions the store last answered
+        with, until a call succeeds again (a user's role revoked, a password changed after
+        start-up); None while access works. Servers answer 503 ``StoreAccessDenied`` and
+        say not ready meanwhile. Only an engine with credentials has one."""
+        return None
 
     @abstractmethod
     async def range(self, lo: bytes, hi: bytes | None = None, *, limit: int = 0) -> RangeResult:

@@ -36,7 +36,7 @@ def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd
 
 def _live(engine: object) -> LiveCredentials:
     assert isinstance(engine, EtcdEngine)
-    return engine._credentials
+    return engine.connection._credentials
 
 
 async def test_a_new_password_and_a_renewed_certificate_without_a_restart(
@@ -101,7 +101,7 @@ async def test_a_new_password_and_a_renewed_certificate_without_a_restart(
         record = await store.get("/k")
         assert record is not None and record.value == b"renewed"
         engine = store.engine
-        assert isinstance(engine, EtcdEngine) and len(engine._retired) == 1
+        assert isinstance(engine, EtcdEngine) and len(engine.connection._retired) == 1
     finally:
         await store.close()
 

@@ -188,11 +188,12 @@ async def test_a_token_etcd_forgot_is_renewed(secure_etcd: SecureEtcd) -> None:
         await store.put("/k", b"1")
         engine = store.engine
         assert isinstance(engine, EtcdEngine)
-        engine._token = "forgotten.by.etcd"  # as after --auth-token-ttl or another member
+        # as after --auth-token-ttl or on another member:
+        engine.connection._token = "forgotten.by.etcd"
         await store.put("/k", b"2")  # refused once, authenticated again, made again
         record = await store.get("/k")
         assert record is not None and record.value == b"2"
-        assert engine._token != "forgotten.by.etcd"
+        assert engine.connection._token != "forgotten.by.etcd"
     finally:
         await store.close()
 

@@ -132,15 +132,15 @@ class _ConfirmationGate:
     """Holds back etcd's confirmation of the next watch an engine opens: once the reply has
     arrived, ``arrived`` is set, and the engine only gets it after :meth:`release`.
 
-    It wraps the engine's gRPC watch stub (a private attribute) because the race it sets
+    It wraps the engine's gRPC watch stub (its connection's) because the race it sets
     up is below every wrapper the store has: a task cancelled at the moment the reply to
     its watch request is already in. Only the first read of that one call is held.
     """
 
     def __init__(self, engine: EtcdEngine) -> None:
-        engine._connect()
-        self._stub = engine._watch_stub
-        engine._watch_stub = self
+        stubs = engine.connection.stubs()
+        self._stub = stubs.watch
+        stubs.watch = self
         self.arrived = asyncio.Event()
         self._released = asyncio.Event()
         self._armed = True
