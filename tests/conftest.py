@@ -1,13 +1,18 @@
-"""Suite-wide fixtures: a real etcd server for the session, and a guard against leaked tasks."""
+"""Suite-wide fixtures: a real etcd server for the session, a store on each backend, and a
+guard against leaked tasks."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
+from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import AutoCompaction, EtcdServer
+from segtxn.metastore.faults import FaultInjector
 from tests.processes import ServerProcess
 
 pytest_plugins = ["tests.cluster"]
@@ -37,6 +42,37 @@ def compacting_etcd() -> Iterator[EtcdServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(params=["memory", "etcd"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[MetadataStore]:
+    """A store on each backend in turn: the in-process memory store, then a namespace of
+    its own on the session's real etcd (named after the test file). Its engine is wrapped
+    in a fault injector (:func:`faults`), which changes nothing until a test asks it to.
+    Closed after the test.
+
+    A directory or test file that needs another store (the memory backend only, a
+    compacting or a small etcd, other settings) defines its own ``store``, which wins;
+    one that wants this store on one backend only parametrizes it:
+    ``@pytest.mark.parametrize("store", ["memory"], indirect=True)``."""
+    if request.param == "memory":
+        url = "memory://"
+    else:
+        server: EtcdServer = request.getfixturevalue("etcd_server")
+        url = server.url(f"/{request.path.stem}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    opened = open_store(url, wrap=FaultInjector)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+@pytest.fixture
+def faults(store: MetadataStore) -> FaultInjector:
+    """The fault injector of the test's ``store`` (whichever ``store`` fixture it uses)."""
+    engine = store.engine
+    assert isinstance(engine, FaultInjector), "this store's engine has no fault injector"
+    return engine
 
 
 @pytest.fixture

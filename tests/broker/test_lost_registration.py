@@ -457,30 +457,13 @@ async def test_a_resumed_owner_cannot_commit_what_the_new_owner_took_for_an_orph
 # ---------------------------------------------------------------------- in one process
 
 
-@pytest.fixture(params=["memory", "etcd"])
-async def faulty_store(request: pytest.FixtureRequest) -> AsyncIterator[MetadataStore]:
-    """A store every broker of the test shares, with a fault injector."""
-    if request.param == "memory":
-        url = "memory://"
-    else:
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        url = server.url(f"/fence-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    store = open_store(url, wrap=FaultInjector)
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
 async def test_a_broker_whose_session_lapsed_keeps_its_topics_and_their_clients(
-    faulty_store: MetadataStore, tmp_path: Path
+    store: MetadataStore, faults: FaultInjector, tmp_path: Path
 ) -> None:
     """Its session cannot be refreshed for a TTL (the store unreachable for it) and nobody
     takes its id or its topics meanwhile: it is fenced (no receipt, no new client) until it
     has registered again, then it keeps the topic loaded and its consumer connected, and
     the producer's send is acknowledged once it is back (sent again, stored once)."""
-    faults = faulty_store.engine
-    assert isinstance(faults, FaultInjector)
     port = free_port()
     settings = BrokerSettings(
         broker_id="x1",
@@ -488,7 +471,7 @@ async def test_a_broker_whose_session_lapsed_keeps_its_topics_and_their_clients(
         ledger_url=f"file://{tmp_path / 'x1'}",
         session_ttl_s=1.0,
     )
-    server = BrokerServer(settings, host="127.0.0.1", port=port, store=faulty_store)
+    server = BrokerServer(settings, host="127.0.0.1", port=port, store=store)
     await server.start()
     service = server.service
     topic = "persistent://acme/fence/lapsed"

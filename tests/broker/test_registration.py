@@ -9,7 +9,6 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -29,24 +28,6 @@ from tests.waiting import wait_until
 
 TTL_S = 1.0
 """The brokers' session TTL here (etcd grants at least 2 s)."""
-
-Store = tuple[MetadataStore, FaultInjector]
-
-
-@pytest.fixture(params=["memory", "etcd"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    """One store (with a fault injector) that every broker of the test shares."""
-    if request.param == "memory":
-        url = "memory://"
-    else:
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        url = server.url(f"/reg-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    opened = open_store(url, wrap=FaultInjector)
-    assert isinstance(opened.engine, FaultInjector)
-    try:
-        yield opened, opened.engine
-    finally:
-        await opened.close()
 
 
 def broker(
@@ -75,16 +56,17 @@ async def registered_url(store: MetadataStore, broker_id: str = "x1") -> str | N
     return await Catalog(store).broker_url(broker_id)
 
 
-async def test_a_second_broker_with_a_live_id_is_refused(store: Store, tmp_path: Path) -> None:
-    meta, _ = store
-    first = broker(meta, tmp_path / "first")
+async def test_a_second_broker_with_a_live_id_is_refused(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    first = broker(store, tmp_path / "first")
     await first.start()
     try:
         async with Client(first.settings.advertise_url) as client:
             await client.admin.create_topic("persistent://acme/dup/a")
             producer = await client.create_producer("persistent://acme/dup/a")
             await producer.send(b"before")
-            second = broker(meta, tmp_path / "second")
+            second = broker(store, tmp_path / "second")
             with pytest.raises(BrokerIdTaken) as refused:
                 await second.start()
             await second.stop()
@@ -94,7 +76,7 @@ async def test_a_second_broker_with_a_live_id_is_refused(store: Store, tmp_path:
                 f"(session {first.service.session().lease_id:#x}); stop it first, or "
                 "choose another --broker-id"
             )
-            assert await registered_url(meta) == first.settings.advertise_url
+            assert await registered_url(store) == first.settings.advertise_url
             assert (await readyz(first.settings.advertise_url))[0] == 200
             await producer.send(b"after")  # the first one still serves
     finally:
@@ -102,28 +84,27 @@ async def test_a_second_broker_with_a_live_id_is_refused(store: Store, tmp_path:
 
 
 async def test_a_crashed_brokers_id_is_taken_once_its_session_expires(
-    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: MetadataStore, faults: FaultInjector, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A broker that could neither refresh nor revoke its session (as if killed): its
     record outlives it until the TTL; the same id then starts, without being refused."""
-    meta, faults = store
-    crashed = broker(meta, tmp_path / "x1", ttl_s=3.0)  # outlives the stop below
+    crashed = broker(store, tmp_path / "x1", ttl_s=3.0)  # outlives the stop below
     await crashed.start()
     ttl = crashed.service.session().ttl_s
     faults.fail("lease_keepalive", times=None)
     faults.fail("lease_revoke", times=None)
     await crashed.stop()
     faults.clear()
-    assert await registered_url(meta) == crashed.settings.advertise_url  # left behind
+    assert await registered_url(store) == crashed.settings.advertise_url  # left behind
 
     caplog.set_level(logging.INFO, logger="segtxn.broker.registration")
-    restarted = broker(meta, tmp_path / "x1", ttl_s=3.0)
+    restarted = broker(store, tmp_path / "x1", ttl_s=3.0)
     loop_time = asyncio.get_running_loop().time
     began = loop_time()
     try:
         await restarted.start()
         assert loop_time() - began < grace_s(ttl) + 5  # not refused: no more than the wait
-        assert await registered_url(meta) == restarted.settings.advertise_url
+        assert await registered_url(store) == restarted.settings.advertise_url
         waits = [r for r in caplog.records if "waiting up to" in r.getMessage()]
         assert len(waits) == 1 and waits[0].levelno == logging.WARNING
     finally:
@@ -131,16 +112,15 @@ async def test_a_crashed_brokers_id_is_taken_once_its_session_expires(
 
 
 async def test_a_deleted_registration_is_noticed_and_made_again(
-    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: MetadataStore, faults: FaultInjector, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    meta, faults = store
-    live = broker(meta, tmp_path / "x1")
+    live = broker(store, tmp_path / "x1")
     await live.start()
     url = live.settings.advertise_url
     try:
         # Park both the delete and the broker's claim after it, to see it not ready.
         writes = faults.hold("txn", key_prefix="/brokers/", times=2, before=True)
-        deleting = asyncio.create_task(meta.delete(broker_key("x1")))
+        deleting = asyncio.create_task(store.delete(broker_key("x1")))
         await writes.wait_for(1)
         writes.release(0)
         await deleting
@@ -148,29 +128,28 @@ async def test_a_deleted_registration_is_noticed_and_made_again(
         status, body = await readyz(url)
         assert status == 503
         assert body["reason"] == "its registration /brokers/x1 was deleted"
-        assert await registered_url(meta) is None
+        assert await registered_url(store) is None
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert any("was deleted; not ready" in r.getMessage() for r in warnings)
         writes.release(1)
         await wait_until(lambda: readyz_ok(url), what="ready again")
-        assert await registered_url(meta) == url
+        assert await registered_url(store) == url
     finally:
         await live.stop()
 
 
 async def test_an_id_taken_behind_a_live_brokers_back_keeps_it_not_ready(
-    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Another live session writes over the record: the broker says so at ERROR and is
     not ready; when that session ends, the broker registers again."""
-    meta, _ = store
-    live = broker(meta, tmp_path / "x1")
+    live = broker(store, tmp_path / "x1")
     await live.start()
     url = live.settings.advertise_url
-    other = await meta.open_session(TTL_S)
+    other = await store.open_session(TTL_S)
     try:
         squatter = b'{"broker_id": "x1", "url": "http://elsewhere:1", "started_ms": 0}'
-        await meta.put(broker_key("x1"), squatter, session=other)
+        await store.put(broker_key("x1"), squatter, session=other)
 
         async def says_taken() -> bool:
             status, body = await readyz(url)
@@ -187,7 +166,7 @@ async def test_an_id_taken_behind_a_live_brokers_back_keeps_it_not_ready(
         )
         await other.close()  # the other holder goes: the id is free
         await wait_until(lambda: readyz_ok(url), what="ready again")
-        assert await registered_url(meta) == url
+        assert await registered_url(store) == url
     finally:
         await other.close()
         await live.stop()
@@ -247,7 +226,7 @@ async def test_a_sigkilled_broker_restarts_with_its_id(
 
 
 async def test_a_refusal_while_the_registration_is_read_again_does_not_end_its_watch(
-    store: Store, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    store: MetadataStore, faults: FaultInjector, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The history the registration's watch would resume from is compacted, and reading the
     record again is refused once (``StoreAccessDenied``: a permission taken away and given
@@ -258,9 +237,8 @@ async def test_a_refusal_while_the_registration_is_read_again_does_not_end_its_w
     The watches are dropped twice: a watch still being created at the first drop (past
     the fault's check, not yet open: on etcd, a round trip) is not broken by it, opens
     before the compaction, and would never be told it was compacted."""
-    meta, faults = store
     watching = faults.count("watch", key_prefix=broker_key("x1"))
-    live = broker(meta, tmp_path / "x1")
+    live = broker(store, tmp_path / "x1")
     await live.start()
     url = live.settings.advertise_url
     try:
@@ -268,19 +246,19 @@ async def test_a_refusal_while_the_registration_is_read_again_does_not_end_its_w
         faults.fail("watch", key_prefix="/brokers/", times=None)
         assert faults.drop_watches() >= 1
         for i in range(3):
-            await meta.put(f"/unrelated/{i}", b"x")
-        await meta.compact(await meta.revision())
+            await store.put(f"/unrelated/{i}", b"x")
+        await store.compact(await store.revision())
         faults.drop_watches()  # (one that was being created at the first drop is open now)
         injected = faults.injected
         faults.clear()  # the watch may resume (and meets the compaction) once this yields:
         refusal = StoreAccessDenied("injected refusal")  # its read of the record is refused
         faults.fail("range", key_prefix=broker_key("x1"), error=refusal)
         await wait_until(lambda: faults.injected > injected, what="the refused read again")
-        await meta.delete(broker_key("x1"))
+        await store.delete(broker_key("x1"))
         await wait_until(
             lambda: "was deleted; not ready" in caplog.text, what="the deletion noticed"
         )
         await wait_until(lambda: readyz_ok(url), what="registered again")
-        assert await registered_url(meta) == url
+        assert await registered_url(store) == url
     finally:
         await live.stop()

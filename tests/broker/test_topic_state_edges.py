@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -30,8 +30,8 @@ from segtxn.ledger import (
     Position,
     RetentionPolicy,
 )
-from segtxn.metastore import MetadataStore, Op, Put, Record, open_store
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore import MetadataStore, Op, Put, Record
+from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol.limits import MAX_CLIENT_NAME
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog, TopicExists, home_key
@@ -139,17 +139,6 @@ async def test_a_v4_subscription_made_again_never_replays_the_deleted_ones_pendi
 # ---------------------------------------------------------------------- 2
 
 DEDUP_TOPIC = "persistent://acme/dedup/crowded"
-
-
-@pytest.fixture(params=["memory", "etcd"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[MetadataStore]:
-    if request.param == "memory":
-        url = "memory://"
-    else:
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        url = server.url(f"/dedup-{request.node.name}-{time.monotonic_ns()}")
-    async with open_store(url) as s:
-        yield s
 
 
 async def test_de_duplication_state_larger_than_a_store_value_survives_a_trim_and_a_reload(

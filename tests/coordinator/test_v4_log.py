@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -45,17 +44,6 @@ NOW_MS = 1_800_000_000_000
 KEEP_ENDED_S = 60.0
 SMALL_LEDGERS = LedgerSettings(max_ledger_bytes=2048)
 """Many ledgers per log, so a trim deletes several."""
-
-
-@pytest.fixture(params=["memory", "etcd"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[MetadataStore]:
-    if request.param == "memory":
-        url = "memory://"
-    else:
-        server: EtcdServer = request.getfixturevalue("etcd_server")
-        url = server.url(f"/v4log-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    async with open_store(url) as s:
-        yield s
 
 
 @pytest.fixture

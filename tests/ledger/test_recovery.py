@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -39,12 +38,6 @@ from segtxn.metastore import MetadataStore, open_store
 
 NAME = "persistent://t/n/recover"
 SETTINGS = LedgerSettings(max_batch_bytes=1024, max_entry_bytes=1024)
-
-
-@pytest.fixture
-async def store() -> AsyncIterator[MetadataStore]:
-    async with open_store("memory://") as s:
-        yield s
 
 
 async def _fill(

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from segtxn.metastore import MetadataStore, StoreSettings, open_store
-from segtxn.metastore.engine import Engine
 from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.metastore.faults import FaultInjector
 from segtxn.metastore.memory import MemoryEngine
@@ -25,7 +24,8 @@ async def make_store(
 ) -> AsyncIterator[Callable[[], MetadataStore]]:
     """A factory of store clients that all see the same data (one backend per test).
 
-    Each client's engine is wrapped in a FaultInjector, reachable as ``store.engine``.
+    Each client's engine is wrapped in a FaultInjector, reachable as ``store.engine`` (and
+    as the suite's ``faults`` fixture, for the ``store`` here).
     """
     clients: list[MetadataStore] = []
     settings = StoreSettings(watch_retry_max_s=0.2)
@@ -56,10 +56,3 @@ async def make_store(
 @pytest.fixture
 def store(make_store: MakeStore) -> MetadataStore:
     return make_store()
-
-
-@pytest.fixture
-def faults(store: MetadataStore) -> FaultInjector:
-    engine: Engine = store.engine
-    assert isinstance(engine, FaultInjector)
-    return engine
