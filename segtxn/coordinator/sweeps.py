@@ -13,30 +13,23 @@ round stopped the timeouts too.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 
-from segtxn.ledger import LedgerError
-from segtxn.metastore import MetadataStoreError
-from segtxn.protocol.errors import ServerError
+from segtxn.coordinator.retry import BACKOFF_MAX_S, log_failure
 
 __all__ = ["BACKOFF_MAX_S", "every"]
-
-log = logging.getLogger(__name__)
-
-BACKOFF_MAX_S = 10.0
-"""The longest pause between rounds after failures in a row (unless the period is longer)."""
 
 
 async def every(what: str, period_s: float, sweep: Callable[[], Awaitable[object]]) -> None:
     """Run ``sweep`` every ``period_s`` seconds until cancelled; never returns otherwise.
 
-    A round that fails is logged and the loop goes on: a store, server or ledger error (the
-    store or a participant away, an id moving) at WARNING, anything else (a bug) at ERROR
-    with its traceback. After a failure the pause doubles, up to ``BACKOFF_MAX_S`` (or the
-    period, when longer), so a fault that lasts is neither hammered nor logged at the
-    sweep's rate; the first round that succeeds restores the period. Cancellation (the
-    coordinator stopping) is not caught: ``CancelledError`` is no ``Exception``.
+    A round that fails is logged and the loop goes on (:mod:`segtxn.coordinator.retry`): a
+    store, server or ledger error (the store or a participant away, an id moving) at
+    WARNING, anything else (a bug) at ERROR with its traceback. After a failure the pause
+    doubles, up to ``BACKOFF_MAX_S`` (or the period, when longer), so a fault that lasts is
+    neither hammered nor logged at the sweep's rate; the first round that succeeds restores
+    the period. Cancellation (the coordinator stopping) is not caught: ``CancelledError`` is
+    no ``Exception``.
 
     Args:
         what: the sweep's name, for the log.
@@ -52,12 +45,6 @@ async def every(what: str, period_s: float, sweep: Callable[[], Awaitable[object
         except Exception as e:
             failed += 1
             pause = min(pause * 2, max(period_s, BACKOFF_MAX_S))
-            expected = isinstance(e, MetadataStoreError | ServerError | LedgerError)
-            log.log(
-                logging.WARNING if expected else logging.ERROR,
-                "%s failed (%d in a row): %s: %s; tried again in %.1f s",
-                what, failed, type(e).__name__, e, pause,
-                exc_info=not expected,
-            )  # fmt: skip
+            log_failure(what, e, failed, pause)
         else:
             pause, failed = period_s, 0

@@ -40,6 +40,7 @@ import msgspec
 
 from segtxn.coordinator import sweeps
 from segtxn.coordinator.fanout import FIRST_RETRY_S, Participants
+from segtxn.coordinator.retry import Retry, expected
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import (
     ABORTED,
@@ -165,31 +166,33 @@ class CoordinatorV4:
         new session if the old one expired (before, an expired session or a failed take-over
         ended the campaign for good).
 
-        A take-over that fails lets the id go before trying again, so that a coordinator
-        able to recover the log takes it meanwhile: campaigning again on the same session
-        would retake the key at once (a campaign takes a key its session holds), and an id
-        whose log cannot be read here would stay with this coordinator for ever."""
+        A take-over that fails, for whatever reason (the store or the log away, a damaged
+        record, a bug: :mod:`segtxn.coordinator.retry`), lets the id go before trying again,
+        so that a coordinator able to recover the log takes it meanwhile: campaigning again
+        on the same session would retake the key at once (a campaign takes a key its session
+        holds), and an id whose log cannot be read here would stay with this coordinator for
+        ever. (An error other than the store's or the ledger's ended this loop, the id won
+        and never served, and nobody else could take it.)"""
+        retry = Retry(f"v4 coordinator id {coordinator_id}: take-over", 1.0)
         while True:
-            election = LeaderElection(
-                self.store,
-                ELECTION_PREFIX + str(coordinator_id),
-                await self._live_session(),
-                self.settings.advertise_url.encode(),
-            )
             leadership: Leadership | None = None
             try:
+                election = LeaderElection(
+                    self.store,
+                    ELECTION_PREFIX + str(coordinator_id),
+                    await self._live_session(),
+                    self.settings.advertise_url.encode(),
+                )
                 leadership = await election.campaign()
                 held = await self._recover(coordinator_id, leadership)
-            except (MetadataStoreError, LedgerError) as e:
-                log.warning(
-                    "v4 coordinator id %d: take-over failed (%s); trying again", coordinator_id, e
-                )
+            except Exception as e:
                 if leadership is not None:
                     # the store unreachable: the key stays, and the next campaign retakes it
                     with contextlib.suppress(MetadataStoreError):
                         await leadership.resign()
-                await asyncio.sleep(1.0)  # the store is unreachable: retry at a gentle pace
+                await retry.after(e)
                 continue
+            retry.reset()
             self.held[coordinator_id] = held
             log.info(
                 "v4 coordinator id %d: held by this coordinator (%s); its log has %d "
@@ -202,8 +205,15 @@ class CoordinatorV4:
             await leadership.lost.wait()
             self.held.pop(coordinator_id, None)
             log.warning("v4 coordinator id %d: lease lost; campaigning again", coordinator_id)
-            with contextlib.suppress(LedgerError):
+            try:
                 await held.log.close()
+            except Exception as e:  # (it is not written to any more: campaign on)
+                log.log(
+                    logging.WARNING if expected(e) else logging.ERROR,
+                    "v4 coordinator id %d: closing its log failed: %s: %s",
+                    coordinator_id, type(e).__name__, e,
+                    exc_info=not expected(e),
+                )  # fmt: skip
 
     async def _recover(self, coordinator_id: int, leadership: Leadership) -> HeldLog:
         txn_log = await TxnLog.open(

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,37 +18,14 @@ from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import ABORTED, TIME_OUT
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
-from segtxn.metastore import MetadataStore, MetadataStoreError, open_store
+from segtxn.metastore import MetadataStore, open_store
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction
 from segtxn.topics import transactions as T
+from tests.coordinator.failing import FAILURES, FailsOnce
 from tests.waiting import wait_until
 
 SWEEP_S = 0.05
-FAILURES: dict[str, Callable[[], BaseException]] = {
-    "store": lambda: MetadataStoreError("injected: the store is away"),
-    "server": lambda: ServerError(ErrorName.SERVICE_NOT_READY, "injected: the id moved"),
-    "bug": lambda: RuntimeError("injected: a bug"),
-}
-
-
-class FailsOnce:
-    """Wraps ``owner.name`` (an async method) so that its first call for which
-    ``when(*args)`` holds raises ``error``; ``failed`` is set once it has."""
-
-    def __init__(
-        self, owner: object, name: str, error: BaseException, when: Callable[..., bool]
-    ) -> None:
-        self.failed = asyncio.Event()
-        self._method: Callable[..., Awaitable[Any]] = getattr(owner, name)
-        self._error, self._when = error, when
-        setattr(owner, name, self)
-
-    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.failed.is_set() and self._when(*args, **kwargs):
-            self.failed.set()
-            raise self._error
-        return await self._method(*args, **kwargs)
 
 
 @pytest.fixture

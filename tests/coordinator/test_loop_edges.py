@@ -1,0 +1,91 @@
+"""The coordinators' background loops other than the sweeps go on after an error they did
+not expect (tests/coordinator/test_v4_sweep_edges.py has the sweeps):
+
+- v4 ``_hold``: a take-over of an id whose recovery raised once is tried again, and the id
+  serves;
+- v4 ``_resume``: finishing a timed-out transaction that raised once is tried again, and it
+  ends ABORTED;
+- v5 ``HeldIds._hold``: a campaign that raised once is run again, and the id is held;
+- v5 ``HeldIds._keep_registered``: a registration after the session expired that raised
+  once is tried again, and the ids are held again; one that failed half way leaves no
+  session behind.
+
+Each loop caught only the errors it expected (the store's, the ledger's, or only
+``ServerError``); anything else ended its task silently (asyncio's "Task exception was never
+retrieved", at best) and nothing started it again: the coordinator stopped holding an id
+(a v4 id it had won stayed its own, so nobody else could take it), left a transaction
+TIME_OUT for ever, or never registered again after an outage. Real coordinators on a
+memory store (v4: its log in files); the failure is injected once into a collaborator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from segtxn.coordinator.settings import CoordinatorSettings
+from segtxn.coordinator.v4 import CoordinatorV4
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.faults import FaultInjector
+from tests.coordinator.failing import FAILURES, FailsOnce
+from tests.waiting import wait_until
+
+SWEEP_S = 0.05
+UNEXPECTED = ["server", "bug", "damage"]
+"""What the v4 take-over and the v5 loops did not expect (they caught store and ledger
+errors; ``server`` is ServiceNotReady)."""
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[MetadataStore]:
+    async with open_store("memory://", wrap=FaultInjector) as s:
+        yield s
+
+
+def faults_of(store: MetadataStore) -> FaultInjector:
+    engine = store.engine
+    assert isinstance(engine, FaultInjector)
+    return engine
+
+
+def v4_settings(tmp_path: Path) -> CoordinatorSettings:
+    return CoordinatorSettings(
+        advertise_url="http://127.0.0.1:1",
+        v4_coordinator_ids=1,
+        ledger_url=f"file://{tmp_path / 'txn-logs'}",
+        timeout_sweep_s=SWEEP_S,
+    )
+
+
+def v5_settings() -> CoordinatorSettings:
+    return CoordinatorSettings(
+        advertise_url="http://127.0.0.1:1", coordinator_ids=1, session_ttl_s=2,
+        timeout_sweep_s=3600, gc_sweep_s=3600, id_block=100,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ v4
+
+
+@pytest.mark.parametrize("failure", UNEXPECTED)
+async def test_a_v4_take_over_that_raised_is_tried_again(
+    store: MetadataStore, tmp_path: Path, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The recovery of id 0's log raises once (its replay met a damaged record, a bug):
+    the coordinator lets the id go and takes it over again, and the id serves."""
+    v4 = CoordinatorV4(store, v4_settings(tmp_path))
+    recover = FailsOnce(v4, "_recover", FAILURES[failure](), lambda *_: True)
+    await v4.start()
+    try:
+        await asyncio.wait_for(recover.failed.wait(), 10)
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held after a failed take-over")
+        txn, _ = await v4.new_txn(timeout_s=60)
+        assert txn.most == 0
+    finally:
+        await v4.stop()
+    assert "injected" in caplog.text  # the failed take-over was logged
+
+
+# ------------------------------------------------------------------------------ v5
