@@ -432,18 +432,27 @@ class CoordinatorV4:
 
     async def _resume(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> None:
         """Finish a decided transaction in the background (recovery, timeouts), retrying
-        while participants are unreachable; one that cannot take its marker stays."""
-        delay = FIRST_RETRY_S
+        while participants are unreachable; one that cannot take its marker (a refusal
+        other than ``ServiceNotReady``) stays. Any other failure (the store failing a
+        look-up, a bug) is logged and tried again too (:mod:`segtxn.coordinator.retry`):
+        nothing else finishes the transaction while this coordinator holds its id, and it
+        ended this loop, leaving the transaction TIME_OUT, COMMITTING or ABORTING (its
+        participants' pending entries with it) until a take-over."""
+        txn = TxnId(*meta.txn)
+        retry = Retry(
+            f"txn {txn}: finishing its {action!s}", FIRST_RETRY_S, expected_max_s=RESUME_RETRY_MAX_S
+        )
         while not held.leadership.lost.is_set():
             try:
                 await self._finish(held, meta, action)
                 return
             except ServerError as e:
-                log.warning("txn %s: finishing its %s failed: %s", TxnId(*meta.txn), action, e)
                 if e.name is not ErrorName.SERVICE_NOT_READY:
+                    log.warning("txn %s: finishing its %s failed: %s", txn, action, e)
                     return
-            await asyncio.sleep(delay)  # a participant is away: back off, then again
-            delay = min(delay * 2, RESUME_RETRY_MAX_S)
+                await retry.after(e)  # a participant is away: back off, then again
+            except Exception as e:
+                await retry.after(e)
 
     # ------------------------------------------------------------------ timeouts
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from segtxn.coordinator.settings import CoordinatorSettings
+from segtxn.coordinator.txnlog import ABORTED, TIME_OUT
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.faults import FaultInjector
@@ -86,6 +87,28 @@ async def test_a_v4_take_over_that_raised_is_tried_again(
     finally:
         await v4.stop()
     assert "injected" in caplog.text  # the failed take-over was logged
+
+
+@pytest.mark.parametrize("failure", ["store", "bug"])
+async def test_finishing_a_v4_transaction_that_raised_is_tried_again(
+    store: MetadataStore, tmp_path: Path, failure: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The abort of a timed-out transaction raises once (a store error out of the
+    fan-out's look-ups, a bug): it is tried again, and the transaction ends ABORTED. It
+    stayed TIME_OUT (its participants' pending entries with it) until a take-over."""
+    v4 = CoordinatorV4(store, v4_settings(tmp_path))
+    await v4.start()
+    try:
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held")
+        finish = FailsOnce(
+            v4, "_finish", FAILURES[failure](), lambda _, meta, __: meta.state == TIME_OUT
+        )
+        txn, _ = await v4.new_txn(timeout_s=0.1)
+        await asyncio.wait_for(finish.failed.wait(), 10)
+        await wait_until(lambda: v4.status(txn).state == ABORTED, what=f"{txn} aborted")
+    finally:
+        await v4.stop()
+    assert "injected" in caplog.text
 
 
 # ------------------------------------------------------------------------------ v5
