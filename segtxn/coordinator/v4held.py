@@ -10,6 +10,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from segtxn.coordinator.retry import Retry
 from segtxn.coordinator.txnlog import TxnLog, TxnMeta
 from segtxn.ledger import LedgerError
 from segtxn.metastore import Leadership, MetadataStoreError
@@ -35,13 +36,15 @@ class HeldLog:
         return self.log.txns
 
     async def give_up(self) -> None:
-        """Resign the id (tried again while the store fails)."""
+        """Resign the id, tried again while it fails (:mod:`segtxn.coordinator.retry`):
+        held on, the id refuses every call for good. (Only the store's errors were
+        retried; any other one ended this, and the id stayed here, refusing.)"""
+        retry = Retry("v4: giving up an id whose log failed", GIVE_UP_RETRY_S)
         while not self.leadership.lost.is_set():
             try:
                 await self.leadership.resign()
-            except MetadataStoreError as e:
-                log.warning("v4: giving up an id whose log failed failed too (%s); again", e)
-                await asyncio.sleep(GIVE_UP_RETRY_S)  # the store is failing: a gentle pace
+            except Exception as e:
+                await retry.after(e)  # the store is failing: a gentle pace
 
     async def compact(self) -> None:
         """Compact the log while it is due: again at once if what arrived during one

@@ -20,16 +20,20 @@ memory store (v4: its log in files); the failure is injected once into a collabo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from segtxn.coordinator.settings import CoordinatorSettings
-from segtxn.coordinator.txnlog import ABORTED, TIME_OUT
+from segtxn.coordinator.txnlog import ABORTED, TIME_OUT, log_name
 from segtxn.coordinator.v4 import CoordinatorV4
+from segtxn.ledger import LedgerSettings
+from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.faults import FaultInjector
+from segtxn.protocol.errors import ServerError
 from tests.coordinator.failing import FAILURES, FailsOnce
 from tests.waiting import wait_until
 
@@ -109,6 +113,41 @@ async def test_finishing_a_v4_transaction_that_raised_is_tried_again(
     finally:
         await v4.stop()
     assert "injected" in caplog.text
+
+
+@pytest.mark.parametrize("failure", UNEXPECTED)
+async def test_giving_up_a_v4_id_whose_log_failed_goes_on_after_an_error(
+    store: MetadataStore, tmp_path: Path, failure: str
+) -> None:
+    """A log write fails, so the id is given up (a take-over reopens the log); the first
+    resignation raises: it is tried again, and the id serves after the take-over. The id
+    stayed here, its log refusing every write, for good."""
+    settings = dataclasses.replace(
+        v4_settings(tmp_path),
+        ledger=LedgerSettings(max_ledger_bytes=1),  # every append after the first rolls over
+        timeout_sweep_s=3600,
+    )
+    v4 = CoordinatorV4(store, settings)
+    await v4.start()
+    try:
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held")
+        await v4.new_txn(timeout_s=60)  # the first entry of the ledger
+        resign = FailsOnce(v4.held[0].leadership, "resign", FAILURES[failure](), lambda: True)
+        faults_of(store).fail("txn", key_prefix=metadata_key(log_name(0)), times=1)
+        with pytest.raises(ServerError):
+            await v4.new_txn(timeout_s=60)  # the log's write fails: the id is given up
+        await asyncio.wait_for(resign.failed.wait(), 10)
+
+        async def serves() -> bool:
+            try:
+                await v4.new_txn(timeout_s=60)
+            except ServerError:
+                return False
+            return True
+
+        await wait_until(serves, what="v4 id 0 serving again after its take-over")
+    finally:
+        await v4.stop()
 
 
 # ------------------------------------------------------------------------------ v5
