@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from segtxn.coordinator.retry import Retry
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import (
     MUST_NOT_EXIST,
@@ -135,23 +136,26 @@ class HeldIds:
 
     async def _hold(self, coordinator_id: int, session: Session) -> None:
         """Campaign for one coordinator id with ``session``; hold it; campaign again if it
-        is lost while the session lives (when the session expires, :meth:`_keep_registered`
-        starts over with a new one)."""
+        is lost, or if a campaign failed (:mod:`segtxn.coordinator.retry`; it retried only
+        the store's errors, and any other one ended this loop: the id was never held again
+        by this process), while the session lives (when it expires,
+        :meth:`_keep_registered` starts over with a new one)."""
         election = LeaderElection(
             self.store,
             election_name(coordinator_id),
             session,
             self.settings.advertise_url.encode(),
         )
+        retry = Retry(f"coordinator id {coordinator_id:x}: campaign", 1.0)
         while not session.is_expired:
             try:
                 leadership = await election.campaign()
-            except MetadataStoreError as e:
+            except Exception as e:
                 if session.is_expired:
                     return
-                log.warning("coordinator id %x: campaign failed (%s); again", coordinator_id, e)
-                await asyncio.sleep(1.0)  # the store is unreachable: retry at a gentle pace
+                await retry.after(e)
                 continue
+            retry.reset()
             self.held[coordinator_id] = Held(leadership)
             self.ready.set()
             log.info(

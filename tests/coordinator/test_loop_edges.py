@@ -26,12 +26,14 @@ from pathlib import Path
 
 import pytest
 
+from segtxn.coordinator import v5ids
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import ABORTED, TIME_OUT, log_name
 from segtxn.coordinator.v4 import CoordinatorV4
+from segtxn.coordinator.v5 import CoordinatorV5
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.metadata import metadata_key
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import LeaderElection, Leadership, MetadataStore, open_store
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.errors import ServerError
 from tests.coordinator.failing import FAILURES, FailsOnce
@@ -151,3 +153,28 @@ async def test_giving_up_a_v4_id_whose_log_failed_goes_on_after_an_error(
 
 
 # ------------------------------------------------------------------------------ v5
+
+
+@pytest.mark.parametrize("failure", UNEXPECTED)
+async def test_a_v5_campaign_that_raised_is_run_again(
+    store: MetadataStore, failure: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first campaign for the id raises: the coordinator campaigns again and holds
+    it (it held nothing, and said not ready, for ever)."""
+    failed = asyncio.Event()
+
+    class FailsOnceElection(LeaderElection):
+        async def campaign(self) -> Leadership:
+            if not failed.is_set():
+                failed.set()
+                raise FAILURES[failure]()
+            return await super().campaign()
+
+    monkeypatch.setattr(v5ids, "LeaderElection", FailsOnceElection)
+    coordinator = CoordinatorV5(store, v5_settings())
+    await coordinator.start()
+    try:
+        await asyncio.wait_for(failed.wait(), 10)
+        await wait_until(lambda: len(coordinator.held) == 1, what="the v5 id held")
+    finally:
+        await coordinator.stop()
