@@ -28,7 +28,6 @@ from segtxn.metastore import (
     LeaderElection,
     Leadership,
     MetadataStore,
-    MetadataStoreError,
     Put,
     Session,
 )
@@ -111,8 +110,9 @@ class HeldIds:
     async def _keep_registered(self) -> None:
         """When the session expires (the store was unreachable for its TTL), every id and
         the member record went with it: register again with a new session, retrying while
-        the store is down. (Without this a coordinator never served again after an outage
-        longer than its TTL.)"""
+        it fails (:mod:`segtxn.coordinator.retry`). (Without this a coordinator never
+        served again after an outage longer than its TTL; retrying only the store's errors,
+        any other one ended this loop, and with it every later registration.)"""
         while True:
             assert self._session is not None
             await self._session.expired.wait()
@@ -126,13 +126,13 @@ class HeldIds:
                 task.cancel()
             await asyncio.gather(*self._holds, return_exceptions=True)
             self.held.clear()
+            retry = Retry(f"coordinator {self.settings.advertise_url}: registration", 1.0)
             while True:
                 try:
                     await self._register()
                     break
-                except MetadataStoreError as e:
-                    log.warning("coordinator: registration failed (%s); retrying", e)
-                    await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
+                except Exception as e:
+                    await retry.after(e)
 
     async def _hold(self, coordinator_id: int, session: Session) -> None:
         """Campaign for one coordinator id with ``session``; hold it; campaign again if it

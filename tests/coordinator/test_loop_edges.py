@@ -178,3 +178,25 @@ async def test_a_v5_campaign_that_raised_is_run_again(
         await wait_until(lambda: len(coordinator.held) == 1, what="the v5 id held")
     finally:
         await coordinator.stop()
+
+
+@pytest.mark.parametrize("failure", UNEXPECTED)
+async def test_a_v5_registration_that_raised_is_tried_again(
+    store: MetadataStore, failure: str
+) -> None:
+    """The session expires, and opening the next one raises once: the coordinator
+    registers again and holds its id (it never registered again: no id, for good)."""
+    coordinator = CoordinatorV5(store, v5_settings())
+    await coordinator.start()
+    try:
+        await wait_until(lambda: len(coordinator.held) == 1, what="the v5 id held")
+        first = coordinator.ids.session
+        opening = FailsOnce(store, "open_session", FAILURES[failure](), lambda *_: True)
+        assert await faults_of(store).expire_sessions() == 1
+        await asyncio.wait_for(opening.failed.wait(), 10)
+        await wait_until(
+            lambda: len(coordinator.held) == 1 and coordinator.ids.session is not first,
+            what="the v5 id held again on a new session",
+        )
+    finally:
+        await coordinator.stop()
