@@ -14,6 +14,7 @@ listing went with it, and :class:`HeldIds` registers again on a new one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from urllib.parse import quote
@@ -28,6 +29,7 @@ from segtxn.metastore import (
     LeaderElection,
     Leadership,
     MetadataStore,
+    MetadataStoreError,
     Put,
     Session,
 )
@@ -92,13 +94,20 @@ class HeldIds:
 
     async def _register(self) -> None:
         """Open a session, list this process among the coordinators on it, and campaign
-        for every id with it."""
+        for every id with it. A session whose listing failed is closed: kept, it stayed
+        alive for nothing (a lease and a keep-alive task per failed try, while the store
+        refused the write)."""
         session = await self.store.open_session(self.settings.session_ttl_s)
-        self._session = session
         url = self.settings.advertise_url
-        await self.store.put(
-            T.COORDINATOR_MEMBERS + quote(url, safe=""), url.encode(), session=session
-        )
+        try:
+            await self.store.put(
+                T.COORDINATOR_MEMBERS + quote(url, safe=""), url.encode(), session=session
+            )
+        except BaseException:
+            with contextlib.suppress(MetadataStoreError):  # (else it expires by itself)
+                await session.close()
+            raise
+        self._session = session
         self._holds = [
             asyncio.create_task(
                 self._hold(V5_COORDINATOR_BASE + n, session),

@@ -36,6 +36,7 @@ from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import LeaderElection, Leadership, MetadataStore, open_store
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.errors import ServerError
+from segtxn.topics import transactions as T
 from tests.coordinator.failing import FAILURES, FailsOnce
 from tests.waiting import wait_until
 
@@ -200,3 +201,30 @@ async def test_a_v5_registration_that_raised_is_tried_again(
         )
     finally:
         await coordinator.stop()
+
+
+async def test_a_registration_that_failed_half_way_leaves_no_session(
+    store: MetadataStore,
+) -> None:
+    """After the session expired, the member record's write fails once: the session
+    opened for it is closed before the next try. It was left open, kept alive for
+    nothing: one more lease (and keep-alive task) per failed try while the store refused
+    the write."""
+    faults = faults_of(store)
+    coordinator = CoordinatorV5(store, v5_settings())
+    await coordinator.start()
+    try:
+        await wait_until(lambda: len(coordinator.held) == 1, what="the v5 id held")
+        first = coordinator.ids.session
+        grants, revokes = faults.count("lease_grant"), faults.count("lease_revoke")
+        faults.fail("txn", key_prefix=T.COORDINATOR_MEMBERS, times=1)
+        injected = faults.injected
+        assert await faults.expire_sessions() == 1
+        await wait_until(
+            lambda: len(coordinator.held) == 1 and coordinator.ids.session is not first,
+            what="the v5 id held again on a new session",
+        )
+        assert faults.injected - injected == 2  # the expiry, and the failed write
+    finally:
+        await coordinator.stop()
+    assert (grants.calls, revokes.calls) == (2, 2)  # each session opened was closed
