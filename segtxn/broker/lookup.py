@@ -8,7 +8,9 @@ deleted topic closes it). ``GET /lookup/v2/coordinators`` lists the live v5 coor
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from typing import Any
 
 from aiohttp import WSCloseCode, web
@@ -24,12 +26,24 @@ from segtxn.broker.http import (
     topic_from,
 )
 from segtxn.broker.service import BrokerService
-from segtxn.metastore import Compacted, MetadataStore, Record
+from segtxn.metastore import (
+    Compacted,
+    MetadataStore,
+    Record,
+    StoreAccessDenied,
+    StoreUnavailable,
+)
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.catalog import topic_key
 from segtxn.topics.model import ScalableTopic, decode_topic
 from segtxn.topics.transactions import COORDINATOR_MEMBERS
+
+log = logging.getLogger(__name__)
+
+RETRY_MIN_S = 0.05
+"""The first pause of a lookup session before asking a failing store again (it doubles, up
+to the store's ``watch_retry_max_s``)."""
 
 
 @json_errors
@@ -83,6 +97,7 @@ async def lookup_session(request: web.Request) -> web.StreamResponse:
             raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist")
     except ServerError as e:
         return error_response(e, request)
+    retry_max_s = service.store.settings.watch_retry_max_s
     ws = web.WebSocketResponse(heartbeat=30)
     request.app[SOCKETS].add(ws)
     await ws.prepare(request)
@@ -95,25 +110,47 @@ async def lookup_session(request: web.Request) -> web.StreamResponse:
         is compacted away, and a watch from it would fail at once, every time. When the
         history the watch needs is compacted anyway (it was cut off for long), the record
         is read again and the DAG sent if it changed meanwhile.
+
+        A store error (the store away, or refusing this broker: access may be given back)
+        in that read, in the watch's opening or in a DAG's look-ups is tried again after a
+        pause, as the watch itself does while it runs: it closed the session (1013 or
+        1011), and every client following the topic reconnected at once, to brokers that
+        could not answer it either while the store was away.
         """
         key = topic_key(name)
         current: Record | None = record
         start, sent = revision + 1, 0
-        while current is not None:
-            if current.version != sent:  # new, or changed while the history was compacted
-                sent = current.version
-                await send(current)
+        stale = False  # the history was compacted: read the record again
+        failed = 0  # store errors in a row
+        while True:
             try:
+                if stale:
+                    current, read_at = await _read(service.store, key)
+                    start, stale = read_at + 1, False
+                if current is None:
+                    break
+                if current.version != sent:  # new, or changed while the history was compacted
+                    await send(current)
+                    sent = current.version
                 async with service.store.watch(key, from_revision=start) as events:
+                    failed = 0
                     async for event in events:
                         current, start = event.record, event.revision + 1
                         if current is None:
                             break
-                        sent = current.version
                         await send(current)
+                        sent = current.version
             except Compacted:
-                current, read_at = await _read(service.store, key)
-                start = read_at + 1
+                stale = True
+            except (StoreUnavailable, StoreAccessDenied) as e:
+                failed += 1
+                pause = min(RETRY_MIN_S * 2 ** min(failed - 1, 30), retry_max_s)
+                log.log(
+                    logging.WARNING if failed == 1 else logging.DEBUG,
+                    "lookup session of %s: %s: %s; trying again (every %.1f s at most)",
+                    name, type(e).__name__, e, retry_max_s,
+                )  # fmt: skip
+                await asyncio.sleep(pause)  # the store is away: pause, then try again
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic deleted")
 
     async def send(current: Record) -> None:
