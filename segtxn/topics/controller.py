@@ -17,7 +17,9 @@ leaves a parent and a child writable at once:
    interrupted attempt, or by another controller meanwhile: each home is created by a
    compare-and-set on its absence, so a controller that stalled between finding a child
    without a home and writing one (past its lease, while its successor placed, prepared
-   and completed the child) never moves it away from its data;
+   and completed the child) never moves it away from its data; and in the same store step
+   the topic's record is checked unchanged (same topic, not being deleted, this operation
+   still pending), so such a controller never writes a home of a topic deleted meanwhile;
 3. **prepare** each child: create it on its home with every subscription of its parents,
    positioned at its start (children are not routable yet: nothing can write to them);
 4. **seal** each parent (terminate its ledger): from now on sends to it fail with
@@ -38,7 +40,15 @@ from typing import Protocol
 
 import msgspec
 
-from segtxn.metastore import MUST_NOT_EXIST, AlreadyExists, BadVersion, MetadataStore, NotFound
+from segtxn.metastore import (
+    MUST_NOT_EXIST,
+    AlreadyExists,
+    BadVersion,
+    Check,
+    MetadataStore,
+    NotFound,
+    Put,
+)
 from segtxn.protocol.names import TopicName
 from segtxn.topics import dag
 from segtxn.topics.catalog import HOMES_BY_BROKER, Catalog, home_key, topic_key
@@ -160,7 +170,7 @@ class Controller:
             return topic
         children = [name.segment_name(child) for child, _, _ in op.children]
         parents = [name.segment_name(parent) for parent in op.parents]
-        await self._place(children)
+        await self._place(name, topic, op)
         subscriptions = await self._subscriptions(parents)
         for child in children:
             await self.ops.prepare(child, subscriptions)
@@ -205,23 +215,65 @@ class Controller:
     async def _subscriptions(self, parents: list[TopicName]) -> list[str]:
         return sorted({s for parent in parents for s in await self.ops.subscriptions(parent)})
 
-    async def _place(self, children: list[TopicName]) -> None:
-        missing = [c for c in children if await self.catalog.home_of(c) is None]
-        if not missing:
-            return
-        homes = await self.catalog.place(len(missing))
-        for child, home in zip(missing, homes, strict=True):
-            try:
-                await self.store.put(
+    async def _place(self, name: TopicName, planned: ScalableTopic, op: PendingOp) -> None:
+        """Give each child of ``op`` without a home one, in one store step that also checks
+        that ``name``'s record is, at that moment, the version read just before: the topic
+        ``planned`` was read from (not one created again under the name), not marked
+        ``deleting``, with ``op`` still pending. A home of a child is deleted only by its
+        topic's deletion (or its prune), which reads the homes once: a controller that
+        stalled between finding a child without a home and writing one, while the topic was
+        deleted, would otherwise leave a home of a topic that does not exist, counted as
+        its broker's load, and kept for the child of the same id of a topic created again
+        under the name (on a broker that may be gone).
+
+        Each home is created only if absent, so one written meanwhile, by an earlier
+        attempt or by another controller, is kept (the child's data may be on it). A step
+        that loses to a change of the record that keeps all of the above (a property
+        changed) is made again on the record as it is then.
+
+        Raises:
+            KeyError: the topic is gone, or the name holds another one now.
+            TopicBusy: the topic is being deleted, or ``op`` is no longer pending (another
+                controller completed it).
+        """
+        children = [name.segment_name(child) for child, _, _ in op.children]
+        while True:
+            record = await self.store.get(topic_key(name))
+            current = None if record is None else decode_topic(record.value)
+            if (
+                record is None
+                or not isinstance(current, ScalableTopic)
+                or current.created_ms != planned.created_ms
+            ):
+                raise KeyError(str(name))
+            if current.deleting:
+                raise TopicBusy(f"{name} is being deleted: its {op.kind} stops")
+            if current.pending != op:
+                raise TopicBusy(f"{name}: its {op.kind} was finished by another controller")
+            missing = [c for c in children if await self.catalog.home_of(c) is None]
+            if not missing:
+                return
+            homes = await self.catalog.place(len(missing))
+            puts = [
+                Put(
                     home_key(child),
                     msgspec.json.encode(home),
                     expected_version=MUST_NOT_EXIST,
                     indexes={HOMES_BY_BROKER: home},
                 )
-            except AlreadyExists:  # placed since it was read: that home is the one
-                log.info("segment %s was placed meanwhile; keeping its home", child)
+                for child, home in zip(missing, homes, strict=True)
+            ]
+            try:
+                await self.store.commit([Check(record.key, record.version), *puts])
+            except AlreadyExists:  # a child placed meanwhile: that home is the one
+                log.info("%s: a child was placed meanwhile; keeping its home", name)
                 continue
-            log.info("segment created: %s, placed on broker %s", child, home)
+            except (BadVersion, NotFound):
+                log.debug("%s: the record changed while placing; looking again", name)
+                continue
+            for child, home in zip(missing, homes, strict=True):
+                log.info("segment created: %s, placed on broker %s", child, home)
+            return
 
 
 def _same_active(read: ScalableTopic, fresh: ScalableTopic) -> bool:
