@@ -104,9 +104,7 @@ async def _move(service: BrokerService, name: TopicName) -> None:
         raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name} is busy moving or retiring")
     service.moving.add(name)
     try:
-        topic = service.topics.pop(name, None)
-        if topic is not None:
-            await let_go(topic)
+        await service.unload(name)
         await service.catalog.move_home(name, away_from=service.broker_id, to=target)
     finally:
         service.moving.discard(name)
@@ -157,11 +155,8 @@ async def unload_idle(service: BrokerService, now: float) -> None:
         elif topic.idle_since is None:
             topic.idle_since = now
         elif now - topic.idle_since >= limit and service.topics.get(name) is topic:
-            del service.topics[name]
-            log.info(
-                "%s: unloaded, idle for %.0f s (sealed, no client)", name, now - topic.idle_since
-            )
-            await let_go(topic)
+            log.info("%s: idle for %.0f s (sealed, no client)", name, now - topic.idle_since)
+            await service.unload(name)
 
 
 async def let_go(topic: Topic) -> None:

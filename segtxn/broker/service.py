@@ -420,9 +420,14 @@ class BrokerService:
         return topic
 
     async def unload(self, name: TopicName) -> None:
+        """Unload ``name`` if it is loaded here (a drain's move, an idle unload): its
+        producers and consumers are hung up on first, so none keeps a link to the closed
+        topic (they look it up again and reconnect where it lives then: here, loading it
+        again, or its new home), then it is closed, cleanly if it still can be (a close
+        that fails is logged; its next load recovers it, as after a crash)."""
         topic = self.topics.pop(name, None)
         if topic is not None:
-            await topic.close()
+            await handoff.let_go(topic)
             log.info("unloaded %s from broker %s", name, self.broker_id)
 
     async def seal(self, name: TopicName) -> Position | None:

@@ -74,3 +74,38 @@ async def test_a_controller_paused_before_placing_never_places_a_child_of_a_dele
 
 async def _unregistered(cluster: Cluster, broker_id: str) -> bool:
     return await cluster.broker.service.catalog.broker_url(broker_id) is None
+
+
+# ---------------------------------------------------------------------- 2
+
+UNLOADED = "persistent://acme/review/unloaded"
+
+
+async def test_a_topic_unloaded_with_clients_hangs_up_on_them_and_they_go_on(
+    cluster: Cluster,
+) -> None:
+    """A topic unloaded from its broker while a producer and a consumer are connected to
+    it: they are hung up on, reconnect (the topic is loaded again) and go on, nothing lost.
+    Before, the unload only closed the topic: its clients kept their links to the closed
+    one, the producer's sends refused, the consumer never given another message."""
+    name = TopicName.parse(UNLOADED)
+    service = cluster.broker.service
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(UNLOADED)
+        consumer = await client.subscribe(UNLOADED, "s", initial_position="earliest")
+        producer = await client.create_producer(UNLOADED, send_timeout_s=10)
+        await producer.send(b"before")
+        first = await consumer.receive(timeout_s=10)
+        assert first.value == b"before"
+        await consumer.acknowledge(first)
+        old = service.topics[name]
+
+        await service.unload(name)
+        assert not old.busy()  # nobody left on the closed one
+        await producer.send(b"after")
+        got = await consumer.receive(timeout_s=10)
+        assert got.value == b"after"
+        await consumer.acknowledge(got)
+        assert service.topics[name] is not old and service.topics[name].busy()
+        await producer.close()
+        await consumer.close()
