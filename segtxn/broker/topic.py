@@ -71,7 +71,7 @@ class Topic:
         self.producers: dict[str, object] = {}
         """Connected producer names -> their connection (a name is used by one at a time)."""
         dedup.connected = self.producers  # connected producers are never forgotten
-        self.readers: set[object] = set()
+        self.readers: set[ConsumerLink] = set()
         """Cursor-less readers reading it now."""
         self.idle_since: float | None = None
         """When (monotonic) it was last seen idle by the broker's sweep (None: in use)."""
@@ -301,15 +301,17 @@ class Topic:
     # ------------------------------------------------------------------ stats
 
     async def disconnect_clients(self) -> None:
-        """Hang up on every producer and consumer (they reconnect and learn why)."""
+        """Hang up on every producer, consumer and reader (they reconnect and learn why:
+        the topic loaded again, or gone). A reader too: its delivery stops at the closed
+        ledger, and left connected it would wait for ever."""
         for connection in list(self.producers.values()):
             close = getattr(connection, "close", None)
             if close is not None:
                 await close(code=1001, message=b"topic unloaded")
-        for subscription in self.subscriptions.values():
-            for link in list(subscription.consumers):
-                if link.disconnect is not None:
-                    await link.disconnect()
+        links = [link for s in self.subscriptions.values() for link in s.consumers]
+        for link in [*links, *self.readers]:
+            if link.disconnect is not None:
+                await link.disconnect()
 
     def busy(self) -> bool:
         return bool(self.producers) or any(s.consumers for s in self.subscriptions.values())

@@ -470,7 +470,11 @@ async def reader(request: web.Request) -> web.StreamResponse:
     expiry = close_at_expiry(request, ws)
     outbox = Outbox(ws, service.settings.max_permits + 64, f"reader-{name}")
     outbox.start()
-    link = ConsumerLink(f"reader-{next(_generated)}", outbox.send)
+    link = ConsumerLink(
+        f"reader-{next(_generated)}",
+        outbox.send,
+        lambda: ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic unloaded"),
+    )
     session = Reader(
         topic.ledger,
         topic.buffer,

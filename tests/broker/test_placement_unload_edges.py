@@ -109,3 +109,28 @@ async def test_a_topic_unloaded_with_clients_hangs_up_on_them_and_they_go_on(
         assert service.topics[name] is not old and service.topics[name].busy()
         await producer.close()
         await consumer.close()
+
+
+async def test_a_reader_of_an_unloaded_topic_is_hung_up_on_and_reads_on(
+    cluster: Cluster,
+) -> None:
+    """A reader is a client of the topic too: unloaded (by a drain, a write failure,
+    :meth:`BrokerService.unload`), it must be hung up on, reconnect and read on from
+    where it was. Before, only producers and consumers were: the reader's delivery stopped
+    at the closed ledger and its connection stayed open, silent for ever."""
+    name = TopicName.parse(UNLOADED)
+    service = cluster.broker.service
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(UNLOADED)
+        reader = await client.create_reader(UNLOADED, start="earliest")
+        producer = await client.create_producer(UNLOADED, send_timeout_s=10)
+        await producer.send(b"before")
+        assert (await reader.receive(timeout_s=10)).value == b"before"
+        old = service.topics[name]
+
+        await service.unload(name)
+        assert not old.readers  # nobody left on the closed one
+        await producer.send(b"after")
+        assert (await reader.receive(timeout_s=10)).value == b"after"
+        await producer.close()
+        await reader.close()
