@@ -16,7 +16,16 @@ from aiohttp import web
 from segtxn import exposition
 from segtxn.auth import install_auth
 from segtxn.boundary import install
-from segtxn.broker import admin, fanout, holdings, lookup, sockets, txncommit, ws
+from segtxn.broker import (
+    admin,
+    fanout,
+    holdings,
+    lookup,
+    producer_endpoint,
+    sockets,
+    txncommit,
+    ws,
+)
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
@@ -57,7 +66,10 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
     segment = "/{domain:segment}/{tenant}/{namespace}/{topic}/{segment:[0-9]+}"
     app.add_routes(
         [
-            *(web.get("/ws/v2/producer" + shape, ws.producer) for shape in (topic, segment)),
+            *(
+                web.get("/ws/v2/producer" + shape, producer_endpoint.producer)
+                for shape in (topic, segment)
+            ),
             *(
                 web.get("/ws/v2/consumer" + shape + "/{subscription}", ws.consumer)
                 for shape in (topic, segment)

@@ -15,7 +15,8 @@ from segtxn.exposition import Metrics
 class BrokerMetrics(Metrics):
     def __init__(self) -> None:
         super().__init__("broker")
-        # Counted by the connections (segtxn/broker/ws.py): they outlive topic unloads.
+        # Counted by the connections (segtxn/broker/ws.py, producer_endpoint.py): they
+        # outlive topic unloads.
         self.messages_in = self.count(
             "segtxn_broker_in_messages_total", "Messages stored (duplicates not included)"
         )

@@ -1,7 +1,7 @@
-"""What every WebSocket endpoint of the broker (:mod:`segtxn.broker.ws`) shares: the socket
-it accepts (its frame size limit, its heartbeat, its place in the set of open sockets), the
-loop that reads a client's frames until it leaves, and the hang-up on every client at
-shutdown.
+"""What every WebSocket endpoint of the broker (:mod:`segtxn.broker.ws`,
+:mod:`segtxn.broker.producer_endpoint`) shares: the socket it accepts (its frame size
+limit, its heartbeat, its place in the set of open sockets), the loop that reads a
+client's frames until it leaves, and the hang-up on every client at shutdown.
 
 The loop keeps a connection through bad frames: one that does not decode, or whose handler
 raises, is answered with an ``Error`` frame (naming the request it answers), and the next

@@ -1,6 +1,7 @@
 """WebSocket endpoints of the data plane: producers, consumers and readers.
 
 - ``/ws/v2/producer/{domain}/{tenant}/{namespace}/{topic}?name=P``
+  (:mod:`segtxn.broker.producer_endpoint`);
 - ``/ws/v2/consumer/{domain}/{tenant}/{namespace}/{topic}/{subscription}?type=&initial=&name=``
 - ``/ws/v2/reader/{domain}/{tenant}/{namespace}/{topic}?start=earliest|latest|L:E``
 
@@ -19,13 +20,11 @@ together: consecutive receipts in one
 ``ReceiptBatch``, consecutive messages in one ``MessageBatch`` (one WebSocket message and
 one write instead of one per message; the client unpacks them in order).
 
-A producer's sends are published concurrently (one task each, up to ``max_pending_sends``)
-but stored in the order they arrive: each takes its producer's next turn as its frame is
-read (segtxn/broker/ordering.py). A broker that cannot prove it holds its id sends no
-receipt: it hangs up on the producer, which sends again once reconnected
-(segtxn/broker/fencing.py). A send or ack frame with a ``traceparent`` gets a span
-(segtxn/broker/spans.py, docs/tracing.md). A producer may also ask, with a ``commit``
-frame, for the one-step commit of a transaction (segtxn/broker/txncommit.py).
+A consumer or a reader is hung up on (1001, "topic unloaded") when its topic is unloaded
+or deleted here, and reconnects (:meth:`segtxn.broker.topic.Topic.disconnect_clients`). An
+ack frame with a ``traceparent`` gets a span (segtxn/broker/spans.py, docs/tracing.md).
+What only a producer does (the order of storage, fencing, one-step commits) is
+:mod:`segtxn.broker.producer_endpoint`.
 """
 
 from __future__ import annotations
@@ -33,271 +32,43 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import logging
-import time
-import weakref
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from aiohttp import WSCloseCode, web
 
 from segtxn import tracing
-from segtxn.auth import close_at_expiry, current_principal, principal_of, recheck
-from segtxn.broker import fencing, txncommit
-from segtxn.broker.arguments import check_batch, check_consumer_frame
+from segtxn.auth import close_at_expiry, current_principal, recheck
+from segtxn.broker.arguments import check_consumer_frame
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
 from segtxn.broker.http import SERVICE, check_name, error_response, topic_from
 from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.broker.ordering import Turn
 from segtxn.broker.outbox import Outbox
-from segtxn.broker.publishing import Outcome
 from segtxn.broker.reader import Reader, end_position, start_position
 from segtxn.broker.sockets import failure_frame, new_socket, receive_frames
-from segtxn.broker.spans import ack_span, send_span, send_span_ends
+from segtxn.broker.spans import ack_span
 from segtxn.broker.txnaccess import TxnAccess
 from segtxn.ledger import Position
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import (
     Ack,
-    Commit,
     Error,
     Flow,
     Frame,
     Nack,
-    ProducerReady,
-    Receipt,
     Redeliver,
-    Send,
-    SendBatch,
 )
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnId
 
-log = logging.getLogger(__name__)
 _generated = itertools.count(1)
-_instances: weakref.WeakKeyDictionary[web.WebSocketResponse, str] = weakref.WeakKeyDictionary()
-"""The instance a producer connection named (``instance=``): only the same one takes the
-producer's name over from a connection the broker still holds."""
-_closing: set[asyncio.Task[bool]] = set()
-
-
-def _close_soon(ws: web.WebSocketResponse) -> None:
-    """Hang up on a connection its producer replaced (not awaited: its peer is gone)."""
-    task = asyncio.create_task(
-        ws.close(code=WSCloseCode.GOING_AWAY, message=b"replaced by its reconnection"),
-        name="producer-replaced",
-    )
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
+"""Numbers the names of consumers and readers that gave none."""
 
 
 def _nothing() -> None:
     """Nothing to do (yet): a connection refused before its upgrade has no expiry."""
-
-
-# ---------------------------------------------------------------------- producer
-
-
-def _release(turns: list[Turn], _: object) -> None:
-    for turn in turns:
-        turn.release()
-
-
-async def producer(request: web.Request) -> web.StreamResponse:
-    service = request.app[SERVICE]
-    held: object | None = None
-    try:
-        name = topic_from(request)
-        producer_name = check_name(
-            "producer", request.query.get("name") or f"{service.broker_id}-{next(_generated)}"
-        )
-        instance = request.query.get("instance", "")
-        if instance:
-            check_name("producer instance", instance)
-        topic = await service.serve(name)
-        held = topic.producers.get(producer_name)
-        ours = isinstance(held, web.WebSocketResponse) and _instances.get(held) == instance
-        if held is not None and not (instance and ours):
-            raise ServerError(
-                ErrorName.PRODUCER_BUSY, f"producer {producer_name!r} is already connected"
-            )
-    except ServerError as e:
-        return error_response(e, request)
-    ws = new_socket(request)
-    await ws.prepare(request)
-    expiry = close_at_expiry(request, ws)
-    if isinstance(held, web.WebSocketResponse) and topic.producers.get(producer_name) is held:
-        # The same producer again (its instance): it saw its old connection drop, which the
-        # broker may not see for a heartbeat (30 s) yet. That one goes; its sends in
-        # flight are stored, and the resends of them wait for their outcome.
-        log.info("%s: producer %s reconnected; its old connection goes", name, producer_name)
-        _close_soon(held)
-    topic.producers[producer_name] = ws
-    if instance:
-        _instances[ws] = instance
-    log.info("%s: producer %s connected (from %s)", name, producer_name, request.remote)
-    settings = service.settings
-    outbox = Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
-    outbox.start()
-    window = asyncio.Semaphore(settings.max_pending_sends)
-    tasks: set[asyncio.Task[None]] = set()
-    access = TxnAccess(service, functools.partial(current_principal, request))
-    outbox.send(
-        ProducerReady(
-            producer_name=producer_name,
-            last_sequence_id=topic.dedup.state(producer_name).last_taken,
-            max_message_bytes=settings.max_message_bytes,
-        )
-    )
-
-    metrics = service.metrics
-    fenced: list[str] = []
-    """Why this connection was hung up on instead of getting a receipt (once)."""
-
-    async def close_fenced() -> None:
-        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"broker fenced")
-
-    def hang_up(why: str) -> None:
-        """A stored send, and the broker cannot prove it holds its id: no receipt (the
-        topic may be another broker's now); the producer sends it again once reconnected."""
-        fenced.append(why)
-        log.warning(
-            "%s: producer %s: no receipt from a broker that cannot prove it holds its id "
-            "(%s); hanging up (it sends again once reconnected)",
-            name, producer_name, why,
-        )  # fmt: skip
-        closing = asyncio.create_task(close_fenced(), name=f"hang-up-{producer_name}")
-        tasks.add(closing)
-        closing.add_done_callback(tasks.discard)
-
-    def answer(
-        send: Send,
-        outcome: Outcome | ServerError,
-        started: float,
-        span: tracing.Span | None = None,
-    ) -> None:
-        if span is not None:
-            send_span_ends(span, outcome)
-        if isinstance(outcome, ServerError):
-            metrics.errors.add(1, {"error": outcome.name.value})
-            outbox.send(Error(error=outcome.name, message=outcome.message, seq=send.seq))
-            if send.txn is not None:
-                service.op_records.refused(TxnId(*send.txn), outcome.message)
-            return
-        if fenced:
-            return
-        why = fencing.why(service)
-        if why is not None:
-            hang_up(why)
-            return
-        position, duplicate = outcome
-        if duplicate:
-            metrics.duplicates.add(1)
-        else:
-            metrics.messages_in.add(1)
-            metrics.bytes_in.add(len(send.payload))
-            metrics.publish_latency.record(time.perf_counter() - started)
-        outbox.send(
-            Receipt(
-                seq=send.seq,
-                message_id=(position.ledger_id, position.entry_id),
-                duplicate=duplicate,
-            )
-        )
-
-    async def publish(send: Send, turn: Turn) -> None:
-        started = time.perf_counter()
-        span = send_span(name, producer_name, send)
-        try:
-            with tracing.current(span):
-                outcome: Outcome | ServerError = await topic.publish(producer_name, send, turn)
-        except ServerError as e:
-            outcome = e
-        finally:
-            window.release()
-        answer(send, outcome, started, span)
-
-    async def publish_together(items: list[tuple[Send, Turn]]) -> None:
-        started = time.perf_counter()
-        spans = [send_span(name, producer_name, send) for send, _ in items]
-        try:
-            if items[0][0].txn is None:
-                outcomes = await topic.publish_plain(producer_name, items)
-            else:
-                outcomes = await topic.publish_txn(producer_name, items)
-        finally:
-            for _ in items:
-                window.release()
-        for (send, _), outcome, span in zip(items, outcomes, spans, strict=True):
-            answer(send, outcome, started, span)
-
-    def start(work: Coroutine[Any, Any, None], turns: list[Turn], name: str) -> None:
-        task = asyncio.create_task(work, name=name)
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        task.add_done_callback(functools.partial(_release, turns))  # even if it never ran
-
-    async def admitted(txn: tuple[int, int] | None, sends: list[Send]) -> bool:
-        """Refused sends are answered without a turn: nothing of them is stored."""
-        refusal = await access.refusal(txn)
-        if refusal is None:
-            return True
-        for send in sends:
-            answer(send, refusal, 0.0)
-        return False
-
-    async def commit(frame: Commit) -> None:
-        outbox.send(await txncommit.answer_frame(service, principal_of(request), frame))
-
-    async def handle(frame: object) -> None:
-        if isinstance(frame, Commit):  # answered when decided; later frames go on meanwhile
-            start(commit(frame), [], f"commit-{producer_name}-{frame.request_id}")
-            return
-        if isinstance(frame, SendBatch):
-            check_batch(frame.sends)
-            for txn, run in itertools.groupby(frame.sends, key=lambda send: send.txn):
-                sends = list(run)
-                if await admitted(txn, sends):
-                    await handle_together(sends)
-            return
-        assert isinstance(frame, Send)
-        if not await admitted(frame.txn, [frame]):
-            return
-        await window.acquire()  # backpressure: stop reading while the window is full
-        turn = topic.turn(producer_name)  # in arrival order: the order of storage
-        start(publish(frame, turn), [turn], f"publish-{producer_name}-{frame.seq}")
-
-    async def handle_together(sends: list[Send]) -> None:
-        """Sends of one transaction (or of none) that came together are published together,
-        in one task per run of sends the window has room for (Publishing.publish_plain,
-        Publishing.publish_txn)."""
-        items: list[tuple[Send, Turn]] = []
-        for send in sends:
-            if items and window.locked():  # let these go before waiting for room
-                start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
-                items = []
-            await window.acquire()  # backpressure: stop reading while the window is full
-            items.append((send, topic.turn(producer_name)))  # in arrival order
-        start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
-
-    try:
-        await receive_frames(ws, frames.producer_input.decode, handle, outbox)
-    finally:
-        expiry()
-        if topic.producers.get(producer_name) is ws:
-            del topic.producers[producer_name]
-        await asyncio.gather(*tasks, return_exceptions=True)  # stored either way
-        await outbox.close()
-        log.info(
-            "%s: producer %s disconnected (%s)",
-            name,
-            producer_name,
-            "closed" if ws.close_code == WSCloseCode.OK else f"close code {ws.close_code}",
-        )
-    return ws
 
 
 # ---------------------------------------------------------------------- consumer
@@ -330,6 +101,15 @@ def _parse_initial(value: str) -> str:
 
 
 async def consumer(request: web.Request) -> web.StreamResponse:
+    """Serve one consumer of a subscription (made at ``initial`` if it does not exist;
+    ``Exclusive`` unless ``type`` says otherwise) until it leaves: messages as its
+    ``Flow`` permits allow, its acks answered once durable, nacks and redeliveries.
+
+    Refused before the upgrade, as an HTTP error: a bad name, type or initial position
+    (``InvalidArgument``), a topic another broker holds (``NotOwner``), one that cannot be
+    served now, an Exclusive subscription taken already (``ConsumerBusy``). On leaving, a
+    clean close (1000) detaches it at once; a Failover member whose connection dropped
+    keeps its place ``consumer_hold_s`` for its return (:meth:`Subscription.detach`)."""
     service = request.app[SERVICE]
     ws = new_socket(request)
     link: ConsumerLink | None = None
@@ -457,6 +237,13 @@ async def _serve_consumer(
 
 
 async def reader(request: web.Request) -> web.StreamResponse:
+    """Serve one reader (:mod:`segtxn.broker.reader`: no cursor, nothing acknowledged)
+    from ``start`` to ``end`` if given, as its ``Flow`` permits allow, until it leaves.
+
+    Refused before the upgrade, as an HTTP error: a bad ``start`` or ``end``, a start
+    beyond the topic's end (``InvalidArgument``), a topic another broker holds
+    (``NotOwner``), one that cannot be served now. Any other frame than ``Flow`` is
+    answered ``NotAllowed``."""
     service = request.app[SERVICE]
     ws = new_socket(request)
     try:
