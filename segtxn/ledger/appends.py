@@ -298,7 +298,7 @@ class LedgerAppends(LedgerReads):
             now = kept.get(info.id)
             if now is None:  # trimmed: deleted now, or once the reads in flight on it end
                 self._let_go.append(info)
-                await self._logs.doom(info.id, info.placement)
+                await self._logs.doom(info)
             elif now.placement != info.placement:  # moved: read from where it is now
                 await self._logs.forget(info.id)
         return True
