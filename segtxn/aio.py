@@ -7,6 +7,9 @@ Racing two waits (an event stream against a session's expiry, say) is easy to ge
 a losing ``anext()`` future left behind keeps a generator half-driven and leaks a task.
 :func:`first_completed` runs each coroutine as an owned, named task, and before it returns
 it cancels the losers *and waits for them to finish*.
+
+:func:`settling` hands a task's outcome to a future its waiter awaits: one loop turn
+sooner than awaiting the task through a shield, with the same cancel and error cases.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 def callbacks_context() -> contextvars.Context:
@@ -52,3 +57,41 @@ async def first_completed(*coroutines: Coroutine[Any, Any, Any], name: str = "ra
     if error is not None:
         raise error
     return winner
+
+
+async def settling(done: asyncio.Future[T], work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` (as the body of a task of its own) and settle ``done`` as it ends; the
+    task ends as ``work`` did.
+
+    Why: a waiter that awaits ``done`` resumes in the loop turn after ``work`` ends, where
+    one awaiting the task through ``asyncio.shield`` (so that its own cancel does not
+    cancel the work) resumes two turns after: the task's end, then the shield's. On a busy
+    broker a turn costs a few hundred microseconds, on the path from a one-step commit's
+    store step to the sends' receipts its client's ``commit()`` waits for (issue 16).
+
+    A waiter cancelled meanwhile cancels ``done`` (and not the work): it then waits for the
+    task itself. An error handed to ``done`` is marked retrieved on the task too (its
+    waiter raises it), so nothing logs it as never retrieved. A cancelled ``work`` cancels
+    ``done``.
+    """
+    try:
+        outcome = await work
+    except asyncio.CancelledError:
+        done.cancel()
+        raise
+    except Exception as e:
+        if not done.done():
+            done.set_exception(e)
+            done.exception()  # retrieved here: its waiter raises it
+            task = asyncio.current_task()
+            if task is not None:
+                task.add_done_callback(_retrieve)
+        raise
+    if not done.done():
+        done.set_result(outcome)
+    return outcome
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()

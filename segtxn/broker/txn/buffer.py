@@ -38,6 +38,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from segtxn.aio import settling
 from segtxn.boundary import retry_warning
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
@@ -235,9 +236,19 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 outcomes += [stopped] * (len(entries) - len(outcomes))
             # Queued entries are recorded or orphaned whatever becomes of this task: in a
             # task of their own, waited for through any cancel (the floor stays till then).
-            finishing = asyncio.get_running_loop().create_task(
-                self._finish(txn, version, outcomes, appended, ops), name=f"txn-append-{txn}"
+            # Its outcome comes through ``finished``: a loop turn sooner than through a shield
+            # (the client's commit() waits for these receipts: ``settling``, issue 16).
+            loop = asyncio.get_running_loop()
+            finished: asyncio.Future[list[Position | BaseException]] = loop.create_future()
+            finishing = loop.create_task(
+                settling(finished, self._finish(txn, version, outcomes, appended, ops)),
+                name=f"txn-append-{txn}",
             )
+            try:
+                return await finished
+            except asyncio.CancelledError:  # (``finished`` is cancelled with it; not the task)
+                if finishing.done():
+                    raise
             while True:
                 try:
                     return await asyncio.shield(finishing)

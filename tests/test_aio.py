@@ -1,0 +1,134 @@
+"""``segtxn.aio.settling``: a task's outcome handed to a future its waiter awaits, one loop
+turn after the work ends (a shield over the task costs two), and the cancel and error
+cases a waiter and the task must each see as before (issue 16: those turns sat between a
+one-step commit's store step and the sends' receipts its client waits for)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import pytest
+
+from segtxn.aio import settling
+
+
+class Turns:
+    """Counts event-loop turns: a callback that schedules itself again each time it runs
+    (a loop turn runs the callbacks ready when it began, so this one once per turn)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.count = 0
+        self._handle = self._loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.count += 1
+        self._handle = self._loop.call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+async def test_the_waiter_resumes_in_the_loop_turn_after_the_work_ends() -> None:
+    loop = asyncio.get_running_loop()
+    release = asyncio.Event()
+    turns = Turns()
+    ended_at: list[int] = []
+
+    async def work() -> int:
+        await release.wait()
+        ended_at.append(turns.count)
+        return 7
+
+    done: asyncio.Future[int] = loop.create_future()
+    task = loop.create_task(settling(done, work()))
+    release.set()
+    try:
+        assert await done == 7
+        # awaiting the task through asyncio.shield resumes 2 turns after (the task's end,
+        # then the shield's)
+        assert turns.count - ended_at[0] == 1
+    finally:
+        turns.stop()
+    assert await task == 7
+
+
+async def test_a_waiter_cancelled_meanwhile_leaves_the_work_running_to_the_tasks_end() -> None:
+    loop = asyncio.get_running_loop()
+    release, started = asyncio.Event(), asyncio.Event()
+
+    async def work() -> int:
+        started.set()
+        await release.wait()
+        return 7
+
+    done: asyncio.Future[int] = loop.create_future()
+    task = loop.create_task(settling(done, work()))
+
+    async def waiter() -> int:
+        return await done
+
+    waiting = loop.create_task(waiter())
+    await started.wait()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert done.cancelled() and not task.done()
+    release.set()
+    assert await asyncio.shield(task) == 7
+
+
+async def test_an_error_of_the_work_goes_to_the_waiter_and_is_retrieved_from_the_task(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = asyncio.get_running_loop()
+
+    async def work() -> int:
+        raise ValueError("broken")
+
+    async def scenario() -> None:  # (its frame, holding them all, is gone after)
+        done: asyncio.Future[int] = loop.create_future()
+        task = loop.create_task(settling(done, work()))
+        with pytest.raises(ValueError, match="broken"):
+            await done
+        await asyncio.wait([task])
+
+    await scenario()
+    gc.collect()  # a task whose exception nobody retrieved is logged when collected
+    assert "never retrieved" not in caplog.text
+
+
+async def test_an_error_after_the_waiter_gave_up_ends_the_task() -> None:
+    loop = asyncio.get_running_loop()
+    release = asyncio.Event()
+
+    async def work() -> int:
+        await release.wait()
+        raise ValueError("broken")
+
+    done: asyncio.Future[int] = loop.create_future()
+    task = loop.create_task(settling(done, work()))
+    done.cancel()  # (what a waiter's cancel does to it)
+    release.set()
+    with pytest.raises(ValueError, match="broken"):
+        await asyncio.shield(task)
+
+
+async def test_a_cancelled_work_cancels_the_waiters_future() -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    async def work() -> int:
+        started.set()
+        await asyncio.Event().wait()
+        return 7
+
+    done: asyncio.Future[int] = loop.create_future()
+    task = loop.create_task(settling(done, work()))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await done
+    await asyncio.wait([task])
+    assert task.cancelled()
