@@ -168,6 +168,9 @@ class ManagedLedger(LedgerAppends):
         Raises:
             LedgerMissing: a ledger the metadata names has no file (a wrong or empty data
                 directory); nothing is recreated.
+            LedgerMismatch: a ledger's file (any of them) is another's (its header's nonce
+                is not the one recorded: a foreign volume, a wrong restore); nothing was
+                changed.
             LedgerCorrupted: the last ledger is damaged where a crash cannot explain it.
             LedgerFenced: another process changed the metadata while this one opened it.
             StorageFull: the disk has no room for the ledger's next file (every reopen

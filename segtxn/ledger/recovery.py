@@ -23,9 +23,11 @@ then resolves the appends of the batch (segtxn/ledger/records.py has the format)
    the metadata names them). A missing one raises ``LedgerMissing`` naming the files: the
    ledger is never recreated empty, so an empty or wrong data directory never serves a
    topic as empty. A file must also be that ledger's: the nonce in its header is the one
-   its ``LedgerInfo`` recorded when it was created (:func:`check_identity`, when the last
-   ledger is recovered and when a closed one is first read); another is
-   ``LedgerMismatch``, and the file is left as it is.
+   its ``LedgerInfo`` recorded when it was created (:func:`check_identity`: every file's
+   header when the ledger is opened, before anything is recovered, and again when a
+   closed one is first read, in case it was replaced since); another is
+   ``LedgerMismatch``, and the file is left as it is. A foreign older ledger refuses the
+   whole ledger, not only reads of it: opened, its readers would stall on it.
 2. The last ledger, if a crashed writer was appending to it, is scanned to its end. If
    the first invalid byte (a torn or damaged record, or a torn mark) has a valid mark
    *after* it, acknowledged entries are damaged: ``LedgerCorrupted`` naming the file and

@@ -46,10 +46,14 @@ class Opened:
 async def open_chain(
     name: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
 ) -> Opened:
-    """Create the managed ledger ``name``, or recover it (points 1-4 above).
+    """Create the managed ledger ``name``, or recover it (points 1-4 above). Every file
+    is checked to be its ledger's (the 24-byte headers: cheap) before anything is
+    recovered or created, as :func:`check_files` does at start-up.
 
     Raises:
         LedgerMissing, LedgerCorrupted: as above (a WARNING names any truncation).
+        LedgerMismatch: a file (any of them, not only the last) is another's: naming the
+            first, how many there are, and which; nothing was changed.
         LedgerFenced: another owner created or changed it meanwhile.
     """
     key = metadata_key(name)
@@ -72,6 +76,9 @@ async def open_chain(
         return Opened(meta, record.version, {1: first})
     meta = decode(record.value)
     await asyncio.to_thread(_check_files, name, storage, meta)
+    # every file, not the last one only: a foreign older ledger found only when it is read
+    # would let the topic load (and its broker be ready) and its readers stall on errors
+    await asyncio.to_thread(check_identities, name, storage, meta.ledgers)
     last = meta.ledgers[-1]
     recovered = await open_in_thread(_recover_last, name, storage, meta, settings)
     logs: dict[int, EntryLog] = {last.id: recovered}

@@ -151,29 +151,48 @@ async def test_a_broker_started_on_another_clusters_volume_is_not_ready(
 #    whoever's they were: another cluster's data (or the only copy of an old one) gone.
 
 
+async def _volumes(etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore) -> None:
+    """``NAME`` in ``store`` on ``tmp_path / "ours"`` (ledgers 1 and 2 with an entry each,
+    3 empty), and another cluster's ``NAME`` on ``tmp_path / "theirs"``."""
+    async with open_store(_cluster_url(etcd_server, tmp_path, "b")) as other:
+        await _write(store, tmp_path / "ours", [b"ours-0", b"ours-1"])
+        await _write(other, tmp_path / "theirs", [b"them-0", b"them-1"])
+
+
+def _restore_wrong(tmp_path: Path, ledger_id: int) -> tuple[FileLogStorage, Path]:
+    """Ledger ``ledger_id``'s file replaced by the other cluster's copy of it (a restore
+    from the wrong backup). Returns our storage and the foreign file's path."""
+    storage = FileLogStorage(tmp_path / "ours")
+    path = storage.path(NAME, ledger_id)
+    shutil.copyfile(FileLogStorage(tmp_path / "theirs").path(NAME, ledger_id), path)
+    return storage, path
+
+
 async def _with_foreign(
     etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore, ledger_id: int
 ) -> tuple[FileLogStorage, Path]:
-    """``NAME`` in ``store`` on ``tmp_path / "ours"`` (ledgers 1 and 2 with an entry each,
-    3 empty), ledger ``ledger_id``'s file replaced by another cluster's copy of it (a
-    restore from the wrong backup). Returns our storage and the foreign file's path."""
-    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
-    async with open_store(_cluster_url(etcd_server, tmp_path, "b")) as other:
-        await _write(store, ours, [b"ours-0", b"ours-1"])
-        await _write(other, theirs, [b"them-0", b"them-1"])
-    storage = FileLogStorage(ours)
-    path = storage.path(NAME, ledger_id)
-    shutil.copyfile(FileLogStorage(theirs).path(NAME, ledger_id), path)
-    return storage, path
+    """:func:`_volumes`, then :func:`_restore_wrong`."""
+    await _volumes(etcd_server, tmp_path, store)
+    return _restore_wrong(tmp_path, ledger_id)
+
+
+async def _open_with_foreign(
+    etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore, ledger_id: int
+) -> tuple[ManagedLedger, FileLogStorage, Path]:
+    """:func:`_volumes`, ``NAME`` opened (opening refuses a foreign file: it checks every
+    one), then :func:`_restore_wrong` while it is open."""
+    await _volumes(etcd_server, tmp_path, store)
+    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(tmp_path / "ours"))
+    storage, path = _restore_wrong(tmp_path, ledger_id)
+    return ledger, storage, path
 
 
 async def test_a_trim_stops_at_a_foreign_file_and_leaves_it(
     etcd_server: EtcdServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
-        storage, foreign = await _with_foreign(etcd_server, tmp_path, store, 2)
+        ledger, storage, foreign = await _open_with_foreign(etcd_server, tmp_path, store, 2)
         held = foreign.read_bytes()
-        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
         try:
             await ledger.open_cursor("all", start="latest")  # everything is consumed
             with caplog.at_level(logging.ERROR):
@@ -193,8 +212,7 @@ async def test_deleting_a_managed_ledger_with_a_foreign_file_deletes_nothing(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
     async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
-        storage, foreign = await _with_foreign(etcd_server, tmp_path, store, 1)
-        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        ledger, _, foreign = await _open_with_foreign(etcd_server, tmp_path, store, 1)
         before = _volume(tmp_path / "ours")
         with pytest.raises(LedgerMismatch, match="ledger 1") as caught:
             await ledger.delete()
@@ -211,10 +229,11 @@ async def test_deleting_a_sealed_ledger_with_a_foreign_file_deletes_nothing(
     """A retired segment's delete (segtxn/broker/retire.py) opens nothing: no recovery
     would have noticed."""
     async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
-        storage, _ = await _with_foreign(etcd_server, tmp_path, store, 1)
-        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        await _volumes(etcd_server, tmp_path, store)
+        ledger = await ManagedLedger.open(NAME, store, FileLogStorage(tmp_path / "ours"))
         await ledger.terminate()
         await ledger.close()
+        storage, _ = _restore_wrong(tmp_path, 1)
         before = _volume(tmp_path / "ours")
         sealed = await read_sealed(store, NAME, max_persisted_ranges=10)
         assert sealed is not None
@@ -257,8 +276,7 @@ async def test_a_foreign_closed_ledger_is_refused_the_same_way_every_time(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
     async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
-        storage, foreign = await _with_foreign(etcd_server, tmp_path, store, 1)
-        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        ledger, _, foreign = await _open_with_foreign(etcd_server, tmp_path, store, 1)
         try:
             refusals = []
             for _ in range(3):

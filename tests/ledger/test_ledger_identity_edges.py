@@ -84,13 +84,13 @@ async def test_a_foreign_closed_ledger_is_refused_when_read(
     ):
         await _write(store, ours, [b"ours-0", b"ours-1"])
         await _write(other, theirs, [b"them-0", b"them-1"])
-        # a restore put another cluster's copy of ledger 1 in place of ours
         storage = FileLogStorage(ours)
+        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        # a restore put another cluster's copy of ledger 1 in place of ours, while it was
+        # open (opening it so refuses it whole: tests/ledger/test_foreign_ledger_edges.py)
         path = storage.path(NAME, 1)
         shutil.copyfile(FileLogStorage(theirs).path(NAME, 1), path)
         foreign = path.read_bytes()
-
-        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
         try:
             with pytest.raises(LedgerMismatch, match="ledger 1"):
                 await ledger.read(Position(1, 0))

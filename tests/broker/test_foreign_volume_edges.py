@@ -1,0 +1,119 @@
+"""A partly foreign volume, at the broker's edges: one OLDER ledger file of a topic is
+another cluster's (a restore from the wrong backup), its nonce not the one its metadata
+recorded. Loading, deleting and the background rounds must each say so by name, and keep
+saying the broker is not ready for that topic. Each failed before its fix.
+
+Real components throughout: files in ``tmp_path``, a real etcd (two key namespaces stand
+for two independent clusters), real brokers answering over HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from segtxn.broker.app import BrokerServer
+from segtxn.broker.settings import BrokerSettings
+from segtxn.client import Client, PersistenceError
+from segtxn.ledger import FileLogStorage
+from segtxn.metastore.etcd_server import EtcdServer, free_port
+
+TOPIC = "persistent://acme/foreign/events"
+
+
+def _broker(store_url: str, data_dir: Path) -> BrokerServer:
+    port = free_port()
+    return BrokerServer(
+        BrokerSettings(
+            broker_id="b1",
+            advertise_url=f"http://127.0.0.1:{port}",
+            store_url=store_url,
+            ledger_url=f"file://{data_dir}",
+        ),
+        host="127.0.0.1",
+        port=port,
+    )
+
+
+async def _readyz(broker: BrokerServer) -> tuple[int, dict[str, object]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(broker.settings.advertise_url + "/readyz") as response,
+    ):
+        return response.status, await response.json()
+
+
+def _refused(body: dict[str, object]) -> set[str]:
+    """The topics a ``/readyz`` body says are refused."""
+    refused = body.get("refused", {})
+    assert isinstance(refused, dict)
+    return set(refused)
+
+
+async def _two_volumes(etcd_server: EtcdServer, tmp_path: Path) -> tuple[str, Path, Path]:
+    """``TOPIC`` written by two clusters (a on ``ours``, b on ``theirs``), each over two
+    broker incarnations: ledgers 1 and 2 hold an entry each, 3 is empty, under the same
+    names on both volumes. Returns cluster a's store URL and the two volumes."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    prefix = f"/foreign-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    for cluster, volume in (("a", ours), ("b", theirs)):
+        for incarnation in range(2):
+            broker = _broker(etcd_server.url(f"{prefix}-{cluster}"), volume)
+            await broker.start()
+            try:
+                async with Client(broker.settings.advertise_url) as client:
+                    if incarnation == 0:
+                        await client.admin.create_topic(TOPIC)
+                    producer = await client.create_producer(TOPIC)
+                    await producer.send(f"{cluster}-{incarnation}".encode())
+            finally:
+                await broker.stop()
+    return etcd_server.url(f"{prefix}-a"), ours, theirs
+
+
+def _restore_wrong(ours: Path, theirs: Path, ledger_id: int) -> Path:
+    """Put cluster b's file of ledger ``ledger_id`` in place of ours (a wrong restore);
+    returns its path."""
+    path = FileLogStorage(ours).path(TOPIC, ledger_id)
+    shutil.copyfile(FileLogStorage(theirs).path(TOPIC, ledger_id), path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Only an older closed ledger foreign: start-up refused the topic (503), but loading it
+#    checked the last ledger's nonce only, so the first use loaded it, cleared the refusal
+#    and made the broker ready, while reads of that ledger were refused (consumers stalled
+#    on errors).
+
+
+async def test_loading_a_topic_with_a_foreign_older_ledger_is_refused_by_name(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    store_url, ours, theirs = await _two_volumes(etcd_server, tmp_path)
+    foreign = _restore_wrong(ours, theirs, 1)
+    held = foreign.read_bytes()
+
+    broker = _broker(store_url, ours)
+    await broker.start()
+    try:
+        status, body = await _readyz(broker)
+        assert status == 503 and _refused(body) == {TOPIC}, body
+
+        async with Client(broker.settings.advertise_url) as client:
+            for _ in range(2):  # the first use, and the next: both refused, by name
+                with pytest.raises(PersistenceError) as caught:
+                    await client.subscribe(TOPIC, "s", initial_position="earliest", timeout_s=10)
+                said = str(caught.value)
+                assert "ledger 1" in said and str(foreign) in said and "nonce" in said
+
+        status, body = await _readyz(broker)  # still not ready for it
+        assert status == 503 and body["ready"] is False, body
+        assert _refused(body) == {TOPIC}, body
+        assert foreign.read_bytes() == held  # left as it is
+    finally:
+        await broker.stop()

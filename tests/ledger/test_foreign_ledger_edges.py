@@ -1,0 +1,70 @@
+"""A managed ledger one of whose OLDER closed ledgers has a foreign file (another
+cluster's copy, a wrong restore; its nonce not the one recorded). Each failed before its
+fix.
+
+Real components: files in ``tmp_path``, a real etcd (two key namespaces stand for two
+independent clusters).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
+from segtxn.ledger.errors import LedgerMismatch
+from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore.etcd_server import EtcdServer
+
+NAME = "persistent://t/n/foreign"
+
+
+def _cluster_url(etcd_server: EtcdServer, tmp_path: Path, cluster: str) -> str:
+    return etcd_server.url(f"/foreign-{os.getpid()}-{tmp_path.name}-{cluster}")
+
+
+async def _write(store: MetadataStore, root: Path, payloads: list[bytes]) -> None:
+    """``NAME`` with ``payloads``, one ledger each (rolled over after each), cleanly closed."""
+    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(root), LedgerSettings())
+    try:
+        for payload in payloads:
+            await ledger.append(payload)
+            await ledger.roll_over()
+    finally:
+        await ledger.close()
+
+
+async def _foreign_copy(etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore) -> Path:
+    """``NAME`` in ``store`` on ``tmp_path / "ours"`` (ledgers 1 and 2 with an entry each,
+    3 empty) and another cluster's ``NAME`` on ``tmp_path / "theirs"``; returns the path
+    of the other cluster's file of ledger 2."""
+    async with open_store(_cluster_url(etcd_server, tmp_path, "b")) as other:
+        await _write(store, tmp_path / "ours", [b"ours-0", b"ours-1"])
+        await _write(other, tmp_path / "theirs", [b"them-0", b"them-1"])
+    return FileLogStorage(tmp_path / "theirs").path(NAME, 2)
+
+
+# ---------------------------------------------------------------------------------------
+# 1. Opening checked the nonce of the last ledger only: one with a foreign older ledger
+#    opened, and only a read of that ledger found out (a topic that loaded, and stalled).
+
+
+async def test_opening_refuses_a_foreign_older_ledger_and_names_it(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+        theirs = await _foreign_copy(etcd_server, tmp_path, store)
+        storage = FileLogStorage(tmp_path / "ours")
+        path = storage.path(NAME, 2)
+        shutil.copyfile(theirs, path)
+        held = sorted(p.read_bytes() for p in (tmp_path / "ours").rglob("*.log"))
+
+        with pytest.raises(LedgerMismatch) as caught:
+            await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        assert caught.value.path == str(path)
+        assert "ledger 2" in str(caught.value) and "nonce" in str(caught.value)
+        # refused before anything was recovered or created: the volume is as it was
+        assert sorted(p.read_bytes() for p in (tmp_path / "ours").rglob("*.log")) == held
