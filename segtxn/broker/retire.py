@@ -34,8 +34,9 @@ b. **Its data and state deleted**: its logs, cursors, ledger record, de-duplicat
    and transaction-buffer records. A broker that restarts with the logs of a RETIRED
    segment half deleted does not refuse it (the sweep finishes the delete). A log whose
    file is not its own (another cluster's, a wrong restore: ``LedgerMismatch``) stops its
-   segment's delete before anything goes (at ERROR, each sweep); the sweep goes on with
-   the other segments.
+   segment's delete before anything goes, and the sweep goes on with the other segments;
+   it is said at ERROR once per file (every sweep meets it until an operator acts), then
+   at DEBUG.
 c. **Pruned from the record with its home** (one store step, :meth:`Catalog.prune_segment`)
    once none of its parents is left: the record stays as small as the live part of the DAG.
 
@@ -54,6 +55,7 @@ import msgspec
 from segtxn.broker import dedup, handoff
 from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.ledger import LedgerMismatch
+from segtxn.ledger.errors import report_once
 from segtxn.ledger.sealed import SealedLedger, delete_sealed, read_sealed
 from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -87,7 +89,7 @@ async def retire_segments(service: BrokerService, now_ms: float | None = None) -
         except (ServerError, MetadataStoreError) as e:  # a child's broker, the store
             log.warning("%s: not retired this time: %s", segment, e)
         except LedgerMismatch as e:  # its files are another's: never deleted, the rest go on
-            log.error("%s: its data is not deleted: %s", segment, e)
+            report_once(log, e, "%s: its data is not deleted: %s", segment, e)
         finally:
             service.moving.discard(segment)
     return done

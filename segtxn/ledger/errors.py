@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 from collections.abc import Iterator
 
 
@@ -69,6 +70,26 @@ class LedgerMismatch(LedgerCorrupted):
         super().__init__(message, path=path)
         self.recorded = recorded
         self.found = found
+
+
+_REPORTED: set[str] = set()
+"""The refusals :func:`report_once` logged at ERROR in this process, by message (one per
+damaged or foreign file: the message names it and what was found)."""
+
+
+def report_once(logger: logging.Logger, error: LedgerCorrupted, what: str, *args: object) -> None:
+    """Log ``what % args`` (which says ``error``) at ERROR the first time this process
+    meets ``error`` (the same message: the same file, found the same way), at DEBUG after.
+
+    Damaged or foreign data lasts until an operator acts, and what runs into it runs again
+    (retention rounds, the retirement sweep, requests): one ERROR line says it; one each
+    round would bury the other lines. Never with a traceback: the message says it all."""
+    key = str(error)
+    if key in _REPORTED:
+        logger.debug(what + " (said before)", *args)
+        return
+    _REPORTED.add(key)
+    logger.error(what, *args)
 
 
 class LedgerFenced(LedgerError):

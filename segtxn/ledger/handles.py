@@ -21,7 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from segtxn.ledger.errors import LedgerClosed, LedgerCorrupted, LedgerMismatch, again
+from segtxn.ledger.errors import (
+    LedgerClosed,
+    LedgerCorrupted,
+    LedgerMismatch,
+    again,
+    report_once,
+)
 from segtxn.ledger.identity import delete_own
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import LedgerInfo
@@ -181,7 +187,7 @@ class LogHandles:
     async def delete(self, ledger_id: int) -> None:
         """Close a doomed ledger's log and delete its file, unless the file is another's
         (its nonce is not the one recorded: a foreign volume, a wrong restore): that one
-        is left as it is, and said at ERROR (the trim that dropped the ledger checked it,
+        is left as it is, and said at ERROR once per file (the trim that dropped it checked it,
         so only a file replaced since gets here)."""
         info = self._doomed.pop(ledger_id)
         self._unreadable.pop(ledger_id, None)
@@ -191,7 +197,9 @@ class LogHandles:
         try:
             await asyncio.to_thread(delete_own, self._name, self._storage, info)
         except LedgerMismatch as e:
-            log.error("%s: trimmed ledger %d: its file is left: %s", self._name, ledger_id, e)
+            report_once(
+                log, e, "%s: trimmed ledger %d: its file is left: %s", self._name, ledger_id, e
+            )
 
     async def close(self) -> None:
         """Refuse new reads, wait for the ones in flight (each reads what it asked for, a

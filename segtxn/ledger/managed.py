@@ -39,7 +39,7 @@ import msgspec
 
 from segtxn.ledger.appends import LedgerAppends
 from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix, restore_cursors
-from segtxn.ledger.errors import LedgerClosed, WriteFailed, full_disk_is_retriable
+from segtxn.ledger.errors import LedgerClosed, WriteFailed, full_disk_is_retriable, report_once
 from segtxn.ledger.fencing import TriedWrites
 from segtxn.ledger.handles import LogHandles
 from segtxn.ledger.identity import delete_chain, own_prefix
@@ -318,7 +318,8 @@ class ManagedLedger(LedgerAppends):
         data never among them: :mod:`segtxn.ledger.retention`). A ledger being read is
         deleted once its reads end; reads that start later skip it. A ledger whose file is
         not its own (another nonce: a foreign volume, a wrong restore) is never deleted:
-        the trim stops before it, says so at ERROR, and the metadata keeps naming it
+        the trim stops before it, says so at ERROR (once per file, then at DEBUG), and
+        the metadata keeps naming it
         (:mod:`segtxn.ledger.identity`).
 
         Each cursor holds data back from its mark in memory (what its dispatcher reads on
@@ -370,12 +371,15 @@ class ManagedLedger(LedgerAppends):
     async def _own_files(self, chosen: list[ClosedLedger]) -> set[int]:
         """The ids of the front of ``chosen`` whose files are their own: a trim deletes
         no further, so a foreign file (a wrong volume, a wrong restore) stays named by the
-        metadata, refused when read and never deleted; said at ERROR each time."""
+        metadata, refused when read and never deleted; said at ERROR the first time
+        (:func:`report_once`: every round meets it until an operator acts)."""
         ids = {c.id for c in chosen}
         infos = [i for i in self._meta.ledgers if i.id in ids]
         own, foreign = await asyncio.to_thread(own_prefix, self.name, self._storage, infos)
         if foreign is not None:
-            log.error(
+            report_once(
+                log,
+                foreign,
                 "%s: retention keeps ledger %d and the ledgers after it, as its file is "
                 "not its own: %s",
                 self.name,

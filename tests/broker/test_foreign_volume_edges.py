@@ -9,6 +9,7 @@ for two independent clusters), real brokers answering over HTTP.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
@@ -18,10 +19,15 @@ import aiohttp
 import pytest
 
 from segtxn.broker.app import BrokerServer
+from segtxn.broker.retire import retire_segments
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client, PersistenceError
 from segtxn.ledger import FileLogStorage
 from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.protocol.names import TopicName
+from tests.cluster import Cluster
+from tests.topics.test_retire import LATER_MS
+from tests.topics.test_retire_files_edges import FOREIGN, OURS, _split_and_consume
 
 TOPIC = "persistent://acme/foreign/events"
 
@@ -117,3 +123,31 @@ async def test_loading_a_topic_with_a_foreign_older_ledger_is_refused_by_name(
         assert foreign.read_bytes() == held  # left as it is
     finally:
         await broker.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# 3. The retirement sweep logged a foreign file at ERROR every round (every retire_check_s,
+#    until an operator acts): once per file is enough, the later rounds at DEBUG.
+
+
+async def test_the_retirement_sweep_says_a_foreign_file_at_error_once(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    async with Client(cluster.broker.settings.advertise_url) as client:
+        for topic in (FOREIGN, OURS):
+            await _split_and_consume(client, topic)
+    foreign = TopicName.parse(FOREIGN).segment_name(0)
+    ours = TopicName.parse(OURS).segment_name(0)
+    storage = FileLogStorage(Path(cluster.broker.settings.ledger_url.removeprefix("file://")))
+    path = storage.path(str(foreign), 1)
+    shutil.copyfile(storage.path(str(ours), 1), path)  # another ledger's file, its nonce
+
+    with caplog.at_level(logging.DEBUG):
+        for _ in range(3):
+            await retire_segments(service, LATER_MS)
+    said = [r for r in caplog.records if str(path) in r.getMessage()]
+    assert [r.levelno for r in said if r.levelno >= logging.ERROR] == [logging.ERROR], [
+        (r.levelname, r.getMessage()) for r in said
+    ]
+    assert sum(r.levelno == logging.DEBUG for r in said) == 2, [r.getMessage() for r in said]

@@ -8,13 +8,14 @@ independent clusters).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
+from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger, RetentionPolicy
 from segtxn.ledger.errors import LedgerMismatch
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer
@@ -68,3 +69,35 @@ async def test_opening_refuses_a_foreign_older_ledger_and_names_it(
         assert "ledger 2" in str(caught.value) and "nonce" in str(caught.value)
         # refused before anything was recovered or created: the volume is as it was
         assert sorted(p.read_bytes() for p in (tmp_path / "ours").rglob("*.log")) == held
+
+
+# ---------------------------------------------------------------------------------------
+# 2. Retention met a foreign file (replaced under an open ledger here) and said so at
+#    ERROR on every round, for as long as it lasted (until an operator acts): once per
+#    file is enough, the later rounds at DEBUG.
+
+
+async def test_retention_says_a_foreign_file_at_error_once(
+    etcd_server: EtcdServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+        theirs = await _foreign_copy(etcd_server, tmp_path, store)
+        storage = FileLogStorage(tmp_path / "ours")
+        ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+        try:
+            path = storage.path(NAME, 2)
+            shutil.copyfile(theirs, path)  # a wrong restore, while it is open
+            await ledger.open_cursor("all", start="latest")  # everything is consumed
+            with caplog.at_level(logging.DEBUG):
+                for _ in range(3):
+                    await ledger.trim(RetentionPolicy(retention_time_s=0))
+            assert ledger.ledger_ids[0] == 2  # kept, with the ones after it
+            said = [r for r in caplog.records if str(path) in r.getMessage()]
+            assert [r.levelno for r in said if r.levelno >= logging.ERROR] == [logging.ERROR], [
+                (r.levelname, r.getMessage()) for r in said
+            ]
+            assert sum(r.levelno == logging.DEBUG for r in said) == 2, [
+                r.getMessage() for r in said
+            ]
+        finally:
+            await ledger.close()
