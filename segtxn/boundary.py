@@ -18,6 +18,12 @@ that answer:
   (:attr:`segtxn.metastore.engine.Engine.denied`), which also makes ``/readyz`` say not
   ready;
   a peer server unreachable or slow: 503 ServiceNotReady;
+- stored data damaged, missing, or not its own (a ledger file of another cluster's volume,
+  a wrong restore: :class:`~segtxn.ledger.errors.LedgerCorrupted` and its
+  ``LedgerMismatch``, ``LedgerMissing``), met by a call that does not say so itself (a
+  topic delete on a foreign volume): 500 ``PersistenceError`` whose message names the
+  ledger and the file, logged at ERROR once per file and without a traceback (it is a
+  known condition that lasts until an operator acts, not a bug);
 - anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
   message carries an *incident id*; the log has the same id and the traceback. The body never
   has a stack trace.
@@ -53,6 +59,7 @@ from aiohttp import WSCloseCode, web
 from aiohttp.http_exceptions import LineTooLong
 
 from segtxn import tracing
+from segtxn.ledger.errors import LedgerCorrupted, report_once
 from segtxn.metastore import (
     MetadataStoreError,
     SessionExpired,
@@ -219,7 +226,8 @@ STORE_DENIED_MESSAGE = (
 
 
 def translate(e: Exception) -> ServerError | None:
-    """The wire error for a failure that is not a bug, or None."""
+    """The wire error for a failure that is not a bug (see the module docstring), or
+    None."""
     if isinstance(e, StoreFull):
         STORE_FULL_LOG.report(f"{STORE_FULL_MESSAGE}; the store said: {e}")
         return ServerError(ErrorName.METADATA_STORE_FULL, STORE_FULL_MESSAGE)
@@ -229,6 +237,9 @@ def translate(e: Exception) -> ServerError | None:
         return ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
     if isinstance(e, aiohttp.ClientError | TimeoutError):
         return ServerError(ErrorName.SERVICE_NOT_READY, f"a peer did not answer: {e!r}")
+    if isinstance(e, LedgerCorrupted):  # (its message names the ledger and the file)
+        report_once(log, e, "refused: stored data is damaged, missing or not its own: %s", e)
+        return ServerError(ErrorName.PERSISTENCE, str(e))
     return None
 
 

@@ -344,7 +344,7 @@ class Publishing:
         elif isinstance(error, ServerError):
             refusal = error
         elif isinstance(error, Exception) and (wire := translate(error)) is not None:
-            refusal = wire  # the store is out or full: not damaged data
+            refusal = wire  # the store is out or full, or the data is damaged: named so
         elif isinstance(error, LedgerError) and error.retriable:  # too few replicas, fenced
             refusal = ServerError(
                 ErrorName.SERVICE_NOT_READY, f"{self.name} could not store the message: {error}"

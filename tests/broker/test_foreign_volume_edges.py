@@ -126,6 +126,52 @@ async def test_loading_a_topic_with_a_foreign_older_ledger_is_refused_by_name(
 
 
 # ---------------------------------------------------------------------------------------
+# 2. A topic delete meeting a foreign file (replaced under a loaded topic here) failed
+#    inside with LedgerMismatch: the admin got an anonymous 500 UnknownError, and the log a
+#    traceback under an incident id, for a known condition.
+
+
+async def test_a_delete_meeting_a_foreign_file_answers_persistence_error(
+    etcd_server: EtcdServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store_url, ours, theirs = await _two_volumes(etcd_server, tmp_path)
+    broker = _broker(store_url, ours)
+    await broker.start()
+    try:
+        async with Client(broker.settings.advertise_url) as client:
+            producer = await client.create_producer(TOPIC)  # loaded: its files were its own
+            await producer.close()
+            foreign = _restore_wrong(ours, theirs, 1)
+            held = foreign.read_bytes()
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG), pytest.raises(PersistenceError) as caught:
+                await client.admin.delete_topic(TOPIC, force=True)
+            said = str(caught.value)
+            assert "ledger 1" in said and str(foreign) in said, said
+            assert "incident" not in said
+            errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert [str(foreign) in r.getMessage() for r in errors] == [True], [
+                r.getMessage() for r in errors
+            ]  # once, and with no traceback (a known condition, not a bug)
+            assert errors[0].exc_info is None
+
+            async with (
+                aiohttp.ClientSession() as http,
+                http.delete(
+                    broker.settings.advertise_url
+                    + "/admin/v2/persistent/acme/foreign/events?force=true"
+                ) as response,
+            ):  # asked again (loading it now refuses it): the same name, documented
+                assert response.status == 500
+                assert (await response.json())["error"] == "PersistenceError"
+
+        assert all(r.exc_info is None for r in caplog.records), "a traceback was logged"
+        assert foreign.read_bytes() == held
+    finally:
+        await broker.stop()
+
+
+# ---------------------------------------------------------------------------------------
 # 3. The retirement sweep logged a foreign file at ERROR every round (every retire_check_s,
 #    until an operator acts): once per file is enough, the later rounds at DEBUG.
 
