@@ -22,11 +22,20 @@ POD_IP = "10.244.0.17"
 
 @pytest.fixture(scope="module")
 def jvm() -> Iterator[Any]:
-    from pyspark import SparkConf
+    """A Spark JVM: the one this process runs already, if any, or one of this module's own.
+
+    One process must not hold two py4j gateways at once: their calls get mixed up (a method
+    "does not exist", an object id of the other JVM). The verification tests' session lives
+    for the whole run, and under pytest-xdist a worker may run them before this module."""
+    from pyspark import SparkConf, SparkContext
     from pyspark.java_gateway import launch_gateway
 
     from segtxn.verify.spark import require_java
 
+    running = SparkContext._gateway
+    if running is not None:
+        yield running.jvm
+        return
     require_java()
     gateway = launch_gateway(SparkConf())  # type: ignore[no-untyped-call]  # pyspark's is untyped
     try:
