@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,8 @@ async def test_a_new_key_and_cluster_token_are_used_together(secure: SecureClust
          "roles.orders-consumer[0]"),
         ("secret", b"short", "at least 32 bytes"),
         ("secret", OTHER_SECRET, "cluster-token"),  # the cluster token no longer verifies
-        ("cluster-token", token(STRANGER), "superusers"),
+        # made when the test runs: a token made at collection could expire before it does
+        ("cluster-token", lambda: token(STRANGER), "superusers"),
     ],
     ids=["not-yaml", "bad-grant", "weak-secret", "key-without-token", "token-not-superuser"],
 )  # fmt: skip
@@ -168,13 +170,13 @@ async def test_a_broken_new_set_is_refused_and_the_old_one_kept(
     secure: SecureCluster,
     caplog: pytest.LogCaptureFixture,
     file: str,
-    content: str | bytes,
+    content: str | bytes | Callable[[], str],
     says: str,
 ) -> None:
     live = _live(secure)
     before = live.current
     with caplog.at_level(logging.WARNING, logger="segtxn.auth.credentials"):
-        _replace(secure.files / file, content)
+        _replace(secure.files / file, content() if callable(content) else content)
         await wait_until(lambda: live.refusals >= 1, what="the refusal")
     assert live.current is before and live.reloads == 0
     lines = [r.getMessage() for r in caplog.records if "refused the new security" in r.getMessage()]
