@@ -53,8 +53,11 @@ lint: $(STAMP)
 	$(BIN)/mypy bench/*.py
 	$(BIN)/lint-imports
 
+# The suite on TEST_WORKERS processes (pytest-xdist), each test file whole on one of them
+# (its module fixtures set up once); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: lint $(HELM) $(CHROMIUM)
-	$(BIN)/pytest
+	$(BIN)/pytest $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # kind-based end-to-end tests: needs docker and kind; skips (and says why) without them.
 e2e: $(STAMP) $(HELM)

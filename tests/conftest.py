@@ -15,7 +15,7 @@ from segtxn.metastore.etcd_server import AutoCompaction, EtcdServer
 from segtxn.metastore.faults import FaultInjector
 from tests.processes import ServerProcess
 
-pytest_plugins = ["tests.cluster"]
+pytest_plugins = ["tests.cluster", "tests.fuzz.tally"]
 
 
 @pytest.fixture(scope="session")

@@ -13,18 +13,17 @@ Knobs (environment):
   one (per class) and write them to FILE as JSON (how the failures in the closing note of
   issue 15 were counted).
 
-At the end of a run pytest prints the cases tried per class (and violations, when surveying).
+At the end of a run pytest prints the cases tried per class (and violations, when surveying):
+see :mod:`tests.fuzz.tally`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -35,44 +34,11 @@ from tests.cluster import Cluster
 from tests.waiting import wait_until
 
 SCALE = max(1, int(os.environ.get("SEGTXN_FUZZ_SCALE", "1")))
-SURVEY = os.environ.get("SEGTXN_FUZZ_SURVEY")
 
 
 def examples(n: int) -> int:
     """``n`` examples, times SEGTXN_FUZZ_SCALE."""
     return n * SCALE
-
-
-@dataclass
-class Tally:
-    """Cases tried and distinct violations, per class (endpoint group or frame type)."""
-
-    tried: Counter[str] = field(default_factory=Counter)
-    violations: dict[str, dict[str, str]] = field(default_factory=dict)
-    """class -> {signature: an example}."""
-
-    def violation(self, kind: str, signature: str, example: str) -> None:
-        """Record a violation; outside a survey, fail the case (hypothesis shrinks it)."""
-        self.violations.setdefault(kind, {}).setdefault(signature, example[:3000])
-        if not SURVEY:
-            raise AssertionError(f"[{kind}] {signature}\n{example[:2000]}")
-
-
-TALLY = Tally()
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not TALLY.tried:
-        return
-    write = terminalreporter.write_line
-    terminalreporter.section("fuzzing: cases tried per class")
-    for kind in sorted(TALLY.tried):
-        found = len(TALLY.violations.get(kind, {}))
-        write(f"{kind:32} {TALLY.tried[kind]:7} cases  {found:3} distinct violations")
-    if SURVEY:
-        with open(SURVEY, "w") as out:
-            json.dump({"tried": TALLY.tried, "violations": TALLY.violations}, out, indent=2)
-        write(f"violations written to {SURVEY}")
 
 
 class ServerLog(logging.Handler):

@@ -53,7 +53,8 @@ from segtxn.protocol.limits import (
     MAX_U64,
 )
 from tests.cluster import Cluster
-from tests.fuzz.conftest import TALLY, Guarded, ServerLog, examples
+from tests.fuzz.conftest import Guarded, ServerLog, examples
+from tests.fuzz.tally import TALLY
 from tests.wsframes import next_frame
 
 KNOWN_ERRORS = {e.value for e in ErrorName} - {

@@ -30,7 +30,8 @@ from segtxn.client import Client
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName
 from tests.cluster import Cluster
-from tests.fuzz.conftest import TALLY, Guarded, ServerLog, examples
+from tests.fuzz.conftest import Guarded, ServerLog, examples
+from tests.fuzz.tally import TALLY
 from tests.fuzz.values import (
     ADD_BODY,
     ANY_VALUE,
