@@ -10,7 +10,6 @@ import logging
 import os
 import uuid
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -24,6 +23,7 @@ from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import ConsumerReady, Error, Flow, Message
 from tests.broker.conftest import StartBroker
+from tests.ledger.foreign import readyz
 from tests.wsframes import next_frame
 
 TOPIC = "persistent://acme/damage/events"
@@ -61,14 +61,6 @@ async def _frames_until_error(ws: aiohttp.ClientWebSocketResponse) -> tuple[list
             return messages, frame
         if isinstance(frame, Message):
             messages.append(frame)
-
-
-async def _readyz(broker: BrokerServer) -> tuple[int, dict[str, Any]]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(broker.settings.advertise_url + "/readyz") as response,
-    ):
-        return response.status, await response.json()
 
 
 async def test_readers_and_consumers_of_a_damaged_closed_ledger_get_an_error_frame(
@@ -138,7 +130,7 @@ async def test_a_broker_on_an_empty_data_directory_refuses_its_topics(
     await first.stop()
 
     wrong = await start_broker(store_url, "b1", empty)
-    status, body = await _readyz(wrong)
+    status, body = await readyz(wrong)
     assert status == 503 and body["ready"] is False
     assert "no ledger files" in body["reason"] and str(empty) in body["reason"]
     assert set(body["refused"]) == {
@@ -161,7 +153,7 @@ async def test_a_broker_on_an_empty_data_directory_refuses_its_topics(
     await wrong.stop()
 
     right = await start_broker(store_url, "b1", volume)
-    assert await _readyz(right) == (200, {"ready": True})
+    assert await readyz(right) == (200, {"ready": True})
     async with Client(right.settings.advertise_url) as client:
         consumer = await client.subscribe(TOPIC, "check", initial_position="earliest")
         got = [(await consumer.receive(timeout_s=10)).value for _ in range(5)]

@@ -18,40 +18,17 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from segtxn.broker.app import BrokerServer
 from segtxn.broker.retire import retire_segments
-from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client, PersistenceError
 from segtxn.ledger import FileLogStorage
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
+from tests.ledger.foreign import broker_on, readyz, restore_wrong
 from tests.topics.test_retire import LATER_MS
 from tests.topics.test_retire_files_edges import FOREIGN, OURS, _split_and_consume
 
 TOPIC = "persistent://acme/foreign/events"
-
-
-def _broker(store_url: str, data_dir: Path) -> BrokerServer:
-    port = free_port()
-    return BrokerServer(
-        BrokerSettings(
-            broker_id="b1",
-            advertise_url=f"http://127.0.0.1:{port}",
-            store_url=store_url,
-            ledger_url=f"file://{data_dir}",
-        ),
-        host="127.0.0.1",
-        port=port,
-    )
-
-
-async def _readyz(broker: BrokerServer) -> tuple[int, dict[str, object]]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(broker.settings.advertise_url + "/readyz") as response,
-    ):
-        return response.status, await response.json()
 
 
 def _refused(body: dict[str, object]) -> set[str]:
@@ -69,7 +46,7 @@ async def _two_volumes(etcd_server: EtcdServer, tmp_path: Path) -> tuple[str, Pa
     prefix = f"/foreign-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     for cluster, volume in (("a", ours), ("b", theirs)):
         for incarnation in range(2):
-            broker = _broker(etcd_server.url(f"{prefix}-{cluster}"), volume)
+            broker = broker_on(etcd_server.url(f"{prefix}-{cluster}"), volume)
             await broker.start()
             try:
                 async with Client(broker.settings.advertise_url) as client:
@@ -80,14 +57,6 @@ async def _two_volumes(etcd_server: EtcdServer, tmp_path: Path) -> tuple[str, Pa
             finally:
                 await broker.stop()
     return etcd_server.url(f"{prefix}-a"), ours, theirs
-
-
-def _restore_wrong(ours: Path, theirs: Path, ledger_id: int) -> Path:
-    """Put cluster b's file of ledger ``ledger_id`` in place of ours (a wrong restore);
-    returns its path."""
-    path = FileLogStorage(ours).path(TOPIC, ledger_id)
-    shutil.copyfile(FileLogStorage(theirs).path(TOPIC, ledger_id), path)
-    return path
 
 
 # ---------------------------------------------------------------------------------------
@@ -101,13 +70,13 @@ async def test_loading_a_topic_with_a_foreign_older_ledger_is_refused_by_name(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
     store_url, ours, theirs = await _two_volumes(etcd_server, tmp_path)
-    foreign = _restore_wrong(ours, theirs, 1)
+    foreign = restore_wrong(ours, theirs, TOPIC, 1)
     held = foreign.read_bytes()
 
-    broker = _broker(store_url, ours)
+    broker = broker_on(store_url, ours)
     await broker.start()
     try:
-        status, body = await _readyz(broker)
+        status, body = await readyz(broker)
         assert status == 503 and _refused(body) == {TOPIC}, body
 
         async with Client(broker.settings.advertise_url) as client:
@@ -117,7 +86,7 @@ async def test_loading_a_topic_with_a_foreign_older_ledger_is_refused_by_name(
                 said = str(caught.value)
                 assert "ledger 1" in said and str(foreign) in said and "nonce" in said
 
-        status, body = await _readyz(broker)  # still not ready for it
+        status, body = await readyz(broker)  # still not ready for it
         assert status == 503 and body["ready"] is False, body
         assert _refused(body) == {TOPIC}, body
         assert foreign.read_bytes() == held  # left as it is
@@ -135,13 +104,13 @@ async def test_a_delete_meeting_a_foreign_file_answers_persistence_error(
     etcd_server: EtcdServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store_url, ours, theirs = await _two_volumes(etcd_server, tmp_path)
-    broker = _broker(store_url, ours)
+    broker = broker_on(store_url, ours)
     await broker.start()
     try:
         async with Client(broker.settings.advertise_url) as client:
             producer = await client.create_producer(TOPIC)  # loaded: its files were its own
             await producer.close()
-            foreign = _restore_wrong(ours, theirs, 1)
+            foreign = restore_wrong(ours, theirs, TOPIC, 1)
             held = foreign.read_bytes()
             caplog.clear()
             with caplog.at_level(logging.DEBUG), pytest.raises(PersistenceError) as caught:

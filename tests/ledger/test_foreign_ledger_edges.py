@@ -9,43 +9,17 @@ independent clusters).
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger, RetentionPolicy
 from segtxn.ledger.errors import LedgerMismatch
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import open_store
 from segtxn.metastore.etcd_server import EtcdServer
+from tests.ledger.foreign import cluster_url, restore_wrong, two_volumes
 
 NAME = "persistent://t/n/foreign"
-
-
-def _cluster_url(etcd_server: EtcdServer, tmp_path: Path, cluster: str) -> str:
-    return etcd_server.url(f"/foreign-{os.getpid()}-{tmp_path.name}-{cluster}")
-
-
-async def _write(store: MetadataStore, root: Path, payloads: list[bytes]) -> None:
-    """``NAME`` with ``payloads``, one ledger each (rolled over after each), cleanly closed."""
-    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(root), LedgerSettings())
-    try:
-        for payload in payloads:
-            await ledger.append(payload)
-            await ledger.roll_over()
-    finally:
-        await ledger.close()
-
-
-async def _foreign_copy(etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore) -> Path:
-    """``NAME`` in ``store`` on ``tmp_path / "ours"`` (ledgers 1 and 2 with an entry each,
-    3 empty) and another cluster's ``NAME`` on ``tmp_path / "theirs"``; returns the path
-    of the other cluster's file of ledger 2."""
-    async with open_store(_cluster_url(etcd_server, tmp_path, "b")) as other:
-        await _write(store, tmp_path / "ours", [b"ours-0", b"ours-1"])
-        await _write(other, tmp_path / "theirs", [b"them-0", b"them-1"])
-    return FileLogStorage(tmp_path / "theirs").path(NAME, 2)
 
 
 # ---------------------------------------------------------------------------------------
@@ -56,19 +30,18 @@ async def _foreign_copy(etcd_server: EtcdServer, tmp_path: Path, store: Metadata
 async def test_opening_refuses_a_foreign_older_ledger_and_names_it(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
-        theirs = await _foreign_copy(etcd_server, tmp_path, store)
-        storage = FileLogStorage(tmp_path / "ours")
-        path = storage.path(NAME, 2)
-        shutil.copyfile(theirs, path)
-        held = sorted(p.read_bytes() for p in (tmp_path / "ours").rglob("*.log"))
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
+        ours, theirs = await two_volumes(etcd_server, tmp_path, store, NAME)
+        path = restore_wrong(ours, theirs, NAME, 2)
+        storage = FileLogStorage(ours)
+        held = sorted(p.read_bytes() for p in ours.rglob("*.log"))
 
         with pytest.raises(LedgerMismatch) as caught:
             await ManagedLedger.open(NAME, store, storage, LedgerSettings())
         assert caught.value.path == str(path)
         assert "ledger 2" in str(caught.value) and "nonce" in str(caught.value)
         # refused before anything was recovered or created: the volume is as it was
-        assert sorted(p.read_bytes() for p in (tmp_path / "ours").rglob("*.log")) == held
+        assert sorted(p.read_bytes() for p in ours.rglob("*.log")) == held
 
 
 # ---------------------------------------------------------------------------------------
@@ -80,13 +53,12 @@ async def test_opening_refuses_a_foreign_older_ledger_and_names_it(
 async def test_retention_says_a_foreign_file_at_error_once(
     etcd_server: EtcdServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
-        theirs = await _foreign_copy(etcd_server, tmp_path, store)
-        storage = FileLogStorage(tmp_path / "ours")
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
+        ours, theirs = await two_volumes(etcd_server, tmp_path, store, NAME)
+        storage = FileLogStorage(ours)
         ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
         try:
-            path = storage.path(NAME, 2)
-            shutil.copyfile(theirs, path)  # a wrong restore, while it is open
+            path = restore_wrong(ours, theirs, NAME, 2)  # while it is open
             await ledger.open_cursor("all", start="latest")  # everything is consumed
             with caplog.at_level(logging.DEBUG):
                 for _ in range(3):

@@ -12,17 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import threading
 import uuid
 from pathlib import Path
 
-import aiohttp
 import msgspec
 import pytest
 
-from segtxn.broker.app import BrokerServer
-from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
 from segtxn.ledger import (
     FileLogStorage,
@@ -37,25 +33,18 @@ from segtxn.ledger.files import FileEntryLog
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.sealed import delete_sealed, read_sealed
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
+from tests.ledger.foreign import (
+    broker_on,
+    cluster_url,
+    readyz,
+    restore_wrong,
+    two_volumes,
+    write_ledgers,
+)
 from tests.waiting import wait_until
 
 NAME = "persistent://t/n/files"
-
-
-def _cluster_url(etcd_server: EtcdServer, tmp_path: Path, cluster: str) -> str:
-    return etcd_server.url(f"/files-{os.getpid()}-{tmp_path.name}-{cluster}")
-
-
-async def _write(store: MetadataStore, root: Path, payloads: list[bytes]) -> None:
-    """``NAME`` with ``payloads``, one ledger each (rolled over after each), cleanly closed."""
-    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(root), LedgerSettings())
-    try:
-        for payload in payloads:
-            await ledger.append(payload)
-            await ledger.roll_over()
-    finally:
-        await ledger.close()
 
 
 def _volume(root: Path) -> dict[Path, bytes]:
@@ -71,13 +60,8 @@ def _volume(root: Path) -> dict[Path, bytes]:
 async def test_the_start_up_check_refuses_another_clusters_files(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
-    async with (
-        open_store(_cluster_url(etcd_server, tmp_path, "a")) as store,
-        open_store(_cluster_url(etcd_server, tmp_path, "b")) as other,
-    ):
-        await _write(store, ours, [b"ours-0", b"ours-1"])
-        await _write(other, theirs, [b"them-0", b"them-1"])
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
+        ours, theirs = await two_volumes(etcd_server, tmp_path, store, NAME)
         before = _volume(theirs)
 
         await check_files(NAME, store, FileLogStorage(ours))  # our own volume passes
@@ -94,28 +78,6 @@ async def test_the_start_up_check_refuses_another_clusters_files(
         assert _volume(theirs) == before  # looked at, not changed
 
 
-def _broker(store_url: str, data_dir: Path) -> BrokerServer:
-    port = free_port()
-    return BrokerServer(
-        BrokerSettings(
-            broker_id="b1",
-            advertise_url=f"http://127.0.0.1:{port}",
-            store_url=store_url,
-            ledger_url=f"file://{data_dir}",
-        ),
-        host="127.0.0.1",
-        port=port,
-    )
-
-
-async def _readyz(broker: BrokerServer) -> tuple[int, dict[str, object]]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(broker.settings.advertise_url + "/readyz") as response,
-    ):
-        return response.status, await response.json()
-
-
 async def test_a_broker_started_on_another_clusters_volume_is_not_ready(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
@@ -123,7 +85,7 @@ async def test_a_broker_started_on_another_clusters_volume_is_not_ready(
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     prefix = f"/files-broker-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     for cluster, volume in (("a", ours), ("b", theirs)):
-        broker = _broker(etcd_server.url(f"{prefix}-{cluster}"), volume)
+        broker = broker_on(etcd_server.url(f"{prefix}-{cluster}"), volume)
         await broker.start()
         try:
             async with Client(broker.settings.advertise_url) as client:
@@ -133,10 +95,10 @@ async def test_a_broker_started_on_another_clusters_volume_is_not_ready(
         finally:
             await broker.stop()
 
-    wrong = _broker(etcd_server.url(f"{prefix}-a"), theirs)  # cluster a on b's volume
+    wrong = broker_on(etcd_server.url(f"{prefix}-a"), theirs)  # cluster a on b's volume
     await wrong.start()
     try:
-        status, body = await _readyz(wrong)
+        status, body = await readyz(wrong)
         assert status == 503 and body["ready"] is False, body
         assert "not this broker's volume" in str(body["reason"])
         refused = body["refused"]
@@ -151,46 +113,30 @@ async def test_a_broker_started_on_another_clusters_volume_is_not_ready(
 #    whoever's they were: another cluster's data (or the only copy of an old one) gone.
 
 
-async def _volumes(etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore) -> None:
-    """``NAME`` in ``store`` on ``tmp_path / "ours"`` (ledgers 1 and 2 with an entry each,
-    3 empty), and another cluster's ``NAME`` on ``tmp_path / "theirs"``."""
-    async with open_store(_cluster_url(etcd_server, tmp_path, "b")) as other:
-        await _write(store, tmp_path / "ours", [b"ours-0", b"ours-1"])
-        await _write(other, tmp_path / "theirs", [b"them-0", b"them-1"])
-
-
-def _restore_wrong(tmp_path: Path, ledger_id: int) -> tuple[FileLogStorage, Path]:
-    """Ledger ``ledger_id``'s file replaced by the other cluster's copy of it (a restore
-    from the wrong backup). Returns our storage and the foreign file's path."""
-    storage = FileLogStorage(tmp_path / "ours")
-    path = storage.path(NAME, ledger_id)
-    shutil.copyfile(FileLogStorage(tmp_path / "theirs").path(NAME, ledger_id), path)
-    return storage, path
-
-
 async def _with_foreign(
     etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore, ledger_id: int
 ) -> tuple[FileLogStorage, Path]:
-    """:func:`_volumes`, then :func:`_restore_wrong`."""
-    await _volumes(etcd_server, tmp_path, store)
-    return _restore_wrong(tmp_path, ledger_id)
+    """:func:`two_volumes`, then :func:`restore_wrong` of ledger ``ledger_id``. Returns our
+    storage and the foreign file's path."""
+    ours, theirs = await two_volumes(etcd_server, tmp_path, store, NAME)
+    return FileLogStorage(ours), restore_wrong(ours, theirs, NAME, ledger_id)
 
 
 async def _open_with_foreign(
     etcd_server: EtcdServer, tmp_path: Path, store: MetadataStore, ledger_id: int
 ) -> tuple[ManagedLedger, FileLogStorage, Path]:
-    """:func:`_volumes`, ``NAME`` opened (opening refuses a foreign file: it checks every
-    one), then :func:`_restore_wrong` while it is open."""
-    await _volumes(etcd_server, tmp_path, store)
-    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(tmp_path / "ours"))
-    storage, path = _restore_wrong(tmp_path, ledger_id)
-    return ledger, storage, path
+    """:func:`two_volumes`, ``NAME`` opened (opening refuses a foreign file: it checks every
+    one), then :func:`restore_wrong` of ledger ``ledger_id`` while it is open."""
+    ours, theirs = await two_volumes(etcd_server, tmp_path, store, NAME)
+    storage = FileLogStorage(ours)
+    ledger = await ManagedLedger.open(NAME, store, storage)
+    return ledger, storage, restore_wrong(ours, theirs, NAME, ledger_id)
 
 
 async def test_a_trim_stops_at_a_foreign_file_and_leaves_it(
     etcd_server: EtcdServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
         ledger, storage, foreign = await _open_with_foreign(etcd_server, tmp_path, store, 2)
         held = foreign.read_bytes()
         try:
@@ -211,7 +157,7 @@ async def test_a_trim_stops_at_a_foreign_file_and_leaves_it(
 async def test_deleting_a_managed_ledger_with_a_foreign_file_deletes_nothing(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
         ledger, _, foreign = await _open_with_foreign(etcd_server, tmp_path, store, 1)
         before = _volume(tmp_path / "ours")
         with pytest.raises(LedgerMismatch, match="ledger 1") as caught:
@@ -228,18 +174,19 @@ async def test_deleting_a_sealed_ledger_with_a_foreign_file_deletes_nothing(
 ) -> None:
     """A retired segment's delete (segtxn/broker/retire.py) opens nothing: no recovery
     would have noticed."""
-    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
-        await _volumes(etcd_server, tmp_path, store)
-        ledger = await ManagedLedger.open(NAME, store, FileLogStorage(tmp_path / "ours"))
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
+        ours, theirs = await two_volumes(etcd_server, tmp_path, store, NAME)
+        storage = FileLogStorage(ours)
+        ledger = await ManagedLedger.open(NAME, store, storage)
         await ledger.terminate()
         await ledger.close()
-        storage, _ = _restore_wrong(tmp_path, 1)
-        before = _volume(tmp_path / "ours")
+        restore_wrong(ours, theirs, NAME, 1)
+        before = _volume(ours)
         sealed = await read_sealed(store, NAME, max_persisted_ranges=10)
         assert sealed is not None
         with pytest.raises(LedgerMismatch, match="ledger 1"):
             await delete_sealed(store, storage, sealed)
-        assert _volume(tmp_path / "ours") == before
+        assert _volume(ours) == before
         assert await store.get(metadata_key(NAME)) is not None
 
 
@@ -248,7 +195,7 @@ async def test_a_trim_of_ledgers_recorded_without_a_nonce_deletes_as_before(
 ) -> None:
     """Records written before ``LedgerInfo.nonce`` was kept say nothing to check against:
     their files are deleted as they always were."""
-    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
         storage, foreign = await _with_foreign(etcd_server, tmp_path, store, 1)
         key = metadata_key(NAME)
         record = await store.get(key)
@@ -275,7 +222,7 @@ async def test_a_trim_of_ledgers_recorded_without_a_nonce_deletes_as_before(
 async def test_a_foreign_closed_ledger_is_refused_the_same_way_every_time(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
         ledger, _, foreign = await _open_with_foreign(etcd_server, tmp_path, store, 1)
         try:
             refusals = []
@@ -296,7 +243,7 @@ async def test_a_closed_ledger_whose_file_went_is_missing_every_time(
     store: MetadataStore, tmp_path: Path
 ) -> None:
     storage = FileLogStorage(tmp_path)
-    await _write(store, tmp_path, [b"e0", b"e1"])
+    await write_ledgers(store, tmp_path, NAME, [b"e0", b"e1"])
     ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
     try:
         path = storage.path(NAME, 1)

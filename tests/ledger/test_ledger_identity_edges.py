@@ -10,8 +10,6 @@ for two independent clusters).
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import threading
 from pathlib import Path
 
@@ -24,24 +22,10 @@ from segtxn.ledger.files import FileEntryLog
 from segtxn.ledger.metadata import decode, metadata_key
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer
+from tests.ledger.foreign import cluster_url, restore_wrong, two_volumes, write_ledgers
 from tests.waiting import wait_until
 
 NAME = "persistent://t/n/identity"
-
-
-def _cluster_url(etcd_server: EtcdServer, tmp_path: Path, cluster: str) -> str:
-    return etcd_server.url(f"/identity-{os.getpid()}-{tmp_path.name}-{cluster}")
-
-
-async def _write(store: MetadataStore, root: Path, payloads: list[bytes]) -> None:
-    """``NAME`` with ``payloads``, one ledger each (rolled over after each), cleanly closed."""
-    ledger = await ManagedLedger.open(NAME, store, FileLogStorage(root), LedgerSettings())
-    try:
-        for payload in payloads:
-            await ledger.append(payload)
-            await ledger.roll_over()
-    finally:
-        await ledger.close()
 
 
 # ---------------------------------------------------------------------------------------
@@ -53,13 +37,8 @@ async def _write(store: MetadataStore, root: Path, payloads: list[bytes]) -> Non
 async def test_another_clusters_volume_is_refused_not_served(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
-    async with (
-        open_store(_cluster_url(etcd_server, tmp_path, "a")) as store,
-        open_store(_cluster_url(etcd_server, tmp_path, "b")) as other,
-    ):
-        await _write(store, ours, [b"ours-0", b"ours-1"])
-        await _write(other, theirs, [b"them-0", b"them-1"])
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
+        _, theirs = await two_volumes(etcd_server, tmp_path, store, NAME)
         before = sorted(p.read_bytes() for p in theirs.rglob("*.log"))
 
         # the wrong volume is mounted: recovery of the last ledger finds a foreign file
@@ -77,19 +56,13 @@ async def test_another_clusters_volume_is_refused_not_served(
 async def test_a_foreign_closed_ledger_is_refused_when_read(
     etcd_server: EtcdServer, tmp_path: Path
 ) -> None:
-    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
-    async with (
-        open_store(_cluster_url(etcd_server, tmp_path, "a")) as store,
-        open_store(_cluster_url(etcd_server, tmp_path, "b")) as other,
-    ):
-        await _write(store, ours, [b"ours-0", b"ours-1"])
-        await _write(other, theirs, [b"them-0", b"them-1"])
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
+        ours, theirs = await two_volumes(etcd_server, tmp_path, store, NAME)
         storage = FileLogStorage(ours)
         ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
         # a restore put another cluster's copy of ledger 1 in place of ours, while it was
         # open (opening it so refuses it whole: tests/ledger/test_foreign_ledger_edges.py)
-        path = storage.path(NAME, 1)
-        shutil.copyfile(FileLogStorage(theirs).path(NAME, 1), path)
+        path = restore_wrong(ours, theirs, NAME, 1)
         foreign = path.read_bytes()
         try:
             with pytest.raises(LedgerMismatch, match="ledger 1"):
@@ -106,8 +79,8 @@ async def test_ledgers_recorded_before_their_nonce_was_kept_are_served(
 ) -> None:
     """Backward compatibility: a record written before ``LedgerInfo.nonce`` existed (no
     such field) opens and serves as it did."""
-    async with open_store(_cluster_url(etcd_server, tmp_path, "a")) as store:
-        await _write(store, tmp_path, [b"old-0", b"old-1"])
+    async with open_store(cluster_url(etcd_server, tmp_path, "a")) as store:
+        await write_ledgers(store, tmp_path, NAME, [b"old-0", b"old-1"])
         key = metadata_key(NAME)
         record = await store.get(key)
         assert record is not None
