@@ -96,8 +96,24 @@ async def appended(ledger: ManagedLedger, count: int) -> list[Position]:
     return [await ledger.append(b"e%d" % i) for i in range(count)]
 
 
+async def held_after_a_restart(open_ledger: OpenLedger) -> list[Position]:
+    """The positions of the entries ``NAME`` holds when opened again (a restart)."""
+    reopened = await open_ledger()
+    return [e.position for e in await reopened.read(Position(0, 0), max_entries=10)]
+
+
 # ---------------------------------------------------------------------------------------
 # 1. delete_cursor racing open_cursor
+
+
+async def with_a_saved_cursor(open_ledger: OpenLedger) -> tuple[ManagedLedger, list[Position]]:
+    """``NAME`` opened with three entries, and a cursor ``sub`` that acknowledged the first
+    (its record in the store). Returns the ledger and the entries' positions."""
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = await appended(ledger, 3)
+    await cursor.ack([p[0]])
+    return ledger, p
 
 
 async def test_an_open_during_a_delete_ends_as_delete_then_open(
@@ -106,10 +122,7 @@ async def test_an_open_during_a_delete_ends_as_delete_then_open(
     """The delete's store call reaches the store late; an open of the same name meanwhile
     found the record still there and took it up, and then the delete removed it: the
     cursor it returned was open, listed by the ledger, and had no record."""
-    ledger = await open_ledger()
-    cursor = await ledger.open_cursor("sub", start="earliest")
-    p = await appended(ledger, 3)
-    await cursor.ack([p[0]])
+    ledger, p = await with_a_saved_cursor(open_ledger)
     held = faults(store).hold("txn", key_prefix=CURSORS_PREFIX, before=True)  # the delete
     deleting = asyncio.create_task(ledger.delete_cursor("sub"))
     await held.wait_for(1)
@@ -139,10 +152,7 @@ async def test_a_delete_during_an_open_ends_as_open_then_delete(
     reading its record answers late; a delete meanwhile removed the record and the ledger's
     entry, and then the open listed the cursor it built from the record it had read: open
     in memory, with no record."""
-    ledger = await open_ledger()
-    cursor = await ledger.open_cursor("sub", start="earliest")
-    p = await appended(ledger, 3)
-    await cursor.ack([p[0]])
+    ledger, _ = await with_a_saved_cursor(open_ledger)
     injected = faults(store)
     injected.fail("txn", key_prefix=CURSORS_PREFIX)
     with pytest.raises(StoreUnavailable):
@@ -300,9 +310,9 @@ async def test_an_append_after_a_rollover_of_unknown_outcome_is_never_lost(
     with contextlib.suppress(LedgerFenced):  # (before: its clean close found the rollover)
         await ledger.close()
 
-    reopened = await open_ledger()
-    stored = await reopened.read(Position(0, 0), max_entries=10)
-    assert acknowledged == [e.position for e in stored], "an acknowledged append was lost"
+    assert acknowledged == await held_after_a_restart(open_ledger), (
+        "an acknowledged append was lost"
+    )
     assert len(told) == 1
 
 
@@ -324,9 +334,7 @@ async def test_a_rollover_known_not_to_have_landed_lets_appends_go_on(
     assert not told
     await ledger.close()
 
-    reopened = await open_ledger()
-    stored = await reopened.read(Position(0, 0), max_entries=10)
-    assert acknowledged == [e.position for e in stored]
+    assert acknowledged == await held_after_a_restart(open_ledger)
 
 
 async def test_an_append_waiting_for_a_rollover_of_unknown_outcome_is_refused(
@@ -351,9 +359,7 @@ async def test_an_append_waiting_for_a_rollover_of_unknown_outcome_is_refused(
         acknowledged.append(await waiting)
     await ledger.close()
 
-    reopened = await open_ledger()
-    stored = await reopened.read(Position(0, 0), max_entries=10)
-    assert acknowledged == [e.position for e in stored]
+    assert acknowledged == await held_after_a_restart(open_ledger)
 
 
 # ---------------------------------------------------------------------------------------
