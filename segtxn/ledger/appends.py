@@ -41,7 +41,13 @@ from segtxn.ledger.errors import (
     WriteFailed,
     full_disk_is_retriable,
 )
-from segtxn.ledger.fencing import OutcomeUnknown, TriedWrites, cas_put, own_landed_write
+from segtxn.ledger.fencing import (
+    NotLanded,
+    OutcomeUnknown,
+    TriedWrites,
+    cas_put,
+    own_landed_write,
+)
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import (
     LedgerInfo,
@@ -234,6 +240,8 @@ class LedgerAppends(LedgerReads):
 
         Raises:
             LedgerFenced: another owner changed the record.
+            NotLanded: the store could not be reached; the change did not land, and never
+                will (the version it now expects is the record's new one).
             StoreUnavailable: the store cannot be reached (the write may have landed: the
                 next change, or a cursor's save, finds out).
         """
@@ -252,6 +260,10 @@ class LedgerAppends(LedgerReads):
                     if not await self._take_up_own_write():
                         raise
                     continue
+                except NotLanded as e:  # no try since the last known CAS can land now
+                    self._tried.clear()
+                    self._version = e.version
+                    raise
                 self._tried.clear()
                 self._meta, self._version = meta, version
                 return meta

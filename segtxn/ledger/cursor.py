@@ -30,7 +30,13 @@ import msgspec
 
 from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.errors import LedgerClosed, LedgerFenced
-from segtxn.ledger.fencing import OwnerChanged, TriedWrites, cas_put_owned, own_landed_write
+from segtxn.ledger.fencing import (
+    NotLanded,
+    OwnerChanged,
+    TriedWrites,
+    cas_put_owned,
+    own_landed_write,
+)
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
@@ -237,6 +243,10 @@ class ManagedCursor:
                 except LedgerFenced:
                     if not await self._took_up_own_write():
                         raise
+                except NotLanded as e:  # no try since the last completed save can land now
+                    self._tried.clear()
+                    self._version = e.version
+                    raise
         finally:
             self._saving = None
         self._tried.clear()

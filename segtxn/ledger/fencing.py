@@ -3,8 +3,13 @@
 A CAS whose reply is lost (``StoreUnavailable``) may or may not have landed. Guessing
 wrong either way is bad: assuming it failed makes the next CAS use a stale version and
 report a fencing that never happened; assuming it succeeded may lose the change. So the
-record is read back: our bytes at a new version mean it landed; the old version means it
-did not (the caller may retry); anything else means another owner wrote it.
+record is read back: our bytes at a new version mean it landed; anything but the old
+version means another owner wrote it. The old version does not mean it did not land: on
+etcd a write whose call failed may still be queued, and be applied after the read-back
+(a rollover taken as failed would then close the ledger that appends went on into, at its
+earlier count). So the record's own value is written back over it on that version, which
+the late write can no longer match (``NotLanded``: now certain; the caller goes on from
+the new version). This costs a write only after a failed one.
 
 When the read-back is lost too, the outcome stays unknown (``OutcomeUnknown``: a rollover
 stops the ledger's appends until it is reopened), and the writer's next CAS finds
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import deque
+from collections.abc import Sequence
 from typing import cast
 
 from segtxn.ledger.errors import LedgerFenced
@@ -95,13 +101,59 @@ async def _read_back(store: MetadataStore, key: str) -> Record | None:
         raise OutcomeUnknown(f"{key}: a write may have landed or not ({e})") from e
 
 
+class OwnerChanged(LedgerFenced):
+    """The ledger's own metadata record moved on since the write was planned (its owner, or
+    another one, changed it): see :func:`cas_put_owned`."""
+
+
+class NotLanded(StoreUnavailable):
+    """A compare-and-set whose answer was lost, now certain never to land. The record was
+    read back unchanged, but on etcd a write whose call failed may still be queued and
+    applied later; so the record's own value was written back over it (a CAS on the same
+    version), which the lost write, if it comes, fails to match. The record, unchanged,
+    is now at :attr:`version`: the writer goes on from there."""
+
+    def __init__(self, message: str, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+async def _close_the_door(
+    store: MetadataStore, key: str, value: bytes, unchanged: Record, checks: Sequence[Op] = ()
+) -> int:
+    """After a CAS of ``value`` whose answer was lost found ``key`` still ``unchanged``:
+    write the record's own value back on that version (with ``checks``), so that the lost
+    write can never land; raise :class:`NotLanded`. If something landed first, return
+    the version of ours, or raise ``LedgerFenced`` for another owner's (``OwnerChanged``
+    when the ``checks`` failed and the record is still as found).
+
+    Raises:
+        NotLanded: the write did not land and never will.
+        OutcomeUnknown: the store could not be reached again: the write may land or not.
+    """
+    ops = [*checks, Put(key, unchanged.value, expected_version=unchanged.version)]
+    try:
+        written = cast(Record, (await store.commit(ops))[-1])
+    except (BadVersion, NotFound) as e:
+        current = await _read_back(store, key)
+        if current is not None and current.value == value and current.version > unchanged.version:
+            return current.version  # ours landed just before
+        failed_key = getattr(e, "key", None)
+        if current is not None and current.version == unchanged.version and failed_key != key:
+            raise OwnerChanged(f"{failed_key}: changed since the write was planned") from e
+        raise LedgerFenced(f"{key}: changed by another owner") from e
+    except StoreUnavailable as e:
+        raise OutcomeUnknown(f"{key}: a write may have landed or not ({e})") from e
+    raise NotLanded(f"{key}: a write's answer was lost; it did not land", written.version)
+
+
 async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version: int) -> int:
     """Write ``value`` if ``key`` is still at ``expected_version``; return the new version.
 
     Raises:
         LedgerFenced: someone else changed the record.
-        StoreUnavailable: the store cannot be reached; the write did not land (it was
-            read back at ``expected_version``).
+        NotLanded: the store could not be reached; the write did not land and never will
+            (the record, unchanged, is at a new version: see the class).
         OutcomeUnknown: the store cannot be reached, nor the record read back: the write
             may have landed or not (the caller must allow for both).
     """
@@ -115,13 +167,8 @@ async def cas_put(store: MetadataStore, key: str, value: bytes, expected_version
         if current is not None and current.value == value and current.version > expected_version:
             return current.version
         if current is not None and current.version == expected_version:
-            raise
+            return await _close_the_door(store, key, value, current)
         raise LedgerFenced(f"{key}: changed by another owner") from None
-
-
-class OwnerChanged(LedgerFenced):
-    """The ledger's own metadata record moved on since the write was planned (its owner, or
-    another one, changed it): see :func:`cas_put_owned`."""
 
 
 async def cas_put_owned(
@@ -142,8 +189,8 @@ async def cas_put_owned(
         OwnerChanged: the metadata record changed (the caller may check whether it was its
             own change, and try again with the new version).
         LedgerFenced: someone else changed the record.
-        StoreUnavailable: the store cannot be reached; the write did not land (it was
-            read back at ``expected_version``).
+        NotLanded: the store could not be reached; the write did not land and never will
+            (the record, unchanged, is at a new version: see the class).
         OutcomeUnknown: the store cannot be reached, nor the record read back: the write
             may have landed or not (the caller must allow for both).
     """
@@ -163,5 +210,6 @@ async def cas_put_owned(
         if current is not None and current.value == value and current.version > expected_version:
             return current.version
         if current is not None and current.version == expected_version:
-            raise
+            owner = Check(owner_key, owner_version)
+            return await _close_the_door(store, key, value, current, [owner])
         raise LedgerFenced(f"{key}: changed by another owner") from None

@@ -7,6 +7,9 @@ Wrap any engine (``open_store(url, wrap=FaultInjector)``) and then, while the sy
 - :meth:`FaultInjector.delay` makes chosen operations slow;
 - :meth:`FaultInjector.hold` parks the answers of chosen operations until the test lets
   them go, in the order it picks (an interleaving made on purpose, not hoped for);
+- :meth:`FaultInjector.apply_late` fails chosen writes to their callers at once and
+  applies them when the test lets them go (an etcd proposal still queued when the
+  client's call gave up);
 - :meth:`FaultInjector.count` counts chosen operations from now on (how many store calls
   an action cost);
 - :meth:`FaultInjector.drop_watches` breaks every open watch stream (multiplexed ones
@@ -47,14 +50,11 @@ from segtxn.metastore.engine import (
     WatchStream,
 )
 from segtxn.metastore.errors import MetadataStoreError, StoreUnavailable
+from segtxn.metastore.fault_holds import Hold, Late, _Call
 
 OPERATIONS = frozenset(
     {"range", "txn", "watch", "current_revision", "lease_grant", "lease_keepalive", "lease_revoke"}
 )
-
-
-_Call = asyncio.Future[None]
-"""One held call: its answer goes on once this is done."""
 
 
 @dataclass
@@ -64,63 +64,6 @@ class Tally:
     operation: str
     key_prefix: bytes | None
     calls: int = 0
-
-
-class Hold:
-    """The answers (or, ``before``, the calls) parked by one :meth:`FaultInjector.hold`.
-    Operations are numbered in the order they were *called* (from 0), whatever order the
-    backend answers in."""
-
-    def __init__(
-        self, operation: str, key_prefix: bytes | None, times: int | None, before: bool
-    ) -> None:
-        self.operation = operation
-        self.key_prefix = key_prefix
-        self.times = times
-        self.before = before
-        """Park the call before the backend applies it, not its answer after."""
-        self._calls: list[_Call] = []
-        self._parked = 0
-        self._arrival = asyncio.Event()
-
-    @property
-    def parked(self) -> int:
-        """How many answers are (or were) parked so far."""
-        return self._parked
-
-    async def wait_for(self, count: int, *, timeout_s: float = 10.0) -> None:
-        """Return once ``count`` answers are parked.
-
-        Raises:
-            TimeoutError: fewer were parked within ``timeout_s``.
-        """
-        async with asyncio.timeout(timeout_s):
-            while self._parked < count:
-                self._arrival.clear()
-                await self._arrival.wait()
-
-    def release(self, *calls: int) -> None:
-        """Let the answers of ``calls`` (call numbers) go on, in the order given; with no
-        number, every call so far, in call order. The callers resume in that order."""
-        for call in calls or range(len(self._calls)):
-            if not self._calls[call].done():
-                self._calls[call].set_result(None)
-
-    def _claim(self, operation: str, keys: Sequence[bytes]) -> _Call | None:
-        if operation != self.operation or self.times == 0:
-            return None
-        if self.key_prefix is not None and not any(k.startswith(self.key_prefix) for k in keys):
-            return None
-        if self.times is not None:
-            self.times -= 1
-        call: _Call = asyncio.get_running_loop().create_future()
-        self._calls.append(call)
-        return call
-
-    async def _park(self, call: _Call) -> None:
-        self._parked += 1
-        self._arrival.set()
-        await call
 
 
 @dataclass
@@ -183,6 +126,7 @@ class FaultInjector(Engine):
         self.inner = inner
         self._rules: list[_Rule] = []
         self._holds: list[Hold] = []
+        self._lates: list[Late] = []
         self._tallies: list[Tally] = []
         self._links: set[_Link[Sequence[RawEvent]] | _Link[WatchReply]] = set()
         self._drops = 0
@@ -257,6 +201,17 @@ class FaultInjector(Engine):
         self._holds.append(hold)
         return hold
 
+    def apply_late(self, *, key_prefix: str | bytes | None = None, times: int | None = 1) -> Late:
+        """Make ``txn`` calls (touching a key under ``key_prefix``) raise
+        ``StoreUnavailable`` at once, unapplied, and apply each when the returned
+        :class:`Late` releases it: a write whose client call failed (deadline exceeded, a
+        dropped connection) though etcd still held it, to apply after the caller looked.
+        The test must release them (:meth:`Late.applied`) before it ends."""
+        prefix = key_prefix.encode() if isinstance(key_prefix, str) else key_prefix
+        late = Late(prefix, times)
+        self._lates.append(late)
+        return late
+
     def count(self, operation: str, *, key_prefix: str | bytes | None = None) -> Tally:
         """Count the calls of ``operation`` (touching a key under ``key_prefix``, when
         given) from now on, in the returned :class:`Tally` (``clear`` does not stop it)."""
@@ -270,6 +225,7 @@ class FaultInjector(Engine):
     def clear(self) -> None:
         self._rules.clear()
         self._holds.clear()
+        self._lates.clear()
 
     @property
     def open_watches(self) -> int:
@@ -376,6 +332,10 @@ class FaultInjector(Engine):
         keys = [c.key if isinstance(c, ModEquals) else c.lo for c in compares]
         keys += [op.key for op in success if isinstance(op, PutOp | DeleteOp | GetOp)]
         await self._inject("txn", keys)
+        for late in self._lates:
+            if late._take(keys, lambda: self.inner.txn(compares, success, failure)):
+                self.injected += 1
+                raise StoreUnavailable("injected: the call failed; the write is applied later")
         claimed = self._claim("txn", keys)
         await self._park(claimed, before=True)
         result = await self.inner.txn(compares, success, failure)
