@@ -25,6 +25,7 @@ from segtxn.ledger.cursor import CURSORS_PREFIX
 from segtxn.ledger.fencing import NotLanded, OutcomeUnknown, OwnerChanged, cas_put, cas_put_owned
 from segtxn.ledger.metadata import METADATA_PREFIX
 from segtxn.metastore import MetadataStore, StoreUnavailable
+from segtxn.metastore.faults import FaultInjector
 from tests.conftest import faults as injector_of
 from tests.conftest import store as both_backends
 
@@ -45,10 +46,10 @@ async def opened(store: MetadataStore, storage: LogStorage) -> AsyncIterator[lis
 
 
 async def test_a_cas_put_reported_not_landed_never_lands_later(
-    store: MetadataStore, faults: object
+    store: MetadataStore, faults: FaultInjector
 ) -> None:
     before = await store.put(KEY, b"old")
-    late = faults.apply_late(key_prefix=KEY)  # type: ignore[attr-defined]
+    late = faults.apply_late(key_prefix=KEY)
     with pytest.raises(StoreUnavailable) as failed:
         await cas_put(store, KEY, b"new", before.version)
     assert not isinstance(failed.value, OutcomeUnknown)  # reported as not landed
@@ -62,11 +63,11 @@ async def test_a_cas_put_reported_not_landed_never_lands_later(
 
 
 async def test_a_cas_put_owned_reported_not_landed_never_lands_later(
-    store: MetadataStore, faults: object
+    store: MetadataStore, faults: FaultInjector
 ) -> None:
     owner = await store.put(OWNER, b"meta")
     before = await store.put(KEY, b"old")
-    late = faults.apply_late(key_prefix=KEY)  # type: ignore[attr-defined]
+    late = faults.apply_late(key_prefix=KEY)
     with pytest.raises(StoreUnavailable) as failed:
         await cas_put_owned(
             store, KEY, b"new", before.version, owner_key=OWNER, owner_version=owner.version
@@ -81,13 +82,13 @@ async def test_a_cas_put_owned_reported_not_landed_never_lands_later(
 
 
 async def test_a_write_landing_between_read_back_and_door_is_taken_as_landed(
-    store: MetadataStore, faults: object
+    store: MetadataStore, faults: FaultInjector
 ) -> None:
     """The read-back found the record unchanged, then the late write landed: writing the
     old value back fails its compare, and the record holds ours: landed after all."""
     before = await store.put(KEY, b"old")
-    late = faults.apply_late(key_prefix=KEY)  # type: ignore[attr-defined]
-    held = faults.hold("range", key_prefix=KEY)  # type: ignore[attr-defined]
+    late = faults.apply_late(key_prefix=KEY)
+    held = faults.hold("range", key_prefix=KEY)
     writing = asyncio.create_task(cas_put(store, KEY, b"new", before.version))
     await held.wait_for(1)  # the read-back read the record unchanged; its answer waits
     await late.applied()
@@ -99,15 +100,15 @@ async def test_a_write_landing_between_read_back_and_door_is_taken_as_landed(
 
 
 async def test_a_cas_put_owned_whose_owner_changed_meanwhile_is_owner_changed(
-    store: MetadataStore, faults: object
+    store: MetadataStore, faults: FaultInjector
 ) -> None:
     """The record is still as it was, the owner record moved on before the door closed:
     the late write's own check fails for ever, so it did not land; the writer checks whose
     change that was, as after any ``OwnerChanged``."""
     owner = await store.put(OWNER, b"meta")
     before = await store.put(KEY, b"old")
-    late = faults.apply_late(key_prefix=KEY)  # type: ignore[attr-defined]
-    held = faults.hold("range", key_prefix=KEY)  # type: ignore[attr-defined]
+    late = faults.apply_late(key_prefix=KEY)
+    held = faults.hold("range", key_prefix=KEY)
     writing = asyncio.create_task(
         cas_put_owned(
             store, KEY, b"new", before.version, owner_key=OWNER, owner_version=owner.version
@@ -124,13 +125,13 @@ async def test_a_cas_put_owned_whose_owner_changed_meanwhile_is_owner_changed(
 
 
 async def test_a_cursor_goes_on_saving_after_a_save_that_did_not_land(
-    store: MetadataStore, storage: LogStorage, faults: object, opened: list[ManagedLedger]
+    store: MetadataStore, storage: LogStorage, faults: FaultInjector, opened: list[ManagedLedger]
 ) -> None:
     ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
     opened.append(ledger)
     cursor = await ledger.open_cursor("sub", start="earliest")
     p = [await ledger.append(b"a%d" % i) for i in range(3)]
-    late = faults.apply_late(key_prefix=CURSORS_PREFIX)  # type: ignore[attr-defined]
+    late = faults.apply_late(key_prefix=CURSORS_PREFIX)
     with pytest.raises(StoreUnavailable):
         await cursor.ack([p[0]])
     await late.applied()
@@ -143,12 +144,12 @@ async def test_a_cursor_goes_on_saving_after_a_save_that_did_not_land(
 
 
 async def test_appends_after_a_rollover_that_landed_late_are_kept(
-    store: MetadataStore, storage: LogStorage, faults: object, opened: list[ManagedLedger]
+    store: MetadataStore, storage: LogStorage, faults: FaultInjector, opened: list[ManagedLedger]
 ) -> None:
     ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
     opened.append(ledger)
     acked = [await ledger.append(b"a%d" % i) for i in range(2)]
-    late = faults.apply_late(key_prefix=METADATA_PREFIX)  # type: ignore[attr-defined]
+    late = faults.apply_late(key_prefix=METADATA_PREFIX)
     with pytest.raises(StoreUnavailable):
         await ledger.roll_over()  # reported as not landed: appends go on in this ledger
     acked += [await ledger.append(b"b%d" % i) for i in range(2)]
