@@ -454,7 +454,13 @@ class BrokerService:
         return last
 
     async def delete_data(self, name: TopicName, topic: Topic) -> None:
-        """Delete a loaded topic's or segment's data here (its clients are hung up on)."""
+        """Delete a loaded topic's or segment's data here (its clients are hung up on).
+
+        Its ledger's files are checked first: a deletion refused by one that is not its own
+        (``LedgerMismatch``, a foreign volume) leaves the topic served and its clients
+        connected, rather than cut them off for a deletion that deleted nothing.
+        """
+        await topic.ledger.check_deletable()
         self.topics.pop(name, None)
         await topic.disconnect_clients()
         await topic.delete()

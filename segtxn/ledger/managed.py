@@ -42,7 +42,7 @@ from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix, rest
 from segtxn.ledger.errors import LedgerClosed, WriteFailed, full_disk_is_retriable, report_once
 from segtxn.ledger.fencing import TriedWrites
 from segtxn.ledger.handles import LogHandles
-from segtxn.ledger.identity import delete_chain, own_prefix
+from segtxn.ledger.identity import check_identities, delete_chain, own_prefix
 from segtxn.ledger.logs import EntryLog, LogStorage, Placement
 from segtxn.ledger.metadata import (
     METADATA_PREFIX,
@@ -440,6 +440,16 @@ class ManagedLedger(LedgerAppends):
             await self._writer.close()
             await self._logs.close()
             self._notify()
+
+    async def check_deletable(self) -> None:
+        """Check, changing nothing, that :meth:`delete` would not refuse this ledger's files:
+        a caller that must let go of what uses the ledger before deleting it (a topic hangs
+        up on its clients) checks first, so a refusal leaves it all as it was.
+
+        Raises:
+            LedgerMismatch: as :meth:`delete`.
+        """
+        await asyncio.to_thread(check_identities, self.name, self._storage, self._meta.ledgers)
 
     async def delete(self) -> None:
         """Close the ledger and delete it: its logs, cursors and metadata. Irreversible.

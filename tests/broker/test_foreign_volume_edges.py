@@ -130,7 +130,7 @@ async def test_a_delete_meeting_a_foreign_file_answers_persistence_error(
                     broker.settings.advertise_url
                     + "/admin/v2/persistent/acme/foreign/events?force=true"
                 ) as response,
-            ):  # asked again (loading it now refuses it): the same name, documented
+            ):  # asked again (still served, and refused again): the same name, documented
                 assert response.status == 500
                 assert (await response.json())["error"] == "PersistenceError"
 
@@ -166,3 +166,32 @@ async def test_the_retirement_sweep_says_a_foreign_file_at_error_once(
         (r.levelname, r.getMessage()) for r in said
     ]
     assert sum(r.levelno == logging.DEBUG for r in said) == 2, [r.getMessage() for r in said]
+
+
+# ---------------------------------------------------------------------------------------
+# 4. A forced delete refused by a foreign file had already taken the topic out of the
+#    broker's topics and hung up on its clients before the ledger's delete found the file:
+#    nothing was deleted, but its producers and consumers were cut off for nothing.
+
+
+async def test_a_refused_forced_delete_leaves_the_topic_served(
+    etcd_server: EtcdServer, tmp_path: Path
+) -> None:
+    store_url, ours, theirs = await _two_volumes(etcd_server, tmp_path)
+    broker = broker_on(store_url, ours)
+    await broker.start()
+    try:
+        async with Client(broker.settings.advertise_url) as client:
+            producer = await client.create_producer(TOPIC)  # loaded: its files were its own
+            name = TopicName.parse(TOPIC)
+            topic = broker.service.topics[name]
+            restore_wrong(ours, theirs, TOPIC, 1)
+            with pytest.raises(PersistenceError):
+                await client.admin.delete_topic(TOPIC, force=True)
+
+            assert broker.service.topics.get(name) is topic, "the topic was let go"
+            assert topic.busy(), "its producer was hung up on"
+            await producer.send(b"still served")
+            await producer.close()
+    finally:
+        await broker.stop()
