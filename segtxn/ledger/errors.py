@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+from collections import OrderedDict
 from collections.abc import Iterator
 
 
@@ -72,9 +73,14 @@ class LedgerMismatch(LedgerCorrupted):
         self.found = found
 
 
-_REPORTED: set[str] = set()
+REPORTED_LIMIT = 256
+"""How many refusals :func:`report_once` remembers: a few hundred distinct damaged or
+foreign files at once is already far more than an operator reads one by one."""
+
+_REPORTED: OrderedDict[str, None] = OrderedDict()
 """The refusals :func:`report_once` logged at ERROR in this process, by message (one per
-damaged or foreign file: the message names it and what was found)."""
+damaged or foreign file: the message names it and what was found), least recently said
+first, at most ``REPORTED_LIMIT``."""
 
 
 def report_once(logger: logging.Logger, error: LedgerCorrupted, what: str, *args: object) -> None:
@@ -83,12 +89,19 @@ def report_once(logger: logging.Logger, error: LedgerCorrupted, what: str, *args
 
     Damaged or foreign data lasts until an operator acts, and what runs into it runs again
     (retention rounds, the retirement sweep, requests): one ERROR line says it; one each
-    round would bury the other lines. Never with a traceback: the message says it all."""
+    round would bury the other lines. Never with a traceback: the message says it all.
+
+    Only the ``REPORTED_LIMIT`` most recently said messages are remembered, so a process
+    meeting ever new ones keeps a bounded memory: a message forgotten (not said while that
+    many others were) is said at ERROR once more when it comes again."""
     key = str(error)
     if key in _REPORTED:
+        _REPORTED.move_to_end(key)
         logger.debug(what + " (said before)", *args)
         return
-    _REPORTED.add(key)
+    _REPORTED[key] = None
+    if len(_REPORTED) > REPORTED_LIMIT:
+        _REPORTED.popitem(last=False)
     logger.error(what, *args)
 
 
