@@ -6,9 +6,11 @@ registration is deleted or taken behind its back is not ready until it holds it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -206,10 +208,39 @@ async def test_the_cli_refuses_a_duplicate_broker_id(
         assert await registered_url(meta) == first.url
 
 
+async def hold_lease(
+    store: MetadataStore,
+    lease_id: int,
+    until: Callable[[], bool],
+    *,
+    every_s: float,
+    limit_s: float,
+) -> None:
+    """Keep the lease ``lease_id`` (a killed process's) alive, renewing it every ``every_s``,
+    until ``until()`` holds, checked before each renewal: no renewal is sent once it has been
+    seen to hold, so from then on the lease lives at most one TTL more (plus one renewal's
+    latency), as it would had its holder died then.
+
+    Raises:
+        AssertionError: the lease was gone, or ``until()`` did not hold within ``limit_s``.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not until():
+        assert loop.time() < deadline, f"not so within {limit_s} s"
+        assert await store.engine.lease_keepalive(lease_id) > 0, f"lease {lease_id:#x} gone"
+        with contextlib.suppress(AssertionError):  # (wait_until's time-out: renew again)
+            await wait_until(until, timeout=every_s)
+
+
 async def test_a_sigkilled_broker_restarts_with_its_id(
     store_url: str, tmp_path: Path, started: list[ServerProcess]
 ) -> None:
-    ttl = 6.0  # longer than a process start-up on a busy machine
+    """Restarted at once, the broker finds its old registration (its killed session's) and
+    waits for it to go, then takes its id. The test holds the killed session's lease until
+    the restarted process says it waits: a process start-up on a loaded machine took longer
+    than the TTL, the registration had expired already, and there was nothing to wait for."""
+    ttl = 6.0
     server = processes.broker(
         store_url, tmp_path / "d1", "x1", session_ttl=ttl, log=tmp_path / "x1.log"
     )
@@ -218,10 +249,17 @@ async def test_a_sigkilled_broker_restarts_with_its_id(
     await server.ready()
     server.kill()
     async with open_store(store_url) as meta:
-        assert await registered_url(meta) == server.url  # left behind, for a TTL
-    server.start()  # at once
-    await server.ready(limit_s=grace_s(ttl) + 15)  # the wait, plus a process start-up
-    assert "waiting up to" in server.log_text()
+        record, info, _ = await Catalog(meta).broker_record("x1")
+        assert record is not None and info is not None and info.url == server.url  # left behind
+        server.start()  # at once
+        await hold_lease(
+            meta,
+            record.session_id,
+            lambda: "waiting up to" in server.log_text(),
+            every_s=ttl / 3,
+            limit_s=60,  # a process start-up on a loaded machine
+        )
+    await server.ready(limit_s=grace_s(ttl) + 15)  # the wait, then the rest of a start-up
     assert "already registered" not in server.log_text()
 
 
