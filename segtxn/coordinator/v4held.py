@@ -10,10 +10,9 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from segtxn.coordinator.retry import Retry
+from segtxn.coordinator.retry import Retry, expected
 from segtxn.coordinator.txnlog import TxnLog, TxnMeta
-from segtxn.ledger import LedgerError
-from segtxn.metastore import Leadership, MetadataStoreError
+from segtxn.metastore import Leadership
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +48,23 @@ class HeldLog:
     async def compact(self) -> None:
         """Compact the log while it is due: again at once if what arrived during one
         compaction is enough for the next. A failure leaves the log correct; the next
-        append retries."""
+        append retries. Any failure is counted and logged here (an unexpected one at ERROR
+        with its traceback, as :func:`~segtxn.coordinator.retry.log_failure` does): nobody
+        awaits this task, so an error let through would end it unseen ("Task exception was
+        never retrieved", at best)."""
         while self.log.due and not self.leadership.lost.is_set():
             try:
                 done, dropped = await self.log.compact()
-            except (LedgerError, MetadataStoreError) as e:
+            except Exception as e:
                 self.counters["log_compaction_failures"] += 1
-                log.warning("v4 transaction log %s: compaction failed: %s", self.log.ledger.name, e)
+                ok = expected(e)
+                log.log(
+                    logging.WARNING if ok else logging.ERROR,
+                    "v4 transaction log %s: compaction failed: %s: %s; the next append "
+                    "starts another",
+                    self.log.ledger.name, type(e).__name__, e,
+                    exc_info=not ok,
+                )  # fmt: skip
                 return
             self.counters["log_compactions"] += 1
             self.counters["log_trimmed_ledgers"] += done.trimmed_ledgers

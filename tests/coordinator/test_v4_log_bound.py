@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import time
@@ -208,6 +209,48 @@ async def test_a_failed_compaction_is_retried_and_loses_nothing(tmp_path: Path) 
         assert {n for n, m in recovered.items() if m.state not in FINAL} == opened
     finally:
         await successor.stop()
+        await store.close()
+
+
+async def test_a_compaction_failing_unexpectedly_is_logged_and_the_next_append_retries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log's ledger fails a compaction's roll-over once with an error that is no ledger's
+    or store's (a bug): it is counted and logged at ERROR with its traceback, and the
+    compaction the next append starts succeeds. Only ledger and store errors were caught:
+    this one ended the compaction's task, uncounted, with asyncio's "Task exception was
+    never retrieved" at best."""
+    store = open_store("memory://")
+    v4 = CoordinatorV4(store, settings(tmp_path, 20))
+    await v4.start()
+    try:
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held")
+        held = v4.held[0]
+        ledger = held.log.ledger
+        real = ledger.roll_over
+        failed = asyncio.Event()
+
+        async def roll_over_failing_once() -> object:
+            if not failed.is_set():
+                failed.set()
+                raise RuntimeError("injected bug")
+            return await real()
+
+        monkeypatch.setattr(ledger, "roll_over", roll_over_failing_once)
+        opened = {(await v4.new_txn(timeout_s=3600))[0].least for _ in range(3)}
+        for _ in range(24):  # 72 entries: past 20 several times
+            txn, _ = await v4.new_txn()
+            await v4.end_txn(txn, TxnAction.COMMIT)
+        await wait_until(lambda: not held.log.compacting, what="compactions done")
+        assert failed.is_set()
+        assert v4.counters["log_compaction_failures"] == 1
+        assert v4.counters["log_compactions"] >= 1
+        said = [r for r in caplog.records if "injected bug" in r.getMessage()]
+        assert [(r.levelno, r.exc_info is not None) for r in said] == [(logging.ERROR, True)]
+        assert {n for n, m in held.txns.items() if m.state not in FINAL} == opened
+        assert held.log.entries < 3 + 3 * 24  # trimmed
+    finally:
+        await v4.stop()
         await store.close()
 
 
