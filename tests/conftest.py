@@ -7,15 +7,25 @@ import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
+import segtxn
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import AutoCompaction, EtcdServer
 from segtxn.metastore.faults import FaultInjector
 from tests.processes import ServerProcess
 
 pytest_plugins = ["tests.cluster", "tests.fuzz.tally"]
+
+# Every process the suite starts (servers, the CLI, processors, Spark's Python workers) runs
+# the segtxn this process imports: the venv's scripts would import the tree the venv was
+# installed from, which is another checkout when one venv serves two (a git worktree).
+_TREE = str(Path(segtxn.__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [_TREE, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _TREE)]
+)
 
 
 @pytest.fixture(scope="session")
