@@ -264,6 +264,10 @@ class LedgerAppends(LedgerReads):
                     self._tried.clear()
                     self._version = e.version
                     raise
+                except OutcomeUnknown as e:  # the door write, its old state, may land too
+                    if e.written_back is not None:
+                        self._tried.add(e.written_back)
+                    raise
                 self._tried.clear()
                 self._meta, self._version = meta, version
                 return meta

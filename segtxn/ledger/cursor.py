@@ -32,6 +32,7 @@ from segtxn.ledger.chain import LedgerChain
 from segtxn.ledger.errors import LedgerClosed, LedgerFenced
 from segtxn.ledger.fencing import (
     NotLanded,
+    OutcomeUnknown,
     OwnerChanged,
     TriedWrites,
     cas_put_owned,
@@ -246,6 +247,10 @@ class ManagedCursor:
                 except NotLanded as e:  # no try since the last completed save can land now
                     self._tried.clear()
                     self._version = e.version
+                    raise
+                except OutcomeUnknown as e:  # the door write, its old state, may land too
+                    if e.written_back is not None:
+                        self._tried.add(e.written_back)
                     raise
         finally:
             self._saving = None

@@ -16,7 +16,9 @@ stops the ledger's appends until it is reopened), and the writer's next CAS find
 the record a version ahead if it landed. So each writer (a cursor, a managed ledger) keeps
 the values it tried since its last write known to land (:class:`TriedWrites`): a record
 found holding one of them is its own write (:func:`own_landed_write`), taken up and built
-on; any other value is another owner's, a fencing as ever.
+on; any other value is another owner's, a fencing as ever. A door-closing write whose own
+answer is lost may land too (the record as it was, at a later version): the writer adds
+that value (``OutcomeUnknown.written_back``) to its tried values, so it is known again.
 """
 
 from __future__ import annotations
@@ -89,9 +91,19 @@ async def own_landed_write(
 
 
 class OutcomeUnknown(StoreUnavailable):
-    """A compare-and-set whose answer was lost, and so was reading the record back: it may
-    have landed or not. A writer whose state in memory depends on the answer (a rollover
-    names the ledger appends go to) cannot go on until it knows."""
+    """A compare-and-set whose answer was lost, and so was reading the record back (or
+    closing the door on it): it may have landed or not. A writer whose state in memory
+    depends on the answer (a rollover names the ledger appends go to) cannot go on until it
+    knows.
+
+    :attr:`written_back` is the record's own value when the write that closes the door
+    (see :class:`NotLanded`) was the one whose answer was lost: it may land too, leaving the
+    record as it was at a later version. The writer adds it to its :class:`TriedWrites`, so
+    that its next CAS, finding it there, takes it for its own write, not another owner's."""
+
+    def __init__(self, message: str, *, written_back: bytes | None = None) -> None:
+        super().__init__(message)
+        self.written_back = written_back
 
 
 async def _read_back(store: MetadataStore, key: str) -> Record | None:
@@ -129,7 +141,8 @@ async def _close_the_door(
 
     Raises:
         NotLanded: the write did not land and never will.
-        OutcomeUnknown: the store could not be reached again: the write may land or not.
+        OutcomeUnknown: the store could not be reached again: the write may land or not,
+            and so may the door write (its ``written_back``) if that was the one lost.
     """
     ops = [*checks, Put(key, unchanged.value, expected_version=unchanged.version)]
     try:
@@ -143,7 +156,9 @@ async def _close_the_door(
             raise OwnerChanged(f"{failed_key}: changed since the write was planned") from e
         raise LedgerFenced(f"{key}: changed by another owner") from e
     except StoreUnavailable as e:
-        raise OutcomeUnknown(f"{key}: a write may have landed or not ({e})") from e
+        raise OutcomeUnknown(
+            f"{key}: a write may have landed or not ({e})", written_back=unchanged.value
+        ) from e
     raise NotLanded(f"{key}: a write's answer was lost; it did not land", written.version)
 
 

@@ -5,7 +5,9 @@ queued as a proposal and applied after the writer read the record back and found
 unchanged. ``cas_put`` / ``cas_put_owned`` took that read-back for "did not land"; the
 write then landed late. For a rollover: appends went on into the current ledger and were
 acknowledged, the late record closed that ledger at its earlier count, and the appends
-after that count were lost when the ledger was reopened.
+after that count were lost when the ledger was reopened. And when the write that closes
+the door on it (the record's own value, written back) had its answer lost too and landed,
+the writer's next write took its own old value at a later version for another owner's.
 
 Real components: the store on both backends (memory, the session's etcd), wrapped by the
 fault injector, whose ``apply_late`` fails a write to its caller and applies it when the
@@ -18,13 +20,15 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 
 from segtxn.ledger import LedgerFenced, LedgerSettings, LogStorage, ManagedLedger, Position
 from segtxn.ledger.cursor import CURSORS_PREFIX
 from segtxn.ledger.fencing import NotLanded, OutcomeUnknown, OwnerChanged, cas_put, cas_put_owned
-from segtxn.ledger.metadata import METADATA_PREFIX
+from segtxn.ledger.metadata import METADATA_PREFIX, decode, encode, metadata_key
 from segtxn.metastore import MetadataStore, StoreUnavailable
+from segtxn.metastore.fault_holds import Late
 from segtxn.metastore.faults import FaultInjector
 from tests.conftest import faults as injector_of
 from tests.conftest import store as both_backends
@@ -169,3 +173,79 @@ async def test_appends_after_a_rollover_that_landed_late_are_kept(
     assert held == acked, "acknowledged appends were lost"
     assert fenced is None
     assert reopened.properties == {"k": "v"}
+
+
+def _lose_write_and_door(faults: FaultInjector, prefix: str) -> tuple[Late, Late]:
+    """The next write under ``prefix`` and the door-closing write after it both fail to
+    their caller; release the door first (it lands), then the write (it fails its compare)."""
+    return faults.apply_late(key_prefix=prefix), faults.apply_late(key_prefix=prefix)
+
+
+async def _door_lands_first(lost: Late, door: Late) -> None:
+    assert (lost.taken, door.taken) == (1, 1)
+    await door.applied()
+    await lost.applied()
+
+
+async def test_a_cursor_goes_on_saving_after_its_door_write_landed_unseen(
+    store: MetadataStore, storage: LogStorage, faults: FaultInjector, opened: list[ManagedLedger]
+) -> None:
+    """The save's answer was lost, the read-back found the record unchanged, and the write
+    of its own value back (closing the door) had its answer lost too but landed: the record
+    holds the cursor's last saved state at a later version, which is its own write."""
+    ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+    opened.append(ledger)
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = [await ledger.append(b"a%d" % i) for i in range(3)]
+    lost, door = _lose_write_and_door(faults, CURSORS_PREFIX)
+    with pytest.raises(OutcomeUnknown):
+        await cursor.ack([p[0]])
+    await _door_lands_first(lost, door)
+    await cursor.ack([p[1]])  # not fenced: the state found is its own
+    await ledger.close()
+
+    reopened = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+    opened.append(reopened)
+    assert reopened.cursors["sub"].mark_delete == p[1]
+
+
+async def test_a_ledger_goes_on_after_its_door_write_landed_unseen(
+    store: MetadataStore, storage: LogStorage, faults: FaultInjector, opened: list[ManagedLedger]
+) -> None:
+    ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+    opened.append(ledger)
+    lost, door = _lose_write_and_door(faults, METADATA_PREFIX)
+    with pytest.raises(OutcomeUnknown):
+        await ledger.update_properties({"k": "lost"})
+    await _door_lands_first(lost, door)
+    await ledger.update_properties({"k": "v"})  # not fenced: the state found is its own
+    acked = await ledger.append(b"after")
+    await ledger.close()
+
+    reopened = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+    opened.append(reopened)
+    assert reopened.properties == {"k": "v"}
+    assert [e.position for e in await reopened.read(acked, max_entries=1)] == [acked]
+
+
+async def test_another_owners_change_after_a_door_write_landed_unseen_is_a_fencing(
+    store: MetadataStore, storage: LogStorage, faults: FaultInjector
+) -> None:
+    """Only the writer's own values are taken up: another owner's change of the record
+    after the door write landed fences the writer as ever."""
+    ledger = await ManagedLedger.open(NAME, store, storage, LedgerSettings())
+    lost, door = _lose_write_and_door(faults, METADATA_PREFIX)
+    with pytest.raises(OutcomeUnknown):
+        await ledger.update_properties({"k": "lost"})
+    await _door_lands_first(lost, door)
+    key = metadata_key(NAME)
+    found = await store.get(key)
+    assert found is not None
+    theirs = msgspec.structs.replace(decode(found.value), properties={"owner": "other"})
+    await store.put(key, encode(theirs), expected_version=found.version)
+    try:
+        with pytest.raises(LedgerFenced):
+            await ledger.update_properties({"k": "v"})
+    finally:
+        with contextlib.suppress(LedgerFenced):
+            await ledger.close()
