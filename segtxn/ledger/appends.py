@@ -260,13 +260,9 @@ class LedgerAppends(LedgerReads):
                     if not await self._take_up_own_write():
                         raise
                     continue
-                except NotLanded as e:  # no try since the last known CAS can land now
-                    self._tried.clear()
-                    self._version = e.version
-                    raise
-                except OutcomeUnknown as e:  # the door write, its old state, may land too
-                    if e.written_back is not None:
-                        self._tried.add(e.written_back)
+                except (NotLanded, OutcomeUnknown) as e:
+                    if (version_now := self._tried.failed(e)) is not None:
+                        self._version = version_now
                     raise
                 self._tried.clear()
                 self._meta, self._version = meta, version

@@ -244,13 +244,9 @@ class ManagedCursor:
                 except LedgerFenced:
                     if not await self._took_up_own_write():
                         raise
-                except NotLanded as e:  # no try since the last completed save can land now
-                    self._tried.clear()
-                    self._version = e.version
-                    raise
-                except OutcomeUnknown as e:  # the door write, its old state, may land too
-                    if e.written_back is not None:
-                        self._tried.add(e.written_back)
+                except (NotLanded, OutcomeUnknown) as e:
+                    if (version_now := self._tried.failed(e)) is not None:
+                        self._version = version_now
                     raise
         finally:
             self._saving = None

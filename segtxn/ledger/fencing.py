@@ -70,6 +70,18 @@ class TriedWrites:
     def __contains__(self, value: object) -> bool:
         return isinstance(value, bytes) and self._digest(value) in self._digests
 
+    def failed(self, error: NotLanded | OutcomeUnknown) -> int | None:
+        """Take in what a failed compare-and-set tells: after :class:`NotLanded` no state
+        tried can land any more (forgotten), and the record's version to go on from is
+        returned; after :class:`OutcomeUnknown` the door write's state, if there was one,
+        may land too (remembered), and None is returned (the version is not known)."""
+        if isinstance(error, NotLanded):
+            self.clear()
+            return error.version
+        if error.written_back is not None:
+            self.add(error.written_back)
+        return None
+
 
 async def own_landed_write(
     store: MetadataStore, key: str, version: int, tried: TriedWrites
