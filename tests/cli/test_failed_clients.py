@@ -144,5 +144,8 @@ async def test_consume_goes_on_through_failed_acknowledgments(cluster: Cluster) 
     async with Client(cluster.url) as client:  # the failed acks took effect (docs/protocol.md)
         stats = await client.admin.stats(topic)
     assert stats["segments"][0]["stats"]["subscriptions"]["sub"]["backlog"] == 0
-    assert re.search(r"received 20 messages.*; 3 acknowledgments failed: those messages may "
-                     r"be delivered again", result.stdout), result.stdout  # fmt: skip
+    # Three store writes fail. A failed save whose record reads back unchanged writes it back
+    # to close the door on a late landing (docs/ledger.md), and that write may be the one
+    # failing: three failures fail two or three acknowledgments.
+    assert re.search(r"received 20 messages.*; [23] acknowledgments failed: those messages "
+                     r"may be delivered again", result.stdout), result.stdout  # fmt: skip
