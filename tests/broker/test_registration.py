@@ -28,8 +28,11 @@ from tests import processes
 from tests.processes import ServerProcess
 from tests.waiting import wait_until
 
-TTL_S = 1.0
-"""The brokers' session TTL here (etcd grants at least 2 s)."""
+TTL_S = 10.0
+"""The brokers' session TTL here, unless a test lets a session expire on purpose: long
+enough that a busy machine does not expire one by itself (with 1 s, etcd granting 2 s, a CI
+run on two loaded cores expired a session mid-test, and the broker registered again past
+the moment the test was making)."""
 
 
 def broker(
