@@ -456,11 +456,13 @@ class BrokerService:
     async def delete_data(self, name: TopicName, topic: Topic) -> None:
         """Delete a loaded topic's or segment's data here (its clients are hung up on).
 
-        Its ledger's files are checked first: a deletion refused by one that is not its own
-        (``LedgerMismatch``, a foreign volume) leaves the topic served and its clients
-        connected, rather than cut them off for a deletion that deleted nothing.
+        Every file it would delete is checked first (its ledger's and its v4 pending-ack
+        logs': :meth:`Topic.check_deletable`): a deletion refused by one that is not its own
+        (``LedgerMismatch``, a foreign volume) leaves the topic served, its clients
+        connected and its subscriptions' state whole, rather than cut them off and delete
+        part of it for a deletion that cannot finish.
         """
-        await topic.ledger.check_deletable()
+        await topic.check_deletable()
         self.topics.pop(name, None)
         await topic.disconnect_clients()
         await topic.delete()

@@ -241,6 +241,7 @@ class Topic:
         if subscription is not None and subscription.consumers:
             raise ServerError(ErrorName.CONSUMER_BUSY, f"subscription {name!r} has consumers")
         if subscription is not None:
+            await subscription.pending_acks.check_deletable()  # before it is closed
             await subscription.close()
             del self.subscriptions[name]
             await subscription.pending_acks.deleted()
@@ -326,6 +327,21 @@ class Topic:
             and not self.readers
             and self.buffer.max_read_position == self.ledger.last_confirmed
         )
+
+    async def check_deletable(self) -> None:
+        """Check, changing nothing, that :meth:`delete` would not be refused for a file that
+        is not the topic's: its ledger's and every subscription's v4 pending-ack log's (the
+        files it deletes). A caller that hangs up on the topic's clients before deleting it
+        checks first, so that a refusal leaves the topic served, its clients connected and
+        every subscription's state (open transactions' acks) as it was.
+
+        Raises:
+            LedgerMismatch: naming the first foreign file found.
+            MetadataStoreError: a pending-ack log's metadata could not be read.
+        """
+        await self.ledger.check_deletable()
+        for subscription in self.subscriptions.values():
+            await subscription.pending_acks.check_deletable()
 
     async def delete(self) -> None:
         """Delete the topic's data, subscriptions (with their v4 pending-ack logs),

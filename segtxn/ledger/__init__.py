@@ -21,7 +21,7 @@ from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.ledger.metadata import METADATA_PREFIX, LedgerSettings
 from segtxn.ledger.position import Entry, Position
 from segtxn.ledger.registry import open_log_storage
-from segtxn.ledger.reopen import check_files, movable
+from segtxn.ledger.reopen import check_deletable, check_files, movable
 from segtxn.ledger.retention import RetentionPolicy, TrimResult
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "TrimResult",
     "Truncation",
     "WriteFailed",
+    "check_deletable",
     "check_files",
     "movable",
     "open_log_storage",

@@ -131,6 +131,21 @@ async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> N
         await asyncio.to_thread(check_identities, name, storage, meta.ledgers)
 
 
+async def check_deletable(name: str, store: MetadataStore, storage: LogStorage) -> None:
+    """Check, opening and changing nothing, that deleting the managed ledger ``name`` (not
+    open here) would not be refused for a file that is not its own: what
+    :meth:`ManagedLedger.check_deletable` checks of an open one. Missing files and a ledger
+    with no metadata pass (deleting them deletes nothing).
+
+    Raises:
+        LedgerMismatch: as :func:`check_identities`.
+    """
+    record = await store.get(metadata_key(name))
+    if record is not None:
+        meta = decode(record.value)
+        await asyncio.to_thread(check_identities, name, storage, meta.ledgers)
+
+
 async def movable(name: str, store: MetadataStore) -> bool:
     """Whether any broker could open ``name``: every ledger it holds is replicated (or it
     has none yet), so none of them lives on one broker's disk alone."""

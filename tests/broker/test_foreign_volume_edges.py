@@ -19,8 +19,11 @@ import aiohttp
 import pytest
 
 from segtxn.broker.retire import retire_segments
-from segtxn.client import Client, PersistenceError
+from segtxn.broker.txn.pending_ack_log import pending_ack_log
+from segtxn.client import Client, Consumer, PersistenceError
 from segtxn.ledger import FileLogStorage
+from segtxn.ledger.metadata import decode, metadata_key
+from segtxn.metastore import MetadataStore
 from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
@@ -195,3 +198,94 @@ async def test_a_refused_forced_delete_leaves_the_topic_served(
             await producer.close()
     finally:
         await broker.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# 5. The check before a forced delete covered the topic's own ledger only, not the v4
+#    pending-ack logs that the delete deletes first: a foreign file in one of them was found
+#    after the clients were hung up on, the topic let go, and the logs of the subscriptions
+#    before it deleted (their open transactions' acks lost). Deleting one subscription
+#    likewise closed it and let it go before its log's delete was refused.
+
+V4_TOPIC = "persistent://acme/foreign/acked"
+
+
+async def _acked_in_a_transaction(client: Client, subscription: str) -> Consumer:
+    """A consumer of ``V4_TOPIC`` on ``subscription`` that acknowledged its first message in
+    a transaction left open: the subscription's pending-ack log holds that ack."""
+    consumer = await client.subscribe(
+        V4_TOPIC, subscription, initial_position="earliest", subscription_type="Shared"
+    )
+    message = await consumer.receive(timeout_s=10)
+    await consumer.acknowledge(message, txn=client.transaction())
+    return consumer
+
+
+async def _ledger_ids(store: MetadataStore, name: str) -> list[int]:
+    record = await store.get(metadata_key(name))
+    assert record is not None, f"{name} has no metadata"
+    return [info.id for info in decode(record.value).ledgers]
+
+
+async def _one_log_foreign(cluster: Cluster, client: Client) -> tuple[list[Consumer], Path]:
+    """``V4_TOPIC`` with a message and two subscriptions, ``a-kept`` and ``z-foreign``, each
+    holding its ack in an open transaction, and the file of ``z-foreign``'s pending-ack log
+    replaced by another ledger's (its nonce: a restore gone wrong). Returns their consumers
+    and the foreign file."""
+    storage = cluster.broker.service.storage
+    assert isinstance(storage, FileLogStorage)
+    await client.admin.create_topic(V4_TOPIC)
+    producer = await client.create_producer(V4_TOPIC)
+    await producer.send(b"m0")
+    await producer.close()
+    consumers = [await _acked_in_a_transaction(client, s) for s in ("a-kept", "z-foreign")]
+    kept = pending_ack_log(V4_TOPIC, "a-kept")
+    log_ = pending_ack_log(V4_TOPIC, "z-foreign")
+    foreign = storage.path(log_, (await _ledger_ids(cluster.store, log_))[0])
+    shutil.copyfile(storage.path(kept, (await _ledger_ids(cluster.store, kept))[0]), foreign)
+    return consumers, foreign
+
+
+async def test_a_forced_delete_checks_the_pending_ack_logs_before_cutting_anything_off(
+    cluster: Cluster,
+) -> None:
+    service = cluster.broker.service
+    async with Client(cluster.url) as client:
+        consumers, foreign = await _one_log_foreign(cluster, client)
+        kept = pending_ack_log(V4_TOPIC, "a-kept")
+        kept_ids = await _ledger_ids(cluster.store, kept)
+        name = TopicName.parse(V4_TOPIC)
+        topic = service.topics[name]
+
+        with pytest.raises(PersistenceError) as caught:
+            await client.admin.delete_topic(V4_TOPIC, force=True)
+        assert str(foreign) in str(caught.value), caught.value
+
+        assert service.topics.get(name) is topic, "the topic was let go"
+        assert topic.busy(), "its clients were hung up on"
+        assert await _ledger_ids(cluster.store, kept) == kept_ids, "a log was deleted"
+        assert topic.subscriptions["a-kept"].pending_acks.transactions(), "an ack was dropped"
+        producer = await client.create_producer(V4_TOPIC)
+        await producer.send(b"still served")
+        for consumer in consumers:
+            assert (await consumer.receive(timeout_s=10)).value == b"still served"
+
+
+async def test_deleting_a_subscription_checks_its_pending_ack_log_before_closing_it(
+    cluster: Cluster,
+) -> None:
+    async with Client(cluster.url) as client:
+        consumers, foreign = await _one_log_foreign(cluster, client)
+        await consumers[1].close()
+        topic = cluster.broker.service.topics[TopicName.parse(V4_TOPIC)]
+        subscription = topic.subscriptions["z-foreign"]
+
+        with pytest.raises(PersistenceError) as caught:
+            await client.admin.delete_subscription(V4_TOPIC, "z-foreign")
+        assert str(foreign) in str(caught.value), caught.value
+
+        # still there, still holding its open transaction's ack (its message is not
+        # delivered again while that transaction may commit it)
+        assert topic.subscriptions.get("z-foreign") is subscription, "it was let go"
+        assert subscription.pending_acks.transactions(), "its open transaction's ack was dropped"
+        assert "z-foreign" in await client.admin.subscriptions(V4_TOPIC)

@@ -49,6 +49,7 @@ from segtxn.ledger import (
     ManagedCursor,
     ManagedLedger,
     Position,
+    check_deletable,
 )
 from segtxn.ledger.compacted import CompactedLog
 from segtxn.ledger.managed import metadata_key
@@ -297,6 +298,15 @@ class MLPendingAckStore(ReservingPendingAckStore):
             self._keep_unsaved(txn, individual)
         for txn in self.transactions():  # ended by its coordinator, or by the checks' sweep
             self._checks.recovered(txn, self)
+
+    async def check_deletable(self) -> None:
+        """The log's files are its own (:meth:`deleted` would not be refused for one).
+
+        Raises:
+            LedgerMismatch: naming the first foreign file; nothing was changed.
+            MetadataStoreError: the log's metadata could not be read.
+        """
+        await check_deletable(self._name, self._store, self._storage)
 
     async def deleted(self) -> None:
         """Delete the log (see the module docstring), opened here if need be; idempotent.
