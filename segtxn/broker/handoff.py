@@ -25,6 +25,11 @@ the next one reopens it here or is sent where it lives now (:func:`write_failed`
 broker that lost its registration lets go of what is no longer provably its own
 (:mod:`segtxn.broker.fencing`); and sealed topics left idle are unloaded
 (:func:`unload_idle`), loaded again on their next use.
+
+**An unload wins over a load** of the same topic (:meth:`BrokerService.unload`): while it
+runs, a client is told to retry rather than load a second instance beside the one being
+closed (:func:`check_not_leaving`), and a load in flight is let go as it ends
+(:func:`check_not_unloaded`), never served after the unload.
 """
 
 from __future__ import annotations
@@ -128,6 +133,44 @@ async def check_still_home(service: BrokerService, topic: Topic) -> None:
         await let_go(topic)
         raise ServerError(
             ErrorName.SERVICE_NOT_READY, f"{topic.name} moved while it was loading; try again"
+        )
+
+
+def check_not_leaving(service: BrokerService, name: TopicName) -> None:
+    """Refuse to load ``name`` while it leaves this broker: moved by a drain, or being
+    unloaded (:meth:`BrokerService.unload`), so that a load never opens its ledger beside
+    the instance being closed. The client is told to retry, and finds it loaded again here
+    or where it lives then.
+
+    Raises:
+        ServerError: ServiceNotReady.
+    """
+    if name in service.moving:
+        raise ServerError(
+            ErrorName.SERVICE_NOT_READY, f"{name} is moving to another broker; try again"
+        )
+    if service.is_unloading(name):
+        raise ServerError(
+            ErrorName.SERVICE_NOT_READY,
+            f"{name} is being unloaded from broker {service.broker_id}; try again",
+        )
+
+
+async def check_not_unloaded(service: BrokerService, topic: Topic) -> None:
+    """Called when ``topic`` has just loaded, before it is served: an unload that began
+    while it was loading waits for this load, and wins (the topic is let go). Between this
+    check and the caller's ``topics[name] = topic`` nothing yields, so an unload that starts
+    later finds it in the broker's topics.
+
+    Raises:
+        ServerError: ServiceNotReady, it is being unloaded (the topic is let go).
+    """
+    if service.is_unloading(topic.name):
+        await let_go(topic)
+        raise ServerError(
+            ErrorName.SERVICE_NOT_READY,
+            f"{topic.name} was unloaded from broker {service.broker_id} while it was "
+            "loading; try again",
         )
 
 

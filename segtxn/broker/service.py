@@ -94,6 +94,9 @@ class BrokerService:
         """Topics being unloaded because their ledger stopped taking appends."""
         self.moving: set[TopicName] = set()
         """Topics being handed to another broker (a drain): clients are told to retry."""
+        self._unloading: dict[TopicName, int] = {}
+        """Topics being unloaded (:meth:`unload`), and by how many calls: clients are told
+        to retry, and a load in flight is let go (:mod:`segtxn.broker.handoff`)."""
         self.registration = Registration(
             self.catalog,
             settings.broker_id,
@@ -315,15 +318,9 @@ class BrokerService:
                 f"{name} is a scalable topic: produce and consume through its segments "
                 "(the segtxn client does this for you)",
             )
-        if name in self.moving:
-            raise ServerError(
-                ErrorName.SERVICE_NOT_READY, f"{name} is moving to another broker; try again"
-            )
+        handoff.check_not_leaving(self, name)
         await self.check_home(name)
-        if name in self.moving:  # it began to move or retire while the home was read
-            raise ServerError(
-                ErrorName.SERVICE_NOT_READY, f"{name} is moving to another broker; try again"
-            )
+        handoff.check_not_leaving(self, name)  # it began to leave while the home was read
         topic = self.topics.get(name)  # loaded meanwhile by a call that read the home first:
         if topic is not None:  # a second load would serve the same subscriptions twice
             return topic
@@ -392,6 +389,7 @@ class BrokerService:
             if refused is not None:  # fenced while it was loading
                 await handoff.let_go(topic)
                 raise refused
+            await handoff.check_not_unloaded(self, topic)  # (no yield after it: see there)
         except LedgerCorrupted as e:
             raise ServerError(ErrorName.PERSISTENCE, self.refuse(name, e)) from e
         except LedgerError as e:  # a full disk, too few replicas (retriable): a WARNING each
@@ -420,15 +418,32 @@ class BrokerService:
         return topic
 
     async def unload(self, name: TopicName) -> None:
-        """Unload ``name`` if it is loaded here (a drain's move, an idle unload): its
-        producers and consumers are hung up on first, so none keeps a link to the closed
-        topic (they look it up again and reconnect where it lives then: here, loading it
-        again, or its new home), then it is closed, cleanly if it still can be (a close
-        that fails is logged; its next load recovers it, as after a crash)."""
-        topic = self.topics.pop(name, None)
-        if topic is not None:
-            await handoff.let_go(topic)
-            log.info("unloaded %s from broker %s", name, self.broker_id)
+        """Unload ``name`` if it is loaded or loading here (a drain's move, an idle unload):
+        its clients are hung up on first, so none keeps a link to the closed topic (they
+        look it up again and reconnect where it lives then), then it is closed, cleanly if
+        it still can be (a failed close is logged; its next load recovers it).
+
+        The unload wins over a load: until it returns, a client asking for ``name`` is told
+        to retry (``ServiceNotReady``) rather than load a second instance beside the one
+        being closed, and a load in flight is waited for and let go, not served after it.
+        """
+        self._unloading[name] = self._unloading.get(name, 0) + 1
+        try:
+            loading = self._loading.get(name)
+            if loading is not None:  # it lets itself go as it ends (handoff.check_not_unloaded)
+                await asyncio.wait([loading])
+            topic = self.topics.pop(name, None)
+            if topic is not None:
+                await handoff.let_go(topic)
+                log.info("unloaded %s from broker %s", name, self.broker_id)
+        finally:
+            left = self._unloading.pop(name) - 1
+            if left:
+                self._unloading[name] = left
+
+    def is_unloading(self, name: TopicName) -> bool:
+        """Whether :meth:`unload` is unloading ``name`` now."""
+        return name in self._unloading
 
     async def seal(self, name: TopicName) -> Position | None:
         """Terminate a persistent topic or a segment (idempotent): no more writes; reads
