@@ -20,10 +20,12 @@ that answer:
   a peer server unreachable or slow: 503 ServiceNotReady;
 - stored data damaged, missing, or not its own (a ledger file of another cluster's volume,
   a wrong restore: :class:`~segtxn.ledger.errors.LedgerCorrupted` and its
-  ``LedgerMismatch``, ``LedgerMissing``), met by a call that does not say so itself (a
-  topic delete on a foreign volume): 500 ``PersistenceError`` whose message names the
-  ledger and the file, logged at ERROR once per file and without a traceback (it is a
-  known condition that lasts until an operator acts, not a bug);
+  ``LedgerMismatch``, ``LedgerMissing``), or a topic's record in the metadata store that
+  does not decode (:class:`~segtxn.topics.model.DamagedRecord`), met by a call that does
+  not say so itself (a topic delete on a foreign volume, a lookup): 500
+  ``PersistenceError`` whose message names the ledger and the file, or the record's key,
+  logged at ERROR once per file or record and without a traceback (it is a known
+  condition that lasts until an operator acts, not a bug);
 - anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
   message carries an *incident id*; the log has the same id and the traceback. The body never
   has a stack trace.
@@ -75,6 +77,7 @@ from segtxn.protocol.limits import (
     MAX_JSON_DEPTH,
     MAX_LINE_BYTES,
 )
+from segtxn.topics.model import DamagedRecord
 
 log = logging.getLogger(__name__)
 STARTED = web.RequestKey("segtxn-started-response", web.StreamResponse)
@@ -237,7 +240,7 @@ def translate(e: Exception) -> ServerError | None:
         return ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
     if isinstance(e, aiohttp.ClientError | TimeoutError):
         return ServerError(ErrorName.SERVICE_NOT_READY, f"a peer did not answer: {e!r}")
-    if isinstance(e, LedgerCorrupted):  # (its message names the ledger and the file)
+    if isinstance(e, LedgerCorrupted | DamagedRecord):  # (its message names the file, the key)
         report_once(log, e, "refused: stored data is damaged, missing or not its own: %s", e)
         return ServerError(ErrorName.PERSISTENCE, str(e))
     return None

@@ -31,7 +31,7 @@ from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import TOPICS, Catalog
 from segtxn.topics.controller import Controller
-from segtxn.topics.model import ScalableTopic, decode_topic
+from segtxn.topics.model import ScalableTopic, read_topic
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ class TopicControllers:
             try:
                 listing = await self._store.list_prefix(TOPICS + "topic/")
                 for record in listing.records:
-                    topic = decode_topic(record.value)
+                    topic = read_topic(record.key, record.value)
                     if not isinstance(topic, ScalableTopic) or topic.pending is None:
                         continue
                     if topic.deleting:  # its deletion stops the change (Controller.finish)

@@ -4,6 +4,13 @@
 segment, or a scalable topic's segments each with its broker's URL. ``/ws/v2/lookup/topic/...``
 (a WebSocket) sends the DAG, then again after every change, until the client leaves (a
 deleted topic closes it). ``GET /lookup/v2/coordinators`` lists the live v5 coordinators.
+
+A version of a topic's record that does not decode (:class:`DamagedRecord`) is stored data
+that is damaged, not a bug: the one-shot lookup answers ``PersistenceError`` naming its key;
+the session sends an error frame saying the same and goes on (the client keeps the DAG it
+has), sending the DAG again once a readable version is written. Ending the session instead
+(1011, an incident) had every client following the topic reconnect in a loop, each meeting
+it again and logging another traceback; the broker logs it at ERROR once, naming the key.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from segtxn.broker.http import (
     topic_from,
 )
 from segtxn.broker.service import BrokerService
+from segtxn.ledger.errors import report_once
 from segtxn.metastore import (
     Compacted,
     MetadataStore,
@@ -36,7 +44,7 @@ from segtxn.metastore import (
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.catalog import topic_key
-from segtxn.topics.model import ScalableTopic, decode_topic
+from segtxn.topics.model import DamagedRecord, ScalableTopic, read_topic
 from segtxn.topics.transactions import COORDINATOR_MEMBERS
 
 log = logging.getLogger(__name__)
@@ -154,7 +162,14 @@ async def lookup_session(request: web.Request) -> web.StreamResponse:
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic deleted")
 
     async def send(current: Record) -> None:
-        topic = decode_topic(current.value)
+        """Send the DAG of ``current``, or, if it does not decode, an error frame."""
+        try:
+            topic = read_topic(current.key, current.value)
+        except DamagedRecord as e:
+            report_once(log, e, "lookup session of %s (version %d): %s", name, current.version, e)
+            error = ErrorName.PERSISTENCE.value
+            await ws.send_str(json.dumps({"topic": str(name), "error": error, "message": str(e)}))
+            return
         if isinstance(topic, ScalableTopic):
             await ws.send_str(json.dumps(await layout(service, name, topic)))
 

@@ -3,7 +3,9 @@
 The broker's ``/ws/v2/lookup/topic/...`` session sends the DAG and then every new version of
 it. :class:`TopicLayout` holds the latest one (never going back to an older epoch), wakes
 whoever waits for a change, and re-opens the session if it breaks. Producers route with it;
-consumers follow it to find new segments.
+consumers follow it to find new segments. A version the broker cannot read comes as an error
+frame (``{"error": "PersistenceError", "message"}``, docs/protocol.md): it is logged, and
+the layout keeps the DAG it holds, on the same session, until a readable version comes.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class TopicLayout:
         self.changed = asyncio.Event()
         """Set (and replaced) whenever a newer DAG arrives."""
         self._task: asyncio.Task[None] | None = None
+        self._said: str | None = None
+        """The last error frame logged (the session repeats it for each unreadable version)."""
 
     async def start(self, deadline: Deadline) -> None:
         """Read the DAG (retrying while brokers or the store restart), then follow it.
@@ -114,7 +118,7 @@ class TopicLayout:
                     delay = 0.05
                     async for message in ws:
                         if message.type is aiohttp.WSMsgType.TEXT:
-                            self.apply(json.loads(message.data))
+                            self._take(json.loads(message.data))
             except TopicNotFound:
                 log.warning("%s was deleted: no more layout updates", self.topic)
                 return
@@ -132,6 +136,21 @@ class TopicLayout:
                 self._connector.unreachable(self._connector.service_url)
             await asyncio.sleep(delay)  # back off before reconnecting
             delay = min(delay * 2, 2.0)
+
+    def _take(self, pushed: dict[str, Any]) -> None:
+        """Apply a DAG the session pushed, or log the error frame it sent instead (the
+        topic's record does not read now: the DAG held stays, and a repaired record's
+        comes on the same session)."""
+        if "error" not in pushed:
+            self.apply(pushed)
+            return
+        said = f"{pushed['error']}: {pushed.get('message', '')}"
+        if said != self._said:
+            log.warning(
+                "lookup session of %s: %s; keeping the layout of epoch %d until it reads",
+                self.topic, said, self.epoch,
+            )  # fmt: skip
+            self._said = said
 
     def pruned(self, segment_id: int) -> bool:
         """Whether ``segment_id`` was a segment of this topic that has left its DAG

@@ -83,9 +83,11 @@ damaged or foreign file: the message names it and what was found), least recentl
 first, at most ``REPORTED_LIMIT``."""
 
 
-def report_once(logger: logging.Logger, error: LedgerCorrupted, what: str, *args: object) -> None:
+def report_once(logger: logging.Logger, error: Exception, what: str, *args: object) -> None:
     """Log ``what % args`` (which says ``error``) at ERROR the first time this process
-    meets ``error`` (the same message: the same file, found the same way), at DEBUG after.
+    meets ``error`` (the same message: the same file, found the same way; a
+    :class:`LedgerCorrupted`, or other stored data that does not read, such as a topic's
+    record), at DEBUG after.
 
     Damaged or foreign data lasts until an operator acts, and what runs into it runs again
     (retention rounds, the retirement sweep, requests): one ERROR line says it; one each

@@ -44,9 +44,9 @@ from segtxn.topics.model import (
     PersistentTopic,
     ScalableTopic,
     TopicRecord,
-    decode_topic,
     encode_topic,
     new_scalable_topic,
+    read_topic,
 )
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,7 @@ class Catalog:
 
     async def get(self, name: TopicName) -> TopicRecord | None:
         record = await self.store.get(topic_key(name))
-        return None if record is None else decode_topic(record.value)
+        return None if record is None else read_topic(record.key, record.value)
 
     async def create_persistent(self, name: TopicName) -> str:
         """Create a ``persistent://`` topic placed on a live broker; returns its home."""
@@ -274,7 +274,7 @@ class Catalog:
             record = await self.store.get(topic_key(name))
             if record is None:
                 raise KeyError(str(name))
-            topic = decode_topic(record.value)
+            topic = read_topic(record.key, record.value)
             properties = {**topic.properties, **updates}
             for key in removals:
                 properties.pop(key, None)
@@ -354,7 +354,7 @@ class Catalog:
         record = await self.store.get(topic_key(name))
         if record is None:
             return False
-        topic = decode_topic(record.value)
+        topic = read_topic(record.key, record.value)
         if not isinstance(topic, ScalableTopic) or topic.pending is not None:
             return False
         try:
@@ -398,7 +398,7 @@ class Catalog:
         """
         while True:
             found = await self.store.get(topic_key(name))
-            topic = None if found is None else decode_topic(found.value)
+            topic = None if found is None else read_topic(found.key, found.value)
             if found is None or not isinstance(topic, ScalableTopic):
                 return None
             if precondition is not None and not precondition.holds(topic.properties):
@@ -421,7 +421,7 @@ class Catalog:
         found = await self.store.get(topic_key(name))
         if found is None or found.created_version != mark.created_version:
             return None
-        topic = decode_topic(found.value)
+        topic = read_topic(found.key, found.value)
         return topic if isinstance(topic, ScalableTopic) else None
 
     async def finish_deleting(self, name: TopicName, mark: DeletionMark) -> bool:
@@ -441,7 +441,7 @@ class Catalog:
             found = await self.store.get(topic_key(name))
             if found is None or found.created_version != mark.created_version:
                 return False
-            topic = decode_topic(found.value)
+            topic = read_topic(found.key, found.value)
             ids = (
                 [s.id for s in topic.segments] + topic.creating()
                 if isinstance(topic, ScalableTopic)

@@ -52,7 +52,7 @@ from segtxn.metastore import (
 from segtxn.protocol.names import TopicName
 from segtxn.topics import dag
 from segtxn.topics.catalog import HOMES_BY_BROKER, Catalog, home_key, topic_key
-from segtxn.topics.model import ChangeInfo, PendingOp, ScalableTopic, decode_topic, encode_topic
+from segtxn.topics.model import ChangeInfo, PendingOp, ScalableTopic, encode_topic, read_topic
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class Controller:
         record = await self.store.get(topic_key(name))
         if record is None:
             raise KeyError(str(name))
-        topic = decode_topic(record.value)
+        topic = read_topic(record.key, record.value)
         if not isinstance(topic, ScalableTopic):
             raise KeyError(str(name))
         return topic, record.version
@@ -239,7 +239,7 @@ class Controller:
         children = [name.segment_name(child) for child, _, _ in op.children]
         while True:
             record = await self.store.get(topic_key(name))
-            current = None if record is None else decode_topic(record.value)
+            current = None if record is None else read_topic(record.key, record.value)
             if (
                 record is None
                 or not isinstance(current, ScalableTopic)

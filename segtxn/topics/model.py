@@ -114,6 +114,34 @@ TopicRecord = PersistentTopic | ScalableTopic
 encode_topic = msgspec.json.Encoder().encode
 decode_topic = msgspec.json.Decoder(TopicRecord).decode
 
+
+class DamagedRecord(ValueError):
+    """A topic's record in the metadata store does not decode: written by hand, by a
+    version of segtxn that writes another shape, or damaged. The message names its key
+    and what is wrong. Not a bug and not retriable: the record stays so until an operator
+    writes a readable one (or deletes the topic); servers answer ``PersistenceError``."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(
+            f"the record of a topic at {key} in the metadata store does not decode ({reason}): "
+            "it was written by hand, by another version of segtxn, or damaged; write a "
+            "readable one or delete the topic"
+        )
+        self.key = key
+
+
+def read_topic(key: str, value: bytes) -> TopicRecord:
+    """The topic record ``value``, stored at ``key``.
+
+    Raises:
+        DamagedRecord: it does not decode.
+    """
+    try:
+        return decode_topic(value)
+    except msgspec.DecodeError as e:
+        raise DamagedRecord(key, str(e)) from e
+
+
 MAX_INITIAL_SEGMENTS = 256
 
 
