@@ -2,8 +2,10 @@
 
 Both print a summary (how many, how fast, the last id); ``consume --print`` also prints each
 message. ``-o json`` prints the summary (and the printed messages) as one JSON document.
-Interrupted (Ctrl-C), each says how far it got before it exits with status 130; failed,
-each says how far it got and why in its one error line, and exits with status 1.
+Interrupted (Ctrl-C, or SIGINT even to a script's background job:
+:func:`segtxn.cli.errors.interruptible`), each says how far it got before it exits with
+status 130; failed, each says how far it got and why in its one error line, and exits with
+status 1.
 """
 
 from __future__ import annotations

@@ -13,11 +13,14 @@ never as an aiohttp object's repr.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import signal
 import socket
 import sys
+import threading
 import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
@@ -170,8 +173,37 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Within it SIGINT raises KeyboardInterrupt (what ``asyncio.run`` turns into a cancel
+    of the command's body), also in a process started with SIGINT ignored.
+
+    Why: a shell script's background job (``segtxn produce ... &``; a test suite run so)
+    starts with SIGINT ignored (POSIX, without job control), and Python then installs no
+    handler: ``kill -INT`` did nothing, and ``produce`` went on sending until its ``-n``
+    was done instead of saying how far it got. The servers take SIGINT on their own loop
+    whatever they inherited (:mod:`segtxn.cli.lifecycle`); this makes every command alike.
+    What was ignored is ignored again on the way out (a caller in the same process, such
+    as a test's ``CliRunner``, keeps its own disposition). Only the main thread can set a
+    signal handler: elsewhere this does nothing.
+    """
+    ignored = (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    )
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Main(click.Group):
-    """The ``segtxn`` group: runs a command and reports any failure in one line."""
+    """The ``segtxn`` group: runs a command and reports any failure in one line; SIGINT
+    interrupts it (exit status 130) even when the process was started ignoring SIGINT
+    (:func:`interruptible`)."""
 
     def main(
         self,
@@ -185,7 +217,8 @@ class Main(click.Group):
             return super().main(args, prog_name, complete_var, False, **extra)
         verbosity.reset()
         try:
-            code = super().main(args, prog_name, complete_var, False, **extra)
+            with interruptible():
+                code = super().main(args, prog_name, complete_var, False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:  # `segtxn`, `segtxn topics`: no error
             click.echo(e.ctx.get_help() if e.ctx is not None else e.format_message())
             sys.exit(0)

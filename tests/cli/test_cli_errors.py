@@ -9,6 +9,7 @@ need a cluster are in test_cli_against_a_server.py.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,27 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_only_with_vv(
     assert verbose.stderr.splitlines()[-1] == "Error: internal error: RuntimeError: boom"
     after = invoke("topics", "stats", "topic://a/b/c", "-vv")  # -v after the command too
     assert after.exit_code == 1 and "Traceback" in after.stderr
+
+
+def test_sigint_interrupts_a_command_of_a_process_started_ignoring_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process started with SIGINT ignored (a script's background job) is still
+    interrupted by one during a command, as its servers are (before, the signal was
+    ignored: an interrupted ``produce`` went on sending); the caller's own disposition is
+    back after the command."""
+
+    def interrupted(*_: object) -> None:
+        signal.raise_signal(signal.SIGINT)  # its handler runs before this returns
+        raise AssertionError("SIGINT was ignored")
+
+    monkeypatch.setattr(topics, "run", interrupted)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = invoke("topics", "stats", "topic://a/b/c")
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.exit_code == 130, result.output
+    assert result.stderr.strip() == "Error: interrupted"  # after click's newline (past ^C)
+    assert after == signal.SIG_IGN
