@@ -10,6 +10,22 @@ inversion); it is the resend of a send refused on a connection that was lost wit
 answer, or a producer that does not number its sends in order (see
 :meth:`~segtxn.broker.publishing.Publishing._admit`).
 
+**Never stored is never a duplicate.** A send can be refused while later sends of its
+producer are stored (one in a transaction that ended meanwhile, say); when the refusal is
+lost with its connection, the producer sends it again, below the highest stored. Answered as
+a duplicate (``-1:-1``, "where unknown", as Pulsar does), its producer took it for stored:
+an application was told its message was durable when it was not. So a seq below the highest
+stored that was not stored is refused again, whenever the broker can prove it: with the
+refusal it got (the last ``RECENT_PER_PRODUCER`` refusals of each producer are remembered
+while the topic stays loaded), else with one saying it was not stored
+(``ProducerState.never_stored``). The proof is :attr:`ProducerState.known_from`: every
+seq from there up that was stored is among the recent positions. A producer first seen
+since the load is known from its first seq; as the recent positions forget the oldest, it
+rises past them; after a recovery it is the first seq of the producer the replay reads
+(the replay reads every entry after where it starts, and a producer's entries are in the
+order of their seqs; for a producer it reads nothing of, the one after its highest stored).
+Only a seq below that is answered ``-1:-1``: stored, or not, the broker does not know.
+
 Each producer's state also holds its :class:`~segtxn.broker.ordering.SendOrder`: kept here,
 with the rest of what the broker knows of a producer name, it outlives the producer's
 connection, so a reconnected producer's sends are stored after its old connection's.
@@ -66,6 +82,7 @@ from segtxn.broker.entry import decode_entry
 from segtxn.broker.ordering import SendOrder
 from segtxn.ledger import LedgerCorrupted, ManagedLedger, Position
 from segtxn.metastore import MetadataStore
+from segtxn.protocol.errors import ServerError
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +158,15 @@ class ProducerState:
         self.seen_ms = seen_ms
         """When it last stored a message (or was first seen): what expiry goes by."""
         self.recent: OrderedDict[int, Position] = OrderedDict()
+        """The positions of its last stored seqs (at most ``RECENT_PER_PRODUCER``)."""
+        self.known_from = last + 1
+        """Every seq from here up that was stored is in :attr:`recent` or in flight, so one
+        from here up that is in neither was never stored (:meth:`never_stored`). It rises
+        as :attr:`recent` forgets; after a recovery it is where the replay starts knowing
+        this producer (see the module docstring)."""
+        self.refusals: OrderedDict[int, ServerError] = OrderedDict()
+        """The refusals of its last sends taken in and not stored (at most
+        ``RECENT_PER_PRODUCER``, while the topic stays loaded): a resend gets the same."""
         self.in_flight: dict[int, asyncio.Future[Position]] = {}
         self.taken = last
         """The highest seq ever taken in (its write may have failed since): below it, a
@@ -166,8 +192,23 @@ class ProducerState:
         self.taken = max(self.taken, seq)
         self.seen_ms = max(self.seen_ms, at_ms)
         self.recent[seq] = position
+        self.refusals.pop(seq, None)
         while len(self.recent) > RECENT_PER_PRODUCER:
-            self.recent.popitem(last=False)
+            forgotten, _ = self.recent.popitem(last=False)
+            self.known_from = max(self.known_from, forgotten + 1)
+
+    def refused(self, seq: int, refusal: ServerError) -> None:
+        """A send of ``seq`` taken in was not stored: its resends get ``refusal`` again
+        once a later seq is stored (before that, a resend is taken in afresh)."""
+        self.refusals[seq] = refusal
+        self.refusals.move_to_end(seq)
+        while len(self.refusals) > RECENT_PER_PRODUCER:
+            self.refusals.popitem(last=False)
+
+    def never_stored(self, seq: int) -> bool:
+        """``seq``, not above :attr:`last` and not in flight, was provably never stored:
+        refused, or never received. False: stored, or not known (where unknown)."""
+        return seq in self.refusals or (seq >= self.known_from and seq not in self.recent)
 
     @property
     def last_taken(self) -> int:
@@ -209,12 +250,11 @@ class Deduplication:
         self._generation = ""
         """The generation of the parts the last snapshot read or written names."""
 
-    def state(self, producer: str, *, seen_ms: int | None = None) -> ProducerState:
-        """``producer``'s state, made if new (seen at ``seen_ms``, default now)."""
+    def state(self, producer: str) -> ProducerState:
+        """``producer``'s state, made if new (seen now)."""
         state = self.producers.get(producer)
         if state is None:
-            seen = _now_ms() if seen_ms is None else seen_ms
-            state = self.producers[producer] = ProducerState(-1, seen)
+            state = self.producers[producer] = ProducerState(-1, _now_ms())
         return state
 
     def expire(self, now_ms: int | None = None) -> int:
@@ -246,6 +286,7 @@ class Deduplication:
                 self._marks = (replayed_from, replayed_from)
             last_then = snapshot.taken_at or snapshot.position
             taken = None if last_then is None else Position(*last_then)
+        reached: set[str] = set()  # the producers the replay read an entry of (since a skip)
         while start is not None:
             try:
                 entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
@@ -263,6 +304,9 @@ class Deduplication:
                     taken,
                 )
                 start = ledger.position_after(taken)
+                reached.clear()  # what it skips is not known: from each one's next entry
+                for state in self.producers.values():
+                    state.known_from = state.last + 1
                 continue
             if not entries:
                 break
@@ -270,13 +314,29 @@ class Deduplication:
                 message = decode_entry(entry.payload)
                 if message.marker is not None:  # a v4 transaction marker: no producer's
                     continue
-                at = message.publish_time_ms
-                state = self.state(message.producer_name, seen_ms=at)
-                state.stored(message.sequence_id, entry.position, at)
+                name, at = message.producer_name, message.publish_time_ms
+                first = name not in reached
+                reached.add(name)
+                self._replayed(name, message.sequence_id, entry.position, at=at, first=first)
             self._position = entries[-1].position
             start = ledger.position_after(entries[-1].position)
         self._marks = (self._marks[0], self._position)
         self.expire(now)
+
+    def _replayed(
+        self, producer: str, seq: int, position: Position, *, at: int, first: bool
+    ) -> None:
+        """An entry the recovery read again (``first``: the first of ``producer`` it read).
+        The replay reads every entry after where it starts, and a producer's entries are in
+        the order of their seqs, so from the first seq of ``producer`` it reads, every
+        stored seq is one it reads: its state knows them from there
+        (:attr:`ProducerState.known_from`), whatever the snapshot said."""
+        state = self.producers.get(producer)
+        if state is None:
+            state = self.producers[producer] = ProducerState(-1, at)
+        if first:
+            state.known_from = seq
+        state.stored(seq, position, at)
 
     async def _whole(self, value: bytes) -> DedupSnapshot | None:
         """The snapshot in the record ``value``, with the producers of its parts (None, and

@@ -274,16 +274,24 @@ class Publishing:
         it would follow a later send of its producer: docs/protocol.md promises a gap,
         never an inversion. That is the resend of a send whose refusal was lost with its
         connection while later sends were still being written (the original's fate, given
-        again), or a producer that numbers its sends out of order. Once the later ones are
-        stored it is a duplicate, as in Pulsar (any seq not above the highest stored);
-        once they have all failed, it is stored (nothing after it is).
+        again), or a producer that numbers its sends out of order. Once they have all
+        failed, it is stored (nothing after it is).
+
+        A seq not above the highest stored is a duplicate (its original's id, or
+        ``-1:-1`` where unknown) only if it may have been stored: one the broker knows was
+        never stored (:meth:`ProducerState.never_stored`: its refusal was lost with its
+        connection while later sends were stored) is refused again, with the refusal it
+        got while the topic stays loaded (:meth:`_never_stored` after a reload). Answered
+        as a duplicate, as Pulsar does, its producer took it for stored: a message lost
+        though its application was told it was durable.
 
         Raises:
             ServerError: the send is refused (too large, a transaction of the wrong kind,
                 a resend of a transactional message that was never recorded, a seq below
-                one in flight).
+                one in flight, the resend of a send that was not stored).
         """
         check_send(send, self._max_message_bytes)
+        txn = self._txn_of(send)  # (the same refusal for a resend)
         state = self.dedup.state(producer)
         in_flight = state.in_flight.get(send.seq)
         if in_flight is not None:
@@ -291,8 +299,10 @@ class Publishing:
             turn.release()  # nothing to store: later sends need not wait for the original
             return in_flight
         if send.seq <= state.last:
-            self.counters.duplicates += 1
             known = state.recent.get(send.seq)
+            if known is None and state.never_stored(send.seq):
+                raise state.refusals.get(send.seq) or self._never_stored(producer, send, state)
+            self.counters.duplicates += 1
             if (
                 known is not None
                 and send.txn is not None
@@ -311,7 +321,6 @@ class Publishing:
                 f"{producer}/{send.seq} was not stored: {producer}/{later} is being written, "
                 "and a producer's messages are stored in the order of their sequence ids",
             )
-        txn = self._txn_of(send)
         original: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
         state.take_in(send.seq, original)
         entry = encode_entry(
@@ -356,7 +365,25 @@ class Publishing:
         if not fresh.original.done():
             fresh.original.set_exception(refusal)
             fresh.original.exception()  # retrieved: a resend waiting on it sees it
+        fresh.state.refused(send.seq, refusal)
         return refusal
+
+    @staticmethod
+    def _never_stored(producer: str, send: Send, state: ProducerState) -> ServerError:
+        """The refusal for the resend of a send that was never stored and whose own
+        refusal is not remembered (the topic was loaded again since): abortable in a
+        transaction (it cannot commit without the message), else retriable (the message
+        may be sent again, as a new one)."""
+        what = f"{producer}/{send.seq} was not stored (refused, or never received)"
+        after = f"{producer}/{state.last} is stored after it"
+        if send.txn is not None:
+            return ServerError(
+                ErrorName.TRANSACTION_CONFLICT,
+                f"{what}; {after}: its transaction {TxnId(*send.txn)} cannot have it",
+            )
+        return ServerError(
+            ErrorName.SERVICE_NOT_READY, f"{what}; {after}: send it again as a new message"
+        )
 
     def _stored(self, producer: str, send: Send, fresh: _Fresh, position: Position) -> Outcome:
         fresh.state.in_flight.pop(send.seq, None)
