@@ -58,6 +58,7 @@ from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import (
     OutcomeUnknown,
     Transaction,
+    TransactionEnded,
     TransactionFailed,
     TransactionState,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "TopicTerminatedError",
     "Transaction",
     "TransactionConflict",
+    "TransactionEnded",
     "TransactionFailed",
     "TransactionNotFound",
     "TransactionState",

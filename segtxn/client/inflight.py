@@ -74,6 +74,11 @@ class InFlight:
                 category=ErrorCategory.RETRIABLE,
             ) from e
 
+    def give_back(self) -> None:
+        """A slot taken by :meth:`room` will not be used (the send was refused after it
+        had room: nothing was queued)."""
+        self._window.release()
+
     def add(self, pending: Pending, deadline: Deadline) -> None:
         """Queue ``pending`` (its slot taken by :meth:`room`) to be written, timed out at
         ``deadline``."""

@@ -35,7 +35,7 @@ from segtxn import tracing
 from segtxn.aio import first_completed
 from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.connection import Connector, server_frames
-from segtxn.client.errors import ClientClosed, MessageTooLarge, Timeout
+from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout
 from segtxn.client.inflight import InFlight, Pending
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.poisoning import poisons
@@ -295,6 +295,9 @@ class Producer:
             Timeout: not done within ``send_timeout_s`` of the call (OUTCOME_UNKNOWN once
                 it was queued: it may have been stored).
             ClientClosed: the producer was closed.
+            TransactionEnded: ``txn`` has ended (committed, or aborted, perhaps by an
+                ``abort()`` that stopped waiting while this send waited for room): nothing
+                was sent.
             TypeError / ValueError: the message is not one the broker could read (a value
                 not bytes, a property not str, ...: :func:`~segtxn.client.messages.check_outgoing`);
                 nothing was sent.
@@ -378,6 +381,12 @@ class Producer:
             await txn.add_partition(self._topic, deadline)
             self._check_open()  # closed while it registered
         await self._in_flight.room(deadline, self.name)
+        if txn is not None:
+            try:  # an abort() that stopped waiting for this send may have ended it
+                txn.check_not_ended()
+            except ClientError:
+                self._in_flight.give_back()
+                raise
         seq = self._next_seq
         self._next_seq += 1
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()

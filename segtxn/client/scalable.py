@@ -381,6 +381,8 @@ class ScalableProducer:
                 left, else OUTCOME_UNKNOWN).
             ClientClosed: the producer was closed (or is closing) before the call: nothing
                 was sent; or it closed before the message was stored (it may have been).
+            TransactionEnded: ``txn`` has ended (committed, or aborted, perhaps by an
+                ``abort()`` that stopped waiting while this send waited): nothing was sent.
             TypeError / ValueError: the message is not one the broker could read (a value
                 not bytes, a property not str, ...: :func:`~segtxn.client.messages.check_outgoing`);
                 nothing was sent.

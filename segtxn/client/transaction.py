@@ -58,11 +58,22 @@ from segtxn.client.errors import ClientError, Timeout
 from segtxn.client.onestep import Answer, Placements, commit_at
 from segtxn.client.timeouts import Deadline
 from segtxn.client.txnjoining import Joinable
-from segtxn.client.txnstates import OutcomeUnknown, TransactionFailed, TransactionState
+from segtxn.client.txnstates import (
+    OutcomeUnknown,
+    TransactionEnded,
+    TransactionFailed,
+    TransactionState,
+)
 from segtxn.protocol.errors import InvalidTxnStatus, ServerError, TransactionNotFound
 from segtxn.protocol.txn import TxnAction
 
-__all__ = ["OutcomeUnknown", "Transaction", "TransactionFailed", "TransactionState"]
+__all__ = [
+    "OutcomeUnknown",
+    "Transaction",
+    "TransactionEnded",
+    "TransactionFailed",
+    "TransactionState",
+]
 
 log = logging.getLogger(__name__)
 

@@ -33,13 +33,15 @@ from segtxn.client.onestep import Placements
 from segtxn.client.registrations import Registrations
 from segtxn.client.timeouts import Deadline
 from segtxn.client.txnoperations import Operations
-from segtxn.client.txnstates import NEXT, TransactionState
+from segtxn.client.txnstates import NEXT, TransactionEnded, TransactionState
 from segtxn.protocol.errors import ErrorCategory, NotAllowed
 from segtxn.protocol.txn import TxnId
 
 __all__ = ["Joinable"]
 
 _T = TypeVar("_T")
+
+_ENDED = (TransactionState.COMMITTED, TransactionState.ABORTED)
 
 
 class Joinable:
@@ -149,16 +151,31 @@ class Joinable:
         self.state = to
 
     def _check_open(self, *also: TransactionState) -> None:
-        """Raises ClientError naming its state unless it is OPEN (or in ``also``);
-        ClientClosed once its client's close aborted it, so that what the application does
-        with it next says why."""
+        """Raises ClientError naming its state unless it is OPEN (or in ``also``):
+        TransactionEnded once COMMITTED or ABORTED, ClientClosed once its client's close
+        aborted it, so that what the application does with it next says why."""
         if self.state is not TransactionState.OPEN and self.state not in also:
             name = (
                 "the transaction (never started)" if self._id is None else f"transaction {self._id}"
             )
             if self._closed_by_client:
                 raise ClientClosed(f"{name} was aborted when its client closed")
+            if self.state in _ENDED:
+                raise TransactionEnded(f"{name} is {self.state}")
             raise ClientError(f"{name} is {self.state}")
+
+    def check_not_ended(self) -> None:
+        """For an operation that joined it and then waited (a send, for room in its
+        producer's window), before it goes out: an ``abort()`` stops waiting for its
+        operations after half its limit and ends the transaction without them, and the
+        broker would only refuse one that went out after.
+
+        Raises:
+            TransactionEnded: it is COMMITTED or ABORTED (ClientClosed: its client's close
+                aborted it).
+        """
+        if self.state in _ENDED:
+            self._check_open()
 
     async def add_partition(self, topic: str, deadline: Deadline | None = None) -> None:
         """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain. Ends

@@ -1,5 +1,6 @@
-"""A client transaction's states, their one transition table, and the error of a
-transaction aborted because an operation in it failed (:mod:`segtxn.client.transaction`)."""
+"""A client transaction's states, their one transition table, and its errors: aborted
+because an operation in it failed, ended before an operation could join it, or an outcome
+that cannot be learned (:mod:`segtxn.client.transaction`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import enum
 from segtxn.client.errors import ClientError
 from segtxn.protocol.errors import ErrorCategory
 
-__all__ = ["NEXT", "TransactionFailed", "TransactionState"]
+__all__ = ["NEXT", "OutcomeUnknown", "TransactionEnded", "TransactionFailed", "TransactionState"]
 
 
 class TransactionState(enum.StrEnum):
@@ -56,6 +57,17 @@ class TransactionFailed(ClientError):
         category = getattr(failure, "category", None)
         if isinstance(category, ErrorCategory) and category is not ErrorCategory.FATAL:
             self.category = ErrorCategory.ABORTABLE  # it was aborted: the outcome is known
+
+
+class TransactionEnded(ClientError):
+    """A send or acknowledgment was given a transaction that has ended (COMMITTED or
+    ABORTED): it was not made, and nothing went to a broker. ABORTABLE: it can only go in a
+    new transaction (``client.transaction()``). Raised too for one that waited (for room in
+    its producer's window) while an ``abort()`` that stopped waiting for it ended the
+    transaction: the broker would only have refused it. A transaction aborted by its
+    client's close says so with ``ClientClosed`` instead."""
+
+    category = ErrorCategory.ABORTABLE
 
 
 class OutcomeUnknown(ClientError):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from segtxn.client import Client, ClientError, ServerError, TransactionState
+from segtxn.client import Client, ClientError, ServerError, TransactionEnded, TransactionState
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.prestart import Opened
 from tests.waiting import wait_until
@@ -38,6 +38,7 @@ async def test_start_of_an_ended_transaction_names_its_state(
     with pytest.raises(ClientError, match=f"^{name} is {state}$") as refused:
         await txn.start()
     assert not isinstance(refused.value, ServerError)
+    assert isinstance(refused.value, TransactionEnded)
     assert txn.state == state  # not opened again
     if started:
         assert await txn.status() == state

@@ -27,10 +27,12 @@ from segtxn.client import (
     Producer,
     ScalableProducer,
     Timeout,
+    TransactionEnded,
     TransactionFailed,
 )
 from segtxn.client.inflight import InFlight
 from segtxn.client.timeouts import Deadline
+from segtxn.protocol.frames import Send
 from tests.client.test_txn_lifecycle_edges import running
 from tests.txn.test_ordered_redelivery import nothing_arrives
 
@@ -42,16 +44,18 @@ TOPICS = {"v4": "persistent://acme/window/{}", "v5": "topic://acme/window/{}"}
 class Window:
     """The broker holds every send until :attr:`go_on` is set; :attr:`reached` is set when
     one reaches its publishing, :attr:`full` when a send finds the producer's window full
-    and starts waiting for room."""
+    and starts waiting for room; :attr:`published` is the payloads that reached the broker."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.reached, self.go_on, self.full = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.published: list[bytes] = []
         publish, room = Publishing.publish, InFlight.room
 
-        async def holding(publishing: Publishing, *args: Any) -> Any:
+        async def holding(publishing: Publishing, producer: str, send: Send, *args: Any) -> Any:
+            self.published.append(send.payload)
             self.reached.set()
             await self.go_on.wait()
-            return await publish(publishing, *args)
+            return await publish(publishing, producer, send, *args)
 
         async def waiting(in_flight: InFlight, deadline: Deadline, producer: str) -> None:
             if len(in_flight) >= in_flight.max_pending:
@@ -138,3 +142,28 @@ async def test_a_commit_that_gives_up_on_a_send_waiting_for_room_does_not_commit
     assert await txn.status() == "ABORTED"
     assert (await reader.receive(timeout_s=10)).value == b"outside"
     await nothing_arrives(reader)
+
+
+@pytest.mark.parametrize("protocol", ["v4", "v5"])
+async def test_a_send_that_gets_room_after_its_transaction_was_aborted_is_not_sent(
+    client: Client, window: Window, protocol: str
+) -> None:
+    """``abort()`` stops waiting for a send still waiting for room (after half its limit)
+    and aborts; the send then gets room. It fails at once with TransactionEnded
+    (ABORTABLE) and never reaches the broker. It went to the broker, which refused it
+    (InvalidTxnStatus): a needless round trip, and an error that did not say the
+    transaction had ended on this side."""
+    producer = await producer_for(client, protocol, "aborted")
+    txn = await client.transaction().start(protocol)
+    outside = await window_full(window, producer)
+    send = await running(producer.send(b"in", txn=txn))
+    await asyncio.wait_for(window.full.wait(), 10)
+    await txn.abort(timeout_s=0.6)  # waits 0.3 s for the send, then aborts without it
+    assert txn.state == "ABORTED"
+    window.go_on.set()  # the outside send is stored: its slot is the aborted send's
+    await outside
+    sent = await send
+    assert isinstance(sent.error, TransactionEnded), sent
+    assert sent.error.category is ErrorCategory.ABORTABLE
+    assert window.published == [b"outside"]
+    await asyncio.wait_for(producer.send(b"after"), 10)  # its slot was given back
