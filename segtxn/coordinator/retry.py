@@ -29,7 +29,7 @@ from segtxn.ledger import LedgerError
 from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ServerError
 
-__all__ = ["BACKOFF_MAX_S", "EXPECTED", "Retry", "expected", "log_failure"]
+__all__ = ["BACKOFF_MAX_S", "EXPECTED", "Retry", "expected", "log_failure", "log_step_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,18 @@ def log_failure(what: str, e: Exception, failed: int, pause_s: float) -> None:
         logging.WARNING if ok else logging.ERROR,
         "%s failed (%d in a row): %s: %s; tried again in %.1f s",
         what, failed, type(e).__name__, e, pause_s,
+        exc_info=not ok,
+    )  # fmt: skip
+
+
+def log_step_failure(what: str, e: Exception) -> None:
+    """Log ``e``, the failure of ``what``: a step a loop goes on after without trying it
+    again (closing a log it lost, letting an id go), so it is not counted as the loop's
+    failure. WARNING for an expected error, ERROR with the traceback for anything else."""
+    ok = expected(e)
+    log.log(
+        logging.WARNING if ok else logging.ERROR,
+        "%s failed: %s: %s", what, type(e).__name__, e,
         exc_info=not ok,
     )  # fmt: skip
 

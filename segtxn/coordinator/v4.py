@@ -40,7 +40,7 @@ import msgspec
 
 from segtxn.coordinator import sweeps
 from segtxn.coordinator.fanout import FIRST_RETRY_S, Participants
-from segtxn.coordinator.retry import Retry, expected
+from segtxn.coordinator.retry import Retry, log_step_failure
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import (
     ABORTED,
@@ -187,9 +187,7 @@ class CoordinatorV4:
                 held = await self._recover(coordinator_id, leadership)
             except Exception as e:
                 if leadership is not None:
-                    # the store unreachable: the key stays, and the next campaign retakes it
-                    with contextlib.suppress(MetadataStoreError):
-                        await leadership.resign()
+                    await self._let_go(coordinator_id, leadership)
                 await retry.after(e)
                 continue
             retry.reset()
@@ -208,12 +206,19 @@ class CoordinatorV4:
             try:
                 await held.log.close()
             except Exception as e:  # (it is not written to any more: campaign on)
-                log.log(
-                    logging.WARNING if expected(e) else logging.ERROR,
-                    "v4 coordinator id %d: closing its log failed: %s: %s",
-                    coordinator_id, type(e).__name__, e,
-                    exc_info=not expected(e),
-                )  # fmt: skip
+                log_step_failure(f"v4 coordinator id {coordinator_id}: closing its log", e)
+
+    @staticmethod
+    async def _let_go(coordinator_id: int, leadership: Leadership) -> None:
+        """Resign an id whose take-over failed, so that another coordinator may take it
+        meanwhile. A failure is logged (:func:`~segtxn.coordinator.retry.log_step_failure`)
+        and :meth:`_hold` goes on: the key then stays, and its next campaign, on the same
+        session, retakes it. (Only a store error was caught: any other one ended the loop,
+        and the id, won and never served, could be taken by nobody else.)"""
+        try:
+            await leadership.resign()
+        except Exception as e:
+            log_step_failure(f"v4 coordinator id {coordinator_id}: letting the id go", e)
 
     async def _recover(self, coordinator_id: int, leadership: Leadership) -> HeldLog:
         txn_log = await TxnLog.open(

@@ -2,7 +2,7 @@
 not expect (tests/coordinator/test_v4_sweep_edges.py has the sweeps):
 
 - v4 ``_hold``: a take-over of an id whose recovery raised once is tried again, and the id
-  serves;
+  serves; so is one whose resignation after a failed recovery raised too;
 - v4 ``_resume``: finishing a timed-out transaction that raised once is tried again, and it
   ends ABORTED;
 - v5 ``HeldIds._hold``: a campaign that raised once is run again, and the id is held;
@@ -94,6 +94,48 @@ async def test_a_v4_take_over_that_raised_is_tried_again(
     finally:
         await v4.stop()
     assert "injected" in caplog.text  # the failed take-over was logged
+
+
+@pytest.mark.parametrize("failure", UNEXPECTED)
+async def test_a_v4_take_over_whose_resignation_raised_is_tried_again(
+    store: MetadataStore,
+    tmp_path: Path,
+    failure: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The recovery of id 0's log raises once, and so does letting the id go after it
+    (the resignation): the failure is logged (at ERROR with its traceback unless it is
+    one the loops expect), the coordinator
+    campaigns again, and the id serves. Only a store error was caught there: any other
+    one ended the loop, the id won by its session and never served, and nobody else could
+    take it."""
+    failed = asyncio.Event()
+    resign = Leadership.resign
+
+    async def fails_once(leadership: Leadership) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise FAILURES[failure]()
+        await resign(leadership)
+
+    monkeypatch.setattr(Leadership, "resign", fails_once)
+    v4 = CoordinatorV4(store, v4_settings(tmp_path))
+    recover = FailsOnce(v4, "_recover", RuntimeError("injected: recovery"), lambda *_: True)
+    await v4.start()
+    try:
+        await asyncio.wait_for(recover.failed.wait(), 10)
+        await asyncio.wait_for(failed.wait(), 10)
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held after a failed resignation")
+        txn, _ = await v4.new_txn(timeout_s=60)
+        assert txn.most == 0
+    finally:
+        await v4.stop()
+    (record,) = [r for r in caplog.records if str(FAILURES[failure]()) in r.getMessage()]
+    if failure == "server":  # (an expected error: WARNING, as retry.log_failure does)
+        assert record.levelname == "WARNING" and not record.exc_info, record
+    else:
+        assert record.levelname == "ERROR" and record.exc_info is not None, record
 
 
 @pytest.mark.parametrize("failure", ["store", "bug"])
