@@ -371,22 +371,21 @@ class Producer:
         tracked: asyncio.Future[Any] | None,
     ) -> asyncio.Future[MessageId]:
         deadline = deadline or Deadline(self.options.send_limit_s)
-        self._check_open()  # refused here, before it starts or joins a transaction
-        if self._failure is not None:
-            raise self._failure
+        self._check_usable()  # refused here, before it starts or joins a transaction
         check_outgoing(value, key, properties, event_time_ms)
         if self._max_bytes and len(value) > self._max_bytes:
             raise MessageTooLarge(f"{len(value)} bytes exceeds the broker's {self._max_bytes}")
         if txn is not None and not registered:
             await txn.add_partition(self._topic, deadline)
-            self._check_open()  # closed while it registered
+            self._check_usable()  # closed while it registered
         await self._in_flight.room(deadline, self.name)
-        if txn is not None:
-            try:  # an abort() that stopped waiting for this send may have ended it
+        try:  # the room may be what closing it, or its failure, freed; an abort() that
+            self._check_usable()  # stopped waiting for this send may have ended ``txn``
+            if txn is not None:
                 txn.check_not_ended()
-            except ClientError:
-                self._in_flight.give_back()
-                raise
+        except (ClientError, ServerError):
+            self._in_flight.give_back()  # nothing was queued
+            raise
         seq = self._next_seq
         self._next_seq += 1
         future: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
@@ -410,9 +409,13 @@ class Producer:
             txn.operations.track(future)
         return future
 
-    def _check_open(self) -> None:
+    def _check_usable(self) -> None:
+        """Raises ClientClosed once it is closed, or the refusal that ended its connection
+        for good (``FATAL``): nothing sends a message queued after either."""
         if self._closed:
             raise ClientClosed(f"producer {self.name} is closed")
+        if self._failure is not None:
+            raise self._failure
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every message sent so far is stored (or failed). Without

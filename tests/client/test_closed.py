@@ -13,6 +13,7 @@ import pytest
 from segtxn.client import Client, ClientClosed, Message, ScalableProducer
 from segtxn.client.producer import Producer
 from segtxn.client.timeouts import Deadline
+from tests.client.test_txn_window_edges import Window
 from tests.waiting import wait_until
 
 PERSISTENT = "persistent://acme/closed/events"
@@ -192,3 +193,30 @@ async def test_what_outlives_its_client_says_the_client_is_closed(client: Client
         async with asyncio.timeout(5):
             with pytest.raises(ClientClosed, match=r"client (was )?closed"):
                 await call()
+
+
+async def test_a_send_waiting_for_room_when_its_producer_closes_fails_at_once(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``max_pending=1``, its slot held at the broker; a second send waits for room. The
+    producer's close fails the first with ClientClosed, which gives the slot to the second:
+    it must fail at once with ClientClosed, nothing sent. It was queued on the closed
+    producer, where nothing writes any more, and failed only at its send timeout, with a
+    Timeout saying it may have been stored."""
+    window = Window(monkeypatch)
+    topic = "persistent://acme/closed/window"
+    await client.admin.create_topic(topic)
+    producer = await client.create_producer(topic, max_pending=1, batching=False, send_timeout_s=3)
+    try:
+        first = await producer.send_async(b"first")
+        await asyncio.wait_for(window.reached.wait(), 10)
+        second = asyncio.create_task(producer.send(b"second"))
+        await asyncio.wait_for(window.full.wait(), 10)  # the second waits for room
+        await producer.close(timeout_s=0.1)
+        with pytest.raises(ClientClosed):
+            await first
+        with pytest.raises(ClientClosed, match=f"producer {producer.name} is closed"):
+            await asyncio.wait_for(second, 2)  # (its send timeout is 3 s)
+        assert window.published == [b"first"]
+    finally:
+        window.go_on.set()
