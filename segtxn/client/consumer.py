@@ -283,6 +283,8 @@ class Consumer(SegmentFollowing):
                 ``txn`` the transaction can no longer commit).
             ClientClosed: the consumer was closed (nothing was sent), or closed before the
                 receipt came (it may have been applied).
+            TransactionEnded: ``txn`` has ended (committed, or aborted, perhaps by an
+                ``abort()`` that stopped waiting while this registered): nothing was sent.
             ValueError: the message is not from this consumer's topic, or another
                 subscription delivered it.
             TypeError: ``message`` is not a Message or MessageId, or ``txn`` not a

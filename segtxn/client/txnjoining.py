@@ -193,8 +193,10 @@ class Joinable:
     ) -> None:
         """Called for every send and ack in the transaction (cheap once registered).
 
-        Raises ServerError, or Timeout (RETRIABLE: the operation was not done; the
-        registration may still complete for the next one)."""
+        Raises ServerError, Timeout (RETRIABLE: the operation was not done; the
+        registration may still complete for the next one), or TransactionEnded (ended,
+        before the call or while it registered: an ``abort()`` stops waiting for its
+        operations after half its limit; the broker would only refuse the operation)."""
         deadline = deadline or self._deadline(None)
         v4 = topic.startswith("persistent://")
         if self.state is TransactionState.NEW:
@@ -214,6 +216,7 @@ class Joinable:
             return
         with self.operations.joining():  # a commit meanwhile waits for it, then its send
             await self._registrations.register(self.id, command, topic, subscription, deadline)
+            self.check_not_ended()  # an abort() that stopped waiting for it went on without it
 
     @property
     def placements(self) -> Placements | None:

@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from segtxn.client import Client, Consumer, Producer, ScalableProducer, Transaction
+from segtxn.client import (
+    Client,
+    Consumer,
+    Producer,
+    ScalableProducer,
+    Transaction,
+    TransactionEnded,
+)
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.prestart import Opened
 from segtxn.protocol.txn import TxnState
@@ -183,3 +190,38 @@ async def test_a_close_while_a_send_starts_a_transaction_aborts_what_was_opened(
     await send  # (its outcome: either; the transaction's is what counts)
     header = await cluster.coordinator.coordinator.status(opened[0].txn)
     assert header.state is TxnState.ABORTED, f"{opened[0].txn} is {header.state} after close()"
+
+
+async def test_an_ack_whose_registration_outlasts_an_abort_is_not_sent(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A v4 ack registers its subscription (ADD_SUBSCRIPTION); the coordinator has
+    answered, the answer not yet taken in, when ``abort()`` stops waiting for it (after
+    half its limit) and aborts. The ack then fails at once with TransactionEnded, nothing
+    sent; it went to the broker, which refused it, the message staying unacknowledged."""
+    topic = "persistent://acme/lifecycle/ack"
+    answered, go_on = asyncio.Event(), asyncio.Event()
+    call = Coordinators.call
+
+    async def answer_held(self: Coordinators, method: str, path: str, **kwargs: Any) -> Any:
+        reply = await call(self, method, path, **kwargs)
+        if path.endswith("/subscriptions"):
+            answered.set()
+            await go_on.wait()
+        return reply
+
+    async with Client(cluster.url) as client:
+        producer, reader = await setup(client, topic)
+        await producer.send(b"in")
+        message = await reader.receive(timeout_s=10)
+        txn = await client.transaction().start("v4")
+        monkeypatch.setattr(Coordinators, "call", answer_held)
+        try:
+            ack = await running(reader.acknowledge(message, txn=txn))
+            await asyncio.wait_for(answered.wait(), 10)
+            await txn.abort(timeout_s=0.6)  # waits 0.3 s for the ack, then aborts
+        finally:
+            go_on.set()
+        acked = await ack
+        assert isinstance(acked.error, TransactionEnded), acked
+        await reader.acknowledge(message)  # (plainly: it was not acknowledged in txn)
