@@ -96,7 +96,8 @@ class Placements:
         self._channels: dict[str, CommitChannel] = {}
         """Broker URL -> the producer connection that last placed a send on it."""
         self._emptied: asyncio.Future[None] | None = None
-        """Resolved when ``_unplaced`` empties while :meth:`wait` waits on it."""
+        """Resolved when ``_unplaced`` empties (what every :meth:`wait` of the moment
+        waits on)."""
 
     def tracking(self, future: asyncio.Future[Any]) -> None:
         """The transaction counts the operation ``future`` stands for (placed or not)."""
@@ -157,14 +158,13 @@ class Placements:
         while self._unplaced:
             if deadline.expired():
                 return False
-            self._emptied = asyncio.get_running_loop().create_future()
-            try:
-                async with asyncio.timeout(deadline.remaining()):
-                    await self._emptied
+            if self._emptied is None or self._emptied.done():
+                self._emptied = asyncio.get_running_loop().create_future()
+            try:  # shared by the waits of the moment (two commit() calls): one's own would
+                async with asyncio.timeout(deadline.remaining()):  # leave the other asleep
+                    await asyncio.shield(self._emptied)  # until its deadline
             except TimeoutError:
                 return False
-            finally:
-                self._emptied = None
         return True
 
 

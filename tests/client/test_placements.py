@@ -63,3 +63,19 @@ async def test_wait_gives_up_at_its_deadline() -> None:
     async with asyncio.timeout(10):
         assert await placements.wait(Deadline(0.05))  # settled: nothing to wait for
     never.cancel()
+
+
+async def test_two_waits_at_once_both_return_once_each_is_placed() -> None:
+    """Two waits at once (two ``commit()`` calls of one transaction): both return once
+    the operation is placed. The second replaced the first's wake-up, and reset it when it
+    returned, so the first waited until its deadline and returned False (the transaction
+    then ended at its coordinator instead of in one step)."""
+    placements = Placements()
+    sent = future()
+    placements.tracking(sent)
+    first = asyncio.create_task(placements.wait(Deadline(5)))
+    second = asyncio.create_task(placements.wait(Deadline(5)))
+    await asyncio.sleep(0)  # sleep-ok: one turn, so both waits have started
+    placements.placed(sent, "http://b1", "s")
+    async with asyncio.timeout(1):  # (their deadline is 5 s)
+        assert await first and await second
