@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from segtxn.client.errors import Timeout
+from segtxn.client.errors import ClientError, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, Expiries
 from segtxn.client.transaction import Transaction
@@ -34,6 +34,8 @@ class Pending:
     txn: Transaction | None = None
     tracked: asyncio.Future[Any] | None = None
     """The future ``txn`` tracks for this send (its placements are recorded under it)."""
+    written: bool = False
+    """Taken to be written on a connection once (it may have reached the broker)."""
 
 
 class InFlight:
@@ -100,7 +102,13 @@ class InFlight:
 
     def next_batch(self, max_messages: int, max_bytes: int) -> list[Pending]:
         """Take the next messages to write, in order: at most ``max_messages``, and no
-        more than ``max_bytes`` of payload unless it is one message."""
+        more than ``max_bytes`` of payload unless it is one message.
+
+        One never written whose transaction has ended meanwhile (an ``abort()`` that
+        stopped waiting for it, while its producer reconnected) is not: it fails with
+        TransactionEnded (the broker would only refuse it; its seq is left a gap, which
+        the broker's de-duplication allows). One written before is written again: it may
+        have been stored, and its answer is the broker's."""
         batch: list[Pending] = []
         size = 0
         while self._unsent and len(batch) < max_messages:
@@ -108,9 +116,17 @@ class InFlight:
             if pending is None:  # already answered
                 self._unsent.popleft()
                 continue
+            if not pending.written and pending.txn is not None and pending.txn.ended:
+                self._unsent.popleft()
+                try:
+                    pending.txn.check_not_ended()
+                except ClientError as e:
+                    self.settle(pending.send.seq, error=e)
+                continue
             if batch and size + len(pending.send.payload) > max_bytes:
                 break
             self._unsent.popleft()
+            pending.written = True
             batch.append(pending)
             size += len(pending.send.payload)
         return batch

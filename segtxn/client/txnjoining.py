@@ -166,9 +166,10 @@ class Joinable:
 
     def check_not_ended(self) -> None:
         """For an operation that joined it and then waited (a send, for room in its
-        producer's window), before it goes out: an ``abort()`` stops waiting for its
-        operations after half its limit and ends the transaction without them, and the
-        broker would only refuse one that went out after.
+        producer's window, or to be written while its producer reconnects), before it goes
+        out: an ``abort()`` stops waiting for its operations after half its limit and ends
+        the transaction without them, and the broker would only refuse one that went out
+        after.
 
         Raises:
             TransactionEnded: it is COMMITTED or ABORTED (ClientClosed: its client's close
@@ -176,6 +177,11 @@ class Joinable:
         """
         if self.state in _ENDED:
             self._check_open()
+
+    @property
+    def ended(self) -> bool:
+        """COMMITTED or ABORTED: :meth:`check_not_ended` raises."""
+        return self.state in _ENDED
 
     async def add_partition(self, topic: str, deadline: Deadline | None = None) -> None:
         """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain. Ends

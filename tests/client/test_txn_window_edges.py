@@ -3,7 +3,9 @@ window (``max_pending`` messages in flight: segtxn/client/inflight.py). The appl
 called ``send`` before ``commit``, so the send is in what commits: the commit waits for
 it. A v4 send (``persistent://``) was counted by its transaction only once it had room, so
 the commit went ahead without it. v5 (``topic://``) already counted it; its test keeps
-it so.
+it so. An ``abort()`` that stops waiting for such a send (or for one queued while its
+producer reconnects) ends the transaction without it: the send then fails with
+TransactionEnded and never reaches the broker.
 
 Real broker and coordinator on loopback (memory store). The window is held full on
 purpose: ``max_pending=1``, and the broker holds the send in it (outside the transaction)
@@ -167,3 +169,39 @@ async def test_a_send_that_gets_room_after_its_transaction_was_aborted_is_not_se
     assert sent.error.category is ErrorCategory.ABORTABLE
     assert window.published == [b"outside"]
     await asyncio.wait_for(producer.send(b"after"), 10)  # its slot was given back
+
+
+@pytest.mark.parametrize("protocol", ["v4", "v5"])
+async def test_a_send_queued_while_its_producer_reconnects_is_not_sent_after_an_abort(
+    client: Client, window: Window, monkeypatch: pytest.MonkeyPatch, protocol: str
+) -> None:
+    """A send in a transaction is queued while its producer's connection is down (it
+    reconnects: held here); ``abort()`` stops waiting for it (after half its limit) and
+    aborts. Once the producer is connected again, the send fails with TransactionEnded
+    and is not written: it was never sent, and the broker would only refuse it (it was
+    written on the new connection and refused there)."""
+    producer = await producer_for(client, protocol, "reconnecting")
+    window.go_on.set()  # (the broker does not hold sends here)
+    await producer.send(b"before")  # connected (a scalable producer: its segment's)
+    segment = producer if isinstance(producer, Producer) else producer._producers[0]
+    reconnecting, connected = asyncio.Event(), asyncio.Event()
+    connect = Producer._connect
+
+    async def held(self: Producer) -> Any:
+        reconnecting.set()
+        await connected.wait()
+        return await connect(self)
+
+    monkeypatch.setattr(Producer, "_connect", held)
+    ws = segment._ws
+    assert ws is not None
+    await ws.close()  # the connection is lost: the producer reconnects (held)
+    await asyncio.wait_for(reconnecting.wait(), 10)
+    txn = await client.transaction().start(protocol)
+    send = await producer.send_async(b"in", txn=txn)  # queued, not written
+    await txn.abort(timeout_s=0.6)  # waits 0.3 s for the send, then aborts without it
+    connected.set()
+    with pytest.raises(TransactionEnded):
+        await asyncio.wait_for(send, 10)
+    assert window.published == [b"before"]
+    await asyncio.wait_for(producer.send(b"after"), 10)
