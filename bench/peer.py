@@ -17,6 +17,13 @@ batch. Rows (``--plain-sizes``, ``--sizes``):
   ``tx_commit`` returns. All of a batch's operations on the one broker, the commit is the
   broker's one-step commit (docs/transactions.md): ``--two-step`` turns it off
   (``Client(one_step_commit=False)``), so END_TXN follows the op records.
+* ``txnp B`` (``--pipelined``, segtxn only): as ``txn B``, but each batch's commit runs
+  while the next batch is received, transformed and sent, in a transaction that follows
+  it (``client.transaction(after=...)``: it starts once the previous one's sends and acks
+  are done, and commits only if that one committed). Its segtxn ÷ RabbitMQ is against
+  RabbitMQ's ``txn B``: an AMQP channel's ``tx_commit`` ends one transaction before the
+  next begins, so RabbitMQ has no such row. Latency is still per batch, to its commit's
+  end.
 
 Durable everywhere: RabbitMQ durable classic queues and persistent messages; segtxn
 ``topic://`` topics of ``--segments`` segments (4: issue 16's and ``bench/txn.py``'s).
@@ -52,13 +59,14 @@ segtxn process counts, whatever it wrote.
 
 Run: ``.venv/bin/python bench/peer.py [--seconds S] [--rounds R] [--sizes 1,10,100,1000]
 [--plain-sizes 10,100|none] [--store etcd|memory] [--subscription Shared|Exclusive]
-[--no-rabbitmq] [--two-step]``.
+[--no-rabbitmq] [--two-step] [--pipelined]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import math
 import shutil
 import statistics
@@ -94,7 +102,7 @@ from peerlib import (
     transform,
 )
 
-from segtxn.client import Client, MessageId
+from segtxn.client import Client, MessageId, Transaction
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -224,12 +232,14 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
         outputs = await client.create_producer(sink)
         meter: Meter | None = None
         consumed, start, writes = 0, 0.0, 0
+        previous: Transaction | None = None  # (pipelined: the last batch's, committing)
+        in_flight: asyncio.Task[None] | None = None  # (pipelined: its commit)
         while consumed + row.size <= prefill:
             t0 = time.perf_counter()
             inputs = [await consumer.receive(RECEIVE_TIMEOUT_S) for _ in range(row.size)]
             txn = None
             if row.transactional:
-                txn = await client.transaction(timeout_s=TXN_TIMEOUT_S).start()
+                txn = await client.transaction(timeout_s=TXN_TIMEOUT_S, after=previous).start()
             sends = [
                 await outputs.send_async(transform(m.value), key=m.key, txn=txn) for m in inputs
             ]
@@ -237,8 +247,15 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
             committing = time.perf_counter()
             if txn is None:
                 await asyncio.gather(*sends, *acks)
-            else:  # the commit waits for them (as tx_commit covers RabbitMQ's publishes)
-                await txn.commit()
+            elif not row.pipelined:  # the commit waits for them (as tx_commit covers
+                await txn.commit()  # RabbitMQ's publishes)
+            else:  # this batch commits while the next is worked on; the last one's is done
+                commit = asyncio.create_task(txn.commit())
+                if meter is not None:  # (timed when it ends: not a warm-up batch)
+                    commit.add_done_callback(functools.partial(timed, sample, t0, committing))
+                if in_flight is not None:
+                    await in_flight
+                in_flight, previous = commit, txn
             now = time.perf_counter()
             consumed += row.size
             if meter is None:  # the warm-up batch ends: the window starts
@@ -246,14 +263,17 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
                 meter = Meter(cluster.broker_pid, cluster.other_pids)
                 start = time.perf_counter()
                 continue
-            sample.latencies.append(now - t0)
-            if txn is not None:
-                sample.commits.append(now - committing)
+            if not row.pipelined:
+                sample.latencies.append(now - t0)
+                if txn is not None:
+                    sample.commits.append(now - committing)
             sample.messages += row.size
             if now - start >= plan.seconds:
                 break
         else:
             sample.ran_out = True
+        if in_flight is not None:
+            await in_flight  # (its messages are counted: the window ends with it)
         sample.elapsed = time.perf_counter() - start
         if meter is not None:
             meter.stop(sample)
@@ -261,6 +281,15 @@ async def segtxn_row(cluster: Segtxn, name: str, row: Row, prefill: int, plan: P
             sample.store_writes = end - writes
         await consumer.close()
     return sample
+
+
+def timed(sample: Sample, t0: float, committing: float, commit: asyncio.Task[None]) -> None:
+    """A pipelined batch's commit ended: its latency (from receiving its first input) and
+    its commit call's time, if it committed (a failure is raised where it is awaited)."""
+    if not commit.cancelled() and commit.exception() is None:
+        now = time.perf_counter()
+        sample.latencies.append(now - t0)
+        sample.commits.append(now - committing)
 
 
 # ---------------------------------------------------------------------- driver
@@ -293,7 +322,7 @@ async def run_rounds(plan: Plan, segtxn: Segtxn, rabbit: RabbitNode | None) -> l
     for r in range(plan.rounds):
         for i, row in enumerate(plan.rows):
             order = systems if r % 2 == 0 else systems[::-1]
-            for system in ["segtxn"] if row.two_step else order:
+            for system in ["segtxn"] if row.segtxn_only else order:
                 rate = best.get((system, row), first_guess(row))
                 prefill = prefill_for(row, rate, plan.seconds)
                 name = f"peer-r{r}-{i}"
@@ -370,7 +399,7 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
     for system in systems:
         separate = system == "segtxn" and plan.store == "etcd"
         for row in plan.rows:
-            if row.two_step and system != "segtxn":
+            if row.segtxn_only and system != "segtxn":
                 continue  # (segtxn's own rows)
             rs = runs(system, row)
             if not rs:
@@ -421,8 +450,9 @@ def print_tables(plan: Plan, samples: list[Sample]) -> None:
     table = [header + tuple(f"txn ÷ plain, {s}" for s in systems)]
     for row in plan.rows:
         cells: tuple[str, ...] = (row.label,)
-        if len(systems) > 1:
-            cells += (spread(ratio(runs("segtxn", row), runs("RabbitMQ", row))),)
+        if len(systems) > 1:  # (segtxn's own rows against RabbitMQ's txn row of their size)
+            peer = Row(True, row.size) if row.segtxn_only else row
+            cells += (spread(ratio(runs("segtxn", row), runs("RabbitMQ", peer))),)
         table.append(cells + tuple(vs_plain(s, row) for s in systems))
     print_rows(table)
     for s in samples:
@@ -473,6 +503,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also a txn2 row per size: END_TXN after the op records (no one-step commit)",
     )
     parser.add_argument(
+        "--pipelined",
+        action="store_true",
+        help="also a txnp row per size: each batch commits while the next is worked on "
+        "(client.transaction(after=...)); its segtxn ÷ RabbitMQ is against RabbitMQ's txn row",
+    )
+    parser.add_argument(
         "--serve-standalone", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
@@ -483,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_on_sigterm()
     rows = [Row(False, s) for s in args.plain_sizes] + [Row(True, s) for s in args.sizes]
     rows += [Row(True, s, two_step=True) for s in args.sizes if args.two_step]
+    rows += [Row(True, s, pipelined=True) for s in args.sizes if args.pipelined]
     plan = Plan(rows, args.rounds, args.seconds, args.segments, args.subscription, args.store)
     script = None if args.no_rabbitmq else rabbitmq_script()
     if script is None and not args.no_rabbitmq:

@@ -49,17 +49,35 @@ INSTALL_HINT = (
 @dataclass(frozen=True)
 class Row:
     """One kind of loop: ``plain`` (at-least-once: sends confirmed, then inputs acked),
-    ``txn`` (one transaction per batch of ``size``) or ``txn2`` (segtxn's, ended by END_TXN
-    after the op records: ``--two-step``)."""
+    ``txn`` (one transaction per batch of ``size``), ``txn2`` (segtxn's, ended by END_TXN
+    after the op records: ``--two-step``) or ``txnp`` (segtxn's, pipelined: each batch
+    commits while the next is worked on, ``client.transaction(after=...)``:
+    ``--pipelined``)."""
 
     transactional: bool
     size: int
     two_step: bool = False
     """segtxn only: END_TXN after the op records, not the broker's one-step commit."""
+    pipelined: bool = False
+    """segtxn only: the next batch's transaction follows this one's, which commits
+    meanwhile (AMQP channel transactions have no such thing: a channel's ``tx_commit``
+    ends one before the next begins)."""
+
+    @property
+    def segtxn_only(self) -> bool:
+        return self.two_step or self.pipelined
 
     @property
     def label(self) -> str:
-        kind = "txn2" if self.two_step else "txn" if self.transactional else "plain"
+        kind = (
+            "txn2"
+            if self.two_step
+            else "txnp"
+            if self.pipelined
+            else "txn"
+            if self.transactional
+            else "plain"
+        )
         return f"{kind} {self.size}"
 
 

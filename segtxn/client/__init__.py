@@ -57,6 +57,7 @@ from segtxn.client.reader import Reader
 from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import (
     OutcomeUnknown,
+    PrecedingNotCommitted,
     Transaction,
     TransactionEnded,
     TransactionFailed,
@@ -90,6 +91,7 @@ __all__ = [
     "OperationCancelled",
     "OutcomeUnknown",
     "PersistenceError",
+    "PrecedingNotCommitted",
     "PreconditionFailed",
     "Producer",
     "ProducerBusy",

@@ -289,20 +289,33 @@ class Client:
         self._closables.append(consumer)
         return consumer
 
-    def transaction(self, *, timeout_s: float = 60.0) -> Transaction:
+    def transaction(
+        self, *, timeout_s: float = 60.0, after: Transaction | None = None
+    ) -> Transaction:
         """A new transaction: ``async with client.transaction() as txn: ...`` commits on
         exit and aborts on an exception. The coordinator aborts it after ``timeout_s`` (its
         lifetime); each of its calls has the client's operation timeout.
 
+        ``after``: a transaction whose commit may still be under way (pipelining a
+        consume-transform-produce loop: the next batch is worked on while the last one
+        commits). This one starts once that one's sends and acks are done, and commits
+        only once that one has committed; if that one is aborted (or its outcome is not
+        known within this one's commit limit), this one is aborted too and its commit
+        raises TransactionFailed from PrecedingNotCommitted. So what the two wrote counts
+        in their order, or not at all (docs/transactions.md, "Pipelined transactions").
+
         Raises:
             TypeError / ValueError: ``timeout_s`` is not a finite number of seconds > 0
                 (the coordinator's upper bound, 3600 s unless configured, is its to check:
-                InvalidArgument at the transaction's start).
+                InvalidArgument at the transaction's start), or ``after`` is not a
+                Transaction.
         """
         lifetime = _lifetime(timeout_s)
+        if after is not None and not isinstance(after, Transaction):
+            raise TypeError(f"after must be a Transaction or None, not {type(after).__name__}")
         if self._coordinators is None:
             self._coordinators = Coordinators(self.connector, prestart=self._prestart)
-        txn = Transaction(self._coordinators, lifetime, one_step=self._one_step)
+        txn = Transaction(self._coordinators, lifetime, one_step=self._one_step, after=after)
         self._transactions.add(txn)  # to abort at close() if left open
         return txn
 

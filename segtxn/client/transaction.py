@@ -28,6 +28,16 @@ go of them; until then it hands the application nothing newer from those topics.
 the transaction had acknowledged, as if the consumer had sought back (Kafka's consumer does
 this by hand after an abort).
 
+**Pipelined transactions.** A loop that commits each batch before it receives the next
+waits a whole commit per batch. ``client.transaction(after=previous)`` lets it work on the
+next batch while the previous one commits (``asyncio.create_task(previous.commit())``):
+the new transaction starts once the previous one's sends and acks are done, and its commit
+waits for the previous one to end. Only if that one COMMITTED does this one commit;
+otherwise it is aborted too (TransactionFailed from PrecedingNotCommitted), so what a chain
+of them wrote counts in order or not at all: had the first aborted while the second
+committed, the first's inputs, delivered again, would be processed again after the
+second's outputs were already out.
+
 This module is a transaction's end: ``commit``, ``abort``, leaving ``async with``, its
 client's close. How it starts, its states, and how its sends and acks join it (the half
 they call): :mod:`segtxn.client.txnjoining`. Finding the coordinators, failing over
@@ -60,6 +70,7 @@ from segtxn.client.timeouts import Deadline
 from segtxn.client.txnjoining import Joinable
 from segtxn.client.txnstates import (
     OutcomeUnknown,
+    PrecedingNotCommitted,
     TransactionEnded,
     TransactionFailed,
     TransactionState,
@@ -69,6 +80,7 @@ from segtxn.protocol.txn import TxnAction
 
 __all__ = [
     "OutcomeUnknown",
+    "PrecedingNotCommitted",
     "Transaction",
     "TransactionEnded",
     "TransactionFailed",
@@ -87,11 +99,17 @@ class Transaction(Joinable):
     :class:`~segtxn.client.txnjoining.Joinable`, which it extends."""
 
     def __init__(
-        self, coordinators: Coordinators, timeout_s: float, *, one_step: bool = False
+        self,
+        coordinators: Coordinators,
+        timeout_s: float,
+        *,
+        one_step: bool = False,
+        after: Transaction | None = None,
     ) -> None:
         """``timeout_s``: its lifetime at the coordinator (NEW_TXN's); ``one_step``: commit
-        a v5 transaction whose operations all went to one broker at that broker."""
-        super().__init__(coordinators, timeout_s, one_step=one_step)
+        a v5 transaction whose operations all went to one broker at that broker;
+        ``after``: the transaction this one follows (see the module docstring)."""
+        super().__init__(coordinators, timeout_s, one_step=one_step, after=after)
         self.committed_by: str | None = None
         """Once COMMITTED, who confirmed it: ``"broker"`` (the one-step commit) or
         ``"coordinator"`` (END_TXN); None before, or when it committed nothing."""
@@ -126,9 +144,14 @@ class Transaction(Joinable):
             self._move(TransactionState.COMMITTED)
             return
         self._check_open(TransactionState.COMMITTING)  # an unknown outcome: commit again
+        await self._follow(deadline)
         answer = Answer.NOT_HERE
         placements = self.placements  # (None: v4, or the one-step commit is off)
-        if placements is not None and self.state is TransactionState.OPEN:
+        if (
+            placements is not None
+            and self.state is TransactionState.OPEN
+            and self.operations.failure is None
+        ):
             answer = await self._commit_at_broker(placements, deadline)
             if answer is Answer.COMMITTED:
                 return
@@ -167,6 +190,29 @@ class Transaction(Joinable):
             raise
         self.committed_by = "coordinator"
         self.operations.committed()
+
+    async def _follow(self, deadline: Deadline) -> None:
+        """Before anything is asked to commit it: wait, for at most half of what is left
+        until ``deadline`` (the rest is for aborting it), for the transaction it follows to
+        end. Unless that one COMMITTED, this one is poisoned with PrecedingNotCommitted (so
+        the commit goes on to abort it)."""
+        after = self.after
+        if after is None:
+            return
+        remaining = deadline.remaining()
+        wait = deadline if remaining is None else Deadline(remaining / 2)
+        ended = await after.wait_ended(wait)
+        self.after = None  # (known now: let it go)
+        if after.state is TransactionState.COMMITTED:
+            return
+        how = "was aborted" if ended else f"had not ended within {wait}"
+        self.operations.poison(
+            PrecedingNotCommitted(
+                f"transaction {self._id} follows transaction {after._id}, which {how}: "
+                "it is aborted too, so that nothing it wrote or acknowledged counts before "
+                "what that one did"
+            )
+        )
 
     async def _commit_at_broker(self, placements: Placements, deadline: Deadline) -> Answer:
         """The one-step commit if eligible (nothing failed, each operation placed or settled

@@ -23,6 +23,7 @@ application's (waiting for the operations, END_TXN, the one-step commit, lost an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from typing import Self, TypeVar
 
@@ -49,9 +50,20 @@ class Joinable:
     :class:`~segtxn.client.transaction.Transaction` is the whole."""
 
     def __init__(
-        self, coordinators: Coordinators, timeout_s: float, *, one_step: bool = False
+        self,
+        coordinators: Coordinators,
+        timeout_s: float,
+        *,
+        one_step: bool = False,
+        after: Joinable | None = None,
     ) -> None:
-        """NEW: nothing is asked of a coordinator until it starts (see ``Transaction``)."""
+        """NEW: nothing is asked of a coordinator until it starts (see ``Transaction``).
+        ``after``: the transaction this one follows (see ``Transaction``), if any."""
+        self.after = after
+        """The transaction this one follows until its commit has learned how that one
+        ended (then None, so that a long chain of them is not kept alive)."""
+        self._ended = asyncio.Event()
+        """Set once it is COMMITTED or ABORTED (what a transaction following it waits for)."""
         self._coordinators = coordinators
         self._timeout_s = timeout_s
         self._id: TxnId | None = None
@@ -114,6 +126,7 @@ class Joinable:
         Raises Timeout (RETRIABLE: nothing was done), ClientError (ended), or NEW_TXN's."""
         if self._id is None:
             with self.operations.joining():  # (waiting for another's start included)
+                await self._after_settled(deadline)
                 try:
                     async with deadline.timeout():
                         await self._starting.acquire()
@@ -128,6 +141,23 @@ class Joinable:
                         await self._open(protocol, deadline)
                 finally:
                     self._starting.release()
+
+    async def _after_settled(self, deadline: Deadline) -> None:
+        """A transaction that follows another starts once that one's sends and acks are
+        done (held by its transaction): on an ordered subscription the broker refuses an
+        acknowledgment in one transaction while an earlier message's is still on its way in
+        another (``TransactionConflict``), as that one might abort while this one commits.
+
+        Raises Timeout (RETRIABLE: nothing was done) when they are not done by
+        ``deadline``."""
+        after = self.after
+        if after is not None and not await after.operations.settle(deadline):
+            raise Timeout(
+                f"the transaction was not started within {deadline}: the transaction it "
+                f"follows ({after._id}) still has {len(after.operations.in_flight)} "
+                "operations in flight; nothing was done",
+                category=ErrorCategory.RETRIABLE,
+            )
 
     async def _open(self, protocol: str, deadline: Deadline) -> None:
         self._check_open(TransactionState.NEW)  # (ended while it waited to start it)
@@ -149,6 +179,18 @@ class Joinable:
         if to is not self.state and to not in NEXT[self.state]:
             raise ClientError(f"transaction {self._id}: {self.state} cannot become {to}")
         self.state = to
+        if not NEXT[to]:  # COMMITTED or ABORTED, for good
+            self._ended.set()
+
+    async def wait_ended(self, deadline: Deadline) -> bool:
+        """Wait until it is COMMITTED or ABORTED, at most until ``deadline``; False if it is
+        not by then (not yet committed or aborted, or its commit's outcome unknown)."""
+        if self._ended.is_set():
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with deadline.timeout():
+                await self._ended.wait()
+        return self._ended.is_set()
 
     def _check_open(self, *also: TransactionState) -> None:
         """Raises ClientError naming its state unless it is OPEN (or in ``also``):

@@ -9,7 +9,14 @@ import enum
 from segtxn.client.errors import ClientError
 from segtxn.protocol.errors import ErrorCategory
 
-__all__ = ["NEXT", "OutcomeUnknown", "TransactionEnded", "TransactionFailed", "TransactionState"]
+__all__ = [
+    "NEXT",
+    "OutcomeUnknown",
+    "PrecedingNotCommitted",
+    "TransactionEnded",
+    "TransactionFailed",
+    "TransactionState",
+]
 
 
 class TransactionState(enum.StrEnum):
@@ -77,3 +84,16 @@ class OutcomeUnknown(ClientError):
     can tell, from what the transaction wrote, whether it counted."""
 
     category = ErrorCategory.OUTCOME_UNKNOWN
+
+
+class PrecedingNotCommitted(ClientError):
+    """The transaction this one follows (``client.transaction(after=...)``) did not commit:
+    it was aborted, or its outcome was not known by the time this one's commit gave up
+    waiting. This one is aborted too (the ``__cause__`` of its commit's
+    :class:`TransactionFailed`): committed, what it wrote would count before what the one it
+    follows wrote once that one's inputs are processed again, out of order.
+
+    ABORTABLE: start a new transaction; what both acknowledged is delivered again, in
+    order."""
+
+    category = ErrorCategory.ABORTABLE
