@@ -19,6 +19,7 @@ from urllib.parse import quote
 import aiohttp
 
 from segtxn.broker.metrics import BrokerMetrics
+from segtxn.ledger.errors import report_once
 from segtxn.metastore import (
     MUST_NOT_EXIST,
     AlreadyExists,
@@ -31,7 +32,7 @@ from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import TOPICS, Catalog
 from segtxn.topics.controller import Controller
-from segtxn.topics.model import ScalableTopic, read_topic
+from segtxn.topics.model import DamagedRecord, ScalableTopic, read_topic
 
 log = logging.getLogger(__name__)
 
@@ -178,18 +179,40 @@ class TopicControllers:
         while True:
             await asyncio.sleep(self._sweep_s)  # a schedule, not a wait for a condition
             try:
-                listing = await self._store.list_prefix(TOPICS + "topic/")
-                for record in listing.records:
-                    topic = read_topic(record.key, record.value)
-                    if not isinstance(topic, ScalableTopic) or topic.pending is None:
-                        continue
-                    if topic.deleting:  # its deletion stops the change (Controller.finish)
-                        continue
-                    name = TopicName.from_path(record.key[len(TOPICS) :], check_lengths=False)
-                    if await self.leader(name) is None:
-                        async with self.lock(name):
-                            await self._controller().finish(name)
+                await self.sweep_once()
             except (MetadataStoreError, ServerError) as e:
                 log.warning("controller sweep failed: %s", e)
             except Exception:
                 log.exception("controller sweep failed")
+
+    async def sweep_once(self) -> None:
+        """One round of the sweep: finish every scalable topic's pending split or merge
+        whose controller key is free (or this broker's).
+
+        A topic whose round fails is skipped until the next round, and the others are
+        swept: a record that does not decode (:class:`DamagedRecord`, stored data that
+        stays damaged until an operator acts) is reported at ERROR once by key, without a
+        traceback (:func:`report_once`); a store or peer failure finishing one topic is a
+        WARNING.
+
+        Raises:
+            MetadataStoreError: the topics could not be listed.
+        """
+        listing = await self._store.list_prefix(TOPICS + "topic/")
+        for record in listing.records:
+            try:
+                topic = read_topic(record.key, record.value)
+            except DamagedRecord as e:
+                report_once(log, e, "controller sweep: skipping a topic: %s", e)
+                continue
+            if not isinstance(topic, ScalableTopic) or topic.pending is None:
+                continue
+            if topic.deleting:  # its deletion stops the change (Controller.finish)
+                continue
+            name = TopicName.from_path(record.key[len(TOPICS) :], check_lengths=False)
+            try:
+                if await self.leader(name) is None:
+                    async with self.lock(name):
+                        await self._controller().finish(name)
+            except (MetadataStoreError, ServerError) as e:
+                log.warning("controller sweep: %s stays pending until the next round: %s", name, e)
