@@ -176,12 +176,26 @@ async def check_not_unloaded(service: BrokerService, topic: Topic) -> None:
 
 def write_failed(service: BrokerService, topic: Topic, failure: WriteFailed) -> None:
     """Unload ``topic`` if its ledger stopped for a reason reopening may cure (retriable);
-    damage is not one: that topic stays, refusing appends."""
-    if not failure.retriable or service.topics.get(topic.name) is not topic:
+    damage is not one: that topic stays, refusing appends.
+
+    The unload runs in the background (this is the ledger's callback) under the guard of
+    :meth:`BrokerService.unload`: until the old instance is closed (its ledger's file lock
+    let go), a client asking for the topic is told to retry rather than load a second
+    instance beside it, which the lock would refuse as if the ledger were broken."""
+    name = topic.name
+    if not failure.retriable or service.topics.get(name) is not topic:
         return
-    del service.topics[topic.name]
-    log.warning("%s: unloading it (%s); the next client reopens it", topic.name, failure)
-    dropping = asyncio.create_task(let_go(topic), name=f"drop-{topic.name}")
+    service.begin_unload(name)  # in the same step as the topic leaves the broker's topics
+    del service.topics[name]
+    log.warning("%s: unloading it (%s); the next client reopens it", name, failure)
+
+    async def drop() -> None:
+        try:
+            await let_go(topic)
+        finally:
+            service.end_unload(name)
+
+    dropping = asyncio.create_task(drop(), name=f"drop-{name}")
     service.dropping.add(dropping)
     dropping.add_done_callback(service.dropping.discard)
 

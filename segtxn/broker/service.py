@@ -427,7 +427,7 @@ class BrokerService:
         to retry (``ServiceNotReady``) rather than load a second instance beside the one
         being closed, and a load in flight is waited for and let go, not served after it.
         """
-        self._unloading[name] = self._unloading.get(name, 0) + 1
+        self.begin_unload(name)
         try:
             loading = self._loading.get(name)
             if loading is not None:  # it lets itself go as it ends (handoff.check_not_unloaded)
@@ -437,12 +437,25 @@ class BrokerService:
                 await handoff.let_go(topic)
                 log.info("unloaded %s from broker %s", name, self.broker_id)
         finally:
-            left = self._unloading.pop(name) - 1
-            if left:
-                self._unloading[name] = left
+            self.end_unload(name)
+
+    def begin_unload(self, name: TopicName) -> None:
+        """Mark ``name`` as being unloaded, until as many :meth:`end_unload` calls: a
+        client asking for it meanwhile is told to retry, and a load of it in flight is let
+        go as it ends (:func:`handoff.check_not_leaving`, :func:`handoff.check_not_unloaded`).
+        Synchronous, so that a caller that takes the topic out of :attr:`topics` in the same
+        step leaves no moment in which a load could open its ledger beside the instance
+        being closed."""
+        self._unloading[name] = self._unloading.get(name, 0) + 1
+
+    def end_unload(self, name: TopicName) -> None:
+        """End one :meth:`begin_unload` of ``name``."""
+        left = self._unloading.pop(name) - 1
+        if left:
+            self._unloading[name] = left
 
     def is_unloading(self, name: TopicName) -> bool:
-        """Whether :meth:`unload` is unloading ``name`` now."""
+        """Whether ``name`` is being unloaded now (:meth:`begin_unload`)."""
         return name in self._unloading
 
     async def seal(self, name: TopicName) -> Position | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from segtxn.client import Client, Consumer
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore.fault_holds import Hold
 from segtxn.protocol.names import TopicName
+from tests.broker.test_disk_full import FullDisk
 from tests.cluster import Cluster
 from tests.waiting import wait_until
 
@@ -128,3 +130,56 @@ async def test_an_unload_lets_go_of_a_load_in_flight_and_the_client_gets_in_afte
             loads.release()
             await asyncio.gather(subscribing, return_exceptions=True)
         assert "unloaded" in _retried(caplog)[0], _retried(caplog)
+
+
+# ---------------------------------------------------------------------------------------
+# 3. A topic whose ledger stopped taking appends for a retriable reason (here a full disk)
+#    is dropped in the background (handoff.write_failed). The drop did not go through the
+#    unload guard: a client arriving while the old instance was still closing loaded a
+#    second one beside it, refused by the ledger file's lock ("... is held by another
+#    writer", an ERROR).
+
+
+async def test_a_client_arriving_while_a_topic_is_dropped_after_a_failed_write_retries(
+    cluster: Cluster,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    disk = FullDisk(tmp_path / "ledgers", "append", monkeypatch)
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC, send_timeout_s=30)
+        await producer.send(b"m0")
+        old = service.topics[name]
+        closing = cluster.faults.hold("txn", key_prefix=DEDUP_PREFIX, before=True)
+        disk.full = True
+        sending = asyncio.create_task(producer.send(b"m1"))
+        subscribing: asyncio.Task[Consumer] | None = None
+        try:
+            with caplog.at_level(logging.DEBUG):
+                await closing.wait_for(1)  # the old instance is closing, out of the topics
+                assert disk.refused and name not in service.topics
+                disk.full = False
+                subscribing = asyncio.create_task(
+                    client.subscribe(TOPIC, "s", initial_position="earliest", timeout_s=20)
+                )
+                await wait_until(lambda: bool(_retried(caplog)), what="a client told to retry")
+                assert "being unloaded" in _retried(caplog)[0], _retried(caplog)
+                assert name not in service.topics and not service.is_loading(name)
+                closing.release()
+                consumer = await subscribing
+                await sending  # the producer resends it to the instance loaded again
+                got = [(await consumer.receive(timeout_s=10)).value for _ in range(2)]
+                assert got == [b"m0", b"m1"], got
+        finally:
+            closing.release()
+            disk.full = False
+            await asyncio.gather(
+                sending, *([subscribing] if subscribing else []), return_exceptions=True
+            )
+        assert service.topics[name] is not old
+        assert _load_failures(caplog) == [], [r.getMessage() for r in _load_failures(caplog)]
+        assert not [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
