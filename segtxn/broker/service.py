@@ -489,11 +489,24 @@ class BrokerService:
         (``LedgerMismatch``, a foreign volume) leaves the topic served, its clients
         connected and its subscriptions' state whole, rather than cut them off and delete
         part of it for a deletion that cannot finish.
+
+        Raises:
+            ServerError: ServiceNotReady, the deletion stopped part-way (a store or ledger
+                error: :meth:`Topic.delete`); the topic is let go, and a retry finishes it.
+            LedgerMismatch, MetadataStoreError: from the check; nothing was changed.
         """
         await topic.check_deletable()
         self.topics.pop(name, None)
         await topic.disconnect_clients()
-        await topic.delete()
+        try:
+            await topic.delete()
+        except (LedgerError, MetadataStoreError) as e:
+            log.warning("deleting %s on broker %s stopped part-way: %s", name, self.broker_id, e)
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{name}: its deletion stopped part-way ({type(e).__name__}: {e}); it is "
+                "let go, and loads again as it is left: retry the deletion to finish it",
+            ) from e
         log.info("deleted %s's data on broker %s", name, self.broker_id)
 
     # ------------------------------------------------------------------ creation

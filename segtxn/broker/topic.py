@@ -346,19 +346,45 @@ class Topic:
     async def delete(self) -> None:
         """Delete the topic's data, subscriptions (with their v4 pending-ack logs),
         de-duplication state and its transaction buffer's records (a segment's) or
-        snapshots (a v4 topic's)."""
-        for subscription in self.subscriptions.values():
-            await subscription.close()
-        for subscription in self.subscriptions.values():
-            await subscription.pending_acks.deleted()
-        self.subscriptions.clear()
-        await self.buffer.close()
-        await self.publishing.settle()
-        await self.ledger.delete()
+        snapshots (a v4 topic's).
+
+        A failure part-way (a store error deleting a pending-ack log, ...) raises on, and
+        the topic is let go all the same: its subscriptions, transaction buffer and ledger
+        are closed (:meth:`_close_after_failure`). Left open, its ledger's writer would
+        hold the file's lock, and every later load of the topic would be refused ("held by
+        another writer") until the broker restarted; closed, it loads again, to be served,
+        or deleted by a retry (each step is idempotent: what was deleted stays so).
+
+        Raises:
+            MetadataStoreError, LedgerError: a step failed (the topic is closed).
+        """
+        try:
+            for subscription in self.subscriptions.values():
+                await subscription.close()
+            for subscription in self.subscriptions.values():
+                await subscription.pending_acks.deleted()
+            self.subscriptions.clear()
+            await self.buffer.close()
+            await self.publishing.settle()
+        except BaseException:
+            await self._close_after_failure()
+            raise
+        await self.ledger.delete()  # (closes the ledger first, even if it then fails)
         await self.dedup.delete()
         await self.buffer.deleted()
         if self.name.domain is Domain.SEGMENT:
             await delete_records(self._store, str(self.name))
+
+    async def _close_after_failure(self) -> None:
+        """Close what a failed :meth:`delete` may have left open, each part even if another
+        fails (logged), the ledger last and always: it must let go of its files."""
+        parts = [*(s.close for s in self.subscriptions.values()), self.buffer.close]
+        for close in parts:
+            try:
+                await close()
+            except Exception as e:
+                log.warning("%s: closing after a failed delete: %s", self.name, e)
+        await self.ledger.close()
 
     async def close(self) -> None:
         for subscription in self.subscriptions.values():

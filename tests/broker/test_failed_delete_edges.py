@@ -1,0 +1,61 @@
+"""A topic's deletion that fails part-way (segtxn/broker/topic.py, ``Topic.delete``): the
+topic is let go cleanly, its ledger closed, so it loads again (to be served, or deleted by a
+retry), and the client is told to retry.
+
+Real components: the cluster's broker and coordinator on its store (memory and a real etcd),
+files in ``tmp_path``; the failure is a store fault on one v4 pending-ack log's metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from segtxn.broker.txn.pending_ack_log import pending_ack_log
+from segtxn.client import Client, ErrorCategory, ServerError
+from segtxn.ledger.metadata import metadata_key
+from segtxn.protocol.names import TopicName
+from tests.cluster import Cluster
+
+TOPIC = "persistent://acme/delete/failing"
+
+
+async def test_a_delete_failing_part_way_lets_the_topic_go_cleanly_and_a_retry_finishes_it(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    log_ = pending_ack_log(TOPIC, "s")
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"m0")
+        consumer = await client.subscribe(
+            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+        )
+        message = await consumer.receive(timeout_s=10)
+        txn = client.transaction()
+        await consumer.acknowledge(message, txn=txn)  # the subscription's v4 log holds it
+        await txn.abort()
+        assert await cluster.store.get(metadata_key(log_)) is not None
+        old = service.topics[name]
+
+        cluster.faults.fail("txn", key_prefix=metadata_key(log_), times=1)
+        with caplog.at_level(logging.INFO):
+            with pytest.raises(ServerError) as caught:
+                await client.admin.delete_topic(TOPIC, force=True)
+            assert caught.value.category is ErrorCategory.RETRIABLE, caught.value
+            assert service.topics.get(name) is not old, "the half-deleted instance is served"
+            assert old.ledger.is_closing, "its ledger was left open"
+
+            # it loads again (no second writer refused), and a retry finishes the deletion
+            await client.admin.stats(TOPIC)
+            await client.admin.delete_topic(TOPIC, force=True)
+        assert name not in service.topics
+        said = str(caught.value)
+        assert f"{TOPIC}: its deletion stopped part-way" in said and "retry" in said, said
+        assert await cluster.store.get(metadata_key(log_)) is None
+        assert await cluster.store.get(metadata_key(TOPIC)) is None
+        writers = [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
+        assert not writers, writers
