@@ -114,6 +114,9 @@ async def producer(request: web.Request) -> web.StreamResponse:
         return error_response(e, request)
     ws = new_socket(request)
     await ws.prepare(request)
+    if topic.leaving:  # let go as it connected (Topic.check_serving): it reconnects
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic unloaded")
+        return ws
     expiry = close_at_expiry(request, ws)
     if isinstance(held, web.WebSocketResponse) and topic.producers.get(producer_name) is held:
         # The same producer again (its instance): it saw its old connection drop, which the

@@ -29,7 +29,7 @@ from segtxn.broker.txn.pending_ack_records import MetadataPendingAckStore
 from segtxn.broker.txn.snapshots import SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import NoTransactions, TransactionBuffer
-from segtxn.ledger import LogStorage, ManagedLedger, Position, TrimResult
+from segtxn.ledger import LedgerClosed, LogStorage, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
@@ -75,6 +75,10 @@ class Topic:
         """Cursor-less readers reading it now."""
         self.idle_since: float | None = None
         """When (monotonic) it was last seen idle by the broker's sweep (None: in use)."""
+        self.leaving = False
+        """Set once the broker lets go of this instance (its clients are hung up on, then
+        it is closed or deleted; it is out of the broker's topics already): from then on
+        no client attaches to it (:meth:`check_serving`)."""
         self.publishing = Publishing(name, ledger, dedup, buffer, settings.max_message_bytes)
         self.counters = self.publishing.counters
         self._sub_lock = asyncio.Lock()
@@ -173,52 +177,87 @@ class Topic:
 
     # ------------------------------------------------------------------ subscriptions
 
+    def check_serving(self) -> None:
+        """Raise unless this instance is still served: a client that got it from the
+        broker just before the broker let go of it (an unload, a move, a deletion) must
+        not attach to it as it closes (it would wait for ever on a closed ledger), and is
+        told to retry instead: it then finds the topic loaded again, or where it lives.
+
+        Raises:
+            ServerError: ServiceNotReady.
+        """
+        if self.leaving:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{self.name} was let go by this broker (unloaded, moved or deleted) as the "
+                "client connected; try again",
+            )
+
     async def subscription(self, name: str, *, initial: str = "latest") -> Subscription:
-        """The subscription ``name``, created (durably) if it does not exist."""
+        """The subscription ``name``, created (durably) if it does not exist.
+
+        Raises:
+            ServerError: ServiceNotReady, the topic is let go (:meth:`check_serving`),
+                before or while the subscription was made (then it is closed again).
+        """
         async with self._sub_lock:
+            self.check_serving()
             existing = self.subscriptions.get(name)
             if existing is not None:
                 return existing
-            cursor = await self.ledger.open_cursor(name, start=initial)
-            subscription = Subscription(
-                name,
-                self.ledger,
-                cursor,
-                self.buffer,
-                batch=self.settings.dispatch_batch,
-                max_permits=self.settings.max_permits,
-                hold_s=self.settings.consumer_hold_s if self.name.domain is Domain.SEGMENT else 0,
-                rewinds=UNORDERED_REDELIVERY not in self.settings.test_bugs,
-            )
-            if self.name.domain is Domain.SEGMENT:
-                subscription.pending_acks = MetadataPendingAckStore(
-                    str(self.name),
-                    name,
-                    cursor=cursor,
-                    ledger=self.ledger,
-                    store=self._store,
-                    headers=self._headers,
-                    release=subscription.release,
-                    metrics=self._metrics,
-                    ops=self._ops,
-                )
-                await subscription.pending_acks.recover()
-            elif self.name.domain is Domain.PERSISTENT:
-                subscription.pending_acks = MLPendingAckStore(
-                    str(self.name),
-                    name,
-                    cursor=cursor,
-                    store=self._store,
-                    storage=self._storage,
-                    settings=self.settings.ledger,
-                    release=subscription.release,
-                    checks=self._v4,
-                    compact_entries=self.settings.txn_log_compact_entries,
-                    metrics=self._metrics,
-                )
-                await subscription.pending_acks.recover()
+            try:
+                subscription = await self._make_subscription(name, initial)
+            except LedgerClosed:
+                self.check_serving()  # the ledger is closed because the topic is let go
+                raise
+            if self.leaving:  # let go while it was made: the close did not see it
+                await subscription.close()
+                self.check_serving()
             self.subscriptions[name] = subscription
             return subscription
+
+    async def _make_subscription(self, name: str, initial: str) -> Subscription:
+        """A new subscription ``name`` (its cursor made if need be), its pending acks
+        recovered; not in :attr:`subscriptions` yet."""
+        cursor = await self.ledger.open_cursor(name, start=initial)
+        subscription = Subscription(
+            name,
+            self.ledger,
+            cursor,
+            self.buffer,
+            batch=self.settings.dispatch_batch,
+            max_permits=self.settings.max_permits,
+            hold_s=self.settings.consumer_hold_s if self.name.domain is Domain.SEGMENT else 0,
+            rewinds=UNORDERED_REDELIVERY not in self.settings.test_bugs,
+        )
+        if self.name.domain is Domain.SEGMENT:
+            subscription.pending_acks = MetadataPendingAckStore(
+                str(self.name),
+                name,
+                cursor=cursor,
+                ledger=self.ledger,
+                store=self._store,
+                headers=self._headers,
+                release=subscription.release,
+                metrics=self._metrics,
+                ops=self._ops,
+            )
+            await subscription.pending_acks.recover()
+        elif self.name.domain is Domain.PERSISTENT:
+            subscription.pending_acks = MLPendingAckStore(
+                str(self.name),
+                name,
+                cursor=cursor,
+                store=self._store,
+                storage=self._storage,
+                settings=self.settings.ledger,
+                release=subscription.release,
+                checks=self._v4,
+                compact_entries=self.settings.txn_log_compact_entries,
+                metrics=self._metrics,
+            )
+            await subscription.pending_acks.recover()
+        return subscription
 
     def subscription_names(self) -> list[str]:
         return sorted(set(self.ledger.cursors) | set(self.subscriptions))
@@ -228,8 +267,10 @@ class Topic:
     ) -> Subscription:
         """Attach a consumer (it is sent ConsumerReady) to ``name``, created if new.
 
-        Raises ServerError(ConsumerBusy)."""
+        Raises ServerError(ConsumerBusy; ServiceNotReady, the topic is let go meanwhile:
+        :meth:`check_serving`)."""
         subscription = await self.subscription(name, initial=initial)
+        self.check_serving()  # (no yield between this and the attach)
         subscription.attach(link, sub_type)
         return subscription
 
@@ -304,7 +345,9 @@ class Topic:
     async def disconnect_clients(self) -> None:
         """Hang up on every producer, consumer and reader (they reconnect and learn why:
         the topic loaded again, or gone). A reader too: its delivery stops at the closed
-        ledger, and left connected it would wait for ever."""
+        ledger, and left connected it would wait for ever. From now on no client attaches
+        (:attr:`leaving`)."""
+        self.leaving = True
         for connection in list(self.producers.values()):
             close = getattr(connection, "close", None)
             if close is not None:
@@ -358,10 +401,11 @@ class Topic:
         Raises:
             MetadataStoreError, LedgerError: a step failed (the topic is closed).
         """
+        self.leaving = True
         try:
-            for subscription in self.subscriptions.values():
+            for subscription in list(self.subscriptions.values()):
                 await subscription.close()
-            for subscription in self.subscriptions.values():
+            for subscription in list(self.subscriptions.values()):
                 await subscription.pending_acks.deleted()
             self.subscriptions.clear()
             await self.buffer.close()
@@ -387,7 +431,8 @@ class Topic:
         await self.ledger.close()
 
     async def close(self) -> None:
-        for subscription in self.subscriptions.values():
+        self.leaving = True
+        for subscription in list(self.subscriptions.values()):
             await subscription.close()
         await self.buffer.close()
         await self.publishing.settle()

@@ -113,6 +113,15 @@ async def consumer(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     ws = new_socket(request)
     link: ConsumerLink | None = None
+    upgraded = False
+
+    async def hang_up() -> None:
+        """Hang up as the topic is let go. The consumer is attached before the upgrade (a
+        refusal is an HTTP answer), and there is no socket to close before it: the
+        endpoint then hangs up itself once upgraded (it looks at ``topic.leaving``)."""
+        if upgraded:
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic unloaded")
+
     try:
         name = topic_from(request)
         subscription_name = check_name("subscription", request.match_info["subscription"])
@@ -123,11 +132,7 @@ async def consumer(request: web.Request) -> web.StreamResponse:
         )
         topic = await service.serve(name)
         outbox = Outbox(ws, service.settings.max_permits + 64, f"consumer-{consumer_name}")
-        link = ConsumerLink(
-            consumer_name,
-            _counting(outbox, service.metrics),
-            lambda: ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic unloaded"),
-        )
+        link = ConsumerLink(consumer_name, _counting(outbox, service.metrics), hang_up)
         # attach queues ConsumerReady, the first frame, before anything else for the link
         subscription = await topic.attach(subscription_name, link, sub_type, initial)
     except ServerError as e:
@@ -135,6 +140,10 @@ async def consumer(request: web.Request) -> web.StreamResponse:
     expiry: Callable[[], None] = _nothing
     try:
         await ws.prepare(request)
+        upgraded = True
+        if topic.leaving:  # let go since it was attached: its hang-up found no socket
+            await hang_up()
+            return ws
         expiry = close_at_expiry(request, ws)
         outbox.start()
         await _serve_consumer(
@@ -254,6 +263,9 @@ async def reader(request: web.Request) -> web.StreamResponse:
     except ServerError as e:
         return error_response(e, request)
     await ws.prepare(request)
+    if topic.leaving:  # let go as the reader connected: not to be read from a closed ledger
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"topic unloaded")
+        return ws
     expiry = close_at_expiry(request, ws)
     outbox = Outbox(ws, service.settings.max_permits + 64, f"reader-{name}")
     outbox.start()

@@ -18,6 +18,7 @@ import pytest
 from segtxn.broker import handoff
 from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
 from segtxn.client import Client, Consumer
+from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore.fault_holds import Hold
 from segtxn.protocol.names import TopicName
@@ -183,3 +184,41 @@ async def test_a_client_arriving_while_a_topic_is_dropped_after_a_failed_write_r
         assert service.topics[name] is not old
         assert _load_failures(caplog) == [], [r.getMessage() for r in _load_failures(caplog)]
         assert not [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
+
+
+# ---------------------------------------------------------------------------------------
+# 4. A consumer whose connection got the topic from serve() just before an unload: its
+#    subscription's cursor was being made when the unload closed the topic, and it was
+#    attached to the closed instance all the same (told ConsumerReady, then sent nothing).
+
+
+async def test_a_consumer_attaching_while_the_topic_is_unloaded_is_told_to_retry(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"m0")
+        await producer.close()
+        old = service.topics[name]
+
+        making = cluster.faults.hold("txn", key_prefix=cursors_prefix(TOPIC))
+        subscribing = asyncio.create_task(
+            client.subscribe(TOPIC, "s", initial_position="earliest", timeout_s=20)
+        )
+        try:
+            with caplog.at_level(logging.DEBUG):
+                await making.wait_for(1)  # the old instance is making the subscription
+                await service.unload(name)
+                making.release()
+                consumer = await subscribing
+                assert (await consumer.receive(timeout_s=10)).value == b"m0"
+        finally:
+            making.release()
+            await asyncio.gather(subscribing, return_exceptions=True)
+        new = service.topics[name]
+        assert new is not old and new.subscriptions["s"].consumers
+        assert "s" not in old.subscriptions or not old.subscriptions["s"].consumers
+        assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
