@@ -98,11 +98,7 @@ async def delete_topic(request: web.Request) -> None:
     topic = await service.serve(name)
     if topic.busy() and not force:
         raise ServerError(ErrorName.CONSUMER_BUSY, busy_message(name))
-    await service.delete_data(name, topic)
-    if name.domain is Domain.PERSISTENT:
-        record = await service.catalog.get(name)
-        if record is not None:
-            await service.catalog.delete(name, record)
+    await service.delete_data(name, topic)  # (a persistent topic's record too)
 
 
 async def _delete_stopped_child(service: BrokerService, name: TopicName) -> None:

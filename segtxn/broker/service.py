@@ -482,7 +482,8 @@ class BrokerService:
         return last
 
     async def delete_data(self, name: TopicName, topic: Topic) -> None:
-        """Delete a loaded topic's or segment's data here (its clients are hung up on).
+        """Delete a loaded topic's or segment's data here (its clients are hung up on),
+        and a persistent topic's record.
 
         Every file it would delete is checked first (its ledger's and its v4 pending-ack
         logs': :meth:`Topic.check_deletable`): a deletion refused by one that is not its own
@@ -490,24 +491,39 @@ class BrokerService:
         connected and its subscriptions' state whole, rather than cut them off and delete
         part of it for a deletion that cannot finish.
 
+        A persistent topic's record in the catalog is deleted too. Until then the topic is
+        guarded as during an unload (:meth:`begin_unload`): its clients, hung up on,
+        reconnect at once and are told to retry; a load meanwhile would be refused by its
+        ledger file's lock, or, once the ledger is deleted, serve it afresh and empty.
+
         Raises:
             ServerError: ServiceNotReady, the deletion stopped part-way (a store or ledger
                 error: :meth:`Topic.delete`); the topic is let go, and a retry finishes it.
             LedgerMismatch, MetadataStoreError: from the check; nothing was changed.
         """
         await topic.check_deletable()
-        self.topics.pop(name, None)
-        await topic.disconnect_clients()
+        self.begin_unload(name)  # in the same step as it leaves the broker's topics
         try:
-            await topic.delete()
-        except (LedgerError, MetadataStoreError) as e:
-            log.warning("deleting %s on broker %s stopped part-way: %s", name, self.broker_id, e)
-            raise ServerError(
-                ErrorName.SERVICE_NOT_READY,
-                f"{name}: its deletion stopped part-way ({type(e).__name__}: {e}); it is "
-                "let go, and loads again as it is left: retry the deletion to finish it",
-            ) from e
-        log.info("deleted %s's data on broker %s", name, self.broker_id)
+            self.topics.pop(name, None)
+            await topic.disconnect_clients()
+            try:
+                await topic.delete()
+            except (LedgerError, MetadataStoreError) as e:
+                log.warning(
+                    "deleting %s on broker %s stopped part-way: %s", name, self.broker_id, e
+                )
+                raise ServerError(
+                    ErrorName.SERVICE_NOT_READY,
+                    f"{name}: its deletion stopped part-way ({type(e).__name__}: {e}); it is "
+                    "let go, and loads again as it is left: retry the deletion to finish it",
+                ) from e
+            log.info("deleted %s's data on broker %s", name, self.broker_id)
+            if name.domain is Domain.PERSISTENT:  # (a segment's record is its topic's)
+                record = await self.catalog.get(name)
+                if record is not None:
+                    await self.catalog.delete(name, record)
+        finally:
+            self.end_unload(name)
 
     # ------------------------------------------------------------------ creation
 

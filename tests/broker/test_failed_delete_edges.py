@@ -8,10 +8,13 @@ files in ``tmp_path``; the failure is a store fault on one v4 pending-ack log's 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from urllib.parse import quote
 
 import pytest
 
+from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
 from segtxn.broker.txn.pending_ack_log import pending_ack_log
 from segtxn.client import Client, ErrorCategory, ServerError
 from segtxn.ledger.metadata import metadata_key
@@ -57,5 +60,45 @@ async def test_a_delete_failing_part_way_lets_the_topic_go_cleanly_and_a_retry_f
         assert f"{TOPIC}: its deletion stopped part-way" in said and "retry" in said, said
         assert await cluster.store.get(metadata_key(log_)) is None
         assert await cluster.store.get(metadata_key(TOPIC)) is None
+        writers = [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
+        assert not writers, writers
+
+
+# ---------------------------------------------------------------------------------------
+# A forced deletion hangs up on the topic's clients, which reconnect at once. The deletion
+# did not keep the topic from loading meanwhile: a client arriving while the ledger was
+# still open was refused by its file's lock ("... is held by another writer", an ERROR),
+# and one arriving after the ledger was deleted loaded the topic afresh, empty, served
+# while the rest of the deletion went on.
+
+
+async def test_clients_hung_up_on_by_a_forced_delete_are_told_to_retry_until_it_is_done(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        await client.subscribe(TOPIC, "s", initial_position="earliest")
+        late = cluster.faults.hold("range", key_prefix=DEDUP_PREFIX + quote(TOPIC, safe=""))
+        deleting = asyncio.create_task(client.admin.delete_topic(TOPIC, force=True))
+        try:
+            with caplog.at_level(logging.DEBUG):
+                await late.wait_for(1)  # its ledger is deleted; its de-duplication state next
+                # the consumer hung up on reconnects meanwhile, as any client may ask
+                with pytest.raises(ServerError) as refused:
+                    await service.serve(name)
+                assert "being unloaded" in str(refused.value), refused.value
+                assert name not in service.topics and not service.is_loading(name)
+                late.release()
+                await deleting
+        finally:
+            late.release()
+            await asyncio.gather(deleting, return_exceptions=True)
+        loaded = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loaded")]
+        assert not loaded, loaded  # never loaded afresh while it was being deleted
+        assert name not in service.topics
+        assert await cluster.store.get(metadata_key(TOPIC)) is None
+        assert await service.catalog.home_of(name) is None
         writers = [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
         assert not writers, writers
