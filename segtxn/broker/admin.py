@@ -18,6 +18,7 @@ from segtxn.boundary import read_json
 from segtxn.broker import arguments, deletion, retire, segment_ends
 from segtxn.broker.fanout import HTTP, fan_out
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
+from segtxn.broker.service import BrokerService
 from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
@@ -26,9 +27,10 @@ from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_int, parse_key_hash
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
+from segtxn.topics.catalog import NoBrokers, TopicExists
 from segtxn.topics.controller import TopicBusy
 from segtxn.topics.dag import DagError
-from segtxn.topics.model import ScalableTopic
+from segtxn.topics.model import PersistentTopic, ScalableTopic
 from segtxn.web import relay
 
 # ---------------------------------------------------------------------- topics
@@ -51,8 +53,35 @@ def _change(topic: ScalableTopic) -> dict[str, Any] | None:
 async def create_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     name = topic_from(request)
-    await service.create(name, segments=arguments.segments_to_create(request, name))
+    await _create(service, name, segments=arguments.segments_to_create(request, name))
     return web.Response(status=204)
+
+
+async def _create(
+    service: BrokerService, name: TopicName, *, segments: int = 1
+) -> PersistentTopic | ScalableTopic:
+    """Create a persistent or scalable topic (placed on live brokers).
+
+    Raises:
+        ServerError(TopicAlreadyExists / InvalidArgument / ServiceNotReady)
+    """
+    try:
+        if name.domain is Domain.PERSISTENT:
+            await service.catalog.create_persistent(name)
+        elif name.domain is Domain.TOPIC:
+            try:
+                await service.catalog.create_scalable(name, segments)
+            except ValueError as e:
+                raise ServerError(ErrorName.INVALID_ARGUMENT, str(e)) from e
+        else:
+            raise ServerError(ErrorName.NOT_ALLOWED, "segments are created by their scalable topic")
+    except TopicExists as e:
+        raise ServerError(ErrorName.TOPIC_EXISTS, str(e)) from e
+    except NoBrokers as e:
+        raise ServerError(ErrorName.SERVICE_NOT_READY, str(e)) from e
+    record = await service.catalog.get(name)
+    assert record is not None
+    return record
 
 
 @json_errors

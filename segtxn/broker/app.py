@@ -18,6 +18,7 @@ from segtxn.auth import install_auth
 from segtxn.boundary import install
 from segtxn.broker import (
     admin,
+    datacheck,
     fanout,
     holdings,
     lookup,
@@ -99,7 +100,7 @@ async def readyz(request: web.Request) -> web.Response:
     empty or wrong data directory: ``refused`` names the topics and why; the metadata
     store refusing the broker's credentials)."""
     service = request.app[SERVICE]
-    ready, body = service.readiness(await access_denied(service.store))
+    ready, body = datacheck.readiness(service, await access_denied(service.store))
     return web.json_response(body, status=200 if ready else 503)
 
 

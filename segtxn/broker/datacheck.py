@@ -5,7 +5,7 @@ recorded), or it is refused (never recreated empty, never served from another's 
 A broker started on an empty or wrong volume would otherwise serve its topics from nothing
 and lose what they held, or, on another cluster's volume (or an old copy) holding files of
 the same names, be ready and fail each topic only when it is used; refused topics make
-it unready (``BrokerService.readiness``) until the volume is mounted or they are restored.
+it unready (:func:`readiness`) until the volume is mounted or they are restored.
 A RETIRED segment is the exception: its files may be gone because its delete was cut
 short (segtxn/broker/retire.py).
 """
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from segtxn.broker import retire
 from segtxn.ledger import LedgerMismatch, LedgerMissing, check_files
+from segtxn.metastore import StoreAccessDenied
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.catalog import HOMES, HOMES_BY_BROKER
 
@@ -70,3 +71,30 @@ async def check_data(service: BrokerService) -> None:
             service.settings.ledger_url,
             foreign,
         )
+
+
+def readiness(
+    service: BrokerService, denied: StoreAccessDenied | None = None
+) -> tuple[bool, dict[str, Any]]:
+    """Whether ``service``'s broker is ready (registered, its data directory holds every ledger
+    the store says it holds, and the store does not refuse its credentials: ``denied``,
+    :func:`~segtxn.metastore.access_denied`) and the ``/readyz`` body: ``{"ready":
+    ...}``, with ``reason`` and ``refused`` (topic -> why) when topics are refused."""
+    wrong = (LedgerMissing, LedgerMismatch)  # an empty or wrong volume
+    missing = {n: e for n, e in service.refused.items() if isinstance(e, wrong)}
+    ready = service.ready.is_set() and not missing and denied is None
+    body: dict[str, Any] = {"ready": ready}
+    if denied is not None:
+        body["reason"] = f"the metadata store refuses the broker's credentials: {denied}"
+    elif missing:
+        body["reason"] = (
+            f"{len(missing)} topic(s) or segment(s) homed on broker {service.broker_id} have "
+            f"no ledger files in its data directory ({service.settings.ledger_url}), or "
+            "files there that are not theirs: it is empty or not this broker's volume; "
+            "they are refused until it is fixed"
+        )
+    elif not service.ready.is_set():
+        body["reason"] = service.registration.trouble or "not registered in the metadata store"
+    if service.refused:
+        body["refused"] = {str(n): str(e) for n, e in service.refused.items()}
+    return ready, body

@@ -185,7 +185,7 @@ def write_failed(service: BrokerService, topic: Topic, failure: WriteFailed) -> 
     name = topic.name
     if not failure.retriable or service.topics.get(name) is not topic:
         return
-    service.begin_unload(name)  # in the same step as the topic leaves the broker's topics
+    service.unloads.begin(name)  # in the same step as the topic leaves the broker's topics
     del service.topics[name]
     log.warning("%s: unloading it (%s); the next client reopens it", name, failure)
 
@@ -193,7 +193,7 @@ def write_failed(service: BrokerService, topic: Topic, failure: WriteFailed) -> 
         try:
             await let_go(topic)
         finally:
-            service.end_unload(name)
+            service.unloads.end(name)
 
     dropping = asyncio.create_task(drop(), name=f"drop-{name}")
     service.dropping.add(dropping)

@@ -32,9 +32,17 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any
 
-from segtxn.broker import datacheck, fencing, gauges, handoff, replication, retire, upkeep
+from segtxn.broker import (
+    datacheck,
+    fencing,
+    gauges,
+    handoff,
+    replication,
+    retire,
+    unloading,
+    upkeep,
+)
 from segtxn.broker.controllers import TopicControllers
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.registration import Registration
@@ -46,8 +54,6 @@ from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import (
     LedgerCorrupted,
     LedgerError,
-    LedgerMismatch,
-    LedgerMissing,
     LogStorage,
     Position,
     WriteFailed,
@@ -59,15 +65,13 @@ from segtxn.metastore import (
     MetadataStoreError,
     NotFound,
     Session,
-    StoreAccessDenied,
     StoreSettings,
     open_store,
     wait_reachable,
 )
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
-from segtxn.topics.catalog import Catalog, NoBrokers, TopicExists
-from segtxn.topics.model import PersistentTopic, ScalableTopic
+from segtxn.topics.catalog import Catalog, TopicExists
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +98,9 @@ class BrokerService:
         """Topics being unloaded because their ledger stopped taking appends."""
         self.moving: set[TopicName] = set()
         """Topics being handed to another broker (a drain): clients are told to retry."""
-        self._unloading: dict[TopicName, int] = {}
-        """Topics being unloaded (:meth:`unload`), and by how many calls: clients are told
-        to retry, and a load in flight is let go (:mod:`segtxn.broker.handoff`)."""
+        self.unloads = unloading.UnloadGuard()
+        """Topics being unloaded (:mod:`segtxn.broker.unloading`): clients are told to
+        retry, and a load in flight is let go."""
         self.registration = Registration(
             self.catalog,
             settings.broker_id,
@@ -160,30 +164,6 @@ class BrokerService:
         return self.settings.broker_id
 
     # ------------------------------------------------------------------ lifecycle
-
-    def readiness(self, denied: StoreAccessDenied | None = None) -> tuple[bool, dict[str, Any]]:
-        """Whether the broker is ready (registered, its data directory holds every ledger
-        the store says it holds, and the store does not refuse its credentials: ``denied``,
-        :func:`~segtxn.metastore.access_denied`) and the ``/readyz`` body: ``{"ready":
-        ...}``, with ``reason`` and ``refused`` (topic -> why) when topics are refused."""
-        wrong = (LedgerMissing, LedgerMismatch)  # an empty or wrong volume
-        missing = {n: e for n, e in self.refused.items() if isinstance(e, wrong)}
-        ready = self.ready.is_set() and not missing and denied is None
-        body: dict[str, Any] = {"ready": ready}
-        if denied is not None:
-            body["reason"] = f"the metadata store refuses the broker's credentials: {denied}"
-        elif missing:
-            body["reason"] = (
-                f"{len(missing)} topic(s) or segment(s) homed on broker {self.broker_id} have "
-                f"no ledger files in its data directory ({self.settings.ledger_url}), or "
-                "files there that are not theirs: it is empty or not this broker's volume; "
-                "they are refused until it is fixed"
-            )
-        elif not self.ready.is_set():
-            body["reason"] = self.registration.trouble or "not registered in the metadata store"
-        if self.refused:
-            body["refused"] = {str(n): str(e) for n, e in self.refused.items()}
-        return ready, body
 
     async def start(self) -> None:
         """Reach the store (retrying up to ``store_timeout_s``), check the data directory,
@@ -334,6 +314,10 @@ class BrokerService:
         """Whether ``name`` is being loaded here now."""
         return name in self._loading
 
+    def loading(self, name: TopicName) -> asyncio.Task[Topic] | None:
+        """The load of ``name`` in flight here (None: none)."""
+        return self._loading.get(name)
+
     async def check_home(self, name: TopicName) -> None:
         """Raise unless this broker is the home of ``name`` (creating it if allowed)."""
         home = await self.catalog.home_of(name)
@@ -418,45 +402,14 @@ class BrokerService:
         return topic
 
     async def unload(self, name: TopicName) -> None:
-        """Unload ``name`` if it is loaded or loading here (a drain's move, an idle unload):
-        its clients are hung up on first, so none keeps a link to the closed topic (they
-        look it up again and reconnect where it lives then), then it is closed, cleanly if
-        it still can be (a failed close is logged; its next load recovers it).
-
-        The unload wins over a load: until it returns, a client asking for ``name`` is told
-        to retry (``ServiceNotReady``) rather than load a second instance beside the one
-        being closed, and a load in flight is waited for and let go, not served after it.
-        """
-        self.begin_unload(name)
-        try:
-            loading = self._loading.get(name)
-            if loading is not None:  # it lets itself go as it ends (handoff.check_not_unloaded)
-                await asyncio.wait([loading])
-            topic = self.topics.pop(name, None)
-            if topic is not None:
-                await handoff.let_go(topic)
-                log.info("unloaded %s from broker %s", name, self.broker_id)
-        finally:
-            self.end_unload(name)
-
-    def begin_unload(self, name: TopicName) -> None:
-        """Mark ``name`` as being unloaded, until as many :meth:`end_unload` calls: a
-        client asking for it meanwhile is told to retry, and a load of it in flight is let
-        go as it ends (:func:`handoff.check_not_leaving`, :func:`handoff.check_not_unloaded`).
-        Synchronous, so that a caller that takes the topic out of :attr:`topics` in the same
-        step leaves no moment in which a load could open its ledger beside the instance
-        being closed."""
-        self._unloading[name] = self._unloading.get(name, 0) + 1
-
-    def end_unload(self, name: TopicName) -> None:
-        """End one :meth:`begin_unload` of ``name``."""
-        left = self._unloading.pop(name) - 1
-        if left:
-            self._unloading[name] = left
+        """Unload ``name`` if it is loaded or loading here (:func:`unloading.unload`): its
+        clients are hung up on, then it is closed. Until it returns a client asking for
+        ``name`` is told to retry, and a load in flight is let go, not served after it."""
+        await unloading.unload(self, name)
 
     def is_unloading(self, name: TopicName) -> bool:
-        """Whether ``name`` is being unloaded now (:meth:`begin_unload`)."""
-        return name in self._unloading
+        """Whether ``name`` is being unloaded now (:attr:`unloads`)."""
+        return name in self.unloads
 
     async def seal(self, name: TopicName) -> Position | None:
         """Terminate a persistent topic or a segment (idempotent): no more writes; reads
@@ -492,7 +445,7 @@ class BrokerService:
         part of it for a deletion that cannot finish.
 
         A persistent topic's record in the catalog is deleted too. Until then the topic is
-        guarded as during an unload (:meth:`begin_unload`): its clients, hung up on,
+        guarded as during an unload (:attr:`unloads`): its clients, hung up on,
         reconnect at once and are told to retry; a load meanwhile would be refused by its
         ledger file's lock, or, once the ledger is deleted, serve it afresh and empty.
 
@@ -502,7 +455,7 @@ class BrokerService:
             LedgerMismatch, MetadataStoreError: from the check; nothing was changed.
         """
         await topic.check_deletable()
-        self.begin_unload(name)  # in the same step as it leaves the broker's topics
+        self.unloads.begin(name)  # in the same step as it leaves the broker's topics
         try:
             self.topics.pop(name, None)
             await topic.disconnect_clients()
@@ -523,34 +476,4 @@ class BrokerService:
                 if record is not None:
                     await self.catalog.delete(name, record)
         finally:
-            self.end_unload(name)
-
-    # ------------------------------------------------------------------ creation
-
-    async def create(
-        self, name: TopicName, *, segments: int = 1
-    ) -> PersistentTopic | ScalableTopic:
-        """Create a persistent or scalable topic (placed on live brokers).
-
-        Raises:
-            ServerError(TopicAlreadyExists / InvalidArgument / ServiceNotReady)
-        """
-        try:
-            if name.domain is Domain.PERSISTENT:
-                await self.catalog.create_persistent(name)
-            elif name.domain is Domain.TOPIC:
-                try:
-                    await self.catalog.create_scalable(name, segments)
-                except ValueError as e:
-                    raise ServerError(ErrorName.INVALID_ARGUMENT, str(e)) from e
-            else:
-                raise ServerError(
-                    ErrorName.NOT_ALLOWED, "segments are created by their scalable topic"
-                )
-        except TopicExists as e:
-            raise ServerError(ErrorName.TOPIC_EXISTS, str(e)) from e
-        except NoBrokers as e:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, str(e)) from e
-        record = await self.catalog.get(name)
-        assert record is not None
-        return record
+            self.unloads.end(name)
