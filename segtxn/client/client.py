@@ -19,6 +19,7 @@ import aiohttp
 
 from segtxn.client.admin import Admin
 from segtxn.client.checkpoint import CheckpointConsumer
+from segtxn.client.closables import OpenSet
 from segtxn.client.connection import Connector, service_urls
 from segtxn.client.consumer import Consumer
 from segtxn.client.coordinators import Coordinators
@@ -139,7 +140,7 @@ class Client:
         self.timeouts = Timeouts(operation_timeout_s, request_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._connector: Connector | None = None
-        self._closables: list[Producer | ScalableProducer | Consumer | Reader] = []
+        self._closables: OpenSet[Producer | ScalableProducer | Consumer | Reader] = OpenSet()
         self._coordinators: Coordinators | None = None
         self._prestart = prestart_transactions
         self._one_step = one_step_commit
@@ -211,7 +212,7 @@ class Client:
         else:
             producer = Producer(self.connector, parsed, name, opts)
         await producer.start(deadline)
-        self._closables.append(producer)
+        self._closables.add(producer)
         return producer
 
     async def subscribe(
@@ -262,7 +263,7 @@ class Client:
             receiver_queue_size=receiver_queue_size,
         )
         await consumer.start(deadline)
-        self._closables.append(consumer)
+        self._closables.add(consumer)
         return consumer
 
     async def checkpoint_consumer(
@@ -286,7 +287,7 @@ class Client:
         )
         await layout.start(deadline)
         await consumer.start(deadline)
-        self._closables.append(consumer)
+        self._closables.add(consumer)
         return consumer
 
     def transaction(
@@ -351,14 +352,14 @@ class Client:
             receiver_queue_size=receiver_queue_size,
         )
         await reader.start(deadline)
-        self._closables.append(reader)
+        self._closables.add(reader)
         return reader
 
     async def close(self, *, timeout_s: float | None = None) -> None:
         """Abort the transactions this client opened and left open (or is opening: a
         send's NEW_TXN on its way), then close every producer (flushing), consumer and
-        reader, at once, then the connections; all within ``timeout_s`` (default: the
-        operation timeout). With ``timeout_s=0`` (what leaving
+        reader still open, at once, then the connections; all within ``timeout_s`` (default:
+        the operation timeout). With ``timeout_s=0`` (what leaving
         ``async with`` by a cancel does) nothing waits: open transactions are left to
         their coordinators, which abort them at their timeouts.
 
@@ -380,7 +381,7 @@ class Client:
             c.close(deadline.remaining())
             if isinstance(c, Producer | ScalableProducer)
             else c.close()
-            for c in reversed(self._closables)
+            for c in self._closables.newest_first()
         ]
         await asyncio.gather(*closing)
         self._closables.clear()

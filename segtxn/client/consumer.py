@@ -39,6 +39,7 @@ import secrets
 from collections.abc import Awaitable
 
 from segtxn import tracing
+from segtxn.client.closables import Closable
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
@@ -61,7 +62,7 @@ _ids = itertools.count(1)
 MAX_STREAMS = 257  # a topic's segments over its whole life: bounds the local queue
 
 
-class Consumer(SegmentFollowing):
+class Consumer(SegmentFollowing, Closable):
     """Messages of one subscription, from one topic, or from a scalable topic's segments.
 
     For a scalable topic it follows the segment DAG (a lookup session). With Exclusive or
@@ -475,6 +476,7 @@ class Consumer(SegmentFollowing):
         await asyncio.gather(*(stream.close() for stream in self._streams.values()))
         if self._layout is not None:
             await self._layout.close()
+        self._close_done()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -33,6 +33,7 @@ import msgspec
 
 from segtxn import tracing
 from segtxn.aio import first_completed
+from segtxn.client.closables import Closable
 from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout
@@ -80,7 +81,7 @@ FATAL = (
 """Refusals that end a producer's connection for good: reconnecting would meet them again."""
 
 
-class Producer:
+class Producer(Closable):
     """Messages to one ``persistent://`` topic or one ``segment://`` (a scalable topic's
     producer, :class:`~segtxn.client.scalable.ScalableProducer`, holds one per segment).
     Get it from ``client.create_producer()``.
@@ -457,6 +458,7 @@ class Producer:
             await close_quietly(self._ws.close())
         self.commits.lost(f"producer {self.name} is closed")
         self._fail_all(ClientClosed(f"producer {self.name} is closed"))
+        self._close_done()
 
 
 def _counted(txn: Transaction | None) -> contextlib.AbstractContextManager[None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from segtxn.client.closables import Closable
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, TopicEnded
 from segtxn.client.messages import Message
@@ -20,7 +21,7 @@ from segtxn.protocol.names import TopicName
 __all__ = ["Reader"]
 
 
-class Reader:
+class Reader(Closable):
     """Messages of one topic or segment from a start position, without a subscription."""
 
     def __init__(
@@ -96,3 +97,4 @@ class Reader:
         self._closed = True
         close_queue(self._queue, ClientClosed(f"reader of {self._stream.topic} is closed"))
         await self._stream.close()
+        self._close_done()

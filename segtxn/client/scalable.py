@@ -19,6 +19,7 @@ import itertools
 from dataclasses import dataclass
 
 from segtxn.aio import callbacks_context
+from segtxn.client.closables import Closable
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
@@ -53,7 +54,7 @@ class _Outgoing:
     """The segment producer it was last handed to (its trouble explains a timeout)."""
 
 
-class ScalableProducer:
+class ScalableProducer(Closable):
     """Routes messages of a scalable topic to its segments by key hash.
 
     The segment DAG comes from a lookup session (pushed on every change). A send that
@@ -429,3 +430,4 @@ class ScalableProducer:
         await asyncio.gather(*(p.close(timeout_s=0) for p in self._producers.values()))
         self._expiries.clear()
         await self.layout.close()
+        self._close_done()
