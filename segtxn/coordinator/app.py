@@ -34,6 +34,7 @@ from segtxn.auth import Action, authorize, check_owner, install_auth, principal_
 from segtxn.boundary import error_response, install, read_json, server_span
 from segtxn.coordinator.metrics import CoordinatorMetrics
 from segtxn.coordinator.settings import CoordinatorSettings
+from segtxn.coordinator.stopping import Stopping
 from segtxn.coordinator.txnlog import TxnMeta
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
@@ -365,11 +366,14 @@ def create_app(
         await stop()
 
     async def stop() -> None:
+        """Every step, whatever an earlier one raised (the store may be down), within one
+        time limit (:mod:`segtxn.coordinator.stopping`)."""
         log.info("coordinator %s: stopping; resigning its ids", settings.advertise_url)
-        await app[V4].stop()
-        await app[COORDINATOR].stop()
+        stopping = Stopping(f"coordinator {settings.advertise_url}")
+        await app[V4].stop(stopping)
+        await app[COORDINATOR].stop(stopping)
         if own:
-            await used.close()
+            await stopping.step("closing the metadata store", used.close())
         log.info("coordinator %s: stopped", settings.advertise_url)
 
     app.cleanup_ctx.append(lifecycle)

@@ -29,7 +29,6 @@ brokers' storage nodes, which any coordinator process reaches.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import time
@@ -42,6 +41,7 @@ from segtxn.coordinator import sweeps
 from segtxn.coordinator.fanout import FIRST_RETRY_S, Participants
 from segtxn.coordinator.retry import Retry, log_step_failure
 from segtxn.coordinator.settings import CoordinatorSettings
+from segtxn.coordinator.stopping import Stopping
 from segtxn.coordinator.txnlog import (
     ABORTED,
     ABORTING,
@@ -237,21 +237,30 @@ class CoordinatorV4:
                 self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
         return held
 
-    async def stop(self) -> None:
+    async def stop(self, stopping: Stopping | None = None) -> None:
+        """Resign every id held (another coordinator can take it at once), close their
+        logs, the HTTP sessions and the store session: each step whatever the ones before
+        it raised, a failure logged at WARNING, all within ``stopping``'s time
+        (:mod:`segtxn.coordinator.stopping`; default: a stop of its own). Never raises but
+        a cancellation."""
+        stopping = stopping or Stopping("v4 coordinator")
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for held in list(self.held.values()):
-            await held.leadership.resign()
-            with contextlib.suppress(LedgerError):
-                await held.log.close()
+        held = dict(self.held)
         self.held.clear()
+        await stopping.steps(
+            *((f"resigning v4 id {i}", h.leadership.resign()) for i, h in held.items())
+        )
+        await stopping.steps(
+            *((f"closing v4 id {i}'s log", h.log.close()) for i, h in held.items())
+        )
         if self._nodes is not None:
-            await self._nodes.close()
+            await stopping.step("closing its storage nodes' HTTP session", self._nodes.close())
         if self._http is not None:
-            await self._http.close()
+            await stopping.step("closing its HTTP session", self._http.close())
         if self._session is not None:
-            await self._session.close()
+            await stopping.step("closing its store session", self._session.close())
 
     # ------------------------------------------------------------------ ownership
 

@@ -34,6 +34,7 @@ import msgspec
 from segtxn.aio import first_completed
 from segtxn.coordinator import sweeps
 from segtxn.coordinator.settings import CoordinatorSettings
+from segtxn.coordinator.stopping import Stopping
 from segtxn.coordinator.v5ids import Held, HeldIds
 from segtxn.metastore import (
     MUST_NOT_EXIST,
@@ -112,11 +113,13 @@ class CoordinatorV5:
         await self.ids.start()
         self._sweeper = asyncio.create_task(self._sweeps(), name="coordinator-sweeps")
 
-    async def stop(self) -> None:
+    async def stop(self, stopping: Stopping | None = None) -> None:
+        """Stop the sweeps, then the ids (:meth:`HeldIds.stop`: never raises but a
+        cancellation, within ``stopping``'s time)."""
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
-        await self.ids.stop()
+        await self.ids.stop(stopping)
 
     # ------------------------------------------------------------------ NEW_TXN
 

@@ -23,6 +23,7 @@ import msgspec
 
 from segtxn.coordinator.retry import Retry
 from segtxn.coordinator.settings import CoordinatorSettings
+from segtxn.coordinator.stopping import Stopping
 from segtxn.metastore import (
     MUST_NOT_EXIST,
     Check,
@@ -176,18 +177,23 @@ class HeldIds:
             self.held.pop(coordinator_id, None)
             log.warning("coordinator id %x: lease lost; campaigning again", coordinator_id)
 
-    async def stop(self) -> None:
+    async def stop(self, stopping: Stopping | None = None) -> None:
         """Stop campaigning, resign every id held (another process can take it at once) and
-        close the session."""
+        close the session: each step whatever the one before raised, a failure logged at
+        WARNING, all within ``stopping``'s time (:mod:`segtxn.coordinator.stopping`;
+        default: a stop of its own). Never raises but a cancellation."""
+        stopping = stopping or Stopping("coordinator ids")
         tasks = [t for t in (self._keeper, *self._holds) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for held in list(self.held.values()):
-            await held.leadership.resign()
+        held = dict(self.held)
         self.held.clear()
+        await stopping.steps(
+            *((f"resigning id {i:x}", h.leadership.resign()) for i, h in held.items())
+        )
         if self._session is not None:
-            await self._session.close()
+            await stopping.step("closing its store session", self._session.close())
 
     def pick(self) -> tuple[int, Held]:
         """The next id held, round robin.

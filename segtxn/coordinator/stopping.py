@@ -1,0 +1,69 @@
+"""A coordinator's stop: every clean-up step runs, whatever the ones before it raised, and
+the stop ends in a bounded time.
+
+Stopping resigns the coordinator's ids (so that another coordinator takes them at once),
+closes its v4 logs, its store sessions, its HTTP sessions and, when it opened it, the
+store. With the store down, a resignation fails or does not answer: it raised out of
+``stop()`` and every later step was skipped (the v5 ids were not resigned; the sessions,
+the HTTP sessions and the store were left open, their tasks running, with a traceback), or
+it held the stop for as long as the store kept silent. Each step is now a
+:meth:`Stopping.step`: a failure is logged once at WARNING and the next step runs, and the
+steps of one stop share one time limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+
+from segtxn.coordinator.retry import expected
+
+__all__ = ["LAST_STEP_S", "STOP_LIMIT_S", "Stopping"]
+
+log = logging.getLogger(__name__)
+
+STOP_LIMIT_S = 10.0
+"""How long the steps of one coordinator's stop may take together: a store that does not
+answer holds it this long (plus :data:`LAST_STEP_S` a step after), well within the CLI's
+``--shutdown-timeout`` (20 s by default), which also stops the broker of a standalone."""
+
+LAST_STEP_S = 0.5
+"""What a step begun once the stop's time is up still gets: one that needs no store
+(closing an HTTP session, cancelling tasks) still runs; one that waits on the store is
+abandoned soon."""
+
+
+class Stopping:
+    """The steps of one stop, which share a time limit of ``limit_s`` (default:
+    :data:`STOP_LIMIT_S`) from now."""
+
+    def __init__(self, what: str, limit_s: float | None = None) -> None:
+        self.what = what
+        self._loop = asyncio.get_running_loop()
+        self._deadline = self._loop.time() + (STOP_LIMIT_S if limit_s is None else limit_s)
+
+    async def step(self, what: str, action: Awaitable[object]) -> None:
+        """Await ``action``, one step of the stop, within what is left of its time (at
+        least :data:`LAST_STEP_S`). Neither its failure nor its running out of time is
+        raised: it is logged at WARNING (with the traceback when it is not an error the
+        store, the ledger or a server gives: a bug), and the stop goes on. Cancellation
+        (the stop itself cancelled) is raised."""
+        deadline = max(self._deadline, self._loop.time() + LAST_STEP_S)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await action
+        except TimeoutError:
+            log.warning(
+                "%s: %s not done within the stop's time; going on without it", self.what, what
+            )
+        except Exception as e:
+            log.warning(
+                "%s: %s failed: %s: %s; going on", self.what, what, type(e).__name__, e,
+                exc_info=not expected(e),
+            )  # fmt: skip
+
+    async def steps(self, *steps: tuple[str, Awaitable[object]]) -> None:
+        """Several steps at once (resigning each id: one store round trip for them all,
+        not one after another)."""
+        await asyncio.gather(*(self.step(what, action) for what, action in steps))
