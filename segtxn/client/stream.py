@@ -12,8 +12,10 @@ received.
 Every outcome of such a request ends the wait for its rewind: the rewind itself; the
 broker's refusal (an ``error`` frame naming the request), after which the stream attaches
 again, since only a rewind brings back what it dropped and an attachment starts from one; a
-lost connection (the same); and a caller that gives up (times out, is cancelled) does not
-take the request back: the stream owns it and writes it anyway.
+lost connection (the same); a write that fails otherwise (a bug: the stream logs it at
+WARNING and attaches again too); and a caller that gives up (times out, is cancelled) does
+not take the request back: the stream owns it and writes it anyway, and no error of the
+stream's own tasks is left for asyncio to report as "never retrieved".
 """
 
 from __future__ import annotations
@@ -201,11 +203,23 @@ class MessageStream:
         self._own(self._write_gathered(), f"{self._kind}-acks-{self.topic}")
 
     def _own(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """Run ``work`` as a task of the stream (cancelled by :meth:`close`)."""
+        """Run ``work`` as a task of the stream (cancelled by :meth:`close`). Its error, if
+        it ends with one, is logged here: its caller may have given up on it (a redelivery
+        request is written anyway), and asyncio would report it as "Task exception was
+        never retrieved", with a traceback, only once the task is collected."""
         task = asyncio.get_running_loop().create_task(work, name=name)
         self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        task.add_done_callback(self._owned_done)
         return task
+
+    def _owned_done(self, task: asyncio.Task[None]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning(
+                "%s on %s: its task %s failed: %s: %s",
+                self._kind, self.topic, task.get_name(), type(error).__name__, error,
+                exc_info=error,
+            )  # fmt: skip
 
     async def _write_gathered(self) -> None:
         async with self._writing:
@@ -222,6 +236,24 @@ class MessageStream:
                 await ws.send_bytes(frames.encode(frame))
         except (aiohttp.ClientError, ConnectionError) as e:
             log.info("%s on %s: a send failed (%s); reconnecting", self._kind, self.topic, e)
+        except Exception as e:  # the reader notices no failure of this kind
+            await self._attach_again(ws, "a send failed", e)
+
+    async def _attach_again(
+        self, ws: aiohttp.ClientWebSocketResponse | None, what: str, error: Exception
+    ) -> None:
+        """``what`` failed with ``error``, neither aiohttp's nor a lost connection's (a
+        bug, or a server error where none was expected), so something may not have been
+        written: a redelivery request whose rewind the stream waits for, having dropped its
+        queue for it, or acks. Close ``ws``: the stream attaches again, which starts from a
+        rewind and sends the unanswered acks again."""
+        log.warning(
+            "%s on %s: %s (%s: %s); attaching again",
+            self._kind, self.topic, what, type(error).__name__, error,
+            exc_info=error,
+        )  # fmt: skip
+        if ws is not None:
+            await close_quietly(ws.close())
 
     async def _run(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         delay = 0.05
@@ -363,10 +395,16 @@ class MessageStream:
         await asyncio.shield(task)
 
     async def _request(self, frame: Redeliver | Nack) -> None:
+        """Write a redelivery request. Never raises but a cancellation (the stream closes):
+        its caller may have given up on it, and nobody would take the error in."""
+        ws = self._ws
         try:
             await self._drop_and_regrant(f"asked for redelivery, request {frame.request_id}")
             await self._send(frame)
-        except BaseException:  # not written (the stream closes, or a bug): nothing answers
+        except Exception as e:  # not written (a bug): nothing answers, and what was dropped
+            self._awaiting.discard(frame.request_id)  # for it comes back only with a rewind
+            await self._attach_again(ws, f"redelivery request {frame.request_id} failed", e)
+        except BaseException:  # not written (the stream closes): nothing answers
             self._awaiting.discard(frame.request_id)
             raise
         log.info("%s on %s: %s sent", self._kind, self.topic, frame)
