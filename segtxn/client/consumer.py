@@ -45,9 +45,10 @@ from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.layout import TopicLayout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.poisoning import poisons
+from segtxn.client.queues import close_queue, next_item
 from segtxn.client.segments import SegmentFollowing
 from segtxn.client.spans import ack_span
-from segtxn.client.stream import MessageStream, close_queue, next_item
+from segtxn.client.stream import MessageStream
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.client.transaction import Transaction
 from segtxn.protocol.errors import ConsumerBusy, ErrorCategory, TransactionConflict

@@ -14,7 +14,8 @@ from segtxn.client.closables import Closable
 from segtxn.client.connection import Connector
 from segtxn.client.errors import ClientClosed, TopicEnded
 from segtxn.client.messages import Message
-from segtxn.client.stream import MessageStream, close_queue, next_item
+from segtxn.client.queues import close_queue, next_item
+from segtxn.client.stream import MessageStream
 from segtxn.client.timeouts import Deadline
 from segtxn.protocol.names import TopicName
 

@@ -21,7 +21,6 @@ stream's own tasks is left for asyncio to report as "never retrieved".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -31,13 +30,11 @@ import msgspec
 
 from segtxn.client.acks import Acknowledgments, Placed, request_ids
 from segtxn.client.connection import Connector, server_frames
-from segtxn.client.errors import ClientClosed, Timeout
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.protocol import frames
 from segtxn.protocol.errors import (
     ConsumerBusy,
-    ErrorCategory,
     ErrorName,
     InvalidArgument,
     InvalidTopicName,
@@ -476,39 +473,6 @@ class MessageStream:
         if self._ws is not None:
             await close_quietly(self._ws.close())
         self._acks.close()
-
-
-async def next_item(
-    queue: asyncio.Queue[Message | BaseException], timeout_s: float | None, who: str
-) -> Message | BaseException:
-    """The next item of a receive queue, within ``timeout_s`` (None: no limit; 0: only
-    one already queued).
-
-    Raises:
-        Timeout: none came (RETRIABLE).
-        ClientClosed: the queue's consumer or reader was closed (:func:`close_queue`).
-        TypeError / ValueError: ``timeout_s`` is not a limit (nan, negative, a string, ...).
-    """
-    deadline = Deadline(timeout_s)
-    try:
-        async with deadline.timeout():
-            item = await queue.get()  # one already queued: returned before the timeout
-    except TimeoutError as e:
-        raise Timeout(
-            f"{who}: no message within {deadline}", category=ErrorCategory.RETRIABLE
-        ) from e
-    if isinstance(item, ClientClosed):
-        close_queue(queue, item)  # it stays, for the next receive waiting
-        raise ClientClosed(str(item))
-    return item
-
-
-def close_queue(queue: asyncio.Queue[Message | BaseException], closed: ClientClosed) -> None:
-    """The consumer or reader of ``queue`` closed: every receive waiting on it raises
-    ``closed`` now (each puts it back for the next). A full queue has no receive waiting,
-    and a receive that starts later sees its owner closed before it looks at the queue."""
-    with contextlib.suppress(asyncio.QueueFull):
-        queue.put_nowait(closed)
 
 
 def to_message(topic: TopicName, frame: MessageFrame, subscription: str | None) -> Message:
