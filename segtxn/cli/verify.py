@@ -387,6 +387,7 @@ def stream(
 @click.option("--abort-rate", default=0.1, type=FRACTION)
 @click.option("--timeout-rate", default=0.02, type=FRACTION)
 @click.option("--txn-timeout", default=3.0, type=SECONDS)
+@click.option("--pipelined", is_flag=True, help="end each transaction while the next is worked on")
 @history_option(HistoryStore.FILES)
 def process(
     *,
@@ -399,13 +400,14 @@ def process(
     abort_rate: float,
     timeout_rate: float,
     txn_timeout: float,
+    pipelined: bool,
     history: str,
 ) -> None:
     """One processor of a run (started by `verify run`)."""
     config = ProcessorConfig(
         url=url, run_dir=run_dir, topics=Topics.for_run(run), name=name, seed=seed, batch=batch,
         abort_rate=abort_rate, timeout_rate=timeout_rate, txn_timeout_s=txn_timeout,
-        history=HistoryStore(history),
+        history=HistoryStore(history), pipelined=pipelined,
     )  # fmt: skip
     started = time.monotonic()
     asyncio.run(run_processor(config))

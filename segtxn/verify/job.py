@@ -101,13 +101,14 @@ async def run_job(
                 seed=plan.seed,
                 changes=plan.topology,
                 faults=plan.faults,
+                pipelined=plan.pipelined,
                 drain_timeout_s=settings.drain_timeout_s,
                 launch=settings.launch,
                 history=settings.history,
             )
             progress(
                 f"workload: {config.inputs:,} inputs over {config.keys} keys at "
-                f"{config.rate:g}/s, {plan.processors} processors, aborts "
+                f"{config.rate:g}/s, {plan.processors} processors ({plan.processing}), aborts "
                 f"{config.abort_rate:.0%}, stalls past the timeout {config.timeout_rate:.0%}, "
                 f"seed {plan.seed}; topology {plan.describe_topology()}; faults "
                 f"{plan.describe_faults()}; recorded in {run_dir}"

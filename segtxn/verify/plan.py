@@ -127,6 +127,13 @@ class RunPlan:
     processors: int
     topology: tuple[TopologyChange, ...]
     faults: tuple[Fault, ...]
+    pipelined: bool = False
+    """The processors pipeline their transactions (:mod:`segtxn.verify.processor`)."""
+
+    @property
+    def processing(self) -> str:
+        """How the processors end their transactions: ``pipelined`` or ``sequential``."""
+        return "pipelined" if self.pipelined else "sequential"
 
     def describe_faults(self) -> str:
         return " ".join(f.describe() for f in self.faults) or "none"
@@ -147,6 +154,9 @@ STOP_SERVER_SHARE = 0.5
 """About this share of the ``cluster-replicated`` seeds get a ``stop-server`` fault."""
 COORDINATOR_FAULT_SHARE = 0.5
 """About this share of the seeds on a cluster get a fault of its coordinator."""
+PIPELINED_SHARE = 0.5
+"""About this share of the seeds run their processors pipelined (each batch's transaction
+ends while the next batch is worked on: ``client.transaction(after=...)``)."""
 COORDINATOR_SESSION_TTL_S = REPLICATED_SESSION_TTL_S
 """The coordinator's session in a replicated cluster (a stopped one loses its ids past it;
 on ``cluster-etcd`` it keeps the default 10 s, which no drawn stop outlasts)."""
@@ -167,7 +177,8 @@ def draw_plan(
     ``cluster-replicated``, for about half of the seeds (:data:`STOP_SERVER_SHARE`), one
     ``stop-server`` more, anywhere in that span; and on either cluster, for about half of
     the seeds (:data:`COORDINATOR_FAULT_SHARE`), a ``kill-server`` or ``stop-server`` of
-    the coordinator for 0.5 to 7 s.
+    the coordinator for 0.5 to 7 s; and for about half of the seeds
+    (:data:`PIPELINED_SHARE`), processors that pipeline their transactions.
     """
     rng = random.Random(seed)
     drawn = rng.choice(FIRST_SHAPES)
@@ -220,7 +231,8 @@ def draw_plan(
         how = FaultKind.KILL_SERVER if killed else FaultKind.STOP_SERVER
         faults.append(Fault(how, at, "coordinator", hold))
     faults.sort(key=lambda f: f.at)
-    return RunPlan(seed, shape, processors, tuple(changes), tuple(faults))
+    pipelined = random.Random(f"{seed}/pipelined").random() < PIPELINED_SHARE  # (its own too)
+    return RunPlan(seed, shape, processors, tuple(changes), tuple(faults), pipelined)
 
 
 DEMO_TOPOLOGY = (

@@ -10,6 +10,12 @@ output topics, acknowledges the inputs in the transaction, and then (seeded dice
 - stalls past the transaction's timeout and then tries to commit (``timeout_rate``): the
   coordinator has aborted it, so the commit must be refused.
 
+With ``pipelined`` (about half of the soak's seeds, :mod:`segtxn.verify.plan`), each
+batch's transaction ends (commit, abort, or the stall) while the next batch is worked on,
+in a transaction that follows it (``client.transaction(after=...)``, docs/transactions.md,
+"Pipelined transactions"); once one did not commit, the one following it is let end (it
+aborts too) before the next batch is taken, and the next transaction follows none.
+
 It relies on what the client and broker promise and nothing else: each segment's inputs
 arrive in position order, and after a transaction that did not commit, its inputs come
 again first (the broker rewinds the subscription; docs/protocol.md). So it just consumes,
@@ -37,6 +43,7 @@ from segtxn.client import (
     Consumer,
     Message,
     ServerError,
+    Transaction,
     TransactionFailed,
 )
 from segtxn.client.scalable import ScalableProducer
@@ -87,6 +94,9 @@ class ProcessorConfig:
     hold_s: float = 0.02
     """Time spent inside each transaction before ending it (a kill lands mid-transaction)."""
     history: HistoryStore = HistoryStore.FILES
+    pipelined: bool = False
+    """End each batch's transaction while the next batch is worked on (see the module
+    docstring)."""
 
 
 class Processor:
@@ -100,6 +110,10 @@ class Processor:
         self.committed_by: dict[str, int] = {}
         """Committed transactions by who confirmed them (``Transaction.committed_by``: a
         broker's one-step commit, or a coordinator), logged when it stops."""
+        self._previous: Transaction | None = None
+        """(pipelined) The last batch's transaction, the next one follows it."""
+        self._ending: asyncio.Task[Outcome] | None = None
+        """(pipelined) Its end, under way while the next batch is worked on."""
 
     async def run(self) -> None:
         out_a = await self.client.create_producer(self.config.topics.out_a)
@@ -118,6 +132,8 @@ class Processor:
                 if batch:
                     await self._process(consumer, batch, out_a, out_b)
         finally:
+            if self._ending is not None:  # (pipelined) the last one's end
+                await self._ending
             await consumer.close()
 
     async def _batch(self, consumer: Consumer) -> list[Message]:
@@ -136,10 +152,13 @@ class Processor:
         out_a: ScalableProducer,
         out_b: ScalableProducer,
     ) -> None:
-        """One transaction over ``batch``."""
+        """One transaction over ``batch``: worked on here; ended here, or (pipelined) while
+        the next batch is worked on."""
         config = self.config
         try:
-            txn = await self.client.transaction(timeout_s=config.txn_timeout_s).start()
+            txn = await self.client.transaction(
+                timeout_s=config.txn_timeout_s, after=self._previous
+            ).start()
         except (ServerError, ClientError) as e:
             log.warning(
                 "%s: no transaction could start (%s); the inputs come again", config.name, e
@@ -150,8 +169,6 @@ class Processor:
         self.history.record("begin", session=self.session, txn=name)
         inputs: list[dict[str, Any]] = []
         outputs = 0
-        outcome: Outcome
-        loop = asyncio.get_running_loop()
         try:
             for message in batch:
                 record = decode_input(message.value)
@@ -164,6 +181,34 @@ class Processor:
                 await out_b.send_async(output, key=record.key, txn=txn)
                 outputs += 2
                 await consumer.acknowledge_async(message, txn=txn)  # commit awaits it
+        except (ServerError, ClientError) as e:
+            log.info("%s: %s failed (%s: %s); aborting it", config.name, name, type(e).__name__, e)
+            end = self._abort(txn, inputs, outputs)
+        else:
+            end = self._end(txn, inputs, outputs)
+        if not config.pipelined:
+            await end
+            return
+        ending = asyncio.create_task(end)
+        previous, self._ending, self._previous = self._ending, ending, txn
+        if previous is not None and await previous != "committed":
+            await ending  # it follows one that did not commit: it aborts too, let it end
+            self._ending = self._previous = None  # and the next follows none
+
+    async def _abort(self, txn: Transaction, inputs: list[dict[str, Any]], outputs: int) -> Outcome:
+        """A transaction whose work failed: abort it (never raising) and record its end."""
+        started = asyncio.get_running_loop().time()
+        with contextlib.suppress(ServerError, ClientError):
+            await txn.abort()
+        return self._ended(txn, "aborted", inputs, outputs, started)
+
+    async def _end(self, txn: Transaction, inputs: list[dict[str, Any]], outputs: int) -> Outcome:
+        """Commit, abort or stall ``txn`` (seeded dice), and record its end."""
+        config = self.config
+        name = str(txn.id)
+        outcome: Outcome
+        loop = asyncio.get_running_loop()
+        try:
             await asyncio.sleep(config.hold_s)  # sleep-ok: work inside the transaction
             dice = self.rng.random()
             started = loop.time()
@@ -195,6 +240,17 @@ class Processor:
                 await txn.abort()
             outcome = "aborted"
             started = loop.time()
+        return self._ended(txn, outcome, inputs, outputs, started)
+
+    def _ended(
+        self,
+        txn: Transaction,
+        outcome: Outcome,
+        inputs: list[dict[str, Any]],
+        outputs: int,
+        started: float,
+    ) -> Outcome:
+        name = str(txn.id)
         self.history.record(
             "ended",
             session=self.session,
@@ -202,9 +258,10 @@ class Processor:
             outcome=outcome,
             inputs=inputs,
             outputs=outputs,
-            commit_ms=(loop.time() - started) * 1000,
+            commit_ms=(asyncio.get_running_loop().time() - started) * 1000,
         )
-        log.debug("%s: %s %s (%d inputs)", config.name, name, outcome, len(inputs))
+        log.debug("%s: %s %s (%d inputs)", self.config.name, name, outcome, len(inputs))
+        return outcome
 
 
 async def run_processor(config: ProcessorConfig) -> None:

@@ -121,7 +121,8 @@ def result_line(result: JobResult) -> str:
     verdict = "PASS" if result.passed else "FAIL"
     line = (
         f"seed {plan.seed} {verdict} {result.duration_s:.0f}s  {plan.shape.value}  "
-        f"{plan.processors} processors  faults {plan.describe_faults()}  topology "
+        f"{plan.processors} processors ({plan.processing})  faults {plan.describe_faults()}  "
+        f"topology "
         f"{plan.describe_topology()}  anomalies {_anomalies(result)}"
     )
     if result.error is not None:
@@ -130,7 +131,7 @@ def result_line(result: JobResult) -> str:
 
 
 def summary_table(results: Sequence[JobResult]) -> str:
-    rows = [("seed", "result", "time", "shape", "procs", "faults", "anomalies")]
+    rows = [("seed", "result", "time", "shape", "procs", "txns", "faults", "anomalies")]
     for r in results:
         faults = ", ".join(f.kind.value for f in r.plan.faults) or "none"
         rows.append(
@@ -140,6 +141,7 @@ def summary_table(results: Sequence[JobResult]) -> str:
                 f"{r.duration_s:.0f}s",
                 r.plan.shape.value,
                 str(r.plan.processors),
+                r.plan.processing,
                 faults,
                 _anomalies(r),
             )
@@ -159,6 +161,7 @@ def _save(out_dir: Path, results: Sequence[JobResult]) -> None:
             "duration_s": round(r.duration_s, 1),
             "shape": r.plan.shape.value,
             "processors": r.plan.processors,
+            "pipelined": r.plan.pipelined,
             "faults": [f.describe() for f in r.plan.faults],
             "topology": [t.describe() for t in r.plan.topology],
             "anomalies": r.counts,

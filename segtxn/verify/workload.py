@@ -97,6 +97,8 @@ class WorkloadConfig:
     """The processors' verbosity and extra environment."""
     history: HistoryStore = HistoryStore.FILES
     """Where every client records its history."""
+    pipelined: bool = False
+    """The processors pipeline their transactions (:mod:`segtxn.verify.processor`)."""
 
 
 @dataclass
@@ -142,6 +144,7 @@ def processor_process(config: WorkloadConfig, name: str) -> ManagedProcess:
         "--name", name, "--seed", str(config.seed), "--batch", str(config.batch),
         "--abort-rate", str(config.abort_rate), "--timeout-rate", str(config.timeout_rate),
         "--txn-timeout", str(config.txn_timeout_s), "--history", config.history.value,
+        *(["--pipelined"] if config.pipelined else []),
     )  # fmt: skip
     return ManagedProcess(name, command, config.run_dir / "logs" / f"{name}.log", config.launch)
 

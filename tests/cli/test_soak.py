@@ -51,7 +51,9 @@ def test_a_short_soak_runs_each_seed_with_its_faults(tmp_path: Path) -> None:
     assert lines[2].startswith("[2/2] seed 2457 PASS ") and "standalone-memory" in lines[2]
     assert "anomalies none" in lines[2]
     table = lines[lines.index("") + 1 :]
-    assert table[0].split() == ["seed", "result", "time", "shape", "procs", "faults", "anomalies"]
+    assert table[0].split() == [
+        "seed", "result", "time", "shape", "procs", "txns", "faults", "anomalies"
+    ]  # fmt: skip
     assert table[2].split()[:2] == ["2457", "PASS"]
     if not runs[2456]["passed"]:
         assert "FAIL: 1 of 2 run(s): seeds 2456" in out

@@ -150,3 +150,11 @@ def test_about_half_the_cluster_seeds_kill_or_stop_the_coordinator() -> None:
     )
     past = [f for p, f in faults if p.shape.replicated and f.hold_s > COORDINATOR_SESSION_TTL_S]
     assert past  # some outlast the replicated shape's coordinator session
+
+
+def test_about_half_of_the_seeds_pipeline_their_transactions() -> None:
+    """Drawn by a generator of its own: the rest of every plan is what it was before."""
+    pipelined = sum(draw_plan(seed).pipelined for seed in SEEDS)
+    assert 0.4 * len(SEEDS) < pipelined < 0.6 * len(SEEDS)
+    assert draw_plan(241).processing in ("pipelined", "sequential")
+    assert not demo_plan(1, Shape.STANDALONE_MEMORY, 3).pipelined  # the demo's stays as it was
