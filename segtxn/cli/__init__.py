@@ -3,70 +3,29 @@
 The project's first design placed the command line in ``segtxn/client/``; it lives here
 instead because commands such as ``standalone`` and ``broker`` must import the servers, and
 the client package must never import a server (an import-linter contract checks both; see
-docs/design-notes.md). Every failure is reported by :class:`segtxn.cli.errors.Main` as one
-line (``Error: ...``).
+docs/design-notes.md). The commands are in :mod:`segtxn.cli.commands`.
+
+This module is the process's entry point (the ``segtxn`` console script and
+``python -m segtxn.cli``) and imports nothing heavy: the commands' imports (aiohttp, gRPC,
+OpenTelemetry, the servers) take over a second on a loaded machine, and a Ctrl-C in that
+time used to leave the import as a KeyboardInterrupt traceback, the process killed by the
+signal. :func:`main` makes it the one line and the exit status of any other interrupt.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import sys
 
-import click
-
-from segtxn.cli import (
-    brokers,
-    clients,
-    servers,
-    service,
-    soak,
-    stacks,
-    store,
-    topics,
-    traces,
-    txn,
-    verbosity,
-    verify,
-)
-from segtxn.cli.demo import demo
-from segtxn.cli.errors import Main
-from segtxn.cli.operator import operator
+INTERRUPTED = 130
+"""The exit status of a command stopped by SIGINT (Ctrl-C): 128 + the signal's number."""
 
 
-@click.group(
-    cls=Main,
-    epilog="Exit status: 0 done (a server: stopped by SIGTERM or SIGINT), 1 failed, "
-    "2 bad usage, 130 interrupted. Errors are one line on stderr; -vv adds tracebacks.",
-)
-@click.option(
-    "-v", "--verbose", count=True, help="More logging (-v info, -vv debug; also after COMMAND)."
-)
-@service.credential_options
-@click.version_option(package_name="segtxn", message="segtxn %(version)s")
-@click.pass_context
-def main(ctx: click.Context, /, verbose: int, **credentials: Any) -> None:
-    """segtxn: transactional streaming on scalable topics."""
-    token_file = credentials.pop("token_file")
-    if token_file is not None:
-        if credentials["token"] is not None:
-            raise click.UsageError("give --token or --token-file, not both")
-        credentials["token"] = token_file  # a Path: the client reads it, again on change
-    ctx.meta[service.CREDENTIALS_KEY] = credentials  # for the clients the commands make
-    verbosity.configure(verbose)
-    traces.start(ctx.invoked_subcommand)  # OTEL_*: off unless they ask (docs/tracing.md)
-    stacks.install()
+def main() -> None:
+    """Run the ``segtxn`` command with ``sys.argv``; exit with its status."""
+    try:
+        from segtxn.cli.commands import main as command
 
-
-main.add_command(demo)
-main.add_command(servers.broker)
-main.add_command(servers.standalone)
-main.add_command(servers.coordinator)
-main.add_command(clients.produce)
-main.add_command(clients.consume)
-main.add_command(topics.topics)
-main.add_command(brokers.brokers)
-main.add_command(txn.txn)
-main.add_command(verify.verify)
-verify.verify.add_command(soak.soak)
-main.add_command(operator)
-main.add_command(store.store)
-verbosity.accept_after_subcommands(main)
+        command()
+    except KeyboardInterrupt:  # before the command's own edge could take it
+        sys.stderr.write("Error: interrupted\n")
+        sys.exit(INTERRUPTED)

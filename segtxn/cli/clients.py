@@ -17,7 +17,8 @@ from typing import Any
 
 import click
 
-from segtxn.cli.errors import INTERRUPTED, FailedPartWay, describe, fail
+from segtxn.cli import INTERRUPTED
+from segtxn.cli.errors import FailedPartWay, describe, fail
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run

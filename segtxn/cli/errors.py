@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import aiohttp
 import click
 
-from segtxn.cli import verbosity
+from segtxn.cli import INTERRUPTED, verbosity
 from segtxn.cli.lifecycle import Interrupted, ServeError
 from segtxn.client import (
     CertificateError,
@@ -39,8 +39,6 @@ from segtxn.client import (
     Timeout,
 )
 from segtxn.metastore import MetadataStoreError
-
-INTERRUPTED = 130
 
 
 class ServiceUnreachable(Exception):

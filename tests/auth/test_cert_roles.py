@@ -20,7 +20,7 @@ from segtxn.auth import AuthConfigError, AuthSettings, CertRole, TlsSettings
 from segtxn.auth.certroles import certificate_role
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.client import Client
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings

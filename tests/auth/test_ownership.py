@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from click.testing import CliRunner
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.client import Client
 from segtxn.coordinator.app import COORDINATOR, V4, CoordinatorServer
 from segtxn.metastore import Record

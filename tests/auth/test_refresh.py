@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from segtxn.auth.tokens import LEEWAY_S
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.client import Client, Producer, SuppliedToken, TokenFile, Unauthenticated
 from segtxn.protocol.tokens import TokenUnavailable, expiry_of
 from tests.auth.conftest import PRODUCER_2, ROOT, SecureCluster, token

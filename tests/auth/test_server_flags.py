@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.client import Client
 from segtxn.protocol.errors import ErrorName, ServerError
 from tests import processes

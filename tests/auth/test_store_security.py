@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.client import Client
 from segtxn.client import StoreAccessDenied as StoreAccessDeniedError
 from segtxn.coordinator.app import CoordinatorServer

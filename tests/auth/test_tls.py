@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 from segtxn.auth import AuthSettings, TlsSettings
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.client import CertificateError, Client, ErrorName, ServerError
 from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from segtxn.cli import main, topics
+from segtxn.cli import topics
+from segtxn.cli.commands import main
 from segtxn.metastore.etcd_server import free_port
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.client import Client, Message
 from segtxn.client.consumer import Consumer
 from segtxn.ledger.cursor import cursor_key

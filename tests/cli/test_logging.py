@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.cli.logs import JsonFormatter
 from segtxn.client import Client
 from segtxn.metastore.etcd_server import free_port

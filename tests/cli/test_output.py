@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from segtxn.cli import main, verbosity
+from segtxn.cli import verbosity
+from segtxn.cli.commands import main
 from segtxn.cli.output import Table, record, show, since, span, until
 from segtxn.client import Client
 

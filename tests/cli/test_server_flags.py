@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
-from segtxn.cli import main, servers
+from segtxn.cli import servers
+from segtxn.cli.commands import main
 from segtxn.cli.loops import EventLoop
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy

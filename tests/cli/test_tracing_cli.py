@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from segtxn import tracing
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.cli.traces import DEMO_SAMPLER, child_env
 from segtxn.client import Client
 from segtxn.metastore.etcd_server import free_port

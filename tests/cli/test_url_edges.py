@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 
 BAD_URLS = [
     (["topics", "list", "a/b", "--url", "http://[::1"], "--url"),

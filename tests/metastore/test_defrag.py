@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from click.testing import CliRunner
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.metastore import StoreUnavailable, defrag, open_store
 from segtxn.metastore.defrag import (
     MIB,

@@ -19,7 +19,7 @@ from typing import Any
 import click
 import pytest
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.operator import render
 from segtxn.operator.sparkapp import CHECK_SCRIPT, render_run
 from tests.manifests.support import crd_schemas

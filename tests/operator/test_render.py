@@ -10,7 +10,7 @@ import click
 import pytest
 import yaml
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.operator import render, topicplan
 from segtxn.operator.immutable import immutable_changes, same_quantity
 from segtxn.operator.status import condition

@@ -10,7 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.cli.security import pod_dns_url
 from segtxn.operator import render, security, securitynames
 from segtxn.operator.security import InvalidSecurity, SecuritySpec

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.operator import sparkapp
 from segtxn.operator.sparkapp import InvalidRun, RunNames, render_run
 from tests.manifests.podsecurity import violations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.verify.checker import Report
 from segtxn.verify.publish import MAX_HTML_BYTES, Target, config_map, verdict
 

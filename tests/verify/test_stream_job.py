@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
-from segtxn.cli import main
+from segtxn.cli.commands import main
 from segtxn.client import Client
 from segtxn.verify.history import InputRecord, encode
 from segtxn.verify.processor import Topics
