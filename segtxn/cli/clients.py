@@ -2,10 +2,10 @@
 
 Both print a summary (how many, how fast, the last id); ``consume --print`` also prints each
 message. ``-o json`` prints the summary (and the printed messages) as one JSON document.
-Interrupted (Ctrl-C, or SIGINT even to a script's background job:
-:func:`segtxn.cli.errors.interruptible`), each says how far it got before it exits with
-status 130; failed, each says how far it got and why in its one error line, and exits with
-status 1.
+Interrupted (Ctrl-C, or SIGINT even to a script's background job) or terminated (SIGTERM,
+a supervisor's stop: :func:`segtxn.cli.errors.interruptible`), each says how far it got
+before it exits with status 130 or 143; failed, each says how far it got and why in its one
+error line, and exits with status 1.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any
 
 import click
 
-from segtxn.cli import INTERRUPTED
-from segtxn.cli.errors import FailedPartWay, describe, fail
+from segtxn.cli.errors import FailedPartWay, describe, interrupted
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
@@ -140,7 +139,7 @@ def produce(
     try:
         done = run(body, url)
     except KeyboardInterrupt:
-        fail(f"interrupted: {progress()}", INTERRUPTED)
+        interrupted(progress())
     except Exception as e:
         if not sent:  # nothing done yet: the error alone says it
             raise
@@ -291,7 +290,7 @@ def consume(
     try:
         done = run(body, url)
     except KeyboardInterrupt:
-        fail(f"interrupted: {progress()}", INTERRUPTED)
+        interrupted(progress())
     except Exception as e:
         if not subscribed:  # nothing done yet: the error alone says it
             raise

@@ -33,7 +33,8 @@ from segtxn.cli.operator import operator
 @click.group(
     cls=Main,
     epilog="Exit status: 0 done (a server: stopped by SIGTERM or SIGINT), 1 failed, "
-    "2 bad usage, 130 interrupted. Errors are one line on stderr; -vv adds tracebacks.",
+    "2 bad usage, 130 interrupted (SIGINT), 143 terminated (SIGTERM). Errors are one line on "
+    "stderr; -vv adds tracebacks.",
 )
 @click.option(
     "-v", "--verbose", count=True, help="More logging (-v info, -vv debug; also after COMMAND)."

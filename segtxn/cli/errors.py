@@ -3,7 +3,8 @@
 The commands raise typed errors (the client's, the store's, the servers' start-up errors,
 click's usage errors); :class:`Main` turns each into one line, ``Error: ...``, here and
 nowhere else. Exit status: 2 for a usage error (a bad flag or argument), 1 for any other
-failure, 130 for Ctrl-C. A command that fails part-way (``produce``, ``consume``) says how
+failure, 130 for Ctrl-C (SIGINT), 143 for SIGTERM (both stop a command alike:
+:func:`interruptible`). A command that fails part-way (``produce``, ``consume``) says how
 far it got first (:class:`FailedPartWay`). An error nobody expected is an internal error:
 one line saying so, and its traceback with ``-vv`` (never without: a user reads the line, a
 developer asks for the traceback). Connection failures are said in words (``connection
@@ -23,6 +24,8 @@ import sys
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import FrameType
 from typing import Any, NoReturn
 
 import aiohttp
@@ -171,37 +174,90 @@ def fail(message: str, code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
+TERMINATED = 143
+"""The exit status of a command stopped by SIGTERM: 128 + the signal's number."""
+
+
+@dataclass
+class _Stop:
+    """Which signal the KeyboardInterrupt a command stops on stands for: SIGINT, unless a
+    SIGTERM came (:func:`interruptible`)."""
+
+    signal: signal.Signals = signal.SIGINT
+
+
+_stop = _Stop()
+
+
+def _terminate_as_interrupt(_signum: int, frame: FrameType | None) -> None:
+    """SIGTERM's handler within :func:`interruptible`: noted, then handled by whatever
+    handles SIGINT at that moment, so that it stops the command exactly as Ctrl-C does.
+    Within ``asyncio.run`` that is asyncio's handler: it cancels the command's main task
+    (the client closes, the command's ``finally`` runs) and raises KeyboardInterrupt once
+    the task has ended; a second signal raises it at once. Elsewhere it is Python's, which
+    raises it at once."""
+    _stop.signal = signal.SIGTERM
+    on_sigint = signal.getsignal(signal.SIGINT)
+    if not callable(on_sigint):  # SIG_DFL, set by an in-process caller
+        on_sigint = signal.default_int_handler
+    on_sigint(signal.SIGINT, frame)
+
+
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
     """Within it SIGINT raises KeyboardInterrupt (what ``asyncio.run`` turns into a cancel
-    of the command's body), also in a process started with SIGINT ignored.
+    of the command's body), also in a process started with SIGINT ignored; and SIGTERM
+    does what SIGINT does, the command's edge then saying ``terminated`` instead of
+    ``interrupted`` and exiting with status 143 (:func:`interrupted`).
 
-    Why: a shell script's background job (``segtxn produce ... &``; a test suite run so)
-    starts with SIGINT ignored (POSIX, without job control), and Python then installs no
+    Why SIGINT: a shell script's background job (``segtxn produce ... &``; a test suite run
+    so) starts with SIGINT ignored (POSIX, without job control), and Python then installs no
     handler: ``kill -INT`` did nothing, and ``produce`` went on sending until its ``-n``
     was done instead of saying how far it got. The servers take SIGINT on their own loop
     whatever they inherited (:mod:`segtxn.cli.lifecycle`); this makes every command alike.
-    What was ignored is ignored again on the way out (a caller in the same process, such
-    as a test's ``CliRunner``, keeps its own disposition). Only the main thread can set a
-    signal handler: elsewhere this does nothing.
+    Why SIGTERM: it is how a supervisor stops a process (``kubectl delete``, systemd,
+    ``docker stop``), and Python's default killed ``produce`` or ``consume`` on the spot,
+    saying nothing of what it had stored or acknowledged. A SIGTERM the process inherited
+    ignored, or that a caller in the same process handles, is left as it is; the server
+    commands install their own handlers within (:func:`.lifecycle.catch_signals_early`),
+    and their stop is unchanged.
+
+    Each disposition changed here is put back on the way out (a caller in the same
+    process, such as a test's ``CliRunner``, keeps its own). Only the main thread can set
+    a signal handler: elsewhere this does nothing.
     """
-    ignored = (
-        threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    )
+    _stop.signal = signal.SIGINT
+    main_thread = threading.current_thread() is threading.main_thread()
+    ignored = main_thread and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    terminable = main_thread and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     if ignored:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if terminable:
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         yield
     finally:
+        if terminable:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if ignored:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def interrupted(done: str = "") -> NoReturn:
+    """End a command that SIGINT or SIGTERM stopped: ``Error: interrupted`` (SIGINT, exit
+    status 130) or ``Error: terminated`` (SIGTERM, 143), followed by ``done`` (how far it
+    got) when given."""
+    if _stop.signal is signal.SIGTERM:
+        said, code = "terminated", TERMINATED
+    else:
+        said, code = "interrupted", INTERRUPTED
+    fail(f"{said}: {done}" if done else said, code)
+
+
 class Main(click.Group):
     """The ``segtxn`` group: runs a command and reports any failure in one line; SIGINT
-    interrupts it (exit status 130) even when the process was started ignoring SIGINT
-    (:func:`interruptible`)."""
+    interrupts it (exit status 130) even when the process was started ignoring SIGINT, and
+    SIGTERM alike (exit status 143; :func:`interruptible`)."""
 
     def main(
         self,
@@ -229,7 +285,7 @@ class Main(click.Group):
             click.echo(f"{e.signal.name} while starting: stopped", err=True)
             sys.exit(0)
         except (click.Abort, KeyboardInterrupt):
-            fail("interrupted", INTERRUPTED)
+            interrupted()
         except BrokenPipeError:  # `segtxn ... | head`: the reader left; nothing to say
             os._exit(1)
         except Exception as e:

@@ -264,3 +264,29 @@ def test_sigint_interrupts_a_command_of_a_process_started_ignoring_it(
     assert result.exit_code == 130, result.output
     assert result.stderr.strip() == "Error: interrupted"  # after click's newline (past ^C)
     assert after == signal.SIG_IGN
+
+
+def test_sigterm_stops_a_command_as_sigint_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM (a supervisor's stop) during a command is its one line and exit status 143
+    (before, Python's default killed the process on the spot); SIGTERM's default is back
+    after the command."""
+
+    def terminated(*_: object) -> None:
+        handler = signal.getsignal(signal.SIGTERM)
+        assert handler != signal.SIG_DFL, "unhandled, SIGTERM would end the test process"
+        signal.raise_signal(signal.SIGTERM)  # its handler runs before this returns
+        raise AssertionError("SIGTERM did not stop the command")
+
+    monkeypatch.setattr(topics, "run", terminated)
+    # as a process starts (a server command run in-process before leaves its handlers)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        result = invoke("topics", "stats", "topic://a/b/c")
+        after = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_sigint)
+    assert result.exit_code == 143, result.output
+    assert result.stderr.strip() == "Error: terminated"
+    assert after == signal.SIG_DFL
