@@ -259,6 +259,20 @@ class Main(click.Group):
     interrupts it (exit status 130) even when the process was started ignoring SIGINT, and
     SIGTERM alike (exit status 143; :func:`interruptible`)."""
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; SIGINT or SIGTERM while it runs ends the process here, with its
+        one line (:func:`interrupted`).
+
+        Why here: click's own handler of a KeyboardInterrupt writes an empty line first (to
+        end the line a terminal's ``^C`` echo leaves), and then the one line came after an
+        empty one, in a pipe or a log as well. An interrupt while click still parses the
+        arguments (before this runs) still goes through click's handler; it is over in
+        milliseconds."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            interrupted()
+
     def main(
         self,
         args: Sequence[str] | None = None,

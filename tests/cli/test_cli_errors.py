@@ -262,7 +262,7 @@ def test_sigint_interrupts_a_command_of_a_process_started_ignoring_it(
     finally:
         signal.signal(signal.SIGINT, previous)
     assert result.exit_code == 130, result.output
-    assert result.stderr.strip() == "Error: interrupted"  # after click's newline (past ^C)
+    assert result.stderr == "Error: interrupted\n"  # one line: not after an empty one
     assert after == signal.SIG_IGN
 
 
@@ -288,5 +288,5 @@ def test_sigterm_stops_a_command_as_sigint_does(monkeypatch: pytest.MonkeyPatch)
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_sigint)
     assert result.exit_code == 143, result.output
-    assert result.stderr.strip() == "Error: terminated"
+    assert result.stderr == "Error: terminated\n"
     assert after == signal.SIG_DFL
