@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 import pytest
 
 from segtxn.client import Client, ClientClosed, Message, ScalableProducer
-from segtxn.client.coordinators import Coordinators
 from segtxn.client.producer import Producer
 from segtxn.client.timeouts import Deadline
+from tests.client.held_answers import hold_answers
 from tests.client.test_txn_window_edges import Window
 from tests.waiting import wait_until
 
@@ -232,28 +232,18 @@ async def test_an_ack_registering_when_its_consumer_closes_fails_at_once(
     any more, and failed only at its limit, with a Timeout saying it may have been
     applied."""
     topic = "persistent://acme/closed/registering"
-    answered, go_on = asyncio.Event(), asyncio.Event()
-    call = Coordinators.call
-
-    async def answer_held(self: Coordinators, method: str, path: str, **kwargs: Any) -> Any:
-        reply = await call(self, method, path, **kwargs)
-        if path.endswith("/subscriptions"):
-            answered.set()
-            await go_on.wait()
-        return reply
-
     await client.admin.create_topic(topic)
     producer = await client.create_producer(topic)
     await producer.send(b"m")
     consumer = await client.subscribe(topic, "s", initial_position="earliest")
     message = await consumer.receive(timeout_s=10)
     txn = await client.transaction().start("v4")
-    monkeypatch.setattr(Coordinators, "call", answer_held)
+    held = hold_answers(monkeypatch, "/subscriptions")
     try:
         ack = asyncio.create_task(consumer.acknowledge(message, txn=txn, timeout_s=3))
-        await asyncio.wait_for(answered.wait(), 10)
+        await asyncio.wait_for(held.answered.wait(), 10)
         await consumer.close()
     finally:
-        go_on.set()
+        held.go_on.set()
     with pytest.raises(ClientClosed, match=f"consumer {consumer.name} is closed"):
         await asyncio.wait_for(ack, 2)  # (its limit is 3 s)

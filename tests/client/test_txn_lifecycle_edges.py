@@ -25,6 +25,7 @@ from segtxn.client import (
 from segtxn.client.coordinators import Coordinators
 from segtxn.client.prestart import Opened
 from segtxn.protocol.txn import TxnState
+from tests.client.held_answers import hold_answers
 from tests.client.test_timeouts import Outcome, timed
 from tests.cluster import Cluster
 from tests.txn.test_ordered_redelivery import gated, nothing_arrives
@@ -200,28 +201,18 @@ async def test_an_ack_whose_registration_outlasts_an_abort_is_not_sent(
     half its limit) and aborts. The ack then fails at once with TransactionEnded, nothing
     sent; it went to the broker, which refused it, the message staying unacknowledged."""
     topic = "persistent://acme/lifecycle/ack"
-    answered, go_on = asyncio.Event(), asyncio.Event()
-    call = Coordinators.call
-
-    async def answer_held(self: Coordinators, method: str, path: str, **kwargs: Any) -> Any:
-        reply = await call(self, method, path, **kwargs)
-        if path.endswith("/subscriptions"):
-            answered.set()
-            await go_on.wait()
-        return reply
-
     async with Client(cluster.url) as client:
         producer, reader = await setup(client, topic)
         await producer.send(b"in")
         message = await reader.receive(timeout_s=10)
         txn = await client.transaction().start("v4")
-        monkeypatch.setattr(Coordinators, "call", answer_held)
+        held = hold_answers(monkeypatch, "/subscriptions")
         try:
             ack = await running(reader.acknowledge(message, txn=txn))
-            await asyncio.wait_for(answered.wait(), 10)
+            await asyncio.wait_for(held.answered.wait(), 10)
             await txn.abort(timeout_s=0.6)  # waits 0.3 s for the ack, then aborts
         finally:
-            go_on.set()
+            held.go_on.set()
         acked = await ack
         assert isinstance(acked.error, TransactionEnded), acked
         await reader.acknowledge(message)  # (plainly: it was not acknowledged in txn)
