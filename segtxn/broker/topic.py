@@ -218,7 +218,13 @@ class Topic:
 
     async def _make_subscription(self, name: str, initial: str) -> Subscription:
         """A new subscription ``name`` (its cursor made if need be), its pending acks
-        recovered; not in :attr:`subscriptions` yet."""
+        recovered; not in :attr:`subscriptions` yet.
+
+        A recovery that fails closes the subscription again (its dispatcher, and its v4
+        pending-ack log if it got opened) before raising on: nothing holds them once the
+        attempt is given up, so the next load opens the log afresh instead of finding its
+        file held ("... is held by another writer") until the broker restarts.
+        """
         cursor = await self.ledger.open_cursor(name, start=initial)
         subscription = Subscription(
             name,
@@ -242,7 +248,6 @@ class Topic:
                 metrics=self._metrics,
                 ops=self._ops,
             )
-            await subscription.pending_acks.recover()
         elif self.name.domain is Domain.PERSISTENT:
             subscription.pending_acks = MLPendingAckStore(
                 str(self.name),
@@ -256,7 +261,14 @@ class Topic:
                 compact_entries=self.settings.txn_log_compact_entries,
                 metrics=self._metrics,
             )
+        try:
             await subscription.pending_acks.recover()
+        except BaseException:
+            try:
+                await subscription.close()
+            except Exception as e:  # (the recovery's failure is the one to report)
+                log.warning("%s: closing %r after its failed recovery: %s", self.name, name, e)
+            raise
         return subscription
 
     def subscription_names(self) -> list[str]:
