@@ -271,6 +271,7 @@ class MessageStream:
                         self.topic,
                         dropped,
                     )
+            told: set[tuple[str, str]] = set()  # refusals of this reconnection so far
             while True:
                 await asyncio.sleep(delay)
                 try:
@@ -282,11 +283,19 @@ class MessageStream:
                 except FATAL as e:
                     self._deliver.put_nowait(e)
                     return
-                except ServerError:
-                    pass  # not one that ends the stream: back off and reconnect
+                except ServerError as e:  # not one that ends the stream: back off and retry
+                    self._refused(e, told)
                 except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                     log.info("%s on %s: reconnecting failed: %r", self._kind, self.topic, e)
                 delay = min(delay * 2, 2.0)
+
+    def _refused(self, error: ServerError, told: set[tuple[str, str]]) -> None:
+        """Log a reconnection's refusal (the broker says to retry: the topic is unloaded,
+        the broker fenced, ...) at WARNING the first time it says this, then at DEBUG."""
+        said = (error.name, error.message)
+        level = logging.DEBUG if said in told else logging.WARNING
+        told.add(said)
+        log.log(level, "%s on %s: reconnecting refused: %s", self._kind, self.topic, error)
 
     def _drop_queued(self) -> int:
         """Messages not yet taken will be redelivered: drop ours so none is seen twice.
