@@ -449,12 +449,24 @@ class BrokerService:
         reconnect at once and are told to retry; a load meanwhile would be refused by its
         ledger file's lock, or, once the ledger is deleted, serve it afresh and empty.
 
+        The check yields: a topic unloaded meanwhile (an idle unload, a drain, a failed
+        write) is not deleted, since the instance checked is closed and another may be
+        loaded in its place by then (deleting its files under it, or taking it out of the
+        broker's topics, would leave it open and unreachable): the caller is told to retry.
+
         Raises:
-            ServerError: ServiceNotReady, the deletion stopped part-way (a store or ledger
-                error: :meth:`Topic.delete`); the topic is let go, and a retry finishes it.
+            ServerError: ServiceNotReady, the topic was unloaded during the check (nothing
+                was deleted), or the deletion stopped part-way (a store or ledger error:
+                :meth:`Topic.delete`; the topic is let go, and a retry finishes it).
             LedgerMismatch, MetadataStoreError: from the check; nothing was changed.
         """
         await topic.check_deletable()
+        if self.topics.get(name) is not topic:  # let go (or loaded again) while checked
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{name} was unloaded from broker {self.broker_id} while its deletion "
+                "checked it; nothing was deleted: retry the deletion",
+            )
         self.unloads.begin(name)  # in the same step as it leaves the broker's topics
         try:
             self.topics.pop(name, None)

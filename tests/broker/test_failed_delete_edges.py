@@ -102,3 +102,60 @@ async def test_clients_hung_up_on_by_a_forced_delete_are_told_to_retry_until_it_
         assert await service.catalog.home_of(name) is None
         writers = [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
         assert not writers, writers
+
+
+# ---------------------------------------------------------------------------------------
+# A deletion first checks every file it would delete (Topic.check_deletable), which reads
+# the store. An unload of the topic meanwhile (an idle unload, a drain) went unnoticed: the
+# deletion went on with the instance it had checked, closed by then, and took out of the
+# broker's topics whatever was there, an instance a client had loaded again since, left
+# open (its ledger's file locks held) and never closed, while its data was deleted under it.
+
+
+async def test_a_topic_unloaded_while_its_deletion_checks_it_is_not_deleted_under_a_reload(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    log_ = pending_ack_log(TOPIC, "s")
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        consumer = await client.subscribe(
+            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+        )
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"m0")
+        message = await consumer.receive(timeout_s=10)
+        txn = client.transaction()
+        await consumer.acknowledge(message, txn=txn)  # the subscription's v4 log holds it
+        await txn.abort()
+        await consumer.close()
+        await producer.close()
+
+        checking = cluster.faults.hold("range", key_prefix=metadata_key(log_))
+        deleting = asyncio.create_task(client.admin.delete_topic(TOPIC, force=True))
+        try:
+            with caplog.at_level(logging.INFO):
+                await checking.wait_for(1)  # the deletion checks the subscription's log
+                await service.unload(name)
+                await client.admin.stats(TOPIC)  # a client loads it again meanwhile
+                reloaded = service.topics[name]
+                checking.release()
+                outcome = (await asyncio.gather(deleting, return_exceptions=True))[0]
+        finally:
+            checking.release()
+            await asyncio.gather(deleting, return_exceptions=True)
+        # refused, nothing deleted: the reloaded instance is served, and a retry deletes it
+        assert isinstance(outcome, ServerError), outcome
+        assert outcome.category is ErrorCategory.RETRIABLE, outcome
+        said = str(outcome)
+        assert "unloaded" in said and "nothing was deleted" in said and "retry" in said, said
+        assert service.topics.get(name) is reloaded, "the reloaded instance was dropped"
+        assert not reloaded.ledger.is_closing
+        await client.admin.delete_topic(TOPIC, force=True)
+        assert name not in service.topics
+        assert reloaded.ledger.is_closing, "the reloaded instance was left open"
+        assert await cluster.store.get(metadata_key(TOPIC)) is None
+        assert await cluster.store.get(metadata_key(log_)) is None
+        writers = [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
+        assert not writers, writers
