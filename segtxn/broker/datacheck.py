@@ -17,7 +17,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from segtxn.broker import retire
+from segtxn.broker import deletemark, retire
 from segtxn.ledger import LedgerMismatch, LedgerMissing, check_files
 from segtxn.metastore import StoreAccessDenied
 from segtxn.protocol.names import Domain, TopicName
@@ -44,9 +44,14 @@ async def check_data(service: BrokerService) -> None:
             try:
                 await check_files(str(name), service.store, service.storage)
             except LedgerMissing as e:
-                # a RETIRED segment's files may be gone: its delete was cut short
-                if not (
-                    name.domain is Domain.SEGMENT and await retire.is_retired(service.catalog, name)
+                # a RETIRED segment's files may be gone, or a persistent topic's marked
+                # deleting (deletemark): its delete was cut short, and is finished later
+                if (
+                    not (
+                        name.domain is Domain.SEGMENT
+                        and await retire.is_retired(service.catalog, name)
+                    )
+                    and await deletemark.marked(service.catalog, name) is None
                 ):
                     service.refuse(name, e)
             except LedgerMismatch as e:  # (nothing explains another's file: not a retirement)

@@ -40,7 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
-from segtxn.broker import arguments, retire, segment_ends
+from segtxn.broker import arguments, deletemark, retire, segment_ends
 from segtxn.broker.fanout import fan_out
 from segtxn.broker.http import SERVICE, scalable_record, topic_from
 from segtxn.broker.service import BrokerService
@@ -87,6 +87,12 @@ async def delete_topic(request: web.Request) -> None:
         await _delete_scalable(request, name, force=force, precondition=precondition)
         return
     await segment_ends.check_deletable(service.catalog, name)
+    if name.domain is Domain.PERSISTENT and name not in service.topics:
+        found = await deletemark.marked(service.catalog, name)
+        if found is not None:  # a deletion of it stopped part-way: finish it, not loaded
+            await service.check_home(name)
+            await deletemark.finish(service, name, found)
+            return
     if name.domain is Domain.SEGMENT and name not in service.topics:
         await service.check_home(name)
         if await retire.is_retired(service.catalog, name):  # its delete may be unfinished

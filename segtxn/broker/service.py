@@ -35,6 +35,7 @@ import time
 
 from segtxn.broker import (
     datacheck,
+    deletemark,
     fencing,
     gauges,
     handoff,
@@ -356,6 +357,7 @@ class BrokerService:
         try:
             if name.domain is Domain.SEGMENT:
                 await retire.check_not_retired(self.catalog, name)
+            await deletemark.check_not_marked(self.catalog, name)
             topic = await Topic.load(
                 name,
                 store=self.store,
@@ -444,10 +446,13 @@ class BrokerService:
         connected and its subscriptions' state whole, rather than cut them off and delete
         part of it for a deletion that cannot finish.
 
-        A persistent topic's record in the catalog is deleted too. Until then the topic is
-        guarded as during an unload (:attr:`unloads`): its clients, hung up on,
-        reconnect at once and are told to retry; a load meanwhile would be refused by its
-        ledger file's lock, or, once the ledger is deleted, serve it afresh and empty.
+        A persistent topic's record in the catalog is deleted too, last, and is marked
+        ``deleting`` before anything is (:mod:`segtxn.broker.deletemark`): a deletion that
+        stops part-way leaves the topic refused, never loaded afresh and empty, until the
+        next ``DELETE`` finishes it. Until its record is gone the topic is guarded as during
+        an unload (:attr:`unloads`): its clients, hung up on, reconnect at once and are
+        told to retry; a load meanwhile would be refused by its ledger file's lock, or,
+        once the ledger is deleted, serve it afresh and empty.
 
         The check yields: a topic unloaded meanwhile (an idle unload, a drain, a failed
         write) is not deleted, since the instance checked is closed and another may be
@@ -461,6 +466,7 @@ class BrokerService:
             LedgerMismatch, MetadataStoreError: from the check; nothing was changed.
         """
         await topic.check_deletable()
+        await deletemark.mark(self.catalog, name)  # from now on it does not load afresh
         if self.topics.get(name) is not topic:  # let go (or loaded again) while checked
             raise ServerError(
                 ErrorName.SERVICE_NOT_READY,
@@ -480,7 +486,7 @@ class BrokerService:
                 raise ServerError(
                     ErrorName.SERVICE_NOT_READY,
                     f"{name}: its deletion stopped part-way ({type(e).__name__}: {e}); it is "
-                    "let go, and loads again as it is left: retry the deletion to finish it",
+                    "let go: retry the deletion to finish it",
                 ) from e
             log.info("deleted %s's data on broker %s", name, self.broker_id)
             if name.domain is Domain.PERSISTENT:  # (a segment's record is its topic's)

@@ -21,7 +21,7 @@ from segtxn.ledger.memory import MemoryLogStorage
 from segtxn.ledger.metadata import METADATA_PREFIX, LedgerSettings
 from segtxn.ledger.position import Entry, Position
 from segtxn.ledger.registry import open_log_storage
-from segtxn.ledger.reopen import check_deletable, check_files, movable
+from segtxn.ledger.reopen import check_deletable, check_files, delete_unopened, movable
 from segtxn.ledger.retention import RetentionPolicy, TrimResult
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "WriteFailed",
     "check_deletable",
     "check_files",
+    "delete_unopened",
     "movable",
     "open_log_storage",
 ]

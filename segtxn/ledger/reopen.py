@@ -8,15 +8,17 @@ one file: points 2 and 3, and what a closed ledger is checked for when first rea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
 
 import msgspec
 
+from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.errors import LedgerFenced, LedgerMissing
 from segtxn.ledger.fencing import cas_put
-from segtxn.ledger.identity import check_identities
+from segtxn.ledger.identity import check_identities, delete_chain
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
 from segtxn.ledger.metadata import (
     LedgerMetadata,
@@ -29,7 +31,7 @@ from segtxn.ledger.metadata import (
     tail_bound,
 )
 from segtxn.ledger.position import Position
-from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore
+from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +146,24 @@ async def check_deletable(name: str, store: MetadataStore, storage: LogStorage) 
     if record is not None:
         meta = decode(record.value)
         await asyncio.to_thread(check_identities, name, storage, meta.ledgers)
+
+
+async def delete_unopened(name: str, store: MetadataStore, storage: LogStorage) -> None:
+    """Delete the managed ledger ``name``, open nowhere, without opening it (its files may
+    be gone in part: a delete cut short), as :meth:`ManagedLedger.delete` does: its logs,
+    then its cursors, then its metadata record, last, so that a delete cut short again is
+    found and finished by doing it again. Nothing to do when it has no metadata record.
+
+    Raises:
+        LedgerMismatch: as :func:`check_identities`; nothing was deleted.
+    """
+    record = await store.get(metadata_key(name))
+    if record is None:
+        return
+    await delete_chain(name, storage, decode(record.value).ledgers)
+    await store.delete_range(cursors_prefix(name))
+    with contextlib.suppress(NotFound):
+        await store.delete(metadata_key(name))
 
 
 async def movable(name: str, store: MetadataStore) -> bool:

@@ -67,6 +67,9 @@ class ChangeInfo(msgspec.Struct, frozen=True):
 class PersistentTopic(msgspec.Struct, frozen=True, tag="persistent"):
     created_ms: int
     properties: dict[str, str] = msgspec.field(default_factory=dict)
+    deleting: bool = False
+    """The topic is being deleted (its data, then this record): it is not loaded again,
+    and the next deletion finishes it (segtxn/broker/deletemark.py)."""
 
 
 class ScalableTopic(msgspec.Struct, frozen=True, tag="scalable"):

@@ -1,6 +1,7 @@
 """A topic's deletion that fails part-way (segtxn/broker/topic.py, ``Topic.delete``): the
-topic is let go cleanly, its ledger closed, so it loads again (to be served, or deleted by a
-retry), and the client is told to retry.
+topic is let go cleanly, its ledger closed, and the client is told to retry; a persistent
+topic is not served again meanwhile (segtxn/broker/deletemark.py), and the retry finishes
+its deletion.
 
 Real components: the cluster's broker and coordinator on its store (memory and a real etcd),
 files in ``tmp_path``; the failure is a store fault on one v4 pending-ack log's metadata.
@@ -14,9 +15,11 @@ from urllib.parse import quote
 
 import pytest
 
+from segtxn.broker import datacheck
 from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
 from segtxn.broker.txn.pending_ack_log import pending_ack_log
 from segtxn.client import Client, ErrorCategory, ServerError
+from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
@@ -52,8 +55,11 @@ async def test_a_delete_failing_part_way_lets_the_topic_go_cleanly_and_a_retry_f
             assert service.topics.get(name) is not old, "the half-deleted instance is served"
             assert old.ledger.is_closing, "its ledger was left open"
 
-            # it loads again (no second writer refused), and a retry finishes the deletion
-            await client.admin.stats(TOPIC)
+            # it is not served again (its deletion began: its record is marked), and a
+            # retry finishes the deletion, without loading it (no second writer refused)
+            with pytest.raises(ServerError) as refused:
+                await client.admin.stats(TOPIC)
+            assert "being deleted" in str(refused.value), refused.value
             await client.admin.delete_topic(TOPIC, force=True)
         assert name not in service.topics
         said = str(caught.value)
@@ -159,3 +165,84 @@ async def test_a_topic_unloaded_while_its_deletion_checks_it_is_not_deleted_unde
         assert await cluster.store.get(metadata_key(log_)) is None
         writers = [r.getMessage() for r in caplog.records if "another writer" in r.getMessage()]
         assert not writers, writers
+
+
+# ---------------------------------------------------------------------------------------
+# A deletion that stopped after its ledger went (here deleting its de-duplication state
+# failed) left the topic's record: its next client loaded it again, with a new ledger,
+# empty, and was served (a producer's sends stored, acknowledged, then deleted by the
+# retried deletion).
+
+
+async def test_a_delete_stopped_after_its_ledger_went_refuses_the_topic_until_a_retry_ends_it(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    dedup_state = DEDUP_PREFIX + quote(TOPIC, safe="")
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"m0")
+        consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
+        assert (await consumer.receive(timeout_s=10)).value == b"m0"
+
+        cluster.faults.fail("range", key_prefix=dedup_state, times=1)
+        with caplog.at_level(logging.INFO):
+            with pytest.raises(ServerError) as caught:
+                await client.admin.delete_topic(TOPIC, force=True)
+            assert caught.value.category is ErrorCategory.RETRIABLE, caught.value
+            assert "stopped part-way" in str(caught.value), caught.value
+            stopped = len(caplog.records)
+
+            # its clients, hung up on, and any other are refused: never served it empty
+            with pytest.raises(ServerError) as refused:
+                await client.admin.stats(TOPIC)
+            assert refused.value.category is ErrorCategory.RETRIABLE, refused.value
+            assert "being deleted" in str(refused.value), refused.value
+            assert name not in service.topics
+            assert await cluster.store.get(metadata_key(TOPIC)) is None, "a new ledger was made"
+
+            await client.admin.delete_topic(TOPIC, force=True)  # the retry finishes it
+            loaded = [r.getMessage() for r in caplog.records[stopped:]]
+            assert not [m for m in loaded if m.startswith(f"loaded {TOPIC}")], loaded
+        with pytest.raises(ServerError) as gone:
+            await client.admin.stats(TOPIC)
+        assert gone.value.name == "TopicNotFound", gone.value
+        assert await service.catalog.get(name) is None
+        assert await service.catalog.home_of(name) is None
+        assert not (await cluster.store.list_prefix(dedup_state)).records
+        assert name not in service.topics
+
+
+# ---------------------------------------------------------------------------------------
+# A deletion that stopped part-way through its ledger (its logs deleted, its cursors and
+# metadata record not yet) left a topic refused for its missing files, and the retried
+# deletion, which loaded it to delete it, was refused the same way: it never finished.
+
+
+async def test_a_delete_stopped_inside_its_ledger_is_finished_by_a_retry(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"m0")
+        await client.subscribe(TOPIC, "s", initial_position="earliest")
+
+        cluster.faults.fail("range", key_prefix=cursors_prefix(TOPIC), times=1)
+        with caplog.at_level(logging.INFO):
+            with pytest.raises(ServerError) as caught:
+                await client.admin.delete_topic(TOPIC, force=True)
+            assert "stopped part-way" in str(caught.value), caught.value
+            assert await cluster.store.get(metadata_key(TOPIC)) is not None  # files gone
+            await datacheck.check_data(service)  # (as a restart does: not refused)
+            assert name not in service.refused
+
+            await client.admin.delete_topic(TOPIC, force=True)  # the retry finishes it
+        assert await cluster.store.get(metadata_key(TOPIC)) is None
+        assert not (await cluster.store.list_prefix(cursors_prefix(TOPIC))).records
+        assert await service.catalog.get(name) is None
+        assert name not in service.topics and name not in service.refused

@@ -1,0 +1,144 @@
+"""A persistent topic's deletion mark: a deletion that stops part-way never leaves a topic
+that loads again afresh, empty.
+
+A persistent topic's deletion (:meth:`BrokerService.delete_data`) deletes in turn its
+subscriptions' v4 pending-ack logs, its ledger (logs, cursors, metadata record), its
+de-duplication state and its transaction snapshots, then its record in the catalog. Each
+step can fail (the store away, a full disk). Had one failed after the ledger's metadata
+record went, the topic's next client (its own, hung up on, reconnecting at once) loaded it
+again, its record still there, with a new ledger, empty: it was served, and what producers
+stored in it was deleted by the retried deletion. Had one failed part-way through the
+ledger, the next load was refused for its missing files, and so was the retried deletion,
+which loaded the topic to delete it.
+
+So before it deletes anything, the deletion marks the topic's record ``deleting`` (one
+compare-and-set; nothing unmarks it: the mark commits to the deletion, as a scalable
+topic's does). A marked topic is not loaded (:func:`check_not_marked`: ``ServiceNotReady``,
+which clients retry until the deletion finishes, then meet ``TopicNotFound``), and the
+next ``DELETE`` of it finishes it from what the store and the disk hold, without loading it
+(:func:`finish`; each step is idempotent, so a retry stopped part-way again is finished by
+the one after it).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import msgspec
+
+from segtxn.broker import dedup, handoff
+from segtxn.broker.txn.pending_ack_log import delete_log, pending_ack_log
+from segtxn.ledger import LedgerError, delete_unopened
+from segtxn.ledger.cursor import cursors_prefix
+from segtxn.metastore import BadVersion, Delete, MetadataStoreError, NotFound, Record
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.names import Domain, TopicName
+from segtxn.topics.catalog import Catalog, home_key, topic_key
+from segtxn.topics.model import PersistentTopic, encode_topic, read_topic
+
+if TYPE_CHECKING:
+    from segtxn.broker.service import BrokerService
+
+log = logging.getLogger(__name__)
+
+
+async def mark(catalog: Catalog, name: TopicName) -> None:
+    """Mark persistent topic ``name``'s record ``deleting`` (nothing to do if it is marked
+    already, or has no record; nothing for a segment, whose topic's deletion marked it)."""
+    if name.domain is not Domain.PERSISTENT:
+        return
+    while True:
+        found = await catalog.store.get(topic_key(name))
+        record = None if found is None else read_topic(found.key, found.value)
+        if found is None or not isinstance(record, PersistentTopic) or record.deleting:
+            return
+        marked = msgspec.structs.replace(record, deleting=True)
+        try:
+            await catalog.store.put(
+                topic_key(name), encode_topic(marked), expected_version=found.version
+            )
+        except (BadVersion, NotFound):
+            continue  # changed meanwhile (a property): look again
+        return
+
+
+async def marked(catalog: Catalog, name: TopicName) -> Record | None:
+    """Persistent topic ``name``'s record if it is marked ``deleting`` (None: it is not, or
+    ``name`` is not a persistent topic)."""
+    if name.domain is not Domain.PERSISTENT:
+        return None
+    found = await catalog.store.get(topic_key(name))
+    if found is None:
+        return None
+    record = read_topic(found.key, found.value)
+    return found if isinstance(record, PersistentTopic) and record.deleting else None
+
+
+async def check_not_marked(catalog: Catalog, name: TopicName) -> None:
+    """Called before ``name`` is loaded: a topic marked ``deleting`` is not.
+
+    Raises:
+        ServerError: ServiceNotReady, it is marked (retriable: the deletion is finished by
+            the next ``DELETE``, after which it does not exist).
+    """
+    if await marked(catalog, name) is not None:
+        raise ServerError(
+            ErrorName.SERVICE_NOT_READY,
+            f"{name} is being deleted (its deletion stopped part-way; deleting it again "
+            "finishes it): it is not served meanwhile",
+        )
+
+
+async def finish(service: BrokerService, name: TopicName, found: Record) -> None:
+    """Finish the deletion of persistent topic ``name``, marked (``found`` is its record),
+    not loaded here (nothing loads it: :func:`check_not_marked`): its subscriptions' v4
+    pending-ack logs, its ledger (its files as far as they are left), its de-duplication
+    state, its transaction snapshots (a failure there is logged: a topic created again
+    under the name never loads them), then its record and home, by compare-and-set, if the
+    record is still the one ``found`` read (a topic created again under the name, after
+    another deletion finished this one, is left alone).
+
+    Raises:
+        ServerError: ServiceNotReady, it is being deleted here already (try again).
+        LedgerMismatch: a file of it is not its own (a foreign volume): nothing of the
+            ledger was deleted, and the topic stays marked.
+        LedgerError, MetadataStoreError: a step failed; the next ``DELETE`` goes on.
+    """
+    handoff.check_not_leaving(service, name)  # another deletion of it is under way here
+    service.unloads.begin(name)  # (and stays so until this one is done)
+    try:
+        await _finish(service, name, found)
+    finally:
+        service.unloads.end(name)
+
+
+async def _finish(service: BrokerService, name: TopicName, found: Record) -> None:
+    store, ledger = service.store, str(name)
+    listing = await store.list_prefix(cursors_prefix(ledger))
+    for cursor in (unquote(r.key[len(cursors_prefix(ledger)) :]) for r in listing.records):
+        await delete_log(
+            pending_ack_log(ledger, cursor), store, service.storage, service.settings.ledger
+        )
+    await delete_unopened(ledger, store, service.storage)
+    await dedup.delete_state(store, ledger)
+    try:
+        await service.snapshots.forget(name.tenant, name.namespace, ledger)
+    except (LedgerError, MetadataStoreError) as e:
+        log.warning("%s: its transaction snapshots were not tombstoned: %s", name, e)
+    service.refused.pop(name, None)  # (files missing after a delete cut short)
+    while True:
+        now = await store.get(topic_key(name))
+        if now is None or now.created_version != found.created_version:
+            return  # finished by another deletion meanwhile
+        deletes = [Delete(now.key, expected_version=now.version)]
+        home = await store.get(home_key(name))
+        if home is not None:
+            deletes.append(Delete(home.key, expected_version=home.version))
+        try:
+            await store.commit(deletes)
+        except (BadVersion, NotFound):
+            continue  # the record or its home changed meanwhile: look again
+        log.info("finished deleting %s on broker %s", name, service.broker_id)
+        return
