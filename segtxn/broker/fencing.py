@@ -106,7 +106,13 @@ async def revalidate(service: BrokerService) -> None:
     """Having claimed its id again, keep each loaded topic only if it is provably still
     this broker's (homed here, its ledger metadata at the version this broker last wrote);
     let go of the others, and of those it cannot check now (their next client loads them
-    again, here or where they live)."""
+    again, here or where they live).
+
+    It runs while the broker is still fenced (:func:`keep_registered` lifts the fence only
+    once it has returned), as :func:`let_go_all` does (inside the claim), so no client
+    loads a topic let go here beside the instance still closing: it is told to retry
+    (``ServiceNotReady``) until that one is closed. Letting go of them under the unload
+    guard (:mod:`segtxn.broker.unloading`) would add nothing while that holds."""
     for name in list(service.topics):
         topic = service.topics.get(name)
         if topic is None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import uuid
@@ -45,6 +46,7 @@ import pytest
 
 from segtxn.broker import fencing
 from segtxn.broker.app import BrokerServer
+from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import (
     Client,
@@ -500,5 +502,80 @@ async def test_a_broker_whose_session_lapsed_keeps_its_topics_and_their_clients(
             assert service.topics[TopicName.parse(topic)] is loaded  # kept, not let go
             await producer.send(b"after")
             assert (await consumer.receive(timeout_s=10)).value == b"after"  # "during" once
+    finally:
+        await server.stop()
+
+
+async def test_a_topic_let_go_once_registered_again_is_not_loaded_beside_the_closing_one(
+    store: MetadataStore,
+    faults: FaultInjector,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Registered again, the broker lets go of a topic whose ledger another process opened
+    meanwhile (fencing.revalidate). Its consumer, hung up on, reconnects at once: while the
+    old instance is still closing the broker is still fenced, so the consumer (and any
+    client) is told to retry rather than load a second instance beside the closing one
+    (whose ledger file's lock would refuse it); once it is closed, the topic loads again."""
+    port = free_port()
+    settings = BrokerSettings(
+        broker_id="x1",
+        advertise_url=f"http://127.0.0.1:{port}",
+        ledger_url=f"file://{tmp_path / 'x1'}",
+        session_ttl_s=1.0,
+    )
+    server = BrokerServer(settings, host="127.0.0.1", port=port, store=store)
+    await server.start()
+    service = server.service
+    topic = "persistent://acme/fence/let-go"
+    name = TopicName.parse(topic)
+    try:
+        async with Client(settings.advertise_url) as client:
+            await client.admin.create_topic(topic)
+            producer = await client.create_producer(topic)
+            await producer.send(b"m0")
+            await producer.close()
+            consumer = await client.subscribe(topic, "s", initial_position="earliest")
+            assert (await consumer.receive(timeout_s=10)).value == b"m0"
+            old = service.topics[name]
+
+            faults.fail("lease_keepalive", times=None)  # no session can be held: fenced
+            faults.fail("lease_grant", times=None)
+            await wait_until(lambda: fencing.why(service) is not None, what="fenced")
+            record = await store.get(metadata_key(topic))  # as another process's open does
+            assert record is not None
+            await store.put(metadata_key(topic), record.value)
+            faults.clear()  # the store answers again: it registers, then lets the topic go
+            closing = faults.hold("txn", key_prefix=DEDUP_PREFIX, before=True)
+            subscribing: asyncio.Task[Consumer] | None = None
+            try:
+                with caplog.at_level(logging.DEBUG):
+                    await closing.wait_for(1, timeout_s=20)  # the old instance is closing
+                    assert name not in service.topics and fencing.why(service) is not None
+                    subscribing = asyncio.create_task(
+                        client.subscribe(topic, "s2", initial_position="earliest", timeout_s=20)
+                    )
+                    await wait_until(
+                        lambda: any(
+                            "cannot prove it holds its id" in r.getMessage()
+                            for r in caplog.records
+                            if r.getMessage().endswith("trying again")
+                        ),
+                        what="a client told to retry",
+                    )
+                    assert name not in service.topics and not service.is_loading(name)
+                    closing.release()
+                    late = await subscribing
+                    assert (await late.receive(timeout_s=10)).value == b"m0"
+            finally:
+                closing.release()
+                await asyncio.gather(
+                    *([subscribing] if subscribing else []), return_exceptions=True
+                )
+            assert service.topics[name] is not old and old.leaving
+            assert fencing.why(service) is None
+        said = [r.getMessage() for r in caplog.records]
+        assert any("letting go of it" in m and "opened by another process" in m for m in said)
+        assert not [m for m in said if "another writer" in m], said
     finally:
         await server.stop()
