@@ -18,17 +18,26 @@ which clients retry until the deletion finishes, then meet ``TopicNotFound``), a
 next ``DELETE`` of it finishes it from what the store and the disk hold, without loading it
 (:func:`finish`; each step is idempotent, so a retry stopped part-way again is finished by
 the one after it).
+
+A segment needs no mark of its own: it is deleted only once its scalable topic's record is
+marked ``deleting`` (:mod:`segtxn.broker.segment_ends`), and that mark stays until every
+segment is deleted. So a segment of a marked topic is not loaded either, and one not loaded
+here is deleted without loading it (:func:`finish_segment`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import msgspec
 
 from segtxn.broker import dedup, handoff
+from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.broker.txn.pending_ack_log import delete_log, pending_ack_log
 from segtxn.ledger import LedgerError, delete_unopened
 from segtxn.ledger.cursor import cursors_prefix
@@ -36,7 +45,7 @@ from segtxn.metastore import BadVersion, Delete, MetadataStoreError, NotFound, R
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
 from segtxn.topics.catalog import Catalog, home_key, topic_key
-from segtxn.topics.model import PersistentTopic, encode_topic, read_topic
+from segtxn.topics.model import PersistentTopic, ScalableTopic, encode_topic, read_topic
 
 if TYPE_CHECKING:
     from segtxn.broker.service import BrokerService
@@ -77,17 +86,24 @@ async def marked(catalog: Catalog, name: TopicName) -> Record | None:
 
 
 async def check_not_marked(catalog: Catalog, name: TopicName) -> None:
-    """Called before ``name`` is loaded: a topic marked ``deleting`` is not.
+    """Called before ``name`` is loaded: a persistent topic marked ``deleting``, or a
+    segment of a scalable topic marked so, is not.
 
     Raises:
         ServerError: ServiceNotReady, it is marked (retriable: the deletion is finished by
             the next ``DELETE``, after which it does not exist).
     """
-    if await marked(catalog, name) is not None:
+    if name.domain is Domain.SEGMENT:
+        topic = await catalog.get(name.parent())
+        deleting = isinstance(topic, ScalableTopic) and topic.deleting
+    else:
+        deleting = await marked(catalog, name) is not None
+    if deleting:
+        deleted = name.parent() if name.domain is Domain.SEGMENT else name
         raise ServerError(
             ErrorName.SERVICE_NOT_READY,
-            f"{name} is being deleted (its deletion stopped part-way; deleting it again "
-            "finishes it): it is not served meanwhile",
+            f"{name} is being deleted, and is not served again (a deletion of {deleted} "
+            "that stopped part-way is finished by the next one)",
         )
 
 
@@ -106,10 +122,52 @@ async def finish(service: BrokerService, name: TopicName, found: Record) -> None
             ledger was deleted, and the topic stays marked.
         LedgerError, MetadataStoreError: a step failed; the next ``DELETE`` goes on.
     """
-    handoff.check_not_leaving(service, name)  # another deletion of it is under way here
-    service.unloads.begin(name)  # (and stays so until this one is done)
-    try:
+    async with _guarded(service, name):
         await _finish(service, name, found)
+
+
+async def finish_segment(service: BrokerService, name: TopicName) -> None:
+    """Delete segment ``name`` of a scalable topic being deleted, not loaded here (nothing
+    loads it: :func:`check_not_marked`): its ledger as it is left (sealed or not, its files
+    as far as they are left), its transaction buffer's records and its de-duplication
+    state; its home goes with its topic's record.
+
+    Raises:
+        ServerError: ServiceNotReady, it is being deleted or loaded here now (try again).
+        LedgerMismatch: a file of it is not its own; nothing of the ledger was deleted.
+        LedgerError, MetadataStoreError: a step failed; the next ``DELETE`` goes on.
+    """
+    async with _guarded(service, name):
+        service.refused.pop(name, None)  # (files missing after a delete cut short)
+        await delete_unopened(str(name), service.store, service.storage)
+        await delete_records(service.store, str(name))
+        await dedup.delete_state(service.store, str(name))
+
+
+@contextlib.asynccontextmanager
+async def _guarded(service: BrokerService, name: TopicName) -> AsyncIterator[None]:
+    """Hold ``name`` in the unload guard while its files are deleted, unloaded: a client
+    is told to retry meanwhile, and a load in flight (begun before the mark) is waited for
+    and let go as it ends (it would otherwise open the files being deleted).
+
+    Raises:
+        ServerError: ServiceNotReady, another deletion or unload of it runs here, or it was
+            loaded here (before it was marked) while the caller looked: the next
+            ``DELETE`` deletes that instance.
+    """
+    handoff.check_not_leaving(service, name)
+    service.unloads.begin(name)
+    try:
+        loading = service.loading(name)
+        if loading is not None:  # it lets itself go as it ends (handoff.check_not_unloaded)
+            await asyncio.wait([loading])
+        if name in service.topics:
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{name} was loaded on broker {service.broker_id} as its deletion began; "
+                "retry the deletion",
+            )
+        yield
     finally:
         service.unloads.end(name)
 

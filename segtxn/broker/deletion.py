@@ -11,7 +11,8 @@ one of them commits to it:
    merge, its segments may be deleted (:mod:`.segment_ends`), and nothing unmarks it;
 3. delete each segment on its broker, and the children of a split or merge in progress
    (placed and prepared before it completes; from the mark on, none is loaded, so the split
-   fails rather than create one again after this step deleted it);
+   fails rather than create one again after this step deleted it, and a segment whose
+   deletion stopped part-way is never served again afresh: :mod:`.deletemark`);
 4. delete the record and its segments' homes, by compare-and-set on the versions read, and
    only if the record is still the one step 2 marked (the store revision that created it):
    never a topic created again under the name after another deletion finished this one.
@@ -40,12 +41,9 @@ from typing import Any
 
 from aiohttp import web
 
-from segtxn.broker import arguments, deletemark, retire, segment_ends
+from segtxn.broker import arguments, deletemark, segment_ends
 from segtxn.broker.fanout import fan_out
 from segtxn.broker.http import SERVICE, scalable_record, topic_from
-from segtxn.broker.service import BrokerService
-from segtxn.ledger import ManagedLedger
-from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol import preconditions
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import parse_bool
@@ -94,29 +92,15 @@ async def delete_topic(request: web.Request) -> None:
             await deletemark.finish(service, name, found)
             return
     if name.domain is Domain.SEGMENT and name not in service.topics:
+        # (its topic is marked: it is not loaded again, and is deleted as it is left, a
+        # retired one, a child a split or merge was making, one a deletion cut short)
         await service.check_home(name)
-        if await retire.is_retired(service.catalog, name):  # its delete may be unfinished
-            await retire.delete_state(service, name)
-            return
-        if await retire.is_stopped_child(service.catalog, name):
-            await _delete_stopped_child(service, name)
-            return
+        await deletemark.finish_segment(service, name)
+        return
     topic = await service.serve(name)
     if topic.busy() and not force:
         raise ServerError(ErrorName.CONSUMER_BUSY, busy_message(name))
     await service.delete_data(name, topic)  # (a persistent topic's record too)
-
-
-async def _delete_stopped_child(service: BrokerService, name: TopicName) -> None:
-    """Delete a child of a split or merge its topic's deletion stopped, not loaded here:
-    its ledger as it is, sealed or not (nothing appends to it: it is homed here and never
-    loaded again), then the rest of its state."""
-    if await service.store.get(metadata_key(str(name))) is not None:
-        ledger = await ManagedLedger.open(
-            str(name), service.store, service.storage, service.settings.ledger
-        )
-        await ledger.delete()
-    await retire.delete_state(service, name)
 
 
 def _has_clients(stats: Any) -> bool:
@@ -138,7 +122,9 @@ async def _delete_scalable(
         raise ServerError(
             ErrorName.PRECONDITION_FAILED, precondition.refusal(str(name), record.properties)
         )
-    if not force:  # refuse before deleting anything, not half-way through
+    if not force and not record.deleting:  # refuse before deleting anything, not half-way
+        # through (a marked topic's deletion is committed: its segments are not loaded
+        # again, and this one finishes it, forced or not)
         per_segment = await fan_out(request, name, "GET", "/stats", record=record, params={})
         if any(_has_clients(s) for s in per_segment.values() if s is not None):
             raise ServerError(ErrorName.CONSUMER_BUSY, busy_message(name))

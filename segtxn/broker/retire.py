@@ -124,17 +124,6 @@ async def is_retired(catalog: Catalog, segment: TopicName) -> bool:
     return info is not None and info.state is SegmentState.RETIRED
 
 
-async def is_stopped_child(catalog: Catalog, segment: TopicName) -> bool:
-    """Whether ``segment`` is a child of a split or merge that its topic's deletion stopped
-    (:func:`check_not_retired` refuses to load it: its data, if any, is deleted as it is)."""
-    record = await catalog.get(segment.parent())
-    return (
-        isinstance(record, ScalableTopic)
-        and record.deleting
-        and (segment.segment or 0) in record.creating()
-    )
-
-
 async def check_not_retired(catalog: Catalog, segment: TopicName) -> None:
     """Raise TopicNotFound unless ``segment`` is in its topic's record and not RETIRED, or
     is a child of the split or merge in progress: a retired or pruned segment's data is

@@ -246,3 +246,44 @@ async def test_a_delete_stopped_inside_its_ledger_is_finished_by_a_retry(
         assert not (await cluster.store.list_prefix(cursors_prefix(TOPIC))).records
         assert await service.catalog.get(name) is None
         assert name not in service.topics and name not in service.refused
+
+
+# ---------------------------------------------------------------------------------------
+# The same for a segment of a scalable topic being deleted: its record, marked deleting,
+# stayed until every segment was deleted, and a segment whose deletion stopped after its
+# ledger went loaded again, afresh and empty, for the next client (or the retried deletion).
+
+
+async def test_a_segment_whose_delete_stopped_after_its_ledger_went_is_not_served_afresh(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    scalable = "topic://acme/delete/scaled"
+    segment = TopicName.parse(scalable).segment_name(0)
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(scalable, segments=1)
+        producer = await client.create_producer(scalable)
+        await producer.send(b"m0")
+        await producer.close()
+        assert segment in service.topics
+
+        dedup_state = DEDUP_PREFIX + quote(str(segment), safe="")
+        cluster.faults.fail("range", key_prefix=dedup_state, times=1)
+        with caplog.at_level(logging.INFO):
+            with pytest.raises(ServerError) as caught:
+                await client.admin.delete_topic(scalable, force=True)
+            assert caught.value.category is ErrorCategory.RETRIABLE, caught.value
+            assert await cluster.store.get(metadata_key(str(segment))) is None  # it went
+            stopped = len(caplog.records)
+
+            with pytest.raises(ServerError) as refused:
+                await service.serve(segment)
+            assert "being deleted" in str(refused.value), refused.value
+            assert await cluster.store.get(metadata_key(str(segment))) is None, "made again"
+
+            await client.admin.delete_topic(scalable, force=True)  # the retry finishes it
+            loaded = [r.getMessage() for r in caplog.records[stopped:]]
+            assert not [m for m in loaded if m.startswith(f"loaded {segment}")], loaded
+        assert await service.catalog.get(TopicName.parse(scalable)) is None
+        assert not (await cluster.store.list_prefix(dedup_state)).records
+        assert segment not in service.topics
