@@ -117,11 +117,7 @@ class EtcdEngine(Engine):
         success: Sequence[TxnOp],
         failure: Sequence[TxnOp] = (),
     ) -> TxnResult:
-        request = rpc.TxnRequest(
-            compare=[self._compare(c) for c in compares],
-            success=[self._op(op) for op in success],
-            failure=[self._op(op) for op in failure],
-        )
+        request = self._txn_request(compares, success, failure)
         response = await self.connection.unary("Txn", request)
         ops = success if response.succeeded else failure
         results: list[KeyValue | int | None] = []
@@ -135,33 +131,49 @@ class EtcdEngine(Engine):
                 results.append(None)
         return TxnResult(bool(response.succeeded), int(response.header.revision), results)
 
-    def _compare(self, compare: Compare) -> Any:
-        if isinstance(compare, ModEquals):
-            return rpc.Compare(
-                key=self._key(compare.key),
-                target=rpc.Compare.MOD,
-                result=rpc.Compare.EQUAL,
-                mod_revision=compare.revision,
-            )
-        return rpc.Compare(
-            key=self._key(compare.lo),
-            range_end=self._key(compare.hi),
-            target=rpc.Compare.MOD,
-            result=rpc.Compare.LESS,
-            mod_revision=compare.revision + 1,
-        )
+    def _txn_request(
+        self, compares: Sequence[Compare], success: Sequence[TxnOp], failure: Sequence[TxnOp]
+    ) -> Any:
+        """The ``TxnRequest``, each message built in place: a message passed to a
+        constructor (``RequestOp(request_put=PutRequest(...))``, ``TxnRequest(compare=[...])``)
+        is copied into its parent, and those copies were three times the cost of building
+        in place (about 40 µs of a broker's op-record step, 350 µs of a clean-up step of 40
+        deletes: issue 16)."""
+        request = rpc.TxnRequest()
+        add_compare = request.compare.add
+        ns = self._ns
+        for compare in compares:
+            out = add_compare()
+            out.target = rpc.Compare.MOD
+            if isinstance(compare, ModEquals):
+                out.key = ns + compare.key
+                out.result = rpc.Compare.EQUAL
+                out.mod_revision = compare.revision
+            else:
+                out.key = ns + compare.lo
+                out.range_end = ns + compare.hi
+                out.result = rpc.Compare.LESS
+                out.mod_revision = compare.revision + 1
+        self._add_ops(request.success.add, success)
+        self._add_ops(request.failure.add, failure)
+        return request
 
-    def _op(self, op: TxnOp) -> Any:
-        if isinstance(op, PutOp):
-            return rpc.RequestOp(
-                request_put=rpc.PutRequest(key=self._key(op.key), value=op.value, lease=op.lease)
-            )
-        if isinstance(op, DeleteOp):
-            request = rpc.DeleteRangeRequest(key=self._key(op.key))
-            if op.range_end is not None:
-                request.range_end = self._key(op.range_end)
-            return rpc.RequestOp(request_delete_range=request)
-        return rpc.RequestOp(request_range=rpc.RangeRequest(key=self._key(op.key)))
+    def _add_ops(self, add: Any, ops: Sequence[TxnOp]) -> None:
+        ns = self._ns
+        for op in ops:
+            if isinstance(op, PutOp):
+                put = add().request_put
+                put.key = ns + op.key
+                put.value = op.value
+                if op.lease:
+                    put.lease = op.lease
+            elif isinstance(op, DeleteOp):
+                delete = add().request_delete_range
+                delete.key = ns + op.key
+                if op.range_end is not None:
+                    delete.range_end = ns + op.range_end
+            else:
+                add().request_range.key = ns + op.key
 
     # -- watches -----------------------------------------------------------------------
 
