@@ -94,8 +94,7 @@ class Commits:
                 out.append(None)
                 continue
             created = before.created if before.mod else revision
-            encoded = {name: K.encode_index_key(k) for name, k in step.indexes.items()}
-            self._cache.remember(raw, Known(revision, created, encoded))
+            self._cache.remember(raw, Known(revision, created, step.encoded))
             lease = op.session.lease_id if op.session else 0
             out.append(Record(raw.decode(), op.value, revision, created, step.indexes, lease))
         for prefix, last in txn.counters.items():

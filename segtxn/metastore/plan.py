@@ -46,6 +46,9 @@ class Step:
     op: Op
     raw: bytes  # the physical key (the prefix, for a sequential put)
     indexes: dict[str, K.IndexKey]
+    encoded: dict[str, bytes]
+    """``indexes`` encoded (:func:`~segtxn.metastore.keys.encode_index_key`), once: every
+    attempt's transaction and the record learned after it use them."""
 
     @property
     def sequential(self) -> bool:
@@ -84,16 +87,18 @@ class Plan:
                 raise InvalidArgument("expected_version must be >= 0")
             if isinstance(op, Delete) and op.expected_version == MUST_NOT_EXIST:
                 raise InvalidArgument("a delete cannot expect the key not to exist")
-            indexes = cls._validate_put(op, settings) if isinstance(op, Put) else {}
+            indexes, encoded = cls._validate_put(op, settings) if isinstance(op, Put) else ({}, {})
             if not sequential:
                 if raw in seen:
                     raise InvalidArgument(f"key {op.key!r} appears twice in one atomic step")
                 seen.add(raw)
-            steps.append(Step(op, raw, indexes))
+            steps.append(Step(op, raw, indexes, encoded))
         return cls(steps)
 
     @staticmethod
-    def _validate_put(op: Put, settings: StoreSettings) -> dict[str, K.IndexKey]:
+    def _validate_put(
+        op: Put, settings: StoreSettings
+    ) -> tuple[dict[str, K.IndexKey], dict[str, bytes]]:
         if not isinstance(op.value, bytes):
             raise InvalidArgument(f"value for {op.key!r} must be bytes")
         if len(op.value) > settings.max_value_bytes:
@@ -108,11 +113,12 @@ class Plan:
         if op.session is not None:
             op.session.check()
         indexes: dict[str, K.IndexKey] = {}
+        encoded: dict[str, bytes] = {}
         for name, ikey in (op.indexes or {}).items():
             K.check_index_name(name)
             indexes[name] = K.normalize_index_key(ikey)
-            K.encode_index_key(indexes[name])
-        return indexes
+            encoded[name] = K.encode_index_key(indexes[name])
+        return indexes, encoded
 
     def must_read(self, known: Mapping[bytes, Known]) -> list[bytes]:
         """Keys whose current state (and index entries) the step must know for sure:
@@ -166,9 +172,8 @@ class Plan:
                 txn.success += [DeleteOp(e) for e in sorted(old)]
                 continue
             lease = op.session.lease_id if op.session else 0
-            encoded = {n: K.encode_index_key(ik) for n, ik in step.indexes.items()}
-            new = {K.index_entry_key(n.encode(), ik, raw) for n, ik in encoded.items()}
-            txn.success.append(PutOp(raw, K.pack_value(op.value, encoded), lease))
+            new = {K.index_entry_key(n.encode(), ik, raw) for n, ik in step.encoded.items()}
+            txn.success.append(PutOp(raw, K.pack_value(op.value, step.encoded), lease))
             txn.success += [PutOp(e, op.value, lease) for e in sorted(new)]
             txn.success += [DeleteOp(e) for e in sorted(old - new)]
             size += len(raw) + len(op.value) * (1 + len(new)) + sum(map(len, new))
