@@ -211,6 +211,10 @@ class ReservingPendingAckStore(PendingAckStore):
             if self._individual.get(position) == txn:
                 del self._individual[position]
 
+    def _holds_any(self, txn: TxnId) -> bool:
+        """Whether ``txn`` holds any ack here."""
+        return txn in self._cumulative or txn in self._individual.values()
+
     def _held_by(self, txn: TxnId) -> tuple[list[Position], Position | None]:
         individual = sorted(p for p, t in self._individual.items() if t == txn)
         return individual, self._cumulative.get(txn)

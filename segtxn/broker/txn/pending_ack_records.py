@@ -138,6 +138,8 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         with the last position it acknowledges individually (None: none)."""
         self._saver: asyncio.Task[None] | None = None
         self._save_now = asyncio.Event()
+        self._queued: set[TxnId] = set()
+        """Transactions with a materialization task that has not looked at their holds."""
 
     async def ack(
         self,
@@ -211,8 +213,19 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
     # ------------------------------------------------------------------ outcomes
 
     def _on_header(self, txn: TxnId, header: T.TxnHeader | None) -> None:
+        """Materialize a final outcome of ``txn``: in a task, unless one queued already
+        will see everything held now (it looks under the lock), or nothing is held or
+        recorded for ``txn`` here. An ack of ``txn`` cannot be held later: its header is
+        final, and an ack reserves only after finding it OPEN, with no await between. The
+        outcome arrives twice on a one-step commit (the watch, and the ack whose step
+        carried the commit): one task, not two, per transaction (issue 16)."""
         if header is not None and not header.state.final:
             return
+        if txn in self._queued:
+            return
+        if txn not in self._records and not self._holds_any(txn):
+            return
+        self._queued.add(txn)
         task = asyncio.create_task(
             self._materialize(txn, header), name=f"pending-ack-{self.segment}-{txn}"
         )
@@ -221,6 +234,7 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
 
     async def _materialize(self, txn: TxnId, header: T.TxnHeader | None) -> None:
         async with self._lock:
+            self._queued.discard(txn)  # holds from now on: another task
             individual, upto = self._held_by(txn)
             if not individual and upto is None and txn not in self._records:
                 return
