@@ -178,6 +178,10 @@ async def _serve_consumer(
     ``refused`` is told of a transactional ack refused (its transaction cannot commit in
     one step here)."""
     acks: set[asyncio.Task[None]] = set()
+    # (the subscription's segment does not change: not parsed again for every ack)
+    on_segment = (
+        TopicName.parse(subscription.ledger.name, check_lengths=False).domain is Domain.SEGMENT
+    )
 
     async def ack(frame: Ack) -> None:
         ids = [Position(*i) for i in frame.message_ids]
@@ -196,7 +200,6 @@ async def _serve_consumer(
                 await subscription.ack(link, ids, cumulative=frame.cumulative)
             else:
                 txn = TxnId(*frame.txn)
-                on_segment = TopicName.parse(subscription.ledger.name).domain is Domain.SEGMENT
                 if txn.is_v5 != on_segment:
                     raise ServerError(
                         ErrorName.NOT_ALLOWED,

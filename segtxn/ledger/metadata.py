@@ -9,6 +9,7 @@ has a file (a missing one means a lost or wrong data directory: ``LedgerMissing`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -117,5 +118,8 @@ encode = msgspec.json.Encoder().encode
 decode = msgspec.json.Decoder(LedgerMetadata).decode
 
 
+@functools.lru_cache(maxsize=4096)
 def metadata_key(name: str) -> str:
+    """The store key of ledger ``name``'s metadata record (remembered: every op-record
+    step of a transaction checks the records of the ledgers it writes for)."""
     return METADATA_PREFIX + quote(name, safe="")
