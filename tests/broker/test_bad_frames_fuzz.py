@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from segtxn.broker.app import BrokerServer
@@ -146,7 +146,20 @@ async def _send(ws: aiohttp.ClientWebSocketResponse, data: bytes | str) -> None:
         await ws.send_bytes(data)
 
 
-async def _fuzz_producer(ws: aiohttp.ClientWebSocketResponse, data: bytes | str) -> None:
+class Produced:
+    """What one producer name had stored before a frame: its seqs, and the highest."""
+
+    def __init__(self) -> None:
+        self.seqs: set[int] = set()
+
+    @property
+    def highest(self) -> int:
+        return max(self.seqs, default=-1)
+
+
+async def _fuzz_producer(
+    ws: aiohttp.ClientWebSocketResponse, data: bytes | str, stored: Produced
+) -> None:
     frame = _decode(frames.producer_input, data)
     await _send(ws, data)
     if frame is None:
@@ -163,6 +176,10 @@ async def _fuzz_producer(ws: aiohttp.ClientWebSocketResponse, data: bytes | str)
             return ErrorName.MESSAGE_TOO_LARGE.value
         if send.event_time_ms is not None and not 0 <= send.event_time_ms < 2**63:
             return ErrorName.INVALID_MESSAGE.value  # times in ms are signed 64-bit
+        if send.seq < stored.highest and send.seq not in stored.seqs:
+            # below a seq stored before this frame, never stored itself: refused, as the
+            # resend of a send refused on a lost connection is (docs/protocol.md)
+            return ErrorName.SERVICE_NOT_READY.value
         return "stored"
 
     expected = sorted((s.seq, outcome(s)) for s in sends)
@@ -185,6 +202,7 @@ async def _fuzz_producer(ws: aiohttp.ClientWebSocketResponse, data: bytes | str)
         else:
             assert isinstance(reply, Receipt), reply
             got.append((reply.seq, "stored"))
+            stored.seqs.add(reply.seq)
     assert sorted(got) == expected, (frame, replies)
 
 
@@ -220,14 +238,21 @@ async def _fuzz_consumer(ws: aiohttp.ClientWebSocketResponse, data: bytes | str)
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(wire=st.lists(WIRE, min_size=1, max_size=30))
+@example(  # a send below one stored by an earlier frame, itself never stored: refused
+    wire=[
+        b"\x82\xa4type\xaasend_batch\xa5sends\x91\x83\xa4type\xa4send\xa3seq\x01\xa7payload\xc4\x00",
+        b"\x83\xa4type\xa4send\xa3seq\x00\xa7payload\xc4\x00",
+    ]
+)
 async def test_fuzzed_frames_get_named_errors_and_the_connection_stays(
     fuzz: Fuzz, wire: list[bytes | str]
 ) -> None:
     producer = await _producer(fuzz.http, fuzz.broker, PATH)
     consumer = await _consumer(fuzz.http, fuzz.broker, PATH, f"fuzz-{next(_ids)}")
+    stored = Produced()
     try:
         for data in wire:
-            await _fuzz_producer(producer, data)
+            await _fuzz_producer(producer, data, stored)
             await _fuzz_consumer(consumer, data)
         # both connections still serve good frames
         await producer.send_bytes(frames.encode(Send(seq=2**64 - 1, payload=b"last")))
