@@ -92,11 +92,21 @@ class Leadership:
                 pause_s = min(pause_s * 2, store.settings.watch_retry_max_s)
 
     async def resign(self) -> None:
-        """Give leadership up (delete the key if it is still ours). Idempotent."""
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        """Give leadership up (delete the key if it is still ours) and set ``lost``.
+        Idempotent.
+
+        Raises:
+            MetadataStoreError: the delete failed (the store away, say). The leadership is
+                then still held and still guarded, ``lost`` unset: the key may well still
+                be ours, and ``lost`` is set when the leadership ends (the session expiring
+                or closed, the key going) or when a resign tried again succeeds. (The guard
+                was stopped before the delete: after a failed one, ``lost`` was never set,
+                whatever became of the key, and a holder waiting on it waited for ever.)
+        """
         with contextlib.suppress(NotFound, BadVersion):
             await self.election.store.delete(self.election.key, expected_version=self.token)
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
         self.lost.set()
 
 

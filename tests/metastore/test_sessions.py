@@ -127,3 +127,32 @@ async def test_a_campaign_whose_answer_was_lost_leads_on_the_retry(store: Metada
     assert (await asyncio.wait_for(rival, 10)).token > leadership.token
     await session.close()
     await other.close()
+
+
+async def test_a_resign_whose_delete_fails_raises_and_leaves_the_leadership_guarded(
+    store: MetadataStore, faults: FaultInjector
+) -> None:
+    """A resign whose delete of the election key fails raises that error, and the
+    leadership is still held and guarded: ``lost`` is set when it does end (the session
+    closed here), and a second resign gives it up. (The guard was cancelled before the
+    delete: ``lost`` was then never set, whatever became of the key.)"""
+    session = await store.open_session(5)
+    leadership = await LeaderElection(store, "resign-fails", session, b"me").campaign()
+    faults.fail("txn", key_prefix=ELECTIONS_PREFIX)
+    with pytest.raises(StoreUnavailable):
+        await leadership.resign()
+    assert faults.injected == 1
+    assert not leadership.lost.is_set()
+    assert (await leadership.election.leader()) is not None  # still held, still ours
+    await leadership.resign()  # tried again: given up now
+    assert leadership.lost.is_set()
+    assert await leadership.election.leader() is None
+
+    other = await store.open_session(5)
+    guarded = await LeaderElection(store, "resign-fails", other).campaign()
+    faults.fail("txn", key_prefix=ELECTIONS_PREFIX)
+    with pytest.raises(StoreUnavailable):
+        await guarded.resign()
+    await other.close()  # the leadership ends another way: that is seen
+    await asyncio.wait_for(guarded.lost.wait(), 5)
+    await session.close()
