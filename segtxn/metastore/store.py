@@ -29,6 +29,7 @@ outlives a broken connection,
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -62,6 +63,8 @@ from segtxn.metastore.records import (
 from segtxn.metastore.session import Session
 from segtxn.metastore.settings import StoreSettings
 from segtxn.metastore.watch import resumable
+
+log = logging.getLogger(__name__)
 
 
 class MetadataStore:
@@ -390,14 +393,36 @@ class MetadataStore:
         await self._engine().compact(revision)
 
     async def close(self) -> None:
-        """Close sessions (revoking their leases) and the backend. Idempotent."""
+        """Close sessions (revoking their leases) and the backend. Idempotent; raises only
+        a cancellation (and what closing the engine raises).
+
+        A session whose close fails (its revocation refused, say) is still stopped (its
+        keep-alive cancelled, ``expired`` set: its lease expires in the store by itself);
+        the failures are logged once, at WARNING, and the other sessions and the engine
+        are closed all the same. (Only ``StoreUnavailable`` was caught, inside the
+        session: any other error was raised out of here, the later sessions' keep-alives
+        ran on and the engine, its connection and tasks, was never closed.)
+        """
         if self._closed:
             return
         self._closed = True
-        for session in list(self._sessions):
-            await session.close()
-        if self._owns_engine:
-            await self.engine.close()
+        try:
+            failed: list[str] = []
+            for session in list(self._sessions):
+                try:
+                    await session.close()
+                except Exception as e:
+                    failed.append(f"{session.lease_id:#x}: {type(e).__name__}: {e}")
+            if failed:
+                log.warning(
+                    "closing the store: %d session(s) not revoked (their leases expire by "
+                    "themselves): %s",
+                    len(failed),
+                    "; ".join(failed),
+                )
+        finally:
+            if self._owns_engine:
+                await self.engine.close()
 
     async def __aenter__(self) -> MetadataStore:
         return self

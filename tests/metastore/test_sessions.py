@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -11,10 +12,13 @@ from segtxn.metastore import (
     LeaderElection,
     MetadataStore,
     SessionExpired,
+    StoreAccessDenied,
+    StoreClosed,
     StoreUnavailable,
 )
 from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.metastore.faults import FaultInjector
+from segtxn.metastore.memory import MemoryEngine
 from tests.metastore.conftest import MakeStore
 from tests.waiting import take, wait_until
 
@@ -156,3 +160,25 @@ async def test_a_resign_whose_delete_fails_raises_and_leaves_the_leadership_guar
     await other.close()  # the leadership ends another way: that is seen
     await asyncio.wait_for(guarded.lost.wait(), 5)
     await session.close()
+
+
+async def test_closing_the_store_closes_its_engine_whatever_closing_a_session_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A session whose lease revocation is refused (not just unanswered) does not keep the
+    store from closing its other sessions and its engine; the failures are logged once, at
+    WARNING. (Only StoreUnavailable was caught: the refusal was raised out of close(), the
+    later sessions' keep-alives ran on, and the engine was never closed.)"""
+    engine = MemoryEngine()
+    faults = FaultInjector(engine)
+    store = MetadataStore(faults, owns_engine=True)
+    sessions = [await store.open_session(5), await store.open_session(5)]
+    faults.fail("lease_revoke", times=None, error=StoreAccessDenied("injected: refused"))
+    with caplog.at_level(logging.WARNING, logger="segtxn.metastore.store"):
+        await store.close()
+    assert faults.injected == 2  # both revocations were tried
+    assert all(s.expired.is_set() for s in sessions)
+    with pytest.raises(StoreClosed):
+        await engine.range(b"/any")
+    (warning,) = [r for r in caplog.records if r.name == "segtxn.metastore.store"]
+    assert warning.levelno == logging.WARNING and "StoreAccessDenied" in warning.getMessage()
