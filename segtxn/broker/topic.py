@@ -443,13 +443,28 @@ class Topic:
         await self.ledger.close()
 
     async def close(self) -> None:
+        """Close its subscriptions, its transaction buffer, its publishing, take a last
+        de-duplication snapshot, and close its ledger: always, and last, whatever a part
+        before it raised (logged), since the ledger must let go of its files. A
+        subscription whose pending-ack log failed to close (its clean-close write fenced)
+        had left the ledger open: its writer task ran on, and the topic could not be
+        loaded again in this process ("... is held by another writer"). Raises the first
+        failure, once everything is closed."""
         self.leaving = True
-        for subscription in list(self.subscriptions.values()):
-            await subscription.close()
-        await self.buffer.close()
-        await self.publishing.settle()
+        failure: Exception | None = None
         try:
-            await self.dedup.snapshot()
-        except Exception:
-            log.exception("%s: final de-duplication snapshot failed", self.name)
-        await self.ledger.close()
+            parts = [*(s.close for s in list(self.subscriptions.values())), self.buffer.close]
+            for close in [*parts, self.publishing.settle]:
+                try:
+                    await close()
+                except Exception as e:
+                    log.warning("%s: closing a part failed: %s: %s", self.name, type(e).__name__, e)
+                    failure = failure or e
+            try:
+                await self.dedup.snapshot()
+            except Exception:
+                log.exception("%s: final de-duplication snapshot failed", self.name)
+        finally:
+            await self.ledger.close()
+        if failure is not None:
+            raise failure
