@@ -72,6 +72,7 @@ from segtxn.metastore import (
 )
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import Domain, TopicName
+from segtxn.stopping import Stopping
 from segtxn.topics.catalog import Catalog, TopicExists
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,14 @@ class BrokerService:
             ) from e
 
     async def stop(self) -> None:
-        """Close everything :meth:`start` opened (safe after a partial start; idempotent)."""
+        """Close everything :meth:`start` opened (safe after a partial start; idempotent).
+
+        Each step runs whatever the ones before it raised, a failure logged once at
+        WARNING, all within one stop's time (:mod:`segtxn.stopping`). Never raises but a
+        cancellation. (A step that raised, its session's revocation refused or a snapshot
+        log's close with the store down, was raised out of here and the later steps were
+        skipped: the store this broker opened, its sessions' keep-alives and tasks, was
+        left open.)"""
         if self._stopped:
             return
         self._stopped = True
@@ -251,7 +259,8 @@ class BrokerService:
             len(self.topics),
             "its session" if self._session is not None else "no session",
         )
-        await self.controllers.stop()
+        stopping = Stopping(f"broker {self.broker_id}")
+        await stopping.step("stopping its topic controllers", self.controllers.stop())
         for background in (self._keeper, self._upkeep, self._repair):
             if background is not None:
                 background.cancel()
@@ -259,23 +268,21 @@ class BrokerService:
         for loading in self._loading.values():
             loading.cancel()
         await asyncio.gather(*self._loading.values(), *self.dropping, return_exceptions=True)
-        await self.v4_checks.stop()  # no sweep writes a marker while topics close
+        # no sweep writes a marker while topics close
+        await stopping.step("stopping its v4 transaction checks", self.v4_checks.stop())
         for topic in list(self.topics.values()):
-            try:
-                await topic.close()
-            except Exception:
-                log.exception("closing %s failed", topic.name)
+            await stopping.step(f"closing {topic.name}", topic.close())
         self.topics.clear()
-        await self.snapshots.close()
-        await self.op_records.close()
-        await self.headers.close()
+        await stopping.step("closing its snapshot logs", self.snapshots.close())
+        await stopping.step("closing its op record writer", self.op_records.close())
+        await stopping.step("closing its header cache", self.headers.close())
         if self.replica_nodes is not None:
-            await self.replica_nodes.close()
+            await stopping.step("closing its storage nodes", self.replica_nodes.close())
             self.replica_nodes.node.close()
         if self._session is not None:
-            await self._session.close()
+            await stopping.step("closing its store session", self._session.close())
         if self._owns_store:
-            await self.store.close()
+            await stopping.step("closing the store", self.store.close())
         log.info("broker %s: stopped", self.broker_id)
 
     # ------------------------------------------------------------------ topics

@@ -34,7 +34,6 @@ from segtxn.auth import Action, authorize, check_owner, install_auth, principal_
 from segtxn.boundary import error_response, install, read_json, server_span
 from segtxn.coordinator.metrics import CoordinatorMetrics
 from segtxn.coordinator.settings import CoordinatorSettings
-from segtxn.coordinator.stopping import Stopping
 from segtxn.coordinator.txnlog import TxnMeta
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
@@ -56,6 +55,7 @@ from segtxn.protocol.limits import (
 )
 from segtxn.protocol.names import InvalidTopicName, TopicName, client_name_problem
 from segtxn.protocol.txn import TxnAction, TxnId
+from segtxn.stopping import Stopping
 from segtxn.topics.transactions import TxnHeader
 from segtxn.web import AppServer, relay
 
@@ -367,7 +367,7 @@ def create_app(
 
     async def stop() -> None:
         """Every step, whatever an earlier one raised (the store may be down), within one
-        time limit (:mod:`segtxn.coordinator.stopping`)."""
+        time limit (:mod:`segtxn.stopping`)."""
         log.info("coordinator %s: stopping; resigning its ids", settings.advertise_url)
         stopping = Stopping(f"coordinator {settings.advertise_url}")
         await app[V4].stop(stopping)

@@ -25,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from segtxn.ledger import LedgerError
-from segtxn.metastore import MetadataStoreError
-from segtxn.protocol.errors import ServerError
+from segtxn.stopping import EXPECTED, expected
 
 __all__ = ["BACKOFF_MAX_S", "EXPECTED", "Retry", "expected", "log_failure", "log_step_failure"]
 
@@ -35,13 +33,6 @@ log = logging.getLogger(__name__)
 
 BACKOFF_MAX_S = 10.0
 """The longest pause after failures in a row of an unexpected error (a sweep: of any)."""
-
-EXPECTED = (MetadataStoreError, ServerError, LedgerError)
-"""The errors a loop meets in normal operation (retried quietly, without a traceback)."""
-
-
-def expected(e: BaseException) -> bool:
-    return isinstance(e, EXPECTED)
 
 
 def log_failure(what: str, e: Exception, failed: int, pause_s: float) -> None:

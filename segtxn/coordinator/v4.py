@@ -41,7 +41,6 @@ from segtxn.coordinator import sweeps
 from segtxn.coordinator.fanout import FIRST_RETRY_S, Participants
 from segtxn.coordinator.retry import Retry, log_step_failure
 from segtxn.coordinator.settings import CoordinatorSettings
-from segtxn.coordinator.stopping import Stopping
 from segtxn.coordinator.txnlog import (
     ABORTED,
     ABORTING,
@@ -63,6 +62,7 @@ from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_TXN_PARTICIPANTS
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnAction, TxnId, check_participants
+from segtxn.stopping import Stopping
 from segtxn.topics.catalog import Catalog
 from segtxn.topics.nodes import CatalogNodes
 from segtxn.topics.repairs import RepairLoop
@@ -241,7 +241,7 @@ class CoordinatorV4:
         """Resign every id held (another coordinator can take it at once), close their
         logs, the HTTP sessions and the store session: each step whatever the ones before
         it raised, a failure logged at WARNING, all within ``stopping``'s time
-        (:mod:`segtxn.coordinator.stopping`; default: a stop of its own). Never raises but
+        (:mod:`segtxn.stopping`; default: a stop of its own). Never raises but
         a cancellation."""
         stopping = stopping or Stopping("v4 coordinator")
         for task in list(self._tasks):

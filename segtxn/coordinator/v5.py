@@ -34,7 +34,6 @@ import msgspec
 from segtxn.aio import first_completed
 from segtxn.coordinator import sweeps
 from segtxn.coordinator.settings import CoordinatorSettings
-from segtxn.coordinator.stopping import Stopping
 from segtxn.coordinator.v5ids import Held, HeldIds
 from segtxn.metastore import (
     MUST_NOT_EXIST,
@@ -48,6 +47,7 @@ from segtxn.metastore import (
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_NEW_TXNS
 from segtxn.protocol.txn import TxnAction, TxnId, TxnState, check_participants
+from segtxn.stopping import Stopping
 from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)

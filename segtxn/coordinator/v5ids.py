@@ -23,7 +23,6 @@ import msgspec
 
 from segtxn.coordinator.retry import Retry
 from segtxn.coordinator.settings import CoordinatorSettings
-from segtxn.coordinator.stopping import Stopping
 from segtxn.metastore import (
     MUST_NOT_EXIST,
     Check,
@@ -37,6 +36,7 @@ from segtxn.metastore import (
 from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import V5_COORDINATOR_BASE
+from segtxn.stopping import Stopping
 from segtxn.topics import transactions as T
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ class HeldIds:
     async def stop(self, stopping: Stopping | None = None) -> None:
         """Stop campaigning, resign every id held (another process can take it at once) and
         close the session: each step whatever the one before raised, a failure logged at
-        WARNING, all within ``stopping``'s time (:mod:`segtxn.coordinator.stopping`;
+        WARNING, all within ``stopping``'s time (:mod:`segtxn.stopping`;
         default: a stop of its own). Never raises but a cancellation."""
         stopping = stopping or Stopping("coordinator ids")
         tasks = [t for t in (self._keeper, *self._holds) if t is not None]

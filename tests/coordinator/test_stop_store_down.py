@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from segtxn import stopping
 from segtxn.coordinator import app as coordinator_app
-from segtxn.coordinator import stopping
 from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store

@@ -1,14 +1,16 @@
-"""A coordinator's stop: every clean-up step runs, whatever the ones before it raised, and
-the stop ends in a bounded time.
+"""A server's stop: every clean-up step runs, whatever the ones before it raised, and the
+stop ends in a bounded time. Shared by the coordinator and the broker (neither may import
+the other).
 
-Stopping resigns the coordinator's ids (so that another coordinator takes them at once),
+A coordinator's stop resigns its ids (so that another coordinator takes them at once),
 closes its v4 logs, its store sessions, its HTTP sessions and, when it opened it, the
-store. With the store down, a resignation fails or does not answer: it raised out of
-``stop()`` and every later step was skipped (the v5 ids were not resigned; the sessions,
-the HTTP sessions and the store were left open, their tasks running, with a traceback), or
-it held the stop for as long as the store kept silent. Each step is now a
-:meth:`Stopping.step`: a failure is logged once at WARNING and the next step runs, and the
-steps of one stop share one time limit.
+store; a broker's closes its topics, its snapshot logs, its storage nodes, its session and,
+when it opened it, the store. With the store down, a step fails or does not answer: it
+raised out of ``stop()`` and every later step was skipped (ids not resigned; sessions, HTTP
+sessions and the store left open, their tasks running, with a traceback), or it held the
+stop for as long as the store kept silent. Each step is now a :meth:`Stopping.step`: a
+failure is logged once at WARNING and the next step runs, and the steps of one stop share
+one time limit.
 """
 
 from __future__ import annotations
@@ -17,14 +19,25 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 
-from segtxn.coordinator.retry import expected
+from segtxn.ledger import LedgerError
+from segtxn.metastore import MetadataStoreError
+from segtxn.protocol.errors import ServerError
 
-__all__ = ["LAST_STEP_S", "STOP_LIMIT_S", "Stopping"]
+__all__ = ["EXPECTED", "LAST_STEP_S", "STOP_LIMIT_S", "Stopping", "expected"]
 
 log = logging.getLogger(__name__)
 
+EXPECTED = (MetadataStoreError, ServerError, LedgerError)
+"""The errors a server meets in normal operation: the store, a peer or a ledger away (logged
+without a traceback; anything else is a bug)."""
+
+
+def expected(e: BaseException) -> bool:
+    return isinstance(e, EXPECTED)
+
+
 STOP_LIMIT_S = 10.0
-"""How long the steps of one coordinator's stop may take together: a store that does not
+"""How long the steps of one server's stop may take together: a store that does not
 answer holds it this long (plus :data:`LAST_STEP_S` a step after), well within the CLI's
 ``--shutdown-timeout`` (20 s by default), which also stops the broker of a standalone."""
 
