@@ -10,7 +10,8 @@ raised out of ``stop()`` and every later step was skipped (ids not resigned; ses
 sessions and the store left open, their tasks running, with a traceback), or it held the
 stop for as long as the store kept silent. Each step is now a :meth:`Stopping.step`: a
 failure is logged once at WARNING and the next step runs, and the steps of one stop share
-one time limit.
+one time limit: a coordinator's from the start of its stop, a broker's from the first step
+the store failed (:class:`Stopping`).
 """
 
 from __future__ import annotations
@@ -49,20 +50,34 @@ abandoned soon."""
 
 class Stopping:
     """The steps of one stop, which share a time limit of ``limit_s`` (default:
-    :data:`STOP_LIMIT_S`) from now."""
+    :data:`STOP_LIMIT_S`).
 
-    def __init__(self, what: str, limit_s: float | None = None) -> None:
+    The limit runs from now, or, with ``once_failing``, from the first step that fails
+    for the store (a :class:`~segtxn.metastore.MetadataStoreError`, or one behind the error):
+    a stop whose steps all succeed then takes as long as they need (a broker's topics
+    closing under load, whose ledgers and cursors a cut would leave without their clean
+    state: the CLI's ``--shutdown-timeout`` still bounds the whole), while one whose store
+    stopped answering ends soon after it shows (each store call fails within its request
+    timeout)."""
+
+    def __init__(
+        self, what: str, limit_s: float | None = None, *, once_failing: bool = False
+    ) -> None:
         self.what = what
         self._loop = asyncio.get_running_loop()
-        self._deadline = self._loop.time() + (STOP_LIMIT_S if limit_s is None else limit_s)
+        self._limit_s = STOP_LIMIT_S if limit_s is None else limit_s
+        self._deadline: float | None = None if once_failing else self._loop.time() + self._limit_s
 
     async def step(self, what: str, action: Awaitable[object]) -> None:
         """Await ``action``, one step of the stop, within what is left of its time (at
-        least :data:`LAST_STEP_S`). Neither its failure nor its running out of time is
-        raised: it is logged at WARNING (with the traceback when it is not an error the
-        store, the ledger or a server gives: a bug), and the stop goes on. Cancellation
-        (the stop itself cancelled) is raised."""
-        deadline = max(self._deadline, self._loop.time() + LAST_STEP_S)
+        least :data:`LAST_STEP_S`; no limit while a ``once_failing`` stop has not failed).
+        Neither its failure nor its running out of time is raised: it is logged at WARNING
+        (with the traceback when it is not an error the store, the ledger or a server
+        gives: a bug), and the stop goes on. Cancellation (the stop itself cancelled) is
+        raised."""
+        deadline = None
+        if self._deadline is not None:
+            deadline = max(self._deadline, self._loop.time() + LAST_STEP_S)
         try:
             async with asyncio.timeout_at(deadline):
                 await action
@@ -75,8 +90,23 @@ class Stopping:
                 "%s: %s failed: %s: %s; going on", self.what, what, type(e).__name__, e,
                 exc_info=not expected(e),
             )  # fmt: skip
+            if self._deadline is None and _for_the_store(e):
+                self._deadline = self._loop.time() + self._limit_s
 
     async def steps(self, *steps: tuple[str, Awaitable[object]]) -> None:
         """Several steps at once (resigning each id: one store round trip for them all,
         not one after another)."""
         await asyncio.gather(*(self.step(what, action) for what, action in steps))
+
+
+def _for_the_store(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised because of, a store error (a ledger's close that
+    could not write its record raises a ledger error from one)."""
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, MetadataStoreError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False

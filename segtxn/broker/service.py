@@ -244,11 +244,13 @@ class BrokerService:
         """Close everything :meth:`start` opened (safe after a partial start; idempotent).
 
         Each step runs whatever the ones before it raised, a failure logged once at
-        WARNING, all within one stop's time (:mod:`segtxn.stopping`). Never raises but a
-        cancellation. (A step that raised, its session's revocation refused or a snapshot
-        log's close with the store down, was raised out of here and the later steps were
-        skipped: the store this broker opened, its sessions' keep-alives and tasks, was
-        left open.)"""
+        WARNING (:mod:`segtxn.stopping`). The steps take as long as they need while the
+        store answers (topics closing under load keep their clean state; the CLI's
+        ``--shutdown-timeout`` bounds the whole), and share one stop's time from the first
+        step the store failed. Never raises but a cancellation. (A step that raised, its
+        session's revocation refused or a snapshot log's close with the store down, was
+        raised out of here and the later steps were skipped: the store this broker
+        opened, its sessions' keep-alives and tasks, was left open.)"""
         if self._stopped:
             return
         self._stopped = True
@@ -259,7 +261,7 @@ class BrokerService:
             len(self.topics),
             "its session" if self._session is not None else "no session",
         )
-        stopping = Stopping(f"broker {self.broker_id}")
+        stopping = Stopping(f"broker {self.broker_id}", once_failing=True)
         await stopping.step("stopping its topic controllers", self.controllers.stop())
         for background in (self._keeper, self._upkeep, self._repair):
             if background is not None:

@@ -1,0 +1,87 @@
+"""A server's stop (segtxn.stopping): every step runs whatever the ones before it raised,
+within a time limit that runs from the start (a coordinator's stop) or, for a broker's, only
+from the first step the store failed. A broker's topics closing under load, slower than the
+limit with the store answering, must not be cut short: their ledgers and cursors would be
+left without their clean state."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from segtxn.ledger import LedgerError
+from segtxn.metastore import StoreUnavailable
+from segtxn.stopping import Stopping
+
+LIMIT_S = 0.2
+
+
+async def _slow(done: list[str], name: str) -> None:
+    """A step that succeeds after three times the stop's limit (the time passing is what
+    is tested)."""
+    await asyncio.sleep(3 * LIMIT_S)
+    done.append(name)
+
+
+async def _fail(error: Exception) -> None:
+    raise error
+
+
+async def test_a_stop_bounded_once_failing_lets_slow_successful_steps_finish(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    done: list[str] = []
+    stopping = Stopping("broker", LIMIT_S, once_failing=True)
+    with caplog.at_level(logging.WARNING):
+        await stopping.step("closing a topic", _slow(done, "first"))
+        await stopping.step("closing another topic", _slow(done, "second"))
+    assert done == ["first", "second"]
+    assert not caplog.records
+
+
+async def test_a_store_failure_starts_the_limit_for_the_steps_after_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    done: list[str] = []
+    stopping = Stopping("broker", LIMIT_S, once_failing=True)
+    with caplog.at_level(logging.WARNING):
+        await stopping.step("closing a topic", _fail(StoreUnavailable("injected: away")))
+        await stopping.step("closing another topic", _slow(done, "cut"))
+        await stopping.step("closing the store", _slow(done, "also cut"))
+    assert done == []
+    messages = [r.getMessage() for r in caplog.records]
+    assert "failed: StoreUnavailable: injected: away" in messages[0]
+    assert all("not done within the stop's time" in m for m in messages[1:]), messages
+    assert len(messages) == 3
+
+
+async def test_a_ledger_error_caused_by_the_store_starts_the_limit_too() -> None:
+    done: list[str] = []
+    stopping = Stopping("broker", LIMIT_S, once_failing=True)
+
+    async def close_ledger() -> None:
+        try:
+            raise StoreUnavailable("injected: away")
+        except StoreUnavailable as e:
+            raise LedgerError("the ledger's close could not write its record") from e
+
+    await stopping.step("closing a topic", close_ledger())
+    await stopping.step("closing another topic", _slow(done, "cut"))
+    assert done == []
+
+
+async def test_a_failure_not_of_the_store_does_not_cut_the_steps_after_it() -> None:
+    done: list[str] = []
+    stopping = Stopping("broker", LIMIT_S, once_failing=True)
+    await stopping.step("closing a topic", _fail(LedgerError("a file went missing")))
+    await stopping.step("closing another topic", _slow(done, "finished"))
+    assert done == ["finished"]
+
+
+async def test_a_stop_bounded_from_the_start_cuts_a_slow_step() -> None:
+    done: list[str] = []
+    stopping = Stopping("coordinator", LIMIT_S)
+    await stopping.step("resigning its ids", _slow(done, "cut"))
+    assert done == []
