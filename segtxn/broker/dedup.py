@@ -52,18 +52,9 @@ snapshot for good (clients make new names, e.g. each process start), and the sna
 would outgrow what one store write takes. A producer that comes back under a forgotten
 name after that starts afresh: a resend of a message older than the expiry is stored again.
 
-**Larger than one store value.** Within the expiry a topic can have more producers than one
-store value holds (the store's ``max_value_bytes``, 1 MiB, under etcd's 1.5 MiB request:
-about 3,500 names of the longest length a client may use). Such a snapshot is written in
-parts: each at ``/dedup/<quoted topic>/<generation>/<n>``, all of them before the record at
-``/dedup/<quoted topic>``, which names their generation and count and holds the rest
-(``position``, ``taken_at``); the parts of older generations are deleted after it. So a
-crash at any step leaves the record naming complete parts (the new ones or the old), plus
-at most some unnamed parts, deleted by the next snapshot. Before, such a snapshot was
-refused at every attempt: a reload replayed from the last one that fit, or from the first
-entry retention left, and forgot every producer whose messages were trimmed (their resends
-were stored again). No producer is dropped to make it fit: exactly-once holds for every
-name within the expiry, whatever their number.
+**Larger than one store value**, a snapshot is written in parts; and only the topic's
+owner writes it, fenced with its ledger (another broker may still believe it holds the topic
+for a while): :mod:`segtxn.broker.dedup_snapshots` says how.
 """
 
 from __future__ import annotations
@@ -71,13 +62,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Container
-from urllib.parse import quote
 
-import msgspec
-
+from segtxn.broker.dedup_snapshots import DedupSnapshot, SnapshotStore, delete_state, record_key
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.ordering import SendOrder
 from segtxn.ledger import LedgerCorrupted, ManagedLedger, Position
@@ -86,66 +74,8 @@ from segtxn.protocol.errors import ServerError
 
 log = logging.getLogger(__name__)
 
-PREFIX = "/dedup/"
 RECENT_PER_PRODUCER = 1024
 DEFAULT_EXPIRY_S = 24 * 3600.0
-
-
-class DedupSnapshot(msgspec.Struct, frozen=True):
-    position: tuple[int, int] | None
-    """A recovery replays the entries after here (None: all). Every entry up to here is
-    reflected in ``producers``, and usually more (replaying one again changes nothing):
-    it lags one interval behind (see the module docstring)."""
-    producers: dict[str, int]
-    """producer name -> highest stored sequence id."""
-    seen: dict[str, int] = msgspec.field(default_factory=dict)
-    """producer name -> when it last stored a message (ms; absent in older snapshots)."""
-    taken_at: tuple[int, int] | None = None
-    """The last entry stored when it was taken: ``producers`` reflects every entry up to
-    here, so the replay before it only learns positions again (None: an older snapshot,
-    taken at ``position``; or none stored)."""
-    generation: str = ""
-    """The generation of the parts holding more producers ("": none, all are here)."""
-    parts: int = 0
-    """How many parts (see the module docstring)."""
-
-
-class DedupPart(msgspec.Struct, frozen=True):
-    """Some producers of a snapshot too large for one store value."""
-
-    producers: dict[str, int]
-    seen: dict[str, int]
-
-
-def parts_prefix(topic: str) -> str:
-    """Where the parts of ``topic``'s snapshots are."""
-    return PREFIX + quote(topic, safe="") + "/"
-
-
-async def delete_state(store: MetadataStore, topic: str) -> None:
-    """Delete ``topic``'s de-duplication snapshot and its parts (idempotent)."""
-    key = PREFIX + quote(topic, safe="")
-    await store.delete_range(key, key + "\x01")
-    await store.delete_range(parts_prefix(topic))
-
-
-def _split(snapshot: DedupSnapshot, limit: int) -> list[DedupPart]:
-    """The producers of ``snapshot`` in parts of at most ``limit`` bytes each, encoded."""
-    parts: list[DedupPart] = []
-    size = limit
-    for name, last in snapshot.producers.items():
-        # a name (escaped) twice, an i64 seq, a ms time, two colons, two commas
-        need = 2 * len(_encode(name)) + 20 + 20 + 4
-        if size + need > limit:
-            parts.append(DedupPart({}, {}))
-            size = len(_encode(parts[-1]))
-        parts[-1].producers[name] = last
-        parts[-1].seen[name] = snapshot.seen[name]
-        size += need
-    return parts
-
-
-_encode = msgspec.json.Encoder().encode
 
 
 def _now_ms() -> int:
@@ -233,8 +163,8 @@ class Deduplication:
         *,
         expiry_s: float = DEFAULT_EXPIRY_S,
     ) -> None:
-        self._key = PREFIX + quote(topic, safe="")
-        self._store = store
+        self._key = record_key(topic)
+        self._snapshots = SnapshotStore(topic, store)
         self._every = snapshot_every
         self._expiry_ms = int(expiry_s * 1000)
         self.producers: dict[str, ProducerState] = {}
@@ -247,8 +177,7 @@ class Deduplication:
         """Where the last two intervals ended (the older one is what a snapshot names as its
         ``position``, so the replay reaches back at least one interval)."""
         self._topic = topic
-        self._generation = ""
-        """The generation of the parts the last snapshot read or written names."""
+        self._store = store
 
     def state(self, producer: str) -> ProducerState:
         """``producer``'s state, made if new (seen now)."""
@@ -271,12 +200,13 @@ class Deduplication:
         return len(idle)
 
     async def recover(self, ledger: ManagedLedger) -> None:
-        """Load the snapshot and replay every entry written after it."""
-        record = await self._store.get(self._key)
+        """Load the snapshot and replay every entry written after it. ``ledger`` is the
+        topic's, opened by this owner: it fences every later snapshot
+        (:mod:`segtxn.broker.dedup_snapshots`)."""
         start = ledger.first_position()
         taken: Position | None = None
         now = _now_ms()
-        snapshot = None if record is None else await self._whole(record.value)
+        snapshot = await self._snapshots.load(ledger)
         if snapshot is not None:
             for name, last in snapshot.producers.items():
                 self.producers[name] = ProducerState(last, snapshot.seen.get(name, now))
@@ -338,24 +268,6 @@ class Deduplication:
             state.known_from = seq
         state.stored(seq, position, at)
 
-    async def _whole(self, value: bytes) -> DedupSnapshot | None:
-        """The snapshot in the record ``value``, with the producers of its parts (None, and
-        an error logged, when a part is missing: the whole ledger is replayed then)."""
-        snapshot = msgspec.json.decode(value, type=DedupSnapshot)
-        self._generation = snapshot.generation
-        for n in range(snapshot.parts):
-            record = await self._store.get(self._part_key(snapshot.generation, n))
-            if record is None:
-                log.error("%s: part %d of its snapshot is missing; replaying", self._key, n)
-                return None
-            part = msgspec.json.decode(record.value, type=DedupPart)
-            snapshot.producers.update(part.producers)
-            snapshot.seen.update(part.seen)
-        return snapshot
-
-    def _part_key(self, generation: str, n: int) -> str:
-        return f"{parts_prefix(self._topic)}{generation}/{n:06d}"
-
     def note_stored(self, producer: str, seq: int, position: Position) -> bool:
         """Record a stored message; True when a snapshot is due."""
         self.state(producer).stored(seq, position, _now_ms())
@@ -366,7 +278,12 @@ class Deduplication:
 
     async def snapshot(self) -> None:
         """Write the snapshot: the producers' state now, replayed from the end of the
-        interval before the last (see the module docstring)."""
+        interval before the last (see the module docstring). After :meth:`recover`.
+
+        Raises:
+            SnapshotFenced: another owner opened the topic's ledger; it writes the snapshot.
+            MetadataStoreError: the store failed (a recovery replays from an older one).
+        """
         if self._since_snapshot >= self._every:  # an interval ended
             self._marks = (self._marks[1], self._position)
         self._since_snapshot = 0
@@ -380,29 +297,7 @@ class Deduplication:
             {n: s.seen_ms for n, s in self.producers.items()},
             None if last is None else (last.ledger_id, last.entry_id),
         )
-        await self._write(body)
-
-    async def _write(self, body: DedupSnapshot) -> None:
-        """Write ``body``, in parts if it does not fit in one store value (the order the
-        module docstring says: parts, then the record, then older parts deleted)."""
-        encoded = _encode(body)
-        limit = self._store.settings.max_value_bytes
-        generation = ""
-        if len(encoded) > limit:
-            # ordered after the last one (time, unless a clock is behind), and unique
-            counter = max(time.time_ns(), int(self._generation.split("-")[0] or 0) + 1)
-            generation = f"{counter:020d}-{uuid.uuid4().hex[:8]}"
-            parts = _split(body, limit)
-            for n, part in enumerate(parts):
-                await self._store.put(self._part_key(generation, n), _encode(part))
-            body = msgspec.structs.replace(
-                body, producers={}, seen={}, generation=generation, parts=len(parts)
-            )
-            encoded = _encode(body)
-        await self._store.put(self._key, encoded)
-        self._generation = generation
-        prefix = parts_prefix(self._topic)
-        await self._store.delete_range(prefix, prefix + generation if generation else None)
+        await self._snapshots.write(body)
 
     async def delete(self) -> None:
         await delete_state(self._store, self._topic)

@@ -36,7 +36,7 @@ from urllib.parse import unquote
 
 import msgspec
 
-from segtxn.broker import dedup, handoff
+from segtxn.broker import dedup_snapshots, handoff
 from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.broker.txn.pending_ack_log import delete_log, pending_ack_log
 from segtxn.ledger import LedgerError, delete_unopened
@@ -141,7 +141,7 @@ async def finish_segment(service: BrokerService, name: TopicName) -> None:
         service.refused.pop(name, None)  # (files missing after a delete cut short)
         await delete_unopened(str(name), service.store, service.storage)
         await delete_records(service.store, str(name))
-        await dedup.delete_state(service.store, str(name))
+        await dedup_snapshots.delete_state(service.store, str(name))
 
 
 @contextlib.asynccontextmanager
@@ -180,7 +180,7 @@ async def _finish(service: BrokerService, name: TopicName, found: Record) -> Non
             pending_ack_log(ledger, cursor), store, service.storage, service.settings.ledger
         )
     await delete_unopened(ledger, store, service.storage)
-    await dedup.delete_state(store, ledger)
+    await dedup_snapshots.delete_state(store, ledger)
     try:
         await service.snapshots.forget(name.tenant, name.namespace, ledger)
     except (LedgerError, MetadataStoreError) as e:

@@ -33,7 +33,8 @@ Consumers already connected are still dispatched to meanwhile: a message deliver
 broker that is no longer the owner may come again from the new one (a duplicate, never a
 loss). The writes a replaced broker could still try are refused by the store or the
 replicas whatever it believes: ledger appends (recovery fences the replicas), its ledger
-metadata, cursors and op records (conditional on the ledger's metadata version).
+metadata, cursors, op records and de-duplication snapshots (conditional on the ledger's
+metadata version).
 
 Before this (tests/broker/test_lost_registration.py), a broker resumed while a duplicate
 held its id kept serving its connected clients and still loaded topics for clients that

@@ -52,7 +52,7 @@ from urllib.parse import unquote
 
 import msgspec
 
-from segtxn.broker import dedup, handoff
+from segtxn.broker import dedup_snapshots, handoff
 from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.ledger import LedgerMismatch
 from segtxn.ledger.errors import report_once
@@ -214,4 +214,4 @@ async def delete_state(service: BrokerService, segment: TopicName) -> None:
     if ledger is not None:
         await delete_sealed(service.store, service.storage, ledger)
     await delete_records(service.store, name)
-    await dedup.delete_state(service.store, name)
+    await dedup_snapshots.delete_state(service.store, name)

@@ -12,6 +12,7 @@ import logging
 
 from segtxn.broker.arguments import changed_properties, check_properties
 from segtxn.broker.dedup import Deduplication
+from segtxn.broker.dedup_snapshots import SnapshotFenced
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.broker.dispatch import Subscription
 from segtxn.broker.members import SubscriptionType
@@ -462,6 +463,8 @@ class Topic:
                     failure = failure or e
             try:
                 await self.dedup.snapshot()
+            except SnapshotFenced as e:  # the topic is another broker's now: it writes it
+                log.warning("%s: no final de-duplication snapshot: %s", self.name, e)
             except Exception:
                 log.exception("%s: final de-duplication snapshot failed", self.name)
         finally:

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 import msgspec
 import pytest
 
-from segtxn.broker.dedup import PREFIX, Deduplication, DedupSnapshot
+from segtxn.broker.dedup import Deduplication
+from segtxn.broker.dedup_snapshots import PREFIX, DedupSnapshot
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.ledger import LedgerSettings, ManagedLedger, MemoryLogStorage
 from segtxn.metastore import MetadataStore, open_store

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 
 from segtxn.broker import datacheck
-from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
+from segtxn.broker.dedup_snapshots import PREFIX as DEDUP_PREFIX
 from segtxn.broker.txn.pending_ack_log import pending_ack_log
 from segtxn.client import Client, ErrorCategory, ServerError
 from segtxn.ledger.cursor import cursors_prefix

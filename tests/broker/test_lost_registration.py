@@ -46,7 +46,7 @@ import pytest
 
 from segtxn.broker import fencing
 from segtxn.broker.app import BrokerServer
-from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
+from segtxn.broker.dedup_snapshots import PREFIX as DEDUP_PREFIX
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import (
     Client,

@@ -17,7 +17,8 @@ import pytest
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.controllers import HttpSegmentOps
-from segtxn.broker.dedup import Deduplication, parts_prefix
+from segtxn.broker.dedup import Deduplication
+from segtxn.broker.dedup_snapshots import parts_prefix
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.fanout import HTTP
 from segtxn.broker.txn.snapshots import SnapshotLog
@@ -157,6 +158,7 @@ async def test_de_duplication_state_larger_than_a_store_value_survives_a_trim_an
     ledger = await ManagedLedger.open(DEDUP_TOPIC, store, storage, LedgerSettings())
     try:
         dedup = Deduplication(DEDUP_TOPIC, store, snapshot_every=10**6)
+        await dedup.recover(ledger)  # (as a topic's load: its snapshots are fenced with it)
         now_ms = int(time.time() * 1000)
         positions = await asyncio.gather(
             *(ledger.append(encode_entry(StoredMessage(n, 7, now_ms, b"x"))) for n in names)

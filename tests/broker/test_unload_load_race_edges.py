@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from segtxn.broker import handoff
-from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
+from segtxn.broker.dedup_snapshots import PREFIX as DEDUP_PREFIX
 from segtxn.client import Client, Consumer
 from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key

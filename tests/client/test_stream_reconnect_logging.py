@@ -15,7 +15,7 @@ import logging
 
 import pytest
 
-from segtxn.broker.dedup import PREFIX as DEDUP_PREFIX
+from segtxn.broker.dedup_snapshots import PREFIX as DEDUP_PREFIX
 from segtxn.client import Client
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
