@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from segtxn.boundary import translate
 from segtxn.broker.arguments import check_send
 from segtxn.broker.dedup import Deduplication, ProducerState
+from segtxn.broker.dedup_snapshots import SnapshotFenced
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.visibility import TransactionBuffer
 from segtxn.ledger import LedgerError, LedgerSealed, ManagedLedger, Position
+from segtxn.metastore import MetadataStoreError
 from segtxn.protocol import txnops
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
@@ -416,6 +418,11 @@ class Publishing:
     async def _snapshot(self) -> None:
         try:
             await self.dedup.snapshot()
+        except (SnapshotFenced, LedgerError, MetadataStoreError) as e:  # away, or not its own
+            log.warning(
+                "%s: de-duplication snapshot not written (replay will cover it): %s: %s",
+                self.name, type(e).__name__, e,
+            )  # fmt: skip
         except Exception:
             log.exception("%s: de-duplication snapshot failed (replay will cover it)", self.name)
         finally:
