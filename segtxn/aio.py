@@ -10,6 +10,8 @@ it cancels the losers *and waits for them to finish*.
 
 :func:`settling` hands a task's outcome to a future its waiter awaits: one loop turn
 sooner than awaiting the task through a shield, with the same cancel and error cases.
+
+:func:`run_to_end` runs a step that must not be left half-way by its caller's cancel.
 """
 
 from __future__ import annotations
@@ -95,3 +97,30 @@ async def settling(done: asyncio.Future[T], work: Coroutine[Any, Any, T]) -> T:
 def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+async def run_to_end(work: Coroutine[Any, Any, T], *, name: str) -> T:
+    """Run ``work`` as a task of its own and return what it returns; a cancel of the
+    caller meanwhile waits for ``work`` to end, and is raised then (``work``'s own failure,
+    if it had one, is dropped: the caller was cancelled).
+
+    Why: some steps change an outside record and then what the process holds in memory
+    about it, and their outcome must be known to what runs them: a ledger's metadata
+    compare-and-set, which the store may have applied by the time a cancel arrives. Left at
+    the cancel, the ledger took its rollover for failed while the store held it, and its
+    next change was refused as another owner's (``LedgerFenced``). ``work`` must bound its
+    own time (a store call has its deadline): a cancel is late by that much at most. A
+    repeated cancel changes nothing.
+    """
+    task = asyncio.create_task(work, name=name)
+    cancelled: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait([task])  # (a cancel of the wait does not cancel the task)
+        except asyncio.CancelledError as e:
+            cancelled = cancelled or e
+    if cancelled is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller raises its cancel instead
+        raise cancelled
+    return task.result()

@@ -1,7 +1,10 @@
 """``segtxn.aio.settling``: a task's outcome handed to a future its waiter awaits, one loop
 turn after the work ends (a shield over the task costs two), and the cancel and error
 cases a waiter and the task must each see as before (issue 16: those turns sat between a
-one-step commit's store step and the sends' receipts its client waits for)."""
+one-step commit's store step and the sends' receipts its client waits for).
+
+``segtxn.aio.run_to_end``: a step its caller's cancel must not leave half-way (a ledger's
+metadata CAS) ends first; the cancel is raised then."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import gc
 
 import pytest
 
-from segtxn.aio import settling
+from segtxn.aio import run_to_end, settling
 
 
 class Turns:
@@ -132,3 +135,62 @@ async def test_a_cancelled_work_cancels_the_waiters_future() -> None:
         await done
     await asyncio.wait([task])
     assert task.cancelled()
+
+
+# ---------------------------------------------------------------------- run_to_end
+
+
+async def test_run_to_end_lets_a_cancel_wait_for_the_work_and_raises_it_then() -> None:
+    """A ledger's metadata CAS cancelled mid-flight was left to land unseen (the ledger
+    took its own rollover for another owner's): the work now ends first, and its effect
+    is there when the caller's cancel is raised, however many cancels came."""
+    release = asyncio.Event()
+    done: list[str] = []
+
+    async def work() -> str:
+        await release.wait()
+        done.append("landed")
+        return "landed"
+
+    caller = asyncio.create_task(run_to_end(work(), name="work"))
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the work is started
+    caller.cancel()
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the caller got its cancel
+    caller.cancel()
+    assert not caller.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert done == ["landed"]
+
+
+async def test_run_to_end_under_a_timeout_raises_timeout_error_after_the_work() -> None:
+    release = asyncio.Event()
+
+    async def work() -> None:
+        await release.wait()
+        raise ValueError("the work's own failure: dropped, the caller was cancelled")
+
+    async def caller() -> None:
+        async with asyncio.timeout(0):
+            await run_to_end(work(), name="work")
+
+    calling = asyncio.create_task(caller())
+    await asyncio.sleep(0)  # sleep-ok: one loop step: its deadline passes
+    await asyncio.sleep(0)  # sleep-ok: and its cancel arrives
+    assert not calling.done()
+    release.set()
+    with pytest.raises(TimeoutError):
+        await calling
+
+
+async def test_run_to_end_returns_or_raises_what_the_work_did() -> None:
+    async def answer() -> int:
+        return 7
+
+    async def fail() -> None:
+        raise ValueError("no")
+
+    assert await run_to_end(answer(), name="answer") == 7
+    with pytest.raises(ValueError, match="no"):
+        await run_to_end(fail(), name="fail")

@@ -16,9 +16,11 @@ managed ledger's seal, clean close, properties, trims and placement moves take i
 changes are serialised, each expecting the version the previous one wrote, so a failed
 CAS means another process owns the ledger now (``LedgerFenced``) — unless the record holds
 a state this owner tried itself, whose answer and read-back were lost
-(:mod:`segtxn.ledger.fencing`): that state is taken up and the change applied on it. It
-lives here because the write path is what needs it first; the managed ledger's other
-changes build on it.
+(:mod:`segtxn.ledger.fencing`): that state is taken up and the change applied on it. A
+cancel of the caller lets a change's CAS end first, and what it changed in memory is done
+with it: the ledger never holds a state of its own in doubt for a cancel (a compaction
+stopped by its log's close, say). It lives here because the write path is what needs it
+first; the managed ledger's other changes build on it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
+from segtxn.aio import run_to_end
 from segtxn.ledger.errors import (
     EntryTooLarge,
     LedgerClosed,
@@ -84,8 +87,9 @@ class LedgerAppends(LedgerReads):
     _tried: TriedWrites
     """The metadata states tried since the last CAS known to land: any may have landed."""
     _let_go: list[LedgerInfo]
-    """Ledgers that a trim of this owner's removed though it seemed to fail (its state,
-    found landed, was taken up since): the next trim reports them (:class:`TrimResult`)."""
+    """Ledgers removed from the record and not yet reported: by a trim that seemed to fail
+    (its state, found landed, was taken up since), or whose caller was cancelled once it
+    landed, or by the trim now ending, which reports them all (:class:`TrimResult`)."""
     on_write_failure: list[Callable[[WriteFailed], None]]
 
     # ================================================================= appends
@@ -216,20 +220,26 @@ class LedgerAppends(LedgerReads):
             ledgers = [*meta.ledgers[:-1], closing, opened(fresh, now_ms)]
             return msgspec.structs.replace(meta, ledgers=ledgers, next_ledger_id=new_id + 1)
 
+        async def switch(_: LedgerMetadata) -> None:  # run with the CAS (see _update)
+            self.stats.rollovers += 1
+            self._logs.add(fresh)
+            self._current = fresh
+
         try:
-            await self._update(roll)
+            await self._update(roll, landed=switch)
         except BaseException:
-            await asyncio.to_thread(fresh.close)
+            if self._current is not fresh:  # (landed, then its caller was cancelled: in use)
+                await asyncio.to_thread(fresh.close)
             raise
-        self.stats.rollovers += 1
-        self._logs.add(fresh)
-        self._current = fresh
         return fresh
 
     # ================================================================= metadata
 
     async def _update(
-        self, change: Callable[[LedgerMetadata], LedgerMetadata | None]
+        self,
+        change: Callable[[LedgerMetadata], LedgerMetadata | None],
+        *,
+        landed: Callable[[LedgerMetadata], Awaitable[None]] | None = None,
     ) -> LedgerMetadata:
         """Apply ``change`` to the current metadata and CAS the result (None: no change).
 
@@ -237,6 +247,16 @@ class LedgerAppends(LedgerReads):
         failed CAS means another process owns the ledger now, unless the record holds a
         state this owner tried (:meth:`_take_up_own_write`): then ``change`` is applied
         again, on that state. ``change`` may be called more than once.
+
+        A cancel of the caller does not stop the CAS half-way: it takes effect once the
+        CAS is known to have landed or not, and what it did is recorded (with ``landed``,
+        called with the new state once it landed: what the change means in memory, such
+        as a rollover's next ledger, which must not be lost between the CAS and the
+        caller). Stopped while its answer was awaited, the CAS was left to land unseen: a
+        compaction cancelled by its log's close had rolled the ledger over in the store
+        only, and the close's own write was then fenced ("a rollover of its own landed
+        though it seemed to fail"). So a cancel may wait for the store's answer (bounded
+        by the store's own deadlines: :func:`~segtxn.aio.run_to_end`).
 
         Raises:
             LedgerFenced: another owner changed the record.
@@ -246,27 +266,38 @@ class LedgerAppends(LedgerReads):
                 next change, or a cursor's save, finds out).
         """
         async with self._meta_lock:
-            while True:
-                meta = change(self._meta)
-                if meta is None:
-                    return self._meta
-                encoded = encode(meta)
-                self._tried.add(encoded)
-                try:
-                    version = await cas_put(
-                        self._store, metadata_key(self.name), encoded, self._version
-                    )
-                except LedgerFenced:
-                    if not await self._take_up_own_write():
-                        raise
-                    continue
-                except (NotLanded, OutcomeUnknown) as e:
-                    if (version_now := self._tried.failed(e)) is not None:
-                        self._version = version_now
+            return await run_to_end(
+                self._compare_and_set(change, landed), name=f"ledger-metadata-{self.name}"
+            )
+
+    async def _compare_and_set(
+        self,
+        change: Callable[[LedgerMetadata], LedgerMetadata | None],
+        landed: Callable[[LedgerMetadata], Awaitable[None]] | None,
+    ) -> LedgerMetadata:
+        """(Under the metadata lock, run to its end.) The body of :meth:`_update`."""
+        while True:
+            meta = change(self._meta)
+            if meta is None:
+                return self._meta
+            encoded = encode(meta)
+            self._tried.add(encoded)
+            try:
+                key = metadata_key(self.name)
+                version = await cas_put(self._store, key, encoded, self._version)
+            except LedgerFenced:
+                if not await self._take_up_own_write():
                     raise
-                self._tried.clear()
-                self._meta, self._version = meta, version
-                return meta
+                continue
+            except (NotLanded, OutcomeUnknown) as e:
+                if (version_now := self._tried.failed(e)) is not None:
+                    self._version = version_now
+                raise
+            self._tried.clear()
+            self._meta, self._version = meta, version
+            if landed is not None:
+                await landed(meta)
+            return meta
 
     async def settled_metadata_version(self) -> int:
         """The metadata record's version once no change of this owner's is in flight, nor
@@ -276,7 +307,7 @@ class LedgerAppends(LedgerReads):
         state is one that needs a reopen), the version is the last one known, as before."""
         async with self._meta_lock:
             with contextlib.suppress(LedgerFenced, MetadataStoreError):
-                await self._take_up_own_write()
+                await run_to_end(self._take_up_own_write(), name=f"ledger-take-up-{self.name}")
             return self._version
 
     async def _take_up_own_write(self) -> bool:

@@ -233,8 +233,10 @@ class ManagedLedger(LedgerAppends):
                 ledgers = [*meta.ledgers[:-1], closing]
                 return msgspec.structs.replace(meta, ledgers=ledgers, sealed=True)
 
-            await self._update(seal)
-            self._current = None
+            async def let_go(_: LedgerMetadata) -> None:  # run with the CAS (see _update)
+                self._current = None
+
+            await self._update(seal, landed=let_go)
         self._notify()
         return self._last
 
@@ -331,7 +333,8 @@ class ManagedLedger(LedgerAppends):
 
         Returns what was removed (higher layers trim their own per-entry indexes by it),
         with the ledgers an earlier trim removed though it seemed to fail (its answer and
-        the read-back were lost; its state was found landed since).
+        the read-back were lost; its state was found landed since) or whose caller was
+        cancelled once it landed.
         """
         now_ms = (time.time() if now_s is None else now_s) * 1000
         own = await self._own_files(self._deletable(self._meta, policy, now_ms))
@@ -350,16 +353,17 @@ class ManagedLedger(LedgerAppends):
                 meta, ledgers=[i for i in meta.ledgers if i.id not in gone]
             )
 
-        await self._update(drop)
+        async def dropped(_: LedgerMetadata) -> None:  # run with the CAS (see _update);
+            for ledger in removable:  # reported below, or by the next trim if cancelled
+                self._let_go.append(infos[ledger.id])
+                await self._logs.doom(infos[ledger.id])  # deleted now, or once reads end
+
+        await self._update(drop, landed=dropped)
         let_go, self._let_go = self._let_go, []  # their files are deleted already
-        if not removable and not let_go:
+        if not let_go:
             return TrimResult([], 0, None)
-        for ledger in removable:  # deleted now, or when the last read in flight on it ends
-            await self._logs.doom(infos[ledger.id])
         return TrimResult(
-            sorted([*(i.id for i in let_go), *(i.id for i in removable)]),
-            sum(i.entries or 0 for i in let_go) + sum(i.entries for i in removable),
-            self.first_position(),
+            sorted(i.id for i in let_go), sum(i.entries or 0 for i in let_go), self.first_position()
         )
 
     def _deletable(
@@ -406,9 +410,10 @@ class ManagedLedger(LedgerAppends):
             changed[:] = [] if (after := moved(meta, ledger_id, was, now)) is None else [after]
             return after
 
-        await self._update(move)
-        if changed:
+        async def forget(_: LedgerMetadata) -> None:  # run with the CAS (see _update)
             await self._logs.forget(ledger_id)
+
+        await self._update(move, landed=forget)
         return bool(changed)
 
     def _open_size(self, ledger_id: int) -> int:

@@ -27,6 +27,7 @@ from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import FINAL, TxnMeta, log_name
 from segtxn.coordinator.v4 import CoordinatorV4
+from segtxn.ledger.metadata import decode, metadata_key
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from segtxn.metastore.faults import FaultInjector
@@ -275,4 +276,54 @@ async def test_the_timeout_sweep_skips_a_transaction_compacted_away_meanwhile(
         assert await sweeping == 0
     finally:
         await v4.stop()
+        await store.close()
+
+
+async def test_a_stop_during_a_compactions_rollover_closes_the_log_cleanly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stop cancels a compaction in flight, then closes the log. Cancelled while its
+    rollover's CAS was in flight (landed, its answer not yet back), the ledger took the
+    rollover for failed, and the close's clean-close write found it: "closing v4 id 0's
+    log failed: LedgerFenced: ... a rollover of its own landed though it seemed to fail"."""
+    faults = FaultInjector(MemoryEngine())
+    store = MetadataStore(faults, StoreSettings(), owns_engine=True)
+    v4 = CoordinatorV4(store, settings(tmp_path, 20))
+    await v4.start()
+    try:
+        await wait_until(lambda: 0 in v4.held, what="v4 id 0 held")
+        held = v4.held[0]
+        opened = {(await v4.new_txn(timeout_s=3600))[0].least for _ in range(3)}
+        rollover = faults.hold("txn", key_prefix=metadata_key(log_name(0)))
+
+        def started() -> bool:  # (due until the compaction's task runs)
+            return held.log.due or held.log.compacting
+
+        ends: list[asyncio.Task[object]] = []
+        while not started():  # the append that makes it due starts the compaction; an
+            txn, _ = await v4.new_txn()  # end's next append then waits for it
+            if not started():
+                ends.append(asyncio.create_task(v4.end_txn(txn, TxnAction.COMMIT)))
+                await wait_until(lambda: ends[-1].done() or started(), what="end or due")
+        await rollover.wait_for(1)  # applied in the store, its answer parked
+        stopping = asyncio.create_task(v4.stop())
+        await wait_until(lambda: not v4._tasks or all(t.cancelling() for t in v4._tasks))
+        rollover.release()
+        await stopping
+        await asyncio.gather(*ends, return_exceptions=True)
+        failed = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not failed
+        record = await store.get(metadata_key(log_name(0)))
+        assert record is not None
+        assert decode(record.value).ledgers[-1].entries is not None, "no clean close recorded"
+    finally:
+        await v4.stop()
+    successor = CoordinatorV4(store, settings(tmp_path, 20))
+    await successor.start()
+    try:
+        await wait_until(lambda: 0 in successor.held, what="id 0 taken over")
+        recovered = successor.held[0].txns
+        assert opened <= {n for n, m in recovered.items() if m.state not in FINAL}
+    finally:
+        await successor.stop()
         await store.close()

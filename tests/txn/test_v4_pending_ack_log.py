@@ -8,13 +8,16 @@ A real broker and coordinator (tests/cluster.py), real files.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore, pending_ack_log
 from segtxn.client import Client
 from segtxn.client.messages import Message
 from segtxn.client.transaction import Transaction
 from segtxn.ledger import Position
+from segtxn.ledger.metadata import decode, metadata_key
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
 from tests.compaction import (
@@ -26,6 +29,7 @@ from tests.compaction import (
     stored_ledgers,
 )
 from tests.txn.test_v4 import metric, restart_broker
+from tests.waiting import wait_until
 
 TOPIC = "persistent://acme/v4/acks"
 COMPACT_ENTRIES = 20
@@ -137,3 +141,49 @@ async def test_a_crash_at_each_step_of_a_compaction_keeps_the_open_acks(
             await txn.commit()
         stats = await client.admin.stats(TOPIC)
         assert stats["subscriptions"]["s"]["backlog"] == 0
+
+
+async def test_a_close_during_a_compactions_rollover_records_the_clean_close(
+    cluster: Cluster,
+) -> None:
+    """A broker's stop closes each subscription's pending-ack log, cancelling a compaction
+    in flight. Cancelled while its rollover's CAS was in flight (landed, answer not yet
+    back), the ledger took the rollover for failed, and the close's own write then found
+    it: LedgerFenced "a rollover of its own landed though it seemed to fail" (seen in CI
+    under load), and the log's clean close was lost."""
+    await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+    async with Client(cluster.url) as client:
+        received = await setup(client, 40)
+        consumer = client.__dict__["consumer"]
+        open_txns = {client.transaction(): received[0]}  # holds its ack across the close
+        await consumer.acknowledge(received[0], txn=next(iter(open_txns)))
+        pending = await pending_acks(cluster)
+        key = metadata_key(pending_ack_log(TOPIC, "s"))
+        rollover = cluster.faults.hold("txn", key_prefix=key)  # the log's next metadata write
+        for message in received[1:]:  # an ack or a COMMIT starts it (the next one would
+            txn = client.transaction()  # wait for its end)
+            await consumer.acknowledge(message, txn=txn)
+            if pending._compaction is not None:
+                open_txns[txn] = message
+                break
+            await txn.commit()
+            if pending._compaction is not None:
+                break
+        compaction = pending._compaction
+        assert compaction is not None, "no compaction started"
+        await rollover.wait_for(1)  # applied in the store, its answer parked
+        closing = asyncio.create_task(pending.close())
+        await wait_until(lambda: compaction.done() or compaction.cancelling() > 0)
+        rollover.release()
+        await closing  # raised LedgerFenced
+        record = await cluster.store.get(key)
+        assert record is not None
+        assert decode(record.value).ledgers[-1].entries is not None, "no clean close recorded"
+
+        await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+        pending = await pending_acks(cluster)
+        assert pending.transactions() == {t.id for t in open_txns}
+        assert all(pending.is_pending(position(m)) for m in open_txns.values())
+        for txn in open_txns:
+            await txn.commit()
+        await wait_until(lambda: not pending.transactions(), what="the commit applied")

@@ -318,6 +318,18 @@ class MLPendingAckStore(ReservingPendingAckStore):
         await delete_log(self._name, self._store, self._storage, self._settings)
 
     async def close(self) -> None:
+        """Stop a compaction in flight, then close the log, writing its clean close.
+
+        Raises:
+            LedgerError, MetadataStoreError: the clean close could not be written.
+
+        The compaction is cancelled, not waited for: stopped at any step, the log replays
+        to the same acks (the module docstring). Its ledger lets a metadata change in
+        flight (the rollover's CAS) end first and takes up what it did, so the close's own
+        write goes on from the record as it is; a cancel that abandoned the CAS had the
+        close fenced by its own rollover, and the clean close lost. The wait is the store's
+        answer to that one CAS, bounded by the store's own deadlines.
+        """
         self._checks.forget(self)
         if self._compaction is not None:
             self._compaction.cancel()
