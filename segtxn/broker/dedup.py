@@ -52,6 +52,19 @@ snapshot for good (clients make new names, e.g. each process start), and the sna
 would outgrow what one store write takes. A producer that comes back under a forgotten
 name after that starts afresh: a resend of a message older than the expiry is stored again.
 
+**A name used again.** Each use of a name (from when the broker makes its state to when it
+forgets it) has a number, higher than any given on the topic before (a counter kept in the
+snapshot, ``last_use``, and raised by every entry a replay reads): its entries carry it
+(``StoredMessage.producer_use``) and the snapshot holds each name's (``uses``). A replay
+skips the entries of an earlier use than the name's state, and an entry of a later use
+starts the name's state afresh there. A producer's entries are those of its own use, whatever
+else the replay reads: before, a reload whose replay read the entries of a forgotten use as
+well as the new one's (a replay from the first entry, or from a snapshot's position before
+the new use began) took the old use's highest seq for the new producer's, and the new
+producer's next sends (numbered from 0 again) were answered as duplicates, with an old
+message's id or ``-1:-1``, and never stored. Entries written before uses were numbered
+(use 0) count for whatever use the name's state has, as they always did.
+
 **Larger than one store value**, a snapshot is written in parts; and only the topic's
 owner writes it, fenced with its ledger (another broker may still believe it holds the topic
 for a while): :mod:`segtxn.broker.dedup_snapshots` says how.
@@ -83,8 +96,11 @@ def _now_ms() -> int:
 
 
 class ProducerState:
-    def __init__(self, last: int, seen_ms: int) -> None:
+    def __init__(self, last: int, seen_ms: int, use: int = 0) -> None:
         self.last = last
+        self.use = use
+        """Which use of its name this is (0: not numbered); its entries carry it, so a replay
+        tells them from those of a use forgotten before (see the module docstring)."""
         self.seen_ms = seen_ms
         """When it last stored a message (or was first seen): what expiry goes by."""
         self.recent: OrderedDict[int, Position] = OrderedDict()
@@ -178,12 +194,15 @@ class Deduplication:
         ``position``, so the replay reaches back at least one interval)."""
         self._topic = topic
         self._store = store
+        self._last_use = 0
+        """The highest use of a name given on the topic, or read (snapshot, entries)."""
 
     def state(self, producer: str) -> ProducerState:
-        """``producer``'s state, made if new (seen now)."""
+        """``producer``'s state, made if new (seen now): a new use of its name."""
         state = self.producers.get(producer)
         if state is None:
-            state = self.producers[producer] = ProducerState(-1, _now_ms())
+            self._last_use += 1
+            state = self.producers[producer] = ProducerState(-1, _now_ms(), self._last_use)
         return state
 
     def expire(self, now_ms: int | None = None) -> int:
@@ -209,7 +228,9 @@ class Deduplication:
         snapshot = await self._snapshots.load(ledger)
         if snapshot is not None:
             for name, last in snapshot.producers.items():
-                self.producers[name] = ProducerState(last, snapshot.seen.get(name, now))
+                use = snapshot.uses.get(name, 0)
+                self.producers[name] = ProducerState(last, snapshot.seen.get(name, now), use)
+            self._last_use = max(snapshot.last_use, *snapshot.uses.values(), 0)
             if snapshot.position is not None:
                 replayed_from = Position(*snapshot.position)
                 start = ledger.position_after(replayed_from)
@@ -246,27 +267,40 @@ class Deduplication:
                     continue
                 name, at = message.producer_name, message.publish_time_ms
                 first = name not in reached
-                reached.add(name)
-                self._replayed(name, message.sequence_id, entry.position, at=at, first=first)
+                use = message.producer_use
+                if self._replayed(
+                    name, message.sequence_id, entry.position, at=at, use=use, first=first
+                ):
+                    reached.add(name)
             self._position = entries[-1].position
             start = ledger.position_after(entries[-1].position)
         self._marks = (self._marks[0], self._position)
         self.expire(now)
 
     def _replayed(
-        self, producer: str, seq: int, position: Position, *, at: int, first: bool
-    ) -> None:
-        """An entry the recovery read again (``first``: the first of ``producer`` it read).
-        The replay reads every entry after where it starts, and a producer's entries are in
-        the order of their seqs, so from the first seq of ``producer`` it reads, every
-        stored seq is one it reads: its state knows them from there
-        (:attr:`ProducerState.known_from`), whatever the snapshot said."""
+        self, producer: str, seq: int, position: Position, *, at: int, use: int, first: bool
+    ) -> bool:
+        """An entry the recovery read again, written by ``use`` of the name ``producer``
+        (``first``: the first of the name's state it read). The replay reads every entry
+        after where it starts, and a producer's entries are in the order of their seqs, so
+        from the first seq of ``producer`` it reads, every stored seq is one it reads: its
+        state knows them from there (:attr:`ProducerState.known_from`), whatever the
+        snapshot said.
+
+        An entry of a use before the state's belongs to a name forgotten since: skipped
+        (False). One of a later use starts the state afresh: the name was forgotten and
+        used again (the module docstring's "A name used again")."""
+        self._last_use = max(self._last_use, use)
         state = self.producers.get(producer)
-        if state is None:
-            state = self.producers[producer] = ProducerState(-1, at)
+        if state is not None and use and use < state.use:
+            return False
+        if state is None or use > state.use:
+            state = self.producers[producer] = ProducerState(-1, at, use)
+            first = True
         if first:
             state.known_from = seq
         state.stored(seq, position, at)
+        return True
 
     def note_stored(self, producer: str, seq: int, position: Position) -> bool:
         """Record a stored message; True when a snapshot is due."""
@@ -296,6 +330,8 @@ class Deduplication:
             {n: s.last for n, s in self.producers.items()},
             {n: s.seen_ms for n, s in self.producers.items()},
             None if last is None else (last.ledger_id, last.entry_id),
+            uses={n: s.use for n, s in self.producers.items() if s.use},
+            last_use=self._last_use,
         )
         await self._snapshots.write(body)
 

@@ -2,7 +2,7 @@
 
 The snapshot (:class:`DedupSnapshot`, what :mod:`segtxn.broker.dedup` knows of each producer)
 is the record ``/dedup/<quoted topic>``. **Larger than one store value** (the store's
-``max_value_bytes``, 1 MiB, under etcd's 1.5 MiB request: about 3,500 names of the longest
+``max_value_bytes``, 1 MiB, under etcd's 1.5 MiB request: about 2,400 names of the longest
 length a client may use), it is written in parts: each at
 ``/dedup/<quoted topic>/<generation>/<n>``, all of them before the record, which names
 their generation and count and holds the rest (``position``, ``taken_at``); the parts the
@@ -93,6 +93,11 @@ class DedupSnapshot(msgspec.Struct, frozen=True):
     """The generation of the parts holding more producers ("": none, all are here)."""
     parts: int = 0
     """How many parts (see the module docstring)."""
+    uses: dict[str, int] = msgspec.field(default_factory=dict)
+    """producer name -> which use of the name it is (absent: 0, not numbered; see
+    :mod:`segtxn.broker.dedup`, "A name used again")."""
+    last_use: int = 0
+    """The highest use given on the topic (the next name's is above it)."""
 
 
 class DedupPart(msgspec.Struct, frozen=True):
@@ -100,6 +105,7 @@ class DedupPart(msgspec.Struct, frozen=True):
 
     producers: dict[str, int]
     seen: dict[str, int]
+    uses: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 def record_key(topic: str) -> str:
@@ -127,13 +133,15 @@ def _split(snapshot: DedupSnapshot, limit: int) -> list[DedupPart]:
     parts: list[DedupPart] = []
     size = limit
     for name, last in snapshot.producers.items():
-        # a name (escaped) twice, an i64 seq, a ms time, two colons, two commas
-        need = 2 * len(_encode(name)) + 20 + 20 + 4
+        # a name (escaped) thrice, an i64 seq, a ms time, an i64 use, three colons and commas
+        need = 3 * len(_encode(name)) + 3 * 20 + 6
         if size + need > limit:
-            parts.append(DedupPart({}, {}))
+            parts.append(DedupPart({}, {}, {}))
             size = len(_encode(parts[-1]))
         parts[-1].producers[name] = last
         parts[-1].seen[name] = snapshot.seen[name]
+        if name in snapshot.uses:
+            parts[-1].uses[name] = snapshot.uses[name]
         size += need
     return parts
 
@@ -168,6 +176,7 @@ class SnapshotStore:
             part = msgspec.json.decode(part_record.value, type=DedupPart)
             snapshot.producers.update(part.producers)
             snapshot.seen.update(part.seen)
+            snapshot.uses.update(part.uses)
         return snapshot
 
     async def write(self, body: DedupSnapshot) -> None:
@@ -190,7 +199,7 @@ class SnapshotStore:
                 key = self._part_key(generation, n)
                 await self._owned([Put(key, _encode(part))])
             body = msgspec.structs.replace(
-                body, producers={}, seen={}, generation=generation, parts=len(parts)
+                body, producers={}, seen={}, uses={}, generation=generation, parts=len(parts)
             )
             encoded = _encode(body)
         await self._owned([Put(self._key, encoded)])

@@ -17,6 +17,9 @@ class StoredMessage(msgspec.Struct, array_like=True, frozen=True):
     """The transaction this message was written in (most, least), if any."""
     marker: str | None = None
     """A v4 transaction marker (``COMMIT`` / ``ABORT`` of ``txn``), never delivered."""
+    producer_use: int = 0
+    """Which use of ``producer_name`` wrote it, for de-duplication's replay (0: not
+    numbered, written before uses were; see segtxn/broker/dedup.py, "A name used again")."""
 
 
 def marker_entry(txn: tuple[int, int], action: str, now_ms: int) -> bytes:

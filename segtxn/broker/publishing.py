@@ -335,6 +335,7 @@ class Publishing:
                 properties=send.properties,
                 event_time_ms=send.event_time_ms,
                 txn=send.txn,
+                producer_use=state.use,
             )
         )
         return _Fresh(state, original, entry, txn)

@@ -167,6 +167,8 @@ async def test_de_duplication_state_larger_than_a_store_value_survives_a_trim_an
             dedup.note_stored(name, 7, position)
         await dedup.snapshot()
         await dedup.snapshot()  # a second one replaces the first one's parts
+        uses = {n: s.use for n, s in dedup.producers.items()}
+        assert len(set(uses.values())) == len(names)
         cursor = await ledger.open_cursor("all-read", start="earliest")
         await ledger.roll_over()  # the messages' ledger is closed, and consumed:
         await cursor.ack_cumulative(positions[-1])
@@ -183,6 +185,8 @@ async def test_de_duplication_state_larger_than_a_store_value_survives_a_trim_an
         reloaded = Deduplication(DEDUP_TOPIC, store, snapshot_every=10**6)
         await reloaded.recover(ledger)
         assert {n: s.last for n, s in reloaded.producers.items()} == dict.fromkeys(names, 7)
+        # each name's use too (segtxn/broker/dedup.py, "A name used again")
+        assert {n: s.use for n, s in reloaded.producers.items()} == uses
         await reloaded.delete()
     finally:
         await ledger.close()
