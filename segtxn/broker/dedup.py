@@ -43,6 +43,8 @@ message ids. Before, a resend of a message stored just before a snapshot (a peri
 the one a topic writes as it closes) got ``-1:-1``, "a duplicate, where unknown" (as
 Pulsar answers), after any move of its segment: the producer could not tell where its
 message was (found by the soak, seed 109003). A resend older than that still gets ``-1:-1``.
+Nor does a snapshot vouch for any entry past that of a send not settled yet when it is
+taken: the replay starts before it (:meth:`Deduplication.settled_up_to`).
 
 **Expiry.** A producer name that stored nothing for ``expiry_s`` (a day by default, as
 Kafka's ``producer.id.expiration.ms``; Pulsar forgets inactive producers after 6 hours) and
@@ -119,10 +121,16 @@ class ProducerState:
         new send may be overtaken by one in flight (:meth:`overtaken_by`)."""
         self.order = SendOrder()
         """The turns of this producer's sends: they are stored in the order they arrive."""
+        self.floors: dict[int, Position | None] = {}
+        """For each send taken in and not settled yet (stored or refused), the ledger's
+        last entry when it was: its own entry is after it, and may be durable already
+        without being noted here (:meth:`Deduplication.settled_up_to`)."""
 
-    def take_in(self, seq: int, original: asyncio.Future[Position]) -> None:
-        """A send of ``seq`` is to be written; its resends wait on ``original``."""
+    def take_in(self, seq: int, original: asyncio.Future[Position], floor: Position | None) -> None:
+        """A send of ``seq`` is to be written; its resends wait on ``original``. ``floor``:
+        the ledger's last entry now (None: none); the send's entry will be after it."""
         self.in_flight[seq] = original
+        self.floors[seq] = floor
         self.taken = max(self.taken, seq)
 
     def overtaken_by(self, seq: int) -> int | None:
@@ -139,6 +147,7 @@ class ProducerState:
         self.seen_ms = max(self.seen_ms, at_ms)
         self.recent[seq] = position
         self.refusals.pop(seq, None)
+        self.floors.pop(seq, None)
         while len(self.recent) > RECENT_PER_PRODUCER:
             forgotten, _ = self.recent.popitem(last=False)
             self.known_from = max(self.known_from, forgotten + 1)
@@ -148,6 +157,7 @@ class ProducerState:
         once a later seq is stored (before that, a resend is taken in afresh)."""
         self.refusals[seq] = refusal
         self.refusals.move_to_end(seq)
+        self.floors.pop(seq, None)
         while len(self.refusals) > RECENT_PER_PRODUCER:
             self.refusals.popitem(last=False)
 
@@ -322,9 +332,9 @@ class Deduplication:
             self._marks = (self._marks[1], self._position)
         self._since_snapshot = 0
         self.expire()
-        at = self._marks[0]
+        at = self.settled_up_to(self._marks[0])
         position = None if at is None else (at.ledger_id, at.entry_id)
-        last = self._position
+        last = self.settled_up_to(self._position)
         body = DedupSnapshot(
             position,
             {n: s.last for n, s in self.producers.items()},
@@ -334,6 +344,23 @@ class Deduplication:
             last_use=self._last_use,
         )
         await self._snapshots.write(body)
+
+    def settled_up_to(self, position: Position | None) -> Position | None:
+        """``position``, or the lowest floor of the sends not settled yet if lower (None:
+        before the first entry). A send's entry is durable before it is noted here: a
+        transactional one's is recorded in its transaction first (a store write), a plain
+        batch's once all of the batch's writes are done; other producers' later entries
+        are noted meanwhile. A snapshot holds every entry up to its ``position`` and
+        ``taken_at`` only when they are bounded so: before, they were the last entries
+        noted, a recovery after a crash did not read the entry of such a send (nor did one
+        skipping an unreadable look-back), the snapshot did not have its seq either, and
+        the resend of its message, its receipt lost with the broker, was stored again."""
+        for state in self.producers.values():
+            for floor in state.floors.values():
+                if position is None or floor is None:
+                    return None
+                position = min(position, floor)
+        return position
 
     async def delete(self) -> None:
         await delete_state(self._store, self._topic)

@@ -79,16 +79,17 @@ class SnapshotFenced(Exception):
 class DedupSnapshot(msgspec.Struct, frozen=True):
     position: tuple[int, int] | None
     """A recovery replays the entries after here (None: all). Every entry up to here is
-    reflected in ``producers``, and usually more (replaying one again changes nothing):
-    it lags one interval behind (see :mod:`segtxn.broker.dedup`)."""
+    reflected in ``producers`` (bounded as ``taken_at`` is), and usually more (replaying
+    one again changes nothing): it lags one interval behind (see :mod:`segtxn.broker.dedup`)."""
     producers: dict[str, int]
     """producer name -> highest stored sequence id."""
     seen: dict[str, int] = msgspec.field(default_factory=dict)
     """producer name -> when it last stored a message (ms; absent in older snapshots)."""
     taken_at: tuple[int, int] | None = None
-    """The last entry stored when it was taken: ``producers`` reflects every entry up to
-    here, so the replay before it only learns positions again (None: an older snapshot,
-    taken at ``position``; or none stored)."""
+    """The last entry stored when it was taken, or the entry before the first one of a
+    send not settled yet (:meth:`segtxn.broker.dedup.Deduplication.settled_up_to`):
+    ``producers`` reflects every entry up to here, so the replay before it only learns
+    positions again (None: an older snapshot, taken at ``position``; or none stored)."""
     generation: str = ""
     """The generation of the parts holding more producers ("": none, all are here)."""
     parts: int = 0

@@ -324,7 +324,7 @@ class Publishing:
                 "and a producer's messages are stored in the order of their sequence ids",
             )
         original: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
-        state.take_in(send.seq, original)
+        state.take_in(send.seq, original, self.ledger.last_confirmed)
         entry = encode_entry(
             StoredMessage(
                 producer_name=producer,
