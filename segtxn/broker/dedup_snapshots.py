@@ -5,8 +5,8 @@ is the record ``/dedup/<quoted topic>``. **Larger than one store value** (the st
 ``max_value_bytes``, 1 MiB, under etcd's 1.5 MiB request: about 2,400 names of the longest
 length a client may use), it is written in parts: each at
 ``/dedup/<quoted topic>/<generation>/<n>``, all of them before the record, which names
-their generation and count and holds the rest (``position``, ``taken_at``); the parts the
-record no longer names are deleted after it. So a crash at any step leaves the record
+their generation and count and holds the rest (``position``, ``taken_at``, ``last_use``);
+the parts the record no longer names are deleted after it. So a crash at any step leaves the record
 naming complete parts (the new ones or the old), plus at most some unnamed parts, deleted
 by the next snapshot. Before, such a snapshot was refused at every attempt: a reload
 replayed from the last one that fit, or from the first entry retention left, and forgot
