@@ -142,6 +142,7 @@ async def finish_segment(service: BrokerService, name: TopicName) -> None:
         await delete_unopened(str(name), service.store, service.storage)
         await delete_records(service.store, str(name))
         await dedup_snapshots.delete_state(service.store, str(name))
+        service.load_refusals.forget(name)
 
 
 @contextlib.asynccontextmanager
@@ -189,7 +190,7 @@ async def _finish(service: BrokerService, name: TopicName, found: Record) -> Non
     while True:
         now = await store.get(topic_key(name))
         if now is None or now.created_version != found.created_version:
-            return  # finished by another deletion meanwhile
+            break  # finished by another deletion meanwhile
         deletes = [Delete(now.key, expected_version=now.version)]
         home = await store.get(home_key(name))
         if home is not None:
@@ -199,4 +200,5 @@ async def _finish(service: BrokerService, name: TopicName, found: Record) -> Non
         except (BadVersion, NotFound):
             continue  # the record or its home changed meanwhile: look again
         log.info("finished deleting %s on broker %s", name, service.broker_id)
-        return
+        break
+    service.load_refusals.forget(name)  # (its refusals while marked: gone with it)

@@ -39,6 +39,7 @@ from segtxn.broker import (
     fencing,
     gauges,
     handoff,
+    refusals,
     replication,
     retire,
     unloading,
@@ -112,6 +113,8 @@ class BrokerService:
         self.refused: dict[TopicName, LedgerCorrupted] = {}
         """Topics and segments this broker refuses to serve (their data is damaged or
         missing), and why; cleared when one loads again."""
+        self.load_refusals = refusals.LoadRefusals()
+        """How loudly each topic's refused load is logged (once, then DEBUG)."""
         self.fenced: str | None = None
         """Why the broker does not hold its id and its topics (None: it does, if its
         registration is held now): set when it loses either, cleared once it has claimed
@@ -391,11 +394,16 @@ class BrokerService:
             level = logging.WARNING if e.retriable else logging.ERROR  # client's retry
             log.log(level, "loading %s on broker %s failed: %s", name, self.broker_id, e)
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"{name}: {e}") from e
-        except (MetadataStoreError, ServerError) as e:
+        except ServerError as e:  # its client retries: a WARNING once, then DEBUG
+            level = self.load_refusals.level(name, e)
+            log.log(level, "loading %s on broker %s failed: %s", name, self.broker_id, e)
+            raise
+        except MetadataStoreError as e:
             log.warning("loading %s on broker %s failed: %s", name, self.broker_id, e)
             raise
         finally:
             self._loading.pop(name, None)
+        self.load_refusals.forget(name)
         if self.refused.pop(name, None) is not None:
             log.warning("%s: its ledgers are whole again; serving it", name)
         self.topics[name] = topic

@@ -287,3 +287,51 @@ async def test_a_segment_whose_delete_stopped_after_its_ledger_went_is_not_serve
         assert await service.catalog.get(TopicName.parse(scalable)) is None
         assert not (await cluster.store.list_prefix(dedup_state)).records
         assert segment not in service.topics
+
+
+# ---------------------------------------------------------------------------------------
+# A topic marked deleting is refused to every client until a DELETE finishes it, and each
+# refused load logged a WARNING: a client retrying every few hundred ms (nobody retrying
+# the DELETE) flooded the broker's log with the same line.
+
+
+def refusals(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    """The broker's log lines at ``level`` saying a load was refused as being deleted."""
+    said = [r for r in caplog.records if r.name == "segtxn.broker.service" and r.levelno == level]
+    return [m for m in (r.getMessage() for r in said) if "being deleted" in m]
+
+
+async def fail_a_delete(client: Client, cluster: Cluster) -> None:
+    """Create the topic and delete it, its deletion stopped part-way (it stays marked)."""
+    await client.admin.create_topic(TOPIC)
+    producer = await client.create_producer(TOPIC)
+    await producer.send(b"m0")
+    await producer.close()  # (its reconnections would be refused too: counted with the test's)
+    cluster.faults.fail("range", key_prefix=DEDUP_PREFIX + quote(TOPIC, safe=""), times=1)
+    with pytest.raises(ServerError) as caught:
+        await client.admin.delete_topic(TOPIC, force=True)
+    assert "stopped part-way" in str(caught.value), caught.value
+
+
+async def test_a_marked_topic_s_refused_loads_are_a_warning_once_then_debug(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        await fail_a_delete(client, cluster)
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(5):  # a client retrying
+                with pytest.raises(ServerError) as refused:
+                    await service.serve(name)
+                assert "being deleted" in str(refused.value), refused.value
+            assert len(refusals(caplog, logging.WARNING)) == 1, refusals(caplog, logging.WARNING)
+            assert len(refusals(caplog, logging.DEBUG)) == 4, refusals(caplog, logging.DEBUG)
+
+            await client.admin.delete_topic(TOPIC, force=True)  # finished
+            await fail_a_delete(client, cluster)  # made again, and marked again: said again
+            for _ in range(3):
+                with pytest.raises(ServerError):
+                    await service.serve(name)
+        assert len(refusals(caplog, logging.WARNING)) == 2, refusals(caplog, logging.WARNING)
+        assert len(refusals(caplog, logging.DEBUG)) == 6, refusals(caplog, logging.DEBUG)
