@@ -177,9 +177,7 @@ async def _finish(service: BrokerService, name: TopicName, found: Record) -> Non
     store, ledger = service.store, str(name)
     listing = await store.list_prefix(cursors_prefix(ledger))
     for cursor in (unquote(r.key[len(cursors_prefix(ledger)) :]) for r in listing.records):
-        await delete_log(
-            pending_ack_log(ledger, cursor), store, service.storage, service.settings.ledger
-        )
+        await delete_log(pending_ack_log(ledger, cursor), store, service.storage)
     await delete_unopened(ledger, store, service.storage)
     await dedup_snapshots.delete_state(store, ledger)
     try:

@@ -17,10 +17,10 @@ import pytest
 
 from segtxn.broker import datacheck
 from segtxn.broker.dedup_snapshots import PREFIX as DEDUP_PREFIX
-from segtxn.broker.txn.pending_ack_log import pending_ack_log
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore, pending_ack_log
 from segtxn.client import Client, ErrorCategory, ServerError
 from segtxn.ledger.cursor import cursors_prefix
-from segtxn.ledger.metadata import metadata_key
+from segtxn.ledger.metadata import decode, metadata_key
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster
 
@@ -335,3 +335,57 @@ async def test_a_marked_topic_s_refused_loads_are_a_warning_once_then_debug(
                     await service.serve(name)
         assert len(refusals(caplog, logging.WARNING)) == 2, refusals(caplog, logging.WARNING)
         assert len(refusals(caplog, logging.DEBUG)) == 6, refusals(caplog, logging.DEBUG)
+
+
+# ---------------------------------------------------------------------------------------
+# The same inside a subscription's v4 pending-ack log: a deletion that stopped part-way
+# through the log's files (its oldest deleted, its metadata record not yet) left a log the
+# retried deletion opened to delete it, and opening it was refused for the missing files
+# (LedgerMissing): the topic, marked deleting, could never be deleted.
+
+
+@pytest.mark.parametrize("deleted", ["its oldest files", "every file"])
+async def test_a_delete_stopped_inside_a_pending_ack_log_is_finished_by_a_retry(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture, deleted: str
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    log_ = pending_ack_log(TOPIC, "s")
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC)
+        for i in range(2):
+            await producer.send(f"m{i}".encode())
+        await producer.close()
+        consumer = await client.subscribe(
+            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+        )
+        received = [await consumer.receive(timeout_s=10) for _ in range(2)]
+        await consumer.acknowledge(received[0], txn=client.transaction())  # held: left open
+        pending = (await service.serve(name)).subscriptions["s"].pending_acks
+        assert isinstance(pending, MLPendingAckStore) and pending._log is not None
+        await pending._log.close()  # the next ack opens it again, on a new ledger
+        pending._log = None
+        await consumer.acknowledge(received[1], txn=client.transaction())
+        await consumer.close()
+        found = await cluster.store.get(metadata_key(log_))
+        assert found is not None
+        ids = [info.id for info in decode(found.value).ledgers]
+        assert len(ids) >= 2, ids
+
+        cluster.faults.fail("txn", key_prefix=metadata_key(log_), times=1)
+        with pytest.raises(ServerError) as caught:
+            await client.admin.delete_topic(TOPIC, force=True)
+        assert "stopped part-way" in str(caught.value), caught.value
+        # what a deletion stopped part-way through the log's files (oldest first) leaves
+        for ledger_id in ids[:-1] if deleted == "its oldest files" else ids:
+            service.storage.delete(log_, ledger_id)
+
+        with caplog.at_level(logging.INFO):
+            await client.admin.delete_topic(TOPIC, force=True)  # the retry finishes it
+        assert await cluster.store.get(metadata_key(log_)) is None
+        assert not (await cluster.store.list_prefix(cursors_prefix(log_))).records
+        assert not [i for i in ids if service.storage.exists(log_, i)]
+        assert await cluster.store.get(metadata_key(TOPIC)) is None
+        assert await service.catalog.get(name) is None
+        assert name not in service.topics and name not in service.refused

@@ -50,6 +50,7 @@ from segtxn.ledger import (
     ManagedLedger,
     Position,
     check_deletable,
+    delete_unopened,
 )
 from segtxn.ledger.compacted import CompactedLog
 from segtxn.ledger.managed import metadata_key
@@ -79,12 +80,18 @@ def pending_ack_log(topic: str, subscription: str) -> str:
     return f"{topic}-{subscription}__transaction_pending_ack"
 
 
-async def delete_log(
-    name: str, store: MetadataStore, storage: LogStorage, settings: LedgerSettings
-) -> None:
-    """Delete the pending-ack log ``name`` if it exists (it is closed everywhere)."""
-    if await store.get(metadata_key(name)) is not None:
-        await (await ManagedLedger.open(name, store, storage, settings)).delete()
+async def delete_log(name: str, store: MetadataStore, storage: LogStorage) -> None:
+    """Delete the pending-ack log ``name`` if it exists (it is closed everywhere), as far
+    as it is left, without opening it (:func:`~segtxn.ledger.delete_unopened`): a deletion
+    stopped part-way through its files leaves some of them gone, and opening the log is
+    refused for them (``LedgerMissing``), so a retry that opened it never finished, and its
+    topic, marked deleting, could never be deleted.
+
+    Raises:
+        LedgerMismatch: a file of it is not its own (a foreign volume); nothing was deleted.
+        LedgerError, MetadataStoreError: a step failed; doing it again goes on.
+    """
+    await delete_unopened(name, store, storage)
 
 
 class MLPendingAckStore(ReservingPendingAckStore):
@@ -309,13 +316,14 @@ class MLPendingAckStore(ReservingPendingAckStore):
         await check_deletable(self._name, self._store, self._storage)
 
     async def deleted(self) -> None:
-        """Delete the log (see the module docstring), opened here if need be; idempotent.
+        """Delete the log (see the module docstring), closed by now, as far as it is left
+        (:func:`delete_log`); idempotent.
 
         Raises:
             LedgerError, MetadataStoreError: it could not be deleted (the subscription's
                 deletion fails, and is done again).
         """
-        await delete_log(self._name, self._store, self._storage, self._settings)
+        await delete_log(self._name, self._store, self._storage)
 
     async def close(self) -> None:
         """Stop a compaction in flight, then close the log, writing its clean close.
