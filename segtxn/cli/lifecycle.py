@@ -9,7 +9,8 @@ start-up waited forever and the signal handler only set an event nobody waited o
 - SIGTERM and SIGINT are handled from the moment the command starts (before the event loop
   runs they raise :class:`Interrupted`). During start-up they cancel it (each server closes
   what it had opened); while serving they begin the shutdown. A second signal ends the
-  process at once (exit 1).
+  process at once (exit 1). The handlers found are put back when the command ends (one
+  run in the caller's process, a test's ``CliRunner``, leaves the caller's in place).
 - Each server reaches its store with bounded retries (``--store-timeout``; the servers do it
   themselves, :func:`segtxn.metastore.wait_reachable`). A server that cannot start (store
   unreachable, port taken, data directory not writable, broker id held by a live broker)
@@ -27,12 +28,13 @@ A stop asked for by a signal is a clean exit (status 0), at any point.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.registration import BrokerIdTaken
@@ -100,12 +102,24 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise Interrupted(signal.Signals(signum))
 
 
-def catch_signals_early() -> None:
-    """Until the server's event loop handles them (:func:`serve`, or Kopf's), SIGTERM and
-    SIGINT raise :class:`Interrupted` where the process is, instead of killing it: a stop
-    asked for while it parses flags or sets its loop up is still a clean one."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupt)
+@contextlib.contextmanager
+def catch_signals_early() -> Iterator[None]:
+    """Within it, until the server's event loop handles them (:func:`serve`, or Kopf's),
+    SIGTERM and SIGINT raise :class:`Interrupted` where the process is, instead of killing
+    it: a stop asked for while it parses flags or sets its loop up is still a clean one.
+
+    The handlers it found are put back on the way out, however the command ends: a server
+    command run in the caller's process (a test's ``CliRunner``, a program embedding the
+    CLI) left its own installed before (and, after :func:`serve`, the ones asyncio's loop
+    puts back, Python's defaults), and a later signal raised :class:`Interrupted` wherever
+    the caller was, or killed it."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    found = {sig: signal.signal(sig, _interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in found.items():
+            signal.signal(sig, handler)
 
 
 class _Signals:

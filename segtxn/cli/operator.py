@@ -166,7 +166,8 @@ def operator(
     own_service_account: str | None,
 ) -> None:
     """Run the segtxn operator (Kopf) until SIGTERM or SIGINT."""
-    lifecycle.catch_signals_early()  # until Kopf handles them itself
+    # until Kopf handles them itself; put back as they were when the command ends
+    click.get_current_context().with_resource(lifecycle.catch_signals_early())
     try:
         import kopf
 

@@ -58,10 +58,10 @@ SHUTDOWN_TIMEOUT_S = 20.0
 def _run(make: Callable[[], list[Server]], shutdown_timeout_s: float, loop: EventLoop) -> None:
     """Serve on ``loop`` until SIGTERM or SIGINT; start-up and shutdown errors reach the
     CLI's edge (:mod:`segtxn.cli.errors`) as typed errors."""
-    lifecycle.catch_signals_early()
-    log.info("event loop: %s", loop.name)
-    with asyncio.Runner(loop_factory=loop.factory) as runner:
-        runner.run(lifecycle.serve(make, shutdown_timeout_s=shutdown_timeout_s, say=say))
+    with lifecycle.catch_signals_early():
+        log.info("event loop: %s", loop.name)
+        with asyncio.Runner(loop_factory=loop.factory) as runner:
+            runner.run(lifecycle.serve(make, shutdown_timeout_s=shutdown_timeout_s, say=say))
 
 
 def _lifecycle_options(command: F) -> F:

@@ -278,7 +278,7 @@ def test_sigterm_stops_a_command_as_sigint_does(monkeypatch: pytest.MonkeyPatch)
         raise AssertionError("SIGTERM did not stop the command")
 
     monkeypatch.setattr(topics, "run", terminated)
-    # as a process starts (a server command run in-process before leaves its handlers)
+    # as a process starts
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     previous_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

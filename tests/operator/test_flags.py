@@ -11,7 +11,6 @@ import kopf
 import pytest
 from click.testing import CliRunner
 
-from segtxn.cli import lifecycle
 from segtxn.cli.operator import operator
 from segtxn.operator.rolling import RollSettings
 
@@ -20,8 +19,6 @@ from segtxn.operator.rolling import RollSettings
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
-    # What the command does to the process before Kopf runs: not to pytest's.
-    monkeypatch.setattr(lifecycle, "catch_signals_early", lambda: None)
     # The module, not the command of the same name the package exports.
     module = importlib.import_module("segtxn.cli.operator")
     monkeypatch.setattr(module, "_quiet_start_up_failures", lambda: None)

@@ -15,7 +15,6 @@ import kopf
 import pytest
 from click.testing import CliRunner
 
-from segtxn.cli import lifecycle
 from segtxn.cli.operator import operator as operator_command
 from segtxn.operator.handlers import OperatorConfig
 from segtxn.operator.sparkpolicy import RunRefused, SparkPolicy, check, image_allowed
@@ -174,7 +173,6 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """``segtxn operator`` parsed by the real CLI, ``kopf.run`` recorded, not run."""
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
-    monkeypatch.setattr(lifecycle, "catch_signals_early", lambda: None)
     module = importlib.import_module("segtxn.cli.operator")
     monkeypatch.setattr(module, "_quiet_start_up_failures", lambda: None)
     return calls
