@@ -1,22 +1,26 @@
 """A namespace's v4 snapshot log (segtxn/broker/txn/snapshots.py) keeps each topic's latest
 snapshot and what follows it, and drops what precedes it: it stays bounded however many
 snapshots are written, each topic's latest is read back after a reopen, and a crash at any
-step of a compaction leaves a log whose latest snapshots are the same.
+step of a compaction leaves a log whose latest snapshots are the same. A broker's logs
+(SnapshotLogs) are all closed whatever closing one raised.
 
 Real files and the embedded store; tests/txn/test_v4.py runs the buffer on etcd too.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLog
+from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLog, SnapshotLogs, snapshot_log
 from segtxn.ledger import FileLogStorage, LedgerSettings
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.ledger.metadata import metadata_key
+from segtxn.metastore import MetadataStore, StoreUnavailable, open_store
+from segtxn.metastore.faults import FaultInjector
 from tests.compaction import (
     CURSOR_MOVED,
     STEPS,
@@ -114,5 +118,50 @@ async def test_a_crash_at_each_step_of_a_compaction_keeps_the_latest_snapshots(
         assert again.entries == len(TOPICS)
         for topic, expected in latest.items():
             assert await again.latest(topic) == expected
+    finally:
+        await again.close()
+
+
+@pytest.fixture
+async def faulty_store() -> AsyncIterator[MetadataStore]:
+    async with open_store("memory://", wrap=FaultInjector) as s:
+        yield s
+
+
+async def test_closing_the_logs_closes_every_one_whatever_one_raised(
+    faulty_store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first log's clean-close write fails (the store refusing it): the logs are all
+    closed anyway, the one being opened is cancelled, the failure is logged once and raised
+    after. The close stopped at the first failure: the logs after it stayed open, their
+    ledgers' writer tasks running, and the next open of one in the process was refused
+    ("... is held by another writer")."""
+    faults = faulty_store.engine
+    assert isinstance(faults, FaultInjector)
+    storage = FileLogStorage(tmp_path)
+    logs = SnapshotLogs("b1", faulty_store, storage, SMALL_LEDGERS)
+    first = await logs.get("acme", "ns0")
+    second = await logs.get("acme", "ns1")
+    for n, log_ in enumerate((first, second)):
+        await log_.write(snapshot(TOPICS[n], n))
+    opening = faults.hold(
+        "range", key_prefix=metadata_key(snapshot_log("acme", "ns2", "b1")), before=True
+    )
+    third = logs.get("acme", "ns2")
+    await opening.wait_for(1)
+    faults.fail("txn", key_prefix=metadata_key(first.ledger.name), times=1)
+
+    with pytest.raises(StoreUnavailable, match="did not land"):
+        await logs.close()
+    assert faults.injected >= 2  # (the hold and the failure fired)
+    assert first.ledger.is_closing
+    assert second.ledger.is_closing, "the log after the failing one was left open"
+    assert third.cancelled(), "the log being opened was not cancelled"
+    (record,) = [r for r in caplog.records if "did not land" in r.getMessage()]
+    assert record.levelno >= logging.WARNING and first.ledger.name in record.getMessage()
+
+    again = SnapshotLogs("b1", faulty_store, storage, SMALL_LEDGERS)  # (the same process)
+    try:
+        assert await (await again.get("acme", "ns1")).latest(TOPICS[1]) == snapshot(TOPICS[1], 1)
     finally:
         await again.close()

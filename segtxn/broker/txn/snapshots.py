@@ -273,10 +273,36 @@ class SnapshotLogs:
         ]
 
     async def close(self) -> None:
-        for task in self._logs.values():
-            if task.done() and task.exception() is None:
-                await task.result().close()
-            elif not task.done():
-                task.cancel()
-        await asyncio.gather(*self._logs.values(), return_exceptions=True)
+        """Cancel the logs being opened and close every log opened: each one, whatever
+        closing another raised (logged once, at WARNING, or at ERROR with its traceback if
+        it is neither the ledger's nor the store's), since each must let go of its ledger.
+        A close that stopped at the first failure left the logs after it open, their
+        ledgers' writer tasks running, and the next open of one of them in this process was
+        refused ("... is held by another writer").
+
+        Raises:
+            Exception: the first failure, once every log is closed.
+        """
+        tasks = list(self._logs.values())
         self._logs.clear()
+        for task in tasks:
+            task.cancel()  # (no-op for those opened or failed)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        failure: Exception | None = None
+        for task in tasks:
+            if task.cancelled() or task.exception() is not None:
+                continue
+            log_ = task.result()
+            try:
+                await log_.close()
+            except Exception as e:
+                ok = isinstance(e, LedgerError | MetadataStoreError)
+                log.log(
+                    logging.WARNING if ok else logging.ERROR,
+                    "%s: closing it failed: %s: %s",
+                    log_.ledger.name, type(e).__name__, e,
+                    exc_info=not ok,
+                )  # fmt: skip
+                failure = failure or e
+        if failure is not None:
+            raise failure
