@@ -172,22 +172,31 @@ class CoordinatorV4:
         on the same session would retake the key at once (a campaign takes a key its session
         holds), and an id whose log cannot be read here would stay with this coordinator for
         ever. (An error other than the store's or the ledger's ended this loop, the id won
-        and never served, and nobody else could take it.)"""
+        and never served, and nobody else could take it.)
+
+        A leadership whose letting go failed too (the store refusing the delete) is still
+        held and guarded: the next take-over is made with it. A campaign retook the key with
+        a second guard (a task, a store watch), and an outage piled one up per take-over."""
         retry = Retry(f"v4 coordinator id {coordinator_id}: take-over", 1.0)
+        kept: Leadership | None = None  # (one whose letting go failed)
         while True:
             leadership: Leadership | None = None
             try:
-                election = LeaderElection(
-                    self.store,
-                    ELECTION_PREFIX + str(coordinator_id),
-                    await self._live_session(),
-                    self.settings.advertise_url.encode(),
-                )
-                leadership = await election.campaign()
+                if kept is not None and not kept.lost.is_set():
+                    leadership = kept
+                else:
+                    election = LeaderElection(
+                        self.store,
+                        ELECTION_PREFIX + str(coordinator_id),
+                        await self._live_session(),
+                        self.settings.advertise_url.encode(),
+                    )
+                    leadership = await election.campaign()
+                kept = None
                 held = await self._recover(coordinator_id, leadership)
             except Exception as e:
-                if leadership is not None:
-                    await self._let_go(coordinator_id, leadership)
+                if leadership is not None and not await self._let_go(coordinator_id, leadership):
+                    kept = leadership
                 await retry.after(e)
                 continue
             retry.reset()
@@ -209,16 +218,19 @@ class CoordinatorV4:
                 log_step_failure(f"v4 coordinator id {coordinator_id}: closing its log", e)
 
     @staticmethod
-    async def _let_go(coordinator_id: int, leadership: Leadership) -> None:
+    async def _let_go(coordinator_id: int, leadership: Leadership) -> bool:
         """Resign an id whose take-over failed, so that another coordinator may take it
-        meanwhile. A failure is logged (:func:`~segtxn.coordinator.retry.log_step_failure`)
-        and :meth:`_hold` goes on: the key then stays, and its next campaign, on the same
-        session, retakes it. (Only a store error was caught: any other one ended the loop,
-        and the id, won and never served, could be taken by nobody else.)"""
+        meanwhile; whether it was. A failure is logged
+        (:func:`~segtxn.coordinator.retry.log_step_failure`) and :meth:`_hold` goes on: the
+        leadership is then still held and guarded, and its next take-over is made with it.
+        (Only a store error was caught: any other one ended the loop, and the id, won and
+        never served, could be taken by nobody else.)"""
         try:
             await leadership.resign()
         except Exception as e:
             log_step_failure(f"v4 coordinator id {coordinator_id}: letting the id go", e)
+            return False
+        return True
 
     async def _recover(self, coordinator_id: int, leadership: Leadership) -> HeldLog:
         txn_log = await TxnLog.open(

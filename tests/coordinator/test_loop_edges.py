@@ -2,7 +2,8 @@
 not expect (tests/coordinator/test_v4_sweep_edges.py has the sweeps):
 
 - v4 ``_hold``: a take-over of an id whose recovery raised once is tried again, and the id
-  serves; so is one whose resignation after a failed recovery raised too;
+  serves; so is one whose resignation after a failed recovery raised too; take-overs whose
+  resignations failed in a row (the store away) keep one leadership guard, not one each;
 - v4 ``_resume``: finishing a timed-out transaction that raised once is tried again, and it
   ends ABORTED;
 - v5 ``HeldIds._hold``: a campaign that raised once is run again, and the id is held;
@@ -29,11 +30,13 @@ import pytest
 from segtxn.coordinator import v5ids
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import ABORTED, TIME_OUT, log_name
-from segtxn.coordinator.v4 import CoordinatorV4
+from segtxn.coordinator.v4 import ELECTION_PREFIX, CoordinatorV4
+from segtxn.coordinator.v4held import HeldLog
 from segtxn.coordinator.v5 import CoordinatorV5
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import LeaderElection, Leadership, MetadataStore, open_store
+from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.errors import ServerError
 from segtxn.topics import transactions as T
@@ -136,6 +139,60 @@ async def test_a_v4_take_over_whose_resignation_raised_is_tried_again(
         assert record.levelname == "WARNING" and not record.exc_info, record
     else:
         assert record.levelname == "ERROR" and record.exc_info is not None, record
+
+
+CYCLES = 3
+"""Failed take-overs whose resignation failed too, in a row (a second apart: the pace of
+the take-over's retries)."""
+
+
+async def test_failed_take_overs_whose_resignation_failed_keep_one_guard(
+    store: MetadataStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During an outage the store refuses id 0's log record (its recovery fails) and the
+    delete of the election key (the resignation after it fails): take-over after take-over,
+    the id keeps one leadership, watched by one guard, and once the store is back it serves
+    with one guard still. Each campaign retook the key its session still held with a guard
+    of its own, and the earlier guards (each a task and a store watch) ran on for good:
+    one more per failed take-over while the store was away."""
+    faults = faults_of(store)
+    election_key = ELECTIONS_PREFIX + ELECTION_PREFIX + "0"
+
+    def guards() -> int:
+        """The running guards of a leadership (Leadership._guard tasks)."""
+        return sum(
+            getattr(t.get_coro(), "__qualname__", "") == "Leadership._guard" and not t.done()
+            for t in asyncio.all_tasks()
+        )
+
+    v4 = CoordinatorV4(store, v4_settings(tmp_path))
+    seen: list[int] = []
+    """The guards running as each take-over begins."""
+    recover = v4._recover
+
+    async def recover_in_outage(coordinator_id: int, leadership: Leadership) -> HeldLog:
+        seen.append(guards())
+        if len(seen) > CYCLES:
+            faults.clear()  # the store is back
+        else:  # the resignation after this failed recovery: its delete refused
+            faults.fail("txn", key_prefix=election_key, times=1)
+        return await recover(coordinator_id, leadership)
+
+    monkeypatch.setattr(v4, "_recover", recover_in_outage)
+    for operation in ("range", "txn"):  # id 0's log record is out of reach
+        faults.fail(operation, key_prefix=metadata_key(log_name(0)), times=None)
+    await v4.start()
+    try:
+        await wait_until(lambda: 0 in v4.held, timeout=20, what="v4 id 0 held after the outage")
+        assert len(seen) == CYCLES + 1
+        assert seen == [1] * len(seen), f"guards at each take-over: {seen}"
+        assert guards() == 1
+        await wait_until(lambda: faults.open_watches == 1, what="one watch: the guard's")
+        txn, _ = await v4.new_txn(timeout_s=60)
+        assert txn.most == 0
+    finally:
+        await v4.stop()
+    assert guards() == 0
 
 
 @pytest.mark.parametrize("failure", ["store", "bug"])
