@@ -1,7 +1,7 @@
 """A persistent topic's deletion mark: a deletion that stops part-way never leaves a topic
 that loads again afresh, empty.
 
-A persistent topic's deletion (:meth:`BrokerService.delete_data`) deletes in turn its
+A persistent topic's deletion (:func:`delete_loaded`) deletes in turn its
 subscriptions' v4 pending-ack logs, its ledger (logs, cursors, metadata record), its
 de-duplication state and its transaction snapshots, then its record in the catalog. Each
 step can fail (the store away, a full disk). Had one failed after the ledger's metadata
@@ -49,6 +49,7 @@ from segtxn.topics.model import PersistentTopic, ScalableTopic, encode_topic, re
 
 if TYPE_CHECKING:
     from segtxn.broker.service import BrokerService
+    from segtxn.broker.topic import Topic
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,66 @@ async def check_not_marked(catalog: Catalog, name: TopicName) -> None:
             f"{name} is being deleted, and is not served again (a deletion of {deleted} "
             "that stopped part-way is finished by the next one)",
         )
+
+
+async def delete_loaded(service: BrokerService, name: TopicName, topic: Topic) -> None:
+    """Delete a loaded topic's or segment's data here (its clients are hung up on),
+    and a persistent topic's record.
+
+    Every file it would delete is checked first (its ledger's and its v4 pending-ack
+    logs': :meth:`Topic.check_deletable`): a deletion refused by one that is not its own
+    (``LedgerMismatch``, a foreign volume) leaves the topic served, its clients
+    connected and its subscriptions' state whole, rather than cut them off and delete
+    part of it for a deletion that cannot finish.
+
+    A persistent topic's record in the catalog is deleted too, last, and is marked
+    ``deleting`` before anything is (:func:`mark`): a deletion that
+    stops part-way leaves the topic refused, never loaded afresh and empty, until the
+    next ``DELETE`` finishes it. Until its record is gone the topic is guarded as during
+    an unload (``service.unloads``): its clients, hung up on, reconnect at once and are
+    told to retry; a load meanwhile would be refused by its ledger file's lock, or,
+    once the ledger is deleted, serve it afresh and empty.
+
+    The check yields: a topic unloaded meanwhile (an idle unload, a drain, a failed
+    write) is not deleted, since the instance checked is closed and another may be
+    loaded in its place by then (deleting its files under it, or taking it out of the
+    broker's topics, would leave it open and unreachable): the caller is told to retry.
+
+    Raises:
+        ServerError: ServiceNotReady, the topic was unloaded during the check (nothing
+            was deleted), or the deletion stopped part-way (a store or ledger error:
+            :meth:`~segtxn.broker.topic.Topic.delete`; the topic is let go, and a retry
+            finishes it).
+        LedgerMismatch, MetadataStoreError: from the check; nothing was changed.
+    """
+    await topic.check_deletable()
+    await mark(service.catalog, name)  # from now on it does not load afresh
+    if service.topics.get(name) is not topic:  # let go (or loaded again) while checked
+        raise ServerError(
+            ErrorName.SERVICE_NOT_READY,
+            f"{name} was unloaded from broker {service.broker_id} while its deletion "
+            "checked it; nothing was deleted: retry the deletion",
+        )
+    service.unloads.begin(name)  # in the same step as it leaves the broker's topics
+    try:
+        service.topics.pop(name, None)
+        await topic.disconnect_clients()
+        try:
+            await topic.delete()
+        except (LedgerError, MetadataStoreError) as e:
+            log.warning("deleting %s on broker %s stopped part-way: %s", name, service.broker_id, e)
+            raise ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{name}: its deletion stopped part-way ({type(e).__name__}: {e}); it is "
+                "let go: retry the deletion to finish it",
+            ) from e
+        log.info("deleted %s's data on broker %s", name, service.broker_id)
+        if name.domain is Domain.PERSISTENT:  # (a segment's record is its topic's)
+            record = await service.catalog.get(name)
+            if record is not None:
+                await service.catalog.delete(name, record)
+    finally:
+        service.unloads.end(name)
 
 
 async def finish(service: BrokerService, name: TopicName, found: Record) -> None:

@@ -100,7 +100,7 @@ async def delete_topic(request: web.Request) -> None:
     topic = await service.serve(name)
     if topic.busy() and not force:
         raise ServerError(ErrorName.CONSUMER_BUSY, busy_message(name))
-    await service.delete_data(name, topic)  # (a persistent topic's record too)
+    await deletemark.delete_loaded(service, name, topic)  # (a persistent topic's record too)
 
 
 def _has_clients(stats: Any) -> bool:
