@@ -19,7 +19,7 @@ import pytest
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
-from segtxn.client import Client
+from segtxn.client import Client, Producer, ScalableProducer
 from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
@@ -144,3 +144,15 @@ async def cluster(
 async def client(cluster: Cluster) -> AsyncIterator[Client]:
     async with Client(cluster.url) as c:
         yield c
+
+
+async def create_and_send(
+    client: Client, topic: str, *values: bytes
+) -> Producer | ScalableProducer:
+    """Create persistent ``topic`` and store ``values`` in it, in order, through a producer
+    returned open (the opening many broker edge tests share)."""
+    await client.admin.create_topic(topic)
+    producer = await client.create_producer(topic)
+    for value in values:
+        await producer.send(value)
+    return producer

@@ -22,7 +22,7 @@ from segtxn.client import Client, ErrorCategory, ServerError
 from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import decode, metadata_key
 from segtxn.protocol.names import TopicName
-from tests.cluster import Cluster
+from tests.cluster import Cluster, create_and_send
 
 TOPIC = "persistent://acme/delete/failing"
 
@@ -34,9 +34,7 @@ async def test_a_delete_failing_part_way_lets_the_topic_go_cleanly_and_a_retry_f
     name = TopicName.parse(TOPIC)
     log_ = pending_ack_log(TOPIC, "s")
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        await producer.send(b"m0")
+        await create_and_send(client, TOPIC, b"m0")
         consumer = await client.subscribe(
             TOPIC, "s", initial_position="earliest", subscription_type="Shared"
         )
@@ -181,9 +179,7 @@ async def test_a_delete_stopped_after_its_ledger_went_refuses_the_topic_until_a_
     name = TopicName.parse(TOPIC)
     dedup_state = DEDUP_PREFIX + quote(TOPIC, safe="")
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        await producer.send(b"m0")
+        await create_and_send(client, TOPIC, b"m0")
         consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
         assert (await consumer.receive(timeout_s=10)).value == b"m0"
 
@@ -227,9 +223,7 @@ async def test_a_delete_stopped_inside_its_ledger_is_finished_by_a_retry(
     service = cluster.broker.service
     name = TopicName.parse(TOPIC)
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        await producer.send(b"m0")
+        await create_and_send(client, TOPIC, b"m0")
         await client.subscribe(TOPIC, "s", initial_position="earliest")
 
         cluster.faults.fail("range", key_prefix=cursors_prefix(TOPIC), times=1)
@@ -303,9 +297,7 @@ def refusals(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
 
 async def fail_a_delete(client: Client, cluster: Cluster) -> None:
     """Create the topic and delete it, its deletion stopped part-way (it stays marked)."""
-    await client.admin.create_topic(TOPIC)
-    producer = await client.create_producer(TOPIC)
-    await producer.send(b"m0")
+    producer = await create_and_send(client, TOPIC, b"m0")
     await producer.close()  # (its reconnections would be refused too: counted with the test's)
     cluster.faults.fail("range", key_prefix=DEDUP_PREFIX + quote(TOPIC, safe=""), times=1)
     with pytest.raises(ServerError) as caught:
@@ -352,10 +344,7 @@ async def test_a_delete_stopped_inside_a_pending_ack_log_is_finished_by_a_retry(
     name = TopicName.parse(TOPIC)
     log_ = pending_ack_log(TOPIC, "s")
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        for i in range(2):
-            await producer.send(f"m{i}".encode())
+        producer = await create_and_send(client, TOPIC, b"m0", b"m1")
         await producer.close()
         consumer = await client.subscribe(
             TOPIC, "s", initial_position="earliest", subscription_type="Shared"

@@ -18,7 +18,7 @@ from segtxn.client import Client, ServerError
 from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
-from tests.cluster import Cluster
+from tests.cluster import Cluster, create_and_send
 
 TOPIC = "persistent://acme/recover/failing"
 
@@ -29,10 +29,7 @@ async def test_a_subscription_failing_to_recover_its_pending_acks_leaves_nothing
     service = cluster.broker.service
     name = TopicName.parse(TOPIC)
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        await producer.send(b"m0")
-        await producer.send(b"m1")
+        await create_and_send(client, TOPIC, b"m0", b"m1")
         consumer = await client.subscribe(
             TOPIC, "s", initial_position="earliest", subscription_type="Shared"
         )

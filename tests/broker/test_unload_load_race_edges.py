@@ -23,7 +23,7 @@ from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore.fault_holds import Hold
 from segtxn.protocol.names import TopicName
 from tests.broker.test_disk_full import FullDisk
-from tests.cluster import Cluster
+from tests.cluster import Cluster, create_and_send
 from tests.waiting import wait_until
 
 TOPIC = "persistent://acme/unload/raced"
@@ -51,9 +51,7 @@ async def test_a_client_arriving_during_an_idle_unload_is_told_to_retry_and_gets
     service = cluster.broker.service
     name = TopicName.parse(TOPIC)
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        await producer.send(b"m0")
+        producer = await create_and_send(client, TOPIC, b"m0")
         await producer.close()
         await client.admin.terminate(TOPIC)  # sealed, and nobody on it: idle
         old = service.topics[name]
@@ -100,9 +98,7 @@ async def test_an_unload_lets_go_of_a_load_in_flight_and_the_client_gets_in_afte
     service = cluster.broker.service
     name = TopicName.parse(TOPIC)
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        await producer.send(b"m0")
+        producer = await create_and_send(client, TOPIC, b"m0")
         await producer.close()
         await service.unload(name)
         assert name not in service.topics
@@ -198,9 +194,7 @@ async def test_a_consumer_attaching_while_the_topic_is_unloaded_is_told_to_retry
     service = cluster.broker.service
     name = TopicName.parse(TOPIC)
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        await producer.send(b"m0")
+        producer = await create_and_send(client, TOPIC, b"m0")
         await producer.close()
         old = service.topics[name]
 
