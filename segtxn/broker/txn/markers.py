@@ -9,7 +9,8 @@ delivered. Both indexes are **snapshotted** every ``snapshot_every`` markers to 
 namespace's ``__transaction_buffer_snapshot`` log (:mod:`segtxn.broker.txn.snapshots`);
 recovery loads the topic's latest snapshot and replays the ledger from the position it
 covers: only a snapshot of this incarnation of the topic (not of one deleted before it under
-its name, whose positions the new ledger reuses: :mod:`segtxn.broker.txn.snapshots`).
+its name, whose positions the new ledger reuses), and only while every entry after that
+position is retained (:mod:`segtxn.broker.txn.snapshots` says why).
 
 **PIP-373.** The topic's system property ``__contains_txn_messages`` is ``false``/absent
 until its first transactional message, and set to ``true`` durably *before* that message is
@@ -308,6 +309,13 @@ class MarkerTransactionBuffer(TransactionBuffer):
         ):  # a deleted topic's (its positions are not this one's), or one that cannot tell
             log.info("%s: its snapshot is not of this topic; replaying it whole", self.topic)
             snapshot = None
+        if snapshot is not None and not self._replayable_after(_pos(snapshot.position)):
+            log.info(
+                "%s: entries after its snapshot at %s were trimmed; replaying it whole",
+                self.topic,
+                snapshot.position,
+            )
+            snapshot = None
         if snapshot is not None:
             self.recovery["snapshot"] = 1
             for text, first in snapshot.ongoing.items():
@@ -318,6 +326,16 @@ class MarkerTransactionBuffer(TransactionBuffer):
         await self._replay(start)
         for txn in self._ongoing:  # ended by its coordinator, or by the checks' sweep
             self._checks.recovered(txn, self)
+
+    def _replayable_after(self, position: Position) -> bool:
+        """Whether every entry after ``position`` is still in the ledger: its ledger is
+        retained (retention trims whole ledgers from the front, so all that follows it is
+        too). Otherwise markers written after a snapshot at ``position`` may be gone with
+        the ledgers trimmed since (by this broker, or by another that served the topic
+        meanwhile): the snapshot's ongoing transactions would stay open for good, and
+        readers stop before the first one (see :mod:`segtxn.broker.txn.snapshots`)."""
+        retained = self._ledger.ledger_ids
+        return bool(retained) and position.ledger_id >= retained[0]
 
     async def incarnation(self) -> int:
         """The store revision that created the topic's ledger record: what tells this topic

@@ -19,6 +19,22 @@ tombstone to this broker's log, so a compaction stops keeping the deleted topic'
 (another broker's log keeps a snapshot of a topic that moved away until it is compacted
 with that topic deleted there; it is never loaded).
 
+**A snapshot is a base only while what follows it is retained.** A topic that moved to
+another broker and back finds its old snapshot here, of the same incarnation, older than
+what the other broker did: the ledger is the topic's only history, whoever wrote it, so the
+replay from the snapshot's position applies the markers written there meanwhile (a
+transaction the snapshot lists as ongoing committed or aborted; one begun and ended). That
+holds while every entry after the position is still in the ledger. Retention trims whole
+ledgers from the front, on whichever broker serves the topic: once it trimmed the one
+holding the position, markers after it may be gone, and a transaction the snapshot lists as
+ongoing whose marker went with them stayed open here for good (readers stop before its
+first entry, until the v4 checks' sweep learned its outcome from its coordinator and wrote
+a second marker; an hour and more while none answered). So recovery sets aside a snapshot
+whose position's ledger was trimmed and replays the retained ledger whole, as for a topic
+with no snapshot: a transaction whose entries and marker were all trimmed leaves nothing to
+show or hide. The same holds on one broker (a snapshot, then a trim past its later
+markers, then a restart).
+
 **Only each topic's latest snapshot is needed**, so the log is a
 :class:`~segtxn.ledger.compacted.CompactedLog`: once ``compact_entries`` snapshots were
 written since its last compaction (and twice as many as the topics it holds), it is cut,
