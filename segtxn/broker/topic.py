@@ -25,12 +25,19 @@ from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
-from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore, delete_log, pending_ack_log
 from segtxn.broker.txn.pending_ack_records import MetadataPendingAckStore
 from segtxn.broker.txn.snapshots import SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import NoTransactions, TransactionBuffer
-from segtxn.ledger import LedgerClosed, LogStorage, ManagedLedger, Position, TrimResult
+from segtxn.ledger import (
+    LedgerClosed,
+    LogStorage,
+    ManagedLedger,
+    Position,
+    TrimResult,
+    check_deletable,
+)
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
@@ -288,18 +295,41 @@ class Topic:
         return subscription
 
     async def delete_subscription(self, name: str) -> None:
-        """Raises ServerError(SubscriptionNotFound / ConsumerBusy)."""
+        """Delete subscription ``name``: close it if it is loaded, delete its v4 pending-ack
+        log whether it is loaded or not (:meth:`_pending_ack_logs`), then its cursor, last:
+        a deletion that fails part-way leaves the cursor, and its retry (which finds the
+        subscription unloaded by then) deletes what the failed one left.
+
+        Raises:
+            ServerError: SubscriptionNotFound / ConsumerBusy.
+            LedgerMismatch: a file of its log is not its own; nothing was changed.
+            LedgerError, MetadataStoreError: a step failed; a retry goes on.
+        """
         if name not in self.ledger.cursors:
             raise ServerError(ErrorName.SUBSCRIPTION_NOT_FOUND, f"{self.name} has no {name!r}")
         subscription = self.subscriptions.get(name)
         if subscription is not None and subscription.consumers:
             raise ServerError(ErrorName.CONSUMER_BUSY, f"subscription {name!r} has consumers")
+        for log_ in self._pending_ack_logs(name):
+            await check_deletable(log_, self._store, self._storage)  # before it is closed
         if subscription is not None:
-            await subscription.pending_acks.check_deletable()  # before it is closed
             await subscription.close()
             del self.subscriptions[name]
-            await subscription.pending_acks.deleted()
+        for log_ in self._pending_ack_logs(name):
+            await delete_log(log_, self._store, self._storage)
         await self.ledger.delete_cursor(name)
+
+    def _pending_ack_logs(self, *subscriptions: str) -> list[str]:
+        """The v4 pending-ack logs of ``subscriptions`` (none given: of every one, loaded or
+        not; a subscription keeps its cursor until its log is deleted), by their names, not
+        from loaded subscriptions: a reset unloads one until a consumer attaches again, so
+        does a deletion that failed after closing it, and the log its deletion (or its
+        topic's) left was replayed by a subscription made again under the name (the old
+        transactions' acks applied to the new cursor). None unless ``persistent://``."""
+        if self.name.domain is not Domain.PERSISTENT:
+            return []
+        names = subscriptions or self.subscription_names()
+        return [pending_ack_log(str(self.name), s) for s in names]
 
     async def reset_subscription(self, name: str, target: str | Position) -> None:
         """Move a subscription to ``earliest``, ``latest`` or a message id.
@@ -386,23 +416,24 @@ class Topic:
 
     async def check_deletable(self) -> None:
         """Check, changing nothing, that :meth:`delete` would not be refused for a file that
-        is not the topic's: its ledger's and every subscription's v4 pending-ack log's (the
-        files it deletes). A caller that hangs up on the topic's clients before deleting it
-        checks first, so that a refusal leaves the topic served, its clients connected and
-        every subscription's state (open transactions' acks) as it was.
+        is not the topic's: its ledger's and every subscription's (loaded or not) v4
+        pending-ack log's (the files it deletes). A caller that hangs up on the topic's
+        clients before deleting it checks first, so that a refusal leaves the topic served,
+        its clients connected and every subscription's state (open transactions' acks) as
+        it was.
 
         Raises:
             LedgerMismatch: naming the first foreign file found.
             MetadataStoreError: a pending-ack log's metadata could not be read.
         """
         await self.ledger.check_deletable()
-        for subscription in self.subscriptions.values():
-            await subscription.pending_acks.check_deletable()
+        for log_ in self._pending_ack_logs():
+            await check_deletable(log_, self._store, self._storage)
 
     async def delete(self) -> None:
-        """Delete the topic's data, subscriptions (with their v4 pending-ack logs),
-        de-duplication state and its transaction buffer's records (a segment's) or
-        snapshots (a v4 topic's).
+        """Delete the topic's data, subscriptions (with their v4 pending-ack logs, loaded
+        or not: :meth:`_pending_ack_logs`), de-duplication state and its transaction
+        buffer's records (a segment's) or snapshots (a v4 topic's).
 
         A failure part-way (a store error deleting a pending-ack log, ...) raises on, and
         the topic is let go all the same: its subscriptions, transaction buffer and ledger
@@ -416,10 +447,11 @@ class Topic:
         """
         self.leaving = True
         try:
+            logs = self._pending_ack_logs()  # (loaded subscriptions' or not)
             for subscription in list(self.subscriptions.values()):
                 await subscription.close()
-            for subscription in list(self.subscriptions.values()):
-                await subscription.pending_acks.deleted()
+            for log_ in logs:
+                await delete_log(log_, self._store, self._storage)
             self.subscriptions.clear()
             await self.buffer.close()
             await self.publishing.settle()

@@ -69,20 +69,6 @@ class PendingAckStore(ABC):
     async def close(self) -> None:  # noqa: B027
         """Stop background work."""
 
-    async def check_deletable(self) -> None:  # noqa: B027 - nothing kept in files unless overridden
-        """Check, changing nothing, that :meth:`deleted` would not be refused for a file that
-        is not this store's: a topic's deletion checks every file it would delete before it
-        hangs up on anyone or deletes anything.
-
-        Raises:
-            LedgerMismatch: a file is another's (a foreign volume, a wrong restore).
-        """
-
-    async def deleted(self) -> None:  # noqa: B027
-        """The subscription was deleted (after :meth:`close`): delete what is kept for it
-        elsewhere, so that nothing of it applies to a subscription made again under its
-        name (on this topic, or on one created again under the topic's name)."""
-
 
 class NoPendingAcks(PendingAckStore):
     def __init__(self, topic: str) -> None:

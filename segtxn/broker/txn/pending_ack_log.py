@@ -22,10 +22,12 @@ log (this store still remembers the last 100,000 in memory); a late ack of one i
 by its coordinator's answer (:mod:`segtxn.broker.txn.v4checks`).
 
 **The log goes with its subscription**: deleting the subscription, or its topic, deletes it
-(:meth:`MLPendingAckStore.deleted`). Left, it was replayed by a subscription made again
-under the name, on the topic or on one created again under the topic's name, whose ledger
-numbers its entries from the start again: the deleted one's committed acks were applied to
-the new cursor, and the new topic's first messages were never delivered.
+(:func:`delete_log`, by its name, :func:`pending_ack_log`, whether the subscription is
+loaded or not: :meth:`segtxn.broker.topic.Topic.delete_subscription`). Left, it was
+replayed by a subscription made again under the name, on the topic or on one created again
+under the topic's name, whose ledger numbers its entries from the start again: the deleted
+one's committed acks were applied to the new cursor, and the new topic's first messages
+were never delivered.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ from segtxn.ledger import (
     ManagedCursor,
     ManagedLedger,
     Position,
-    check_deletable,
     delete_unopened,
 )
 from segtxn.ledger.compacted import CompactedLog
@@ -305,25 +306,6 @@ class MLPendingAckStore(ReservingPendingAckStore):
             self._keep_unsaved(txn, individual)
         for txn in self.transactions():  # ended by its coordinator, or by the checks' sweep
             self._checks.recovered(txn, self)
-
-    async def check_deletable(self) -> None:
-        """The log's files are its own (:meth:`deleted` would not be refused for one).
-
-        Raises:
-            LedgerMismatch: naming the first foreign file; nothing was changed.
-            MetadataStoreError: the log's metadata could not be read.
-        """
-        await check_deletable(self._name, self._store, self._storage)
-
-    async def deleted(self) -> None:
-        """Delete the log (see the module docstring), closed by now, as far as it is left
-        (:func:`delete_log`); idempotent.
-
-        Raises:
-            LedgerError, MetadataStoreError: it could not be deleted (the subscription's
-                deletion fails, and is done again).
-        """
-        await delete_log(self._name, self._store, self._storage)
 
     async def close(self) -> None:
         """Stop a compaction in flight, then close the log, writing its clean close.
