@@ -26,6 +26,10 @@ that answer:
   ``PersistenceError`` whose message names the ledger and the file, or the record's key,
   logged at ERROR once per file or record and without a traceback (it is a known
   condition that lasts until an operator acts, not a bug);
+- a storage failure that doing the call again may get past (a ledger's retriable
+  ``LedgerError``: a file a deletion could not remove, too few replicas, a full disk) not
+  answered by the call itself: 503 ServiceNotReady with its message (the path, the
+  system's words), logged at WARNING without a traceback;
 - anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
   message carries an *incident id*; the log has the same id and the traceback. The body never
   has a stack trace.
@@ -61,7 +65,7 @@ from aiohttp import WSCloseCode, web
 from aiohttp.http_exceptions import LineTooLong
 
 from segtxn import tracing
-from segtxn.ledger.errors import LedgerCorrupted, report_once
+from segtxn.ledger.errors import LedgerCorrupted, LedgerError, report_once
 from segtxn.metastore import (
     MetadataStoreError,
     SessionExpired,
@@ -281,6 +285,9 @@ async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse
                 raise  # redirects, and answers that already have the JSON shape
             return _refusal(request, e)
         known = translate(e)
+        if known is None and isinstance(e, LedgerError) and e.retriable:
+            log.warning("%s %s: %s: %s", request.method, request.path, type(e).__name__, e)
+            known = ServerError(ErrorName.SERVICE_NOT_READY, str(e))
         if known is not None:
             return error_response(known, request)
         if isinstance(e, ConnectionResetError) and _gone(request):

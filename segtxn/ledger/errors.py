@@ -138,6 +138,15 @@ class StorageFull(LedgerError):
     retriable = True
 
 
+class DeleteFailed(LedgerError):
+    """A ledger's file (or its emptied directory) could not be removed: permission denied,
+    an I/O error. The message names the path and keeps the system's words. Retriable: the
+    deletion that met it stopped part-way, each of its steps is idempotent, and doing it
+    again once the cause is gone (the volume's permissions fixed) goes on from there."""
+
+    retriable = True
+
+
 FULL_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 

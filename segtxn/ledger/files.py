@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
-from segtxn.ledger.errors import LedgerCorrupted, LedgerFenced, LedgerMissing
+from segtxn.ledger.errors import DeleteFailed, LedgerCorrupted, LedgerFenced, LedgerMissing
 from segtxn.ledger.logs import (
     LOCAL,
     Alteration,
@@ -299,10 +299,23 @@ class FileLogStorage(LogStorage):
         return fd
 
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
-        """Remove the log, and its directory if that leaves it empty (idempotent)."""
+        """Remove the log, and its directory if that leaves it empty (idempotent).
+
+        Raises:
+            DeleteFailed: the file or the directory could not be removed (it names it): a
+                ``LedgerError``, so the deletion it stops is answered as stopped part-way
+                (retriable), not as a bug.
+        """
         path = self.path(ledger_name, ledger_id)
-        path.unlink(missing_ok=True)
-        remove_if_empty(path.parent)
+        try:
+            path.unlink(missing_ok=True)
+            remove_if_empty(path.parent)
+        except OSError as e:
+            where = e.filename or path
+            raise DeleteFailed(
+                f"could not delete {where}: {e.strerror or e} (the deletion stopped there; "
+                "doing it again once that is fixed goes on)"
+            ) from e
 
 
 CREATE_ATTEMPTS = 8

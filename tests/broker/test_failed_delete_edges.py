@@ -10,7 +10,10 @@ files in ``tmp_path``; the failure is a store fault on one v4 pending-ack log's 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -378,3 +381,98 @@ async def test_a_delete_stopped_inside_a_pending_ack_log_is_finished_by_a_retry(
         assert await cluster.store.get(metadata_key(TOPIC)) is None
         assert await service.catalog.get(name) is None
         assert name not in service.topics and name not in service.refused
+
+
+# ---------------------------------------------------------------------------------------
+# A file the deletion could not unlink (permission denied, an I/O error) raised an OSError,
+# not a LedgerError: the deletion was not turned into the retriable "stopped part-way"
+# answer, and the client got a 500 UnknownError with an incident id, for a deletion that
+# had marked the topic and deleted part of it already.
+
+
+@pytest.fixture
+def undeletable(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """Paths whose unlink fails with EACCES (as on a read-only or damaged volume) while
+    they are in the set returned; every other unlink is done."""
+    refused: set[str] = set()
+    unlink = Path.unlink
+
+    def refusing(path: Path, missing_ok: bool = False) -> None:
+        if str(path) in refused:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refusing)
+    return refused
+
+
+@pytest.mark.parametrize("whose", ["the topic's ledger", "a pending-ack log"])
+async def test_a_file_that_cannot_be_unlinked_stops_a_delete_retriably_naming_it(
+    cluster: Cluster, undeletable: set[str], whose: str
+) -> None:
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    log_ = pending_ack_log(TOPIC, "s")
+    async with Client(cluster.url) as client:
+        await create_and_send(client, TOPIC, b"m0")
+        consumer = await client.subscribe(
+            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+        )
+        message = await consumer.receive(timeout_s=10)
+        txn = client.transaction()
+        await consumer.acknowledge(message, txn=txn)  # the subscription's v4 log holds it
+        await txn.abort()
+        ledger = TOPIC if whose == "the topic's ledger" else log_
+        found = await cluster.store.get(metadata_key(ledger))
+        assert found is not None
+        first = decode(found.value).ledgers[0].id
+        path = service.storage.where(ledger, first)
+        undeletable.add(path)
+
+        for attempt in ("the first", "the retry"):  # (the retry finishes the marked topic)
+            with pytest.raises(ServerError) as caught:
+                await client.admin.delete_topic(TOPIC, force=True)
+            said = str(caught.value)
+            assert caught.value.category is ErrorCategory.RETRIABLE, (attempt, said)
+            assert path in said and "Permission denied" in said, (attempt, said)
+            assert "incident" not in said, (attempt, said)
+
+        undeletable.clear()  # (the operator fixed the volume)
+        await client.admin.delete_topic(TOPIC, force=True)
+        assert not service.storage.exists(ledger, first)
+        assert await cluster.store.get(metadata_key(ledger)) is None
+        assert await service.catalog.get(name) is None
+
+
+async def test_a_pending_ack_log_that_cannot_be_unlinked_stops_a_subscription_s_delete_retriably(
+    cluster: Cluster, undeletable: set[str]
+) -> None:
+    service = cluster.broker.service
+    log_ = pending_ack_log(TOPIC, "s")
+    async with Client(cluster.url) as client:
+        await create_and_send(client, TOPIC, b"m0")
+        consumer = await client.subscribe(
+            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+        )
+        message = await consumer.receive(timeout_s=10)
+        txn = client.transaction()
+        await consumer.acknowledge(message, txn=txn)
+        await txn.abort()
+        await consumer.close()
+        found = await cluster.store.get(metadata_key(log_))
+        assert found is not None
+        first = decode(found.value).ledgers[0].id
+        path = service.storage.where(log_, first)
+        undeletable.add(path)
+
+        with pytest.raises(ServerError) as caught:
+            await client.admin.delete_subscription(TOPIC, "s")
+        said = str(caught.value)
+        assert caught.value.category is ErrorCategory.RETRIABLE, said
+        assert path in said and "Permission denied" in said and "incident" not in said, said
+
+        undeletable.clear()
+        await client.admin.delete_subscription(TOPIC, "s")
+        assert not service.storage.exists(log_, first)
+        assert await cluster.store.get(metadata_key(log_)) is None
+        assert "s" not in await client.admin.subscriptions(TOPIC)
