@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from segtxn.boundary import read_json
-from segtxn.broker import arguments, deletion, retire, segment_ends
+from segtxn.broker import arguments, deletemark, deletion, retire, segment_ends
 from segtxn.broker.fanout import HTTP, fan_out
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
 from segtxn.broker.service import BrokerService
@@ -316,6 +316,8 @@ async def end_txn_on_partition(request: web.Request) -> web.StreamResponse:
     """PIP-31's END_TXN_ON_PARTITION (from the v4 coordinator): the marker, if the
     transaction wrote here. Idempotent."""
     txn, action = _v4_end(request)
+    if await _being_deleted(request):
+        return web.Response(status=204)
     topic = await request.app[SERVICE].serve(topic_from(request))
     if not isinstance(topic.buffer, MarkerTransactionBuffer):
         raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
@@ -328,6 +330,8 @@ async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
     """PIP-31's END_TXN_ON_SUBSCRIPTION: apply (commit) or release (abort) the pending
     acks of the transaction on this subscription. Idempotent."""
     txn, action = _v4_end(request)
+    if await _being_deleted(request):
+        return web.Response(status=204)
     topic = await request.app[SERVICE].serve(topic_from(request))
     name = request.match_info["subscription"]
     if name not in topic.ledger.cursors:
@@ -337,6 +341,17 @@ async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
         raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
     await pending.end(txn, action)
     return web.Response(status=204)
+
+
+async def _being_deleted(request: web.Request) -> bool:
+    """Whether the request's topic is marked ``deleting`` and not loaded here (a deletion
+    of it stopped part-way: :mod:`.deletemark`): a v4 decision's end on it has nothing
+    left to write or apply, since everything the transaction wrote or acknowledged there
+    goes with it, as with a deleted topic (which the coordinator takes as done). Loading
+    it for the end was refused, ServiceNotReady, which the coordinator retried until its
+    fan-out gave up, and the client's commit or abort waited out its whole timeout."""
+    service, name = request.app[SERVICE], topic_from(request)
+    return name not in service.topics and await deletemark.marked(service.catalog, name) is not None
 
 
 @json_errors
