@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.operator.emulator import emulator, operator
+from tests.operator.emulator import Emulator, emulator, operator
 from tests.operator.support import WAIT_S, Local, cluster, status
 from tests.waiting import wait_until
 
@@ -19,6 +19,21 @@ TOPIC = {"clusterRef": "demo", "tenant": "acme", "namespace": "shop", "topic": "
 def resharding(conditions: list[dict[str, Any]]) -> dict[str, Any]:
     found = [c for c in conditions if c["type"] == "Resharding"]
     return found[0] if found else {}
+
+
+def written_by(emu: Emulator, name: str) -> list[dict[str, Any]]:
+    """The Resharding condition of each status write of ``name`` that carried one. Only
+    those: on a loaded machine another object's status (the cluster's), or another of the
+    topic's conditions, may be written between a reset of the record and the resharding's
+    first write (a merge's first write seen was once not a Resharding one: KeyError
+    'reason')."""
+    assert emu.status_patches is not None, "status writes are not being recorded"
+    found = [
+        resharding(body["status"]["conditions"])
+        for written, body in emu.status_patches
+        if written == name and "conditions" in body.get("status", {})
+    ]
+    return [c for c in found if c]
 
 
 async def test_each_step_of_a_resharding_is_in_status_while_it_runs(local: Local) -> None:
@@ -32,12 +47,8 @@ async def test_each_step_of_a_resharding_is_in_status_while_it_runs(local: Local
         await wait_until(lambda: status(emu, "ScalableTopic", "orders").get("activeSegments")
                          == 4, timeout=WAIT_S, what="split to 4")  # fmt: skip
 
-        written = [
-            resharding(body["status"]["conditions"])
-            for name, body in emu.status_patches
-            if name == "orders" and "conditions" in body.get("status", {})
-        ]
-        steps = [(c["status"], c["reason"], c["message"]) for c in written if c]
+        written = written_by(emu, "orders")
+        steps = [(c["status"], c["reason"], c["message"]) for c in written]
         # One write per step, before it is made (the widest segment each time: 0, then
         # its lower half 1, then 2), then the handler's own at the end.
         assert steps == [
@@ -55,8 +66,7 @@ async def test_each_step_of_a_resharding_is_in_status_while_it_runs(local: Local
         await emu.patch("ScalableTopic", "orders", {"spec": {"targetSegments": 3}})
         await wait_until(lambda: status(emu, "ScalableTopic", "orders").get("activeSegments")
                          == 3, timeout=WAIT_S, what="merged to 3")  # fmt: skip
-        merges = [resharding(b["status"]["conditions"]) for _, b in emu.status_patches
-                  if "conditions" in b.get("status", {})]  # fmt: skip
+        merges = written_by(emu, "orders")
         assert merges[0]["reason"] == "Merging"
         assert merges[0]["message"].startswith("step 1 of 1: merging segments ")
         assert merges[0]["observedGeneration"] == 3
