@@ -11,7 +11,8 @@ it cancels the losers *and waits for them to finish*.
 :func:`settling` hands a task's outcome to a future its waiter awaits: one loop turn
 sooner than awaiting the task through a shield, with the same cancel and error cases.
 
-:func:`run_to_end` runs a step that must not be left half-way by its caller's cancel.
+:func:`run_to_end` runs a step that must not be left half-way by its caller's cancel
+(within a bounded grace).
 """
 
 from __future__ import annotations
@@ -99,26 +100,46 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-async def run_to_end(work: Coroutine[Any, Any, T], *, name: str) -> T:
-    """Run ``work`` as a task of its own and return what it returns; a cancel of the
-    caller meanwhile waits for ``work`` to end, and is raised then (``work``'s own failure,
-    if it had one, is dropped: the caller was cancelled).
+CANCEL_GRACE_S = 1.0
+"""How long a cancel waits for a :func:`run_to_end` step to end: a store that answers at all
+answers a CAS well within it, even on a loaded machine; one that does not cannot hold a
+stop or a close past its own time limit by more than this."""
+
+
+async def run_to_end(
+    work: Coroutine[Any, Any, T], *, name: str, grace_s: float = CANCEL_GRACE_S
+) -> T:
+    """Run ``work`` as a task of its own and return what it returns. A cancel of the caller
+    meanwhile lets ``work`` end first, for up to ``grace_s``, and is raised then (``work``'s
+    own failure, if it had one, is dropped: the caller was cancelled); a ``work`` still
+    running then is cancelled, as it would have been without this. A repeated cancel within
+    the grace changes nothing.
 
     Why: some steps change an outside record and then what the process holds in memory
     about it, and their outcome must be known to what runs them: a ledger's metadata
     compare-and-set, which the store may have applied by the time a cancel arrives. Left at
     the cancel, the ledger took its rollover for failed while the store held it, and its
-    next change was refused as another owner's (``LedgerFenced``). ``work`` must bound its
-    own time (a store call has its deadline): a cancel is late by that much at most. A
-    repeated cancel changes nothing.
+    next change was refused as another owner's (``LedgerFenced``): a log's close cancelling
+    its compaction lost its clean close. Why the grace is bounded: a stop's steps and the
+    CLI's ``--shutdown-timeout`` cancel what runs past their time, and a store that never
+    answers must not hold them for ever. Past the grace the step is left in doubt, as for
+    a store whose answer was lost: the ledger's next change finds out what landed.
     """
     task = asyncio.create_task(work, name=name)
     cancelled: asyncio.CancelledError | None = None
+    deadline: float | None = None
+    loop = asyncio.get_running_loop()
     while not task.done():
+        timeout = None if deadline is None else max(0.0, deadline - loop.time())
+        if timeout == 0.0:
+            task.cancel()  # past the grace: in doubt, as a lost answer
+            await asyncio.wait([task])  # (it ends at its next await)
+            break
         try:
-            await asyncio.wait([task])  # (a cancel of the wait does not cancel the task)
+            await asyncio.wait([task], timeout=timeout)  # (a cancel of the wait: not the task)
         except asyncio.CancelledError as e:
             cancelled = cancelled or e
+            deadline = deadline or loop.time() + grace_s
     if cancelled is not None:
         if not task.cancelled():
             task.exception()  # retrieved: the caller raises its cancel instead

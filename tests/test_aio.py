@@ -194,3 +194,25 @@ async def test_run_to_end_returns_or_raises_what_the_work_did() -> None:
     assert await run_to_end(answer(), name="answer") == 7
     with pytest.raises(ValueError, match="no"):
         await run_to_end(fail(), name="fail")
+
+
+async def test_run_to_end_abandons_a_work_that_outlasts_the_grace_and_raises_the_cancel() -> None:
+    """A store that never answers must not hold a stop's step, nor the CLI's shutdown, for
+    ever: past the grace the work is cancelled (left in doubt, as a lost answer)."""
+    never = asyncio.Event()
+    ended: list[str] = []
+
+    async def work() -> None:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    caller = asyncio.create_task(run_to_end(work(), name="work", grace_s=0.05))
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the work is started
+    caller.cancel()
+    async with asyncio.timeout(5):
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    assert ended == ["cancelled"]

@@ -255,8 +255,9 @@ class LedgerAppends(LedgerReads):
         caller). Stopped while its answer was awaited, the CAS was left to land unseen: a
         compaction cancelled by its log's close had rolled the ledger over in the store
         only, and the close's own write was then fenced ("a rollover of its own landed
-        though it seemed to fail"). So a cancel may wait for the store's answer (bounded
-        by the store's own deadlines: :func:`~segtxn.aio.run_to_end`).
+        though it seemed to fail"). So a cancel waits for the store's answer, for at most
+        :data:`~segtxn.aio.CANCEL_GRACE_S` (:func:`~segtxn.aio.run_to_end`): past it the
+        CAS is abandoned, in doubt, as one whose answer was lost.
 
         Raises:
             LedgerFenced: another owner changed the record.

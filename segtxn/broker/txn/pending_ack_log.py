@@ -313,16 +313,20 @@ class MLPendingAckStore(ReservingPendingAckStore):
         Raises:
             LedgerError, MetadataStoreError: the clean close could not be written.
 
-        The compaction is cancelled, not waited for: stopped at any step, the log replays
-        to the same acks (the module docstring). Its ledger lets a metadata change in
-        flight (the rollover's CAS) end first and takes up what it did, so the close's own
-        write goes on from the record as it is; a cancel that abandoned the CAS had the
-        close fenced by its own rollover, and the clean close lost. The wait is the store's
-        answer to that one CAS, bounded by the store's own deadlines.
+        The compaction is cancelled: stopped at any step, the log replays to the same acks
+        (the module docstring). Its ledger lets a metadata change in flight (the rollover's
+        CAS) end first and takes up what it did, so the close's own write goes on from the
+        record as it is; a cancel that abandoned the CAS had the close fenced by its own
+        rollover, and the clean close lost. The wait is the store's answer to that one CAS,
+        :data:`~segtxn.aio.CANCEL_GRACE_S` at most. The log is closed even if this close is
+        itself cancelled meanwhile (a stop's time running out): left open, its writer task
+        ran on and its file stayed locked ("held by another writer" on the next load).
         """
         self._checks.forget(self)
-        if self._compaction is not None:
-            self._compaction.cancel()
-            await asyncio.gather(self._compaction, return_exceptions=True)
-        if self._log is not None:
-            await self._log.close()
+        try:
+            if self._compaction is not None:
+                self._compaction.cancel()
+                await asyncio.gather(self._compaction, return_exceptions=True)
+        finally:
+            if self._log is not None:
+                await self._log.close()
