@@ -21,7 +21,13 @@ import logging
 from collections.abc import Awaitable
 
 from segtxn.ledger import LedgerError
-from segtxn.metastore import MetadataStoreError
+from segtxn.metastore import (
+    MetadataStoreError,
+    StoreAccessDenied,
+    StoreClosed,
+    StoreFull,
+    StoreUnavailable,
+)
 from segtxn.protocol.errors import ServerError
 
 __all__ = ["EXPECTED", "LAST_STEP_S", "STOP_LIMIT_S", "Stopping", "expected"]
@@ -31,6 +37,10 @@ log = logging.getLogger(__name__)
 EXPECTED = (MetadataStoreError, ServerError, LedgerError)
 """The errors a server meets in normal operation: the store, a peer or a ledger away (logged
 without a traceback; anything else is a bug)."""
+
+
+NOT_SERVING = (StoreUnavailable, StoreFull, StoreAccessDenied, StoreClosed)
+"""The store errors that start a ``once_failing`` stop's time limit."""
 
 
 def expected(e: BaseException) -> bool:
@@ -53,7 +63,7 @@ class Stopping:
     :data:`STOP_LIMIT_S`).
 
     The limit runs from now, or, with ``once_failing``, from the first step that fails
-    for the store (a :class:`~segtxn.metastore.MetadataStoreError`, or one behind the error):
+    for the store (it did not serve the step: :data:`NOT_SERVING`, or one behind the error):
     a stop whose steps all succeed then takes as long as they need (a broker's topics
     closing under load, whose ledgers and cursors a cut would leave without their clean
     state: the CLI's ``--shutdown-timeout`` still bounds the whole), while one whose store
@@ -100,12 +110,14 @@ class Stopping:
 
 
 def _for_the_store(e: BaseException) -> bool:
-    """Whether ``e`` is, or was raised because of, a store error (a ledger's close that
-    could not write its record raises a ledger error from one)."""
+    """Whether ``e`` is, or was raised because of, the store not serving (away, full,
+    refusing, closed): a ledger's close that could not write its record raises a ledger
+    error from one. Not an answer it gave (``BadVersion``, ``NotFound``: a topic another
+    broker took over is fenced), which says nothing of the other steps' chances."""
     seen: set[int] = set()
     cause: BaseException | None = e
     while cause is not None and id(cause) not in seen:
-        if isinstance(cause, MetadataStoreError):
+        if isinstance(cause, NOT_SERVING):
             return True
         seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__

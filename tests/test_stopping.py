@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from segtxn.ledger import LedgerError
-from segtxn.metastore import StoreUnavailable
+from segtxn.ledger import LedgerError, LedgerFenced
+from segtxn.metastore import BadVersion, StoreUnavailable
 from segtxn.stopping import Stopping
 
 LIMIT_S = 0.2
@@ -85,3 +85,21 @@ async def test_a_stop_bounded_from_the_start_cuts_a_slow_step() -> None:
     stopping = Stopping("coordinator", LIMIT_S)
     await stopping.step("resigning its ids", _slow(done, "cut"))
     assert done == []
+
+
+async def test_a_topic_fenced_by_another_owner_does_not_cut_the_steps_after_it() -> None:
+    """A fenced ledger's close raises a ledger error from the store's BadVersion: the store
+    answered (another broker took the topic over), so the other topics still get their time
+    to close cleanly."""
+    done: list[str] = []
+    stopping = Stopping("broker", LIMIT_S, once_failing=True)
+
+    async def close_fenced() -> None:
+        try:
+            raise BadVersion("/ledgers/t", 7, 9)
+        except BadVersion as e:
+            raise LedgerFenced("persistent://t/n/x: changed by another owner") from e
+
+    await stopping.step("closing a topic taken over", close_fenced())
+    await stopping.step("closing another topic", _slow(done, "finished"))
+    assert done == ["finished"]
