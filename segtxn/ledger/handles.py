@@ -22,6 +22,7 @@ import asyncio
 import logging
 
 from segtxn.ledger.errors import (
+    DeleteFailed,
     LedgerClosed,
     LedgerCorrupted,
     LedgerMismatch,
@@ -188,7 +189,10 @@ class LogHandles:
         """Close a doomed ledger's log and delete its file, unless the file is another's
         (its nonce is not the one recorded: a foreign volume, a wrong restore): that one
         is left as it is, and said at ERROR once per file (the trim that dropped it checked it,
-        so only a file replaced since gets here)."""
+        so only a file replaced since gets here). A file that cannot be removed (permission
+        denied, an I/O error) is left and said the same way: the trim has landed, and raising
+        here stopped it before the ledgers after this one were deleted and reported, and
+        failed a read that had ended well (its deletion runs when the read ends)."""
         info = self._doomed.pop(ledger_id)
         self._unreadable.pop(ledger_id, None)
         entry_log = self._logs.pop(ledger_id, None)
@@ -200,6 +204,11 @@ class LogHandles:
             report_once(
                 log, e, "%s: trimmed ledger %d: its file is left: %s", self._name, ledger_id, e
             )
+        except DeleteFailed as e:  # the trim landed: its other ledgers go on being deleted
+            report_once(
+                log, e, "%s: trimmed ledger %d: its file is left on disk (remove it once "
+                "the cause is fixed): %s", self._name, ledger_id, e,
+            )  # fmt: skip
 
     async def close(self) -> None:
         """Refuse new reads, wait for the ones in flight (each reads what it asked for, a
