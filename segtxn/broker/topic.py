@@ -300,24 +300,42 @@ class Topic:
         a deletion that fails part-way leaves the cursor, and its retry (which finds the
         subscription unloaded by then) deletes what the failed one left.
 
+        All of it under the subscriptions' lock, which a consumer attaching takes
+        (:meth:`subscription`): the deletion awaits (its log's check reads the store), and a
+        consumer attaching meanwhile loaded the subscription (unloaded by a reset) and
+        opened its log, which the deletion then deleted, with the cursor, under it. A
+        consumer that attaches first makes the deletion refused (ConsumerBusy), one that
+        attaches later finds the subscription gone and makes it anew.
+
         Raises:
             ServerError: SubscriptionNotFound / ConsumerBusy.
             LedgerMismatch: a file of its log is not its own; nothing was changed.
             LedgerError, MetadataStoreError: a step failed; a retry goes on.
+        """
+        async with self._sub_lock:
+            subscription = self._check_idle_subscription(name)
+            for log_ in self._pending_ack_logs(name):
+                await check_deletable(log_, self._store, self._storage)  # before it is closed
+            if subscription is not None:
+                await subscription.close()
+                del self.subscriptions[name]
+            for log_ in self._pending_ack_logs(name):
+                await delete_log(log_, self._store, self._storage)
+            await self.ledger.delete_cursor(name)
+
+    def _check_idle_subscription(self, name: str) -> Subscription | None:
+        """The subscription ``name`` if it is loaded (None if not), once checked to exist
+        and to have no consumer.
+
+        Raises:
+            ServerError: SubscriptionNotFound / ConsumerBusy.
         """
         if name not in self.ledger.cursors:
             raise ServerError(ErrorName.SUBSCRIPTION_NOT_FOUND, f"{self.name} has no {name!r}")
         subscription = self.subscriptions.get(name)
         if subscription is not None and subscription.consumers:
             raise ServerError(ErrorName.CONSUMER_BUSY, f"subscription {name!r} has consumers")
-        for log_ in self._pending_ack_logs(name):
-            await check_deletable(log_, self._store, self._storage)  # before it is closed
-        if subscription is not None:
-            await subscription.close()
-            del self.subscriptions[name]
-        for log_ in self._pending_ack_logs(name):
-            await delete_log(log_, self._store, self._storage)
-        await self.ledger.delete_cursor(name)
+        return subscription
 
     def _pending_ack_logs(self, *subscriptions: str) -> list[str]:
         """The v4 pending-ack logs of ``subscriptions`` (none given: of every one, loaded or
@@ -336,11 +354,7 @@ class Topic:
 
         Raises ServerError(SubscriptionNotFound / ConsumerBusy).
         """
-        if name not in self.ledger.cursors:
-            raise ServerError(ErrorName.SUBSCRIPTION_NOT_FOUND, f"{self.name} has no {name!r}")
-        subscription = self.subscriptions.get(name)
-        if subscription is not None and subscription.consumers:
-            raise ServerError(ErrorName.CONSUMER_BUSY, "disconnect the consumers to reset")
+        subscription = self._check_idle_subscription(name)
         cursor = self.ledger.cursors[name]
         if target == "earliest":
             await cursor.reset_to_earliest()

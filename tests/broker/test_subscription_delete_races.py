@@ -1,0 +1,101 @@
+"""A subscription's deletion and a consumer attaching to it at the same time
+(segtxn/broker/topic.py, ``Topic.delete_subscription`` and ``Topic.subscription``).
+
+The deletion checked "no consumer" and then awaited (the check of its v4 pending-ack log's
+files: a store read, a thread) without taking the lock a consumer attaching takes. After a
+reset the subscription is unloaded; a consumer attaching meanwhile loaded it again and
+opened its log, and the deletion went on with what it had seen before: it deleted the open
+log's files and record and the cursor under the live consumer, and the subscription's later
+close failed. Either the deletion is refused (a consumer attached: ConsumerBusy, nothing
+deleted) or it goes first, whole, and the consumer attaches afterwards; never a log or
+cursor deleted under a loaded subscription.
+
+Real components: the cluster's broker and coordinator on its store (memory and a real etcd),
+files in ``tmp_path``; the interleaving is a held store read of the log's metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from segtxn.broker.dispatch import Subscription
+from segtxn.broker.txn.pending_ack_log import pending_ack_log
+from segtxn.client import Client, ServerError
+from segtxn.ledger.metadata import metadata_key
+from segtxn.protocol.names import TopicName
+from tests.cluster import Cluster, create_and_send
+
+TOPIC = "persistent://acme/subrace/t"
+LOG = pending_ack_log(TOPIC, "s")
+
+
+async def test_a_consumer_attaching_while_its_subscription_is_deleted_keeps_its_log(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with Client(cluster.url) as client:
+        producer = await create_and_send(client, TOPIC, b"m0", b"m1")
+        await producer.close()
+        consumer = await client.subscribe(
+            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+        )
+        txn = client.transaction()  # its v4 pending-ack log is made
+        await consumer.acknowledge(await consumer.receive(timeout_s=10), txn=txn)
+        await txn.commit()
+        await consumer.close()
+        assert await cluster.store.get(metadata_key(LOG)) is not None
+        await client.admin.reset_subscription(TOPIC, "s", "earliest")  # unloaded until used
+        topic = cluster.broker.service.topics[TopicName.parse(TOPIC)]
+        assert "s" not in topic.subscriptions
+
+        # a consumer attaching to the topic says so, and whether it must wait for the
+        # subscriptions' lock (then goes on as it would)
+        attaching = asyncio.Event()
+        kept_out: list[bool] = []
+        original = topic.subscription
+
+        async def subscription(name: str, *, initial: str = "latest") -> Subscription:
+            kept_out.append(topic._sub_lock.locked())
+            attaching.set()
+            return await original(name, initial=initial)
+
+        monkeypatch.setattr(topic, "subscription", subscription)
+
+        held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # the deletion's check
+        deleting = asyncio.create_task(client.admin.delete_subscription(TOPIC, "s"))
+        await held.wait_for(1)
+        subscribing = asyncio.create_task(
+            client.subscribe(TOPIC, "s", initial_position="earliest", subscription_type="Shared")
+        )
+        await asyncio.wait_for(attaching.wait(), 10)
+        if not kept_out[0]:  # it attaches before the deletion goes on
+            await asyncio.wait_for(asyncio.shield(subscribing), 10)
+        held.release()
+
+        refused: ServerError | None = None
+        try:
+            await deleting
+        except ServerError as e:
+            refused = e
+        consumer = await subscribing
+        loaded = topic.subscriptions.get("s")
+        assert loaded is not None and loaded.consumers
+        # the consumer's subscription has its cursor and its log, whichever went first
+        assert "s" in topic.ledger.cursors, "its cursor was deleted under the consumer"
+        if refused is not None:
+            assert "has consumers" in str(refused), refused
+            assert await cluster.store.get(metadata_key(LOG)) is not None, (
+                "its log was deleted under the consumer"
+            )
+        message = await consumer.receive(timeout_s=10)
+        if refused is None:  # deleted whole first: made anew from m0, no old ack replayed
+            assert message.value == b"m0", message.value
+        txn = client.transaction()  # its log takes a transactional ack
+        await consumer.acknowledge(message, txn=txn)
+        await txn.commit()
+        assert await cluster.store.get(metadata_key(LOG)) is not None
+        await consumer.close()
+        await loaded.close()  # its log's clean close
+        del topic.subscriptions["s"]
+        assert "s" in await client.admin.subscriptions(TOPIC)
