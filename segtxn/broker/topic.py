@@ -300,12 +300,10 @@ class Topic:
         a deletion that fails part-way leaves the cursor, and its retry (which finds the
         subscription unloaded by then) deletes what the failed one left.
 
-        All of it under the subscriptions' lock, which a consumer attaching takes
-        (:meth:`subscription`): the deletion awaits (its log's check reads the store), and a
-        consumer attaching meanwhile loaded the subscription (unloaded by a reset) and
-        opened its log, which the deletion then deleted, with the cursor, under it. A
-        consumer that attaches first makes the deletion refused (ConsumerBusy), one that
-        attaches later finds the subscription gone and makes it anew.
+        All of it under the lock a consumer attaching takes (:meth:`subscription`): one that
+        loaded the subscription (unloaded by a reset) as the deletion awaited had its log
+        and cursor deleted under it. A consumer attached first has the deletion refused
+        (ConsumerBusy); one attaching later makes the subscription anew.
 
         Raises:
             ServerError: SubscriptionNotFound / ConsumerBusy.
@@ -449,6 +447,10 @@ class Topic:
         or not: :meth:`_pending_ack_logs`), de-duplication state and its transaction
         buffer's records (a segment's) or snapshots (a v4 topic's).
 
+        The subscriptions go under their lock, after a consumer's load of one in flight
+        (which lets go of it, the topic leaving): it opened the log as it was deleted, and
+        wrote it afresh, left to be replayed by the name's subscription on a new topic.
+
         A failure part-way (a store error deleting a pending-ack log, ...) raises on, and
         the topic is let go all the same: its subscriptions, transaction buffer and ledger
         are closed (:meth:`_close_after_failure`). Left open, its ledger's writer would
@@ -459,14 +461,15 @@ class Topic:
         Raises:
             MetadataStoreError, LedgerError: a step failed (the topic is closed).
         """
-        self.leaving = True
+        self.leaving = True  # (no subscription is loaded from now on: check_serving)
         try:
-            logs = self._pending_ack_logs()  # (loaded subscriptions' or not)
-            for subscription in list(self.subscriptions.values()):
-                await subscription.close()
-            for log_ in logs:
-                await delete_log(log_, self._store, self._storage)
-            self.subscriptions.clear()
+            async with self._sub_lock:  # after a load in flight, which then lets go of it
+                logs = self._pending_ack_logs()  # (loaded subscriptions' or not)
+                for subscription in list(self.subscriptions.values()):
+                    await subscription.close()
+                for log_ in logs:
+                    await delete_log(log_, self._store, self._storage)
+                self.subscriptions.clear()
             await self.buffer.close()
             await self.publishing.settle()
         except BaseException:

@@ -10,6 +10,10 @@ close failed. Either the deletion is refused (a consumer attached: ConsumerBusy,
 deleted) or it goes first, whole, and the consumer attaches afterwards; never a log or
 cursor deleted under a loaded subscription.
 
+A topic's deletion (``Topic.delete``) did not wait for a subscription's load in flight
+either: the log the load opened was deleted and written afresh by it, left behind the
+deleted topic.
+
 Real components: the cluster's broker and coordinator on its store (memory and a real etcd),
 files in ``tmp_path``; the interleaving is a held store read of the log's metadata.
 """
@@ -17,6 +21,7 @@ files in ``tmp_path``; the interleaving is a held store read of the log's metada
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import pytest
 
@@ -99,3 +104,65 @@ async def test_a_consumer_attaching_while_its_subscription_is_deleted_keeps_its_
         await loaded.close()  # its log's clean close
         del topic.subscriptions["s"]
         assert "s" in await client.admin.subscriptions(TOPIC)
+
+
+class ContendedLock(asyncio.Lock):
+    """A lock that says when a task has to wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contended = asyncio.Event()
+
+    async def acquire(self) -> Literal[True]:
+        if self.locked():
+            self.contended.set()
+        return await super().acquire()
+
+
+async def test_a_topic_deleted_while_a_subscription_loads_deletes_its_log_after_the_load(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A topic's deletion (``Topic.delete``) while a consumer loads a subscription that a
+    reset unloaded: the deletion deleted the subscription's log as the load opened it, and
+    the consumer was told its data was damaged (PersistenceError: "its file is missing"),
+    or got an internal error (the log's clean close fenced), instead of being told to
+    retry. The deletion now waits for the load, which lets go of the subscription (the
+    topic is leaving), then deletes everything."""
+    async with Client(cluster.url) as client:
+        producer = await create_and_send(client, TOPIC, b"m0")
+        await producer.close()
+        consumer = await client.subscribe(
+            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
+        )
+        txn = client.transaction()  # its v4 pending-ack log is made
+        await consumer.acknowledge(await consumer.receive(timeout_s=10), txn=txn)
+        await txn.commit()
+        await consumer.close()
+        await client.admin.reset_subscription(TOPIC, "s", "earliest")  # unloaded until used
+        topic = cluster.broker.service.topics[TopicName.parse(TOPIC)]
+        lock = ContendedLock()
+        monkeypatch.setattr(topic, "_sub_lock", lock)
+
+        held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # the load's open
+        subscribing = asyncio.create_task(
+            client.subscribe(TOPIC, "s", initial_position="earliest", subscription_type="Shared")
+        )
+        await held.wait_for(1)
+        deleting = asyncio.create_task(client.admin.delete_topic(TOPIC, force=True))
+        contended = asyncio.create_task(lock.contended.wait())
+        await asyncio.wait({deleting, contended}, timeout=10, return_when="FIRST_COMPLETED")
+        assert deleting.done() or contended.done(), "the deletion neither ended nor waited"
+        held.release()
+
+        await deleting
+        contended.cancel()
+        try:
+            consumer = await subscribing
+        except ServerError as e:  # told to retry, it found the topic gone
+            assert "does not exist" in str(e), e
+        else:
+            await consumer.close()
+        assert await cluster.store.get(metadata_key(LOG)) is None, "its log was left"
+        assert TopicName.parse(TOPIC) not in cluster.broker.service.topics
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert not errors, errors
