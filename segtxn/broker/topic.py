@@ -350,21 +350,26 @@ class Topic:
     async def reset_subscription(self, name: str, target: str | Position) -> None:
         """Move a subscription to ``earliest``, ``latest`` or a message id.
 
+        Under the lock a consumer attaching takes (:meth:`subscription`): one attaching as
+        the reset awaited the cursor's save was attached to the subscription the reset then
+        closed, and received nothing more.
+
         Raises ServerError(SubscriptionNotFound / ConsumerBusy).
         """
-        subscription = self._check_idle_subscription(name)
-        cursor = self.ledger.cursors[name]
-        if target == "earliest":
-            await cursor.reset_to_earliest()
-        elif target == "latest":
-            await cursor.reset_to_latest()
-        elif isinstance(target, Position):
-            await cursor.seek(target)
-        else:
-            raise ServerError(ErrorName.INVALID_ARGUMENT, f"cannot reset to {target!r}")
-        if subscription is not None:  # rebuild its dispatcher from the moved cursor
-            await subscription.close()
-            del self.subscriptions[name]
+        async with self._sub_lock:
+            subscription = self._check_idle_subscription(name)
+            cursor = self.ledger.cursors[name]
+            if target == "earliest":
+                await cursor.reset_to_earliest()
+            elif target == "latest":
+                await cursor.reset_to_latest()
+            elif isinstance(target, Position):
+                await cursor.seek(target)
+            else:
+                raise ServerError(ErrorName.INVALID_ARGUMENT, f"cannot reset to {target!r}")
+            if subscription is not None:  # rebuild its dispatcher from the moved cursor
+                await subscription.close()
+                del self.subscriptions[name]
 
     # ------------------------------------------------------------------ retention
 

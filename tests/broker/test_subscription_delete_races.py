@@ -28,6 +28,7 @@ import pytest
 from segtxn.broker.dispatch import Subscription
 from segtxn.broker.txn.pending_ack_log import pending_ack_log
 from segtxn.client import Client, ServerError
+from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster, create_and_send
@@ -166,3 +167,35 @@ async def test_a_topic_deleted_while_a_subscription_loads_deletes_its_log_after_
         assert TopicName.parse(TOPIC) not in cluster.broker.service.topics
         errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
         assert not errors, errors
+
+
+async def test_a_consumer_attaching_while_its_subscription_is_reset_receives(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reset checked "no consumer", awaited the cursor's save, then closed the loaded
+    subscription to rebuild it: a consumer that attached meanwhile was left on the closed
+    one and received nothing more. The reset now holds the lock a consumer attaching takes."""
+    async with Client(cluster.url) as client:
+        producer = await create_and_send(client, TOPIC, b"m0", b"m1")
+        await producer.close()
+        consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
+        await consumer.acknowledge(await consumer.receive(timeout_s=10))
+        await consumer.close()
+        topic = cluster.broker.service.topics[TopicName.parse(TOPIC)]
+        assert "s" in topic.subscriptions  # loaded, no consumer
+        lock = ContendedLock()
+        monkeypatch.setattr(topic, "_sub_lock", lock)
+
+        held = cluster.faults.hold("txn", key_prefix=cursors_prefix(TOPIC))  # the reset's save
+        resetting = asyncio.create_task(client.admin.reset_subscription(TOPIC, "s", "earliest"))
+        await held.wait_for(1)
+        subscribing = asyncio.create_task(client.subscribe(TOPIC, "s"))
+        contended = asyncio.create_task(lock.contended.wait())
+        await asyncio.wait({subscribing, contended}, timeout=10, return_when="FIRST_COMPLETED")
+        assert subscribing.done() or contended.done(), "the consumer neither attached nor waited"
+        held.release()
+        await resetting
+        contended.cancel()
+        consumer = await subscribing
+        assert (await consumer.receive(timeout_s=10)).value == b"m0"  # from the earliest
+        await consumer.close()
