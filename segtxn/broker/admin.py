@@ -334,9 +334,10 @@ async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
         return web.Response(status=204)
     topic = await request.app[SERVICE].serve(topic_from(request))
     name = request.match_info["subscription"]
-    if name not in topic.ledger.cursors:
+    subscription = await topic.existing_subscription(name)
+    if subscription is None:
         return web.Response(status=204)  # deleted since: nothing pending any more
-    pending = (await topic.subscription(name)).pending_acks
+    pending = subscription.pending_acks
     if not isinstance(pending, MLPendingAckStore):
         raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
     await pending.end(txn, action)

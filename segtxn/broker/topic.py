@@ -209,20 +209,38 @@ class Topic:
                 before or while the subscription was made (then it is closed again).
         """
         async with self._sub_lock:
+            return await self._loaded_subscription(name, initial)
+
+    async def existing_subscription(self, name: str) -> Subscription | None:
+        """The subscription ``name``, loaded if need be, or None if it does not exist (is
+        not made). A v4 decision's end for a subscription deleted since has nothing to
+        apply: asked while the deletion ran, it waited for the lock and then made the
+        subscription anew, empty, at the latest message.
+
+        Raises:
+            ServerError: as :meth:`subscription`.
+        """
+        async with self._sub_lock:
+            if name not in self.ledger.cursors:
+                return None
+            return await self._loaded_subscription(name, "latest")
+
+    async def _loaded_subscription(self, name: str, initial: str) -> Subscription:
+        """(Under the subscriptions' lock.) :meth:`subscription`'s body."""
+        self.check_serving()
+        existing = self.subscriptions.get(name)
+        if existing is not None:
+            return existing
+        try:
+            subscription = await self._make_subscription(name, initial)
+        except LedgerClosed:
+            self.check_serving()  # the ledger is closed because the topic is let go
+            raise
+        if self.leaving:  # let go while it was made: the close did not see it
+            await subscription.close()
             self.check_serving()
-            existing = self.subscriptions.get(name)
-            if existing is not None:
-                return existing
-            try:
-                subscription = await self._make_subscription(name, initial)
-            except LedgerClosed:
-                self.check_serving()  # the ledger is closed because the topic is let go
-                raise
-            if self.leaving:  # let go while it was made: the close did not see it
-                await subscription.close()
-                self.check_serving()
-            self.subscriptions[name] = subscription
-            return subscription
+        self.subscriptions[name] = subscription
+        return subscription
 
     async def _make_subscription(self, name: str, initial: str) -> Subscription:
         """A new subscription ``name`` (its cursor made if need be), its pending acks

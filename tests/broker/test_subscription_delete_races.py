@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
+import aiohttp
 import pytest
 
 from segtxn.broker.dispatch import Subscription
@@ -199,3 +200,34 @@ async def test_a_consumer_attaching_while_its_subscription_is_reset_receives(
         consumer = await subscribing
         assert (await consumer.receive(timeout_s=10)).value == b"m0"  # from the earliest
         await consumer.close()
+
+
+async def test_a_v4_end_asked_while_its_subscription_is_deleted_does_not_make_it_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """END_TXN_ON_SUBSCRIPTION (from the v4 coordinator) found the subscription's cursor,
+    then waited for the subscriptions' lock a deletion held; once the deletion ended it made
+    the subscription anew, empty, at the latest message: a deleted subscription came back.
+    It now finds the subscription gone under the lock and has nothing to apply."""
+    async with Client(cluster.url) as client:
+        producer = await create_and_send(client, TOPIC, b"m0")
+        await producer.close()
+        consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
+        await consumer.close()
+        topic = cluster.broker.service.topics[TopicName.parse(TOPIC)]
+        lock = ContendedLock()
+        monkeypatch.setattr(topic, "_sub_lock", lock)
+
+        held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # the deletion's check
+        deleting = asyncio.create_task(client.admin.delete_subscription(TOPIC, "s"))
+        await held.wait_for(1)
+        url = f"{cluster.url}/admin/v2/persistent/acme/subrace/t/subscription/s/txn/0:5/end"
+        async with aiohttp.ClientSession() as session:
+            ending = asyncio.create_task(session.post(url, params={"action": "ABORT"}))
+            await asyncio.wait_for(lock.contended.wait(), 10)  # it waits for the deletion
+            held.release()
+            await deleting
+            async with await ending as answer:
+                assert answer.status == 204, await answer.text()
+        assert "s" not in await client.admin.subscriptions(TOPIC), "the subscription came back"
+        assert "s" not in topic.ledger.cursors and "s" not in topic.subscriptions
