@@ -19,7 +19,7 @@ import pytest
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
-from segtxn.client import Client, Producer, ScalableProducer
+from segtxn.client import Client, Consumer, Producer, ScalableProducer
 from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
@@ -156,3 +156,17 @@ async def create_and_send(
     for value in values:
         await producer.send(value)
     return producer
+
+
+async def acked_in_txn(client: Client, topic: str, subscription: str, *, commit: bool) -> Consumer:
+    """Subscribe ``subscription`` (Shared) to ``topic`` from the earliest message and
+    acknowledge its first message in a transaction, then committed (or aborted): its v4
+    pending-ack log is made (lazily, on a subscription's first transactional ack). Returns
+    the consumer, open."""
+    consumer = await client.subscribe(
+        topic, subscription, initial_position="earliest", subscription_type="Shared"
+    )
+    txn = client.transaction()
+    await consumer.acknowledge(await consumer.receive(timeout_s=10), txn=txn)
+    await (txn.commit() if commit else txn.abort())
+    return consumer

@@ -25,7 +25,7 @@ from segtxn.client import Client, ErrorCategory, ServerError
 from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import decode, metadata_key
 from segtxn.protocol.names import TopicName
-from tests.cluster import Cluster, create_and_send
+from tests.cluster import Cluster, acked_in_txn, create_and_send
 
 TOPIC = "persistent://acme/delete/failing"
 
@@ -38,13 +38,7 @@ async def test_a_delete_failing_part_way_lets_the_topic_go_cleanly_and_a_retry_f
     log_ = pending_ack_log(TOPIC, "s")
     async with Client(cluster.url) as client:
         await create_and_send(client, TOPIC, b"m0")
-        consumer = await client.subscribe(
-            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
-        )
-        message = await consumer.receive(timeout_s=10)
-        txn = client.transaction()
-        await consumer.acknowledge(message, txn=txn)  # the subscription's v4 log holds it
-        await txn.abort()
+        await acked_in_txn(client, TOPIC, "s", commit=False)  # its v4 log holds it
         assert await cluster.store.get(metadata_key(log_)) is not None
         old = service.topics[name]
 
@@ -415,13 +409,7 @@ async def test_a_file_that_cannot_be_unlinked_stops_a_delete_retriably_naming_it
     log_ = pending_ack_log(TOPIC, "s")
     async with Client(cluster.url) as client:
         await create_and_send(client, TOPIC, b"m0")
-        consumer = await client.subscribe(
-            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
-        )
-        message = await consumer.receive(timeout_s=10)
-        txn = client.transaction()
-        await consumer.acknowledge(message, txn=txn)  # the subscription's v4 log holds it
-        await txn.abort()
+        await acked_in_txn(client, TOPIC, "s", commit=False)  # its v4 log holds it
         ledger = TOPIC if whose == "the topic's ledger" else log_
         found = await cluster.store.get(metadata_key(ledger))
         assert found is not None

@@ -32,7 +32,7 @@ from segtxn.client import Client, ServerError
 from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
-from tests.cluster import Cluster, create_and_send
+from tests.cluster import Cluster, acked_in_txn, create_and_send
 
 TOPIC = "persistent://acme/subrace/t"
 LOG = pending_ack_log(TOPIC, "s")
@@ -44,12 +44,7 @@ async def test_a_consumer_attaching_while_its_subscription_is_deleted_keeps_its_
     async with Client(cluster.url) as client:
         producer = await create_and_send(client, TOPIC, b"m0", b"m1")
         await producer.close()
-        consumer = await client.subscribe(
-            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
-        )
-        txn = client.transaction()  # its v4 pending-ack log is made
-        await consumer.acknowledge(await consumer.receive(timeout_s=10), txn=txn)
-        await txn.commit()
+        consumer = await acked_in_txn(client, TOPIC, "s", commit=True)  # its v4 log is made
         await consumer.close()
         assert await cluster.store.get(metadata_key(LOG)) is not None
         await client.admin.reset_subscription(TOPIC, "s", "earliest")  # unloaded until used
@@ -133,12 +128,7 @@ async def test_a_topic_deleted_while_a_subscription_loads_deletes_its_log_after_
     async with Client(cluster.url) as client:
         producer = await create_and_send(client, TOPIC, b"m0")
         await producer.close()
-        consumer = await client.subscribe(
-            TOPIC, "s", initial_position="earliest", subscription_type="Shared"
-        )
-        txn = client.transaction()  # its v4 pending-ack log is made
-        await consumer.acknowledge(await consumer.receive(timeout_s=10), txn=txn)
-        await txn.commit()
+        consumer = await acked_in_txn(client, TOPIC, "s", commit=True)  # its v4 log is made
         await consumer.close()
         await client.admin.reset_subscription(TOPIC, "s", "earliest")  # unloaded until used
         topic = cluster.broker.service.topics[TopicName.parse(TOPIC)]
