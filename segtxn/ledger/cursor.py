@@ -23,7 +23,8 @@ It works the same on a sealed ledger (PIP-471: a sealed segment still moves its 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from urllib.parse import quote, unquote
 
 import msgspec
@@ -354,3 +355,32 @@ def restore_cursors(
         )
         for record in records
     }
+
+
+class CursorTurns:
+    """One :meth:`ManagedLedger.open_cursor` or :meth:`ManagedLedger.delete_cursor` of a
+    cursor name at a time, in call order (other names are not held up). Each takes several
+    store calls; interleaved, an open could take up the record a delete then removed, and
+    list a cursor that a restart would not restore. A name's lock is dropped once no
+    operation holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def users(self, name: str) -> int:
+        """How many operations on ``name`` hold its turn or wait for it."""
+        return self._locks.get(name, (None, 0))[1]
+
+    @contextlib.asynccontextmanager
+    async def turn(self, name: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(name) or (asyncio.Lock(), 0)
+        self._locks[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[name]
+            if users == 1:
+                del self._locks[name]
+            else:
+                self._locks[name] = (lock, users - 1)

@@ -33,12 +33,18 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 
 from segtxn.ledger.appends import LedgerAppends
-from segtxn.ledger.cursor import ManagedCursor, cursor_key, cursors_prefix, restore_cursors
+from segtxn.ledger.cursor import (
+    CursorTurns,
+    ManagedCursor,
+    cursor_key,
+    cursors_prefix,
+    restore_cursors,
+)
 from segtxn.ledger.errors import LedgerClosed, WriteFailed, full_disk_is_retriable, report_once
 from segtxn.ledger.fencing import TriedWrites
 from segtxn.ledger.handles import LogHandles
@@ -77,35 +83,6 @@ __all__ = [  # the metadata names are re-exported for modules that import them f
 ]
 
 
-class CursorTurns:
-    """One :meth:`ManagedLedger.open_cursor` or :meth:`ManagedLedger.delete_cursor` of a
-    cursor name at a time, in call order (other names are not held up). Each takes several
-    store calls; interleaved, an open could take up the record a delete then removed, and
-    list a cursor that a restart would not restore. A name's lock is dropped once no
-    operation holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    def users(self, name: str) -> int:
-        """How many operations on ``name`` hold its turn or wait for it."""
-        return self._locks.get(name, (None, 0))[1]
-
-    @contextlib.asynccontextmanager
-    async def turn(self, name: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(name) or (asyncio.Lock(), 0)
-        self._locks[name] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[name]
-            if users == 1:
-                del self._locks[name]
-            else:
-                self._locks[name] = (lock, users - 1)
-
-
 class ManagedLedger(LedgerAppends):
     """Open with :meth:`open`; close with :meth:`close`. One owner process at a time.
     Its state and positions (``last_confirmed``, ``first_position()``...) come from
@@ -135,6 +112,8 @@ class ManagedLedger(LedgerAppends):
         self._sealing = metadata.sealed
         self._closing = False
         self._closed = False
+        self._close_ended = asyncio.Event()  # set once close() has released everything
+        self._end_recorded = False  # (what close() returns)
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time: they chain versions
         self._tried = TriedWrites()
         self._let_go: list[LedgerInfo] = []
@@ -429,22 +408,53 @@ class ManagedLedger(LedgerAppends):
         job that holds it, such as a repair, stops using it)."""
         return self._closing
 
-    async def close(self) -> None:
-        """Finish queued appends, stop the writer, release files. Idempotent."""
+    async def close(self) -> bool:
+        """Finish queued appends, record the clean close, save the cursors, stop the writer,
+        release files. Idempotent: a later call (or one made while the first runs) returns
+        once the ledger is closed, with the same answer.
+
+        Returns whether the ledger's end is recorded (the clean close, or a seal before).
+        False when its writer had stopped (a failed write, a rollover of unknown outcome,
+        a fencing): the last ledger's count is then for recovery to judge, so none is
+        recorded, and the next open recovers it as after a crash, keeping every
+        acknowledged entry (:mod:`segtxn.ledger.recovery`). Said once at WARNING, naming
+        the ledger and the failure, and never raised: the failure was raised to the
+        appends and told to ``on_write_failure`` already, and those that close ledgers (a
+        broker's stop, a topic's unload or delete) must go on closing the rest.
+
+        Raises:
+            LedgerFenced, MetadataStoreError: the clean close could not be recorded (the
+                files are released all the same).
+        """
         if self._closing:
-            return
+            await self._close_ended.wait()
+            return self._end_recorded
         self._closing = True  # refuse new appends; finish the accepted ones
         try:
             await self._writer.idle.wait()
-            if self._writer.failure is None and not self._meta.sealed:
+            if self._meta.sealed:
+                pass  # its end was recorded by the seal
+            elif self._writer.failure is not None:
+                log.warning(
+                    "%s: closed without recording a clean close, as its writer stopped (%s); "
+                    "its next open recovers its last ledger as after a crash",
+                    self.name,
+                    self._writer.failure,
+                )
+            else:
                 await self._record_clean_close()
+            self._end_recorded = self._meta.sealed or self._writer.failure is None
             for cursor in list(self.cursors.values()):  # (a delete_cursor may run meanwhile)
                 await cursor.close()
         finally:
-            self._closed = True
-            await self._writer.close()
-            await self._logs.close()
-            self._notify()
+            try:
+                self._closed = True
+                await self._writer.close()
+                await self._logs.close()
+                self._notify()
+            finally:
+                self._close_ended.set()
+        return self._end_recorded
 
     async def check_deletable(self) -> None:
         """Check, changing nothing, that :meth:`delete` would not refuse this ledger's files:

@@ -129,7 +129,7 @@ async def test_a_read_racing_close_is_answered_not_a_bare_os_error(
     ledger = await ManagedLedger.open(NAME, store, _PausedStorage(tmp_path), LedgerSettings())
     await ledger.append(b"e0")
     reading = asyncio.create_task(ledger.read(Position(0, 0)))
-    closing: asyncio.Task[None] | None = None
+    closing: asyncio.Task[bool] | None = None
     try:
         assert await asyncio.to_thread(_READING.wait, 10)
         closing = asyncio.create_task(ledger.close())
