@@ -42,6 +42,7 @@ from segtxn.ledger.records import (
     ENTRY_OVERHEAD,
     HEADER_SIZE,
     decode_entry,
+    decode_header,
     encode_header,
     encode_mark,
     encode_records,
@@ -306,16 +307,47 @@ class FileLogStorage(LogStorage):
                 ``LedgerError``, so the deletion it stops is answered as stopped part-way
                 (retriable), not as a bug.
         """
+        _remove(self.path(ledger_name, ledger_id))
+
+    def delete_unused(self, ledger_name: str, ledger_id: int) -> bool:
+        """(See :meth:`LogStorage.delete_unused`.) The file must hold no more than its
+        header (a header for ``ledger_id``, or part of one: a create cut short), and is
+        removed under its lock, so never while a create or an open log holds it."""
         path = self.path(ledger_name, ledger_id)
         try:
-            path.unlink(missing_ok=True)
-            remove_if_empty(path.parent)
-        except OSError as e:
-            where = e.filename or path
-            raise DeleteFailed(
-                f"could not delete {where}: {e.strerror or e} (the deletion stopped there; "
-                "doing it again once that is fixed goes on)"
-            ) from e
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # held: a create in flight, or an open log
+            data = _read_all(fd)
+            whole_header = len(data) == HEADER_SIZE
+            if not is_unused(data) or (whole_header and decode_header(data, ledger_id) is None):
+                return False
+            _remove(path)
+        finally:
+            os.close(fd)
+        return True
+
+
+def _remove(path: Path) -> None:
+    """Unlink a ledger's file (if there), and its directory if that leaves it empty.
+
+    Raises:
+        DeleteFailed: as :meth:`FileLogStorage.delete`.
+    """
+    try:
+        path.unlink(missing_ok=True)
+        remove_if_empty(path.parent)
+    except OSError as e:
+        where = e.filename or path
+        raise DeleteFailed(
+            f"could not delete {where}: {e.strerror or e} (the deletion stopped there; "
+            "doing it again once that is fixed goes on)"
+        ) from e
 
 
 CREATE_ATTEMPTS = 8

@@ -72,10 +72,18 @@ def delete_own(name: str, storage: LogStorage, info: LedgerInfo) -> None:
     storage.delete(name, info.id, info.placement)
 
 
-async def delete_chain(name: str, storage: LogStorage, ledgers: Sequence[LedgerInfo]) -> None:
-    """Delete the logs of the managed ledger ``name`` (its ``ledgers``, oldest first, and
-    what a trim a crash cut short left below them), once every file is found to be its
-    own: on a foreign volume nothing is deleted.
+async def delete_chain(
+    name: str, storage: LogStorage, ledgers: Sequence[LedgerInfo], next_ledger_id: int
+) -> None:
+    """Delete the logs of the managed ledger ``name`` (its ``ledgers``, oldest first, what
+    a trim a crash cut short left below them, and what a create whose metadata change
+    failed left at ``next_ledger_id``), once every file is found to be its own: on a
+    foreign volume nothing is deleted.
+
+    The log at ``next_ledger_id`` is deleted only unused (no entry) and held by nobody
+    (:meth:`LogStorage.delete_unused`): the record says that id is the next to be made,
+    so a log there is this managed ledger's (ids are never reused) or an owner's create
+    in flight, which holds it, and whose change fails once the record is deleted.
 
     Raises:
         LedgerMismatch: as :func:`check_identities`; nothing was deleted.
@@ -85,3 +93,4 @@ async def delete_chain(name: str, storage: LogStorage, ledgers: Sequence[LedgerI
         await asyncio.to_thread(storage.delete_leftovers, name, ledgers[0].id)
     for info in ledgers:
         await asyncio.to_thread(delete_own, name, storage, info)
+    await asyncio.to_thread(storage.delete_unused, name, next_ledger_id)

@@ -268,6 +268,20 @@ class LogStorage(ABC):
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         """Remove a log (idempotent)."""
 
+    def delete_unused(self, ledger_name: str, ledger_id: int) -> bool:
+        """Delete the log ``ledger_id`` if it holds no entry and nobody holds it: what a
+        create leaves when the metadata change that was to name it failed (the log is
+        created first). Called for the record's ``next_ledger_id`` (where that create
+        made it, and where no other ledger of this name lives) when the managed ledger is
+        deleted; a log with entries, or one held (a create whose change is still on its
+        way, an open log), is left. Returns whether it deleted one. This default: storage
+        that cannot tell keeps it.
+
+        Raises:
+            DeleteFailed: it could not be removed.
+        """
+        return False
+
     def delete_leftovers(self, ledger_name: str, first_id: int) -> int:
         """Delete the logs a crash during a trim left behind, below ``first_id`` (the first
         ledger the metadata names); returns how many. A trim removes its ledgers from the

@@ -474,7 +474,7 @@ class ManagedLedger(LedgerAppends):
                 volume): it is closed, and nothing was deleted.
         """
         await self.close()
-        await delete_chain(self.name, self._storage, self._meta.ledgers)
+        await delete_chain(self.name, self._storage, self._meta.ledgers, self._meta.next_ledger_id)
         await self._store.delete_range(cursors_prefix(self.name))
         with contextlib.suppress(NotFound):
             await self._store.delete(metadata_key(self.name))

@@ -106,3 +106,10 @@ class MemoryLogStorage(LogStorage):
 
     def delete(self, ledger_name: str, ledger_id: int, placement: Placement = LOCAL) -> None:
         self._logs.pop((ledger_name, ledger_id), None)
+
+    def delete_unused(self, ledger_name: str, ledger_id: int) -> bool:
+        key = (ledger_name, ledger_id)
+        if key in self._held or key not in self._logs or self._logs[key]:
+            return False
+        del self._logs[key]
+        return True

@@ -152,7 +152,9 @@ async def delete_unopened(name: str, store: MetadataStore, storage: LogStorage) 
     """Delete the managed ledger ``name``, open nowhere, without opening it (its files may
     be gone in part: a delete cut short), as :meth:`ManagedLedger.delete` does: its logs,
     then its cursors, then its metadata record, last, so that a delete cut short again is
-    found and finished by doing it again. Nothing to do when it has no metadata record.
+    found and finished by doing it again. Its logs include the file a create whose
+    metadata change failed left at its next ledger id (:func:`delete_chain`). Nothing to
+    do when it has no metadata record.
 
     Raises:
         LedgerMismatch: as :func:`check_identities`; nothing was deleted.
@@ -160,7 +162,8 @@ async def delete_unopened(name: str, store: MetadataStore, storage: LogStorage) 
     record = await store.get(metadata_key(name))
     if record is None:
         return
-    await delete_chain(name, storage, decode(record.value).ledgers)
+    meta = decode(record.value)
+    await delete_chain(name, storage, meta.ledgers, meta.next_ledger_id)
     await store.delete_range(cursors_prefix(name))
     with contextlib.suppress(NotFound):
         await store.delete(metadata_key(name))

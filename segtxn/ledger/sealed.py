@@ -95,7 +95,7 @@ async def delete_sealed(store: MetadataStore, storage: LogStorage, ledger: Seale
     Raises:
         LedgerMismatch: a file is not its ledger's (a foreign volume): nothing was deleted.
     """
-    await delete_chain(ledger.name, storage, ledger.ledgers)
+    await delete_chain(ledger.name, storage, ledger.ledgers, ledger._meta.next_ledger_id)
     await store.delete_range(cursors_prefix(ledger.name))
     with contextlib.suppress(NotFound):
         await store.delete(metadata_key(ledger.name))

@@ -322,6 +322,11 @@ class ReplicatedLogStorage(LogStorage):
             return
         blocking(self._loop, _delete_all(self._replicas(placement), ledger_name, ledger_id))
 
+    def delete_unused(self, ledger_name: str, ledger_id: int) -> bool:
+        """(A ledger of this broker's own storage, made before replication: a replicated
+        create that failed leaves its empty replicas, as :meth:`_create` says.)"""
+        return self.local.delete_unused(ledger_name, ledger_id)
+
     def _replicas(self, placement: Placement) -> list[Replica]:
         return self._local_first([self.nodes.replica(Member.parse(m)) for m in placement.replicas])
 
