@@ -18,7 +18,11 @@ replicas of that ledger id — unless the id is at or past the record's ``next_l
 - the record is read right before its replicas are removed, and each removal re-checks,
   under the replica's lock, that its files are still that old and no read is using it.
 
-A record that cannot be decoded, or a store that does not answer, removes nothing.
+A record that cannot be decoded, or a store that does not answer, removes nothing. A
+replica that cannot be removed (its volume refuses: permissions, an I/O error) is left and
+said once (:func:`~segtxn.ledger.errors.report_once`: every round meets it until an
+operator acts), and the sweep goes on with the others: raising there stopped every round
+at the same replica, and the ones after it were never removed.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import time
 
 import msgspec
 
+from segtxn.ledger.errors import DeleteFailed, report_once
 from segtxn.ledger.metadata import LedgerMetadata, decode, metadata_key
 from segtxn.ledger.replicas.members import Member
 from segtxn.ledger.replicas.node import ReplicaNode
@@ -59,8 +64,14 @@ async def sweep(
         for _, ledger_id in group:
             if named(meta, ledger_id, member):
                 continue
-            if await node.run(node.remove_untouched, name, ledger_id, before_ns):
-                removed.append((name, ledger_id))
+            try:
+                if await node.run(node.remove_untouched, name, ledger_id, before_ns):
+                    removed.append((name, ledger_id))
+            except DeleteFailed as e:
+                report_once(
+                    log, e, "replica sweep on %s: ledger %d of %s is left: %s",
+                    member, ledger_id, name, e,
+                )  # fmt: skip
     if removed:
         log.info(
             "replica sweep on %s: removed %d replicas no placement names (%s)",

@@ -15,6 +15,7 @@ frames of a read, or ``{"error": kind, "message": text}`` with
 | ``Missing`` | 404 | ``LedgerMissing`` |
 | ``Corrupted`` | 422 | ``LedgerCorrupted`` |
 | ``Behind`` (a read past what it holds) | 416 | ``ReplicaBehind`` |
+| ``DeleteFailed`` (its volume refused: permissions, an I/O error) | 500 | ``DeleteFailed`` |
 | ``InvalidArgument`` | 400 | ``LedgerError`` (a bug in the writer) |
 
 A connection error, a timeout, or any other answer is ``ReplicaUnavailable``.
@@ -31,7 +32,7 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from segtxn.ledger.errors import LedgerCorrupted, LedgerError, LedgerMissing
+from segtxn.ledger.errors import DeleteFailed, LedgerCorrupted, LedgerError, LedgerMissing
 from segtxn.ledger.replicas.members import Member, ReplicaBehind, ReplicaUnavailable
 from segtxn.ledger.replicas.node import (
     INSTANCE_FILE,
@@ -156,6 +157,8 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
                 return _error("Corrupted", 422, str(e))
             except IndexError as e:
                 return _error("Behind", 416, str(e))
+            except DeleteFailed as e:  # (its writer says it: why, not an HTTP status)
+                return _error("DeleteFailed", 500, str(e))
 
         return handle
 
@@ -322,6 +325,8 @@ class HttpReplica:
             raise LedgerCorrupted(message, path=str(self.member))
         if kind == "Behind":
             raise ReplicaBehind(message)
+        if kind == "DeleteFailed":
+            raise DeleteFailed(message)
         if kind == "InvalidArgument":
             raise LedgerError(message)
         raise ReplicaUnavailable(message)  # WrongInstance, or an answer we do not know
