@@ -1,8 +1,8 @@
 """What a coordinator's background loop does with a failure: log it, pause, and go on.
 
 Each of these loops is the only thing doing its job: campaigning for a coordinator id and
-taking its log over (v4 ``_hold``; v5 ``HeldIds._hold``), registering again once the
-session expired (``HeldIds._keep_registered``), finishing a decided transaction (v4
+taking its log over (v4 ``HeldLogs._hold``; v5 ``HeldIds._hold``), registering again once
+the session expired (``HeldIds._keep_registered``), finishing a decided transaction (v4
 ``_resume``), and the sweeps (:func:`segtxn.coordinator.sweeps.every`). Nobody awaits their
 tasks, so one that ends on an error it did not expect ends silently (asyncio logs "Task
 exception was never retrieved", at best, once the task is collected) and nothing restarts

@@ -1,9 +1,11 @@
 """The v4 transaction coordinator (PIP-31): a transaction log, and END_TXN fanned out.
 
 - Coordinator ids ``0..N-1`` are leases (leader election); the holder of id ``i`` owns the
-  managed ledger ``__transaction_log_<i>``. Every state change of a transaction appends its
-  whole metadata (state, partitions, subscriptions, timeout) to that log; ``NEW_TXN``
-  returns once OPEN is durable, so ``least`` numbers are never reused.
+  managed ledger ``__transaction_log_<i>``. Winning and taking them over is
+  :mod:`segtxn.coordinator.v4ids`; this module is what a transaction goes through on the
+  logs held. Every state change of a transaction appends its whole metadata (state,
+  partitions, subscriptions, timeout) to that log; ``NEW_TXN`` returns once OPEN is
+  durable, so ``least`` numbers are never reused.
 - ``ADD_PARTITION_TO_TXN`` / ``ADD_SUBSCRIPTION_TO_TXN`` log the new participants.
 - ``END_TXN`` logs COMMITTING (or ABORTING), sends ``END_TXN_ON_PARTITION`` to the home
   broker of every partition and ``END_TXN_ON_SUBSCRIPTION`` for every subscription (they
@@ -39,7 +41,7 @@ import msgspec
 
 from segtxn.coordinator import sweeps
 from segtxn.coordinator.fanout import FIRST_RETRY_S, Participants
-from segtxn.coordinator.retry import Retry, log_step_failure
+from segtxn.coordinator.retry import Retry
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import (
     ABORTED,
@@ -49,15 +51,14 @@ from segtxn.coordinator.txnlog import (
     FINAL,
     OPEN,
     TIME_OUT,
-    TxnLog,
     TxnMeta,
-    log_name,
     open_storage,
 )
 from segtxn.coordinator.v4held import HeldLog
+from segtxn.coordinator.v4ids import HeldLogs
 from segtxn.ledger import LedgerError, LogStorage
 from segtxn.ledger.replicas import ReplicatedLogStorage, widen_default_executor
-from segtxn.metastore import LeaderElection, Leadership, MetadataStore, MetadataStoreError, Session
+from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_TXN_PARTICIPANTS
 from segtxn.protocol.names import TopicName
@@ -66,11 +67,9 @@ from segtxn.stopping import Stopping
 from segtxn.topics.catalog import Catalog
 from segtxn.topics.nodes import CatalogNodes
 from segtxn.topics.repairs import RepairLoop
-from segtxn.topics.transactions import V4_COORDINATOR_ELECTION
 
 log = logging.getLogger(__name__)
 
-ELECTION_PREFIX = V4_COORDINATOR_ELECTION
 RESUME_RETRY_MAX_S = 2.0
 """The longest pause between tries to finish a decided transaction a participant delays."""
 
@@ -91,26 +90,7 @@ class CoordinatorV4:
                 settings.auth.cluster_session,
             )
         self._storage = storage
-        self.held: dict[int, HeldLog] = {}
-        self.repairer: RepairLoop | None = None
-        """With replication: keeps the closed ledgers of the logs held here copied."""
-        if self._nodes is not None and settings.replication is not None:
-            self.repairer = RepairLoop(
-                self._catalog,
-                self._nodes,
-                write_quorum=settings.replication.write_quorum,
-                settings=settings.repair,
-                held=lambda: [h.log.ledger for h in self.held.values()],
-                owner=f"coordinator {settings.advertise_url}",
-            )
-        self._session: Session | None = None
-        self._renewing = asyncio.Lock()
-        self._http: aiohttp.ClientSession | None = None
-        """Participant calls, and calls forwarded to the holder of another id."""
-        self.participants: Participants | None = None
-        """Where decisions go (from :meth:`start`)."""
         self._tasks: set[asyncio.Task[None]] = set()
-        self._round_robin = itertools.count()
         self.counters = {
             "opened": 0,
             "committed": 0,
@@ -123,6 +103,35 @@ class CoordinatorV4:
             "log_trimmed_entries": 0,
             "log_dropped_txns": 0,
         }
+        self.ids = HeldLogs(
+            store,
+            settings,
+            storage,
+            self.counters,
+            spawn=self._spawn,
+            recovered=self._finish_caught,
+        )
+        self.repairer: RepairLoop | None = None
+        """With replication: keeps the closed ledgers of the logs held here copied."""
+        if self._nodes is not None and settings.replication is not None:
+            self.repairer = RepairLoop(
+                self._catalog,
+                self._nodes,
+                write_quorum=settings.replication.write_quorum,
+                settings=settings.repair,
+                held=lambda: [h.log.ledger for h in self.held.values()],
+                owner=f"coordinator {settings.advertise_url}",
+            )
+        self._http: aiohttp.ClientSession | None = None
+        """Participant calls, and calls forwarded to the holder of another id."""
+        self.participants: Participants | None = None
+        """Where decisions go (from :meth:`start`)."""
+        self._round_robin = itertools.count()
+
+    @property
+    def held(self) -> dict[int, HeldLog]:
+        """The v4 ids this process holds now, each with its log (:class:`HeldLogs`)."""
+        return self.ids.held
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -133,12 +142,11 @@ class CoordinatorV4:
             widen_default_executor()
             await self._storage.start()
             await self._nodes.start()
-        await self._live_session()
+        await self.ids.live_session()
         # participants and other coordinators are called as the cluster role
         self._http = self.settings.auth.cluster_session()
         self.participants = Participants(self._catalog, self._http, self.settings.fan_out_timeout_s)
-        for n in range(self.settings.v4_coordinator_ids):
-            self._spawn(self._hold(n), f"v4-coordinator-id-{n}")
+        self.ids.campaign()
         sweep = sweeps.every("v4 timeout sweep", self.settings.timeout_sweep_s, self.sweep_timeouts)
         self._spawn(sweep, "v4-timeout-sweep")  # (a failed round does not end it)
         if self.repairer is not None:
@@ -149,105 +157,13 @@ class CoordinatorV4:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _live_session(self) -> Session:
-        """The session to campaign with; a new one once it expired (the store was
-        unreachable for its TTL), retrying while the store is down."""
-        async with self._renewing:
-            while self._session is None or self._session.is_expired:
-                try:
-                    self._session = await self.store.open_session(self.settings.session_ttl_s)
-                except MetadataStoreError as e:
-                    log.warning("v4 coordinator: no session (%s); retrying", e)
-                    await asyncio.sleep(1.0)  # the store is down: retry at a gentle pace
-            return self._session
-
-    async def _hold(self, coordinator_id: int) -> None:
-        """Campaign for a v4 id; on winning, recover its log; campaign again if lost, with a
-        new session if the old one expired (before, an expired session or a failed take-over
-        ended the campaign for good).
-
-        A take-over that fails, for whatever reason (the store or the log away, a damaged
-        record, a bug: :mod:`segtxn.coordinator.retry`), lets the id go before trying again,
-        so that a coordinator able to recover the log takes it meanwhile: campaigning again
-        on the same session would retake the key at once (a campaign takes a key its session
-        holds), and an id whose log cannot be read here would stay with this coordinator for
-        ever. (An error other than the store's or the ledger's ended this loop, the id won
-        and never served, and nobody else could take it.)
-
-        A leadership whose letting go failed too (the store refusing the delete) is still
-        held and guarded: the next take-over is made with it. A campaign retook the key with
-        a second guard (a task, a store watch), and an outage piled one up per take-over."""
-        retry = Retry(f"v4 coordinator id {coordinator_id}: take-over", 1.0)
-        kept: Leadership | None = None  # (one whose letting go failed)
-        while True:
-            leadership: Leadership | None = None
-            try:
-                if kept is not None and not kept.lost.is_set():
-                    leadership = kept
-                else:
-                    election = LeaderElection(
-                        self.store,
-                        ELECTION_PREFIX + str(coordinator_id),
-                        await self._live_session(),
-                        self.settings.advertise_url.encode(),
-                    )
-                    leadership = await election.campaign()
-                kept = None
-                held = await self._recover(coordinator_id, leadership)
-            except Exception as e:
-                if leadership is not None and not await self._let_go(coordinator_id, leadership):
-                    kept = leadership
-                await retry.after(e)
-                continue
-            retry.reset()
-            self.held[coordinator_id] = held
-            log.info(
-                "v4 coordinator id %d: held by this coordinator (%s); its log has %d "
-                "transactions, %d being finished",
-                coordinator_id,
-                self.settings.advertise_url,
-                len(held.txns),
-                sum(m.state in (COMMITTING, ABORTING, TIME_OUT) for m in held.txns.values()),
-            )
-            await leadership.lost.wait()
-            self.held.pop(coordinator_id, None)
-            log.warning("v4 coordinator id %d: lease lost; campaigning again", coordinator_id)
-            try:
-                await held.log.close()
-            except Exception as e:  # (it is not written to any more: campaign on)
-                log_step_failure(f"v4 coordinator id {coordinator_id}: closing its log", e)
-
-    @staticmethod
-    async def _let_go(coordinator_id: int, leadership: Leadership) -> bool:
-        """Resign an id whose take-over failed, so that another coordinator may take it
-        meanwhile; whether it was. A failure is logged
-        (:func:`~segtxn.coordinator.retry.log_step_failure`) and :meth:`_hold` goes on: the
-        leadership is then still held and guarded, and its next take-over is made with it.
-        (Only a store error was caught: any other one ended the loop, and the id, won and
-        never served, could be taken by nobody else.)"""
-        try:
-            await leadership.resign()
-        except Exception as e:
-            log_step_failure(f"v4 coordinator id {coordinator_id}: letting the id go", e)
-            return False
-        return True
-
-    async def _recover(self, coordinator_id: int, leadership: Leadership) -> HeldLog:
-        txn_log = await TxnLog.open(
-            log_name(coordinator_id),
-            self.store,
-            self._storage,
-            self.settings.ledger,
-            compact_entries=self.settings.v4_log_compact_entries,
-            keep_ended_s=self.settings.gc_retention_s,
-        )
-        self.counters["replayed"] += txn_log.replayed
-        held = HeldLog(leadership, txn_log, self.counters)
-        for meta in held.txns.values():  # caught mid-way: finish them
+    def _finish_caught(self, held: HeldLog) -> None:
+        """Finish, in the background, every transaction the replay of a log taken over
+        caught mid-way (COMMITTING, ABORTING, TIME_OUT)."""
+        for meta in held.txns.values():
             if meta.state in (COMMITTING, ABORTING, TIME_OUT):
                 action = TxnAction.COMMIT if meta.state == COMMITTING else TxnAction.ABORT
                 self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
-        return held
 
     async def stop(self, stopping: Stopping | None = None) -> None:
         """Resign every id held (another coordinator can take it at once), close their
@@ -259,20 +175,12 @@ class CoordinatorV4:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        held = dict(self.held)
-        self.held.clear()
-        await stopping.steps(
-            *((f"resigning v4 id {i}", h.leadership.resign()) for i, h in held.items())
-        )
-        await stopping.steps(
-            *((f"closing v4 id {i}'s log", h.log.close()) for i, h in held.items())
-        )
+        await self.ids.stop(stopping)
         if self._nodes is not None:
             await stopping.step("closing its storage nodes' HTTP session", self._nodes.close())
         if self._http is not None:
             await stopping.step("closing its HTTP session", self._http.close())
-        if self._session is not None:
-            await stopping.step("closing its store session", self._session.close())
+        await self.ids.close_session(stopping)
 
     # ------------------------------------------------------------------ ownership
 
@@ -286,21 +194,10 @@ class CoordinatorV4:
         return txn.most in self.held
 
     async def holder_url(self, txn: TxnId) -> str:
-        """Where the holder of ``txn``'s coordinator id listens.
+        """Where the holder of ``txn``'s coordinator id listens (:meth:`HeldLogs.holder_url`).
 
         Raises ServerError(TransactionNotFound / ServiceNotReady)."""
-        if self._session is None:
-            raise ServerError(
-                ErrorName.NOT_ALLOWED,
-                "v4 transactions are not enabled on this coordinator (it has no --data-dir)",
-            )
-        if txn.most >= self.settings.v4_coordinator_ids:
-            raise ServerError(ErrorName.TRANSACTION_NOT_FOUND, f"no v4 coordinator {txn.most}")
-        election = LeaderElection(self.store, ELECTION_PREFIX + str(txn.most), self._session, b"")
-        leader = await election.leader()
-        if leader is None:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"v4 coordinator {txn.most} is down")
-        return leader.value.decode()
+        return await self.ids.holder_url(txn)
 
     def _held(self, txn: TxnId) -> HeldLog:
         held = self.held.get(txn.most)

@@ -1,9 +1,10 @@
 """The coordinators' background loops other than the sweeps go on after an error they did
 not expect (tests/coordinator/test_v4_sweep_edges.py has the sweeps):
 
-- v4 ``_hold``: a take-over of an id whose recovery raised once is tried again, and the id
-  serves; so is one whose resignation after a failed recovery raised too; take-overs whose
-  resignations failed in a row (the store away) keep one leadership guard, not one each;
+- v4 ``HeldLogs._hold``: a take-over of an id whose recovery raised once is tried again,
+  and the id serves; so is one whose resignation after a failed recovery raised too;
+  take-overs whose resignations failed in a row (the store away) keep one leadership
+  guard, not one each;
 - v4 ``_resume``: finishing a timed-out transaction that raised once is tried again, and it
   ends ABORTED;
 - v5 ``HeldIds._hold``: a campaign that raised once is run again, and the id is held;
@@ -30,8 +31,9 @@ import pytest
 from segtxn.coordinator import v5ids
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import ABORTED, TIME_OUT, log_name
-from segtxn.coordinator.v4 import ELECTION_PREFIX, CoordinatorV4
+from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v4held import HeldLog
+from segtxn.coordinator.v4ids import ELECTION_PREFIX
 from segtxn.coordinator.v5 import CoordinatorV5
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.metadata import metadata_key
@@ -87,7 +89,7 @@ async def test_a_v4_take_over_that_raised_is_tried_again(
     """The recovery of id 0's log raises once (its replay met a damaged record, a bug):
     the coordinator lets the id go and takes it over again, and the id serves."""
     v4 = CoordinatorV4(store, v4_settings(tmp_path))
-    recover = FailsOnce(v4, "_recover", FAILURES[failure](), lambda *_: True)
+    recover = FailsOnce(v4.ids, "_recover", FAILURES[failure](), lambda *_: True)
     await v4.start()
     try:
         await asyncio.wait_for(recover.failed.wait(), 10)
@@ -124,7 +126,7 @@ async def test_a_v4_take_over_whose_resignation_raised_is_tried_again(
 
     monkeypatch.setattr(Leadership, "resign", fails_once)
     v4 = CoordinatorV4(store, v4_settings(tmp_path))
-    recover = FailsOnce(v4, "_recover", RuntimeError("injected: recovery"), lambda *_: True)
+    recover = FailsOnce(v4.ids, "_recover", RuntimeError("injected: recovery"), lambda *_: True)
     await v4.start()
     try:
         await asyncio.wait_for(recover.failed.wait(), 10)
@@ -168,7 +170,7 @@ async def test_failed_take_overs_whose_resignation_failed_keep_one_guard(
     v4 = CoordinatorV4(store, v4_settings(tmp_path))
     seen: list[int] = []
     """The guards running as each take-over begins."""
-    recover = v4._recover
+    recover = v4.ids._recover
 
     async def recover_in_outage(coordinator_id: int, leadership: Leadership) -> HeldLog:
         seen.append(guards())
@@ -178,7 +180,7 @@ async def test_failed_take_overs_whose_resignation_failed_keep_one_guard(
             faults.fail("txn", key_prefix=election_key, times=1)
         return await recover(coordinator_id, leadership)
 
-    monkeypatch.setattr(v4, "_recover", recover_in_outage)
+    monkeypatch.setattr(v4.ids, "_recover", recover_in_outage)
     for operation in ("range", "txn"):  # id 0's log record is out of reach
         faults.fail(operation, key_prefix=metadata_key(log_name(0)), times=None)
     await v4.start()

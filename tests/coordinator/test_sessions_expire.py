@@ -26,10 +26,10 @@ async def test_a_v4_coordinator_whose_session_expired_holds_its_ids_again(ids: i
     await coordinator.start()
     try:
         await wait_until(lambda: len(coordinator.held) == ids, timeout=10, what="ids held")
-        first = coordinator._session  # the state under test
+        first = coordinator.ids.session  # the state under test
         assert await faults.expire_sessions() >= 1
         await wait_until(
-            lambda: coordinator._session is not first and len(coordinator.held) == ids,
+            lambda: coordinator.ids.session is not first and len(coordinator.held) == ids,
             timeout=10,
             what="the ids held again on a new session",
         )

@@ -71,7 +71,7 @@ def leaks(server: CoordinatorServer, store: MetadataStore) -> dict[str, Any]:
     v4 = server.app[V4]
     v5 = server.coordinator.ids.session
     return {
-        "v4 session": v4._session is not None and not v4._session.is_expired,
+        "v4 session": v4.ids.session is not None and not v4.ids.session.is_expired,
         "v4 http": v4._http is not None and not v4._http.closed,
         "v5 session": v5 is not None and not v5.is_expired,
         "store": not store._closed,

@@ -7,7 +7,8 @@ could not serve it, and its transactions were never finished."""
 from __future__ import annotations
 
 from segtxn.coordinator.settings import CoordinatorSettings
-from segtxn.coordinator.v4 import ELECTION_PREFIX, CoordinatorV4
+from segtxn.coordinator.v4 import CoordinatorV4
+from segtxn.coordinator.v4ids import ELECTION_PREFIX
 from segtxn.ledger import LedgerError
 from segtxn.metastore import Leadership, open_store
 from segtxn.metastore.election import ELECTIONS_PREFIX
@@ -31,7 +32,7 @@ async def test_a_failed_take_over_lets_the_id_go_to_a_coordinator_that_can_recov
         failures += 1
         raise LedgerError(f"the log of id {coordinator_id} cannot be read here")
 
-    broken._recover = cannot_recover  # type: ignore[method-assign,assignment]
+    broken.ids._recover = cannot_recover  # type: ignore[method-assign,assignment]
     healthy = CoordinatorV4(store, _settings())
     await broken.start()
     try:
