@@ -166,11 +166,11 @@ class CoordinatorV4:
                 self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
 
     async def stop(self, stopping: Stopping | None = None) -> None:
-        """Resign every id held (another coordinator can take it at once), close their
-        logs, the HTTP sessions and the store session: each step whatever the ones before
-        it raised, a failure logged at WARNING, all within ``stopping``'s time
-        (:mod:`segtxn.stopping`; default: a stop of its own). Never raises but
-        a cancellation."""
+        """Resign every id won, held or being taken over (another coordinator can take it
+        at once: :meth:`HeldLogs.stop`), close the logs held, the HTTP sessions and the
+        store session: each step whatever the ones before it raised, a failure logged at
+        WARNING, all within ``stopping``'s time (:mod:`segtxn.stopping`; default: a stop of
+        its own). Never raises but a cancellation."""
         stopping = stopping or Stopping("v4 coordinator")
         for task in list(self._tasks):
             task.cancel()

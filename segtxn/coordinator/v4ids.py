@@ -64,6 +64,10 @@ class HeldLogs:
         self._spawn = spawn
         self._recovered = recovered
         self.held: dict[int, HeldLog] = {}
+        self._taking: dict[int, Leadership] = {}
+        """Ids won and not serving: their log being recovered, or kept after a take-over
+        that failed and whose letting go failed too (the next take-over is made with it).
+        :meth:`stop` resigns them with those held."""
         self._session: Session | None = None
         self._renewing = asyncio.Lock()
 
@@ -104,15 +108,20 @@ class HeldLogs:
 
         A leadership whose letting go failed too (the store refusing the delete) is still
         held and guarded: the next take-over is made with it. A campaign retook the key with
-        a second guard (a task, a store watch), and an outage piled one up per take-over."""
+        a second guard (a task, a store watch), and an outage piled one up per take-over.
+
+        From its win to its serving (or its letting go), the leadership is in
+        :attr:`_taking`, for :meth:`stop` to resign: kept in this loop alone, it outlived a
+        stop (the loop cancelled), and the id stayed taken until the session's lease went
+        (when the stop could not revoke it: until it expired)."""
         retry = Retry(f"v4 coordinator id {coordinator_id}: take-over", 1.0)
-        kept: Leadership | None = None  # (one whose letting go failed)
         while True:
-            leadership: Leadership | None = None
+            leadership = self._taking.get(coordinator_id)  # (kept: its letting go failed)
+            if leadership is not None and leadership.lost.is_set():
+                del self._taking[coordinator_id]
+                leadership = None
             try:
-                if kept is not None and not kept.lost.is_set():
-                    leadership = kept
-                else:
+                if leadership is None:
                     election = LeaderElection(
                         self.store,
                         ELECTION_PREFIX + str(coordinator_id),
@@ -120,14 +129,15 @@ class HeldLogs:
                         self.settings.advertise_url.encode(),
                     )
                     leadership = await election.campaign()
-                kept = None
+                    self._taking[coordinator_id] = leadership
                 held = await self._recover(coordinator_id, leadership)
             except Exception as e:
-                if leadership is not None and not await self._let_go(coordinator_id, leadership):
-                    kept = leadership
+                if leadership is not None and await self._let_go(coordinator_id, leadership):
+                    self._taking.pop(coordinator_id, None)
                 await retry.after(e)
                 continue
             retry.reset()
+            del self._taking[coordinator_id]
             self.held[coordinator_id] = held
             log.info(
                 "v4 coordinator id %d: held by this coordinator (%s); its log has %d "
@@ -175,13 +185,17 @@ class HeldLogs:
         return held
 
     async def stop(self, stopping: Stopping) -> None:
-        """Resign every id held (another coordinator can take it at once), then close their
-        logs, each step a :meth:`Stopping.step`. The campaigns must be cancelled first (the
-        coordinator's stop does it); the session is closed by :meth:`close_session`."""
+        """Resign every id won, held or being taken over (:attr:`_taking`), so that another
+        coordinator can take it at once, then close the logs held, each step a
+        :meth:`Stopping.step`. The campaigns must be cancelled first (the coordinator's stop
+        does it); the session is closed by :meth:`close_session`."""
         held = dict(self.held)
         self.held.clear()
+        taking = {i: t for i, t in self._taking.items() if not t.lost.is_set()}
+        self._taking.clear()
         await stopping.steps(
-            *((f"resigning v4 id {i}", h.leadership.resign()) for i, h in held.items())
+            *((f"resigning v4 id {i}", h.leadership.resign()) for i, h in held.items()),
+            *((f"resigning v4 id {i}, not serving", t.resign()) for i, t in taking.items()),
         )
         await stopping.steps(
             *((f"closing v4 id {i}'s log", h.log.close()) for i, h in held.items())
