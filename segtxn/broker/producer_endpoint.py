@@ -45,6 +45,7 @@ from typing import Any
 from aiohttp import WSCloseCode, web
 
 from segtxn import tracing
+from segtxn.aio import Window
 from segtxn.auth import close_at_expiry, current_principal, principal_of
 from segtxn.broker import fencing, txncommit
 from segtxn.broker.arguments import check_batch
@@ -131,7 +132,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     settings = service.settings
     outbox = Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
     outbox.start()
-    window = asyncio.Semaphore(settings.max_pending_sends)
+    window = Window(settings.max_pending_sends)
     tasks: set[asyncio.Task[None]] = set()
     access = TxnAccess(service, functools.partial(current_principal, request))
     outbox.send(
@@ -265,7 +266,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
         Publishing.publish_txn)."""
         items: list[tuple[Send, Turn]] = []
         for send in sends:
-            if items and window.locked():  # let these go before waiting for room
+            if items and window.full:  # let these go before waiting for room
                 start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
                 items = []
             await window.acquire()  # backpressure: stop reading while the window is full

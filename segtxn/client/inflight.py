@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from segtxn.aio import Window
 from segtxn.client.errors import ClientError, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, Expiries
@@ -48,7 +49,7 @@ class InFlight:
         self.max_pending = max_pending
         self._table: dict[int, Pending] = {}  # seq -> pending, in seq order
         self._unsent: deque[int] = deque()
-        self._window = asyncio.Semaphore(max_pending)
+        self._window = Window(max_pending)
         self._timed_out = timed_out
         self._expiries: Expiries[int] = Expiries(self._expire, self._table.__contains__)
         self._settled = asyncio.Event()
@@ -63,7 +64,7 @@ class InFlight:
         Raises:
             Timeout: no room by ``deadline`` (retriable: nothing was sent).
         """
-        if not self._window.locked():
+        if not self._window.full:
             await self._window.acquire()  # there is room: returns at once, no timer needed
             return
         try:
