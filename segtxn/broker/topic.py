@@ -2,7 +2,9 @@
 
 Publishing is one ledger append per message, after de-duplication, in each producer's send
 order (segtxn/broker/publishing.py). Subscriptions are the ledger's durable cursors; each gets
-a dispatcher when its first consumer attaches (and keeps it until the topic is unloaded).
+a dispatcher when its first consumer attaches (and keeps it until the topic is unloaded):
+the topic's registry of them, and the lock their changes take, are
+segtxn/broker/subscriptions.py's.
 """
 
 from __future__ import annotations
@@ -19,25 +21,17 @@ from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.publishing import Outcome, Publishing
-from segtxn.broker.settings import UNORDERED_REDELIVERY, BrokerSettings
+from segtxn.broker.settings import BrokerSettings
+from segtxn.broker.subscriptions import Subscriptions
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.buffer_records import delete_records
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.oprecords import OpRecordWriter
-from segtxn.broker.txn.pending_ack_log import MLPendingAckStore, delete_log, pending_ack_log
-from segtxn.broker.txn.pending_ack_records import MetadataPendingAckStore
 from segtxn.broker.txn.snapshots import SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import NoTransactions, TransactionBuffer
-from segtxn.ledger import (
-    LedgerClosed,
-    LogStorage,
-    ManagedLedger,
-    Position,
-    TrimResult,
-    check_deletable,
-)
+from segtxn.ledger import LogStorage, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
@@ -65,17 +59,27 @@ class Topic:
         v4: V4TransactionChecks,
     ) -> None:
         self.name = name
-        self._v4 = v4
-        self._storage = storage
         self.ledger = ledger
         self.dedup = dedup
         self.settings = settings
         self.buffer = buffer
         self._store = store
-        self._headers = headers
-        self._metrics = metrics
-        self._ops = ops
-        self.subscriptions: dict[str, Subscription] = {}
+        self.registry = Subscriptions(
+            name,
+            ledger,
+            buffer,
+            settings,
+            check_serving=self.check_serving,
+            store=store,
+            storage=storage,
+            headers=headers,
+            metrics=metrics,
+            ops=ops,
+            v4=v4,
+        )
+        """Its subscriptions, made, loaded, reset and deleted one at a time."""
+        self.subscriptions = self.registry.loaded
+        """The subscriptions loaded now, by name (the registry's, the same dict)."""
         self.producers: dict[str, object] = {}
         """Connected producer names -> their connection (a name is used by one at a time)."""
         dedup.connected = self.producers  # connected producers are never forgotten
@@ -89,7 +93,6 @@ class Topic:
         no client attaches to it (:meth:`check_serving`)."""
         self.publishing = Publishing(name, ledger, dedup, buffer, settings.max_message_bytes)
         self.counters = self.publishing.counters
-        self._sub_lock = asyncio.Lock()
         self._properties_lock = asyncio.Lock()
         """Property changes one at a time: the limits hold on the set each one writes."""
 
@@ -202,192 +205,30 @@ class Topic:
             )
 
     async def subscription(self, name: str, *, initial: str = "latest") -> Subscription:
-        """The subscription ``name``, created (durably) if it does not exist.
-
-        Raises:
-            ServerError: ServiceNotReady, the topic is let go (:meth:`check_serving`),
-                before or while the subscription was made (then it is closed again).
-        """
-        async with self._sub_lock:
-            return await self._loaded_subscription(name, initial)
+        """The subscription ``name``, created if new: :meth:`Subscriptions.subscription`."""
+        return await self.registry.subscription(name, initial=initial)
 
     async def existing_subscription(self, name: str) -> Subscription | None:
-        """The subscription ``name``, loaded if need be, or None if it does not exist (is
-        not made). A v4 decision's end for a subscription deleted since has nothing to
-        apply: asked while the deletion ran, it waited for the lock and then made the
-        subscription anew, empty, at the latest message.
-
-        Raises:
-            ServerError: as :meth:`subscription`.
-        """
-        async with self._sub_lock:
-            if name not in self.ledger.cursors:
-                return None
-            return await self._loaded_subscription(name, "latest")
-
-    async def _loaded_subscription(self, name: str, initial: str) -> Subscription:
-        """(Under the subscriptions' lock.) :meth:`subscription`'s body."""
-        self.check_serving()
-        existing = self.subscriptions.get(name)
-        if existing is not None:
-            return existing
-        try:
-            subscription = await self._make_subscription(name, initial)
-        except LedgerClosed:
-            self.check_serving()  # the ledger is closed because the topic is let go
-            raise
-        if self.leaving:  # let go while it was made: the close did not see it
-            await subscription.close()
-            self.check_serving()
-        self.subscriptions[name] = subscription
-        return subscription
-
-    async def _make_subscription(self, name: str, initial: str) -> Subscription:
-        """A new subscription ``name`` (its cursor made if need be), its pending acks
-        recovered; not in :attr:`subscriptions` yet.
-
-        A recovery that fails closes the subscription again (its dispatcher, and its v4
-        pending-ack log if it got opened) before raising on: nothing holds them once the
-        attempt is given up, so the next load opens the log afresh instead of finding its
-        file held ("... is held by another writer") until the broker restarts.
-        """
-        cursor = await self.ledger.open_cursor(name, start=initial)
-        subscription = Subscription(
-            name,
-            self.ledger,
-            cursor,
-            self.buffer,
-            batch=self.settings.dispatch_batch,
-            max_permits=self.settings.max_permits,
-            hold_s=self.settings.consumer_hold_s if self.name.domain is Domain.SEGMENT else 0,
-            rewinds=UNORDERED_REDELIVERY not in self.settings.test_bugs,
-        )
-        if self.name.domain is Domain.SEGMENT:
-            subscription.pending_acks = MetadataPendingAckStore(
-                str(self.name),
-                name,
-                cursor=cursor,
-                ledger=self.ledger,
-                store=self._store,
-                headers=self._headers,
-                release=subscription.release,
-                metrics=self._metrics,
-                ops=self._ops,
-            )
-        elif self.name.domain is Domain.PERSISTENT:
-            subscription.pending_acks = MLPendingAckStore(
-                str(self.name),
-                name,
-                cursor=cursor,
-                store=self._store,
-                storage=self._storage,
-                settings=self.settings.ledger,
-                release=subscription.release,
-                checks=self._v4,
-                compact_entries=self.settings.txn_log_compact_entries,
-                metrics=self._metrics,
-            )
-        try:
-            await subscription.pending_acks.recover()
-        except BaseException:
-            try:
-                await subscription.close()
-            except Exception as e:  # (the recovery's failure is the one to report)
-                log.warning("%s: closing %r after its failed recovery: %s", self.name, name, e)
-            raise
-        return subscription
+        """The subscription ``name`` if it exists: :meth:`Subscriptions.existing_subscription`."""
+        return await self.registry.existing_subscription(name)
 
     def subscription_names(self) -> list[str]:
-        return sorted(set(self.ledger.cursors) | set(self.subscriptions))
+        """Every subscription's name, loaded or not."""
+        return self.registry.subscription_names()
 
     async def attach(
         self, name: str, link: ConsumerLink, sub_type: SubscriptionType, initial: str
     ) -> Subscription:
-        """Attach a consumer (it is sent ConsumerReady) to ``name``, created if new.
-
-        Raises ServerError(ConsumerBusy; ServiceNotReady, the topic is let go meanwhile:
-        :meth:`check_serving`)."""
-        subscription = await self.subscription(name, initial=initial)
-        self.check_serving()  # (no yield between this and the attach)
-        subscription.attach(link, sub_type)
-        return subscription
+        """Attach a consumer to ``name``, created if new: :meth:`Subscriptions.attach`."""
+        return await self.registry.attach(name, link, sub_type, initial)
 
     async def delete_subscription(self, name: str) -> None:
-        """Delete subscription ``name``: close it if it is loaded, delete its v4 pending-ack
-        log whether it is loaded or not (:meth:`_pending_ack_logs`), then its cursor, last:
-        a deletion that fails part-way leaves the cursor, and its retry (which finds the
-        subscription unloaded by then) deletes what the failed one left.
-
-        All of it under the lock a consumer attaching takes (:meth:`subscription`): one that
-        loaded the subscription (unloaded by a reset) as the deletion awaited had its log
-        and cursor deleted under it. A consumer attached first has the deletion refused
-        (ConsumerBusy); one attaching later makes the subscription anew.
-
-        Raises:
-            ServerError: SubscriptionNotFound / ConsumerBusy.
-            LedgerMismatch: a file of its log is not its own; nothing was changed.
-            LedgerError, MetadataStoreError: a step failed; a retry goes on.
-        """
-        async with self._sub_lock:
-            subscription = self._check_idle_subscription(name)
-            for log_ in self._pending_ack_logs(name):
-                await check_deletable(log_, self._store, self._storage)  # before it is closed
-            if subscription is not None:
-                await subscription.close()
-                del self.subscriptions[name]
-            for log_ in self._pending_ack_logs(name):
-                await delete_log(log_, self._store, self._storage)
-            await self.ledger.delete_cursor(name)
-
-    def _check_idle_subscription(self, name: str) -> Subscription | None:
-        """The subscription ``name`` if it is loaded (None if not), once checked to exist
-        and to have no consumer.
-
-        Raises:
-            ServerError: SubscriptionNotFound / ConsumerBusy.
-        """
-        if name not in self.ledger.cursors:
-            raise ServerError(ErrorName.SUBSCRIPTION_NOT_FOUND, f"{self.name} has no {name!r}")
-        subscription = self.subscriptions.get(name)
-        if subscription is not None and subscription.consumers:
-            raise ServerError(ErrorName.CONSUMER_BUSY, f"subscription {name!r} has consumers")
-        return subscription
-
-    def _pending_ack_logs(self, *subscriptions: str) -> list[str]:
-        """The v4 pending-ack logs of ``subscriptions`` (none given: of every one, loaded or
-        not; a subscription keeps its cursor until its log is deleted), by their names, not
-        from loaded subscriptions: a reset unloads one until a consumer attaches again, so
-        does a deletion that failed after closing it, and the log its deletion (or its
-        topic's) left was replayed by a subscription made again under the name (the old
-        transactions' acks applied to the new cursor). None unless ``persistent://``."""
-        if self.name.domain is not Domain.PERSISTENT:
-            return []
-        names = subscriptions or self.subscription_names()
-        return [pending_ack_log(str(self.name), s) for s in names]
+        """Delete subscription ``name``: :meth:`Subscriptions.delete_subscription`."""
+        await self.registry.delete_subscription(name)
 
     async def reset_subscription(self, name: str, target: str | Position) -> None:
-        """Move a subscription to ``earliest``, ``latest`` or a message id.
-
-        Under the lock a consumer attaching takes (:meth:`subscription`): one attaching as
-        the reset awaited the cursor's save was attached to the subscription the reset then
-        closed, and received nothing more.
-
-        Raises ServerError(SubscriptionNotFound / ConsumerBusy).
-        """
-        async with self._sub_lock:
-            subscription = self._check_idle_subscription(name)
-            cursor = self.ledger.cursors[name]
-            if target == "earliest":
-                await cursor.reset_to_earliest()
-            elif target == "latest":
-                await cursor.reset_to_latest()
-            elif isinstance(target, Position):
-                await cursor.seek(target)
-            else:
-                raise ServerError(ErrorName.INVALID_ARGUMENT, f"cannot reset to {target!r}")
-            if subscription is not None:  # rebuild its dispatcher from the moved cursor
-                await subscription.close()
-                del self.subscriptions[name]
+        """Move subscription ``name``: :meth:`Subscriptions.reset_subscription`."""
+        await self.registry.reset_subscription(name, target)
 
     # ------------------------------------------------------------------ retention
 
@@ -462,17 +303,15 @@ class Topic:
             MetadataStoreError: a pending-ack log's metadata could not be read.
         """
         await self.ledger.check_deletable()
-        for log_ in self._pending_ack_logs():
-            await check_deletable(log_, self._store, self._storage)
+        await self.registry.check_deletable()
 
     async def delete(self) -> None:
         """Delete the topic's data, subscriptions (with their v4 pending-ack logs, loaded
-        or not: :meth:`_pending_ack_logs`), de-duplication state and its transaction
+        or not: :meth:`Subscriptions.delete`), de-duplication state and its transaction
         buffer's records (a segment's) or snapshots (a v4 topic's).
 
         The subscriptions go under their lock, after a consumer's load of one in flight
-        (which lets go of it, the topic leaving): it opened the log as it was deleted, and
-        wrote it afresh, left to be replayed by the name's subscription on a new topic.
+        (which lets go of it, the topic leaving): :meth:`Subscriptions.delete`.
 
         A failure part-way (a store error deleting a pending-ack log, ...) raises on, and
         the topic is let go all the same: its subscriptions, transaction buffer and ledger
@@ -486,13 +325,7 @@ class Topic:
         """
         self.leaving = True  # (no subscription is loaded from now on: check_serving)
         try:
-            async with self._sub_lock:  # after a load in flight, which then lets go of it
-                logs = self._pending_ack_logs()  # (loaded subscriptions' or not)
-                for subscription in list(self.subscriptions.values()):
-                    await subscription.close()
-                for log_ in logs:
-                    await delete_log(log_, self._store, self._storage)
-                self.subscriptions.clear()
+            await self.registry.delete()  # after a load in flight, which then lets go of it
             await self.buffer.close()
             await self.publishing.settle()
         except BaseException:

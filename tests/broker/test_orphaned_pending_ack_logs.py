@@ -1,6 +1,6 @@
 """A subscription's v4 pending-ack log goes with the subscription, or its topic, whether the
-subscription is loaded on the broker or not (segtxn/broker/topic.py, ``Topic.delete`` and
-``Topic.delete_subscription``).
+subscription is loaded on the broker or not (segtxn/broker/subscriptions.py,
+``Subscriptions.delete`` and ``Subscriptions.delete_subscription``).
 
 Only the logs of the subscriptions loaded (``Topic.subscriptions``) were deleted. A reset
 unloads its subscription until a consumer attaches again, and a subscription deletion that

@@ -1,5 +1,6 @@
 """A subscription's deletion and a consumer attaching to it at the same time
-(segtxn/broker/topic.py, ``Topic.delete_subscription`` and ``Topic.subscription``).
+(segtxn/broker/subscriptions.py, ``Subscriptions.delete_subscription`` and
+``Subscriptions.subscription``).
 
 The deletion checked "no consumer" and then awaited (the check of its v4 pending-ack log's
 files: a store read, a thread) without taking the lock a consumer attaching takes. After a
@@ -10,9 +11,9 @@ close failed. Either the deletion is refused (a consumer attached: ConsumerBusy,
 deleted) or it goes first, whole, and the consumer attaches afterwards; never a log or
 cursor deleted under a loaded subscription.
 
-A topic's deletion (``Topic.delete``) did not wait for a subscription's load in flight
-either: the log the load opened was deleted and written afresh by it, left behind the
-deleted topic.
+A topic's deletion (``Topic.delete``, ``Subscriptions.delete``) did not wait for a
+subscription's load in flight either: the log the load opened was deleted and written
+afresh by it, left behind the deleted topic.
 
 Real components: the cluster's broker and coordinator on its store (memory and a real etcd),
 files in ``tmp_path``; the interleaving is a held store read of the log's metadata.
@@ -55,14 +56,14 @@ async def test_a_consumer_attaching_while_its_subscription_is_deleted_keeps_its_
         # subscriptions' lock (then goes on as it would)
         attaching = asyncio.Event()
         kept_out: list[bool] = []
-        original = topic.subscription
+        original = topic.registry.subscription
 
         async def subscription(name: str, *, initial: str = "latest") -> Subscription:
-            kept_out.append(topic._sub_lock.locked())
+            kept_out.append(topic.registry._lock.locked())
             attaching.set()
             return await original(name, initial=initial)
 
-        monkeypatch.setattr(topic, "subscription", subscription)
+        monkeypatch.setattr(topic.registry, "subscription", subscription)
 
         held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # the deletion's check
         deleting = asyncio.create_task(client.admin.delete_subscription(TOPIC, "s"))
@@ -133,7 +134,7 @@ async def test_a_topic_deleted_while_a_subscription_loads_deletes_its_log_after_
         await client.admin.reset_subscription(TOPIC, "s", "earliest")  # unloaded until used
         topic = cluster.broker.service.topics[TopicName.parse(TOPIC)]
         lock = ContendedLock()
-        monkeypatch.setattr(topic, "_sub_lock", lock)
+        monkeypatch.setattr(topic.registry, "_lock", lock)
 
         held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # the load's open
         subscribing = asyncio.create_task(
@@ -175,7 +176,7 @@ async def test_a_consumer_attaching_while_its_subscription_is_reset_receives(
         topic = cluster.broker.service.topics[TopicName.parse(TOPIC)]
         assert "s" in topic.subscriptions  # loaded, no consumer
         lock = ContendedLock()
-        monkeypatch.setattr(topic, "_sub_lock", lock)
+        monkeypatch.setattr(topic.registry, "_lock", lock)
 
         held = cluster.faults.hold("txn", key_prefix=cursors_prefix(TOPIC))  # the reset's save
         resetting = asyncio.create_task(client.admin.reset_subscription(TOPIC, "s", "earliest"))
@@ -206,7 +207,7 @@ async def test_a_v4_end_asked_while_its_subscription_is_deleted_does_not_make_it
         await consumer.close()
         topic = cluster.broker.service.topics[TopicName.parse(TOPIC)]
         lock = ContendedLock()
-        monkeypatch.setattr(topic, "_sub_lock", lock)
+        monkeypatch.setattr(topic.registry, "_lock", lock)
 
         held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # the deletion's check
         deleting = asyncio.create_task(client.admin.delete_subscription(TOPIC, "s"))

@@ -1,7 +1,7 @@
-"""A subscription whose pending acks fail to recover (segtxn/broker/topic.py,
-``Topic.subscription``): what it opened (its v4 pending-ack log, its dispatcher) is closed
-again, so the next load of the topic opens them afresh, rather than finding the log's file
-held by the failed attempt ("... is held by another writer") until the broker restarts.
+"""A subscription whose pending acks fail to recover (segtxn/broker/subscriptions.py,
+``Subscriptions.subscription``): what it opened (its v4 pending-ack log, its dispatcher) is
+closed again, so the next load of the topic opens them afresh, rather than finding the log's
+file held by the failed attempt ("... is held by another writer") until the broker restarts.
 
 Real components: the cluster's broker and coordinator on its store (memory and a real etcd),
 files in ``tmp_path``; the failure is a store fault on the topic's cursors.

@@ -23,7 +23,7 @@ by its coordinator's answer (:mod:`segtxn.broker.txn.v4checks`).
 
 **The log goes with its subscription**: deleting the subscription, or its topic, deletes it
 (:func:`delete_log`, by its name, :func:`pending_ack_log`, whether the subscription is
-loaded or not: :meth:`segtxn.broker.topic.Topic.delete_subscription`). Left, it was
+loaded or not: :mod:`segtxn.broker.subscriptions`). Left, it was
 replayed by a subscription made again under the name, on the topic or on one created again
 under the topic's name, whose ledger numbers its entries from the start again: the deleted
 one's committed acks were applied to the new cursor, and the new topic's first messages
