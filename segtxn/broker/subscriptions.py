@@ -15,9 +15,10 @@ consumer that loaded a subscription (unloaded by a reset) as its deletion awaite
 log and cursor deleted under it (91e79b4); one attaching as a reset awaited the cursor's
 save was left on the subscription the reset then closed, receiving nothing (874f063); a
 topic's deletion deleted a log a load was opening, which wrote it afresh, left behind the
-deleted topic (23f0d0c); and an end asked while the subscription was deleted made it again
-(aa5a850). A check ("it exists", "no consumer") and the change it guards are never split by
-another's change.
+deleted topic (23f0d0c); a topic's unload let a load go on, which opened its log after the
+topic was closed, beside the instance loaded again meanwhile (:meth:`Subscriptions.close`);
+and an end asked while the subscription was deleted made it again (aa5a850). A check ("it
+exists", "no consumer") and the change it guards are never split by another's change.
 
 The registry is the topic's: :class:`~segtxn.broker.topic.Topic` holds one and delegates its
 subscription methods to it; the topic's ``leaving`` (its ``check_serving``) says when a
@@ -303,3 +304,36 @@ class Subscriptions:
             for log_ in logs:
                 await delete_log(log_, self._store, self._storage)
             self.loaded.clear()
+
+    async def close(self) -> Exception | None:
+        """(The topic's close, its leaving set.) Close every loaded subscription, each even
+        if another fails (logged); return the first failure (None: all closed cleanly).
+
+        After a consumer's load of one in flight, under the lock: the load lets go of what it
+        made (the topic leaving) before the topic's close goes on. Left behind, it opened the
+        subscription's v4 pending-ack log after the topic was closed, beside the instance
+        loaded again for the next client, which held the log: one of the two was refused
+        ("... is held by another writer"), the consumer with an internal error instead of a
+        retry. Cancelled as it waits (a broker's stop out of time), it closes the loaded
+        subscriptions all the same, and the load lets go of its own as it ends.
+        """
+        try:
+            await self._lock.acquire()
+        except asyncio.CancelledError:
+            await self._close_loaded()
+            raise
+        try:
+            return await self._close_loaded()
+        finally:
+            self._lock.release()
+
+    async def _close_loaded(self) -> Exception | None:
+        """:meth:`close`'s body: every loaded subscription closed; the first failure."""
+        failure: Exception | None = None
+        for subscription in list(self.loaded.values()):
+            try:
+                await subscription.close()
+            except Exception as e:
+                log.warning("%s: closing a part failed: %s: %s", self.name, type(e).__name__, e)
+                failure = failure or e
+        return failure

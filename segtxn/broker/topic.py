@@ -355,12 +355,16 @@ class Topic:
         subscription whose pending-ack log failed to close (its clean-close write fenced)
         had left the ledger open: its writer task ran on, and the topic could not be
         loaded again in this process ("... is held by another writer"). Raises the first
-        failure, once everything is closed."""
+        failure, once everything is closed.
+
+        The subscriptions are closed after a consumer's load of one in flight, which lets
+        go of it first (:meth:`Subscriptions.close`): left to go on, it opened the
+        subscription's log after the topic was closed."""
         self.leaving = True
         failure: Exception | None = None
         try:
-            parts = [*(s.close for s in list(self.subscriptions.values())), self.buffer.close]
-            for close in [*parts, self.publishing.settle]:
+            failure = await self.registry.close()  # after a load in flight, let go by it
+            for close in [self.buffer.close, self.publishing.settle]:
                 try:
                     await close()
                 except Exception as e:

@@ -13,7 +13,8 @@ cursor deleted under a loaded subscription.
 
 A topic's deletion (``Topic.delete``, ``Subscriptions.delete``) did not wait for a
 subscription's load in flight either: the log the load opened was deleted and written
-afresh by it, left behind the deleted topic.
+afresh by it, left behind the deleted topic. Nor did its unload (``Topic.close``): the load
+opened the log after the topic was closed, beside the instance loaded again meanwhile.
 
 Real components: the cluster's broker and coordinator on its store (memory and a real etcd),
 files in ``tmp_path``; the interleaving is a held store read of the log's metadata.
@@ -34,6 +35,7 @@ from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster, acked_in_txn, create_and_send
+from tests.waiting import wait_until
 
 TOPIC = "persistent://acme/subrace/t"
 LOG = pending_ack_log(TOPIC, "s")
@@ -222,3 +224,95 @@ async def test_a_v4_end_asked_while_its_subscription_is_deleted_does_not_make_it
                 assert answer.status == 204, await answer.text()
         assert "s" not in await client.admin.subscriptions(TOPIC), "the subscription came back"
         assert "s" not in topic.ledger.cursors and "s" not in topic.subscriptions
+
+
+async def test_a_topic_unloaded_while_a_subscription_loads_lets_go_of_its_log_first(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A topic's unload (``Topic.close``) while a consumer loads a subscription that a reset
+    unloaded: the unload did not wait for the load, which opened the subscription's v4
+    pending-ack log after the topic was closed. The topic loaded again meanwhile (for the
+    next client) had opened that log: the old load's open was refused ("... is held by
+    another writer") and the consumer got an internal error (logged at ERROR) instead of
+    being told to retry; the other way round, the new instance's load was refused. The
+    unload now waits for the load, which lets go of its subscription (the topic leaving),
+    and the consumer, told to retry, attaches to the topic loaded again."""
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        producer = await create_and_send(client, TOPIC, b"m0", b"m1")
+        await producer.close()
+        consumer = await acked_in_txn(client, TOPIC, "s", commit=True)  # its v4 log is made
+        await consumer.close()
+        await client.admin.reset_subscription(TOPIC, "s", "earliest")  # unloaded until used
+        old = service.topics[name]
+        lock = ContendedLock()
+        monkeypatch.setattr(old.registry, "_lock", lock)
+
+        held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # the load's open
+        subscribing = asyncio.create_task(
+            client.subscribe(TOPIC, "s", initial_position="earliest", subscription_type="Shared")
+        )
+        await held.wait_for(1)
+        unloading = asyncio.create_task(service.unload(name))
+        contended = asyncio.create_task(lock.contended.wait())
+        await asyncio.wait({unloading, contended}, timeout=10, return_when="FIRST_COMPLETED")
+        assert unloading.done() or contended.done(), "the unload neither ended nor waited"
+        if unloading.done():  # it left the load behind: the topic is loaded again meanwhile
+            await service.serve(name)
+        held.release()
+        await unloading
+        contended.cancel()
+
+        try:
+            consumer = await subscribing  # told to retry, it attaches to the topic loaded again
+        except ServerError as e:
+            pytest.fail(f"the consumer was refused: {type(e).__name__}: {e}")
+        new = service.topics[name]
+        assert new is not old and new.subscriptions["s"].consumers
+        assert not old.subscriptions and not lock.locked(), "the unloaded topic kept a load"
+        message = await consumer.receive(timeout_s=10)
+        txn = client.transaction()  # the log, the new instance's, takes a transactional ack
+        await consumer.acknowledge(message, txn=txn)
+        await txn.commit()
+        await consumer.close()
+        await wait_until(lambda: not new.subscriptions["s"].consumers, what="the consumer gone")
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert not errors, errors
+
+
+async def test_an_unload_cancelled_as_it_waits_for_a_load_closes_the_loaded_subscriptions(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unload (``Topic.close``) cancelled as it waits for a subscription's load in flight
+    (a broker's stop out of time) still closes the subscriptions loaded: left open, one's
+    v4 pending-ack log held its file, and the topic's next load was refused ("... is held
+    by another writer") until the broker restarted."""
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        producer = await create_and_send(client, TOPIC, b"m0")
+        await producer.close()
+        kept = await acked_in_txn(client, TOPIC, "k", commit=True)  # "k": loaded, its log open
+        await kept.close()
+        old = service.topics[name]
+        lock = ContendedLock()
+        monkeypatch.setattr(old.registry, "_lock", lock)
+
+        held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # "s"'s load
+        subscribing = asyncio.create_task(
+            client.subscribe(TOPIC, "s", initial_position="earliest", subscription_type="Shared")
+        )
+        await held.wait_for(1)
+        unloading = asyncio.create_task(service.unload(name))
+        await asyncio.wait_for(lock.contended.wait(), 10)  # it waits for the load
+        unloading.cancel()
+        await asyncio.gather(unloading, return_exceptions=True)
+        assert "k" in old.subscriptions
+        held.release()
+
+        consumer = await subscribing  # told to retry: the topic loads again, "k" with it
+        assert (await consumer.receive(timeout_s=10)).value == b"m0"
+        await consumer.close()
+        assert service.topics[name] is not old
+        assert "k" in service.topics[name].subscriptions

@@ -23,6 +23,7 @@ from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore.fault_holds import Hold
 from segtxn.protocol.names import TopicName
 from tests.broker.test_disk_full import FullDisk
+from tests.broker.test_subscription_delete_races import ContendedLock
 from tests.cluster import Cluster, create_and_send
 from tests.waiting import wait_until
 
@@ -186,10 +187,11 @@ async def test_a_client_arriving_while_a_topic_is_dropped_after_a_failed_write_r
 # 4. A consumer whose connection got the topic from serve() just before an unload: its
 #    subscription's cursor was being made when the unload closed the topic, and it was
 #    attached to the closed instance all the same (told ConsumerReady, then sent nothing).
+#    (The unload's close now waits for the load, which lets go of the subscription.)
 
 
 async def test_a_consumer_attaching_while_the_topic_is_unloaded_is_told_to_retry(
-    cluster: Cluster, caplog: pytest.LogCaptureFixture
+    cluster: Cluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service = cluster.broker.service
     name = TopicName.parse(TOPIC)
@@ -197,21 +199,28 @@ async def test_a_consumer_attaching_while_the_topic_is_unloaded_is_told_to_retry
         producer = await create_and_send(client, TOPIC, b"m0")
         await producer.close()
         old = service.topics[name]
+        lock = ContendedLock()
+        monkeypatch.setattr(old.registry, "_lock", lock)
 
         making = cluster.faults.hold("txn", key_prefix=cursors_prefix(TOPIC))
         subscribing = asyncio.create_task(
             client.subscribe(TOPIC, "s", initial_position="earliest", timeout_s=20)
         )
+        unloading: asyncio.Task[None] | None = None
         try:
             with caplog.at_level(logging.DEBUG):
                 await making.wait_for(1)  # the old instance is making the subscription
-                await service.unload(name)
+                unloading = asyncio.create_task(service.unload(name))
+                await asyncio.wait_for(lock.contended.wait(), 10)  # its close waits for it
                 making.release()
+                await unloading
                 consumer = await subscribing
                 assert (await consumer.receive(timeout_s=10)).value == b"m0"
         finally:
             making.release()
-            await asyncio.gather(subscribing, return_exceptions=True)
+            await asyncio.gather(
+                subscribing, *([unloading] if unloading else []), return_exceptions=True
+            )
         new = service.topics[name]
         assert new is not old and new.subscriptions["s"].consumers
         assert "s" not in old.subscriptions or not old.subscriptions["s"].consumers
