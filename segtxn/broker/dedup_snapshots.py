@@ -24,7 +24,11 @@ owner's open changed it (and a topic deleted and made again under its name has a
 record), so from then on the old owner writes and deletes nothing; the new owner reads the
 record and its parts (:meth:`SnapshotStore.load`) only after that open. A check that fails
 on a change of the owner's own (a roll-over meanwhile) is tried again on the new version;
-another owner's change raises :class:`SnapshotFenced`. Under that check no other broker's
+another owner's change raises :class:`SnapshotFenced`. Telling them apart may need a read
+of the record (the owner's own last change landed with its answer lost); while the store
+cannot be read it is :class:`SnapshotOwnerUnknown`, not a fence: before, it was taken for
+one, logged as a take-over that never happened, and a closing snapshot was skipped for one
+failed read. Under that check no other broker's
 write meets this owner's, and a write of its own whose answer was lost cannot land later
 over a newer one (the store applies each write only on the revisions it read). So the
 parts a record names are deleted only once a record that does not name them has landed,
@@ -43,6 +47,7 @@ topic's: its producers' first sends were answered as duplicates, never stored
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -62,6 +67,7 @@ from segtxn.metastore import (
     NotFound,
     Op,
     Put,
+    StoreUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -69,11 +75,23 @@ log = logging.getLogger(__name__)
 PREFIX = "/dedup/"
 DELETES_PER_STEP = 100
 """Parts deleted in one atomic step (with the ownership check: under the store's 128)."""
+OWNER_READS = 3
+"""How many times the ownership check's record is read while the store does not answer:
+a moment's failure must not cost a topic its closing snapshot."""
+OWNER_READ_PAUSE_S = 0.2
+"""The pause between those reads (a retry interval, not a wait for a condition)."""
 
 
 class SnapshotFenced(Exception):
     """The snapshot was not written (or older parts not deleted): the topic's ledger was
     opened by another owner since this one last changed it. The other owner writes it."""
+
+
+class SnapshotOwnerUnknown(StoreUnavailable):
+    """The snapshot was not written (or older parts not deleted): its ownership check met a
+    change of the ledger's metadata record, this owner's own (its answer lost) or another
+    owner's, and the store could not be read to tell which. Nothing is fenced: the next
+    snapshot, once the store answers, is written as usual (a reload replays meanwhile)."""
 
 
 class DedupSnapshot(msgspec.Struct, frozen=True):
@@ -234,6 +252,8 @@ class SnapshotStore:
 
         Raises:
             SnapshotFenced: the record changed under another owner.
+            SnapshotOwnerUnknown: it changed, and the store could not be read to tell whose
+                change it was.
         """
         ledger = self._ledger
         if ledger is None:
@@ -247,11 +267,35 @@ class SnapshotStore:
             except (BadVersion, NotFound) as e:
                 if e.key != owner_key:
                     raise
-                if await ledger.settled_metadata_version() == version:
+                if await self._settled_version(ledger) == version:
                     raise SnapshotFenced(
                         f"{self._key}: {ledger.name} was opened by another owner (this one "
                         "writes nothing more of the snapshot)"
                     ) from e
+
+    async def _settled_version(self, ledger: ManagedLedger) -> int:
+        """The version of ``ledger``'s metadata record once a change of its owner's in
+        doubt is settled (taken up if it landed), the record read up to
+        :data:`OWNER_READS` times while the store does not answer.
+
+        Raises:
+            SnapshotOwnerUnknown: the store could not be read: whose change it was is not
+                known.
+        """
+        failure: StoreUnavailable | None = None
+        for attempt in range(OWNER_READS):
+            if attempt:
+                await asyncio.sleep(OWNER_READ_PAUSE_S)
+            try:
+                return await ledger.settled_metadata_version(strict=True)
+            except StoreUnavailable as e:
+                failure = e
+        raise SnapshotOwnerUnknown(
+            f"{self._key}: not written: could not tell whether {ledger.name} was opened by "
+            "another owner or changed by this one (its own change's outcome is unknown, and "
+            f"the store did not answer reading its metadata record: {failure}); nothing is "
+            "fenced: a later snapshot is written as usual"
+        ) from failure
 
     def _part_key(self, generation: str, n: int) -> str:
         return f"{self._prefix}{generation}/{n:06d}"

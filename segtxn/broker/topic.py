@@ -32,7 +32,7 @@ from segtxn.broker.txn.snapshots import SnapshotLogs
 from segtxn.broker.txn.v4checks import V4TransactionChecks
 from segtxn.broker.txn.visibility import NoTransactions, TransactionBuffer
 from segtxn.ledger import LogStorage, ManagedLedger, Position, TrimResult
-from segtxn.metastore import MetadataStore
+from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
 from segtxn.protocol.names import Domain, TopicName
@@ -374,6 +374,11 @@ class Topic:
                 await self.dedup.snapshot()
             except SnapshotFenced as e:  # the topic is another broker's now: it writes it
                 log.warning("%s: no final de-duplication snapshot: %s", self.name, e)
+            except MetadataStoreError as e:  # (SnapshotOwnerUnknown too) the replay covers it
+                log.warning(
+                    "%s: no final de-duplication snapshot (a reload replays from the last "
+                    "one written): %s: %s", self.name, type(e).__name__, e,
+                )  # fmt: skip
             except Exception:
                 log.exception("%s: final de-duplication snapshot failed", self.name)
         finally:

@@ -26,7 +26,6 @@ first; the managed ledger's other changes build on it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -66,7 +65,7 @@ from segtxn.ledger.position import Position
 from segtxn.ledger.reads import LedgerReads
 from segtxn.ledger.records import ENTRY_OVERHEAD
 from segtxn.ledger.writer import WriteStats
-from segtxn.metastore import MetadataStore, MetadataStoreError
+from segtxn.metastore import MetadataStore, MetadataStoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -300,15 +299,27 @@ class LedgerAppends(LedgerReads):
                 await landed(meta)
             return meta
 
-    async def settled_metadata_version(self) -> int:
+    async def settled_metadata_version(self, *, strict: bool = False) -> int:
         """The metadata record's version once no change of this owner's is in flight, nor
         in doubt: a state it tried that landed unseen is taken up first, so a write
         conditional on the record (a cursor's save) that failed on it is tried again
-        rather than taken for fenced. Never raises: when the store cannot tell (or the
-        state is one that needs a reopen), the version is the last one known, as before."""
+        rather than taken for fenced. When the store cannot tell (or the state is one that
+        needs a reopen), the version is the last one known, as before, unless ``strict``.
+
+        Raises:
+            StoreUnavailable: (``strict`` only) a change of this owner's is in doubt and
+                the record could not be read: whether it moved under this owner or another
+                is not known. A caller that takes an unchanged version for another owner's
+                change (a fence) asks for this, so as not to say so when it cannot tell.
+        """
         async with self._meta_lock:
-            with contextlib.suppress(LedgerFenced, MetadataStoreError):
+            try:
                 await run_to_end(self._take_up_own_write(), name=f"ledger-take-up-{self.name}")
+            except StoreUnavailable:
+                if strict:
+                    raise
+            except (LedgerFenced, MetadataStoreError):
+                pass
             return self._version
 
     async def _take_up_own_write(self) -> bool:
