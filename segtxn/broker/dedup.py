@@ -84,6 +84,7 @@ from segtxn.broker.dedup_snapshots import DedupSnapshot, SnapshotStore, delete_s
 from segtxn.broker.entry import decode_entry
 from segtxn.broker.ordering import SendOrder
 from segtxn.ledger import LedgerCorrupted, ManagedLedger, Position
+from segtxn.ledger.errors import reworded
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.errors import ServerError
 
@@ -231,7 +232,14 @@ class Deduplication:
     async def recover(self, ledger: ManagedLedger) -> None:
         """Load the snapshot and replay every entry written after it. ``ledger`` is the
         topic's, opened by this owner: it fences every later snapshot
-        (:mod:`segtxn.broker.dedup_snapshots`)."""
+        (:mod:`segtxn.broker.dedup_snapshots`).
+
+        Raises:
+            LedgerCorrupted: an entry after the snapshot's ``taken_at`` (or any, without
+                one) cannot be read: what the snapshot lacks may be in it (a send settled
+                after it was taken), so it is not skipped; the message says so, and names
+                the file and the entry (damage before ``taken_at`` is skipped, logged).
+        """
         start = ledger.first_position()
         taken: Position | None = None
         now = _now_ms()
@@ -252,8 +260,17 @@ class Deduplication:
             try:
                 entries = await ledger.read(start, max_entries=1000, max_bytes=64 << 20)
             except LedgerCorrupted as e:
-                if taken is None or start > taken:
-                    raise
+                if taken is None or start > taken:  # what the snapshot may lack: never skipped
+                    held = (
+                        "no snapshot holds what they stored"
+                        if taken is None
+                        else f"its snapshot holds what was stored up to {taken} only"
+                    )
+                    raise reworded(
+                        e,
+                        f"{self._topic}: de-duplication must replay the entries from {start} "
+                        f"({held}) and cannot read them: {e}",
+                    ) from e
                 # only the look-back is unreadable: what the snapshot holds is enough, the
                 # ids of the resends of what it skips are not known (-1:-1)
                 log.warning(

@@ -48,6 +48,15 @@ def again(error: LedgerCorrupted) -> LedgerCorrupted:
     return fresh
 
 
+def reworded(error: LedgerCorrupted, message: str) -> LedgerCorrupted:
+    """``error`` told as ``message`` (which says what needed the data, and quotes
+    ``error``): the same class and attributes, so that it is counted and refused as
+    ``error`` would be."""
+    fresh = type(error).__new__(type(error), message)
+    fresh.__dict__.update(error.__dict__)
+    return fresh
+
+
 class LedgerMissing(LedgerCorrupted):
     """A ledger the metadata store names has no file: the data directory is empty or is
     not this ledger's (a wrong or lost volume). The ledger is refused, never recreated
