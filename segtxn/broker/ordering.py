@@ -83,6 +83,24 @@ class Turn:
         finally:
             self.release()
 
+    def enqueue_now(self, ledger: ManagedLedger, payload: bytes) -> asyncio.Future[Position] | None:
+        """:meth:`enqueue` where nothing needs waiting for (this turn has come, and the
+        ledger has room): a plain call, no coroutine per send. None: it would wait, and
+        nothing was queued nor released; call :meth:`enqueue` then.
+
+        Raises what ``ledger.enqueue`` raises (the turn is passed on then)."""
+        previous = self._previous
+        if previous is not None and not previous.done():
+            return None
+        try:
+            queued = ledger.enqueue_now(payload)
+        except BaseException:
+            self.release()
+            raise
+        if queued is not None:
+            self.release()
+        return queued
+
 
 class SendOrder:
     """The chain of turns of one producer name on one topic."""

@@ -143,7 +143,10 @@ class Publishing:
             for (send, turn), item in zip(sends, queued, strict=True):
                 if isinstance(item, _Fresh):
                     try:
-                        written[reached] = await self._enqueue(send, item, turn)
+                        write = self._enqueue_now(send, item, turn)  # (most: no wait)
+                        if write is None:
+                            write = await self._enqueue(send, item, turn)
+                        written[reached] = write
                     except ServerError as e:
                         queued[reached] = e
                 turn.release()
@@ -250,6 +253,19 @@ class Publishing:
             refusal = self._not_stored(send, fresh, e)
             if refusal is e or not isinstance(e, Exception):
                 raise  # a refusal already, or cancelled (never swallowed)
+            raise refusal from e
+
+    def _enqueue_now(
+        self, send: Send, fresh: _Fresh, turn: Turn
+    ) -> asyncio.Future[Position] | None:
+        """:meth:`_enqueue` where that needs no wait (:meth:`Turn.enqueue_now`); None: it
+        would wait, and nothing was queued."""
+        try:
+            return turn.enqueue_now(self.ledger, fresh.entry)
+        except Exception as e:
+            refusal = self._not_stored(send, fresh, e)
+            if refusal is e:
+                raise
             raise refusal from e
 
     def _written(

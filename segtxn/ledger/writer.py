@@ -82,8 +82,8 @@ class GroupCommit:
     async def enqueue(self, payload: bytes, check: Callable[[], None]) -> asyncio.Future[Position]:
         """Queue ``payload`` once there is room; ``check`` raises if the ledger no longer
         takes appends (called before and after any wait for room)."""
-        if self._admitting == 0 and self._has_room(len(payload)):
-            return self._push(payload)  # nobody waits for room: no lock to take
+        if (queued := self.enqueue_now(payload)) is not None:
+            return queued  # nobody waits for room: no lock to take
         self._admitting += 1
         try:
             async with self._admission:  # FIFO: a waiting append is never overtaken
@@ -94,6 +94,13 @@ class GroupCommit:
                 return self._push(payload)
         finally:
             self._admitting -= 1
+
+    def enqueue_now(self, payload: bytes) -> asyncio.Future[Position] | None:
+        """Queue ``payload`` if that needs no wait (there is room, and no append waits for
+        room before it); else None, and nothing was queued."""
+        if self._admitting == 0 and self._has_room(len(payload)):
+            return self._push(payload)
+        return None
 
     def _has_room(self, size: int) -> bool:
         return not self._queue or self._queued_bytes + size <= self._settings.max_pending_bytes

@@ -13,6 +13,7 @@ import aiohttp
 
 from segtxn.broker.app import BrokerServer
 from segtxn.client import Client
+from segtxn.ledger import LedgerSettings
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName
 from segtxn.protocol.frames import Error, ProducerReady, Receipt, Send, SendBatch
@@ -183,3 +184,23 @@ async def test_a_send_queued_before_its_publisher_is_cancelled_is_recorded_once(
         )
         assert all(isinstance(o, tuple) and o[1] for o in again)  # every one a duplicate
         assert await stored_in_order(client, 50) == [b"%d" % i for i in range(50)]
+
+
+async def test_a_batch_that_waits_for_room_in_the_ledger_is_stored_in_send_order(
+    start_broker: StartBroker,
+) -> None:
+    """Sends of a batch are queued on the ledger at once while it has room, and wait for
+    room (in turn) when it has none: the order holds across both."""
+    broker = await start_broker(ledger=LedgerSettings(max_pending_bytes=2_000))
+    async with Client(broker.settings.advertise_url) as client:
+        await client.admin.create_topic(TOPIC)
+        async with raw_producer(broker, "p") as ws:
+            sends = [Send(seq=i, payload=b"%03d" % i + b"." * 300) for i in range(60)]
+            await ws.send_bytes(batch(*sends[:30]))
+            await ws.send_bytes(batch(*sends[30:]))
+            got = await answers(ws, 60)
+        receipts = [got[i] for i in range(60)]
+        assert all(isinstance(r, Receipt) and not r.duplicate for r in receipts), receipts
+        ids = [r.message_id for r in receipts if isinstance(r, Receipt)]
+        assert ids == sorted(ids) and len(set(ids)) == 60
+        assert await stored_in_order(client, 60) == [s.payload for s in sends]

@@ -351,3 +351,41 @@ async def test_an_open_cancelled_while_its_file_opens_leaves_no_lock_behind(
         assert await ledger.append(b"after") is not None
     finally:
         await ledger.close()
+
+
+async def test_enqueue_now_queues_only_what_needs_no_wait(open_ledger: OpenLedger) -> None:
+    """``enqueue_now``: queued at once while there is room and no append waits for room
+    before it; else None and nothing queued (the caller then awaits ``enqueue``, which
+    keeps first come, first served)."""
+    ledger = await open_ledger(max_pending_bytes=1000, max_entry_bytes=900)
+    current = ledger._current
+    assert current is not None
+    gate = threading.Event()
+    original = current.append_batch
+
+    def held(payloads: Sequence[bytes]) -> None:
+        gate.wait(10)
+        original(payloads)
+
+    current.append_batch = held  # type: ignore[method-assign]
+    try:
+        head = ledger.enqueue_now(b"h")  # taken by the writer, held at the gate
+        assert head is not None
+        await wait_until(lambda: ledger._writer._queued_bytes == 0)
+        filler = ledger.enqueue_now(b"f" * 900)
+        assert filler is not None  # room: queued at once
+        assert ledger.enqueue_now(b"A" * 500) is None  # no room: nothing queued
+        assert ledger._writer._queued_bytes == 900
+        waiting = asyncio.create_task(ledger.enqueue(b"W" * 500))  # waits for room
+        await wait_until(lambda: ledger._writer._admitting == 1)
+        assert ledger.enqueue_now(b"s") is None  # would overtake the waiting append
+        with pytest.raises(EntryTooLarge):
+            ledger.enqueue_now(b"x" * 901)
+    finally:
+        gate.set()
+    later = await waiting
+    positions = [await head, await filler, await later]
+    assert positions == sorted(positions)
+    await ledger.close()
+    with pytest.raises(LedgerClosed):
+        ledger.enqueue_now(b"late")
