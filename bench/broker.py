@@ -104,8 +104,8 @@ def wait_ready(process: subprocess.Popen[bytes], url: str) -> None:
 
 
 @contextlib.contextmanager
-def broker_process(ledger_dir: Path) -> Iterator[str]:
-    """Run the broker in a child process; yields its URL; stops it (or kills it)."""
+def broker_process(ledger_dir: Path) -> Iterator[tuple[str, int]]:
+    """Run the broker in a child process; yields its URL and pid; stops it (or kills it)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
@@ -119,7 +119,7 @@ def broker_process(ledger_dir: Path) -> Iterator[str]:
     )
     try:
         wait_ready(process, url)
-        yield url
+        yield url, process.pid
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{SIZE} B messages, stored as {stored_entry_size()} B entries by the broker"
         )
         raw = {n: asyncio.run(raw_ledger(directory, n, MAX_PENDING, seconds)) for n in PRODUCERS}
-        with broker_process(directory / "broker") as url:
-            saturated_rows, paced_rows = asyncio.run(broker_runs(url, seconds))
+        with broker_process(directory / "broker") as (url, pid):
+            saturated_rows, paced_rows = asyncio.run(broker_runs(url, pid, seconds))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from brokerresults import MAX_PENDING, PACED_RATE, SIZE, PacedResult, ProduceResult, RawResult
 from common import percentile
+from peerlib import tree_cpu
 
 from segtxn.client import Client, Consumer, MessageId
 from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
@@ -50,11 +51,22 @@ class Window:
     async def measure(self, counter: Callable[[], int]) -> tuple[int, float]:
         """Sleep through the window; the count it saw and its real length (a late wake-up
         on a busy loop moves the edges, not the rate)."""
+        count, elapsed, _ = await self.measure_cpu(counter, None)
+        return count, elapsed
+
+    async def measure_cpu(
+        self, counter: Callable[[], int], server: int | None
+    ) -> tuple[int, float, tuple[float, float]]:
+        """:meth:`measure`, and the CPU seconds the ``server`` process and this one (the
+        client) used in the window: on a shared machine a rate moves with the other work,
+        the CPU a message costs much less."""
         await asyncio.sleep(max(0.0, self.start - time.perf_counter()))
         t0, c0 = time.perf_counter(), counter()
+        s0, p0 = tree_cpu(server), time.process_time()
         await asyncio.sleep(max(0.0, self.end - time.perf_counter()))
         t1, c1 = time.perf_counter(), counter()
-        return c1 - c0, t1 - t0
+        s1, p1 = tree_cpu(server), time.process_time()
+        return c1 - c0, t1 - t0, (s1 - s0, p1 - p0)
 
 
 # ---------------------------------------------------------------------- raw ledger
@@ -153,9 +165,17 @@ def latency_of(probes: list[Probe]) -> tuple[float | None, float | None, int]:
 
 
 async def saturated(
-    url: str, tag: str, producers: int, batching: bool, seconds: float, *, consume: bool
+    url: str,
+    tag: str,
+    producers: int,
+    batching: bool,
+    seconds: float,
+    *,
+    consume: bool,
+    server: int | None = None,
 ) -> ProduceResult:
-    """``producers`` producers, each on its own fresh topic with ``MAX_PENDING`` in flight."""
+    """``producers`` producers, each on its own fresh topic with ``MAX_PENDING`` in flight;
+    ``server``: the broker's pid, whose CPU is measured with the client's."""
     topics = [f"{NAMESPACE}/{tag}-{i}" for i in range(producers)]
     async with Client(url) as client:
         for topic in topics:
@@ -198,12 +218,12 @@ async def saturated(
         async with asyncio.TaskGroup() as tg:
             for i in range(producers):
                 tg.create_task(pump(i))
-            messages, elapsed = await window.measure(lambda: sum(stored))
+            messages, elapsed, cpu = await window.measure_cpu(lambda: sum(stored), server)
         for sender in senders:
             await sender.flush()
         if failures:
             raise RuntimeError(f"{len(failures)} sends failed") from failures[0]
-        result = ProduceResult(producers, batching, messages, elapsed)
+        result = ProduceResult(producers, batching, messages, elapsed, *cpu)
         if consume:
             result.missing = await drain(probes, stored)
             result.p50, result.p99, result.samples = latency_of(probes)
@@ -282,15 +302,17 @@ async def paced(url: str, tag: str, batching: bool, rate: float, seconds: float)
 
 
 async def broker_runs(
-    url: str, seconds: float
+    url: str, server: int | None, seconds: float
 ) -> tuple[list[tuple[ProduceResult, ProduceResult]], list[PacedResult]]:
     saturated_rows: list[tuple[ProduceResult, ProduceResult]] = []
     for producers in PRODUCERS:
         for batching in BATCHING:
             tag = f"{producers}p-{'batch' if batching else 'single'}"
-            alone = await saturated(url, f"tput-{tag}", producers, batching, seconds, consume=False)
+            alone = await saturated(
+                url, f"tput-{tag}", producers, batching, seconds, consume=False, server=server
+            )
             consumed = await saturated(
-                url, f"e2e-{tag}", producers, batching, seconds, consume=True
+                url, f"e2e-{tag}", producers, batching, seconds, consume=True, server=server
             )
             saturated_rows.append((alone, consumed))
     paced_rows = [

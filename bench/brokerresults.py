@@ -51,6 +51,10 @@ class ProduceResult:
     batching: bool
     messages: int
     elapsed: float
+    server_cpu: float = 0.0
+    """CPU seconds of the broker process in the window."""
+    client_cpu: float = 0.0
+    """CPU seconds of the client's process (this one) in the window."""
     entries: int = 0
     batches: int = 0
     p50: float | None = None
@@ -93,6 +97,10 @@ class PacedResult:
 # ---------------------------------------------------------------------- output
 
 
+def per_msg_us(cpu_s: float, messages: int) -> str:
+    return f"{cpu_s / messages * 1e6:.0f}" if messages else "-"
+
+
 def fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.2f}"
 
@@ -112,6 +120,7 @@ def print_tables(
             "+consumer msgs/s",
             "e2e p50 ms",
             "e2e p99 ms",
+            "CPU µs/msg broker / client",
         )
     ]
     for r in raw.values():
@@ -123,6 +132,7 @@ def print_tables(
                 f"{r.mb_per_s:,.2f}",
                 f"{r.avg_batch:.1f}",
                 "1.00x",
+                "-",
                 "-",
                 "-",
                 "-",
@@ -146,13 +156,17 @@ def print_tables(
                 f"{consumed.msgs_per_s:,.0f}",
                 fmt_ms(consumed.p50),
                 fmt_ms(consumed.p99),
+                f"{per_msg_us(alone.server_cpu, alone.messages)} / "
+                f"{per_msg_us(alone.client_cpu, alone.messages)}",
             )
         )
     print_rows(rows)
     print(
         f"(÷ raw: broker msgs/s over raw ledger appends/s with as many ledgers, 100 B, same "
         f"directory; +consumer: the same load on fresh topics with one consumer each, whose "
-        f"publish-to-receive latency is e2e; {MAX_PENDING} in flight per producer)"
+        f"publish-to-receive latency is e2e; {MAX_PENDING} in flight per producer; CPU: user + "
+        f"system seconds of the broker process and of the client's, in the window without "
+        f"a consumer, per message stored)"
     )
     print()
     paced_table: list[tuple[str, ...]] = [
