@@ -231,19 +231,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                 with contextlib.suppress(Exception):  # a failed write stored nothing
                     self._note_write(txn, await asyncio.shield(written))
             if txn in self._ongoing:
-                try:
-                    at = await self._ledger.append(
-                        marker_entry((txn.most, txn.least), action.value, int(time.time() * 1000))
-                    )
-                except LedgerSealed as e:
-                    log.warning("txn %s: %s is terminated: no %s marker", txn, self.topic, action)
-                    raise ServerError(
-                        ErrorName.TOPIC_TERMINATED,
-                        f"{self.topic} is terminated: it cannot take the {action.value} marker "
-                        f"of {txn}, so the transaction cannot complete (v4 needs a marker in "
-                        "every partition it wrote to)",
-                    ) from e
-                self._apply_end(txn, outcome, at)
+                at = await self._write_marker(txn, action)
                 self._markers_since_snapshot += 1
                 log.debug("txn %s: %s marker on %s at %s", txn, action.value, self.topic, at)
             remember(self._ended, txn, outcome)
@@ -254,6 +242,39 @@ class MarkerTransactionBuffer(TransactionBuffer):
             self._snapshotting = asyncio.create_task(
                 self._snapshot(), name=f"txn-buffer-snapshot-{self.topic}"
             )
+
+    async def _write_marker(self, txn: TxnId, action: TxnAction) -> Position:
+        """Append ``txn``'s marker and apply it; returns where it is. A floor at the last
+        entry before it is held meanwhile, as :meth:`append` does for an entry: a snapshot
+        taken once the marker is durable but before it is applied (another transaction's
+        marker may start one then) lists ``txn`` as ongoing, so its position must stay
+        before the marker, for a recovery from it to replay the marker. Past it, the
+        restarted buffer found ``txn`` open for good, and the v4 checks' sweep wrote a
+        second marker: an abort, aborting a committed transaction that consumers had read,
+        if its coordinator had forgotten it.
+
+        Raises:
+            ServerError(TopicTerminatedError): as :meth:`end`.
+        """
+        floor = self._ledger.last_confirmed or Position(0, -1)
+        self._floors.append(floor)
+        try:
+            at = await self._ledger.append(
+                marker_entry((txn.most, txn.least), action.value, int(time.time() * 1000))
+            )
+        except LedgerSealed as e:
+            log.warning("txn %s: %s is terminated: no %s marker", txn, self.topic, action)
+            raise ServerError(
+                ErrorName.TOPIC_TERMINATED,
+                f"{self.topic} is terminated: it cannot take the {action.value} marker "
+                f"of {txn}, so the transaction cannot complete (v4 needs a marker in "
+                "every partition it wrote to)",
+            ) from e
+        else:
+            self._apply_end(txn, action.outcome, at)
+            return at
+        finally:
+            self._floors.remove(floor)
 
     def _apply_end(self, txn: TxnId, outcome: TxnState, marker: Position) -> None:
         self._ongoing.pop(txn, None)
@@ -272,7 +293,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
 
     async def snapshot(self) -> None:
         """Write both indexes as they stand: they reflect every entry up to the last
-        confirmed one that no append in flight precedes."""
+        confirmed one that no append in flight (an entry's or a marker's) precedes."""
         incarnation = await self.incarnation()
         last = self._ledger.last_confirmed
         if last is None:
@@ -350,7 +371,15 @@ class MarkerTransactionBuffer(TransactionBuffer):
         return self._incarnation
 
     async def _replay(self, start: Position | None) -> bool:
-        """Apply entries from ``start`` on; returns whether any was transactional."""
+        """Apply entries from ``start`` on; returns whether any was transactional.
+
+        A marker ends only a transaction open at that point of the replay (listed by the
+        snapshot, or with an entry since): :meth:`end` writes one only then, so any other is
+        a second marker of a transaction ended already, or one whose entries were trimmed.
+        The first marker decides, as :meth:`end` refuses a second END: a second marker (the
+        v4 checks' sweep wrote one, before :meth:`_write_marker` kept snapshots before
+        markers, for a transaction a snapshot showed open after its marker) changes
+        nothing, so an abort after a commit never hides what consumers have read."""
         found = False
         while start is not None:
             entries = await self._ledger.read(start, max_entries=1000, max_bytes=64 << 20)
@@ -364,6 +393,8 @@ class MarkerTransactionBuffer(TransactionBuffer):
                 found = True
                 txn = TxnId(*message.txn)
                 if message.marker is not None:
+                    if txn not in self._ongoing:
+                        continue  # not its first marker, or its entries are gone: see above
                     outcome = TxnAction(message.marker).outcome
                     self._apply_end(txn, outcome, entry.position)
                     remember(self._ended, txn, outcome)
