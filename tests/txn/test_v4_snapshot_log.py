@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLog, SnapshotLogs, snapshot_log
-from segtxn.ledger import FileLogStorage, LedgerSettings
+from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore, StoreUnavailable, open_store
 from segtxn.metastore.faults import FaultInjector
@@ -35,11 +35,28 @@ TOPICS = [f"persistent://acme/v4/t{i}" for i in range(8)]
 SMALL_LEDGERS = LedgerSettings(max_ledger_bytes=4096)
 
 
-def snapshot(topic: str, n: int) -> BufferSnapshot:
+def snapshot(topic: str, n: int, incarnation: int = 0) -> BufferSnapshot:
     """The ``n``-th snapshot of ``topic`` (its content tells which one it is)."""
     return BufferSnapshot(
-        topic, (1, n), {f"0:{n}": (1, n)}, {f"0:{i}": (1, i) for i in range(n % 5)}
+        topic,
+        (1, n),
+        {f"0:{n}": (1, n)},
+        {f"0:{i}": (1, i) for i in range(n % 5)},
+        incarnation,
     )
+
+
+async def create_topics(store: MetadataStore, root: Path) -> dict[str, int]:
+    """Create the ledgers of ``TOPICS``; returns their incarnations (a compaction keeps
+    only the snapshots of topics that exist, of their current incarnation:
+    tests/txn/test_v4_snapshot_log_gone.py)."""
+    incarnations = {}
+    for topic in TOPICS:
+        await (await ManagedLedger.open(topic, store, FileLogStorage(root), SMALL_LEDGERS)).close()
+        record = await store.get(metadata_key(topic))
+        assert record is not None
+        incarnations[topic] = record.created_version
+    return incarnations
 
 
 async def open_log(store: MetadataStore, root: Path, compact_entries: int) -> SnapshotLog:
@@ -61,14 +78,16 @@ async def test_the_snapshot_log_stays_bounded(
     seed = random.randrange(2**32)
     print(f"seed {seed}")
     rng = random.Random(seed)
+    incarnations = await create_topics(store, tmp_path)
     log_ = await open_log(store, tmp_path, compact_entries)
-    latest = {TOPICS[-1]: snapshot(TOPICS[-1], 0)}  # an idle topic: it writes once, first
+    idle = TOPICS[-1]  # an idle topic: it writes once, first
+    latest = {idle: snapshot(idle, 0, incarnations[idle])}
     await log_.write(latest[TOPICS[-1]])
     largest = 0
     try:
         for n in range(1, 2000):
             topic = rng.choice(TOPICS[:-1])
-            latest[topic] = snapshot(topic, n)
+            latest[topic] = snapshot(topic, n, incarnations[topic])
             await log_.write(latest[topic])
             largest = max(largest, log_.entries)
         for topic, expected in latest.items():
@@ -95,11 +114,12 @@ async def test_the_snapshot_log_stays_bounded(
 async def test_a_crash_at_each_step_of_a_compaction_keeps_the_latest_snapshots(
     store: MetadataStore, tmp_path: Path, step: str
 ) -> None:
+    incarnations = await create_topics(store, tmp_path)
     log_ = await open_log(store, tmp_path, 0)
     latest = {}
     for n in range(300):
         topic = TOPICS[n % len(TOPICS)]
-        latest[topic] = snapshot(topic, n)
+        latest[topic] = snapshot(topic, n, incarnations[topic])
         await log_.write(latest[topic])
     storage = log_._log._storage  # (whose delete the step may cut)
     STEPS[step](log_._log, storage, len(TOPICS) // 2)

@@ -15,9 +15,9 @@ transactions) would hide the new topic's entries from recovery, and with them it
 transactions and their uncommitted messages. Each snapshot records the store revision that
 created its topic's ledger record (:attr:`BufferSnapshot.incarnation`), and recovery loads
 only one of its own topic's incarnation, in any broker's log. A deletion also appends a
-tombstone to this broker's log, so a compaction stops keeping the deleted topic's snapshot
-(another broker's log keeps a snapshot of a topic that moved away until it is compacted
-with that topic deleted there; it is never loaded).
+tombstone to this broker's log, so a compaction stops keeping the deleted topic's snapshot.
+The log of a broker the topic moved away from gets no tombstone: its compaction drops what
+no recovery can load (below).
 
 **A snapshot is a base only while what follows it is retained.** A topic that moved to
 another broker and back finds its old snapshot here, of the same incarnation, older than
@@ -41,6 +41,15 @@ written since its last compaction (and twice as many as the topics it holds), it
 each topic's latest snapshot is copied past the cut, and the ledgers before the cut are
 deleted. A crash at any step leaves a log whose replay indexes, per topic, a snapshot with
 the same content as before (:mod:`segtxn.ledger.compacted` says why).
+
+**A snapshot no recovery can load is not copied** (:meth:`SnapshotLog.compact`): one whose
+incarnation is 0, or whose topic's ledger record is gone (deleted) or was created at another
+revision (deleted and created again), as recovery checks. A record's creation revision never
+comes back once the record is deleted, so such a snapshot stays unloadable for good, on
+every broker; a topic that exists, of the snapshot's incarnation, keeps it whichever broker
+serves it now (it may move back here: :mod:`segtxn.broker.txn.markers` loads it then).
+Without this, a broker's log kept the last snapshot of every topic that moved away from it
+and was deleted elsewhere, and grew without bound over topics created and deleted.
 """
 
 from __future__ import annotations
@@ -54,9 +63,12 @@ import msgspec
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, ManagedLedger, Position
 from segtxn.ledger.compacted import CompactedLog
+from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore, MetadataStoreError
 
 SNAPSHOT_LOG = "__transaction_buffer_snapshot"
+LOOKUPS = 16
+"""Store reads a compaction makes at once, asking whether its topics' snapshots are current."""
 
 
 def snapshot_log(tenant: str, namespace: str, broker_id: str) -> str:
@@ -89,10 +101,11 @@ class _Tombstone(msgspec.Struct, frozen=True):
 
 
 class _Topic(msgspec.Struct):
-    """Decodes just the topic of a snapshot or a tombstone."""
+    """Decodes just the topic of a snapshot or a tombstone (and a snapshot's incarnation)."""
 
     topic: str
     deleted: bool = False
+    incarnation: int = 0
 
 
 _encode = msgspec.json.Encoder().encode
@@ -106,9 +119,14 @@ class SnapshotLog:
     and the log is compacted to those (see the module docstring)."""
 
     def __init__(
-        self, log_: CompactedLog, compact_entries: int, metrics: BrokerMetrics | None
+        self,
+        log_: CompactedLog,
+        store: MetadataStore,
+        compact_entries: int,
+        metrics: BrokerMetrics | None,
     ) -> None:
         self._log = log_
+        self._store = store
         self._compact_entries = compact_entries
         self._metrics = metrics
         self._latest: dict[str, Position] = {}
@@ -125,7 +143,7 @@ class SnapshotLog:
         metrics: BrokerMetrics | None = None,
     ) -> SnapshotLog:
         opened = await CompactedLog.open(name, store, storage, settings)
-        log_ = cls(opened, compact_entries, metrics)
+        log_ = cls(opened, store, compact_entries, metrics)
         try:
             async for entries in log_._log.replay():
                 for entry in entries:
@@ -186,15 +204,24 @@ class SnapshotLog:
             # a compaction copied it and trimmed the original meanwhile: read the copy
 
     async def compact(self) -> None:
-        """Keep only each topic's latest snapshot (one compaction at a time).
+        """Keep only each topic's latest snapshot, and of those only the ones a recovery
+        can load (one compaction at a time). The rule, recovery's own
+        (:meth:`segtxn.broker.txn.markers.MarkerTransactionBuffer.recover`): a snapshot is
+        dropped if its incarnation is 0, or if its topic's ledger record is gone or was
+        created at another revision than the snapshot's incarnation. It is judged before
+        the log is held alone (one store read per topic, :data:`LOOKUPS` at once, so the
+        snapshots written meanwhile wait for none of them): a judgement cannot go stale,
+        since a record's creation revision never comes back, and a topic snapshotted again
+        meanwhile has its new snapshot kept (only the snapshot judged is dropped).
 
         Raises:
             LedgerError, MetadataStoreError: a step failed (the log stays correct).
         """
+        unloadable = await self._unloadable()
         topics: list[str] = []
 
         async def keep() -> Sequence[bytes]:
-            topics[:] = list(self._latest)
+            topics[:] = [t for t, at in self._latest.items() if unloadable.get(t) != at]
             payloads = []
             for topic in topics:
                 at = self._latest[topic]
@@ -205,11 +232,41 @@ class SnapshotLog:
             return payloads
 
         def relogged(positions: list[Position]) -> None:
-            self._latest.update(zip(topics, positions, strict=True))
+            self._latest = dict(zip(topics, positions, strict=True))  # the others dropped
 
         await self._log.compact(keep, relogged=relogged)
         if self._metrics is not None:
             self._metrics.txn_v4_log_compactions.add(1, {"log": "snapshot"})
+
+    async def _unloadable(self) -> dict[str, Position]:
+        """The topics whose latest snapshot no recovery can load (:meth:`compact`), and
+        where that snapshot is.
+
+        Raises:
+            LedgerError, MetadataStoreError: a read failed.
+        """
+        unloadable: dict[str, Position] = {}
+        judging = iter(list(self._latest.items()))
+
+        async def judge() -> None:  # LOOKUPS of these share the topics
+            for topic, at in judging:
+                entries = await self._log.ledger.read(at, max_entries=1)
+                if not entries or entries[0].position != at:
+                    continue  # moved by a compaction meanwhile: judged by the next one
+                incarnation = _decode_topic(entries[0].payload).incarnation
+                if incarnation:
+                    record = await self._store.get(metadata_key(topic))
+                    if record is not None and record.created_version == incarnation:
+                        continue
+                unloadable[topic] = at
+
+        try:
+            async with asyncio.TaskGroup() as group:  # (the others cancelled on a failure)
+                for _ in range(LOOKUPS):
+                    group.create_task(judge())
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None  # raised as it came, for the callers
+        return unloadable
 
     @property
     def ledger(self) -> ManagedLedger:
