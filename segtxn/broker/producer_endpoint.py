@@ -168,7 +168,11 @@ async def producer(request: web.Request) -> web.StreamResponse:
         outcome: Outcome | ServerError,
         started: float,
         span: tracing.Span | None = None,
+        *,
+        unproven: str | None,
     ) -> None:
+        """Answer one send. ``unproven``: :func:`fencing.why` at the moment of answering
+        (asked once for the sends answered together: it reads the session's clock)."""
         if span is not None:
             send_span_ends(span, outcome)
         if isinstance(outcome, ServerError):
@@ -179,9 +183,8 @@ async def producer(request: web.Request) -> web.StreamResponse:
             return
         if fenced:
             return
-        why = fencing.why(service)
-        if why is not None:
-            hang_up(why)
+        if unproven is not None:
+            hang_up(unproven)
             return
         position, duplicate = outcome
         if duplicate:
@@ -208,7 +211,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
             outcome = e
         finally:
             window.release()
-        answer(send, outcome, started, span)
+        answer(send, outcome, started, span, unproven=fencing.why(service))
 
     async def publish_together(items: list[tuple[Send, Turn]]) -> None:
         started = time.perf_counter()
@@ -221,8 +224,9 @@ async def producer(request: web.Request) -> web.StreamResponse:
         finally:
             for _ in items:
                 window.release()
+        unproven = fencing.why(service)
         for (send, _), outcome, span in zip(items, outcomes, spans, strict=True):
-            answer(send, outcome, started, span)
+            answer(send, outcome, started, span, unproven=unproven)
 
     def start(work: Coroutine[Any, Any, None], turns: list[Turn], name: str) -> None:
         task = asyncio.create_task(work, name=name)
@@ -236,7 +240,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
         if refusal is None:
             return True
         for send in sends:
-            answer(send, refusal, 0.0)
+            answer(send, refusal, 0.0, unproven=None)  # (a refusal: no receipt to withhold)
         return False
 
     async def commit(frame: Commit) -> None:

@@ -45,7 +45,7 @@ class WriteStats:
     or one entry's size)."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Pending:
     payload: bytes
     done: asyncio.Future[Position]
