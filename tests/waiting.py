@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from segtxn.metastore import Compacted, MetadataStore
 
@@ -65,3 +65,16 @@ async def wait_compacted(store: MetadataStore, revision: int, *, timeout: float 
         return False
 
     await wait_until(gone, timeout=timeout, what=f"revision {revision} compacted")
+
+
+class ContendedLock(asyncio.Lock):
+    """A lock that says when a task has to wait for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contended = asyncio.Event()
+
+    async def acquire(self) -> Literal[True]:
+        if self.locked():
+            self.contended.set()
+        return await super().acquire()

@@ -23,7 +23,6 @@ files in ``tmp_path``; the interleaving is a held store read of the log's metada
 from __future__ import annotations
 
 import asyncio
-from typing import Literal
 
 import aiohttp
 import pytest
@@ -35,7 +34,7 @@ from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster, acked_in_txn, create_and_send
-from tests.waiting import wait_until
+from tests.waiting import ContendedLock, wait_until
 
 TOPIC = "persistent://acme/subrace/t"
 LOG = pending_ack_log(TOPIC, "s")
@@ -104,19 +103,6 @@ async def test_a_consumer_attaching_while_its_subscription_is_deleted_keeps_its_
         await loaded.close()  # its log's clean close
         del topic.subscriptions["s"]
         assert "s" in await client.admin.subscriptions(TOPIC)
-
-
-class ContendedLock(asyncio.Lock):
-    """A lock that says when a task has to wait for it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.contended = asyncio.Event()
-
-    async def acquire(self) -> Literal[True]:
-        if self.locked():
-            self.contended.set()
-        return await super().acquire()
 
 
 async def test_a_topic_deleted_while_a_subscription_loads_deletes_its_log_after_the_load(

@@ -23,9 +23,8 @@ from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore.fault_holds import Hold
 from segtxn.protocol.names import TopicName
 from tests.broker.test_disk_full import FullDisk
-from tests.broker.test_subscription_delete_races import ContendedLock
 from tests.cluster import Cluster, create_and_send
-from tests.waiting import wait_until
+from tests.waiting import ContendedLock, wait_until
 
 TOPIC = "persistent://acme/unload/raced"
 
