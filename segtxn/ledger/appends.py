@@ -369,8 +369,8 @@ class LedgerAppends(LedgerReads):
             if now is None:  # trimmed: deleted now, or once the reads in flight on it end
                 self._let_go.append(info)
                 await self._logs.doom(info)
-            elif now.placement != info.placement:  # moved: read from where it is now
-                await self._logs.forget(info.id)
+            elif now.placement != info.placement:  # moved: read from where it is now (its
+                await self._logs.let_go(info.id)  # reads in flight close the old log)
         return True
 
     def _notify(self) -> None:

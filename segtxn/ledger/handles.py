@@ -11,7 +11,7 @@ No log is ever closed under a read: a log closed under a read's thread left it r
 closed descriptor (a bare ``OSError``), or worse, one the process had meanwhile given to
 another file. Closing waits for the reads in flight to end before it closes the logs;
 reads that start once closing has begun raise ``LedgerClosed``. Letting go of one ledger's
-log (:meth:`LogHandles.forget`, when it moved) is the same for that log: reads that start
+log (:meth:`LogHandles.let_go`, when it moved) is the same for that log: reads that start
 afterwards open the ledger again, the ones in flight end on it, and the last of them
 closes it.
 """
@@ -70,7 +70,7 @@ class LogHandles:
 
     @property
     def letting_go(self) -> frozenset[int]:
-        """Ledgers whose logs :meth:`forget` let go of, waiting for the reads in flight on
+        """Ledgers whose logs :meth:`let_go` let go of, waiting for the reads in flight on
         them to end before they are closed."""
         return frozenset(entry_log.ledger_id for entry_log in self._letting_go)
 
@@ -110,7 +110,7 @@ class LogHandles:
     async def _read_on(
         self, entry_log: EntryLog, first: int, last: int, max_bytes: int | None
     ) -> list[bytes]:
-        """Read from ``entry_log``, holding it open: if :meth:`forget` let go of it
+        """Read from ``entry_log``, holding it open: if :meth:`let_go` let go of it
         meanwhile, the last read on it closes it."""
         self._using[entry_log] = self._using.get(entry_log, 0) + 1
         try:
@@ -165,19 +165,21 @@ class LogHandles:
             self._logs[info.id] = entry_log
             return entry_log
 
-    async def forget(self, ledger_id: int) -> None:
+    async def let_go(self, ledger_id: int) -> asyncio.Event | None:
         """Let go of a closed ledger's log, if open: its next read opens it again from its
         metadata (its placement changed). Reads in flight on it end on it, with their
-        entries; it is closed once they have, and this waits for that (if it is
-        cancelled meanwhile, the last of them still closes it)."""
+        entries, and the last of them closes it: returns an event set then (None: closed
+        now, or not open). The wait is the caller's, apart from this: a managed ledger lets
+        go with its metadata change, under its metadata lock, and a slow read waited for
+        there held every other change of that ledger (rollovers, trims, clean close) as
+        long as it lasted."""
         entry_log = self._logs.pop(ledger_id, None)
         if entry_log is None:
-            return
+            return None
         if entry_log not in self._using:
             await asyncio.to_thread(entry_log.close)
-            return
-        released = self._letting_go.setdefault(entry_log, asyncio.Event())
-        await released.wait()
+            return None
+        return self._letting_go.setdefault(entry_log, asyncio.Event())
 
     async def doom(self, info: LedgerInfo) -> None:
         """Delete a trimmed ledger's file now, or when the reads in flight on it end."""

@@ -376,6 +376,9 @@ class ManagedLedger(LedgerAppends):
         ``was`` (:mod:`segtxn.ledger.replicas.repair` made complete, synced copies), in a
         metadata CAS made in turn with this owner's others; reads go to ``now`` from then
         on. False, changing nothing: it is no longer a closed ledger kept on ``was``.
+        Returns once the old log is closed: reads in flight on it end on it first, waited
+        for after the CAS, out of the metadata lock (under it, a slow read held the
+        ledger's rollovers, trims and clean close as long as it lasted).
 
         Raises:
             LedgerClosed: this ledger object is closed.
@@ -389,10 +392,15 @@ class ManagedLedger(LedgerAppends):
             changed[:] = [] if (after := moved(meta, ledger_id, was, now)) is None else [after]
             return after
 
-        async def forget(_: LedgerMetadata) -> None:  # run with the CAS (see _update)
-            await self._logs.forget(ledger_id)
+        closing: list[asyncio.Event] = []
 
-        await self._update(move, landed=forget)
+        async def let_go(_: LedgerMetadata) -> None:  # run with the CAS (see _update)
+            if (released := await self._logs.let_go(ledger_id)) is not None:
+                closing.append(released)
+
+        await self._update(move, landed=let_go)
+        for released in closing:  # (not under the metadata lock: a slow read holds no change)
+            await released.wait()
         return bool(changed)
 
     def _open_size(self, ledger_id: int) -> int:

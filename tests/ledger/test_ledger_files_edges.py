@@ -42,7 +42,6 @@ from tests.ledger.foreign import (
     two_volumes,
     write_ledgers,
 )
-from tests.waiting import wait_until
 
 NAME = "persistent://t/n/files"
 
@@ -257,7 +256,7 @@ async def test_a_closed_ledger_whose_file_went_is_missing_every_time(
 
 
 # ---------------------------------------------------------------------------------------
-# 4. LogHandles.forget() (a replicated ledger's move: its next read opens it from its new
+# 4. LogHandles.let_go() (a replicated ledger's move: its next read opens it from its new
 #    placement) closed the log at once, under a read in flight on it in its thread, which
 #    then read a closed descriptor (a bare OSError, EBADF) or one the process had
 #    meanwhile given to another file.
@@ -285,26 +284,24 @@ class _PausedStorage(FileLogStorage):
     entry_log = _PausedEntryLog
 
 
-async def test_forget_lets_a_read_in_flight_end_on_the_log_before_closing_it(
+async def test_let_go_lets_a_read_in_flight_end_on_the_log_before_closing_it(
     store: MetadataStore, tmp_path: Path
 ) -> None:
     for event in (_READING, _RESUME, _CLOSED):
         event.clear()
     ledger = await ManagedLedger.open(NAME, store, _PausedStorage(tmp_path), LedgerSettings())
-    forgetting: asyncio.Task[None] | None = None
+    forgetting: asyncio.Task[bool] | None = None
     try:
         await ledger.append(b"e0")
         await ledger.roll_over()  # ledger 1 is closed, its log still held for reads
         reading = asyncio.create_task(ledger.read(Position(1, 0)))
         try:
             assert await asyncio.to_thread(_READING.wait, 10)
-            forgetting = asyncio.create_task(ledger._logs.forget(1))
-            # forget() closes the log under the read (before the fix), or waits for it
-            await wait_until(
-                lambda: _CLOSED.is_set() or 1 in ledger._logs.letting_go,
-                what="forget() closed the log or waits for the read",
-            )
-            assert not _CLOSED.is_set() and not forgetting.done()
+            released = await ledger._logs.let_go(1)
+            # let_go() closes the log under the read (before the fix), or leaves it to it
+            assert not _CLOSED.is_set() and 1 in ledger._logs.letting_go
+            assert released is not None and not released.is_set()
+            forgetting = asyncio.create_task(released.wait())
         finally:
             _RESUME.set()
         # the read in flight ends as it began, with its entries; then the log is closed
