@@ -11,15 +11,18 @@ sessions and the store left open, their tasks running, with a traceback), or it 
 stop for as long as the store kept silent. Each step is now a :meth:`Stopping.step`: a
 failure is logged once at WARNING and the next step runs, and the steps of one stop share
 one time limit: a coordinator's from the start of its stop, a broker's from the first step
-the store failed (:class:`Stopping`).
+the store failed (:class:`Stopping`). The background tasks a stop cancels get
+:data:`~segtxn.aio.CANCEL_GRACE_S` to end (:meth:`Stopping.cancel`), not for ever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
+from typing import Any
 
+from segtxn.aio import CANCEL_GRACE_S
 from segtxn.ledger import LedgerError
 from segtxn.metastore import (
     MetadataStoreError,
@@ -103,10 +106,44 @@ class Stopping:
             if self._deadline is None and _for_the_store(e):
                 self._deadline = self._loop.time() + self._limit_s
 
+    async def cancel(self, what: str, tasks: Iterable[asyncio.Task[Any]]) -> None:
+        """Cancel ``tasks`` (``what``: the server's background work) and wait for them to
+        end, for :data:`~segtxn.aio.CANCEL_GRACE_S` at most: those still running then are
+        left to end by themselves (said once at WARNING, naming them), and the stop goes
+        on. Their failures are not raised (nor left unretrieved). Cancellation (the stop
+        itself cancelled) is raised.
+
+        Why the bound: a cancelled task may take the grace to end (a ledger's metadata
+        change in flight ends first: :func:`~segtxn.aio.run_to_end`), and one that took
+        the cancel and went on ends when it ends: a v4 take-over cancelled while it opened
+        its log closes that log, and the clean-close write, made with no cancel left to cut
+        it short, waits for the store's answer. Awaited without a bound, such a task held
+        the stop, outside its time limit, for as long as the store was silent."""
+        tasks = list(tasks)
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        done, left = await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
+        for task in done:
+            _retrieve(task)
+        for task in left:
+            task.add_done_callback(_retrieve)
+        if left:
+            log.warning(
+                "%s: %s still running %.1f s after their cancel (%s); going on without them",
+                self.what, what, CANCEL_GRACE_S, ", ".join(sorted(t.get_name() for t in left)),
+            )  # fmt: skip
+
     async def steps(self, *steps: tuple[str, Awaitable[object]]) -> None:
         """Several steps at once (resigning each id: one store round trip for them all,
         not one after another)."""
         await asyncio.gather(*(self.step(what, action) for what, action in steps))
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _for_the_store(e: BaseException) -> bool:

@@ -17,10 +17,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
+from segtxn.aio import CANCEL_GRACE_S
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import log_name
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
+from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore
 from segtxn.metastore.etcd_server import free_port
@@ -98,6 +102,51 @@ async def test_a_v4_coordinators_stop_ends_in_its_time_while_its_logs_record_get
             "waits for a store answer that never comes (run_to_end swallows the cancel)"
         )
     finally:
+        if held is not None:
+            held.release()
+        faults.clear()
+        if stop is not None:
+            await asyncio.gather(stop, return_exceptions=True)
+        await v4.stop()
+        await store.close()
+
+
+async def test_a_v4_coordinators_stop_ends_in_its_time_while_a_cancelled_take_over_closes_its_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The stop cancels the coordinator's tasks and waits for them before its steps, out of
+    its time limit. A take-over cancelled while it opened its log closes that log (its
+    writer must not outlive it), and the close's clean-close write, made once the cancel
+    was taken, waits for the store's answer with no cancel left to cut it short: with the
+    store silent, the stop never ended."""
+    store, faults = memory_store_with_faults()
+    listing = faults.hold("range", key_prefix=cursors_prefix(log_name(0)))  # the open's
+    v4 = CoordinatorV4(
+        store,
+        CoordinatorSettings(
+            advertise_url=f"http://127.0.0.1:{free_port()}",
+            v4_coordinator_ids=1,
+            gc_retention_s=0,
+            timeout_sweep_s=3600,
+            ledger_url=f"file://{tmp_path / 'txn-logs'}",
+        ),
+    )
+    await v4.start()
+    stop: asyncio.Task[None] | None = None
+    held = None
+    try:
+        await listing.wait_for(1)  # the take-over of id 0 is opening its log
+        held = faults.hold("txn", key_prefix=metadata_key(log_name(0)), times=None)
+        stop = asyncio.create_task(v4.stop(Stopping("coordinator", limit_s=LIMIT_S)))
+        done, _ = await asyncio.wait({stop}, timeout=LIMIT_S + CANCEL_GRACE_S + SLACK_S)
+        assert stop in done, (
+            "the coordinator's stop did not end within its time limit and the grace: it "
+            "waits for a cancelled task that does not end"
+        )
+        left = [r for r in caplog.records if "v4-coordinator-id-0" in r.getMessage()]
+        assert [r.levelname for r in left] == ["WARNING"], caplog.text
+    finally:
+        listing.release()
         if held is not None:
             held.release()
         faults.clear()

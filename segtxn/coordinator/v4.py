@@ -172,9 +172,7 @@ class CoordinatorV4:
         WARNING, all within ``stopping``'s time (:mod:`segtxn.stopping`; default: a stop of
         its own). Never raises but a cancellation."""
         stopping = stopping or Stopping("v4 coordinator")
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stopping.cancel("its v4 tasks", list(self._tasks))
         await self.ids.stop(stopping)
         if self._nodes is not None:
             await stopping.step("closing its storage nodes' HTTP session", self._nodes.close())

@@ -116,9 +116,9 @@ class CoordinatorV5:
     async def stop(self, stopping: Stopping | None = None) -> None:
         """Stop the sweeps, then the ids (:meth:`HeldIds.stop`: never raises but a
         cancellation, within ``stopping``'s time)."""
+        stopping = stopping or Stopping("coordinator")
         if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+            await stopping.cancel("its sweeps", [self._sweeper])
         await self.ids.stop(stopping)
 
     # ------------------------------------------------------------------ NEW_TXN

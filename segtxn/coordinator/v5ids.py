@@ -184,9 +184,7 @@ class HeldIds:
         default: a stop of its own). Never raises but a cancellation."""
         stopping = stopping or Stopping("coordinator ids")
         tasks = [t for t in (self._keeper, *self._holds) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await stopping.cancel("its campaigns", tasks)
         held = dict(self.held)
         self.held.clear()
         await stopping.steps(
