@@ -12,7 +12,7 @@ it cancels the losers *and waits for them to finish*.
 sooner than awaiting the task through a shield, with the same cancel and error cases.
 
 :func:`run_to_end` runs a step that must not be left half-way by its caller's cancel
-(within a bounded grace).
+(within a bounded grace, one for all the steps run while that cancel unwinds).
 
 :class:`Window` counts the slots of a send window, as ``asyncio.Semaphore`` would, at the
 cost of an integer comparison where there is room.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 from collections import deque
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -110,6 +111,11 @@ answers a CAS well within it, even on a loaded machine; one that does not cannot
 stop or a close past its own time limit by more than this."""
 
 
+_GRACE_ENDS = "_segtxn_grace_ends"
+"""The attribute a cancel (its ``CancelledError``) carries once a :func:`run_to_end` step
+began its grace: when the grace ends (loop time)."""
+
+
 async def run_to_end(
     work: Coroutine[Any, Any, T], *, name: str, grace_s: float = CANCEL_GRACE_S
 ) -> T:
@@ -118,6 +124,14 @@ async def run_to_end(
     own failure, if it had one, is dropped: the caller was cancelled); a ``work`` still
     running then is cancelled, as it would have been without this. A repeated cancel within
     the grace changes nothing.
+
+    One cancel, one grace: a step run while the caller unwinds from a cancel its task took
+    (in an ``except`` or ``finally``: a close that closes its ledger whatever stopped it)
+    gets what is left of that cancel's grace (all of it, from now, if no step had begun it)
+    and is cancelled past it, raising ``CancelledError``. Left to itself, it had no grace
+    at all, no cancel coming to start one: it waited for the store's answer, and a store
+    that did not answer held the stop's step for ever; and steps run one after another
+    under one cancel would each add a grace.
 
     Why: some steps change an outside record and then what the process holds in memory
     about it, and their outcome must be known to what runs them: a ledger's metadata
@@ -129,10 +143,11 @@ async def run_to_end(
     answers must not hold them for ever. Past the grace the step is left in doubt, as for
     a store whose answer was lost: the ledger's next change finds out what landed.
     """
+    loop = asyncio.get_running_loop()
+    unwinding = _unwinding()
+    deadline = None if unwinding is None else _grace_ends(unwinding, loop.time() + grace_s)
     task = asyncio.create_task(work, name=name)
     cancelled: asyncio.CancelledError | None = None
-    deadline: float | None = None
-    loop = asyncio.get_running_loop()
     while not task.done():
         timeout = None if deadline is None else max(0.0, deadline - loop.time())
         if timeout == 0.0:
@@ -143,12 +158,37 @@ async def run_to_end(
             await asyncio.wait([task], timeout=timeout)  # (a cancel of the wait: not the task)
         except asyncio.CancelledError as e:
             cancelled = cancelled or e
-            deadline = deadline or loop.time() + grace_s
+            deadline = _grace_ends(e, loop.time() + grace_s if deadline is None else deadline)
     if cancelled is not None:
         if not task.cancelled():
             task.exception()  # retrieved: the caller raises its cancel instead
         raise cancelled
+    if deadline is not None and task.cancelled():  # unwinding past its grace: the cancel
+        raise _grace_ends_with(asyncio.CancelledError(), deadline)  # goes on, with its grace
     return task.result()
+
+
+def _unwinding() -> asyncio.CancelledError | None:
+    """The cancel the caller is unwinding from (handled in an ``except`` or ``finally`` of
+    its own or of a caller's), if its task took one; None otherwise."""
+    task = asyncio.current_task()
+    handled = sys.exc_info()[1]
+    if task is not None and task.cancelling() and isinstance(handled, asyncio.CancelledError):
+        return handled
+    return None
+
+
+def _grace_ends(cancel: asyncio.CancelledError, otherwise: float) -> float:
+    """When ``cancel``'s grace ends: ``otherwise`` if none began yet (it begins then)."""
+    ends = getattr(cancel, _GRACE_ENDS, None)
+    if ends is None:
+        _grace_ends_with(cancel, ends := otherwise)
+    return float(ends)
+
+
+def _grace_ends_with(cancel: asyncio.CancelledError, ends: float) -> asyncio.CancelledError:
+    setattr(cancel, _GRACE_ENDS, ends)
+    return cancel
 
 
 class Window:

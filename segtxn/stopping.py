@@ -33,7 +33,7 @@ from segtxn.metastore import (
 )
 from segtxn.protocol.errors import ServerError
 
-__all__ = ["EXPECTED", "LAST_STEP_S", "STOP_LIMIT_S", "Stopping", "expected"]
+__all__ = ["CANCELLED_END_S", "EXPECTED", "LAST_STEP_S", "STOP_LIMIT_S", "Stopping", "expected"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,13 @@ LAST_STEP_S = 0.5
 """What a step begun once the stop's time is up still gets: one that needs no store
 (closing an HTTP session, cancelling tasks) still runs; one that waits on the store is
 abandoned soon."""
+
+
+CANCELLED_END_S = CANCEL_GRACE_S + 0.1
+"""How long a stop waits for the tasks it cancelled: the grace a ledger change in flight
+gets (:func:`~segtxn.aio.run_to_end`), and a moment for one cancelled past it to end (at
+its next await): waited for :data:`~segtxn.aio.CANCEL_GRACE_S` exactly, such a task was
+named as left behind a few milliseconds before it ended."""
 
 
 class Stopping:
@@ -108,23 +115,24 @@ class Stopping:
 
     async def cancel(self, what: str, tasks: Iterable[asyncio.Task[Any]]) -> None:
         """Cancel ``tasks`` (``what``: the server's background work) and wait for them to
-        end, for :data:`~segtxn.aio.CANCEL_GRACE_S` at most: those still running then are
+        end, for :data:`CANCELLED_END_S` at most: those still running then are
         left to end by themselves (said once at WARNING, naming them), and the stop goes
         on. Their failures are not raised (nor left unretrieved). Cancellation (the stop
         itself cancelled) is raised.
 
         Why the bound: a cancelled task may take the grace to end (a ledger's metadata
-        change in flight ends first: :func:`~segtxn.aio.run_to_end`), and one that took
-        the cancel and went on ends when it ends: a v4 take-over cancelled while it opened
-        its log closes that log, and the clean-close write, made with no cancel left to cut
-        it short, waits for the store's answer. Awaited without a bound, such a task held
-        the stop, outside its time limit, for as long as the store was silent."""
+        change in flight ends first, and so do those its clean-up makes:
+        :func:`~segtxn.aio.run_to_end`), and one that takes its cancel and goes on ends
+        when it ends. Awaited without a bound, before and outside the stop's time limit,
+        such a task held the stop as long: a v4 take-over cancelled while it opened its
+        log closes that log, and its clean-close write waited for a silent store for
+        ever."""
         tasks = list(tasks)
         for task in tasks:
             task.cancel()
         if not tasks:
             return
-        done, left = await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
+        done, left = await asyncio.wait(tasks, timeout=CANCELLED_END_S)
         for task in done:
             _retrieve(task)
         for task in left:
@@ -132,7 +140,7 @@ class Stopping:
         if left:
             log.warning(
                 "%s: %s still running %.1f s after their cancel (%s); going on without them",
-                self.what, what, CANCEL_GRACE_S, ", ".join(sorted(t.get_name() for t in left)),
+                self.what, what, CANCELLED_END_S, ", ".join(sorted(t.get_name() for t in left)),
             )  # fmt: skip
 
     async def steps(self, *steps: tuple[str, Awaitable[object]]) -> None:

@@ -216,3 +216,66 @@ async def test_run_to_end_abandons_a_work_that_outlasts_the_grace_and_raises_the
         with pytest.raises(asyncio.CancelledError):
             await caller
     assert ended == ["cancelled"]
+
+
+async def test_run_to_end_while_a_cancel_unwinds_ends_within_that_cancels_grace() -> None:
+    """A close that closes its ledger whatever stopped it (in a ``finally``) runs the
+    ledger's clean-close CAS after its cancel was taken: no cancel came to start a grace,
+    and a store that never answered held it (a stop's step, the CLI's shutdown) for ever."""
+    never = asyncio.Event()
+    ended: list[str] = []
+
+    async def work() -> None:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    async def closing() -> None:
+        try:
+            await never.wait()  # (the cancel is taken here, not in a run_to_end)
+        finally:
+            await run_to_end(work(), name="clean-close", grace_s=0.05)
+
+    caller = asyncio.create_task(closing())
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the caller waits
+    caller.cancel()
+    async with asyncio.timeout(5):
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    assert ended == ["cancelled"]
+
+
+async def test_run_to_end_steps_in_sequence_under_one_cancel_share_its_grace() -> None:
+    """Several changes one after another under one cancel (a topic's close: its
+    subscriptions' logs, then its ledger in a ``finally``) are late by one grace in all,
+    not one each."""
+    grace_s = 0.5
+    never = asyncio.Event()
+    started: list[int] = []
+
+    async def work(n: int) -> None:
+        started.append(n)
+        await never.wait()
+
+    async def closing() -> None:
+        try:
+            try:
+                await run_to_end(work(1), name="first", grace_s=grace_s)
+            finally:
+                await run_to_end(work(2), name="second", grace_s=grace_s)
+        finally:
+            await run_to_end(work(3), name="third", grace_s=grace_s)
+
+    caller = asyncio.create_task(closing())
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the first step runs
+    loop = asyncio.get_running_loop()
+    cancelled_at = loop.time()
+    caller.cancel()
+    async with asyncio.timeout(5 * grace_s):
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    took = loop.time() - cancelled_at
+    assert grace_s <= took < 2 * grace_s, f"{took:.2f} s: not one grace for the three steps"
+    assert started == [1]  # the others were cancelled before they began: the grace was over

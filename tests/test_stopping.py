@@ -13,7 +13,7 @@ import pytest
 
 from segtxn.ledger import LedgerError, LedgerFenced
 from segtxn.metastore import BadVersion, StoreUnavailable
-from segtxn.stopping import Stopping
+from segtxn.stopping import CANCELLED_END_S, Stopping
 
 LIMIT_S = 0.2
 
@@ -103,3 +103,46 @@ async def test_a_topic_fenced_by_another_owner_does_not_cut_the_steps_after_it()
     await stopping.step("closing a topic taken over", close_fenced())
     await stopping.step("closing another topic", _slow(done, "finished"))
     assert done == ["finished"]
+
+
+async def test_cancelled_tasks_are_waited_for_a_bounded_time_and_those_left_are_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A coordinator's stop cancels its background tasks; one that takes its cancel and
+    goes on held the stop (outside its time limit) for as long as it ran."""
+    ended, release = asyncio.Event(), asyncio.Event()
+
+    async def ends() -> None:
+        await asyncio.Event().wait()
+
+    async def fails_at_its_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            raise ValueError("a failure at its end: retrieved, not raised")
+
+    async def goes_on() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await release.wait()  # (taken: a clean-up that waits for a silent store)
+        ended.set()
+
+    tasks = [
+        asyncio.create_task(ends(), name="ends"),
+        asyncio.create_task(fails_at_its_cancel(), name="fails"),
+        asyncio.create_task(goes_on(), name="goes-on"),
+    ]
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the tasks are started
+    stopping = Stopping("coordinator", LIMIT_S)
+    try:
+        with caplog.at_level(logging.WARNING):
+            async with asyncio.timeout(CANCELLED_END_S + 5.0):
+                await stopping.cancel("its tasks", tasks)
+        assert tasks[0].cancelled() and tasks[1].done() and not tasks[2].done()
+        (left,) = caplog.records
+        assert left.levelname == "WARNING" and "(goes-on)" in left.getMessage()
+    finally:
+        release.set()
+        await ended.wait()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -271,7 +271,9 @@ class LedgerAppends(LedgerReads):
         only, and the close's own write was then fenced ("a rollover of its own landed
         though it seemed to fail"). So a cancel waits for the store's answer, for at most
         :data:`~segtxn.aio.CANCEL_GRACE_S` (:func:`~segtxn.aio.run_to_end`): past it the
-        CAS is abandoned, in doubt, as one whose answer was lost.
+        CAS is abandoned, in doubt, as one whose answer was lost. A change made while its
+        caller unwinds from a cancel (a close in a ``finally``) gets what is left of that
+        cancel's grace.
 
         Raises:
             LedgerFenced: another owner changed the record.

@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from segtxn.aio import CANCEL_GRACE_S
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore, pending_ack_log
 from segtxn.client import Client
 from segtxn.client.messages import Message
@@ -19,6 +20,7 @@ from segtxn.client.transaction import Transaction
 from segtxn.ledger import Position
 from segtxn.ledger.metadata import decode, metadata_key
 from segtxn.protocol.names import TopicName
+from segtxn.stopping import LAST_STEP_S, Stopping
 from tests.cluster import Cluster
 from tests.compaction import (
     CURSOR_MOVED,
@@ -187,3 +189,50 @@ async def test_a_close_during_a_compactions_rollover_records_the_clean_close(
         for txn in open_txns:
             await txn.commit()
         await wait_until(lambda: not pending.transactions(), what="the commit applied")
+
+
+async def test_a_stop_step_closing_a_pending_ack_log_ends_in_its_time_while_the_store_is_silent(
+    cluster: Cluster,
+) -> None:
+    """The close cancels the compaction (its rollover's CAS in flight: it ends within the
+    grace), then closes the log in a ``finally``, with a clean-close CAS: a second
+    metadata change under the one cancel of the stop's step. Made once that cancel was
+    taken, it had no grace at all: with the store silent, the step never ended (the
+    broker's stop, the CLI's --shutdown-timeout, held for ever). It now gets the grace of
+    the cancel the close unwinds from (segtxn.aio.run_to_end)."""
+    await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+    async with Client(cluster.url) as client:
+        received = await setup(client, 40)
+        consumer = client.__dict__["consumer"]
+        held_txn = client.transaction()
+        await consumer.acknowledge(received[0], txn=held_txn)
+        pending = await pending_acks(cluster)
+        key = metadata_key(pending_ack_log(TOPIC, "s"))
+        silent = cluster.faults.hold("txn", key_prefix=key, times=None)  # every write's answer
+        step: asyncio.Task[None] | None = None
+        try:
+            for message in received[1:]:
+                txn = client.transaction()
+                await consumer.acknowledge(message, txn=txn)
+                if pending._compaction is not None:
+                    break
+                await txn.commit()
+                if pending._compaction is not None:
+                    break
+            assert pending._compaction is not None, "no compaction started"
+            await silent.wait_for(1)  # the rollover's CAS applied, its answer parked
+            stopping = Stopping("a broker's stop", limit_s=0)  # its step gets LAST_STEP_S
+            step = asyncio.create_task(stopping.step("closing the log", pending.close()))
+            bound = LAST_STEP_S + 2 * CANCEL_GRACE_S + 2.0  # (2: slack on a loaded machine)
+            done, _ = await asyncio.wait({step}, timeout=bound)
+            assert step in done, (
+                "the stop's step closing the pending-ack log did not end in its time: the "
+                "clean close, made after its cancel was taken, waits for the store"
+            )
+        finally:
+            silent.release()
+            cluster.faults.clear()
+            if step is not None:
+                await asyncio.gather(step, return_exceptions=True)
+            # (its log closed under it, the subscription is served again by a new broker)
+            await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)

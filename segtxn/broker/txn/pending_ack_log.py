@@ -320,7 +320,9 @@ class MLPendingAckStore(ReservingPendingAckStore):
         rollover, and the clean close lost. The wait is the store's answer to that one CAS,
         :data:`~segtxn.aio.CANCEL_GRACE_S` at most. The log is closed even if this close is
         itself cancelled meanwhile (a stop's time running out): left open, its writer task
-        ran on and its file stayed locked ("held by another writer" on the next load).
+        ran on and its file stayed locked ("held by another writer" on the next load). Its
+        clean close then gets what is left of that cancel's grace (a silent store held it
+        for ever: :func:`~segtxn.aio.run_to_end`).
         """
         self._checks.forget(self)
         try:
