@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 
 from segtxn.broker.arguments import changed_properties, check_properties
 from segtxn.broker.dedup import Deduplication
@@ -36,6 +37,7 @@ from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Send
 from segtxn.protocol.names import Domain, TopicName
+from segtxn.stopping import expected
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +114,11 @@ class Topic:
     ) -> Topic:
         """Open the ledger, recover de-duplication and transaction state, and restore
         every subscription (so pending transactional acks materialize even with no
-        consumer attached)."""
+        consumer attached).
+
+        A failure part-way closes what was opened (each subscription loaded, the
+        transaction buffer, the ledger last and always: :func:`_close_parts`) and raises on,
+        so that the next load opens the ledger afresh."""
         ledger = await ManagedLedger.open(str(name), store, storage, settings.ledger)
         buffer: TransactionBuffer
         if name.domain is Domain.SEGMENT:
@@ -155,11 +161,10 @@ class Topic:
             for cursor_name in list(ledger.cursors):
                 await topic.subscription(cursor_name)
         except BaseException:
-            if topic is not None:
-                for subscription in topic.subscriptions.values():
-                    await subscription.close()
-            await buffer.close()
-            await ledger.close()
+            loaded = [] if topic is None else list(topic.subscriptions.values())
+            await _close_parts(
+                name, "a failed load", [*(s.close for s in loaded), buffer.close], ledger
+            )
             raise
         return topic
 
@@ -338,15 +343,9 @@ class Topic:
             await delete_records(self._store, str(self.name))
 
     async def _close_after_failure(self) -> None:
-        """Close what a failed :meth:`delete` may have left open, each part even if another
-        fails (logged), the ledger last and always: it must let go of its files."""
+        """Close what a failed :meth:`delete` may have left open: :func:`_close_parts`."""
         parts = [*(s.close for s in self.subscriptions.values()), self.buffer.close]
-        for close in parts:
-            try:
-                await close()
-            except Exception as e:
-                log.warning("%s: closing after a failed delete: %s", self.name, e)
-        await self.ledger.close()
+        await _close_parts(self.name, "a failed delete", parts, self.ledger)
 
     async def close(self) -> None:
         """Close its subscriptions, its transaction buffer, its publishing, take a last
@@ -385,3 +384,33 @@ class Topic:
             await self.ledger.close()
         if failure is not None:
             raise failure
+
+
+async def _close_parts(
+    name: TopicName,
+    after: str,
+    parts: Sequence[Callable[[], Awaitable[object]]],
+    ledger: ManagedLedger,
+) -> None:
+    """Close what a failed load or delete (``after``) of the topic ``name`` left open: each
+    of ``parts`` even if one before it failed, and ``ledger`` last and always, whatever they
+    raised. Left open, the ledger's writer holds its file's lock, and every later load of
+    the topic is refused ("... is held by another writer") until the broker restarts: a
+    load that failed after loading a subscription whose close then failed (its pending-ack
+    log's clean-close write refused) skipped the other parts' closes and the ledger's.
+
+    Nothing is raised (each failure is logged at WARNING, with its traceback when it is
+    not an error the store, a ledger or a server gives: a bug): the caller raises the
+    failure that made it close the topic, the one to report.
+
+    Not a :class:`~segtxn.stopping.Stopping`: its time limit, once the store fails, would
+    cancel a close part-way (a pending-ack log or the ledger left holding its file), while
+    each close here ends on its own (a store call fails within its request timeout)."""
+    for close in [*parts, ledger.close]:
+        try:
+            await close()
+        except Exception as e:
+            log.warning(
+                "%s: closing after %s: %s: %s", name, after, type(e).__name__, e,
+                exc_info=not expected(e),
+            )  # fmt: skip
