@@ -44,10 +44,12 @@ class LedgerChain:
     def metadata_version(self) -> int:
         return self._version
 
-    async def settled_metadata_version(self) -> int:
+    async def settled_metadata_version(self, *, strict: bool = False) -> int:
         """The metadata record's version once no change of this process's own is in
         flight: a write conditional on the record (a cursor's, an op record's) that failed
-        while this process was changing it can tell that change from another owner's."""
+        while this process was changing it can tell that change from another owner's.
+        (``strict``: see :meth:`~segtxn.ledger.appends.LedgerAppends.settled_metadata_version`;
+        a chain alone has no change in doubt.)"""
         async with self._meta_lock:
             return self._version
 

@@ -35,6 +35,7 @@ from segtxn.ledger.fencing import (
     NotLanded,
     OutcomeUnknown,
     OwnerChanged,
+    OwnerUnknown,
     TriedWrites,
     cas_put_owned,
     own_landed_write,
@@ -42,7 +43,13 @@ from segtxn.ledger.fencing import (
 from segtxn.ledger.metadata import metadata_key
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
-from segtxn.metastore import MUST_NOT_EXIST, AlreadyExists, MetadataStore, Record
+from segtxn.metastore import (
+    MUST_NOT_EXIST,
+    AlreadyExists,
+    MetadataStore,
+    Record,
+    StoreUnavailable,
+)
 
 CURSORS_PREFIX = "/managed-cursors/"
 
@@ -240,7 +247,7 @@ class ManagedCursor:
                     )
                     break
                 except OwnerChanged:
-                    if await self.ledger.settled_metadata_version() == owner_version:
+                    if await self._settled_owner_version() == owner_version:
                         raise  # not our own change: another owner has the ledger now
                 except LedgerFenced:
                     if not await self._took_up_own_write():
@@ -257,6 +264,26 @@ class ManagedCursor:
         # the store holds this save's state: a save is a compare-and-set on the version an
         # earlier attempt would also need, so none still in flight can land after it
         self._persisted_mark = mark
+
+    async def _settled_owner_version(self) -> int:
+        """After a save found the ledger's metadata record changed: the record's version
+        once the ledger's own change in doubt is settled (taken up if it landed). Unchanged,
+        the change was another owner's: the save is fenced.
+
+        Raises:
+            OwnerUnknown: the ledger's own change is in doubt and the record could not be
+                read: the save is refused as the store's trouble, to be tried again. It was
+                taken for a fence ("another owner has the ledger") on a read that failed.
+        """
+        try:
+            return await self.ledger.settled_metadata_version(strict=True)
+        except StoreUnavailable as e:
+            raise OwnerUnknown(
+                f"cursor {self.name} of {self.ledger.name}: not saved: could not tell whether "
+                "the ledger was opened by another owner or changed by this one (its own "
+                f"change's outcome is unknown, and the store did not answer reading its "
+                f"metadata record: {e}); nothing is fenced: a later save goes on"
+            ) from e
 
     async def _took_up_own_write(self) -> bool:
         """After a save found the record changed: whether the record holds a state this

@@ -130,6 +130,15 @@ class OwnerChanged(LedgerFenced):
     another one, changed it): see :func:`cas_put_owned`."""
 
 
+class OwnerUnknown(StoreUnavailable):
+    """A write conditional on the ledger's metadata record (:func:`cas_put_owned`: a
+    cursor's save) found the record moved on while a change of its owner's own was in
+    doubt (its answer and read-back lost), and the record could not be read to tell
+    whether that change or another owner's moved it. Nothing is fenced, and the write did
+    not land: a later one, once the store answers, takes the owner's change up (or is
+    fenced, if it was another owner's)."""
+
+
 class NotLanded(StoreUnavailable):
     """A compare-and-set whose answer was lost, now certain never to land. The record was
     read back unchanged, but on etcd a write whose call failed may still be queued and

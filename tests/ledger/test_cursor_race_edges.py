@@ -42,6 +42,7 @@ from segtxn.ledger import (
     WriteFailed,
 )
 from segtxn.ledger.cursor import CURSORS_PREFIX, cursor_key
+from segtxn.ledger.fencing import OwnerUnknown
 from segtxn.ledger.metadata import METADATA_PREFIX, decode, encode, metadata_key
 from segtxn.metastore import MetadataStore, MetadataStoreError, StoreUnavailable, open_store
 from segtxn.metastore.faults import FaultInjector
@@ -224,6 +225,36 @@ async def test_a_cursor_save_after_the_ledgers_own_unseen_write_is_not_fenced(
     assert cursor.durable and cursor.persisted_mark_delete == p[1]
     assert ledger.properties == {"k": "v"}  # the write it found is taken up
     await ledger.close()
+
+
+async def test_a_cursor_save_that_cannot_tell_whose_change_it_met_is_not_fenced(
+    store: MetadataStore, storage: LogStorage, open_ledger: OpenLedger
+) -> None:
+    """As above, and the store then fails the read of the ledger's record that would tell
+    the ledger's own change from another owner's: the save fails as the store's trouble
+    (``OwnerUnknown``, a StoreUnavailable: try again), not as fenced (it was ``OwnerChanged``,
+    a LedgerFenced: "another owner has the ledger", for a read that failed); once the store
+    answers, the next save takes the ledger's own change up and lands."""
+    ledger = await open_ledger()
+    cursor = await ledger.open_cursor("sub", start="earliest")
+    p = await appended(ledger, 2)
+    injected = faults(store)
+    injected.fail("txn", key_prefix=METADATA_PREFIX, after_apply=True)
+    injected.fail("range", key_prefix=METADATA_PREFIX, times=None)  # every read, until cleared
+    with pytest.raises(StoreUnavailable):
+        await ledger.update_properties({"k": "v"})
+    with pytest.raises(StoreUnavailable) as unknown:
+        await cursor.ack([p[0], p[1]])
+    assert isinstance(unknown.value, OwnerUnknown), repr(unknown.value)
+    assert not isinstance(unknown.value, LedgerFenced)
+    assert "could not tell whether" in str(unknown.value), str(unknown.value)
+    injected.clear()
+    await cursor.flush()  # the store answers: the save lands
+    assert cursor.durable and cursor.persisted_mark_delete == p[1]
+    assert ledger.properties == {"k": "v"}  # the ledger's own change, taken up
+    await ledger.close()
+    reopened = await open_ledger()
+    assert reopened.cursors["sub"].mark_delete == p[1]
 
 
 async def test_a_trim_that_landed_unseen_deletes_its_ledgers_when_tried_again(

@@ -28,6 +28,7 @@ from segtxn.client.consumer import Consumer
 from segtxn.client.timeouts import Deadline
 from segtxn.client.transaction import Transaction, TransactionState
 from segtxn.ledger import Position
+from segtxn.ledger.fencing import OutcomeUnknown
 from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnAction, TxnId
@@ -440,3 +441,43 @@ async def test_a_step_is_refused_once_another_broker_opened_the_segments_ledger(
     assert "is not served by this broker any more" in refused.value.message
     with pytest.raises(TransactionFailed):
         await txn.commit()
+
+
+async def test_a_step_that_cannot_tell_whose_ledger_change_it_met_is_a_store_error(
+    client: Client, cluster: Cluster
+) -> None:
+    """The segment's ledger's own change of its record is in doubt (landed, its answer and
+    read-back lost) as a step built on the version before it is refused, and the store then
+    fails the read that would tell that change from another broker's: the send gets the
+    store's trouble (ServiceNotReady, retriable: nothing was decided), not "not served by
+    this broker any more" (TransactionConflict) for a take-over that never happened. The
+    segment stays served here: once the store answers, the ledger takes its change up and
+    a new transaction's sends are recorded."""
+    await client.admin.create_topic(TOPIC, segments=1)
+    producer = await client.create_producer(TOPIC)
+    txn = await client.transaction().start()
+    await producer.send(b"first", txn=txn)
+    held = cluster.faults.hold("txn", key_prefix="/txn-op/", times=1, before=True)
+    second = await producer.send_async(b"second", txn=txn)
+    await held.wait_for(1)  # the step is built (with the ledger's version), not yet sent
+    ledger = cluster.broker.service.topics[SEGMENT].ledger
+    key = metadata_key(str(SEGMENT))
+    cluster.faults.fail("txn", key_prefix=key, after_apply=True)  # its own change, in doubt
+    cluster.faults.fail("range", key_prefix=key, times=None)  # and the record unreadable
+    with pytest.raises(OutcomeUnknown):
+        await ledger.update_properties({"changed": "yes"})
+    held.release(0)
+    with pytest.raises(ServerError) as refused:
+        await second
+    assert refused.value.name is ErrorName.SERVICE_NOT_READY, refused.value
+    assert "could not tell whether" in refused.value.message, refused.value.message
+    assert "not served by this broker any more" not in refused.value.message
+    cluster.faults.clear()
+    await txn.abort()  # (its client gives it up: it cannot commit without "second")
+
+    again = await client.transaction().start()
+    await producer.send(b"third", txn=again)  # recorded: the segment is still served here
+    await again.commit()
+    assert ledger.properties.get("changed") == "yes"  # its own change, taken up
+    reader = await client.subscribe(TOPIC, "r", initial_position="earliest")
+    assert (await reader.receive(timeout_s=10)).value == b"third"

@@ -28,7 +28,8 @@ session while another took it over) is refused rather than landing after that de
 and an entry the new owner will never show cannot be acknowledged as part of a transaction
 that commits. The header check alone let that happen (tests/broker/test_lost_registration.py).
 A check that fails because of this broker's own change of the record (a rollover, a trim)
-is tried again with the new version.
+is tried again with the new version; one that cannot tell whose change it met (its own is in
+doubt, and the store fails the read that would tell) is the store's trouble, not a fence.
 
 Clean-up after outcomes goes through the same writer, batched across the broker
 (:mod:`segtxn.broker.txn.opclean`).
@@ -73,6 +74,7 @@ from segtxn.metastore import (
     Put,
     StoreAccessDenied,
     StoreFull,
+    StoreUnavailable,
 )
 from segtxn.metastore import InvalidArgument as StoreInvalidArgument
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -154,7 +156,9 @@ class OpRecordWriter:
             ServerError(TransactionConflict): the transaction ended meanwhile, or
                 ``owner``'s ledger was opened by another broker (the segment is not served
                 here any more).
-            ServerError(PersistenceError): the store failed (the record may hold it or not).
+            ServerError(ServiceNotReady, PersistenceError, ...): the store failed (the
+                record may hold it or not), or could not be read to tell whether ``owner``'s
+                ledger was opened by another broker (:func:`_owner_refusal`).
             ServerError: ``draft`` failed earlier (its error's name).
         """
         try:
@@ -293,21 +297,17 @@ class OpRecordWriter:
             await self._store.commit([header, *checks, *puts])
         except (BadVersion, NotFound) as e:
             owned = owners.get(e.key)
-            if owned is not None and await owned[0].settled_metadata_version() != owned[1]:
-                _requeue(queue, chosen)  # its own rollover or trim meanwhile: again
-                if commit is not None:
-                    self._commits.again(commit)
-                return
-            if owned is not None:
-                error = ServerError(
-                    ErrorName.TRANSACTION_CONFLICT,
-                    f"{owned[0].name} is not served by this broker any more (another one "
-                    f"opened its ledger): {txn} cannot record its ops on it here",
-                )
-            else:
+            if owned is None:
                 error = ServerError(ErrorName.TRANSACTION_CONFLICT, f"{txn} ended meanwhile")
+                error.__cause__ = e
                 ended = True
-            error.__cause__ = e
+            else:
+                error = await _owner_refusal(txn, *owned, e)
+                if error is None:
+                    _requeue(queue, chosen)  # its own rollover or trim meanwhile: again
+                    if commit is not None:
+                        self._commits.again(commit)
+                    return
         except MetadataStoreError as e:
             error = _store_failed(e)
             if commit is not None and not isinstance(e, NOT_APPLIED) and await self._settle(commit):
@@ -424,6 +424,40 @@ def _requeue(queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
 NOT_APPLIED = (StoreFull, StoreAccessDenied, StoreInvalidArgument)
 """The step was refused, not applied: its commit needs no settling (which would be refused
 alike, and its answer wait, until an operator frees the store or grants the permission)."""
+
+
+async def _owner_refusal(
+    txn: TxnId, owner: Owner, version: int, refused: MetadataStoreError
+) -> ServerError | None:
+    """The refusal for ops whose step was ``refused`` because ``owner``'s ledger's metadata
+    record is no longer at ``version`` (the one the step checked), or None when the change
+    is this broker's own (a rollover, a trim: the step is tried again on the new version).
+
+    TransactionConflict when another broker opened the ledger (the segment is not served
+    here any more). ServiceNotReady when the ledger's own change is in doubt (its answer and
+    read-back lost) and the store cannot be read to tell whose change it was: the step
+    wrote nothing and nothing is decided, so the store's trouble is what the sends are told,
+    as for any step the store failed. It was taken for a take-over, TransactionConflict
+    "not served by this broker any more", on one failed read."""
+    try:
+        if await owner.settled_metadata_version(strict=True) != version:
+            return None
+    except StoreUnavailable as e:
+        error = ServerError(
+            ErrorName.SERVICE_NOT_READY,
+            f"could not record the op: could not tell whether {owner.name} was opened by "
+            "another broker or changed by this one (its own change's outcome is unknown, and "
+            f"the store did not answer reading its metadata record: {e}); nothing is decided",
+        )
+        error.__cause__ = e
+        return error
+    error = ServerError(
+        ErrorName.TRANSACTION_CONFLICT,
+        f"{owner.name} is not served by this broker any more (another one opened its "
+        f"ledger): {txn} cannot record its ops on it here",
+    )
+    error.__cause__ = refused
+    return error
 
 
 def _store_failed(e: MetadataStoreError) -> ServerError:
