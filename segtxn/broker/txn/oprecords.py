@@ -57,12 +57,13 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from segtxn.boundary import retry_warning, translate
+from segtxn.boundary import retry_warning
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.commits import CommitAnswer, Commits, PendingCommit
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.opclean import OpRecordCleaner
 from segtxn.broker.txn.opdrafts import AppendInFlight, Draft, Owner
+from segtxn.broker.txn.oprefusals import owner_refusal, stopping, store_failed
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import (
     BadVersion,
@@ -74,7 +75,6 @@ from segtxn.metastore import (
     Put,
     StoreAccessDenied,
     StoreFull,
-    StoreUnavailable,
 )
 from segtxn.metastore import InvalidArgument as StoreInvalidArgument
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -93,6 +93,10 @@ log = logging.getLogger(__name__)
 MAX_STEP_BYTES = 512 * 1024
 """Encoded records per step (each is also copied into its index entry): a third of the
 store's request limit."""
+STEP_END_WAIT_S = 1.0
+"""How long a closing writer lets its steps in flight end, their waiters then told the real
+outcome, before it cancels them (a step is one store round trip; a commit's settling, while
+the store fails, is cut then: CommitUnknown)."""
 
 
 @dataclass(eq=False)
@@ -121,6 +125,8 @@ class OpRecordWriter:
         """Runs of appends in flight per transaction (:meth:`appending`)."""
         self._commits = Commits(headers)
         self._cleaner = OpRecordCleaner(store)
+        self._closed = False
+        """Set by :meth:`close`: no step begins from then on, and a write is refused."""
 
     def appending(self, txn: TxnId) -> AppendInFlight:
         """Say that appends of ``txn`` are being written here and their record will follow:
@@ -158,10 +164,13 @@ class OpRecordWriter:
                 here any more).
             ServerError(ServiceNotReady, PersistenceError, ...): the store failed (the
                 record may hold it or not), or could not be read to tell whether ``owner``'s
-                ledger was opened by another broker (:func:`_owner_refusal`).
-            ServerError: ``draft`` failed earlier (its error's name).
+                ledger was opened by another broker (:mod:`~segtxn.broker.txn.oprefusals`).
+            ServerError: ``draft`` failed earlier (its error's name); ServiceNotReady, the
+                writer is closed or closing (the broker is stopping: :meth:`close`).
         """
         try:
+            if self._closed:
+                raise stopping()
             draft.refuse_if_failed()
             queue = self._queues.setdefault(txn, {})
             waiting = queue.get(draft.key)
@@ -195,7 +204,7 @@ class OpRecordWriter:
             self._commits.refused(txn, why)
 
     def _start_flusher(self, txn: TxnId) -> None:
-        if txn not in self._flushers:
+        if txn not in self._flushers and not self._closed:
             self._flushers[txn] = asyncio.create_task(self._flush(txn), name=f"op-records-{txn}")
 
     def waiting(self, txn: TxnId) -> int:
@@ -242,14 +251,22 @@ class OpRecordWriter:
             raise
 
     async def _flush(self, txn: TxnId) -> None:
+        """Run the steps of ``txn`` while drafts are queued (or a commit is due), one at a
+        time, until the writer closes. Ended (the writer closed, or this task cancelled by
+        :meth:`close` as a step was in flight), it refuses every waiter left unanswered, the
+        cut step's and the queued drafts' (:func:`_stopped`)."""
+        chosen: list[_Waiting] = []
         try:
-            while self._queues.get(txn) or self._commits.matched(txn):
+            while not self._closed and (self._queues.get(txn) or self._commits.matched(txn)):
                 await self._appends_written(txn)
                 await self._commits.wait_counted(txn)
-                await self._step(txn, self._queues.setdefault(txn, {}))
+                if self._closed:
+                    break
+                chosen = []
+                await self._step(txn, self._queues.setdefault(txn, {}), chosen)
         finally:
-            self._queues.pop(txn, None)
             self._flushers.pop(txn, None)
+            _stopped([*chosen, *self._queues.pop(txn, {}).values()])
 
     def _take(self, txn: TxnId, queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
         """Move the drafts of the next step from ``queue`` to ``chosen``, each with its
@@ -272,10 +289,10 @@ class OpRecordWriter:
             size += 2 * len(value)
             chosen.append(queue.pop(key))
 
-    async def _step(self, txn: TxnId, queue: dict[str, _Waiting]) -> None:
-        """Write some of ``queue``'s drafts (taking them out of it) in one store step; the
-        last step of a transaction whose commit waits here carries its compare-and-set."""
-        chosen: list[_Waiting] = []
+    async def _step(self, txn: TxnId, queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
+        """Write some of ``queue``'s drafts (moving them from it to ``chosen``, empty) in one
+        store step; the last step of a transaction whose commit waits here carries its
+        compare-and-set."""
         error: ServerError | None = None
         owners: dict[str, tuple[Owner, int]] = {}
         commit: PendingCommit | None = None
@@ -302,14 +319,14 @@ class OpRecordWriter:
                 error.__cause__ = e
                 ended = True
             else:
-                error = await _owner_refusal(txn, *owned, e)
+                error = await owner_refusal(txn, *owned, e)
                 if error is None:
                     _requeue(queue, chosen)  # its own rollover or trim meanwhile: again
                     if commit is not None:
                         self._commits.again(commit)
                     return
         except MetadataStoreError as e:
-            error = _store_failed(e)
+            error = store_failed(e)
             if commit is not None and not isinstance(e, NOT_APPLIED) and await self._settle(commit):
                 error = None  # the step landed: its decision and every record in it
         except Exception as e:  # a bug: fail every waiter rather than leave them hanging
@@ -401,12 +418,30 @@ class OpRecordWriter:
         self._cleaner.discard(deletes)
 
     async def close(self) -> None:
+        """Stop (the broker's stop, once its topics are closed), answering every caller that
+        waits: no step begins from now on (a write is refused at once, ServiceNotReady); a
+        step in flight gets :data:`STEP_END_WAIT_S` to end, its waiters then told its real
+        outcome, and is cancelled after that; every waiter not answered by then, the cut
+        step's and each of a draft queued for a later step, is refused as ServiceNotReady
+        "the broker is stopping" (its draft failed for good: a cut step may have landed or
+        not). A one-step commit still waiting is answered "not here", one whose step was
+        cut :class:`~segtxn.broker.txn.commits.CommitUnknown` (:meth:`Commits.close`).
+        Idempotent; cancelled, it cuts the steps at once and answers all the same.
+
+        It cancelled the steps in flight at once and dropped the queued drafts, answering
+        neither: their callers (a transactional send's publish task, an acknowledgment's)
+        waited for ever, past the broker's stop."""
+        self._closed = True
+        try:
+            if self._flushers:
+                await asyncio.wait(list(self._flushers.values()), timeout=STEP_END_WAIT_S)
+        finally:
+            tasks = list(self._flushers.values())
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._commits.close()
         await self._cleaner.close()
-        tasks = list(self._flushers.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._commits.close()
 
 
 def _requeue(queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
@@ -426,51 +461,17 @@ NOT_APPLIED = (StoreFull, StoreAccessDenied, StoreInvalidArgument)
 alike, and its answer wait, until an operator frees the store or grants the permission)."""
 
 
-async def _owner_refusal(
-    txn: TxnId, owner: Owner, version: int, refused: MetadataStoreError
-) -> ServerError | None:
-    """The refusal for ops whose step was ``refused`` because ``owner``'s ledger's metadata
-    record is no longer at ``version`` (the one the step checked), or None when the change
-    is this broker's own (a rollover, a trim: the step is tried again on the new version).
-
-    TransactionConflict when another broker opened the ledger (the segment is not served
-    here any more). ServiceNotReady when the ledger's own change is in doubt (its answer and
-    read-back lost) and the store cannot be read to tell whose change it was: the step
-    wrote nothing and nothing is decided, so the store's trouble is what the sends are told,
-    as for any step the store failed. It was taken for a take-over, TransactionConflict
-    "not served by this broker any more", on one failed read."""
-    try:
-        if await owner.settled_metadata_version(strict=True) != version:
-            return None
-    except StoreUnavailable as e:
-        error = ServerError(
-            ErrorName.SERVICE_NOT_READY,
-            f"could not record the op: could not tell whether {owner.name} was opened by "
-            "another broker or changed by this one (its own change's outcome is unknown, and "
-            f"the store did not answer reading its metadata record: {e}); nothing is decided",
-        )
-        error.__cause__ = e
-        return error
-    error = ServerError(
-        ErrorName.TRANSACTION_CONFLICT,
-        f"{owner.name} is not served by this broker any more (another one opened its "
-        f"ledger): {txn} cannot record its ops on it here",
-    )
-    error.__cause__ = refused
-    return error
-
-
-def _store_failed(e: MetadataStoreError) -> ServerError:
-    """The refusal for ops whose step the store failed: what the store's trouble is on the
-    wire (unreachable or slow: ServiceNotReady, full, access denied), as for any other call;
-    PersistenceError ("stored data is damaged or missing") only for what is none of those.
-    Either way the transaction cannot commit these ops."""
-    wire = translate(e)
-    name = ErrorName.PERSISTENCE if wire is None else wire.name
-    message = str(e) if wire is None else wire.message
-    error = ServerError(name, f"could not record the op: {message}")
-    error.__cause__ = e
-    return error
+def _stopped(left: list[_Waiting]) -> None:
+    """Refuse the waiters a closing writer leaves unanswered (ServiceNotReady: the broker is
+    stopping), each draft with one failed for good: a step cut in flight may have landed or
+    not, and a queued one's record will not hold what its participant believes."""
+    for waiting in left:
+        if all(done.done() for done in waiting.waiters):
+            continue
+        error = stopping()
+        if waiting.draft.failed is None:
+            waiting.draft.failed = error
+        _fail(waiting.waiters, error)
 
 
 def _fail(waiters: list[asyncio.Future[None]], error: ServerError) -> None:

@@ -1,0 +1,66 @@
+"""The errors an op-record step's waiters are refused with (:mod:`segtxn.broker.txn.oprecords`):
+the store failed the step, the segment's ledger was opened by another broker (or the store
+could not be read to tell), the broker is stopping. Apart from the writer so that what a
+send is told can be read in one place."""
+
+from __future__ import annotations
+
+from segtxn.boundary import translate
+from segtxn.broker.txn.opdrafts import Owner
+from segtxn.metastore import MetadataStoreError, StoreUnavailable
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnId
+
+
+async def owner_refusal(
+    txn: TxnId, owner: Owner, version: int, refused: MetadataStoreError
+) -> ServerError | None:
+    """The refusal for ops whose step was ``refused`` because ``owner``'s ledger's metadata
+    record is no longer at ``version`` (the one the step checked), or None when the change
+    is this broker's own (a rollover, a trim: the step is tried again on the new version).
+
+    TransactionConflict when another broker opened the ledger (the segment is not served
+    here any more). ServiceNotReady when the ledger's own change is in doubt (its answer and
+    read-back lost) and the store cannot be read to tell whose change it was: the step
+    wrote nothing and nothing is decided, so the store's trouble is what the sends are told,
+    as for any step the store failed. It was taken for a take-over, TransactionConflict
+    "not served by this broker any more", on one failed read."""
+    try:
+        if await owner.settled_metadata_version(strict=True) != version:
+            return None
+    except StoreUnavailable as e:
+        error = ServerError(
+            ErrorName.SERVICE_NOT_READY,
+            f"could not record the op: could not tell whether {owner.name} was opened by "
+            "another broker or changed by this one (its own change's outcome is unknown, and "
+            f"the store did not answer reading its metadata record: {e}); nothing is decided",
+        )
+        error.__cause__ = e
+        return error
+    error = ServerError(
+        ErrorName.TRANSACTION_CONFLICT,
+        f"{owner.name} is not served by this broker any more (another one opened its "
+        f"ledger): {txn} cannot record its ops on it here",
+    )
+    error.__cause__ = refused
+    return error
+
+
+def store_failed(e: MetadataStoreError) -> ServerError:
+    """The refusal for ops whose step the store failed: what the store's trouble is on the
+    wire (unreachable or slow: ServiceNotReady, full, access denied), as for any other call;
+    PersistenceError ("stored data is damaged or missing") only for what is none of those.
+    Either way the transaction cannot commit these ops."""
+    wire = translate(e)
+    name = ErrorName.PERSISTENCE if wire is None else wire.name
+    message = str(e) if wire is None else wire.message
+    error = ServerError(name, f"could not record the op: {message}")
+    error.__cause__ = e
+    return error
+
+
+def stopping() -> ServerError:
+    """The refusal for ops a closing writer did not record (or cannot tell it did)."""
+    return ServerError(
+        ErrorName.SERVICE_NOT_READY, "could not record the op: the broker is stopping"
+    )
