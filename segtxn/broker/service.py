@@ -253,7 +253,15 @@ class BrokerService:
         step the store failed. Never raises but a cancellation. (A step that raised, its
         session's revocation refused or a snapshot log's close with the store down, was
         raised out of here and the later steps were skipped: the store this broker
-        opened, its sessions' keep-alives and tasks, was left open.)"""
+        opened, its sessions' keep-alives and tasks, was left open.)
+
+        Its background tasks (registration, upkeep, repair), topic loads and drops (a topic
+        whose ledger stopped taking appends, closing) are cancelled first and waited for
+        :data:`~segtxn.stopping.CANCELLED_END_S` at most (:meth:`Stopping.cancel`): a
+        ledger change in flight ends within it, and a drop's close lets go of its ledger.
+        Waited for without a bound (and a drop not even cancelled), one whose store write
+        got no answer held the stop for ever, before any step: only the CLI's
+        ``--shutdown-timeout`` cut it, and the topics, logs and store were never closed."""
         if self._stopped:
             return
         self._stopped = True
@@ -266,13 +274,11 @@ class BrokerService:
         )
         stopping = Stopping(f"broker {self.broker_id}", once_failing=True)
         await stopping.step("stopping its topic controllers", self.controllers.stop())
-        for background in (self._keeper, self._upkeep, self._repair):
-            if background is not None:
-                background.cancel()
-                await asyncio.gather(background, return_exceptions=True)
-        for loading in self._loading.values():
-            loading.cancel()
-        await asyncio.gather(*self._loading.values(), *self.dropping, return_exceptions=True)
+        background = [t for t in (self._keeper, self._upkeep, self._repair) if t is not None]
+        await stopping.cancel(
+            "its background tasks, topic loads and drops",
+            [*background, *self._loading.values(), *self.dropping],
+        )
         # no sweep writes a marker while topics close
         await stopping.step("stopping its v4 transaction checks", self.v4_checks.stop())
         for topic in list(self.topics.values()):
