@@ -211,8 +211,11 @@ class MarkerTransactionBuffer(TransactionBuffer):
                 await self._ledger.update_properties({CONTAINS_TXN: "true"}, ())
             self.contains_txn = True
 
-    async def end(self, txn: TxnId, action: TxnAction) -> None:
-        """END_TXN_ON_PARTITION: append the marker (if the transaction wrote here).
+    async def end(self, txn: TxnId, action: TxnAction) -> bool:
+        """END_TXN_ON_PARTITION: append the marker (if the transaction wrote here). Returns
+        whether this call ended it: False when it had ended so already (a repeated END, or
+        its coordinator's and the v4 checks' sweep crossing: the sweep then says nothing of
+        having ended it).
 
         Raises:
             ServerError(TopicTerminatedError): the topic is sealed; it cannot take the marker.
@@ -226,7 +229,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
                     raise ServerError(
                         ErrorName.INVALID_TXN_STATUS, f"{txn} already {ended} on {self.topic}"
                     )
-                return
+                return False
             for written in list(self._writing.pop(txn, ())):  # queued before the marker
                 with contextlib.suppress(Exception):  # a failed write stored nothing
                     self._note_write(txn, await asyncio.shield(written))
@@ -242,6 +245,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
             self._snapshotting = asyncio.create_task(
                 self._snapshot(), name=f"txn-buffer-snapshot-{self.topic}"
             )
+        return True
 
     async def _write_marker(self, txn: TxnId, action: TxnAction) -> Position:
         """Append ``txn``'s marker and apply it; returns where it is. A floor at the last

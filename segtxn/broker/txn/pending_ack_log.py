@@ -179,16 +179,17 @@ class MLPendingAckStore(ReservingPendingAckStore):
             raise
         self._compact_if_due(log_)
 
-    async def end(self, txn: TxnId, action: TxnAction) -> None:
+    async def end(self, txn: TxnId, action: TxnAction) -> bool:
         """END_TXN_ON_SUBSCRIPTION: commit applies the acks to the cursor, abort releases
-        them; then the outcome is logged (idempotent)."""
+        them; then the outcome is logged (idempotent). Returns whether this call ended it
+        (False: it had ended so already), as :meth:`MarkerTransactionBuffer.end` does."""
         outcome = action.outcome
         async with self._locks.setdefault(txn, asyncio.Lock()):
             ended = self._ended.get(txn)
             if ended is not None:
                 if ended is not outcome:
                     raise ServerError(ErrorName.INVALID_TXN_STATUS, f"{txn} already {ended}")
-                return
+                return False
             individual, upto = self._held_by(txn)
             if individual or upto is not None:
                 log.debug(
@@ -203,6 +204,7 @@ class MLPendingAckStore(ReservingPendingAckStore):
             remember(self._ended, txn, outcome)
             self._checks.ended(txn, self)
             self._locks.pop(txn, None)
+        return True
 
     def _keep_unsaved(self, txn: TxnId, acked: list[Position]) -> None:
         """Remember what of a commit's acks the cursor's saves do not hold."""

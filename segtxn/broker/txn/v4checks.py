@@ -70,7 +70,10 @@ class Participant(Protocol):
     """A topic's transaction buffer or a subscription's pending-ack store (``str()``
     names it in logs)."""
 
-    async def end(self, txn: TxnId, action: TxnAction) -> None: ...
+    async def end(self, txn: TxnId, action: TxnAction) -> bool:
+        """End ``txn`` here, as ``action`` says; whether this call ended it (False: it
+        had ended so already: its coordinator's END and the sweep crossed)."""
+        ...
 
 
 class TxnStatus(msgspec.Struct, frozen=True, rename="camel"):
@@ -345,17 +348,7 @@ class V4TransactionChecks:
             age = f"{(_now_ms() - tracked.deadline_ms) / 1000:.1f} s past its timeout"
         ended = 0
         for participant in list(tracked.participants):
-            try:
-                await participant.end(txn, action)
-            except ServerError as e:  # it cannot take it (a terminated topic, or ended)
-                log.warning(
-                    "txn %s: ending it (%s) on %s failed: %s",
-                    txn,
-                    action.value,
-                    participant,
-                    e,
-                )
-            else:
+            if await self._end_on(participant, txn, action):
                 ended += 1
                 if self._metrics is not None:
                     self._metrics.txn_v4_ended_here.add(
@@ -371,6 +364,26 @@ class V4TransactionChecks:
                 )
             self.ended(txn, participant)
         return ended
+
+    async def _end_on(self, participant: Participant, txn: TxnId, action: TxnAction) -> bool:
+        """End ``txn`` on ``participant`` for the sweep; whether the sweep ended it there.
+        Not when the participant could not take it (logged at WARNING), nor when it had
+        ended so already: its coordinator's END landed while the sweep ran (on this
+        participant while the sweep ended another, or asked the coordinator). That one the
+        sweep logged at WARNING and counted as its own, telling an operator the broker had
+        ended a transaction its coordinator ended."""
+        try:
+            if await participant.end(txn, action):
+                return True
+        except ServerError as e:  # it cannot take it (a terminated topic, or ended)
+            log.warning(
+                "txn %s: ending it (%s) on %s failed: %s", txn, action.value, participant, e
+            )
+            return False
+        log.debug(
+            "txn %s: ended on %s already (its coordinator's END came first)", txn, participant
+        )
+        return False
 
     async def _decide(self, txn: TxnId, tracked: _Tracked) -> tuple[TxnAction | None, str]:
         """What to do about a transaction due for it: its coordinator's decision, an abort,
