@@ -50,6 +50,7 @@ import msgspec
 from segtxn.auth import AuthSettings
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.settings import V4TxnSettings
+from segtxn.ledger import LedgerError
 from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -348,6 +349,9 @@ class V4TransactionChecks:
             age = f"{(_now_ms() - tracked.deadline_ms) / 1000:.1f} s past its timeout"
         ended = 0
         for participant in list(tracked.participants):
+            if not self._tracks(txn, participant):  # ended or closed since the round began
+                log.debug("txn %s: ended on %s or closed meanwhile; passed over", txn, participant)
+                continue
             if await self._end_on(participant, txn, action):
                 ended += 1
                 if self._metrics is not None:
@@ -362,28 +366,55 @@ class V4TransactionChecks:
                     age,
                     why,
                 )
-            self.ended(txn, participant)
         return ended
+
+    def _tracks(self, txn: TxnId, participant: Participant) -> bool:
+        """Whether ``txn`` is still open on ``participant`` as far as the checks know: not
+        ended there (:meth:`ended`), nor closed (:meth:`forget`: its topic unloaded)."""
+        tracked = self._tracked.get(txn)
+        return tracked is not None and participant in tracked.participants
 
     async def _end_on(self, participant: Participant, txn: TxnId, action: TxnAction) -> bool:
         """End ``txn`` on ``participant`` for the sweep; whether the sweep ended it there.
-        Not when the participant could not take it (logged at WARNING), nor when it had
-        ended so already: its coordinator's END landed while the sweep ran (on this
-        participant while the sweep ended another, or asked the coordinator). That one the
-        sweep logged at WARNING and counted as its own, telling an operator the broker had
-        ended a transaction its coordinator ended."""
+
+        Not when it had ended so already: its coordinator's END landed while the sweep ran
+        (on this participant while the sweep ended another, or asked the coordinator).
+        That one the sweep logged at WARNING and counted as its own, telling an operator
+        the broker had ended a transaction its coordinator ended.
+
+        Nor when the participant could not take it: refused (a terminated topic, or ended
+        the other way: WARNING, and not tried again), or its ledger or the store failed
+        (WARNING; it stays tracked, for the next round to try again). A participant closed
+        meanwhile (its topic unloaded while the sweep ended another or this one: its
+        ledger is closed) is passed over at DEBUG: its next load recovers the transaction
+        open, and a round ends it there. Such a failure, not a ``ServerError``, was raised
+        out of the round, which failed with a traceback, the rest of it undone."""
         try:
-            if await participant.end(txn, action):
-                return True
-        except ServerError as e:  # it cannot take it (a terminated topic, or ended)
+            ended_here = await participant.end(txn, action)
+        except ServerError as e:
             log.warning(
                 "txn %s: ending it (%s) on %s failed: %s", txn, action.value, participant, e
             )
+            self.ended(txn, participant)
             return False
-        log.debug(
-            "txn %s: ended on %s already (its coordinator's END came first)", txn, participant
-        )
-        return False
+        except (LedgerError, MetadataStoreError) as e:
+            if self._tracks(txn, participant):
+                log.warning(
+                    "txn %s: ending it (%s) on %s failed (the next sweep tries again): %s: %s",
+                    txn, action.value, participant, type(e).__name__, e,
+                )  # fmt: skip
+            else:
+                log.debug(
+                    "txn %s: %s was closed while it was ended (%s); its next load recovers it",
+                    txn, participant, e,
+                )  # fmt: skip
+            return False
+        self.ended(txn, participant)
+        if not ended_here:
+            log.debug(
+                "txn %s: ended on %s already (its coordinator's END came first)", txn, participant
+            )
+        return ended_here
 
     async def _decide(self, txn: TxnId, tracked: _Tracked) -> tuple[TxnAction | None, str]:
         """What to do about a transaction due for it: its coordinator's decision, an abort,
