@@ -211,28 +211,38 @@ def consume(
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
     streaming = show_each and output == Format.TABLE  # a person watches them come
     received = unacknowledged = 0
+    in_doubt = 0
+    """1 from a message's receipt until its acknowledgment is answered: a stop then leaves
+    that acknowledgment's outcome unknown (the broker may apply one it already has)."""
     subscribed = False
     failing_since: float | None = None
     """When the acknowledgments that failed since the last one that did not began."""
 
     def progress() -> str:
-        if not unacknowledged:
+        if not unacknowledged and not in_doubt:
             return f"{received:,} messages received and acknowledged"
+        said = [_unacknowledged(unacknowledged)] if unacknowledged else []
+        if in_doubt:
+            said.append(
+                "the last one's acknowledgment had no answer yet, its outcome unknown: "
+                "it may be delivered again"
+            )
         return (
-            f"{received:,} messages received, {received - unacknowledged:,} of them "
-            f"acknowledged ({_unacknowledged(unacknowledged)})"
+            f"{received:,} messages received, {received - unacknowledged - in_doubt:,} of "
+            f"them acknowledged ({'; '.join(said)})"
         )
 
     def ack_failed(error: ServerError | Timeout, limit_s: float) -> None:
         """Count a failed acknowledgment; raise ``error`` once they have failed for longer
         than ``limit_s`` without one that did not."""
-        nonlocal unacknowledged, failing_since
+        nonlocal unacknowledged, failing_since, in_doubt
+        in_doubt = 0
+        unacknowledged += 1
         now = time.monotonic()
         if failing_since is None:
             failing_since = now
         elif now - failing_since > limit_s:
-            raise error  # not counted: not received either
-        unacknowledged += 1
+            raise error
         if unacknowledged == 1:
             click.echo(
                 f"Warning: an acknowledgment failed ({describe(error)}); going on: a "
@@ -241,7 +251,7 @@ def consume(
             )
 
     async def body(client: Client) -> dict[str, Any]:
-        nonlocal received, subscribed, failing_since
+        nonlocal received, subscribed, failing_since, in_doubt, unacknowledged
         consumer = await client.subscribe(
             topic, subscription, subscription_type=sub_type, initial_position=initial
         )
@@ -255,6 +265,10 @@ def consume(
                 message = await consumer.receive(timeout_s=idle_timeout)
             except TimeoutError:
                 break
+            # counted at once: a stop from here on (Ctrl-C while its acknowledgment waits
+            # for an answer) must not leave out a message the broker may count as consumed
+            received += 1
+            in_doubt = 1
             if streaming:
                 shown_value = message.value[:SHOWN_BYTES]
                 click.echo(f"{message.message_id} key={message.key} {shown_value!r}")
@@ -263,13 +277,15 @@ def consume(
             try:
                 await consumer.acknowledge(message)
                 failing_since = None
+                in_doubt = 0
             except ServerError as e:
-                if not e.retriable:  # refused for good (not authorized, ...)
+                if not e.retriable:  # refused for good (not authorized, ...): not applied
+                    in_doubt = 0
+                    unacknowledged += 1
                     raise
                 ack_failed(e, outage_limit_s)
             except Timeout as e:
                 ack_failed(e, outage_limit_s)
-            received += 1
             first = first or str(message.message_id)
             last = str(message.message_id)
             if message.key is not None:
