@@ -25,6 +25,8 @@ from segtxn.client import Client, ClientError, ServerError, Timeout
 from segtxn.protocol.errors import ConsumerBusy
 from segtxn.protocol.names import Domain
 from segtxn.topics.autoscale import (
+    KNOBS,
+    TOP_KNOBS,
     Action,
     PolicyError,
     changes_of,
@@ -32,6 +34,7 @@ from segtxn.topics.autoscale import (
     policy_from,
     segments_of,
     track_cold,
+    unknown_knobs,
 )
 from segtxn.topics.model import MAX_INITIAL_SEGMENTS
 from segtxn.topics.segmentload import Load, MalformedStats, rates, reading
@@ -324,6 +327,16 @@ def _policy(text: str) -> dict[str, Any]:
         raise click.BadParameter(f"not JSON: {e}", param_hint="--policy") from e
     if not isinstance(found, dict):
         raise click.BadParameter("a JSON object, as spec.autoscale", param_hint="--policy")
+    unknown = unknown_knobs(found)
+    if unknown:  # else a misspelt knob would keep its default, unsaid
+        known = ", ".join(
+            [*(k for k in TOP_KNOBS if k not in KNOBS)]
+            + [f"{section}.{knob}" for section, knobs in KNOBS.items() for knob in knobs]
+        )
+        raise click.BadParameter(
+            f"unknown knob{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (known: {known})",
+            param_hint="--policy",
+        )
     try:
         policy_from(found)
     except PolicyError as e:
@@ -339,7 +352,8 @@ def _policy(text: str) -> dict[str, Any]:
               help="Seconds between the two readings the rates are measured over.")  # fmt: skip
 @click.option("--policy", "policy_text", default="{}", metavar="JSON",
               help="The knobs, as a ScalableTopic's spec.autoscale (split, merge, maxSegments, "
-              "minSegments, maxDagDepth); absent ones take PIP-483's defaults.")  # fmt: skip
+              "minSegments, maxDagDepth); absent ones take PIP-483's defaults, unknown ones "
+              "are refused.")  # fmt: skip
 @click.option("--apply", "apply_", is_flag=True, help="Make the change decided (else only say it).")
 @OUTPUT
 def autoscale(

@@ -346,6 +346,30 @@ def _merge(
     )
 
 
+_RATES = ("msgRateIn", "bytesRateIn", "msgRateOut", "bytesRateOut")
+KNOBS: dict[str, tuple[str, ...]] = {
+    "split": (*_RATES, "cooldownSeconds"),
+    "merge": (*_RATES, "cooldownSeconds", "windowSeconds"),
+}
+"""Each section of ``spec.autoscale`` and the knobs it takes."""
+TOP_KNOBS = ("enabled", "intervalSeconds", "split", "merge", "maxSegments", "minSegments",
+             "maxDagDepth")  # fmt: skip
+"""The keys of ``spec.autoscale`` (``enabled`` and ``intervalSeconds`` are the operator's)."""
+
+
+def unknown_knobs(spec: Mapping[str, Any]) -> list[str]:
+    """The keys of ``spec`` that are no knob (``split.msgRatein``: dotted for a section's),
+    which :func:`policy_from` would ignore. Kubernetes prunes them from a ScalableTopic (its
+    CRD lists the knobs); a policy typed by hand checks them here, since a misspelt knob
+    would silently keep its default."""
+    unknown = [key for key in spec if key not in TOP_KNOBS]
+    for section, knobs in KNOBS.items():
+        found = spec.get(section)
+        if isinstance(found, Mapping):
+            unknown += [f"{section}.{key}" for key in found if key not in knobs]
+    return unknown
+
+
 def _load(found: Mapping[str, Any], default: Load) -> Load:
     return Load(
         float(found.get("msgRateIn", default.msg_in_per_s)),

@@ -37,6 +37,7 @@ BROKER = ["broker", "--store", "memory://", "--data-dir", "d", "--advertise", "h
 COORDINATOR = ["coordinator", "--store", "memory://", "--advertise", "http://h:1"]
 RUN = ["verify", "run", "--url", "http://h:1", "--run-dir", "r"]
 SPLIT = ["topics", "split", T, "0", "--at"]
+AUTOSCALE = ["topics", "autoscale", T, "--policy"]
 NOT_A_URL = "is not a URL of the form http://host:port"
 
 USAGE_ERRORS = [
@@ -84,6 +85,10 @@ USAGE_ERRORS = [
     (["standalone", "--store-timeout", "NaN"], "'NaN' is not a number"),
     (["consume", T, "s", "--idle-timeout", "nan"], "'nan' is not a number"),
     (["topics", "autoscale", T, "--window", "nan"], "'nan' is not a number"),
+    # a misspelt knob kept its default silently: --apply then did not split at the rate asked
+    ([*AUTOSCALE, '{"split": {"msgRatein": 100}}'], "unknown knob split.msgRatein"),
+    ([*AUTOSCALE, '{"maxsegments": 4}'], "unknown knob maxsegments (known: "),
+    ([*AUTOSCALE, '{"split": {"windowSeconds": 5}}'], "unknown knob split.windowSeconds"),
     ([*BROKER, "--store", "etcd://"], "expected etcd://host:port"),
     ([*BROKER, "--store", "etcd://h:99999"], "is not host:port (port 1-65535)"),
     ([*BROKER, "--advertise", "h:1"], NOT_A_URL),
