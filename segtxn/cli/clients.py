@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from segtxn.cli.errors import FailedPartWay, describe, interrupted
+from segtxn.cli.errors import FailedPartWay, ServiceUnreachable, describe, interrupted
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
@@ -205,7 +205,8 @@ def consume(
     time) does not stop it: the message may be delivered again, which an at-least-once
     consumer takes anyway. It warns once, counts them in its summary, and fails (exit
     status 1) only when acknowledgments keep failing for longer than the client's
-    operation timeout (30 s).
+    operation timeout (30 s). Idle for --idle-timeout while it cannot reach a broker
+    (reconnecting) is a failure too (exit status 1): messages may remain.
     """
     if not subscription.strip():
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
@@ -264,6 +265,12 @@ def consume(
             try:
                 message = await consumer.receive(timeout_s=idle_timeout)
             except TimeoutError:
+                cut_off = consumer.reconnecting()
+                if cut_off:  # not idle: nothing could arrive, the backlog is unknown
+                    raise ServiceUnreachable(
+                        f"no message for {idle_timeout:g} s while it could not reach the "
+                        f"broker of {', '.join(cut_off)} (reconnecting): messages may remain"
+                    ) from None
                 break
             # counted at once: a stop from here on (Ctrl-C while its acknowledgment waits
             # for an answer) must not leave out a message the broker may count as consumed

@@ -217,6 +217,11 @@ class Consumer(SegmentFollowing, Closable):
         """False while this is a Failover standby on every stream."""
         return any(s.active for s in self._streams.values())
 
+    def reconnecting(self) -> list[str]:
+        """The topics or segments it is reconnecting to now (their brokers unreachable or
+        refusing): a ``receive`` that times out may have missed their messages."""
+        return [name for name, s in self._streams.items() if not s.attached]
+
     def ended(self) -> bool:
         """True once every stream's topic is sealed and fully consumed."""
         return all(s.ended.is_set() for s in self._streams.values())

@@ -130,6 +130,11 @@ class MessageStream:
         self._task: asyncio.Task[None] | None = None
         self.reconnects = 0
 
+    @property
+    def attached(self) -> bool:
+        """False while the stream is reconnecting: nothing can arrive on it meanwhile."""
+        return self._ws is not None
+
     async def start(self, deadline: Deadline) -> None:
         """Attach, retrying while the topic's broker (or the store behind it) is down or
         restarting, until ``deadline``.
