@@ -19,7 +19,6 @@ import errno
 import os
 import re
 import signal
-import socket
 import sys
 import threading
 import traceback
@@ -41,6 +40,7 @@ from segtxn.client import (
     ServiceNotReady,
     Timeout,
 )
+from segtxn.client.unreachable import why_unreachable
 from segtxn.metastore import MetadataStoreError
 
 
@@ -66,27 +66,6 @@ def causes(e: BaseException) -> Iterator[BaseException]:
         seen.add(id(current))
         yield current
         current = current.__cause__ or current.__context__ or getattr(current, "last_error", None)
-
-
-def why_unreachable(e: BaseException) -> str:
-    """A connection failure in words."""
-    if isinstance(e, aiohttp.ClientConnectorDNSError | socket.gaierror) or isinstance(
-        getattr(e, "os_error", None), socket.gaierror
-    ):
-        return "the host name does not resolve"
-    if isinstance(e, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
-        return "its TLS certificate was refused"
-    os_error = getattr(e, "os_error", e)
-    code = getattr(os_error, "errno", None)
-    if code == errno.ECONNREFUSED:
-        return "connection refused"
-    if isinstance(code, int) and code > 0:
-        return os.strerror(code).lower()
-    if isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectionResetError):
-        return "the server closed the connection"
-    if isinstance(e, TimeoutError):
-        return "no answer in time"
-    return str(e) or type(e).__name__
 
 
 def unreachable(e: BaseException) -> tuple[str, str] | None:

@@ -20,10 +20,11 @@ from urllib.parse import urlsplit
 
 import click
 
-from segtxn.cli.errors import ServiceUnreachable, unreachable, why_unreachable
+from segtxn.cli.errors import ServiceUnreachable, unreachable
 from segtxn.cli.params import SERVICE_URLS
 from segtxn.client import Client
 from segtxn.client.credentials import TOKEN_ENV, TOKEN_FILE_ENV
+from segtxn.client.unreachable import why_unreachable
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -17,6 +17,7 @@ import msgspec
 from segtxn import tracing
 from segtxn.client.errors import CertificateError, ClientClosed, Timeout
 from segtxn.client.timeouts import CLOSE_WAIT_S, Deadline, Timeouts
+from segtxn.client.unreachable import why_unreachable
 from segtxn.protocol import frames
 from segtxn.protocol.auth import ssl_reason
 from segtxn.protocol.errors import (
@@ -192,12 +193,12 @@ class Connector:
             except aiohttp.ClientSSLError as e:  # another URL would not verify better
                 raise tls_failure(url, e) from e
             except aiohttp.ClientConnectorError as e:  # refused: nothing sent, try the next
-                failures.append(f"{url}: {e!r}")
+                failures.append(f"{url}: {why_unreachable(e)}")
                 last = e
                 self.unreachable(url)
             except aiohttp.ClientConnectionError as e:
                 self.unreachable(url)
-                raise ServiceNotReady(f"cannot reach {url}: {e!r}") from e
+                raise ServiceNotReady(f"cannot reach {url}: {why_unreachable(e)}") from e
         raise ServiceNotReady("cannot reach " + "; ".join(failures)) from last
 
     async def _once(self, method: str, url: str, deadline: Deadline, **kwargs: Any) -> Any:
@@ -288,5 +289,5 @@ class Connector:
                 raise tls_failure(url, e) from e
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
                 self.unreachable(broker_url)
-                raise ServiceNotReady(f"cannot reach {broker_url}: {e!r}") from e
+                raise ServiceNotReady(f"cannot reach {broker_url}: {why_unreachable(e)}") from e
         raise ServiceNotReady(f"too many redirects for {topic}")

@@ -1,0 +1,33 @@
+"""A connection that could not be made, in words (``connection refused``, ``the host name
+does not resolve``), for the client's errors and the command line's alike: aiohttp's repr
+of one (``ClientConnectorError(ConnectionKey(host=..., proxy_headers_hash=None, ...),
+...)``) tells a user nothing they can act on."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+import aiohttp
+
+
+def why_unreachable(e: BaseException) -> str:
+    """A connection failure in words."""
+    if isinstance(e, aiohttp.ClientConnectorDNSError | socket.gaierror) or isinstance(
+        getattr(e, "os_error", None), socket.gaierror
+    ):
+        return "the host name does not resolve"
+    if isinstance(e, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return "its TLS certificate was refused"
+    os_error = getattr(e, "os_error", e)
+    code = getattr(os_error, "errno", None)
+    if code == errno.ECONNREFUSED:
+        return "connection refused"
+    if isinstance(code, int) and code > 0:
+        return os.strerror(code).lower()
+    if isinstance(e, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectionResetError):
+        return "the server closed the connection"
+    if isinstance(e, TimeoutError):
+        return "no answer in time"
+    return str(e) or type(e).__name__
