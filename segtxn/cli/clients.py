@@ -22,7 +22,7 @@ from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
 from segtxn.client import Client, ErrorCategory, Message, MessageId, ServerError, Timeout
-from segtxn.protocol.names import Domain
+from segtxn.protocol.names import Domain, client_name_problem
 
 MAX_GENERATED_BYTES = 5 * 1024 * 1024
 SHOWN_BYTES = 80
@@ -78,6 +78,7 @@ def produce(
     how many the broker refused and how many were sent with an outcome unknown.
     """
     refuse_unless(ctx, "size", message is None, "-m gives the payload")
+    _check_name("producer", name, "'--name'")
     sent = stored = refused = 0
 
     def progress() -> str:
@@ -152,6 +153,14 @@ def produce(
     )
 
 
+def _check_name(kind: str, name: str | None, hint: str) -> None:
+    """A name the broker would refuse is a usage error before anything connects (exit 2,
+    as a malformed topic is), not a server's refusal once connected."""
+    problem = None if name is None else client_name_problem(kind, name)
+    if problem is not None:
+        raise click.BadParameter(problem, param_hint=hint)
+
+
 def _shown(message: Message) -> dict[str, Any]:
     return {
         "id": str(message.message_id),
@@ -210,6 +219,7 @@ def consume(
     """
     if not subscription.strip():
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
+    _check_name("subscription", subscription, "SUBSCRIPTION")
     streaming = show_each and output == Format.TABLE  # a person watches them come
     received = unacknowledged = 0
     in_doubt = 0

@@ -54,6 +54,10 @@ USAGE_ERRORS = [
     (["consume", T, "s", "--idle-timeout", "-1"], "not in the range 0<x<="),
     (["consume", T, "s", "-n", "-3"], "-3 is not in the range x>=0"),
     (["consume", T, " "], "a subscription needs a name"),
+    # the broker refused these only once connected (exit 1), or not at all without one
+    (["consume", T, "a b"], "subscription name 'a b' must be 1-64 of letters, digits"),
+    (["consume", T, "s" * 65], "must be 1-64 of letters"),
+    (["produce", T, "--name", "a/b"], "producer name 'a/b' must be 1-128 of letters"),
     (
         ["topics", "create", "persistent://a/b/c", "--segments", "4"],
         "--segments does not apply here: only a topic:// topic has segments",
