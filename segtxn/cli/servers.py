@@ -449,6 +449,12 @@ def standalone(
             "--data-dir needs --store etcd://...: a memory store forgets the ledgers' "
             "metadata on restart, and segtxn never overwrites ledger files it cannot account for"
         )
+    if port and coordinator_port == port:  # else the broker starts, then the coordinator fails
+        raise click.BadParameter(
+            f"{port} is the broker's --port too: the broker and the coordinator listen on "
+            "a port each",
+            param_hint="'--coordinator-port'",
+        )
     port = port or _free(host)
     coordinator_port = coordinator_port or _free(host)
     ledger_url = f"file://{prepare_data_dir(data_dir)}" if data_dir else "memory://"

@@ -81,6 +81,7 @@ USAGE_ERRORS = [
     (["txn", "show", "nonsense"], "not a transaction id"),
     (["standalone", "--port", "99999"], "99999 is not in the range 0<=x<=65535"),
     (["standalone", "--coordinator-port", "-1"], "-1 is not in the range 0<=x<=65535"),
+    (["standalone", "--port", "8999", "--coordinator-port", "8999"], "is the broker's --port"),
     (["standalone", "--store", "zookeeper://x"], "unknown metadata store URL"),
     (["standalone", "--data-dir", "x"], "--data-dir needs --store etcd://"),
     (["standalone", "--store-timeout", "-1"], "-1.0 is not in the range 0<=x<="),
