@@ -13,6 +13,9 @@ from segtxn.protocol import errors, names
 from segtxn.protocol.names import TopicName, check_list_part
 from segtxn.protocol.preconditions import PropertyPrecondition
 
+_LISTED_DOMAINS = ("persistent", "topic")
+"""The domains whose topics a namespace lists (a segment is listed with its topic)."""
+
 __all__ = ["Admin", "BrokerHomes"]
 
 
@@ -87,7 +90,14 @@ class Admin:
         await self._c.request("DELETE", self._path(topic), params=params)
 
     async def list_topics(self, domain: str, tenant: str, namespace: str) -> list[str]:
-        """Raises ServerError(InvalidTopicName) for a tenant or namespace no topic can have."""
+        """The topics of ``domain`` (``"persistent"`` or ``"topic"``) in tenant/namespace.
+
+        Raises ServerError(InvalidTopicName) for another domain (``"persistent://"``
+        included), or a tenant or namespace no topic can have, before any request."""
+        if domain not in _LISTED_DOMAINS:
+            raise errors.InvalidTopicName(
+                f"topics are listed by domain persistent or topic, not {domain[:40]!r}"
+            )
         try:
             check_list_part("tenant", tenant)
             check_list_part("namespace", namespace)
