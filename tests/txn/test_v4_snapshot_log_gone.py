@@ -138,3 +138,35 @@ async def test_a_store_failure_leaves_the_log_whole(
         assert log_.entries == 0
     finally:
         await log_.close()
+
+
+async def test_a_write_while_a_compaction_judges_does_not_start_a_second_one(
+    store: MetadataStore, faults: FaultInjector, tmp_path: Path
+) -> None:
+    """A compaction is due; one write starts it, which asks the store about its topics; a
+    second write, meanwhile, finds a compaction under way: it appends its snapshot and
+    starts none (the compaction's lock was taken only after the store's answers, so the
+    second write judged every topic again and compacted the log a second time, a roll-over
+    and a copy of every snapshot for nothing, its own snapshot waiting for it all)."""
+    storage = FileLogStorage(tmp_path)
+    log_ = await SnapshotLog.open(LOG, store, storage, SETTINGS, compact_entries=4)
+    topic = "persistent://acme/v4/busy"
+    try:
+        incarnation = await create(topic, store, storage)
+        for _ in range(4):
+            await log_.write(snapshot(topic, incarnation))
+        asked = faults.hold("range", key_prefix=metadata_key(topic), times=None)
+        first = asyncio.create_task(log_.write(snapshot(topic, incarnation)))
+        await asked.wait_for(1)
+        second = asyncio.create_task(log_.write(snapshot(topic, incarnation)))
+        judged_again = asyncio.create_task(asked.wait_for(2))
+        await asyncio.wait([second, judged_again], return_when=asyncio.FIRST_COMPLETED)
+        judged = asked.parked
+        judged_again.cancel()
+        faults.clear()
+        asked.release()
+        await asyncio.gather(first, second)
+        assert judged == 1, f"the second write judged the topics again ({judged} reads held)"
+        assert log_.entries == 2  # the one copied, then the second write's (after the cut)
+    finally:
+        await log_.close()

@@ -130,6 +130,9 @@ class SnapshotLog:
         self._compact_entries = compact_entries
         self._metrics = metrics
         self._latest: dict[str, Position] = {}
+        self._compaction = asyncio.Lock()
+        """Held by :meth:`compact` from its first step, the store reads judging its
+        snapshots: a write finds a compaction under way (and starts none) from then on."""
 
     @classmethod
     async def open(
@@ -165,7 +168,9 @@ class SnapshotLog:
         Raises:
             LedgerError: the snapshot could not be written.
         """
-        if self._log.due(self._compact_entries, len(self._latest)):
+        if not self._compaction.locked() and self._log.due(
+            self._compact_entries, len(self._latest)
+        ):
             try:
                 await self.compact()
             except (LedgerError, MetadataStoreError) as e:
@@ -214,9 +219,20 @@ class SnapshotLog:
         since a record's creation revision never comes back, and a topic snapshotted again
         meanwhile has its new snapshot kept (only the snapshot judged is dropped).
 
+        The judging is part of the compaction (:attr:`_compaction` held): the log's own
+        lock is taken only after it, and a snapshot written while the store answered found
+        no compaction under way, judged every topic again and compacted the log a second
+        time as soon as the first ended (a roll-over and a copy of every snapshot for
+        nothing, its own snapshot waiting for it all).
+
         Raises:
             LedgerError, MetadataStoreError: a step failed (the log stays correct).
         """
+        async with self._compaction:
+            await self._compact()
+
+    async def _compact(self) -> None:
+        """:meth:`compact`'s body, under its lock."""
         unloadable = await self._unloadable()
         topics: list[str] = []
 
