@@ -315,7 +315,8 @@ class Subscriptions:
         loaded again for the next client, which held the log: one of the two was refused
         ("... is held by another writer"), the consumer with an internal error instead of a
         retry. Cancelled as it waits (a broker's stop out of time), it closes the loaded
-        subscriptions all the same, and the load lets go of its own as it ends.
+        subscriptions all the same, and the load lets go of its own as it ends; a cancel
+        that cuts one's close is raised once the others are closed (:meth:`_close_each`).
         """
         try:
             await self._lock.acquire()
@@ -329,10 +330,24 @@ class Subscriptions:
 
     async def _close_loaded(self) -> Exception | None:
         """:meth:`close`'s body: every loaded subscription closed; the first failure."""
+        return await self._close_each(list(self.loaded.values()))
+
+    async def _close_each(self, subscriptions: list[Subscription]) -> Exception | None:
+        """Close ``subscriptions``, each even if one before failed; the first failure.
+
+        A close cut by a cancel (its clean-close write past the cancel's grace, the store
+        silent: :func:`~segtxn.aio.run_to_end`) raises the cancel once the rest are closed,
+        in its handler, so that their writes share what is left of that grace. Only
+        ``Exception`` was caught: the rest were skipped, and their v4 pending-ack logs held
+        their files ("... is held by another writer" on the next load) until the broker
+        restarted."""
         failure: Exception | None = None
-        for subscription in list(self.loaded.values()):
+        for i, subscription in enumerate(subscriptions):
             try:
                 await subscription.close()
+            except asyncio.CancelledError:
+                await self._close_each(subscriptions[i + 1 :])
+                raise
             except Exception as e:
                 log.warning("%s: closing a part failed: %s: %s", self.name, type(e).__name__, e)
                 failure = failure or e

@@ -28,8 +28,10 @@ import aiohttp
 import pytest
 
 from segtxn.broker.dispatch import Subscription
-from segtxn.broker.txn.pending_ack_log import pending_ack_log
+from segtxn.broker.topic import Topic
+from segtxn.broker.txn.pending_ack_log import MLPendingAckStore, pending_ack_log
 from segtxn.client import Client, ServerError
+from segtxn.ledger import ManagedLedger
 from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
@@ -302,3 +304,51 @@ async def test_an_unload_cancelled_as_it_waits_for_a_load_closes_the_loaded_subs
         await consumer.close()
         assert service.topics[name] is not old
         assert "k" in service.topics[name].subscriptions
+
+
+async def test_an_unload_cancelled_with_the_store_silent_closes_every_loaded_subscription(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with the store silent on the first subscription's clean close: that close
+    gets the cancel's grace and is cut past it (``run_to_end`` raises the cancel), and the
+    next subscription's close was skipped (only ``Exception`` was caught): its v4
+    pending-ack log stayed open, its writer task running, its file locked ("... is held by
+    another writer" on the next load) until the broker restarted. Every loaded subscription
+    is closed, the cancel raised after the last."""
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        producer = await create_and_send(client, TOPIC, b"m0")
+        await producer.close()
+        for sub in ("a", "b"):  # loaded, their logs open, closed in this order
+            await (await acked_in_txn(client, TOPIC, sub, commit=True)).close()
+        old = service.topics[name]
+        assert list(old.subscriptions) == ["a", "b"]
+        lock = ContendedLock()
+        monkeypatch.setattr(old.registry, "_lock", lock)
+
+        held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # "s"'s load
+        subscribing = asyncio.create_task(
+            client.subscribe(TOPIC, "s", initial_position="earliest", subscription_type="Shared")
+        )
+        await held.wait_for(1)
+        silent = cluster.faults.hold("txn", key_prefix=metadata_key(pending_ack_log(TOPIC, "a")))
+        unloading = asyncio.create_task(service.unload(name))
+        await asyncio.wait_for(lock.contended.wait(), 10)  # it waits for the load
+        unloading.cancel()
+        await asyncio.gather(unloading, return_exceptions=True)
+        assert silent.parked == 1, "a's clean close was not the one held"
+        still_open = [s for s in ("a", "b") if not _pending_ack_ledger(old, s)._closed]
+        silent.release()
+        held.release()
+        assert not still_open, f"left open by the cancelled unload: {still_open}"
+
+        consumer = await subscribing  # told to retry: the topic loads again, "a" and "b" too
+        await consumer.close()
+        assert {"a", "b"} <= set(service.topics[name].subscriptions)
+
+
+def _pending_ack_ledger(topic: Topic, subscription: str) -> ManagedLedger:
+    pending_acks = topic.subscriptions[subscription].pending_acks
+    assert isinstance(pending_acks, MLPendingAckStore) and pending_acks._log is not None
+    return pending_acks._log.ledger
