@@ -401,14 +401,22 @@ async def _close_parts(
 
     Nothing is raised (each failure is logged at WARNING, with its traceback when it is
     not an error the store, a ledger or a server gives: a bug): the caller raises the
-    failure that made it close the topic, the one to report.
+    failure that made it close the topic, the one to report. But a cancel: a part's close
+    cut by one (its clean-close write past the cancel's grace, the store silent:
+    :func:`~segtxn.aio.run_to_end`) raises it once the rest, the ledger last, are closed,
+    in its handler, so that their writes share what is left of the grace. Only
+    ``Exception`` was caught: a load cancelled (a broker's stop) skipped the ledger's close.
 
     Not a :class:`~segtxn.stopping.Stopping`: its time limit, once the store fails, would
     cancel a close part-way (a pending-ack log or the ledger left holding its file), while
     each close here ends on its own (a store call fails within its request timeout)."""
-    for close in [*parts, ledger.close]:
+    for i, close in enumerate([*parts, ledger.close]):
         try:
             await close()
+        except asyncio.CancelledError:
+            if i < len(parts):  # (not the ledger's own close cut)
+                await _close_parts(name, after, parts[i + 1 :], ledger)
+            raise
         except Exception as e:
             log.warning(
                 "%s: closing after %s: %s: %s", name, after, type(e).__name__, e,

@@ -11,15 +11,18 @@ the failures are a monkeypatched subscription load and close.
 
 from __future__ import annotations
 
+import asyncio
 from typing import NoReturn
 
 import pytest
 
 from segtxn.broker.dispatch import Subscription
 from segtxn.broker.subscriptions import Subscriptions
+from segtxn.broker.txn.pending_ack_log import pending_ack_log
 from segtxn.client import Client, ServerError
+from segtxn.ledger.metadata import metadata_key
 from segtxn.protocol.names import TopicName
-from tests.cluster import Cluster, create_and_send
+from tests.cluster import Cluster, acked_in_txn, create_and_send
 
 TOPIC = "persistent://acme/load/fails"
 
@@ -65,3 +68,39 @@ async def test_a_failed_load_lets_the_ledger_go_whatever_a_subscription_close_ra
         await client.admin.stats(TOPIC)  # loads again: the failed load let go of the ledger
         consumer = await client.subscribe(TOPIC, "t", initial_position="earliest")
         assert (await consumer.receive(timeout_s=10)).value == b"m0"
+
+
+async def test_a_load_cancelled_with_the_store_silent_lets_the_ledger_go(
+    cluster: Cluster,
+) -> None:
+    """A load cancelled (as a broker's stop cancels the loads in flight) after it loaded
+    ``a`` and while it opens ``b``'s pending-ack log, the store silent: ``b``'s open takes
+    the cancel's grace, and the failed load's close of ``a`` finds none left, so its
+    clean-close write is cut and the close raises the cancel (``run_to_end``). Only
+    ``Exception`` was caught: the transaction buffer's and the ledger's closes were
+    skipped, the ledger kept its file's lock and every later load was refused ("... is
+    held by another writer")."""
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        await (await create_and_send(client, TOPIC, b"m0")).close()
+        for sub in ("a", "b"):
+            await (await acked_in_txn(client, TOPIC, sub, commit=True)).close()
+        await service.unload(name)
+
+        at_b = cluster.faults.hold("txn", key_prefix=metadata_key(pending_ack_log(TOPIC, "b")))
+        serving = asyncio.create_task(service.serve(name))
+        await at_b.wait_for(1)  # "a" loaded, its log open; "b"'s open waits for the store
+        cluster.faults.hold("txn", key_prefix=metadata_key(pending_ack_log(TOPIC, "a")))
+        loading = service.loading(name)
+        assert loading is not None
+        loading.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        cluster.faults.clear()
+        at_b.release()
+
+        try:
+            await client.admin.stats(TOPIC)  # loads again: the cancelled load let go of it
+        except ServerError as e:
+            pytest.fail(f"the topic could not be loaded again: {type(e).__name__}: {e}")
+        assert {"a", "b"} <= set(service.topics[name].subscriptions)
