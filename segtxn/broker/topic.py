@@ -358,17 +358,19 @@ class Topic:
 
         The subscriptions are closed after a consumer's load of one in flight, which lets
         go of it first (:meth:`Subscriptions.close`): left to go on, it opened the
-        subscription's log after the topic was closed."""
+        subscription's log after the topic was closed. A cancel that cut their close (the
+        store silent past its grace) is raised once the buffer and the ledger are closed
+        too (no final de-duplication snapshot then: a reload replays)."""
         self.leaving = True
         failure: Exception | None = None
         try:
-            failure = await self.registry.close()  # after a load in flight, let go by it
-            for close in [self.buffer.close, self.publishing.settle]:
-                try:
-                    await close()
-                except Exception as e:
-                    log.warning("%s: closing a part failed: %s: %s", self.name, type(e).__name__, e)
-                    failure = failure or e
+            try:
+                failure = await self.registry.close()  # after a load in flight, let go by it
+            except asyncio.CancelledError:  # a close cut past its grace: the rest go on, in
+                await self._close_buffer()  # the handler (sharing what is left of the grace)
+                raise
+            buffer_failure = await self._close_buffer()
+            failure = failure or buffer_failure
             try:
                 await self.dedup.snapshot()
             except SnapshotFenced as e:  # the topic is another broker's now: it writes it
@@ -384,6 +386,20 @@ class Topic:
             await self.ledger.close()
         if failure is not None:
             raise failure
+
+    async def _close_buffer(self) -> Exception | None:
+        """(:meth:`close`.) Close the transaction buffer, then settle publishing, each even
+        if the other failed (logged); the first failure. Run after the subscriptions' close
+        even when a cancel cut it: skipped then, the v4 checks kept the closed buffer as a
+        participant of its open transactions, for their sweep to end them there."""
+        failure: Exception | None = None
+        for close in [self.buffer.close, self.publishing.settle]:
+            try:
+                await close()
+            except Exception as e:
+                log.warning("%s: closing a part failed: %s: %s", self.name, type(e).__name__, e)
+                failure = failure or e
+        return failure
 
 
 async def _close_parts(

@@ -352,3 +352,46 @@ def _pending_ack_ledger(topic: Topic, subscription: str) -> ManagedLedger:
     pending_acks = topic.subscriptions[subscription].pending_acks
     assert isinstance(pending_acks, MLPendingAckStore) and pending_acks._log is not None
     return pending_acks._log.ledger
+
+
+async def test_an_unload_cut_by_a_cancel_still_closes_the_transaction_buffer(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with a v4 transaction open on the topic: the cancel the subscriptions'
+    close raised skipped the transaction buffer's close (and publishing's settle), so the
+    v4 checks kept tracking the closed buffer as a participant of that transaction (its
+    sweep would end it there, on a closed ledger, beside the topic's new instance)."""
+    service = cluster.broker.service
+    name = TopicName.parse(TOPIC)
+    async with Client(cluster.url) as client:
+        producer = await create_and_send(client, TOPIC, b"m0")
+        await (await acked_in_txn(client, TOPIC, "a", commit=True)).close()
+        txn = client.transaction()
+        await producer.send(b"open", txn=txn)  # the buffer is a participant of txn
+        await producer.close()
+        old = service.topics[name]
+        buffer: object = old.buffer
+        tracked = service.v4_checks._tracked
+        assert any(buffer in t.participants for t in tracked.values())
+        lock = ContendedLock()
+        monkeypatch.setattr(old.registry, "_lock", lock)
+
+        held = cluster.faults.hold("range", key_prefix=metadata_key(LOG))  # "s"'s load
+        subscribing = asyncio.create_task(
+            client.subscribe(TOPIC, "s", initial_position="earliest", subscription_type="Shared")
+        )
+        await held.wait_for(1)
+        silent = cluster.faults.hold("txn", key_prefix=metadata_key(pending_ack_log(TOPIC, "a")))
+        unloading = asyncio.create_task(service.unload(name))
+        await asyncio.wait_for(lock.contended.wait(), 10)  # it waits for the load
+        unloading.cancel()
+        await asyncio.gather(unloading, return_exceptions=True)
+        left = [t for t in tracked.values() if buffer in t.participants]
+        cluster.faults.clear()
+        silent.release()
+        held.release()
+        assert not left, "the closed buffer is still tracked as a participant"
+
+        consumer = await subscribing
+        await consumer.close()
+        await txn.abort()
