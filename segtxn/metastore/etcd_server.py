@@ -108,6 +108,14 @@ and what the Helm chart's etcd uses. A watch cut off for less than that resumes 
 was; a longer outage costs its owner one re-read, never a missed change."""
 
 
+PORT_ATTEMPTS = 3
+"""First starts tried on fresh ports when another etcd took the ones picked."""
+
+
+class PortTaken(RuntimeError):
+    """Another etcd answers on the client port picked for this one."""
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -154,6 +162,8 @@ class EtcdServer:
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    _served: bool = field(default=False, init=False, repr=False)
+    """Started once: a restart keeps its ports (its clients hold them)."""
 
     @property
     def endpoint(self) -> str:
@@ -213,7 +223,22 @@ class EtcdServer:
     def start(self, timeout_s: float = 20.0) -> None:
         """Start the process and wait until it serves requests (again, after :meth:`kill` or
         ``stop(remove_data=False)``: same data dir, same ports). Its output is appended to
-        ``log_path`` (default: ``etcd.log`` in the data dir)."""
+        ``log_path`` (default: ``etcd.log`` in the data dir). On a first start whose port
+        another etcd took meanwhile (:class:`PortTaken`), it starts again on fresh ports."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._start_once(timeout_s)
+            except PortTaken:
+                self.kill()
+                if self._served or attempt == PORT_ATTEMPTS - 1:
+                    raise  # a restart keeps its ports: the clients hold them
+                self.client_port, self.peer_port = free_port(), free_port()
+                self.metrics_port = free_port()
+                continue
+            self._served = True
+            return
+
+    def _start_once(self, timeout_s: float) -> None:
         if self.log_path is None:
             self.log_path = self.data_dir / "etcd.log"
         with open(self.log_path, "ab") as log:
@@ -231,14 +256,38 @@ class EtcdServer:
         raise RuntimeError(f"etcd did not become healthy in {timeout_s}s: {self.tail()}")
 
     def _healthy(self) -> bool:
+        """Whether this server answers as healthy, and (without TLS) that the etcd answering
+        on its client port is this one: its one member's peer URL is this server's.
+
+        Why: the ports are picked free before etcd binds them, so another process's etcd can
+        take the client port first (a test run on several workers starts many). This one
+        then fails to bind and exits a moment later, and a health check alone passed on the
+        other etcd: its owner went on with another test's store (a test that froze "its"
+        etcd saw its broker revoke its session at once)."""
+        import json
         import urllib.request
 
         where = self.endpoint if self.tls is None else f"127.0.0.1:{self.metrics_port}"
         try:
             with urllib.request.urlopen(f"http://{where}/health", timeout=0.5) as r:
-                return b'"health":"true"' in r.read()
-        except OSError:
+                if b'"health":"true"' not in r.read():
+                    return False
+            if self.tls is not None:
+                return True
+            members = urllib.request.Request(
+                f"http://{where}/v3/cluster/member/list", data=b"{}", method="POST"
+            )
+            with urllib.request.urlopen(members, timeout=0.5) as r:
+                listed = json.loads(r.read()).get("members", [])
+        except (OSError, ValueError):
             return False
+        own = f"http://127.0.0.1:{self.peer_port}"
+        if not any(own in m.get("peerURLs", []) for m in listed if isinstance(m, dict)):
+            raise PortTaken(
+                f"another etcd answers on 127.0.0.1:{self.client_port}, the client port "
+                f"picked for this one (which cannot bind it): {self.tail()}"
+            )
+        return True
 
     def tail(self, n: int = 2000) -> str:
         if self.log_path is None or not self.log_path.exists():
