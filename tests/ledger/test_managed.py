@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from segtxn.ledger.files import FileEntryLog
 from segtxn.ledger.managed import METADATA_PREFIX
 from segtxn.metastore import MetadataStore
 from tests.ledger.conftest import OpenLedger
+from tests.ledger.held import hold_writes
 from tests.waiting import wait_until
 
 
@@ -242,16 +242,7 @@ async def test_batches_are_bounded_on_disk(open_ledger: OpenLedger) -> None:
 
 async def test_backpressure_is_first_come_first_served(open_ledger: OpenLedger) -> None:
     ledger = await open_ledger(max_pending_bytes=1000)
-    current = ledger._current
-    assert current is not None
-    gate = threading.Event()
-    original = current.append_batch
-
-    def slow(payloads: Sequence[bytes]) -> None:
-        gate.wait(10)
-        original(payloads)
-
-    current.append_batch = slow  # type: ignore[method-assign]
+    gate = hold_writes(ledger)
     head = asyncio.create_task(ledger.append(b"h"))  # being written, held at the gate
     await wait_until(lambda: ledger._writer._queued_bytes == 0 and not ledger._writer.idle.is_set())
     filler = asyncio.create_task(ledger.append(b"f" * 900))
@@ -268,16 +259,7 @@ async def test_enqueue_returns_once_queued_and_the_queue_order_is_the_write_orde
     open_ledger: OpenLedger,
 ) -> None:
     ledger = await open_ledger()
-    current = ledger._current
-    assert current is not None
-    gate = threading.Event()
-    original = current.append_batch
-
-    def held(payloads: Sequence[bytes]) -> None:
-        gate.wait(10)
-        original(payloads)
-
-    current.append_batch = held  # type: ignore[method-assign]
+    gate = hold_writes(ledger)
     try:
         written = [await ledger.enqueue(f"q{i}".encode()) for i in range(5)]
         assert not any(w.done() for w in written)  # queued, not durable: no write ended
@@ -358,16 +340,7 @@ async def test_enqueue_now_queues_only_what_needs_no_wait(open_ledger: OpenLedge
     before it; else None and nothing queued (the caller then awaits ``enqueue``, which
     keeps first come, first served)."""
     ledger = await open_ledger(max_pending_bytes=1000, max_entry_bytes=900)
-    current = ledger._current
-    assert current is not None
-    gate = threading.Event()
-    original = current.append_batch
-
-    def held(payloads: Sequence[bytes]) -> None:
-        gate.wait(10)
-        original(payloads)
-
-    current.append_batch = held  # type: ignore[method-assign]
+    gate = hold_writes(ledger)
     try:
         head = ledger.enqueue_now(b"h")  # taken by the writer, held at the gate
         assert head is not None

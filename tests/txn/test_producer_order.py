@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import threading
 from collections.abc import Sequence
 from urllib.parse import quote
 
@@ -22,6 +21,7 @@ from segtxn.client.scalable import ScalableProducer
 from segtxn.client.transaction import Transaction
 from segtxn.ledger.managed import METADATA_PREFIX
 from tests.cluster import Cluster
+from tests.ledger.held import hold_writes
 from tests.waiting import wait_until
 
 SCALABLE = "topic://acme/order/events"
@@ -208,16 +208,7 @@ async def test_a_v4_transaction_does_not_hold_its_producer_to_one_write_at_a_tim
     producer, txn = await v4_producer(client, cluster)
     await producer.send(b"t0", txn=txn)  # PIP-373's property is written: no wait left
     ledger = loaded(cluster, PLAIN).ledger
-    current = ledger._current
-    assert current is not None
-    gate = threading.Event()
-    original = current.append_batch
-
-    def held(payloads: Sequence[bytes]) -> None:
-        gate.wait(10)
-        original(payloads)
-
-    current.append_batch = held  # type: ignore[method-assign]
+    gate = hold_writes(ledger)
     try:
         futures = [
             await producer.send_async(b"t1", txn=txn),
