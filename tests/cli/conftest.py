@@ -21,3 +21,16 @@ def standalone() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def own_standalone() -> Iterator[processes.ServerProcess]:
+    """A real ``segtxn standalone`` process of the test's own (in-memory store), for a test
+    that kills or pauses it."""
+    server = processes.standalone()
+    server.start()
+    try:
+        asyncio.run(server.ready())
+        yield server
+    finally:
+        server.stop()

@@ -8,37 +8,14 @@ import asyncio
 import contextlib
 import re
 import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-
-import pytest
 
 from segtxn.client import Client
 from tests import processes
+from tests.cli.consuming import consume_under_way, filled, subscription_stat
 from tests.waiting import wait_until
 
 TOPIC = "persistent://t/ns/interrupted-in-an-ack"
 MESSAGES = 20_000
-
-
-@pytest.fixture
-def server() -> Iterator[processes.ServerProcess]:
-    server = processes.standalone()
-    server.start()
-    try:
-        asyncio.run(server.ready())
-        yield server
-    finally:
-        server.stop()
-
-
-async def _backlog(client: Client) -> int:
-    return int((await client.admin.stats(TOPIC))["subscriptions"]["sub"]["backlog"])
-
-
-async def _consumers(client: Client) -> int:
-    return int((await client.admin.stats(TOPIC))["subscriptions"]["sub"]["consumers"])
 
 
 def _unread_bytes_at(port: int) -> int:
@@ -77,7 +54,7 @@ def _pause_in_an_acknowledgment(server: processes.ServerProcess) -> None:
 
 
 def test_an_interrupt_during_an_acknowledgment_counts_its_message(
-    server: processes.ServerProcess,
+    own_standalone: processes.ServerProcess,
 ) -> None:
     """Ctrl-C while the consumer waits for an acknowledgment's receipt: that message was
     received (and printed, with ``--print``) and the broker may apply the acknowledgment it
@@ -85,38 +62,11 @@ def test_an_interrupt_during_an_acknowledgment_counts_its_message(
     unknown. Before, it counted neither: "43 messages received and acknowledged" while the
     subscription's backlog had gone down by 44, a message the user was told nothing of and
     would never get again."""
-
-    async def prepare() -> int:
-        async with Client(server.url) as client:
-            await client.admin.create_topic(TOPIC)
-            await client.admin.create_subscription(TOPIC, "sub", initial_position="earliest")
-            producer = await client.create_producer(TOPIC)
-            for i in range(MESSAGES):
-                await producer.send_async(b"m%d" % i)
-            await producer.flush()
-            return await _backlog(client)
-
-    left = asyncio.run(prepare())
+    server = own_standalone
+    left = filled(server, TOPIC, MESSAGES)
     assert left == MESSAGES
-    command = ["consume", TOPIC, "sub", "--idle-timeout", "600", "--url", server.url]
-    consuming = subprocess.Popen(
-        [sys.executable, "-m", "segtxn.cli", *command],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    consuming = consume_under_way(server, TOPIC, left, 600)
     try:
-
-        async def under_way() -> None:
-            async with Client(server.url) as client:
-
-                async def acknowledging() -> bool:
-                    assert consuming.poll() is None, consuming.communicate()
-                    return await _backlog(client) <= left - 2
-
-                await wait_until(acknowledging, timeout=60, what="acknowledgments")
-
-        asyncio.run(under_way())
         _pause_in_an_acknowledgment(server)
         consuming.send_signal(signal.SIGINT)
         _, err = consuming.communicate(timeout=30)
@@ -131,10 +81,10 @@ def test_an_interrupt_during_an_acknowledgment_counts_its_message(
         async with Client(server.url) as client:
 
             async def closed() -> bool:  # read after the acknowledgment written before it
-                return await _consumers(client) == 0
+                return await subscription_stat(client, TOPIC, "consumers") == 0
 
             await wait_until(closed, timeout=30, what="the consumer's close")
-            return left - await _backlog(client)
+            return left - await subscription_stat(client, TOPIC, "backlog")
 
     taken = asyncio.run(acknowledged())
     said = re.search(
