@@ -8,7 +8,6 @@ import asyncio
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +19,6 @@ from segtxn.client.consumer import Consumer
 from segtxn.ledger.cursor import cursor_key
 from segtxn.protocol.errors import TopicNotFound
 from segtxn.protocol.names import TopicName
-from tests import processes
 from tests.cluster import Cluster
 from tests.processes import ServerProcess
 from tests.waiting import wait_until
@@ -36,17 +34,6 @@ def errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("Error: ")]
 
 
-@pytest.fixture
-def standalone() -> Iterator[ServerProcess]:
-    server = processes.standalone()
-    server.start()
-    try:
-        asyncio.run(server.ready())
-        yield server
-    finally:
-        server.stop()
-
-
 async def _stored(url: str, topic: str) -> int:
     async with Client(url) as client:
         stats = await client.admin.stats(topic)
@@ -54,17 +41,15 @@ async def _stored(url: str, topic: str) -> int:
 
 
 def test_produce_whose_segment_broker_stays_down_says_how_many_were_stored(
-    standalone: ServerProcess,
+    own_standalone: ServerProcess,
 ) -> None:
     """The broker goes away mid-run for longer than the send timeout: one error line with
     the count stored, not a traceback per send in flight (trial 2, S2)."""
-    topic = "topic://t/ns/down"
-    assert (
-        invoke("topics", "create", topic, "--segments", "2", "--url", standalone.url).exit_code == 0
-    )
+    topic, url = "topic://t/ns/down", own_standalone.url
+    assert invoke("topics", "create", topic, "--segments", "2", "--url", url).exit_code == 0
     producing = subprocess.Popen(
         [sys.executable, "-m", "segtxn.cli", "produce", topic, "-n", "10000000", "--size", "8",
-         "--keys", "10", "--send-timeout", "2", "--url", standalone.url],
+         "--keys", "10", "--send-timeout", "2", "--url", url],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -73,10 +58,10 @@ def test_produce_whose_segment_broker_stays_down_says_how_many_were_stored(
 
         async def under_way() -> bool:
             assert producing.poll() is None, producing.communicate()
-            return await _stored(standalone.url, topic) > 0
+            return await _stored(own_standalone.url, topic) > 0
 
         asyncio.run(wait_until(under_way, timeout=60, what="messages stored"))
-        standalone.kill()
+        own_standalone.kill()
         _, err = producing.communicate(timeout=90)
     finally:
         producing.kill()
@@ -92,12 +77,12 @@ def test_produce_whose_segment_broker_stays_down_says_how_many_were_stored(
 
 
 def test_consume_that_fails_says_how_many_it_received(
-    standalone: ServerProcess, monkeypatch: pytest.MonkeyPatch
+    own_standalone: ServerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A failure that is not an acknowledgment's (here the topic goes away under the
     consumer) ends it with what it had received and acknowledged before (trial 2, M3)."""
     topic = "persistent://t/ns/consumed"
-    url = standalone.url
+    url = own_standalone.url
     assert invoke("topics", "create", topic, "--url", url).exit_code == 0
     assert invoke("produce", topic, "-n", "10", "--url", url).exit_code == 0
     receive = Consumer.receive
