@@ -25,10 +25,11 @@ record), so from then on the old owner writes and deletes nothing; the new owner
 record and its parts (:meth:`SnapshotStore.load`) only after that open. A check that fails
 on a change of the owner's own (a roll-over meanwhile) is tried again on the new version;
 another owner's change raises :class:`SnapshotFenced`. Telling them apart may need a read
-of the record (the owner's own last change landed with its answer lost); while the store
-cannot be read it is :class:`SnapshotOwnerUnknown`, not a fence: before, it was taken for
-one, logged as a take-over that never happened, and a closing snapshot was skipped for one
-failed read. Under that check no other broker's
+of the record (the owner's own last change landed with its answer lost); while that cannot
+be settled it is :class:`SnapshotOwnerUnknown`, not a fence (the check shared with a
+cursor's save and an op-record step: :mod:`segtxn.ledger.ownership`): before, it was taken
+for one, logged as a take-over that never happened, and a closing snapshot was skipped for
+one failed read. Under that check no other broker's
 write meets this owner's, and a write of its own whose answer was lost cannot land later
 over a newer one (the store applies each write only on the revisions it read). So the
 parts a record names are deleted only once a record that does not name them has landed,
@@ -47,7 +48,6 @@ topic's: its producers' first sends were answered as duplicates, never stored
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -57,7 +57,9 @@ from urllib.parse import quote
 import msgspec
 
 from segtxn.ledger import ManagedLedger
+from segtxn.ledger.fencing import OwnerUnknown
 from segtxn.ledger.metadata import metadata_key
+from segtxn.ledger.ownership import changed_by_its_owner
 from segtxn.metastore import (
     BadVersion,
     Check,
@@ -67,7 +69,6 @@ from segtxn.metastore import (
     NotFound,
     Op,
     Put,
-    StoreUnavailable,
 )
 
 log = logging.getLogger(__name__)
@@ -75,11 +76,6 @@ log = logging.getLogger(__name__)
 PREFIX = "/dedup/"
 DELETES_PER_STEP = 100
 """Parts deleted in one atomic step (with the ownership check: under the store's 128)."""
-OWNER_READS = 3
-"""How many times the ownership check's record is read while the store does not answer:
-a moment's failure must not cost a topic its closing snapshot."""
-OWNER_READ_PAUSE_S = 0.2
-"""The pause between those reads (a retry interval, not a wait for a condition)."""
 
 
 class SnapshotFenced(Exception):
@@ -87,10 +83,11 @@ class SnapshotFenced(Exception):
     opened by another owner since this one last changed it. The other owner writes it."""
 
 
-class SnapshotOwnerUnknown(StoreUnavailable):
+class SnapshotOwnerUnknown(OwnerUnknown):
     """The snapshot was not written (or older parts not deleted): its ownership check met a
     change of the ledger's metadata record, this owner's own (its answer lost) or another
-    owner's, and the store could not be read to tell which. Nothing is fenced: the next
+    owner's, and that could not be told (:func:`~segtxn.ledger.ownership.changed_by_its_owner`:
+    the store failed the read, or the ledger must be reopened). Nothing is fenced: the next
     snapshot, once the store answers, is written as usual (a reload replays meanwhile)."""
 
 
@@ -267,35 +264,17 @@ class SnapshotStore:
             except (BadVersion, NotFound) as e:
                 if e.key != owner_key:
                     raise
-                if await self._settled_version(ledger) == version:
+                try:
+                    own = await changed_by_its_owner(ledger, version)
+                except OwnerUnknown as unknown:
+                    raise SnapshotOwnerUnknown(
+                        f"{self._key}: not written: {unknown}: a later snapshot is written as usual"
+                    ) from unknown.__cause__
+                if not own:
                     raise SnapshotFenced(
                         f"{self._key}: {ledger.name} was opened by another owner (this one "
                         "writes nothing more of the snapshot)"
                     ) from e
-
-    async def _settled_version(self, ledger: ManagedLedger) -> int:
-        """The version of ``ledger``'s metadata record once a change of its owner's in
-        doubt is settled (taken up if it landed), the record read up to
-        :data:`OWNER_READS` times while the store does not answer.
-
-        Raises:
-            SnapshotOwnerUnknown: the store could not be read: whose change it was is not
-                known.
-        """
-        failure: StoreUnavailable | None = None
-        for attempt in range(OWNER_READS):
-            if attempt:
-                await asyncio.sleep(OWNER_READ_PAUSE_S)
-            try:
-                return await ledger.settled_metadata_version(strict=True)
-            except StoreUnavailable as e:
-                failure = e
-        raise SnapshotOwnerUnknown(
-            f"{self._key}: not written: could not tell whether {ledger.name} was opened by "
-            "another owner or changed by this one (its own change's outcome is unknown, and "
-            f"the store did not answer reading its metadata record: {failure}); nothing is "
-            "fenced: a later snapshot is written as usual"
-        ) from failure
 
     def _part_key(self, generation: str, n: int) -> str:
         return f"{self._prefix}{generation}/{n:06d}"

@@ -65,7 +65,7 @@ from segtxn.ledger.position import Position
 from segtxn.ledger.reads import LedgerReads
 from segtxn.ledger.records import ENTRY_OVERHEAD
 from segtxn.ledger.writer import WriteStats
-from segtxn.metastore import MetadataStore, MetadataStoreError, StoreUnavailable
+from segtxn.metastore import MetadataStore, MetadataStoreError
 
 log = logging.getLogger(__name__)
 
@@ -320,23 +320,25 @@ class LedgerAppends(LedgerReads):
         """The metadata record's version once no change of this owner's is in flight, nor
         in doubt: a state it tried that landed unseen is taken up first, so a write
         conditional on the record (a cursor's save) that failed on it is tried again
-        rather than taken for fenced. When the store cannot tell (or the state is one that
-        needs a reopen), the version is the last one known, as before, unless ``strict``.
+        rather than taken for fenced. When that cannot be done (the store fails, or the
+        state is one that needs a reopen), the version is the last one known, as before,
+        unless ``strict``.
 
         Raises:
-            StoreUnavailable: (``strict`` only) a change of this owner's is in doubt and
-                the record could not be read: whether it moved under this owner or another
-                is not known. A caller that takes an unchanged version for another owner's
-                change (a fence) asks for this, so as not to say so when it cannot tell.
+            MetadataStoreError, LedgerFenced: (``strict`` only) a change of this owner's is
+                in doubt and could not be settled: the record could not be read (the store
+                did not answer, refused, or is closed), or it holds a rollover of this
+                owner's own (``LedgerFenced``: reopen the ledger). Whether the record moved
+                under this owner or another is not known. A caller that takes an unchanged
+                version for another owner's change (a fence) asks for this, so as not to
+                say so when it cannot tell: :func:`~segtxn.ledger.ownership.changed_by_its_owner`.
         """
         async with self._meta_lock:
             try:
                 await run_to_end(self._take_up_own_write(), name=f"ledger-take-up-{self.name}")
-            except StoreUnavailable:
+            except (LedgerFenced, MetadataStoreError):
                 if strict:
                     raise
-            except (LedgerFenced, MetadataStoreError):
-                pass
             return self._version
 
     async def _take_up_own_write(self) -> bool:

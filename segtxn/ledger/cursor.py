@@ -41,6 +41,7 @@ from segtxn.ledger.fencing import (
     own_landed_write,
 )
 from segtxn.ledger.metadata import metadata_key
+from segtxn.ledger.ownership import changed_by_its_owner
 from segtxn.ledger.position import Position
 from segtxn.ledger.rangeset import RangeSet
 from segtxn.metastore import (
@@ -48,7 +49,6 @@ from segtxn.metastore import (
     AlreadyExists,
     MetadataStore,
     Record,
-    StoreUnavailable,
 )
 
 CURSORS_PREFIX = "/managed-cursors/"
@@ -247,7 +247,7 @@ class ManagedCursor:
                     )
                     break
                 except OwnerChanged:
-                    if await self._settled_owner_version() == owner_version:
+                    if not await self._changed_by_its_owner(owner_version):
                         raise  # not our own change: another owner has the ledger now
                 except LedgerFenced:
                     if not await self._took_up_own_write():
@@ -265,25 +265,23 @@ class ManagedCursor:
         # earlier attempt would also need, so none still in flight can land after it
         self._persisted_mark = mark
 
-    async def _settled_owner_version(self) -> int:
-        """After a save found the ledger's metadata record changed: the record's version
-        once the ledger's own change in doubt is settled (taken up if it landed). Unchanged,
-        the change was another owner's: the save is fenced.
+    async def _changed_by_its_owner(self, owner_version: int) -> bool:
+        """After a save found the ledger's metadata record no longer at ``owner_version``:
+        whether the ledger's own change moved it (the save goes again on the new version);
+        False, proof that another owner did (the save is fenced).
 
         Raises:
-            OwnerUnknown: the ledger's own change is in doubt and the record could not be
-                read: the save is refused as the store's trouble, to be tried again. It was
-                taken for a fence ("another owner has the ledger") on a read that failed.
+            OwnerUnknown: the ledger's own change in doubt could not be settled (the store
+                failed the read, even read again, or the ledger must be reopened): the save
+                is refused as the store's trouble, to be tried again. It was taken for a
+                fence ("another owner has the ledger") on a read that failed.
         """
         try:
-            return await self.ledger.settled_metadata_version(strict=True)
-        except StoreUnavailable as e:
+            return await changed_by_its_owner(self.ledger, owner_version)
+        except OwnerUnknown as e:
             raise OwnerUnknown(
-                f"cursor {self.name} of {self.ledger.name}: not saved: could not tell whether "
-                "the ledger was opened by another owner or changed by this one (its own "
-                f"change's outcome is unknown, and the store did not answer reading its "
-                f"metadata record: {e}); nothing is fenced: a later save goes on"
-            ) from e
+                f"cursor {self.name} of {self.ledger.name}: not saved: {e}: a later save goes on"
+            ) from e.__cause__
 
     async def _took_up_own_write(self) -> bool:
         """After a save found the record changed: whether the record holds a state this

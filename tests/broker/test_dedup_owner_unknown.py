@@ -13,6 +13,7 @@ replayed from an older one).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,10 +26,16 @@ from segtxn.broker.dedup_snapshots import SnapshotFenced, SnapshotOwnerUnknown, 
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
-from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
+from segtxn.ledger import FileLogStorage, LedgerError, LedgerSettings, ManagedLedger
 from segtxn.ledger.fencing import OutcomeUnknown
 from segtxn.ledger.metadata import metadata_key
-from segtxn.metastore import MetadataStore, open_store
+from segtxn.metastore import (
+    MetadataStore,
+    MetadataStoreError,
+    StoreAccessDenied,
+    StoreClosed,
+    open_store,
+)
 from segtxn.metastore.etcd_server import free_port
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.names import TopicName
@@ -148,3 +155,51 @@ async def test_a_topic_closing_tells_an_unreadable_check_from_a_take_over(
     said = record.getMessage()
     assert "SnapshotOwnerUnknown" in said and "could not tell whether" in said, said
     assert "this one writes nothing more" not in said, said  # (a fence's words)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [StoreAccessDenied("injected: permission denied"), StoreClosed("injected: store closed")],
+    ids=["access-denied", "closed"],
+)
+async def test_a_refused_read_of_the_ownership_check_is_not_a_fence(
+    store: MetadataStore, faults: FaultInjector, tmp_path: Path, refusal: MetadataStoreError
+) -> None:
+    """Not only a store that does not answer: one that refuses the read (who the broker is,
+    or a store closed under it) proves no take-over either (it was ``SnapshotFenced``)."""
+    ledger, dedup = await open_owner(store, tmp_path)
+    try:
+        await store_one(ledger, dedup, 0)
+        await owned_change_in_doubt(ledger, faults, reads=1)  # the read-back
+        faults.fail("range", key_prefix=metadata_key(ledger.name), times=None, error=refusal)
+        with pytest.raises(SnapshotOwnerUnknown) as refused:
+            await dedup.snapshot()
+        assert str(refusal) in str(refused.value), str(refused.value)
+        faults.clear()
+        await dedup.snapshot()  # the store answers again: written
+    finally:
+        faults.clear()
+        await ledger.close()
+    assert await store.get(record_key(TOPIC)) is not None
+
+
+async def test_a_rollover_of_its_own_found_by_the_ownership_check_is_not_a_fence(
+    store: MetadataStore, faults: FaultInjector, tmp_path: Path
+) -> None:
+    """The record holds the ledger's own rollover, landed unseen (the ledger must be
+    reopened): no other owner has the topic, so the snapshot is not refused as fenced."""
+    ledger, dedup = await open_owner(store, tmp_path)
+    try:
+        await store_one(ledger, dedup, 0)
+        key = metadata_key(ledger.name)
+        faults.fail("txn", key_prefix=key, after_apply=True)
+        faults.fail("range", key_prefix=key, times=1)
+        with pytest.raises(OutcomeUnknown):
+            await ledger.roll_over()
+        with pytest.raises(SnapshotOwnerUnknown) as refused:
+            await dedup.snapshot()
+        assert "rollover of its own" in str(refused.value), str(refused.value)
+    finally:
+        faults.clear()
+        with contextlib.suppress(LedgerError, MetadataStoreError):
+            await ledger.close()

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from segtxn.boundary import translate
 from segtxn.broker.txn.opdrafts import Owner
-from segtxn.metastore import MetadataStoreError, StoreUnavailable
+from segtxn.ledger.fencing import OwnerUnknown
+from segtxn.ledger.ownership import changed_by_its_owner
+from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId
 
@@ -19,21 +21,20 @@ async def owner_refusal(
     record is no longer at ``version`` (the one the step checked), or None when the change
     is this broker's own (a rollover, a trim: the step is tried again on the new version).
 
-    TransactionConflict when another broker opened the ledger (the segment is not served
-    here any more). ServiceNotReady when the ledger's own change is in doubt (its answer and
-    read-back lost) and the store cannot be read to tell whose change it was: the step
-    wrote nothing and nothing is decided, so the store's trouble is what the sends are told,
-    as for any step the store failed. It was taken for a take-over, TransactionConflict
-    "not served by this broker any more", on one failed read."""
+    TransactionConflict only on proof that another broker opened the ledger (the segment
+    is not served here any more). ServiceNotReady when the ledger's own change is in doubt
+    (its answer and read-back lost) and could not be settled to tell whose change it was
+    (:func:`~segtxn.ledger.ownership.changed_by_its_owner`: the store failed the read, even
+    read again, refused it, or the ledger must be reopened): the step wrote nothing and
+    nothing is decided, so the store's trouble is what the sends are told, as for any step
+    the store failed. It was taken for a take-over, TransactionConflict "not served by this
+    broker any more", on one failed read."""
     try:
-        if await owner.settled_metadata_version(strict=True) != version:
+        if await changed_by_its_owner(owner, version):
             return None
-    except StoreUnavailable as e:
+    except OwnerUnknown as e:
         error = ServerError(
-            ErrorName.SERVICE_NOT_READY,
-            f"could not record the op: could not tell whether {owner.name} was opened by "
-            "another broker or changed by this one (its own change's outcome is unknown, and "
-            f"the store did not answer reading its metadata record: {e}); nothing is decided",
+            ErrorName.SERVICE_NOT_READY, f"could not record the op: {e}; nothing is decided"
         )
         error.__cause__ = e
         return error
