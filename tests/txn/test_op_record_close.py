@@ -17,19 +17,22 @@ injector.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import cast
 
 import pytest
 
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.broker.txn import oprecords
+from segtxn.broker.txn import commits, oprecords
 from segtxn.broker.txn.buffer_records import WritesDraft
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.client import Client, Timeout
 from segtxn.ledger import Position
 from segtxn.metastore import MetadataStore, open_store
+from segtxn.protocol import txnops
 from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.txn import TxnState
 from segtxn.topics import transactions as T
 from tests.cluster import Cluster
 from tests.test_aio import Turns
@@ -136,3 +139,22 @@ async def test_a_broker_stopping_with_a_step_in_flight_leaves_no_send_waiting(
         assert not publishing, publishing
         with pytest.raises(Timeout):  # the broker is gone: the client gives the send up
             await sending
+
+
+async def test_a_one_step_commit_asked_after_the_close_is_answered_at_once(
+    setup: tuple[OpRecordWriter, SteppingStore, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It was registered as if the writer still ran, and answered "not here" only when its
+    wait for its operations ended (``COMMIT_WAIT_S``, made long here so that a wait shows):
+    a client's END_TXN held for nothing by a stopping broker."""
+    writer, stepping, version = setup
+    monkeypatch.setattr(commits, "COMMIT_WAIT_S", 3600.0)
+    await writer.close()
+    now_ms = int(time.time() * 1000)
+    header = T.TxnHeader(TxnState.OPEN, timeout_ms=now_ms + 3_600_000, created_ms=now_ms)
+    digest = txnops.add(0, "op-0")
+    answer = await asyncio.wait_for(
+        writer.commit(TXN, 1, digest, header=header, version=version), ANSWERED_S
+    )
+    assert not answer.committed and "stopping" in answer.reason, answer
+    assert not stepping.landed_at, "a step ran after the close"

@@ -41,6 +41,9 @@ at its coordinator). Measured from the last one that arrived, so a transaction o
 thousand operations still arriving is not sent to its coordinator for being large."""
 
 
+STOPPING = "the broker is stopping"
+"""Why a commit is "not here" once the writer closes (asked before or after)."""
+
 RECENT_REFUSALS = 4096
 """Transactions nothing here follows whose operation was refused, remembered (the oldest
 forgotten first) so that a commit asked after the refusal is "not here" at once."""
@@ -357,7 +360,7 @@ class Commits:
         the client would then abort what may be committed)."""
         for pending in list(self._pending.values()):
             if pending.phase is Phase.WAITING:
-                pending.settle(CommitAnswer(None, "the broker is stopping"))
+                pending.settle(CommitAnswer(None, STOPPING))
             elif not pending.answer.done():
                 pending.phase = Phase.DONE
                 pending.answer.set_exception(

@@ -59,7 +59,7 @@ import msgspec
 
 from segtxn.boundary import retry_warning
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.broker.txn.commits import CommitAnswer, Commits, PendingCommit
+from segtxn.broker.txn.commits import STOPPING, CommitAnswer, Commits, PendingCommit
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.opclean import OpRecordCleaner
 from segtxn.broker.txn.opdrafts import AppendInFlight, Draft, Owner
@@ -229,8 +229,12 @@ class OpRecordWriter:
         are all written already, in a step of its own. Answers "not here" (nothing decided)
         when that cannot be so: none of the missing operations arrived for
         :data:`~segtxn.broker.txn.commits.COMMIT_WAIT_S` (see
-        :mod:`segtxn.broker.txn.commits`).
+        :mod:`segtxn.broker.txn.commits`); at once once the writer is closed (the broker is
+        stopping: no step would carry it). Asked after the close, it was registered all the
+        same and answered only when that wait ended, the client's END_TXN held for nothing.
         """
+        if self._closed:
+            return CommitAnswer(None, STOPPING)
         pending = self._commits.ask(txn, ops, digest, header=header, version=version, trace=trace)
         if self._commits.matched(txn):
             self._start_flusher(txn)  # (a running flusher takes it with its next step)
