@@ -113,7 +113,7 @@ class ManagedLedger(LedgerAppends):
         self._closing = False
         self._closed = False
         self._close_ended = asyncio.Event()  # set once close() has released everything
-        self._end_recorded = False  # (what close() returns)
+        self._close_failure: BaseException | None = None  # (what close() raised: all get it)
         self._meta_lock = asyncio.Lock()  # one metadata CAS at a time: they chain versions
         self._tried = TriedWrites()
         self._let_go: list[LedgerInfo] = []
@@ -418,8 +418,13 @@ class ManagedLedger(LedgerAppends):
 
     async def close(self) -> bool:
         """Finish queued appends, record the clean close, save the cursors, stop the writer,
-        release files. Idempotent: a later call (or one made while the first runs) returns
-        once the ledger is closed, with the same answer.
+        release files. Idempotent: every call, the first, one made while it runs and a
+        later one, returns once the ledger is closed, with the same outcome: the same
+        bool, or the same exception raised again (a broker's stop racing a topic's unload
+        must not take a fenced ledger for one left for recovery). A first call cancelled
+        part-way is its own task's outcome, not the close's: the others are told whether
+        the end was recorded (the metadata change it was making ends first: see
+        :meth:`_update`).
 
         Returns whether the ledger's end is recorded (the clean close, or a seal before).
         False when its writer had stopped (a failed write, a rollover of unknown outcome,
@@ -436,33 +441,50 @@ class ManagedLedger(LedgerAppends):
         """
         if self._closing:
             await self._close_ended.wait()
-            return self._end_recorded
+            return self._close_outcome()
         self._closing = True  # refuse new appends; finish the accepted ones
         try:
-            await self._writer.idle.wait()
-            if self._meta.sealed:
-                pass  # its end was recorded by the seal
-            elif self._writer.failure is not None:
-                log.warning(
-                    "%s: closed without recording a clean close, as its writer stopped (%s); "
-                    "its next open recovers its last ledger as after a crash",
-                    self.name,
-                    self._writer.failure,
-                )
-            else:
-                await self._record_clean_close()
-            self._end_recorded = self._meta.sealed or self._writer.failure is None
-            for cursor in list(self.cursors.values()):  # (a delete_cursor may run meanwhile)
-                await cursor.close()
-        finally:
             try:
+                await self._finish_and_record()
+            finally:
                 self._closed = True
                 await self._writer.close()
                 await self._logs.close()
                 self._notify()
-            finally:
-                self._close_ended.set()
-        return self._end_recorded
+        except asyncio.CancelledError:
+            raise  # (this caller's own: the others get whether the end was recorded)
+        except BaseException as e:
+            self._close_failure = e
+            raise
+        finally:
+            self._close_ended.set()
+        return self._close_outcome()
+
+    async def _finish_and_record(self) -> None:
+        """(The first :meth:`close`.) Let the accepted appends end, record the clean close
+        (unless a seal recorded the end, or the writer stopped), and save the cursors."""
+        await self._writer.idle.wait()
+        if self._meta.sealed:
+            pass  # its end was recorded by the seal
+        elif self._writer.failure is not None:
+            log.warning(
+                "%s: closed without recording a clean close, as its writer stopped (%s); "
+                "its next open recovers its last ledger as after a crash",
+                self.name,
+                self._writer.failure,
+            )
+        else:
+            await self._record_clean_close()
+        for cursor in list(self.cursors.values()):  # (a delete_cursor may run meanwhile)
+            await cursor.close()
+
+    def _close_outcome(self) -> bool:
+        """(Once :meth:`close` ended.) What it gives every caller: the exception it raised,
+        else whether the ledger's end is recorded in the metadata (sealed, or its last
+        ledger closed with its count)."""
+        if self._close_failure is not None:
+            raise self._close_failure
+        return self._meta.sealed or self._meta.ledgers[-1].entries is not None
 
     async def check_deletable(self) -> None:
         """Check, changing nothing, that :meth:`delete` would not refuse this ledger's files:
