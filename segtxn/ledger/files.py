@@ -192,7 +192,8 @@ class FileLogStorage(LogStorage):
         fd = create_file(path, os.O_RDWR)
         try:
             _lock(fd, path)
-            if not is_unused(_read_all(fd)):
+            data = _read_all(fd)
+            if not is_unused(data):
                 # a new ledger id never has entries: this file belongs to ledger metadata
                 # that was lost (e.g. a memory:// store restarted). Never destroy it.
                 raise LedgerCorrupted(
@@ -200,8 +201,11 @@ class FileLogStorage(LogStorage):
                     "refusing to overwrite it",
                     path=str(path),
                 )
-            # (empty, or a header: a create whose metadata change never happened)
-            nonce = new_nonce()
+            # (empty, or a header: a create whose metadata change never happened, or may
+            # still: a write whose answer was lost can land late, naming the file by the
+            # nonce of its header, which is kept so that the file stays the one it names)
+            kept = decode_header(data, ledger_id) if len(data) == HEADER_SIZE else None
+            nonce = new_nonce() if kept is None else kept
             os.ftruncate(fd, 0)
             header = encode_header(nonce, ledger_id)
             os.pwrite(fd, header, 0)
@@ -210,7 +214,9 @@ class FileLogStorage(LogStorage):
         except BaseException:
             os.close(fd)
             raise
-        return self.entry_log(path, ledger_id, fd, array("Q"), len(header), nonce=nonce)
+        created = self.entry_log(path, ledger_id, fd, array("Q"), len(header), nonce=nonce)
+        created.reused = kept is not None
+        return created
 
     def recover(
         self,

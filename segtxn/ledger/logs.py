@@ -116,6 +116,11 @@ class EntryLog(ABC):
     the same name that is not this ledger's is refused (``LedgerMismatch``). None: storage
     without one (memory; a replicated log, whose copies are named by their nodes'
     instances)."""
+    reused: bool = False
+    """Set by :meth:`LogStorage.create` when it took over a leftover of an earlier create
+    (holding no entry) whose own metadata change may have landed, or may still land (its
+    answer was lost): that record would name this log, so it is never discarded
+    (:meth:`LogStorage.discard`). A file keeps its header's nonce for the same reason."""
 
     @property
     @abstractmethod
@@ -191,7 +196,7 @@ class LogStorage(ABC):
         its replicas) when this returns: create the log *before* the metadata names it
         (with its ``placement``), so that a log the metadata names always exists. A
         leftover from a create whose metadata change never happened (no entries) is
-        reused.
+        reused (:attr:`EntryLog.reused`), keeping its identity (a file's nonce).
 
         Raises:
             LedgerFenced: another handle (in this or another process) holds the log.
@@ -281,6 +286,26 @@ class LogStorage(ABC):
             DeleteFailed: it could not be removed.
         """
         return False
+
+    def discard(self, ledger_name: str, entry_log: EntryLog) -> bool:
+        """Close ``entry_log``, made by :meth:`create` for a metadata change that the store
+        refused (known not to have landed: no record names it, nor ever will), and remove
+        it if no one else can have a use for it; returns whether it was removed. Best
+        effort: a log left behind is reused by the next create of its id, deleted with its
+        managed ledger (:meth:`delete_unused`), or swept (replicas).
+
+        Kept: a log that :meth:`create` reused (:attr:`EntryLog.reused`: the earlier
+        create's change may be the one that landed, naming it), and one that holds entries
+        or that somebody holds again (:meth:`delete_unused`). This default removes it
+        through :meth:`delete_unused`.
+
+        Raises:
+            DeleteFailed: it could not be removed.
+        """
+        entry_log.close()
+        if entry_log.reused:
+            return False
+        return self.delete_unused(ledger_name, entry_log.ledger_id)
 
     def delete_leftovers(self, ledger_name: str, first_id: int) -> int:
         """Delete the logs a crash during a trim left behind, below ``first_id`` (the first

@@ -74,8 +74,11 @@ class MemoryLogStorage(LogStorage):
                 f"{self.where(*key)} already holds entries that the ledger metadata does not "
                 "know; refusing to overwrite it"
             )
+        reused = key in self._logs
         self._logs[key] = []
-        return self._handle(key)
+        created = self._handle(key)
+        created.reused = reused
+        return created
 
     def recover(
         self,

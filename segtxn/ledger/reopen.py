@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from segtxn.ledger.cursor import cursors_prefix
-from segtxn.ledger.errors import LedgerFenced, LedgerMissing
+from segtxn.ledger.errors import LedgerError, LedgerFenced, LedgerMissing
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.identity import check_identities, delete_chain
 from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
@@ -31,7 +31,15 @@ from segtxn.ledger.metadata import (
     tail_bound,
 )
 from segtxn.ledger.position import Position
-from segtxn.metastore import MUST_NOT_EXIST, BadVersion, MetadataStore, NotFound
+from segtxn.metastore import (
+    MUST_NOT_EXIST,
+    BadVersion,
+    InvalidArgument,
+    MetadataStore,
+    NotFound,
+    StoreAccessDenied,
+    StoreFull,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +79,7 @@ async def open_chain(
         try:
             record = await store.put(key, encode(meta), expected_version=MUST_NOT_EXIST)
         except BaseException as e:
-            await asyncio.to_thread(first.close)
+            await _let_go_of_first(name, storage, first, refused=isinstance(e, REFUSED))
             if isinstance(e, BadVersion):
                 raise LedgerFenced(f"{name}: created concurrently by another owner") from e
             raise
@@ -112,6 +120,28 @@ async def open_chain(
             await asyncio.to_thread(entry_log.close)
         raise
     return Opened(meta, version, logs)
+
+
+REFUSED = (BadVersion, StoreFull, StoreAccessDenied, InvalidArgument)
+"""The store errors of a write it refused: the write was not applied, and never will be
+(any other failure, ``StoreUnavailable`` or a cancel, leaves it unknown)."""
+
+
+async def _let_go_of_first(
+    name: str, storage: LogStorage, first: EntryLog, *, refused: bool
+) -> None:
+    """Close the first ledger's log after the record that was to name it failed. Removed
+    when the store ``refused`` the record (:meth:`LogStorage.discard`, best effort): left,
+    it outlived a managed ledger that never existed (no deletion knows of it, and its
+    directory stayed). Kept when the write's outcome is unknown: it may still land,
+    naming the log, and the next create reuses it, keeping its identity."""
+    if not refused:
+        await asyncio.to_thread(first.close)
+        return
+    try:
+        await asyncio.to_thread(storage.discard, name, first)
+    except LedgerError as e:  # (the failure to report is the create's)
+        log.warning("%s: the first ledger of a refused create is left: %s", name, e)
 
 
 async def check_files(name: str, store: MetadataStore, storage: LogStorage) -> None:
