@@ -78,7 +78,7 @@ def _ns(actions: frozenset[Action], about: About = About.NONE) -> Rule:
 _TOPIC = "/{domain}/{tenant}/{namespace}/{topic}"
 _ADMIN_TOPIC = "/admin/v2" + _TOPIC
 _SUB = _ADMIN_TOPIC + "/subscription/{subscription}"
-_REPLICA_OPS = ("create", "append", "fence", "read", "delete", "stat")
+_REPLICA_OPS = ("create", "append", "fence", "read", "delete", "stat", "discard")
 
 RULES: dict[tuple[str, str], Rule] = {
     # probes

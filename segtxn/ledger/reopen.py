@@ -140,7 +140,7 @@ async def _let_go_of_first(
         return
     try:
         await asyncio.to_thread(storage.discard, name, first)
-    except LedgerError as e:  # (the failure to report is the create's)
+    except (LedgerError, OSError) as e:  # (the failure to report is the create's)
         log.warning("%s: the first ledger of a refused create is left: %s", name, e)
 
 

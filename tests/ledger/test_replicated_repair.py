@@ -87,8 +87,11 @@ class GatedReplica:
         self._replica = replica
         self._gate = gate
 
-    async def create(self, name: str, ledger_id: int) -> None:
-        await self._replica.create(name, ledger_id)
+    async def create(self, name: str, ledger_id: int) -> int:
+        return await self._replica.create(name, ledger_id)
+
+    async def discard(self, name: str, ledger_id: int, claim: int) -> bool:
+        return await self._replica.discard(name, ledger_id, claim)
 
     async def append(
         self, name: str, ledger_id: int, first: int, payloads: Sequence[bytes], *, recovery: bool

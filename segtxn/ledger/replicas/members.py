@@ -47,12 +47,20 @@ class Member(NamedTuple):
         return cls(broker, instance)
 
 
+NO_CLAIM = 0
+"""The claim of a create whose node answered none (a node of an earlier version): its
+replica is never discarded, only swept."""
+
+
 class Replica(Protocol):
     """One member's replicas, as coroutines (a node's answers or its errors)."""
 
     member: Member
 
-    async def create(self, name: str, ledger_id: int) -> None: ...
+    async def create(self, name: str, ledger_id: int) -> int:
+        """Make the empty replica (idempotent while empty); returns this create's claim,
+        for :meth:`discard` (:meth:`ReplicaNode.create`), or :data:`NO_CLAIM`."""
+        ...
 
     async def append(
         self, name: str, ledger_id: int, first: int, payloads: Sequence[bytes], *, recovery: bool
@@ -71,6 +79,11 @@ class Replica(Protocol):
         ...
 
     async def delete(self, name: str, ledger_id: int) -> None: ...
+
+    async def discard(self, name: str, ledger_id: int, claim: int) -> bool:
+        """Remove the replica made by the create that answered ``claim``, if no one else
+        can use it; whether it was (:meth:`ReplicaNode.discard`)."""
+        ...
 
 
 class Nodes(Protocol):
@@ -95,8 +108,8 @@ class LocalReplica:
         self.node = node
         self.member = Member(broker, node.instance)
 
-    async def create(self, name: str, ledger_id: int) -> None:
-        await self.node.run(self.node.create, name, ledger_id)
+    async def create(self, name: str, ledger_id: int) -> int:
+        return await self.node.run(self.node.create, name, ledger_id)
 
     async def append(
         self, name: str, ledger_id: int, first: int, payloads: Sequence[bytes], *, recovery: bool
@@ -117,3 +130,6 @@ class LocalReplica:
 
     async def delete(self, name: str, ledger_id: int) -> None:
         await self.node.run(self.node.delete, name, ledger_id)
+
+    async def discard(self, name: str, ledger_id: int, claim: int) -> bool:
+        return await self.node.run(self.node.discard, name, ledger_id, claim)

@@ -24,7 +24,11 @@ this node was away, or it is the copy of a recovery or repair that lost its race
 removed by :mod:`segtxn.ledger.replicas.sweep`, through :meth:`ReplicaNode.untouched` and
 :meth:`ReplicaNode.remove_untouched`: only once it has been left alone for a grace
 period, re-checked under its lock (any create, append or fence refreshes its files'
-modification times).
+modification times). The empty replica of a create that failed (too few nodes took the
+ledger, or the store refused the record that was to name it) is removed at once by
+:meth:`ReplicaNode.discard`, for that create only: each create answers with a claim, and a
+replica is discarded for its claim while no one else can use it (the sweep is the
+backstop for the others).
 
 Methods block (file I/O); :meth:`run` runs one on the node's own threads, so the threads
 of writers waiting for a quorum can never starve the node's work. A lock per replica
@@ -59,6 +63,8 @@ MAX_OPEN = 512
 opened again when they are next used."""
 READ_BYTES = 4 << 20
 """About the most bytes one read answers with (one entry, however large, always goes)."""
+CLAIM_LIMIT = 10**18
+"""Claims (:meth:`ReplicaNode.create`) are below this (18 digits: a query's integer)."""
 
 
 class ReplicaFenced(LedgerFenced):
@@ -104,6 +110,10 @@ class ReplicaNode:
         """Reads in flight per replica (they run outside its lock): never closed under one."""
         self._locks: dict[tuple[str, int], _KeyLock] = {}
         """The locks of replicas held open or in use (dropped when neither)."""
+        self._claims: dict[tuple[str, int], int] = {}
+        """The claim of each replica made here by one create and used by no one since
+        (:meth:`discard`): dropped at its first append or fence, at a second create, and
+        when it is removed or closed (held replicas only: as few as those)."""
         self._guard = threading.Lock()
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="replica-node")
 
@@ -122,14 +132,16 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ operations
 
-    def create(self, name: str, ledger_id: int) -> None:
-        """A new, empty replica (idempotent while it is still empty).
+    def create(self, name: str, ledger_id: int) -> int:
+        """A new, empty replica (idempotent while it is still empty). Returns this
+        create's claim: what its writer gives :meth:`discard` if the create fails.
 
         Raises:
             ReplicaFenced: a recovery fenced it before it was created here.
             LedgerCorrupted: it already holds entries.
         """
         key = (name, ledger_id)
+        claim = secrets.randbelow(CLAIM_LIMIT - 1) + 1
         with self._locked(key):
             if self._fence_path(key).exists():
                 raise ReplicaFenced(f"replica {ledger_id} of {name} is fenced")
@@ -138,8 +150,32 @@ class ReplicaNode:
                 if held.count:
                     raise LedgerCorrupted(f"replica {ledger_id} of {name} already has entries")
                 os.utime(self._files.path(name, ledger_id))  # in use again: not garbage
-                return
-            self._hold(key, self._files.create(name, ledger_id))
+                self._claims.pop(key, None)  # (two creates made it theirs: neither discards)
+                return claim
+            created = self._files.create(name, ledger_id)
+            self._hold(key, created)
+            if not created.reused:  # (one found made: by whom is not known here)
+                self._claims[key] = claim
+            return claim
+
+    def discard(self, name: str, ledger_id: int, claim: int) -> bool:
+        """Remove the replica the create that answered ``claim`` made, as its create
+        failed; returns whether it was removed. Only while no one else can use it: it
+        is still empty, not fenced, unread, and no other create claimed it (a create of
+        an empty replica is idempotent: another owner, creating the same ledger id, may
+        have made it its own), and this node held it open since that create (a node that
+        restarted or closed it meanwhile does not know who else created it). Left, it is
+        the sweep's (:mod:`segtxn.ledger.replicas.sweep`)."""
+        key = (name, ledger_id)
+        with self._locked(key):
+            held = self._held.get(key)
+            if self._claims.get(key) != claim or held is None or held.count:
+                return False
+            with self._guard:
+                if self._readers.get(key):
+                    return False
+            self._remove(key)
+            return True
 
     def append(
         self, name: str, ledger_id: int, first: int, payloads: Sequence[bytes], recovery: bool
@@ -154,6 +190,7 @@ class ReplicaNode:
         """
         key = (name, ledger_id)
         with self._locked(key):
+            self._claims.pop(key, None)  # (in use: never discarded)
             if not recovery and self._fence_path(key).exists():
                 raise ReplicaFenced(f"replica {ledger_id} of {name} is fenced")
             replica = self._replica(key, create=recovery)
@@ -184,6 +221,7 @@ class ReplicaNode:
         """
         key = (name, ledger_id)
         with self._locked(key):
+            self._claims.pop(key, None)  # (a recovery uses it: never discarded)
             path = self._fence_path(key)
             if not path.exists():
                 fd = create_file(path, os.O_WRONLY)
@@ -323,6 +361,7 @@ class ReplicaNode:
         alone, never an unfenced replica), then their directory if nothing else is in it
         (``key``'s lock held): an empty directory per deleted ledger would pile up."""
         held = self._held.pop(key, None)
+        self._claims.pop(key, None)
         if held is not None:
             held.close()
         self._files.delete(*key)
@@ -387,6 +426,7 @@ class ReplicaNode:
                         if self._readers.get(key):
                             continue
                         replica = self._held.pop(key, None)
+                    self._claims.pop(key, None)
                     if replica is not None:
                         replica.close()
                 finally:

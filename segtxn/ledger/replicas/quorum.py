@@ -85,6 +85,9 @@ class ReplicatedLog(EntryLog):
         self._size = size
         self._writable = writable
         self.placement = placement or Placement(tuple(str(r.member) for r in replicas), ack_quorum)
+        self.claims: list[tuple[Replica, int]] = []
+        """What each replica's create answered (a new ledger's): the failed create of a
+        ledger the store refused to name discards them (:meth:`ReplicaNode.discard`)."""
         self._sends: dict[str, asyncio.Future[None]] = {}
         """Each replica's latest send: the next one waits for it (a replica's order)."""
         self._short_of: tuple[int, Callable[[], Awaitable[int]]] | None = None

@@ -5,7 +5,11 @@ its ensemble goes into the ledger's metadata (``LedgerInfo.replicas``, with the 
 quorum). With fewer nodes alive it goes on as many as there are, but never on fewer than
 the ack quorum: each entry still waits for ``ack_quorum`` of them (durability is kept,
 and one more loss stops writes until a node returns; Kafka's ``min.insync.replicas`` makes
-the same trade). Writing is :mod:`segtxn.ledger.replicas.quorum`.
+the same trade). Writing is :mod:`segtxn.ledger.replicas.quorum`. A create that fails
+(fewer nodes than the ack quorum took it, or the store refused the record that was to name
+it: :meth:`ReplicatedLogStorage.discard`) discards the empty replicas it made, each for its
+own claim only, best effort; each node's sweep (:mod:`segtxn.ledger.replicas.sweep`)
+removes those left.
 
 **Recovery** of a ledger whose writer stopped (crashed, killed, paused, or alive but
 replaced) is BookKeeper's protocol, without ensemble changes:
@@ -45,7 +49,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from segtxn.ledger.errors import LedgerError, LedgerMissing, NotEnoughReplicas
 from segtxn.ledger.logs import LOCAL, EntryLog, LogStorage, Placement, Recovered
-from segtxn.ledger.replicas.members import Member, Nodes, Replica
+from segtxn.ledger.replicas.members import NO_CLAIM, Member, Nodes, Replica
 from segtxn.ledger.replicas.policy import check_quorums
 from segtxn.ledger.replicas.quorum import ReplicatedLog, blocking
 
@@ -110,6 +114,7 @@ class ReplicatedLogStorage(LogStorage):
         random.shuffle(others)
         candidates = ([local] if local in alive else []) + others
         chosen: list[Replica] = []
+        claims: list[tuple[Replica, int]] = []
         problems: list[str] = []
         while candidates and len(chosen) < self.write_quorum:
             batch = candidates[: self.write_quorum - len(chosen)]
@@ -125,9 +130,9 @@ class ReplicatedLogStorage(LogStorage):
                     problems.append(f"{replica.member}: {result}")
                 else:
                     chosen.append(replica)
+                    claims.append((replica, result))
         if len(chosen) < self.ack_quorum:
-            # (the empty replicas made are left: a create of an empty replica is idempotent,
-            # so one of them may be another owner's, made for the same id, in use)
+            await _discard(name, ledger_id, claims)
             raise NotEnoughReplicas(
                 f"ledger {ledger_id} of {name} needs at least {self.ack_quorum} storage "
                 f"nodes (the ack quorum; {self.write_quorum} to be whole); {len(chosen)} of "
@@ -137,6 +142,7 @@ class ReplicatedLogStorage(LogStorage):
         created = ReplicatedLog(
             name, ledger_id, chosen, ack_quorum=self.ack_quorum, loop=self._loop, writable=True
         )
+        created.claims = claims
         if len(chosen) < self.write_quorum:
             log.warning(
                 "ledger %d of %s: created on %d storage nodes, not %d (too few alive); "
@@ -324,8 +330,18 @@ class ReplicatedLogStorage(LogStorage):
 
     def delete_unused(self, ledger_name: str, ledger_id: int) -> bool:
         """(A ledger of this broker's own storage, made before replication: a replicated
-        create that failed leaves its empty replicas, as :meth:`_create` says.)"""
+        create whose record failed has its replicas discarded, or swept.)"""
         return self.local.delete_unused(ledger_name, ledger_id)
+
+    def discard(self, ledger_name: str, entry_log: EntryLog) -> bool:
+        """(See :meth:`LogStorage.discard`.) A replicated log's replicas are each removed
+        by its node for this create's claim only (:meth:`ReplicaNode.discard`: never one
+        another create made its own, nor one in use); the others are left to their
+        nodes' sweeps. True: all were removed."""
+        if not isinstance(entry_log, ReplicatedLog):
+            return self.local.discard(ledger_name, entry_log)
+        entry_log.close()
+        return blocking(self._loop, _discard(ledger_name, entry_log.ledger_id, entry_log.claims))
 
     def _replicas(self, placement: Placement) -> list[Replica]:
         return self._local_first([self.nodes.replica(Member.parse(m)) for m in placement.replicas])
@@ -367,6 +383,32 @@ async def _read_any(
         f"ledger {ledger_id} of {name}: no copy served entries {first}..{last} "
         f"({'; '.join(problems) or 'no copy to read'})"
     )
+
+
+async def _discard(name: str, ledger_id: int, claims: Sequence[tuple[Replica, int]]) -> bool:
+    """Discard the empty replicas a failed create made (each with the claim its create
+    answered), best effort: a replica not removed (its node does not answer, or another
+    create claimed it meanwhile) is left to its node's sweep. True: all were removed."""
+    claimed = [(r, claim) for r, claim in claims if claim != NO_CLAIM]
+    results = await asyncio.gather(
+        *(r.discard(name, ledger_id, claim) for r, claim in claimed), return_exceptions=True
+    )
+    removed = 0
+    for (replica, _), result in zip(claimed, results, strict=True):
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result
+        if isinstance(result, Exception):
+            log.info(
+                "ledger %d of %s: the empty replica of a failed create on %s is left to its "
+                "node's sweep: %s",
+                ledger_id,
+                name,
+                replica.member,
+                result,
+            )
+        elif result:
+            removed += 1
+    return removed == len(claims)
 
 
 async def _delete_all(replicas: Sequence[Replica], name: str, ledger_id: int) -> None:

@@ -2,7 +2,9 @@
 
 Some replicas outlive their use: a deletion (a trim, a deleted topic) that this node
 missed while it was away; the copy of a recovery or a repair that lost its race; the
-empty replicas of a create that failed; the copy a repair replaced after this node came
+empty replicas of a create that failed, when its writer could not discard them at once
+(:meth:`~segtxn.ledger.replicas.node.ReplicaNode.discard`: a node that did not answer, a
+replica another create claimed too); the copy a repair replaced after this node came
 back. Nothing else ever removes them, so each node sweeps its own.
 
 A replica here (``<broker id>@<instance>``: ``member``) is garbage when its managed

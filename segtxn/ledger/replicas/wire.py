@@ -2,9 +2,10 @@
 
 Every call is ``POST /replica/v1/<op>?instance=&ledger=&id=...`` (``create``, ``append``
 with ``first`` and ``recovery``, ``fence``, ``stat``, ``read`` with ``first`` and ``last``,
-``delete``). Entries travel as frames: a big-endian ``u32`` length, then the payload,
-one after another. Answers are JSON (``{"count": n}``, ``{"count": n, "size": b}`` for a
-fence or a stat), the
+``delete``, ``discard`` with ``claim``). Entries travel as frames: a big-endian ``u32``
+length, then the payload, one after another. Answers are JSON (``{"count": n}``,
+``{"count": 0, "claim": c}`` for a create, ``{"count": n, "size": b}`` for a fence or a
+stat, ``{"discarded": true|false}``), the
 frames of a read, or ``{"error": kind, "message": text}`` with
 
 | kind | status | raised by the client as |
@@ -33,7 +34,12 @@ import aiohttp
 from aiohttp import web
 
 from segtxn.ledger.errors import DeleteFailed, LedgerCorrupted, LedgerError, LedgerMissing
-from segtxn.ledger.replicas.members import Member, ReplicaBehind, ReplicaUnavailable
+from segtxn.ledger.replicas.members import (
+    NO_CLAIM,
+    Member,
+    ReplicaBehind,
+    ReplicaUnavailable,
+)
 from segtxn.ledger.replicas.node import (
     INSTANCE_FILE,
     ReplicaFenced,
@@ -163,8 +169,8 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
         return handle
 
     async def create(request: web.Request, name: str, ledger_id: int) -> web.StreamResponse:
-        await node.run(node.create, name, ledger_id)
-        return web.json_response({"count": 0})
+        claim = await node.run(node.create, name, ledger_id)
+        return web.json_response({"count": 0, "claim": claim})
 
     async def append(request: web.Request, name: str, ledger_id: int) -> web.StreamResponse:
         first = _int(request, "first", 0)
@@ -196,6 +202,10 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
         await node.run(node.delete, name, ledger_id)
         return web.json_response({})
 
+    async def discard(request: web.Request, name: str, ledger_id: int) -> web.StreamResponse:
+        discarded = await node.run(node.discard, name, ledger_id, _int(request, "claim", 1))
+        return web.json_response({"discarded": discarded})
+
     ops = {
         "create": create,
         "append": append,
@@ -203,6 +213,7 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
         "stat": stat,
         "read": read,
         "delete": delete,
+        "discard": discard,
     }
     return [web.post(PREFIX + op, handler(call)) for op, call in ops.items()]
 
@@ -231,8 +242,12 @@ class HttpReplica:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
 
-    async def create(self, name: str, ledger_id: int) -> None:
-        await self._call("create", name, ledger_id)
+    async def create(self, name: str, ledger_id: int) -> int:
+        answer = await self._call("create", name, ledger_id)
+        claim = answer.get("claim") if isinstance(answer, dict) else None
+        if isinstance(claim, int) and not isinstance(claim, bool) and claim > 0:
+            return claim
+        return NO_CLAIM  # (a node of an earlier version: created, and left to its sweep)
 
     async def append(
         self, name: str, ledger_id: int, first: int, payloads: Sequence[bytes], *, recovery: bool
@@ -273,6 +288,13 @@ class HttpReplica:
 
     async def delete(self, name: str, ledger_id: int) -> None:
         await self._call("delete", name, ledger_id)
+
+    async def discard(self, name: str, ledger_id: int, claim: int) -> bool:
+        answer = await self._call("discard", name, ledger_id, {"claim": str(claim)})
+        discarded = answer.get("discarded") if isinstance(answer, dict) else None
+        if not isinstance(discarded, bool):
+            raise ReplicaUnavailable(f"{self.member}: its discard answered {str(answer)[:200]!r}")
+        return discarded
 
     async def _call(
         self,
