@@ -244,7 +244,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
         return False
 
     async def commit(frame: Commit) -> None:
-        outbox.send(await txncommit.answer_frame(service, principal_of(request), frame))
+        await txncommit.answer_frame(service, principal_of(request), frame, outbox.send)
 
     async def handle(frame: object) -> None:
         if isinstance(frame, Commit):  # answered when decided; later frames go on meanwhile

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -166,12 +167,41 @@ def _already_aborted(txn: TxnId) -> ServerError:
 
 
 async def answer_frame(
+    service: BrokerService,
+    principal: Principal | None,
+    frame: Commit,
+    reply: Callable[[CommitAnswer | Error], None],
+) -> None:
+    """Decide a ``commit`` frame on a producer connection and queue its answer with
+    ``reply``: what :func:`commit_here` decided, or its refusal as an ``Error`` carrying
+    the request's id.
+
+    The transaction's header is held (:meth:`~segtxn.broker.txn.headers.HeaderCache.hold`)
+    until the answer is queued: its segments here materialize the COMMITTED header just
+    after, not before, so the client's wait does not grow with how many there are
+    (issue 16). The frame's ``traceparent`` gets an ``end-txn`` server span, as the
+    request's header does."""
+    held = _txn_of(frame)
+    if held is not None:
+        service.headers.hold(held)
+    try:
+        reply(await _answer(service, principal, frame))
+    finally:
+        if held is not None:
+            service.headers.release(held)
+
+
+def _txn_of(frame: Commit) -> TxnId | None:
+    try:
+        check_txn(frame.txn, ErrorName.INVALID_ARGUMENT)
+    except ServerError:
+        return None  # (refused as it is decided)
+    return TxnId(*frame.txn)
+
+
+async def _answer(
     service: BrokerService, principal: Principal | None, frame: Commit
 ) -> CommitAnswer | Error:
-    """The answer to a ``commit`` frame on a producer connection: what
-    :func:`commit_here` decided, or its refusal as an ``Error`` carrying the request's id.
-    The frame's ``traceparent`` gets an ``end-txn`` server span, as the request's header
-    does."""
     span = tracing.remote(tracing.BROKER, "end-txn", frame.traceparent)
     try:
         check_txn(frame.txn, ErrorName.INVALID_ARGUMENT)

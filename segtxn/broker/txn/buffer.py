@@ -184,7 +184,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
         the queued ones to be recorded or orphaned, then returns every outcome: the caller's
         de-duplication must learn what was stored (a resend is a duplicate, not a second
         copy), and then ends as cancelled (``asyncio.current_task().cancelling()``)."""
-        self._headers.listen(txn, self._on_header)
+        self._headers.listen(txn, self._on_header, materializes=True)
         self._appending[txn] = self._appending.get(txn, 0) + 1
         try:
             return await self._append_together(txn, entries, ops)
@@ -467,7 +467,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
             self._writes[txn] = [draft.first, draft.last]
         await self._orphans.find(self._ledger, self._watermark, self._covers)
         for txn, positions in self._writes.items():
-            self._headers.listen(txn, self._on_header)
+            self._headers.listen(txn, self._on_header, materializes=True)
             header, _ = await self._headers.get(txn)
             if header is not None and header.state is TxnState.OPEN:
                 self._open_first[txn] = min(positions)

@@ -150,7 +150,7 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
         guard: Callable[[], None] | None = None,
     ) -> None:
         """Raises ServerError(TransactionNotFound / TransactionConflict)."""
-        self._headers.listen(txn, self._on_header)
+        self._headers.listen(txn, self._on_header, materializes=True)
         self._checking[txn] = self._checking.get(txn, 0) + 1
         try:
             header, version = await self._headers.get(txn)
@@ -347,7 +347,7 @@ class MetadataPendingAckStore(ReservingPendingAckStore):
             self._records.setdefault(txn, []).append(_Acks.recovered(txn, entry.key, record))
         headers: dict[TxnId, T.TxnHeader | None] = {}
         for txn in self._records:
-            self._headers.listen(txn, self._on_header)
+            self._headers.listen(txn, self._on_header, materializes=True)
             headers[txn], _ = await self._headers.get(txn)
         # Several records may hold one position: an aborted transaction's record is deleted
         # only after its abort released the position, and a later transaction may have
