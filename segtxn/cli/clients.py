@@ -21,7 +21,15 @@ from segtxn.cli.errors import FailedPartWay, ServiceUnreachable, describe, inter
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
-from segtxn.client import Client, ErrorCategory, Message, MessageId, ServerError, Timeout
+from segtxn.client import (
+    Client,
+    ConnectionLost,
+    ErrorCategory,
+    Message,
+    MessageId,
+    ServerError,
+    Timeout,
+)
 from segtxn.protocol.names import Domain, client_name_problem
 
 MAX_GENERATED_BYTES = 5 * 1024 * 1024
@@ -210,18 +218,22 @@ def consume(
 ) -> None:
     """Receive and acknowledge messages of TOPIC on SUBSCRIPTION; print how many.
 
-    An acknowledgment that fails (the broker's store is briefly down, or no answer came in
-    time) does not stop it: the message may be delivered again, which an at-least-once
-    consumer takes anyway. It warns once, counts them in its summary, and fails (exit
-    status 1) only when acknowledgments keep failing for longer than the client's
-    operation timeout (30 s). Idle for --idle-timeout while it cannot reach a broker
-    (reconnecting) is a failure too (exit status 1): messages may remain.
+    An acknowledgment that fails (the broker's store is briefly down, no answer came in
+    time, the broker cannot be reached) does not stop it: the message may be delivered
+    again, which an at-least-once consumer takes anyway. It warns once, counts them in its
+    summary (those that got no answer as of unknown outcome: the broker may have applied
+    them), and fails (exit status 1) only when acknowledgments keep failing for longer than
+    the client's operation timeout (30 s). Idle for --idle-timeout while it cannot reach a
+    broker (reconnecting) is a failure too (exit status 1): messages may remain.
     """
     if not subscription.strip():
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
     _check_name("subscription", subscription, "SUBSCRIPTION")
     streaming = show_each and output == Format.TABLE  # a person watches them come
     received = unacknowledged = 0
+    unknown = 0
+    """Of ``unacknowledged``, those that got no answer (timed out, or the connection was
+    lost after they were written): the broker may have applied them."""
     in_doubt = 0
     """1 from a message's receipt until its acknowledgment is answered: a stop then leaves
     that acknowledgment's outcome unknown (the broker may apply one it already has)."""
@@ -232,7 +244,7 @@ def consume(
     def progress() -> str:
         if not unacknowledged and not in_doubt:
             return f"{received:,} messages received and acknowledged"
-        said = [_unacknowledged(unacknowledged)] if unacknowledged else []
+        said = [_unacknowledged(unacknowledged, unknown)] if unacknowledged else []
         if in_doubt:
             said.append(
                 "the last one's acknowledgment had no answer yet, its outcome unknown: "
@@ -243,12 +255,15 @@ def consume(
             f"them acknowledged ({'; '.join(said)})"
         )
 
-    def ack_failed(error: ServerError | Timeout, limit_s: float) -> None:
-        """Count a failed acknowledgment; raise ``error`` once they have failed for longer
-        than ``limit_s`` without one that did not."""
-        nonlocal unacknowledged, failing_since, in_doubt
+    def ack_failed(error: ServerError | Timeout | ConnectionLost, limit_s: float) -> None:
+        """Count a failed acknowledgment (of unknown outcome, if it says so); raise
+        ``error`` once they have failed for longer than ``limit_s`` without one that did
+        not."""
+        nonlocal unacknowledged, unknown, failing_since, in_doubt
         in_doubt = 0
         unacknowledged += 1
+        if error.category is ErrorCategory.OUTCOME_UNKNOWN:
+            unknown += 1
         now = time.monotonic()
         if failing_since is None:
             failing_since = now
@@ -301,7 +316,7 @@ def consume(
                     unacknowledged += 1
                     raise
                 ack_failed(e, outage_limit_s)
-            except Timeout as e:
+            except (Timeout, ConnectionLost) as e:
                 ack_failed(e, outage_limit_s)
             first = first or str(message.message_id)
             last = str(message.message_id)
@@ -315,6 +330,7 @@ def consume(
             "firstId": first,
             "lastId": last,
             "unacknowledged": unacknowledged,
+            "ackOutcomeUnknown": unknown,
         }
         if show_each and not streaming:
             summary["messages"] = shown
@@ -332,12 +348,18 @@ def consume(
     if done["received"]:
         line += f" ({done['keys']} keys), first {done['firstId']}, last {done['lastId']}"
     if unacknowledged:
-        line += f"; {_unacknowledged(unacknowledged)}"
+        line += f"; {_unacknowledged(unacknowledged, unknown)}"
     show(output, done, line)
 
 
-def _unacknowledged(count: int) -> str:
-    return (
-        f"{count:,} acknowledgment{'s' if count > 1 else ''} failed: "
-        "those messages may be delivered again"
-    )
+def _unacknowledged(count: int, unknown: int) -> str:
+    """``count`` acknowledgments did not succeed, ``unknown`` of them with no answer."""
+    said = []
+    if failed := count - unknown:
+        said.append(f"{failed:,} acknowledgment{'s' if failed > 1 else ''} failed")
+    if unknown:
+        said.append(
+            f"{unknown:,} acknowledgment{'s' if unknown > 1 else ''} got no answer, "
+            f"{'their' if unknown > 1 else 'its'} outcome unknown"
+        )
+    return f"{'; '.join(said)}: those messages may be delivered again"

@@ -18,6 +18,11 @@ Each ack keeps its own deadline and its own answer:
   (``TransactionConflict`` on an ordered subscription);
 - a frame whose callers have all given up (timed out or cancelled) is not sent again after
   a reconnect; until then it is, like any unanswered ack;
+- a lost connection alone fails nothing: the stream attaches again and sends the unanswered
+  frames first (a topic handed to another broker keeps its acks). Only when the stream
+  cannot reach a broker again does every ack still awaited fail, at once
+  (:meth:`Acknowledgments.lost`): nothing can answer it meanwhile, and waiting out its
+  timeout kept a caller (``segtxn consume`` of a dead broker) 30 s for nothing;
 - cumulative acks are never gathered (one frame each, as they were asked);
 - frames leave in the order their acks were made: only acks made one after the other with
   the same (transaction, epoch) share a frame. On an ordered subscription a transaction
@@ -33,10 +38,10 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from segtxn.client.errors import ClientClosed, Timeout
+from segtxn.client.errors import ClientClosed, ConnectionLost, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, Expiries
-from segtxn.protocol.errors import InvalidArgument, ServerError
+from segtxn.protocol.errors import ErrorCategory, InvalidArgument, ServerError
 from segtxn.protocol.frames import Ack
 
 request_ids = itertools.count(1)
@@ -81,6 +86,8 @@ class _Request:
 
     frame: Ack
     waiters: list[_Waiter] = field(default_factory=list)
+    written: bool = False
+    """Written at least once: the broker may have applied it, answered or not."""
 
     def wanted(self) -> bool:
         return any(not waiter.future.done() for waiter in self.waiters)
@@ -118,7 +125,8 @@ class Acknowledgments:
 
         The future fails with ServerError (refused), Timeout (OUTCOME_UNKNOWN: no receipt by
         ``deadline``; it may have been applied; it is sent again after a reconnect only
-        inside a frame other acks still wait for) or ClientClosed.
+        inside a frame other acks still wait for), ConnectionLost (:meth:`lost`) or
+        ClientClosed.
         """
         positions = [(i.ledger_id, i.entry_id) for i in ids]
         future = asyncio.get_running_loop().create_future()
@@ -171,8 +179,11 @@ class Acknowledgments:
         return frame
 
     def placing(self, frame: Ack, broker_url: str) -> None:
-        """``frame`` is being written to ``broker_url``: tell its acks' ``placed``."""
+        """``frame`` is being written to ``broker_url``: from now on its outcome is unknown
+        until answered; tell its acks' ``placed``."""
         request = self._in_flight.get(frame.request_id)
+        if request is not None:
+            request.written = True
         if request is not None and frame.txn is not None:
             for waiter in request.waiters:
                 if waiter.placed is not None and not waiter.future.done():
@@ -216,6 +227,34 @@ class Acknowledgments:
         waiters = [w for run in self._gathering for w in run.waiters]
         waiters += [w for request in self._in_flight.values() for w in request.waiters]
         return [waiter.future for waiter in waiters if not waiter.future.done()]
+
+    def lost(self, broker_url: str, why: str, cause: BaseException) -> None:
+        """The connection to ``broker_url`` was lost and the stream could not reach a broker
+        again (``why``; ``cause``, the error of that attempt): fail every ack still awaited
+        with ConnectionLost now, rather than at its deadline, since nothing can answer it
+        meanwhile. One written (the broker may have applied it) is OUTCOME_UNKNOWN, one
+        never written (gathered, or taken while the stream had no socket) RETRIABLE. None is
+        sent again: the caller was told."""
+        failing = [(w, r.written) for r in self._in_flight.values() for w in r.waiters]
+        failing += [(w, False) for run in self._gathering for w in run.waiters]
+        self._in_flight.clear()
+        self._gathering.clear()
+        lost = f"the connection to {broker_url} was lost and {why}"
+        for waiter, written in failing:
+            if waiter.future.done():
+                continue
+            what = f"acknowledgment of {len(waiter.positions)} message(s) on {self._what}"
+            error = (
+                ConnectionLost(
+                    f"{what}: no receipt: {lost}; it may or may not have been applied "
+                    "(acknowledging it again is harmless)",
+                    category=ErrorCategory.OUTCOME_UNKNOWN,
+                )
+                if written
+                else ConnectionLost(f"{what}: not sent: {lost}", category=ErrorCategory.RETRIABLE)
+            )
+            error.__cause__ = cause
+            waiter.future.set_exception(error)
 
     def close(self) -> None:
         """Fail every ack still awaited with ClientClosed."""

@@ -52,6 +52,7 @@ from segtxn.protocol.errors import (
 __all__ = [
     "ClientClosed",
     "ClientError",
+    "ConnectionLost",
     "ConsumerBusy",
     "ErrorCategory",
     "ErrorName",
@@ -121,6 +122,19 @@ class Timeout(ClientError, TimeoutError):
         super().__init__(message)
         self.category = category
         self.last_error = last_error
+
+
+class ConnectionLost(ClientError):
+    """A request on a broker's connection (an acknowledgment) has no answer and will get
+    none: the connection was lost, and the broker could not be reached again (refused, no
+    answer in time). It fails then, rather than at its timeout, since nothing can answer it
+    meanwhile. ``category`` says what is known: ``OUTCOME_UNKNOWN`` when it was written
+    (the broker may have applied it), ``RETRIABLE`` when it never left the client. Raised
+    ``from`` the error the last attempt to reach the broker failed with."""
+
+    def __init__(self, message: str, *, category: ErrorCategory) -> None:
+        super().__init__(message)
+        self.category = category
 
 
 class OperationCancelled(ClientError):

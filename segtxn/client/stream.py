@@ -32,6 +32,7 @@ from segtxn.client.acks import Acknowledgments, Placed, request_ids
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
+from segtxn.client.unreachable import cannot_reach, why_unreachable
 from segtxn.protocol import frames
 from segtxn.protocol.errors import (
     ConsumerBusy,
@@ -290,8 +291,15 @@ class MessageStream:
                     return
                 except ServerError as e:  # not one that ends the stream: back off and retry
                     self._refused(e, told)
+                    if cannot_reach(e):
+                        self._acks.lost(
+                            self._broker, f"the broker cannot be reached ({e.message})", e
+                        )
                 except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                     log.info("%s on %s: reconnecting failed: %r", self._kind, self.topic, e)
+                    self._acks.lost(
+                        self._broker, f"attaching again failed ({why_unreachable(e)})", e
+                    )
                 delay = min(delay * 2, 2.0)
 
     def _refused(self, error: ServerError, told: set[tuple[str, str]]) -> None:
@@ -450,6 +458,8 @@ class MessageStream:
             Timeout: no receipt by ``deadline`` (OUTCOME_UNKNOWN: it may have been applied;
                 it is sent again after a reconnect only inside a frame other acks still
                 wait for).
+            ConnectionLost: the connection was lost and the stream could not reach a
+                broker again (OUTCOME_UNKNOWN if the ack was written, else RETRIABLE).
             ClientClosed: the stream closed first.
         """
         return self._acks.submit(
