@@ -319,7 +319,9 @@ class Transaction(Joinable):
     async def status(self, *, timeout_s: float | None = None) -> str:
         """The coordinator's state of the transaction (OPEN, COMMITTED, ABORTED, ...).
 
-        Raises ServerError (TransactionNotFound), or Timeout (RETRIABLE)."""
+        Raises ServerError (TransactionNotFound), Timeout (RETRIABLE), or ClientError as
+        :attr:`id` does (not started; or ended with nothing in it: no coordinator knows it,
+        ``state`` says how it ended)."""
         reply = await self._coordinators.call(
             "GET", f"/txn/v2/{self.id}", deadline=self._deadline(timeout_s)
         )
@@ -334,10 +336,12 @@ class Transaction(Joinable):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.state is not TransactionState.OPEN and not self.opening:
+        if self.state not in (TransactionState.NEW, TransactionState.OPEN) and not self.opening:
             if exc is None and self._closed_by_client:  # not by the block: it must not
                 self._check_open()  # look committed (raises ClientClosed)
             return  # ended explicitly inside the block
+        # (NEW, nothing in it: it commits or aborts as any other, so that what is done with
+        # it after the block, a send or start(), finds it ended rather than opening it)
         if exc is None:
             try:
                 await self.commit()

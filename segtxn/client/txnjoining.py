@@ -87,6 +87,20 @@ class Joinable:
 
     @property
     def id(self) -> TxnId:
+        """Its coordinator's id, from its start (its first send or acknowledgment, or
+        ``start()``) on.
+
+        Raises:
+            ClientError: it has not started; or it ended (committed, aborted) with nothing
+                sent or acknowledged in it, so no coordinator ever knew it (``state`` says
+                how it ended).
+        """
+        if self._id is None and self.state in _ENDED:
+            raise ClientError(
+                f"the transaction (never started) is {self.state}: nothing was sent or "
+                "acknowledged in it, so it has no id and no coordinator knows it "
+                "(txn.state says how it ended)"
+            )
         if self._id is None:
             raise ClientError(
                 "the transaction has not started: it starts with its first send or "

@@ -89,3 +89,36 @@ async def test_an_abort_while_the_transaction_opens_is_not_undone(
         return bool(reply["state"] == "ABORTED")
 
     await wait_until(aborted, what="the transaction opened after the abort aborted")
+
+
+@pytest.mark.parametrize("end", ["commit", "abort"])
+async def test_an_ended_transaction_with_nothing_in_it_says_why_it_has_no_id(
+    client: Client, end: str
+) -> None:
+    """An empty ``async with client.transaction()`` block commits nothing and never reaches
+    a coordinator, so the transaction has no id. Its ``txn.id`` and ``txn.status()`` (the
+    README prints both after the block) said "the transaction has not started: it starts
+    with its first send or acknowledgment (or call start())", advice it cannot follow: it
+    has ended. They now say it ended with nothing in it, and where its outcome is."""
+    if end == "commit":
+        async with client.transaction() as txn:
+            pass
+    else:
+        txn = client.transaction()
+        await txn.abort()
+    state = "COMMITTED" if end == "commit" else "ABORTED"
+    assert txn.state == state
+    expected = (
+        f"^the transaction \\(never started\\) is {state}: nothing was sent or acknowledged "
+        "in it, so it has no id and no coordinator knows it \\(txn.state says how it ended\\)$"
+    )
+    with pytest.raises(ClientError, match=expected):
+        txn.id  # noqa: B018
+    with pytest.raises(ClientError, match=expected):
+        await txn.status()
+
+
+async def test_a_new_transaction_says_it_has_not_started(client: Client) -> None:
+    txn = client.transaction()
+    with pytest.raises(ClientError, match=r"^the transaction has not started: it starts with"):
+        txn.id  # noqa: B018
