@@ -103,7 +103,12 @@ def produce(
         started = time.perf_counter()
         futures = []
         failed: list[BaseException] = []
-        with click.progressbar(length=count, label="sending", file=sys.stderr) as bar:
+        # a bar for a person watching; not on a terminal (a pipe, a log) it printed a bare
+        # "sending" there, which says nothing the summary does not
+        hidden = not sys.stderr.isatty()
+        with click.progressbar(
+            length=count, label="sending", file=sys.stderr, hidden=hidden
+        ) as bar:
 
             def settled(future: asyncio.Future[MessageId]) -> None:
                 """Count a stored message; keep the first failure (each one's error is

@@ -95,6 +95,9 @@ def test_produce_reports_what_it_sent(standalone: str) -> None:
     result = invoke("produce", "topic://t/ns/rate", "-n", "5", "--keys", "2", "--url", standalone)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("sent 5 messages in ")
+    # not on a terminal (the runner's stderr, a pipe, a log), the progress bar is left out:
+    # it printed a bare "sending", which told a script's log nothing
+    assert result.stderr == "", result.stderr
 
 
 def _segtxn(*args: str, sigint_ignored: bool = False) -> subprocess.Popen[str]:
