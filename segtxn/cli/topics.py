@@ -192,7 +192,7 @@ def delete(url: str, topic: str, force: bool) -> None:
 def properties(
     url: str, topic: str, assignments: tuple[str, ...], removals: tuple[str, ...], output: str
 ) -> None:
-    """Show TOPIC's properties, after setting or removing some."""
+    """Show TOPIC's properties, after setting or removing some (a key may not be both)."""
     updates = {}
     for assignment in assignments:
         key, sep, value = assignment.partition("=")
@@ -204,6 +204,12 @@ def properties(
     for key in removals:
         if not key.strip():
             raise click.BadParameter("an empty KEY", param_hint="'--remove'")
+        if key in updates:  # neither order of the two would be what both asked
+            raise click.BadParameter(
+                f"{key!r} is both set (--set) and removed (--remove): which should win? "
+                "give it to one",
+                param_hint="'--remove'",
+            )
 
     async def body(client: Client) -> dict[str, str]:
         if updates:

@@ -73,6 +73,11 @@ USAGE_ERRORS = [
     (["topics", "list", "t" * 65 + "/ns"], "is not tenant/namespace (each 1-64 of"),
     (["topics", "properties", T, "--set", "=x"], "expected KEY=VALUE with a KEY"),
     (["topics", "properties", T, "--set", "novalue"], "expected KEY=VALUE"),
+    # it set and then removed the key, saying nothing of which won
+    (
+        ["topics", "properties", T, "--set", "a=1", "--set", "b=2", "--remove", "a"],
+        "'a' is both set (--set) and removed (--remove): which should win? give it to one",
+    ),
     (["txn", "list", "--limit", "0"], "0 is not in the range 1<=x<=10000"),
     (["txn", "list", "--limit", "50000"], "50000 is not in the range 1<=x<=10000"),
     (["brokers", "homes", ""], "'' is not a broker id"),
