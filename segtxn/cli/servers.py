@@ -4,6 +4,7 @@ SIGINT (:mod:`segtxn.cli.lifecycle`: a start-up that fails fast, a bounded shutd
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -97,19 +98,31 @@ def _test_bugs() -> frozenset[str]:
     )
 
 
-def _free(host: str) -> int:
-    """A port free on ``host`` now (the system picks it).
+def _free(host: str, *ports: int) -> list[int]:
+    """``ports`` with each 0 replaced by a port free on ``host`` now (the system picks it),
+    all different: each picked port's socket is held until every one is picked, so the
+    system cannot hand one out twice, and a picked port that is one given in ``ports`` (free,
+    since nothing listens there yet) is held and another picked. (The servers bind them a
+    moment later: another process could still take one meanwhile, as with any port picked
+    before it is listened on; the advertised URLs need the ports before the servers start.)
 
     Raises:
         click.BadParameter: ``host`` is not an address this machine can listen on.
     """
+    picked: list[int] = []
     try:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return int(s.getsockname()[1])
+        with contextlib.ExitStack() as held:
+            while len(picked) < ports.count(0):
+                s = held.enter_context(socket.socket())
+                s.bind((host, 0))
+                port = int(s.getsockname()[1])
+                if port not in ports:
+                    picked.append(port)
     except OSError as e:
         reason = (e.strerror or str(e)).lower()
         raise click.BadParameter(f"cannot listen on {host}: {reason}", param_hint="'--host'") from e
+    chosen = iter(picked)
+    return [port or next(chosen) for port in ports]
 
 
 def _limit(_: click.Context, param: click.Parameter, value: float) -> float:
@@ -455,8 +468,7 @@ def standalone(
             "a port each",
             param_hint="'--coordinator-port'",
         )
-    port = port or _free(host)
-    coordinator_port = coordinator_port or _free(host)
+    port, coordinator_port = _free(host, port, coordinator_port or 0)
     ledger_url = f"file://{prepare_data_dir(data_dir)}" if data_dir else "memory://"
     try:
         broker_settings = BrokerSettings(

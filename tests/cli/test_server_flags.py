@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from click.testing import CliRunner
@@ -199,3 +201,51 @@ def test_header_watch_default_and_flag(started: list[BrokerSettings], tmp_path: 
     assert scoped.header_watch is HeaderWatch.SCOPED
     code, out = invoke(*base, "--header-watch", "everything")
     assert code == 2 and "'everything' is not one of 'prefix', 'scoped'" in out
+
+
+class _ReusingSocket(socket.socket):
+    """A socket whose bind to port 0 gets the port the last closed one had, as the system
+    may hand out a port released a moment ago."""
+
+    released: ClassVar[list[int]] = []
+
+    def bind(self, address: Any) -> None:
+        host, port = address
+        if port == 0 and _ReusingSocket.released:
+            port = _ReusingSocket.released.pop()
+        super().bind((host, port))
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            _ReusingSocket.released.append(self.getsockname()[1])
+        super().close()
+
+
+@pytest.mark.parametrize("explicit", [None, "--port", "--coordinator-port"])
+def test_standalone_picks_free_ports_that_do_not_collide(
+    started: list[BrokerSettings], monkeypatch: pytest.MonkeyPatch, explicit: str | None
+) -> None:
+    """``--port 0`` and ``--coordinator-port`` 0 (or left out) picked a free port each, one
+    after the other, each released before the next was picked: the system could hand the
+    broker's out again for the coordinator, which then failed to start (the address in
+    use). Both are now picked while the other is still held, and a picked one is never a
+    port given explicitly."""
+    coordinators: list[CoordinatorSettings] = []
+    monkeypatch.setattr(
+        servers, "CoordinatorServer", lambda settings, **_: coordinators.append(settings)
+    )
+    monkeypatch.setattr(socket, "socket", _ReusingSocket)
+    with socket.socket() as taken:  # a port given explicitly: free now, not yet listened on
+        taken.bind(("127.0.0.1", 0))
+        given = str(taken.getsockname()[1])
+    _ReusingSocket.released[:] = [int(given)]  # the next pick would get it
+    ports = {"--port": "0", "--coordinator-port": "0"}
+    if explicit is not None:
+        ports[explicit] = given
+    code, out = invoke("standalone", *(a for flag in ports.items() for a in flag))
+    assert code == 0, out
+    broker = int(started[-1].advertise_url.rsplit(":", 1)[1])
+    coordinator = int(coordinators[-1].advertise_url.rsplit(":", 1)[1])
+    assert broker != coordinator, (broker, coordinator)
+    if explicit is not None:
+        assert (broker if explicit == "--port" else coordinator) == int(given)
