@@ -123,7 +123,12 @@ class Transaction(Joinable):
         (a v5 transaction whose operations all went to one broker), that broker is asked
         to commit it first, without waiting for them; the outcome and errors are the same.
 
+        Committing a committed transaction again does nothing (as aborting an aborted one
+        does: a retried commit is told it committed, not to abort); an aborted one cannot
+        be committed.
+
         Raises:
+            TransactionEnded: it was aborted (ClientClosed: by its client's close).
             TransactionFailed: an operation failed, or was cancelled by its caller
                 (``__cause__`` is then OperationCancelled); the transaction was aborted.
             ServerError(InvalidTxnStatus): it timed out (or was aborted) first.
@@ -131,6 +136,8 @@ class Transaction(Joinable):
                 committed: abort it, or its coordinator will after its timeout);
                 OUTCOME_UNKNOWN when END_TXN got no answer (``commit()`` may be repeated).
         """
+        if self.state is TransactionState.COMMITTED:
+            return
         deadline = self._deadline(timeout_s)
         if self.state is TransactionState.NEW and not await self.operations.settle(deadline):
             raise self.operations.late(deadline)  # a send or ack is starting it, not in time

@@ -71,8 +71,10 @@ class TransactionEnded(ClientError):
     ABORTED): it was not made, and nothing went to a broker. ABORTABLE: it can only go in a
     new transaction (``client.transaction()``). Raised too for one that waited (for room in
     its producer's window) while an ``abort()`` that stopped waiting for it ended the
-    transaction: the broker would only have refused it. A transaction aborted by its
-    client's close says so with ``ClientClosed`` instead."""
+    transaction: the broker would only have refused it. ``start()`` of an ended transaction
+    and ``commit()`` of an aborted one raise it too (``commit()`` of a committed one
+    returns). A transaction aborted by its client's close says so with ``ClientClosed``
+    instead."""
 
     category = ErrorCategory.ABORTABLE
 

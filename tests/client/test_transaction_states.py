@@ -122,3 +122,30 @@ async def test_a_new_transaction_says_it_has_not_started(client: Client) -> None
     txn = client.transaction()
     with pytest.raises(ClientError, match=r"^the transaction has not started: it starts with"):
         txn.id  # noqa: B018
+
+
+@pytest.mark.parametrize("started", [True, False])
+async def test_commit_of_a_committed_transaction_returns_as_abort_of_an_aborted_one_does(
+    client: Client, started: bool
+) -> None:
+    """Ending a transaction the way it already ended is a harmless success, both ways
+    (STYLE 7; Pulsar's ``TransactionUtil.canTransitionTo``): ``abort()`` of an aborted one
+    did nothing, while ``commit()`` of a committed one raised TransactionEnded (ABORTABLE),
+    telling a caller that retried a commit to abort what had committed."""
+    txn = client.transaction()
+    if started:
+        await txn.start()
+    await txn.commit()
+    committed_by = txn.committed_by
+    await txn.commit()  # returns, changing nothing
+    assert txn.state == TransactionState.COMMITTED and txn.committed_by == committed_by
+    if started:
+        assert await txn.status() == "COMMITTED"
+    aborted = client.transaction()
+    if started:
+        await aborted.start()
+    await aborted.abort()
+    await aborted.abort()  # (as before)
+    with pytest.raises(TransactionEnded, match=r"is ABORTED$"):  # what did not commit never will
+        await aborted.commit()
+    assert aborted.state == TransactionState.ABORTED
