@@ -4,7 +4,7 @@ A transaction is all or nothing, so an operation in it that fails must stop it f
 committing the rest without it, even when the application caught the error and went on.
 ``with poisons(txn):`` wraps every send and acknowledgment given a transaction (in
 :mod:`segtxn.client.producer`, :mod:`segtxn.client.scalable` and
-:mod:`segtxn.client.consumer`): whatever the call raises, a refusal before it left
+:mod:`segtxn.client.acknowledging`): whatever the call raises, a refusal before it left
 included, marks the transaction failed, and its ``commit`` then aborts it and raises
 :class:`~segtxn.client.transaction.TransactionFailed`. A call whose caller cancelled it
 poisons it with :class:`~segtxn.client.errors.OperationCancelled`: it may have reached the

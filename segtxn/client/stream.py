@@ -16,21 +16,25 @@ lost connection (the same); a write that fails otherwise (a bug: the stream logs
 WARNING and attaches again too); and a caller that gives up (times out, is cancelled) does
 not take the request back: the stream owns it and writes it anyway, and no error of the
 stream's own tasks is left for asyncio to report as "never retrieved".
+
+This module is the stream's attaching, reconnecting and reading (and the requests answered by
+a rewind); what it writes, and how (its acks gathered into frames, one write lock, the tasks
+it owns), is :mod:`segtxn.client.streamwrites`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable
 
 import aiohttp
 import msgspec
 
-from segtxn.client.acks import Acknowledgments, Placed, request_ids
+from segtxn.client.acks import request_ids
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.messages import Message, MessageId
+from segtxn.client.streamwrites import StreamWrites
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
 from segtxn.client.unreachable import cannot_reach, why_unreachable
 from segtxn.protocol import frames
@@ -50,7 +54,6 @@ from segtxn.protocol.errors import (
     server_error,
 )
 from segtxn.protocol.frames import (
-    Ack,
     AckReceipt,
     ActiveChange,
     ConsumerReady,
@@ -79,7 +82,7 @@ FATAL = (
 """Refusals that end a stream for good: ``receive`` raises them instead of reconnecting."""
 
 
-class MessageStream:
+class MessageStream(StreamWrites):
     """One WebSocket of messages from a broker, reconnecting; shared by consumer and reader.
 
     A consumer's stream drops its undelivered messages on reconnect, on a ``Rewind`` and when
@@ -103,23 +106,14 @@ class MessageStream:
         ordered: bool = False,
         subscription: str | None = None,
     ) -> None:
-        self.topic = topic
+        super().__init__(kind, topic)
         self._subscription = subscription
         self._ordered = ordered
         self._connector = connector
-        self._kind, self._suffix, self._query = kind, suffix, query
+        self._suffix, self._query = suffix, query
         self._size = receiver_queue_size
         self._deliver = deliver
         self._on_end = on_end
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._broker = ""
-        """The URL of the broker ``_ws`` is connected to."""
-        self._acks = Acknowledgments(str(topic), self._write_acks_soon)
-        self._writing = asyncio.Lock()
-        """Held while frames are written: acks gathered before a frame go out before it."""
-        self._writes: set[asyncio.Task[None]] = set()
-        """Writes the stream owns: gathered acks, and redelivery requests (sent even when
-        their caller gave up)."""
         self._granted = 0
         self._awaiting: set[int] = set()
         """Redeliver / Nack requests whose Rewind has not come: messages arriving meanwhile
@@ -130,11 +124,6 @@ class MessageStream:
         self.ended = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.reconnects = 0
-
-    @property
-    def attached(self) -> bool:
-        """False while the stream is reconnecting: nothing can arrive on it meanwhile."""
-        return self._ws is not None
 
     async def start(self, deadline: Deadline) -> None:
         """Attach, retrying while the topic's broker (or the store behind it) is down or
@@ -191,72 +180,6 @@ class MessageStream:
         self._awaiting.clear()  # a new attachment: the broker starts it from a rewind
         self._granted = self._size
         return ws
-
-    async def _send(self, frame: frames.Frame) -> None:
-        """Send on the current connection, if any, after the acks gathered so far. A
-        connection failing under the send is not the caller's problem: the reader notices,
-        reconnects, and what must be sent again is (acks until their receipts come; an
-        attachment starts from a rewind)."""
-        async with self._writing:
-            await self._write([*self._acks.take(), frame])
-
-    def _write_acks_soon(self) -> None:
-        """Acks were gathered: write them in the next turn of the loop (with whatever else
-        is gathered by then), unless a write before it takes them first."""
-        self._own(self._write_gathered(), f"{self._kind}-acks-{self.topic}")
-
-    def _own(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        """Run ``work`` as a task of the stream (cancelled by :meth:`close`). Its error, if
-        it ends with one, is logged here: its caller may have given up on it (a redelivery
-        request is written anyway), and asyncio would report it as "Task exception was
-        never retrieved", with a traceback, only once the task is collected."""
-        task = asyncio.get_running_loop().create_task(work, name=name)
-        self._writes.add(task)
-        task.add_done_callback(self._owned_done)
-        return task
-
-    def _owned_done(self, task: asyncio.Task[None]) -> None:
-        self._writes.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.warning(
-                "%s on %s: its task %s failed: %s: %s",
-                self._kind, self.topic, task.get_name(), type(error).__name__, error,
-                exc_info=error,
-            )  # fmt: skip
-
-    async def _write_gathered(self) -> None:
-        async with self._writing:
-            await self._write(self._acks.take())
-
-    async def _write(self, batch: Sequence[frames.Frame]) -> None:
-        ws, broker = self._ws, self._broker  # the read loop may give it up meanwhile
-        if ws is None or not batch:
-            return  # reconnecting: the new attachment sends the unanswered acks
-        try:
-            for frame in batch:
-                if isinstance(frame, Ack):
-                    self._acks.placing(frame, broker)
-                await ws.send_bytes(frames.encode(frame))
-        except (aiohttp.ClientError, ConnectionError) as e:
-            log.info("%s on %s: a send failed (%s); reconnecting", self._kind, self.topic, e)
-        except Exception as e:  # the reader notices no failure of this kind
-            await self._attach_again(ws, "a send failed", e)
-
-    async def _attach_again(
-        self, ws: aiohttp.ClientWebSocketResponse | None, what: str, error: Exception
-    ) -> None:
-        """``what`` failed with ``error``, neither aiohttp's nor a lost connection's (a
-        bug, or a server error where none was expected), so something may not have been
-        written: a redelivery request whose rewind the stream waits for, having dropped its
-        queue for it, or acks. Close ``ws``: the stream attaches again, which starts from a
-        rewind and sends the unanswered acks again."""
-        log.warning(
-            "%s on %s: %s (%s: %s); attaching again",
-            self._kind, self.topic, what, type(error).__name__, error,
-            exc_info=error,
-        )  # fmt: skip
-        if ws is not None:
-            await close_quietly(ws.close())
 
     async def _run(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         delay = 0.05
@@ -436,42 +359,6 @@ class MessageStream:
             self._granted = self._size
             await self._send(Flow(permits=more))
 
-    def ack(
-        self,
-        ids: list[MessageId],
-        *,
-        cumulative: bool,
-        txn: tuple[int, int] | None = None,
-        epoch: int | None = None,
-        deadline: Deadline,
-        traceparent: str | None = None,
-        placed: Placed | None = None,
-    ) -> asyncio.Future[None]:
-        """Acknowledge ``ids``: the future is done once the broker made it durable (sent
-        again after a reconnect until then). Acks of the same turn of the loop travel
-        together (segtxn/client/acks.py); ``traceparent`` names the caller's span;
-        ``placed`` is told each time a frame carrying the ack is written, with the
-        broker's URL (a transaction's one-step commit).
-
-        The future fails with:
-            ServerError: the broker refused it.
-            Timeout: no receipt by ``deadline`` (OUTCOME_UNKNOWN: it may have been applied;
-                it is sent again after a reconnect only inside a frame other acks still
-                wait for).
-            ConnectionLost: the connection was lost and the stream could not reach a
-                broker again (OUTCOME_UNKNOWN if the ack was written, else RETRIABLE).
-            ClientClosed: the stream closed first.
-        """
-        return self._acks.submit(
-            ids,
-            cumulative=cumulative,
-            txn=txn,
-            epoch=epoch,
-            deadline=deadline,
-            traceparent=traceparent,
-            placed=placed,
-        )
-
     async def nack(self, ids: list[MessageId]) -> None:
         """Ask for these again; on an ordered subscription the broker rewinds and nothing
         newer reaches the application before they do."""
@@ -481,22 +368,13 @@ class MessageStream:
         else:
             await self._send(Nack(message_ids=positions))
 
-    async def settle_acks(self, limit_s: float) -> None:
-        """Wait, at most ``limit_s``, for the acks in flight to be confirmed."""
-        waiting = self._acks.pending()
-        if waiting:
-            await asyncio.wait(waiting, timeout=limit_s)
-
     async def close(self) -> None:
+        """Stop reading and reconnecting, then close what it writes with (acks still
+        awaited fail with ClientClosed)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        for task in self._writes:
-            task.cancel()
-        await asyncio.gather(*self._writes, return_exceptions=True)
-        if self._ws is not None:
-            await close_quietly(self._ws.close())
-        self._acks.close()
+        await self._close_writes()
 
 
 def to_message(topic: TopicName, frame: MessageFrame, subscription: str | None) -> Message:
