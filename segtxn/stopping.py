@@ -117,8 +117,9 @@ class Stopping:
         """Cancel ``tasks`` (``what``: the server's background work) and wait for them to
         end, for :data:`CANCELLED_END_S` at most: those still running then are
         left to end by themselves (said once at WARNING, naming them), and the stop goes
-        on. Their failures are not raised (nor left unretrieved). Cancellation (the stop
-        itself cancelled) is raised.
+        on. Their failures are not raised (nor left unretrieved, even when the stop is
+        cancelled during the wait: asyncio then logged each one as 'Task exception was
+        never retrieved'). Cancellation (the stop itself cancelled) is raised.
 
         Why the bound: a cancelled task may take the grace to end (a ledger's metadata
         change in flight ends first, and so do those its clean-up makes:
@@ -130,13 +131,10 @@ class Stopping:
         tasks = list(tasks)
         for task in tasks:
             task.cancel()
+            task.add_done_callback(_retrieve)  # (before the wait, which may itself be cut)
         if not tasks:
             return
-        done, left = await asyncio.wait(tasks, timeout=CANCELLED_END_S)
-        for task in done:
-            _retrieve(task)
-        for task in left:
-            task.add_done_callback(_retrieve)
+        _, left = await asyncio.wait(tasks, timeout=CANCELLED_END_S)
         if left:
             log.warning(
                 "%s: %s still running %.1f s after their cancel (%s); going on without them",

@@ -7,6 +7,7 @@ left without their clean state."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 import pytest
@@ -146,3 +147,39 @@ async def test_cancelled_tasks_are_waited_for_a_bounded_time_and_those_left_are_
         release.set()
         await ended.wait()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_failures_of_tasks_left_by_a_cancelled_stop_are_retrieved() -> None:
+    """A stop cancelled while it waits for its cancelled tasks (the CLI's
+    ``--shutdown-timeout``) still retrieves their failures: asyncio logged each as 'Task
+    exception was never retrieved' once the task was collected."""
+    loop = asyncio.get_running_loop()
+    unretrieved: list[str] = []
+    handler = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context["message"]))
+    waiting, release = asyncio.Event(), asyncio.Event()
+
+    async def fails_late() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            waiting.set()
+            await release.wait()  # (taken: a clean-up that waits for a silent store)
+            raise ValueError("a failure at its end, after the stop was cancelled") from None
+
+    task = asyncio.create_task(fails_late(), name="fails-late")
+    try:
+        await asyncio.sleep(0)  # sleep-ok: one loop step: the task is started
+        stop = asyncio.create_task(Stopping("broker", LIMIT_S).cancel("its tasks", [task]))
+        await waiting.wait()
+        stop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stop
+        release.set()
+        async with asyncio.timeout(5):
+            await asyncio.wait([task])
+        del task
+        gc.collect()
+    finally:
+        loop.set_exception_handler(handler)
+    assert not unretrieved
