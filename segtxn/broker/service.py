@@ -280,7 +280,7 @@ class BrokerService:
             [*background, *self._loading.values(), *self.dropping],
         )
         # no sweep writes a marker while topics close
-        await stopping.step("stopping its v4 transaction checks", self.v4_checks.stop())
+        await self.v4_checks.stop(stopping)
         for topic in list(self.topics.values()):
             await stopping.step(f"closing {topic.name}", topic.close())
         self.topics.clear()

@@ -55,6 +55,7 @@ from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnAction, TxnId
+from segtxn.stopping import Stopping
 from segtxn.topics.transactions import COORDINATOR_MEMBERS, V4_COORDINATOR_ELECTION
 
 log = logging.getLogger(__name__)
@@ -125,14 +126,22 @@ class V4TransactionChecks:
         self._http = self._auth.cluster_session()
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="v4-txn-sweep")
 
-    async def stop(self) -> None:
+    async def stop(self, stopping: Stopping) -> None:
+        """Cancel the sweep and the checks in flight, waiting for them
+        :data:`~segtxn.stopping.CANCELLED_END_S` at most (:meth:`Stopping.cancel`), then
+        close the HTTP session (a step of ``stopping``, the broker's). Never raises but a
+        cancellation.
+
+        Why the bound: a sweep cancelled while it ends a transaction on a participant ends
+        when that end does (its marker's write), and the broker's stop gives its steps no
+        time limit until the store failed one. Waited for without a bound, a write waiting
+        for a silent store held the broker's stop as long, before any topic was closed."""
         tasks = [*self._checking.values(), *([self._sweeper] if self._sweeper else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._sweeper = None
+        await stopping.cancel("its v4 transaction sweep and checks", tasks)
         if self._http is not None:
-            await self._http.close()
-            self._http = None
+            http, self._http = self._http, None
+            await stopping.step("closing its v4 checks' HTTP session", http.close())
 
     @property
     def tracked(self) -> set[TxnId]:
