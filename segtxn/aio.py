@@ -12,7 +12,8 @@ it cancels the losers *and waits for them to finish*.
 sooner than awaiting the task through a shield, with the same cancel and error cases.
 
 :func:`run_to_end` runs a step that must not be left half-way by its caller's cancel
-(within a bounded grace, one for all the steps run while that cancel unwinds).
+(within a bounded grace, one for all the steps run while that cancel unwinds, and, through
+:func:`cancel`, for those of the tasks it passes the cancel on to).
 
 :class:`Window` counts the slots of a send window, as ``asyncio.Semaphore`` would, at the
 cost of an integer comparison where there is room.
@@ -178,11 +179,44 @@ def _unwinding() -> asyncio.CancelledError | None:
     return None
 
 
+def cancel(task: asyncio.Future[Any], *, grace_s: float = CANCEL_GRACE_S) -> None:
+    """Cancel ``task`` as part of the cancel the caller unwinds from, if it is unwinding
+    from one (in an ``except`` or ``finally``): the :func:`run_to_end` steps of ``task``
+    then share that cancel's grace (what is left of it; begun now if no step had begun it).
+    Otherwise a plain ``task.cancel()``.
+
+    Why: ``task`` took a cancel of its own, a new ``CancelledError``, and its steps began a
+    grace of their own. A close run while its caller unwound from a cancel (a topic's close
+    cut by one closes its subscriptions in its handler) cancels its compaction, waits for
+    it, then writes its clean close: the compaction's rollover got a grace, and the clean
+    close then began the caller's, so that with the store silent the close ended two graces
+    after the cancel, not one."""
+    unwinding = _unwinding()
+    if unwinding is None:
+        task.cancel()
+        return
+    ends = _grace_ends(unwinding, asyncio.get_running_loop().time() + grace_s)
+    task.cancel(msg=_PassedOn(ends))
+
+
+class _PassedOn:
+    """The message of a cancel passed on by :func:`cancel`: when its grace ends."""
+
+    def __init__(self, grace_ends: float) -> None:
+        self.grace_ends = grace_ends
+
+    def __str__(self) -> str:
+        return "cancelled with its canceller (sharing its grace)"
+
+
 def _grace_ends(cancel: asyncio.CancelledError, otherwise: float) -> float:
-    """When ``cancel``'s grace ends: ``otherwise`` if none began yet (it begins then)."""
+    """When ``cancel``'s grace ends: the one passed on with it (:func:`cancel`), or
+    ``otherwise`` if none began yet (it begins then)."""
     ends = getattr(cancel, _GRACE_ENDS, None)
     if ends is None:
-        _grace_ends_with(cancel, ends := otherwise)
+        passed = cancel.args[0] if cancel.args else None
+        ends = passed.grace_ends if isinstance(passed, _PassedOn) else otherwise
+        _grace_ends_with(cancel, ends)
     return float(ends)
 
 

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from segtxn.aio import CANCEL_GRACE_S
+from segtxn.aio import CANCEL_GRACE_S, cancel
 from segtxn.ledger import LedgerError
 from segtxn.metastore import (
     MetadataStoreError,
@@ -130,7 +130,7 @@ class Stopping:
         ever."""
         tasks = list(tasks)
         for task in tasks:
-            task.cancel()
+            cancel(task)  # (sharing the grace of a cancel the stop unwinds from, if any)
             task.add_done_callback(_retrieve)  # (before the wait, which may itself be cut)
         if not tasks:
             return

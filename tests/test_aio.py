@@ -13,7 +13,7 @@ import gc
 
 import pytest
 
-from segtxn.aio import run_to_end, settling
+from segtxn.aio import cancel, run_to_end, settling
 
 
 class Turns:
@@ -279,3 +279,45 @@ async def test_run_to_end_steps_in_sequence_under_one_cancel_share_its_grace() -
     took = loop.time() - cancelled_at
     assert grace_s <= took < 2 * grace_s, f"{took:.2f} s: not one grace for the three steps"
     assert started == [1]  # the others were cancelled before they began: the grace was over
+
+
+async def test_a_task_cancelled_while_its_canceller_unwinds_shares_that_cancels_grace() -> None:
+    """A close run in a ``finally`` cancels its compaction (a step in flight), waits for it,
+    then runs a step of its own: cancelled with ``task.cancel()``, the compaction's step
+    began a grace of its own, and the close's step then began the caller's: two graces."""
+    grace_s = 0.5
+    never = asyncio.Event()
+
+    async def compaction() -> None:
+        await run_to_end(never.wait(), name="rollover", grace_s=grace_s)
+
+    async def closing(compacting: asyncio.Task[None]) -> None:
+        try:
+            await never.wait()
+        finally:
+            cancel(compacting, grace_s=grace_s)
+            await asyncio.gather(compacting, return_exceptions=True)
+            await run_to_end(never.wait(), name="clean-close", grace_s=grace_s)
+
+    compacting = asyncio.create_task(compaction())
+    caller = asyncio.create_task(closing(compacting))
+    await asyncio.sleep(0)  # sleep-ok: one loop step: both wait
+    loop = asyncio.get_running_loop()
+    cancelled_at = loop.time()
+    caller.cancel()
+    async with asyncio.timeout(5 * grace_s):
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    took = loop.time() - cancelled_at
+    assert grace_s <= took < 1.5 * grace_s, f"{took:.2f} s: not one grace for the cancel"
+    assert compacting.cancelled()
+
+
+async def test_cancel_outside_an_unwinding_is_a_plain_cancel() -> None:
+    never = asyncio.Event()
+    task = asyncio.create_task(run_to_end(never.wait(), name="step", grace_s=0.05))
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the step runs
+    cancel(task)
+    async with asyncio.timeout(5):
+        with pytest.raises(asyncio.CancelledError):
+            await task

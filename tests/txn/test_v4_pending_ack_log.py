@@ -236,3 +236,62 @@ async def test_a_stop_step_closing_a_pending_ack_log_ends_in_its_time_while_the_
                 await asyncio.gather(step, return_exceptions=True)
             # (its log closed under it, the subscription is served again by a new broker)
             await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+
+
+async def test_a_close_run_while_its_caller_unwinds_from_a_cancel_ends_within_one_grace(
+    cluster: Cluster,
+) -> None:
+    """A topic's close cut by a cancel closes its subscriptions in its handler
+    (segtxn/broker/topic.py), so a pending-ack log's close runs while its caller unwinds
+    from that cancel. The close cancels its compaction (the rollover's CAS in flight), waits
+    for it, then writes its clean close. The compaction's cancel was a new one, with a grace
+    of its own, and the clean close's write then began the grace of the caller's cancel:
+    with the store silent, the close ended two graces after the cancel. One cancel, one
+    grace (segtxn.aio.cancel): both changes now share it."""
+    await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+    async with Client(cluster.url) as client:
+        received = await setup(client, 40)
+        consumer = client.__dict__["consumer"]
+        await consumer.acknowledge(received[0], txn=client.transaction())
+        pending = await pending_acks(cluster)
+        key = metadata_key(pending_ack_log(TOPIC, "s"))
+        silent = cluster.faults.hold("txn", key_prefix=key, times=None)  # every write's answer
+        closing: asyncio.Task[None] | None = None
+        try:
+            for message in received[1:]:
+                txn = client.transaction()
+                await consumer.acknowledge(message, txn=txn)
+                if pending._compaction is not None:
+                    break
+                await txn.commit()
+                if pending._compaction is not None:
+                    break
+            assert pending._compaction is not None, "no compaction started"
+            await silent.wait_for(1)  # the rollover's CAS applied, its answer parked
+            waiting = asyncio.Event()
+
+            async def closes_when_cancelled() -> None:
+                try:
+                    waiting.set()
+                    await asyncio.Event().wait()
+                finally:
+                    await pending.close()
+
+            closing = asyncio.create_task(closes_when_cancelled())
+            await waiting.wait()
+            loop = asyncio.get_running_loop()
+            cancelled_at = loop.time()
+            closing.cancel()
+            await asyncio.wait({closing}, timeout=2 * CANCEL_GRACE_S + 2.0)
+            took = loop.time() - cancelled_at
+            assert closing.done(), "the close did not end in two graces"
+            assert took < 1.5 * CANCEL_GRACE_S, (
+                f"the close ended {took:.2f} s after its caller's cancel: a grace for each "
+                "of its two metadata changes, not one for the cancel"
+            )
+        finally:
+            silent.release()
+            cluster.faults.clear()
+            if closing is not None:
+                await asyncio.gather(closing, return_exceptions=True)
+            await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)

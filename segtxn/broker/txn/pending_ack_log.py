@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 
+from segtxn.aio import cancel
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.markers import remember
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
@@ -324,12 +325,14 @@ class MLPendingAckStore(ReservingPendingAckStore):
         itself cancelled meanwhile (a stop's time running out): left open, its writer task
         ran on and its file stayed locked ("held by another writer" on the next load). Its
         clean close then gets what is left of that cancel's grace (a silent store held it
-        for ever: :func:`~segtxn.aio.run_to_end`).
+        for ever: :func:`~segtxn.aio.run_to_end`), and so does the compaction when this close
+        runs while its caller unwinds from a cancel (:func:`~segtxn.aio.cancel`): with a
+        grace of its own, the close ended two graces after that cancel.
         """
         self._checks.forget(self)
         try:
             if self._compaction is not None:
-                self._compaction.cancel()
+                cancel(self._compaction)  # (sharing the grace of a cancel this unwinds from)
                 await asyncio.gather(self._compaction, return_exceptions=True)
         finally:
             if self._log is not None:
