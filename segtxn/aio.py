@@ -199,6 +199,50 @@ def cancel(task: asyncio.Future[Any], *, grace_s: float = CANCEL_GRACE_S) -> Non
     task.cancel(msg=_PassedOn(ends))
 
 
+SETTLE_S = 5.0
+"""How long a close waits for a background write of its own in flight (a snapshot, which a
+replay covers if it is lost) before it cancels it (:func:`settle`): a store that answers at
+all answers within it."""
+
+
+async def settle(
+    task: asyncio.Task[Any], within_s: float, *, grace_s: float = CANCEL_GRACE_S
+) -> bool:
+    """Wait for ``task`` (a background write a close must not leave running) for
+    ``within_s`` at most; past it, cancel it (:func:`cancel`) and wait for it to end,
+    ``grace_s`` and a moment at most (its :func:`run_to_end` steps end within the grace).
+    Whether it ended by itself. Its failure is neither raised nor left unretrieved; one
+    still running at the end is left to end by itself. A cancel of the caller meanwhile
+    cancels ``task`` too (sharing that cancel's grace), waits likewise, and is raised.
+
+    Why: a close awaited its snapshot in flight without a bound, and a store that never
+    answered the snapshot's write (or a write whose answer was lost, on the in-memory
+    store) held the close, and a broker's stop, for ever."""
+    try:
+        await asyncio.wait([task], timeout=within_s)
+    except asyncio.CancelledError:
+        cancel(task, grace_s=grace_s)
+        await _ended(task, grace_s)
+        raise
+    if task.done():
+        _retrieve(task)
+        return True
+    cancel(task, grace_s=grace_s)
+    await _ended(task, grace_s)
+    return False
+
+
+async def _ended(task: asyncio.Task[Any], grace_s: float) -> None:
+    """Wait for a cancelled ``task`` its grace and a moment (to end at its next await) at
+    most; its failure is retrieved whenever it ends."""
+    task.add_done_callback(_retrieve)
+    await asyncio.wait([task], timeout=grace_s + CANCELLED_MOMENT_S)
+
+
+CANCELLED_MOMENT_S = 0.1
+"""What a task cancelled past its grace may take to end after it (at its next await)."""
+
+
 class _PassedOn:
     """The message of a cancel passed on by :func:`cancel`: when its grace ends."""
 

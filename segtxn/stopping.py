@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Iterable
 from typing import Any
 
-from segtxn.aio import CANCEL_GRACE_S, cancel
+from segtxn.aio import CANCEL_GRACE_S, CANCELLED_MOMENT_S, cancel
 from segtxn.ledger import LedgerError
 from segtxn.metastore import (
     MetadataStoreError,
@@ -61,7 +61,7 @@ LAST_STEP_S = 0.5
 abandoned soon."""
 
 
-CANCELLED_END_S = CANCEL_GRACE_S + 0.1
+CANCELLED_END_S = CANCEL_GRACE_S + CANCELLED_MOMENT_S
 """How long a stop waits for the tasks it cancelled: the grace a ledger change in flight
 gets (:func:`~segtxn.aio.run_to_end`), and a moment for one cancelled past it to end (at
 its next await): waited for :data:`~segtxn.aio.CANCEL_GRACE_S` exactly, such a task was

@@ -13,7 +13,7 @@ import gc
 
 import pytest
 
-from segtxn.aio import cancel, run_to_end, settling
+from segtxn.aio import cancel, run_to_end, settle, settling
 
 
 class Turns:
@@ -321,3 +321,37 @@ async def test_cancel_outside_an_unwinding_is_a_plain_cancel() -> None:
     async with asyncio.timeout(5):
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_settle_waits_its_time_then_cancels_a_write_that_does_not_end() -> None:
+    never = asyncio.Event()
+    ended: list[str] = []
+
+    async def finishes() -> None:
+        await asyncio.sleep(0)  # sleep-ok: one loop step: it ends at once
+        raise ValueError("a failure: retrieved, not raised")
+
+    async def silent() -> None:
+        try:
+            await never.wait()
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    assert await settle(asyncio.create_task(finishes()), 5.0)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert not await settle(asyncio.create_task(silent()), 0.1)
+    assert ended == ["cancelled"] and loop.time() - started < 1.0
+
+
+async def test_settle_cancelled_cancels_the_write_with_the_callers_cancel() -> None:
+    never = asyncio.Event()
+    write = asyncio.create_task(run_to_end(never.wait(), name="snapshot", grace_s=0.2))
+    caller = asyncio.create_task(settle(write, 60.0, grace_s=0.2))
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the caller waits
+    caller.cancel()
+    async with asyncio.timeout(5):
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    assert write.cancelled()

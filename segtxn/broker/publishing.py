@@ -27,6 +27,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from segtxn.aio import SETTLE_S, settle
 from segtxn.boundary import translate
 from segtxn.broker.arguments import check_send
 from segtxn.broker.dedup import Deduplication, ProducerState
@@ -446,6 +447,12 @@ class Publishing:
             self._snapshotting = None
 
     async def settle(self) -> None:
-        """Wait for a de-duplication snapshot in progress (before closing or deleting)."""
-        if self._snapshotting is not None:
-            await asyncio.gather(self._snapshotting, return_exceptions=True)
+        """Wait for a de-duplication snapshot in progress (before closing or deleting),
+        :data:`~segtxn.aio.SETTLE_S` at most: past it, it is cancelled (a reload replays
+        from the last one written). Awaited without a bound, a snapshot whose write the
+        store never answered held the topic's close, and a broker's stop, for ever."""
+        if self._snapshotting is not None and not await settle(self._snapshotting, SETTLE_S):
+            log.warning(
+                "%s: de-duplication snapshot not written within %.0f s; cancelled (a reload "
+                "replays from the last one written)", self.name, SETTLE_S,
+            )  # fmt: skip

@@ -41,6 +41,7 @@ from collections import OrderedDict
 
 import msgspec
 
+from segtxn.aio import SETTLE_S, settle
 from segtxn.broker.entry import decode_entry, marker_entry
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLogs
@@ -425,6 +426,13 @@ class MarkerTransactionBuffer(TransactionBuffer):
             log.warning("%s: its snapshots were not tombstoned: %s", self.topic, e)
 
     async def close(self) -> None:
+        """Stop being a participant of the v4 checks, and let a snapshot in flight end,
+        :data:`~segtxn.aio.SETTLE_S` at most: past it, it is cancelled (a recovery replays
+        from the previous one). Awaited without a bound, a snapshot whose write the store
+        never answered held the topic's close, and a broker's stop, for ever."""
         self._checks.forget(self)
-        if self._snapshotting is not None:
-            await asyncio.gather(self._snapshotting, return_exceptions=True)
+        if self._snapshotting is not None and not await settle(self._snapshotting, SETTLE_S):
+            log.warning(
+                "%s: transaction buffer snapshot not written within %.0f s; cancelled "
+                "(a recovery replays from the previous one)", self.topic, SETTLE_S,
+            )  # fmt: skip
