@@ -25,6 +25,12 @@ from the header cache. Beyond the PIP (docs/architecture.md, docs/design-notes.m
   Clean-up batches: the abort index entries and the watermark go in one store step, the
   records' deletes in another.
 - **No polling**: dispatchers wait on ``changed``, set whenever the horizon may have moved.
+
+Its parts: the records it keeps in the store and their shapes
+(:mod:`segtxn.broker.txn.buffer_records`), reading them back at a load
+(:mod:`segtxn.broker.txn.buffer_recovery`), the orphans (:mod:`segtxn.broker.txn.orphans`),
+and the writes records' rewrites (:mod:`segtxn.broker.txn.oprecords`); here, what an append,
+a decision and the clean-up do with them.
 """
 
 from __future__ import annotations
@@ -34,7 +40,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from urllib.parse import quote
 
 import msgspec
 
@@ -44,14 +49,13 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.spans import materialization_span
 from segtxn.broker.txn.buffer_records import (
-    ABORTED,
-    STATE,
     AbortedTxn,
     BufferState,
     WritesDraft,
     as_position,
     before,
 )
+from segtxn.broker.txn.buffer_recovery import aborted_prefix, read_recorded, state_key
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.opdrafts import AppendInFlight
 from segtxn.broker.txn.oprecords import OpRecordWriter
@@ -95,9 +99,8 @@ class MetadataTransactionBuffer(TransactionBuffer):
         self._ledger = ledger
         self._store = store
         self._headers = headers
-        quoted = quote(segment, safe="")
-        self._state_key = STATE + quoted
-        self._aborted_prefix = f"{ABORTED}{quoted}/"
+        self._state_key = state_key(segment)
+        self._aborted_prefix = aborted_prefix(segment)
         self._writes: dict[TxnId, list[Position]] = {}
         """Entries here of transactions whose writes records still exist (after recovery:
         the first and last of each range)."""
@@ -440,30 +443,15 @@ class MetadataTransactionBuffer(TransactionBuffer):
     # ------------------------------------------------------------------ recovery
 
     async def recover(self) -> None:
-        """Rebuild from the store (no log replay): the aborted index, orphans, the op
-        records of this segment, their headers; then classify the unresolved tail."""
-        record = await self._store.get(self._state_key)
-        if record is not None:
-            saved = msgspec.json.decode(record.value, type=BufferState).watermark
-            self._watermark = None if saved is None else as_position(saved)
-        aborted = await self._store.list_prefix(self._aborted_prefix)
-        for item in aborted.records:
-            txn = TxnId.from_key(item.key.rsplit("/", 1)[1])
-            self._aborted[txn] = msgspec.json.decode(item.value, type=AbortedTxn)
+        """Rebuild from the store (no log replay: :func:`read_recorded`): the aborted index,
+        orphans, the op records of this segment, their headers; then classify the
+        unresolved tail."""
+        recorded = await read_recorded(self._store, self.segment, self._metrics)
+        self._watermark = recorded.watermark
+        self._aborted.update(recorded.aborted)
         await self._orphans.load()
-        started = time.perf_counter()
-        ops = await self._store.index_range(T.IDX_WRITES, self.segment)
-        self._metrics.txn_index_query.record(time.perf_counter() - started)
-        for op in ops.entries:
-            txn = T.txn_of_op_key(op.key)
-            try:
-                found = T.decode_op(op.value)
-            except msgspec.DecodeError as e:
-                log.error("%s: op record %s unreadable (%s): ignored", self.segment, op.key, e)
-                continue
-            if not isinstance(found, T.WritesRecord):
-                continue
-            draft = self._records[txn] = WritesDraft.recovered(txn, found)
+        for txn, draft in recorded.records.items():
+            self._records[txn] = draft
             self._writes[txn] = [draft.first, draft.last]
         await self._orphans.find(self._ledger, self._watermark, self._covers)
         for txn, positions in self._writes.items():
