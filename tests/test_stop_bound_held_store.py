@@ -24,11 +24,13 @@ from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
 from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore
+from segtxn.metastore.election import ELECTIONS_PREFIX
 from segtxn.metastore.etcd_server import free_port
 from segtxn.metastore.faults import FaultInjector
 from segtxn.metastore.memory import MemoryEngine
 from segtxn.metastore.settings import StoreSettings
 from segtxn.stopping import CANCELLED_END_S, LAST_STEP_S, Stopping
+from segtxn.topics.transactions import V4_COORDINATOR_ELECTION
 from tests.waiting import wait_until
 
 LIMIT_S = 0.2
@@ -36,6 +38,8 @@ LIMIT_S = 0.2
 SLACK_S = 2.0
 
 NAME = "persistent://t/n/held-close"
+ELECTION_KEY = ELECTIONS_PREFIX + V4_COORDINATOR_ELECTION + "0"
+"""v4 coordinator id 0's election key."""
 
 
 def memory_store_with_faults() -> tuple[MetadataStore, FaultInjector]:
@@ -151,5 +155,45 @@ async def test_a_v4_coordinators_stop_ends_in_its_time_while_a_cancelled_take_ov
         faults.clear()
         if stop is not None:
             await asyncio.gather(stop, return_exceptions=True)
+        await v4.stop()
+        await store.close()
+
+
+async def test_a_take_over_whose_cancel_became_a_failure_does_not_win_the_id_after_the_stop(
+    tmp_path: Path,
+) -> None:
+    """A take-over cancelled by the stop while it opened its log closes that log in its
+    clean-up; a close that fails (its clean-close write refused) raises its LedgerError in
+    place of the cancel. The campaign took it for a failed take-over, let the id go and
+    campaigned again, on a new session once the stop had closed its own: after the stop
+    had resigned its ids, the stopped coordinator won id 0 again and served it for ever."""
+    store, faults = memory_store_with_faults()
+    listing = faults.hold("range", key_prefix=cursors_prefix(log_name(0)))  # the open's
+    v4 = CoordinatorV4(
+        store,
+        CoordinatorSettings(
+            advertise_url=f"http://127.0.0.1:{free_port()}",
+            v4_coordinator_ids=1,
+            gc_retention_s=0,
+            timeout_sweep_s=3600,
+            ledger_url=f"file://{tmp_path / 'txn-logs'}",
+        ),
+    )
+    await v4.start()
+    try:
+        await listing.wait_for(1)  # the take-over of id 0 is opening its log
+        faults.fail("txn", key_prefix=metadata_key(log_name(0)), times=None)  # its close's
+        await v4.stop(Stopping("coordinator", limit_s=LIMIT_S))
+        faults.clear()  # the store serves again: a campaign still running wins at once
+        await wait_until(
+            lambda: not v4._tasks,
+            timeout=CANCELLED_END_S + SLACK_S,
+            what="the take-over's campaign ended",
+        )
+        assert 0 not in v4.held
+        assert await store.get(ELECTION_KEY) is None, "id 0 is held by the stopped coordinator"
+    finally:
+        listing.release()
+        faults.clear()
         await v4.stop()
         await store.close()

@@ -110,6 +110,12 @@ class HeldLogs:
         held and guarded: the next take-over is made with it. A campaign retook the key with
         a second guard (a task, a store watch), and an outage piled one up per take-over.
 
+        A take-over that fails while this task is being cancelled ends the campaign (the id
+        let go, the cancel raised): its log's clean-up close, failing, raises its error in
+        place of the cancel. Taken for a failure and retried, the campaign went on after the
+        coordinator's stop had resigned its ids and closed its session, and won the id back,
+        on a new session, for a coordinator that had stopped.
+
         From its win to its serving (or its letting go), the leadership is in
         :attr:`_taking`, for :meth:`stop` to resign: kept in this loop alone, it outlived a
         stop (the loop cancelled), and the id stayed taken until the session's lease went
@@ -134,6 +140,9 @@ class HeldLogs:
             except Exception as e:
                 if leadership is not None and await self._let_go(coordinator_id, leadership):
                     self._taking.pop(coordinator_id, None)
+                if _being_cancelled():  # (the failure came in place of the cancel)
+                    log_step_failure(f"v4 coordinator id {coordinator_id}: take-over, stopped", e)
+                    raise asyncio.CancelledError() from e
                 await retry.after(e)
                 continue
             retry.reset()
@@ -154,6 +163,8 @@ class HeldLogs:
                 await held.log.close()
             except Exception as e:  # (it is not written to any more: campaign on)
                 log_step_failure(f"v4 coordinator id {coordinator_id}: closing its log", e)
+                if _being_cancelled():  # (the failure came in place of the cancel)
+                    raise asyncio.CancelledError() from e
 
     @staticmethod
     async def _let_go(coordinator_id: int, leadership: Leadership) -> bool:
@@ -222,3 +233,10 @@ class HeldLogs:
         if leader is None:
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"v4 coordinator {txn.most} is down")
         return leader.value.decode()
+
+
+def _being_cancelled() -> bool:
+    """Whether the current task was asked to cancel (a failure it is handling may have
+    come in place of that cancel, raised by a clean-up on its way out)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
