@@ -78,7 +78,15 @@ class Stopping:
     closing under load, whose ledgers and cursors a cut would leave without their clean
     state: the CLI's ``--shutdown-timeout`` still bounds the whole), while one whose store
     stopped answering ends soon after it shows (each store call fails within its request
-    timeout)."""
+    timeout).
+
+    No limit of its own for a store that is silent without failing: etcd's calls fail
+    within their request timeout, and the in-memory store answers every call within a loop
+    turn, in the process (silent only under the fault injector's ``hold``, in tests). What
+    is not the store may still hold a close (a disk that hangs): the CLI's
+    ``--shutdown-timeout``, or an embedding caller's own timeout, bounds the whole stop. The
+    waits a close makes for its own background work are bounded where they are made
+    (:func:`~segtxn.aio.settle`, :meth:`cancel`)."""
 
     def __init__(
         self, what: str, limit_s: float | None = None, *, once_failing: bool = False

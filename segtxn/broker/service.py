@@ -250,10 +250,12 @@ class BrokerService:
         WARNING (:mod:`segtxn.stopping`). The steps take as long as they need while the
         store answers (topics closing under load keep their clean state; the CLI's
         ``--shutdown-timeout`` bounds the whole), and share one stop's time from the first
-        step the store failed. Never raises but a cancellation. (A step that raised, its
-        session's revocation refused or a snapshot log's close with the store down, was
-        raised out of here and the later steps were skipped: the store this broker
-        opened, its sessions' keep-alives and tasks, was left open.)
+        step the store failed (on the in-memory store too, which never keeps silent: a
+        limit of the broker's own would only cut topics closing under load). Never raises
+        but a cancellation. (A step that raised, its session's revocation refused or a
+        snapshot log's close with the store down, was raised out of here and the later
+        steps were skipped: the store this broker opened, its sessions' keep-alives and
+        tasks, was left open.)
 
         Its background tasks (registration, upkeep, repair), topic loads and drops (a topic
         whose ledger stopped taking appends, closing) are cancelled first and waited for
