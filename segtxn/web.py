@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import ssl
 from urllib.parse import urlsplit
 
@@ -80,12 +81,15 @@ class _Site(web.BaseSite):
         port: int,
         ssl_context: ssl.SSLContext | None,
         access_log: bool,
+        *,
+        listener: Listener | None,
     ) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._ssl = ssl_context
         self._access_log = access_log
+        self._listener = listener
 
     @property
     def name(self) -> str:
@@ -97,19 +101,24 @@ class _Site(web.BaseSite):
         if server is None:  # BaseSite already refuses a runner that is not set up
             raise RuntimeError("the runner is not set up")
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: JsonRequestHandler(
+
+        def handler() -> JsonRequestHandler:
+            return JsonRequestHandler(
                 server,
                 loop=loop,
                 access_log_class=AccessLogger,
                 access_log=_access_log(self._access_log),  # type: ignore[arg-type]
                 **HANDLER_ARGS,
-            ),
-            self._host,
-            self._port,
-            reuse_address=True,
-            ssl=self._ssl,
-        )
+            )
+
+        if self._listener is not None:
+            self._server = await loop.create_server(
+                handler, sock=self._listener.socket, ssl=self._ssl
+            )
+        else:
+            self._server = await loop.create_server(
+                handler, self._host, self._port, reuse_address=True, ssl=self._ssl
+            )
 
 
 HANDLER_GRACE_S = 5.0
@@ -119,13 +128,13 @@ a minute; WebSockets are closed before this wait)."""
 
 class ListenFailed(OSError):
     """The server could not listen on its host and port (taken, not an address of this
-    machine, not allowed)."""
+    machine, not allowed). ``reason`` says why in words (``address already in use``)."""
 
     def __init__(self, host: str, port: int, error: OSError) -> None:
         code = error.errno
         reason = os.strerror(code) if isinstance(code, int) and code > 0 else error.strerror
-        reason = (reason or str(error)).lower()
-        super().__init__(error.errno, f"cannot listen on {host}:{port}: {reason}")
+        self.reason = (reason or str(error)).lower()
+        super().__init__(error.errno, f"cannot listen on {host}:{port}: {self.reason}")
         self.host = host
         self.port = port
 
@@ -133,15 +142,73 @@ class ListenFailed(OSError):
         return str(self.strerror)
 
 
+LISTEN_BACKLOG = 128
+"""Connections the system queues for a :class:`Listener` until its server accepts them."""
+
+
+class Listener:
+    """A TCP socket listening on ``host:port`` from the moment it is made, for an
+    :class:`AppServer` to serve on (``listener=``); the server closes it when it stops.
+
+    Port 0 asks the system for a free port, and :attr:`port` says which it gave. The socket
+    holds it from then on, so the URL a server advertises (and registers in the metadata
+    store) can name the port before the server is built, and nothing can take the port
+    before the server serves on it. (A port picked by binding a socket and closing it again
+    is free only until another process binds it: the server could then not start.) A host
+    name of several addresses is listened on at the first the system gives for it.
+
+    Raises:
+        ListenFailed: the port is taken, or the host is not an address of this machine.
+    """
+
+    def __init__(self, host: str, port: int = 0) -> None:
+        self.host = host
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            self.socket = socket.socket(family, kind, proto)
+        except OSError as e:
+            raise ListenFailed(host, port, e) from e
+        try:
+            # as asyncio's create_server sets them: a restart can listen again at once, and
+            # an IPv6 address listens on IPv6 alone
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            self.socket.bind(address)
+            self.socket.listen(LISTEN_BACKLOG)
+        except OSError as e:
+            self.socket.close()
+            raise ListenFailed(host, port, e) from e
+        self.port = int(self.socket.getsockname()[1])
+
+    def close(self) -> None:
+        """Stop listening (again: nothing happens)."""
+        self.socket.close()
+
+    def __enter__(self) -> Listener:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
 class AppServer:
-    """``start()`` serves ``app`` on ``host:port`` (defaults: the advertised URL's);
-    ``stop()`` runs its shutdown and clean-up (also after a failed or interrupted start).
-    With ``tls`` (a certificate and key), it serves HTTPS only, and reloads the files when
-    they change while it runs (:class:`~segtxn.auth.ServerCertificate`). ``access_log``: a
-    line per HTTP request (:class:`AccessLogger`).
+    """``start()`` serves ``app`` on ``host:port`` (defaults: the advertised URL's), or on
+    ``listener`` (then its host and port); ``stop()`` runs its shutdown and clean-up (also
+    after a failed or interrupted start) and closes the listener. With ``tls`` (a
+    certificate and key), it serves HTTPS only, and reloads the files when they change while
+    it runs (:class:`~segtxn.auth.ServerCertificate`). ``access_log``: a line per HTTP
+    request (:class:`AccessLogger`).
+
+    The advertised URL names a port other than 0: a port the system picks is known only
+    once bound, so a server on one is given the :class:`Listener` that holds it, and
+    advertises that listener's port.
 
     Raises:
         AuthConfigError: the TLS files cannot be loaded.
+        ValueError: ``advertise_url`` names port 0.
     """
 
     def __init__(
@@ -153,11 +220,21 @@ class AppServer:
         tls: TlsSettings | None = None,
         *,
         access_log: bool = False,
+        listener: Listener | None = None,
     ) -> None:
         parts = urlsplit(advertise_url)
+        if parts.port == 0:
+            raise ValueError(
+                f"advertised URL {advertise_url}: port 0 is no port a client can reach; "
+                "listen on a Listener and advertise its port"
+            )
         self.app = app
-        self.host = host or parts.hostname or "127.0.0.1"
-        self.port = port if port is not None else (parts.port or 80)
+        self.listener = listener
+        if listener is not None:
+            self.host, self.port = listener.host, listener.port
+        else:
+            self.host = host or parts.hostname or "127.0.0.1"
+            self.port = port if port is not None else (parts.port or 80)
         self.certificate = None if tls is None else tls.server_certificate()
         if self.certificate is not None:
             app.cleanup_ctx.append(self.certificate.reloading)
@@ -179,9 +256,21 @@ class AppServer:
         await self._runner.setup()
         try:
             context = None if self.certificate is None else self.certificate.context
-            await _Site(self._runner, self.host, self.port, context, self.access_log).start()
+            site = _Site(
+                self._runner,
+                self.host,
+                self.port,
+                context,
+                self.access_log,
+                listener=self.listener,
+            )
+            await site.start()
         except OSError as e:
             raise ListenFailed(self.host, self.port, e) from e
 
     async def stop(self) -> None:
-        await self._runner.cleanup()
+        try:
+            await self._runner.cleanup()
+        finally:
+            if self.listener is not None:
+                self.listener.close()

@@ -33,7 +33,7 @@ from segtxn.broker.settings import BrokerSettings
 from segtxn.ledger.replicas import replica_routes
 from segtxn.metastore import MetadataStore, access_denied
 from segtxn.protocol.limits import MAX_REQUEST_BYTES
-from segtxn.web import AppServer
+from segtxn.web import AppServer, Listener
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -109,8 +109,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 class BrokerServer(AppServer):
-    """Runs one broker app on a host and port (``start`` / ``stop``), for the CLI,
-    ``standalone`` and tests."""
+    """Runs one broker app on a host and port, or on ``listener`` (``start`` / ``stop``),
+    for the CLI, ``standalone`` and tests. A port the system picks is a
+    :class:`~segtxn.web.Listener`'s on port 0: ``settings.advertise_url`` names its port."""
 
     def __init__(
         self,
@@ -120,6 +121,7 @@ class BrokerServer(AppServer):
         store: MetadataStore | None = None,
         *,
         access_log: bool = False,
+        listener: Listener | None = None,
     ) -> None:
         super().__init__(
             create_app(settings, store),
@@ -128,6 +130,7 @@ class BrokerServer(AppServer):
             port,
             settings.auth.tls,
             access_log=access_log,
+            listener=listener,
         )
         self.settings = settings
 

@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -19,6 +19,7 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import lifecycle
+from segtxn.cli.listening import listen_as_advertised, listen_on_a_free_port, url_of
 from segtxn.cli.logs import ACCESS_LOG, log_format_option, say
 from segtxn.cli.loops import EventLoop, event_loop_option
 from segtxn.cli.params import (
@@ -98,33 +99,6 @@ def _test_bugs() -> frozenset[str]:
     )
 
 
-def _free(host: str, *ports: int) -> list[int]:
-    """``ports`` with each 0 replaced by a port free on ``host`` now (the system picks it),
-    all different: each picked port's socket is held until every one is picked, so the
-    system cannot hand one out twice, and a picked port that is one given in ``ports`` (free,
-    since nothing listens there yet) is held and another picked. (The servers bind them a
-    moment later: another process could still take one meanwhile, as with any port picked
-    before it is listened on; the advertised URLs need the ports before the servers start.)
-
-    Raises:
-        click.BadParameter: ``host`` is not an address this machine can listen on.
-    """
-    picked: list[int] = []
-    try:
-        with contextlib.ExitStack() as held:
-            while len(picked) < ports.count(0):
-                s = held.enter_context(socket.socket())
-                s.bind((host, 0))
-                port = int(s.getsockname()[1])
-                if port not in ports:
-                    picked.append(port)
-    except OSError as e:
-        reason = (e.strerror or str(e)).lower()
-        raise click.BadParameter(f"cannot listen on {host}: {reason}", param_hint="'--host'") from e
-    chosen = iter(picked)
-    return [port or next(chosen) for port in ports]
-
-
 def _limit(_: click.Context, param: click.Parameter, value: float) -> float:
     try:
         check_limit(param.name or "value", value)
@@ -164,6 +138,10 @@ def _retention(retention_time: float, retention_size: int) -> RetentionPolicy:
 
 
 IDS = click.IntRange(1, 1024)
+PORT_HELP = (
+    "Port (default: the advertised port). 0: one the system picks, advertised in place of "
+    "the port 0 that --advertise then names (http://host:0)."
+)
 STORE_HELP = (
     "Metadata store URL: etcd://host:port[,host:port...][/namespace] (memory:// for tests)."
 )
@@ -184,7 +162,7 @@ STORE_HELP = (
     "--broker-id", default=None, help="Stable id, 1-63 of A-Z a-z 0-9 _ . - (default: host-port)."
 )
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--port", default=None, type=PORT, help="Port (default: the advertised port).")
+@click.option("--port", default=None, type=PORT, help=PORT_HELP)
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
 @click.option(
     "--session-ttl",
@@ -246,31 +224,33 @@ def broker(
     auth = auth_settings(**auth_flags)
     check_scheme(auth, advertise, "--advertise")
     parts = urlsplit(advertise)
-    try:
-        settings = BrokerSettings(
-            broker_id=broker_id or f"{parts.hostname}-{parts.port}",
-            advertise_url=advertise,
-            store_url=store,
-            store_credentials=credentials,
-            ledger_url=f"file://{prepare_data_dir(data_dir)}",
-            replication=Replication.parse(replication) if replication else None,
-            repair=repair,
-            auto_create_topics=auto_create_topics,
-            session_ttl_s=session_ttl,
-            store_timeout_s=store_timeout,
-            consumer_hold_s=consumer_hold,
-            header_watch=HeaderWatch(header_watch),
-            test_bugs=_test_bugs(),
-            retention=_retention(retention_time, retention_size),
-            auth=auth,
+    with contextlib.ExitStack() as held:
+        listener, advertise = listen_as_advertised(held, host, port, advertise)
+        try:
+            settings = BrokerSettings(
+                broker_id=broker_id or f"{parts.hostname}-{parts.port}",
+                advertise_url=advertise,
+                store_url=store,
+                store_credentials=credentials,
+                ledger_url=f"file://{prepare_data_dir(data_dir)}",
+                replication=Replication.parse(replication) if replication else None,
+                repair=repair,
+                auto_create_topics=auto_create_topics,
+                session_ttl_s=session_ttl,
+                store_timeout_s=store_timeout,
+                consumer_hold_s=consumer_hold,
+                header_watch=HeaderWatch(header_watch),
+                test_bugs=_test_bugs(),
+                retention=_retention(retention_time, retention_size),
+                auth=auth,
+            )
+        except ValueError as e:
+            raise click.UsageError(str(e)) from e
+
+        server = partial(
+            BrokerServer, settings, host=host, port=port, access_log=access_log, listener=listener
         )
-    except ValueError as e:
-        raise click.UsageError(str(e)) from e
-    _run(
-        lambda: [BrokerServer(settings, host=host, port=port, access_log=access_log)],
-        shutdown_timeout,
-        event_loop,
-    )
+        _run(lambda: [server()], shutdown_timeout, event_loop)
 
 
 @click.command()
@@ -279,7 +259,7 @@ def broker(
     "--advertise", required=True, type=SERVICE_URL, help="How clients reach it: http://host:port"
 )
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
-@click.option("--port", default=None, type=PORT, help="Port (default: the advertised port).")
+@click.option("--port", default=None, type=PORT, help=PORT_HELP)
 @click.option("--ids", default=4, show_default=True, type=IDS, help="Number of v5 coordinator ids.")
 @click.option(
     "--gc-retention",
@@ -374,8 +354,6 @@ def coordinator(
     --replication (several processes share the ids; standbys take over)."""
     credentials = store_credentials(auth_flags, store)
     auth = auth_settings(**auth_flags)
-    if pod_dns is not None:
-        advertise = pod_dns_url(advertise, pod_dns)
     check_scheme(auth, advertise, "--advertise")
     v4 = data_dir is not None or replication is not None
     refuse_unless(ctx, "v4_ids", v4, "v4 transactions need --data-dir or --replication")
@@ -383,28 +361,37 @@ def coordinator(
         replicated = Replication.parse(replication) if replication else None
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--replication") from e
-    settings = CoordinatorSettings(
-        advertise_url=advertise,
-        store_url=store,
-        store_credentials=credentials,
-        coordinator_ids=ids,
-        gc_retention_s=gc_retention,
-        gc_sweep_s=gc_sweep,
-        default_timeout_s=default_timeout,
-        timeout_sweep_s=timeout_sweep,
-        session_ttl_s=session_ttl,
-        store_timeout_s=store_timeout,
-        v4_coordinator_ids=v4_ids if v4 else 0,
-        ledger_url=f"file://{prepare_data_dir(data_dir)}" if data_dir is not None else "memory://",
-        replication=replicated,
-        repair=repair,
-        auth=auth,
-    )
-    _run(
-        lambda: [CoordinatorServer(settings, host=host, port=port, access_log=access_log)],
-        shutdown_timeout,
-        event_loop,
-    )
+    with contextlib.ExitStack() as held:
+        listener, advertise = listen_as_advertised(held, host, port, advertise)
+        if pod_dns is not None:
+            advertise = pod_dns_url(advertise, pod_dns)
+        settings = CoordinatorSettings(
+            advertise_url=advertise,
+            store_url=store,
+            store_credentials=credentials,
+            coordinator_ids=ids,
+            gc_retention_s=gc_retention,
+            gc_sweep_s=gc_sweep,
+            default_timeout_s=default_timeout,
+            timeout_sweep_s=timeout_sweep,
+            session_ttl_s=session_ttl,
+            store_timeout_s=store_timeout,
+            v4_coordinator_ids=v4_ids if v4 else 0,
+            ledger_url=f"file://{prepare_data_dir(data_dir)}" if data_dir else "memory://",
+            replication=replicated,
+            repair=repair,
+            auth=auth,
+        )
+
+        server = partial(
+            CoordinatorServer,
+            settings,
+            host=host,
+            port=port,
+            access_log=access_log,
+            listener=listener,
+        )
+        _run(lambda: [server()], shutdown_timeout, event_loop)
 
 
 @click.command()
@@ -468,43 +455,51 @@ def standalone(
             "a port each",
             param_hint="'--coordinator-port'",
         )
-    port, coordinator_port = _free(host, port, coordinator_port or 0)
     ledger_url = f"file://{prepare_data_dir(data_dir)}" if data_dir else "memory://"
-    try:
-        broker_settings = BrokerSettings(
-            broker_id="standalone",
-            advertise_url=f"{scheme}://{host}:{port}",
+    with contextlib.ExitStack() as held:
+        # port 0: each listens from now on, on a port the system picks (not the other's)
+        node_listener = listen_on_a_free_port(held, host, coordinator_port) if not port else None
+        txn_listener = listen_on_a_free_port(held, host, port) if not coordinator_port else None
+        port = node_listener.port if node_listener else port
+        coordinator_port = txn_listener.port if txn_listener else coordinator_port or 0
+        try:
+            broker_settings = BrokerSettings(
+                broker_id="standalone",
+                advertise_url=url_of(scheme, host, port),
+                store_url=store,
+                store_credentials=credentials,
+                ledger_url=ledger_url,
+                auto_create_topics=auto_create_topics,
+                store_timeout_s=store_timeout,
+                test_bugs=_test_bugs(),
+                retention=_retention(retention_time, retention_size),
+                auth=auth,
+            )
+        except ValueError as e:
+            raise click.UsageError(str(e)) from e
+        coordinator_settings = CoordinatorSettings(
+            advertise_url=url_of(scheme, host, coordinator_port),
             store_url=store,
             store_credentials=credentials,
-            ledger_url=ledger_url,
-            auto_create_topics=auto_create_topics,
             store_timeout_s=store_timeout,
-            test_bugs=_test_bugs(),
-            retention=_retention(retention_time, retention_size),
+            v4_coordinator_ids=2,
+            ledger_url=f"file://{(data_dir / 'txn-log').resolve()}" if data_dir else "memory://",
             auth=auth,
         )
-    except ValueError as e:
-        raise click.UsageError(str(e)) from e
-    coordinator_settings = CoordinatorSettings(
-        advertise_url=f"{scheme}://{host}:{coordinator_port}",
-        store_url=store,
-        store_credentials=credentials,
-        store_timeout_s=store_timeout,
-        v4_coordinator_ids=2,
-        ledger_url=f"file://{(data_dir / 'txn-log').resolve()}" if data_dir else "memory://",
-        auth=auth,
-    )
 
-    def servers() -> list[Server]:
-        node = BrokerServer(broker_settings, host=host, port=port, access_log=access_log)
-        # one process, one store: a memory:// URL opened twice would be two unrelated stores
-        txn = CoordinatorServer(
-            coordinator_settings,
-            host=host,
-            port=coordinator_port,
-            store=node.service.store,
-            access_log=access_log,
-        )
-        return [node, txn]
+        def servers() -> list[Server]:
+            node = BrokerServer(
+                broker_settings, host=host, port=port, access_log=access_log, listener=node_listener
+            )
+            # one process, one store: a memory:// URL opened twice would be two unrelated ones
+            txn = CoordinatorServer(
+                coordinator_settings,
+                host=host,
+                port=coordinator_port,
+                store=node.service.store,
+                access_log=access_log,
+                listener=txn_listener,
+            )
+            return [node, txn]
 
-    _run(servers, shutdown_timeout, event_loop)
+        _run(servers, shutdown_timeout, event_loop)

@@ -57,7 +57,7 @@ from segtxn.protocol.names import InvalidTopicName, TopicName, client_name_probl
 from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.stopping import Stopping
 from segtxn.topics.transactions import TxnHeader
-from segtxn.web import AppServer, relay
+from segtxn.web import AppServer, Listener, relay
 
 log = logging.getLogger(__name__)
 
@@ -395,6 +395,10 @@ def create_app(
 
 
 class CoordinatorServer(AppServer):
+    """Runs one coordinator app on a host and port, or on ``listener`` (``start`` /
+    ``stop``). A port the system picks is a :class:`~segtxn.web.Listener`'s on port 0:
+    ``settings.advertise_url`` names its port."""
+
     def __init__(
         self,
         settings: CoordinatorSettings,
@@ -403,6 +407,7 @@ class CoordinatorServer(AppServer):
         store: MetadataStore | None = None,
         *,
         access_log: bool = False,
+        listener: Listener | None = None,
     ) -> None:
         super().__init__(
             create_app(settings, store),
@@ -411,6 +416,7 @@ class CoordinatorServer(AppServer):
             port,
             settings.auth.tls,
             access_log=access_log,
+            listener=listener,
         )
         self.settings = settings
 

@@ -106,6 +106,9 @@ USAGE_ERRORS = [
     ([*BROKER, "--session-ttl", "0"], "0.0 is not in the range 0<x<="),
     ([*BROKER, "--session-ttl", "nan"], "'nan' is not a number"),
     ([*BROKER, "--port", "65536"], "65536 is not in the range 0<=x<=65535"),
+    # a port the system picks: no --advertise but one of port 0 can name it before it is picked
+    ([*BROKER, "--port", "0"], "'--port': 0 listens on a port the system picks, which --advert"),
+    ([*COORDINATOR, "--port", "0"], "advertise port 0 (http://h:0) to advertise the port picked"),
     (["broker", "--store", "memory://", "--advertise", "http://h:1"], "option '--data-dir'"),
     (["standalone", "--host", "999.1.1.1"], "'--host': cannot listen on 999.1.1.1: name or"),
     (["standalone", "--host", "192.0.2.1"], "cannot listen on 192.0.2.1: cannot assign requested"),

@@ -20,6 +20,7 @@ from segtxn.cli.loops import EventLoop
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
 from segtxn.ledger.replicas import RepairSettings
+from segtxn.web import Listener
 
 BROKER = ["broker", "--store", "memory://", "--advertise", "http://127.0.0.1:9"]
 
@@ -249,3 +250,63 @@ def test_standalone_picks_free_ports_that_do_not_collide(
     assert broker != coordinator, (broker, coordinator)
     if explicit is not None:
         assert (broker if explicit == "--port" else coordinator) == int(given)
+
+
+def _taken_by_another_socket(url: str) -> bool:
+    """Whether a socket of someone else's could bind the port ``url`` names, now."""
+    with socket.socket() as intruder:
+        try:
+            intruder.bind(("127.0.0.1", int(url.rsplit(":", 1)[1])))
+        except OSError:
+            return False
+        return True
+
+
+HERE = ["--host", "127.0.0.1"]
+ZERO = ["--advertise", "http://127.0.0.1:0", *HERE]
+BROKER_0 = ["broker", "--store", "memory://", "--data-dir", "{tmp}", *ZERO]
+COORDINATOR_0 = ["coordinator", "--store", "memory://", *ZERO]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["standalone", "--port", "0", "--coordinator-port", "0", *HERE],
+        ["standalone", "--port", "0", *HERE],
+        BROKER_0,
+        [*BROKER_0, "--port", "0"],
+        COORDINATOR_0,
+        [*COORDINATOR_0, "--port", "0"],
+    ],
+    ids=" ".join,
+)
+def test_port_0_is_held_from_its_pick_until_the_server_serves_on_it(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Port 0 (``--port 0``, standalone's ``--coordinator-port``, an advertised port 0) once
+    meant a port picked by binding a socket and closing it again, and the servers bound it
+    a moment later: another process could take it meanwhile, and the server failed to
+    start (address in use). Here another socket tries to take each advertised port between
+    the pick and the servers' start: it cannot, the port is held by the listener the
+    server is given to serve on, and the URL advertised names it (not port 0)."""
+    made: list[tuple[str, Listener | None]] = []  # (advertised URL, listener)
+    taken: list[str] = []
+
+    class Server:
+        def __init__(self, settings: Any, *, listener: Listener | None, **_: Any) -> None:
+            made.append((settings.advertise_url, listener))
+            self.service = SimpleNamespace(store=None)  # standalone shares it
+
+    def run(make: Callable[[], list[Any]], *_: Any) -> None:  # where the servers would start
+        make()
+        taken.extend(url for url, _ in made if _taken_by_another_socket(url))
+
+    monkeypatch.setattr(servers, "BrokerServer", Server)
+    monkeypatch.setattr(servers, "CoordinatorServer", Server)
+    monkeypatch.setattr(servers, "_run", run)
+    code, out = invoke(*(a.replace("{tmp}", str(tmp_path)) for a in args))
+    assert code == 0, out
+    assert len(made) == (2 if args[0] == "standalone" else 1), made
+    for url, listener in made:
+        assert listener is not None and url == f"http://127.0.0.1:{listener.port}", made
+    assert taken == [], f"another socket could take the port of {taken}"

@@ -22,10 +22,12 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import click
 import pytest
 
 from segtxn.cli import lifecycle, loops
+from segtxn.client import Client
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 from tests.processes import SEGTXN, wait_ready
 from tests.waiting import wait_until
@@ -356,6 +358,70 @@ def test_a_taken_port_is_one_line(tmp_path: Path, runs: list[Run]) -> None:
         f"Error: broker standalone could not start: cannot listen on 127.0.0.1:{port}: "
         "address already in use"
     ]
+
+
+SERVING = re.compile(r"^serving: (?P<what>.+?) on (?P<url>https?://\S+) \(", re.MULTILINE)
+
+
+async def serving(run: Run, servers: int) -> dict[str, str]:
+    """What each of ``servers`` servers of ``run`` says it serves as, and its URL, once all
+    have said it."""
+
+    def said() -> bool:
+        if run.proc.poll() is not None:
+            raise AssertionError(f"exited {run.proc.returncode}: {run.stderr_path.read_text()}")
+        return len(SERVING.findall(run.stderr_path.read_text())) == servers
+
+    await wait_until(said, timeout=START_S, what=f"{servers} 'serving:' lines")
+    return {m["what"]: m["url"] for m in SERVING.finditer(run.stderr_path.read_text())}
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+async def test_standalone_on_port_0_serves_on_the_ports_it_reports(
+    tmp_path: Path, runs: list[Run]
+) -> None:
+    """Each listens on a port the system picks; the URLs printed and registered name them
+    (the picks were held from the first: nothing could take them before the servers)."""
+    runs.append(run := Run(tmp_path, "standalone", "--port", "0", "--coordinator-port", "0"))
+    said = await serving(run, 2)
+    broker, coordinator = said["broker standalone"], said["transaction coordinator"]
+    assert 0 not in (_port(broker), _port(coordinator)), said
+    assert _port(broker) != _port(coordinator), said
+    await wait_ready(broker, "the broker", START_S)
+    await wait_ready(coordinator, "the coordinator", START_S)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{broker}/lookup/v2/coordinators") as answer:
+            assert await answer.json() == {"coordinators": [coordinator]}  # as registered
+        async with Client(broker) as client:  # the coordinator is found through the store
+            await client.admin.create_topic("persistent://acme/ports/t")
+            async with http.get(f"{broker}/lookup/v2/topic/persistent/acme/ports/t") as answer:
+                assert broker in await answer.text()  # the broker's URL, as registered
+            txn = await client.transaction(timeout_s=60).start()
+            await txn.commit()
+            assert await txn.status() == "COMMITTED"
+    run.signal(signal.SIGTERM)
+    code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
+    assert code == 0, lines
+
+
+@pytest.mark.parametrize("command", ["broker", "coordinator"])
+async def test_a_server_advertising_port_0_advertises_the_port_it_got(
+    command: str, tmp_path: Path, runs: list[Run]
+) -> None:
+    """``--advertise http://host:0``: listen on a port the system picks, and advertise it
+    (it listened on port 80 and advertised port 0)."""
+    args = server_args(command, "memory://", tmp_path)
+    args[args.index("--advertise") + 1] = "http://127.0.0.1:0"
+    runs.append(run := Run(tmp_path, *args))
+    [(_, url)] = (await serving(run, 1)).items()
+    assert _port(url) != 0, url
+    await wait_ready(url, command, START_S)
+    run.signal(signal.SIGTERM)
+    code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
+    assert code == 0, lines
 
 
 # ------------------------------------------------------------------ the operator
