@@ -34,6 +34,7 @@ from segtxn.cli.params import (
     refuse_unless,
 )
 from segtxn.cli.repairs import repair_options
+from segtxn.cli.retention import retention, retention_options
 from segtxn.cli.security import (
     auth_options,
     auth_settings,
@@ -44,9 +45,7 @@ from segtxn.cli.security import (
 from segtxn.cli.traces import trace_option
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
-from segtxn.ledger import RetentionPolicy
 from segtxn.ledger.replicas import RepairSettings, Replication
-from segtxn.ledger.retention import DEFAULT_RETENTION_TIME_S, NO_LIMIT, check_limit
 
 log = logging.getLogger(__name__)
 
@@ -97,44 +96,6 @@ def _test_bugs() -> frozenset[str]:
     return frozenset(
         b.strip() for b in os.environ.get("SEGTXN_TEST_BUGS", "").split(",") if b.strip()
     )
-
-
-def _limit(_: click.Context, param: click.Parameter, value: float) -> float:
-    try:
-        check_limit(param.name or "value", value)
-    except ValueError:
-        raise click.BadParameter(f"must be -1 (no limit) or >= 0, not {value}") from None
-    return value
-
-
-def _retention_options(command: F) -> F:
-    """``--retention-time`` and ``--retention-size``: the broker-wide retention policy."""
-    size = click.option(
-        "--retention-size",
-        default=NO_LIMIT,
-        show_default=True,
-        type=int,
-        callback=_limit,
-        metavar="BYTES",
-        help="Also delete a consumed ledger once the consumed data newer than it reaches "
-        "this many bytes (-1: no size limit).",
-    )
-    time = click.option(
-        "--retention-time",
-        default=DEFAULT_RETENTION_TIME_S,
-        show_default=True,
-        type=float,
-        callback=_limit,
-        metavar="SECONDS",
-        help="Delete a ledger every subscription has consumed once it closed this long ago "
-        "(-1: no time limit; 0: once consumed). Without subscriptions, keep data this long "
-        "(0 or -1: forever). Unconsumed data is never deleted.",
-    )
-    return time(size(command))
-
-
-def _retention(retention_time: float, retention_size: int) -> RetentionPolicy:
-    return RetentionPolicy(retention_time_s=retention_time, retention_bytes=retention_size)
 
 
 IDS = click.IntRange(1, 1024)
@@ -194,7 +155,7 @@ STORE_HELP = (
     "(e.g. 3/2; A at most a majority of W). Default: each ledger on its broker's disk only.",
 )
 @repair_options(broker=True)
-@_retention_options
+@retention_options
 @_lifecycle_options
 @auth_options
 def broker(
@@ -241,7 +202,7 @@ def broker(
                 consumer_hold_s=consumer_hold,
                 header_watch=HeaderWatch(header_watch),
                 test_bugs=_test_bugs(),
-                retention=_retention(retention_time, retention_size),
+                retention=retention(retention_time, retention_size),
                 auth=auth,
             )
         except ValueError as e:
@@ -417,7 +378,7 @@ def coordinator(
     help="Coordinator port (default or 0: a free one).",
 )
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
-@_retention_options
+@retention_options
 @_lifecycle_options
 @auth_options
 @trace_option
@@ -472,7 +433,7 @@ def standalone(
                 auto_create_topics=auto_create_topics,
                 store_timeout_s=store_timeout,
                 test_bugs=_test_bugs(),
-                retention=_retention(retention_time, retention_size),
+                retention=retention(retention_time, retention_size),
                 auth=auth,
             )
         except ValueError as e:
