@@ -215,11 +215,21 @@ async def settle(
     still running at the end is left to end by itself. A cancel of the caller meanwhile
     cancels ``task`` too (sharing that cancel's grace), waits likewise, and is raised.
 
+    Called while the caller unwinds from a cancel (in an ``except`` or ``finally``: a
+    topic's close cut by a stop's time limit closes its parts in its handler), it waits
+    what is left of that cancel's grace at most, ``within_s`` or less, as a
+    :func:`run_to_end` step would: one cancel, one grace. It waited ``within_s`` there, and
+    the cut close ended :data:`SETTLE_S` (per snapshot in flight) after the cancel.
+
     Why: a close awaited its snapshot in flight without a bound, and a store that never
     answered the snapshot's write (or a write whose answer was lost, on the in-memory
     store) held the close, and a broker's stop, for ever."""
+    loop = asyncio.get_running_loop()
+    unwinding = _unwinding()
+    if unwinding is not None:
+        within_s = min(within_s, _grace_ends(unwinding, loop.time() + grace_s) - loop.time())
     try:
-        await asyncio.wait([task], timeout=within_s)
+        await asyncio.wait([task], timeout=max(0.0, within_s))
     except asyncio.CancelledError:
         cancel(task, grace_s=grace_s)
         await _ended(task, grace_s)
@@ -233,9 +243,14 @@ async def settle(
 
 
 async def _ended(task: asyncio.Task[Any], grace_s: float) -> None:
-    """Wait for a cancelled ``task`` its grace and a moment (to end at its next await) at
-    most; its failure is retrieved whenever it ends."""
+    """Wait for a cancelled ``task`` its grace (what is left of it, when the caller
+    unwinds from a cancel: the grace :func:`cancel` passed on to ``task``) and a moment
+    (to end at its next await) at most; its failure is retrieved whenever it ends."""
     task.add_done_callback(_retrieve)
+    loop = asyncio.get_running_loop()
+    unwinding = _unwinding()
+    if unwinding is not None:
+        grace_s = max(0.0, _grace_ends(unwinding, loop.time() + grace_s) - loop.time())
     await asyncio.wait([task], timeout=grace_s + CANCELLED_MOMENT_S)
 
 

@@ -355,3 +355,32 @@ async def test_settle_cancelled_cancels_the_write_with_the_callers_cancel() -> N
         with pytest.raises(asyncio.CancelledError):
             await caller
     assert write.cancelled()
+
+
+async def test_settle_while_a_cancel_unwinds_waits_within_that_cancels_grace() -> None:
+    """A topic's close cut by a cancel (a stop past its ``--shutdown-timeout``) closes its
+    transaction buffer and settles its publishing in the handler, sharing what is left of
+    the cancel's grace: a snapshot in flight was waited for its whole ``SETTLE_S`` there, and
+    the close ended that long after the cancel, not within its one grace."""
+    grace_s = 0.5
+    never = asyncio.Event()
+    write = asyncio.create_task(run_to_end(never.wait(), name="snapshot", grace_s=grace_s))
+
+    async def closing() -> None:
+        try:
+            await never.wait()  # (the cancel is taken here: a subscription's close)
+        except asyncio.CancelledError:
+            await settle(write, 30.0, grace_s=grace_s)
+            raise
+
+    caller = asyncio.create_task(closing())
+    await asyncio.sleep(0)  # sleep-ok: one loop step: the caller and the write wait
+    loop = asyncio.get_running_loop()
+    cancelled_at = loop.time()
+    caller.cancel()
+    async with asyncio.timeout(40):
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+    took = loop.time() - cancelled_at
+    assert took < 2 * grace_s, f"{took:.2f} s after the cancel: not within its grace"
+    assert write.cancelled()
