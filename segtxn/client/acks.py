@@ -22,7 +22,10 @@ Each ack keeps its own deadline and its own answer:
   frames first (a topic handed to another broker keeps its acks). Only when the stream
   cannot reach a broker again does every ack still awaited fail, at once
   (:meth:`Acknowledgments.lost`): nothing can answer it meanwhile, and waiting out its
-  timeout kept a caller (``segtxn consume`` of a dead broker) 30 s for nothing;
+  timeout kept a caller (``segtxn consume`` of a dead broker) 30 s for nothing. A stream that
+  stops reconnecting for good (a refusal it would meet again, a broker certificate the client
+  does not trust) fails them too, and every ack made after it, at once
+  (:meth:`Acknowledgments.end`);
 - cumulative acks are never gathered (one frame each, as they were asked);
 - frames leave in the order their acks were made: only acks made one after the other with
   the same (transaction, epoch) share a frame. On an ordered subscription a transaction
@@ -107,6 +110,9 @@ class Acknowledgments:
         """Acks not yet taken, in the order they were made."""
         self._in_flight: dict[int, _Request] = {}
         self._expiries: Expiries[_Waiter] = Expiries(self._expire, _pending)
+        self._ended: tuple[str, BaseException] | None = None
+        """Why the stream stopped reconnecting, and the error it stopped with (:meth:`end`):
+        an ack made since fails at once."""
 
     def submit(
         self,
@@ -125,12 +131,15 @@ class Acknowledgments:
 
         The future fails with ServerError (refused), Timeout (OUTCOME_UNKNOWN: no receipt by
         ``deadline``; it may have been applied; it is sent again after a reconnect only
-        inside a frame other acks still wait for), ConnectionLost (:meth:`lost`) or
-        ClientClosed.
+        inside a frame other acks still wait for), ConnectionLost (:meth:`lost`; at once
+        after :meth:`end`) or ClientClosed.
         """
         positions = [(i.ledger_id, i.entry_id) for i in ids]
         future = asyncio.get_running_loop().create_future()
         waiter = _Waiter(positions, future, deadline, traceparent, placed)
+        if self._ended is not None:  # nothing will ever write it
+            future.set_exception(self._connection_lost(waiter, False, *self._ended))
+            return future
         self._gather(_Run((txn, epoch), cumulative, cumulative, [waiter]))
         if deadline.at is not None:
             self._expiries.add(deadline.at, waiter)
@@ -241,20 +250,32 @@ class Acknowledgments:
         self._gathering.clear()
         lost = f"the connection to {broker_url} was lost and {why}"
         for waiter, written in failing:
-            if waiter.future.done():
-                continue
-            what = f"acknowledgment of {len(waiter.positions)} message(s) on {self._what}"
-            error = (
-                ConnectionLost(
-                    f"{what}: no receipt: {lost}; it may or may not have been applied "
-                    "(acknowledging it again is harmless)",
-                    category=ErrorCategory.OUTCOME_UNKNOWN,
-                )
-                if written
-                else ConnectionLost(f"{what}: not sent: {lost}", category=ErrorCategory.RETRIABLE)
+            if not waiter.future.done():
+                waiter.future.set_exception(self._connection_lost(waiter, written, lost, cause))
+
+    def end(self, broker_url: str, why: str, cause: BaseException) -> None:
+        """The stream stopped reconnecting for good (``why``; ``cause``, the error it
+        stopped with: a refusal, a certificate not trusted): :meth:`lost`, and every ack
+        made from now on fails at once with ConnectionLost (RETRIABLE: never sent), as no
+        connection will ever carry it."""
+        self.lost(broker_url, why, cause)
+        self._ended = (f"the connection to {broker_url} was lost and {why}", cause)
+
+    def _connection_lost(
+        self, waiter: _Waiter, written: bool, lost: str, cause: BaseException
+    ) -> ConnectionLost:
+        what = f"acknowledgment of {len(waiter.positions)} message(s) on {self._what}"
+        error = (
+            ConnectionLost(
+                f"{what}: no receipt: {lost}; it may or may not have been applied "
+                "(acknowledging it again is harmless)",
+                category=ErrorCategory.OUTCOME_UNKNOWN,
             )
-            error.__cause__ = cause
-            waiter.future.set_exception(error)
+            if written
+            else ConnectionLost(f"{what}: not sent: {lost}", category=ErrorCategory.RETRIABLE)
+        )
+        error.__cause__ = cause
+        return error
 
     def close(self) -> None:
         """Fail every ack still awaited with ClientClosed."""

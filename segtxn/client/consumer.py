@@ -192,6 +192,8 @@ class Consumer(Acknowledging, SegmentFollowing, Closable):
         Raises:
             Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
             ServerError: the subscription became unusable (e.g. the topic was deleted).
+            CertificateError: reconnecting met a broker certificate the client does not
+                trust (it does not retry).
             TypeError / ValueError: ``timeout_s`` is not None or a finite number >= 0.
             ClientClosed: the consumer was closed, before the call or while it waited
                 (``async for`` then ends).

@@ -125,12 +125,14 @@ class Timeout(ClientError, TimeoutError):
 
 
 class ConnectionLost(ClientError):
-    """A request on a broker's connection (an acknowledgment) has no answer and will get
-    none: the connection was lost, and the broker could not be reached again (refused, no
-    answer in time). It fails then, rather than at its timeout, since nothing can answer it
-    meanwhile. ``category`` says what is known: ``OUTCOME_UNKNOWN`` when it was written
-    (the broker may have applied it), ``RETRIABLE`` when it never left the client. Raised
-    ``from`` the error the last attempt to reach the broker failed with."""
+    """A request on a broker's connection (an acknowledgment, a producer's send) has no
+    answer and will get none: the connection was lost, and the broker could not be reached
+    again (refused, no answer in time), or reconnecting failed for good (a refusal, a
+    broker certificate the client does not trust: a :class:`CertificateError`). It fails
+    then, rather than at its timeout, since nothing can answer it meanwhile. ``category``
+    says what is known: ``OUTCOME_UNKNOWN`` when it was written (the broker may have
+    applied it), ``RETRIABLE`` when it never left the client. Raised ``from`` the error the
+    last attempt to reach the broker failed with."""
 
     def __init__(self, message: str, *, category: ErrorCategory) -> None:
         super().__init__(message)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from segtxn.aio import Window
-from segtxn.client.errors import ClientError, Timeout
+from segtxn.client.errors import ClientError, ConnectionLost, Timeout
 from segtxn.client.messages import MessageId
 from segtxn.client.timeouts import Deadline, Expiries
 from segtxn.client.transaction import Transaction
@@ -156,6 +156,31 @@ class InFlight:
         for seq in list(self._table):
             self.settle(seq, error=error)
         self._expiries.clear()
+
+    def lost(self, producer: str, lost: str, cause: BaseException) -> None:
+        """The producer's connection was lost and ``lost`` says why no broker will answer
+        (``cause``, the error of the last attempt): every message in flight fails now
+        with ConnectionLost, rather than at its send timeout, and is not sent again (its
+        caller was told; its seq is left a gap, which the broker's de-duplication allows).
+        One written (the broker may have stored it) is OUTCOME_UNKNOWN, one never written
+        RETRIABLE."""
+        for seq, pending in list(self._table.items()):
+            if pending.written:
+                error = ConnectionLost(
+                    f"{producer}: message {seq}: no receipt: {lost}; it was sent, and may "
+                    "or may not have been stored: sending it again may store it twice "
+                    "(the broker de-duplicates only the producer's own re-sends)",
+                    category=ErrorCategory.OUTCOME_UNKNOWN,
+                )
+            else:
+                error = ConnectionLost(
+                    f"{producer}: message {seq} was not sent: {lost}; nothing was stored: "
+                    "sending it again is safe",
+                    category=ErrorCategory.RETRIABLE,
+                )
+            error.__cause__ = cause
+            self.settle(seq, error=error)
+        self._unsent.clear()
 
     def _expire(self, seq: int) -> None:
         """The send timeout of ``seq``: it is given up (even one its caller cancelled,

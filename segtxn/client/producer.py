@@ -36,7 +36,13 @@ from segtxn.aio import first_completed
 from segtxn.client.closables import Closable
 from segtxn.client.commitchannel import CommitChannel
 from segtxn.client.connection import Connector, server_frames
-from segtxn.client.errors import ClientClosed, ClientError, MessageTooLarge, Timeout
+from segtxn.client.errors import (
+    CertificateError,
+    ClientClosed,
+    ClientError,
+    MessageTooLarge,
+    Timeout,
+)
 from segtxn.client.inflight import InFlight, Pending
 from segtxn.client.messages import MessageId, check_outgoing
 from segtxn.client.poisoning import poisons
@@ -187,9 +193,8 @@ class Producer(Closable):
         self._trouble = None
         return ws
 
-    async def _run(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        delay = 0.05
-        while True:
+    async def _run(self, ws: aiohttp.ClientWebSocketResponse | None) -> None:
+        while ws is not None:
             try:
                 await first_completed(self._write(ws), self._read(ws), name=f"producer-{self.name}")
             except FATAL as e:
@@ -206,25 +211,39 @@ class Producer(Closable):
                 await close_quietly(ws.close())
             if self._closed:
                 return
-            while True:  # reconnect, backing off
-                await asyncio.sleep(delay)
-                try:
-                    async with asyncio.timeout(self._connector.timeouts.request_timeout_s):
-                        ws = self._ws = await self._connect()
-                    self.reconnects += 1
-                    delay = 0.05
-                    break
-                except ProducerBusy as e:  # the broker has not seen our old connection go:
-                    self._trouble = f"reconnecting: {e.name}: {e.message}"  # it will, in time
-                except FATAL as e:
-                    self._fail_all(e)
-                    return
-                except ServerError as e:
-                    self._trouble = f"reconnecting: {e.name}: {e.message}"
-                except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
-                    log.info("producer %s: reconnecting failed: %r", self.name, e)
-                    self._trouble = f"reconnecting: {e!r}"
-                delay = min(delay * 2, self.options.reconnect_max_s)
+            ws = await self._reconnect()
+
+    async def _reconnect(self) -> aiohttp.ClientWebSocketResponse | None:
+        """Connect again, backing off, until it succeeds (the new connection) or it is
+        refused for good (None: every send in flight, and each one made later, fails)."""
+        delay = 0.05
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                async with asyncio.timeout(self._connector.timeouts.request_timeout_s):
+                    ws = self._ws = await self._connect()
+                self.reconnects += 1
+                return ws
+            except ProducerBusy as e:  # the broker has not seen our old connection go:
+                self._trouble = f"reconnecting: {e.name}: {e.message}"  # it will, in time
+            except FATAL as e:
+                self._fail_all(e)
+                return None
+            except CertificateError as e:  # retrying cannot help: say so, not time out
+                log.warning("producer %s: reconnecting failed for good: %s", self.name, e)
+                self._trouble = f"reconnecting: {e}"
+                self._in_flight.lost(self.name, self._lost(f"TLS failed ({e})"), e)
+                self._failure = e  # a send made later raises it
+                return None
+            except ServerError as e:
+                self._trouble = f"reconnecting: {e.name}: {e.message}"
+            except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+                log.info("producer %s: reconnecting failed: %r", self.name, e)
+                self._trouble = f"reconnecting: {e!r}"
+            delay = min(delay * 2, self.options.reconnect_max_s)
+
+    def _lost(self, why: str) -> str:
+        return f"the connection to {self._broker} was lost and {why}"
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         options = self.options
@@ -295,6 +314,10 @@ class Producer(Closable):
             ServerError: the broker refused this message (e.g. TopicTerminatedError).
             Timeout: not done within ``send_timeout_s`` of the call (OUTCOME_UNKNOWN once
                 it was queued: it may have been stored).
+            ConnectionLost: the connection was lost and reconnecting met a broker
+                certificate the client does not trust (OUTCOME_UNKNOWN if it was written:
+                it may have been stored; else RETRIABLE: it was not). The producer's later
+                sends raise that CertificateError.
             ClientClosed: the producer was closed.
             TransactionEnded: ``txn`` has ended (committed, or aborted, perhaps by an
                 ``abort()`` that stopped waiting while this send waited for room): nothing

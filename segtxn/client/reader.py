@@ -73,6 +73,8 @@ class Reader(Closable):
             TopicEnded: everything was read (sealed topic, or past ``end``); raised again on
                 every later call.
             Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
+            ServerError / CertificateError: reconnecting failed for good (the topic was
+                deleted; a broker certificate the client does not trust).
             ClientClosed: the reader was closed, before the call or while it waited.
         """
         self._check_open()

@@ -33,6 +33,7 @@ import msgspec
 
 from segtxn.client.acks import request_ids
 from segtxn.client.connection import Connector, server_frames
+from segtxn.client.errors import CertificateError
 from segtxn.client.messages import Message, MessageId
 from segtxn.client.streamwrites import StreamWrites
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
@@ -210,7 +211,10 @@ class MessageStream(StreamWrites):
                     delay = 0.05
                     break
                 except FATAL as e:
-                    self._deliver.put_nowait(e)
+                    self._end(e, f"the broker refused it ({e.name}: {e.message})")
+                    return
+                except CertificateError as e:  # retrying cannot help: say so, not hang
+                    self._end(e, f"TLS failed ({e})")
                     return
                 except ServerError as e:  # not one that ends the stream: back off and retry
                     self._refused(e, told)
@@ -224,6 +228,16 @@ class MessageStream(StreamWrites):
                         self._broker, f"attaching again failed ({why_unreachable(e)})", e
                     )
                 delay = min(delay * 2, 2.0)
+
+    def _end(self, error: ServerError | CertificateError, why: str) -> None:
+        """Attaching again failed for good with ``error`` (a refusal retrying would meet
+        again, or a certificate the client does not trust): ``receive`` raises it, and
+        every ack still awaited, or made from now on, fails at once with ConnectionLost
+        saying ``why`` (they would otherwise wait out their timeouts on a stream that
+        no longer reconnects)."""
+        log.warning("%s on %s: attaching again failed for good: %s", self._kind, self.topic, error)
+        self._acks.end(self._broker, f"attaching again failed for good: {why}", error)
+        self._deliver.put_nowait(error)
 
     def _refused(self, error: ServerError, told: set[tuple[str, str]]) -> None:
         """Log a reconnection's refusal (the broker says to retry: the topic is unloaded,

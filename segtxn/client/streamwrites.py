@@ -156,7 +156,9 @@ class StreamWrites:
                 it is sent again after a reconnect only inside a frame other acks still
                 wait for).
             ConnectionLost: the connection was lost and the stream could not reach a
-                broker again (OUTCOME_UNKNOWN if the ack was written, else RETRIABLE).
+                broker again (OUTCOME_UNKNOWN if the ack was written, else RETRIABLE), or
+                stopped reconnecting for good (a refusal, a certificate not trusted: also
+                at once for an ack made after that).
             ClientClosed: the stream closed first.
         """
         return self._acks.submit(
