@@ -23,6 +23,7 @@ from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
 from segtxn.client import (
     Client,
+    ClientError,
     ConnectionLost,
     ErrorCategory,
     Message,
@@ -87,14 +88,16 @@ def produce(
     """
     refuse_unless(ctx, "size", message is None, "-m gives the payload")
     _check_name("producer", name, "'--name'")
-    sent = stored = refused = 0
+    sent = stored = refused = unsent = 0
 
     def progress() -> str:
         said = f"{stored:,} of {count:,} messages stored"
         if refused:
             said += f"; {refused:,} refused"
-        if unknown := sent - stored - refused:
+        if unknown := sent - stored - refused - unsent:
             said += f"; {unknown:,} more sent, whether they were stored is unknown"
+        if unsent:
+            said += f"; {unsent:,} never sent (not stored)"
         return said
 
     async def body(client: Client) -> dict[str, Any]:
@@ -115,7 +118,7 @@ def produce(
                 retrieved here, so none is logged again when the client closes)."""
                 if future.cancelled():
                     return
-                nonlocal stored, refused
+                nonlocal stored, refused, unsent
                 error = future.exception()
                 if error is None:
                     stored += 1
@@ -125,6 +128,8 @@ def produce(
                     error.category is not ErrorCategory.OUTCOME_UNKNOWN
                 ):
                     refused += 1  # the broker said no: not stored
+                elif isinstance(error, ClientError) and error.retriable:
+                    unsent += 1  # never written (its broker could not be reached)
                 if not failed:
                     failed.append(error)
 

@@ -12,7 +12,9 @@ With batching, messages queued while a frame is being written travel together in
 ``SendBatch`` frame (``batch_delay_s`` may hold a batch open a little longer).
 
 Time limits: a send ends within ``send_timeout_s`` of the call, room in the window and
-(in a transaction) its registration with the coordinator included; creating a producer
+(in a transaction) its registration with the coordinator included, and sooner when its
+connection is lost and no broker can be reached for the client's ``request_timeout_s``
+(``ConnectionLost``: a broker restarting within it loses nothing); creating a producer
 retries a broker that is down or restarting until the client's operation timeout;
 ``flush`` and ``close`` take a ``timeout_s`` (docs/protocol.md, "Client time limits").
 Scalable topics: :mod:`segtxn.client.scalable`. The settings:
@@ -45,6 +47,7 @@ from segtxn.client.errors import (
 )
 from segtxn.client.inflight import InFlight, Pending
 from segtxn.client.messages import MessageId, check_outgoing
+from segtxn.client.outage import Outage
 from segtxn.client.poisoning import poisons
 from segtxn.client.producer_options import ProducerOptions, new_name
 from segtxn.client.spans import send_span, send_span_ends
@@ -215,10 +218,18 @@ class Producer(Closable):
 
     async def _reconnect(self) -> aiohttp.ClientWebSocketResponse | None:
         """Connect again, backing off, until it succeeds (the new connection) or it is
-        refused for good (None: every send in flight, and each one made later, fails)."""
+        refused for good (None: every send in flight, and each one made later, fails).
+        While no broker can be reached, :class:`~segtxn.client.outage.Outage` says when
+        the sends in flight stop waiting for one."""
+        loop = asyncio.get_running_loop()
+        outage = Outage(
+            self._connector.timeouts.request_timeout_s,
+            lambda why, e: self._in_flight.lost(self.name, self._lost(why), e),
+        )
         delay = 0.05
         while True:
             await asyncio.sleep(delay)
+            attempt = loop.time()
             try:
                 async with asyncio.timeout(self._connector.timeouts.request_timeout_s):
                     ws = self._ws = await self._connect()
@@ -226,6 +237,7 @@ class Producer(Closable):
                 return ws
             except ProducerBusy as e:  # the broker has not seen our old connection go:
                 self._trouble = f"reconnecting: {e.name}: {e.message}"  # it will, in time
+                outage.answered()
             except FATAL as e:
                 self._fail_all(e)
                 return None
@@ -237,9 +249,11 @@ class Producer(Closable):
                 return None
             except ServerError as e:
                 self._trouble = f"reconnecting: {e.name}: {e.message}"
+                outage.failed(e, attempt)
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                 log.info("producer %s: reconnecting failed: %r", self.name, e)
                 self._trouble = f"reconnecting: {e!r}"
+                outage.failed(e, attempt)
             delay = min(delay * 2, self.options.reconnect_max_s)
 
     def _lost(self, why: str) -> str:
@@ -314,10 +328,11 @@ class Producer(Closable):
             ServerError: the broker refused this message (e.g. TopicTerminatedError).
             Timeout: not done within ``send_timeout_s`` of the call (OUTCOME_UNKNOWN once
                 it was queued: it may have been stored).
-            ConnectionLost: the connection was lost and reconnecting met a broker
+            ConnectionLost: the connection was lost, and no broker could be reached for
+                the client's ``request_timeout_s``, or reconnecting met a broker
                 certificate the client does not trust (OUTCOME_UNKNOWN if it was written:
-                it may have been stored; else RETRIABLE: it was not). The producer's later
-                sends raise that CertificateError.
+                it may have been stored, and sending it again may store it twice; else
+                RETRIABLE: it was not). After a CertificateError, later sends raise it.
             ClientClosed: the producer was closed.
             TransactionEnded: ``txn`` has ended (committed, or aborted, perhaps by an
                 ``abort()`` that stopped waiting while this send waited for room): nothing
