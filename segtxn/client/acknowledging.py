@@ -127,10 +127,11 @@ class Acknowledging:
                 again; acknowledging it again is harmless (docs/protocol.md).
             Timeout: no receipt in time (OUTCOME_UNKNOWN: it may have been applied; in
                 ``txn`` the transaction can no longer commit).
-            ConnectionLost: the connection was lost and the broker could not be reached
-                again, at once rather than at the timeout (OUTCOME_UNKNOWN if it was
-                written: it may have been applied; RETRIABLE if it was not). A connection
-                lost and attached again at once fails nothing: the ack is sent again.
+            ConnectionLost: the connection was lost and no broker could be reached for
+                the client's ``request_timeout_s``, sooner than the timeout (OUTCOME_UNKNOWN
+                if it was written: it may have been applied; RETRIABLE if it was not). A
+                connection lost and attached again within that fails nothing: the ack is
+                sent again.
             ClientClosed: the consumer was closed (nothing was sent), or closed before the
                 receipt came (it may have been applied).
             TransactionEnded: ``txn`` has ended (committed, or aborted, perhaps by an

@@ -19,10 +19,12 @@ Each ack keeps its own deadline and its own answer:
 - a frame whose callers have all given up (timed out or cancelled) is not sent again after
   a reconnect; until then it is, like any unanswered ack;
 - a lost connection alone fails nothing: the stream attaches again and sends the unanswered
-  frames first (a topic handed to another broker keeps its acks). Only when the stream
-  cannot reach a broker again does every ack still awaited fail, at once
-  (:meth:`Acknowledgments.lost`): nothing can answer it meanwhile, and waiting out its
-  timeout kept a caller (``segtxn consume`` of a dead broker) 30 s for nothing. A stream that
+  frames first (a topic handed to another broker keeps its acks). Only once the stream
+  has reached no broker for the client's ``request_timeout_s`` (a broker restarting is back
+  within it: :class:`~segtxn.client.outage.Outage`, as for a producer's sends) does every
+  ack still awaited fail, at once (:meth:`Acknowledgments.lost`): nothing can answer it
+  meanwhile, and waiting out its timeout kept a caller (``segtxn consume`` of a dead
+  broker) 30 s for nothing. A stream that
   stops reconnecting for good (a refusal it would meet again, a broker certificate the client
   does not trust) fails them too, and every ack made after it, at once
   (:meth:`Acknowledgments.end`);

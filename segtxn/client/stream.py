@@ -35,9 +35,9 @@ from segtxn.client.acks import request_ids
 from segtxn.client.connection import Connector, server_frames
 from segtxn.client.errors import CertificateError
 from segtxn.client.messages import Message, MessageId
+from segtxn.client.outage import Outage
 from segtxn.client.streamwrites import StreamWrites
 from segtxn.client.timeouts import Deadline, close_quietly, retrying
-from segtxn.client.unreachable import cannot_reach, why_unreachable
 from segtxn.protocol import frames
 from segtxn.protocol.errors import (
     ConsumerBusy,
@@ -202,8 +202,13 @@ class MessageStream(StreamWrites):
                         dropped,
                     )
             told: set[tuple[str, str]] = set()  # refusals of this reconnection so far
+            outage = Outage(
+                self._connector.timeouts.request_timeout_s,
+                lambda why, e: self._acks.lost(self._broker, why, e),
+            )
             while True:
                 await asyncio.sleep(delay)
+                attempt = asyncio.get_running_loop().time()
                 try:
                     async with asyncio.timeout(self._connector.timeouts.request_timeout_s):
                         ws = await self._connect()
@@ -218,15 +223,10 @@ class MessageStream(StreamWrites):
                     return
                 except ServerError as e:  # not one that ends the stream: back off and retry
                     self._refused(e, told)
-                    if cannot_reach(e):
-                        self._acks.lost(
-                            self._broker, f"the broker cannot be reached ({e.message})", e
-                        )
+                    outage.failed(e, attempt)
                 except (TimeoutError, aiohttp.ClientError, ConnectionError) as e:
                     log.info("%s on %s: reconnecting failed: %r", self._kind, self.topic, e)
-                    self._acks.lost(
-                        self._broker, f"attaching again failed ({why_unreachable(e)})", e
-                    )
+                    outage.failed(e, attempt)
                 delay = min(delay * 2, 2.0)
 
     def _end(self, error: ServerError | CertificateError, why: str) -> None:

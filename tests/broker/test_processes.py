@@ -113,3 +113,40 @@ def _name(topic: str):  # type: ignore[no-untyped-def]
     from segtxn.protocol.names import TopicName
 
     return TopicName.parse(topic)
+
+
+async def test_an_ack_in_flight_while_its_broker_restarts_is_sent_again(
+    cluster_store: str, tmp_path: Path, started: list[ServerProcess]
+) -> None:
+    """A broker SIGKILLed with an acknowledgment written and unanswered, and restarted at
+    once: the ack is not failed while the broker is away for less than the client's
+    ``request_timeout_s`` (ConnectionLost waits that long), it is sent again and applied.
+    Failing it at the first refused reconnect doomed every transaction with an ack in
+    flight during a broker's restart."""
+    broker = processes.broker(cluster_store, tmp_path / "b1", "b1", session_ttl=2)
+    started.append(broker)
+    broker.start()
+    await broker.ready()
+    topic = "persistent://acme/crash/acked"
+    async with Client(broker.url) as client:
+        await client.admin.create_topic(topic)
+        await client.admin.create_subscription(topic, "s", initial_position="earliest")
+        producer = await client.create_producer(topic)
+        for value in (b"a", b"b"):
+            await producer.send(value)
+        consumer = await client.subscribe(topic, "s")
+        first = await consumer.receive(timeout_s=10)
+        stream = consumer._streams[topic]
+        broker.pause()  # the ack is written and never answered
+        ack = asyncio.ensure_future(consumer.acknowledge(first, timeout_s=60))
+        await wait_until(
+            lambda: bool(stream._acks._in_flight) and not stream._writing.locked(),
+            what="the ack written",
+        )
+        broker.kill()
+        broker.start()  # same id, same data dir, same port
+        await asyncio.wait_for(ack, 60)  # sent again on the new connection, applied
+        assert stream.reconnects >= 1
+        await consumer.close()
+        again = await client.subscribe(topic, "s")
+        assert (await again.receive(timeout_s=30)).value == b"b"  # "a" acknowledged

@@ -16,6 +16,9 @@ SUB = "sub"
 ACK_TIMEOUT_S = 60.0
 """Far longer than the test may take: an ack that waits for it fails the test."""
 PROMPTLY_S = 10.0
+GRACE_S = 2.0
+"""The client's request_timeout_s here: how long the stream waits for a broker to come back
+before it fails what it has in flight."""
 
 
 async def _consumer_with_messages(client: Client, n: int) -> tuple[Consumer, list[Message]]:
@@ -45,7 +48,7 @@ async def test_an_ack_written_to_a_broker_that_dies_fails_at_once_outcome_unknow
     """The ack was written (the broker may have applied it before it died): it fails with
     ConnectionLost, OUTCOME_UNKNOWN, once the stream finds the broker cannot be reached,
     not after its 60 s. Before, it waited out its timeout while the stream retried."""
-    async with Client(server.url) as client:
+    async with Client(server.url, request_timeout_s=GRACE_S) as client:
         consumer, got = await _consumer_with_messages(client, 1)
         stream = consumer._streams[TOPIC]
         server.pause()  # the ack is written and never answered
@@ -68,7 +71,7 @@ async def test_an_ack_made_while_the_broker_cannot_be_reached_fails_retriable(
 ) -> None:
     """An ack made once the broker is gone is never written: it fails RETRIABLE (nothing
     happened) at the stream's next attempt to attach again, not after its 60 s."""
-    async with Client(server.url) as client:
+    async with Client(server.url, request_timeout_s=GRACE_S) as client:
         consumer, got = await _consumer_with_messages(client, 1)
         server.kill()
         await wait_until(lambda: bool(consumer.reconnecting()), what="the connection lost")
