@@ -5,6 +5,8 @@ Every request either succeeds or gets the documented error: the JSON body
 (docs/protocol.md). One middleware per application turns whatever a handler raises into
 that answer:
 
+- a query parameter given twice: 400 ``InvalidArgument`` before the handler runs
+  (:func:`check_query`);
 - :class:`ServerError`: its name and status (4xx: the client's fault; 503: try again);
 - aiohttp's own refusals, with their status: unknown path 404 and oversized body 413
   (``InvalidArgument``, ``MessageTooLarge``), wrong method 405 (``NotAllowed``);
@@ -271,6 +273,7 @@ async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse
     """The error boundary: see the module docstring. Install it with :func:`install`
     (without the hook it cannot tell a failure after a WebSocket upgrade)."""
     try:
+        check_query(request)
         return await handler(request)
     except asyncio.CancelledError:
         raise
@@ -297,6 +300,22 @@ async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse
                 request,
             )
         return error_response(_bug(request, e), request)
+
+
+def check_query(request: web.BaseRequest) -> None:
+    """Raise ServerError(InvalidArgument) for a query parameter given more than once: no
+    endpoint takes a list in its query, and a request that says two things at once
+    (``?action=COMMIT&action=ABORT``, ``?to=earliest&to=latest``) is refused, not resolved
+    by silently taking the first, before anything is done."""
+    query = request.query
+    if len(query) == len(set(query)):
+        return
+    repeated = next(key for key in query if len(query.getall(key)) > 1)
+    shown = repeated if repeated.isascii() and repeated.isprintable() else repr(repeated)
+    raise ServerError(
+        ErrorName.INVALID_ARGUMENT,
+        f"query parameter {_cut(shown)} given {len(query.getall(repeated))} times; give it once",
+    )
 
 
 def _gone(request: web.Request) -> bool:
