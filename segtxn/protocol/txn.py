@@ -21,7 +21,7 @@ V5_COORDINATOR_BASE = 1 << 48
 """v5 coordinator ids are V5_COORDINATOR_BASE + n; v4 ids are below it."""
 MAX_ID = (1 << 64) - 1
 
-_TEXT = re.compile(r"^([0-9a-f]{1,16}):([0-9a-f]{1,16})$")
+_TEXT = re.compile(r"([0-9a-f]{1,16}):([0-9a-f]{1,16})")  # fullmatch: "$" would take a "\n"
 
 
 class TxnId(NamedTuple):
@@ -43,7 +43,7 @@ class TxnId(NamedTuple):
     @classmethod
     def parse(cls, text: str) -> TxnId:
         """``"1000000000000:2a"`` -> TxnId. Raises ValueError for anything else."""
-        match = _TEXT.match(text) if isinstance(text, str) else None
+        match = _TEXT.fullmatch(text) if isinstance(text, str) else None
         if match is None:
             raise ValueError(f"not a transaction id: {text!r} (expected MOST:LEAST in hex)")
         return cls(int(match[1], 16), int(match[2], 16))
