@@ -418,16 +418,19 @@ class JsonRequestHandler(web.RequestHandler):
 
 
 async def read_json(request: web.Request) -> Any:
-    """The request body as JSON: at most :data:`MAX_JSON_DEPTH` deep, valid Unicode.
+    """The request body as JSON: at most :data:`MAX_JSON_DEPTH` deep, valid Unicode, no
+    key twice in one object.
 
     Raises:
-        ServerError(InvalidArgument): not JSON, nested too deep, or a string with a lone
-            surrogate (``"\\ud800"`` is valid JSON but no text: files and keys cannot hold it).
+        ServerError(InvalidArgument): not JSON, nested too deep, a string with a lone
+            surrogate (``"\\ud800"`` is valid JSON but no text: files and keys cannot hold it),
+            or an object naming a key twice (``{"a": "1", "a": "2"}`` says two things; which
+            one a parser keeps is not the client's to rely on).
         web.HTTPRequestEntityTooLarge: over the application's ``client_max_size``.
     """
     body = await request.read()
     try:
-        value = json.loads(body)
+        value = json.loads(body, object_pairs_hook=_object)
     except RecursionError:
         raise ServerError(
             ErrorName.INVALID_ARGUMENT, f"the body nests deeper than {MAX_JSON_DEPTH} levels"
@@ -435,6 +438,18 @@ async def read_json(request: web.Request) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
     check_json(value)
+    return value
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One JSON object of a body, refused if it names a key twice."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT, f"the body names {_cut(repr(key))} twice in one object"
+            )
+        value[key] = item
     return value
 
 
