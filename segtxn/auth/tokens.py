@@ -169,7 +169,11 @@ class TokenVerifier:
         role = claims["sub"]
         if not isinstance(role, str) or not role:
             raise _unauthenticated("the token's 'sub' claim (its role) must be a non-empty string")
-        return role, float(claims["exp"])
+        try:  # PyJWT takes any integer: one of 400 digits is no time
+            expires_s = float(claims["exp"])
+        except OverflowError:
+            raise _unauthenticated("the token's 'exp' claim is beyond any time") from None
+        return role, expires_s
 
 
 def _expired(token: str) -> str:

@@ -10,6 +10,8 @@ import aiohttp
 import pytest
 import yarl
 
+from tests.auth.conftest import secure  # noqa: F401 (a fixture: a cluster with security on)
+
 
 @pytest.fixture(autouse=True)
 def clean_log(caplog: pytest.LogCaptureFixture) -> Iterator[None]:

@@ -1,0 +1,31 @@
+"""Tokens at the edge, with security on (tests/auth/conftest.py's cluster): a token the
+server cannot take is 401 ``Unauthenticated`` with what is wrong with it, on the broker and
+on the coordinator, never a 500 with a traceback in the log."""
+
+from __future__ import annotations
+
+import aiohttp
+import jwt
+import pytest
+
+from segtxn.protocol.errors import ErrorName
+from tests.auth.conftest import ROOT, SECRET, SecureCluster
+from tests.hostile.conftest import refusal
+
+PATHS = {"broker": "/admin/v2/persistent/acme/orders", "coordinator": "/txn/v2/stats"}
+
+
+def _url(secure: SecureCluster, server: str) -> str:
+    return (secure.url if server == "broker" else secure.txn_url) + PATHS[server]
+
+
+@pytest.mark.parametrize("server", ["broker", "coordinator"])
+async def test_a_signed_token_whose_exp_is_beyond_any_time_is_unauthenticated(
+    secure: SecureCluster, http: aiohttp.ClientSession, server: str
+) -> None:
+    """PyJWT takes any integer ``exp``; one of 400 digits does not fit a float."""
+    token = jwt.encode({"sub": ROOT, "exp": 10**400}, SECRET, algorithm="HS256")
+    headers = {"Authorization": f"Bearer {token}"}
+    status, name, message = await refusal(http, "GET", _url(secure, server), headers=headers)
+    assert (status, name) == (401, ErrorName.UNAUTHENTICATED.value), message
+    assert "exp" in message
