@@ -218,8 +218,14 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     rule = rule_for(request.method, resource.canonical, protect_metrics=settings.protect_metrics)
     if rule.kind is Kind.OPEN:
         return await handler(request)
-    header = request.headers.get(hdrs.AUTHORIZATION)
+    headers = request.headers.getall(hdrs.AUTHORIZATION, [])
+    header = headers[0] if headers else None
     try:
+        if len(headers) > 1:  # which one to take is no one's guess (a proxy may check another)
+            raise ServerError(
+                ErrorName.UNAUTHENTICATED,
+                f"the request carries {len(headers)} Authorization headers; send one",
+            )
         if header is None and settings.cert_role is not None:  # a token wins over a certificate
             transport = request.transport
             peer = None if transport is None else transport.get_extra_info("peercert")

@@ -7,9 +7,10 @@ from __future__ import annotations
 import aiohttp
 import jwt
 import pytest
+from multidict import CIMultiDict
 
 from segtxn.protocol.errors import ErrorName
-from tests.auth.conftest import ROOT, SECRET, SecureCluster
+from tests.auth.conftest import ROOT, SECRET, STRANGER, SecureCluster, token
 from tests.hostile.conftest import refusal
 
 PATHS = {"broker": "/admin/v2/persistent/acme/orders", "coordinator": "/txn/v2/stats"}
@@ -29,3 +30,17 @@ async def test_a_signed_token_whose_exp_is_beyond_any_time_is_unauthenticated(
     status, name, message = await refusal(http, "GET", _url(secure, server), headers=headers)
     assert (status, name) == (401, ErrorName.UNAUTHENTICATED.value), message
     assert "exp" in message
+
+
+@pytest.mark.parametrize("server", ["broker", "coordinator"])
+async def test_two_authorization_headers_are_unauthenticated(
+    secure: SecureCluster, http: aiohttp.ClientSession, server: str
+) -> None:
+    """Which of two credentials a server takes is not the client's to guess, nor a proxy's
+    in front of it that may check the other one: neither is taken."""
+    headers = CIMultiDict[str]()
+    headers.add("Authorization", f"Bearer {token(ROOT)}")
+    headers.add("Authorization", f"Bearer {token(STRANGER)}")
+    status, name, message = await refusal(http, "GET", _url(secure, server), headers=headers)
+    assert (status, name) == (401, ErrorName.UNAUTHENTICATED.value), message
+    assert "2 Authorization headers" in message
