@@ -60,7 +60,8 @@ def check_token(token: object, source: str) -> str:
 
 def expiry_of(token: str) -> float | None:
     """The ``exp`` claim of a JWT (epoch seconds), read without verifying it; None when
-    ``token`` is not a JWT with a numeric ``exp``."""
+    ``token`` is not a JWT with a numeric ``exp`` a float holds (one of 400 digits is no
+    time: the server refuses it, with its reason)."""
     parts = token.split(".")
     if len(parts) != 3:
         return None
@@ -69,7 +70,12 @@ def expiry_of(token: str) -> float | None:
     except ValueError:  # bad base64, bad UTF-8 or bad JSON
         return None
     exp = payload.get("exp") if isinstance(payload, dict) else None
-    return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
+    if not isinstance(exp, int | float) or isinstance(exp, bool):
+        return None
+    try:
+        return float(exp)
+    except OverflowError:
+        return None
 
 
 class TokenSource(abc.ABC):
