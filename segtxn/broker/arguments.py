@@ -197,7 +197,10 @@ def check_send(send: Send, max_message_bytes: int) -> None:
 
 
 def check_batch(sends: list[Send]) -> None:
-    """Raises ServerError(InvalidMessage) for a batch of more than MAX_BATCH_SENDS."""
+    """Raises ServerError(InvalidMessage) for a batch of no sends (it would get no answer
+    at all: each send is answered, and there is none) or of more than MAX_BATCH_SENDS."""
+    if not sends:
+        raise ServerError(ErrorName.INVALID_MESSAGE, "a send_batch of no sends")
     if len(sends) > MAX_BATCH_SENDS:
         raise ServerError(
             ErrorName.INVALID_MESSAGE, f"{len(sends)} sends in a batch; at most {MAX_BATCH_SENDS}"

@@ -167,6 +167,10 @@ async def _fuzz_producer(
         assert error.error == ErrorName.INVALID_MESSAGE and error.seq is None, (data, error)
         return
     sends = frame.sends if isinstance(frame, SendBatch) else [frame]
+    if not sends:  # a batch of none: refused whole (it would get no answer at all)
+        error = await _error(ws)
+        assert error.error == ErrorName.INVALID_MESSAGE and error.seq is None, (data, error)
+        return
     replies = [await _next(ws) for _ in sends]
 
     def outcome(send: Send) -> str:

@@ -317,13 +317,17 @@ async def test_producer_frames(
                 wire = frames.encode(SendBatch(sends=sends))
             else:
                 sends, wire = [], data.draw(GARBAGE, label="garbage")
-            whole = choice == "garbage" or len(sends) > MAX_BATCH_SENDS  # one Error for all
+            # one Error for all: garbage, a batch of none or of too many sends
+            refused_whole = choice == "send_batch" and not 1 <= len(sends) <= MAX_BATCH_SENDS
+            whole = choice == "garbage" or refused_whole
             replies = await stream.exchange(wire, answers=1 if whole else len(sends))
             judge(choice, wire, replies, stream, server_log)
-            if choice == "send_batch" and len(sends) > MAX_BATCH_SENDS:
+            if refused_whole:
                 refused = [r for r in replies if isinstance(r, Error)]
                 if [r.error for r in refused] != [ErrorName.INVALID_MESSAGE]:
-                    TALLY.violation(choice, "an oversized batch is refused whole", f"{replies!r}")
+                    TALLY.violation(
+                        choice, "an empty or oversized batch is refused whole", f"{replies!r}"
+                    )
             elif choice != "garbage":
                 check_sends(choice, sends, replies, setup.limit)
     finally:
