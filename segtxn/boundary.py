@@ -32,6 +32,8 @@ that answer:
   ``LedgerError``: a file a deletion could not remove, too few replicas, a full disk) not
   answered by the call itself: 503 ServiceNotReady with its message (the path, the
   system's words), logged at WARNING without a traceback;
+- a body aiohttp cannot read (it does not decompress as its ``Content-Encoding`` says):
+  400 ``InvalidArgument``, and the connection closes;
 - anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
   message carries an *incident id*; the log has the same id and the traceback. The body never
   has a stack trace.
@@ -293,6 +295,8 @@ async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse
             known = ServerError(ErrorName.SERVICE_NOT_READY, str(e))
         if known is not None:
             return error_response(known, request)
+        if isinstance(e, web.RequestPayloadError):
+            return _unreadable_body(request, e)
         if isinstance(e, ConnectionResetError) and _gone(request):
             log.debug("%s %s: the client went away mid-request", request.method, request.path)
             return error_response(
@@ -316,6 +320,23 @@ def check_query(request: web.BaseRequest) -> None:
         ErrorName.INVALID_ARGUMENT,
         f"query parameter {_cut(shown)} given {len(query.getall(repeated))} times; give it once",
     )
+
+
+def _unreadable_body(request: web.Request, e: web.RequestPayloadError) -> web.Response:
+    """400 for a body aiohttp could not read (it does not decompress as its
+    ``Content-Encoding`` says, its chunks are malformed): the client's mistake, logged at
+    INFO. The connection closes after the answer: what follows the body on it cannot be
+    told apart. The body is marked read, or aiohttp would drain the rest of it after the
+    answer, meet the same error again and log it as "Unhandled exception"."""
+    cause = e.__cause__
+    reason = " ".join(str(getattr(cause, "message", None) or e).split())
+    log.info("%s %s: the body cannot be read: %s", request.method, request.path, reason)
+    request.content.feed_eof()
+    response = error_response(
+        ServerError(ErrorName.INVALID_ARGUMENT, f"the body cannot be read: {reason}"), request
+    )
+    response.force_close()
+    return response
 
 
 def _gone(request: web.Request) -> bool:

@@ -1,0 +1,55 @@
+"""A body the client says is compressed (``Content-Encoding: gzip`` or ``deflate``) and
+that does not decompress is the client's mistake: 400 InvalidArgument with what aiohttp
+said of it, on the broker and on the coordinator, nothing stored, nothing logged at ERROR
+(it was a 500 with an incident, and aiohttp logged "Unhandled exception" twice more as it
+drained the rest of the body after the answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from segtxn.client import Client
+from segtxn.protocol.errors import ErrorName
+from tests.cluster import Cluster
+
+TOPIC = "persistent://acme/hostile/t"
+
+
+async def _exchange(url: str, request: bytes) -> tuple[int, dict[str, str]]:
+    """Send ``request`` as it is; the answer's status and JSON body."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            answer = await reader.read()  # (the server closes the connection)
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_that_does_not_decompress_is_invalid_argument(
+    cluster: Cluster, client: Client, encoding: str
+) -> None:
+    await client.admin.create_topic(TOPIC)
+    coordinator = cluster.coordinator.settings.advertise_url
+    body = b'{"garbage": "not compressed"}'
+    for url, method, path in [
+        (cluster.url, "PUT", "/admin/v2/persistent/acme/hostile/t/properties"),
+        (coordinator, "POST", "/txn/v2/1000000000000:1/partitions"),
+    ]:
+        request = (
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Encoding: {encoding}\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        status, answer = await _exchange(url, request)
+        assert (status, answer["error"]) == (400, ErrorName.INVALID_ARGUMENT.value), answer
+        assert encoding in answer["message"]
+    assert "garbage" not in await client.admin.properties(TOPIC)
+    await client.admin.update_properties(TOPIC, {"after": "yes"})  # still serving
