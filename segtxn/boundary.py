@@ -6,7 +6,7 @@ Every request either succeeds or gets the documented error: the JSON body
 that answer:
 
 - a query parameter given twice: 400 ``InvalidArgument`` before the handler runs
-  (:func:`check_query`);
+  (:func:`segtxn.inputs.check_query`);
 - :class:`ServerError`: its name and status (4xx: the client's fault; 503: try again);
 - aiohttp's own refusals, with their status: unknown path 404 and oversized body 413
   (``InvalidArgument``, ``MessageTooLarge``), wrong method 405 (``NotAllowed``);
@@ -68,7 +68,7 @@ import aiohttp
 from aiohttp import WSCloseCode, web
 from aiohttp.http_exceptions import LineTooLong
 
-from segtxn import tracing
+from segtxn import inputs, tracing
 from segtxn.ledger.errors import LedgerCorrupted, LedgerError, report_once
 from segtxn.metastore import (
     MetadataStoreError,
@@ -82,7 +82,6 @@ from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import (
     MAX_ERROR_MESSAGE_CHARS,
     MAX_HEADERS,
-    MAX_JSON_DEPTH,
     MAX_LINE_BYTES,
 )
 from segtxn.topics.model import DamagedRecord
@@ -275,7 +274,7 @@ async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse
     """The error boundary: see the module docstring. Install it with :func:`install`
     (without the hook it cannot tell a failure after a WebSocket upgrade)."""
     try:
-        check_query(request)
+        inputs.check_query(request)
         return await handler(request)
     except asyncio.CancelledError:
         raise
@@ -304,22 +303,6 @@ async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse
                 request,
             )
         return error_response(_bug(request, e), request)
-
-
-def check_query(request: web.BaseRequest) -> None:
-    """Raise ServerError(InvalidArgument) for a query parameter given more than once: no
-    endpoint takes a list in its query, and a request that says two things at once
-    (``?action=COMMIT&action=ABORT``, ``?to=earliest&to=latest``) is refused, not resolved
-    by silently taking the first, before anything is done."""
-    query = request.query
-    if len(query) == len(set(query)):
-        return
-    repeated = next(key for key in query if len(query.getall(key)) > 1)
-    shown = repeated if repeated.isascii() and repeated.isprintable() else repr(repeated)
-    raise ServerError(
-        ErrorName.INVALID_ARGUMENT,
-        f"query parameter {_cut(shown)} given {len(query.getall(repeated))} times; give it once",
-    )
 
 
 def _unreadable_body(request: web.Request, e: web.RequestPayloadError) -> web.Response:
@@ -436,66 +419,6 @@ class JsonRequestHandler(web.RequestHandler):
         response = error_response(error, status=status)
         response.force_close()
         return response
-
-
-async def read_json(request: web.Request) -> Any:
-    """The request body as JSON: at most :data:`MAX_JSON_DEPTH` deep, valid Unicode, no
-    key twice in one object.
-
-    Raises:
-        ServerError(InvalidArgument): not JSON, nested too deep, a string with a lone
-            surrogate (``"\\ud800"`` is valid JSON but no text: files and keys cannot hold it),
-            or an object naming a key twice (``{"a": "1", "a": "2"}`` says two things; which
-            one a parser keeps is not the client's to rely on).
-        web.HTTPRequestEntityTooLarge: over the application's ``client_max_size``.
-    """
-    body = await request.read()
-    try:
-        value = json.loads(body, object_pairs_hook=_object)
-    except RecursionError:
-        raise ServerError(
-            ErrorName.INVALID_ARGUMENT, f"the body nests deeper than {MAX_JSON_DEPTH} levels"
-        ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
-    check_json(value)
-    return value
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """One JSON object of a body, refused if it names a key twice."""
-    value: dict[str, Any] = {}
-    for key, item in pairs:
-        if key in value:
-            raise ServerError(
-                ErrorName.INVALID_ARGUMENT, f"the body names {_cut(repr(key))} twice in one object"
-            )
-        value[key] = item
-    return value
-
-
-def check_json(value: Any) -> None:
-    """Raise ServerError(InvalidArgument) for nesting deeper than :data:`MAX_JSON_DEPTH` or
-    a string that is not valid Unicode (iterative: the depth is what is being checked)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ServerError(
-                    ErrorName.INVALID_ARGUMENT,
-                    f"{item[:40]!r} is not valid Unicode (a lone surrogate)",
-                ) from None
-        elif isinstance(item, list | dict):
-            if depth >= MAX_JSON_DEPTH:
-                raise ServerError(
-                    ErrorName.INVALID_ARGUMENT,
-                    f"the body nests deeper than {MAX_JSON_DEPTH} levels",
-                )
-            items = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in items)
 
 
 def server_span(scope: str, name: str) -> Callable[[Handler], Handler]:

@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from segtxn.boundary import install, read_json
+from segtxn.boundary import install
 from segtxn.broker.http import json_errors
+from segtxn.inputs import read_json
 from segtxn.metastore import BadVersion, SessionExpired, StoreUnavailable
 from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol.errors import ErrorName, ServerError

@@ -14,7 +14,6 @@ from typing import Any
 
 from aiohttp import web
 
-from segtxn.boundary import read_json
 from segtxn.broker import arguments, deletemark, deletion, retire, segment_ends
 from segtxn.broker.fanout import HTTP, fan_out
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
@@ -22,6 +21,7 @@ from segtxn.broker.service import BrokerService
 from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
+from segtxn.inputs import read_json
 from segtxn.ledger.sealed import read_sealed
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_int, parse_key_hash

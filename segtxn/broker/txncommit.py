@@ -29,11 +29,12 @@ from aiohttp import web
 
 from segtxn import tracing
 from segtxn.auth import Principal, check_owner, principal_of
-from segtxn.boundary import read_json, server_span
+from segtxn.boundary import server_span
 from segtxn.broker.arguments import check_txn
 from segtxn.broker.http import SERVICE, json_errors
 from segtxn.broker.sockets import failure_frame
 from segtxn.broker.txn.commits import CommitUnknown
+from segtxn.inputs import read_json
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Commit, CommitAnswer, Error
 from segtxn.protocol.limits import MAX_I64

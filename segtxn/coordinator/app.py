@@ -31,12 +31,13 @@ from aiohttp import hdrs, web
 
 from segtxn import exposition, tracing
 from segtxn.auth import Action, authorize, check_owner, install_auth, principal_of
-from segtxn.boundary import error_response, install, read_json, server_span
+from segtxn.boundary import error_response, install, server_span
 from segtxn.coordinator.metrics import CoordinatorMetrics
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import TxnMeta
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
+from segtxn.inputs import read_json
 from segtxn.metastore import (
     MetadataStore,
     StoreSettings,

@@ -1,0 +1,91 @@
+"""What a request carries, read and checked at the edge, before a handler acts on it: its
+query (each parameter at most once) and its JSON body (well-formed, bounded in depth, valid
+Unicode, each key once per object). Each check raises ServerError(InvalidArgument) with a
+message that says what was wrong; the error boundary (:mod:`segtxn.boundary`) answers it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from segtxn.protocol.errors import ErrorName, ServerError
+from segtxn.protocol.limits import MAX_JSON_DEPTH
+
+
+def check_query(request: web.BaseRequest) -> None:
+    """Raise ServerError(InvalidArgument) for a query parameter given more than once: no
+    endpoint takes a list in its query, and a request that says two things at once
+    (``?action=COMMIT&action=ABORT``, ``?to=earliest&to=latest``) is refused, not resolved
+    by silently taking the first, before anything is done."""
+    query = request.query
+    if len(query) == len(set(query)):
+        return
+    repeated = next(key for key in query if len(query.getall(key)) > 1)
+    shown = repeated if repeated.isascii() and repeated.isprintable() else repr(repeated)
+    raise ServerError(
+        ErrorName.INVALID_ARGUMENT,
+        f"query parameter {shown[:80]} given {len(query.getall(repeated))} times; give it once",
+    )
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON: at most :data:`MAX_JSON_DEPTH` deep, valid Unicode, no
+    key twice in one object.
+
+    Raises:
+        ServerError(InvalidArgument): not JSON, nested too deep, a string with a lone
+            surrogate (``"\\ud800"`` is valid JSON but no text: files and keys cannot hold it),
+            or an object naming a key twice (``{"a": "1", "a": "2"}`` says two things; which
+            one a parser keeps is not the client's to rely on).
+        web.HTTPRequestEntityTooLarge: over the application's ``client_max_size``.
+    """
+    body = await request.read()
+    try:
+        value = json.loads(body, object_pairs_hook=_object)
+    except RecursionError:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT, f"the body nests deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"the body is not JSON: {e}") from e
+    check_json(value)
+    return value
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One JSON object of a body, refused if it names a key twice."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise ServerError(
+                ErrorName.INVALID_ARGUMENT, f"the body names {key[:80]!r} twice in one object"
+            )
+        value[key] = item
+    return value
+
+
+def check_json(value: Any) -> None:
+    """Raise ServerError(InvalidArgument) for nesting deeper than :data:`MAX_JSON_DEPTH` or
+    a string that is not valid Unicode (iterative: the depth is what is being checked)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ServerError(
+                    ErrorName.INVALID_ARGUMENT,
+                    f"{item[:40]!r} is not valid Unicode (a lone surrogate)",
+                ) from None
+        elif isinstance(item, list | dict):
+            if depth >= MAX_JSON_DEPTH:
+                raise ServerError(
+                    ErrorName.INVALID_ARGUMENT,
+                    f"the body nests deeper than {MAX_JSON_DEPTH} levels",
+                )
+            items = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in items)
