@@ -214,8 +214,7 @@ def check_consumer_frame(frame: Ack | Nack | Redeliver) -> None:
     Raises:
         ServerError(InvalidArgument)
     """
-    if not 0 <= frame.request_id <= MAX_U64:
-        raise ServerError(ErrorName.INVALID_ARGUMENT, f"request_id must be in 0..{MAX_U64}")
+    check_request_id(frame.request_id)
     if isinstance(frame, Ack | Nack) and len(frame.message_ids) > MAX_MESSAGE_IDS:
         raise ServerError(
             ErrorName.INVALID_ARGUMENT,
@@ -225,6 +224,13 @@ def check_consumer_frame(frame: Ack | Nack | Redeliver) -> None:
         check_txn(frame.txn, ErrorName.INVALID_ARGUMENT)
     if isinstance(frame, Ack) and frame.epoch is not None and not 0 <= frame.epoch <= MAX_I64:
         raise ServerError(ErrorName.INVALID_ARGUMENT, f"epoch must be in 0..{MAX_I64}")
+
+
+def check_request_id(request_id: int) -> None:
+    """Raise ServerError(InvalidArgument) for a frame's ``request_id`` outside 0..2^64-1
+    (of a consumer's frame, of a producer's ``commit``: refused before it is acted on)."""
+    if not 0 <= request_id <= MAX_U64:
+        raise ServerError(ErrorName.INVALID_ARGUMENT, f"request_id must be in 0..{MAX_U64}")
 
 
 def check_txn(txn: tuple[int, int] | None, name: ErrorName) -> None:

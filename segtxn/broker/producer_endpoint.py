@@ -48,7 +48,7 @@ from segtxn import tracing
 from segtxn.aio import Window
 from segtxn.auth import close_at_expiry, current_principal, principal_of
 from segtxn.broker import fencing, txncommit
-from segtxn.broker.arguments import check_batch
+from segtxn.broker.arguments import check_batch, check_request_id
 from segtxn.broker.http import SERVICE, check_name, error_response, topic_from
 from segtxn.broker.ordering import Turn
 from segtxn.broker.outbox import Outbox
@@ -248,6 +248,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
 
     async def handle(frame: object) -> None:
         if isinstance(frame, Commit):  # answered when decided; later frames go on meanwhile
+            check_request_id(frame.request_id)
             start(commit(frame), [], f"commit-{producer_name}-{frame.request_id}")
             return
         if isinstance(frame, SendBatch):
