@@ -56,3 +56,20 @@ async def test_a_key_twice_in_a_nested_object_is_refused(
     status, name, message = await refusal(http, "POST", url, data=body)
     assert (status, name) == (400, ErrorName.INVALID_ARGUMENT.value)
     assert "'k'" in message
+
+
+@pytest.mark.parametrize("where", ["broker", "coordinator"])
+async def test_a_number_of_thousands_of_digits_is_invalid_argument(
+    cluster: Cluster, client: Client, http: aiohttp.ClientSession, where: str
+) -> None:
+    """Python's json refuses an integer of over 4300 digits with a plain ValueError (not a
+    JSONDecodeError): it was a 500 with an incident."""
+    await client.admin.create_topic(TOPIC)
+    body = b'{"ops": ' + b"7" * 5000 + b', "digest": 0, "topics": []}'
+    if where == "broker":
+        url = f"{cluster.url}/txn/v2/1000000000000:1/commit"
+    else:
+        url = f"{cluster.coordinator.settings.advertise_url}/txn/v2/1000000000000:1/partitions"
+    status, name, message = await refusal(http, "POST", url, data=body)
+    assert (status, name) == (400, ErrorName.INVALID_ARGUMENT.value), message
+    assert "digits" in message
