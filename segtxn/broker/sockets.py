@@ -25,7 +25,7 @@ from segtxn.broker.outbox import Outbox
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Error
 
-__all__ = ["close_sockets", "failure_frame", "new_socket", "receive_frames"]
+__all__ = ["check_handshake", "close_sockets", "failure_frame", "new_socket", "receive_frames"]
 
 # its lines are the endpoints' (segtxn.broker.ws): they keep that logger
 log = logging.getLogger("segtxn.broker.ws")
@@ -78,6 +78,20 @@ def failure_frame(what: str, e: Exception, request_id: int | None = None) -> Err
         message=f"internal error, incident {ident} (the broker log has the details)",
         request_id=request_id,
     )
+
+
+def check_handshake(ws: web.WebSocketResponse, request: web.Request) -> None:
+    """Raise ServerError(InvalidArgument) unless ``request`` is a WebSocket handshake
+    ``ws`` can accept. An endpoint checks it before it acts: a consumer's attach makes its
+    subscription, durably, and a plain GET or HEAD (a browser, a health check, a proxy's
+    probe) must do nothing."""
+    if not ws.can_prepare(request).ok:
+        raise ServerError(
+            ErrorName.INVALID_ARGUMENT,
+            f"{request.method} {request.path} is a WebSocket endpoint: open it with a "
+            "WebSocket handshake (GET with Upgrade: websocket, Connection: Upgrade, "
+            "Sec-WebSocket-Key and Sec-WebSocket-Version: 13)",
+        )
 
 
 def new_socket(request: web.Request) -> web.WebSocketResponse:

@@ -46,7 +46,7 @@ from segtxn.broker.members import SubscriptionType
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.outbox import Outbox
 from segtxn.broker.reader import Reader, end_position, start_position
-from segtxn.broker.sockets import failure_frame, new_socket, receive_frames
+from segtxn.broker.sockets import check_handshake, failure_frame, new_socket, receive_frames
 from segtxn.broker.spans import ack_span
 from segtxn.broker.txnaccess import TxnAccess
 from segtxn.ledger import Position
@@ -133,6 +133,7 @@ async def consumer(request: web.Request) -> web.StreamResponse:
         topic = await service.serve(name)
         outbox = Outbox(ws, service.settings.max_permits + 64, f"consumer-{consumer_name}")
         link = ConsumerLink(consumer_name, _counting(outbox, service.metrics), hang_up)
+        check_handshake(ws, request)  # a plain GET or HEAD must not make the subscription
         # attach queues ConsumerReady, the first frame, before anything else for the link
         subscription = await topic.attach(subscription_name, link, sub_type, initial)
     except ServerError as e:
