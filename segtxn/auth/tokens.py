@@ -149,9 +149,10 @@ class TokenVerifier:
             )
         except jwt.ExpiredSignatureError:
             raise _unauthenticated(_expired(token)) from None
-        except jwt.ImmatureSignatureError:
+        except jwt.ImmatureSignatureError as e:  # its nbf, or its iat: PyJWT says which
+            claim = "iat" if "(iat)" in str(e) else "nbf"
             raise _unauthenticated(
-                "the token is not valid yet (its nbf is in the future)"
+                f"the token is not valid yet (its {claim} is in the future)"
             ) from None
         except jwt.InvalidSignatureError:
             raise _unauthenticated(

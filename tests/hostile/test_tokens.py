@@ -4,6 +4,8 @@ on the coordinator, never a 500 with a traceback in the log."""
 
 from __future__ import annotations
 
+import time
+
 import aiohttp
 import jwt
 import pytest
@@ -44,3 +46,16 @@ async def test_two_authorization_headers_are_unauthenticated(
     status, name, message = await refusal(http, "GET", _url(secure, server), headers=headers)
     assert (status, name) == (401, ErrorName.UNAUTHENTICATED.value), message
     assert "2 Authorization headers" in message
+
+
+async def test_a_token_issued_in_the_future_is_refused_naming_its_iat(
+    secure: SecureCluster, http: aiohttp.ClientSession
+) -> None:
+    """PyJWT refuses an ``iat`` in the future as it does an ``nbf``: the message named
+    ``nbf`` for both, sending the issuer to look for a claim the token did not have."""
+    future = int(time.time()) + 3600
+    token = jwt.encode({"sub": ROOT, "exp": future + 600, "iat": future}, SECRET, "HS256")
+    headers = {"Authorization": f"Bearer {token}"}
+    status, name, message = await refusal(http, "GET", _url(secure, "broker"), headers=headers)
+    assert (status, name) == (401, ErrorName.UNAUTHENTICATED.value), message
+    assert "iat" in message and "nbf" not in message
