@@ -74,16 +74,17 @@ class Reader(Closable):
                 every later call.
             Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
             ServerError / CertificateError: reconnecting failed for good (the topic was
-                deleted; a broker certificate the client does not trust).
+                deleted; a broker certificate the client does not trust); raised again on
+                every later call.
             ClientClosed: the reader was closed, before the call or while it waited.
         """
         self._check_open()
         item = await next_item(self._queue, timeout_s, f"reader of {self._stream.topic}")
         self._check_open()  # closed while a message was on its way to this receive
-        if isinstance(item, TopicEnded):
-            self._queue.put_nowait(item)  # it stays the end
-            raise item
         if isinstance(item, BaseException):
+            # it stays: the end, or the failure that ended the reader's one stream (it no
+            # longer reconnects, so a later receive would otherwise wait for nothing)
+            self._queue.put_nowait(item)
             raise item
         await self._stream.taken()
         return item

@@ -3,7 +3,9 @@ client no longer trusts fail at once, saying so: ``receive()`` raises the
 CertificateError, an acknowledgment made after it and a send in flight fail with
 ConnectionLost naming it, and a send made later raises it. Before, the CertificateError
 ended the stream's (and the producer's) reconnecting task with nobody told: ``receive()``
-waited forever, and acks and sends waited out their timeouts.
+waited forever, and acks and sends waited out their timeouts. A Reader (whose stream is a
+consumer's) and a scalable topic's producer (a Producer per segment) are told alike; a
+Reader's later ``receive()`` raises the error again (before, it waited for nothing).
 
 Real components: an in-process broker with TLS on (certificates made by tests/auth/certs.py)
 on the embedded store, restarted on its port with a certificate of a CA the client does not
@@ -26,6 +28,7 @@ from segtxn.broker.settings import BrokerSettings
 from segtxn.client import CertificateError, Client, ClientError, Message
 from segtxn.client.consumer import Consumer
 from segtxn.client.producer import Producer
+from segtxn.client.scalable import ScalableProducer
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import free_port
 from tests.auth.certs import Authority, authority, issue
@@ -33,6 +36,7 @@ from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 TOPIC = "persistent://acme/tls/reconnect"
+SCALABLE = "topic://acme/tls/reconnect-keyed"
 LONG_S = 60.0
 """Far longer than the test may take: a call that waits for it fails the test."""
 PROMPTLY_S = 10.0
@@ -147,3 +151,53 @@ async def test_a_producer_whose_broker_is_no_longer_trusted_is_told(
         with pytest.raises(CertificateError, match="certificate does not verify"):
             async with asyncio.timeout(PROMPTLY_S):
                 await producer.send(b"after")
+
+
+async def test_a_reader_whose_broker_is_no_longer_trusted_is_told(
+    tls_broker: TlsBroker, tmp_path: Path
+) -> None:
+    """A Reader's stream is a consumer's (MessageStream): its ``receive()`` waiting when
+    the reconnect meets the certificate raises the CertificateError, and so does a later
+    one (the stream no longer reconnects: nothing could arrive)."""
+    async with Client(tls_broker.url, tls_ca=tls_broker.ca.path) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC)
+        await producer.send(b"before")
+        await producer.close()
+        reader = await client.create_reader(TOPIC)
+        assert (await reader.receive(timeout_s=10)).value == b"before"
+        receiving = asyncio.ensure_future(reader.receive(timeout_s=LONG_S))
+        await tls_broker.stop()
+        await wait_until(lambda: not reader._stream.attached, what="the connection lost")
+        await tls_broker.start_untrusted(tmp_path)
+        error = await _failure(receiving)
+        assert isinstance(error, CertificateError), repr(error)
+        assert "certificate does not verify" in str(error), str(error)
+        later = await _failure(asyncio.ensure_future(reader.receive(timeout_s=LONG_S)))
+        assert isinstance(later, CertificateError), repr(later)
+
+
+async def test_a_scalable_producer_whose_broker_is_no_longer_trusted_is_told(
+    tls_broker: TlsBroker, tmp_path: Path
+) -> None:
+    """A scalable topic's producer sends through one Producer per segment, which share
+    its reconnecting: a send in flight on a segment whose broker is no longer trusted
+    fails with ConnectionLost naming the certificate, and a later one to that segment
+    raises the CertificateError, each within PROMPTLY_S, not at its send timeout."""
+    async with Client(tls_broker.url, tls_ca=tls_broker.ca.path) as client:
+        await client.admin.create_topic(SCALABLE, segments=1)
+        producer = await client.create_producer(SCALABLE, send_timeout_s=LONG_S)
+        assert isinstance(producer, ScalableProducer)
+        await producer.send(b"before")
+        (segment,) = producer._producers.values()
+        await tls_broker.stop()
+        await wait_until(lambda: not segment._connected.is_set(), what="the connection lost")
+        sending = asyncio.ensure_future(producer.send(b"during"))
+        await tls_broker.start_untrusted(tmp_path)
+        error = await _failure(sending)
+        assert type(error).__name__ == "ConnectionLost", repr(error)
+        assert "certificate does not verify" in str(error), str(error)
+        assert isinstance(error, ClientError) and error.retriable, repr(error)  # never sent
+        after = await _failure(asyncio.ensure_future(producer.send(b"after")))
+        assert isinstance(after, CertificateError), repr(after)
+        assert "certificate does not verify" in str(after), str(after)
