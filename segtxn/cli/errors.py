@@ -35,6 +35,7 @@ from segtxn.cli.lifecycle import Interrupted, ServeError
 from segtxn.client import (
     CertificateError,
     ClientError,
+    ConnectionLost,
     ErrorCategory,
     ServerError,
     ServiceNotReady,
@@ -70,8 +71,11 @@ def causes(e: BaseException) -> Iterator[BaseException]:
 
 def unreachable(e: BaseException) -> tuple[str, str] | None:
     """``(host:port, why)`` when ``e`` comes from a connection that could not be made (not
-    a TLS failure: the client's CertificateError already says what was wrong with it)."""
-    if isinstance(e, CertificateError):
+    a TLS failure: the client's CertificateError already says what was wrong with it; nor
+    a request whose answer was lost, :func:`answer_lost`, though reaching its broker again
+    then failed so: its own message says it may have been done, which "cannot reach"
+    would not)."""
+    if isinstance(e, CertificateError) or answer_lost(e):
         return None
     for cause in causes(e):
         if isinstance(cause, aiohttp.ClientConnectorError):
@@ -81,9 +85,10 @@ def unreachable(e: BaseException) -> tuple[str, str] | None:
 
 def answer_lost(e: BaseException) -> bool:
     """A request went out and its answer never came, so it may or may not have been done:
-    a Timeout whose outcome is unknown, or a ServiceNotReady from a connection that broke
-    after it was made (one refused or never made sent nothing)."""
-    if isinstance(e, Timeout):
+    a Timeout or a ConnectionLost (a send or an acknowledgment written, whose broker could
+    then not be reached again) whose outcome is unknown, or a ServiceNotReady from a
+    connection that broke after it was made (one refused or never made sent nothing)."""
+    if isinstance(e, Timeout | ConnectionLost):
         return e.category is ErrorCategory.OUTCOME_UNKNOWN
     if isinstance(e, ServiceNotReady):
         return any(

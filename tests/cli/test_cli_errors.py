@@ -9,14 +9,19 @@ need a cluster are in test_cli_against_a_server.py.
 
 from __future__ import annotations
 
+import errno
 import signal
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp.client_reqrep import ConnectionKey
 from click.testing import CliRunner, Result
 
 from segtxn.cli import topics
 from segtxn.cli.commands import main
+from segtxn.cli.errors import answer_lost, unreachable
+from segtxn.client import ConnectionLost, ErrorCategory, ServiceNotReady
 from segtxn.metastore.etcd_server import free_port
 
 
@@ -230,6 +235,23 @@ def test_a_refused_connection_names_the_url_in_words() -> None:
             f"Error: cannot reach {url}: connection refused; is a segtxn broker running "
             "there? (--url or SEGTXN_URL names another)"
         )
+
+
+def test_a_connection_lost_with_its_send_written_is_an_answer_lost() -> None:
+    """A send or an acknowledgment written before its broker could no longer be reached
+    (OUTCOME_UNKNOWN) may have been done: an answer lost, not a connection never made,
+    though the last attempt to reach the broker was refused. One never written
+    (RETRIABLE) did nothing: the refused connection says it."""
+    refused = aiohttp.ClientConnectorError(
+        ConnectionKey("127.0.0.1", 1, False, True, None, None, None),
+        ConnectionRefusedError(errno.ECONNREFUSED, "refused"),
+    )
+    for category, lost in ((ErrorCategory.OUTCOME_UNKNOWN, True), (ErrorCategory.RETRIABLE, False)):
+        error = ConnectionLost("message 7: no receipt", category=category)
+        error.__cause__ = ServiceNotReady("cannot reach http://127.0.0.1:1: connection refused")
+        error.__cause__.__cause__ = refused
+        assert answer_lost(error) is lost, category
+        assert (unreachable(error) is None) is lost, category
 
 
 def test_a_host_that_does_not_resolve_is_said_so() -> None:
