@@ -193,7 +193,9 @@ class Consumer(Acknowledging, SegmentFollowing, Closable):
             Timeout: none arrived within ``timeout_s`` (RETRIABLE; also a TimeoutError).
             ServerError: the subscription became unusable (e.g. the topic was deleted).
             CertificateError: reconnecting met a broker certificate the client does not
-                trust (it does not retry).
+                trust (it does not retry). Once every stream of the consumer (one, on a
+                ``persistent://`` topic) has ended so, or with a ServerError, every later
+                call raises it again.
             TypeError / ValueError: ``timeout_s`` is not None or a finite number >= 0.
             ClientClosed: the consumer was closed, before the call or while it waited
                 (``async for`` then ends).
@@ -202,6 +204,10 @@ class Consumer(Acknowledging, SegmentFollowing, Closable):
         item = await next_item(self._queue, timeout_s, f"consumer {self.name}")
         self._check_open()  # closed while a message was on its way to this receive
         if isinstance(item, BaseException):
+            if self._streams and all(s.failed is not None for s in self._streams.values()):
+                # every stream ended for good: nothing can arrive any more, so every later
+                # receive raises it too rather than waiting for nothing
+                self._queue.put_nowait(item)
             raise item
         stream = self._streams.get(item.message_id.topic)
         if stream is not None:

@@ -123,6 +123,8 @@ class MessageStream(StreamWrites):
         self.epoch = 0
         self.active = True
         self.ended = asyncio.Event()
+        self.failed: ServerError | CertificateError | None = None
+        """What ended this stream for good (:meth:`_end`): it no longer reconnects."""
         self._task: asyncio.Task[None] | None = None
         self.reconnects = 0
 
@@ -236,6 +238,7 @@ class MessageStream(StreamWrites):
         saying ``why`` (they would otherwise wait out their timeouts on a stream that
         no longer reconnects)."""
         log.warning("%s on %s: attaching again failed for good: %s", self._kind, self.topic, error)
+        self.failed = error
         self._acks.end(self._broker, f"attaching again failed for good: {why}", error)
         self._deliver.put_nowait(error)
 

@@ -129,6 +129,10 @@ async def test_a_consumer_whose_broker_is_no_longer_trusted_is_told(
         assert type(acked).__name__ == "ConnectionLost", repr(acked)
         assert isinstance(acked, ClientError) and acked.retriable, repr(acked)  # never sent
         assert "certificate does not verify" in str(acked), str(acked)
+        # its one stream no longer reconnects: a later receive() raises it again, rather
+        # than waiting for a message that cannot come
+        later = await _failure(asyncio.ensure_future(consumer.receive(timeout_s=LONG_S)))
+        assert isinstance(later, CertificateError), repr(later)
 
 
 async def test_a_producer_whose_broker_is_no_longer_trusted_is_told(
