@@ -123,7 +123,8 @@ def error_response(
 ) -> web.Response:
     """``{"error": NAME, "message": ...}`` with the name's HTTP status (or ``status``);
     ``NotOwner`` is a 307 whose ``Location`` is the same path and query on the serving broker.
-    Long messages are cut: they often quote the request back."""
+    Long messages are cut: they often quote the request back. The answer to a body that did
+    not arrive in time (:class:`~segtxn.inputs.BodyNotArrived`) closes the connection."""
     message = _cut(error.message)
     # also in headers: a failed WebSocket handshake shows the client headers, not the body
     headers = {
@@ -132,12 +133,15 @@ def error_response(
     }
     if error.name is ErrorName.NOT_OWNER and error.redirect and request is not None:
         headers["Location"] = error.redirect.rstrip("/") + request.path_qs
-    return web.Response(
+    response = web.Response(
         status=status or error.name.http_status,
         text=json.dumps({"error": error.name.value, "message": message}),  # ASCII: \u escapes
         content_type="application/json",
         headers=headers,
     )
+    if isinstance(error, inputs.BodyNotArrived):
+        response.force_close()
+    return response
 
 
 def incident(what: str, exc: BaseException) -> str:

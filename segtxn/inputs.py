@@ -1,11 +1,13 @@
 """What a request carries, read and checked at the edge, before a handler acts on it: its
-query (each parameter at most once) and its JSON body (well-formed, bounded in depth, valid
-Unicode, each key once per object). Each check raises ServerError(InvalidArgument) with a
-message that says what was wrong; the error boundary (:mod:`segtxn.boundary`) answers it.
+query (each parameter at most once) and its body (all of it within
+:data:`BODY_READ_TIMEOUT_S`; as JSON: well-formed, bounded in depth, valid Unicode, each key
+once per object). Each check raises ServerError(InvalidArgument) with a message that says
+what was wrong; the error boundary (:mod:`segtxn.boundary`) answers it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -31,6 +33,46 @@ def check_query(request: web.BaseRequest) -> None:
     )
 
 
+BODY_READ_TIMEOUT_S = 30.0
+"""How long a request's body may take to arrive, all of it (a module constant: tests patch
+it). The largest body a REST endpoint takes is :data:`~segtxn.protocol.limits.MAX_REQUEST_BYTES`,
+well within this on any link a client uses; a body shorter than its ``Content-Length`` (a
+client that stopped sending, or counted wrong) would otherwise hold its connection and the
+handler waiting for ever."""
+
+
+class BodyNotArrived(ServerError):
+    """The body did not arrive in :data:`BODY_READ_TIMEOUT_S`: InvalidArgument (the client's
+    mistake, and sending it again as it was fails again, so not ServiceNotReady). Its answer
+    closes the connection (:func:`segtxn.boundary.error_response`): what the client sends
+    after it cannot be told apart from the rest of the body."""
+
+    def __init__(self, received: int, expected: int | None) -> None:
+        of = "" if expected is None else f" of its {expected}"
+        super().__init__(
+            ErrorName.INVALID_ARGUMENT,
+            f"the body did not arrive in {BODY_READ_TIMEOUT_S:g} s "
+            f"({received}{of} bytes came); send all of it, as its Content-Length says",
+        )
+
+
+async def read_body(request: web.BaseRequest) -> bytes:
+    """The whole request body, read within :data:`BODY_READ_TIMEOUT_S`.
+
+    Raises:
+        BodyNotArrived: it did not arrive in time; the body is marked read (aiohttp would
+            otherwise wait for the rest of it after the answer).
+        web.HTTPRequestEntityTooLarge: over the application's ``client_max_size``.
+    """
+    try:
+        async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+            return await request.read()
+    except TimeoutError:
+        received = request.content.total_bytes
+        request.content.feed_eof()
+        raise BodyNotArrived(received, request.content_length) from None
+
+
 async def read_json(request: web.Request) -> Any:
     """The request body as JSON: at most :data:`MAX_JSON_DEPTH` deep, valid Unicode, no
     key twice in one object.
@@ -41,9 +83,10 @@ async def read_json(request: web.Request) -> Any:
             surrogate (``"\\ud800"`` is valid JSON but no text: files and keys cannot hold it),
             or an object naming a key twice (``{"a": "1", "a": "2"}`` says two things; which
             one a parser keeps is not the client's to rely on).
+        BodyNotArrived: the body did not arrive in :data:`BODY_READ_TIMEOUT_S`.
         web.HTTPRequestEntityTooLarge: over the application's ``client_max_size``.
     """
-    body = await request.read()
+    body = await read_body(request)
     try:
         value = json.loads(body, object_pairs_hook=_object)
     except RecursionError:

@@ -15,6 +15,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from segtxn.auth import TlsSettings
 from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler
+from segtxn.inputs import read_body
 
 
 async def relay(
@@ -25,8 +26,9 @@ async def relay(
     ``Authorization`` goes along: the server there checks the caller, not this server (whose
     session would otherwise present the cluster role's token).
 
-    Raises aiohttp.ClientError / TimeoutError when that server cannot be reached."""
-    body = await request.read()
+    Raises aiohttp.ClientError / TimeoutError when that server cannot be reached;
+    :class:`~segtxn.inputs.BodyNotArrived` when the request's body does not arrive in time."""
+    body = await read_body(request)
     headers = {"Content-Type": request.content_type} if body else {}
     if hdrs.AUTHORIZATION in request.headers:
         headers[hdrs.AUTHORIZATION] = request.headers[hdrs.AUTHORIZATION]
