@@ -24,7 +24,9 @@ Contracts:
 - **nothing dropped at the hang-up**: when the connection ends, the sends it took in are
   still stored (or refused): the endpoint returns once they are;
 - a ``commit`` frame asks for the one-step commit of a transaction
-  (segtxn/broker/txncommit.py), answered when decided while later frames go on; a send
+  (segtxn/broker/txncommit.py), answered when decided while later frames go on (a commit
+  may wait for sends that come after it); at most :data:`MAX_PENDING_COMMITS` at once,
+  one beyond is refused ``TooManyRequests`` with nothing decided; a send
   with a ``traceparent`` gets a span (segtxn/broker/spans.py, docs/tracing.md).
 
 Its log lines keep the ``segtxn.broker.ws`` logger, as the socket loop's do
@@ -64,6 +66,13 @@ from segtxn.protocol.txn import TxnId
 log = logging.getLogger("segtxn.broker.ws")
 _generated = itertools.count(1)
 """Numbers the names of producers that gave none (``<broker id>-<n>``)."""
+
+MAX_PENDING_COMMITS = 1000
+"""Commit frames of one connection being decided at once (each holds a task, and the
+transaction's header, until decided). One beyond is refused ``TooManyRequests`` at once,
+nothing decided, rather than waited for as a send beyond the window is: a commit may wait
+for sends that come after it on the same connection (docs/protocol.md), which a stopped
+reading would keep out. The client then ends the transaction at its coordinator."""
 
 _instances: weakref.WeakKeyDictionary[web.WebSocketResponse, str] = weakref.WeakKeyDictionary()
 """The instance a producer connection named (``instance=``): only the same one takes the
@@ -134,6 +143,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     outbox.start()
     window = Window(settings.max_pending_sends)
     tasks: set[asyncio.Task[None]] = set()
+    committing: set[asyncio.Task[None]] = set()
     access = TxnAccess(service, functools.partial(current_principal, request))
     outbox.send(
         ProducerReady(
@@ -228,11 +238,12 @@ async def producer(request: web.Request) -> web.StreamResponse:
         for (send, _), outcome, span in zip(items, outcomes, spans, strict=True):
             answer(send, outcome, started, span, unproven=unproven)
 
-    def start(work: Coroutine[Any, Any, None], turns: list[Turn], name: str) -> None:
+    def start(work: Coroutine[Any, Any, None], turns: list[Turn], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(work, name=name)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         task.add_done_callback(functools.partial(_release, turns))  # even if it never ran
+        return task
 
     async def admitted(txn: tuple[int, int] | None, sends: list[Send]) -> bool:
         """Refused sends are answered without a turn: nothing of them is stored."""
@@ -249,7 +260,19 @@ async def producer(request: web.Request) -> web.StreamResponse:
     async def handle(frame: object) -> None:
         if isinstance(frame, Commit):  # answered when decided; later frames go on meanwhile
             check_request_id(frame.request_id)
-            start(commit(frame), [], f"commit-{producer_name}-{frame.request_id}")
+            if len(committing) >= MAX_PENDING_COMMITS:
+                outbox.send(
+                    Error(
+                        error=ErrorName.TOO_MANY_REQUESTS,
+                        message=f"{len(committing)} commits of this connection are being "
+                        "decided; end the transaction at its coordinator, or ask again later",
+                        request_id=frame.request_id,
+                    )
+                )
+                return
+            task = start(commit(frame), [], f"commit-{producer_name}-{frame.request_id}")
+            committing.add(task)
+            task.add_done_callback(committing.discard)
             return
         if isinstance(frame, SendBatch):
             check_batch(frame.sends)
