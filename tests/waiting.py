@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Literal, TypeVar
 
+from segtxn.client import ClientError
 from segtxn.metastore import Compacted, MetadataStore
 
 T = TypeVar("T")
@@ -78,3 +79,18 @@ class ContendedLock(asyncio.Lock):
         if self.locked():
             self.contended.set()
         return await super().acquire()
+
+
+async def client_error_of(call: Awaitable[object], *, within_s: float, what: str) -> ClientError:
+    """The ClientError ``call`` fails with, which it must do within ``within_s``.
+
+    Raises:
+        AssertionError: it succeeded (``what`` names it in the message).
+        TimeoutError: it had not ended by then.
+    """
+    try:
+        async with asyncio.timeout(within_s):
+            await call
+    except ClientError as e:
+        return e
+    raise AssertionError(f"{what} succeeded")

@@ -5,11 +5,12 @@ an acknowledgment is written and left unanswered, then killed."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 from segtxn.client import Client, ClientError, ErrorCategory, Message
 from segtxn.client.consumer import Consumer
 from tests.processes import ServerProcess
-from tests.waiting import wait_until
+from tests.waiting import client_error_of, wait_until
 
 TOPIC = "persistent://acme/acks/broker-gone"
 SUB = "sub"
@@ -32,14 +33,11 @@ async def _consumer_with_messages(client: Client, n: int) -> tuple[Consumer, lis
     return consumer, [await consumer.receive(timeout_s=10) for _ in range(n)]
 
 
-async def _failure(ack: asyncio.Future[None]) -> ClientError:
+def _failure(ack: Awaitable[object]) -> Awaitable[ClientError]:
     """The error ``ack`` fails with, which it must do within PROMPTLY_S."""
-    try:
-        async with asyncio.timeout(PROMPTLY_S):
-            await ack
-    except ClientError as e:
-        return e
-    raise AssertionError("the acknowledgment succeeded on a broker that is gone")
+    return client_error_of(
+        ack, within_s=PROMPTLY_S, what="the acknowledgment, on a broker that is gone,"
+    )
 
 
 async def test_an_ack_written_to_a_broker_that_dies_fails_at_once_outcome_unknown(

@@ -9,14 +9,14 @@ again may store it twice); one never written was not (RETRIABLE: sending it agai
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable
 
 import pytest
 
 from segtxn.client import Client, ClientError, ErrorCategory
 from segtxn.client.producer import Producer
 from tests.processes import ServerProcess
-from tests.waiting import wait_until
+from tests.waiting import client_error_of, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 TOPIC = "persistent://acme/sends/broker-gone"
@@ -35,14 +35,9 @@ async def _producer(client: Client) -> Producer:
     return producer
 
 
-async def _failure(send: asyncio.Future[Any]) -> ClientError:
+def _failure(send: Awaitable[object]) -> Awaitable[ClientError]:
     """The error ``send`` fails with, which it must do within PROMPTLY_S."""
-    try:
-        async with asyncio.timeout(PROMPTLY_S):
-            await send
-    except ClientError as e:
-        return e
-    raise AssertionError("the send succeeded on a broker that is gone")
+    return client_error_of(send, within_s=PROMPTLY_S, what="the send, on a broker that is gone,")
 
 
 async def test_a_send_written_to_a_broker_that_dies_fails_outcome_unknown(

@@ -15,10 +15,9 @@ trust (what a restart with a misconfigured certificate does to connected clients
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -32,7 +31,7 @@ from segtxn.client.scalable import ScalableProducer
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.etcd_server import free_port
 from tests.auth.certs import Authority, authority, issue
-from tests.waiting import wait_until
+from tests.waiting import client_error_of, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 TOPIC = "persistent://acme/tls/reconnect"
@@ -89,14 +88,11 @@ async def tls_broker(tmp_path: Path) -> AsyncIterator[TlsBroker]:
         await store.close()
 
 
-async def _failure(call: asyncio.Future[Any]) -> BaseException:
+def _failure(call: Awaitable[object]) -> Awaitable[ClientError]:
     """The error ``call`` fails with, which it must do within PROMPTLY_S."""
-    try:
-        async with asyncio.timeout(PROMPTLY_S):
-            await call
-    except ClientError as e:
-        return e
-    raise AssertionError(f"{call} succeeded on a broker whose certificate is not trusted")
+    return client_error_of(
+        call, within_s=PROMPTLY_S, what="the call, on a broker whose certificate is not trusted,"
+    )
 
 
 async def _consumer_with(client: Client, n: int) -> tuple[Consumer, list[Message]]:
