@@ -5,8 +5,8 @@ Every request either succeeds or gets the documented error: the JSON body
 (docs/protocol.md). One middleware per application turns whatever a handler raises into
 that answer:
 
-- a query parameter the route does not take (:func:`segtxn.inputs.takes`), or one given
-  twice: 400 ``InvalidArgument`` before the handler runs (:func:`segtxn.inputs.check_query`);
+- a query parameter given twice: 400 ``InvalidArgument`` before the handler runs
+  (:func:`segtxn.inputs.check_query`);
 - :class:`ServerError`: its name and status (4xx: the client's fault; 503: try again);
 - aiohttp's own refusals, with their status: unknown path 404 and oversized body 413
   (``InvalidArgument``, ``MessageTooLarge``), wrong method 405 (``NotAllowed``);

@@ -1,6 +1,5 @@
 """What a request carries, read and checked at the edge, before a handler acts on it: its
-query (only the parameters its route declares with :func:`takes`, each at most once) and
-its body (all of it within
+query (each parameter at most once) and its body (all of it within
 :data:`BODY_READ_TIMEOUT_S`; as JSON: well-formed, bounded in depth, valid Unicode, each key
 once per object). Each check raises ServerError(InvalidArgument) with a message that says
 what was wrong; the error boundary (:mod:`segtxn.boundary`) answers it.
@@ -10,54 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
 
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_JSON_DEPTH
 
-H = TypeVar("H", bound=Callable[..., Any])
 
-_TAKES = "segtxn_query_parameters"
-"""The attribute :func:`takes` puts on a handler."""
-
-
-def takes(*names: str) -> Callable[[H], H]:
-    """Declare the query parameters a route's handler takes (the decorator outermost: the
-    handler the route is given carries the declaration). :func:`check_query` refuses any
-    other, and every parameter of a handler without a declaration: a handler reads its
-    parameters itself, and one it does not read (``?segmnets=4``) would otherwise be
-    ignored, and the request done as if it had not been given."""
-
-    def declare(handler: H) -> H:
-        setattr(handler, _TAKES, tuple(sorted(names)))
-        return handler
-
-    return declare
-
-
-def check_query(request: web.Request) -> None:
-    """Raise ServerError(InvalidArgument) for a query parameter the request's route does not
-    take (:func:`takes`; the message names it and those it takes), or one given more than
-    once: no endpoint takes a list in its query, and a request that says two things at once
+def check_query(request: web.BaseRequest) -> None:
+    """Raise ServerError(InvalidArgument) for a query parameter given more than once: no
+    endpoint takes a list in its query, and a request that says two things at once
     (``?action=COMMIT&action=ABORT``, ``?to=earliest&to=latest``) is refused, not resolved
-    by silently taking the first. Both before anything is done. A request that matched no
-    route is left to its 404 or 405."""
+    by silently taking the first, before anything is done."""
     query = request.query
-    if not query:
-        return
-    match = request.match_info
-    if isinstance(match, web.UrlMappingMatchInfo) and match.http_exception is None:
-        taken: tuple[str, ...] = getattr(match.handler, _TAKES, ())
-        unknown = next((key for key in query if key not in taken), None)
-        if unknown is not None:
-            raise ServerError(
-                ErrorName.INVALID_ARGUMENT,
-                f"unknown parameter {unknown[:80]!r}: {request.method} {request.path} "
-                f"takes {', '.join(taken) if taken else 'none'}",
-            )
     if len(query) == len(set(query)):
         return
     repeated = next(key for key in query if len(query.getall(key)) > 1)

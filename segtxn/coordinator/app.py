@@ -37,7 +37,7 @@ from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import TxnMeta
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
-from segtxn.inputs import read_json, takes
+from segtxn.inputs import read_json
 from segtxn.metastore import (
     MetadataStore,
     StoreSettings,
@@ -204,7 +204,6 @@ def _v4_here(handler: Handler) -> Handler:
     return wrapped
 
 
-@takes("timeout_s", "protocol", "count")
 @server_span(tracing.COORDINATOR, "new-txn")
 @_errors
 async def new_txn(request: web.Request) -> web.StreamResponse:
@@ -255,7 +254,6 @@ async def add_participants(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
-@takes("action")
 @server_span(tracing.COORDINATOR, "end-txn")
 @_errors
 @_v4_here
@@ -280,7 +278,6 @@ async def end_txn(request: web.Request) -> web.StreamResponse:
     return web.json_response(meta)
 
 
-@takes("limit")
 @_errors
 async def list_open(request: web.Request) -> web.StreamResponse:
     limit = parse_int(request.query.get("limit", "1000"), "limit", lo=1, hi=MAX_LIST_LIMIT)
