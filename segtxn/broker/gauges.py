@@ -69,6 +69,11 @@ def register(service: BrokerService) -> None:
         lambda: sum(p.log_bytes for p in _pending_ack_logs(service)),
     )
     metrics.gauge(
+        "segtxn_txn_metadata_store_op_steps_in_flight",
+        "Op-record steps sent to the metadata store and not yet answered",
+        lambda: service.op_records.steps_in_flight,
+    )
+    metrics.gauge(
         "segtxn_txn_header_point_watches",
         "Scoped header watch: transaction headers watched now, one per transaction a "
         "segment here listens to (0 in prefix mode)",

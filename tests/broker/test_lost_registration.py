@@ -65,6 +65,7 @@ from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog
 from tests import processes
+from tests.metrics_scrape import scrape
 from tests.processes import ServerProcess
 from tests.waiting import wait_until
 
@@ -354,6 +355,11 @@ async def replica_count(url: str, member: str, ledger: str, ledger_id: int) -> i
         return int(body["count"])
 
 
+async def recording(url: str) -> bool:
+    """Whether the broker at ``url`` has an op-record step at the store, unanswered."""
+    return bool((await scrape(url)).value("segtxn_txn_metadata_store_op_steps_in_flight"))
+
+
 async def last_confirmed(url: str, segment: str) -> str | None:
     """The last entry the broker at ``url`` has stored of ``segment`` (its stats: no store
     call for a segment it has loaded)."""
@@ -372,11 +378,12 @@ async def test_a_resumed_owner_cannot_commit_what_the_new_owner_took_for_an_orph
 ) -> None:
     """A transactional send is an append, then a rewrite of the transaction's writes record
     covering it. The owner is paused between the two: etcd is paused for a moment so that
-    the rewrite covering ``m1`` is in flight (``m1`` is stored at the owner before ``m2`` is
-    sent, so the rewrite does not wait for ``m2``) when ``m2`` is appended (it waits for the
-    next rewrite), and the owner is paused once it and a replica hold ``m2``. Its session expires;
-    a client of another broker has the segment taken over, whose recovery finds ``m2``
-    outside the writes record: an orphan, never shown. Then the owner resumes.
+    the rewrite covering ``m1`` is in flight when ``m2`` is appended (``m2`` is sent once the
+    owner's gauge shows that rewrite sent: a rewrite not yet begun waits for the appends in
+    flight, and would cover ``m2`` too), so ``m2`` waits for the next rewrite; the owner
+    is paused once it and a replica hold ``m2``. Its session expires; a client of another
+    broker has the segment taken over, whose recovery finds ``m2`` outside the writes
+    record: an orphan, never shown. Then the owner resumes.
 
     ``m2`` must not be acknowledged as part of a transaction that then commits: the old
     owner's rewrite is refused (the segment's ledger is someone else's now), the send fails,
@@ -418,6 +425,9 @@ async def test_a_resumed_owner_cannot_commit_what_the_new_owner_took_for_an_orph
         try:
             m1 = await producer.send_async(b"m1", key="k", txn=txn)
             await wait_until(lambda: stored(held), timeout=2, what="m1 stored at the owner")
+            # m1's record must be on its way before m2 is sent: a step that has not begun
+            # waits for appends in flight, and would cover m2 too (then no orphan is left)
+            await wait_until(lambda: recording(victim.url), timeout=2, what="m1's record sent")
             m2 = await producer.send_async(b"m2", key="k", txn=txn)
             await wait_until(lambda: stored(held + 1), timeout=2, what="m2 stored at the owner")
             await wait_until(lambda: on_replica(held + 2), timeout=2, what="m2 on a replica")

@@ -20,6 +20,7 @@ from segtxn.broker.txn.buffer_records import WritesDraft
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.ledger import Position
 from segtxn.metastore import MetadataStore, Op, Record, open_store
+from segtxn.protocol.errors import ServerError
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
 from tests.test_aio import Turns
@@ -107,3 +108,29 @@ async def test_a_cancelled_waiter_neither_keeps_its_record_from_landing_nor_fail
     record = await stepping.get(T.writes_key(TXN, SEGMENT))
     assert record is not None
     assert T.decode_op(record.value) == T.WritesRecord(SEGMENT, (1, 0), (1, 5))
+
+
+async def test_the_steps_in_flight_are_counted_until_the_store_answers(
+    setup: tuple[OpRecordWriter, SteppingStore, Turns, int],
+) -> None:
+    """``steps_in_flight`` (the ``segtxn_txn_metadata_store_op_steps_in_flight`` gauge) counts
+    a step from the moment it is sent until the store answers, whatever the answer."""
+    writer, stepping, _, version = setup
+    assert writer.steps_in_flight == 0
+    stepping.hold = True
+    landing = asyncio.create_task(
+        writer.write(TXN, version, WritesDraft(TXN, SEGMENT, Position(1, 0)))
+    )
+    await wait_until(lambda: len(stepping.held) == 1, what="the step in flight")
+    assert writer.steps_in_flight == 1
+    stepping.held[0].set()
+    await asyncio.wait_for(landing, timeout=10)
+    assert writer.steps_in_flight == 0
+    stale = WritesDraft(TXN, f"{SEGMENT}-other", Position(2, 0))
+    refused = asyncio.create_task(writer.write(TXN, version - 1, stale))  # a header check fails
+    await wait_until(lambda: len(stepping.held) == 2, what="the refused step in flight")
+    assert writer.steps_in_flight == 1
+    stepping.held[1].set()
+    with pytest.raises(ServerError):
+        await asyncio.wait_for(refused, timeout=10)
+    assert writer.steps_in_flight == 0

@@ -127,6 +127,9 @@ class OpRecordWriter:
         self._cleaner = OpRecordCleaner(store)
         self._closed = False
         """Set by :meth:`close`: no step begins from then on, and a write is refused."""
+        self.steps_in_flight = 0
+        """Steps sent to the store and not yet answered (a gauge: a store that has stopped
+        answering shows here first)."""
 
     def appending(self, txn: TxnId) -> AppendInFlight:
         """Say that appends of ``txn`` are being written here and their record will follow:
@@ -315,7 +318,11 @@ class OpRecordWriter:
             header: Op = (
                 commit.cas() if commit is not None else Check(T.header_key(txn), chosen[0].version)
             )
-            await self._store.commit([header, *checks, *puts])
+            self.steps_in_flight += 1
+            try:
+                await self._store.commit([header, *checks, *puts])
+            finally:
+                self.steps_in_flight -= 1
         except (BadVersion, NotFound) as e:
             owned = owners.get(e.key)
             if owned is None:
