@@ -7,7 +7,7 @@ The store is wrapped in a FaultInjector (``cluster.faults``) so tests can drop w
 from __future__ import annotations
 
 import asyncio
-import errno
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -23,13 +23,14 @@ from segtxn.client import Client, Consumer, Producer, ScalableProducer
 from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.metastore.faults import FaultInjector
-from segtxn.web import ListenFailed
+from segtxn.web import AppServer, Listener
 from tests.waiting import wait_until
 
 V4_IDS = 2
 """v4 coordinator ids of the test cluster's coordinator."""
+LOOPBACK = "127.0.0.1"
 
 
 @dataclass
@@ -50,18 +51,31 @@ class Cluster:
 
 
 async def start_on_free_ports(
-    make: Callable[[int, int], tuple[BrokerServer, CoordinatorServer]], attempts: int = 5
+    make: Callable[[int, int], tuple[BrokerServer, CoordinatorServer]],
 ) -> tuple[BrokerServer, CoordinatorServer]:
-    """Start a broker and a coordinator made for two free ports. ``free_port()`` is only a
-    guess: another process may bind the port before the server does (seen in make test
-    beside other jobs: "address already in use"), and then both start again on new ones."""
-    for _ in range(attempts - 1):
-        try:
-            return await _start_both(*make(free_port(), free_port()))
-        except ListenFailed as e:
-            if e.errno != errno.EADDRINUSE:
-                raise
-    return await _start_both(*make(free_port(), free_port()))
+    """Start a broker and a coordinator made for two loopback ports the system picks.
+
+    Each port is bound (a :class:`~segtxn.web.Listener` on port 0) before the servers are
+    made, and the server made for it serves on that very socket: no other process can take
+    it meanwhile. (Ports picked by binding a socket and closing it again were free only
+    until another process bound them: seen in make test beside other jobs, "address already
+    in use".)"""
+    with contextlib.ExitStack() as unserved:  # closed unless a server took them
+        node = unserved.enter_context(Listener(LOOPBACK))
+        txn = unserved.enter_context(Listener(LOOPBACK))
+        broker, coordinator = make(node.port, txn.port)
+        _serve_on(broker, node)
+        _serve_on(coordinator, txn)
+        unserved.pop_all()
+    return await _start_both(broker, coordinator)
+
+
+def _serve_on(server: AppServer, listener: Listener) -> None:
+    """Have ``server`` (made for ``listener``'s port) serve on ``listener``, which it closes
+    when it stops."""
+    if server.port != listener.port:
+        raise ValueError(f"a server made for port {server.port}, not {listener.port}")
+    server.listener, server.host = listener, listener.host
 
 
 async def _start_both(

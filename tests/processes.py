@@ -6,47 +6,101 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import aiohttp
 
-from segtxn.metastore.etcd_server import free_port
+from segtxn.verify.processes import serving_port
 from tests.waiting import wait_until
 
 SEGTXN = str(Path(sys.executable).with_name("segtxn"))
+SERVING_S = 30.0
+"""How long a server may take to name its port (start-up on a busy machine)."""
 
 
 class ServerProcess:
-    """``segtxn <command> ...`` on a fixed free port (kept across restarts)."""
+    """``segtxn <command> ...`` on a port it picks at its first start, kept across restarts.
+
+    The first start listens on port 0 (an advertised port 0, or ``--port 0``): the server
+    binds a port the system picks and holds it from then on, and names it on its
+    ``serving:`` line, read from its log. (A port picked here by binding a socket and closing
+    it again was free only until another process bound it, and the server then failed to
+    start: address already in use.) A restart is given that port again: the test's clients
+    keep its URL."""
 
     def __init__(
         self, command: list[str], name: str, *, advertise: bool = True, log: Path | None = None
     ) -> None:
         """``advertise``: the command takes ``--advertise URL --host``; else ``--port``.
-        ``log``: append the process's stderr (its log) to this file, else discard it."""
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        ``log``: append the process's stderr (its log) to this file, else to a temporary
+        file of its own (removed when it stops)."""
+        self._port = 0
         self.name = name
         self._command = command
         self._advertise = advertise
-        self.log = log
+        self._own_log = log is None
+        self.log = log if log is not None else Path(tempfile.mkstemp(suffix=".log")[1])
+        self._log_from = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def port(self) -> int:
+        """The port it serves on; waits (at most SERVING_S, blocking: await :meth:`serving`
+        or :meth:`ready` first in a test's event loop) for the first start to name it."""
+        if not self._port:
+            deadline = time.monotonic() + SERVING_S
+            while not self._poll_serving():
+                if time.monotonic() > deadline:
+                    raise AssertionError(self._no_serving_line())
+                time.sleep(0.05)  # sleep-ok: polling a file another process writes
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self) -> None:
-        where = ["--advertise", self.url] if self._advertise else ["--port", str(self.port)]
+        where = (
+            ["--advertise", f"http://127.0.0.1:{self._port}"]
+            if self._advertise
+            else ["--port", str(self._port)]
+        )
         args = [SEGTXN, *self._command, *where, "--host", "127.0.0.1"]
-        if self.log is None:
-            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            return
+        self._log_from = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log)
 
     def log_text(self) -> str:
-        """What the process has logged so far (with ``log``)."""
-        return self.log.read_text() if self.log is not None and self.log.exists() else ""
+        """What the process has logged so far."""
+        return self.log.read_text() if self.log.exists() else ""
+
+    async def serving(self, limit_s: float = SERVING_S) -> None:
+        """Wait until it named its port (at once after its first start)."""
+        await wait_until(self._poll_serving, timeout=limit_s, what=self._no_serving_line())
 
     async def ready(self, limit_s: float = 30) -> None:
+        """Wait until it named its port (its first start) and answers ``/readyz`` with 200,
+        each within ``limit_s``."""
+        await self.serving(limit_s)
         await wait_ready(self.url, self.name, limit_s)
+
+    def _poll_serving(self) -> bool:
+        """Whether the port is known (read now from the log if the server has said it)."""
+        if not self._port and self.log.exists():
+            with self.log.open("rb") as log:
+                log.seek(self._log_from)
+                self._port = serving_port(log.read().decode(errors="replace")) or 0
+        return bool(self._port)
+
+    def _no_serving_line(self) -> str:
+        exited = self.proc is not None and self.proc.poll() is not None
+        return (
+            f"{self.name}'s 'serving:' line naming its port (in {self.log}"
+            + (", and it has exited" if exited else "")
+            + ")"
+        )
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -72,6 +126,8 @@ class ServerProcess:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self._own_log:
+            self.log.unlink(missing_ok=True)
 
 
 async def wait_ready(url: str, name: str, limit_s: float = 30) -> None:
@@ -148,7 +204,7 @@ async def replicated_brokers(
 def standalone(*extra: str) -> ServerProcess:
     """``extra``: more flags (e.g. ``--store``, ``--data-dir``), kept across restarts."""
     return ServerProcess(
-        ["standalone", "--coordinator-port", str(free_port()), *extra],
+        ["standalone", *extra],  # its coordinator on a port it picks (each start)
         "standalone",
         advertise=False,
     )

@@ -1,9 +1,13 @@
-"""The test cluster's own start-up: a port taken between ``free_port()`` and the bind."""
+"""The test cluster's own start-up: each port is held from its pick until its server serves
+on it (no other process can take it in between, as one could a ``free_port()``)."""
 
 from __future__ import annotations
 
+import errno
 import socket
 from pathlib import Path
+
+import aiohttp
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
@@ -13,17 +17,24 @@ from segtxn.metastore import open_store
 from tests.cluster import start_on_free_ports
 
 
-async def test_a_port_taken_before_the_bind_is_replaced(tmp_path: Path) -> None:
+def _taken(port: int) -> bool:
+    with socket.socket() as other:
+        try:
+            other.bind(("127.0.0.1", port))
+        except OSError as e:
+            return e.errno == errno.EADDRINUSE
+        return False
+
+
+async def test_the_ports_are_held_from_their_pick_until_the_servers_serve(
+    tmp_path: Path,
+) -> None:
     store = open_store("memory://")
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    asked: list[int] = []
+    asked: list[tuple[int, int]] = []
 
     def servers(port: int, txn_port: int) -> tuple[BrokerServer, CoordinatorServer]:
-        if not asked:
-            port = taken.getsockname()[1]  # as if another process had bound it meanwhile
-        asked.append(port)
+        asked.append((port, txn_port))
+        assert _taken(port) and _taken(txn_port)  # another process could not bind them now
         broker = BrokerServer(
             BrokerSettings(
                 broker_id="b1",
@@ -33,19 +44,22 @@ async def test_a_port_taken_before_the_bind_is_replaced(tmp_path: Path) -> None:
             store=store,
         )
         coordinator = CoordinatorServer(
-            CoordinatorSettings(advertise_url=f"http://127.0.0.1:{txn_port}"),
-            store=store,
+            CoordinatorSettings(advertise_url=f"http://127.0.0.1:{txn_port}"), store=store
         )
         return broker, coordinator
 
     try:
         broker, coordinator = await start_on_free_ports(servers)
         try:
-            assert len(asked) == 2 and asked[1] != taken.getsockname()[1]
-            assert broker.settings.advertise_url.endswith(f":{asked[1]}")
+            ((port, txn_port),) = asked
+            assert port != txn_port
+            async with aiohttp.ClientSession() as session:
+                for url in (f"http://127.0.0.1:{port}", f"http://127.0.0.1:{txn_port}"):
+                    async with session.get(url + "/healthz") as response:
+                        assert response.status == 200, url  # served on the port picked
         finally:
             await coordinator.stop()
             await broker.stop()
+        assert not _taken(port) and not _taken(txn_port)  # closed with their servers
     finally:
-        taken.close()
         await store.close()

@@ -12,7 +12,8 @@
   short session (:data:`~segtxn.verify.plan.REPLICATED_SESSION_TTL_S`), and a coordinator,
   on a short session too (:data:`~segtxn.verify.plan.COORDINATOR_SESSION_TTL_S`).
 
-Each server listens on a loopback port of its own, kept across restarts, and keeps its
+Each server listens on a loopback port of its own, which it picks (port 0) and names on its
+``serving:`` line, and is kept across restarts; each keeps its
 ledgers under ``<run dir>/data/<name>``; :meth:`Cluster.restart_server` starts a SIGKILLed
 one again with the same id, data dir and port. The private etcd keeps its data in
 ``/dev/shm`` (removed when the cluster stops) and its log in ``<run dir>/logs/etcd.log``;
@@ -32,7 +33,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 from segtxn.metastore.defrag import PRIVATE_ETCD, run_defragmentation
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.metastore.registry import open_store
 from segtxn.verify.plan import COORDINATOR_SESSION_TTL_S, REPLICATED_SESSION_TTL_S, Shape
 from segtxn.verify.processes import MARKER, Launch, ServerProcess
@@ -163,11 +164,15 @@ async def open_cluster(
         servers: list[ServerProcess] = []
 
         def server(name: str, *args: str, advertise: bool = True) -> ServerProcess:
-            port = free_port()
-            where = ["--advertise", f"http://127.0.0.1:{port}"] if advertise else []
-            where += ["--host", "127.0.0.1"] + ([] if advertise else ["--port", str(port)])
-            command = launch.segtxn(*args, *where)
-            process = ServerProcess(name, command, logs / f"{name}.log", launch, port)
+            def command_on(port: int) -> list[str]:
+                where = ["--host", "127.0.0.1"]
+                if advertise:  # an advertised port 0: the port picked, advertised
+                    where += ["--advertise", f"http://127.0.0.1:{port}"]
+                else:
+                    where += ["--port", str(port)]
+                return launch.segtxn(*args, *where)
+
+            process = ServerProcess(name, command_on, logs / f"{name}.log", launch)
             servers.append(process)
             return process
 
@@ -189,7 +194,7 @@ async def open_cluster(
             )
             server("coordinator", "coordinator", "--store", store, *session)
         else:
-            args = ["standalone", "--store", store, "--coordinator-port", str(free_port())]
+            args = ["standalone", "--store", store]  # its coordinator: on a port it picks
             if shape is Shape.STANDALONE_ETCD:
                 args += ["--data-dir", str(run_dir / "data" / "standalone")]
             server("standalone", *args, advertise=False)

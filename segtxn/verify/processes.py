@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shlex
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -186,24 +187,58 @@ class ManagedProcess:
 
 
 class ServerProcess(ManagedProcess):
-    """A segtxn server on a fixed loopback port, kept across restarts (with its broker id and
-    data dir, which are in its command line)."""
+    """A segtxn server on a loopback port kept across restarts (with its broker id and data
+    dir, which are in its command line).
+
+    Its first incarnation listens on port 0: the server binds a port the system picks and
+    holds it from then on, and says which on its ``serving:`` line, which :meth:`ready`
+    reads from the log. (A port picked by the harness, by binding a socket and closing it
+    again, was free only until another process bound it: the server then failed to start,
+    address already in use, and the run with it.) Later incarnations are given that port
+    again, as the clients of the run keep its URL."""
 
     def __init__(
-        self, name: str, command: list[str], log_path: Path, launch: Launch, port: int
+        self, name: str, command_on: Callable[[int], list[str]], log_path: Path, launch: Launch
     ) -> None:
-        super().__init__(name, command, log_path, launch)
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        """``command_on(port)``: the command line of a server listening on ``port`` (0: a
+        port it picks, and advertises)."""
+        super().__init__(name, command_on(0), log_path, launch)
+        self._command_on = command_on
+        self.port = 0
+        """0 until the first incarnation said on which port it serves."""
+        self._log_from = 0
+        """Where this incarnation's lines begin in the log."""
+
+    @property
+    def url(self) -> str:
+        if not self.port:
+            raise RuntimeError(f"{self.name} has not said its port yet: await ready() first")
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, why: str = "start") -> None:
+        self.command = self._command_on(self.port)
+        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
+        await super().start(why)
 
     async def ready(self, limit_s: float = 30.0) -> None:
-        """Wait until ``/readyz`` answers 200.
+        """Wait until the server has said its port (its first incarnation) and ``/readyz``
+        answers 200, both within ``limit_s``.
 
         Raises:
             ServerFailed: it exited, or was not ready in ``limit_s``.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
+        while not self.port:
+            if not self.running:
+                raise ServerFailed(f"{self.name} exited at start-up: {self.tail(500)}")
+            self.port = serving_port(self._incarnation_log()) or 0
+            if not self.port and loop.time() >= deadline:
+                raise ServerFailed(
+                    f"{self.name} printed no 'serving:' line naming its port in {limit_s:g} s "
+                    f"(see {self.log_path}): {self.tail(500)}"
+                )
+            await asyncio.sleep(0.05)  # sleep-ok: polling a file another process writes
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
             while loop.time() < deadline:
                 if not self.running:
@@ -216,6 +251,22 @@ class ServerProcess(ManagedProcess):
                     pass
                 await asyncio.sleep(0.05)  # sleep-ok: the process is starting; only its port tells
         raise ServerFailed(f"{self.name} was not ready in {limit_s:g} s: {self.tail(500)}")
+
+    def _incarnation_log(self) -> str:
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_from)
+            return log.read().decode(errors="replace")
+
+
+SERVING = re.compile(r"serving: (?:broker \S+|transaction coordinator) on https?://[^\s\"]*:(\d+)")
+"""A server command's line saying where it serves (segtxn/cli/lifecycle.py), plain or within
+a JSON log line; ``standalone`` says its broker's first."""
+
+
+def serving_port(log: str) -> int | None:
+    """The port of the first ``serving:`` line in ``log`` (None: none yet)."""
+    found = SERVING.search(log)
+    return int(found.group(1)) if found else None
 
 
 class ServerFailed(RuntimeError):

@@ -60,10 +60,11 @@ from segtxn.client import (
 from segtxn.client.errors import Timeout
 from segtxn.ledger.metadata import LedgerMetadata, metadata_key
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog
+from segtxn.web import Listener
 from tests import processes
 from tests.metrics_scrape import scrape
 from tests.processes import ServerProcess
@@ -476,14 +477,14 @@ async def test_a_broker_whose_session_lapsed_keeps_its_topics_and_their_clients(
     takes its id or its topics meanwhile: it is fenced (no receipt, no new client) until it
     has registered again, then it keeps the topic loaded and its consumer connected, and
     the producer's send is acknowledged once it is back (sent again, stored once)."""
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     settings = BrokerSettings(
         broker_id="x1",
-        advertise_url=f"http://127.0.0.1:{port}",
+        advertise_url=f"http://127.0.0.1:{listener.port}",
         ledger_url=f"file://{tmp_path / 'x1'}",
         session_ttl_s=1.0,
     )
-    server = BrokerServer(settings, host="127.0.0.1", port=port, store=store)
+    server = BrokerServer(settings, store=store, listener=listener)
     await server.start()
     service = server.service
     topic = "persistent://acme/fence/lapsed"
@@ -527,14 +528,14 @@ async def test_a_topic_let_go_once_registered_again_is_not_loaded_beside_the_clo
     old instance is still closing the broker is still fenced, so the consumer (and any
     client) is told to retry rather than load a second instance beside the closing one
     (whose ledger file's lock would refuse it); once it is closed, the topic loads again."""
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     settings = BrokerSettings(
         broker_id="x1",
-        advertise_url=f"http://127.0.0.1:{port}",
+        advertise_url=f"http://127.0.0.1:{listener.port}",
         ledger_url=f"file://{tmp_path / 'x1'}",
         session_ttl_s=1.0,
     )
-    server = BrokerServer(settings, host="127.0.0.1", port=port, store=store)
+    server = BrokerServer(settings, store=store, listener=listener)
     await server.start()
     service = server.service
     topic = "persistent://acme/fence/let-go"

@@ -124,6 +124,7 @@ async def test_a_paused_coordinators_id_moves_with_its_log_and_it_serves_no_stal
         txn = opened[0]
         assert await _state(client, first, txn) == "OPEN"
         second.start()  # a standby: not ready (it holds no id) until c1 is gone
+        await second.serving()  # its port: it is not ready, but it serves
         first.pause()  # past its session: c2 takes the ids and recovers the v4 log
 
         async def taken_over() -> bool:

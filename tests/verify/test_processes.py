@@ -4,11 +4,13 @@ tail that tells the faults when to strike."""
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from pathlib import Path
 
-from segtxn.metastore.etcd_server import free_port
+import pytest
+
 from segtxn.verify.history import FileHistory, FileTail
 from segtxn.verify.processes import (
     DUMP_END,
@@ -16,6 +18,7 @@ from segtxn.verify.processes import (
     TEST_BUGS_ENV,
     Launch,
     ManagedProcess,
+    ServerFailed,
     ServerProcess,
 )
 
@@ -64,15 +67,27 @@ async def test_a_kill_or_a_stop_is_not_a_crash(tmp_path: Path) -> None:
 
 async def test_a_segtxn_server_gets_the_verbosity_and_dumps_its_stacks(tmp_path: Path) -> None:
     launch = Launch(verbosity=1)
-    port = free_port()
-    command = launch.segtxn("standalone", "--host", "127.0.0.1", "--port", str(port))
-    assert command[3:5] == ["-v", "standalone"]
-    server = ServerProcess("standalone", command, tmp_path / "s.log", launch, port)
+
+    def command_on(port: int) -> list[str]:
+        return launch.segtxn("standalone", "--host", "127.0.0.1", "--port", str(port))
+
+    assert command_on(0)[3:5] == ["-v", "standalone"]
+    server = ServerProcess("standalone", command_on, tmp_path / "s.log", launch)
     await server.start()
     try:
         await server.ready()
+        picked = server.port  # port 0: the port it picked, read from its serving line
+        assert picked and server.url == f"http://127.0.0.1:{picked}"
         await server.dump_stacks(limit_s=30)
         assert server.running  # SIGUSR1 dumps and goes on
+        await server.kill("a fault")
+        await server.start("restart after SIGKILL")  # on the port its clients know
+        await server.ready()
+        assert server.port == picked
+        assert any(
+            "incarnation 2 (restart after SIGKILL)" in line and f"--port {picked}" in line
+            for line in (tmp_path / "s.log").read_text().splitlines()
+        )
     finally:
         await server.stop()
     text = (tmp_path / "s.log").read_text()
@@ -80,6 +95,18 @@ async def test_a_segtxn_server_gets_the_verbosity_and_dumps_its_stacks(tmp_path:
     assert "asyncio tasks ====" in text and "-- task broker-registration" in text
     assert DUMP_END in text
     assert server.exited_on_its_own == []
+
+
+async def test_a_server_that_never_says_its_port_fails_naming_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "quiet.log"
+    server = ServerProcess("quiet", lambda port: SLEEP, log, Launch())
+    await server.start()
+    try:
+        expected = f"no 'serving:' line naming its port in 0.5 s (see {log})"
+        with pytest.raises(ServerFailed, match=re.escape(expected)):
+            await server.ready(limit_s=0.5)
+    finally:
+        await server.stop()
 
 
 async def test_the_history_tail_follows_open_transactions_and_commits(tmp_path: Path) -> None:
