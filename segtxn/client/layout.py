@@ -6,6 +6,8 @@ whoever waits for a change, and re-opens the session if it breaks. Producers rou
 consumers follow it to find new segments. A version the broker cannot read comes as an error
 frame (``{"error": "PersistenceError", "message"}``, docs/protocol.md): it is logged, and
 the layout keeps the DAG it holds, on the same session, until a readable version comes.
+A session that cannot be opened again for good (the broker's TLS certificate is not trusted)
+stops, and says so (:attr:`TopicLayout.failed`, ``changed`` set).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import aiohttp
 
 from segtxn.client.connection import Connector
+from segtxn.client.errors import CertificateError
 from segtxn.client.timeouts import Deadline, retrying
 from segtxn.protocol.errors import (
     NotAuthorized,
@@ -67,7 +70,11 @@ class TopicLayout:
         self._active: list[Segment] = []
         """The active segments by key range (routing asks on every send)."""
         self.changed = asyncio.Event()
-        """Set (and replaced) whenever a newer DAG arrives."""
+        """Set (and replaced) whenever a newer DAG arrives, and when :attr:`failed` is set."""
+        self.failed: CertificateError | None = None
+        """Why the lookup session stopped for good: no newer DAG will come. A waiter for a
+        change (a send for the layout after its segment was sealed, a consumer for the
+        segments of a split) raises it rather than waiting for nothing."""
         self._task: asyncio.Task[None] | None = None
         self._said: str | None = None
         """The last error frame logged (the session repeats it for each unreadable version)."""
@@ -96,6 +103,9 @@ class TopicLayout:
         self.epoch = epoch
         self.segments = {s.id: s for s in (Segment.parse(x) for x in raw["segments"])}
         self._active = sorted((s for s in self.segments.values() if s.active), key=lambda s: s.lo)
+        self._wake()
+
+    def _wake(self) -> None:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
 
@@ -128,6 +138,11 @@ class TopicLayout:
                 log.warning(
                     "lookup session of %s refused (%s): no more layout updates", self.topic, e
                 )
+                return
+            except CertificateError as e:  # retrying cannot help: say so, not wait for nothing
+                log.warning("lookup session of %s: %s: no more layout updates", self.topic, e)
+                self.failed = e
+                self._wake()
                 return
             except ServerError as e:
                 log.info("lookup session of %s failed (%s); reconnecting", self.topic, e)

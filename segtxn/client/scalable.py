@@ -355,6 +355,8 @@ class ScalableProducer(Closable):
                 return
             if deadline.expired():
                 raise TopicTerminatedError(f"{self.topic}: no layout with an open segment came")
+            if self.layout.failed is not None:  # no newer layout will come
+                raise self.layout.failed
             try:
                 async with asyncio.timeout(deadline.cap(0.5)):
                     await self.layout.changed.wait()
@@ -378,6 +380,9 @@ class ScalableProducer(Closable):
 
         Raises:
             ServerError: the broker refused it (re-sends after a seal included).
+            CertificateError: its segment was sealed, and the broker of the topic's lookup
+                session (which tells the segments that replace it) has a TLS certificate
+                the client does not trust: no layout to send it on again will come.
             Timeout: not done within ``send_timeout_s`` of the call (RETRIABLE if it never
                 left, else OUTCOME_UNKNOWN).
             ClientClosed: the producer was closed (or is closing) before the call: nothing

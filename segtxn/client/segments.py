@@ -121,6 +121,11 @@ class SegmentFollowing:
                     name=f"consumer-dag-{self.name}",
                 )
             self._wake.clear()
+            failed = self._layout.failed
+            if failed is not None:  # no new segment will be known
+                log.warning("consumer %s stops following %s: %s", self.name, self.topic, failed)
+                await self._queue.put(failed)  # receive() raises it after what is queued
+                return
             for key, stream in list(self._streams.items()):
                 # Ended: sealed, and everything in it delivered and acknowledged by the
                 # subscription (on every subscription type): nothing more will come on it,

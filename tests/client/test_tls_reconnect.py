@@ -201,3 +201,27 @@ async def test_a_scalable_producer_whose_broker_is_no_longer_trusted_is_told(
         after = await _failure(asyncio.ensure_future(producer.send(b"after")))
         assert isinstance(after, CertificateError), repr(after)
         assert "certificate does not verify" in str(after), str(after)
+
+
+async def test_a_scalable_topics_layout_whose_broker_is_no_longer_trusted_says_so(
+    tls_broker: TlsBroker, tmp_path: Path
+) -> None:
+    """A scalable topic's lookup session (its layout, which producers route with and
+    consumers follow to new segments) reconnecting to a broker whose certificate is not
+    trusted stops and says so: whoever waits for a layout change is woken within
+    PROMPTLY_S, and ``failed`` is the CertificateError (no change will come). Before, the
+    error ended the session's task with nobody told: a consumer waiting for the segments
+    of a split, or a send waiting for the layout after its segment was sealed, waited for a
+    change that could not come."""
+    async with Client(tls_broker.url, tls_ca=tls_broker.ca.path) as client:
+        await client.admin.create_topic(SCALABLE, segments=1)
+        producer = await client.create_producer(SCALABLE, send_timeout_s=LONG_S)
+        assert isinstance(producer, ScalableProducer)
+        layout = producer.layout
+        changed = layout.changed
+        await tls_broker.stop()
+        await tls_broker.start_untrusted(tmp_path)
+        async with asyncio.timeout(PROMPTLY_S):
+            await changed.wait()
+        assert isinstance(layout.failed, CertificateError), repr(layout.failed)
+        assert "certificate does not verify" in str(layout.failed), str(layout.failed)
