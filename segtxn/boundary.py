@@ -6,7 +6,8 @@ Every request either succeeds or gets the documented error: the JSON body
 that answer:
 
 - a query parameter given twice: 400 ``InvalidArgument`` before the handler runs
-  (:func:`segtxn.inputs.check_query`);
+  (:func:`segtxn.inputs.check_query`); one the route does not take, 400 too, but after
+  authentication (:func:`segtxn.inputs.install_declared_check`);
 - :class:`ServerError`: its name and status (4xx: the client's fault; 503: try again);
 - aiohttp's own refusals, with their status: unknown path 404 and oversized body 413
   (``InvalidArgument``, ``MessageTooLarge``), wrong method 405 (``NotAllowed``);

@@ -1,5 +1,6 @@
 """What a request carries, read and checked at the edge, before a handler acts on it: its
-query (each parameter at most once) and its body (all of it within
+query (each parameter at most once; only those its route declares with :func:`takes`,
+checked after authentication: :func:`install_declared_check`) and its body (all of it within
 :data:`BODY_READ_TIMEOUT_S`; as JSON: well-formed, bounded in depth, valid Unicode, each key
 once per object). Each check raises ServerError(InvalidArgument) with a message that says
 what was wrong; the error boundary (:mod:`segtxn.boundary`) answers it.
@@ -9,12 +10,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_JSON_DEPTH
+
+H = TypeVar("H", bound=Callable[..., Any])
+
+_TAKES = "segtxn_query_parameters"
+"""The attribute :func:`takes` puts on a handler."""
+
+
+def takes(*names: str) -> Callable[[H], H]:
+    """Declare the query parameters a route's handler takes (the decorator outermost: the
+    handler the route is given carries the declaration). :func:`refuse_undeclared` refuses
+    any other, and every parameter of a handler without a declaration: a handler reads its
+    parameters itself, and one it does not read (``?segmnets=4``) would otherwise be
+    ignored, and the request done as if it had not been given."""
+
+    def declare(handler: H) -> H:
+        setattr(handler, _TAKES, tuple(sorted(names)))
+        return handler
+
+    return declare
 
 
 def check_query(request: web.BaseRequest) -> None:
@@ -31,6 +52,46 @@ def check_query(request: web.BaseRequest) -> None:
         ErrorName.INVALID_ARGUMENT,
         f"query parameter {shown[:80]} given {len(query.getall(repeated))} times; give it once",
     )
+
+
+def check_declared(request: web.Request) -> None:
+    """Raise ServerError(InvalidArgument) for a query parameter the request's route does not
+    take (:func:`takes`); the message names it and those the route takes. A request that
+    matched no route is left to its 404 or 405."""
+    query = request.query
+    if not query:
+        return
+    match = request.match_info
+    if not isinstance(match, web.UrlMappingMatchInfo) or match.http_exception is not None:
+        return
+    taken: tuple[str, ...] = getattr(match.handler, _TAKES, ())
+    unknown = next((key for key in query if key not in taken), None)
+    if unknown is None:
+        return
+    raise ServerError(
+        ErrorName.INVALID_ARGUMENT,
+        f"unknown parameter {unknown[:80]!r}: {request.method} {request.path} takes "
+        f"{', '.join(taken) if taken else 'no query parameters'}",
+    )
+
+
+@web.middleware
+async def refuse_undeclared(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """:func:`check_declared`, then the handler. Install it with
+    :func:`install_declared_check`."""
+    check_declared(request)
+    return await handler(request)
+
+
+def install_declared_check(app: web.Application) -> None:
+    """Put :func:`refuse_undeclared` on ``app`` as its innermost middleware: call it after
+    the error boundary (:func:`segtxn.boundary.install`, which answers its refusal) and
+    after authentication (:func:`segtxn.auth.install_auth`). A request refused for its
+    credentials (401, 403) then gets the same answer as without the check, and a caller
+    that may not use an endpoint does not learn which parameters it takes."""
+    app.middlewares.append(refuse_undeclared)
 
 
 BODY_READ_TIMEOUT_S = 30.0

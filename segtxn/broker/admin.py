@@ -21,7 +21,7 @@ from segtxn.broker.service import BrokerService
 from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
-from segtxn.inputs import read_json
+from segtxn.inputs import read_json, takes
 from segtxn.ledger.sealed import read_sealed
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_int, parse_key_hash
@@ -49,6 +49,7 @@ def _change(topic: ScalableTopic) -> dict[str, Any] | None:
     }
 
 
+@takes("segments")
 @json_errors
 async def create_topic(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
@@ -84,6 +85,7 @@ async def _create(
     return record
 
 
+@takes(*deletion.PARAMETERS)
 @json_errors
 async def delete_topic(request: web.Request) -> web.StreamResponse:
     """Delete a topic and its data (:mod:`.deletion`: the steps, and the precondition)."""
@@ -153,6 +155,7 @@ async def list_subscriptions(request: web.Request) -> web.StreamResponse:
     return web.json_response(topic.subscription_names())
 
 
+@takes("initial")
 @json_errors
 async def create_subscription(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
@@ -190,6 +193,7 @@ async def delete_subscription(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
+@takes("to")
 @json_errors
 async def reset_subscription(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
@@ -234,6 +238,7 @@ async def update_properties(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
+@takes("key")
 @json_errors
 async def remove_property(request: web.Request) -> web.StreamResponse:
     key = request.query.get("key")
@@ -311,6 +316,7 @@ def _v4_end(request: web.Request) -> tuple[TxnId, TxnAction]:
     return txn, action
 
 
+@takes("action")
 @json_errors
 async def end_txn_on_partition(request: web.Request) -> web.StreamResponse:
     """PIP-31's END_TXN_ON_PARTITION (from the v4 coordinator): the marker, if the
@@ -325,6 +331,7 @@ async def end_txn_on_partition(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
+@takes("action")
 @json_errors
 async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
     """PIP-31's END_TXN_ON_SUBSCRIPTION: apply (commit) or release (abort) the pending
@@ -400,6 +407,7 @@ async def _as_controller(
         raise ServerError(ErrorName.TOPIC_NOT_FOUND, f"topic {name} does not exist") from None
 
 
+@takes("segment", "at")
 @json_errors
 async def split(request: web.Request) -> web.StreamResponse:
     given = request.query.get("segment")
@@ -412,6 +420,7 @@ async def split(request: web.Request) -> web.StreamResponse:
     return await _as_controller(request, lambda name: controllers.split(name, segment, at))
 
 
+@takes("segments")
 @json_errors
 async def merge(request: web.Request) -> web.StreamResponse:
     parts = request.query.get("segments", "").split(",")

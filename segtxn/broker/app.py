@@ -30,6 +30,7 @@ from segtxn.broker import (
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.service import BrokerService
 from segtxn.broker.settings import BrokerSettings
+from segtxn.inputs import install_declared_check
 from segtxn.ledger.replicas import replica_routes
 from segtxn.metastore import MetadataStore, access_denied
 from segtxn.protocol.limits import MAX_REQUEST_BYTES
@@ -44,6 +45,7 @@ def create_app(settings: BrokerSettings, store: MetadataStore | None = None) -> 
     coordinators = "this is a broker; transactions are served by the transaction coordinators"
     install(app, {"/txn/": coordinators})  # the error boundary
     install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
+    install_declared_check(app)  # after auth: a 401/403 stays one, and tells no parameters
     app[SERVICE] = BrokerService(settings, store)
     app[SOCKETS] = weakref.WeakSet()
     app.on_shutdown.append(sockets.close_sockets)

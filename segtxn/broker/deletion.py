@@ -52,7 +52,8 @@ from segtxn.protocol.preconditions import PropertyPrecondition
 from segtxn.topics.catalog import PreconditionFailed
 
 PARAMETERS = ("force", *preconditions.PARAMETERS)
-"""The query parameters a topic's ``DELETE`` takes."""
+"""The query parameters a topic's ``DELETE`` takes (its route declares them: any other is
+refused before it runs, :func:`segtxn.inputs.takes`)."""
 
 
 def busy_message(name: TopicName) -> str:
@@ -63,22 +64,16 @@ async def delete_topic(request: web.Request) -> None:
     """Delete the topic the request names, as the module docstring says.
 
     Raises:
-        ServerError: InvalidArgument (an unknown parameter, a malformed ``force`` or
-            precondition); NotAllowed (a precondition on a persistent topic or a segment; a
-            segment of a topic not being deleted); TopicNotFound; ConsumerBusy (connected
+        ServerError: InvalidArgument (a malformed ``force`` or precondition; an unknown
+            parameter is refused before, by its route's declaration); NotAllowed (a
+            precondition on a persistent topic or a segment; a segment of a topic not
+            being deleted); TopicNotFound; ConsumerBusy (connected
             clients, not forced); PreconditionFailed (nothing was changed); ServiceNotReady
             (a segment's broker is down: a scalable topic marked already stays marked, and
             the next ``DELETE`` finishes it).
     """
     service = request.app[SERVICE]
     name = topic_from(request)
-    unknown = sorted(set(request.query) - set(PARAMETERS))
-    if unknown:
-        raise ServerError(
-            ErrorName.INVALID_ARGUMENT,
-            f"unknown parameter {unknown[0][:40]!r}: deleting a topic takes "
-            f"{', '.join(PARAMETERS)}",
-        )
     force = parse_bool(request.query.get("force", "false"), "force")
     precondition = arguments.delete_precondition(request, name)
     if name.domain is Domain.TOPIC:

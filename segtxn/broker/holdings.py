@@ -15,6 +15,7 @@ from aiohttp import web
 from segtxn.broker import handoff
 from segtxn.broker.http import SERVICE, json_errors
 from segtxn.broker.settings import BROKER_ID
+from segtxn.inputs import takes
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import parse_int
 
@@ -22,6 +23,7 @@ MAX_LISTED = 1000
 """The most homes one answer names (``more`` says whether there are others)."""
 
 
+@takes("limit")
 @json_errors
 async def homes(request: web.Request) -> web.StreamResponse:
     """``{"broker": ID, "homes": [ledger names], "more": bool, "registered": bool}``;

@@ -58,6 +58,7 @@ from segtxn.broker.publishing import Outcome
 from segtxn.broker.sockets import new_socket, receive_frames
 from segtxn.broker.spans import send_span, send_span_ends
 from segtxn.broker.txnaccess import TxnAccess
+from segtxn.inputs import takes
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Commit, Error, ProducerReady, Receipt, Send, SendBatch
@@ -96,6 +97,7 @@ def _release(turns: list[Turn], _: object) -> None:
         turn.release()
 
 
+@takes("name", "instance")
 async def producer(request: web.Request) -> web.StreamResponse:
     """Serve one producer's connection until it leaves, as the module docstring says.
 

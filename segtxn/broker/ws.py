@@ -49,6 +49,7 @@ from segtxn.broker.reader import Reader, end_position, start_position
 from segtxn.broker.sockets import check_handshake, failure_frame, new_socket, receive_frames
 from segtxn.broker.spans import ack_span
 from segtxn.broker.txnaccess import TxnAccess
+from segtxn.inputs import takes
 from segtxn.ledger import Position
 from segtxn.protocol import frames
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -100,6 +101,7 @@ def _parse_initial(value: str) -> str:
     return value
 
 
+@takes("type", "initial", "name")
 async def consumer(request: web.Request) -> web.StreamResponse:
     """Serve one consumer of a subscription (made at ``initial`` if it does not exist;
     ``Exclusive`` unless ``type`` says otherwise) until it leaves: messages as its
@@ -249,6 +251,7 @@ async def _serve_consumer(
 # ---------------------------------------------------------------------- reader
 
 
+@takes("start", "end")
 async def reader(request: web.Request) -> web.StreamResponse:
     """Serve one reader (:mod:`segtxn.broker.reader`: no cursor, nothing acknowledged)
     from ``start`` to ``end`` if given, as its ``Flow`` permits allow, until it leaves.

@@ -37,7 +37,7 @@ from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import TxnMeta
 from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.coordinator.v5 import CoordinatorV5
-from segtxn.inputs import read_json
+from segtxn.inputs import install_declared_check, read_json, takes
 from segtxn.metastore import (
     MetadataStore,
     StoreSettings,
@@ -204,6 +204,7 @@ def _v4_here(handler: Handler) -> Handler:
     return wrapped
 
 
+@takes("timeout_s", "protocol", "count")
 @server_span(tracing.COORDINATOR, "new-txn")
 @_errors
 async def new_txn(request: web.Request) -> web.StreamResponse:
@@ -254,6 +255,7 @@ async def add_participants(request: web.Request) -> web.StreamResponse:
     return web.Response(status=204)
 
 
+@takes("action")
 @server_span(tracing.COORDINATOR, "end-txn")
 @_errors
 @_v4_here
@@ -278,6 +280,7 @@ async def end_txn(request: web.Request) -> web.StreamResponse:
     return web.json_response(meta)
 
 
+@takes("limit")
 @_errors
 async def list_open(request: web.Request) -> web.StreamResponse:
     limit = parse_int(request.query.get("limit", "1000"), "limit", lo=1, hi=MAX_LIST_LIMIT)
@@ -344,6 +347,7 @@ def create_app(
     brokers = "this is a transaction coordinator; topics are served by the brokers"
     install(app, {"/admin/": brokers, "/lookup/": brokers, "/ws/": brokers})  # error boundary
     install_auth(app, settings.auth)  # inside it: its refusals get the JSON shape
+    install_declared_check(app)  # after auth: a 401/403 stays one, and tells no parameters
     own = store is None
     used = (
         open_store(settings.store_url, StoreSettings(credentials=settings.store_credentials))

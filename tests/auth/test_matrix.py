@@ -89,7 +89,7 @@ CASES = [
     Case("GET", "/lookup/v2/topic/persistent/acme/orders/t1", CONSUMER, STRANGER),
     Case("GET", "/lookup/v2/topic/topic/acme/orders/sc", PRODUCER, STRANGER),
     Case("GET", "/lookup/v2/coordinators", STRANGER, None),
-    Case("POST", "/replica/v1/read?name=x&ledger=1", CLUSTER, OPS, ok=False),
+    Case("POST", "/replica/v1/read?ledger=x&id=1", CLUSTER, OPS, ok=False),
     Case("POST", "/txn/v2/new", STRANGER, None, server="coordinator"),
     Case("POST", "/txn/v2/new?protocol=v4", CONSUMER, None, server="coordinator"),
     Case("GET", "/txn/v2/open", OPS, ADMIN, server="coordinator"),
@@ -275,6 +275,15 @@ WS = [
 ]
 
 
+def _named(base: str, path: str) -> str:
+    """``path`` on ``base``, with a fresh ``name`` where the endpoint takes one (a producer,
+    a consumer; a reader and a lookup session take none: it would be refused)."""
+    if not path.startswith(("/ws/v2/producer/", "/ws/v2/consumer/")):
+        return base + path
+    sep = "&" if "?" in path else "?"
+    return f"{base}{path}{sep}name=ws-{next(_ids)}"
+
+
 async def _ready(ws: aiohttp.ClientWebSocketResponse, first: Any) -> None:
     """The connection works: its first frame (a reader: the stored message)."""
     if first == "text":
@@ -292,17 +301,16 @@ async def test_websocket_matrix(
 ) -> None:
     """A refused upgrade is an HTTP answer with the named error; the right role attaches."""
     case = Case("GET", path, right, wrong)
-    sep = "&" if "?" in path else "?"
     async with aiohttp.ClientSession() as http:
         before = await _snapshot(http, prepared, case)
         for what, headers, status, error in _credentials(case):
-            url = f"{prepared.url}{path}{sep}name=ws-{next(_ids)}"
+            url = _named(prepared.url, path)
             with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
                 await http.ws_connect(url, headers=headers)
             assert caught.value.status == status, what
             assert caught.value.headers is not None
             assert caught.value.headers["X-Segtxn-Error"] == error, what
         assert await _snapshot(http, prepared, case) == before
-        url = f"{prepared.url}{path}{sep}name=ws-{next(_ids)}"
+        url = _named(prepared.url, path)
         async with http.ws_connect(url, headers=bearer(token(right))) as ws:
             await _ready(ws, first)

@@ -33,6 +33,7 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
+from segtxn.inputs import takes
 from segtxn.ledger.errors import DeleteFailed, LedgerCorrupted, LedgerError, LedgerMissing
 from segtxn.ledger.replicas.members import (
     NO_CLAIM,
@@ -215,7 +216,12 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
         "delete": delete,
         "discard": discard,
     }
-    return [web.post(PREFIX + op, handler(call)) for op, call in ops.items()]
+    routed = ("instance", "ledger", "id")  # every call's (HttpReplica._call)
+    extra = {"append": ("first", "recovery"), "read": ("first", "last"), "discard": ("claim",)}
+    return [
+        web.post(PREFIX + op, takes(*routed, *extra.get(op, ()))(handler(call)))
+        for op, call in ops.items()
+    ]
 
 
 # --------------------------------------------------------------------- the client
