@@ -36,7 +36,7 @@ from segtxn.metastore import (
     open_store,
 )
 from segtxn.metastore.etcd import EtcdEngine
-from segtxn.metastore.etcd_server import EtcdServer, EtcdTls, free_port
+from segtxn.metastore.etcd_server import EtcdServer, EtcdTls
 from segtxn.metastore.keys import prefix_end
 from tests.auth.certs import Authority, authority, issue
 from tests.cluster import start_on_free_ports
@@ -249,8 +249,9 @@ def test_store_flags_that_cannot_work_are_usage_errors(
     runner = CliRunner()
     memory = runner.invoke(main, ["standalone", "--store-ca", str(secure_etcd.ca.path)])
     assert memory.exit_code == 2 and "etcd://" in memory.output, memory.output
+    # on a port it picks and holds (advertised port 0): none another process could take first
     broker = ["broker", "--store", secure_etcd.url("cli"), "--data-dir", str(tmp_path / "d"),
-              "--advertise", "http://127.0.0.1:9"]  # fmt: skip
+              "--advertise", "http://127.0.0.1:0"]  # fmt: skip
     no_password = runner.invoke(main, [*broker, "--store-user", USER])
     assert no_password.exit_code == 2 and "password file" in no_password.output
     unreadable = runner.invoke(
@@ -262,7 +263,7 @@ def test_store_flags_that_cannot_work_are_usage_errors(
     started = time.monotonic()
     denied = runner.invoke(
         main,
-        [*broker, "--port", str(free_port()), "--store-timeout", "60", "--store-user", USER,
+        [*broker, "--store-timeout", "60", "--store-user", USER,
          "--store-password-file", str(wrong), "--store-ca", str(secure_etcd.ca.path),
          "--store-cert", str(secure_etcd.client_cert), "--store-key", str(secure_etcd.client_key)],
     )  # fmt: skip

@@ -19,20 +19,19 @@ from click.testing import CliRunner
 from segtxn.cli.commands import main
 from segtxn.cli.logs import JsonFormatter
 from segtxn.client import Client
-from segtxn.metastore.etcd_server import free_port
 from tests.processes import SEGTXN, wait_ready
+from tests.serving import serving_url
 
 TOPIC = "persistent://acme/logs/events"
 STOP_S = 20.0
 
 
-def start(
-    port: int, coordinator_port: int, stderr_path: Path, *flags: str
-) -> subprocess.Popen[bytes]:
+def start(stderr_path: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """On ports it picks (its URL: :func:`~tests.serving.serving_url` of ``stderr_path``)."""
     with stderr_path.open("wb") as stderr:
         return subprocess.Popen(
-            [SEGTXN, "-v", "standalone", "--host", "127.0.0.1", "--port", str(port),
-             "--coordinator-port", str(coordinator_port), *flags],
+            [SEGTXN, "-v", "standalone", "--host", "127.0.0.1", "--port", "0",
+             "--coordinator-port", "0", *flags],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )  # fmt: skip
@@ -40,11 +39,10 @@ def start(
 
 async def run_standalone(tmp_path: Path, *flags: str) -> list[str]:
     """Start it with ``flags``, produce and consume one message, stop it; its stderr lines."""
-    port, coordinator_port = free_port(), free_port()
     stderr_path = tmp_path / "stderr.txt"
-    proc = start(port, coordinator_port, stderr_path, *flags)
+    proc = start(stderr_path, *flags)
     try:
-        url = f"http://127.0.0.1:{port}"
+        url = await serving_url(stderr_path, proc, "standalone")
         await wait_ready(url, "standalone")
         async with Client(url) as client:
             await client.admin.create_topic(TOPIC)

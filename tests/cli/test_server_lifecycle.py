@@ -116,18 +116,20 @@ def blackhole() -> Iterator[Blackhole]:
 
 
 def server_args(command: str, store: str, tmp_path: Path, *extra: str) -> list[str]:
-    port = str(free_port())
+    """On a port the server picks (port 0) and names on its ``serving:`` line (a port
+    picked here and closed again could be taken by another process before the server
+    binds it: address already in use)."""
     if command == "broker":
         return [
             "broker", "--store", store, "--data-dir", str(tmp_path / "data"),
-            "--advertise", f"http://127.0.0.1:{port}", "--host", "127.0.0.1", *extra,
+            "--advertise", "http://127.0.0.1:0", "--host", "127.0.0.1", *extra,
         ]  # fmt: skip
     if command == "coordinator":
         return [
-            "coordinator", "--store", store, "--advertise", f"http://127.0.0.1:{port}",
+            "coordinator", "--store", store, "--advertise", "http://127.0.0.1:0",
             "--host", "127.0.0.1", *extra,
         ]  # fmt: skip
-    return ["standalone", "--store", store, "--port", port, *extra]
+    return ["standalone", "--store", store, "--port", "0", *extra]
 
 
 def kubeconfig(tmp_path: Path, port: int) -> dict[str, str]:
@@ -201,9 +203,8 @@ def test_a_signal_during_start_up_stops_the_process_cleanly(
 async def test_sigterm_while_serving_stops_standalone_and_says_what_it_closed(
     tmp_path: Path, runs: list[Run]
 ) -> None:
-    port = free_port()
-    runs.append(run := Run(tmp_path, "standalone", "--port", str(port)))
-    await wait_ready(f"http://127.0.0.1:{port}", "standalone", START_S)
+    runs.append(run := Run(tmp_path, "standalone", "--port", "0"))
+    await wait_ready(await standalone_url(run), "standalone", START_S)
     sent = run.signal(signal.SIGTERM)
     code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
     assert time.monotonic() - sent < STOP_S
@@ -218,9 +219,8 @@ async def test_sigterm_while_serving_stops_standalone_and_says_what_it_closed(
 async def test_what_start_up_left_alive_is_frozen_once_serving(
     tmp_path: Path, runs: list[Run]
 ) -> None:
-    port = free_port()
-    runs.append(run := Run(tmp_path, "standalone", "-v", "--port", str(port)))
-    await wait_ready(f"http://127.0.0.1:{port}", "standalone", START_S)
+    runs.append(run := Run(tmp_path, "standalone", "-v", "--port", "0"))
+    await wait_ready(await standalone_url(run), "standalone", START_S)
     run.signal(signal.SIGTERM)
     code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
     assert code == 0, lines
@@ -233,10 +233,9 @@ async def test_what_start_up_left_alive_is_frozen_once_serving(
 async def test_asyncio_loop_when_asked_for_serves_and_stops(
     tmp_path: Path, runs: list[Run]
 ) -> None:
-    port = free_port()
     env = {**os.environ, "SEGTXN_EVENT_LOOP": "asyncio"}
-    runs.append(run := Run(tmp_path, "standalone", "-v", "--port", str(port), env=env))
-    await wait_ready(f"http://127.0.0.1:{port}", "standalone", START_S)
+    runs.append(run := Run(tmp_path, "standalone", "-v", "--port", "0", env=env))
+    await wait_ready(await standalone_url(run), "standalone", START_S)
     run.signal(signal.SIGTERM)
     code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
     assert code == 0, lines
@@ -280,7 +279,7 @@ async def test_sigint_while_serving_stops_a_broker_on_etcd(
     store = etcd_server.url(f"/lifecycle-{time.monotonic_ns()}")
     args = server_args("broker", store, tmp_path)
     runs.append(run := Run(tmp_path, *args))
-    await wait_ready(args[args.index("--advertise") + 1], "broker", START_S)
+    await wait_ready(await served_url(run), "broker", START_S)
     sent = run.signal(signal.SIGINT)
     code, _, lines = await asyncio.to_thread(run.wait, STOP_S)
     assert time.monotonic() - sent < STOP_S
@@ -298,7 +297,7 @@ async def test_a_shutdown_that_cannot_finish_ends_at_the_shutdown_timeout(
     try:
         args = server_args("broker", etcd.url("/t"), tmp_path, "--shutdown-timeout", "2")
         runs.append(run := Run(tmp_path, *args))
-        await wait_ready(args[args.index("--advertise") + 1], "broker", START_S)
+        await wait_ready(await served_url(run), "broker", START_S)
         assert etcd.process is not None
         etcd.process.send_signal(signal.SIGSTOP)
         try:
@@ -324,7 +323,7 @@ async def test_a_second_signal_ends_a_stuck_shutdown_at_once(
     try:
         args = server_args("broker", etcd.url("/t"), tmp_path, "--shutdown-timeout", "300")
         runs.append(run := Run(tmp_path, *args))
-        await wait_ready(args[args.index("--advertise") + 1], "broker", START_S)
+        await wait_ready(await served_url(run), "broker", START_S)
         assert etcd.process is not None
         etcd.process.send_signal(signal.SIGSTOP)
         try:
@@ -376,6 +375,17 @@ async def serving(run: Run, servers: int) -> dict[str, str]:
     return {m["what"]: m["url"] for m in SERVING.finditer(run.stderr_path.read_text())}
 
 
+async def served_url(run: Run) -> str:
+    """The URL the one server of ``run`` (a broker or a coordinator) serves on."""
+    [(_, url)] = (await serving(run, 1)).items()
+    return url
+
+
+async def standalone_url(run: Run) -> str:
+    """The URL the broker of a standalone ``run`` serves on (its clients' URL)."""
+    return (await serving(run, 2))["broker standalone"]
+
+
 def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 
@@ -413,10 +423,8 @@ async def test_a_server_advertising_port_0_advertises_the_port_it_got(
 ) -> None:
     """``--advertise http://host:0``: listen on a port the system picks, and advertise it
     (it listened on port 80 and advertised port 0)."""
-    args = server_args(command, "memory://", tmp_path)
-    args[args.index("--advertise") + 1] = "http://127.0.0.1:0"
-    runs.append(run := Run(tmp_path, *args))
-    [(_, url)] = (await serving(run, 1)).items()
+    runs.append(run := Run(tmp_path, *server_args(command, "memory://", tmp_path)))
+    url = await served_url(run)
     assert _port(url) != 0, url
     await wait_ready(url, command, START_S)
     run.signal(signal.SIGTERM)

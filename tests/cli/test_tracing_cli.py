@@ -22,8 +22,8 @@ from segtxn import tracing
 from segtxn.cli.commands import main
 from segtxn.cli.traces import DEMO_SAMPLER, child_env
 from segtxn.client import Client
-from segtxn.metastore.etcd_server import free_port
 from tests.processes import SEGTXN, wait_ready
+from tests.serving import serving_url
 
 TOPIC = "topic://acme/cli/traced"
 STOP_S = 20.0
@@ -42,13 +42,14 @@ def traced_client() -> Iterator[InMemorySpanExporter]:
         provider.shutdown()
 
 
-def start(port: int, out: Path, err: Path, *flags: str) -> subprocess.Popen[bytes]:
-    """``segtxn -vv standalone --trace`` without any ``OTEL_*`` variable."""
+def start(out: Path, err: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """``segtxn -vv standalone --trace`` without any ``OTEL_*`` variable, on ports it picks
+    (its URL: :func:`~tests.serving.serving_url` of ``err``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     with out.open("wb") as stdout, err.open("wb") as stderr:
         return subprocess.Popen(
             [SEGTXN, "-vv", "standalone", "--trace", *flags, "--host", "127.0.0.1",
-             "--port", str(port), "--coordinator-port", str(free_port())],
+             "--port", "0", "--coordinator-port", "0"],
             stdout=stdout,
             stderr=stderr,
             env=env,
@@ -59,11 +60,10 @@ def start(port: int, out: Path, err: Path, *flags: str) -> subprocess.Popen[byte
 async def test_standalone_trace_prints_the_servers_spans_of_a_clients_trace(
     tmp_path: Path, log_format: str, traced_client: InMemorySpanExporter
 ) -> None:
-    port = free_port()
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
-    proc = start(port, out, err, "--log-format", log_format)
+    proc = start(out, err, "--log-format", log_format)
     try:
-        url = f"http://127.0.0.1:{port}"
+        url = await serving_url(err, proc, "standalone")
         await wait_ready(url, "standalone")
         async with Client(url) as client:
             await client.admin.create_topic(TOPIC, segments=2)
