@@ -1,4 +1,4 @@
-"""Real brokers on free loopback ports (in-process aiohttp servers) and clients for them."""
+"""Real brokers on loopback ports (in-process aiohttp servers) and clients for them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
-from segtxn.metastore.etcd_server import free_port
+from segtxn.web import Listener
 from tests.broker.bad_input_support import LIMIT, TOPIC, Stored
 
 _ids = itertools.count()
@@ -21,7 +21,10 @@ StartBroker = Callable[..., Awaitable[BrokerServer]]
 
 @pytest.fixture
 async def start_broker(tmp_path: Path) -> AsyncIterator[StartBroker]:
-    """Start brokers; all share ``store_url`` (a fresh memory store unless given)."""
+    """Start brokers; all share ``store_url`` (a fresh memory store unless given). Each on
+    ``port`` (a restart on a stopped broker's), else on a port the system picks, held by a
+    :class:`~segtxn.web.Listener` from the pick on (a port picked and closed again could be
+    taken by another process before the broker binds it)."""
     servers: list[BrokerServer] = []
 
     async def start(
@@ -32,7 +35,8 @@ async def start_broker(tmp_path: Path) -> AsyncIterator[StartBroker]:
         **settings: object,
     ) -> BrokerServer:
         broker_id = broker_id or f"b{next(_ids)}"
-        port = port or free_port()
+        listener = Listener("127.0.0.1") if port is None else None
+        port = listener.port if listener is not None else port
         ledger_dir = data_dir or (tmp_path / broker_id)
         server = BrokerServer(
             BrokerSettings(
@@ -44,9 +48,10 @@ async def start_broker(tmp_path: Path) -> AsyncIterator[StartBroker]:
             ),
             host="127.0.0.1",
             port=port,
+            listener=listener,
         )
+        servers.append(server)  # stopped (its listener closed) even if it fails to start
         await server.start()
-        servers.append(server)
         return server
 
     yield start

@@ -36,9 +36,9 @@ from segtxn.metastore import (
     StoreClosed,
     open_store,
 )
-from segtxn.metastore.etcd_server import free_port
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.names import TopicName
+from segtxn.web import Listener
 
 TOPIC = "persistent://acme/dedup/owner-unknown"
 
@@ -123,16 +123,15 @@ async def test_a_topic_closing_tells_an_unreadable_check_from_a_take_over(
     the store could not tell (no traceback), never that another owner opened it."""
     faults = memory_store.engine
     assert isinstance(faults, FaultInjector)
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     broker = BrokerServer(
         BrokerSettings(
             broker_id="b-owner-unknown",
-            advertise_url=f"http://127.0.0.1:{port}",
+            advertise_url=f"http://127.0.0.1:{listener.port}",
             ledger_url=f"file://{tmp_path / 'ledgers'}",
         ),
-        host="127.0.0.1",
-        port=port,
         store=memory_store,
+        listener=listener,
     )
     await broker.start()
     try:

@@ -17,8 +17,8 @@ from segtxn.broker.dedup_snapshots import PREFIX as DEDUP_PREFIX
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
 from segtxn.metastore import MetadataStore, StoreUnavailable, open_store
-from segtxn.metastore.etcd_server import free_port
 from segtxn.metastore.faults import FaultInjector
+from segtxn.web import Listener
 from tests.waiting import wait_until
 
 TOPIC = "persistent://acme/snap/logged"
@@ -34,17 +34,16 @@ async def store() -> AsyncIterator[MetadataStore]:
 
 @pytest.fixture
 async def broker(store: MetadataStore, tmp_path: Path) -> AsyncIterator[BrokerServer]:
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     server = BrokerServer(
         BrokerSettings(
             broker_id="b-snap",
-            advertise_url=f"http://127.0.0.1:{port}",
+            advertise_url=f"http://127.0.0.1:{listener.port}",
             ledger_url=f"file://{tmp_path / 'ledgers'}",
             dedup_snapshot_every=EVERY,
         ),
-        host="127.0.0.1",
-        port=port,
         store=store,
+        listener=listener,
     )
     await server.start()
     yield server

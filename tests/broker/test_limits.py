@@ -25,7 +25,7 @@ from segtxn.client import Client, ServerError
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import open_store
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.protocol.errors import ErrorName
 from segtxn.protocol.limits import (
     FILE_NAME_BYTES,
@@ -41,6 +41,7 @@ from segtxn.protocol.limits import (
     storage_length,
 )
 from segtxn.protocol.names import InvalidTopicName, TopicName
+from tests.cluster import start_on_free_ports
 
 BROKER_ID = "b" * MAX_BROKER_ID
 # three spellings of names at their limits (storage lengths: "=" and ":" count 3)
@@ -91,26 +92,29 @@ async def limit_cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Async
         server: EtcdServer = request.getfixturevalue("etcd_server")
         url = server.url(f"/limits-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     store = open_store(url)
-    port, txn_port = free_port(), free_port()
-    broker = BrokerServer(
-        BrokerSettings(
-            broker_id=BROKER_ID,
-            advertise_url=f"http://127.0.0.1:{port}",
-            ledger_url=f"file://{tmp_path / 'ledgers'}",
-            txn_buffer_snapshot_every=1,
-        ),
-        store=store,
-    )
-    coordinator = CoordinatorServer(
-        CoordinatorSettings(
-            advertise_url=f"http://127.0.0.1:{txn_port}",
-            v4_coordinator_ids=1,
-            ledger_url=f"file://{tmp_path / 'txn-logs'}",
-        ),
-        store=store,
-    )
-    await broker.start()
-    await coordinator.start()
+
+    def servers(port: int, txn_port: int) -> tuple[BrokerServer, CoordinatorServer]:
+        broker = BrokerServer(
+            BrokerSettings(
+                broker_id=BROKER_ID,
+                advertise_url=f"http://127.0.0.1:{port}",
+                ledger_url=f"file://{tmp_path / 'ledgers'}",
+                txn_buffer_snapshot_every=1,
+            ),
+            store=store,
+        )
+        coordinator = CoordinatorServer(
+            CoordinatorSettings(
+                advertise_url=f"http://127.0.0.1:{txn_port}",
+                v4_coordinator_ids=1,
+                ledger_url=f"file://{tmp_path / 'txn-logs'}",
+            ),
+            store=store,
+        )
+        return broker, coordinator
+
+    # on two ports held from the pick on (none another process could take first)
+    broker, coordinator = await start_on_free_ports(servers)
     try:
         yield broker.settings.advertise_url
     finally:

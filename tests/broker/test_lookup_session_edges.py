@@ -32,10 +32,10 @@ from segtxn.metastore import (
     StoreUnavailable,
     open_store,
 )
-from segtxn.metastore.etcd_server import free_port
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import topic_key
+from segtxn.web import Listener
 from tests.waiting import wait_until
 
 TOPIC = "topic://acme/lookup/events"
@@ -49,13 +49,13 @@ async def store() -> AsyncIterator[MetadataStore]:
 
 @pytest.fixture
 async def client(store: MetadataStore, tmp_path: Path) -> AsyncIterator[Client]:
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     settings = BrokerSettings(
         broker_id="b1",
-        advertise_url=f"http://127.0.0.1:{port}",
+        advertise_url=f"http://127.0.0.1:{listener.port}",
         ledger_url=f"file://{tmp_path / 'ledgers'}",
     )
-    broker = BrokerServer(settings, "127.0.0.1", port, store=store)
+    broker = BrokerServer(settings, store=store, listener=listener)
     await broker.start()
     try:
         async with Client(settings.advertise_url) as c:

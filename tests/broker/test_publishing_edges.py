@@ -206,10 +206,10 @@ async def test_a_reconnect_after_a_one_sided_cut_does_not_kill_the_producer(
     tmp_path: Path,
 ) -> None:
     from segtxn.broker.settings import BrokerSettings
-    from segtxn.metastore.etcd_server import free_port
+    from segtxn.web import Listener
 
-    port = free_port()
-    proxy = CuttableProxy(port)
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    proxy = CuttableProxy(listener.port)
     await proxy.start()
     url = f"http://127.0.0.1:{proxy.port}"
     broker = BrokerServer(
@@ -219,8 +219,7 @@ async def test_a_reconnect_after_a_one_sided_cut_does_not_kill_the_producer(
             store_url="memory://",
             ledger_url=f"file://{tmp_path}/cut",
         ),
-        host="127.0.0.1",
-        port=port,
+        listener=listener,
     )
     await broker.start()
     try:

@@ -21,9 +21,10 @@ from segtxn.broker.registration import BrokerIdTaken, grace_s
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
 from segtxn.metastore import MetadataStore, StoreAccessDenied, open_store
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.metastore.faults import FaultInjector
 from segtxn.topics.catalog import Catalog, broker_key
+from segtxn.web import Listener
 from tests import processes
 from tests.processes import ServerProcess
 from tests.waiting import wait_until
@@ -38,14 +39,14 @@ the moment the test was making)."""
 def broker(
     store: MetadataStore, data_dir: Path, broker_id: str = "x1", *, ttl_s: float = TTL_S
 ) -> BrokerServer:
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     settings = BrokerSettings(
         broker_id=broker_id,
-        advertise_url=f"http://127.0.0.1:{port}",
+        advertise_url=f"http://127.0.0.1:{listener.port}",
         ledger_url=f"file://{data_dir}",
         session_ttl_s=ttl_s,
     )
-    return BrokerServer(settings, host="127.0.0.1", port=port, store=store)
+    return BrokerServer(settings, store=store, listener=listener)
 
 
 async def readyz(url: str) -> tuple[int, dict[str, object]]:

@@ -31,9 +31,10 @@ from segtxn.ledger.managed import metadata_key
 from segtxn.ledger.metadata import LedgerInfo, decode
 from segtxn.ledger.replicas import HttpReplica, Member, RepairSettings, Replication
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog
+from segtxn.web import Listener
 from tests.broker.conftest import StartBroker
 from tests.waiting import wait_until
 
@@ -62,10 +63,10 @@ async def start_coordinator(
 ) -> CoordinatorServer:
     """A v4 coordinator (one id) whose transaction log is replicated 3/2; started once it
     holds the id with its log replayed."""
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     server = CoordinatorServer(
         CoordinatorSettings(
-            advertise_url=f"http://127.0.0.1:{port}",
+            advertise_url=f"http://127.0.0.1:{listener.port}",
             store_url=store_url,
             v4_coordinator_ids=1,
             replication=Replication(3, 2),
@@ -73,8 +74,7 @@ async def start_coordinator(
             session_ttl_s=2.0,
             repair=repair or RepairSettings(),
         ),
-        host="127.0.0.1",
-        port=port,
+        listener=listener,
     )
     await server.start()
     v4 = server.app[V4]

@@ -22,10 +22,10 @@ from segtxn.broker.dedup_snapshots import PREFIX as DEDUP_PREFIX
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
 from segtxn.metastore import MetadataStore, StoreAccessDenied, open_store
-from segtxn.metastore.etcd_server import free_port
 from segtxn.metastore.faults import FaultInjector
 from segtxn.protocol.names import TopicName
 from segtxn.stopping import CANCELLED_END_S
+from segtxn.web import Listener
 from tests.broker.test_disk_full import FullDisk
 
 SLACK_S = 2.0
@@ -44,16 +44,15 @@ async def server(
     store: MetadataStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> BrokerServer:
     monkeypatch.setattr(broker_service, "open_store", lambda *_: store)
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     server = BrokerServer(
         BrokerSettings(
             broker_id="b-stop",
-            advertise_url=f"http://127.0.0.1:{port}",
+            advertise_url=f"http://127.0.0.1:{listener.port}",
             store_url="memory://",
             ledger_url=f"file://{tmp_path / 'ledgers'}",
         ),
-        host="127.0.0.1",
-        port=port,
+        listener=listener,
     )
     await server.start()
     assert server.service._owns_store

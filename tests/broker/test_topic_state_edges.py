@@ -32,11 +32,11 @@ from segtxn.ledger import (
     RetentionPolicy,
 )
 from segtxn.metastore import MetadataStore, Op, Put, Record
-from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol.limits import MAX_CLIENT_NAME
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import Catalog, TopicExists, home_key
 from segtxn.topics.controller import Controller
+from segtxn.web import Listener
 from tests.broker.test_subscriptions import assert_nothing_more, produce, receive_n
 from tests.cluster import Cluster
 from tests.txn.test_v4 import end, loaded, nothing_more, receive_all, restart_broker
@@ -257,13 +257,14 @@ async def test_a_controller_paused_after_its_home_check_keeps_the_home_placed_me
 
 async def start_second_broker(cluster: Cluster, tmp_path: Path) -> BrokerServer:
     """Broker ``b2`` on the cluster's store (stopped by the caller)."""
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     settings = dataclasses.replace(
         cluster.broker.settings,
         broker_id="b2",
-        advertise_url=f"http://127.0.0.1:{free_port()}",
+        advertise_url=f"http://127.0.0.1:{listener.port}",
         ledger_url=f"file://{tmp_path / 'b2'}",
     )
-    b2 = BrokerServer(settings, store=cluster.store)
+    b2 = BrokerServer(settings, store=cluster.store, listener=listener)
     await b2.start()
     return b2
 
