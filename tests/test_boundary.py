@@ -15,9 +15,8 @@ from segtxn.boundary import install
 from segtxn.broker.http import json_errors
 from segtxn.inputs import read_json
 from segtxn.metastore import BadVersion, SessionExpired, StoreUnavailable
-from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol.errors import ErrorName, ServerError
-from segtxn.web import AppServer
+from segtxn.web import AppServer, Listener
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -55,8 +54,9 @@ async def server() -> AsyncIterator[str]:
         "/moved", failing(ServerError(ErrorName.NOT_OWNER, "elsewhere", redirect="http://b:1"))
     )
     app.router.add_post("/json", echo_json)
-    port = free_port()
-    running = AppServer(app, f"http://127.0.0.1:{port}", "127.0.0.1", port)
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    port = listener.port
+    running = AppServer(app, f"http://127.0.0.1:{port}", None, None, listener=listener)
     await running.start()
     try:
         yield f"http://127.0.0.1:{port}"
@@ -155,8 +155,9 @@ async def ws_server() -> AsyncIterator[str]:
         "/refused", failing_after_upgrade(ServerError(ErrorName.NOT_ALLOWED, "x" * 500))
     )
     app.router.add_get("/http-error", failing_after_upgrade(web.HTTPNotFound()))
-    port = free_port()
-    running = AppServer(app, f"http://127.0.0.1:{port}", "127.0.0.1", port)
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    port = listener.port
+    running = AppServer(app, f"http://127.0.0.1:{port}", None, None, listener=listener)
     await running.start()
     try:
         yield f"http://127.0.0.1:{port}"

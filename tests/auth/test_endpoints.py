@@ -20,7 +20,7 @@ from segtxn.broker.settings import BrokerSettings
 from segtxn.coordinator.app import create_app as coordinator_app
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger.replicas import Replication
-from segtxn.metastore.etcd_server import free_port
+from segtxn.web import Listener
 from tests.auth.conftest import OPS, PRODUCER, ROOT, auth_settings, bearer, token
 
 
@@ -66,8 +66,9 @@ async def app_with_a_new_route(tmp_path: Path) -> AsyncIterator[str]:
     app.router.add_post("/brand/new/{thing}", handler)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    port = listener.port
+    await web.SockSite(runner, listener.socket).start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -94,14 +95,16 @@ async def test_an_unclassified_route_is_for_superusers_only(app_with_a_new_route
 async def test_metrics_protected_by_the_setting(tmp_path: Path) -> None:
     on = auth_settings(tmp_path)
     protected = dataclasses.replace(on, protect_metrics=True)
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    port = listener.port
     server = BrokerServer(
         BrokerSettings(
             broker_id="b1",
             advertise_url=f"http://127.0.0.1:{port}",
             ledger_url=f"file://{tmp_path / 'ledgers'}",
             auth=protected,
-        )
+        ),
+        listener=listener,
     )
     await server.start()
     try:

@@ -21,11 +21,11 @@ from segtxn.cli.commands import main
 from segtxn.client import Client
 from segtxn.coordinator.app import COORDINATOR, V4, CoordinatorServer
 from segtxn.metastore import Record
-from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol import frames, txnops
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
+from segtxn.web import Listener
 from tests.auth.conftest import CONSUMER, PRODUCER, PRODUCER_2, ROOT, SecureCluster, bearer, token
 from tests.wsframes import next_frame
 
@@ -303,8 +303,11 @@ async def test_a_relayed_call_is_checked_as_its_caller(
     """A v4 call to a coordinator that does not hold the id is relayed to the holder with
     the caller's token, not the relaying server's (a superuser's): the owner check holds."""
     settings = secure.coordinator.settings
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     standby = CoordinatorServer(
-        replace(settings, advertise_url=f"http://127.0.0.1:{free_port()}"), store=secure.store
+        replace(settings, advertise_url=f"http://127.0.0.1:{listener.port}"),
+        store=secure.store,
+        listener=listener,
     )
     await standby.start()
     try:

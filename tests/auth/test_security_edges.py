@@ -21,11 +21,11 @@ from segtxn.client import Client
 from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol import frames
 from segtxn.protocol.auth import client_ssl_context
 from segtxn.protocol.errors import ErrorName
 from segtxn.protocol.txn import TxnId
+from segtxn.web import Listener
 from tests.auth.certs import Authority, authority, issue
 from tests.auth.conftest import (
     CLUSTER,
@@ -116,8 +116,9 @@ async def mtls_coordinators(tmp_path: Path) -> AsyncIterator[MtlsCoordinators]:
         cert_role=CertRole.CN,
     )
     store = open_store("memory://")
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     settings = CoordinatorSettings(
-        advertise_url=f"https://127.0.0.1:{free_port()}",
+        advertise_url=f"https://127.0.0.1:{listener.port}",
         timeout_sweep_s=0.1,
         gc_sweep_s=3600,
         v4_coordinator_ids=V4_IDS,
@@ -125,14 +126,17 @@ async def mtls_coordinators(tmp_path: Path) -> AsyncIterator[MtlsCoordinators]:
         fan_out_timeout_s=2.0,
         auth=auth,
     )
-    holder = CoordinatorServer(settings, store=store)
+    holder = CoordinatorServer(settings, store=store, listener=listener)
     await holder.start()
     standby: CoordinatorServer | None = None
     try:
         v4 = holder.app[V4]
         await wait_until(lambda: len(v4.held) == V4_IDS, timeout=10, what="the v4 ids held")
+        other = Listener("127.0.0.1")
         standby = CoordinatorServer(
-            replace(settings, advertise_url=f"https://127.0.0.1:{free_port()}"), store=store
+            replace(settings, advertise_url=f"https://127.0.0.1:{other.port}"),
+            store=store,
+            listener=other,
         )
         await standby.start()
         yield MtlsCoordinators(store, holder, standby, ca, tmp_path)

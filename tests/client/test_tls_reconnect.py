@@ -29,7 +29,7 @@ from segtxn.client.consumer import Consumer
 from segtxn.client.producer import Producer
 from segtxn.client.scalable import ScalableProducer
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import free_port
+from segtxn.web import Listener
 from tests.auth.certs import Authority, authority, issue
 from tests.waiting import client_error_of, wait_until
 
@@ -71,14 +71,14 @@ async def tls_broker(tmp_path: Path) -> AsyncIterator[TlsBroker]:
     ca = authority(tmp_path, "cluster-ca")
     cert, key = issue(ca, tmp_path, "server")
     store = open_store("memory://")
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on (a restart binds it)
     settings = BrokerSettings(
         broker_id="b1",
-        advertise_url=f"https://127.0.0.1:{port}",
+        advertise_url=f"https://127.0.0.1:{listener.port}",
         ledger_url=f"file://{tmp_path / 'ledgers'}",
         auth=AuthSettings.from_files(tls=TlsSettings(cert, key, ca.path)),
     )
-    broker = BrokerServer(settings, store=store)
+    broker = BrokerServer(settings, store=store, listener=listener)
     await broker.start()
     server = TlsBroker(store, settings, ca, broker)
     try:

@@ -29,7 +29,7 @@ from segtxn.ledger import LedgerSettings
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore, TooLarge, open_store
 from segtxn.metastore.engine import RangeResult
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
 from segtxn.metastore.faults import FaultInjector
 from segtxn.metastore.records import Put
 from segtxn.protocol.errors import ErrorName, ServerError
@@ -37,6 +37,7 @@ from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import V5_COORDINATOR_BASE, TxnId, TxnState
 from segtxn.topics import transactions as T
 from segtxn.topics.catalog import HOMES_BY_BROKER, BrokerInfo, broker_key, home_key
+from segtxn.web import Listener
 from tests.cluster import Cluster
 from tests.waiting import wait_until
 
@@ -270,10 +271,12 @@ async def test_stats_answers_with_many_open_transactions(
     n = 3 * ANSWER_CAP
     await _write_headers(store, V5_COORDINATOR_BASE + 9, 1, n, header)
     cap_answers(store, monkeypatch)
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    port = listener.port
     server = CoordinatorServer(
         CoordinatorSettings(advertise_url=f"http://127.0.0.1:{port}", timeout_sweep_s=3600),
         store=store,
+        listener=listener,
     )
     await server.start()
     try:
@@ -306,8 +309,9 @@ async def test_v4_end_txn_retries_a_participant_answer_that_is_not_a_brokers(
     app.router.add_post("/{tail:.*}", bad_gateway)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    port = listener.port
+    await web.SockSite(runner, listener.socket).start()
     try:
         await client.admin.create_topic(V4_TOPIC)
         producer = await client.create_producer(V4_TOPIC)

@@ -19,9 +19,9 @@ from segtxn.coordinator.app import V4, CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.metastore import MetadataStore, open_store
 from segtxn.metastore.election import ELECTIONS_PREFIX
-from segtxn.metastore.etcd_server import free_port
 from segtxn.metastore.fault_holds import Hold
 from segtxn.metastore.faults import FaultInjector
+from segtxn.web import Listener
 from tests.waiting import wait_until
 
 V4_IDS = 2
@@ -41,15 +41,17 @@ async def server(
     store: MetadataStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> CoordinatorServer:
     monkeypatch.setattr(coordinator_app, "open_store", lambda *_: store)
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     server = CoordinatorServer(
         CoordinatorSettings(
-            advertise_url=f"http://127.0.0.1:{free_port()}",
+            advertise_url=f"http://127.0.0.1:{listener.port}",
             coordinator_ids=V5_IDS,
             v4_coordinator_ids=V4_IDS,
             ledger_url=f"file://{tmp_path / 'txn-logs'}",
             timeout_sweep_s=3600,
             gc_sweep_s=3600,
-        )
+        ),
+        listener=listener,
     )
     await server.start()
     v4 = server.app[V4]

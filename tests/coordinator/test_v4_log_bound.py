@@ -34,6 +34,7 @@ from segtxn.metastore.faults import FaultInjector
 from segtxn.metastore.memory import MemoryEngine
 from segtxn.metastore.settings import StoreSettings
 from segtxn.protocol.txn import TxnAction, TxnId
+from segtxn.web import Listener
 from tests.waiting import wait_until
 
 TRANSACTIONS = 2000
@@ -61,9 +62,10 @@ async def store_for(request: pytest.FixtureRequest, kind: str) -> MetadataStore:
     return open_store(server.url(f"/v4bound-{os.getpid()}-{uuid.uuid4().hex[:8]}"))
 
 
-def settings(tmp_path: Path, compact_entries: int) -> CoordinatorSettings:
+def settings(tmp_path: Path, compact_entries: int, port: int = 0) -> CoordinatorSettings:
+    """``port``: the one its server listens on (else one nothing listens on: no server)."""
     return CoordinatorSettings(
-        advertise_url=f"http://127.0.0.1:{free_port()}",
+        advertise_url=f"http://127.0.0.1:{port or free_port()}",
         v4_coordinator_ids=1,
         v4_log_compact_entries=compact_entries,
         gc_retention_s=0,
@@ -131,7 +133,10 @@ async def test_the_log_stays_bounded_over_thousands_of_transactions(
     seed = random.randrange(2**32)
     print(f"seed {seed}")
     store = await store_for(request, kind)
-    server = CoordinatorServer(settings(tmp_path, compact_entries), store=store)
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    server = CoordinatorServer(
+        settings(tmp_path, compact_entries, listener.port), store=store, listener=listener
+    )
     await server.start()
     try:
         v4 = server.app[V4]

@@ -21,7 +21,8 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.ledger import FileLogStorage, LedgerSettings, ManagedLedger
 from segtxn.metastore import MetadataStore, open_store
-from segtxn.metastore.etcd_server import EtcdServer, free_port
+from segtxn.metastore.etcd_server import EtcdServer
+from segtxn.web import Listener
 
 
 def cluster_url(etcd_server: EtcdServer, tmp_path: Path, cluster: str) -> str:
@@ -63,16 +64,15 @@ def restore_wrong(ours: Path, theirs: Path, name: str, ledger_id: int) -> Path:
 
 def broker_on(store_url: str, data_dir: Path) -> BrokerServer:
     """A broker (not started) of the cluster at ``store_url`` with its files in ``data_dir``."""
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     return BrokerServer(
         BrokerSettings(
             broker_id="b1",
-            advertise_url=f"http://127.0.0.1:{port}",
+            advertise_url=f"http://127.0.0.1:{listener.port}",
             store_url=store_url,
             ledger_url=f"file://{data_dir}",
         ),
-        host="127.0.0.1",
-        port=port,
+        listener=listener,
     )
 
 

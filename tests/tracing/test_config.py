@@ -15,7 +15,7 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from segtxn import tracing
-from segtxn.metastore.etcd_server import free_port
+from segtxn.web import Listener
 
 
 @pytest.fixture(autouse=True)
@@ -140,8 +140,9 @@ async def test_otlp_sends_the_spans_to_the_endpoint_over_http(
     app.router.add_post("/v1/traces", traces)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
+    port = listener.port
+    await web.SockSite(runner, listener.socket).start()
     try:
         setenv(monkeypatch, {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"})
         assert tracing.configure("segtxn-otlp")

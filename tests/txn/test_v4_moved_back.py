@@ -26,8 +26,8 @@ from segtxn.broker.service import BrokerService
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.client import Client
 from segtxn.ledger import LedgerSettings, RetentionPolicy
-from segtxn.metastore.etcd_server import free_port
 from segtxn.protocol.names import TopicName
+from segtxn.web import Listener
 from tests.cluster import Cluster
 from tests.waiting import wait_until
 
@@ -52,10 +52,13 @@ async def brokers(cluster: Cluster) -> AsyncIterator[tuple[BrokerServer, BrokerS
     await cluster.broker.stop()
     cluster.broker = BrokerServer(settings, store=cluster.store)
     await cluster.broker.start()
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     y = BrokerServer(
-        dataclasses.replace(settings, broker_id="b2", advertise_url=f"http://127.0.0.1:{port}"),
+        dataclasses.replace(
+            settings, broker_id="b2", advertise_url=f"http://127.0.0.1:{listener.port}"
+        ),
         store=cluster.store,
+        listener=listener,
     )
     await y.start()
     try:

@@ -15,9 +15,9 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
 from segtxn.ledger import LedgerSettings
-from segtxn.metastore.etcd_server import free_port
 from segtxn.verify.ranges import COLUMNS, Range, SegmentReadTimeout, parse_position, read_range
 from segtxn.verify.source import SegtxnReader
+from segtxn.web import Listener
 from tests.cluster import Cluster
 
 PLAIN = "persistent://acme/ranges/big"
@@ -27,17 +27,16 @@ PLAIN = "persistent://acme/ranges/big"
 async def small_ledgers(tmp_path: Path) -> AsyncIterator[BrokerServer]:
     """A broker whose ledgers roll over every 2 KiB: a few hundred messages make a segment of
     many ledgers."""
-    port = free_port()
+    listener = Listener("127.0.0.1")  # its port, held from the pick on
     broker = BrokerServer(
         BrokerSettings(
             broker_id="b1",
-            advertise_url=f"http://127.0.0.1:{port}",
+            advertise_url=f"http://127.0.0.1:{listener.port}",
             store_url="memory://",
             ledger_url=f"file://{tmp_path / 'ledgers'}",
             ledger=LedgerSettings(max_ledger_bytes=2048),
         ),
-        host="127.0.0.1",
-        port=port,
+        listener=listener,
     )
     await broker.start()
     try:
