@@ -12,11 +12,11 @@ from pathlib import Path
 
 import aiohttp
 
-from segtxn.verify.processes import serving_port
+from segtxn.verify.processes import READY_LIMIT_S, serving_port
 from tests.waiting import wait_until
 
 SEGTXN = str(Path(sys.executable).with_name("segtxn"))
-SERVING_S = 30.0
+SERVING_S = READY_LIMIT_S
 """How long a server may take to name its port (start-up on a busy machine)."""
 
 
@@ -80,7 +80,7 @@ class ServerProcess:
         """Wait until it named its port (at once after its first start)."""
         await wait_until(self._poll_serving, timeout=limit_s, what=self._no_serving_line())
 
-    async def ready(self, limit_s: float = 30) -> None:
+    async def ready(self, limit_s: float = READY_LIMIT_S) -> None:
         """Wait until it named its port (its first start) and answers ``/readyz`` with 200,
         each within ``limit_s``."""
         await self.serving(limit_s)
@@ -130,7 +130,7 @@ class ServerProcess:
             self.log.unlink(missing_ok=True)
 
 
-async def wait_ready(url: str, name: str, limit_s: float = 30) -> None:
+async def wait_ready(url: str, name: str, limit_s: float = READY_LIMIT_S) -> None:
     """Wait until the server at ``url`` answers ``/readyz`` with 200 (bounded)."""
     async with aiohttp.ClientSession() as session:
 
