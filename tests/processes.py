@@ -3,6 +3,7 @@ resume, SIGKILL, restart."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from segtxn.verify.processes import READY_LIMIT_S, serving_port
+from segtxn.verify.processes import COORDINATOR_SERVING, READY_LIMIT_S, serving_port
 from tests.waiting import wait_until
 
 SEGTXN = str(Path(sys.executable).with_name("segtxn"))
@@ -31,17 +32,30 @@ class ServerProcess:
     keep its URL."""
 
     def __init__(
-        self, command: list[str], name: str, *, advertise: bool = True, log: Path | None = None
+        self,
+        command: list[str],
+        name: str,
+        *,
+        advertise: bool = True,
+        log: Path | None = None,
+        coordinator: bool = False,
     ) -> None:
         """``advertise``: the command takes ``--advertise URL --host``; else ``--port``.
         ``log``: append the process's stderr (its log) to this file, else to a temporary
-        file of its own (removed when it stops)."""
+        file of its own (removed when it stops). ``coordinator``: it also serves a
+        coordinator (``standalone``), on ``--coordinator-port`` picked and kept the same way."""
         self._port = 0
+        self._coordinator = coordinator
+        self._coordinator_port = 0
         self.name = name
         self._command = command
         self._advertise = advertise
         self._own_log = log is None
-        self.log = log if log is not None else Path(tempfile.mkstemp(suffix=".log")[1])
+        if log is None:
+            descriptor, path = tempfile.mkstemp(suffix=".log")
+            os.close(descriptor)  # the process appends to it by name
+            log = Path(path)
+        self.log = log
         self._log_from = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -67,6 +81,8 @@ class ServerProcess:
             if self._advertise
             else ["--port", str(self._port)]
         )
+        if self._coordinator:
+            where += ["--coordinator-port", str(self._coordinator_port)]
         args = [SEGTXN, *self._command, *where, "--host", "127.0.0.1"]
         self._log_from = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as log:  # the child keeps its own descriptor
@@ -88,11 +104,16 @@ class ServerProcess:
 
     def _poll_serving(self) -> bool:
         """Whether the port is known (read now from the log if the server has said it)."""
-        if not self._port and self.log.exists():
+        named = self._port and (self._coordinator_port or not self._coordinator)
+        if not named and self.log.exists():
             with self.log.open("rb") as log:
                 log.seek(self._log_from)
-                self._port = serving_port(log.read().decode(errors="replace")) or 0
-        return bool(self._port)
+                text = log.read().decode(errors="replace")
+            self._port = self._port or serving_port(text) or 0
+            if self._coordinator and not self._coordinator_port:
+                found = COORDINATOR_SERVING.search(text)
+                self._coordinator_port = int(found.group(1)) if found else 0
+        return bool(self._port and (self._coordinator_port or not self._coordinator))
 
     def _no_serving_line(self) -> str:
         exited = self.proc is not None and self.proc.poll() is not None
@@ -204,7 +225,8 @@ async def replicated_brokers(
 def standalone(*extra: str) -> ServerProcess:
     """``extra``: more flags (e.g. ``--store``, ``--data-dir``), kept across restarts."""
     return ServerProcess(
-        ["standalone", *extra],  # its coordinator on a port it picks (each start)
+        ["standalone", *extra],
         "standalone",
         advertise=False,
+        coordinator=True,
     )

@@ -11,12 +11,12 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from segtxn.verify.processes import serving_port
+from segtxn.verify.processes import READY_LIMIT_S, serving_port
 from tests.waiting import wait_until
 
 
 async def serving_url(
-    log: Path, proc: subprocess.Popen[bytes], name: str, limit_s: float = 30
+    log: Path, proc: subprocess.Popen[bytes], name: str, limit_s: float = READY_LIMIT_S
 ) -> str:
     """``http://127.0.0.1:<port>`` of the first ``serving:`` line ``proc`` wrote to ``log``
     (its stderr; a standalone names its broker first); fails if it exits first or says

@@ -163,7 +163,9 @@ async def open_cluster(
             store = "memory://"
         servers: list[ServerProcess] = []
 
-        def server(name: str, *args: str, advertise: bool = True) -> ServerProcess:
+        def server(
+            name: str, *args: str, advertise: bool = True, coordinator: bool = False
+        ) -> ServerProcess:
             def command_on(port: int) -> list[str]:
                 where = ["--host", "127.0.0.1"]
                 if advertise:  # an advertised port 0: the port picked, advertised
@@ -172,7 +174,9 @@ async def open_cluster(
                     where += ["--port", str(port)]
                 return launch.segtxn(*args, *where)
 
-            process = ServerProcess(name, command_on, logs / f"{name}.log", launch)
+            process = ServerProcess(
+                name, command_on, logs / f"{name}.log", launch, coordinator=coordinator
+            )
             servers.append(process)
             return process
 
@@ -194,10 +198,10 @@ async def open_cluster(
             )
             server("coordinator", "coordinator", "--store", store, *session)
         else:
-            args = ["standalone", "--store", store]  # its coordinator: on a port it picks
+            args = ["standalone", "--store", store]
             if shape is Shape.STANDALONE_ETCD:
                 args += ["--data-dir", str(run_dir / "data" / "standalone")]
-            server("standalone", *args, advertise=False)
+            server("standalone", *args, advertise=False, coordinator=True)
         cluster = Cluster(shape, store, servers, etcd, run_dir / "data")
         stack.push_async_callback(cluster.stop)
         for process in servers:  # each on its own: start them all, then wait

@@ -205,14 +205,26 @@ class ServerProcess(ManagedProcess):
     again, as the clients of the run keep its URL."""
 
     def __init__(
-        self, name: str, command_on: Callable[[int], list[str]], log_path: Path, launch: Launch
+        self,
+        name: str,
+        command_on: Callable[[int], list[str]],
+        log_path: Path,
+        launch: Launch,
+        *,
+        coordinator: bool = False,
     ) -> None:
         """``command_on(port)``: the command line of a server listening on ``port`` (0: a
-        port it picks, and advertises)."""
+        port it picks, and advertises). ``coordinator``: it also serves a transaction
+        coordinator (``standalone``), given ``--coordinator-port`` the same way: 0 at first,
+        then the port it named (a coordinator on a new port would leave its old URL in the
+        store, and its clients calling there, until its session expired)."""
         super().__init__(name, command_on(0), log_path, launch)
         self._command_on = command_on
         self.port = 0
         """0 until the first incarnation said on which port it serves."""
+        self._coordinator = coordinator
+        self.coordinator_port = 0
+        """With ``coordinator``: 0 until the first incarnation named its coordinator's port."""
         self._log_from = 0
         """Where this incarnation's lines begin in the log."""
 
@@ -224,6 +236,8 @@ class ServerProcess(ManagedProcess):
 
     async def start(self, why: str = "start") -> None:
         self.command = self._command_on(self.port)
+        if self._coordinator:
+            self.command += ["--coordinator-port", str(self.coordinator_port)]
         self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         await super().start(why)
 
@@ -236,11 +250,10 @@ class ServerProcess(ManagedProcess):
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
-        while not self.port:
+        while not self._named():
             if not self.running:
                 raise ServerFailed(f"{self.name} exited at start-up: {self.tail(500)}")
-            self.port = serving_port(self._incarnation_log()) or 0
-            if not self.port and loop.time() >= deadline:
+            if loop.time() >= deadline:
                 raise ServerFailed(
                     f"{self.name} printed no 'serving:' line naming its port in {limit_s:g} s "
                     f"(see {self.log_path}): {self.tail(500)}"
@@ -259,6 +272,17 @@ class ServerProcess(ManagedProcess):
                 await asyncio.sleep(0.05)  # sleep-ok: the process is starting; only its port tells
         raise ServerFailed(f"{self.name} was not ready in {limit_s:g} s: {self.tail(500)}")
 
+    def _named(self) -> bool:
+        """Whether its ports are known (read now from the log if it has named them)."""
+        if self.port and (self.coordinator_port or not self._coordinator):
+            return True
+        log = self._incarnation_log()
+        self.port = self.port or serving_port(log) or 0
+        if self._coordinator:
+            found = COORDINATOR_SERVING.search(log)
+            self.coordinator_port = self.coordinator_port or (int(found.group(1)) if found else 0)
+        return bool(self.port and (self.coordinator_port or not self._coordinator))
+
     def _incarnation_log(self) -> str:
         with open(self.log_path, "rb") as log:
             log.seek(self._log_from)
@@ -268,6 +292,10 @@ class ServerProcess(ManagedProcess):
 SERVING = re.compile(r"serving: (?:broker \S+|transaction coordinator) on https?://[^\s\"]*:(\d+)")
 """A server command's line saying where it serves (segtxn/cli/lifecycle.py), plain or within
 a JSON log line; ``standalone`` says its broker's first."""
+
+
+COORDINATOR_SERVING = re.compile(r"serving: transaction coordinator on https?://[^\s\"]*:(\d+)")
+"""The line naming the coordinator's port (``standalone`` names its broker's first)."""
 
 
 def serving_port(log: str) -> int | None:

@@ -72,20 +72,24 @@ async def test_a_segtxn_server_gets_the_verbosity_and_dumps_its_stacks(tmp_path:
         return launch.segtxn("standalone", "--host", "127.0.0.1", "--port", str(port))
 
     assert command_on(0)[3:5] == ["-v", "standalone"]
-    server = ServerProcess("standalone", command_on, tmp_path / "s.log", launch)
+    server = ServerProcess("standalone", command_on, tmp_path / "s.log", launch, coordinator=True)
     await server.start()
     try:
         await server.ready()
         picked = server.port  # port 0: the port it picked, read from its serving line
         assert picked and server.url == f"http://127.0.0.1:{picked}"
+        coordinator = server.coordinator_port  # and its coordinator's, from the next line
+        assert coordinator and coordinator != picked
         await server.dump_stacks(limit_s=30)
         assert server.running  # SIGUSR1 dumps and goes on
         await server.kill("a fault")
         await server.start("restart after SIGKILL")  # on the port its clients know
         await server.ready()
-        assert server.port == picked
+        assert (server.port, server.coordinator_port) == (picked, coordinator)
         assert any(
-            "incarnation 2 (restart after SIGKILL)" in line and f"--port {picked}" in line
+            "incarnation 2 (restart after SIGKILL)" in line
+            and f"--port {picked}" in line
+            and f"--coordinator-port {coordinator}" in line
             for line in (tmp_path / "s.log").read_text().splitlines()
         )
     finally:
