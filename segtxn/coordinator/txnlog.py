@@ -42,6 +42,7 @@ import aiohttp
 import msgspec
 
 from segtxn.ledger import LedgerSettings, LogStorage, Position, open_log_storage
+from segtxn.ledger.closing import close_after_cut
 from segtxn.ledger.compacted import CompactedLog, Compaction
 from segtxn.ledger.replicas import ReplicatedLogStorage, Replication
 from segtxn.metastore import MetadataStore
@@ -142,7 +143,7 @@ class TxnLog:
                     txn_log._apply(_decode(entry.payload))
                 txn_log.replayed += len(entries)
         except BaseException:  # failed or stopped mid-way: nothing else would close it
-            await log.close()
+            await close_after_cut(log.close(), name)  # (raising what cut it, not this)
             raise
         return txn_log
 

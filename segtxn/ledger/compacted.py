@@ -39,6 +39,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from segtxn.ledger.closing import close_after_cut
 from segtxn.ledger.cursor import ManagedCursor
 from segtxn.ledger.logs import LogStorage
 from segtxn.ledger.managed import ManagedLedger
@@ -137,7 +138,7 @@ class CompactedLog:
             # what a crash during a trim left behind (nothing reads it now)
             await asyncio.to_thread(storage.delete_leftovers, ledger.name, ledger.ledger_ids[0])
         except BaseException:  # failed or stopped mid-way: nothing else would close it
-            await ledger.close()
+            await close_after_cut(ledger.close(), name)  # (raising what cut it, not this)
             raise
         return compacted
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
-from segtxn.ledger.closing import LedgerClosing
+from segtxn.ledger.closing import LedgerClosing, close_after_cut
 from segtxn.ledger.cursor import (
     CursorTurns,
     ManagedCursor,
@@ -166,7 +166,7 @@ class ManagedLedger(LedgerUpkeep, LedgerClosing):
         try:
             listing = await store.list_prefix(cursors_prefix(name))
         except BaseException:  # failed or cancelled: its writer must not outlive it
-            await ledger.close()
+            await close_after_cut(ledger.close(), name)  # (raising what cut it, not this)
             raise
         ledger.cursors.update(
             restore_cursors(

@@ -62,6 +62,7 @@ import msgspec
 
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, ManagedLedger, Position
+from segtxn.ledger.closing import close_after_cut
 from segtxn.ledger.compacted import CompactedLog
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore, MetadataStoreError
@@ -155,8 +156,8 @@ class SnapshotLog:
                         log_._latest.pop(about.topic, None)
                     else:
                         log_._latest[about.topic] = entry.position
-        except BaseException:
-            await log_.close()
+        except BaseException:  # failed or stopped mid-way: nothing else would close it
+            await close_after_cut(log_.close(), name)  # (raising what cut it, not this)
             raise
         return log_
 
