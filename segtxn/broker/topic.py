@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
+from segtxn.aio import SETTLE_S, settle
 from segtxn.broker.arguments import changed_properties, check_properties
 from segtxn.broker.dedup import Deduplication
 from segtxn.broker.dedup_snapshots import SnapshotFenced
@@ -349,7 +350,8 @@ class Topic:
 
     async def close(self) -> None:
         """Close its subscriptions, its transaction buffer, its publishing, take a last
-        de-duplication snapshot, and close its ledger: always, and last, whatever a part
+        de-duplication snapshot (:data:`~segtxn.aio.SETTLE_S` at most: :meth:`_final_snapshot`),
+        and close its ledger: always, and last, whatever a part
         before it raised (logged), since the ledger must let go of its files. A
         subscription whose pending-ack log failed to close (its clean-close write fenced)
         had left the ledger open: its writer task ran on, and the topic could not be
@@ -371,21 +373,40 @@ class Topic:
                 raise
             buffer_failure = await self._close_buffer()
             failure = failure or buffer_failure
-            try:
-                await self.dedup.snapshot()
-            except SnapshotFenced as e:  # the topic is another broker's now: it writes it
-                log.warning("%s: no final de-duplication snapshot: %s", self.name, e)
-            except MetadataStoreError as e:  # (SnapshotOwnerUnknown too) the replay covers it
-                log.warning(
-                    "%s: no final de-duplication snapshot (a reload replays from the last "
-                    "one written): %s: %s", self.name, type(e).__name__, e,
-                )  # fmt: skip
-            except Exception:
-                log.exception("%s: final de-duplication snapshot failed", self.name)
+            await self._final_snapshot()
         finally:
             await self.ledger.close()
         if failure is not None:
             raise failure
+
+    async def _final_snapshot(self) -> None:
+        """(:meth:`close`.) Take the last de-duplication snapshot, waiting
+        :data:`~segtxn.aio.SETTLE_S` at most for it: past it, it is cancelled (:func:`settle`).
+        Not written (that, or the store's failure), a reload replays from the last one
+        written: logged at WARNING, not raised. A cancel of the close meanwhile cancels it
+        too and is raised.
+
+        Why the bound: awaited without one, a snapshot whose write the store never answered
+        held the topic's close for ever. A broker's stop cancels its closes at its shutdown
+        timeout, but nothing bounds an unload of one topic (a move, a drain) from above."""
+        snapshot = asyncio.create_task(self.dedup.snapshot(), name=f"dedup-final-{self.name}")
+        try:
+            if not await settle(snapshot, SETTLE_S):
+                log.warning(
+                    "%s: no final de-duplication snapshot: not written within %.0f s; "
+                    "cancelled (a reload replays from the last one written)", self.name, SETTLE_S,
+                )  # fmt: skip
+            elif not snapshot.cancelled():
+                snapshot.result()  # (its failure: below)
+        except SnapshotFenced as e:  # the topic is another broker's now: it writes it
+            log.warning("%s: no final de-duplication snapshot: %s", self.name, e)
+        except MetadataStoreError as e:  # (SnapshotOwnerUnknown too) the replay covers it
+            log.warning(
+                "%s: no final de-duplication snapshot (a reload replays from the last "
+                "one written): %s: %s", self.name, type(e).__name__, e,
+            )  # fmt: skip
+        except Exception:
+            log.exception("%s: final de-duplication snapshot failed", self.name)
 
     async def _close_buffer(self) -> Exception | None:
         """(:meth:`close`.) Close the transaction buffer, then settle publishing, each even

@@ -3,7 +3,8 @@
 A topic's close waited, without a bound, for the de-duplication snapshot (publishing's
 ``settle``) and the v4 transaction buffer's snapshot (``MarkerTransactionBuffer.close``) in
 flight: a write whose answer never came (the store silent, or the answer lost) held the
-close, an unload, and a broker's stop for ever. The close now waits
+close, an unload, and a broker's stop for ever; so did the close's own final
+de-duplication snapshot, once its parts were closed. The close now waits
 :data:`~segtxn.aio.SETTLE_S` at most, then cancels the snapshot (a reload replays from the
 previous one) and goes on. On both stores; the write's answer is parked, never given.
 """
@@ -11,6 +12,9 @@ previous one) and goes on. On both stores; the write's answer is parked, never g
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from segtxn.aio import CANCEL_GRACE_S, SETTLE_S
 from segtxn.broker.dedup_snapshots import PREFIX as DEDUP_PREFIX
@@ -58,6 +62,29 @@ async def test_a_close_does_not_wait_for_ever_for_a_dedup_snapshot_in_flight(
         finally:
             held.release()
             cluster.faults.clear()
+
+
+async def test_a_close_does_not_wait_for_ever_for_its_final_dedup_snapshot(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The close's own last de-duplication snapshot, taken once its parts are closed, had no
+    bound of its own either: an unload (a move, a drain) has no time limit above it."""
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC, name="p")
+        await producer.send(b"m0")  # (no periodic snapshot: one every 1000 messages)
+        held = cluster.faults.hold("txn", key_prefix=DEDUP_PREFIX)  # the final one's write
+        try:
+            with caplog.at_level(logging.WARNING):
+                await closes_in_its_time(cluster)
+            assert held.parked == 1
+        finally:
+            held.release()
+            cluster.faults.clear()
+    assert any(
+        "no final de-duplication snapshot" in r.getMessage() and r.levelno == logging.WARNING
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
 
 
 async def test_a_close_does_not_wait_for_ever_for_a_transaction_buffer_snapshot_in_flight(
