@@ -2,6 +2,7 @@
 
 from segtxn.ledger.cursor import ManagedCursor
 from segtxn.ledger.errors import (
+    CursorDamaged,
     EntryTooLarge,
     LedgerClosed,
     LedgerCorrupted,
@@ -27,6 +28,7 @@ from segtxn.ledger.retention import RetentionPolicy, TrimResult
 __all__ = [
     "METADATA_PREFIX",
     "Alteration",
+    "CursorDamaged",
     "Entry",
     "EntryLog",
     "EntryTooLarge",

@@ -30,7 +30,7 @@ from urllib.parse import quote, unquote
 import msgspec
 
 from segtxn.ledger.chain import LedgerChain
-from segtxn.ledger.errors import LedgerClosed, LedgerFenced
+from segtxn.ledger.errors import CursorDamaged, LedgerClosed, LedgerFenced
 from segtxn.ledger.fencing import (
     NotLanded,
     OutcomeUnknown,
@@ -62,6 +62,25 @@ class CursorState(msgspec.Struct, frozen=True):
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(CursorState).decode
+
+
+def _read_state(ledger: LedgerChain, cursor: str, record: Record) -> CursorState:
+    """The state of ``ledger``'s cursor ``cursor`` in its ``record``.
+
+    Raises:
+        CursorDamaged: it does not read (naming the cursor and the key): a bare decode
+            error named neither, and an acknowledged range of other than four numbers
+            failed later, as an unpacking error.
+    """
+    try:
+        state = _decode(record.value)
+    except msgspec.DecodeError as e:
+        raise CursorDamaged(ledger.name, cursor, record.key, str(e)) from e
+    for acked in state.acked:
+        if len(acked) != 4:
+            reason = f"an acknowledged range of {len(acked)} numbers, not 4"
+            raise CursorDamaged(ledger.name, cursor, record.key, reason)
+    return state
 
 
 def cursors_prefix(ledger_name: str) -> str:
@@ -318,6 +337,7 @@ class ManagedCursor:
         retry must take that cursor rather than fail on it for good.
 
         Raises:
+            CursorDamaged: the record found (created before) does not read.
             MetadataStoreError: the store failed (the cursor may have been created or not:
                 creating it again takes it either way).
         """
@@ -329,7 +349,7 @@ class ManagedCursor:
             found = await store.get(key)
             if found is None:  # deleted again meanwhile: the caller may try once more
                 raise
-            state, record = _decode(found.value), found
+            state, record = _read_state(ledger, name, found), found
         return cls(
             ledger=ledger,
             name=name,
@@ -346,16 +366,20 @@ class ManagedCursor:
         ledger: LedgerChain,
         name: str,
         store: MetadataStore,
-        raw: bytes,
-        version: int,
+        record: Record,
         max_persisted_ranges: int,
     ) -> ManagedCursor:
+        """The cursor ``name`` from its ``record``.
+
+        Raises:
+            CursorDamaged: the record does not read.
+        """
         return cls(
             ledger=ledger,
             name=name,
             store=store,
-            state=_decode(raw),
-            version=version,
+            state=_read_state(ledger, name, record),
+            version=record.version,
             max_persisted_ranges=max_persisted_ranges,
         )
 
@@ -368,14 +392,17 @@ def restore_cursors(
     max_persisted_ranges: int,
 ) -> dict[str, ManagedCursor]:
     """The cursors of ``ledger`` from their records (a listing of
-    :func:`cursors_prefix`), by name."""
+    :func:`cursors_prefix`), by name.
+
+    Raises:
+        CursorDamaged: a record does not read.
+    """
     return {
         (name := unquote(record.key.rsplit("/", 1)[1])): ManagedCursor.restore(
             ledger=ledger,
             name=name,
             store=store,
-            raw=record.value,
-            version=record.version,
+            record=record,
             max_persisted_ranges=max_persisted_ranges,
         )
         for record in records

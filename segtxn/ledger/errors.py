@@ -82,6 +82,25 @@ class LedgerMismatch(LedgerCorrupted):
         self.found = found
 
 
+class CursorDamaged(LedgerCorrupted):
+    """A cursor's record in the metadata store does not read (not JSON, another shape, a
+    range that is not four numbers): written by hand, by another version of segtxn, or
+    damaged. The ledger is refused rather than opened without it (its subscription would
+    start again elsewhere, skipping or repeating what it had acknowledged). The message
+    names the ledger, the cursor, the record's ``key`` and what is wrong. An operator
+    writes a readable one, or deletes it (the subscription then starts as a new one)."""
+
+    def __init__(self, ledger: str, cursor: str, key: str, reason: str) -> None:
+        super().__init__(
+            f"{ledger}: the record of its cursor {cursor!r} at {key} in the metadata store "
+            f"does not read ({reason}): it was written by hand, by another version of "
+            "segtxn, or damaged; write a readable one or delete it (its subscription then "
+            "starts as a new one)"
+        )
+        self.key = key
+        self.cursor = cursor
+
+
 REPORTED_LIMIT = 256
 """How many refusals :func:`report_once` remembers: a few hundred distinct damaged or
 foreign files at once is already far more than an operator reads one by one."""

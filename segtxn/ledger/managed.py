@@ -150,6 +150,12 @@ class ManagedLedger(LedgerUpkeep, LedgerClosing):
             LedgerFenced: another process changed the metadata while this one opened it.
             StorageFull: the disk has no room for the ledger's next file (every reopen
                 starts one); retriable, nothing changed.
+            CursorDamaged: a cursor's record in the store does not read (its key named).
+            MetadataStoreError: the store failed.
+
+        Whatever fails (or cancels the open) once the ledger is opened, reading its
+        cursors among it, closes the ledger before it propagates: its writer and files
+        must not outlive a failed open (the next open would meet them).
         """
         settings = settings or LedgerSettings()
         with full_disk_is_retriable():
@@ -164,21 +170,31 @@ class ManagedLedger(LedgerUpkeep, LedgerClosing):
             logs=opened.logs,
         )
         try:
-            listing = await store.list_prefix(cursors_prefix(name))
+            await ledger._restore_cursors()
         except BaseException:  # failed or cancelled: its writer must not outlive it
             await close_after_cut(ledger.close(), name)  # (raising what cut it, not this)
             raise
-        ledger.cursors.update(
+        return ledger
+
+    async def _restore_cursors(self) -> None:
+        """(:meth:`open`, the ledger opened.) Restore its cursors from the store, and say
+        which of them had consumed entries its files no longer hold.
+
+        Raises:
+            CursorDamaged: a cursor's record does not read.
+            MetadataStoreError: the store failed.
+        """
+        listing = await self._store.list_prefix(cursors_prefix(self.name))
+        self.cursors.update(
             restore_cursors(
-                ledger,
-                store,
+                self,
+                self._store,
                 listing.records,
-                max_persisted_ranges=ledger.settings.max_persisted_ranges,
+                max_persisted_ranges=self.settings.max_persisted_ranges,
             )
         )
-        marks = {sub: cursor.mark_delete for sub, cursor in ledger.cursors.items()}
-        report_lost(name, ledger._meta, marks)
-        return ledger
+        marks = {sub: cursor.mark_delete for sub, cursor in self.cursors.items()}
+        report_lost(self.name, self._meta, marks)
 
     # ================================================================= sealing
 
