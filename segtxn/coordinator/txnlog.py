@@ -42,8 +42,8 @@ import aiohttp
 import msgspec
 
 from segtxn.ledger import LedgerSettings, LogStorage, Position, open_log_storage
-from segtxn.ledger.closing import close_after_cut
 from segtxn.ledger.compacted import CompactedLog, Compaction
+from segtxn.ledger.errors import close_after_cut
 from segtxn.ledger.replicas import ReplicatedLogStorage, Replication
 from segtxn.metastore import MetadataStore
 from segtxn.topics.catalog import Catalog

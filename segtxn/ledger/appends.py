@@ -50,7 +50,7 @@ from segtxn.ledger.fencing import (
     cas_put,
     own_landed_write,
 )
-from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
+from segtxn.ledger.logs import EntryLog, LogStorage, close_log_after_cut, open_in_thread
 from segtxn.ledger.metadata import (
     LedgerInfo,
     LedgerMetadata,
@@ -243,7 +243,7 @@ class LedgerAppends(LedgerReads):
             await self._update(roll, landed=switch)
         except BaseException:
             if self._current is not fresh:  # (landed, then its caller was cancelled: in use)
-                await asyncio.to_thread(fresh.close)
+                await close_log_after_cut(self.name, self._storage, fresh)  # (not raised)
             raise
         return fresh
 

@@ -17,40 +17,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
 
 import msgspec
 
 from segtxn.ledger.appends import LedgerAppends
 from segtxn.ledger.cursor import ManagedCursor, cursors_prefix
-from segtxn.ledger.errors import LedgerError
 from segtxn.ledger.identity import check_identities, delete_chain
 from segtxn.ledger.metadata import LedgerMetadata, closed, metadata_key
-from segtxn.metastore import MetadataStoreError, NotFound
+from segtxn.metastore import NotFound
 
 log = logging.getLogger(__name__)
-
-
-async def close_after_cut(close: Awaitable[object], what: str) -> None:
-    """Await ``close``, the close of ``what`` (a ledger, a log) that a step failed or
-    cancelled part-way had opened, run in that step's ``except BaseException:`` handler
-    before it raises on. The close's own failure is logged at WARNING, naming ``what``
-    (with the traceback when it is not an error a ledger or the store gives: a bug), and
-    not raised: the step's exception, or its cancel, is the one its caller must see.
-
-    Why: raised, it replaced the step's. A cancelled open (a broker stopping, a take-over
-    cut short) whose close then failed (its clean-close write refused by a store that was
-    failing anyway) raised a store or ledger error instead of ``CancelledError``, and its
-    caller took it for a failure of the ledger and went on as if it had not been stopped.
-    A cancel of the close itself (past its grace) is raised: it is a cancel too."""
-    try:
-        await close
-    except Exception as e:
-        log.warning(
-            "%s: closing it after its open was cut short failed: %s: %s (what cut the open "
-            "is raised instead)", what, type(e).__name__, e,
-            exc_info=not isinstance(e, (LedgerError, MetadataStoreError)),
-        )  # fmt: skip
 
 
 class LedgerClosing(LedgerAppends):

@@ -39,8 +39,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from segtxn.ledger.closing import close_after_cut
 from segtxn.ledger.cursor import ManagedCursor
+from segtxn.ledger.errors import close_after_cut
 from segtxn.ledger.logs import LogStorage
 from segtxn.ledger.managed import ManagedLedger
 from segtxn.ledger.metadata import LedgerSettings

@@ -6,7 +6,11 @@ import contextlib
 import errno
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
+
+from segtxn.metastore import MetadataStoreError
+
+log = logging.getLogger(__name__)
 
 
 class LedgerError(Exception):
@@ -199,3 +203,27 @@ class WriteFailed(LedgerError):
         super().__init__(message)
         self.cause = cause
         self.retriable = isinstance(cause, LedgerFenced) or bool(getattr(cause, "retriable", False))
+
+
+async def close_after_cut(close: Awaitable[object], what: str) -> None:
+    """Await ``close``, the close of ``what`` (a ledger, a log: named with its ledger and
+    file) that a step failed or cancelled part-way had opened (an open, a rollover), run
+    in that step's ``except BaseException:`` handler before it raises on. The close's own
+    failure is logged at WARNING, naming ``what`` (with the traceback when it is not an
+    error a ledger, the store or the system gives: a bug), and not raised: the step's
+    exception, or its cancel, is the one its caller must see.
+
+    Why: raised, it replaced the step's. A cancelled open (a broker stopping, a take-over
+    cut short) whose close then failed (its clean-close write refused by a store that was
+    failing anyway, a log's file that would not close) raised a store, ledger or disk
+    error instead of ``CancelledError``, and its caller took it for a failure of the
+    ledger and went on as if it had not been stopped. A cancel of the close itself (past
+    its grace) is raised: it is a cancel too."""
+    try:
+        await close
+    except Exception as e:
+        log.warning(
+            "%s: closing it after the step that opened it was cut short failed: %s: %s "
+            "(what cut that step is raised instead)", what, type(e).__name__, e,
+            exc_info=not isinstance(e, (LedgerError, MetadataStoreError, OSError)),
+        )  # fmt: skip

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from segtxn.ledger.errors import LedgerCorrupted, LedgerMissing
+from segtxn.ledger.errors import LedgerCorrupted, LedgerMissing, close_after_cut
 
 
 class Placement(NamedTuple):
@@ -340,3 +340,13 @@ async def open_in_thread(open_log: Callable[..., EntryLog], *args: Any, **kwargs
 def _close_opened(opening: asyncio.Future[EntryLog]) -> None:
     if not opening.cancelled() and opening.exception() is None:
         opening.result().close()
+
+
+async def close_log_after_cut(name: str, storage: LogStorage, entry_log: EntryLog) -> None:
+    """Close ``entry_log``, a log of the managed ledger ``name`` that a step failed or
+    cancelled part-way had opened (an open, a rollover), in that step's ``except
+    BaseException:`` handler: the close's failure (an ``OSError`` releasing its file) is
+    logged at WARNING naming the ledger and the file, and what cut the step propagates
+    (:func:`~segtxn.ledger.errors.close_after_cut`)."""
+    where = storage.where(name, entry_log.ledger_id)
+    await close_after_cut(asyncio.to_thread(entry_log.close), f"{name}: {where}")

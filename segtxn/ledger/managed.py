@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 
 import msgspec
 
-from segtxn.ledger.closing import LedgerClosing, close_after_cut
+from segtxn.ledger.closing import LedgerClosing
 from segtxn.ledger.cursor import (
     CursorTurns,
     ManagedCursor,
@@ -47,7 +47,12 @@ from segtxn.ledger.cursor import (
     cursors_prefix,
     restore_cursors,
 )
-from segtxn.ledger.errors import LedgerClosed, WriteFailed, full_disk_is_retriable
+from segtxn.ledger.errors import (
+    LedgerClosed,
+    WriteFailed,
+    close_after_cut,
+    full_disk_is_retriable,
+)
 from segtxn.ledger.fencing import TriedWrites
 from segtxn.ledger.handles import LogHandles
 from segtxn.ledger.logs import EntryLog, LogStorage

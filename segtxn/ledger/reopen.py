@@ -19,7 +19,7 @@ from segtxn.ledger.cursor import cursors_prefix
 from segtxn.ledger.errors import LedgerError, LedgerFenced, LedgerMissing
 from segtxn.ledger.fencing import cas_put
 from segtxn.ledger.identity import check_identities, delete_chain
-from segtxn.ledger.logs import EntryLog, LogStorage, open_in_thread
+from segtxn.ledger.logs import EntryLog, LogStorage, close_log_after_cut, open_in_thread
 from segtxn.ledger.metadata import (
     LedgerMetadata,
     LedgerSettings,
@@ -115,9 +115,9 @@ async def open_chain(
             tail_bytes=tail_bound(settings),
         )
         version = await cas_put(store, key, encode(meta), record.version)
-    except BaseException:
+    except BaseException:  # failed or cancelled: what cut it is raised, not a close's failure
         for entry_log in logs.values():
-            await asyncio.to_thread(entry_log.close)
+            await close_log_after_cut(name, storage, entry_log)
         raise
     return Opened(meta, version, logs)
 
@@ -136,7 +136,7 @@ async def _let_go_of_first(
     directory stayed). Kept when the write's outcome is unknown: it may still land,
     naming the log, and the next create reuses it, keeping its identity."""
     if not refused:
-        await asyncio.to_thread(first.close)
+        await close_log_after_cut(name, storage, first)
         return
     try:
         await asyncio.to_thread(storage.discard, name, first)

@@ -62,8 +62,8 @@ import msgspec
 
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, ManagedLedger, Position
-from segtxn.ledger.closing import close_after_cut
 from segtxn.ledger.compacted import CompactedLog
+from segtxn.ledger.errors import close_after_cut
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore, MetadataStoreError
 
