@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 
-from segtxn.verify.processes import COORDINATOR_SERVING, READY_LIMIT_S, serving_port
+from segtxn.verify.processes import READY_LIMIT_S, serving_port
 from tests.waiting import wait_until
 
 SEGTXN = str(Path(sys.executable).with_name("segtxn"))
@@ -111,8 +111,7 @@ class ServerProcess:
                 text = log.read().decode(errors="replace")
             self._port = self._port or serving_port(text) or 0
             if self._coordinator and not self._coordinator_port:
-                found = COORDINATOR_SERVING.search(text)
-                self._coordinator_port = int(found.group(1)) if found else 0
+                self._coordinator_port = serving_port(text, coordinator=True) or 0
         return bool(self._port and (self._coordinator_port or not self._coordinator))
 
     def _no_serving_line(self) -> str:

@@ -279,8 +279,9 @@ class ServerProcess(ManagedProcess):
         log = self._incarnation_log()
         self.port = self.port or serving_port(log) or 0
         if self._coordinator:
-            found = COORDINATOR_SERVING.search(log)
-            self.coordinator_port = self.coordinator_port or (int(found.group(1)) if found else 0)
+            self.coordinator_port = (
+                self.coordinator_port or serving_port(log, coordinator=True) or 0
+            )
         return bool(self.port and (self.coordinator_port or not self._coordinator))
 
     def _incarnation_log(self) -> str:
@@ -298,9 +299,10 @@ COORDINATOR_SERVING = re.compile(r"serving: transaction coordinator on https?://
 """The line naming the coordinator's port (``standalone`` names its broker's first)."""
 
 
-def serving_port(log: str) -> int | None:
-    """The port of the first ``serving:`` line in ``log`` (None: none yet)."""
-    found = SERVING.search(log)
+def serving_port(log: str, *, coordinator: bool = False) -> int | None:
+    """The port of the first ``serving:`` line in ``log`` (``coordinator``: of the first
+    naming a coordinator, as ``standalone`` does second); None: none yet."""
+    found = (COORDINATOR_SERVING if coordinator else SERVING).search(log)
     return int(found.group(1)) if found else None
 
 
