@@ -39,11 +39,17 @@ concurrent ``append`` tasks of 100 B entries per ledger, for 1 ledger and for 8 
 its msgs/s over the appends/s of the raw row with the same number of ledgers: how much of
 the ledger's append rate survives the broker and its clients.
 
+Every process of the run (the broker, and this one: the raw ledger and the clients) runs on
+the event loop ``--event-loop`` names: ``auto`` (the default, as ``segtxn broker``'s: uvloop
+where it is installed), ``uvloop`` or ``asyncio``; it is printed in the first line. Before,
+the broker ran on asyncio's loop here and on uvloop in production, so this bench measured a
+broker users do not run.
+
 Every measurement is a time-bounded loop (``--seconds`` after a short warm-up). The
 machine's cores are shared by the broker process and this one (which runs all producers and
 consumers), so read the numbers as side-by-side ratios from one run, not absolute figures.
 
-Run: ``.venv/bin/python bench/broker.py [--seconds S]``.
+Run: ``.venv/bin/python bench/broker.py [--seconds S] [--event-loop auto|uvloop|asyncio]``.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from brokerresults import MAX_PENDING, SIZE, print_tables
 from common import file_ledger_broker, filesystem_of, until_signalled
 
 from segtxn.broker.entry import StoredMessage, encode_entry
+from segtxn.cli.loops import CHOICES, EventLoop, choose
 from segtxn.metastore.etcd_server import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -104,7 +111,7 @@ def wait_ready(process: subprocess.Popen[bytes], url: str) -> None:
 
 
 @contextlib.contextmanager
-def broker_process(ledger_dir: Path) -> Iterator[tuple[str, int]]:
+def broker_process(ledger_dir: Path, loop: EventLoop) -> Iterator[tuple[str, int]]:
     """Run the broker in a child process; yields its URL and pid; stops it (or kills it)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -115,6 +122,8 @@ def broker_process(ledger_dir: Path) -> Iterator[tuple[str, int]]:
             "--serve-broker",
             str(port),
             str(ledger_dir),
+            "--event-loop",
+            loop.name,
         ]
     )
     try:
@@ -146,11 +155,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seconds", type=float, default=2.0, help="duration of each measurement (default 2)"
     )
+    parser.add_argument(
+        "--event-loop",
+        choices=CHOICES,
+        default="auto",
+        help="the event loop of every process (default auto: uvloop where installed)",
+    )
     parser.add_argument("--serve-broker", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    loop = choose(args.event_loop)
     if args.serve_broker:
         port, ledger_dir = args.serve_broker
-        asyncio.run(serve_broker(int(port), Path(ledger_dir)))
+        with asyncio.Runner(loop_factory=loop.factory) as runner:
+            runner.run(serve_broker(int(port), Path(ledger_dir)))
         return 0
     seconds: float = args.seconds
 
@@ -159,12 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(
             f"segtxn broker bench: {seconds:g} s per measurement after {WARMUP_S:g} s warm-up, "
-            f"{os.cpu_count()} CPUs, files in {directory} ({filesystem_of(directory)}); "
+            f"{os.cpu_count()} CPUs, {loop.name} event loop, "
+            f"files in {directory} ({filesystem_of(directory)}); "
             f"{SIZE} B messages, stored as {stored_entry_size()} B entries by the broker"
         )
-        raw = {n: asyncio.run(raw_ledger(directory, n, MAX_PENDING, seconds)) for n in PRODUCERS}
-        with broker_process(directory / "broker") as (url, pid):
-            saturated_rows, paced_rows = asyncio.run(broker_runs(url, pid, seconds))
+        with asyncio.Runner(loop_factory=loop.factory) as runner:
+            raw = {n: runner.run(raw_ledger(directory, n, MAX_PENDING, seconds)) for n in PRODUCERS}
+            with broker_process(directory / "broker", loop) as (url, pid):
+                saturated_rows, paced_rows = runner.run(broker_runs(url, pid, seconds))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print()
