@@ -43,6 +43,15 @@ class LoadResult:
         return self.messages / self.seconds
 
 
+def failure_of(send: asyncio.Future[MessageId]) -> BaseException | None:
+    """Why ``send`` was not stored, once its producer is flushed (None: it was)."""
+    if not send.done():
+        return RuntimeError("still unsettled after its producer was flushed")
+    if send.cancelled():
+        return asyncio.CancelledError()
+    return send.exception()
+
+
 async def produce(cluster: Cluster, mode: str, tag: str, settings: Settings) -> LoadResult:
     """``settings.producers`` producers on a fresh topic for one window."""
     topic = f"{NAMESPACE}/{tag}"
@@ -64,17 +73,12 @@ async def produce(cluster: Cluster, mode: str, tag: str, settings: Settings) -> 
         end = start + settings.seconds
         acked = 0
         latencies: list[float] = []
-        failures: list[BaseException] = []
 
         def settled(sent: float) -> Callable[[asyncio.Future[MessageId]], None]:
             def done(future: asyncio.Future[MessageId]) -> None:
                 nonlocal acked
-                if future.cancelled():
-                    return
-                error = future.exception()
-                if error is not None:
-                    failures.append(error)
-                    return
+                if future.cancelled() or future.exception() is not None:
+                    return  # (counted from the sends at the end)
                 now = time.perf_counter()
                 if start <= now < end:
                     acked += 1
@@ -83,11 +87,14 @@ async def produce(cluster: Cluster, mode: str, tag: str, settings: Settings) -> 
 
             return done
 
+        sends: list[asyncio.Future[MessageId]] = []
+
         async def pump(sender: Producer) -> None:
             while time.perf_counter() < end:
                 sent = time.perf_counter()
                 future = await sender.send_async(payload)
                 future.add_done_callback(settled(sent))
+                sends.append(future)
                 if not pipelined:
                     await future
 
@@ -96,6 +103,9 @@ async def produce(cluster: Cluster, mode: str, tag: str, settings: Settings) -> 
                 tg.create_task(pump(sender), name=f"pump-{tag}-{i}")
         for sender in senders:
             await sender.flush()
+        # read from the sends, not counted by their callbacks: flush() returns before the
+        # loop has run the last ones' callbacks, and a failure among those went unseen
+        failures = [failure_of(f) for f in sends if failure_of(f) is not None]
     if failures:
         raise RuntimeError(f"{cluster.name}, {mode}: {len(failures)} sends failed") from failures[0]
     return LoadResult(cluster.name, mode, acked, settings.seconds, latencies)
