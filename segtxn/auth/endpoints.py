@@ -102,6 +102,7 @@ RULES: dict[tuple[str, str], Rule] = {
     ("PUT", _SUB): _ns(_ADMIN),
     ("DELETE", _SUB): _ns(_ADMIN),
     ("POST", _SUB + "/reset"): _ns(_ADMIN),
+    ("POST", _SUB + "/repair"): _ns(_ADMIN),
     ("GET", _ADMIN_TOPIC + "/properties"): _ns(_ANY_USE),
     ("PUT", _ADMIN_TOPIC + "/properties"): _ns(_ADMIN),
     ("DELETE", _ADMIN_TOPIC + "/properties"): _ns(_ADMIN),

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from segtxn.broker import arguments, deletemark, deletion, retire, segment_ends
+from segtxn.broker import arguments, cursor_repair, deletemark, deletion, retire, segment_ends
 from segtxn.broker.fanout import HTTP, fan_out
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
 from segtxn.broker.service import BrokerService
@@ -447,6 +447,7 @@ def routes() -> list[web.RouteDef]:
             web.put(base + "/subscription/{subscription}", create_subscription),
             web.delete(base + "/subscription/{subscription}", delete_subscription),
             web.post(base + "/subscription/{subscription}/reset", reset_subscription),
+            web.post(base + "/subscription/{subscription}/repair", cursor_repair.repair),
             web.get(base + "/properties", get_properties),
             web.put(base + "/properties", update_properties),
             web.delete(base + "/properties", remove_property),

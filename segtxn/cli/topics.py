@@ -1,4 +1,5 @@
-"""``segtxn topics``: create, list, inspect, split, merge and delete topics.
+"""``segtxn topics``: create, list, inspect, split, merge and delete topics, and repair a
+subscription whose cursor record does not read.
 
 The commands that print data take ``-o table|json`` (:mod:`segtxn.cli.output`). ``split``
 and ``merge`` print one line saying what changed and which segments are active; the whole
@@ -324,6 +325,33 @@ def subscriptions(url: str, topic: str, output: str) -> None:
     found = run(lambda c: c.admin.subscriptions(topic), url)
     rows = [[name] for name in found]
     show(output, found, Table(("subscription",), rows, empty=f"{topic} has no subscriptions"))
+
+
+@topics.command("repair-cursor")
+@URL
+@click.argument("topic", type=Topic(Domain.PERSISTENT, Domain.SEGMENT))
+@click.argument("subscription")
+@click.option(
+    "--to",
+    default="earliest",
+    show_default=True,
+    metavar="earliest|LEDGER:ENTRY",
+    help="Where the subscription starts again: its first retained message, or this one.",
+)
+@OUTPUT
+def repair_cursor(url: str, topic: str, subscription: str, to: str, output: str) -> None:
+    """Rewrite SUBSCRIPTION's cursor record when it does not read (TOPIC is refused with
+    PersistenceError naming it; for a topic:// give the segment:// the error names).
+
+    The subscription restarts at the first message TOPIC retains (every retained message
+    is delivered again: none is lost), or --to. Refused when the record reads (use a
+    reset), or changed meanwhile (nothing written); docs/ledger.md."""
+    found = run(lambda c: c.admin.repair_cursor(topic, subscription, to=to), url)
+    line = (
+        f"repaired {subscription} on {topic}: it starts again at {found['start']} "
+        f"(the record at {found['key']} did not read)"
+    )
+    show(output, found, line)
 
 
 def _policy(text: str) -> dict[str, Any]:

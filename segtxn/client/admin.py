@@ -177,6 +177,28 @@ class Admin:
             "POST", f"{self._path(topic)}/subscription/{subscription}/reset", params={"to": to}
         )
 
+    async def repair_cursor(
+        self, topic: str, subscription: str, *, to: str = "earliest"
+    ) -> dict[str, Any]:
+        """Rewrite the subscription's cursor record when it does not read (the topic is
+        refused with PersistenceError naming it), so that the topic loads again: the
+        subscription restarts at the first retained message (``to="earliest"``: every
+        retained message is delivered again, none lost) or at ``LEDGER:ENTRY``. Only a
+        damaged record is replaced, and only as it was read. ``topic`` is a
+        ``persistent://`` topic or the ``segment://`` the error names.
+
+        Returns:
+            ``{"topic", "subscription", "key", "start", "replaced": {"reason", "bytes"}}``.
+
+        Raises:
+            ServerError: NotAllowed when the record reads (use :meth:`reset_subscription`)
+                or for a ``topic://``; TopicNotFound; SubscriptionNotFound;
+                PreconditionFailed when the record changed while it was being repaired
+                (nothing written: look again); InvalidArgument for a ``to`` past the end.
+        """
+        path = f"{self._path(topic)}/subscription/{subscription}/repair"
+        return dict(await self._c.request("POST", path, params={"to": to}))
+
     async def split(self, topic: str, segment: int, *, at: int | None = None) -> dict[str, Any]:
         """Split a segment of a scalable topic (at hash ``at``, or its midpoint); returns
         the new DAG. Raises ServerError (InvalidArgument, TopicBusy, TopicNotFound);

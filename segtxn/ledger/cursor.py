@@ -64,8 +64,8 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(CursorState).decode
 
 
-def _read_state(ledger: LedgerChain, cursor: str, record: Record) -> CursorState:
-    """The state of ``ledger``'s cursor ``cursor`` in its ``record``.
+def read_state(ledger: str, cursor: str, record: Record) -> CursorState:
+    """The state of the ledger ``ledger``'s cursor ``cursor`` in its ``record``.
 
     Raises:
         CursorDamaged: it does not read (naming the cursor and the key): a bare decode
@@ -75,11 +75,11 @@ def _read_state(ledger: LedgerChain, cursor: str, record: Record) -> CursorState
     try:
         state = _decode(record.value)
     except msgspec.DecodeError as e:
-        raise CursorDamaged(ledger.name, cursor, record.key, str(e)) from e
+        raise CursorDamaged(ledger, cursor, record.key, str(e)) from e
     for acked in state.acked:
         if len(acked) != 4:
             reason = f"an acknowledged range of {len(acked)} numbers, not 4"
-            raise CursorDamaged(ledger.name, cursor, record.key, reason)
+            raise CursorDamaged(ledger, cursor, record.key, reason)
     return state
 
 
@@ -349,7 +349,7 @@ class ManagedCursor:
             found = await store.get(key)
             if found is None:  # deleted again meanwhile: the caller may try once more
                 raise
-            state, record = _read_state(ledger, name, found), found
+            state, record = read_state(ledger.name, name, found), found
         return cls(
             ledger=ledger,
             name=name,
@@ -378,7 +378,7 @@ class ManagedCursor:
             ledger=ledger,
             name=name,
             store=store,
-            state=_read_state(ledger, name, record),
+            state=read_state(ledger.name, name, record),
             version=record.version,
             max_persisted_ranges=max_persisted_ranges,
         )

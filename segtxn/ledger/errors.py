@@ -91,18 +91,21 @@ class CursorDamaged(LedgerCorrupted):
     range that is not four numbers): written by hand, by another version of segtxn, or
     damaged. The ledger is refused rather than opened without it (its subscription would
     start again elsewhere, skipping or repeating what it had acknowledged). The message
-    names the ledger, the cursor, the record's ``key`` and what is wrong. An operator
-    writes a readable one, or deletes it (the subscription then starts as a new one)."""
+    names the ledger, the cursor, the record's ``key``, what is wrong (``reason``) and how
+    to repair it (:mod:`segtxn.ledger.cursor_repair`: the subscription starts again at the
+    first retained entry, nothing lost; ``segtxn topics repair-cursor``)."""
 
     def __init__(self, ledger: str, cursor: str, key: str, reason: str) -> None:
         super().__init__(
             f"{ledger}: the record of its cursor {cursor!r} at {key} in the metadata store "
             f"does not read ({reason}): it was written by hand, by another version of "
-            "segtxn, or damaged; write a readable one or delete it (its subscription then "
-            "starts as a new one)"
+            "segtxn, or damaged; repair it (a topic's subscription: `segtxn topics "
+            "repair-cursor TOPIC SUBSCRIPTION`, which starts it again at the first retained "
+            "entry: nothing is lost)"
         )
         self.key = key
         self.cursor = cursor
+        self.reason = reason
 
 
 REPORTED_LIMIT = 256

@@ -71,6 +71,7 @@ CASES = [
     Case("PUT", P + "/t1/subscription/s2", ADMIN, CONSUMER),
     Case("DELETE", P + "/t1/subscription/s3", ADMIN, CONSUMER),
     Case("POST", P + "/t1/subscription/s1/reset?to=earliest", ADMIN, CONSUMER),
+    Case("POST", P + "/t1/subscription/s1/repair", ADMIN, CONSUMER, ok=False),
     Case("GET", P + "/t1/properties", PRODUCER, STRANGER),
     Case("PUT", P + "/t1/properties", ADMIN, PRODUCER, body={"k": "v"}),
     Case("DELETE", P + "/t1/properties?key=k0", ADMIN, PRODUCER),
