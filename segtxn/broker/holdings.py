@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from segtxn.boundary import error_response
 from segtxn.broker import handoff
 from segtxn.broker.http import SERVICE, json_errors
 from segtxn.broker.settings import BROKER_ID
 from segtxn.inputs import takes
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import parse_int
+from segtxn.topics.catalog import BROKERS
 
 MAX_LISTED = 1000
 """The most homes one answer names (``more`` says whether there are others)."""
@@ -47,7 +49,8 @@ async def drain(request: web.Request) -> web.StreamResponse:
     """``POST``: hand every topic the broker holds to the others
     (:mod:`segtxn.broker.handoff`); ``{"broker", "moved": [...], "failed": {...}}``.
     ``DELETE``: stop draining (new topics may be placed on it again). Answered by that
-    broker: another one redirects (NotOwner) or, if it is not registered, ServiceNotReady."""
+    broker: another one redirects (NotOwner); a broker that is not registered gets a 404
+    InvalidArgument naming the registered ones (:func:`not_registered`)."""
     service = request.app[SERVICE]
     broker = request.match_info["broker"]
     if not BROKER_ID.fullmatch(broker):
@@ -55,12 +58,32 @@ async def drain(request: web.Request) -> web.StreamResponse:
     if broker != service.broker_id:
         url = await service.catalog.broker_url(broker)
         if url is None:
-            raise ServerError(ErrorName.SERVICE_NOT_READY, f"broker {broker} is not registered")
+            return await not_registered(request, broker)
         raise ServerError(ErrorName.NOT_OWNER, f"broker {broker} is at {url}", redirect=url)
     if request.method == "DELETE":
         await service.set_draining(False)
         return web.json_response({"broker": broker, "draining": False})
     return web.json_response(await handoff.drain(service))
+
+
+MAX_NAMED_BROKERS = 20
+"""The most registered ids a "not registered" answer names."""
+
+
+async def not_registered(request: web.Request, broker: str) -> web.Response:
+    """404 ``InvalidArgument`` (HTTP's "no such thing", named as an unknown path's is) for
+    draining or undraining ``broker``, which is not registered: a typo, or a broker that is
+    gone. The caller's mistake, answered at once; a 503 would have the client, and the
+    operator through it, retry it for the whole drain timeout as if the broker were
+    coming. The message names the registered brokers (at most :data:`MAX_NAMED_BROKERS`),
+    so the typo shows."""
+    listing = await request.app[SERVICE].store.list_prefix(BROKERS, limit=MAX_NAMED_BROKERS)
+    ids = [record.key[len(BROKERS) :] for record in listing.records]
+    named = ", ".join(ids) + (", ..." if listing.more else "") if ids else "none"
+    error = ServerError(
+        ErrorName.INVALID_ARGUMENT, f"no broker {broker} is registered (registered: {named})"
+    )
+    return error_response(error, request, status=404)
 
 
 def routes() -> list[web.RouteDef]:

@@ -252,8 +252,9 @@ class Admin:
         restart. Returns ``{"broker", "moved": [names], "failed": {name: why}}``.
 
         Raises:
-            ServerError: NotAllowed without replication; ServiceNotReady when the broker is
-                not registered or no other broker can take its topics.
+            ServerError: NotAllowed without replication; InvalidArgument when the broker is
+                not registered (a typo, or it is gone); ServiceNotReady when no other broker
+                can take its topics.
         """
         path = f"/admin/v2/brokers/{quote(broker, safe='')}/drain"
         return dict(await self._c.request("POST", path, timeout_s=timeout_s))

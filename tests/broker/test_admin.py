@@ -454,3 +454,21 @@ async def test_a_broker_s_homes_list_what_removing_it_would_strand(
     await client.admin.delete_topic("topic://acme/homes/s")
     await client.admin.delete_topic("persistent://acme/homes/p")
     assert (await client.admin.broker_homes(me)).empty
+
+
+async def test_draining_a_broker_that_is_not_registered_is_the_caller_s_mistake(
+    client: Client, broker: BrokerServer
+) -> None:
+    """A typo'd or gone broker id is answered 404 ``InvalidArgument`` (as an unknown path
+    is) at once, naming the id and the brokers that are registered; it was a 503
+    ServiceNotReady, which the client (and the operator through it) retried for the whole
+    drain timeout as if the broker would come."""
+    me = broker.settings.broker_id
+    expected = f"no broker nobody-7 is registered (registered: {me})"
+    for method in ("POST", "DELETE"):
+        status, body = await raw(broker, method, "/admin/v2/brokers/nobody-7/drain")
+        assert (status, body) == (404, {"error": "InvalidArgument", "message": expected})
+    with pytest.raises(ServerError) as refused:
+        await client.admin.drain_broker("nobody-7", timeout_s=30)
+    assert refused.value.name is ErrorName.INVALID_ARGUMENT
+    assert refused.value.message == expected

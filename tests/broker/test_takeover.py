@@ -278,7 +278,8 @@ async def test_draining_needs_replication(
         assert "cannot move" in refused.value.message
         with pytest.raises(ServerError) as unknown:
             await client.admin.drain_broker("nobody")
-        assert unknown.value.name is ErrorName.SERVICE_NOT_READY
+        assert unknown.value.name is ErrorName.INVALID_ARGUMENT
+        assert unknown.value.message == "no broker nobody is registered (registered: solo)"
 
 
 @pytest.mark.slow
