@@ -10,7 +10,9 @@ that answer:
   authentication (:func:`segtxn.inputs.install_declared_check`);
 - :class:`ServerError`: its name and status (4xx: the client's fault; 503: try again);
 - aiohttp's own refusals, with their status: unknown path 404 and oversized body 413
-  (``InvalidArgument``, ``MessageTooLarge``), wrong method 405 (``NotAllowed``);
+  (``InvalidArgument``, ``MessageTooLarge``), wrong method 405 (``NotAllowed``), an
+  ``Expect:`` other than ``100-continue`` 417 (``InvalidArgument``; raised before any
+  middleware, answered by :func:`answering_refusals`);
 - the metadata store being unreachable, closed, or the session gone: 503 ServiceNotReady;
 - the metadata store full (etcd's NOSPACE alarm): 503 ``MetadataStoreFull``, whose message
   tells the operator what to do; not retriable (it lasts until someone acts), and logged
@@ -66,7 +68,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from aiohttp import WSCloseCode, web
+from aiohttp import WSCloseCode, hdrs, web
 from aiohttp.http_exceptions import LineTooLong
 
 from segtxn import inputs, tracing
@@ -91,6 +93,7 @@ log = logging.getLogger(__name__)
 STARTED = web.RequestKey("segtxn-started-response", web.StreamResponse)
 """The response a handler has started (prepared) for a request, if any."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ServerHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 HANDLER_ARGS: dict[str, Any] = {
     "max_line_size": MAX_LINE_BYTES,
@@ -178,9 +181,36 @@ def _refusal(request: web.Request, e: web.HTTPException) -> web.Response:
     elif e.status == 405:
         allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
         message = f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
+    elif e.status == 417:
+        expect = request.headers.get(hdrs.EXPECT, "")
+        message = (
+            f"Expect: {expect[:80]!r} is not an expectation this server meets "
+            "(only 100-continue is)"
+        )
     else:
         message = e.text or e.reason
     return error_response(ServerError(name, message), request, status=e.status)
+
+
+def answering_refusals(handler: ServerHandler) -> ServerHandler:
+    """An application's request handler (what aiohttp's server calls for each request:
+    ``web.Server.request_handler``) whose refusals raised before the application's
+    middlewares run get the JSON error too: an ``Expect:`` header other than
+    ``100-continue`` is refused 417 by aiohttp's router before any middleware (so before
+    the :func:`boundary`), which answered it in plain text. Keeps its status, named
+    ``InvalidArgument``, as the other refusals of HTTP's own (:func:`_refusal`)."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except web.HTTPException as e:
+            if e.status < 400 or e.content_type == "application/json":
+                raise
+            if not isinstance(request, web.Request):  # (an application's requests are)
+                raise
+            return _refusal(request, e)
+
+    return handle
 
 
 STORE_FULL_MESSAGE = (

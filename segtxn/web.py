@@ -14,7 +14,7 @@ from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 
 from segtxn.auth import TlsSettings
-from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler
+from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler, answering_refusals
 from segtxn.inputs import read_body
 
 
@@ -74,7 +74,8 @@ def _access_log(enabled: bool) -> logging.Logger | None:
 class _Site(web.BaseSite):
     """A TCP site whose connections are served by :class:`JsonRequestHandler`, so requests
     refused before routing get the JSON error too (aiohttp's TCPSite hard-wires its own
-    handler class)."""
+    handler class), as do those the router refuses before the middlewares
+    (:func:`~segtxn.boundary.answering_refusals`)."""
 
     def __init__(
         self,
@@ -103,6 +104,7 @@ class _Site(web.BaseSite):
         if server is None:  # BaseSite already refuses a runner that is not set up
             raise RuntimeError("the runner is not set up")
         loop = asyncio.get_running_loop()
+        server.request_handler = answering_refusals(server.request_handler)
 
         def handler() -> JsonRequestHandler:
             return JsonRequestHandler(
