@@ -36,7 +36,9 @@ that answer:
   answered by the call itself: 503 ServiceNotReady with its message (the path, the
   system's words), logged at WARNING without a traceback;
 - a body aiohttp cannot read (it does not decompress as its ``Content-Encoding`` says):
-  400 ``InvalidArgument``, and the connection closes;
+  400 ``InvalidArgument``, and the connection closes; one in an encoding aiohttp does not
+  decode (``compress``, ``br`` without its package, a list): 415 ``InvalidArgument``
+  (:class:`~segtxn.inputs.UnsupportedEncoding`), before it is read;
 - anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
   message carries an *incident id*; the log has the same id and the traceback. The body never
   has a stack trace.
@@ -69,7 +71,7 @@ from urllib.parse import quote
 
 import aiohttp
 from aiohttp import WSCloseCode, hdrs, web
-from aiohttp.http_exceptions import LineTooLong
+from aiohttp.http_exceptions import ContentEncodingError, LineTooLong
 
 from segtxn import inputs, tracing
 from segtxn.ledger.errors import LedgerCorrupted, LedgerError, report_once
@@ -128,7 +130,8 @@ def error_response(
     """``{"error": NAME, "message": ...}`` with the name's HTTP status (or ``status``);
     ``NotOwner`` is a 307 whose ``Location`` is the same path and query on the serving broker.
     Long messages are cut: they often quote the request back. The answer to a body that did
-    not arrive in time (:class:`~segtxn.inputs.BodyNotArrived`) closes the connection."""
+    not arrive in time (:class:`~segtxn.inputs.BodyNotArrived`) closes the connection; a body
+    in an encoding not decoded (:class:`~segtxn.inputs.UnsupportedEncoding`) is a 415."""
     message = _cut(error.message)
     # also in headers: a failed WebSocket handshake shows the client headers, not the body
     headers = {
@@ -137,6 +140,8 @@ def error_response(
     }
     if error.name is ErrorName.NOT_OWNER and error.redirect and request is not None:
         headers["Location"] = error.redirect.rstrip("/") + request.path_qs
+    if status is None and isinstance(error, inputs.UnsupportedEncoding):
+        status = inputs.UNSUPPORTED_ENCODING_STATUS
     response = web.Response(
         status=status or error.name.http_status,
         text=json.dumps({"error": error.name.value, "message": message}),  # ASCII: \u escapes
@@ -439,6 +444,10 @@ class JsonRequestHandler(web.RequestHandler):
         if status >= 500:
             ident = incident(f"{request.method} {request.path} failed", exc or Exception(message))
             error = ServerError(ErrorName.UNKNOWN, f"internal error, incident {ident}")
+        elif isinstance(exc, ContentEncodingError):
+            log.info("refused a request from %s: %s", request.remote, _cut(str(exc)))
+            error = inputs.UnsupportedEncoding(inputs.refused_encoding(exc))
+            status = inputs.UNSUPPORTED_ENCODING_STATUS
         else:
             too_large = isinstance(exc, LineTooLong) or "Too many headers" in str(exc)
             if too_large:

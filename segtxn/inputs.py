@@ -1,6 +1,7 @@
 """What a request carries, read and checked at the edge, before a handler acts on it: its
 query (each parameter at most once; only those its route declares with :func:`takes`,
-checked after authentication: :func:`install_declared_check`) and its body (all of it within
+checked after authentication: :func:`install_declared_check`) and its body (in a
+``Content-Encoding`` aiohttp decodes: :func:`check_encoding`; all of it within
 :data:`BODY_READ_TIMEOUT_S`; as JSON: well-formed, bounded in depth, valid Unicode, each key
 once per object). Each check raises ServerError(InvalidArgument) with a message that says
 what was wrong; the error boundary (:mod:`segtxn.boundary`) answers it.
@@ -13,7 +14,9 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.compression_utils import HAS_BROTLI, HAS_ZSTD
+from aiohttp.http_exceptions import ContentEncodingError
 
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_JSON_DEPTH
@@ -117,14 +120,69 @@ class BodyNotArrived(ServerError):
         )
 
 
+DECODED_ENCODINGS = frozenset(
+    {"gzip", "deflate"} | ({"br"} if HAS_BROTLI else set()) | ({"zstd"} if HAS_ZSTD else set())
+)
+"""The ``Content-Encoding`` values aiohttp's parser decodes a request body from (as it
+spells them, lower case; ``br`` and ``zstd`` only with their packages installed). It reads
+a body of any other encoding as the bytes that came: they would be taken for the body."""
+UNSUPPORTED_ENCODING_STATUS = 415
+"""HTTP's Unsupported Media Type, the status of :class:`UnsupportedEncoding`."""
+
+
+class UnsupportedEncoding(ServerError):
+    """A body in a ``Content-Encoding`` the server does not decode: InvalidArgument, answered
+    415 (:func:`segtxn.boundary.error_response`), before anything is read or done."""
+
+    def __init__(self, encoding: str) -> None:
+        decoded = ", ".join(sorted(DECODED_ENCODINGS - {"gzip", "deflate"}))
+        also = f", {decoded}" if decoded else ""
+        super().__init__(
+            ErrorName.INVALID_ARGUMENT,
+            f"Content-Encoding {encoding[:80]!r} is not one this server decodes: send the "
+            f"body as it is, or in gzip{also} or deflate",
+        )
+
+
+def unsupported_encoding(request: web.BaseRequest) -> str | None:
+    """The request's ``Content-Encoding`` if it is one aiohttp does not decode (not absent,
+    ``identity``, or one of :data:`DECODED_ENCODINGS`, compared as aiohttp compares them:
+    ASCII, any case; a list of several is not decoded), else None."""
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING)
+    if encoding is None or not encoding.isascii():
+        return encoding
+    if encoding.lower() in DECODED_ENCODINGS | {"", "identity"}:
+        return None
+    return encoding
+
+
+def refused_encoding(error: ContentEncodingError) -> str:
+    """The encoding aiohttp's parser refused a body in before any handler ran: ``br`` or
+    ``zstd`` without its package (its message says which, as ``(br)``: the request it hands
+    the error handler has no headers). A body that does not decompress fails later, as it
+    is read, as a :class:`~aiohttp.web.RequestPayloadError`."""
+    return next((e for e in ("br", "zstd") if f"({e})" in str(error)), "?")
+
+
+def check_encoding(request: web.BaseRequest) -> None:
+    """Raise :class:`UnsupportedEncoding` for a body aiohttp will not decode
+    (:func:`unsupported_encoding`): read as it came, it would be taken for the body itself
+    (stored as the raw bytes, or refused as "not JSON", which misleads)."""
+    encoding = unsupported_encoding(request)
+    if encoding is not None:
+        raise UnsupportedEncoding(encoding)
+
+
 async def read_body(request: web.BaseRequest) -> bytes:
     """The whole request body, read within :data:`BODY_READ_TIMEOUT_S`.
 
     Raises:
+        UnsupportedEncoding: in a ``Content-Encoding`` not decoded (nothing is read).
         BodyNotArrived: it did not arrive in time; the body is marked read (aiohttp would
             otherwise wait for the rest of it after the answer).
         web.HTTPRequestEntityTooLarge: over the application's ``client_max_size``.
     """
+    check_encoding(request)
     try:
         async with asyncio.timeout(BODY_READ_TIMEOUT_S):
             return await request.read()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import zlib
 
+import aiohttp
 import pytest
 
 from segtxn.client import Client
@@ -53,3 +55,49 @@ async def test_a_body_that_does_not_decompress_is_invalid_argument(
         assert encoding in answer["message"]
     assert "garbage" not in await client.admin.properties(TOPIC)
     await client.admin.update_properties(TOPIC, {"after": "yes"})  # still serving
+
+
+@pytest.mark.parametrize(
+    "encoding", ["br", "zstd", "compress", "x-garbage", "gzip, br", "identity, gzip"]
+)
+async def test_a_body_in_an_encoding_the_server_does_not_decode_is_415(
+    cluster: Cluster, client: Client, encoding: str
+) -> None:
+    """A body whose ``Content-Encoding`` the server does not decode was read as if it were
+    not encoded: stored as the raw bytes, or refused as "not JSON". It is refused 415,
+    naming the encoding, before anything is done."""
+    await client.admin.create_topic(TOPIC)
+    coordinator = cluster.coordinator.settings.advertise_url
+    body = b'{"garbage": "encoded?"}'
+    for url, method, path in [
+        (cluster.url, "PUT", "/admin/v2/persistent/acme/hostile/t/properties"),
+        (coordinator, "POST", "/txn/v2/1000000000000:1/partitions"),
+    ]:
+        request = (
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Encoding: {encoding}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode() + body
+        status, answer = await _exchange(url, request)
+        assert (status, answer["error"]) == (415, ErrorName.INVALID_ARGUMENT.value), answer
+        assert answer["message"] == (
+            f"Content-Encoding {encoding!r} is not one this server decodes: send the body "
+            "as it is, or in gzip or deflate"
+        )
+    assert "garbage" not in await client.admin.properties(TOPIC)
+    await client.admin.update_properties(TOPIC, {"after": "yes"})  # still serving
+
+
+@pytest.mark.parametrize("encoding", ["identity", "IDENTITY", "gzip", "deflate"])
+async def test_a_body_as_it_is_or_in_gzip_or_deflate_is_read(
+    client: Client, cluster: Cluster, http: aiohttp.ClientSession, encoding: str
+) -> None:
+    await client.admin.create_topic(TOPIC)
+    body = json.dumps({"encoded": encoding}).encode()
+    if encoding.lower() != "identity":
+        compressor = zlib.compressobj(wbits=31 if encoding == "gzip" else 15)
+        body = compressor.compress(body) + compressor.flush()
+    url = f"{cluster.url}/admin/v2/persistent/acme/hostile/t/properties"
+    headers = {"Content-Encoding": encoding, "Content-Type": "application/json"}
+    async with http.put(url, data=body, headers=headers) as response:
+        assert response.status == 204, await response.text()
+    assert (await client.admin.properties(TOPIC))["encoded"] == encoding

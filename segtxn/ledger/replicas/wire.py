@@ -17,7 +17,9 @@ frames of a read, or ``{"error": kind, "message": text}`` with
 | ``Corrupted`` | 422 | ``LedgerCorrupted`` |
 | ``Behind`` (a read past what it holds) | 416 | ``ReplicaBehind`` |
 | ``DeleteFailed`` (its volume refused: permissions, an I/O error) | 500 | ``DeleteFailed`` |
-| ``InvalidArgument`` | 400 | ``LedgerError`` (a bug in the writer) |
+| ``InvalidArgument`` | 400; 415 | ``LedgerError`` (a bug in the writer) |
+
+(415: a body in a ``Content-Encoding`` the node does not decode.)
 
 A connection error, a timeout, or any other answer is ``ReplicaUnavailable``.
 """
@@ -33,7 +35,12 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
-from segtxn.inputs import takes
+from segtxn.inputs import (
+    UNSUPPORTED_ENCODING_STATUS,
+    UnsupportedEncoding,
+    check_encoding,
+    takes,
+)
 from segtxn.ledger.errors import DeleteFailed, LedgerCorrupted, LedgerError, LedgerMissing
 from segtxn.ledger.replicas.members import (
     NO_CLAIM,
@@ -121,7 +128,10 @@ async def _body(request: web.Request, limit: int) -> bytes:
 
     Raises:
         _BadRequest: the body is over ``limit`` bytes.
+        UnsupportedEncoding: in a ``Content-Encoding`` not decoded (nothing is read): its
+            bytes would be taken for frames.
     """
+    check_encoding(request)
     if request.content_length is not None and request.content_length > limit:
         raise _BadRequest(f"a body of {request.content_length} bytes is over {limit}")
     chunks: list[bytes] = []
@@ -151,6 +161,8 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
                 return await op(request, name, ledger_id)
             except _BadRequest as e:
                 return _error("InvalidArgument", 400, str(e))
+            except UnsupportedEncoding as e:
+                return _error("InvalidArgument", UNSUPPORTED_ENCODING_STATUS, e.message)
             except WrongInstance as e:
                 return _error("WrongInstance", 410, str(e))
             except ReplicaFenced as e:

@@ -1,0 +1,66 @@
+"""The replica wire (``POST /replica/v1/...``, segtxn/ledger/replicas/wire.py) refusing a
+peer's bad body as its documented ``InvalidArgument``: one in a ``Content-Encoding`` the
+node does not decode (415).
+
+Real ``ReplicaNode`` behind a real aiohttp server (tests/ledger/replicas.py); requests
+written by hand on a socket, as a broken or hostile peer would send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from segtxn.ledger.replicas.wire import encode_frames
+from tests.ledger.replicas import Cluster, NodeServer, started
+
+LEDGER = "persistent://t/n/wire"
+
+
+async def open_to(server: NodeServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = server.url.removeprefix("http://").split(":")
+    return await asyncio.open_connection(host, int(port))
+
+
+def append_head(server: NodeServer, length: int, *extra: str) -> bytes:
+    path = (
+        f"/replica/v1/append?instance={server.node.instance}&ledger=persistent%3A%2F%2Ft%2Fn"
+        f"%2Fwire&id=1&first=0"
+    )
+    headers = "".join(f"{h}\r\n" for h in extra)
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n{headers}\r\n"
+    ).encode()
+
+
+async def answer_of(reader: asyncio.StreamReader) -> tuple[int, dict[str, object]]:
+    """The status and JSON body of the answer, read until the server closes."""
+    async with asyncio.timeout(10):
+        data = await reader.read()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+@pytest.mark.parametrize("encoding", ["compress", "x-garbage", "gzip, br"])
+async def test_an_append_in_an_encoding_the_node_does_not_decode_is_refused(
+    cluster: Cluster, encoding: str
+) -> None:
+    """Read as it came, the encoded bytes were taken for frames: stored as entries, or
+    refused as cut frames, which names the wrong fault."""
+    (server,) = (await started(cluster, 1)).servers
+    server.node.create(LEDGER, 1)
+    body = encode_frames([b"entry"])
+    reader, writer = await open_to(server)
+    try:
+        writer.write(
+            append_head(server, len(body), f"Content-Encoding: {encoding}", "Connection: close")
+            + body
+        )
+        status, answer = await answer_of(reader)
+    finally:
+        writer.close()
+    assert (status, answer["error"]) == (415, "InvalidArgument"), answer
+    assert f"Content-Encoding {encoding!r}" in str(answer["message"])
+    assert server.node.stat(LEDGER, 1)[0] == 0  # nothing appended
