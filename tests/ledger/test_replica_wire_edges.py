@@ -1,6 +1,6 @@
 """The replica wire (``POST /replica/v1/...``, segtxn/ledger/replicas/wire.py) refusing a
 peer's bad body as its documented ``InvalidArgument``: one in a ``Content-Encoding`` the
-node does not decode (415).
+node does not decode (415), and one that stops coming (400, the connection closed).
 
 Real ``ReplicaNode`` behind a real aiohttp server (tests/ledger/replicas.py); requests
 written by hand on a socket, as a broken or hostile peer would send them.
@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from segtxn import inputs
 from segtxn.ledger.replicas.wire import encode_frames
 from tests.ledger.replicas import Cluster, NodeServer, started
 
@@ -63,4 +64,30 @@ async def test_an_append_in_an_encoding_the_node_does_not_decode_is_refused(
         writer.close()
     assert (status, answer["error"]) == (415, "InvalidArgument"), answer
     assert f"Content-Encoding {encoding!r}" in str(answer["message"])
+    assert server.node.stat(LEDGER, 1)[0] == 0  # nothing appended
+
+
+async def test_an_append_whose_body_stops_coming_is_refused_in_time(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer that sends the head and part of the body, then nothing, held the node's
+    handler (and the connection) for ever: the wire read the body with no time limit.
+    It is refused once :data:`segtxn.inputs.BODY_READ_TIMEOUT_S` passes, and the
+    connection closed (what came after could not be told from the body)."""
+    monkeypatch.setattr(inputs, "BODY_READ_TIMEOUT_S", 0.5)
+    (server,) = (await started(cluster, 1)).servers
+    server.node.create(LEDGER, 1)
+    body = encode_frames([b"entry"])
+    reader, writer = await open_to(server)
+    try:
+        writer.write(append_head(server, len(body)) + body[:3])
+        await writer.drain()
+        status, answer = await answer_of(reader)  # (bounded: 10 s)
+    finally:
+        writer.close()
+    assert (status, answer["error"]) == (400, "InvalidArgument"), answer
+    assert answer["message"] == (
+        f"the body did not arrive in 0.5 s (3 of its {len(body)} bytes came); send all of "
+        "it, as its Content-Length says"
+    )
     assert server.node.stat(LEDGER, 1)[0] == 0  # nothing appended

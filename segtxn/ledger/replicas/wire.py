@@ -19,13 +19,15 @@ frames of a read, or ``{"error": kind, "message": text}`` with
 | ``DeleteFailed`` (its volume refused: permissions, an I/O error) | 500 | ``DeleteFailed`` |
 | ``InvalidArgument`` | 400; 415 | ``LedgerError`` (a bug in the writer) |
 
-(415: a body in a ``Content-Encoding`` the node does not decode.)
+(415: a body in a ``Content-Encoding`` the node does not decode. A 400 for a body that did
+not all arrive in :data:`segtxn.inputs.BODY_READ_TIMEOUT_S` closes the connection.)
 
 A connection error, a timeout, or any other answer is ``ReplicaUnavailable``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,8 +37,10 @@ from urllib.parse import quote
 import aiohttp
 from aiohttp import web
 
+from segtxn import inputs
 from segtxn.inputs import (
     UNSUPPORTED_ENCODING_STATUS,
+    BodyNotArrived,
     UnsupportedEncoding,
     check_encoding,
     takes,
@@ -126,21 +130,32 @@ async def _body(request: web.Request, limit: int) -> bytes:
     """The request body, read here rather than with ``request.read()``: a batch may be
     larger than the application's ``client_max_size`` (sized for REST bodies).
 
+    All of it within :data:`segtxn.inputs.BODY_READ_TIMEOUT_S`, as a REST body: a peer that
+    sends the head and then stalls (or counted its ``Content-Length`` wrong) would otherwise
+    hold this handler and its connection for ever.
+
     Raises:
         _BadRequest: the body is over ``limit`` bytes.
         UnsupportedEncoding: in a ``Content-Encoding`` not decoded (nothing is read): its
             bytes would be taken for frames.
+        BodyNotArrived: it did not arrive in time; the body is marked read (aiohttp would
+            otherwise wait for the rest of it after the answer).
     """
     check_encoding(request)
     if request.content_length is not None and request.content_length > limit:
         raise _BadRequest(f"a body of {request.content_length} bytes is over {limit}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_chunked(1 << 16):
-        size += len(chunk)
-        if size > limit:
-            raise _BadRequest(f"a body over {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(inputs.BODY_READ_TIMEOUT_S):
+            async for chunk in request.content.iter_chunked(1 << 16):
+                size += len(chunk)
+                if size > limit:
+                    raise _BadRequest(f"a body over {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        request.content.feed_eof()
+        raise BodyNotArrived(size, request.content_length) from None
     return b"".join(chunks)
 
 
@@ -163,6 +178,11 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
                 return _error("InvalidArgument", 400, str(e))
             except UnsupportedEncoding as e:
                 return _error("InvalidArgument", UNSUPPORTED_ENCODING_STATUS, e.message)
+            except BodyNotArrived as e:  # closed: what follows is not told from the body
+                log.info("replica %s: %s", request.path, e.message)
+                response = _error("InvalidArgument", 400, e.message)
+                response.force_close()
+                return response
             except WrongInstance as e:
                 return _error("WrongInstance", 410, str(e))
             except ReplicaFenced as e:
