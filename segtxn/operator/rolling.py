@@ -59,7 +59,7 @@ from segtxn.client.admin import Admin
 from segtxn.client.errors import Timeout
 from segtxn.operator.kube import EvictionRefused, KubeError
 from segtxn.operator.status import condition
-from segtxn.protocol.errors import NotAllowed, ServerError
+from segtxn.protocol.errors import InvalidArgument, NotAllowed, ServerError
 
 REVISION_LABEL = "controller-revision-hash"
 """The label a StatefulSet's controller sets on each pod: the revision it was made from."""
@@ -337,13 +337,19 @@ class Roll:
 
     async def _drain(self, record: Record, pod: Pod | None) -> Outcome:
         """Drain the broker (again: it moves what is left) and, once it holds nothing,
-        evict its pod. Past the drain timeout, stall."""
+        evict its pod. Past the drain timeout, stall. A broker that is not registered (its
+        drain refused InvalidArgument, its homes say so) serves nothing and has nothing to
+        drain: its pod is replaced, as one that is not Ready is."""
         if _seconds_since(record.since, self.now) > self.settings.drain_timeout_s:
             why = f"draining did not empty it within {self.settings.drain_timeout_s:g} s"
             return await self._stall(record, f"{why} ({record.note or 'no answer'})", undrain=True)
         left = self.settings.drain_timeout_s - _seconds_since(record.since, self.now)
+        refused: InvalidArgument | None = None
         try:
-            answer = await self.admin.drain_broker(record.broker, timeout_s=max(left, 1.0))
+            try:
+                answer = await self.admin.drain_broker(record.broker, timeout_s=max(left, 1.0))
+            except InvalidArgument as e:  # not registered? its homes say
+                answer, refused = {}, e
             homes = await self.admin.broker_homes(record.broker, limit=5)
         except NotAllowed as e:  # it runs without replication: no drain
             note = f"not drained: {e.message}"
@@ -352,6 +358,10 @@ class Roll:
             return self._draining(replace(record, note=f"{e.name.value}: {e.message}"))
         except Timeout as e:
             return self._draining(replace(record, note=str(e)))
+        if refused is not None and not homes.registered:
+            return await self._replace(record, pod, "not drained: it is not registered")
+        if refused is not None:
+            return self._draining(replace(record, note=f"{refused.name.value}: {refused.message}"))
         if not homes.empty:
             failed = answer.get("failed") or {}
             note = f"it still holds {', '.join(homes.homes)}{' and more' if homes.more else ''}"

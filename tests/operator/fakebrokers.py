@@ -27,6 +27,9 @@ class FakeBrokers:
     log: list[tuple[str, str]] = field(default_factory=list)
     """("drain" | "undrain", broker), in order; tests add their own entries too."""
     draining: set[str] = field(default_factory=set)
+    unregistered: set[str] = field(default_factory=set)
+    """Brokers not registered (gone, or not up yet): a drain answers 404 InvalidArgument
+    and the homes say ``registered: false``, as a real broker does."""
     before_drain: Callable[[str], None] | None = None
     """Called with the broker before each drain (a test's invariant check)."""
     url: str = ""
@@ -50,10 +53,17 @@ class FakeBrokers:
         limit = int(request.query.get("limit", "100"))
         held = self.homes.get(broker, [])
         more = len(held) > limit
-        return web.json_response({"broker": broker, "homes": held[:limit], "more": more})
+        registered = broker not in self.unregistered
+        return web.json_response(
+            {"broker": broker, "homes": held[:limit], "more": more, "registered": registered}
+        )
 
     async def drain(self, request: web.Request) -> web.Response:
         broker = request.match_info["broker"]
+        if broker in self.unregistered:
+            self.log.append(("unregistered", broker))
+            message = f"no broker {broker} is registered"
+            return web.json_response({"error": "InvalidArgument", "message": message}, status=404)
         if request.method == "DELETE":
             self.log.append(("undrain", broker))
             self.draining.discard(broker)
