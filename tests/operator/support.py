@@ -75,6 +75,14 @@ def condition(emu: Emulator, kind: str, name: str, which: str) -> str | None:
     return None if found is None else str(found["status"])
 
 
+def orders(namespace: str) -> tuple[dict[str, str], str]:
+    """Topic ``orders`` of tenant ``acme`` in ``namespace``: the spec of a ScalableTopic of
+    cluster ``demo`` for it, and the topic's name. Each test on its module's shared cluster
+    (``shared_local``) takes a namespace of its own: another test's topic may still exist."""
+    spec = {"clusterRef": "demo", "tenant": "acme", "namespace": namespace, "topic": "orders"}
+    return spec, f"topic://acme/{namespace}/orders"
+
+
 async def cluster(emu: Emulator, local: Local, **brokers: Any) -> None:
     spec: dict[str, Any] = {"metadataStore": {"url": local.store_url}}
     if brokers:

@@ -64,9 +64,9 @@ async def load(url: str, *topics: str) -> AsyncIterator[None]:
             stop.set()
 
 
-async def test_auto_split_past_the_threshold_then_the_cooldown_holds(local: Local) -> None:
-    async with emulator() as emu, operator(emu, local.memo()):
-        await cluster(emu, local)
+async def test_auto_split_past_the_threshold_then_the_cooldown_holds(shared_local: Local) -> None:
+    async with emulator() as emu, operator(emu, shared_local.memo()):
+        await cluster(emu, shared_local)
         await emu.create("ScalableTopic", "hot", {**BASE, "topic": "hot", "autoscale": AUTOSCALE})
         await emu.create("ScalableTopic", "calm", {**BASE, "topic": "calm"})
         for name in ("hot", "calm"):
@@ -76,7 +76,7 @@ async def test_auto_split_past_the_threshold_then_the_cooldown_holds(local: Loca
 
             await wait_until(created, timeout=WAIT_S, what=f"{name} created")
 
-        async with load(local.broker.url, HOT, CALM):
+        async with load(shared_local.broker.url, HOT, CALM):
             await wait_until(lambda: decision(emu, "hot").get("action") == "Split",
                              timeout=WAIT_S, what="an automatic split")  # fmt: skip
             split = decision(emu, "hot")
@@ -97,7 +97,7 @@ async def test_auto_split_past_the_threshold_then_the_cooldown_holds(local: Loca
         assert len(events) == 1 and events[0][0] == "Normal"
         assert events[0][2].startswith(f"{HOT}: segment 0 [0x0000-0xffff] is hot")
 
-        async with Client(local.broker.url) as client:
+        async with Client(shared_local.broker.url) as client:
             assert (await client.admin.stats(HOT))["epoch"] == 1  # one change, no more
             calm = await client.admin.stats(CALM)
         # the opted-out topic took the same load and was left alone
@@ -108,10 +108,10 @@ async def test_auto_split_past_the_threshold_then_the_cooldown_holds(local: Loca
 
 
 async def test_a_policy_that_cannot_work_then_target_segments_then_opting_out(
-    local: Local,
+    shared_local: Local,
 ) -> None:
-    async with emulator() as emu, operator(emu, local.memo()):
-        await cluster(emu, local)
+    async with emulator() as emu, operator(emu, shared_local.memo()):
+        await cluster(emu, shared_local)
         # a split threshold under the default merge one (1000 msg/s): refused
         bad = {**AUTOSCALE, "merge": {}}
         await emu.create("ScalableTopic", "t", {**BASE, "topic": "t", "autoscale": bad})
@@ -144,10 +144,10 @@ async def test_a_policy_that_cannot_work_then_target_segments_then_opting_out(
         assert status(emu, "ScalableTopic", "t")["activeSegments"] == 1
 
 
-async def test_two_idle_segments_merge_once_cold_for_the_window(local: Local) -> None:
+async def test_two_idle_segments_merge_once_cold_for_the_window(shared_local: Local) -> None:
     idle = {**AUTOSCALE, "merge": {"msgRateIn": 1, "windowSeconds": 2, "cooldownSeconds": 0}}
-    async with emulator() as emu, operator(emu, local.memo()):
-        await cluster(emu, local)
+    async with emulator() as emu, operator(emu, shared_local.memo()):
+        await cluster(emu, shared_local)
         spec = {**BASE, "topic": "idle", "initialSegments": 2, "autoscale": idle}
         await emu.create("ScalableTopic", "idle", spec)
         await wait_until(lambda: decision(emu, "idle").get("action") == "Merge",
@@ -162,7 +162,7 @@ async def test_two_idle_segments_merge_once_cold_for_the_window(local: Local) ->
         # one segment left: nothing more to merge, and nothing was split
         await wait_until(lambda: decision(emu, "idle").get("reason") == "WithinThresholds",
                          timeout=WAIT_S, what="left as it is")  # fmt: skip
-        async with Client(local.broker.url) as client:
+        async with Client(shared_local.broker.url) as client:
             assert (await client.admin.stats("topic://acme/auto/idle"))["epoch"] == 1
 
 

@@ -18,6 +18,7 @@ from tests.operator.support import (
     cluster,
     condition,
     config_of,
+    orders,
     status,
     tries,
 )
@@ -28,9 +29,9 @@ TOPIC = {"clusterRef": "demo", "tenant": "acme", "namespace": "ops", "topic": "o
 TOPIC_NAME = "topic://acme/ops/orders"
 
 
-async def test_cluster_children_status_and_update(local: Local) -> None:
-    async with emulator() as emu, operator(emu, local.memo()):
-        await cluster(emu, local, replicas=3)
+async def test_cluster_children_status_and_update(shared_local: Local) -> None:
+    async with emulator() as emu, operator(emu, shared_local.memo()):
+        await cluster(emu, shared_local, replicas=3)
         created = emu.mine("SegtxnCluster", "demo")
         assert created is not None
         await wait_until(
@@ -136,29 +137,32 @@ async def test_cluster_children_status_and_update(local: Local) -> None:
         }
 
 
-async def test_topic_created_split_merged_and_deleted_through_the_brokers(local: Local) -> None:
+async def test_topic_created_split_merged_and_deleted_through_the_brokers(
+    shared_local: Local,
+) -> None:
+    spec, name = orders("split-merge")
     async with (
         emulator() as emu,
-        operator(emu, local.memo()),
-        Client(local.broker.url) as client,
+        operator(emu, shared_local.memo()),
+        Client(shared_local.broker.url) as client,
     ):
-        await cluster(emu, local)
-        await emu.create("ScalableTopic", "orders", {**TOPIC, "initialSegments": 2})
+        await cluster(emu, shared_local)
+        await emu.create("ScalableTopic", "orders", {**spec, "initialSegments": 2})
         await wait_until(
             lambda: status(emu, "ScalableTopic", "orders").get("activeSegments") == 2,
             timeout=WAIT_S,
             what="the topic created",
         )
-        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 2
+        assert (await client.admin.stats(name))["activeSegments"] == 2
         await wait_until(
-            lambda: ("Normal", "Created", f"{TOPIC_NAME} created") in emu.events("orders"),
+            lambda: ("Normal", "Created", f"{name} created") in emu.events("orders"),
             timeout=WAIT_S,
             what="the Created event",
         )
 
         # Split while a transaction is open on the topic: it still commits, and its
         # message is read back.
-        producer = await client.create_producer(TOPIC_NAME)
+        producer = await client.create_producer(name)
         async with client.transaction() as txn:
             await producer.send(b"in-flight", key="k1", txn=txn)
             await emu.patch("ScalableTopic", "orders", {"spec": {"targetSegments": 4}})
@@ -170,11 +174,11 @@ async def test_topic_created_split_merged_and_deleted_through_the_brokers(local:
                 timeout=WAIT_S,
                 what="split to 4 active segments",
             )
-        reader = await client.subscribe(TOPIC_NAME, "check", initial_position="earliest")
+        reader = await client.subscribe(name, "check", initial_position="earliest")
         assert (await reader.receive(timeout_s=10)).value == b"in-flight"
 
         seen = status(emu, "ScalableTopic", "orders")
-        truth = await client.admin.stats(TOPIC_NAME)
+        truth = await client.admin.stats(name)
         assert [(s["id"], s["state"], s["range"]) for s in seen["segments"]] == [
             (s["id"], s["state"], s["range"]) for s in truth["segments"]
         ]
@@ -192,7 +196,7 @@ async def test_topic_created_split_merged_and_deleted_through_the_brokers(local:
             timeout=WAIT_S,
             what="merged to 3",
         )
-        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 3
+        assert (await client.admin.stats(name))["activeSegments"] == 3
 
         await reader.close()
         await producer.close()
@@ -203,14 +207,15 @@ async def test_topic_created_split_merged_and_deleted_through_the_brokers(local:
             what="the resource gone",
         )
         with pytest.raises(ServerError) as refused:
-            await client.admin.stats(TOPIC_NAME)
+            await client.admin.stats(name)
         assert refused.value.name is ErrorName.TOPIC_NOT_FOUND
 
 
-async def test_cluster_deletion_waits_for_its_topics(local: Local) -> None:
-    async with emulator() as emu, operator(emu, local.memo()):
-        await cluster(emu, local)
-        await emu.create("ScalableTopic", "orders", TOPIC)
+async def test_cluster_deletion_waits_for_its_topics(shared_local: Local) -> None:
+    spec, _ = orders("cluster-deletion")
+    async with emulator() as emu, operator(emu, shared_local.memo()):
+        await cluster(emu, shared_local)
+        await emu.create("ScalableTopic", "orders", spec)
         await wait_until(
             lambda: status(emu, "ScalableTopic", "orders").get("activeSegments") == 1,
             timeout=WAIT_S,

@@ -60,9 +60,11 @@ async def running(emu: Emulator, local: Local) -> None:
     )
 
 
-async def test_image_and_session_ttl_changes_reach_the_coordinators_too(local: Local) -> None:
-    async with emulator() as emu, operator(emu, local.memo()):
-        await running(emu, local)
+async def test_image_and_session_ttl_changes_reach_the_coordinators_too(
+    shared_local: Local,
+) -> None:
+    async with emulator() as emu, operator(emu, shared_local.memo()):
+        await running(emu, shared_local)
         hashes = {
             "brokers": config_hash(emu, "apps/v1/statefulsets", "demo-broker"),
             "coordinators": config_hash(emu, "apps/v1/deployments", "demo-coordinator"),
@@ -112,16 +114,21 @@ async def test_image_and_session_ttl_changes_reach_the_coordinators_too(local: L
         )
 
 
-async def test_a_store_url_change_is_refused_whole_and_named(local: Local) -> None:
-    async with emulator() as emu, operator(emu, local.memo()):
-        await running(emu, local)
+async def test_a_store_url_change_is_refused_whole_and_named(shared_local: Local) -> None:
+    async with emulator() as emu, operator(emu, shared_local.memo()):
+        await running(emu, shared_local)
         # kmock does not run the CRD's CEL rule (a real API server would refuse the patch):
         # this is the operator's own defence. The image change rides along: it must not
         # be applied either (never half-applied).
         await emu.patch(
             "SegtxnCluster",
             "demo",
-            {"spec": {"image": "segtxn:0.2.0", "metadataStore": {"url": local.store_url + "x"}}},
+            {
+                "spec": {
+                    "image": "segtxn:0.2.0",
+                    "metadataStore": {"url": shared_local.store_url + "x"},
+                }
+            },
         )
         await wait_until(
             lambda: (applied(emu, "SegtxnCluster", "demo") or {}).get("status") == "False",
@@ -142,13 +149,13 @@ async def test_a_store_url_change_is_refused_whole_and_named(local: Local) -> No
             what="a Warning event naming the field",
         )
         config = config_of(emu)
-        assert config is not None and config["data"]["storeUrl"] == local.store_url
+        assert config is not None and config["data"]["storeUrl"] == shared_local.store_url
         assert image(emu, "apps/v1/statefulsets", "demo-broker") == "segtxn:0.1.0"
         assert image(emu, "apps/v1/deployments", "demo-coordinator") == "segtxn:0.1.0"
 
         # The URL set back, the rest of the change goes through.
         await emu.patch("SegtxnCluster", "demo", {"spec": {"metadataStore": {
-            "url": local.store_url}}})  # fmt: skip
+            "url": shared_local.store_url}}})  # fmt: skip
         await wait_until(lambda: image(emu, "apps/v1/statefulsets", "demo-broker") ==
                          "segtxn:0.2.0", timeout=WAIT_S, what="the brokers")  # fmt: skip
         await statefulset_rolled(emu)
@@ -243,12 +250,12 @@ def replicas(emu: Emulator) -> int | None:
     return None if sts is None else int(sts["spec"]["replicas"])
 
 
-async def test_a_failed_apply_says_so_in_status_and_heals(local: Local) -> None:
+async def test_a_failed_apply_says_so_in_status_and_heals(shared_local: Local) -> None:
     """The API server fails to take one of the children: the cluster's Applied condition
     turns False with the failure (before, it stayed as it was), and True once it takes it."""
-    async with emulator() as emu, operator(emu, local.memo()):
+    async with emulator() as emu, operator(emu, shared_local.memo()):
         emu.failing = {"policy/v1/poddisruptionbudgets": 500}
-        await cluster(emu, local)
+        await cluster(emu, shared_local)
         await wait_until(
             lambda: (applied(emu, "SegtxnCluster", "demo") or {}).get("reason") == "ApplyFailed",
             timeout=WAIT_S,

@@ -36,9 +36,9 @@ def written_by(emu: Emulator, name: str) -> list[dict[str, Any]]:
     return [c for c in found if c]
 
 
-async def test_each_step_of_a_resharding_is_in_status_while_it_runs(local: Local) -> None:
-    async with emulator() as emu, operator(emu, local.memo()):
-        await cluster(emu, local)
+async def test_each_step_of_a_resharding_is_in_status_while_it_runs(shared_local: Local) -> None:
+    async with emulator() as emu, operator(emu, shared_local.memo()):
+        await cluster(emu, shared_local)
         await emu.create("ScalableTopic", "orders", {**TOPIC, "initialSegments": 1})
         await wait_until(lambda: status(emu, "ScalableTopic", "orders").get("activeSegments")
                          == 1, timeout=WAIT_S, what="the topic created")  # fmt: skip

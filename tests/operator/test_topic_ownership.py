@@ -21,12 +21,10 @@ from segtxn.operator.handlers import OperatorConfig
 from segtxn.protocol.errors import InvalidArgument, TopicNotFound
 from segtxn.web import relay
 from tests.operator.emulator import Emulator, emulator, operator
-from tests.operator.support import WAIT_S, Local, cluster, status
+from tests.operator.support import WAIT_S, Local, cluster, orders, status
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(180)
-TOPIC = {"clusterRef": "demo", "tenant": "acme", "namespace": "ops", "topic": "orders"}
-TOPIC_NAME = "topic://acme/ops/orders"
 
 
 def ready(emu: Emulator, name: str) -> dict[str, str]:
@@ -41,15 +39,16 @@ async def deleted(emu: Emulator, name: str) -> None:
                      what=f"ScalableTopic {name} gone")  # fmt: skip
 
 
-async def test_a_topic_clients_made_is_refused_and_not_deleted(local: Local) -> None:
+async def test_a_topic_clients_made_is_refused_and_not_deleted(shared_local: Local) -> None:
+    spec, name = orders("clients-made")
     async with (
         emulator() as emu,
-        operator(emu, local.memo()),
-        Client(local.broker.url) as client,
+        operator(emu, shared_local.memo()),
+        Client(shared_local.broker.url) as client,
     ):
-        await cluster(emu, local)
-        await client.admin.create_topic(TOPIC_NAME, segments=1)  # as autoCreateTopics would
-        await emu.create("ScalableTopic", "orders", {**TOPIC, "targetSegments": 2})
+        await cluster(emu, shared_local)
+        await client.admin.create_topic(name, segments=1)  # as autoCreateTopics would
+        await emu.create("ScalableTopic", "orders", {**spec, "targetSegments": 2})
         await wait_until(lambda: ready(emu, "orders").get("reason") == "TopicOwnedElsewhere",
                          timeout=WAIT_S, what="the topic refused")  # fmt: skip
         refused = ready(emu, "orders")
@@ -61,32 +60,33 @@ async def test_a_topic_clients_made_is_refused_and_not_deleted(local: Local) -> 
             what="the Warning event",
         )
         # Not reshaped either: targetSegments is another owner's to decide.
-        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 1
+        assert (await client.admin.stats(name))["activeSegments"] == 1
 
         # Before the fix, the deletion (deleteData true by default) force-deleted it.
         await deleted(emu, "orders")
-        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 1
+        assert (await client.admin.stats(name))["activeSegments"] == 1
         assert any(r == "Kept" for _, r, _ in emu.events("orders"))
 
 
-async def test_a_second_resource_for_a_managed_topic_deletes_nothing(local: Local) -> None:
+async def test_a_second_resource_for_a_managed_topic_deletes_nothing(shared_local: Local) -> None:
+    spec, name = orders("second-resource")
     async with (
         emulator() as emu,
-        operator(emu, local.memo()),
-        Client(local.broker.url) as client,
+        operator(emu, shared_local.memo()),
+        Client(shared_local.broker.url) as client,
     ):
-        await cluster(emu, local)
-        await emu.create("ScalableTopic", "orders", TOPIC)
+        await cluster(emu, shared_local)
+        await emu.create("ScalableTopic", "orders", spec)
         await wait_until(lambda: status(emu, "ScalableTopic", "orders").get("activeSegments")
                          == 1, timeout=WAIT_S, what="the topic created")  # fmt: skip
         first = emu.mine("ScalableTopic", "orders")
         assert first is not None
-        properties = await client.admin.properties(TOPIC_NAME)
+        properties = await client.admin.properties(name)
         assert properties[topicowner.OWNER_UID] == first["metadata"]["uid"]
         assert properties[topicowner.OWNER] == "segtxn/orders"
         assert "creating" not in status(emu, "ScalableTopic", "orders")
 
-        await emu.create("ScalableTopic", "orders-test", TOPIC)  # a copy, same topic
+        await emu.create("ScalableTopic", "orders-test", spec)  # a copy, same topic
         await wait_until(
             lambda: ready(emu, "orders-test").get("reason") == "TopicOwnedElsewhere",
             timeout=WAIT_S,
@@ -94,12 +94,12 @@ async def test_a_second_resource_for_a_managed_topic_deletes_nothing(local: Loca
         )
         assert "belongs to ScalableTopic segtxn/orders" in ready(emu, "orders-test")["message"]
         await deleted(emu, "orders-test")
-        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 1
+        assert (await client.admin.stats(name))["activeSegments"] == 1
 
         # The owner's deletion still deletes its topic (deleteData true by default).
         await deleted(emu, "orders")
         with pytest.raises(TopicNotFound):
-            await client.admin.stats(TOPIC_NAME)
+            await client.admin.stats(name)
 
 
 class Intents:
@@ -113,39 +113,40 @@ class Intents:
 
 
 async def test_a_create_whose_answer_was_lost_is_taken_a_re_created_resource_is_not(
-    local: Local,
+    shared_local: Local,
 ) -> None:
+    _, name = orders("lost-answer")
     mine = topicowner.Owner("uid-1", "segtxn/orders")
-    async with Client(local.broker.url) as client:
+    async with Client(shared_local.broker.url) as client:
         admin: Admin = client.admin
         # The operator asked (status `creating`), the brokers made the topic, and the
         # answer or the property write was lost: the next attempt takes the topic.
-        await admin.create_topic(TOPIC_NAME, segments=1)
+        await admin.create_topic(name, segments=1)
         intents = Intents()
-        assert await topicowner.ensure(admin, TOPIC_NAME, mine, segments=1, creating=True,
+        assert await topicowner.ensure(admin, name, mine, segments=1, creating=True,
                                        intend=intents)  # fmt: skip
-        assert (await admin.properties(TOPIC_NAME))[topicowner.OWNER_UID] == "uid-1"
+        assert (await admin.properties(name))[topicowner.OWNER_UID] == "uid-1"
         assert intents.said == []
         # Its own topic: nothing to do.
-        assert not await topicowner.ensure(admin, TOPIC_NAME, mine, segments=1,
+        assert not await topicowner.ensure(admin, name, mine, segments=1,
                                            creating=False, intend=intents)  # fmt: skip
 
         # The resource deleted (deleteData false) and created again under its name: another
         # uid, another resource; it does not inherit the topic.
         again = topicowner.Owner("uid-2", "segtxn/orders")
         with pytest.raises(topicowner.ForeignTopic) as refused:
-            await topicowner.ensure(admin, TOPIC_NAME, again, segments=1, creating=False,
+            await topicowner.ensure(admin, name, again, segments=1, creating=False,
                                     intend=intents)  # fmt: skip
         assert refused.value.holder == "uid-1"
         assert "belongs to ScalableTopic segtxn/orders (uid uid-1)" in str(refused.value)
         # Even with its own `creating` set: the topic has an owner.
         with pytest.raises(topicowner.ForeignTopic):
-            await topicowner.ensure(admin, TOPIC_NAME, again, segments=1, creating=True,
+            await topicowner.ensure(admin, name, again, segments=1, creating=True,
                                     intend=intents)  # fmt: skip
 
         # The intent is recorded before the create, and withdrawn when the brokers answer
         # that they made nothing.
-        other = "topic://acme/ops/refused"
+        other = "topic://acme/lost-answer/refused"
         with pytest.raises(InvalidArgument):
             await topicowner.ensure(admin, other, mine, segments=0, creating=False,
                                     intend=intents)  # fmt: skip
@@ -160,11 +161,12 @@ Hook = Callable[[], Awaitable[None]]
 class Interposer:
     """An HTTP relay between the operator and the broker: every call passes on as it is,
     and is recorded with the status it got. When armed, after the broker answered the next
-    ``GET`` of the topic's properties and before the operator gets that answer, the hook
+    ``GET`` of ``topic``'s properties and before the operator gets that answer, the hook
     runs: the topic changes between the operator's read and its next call, every time."""
 
-    def __init__(self, broker_url: str, http: aiohttp.ClientSession) -> None:
+    def __init__(self, broker_url: str, http: aiohttp.ClientSession, topic: str) -> None:
         self.broker_url = broker_url
+        self.properties_path = f"/admin/v2/{topic.replace('://', '/', 1)}/properties"
         self.http = http
         self.armed: Hook | None = None
         self.calls: list[tuple[str, str, int]] = []
@@ -174,7 +176,7 @@ class Interposer:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         answer = await relay(self.http, request, self.broker_url)
         self.calls.append((request.method, request.path_qs, answer.status))
-        reading = request.method == "GET" and request.path == f"/admin/v2/{PATH}/properties"
+        reading = request.method == "GET" and request.path == self.properties_path
         if reading and self.armed is not None:
             hook, self.armed = self.armed, None
             await hook()
@@ -185,14 +187,12 @@ class Interposer:
         return kopf.Memo(config=config)
 
 
-PATH = "topic/acme/ops/orders"
-
-
 @contextlib.asynccontextmanager
-async def interposed(broker_url: str) -> AsyncIterator[Interposer]:
-    """An :class:`Interposer` for the broker at ``broker_url``, on a free loopback port."""
+async def interposed(broker_url: str, topic: str) -> AsyncIterator[Interposer]:
+    """An :class:`Interposer` for the broker at ``broker_url`` and ``topic``, on a free
+    loopback port."""
     async with aiohttp.ClientSession() as http:
-        interposer = Interposer(broker_url, http)
+        interposer = Interposer(broker_url, http, topic)
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", interposer.handle)
         runner = web.AppRunner(app)
@@ -208,39 +208,40 @@ async def interposed(broker_url: str) -> AsyncIterator[Interposer]:
 
 @pytest.mark.parametrize("new_owner", [None, "uid-of-another"], ids=["no-owner", "another"])
 async def test_a_topic_replaced_between_the_operators_read_and_its_delete_is_kept(
-    local: Local, new_owner: str | None
+    shared_local: Local, new_owner: str | None
 ) -> None:
     """The operator read the topic's owner (this resource), and before its delete arrived
     someone deleted the topic and created another under the name, without an owner (as
     ``autoCreateTopics`` would) or with another resource's. Before the fix the delete was a
     plain ``force`` and took the new topic with it; now the brokers refuse it
     (PreconditionFailed), the operator reads again, and keeps the topic as another's."""
+    spec, name = orders("replaced-" + ("unowned" if new_owner is None else "owned"))
     async with (
-        interposed(local.broker.url) as interposer,
+        interposed(shared_local.broker.url, name) as interposer,
         emulator() as emu,
-        operator(emu, interposer.memo(local)),
-        Client(local.broker.url) as client,
+        operator(emu, interposer.memo(shared_local)),
+        Client(shared_local.broker.url) as client,
     ):
-        await cluster(emu, local)
-        await emu.create("ScalableTopic", "orders", TOPIC)
+        await cluster(emu, shared_local)
+        await emu.create("ScalableTopic", "orders", spec)
         await wait_until(lambda: status(emu, "ScalableTopic", "orders").get("activeSegments")
                          == 1, timeout=WAIT_S, what="the topic created")  # fmt: skip
-        mine = (await client.admin.properties(TOPIC_NAME))[topicowner.OWNER_UID]
+        mine = (await client.admin.properties(name))[topicowner.OWNER_UID]
 
         async def replace() -> None:
-            await client.admin.delete_topic(TOPIC_NAME, force=True)
-            await client.admin.create_topic(TOPIC_NAME, segments=3)
+            await client.admin.delete_topic(name, force=True)
+            await client.admin.create_topic(name, segments=3)
             if new_owner is not None:
                 await client.admin.update_properties(
-                    TOPIC_NAME, {topicowner.OWNER_UID: new_owner, topicowner.OWNER: "x/y"}
+                    name, {topicowner.OWNER_UID: new_owner, topicowner.OWNER: "x/y"}
                 )
 
         interposer.armed = replace
         await deleted(emu, "orders")
 
         assert interposer.armed is None  # the race happened
-        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 3
-        assert (await client.admin.properties(TOPIC_NAME)).get(topicowner.OWNER_UID) == new_owner
+        assert (await client.admin.stats(name))["activeSegments"] == 3
+        assert (await client.admin.properties(name)).get(topicowner.OWNER_UID) == new_owner
         assert any(r == "Kept" for _, r, _ in emu.events("orders"))
         refused = [(p, s) for m, p, s in interposer.calls if m == "DELETE"]
         assert len(refused) == 1, interposer.calls
@@ -265,36 +266,38 @@ class Racing(Admin):
 
 
 async def test_a_topic_left_without_owner_is_deleted_only_while_it_has_none(
-    local: Local,
+    shared_local: Local,
 ) -> None:
     """``creating`` (a create whose answer was lost) makes a topic without an owner this
     resource's: its deletion then asks for ``ifPropertyAbsent``, so a topic that gained an
     owner between the read and the delete is kept, and one that has none still goes."""
+    _, name = orders("left-without-owner")
     mine = topicowner.Owner("uid-1", "segtxn/orders")
-    async with Client(local.broker.url) as client:
-        await client.admin.create_topic(TOPIC_NAME)
+    async with Client(shared_local.broker.url) as client:
+        await client.admin.create_topic(name)
 
         async def taken() -> None:
-            await client.admin.update_properties(TOPIC_NAME, {topicowner.OWNER_UID: "uid-2"})
+            await client.admin.update_properties(name, {topicowner.OWNER_UID: "uid-2"})
 
         racing = Racing(client, taken)
-        assert not await topicowner.delete(racing, TOPIC_NAME, mine, creating=True)
+        assert not await topicowner.delete(racing, name, mine, creating=True)
         assert racing.hook is None
-        assert (await client.admin.properties(TOPIC_NAME))[topicowner.OWNER_UID] == "uid-2"
+        assert (await client.admin.properties(name))[topicowner.OWNER_UID] == "uid-2"
 
-        await client.admin.remove_property(TOPIC_NAME, topicowner.OWNER_UID)
-        assert await topicowner.delete(client.admin, TOPIC_NAME, mine, creating=True)
+        await client.admin.remove_property(name, topicowner.OWNER_UID)
+        assert await topicowner.delete(client.admin, name, mine, creating=True)
         with pytest.raises(TopicNotFound):
-            await client.admin.stats(TOPIC_NAME)
+            await client.admin.stats(name)
 
 
-async def test_a_topic_that_keeps_changing_is_not_deleted_and_says_so(local: Local) -> None:
+async def test_a_topic_that_keeps_changing_is_not_deleted_and_says_so(shared_local: Local) -> None:
     """Each read finds the topic this resource's, and each delete finds it another's: after
     :data:`topicowner.DELETE_ATTEMPTS` reads the deletion gives up with PreconditionFailed
     (the handler retries later), having deleted nothing."""
+    _, name = orders("keeps-changing")
     mine = topicowner.Owner("uid-1", "segtxn/orders")
-    async with Client(local.broker.url) as client:
-        await client.admin.create_topic(TOPIC_NAME)
+    async with Client(shared_local.broker.url) as client:
+        await client.admin.create_topic(name)
         reads: list[str] = []
 
         class Flapping(Admin):
@@ -306,6 +309,6 @@ async def test_a_topic_that_keeps_changing_is_not_deleted_and_says_so(local: Loc
                 return found
 
         with pytest.raises(PreconditionFailed):
-            await topicowner.delete(Flapping(client.connector), TOPIC_NAME, mine, creating=False)
+            await topicowner.delete(Flapping(client.connector), name, mine, creating=False)
         assert reads == ["uid-1"] * topicowner.DELETE_ATTEMPTS
-        assert (await client.admin.stats(TOPIC_NAME))["activeSegments"] == 1
+        assert (await client.admin.stats(name))["activeSegments"] == 1
