@@ -211,12 +211,18 @@ async def test_a_scale_down_that_would_strand_data_is_refused(
             assert "Delete those topics first" in refused["message"]
             assert "GET /admin/v2/brokers/demo-broker-1/homes" in refused["message"]
             assert "set spec.brokers.replicas back to 2" in refused["message"]
-            warnings = [
-                message
-                for kind, reason, message in emu.events("demo")
-                if (kind, reason) == ("Warning", "ScaleDownRefused")
-            ]
-            assert warnings == [refused["message"]]  # one event, not one per re-check
+
+            def warnings() -> list[str]:
+                return [
+                    message
+                    for kind, reason, message in emu.events("demo")
+                    if (kind, reason) == ("Warning", "ScaleDownRefused")
+                ]
+
+            # Events are posted through Kopf's queue, after the status: on a busy machine
+            # the condition was read before the event existed (assert [] == [message]).
+            await wait_until(lambda: bool(warnings()), timeout=WAIT_S, what="the warning event")
+            assert warnings() == [refused["message"]]  # one event, not one per re-check
             assert replicas(emu) == 2
             # Re-checked while refused (the retries count up), and still refused.
             await wait_until(
