@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -26,6 +28,20 @@ _TREE = str(Path(segtxn.__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join(
     [_TREE, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != _TREE)]
 )
+
+# ... and imports it. Where the environment says not to write bytecode
+# (PYTHONDONTWRITEBYTECODE, set on this machine and in CI), a fresh checkout has none: every
+# one of them compiled every segtxn module from source again (0.2-0.6 s of CPU per process;
+# the suite starts over a thousand: servers, CLI runs, soak and demo processes). They, and
+# this process from here on, share one cache instead, outside the source tree
+# (PYTHONPYCACHEPREFIX: the tree stays as clean as the setting asked). Python checks each
+# cached file against its source's mtime and size and writes it atomically, so concurrent
+# workers share it safely and an edited source is compiled again.
+PYCACHE = Path(tempfile.gettempdir()) / f"segtxn-tests-pycache-{os.getuid()}"
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(PYCACHE))
+    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+    sys.dont_write_bytecode = False
 
 
 @pytest.fixture(scope="session")
