@@ -147,9 +147,16 @@ class UnsupportedEncoding(ServerError):
 def unsupported_encoding(request: web.BaseRequest) -> str | None:
     """The request's ``Content-Encoding`` if it is one aiohttp does not decode (not absent,
     ``identity``, or one of :data:`DECODED_ENCODINGS`, compared as aiohttp compares them:
-    ASCII, any case; a list of several is not decoded), else None."""
-    encoding = request.headers.get(hdrs.CONTENT_ENCODING)
-    if encoding is None or not encoding.isascii():
+    ASCII, any case; a list of several is not decoded), else None.
+
+    Several ``Content-Encoding`` lines are one list (RFC 9110), so not decoded either: read
+    line by line, the parser (its C build) decodes by the last and ``headers.get`` gives the
+    first, so ``gzip`` then ``compress`` would pass as ``gzip`` and be read as it came."""
+    lines = request.headers.getall(hdrs.CONTENT_ENCODING, [])
+    if not lines:
+        return None
+    encoding = ", ".join(lines)
+    if not encoding.isascii():
         return encoding
     if encoding.lower() in DECODED_ENCODINGS | {"", "identity"}:
         return None
