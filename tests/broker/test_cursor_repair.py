@@ -202,3 +202,26 @@ async def test_a_given_position_is_where_the_subscription_starts_again(
 
     assert repaired["start"] == f"{start.ledger_id}:{start.entry_id}"
     assert await _received(client, 2) == [b"m4", b"m5"]
+
+
+async def test_a_load_between_the_unload_and_the_repairs_write_is_refused_not_raced(
+    broker: BrokerServer, client: Client, store: MetadataStore, faults: FaultInjector
+) -> None:
+    """The topic was loaded before its record was damaged: the repair unloads it, and a
+    lookup loads it again before the repair's write lands. That load meets the damaged
+    record and is refused (it writes no cursor record, so the repair's compare-and-set
+    still holds); once the write lands the topic loads, every retained message again."""
+    await _consumed_then_damaged(broker, client, store, unload=False)
+    held = faults.hold("txn", key_prefix=KEY, before=True)
+    repairing = asyncio.create_task(client.admin.repair_cursor(TOPIC, "sub"))
+    await held.wait_for(1)
+    assert NAME not in broker.service.topics, "the repair writes before it unloaded"
+
+    with pytest.raises(PersistenceError, match=KEY):
+        await client.subscribe(TOPIC, "sub")
+    assert NAME not in broker.service.topics
+    held.release()
+
+    repaired = await repairing
+    assert repaired["start"].endswith(":0")
+    assert await _received(client, COUNT) == [b"m%d" % i for i in range(COUNT)]
