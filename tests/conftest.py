@@ -30,15 +30,16 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 # ... and imports it. Where the environment says not to write bytecode
-# (PYTHONDONTWRITEBYTECODE, set on this machine and in CI), a fresh checkout has none: every
-# one of them compiled every segtxn module from source again (0.2-0.6 s of CPU per process;
-# the suite starts over a thousand: servers, CLI runs, soak and demo processes). They, and
+# (PYTHONDONTWRITEBYTECODE, set on this machine and in CI; or `python -B`), a fresh
+# checkout has none: every one of them compiled every segtxn module from source again
+# (0.2-0.6 s of CPU per process; the suite starts over a thousand: servers, CLI runs, soak
+# and demo processes). They, and
 # this process from here on, share one cache instead, outside the source tree
 # (PYTHONPYCACHEPREFIX: the tree stays as clean as the setting asked). Python checks each
 # cached file against its source's mtime and size and writes it atomically, so concurrent
 # workers share it safely and an edited source is compiled again.
 PYCACHE = Path(tempfile.gettempdir()) / f"segtxn-tests-pycache-{os.getuid()}"
-if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None or sys.dont_write_bytecode:
     os.environ.setdefault("PYTHONPYCACHEPREFIX", str(PYCACHE))
     sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
     sys.dont_write_bytecode = False
