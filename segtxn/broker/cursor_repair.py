@@ -10,6 +10,9 @@ it refuses); the next lookup then loads the topic, and the subscription is deliv
 retained entry again (or from ``to``), never fewer. It never creates a topic (an unknown one
 is ``TopicNotFound``, even where topics are made on first use).
 
+Once repaired, the topic is no longer among the broker's refused ones (``/readyz`` stops
+naming it; a load that meets other damage names it again).
+
 A topic loaded here whose record was damaged after it loaded is unloaded first (its clients
 are hung up on and come back through lookup): its cursor's next save would be refused by
 the repaired record's version anyway, and only a load reads the repair. A ``topic://`` is
@@ -32,7 +35,7 @@ from segtxn.ledger.cursor_repair import (
     cursor_damage,
     repair_cursor,
 )
-from segtxn.ledger.errors import LedgerCorrupted
+from segtxn.ledger.errors import CursorDamaged, LedgerCorrupted
 from segtxn.ledger.position import Position
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import parse_position
@@ -82,6 +85,10 @@ async def repair(request: web.Request) -> web.StreamResponse:
     except tuple(_REFUSALS) as e:
         error = next(n for kind, n in _REFUSALS.items() if isinstance(e, kind))
         raise ServerError(error, str(e)) from e
+    if isinstance(service.refused.get(name), CursorDamaged):
+        # not known damaged any more: /readyz stops naming it (the next load tells)
+        del service.refused[name]
+        service.load_refusals.forget(name)
     return web.json_response(
         {
             "topic": str(name),

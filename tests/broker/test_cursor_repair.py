@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from click.testing import CliRunner
 
@@ -88,6 +89,16 @@ async def _consumed_then_damaged(
     return sent
 
 
+async def _refused(broker: BrokerServer) -> dict[str, str]:
+    """What the broker's ``/readyz`` says it refuses (topic -> why)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{broker.settings.advertise_url}/readyz") as response,
+    ):
+        body: dict[str, dict[str, str]] = await response.json()
+        return body.get("refused", {})
+
+
 async def _received(client: Client, n: int) -> list[bytes]:
     consumer = await client.subscribe(TOPIC, "sub")
     try:
@@ -103,8 +114,10 @@ async def test_a_damaged_cursor_is_repaired_and_every_retained_message_comes_aga
     with pytest.raises(PersistenceError, match=KEY) as refused:
         await client.subscribe(TOPIC, "sub")
     assert "segtxn topics repair-cursor TOPIC SUBSCRIPTION" in str(refused.value)
+    assert TOPIC in await _refused(broker)  # /readyz names what it refuses, and why
 
     repaired = await client.admin.repair_cursor(TOPIC, "sub")
+    assert TOPIC not in await _refused(broker)  # repaired: no longer known damaged
 
     assert repaired["key"] == KEY and repaired["subscription"] == "sub"
     assert repaired["replaced"]["bytes"] == len(GARBAGE)
