@@ -31,7 +31,6 @@ import aiohttp
 import click
 
 from segtxn.cli import INTERRUPTED, verbosity
-from segtxn.cli.lifecycle import Interrupted, ServeError
 from segtxn.client import (
     CertificateError,
     ClientError,
@@ -43,6 +42,24 @@ from segtxn.client import (
 )
 from segtxn.client.unreachable import why_unreachable
 from segtxn.metastore import MetadataStoreError
+
+
+class ServeError(Exception):
+    """A server command could not run as asked (the message is the one line to print; the
+    server commands raise it, :mod:`segtxn.cli.lifecycle`; defined here, like
+    :class:`Interrupted`)."""
+
+
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived before a server's own handlers were in place (see
+    :func:`.lifecycle.catch_signals_early`, which raises it). A BaseException, like
+    KeyboardInterrupt: nothing on the way out mistakes it for a failure; the CLI's edge ends
+    the process with status 0. Defined here, where it is caught, so that the edge need not
+    import the servers."""
+
+    def __init__(self, sig: signal.Signals) -> None:
+        super().__init__(sig.name)
+        self.signal = sig
 
 
 class ServiceUnreachable(Exception):

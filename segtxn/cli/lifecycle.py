@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterator
 
 from segtxn.broker.app import BrokerServer
 from segtxn.broker.registration import BrokerIdTaken
+from segtxn.cli.errors import Interrupted, ServeError
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.ledger import LedgerError
 from segtxn.metastore import MetadataStoreError
@@ -46,10 +47,6 @@ log = logging.getLogger(__name__)
 
 Server = BrokerServer | CoordinatorServer
 Say = Callable[[str], None]
-
-
-class ServeError(Exception):
-    """A server command could not run as asked (the message is the one line to print)."""
 
 
 class StartupFailed(ServeError):
@@ -86,16 +83,6 @@ def _reason(server: Server, e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
     return f"{type(e).__name__}: {e}"
-
-
-class Interrupted(BaseException):
-    """SIGTERM or SIGINT arrived before a server's own handlers were in place (see
-    :func:`catch_signals_early`). A BaseException, like KeyboardInterrupt: nothing on the
-    way out mistakes it for a failure; the CLI's edge ends the process with status 0."""
-
-    def __init__(self, sig: signal.Signals) -> None:
-        super().__init__(sig.name)
-        self.signal = sig
 
 
 def _interrupt(signum: int, _frame: object) -> None:

@@ -16,7 +16,9 @@ end with `` trace_id=<32 hex> span_id=<16 hex>``, JSON objects have ``trace_id``
 Access lines (logger ``aiohttp.access``, :class:`segtxn.web.AccessLogger`) are off by
 default, whatever the verbosity: a transaction's calls (NEW_TXN, ADD_*, END_TXN) and every
 admin and health poll would bury the domain events an operator reads. ``--access-log``
-(broker, coordinator, standalone) logs them at INFO.
+(broker, coordinator, standalone; defined with them in :mod:`segtxn.cli.servers`, so that
+this module, which every command imports, does not import the web servers) logs them at
+INFO.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import click
 
 from segtxn.cli import verbosity
 from segtxn.tracing import SpanIds
-from segtxn.web import ACCESS_LOGGER
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -127,11 +128,3 @@ def log_format_option(command: F) -> F:
         command(*args, **kwargs)
 
     return wrapped  # type: ignore[return-value]
-
-
-ACCESS_LOG = click.option(
-    "--access-log",
-    is_flag=True,
-    help=f"Log every HTTP request at INFO (logger {ACCESS_LOGGER}; off by default).",
-)
-"""``--access-log``, passed to the command as ``access_log`` (the servers take it)."""

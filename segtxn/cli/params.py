@@ -17,7 +17,6 @@ from urllib.parse import urlsplit
 
 import click
 
-from segtxn.broker.settings import BROKER_ID
 from segtxn.metastore import InvalidArgument, check_url
 from segtxn.protocol.hashing import HASH_SPACE
 from segtxn.protocol.limits import MAX_TENANT
@@ -161,6 +160,8 @@ class BrokerId(click.ParamType[str]):
     def convert(
         self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> str:
+        from segtxn.broker.settings import BROKER_ID  # here: it imports the broker's auth
+
         text = str(value)
         if not BROKER_ID.fullmatch(text):
             self.fail(f"{text!r} is not a broker id (1-63 of letters, digits, _.-)", param, ctx)

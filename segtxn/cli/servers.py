@@ -20,7 +20,7 @@ from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import lifecycle
 from segtxn.cli.listening import listen_as_advertised, listen_on_a_free_port, url_of
-from segtxn.cli.logs import ACCESS_LOG, log_format_option, say
+from segtxn.cli.logs import log_format_option, say
 from segtxn.cli.loops import EventLoop, event_loop_option
 from segtxn.cli.params import (
     PORT,
@@ -46,11 +46,19 @@ from segtxn.cli.traces import trace_option
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger.replicas import RepairSettings, Replication
+from segtxn.web import ACCESS_LOGGER
 
 log = logging.getLogger(__name__)
 
 Server = BrokerServer | CoordinatorServer
 F = TypeVar("F", bound=Callable[..., None])
+
+ACCESS_LOG = click.option(
+    "--access-log",
+    is_flag=True,
+    help=f"Log every HTTP request at INFO (logger {ACCESS_LOGGER}; off by default).",
+)
+"""``--access-log``, passed to the command as ``access_log`` (the servers take it)."""
 
 STORE_TIMEOUT_S = 15.0
 SHUTDOWN_TIMEOUT_S = 20.0

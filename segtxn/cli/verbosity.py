@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import click
 
+from segtxn.cli.lazy import LazyGroup
 from segtxn.verify.processes import Launch
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -60,21 +61,29 @@ def _more(ctx: click.Context, _: click.Parameter, count: int) -> None:
 
 def accept_after_subcommands(group: click.Group) -> None:
     """Give every subcommand of ``group`` (at any depth) a ``-v/--verbose`` that adds to
-    ``segtxn -v``: ``segtxn topics list -v`` is ``segtxn -v topics list``."""
+    ``segtxn -v``: ``segtxn topics list -v`` is ``segtxn -v topics list``. A lazy group's
+    commands get it as they are loaded."""
+    if isinstance(group, LazyGroup):
+        group.when_loaded(_accept)
     for command in group.commands.values():
-        if isinstance(command, click.Group):
-            accept_after_subcommands(command)
-        if any("-v" in p.opts for p in command.params):
-            continue
-        command.params.append(
-            click.Option(
-                ["-v", "--verbose"],
-                count=True,
-                expose_value=False,
-                callback=_more,
-                help="More logging (as segtxn -v).",
-            )
+        _accept(command)
+
+
+def _accept(command: click.Command) -> None:
+    """``command``'s ``-v`` (and its subcommands', if a group), unless it has one."""
+    if isinstance(command, click.Group):
+        accept_after_subcommands(command)
+    if any("-v" in p.opts for p in command.params):
+        return
+    command.params.append(
+        click.Option(
+            ["-v", "--verbose"],
+            count=True,
+            expose_value=False,
+            callback=_more,
+            help="More logging (as segtxn -v).",
         )
+    )
 
 
 def verbosity() -> int:

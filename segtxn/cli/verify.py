@@ -1,5 +1,6 @@
 """``segtxn verify run|check|stream|process``: the verification workload and its Spark checker
-(``verify soak`` is in :mod:`segtxn.cli.soak`)."""
+(``verify soak`` is in :mod:`segtxn.cli.soak`, imported only when it is used: the
+processes a soak starts run ``verify run`` and need none of it)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from segtxn.cli import verbosity
+from segtxn.cli.lazy import Lazy, LazyGroup
 from segtxn.cli.params import (
     FRACTION,
     POSITIVE_INT,
@@ -46,7 +48,14 @@ RUN_URL = click.option(
 """``--url`` of the commands that run against a cluster: required (no default broker)."""
 
 
-@click.group()
+SOAK = Lazy(
+    "segtxn.cli.soak:soak",
+    "Run the verification job for many seeds, each with a cluster shape and faults drawn from "
+    "its seed; exit status 1 naming the failing seeds.",
+)
+
+
+@click.group(cls=LazyGroup, lazy={"soak": SOAK})
 def verify() -> None:
     """Run the transactional workload and check its guarantees with Spark."""
 
