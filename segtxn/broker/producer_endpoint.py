@@ -287,18 +287,25 @@ async def producer(request: web.Request) -> web.StreamResponse:
         if not await admitted(frame.txn, [frame]):
             return
         await window.acquire()  # backpressure: stop reading while the window is full
+        service.intake.publishing(ws)
         turn = topic.turn(producer_name)  # in arrival order: the order of storage
         start(publish(frame, turn), [turn], f"publish-{producer_name}-{frame.seq}")
 
     async def handle_together(sends: list[Send]) -> None:
         """Sends of one transaction (or of none) that came together are published together,
         in one task per run of sends the window has room for (Publishing.publish_plain,
-        Publishing.publish_txn)."""
+        Publishing.publish_txn), and per :func:`~segtxn.broker.intake.Intake.run_size`."""
+        run = service.intake.run_size(
+            len(sends), transactional=sends[0].txn is not None, connection=ws
+        )
+        service.intake.publishing(ws)
         items: list[tuple[Send, Turn]] = []
         for send in sends:
-            if items and window.full:  # let these go before waiting for room
+            if items and (window.full or len(items) == run):  # let these go first
                 start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
                 items = []
+                if not window.full:
+                    await asyncio.sleep(0)  # its entries reach the ledger, which syncs them
             await window.acquire()  # backpressure: stop reading while the window is full
             items.append((send, topic.turn(producer_name)))  # in arrival order
         start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")

@@ -39,6 +39,7 @@ from segtxn.broker import (
     fencing,
     gauges,
     handoff,
+    intake,
     refusals,
     replication,
     retire,
@@ -130,6 +131,9 @@ class BrokerService:
             self.store, settings.header_watch, self.metrics.txn_header_events
         )
         self.op_records = OpRecordWriter(self.store, self.metrics, self.headers)
+        self.intake = intake.Intake()
+        """Who publishes here: one producer alone has its batches published in runs
+        (:mod:`segtxn.broker.intake`)."""
         self.snapshots = snapshots.SnapshotLogs(
             settings.broker_id,
             self.store,
