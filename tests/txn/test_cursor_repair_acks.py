@@ -1,0 +1,138 @@
+"""Transactional acknowledgements across a cursor repair (docs/ledger.md, "Repairing a
+damaged cursor"): a consumer acknowledges messages inside a transaction still open, the
+subscription's cursor record is damaged and repaired (to the earliest retained entry),
+then the transaction is committed or aborted.
+
+What must hold, on a ``persistent://`` topic (v4: its pending-ack log) and a
+``segment://`` one (v5: its acks op records): the commit and the abort end within a
+bound; the topic loads; a committed transaction's acks are applied to the repaired cursor
+(its messages are not delivered again, everything else retained is), an aborted one's
+are released (its messages come again); and no transaction holds an ack after it ended
+(every message can be acknowledged, the backlog drains).
+
+Real components: the test cluster (broker and coordinator) on the memory store and etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from segtxn.client import Client, Message
+from segtxn.client.consumer import Consumer
+from segtxn.client.transaction import Transaction
+from segtxn.ledger.cursor import cursor_key
+from segtxn.protocol.names import TopicName
+from tests.cluster import Cluster, create_and_send
+from tests.waiting import wait_until
+
+SUB = "s"
+GARBAGE = b"\xff{damaged"
+COUNT = 6
+END_BOUND_S = 30.0
+"""Longer than the coordinator's fan-out timeout and the client's operation timeout: an end
+still running then hangs."""
+
+
+@dataclass(frozen=True)
+class Case:
+    topic: str
+    """What the consumer subscribes to."""
+    ledger: str
+    """Whose cursor record is damaged and repaired (a ``topic://``'s segment)."""
+    options: dict[str, Any]
+
+    @property
+    def name(self) -> TopicName:
+        return TopicName.parse(self.ledger)
+
+    async def subscribe(self, client: Client) -> Consumer:
+        return await client.subscribe(self.topic, SUB, initial_position="earliest", **self.options)
+
+
+V4 = Case("persistent://acme/repair-acks/v4", "persistent://acme/repair-acks/v4",
+          {"subscription_type": "Failover"})  # fmt: skip
+V5 = Case("topic://acme/repair-acks/v5", "segment://acme/repair-acks/v5/0", {})
+CASES = {"v4": V4, "v5": V5}
+
+
+async def _held_by_an_open_transaction(
+    client: Client, case: Case, *, cumulative: bool = False
+) -> Transaction:
+    """m0..m5 stored, all received; m0 acknowledged plainly, m1 and m2 in a transaction
+    left open (individually, or cumulatively up to m2); the consumer closed (the topic
+    stays loaded). Returns the transaction."""
+    if case is V4:
+        await create_and_send(client, case.topic, *(b"m%d" % i for i in range(COUNT)))
+    else:
+        await client.admin.create_topic(case.topic, segments=1)
+        producer = await client.create_producer(case.topic)
+        for i in range(COUNT):
+            await producer.send(b"m%d" % i, key="k")
+        await producer.close()
+    consumer = await case.subscribe(client)
+    got = [await consumer.receive(timeout_s=10) for _ in range(COUNT)]
+    await consumer.acknowledge(got[0])
+    txn = client.transaction()
+    if cumulative:
+        await consumer.acknowledge_cumulative(got[2], txn=txn)
+    else:
+        for message in got[1:3]:
+            await consumer.acknowledge(message, txn=txn)
+    await consumer.close()
+    return txn
+
+
+async def _end(txn: Transaction, commit: bool) -> None:
+    async with asyncio.timeout(END_BOUND_S):  # ends, or fails: never hangs
+        await (txn.commit() if commit else txn.abort())
+
+
+async def _delivered_again_then_drained(
+    client: Client, cluster: Cluster, case: Case, expected: list[int]
+) -> None:
+    """A consumer gets exactly m<i> for each of ``expected``, in order; once it has
+    acknowledged them, no transaction holds an ack and the subscription's backlog is 0."""
+    consumer = await case.subscribe(client)
+    delivered: list[Message] = [await consumer.receive(timeout_s=10) for _ in expected]
+    assert [m.value for m in delivered] == [b"m%d" % i for i in expected]
+    with pytest.raises(TimeoutError):
+        await consumer.receive(timeout_s=0.3)  # bounded absence: nothing more comes
+    for message in delivered:
+        await consumer.acknowledge(message)
+    subscription = cluster.broker.service.topics[case.name].subscriptions[SUB]
+    assert not subscription.pending_acks.transactions(), "an ended transaction holds acks"
+
+    async def drained() -> bool:
+        stats: dict[str, Any] = await client.admin.stats(case.ledger)
+        return bool(stats["subscriptions"][SUB]["backlog"] == 0)
+
+    await wait_until(drained, timeout=10, what="the subscription's backlog drained")
+    await consumer.close()
+
+
+@pytest.mark.parametrize("cumulative", [False, True], ids=["individual", "cumulative"])
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
+@pytest.mark.parametrize("protocol", ["v4", "v5"])
+async def test_a_transactions_acks_survive_a_repair_of_their_cursor(
+    client: Client, cluster: Cluster, protocol: str, commit: bool, cumulative: bool
+) -> None:
+    """The record damaged under the loaded topic, repaired to the earliest (the repair
+    unloads the topic), then the transaction ends. Its acks were held again when the
+    topic loaded (v4: its log replayed; v5: its records read). Committed: m1, m2 stay
+    acknowledged, and m0 (whose plain ack the repair forgot; a cumulative commit up to m2
+    acknowledges it again) and m3..m5 come again. Aborted: every message comes again."""
+    case = CASES[protocol]
+    txn = await _held_by_an_open_transaction(client, case, cumulative=cumulative)
+    assert case.name in cluster.broker.service.topics
+    await cluster.store.put(cursor_key(case.ledger, SUB), GARBAGE)
+
+    repaired = await client.admin.repair_cursor(case.ledger, SUB)
+    assert repaired["start"].endswith(":0")
+    await _end(txn, commit)
+
+    expected = ([3, 4, 5] if cumulative else [0, 3, 4, 5]) if commit else list(range(COUNT))
+    await _delivered_again_then_drained(client, cluster, case, expected)
