@@ -22,6 +22,10 @@ from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.inputs import read_json, takes
+from segtxn.ledger import LedgerError
+from segtxn.ledger.cursor import cursor_key
+from segtxn.ledger.cursor_repair import cursor_damage
+from segtxn.ledger.errors import CursorDamaged
 from segtxn.ledger.sealed import read_sealed
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_int, parse_key_hash
@@ -347,8 +351,36 @@ async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
     pending = subscription.pending_acks
     if not isinstance(pending, MLPendingAckStore):
         raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
-    await pending.end(txn, action)
+    try:
+        await pending.end(txn, action)
+    except LedgerError as e:  # (here, not in end(): the sweep retries a LedgerError)
+        raise await _not_applied(request.app[SERVICE], topic.name, name, action, e) from e
     return web.Response(status=204)
+
+
+async def _not_applied(
+    service: BrokerService,
+    name: TopicName,
+    subscription: str,
+    action: TxnAction,
+    error: LedgerError,
+) -> ServerError:
+    """Why a v4 decision could not be applied to ``subscription`` (its cursor's save or its
+    pending-ack log's write failed; the same END again applies what is left of it):
+    ``ServiceNotReady`` if ``error`` may pass (the coordinator retries), else
+    ``Persistence``, at once. A cursor record damaged under the loaded topic (its save
+    refused by the record's version: "changed by another owner") is named as a load names
+    it, with its repair. It was an internal error, its cause only in this broker's log."""
+    damage = await cursor_damage(service.store, str(name), subscription)
+    why = (
+        error
+        if damage is None
+        else CursorDamaged(str(name), subscription, cursor_key(str(name), subscription), damage)
+    )
+    return ServerError(
+        ErrorName.SERVICE_NOT_READY if error.retriable else ErrorName.PERSISTENCE,
+        f"{name} subscription {subscription!r}: the {action.value} could not be applied: {why}",
+    )
 
 
 async def _being_deleted(request: web.Request) -> bool:

@@ -1,14 +1,15 @@
 """Transactional acknowledgements across a cursor repair (docs/ledger.md, "Repairing a
 damaged cursor"): a consumer acknowledges messages inside a transaction still open, the
 subscription's cursor record is damaged and repaired (to the earliest retained entry),
-then the transaction is committed or aborted.
+and the transaction is committed or aborted, after the repair or before it.
 
 What must hold, on a ``persistent://`` topic (v4: its pending-ack log) and a
 ``segment://`` one (v5: its acks op records): the commit and the abort end within a
-bound; the topic loads; a committed transaction's acks are applied to the repaired cursor
-(its messages are not delivered again, everything else retained is), an aborted one's
-are released (its messages come again); and no transaction holds an ack after it ended
-(every message can be acknowledged, the backlog drains).
+bound, or fail at once with an error that says why (never an internal error); the topic
+loads; a committed transaction's acks are applied to the repaired cursor (its messages
+are not delivered again, everything else retained is), an aborted one's are released
+(its messages come again); and no transaction holds an ack after it ended (every message
+can be acknowledged, the backlog drains).
 
 Real components: the test cluster (broker and coordinator) on the memory store and etcd.
 """
@@ -25,6 +26,7 @@ from segtxn.client import Client, Message
 from segtxn.client.consumer import Consumer
 from segtxn.client.transaction import Transaction
 from segtxn.ledger.cursor import cursor_key
+from segtxn.protocol.errors import PersistenceError
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster, create_and_send
 from tests.waiting import wait_until
@@ -135,4 +137,39 @@ async def test_a_transactions_acks_survive_a_repair_of_their_cursor(
     await _end(txn, commit)
 
     expected = ([3, 4, 5] if cumulative else [0, 3, 4, 5]) if commit else list(range(COUNT))
+    await _delivered_again_then_drained(client, cluster, case, expected)
+
+
+@pytest.mark.parametrize("loaded", [True, False], ids=["loaded", "unloaded"])
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "abort"])
+@pytest.mark.parametrize("protocol", ["v4", "v5"])
+async def test_a_transaction_ended_before_the_repair_ends_or_says_why_and_ends_after_it(
+    client: Client, cluster: Cluster, protocol: str, commit: bool, loaded: bool
+) -> None:
+    """The transaction ends while the record is damaged (the topic still loaded from
+    before, or not). v5 ends at once (its outcome is its header's; the acks are applied
+    when the segment loads). A v4 end that needs the cursor fails at once with
+    PersistenceError naming the record and its repair: unloaded, the topic does not load;
+    loaded, the commit's cursor save is refused by the damaged record's version (that was
+    an internal error, its cause only in the broker's log). The same end after the
+    repair ends; its acks are applied or released as after a repair."""
+    case = CASES[protocol]
+    txn = await _held_by_an_open_transaction(client, case)
+    if not loaded:
+        await cluster.broker.service.unload(case.name)
+    key = cursor_key(case.ledger, SUB)
+    await cluster.store.put(key, GARBAGE)
+
+    if case is V4 and (commit or not loaded):
+        with pytest.raises(PersistenceError) as refused:
+            await _end(txn, commit)
+        assert key in str(refused.value)
+        assert "segtxn topics repair-cursor" in str(refused.value)
+        await client.admin.repair_cursor(case.ledger, SUB)
+        await _end(txn, commit)  # the same end again
+    else:
+        await _end(txn, commit)
+        await client.admin.repair_cursor(case.ledger, SUB)
+
+    expected = [0, 3, 4, 5] if commit else list(range(COUNT))
     await _delivered_again_then_drained(client, cluster, case, expected)
