@@ -54,7 +54,9 @@ class CursorNotFound(LedgerError):
 
 
 class CursorReadable(LedgerError):
-    """The cursor's record reads: nothing to repair (move it through its open ledger)."""
+    """The cursor's record reads: nothing to repair (move it through its open ledger). It
+    may have been repaired already: a repair whose write landed and whose answer was lost
+    is seen so by the next one, and the message says it."""
 
 
 class CursorChanged(LedgerError):
@@ -99,7 +101,7 @@ async def repair_cursor(
         TargetBeyondEnd: ``start`` lies past the end the metadata records.
         CursorChanged: the record changed since it was read (nothing written).
         MetadataStoreError: the store failed (the write may have landed: repairing again
-            is then refused with :class:`CursorReadable`, which says it did).
+            is then refused with :class:`CursorReadable`, which says it may have).
     """
     meta = await _metadata(store, ledger)
     key = cursor_key(ledger, cursor)
@@ -112,8 +114,9 @@ async def repair_cursor(
         reason = e.reason
     else:
         raise CursorReadable(
-            f"{ledger}: the record of its cursor {cursor!r} at {key} reads: nothing to repair "
-            "(reset the subscription to move it)"
+            f"{ledger}: the record of its cursor {cursor!r} at {key} reads correctly now: "
+            "nothing to repair (it may already have been repaired, by a repair whose answer "
+            "was lost); if the subscription's position is wrong, reset the subscription"
         )
     first = _first_retained(meta) if start is None else _checked(ledger, meta, start)
     state = CursorState((first.ledger_id, first.entry_id - 1))

@@ -33,6 +33,7 @@ from segtxn.protocol.errors import (
     NotAllowed,
     PersistenceError,
     PreconditionFailed,
+    ServerError,
     SubscriptionNotFound,
     TopicNotFound,
 )
@@ -123,8 +124,32 @@ async def test_a_damaged_cursor_is_repaired_and_every_retained_message_comes_aga
     assert repaired["replaced"]["bytes"] == len(GARBAGE)
     assert repaired["replaced"]["reason"].startswith("JSON is malformed")
     assert await _received(client, COUNT) == [b"m%d" % i for i in range(COUNT)]
-    with pytest.raises(NotAllowed, match="reads: nothing to repair"):  # (it reads now)
+    with pytest.raises(NotAllowed, match="reads correctly now: nothing to repair"):
         await client.admin.repair_cursor(TOPIC, "sub")
+
+
+async def test_a_repair_whose_answer_was_lost_is_told_it_may_be_done_by_the_next_one(
+    broker: BrokerServer, client: Client, store: MetadataStore, faults: FaultInjector
+) -> None:
+    """The repair's write lands and the store's answer is lost on the way back: the caller
+    cannot tell whether it was done. The next repair is refused, NotAllowed as for any
+    record that reads (a caller catches the class), and its message says the record may
+    already have been repaired, and to reset the subscription if its position is wrong;
+    the subscription is delivered every retained message, as repaired."""
+    await _consumed_then_damaged(broker, client, store)
+    faults.fail("txn", key_prefix=KEY, after_apply=True)
+    with pytest.raises(ServerError) as lost:
+        await client.admin.repair_cursor(TOPIC, "sub")
+    assert not isinstance(lost.value, NotAllowed), "the first repair saw its own write"
+    record = await store.get(KEY)
+    assert record is not None and record.value != GARBAGE, "the write did not land"
+
+    with pytest.raises(NotAllowed) as again:
+        await client.admin.repair_cursor(TOPIC, "sub")
+
+    assert "may already have been repaired" in str(again.value)
+    assert "reset the subscription" in str(again.value)
+    assert await _received(client, COUNT) == [b"m%d" % i for i in range(COUNT)]
 
 
 async def test_a_topic_loaded_before_its_record_was_damaged_is_unloaded_and_repaired(
