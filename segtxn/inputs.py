@@ -132,15 +132,21 @@ UNSUPPORTED_ENCODING_STATUS = 415
 
 class UnsupportedEncoding(ServerError):
     """A body in a ``Content-Encoding`` the server does not decode: InvalidArgument, answered
-    415 (:func:`segtxn.boundary.error_response`), before anything is read or done."""
+    415 (:func:`segtxn.boundary.error_response`), before anything is read or done.
+
+    The body is marked read (:func:`check_encoding`) and the answer closes the connection:
+    aiohttp would otherwise read the rest of it after the answer, decoding it as its parser
+    chose (gzip, for ``compress`` then ``gzip`` on two lines), fail to decompress it and log
+    "Unhandled exception" with a traceback; and its parser does not go on past a body it
+    failed to decode, so no request could follow on the connection anyway."""
 
     def __init__(self, encoding: str) -> None:
         decoded = ", ".join(sorted(DECODED_ENCODINGS - {"gzip", "deflate"}))
         also = f", {decoded}" if decoded else ""
+        instead = f"send the body as it is, or in gzip{also} or deflate"
         super().__init__(
             ErrorName.INVALID_ARGUMENT,
-            f"Content-Encoding {encoding[:80]!r} is not one this server decodes: send the "
-            f"body as it is, or in gzip{also} or deflate",
+            f"Content-Encoding {encoding[:80]!r} is not one this server decodes: {instead}",
         )
 
 
@@ -174,9 +180,11 @@ def refused_encoding(error: ContentEncodingError) -> str:
 def check_encoding(request: web.BaseRequest) -> None:
     """Raise :class:`UnsupportedEncoding` for a body aiohttp will not decode
     (:func:`unsupported_encoding`): read as it came, it would be taken for the body itself
-    (stored as the raw bytes, or refused as "not JSON", which misleads)."""
+    (stored as the raw bytes, or refused as "not JSON", which misleads). The body is first
+    marked read: its answer must close the connection (see :class:`UnsupportedEncoding`)."""
     encoding = unsupported_encoding(request)
     if encoding is not None:
+        request.content.feed_eof()
         raise UnsupportedEncoding(encoding)
 
 

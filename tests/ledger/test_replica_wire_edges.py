@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import pytest
 
@@ -65,6 +66,37 @@ async def test_an_append_in_an_encoding_the_node_does_not_decode_is_refused(
     assert (status, answer["error"]) == (415, "InvalidArgument"), answer
     assert f"Content-Encoding {encoding!r}" in str(answer["message"])
     assert server.node.stat(LEDGER, 1)[0] == 0  # nothing appended
+
+
+@pytest.mark.parametrize("close", [True, False])
+async def test_an_append_under_two_encoding_lines_is_refused_without_a_traceback(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture, close: bool
+) -> None:
+    """``compress`` then ``gzip`` on two lines: aiohttp's parser decodes the body as gzip
+    (by the last line), the node refuses it 415 unread, and aiohttp then read the rest of
+    the body itself, failed to decompress it and logged "Unhandled exception" with a
+    traceback: a peer's mistake in the node's log as a bug. The answer closes the
+    connection (the parser cannot go on past a body it failed to decode)."""
+    caplog.set_level(logging.INFO)
+    (server,) = (await started(cluster, 1)).servers
+    server.node.create(LEDGER, 1)
+    body = encode_frames([b"entry"])
+    lines = ["Content-Encoding: compress", "Content-Encoding: gzip"]
+    if close:
+        lines.append("Connection: close")
+    reader, writer = await open_to(server)
+    try:
+        writer.write(append_head(server, len(body), *lines))
+        await writer.drain()
+        writer.write(body)  # (after the head: it may come after the answer)
+        status, answer = await answer_of(reader)  # (bounded: 10 s; read until it closes)
+    finally:
+        writer.close()
+    assert (status, answer["error"]) == (415, "InvalidArgument"), answer
+    assert "Content-Encoding 'compress, gzip'" in str(answer["message"])
+    assert server.node.stat(LEDGER, 1)[0] == 0  # nothing appended
+    bad = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not bad, [f"{r.name}: {r.getMessage()}" for r in bad]
 
 
 async def test_an_append_whose_body_stops_coming_is_refused_in_time(
