@@ -126,6 +126,11 @@ DECODED_ENCODINGS = frozenset(
 """The ``Content-Encoding`` values aiohttp's parser decodes a request body from (as it
 spells them, lower case; ``br`` and ``zstd`` only with their packages installed). It reads
 a body of any other encoding as the bytes that came: they would be taken for the body."""
+X_GZIP = "x-gzip"
+"""gzip's old name, which RFC 9110 (8.4.1.3) says a recipient SHOULD take for ``gzip``.
+aiohttp does not (both its parsers decode only the names above, and read an ``x-gzip``
+body as the bytes that came), so it is refused as any other, its answer saying to send
+the same body as ``gzip``."""
 UNSUPPORTED_ENCODING_STATUS = 415
 """HTTP's Unsupported Media Type, the status of :class:`UnsupportedEncoding`."""
 
@@ -144,6 +149,8 @@ class UnsupportedEncoding(ServerError):
         decoded = ", ".join(sorted(DECODED_ENCODINGS - {"gzip", "deflate"}))
         also = f", {decoded}" if decoded else ""
         instead = f"send the body as it is, or in gzip{also} or deflate"
+        if encoding.lower() == X_GZIP:
+            instead = f"{X_GZIP} is gzip's old name; send the same body with Content-Encoding: gzip"
         super().__init__(
             ErrorName.INVALID_ARGUMENT,
             f"Content-Encoding {encoding[:80]!r} is not one this server decodes: {instead}",

@@ -7,6 +7,7 @@ drained the rest of the body after the answer)."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import logging
 import zlib
@@ -17,6 +18,7 @@ import pytest
 from segtxn.client import Client
 from segtxn.protocol.errors import ErrorName
 from tests.cluster import Cluster
+from tests.hostile.conftest import refusal
 
 TOPIC = "persistent://acme/hostile/t"
 
@@ -89,6 +91,31 @@ async def test_a_body_in_an_encoding_the_server_does_not_decode_is_415(
         )
     assert "garbage" not in await client.admin.properties(TOPIC)
     await client.admin.update_properties(TOPIC, {"after": "yes"})  # still serving
+
+
+@pytest.mark.parametrize("encoding", ["x-gzip", "X-Gzip"])
+async def test_a_body_in_x_gzip_is_415_telling_to_send_it_as_gzip(
+    cluster: Cluster, client: Client, http: aiohttp.ClientSession, encoding: str
+) -> None:
+    """RFC 9110 (8.4.1.3) says a recipient SHOULD take ``x-gzip`` for ``gzip``, but aiohttp
+    decodes only ``gzip``, ``deflate``, ``br`` and ``zstd`` (both its parsers) and reads an
+    ``x-gzip`` body as the bytes that came. It stays refused, and the answer tells the
+    client what to send instead: the same bytes, labelled ``gzip``."""
+    await client.admin.create_topic(TOPIC)
+    body = gzip.compress(b'{"encoded": "x-gzip"}')
+    url = f"{cluster.url}/admin/v2/persistent/acme/hostile/t/properties"
+    headers = {"Content-Encoding": encoding, "Content-Type": "application/json"}
+    status, name, message = await refusal(http, "PUT", url, data=body, headers=headers)
+    assert (status, name) == (415, ErrorName.INVALID_ARGUMENT.value)
+    assert message == (
+        f"Content-Encoding {encoding!r} is not one this server decodes: x-gzip is gzip's "
+        "old name; send the same body with Content-Encoding: gzip"
+    )
+    assert "encoded" not in await client.admin.properties(TOPIC)
+    headers["Content-Encoding"] = "gzip"
+    async with http.put(url, data=body, headers=headers) as response:
+        assert response.status == 204, await response.text()
+    assert (await client.admin.properties(TOPIC))["encoded"] == "x-gzip"
 
 
 @pytest.mark.parametrize("encoding", ["identity", "IDENTITY", "gzip", "deflate"])
