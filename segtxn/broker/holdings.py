@@ -50,7 +50,8 @@ async def drain(request: web.Request) -> web.StreamResponse:
     (:mod:`segtxn.broker.handoff`); ``{"broker", "moved": [...], "failed": {...}}``.
     ``DELETE``: stop draining (new topics may be placed on it again). Answered by that
     broker: another one redirects (NotOwner); a broker that is not registered gets a 404
-    InvalidArgument naming the registered ones (:func:`not_registered`)."""
+    InvalidArgument naming the registered ones, an undrain saying there is nothing to
+    undrain (:func:`not_registered`)."""
     service = request.app[SERVICE]
     broker = request.match_info["broker"]
     if not BROKER_ID.fullmatch(broker):
@@ -70,19 +71,34 @@ MAX_NAMED_BROKERS = 20
 """The most registered ids a "not registered" answer names."""
 
 
+NOTHING_TO_UNDRAIN = (
+    "no drain of it to stop (a broker that is not registered is draining nothing, and "
+    "starts undrained)"
+)
+"""What an undrain of a broker that is not registered adds to its answer."""
+
+
 async def not_registered(request: web.Request, broker: str) -> web.Response:
     """404 ``InvalidArgument`` (HTTP's "no such thing", named as an unknown path's is) for
     draining or undraining ``broker``, which is not registered: a typo, or a broker that is
     gone. The caller's mistake, answered at once; a 503 would have the client, and the
     operator through it, retry it for the whole drain timeout as if the broker were
     coming. The message names the registered brokers (at most :data:`MAX_NAMED_BROKERS`),
-    so the typo shows."""
+    so the typo shows.
+
+    An undrain's also says that there is nothing to undrain (:data:`NOTHING_TO_UNDRAIN`):
+    the drain mark is in the broker's registration (placement skips a broker that has none
+    anyway) and a broker starts undrained, so a gone broker comes back taking new topics.
+    (A process that kept running and only lost its registration, its store unreachable
+    for a session TTL, registers again still draining, unless it is undrained at its own
+    URL meanwhile: :meth:`~segtxn.broker.service.BrokerService.set_draining`.)"""
     listing = await request.app[SERVICE].store.list_prefix(BROKERS, limit=MAX_NAMED_BROKERS)
     ids = [record.key[len(BROKERS) :] for record in listing.records]
     named = ", ".join(ids) + (", ..." if listing.more else "") if ids else "none"
-    error = ServerError(
-        ErrorName.INVALID_ARGUMENT, f"no broker {broker} is registered (registered: {named})"
-    )
+    message = f"no broker {broker} is registered (registered: {named})"
+    if request.method == "DELETE":
+        message += f": {NOTHING_TO_UNDRAIN}"
+    error = ServerError(ErrorName.INVALID_ARGUMENT, message)
     return error_response(error, request, status=404)
 
 

@@ -236,16 +236,19 @@ class BrokerService:
 
         Raises:
             ServerError(ServiceNotReady): the broker is not registered now (it registers
-                again with this ``draining``).
+                again with this ``draining``: an undrain then is how a broker that lost its
+                registration while draining comes back undrained, and its message says
+                that the drain is stopped all the same).
         """
         self.registration.draining = draining
         try:
             await self.registration.update()
         except (NotFound, BadVersion) as e:
-            raise ServerError(
-                ErrorName.SERVICE_NOT_READY,
-                f"broker {self.broker_id} is not registered now: {self.registration.trouble or e}",
-            ) from e
+            why = self.registration.trouble or e
+            message = f"broker {self.broker_id} is not registered now: {why}"
+            if not draining:
+                message += "; its drain is stopped all the same: it registers again undrained"
+            raise ServerError(ErrorName.SERVICE_NOT_READY, message) from e
 
     async def stop(self) -> None:
         """Close everything :meth:`start` opened (safe after a partial start; idempotent).

@@ -260,5 +260,10 @@ class Admin:
         return dict(await self._c.request("POST", path, timeout_s=timeout_s))
 
     async def undrain_broker(self, broker: str) -> None:
-        """Let new topics be placed on ``broker`` again."""
+        """Let new topics be placed on ``broker`` again.
+
+        Raises:
+            ServerError: InvalidArgument when the broker is not registered (a typo, or it is
+                gone: then it is draining nothing, and starts undrained).
+        """
         await self._c.request("DELETE", f"/admin/v2/brokers/{quote(broker, safe='')}/drain")

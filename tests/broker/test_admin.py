@@ -462,13 +462,26 @@ async def test_draining_a_broker_that_is_not_registered_is_the_caller_s_mistake(
     """A typo'd or gone broker id is answered 404 ``InvalidArgument`` (as an unknown path
     is) at once, naming the id and the brokers that are registered; it was a 503
     ServiceNotReady, which the client (and the operator through it) retried for the whole
-    drain timeout as if the broker would come."""
+    drain timeout as if the broker would come.
+
+    An undrain gets the same answer, and says what it means for the broker: one that is not
+    registered is draining nothing (placement skips it anyway) and starts undrained, so
+    there is no drain to stop. It said only that the broker was not registered, which read
+    as if the undrain had failed and the broker would stay drained."""
     me = broker.settings.broker_id
     expected = f"no broker nobody-7 is registered (registered: {me})"
-    for method in ("POST", "DELETE"):
+    undrained = (
+        f"{expected}: no drain of it to stop (a broker that is not registered is draining "
+        "nothing, and starts undrained)"
+    )
+    for method, message in (("POST", expected), ("DELETE", undrained)):
         status, body = await raw(broker, method, "/admin/v2/brokers/nobody-7/drain")
-        assert (status, body) == (404, {"error": "InvalidArgument", "message": expected})
+        assert (status, body) == (404, {"error": "InvalidArgument", "message": message})
     with pytest.raises(ServerError) as refused:
         await client.admin.drain_broker("nobody-7", timeout_s=30)
     assert refused.value.name is ErrorName.INVALID_ARGUMENT
     assert refused.value.message == expected
+    with pytest.raises(ServerError) as refused:
+        await client.admin.undrain_broker("nobody-7")
+    assert refused.value.name is ErrorName.INVALID_ARGUMENT
+    assert refused.value.message == undrained

@@ -178,6 +178,48 @@ async def test_an_id_taken_behind_a_live_brokers_back_keeps_it_not_ready(
         await live.stop()
 
 
+async def test_an_undrain_while_the_id_is_taken_stops_the_drain_and_says_so(
+    store: MetadataStore, tmp_path: Path
+) -> None:
+    """A running broker that lost its registration keeps its drain mark, and registers again
+    with it. An undrain sent to it meanwhile (no other broker can send one there: its URL is
+    not registered) clears the mark, and it registers again undrained; the answer, a 503
+    (retried: it says so once the broker is registered), said only that the broker was not
+    registered, as if the undrain had failed."""
+    live = broker(store, tmp_path / "x1")
+    await live.start()
+    url = live.settings.advertise_url
+    other = await store.open_session(TTL_S)
+    try:
+        await live.service.set_draining(True)
+        squatter = b'{"broker_id": "x1", "url": "http://elsewhere:1", "started_ms": 0}'
+        await store.put(broker_key("x1"), squatter, session=other)
+
+        async def lost() -> bool:
+            return (await readyz(url))[0] == 503
+
+        await wait_until(lost, what="the broker not registered")
+        async with (
+            aiohttp.ClientSession() as http,
+            http.delete(f"{url}/admin/v2/brokers/x1/drain") as response,
+        ):
+            assert response.status == 503
+            body = await response.json()
+        assert body["error"] == "ServiceNotReady"
+        assert body["message"].startswith("broker x1 is not registered now: ")
+        assert "http://elsewhere:1" in body["message"]  # (why: its trouble, whose words vary)
+        assert body["message"].endswith(
+            "; its drain is stopped all the same: it registers again undrained"
+        )
+        await other.close()  # the id is free: the broker registers again
+        await wait_until(lambda: readyz_ok(url), what="registered again")
+        _, info, _ = await Catalog(store).broker_record("x1")
+        assert info is not None and not info.draining
+    finally:
+        await other.close()
+        await live.stop()
+
+
 # ---------------------------------------------------------------------- real processes
 
 

@@ -90,6 +90,13 @@ def test_brokers_homes_and_a_drain_without_replication(standalone: str) -> None:
     assert one_line(unknown) == (  # at once: a typo, not a broker about to come
         "Error: InvalidArgument: no broker nobody is registered (registered: standalone)"
     )
+    gone = invoke("brokers", "undrain", "nobody", "--url", standalone)
+    assert gone.exit_code == 1
+    assert one_line(gone) == (
+        "Error: InvalidArgument: no broker nobody is registered (registered: standalone): "
+        "no drain of it to stop (a broker that is not registered is draining nothing, and "
+        "starts undrained)"
+    )
 
 
 def test_produce_reports_what_it_sent(standalone: str) -> None:
