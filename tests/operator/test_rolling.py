@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import kopf
 import pytest
 
+from segtxn.client.admin import Admin
+from segtxn.client.connection import Connector
 from segtxn.operator.handlers import OperatorConfig
-from segtxn.operator.rolling import REVISION_LABEL, RollSettings
+from segtxn.operator.rolling import REVISION_LABEL, RollSettings, undrain_broker
 from tests.operator.emulator import NS, Emulator, emulator, operator
 from tests.operator.fakebrokers import FakeBrokers, serving
 from tests.operator.support import WAIT_S, status
@@ -305,3 +308,21 @@ async def test_an_eviction_refused_past_its_timeout_stalls_the_roll_and_undrains
             assert "demo-broker-2 was undrained" in degraded
             assert fake.log == [("drain", "demo-broker-2"), ("undrain", "demo-broker-2")]
             assert [revision(emu, b) for b in BROKERS] == ["r1", "r1", "r1"]
+
+
+@pytest.mark.parametrize("gone", [False, True])
+async def test_a_stall_s_undrain_says_what_it_did(gone: bool) -> None:
+    """A broker gone by the time its stalled roll undrains it (its pod died) was said to
+    be "could not be undrained (...): it takes no new topics until it restarts": it is
+    draining nothing (its drain mark went with its registration) and starts undrained."""
+    fake = fake_brokers()
+    if gone:
+        fake.unregistered.add("demo-broker-2")
+    async with serving(fake), aiohttp.ClientSession() as http:
+        admin = Admin(Connector(fake.url, http, request_timeout_s=30))
+        said = await undrain_broker(admin, "demo-broker-2")
+    assert said == (
+        "demo-broker-2 is not registered: it is draining nothing, and starts undrained"
+        if gone
+        else "demo-broker-2 was undrained: it takes new topics again"
+    )
