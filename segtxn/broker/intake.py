@@ -8,8 +8,8 @@ full (the client's ``send_async`` loop) then runs in lock-step: its CPU, the bro
 for the whole batch, the sync, one after the other, and neither process keeps a core busy.
 Published in runs of :data:`RUN` with a yield after each run is started, the ledger syncs
 the first run while the broker takes in the next, and the first receipts free the client's
-window sooner: one producer's throughput rose by about half (bench/broker.py, 1 producer
-with batching, medians of alternating runs; docs/design-notes.md).
+window sooner: one producer's throughput rose by about a quarter (bench/broker.py, 1
+producer with batching, medians of alternating runs; docs/design-notes.md, 23).
 
 When other producers publish on the broker too, their work already fills the time of each
 sync: runs then only add syncs, tasks and receipt frames, and eight producers lost about a
