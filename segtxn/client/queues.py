@@ -27,13 +27,16 @@ async def next_item(
         TypeError / ValueError: ``timeout_s`` is not a limit (nan, negative, a string, ...).
     """
     deadline = Deadline(timeout_s)
-    try:
-        async with deadline.timeout():
-            item = await queue.get()  # one already queued: returned before the timeout
-    except TimeoutError as e:
-        raise Timeout(
-            f"{who}: no message within {deadline}", category=ErrorCategory.RETRIABLE
-        ) from e
+    if not queue.empty():  # one already queued: returned before any timeout, without a timer
+        item = queue.get_nowait()
+    else:
+        try:
+            async with deadline.timeout():
+                item = await queue.get()
+        except TimeoutError as e:
+            raise Timeout(
+                f"{who}: no message within {deadline}", category=ErrorCategory.RETRIABLE
+            ) from e
     if isinstance(item, ClientClosed):
         close_queue(queue, item)  # it stays, for the next receive waiting
         raise ClientClosed(str(item))
