@@ -47,21 +47,21 @@ class Intake:
 
     def __init__(self, alone_after_s: float = ALONE_AFTER_S) -> None:
         self._alone_after_s = alone_after_s
-        self._last: object | None = None
+        self._last: int | None = None
         self._shared_at = 0.0
         """When a connection other than the last one published (monotonic seconds)."""
 
-    def publishing(self, connection: object) -> None:
-        """Note that ``connection`` (any object identifying it) is publishing sends now."""
-        if connection is not self._last:
+    def publishing(self, connection: int) -> None:
+        """Note that ``connection`` (a number identifying it) is publishing sends now."""
+        if connection != self._last:
             self._last = connection
             self._shared_at = time.monotonic()
 
-    def run_size(self, sends: int, *, transactional: bool, connection: object) -> int:
+    def run_size(self, sends: int, *, transactional: bool, connection: int) -> int:
         """How many of ``sends`` (a batch ``connection`` just sent) to publish per task: all
         of them, or :data:`RUN` when they are plain and only ``connection`` has published
         on the broker for :data:`ALONE_AFTER_S` (a connection's first batch is whole)."""
-        if transactional or connection is not self._last:
+        if transactional or connection != self._last:
             return sends
         if time.monotonic() - self._shared_at < self._alone_after_s:
             return sends

@@ -67,6 +67,9 @@ from segtxn.protocol.txn import TxnId
 log = logging.getLogger("segtxn.broker.ws")
 _generated = itertools.count(1)
 """Numbers the names of producers that gave none (``<broker id>-<n>``)."""
+_connections = itertools.count(1)
+"""Numbers producer connections for :class:`~segtxn.broker.intake.Intake` (an int, so it
+keeps no closed connection alive)."""
 
 MAX_PENDING_COMMITS = 1000
 """Commit frames of one connection being decided at once (each holds a task, and the
@@ -144,6 +147,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     outbox = Outbox(ws, settings.max_pending_sends + 64, f"producer-{producer_name}")
     outbox.start()
     window = Window(settings.max_pending_sends)
+    connection = next(_connections)
     tasks: set[asyncio.Task[None]] = set()
     committing: set[asyncio.Task[None]] = set()
     access = TxnAccess(service, functools.partial(current_principal, request))
@@ -287,7 +291,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
         if not await admitted(frame.txn, [frame]):
             return
         await window.acquire()  # backpressure: stop reading while the window is full
-        service.intake.publishing(ws)
+        service.intake.publishing(connection)
         turn = topic.turn(producer_name)  # in arrival order: the order of storage
         start(publish(frame, turn), [turn], f"publish-{producer_name}-{frame.seq}")
 
@@ -296,9 +300,9 @@ async def producer(request: web.Request) -> web.StreamResponse:
         in one task per run of sends the window has room for (Publishing.publish_plain,
         Publishing.publish_txn), and per :func:`~segtxn.broker.intake.Intake.run_size`."""
         run = service.intake.run_size(
-            len(sends), transactional=sends[0].txn is not None, connection=ws
+            len(sends), transactional=sends[0].txn is not None, connection=connection
         )
-        service.intake.publishing(ws)
+        service.intake.publishing(connection)
         items: list[tuple[Send, Turn]] = []
         for send in sends:
             if items and (window.full or len(items) == run):  # let these go first
