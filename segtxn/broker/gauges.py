@@ -96,6 +96,22 @@ def register(service: BrokerService) -> None:
         "Unacknowledged messages over all subscriptions",
         lambda: sum(s.backlog() for t in service.topics.values() for s in t.subscriptions.values()),
     )
+    budget = service.publish_budget
+    metrics.gauge(
+        "segtxn_broker_publish_buffer_bytes",
+        "Payload bytes of sends read from producers and not yet answered",
+        lambda: budget.in_use,
+    )
+    metrics.gauge(
+        "segtxn_broker_publish_buffer_limit_bytes",
+        "The publish buffer's limit (--publish-buffer-size)",
+        lambda: budget.limit,
+    )
+    metrics.gauge(
+        "segtxn_broker_publish_buffer_waiting_connections",
+        "Producer connections waiting for room in the publish buffer (not reading)",
+        lambda: budget.waiting,
+    )
     metrics.add_collector(_Topics(service))
 
 

@@ -33,6 +33,10 @@ class BrokerMetrics(Metrics):
         self.errors = self.labelled_count(
             "segtxn_broker_errors_total", "Errors returned to producers, by name", ["error"]
         )
+        self.publish_buffer_waits = self.count(
+            "segtxn_broker_publish_buffer_waits_total",
+            "Times a producer connection stopped reading to wait for room in the publish buffer",
+        )
         self.publish_latency = self.histogram(
             "segtxn_broker_publish_latency_seconds", "Send received to durable receipt"
         )

@@ -18,6 +18,9 @@ Contracts:
   window is full), but each takes its producer's next turn as its frame is read
   (segtxn/broker/ordering.py); a refused send (its transaction not the caller's, say) is
   answered without a turn: nothing of it is stored;
+- **bounded memory over all connections**: before its turn, a send takes its payload's
+  bytes from the broker's publish buffer, given back once it is answered; the reading of
+  frames stops while there is no room (segtxn/broker/publish_budget.py);
 - **a receipt only from a broker that holds its id**: one that cannot prove it sends no
   receipt and hangs up on the producer, which sends again once reconnected
   (segtxn/broker/fencing.py);
@@ -54,6 +57,7 @@ from segtxn.broker.arguments import check_batch, check_request_id
 from segtxn.broker.http import SERVICE, check_name, error_response, topic_from
 from segtxn.broker.ordering import Turn
 from segtxn.broker.outbox import Outbox
+from segtxn.broker.publish_budget import PublishBudget
 from segtxn.broker.publishing import Outcome
 from segtxn.broker.sockets import new_socket, receive_frames
 from segtxn.broker.spans import send_span, send_span_ends
@@ -95,9 +99,10 @@ def _close_soon(ws: web.WebSocketResponse) -> None:
     task.add_done_callback(_closing.discard)
 
 
-def _release(turns: list[Turn], _: object) -> None:
+def _release(turns: list[Turn], budget: PublishBudget, nbytes: int, _: object) -> None:
     for turn in turns:
         turn.release()
+    budget.give_back(nbytes)
 
 
 @takes("name", "instance")
@@ -148,6 +153,7 @@ async def producer(request: web.Request) -> web.StreamResponse:
     outbox.start()
     window = Window(settings.max_pending_sends)
     connection = next(_connections)
+    budget = service.publish_budget
     tasks: set[asyncio.Task[None]] = set()
     committing: set[asyncio.Task[None]] = set()
     access = TxnAccess(service, functools.partial(current_principal, request))
@@ -244,11 +250,15 @@ async def producer(request: web.Request) -> web.StreamResponse:
         for (send, _), outcome, span in zip(items, outcomes, spans, strict=True):
             answer(send, outcome, started, span, unproven=unproven)
 
-    def start(work: Coroutine[Any, Any, None], turns: list[Turn], name: str) -> asyncio.Task[None]:
+    def start(
+        work: Coroutine[Any, Any, None], turns: list[Turn], name: str, nbytes: int = 0
+    ) -> asyncio.Task[None]:
+        """Run ``work``; its ``turns`` and the ``nbytes`` it took of the publish buffer are
+        given back as it ends, even if it never ran."""
         task = asyncio.create_task(work, name=name)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-        task.add_done_callback(functools.partial(_release, turns))  # even if it never ran
+        task.add_done_callback(functools.partial(_release, turns, budget, nbytes))
         return task
 
     async def admitted(txn: tuple[int, int] | None, sends: list[Send]) -> bool:
@@ -291,9 +301,15 @@ async def producer(request: web.Request) -> web.StreamResponse:
         if not await admitted(frame.txn, [frame]):
             return
         await window.acquire()  # backpressure: stop reading while the window is full
-        service.intake.publishing(connection)
-        turn = topic.turn(producer_name)  # in arrival order: the order of storage
-        start(publish(frame, turn), [turn], f"publish-{producer_name}-{frame.seq}")
+        cost = budget.cost(len(frame.payload))
+        await budget.take(cost)  # and while the broker's publish buffer is full
+        try:
+            service.intake.publishing(connection)
+            turn = topic.turn(producer_name)  # in arrival order: the order of storage
+        except BaseException:
+            budget.give_back(cost)
+            raise
+        start(publish(frame, turn), [turn], f"publish-{producer_name}-{frame.seq}", cost)
 
     async def handle_together(sends: list[Send]) -> None:
         """Sends of one transaction (or of none) that came together are published together,
@@ -304,15 +320,32 @@ async def producer(request: web.Request) -> web.StreamResponse:
         )
         service.intake.publishing(connection)
         items: list[tuple[Send, Turn]] = []
-        for send in sends:
-            if items and (window.full or len(items) == run):  # let these go first
-                start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
-                items = []
-                if not window.full:
-                    await asyncio.sleep(0)  # its entries reach the ledger, which syncs them
-            await window.acquire()  # backpressure: stop reading while the window is full
-            items.append((send, topic.turn(producer_name)))  # in arrival order
-        start(publish_together(items), [t for _, t in items], f"publish-{producer_name}")
+        taken = 0  # of the publish buffer, by ``items``
+
+        def go() -> None:
+            nonlocal items, taken
+            turns = [t for _, t in items]
+            start(publish_together(items), turns, f"publish-{producer_name}", taken)
+            items, taken = [], 0
+
+        try:
+            for send in sends:
+                if items and (window.full or len(items) == run):  # let these go first
+                    go()
+                    if not window.full:
+                        await asyncio.sleep(0)  # its entries reach the ledger, which syncs them
+                await window.acquire()  # backpressure: stop reading while the window is full
+                cost = budget.cost(len(send.payload))
+                if not budget.try_take(cost):
+                    if items:  # these first: they give their room back as they end
+                        go()
+                    await budget.take(cost)  # and while the broker's publish buffer is full
+                taken += cost
+                items.append((send, topic.turn(producer_name)))  # in arrival order
+        except BaseException:  # (none started is left holding its turn or its bytes)
+            _release([t for _, t in items], budget, taken, None)
+            raise
+        go()
 
     try:
         await receive_frames(ws, frames.producer_input.decode, handle, outbox)

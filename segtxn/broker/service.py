@@ -40,6 +40,7 @@ from segtxn.broker import (
     gauges,
     handoff,
     intake,
+    publish_budget,
     refusals,
     replication,
     retire,
@@ -134,6 +135,11 @@ class BrokerService:
         self.intake = intake.Intake()
         """Who publishes here: one producer alone has its batches published in runs
         (:mod:`segtxn.broker.intake`)."""
+        self.publish_budget = publish_budget.PublishBudget(
+            settings.max_publish_buffer_bytes, self.metrics.publish_buffer_waits
+        )
+        """The payload bytes of sends read from producers and not yet answered, bounded over
+        all connections (:mod:`segtxn.broker.publish_budget`)."""
         self.snapshots = snapshots.SnapshotLogs(
             settings.broker_id,
             self.store,

@@ -73,6 +73,16 @@ class BrokerSettings:
     """Largest payload accepted (the entry also carries the message's metadata)."""
     max_pending_sends: int = 1000
     """Sends one producer may have in flight; further frames wait (backpressure)."""
+    max_publish_buffer_bytes: int = 256 * 1024 * 1024
+    """Payload bytes of sends read from all producer connections and not yet answered
+    (``--publish-buffer-size``); past it the broker stops reading producers' sockets until
+    sends in flight are answered (segtxn/broker/publish_budget.py). At least
+    ``max_message_bytes``. 256 MiB: four ledgers' full write queues
+    (``LedgerSettings.max_pending_bytes``, 64 MiB each), fifty of the largest messages, or
+    260 producers each with a full window of 1 KiB messages, so producers wait on it only
+    when the disks fall behind or a client floods the broker; and a quarter of a broker
+    with 1 GiB of memory, leaving the rest for what else a send holds on its way to disk
+    (its frame, its entry) and the caches. (Pulsar's default: half the direct memory.)"""
     max_permits: int = 10_000
     """Largest flow grant a consumer may hold."""
     dispatch_batch: int = 100
@@ -143,3 +153,9 @@ class BrokerSettings:
         limit = self.ledger.max_entry_bytes - 64 * 1024
         if self.max_message_bytes > limit:
             raise ValueError(f"max_message_bytes must leave room for metadata (<= {limit})")
+        if self.max_publish_buffer_bytes < self.max_message_bytes:
+            raise ValueError(
+                f"the publish buffer (max_publish_buffer_bytes, --publish-buffer-size: "
+                f"{self.max_publish_buffer_bytes} bytes) must hold the largest message "
+                f"(max_message_bytes: {self.max_message_bytes})"
+            )

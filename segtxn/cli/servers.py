@@ -60,6 +60,19 @@ ACCESS_LOG = click.option(
 )
 """``--access-log``, passed to the command as ``access_log`` (the servers take it)."""
 
+PUBLISH_BUFFER = click.option(
+    "--publish-buffer-size",
+    default=BrokerSettings.max_publish_buffer_bytes,
+    show_default=True,
+    type=click.IntRange(min=1),
+    metavar="BYTES",
+    help="Payload bytes of sends read from producers and not yet answered, over all "
+    "connections; past it the broker stops reading producers' sockets until sends are "
+    "answered. At least the largest message (5177344 bytes).",
+)
+"""``--publish-buffer-size``: ``BrokerSettings.max_publish_buffer_bytes``, passed to the
+command as ``publish_buffer_size``."""
+
 STORE_TIMEOUT_S = 15.0
 SHUTDOWN_TIMEOUT_S = 20.0
 
@@ -162,12 +175,14 @@ STORE_HELP = (
     help="Replicate new ledgers on W brokers, each entry acknowledged once A have it "
     "(e.g. 3/2; A at most a majority of W). Default: each ledger on its broker's disk only.",
 )
+@PUBLISH_BUFFER
 @repair_options(broker=True)
 @retention_options
 @_lifecycle_options
 @auth_options
 def broker(
     *,
+    publish_buffer_size: int,
     replication: str | None,
     repair: RepairSettings,
     session_ttl: float,
@@ -209,6 +224,7 @@ def broker(
                 store_timeout_s=store_timeout,
                 consumer_hold_s=consumer_hold,
                 header_watch=HeaderWatch(header_watch),
+                max_publish_buffer_bytes=publish_buffer_size,
                 test_bugs=_test_bugs(),
                 retention=retention(retention_time, retention_size),
                 auth=auth,
@@ -386,12 +402,14 @@ def coordinator(
     help="Coordinator port (default or 0: a free one).",
 )
 @click.option("--auto-create-topics", is_flag=True, help="Create persistent topics on first use.")
+@PUBLISH_BUFFER
 @retention_options
 @_lifecycle_options
 @auth_options
 @trace_option
 def standalone(
     *,
+    publish_buffer_size: int,
     store: str,
     data_dir: Path | None,
     host: str,
@@ -440,6 +458,7 @@ def standalone(
                 ledger_url=ledger_url,
                 auto_create_topics=auto_create_topics,
                 store_timeout_s=store_timeout,
+                max_publish_buffer_bytes=publish_buffer_size,
                 test_bugs=_test_bugs(),
                 retention=retention(retention_time, retention_size),
                 auth=auth,

@@ -204,6 +204,27 @@ def test_header_watch_default_and_flag(started: list[BrokerSettings], tmp_path: 
     assert code == 2 and "'everything' is not one of 'prefix', 'scoped'" in out
 
 
+@pytest.mark.parametrize("command", ["broker", "standalone"])
+def test_publish_buffer_default_and_flag(
+    command: str, started: list[BrokerSettings], tmp_path: Path
+) -> None:
+    base = [*BROKER, "--data-dir", str(tmp_path)] if command == "broker" else ["standalone"]
+    assert invoke(*base)[0] == 0
+    assert started[-1].max_publish_buffer_bytes == 256 * 1024 * 1024
+    code, out = invoke(*base, "--publish-buffer-size", str(64 << 20))
+    assert code == 0, out
+    assert started[-1].max_publish_buffer_bytes == 64 << 20
+    largest = started[-1].max_message_bytes
+    code, out = invoke(*base, "--publish-buffer-size", str(largest - 1))
+    assert code == 2, out  # one usage line, no traceback
+    assert f"--publish-buffer-size: {largest - 1} bytes) must hold the largest message" in out
+    assert len(out.strip().splitlines()) == 1, out
+    assert "Traceback" not in out
+    code, out = invoke(*base, "--publish-buffer-size", "0")
+    assert code == 2 and "0 is not in the range x>=1" in out, out
+    assert len(started) == 2
+
+
 class _ReusingSocket(socket.socket):
     """A socket whose bind to port 0 gets the port the last closed one had, as the system
     may hand out a port released a moment ago."""
