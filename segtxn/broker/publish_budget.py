@@ -19,9 +19,12 @@ The contract (segtxn/broker/producer_endpoint.py keeps it):
   its own window of sends does); connections waiting are served **first come, first
   served** (a later one, even a small one, never overtakes: none starves);
 - a send in flight never needs more room to finish: a ``send_batch`` starts the sends it
-  has taken in before it waits for room (they give it back), and ``commit`` frames take
-  none, so a commit waiting for sends that come after it on its connection waits only for
-  sends in flight to end, as with the window (``MAX_PENDING_COMMITS``' docstring);
+  has taken in before it waits for room (they give it back); ``commit`` frames take none;
+  and a one-step commit waiting for sends still to come (after it on its connection, or on
+  another) does not hold back the op records of those in flight while a connection waits
+  here (``on_wait``, :attr:`PublishBudget.full`: :meth:`Commits.wait_counted
+  <segtxn.broker.txn.commits.Commits.wait_counted>`). It did: they held the room the later
+  sends waited for, and the commit was answered "not here" after its 2 s wait;
 - the limit is at least the largest message (a start-up error otherwise,
   :class:`~segtxn.broker.settings.BrokerSettings`): every send the broker accepts fits in
   an empty buffer. A payload larger than that (refused ``MessageTooLarge`` in its turn, up
@@ -39,6 +42,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 
 from segtxn.exposition import Count
 
@@ -56,10 +60,17 @@ class PublishBudget:
     A waiter cancelled while it waits takes nothing; one cancelled as it is handed its room
     gives it back (as ``asyncio.Semaphore`` and :class:`segtxn.aio.Window` do)."""
 
-    __slots__ = ("_in_use", "_logged_at", "_waiters", "_waits", "limit")
+    __slots__ = ("_in_use", "_logged_at", "_on_wait", "_waiters", "_waits", "limit")
 
-    def __init__(self, limit: int, waits: Count | None = None) -> None:
-        """``waits`` counts the times a connection had to wait for room."""
+    def __init__(
+        self,
+        limit: int,
+        waits: Count | None = None,
+        *,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
+        """``waits`` counts the times a connection had to wait for room; ``on_wait`` is
+        called as each begins to wait (:attr:`full` is true then)."""
         if limit < 1:
             raise ValueError(f"a publish buffer needs at least one byte, not {limit}")
         self.limit = limit
@@ -67,11 +78,17 @@ class PublishBudget:
         self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
         self._logged_at = -LOG_EVERY_S
         self._waits = waits if waits is not None else Count()
+        self._on_wait = on_wait
 
     @property
     def in_use(self) -> int:
         """Bytes taken and not given back."""
         return self._in_use
+
+    @property
+    def full(self) -> bool:
+        """A connection waits for room: the sends it has read are held back."""
+        return bool(self._waiters)
 
     @property
     def waiting(self) -> int:
@@ -103,6 +120,8 @@ class PublishBudget:
         self._waiters.append((nbytes, waiter))
         self._waits.add(1)
         self._note_wait()
+        if self._on_wait is not None:
+            self._on_wait()
         try:
             await waiter
         except asyncio.CancelledError:

@@ -131,12 +131,16 @@ class BrokerService:
         self.headers = HeaderCache(
             self.store, settings.header_watch, self.metrics.txn_header_events
         )
-        self.op_records = OpRecordWriter(self.store, self.metrics, self.headers)
+        self.op_records = OpRecordWriter(
+            self.store, self.metrics, self.headers, lambda: self.publish_budget.full
+        )
         self.intake = intake.Intake()
         """Who publishes here: one producer alone has its batches published in runs
         (:mod:`segtxn.broker.intake`)."""
         self.publish_budget = publish_budget.PublishBudget(
-            settings.max_publish_buffer_bytes, self.metrics.publish_buffer_waits
+            settings.max_publish_buffer_bytes,
+            self.metrics.publish_buffer_waits,
+            on_wait=self.op_records.hurry,
         )
         """The payload bytes of sends read from producers and not yet answered, bounded over
         all connections (:mod:`segtxn.broker.publish_budget`)."""

@@ -22,7 +22,7 @@ from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.client import Client
 from segtxn.client.connection import Connector
 from segtxn.protocol import frames
-from segtxn.protocol.frames import Commit, CommitAnswer, Error, Send, SendBatch
+from segtxn.protocol.frames import Commit, CommitAnswer, Error, Receipt, Send, SendBatch
 from segtxn.protocol.names import TopicName
 from segtxn.protocol.txn import TxnId, TxnState
 from segtxn.protocol.txnops import digest, send_op
@@ -30,6 +30,7 @@ from segtxn.topics import transactions as T
 from tests.cluster import Cluster
 from tests.txn.test_one_step_commit import OUT_SEGMENT, _header, _read_out, _setup
 from tests.waiting import wait_until
+from tests.wsframes import next_frame
 
 WS_PRODUCER = "/ws/v2/producer/" + TopicName.parse(OUT_SEGMENT).path
 
@@ -107,6 +108,34 @@ async def test_the_frame_commits_what_its_connection_sent(
     assert (await _header(cluster, txn)).state is TxnState.COMMITTED
     again = await _answer(producer_ws, msgspec.structs.replace(commit, request_id=8))
     assert again == CommitAnswer(request_id=8, state="COMMITTED")  # asked again: the same
+
+
+async def test_a_commit_waiting_for_later_sends_outlasts_a_full_publish_buffer(
+    client: Client, cluster: Cluster
+) -> None:
+    """The sends it waits for come after it, more of them than the broker's publish buffer
+    holds: those in flight end without it, and give their room to the next ones."""
+    await _setup(client)
+    service = cluster.broker.service
+    service.publish_budget.limit = 3 * 1000  # (nothing in flight now)
+    txn = (await client.transaction().start()).id
+    names = [send_op(OUT_SEGMENT, "raw", seq) for seq in range(10)]
+    commit = Commit(request_id=5, txn=(txn.most, txn.least), ops=10, digest=digest(names))
+    async with (
+        aiohttp.ClientSession() as http,
+        http.ws_connect(cluster.url + WS_PRODUCER, params={"name": "raw"}) as ws,
+    ):
+        assert isinstance(await next_frame(ws), frames.ProducerReady)
+        await ws.send_bytes(frames.encode(commit))
+        for seq in range(10):
+            send = Send(seq=seq, payload=b"%d" % seq + b"." * 999, txn=(txn.most, txn.least))
+            await ws.send_bytes(frames.encode(send))
+        answers = [await next_frame(ws) for _ in range(11)]
+    assert CommitAnswer(request_id=5, state="COMMITTED") in answers
+    receipts = [a for a in answers if isinstance(a, Receipt)]
+    assert sorted(r.seq for r in receipts) == list(range(10))
+    assert service.publish_budget.in_use == 0
+    assert (await _header(cluster, txn)).state is TxnState.COMMITTED
 
 
 @pytest.mark.parametrize(

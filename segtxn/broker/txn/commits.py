@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import msgspec
@@ -129,10 +129,15 @@ class _Counted:
 class Commits:
     """The one-step commit's bookkeeping for one broker (see the module docstring)."""
 
-    def __init__(self, headers: HeaderCache | None) -> None:
+    def __init__(
+        self, headers: HeaderCache | None, held_back: Callable[[], bool] | None = None
+    ) -> None:
         """``headers``: tells when a transaction is over (its counts are dropped then);
-        None (tests of the writer alone): they are dropped by :meth:`forget` only."""
+        None (tests of the writer alone): they are dropped by :meth:`forget` only.
+        ``held_back``: whether operations may be held back from arriving now
+        (:meth:`wait_counted`); never, if None."""
         self._headers = headers
+        self._held_back = held_back
         self._counted: dict[TxnId, _Counted] = {}
         self._pending: dict[TxnId, PendingCommit] = {}
         self._refusals: dict[TxnId, str] = {}
@@ -263,11 +268,18 @@ class Commits:
 
     async def wait_counted(self, txn: TxnId) -> None:
         """While a commit of ``txn`` waits for operations still to come, wait for them
-        (until it expires): the step that writes them then carries it."""
+        (until it expires): the step that writes them then carries it. Not while operations
+        are held back (``held_back``: producer connections wait for room in the broker's
+        publish buffer, segtxn/broker/publish_budget.py), nor once they are
+        (:meth:`hurry`): the operations in flight may be what holds the missing ones back,
+        and they end only once their records are written; the commit then goes with a
+        later step, or in one of its own (a store step more, never a stall)."""
         loop = asyncio.get_running_loop()
         while True:
             pending = self._pending.get(txn)
             if pending is None or pending.phase is not Phase.WAITING or self.matched(txn):
+                return
+            if self._held_back is not None and self._held_back():
                 return
             left = pending.expires - loop.time()
             if left <= 0:
@@ -278,6 +290,15 @@ class Commits:
                     await changed.wait()
             except TimeoutError:
                 return
+
+    def hurry(self) -> None:
+        """Operations are held back from now on: the steps waiting for a commit's missing
+        operations (:meth:`wait_counted`) stop waiting."""
+        for txn, pending in self._pending.items():
+            counted = self._counted.get(txn)
+            if pending.phase is Phase.WAITING and counted is not None:
+                counted.changed.set()
+                counted.changed = asyncio.Event()
 
     def due(self, txn: TxnId) -> PendingCommit | None:
         """The commit the next step of ``txn`` carries, if it is ready (now WRITING)."""

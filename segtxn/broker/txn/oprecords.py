@@ -52,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import msgspec
@@ -113,17 +113,23 @@ class _Waiting:
 
 class OpRecordWriter:
     def __init__(
-        self, store: MetadataStore, metrics: BrokerMetrics, headers: HeaderCache | None = None
+        self,
+        store: MetadataStore,
+        metrics: BrokerMetrics,
+        headers: HeaderCache | None = None,
+        held_back: Callable[[], bool] | None = None,
     ) -> None:
         """``headers``: the broker's header cache (the one-step commit's counts of a
-        transaction are dropped when it tells the transaction is over)."""
+        transaction are dropped when it tells the transaction is over). ``held_back``: see
+        :meth:`Commits.wait_counted`; :meth:`hurry` when it becomes true."""
         self._store = store
         self._metrics = metrics
         self._queues: dict[TxnId, dict[str, _Waiting]] = {}
         self._flushers: dict[TxnId, asyncio.Task[None]] = {}
         self._appends: dict[TxnId, set[AppendInFlight]] = {}
         """Runs of appends in flight per transaction (:meth:`appending`)."""
-        self._commits = Commits(headers)
+        self._commits = Commits(headers, held_back)
+        self.hurry = self._commits.hurry
         self._cleaner = OpRecordCleaner(store)
         self._closed = False
         """Set by :meth:`close`: no step begins from then on, and a write is refused."""
