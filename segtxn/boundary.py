@@ -38,8 +38,8 @@ that answer:
 - a body aiohttp cannot read (it does not decompress as its ``Content-Encoding`` says):
   400 ``InvalidArgument``, and the connection closes; one in an encoding aiohttp does not
   decode (``compress``, ``br`` without its package, a list): 415 ``InvalidArgument``
-  (:class:`~segtxn.inputs.UnsupportedEncoding`), before it is read, and the connection
-  closes too (nothing logged at ERROR);
+  (:class:`~segtxn.inputs.UnsupportedEncoding`), before it is read (the connection closes
+  where aiohttp would decode the body all the same: nothing logged at ERROR);
 - anything else is a bug: 500 ``UnknownError`` (``MetadataError`` for a store refusal) whose
   message carries an *incident id*; the log has the same id and the traceback. The body never
   has a stack trace.
@@ -131,8 +131,9 @@ def error_response(
     """``{"error": NAME, "message": ...}`` with the name's HTTP status (or ``status``);
     ``NotOwner`` is a 307 whose ``Location`` is the same path and query on the serving broker.
     Long messages are cut: they often quote the request back. A body in an encoding not
-    decoded (:class:`~segtxn.inputs.UnsupportedEncoding`) is a 415. The answer to it, and to
-    a body that did not arrive in time (:class:`~segtxn.inputs.BodyNotArrived`), closes the
+    decoded (:class:`~segtxn.inputs.UnsupportedEncoding`) is a 415. The answer to a body
+    that did not arrive in time (:class:`~segtxn.inputs.BodyNotArrived`), and to one in an
+    encoding not decoded that aiohttp would decode all the same (its ``closes``), closes the
     connection: the body was not all read."""
     message = _cut(error.message)
     # also in headers: a failed WebSocket handshake shows the client headers, not the body
@@ -150,7 +151,9 @@ def error_response(
         content_type="application/json",
         headers=headers,
     )
-    if isinstance(error, inputs.BodyNotArrived | inputs.UnsupportedEncoding):
+    if isinstance(error, inputs.BodyNotArrived) or (
+        isinstance(error, inputs.UnsupportedEncoding) and error.closes
+    ):
         response.force_close()
     return response
 

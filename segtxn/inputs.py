@@ -139,13 +139,20 @@ class UnsupportedEncoding(ServerError):
     """A body in a ``Content-Encoding`` the server does not decode: InvalidArgument, answered
     415 (:func:`segtxn.boundary.error_response`), before anything is read or done.
 
-    The body is marked read (:func:`check_encoding`) and the answer closes the connection:
-    aiohttp would otherwise read the rest of it after the answer, decoding it as its parser
-    chose (gzip, for ``compress`` then ``gzip`` on two lines), fail to decompress it and log
-    "Unhandled exception" with a traceback; and its parser does not go on past a body it
-    failed to decode, so no request could follow on the connection anyway."""
+    Where aiohttp's parser would decode the body all the same (several ``Content-Encoding``
+    lines, one of them an encoding it decodes: ``compress`` then ``gzip``), the body is
+    marked read (:func:`check_encoding`) and the answer closes the connection
+    (:attr:`closes`): aiohttp would otherwise read the rest of it after the answer, decode
+    it as its parser chose, fail to decompress it and log "Unhandled exception" with a
+    traceback; and its parser does not go on past a body it failed to decode. Any other
+    body is left for aiohttp to read past after the answer, as the bytes that came (nothing
+    decoded, nothing logged), and the connection stays open: closing it while a client is
+    still sending a large body resets it before it reads the answer (``http.client``,
+    ``requests`` and ``urllib`` send the whole body first)."""
 
-    def __init__(self, encoding: str) -> None:
+    def __init__(self, encoding: str, *, closes: bool = False) -> None:
+        self.closes = closes
+        """The body was marked read: the answer must close the connection."""
         decoded = ", ".join(sorted(DECODED_ENCODINGS - {"gzip", "deflate"}))
         also = f", {decoded}" if decoded else ""
         instead = f"send the body as it is, or in gzip{also} or deflate"
@@ -188,11 +195,16 @@ def check_encoding(request: web.BaseRequest) -> None:
     """Raise :class:`UnsupportedEncoding` for a body aiohttp will not decode
     (:func:`unsupported_encoding`): read as it came, it would be taken for the body itself
     (stored as the raw bytes, or refused as "not JSON", which misleads). The body is first
-    marked read: its answer must close the connection (see :class:`UnsupportedEncoding`)."""
+    marked read where aiohttp would decode it all the same; its answer must then close the
+    connection (:class:`UnsupportedEncoding`, ``closes``)."""
     encoding = unsupported_encoding(request)
-    if encoding is not None:
+    if encoding is None:
+        return
+    lines = request.headers.getall(hdrs.CONTENT_ENCODING, [])
+    decoded = any(line.strip().lower() in DECODED_ENCODINGS for line in lines)
+    if decoded:
         request.content.feed_eof()
-        raise UnsupportedEncoding(encoding)
+    raise UnsupportedEncoding(encoding, closes=decoded)
 
 
 async def read_body(request: web.BaseRequest) -> bytes:

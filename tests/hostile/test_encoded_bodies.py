@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import http.client
 import json
 import logging
 import zlib
@@ -17,6 +18,7 @@ import pytest
 
 from segtxn.client import Client
 from segtxn.protocol.errors import ErrorName
+from segtxn.protocol.limits import MAX_REQUEST_BYTES
 from tests.cluster import Cluster
 from tests.hostile.conftest import refusal
 
@@ -171,3 +173,28 @@ async def test_a_body_with_two_content_encoding_headers_is_415(
     assert "garbage" not in await client.admin.properties(TOPIC)
     bad = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
     assert not bad, [f"{r.name}: {r.getMessage()}" for r in bad]
+
+
+def _put_then_read(url: str, path: str, body: bytes, encoding: str) -> int:
+    """As ``http.client``, ``urllib`` and ``requests`` send: the whole body, then the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        conn.request("PUT", path, body=body, headers={"Content-Encoding": encoding})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("encoding", ["x-gzip", "compress"])
+async def test_a_client_that_sends_a_large_body_before_reading_gets_its_415(
+    cluster: Cluster, client: Client, encoding: str
+) -> None:
+    """A connection closed while such a client still sends its body (left unread) resets
+    it: its write fails (BrokenPipe, ECONNRESET) and it never reads the answer."""
+    await client.admin.create_topic(TOPIC)
+    body = b"x" * MAX_REQUEST_BYTES
+    path = "/admin/v2/persistent/acme/hostile/t/properties"
+    for attempt in range(10):
+        status = await asyncio.to_thread(_put_then_read, cluster.url, path, body, encoding)
+        assert status == 415, attempt

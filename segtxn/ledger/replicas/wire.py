@@ -19,9 +19,9 @@ frames of a read, or ``{"error": kind, "message": text}`` with
 | ``DeleteFailed`` (its volume refused: permissions, an I/O error) | 500 | ``DeleteFailed`` |
 | ``InvalidArgument`` | 400; 415 | ``LedgerError`` (a bug in the writer) |
 
-(415: a body in a ``Content-Encoding`` the node does not decode. It, and a 400 for a body
-that did not all arrive in :data:`segtxn.inputs.BODY_READ_TIMEOUT_S`, close the
-connection.)
+(415: a body in a ``Content-Encoding`` the node does not decode; it closes the connection
+where aiohttp would decode the body all the same, as a 400 for a body that did not all
+arrive in :data:`segtxn.inputs.BODY_READ_TIMEOUT_S` does.)
 
 A connection error, a timeout, or any other answer is ``ReplicaUnavailable``.
 """
@@ -177,9 +177,10 @@ def replica_routes(node: ReplicaNode) -> list[web.RouteDef]:
                 return await op(request, name, ledger_id)
             except _BadRequest as e:
                 return _error("InvalidArgument", 400, str(e))
-            except UnsupportedEncoding as e:  # closed: the body was not read
+            except UnsupportedEncoding as e:
                 response = _error("InvalidArgument", UNSUPPORTED_ENCODING_STATUS, e.message)
-                response.force_close()
+                if e.closes:  # the body was marked read: what follows is not told from it
+                    response.force_close()
                 return response
             except BodyNotArrived as e:  # closed: what follows is not told from the body
                 log.info("replica %s: %s", request.path, e.message)
