@@ -72,8 +72,9 @@ MAX_NAMED_BROKERS = 20
 
 
 NOTHING_TO_UNDRAIN = (
-    "no drain of it to stop (a broker that is not registered is draining nothing, and "
-    "starts undrained)"
+    "not registered now, so there is no drain of it to stop here (a broker that is gone "
+    "starts undrained; one still running that lost its registration registers again still "
+    "draining: undrain it once it is back)"
 )
 """What an undrain of a broker that is not registered adds to its answer."""
 
@@ -86,12 +87,13 @@ async def not_registered(request: web.Request, broker: str) -> web.Response:
     coming. The message names the registered brokers (at most :data:`MAX_NAMED_BROKERS`),
     so the typo shows.
 
-    An undrain's also says that there is nothing to undrain (:data:`NOTHING_TO_UNDRAIN`):
+    An undrain's also says that there is no drain to stop here (:data:`NOTHING_TO_UNDRAIN`):
     the drain mark is in the broker's registration (placement skips a broker that has none
     anyway) and a broker starts undrained, so a gone broker comes back taking new topics.
-    (A process that kept running and only lost its registration, its store unreachable
-    for a session TTL, registers again still draining, unless it is undrained at its own
-    URL meanwhile: :meth:`~segtxn.broker.service.BrokerService.set_draining`.)"""
+    A process that kept running and only lost its registration, its store unreachable for
+    a session TTL, registers again still draining, unless it is undrained at its own URL
+    meanwhile (:meth:`~segtxn.broker.service.BrokerService.set_draining`): the message says
+    both, since this broker cannot tell them apart."""
     listing = await request.app[SERVICE].store.list_prefix(BROKERS, limit=MAX_NAMED_BROKERS)
     ids = [record.key[len(BROKERS) :] for record in listing.records]
     named = ", ".join(ids) + (", ..." if listing.more else "") if ids else "none"

@@ -69,6 +69,7 @@ def drain(url: str, broker: str, timeout: float, output: str) -> None:
 @click.argument("broker", type=BrokerId())
 def undrain(url: str, broker: str) -> None:
     """Let new topics be placed on BROKER again. Exit status 1 if no broker BROKER is
-    registered (a typo, or it is gone: then it is draining nothing, and starts undrained)."""
+    registered now (a typo; or gone: it starts undrained; or its registration lost while it
+    runs: it comes back still draining, undrain it then)."""
     run(lambda c: c.admin.undrain_broker(broker), url)
     click.echo(f"{broker} takes new topics again")

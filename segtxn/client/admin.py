@@ -263,7 +263,8 @@ class Admin:
         """Let new topics be placed on ``broker`` again.
 
         Raises:
-            ServerError: InvalidArgument when the broker is not registered (a typo, or it is
-                gone: then it is draining nothing, and starts undrained).
+            ServerError: InvalidArgument when the broker is not registered now (a typo; or
+                gone: it starts undrained; or its registration lost while it runs: it comes
+                back still draining, undrain it then).
         """
         await self._c.request("DELETE", f"/admin/v2/brokers/{quote(broker, safe='')}/drain")

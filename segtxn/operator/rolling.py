@@ -429,13 +429,17 @@ class Roll:
 async def undrain_broker(admin: Admin, broker: str) -> str:
     """Let new topics be placed on ``broker`` again after its drain stalled; what
     happened, for the stall's message (a failure is said, not raised: the roll has
-    stopped anyway, and a restart of the broker undrains it too). A broker gone meanwhile
-    (not registered: the undrain's InvalidArgument) is draining nothing, its drain mark
-    having gone with its registration, and starts undrained: said so, not as a failure."""
+    stopped anyway, and a restart of the broker undrains it too). A broker not registered
+    now (the undrain's InvalidArgument) has no drain to stop: gone, it starts undrained;
+    still running, its registration lost (a store outage), it registers again still
+    draining, until the roll's retry undrains it. Said so, not as a failure."""
     try:
         await admin.undrain_broker(broker)
     except InvalidArgument:
-        return f"{broker} is not registered: it is draining nothing, and starts undrained"
+        return (
+            f"{broker} is not registered now: gone, it starts undrained; still running, it "
+            "registers again still draining until the roll is tried again"
+        )
     except (ServerError, Timeout) as e:
         return f"{broker} could not be undrained ({e}): it takes no new topics until it restarts"
     return f"{broker} was undrained: it takes new topics again"

@@ -465,14 +465,16 @@ async def test_draining_a_broker_that_is_not_registered_is_the_caller_s_mistake(
     drain timeout as if the broker would come.
 
     An undrain gets the same answer, and says what it means for the broker: one that is not
-    registered is draining nothing (placement skips it anyway) and starts undrained, so
-    there is no drain to stop. It said only that the broker was not registered, which read
-    as if the undrain had failed and the broker would stay drained."""
+    registered has no drain to stop here (placement skips it anyway; gone, it starts
+    undrained; running with its registration lost, it comes back draining). It said only
+    that the broker was not registered, which read as if the undrain had failed and the
+    broker would stay drained."""
     me = broker.settings.broker_id
     expected = f"no broker nobody-7 is registered (registered: {me})"
     undrained = (
-        f"{expected}: no drain of it to stop (a broker that is not registered is draining "
-        "nothing, and starts undrained)"
+        f"{expected}: not registered now, so there is no drain of it to stop here (a broker "
+        "that is gone starts undrained; one still running that lost its registration "
+        "registers again still draining: undrain it once it is back)"
     )
     for method, message in (("POST", expected), ("DELETE", undrained)):
         status, body = await raw(broker, method, "/admin/v2/brokers/nobody-7/drain")

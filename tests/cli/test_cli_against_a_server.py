@@ -94,8 +94,9 @@ def test_brokers_homes_and_a_drain_without_replication(standalone: str) -> None:
     assert gone.exit_code == 1
     assert one_line(gone) == (
         "Error: InvalidArgument: no broker nobody is registered (registered: standalone): "
-        "no drain of it to stop (a broker that is not registered is draining nothing, and "
-        "starts undrained)"
+        "not registered now, so there is no drain of it to stop here (a broker that is gone "
+        "starts undrained; one still running that lost its registration registers again "
+        "still draining: undrain it once it is back)"
     )
 
 

@@ -313,8 +313,9 @@ async def test_an_eviction_refused_past_its_timeout_stalls_the_roll_and_undrains
 @pytest.mark.parametrize("gone", [False, True])
 async def test_a_stall_s_undrain_says_what_it_did(gone: bool) -> None:
     """A broker gone by the time its stalled roll undrains it (its pod died) was said to
-    be "could not be undrained (...): it takes no new topics until it restarts": it is
-    draining nothing (its drain mark went with its registration) and starts undrained."""
+    be "could not be undrained (...): it takes no new topics until it restarts": it has no
+    drain to stop (gone, it starts undrained; still running with its registration lost, it
+    comes back draining until the roll's retry)."""
     fake = fake_brokers()
     if gone:
         fake.unregistered.add("demo-broker-2")
@@ -322,7 +323,8 @@ async def test_a_stall_s_undrain_says_what_it_did(gone: bool) -> None:
         admin = Admin(Connector(fake.url, http, request_timeout_s=30))
         said = await undrain_broker(admin, "demo-broker-2")
     assert said == (
-        "demo-broker-2 is not registered: it is draining nothing, and starts undrained"
+        "demo-broker-2 is not registered now: gone, it starts undrained; still running, it "
+        "registers again still draining until the roll is tried again"
         if gone
         else "demo-broker-2 was undrained: it takes new topics again"
     )
