@@ -22,7 +22,7 @@ from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
 from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.inputs import read_json, takes
-from segtxn.ledger import LedgerError
+from segtxn.ledger import LedgerClosed, LedgerError, LedgerFenced
 from segtxn.ledger.cursor import cursor_key
 from segtxn.ledger.cursor_repair import cursor_damage
 from segtxn.ledger.errors import CursorDamaged
@@ -370,15 +370,19 @@ async def _not_applied(
     ``ServiceNotReady`` if ``error`` may pass (the coordinator retries), else
     ``Persistence``, at once. A cursor record damaged under the loaded topic (its save
     refused by the record's version: "changed by another owner") is named as a load names
-    it, with its repair. It was an internal error, its cause only in this broker's log."""
+    it, with its repair. One that reads was saved by another owner, or the cursor was
+    closed under the END (an unload, a drain): the topic is moving, ``ServiceNotReady``,
+    and the coordinator's retry finds its new home. It was an internal error, its cause
+    only in this broker's log."""
     damage = await cursor_damage(service.store, str(name), subscription)
+    moving = damage is None and isinstance(error, LedgerFenced | LedgerClosed)
     why = (
         error
         if damage is None
         else CursorDamaged(str(name), subscription, cursor_key(str(name), subscription), damage)
     )
     return ServerError(
-        ErrorName.SERVICE_NOT_READY if error.retriable else ErrorName.PERSISTENCE,
+        ErrorName.SERVICE_NOT_READY if error.retriable or moving else ErrorName.PERSISTENCE,
         f"{name} subscription {subscription!r}: the {action.value} could not be applied: {why}",
     )
 

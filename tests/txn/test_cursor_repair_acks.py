@@ -26,7 +26,7 @@ from segtxn.client import Client, Message
 from segtxn.client.consumer import Consumer
 from segtxn.client.transaction import Transaction
 from segtxn.ledger.cursor import cursor_key
-from segtxn.protocol.errors import PersistenceError
+from segtxn.protocol.errors import PersistenceError, ServiceNotReady
 from segtxn.protocol.names import TopicName
 from tests.cluster import Cluster, create_and_send
 from tests.waiting import wait_until
@@ -173,3 +173,28 @@ async def test_a_transaction_ended_before_the_repair_ends_or_says_why_and_ends_a
 
     expected = [0, 3, 4, 5] if commit else list(range(COUNT))
     await _delivered_again_then_drained(client, cluster, case, expected)
+
+
+async def test_a_v4_end_whose_cursor_another_owner_saved_is_retried_then_applied(
+    client: Client, cluster: Cluster
+) -> None:
+    """The loaded topic's cursor record rewritten whole by another owner (a record that
+    reads, as a broker that took the topic over saves it): this broker's END save is
+    refused. The topic is moving, not damaged, so the END answers ServiceNotReady, which
+    the coordinator retries, not PersistenceError, which it gives up on; once this broker
+    lets the topic go (as a fenced one does), the same END loads it and applies the acks."""
+    txn = await _held_by_an_open_transaction(client, V4)
+    key = cursor_key(V4.ledger, SUB)
+    record = await cluster.store.get(key)
+    assert record is not None
+    await cluster.store.put(key, record.value)  # another owner's save: a new version
+    end = (
+        f"{cluster.url}/admin/v2/persistent/acme/repair-acks/v4/subscription/{SUB}/txn/{txn.id}/end"
+    )
+    with pytest.raises(ServiceNotReady):
+        await client.connector.request("POST", end, params={"action": "COMMIT"})
+
+    await cluster.broker.service.unload(V4.name)
+    await client.connector.request("POST", end, params={"action": "COMMIT"})
+    subscription = cluster.broker.service.topics[V4.name].subscriptions[SUB]
+    assert not subscription.pending_acks.transactions(), "the commit's acks are still held"
