@@ -21,8 +21,10 @@ on the broker for :data:`ALONE_AFTER_S`: a producer alone, as the lock-step case
 
 Transactional sends are never split: the transaction buffer records one run of them with
 one rewrite of the transaction's op records, and runs would multiply those store steps.
-Splitting changes nothing a producer can see but timing: every send still takes its turn
-in arrival order and gets its own receipt (segtxn/broker/ordering.py).
+Splitting changes what a producer sees only as single sends already may: every send still
+takes its turn in arrival order and gets its own receipt (segtxn/broker/ordering.py), and a
+write that fails for one run leaves a gap inside the batch, never an inversion, as a failed
+single send does (docs/protocol.md, "Order").
 """
 
 from __future__ import annotations

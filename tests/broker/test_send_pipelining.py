@@ -77,3 +77,24 @@ async def test_beside_another_producer_a_batch_is_taken_whole(start_broker: Star
         written = await storage(client, ALONE)
         assert written == {**written, "entriesWritten": COUNT + 2, "batches": 3}
         assert await stored(client, ALONE, COUNT + 2) == [b"%d" % i for i in range(COUNT + 2)]
+
+
+async def test_a_duplicate_in_a_later_run_is_answered_as_its_originals(
+    start_broker: StartBroker,
+) -> None:
+    """A send repeated in one batch, its copy falling into a later run than its original:
+    a duplicate receipt with the original's id, the message stored once."""
+    broker = await start_broker(max_pending_sends=COUNT)
+    broker.service.intake = intake.Intake(alone_after_s=0.0)
+    async with Client(broker.settings.advertise_url) as client:
+        await client.admin.create_topic(ALONE)
+        async with raw_producer(broker, "p") as ws:
+            await sent_together(ws, range(1))  # a connection's first: whole
+            sends = [Send(seq=i, payload=b"%d" % i) for i in range(1, intake.RUN + 1)]
+            await ws.send_bytes(batch(*sends, Send(seq=1, payload=b"1")))
+            got = [await next_frame(ws) for _ in range(intake.RUN + 1)]
+        assert all(isinstance(r, Receipt) for r in got), got
+        ones = [r for r in got if isinstance(r, Receipt) and r.seq == 1]
+        assert sorted(r.duplicate for r in ones) == [False, True], ones
+        assert ones[0].message_id == ones[1].message_id
+        assert (await storage(client, ALONE))["entriesWritten"] == intake.RUN + 1
