@@ -172,7 +172,7 @@ def operator(
         import kopf
 
         from segtxn.operator import handlers
-        from segtxn.operator.rolling import RollSettings
+        from segtxn.operator.rollstate import RollSettings
         from segtxn.operator.sparkpolicy import (
             DEFAULT_IMAGE_PREFIX,
             DEFAULT_SERVICE_ACCOUNT,

@@ -27,12 +27,13 @@ cluster's status timer doing at most one step:
    is Ready only once it serves: with its topics loaded, without replication), then go
    on with the next.
 
-**Where it stands** is kept in ``status.roll`` (:class:`Record`: the broker in progress,
-its step, since when) and said in condition ``Rolling`` (``broker k of n: ...``). A
-restarted operator reads the record and finishes that broker before picking another; a
-new change mid-roll does too (a drained broker is not left behind while others go). A
-crash between two steps repeats at most the last one, and each is idempotent: draining
-again moves what is left, evicting checks the uid.
+**Where it stands** is kept in ``status.roll`` (:class:`.rollstate.Record`: the broker in
+progress, its step, since when; :mod:`.rollstate` holds the roll's state and settings) and
+said in condition ``Rolling`` (``broker k of n: ...``). A restarted operator reads the
+record and finishes that broker before picking another; a new change mid-roll does too (a
+drained broker is not left behind while others go). A crash between two steps repeats at
+most the last one, and each is idempotent: draining again moves what is left, evicting
+checks the uid.
 
 **When a step fails**: a broker whose drain does not empty it within
 :attr:`RollSettings.drain_timeout_s`, whose pod cannot be evicted within
@@ -47,7 +48,6 @@ as the StatefulSet's update revision changes (a new spec).
 from __future__ import annotations
 
 import datetime
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -58,52 +58,9 @@ import kopf
 from segtxn.client.admin import Admin
 from segtxn.client.errors import Timeout
 from segtxn.operator.kube import EvictionRefused, KubeError
+from segtxn.operator.rollstate import Pod, Record, RollSettings, Step
 from segtxn.operator.status import condition
 from segtxn.protocol.errors import InvalidArgument, NotAllowed, ServerError
-
-REVISION_LABEL = "controller-revision-hash"
-"""The label a StatefulSet's controller sets on each pod: the revision it was made from."""
-
-
-@dataclass(frozen=True)
-class RollSettings:
-    """How long each step of a roll may take, and when a stalled roll is tried again."""
-
-    drain_timeout_s: float = 300.0
-    """From a broker's first drain request until it must hold no topic or segment."""
-    evict_timeout_s: float = 300.0
-    """From the first refused eviction of a broker's pod (a PodDisruptionBudget that does
-    not allow it now) until it must have been evicted."""
-    ready_timeout_s: float = 600.0
-    """From evicting a broker's pod until its successor must be Ready (the brokers'
-    startup probe alone allows 120 s)."""
-    retry_s: float = 300.0
-    """How long a stalled roll waits before it is tried again (a new spec retries at
-    once)."""
-
-
-class Step(enum.Enum):
-    """Where the broker in progress is."""
-
-    DRAINING = "Draining"
-    EVICTING = "Evicting"
-    """Its eviction was refused (a budget); tried again each tick."""
-    REPLACING = "Replacing"
-    STALLED = "Stalled"
-
-
-NEXT: dict[Step, frozenset[Step]] = {
-    Step.DRAINING: frozenset({Step.EVICTING, Step.REPLACING, Step.STALLED}),
-    Step.EVICTING: frozenset({Step.REPLACING, Step.STALLED}),
-    # done: the record goes; an old pod there again: evicted again
-    Step.REPLACING: frozenset({Step.EVICTING, Step.STALLED}),
-    Step.STALLED: frozenset({Step.DRAINING, Step.EVICTING, Step.REPLACING}),  # retried
-}
-"""The one transition table; a broker that is done leaves no record."""
-
-
-class IllegalStep(Exception):
-    """A transition :data:`NEXT` does not allow (a bug, never a cluster's state)."""
 
 
 class Kube(Protocol):
@@ -112,74 +69,6 @@ class Kube(Protocol):
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any: ...
 
     async def evict_pod(self, namespace: str, name: str, uid: str) -> bool: ...
-
-
-@dataclass(frozen=True)
-class Record:
-    """``status.roll``: the broker in progress and its step."""
-
-    revision: str
-    """The update revision it is being rolled to."""
-    broker: str
-    step: Step
-    since: str
-    """When the step began (timeouts count from here), or, stalled, when it is retried."""
-    note: str = ""
-    """The last trouble met (a drain's failures), said in the condition."""
-
-    def to(self, step: Step, since: str, note: str = "") -> Record:
-        if step not in NEXT[self.step]:
-            raise IllegalStep(f"{self.broker}: {self.step.value} -> {step.value}")
-        return replace(self, step=step, since=since, note=note)
-
-    def body(self) -> dict[str, str]:
-        return {
-            "revision": self.revision,
-            "broker": self.broker,
-            "step": self.step.value,
-            "since": self.since,
-            "note": self.note,
-        }
-
-    @staticmethod
-    def parse(raw: Mapping[str, Any] | None) -> Record | None:
-        """The record in ``status.roll``; None when absent or not one (then the roll picks
-        its broker from the pods again)."""
-        try:
-            if not raw:
-                return None
-            return Record(
-                str(raw["revision"]),
-                str(raw["broker"]),
-                Step(raw["step"]),
-                str(raw["since"]),
-                str(raw.get("note") or ""),
-            )
-        except (KeyError, ValueError, TypeError):
-            return None
-
-
-@dataclass(frozen=True)
-class Pod:
-    """What a roll reads of a broker's pod."""
-
-    name: str
-    uid: str
-    revision: str | None
-    ready: bool
-    terminating: bool
-
-    @staticmethod
-    def parse(raw: Mapping[str, Any]) -> Pod:
-        meta = raw.get("metadata") or {}
-        conditions = (raw.get("status") or {}).get("conditions") or []
-        return Pod(
-            str(meta.get("name")),
-            str(meta.get("uid")),
-            (meta.get("labels") or {}).get(REVISION_LABEL),
-            any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
-            bool(meta.get("deletionTimestamp")),
-        )
 
 
 @dataclass

@@ -22,7 +22,7 @@ from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.operator import render
 from segtxn.operator.kube import Kube, KubeError
-from segtxn.operator.rolling import RollSettings
+from segtxn.operator.rollstate import RollSettings
 from segtxn.operator.sessions import ClusterSessions
 from segtxn.operator.sparkpolicy import SparkPolicy
 from segtxn.protocol.errors import (

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from segtxn.cli.operator import operator
-from segtxn.operator.rolling import RollSettings
+from segtxn.operator.rollstate import RollSettings
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from segtxn.operator import render
 from segtxn.operator.handlers import OperatorConfig
-from segtxn.operator.rolling import REVISION_LABEL
+from segtxn.operator.rollstate import REVISION_LABEL
 from tests.manifests.support import crd_schemas
 from tests.operator.emulator import NS, Emulator, emulator, operator
 from tests.operator.fakebrokers import FakeBrokers, serving

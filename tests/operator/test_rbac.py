@@ -18,7 +18,7 @@ import pytest
 
 from segtxn.operator import kube
 from segtxn.operator.handlers import OperatorConfig
-from segtxn.operator.rolling import RollSettings
+from segtxn.operator.rollstate import RollSettings
 from tests.manifests.support import (
     CHART,
     KUBE_VERSION,

@@ -18,7 +18,8 @@ import pytest
 from segtxn.client.admin import Admin
 from segtxn.client.connection import Connector
 from segtxn.operator.handlers import OperatorConfig
-from segtxn.operator.rolling import REVISION_LABEL, RollSettings, undrain_broker
+from segtxn.operator.rolling import undrain_broker
+from segtxn.operator.rollstate import REVISION_LABEL, RollSettings
 from tests.operator.emulator import NS, Emulator, emulator, operator
 from tests.operator.fakebrokers import FakeBrokers, serving
 from tests.operator.support import WAIT_S, status
