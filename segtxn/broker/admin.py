@@ -14,23 +14,16 @@ from typing import Any
 
 from aiohttp import web
 
-from segtxn.broker import arguments, cursor_repair, deletemark, deletion, retire, segment_ends
+from segtxn.broker import arguments, cursor_repair, deletion, retire, segment_ends, v4ends
 from segtxn.broker.fanout import HTTP, fan_out
 from segtxn.broker.http import SERVICE, check_name, json_errors, scalable_record, topic_from
 from segtxn.broker.service import BrokerService
 from segtxn.broker.stats import loaded_stats, retired_stats, sealed_stats
-from segtxn.broker.txn.markers import MarkerTransactionBuffer
-from segtxn.broker.txn.pending_ack_log import MLPendingAckStore
 from segtxn.inputs import read_json, takes
-from segtxn.ledger import LedgerClosed, LedgerError, LedgerFenced
-from segtxn.ledger.cursor import cursor_key
-from segtxn.ledger.cursor_repair import cursor_damage
-from segtxn.ledger.errors import CursorDamaged
 from segtxn.ledger.sealed import read_sealed
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import MAX_SEGMENT_ID, parse_int, parse_key_hash
 from segtxn.protocol.names import Domain, TopicName
-from segtxn.protocol.txn import TxnAction, TxnId
 from segtxn.topics.catalog import NoBrokers, TopicExists
 from segtxn.topics.controller import TopicBusy
 from segtxn.topics.dag import DagError
@@ -309,95 +302,6 @@ async def trim(request: web.Request) -> web.StreamResponse:
     )
 
 
-def _v4_end(request: web.Request) -> tuple[TxnId, TxnAction]:
-    try:
-        txn = TxnId.parse(request.match_info["txn"])
-        action = TxnAction(request.query.get("action", ""))
-    except ValueError as e:
-        raise ServerError(ErrorName.INVALID_ARGUMENT, f"{e} (action: COMMIT or ABORT)") from e
-    if txn.is_v5:
-        raise ServerError(ErrorName.NOT_ALLOWED, f"{txn} is a v5 transaction: no markers")
-    return txn, action
-
-
-@takes("action")
-@json_errors
-async def end_txn_on_partition(request: web.Request) -> web.StreamResponse:
-    """PIP-31's END_TXN_ON_PARTITION (from the v4 coordinator): the marker, if the
-    transaction wrote here. Idempotent."""
-    txn, action = _v4_end(request)
-    if await _being_deleted(request):
-        return web.Response(status=204)
-    topic = await request.app[SERVICE].serve(topic_from(request))
-    if not isinstance(topic.buffer, MarkerTransactionBuffer):
-        raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
-    await topic.buffer.end(txn, action)
-    return web.Response(status=204)
-
-
-@takes("action")
-@json_errors
-async def end_txn_on_subscription(request: web.Request) -> web.StreamResponse:
-    """PIP-31's END_TXN_ON_SUBSCRIPTION: apply (commit) or release (abort) the pending
-    acks of the transaction on this subscription. Idempotent."""
-    txn, action = _v4_end(request)
-    if await _being_deleted(request):
-        return web.Response(status=204)
-    topic = await request.app[SERVICE].serve(topic_from(request))
-    name = request.match_info["subscription"]
-    subscription = await topic.existing_subscription(name)
-    if subscription is None:
-        return web.Response(status=204)  # deleted since: nothing pending any more
-    pending = subscription.pending_acks
-    if not isinstance(pending, MLPendingAckStore):
-        raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
-    try:
-        await pending.end(txn, action)
-    except LedgerError as e:  # (here, not in end(): the sweep retries a LedgerError)
-        raise await _not_applied(request.app[SERVICE], topic.name, name, action, e) from e
-    return web.Response(status=204)
-
-
-async def _not_applied(
-    service: BrokerService,
-    name: TopicName,
-    subscription: str,
-    action: TxnAction,
-    error: LedgerError,
-) -> ServerError:
-    """Why a v4 decision could not be applied to ``subscription`` (its cursor's save or its
-    pending-ack log's write failed; the same END again applies what is left of it):
-    ``ServiceNotReady`` if ``error`` may pass (the coordinator retries), else
-    ``Persistence``, at once. A cursor record damaged under the loaded topic (its save
-    refused by the record's version: "changed by another owner") is named as a load names
-    it, with its repair. One that reads was saved by another owner, or the cursor was
-    closed under the END (an unload, a drain): the topic is moving, ``ServiceNotReady``,
-    and the coordinator's retry finds its new home. It was an internal error, its cause
-    only in this broker's log."""
-    damage = await cursor_damage(service.store, str(name), subscription)
-    moving = damage is None and isinstance(error, LedgerFenced | LedgerClosed)
-    why = (
-        error
-        if damage is None
-        else CursorDamaged(str(name), subscription, cursor_key(str(name), subscription), damage)
-    )
-    return ServerError(
-        ErrorName.SERVICE_NOT_READY if error.retriable or moving else ErrorName.PERSISTENCE,
-        f"{name} subscription {subscription!r}: the {action.value} could not be applied: {why}",
-    )
-
-
-async def _being_deleted(request: web.Request) -> bool:
-    """Whether the request's topic is marked ``deleting`` and not loaded here (a deletion
-    of it stopped part-way: :mod:`.deletemark`): a v4 decision's end on it has nothing
-    left to write or apply, since everything the transaction wrote or acknowledged there
-    goes with it, as with a deleted topic (which the coordinator takes as done). Loading
-    it for the end was refused, ServiceNotReady, which the coordinator retried until its
-    fan-out gave up, and the client's commit or abort waited out its whole timeout."""
-    service, name = request.app[SERVICE], topic_from(request)
-    return name not in service.topics and await deletemark.marked(service.catalog, name) is not None
-
-
 @json_errors
 async def load(request: web.Request) -> web.StreamResponse:
     """Open a topic or segment on its home broker now (creating its ledger)."""
@@ -489,8 +393,10 @@ def routes() -> list[web.RouteDef]:
             web.delete(base + "/properties", remove_property),
             web.post(base + "/terminate", terminate),
             web.post(base + "/trim", trim),
-            web.post(base + "/txn/{txn}/end", end_txn_on_partition),
-            web.post(base + "/subscription/{subscription}/txn/{txn}/end", end_txn_on_subscription),
+            web.post(base + "/txn/{txn}/end", v4ends.end_txn_on_partition),
+            web.post(
+                base + "/subscription/{subscription}/txn/{txn}/end", v4ends.end_txn_on_subscription
+            ),
             web.post(base + "/load", load),
             web.post(base + "/split", split),
             web.post(base + "/merge", merge),

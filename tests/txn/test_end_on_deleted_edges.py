@@ -1,5 +1,5 @@
 """A v4 transaction's end reaching a topic whose deletion stopped part-way (segtxn/broker/
-admin.py, END_TXN_ON_PARTITION and END_TXN_ON_SUBSCRIPTION).
+v4ends.py, END_TXN_ON_PARTITION and END_TXN_ON_SUBSCRIPTION).
 
 A deletion that stops part-way leaves its topic marked ``deleting``: never served again,
 deleted by the next ``DELETE`` (segtxn/broker/deletemark.py). The broker answered a
