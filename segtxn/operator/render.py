@@ -168,6 +168,8 @@ def config_ref(workload: Mapping[str, Any] | None) -> str | None:
 
 HEADER_WATCH = "headerWatch"
 """``spec.brokers.settings.headerWatch``: the brokers' ``--header-watch`` (prefix or scoped)."""
+PUBLISH_BUFFER = "publishBufferBytes"
+"""``spec.brokers.settings.publishBufferBytes``: the brokers' ``--publish-buffer-size``."""
 
 COORDINATOR_CONFIG = ("storeUrl", "sessionTtlSeconds", replication.CONFIG_KEY, security.POLICY_KEY)
 """The keys of the cluster's configuration that coordinators read (their own ConfigMap
@@ -190,6 +192,11 @@ def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
         # Only when given: the ConfigMap (named after its content) of a cluster that does not
         # set it stays what it was, so an operator upgrade rolls no broker for it.
         **({HEADER_WATCH: str(settings[HEADER_WATCH])} if HEADER_WATCH in settings else {}),
+        **(
+            {PUBLISH_BUFFER: str(int(settings[PUBLISH_BUFFER]))}
+            if PUBLISH_BUFFER in settings
+            else {}
+        ),
         **replication.config_data(spec),
         **security.config_data(spec),
     }
@@ -236,6 +243,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         args.append("--auto-create-topics")
     if HEADER_WATCH in config:
         args.append("--header-watch=$(SEGTXN_HEADER_WATCH)")
+    if PUBLISH_BUFFER in config:
+        args.append("--publish-buffer-size=$(SEGTXN_PUBLISH_BUFFER)")
     env = _env(
         ("POD_NAME", _field("metadata.name")),
         ("POD_NAMESPACE", _field("metadata.namespace")),
@@ -247,6 +256,8 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
     )
     if HEADER_WATCH in config:
         env += _env(("SEGTXN_HEADER_WATCH", _config(config_name, HEADER_WATCH)))
+    if PUBLISH_BUFFER in config:
+        env += _env(("SEGTXN_PUBLISH_BUFFER", _config(config_name, PUBLISH_BUFFER)))
     if replication.CONFIG_KEY in config:
         args.append("--replication=$(SEGTXN_REPLICATION)")
         env += _env(("SEGTXN_REPLICATION", _config(config_name, replication.CONFIG_KEY)))

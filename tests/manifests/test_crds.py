@@ -117,6 +117,30 @@ BAD = [
         },
         "is not of type 'integer'",
     ),
+    (  # below the largest message: the broker would refuse to start
+        "SegtxnCluster",
+        {
+            "metadataStore": {"url": "etcd://e:2379"},
+            "brokers": {"settings": {"publishBufferBytes": 5 * 1024 * 1024 - 64 * 1024 - 1}},
+        },
+        "less than the minimum",
+    ),
+    (
+        "SegtxnCluster",
+        {
+            "metadataStore": {"url": "etcd://e:2379"},
+            "brokers": {"settings": {"publishBufferBytes": "256Mi"}},
+        },
+        "is not of type 'integer'",
+    ),
+    (
+        "SegtxnCluster",
+        {
+            "metadataStore": {"url": "etcd://e:2379"},
+            "brokers": {"settings": {"publishBufferBytes": 67108864.5}},
+        },
+        "is not of type 'integer'",
+    ),
     ("TransactionCoordinator", {"replicas": 2}, "'clusterRef' is a required property"),
     (
         "TransactionCoordinator",

@@ -10,6 +10,7 @@ import click
 import pytest
 import yaml
 
+from segtxn.broker.settings import BrokerSettings
 from segtxn.cli.commands import main
 from segtxn.operator import render, topicplan
 from segtxn.operator.immutable import immutable_changes, same_quantity
@@ -86,6 +87,7 @@ def config_for(objects: dict[str, render.Obj], workload: str) -> dict[str, str]:
                         "autoCreateTopics": True,
                         "consumerHoldSeconds": 0,
                         "headerWatch": "scoped",
+                        "publishBufferBytes": 64 * 1024**2,
                         "retentionTimeSeconds": 0,
                         "retentionBytes": 10 * 1024**3,
                     },
@@ -123,6 +125,9 @@ def test_cluster_renders_valid_objects_the_broker_cli_accepts(spec: dict[str, An
     assert params["consumer_hold"] == brokers["settings"]["consumerHoldSeconds"]
     assert params["header_watch"] == brokers["settings"].get("headerWatch", "prefix")
     assert (render.HEADER_WATCH in config) == ("headerWatch" in brokers["settings"])
+    buffer = brokers["settings"].get("publishBufferBytes", BrokerSettings.max_publish_buffer_bytes)
+    assert params["publish_buffer_size"] == buffer
+    assert (render.PUBLISH_BUFFER in config) == ("publishBufferBytes" in brokers["settings"])
     assert params["auto_create_topics"] == brokers["settings"]["autoCreateTopics"]
     assert params["retention_time"] == brokers["settings"]["retentionTimeSeconds"]
     assert params["retention_size"] == brokers["settings"]["retentionBytes"]
