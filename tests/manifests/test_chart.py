@@ -179,6 +179,22 @@ def test_cluster_header_watch_reaches_the_cluster(helm: Helm) -> None:
     assert cluster["spec"]["brokers"]["settings"]["headerWatch"] == "scoped"
 
 
+def test_cluster_publish_buffer_reaches_the_cluster(helm: Helm, tmp_path: Path) -> None:
+    docs = template(helm, "cluster.create=true", "cluster.publishBufferBytes=67108864")
+    cluster = next(d for d in docs if d["kind"] == "SegtxnCluster")
+    validate(cluster)
+    assert cluster["spec"]["brokers"]["settings"]["publishBufferBytes"] == 64 * 1024**2
+    values = tmp_path / "values.yaml"  # a YAML number reaches the template as a float
+    values.write_text("cluster: {create: true, publishBufferBytes: 536870912}\n")
+    out = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values))
+    cluster = next(d for d in load_all(out) if d["kind"] == "SegtxnCluster")
+    validate(cluster)
+    assert "publishBufferBytes: 536870912\n" in out  # not 5.36870912e+08
+    default = template(helm, "cluster.create=true")  # absent: the brokers' default, no key
+    cluster = next(d for d in default if d["kind"] == "SegtxnCluster")
+    assert "publishBufferBytes" not in cluster["spec"]["brokers"]["settings"]
+
+
 def etcd_args(docs: list[Doc]) -> list[str]:
     etcd = next(d for d in docs if d["kind"] == "StatefulSet")
     args: list[str] = etcd["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -226,6 +242,8 @@ def test_etcd_revision_retention_from_a_values_file_is_printed_whole(
         (("cluster.retentionTimeSeconds=-2",), "cluster.retentionTimeSeconds"),
         (("cluster.retentionBytes=10G",), "cluster.retentionBytes"),
         (("cluster.headerWatch=everything",), "cluster.headerWatch"),
+        (("cluster.publishBufferBytes=5177343",), "cluster.publishBufferBytes"),
+        (("cluster.publishBufferBytes=256Mi",), "cluster.publishBufferBytes"),
         # etcd would read a bare number as hours in periodic mode: say 5h
         (("etcd.autoCompaction.retention=5",), "etcd.autoCompaction.retention"),
         # ...and a duration as a number of revisions in revision mode
