@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from segtxn.protocol.limits import (
     MAX_CLIENT_NAME,
@@ -49,6 +49,15 @@ class TopicName:
     namespace: str
     local: str
     segment: int | None = None
+    _text: str = field(init=False, repr=False, compare=False)
+    """``str()`` of it, made once: a broker formats a topic's name for every transactional
+    operation it records (and its metrics and logs), and the f-string with the domain's
+    enum value cost more than the work around it."""
+
+    def __post_init__(self) -> None:
+        base = f"{self.domain.value}://{self.tenant}/{self.namespace}/{self.local}"
+        text = base if self.segment is None else f"{base}/{self.segment}"
+        object.__setattr__(self, "_text", text)  # (frozen: set once, here)
 
     @classmethod
     def parse(cls, text: str, *, check_lengths: bool = True) -> TopicName:
@@ -98,8 +107,7 @@ class TopicName:
         return cls(domain, parts[0], parts[1], parts[2], segment)
 
     def __str__(self) -> str:
-        base = f"{self.domain.value}://{self.tenant}/{self.namespace}/{self.local}"
-        return base if self.segment is None else f"{base}/{self.segment}"
+        return self._text
 
     @property
     def path(self) -> str:
