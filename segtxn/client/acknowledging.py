@@ -232,8 +232,9 @@ class Acknowledging:
             return plain
         # one registration per scalable topic, not per segment (v5 treats it as a no-op
         # beyond the domain check, so its segments share it)
-        await txn.add_subscription(_registered(message_id.topic), self.subscription, deadline)
-        self._check_open()  # closed while it registered: its stream writes nothing any more
+        if not txn.joined(message_id.topic):
+            await txn.add_subscription(_registered(message_id.topic), self.subscription, deadline)
+            self._check_open()  # closed while it registered: its stream writes nothing any more
         # if the transaction does not commit, everything not acknowledged comes again, in
         # order, on every stream: what it acknowledged, and what the application had taken
         # for it and not reached (a batch spans segments)

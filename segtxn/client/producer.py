@@ -163,7 +163,7 @@ class Producer(ProducerConnection, Closable):
         check_outgoing(value, key, properties, event_time_ms)
         if self._max_bytes and len(value) > self._max_bytes:
             raise MessageTooLarge(f"{len(value)} bytes exceeds the broker's {self._max_bytes}")
-        if txn is not None and not registered:
+        if txn is not None and not registered and not txn.joined(self._topic):
             await txn.add_partition(self._topic, deadline)
             self._check_usable()  # closed while it registered
         await self._in_flight.room(deadline, self.name)

@@ -195,7 +195,7 @@ class ScalableProducer(Closable):
         with poisons(txn):  # refused before it is tracked: it must not commit without it
             self._check_open()
             check_outgoing(value, key, properties, event_time_ms)  # before its key is hashed
-            if txn is not None:
+            if txn is not None and not txn.joined(self._topic):
                 await txn.add_partition(self._topic, deadline)
         result: asyncio.Future[MessageId] = asyncio.get_running_loop().create_future()
         message = _Outgoing(

@@ -67,6 +67,8 @@ class Joinable:
         self._coordinators = coordinators
         self._timeout_s = timeout_s
         self._id: TxnId | None = None
+        self._wire_id: tuple[int, int] | None = None
+        """``_id`` as frames carry it, made once (every send and acknowledgment takes it)."""
         self._opened_at: str | None = None
         """The coordinator that opened it."""
         self.state = TransactionState.NEW
@@ -110,6 +112,9 @@ class Joinable:
 
     @property
     def wire_id(self) -> tuple[int, int]:
+        """:attr:`id` as frames carry it (raises as :attr:`id` does)."""
+        if self._wire_id is not None:
+            return self._wire_id
         return (self.id.most, self.id.least)
 
     def _deadline(self, timeout_s: float | None) -> Deadline:
@@ -184,6 +189,7 @@ class Joinable:
             self._span_ends()
             self._check_open()  # raises
         self._id, self._opened_at = opened.txn, opened.url
+        self._wire_id = (opened.txn.most, opened.txn.least)
         self._move(TransactionState.OPEN)
         if self.span is not None:
             self.span.set_attribute("segtxn.txn.id", str(opened.txn))
@@ -238,6 +244,20 @@ class Joinable:
     def ended(self) -> bool:
         """COMMITTED or ABORTED: :meth:`check_not_ended` raises."""
         return self.state in _ENDED
+
+    def joined(self, topic: str) -> bool:
+        """Whether an operation on ``topic`` can go ahead with nothing to ask first: the
+        transaction is OPEN and a v5 one, and ``topic`` is scalable (``topic://`` or
+        ``segment://``), so :meth:`add_partition` and :meth:`add_subscription` would do
+        nothing (see :meth:`_register`). Sends and acknowledgments check this before
+        awaiting them: it is on every one's path. False: call them (they start the
+        transaction, refuse a topic of the other protocol, or register a v4 one)."""
+        return (
+            self.state is TransactionState.OPEN
+            and self._id is not None
+            and self._id.is_v5
+            and not topic.startswith("persistent://")
+        )
 
     async def add_partition(self, topic: str, deadline: Deadline | None = None) -> None:
         """ADD_PARTITION_TO_TXN (once per topic): the coordinator checks the domain. Ends
