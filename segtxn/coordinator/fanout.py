@@ -9,8 +9,10 @@ coordinator leaves the transaction COMMITTING / ABORTING in its log, to be finis
 A participant whose topic (or subscription) does not exist has taken the decision: it was
 deleted after it joined, with everything the transaction wrote or acknowledged there, so
 there is nothing left to commit or abort (otherwise the transaction stayed COMMITTING for
-good). Any other refusal (a terminated topic) fails at once. Calls are idempotent at the
-broker: running a fan-out twice is safe.
+good). Any other refusal (a terminated topic, a ``PersistenceError``) fails at once: the
+client's END_TXN gets it; a transaction finished in the background (recovery, a timeout)
+is tried again unless the refusal is one of :data:`FINAL_REFUSALS`. Calls are idempotent
+at the broker: running a fan-out twice is safe.
 """
 
 from __future__ import annotations
@@ -34,6 +36,19 @@ PARTICIPANT_TIMEOUT = aiohttp.ClientTimeout(total=10)
 GONE = (ErrorName.TOPIC_NOT_FOUND,)
 """A participant's answer that says its topic no longer exists (a deleted subscription is
 answered with success: nothing is pending there)."""
+FINAL_REFUSALS = (
+    ErrorName.TOPIC_TERMINATED,
+    ErrorName.INVALID_TXN_STATUS,
+    ErrorName.NOT_ALLOWED,
+    ErrorName.INVALID_ARGUMENT,
+    ErrorName.INVALID_TOPIC_NAME,
+)
+"""A participant's refusals that no try can change: its topic is terminated (it cannot
+take a marker), the transaction already ended the other way there (its broker's v4 checks
+aborted it past its deadline), or the participant can never take the call (a topic without
+v4 markers, an id, action or name it does not take). Any other refusal is the broker's own
+trouble (``PersistenceError``: a cursor save refused until its record is repaired, a
+ledger file damaged; a store away; a bug), which may pass."""
 FIRST_RETRY_S = 0.05
 
 

@@ -40,7 +40,7 @@ import aiohttp
 import msgspec
 
 from segtxn.coordinator import sweeps
-from segtxn.coordinator.fanout import FIRST_RETRY_S, Participants
+from segtxn.coordinator.fanout import FINAL_REFUSALS, FIRST_RETRY_S, Participants
 from segtxn.coordinator.retry import Retry
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.coordinator.txnlog import (
@@ -352,13 +352,18 @@ class CoordinatorV4:
         return final
 
     async def _resume(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> None:
-        """Finish a decided transaction in the background (recovery, timeouts), retrying
-        while participants are unreachable; one that cannot take its marker (a refusal
-        other than ``ServiceNotReady``) stays. Any other failure (the store failing a
-        look-up, a bug) is logged and tried again too (:mod:`segtxn.coordinator.retry`):
-        nothing else finishes the transaction while this coordinator holds its id, and it
-        ended this loop, leaving the transaction TIME_OUT, COMMITTING or ABORTING (its
-        participants' pending entries with it) until a take-over."""
+        """Finish a decided transaction in the background (recovery, timeouts): the
+        decision is logged, so it must reach every participant, and nothing else tries
+        again while this coordinator holds the id (only a client's repeated END_TXN, or a
+        take-over). So every failure is tried again (:mod:`segtxn.coordinator.retry`: each
+        a WARNING, the pause doubling up to ``RESUME_RETRY_MAX_S``; a bug's at ERROR with
+        its traceback): a participant away (``ServiceNotReady``) or in trouble of its own
+        (``PersistenceError``: a cursor record to repair, a damaged ledger file, which an
+        operator's repair or a store coming back cures), the store failing a look-up.
+        Only a refusal no try can change (:data:`~segtxn.coordinator.fanout.FINAL_REFUSALS`:
+        a terminated topic, the transaction already ended the other way there) ends it,
+        logged at WARNING: the transaction stays COMMITTING or ABORTING (TIME_OUT) for good.
+        It gave up at a PersistenceError too, and the decision reached the others only."""
         txn = TxnId(*meta.txn)
         retry = Retry(
             f"txn {txn}: finishing its {action!s}", FIRST_RETRY_S, expected_max_s=RESUME_RETRY_MAX_S
@@ -368,10 +373,13 @@ class CoordinatorV4:
                 await self._finish(held, meta, action)
                 return
             except ServerError as e:
-                if e.name is not ErrorName.SERVICE_NOT_READY:
-                    log.warning("txn %s: finishing its %s failed: %s", txn, action, e)
+                if e.name in FINAL_REFUSALS:
+                    log.warning(
+                        "txn %s: finishing its %s refused for good: %s; it stays %s",
+                        txn, action, e, meta.state,
+                    )  # fmt: skip
                     return
-                await retry.after(e)  # a participant is away: back off, then again
+                await retry.after(e)  # a participant away or in trouble: back off, then again
             except Exception as e:
                 await retry.after(e)
 

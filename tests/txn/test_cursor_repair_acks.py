@@ -17,6 +17,7 @@ Real components: the test cluster (broker and coordinator) on the memory store a
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ import pytest
 from segtxn.client import Client, Message
 from segtxn.client.consumer import Consumer
 from segtxn.client.transaction import Transaction
+from segtxn.coordinator.app import V4 as V4_COORDINATOR
+from segtxn.coordinator.txnlog import COMMITTED, COMMITTING
+from segtxn.coordinator.v4 import CoordinatorV4
 from segtxn.ledger.cursor import cursor_key
 from segtxn.protocol.errors import PersistenceError, ServiceNotReady
 from segtxn.protocol.names import TopicName
@@ -181,8 +185,9 @@ async def test_a_v4_end_whose_cursor_another_owner_saved_is_retried_then_applied
     """The loaded topic's cursor record rewritten whole by another owner (a record that
     reads, as a broker that took the topic over saves it): this broker's END save is
     refused. The topic is moving, not damaged, so the END answers ServiceNotReady, which
-    the coordinator retries, not PersistenceError, which it gives up on; once this broker
-    lets the topic go (as a fenced one does), the same END loads it and applies the acks."""
+    the coordinator retries, not PersistenceError, which fails the client's END_TXN at
+    once; once this broker lets the topic go (as a fenced one does), the same END loads it
+    and applies the acks."""
     txn = await _held_by_an_open_transaction(client, V4)
     key = cursor_key(V4.ledger, SUB)
     record = await cluster.store.get(key)
@@ -198,3 +203,48 @@ async def test_a_v4_end_whose_cursor_another_owner_saved_is_retried_then_applied
     await client.connector.request("POST", end, params={"action": "COMMIT"})
     subscription = cluster.broker.service.topics[V4.name].subscriptions[SUB]
     assert not subscription.pending_acks.transactions(), "the commit's acks are still held"
+
+
+async def test_a_v4_commit_recovery_finishes_once_the_cursor_is_repaired(
+    client: Client, cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A commit refused with PersistenceError (the loaded topic's cursor record damaged)
+    stays COMMITTING; the coordinator that takes its id over finishes it in the background
+    and meets the same refusal, again and again (each a WARNING) until an operator repairs
+    the record; then it is COMMITTED with no client asking again, its acks applied.
+    Recovery gave up at the first PersistenceError (one WARNING): the decision was logged
+    but never reached the subscription, whose acks stayed held until a client ended the
+    transaction again or another take-over."""
+    caplog.set_level(logging.WARNING, logger="segtxn.coordinator")
+    txn = await _held_by_an_open_transaction(client, V4)
+    key = cursor_key(V4.ledger, SUB)
+    await cluster.store.put(key, GARBAGE)
+    with pytest.raises(PersistenceError):
+        await _end(txn, commit=True)
+    assert await txn.status() == COMMITTING
+
+    await cluster.coordinator.app[V4_COORDINATOR].stop()  # the process goes; its log stays
+    successor = CoordinatorV4(cluster.store, cluster.coordinator.settings)
+    await successor.start()
+    retried = f"txn {txn.id}: finishing its COMMIT failed (2 in a row): ServerError: "
+
+    def state() -> str | None:
+        held = successor.held.get(txn.id.most)
+        meta = None if held is None else held.txns.get(txn.id.least)
+        return None if meta is None else meta.state
+
+    try:
+        await wait_until(
+            lambda: any(
+                r.getMessage().startswith(f"{retried}PersistenceError") and key in r.getMessage()
+                for r in caplog.records
+            ),
+            timeout=10,  # (its second try follows the first within 0.1 s)
+            what="the recovered commit refused twice",
+        )
+        assert state() == COMMITTING
+        await client.admin.repair_cursor(V4.ledger, SUB)  # the operator's repair
+        await wait_until(lambda: state() == COMMITTED, timeout=END_BOUND_S, what="COMMITTED")
+        await _delivered_again_then_drained(client, cluster, V4, [0, 3, 4, 5])
+    finally:
+        await successor.stop()

@@ -3,6 +3,7 @@ pending acks in a managed ledger, and PIP-373's property; on both stores."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -175,6 +176,46 @@ async def test_commit_on_a_terminated_topic_fails_at_once(
         f"txn {txn.id}: COMMIT refused by participant {T1} (TopicTerminatedError): "
         + refused.value.message
     ]
+
+
+async def test_recovery_stops_at_a_terminated_topics_refusal(
+    client: Client, cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Recovery tries a decided transaction again while a participant's refusal may pass
+    (a PersistenceError: tests/txn/test_cursor_repair_acks.py), not after one no try can
+    change: a terminated topic refuses the marker once, said at WARNING, and the
+    transaction stays COMMITTING, with no tries after it."""
+    caplog.set_level(logging.INFO, logger="segtxn.coordinator")
+    await client.admin.create_topic(T1)
+    producer = await client.create_producer(T1)
+    txn = client.transaction()
+    await producer.send(b"x", txn=txn)
+    await client.admin.terminate(T1)
+    with pytest.raises(ServerError):
+        await txn.commit()
+    await cluster.coordinator.app[V4].stop()  # the process goes; its log stays
+    from segtxn.coordinator.v4 import CoordinatorV4
+
+    successor = CoordinatorV4(cluster.store, cluster.coordinator.settings)
+    await successor.start()
+    gave_up = f"txn {txn.id}: finishing its COMMIT refused for good: TopicTerminatedError: "
+    try:
+        await wait_until(
+            lambda: any(r.getMessage().startswith(gave_up) for r in caplog.records),
+            what="the recovered commit refused for good",
+        )
+        meta = successor.held[txn.id.most].txns[txn.id.least]
+        assert meta.state == "COMMITTING"
+        finishing = f"v4-finish-{txn.id.least:x}"  # (the recovery's task: ended, not pausing)
+        await wait_until(
+            lambda: all(t.get_name() != finishing for t in asyncio.all_tasks()),
+            what="the recovery's finishing ended",
+        )
+        tries = [r for r in caplog.records if f"txn {txn.id}: finishing its" in r.getMessage()]
+        assert len(tries) == 1, [r.getMessage() for r in tries]
+        await client.close(timeout_s=1)  # (its txn is COMMITTING: no coordinator serves it)
+    finally:
+        await successor.stop()
 
 
 async def test_a_participant_deleted_before_the_commit_does_not_hold_it_up(
