@@ -7,10 +7,15 @@ Contract, both endpoints: idempotent (the coordinator's fan-out,
 :mod:`segtxn.coordinator.fanout`, retries and may run twice, and aiohttp does not cancel a
 handler whose client went away); 204 once the decision holds here, also where nothing is left
 to apply (a topic marked ``deleting``, a subscription deleted since); ``InvalidArgument`` for
-a bad id or action; ``NotAllowed`` for a v5 transaction or a topic without v4 markers. A
-subscription's END that could not be applied answers ``ServiceNotReady`` (the coordinator
-retries: the topic is moving, or the failure may pass) or ``Persistence`` (it fails at once),
-as :func:`_not_applied` decides.
+a bad id or action; ``NotAllowed`` for a v5 transaction or a topic without v4 markers. An
+END whose ledger failed it (a partition's marker not written, a subscription's cursor not
+saved) answers ``ServiceNotReady`` when the failure may pass (the topic is moving, too few
+replicas, a full disk: the coordinator's fan-out retries) or ``PersistenceError``, naming
+the cause (a damaged, missing or foreign ledger file; a damaged cursor record and its
+repair), which fails the client's END_TXN at once and which the coordinator's background
+finishing tries again until an operator's repair: :func:`_may_pass` decides, and
+:func:`_not_applied` for a subscription. Never an internal error: the cause is in the
+answer, not only in this broker's log.
 
 Apart from :mod:`.admin` because these are the transaction protocol's calls, not the
 management of topics: they answer to the coordinator's retry rules and the v4 buffers
@@ -58,7 +63,13 @@ async def end_txn_on_partition(request: web.Request) -> web.StreamResponse:
     topic = await request.app[SERVICE].serve(topic_from(request))
     if not isinstance(topic.buffer, MarkerTransactionBuffer):
         raise ServerError(ErrorName.NOT_ALLOWED, f"{topic.name}: not a v4 (persistent://) topic")
-    await topic.buffer.end(txn, action)
+    try:
+        await topic.buffer.end(txn, action)
+    except LedgerError as e:  # (here, not in end(): the v4 checks' sweep retries a LedgerError)
+        raise ServerError(
+            ErrorName.SERVICE_NOT_READY if _may_pass(e) else ErrorName.PERSISTENCE,
+            f"{topic.name}: the {action.value} marker of {txn} could not be written: {e}",
+        ) from e
     return web.Response(status=204)
 
 
@@ -102,16 +113,27 @@ async def _not_applied(
     and the coordinator's retry finds its new home. It was an internal error, its cause
     only in this broker's log."""
     damage = await cursor_damage(service.store, str(name), subscription)
-    moving = damage is None and isinstance(error, LedgerFenced | LedgerClosed)
     why = (
         error
         if damage is None
         else CursorDamaged(str(name), subscription, cursor_key(str(name), subscription), damage)
     )
     return ServerError(
-        ErrorName.SERVICE_NOT_READY if error.retriable or moving else ErrorName.PERSISTENCE,
+        ErrorName.SERVICE_NOT_READY
+        if damage is None and _may_pass(error)
+        else ErrorName.PERSISTENCE,
         f"{name} subscription {subscription!r}: the {action.value} could not be applied: {why}",
     )
+
+
+def _may_pass(error: LedgerError) -> bool:
+    """Whether the ledger ``error`` that failed a v4 end may pass without an operator: it
+    is retriable (too few replicas, a full disk, a write failed for either, or fenced by
+    another owner), or the ledger (or cursor) was fenced or closed under the END (an
+    unload, a drain, another broker's take-over): the topic is moving, and the
+    coordinator's retry finds its new home. Anything else (a ledger file damaged, missing
+    or another's, a write the disk refused) lasts until an operator acts."""
+    return error.retriable or isinstance(error, LedgerFenced | LedgerClosed)
 
 
 async def _being_deleted(request: web.Request) -> bool:

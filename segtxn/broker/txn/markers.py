@@ -221,6 +221,8 @@ class MarkerTransactionBuffer(TransactionBuffer):
         Raises:
             ServerError(TopicTerminatedError): the topic is sealed; it cannot take the marker.
             ServerError(InvalidTxnStatus): it already ended the other way.
+            LedgerError: the marker was not written (the same END again writes it); left
+                to the caller, which names it (the endpoint) or tries again (the sweep).
         """
         outcome = action.outcome
         async with self._locks.setdefault(txn, asyncio.Lock()):
