@@ -14,7 +14,8 @@
   ``InvalidTxnStatus``; a commit after the deadline aborts.
 - **Recovery**: the new holder of an id replays its log and finishes every transaction
   caught COMMITTING / ABORTING; the timeout sweep moves OPEN transactions past their
-  deadline to TIME_OUT and aborts them.
+  deadline to TIME_OUT and aborts them. Both go on in the background until every
+  participant took the decision (:meth:`CoordinatorV4._resume`).
 - **The log stays bounded** (:mod:`segtxn.coordinator.txnlog`): once it has grown by
   ``v4_log_compact_entries`` it is compacted in the background; a transaction ended more
   than ``gc_retention_s`` ago is then forgotten (END_TXN or a status query about it gets
