@@ -364,7 +364,7 @@ class CoordinatorV4:
         Only a refusal no try can change (:data:`~segtxn.coordinator.fanout.FINAL_REFUSALS`:
         a terminated topic, the transaction already ended the other way there) ends it,
         logged at WARNING: the transaction stays COMMITTING or ABORTING (TIME_OUT) for good.
-        It gave up at a PersistenceError too, and the decision reached the others only."""
+        (It gave up at a PersistenceError: the decision never reached that participant.)"""
         txn = TxnId(*meta.txn)
         retry = Retry(
             f"txn {txn}: finishing its {action!s}", FIRST_RETRY_S, expected_max_s=RESUME_RETRY_MAX_S
