@@ -20,7 +20,8 @@ retries it. The broker keeps serving its replicas (other brokers' ledgers). It s
 draining until ``DELETE .../drain`` or a restart (the flag lives in its registration).
 
 **Letting go.** A topic whose ledger stopped taking appends for a reason reopening may
-cure (too few replicas, a fence, the store away) is unloaded, its clients hung up on, so
+cure (too few replicas, the store away, a fence met by an append or by a cursor's save:
+:meth:`~segtxn.ledger.appends.LedgerAppends.fenced`) is unloaded, its clients hung up on, so
 the next one reopens it here or is sent where it lives now (:func:`write_failed`); a
 broker that lost its registration lets go of what is no longer provably its own
 (:mod:`segtxn.broker.fencing`); and sealed topics left idle are unloaded

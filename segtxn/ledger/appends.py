@@ -381,6 +381,15 @@ class LedgerAppends(LedgerReads):
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def fenced(self, error: LedgerFenced) -> None:
+        """Another owner changed the metadata record (a cursor's save proved it: ``error``):
+        stop taking appends as after a write that met the fence. What is queued fails, and
+        ``on_write_failure`` is told once, however many saves meet the fence after it (its
+        owner lets the ledger go: a broker unloads the topic, whose clients look it up again
+        and reach the new owner). Without it, a topic whose only writes were acks (its
+        producers idle, or sealed) stayed served by a broker that no longer owned it."""
+        self._writer.halt(error)
+
     def _write_failed(self, failure: WriteFailed) -> None:
         self._notify()  # readers waiting for entries must learn of it too
         for callback in self.on_write_failure:

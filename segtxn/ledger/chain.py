@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
+from segtxn.ledger.errors import LedgerFenced
 from segtxn.ledger.logs import EntryLog
 from segtxn.ledger.metadata import LedgerInfo, LedgerMetadata
 from segtxn.ledger.position import Position
@@ -52,6 +53,13 @@ class LedgerChain:
         a chain alone has no change in doubt.)"""
         async with self._meta_lock:
             return self._version
+
+    def fenced(self, error: LedgerFenced) -> None:
+        """A write conditional on the metadata record (a cursor's save) found it changed by
+        another owner (``error``; :func:`~segtxn.ledger.ownership.changed_by_its_owner`
+        proved it): this process owns the ledger no more. A chain alone (a sealed ledger
+        read without opening it) has nothing to stop; a managed ledger stops taking appends
+        and tells its owner (:meth:`~segtxn.ledger.appends.LedgerAppends.fenced`)."""
 
     @property
     def is_sealed(self) -> bool:

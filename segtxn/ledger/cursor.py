@@ -231,7 +231,17 @@ class ManagedCursor:
         return self._saved == self._changes and self._saving is None
 
     async def flush(self) -> None:
-        """Wait until the current state is durable (coalescing with writes in flight)."""
+        """Wait until the current state is durable (coalescing with writes in flight).
+
+        Raises:
+            OwnerChanged: another owner opened the ledger (its metadata record changed
+                under a save, not by this owner); the ledger was told, and stopped taking
+                appends (:meth:`_fenced`). Every later save is refused so too.
+            LedgerFenced: the cursor's own record was changed by another writer.
+            MetadataStoreError: the store failed (``OwnerUnknown``, ``NotLanded``,
+                ``OutcomeUnknown`` among them); nothing is fenced: a later save carries the
+                change.
+        """
         target = self._changes
         while self._saved < target:
             if self._saving is None:
@@ -265,9 +275,9 @@ class ManagedCursor:
                         owner_version=owner_version,
                     )
                     break
-                except OwnerChanged:
+                except OwnerChanged as e:
                     if not await self._changed_by_its_owner(owner_version):
-                        raise  # not our own change: another owner has the ledger now
+                        raise self._fenced(e) from e
                 except LedgerFenced:
                     if not await self._took_up_own_write():
                         raise
@@ -301,6 +311,19 @@ class ManagedCursor:
             raise OwnerUnknown(
                 f"cursor {self.name} of {self.ledger.name}: not saved: {e}: a later save goes on"
             ) from e.__cause__
+
+    def _fenced(self, changed: OwnerChanged) -> OwnerChanged:
+        """The refusal of a save that met another owner's change of the ledger's metadata
+        record (``changed``), told to the ledger first: it stops taking appends and its
+        owner lets it go (:meth:`~segtxn.ledger.chain.LedgerChain.fenced`), once, however
+        many saves are refused so. Its owner kept serving it otherwise, every later save
+        refused again, the acks of its consumers with them."""
+        fenced = OwnerChanged(
+            f"cursor {self.name} of {self.ledger.name}: not saved: another owner opened the "
+            f"ledger ({changed})"
+        )
+        self.ledger.fenced(fenced)
+        return fenced
 
     async def _took_up_own_write(self) -> bool:
         """After a save found the record changed: whether the record holds a state this

@@ -27,6 +27,7 @@ from segtxn.ledger import (
     LogStorage,
     ManagedLedger,
     Position,
+    WriteFailed,
 )
 from segtxn.ledger.fencing import OwnerChanged, OwnerUnknown
 from segtxn.ledger.metadata import METADATA_PREFIX, metadata_key
@@ -94,9 +95,12 @@ async def test_a_refused_read_of_the_owner_is_not_a_fence(
     with pytest.raises(StoreUnavailable):
         await ledger.update_properties({"k": "v"})
     faults(store).fail("range", key_prefix=METADATA_PREFIX, times=None, error=refusal)
+    told: list[WriteFailed] = []
+    ledger.on_write_failure.append(told.append)
     with pytest.raises(MetadataStoreError) as unknown:
         await cursor.ack([p[0], p[1]])
     faults(store).clear()
+    assert not told  # nothing is fenced: the ledger takes appends as before
     assert isinstance(unknown.value, OwnerUnknown), repr(unknown.value)
     assert not isinstance(unknown.value, LedgerFenced)
     said = str(unknown.value)
@@ -137,6 +141,32 @@ async def test_another_owners_change_is_still_a_fence(
         await cursor.ack([p[0]])
     with pytest.raises(LedgerFenced):
         await ledger.close()
+
+
+async def test_a_fenced_save_stops_the_ledgers_appends_and_tells_its_owner_once(
+    store: MetadataStore, ledger: ManagedLedger
+) -> None:
+    """Another owner's change met by a save stops the ledger as a fenced write does: its
+    appends are refused (retriable: the ledger is served where it is owned now), and its
+    owner is told once, however many saves meet the fence (a broker unloads the topic)."""
+    p = await two_entries(ledger)
+    told: list[WriteFailed] = []
+    ledger.on_write_failure.append(told.append)
+    cursor = ledger.cursors["sub"]
+    key = metadata_key(NAME)
+    record = await store.get(key)
+    assert record is not None
+    await store.put(key, record.value, expected_version=record.version)  # "recovered"
+    for position in p:
+        with pytest.raises(OwnerChanged) as fenced:
+            await cursor.ack([position])
+        assert "another owner opened the ledger" in str(fenced.value), str(fenced.value)
+    assert len(told) == 1 and isinstance(told[0].cause, OwnerChanged), told
+    assert told[0].retriable
+    with pytest.raises(WriteFailed) as refused:
+        await ledger.append(b"after")
+    assert refused.value.retriable
+    assert len(told) == 1
 
 
 async def test_a_read_of_the_owner_failing_briefly_does_not_fail_the_save(
