@@ -127,7 +127,15 @@ async def _read_back(store: MetadataStore, key: str) -> Record | None:
 
 class OwnerChanged(LedgerFenced):
     """The ledger's own metadata record moved on since the write was planned (its owner, or
-    another one, changed it): see :func:`cas_put_owned`."""
+    another one, changed it): see :func:`cas_put_owned`.
+
+    Retriable: once it is known to be another owner's change (a cursor's save that escapes
+    with it), the ledger is served where it is owned now, and the call made again (after a
+    lookup) reaches it there; the broker lets go of it
+    (:meth:`~segtxn.ledger.chain.LedgerChain.fenced`). Its error boundary answered an
+    admin's reset that met it as a bug (``UnknownError``)."""
+
+    retriable = True
 
 
 class OwnerUnknown(StoreUnavailable):

@@ -238,3 +238,29 @@ async def test_an_ack_whose_save_cannot_tell_the_owner_does_not_unload_the_topic
         )
         assert stream.reconnects == 0
         await consumer.close()
+
+
+async def test_a_reset_fenced_by_another_owner_is_retriable_and_unloads_the_topic(
+    memory_store: MetadataStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An admin's reset of a subscription whose save meets the fence: the topic is
+    unloaded, and the reset is refused as retriable (``ServiceNotReady``: asked again, it
+    reaches the topic where it is served now, here loaded again), not as a bug
+    (``UnknownError``, an incident)."""
+    async with serving(memory_store, tmp_path) as (broker, client):
+        consumer, _ = await delivered(client, 2)
+        await consumer.close()  # (a reset needs the subscription idle)
+        topic = broker.service.topics[NAME]
+        await take_over(memory_store)
+        with caplog.at_level(logging.WARNING), pytest.raises(ServerError) as refused:
+            await client.admin.reset_subscription(TOPIC, "s", "latest")
+        assert_retriable([refused.value])
+        assert broker.service.topics.get(NAME) is not topic
+        await wait_until(lambda: not broker.service.dropping, what="the unload done")
+        await client.admin.reset_subscription(TOPIC, "s", "latest")
+        said = [r.getMessage() for r in caplog.records]
+        assert not [s for s in said if "incident" in s], said
+        again = await client.subscribe(TOPIC, "s")
+        with pytest.raises(TimeoutError):  # reset to latest where it is served now
+            await again.receive(timeout_s=0.3)  # bounded absence check
+        await again.close()
