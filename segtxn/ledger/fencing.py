@@ -132,8 +132,8 @@ class OwnerChanged(LedgerFenced):
     Retriable: once it is known to be another owner's change (a cursor's save that escapes
     with it), the ledger is served where it is owned now, and the call made again (after a
     lookup) reaches it there; the broker lets go of it
-    (:meth:`~segtxn.ledger.chain.LedgerChain.fenced`). Its error boundary answered an
-    admin's reset that met it as a bug (``UnknownError``)."""
+    (:meth:`~segtxn.ledger.chain.LedgerChain.fenced`). Not retriable, it was answered as
+    a bug (``UnknownError``) where nothing named it: an admin's reset that met it."""
 
     retriable = True
 
