@@ -71,7 +71,7 @@ from pathlib import Path
 
 from brokerload import PRODUCERS, WARMUP_S, broker_runs, raw_ledger, stamped
 from brokerresults import MAX_PENDING, SIZE, print_tables
-from common import file_ledger_broker, filesystem_of, until_signalled
+from common import collect_as_servers_do, file_ledger_broker, filesystem_of, until_signalled
 
 from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.cli.loops import CHOICES, EventLoop, choose
@@ -88,6 +88,7 @@ async def serve_broker(port: int, ledger_dir: Path) -> None:
     """The broker side (``--serve-broker``): serve until SIGTERM or SIGINT."""
     server = file_ledger_broker(port, ledger_dir)
     await server.start()
+    collect_as_servers_do()
     try:
         await until_signalled()
     finally:

@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from common import ServerProcess, exit_on_sigterm, until_signalled
+from common import ServerProcess, collect_as_servers_do, exit_on_sigterm, until_signalled
 from endurance_load import Counts, Load, Settings
 from growth import (
     BROKER_GAUGES,
@@ -137,6 +137,7 @@ async def serve_broker(spec: dict[str, Any]) -> None:
         port=port,
     )
     await broker.start()
+    collect_as_servers_do()
     try:
         await until_signalled()
     finally:

@@ -80,6 +80,7 @@ from pathlib import Path
 
 from common import (
     ServerProcess,
+    collect_as_servers_do,
     exit_on_sigterm,
     file_ledger_broker,
     filesystem_of,
@@ -189,6 +190,7 @@ async def serve_standalone(port: int, ledger_dir: Path) -> None:
     )
     await broker.start()
     await coordinator.start()
+    collect_as_servers_do()
     try:
         await until_signalled()
     finally:
