@@ -5,7 +5,11 @@ from __future__ import annotations
 import msgspec
 
 
-class StoredMessage(msgspec.Struct, array_like=True, frozen=True):
+class StoredMessage(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A message as its ledger entry holds it. Untracked by the garbage collector, as
+    frames are (:class:`segtxn.protocol.frames.Frame`): numbers, strings and bytes only,
+    and one is made for every message written and every one delivered."""
+
     producer_name: str
     sequence_id: int
     publish_time_ms: int

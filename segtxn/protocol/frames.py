@@ -13,8 +13,16 @@ MessageIdT = tuple[int, int]
 """(ledger id, entry id) of a message within one topic or segment."""
 
 
-class Frame(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fields=True):
-    """Base of every frame."""
+class Frame(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fields=True, gc=False):
+    """Base of every frame.
+
+    Frames are not tracked by the garbage collector (``gc=False``): they hold only
+    numbers, strings, bytes and lists or maps of those and of other frames, so none can
+    be part of a reference cycle, and one or more is made for every message each way.
+    Untracked, they no longer count towards the collections of the youngest generation,
+    nor are walked by them: 4-5 % fewer collections per message in bench/peer.py's loops
+    of 100 (an in-process probe counting them with ``gc.callbacks``). A field that could
+    hold an object referring back to its frame would make this a leak."""
 
 
 # ---------------------------------------------------------------- producer
