@@ -32,9 +32,10 @@ that answer:
   logged at ERROR once per file or record and without a traceback (it is a known
   condition that lasts until an operator acts, not a bug);
 - a storage failure that doing the call again may get past (a ledger's retriable
-  ``LedgerError``: a file a deletion could not remove, too few replicas, a full disk) not
-  answered by the call itself: 503 ServiceNotReady with its message (the path, the
-  system's words), logged at WARNING without a traceback;
+  ``LedgerError``: a file a deletion could not remove, too few replicas, a full disk, a
+  write or a cursor's save that met another owner's fence) not answered by the call
+  itself: 503 ServiceNotReady with its message (the path, the system's words), logged at
+  WARNING without a traceback;
 - a body aiohttp cannot read (it does not decompress as its ``Content-Encoding`` says):
   400 ``InvalidArgument``, and the connection closes; one in an encoding aiohttp does not
   decode (``compress``, ``br`` without its package, a list): 415 ``InvalidArgument``
@@ -49,9 +50,11 @@ answer can follow it on that connection: a failure then closes a WebSocket with 
 frame instead, whose code says what kind of failure it was and whose reason is
 ``"NAME: message"`` cut to the 123 bytes a close frame holds: 1013 (try again later) for
 ServiceNotReady, 1008 (policy violation) for the client's fault, 1011 (internal error) for a
-bug, with the incident id. Any other started response is cut off (the connection closed),
-so the client cannot take it for a complete one. :func:`install` puts the boundary on an
-application: the middleware, and the hook that tells it a response was started.
+bug, with the incident id (the same rule names the failure: :func:`known`, which a broker's
+sockets also answer a frame's failure by). Any other started response is cut off (the
+connection closed), so the client cannot take it for a complete one. :func:`install` puts
+the boundary on an application: the middleware, and the hook that tells it a response was
+started.
 
 Requests aiohttp refuses before any handler runs (malformed HTTP, a request line or header
 longer than :data:`~segtxn.protocol.limits.MAX_LINE_BYTES`, too many headers) are answered
@@ -298,6 +301,26 @@ def translate(e: Exception) -> ServerError | None:
     return None
 
 
+def known(e: Exception, what: str) -> ServerError | None:
+    """The wire error for a failure that is not a bug, or None: the one rule of every edge of
+    a server (an HTTP answer, a WebSocket's close after its upgrade, the ``Error`` frame a
+    broker's socket answers a frame with: :func:`segtxn.broker.sockets.failure_frame`), so
+    that they cannot drift. :func:`translate`'s, and a ledger's retriable error (too few
+    replicas, a full disk, a write or a cursor's save that met another owner's fence) as
+    ServiceNotReady with its message, logged at WARNING naming ``what`` (the request, the
+    frame) without a traceback: doing the call again may get past it.
+
+    Why one function: the frame path had its own rule, which knew the store's and the
+    peers' trouble but not a ledger's, and answered a frame that met a retriable ledger
+    error ``UnknownError`` with an incident (fatal to the client) where the same failure of
+    an HTTP call was ``ServiceNotReady``."""
+    wire = translate(e)
+    if wire is None and isinstance(e, LedgerError) and e.retriable:
+        log.warning("%s: %s: %s", what, type(e).__name__, e)
+        wire = ServerError(ErrorName.SERVICE_NOT_READY, str(e))
+    return wire
+
+
 def install(app: web.Application, elsewhere: dict[str, str] | None = None) -> None:
     """Put the error boundary on ``app`` (before it starts): the :func:`boundary`
     middleware, and the hook that records each started response for it.
@@ -333,12 +356,9 @@ async def boundary(request: web.Request, handler: Handler) -> web.StreamResponse
             if e.status < 400 or e.content_type == "application/json":
                 raise  # redirects, and answers that already have the JSON shape
             return _refusal(request, e)
-        known = translate(e)
-        if known is None and isinstance(e, LedgerError) and e.retriable:
-            log.warning("%s %s: %s: %s", request.method, request.path, type(e).__name__, e)
-            known = ServerError(ErrorName.SERVICE_NOT_READY, str(e))
-        if known is not None:
-            return error_response(known, request)
+        named = known(e, f"{request.method} {request.path}")
+        if named is not None:
+            return error_response(named, request)
         if isinstance(e, web.RequestPayloadError):
             return _unreadable_body(request, e)
         if isinstance(e, ConnectionResetError) and _gone(request):
@@ -417,7 +437,7 @@ async def _after_start(
         fallback = ErrorName.INVALID_ARGUMENT if e.status < 500 else ErrorName.UNKNOWN
         error = ServerError(_REFUSALS.get(e.status, fallback), e.text or e.reason)
     else:
-        error = translate(e) or _bug(request, e)
+        error = known(e, f"{request.method} {request.path}") or _bug(request, e)
     if not isinstance(response, web.WebSocketResponse):
         log.warning(
             "%s %s failed after its response started (%s); connection closed",

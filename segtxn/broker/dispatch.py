@@ -44,7 +44,6 @@ from segtxn.ledger import (
     ManagedLedger,
     Position,
 )
-from segtxn.ledger.fencing import OwnerChanged
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import ConsumerReady, EndOfTopic, Error
 from segtxn.protocol.names import TopicName
@@ -192,9 +191,12 @@ class Subscription:
             ServerError(InvalidArgument): an id the topic never held.
             ServerError(NotAllowed): a cumulative ack on a Shared subscription.
             ServerError(ServiceNotReady): the subscription closed under it (its topic was
-                unloaded), or its save met another owner's open of the ledger (the topic
-                is unloaded from this broker, its consumers hung up on: they find the
-                owner); the ack may not be durable: acknowledge again.
+                unloaded); the ack may not be durable: acknowledge again.
+            LedgerError: the cursor's save failed (:meth:`ManagedCursor.flush`); its socket
+                answers it by the rule every call's failure is answered by
+                (:func:`segtxn.boundary.known`): a retriable one (``OwnerChanged``: its
+                save met another owner's open of the ledger, which unloaded the topic) is
+                ``ServiceNotReady``, a damaged record ``PersistenceError``.
         """
         self._check_known(ids)
         ids = [p for p in ids if not self.pending_acks.is_pending(p)]  # held by a transaction
@@ -284,24 +286,18 @@ class Subscription:
     @contextlib.contextmanager
     def _unloaded_is_retriable(self) -> Iterator[None]:
         """Refuse as ``ServiceNotReady`` (from it) the ``LedgerClosed`` of a cursor or a
-        pending-ack log closed under an ack, and the ``OwnerChanged`` of a cursor's save
-        that met another owner's open of the ledger: the topic was unloaded (the fenced
-        save unloads it, as a fenced append does: :meth:`ManagedLedger.fenced`), it is
-        served again on the next use (here or by the other broker), and an ack is harmless
-        to repeat. The answer is an append's that met the fence. Left as they were, they
-        reached the client as ``UnknownError`` (fatal), logged as a bug."""
+        pending-ack log closed under an ack: the topic was unloaded, it is served again on
+        the next use (here or by another broker), and an ack is harmless to repeat. Left
+        as it was, it reached the client as ``UnknownError`` (fatal), logged as a bug: it
+        is not retriable, since a closed ledger is a bug anywhere else. (A retriable
+        ledger error, such as a save fenced by another owner, needs nothing here: every
+        edge answers it ``ServiceNotReady``, :func:`segtxn.boundary.known`.)"""
         try:
             yield
         except LedgerClosed as e:
             raise ServerError(
                 ErrorName.SERVICE_NOT_READY,
                 f"{self._where} was unloaded while acknowledging; acknowledge again ({e})",
-            ) from e
-        except OwnerChanged as e:
-            raise ServerError(
-                ErrorName.SERVICE_NOT_READY,
-                f"{self._where} is owned by another broker now: it is unloaded here; "
-                f"acknowledge again once attached where it is served ({e})",
             ) from e
 
     def release(self, positions: list[Position]) -> None:
