@@ -24,7 +24,8 @@ owner's open changed it (and a topic deleted and made again under its name has a
 record), so from then on the old owner writes and deletes nothing; the new owner reads the
 record and its parts (:meth:`SnapshotStore.load`) only after that open. A check that fails
 on a change of the owner's own (a roll-over meanwhile) is tried again on the new version;
-another owner's change raises :class:`SnapshotFenced`. Telling them apart may need a read
+another owner's change raises :class:`SnapshotFenced`, and stops the ledger first (its owner
+lets the topic go: :mod:`segtxn.ledger.ownership`). Telling them apart may need a read
 of the record (the owner's own last change landed with its answer lost); while that cannot
 be settled it is :class:`SnapshotOwnerUnknown`, not a fence (the check shared with a
 cursor's save and an op-record step: :mod:`segtxn.ledger.ownership`): before, it was taken

@@ -382,9 +382,10 @@ class LedgerAppends(LedgerReads):
         changed.set()
 
     def fenced(self, error: LedgerFenced) -> None:
-        """Another owner changed the metadata record (a cursor's save proved it: ``error``):
-        stop taking appends as after a write that met the fence. What is queued fails, and
-        ``on_write_failure`` is told once, however many saves meet the fence after it (its
+        """Another owner changed the metadata record (a write conditional on it proved it:
+        ``error``; a cursor's save, a de-duplication snapshot, an op record): stop taking
+        appends as after a write that met the fence. What is queued fails, and
+        ``on_write_failure`` is told once, however many writes meet the fence after it (its
         owner lets the ledger go: a broker unloads the topic, whose clients look it up again
         and reach the new owner). Without it, a topic whose only writes were acks (its
         producers idle, or sealed) stayed served by a broker that no longer owned it."""

@@ -55,9 +55,10 @@ class LedgerChain:
             return self._version
 
     def fenced(self, error: LedgerFenced) -> None:
-        """A write conditional on the metadata record (a cursor's save) found it changed by
-        another owner (``error``; :func:`~segtxn.ledger.ownership.changed_by_its_owner`
-        proved it): this process owns the ledger no more. A chain alone (a sealed ledger
+        """A write conditional on the metadata record (a cursor's save, a de-duplication
+        snapshot, an op record) found it changed by another owner (``error``;
+        :func:`~segtxn.ledger.ownership.changed_by_its_owner` proved it, and tells it):
+        this process owns the ledger no more. A chain alone (a sealed ledger
         read without opening it) has nothing to stop; a managed ledger stops taking appends
         and tells its owner (:meth:`~segtxn.ledger.appends.LedgerAppends.fenced`)."""
 

@@ -314,16 +314,13 @@ class ManagedCursor:
 
     def _fenced(self, changed: OwnerChanged) -> OwnerChanged:
         """The refusal of a save that met another owner's change of the ledger's metadata
-        record (``changed``), told to the ledger first: it stops taking appends and its
-        owner lets it go (:meth:`~segtxn.ledger.chain.LedgerChain.fenced`), once, however
-        many saves are refused so. Its owner kept serving it otherwise, every later save
-        refused again, the acks of its consumers with them."""
-        fenced = OwnerChanged(
+        record (``changed``). The ledger was told when that was proved
+        (:func:`~segtxn.ledger.ownership.changed_by_its_owner`): it stops taking appends
+        and its owner lets it go, once, however many saves are refused so."""
+        return OwnerChanged(
             f"cursor {self.name} of {self.ledger.name}: not saved: another owner opened the "
             f"ledger ({changed})"
         )
-        self.ledger.fenced(fenced)
-        return fenced
 
     async def _took_up_own_write(self) -> bool:
         """After a save found the record changed: whether the record holds a state this

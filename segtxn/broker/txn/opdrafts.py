@@ -11,6 +11,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from typing import Protocol
 
+from segtxn.ledger.errors import LedgerFenced
 from segtxn.protocol.errors import ServerError
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
@@ -26,6 +27,8 @@ class Owner(Protocol):
     def metadata_version(self) -> int: ...
 
     async def settled_metadata_version(self, *, strict: bool = False) -> int: ...
+
+    def fenced(self, error: LedgerFenced) -> None: ...
 
 
 class Draft(ABC):

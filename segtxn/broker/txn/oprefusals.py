@@ -22,8 +22,10 @@ async def owner_refusal(
     is this broker's own (a rollover, a trim: the step is tried again on the new version).
 
     TransactionConflict only on proof that another broker opened the ledger (the segment
-    is not served here any more). ServiceNotReady when the ledger's own change is in doubt
-    (its answer and read-back lost) and could not be settled to tell whose change it was
+    is not served here any more; that proof stopped the ledger, and the broker lets the
+    segment go: :mod:`segtxn.ledger.ownership`). ServiceNotReady when the ledger's own
+    change is in doubt (its answer and read-back lost) and could not be settled to tell
+    whose change it was
     (:func:`~segtxn.ledger.ownership.changed_by_its_owner`: the store failed the read, even
     read again, refused it, or the ledger must be reopened): the step wrote nothing and
     nothing is decided, so the store's trouble is what the sends are told, as for any step
