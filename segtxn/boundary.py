@@ -302,18 +302,12 @@ def translate(e: Exception) -> ServerError | None:
 
 
 def known(e: Exception, what: str) -> ServerError | None:
-    """The wire error for a failure that is not a bug, or None: the one rule of every edge of
-    a server (an HTTP answer, a WebSocket's close after its upgrade, the ``Error`` frame a
-    broker's socket answers a frame with: :func:`segtxn.broker.sockets.failure_frame`), so
-    that they cannot drift. :func:`translate`'s, and a ledger's retriable error (too few
-    replicas, a full disk, a write or a cursor's save that met another owner's fence) as
-    ServiceNotReady with its message, logged at WARNING naming ``what`` (the request, the
-    frame) without a traceback: doing the call again may get past it.
-
-    Why one function: the frame path had its own rule, which knew the store's and the
-    peers' trouble but not a ledger's, and answered a frame that met a retriable ledger
-    error ``UnknownError`` with an incident (fatal to the client) where the same failure of
-    an HTTP call was ``ServiceNotReady``."""
+    """The wire error for a failure that is not a bug, or None: :func:`translate`'s, and a
+    ledger's retriable error (too few replicas, a full disk, a write or a cursor's save
+    that met a fence) as ServiceNotReady, logged at WARNING naming ``what`` (the request,
+    the frame) without a traceback. The one rule of every edge (an HTTP answer, a close
+    after an upgrade, a broker socket's ``Error`` frame), so they cannot drift: the frame
+    path had its own, and answered a retriable ledger error ``UnknownError``."""
     wire = translate(e)
     if wire is None and isinstance(e, LedgerError) and e.retriable:
         log.warning("%s: %s: %s", what, type(e).__name__, e)
