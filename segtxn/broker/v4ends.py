@@ -108,10 +108,11 @@ async def _not_applied(
     ``ServiceNotReady`` if ``error`` may pass (the coordinator retries), else
     ``Persistence``, at once. A cursor record damaged under the loaded topic (its save
     refused by the record's version: "changed by another owner") is named as a load names
-    it, with its repair. One that reads was saved by another owner, or the cursor was
-    closed under the END (an unload, a drain): the topic is moving, ``ServiceNotReady``,
-    and the coordinator's retry finds its new home. It was an internal error, its cause
-    only in this broker's log."""
+    it, with its repair. One that reads was saved by another owner or rewritten by an
+    operator (``CursorOverwritten``: the broker lets the topic go, to load it again from
+    the record), or the cursor was closed under the END (an unload, a drain): the topic is
+    moving, ``ServiceNotReady``, and the coordinator's retry finds its new home. It was an
+    internal error, its cause only in this broker's log."""
     damage = await cursor_damage(service.store, str(name), subscription)
     why = (
         error

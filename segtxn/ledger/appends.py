@@ -383,8 +383,9 @@ class LedgerAppends(LedgerReads):
 
     def fenced(self, error: LedgerFenced) -> None:
         """Another owner changed the metadata record (a write conditional on it proved it:
-        ``error``; a cursor's save, a de-duplication snapshot, an op record): stop taking
-        appends as after a write that met the fence. What is queued fails, and
+        ``error``; a cursor's save, a de-duplication snapshot, an op record), or a cursor's
+        record was written by someone else (``CursorOverwritten``: only an open reads it
+        again): stop taking appends as after a write that met the fence. What is queued fails, and
         ``on_write_failure`` is told once, however many writes meet the fence after it (its
         owner lets the ledger go: a broker unloads the topic, whose clients look it up again
         and reach the new owner). Without it, a topic whose only writes were acks (its

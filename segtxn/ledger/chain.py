@@ -58,9 +58,11 @@ class LedgerChain:
         """A write conditional on the metadata record (a cursor's save, a de-duplication
         snapshot, an op record) found it changed by another owner (``error``;
         :func:`~segtxn.ledger.ownership.changed_by_its_owner` proved it, and tells it):
-        this process owns the ledger no more. A chain alone (a sealed ledger
-        read without opening it) has nothing to stop; a managed ledger stops taking appends
-        and tells its owner (:meth:`~segtxn.ledger.appends.LedgerAppends.fenced`)."""
+        this process owns the ledger no more. Or a cursor's save found the cursor's record
+        written by someone else (:class:`~segtxn.ledger.errors.CursorOverwritten`): only an
+        open reads it again. A chain alone (a sealed ledger read without opening it) has
+        nothing to stop; a managed ledger stops taking appends and tells its owner
+        (:meth:`~segtxn.ledger.appends.LedgerAppends.fenced`)."""
 
     @property
     def is_sealed(self) -> bool:

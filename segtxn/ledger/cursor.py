@@ -30,7 +30,7 @@ from urllib.parse import quote, unquote
 import msgspec
 
 from segtxn.ledger.chain import LedgerChain
-from segtxn.ledger.errors import CursorDamaged, LedgerClosed, LedgerFenced
+from segtxn.ledger.errors import CursorDamaged, CursorOverwritten, LedgerClosed, LedgerFenced
 from segtxn.ledger.fencing import (
     NotLanded,
     OutcomeUnknown,
@@ -237,7 +237,11 @@ class ManagedCursor:
             OwnerChanged: another owner opened the ledger (its metadata record changed
                 under a save, not by this owner); the ledger was told, and stopped taking
                 appends (:meth:`_fenced`). Every later save is refused so too.
-            LedgerFenced: the cursor's own record was changed by another writer.
+            CursorOverwritten: the cursor's own record was written by someone else (a
+                repair, a hand edit) and reads; the ledger was told, and stopped taking
+                appends (:meth:`_overwritten`), so that it is opened again to read it.
+            CursorDamaged: the cursor's own record was written by someone else and does
+                not read: an operator must repair it (nothing else is stopped).
             MetadataStoreError: the store failed (``OwnerUnknown``, ``NotLanded``,
                 ``OutcomeUnknown`` among them); nothing is fenced: a later save carries the
                 change.
@@ -278,9 +282,9 @@ class ManagedCursor:
                 except OwnerChanged as e:
                     if not await self._changed_by_its_owner(owner_version):
                         raise self._fenced(e) from e
-                except LedgerFenced:
+                except LedgerFenced as e:
                     if not await self._took_up_own_write():
-                        raise
+                        raise await self._overwritten() from e
                 except (NotLanded, OutcomeUnknown) as e:
                     if (version_now := self._tried.failed(e)) is not None:
                         self._version = version_now
@@ -321,6 +325,34 @@ class ManagedCursor:
             f"cursor {self.name} of {self.ledger.name}: not saved: another owner opened the "
             f"ledger ({changed})"
         )
+
+    async def _overwritten(self) -> CursorOverwritten | CursorDamaged:
+        """The refusal of a save that found the cursor's own record written by someone
+        else (not a write of its own that landed unseen), as the record is now:
+        :class:`CursorDamaged` if it does not read (named with its repair; the ledger goes
+        on: the repair, through its broker, unloads it first), else
+        :class:`CursorOverwritten`, told to the ledger first so that it is opened again
+        and the cursor read from the record. Either way every later save would be refused
+        so: left a bare ``LedgerFenced``, the broker answered each ack as a bug.
+
+        Raises:
+            MetadataStoreError: the record could not be read; nothing is told (the next
+                save meets the same refusal, and asks again).
+        """
+        record = await self._store.get(self._key)
+        if record is not None:
+            try:
+                read_state(self.ledger.name, self.name, record)
+            except CursorDamaged as damaged:
+                return damaged
+        overwritten = CursorOverwritten(
+            f"cursor {self.name} of {self.ledger.name}: not saved: its record at {self._key} "
+            f"was {'deleted' if record is None else 'written'} by someone else since this "
+            "broker last saved it (a repair, a hand edit): the ledger is opened again to "
+            "read it"
+        )
+        self.ledger.fenced(overwritten)
+        return overwritten
 
     async def _took_up_own_write(self) -> bool:
         """After a save found the record changed: whether the record holds a state this

@@ -23,7 +23,9 @@ another repair, wrote it) is :class:`CursorChanged`, never overwritten. The ledg
 record is not written: while the cursor's record does not read no broker can have the
 ledger open with that cursor (an open fails on it), and a broker that had it open before
 the damage finds its next save of the cursor refused by the version this write moves
-(its owner must unload it first: the broker's endpoint does).
+(its owner must unload it first: the broker's endpoint does; if it did not, that refused
+save, finding a record that reads, raises ``CursorOverwritten`` and stops the ledger, and
+the broker loads it again from the repaired record).
 """
 
 from __future__ import annotations

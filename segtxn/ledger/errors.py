@@ -146,6 +146,22 @@ class LedgerFenced(LedgerError):
     """Another writer changed this ledger's metadata: this one is no longer the owner."""
 
 
+class CursorOverwritten(LedgerFenced):
+    """A cursor's save found its record written by someone else since this process last
+    saved it (an operator's repair from the store alone, a hand edit; or deleted), and it
+    reads (one that does not is :class:`CursorDamaged`). The cursor in memory is stale and
+    every later save of it would be refused: only an open of the ledger reads the record.
+    So the ledger is told (:meth:`~segtxn.ledger.chain.LedgerChain.fenced`): it stops
+    taking appends and its owner lets it go (a broker unloads the topic), and the next open
+    reads the record as it is now.
+
+    Retriable: the call made again reaches the cursor loaded again from that record. (Not
+    told apart, it reached an acknowledging client as a bug, ``UnknownError``, every time.)
+    """
+
+    retriable = True
+
+
 class EntryTooLarge(LedgerError):
     """An entry exceeds the ledger's maximum entry size."""
 

@@ -186,9 +186,12 @@ async def test_a_v4_end_whose_cursor_another_owner_saved_is_retried_then_applied
     reads, as a broker that took the topic over saves it): this broker's END save is
     refused. The topic is moving, not damaged, so the END answers ServiceNotReady, which
     the coordinator retries, not PersistenceError, which fails the client's END_TXN at
-    once; once this broker lets the topic go (as a fenced one does), the same END loads it
-    and applies the acks."""
+    once; and this broker lets the topic go by itself (its cursor is stale, and only a
+    load reads the record: ``CursorOverwritten``), after which the same END loads it and
+    applies the acks."""
     txn = await _held_by_an_open_transaction(client, V4)
+    service = cluster.broker.service
+    topic = service.topics[V4.name]
     key = cursor_key(V4.ledger, SUB)
     record = await cluster.store.get(key)
     assert record is not None
@@ -199,7 +202,10 @@ async def test_a_v4_end_whose_cursor_another_owner_saved_is_retried_then_applied
     with pytest.raises(ServiceNotReady):
         await client.connector.request("POST", end, params={"action": "COMMIT"})
 
-    await cluster.broker.service.unload(V4.name)
+    await wait_until(
+        lambda: service.topics.get(V4.name) is not topic and not service.dropping,
+        what="the topic let go of",
+    )
     await client.connector.request("POST", end, params={"action": "COMMIT"})
     subscription = cluster.broker.service.topics[V4.name].subscriptions[SUB]
     assert not subscription.pending_acks.transactions(), "the commit's acks are still held"
