@@ -16,7 +16,7 @@ that answer:
 - the metadata store being unreachable, closed, or the session gone: 503 ServiceNotReady;
 - the metadata store full (etcd's NOSPACE alarm): 503 ``MetadataStoreFull``, whose message
   tells the operator what to do; not retriable (it lasts until someone acts), and logged
-  at ERROR once per :data:`STORE_FULL_LOG_EVERY_S`, not once per request;
+  at ERROR once per :data:`segtxn.failures.STORE_FULL_LOG_EVERY_S`, not once per request;
 - the metadata store refusing the server's own credentials after start-up (its etcd
   user's permission revoked, its password changed): 503 ``StoreAccessDenied`` with the
   store's reason; not retriable either, and logged once per cause by the store client
@@ -50,9 +50,10 @@ answer can follow it on that connection: a failure then closes a WebSocket with 
 frame instead, whose code says what kind of failure it was and whose reason is
 ``"NAME: message"`` cut to the 123 bytes a close frame holds: 1013 (try again later) for
 ServiceNotReady, 1008 (policy violation) for the client's fault, 1011 (internal error) for a
-bug, with the incident id (the same rule names the failure: :func:`known`, which a broker's
-sockets also answer a frame's failure by). Any other started response is cut off (the
-connection closed), so the client cannot take it for a complete one. :func:`install` puts
+bug, with the incident id (the same rule names the failure:
+:func:`segtxn.failures.known`, by which a broker's sockets also answer a frame's failure).
+Any other started response is cut off (the connection closed), so the client cannot take
+it for a complete one. :func:`install` puts
 the boundary on an application: the middleware, and the hook that tells it a response was
 started.
 
@@ -67,25 +68,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
-import aiohttp
 from aiohttp import WSCloseCode, hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError, LineTooLong
 
 from segtxn import inputs, tracing
-from segtxn.ledger.errors import LedgerCorrupted, LedgerError, report_once
+from segtxn.failures import incident, known
 from segtxn.metastore import (
     MetadataStoreError,
-    SessionExpired,
-    StoreAccessDenied,
-    StoreClosed,
-    StoreFull,
-    StoreUnavailable,
 )
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.limits import (
@@ -93,7 +86,6 @@ from segtxn.protocol.limits import (
     MAX_HEADERS,
     MAX_LINE_BYTES,
 )
-from segtxn.topics.model import DamagedRecord
 
 log = logging.getLogger(__name__)
 STARTED = web.RequestKey("segtxn-started-response", web.StreamResponse)
@@ -161,13 +153,6 @@ def error_response(
     return response
 
 
-def incident(what: str, exc: BaseException) -> str:
-    """Log a server bug with a fresh incident id and its traceback; returns the id."""
-    ident = uuid.uuid4().hex[:12]
-    log.error("incident %s: %s", ident, what, exc_info=exc)
-    return ident
-
-
 ELSEWHERE = web.AppKey("served-elsewhere", dict[str, str])
 """Path prefixes another kind of server serves, and what to tell a client that asked this
 one (see :func:`install`)."""
@@ -224,95 +209,6 @@ def answering_refusals(handler: ServerHandler) -> ServerHandler:
             return _refusal(request, e)
 
     return handle
-
-
-STORE_FULL_MESSAGE = (
-    "the metadata store is full and refuses every write (etcd's NOSPACE alarm: its database "
-    "reached --quota-backend-bytes). An operator must compact and defragment etcd (etcdctl "
-    "compact, etcdctl defrag) or raise its quota, then disarm the alarm (etcdctl alarm disarm)"
-)
-STORE_FULL_LOG_EVERY_S = 600.0
-"""A full store is logged at ERROR at most this often (every request meets it)."""
-
-
-class Throttled:
-    """An ERROR line for a condition every request meets while it lasts: written the first
-    time, then at most once per ``every_s`` (with how many times it was met in between);
-    the other times at DEBUG."""
-
-    def __init__(self, every_s: float) -> None:
-        self.every_s = every_s
-        self._last: float | None = None
-        self._since = 0
-
-    @property
-    def since(self) -> int:
-        """How many times the condition was met since it was last logged at ERROR."""
-        return self._since
-
-    def report(self, message: str) -> None:
-        now = time.monotonic()
-        if self._last is not None and now - self._last < self.every_s:
-            self._since += 1
-            log.debug("%s (again)", message)
-            return
-        repeats = f" ({self._since} more time(s) since it was last logged)" if self._since else ""
-        log.error("%s%s", message, repeats)
-        self._last, self._since = now, 0
-
-
-STORE_FULL_LOG = Throttled(STORE_FULL_LOG_EVERY_S)
-
-
-def retry_warning(logger: logging.Logger, error: Exception, message: str, *args: object) -> None:
-    """Log one failed attempt of a background loop that retries (a clean-up, a cursor save):
-    at WARNING, except a full store, which every such loop meets every second while it
-    lasts: that goes to :data:`STORE_FULL_LOG` (one ERROR line for the whole server, with
-    what to do) and the loop's own line to DEBUG, so a full store does not flood the log."""
-    if isinstance(error, StoreFull):
-        STORE_FULL_LOG.report(f"{STORE_FULL_MESSAGE}; the store said: {error}")
-        logger.debug(message, *args)
-        return
-    logger.warning(message, *args)
-
-
-STORE_DENIED_MESSAGE = (
-    "the metadata store refuses this server's credentials or permissions; an operator must "
-    "restore them (the etcd user's role and its read-write permission on the cluster's key "
-    "prefix, its password: --store-user, --store-password-file)"
-)
-
-
-def translate(e: Exception) -> ServerError | None:
-    """The wire error for a failure that is not a bug (see the module docstring), or
-    None."""
-    if isinstance(e, StoreFull):
-        STORE_FULL_LOG.report(f"{STORE_FULL_MESSAGE}; the store said: {e}")
-        return ServerError(ErrorName.METADATA_STORE_FULL, STORE_FULL_MESSAGE)
-    if isinstance(e, StoreAccessDenied):
-        return ServerError(ErrorName.STORE_ACCESS_DENIED, f"{STORE_DENIED_MESSAGE}: {e}")
-    if isinstance(e, StoreUnavailable | StoreClosed | SessionExpired):
-        return ServerError(ErrorName.SERVICE_NOT_READY, f"metadata store: {e}")
-    if isinstance(e, aiohttp.ClientError | TimeoutError):
-        return ServerError(ErrorName.SERVICE_NOT_READY, f"a peer did not answer: {e!r}")
-    if isinstance(e, LedgerCorrupted | DamagedRecord):  # (its message names the file, the key)
-        report_once(log, e, "refused: stored data is damaged, missing or not its own: %s", e)
-        return ServerError(ErrorName.PERSISTENCE, str(e))
-    return None
-
-
-def known(e: Exception, what: str) -> ServerError | None:
-    """The wire error for a failure that is not a bug, or None: :func:`translate`'s, and a
-    ledger's retriable error (too few replicas, a full disk, a write or a cursor's save
-    that met a fence) as ServiceNotReady, logged at WARNING naming ``what`` (the request,
-    the frame) without a traceback. The one rule of every edge (an HTTP answer, a close
-    after an upgrade, a broker socket's ``Error`` frame), so they cannot drift: the frame
-    path had its own, and answered a retriable ledger error ``UnknownError``."""
-    wire = translate(e)
-    if wire is None and isinstance(e, LedgerError) and e.retriable:
-        log.warning("%s: %s: %s", what, type(e).__name__, e)
-        wire = ServerError(ErrorName.SERVICE_NOT_READY, str(e))
-    return wire
 
 
 def install(app: web.Application, elsewhere: dict[str, str] | None = None) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from segtxn import boundary
+from segtxn import failures
 from segtxn.client import Client, ErrorCategory, ErrorName, MetadataStoreFull, Timeout
 from segtxn.metastore import StoreFull, open_store
 from segtxn.metastore.etcd_server import EtcdServer, find_etcd_binary
@@ -98,7 +98,7 @@ async def free_space(cluster: Cluster, server: EtcdServer | None) -> None:
 @pytest.fixture
 def store_full_log(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh throttle: what other tests logged does not count."""
-    monkeypatch.setattr(boundary, "STORE_FULL_LOG", boundary.Throttled(600.0))
+    monkeypatch.setattr(failures, "STORE_FULL_LOG", failures.Throttled(600.0))
 
 
 async def test_writes_on_a_full_store_are_503_store_full_logged_once(
@@ -135,9 +135,9 @@ async def test_writes_on_a_full_store_are_503_store_full_logged_once(
     assert await client.admin.list_topics("topic", "acme", "full") == [
         "topic://acme/full/before"
     ]  # reads still work
-    refusals = boundary.STORE_FULL_LOG.since
+    refusals = failures.STORE_FULL_LOG.since
     waiting = asyncio.create_task(client.transaction().start(timeout_s=30))
-    await wait_until(lambda: boundary.STORE_FULL_LOG.since > refusals, what="a refused start")
+    await wait_until(lambda: failures.STORE_FULL_LOG.since > refusals, what="a refused start")
     assert not waiting.done()  # still retrying, not failed
     await free_space(cluster, server)
     await asyncio.wait_for(waiting, timeout=15)  # recovers by itself, no restart

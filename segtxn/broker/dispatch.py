@@ -194,7 +194,7 @@ class Subscription:
                 unloaded); the ack may not be durable: acknowledge again.
             LedgerError: the cursor's save failed (:meth:`ManagedCursor.flush`); its socket
                 answers it by the rule every call's failure is answered by
-                (:func:`segtxn.boundary.known`): a retriable one (``OwnerChanged``: its
+                (:func:`segtxn.failures.known`): a retriable one (``OwnerChanged``: its
                 save met another owner's open of the ledger, which unloaded the topic) is
                 ``ServiceNotReady``, a damaged record ``PersistenceError``.
         """
@@ -291,7 +291,7 @@ class Subscription:
         as it was, it reached the client as ``UnknownError`` (fatal), logged as a bug: it
         is not retriable, since a closed ledger is a bug anywhere else. (A retriable
         ledger error, such as a save fenced by another owner, needs nothing here: every
-        edge answers it ``ServiceNotReady``, :func:`segtxn.boundary.known`.)"""
+        edge answers it ``ServiceNotReady``, :func:`segtxn.failures.known`.)"""
         try:
             yield
         except LedgerClosed as e:

@@ -8,8 +8,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from segtxn.boundary import error_response, translate
+from segtxn.boundary import error_response
 from segtxn.broker.service import BrokerService
+from segtxn.failures import translate
 from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.names import InvalidTopicName, TopicName, client_name_problem

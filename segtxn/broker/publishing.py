@@ -28,7 +28,6 @@ import time
 from dataclasses import dataclass
 
 from segtxn.aio import SETTLE_S, settle
-from segtxn.boundary import translate
 from segtxn.broker.arguments import check_send
 from segtxn.broker.dedup import Deduplication, ProducerState
 from segtxn.broker.dedup_snapshots import SnapshotFenced
@@ -36,6 +35,7 @@ from segtxn.broker.entry import StoredMessage, encode_entry
 from segtxn.broker.ordering import Turn
 from segtxn.broker.txn.buffer import MetadataTransactionBuffer
 from segtxn.broker.txn.visibility import TransactionBuffer
+from segtxn.failures import translate
 from segtxn.ledger import LedgerError, LedgerSealed, ManagedLedger, Position
 from segtxn.metastore import MetadataStoreError
 from segtxn.protocol import txnops

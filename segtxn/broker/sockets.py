@@ -6,7 +6,7 @@ client's frames until it leaves, and the hang-up on every client at shutdown.
 The loop keeps a connection through bad frames: one that does not decode, or whose handler
 raises, is answered with an ``Error`` frame (naming the request it answers), and the next
 frame is read. A failure its handler did not name is answered by the rule an HTTP call's is
-(:func:`segtxn.boundary.known`: ``ServiceNotReady`` when the store or a peer is away or a
+(:func:`segtxn.failures.known`: ``ServiceNotReady`` when the store or a peer is away or a
 ledger's error is retriable, ``PersistenceError`` for damaged data), else as a bug logged
 once with an incident id. It is apart from the
 endpoints because producers, consumers and readers must all answer the same way.
@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from segtxn.boundary import incident, known
 from segtxn.broker.http import SERVICE, SOCKETS
 from segtxn.broker.outbox import Outbox
+from segtxn.failures import incident, known
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.frames import Error
 
@@ -70,7 +70,7 @@ def _request_id(frame: object) -> int | None:
 
 def failure_frame(what: str, e: Exception, request_id: int | None = None) -> Error:
     """The Error frame for a failure no handler named: what an HTTP call failing so is
-    answered (:func:`segtxn.boundary.known`: ServiceNotReady when the store or a peer is
+    answered (:func:`segtxn.failures.known`: ServiceNotReady when the store or a peer is
     away or a ledger's error is retriable, PersistenceError for damaged data, ...), else a
     bug, logged once with an incident id."""
     named = known(e, what)

@@ -20,8 +20,8 @@ from collections.abc import Callable
 import msgspec
 
 from segtxn.auth import Principal, check_owner
-from segtxn.boundary import translate
 from segtxn.broker.service import BrokerService
+from segtxn.failures import translate
 from segtxn.metastore import MetadataStoreError
 from segtxn.protocol.errors import ErrorName, ServerError
 from segtxn.protocol.txn import TxnId

@@ -185,7 +185,7 @@ async def test_an_ack_fenced_by_another_owner_unloads_the_topic_once_and_sends_i
         assert answers.count(False) >= 2, answers  # fenced more than once
         # the acks that met the fence were refused as retriable (acknowledge again), as
         # an append that met it is: the save's OwnerChanged, which the socket answers
-        # ServiceNotReady (the rule of every edge: segtxn.boundary.known); the client
+        # ServiceNotReady (the rule of every edge: segtxn.failures.known); the client
         # sent them again, or raised that
         fenced = [r for r in refusals if isinstance(r, OwnerChanged)]
         assert fenced, refusals

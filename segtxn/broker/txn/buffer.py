@@ -44,7 +44,6 @@ from collections.abc import Sequence
 import msgspec
 
 from segtxn.aio import settling
-from segtxn.boundary import retry_warning
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.ordering import Turn
 from segtxn.broker.spans import materialization_span
@@ -61,6 +60,7 @@ from segtxn.broker.txn.opdrafts import AppendInFlight
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.orphans import Orphans
 from segtxn.broker.txn.visibility import OpenTransactions, TransactionBuffer
+from segtxn.failures import retry_warning
 from segtxn.ledger import LedgerError, ManagedLedger, Position, TrimResult
 from segtxn.metastore import MetadataStore, MetadataStoreError, NotFound, Put
 from segtxn.protocol.errors import ErrorName, ServerError

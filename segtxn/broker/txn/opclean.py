@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from segtxn.boundary import retry_warning
+from segtxn.failures import retry_warning
 from segtxn.metastore import Delete, MetadataStore, MetadataStoreError, NotFound, Op, Put
 
 CLEAN_LINGER_S = 0.25

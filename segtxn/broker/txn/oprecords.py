@@ -57,13 +57,13 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from segtxn.boundary import retry_warning
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.commits import STOPPING, CommitAnswer, Commits, PendingCommit
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.opclean import OpRecordCleaner
 from segtxn.broker.txn.opdrafts import AppendInFlight, Draft, Owner
 from segtxn.broker.txn.oprefusals import owner_refusal, stopping, store_failed
+from segtxn.failures import retry_warning
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import (
     BadVersion,

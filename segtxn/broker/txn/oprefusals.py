@@ -5,8 +5,8 @@ send is told can be read in one place."""
 
 from __future__ import annotations
 
-from segtxn.boundary import translate
 from segtxn.broker.txn.opdrafts import Owner
+from segtxn.failures import translate
 from segtxn.ledger.fencing import OwnerUnknown
 from segtxn.ledger.ownership import changed_by_its_owner
 from segtxn.metastore import MetadataStoreError

@@ -23,13 +23,13 @@ from collections.abc import Callable
 
 import msgspec
 
-from segtxn.boundary import retry_warning
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.spans import materialization_span
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.opdrafts import Draft, Owner
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.broker.txn.pending_ack import ReservingPendingAckStore
+from segtxn.failures import retry_warning
 from segtxn.ledger import LedgerError, ManagedCursor, Position
 from segtxn.metastore import MetadataStore, MetadataStoreError
 from segtxn.protocol import txnops
