@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -88,63 +89,37 @@ def produce(
     """
     refuse_unless(ctx, "size", message is None, "-m gives the payload")
     _check_name("producer", name, "'--name'")
-    sent = stored = refused = unsent = 0
+    sends = _Sends()
 
     def progress() -> str:
-        said = f"{stored:,} of {count:,} messages stored"
-        if refused:
-            said += f"; {refused:,} refused"
-        if unknown := sent - stored - refused - unsent:
+        said = f"{sends.stored:,} of {count:,} messages stored"
+        if sends.refused:
+            said += f"; {sends.refused:,} refused"
+        if unknown := sends.made - sends.stored - sends.refused - sends.unsent:
             said += f"; {unknown:,} more sent, whether they were stored is unknown"
-        if unsent:
-            said += f"; {unsent:,} never sent (not stored)"
+        if sends.unsent:
+            said += f"; {sends.unsent:,} never sent (not stored)"
         return said
 
     async def body(client: Client) -> dict[str, Any]:
-        nonlocal sent, stored
         producer = await client.create_producer(topic, name=name, send_timeout_s=send_timeout_s)
         started = time.perf_counter()
-        futures = []
-        failed: list[BaseException] = []
         # a bar for a person watching; not on a terminal (a pipe, a log) it printed a bare
         # "sending" there, which says nothing the summary does not
         hidden = not sys.stderr.isatty()
         with click.progressbar(
             length=count, label="sending", file=sys.stderr, hidden=hidden
         ) as bar:
-
-            def settled(future: asyncio.Future[MessageId]) -> None:
-                """Count a stored message; keep the first failure (each one's error is
-                retrieved here, so none is logged again when the client closes)."""
-                if future.cancelled():
-                    return
-                nonlocal stored, refused, unsent
-                error = future.exception()
-                if error is None:
-                    stored += 1
-                    bar.update(1)
-                    return
-                if isinstance(error, ServerError) and (
-                    error.category is not ErrorCategory.OUTCOME_UNKNOWN
-                ):
-                    refused += 1  # the broker said no: not stored
-                elif isinstance(error, ClientError) and error.retriable:
-                    unsent += 1  # never written (its broker could not be reached)
-                if not failed:
-                    failed.append(error)
-
+            sends.on_stored = lambda: bar.update(1)
             for i in range(count):
-                if failed:  # stop at the first failure, not after every send timed out
-                    raise failed[0]
+                if sends.failure is not None:  # stop at the first failure, not after every
+                    raise sends.failure  # send timed out
                 payload = (
                     message.encode() if message is not None else (b"%08d" % i).ljust(size, b".")
                 )
                 key = f"key-{i % keys}" if keys else None
-                future = await producer.send_async(payload, key=key)
-                sent += 1
-                future.add_done_callback(settled)
-                futures.append(future)
-            ids = await asyncio.gather(*futures)
+                sends.add(await producer.send_async(payload, key=key))
+            last = await sends.all_settled()
         elapsed = time.perf_counter() - started
         await producer.close()
         return {
@@ -152,7 +127,7 @@ def produce(
             "sent": count,
             "seconds": round(elapsed, 3),
             "rate": round(count / elapsed),
-            "lastId": str(ids[-1]),
+            "lastId": str(last),
         }
 
     try:
@@ -160,7 +135,7 @@ def produce(
     except KeyboardInterrupt:
         interrupted(progress())
     except Exception as e:
-        if not sent:  # nothing done yet: the error alone says it
+        if not sends.made:  # nothing done yet: the error alone says it
             raise
         raise FailedPartWay(progress()) from e  # every send is settled: the client closed
     show(
@@ -169,6 +144,60 @@ def produce(
         f"sent {count} messages in {done['seconds']:.2f}s ({done['rate']} msg/s); "
         f"last id {done['lastId']}",
     )
+
+
+class _Sends:
+    """``produce``'s sends, counted as they settle rather than kept: a list of every send's
+    future (a million, for ``-n 1000000``) was walked by each full collection of the
+    garbage collector, which came more often and took longer the more there were, so a
+    long run slowed down as it went. The first failure is kept (each one's error is
+    retrieved here, so none is logged again when the client closes)."""
+
+    def __init__(self) -> None:
+        self.made = self.settled = self.stored = self.refused = self.unsent = 0
+        self.failure: BaseException | None = None
+        self.on_stored: Callable[[], None] = lambda: None
+        self._last: asyncio.Future[MessageId] | None = None
+        self._closed = False
+        self._all = asyncio.Event()
+
+    def add(self, future: asyncio.Future[MessageId]) -> None:
+        self.made += 1
+        self._last = future
+        future.add_done_callback(self._done)
+
+    def _done(self, future: asyncio.Future[MessageId]) -> None:
+        self.settled += 1
+        if self._closed and self.settled == self.made:
+            self._all.set()
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            self.stored += 1
+            self.on_stored()
+            return
+        if isinstance(error, ServerError) and error.category is not ErrorCategory.OUTCOME_UNKNOWN:
+            self.refused += 1  # the broker said no: not stored
+        elif isinstance(error, ClientError) and error.retriable:
+            self.unsent += 1  # never written (its broker could not be reached)
+        if self.failure is None:
+            self.failure = error
+
+    async def all_settled(self) -> MessageId:
+        """Wait until every send made is settled (each ends by its send timeout, or the
+        client's close); the id of the last one.
+
+        Raises:
+            the first send's failure, if one failed.
+        """
+        self._closed = True
+        if self.settled < self.made:
+            await self._all.wait()
+        if self.failure is not None:
+            raise self.failure
+        assert self._last is not None  # (count >= 1)
+        return self._last.result()
 
 
 def _check_name(kind: str, name: str | None, hint: str) -> None:
