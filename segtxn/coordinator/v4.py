@@ -14,7 +14,9 @@
   ``InvalidTxnStatus``; a commit after the deadline aborts.
 - **Recovery**: the new holder of an id replays its log and finishes every transaction
   caught COMMITTING / ABORTING; the timeout sweep moves OPEN transactions past their
-  deadline to TIME_OUT and aborts them. Both go on in the background until every
+  deadline to TIME_OUT and aborts them; a client's END_TXN whose fan-out failed (a
+  participant away, or refusing for now) answers the error, saying the decision is
+  logged, and leaves it to the background too. Each goes on there until every
   participant took the decision (:meth:`CoordinatorV4._resume`).
 - **The log stays bounded** (:mod:`segtxn.coordinator.txnlog`): once it has grown by
   ``v4_log_compact_entries`` it is compacted in the background; a transaction ended more
@@ -92,6 +94,10 @@ class CoordinatorV4:
             )
         self._storage = storage
         self._tasks: set[asyncio.Task[None]] = set()
+        self._resuming: dict[tuple[int, int], HeldLog] = {}
+        """The transactions (``TxnMeta.txn``) a :meth:`_resume` is finishing now, each with
+        the log it runs on (a loop on a log lost, not yet ended, is not one on its
+        successor here)."""
         self.counters = {
             "opened": 0,
             "committed": 0,
@@ -164,7 +170,7 @@ class CoordinatorV4:
         for meta in held.txns.values():
             if meta.state in (COMMITTING, ABORTING, TIME_OUT):
                 action = TxnAction.COMMIT if meta.state == COMMITTING else TxnAction.ABORT
-                self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
+                self._start_resume(held, meta, action)
 
     async def stop(self, stopping: Stopping | None = None) -> None:
         """Resign every id won, held or being taken over (another coordinator can take it
@@ -295,8 +301,17 @@ class CoordinatorV4:
         return self._meta(txn)[1]
 
     async def end_txn(self, txn: TxnId, action: TxnAction) -> TxnMeta:
-        """Raises ServerError(TransactionNotFound / InvalidTxnStatus / TopicTerminatedError /
-        ServiceNotReady: a participant did not answer in time; END_TXN may be repeated)."""
+        """Log the decision, fan it out, log the final state.
+
+        Raises:
+            ServerError(TransactionNotFound / InvalidTxnStatus): nothing was logged.
+            ServerError(TopicTerminatedError / InvalidTxnStatus / ...): a participant
+                refused the decision for good (:data:`FINAL_REFUSALS`); it stays
+                COMMITTING / ABORTING.
+            ServerError(ServiceNotReady / PersistenceError / ...): a participant did not
+                take it in ``fan_out_timeout_s``, or refused it for now; the decision is
+                logged and the coordinator goes on applying it in the background (the
+                message says so: :meth:`_pending`). END_TXN may be repeated."""
         held, meta = self._meta(txn)
         wanted = COMMITTED if action is TxnAction.COMMIT else ABORTED
         going = COMMITTING if action is TxnAction.COMMIT else ABORTING
@@ -319,7 +334,10 @@ class CoordinatorV4:
                 raise ServerError(
                     ErrorName.INVALID_TXN_STATUS, f"{txn} is {meta.state}; cannot {action}"
                 )
-        final = await self._finish(held, meta, action)
+        try:
+            final = await self._finish(held, meta, action)
+        except Exception as e:
+            raise self._pending(held, meta, action, e) from e
         if late:
             log.info(
                 "txn %s: COMMIT came past its timeout of %.1f s: aborted instead",
@@ -330,6 +348,34 @@ class CoordinatorV4:
                 ErrorName.INVALID_TXN_STATUS, f"{txn} timed out before the commit: aborted"
             )
         return final
+
+    def _pending(self, held: HeldLog, meta: TxnMeta, action: TxnAction, e: Exception) -> Exception:
+        """What a client's END_TXN whose fan-out failed with ``e`` answers, once the
+        coordinator goes on with it: the decision is logged, so unless ``e`` is a refusal no
+        try can change (:data:`~segtxn.coordinator.fanout.FINAL_REFUSALS`) :meth:`_resume`
+        finishes it in the background (one loop per transaction: :meth:`_start_resume`),
+        and the answer keeps ``e``'s name (a client branches on it) with a message that
+        says the decision stands and is being applied. (Nothing went on: the transaction
+        stayed COMMITTING / ABORTING until the client asked again or a take-over.)"""
+        if isinstance(e, ServerError) and e.name in FINAL_REFUSALS:
+            return e
+        self._start_resume(held, meta, action)
+        if not isinstance(e, ServerError):
+            return e  # (the store's, a bug: the boundary answers it)
+        return ServerError(
+            e.name,
+            f"{TxnId(*meta.txn)} is {meta.state}: the {action} is logged and the coordinator "
+            f"goes on applying it; {e.message}",
+            redirect=e.redirect,
+        )
+
+    def _start_resume(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> None:
+        """Start :meth:`_resume` for ``meta``'s transaction unless one runs for it already
+        (a client asking again, recovery, the sweep: one loop, not one each)."""
+        if self._resuming.get(meta.txn) is held:
+            return
+        self._resuming[meta.txn] = held
+        self._spawn(self._resume(held, meta, action), f"v4-finish-{meta.txn[1]:x}")
 
     async def _finish(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> TxnMeta:
         """Fan the decision out, then log the final state (safe to run twice)."""
@@ -353,7 +399,8 @@ class CoordinatorV4:
         return final
 
     async def _resume(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> None:
-        """Finish a decided transaction in the background (recovery, timeouts): the
+        """Finish a decided transaction in the background (recovery, timeouts, a client's
+        END_TXN whose fan-out failed; one loop per transaction: :meth:`_start_resume`): the
         decision is logged, so it must reach every participant, and nothing else tries
         again while this coordinator holds the id (only a client's repeated END_TXN, or a
         take-over). So every failure is tried again (:mod:`segtxn.coordinator.retry`: each
@@ -364,12 +411,26 @@ class CoordinatorV4:
         Only a refusal no try can change (:data:`~segtxn.coordinator.fanout.FINAL_REFUSALS`:
         a terminated topic, the transaction already ended the other way there) ends it,
         logged at WARNING: the transaction stays COMMITTING or ABORTING (TIME_OUT) for good.
-        (It gave up at a PersistenceError: the decision never reached that participant.)"""
+        It ends too once the transaction is final (a client's END_TXN asked again finished
+        it) or the id is lost. (It gave up at a PersistenceError: the decision never reached
+        that participant.)"""
+        try:
+            await self._resume_until_done(held, meta, action)
+        finally:
+            if self._resuming.get(meta.txn) is held:
+                del self._resuming[meta.txn]
+
+    async def _resume_until_done(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> None:
+        """:meth:`_resume`'s loop; it ends too once the transaction is final (a client's
+        END_TXN asked again finished it) or forgotten."""
         txn = TxnId(*meta.txn)
         retry = Retry(
             f"txn {txn}: finishing its {action!s}", FIRST_RETRY_S, expected_max_s=RESUME_RETRY_MAX_S
         )
         while not held.leadership.lost.is_set():
+            current = held.txns.get(txn.least)
+            if current is None or current.state in FINAL:
+                return
             try:
                 await self._finish(held, meta, action)
                 return
@@ -408,7 +469,5 @@ class CoordinatorV4:
                     (now - current.created_ms) / 1000,
                     (current.timeout_ms - current.created_ms) / 1000,
                 )
-                self._spawn(
-                    self._resume(held, current, TxnAction.ABORT), f"v4-timeout-{meta.txn[1]:x}"
-                )
+                self._start_resume(held, current, TxnAction.ABORT)
         return timed_out

@@ -254,3 +254,40 @@ async def test_a_v4_commit_recovery_finishes_once_the_cursor_is_repaired(
         await _delivered_again_then_drained(client, cluster, V4, [0, 3, 4, 5])
     finally:
         await successor.stop()
+
+
+def _finishing(txn: Transaction) -> list[asyncio.Task[Any]]:
+    """The coordinator's background tasks finishing ``txn`` (CoordinatorV4._resume)."""
+    name = f"v4-finish-{txn.id.least:x}"
+    return [t for t in asyncio.all_tasks() if t.get_name() == name and not t.done()]
+
+
+async def test_a_v4_commit_refused_by_a_participant_is_finished_by_the_coordinator(
+    client: Client, cluster: Cluster
+) -> None:
+    """A client's commit refused with PersistenceError (the loaded topic's cursor record
+    damaged) was logged: the answer says so (COMMITTING, the coordinator applying it), and
+    the coordinator goes on in the background, one loop however often the client asks
+    again, until the operator's repair lets it through: COMMITTED, its acks applied, with
+    no client asking. The answer was the participant's refusal alone, and nothing went on:
+    the transaction stayed COMMITTING until the client asked again or a take-over."""
+    txn = await _held_by_an_open_transaction(client, V4)
+    key = cursor_key(V4.ledger, SUB)
+    await cluster.store.put(key, GARBAGE)
+    for _ in range(2):  # the client asks again: the same answer, still one loop
+        with pytest.raises(PersistenceError) as refused:
+            await _end(txn, commit=True)
+        message = str(refused.value)
+        assert key in message and "segtxn topics repair-cursor" in message, message
+        assert "COMMITTING" in message and "goes on" in message, message
+        assert len(_finishing(txn)) == 1
+    assert await txn.status() == COMMITTING
+
+    await client.admin.repair_cursor(V4.ledger, SUB)  # the operator's repair; nobody asks
+    await wait_until(
+        lambda: cluster.coordinator.app[V4_COORDINATOR].status(txn.id).state == COMMITTED,
+        timeout=END_BOUND_S,
+        what="COMMITTED by the coordinator alone",
+    )
+    await wait_until(lambda: not _finishing(txn), what="the coordinator's finishing ended")
+    await _delivered_again_then_drained(client, cluster, V4, [0, 3, 4, 5])
