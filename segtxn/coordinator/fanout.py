@@ -4,15 +4,18 @@ Each partition of a v4 transaction gets ``END_TXN_ON_PARTITION`` (its home broke
 the commit or abort marker) and each subscription ``END_TXN_ON_SUBSCRIPTION`` (its broker
 applies or drops the pending acknowledgments), all in parallel. A call is retried, with a
 growing pause, while the participant's broker is unreachable or answers
-``ServiceNotReady``, for ``timeout_s``; then it fails with ``ServiceNotReady`` and the
-coordinator leaves the transaction COMMITTING / ABORTING in its log, to be finished later.
+``ServiceNotReady``, for ``timeout_s``; then it fails with ``ServiceNotReady``, the
+transaction COMMITTING / ABORTING in the coordinator's log, which goes on finishing it in
+the background.
 A participant whose topic (or subscription) does not exist has taken the decision: it was
 deleted after it joined, with everything the transaction wrote or acknowledged there, so
 there is nothing left to commit or abort (otherwise the transaction stayed COMMITTING for
 good). Any other refusal (a terminated topic, a ``PersistenceError``) fails at once: the
-client's END_TXN gets it; a transaction finished in the background (recovery, a timeout)
-is tried again unless the refusal is one of :data:`FINAL_REFUSALS`. Calls are idempotent
-at the broker: running a fan-out twice is safe.
+client's END_TXN gets it; the coordinator tries the decision again in the background
+unless the refusal is one of :data:`FINAL_REFUSALS` (logged at WARNING here; another
+refusal, and a participant not taking the call in ``timeout_s``, at DEBUG: the loop that
+tries again says them, sparingly). Calls are idempotent at the broker: running a fan-out
+twice is safe.
 """
 
 from __future__ import annotations
@@ -107,7 +110,8 @@ class Participants:
                                      txn, topic, body.get("message", ""), action)  # fmt: skip
                             return
                         if error is not ErrorName.SERVICE_NOT_READY:
-                            log.warning(
+                            log.log(  # (one that may pass: the caller's Retry says it)
+                                logging.WARNING if error in FINAL_REFUSALS else logging.DEBUG,
                                 "txn %s: %s refused by participant %s (%s): %s",
                                 txn, action, topic, error, body.get("message", ""),
                             )  # fmt: skip
@@ -120,7 +124,7 @@ class Participants:
                     raise
                 problem = e.message  # no live home broker (yet): away, as one that is down
             if loop.time() > deadline:
-                log.warning(
+                log.debug(  # (the caller's Retry says it, sparingly)
                     "txn %s: participant %s did not take the %s in %g s: %s",
                     txn, topic, action, self.timeout_s, problem,
                 )  # fmt: skip

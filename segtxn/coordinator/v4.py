@@ -366,8 +366,7 @@ class CoordinatorV4:
             e.name,
             f"{TxnId(*meta.txn)} is {meta.state}: the {action} is logged and the coordinator "
             f"goes on applying it; {e.message}",
-            redirect=e.redirect,
-        )
+        )  # (never a participant's redirect: the client would follow it to a broker)
 
     def _start_resume(self, held: HeldLog, meta: TxnMeta, action: TxnAction) -> None:
         """Start :meth:`_resume` for ``meta``'s transaction unless one runs for it already
@@ -403,9 +402,10 @@ class CoordinatorV4:
         END_TXN whose fan-out failed; one loop per transaction: :meth:`_start_resume`): the
         decision is logged, so it must reach every participant, and nothing else tries
         again while this coordinator holds the id (only a client's repeated END_TXN, or a
-        take-over). So every failure is tried again (:mod:`segtxn.coordinator.retry`: each
-        a WARNING, the pause doubling up to ``RESUME_RETRY_MAX_S``; a bug's at ERROR with
-        its traceback): a participant away (``ServiceNotReady``) or in trouble of its own
+        take-over). So every failure is tried again (:mod:`segtxn.coordinator.retry`: the
+        first a WARNING, then at most one a minute, the others at DEBUG, a bug's at ERROR
+        with its traceback; the pause doubling up to ``RESUME_RETRY_MAX_S``; an INFO line
+        once it went through): a participant away (``ServiceNotReady``) or in trouble of its own
         (``PersistenceError``: a cursor record to repair, a damaged ledger file, which an
         operator's repair or a store coming back cures), the store failing a look-up.
         Only a refusal no try can change (:data:`~segtxn.coordinator.fanout.FINAL_REFUSALS`:
@@ -430,9 +430,11 @@ class CoordinatorV4:
         while not held.leadership.lost.is_set():
             current = held.txns.get(txn.least)
             if current is None or current.state in FINAL:
+                retry.reset()  # (a client's END_TXN went through)
                 return
             try:
                 await self._finish(held, meta, action)
+                retry.reset()
                 return
             except ServerError as e:
                 if e.name in FINAL_REFUSALS:

@@ -42,6 +42,7 @@ class HeldLog:
         while not self.leadership.lost.is_set():
             try:
                 await self.leadership.resign()
+                retry.reset()
             except Exception as e:
                 await retry.after(e)  # the store is failing: a gentle pace
 

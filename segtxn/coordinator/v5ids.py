@@ -140,6 +140,7 @@ class HeldIds:
             while True:
                 try:
                     await self._register()
+                    retry.reset()
                     break
                 except Exception as e:
                     await retry.after(e)

@@ -38,6 +38,8 @@ from tests.waiting import wait_until
 SUB = "s"
 GARBAGE = b"\xff{damaged"
 COUNT = 6
+TRIES = 4
+"""The failed tries of a background commit a test waits for."""
 END_BOUND_S = 30.0
 """Longer than the coordinator's fan-out timeout and the client's operation timeout: an end
 still running then hangs."""
@@ -216,12 +218,14 @@ async def test_a_v4_commit_recovery_finishes_once_the_cursor_is_repaired(
 ) -> None:
     """A commit refused with PersistenceError (the loaded topic's cursor record damaged)
     stays COMMITTING; the coordinator that takes its id over finishes it in the background
-    and meets the same refusal, again and again (each a WARNING) until an operator repairs
-    the record; then it is COMMITTED with no client asking again, its acks applied.
-    Recovery gave up at the first PersistenceError (one WARNING): the decision was logged
-    but never reached the subscription, whose acks stayed held until a client ended the
-    transaction again or another take-over."""
-    caplog.set_level(logging.WARNING, logger="segtxn.coordinator")
+    and meets the same refusal, again and again, until an operator repairs the record;
+    then it is COMMITTED with no client asking again, its acks applied. Its tries say so
+    once at WARNING (the others at DEBUG: many transactions stuck on one cursor must not
+    flood the log), and once at INFO when it went through. Recovery gave up at the first
+    PersistenceError: the decision was logged but never reached the subscription, whose
+    acks stayed held until a client ended the transaction again or another take-over; and
+    every try was a WARNING, twice (the fan-out's and the loop's)."""
+    caplog.set_level(logging.DEBUG, logger="segtxn.coordinator")
     txn = await _held_by_an_open_transaction(client, V4)
     key = cursor_key(V4.ledger, SUB)
     await cluster.store.put(key, GARBAGE)
@@ -230,9 +234,17 @@ async def test_a_v4_commit_recovery_finishes_once_the_cursor_is_repaired(
     assert await txn.status() == COMMITTING
 
     await cluster.coordinator.app[V4_COORDINATOR].stop()  # the process goes; its log stays
+    caplog.clear()
     successor = CoordinatorV4(cluster.store, cluster.coordinator.settings)
     await successor.start()
-    retried = f"txn {txn.id}: finishing its COMMIT failed (2 in a row): ServerError: "
+    retried = f"txn {txn.id}: finishing its COMMIT failed ({TRIES} in a row): ServerError: "
+
+    def said(level: int) -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == level and r.getMessage().startswith(f"txn {txn.id}: ")
+        ]
 
     def state() -> str | None:
         held = successor.held.get(txn.id.most)
@@ -245,12 +257,17 @@ async def test_a_v4_commit_recovery_finishes_once_the_cursor_is_repaired(
                 r.getMessage().startswith(f"{retried}PersistenceError") and key in r.getMessage()
                 for r in caplog.records
             ),
-            timeout=10,  # (its second try follows the first within 0.1 s)
-            what="the recovered commit refused twice",
+            timeout=10,  # (its tries follow each other within 0.5 s)
+            what=f"the recovered commit refused {TRIES} times",
         )
         assert state() == COMMITTING
+        assert len(said(logging.WARNING)) == 1, said(logging.WARNING)
+        assert not said(logging.ERROR)
         await client.admin.repair_cursor(V4.ledger, SUB)  # the operator's repair
         await wait_until(lambda: state() == COMMITTED, timeout=END_BOUND_S, what="COMMITTED")
+        assert len(said(logging.WARNING)) == 1, said(logging.WARNING)
+        (went_through,) = [m for m in said(logging.INFO) if "failures in a row" in m]
+        assert went_through.startswith(f"txn {txn.id}: finishing its COMMIT"), went_through
         await _delivered_again_then_drained(client, cluster, V4, [0, 3, 4, 5])
     finally:
         await successor.stop()
@@ -263,14 +280,16 @@ def _finishing(txn: Transaction) -> list[asyncio.Task[Any]]:
 
 
 async def test_a_v4_commit_refused_by_a_participant_is_finished_by_the_coordinator(
-    client: Client, cluster: Cluster
+    client: Client, cluster: Cluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A client's commit refused with PersistenceError (the loaded topic's cursor record
     damaged) was logged: the answer says so (COMMITTING, the coordinator applying it), and
     the coordinator goes on in the background, one loop however often the client asks
     again, until the operator's repair lets it through: COMMITTED, its acks applied, with
     no client asking. The answer was the participant's refusal alone, and nothing went on:
-    the transaction stayed COMMITTING until the client asked again or a take-over."""
+    the transaction stayed COMMITTING until the client asked again or a take-over. The
+    client's refusals and the loop's tries are one WARNING in all."""
+    caplog.set_level(logging.DEBUG, logger="segtxn.coordinator")
     txn = await _held_by_an_open_transaction(client, V4)
     key = cursor_key(V4.ledger, SUB)
     await cluster.store.put(key, GARBAGE)
@@ -281,6 +300,17 @@ async def test_a_v4_commit_refused_by_a_participant_is_finished_by_the_coordinat
         assert key in message and "segtxn topics repair-cursor" in message, message
         assert "COMMITTING" in message and "goes on" in message, message
         assert len(_finishing(txn)) == 1
+    tried = f"txn {txn.id}: finishing its COMMIT failed ({TRIES} in a row)"
+    await wait_until(
+        lambda: any(r.getMessage().startswith(tried) for r in caplog.records),
+        what=f"the coordinator's commit refused {TRIES} times",
+    )
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.getMessage().startswith(f"txn {txn.id}: ")
+    ]
+    assert len(warnings) == 1, warnings
     assert await txn.status() == COMMITTING
 
     await client.admin.repair_cursor(V4.ledger, SUB)  # the operator's repair; nobody asks
