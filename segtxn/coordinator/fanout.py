@@ -3,10 +3,10 @@
 Each partition of a v4 transaction gets ``END_TXN_ON_PARTITION`` (its home broker writes
 the commit or abort marker) and each subscription ``END_TXN_ON_SUBSCRIPTION`` (its broker
 applies or drops the pending acknowledgments), all in parallel. A call is retried, with a
-growing pause, while the participant's broker is unreachable or answers
-``ServiceNotReady``, for ``timeout_s``; then it fails with ``ServiceNotReady``, the
-transaction COMMITTING / ABORTING in the coordinator's log, which goes on finishing it in
-the background.
+growing pause and the topic's home looked up again, while the participant's broker is
+unreachable or answers ``ServiceNotReady`` or ``NotOwner`` (:data:`AWAY`), for
+``timeout_s``; then it fails with ``ServiceNotReady``, the transaction COMMITTING /
+ABORTING in the coordinator's log, which goes on finishing it in the background.
 A participant whose topic (or subscription) does not exist has taken the decision: it was
 deleted after it joined, with everything the transaction wrote or acknowledged there, so
 there is nothing left to commit or abort (otherwise the transaction stayed COMMITTING for
@@ -52,6 +52,14 @@ aborted it past its deadline), or the participant can never take the call (a top
 v4 markers, an id, action or name it does not take). Any other refusal is the broker's own
 trouble (``PersistenceError``: a cursor save refused until its record is repaired, a
 ledger file damaged; a store away; a bug), which may pass."""
+AWAY = (ErrorName.SERVICE_NOT_READY, ErrorName.NOT_OWNER)
+"""A participant's answers that say the call goes through later, or elsewhere: its broker
+is not ready (starting, its topic loading or moving), or does not serve the topic
+(``NotOwner``: it moved, and the home the fan-out looked up was read before). Each is
+tried again, with a new look-up, until ``timeout_s``. (A broker's ``NotOwner`` is a 307
+naming the serving broker, which aiohttp follows by itself; one reaches the fan-out only
+without a ``Location``. It was a refusal, which the coordinator answered the client's
+END_TXN with: a 307 with nowhere to go, which the client took for a success.)"""
 FIRST_RETRY_S = 0.05
 
 
@@ -109,14 +117,14 @@ class Participants:
                             log.info("txn %s: participant %s is gone (%s); nothing to %s",
                                      txn, topic, body.get("message", ""), action)  # fmt: skip
                             return
-                        if error is not ErrorName.SERVICE_NOT_READY:
+                        if error not in AWAY:
                             log.log(  # (one that may pass: the caller's Retry says it)
                                 logging.WARNING if error in FINAL_REFUSALS else logging.DEBUG,
                                 "txn %s: %s refused by participant %s (%s): %s",
                                 txn, action, topic, error, body.get("message", ""),
                             )  # fmt: skip
                             raise ServerError(error, str(body.get("message", "")))
-                        problem = str(body.get("message"))
+                        problem = f"{error}: {body.get('message', '')}"
             except (aiohttp.ClientError, TimeoutError, MetadataStoreError) as e:
                 problem = repr(e)
             except ServerError as e:  # (a refusal, above: raised)

@@ -51,8 +51,8 @@ class CoordinatorSettings:
     transactions older than ``gc_retention_s`` leave it and its older ledgers are deleted
     (segtxn/coordinator/txnlog.py). 0: never (the log grows for ever)."""
     fan_out_timeout_s: float = 10.0
-    """How long a v4 END_TXN waits for unreachable participants before it answers
-    ServiceNotReady (the decision is logged: the coordinator goes on with it in the
-    background); also the limit of each of its background tries."""
+    """How long a v4 END_TXN waits for unreachable (or moving: ``NotOwner``) participants
+    before it answers ServiceNotReady (the decision is logged: the coordinator goes on
+    with it in the background); also the limit of each of its background tries."""
     auth: AuthSettings = field(default_factory=AuthSettings)
     """Tokens, the policy and the cluster role's token (docs/security.md); off by default."""
