@@ -321,3 +321,25 @@ async def test_a_v4_commit_refused_by_a_participant_is_finished_by_the_coordinat
     )
     await wait_until(lambda: not _finishing(txn), what="the coordinator's finishing ended")
     await _delivered_again_then_drained(client, cluster, V4, [0, 3, 4, 5])
+
+
+async def test_a_v4_commit_asked_again_after_the_repair_ends_the_coordinators_loop(
+    client: Client, cluster: Cluster
+) -> None:
+    """The client asks again once the record is repaired: its END_TXN succeeds, and the
+    coordinator's loop for it ends (the transaction is final), whoever of the two got
+    through first: it is committed once (one final state logged), its acks applied."""
+    txn = await _held_by_an_open_transaction(client, V4)
+    await cluster.store.put(cursor_key(V4.ledger, SUB), GARBAGE)
+    with pytest.raises(PersistenceError):
+        await _end(txn, commit=True)
+    assert len(_finishing(txn)) == 1
+    coordinator = cluster.coordinator.app[V4_COORDINATOR]
+    committed = coordinator.counters["committed"]
+
+    await client.admin.repair_cursor(V4.ledger, SUB)
+    await _end(txn, commit=True)  # the client asks again
+    assert coordinator.status(txn.id).state == COMMITTED
+    await wait_until(lambda: not _finishing(txn), what="the coordinator's loop ended")
+    assert coordinator.counters["committed"] == committed + 1
+    await _delivered_again_then_drained(client, cluster, V4, [0, 3, 4, 5])
