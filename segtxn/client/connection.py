@@ -209,8 +209,8 @@ class Connector:
             kwargs["headers"] = headers
         async with self.session.request(method, url, **kwargs) as response:
             text = await response.text()
-            if response.status >= 400:
-                raise _error(response.status, response.headers, text)
+            if response.status >= 300:  # (a redirect followed is answered by its target;
+                raise _error(response.status, response.headers, text)  # one not, is not)
             return json.loads(text) if text else None
 
     @staticmethod
