@@ -9,7 +9,11 @@ queued.
 
 The first failed write stops the writer: that batch and everything queued fail with
 ``LedgerError``, and so does every later append, until the ledger is reopened (a write
-that failed half-way leaves the file in a state only recovery may judge).
+that failed half-way leaves the file in a state only recovery may judge). So does a halt
+(:meth:`GroupCommit.halt`). Once stopped, nothing is queued any more: an append that
+waited for room is refused when it gets it, as the task that drained the queue may have
+ended (queued, it was never answered, and the ledger's close, waiting for an idle
+writer, never returned).
 """
 
 from __future__ import annotations
@@ -77,11 +81,15 @@ class GroupCommit:
         self._admitting = 0  # appends holding or waiting for _admission
         self.failure: BaseException | None = None
         """The write that stopped the writer (None while it runs)."""
+        self._batch: list[_Pending] = []  # being written
+        self.told: WriteFailed | None = None
+        """What ``on_failure`` was told (None: not yet), for a listener that comes later."""
         self._task = asyncio.create_task(self._run(), name=f"ledger-writer-{name}")
 
     async def enqueue(self, payload: bytes, check: Callable[[], None]) -> asyncio.Future[Position]:
         """Queue ``payload`` once there is room; ``check`` raises if the ledger no longer
-        takes appends (called before and after any wait for room)."""
+        takes appends (called after any wait for room, and once more right before
+        queueing: the writer may have stopped while this append waited for the lock)."""
         if (queued := self.enqueue_now(payload)) is not None:
             return queued  # nobody waits for room: no lock to take
         self._admitting += 1
@@ -91,6 +99,7 @@ class GroupCommit:
                     self._drained.clear()
                     await self._drained.wait()
                     check()
+                check()
                 return self._push(payload)
         finally:
             self._admitting -= 1
@@ -106,14 +115,30 @@ class GroupCommit:
         return not self._queue or self._queued_bytes + size <= self._settings.max_pending_bytes
 
     def _push(self, payload: bytes) -> asyncio.Future[Position]:
+        """Queue ``payload``, unless the writer stopped (failed, halted, closed): then its
+        future fails at once, as nothing would write it (never queued, never unanswered)."""
         pending = _Pending(payload, asyncio.get_running_loop().create_future())
+        if self.failure is not None or self._task.done():
+            pending.done.set_exception(self._refusal())
+            return pending.done
         self._queue.append(pending)
         self._queued_bytes += len(payload)
         self.idle.clear()
         self._wake.set()
         return pending.done
 
+    def _refusal(self) -> LedgerError:
+        if self.failure is not None:
+            return WriteFailed(f"write failed: {self.failure}", self.failure)
+        return LedgerClosed(f"{self._name} was closed before this append was written")
+
     async def _run(self) -> None:
+        try:
+            await self._drain()
+        except Exception as e:  # a bug of its own: whatever is queued must still settle
+            self._fail(self._batch, e)  # (logged there, with its traceback)
+
+    async def _drain(self) -> None:
         while True:
             await self._wake.wait()
             if (
@@ -121,7 +146,7 @@ class GroupCommit:
                 and self._queued_bytes < self._settings.max_batch_bytes
             ):
                 await asyncio.sleep(self._settings.max_batch_delay_s)
-            batch = self._take_batch()
+            batch = self._batch = self._take_batch()
             if not batch:
                 self._wake.clear()
                 self.idle.set()
@@ -143,6 +168,7 @@ class GroupCommit:
                 self._fail(batch, e)
                 return
             self._answer(batch, positions)
+            self._batch = []
 
     @staticmethod
     def _answer(batch: list[_Pending], positions: list[Position]) -> None:
@@ -188,6 +214,7 @@ class GroupCommit:
         self._drained.set()
         self.idle.set()
         if tell:
+            self.told = failed
             self._on_failure(failed)
 
     def _take_batch(self) -> list[_Pending]:
