@@ -432,7 +432,8 @@ class BrokerService:
         if self.refused.pop(name, None) is not None:
             log.warning("%s: its ledgers are whole again; serving it", name)
         self.topics[name] = topic
-        topic.ledger.on_write_failure.append(lambda e: handoff.write_failed(self, topic, e))
+        # (told at once if it stopped while loading: a fence proven by a background save)
+        topic.ledger.watch_write_failure(lambda e: handoff.write_failed(self, topic, e))
         last = topic.ledger.last_confirmed
         log.info(
             "loaded %s on broker %s: %s, %d subscriptions%s; took %.1f ms",

@@ -392,6 +392,15 @@ class LedgerAppends(LedgerReads):
         producers idle, or sealed) stayed served by a broker that no longer owned it."""
         self._writer.halt(error)
 
+    def watch_write_failure(self, callback: Callable[[WriteFailed], None]) -> None:
+        """Call ``callback`` once the writer stops (a failed write, a fence: see
+        :attr:`on_write_failure`), or now if it stopped already: a fence proven while the
+        ledger's owner was still loading it (a cursor's save in the background) was told
+        to no one, and the owner served a ledger that refused every append for ever."""
+        self.on_write_failure.append(callback)
+        if self._writer.told is not None:
+            callback(self._writer.told)
+
     def _write_failed(self, failure: WriteFailed) -> None:
         self._notify()  # readers waiting for entries must learn of it too
         for callback in self.on_write_failure:
