@@ -180,8 +180,13 @@ class GroupCommit:
         """Stop taking appends as after a failed write, for ``error`` (the ledger can no
         longer tell where they would go): what is queued fails, and the owner is told once
         (``on_failure``), to reopen the ledger. A batch already taken is refused by the
-        ledger's own write, which checks :attr:`failure` before writing it."""
-        if self.failure is None:
+        ledger's own write, which checks :attr:`failure` before writing it.
+
+        A fence after a failure that was not retriable (damage: its owner keeps the ledger,
+        refusing appends) is told too, once: another owner has the ledger now, and this
+        one must let it go."""
+        damaged = self.told is not None and not self.told.retriable
+        if self.failure is None or (damaged and isinstance(error, LedgerFenced)):
             log.warning("%s: %s; refusing appends until reopened", self._name, error)
             self.failure = error
             self._refuse([], error, tell=True)

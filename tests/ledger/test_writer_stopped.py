@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from segtxn.ledger import ManagedLedger, Position
 from segtxn.ledger.errors import WriteFailed
 from segtxn.ledger.fencing import OwnerChanged
@@ -84,3 +86,30 @@ async def test_a_failed_write_under_backpressure_settles_every_append_and_close_
     assert len(told) == 1
     async with asyncio.timeout(10):
         assert await ledger.close() is False
+
+
+async def test_a_fence_after_a_damaging_write_is_told_too(open_ledger: OpenLedger) -> None:
+    """A write failed for good (not retriable: its owner keeps the topic, refusing
+    appends); a save then proves another owner: that is told as well, retriable, so the
+    owner lets the ledger go instead of keeping a topic another broker serves."""
+    ledger = await open_ledger()
+    told: list[WriteFailed] = []
+    ledger.on_write_failure.append(told.append)
+    current = ledger._current
+    assert current is not None
+
+    def damaged(payloads: object) -> None:
+        raise OSError(5, "Input/output error")
+
+    current.append_batch = damaged  # type: ignore[method-assign]
+    with pytest.raises(WriteFailed):
+        await ledger.append(b"lost")
+    assert [t.retriable for t in told] == [False]
+
+    ledger.fenced(OwnerChanged("proved by a cursor save"))
+    ledger.fenced(OwnerChanged("proved again"))
+
+    assert [t.retriable for t in told] == [False, True]
+    with pytest.raises(WriteFailed) as refused:
+        await ledger.append(b"refused")
+    assert refused.value.retriable
