@@ -25,6 +25,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,15 +60,16 @@ async def memory_store() -> AsyncIterator[MetadataStore]:
 
 @contextlib.asynccontextmanager
 async def serving(
-    store: MetadataStore, tmp_path: Path
+    store: MetadataStore, tmp_path: Path, broker_id: str = "b-fenced-cursor", **settings: Any
 ) -> AsyncIterator[tuple[BrokerServer, Client]]:
-    """A broker on ``store`` and a client of it."""
+    """A broker on ``store`` (with ``settings`` beside the defaults) and a client of it."""
     listener = Listener("127.0.0.1")  # its port, held from the pick on
     broker = BrokerServer(
         BrokerSettings(
-            broker_id="b-fenced-cursor",
+            broker_id=broker_id,
             advertise_url=f"http://127.0.0.1:{listener.port}",
             ledger_url=f"file://{tmp_path / 'ledgers'}",
+            **settings,
         ),
         store=store,
         listener=listener,

@@ -19,48 +19,31 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from segtxn.broker.app import BrokerServer
-from segtxn.broker.settings import BrokerSettings
 from segtxn.client import Client
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore
 from segtxn.protocol.names import TopicName
-from segtxn.web import Listener
 from tests.broker.test_fenced_cursor_unload import record_let_go
+from tests.broker.test_fenced_cursor_unload import serving as fenced_cursor_broker
 from tests.waiting import wait_until
 
 TOPIC = "persistent://acme/dedup/fenced"
 NAME = TopicName.parse(TOPIC)
 
 
-@contextlib.asynccontextmanager
-async def serving(
+def serving(
     store: MetadataStore, tmp_path: Path, *, snapshot_every: int
-) -> AsyncIterator[tuple[BrokerServer, Client]]:
+) -> contextlib.AbstractAsyncContextManager[tuple[BrokerServer, Client]]:
     """A broker on ``store`` that snapshots de-duplication every ``snapshot_every``
     messages, and a client of it."""
-    listener = Listener("127.0.0.1")  # its port, held from the pick on
-    broker = BrokerServer(
-        BrokerSettings(
-            broker_id="b-fenced-snapshot",
-            advertise_url=f"http://127.0.0.1:{listener.port}",
-            ledger_url=f"file://{tmp_path / 'ledgers'}",
-            dedup_snapshot_every=snapshot_every,
-        ),
-        store=store,
-        listener=listener,
+    return fenced_cursor_broker(
+        store, tmp_path, "b-fenced-snapshot", dedup_snapshot_every=snapshot_every
     )
-    await broker.start()
-    try:
-        async with Client(broker.settings.advertise_url) as client:
-            yield broker, client
-    finally:
-        await broker.stop()
 
 
 async def take_over(store: MetadataStore, ledger: str) -> None:
