@@ -25,13 +25,13 @@ import pytest
 from aiohttp import web
 
 from segtxn.broker.app import BrokerServer
-from segtxn.broker.service import BrokerService
 from segtxn.client import Client
 from segtxn.coordinator.app import V4
 from segtxn.protocol.names import TopicName
 from segtxn.topics.catalog import HOMES_BY_BROKER, BrokerInfo, Catalog, broker_key, home_key
 from segtxn.web import Listener
 from tests.cluster import Cluster
+from tests.txn.test_v4_moved_back import move
 
 TOPIC = "persistent://acme/v4/moving"
 NAME = TopicName.parse(TOPIC)
@@ -57,17 +57,6 @@ async def y(cluster: Cluster) -> AsyncIterator[BrokerServer]:
         await broker.stop()
 
 
-async def move(source: BrokerService, target: BrokerService) -> None:
-    """What a drain does (:func:`segtxn.broker.handoff._move`), to a chosen broker."""
-    source.moving.add(NAME)
-    try:
-        await source.unload(NAME)
-        to = target.broker_id
-        assert await source.catalog.move_home(NAME, away_from=source.broker_id, to=to) == to
-    finally:
-        source.moving.discard(NAME)
-
-
 async def _home(cluster: Cluster, broker_id: str) -> None:
     await cluster.store.put(
         home_key(NAME), msgspec.json.encode(broker_id), indexes={HOMES_BY_BROKER: broker_id}
@@ -88,7 +77,7 @@ async def test_a_participant_that_moved_takes_the_decision_at_its_new_broker(
         consumer = await client.subscribe(TOPIC, "s", initial_position="earliest")
         txn = client.transaction()
         await producer.send(b"in-txn", txn=txn)
-        await move(source.service, target.service)
+        await move(source.service, target.service, NAME)
 
         stale = [0]
         home_of = Catalog.home_of

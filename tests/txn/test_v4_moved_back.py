@@ -67,15 +67,16 @@ async def brokers(cluster: Cluster) -> AsyncIterator[tuple[BrokerServer, BrokerS
         await y.stop()
 
 
-async def move(source: BrokerService, target: BrokerService) -> None:
-    """What a drain does (:func:`segtxn.broker.handoff._move`), to a chosen broker."""
-    source.moving.add(NAME)
+async def move(source: BrokerService, target: BrokerService, name: TopicName = NAME) -> None:
+    """What a drain does to topic ``name`` (:func:`segtxn.broker.handoff._move`), to a
+    chosen broker."""
+    source.moving.add(name)
     try:
-        await source.unload(NAME)
+        await source.unload(name)
         to = target.broker_id
-        assert await source.catalog.move_home(NAME, away_from=source.broker_id, to=to) == to
+        assert await source.catalog.move_home(name, away_from=source.broker_id, to=to) == to
     finally:
-        source.moving.discard(NAME)
+        source.moving.discard(name)
 
 
 def buffer(service: BrokerService) -> MarkerTransactionBuffer:
