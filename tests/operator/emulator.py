@@ -14,8 +14,9 @@ manager no longer applies removed; :mod:`tests.operator.ssa` says how faithfully
 absent, so tests do it themselves: schema validation and defaulting, garbage collection of
 owned objects, label selectors, and controllers (a StatefulSet's status is patched by the
 test, and its pods made by the test: :attr:`Emulator.deleted` says when one goes).
-``metadata.generation`` is kept for segtxn resources only (1 on create, +1 on a patch that
-carries ``spec``: the tests' patches change what they carry).
+``metadata.generation`` is kept for segtxn resources (1 on create, +1 on a patch that
+carries ``spec``: the tests' patches change what they carry) and for what the operator
+applies (:func:`tests.operator.ssa.with_generation`: 1 on create, +1 on a spec change).
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ class Emulator(kmock.KubernetesEmulator):
         async with self._lock:
             obj = self.objects._objects.get(key)
             live = None if obj is None or obj.deleted else dict(obj.raw)
-            outcome = ssa.apply(live, data, manager, _now())
+            outcome = ssa.with_generation(live, ssa.apply(live, data, manager, _now()))
             if live is None:  # an apply creates what does not exist
                 meta = outcome["metadata"]
                 meta.setdefault("namespace", request.namespace)
@@ -355,8 +356,8 @@ class Emulator(kmock.KubernetesEmulator):
 
 
 def _ours(request: kmock.Request) -> bool:
-    """A segtxn resource: the emulator keeps its generation, as an API server does (the
-    tests set the generation of built-in kinds themselves, playing their controllers)."""
+    """A segtxn resource: the emulator keeps its generation on every write, as an API
+    server does (of built-in kinds, only what the operator applies: :meth:`_apply`)."""
     return bool(request.resource is not None and request.resource.group == "segtxn.io")
 
 

@@ -25,6 +25,11 @@ What is emulated, and what is simpler than Kubernetes:
 - ``status`` and the server's own metadata (uid, resourceVersion, generation, ...) are
   never owned: an apply neither sets nor removes them (as for resources whose status is a
   subresource).
+- ``metadata.generation`` of an object with a ``spec`` is the API server's
+  (:func:`with_generation`): 1 when an apply creates it, one more in the same write when an
+  apply changes its spec. A workload's controller compares it with its
+  ``status.observedGeneration``; a test that bumped it itself, after the apply, would leave
+  a window in which the new template looks rolled out already.
 """
 
 from __future__ import annotations
@@ -160,3 +165,19 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> Obj:
         elif key not in old or before != value:
             patch[key] = copy.deepcopy(value)
     return patch
+
+
+def with_generation(live: Mapping[str, Any] | None, outcome: Obj) -> Obj:
+    """``outcome`` (of an apply to ``live``) with ``metadata.generation`` as the API
+    server sets it for an object with a ``spec``: 1 on create, +1 when the spec changed,
+    else as it was. Objects without a spec are returned as they are."""
+    if "spec" not in outcome:
+        return outcome
+    before = dict((live or {}).get("metadata", {}))
+    if live is None:
+        generation = 1
+    elif live.get("spec") != outcome["spec"]:
+        generation = int(before.get("generation") or 0) + 1
+    else:
+        return outcome
+    return {**outcome, "metadata": {**outcome.get("metadata", {}), "generation": generation}}

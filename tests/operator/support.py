@@ -91,24 +91,22 @@ async def cluster(emu: Emulator, local: Local, **brokers: Any) -> None:
 
 
 async def statefulset_rolled(emu: Emulator, name: str = "demo-broker") -> None:
-    """Play the API server and the StatefulSet's controller (no controller runs here): its
-    current template seen (a new generation, observed) and every pod updated and ready.
+    """Play the StatefulSet's controller (no controller runs here): its current template
+    seen (its generation observed) and every pod updated and ready.
     What the brokers' roll ends with, and what the coordinators' turn waits for
     (segtxn/operator/ordering.py)."""
     await workload_rolled(emu, "statefulsets", name)
 
 
 async def workload_rolled(emu: Emulator, plural: str, name: str) -> None:
-    """Play the API server and the controller of the ``apps/v1`` workload ``plural/name``
-    (a StatefulSet or a Deployment): a new generation observed, every replica updated and
-    ready."""
+    """Play the controller of the ``apps/v1`` workload ``plural/name`` (a StatefulSet or a
+    Deployment): its generation (the emulator's, bumped by each apply that changed its
+    spec) observed, every replica updated and ready."""
     found = emu.get(f"apps/v1/{plural}", name)
     assert found is not None, name
-    generation = int(found["metadata"].get("generation") or 0) + 1
+    generation = int(found["metadata"]["generation"])
     replicas = int(found["spec"]["replicas"])
     path = f"/apis/apps/v1/namespaces/{NS}/{plural}/{name}"
-    code, body = await emu.call("PATCH", path, {"metadata": {"generation": generation}})
-    assert code == 200, body
     state = {"observedGeneration": generation, "replicas": replicas,
              "updatedReplicas": replicas, "readyReplicas": replicas}  # fmt: skip
     code, body = await emu.call("PATCH", f"{path}/status", {"status": state})

@@ -64,9 +64,13 @@ async def make_pod(emu: Emulator, name: str, rev: str) -> None:
 
 
 async def set_revision(emu: Emulator, rev: str) -> None:
-    """The controller has seen the latest template: its revision is ``rev``."""
+    """The controller has seen the latest template (its generation observed): its
+    revision is ``rev``."""
+    found = emu.get(STS, "demo-broker")
+    assert found is not None
+    seen = {"updateRevision": rev, "observedGeneration": found["metadata"]["generation"]}
     path = f"/apis/apps/v1/namespaces/{NS}/statefulsets/demo-broker/status"
-    code, body = await emu.call("PATCH", path, {"status": {"updateRevision": rev}})
+    code, body = await emu.call("PATCH", path, {"status": seen})
     assert code == 200, body
 
 
