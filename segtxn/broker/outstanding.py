@@ -21,7 +21,7 @@ awaits.
 
 from __future__ import annotations
 
-from sortedcontainers import SortedDict, SortedSet
+from sortedcontainers import SortedSet
 
 from segtxn.broker.delivery import ConsumerLink
 from segtxn.ledger import Position
@@ -38,8 +38,13 @@ class Outstanding:
         """Who each pending message was delivered to."""
         self.redeliver: SortedSet[Position] = SortedSet()
         """Shared: positions handed back, delivered before new ones."""
-        self.deliveries: SortedDict[Position, int] = SortedDict()
-        """How often each unacknowledged position was delivered (redelivery_count)."""
+        self.deliveries: dict[Position, int] = {}
+        """How often each unacknowledged position was delivered (redelivery_count), in the
+        order of their first deliveries: position order (a subscription delivers new
+        positions in order; what comes again is here already). A plain dict, not a sorted
+        one: every delivery inserts here and every ack removes, and a ``SortedDict`` of
+        positions cost 6 µs a message for the two against 1 (:meth:`prune_deliveries`
+        relies on the order instead)."""
         self.acking: dict[Position, TxnId] = {}
         """Pending positions whose transactional ack is on its way (checked, not yet held:
         the transaction's header or its op record is being read or written)."""
@@ -120,9 +125,17 @@ class Outstanding:
 
     def prune_deliveries(self, mark: Position) -> None:
         """Drop the delivery counts at or before the cursor's mark-delete position ``mark``
-        (acknowledged: they never come again)."""
-        while self.deliveries and self.deliveries.peekitem(0)[0] <= mark:
-            self.deliveries.popitem(0)
+        (acknowledged: they never come again), from the first delivered on, up to the
+        first one after ``mark``. A count left behind it (a position first delivered out
+        of order) goes once the mark passes that one too: only its memory waits, never a
+        count that is read (its position is acknowledged)."""
+        gone = []
+        for position in self.deliveries:
+            if position > mark:
+                break
+            gone.append(position)
+        for position in gone:
+            del self.deliveries[position]
 
     def check_txn_ack(
         self,
