@@ -51,6 +51,11 @@ from segtxn.ledger.records import (
 )
 from segtxn.ledger.recovery import check_closed, check_identity, recover_tail
 
+IN_LOOP_READ_BYTES = 1 << 20
+"""The most a read does in the event loop (:meth:`FileEntryLog.read_async`): decoding and
+checking a larger one would hold the loop, where a worker thread lets it run between."""
+_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+
 
 class FileEntryLog(EntryLog):
     def __init__(
@@ -128,6 +133,50 @@ class FileEntryLog(EntryLog):
         return max(first, min(last, first + self.entries_within(first, max_bytes) - 1))
 
     def read(self, first: int, last: int) -> list[bytes]:
+        last, start, stop = self._span(first, last)
+        return self._decode(memoryview(os.pread(self._fd, stop - start, start)), first, last)
+
+    async def read_async(self, first: int, last: int) -> list[bytes]:
+        """:meth:`read`, in the event loop when :meth:`read_cached` can, else on a worker
+        thread.
+
+        Why: a hop to a worker thread and back cost 90-100 µs of CPU on a small virtual
+        machine (its wake-ups), a read of cached pages 1-2 µs; a dispatcher reads once per
+        run of new entries, a tailing consumer's from the page cache."""
+        cached = self.read_cached(first, last)
+        if cached is not None:
+            return cached
+        return await super().read_async(first, last)
+
+    def read_cached(self, first: int, last: int) -> list[bytes] | None:
+        """:meth:`read` if every byte of it is in the page cache and they are no more than
+        :data:`IN_LOOP_READ_BYTES`; else None, having waited for nothing. ``RWF_NOWAIT``
+        (Linux) makes the read fail rather than wait for the disk; where it does not exist,
+        or is refused, this is always None.
+
+        Raises:
+            as :meth:`read` (bounds, a damaged entry).
+        """
+        last, start, stop = self._span(first, last)
+        if _NOWAIT is None or stop - start > IN_LOOP_READ_BYTES:
+            return None
+        buffer = bytearray(stop - start)
+        try:
+            got = os.preadv(self._fd, [buffer], start, _NOWAIT)
+        except OSError:  # not all cached (EAGAIN: the disk would be waited for), or
+            return None  # RWF_NOWAIT refused here: the thread's read says what it finds
+        if got != len(buffer):
+            return None
+        return self._decode(memoryview(buffer), first, last)
+
+    def _span(self, first: int, last: int) -> tuple[int, int, int]:
+        """``last`` as it can be read (a damaged log ends at its last whole entry), and the
+        byte range of ``first..last``.
+
+        Raises:
+            IndexError: ``last`` is beyond the log.
+            LedgerCorrupted: ``first`` is in or after the damage.
+        """
         if last >= self.count:
             if self.damage is None:
                 raise IndexError(f"{self.path}: entry {last} is beyond {self.count}")
@@ -136,7 +185,16 @@ class FileEntryLog(EntryLog):
             last = self.count - 1
         start = self._offsets[first]
         stop = self._offsets[last + 1] if last + 1 < len(self._offsets) else self._end
-        data = memoryview(os.pread(self._fd, stop - start, start))
+        return last, start, stop
+
+    def _decode(self, data: memoryview, first: int, last: int) -> list[bytes]:
+        """The payloads of entries ``first..last`` from ``data``, their bytes (from the
+        offset of ``first`` on), each checked against its checksum.
+
+        Raises:
+            LedgerCorrupted: an entry fails its checksum.
+        """
+        start = self._offsets[first]
         out: list[bytes] = []
         for entry_id in range(first, last + 1):
             payload = decode_entry(data, self._offsets[entry_id] - start, entry_id)

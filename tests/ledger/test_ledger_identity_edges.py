@@ -116,6 +116,9 @@ class _PausedEntryLog(FileEntryLog):
         _RESUME.wait(30)
         return super().read(first, last)
 
+    def read_cached(self, first: int, last: int) -> list[bytes] | None:
+        return None  # a slow disk: nothing is in the page cache
+
 
 class _PausedStorage(FileLogStorage):
     entry_log = _PausedEntryLog
