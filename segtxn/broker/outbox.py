@@ -6,6 +6,7 @@ out together (runs of receipts or messages as one batch frame: :func:`frames.coa
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 
@@ -26,11 +27,20 @@ class Outbox:
     """A bounded queue of frames and the task that writes them to the socket.
 
     Frames may be queued before the WebSocket is prepared (a consumer's ``ConsumerReady``
-    is queued when it attaches); they are written, in order, once ``start`` is called."""
+    is queued when it attaches); they are written, in order, once ``start`` is called.
+
+    The queue is a deque and an event, not an ``asyncio.Queue``: every frame a broker sends
+    (each message, receipt, ack receipt) passes through here, and the queue's put, get and
+    ``task_done`` cost about 1 µs a frame against 0.2 (timeit, 100,000 frames)."""
 
     def __init__(self, ws: web.WebSocketResponse, size: int, name: str) -> None:
         self.ws = ws
-        self.queue: asyncio.Queue[Frame] = asyncio.Queue(maxsize=size)
+        self._size = size
+        self._queued: collections.deque[Frame] = collections.deque()
+        self._wake = asyncio.Event()
+        self._written = asyncio.Event()
+        """Set while nothing queued is left unwritten (or the writer stopped for good)."""
+        self._written.set()
         self._name = name
         self.task: asyncio.Task[None] | None = None
         self._hanging_up: asyncio.Task[None] | None = None
@@ -42,15 +52,17 @@ class Outbox:
     def send(self, frame: Frame) -> None:
         if self._hanging_up is not None:
             return  # nothing more goes to a connection being closed
-        try:
-            self.queue.put_nowait(frame)
-        except asyncio.QueueFull:
+        if len(self._queued) >= self._size:
             log.warning(
                 "%s: outbound queue full; closing a connection that does not read", self._name
             )
             if self.task is not None:
                 self.task.cancel()
             self._hanging_up = asyncio.create_task(self._hang_up(), name=f"ws-hang-up-{self._name}")
+            return
+        self._queued.append(frame)
+        self._written.clear()
+        self._wake.set()
 
     async def _hang_up(self) -> None:
         """Close a connection that does not read: with a close frame if its socket takes one
@@ -68,20 +80,23 @@ class Outbox:
             transport.abort()
 
     async def _run(self) -> None:
-        while True:
-            queued = [await self.queue.get()]
-            while len(queued) < _MAX_COALESCED and not self.queue.empty():
-                queued.append(self.queue.get_nowait())
-            try:
-                for frame in frames.coalesce(queued):  # runs of receipts/messages: one each
-                    if not self.ws.closed:
-                        await self.ws.send_bytes(frames.encode(frame))
-            except ConnectionError:  # the client went away: nothing more to write
-                log.info("%s: the connection closed while writing", self._name)
-                return
-            finally:
-                for _ in queued:
-                    self.queue.task_done()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._queued:
+                    count = min(len(self._queued), _MAX_COALESCED)
+                    queued = [self._queued.popleft() for _ in range(count)]
+                    try:
+                        for frame in frames.coalesce(queued):  # runs of receipts/messages
+                            if not self.ws.closed:
+                                await self.ws.send_bytes(frames.encode(frame))
+                    except ConnectionError:  # the client went away: nothing more to write
+                        log.info("%s: the connection closed while writing", self._name)
+                        return
+                self._written.set()
+        finally:
+            self._written.set()  # (stopped: what is left is never written)
 
     async def close(self) -> None:
         if self._hanging_up is not None:
@@ -92,6 +107,6 @@ class Outbox:
         if not self.ws.closed and not self.task.done():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
-                    await self.queue.join()
+                    await self._written.wait()
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
