@@ -244,5 +244,6 @@ def check_request_id(request_id: int) -> None:
 
 def check_txn(txn: tuple[int, int] | None, name: ErrorName) -> None:
     """Refuse (as ``name``) a transaction id in a frame whose halves are not 64-bit."""
-    if txn is not None and not all(0 <= half <= MAX_U64 for half in txn):
+    if txn is not None and not (0 <= txn[0] <= MAX_U64 and 0 <= txn[1] <= MAX_U64):
+        # (two halves: the frame's type says so; no generator: this runs for every send)
         raise ServerError(name, f"a transaction id is two numbers in 0..{MAX_U64}, not {txn}")

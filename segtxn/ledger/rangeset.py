@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from segtxn.ledger.position import Position
 
 Range = tuple[Position, Position]
+_AFTER_ALL = Position(2**63, 0)
+"""After every position: a range starting at ``p`` sorts before ``(p, _AFTER_ALL)``."""
 
 
 class RangeSet:
@@ -48,7 +50,7 @@ class RangeSet:
     def __contains__(self, position: object) -> bool:
         if not isinstance(position, Position):
             return False
-        i = bisect_right(self._ranges, (position, Position(2**63, 0))) - 1
+        i = bisect_right(self._ranges, (position, _AFTER_ALL)) - 1
         return i >= 0 and self._ranges[i][0] <= position <= self._ranges[i][1]
 
     def add(self, position: Position) -> None:
