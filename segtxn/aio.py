@@ -312,10 +312,17 @@ class Window:
         """No slot is free: :meth:`acquire` would wait."""
         return self._free == 0
 
-    async def acquire(self) -> None:
-        """Take a slot, waiting for one if none is free."""
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free (True), without waiting: :meth:`acquire`'s fast path
+        without a coroutine, for a caller that asks once per message."""
         if self._free:  # (never free while someone waits: release hands slots over)
             self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting for one if none is free."""
+        if self.try_acquire():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)

@@ -87,3 +87,16 @@ async def test_a_waiter_cancelled_after_it_was_handed_a_slot_passes_it_on() -> N
 def test_a_window_needs_a_slot() -> None:
     with pytest.raises(ValueError, match="at least one slot"):
         Window(0)
+
+
+async def test_try_acquire_takes_a_free_slot_and_never_one_a_waiter_was_handed() -> None:
+    window = Window(1)
+    assert window.try_acquire()
+    assert not window.try_acquire()  # none free: it does not wait, it says so
+    waiter = asyncio.create_task(window.acquire())
+    await wait_until(lambda: len(window._waiters) == 1, what="waiting")
+    window.release()  # handed to the waiter, which has not run yet
+    assert not window.try_acquire()  # no overtaking, as for acquire()
+    await waiter
+    window.release()
+    assert window.try_acquire()

@@ -334,7 +334,8 @@ async def producer(request: web.Request) -> web.StreamResponse:
                     go()
                     if not window.full:
                         await asyncio.sleep(0)  # its entries reach the ledger, which syncs them
-                await window.acquire()  # backpressure: stop reading while the window is full
+                if not window.try_acquire():  # (no coroutine per send when there is room)
+                    await window.acquire()  # backpressure: stop reading while it is full
                 cost = budget.cost(len(send.payload))
                 if not budget.try_take(cost):
                     if items:  # these first: they give their room back as they end

@@ -58,15 +58,19 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._table)
 
+    def take_room(self) -> bool:
+        """Take a slot of the window if one is free now (True); else :meth:`room` waits.
+        (Asked first for every send: a free slot costs no coroutine, no timer.)"""
+        return self._window.try_acquire()
+
     async def room(self, deadline: Deadline, producer: str) -> None:
         """Take a slot of the window, waiting until ``deadline`` for one.
 
         Raises:
             Timeout: no room by ``deadline`` (retriable: nothing was sent).
         """
-        if not self._window.full:
-            await self._window.acquire()  # there is room: returns at once, no timer needed
-            return
+        if self._window.try_acquire():
+            return  # there is room: no timer needed
         try:
             async with deadline.timeout():
                 await self._window.acquire()

@@ -166,7 +166,8 @@ class Producer(ProducerConnection, Closable):
         if txn is not None and not registered and not txn.joined(self._topic):
             await txn.add_partition(self._topic, deadline)
             self._check_usable()  # closed while it registered
-        await self._in_flight.room(deadline, self.name)
+        if not self._in_flight.take_room():
+            await self._in_flight.room(deadline, self.name)
         try:  # the room may be what closing it, or its failure, freed; an abort() that
             self._check_usable()  # stopped waiting for this send may have ended ``txn``
             if txn is not None:
