@@ -276,7 +276,13 @@ class LedgerAppends(LedgerReads):
         cancel's grace.
 
         Raises:
-            LedgerFenced: another owner changed the record.
+            LedgerFenced: another owner changed the record (or it holds a rollover of this
+                owner's own that cannot be taken up): the ledger stops taking appends and
+                tells its owner, as :meth:`fenced` does. A change that met the fence is
+                proof of it, whichever it was: a compacted log's rollover, a trim, a
+                property's change. Raised alone, it was logged by its caller ("compaction
+                failed, retried later") and the ledger's appends went on, on a ledger
+                another process owned, until one of them met the fence in its turn.
             NotLanded: the store could not be reached; the change did not land, and never
                 will (the version it now expects is the record's new one).
             StoreUnavailable: the store cannot be reached (the write may have landed: the
@@ -302,8 +308,14 @@ class LedgerAppends(LedgerReads):
             try:
                 key = metadata_key(self.name)
                 version = await cas_put(self._store, key, encoded, self._version)
-            except LedgerFenced:
-                if not await self._take_up_own_write():
+            except LedgerFenced as fence:
+                try:
+                    taken_up = await self._take_up_own_write()
+                except LedgerFenced as own:  # a rollover of its own it cannot take up
+                    self.fenced(own)
+                    raise
+                if not taken_up:  # another owner's change: proof, whichever change met it
+                    self.fenced(fence)
                     raise
                 continue
             except (NotLanded, OutcomeUnknown) as e:
@@ -400,6 +412,27 @@ class LedgerAppends(LedgerReads):
         self.on_write_failure.append(callback)
         if self._writer.told is not None:
             callback(self._writer.told)
+
+    def stop_with(self, other: LedgerAppends) -> None:
+        """Stop taking appends when ``other`` does for a reason reopening may cure (a
+        fence, too few replicas, a full disk: ``WriteFailed.retriable``), for the same
+        cause: ``other`` is a ledger this one's owner keeps beside it and cannot serve
+        without (a topic's subscription's pending-ack log), so the owner's one watcher of
+        this ledger (:meth:`watch_write_failure`) lets both go, once, and the next open
+        reopens both. A failure that is not retriable (damage) is not passed on: as for
+        this ledger's own, its owner keeps it, ``other`` refusing appends.
+
+        Without it, a pending-ack log fenced by another owner stopped alone: nobody watched
+        it, the topic stayed served here, and every later transactional ack of the
+        subscription was refused for ever, on a broker that may no longer own the topic."""
+
+        def stopped(failure: WriteFailed) -> None:
+            if failure.retriable and not self._closing:
+                log.warning("%s: %s stopped (%s); so does it", self.name, other.name, failure)
+                cause = failure.cause
+                self._writer.halt(cause if isinstance(cause, Exception) else failure)
+
+        other.watch_write_failure(stopped)
 
     def _write_failed(self, failure: WriteFailed) -> None:
         self._notify()  # readers waiting for entries must learn of it too
