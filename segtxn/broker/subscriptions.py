@@ -164,6 +164,7 @@ class Subscriptions:
                 str(self.name),
                 name,
                 cursor=cursor,
+                topic_ledger=self.ledger,
                 store=self._store,
                 storage=self._storage,
                 settings=self.settings.ledger,

@@ -105,6 +105,7 @@ class MLPendingAckStore(ReservingPendingAckStore):
         subscription: str,
         *,
         cursor: ManagedCursor,
+        topic_ledger: ManagedLedger,
         store: MetadataStore,
         storage: LogStorage,
         settings: LedgerSettings,
@@ -117,6 +118,7 @@ class MLPendingAckStore(ReservingPendingAckStore):
         self.topic = topic
         self._checks = checks
         self.subscription = subscription
+        self._topic_ledger = topic_ledger
         self._store = store
         self._storage = storage
         self._settings = settings
@@ -137,11 +139,17 @@ class MLPendingAckStore(ReservingPendingAckStore):
         return f"{self.topic} subscription {self.subscription!r}"
 
     async def _ledger(self) -> CompactedLog:
+        """The log, opened on first use. Its retriable stop (another owner's fence met by
+        a compaction or a write, too few replicas, a full disk) stops the topic's ledger
+        too (:meth:`~segtxn.ledger.appends.LedgerAppends.stop_with`): the broker unloads the
+        topic, as for a stop of its own, and the next load reopens the log. Left alone,
+        the stopped log refused every later transactional ack of the subscription."""
         async with self._open_lock:
             if self._log is None:
                 self._log = await CompactedLog.open(
                     self._name, self._store, self._storage, self._settings
                 )
+                self._topic_ledger.stop_with(self._log.ledger)  # (see _ledger's docstring)
             return self._log
 
     async def ack(
