@@ -61,7 +61,14 @@ from collections.abc import Sequence
 import msgspec
 
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.ledger import LedgerError, LedgerSettings, LogStorage, ManagedLedger, Position
+from segtxn.ledger import (
+    LedgerError,
+    LedgerSettings,
+    LogStorage,
+    ManagedLedger,
+    Position,
+    WriteFailed,
+)
 from segtxn.ledger.compacted import CompactedLog
 from segtxn.ledger.errors import close_after_cut
 from segtxn.ledger.metadata import metadata_key
@@ -328,23 +335,78 @@ class SnapshotLogs:
         self._compact_entries = compact_entries
         self._metrics = metrics
         self._logs: dict[str, asyncio.Task[SnapshotLog]] = {}
+        self._opened: dict[str, SnapshotLog] = {}
+        """The log each task of :attr:`_logs` opened (or is handing back): the one a stop
+        of its writer lets go of."""
+        self._letting_go: dict[str, asyncio.Task[None]] = {}
+        """The closes of logs whose writer stopped: the next open of the name waits for
+        its own (a ledger has one writer at a time: its files are locked until it is
+        closed)."""
+        self._closed = False
 
     def get(self, tenant: str, namespace: str) -> asyncio.Task[SnapshotLog]:
+        """The namespace's log (the task opening it, or that opened it). A log whose writer
+        stopped for a reason reopening may cure is let go of (:meth:`_stopped`), and the
+        next call opens it again."""
         name = snapshot_log(tenant, namespace, self._broker_id)
         task = self._logs.get(name)
         if task is None or (task.done() and task.exception() is not None):
-            task = asyncio.ensure_future(
-                SnapshotLog.open(
-                    name,
-                    self._store,
-                    self._storage,
-                    self._settings,
-                    compact_entries=self._compact_entries,
-                    metrics=self._metrics,
-                )
-            )
+            task = asyncio.ensure_future(self._open(name))
             self._logs[name] = task
         return task
+
+    async def _open(self, name: str) -> SnapshotLog:
+        """Open ``name`` once the close of its stopped predecessor, if any, has ended."""
+        closing = self._letting_go.get(name)
+        if closing is not None:
+            await asyncio.shield(closing)  # (it raises nothing: see _let_go)
+        log_ = await SnapshotLog.open(
+            name,
+            self._store,
+            self._storage,
+            self._settings,
+            compact_entries=self._compact_entries,
+            metrics=self._metrics,
+        )
+        self._opened[name] = log_
+        log_.ledger.watch_write_failure(lambda failure: self._stopped(name, log_, failure))
+        return log_
+
+    def _stopped(self, name: str, log_: SnapshotLog, failure: WriteFailed) -> None:
+        """``log_``'s writer stopped: if reopening may cure it (a fence met by a compaction,
+        a rollover whose outcome the store left unknown, a full disk, too few replicas),
+        it is let go of (closed in the background) and the next :meth:`get` opens it again.
+        Damage is not: the log stays, refusing snapshots, as a damaged topic stays.
+
+        Why: kept, the stopped log refused every later snapshot of every topic of its
+        namespace (each logged at ERROR), and their recoveries replayed ever more of their
+        ledgers, until the broker restarted. Unloading the topics would not do: loaded
+        again, they write to the same log."""
+        if not failure.retriable or self._closed or self._opened.get(name) is not log_:
+            return
+        del self._opened[name]
+        self._logs.pop(name, None)  # (the task that opened log_: see _opened)
+        log.warning("%s: %s; it is closed, and opened again on its next use", name, failure)
+        closing = asyncio.create_task(self._let_go(name, log_), name=f"let-go-{name}")
+        self._letting_go[name] = closing
+
+    async def _let_go(self, name: str, log_: SnapshotLog) -> None:
+        """Close the stopped ``log_`` (its clean close is not written: its next open
+        recovers it); a failure is logged, not raised: nobody awaits this but the next
+        open, which opens the log whatever happened."""
+        try:
+            await log_.close()
+        except Exception as e:
+            ok = isinstance(e, LedgerError | MetadataStoreError)
+            log.log(
+                logging.WARNING if ok else logging.ERROR,
+                "%s: closing it after its writer stopped failed: %s: %s",
+                name, type(e).__name__, e,
+                exc_info=not ok,
+            )  # fmt: skip
+        finally:
+            if self._letting_go.get(name) is asyncio.current_task():
+                del self._letting_go[name]
 
     async def forget(self, tenant: str, namespace: str, topic: str) -> None:
         """:meth:`SnapshotLog.forget` in the namespace's log (opened if need be).
@@ -373,11 +435,14 @@ class SnapshotLogs:
         Raises:
             Exception: the first failure, once every log is closed.
         """
+        self._closed = True
         tasks = list(self._logs.values())
         self._logs.clear()
+        self._opened.clear()
         for task in tasks:
             task.cancel()  # (no-op for those opened or failed)
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._letting_go.values())  # (each logs its own failure)
         failure: Exception | None = None
         for task in tasks:
             if task.cancelled() or task.exception() is not None:

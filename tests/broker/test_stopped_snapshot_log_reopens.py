@@ -1,0 +1,65 @@
+"""A namespace's v4 snapshot log whose writer stopped for a reason reopening may cure is
+reopened by its next use; the topics go on snapshotting into it.
+
+The snapshot log (segtxn/broker/txn/snapshots.py) is a managed ledger of its own, one per
+namespace and broker, opened once and kept. A stop of its writer (a compaction's rollover
+that met a fence or whose outcome the store left unknown, a full disk, too few replicas)
+was for good: the broker kept the stopped log, every later snapshot of every topic of the
+namespace failed (logged at ERROR), and recovery replayed ever more of each ledger, until
+the broker restarted. Unloading the topics would cure nothing (loaded again, they use the
+same log), so the log itself is let go and opened again, as a topic is for its ledger.
+
+Real components: the cluster's broker and coordinator on the in-memory store, files in
+``tmp_path``; "another owner" changes the log's metadata record as an open of it would.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from segtxn.broker.txn.snapshots import snapshot_log
+from segtxn.client import Client
+from segtxn.ledger import LedgerClosed, WriteFailed
+from segtxn.protocol.names import TopicName
+from tests.broker.test_fenced_snapshot_unload import take_over
+from tests.cluster import Cluster
+from tests.txn.test_v4 import loaded, restart_broker
+
+TOPIC = "persistent://acme/v4snap/t"
+LOG = snapshot_log("acme", "v4snap", "b1")
+COMPACT_ENTRIES = 4
+
+
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)
+async def test_a_snapshot_log_fenced_by_a_compaction_is_reopened_by_the_next_snapshot(
+    cluster: Cluster,
+) -> None:
+    await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+    snapshots = cluster.broker.service.snapshots
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC)
+        open_ = client.transaction()
+        await producer.send(b"o", txn=open_)
+        buffer = await loaded(cluster, TOPIC)
+        for _ in range(COMPACT_ENTRIES):  # the next snapshot compacts the log first
+            await buffer.snapshot()
+        stopped = await snapshots.get("acme", "v4snap")
+        await take_over(cluster.store, LOG)
+        # its compaction met the fence: the log stopped (and is being closed: the write
+        # is refused either way)
+        with pytest.raises((WriteFailed, LedgerClosed)):
+            await buffer.snapshot()
+        late = client.transaction()
+        await producer.send(b"late", txn=late)
+        await buffer.snapshot()  # into the log opened again
+        reopened = await snapshots.get("acme", "v4snap")
+        assert reopened is not stopped
+        assert stopped.ledger.is_closing  # (let go of before the open: one writer)
+        latest = await reopened.latest(TOPIC)
+        last = cluster.broker.service.topics[TopicName.parse(TOPIC)].ledger.last_confirmed
+        assert latest is not None and last is not None
+        assert latest.position == (last.ledger_id, last.entry_id)
+        assert set(latest.ongoing) == {str(open_.id), str(late.id)}
+        await open_.abort()
+        await late.abort()
