@@ -116,7 +116,7 @@ class CoordinatorV4:
             storage,
             self.counters,
             spawn=self._spawn,
-            recovered=self._finish_caught,
+            recovered=self._taken_over,
         )
         self.repairer: RepairLoop | None = None
         """With replication: keeps the closed ledgers of the logs held here copied."""
@@ -163,6 +163,23 @@ class CoordinatorV4:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _taken_over(self, held: HeldLog) -> None:
+        """A log just taken over: its stop gives the id up (:meth:`_give_up`), and what its
+        replay caught mid-way is finished (:meth:`_finish_caught`)."""
+        held.log.ledger.watch_write_failure(lambda _: self._give_up(held))
+        self._finish_caught(held)
+
+    def _give_up(self, held: HeldLog) -> None:
+        """``held``'s log refuses every write until it is opened again (its writer stopped:
+        a failed append, or a fence its compaction met in the background): give the id up,
+        once, so that a take-over (here or elsewhere) reopens and replays it. Told by the
+        stop itself, not only by the next append refused: a compaction's fence left the id
+        here, answering from memory for a log it could no longer write, until some call
+        appended and was refused."""
+        if not held.giving_up:
+            held.giving_up = True
+            self._spawn(held.give_up(), f"v4-give-up-{held.log.ledger.name}")
 
     def _finish_caught(self, held: HeldLog) -> None:
         """Finish, in the background, every transaction the replay of a log taken over
@@ -225,9 +242,7 @@ class CoordinatorV4:
         try:
             await held.log.append(meta)
         except LedgerError as e:
-            if not held.giving_up:  # the log refuses every write until it is opened again:
-                held.giving_up = True  # a take-over (here or elsewhere) reopens and replays it
-                self._spawn(held.give_up(), f"v4-give-up-{meta.txn[0]:x}")
+            self._give_up(held)
             raise ServerError(ErrorName.SERVICE_NOT_READY, f"transaction log: {e}") from e
         if held.log.due:
             self._spawn(held.compact(), f"v4-log-compaction-{meta.txn[0]}")
