@@ -21,6 +21,8 @@ awaits.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from sortedcontainers import SortedSet
 
 from segtxn.broker.delivery import ConsumerLink
@@ -38,13 +40,14 @@ class Outstanding:
         """Who each pending message was delivered to."""
         self.redeliver: SortedSet[Position] = SortedSet()
         """Shared: positions handed back, delivered before new ones."""
-        self.deliveries: dict[Position, int] = {}
+        self.deliveries: OrderedDict[Position, int] = OrderedDict()
         """How often each unacknowledged position was delivered (redelivery_count), in the
-        order of their first deliveries: position order (a subscription delivers new
-        positions in order; what comes again is here already). A plain dict, not a sorted
-        one: every delivery inserts here and every ack removes, and a ``SortedDict`` of
-        positions cost 6 µs a message for the two against 1 (:meth:`prune_deliveries`
-        relies on the order instead)."""
+        order of their first deliveries: position order, mostly (a subscription delivers
+        new positions in order; what comes again is here already), and pruned from the
+        front (:meth:`prune_deliveries`). Not a sorted map: every delivery inserts here and
+        every ack removes, and a ``SortedDict`` of positions cost 6 µs a message for the
+        two. Not a plain dict: its iteration from the front walks every slot deleted there
+        since its last resize, so each prune cost as much as all that was outstanding."""
         self.acking: dict[Position, TxnId] = {}
         """Pending positions whose transactional ack is on its way (checked, not yet held:
         the transaction's header or its op record is being read or written)."""
@@ -126,16 +129,13 @@ class Outstanding:
     def prune_deliveries(self, mark: Position) -> None:
         """Drop the delivery counts at or before the cursor's mark-delete position ``mark``
         (acknowledged: they never come again), from the first delivered on, up to the
-        first one after ``mark``. A count left behind it (a position first delivered out
-        of order) goes once the mark passes that one too: only its memory waits, never a
-        count that is read (its position is acknowledged)."""
-        gone = []
-        for position in self.deliveries:
-            if position > mark:
-                break
-            gone.append(position)
-        for position in gone:
-            del self.deliveries[position]
+        first one after ``mark``. A count left behind it goes once the mark passes that one
+        too: one first delivered out of order (a message a transaction held before it was
+        delivered, say, whose abort then delivers it after later ones); only its memory
+        waits, never a count that is read (its position is acknowledged)."""
+        deliveries = self.deliveries
+        while deliveries and next(iter(deliveries)) <= mark:
+            deliveries.popitem(last=False)
 
     def check_txn_ack(
         self,
