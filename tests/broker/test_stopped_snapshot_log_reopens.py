@@ -15,15 +15,19 @@ Real components: the cluster's broker and coordinator on the in-memory store, fi
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import pytest
 
-from segtxn.broker.txn.snapshots import snapshot_log
+from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLog, snapshot_log
 from segtxn.client import Client
-from segtxn.ledger import LedgerClosed, WriteFailed
+from segtxn.ledger import LedgerClosed, LedgerFenced, WriteFailed
 from segtxn.protocol.names import TopicName
 from tests.broker.test_fenced_snapshot_unload import take_over
 from tests.cluster import Cluster
 from tests.txn.test_v4 import loaded, restart_broker
+from tests.waiting import wait_until
 
 TOPIC = "persistent://acme/v4snap/t"
 LOG = snapshot_log("acme", "v4snap", "b1")
@@ -46,9 +50,10 @@ async def test_a_snapshot_log_fenced_by_a_compaction_is_reopened_by_the_next_sna
             await buffer.snapshot()
         stopped = await snapshots.get("acme", "v4snap")
         await take_over(cluster.store, LOG)
-        # its compaction met the fence: the log stopped (and is being closed: the write
-        # is refused either way)
-        with pytest.raises((WriteFailed, LedgerClosed)):
+        # its compaction met the fence: the log stopped, and is let go of; the write is
+        # refused by the stopped log, or, let go of first (LedgerClosed), goes into the
+        # log opened again
+        with contextlib.suppress(WriteFailed):
             await buffer.snapshot()
         late = client.transaction()
         await producer.send(b"late", txn=late)
@@ -63,3 +68,43 @@ async def test_a_snapshot_log_fenced_by_a_compaction_is_reopened_by_the_next_sna
         assert set(latest.ongoing) == {str(open_.id), str(late.id)}
         await open_.abort()
         await late.abort()
+
+
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)
+async def test_a_use_of_a_log_let_go_of_under_it_goes_on_in_the_log_opened_again(
+    cluster: Cluster,
+) -> None:
+    """A recovery that took the namespace's log before its writer stopped reads it after
+    the log was closed to be opened again: it reads the reopened one (it failed the
+    topic's load with LedgerClosed)."""
+    await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
+    snapshots = cluster.broker.service.snapshots
+    async with Client(cluster.url) as client:
+        await client.admin.create_topic(TOPIC)
+        producer = await client.create_producer(TOPIC)
+        open_ = client.transaction()
+        await producer.send(b"o", txn=open_)
+        buffer = await loaded(cluster, TOPIC)
+        await buffer.snapshot()
+        taken, go_on = asyncio.Event(), asyncio.Event()
+        used: list[SnapshotLog] = []
+
+        async def latest(log_: SnapshotLog) -> BufferSnapshot | None:
+            used.append(log_)
+            if len(used) == 1:  # the first use holds the log while it is let go of
+                taken.set()
+                await go_on.wait()
+            return await log_.latest(TOPIC)
+
+        reading = asyncio.create_task(snapshots._in_log("acme", "v4snap", latest))
+        await taken.wait()
+        (stopped,) = used
+        stopped.ledger.fenced(LedgerFenced("another owner, as a fenced compaction proves"))
+        await wait_until(lambda: stopped.ledger.is_closing, what="the stopped log let go of")
+        await wait_until(lambda: not snapshots._letting_go, what="its close done")
+        with pytest.raises(LedgerClosed):
+            await stopped.latest(TOPIC)  # (what the first use now meets)
+        go_on.set()
+        found = await asyncio.wait_for(reading, 10)
+        assert len(used) == 2 and used[1] is not stopped
+        assert found is not None and set(found.ongoing) == {str(open_.id)}

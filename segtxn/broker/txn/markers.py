@@ -314,8 +314,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
             {str(t): (p.ledger_id, p.entry_id) for t, p in self._aborted.items()},
             incarnation,
         )
-        log_ = await self._snapshots.get(*self._where)
-        await log_.write(snapshot)
+        await self._snapshots.write(*self._where, snapshot)
 
     # ------------------------------------------------------------------ recovery
 
@@ -331,7 +330,7 @@ class MarkerTransactionBuffer(TransactionBuffer):
             return
         self.contains_txn = True  # "true", or a non-boolean value: always rebuild
         start = self._ledger.first_position()
-        snapshot = await (await self._snapshots.get(*self._where)).latest(self.topic)
+        snapshot = await self._snapshots.latest(*self._where, self.topic)
         if snapshot is not None and (
             not snapshot.incarnation or snapshot.incarnation != await self.incarnation()
         ):  # a deleted topic's (its positions are not this one's), or one that cannot tell

@@ -56,7 +56,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import msgspec
 
@@ -70,7 +71,7 @@ from segtxn.ledger import (
     WriteFailed,
 )
 from segtxn.ledger.compacted import CompactedLog
-from segtxn.ledger.errors import close_after_cut
+from segtxn.ledger.errors import LedgerClosed, close_after_cut
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import MetadataStore, MetadataStoreError
 
@@ -85,6 +86,7 @@ def snapshot_log(tenant: str, namespace: str, broker_id: str) -> str:
 
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class BufferSnapshot(msgspec.Struct, frozen=True):
@@ -414,7 +416,38 @@ class SnapshotLogs:
         Raises:
             LedgerError, MetadataStoreError: the log could not be opened or written.
         """
-        await (await self.get(tenant, namespace)).forget(topic)
+        await self._in_log(tenant, namespace, lambda log_: log_.forget(topic))
+
+    async def write(self, tenant: str, namespace: str, snapshot: BufferSnapshot) -> None:
+        """:meth:`SnapshotLog.write` in the namespace's log (opened if need be).
+
+        Raises:
+            LedgerError, MetadataStoreError: the log could not be opened or written.
+        """
+        await self._in_log(tenant, namespace, lambda log_: log_.write(snapshot))
+
+    async def latest(self, tenant: str, namespace: str, topic: str) -> BufferSnapshot | None:
+        """:meth:`SnapshotLog.latest` in the namespace's log (opened if need be).
+
+        Raises:
+            LedgerError, MetadataStoreError: the log could not be opened or read.
+        """
+        return await self._in_log(tenant, namespace, lambda log_: log_.latest(topic))
+
+    async def _in_log(
+        self, tenant: str, namespace: str, use: Callable[[SnapshotLog], Awaitable[T]]
+    ) -> T:
+        """``use`` the namespace's log; once more on the log opened again if the one it had
+        was let go of under it (:meth:`_stopped`: its writer stopped, and the close that
+        lets the next open have its files found it in use: ``LedgerClosed``)."""
+        log_ = await self.get(tenant, namespace)
+        try:
+            return await use(log_)
+        except LedgerClosed:
+            name = snapshot_log(tenant, namespace, self._broker_id)
+            if self._closed or self._opened.get(name) is log_:
+                raise  # closed with the broker, or not let go of: nothing newer to use
+        return await use(await self.get(tenant, namespace))
 
     def opened(self) -> list[SnapshotLog]:
         """The logs open now (for metrics)."""
