@@ -168,11 +168,14 @@ class MessageStream(StreamWrites):
                     raise ServiceNotReady("the broker did not accept us")
                 self.active = ready.active
                 self.epoch = ready.epoch
-            await ws.send_bytes(frames.encode(Flow(permits=self._size)))
-            async with self._writing:  # acks whose receipts never came, before anything new
+            # Acks whose receipts never came go first, before anything new and before the
+            # permits: the broker takes them in before it delivers again, so what they
+            # acknowledge is not delivered again (it was, once its reads were quick).
+            async with self._writing:
                 for frame in self._acks.unanswered():
                     self._acks.placing(frame, broker)
                     await ws.send_bytes(frames.encode(frame))
+                await ws.send_bytes(frames.encode(Flow(permits=self._size)))
                 self._ws, self._broker = ws, broker
         except (aiohttp.ClientError, ConnectionError, msgspec.DecodeError) as e:
             await close_quietly(ws.close())
