@@ -82,8 +82,8 @@ class InFlight:
             ) from e
 
     def give_back(self) -> None:
-        """A slot taken by :meth:`room` will not be used (the send was refused after it
-        had room: nothing was queued)."""
+        """A slot taken by :meth:`take_room` or :meth:`room` will not be used (the send
+        was refused after it had room: nothing was queued)."""
         self._window.release()
 
     def add(self, pending: Pending, deadline: Deadline) -> None:

@@ -28,7 +28,7 @@ class HeldLog:
     """The coordinator's counters (compactions are counted there)."""
     locks: dict[int, asyncio.Lock] = field(default_factory=dict)
     giving_up: bool = False
-    """Set once its log failed a write: the id is being given up."""
+    """Set once its log refused a write or its writer stopped: the id is being given up."""
 
     @property
     def txns(self) -> dict[int, TxnMeta]:
