@@ -18,12 +18,16 @@ What a crash may leave behind, and what recovery does about it, is the contract 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from segtxn.ledger.errors import LedgerCorrupted, LedgerMissing, close_after_cut
+
+log = logging.getLogger(__name__)
 
 
 class Placement(NamedTuple):
@@ -347,6 +351,23 @@ async def close_log_after_cut(name: str, storage: LogStorage, entry_log: EntryLo
     cancelled part-way had opened (an open, a rollover), in that step's ``except
     BaseException:`` handler: the close's failure (an ``OSError`` releasing its file) is
     logged at WARNING naming the ledger and the file, and what cut the step propagates
-    (:func:`~segtxn.ledger.errors.close_after_cut`)."""
-    where = storage.where(name, entry_log.ledger_id)
-    await close_after_cut(asyncio.to_thread(entry_log.close), f"{name}: {where}")
+    (:func:`~segtxn.ledger.errors.close_after_cut`).
+
+    The close runs to its end even if this is cancelled meanwhile (shielded): a cancel
+    that reached it before its worker thread had started it (a pending-ack log's
+    compaction, whose rollover met another owner's fence, cancelled by the close of the
+    topic that fence unloads) left the new file open and locked, and every later load of
+    the topic on this broker failed, "held by another writer"."""
+    what = f"{name}: {storage.where(name, entry_log.ledger_id)}"
+    closing = asyncio.ensure_future(asyncio.to_thread(entry_log.close))
+    try:
+        await close_after_cut(asyncio.shield(closing), what)
+    except asyncio.CancelledError:  # (its failure, if any, is said when it ends)
+        closing.add_done_callback(functools.partial(_closed_late, what))
+        raise
+
+
+def _closed_late(what: str, closing: asyncio.Future[None]) -> None:
+    if not closing.cancelled() and (error := closing.exception()) is not None:
+        log.warning("%s: closing it after the step that opened it was cut short failed: %s: %s",
+                    what, type(error).__name__, error)  # fmt: skip
