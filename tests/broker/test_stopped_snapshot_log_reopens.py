@@ -20,8 +20,9 @@ import contextlib
 
 import pytest
 
+from segtxn.broker.txn.markers import MarkerTransactionBuffer
 from segtxn.broker.txn.snapshots import BufferSnapshot, SnapshotLog, snapshot_log
-from segtxn.client import Client
+from segtxn.client import Client, Producer, ScalableProducer, Transaction
 from segtxn.ledger import LedgerClosed, LedgerFenced, WriteFailed
 from segtxn.protocol.names import TopicName
 from tests.broker.test_fenced_snapshot_unload import take_over
@@ -34,6 +35,18 @@ LOG = snapshot_log("acme", "v4snap", "b1")
 COMPACT_ENTRIES = 4
 
 
+async def one_open_transaction(
+    cluster: Cluster, client: Client
+) -> tuple[Producer | ScalableProducer, Transaction, MarkerTransactionBuffer]:
+    """``TOPIC`` holding one open v4 transaction's message: its producer, the
+    transaction, and the topic's buffer."""
+    await client.admin.create_topic(TOPIC)
+    producer = await client.create_producer(TOPIC)
+    open_ = client.transaction()
+    await producer.send(b"o", txn=open_)
+    return producer, open_, await loaded(cluster, TOPIC)
+
+
 @pytest.mark.parametrize("cluster", ["memory"], indirect=True)
 async def test_a_snapshot_log_fenced_by_a_compaction_is_reopened_by_the_next_snapshot(
     cluster: Cluster,
@@ -41,11 +54,7 @@ async def test_a_snapshot_log_fenced_by_a_compaction_is_reopened_by_the_next_sna
     await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
     snapshots = cluster.broker.service.snapshots
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        open_ = client.transaction()
-        await producer.send(b"o", txn=open_)
-        buffer = await loaded(cluster, TOPIC)
+        producer, open_, buffer = await one_open_transaction(cluster, client)
         for _ in range(COMPACT_ENTRIES):  # the next snapshot compacts the log first
             await buffer.snapshot()
         stopped = await snapshots.get("acme", "v4snap")
@@ -80,11 +89,7 @@ async def test_a_use_of_a_log_let_go_of_under_it_goes_on_in_the_log_opened_again
     await restart_broker(cluster, txn_log_compact_entries=COMPACT_ENTRIES)
     snapshots = cluster.broker.service.snapshots
     async with Client(cluster.url) as client:
-        await client.admin.create_topic(TOPIC)
-        producer = await client.create_producer(TOPIC)
-        open_ = client.transaction()
-        await producer.send(b"o", txn=open_)
-        buffer = await loaded(cluster, TOPIC)
+        _, open_, buffer = await one_open_transaction(cluster, client)
         await buffer.snapshot()
         taken, go_on = asyncio.Event(), asyncio.Event()
         used: list[SnapshotLog] = []

@@ -40,6 +40,15 @@ def watched(ledger: ManagedLedger) -> list[WriteFailed]:
     return told
 
 
+async def tied(open_ledger: OpenLedger) -> tuple[ManagedLedger, ManagedLedger, list[WriteFailed]]:
+    """A topic's ledger tied to its subscription's pending-ack log (``stop_with``), and
+    what the topic's ledger tells its watcher."""
+    topic = await open_ledger("persistent://t/n/topic")
+    log_ = await open_ledger("persistent://t/n/topic-s__transaction_pending_ack")
+    topic.stop_with(log_)
+    return topic, log_, watched(topic)
+
+
 async def test_a_rollover_that_meets_another_owner_stops_the_ledger(
     open_ledger: OpenLedger, store: MetadataStore
 ) -> None:
@@ -74,10 +83,7 @@ async def test_a_property_change_that_meets_another_owner_stops_the_ledger(
 async def test_a_retriable_stop_of_a_tied_ledger_stops_this_one_once(
     open_ledger: OpenLedger, store: MetadataStore
 ) -> None:
-    topic = await open_ledger("persistent://t/n/topic")
-    log_ = await open_ledger("persistent://t/n/topic-s__transaction_pending_ack")
-    topic.stop_with(log_)
-    told = watched(topic)
+    topic, log_, told = await tied(open_ledger)
     await log_.append(b"ack")
     await take_over(store, log_)
     with pytest.raises(LedgerFenced):
@@ -94,10 +100,7 @@ async def test_a_retriable_stop_of_a_tied_ledger_stops_this_one_once(
 async def test_damage_of_a_tied_ledger_is_not_passed_on(open_ledger: OpenLedger) -> None:
     """A write of the log that failed for good (not retriable): the log refuses appends,
     and the topic's ledger goes on (as the topic's own damage does not unload it)."""
-    topic = await open_ledger("persistent://t/n/topic")
-    log_ = await open_ledger("persistent://t/n/topic-s__transaction_pending_ack")
-    topic.stop_with(log_)
-    told = watched(topic)
+    topic, log_, told = await tied(open_ledger)
     current = log_._current
     assert current is not None
 
@@ -131,10 +134,7 @@ async def test_a_stop_of_a_tied_ledger_after_this_one_is_closed_is_not_passed_on
 ) -> None:
     """(A topic's close closes its ledger, then its subscriptions' logs: a fence one of
     them meets meanwhile is no news to a ledger let go already.)"""
-    topic = await open_ledger("persistent://t/n/topic")
-    log_ = await open_ledger("persistent://t/n/topic-s__transaction_pending_ack")
-    topic.stop_with(log_)
-    told = watched(topic)
+    topic, log_, told = await tied(open_ledger)
     assert await topic.close() is True  # its clean close recorded
     await take_over(store, log_)
     with pytest.raises(LedgerFenced):

@@ -399,13 +399,7 @@ class SnapshotLogs:
         try:
             await log_.close()
         except Exception as e:
-            ok = isinstance(e, LedgerError | MetadataStoreError)
-            log.log(
-                logging.WARNING if ok else logging.ERROR,
-                "%s: closing it after its writer stopped failed: %s: %s",
-                name, type(e).__name__, e,
-                exc_info=not ok,
-            )  # fmt: skip
+            _close_failed(name, "closing it after its writer stopped", e)
         finally:
             if self._letting_go.get(name) is asyncio.current_task():
                 del self._letting_go[name]
@@ -484,13 +478,18 @@ class SnapshotLogs:
             try:
                 await log_.close()
             except Exception as e:
-                ok = isinstance(e, LedgerError | MetadataStoreError)
-                log.log(
-                    logging.WARNING if ok else logging.ERROR,
-                    "%s: closing it failed: %s: %s",
-                    log_.ledger.name, type(e).__name__, e,
-                    exc_info=not ok,
-                )  # fmt: skip
+                _close_failed(log_.ledger.name, "closing it", e)
                 failure = failure or e
         if failure is not None:
             raise failure
+
+
+def _close_failed(name: str, what: str, error: Exception) -> None:
+    """Log a snapshot log's failed close: at WARNING when the ledger or the store said so,
+    at ERROR with the traceback otherwise (a bug)."""
+    said = isinstance(error, LedgerError | MetadataStoreError)
+    log.log(
+        logging.WARNING if said else logging.ERROR,
+        "%s: %s failed: %s: %s", name, what, type(error).__name__, error,
+        exc_info=not said,
+    )  # fmt: skip
