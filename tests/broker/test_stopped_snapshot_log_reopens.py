@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import pytest
 
@@ -113,3 +114,24 @@ async def test_a_use_of_a_log_let_go_of_under_it_goes_on_in_the_log_opened_again
         found = await asyncio.wait_for(reading, 10)
         assert len(used) == 2 and used[1] is not stopped
         assert found is not None and set(found.ongoing) == {str(open_.id)}
+
+
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)
+async def test_a_background_snapshot_refused_by_a_stopped_log_is_a_warning_not_a_traceback(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopped log refusing a snapshot is expected operations (the log is opened again
+    on its next use, and replay covers the snapshot): it was logged at ERROR with a
+    traceback, as a bug is."""
+    async with Client(cluster.url) as client:
+        _, _, buffer = await one_open_transaction(cluster, client)
+
+        async def refused() -> None:
+            raise WriteFailed("the log's writer stopped", LedgerFenced("another owner"))
+
+        monkeypatch.setattr(buffer, "snapshot", refused)
+        with caplog.at_level(logging.WARNING):
+            await buffer._snapshot()
+    (said,) = [r for r in caplog.records if "snapshot failed" in r.getMessage()]
+    assert said.levelno == logging.WARNING and said.exc_info is None
+    assert "the log's writer stopped" in said.getMessage()

@@ -291,8 +291,16 @@ class MarkerTransactionBuffer(TransactionBuffer):
     # ------------------------------------------------------------------ snapshots
 
     async def _snapshot(self) -> None:
+        """:meth:`snapshot` in the background. A failure the ledger or the store gives (a
+        snapshot log whose writer stopped, and is opened again on its next use; a store
+        that failed) is a WARNING without a traceback: replay covers it; any other is a
+        bug, logged with its traceback."""
         try:
             await self.snapshot()
+        except (LedgerError, MetadataStoreError) as e:
+            log.warning(
+                "%s: transaction buffer snapshot failed (replay covers it): %s", self.topic, e
+            )
         except Exception:
             log.exception("%s: transaction buffer snapshot failed (replay covers it)", self.topic)
         finally:
