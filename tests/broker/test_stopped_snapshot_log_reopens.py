@@ -135,3 +135,13 @@ async def test_a_background_snapshot_refused_by_a_stopped_log_is_a_warning_not_a
     (said,) = [r for r in caplog.records if "snapshot failed" in r.getMessage()]
     assert said.levelno == logging.WARNING and said.exc_info is None
     assert "the log's writer stopped" in said.getMessage()
+
+
+@pytest.mark.parametrize("cluster", ["memory"], indirect=True)
+async def test_no_snapshot_log_is_opened_once_they_are_closed(cluster: Cluster) -> None:
+    """(A topic closing late in a broker's stop snapshots: a log opened then stayed open.)"""
+    snapshots = cluster.broker.service.snapshots
+    await snapshots.close()
+    with pytest.raises(LedgerClosed, match="snapshot logs are closed"):
+        snapshots.get("acme", "v4snap")
+    assert snapshots.opened() == []

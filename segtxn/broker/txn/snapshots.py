@@ -349,10 +349,12 @@ class SnapshotLogs:
     def get(self, tenant: str, namespace: str) -> asyncio.Task[SnapshotLog]:
         """The namespace's log (the task opening it, or that opened it). A log whose writer
         stopped for a reason reopening may cure is let go of (:meth:`_stopped`), and the
-        next call opens it again."""
+        next call opens it again. After :meth:`close`, LedgerClosed (it would stay open)."""
+        if self._closed:
+            raise LedgerClosed("the broker's transaction-buffer snapshot logs are closed")
         name = snapshot_log(tenant, namespace, self._broker_id)
         task = self._logs.get(name)
-        if task is None or (task.done() and task.exception() is not None):
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             task = asyncio.ensure_future(self._open(name))
             self._logs[name] = task
         return task
