@@ -25,7 +25,7 @@ import pytest
 
 from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn import commits, oprecords
-from segtxn.broker.txn.buffer_records import WritesDraft
+from segtxn.broker.txn.buffer_records import ORPHANS, WritesDraft
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.client import Client, Timeout
 from segtxn.ledger import Position
@@ -125,13 +125,16 @@ async def test_a_broker_stopping_with_a_step_in_flight_leaves_no_send_waiting(
 ) -> None:
     """Through a broker: a transactional send whose op-record step is in flight (held) as
     the broker stops. The stop ends, and the send's publish task with it (no task is left
-    waiting: the suite's leaked-task guard)."""
+    waiting: the suite's leaked-task guard). The orphaning of its entry (slowed here) ends
+    within the stop: the stop returned while it still wrote, and the publish task ended
+    after it (or was cut by the store's close)."""
     monkeypatch.setattr(oprecords, "STEP_END_WAIT_S", 0.05, raising=False)
     async with Client(cluster.url) as client:
         await client.admin.create_topic(TOPIC, segments=1)
         producer = await client.create_producer(TOPIC, send_timeout_s=1.0)
         txn = await client.transaction().start()
         held = cluster.faults.hold("txn", key_prefix="/txn-op/", times=1, before=True)
+        cluster.faults.delay("txn", 1.0, key_prefix=ORPHANS)  # it outlived the store's close
         sending = await producer.send_async(b"m", txn=txn)
         await held.wait_for(1)  # the step is in flight, parked
         await asyncio.wait_for(cluster.broker.stop(), 30)

@@ -247,6 +247,7 @@ class MetadataTransactionBuffer(TransactionBuffer):
                 settling(finished, self._finish(txn, version, outcomes, appended, ops)),
                 name=f"txn-append-{txn}",
             )
+            self._ops.settled_by(finishing)  # (it may orphan them: the store must outlive it)
             try:
                 return await finished
             except asyncio.CancelledError:  # (``finished`` is cancelled with it; not the task)

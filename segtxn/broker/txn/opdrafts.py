@@ -3,15 +3,18 @@ ledger an op record is fenced by (:class:`Owner`), the in-memory side of one rec
 (:class:`Draft`: what it should hold now and what has landed), and a run of appends being
 written (:class:`AppendInFlight`), which a store step waits for so that the run's record
 joins it. Kept apart from the writer so that participants depend on these small contracts,
-not on how steps are batched and settled."""
+not on how steps are batched and settled; and what the writer queues of a draft
+(:class:`Waiting`)."""
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from segtxn.ledger.errors import LedgerFenced
+from segtxn.metastore import Put
 from segtxn.protocol.errors import ServerError
 from segtxn.protocol.txn import TxnId
 from segtxn.topics import transactions as T
@@ -76,3 +79,29 @@ class AppendInFlight:
         runs.discard(self)
         if not runs:
             del self._all[self._txn]
+
+
+@dataclass(eq=False)
+class Waiting:
+    """A draft queued for a step of the writer, with the callers waiting for it."""
+
+    draft: Draft
+    version: int
+    owner: Owner | None
+    """The ledger of the segment the record is written for (None: no such check)."""
+    waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    snapshot: T.OpRecord | None = None
+    put: Put | None = None
+    """What the step writing it holds, and its Put (set when the step is built)."""
+
+
+def requeue(queue: dict[str, Waiting], chosen: list[Waiting]) -> None:
+    """Put the drafts of a step that wrote nothing back in ``queue``, for the next step;
+    their waiters go before those of a draft queued again meanwhile."""
+    for waiting in chosen:
+        waiting.snapshot = waiting.put = None
+        newer = queue.get(waiting.draft.key)
+        if newer is None:
+            queue[waiting.draft.key] = waiting
+        else:
+            newer.waiters[:0] = waiting.waiters

@@ -53,7 +53,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -61,8 +61,14 @@ from segtxn.broker.metrics import BrokerMetrics
 from segtxn.broker.txn.commits import STOPPING, CommitAnswer, Commits, PendingCommit
 from segtxn.broker.txn.headers import HeaderCache
 from segtxn.broker.txn.opclean import OpRecordCleaner
-from segtxn.broker.txn.opdrafts import AppendInFlight, Draft, Owner
-from segtxn.broker.txn.oprefusals import owner_refusal, stopping, store_failed
+from segtxn.broker.txn.opdrafts import AppendInFlight, Draft, Owner, Waiting, requeue
+from segtxn.broker.txn.oprefusals import (
+    fail_waiters,
+    owner_refusal,
+    refuse_stopped,
+    stopping,
+    store_failed,
+)
 from segtxn.failures import retry_warning
 from segtxn.ledger.metadata import metadata_key
 from segtxn.metastore import (
@@ -99,18 +105,6 @@ outcome, before it cancels them (a step is one store round trip; a commit's sett
 the store fails, is cut then: CommitUnknown)."""
 
 
-@dataclass(eq=False)
-class _Waiting:
-    draft: Draft
-    version: int
-    owner: Owner | None
-    """The ledger of the segment the record is written for (None: no such check)."""
-    waiters: list[asyncio.Future[None]] = field(default_factory=list)
-    snapshot: T.OpRecord | None = None
-    put: Put | None = None
-    """What the step writing it holds, and its Put (set when the step is built)."""
-
-
 class OpRecordWriter:
     def __init__(
         self,
@@ -124,8 +118,10 @@ class OpRecordWriter:
         :meth:`Commits.wait_counted`; :meth:`hurry` when it becomes true."""
         self._store = store
         self._metrics = metrics
-        self._queues: dict[TxnId, dict[str, _Waiting]] = {}
+        self._queues: dict[TxnId, dict[str, Waiting]] = {}
         self._flushers: dict[TxnId, asyncio.Task[None]] = {}
+        self._settling: set[asyncio.Task[Any]] = set()
+        """Tasks that act on a write's answer through the store (:meth:`settled_by`)."""
         self._appends: dict[TxnId, set[AppendInFlight]] = {}
         """Runs of appends in flight per transaction (:meth:`appending`)."""
         self._commits = Commits(headers, held_back)
@@ -184,7 +180,7 @@ class OpRecordWriter:
             queue = self._queues.setdefault(txn, {})
             waiting = queue.get(draft.key)
             if waiting is None:
-                waiting = queue[draft.key] = _Waiting(draft, version, owner)
+                waiting = queue[draft.key] = Waiting(draft, version, owner)
             done = asyncio.get_running_loop().create_future()
             waiting.waiters.append(done)
             if ops:
@@ -196,6 +192,14 @@ class OpRecordWriter:
         # Its own future, unshielded: a shield cost every waiter one more loop turn after its
         # step (design note 21); a cancelled caller cancels only it, which the step skips.
         await done
+
+    def settled_by(self, task: asyncio.Task[Any]) -> None:
+        """``task`` acts on the answer of a :meth:`write` through the store (a transaction
+        buffer orphaning the entries a refused record was to cover): :meth:`close`, which
+        refuses every waiter, returns once such tasks have ended, so that the broker's
+        store (closed after this writer) outlives the writes they make."""
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
 
     def covered(self, txn: TxnId, ops: Collection[str]) -> None:
         """Operations ``ops`` of ``txn`` are covered by a record that landed already (no
@@ -267,8 +271,8 @@ class OpRecordWriter:
         """Run the steps of ``txn`` while drafts are queued (or a commit is due), one at a
         time, until the writer closes. Ended (the writer closed, or this task cancelled by
         :meth:`close` as a step was in flight), it refuses every waiter left unanswered, the
-        cut step's and the queued drafts' (:func:`_stopped`)."""
-        chosen: list[_Waiting] = []
+        cut step's and the queued drafts' (:func:`~segtxn.broker.txn.oprefusals.refuse_stopped`)."""
+        chosen: list[Waiting] = []
         try:
             while not self._closed and (self._queues.get(txn) or self._commits.matched(txn)):
                 await self._appends_written(txn)
@@ -279,9 +283,9 @@ class OpRecordWriter:
                 await self._step(txn, self._queues.setdefault(txn, {}), chosen)
         finally:
             self._flushers.pop(txn, None)
-            _stopped([*chosen, *self._queues.pop(txn, {}).values()])
+            refuse_stopped([*chosen, *self._queues.pop(txn, {}).values()])
 
-    def _take(self, txn: TxnId, queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
+    def _take(self, txn: TxnId, queue: dict[str, Waiting], chosen: list[Waiting]) -> None:
         """Move the drafts of the next step from ``queue`` to ``chosen``, each with its
         snapshot and Put (failed drafts: their waiters fail at once)."""
         size = 0
@@ -289,7 +293,7 @@ class OpRecordWriter:
             waiting = queue[key]
             if waiting.draft.failed is not None:
                 del queue[key]
-                _fail(waiting.waiters, waiting.draft.failed)
+                fail_waiters(waiting.waiters, waiting.draft.failed)
                 continue
             record = waiting.draft.snapshot()
             value = T.encode(record)
@@ -302,7 +306,7 @@ class OpRecordWriter:
             size += 2 * len(value)
             chosen.append(queue.pop(key))
 
-    async def _step(self, txn: TxnId, queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
+    async def _step(self, txn: TxnId, queue: dict[str, Waiting], chosen: list[Waiting]) -> None:
         """Write some of ``queue``'s drafts (moving them from it to ``chosen``, empty) in one
         store step; the last step of a transaction whose commit waits here carries its
         compare-and-set."""
@@ -338,7 +342,7 @@ class OpRecordWriter:
             else:
                 error = await owner_refusal(txn, *owned, e)
                 if error is None:
-                    _requeue(queue, chosen)  # its own rollover or trim meanwhile: again
+                    requeue(queue, chosen)  # its own rollover or trim meanwhile: again
                     if commit is not None:
                         self._commits.again(commit)
                     return
@@ -367,7 +371,7 @@ class OpRecordWriter:
         for waiting in chosen:
             if error is not None:
                 waiting.draft.failed = error
-                _fail(waiting.waiters, error)
+                fail_waiters(waiting.waiters, error)
                 continue
             assert waiting.snapshot is not None
             waiting.draft.landed(waiting.snapshot)
@@ -443,7 +447,10 @@ class OpRecordWriter:
         "the broker is stopping" (its draft failed for good: a cut step may have landed or
         not). A one-step commit still waiting is answered "not here", one whose step was
         cut :class:`~segtxn.broker.txn.commits.CommitUnknown` (:meth:`Commits.close`).
-        Idempotent; cancelled, it cuts the steps at once and answers all the same.
+        Idempotent; cancelled, it cuts the steps at once and answers all the same. It
+        returns once the tasks acting on those answers (:meth:`settled_by`) have ended: one
+        still orphaning a refused send's entry as the broker's stop went on was cut by the
+        store's close, its send's publish task left waiting past the stop.
 
         It cancelled the steps in flight at once and dropped the queued drafts, answering
         neither: their callers (a transactional send's publish task, an acknowledgment's)
@@ -458,41 +465,11 @@ class OpRecordWriter:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._commits.close()
+        while self._settling:  # (one refused meanwhile, at once, may start another)
+            await asyncio.wait(list(self._settling))
         await self._cleaner.close()
-
-
-def _requeue(queue: dict[str, _Waiting], chosen: list[_Waiting]) -> None:
-    """Put the drafts of a step that wrote nothing back in ``queue``, for the next step;
-    their waiters go before those of a draft queued again meanwhile."""
-    for waiting in chosen:
-        waiting.snapshot = waiting.put = None
-        newer = queue.get(waiting.draft.key)
-        if newer is None:
-            queue[waiting.draft.key] = waiting
-        else:
-            newer.waiters[:0] = waiting.waiters
 
 
 NOT_APPLIED = (StoreFull, StoreAccessDenied, StoreInvalidArgument)
 """The step was refused, not applied: its commit needs no settling (which would be refused
 alike, and its answer wait, until an operator frees the store or grants the permission)."""
-
-
-def _stopped(left: list[_Waiting]) -> None:
-    """Refuse the waiters a closing writer leaves unanswered (ServiceNotReady: the broker is
-    stopping), each draft with one failed for good: a step cut in flight may have landed or
-    not, and a queued one's record will not hold what its participant believes."""
-    for waiting in left:
-        if all(done.done() for done in waiting.waiters):
-            continue
-        error = stopping()
-        if waiting.draft.failed is None:
-            waiting.draft.failed = error
-        _fail(waiting.waiters, error)
-
-
-def _fail(waiters: list[asyncio.Future[None]], error: ServerError) -> None:
-    for done in waiters:
-        if not done.done():
-            done.set_exception(error)
-            done.exception()  # retrieved: the waiter re-raises it

@@ -5,7 +5,9 @@ send is told can be read in one place."""
 
 from __future__ import annotations
 
-from segtxn.broker.txn.opdrafts import Owner
+import asyncio
+
+from segtxn.broker.txn.opdrafts import Owner, Waiting
 from segtxn.failures import translate
 from segtxn.ledger.fencing import OwnerUnknown
 from segtxn.ledger.ownership import changed_by_its_owner
@@ -67,3 +69,23 @@ def stopping() -> ServerError:
     return ServerError(
         ErrorName.SERVICE_NOT_READY, "could not record the op: the broker is stopping"
     )
+
+
+def refuse_stopped(left: list[Waiting]) -> None:
+    """Refuse the waiters a closing writer leaves unanswered (ServiceNotReady: the broker is
+    stopping), each draft with one failed for good: a step cut in flight may have landed or
+    not, and a queued one's record will not hold what its participant believes."""
+    for waiting in left:
+        if all(done.done() for done in waiting.waiters):
+            continue
+        error = stopping()
+        if waiting.draft.failed is None:
+            waiting.draft.failed = error
+        fail_waiters(waiting.waiters, error)
+
+
+def fail_waiters(waiters: list[asyncio.Future[None]], error: ServerError) -> None:
+    for done in waiters:
+        if not done.done():
+            done.set_exception(error)
+            done.exception()  # retrieved: the waiter re-raises it
