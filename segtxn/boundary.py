@@ -111,7 +111,9 @@ MAX_HEADER_MESSAGE_BYTES = 2048
 """``X-Segtxn-Message`` is cut here once quoted (clients refuse header lines over 8190)."""
 
 
-def _header_text(message: str) -> str:
+def header_text(message: str) -> str:
+    """``message`` as an ``X-Segtxn-Message`` header's value: quoted, and cut at
+    :data:`MAX_HEADER_MESSAGE_BYTES`."""
     quoted = quote(message, errors="backslashreplace")
     if len(quoted) <= MAX_HEADER_MESSAGE_BYTES:
         return quoted
@@ -134,7 +136,7 @@ def error_response(
     # also in headers: a failed WebSocket handshake shows the client headers, not the body
     headers = {
         "X-Segtxn-Error": error.name.value,
-        "X-Segtxn-Message": _header_text(message),
+        "X-Segtxn-Message": header_text(message),
     }
     if error.name is ErrorName.NOT_OWNER and error.redirect and request is not None:
         headers["Location"] = error.redirect.rstrip("/") + request.path_qs

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
 import ssl
+from http import HTTPStatus
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -14,8 +17,10 @@ from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 
 from segtxn.auth import TlsSettings
-from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler, answering_refusals
+from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler, answering_refusals, header_text
+from segtxn.connlimits import ConnectionGate, ConnectionLimits
 from segtxn.inputs import read_body
+from segtxn.protocol.errors import ServerError
 
 
 async def relay(
@@ -71,6 +76,73 @@ def _access_log(enabled: bool) -> logging.Logger | None:
     return logging.getLogger(ACCESS_LOGGER) if enabled else None
 
 
+REFUSAL_LINGER_S = 1.0
+"""How long a refused connection stays open after its answer, for the client to read it
+(closed at once, the request it sent meanwhile unread, the client's system may discard the
+answer and report a reset instead)."""
+
+
+class GatedRequestHandler(JsonRequestHandler):
+    """:class:`JsonRequestHandler` for one connection that ``gate`` admits or refuses: a
+    refused one is answered with the refusal (:func:`refusal_bytes`) before its request is
+    read, and closed; aiohttp never serves it."""
+
+    def __init__(self, gate: ConnectionGate, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gate = gate
+        self._address: str | None = None
+        self._refused: asyncio.TimerHandle | None = None
+        self._admitted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        self._address = peer[0] if isinstance(peer, tuple) and peer else None
+        refusal = self._gate.admit(self._address)
+        if refusal is None:
+            self._admitted = True
+            super().connection_made(transport)
+            return
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(refusal_bytes(refusal))
+        if transport.can_write_eof():
+            transport.write_eof()  # (what it sent meanwhile is read and dropped)
+        self._refused = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        if self._admitted:
+            super().data_received(data)
+
+    def eof_received(self) -> None:
+        if self._admitted:
+            super().eof_received()
+        # a refused one: returning None closes it (its answer was written before)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._admitted:
+            self._admitted = False
+            self._gate.release(self._address)
+            super().connection_lost(exc)
+        elif self._refused is not None:
+            self._refused.cancel()
+
+
+def refusal_bytes(refusal: ServerError) -> bytes:
+    """A whole HTTP/1.1 response refusing a connection: segtxn's JSON error, in headers too
+    (a WebSocket client reads only those), ``Retry-After``, ``Connection: close``."""
+    body = json.dumps({"error": refusal.name.value, "message": refusal.message}).encode()
+    status = refusal.name.http_status
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n"
+        "Retry-After: 1\r\n"
+        f"X-Segtxn-Error: {refusal.name.value}\r\n"
+        f"X-Segtxn-Message: {header_text(refusal.message)}\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
 class _Site(web.BaseSite):
     """A TCP site whose connections are served by :class:`JsonRequestHandler`, so requests
     refused before routing get the JSON error too (aiohttp's TCPSite hard-wires its own
@@ -86,6 +158,7 @@ class _Site(web.BaseSite):
         access_log: bool,
         *,
         listener: Listener | None,
+        gate: ConnectionGate,
     ) -> None:
         super().__init__(runner)
         self._host = host
@@ -93,6 +166,7 @@ class _Site(web.BaseSite):
         self._ssl = ssl_context
         self._access_log = access_log
         self._listener = listener
+        self._gate = gate
 
     @property
     def name(self) -> str:
@@ -107,11 +181,13 @@ class _Site(web.BaseSite):
         server.request_handler = answering_refusals(server.request_handler)
 
         def handler() -> JsonRequestHandler:
-            return JsonRequestHandler(
+            return GatedRequestHandler(
+                self._gate,
                 server,
                 loop=loop,
                 access_log_class=AccessLogger,
-                access_log=_access_log(self._access_log),  # type: ignore[arg-type]
+                access_log=_access_log(self._access_log),
+                keepalive_timeout=self._gate.limits.idle_timeout_s,
                 **HANDLER_ARGS,
             )
 
@@ -204,7 +280,8 @@ class AppServer:
     after a failed or interrupted start) and closes the listener. With ``tls`` (a
     certificate and key), it serves HTTPS only, and reloads the files when they change while
     it runs (:class:`~segtxn.auth.ServerCertificate`). ``access_log``: a line per HTTP
-    request (:class:`AccessLogger`).
+    request (:class:`AccessLogger`). ``connections``: how many connections it holds, and
+    for how long (:mod:`segtxn.connlimits`).
 
     The advertised URL names a port other than 0: a port the system picks is known only
     once bound, so a server on one is given the :class:`Listener` that holds it, and
@@ -225,6 +302,7 @@ class AppServer:
         *,
         access_log: bool = False,
         listener: Listener | None = None,
+        connections: ConnectionLimits | None = None,
     ) -> None:
         parts = urlsplit(advertise_url)
         if parts.port == 0:
@@ -233,6 +311,7 @@ class AppServer:
                 "listen on a Listener and advertise its port"
             )
         self.app = app
+        self.advertise_url = advertise_url
         self.listener = listener
         if listener is not None:
             self.host, self.port = listener.host, listener.port
@@ -243,6 +322,7 @@ class AppServer:
         if self.certificate is not None:
             app.cleanup_ctx.append(self.certificate.reloading)
         self.access_log = access_log
+        self.connections = connections or ConnectionLimits()
         self._runner = web.AppRunner(
             app,
             handle_signals=False,
@@ -267,6 +347,7 @@ class AppServer:
                 context,
                 self.access_log,
                 listener=self.listener,
+                gate=ConnectionGate(self.connections, self.advertise_url),
             )
             await site.start()
         except OSError as e:

@@ -133,6 +133,7 @@ class BrokerServer(AppServer):
             settings.auth.tls,
             access_log=access_log,
             listener=listener,
+            connections=settings.connections,
         )
         self.settings = settings
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from segtxn.auth import AuthSettings
 from segtxn.broker.txn.headers import HeaderWatch
+from segtxn.connlimits import ConnectionLimits
 from segtxn.ledger import LedgerSettings, RetentionPolicy
 from segtxn.ledger.replicas import RepairSettings, Replication
 from segtxn.metastore import StoreCredentials
@@ -131,6 +132,9 @@ class BrokerSettings:
 
     auth: AuthSettings = field(default_factory=AuthSettings)
     """Tokens, the policy and the cluster role's token (docs/security.md); off by default."""
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    """How many connections it holds at once, per address too, and how long an idle one
+    stays open (:mod:`segtxn.connlimits`)."""
 
     test_bugs: frozenset[str] = frozenset()
     """Known bugs put back on purpose to prove the soak harness catches them (tests only,

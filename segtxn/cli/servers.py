@@ -19,6 +19,7 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import lifecycle
+from segtxn.cli.httpflags import ACCESS_LOG, connection_options
 from segtxn.cli.listening import listen_as_advertised, listen_on_a_free_port, url_of
 from segtxn.cli.logs import log_format_option, say
 from segtxn.cli.loops import EventLoop, event_loop_option
@@ -43,22 +44,15 @@ from segtxn.cli.security import (
     store_credentials,
 )
 from segtxn.cli.traces import trace_option
+from segtxn.connlimits import ConnectionLimits
 from segtxn.coordinator.app import CoordinatorServer
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger.replicas import RepairSettings, Replication
-from segtxn.web import ACCESS_LOGGER
 
 log = logging.getLogger(__name__)
 
 Server = BrokerServer | CoordinatorServer
 F = TypeVar("F", bound=Callable[..., None])
-
-ACCESS_LOG = click.option(
-    "--access-log",
-    is_flag=True,
-    help=f"Log every HTTP request at INFO (logger {ACCESS_LOGGER}; off by default).",
-)
-"""``--access-log``, passed to the command as ``access_log`` (the servers take it)."""
 
 PUBLISH_BUFFER = click.option(
     "--publish-buffer-size",
@@ -88,8 +82,9 @@ def _run(make: Callable[[], list[Server]], shutdown_timeout_s: float, loop: Even
 
 def _lifecycle_options(command: F) -> F:
     """``--store-timeout`` and ``--shutdown-timeout``: how long start-up waits for the store,
-    and how long a stop may take; ``--log-format`` and ``--access-log``
-    (:mod:`segtxn.cli.logs`); ``--event-loop`` (:mod:`segtxn.cli.loops`)."""
+    and how long a stop may take; ``--log-format`` (:mod:`segtxn.cli.logs`); ``--event-loop``
+    (:mod:`segtxn.cli.loops`); ``--access-log`` and the connection limits
+    (:mod:`segtxn.cli.httpflags`)."""
     store = click.option(
         "--store-timeout",
         default=STORE_TIMEOUT_S,
@@ -108,7 +103,8 @@ def _lifecycle_options(command: F) -> F:
         help="On SIGTERM or SIGINT, stop within this long (exit 0), else exit 1 anyway; a "
         "second signal exits at once.",
     )
-    return event_loop_option(log_format_option(ACCESS_LOG(store(shutdown(command)))))
+    options = ACCESS_LOG(connection_options(store(shutdown(command))))
+    return event_loop_option(log_format_option(options))
 
 
 def _test_bugs() -> frozenset[str]:
@@ -201,6 +197,7 @@ def broker(
     shutdown_timeout: float,
     event_loop: EventLoop,
     access_log: bool,
+    connections: ConnectionLimits,
     **auth_flags: Any,
 ) -> None:
     """Run one broker of a cluster until SIGTERM or SIGINT."""
@@ -228,6 +225,7 @@ def broker(
                 test_bugs=_test_bugs(),
                 retention=retention(retention_time, retention_size),
                 auth=auth,
+                connections=connections,
             )
         except ValueError as e:
             raise click.UsageError(str(e)) from e
@@ -333,6 +331,7 @@ def coordinator(
     shutdown_timeout: float,
     event_loop: EventLoop,
     access_log: bool,
+    connections: ConnectionLimits,
     **auth_flags: Any,
 ) -> None:
     """Run a transaction coordinator until SIGTERM or SIGINT: v5, and v4 with --data-dir or
@@ -366,6 +365,7 @@ def coordinator(
             replication=replicated,
             repair=repair,
             auth=auth,
+            connections=connections,
         )
 
         server = partial(
@@ -422,6 +422,7 @@ def standalone(
     shutdown_timeout: float,
     event_loop: EventLoop,
     access_log: bool,
+    connections: ConnectionLimits,
     trace: bool,
     **auth_flags: Any,
 ) -> None:
@@ -462,6 +463,7 @@ def standalone(
                 test_bugs=_test_bugs(),
                 retention=retention(retention_time, retention_size),
                 auth=auth,
+                connections=connections,
             )
         except ValueError as e:
             raise click.UsageError(str(e)) from e
@@ -473,6 +475,7 @@ def standalone(
             v4_coordinator_ids=2,
             ledger_url=f"file://{(data_dir / 'txn-log').resolve()}" if data_dir else "memory://",
             auth=auth,
+            connections=connections,
         )
 
         def servers() -> list[Server]:

@@ -422,6 +422,7 @@ class CoordinatorServer(AppServer):
             settings.auth.tls,
             access_log=access_log,
             listener=listener,
+            connections=settings.connections,
         )
         self.settings = settings
 

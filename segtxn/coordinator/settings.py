@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from segtxn.auth import AuthSettings
+from segtxn.connlimits import ConnectionLimits
 from segtxn.ledger import LedgerSettings
 from segtxn.ledger.replicas import RepairSettings, Replication
 from segtxn.metastore import StoreCredentials
@@ -56,3 +57,6 @@ class CoordinatorSettings:
     with it in the background); also the limit of each of its background tries."""
     auth: AuthSettings = field(default_factory=AuthSettings)
     """Tokens, the policy and the cluster role's token (docs/security.md); off by default."""
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+    """How many connections it holds at once, per address too, and how long an idle one
+    stays open (:mod:`segtxn.connlimits`)."""

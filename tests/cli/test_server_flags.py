@@ -17,6 +17,7 @@ from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import servers
 from segtxn.cli.commands import main
 from segtxn.cli.loops import EventLoop
+from segtxn.connlimits import ConnectionLimits
 from segtxn.coordinator.settings import CoordinatorSettings
 from segtxn.ledger import RetentionPolicy
 from segtxn.ledger.replicas import RepairSettings
@@ -223,6 +224,42 @@ def test_publish_buffer_default_and_flag(
     code, out = invoke(*base, "--publish-buffer-size", "0")
     assert code == 2 and "0 is not in the range x>=1" in out, out
     assert len(started) == 2
+
+
+@pytest.mark.parametrize("command", ["broker", "coordinator", "standalone"])
+def test_connection_limits_default_and_flags(
+    command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each server of the command gets them (the coordinator of a standalone too)."""
+    given: list[ConnectionLimits] = []
+
+    def server(settings: BrokerSettings | CoordinatorSettings, **_: Any) -> SimpleNamespace:
+        given.append(settings.connections)
+        return SimpleNamespace(service=SimpleNamespace(store=None))
+
+    monkeypatch.setattr(servers, "BrokerServer", server)
+    monkeypatch.setattr(servers, "CoordinatorServer", server)
+    monkeypatch.setattr(servers, "_run", lambda make, _timeout, _loop: make())
+    base = {
+        "broker": [*BROKER, "--data-dir", str(tmp_path)],
+        "coordinator": ["coordinator", "--store", "memory://", "--advertise", "http://127.0.0.1:9"],
+        "standalone": ["standalone"],
+    }[command]
+    servers_per_run = 2 if command == "standalone" else 1
+    assert invoke(*base)[0] == 0
+    assert given == [ConnectionLimits(None, None, 75.0)] * servers_per_run
+    flags = ["--max-connections", "500", "--max-connections-per-ip", "20", "--idle-timeout", "9"]
+    code, out = invoke(*base, *flags)
+    assert code == 0, out
+    assert given[servers_per_run:] == [ConnectionLimits(500, 20, 9.0)] * servers_per_run
+    for bad, why in (
+        (["--max-connections", "-1"], "-1 is not in the range x>=0"),
+        (["--max-connections-per-ip", "many"], "'many' is not a valid integer"),
+        (["--idle-timeout", "0"], "0.0 is not in the range 0<x"),
+    ):
+        code, out = invoke(*base, *bad)
+        assert code == 2 and why in out, out
+    assert len(given) == 2 * servers_per_run
 
 
 class _ReusingSocket(socket.socket):

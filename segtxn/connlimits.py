@@ -1,0 +1,140 @@
+"""How many connections a server (a broker or a coordinator) holds, and for how long.
+
+Every connection holds a file descriptor, and so does every file of a broker's ledgers. With
+no bound, a flood of connections (hostile, or a client that leaks them) took every
+descriptor the process may open: the broker then failed to accept even its health checks
+(``/readyz`` answered nothing) and could not have opened a ledger file, a stall of its
+topics for as long as the flood lasted. So a server admits at most ``max_connections`` at
+once (by default half of its open-files limit, which it first raises to the hard limit:
+the other half stays for its own files), and optionally ``max_per_ip`` from one address
+(off by default, as in Kafka and Pulsar: clients behind one NAT or proxy share an address).
+A connection past a limit is answered at once, before its request is read, with segtxn's
+JSON error (503 ``ServiceNotReady``, or 429 ``TooManyRequests`` for one address's limit;
+both retriable: the client tries again) and closed.
+
+A connection that has no request in flight for ``idle_timeout_s`` is closed: an HTTP
+keep-alive connection between requests, and one that never sends a whole request (it held
+its descriptor for an hour, aiohttp's own default, not the 75 s of its ``run_app``). A
+WebSocket in use is never idle: its request lasts as long as it does.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from segtxn.protocol.errors import ErrorName, ServerError
+
+log = logging.getLogger(__name__)
+
+IDLE_TIMEOUT_S = 75.0
+"""Default of :attr:`ConnectionLimits.idle_timeout_s` (aiohttp's ``run_app`` default)."""
+REFUSALS_SAID_EVERY_S = 10.0
+"""Refused connections are logged at WARNING once per this long at most, with their count."""
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """A server's connection limits (see the module docstring).
+
+    Raises:
+        ValueError: a limit below 1, or an idle timeout that is not positive.
+    """
+
+    max_connections: int | None = None
+    """At most this many connections at once; None: half the open-files limit."""
+    max_per_ip: int | None = None
+    """At most this many from one address at once; None: no such limit."""
+    idle_timeout_s: float = IDLE_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_per_ip"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or None), not {value}")
+        if not self.idle_timeout_s > 0:
+            raise ValueError(f"idle_timeout_s must be positive, not {self.idle_timeout_s}")
+
+
+def open_files_limit() -> int:
+    """The process's open-files limit, raised to its hard limit first (as servers do: the
+    soft limit is often a low default, 1,024, that the hard one allows past). Returns the
+    soft limit in force (a large number when there is none)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as e:  # (a hard limit of "unlimited" may be refused)
+            log.info("could not raise the open-files limit from %d to %d: %s", soft, hard, e)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+class ConnectionGate:
+    """Counts a server's open connections, per address too, and says which to refuse."""
+
+    def __init__(self, limits: ConnectionLimits, server: str) -> None:
+        self.limits = limits
+        self._server = server
+        files = open_files_limit()
+        self.max_connections = limits.max_connections or max(1, files // 2)
+        if self.max_connections > files:
+            log.warning(
+                "%s: --max-connections %d is over the open-files limit (%d): connections "
+                "may take every descriptor and leave none for the server's own files",
+                server, self.max_connections, files,
+            )  # fmt: skip
+        self.open = 0
+        self._per_ip: Counter[str] = Counter()
+        self._refused = 0
+        self._said_at = float("-inf")
+
+    def admit(self, address: str | None) -> ServerError | None:
+        """Count a new connection from ``address`` (None: not an IP connection) and return
+        None, or return why it is refused (nothing counted)."""
+        refusal: ServerError | None = None
+        if self.open >= self.max_connections:
+            refusal = ServerError(
+                ErrorName.SERVICE_NOT_READY,
+                f"{self._server} holds {self.open} connections, its limit "
+                "(--max-connections); try again later",
+            )
+        elif (
+            address is not None
+            and self.limits.max_per_ip is not None
+            and self._per_ip[address] >= self.limits.max_per_ip
+        ):
+            refusal = ServerError(
+                ErrorName.TOO_MANY_REQUESTS,
+                f"{self._server} holds {self._per_ip[address]} connections from {address}, "
+                "its limit per address (--max-connections-per-ip); close some or try again "
+                "later",
+            )
+        if refusal is not None:
+            self._said(refusal)
+            return refusal
+        self.open += 1
+        if address is not None:
+            self._per_ip[address] += 1
+        return None
+
+    def release(self, address: str | None) -> None:
+        """A connection :meth:`admit` counted has closed."""
+        self.open -= 1
+        if address is not None:
+            self._per_ip[address] -= 1
+            if not self._per_ip[address]:
+                del self._per_ip[address]
+
+    def _said(self, refusal: ServerError) -> None:
+        self._refused += 1
+        now = time.monotonic()
+        if now - self._said_at >= REFUSALS_SAID_EVERY_S:
+            log.warning(
+                "%s: refused %d connection(s) since the last such line: %s",
+                self._server, self._refused, refusal.message,
+            )  # fmt: skip
+            self._said_at, self._refused = now, 0

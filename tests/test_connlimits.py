@@ -1,0 +1,143 @@
+"""A server's connection limits (segtxn/connlimits.py), on a real aiohttp server of segtxn's
+(:class:`~segtxn.web.AppServer`) and real sockets: connections past a limit are answered
+with the JSON error before their request is read and closed; a connection that sends no
+whole request is closed once idle; the slots of closed ones are given back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from segtxn import connlimits
+from segtxn.connlimits import ConnectionGate, ConnectionLimits
+from segtxn.web import AppServer, Listener
+from tests.waiting import wait_until
+
+ANSWERED_S = 5.0
+
+
+async def hello(request: web.Request) -> web.Response:
+    return web.json_response({"hello": True})
+
+
+@contextlib.asynccontextmanager
+async def serving(limits: ConnectionLimits) -> AsyncIterator[AppServer]:
+    app = web.Application()
+    app.router.add_get("/hello", hello)
+    listener = Listener("127.0.0.1", 0)
+    server = AppServer(
+        app, f"http://127.0.0.1:{listener.port}", None, None, listener=listener,
+        connections=limits,
+    )  # fmt: skip
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def opened(server: AppServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", server.port)
+
+
+async def answer_of(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], dict[str, str]]:
+    """(status, headers, JSON body) of the response on ``reader``, read to its close."""
+    raw = await asyncio.wait_for(reader.read(), ANSWERED_S)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode().split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+async def get_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    return await asyncio.wait_for(reader.readuntil(b"}"), ANSWERED_S)
+
+
+async def test_a_connection_past_the_limit_is_refused_at_once_and_its_slot_comes_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger=connlimits.__name__)
+    async with serving(ConnectionLimits(max_connections=2)) as server:
+        held = [await opened(server) for _ in range(2)]  # (they send nothing: still held)
+        reader, writer = await opened(server)
+        status, headers, body = await answer_of(reader)  # (answered without a request)
+        writer.close()
+        assert status == 503
+        assert body["error"] == headers["X-Segtxn-Error"] == "ServiceNotReady"
+        assert "2 connections" in body["message"] and "--max-connections" in body["message"]
+        assert headers["Retry-After"] == "1" and headers["Connection"] == "close"
+        assert any("refused 1 connection" in r.getMessage() for r in caplog.records)
+        assert b'"hello"' in await get_hello(*held[0])  # those admitted are served
+        held[1][1].close()  # one closes: a new one is admitted
+        async with aiohttp.ClientSession() as http:
+
+            async def served() -> bool:
+                async with http.get(f"http://127.0.0.1:{server.port}/hello") as response:
+                    return response.status == 200
+
+            await wait_until(served, timeout=ANSWERED_S, what="a slot given back")
+        held[0][1].close()
+
+
+async def test_one_address_past_its_limit_is_told_too_many_requests() -> None:
+    async with serving(ConnectionLimits(max_connections=10, max_per_ip=1)) as server:
+        _, first = await opened(server)
+        reader, writer = await opened(server)
+        writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")  # (sent: read and dropped)
+        status, headers, body = await answer_of(reader)
+        writer.close()
+        assert (status, body["error"], headers["X-Segtxn-Error"]) == (
+            429, "TooManyRequests", "TooManyRequests"
+        )  # fmt: skip
+        assert "127.0.0.1" in body["message"] and "--max-connections-per-ip" in body["message"]
+        first.close()
+
+
+async def test_a_websocket_client_refused_gets_the_typed_error() -> None:
+    """A client reads a failed handshake's headers only: the error is there too."""
+    async with serving(ConnectionLimits(max_connections=1)) as server:
+        _, held = await opened(server)
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                await http.ws_connect(f"http://127.0.0.1:{server.port}/hello")
+        assert refused.value.status == 503
+        assert refused.value.headers is not None
+        assert refused.value.headers["X-Segtxn-Error"] == "ServiceNotReady"
+        held.close()
+
+
+async def test_a_connection_that_sends_no_whole_request_is_closed_once_idle() -> None:
+    """Half a request line, then nothing: it held its descriptor for aiohttp's hour."""
+    async with serving(ConnectionLimits(idle_timeout_s=0.3)) as server:
+        reader, writer = await opened(server)
+        writer.write(b"GET /hel")
+        assert await asyncio.wait_for(reader.read(), ANSWERED_S) == b""  # closed by it
+        writer.close()
+        reader, writer = await opened(server)  # one that answers in time is served
+        assert b'"hello"' in await get_hello(reader, writer)
+        writer.close()
+
+
+def test_the_limits_refuse_what_makes_no_sense() -> None:
+    for bad in (
+        {"max_connections": 0},
+        {"max_per_ip": -1},
+        {"idle_timeout_s": 0.0},
+        {"idle_timeout_s": float("nan")},
+    ):
+        with pytest.raises(ValueError):
+            ConnectionLimits(**bad)
+
+
+def test_by_default_half_the_open_files_limit_is_for_connections() -> None:
+    gate = ConnectionGate(ConnectionLimits(), "test")
+    assert gate.max_connections == max(1, connlimits.open_files_limit() // 2)
