@@ -55,7 +55,8 @@ def connection_options(command: F) -> F:
         metavar="SECONDS",
         help="Close a connection that has had no request in flight this long (one between "
         "HTTP requests, or one that never sends a whole request; a WebSocket in use is "
-        "never idle).",
+        "never idle). Keep it above the clients' own keep-alive (segtxn's client: 15 s), "
+        "or a client may reuse a connection just as it is closed.",
     )
     @functools.wraps(command)
     def wrapped(
