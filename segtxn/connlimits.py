@@ -24,8 +24,10 @@ import logging
 import resource
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from segtxn.exposition import Metrics
 from segtxn.protocol.errors import ErrorName, ServerError
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,29 @@ class ConnectionGate:
         self._per_ip: Counter[str] = Counter()
         self._refused = 0
         self._said_at = float("-inf")
+        self.refusals: Counter[str] = Counter()
+        """Connections refused so far, per limit (``server``, ``address``)."""
+        self._count_refused: Callable[[float, Mapping[str, str]], None] | None = None
+
+    def register(self, metrics: Metrics) -> None:
+        """Show the open connections, the limit and the refusals on ``metrics``."""
+        metrics.gauge(
+            "segtxn_connections_open",
+            "Connections this server holds (--max-connections bounds them)",
+            lambda: float(self.open),
+        )
+        metrics.gauge(
+            "segtxn_connections_limit",
+            "The most connections this server holds at once (--max-connections)",
+            lambda: float(self.max_connections),
+        )
+        refused = metrics.labelled_count(
+            "segtxn_connections_refused_total",
+            "Connections answered at once and closed: past the server's limit, or past one "
+            "address's (--max-connections-per-ip)",
+            ["limit"],
+        )
+        self._count_refused = refused.add
 
     def admit(self, address: str | None) -> ServerError | None:
         """Count a new connection from ``address`` (None: not an IP connection) and return
@@ -114,6 +139,10 @@ class ConnectionGate:
                 "later",
             )
         if refusal is not None:
+            limit = "server" if refusal.name is ErrorName.SERVICE_NOT_READY else "address"
+            self.refusals[limit] += 1
+            if self._count_refused is not None:
+                self._count_refused(1, {"limit": limit})
             self._said(refusal)
             return refusal
         self.open += 1

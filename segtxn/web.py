@@ -19,6 +19,7 @@ from aiohttp.abc import AbstractAccessLogger
 from segtxn.auth import TlsSettings
 from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler, answering_refusals, header_text
 from segtxn.connlimits import ConnectionGate, ConnectionLimits
+from segtxn.exposition import Metrics
 from segtxn.inputs import read_body
 from segtxn.protocol.errors import ServerError
 
@@ -281,7 +282,7 @@ class AppServer:
     certificate and key), it serves HTTPS only, and reloads the files when they change while
     it runs (:class:`~segtxn.auth.ServerCertificate`). ``access_log``: a line per HTTP
     request (:class:`AccessLogger`). ``connections``: how many connections it holds, and
-    for how long (:mod:`segtxn.connlimits`).
+    for how long (:mod:`segtxn.connlimits`), shown on ``metrics``.
 
     The advertised URL names a port other than 0: a port the system picks is known only
     once bound, so a server on one is given the :class:`Listener` that holds it, and
@@ -303,6 +304,7 @@ class AppServer:
         access_log: bool = False,
         listener: Listener | None = None,
         connections: ConnectionLimits | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         parts = urlsplit(advertise_url)
         if parts.port == 0:
@@ -311,7 +313,6 @@ class AppServer:
                 "listen on a Listener and advertise its port"
             )
         self.app = app
-        self.advertise_url = advertise_url
         self.listener = listener
         if listener is not None:
             self.host, self.port = listener.host, listener.port
@@ -323,6 +324,9 @@ class AppServer:
             app.cleanup_ctx.append(self.certificate.reloading)
         self.access_log = access_log
         self.connections = connections or ConnectionLimits()
+        self.gate = ConnectionGate(self.connections, advertise_url)
+        if metrics is not None:
+            self.gate.register(metrics)
         self._runner = web.AppRunner(
             app,
             handle_signals=False,
@@ -347,7 +351,7 @@ class AppServer:
                 context,
                 self.access_log,
                 listener=self.listener,
-                gate=ConnectionGate(self.connections, self.advertise_url),
+                gate=self.gate,
             )
             await site.start()
         except OSError as e:

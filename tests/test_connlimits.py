@@ -76,6 +76,7 @@ async def test_a_connection_past_the_limit_is_refused_at_once_and_its_slot_comes
         assert "2 connections" in body["message"] and "--max-connections" in body["message"]
         assert headers["Retry-After"] == "1" and headers["Connection"] == "close"
         assert any("refused 1 connection" in r.getMessage() for r in caplog.records)
+        assert server.gate.refusals == {"server": 1} and server.gate.open == 2
         assert b'"hello"' in await get_hello(*held[0])  # those admitted are served
         held[1][1].close()  # one closes: a new one is admitted
         async with aiohttp.ClientSession() as http:
@@ -99,6 +100,7 @@ async def test_one_address_past_its_limit_is_told_too_many_requests() -> None:
             429, "TooManyRequests", "TooManyRequests"
         )  # fmt: skip
         assert "127.0.0.1" in body["message"] and "--max-connections-per-ip" in body["message"]
+        assert server.gate.refusals == {"address": 1}
         first.close()
 
 

@@ -125,8 +125,9 @@ class BrokerServer(AppServer):
         access_log: bool = False,
         listener: Listener | None = None,
     ) -> None:
+        app = create_app(settings, store)
         super().__init__(
-            create_app(settings, store),
+            app,
             settings.advertise_url,
             host,
             port,
@@ -134,6 +135,7 @@ class BrokerServer(AppServer):
             access_log=access_log,
             listener=listener,
             connections=settings.connections,
+            metrics=app[SERVICE].metrics,
         )
         self.settings = settings
 

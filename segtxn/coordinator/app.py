@@ -414,8 +414,9 @@ class CoordinatorServer(AppServer):
         access_log: bool = False,
         listener: Listener | None = None,
     ) -> None:
+        app = create_app(settings, store)
         super().__init__(
-            create_app(settings, store),
+            app,
             settings.advertise_url,
             host,
             port,
@@ -423,6 +424,7 @@ class CoordinatorServer(AppServer):
             access_log=access_log,
             listener=listener,
             connections=settings.connections,
+            metrics=app[METRICS],
         )
         self.settings = settings
 

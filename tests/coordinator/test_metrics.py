@@ -24,6 +24,11 @@ async def test_both_servers_export_one_shape(cluster: Cluster) -> None:
     assert coordinator.types["segtxn_txn_committed"] == "counter"
     assert coordinator.value("segtxn_txn_coordinator_ids_held") == 4
     assert coordinator.value("segtxn_txn_v4_log_entries", coordinator="0") is not None
+    for server, found in ((cluster.coordinator, coordinator), (cluster.broker, broker)):
+        # (the scrape's own connection is open: at least one)
+        assert (found.value("segtxn_connections_open") or 0) >= 1
+        assert found.value("segtxn_connections_limit") == server.gate.max_connections
+        assert found.types["segtxn_connections_refused"] == "counter"
 
 
 async def test_end_txn_and_commit_to_visible_are_timed(cluster: Cluster) -> None:
