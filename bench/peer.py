@@ -48,6 +48,10 @@ running a broker and a coordinator on an in-memory store. RabbitMQ: a private no
 segtxn rows alone. Ledgers and RabbitMQ's data share one temporary ``.bench-peer-*``
 directory under the repository (removed at the end).
 
+The clients of both systems run in this process, on the event loop ``--event-loop`` names
+(``auto``, the default: uvloop where it is installed, as segtxn's servers; aio-pika runs on
+it as well as segtxn's client), and so does ``--store memory``'s server.
+
 Every round runs every row on both systems, in turns (RabbitMQ first in odd rounds, segtxn
 first in even ones), so drift in the machine's load hits both. Rates are the median over
 rounds with the range; ratios are per round (the same row, side by side), median and
@@ -59,7 +63,7 @@ segtxn process counts, whatever it wrote.
 
 Run: ``.venv/bin/python bench/peer.py [--seconds S] [--rounds R] [--sizes 1,10,100,1000]
 [--plain-sizes 10,100|none] [--store etcd|memory] [--subscription Shared|Exclusive]
-[--no-rabbitmq] [--two-step] [--pipelined]``.
+[--no-rabbitmq] [--two-step] [--pipelined] [--event-loop auto|uvloop|asyncio]``.
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ from peerlib import (
 )
 from peerresults import Plan, ms, print_tables
 
+from segtxn.cli.loops import CHOICES, EventLoop, choose
 from segtxn.client import Client, MessageId, Transaction
 from segtxn.metastore.etcd_server import EtcdServer, free_port
 
@@ -132,20 +137,21 @@ class StandaloneProcess(ServerProcess):
     on a ``memory://`` store, ledgers on disk (``segtxn standalone`` keeps them in memory
     with that store)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, loop: EventLoop) -> None:
         super().__init__("standalone", [], directory / "standalone.log")
         script = str(Path(__file__).resolve())
         ledgers = str(directory / "ledgers")
         self._command = [sys.executable, script, "--serve-standalone", str(self.port), ledgers]
+        self._command += ["--event-loop", loop.name]
 
 
 @contextmanager
-def segtxn_cluster(store: str, directory: Path) -> Iterator[Segtxn]:
+def segtxn_cluster(store: str, directory: Path, loop: EventLoop) -> Iterator[Segtxn]:
     servers: list[ServerProcess] = []
     etcd: EtcdServer | None = None
     try:
         if store == "memory":
-            servers.append(StandaloneProcess(directory))
+            servers.append(StandaloneProcess(directory, loop))
         else:
             etcd = EtcdServer.in_temp_dir()
             etcd.start()
@@ -393,12 +399,21 @@ def main(argv: list[str] | None = None) -> int:
         "(client.transaction(after=...)); its segtxn ÷ RabbitMQ is against RabbitMQ's txn row",
     )
     parser.add_argument(
+        "--event-loop",
+        choices=CHOICES,
+        default="auto",
+        help="the event loop of the clients (this process: both systems' in turn) and of "
+        "--store memory's server (default auto: uvloop where installed, as segtxn's servers)",
+    )
+    parser.add_argument(
         "--serve-standalone", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
+    loop = choose(args.event_loop)
     if args.serve_standalone:
         port, ledgers = args.serve_standalone
-        asyncio.run(serve_standalone(int(port), Path(ledgers)))
+        with asyncio.Runner(loop_factory=loop.factory) as runner:
+            runner.run(serve_standalone(int(port), Path(ledgers)))
         return 0
     exit_on_sigterm()
     rows = [Row(False, s) for s in args.plain_sizes] + [Row(True, s) for s in args.sizes]
@@ -412,17 +427,19 @@ def main(argv: list[str] | None = None) -> int:
     directory = Path(tempfile.mkdtemp(prefix=".bench-peer-", dir=REPO))
     try:
         with ExitStack() as stack:
-            segtxn = stack.enter_context(segtxn_cluster(args.store, directory))
+            segtxn = stack.enter_context(segtxn_cluster(args.store, directory, loop))
             rabbit = None
             if script is not None:
                 rabbit = stack.enter_context(rabbitmq_node(script, directory / "rabbitmq"))
             print(
                 f"peer bench: segtxn ({args.store} store, {args.segments}-segment topics) vs "
-                f"{f'RabbitMQ ({script})' if rabbit else 'no RabbitMQ'}; data in {directory} "
+                f"{f'RabbitMQ ({script})' if rabbit else 'no RabbitMQ'}; clients on the "
+                f"{loop.name} event loop; data in {directory} "
                 f"({filesystem_of(directory)}); rows: {', '.join(r.label for r in rows)}",
                 flush=True,
             )
-            samples = asyncio.run(run_rounds(plan, segtxn, rabbit))
+            with asyncio.Runner(loop_factory=loop.factory) as runner:
+                samples = runner.run(run_rounds(plan, segtxn, rabbit))
     except KeyboardInterrupt:
         print("\ninterrupted: the servers are stopped")
         return 130
