@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from segtxn.operator import replication, secureservers, security, storeaccess
+from segtxn.operator import connections, replication, secureservers, security, storeaccess
 from segtxn.operator.placement import placement, resources
 
 Obj = dict[str, Any]
@@ -197,6 +197,7 @@ def cluster_config(spec: Mapping[str, Any]) -> dict[str, str]:
             if PUBLISH_BUFFER in settings
             else {}
         ),
+        **connections.config_data(settings),
         **replication.config_data(spec),
         **security.config_data(spec),
     }
@@ -258,6 +259,9 @@ def render_cluster(name: str, namespace: str, spec: Mapping[str, Any]) -> list[O
         env += _env(("SEGTXN_HEADER_WATCH", _config(config_name, HEADER_WATCH)))
     if PUBLISH_BUFFER in config:
         env += _env(("SEGTXN_PUBLISH_BUFFER", _config(config_name, PUBLISH_BUFFER)))
+    for arg, var, key in connections.broker_flags(config):  # (only those the spec sets)
+        args.append(arg)
+        env += _env((var, _config(config_name, key)))
     if replication.CONFIG_KEY in config:
         args.append("--replication=$(SEGTXN_REPLICATION)")
         env += _env(("SEGTXN_REPLICATION", _config(config_name, replication.CONFIG_KEY)))
@@ -416,6 +420,7 @@ def render_coordinator(
             "--session-ttl=$(SEGTXN_SESSION_TTL)",
             *(f"--{flag}={value}" for flag, value in flags.items()),
             *(["--replication=$(SEGTXN_REPLICATION)"] if replicated else []),
+            *connections.coordinator_args(spec),
         ],
         "env": _env(
             ("POD_IP", _field("status.podIP")),

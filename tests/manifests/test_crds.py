@@ -88,6 +88,19 @@ def test_examples_fit_their_crds_before_and_after_defaulting(path: Path) -> None
         validate(defaulted(doc, schemas[(doc["apiVersion"], doc["kind"])]))
 
 
+CONNECTION_LIMITS: list[tuple[dict[str, Any], str]] = [
+    ({"maxConnections": 0}, "less than the minimum"),  # 0 is the CLI's "automatic": absent
+    ({"maxConnections": 1.5}, "is not of type 'integer'"),
+    ({"maxConnections": "1k"}, "is not of type 'integer'"),
+    ({"maxConnectionsPerIp": 0}, "less than the minimum"),  # the CLI's "no limit": absent
+    ({"maxConnectionsPerIp": -1}, "less than the minimum"),
+    ({"idleTimeoutSeconds": 0}, "less than the minimum"),
+    ({"idleTimeoutSeconds": 0.5}, "less than the minimum"),
+    ({"idleTimeoutSeconds": 31536001}, "greater than the maximum"),
+    ({"idleTimeoutSeconds": "75s"}, "is not of type 'number'"),
+]
+"""Connection limits the servers refuse (or read as another thing), for both kinds."""
+
 BAD = [
     ("SegtxnCluster", {"metadataStore": {"url": "http://etcd:2379"}}, "does not match"),
     (
@@ -140,6 +153,18 @@ BAD = [
             "brokers": {"settings": {"publishBufferBytes": 67108864.5}},
         },
         "is not of type 'integer'",
+    ),
+    *(  # the servers' connection limits (tests/operator/test_connection_limits.py)
+        (
+            "SegtxnCluster",
+            {"metadataStore": {"url": "etcd://e:2379"}, "brokers": {"settings": settings}},
+            complaint,
+        )
+        for settings, complaint in CONNECTION_LIMITS
+    ),
+    *(
+        ("TransactionCoordinator", {"clusterRef": "c", **spec}, complaint)
+        for spec, complaint in CONNECTION_LIMITS
     ),
     ("TransactionCoordinator", {"replicas": 2}, "'clusterRef' is a required property"),
     (
