@@ -195,6 +195,45 @@ def test_cluster_publish_buffer_reaches_the_cluster(helm: Helm, tmp_path: Path) 
     assert "publishBufferBytes" not in cluster["spec"]["brokers"]["settings"]
 
 
+CONNECTION_LIMITS = ("maxConnections", "maxConnectionsPerIp", "idleTimeoutSeconds")
+
+
+def connection_limits(docs: list[Doc]) -> tuple[dict[str, object], dict[str, object]]:
+    """The limits the created SegtxnCluster (its brokers' settings) and TransactionCoordinator
+    set, each validated against its CRD."""
+    cluster = next(d for d in docs if d["kind"] == "SegtxnCluster")
+    coordinators = next(d for d in docs if d["kind"] == "TransactionCoordinator")
+    validate(cluster)
+    validate(coordinators)
+    settings, spec = cluster["spec"]["brokers"]["settings"], coordinators["spec"]
+    return (
+        {k: settings[k] for k in CONNECTION_LIMITS if k in settings},
+        {k: spec[k] for k in CONNECTION_LIMITS if k in spec},
+    )
+
+
+def test_cluster_connection_limits_reach_the_brokers_and_the_coordinators(
+    helm: Helm, tmp_path: Path
+) -> None:
+    sets = ("cluster.maxConnections=5000", "cluster.maxConnectionsPerIp=64")
+    docs = template(helm, "cluster.create=true", *sets, "cluster.idleTimeoutSeconds=30")
+    want = {"maxConnections": 5000, "maxConnectionsPerIp": 64, "idleTimeoutSeconds": 30}
+    assert connection_limits(docs) == (want, want)
+    values = tmp_path / "values.yaml"  # a YAML number reaches the template as a float
+    values.write_text(
+        "cluster: {create: true, maxConnections: 1000000, idleTimeoutSeconds: 1000000}\n"
+    )
+    out = helm("template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "-f", str(values))
+    assert "e+06" not in out  # printed whole: the CRD refuses a string
+    want = {"maxConnections": 1000000, "idleTimeoutSeconds": 1000000}
+    assert connection_limits(load_all(out)) == (want, want)
+    values.write_text("cluster: {create: true, idleTimeoutSeconds: 2.5}\n")
+    docs = template(helm, values=values)
+    assert connection_limits(docs) == ({"idleTimeoutSeconds": 2.5}, {"idleTimeoutSeconds": 2.5})
+    # absent (null): the servers' defaults, no field
+    assert connection_limits(template(helm, "cluster.create=true")) == ({}, {})
+
+
 def etcd_args(docs: list[Doc]) -> list[str]:
     etcd = next(d for d in docs if d["kind"] == "StatefulSet")
     args: list[str] = etcd["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -244,6 +283,12 @@ def test_etcd_revision_retention_from_a_values_file_is_printed_whole(
         (("cluster.headerWatch=everything",), "cluster.headerWatch"),
         (("cluster.publishBufferBytes=5177343",), "cluster.publishBufferBytes"),
         (("cluster.publishBufferBytes=256Mi",), "cluster.publishBufferBytes"),
+        (("cluster.maxConnections=0",), "cluster.maxConnections"),
+        (("cluster.maxConnections=1k",), "cluster.maxConnections"),
+        (("cluster.maxConnectionsPerIp=0",), "cluster.maxConnectionsPerIp"),
+        (("cluster.idleTimeoutSeconds=0",), "cluster.idleTimeoutSeconds"),
+        (("cluster.idleTimeoutSeconds=31536001",), "cluster.idleTimeoutSeconds"),
+        (("cluster.idleTimeoutSeconds=75s",), "cluster.idleTimeoutSeconds"),
         # etcd would read a bare number as hours in periodic mode: say 5h
         (("etcd.autoCompaction.retention=5",), "etcd.autoCompaction.retention"),
         # ...and a duration as a number of revisions in revision mode

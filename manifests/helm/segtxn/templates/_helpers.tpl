@@ -77,6 +77,18 @@ operator's defaults (resources, the soft spread over nodes) hold for the rest. *
 {{- end }}
 {{- end -}}
 
+{{/* The servers' connection limits among cluster.* (the values given as the context) that
+are set, as the SegtxnCluster's spec.brokers.settings and the TransactionCoordinator's spec
+take them; null: absent (the servers' defaults). A YAML number reaches a template as a float:
+toJson prints it whole (1000000, not 1e+06, which the CRD would refuse as a string). */}}
+{{- define "segtxn.connectionLimits" -}}
+{{- range $key := list "maxConnections" "maxConnectionsPerIp" "idleTimeoutSeconds" }}
+{{- with index $ $key }}
+{{ $key }}: {{ toJson . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
 {{- define "segtxn.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag }}
 {{- end -}}
