@@ -12,6 +12,11 @@ A connection past a limit is answered at once, before its request is read, with 
 JSON error (503 ``ServiceNotReady``, or 429 ``TooManyRequests`` for one address's limit;
 both retriable: the client tries again) and closed.
 
+Past ``max_connections``, :data:`PROBE_HEADROOM` more are admitted for health checks and
+metrics alone (:data:`PROBE_PATHS`; anything else on them is answered 503 and the connection
+closes): a kubelet's probes go through the same limit, and a server at it that failed its
+liveness probe would be restarted, its topics moved, by the flood it was refusing.
+
 A connection that has no request in flight for ``idle_timeout_s`` is closed: an HTTP
 keep-alive connection between requests, and one that never sends a whole request (it held
 its descriptor for an hour, aiohttp's own default, not the 75 s of its ``run_app``). A
@@ -34,6 +39,10 @@ log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT_S = 75.0
 """Default of :attr:`ConnectionLimits.idle_timeout_s` (aiohttp's ``run_app`` default)."""
+PROBE_HEADROOM = 16
+"""Connections admitted past ``max_connections`` for :data:`PROBE_PATHS` alone."""
+PROBE_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+"""What a connection admitted in the :data:`PROBE_HEADROOM` may ask for."""
 REFUSALS_SAID_EVERY_S = 10.0
 """Refused connections are logged at WARNING once per this long at most, with their count."""
 
@@ -117,16 +126,13 @@ class ConnectionGate:
         )
         self._count_refused = refused.add
 
-    def admit(self, address: str | None) -> ServerError | None:
-        """Count a new connection from ``address`` (None: not an IP connection) and return
-        None, or return why it is refused (nothing counted)."""
+    def admit(self, address: str | None) -> tuple[ServerError | None, bool]:
+        """Count a new connection from ``address`` (None: not an IP connection): returns
+        (None, whether it may ask for :data:`PROBE_PATHS` alone: it is in the headroom),
+        or (why it is refused, False), nothing counted."""
         refusal: ServerError | None = None
-        if self.open >= self.max_connections:
-            refusal = ServerError(
-                ErrorName.SERVICE_NOT_READY,
-                f"{self._server} holds {self.open} connections, its limit "
-                "(--max-connections); try again later",
-            )
+        if self.open >= self.max_connections + PROBE_HEADROOM:
+            refusal = self._past_limit()
         elif (
             address is not None
             and self.limits.max_per_ip is not None
@@ -139,16 +145,28 @@ class ConnectionGate:
                 "later",
             )
         if refusal is not None:
-            limit = "server" if refusal.name is ErrorName.SERVICE_NOT_READY else "address"
-            self.refusals[limit] += 1
-            if self._count_refused is not None:
-                self._count_refused(1, {"limit": limit})
+            self._refuse("server" if refusal.name is ErrorName.SERVICE_NOT_READY else "address")
             self._said(refusal)
-            return refusal
+            return refusal, False
         self.open += 1
         if address is not None:
             self._per_ip[address] += 1
-        return None
+        return None, self.open > self.max_connections
+
+    def full(self) -> ServerError:
+        """The refusal of a connection past ``max_connections`` (counted: the caller
+        refuses it, at once or its first request that is no probe)."""
+        refusal = self._past_limit()
+        self._refuse("server")
+        self._said(refusal)
+        return refusal
+
+    def _past_limit(self) -> ServerError:
+        return ServerError(
+            ErrorName.SERVICE_NOT_READY,
+            f"{self._server} holds {self.open} connections, past its limit "
+            f"(--max-connections {self.max_connections}); try again later",
+        )
 
     def release(self, address: str | None) -> None:
         """A connection :meth:`admit` counted has closed."""
@@ -157,6 +175,11 @@ class ConnectionGate:
             self._per_ip[address] -= 1
             if not self._per_ip[address]:
                 del self._per_ip[address]
+
+    def _refuse(self, limit: str) -> None:
+        self.refusals[limit] += 1
+        if self._count_refused is not None:
+            self._count_refused(1, {"limit": limit})
 
     def _said(self, refusal: ServerError) -> None:
         self._refused += 1

@@ -9,7 +9,7 @@ import os
 import socket
 import ssl
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -17,8 +17,15 @@ from aiohttp import hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 
 from segtxn.auth import TlsSettings
-from segtxn.boundary import HANDLER_ARGS, JsonRequestHandler, answering_refusals, header_text
-from segtxn.connlimits import ConnectionGate, ConnectionLimits
+from segtxn.boundary import (
+    HANDLER_ARGS,
+    JsonRequestHandler,
+    ServerHandler,
+    answering_refusals,
+    error_response,
+    header_text,
+)
+from segtxn.connlimits import PROBE_PATHS, ConnectionGate, ConnectionLimits
 from segtxn.exposition import Metrics
 from segtxn.inputs import read_body
 from segtxn.protocol.errors import ServerError
@@ -94,16 +101,19 @@ class GatedRequestHandler(JsonRequestHandler):
         self._address: str | None = None
         self._refused: asyncio.TimerHandle | None = None
         self._admitted = False
+        self.probes_only = False
+        """Admitted past the gate's limit, for :data:`~segtxn.connlimits.PROBE_PATHS`
+        alone (:func:`probes_only_past_the_limit`)."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         self._address = peer[0] if isinstance(peer, tuple) and peer else None
-        refusal = self._gate.admit(self._address)
+        refusal, self.probes_only = self._gate.admit(self._address)
         if refusal is None:
             self._admitted = True
             super().connection_made(transport)
             return
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # (a stream server's)
         transport.write(refusal_bytes(refusal))
         if transport.can_write_eof():
             transport.write_eof()  # (what it sent meanwhile is read and dropped)
@@ -125,6 +135,21 @@ class GatedRequestHandler(JsonRequestHandler):
             super().connection_lost(exc)
         elif self._refused is not None:
             self._refused.cancel()
+
+
+def probes_only_past_the_limit(handler: ServerHandler, gate: ConnectionGate) -> ServerHandler:
+    """An application's request handler that answers a request on a connection admitted
+    past ``gate``'s limit (:attr:`GatedRequestHandler.probes_only`) with the gate's refusal
+    and closes it, unless it asks for a health check or metrics (:data:`PROBE_PATHS`)."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if getattr(request.protocol, "probes_only", False) and request.path not in PROBE_PATHS:
+            response = error_response(gate.full(), request)
+            response.force_close()
+            return response
+        return await handler(request)
+
+    return handle
 
 
 def refusal_bytes(refusal: ServerError) -> bytes:
@@ -179,7 +204,9 @@ class _Site(web.BaseSite):
         if server is None:  # BaseSite already refuses a runner that is not set up
             raise RuntimeError("the runner is not set up")
         loop = asyncio.get_running_loop()
-        server.request_handler = answering_refusals(server.request_handler)
+        server.request_handler = probes_only_past_the_limit(
+            answering_refusals(server.request_handler), self._gate
+        )
 
         def handler() -> JsonRequestHandler:
             return GatedRequestHandler(

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from segtxn import connlimits
-from segtxn.connlimits import ConnectionGate, ConnectionLimits
+from segtxn.connlimits import PROBE_HEADROOM, ConnectionGate, ConnectionLimits
 from segtxn.web import AppServer, Listener
 from tests.waiting import wait_until
 
@@ -27,10 +27,15 @@ async def hello(request: web.Request) -> web.Response:
     return web.json_response({"hello": True})
 
 
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"healthy": True})
+
+
 @contextlib.asynccontextmanager
 async def serving(limits: ConnectionLimits) -> AsyncIterator[AppServer]:
     app = web.Application()
     app.router.add_get("/hello", hello)
+    app.router.add_get("/healthz", healthz)
     listener = Listener("127.0.0.1", 0)
     server = AppServer(
         app, f"http://127.0.0.1:{listener.port}", None, None, listener=listener,
@@ -62,31 +67,55 @@ async def get_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) 
     return await asyncio.wait_for(reader.readuntil(b"}"), ANSWERED_S)
 
 
-async def test_a_connection_past_the_limit_is_refused_at_once_and_its_slot_comes_back(
+async def test_a_connection_past_the_limit_and_its_headroom_is_refused_at_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, logger=connlimits.__name__)
     async with serving(ConnectionLimits(max_connections=2)) as server:
-        held = [await opened(server) for _ in range(2)]  # (they send nothing: still held)
+        admitted = 2 + PROBE_HEADROOM
+        held = [await opened(server) for _ in range(admitted)]  # (they send nothing: held)
         reader, writer = await opened(server)
         status, headers, body = await answer_of(reader)  # (answered without a request)
         writer.close()
         assert status == 503
         assert body["error"] == headers["X-Segtxn-Error"] == "ServiceNotReady"
-        assert "2 connections" in body["message"] and "--max-connections" in body["message"]
+        assert f"{admitted} connections" in body["message"]
+        assert "--max-connections 2" in body["message"]
         assert headers["Retry-After"] == "1" and headers["Connection"] == "close"
         assert any("refused 1 connection" in r.getMessage() for r in caplog.records)
-        assert server.gate.refusals == {"server": 1} and server.gate.open == 2
-        assert b'"hello"' in await get_hello(*held[0])  # those admitted are served
-        held[1][1].close()  # one closes: a new one is admitted
-        async with aiohttp.ClientSession() as http:
+        assert server.gate.refusals == {"server": 1} and server.gate.open == admitted
+        assert b'"hello"' in await get_hello(*held[0])  # those under the limit are served
+        for _, writer in held:
+            writer.close()
+        async with aiohttp.ClientSession() as http:  # their slots come back
 
             async def served() -> bool:
                 async with http.get(f"http://127.0.0.1:{server.port}/hello") as response:
                     return response.status == 200
 
             await wait_until(served, timeout=ANSWERED_S, what="a slot given back")
-        held[0][1].close()
+
+
+async def test_past_the_limit_a_connection_serves_health_checks_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The kubelet's probes go through the same limit: a server at it must not fail its
+    liveness probe (and be restarted) for the flood it refuses."""
+    caplog.set_level(logging.WARNING, logger=connlimits.__name__)
+    async with serving(ConnectionLimits(max_connections=1)) as server:
+        _, first = await opened(server)
+        reader, writer = await opened(server)  # in the headroom
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert b'"healthy"' in await asyncio.wait_for(reader.readuntil(b"}"), ANSWERED_S)
+        writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")  # no probe: refused, closed
+        status, headers, body = await answer_of(reader)
+        writer.close()
+        assert (status, body["error"], headers["X-Segtxn-Error"]) == (
+            503, "ServiceNotReady", "ServiceNotReady"
+        )  # fmt: skip
+        assert "--max-connections 1" in body["message"]
+        assert server.gate.refusals == {"server": 1}
+        first.close()
 
 
 async def test_one_address_past_its_limit_is_told_too_many_requests() -> None:
@@ -105,7 +134,8 @@ async def test_one_address_past_its_limit_is_told_too_many_requests() -> None:
 
 
 async def test_a_websocket_client_refused_gets_the_typed_error() -> None:
-    """A client reads a failed handshake's headers only: the error is there too."""
+    """A client reads a failed handshake's headers only: the error is there too (here on a
+    connection in the headroom past the limit, whose request is no probe)."""
     async with serving(ConnectionLimits(max_connections=1)) as server:
         _, held = await opened(server)
         async with aiohttp.ClientSession() as http:
