@@ -24,7 +24,7 @@ from typing import cast
 import pytest
 
 from segtxn.broker.metrics import BrokerMetrics
-from segtxn.broker.txn import commits, oprecords
+from segtxn.broker.txn import commits, opclean, oprecords
 from segtxn.broker.txn.buffer_records import ORPHANS, WritesDraft
 from segtxn.broker.txn.oprecords import OpRecordWriter
 from segtxn.client import Client, Timeout
@@ -161,3 +161,32 @@ async def test_a_one_step_commit_asked_after_the_close_is_answered_at_once(
     )
     assert not answer.committed and "stopping" in answer.reason, answer
     assert not stepping.landed_at, "a step ran after the close"
+
+
+async def test_a_close_cancelled_while_a_send_settles_still_closes_its_clean_up(
+    setup: tuple[OpRecordWriter, SteppingStore, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker's stop past its time limit cancels the writer's close as it waits for a
+    refused send's orphaning (``settled_by``): the clean-up task was left running past the
+    stop, on a store about to be closed."""
+    writer, _, _ = setup
+    monkeypatch.setattr(opclean, "CLEAN_LINGER_S", 60.0)  # its task waits for more
+    writer.discard(["/txn-op/gone"])
+    assert cleaning_tasks(), "no clean-up task to close"
+    orphaned = asyncio.Event()
+    settling = asyncio.create_task(orphaned.wait(), name="txn-append-held")
+    writer.settled_by(settling)
+    closing = asyncio.create_task(writer.close())
+    await wait_until(lambda: writer.closed, what="the close begun")  # (waits for it now)
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(closing, ANSWERED_S)
+    try:
+        assert not cleaning_tasks(), "the clean-up task outlived the writer's close"
+    finally:
+        orphaned.set()
+        await settling
+
+
+def cleaning_tasks() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if t.get_name() == "op-records-clean" and not t.done()]

@@ -220,6 +220,11 @@ class OpRecordWriter:
         if txn not in self._flushers and not self._closed:
             self._flushers[txn] = asyncio.create_task(self._flush(txn), name=f"op-records-{txn}")
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has begun (diagnostics, tests)."""
+        return self._closed
+
     def waiting(self, txn: TxnId) -> int:
         """Callers waiting for a step of ``txn`` that has not begun (diagnostics, tests)."""
         return sum(len(w.waiters) for w in self._queues.get(txn, {}).values())
@@ -447,7 +452,8 @@ class OpRecordWriter:
         "the broker is stopping" (its draft failed for good: a cut step may have landed or
         not). A one-step commit still waiting is answered "not here", one whose step was
         cut :class:`~segtxn.broker.txn.commits.CommitUnknown` (:meth:`Commits.close`).
-        Idempotent; cancelled, it cuts the steps at once and answers all the same. It
+        Idempotent; cancelled, it cuts the steps at once and answers all the same, and
+        closes its clean-up (left running past the stop, it wrote to a closed store). It
         returns once the tasks acting on those answers (:meth:`settled_by`) have ended: one
         still orphaning a refused send's entry as the broker's stop went on was cut by the
         store's close, its send's publish task left waiting past the stop.
@@ -457,17 +463,19 @@ class OpRecordWriter:
         waited for ever, past the broker's stop."""
         self._closed = True
         try:
-            if self._flushers:
-                await asyncio.wait(list(self._flushers.values()), timeout=STEP_END_WAIT_S)
-        finally:
-            tasks = list(self._flushers.values())
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self._commits.close()
-        while self._settling:  # (one refused meanwhile, at once, may start another)
-            await asyncio.wait(list(self._settling))
-        await self._cleaner.close()
+            try:
+                if self._flushers:
+                    await asyncio.wait(list(self._flushers.values()), timeout=STEP_END_WAIT_S)
+            finally:
+                tasks = list(self._flushers.values())
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                self._commits.close()
+            while self._settling:  # (one refused meanwhile, at once, may start another)
+                await asyncio.wait(list(self._settling))
+        finally:  # (cancelled, the stop's time up: the settling tasks are not waited for)
+            await self._cleaner.close()
 
 
 NOT_APPLIED = (StoreFull, StoreAccessDenied, StoreInvalidArgument)
