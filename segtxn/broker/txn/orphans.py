@@ -54,15 +54,23 @@ class Orphans:
     async def add_all(self, txn: TxnId, positions: list[Position]) -> None:
         """Make ``positions`` orphans. All of them are orphans (never shown) before the
         first put: a cancel during one (a broker stopping) must not leave a later one
-        showing once its transaction commits; those not yet put are then left unsettled."""
+        showing once its transaction commits; those not yet put are then left unsettled.
+        So are they once a put fails for the store (the clean-up retries them): a put tried
+        for each, with etcd silent, cost a request timeout each, and a broker's stop waits
+        for this orphaning (:meth:`~segtxn.broker.txn.oprecords.OpRecordWriter.settled_by`)."""
         self._positions.update(positions)
         for n, position in enumerate(positions):
             try:
-                await self.add(txn, position)
-            except BaseException:
-                for rest in positions[n:]:
-                    self._unsettled.add((txn, rest))
-                raise
+                await self._put(txn, position)
+            except BaseException as e:
+                self._unsettled.update((txn, rest) for rest in positions[n:])
+                if not isinstance(e, MetadataStoreError):
+                    raise
+                log.warning(
+                    "%s: %d orphan(s) from %s not yet recorded; retrying",
+                    self._segment, len(positions) - n, position,
+                )  # fmt: skip
+                return
 
     async def add(self, txn: TxnId, position: Position) -> None:
         """Make ``position`` an orphan; if the store fails it stays unsettled."""
