@@ -6,7 +6,8 @@ descriptor the process may open: the broker then failed to accept even its healt
 (``/readyz`` answered nothing) and could not have opened a ledger file, a stall of its
 topics for as long as the flood lasted. So a server admits at most ``max_connections`` at
 once (by default half of its open-files limit, which it first raises to the hard limit:
-the other half stays for its own files), and optionally ``max_per_ip`` from one address
+the other half stays for its own files; the servers of one process, a standalone's broker
+and coordinator, share that half), and optionally ``max_per_ip`` from one address
 (off by default, as in Kafka and Pulsar: clients behind one NAT or proxy share an address).
 A connection past a limit is answered at once, before its request is read, with segtxn's
 JSON error (503 ``ServiceNotReady``, or 429 ``TooManyRequests`` for one address's limit;
@@ -84,8 +85,25 @@ def open_files_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
+class _Count:
+    """Connections open on the gates that share one limit."""
+
+    def __init__(self) -> None:
+        self.open = 0
+
+
+_DEFAULTED = _Count()
+"""The count of every gate of this process on the default limit: a standalone runs a broker
+and a coordinator in one process, and each taking half the open-files limit left none for
+their own files (a ledger, the store's connection)."""
+
+
 class ConnectionGate:
-    """Counts a server's open connections, per address too, and says which to refuse."""
+    """Counts a server's open connections, per address too, and says which to refuse.
+
+    On the default limit (``max_connections`` None), the gates of one process share one
+    count against half its open-files limit: the other half stays for its files whatever
+    number of servers it runs."""
 
     def __init__(self, limits: ConnectionLimits, server: str) -> None:
         self.limits = limits
@@ -98,13 +116,18 @@ class ConnectionGate:
                 "may take every descriptor and leave none for the server's own files",
                 server, self.max_connections, files,
             )  # fmt: skip
-        self.open = 0
+        self._count = _DEFAULTED if limits.max_connections is None else _Count()
         self._per_ip: Counter[str] = Counter()
         self._refused = 0
         self._said_at = float("-inf")
         self.refusals: Counter[str] = Counter()
         """Connections refused so far, per limit (``server``, ``address``)."""
         self._count_refused: Callable[[float, Mapping[str, str]], None] | None = None
+
+    @property
+    def open(self) -> int:
+        """Connections open on this gate's count (the process's, on the default limit)."""
+        return self._count.open
 
     def register(self, metrics: Metrics) -> None:
         """Show the open connections, the limit and the refusals on ``metrics``."""
@@ -148,7 +171,7 @@ class ConnectionGate:
             self._refuse("server" if refusal.name is ErrorName.SERVICE_NOT_READY else "address")
             self._said(refusal)
             return refusal, False
-        self.open += 1
+        self._count.open += 1
         if address is not None:
             self._per_ip[address] += 1
         return None, self.open > self.max_connections
@@ -162,15 +185,16 @@ class ConnectionGate:
         return refusal
 
     def _past_limit(self) -> ServerError:
+        whose = "its" if self._count is not _DEFAULTED else "this process's servers'"
         return ServerError(
             ErrorName.SERVICE_NOT_READY,
-            f"{self._server} holds {self.open} connections, past its limit "
+            f"{self._server} holds {self.open} connections, past {whose} limit "
             f"(--max-connections {self.max_connections}); try again later",
         )
 
     def release(self, address: str | None) -> None:
         """A connection :meth:`admit` counted has closed."""
-        self.open -= 1
+        self._count.open -= 1
         if address is not None:
             self._per_ip[address] -= 1
             if not self._per_ip[address]:

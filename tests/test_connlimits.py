@@ -173,3 +173,33 @@ def test_the_limits_refuse_what_makes_no_sense() -> None:
 def test_by_default_half_the_open_files_limit_is_for_connections() -> None:
     gate = ConnectionGate(ConnectionLimits(), "test")
     assert gate.max_connections == max(1, connlimits.open_files_limit() // 2)
+
+
+async def status_of_hello(server: AppServer) -> int:
+    """The status a new connection to ``server`` gets for GET /hello (503: refused)."""
+    reader, writer = await opened(server)
+    try:
+        writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), ANSWERED_S)
+        return int(line.split()[1])
+    finally:
+        writer.close()
+
+
+async def test_servers_of_one_process_share_the_default_half_of_the_open_files(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A standalone (a broker and a coordinator in one process), both on the default: each
+    took half the open-files limit, so together their connections could take every
+    descriptor, none left for the ledgers' files. The half is the process's, shared."""
+    monkeypatch.setattr(connlimits, "open_files_limit", lambda: 8)
+    async with serving(ConnectionLimits()) as broker, serving(ConnectionLimits()) as other:
+        held = [await opened(broker) for _ in range(4)]
+        try:
+            for connection in held:  # all four admitted (answered), and still open
+                assert b'"hello"' in await get_hello(*connection)
+            assert await status_of_hello(other) == 503  # the process's half is taken
+        finally:
+            for _, writer in held:
+                writer.close()

@@ -35,8 +35,9 @@ def connection_options(command: F) -> F:
         metavar="N",
         help="Connections held at once; past them, 16 more are served health checks and "
         "metrics alone, and a new one is answered 503 ServiceNotReady and closed (the client "
-        "tries again). 0: half the open-files limit (raised to its hard limit at start-up), "
-        "the other half staying for the server's own files.",
+        "tries again). 0: half the open-files limit (raised to its hard limit at start-up; a "
+        "standalone's two servers share it), the other half staying for the server's own "
+        "files.",
     )
     @click.option(
         "--max-connections-per-ip",
