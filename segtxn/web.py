@@ -113,7 +113,7 @@ class GatedRequestHandler(JsonRequestHandler):
             self._admitted = True
             super().connection_made(transport)
             return
-        transport = cast(asyncio.Transport, transport)  # (a stream server's)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's are not its subclasses)
         transport.write(refusal_bytes(refusal))
         if transport.can_write_eof():
             transport.write_eof()  # (what it sent meanwhile is read and dropped)

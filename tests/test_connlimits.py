@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+import uvloop
 from aiohttp import web
 
 from segtxn import connlimits
@@ -203,3 +204,24 @@ async def test_servers_of_one_process_share_the_default_half_of_the_open_files(
         finally:
             for _, writer in held:
                 writer.close()
+
+
+def test_a_connection_past_the_limit_is_refused_on_uvloop_too() -> None:
+    """uvloop, the servers' default loop (segtxn/cli/loops.py), whose transports are not
+    ``asyncio.Transport`` instances: the refusal's ``assert isinstance`` failed in
+    ``connection_made``, the connection got no answer and stayed open, uncounted, for as
+    long as its client kept it: the flood the limit is for."""
+
+    async def refused() -> int:
+        async with serving(ConnectionLimits(max_connections=1)) as server:
+            held = [(await opened(server))[1] for _ in range(1 + PROBE_HEADROOM)]
+            reader, writer = await opened(server)
+            try:
+                status, _, _ = await answer_of(reader)  # (read to its close)
+                return status
+            finally:
+                writer.close()
+                for one in held:
+                    one.close()
+
+    assert uvloop.run(refused()) == 503
