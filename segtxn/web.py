@@ -84,6 +84,10 @@ def _access_log(enabled: bool) -> logging.Logger | None:
     return logging.getLogger(ACCESS_LOGGER) if enabled else None
 
 
+PROBE_CONNECTION_S = 5.0
+"""How long a connection admitted past the limit for probes alone stays open, whatever it
+does: a probe asks at once and is answered in milliseconds, while a flood's idle connections
+would otherwise hold the headroom for the whole idle timeout, and the probes with it."""
 REFUSAL_LINGER_S = 1.0
 """How long a refused connection stays open after its answer, for the client to read it
 (closed at once, the request it sent meanwhile unread, the client's system may discard the
@@ -99,7 +103,8 @@ class GatedRequestHandler(JsonRequestHandler):
         super().__init__(*args, **kwargs)
         self._gate = gate
         self._address: str | None = None
-        self._refused: asyncio.TimerHandle | None = None
+        self._cut: asyncio.TimerHandle | None = None
+        """Closes a refused connection after its answer, or one in the probes' headroom."""
         self._admitted = False
         self.probes_only = False
         """Admitted past the gate's limit, for :data:`~segtxn.connlimits.PROBE_PATHS`
@@ -109,15 +114,18 @@ class GatedRequestHandler(JsonRequestHandler):
         peer = transport.get_extra_info("peername")
         self._address = peer[0] if isinstance(peer, tuple) and peer else None
         refusal, self.probes_only = self._gate.admit(self._address)
+        loop = asyncio.get_running_loop()
         if refusal is None:
             self._admitted = True
             super().connection_made(transport)
+            if self.probes_only:  # its slot is for a probe: soon given back
+                self._cut = loop.call_later(PROBE_CONNECTION_S, self.force_close)
             return
         transport = cast(asyncio.Transport, transport)  # (uvloop's are not its subclasses)
         transport.write(refusal_bytes(refusal))
         if transport.can_write_eof():
             transport.write_eof()  # (what it sent meanwhile is read and dropped)
-        self._refused = asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, transport.abort)
+        self._cut = loop.call_later(REFUSAL_LINGER_S, transport.abort)
 
     def data_received(self, data: bytes) -> None:
         if self._admitted:
@@ -129,12 +137,12 @@ class GatedRequestHandler(JsonRequestHandler):
         # a refused one: returning None closes it (its answer was written before)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._cut is not None:
+            self._cut.cancel()
         if self._admitted:
             self._admitted = False
             self._gate.release(self._address)
             super().connection_lost(exc)
-        elif self._refused is not None:
-            self._refused.cancel()
 
 
 def probes_only_past_the_limit(handler: ServerHandler, gate: ConnectionGate) -> ServerHandler:

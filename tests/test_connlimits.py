@@ -17,6 +17,7 @@ import uvloop
 from aiohttp import web
 
 from segtxn import connlimits
+from segtxn import web as web_module
 from segtxn.connlimits import PROBE_HEADROOM, ConnectionGate, ConnectionLimits
 from segtxn.web import AppServer, Listener
 from tests.waiting import wait_until
@@ -116,6 +117,22 @@ async def test_past_the_limit_a_connection_serves_health_checks_alone(
         )  # fmt: skip
         assert "--max-connections 1" in body["message"]
         assert server.gate.refusals == {"server": 1}
+        first.close()
+
+
+async def test_a_connection_in_the_probes_headroom_is_soon_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flood's idle connections must not hold the headroom (and the probes out of it)
+    for the whole idle timeout."""
+    monkeypatch.setattr(web_module, "PROBE_CONNECTION_S", 0.3)
+    async with serving(ConnectionLimits(max_connections=1)) as server:
+        first_reader, first = await opened(server)
+        reader, writer = await opened(server)  # in the headroom, sending nothing
+        assert await asyncio.wait_for(reader.read(), ANSWERED_S) == b""  # closed by it
+        writer.close()
+        await wait_until(lambda: server.gate.open == 1, timeout=ANSWERED_S, what="released")
+        assert b'"hello"' in await get_hello(first_reader, first)  # the first one stays
         first.close()
 
 
