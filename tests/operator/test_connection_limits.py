@@ -27,10 +27,9 @@ from tests.operator.test_render import API, by_kind, config_for, expand, minimal
 from tests.operator.test_rolling import (
     BROKERS,
     STS,
-    cond,
+    each_replaced,
     fake_brokers,
     memo,
-    replaced,
     revision,
     running,
     set_revision,
@@ -239,10 +238,7 @@ async def test_setting_them_on_a_running_cluster_rolls_the_brokers() -> None:
             args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
             assert args[-len(BROKER_FLAGS) :] == BROKER_FLAGS
             await set_revision(emu, "r2")
-            for k, name in enumerate(reversed(BROKERS), start=1):
-                await replaced(emu, fake, k, name, "r2")
-            await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
-                             timeout=WAIT_S, what="the roll done")  # fmt: skip
+            await each_replaced(emu, fake)
             assert "roll" not in status(emu, "SegtxnCluster", "demo")
         assert fake.log == [("delete", b) for b in reversed(BROKERS)]
         assert breaches == []

@@ -20,10 +20,9 @@ from tests.operator.test_render import by_kind, config_for, expand, minimal, par
 from tests.operator.test_rolling import (
     BROKERS,
     STS,
-    cond,
+    each_replaced,
     fake_brokers,
     memo,
-    replaced,
     revision,
     running,
     set_revision,
@@ -144,10 +143,7 @@ async def test_setting_it_on_a_running_cluster_rolls_the_brokers() -> None:
             args = sts["spec"]["template"]["spec"]["containers"][0]["args"]
             assert "--publish-buffer-size=$(SEGTXN_PUBLISH_BUFFER)" in args
             await set_revision(emu, "r2")
-            for k, name in enumerate(reversed(BROKERS), start=1):
-                await replaced(emu, fake, k, name, "r2")
-            await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
-                             timeout=WAIT_S, what="the roll done")  # fmt: skip
+            await each_replaced(emu, fake)
             assert "roll" not in status(emu, "SegtxnCluster", "demo")
         assert fake.log == [("delete", b) for b in reversed(BROKERS)]
         assert breaches == []

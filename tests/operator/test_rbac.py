@@ -34,11 +34,9 @@ from tests.operator.emulator import NS, Sent, emulator, operator
 from tests.operator.fakebrokers import serving
 from tests.operator.support import WAIT_S, statefulset_rolled, status
 from tests.operator.test_rolling import (
-    BROKERS,
     change_image,
-    cond,
+    each_replaced,
     fake_brokers,
-    replaced,
     running,
     watch,
 )
@@ -227,10 +225,7 @@ async def test_what_the_operator_sends_is_granted_and_every_call_is_exercised() 
             await emu.create("ScalableTopic", "orders", {"clusterRef": "demo", "tenant": "t",
                              "namespace": "n", "topic": "orders"})  # fmt: skip
             await change_image(emu, "segtxn:0.2.0", "r2")
-            for k, name in enumerate(reversed(BROKERS), start=1):
-                await replaced(emu, fake, k, name, "r2")
-            await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
-                             timeout=WAIT_S, what="the roll done")  # fmt: skip
+            await each_replaced(emu, fake)
             await statefulset_rolled(emu)  # then the coordinators' turn reads and applies them
 
             def coordinators_applied() -> bool:

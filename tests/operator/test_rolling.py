@@ -138,6 +138,14 @@ async def replaced(emu: Emulator, fake: FakeBrokers, k: int, name: str, rev: str
     await make_pod(emu, name, rev)
 
 
+async def each_replaced(emu: Emulator, fake: FakeBrokers, rev: str = "r2") -> None:
+    """Every broker replaced by :func:`replaced`, highest first, then the roll said done."""
+    for k, name in enumerate(reversed(BROKERS), start=1):
+        await replaced(emu, fake, k, name, rev)
+    await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
+                     timeout=WAIT_S, what="the roll done")  # fmt: skip
+
+
 async def test_a_roll_drains_then_replaces_one_broker_at_a_time_from_the_highest() -> None:
     fake = fake_brokers()
     async with serving(fake), emulator() as emu:
@@ -146,10 +154,7 @@ async def test_a_roll_drains_then_replaces_one_broker_at_a_time_from_the_highest
             await running(emu, replication="3/2")
             assert fake.log == []  # nothing to roll: nothing drained, nothing deleted
             await change_image(emu, "segtxn:0.2.0", "r2")
-            for k, name in enumerate(reversed(BROKERS), start=1):
-                await replaced(emu, fake, k, name, "r2")
-            await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
-                             timeout=WAIT_S, what="the roll done")  # fmt: skip
+            await each_replaced(emu, fake)
             assert "roll" not in status(emu, "SegtxnCluster", "demo")
         assert fake.log == [(a, b) for b in reversed(BROKERS) for a in ("drain", "delete")]
         assert breaches == []
@@ -166,10 +171,7 @@ async def test_without_replication_brokers_are_replaced_undrained_in_the_same_or
         async with operator(emu, memo(fake)):
             await running(emu)
             await change_image(emu, "segtxn:0.2.0", "r2")
-            for k, name in enumerate(reversed(BROKERS), start=1):
-                await replaced(emu, fake, k, name, "r2")
-            await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
-                             timeout=WAIT_S, what="the roll done")  # fmt: skip
+            await each_replaced(emu, fake)
         assert fake.log == [("delete", b) for b in reversed(BROKERS)]  # no drain asked
         assert breaches == []
 
@@ -288,10 +290,7 @@ async def test_an_eviction_the_budget_refuses_is_retried_then_goes_through() -> 
             assert (roll["broker"], roll["step"]) == ("demo-broker-2", "Evicting")
             assert revision(emu, "demo-broker-2") == "r1"  # still running: nothing deleted
             emu.refuse_evictions = None  # the budget allows it again
-            for k, name in enumerate(reversed(BROKERS), start=1):
-                await replaced(emu, fake, k, name, "r2")
-            await wait_until(lambda: cond(emu, "Rolling").get("reason") == "UpToDate",
-                             timeout=WAIT_S, what="the roll done")  # fmt: skip
+            await each_replaced(emu, fake)
         # Drained once: the retried eviction did not drain it again.
         assert fake.log == [(a, b) for b in reversed(BROKERS) for a in ("drain", "delete")]
         assert breaches == []
