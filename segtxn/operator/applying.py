@@ -1,18 +1,19 @@
 """What the SegtxnCluster and TransactionCoordinator handlers share: applying a resource's
 children and saying so in its status (``Applied`` True, an event), saying why a spec was
-not applied (``Applied`` False, a Warning event once), and the check of a cluster's spec
-against what its broker StatefulSet runs (:mod:`.immutable`)."""
+not applied (``Applied`` False, a Warning event once), a status timer's conditions written
+beside the handler's (:func:`with_fresh_others`), and the check of a cluster's spec against
+what its broker StatefulSet runs (:mod:`.immutable`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
 
 from segtxn.operator import render
 from segtxn.operator.immutable import immutable_changes
-from segtxn.operator.runtime import Runtime, apply_objects, now
+from segtxn.operator.runtime import API, Runtime, apply_objects, now
 from segtxn.operator.status import condition
 
 
@@ -38,6 +39,29 @@ async def apply_children(
         generation=body.meta.get("generation"),
     )
     kopf.info(body, reason="Applied", message=message)
+
+
+async def with_fresh_others(
+    runtime: Runtime,
+    kind: str,
+    namespace: str,
+    name: str,
+    conditions: list[dict[str, Any]],
+    *,
+    own: Sequence[str],
+) -> list[dict[str, Any]]:
+    """What a status timer writes as ``conditions``: its ``own`` types from ``conditions``,
+    the others (``Applied``: the handler's) as stored now, re-read.
+
+    Why: the tick began with a snapshot (:func:`.runtime.snapshot`), and the handler may
+    have written ``Applied`` since; a merge patch replaces the whole list, so writing the
+    snapshot's would undo it. What remains is a window of one request between this read
+    and the timer's write."""
+    fresh = await runtime.kube.get(API, kind, namespace, name)
+    stored = ((fresh or {}).get("status") or {}).get("conditions") or []
+    others = [c for c in stored if c.get("type") not in own]
+    mine = [c for c in conditions if c.get("type") in own]
+    return sorted([*others, *mine], key=lambda c: str(c["type"]))
 
 
 def not_applied(

@@ -15,18 +15,22 @@ import kopf
 
 from segtxn.ledger.replicas import Replication
 from segtxn.operator import credentials, ordering, render, replication, rolling, scaledown, security
-from segtxn.operator.applying import apply_children, not_applied, refused_changes
+from segtxn.operator.applying import (
+    apply_children,
+    not_applied,
+    refused_changes,
+    with_fresh_others,
+)
 from segtxn.operator.runtime import (
-    API,
     GROUP,
     RETRY_S,
     VERSION,
-    Runtime,
     admin,
     namespaced,
     now,
     runtime_of,
     serving,
+    snapshot,
     track,
 )
 from segtxn.operator.security import InvalidSecurity
@@ -172,6 +176,8 @@ async def cluster_readiness(
     they last read."""
     if track(memo, indexes["stopped"]):  # Kopf's TimerFn type leaves this kwarg out
         return
+    body = snapshot(body)  # the spec the brokers are checked against is the one applied
+    spec, status = body.spec, body.status
     namespace = namespaced(namespace)
     runtime = runtime_of(memo)
     names = render.ClusterNames(name)
@@ -216,7 +222,9 @@ async def cluster_readiness(
     patch.status["roll"] = roll
     patch.status["readyBrokers"] = state.ready_replicas
     patch.status["phase"] = phase
-    patch.status["conditions"] = await _with_fresh_others(runtime, namespace, name, conditions)
+    patch.status["conditions"] = await with_fresh_others(
+        runtime, "SegtxnCluster", namespace, name, conditions, own=TIMER_CONDITIONS
+    )
     was_ready = status.get("phase") == "Ready"
     if state.ready and not was_ready:
         kopf.info(body, reason="Ready", message=state.message)
@@ -224,20 +232,6 @@ async def cluster_readiness(
 
 TIMER_CONDITIONS = ("Ready", "Rolling", "Degraded")
 """The conditions the cluster's status timer owns; ``Applied`` is the handler's."""
-
-
-async def _with_fresh_others(
-    runtime: Runtime, namespace: str, name: str, conditions: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """The timer's own ``conditions`` with the others as stored now, re-read: the tick
-    began with a snapshot, and the handler may have written ``Applied`` since (a merge
-    patch replaces the whole list, so writing the snapshot's would undo it). What remains
-    is a window of one request between this read and the timer's write."""
-    fresh = await runtime.kube.get(API, "SegtxnCluster", namespace, name)
-    stored = ((fresh or {}).get("status") or {}).get("conditions") or []
-    others = [c for c in stored if c.get("type") not in TIMER_CONDITIONS]
-    own = [c for c in conditions if c.get("type") in TIMER_CONDITIONS]
-    return sorted([*others, *own], key=lambda c: str(c["type"]))
 
 
 def _rolling(

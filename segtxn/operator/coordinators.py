@@ -14,7 +14,12 @@ import kopf
 from segtxn.client.connection import Connector
 from segtxn.client.errors import Timeout
 from segtxn.operator import credentials, ordering, render
-from segtxn.operator.applying import apply_children, not_applied, refused_changes
+from segtxn.operator.applying import (
+    apply_children,
+    not_applied,
+    refused_changes,
+    with_fresh_others,
+)
 from segtxn.operator.immutable import coordinator_changes
 from segtxn.operator.runtime import (
     API,
@@ -27,6 +32,7 @@ from segtxn.operator.runtime import (
     reason,
     runtime_of,
     serving,
+    snapshot,
     track,
 )
 from segtxn.operator.status import STATUS_TICK_S, Rollout, condition, rollout
@@ -94,6 +100,10 @@ async def reconcile_coordinator(
         raise
 
 
+TIMER_CONDITIONS = ("Ready", "Reachable", "GCBacklogHigh")
+"""The conditions the coordinator's status timer owns; ``Applied`` is the handler's."""
+
+
 @kopf.timer(GROUP, VERSION, "transactioncoordinators", interval=STATUS_TICK_S, when=serving)
 async def coordinator_status(
     *,
@@ -111,6 +121,8 @@ async def coordinator_status(
     backlog into status; ``GCBacklogHigh`` when the backlog passes ``gcBacklogThreshold``."""
     if track(memo, kwargs["stopped"]):  # Kopf's TimerFn type leaves this kwarg out
         return
+    body = snapshot(body)  # one spec and one status for the whole tick
+    spec, status = body.spec, body.status
     namespace = namespaced(namespace)
     last = status.get("lastChecked")
     interval = float(spec.get("statusIntervalSeconds", 30))
@@ -150,7 +162,7 @@ async def coordinator_status(
         )
         stats = await Connector(url, http, request_timeout_s=10).request("GET", "/txn/v2/stats")
     except (ServerError, Timeout) as e:
-        patch.status["conditions"] = condition(
+        conditions = condition(
             conditions,
             kind="Reachable",
             status=False,
@@ -158,6 +170,9 @@ async def coordinator_status(
             message=str(e),
             now=stamp,
             generation=generation,
+        )
+        patch.status["conditions"] = await with_fresh_others(
+            runtime, "TransactionCoordinator", namespace, name, conditions, own=TIMER_CONDITIONS
         )
         return
     backlog = int(stats["gcBacklog"])
@@ -188,6 +203,8 @@ async def coordinator_status(
         now=stamp,
         generation=body.meta.get("generation"),
     )
-    patch.status["conditions"] = conditions
+    patch.status["conditions"] = await with_fresh_others(
+        runtime, "TransactionCoordinator", namespace, name, conditions, own=TIMER_CONDITIONS
+    )
     if high and not was_high:
         kopf.warn(body, reason="GCBacklogHigh", message=message)

@@ -44,6 +44,7 @@ from segtxn.operator.runtime import (
     apply_objects,
     runtime_of,
     serving,
+    snapshot,
     track,
 )
 from segtxn.operator.security import CertificateSource, SecuritySpec
@@ -358,6 +359,8 @@ async def renew(
     (:func:`ensure_cluster`). A spec that cannot run is the handler's to say."""
     if track(memo, indexes["stopped"]):  # Kopf's TimerFn type leaves this kwarg out
         return
+    body = snapshot(body)  # one spec for the whole renewal
+    spec = body.spec
     if body.meta.get("deletionTimestamp") or not security.enabled(spec):
         return
     runtime = runtime_of(memo)

@@ -8,11 +8,12 @@ Nothing here is registered with Kopf.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import kopf
@@ -122,6 +123,19 @@ def serving(memo: Any, **_: Any) -> bool:
     Kopf does not start a timer it has just stopped again (:func:`track`)."""
     runtime = memo.get("runtime")
     return not (isinstance(runtime, Runtime) and runtime.stopping)
+
+
+def snapshot(body: kopf.Body) -> kopf.Body:
+    """A timer's ``body`` as it is now, a copy that no later event changes: a tick reads
+    its spec, status and generation from it alone.
+
+    Why: Kopf 1.45 hands a timer or daemon a live body (``_core/engines/daemons.py``,
+    ``live_fresh_body``), replaced in place by each watch event, and its ``spec``,
+    ``status`` and ``meta`` kwargs are views of it. A tick that awaits reads, after the
+    await, the object as it is then: the cluster's status timer found the brokers running
+    the spec it began with, then rendered the coordinators from the spec changed meanwhile
+    and applied them before a single broker had rolled."""
+    return kopf.Body(copy.deepcopy(cast(kopf.RawBody, dict(body))))
 
 
 def namespaced(namespace: str | None) -> str:

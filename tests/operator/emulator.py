@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import datetime
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -115,6 +115,10 @@ class Emulator(kmock.KubernetesEmulator):
     with 401, as a real API server refuses a rotated-out service-account token; each
     refused Authorization header is appended to :attr:`unauthorized`."""
     unauthorized: list[str]
+    gate: Callable[[kmock.Request], Awaitable[None]] | None = None
+    """When set, awaited before each of the operator's requests is served (not the tests'
+    own): a test holds one there on an :class:`asyncio.Event` to make a race happen on
+    purpose (what the operator does while that request is in flight)."""
     deleted: Callable[[str, str], None] | None = None
     """Told (plural, name: ``("pods", "demo-broker-2")``) of each object a DELETE
     removed, once it is: tests that play a controller (a StatefulSet's) react to it."""
@@ -130,6 +134,8 @@ class Emulator(kmock.KubernetesEmulator):
                 raise kmock.KubernetesError(status=401, reason="Unauthorized", message="no")
         if self.requests is not None and agent != TESTS_AGENT:
             self._record(request, self.requests)
+        if self.gate is not None and agent != TESTS_AGENT:
+            await self.gate(request)
         status_patch = request.subresource == "status" and request.method == "PATCH"
         if self.status_patches is not None and _ours(request) and status_patch:
             self.status_patches.append((str(request.name), data))

@@ -10,8 +10,10 @@ coordinator Deployment still runs the old image while the brokers roll."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import kmock
 import pytest
 
 from tests.operator.emulator import NS, Emulator, emulator, operator
@@ -86,6 +88,22 @@ def rolling(emu: Emulator) -> dict[str, Any]:
     return cond(emu, "Rolling")
 
 
+def hold_once(emu: Emulator, plural: str, name: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """(held, release): the operator's first read of ``plural``/``name`` from now on waits,
+    once ``held`` is set, until the test sets ``release``."""
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(request: kmock.Request) -> None:
+        target = request.resource
+        ours = target is not None and target.plural == plural and request.name == name
+        if ours and request.action == kmock.action.FETCH and not held.is_set():
+            held.set()
+            await release.wait()
+
+    emu.gate = gate
+    return held, release
+
+
 async def test_an_image_change_rolls_the_brokers_then_each_coordinator_in_turn() -> None:
     fake = fake_brokers()
     async with serving(fake), emulator() as emu:
@@ -149,6 +167,77 @@ async def test_an_image_change_rolls_the_brokers_then_each_coordinator_in_turn()
         assert breaches == []
         reasons = [(r, m) for _, r, m in emu.events("alpha")]
         assert ("Applied", "4 objects re-rendered for SegtxnCluster demo's spec") in reasons
+
+
+async def test_an_image_changed_during_a_coordinators_tick_still_waits_for_the_brokers() -> None:
+    """Kopf hands a timer a live body: what it reads after an await is the object as it is
+    now. The cluster's tick found the brokers running the spec it began with, and then
+    rendered the coordinators from the spec changed meanwhile and applied them, before a
+    single broker rolled. Here that tick is held at its read of TransactionCoordinator
+    alpha, in the coordinators' turn, while the image changes."""
+    fake = fake_brokers()
+    async with serving(fake), emulator() as emu:
+        breaches = watch(emu, fake)
+        async with operator(emu, memo(fake)):
+            await running(emu, replication="3/2")
+            await brokers_done(emu, 1)
+            await two_coordinators(emu)
+            held, release = hold_once(emu, "transactioncoordinators", "alpha")
+            await asyncio.wait_for(held.wait(), timeout=WAIT_S)
+            await change_image(emu, "segtxn:0.2.0", "r2")
+            await wait_until(lambda: status(emu, "SegtxnCluster", "demo").get(
+                "observedGeneration") == 2, timeout=WAIT_S, what="the handler done")  # fmt: skip
+            release.set()
+            await controller(emu, "statefulsets", "demo-broker", generation=2, observed=2,
+                             updated=0, ready=3, replicas=3)  # fmt: skip
+            for k, name in enumerate(reversed(BROKERS), start=1):
+                assert image(emu, "alpha") == image(emu, "beta") == "segtxn:0.1.0", name
+                await replaced(emu, fake, k, name, "r2")
+            await brokers_done(emu, 2)
+            await wait_until(lambda: image(emu, "alpha") == "segtxn:0.2.0", timeout=WAIT_S,
+                             what="alpha applied, in its turn")  # fmt: skip
+            assert image(emu, "beta") == "segtxn:0.1.0"
+        assert breaches == []
+
+
+def applied_for(emu: Emulator, coordinator: str) -> int | None:
+    """The generation condition ``Applied`` True of ``coordinator`` says it applied."""
+    found = [c for c in status(emu, "TransactionCoordinator", coordinator).get("conditions", [])
+             if c["type"] == "Applied" and c["status"] == "True"]  # fmt: skip
+    return int(found[0]["observedGeneration"]) if found else None
+
+
+async def test_a_coordinators_status_tick_keeps_what_its_handler_wrote_meanwhile() -> None:
+    """The coordinator's status timer computes its conditions from the body its tick began
+    with, and a merge patch replaces the whole list: written as computed, it would undo the
+    ``Applied`` its handler wrote while the tick ran. Held here at the tick's read of the
+    Deployment (the brokers never said ready: the cluster's timer reads no coordinator)."""
+    fake = fake_brokers()
+    async with serving(fake), emulator() as emu:
+        patches: list[tuple[str, Any]] = []
+        emu.status_patches = patches
+        async with operator(emu, memo(fake)):
+            await running(emu)
+            await emu.create("TransactionCoordinator", "alpha", {
+                "clusterRef": "demo", "replicas": 2, "statusIntervalSeconds": 1})  # fmt: skip
+            await wait_until(lambda: applied_for(emu, "alpha") == 1, timeout=WAIT_S,
+                             what="alpha applied")  # fmt: skip
+            held, release = hold_once(emu, "deployments", "alpha-coordinator")
+            await asyncio.wait_for(held.wait(), timeout=WAIT_S)
+            await emu.patch("TransactionCoordinator", "alpha", {"spec": {"gcSweepSeconds": 5}})
+            await wait_until(lambda: applied_for(emu, "alpha") == 2, timeout=WAIT_S,
+                             what="the handler's Applied")  # fmt: skip
+            before = len(patches)
+            release.set()
+            await wait_until(
+                lambda: any(name == "alpha" and "lastChecked" in body.get("status", {})
+                            for name, body in patches[before:]),
+                timeout=WAIT_S, what="the held tick's write",
+            )  # fmt: skip
+            assert applied_for(emu, "alpha") == 2
+            conditions = status(emu, "TransactionCoordinator", "alpha")["conditions"]
+            kinds = {c["type"] for c in conditions}
+            assert kinds == {"Applied", "Ready", "Reachable"}  # no coordinator answers here
 
 
 async def test_an_operator_restarted_during_the_coordinators_turn_goes_on_in_order() -> None:
