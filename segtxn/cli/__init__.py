@@ -9,11 +9,14 @@ This module is the process's entry point (the ``segtxn`` console script and
 ``python -m segtxn.cli``) and imports nothing heavy: the commands' imports (aiohttp, gRPC,
 OpenTelemetry, the servers) take over a second on a loaded machine, and a Ctrl-C in that
 time used to leave the import as a KeyboardInterrupt traceback, the process killed by the
-signal. :func:`main` makes it the one line and the exit status of any other interrupt.
+signal. :func:`main` makes it the one line and the exit status of any other interrupt,
+also in a process started with SIGINT ignored (a script's ``segtxn produce ... &``), where
+a SIGINT in that second used to be lost and the command then ran to its end.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 INTERRUPTED = 130
@@ -22,6 +25,10 @@ INTERRUPTED = 130
 
 def main() -> None:
     """Run the ``segtxn`` command with ``sys.argv``; exit with its status."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # Python installs no handler then; the commands' edge would, after the imports
+        # (segtxn.cli.errors.interruptible), and a SIGINT before it would be lost.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         from segtxn.cli.commands import main as command
 

@@ -1,6 +1,7 @@
 """The ``segtxn`` entry points (the console script, ``python -m segtxn.cli``) before any
 command runs: a Ctrl-C while Python is still importing the commands (over a second on a
-loaded machine) is one line and exit status 130, never a traceback.
+loaded machine) is one line and exit status 130, never a traceback, also in a process
+started with SIGINT ignored (a script's background job).
 
 The SIGINT lands mid-import on purpose: a ``sitecustomize`` put on the child's path holds
 the first import of ``click`` (which only the commands import) until the test has sent it.
@@ -50,12 +51,11 @@ def _console_script() -> list[str]:
     return ["-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
 
 
-@pytest.mark.parametrize(
-    "entry", [_console_script(), ["-m", "segtxn.cli"]], ids=["console-script", "python-m"]
-)
-def test_ctrl_c_while_importing_the_commands_is_one_line(entry: list[str], tmp_path: Path) -> None:
-    """Before, the KeyboardInterrupt left the import as a traceback and the process died
-    of the signal (status -2)."""
+def _interrupt_while_importing(
+    entry: list[str], tmp_path: Path, *, started_ignoring_sigint: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run ``segtxn --help`` through ``entry``, SIGINT it while it imports the commands, and
+    return how it ended."""
     (tmp_path / "sitecustomize.py").write_text(HOLD_CLICK)
     importing, told = os.pipe()
     env = {
@@ -63,8 +63,11 @@ def test_ctrl_c_while_importing_the_commands_is_one_line(entry: list[str], tmp_p
         "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
         "SEGTXN_TEST_IMPORTING_FD": str(told),
     }
+    argv = [sys.executable, *entry, "--help"]
+    if started_ignoring_sigint:  # what a shell gives a script's `segtxn ... &`
+        argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
     command = subprocess.Popen(
-        [sys.executable, *entry, "--help"],
+        argv,
         cwd=ROOT,
         env=env,
         pass_fds=(told,),
@@ -83,7 +86,30 @@ def test_ctrl_c_while_importing_the_commands_is_one_line(entry: list[str], tmp_p
         if command.poll() is None:
             command.kill()
             command.communicate()
-    assert "Traceback" not in err, err
-    assert err == "Error: interrupted\n"
-    assert out == ""
-    assert command.returncode == 130
+    return subprocess.CompletedProcess(command.args, command.returncode, out, err)
+
+
+@pytest.mark.parametrize(
+    "entry", [_console_script(), ["-m", "segtxn.cli"]], ids=["console-script", "python-m"]
+)
+def test_ctrl_c_while_importing_the_commands_is_one_line(entry: list[str], tmp_path: Path) -> None:
+    """Before, the KeyboardInterrupt left the import as a traceback and the process died
+    of the signal (status -2)."""
+    ended = _interrupt_while_importing(entry, tmp_path)
+    assert "Traceback" not in ended.stderr, ended.stderr
+    assert ended.stderr == "Error: interrupted\n"
+    assert ended.stdout == ""
+    assert ended.returncode == 130
+
+
+def test_sigint_while_importing_interrupts_a_process_started_ignoring_it(
+    tmp_path: Path,
+) -> None:
+    """A script's background job (``segtxn produce ... &``) starts with SIGINT ignored; a
+    ``kill -INT`` in its first second, while the commands were still imported, was lost
+    (the handler came later), and ``produce`` then sent all its ``-n`` and exited 0. The
+    README promises 130 "also while the command is still starting"."""
+    ended = _interrupt_while_importing(["-m", "segtxn.cli"], tmp_path, started_ignoring_sigint=True)
+    assert ended.stderr == "Error: interrupted\n"
+    assert ended.stdout == ""
+    assert ended.returncode == 130
