@@ -11,6 +11,7 @@ error line, and exits with status 1.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -111,12 +112,12 @@ def produce(
             length=count, label="sending", file=sys.stderr, hidden=hidden
         ) as bar:
             sends.on_stored = lambda: bar.update(1)
+            # the bytes the shell passed, also those not UTF-8 (Python's lone surrogates)
+            given = os.fsencode(message) if message is not None else None
             for i in range(count):
                 if sends.failure is not None:  # stop at the first failure, not after every
                     raise sends.failure  # send timed out
-                payload = (
-                    message.encode() if message is not None else (b"%08d" % i).ljust(size, b".")
-                )
+                payload = given if given is not None else (b"%08d" % i).ljust(size, b".")
                 key = f"key-{i % keys}" if keys else None
                 sends.add(await producer.send_async(payload, key=key))
             last = await sends.all_settled()

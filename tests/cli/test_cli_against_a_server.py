@@ -110,6 +110,23 @@ def test_produce_reports_what_it_sent(standalone: str) -> None:
     assert result.stderr == "", result.stderr
 
 
+def test_produce_sends_the_bytes_of_a_message_that_is_not_utf8(standalone: str) -> None:
+    """``-m`` sends the bytes the shell passed, as ``-m "$(printf '\\xff')"`` does: Python
+    hands them over as lone surrogates, which ``str.encode()`` refused (before: "internal
+    error: UnicodeEncodeError")."""
+    topic = "topic://t/ns/bytes"
+    invoke("topics", "create", topic, "--url", standalone)
+    sent = invoke("produce", topic, "-m", "caf\udce9 \udcff", "--url", standalone)
+    assert sent.exit_code == 0, sent.output
+
+    async def received() -> bytes:
+        async with Client(standalone) as client:
+            consumer = await client.subscribe(topic, "raw", initial_position="earliest")
+            return (await consumer.receive(timeout_s=10)).value
+
+    assert asyncio.run(received()) == b"caf\xe9 \xff"
+
+
 def _segtxn(*args: str, sigint_ignored: bool = False) -> subprocess.Popen[str]:
     """A ``segtxn`` process; ``sigint_ignored``: started with SIGINT ignored, as a shell
     script's background job is (``segtxn produce ... &``: POSIX, without job control)."""
