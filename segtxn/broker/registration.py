@@ -171,8 +171,10 @@ class Registration:
                 if refuse:
                     raise BrokerIdTaken(
                         f"broker id {self.broker_id} is already registered by a live broker "
-                        f"at {holder}; stop it first, or choose another --broker-id"
-                    )
+                        f"at {holder}; stop it first, or start this one with another "
+                        "--broker-id (a standalone: a --store namespace of its own, "
+                        "etcd://host:port/NS)"
+                    )  # a standalone's id is always "standalone": it has no --broker-id
                 log.error(
                     "broker id %s is still registered by another live broker, %s: this "
                     "broker is not ready until that registration goes (stop one of them)",

@@ -29,6 +29,10 @@ from tests import processes
 from tests.processes import ServerProcess
 from tests.waiting import wait_until
 
+ANOTHER_ID = "--broker-id (a standalone: a --store namespace of its own, etcd://host:port/NS)"
+"""The way out a refused duplicate names; a standalone has no --broker-id flag (its id is
+always 'standalone'), so one started twice on a store is told what it can change."""
+
 TTL_S = 10.0
 """The brokers' session TTL here, unless a test lets a session expire on purpose: long
 enough that a busy machine does not expire one by itself (with 1 s, etcd granting 2 s, a CI
@@ -80,7 +84,7 @@ async def test_a_second_broker_with_a_live_id_is_refused(
                 f"broker id x1 is already registered by a live broker at "
                 f"{first.settings.advertise_url} "
                 f"(session {first.service.session().lease_id:#x}); stop it first, or "
-                "choose another --broker-id"
+                f"start this one with another {ANOTHER_ID}"
             )
             assert await registered_url(store) == first.settings.advertise_url
             assert (await readyz(first.settings.advertise_url))[0] == 200
@@ -248,7 +252,7 @@ async def test_the_cli_refuses_a_duplicate_broker_id(
         f"broker id x1 is already registered by a live broker at {first.url} (session "
         in duplicate.log_text()
     )
-    assert "stop it first, or choose another --broker-id" in duplicate.log_text()
+    assert f"stop it first, or start this one with another {ANOTHER_ID}" in duplicate.log_text()
     await first.ready(limit_s=1)  # unaffected
     async with open_store(store_url) as meta:
         assert await registered_url(meta) == first.url
