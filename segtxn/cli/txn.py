@@ -38,7 +38,7 @@ def _txn_id(text: str) -> str:
     try:
         return str(TxnId.parse(text))
     except ValueError as e:
-        raise click.BadParameter(str(e)) from e
+        raise click.BadParameter(str(e), param_hint="TXN_ID") from e
 
 
 @txn.command("list")
