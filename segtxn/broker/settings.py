@@ -11,7 +11,7 @@ from segtxn.connlimits import ConnectionLimits
 from segtxn.ledger import LedgerSettings, RetentionPolicy
 from segtxn.ledger.replicas import RepairSettings, Replication
 from segtxn.metastore import StoreCredentials
-from segtxn.protocol.limits import MAX_BROKER_ID
+from segtxn.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES, MAX_BROKER_ID
 
 BROKER_ID = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_BROKER_ID - 1}}}")
 """A broker id names files (its snapshot logs): MAX_BROKER_ID keeps them under 255 bytes."""
@@ -70,7 +70,7 @@ class BrokerSettings:
     store_timeout_s: float = 15.0
     """At start-up, how long to keep trying to reach the metadata store before giving up
     with ``StoreUnavailable`` (the process then exits saying so)."""
-    max_message_bytes: int = 5 * 1024 * 1024 - 64 * 1024
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     """Largest payload accepted (the entry also carries the message's metadata)."""
     max_pending_sends: int = 1000
     """Sends one producer may have in flight; further frames wait (backpressure)."""

@@ -33,9 +33,12 @@ from segtxn.client import (
     ServerError,
     Timeout,
 )
+from segtxn.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 from segtxn.protocol.names import Domain, client_name_problem
 
-MAX_GENERATED_BYTES = 5 * 1024 * 1024
+MAX_GENERATED_BYTES = DEFAULT_MAX_MESSAGE_BYTES
+"""The largest --size a broker takes: one above it passed here and every send then failed
+with MessageTooLarge."""
 SHOWN_BYTES = 80
 """How much of a payload ``consume --print`` shows (as a Python bytes literal)."""
 

@@ -72,6 +72,9 @@ MAX_PROPERTIES_BYTES = 64 * 1024
 MAX_MESSAGE_KEY_BYTES = 8 * 1024
 MAX_MESSAGE_METADATA_BYTES = 48 * 1024
 """A message's key and properties together: its entry keeps 64 KiB beside the payload."""
+DEFAULT_MAX_MESSAGE_BYTES = 5 * 1024 * 1024 - 64 * 1024
+"""A broker's largest payload unless its settings say otherwise: a 5 MiB entry less the
+64 KiB kept for the message's metadata (``BrokerSettings.max_message_bytes``)."""
 MAX_BATCH_SENDS = 1000
 MAX_MESSAGE_IDS = 10_000
 """Message ids in one ack or nack."""
