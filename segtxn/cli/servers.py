@@ -19,6 +19,7 @@ from segtxn.broker.app import BrokerServer
 from segtxn.broker.settings import BrokerSettings
 from segtxn.broker.txn.headers import HeaderWatch
 from segtxn.cli import lifecycle
+from segtxn.cli.datadir import claim_data_dir
 from segtxn.cli.httpflags import ACCESS_LOG, connection_options
 from segtxn.cli.listening import listen_as_advertised, listen_on_a_free_port, url_of
 from segtxn.cli.logs import log_format_option, say
@@ -213,7 +214,7 @@ def broker(
                 advertise_url=advertise,
                 store_url=store,
                 store_credentials=credentials,
-                ledger_url=f"file://{prepare_data_dir(data_dir)}",
+                ledger_url=f"file://{claim_data_dir(held, data_dir)}",
                 replication=Replication.parse(replication) if replication else None,
                 repair=repair,
                 auto_create_topics=auto_create_topics,
@@ -443,8 +444,8 @@ def standalone(
             "a port each",
             param_hint="'--coordinator-port'",
         )
-    ledger_url = f"file://{prepare_data_dir(data_dir)}" if data_dir else "memory://"
     with contextlib.ExitStack() as held:
+        ledger_url = f"file://{claim_data_dir(held, data_dir)}" if data_dir else "memory://"
         # port 0: each listens from now on, on a port the system picks (not the other's)
         node_listener = listen_on_a_free_port(held, host, coordinator_port) if not port else None
         txn_listener = listen_on_a_free_port(held, host, port) if not coordinator_port else None

@@ -457,3 +457,28 @@ def test_sigterm_stops_the_operator_during_start_up(
     assert time.monotonic() - sent < STOP_S
     assert code == 0, lines
     assert not any("Traceback" in line for line in lines), lines
+
+
+async def test_a_data_dir_a_running_broker_holds_is_refused_until_it_is_gone(
+    tmp_path: Path, runs: list[Run]
+) -> None:
+    """Two servers on one ``--data-dir`` (a second standalone pointed at the first one's,
+    another store namespace) each opened the other's ledger files: every topic whose name
+    met timed out ("... is held by another writer"), and once one stopped, the other was
+    refused the ledgers it had written there. The directory is now held by the first, and
+    freed by its end, a SIGKILL included."""
+    data = tmp_path / "data"
+    runs.append(first := Run(tmp_path, *server_args("broker", "memory://", tmp_path)))
+    await served_url(first)
+    second_args = server_args("broker", "memory://", tmp_path, "--broker-id", "other")
+    runs.append(second := Run(tmp_path, *second_args))
+    code, _, lines = await asyncio.to_thread(second.wait, START_S)
+    assert code == 2, lines
+    assert lines[-1] == (
+        f"Error: Invalid value for '--data-dir': {data} is in use by another segtxn server "
+        f"(pid {first.proc.pid}): give each broker a directory of its own "
+        "(see 'segtxn broker --help')"
+    ), lines
+    first.kill()
+    runs.append(third := Run(tmp_path, *second_args))
+    await served_url(third)
