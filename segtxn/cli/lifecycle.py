@@ -9,8 +9,9 @@ start-up waited forever and the signal handler only set an event nobody waited o
 - SIGTERM and SIGINT are handled from the moment the command starts (before the event loop
   runs they raise :class:`Interrupted`). During start-up they cancel it (each server closes
   what it had opened); while serving they begin the shutdown. A second signal ends the
-  process at once (exit 1). The handlers found are put back when the command ends (one
-  run in the caller's process, a test's ``CliRunner``, leaves the caller's in place).
+  process at once (exit 1); the first one repeated within :data:`REPEATED_S` is not one.
+  The handlers found are put back when the command ends (one run in the caller's process,
+  a test's ``CliRunner``, leaves the caller's in place).
 - Each server reaches its store with bounded retries (``--store-timeout``; the servers do it
   themselves, :func:`segtxn.metastore.wait_reachable`). A server that cannot start (store
   unreachable, port taken, data directory not writable, broker id held by a live broker)
@@ -109,6 +110,14 @@ def catch_signals_early() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+REPEATED_S = 0.1
+"""A signal of the kind received first, within this long of it, is the same delivery
+repeated, not a second: GNU ``timeout`` (and supervisors like it) send a signal it gets to
+its child and then to the child's whole process group, so ``timeout 60 segtxn standalone``
+stopped by SIGINT saw two, and exited without its clean shutdown. A person pressing Ctrl-C
+twice takes longer than this."""
+
+
 class _Signals:
     """SIGINT and SIGTERM on the running loop: the first sets :attr:`received`; a second
     (the shutdown is taking too long for whoever sends it) exits the process at once."""
@@ -118,15 +127,19 @@ class _Signals:
         self.name = ""
         self._say = say
         self._loop = asyncio.get_running_loop()
+        self._first_at = 0.0
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._loop.add_signal_handler(sig, self._on, sig)
 
     def _on(self, sig: signal.Signals) -> None:
         if self.received.is_set():
+            if sig.name == self.name and self._loop.time() - self._first_at < REPEATED_S:
+                return  # the first one, repeated to the process group (REPEATED_S)
             self._say(f"second {sig.name}: exiting without finishing the shutdown")
             sys.stderr.flush()
             os._exit(1)
         self.name = sig.name
+        self._first_at = self._loop.time()
         self.received.set()
 
     def remove(self) -> None:

@@ -216,6 +216,30 @@ async def test_sigterm_while_serving_stops_standalone_and_says_what_it_closed(
     assert closed[1].startswith("closed broker standalone in "), lines
 
 
+async def test_a_signal_repeated_at_once_is_the_first_one_and_a_later_one_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GNU ``timeout`` sends the signal it gets to its child and then to the child's process
+    group: when the two were not merged by the kernel, the server took the second for an
+    impatient user's and exited 1 without finishing its shutdown. Driven here through the
+    handler itself: whether two real signals merge is the kernel's timing."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)  # lifecycle calls os._exit
+    said: list[str] = []
+    signals = lifecycle._Signals(said.append)
+    try:
+        signals._on(signal.SIGINT)
+        signals._on(signal.SIGINT)  # the same delivery, repeated to the group
+        assert signals.received.is_set() and exits == [] and said == []
+        signals._on(signal.SIGTERM)  # another signal: someone wants it gone now
+        assert exits == [1] and said == ["second SIGTERM: exiting without finishing the shutdown"]
+        signals._first_at -= lifecycle.REPEATED_S  # the same one, later: a person's second
+        signals._on(signal.SIGINT)
+        assert exits == [1, 1]
+    finally:
+        signals.remove()
+
+
 async def test_what_start_up_left_alive_is_frozen_once_serving(
     tmp_path: Path, runs: list[Run]
 ) -> None:
