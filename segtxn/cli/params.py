@@ -18,9 +18,10 @@ from urllib.parse import urlsplit
 import click
 
 from segtxn.metastore import InvalidArgument, check_url
+from segtxn.protocol.errors import ServerError
 from segtxn.protocol.hashing import HASH_SPACE
-from segtxn.protocol.limits import MAX_TENANT
-from segtxn.protocol.names import Domain, InvalidTopicName, TopicName
+from segtxn.protocol.limits import MAX_TENANT, parse_position
+from segtxn.protocol.names import Domain, InvalidTopicName, TopicName, client_name_problem
 from segtxn.verify.history import HistoryStore
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -151,6 +152,48 @@ class Topic(click.ParamType[str]):
         return str(value)
 
 
+class Subscription(click.ParamType[str]):
+    """A subscription's name, as the brokers accept it (1-64 of letters, digits, ``_.:=-``):
+    refused before anything connects, and never one that would change the admin URL it is
+    put in (a ``/`` or a ``?``)."""
+
+    name = "SUBSCRIPTION"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        text = str(value)
+        problem = client_name_problem("subscription", text)
+        if problem is not None:
+            self.fail(problem, param, ctx)
+        return text
+
+
+class LedgerEntry(click.ParamType[str]):
+    """``LEDGER:ENTRY``: a message's position in a ``persistent://`` topic or a segment, two
+    numbers in 0..2^63-1 as the brokers take them. Kept as text (the broker reads it again);
+    a message id as ``consume --print`` shows it (``TOPIC@LEDGER:ENTRY``) is refused with
+    a hint rather than taken: its topic could be another one's."""
+
+    name = "LEDGER:ENTRY"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> str:
+        text = str(value)
+        try:
+            ledger, entry = parse_position(text, "LEDGER:ENTRY")
+        except ServerError:
+            hint = (
+                "of a message id TOPIC@LEDGER:ENTRY, give the part after '@'"
+                if "@" in text
+                else "two numbers from 0, as 3:17"
+            )
+            shown = text if len(text) <= 60 else text[:60] + "..."
+            self.fail(f"{shown!r} is not LEDGER:ENTRY ({hint})", param, ctx)
+        return f"{ledger}:{entry}"
+
+
 class BrokerId(click.ParamType[str]):
     """A broker's id, as ``segtxn broker --broker-id`` accepts it (1-63 of letters, digits,
     ``_.-``): a typo is refused before anything connects."""
@@ -186,6 +229,7 @@ class Namespace(click.ParamType[tuple[str, str]]):
         return name.tenant, name.namespace
 
 
+SUBSCRIPTION = Subscription()
 SERVICE_URL = HttpUrl()
 SERVICE_URLS = HttpUrl(several=True)
 """What ``--url`` takes: one broker's URL, or several separated by commas."""

@@ -1,5 +1,6 @@
-"""``segtxn topics``: create, list, inspect, split, merge and delete topics, and repair a
-subscription whose cursor record does not read.
+"""``segtxn topics``: create, list, inspect, split, merge and delete topics; their
+subscriptions' commands (list, reset, delete, repair a cursor record that does not read)
+are in :mod:`segtxn.cli.subscriptions`, added to the group here.
 
 The commands that print data take ``-o table|json`` (:mod:`segtxn.cli.output`). ``split``
 and ``merge`` print one line saying what changed and which segments are active; the whole
@@ -22,6 +23,7 @@ from segtxn.cli.errors import answer_lost, describe, in_words
 from segtxn.cli.output import OUTPUT, Table, hash_range, show, since
 from segtxn.cli.params import COUNT, FloatRange, KeyHash, Namespace, Topic, refuse_unless
 from segtxn.cli.service import URL, run
+from segtxn.cli.subscriptions import COMMANDS as SUBSCRIPTION_COMMANDS
 from segtxn.client import Client, ClientError, ServerError, Timeout
 from segtxn.protocol.errors import ConsumerBusy
 from segtxn.protocol.names import Domain
@@ -49,6 +51,10 @@ stats, not here)."""
 @click.group()
 def topics() -> None:
     """Create, list, inspect and delete topics."""
+
+
+for _command in SUBSCRIPTION_COMMANDS:
+    topics.add_command(_command)
 
 
 @topics.command("create")
@@ -314,44 +320,6 @@ def merge(url: str, topic: str, first: int, second: int, output: str) -> None:
         lambda c: c.admin.merge(topic, first, second),
     )
     show(output, dag, merge_summary(topic, first, second, dag))
-
-
-@topics.command("subscriptions")
-@URL
-@click.argument("topic", type=Topic())
-@OUTPUT
-def subscriptions(url: str, topic: str, output: str) -> None:
-    """List TOPIC's subscriptions."""
-    found = run(lambda c: c.admin.subscriptions(topic), url)
-    rows = [[name] for name in found]
-    show(output, found, Table(("subscription",), rows, empty=f"{topic} has no subscriptions"))
-
-
-@topics.command("repair-cursor")
-@URL
-@click.argument("topic", type=Topic(Domain.PERSISTENT, Domain.SEGMENT))
-@click.argument("subscription")
-@click.option(
-    "--to",
-    default="earliest",
-    show_default=True,
-    metavar="earliest|LEDGER:ENTRY",
-    help="Where the subscription starts again: its first retained message, or this one.",
-)
-@OUTPUT
-def repair_cursor(url: str, topic: str, subscription: str, to: str, output: str) -> None:
-    """Rewrite SUBSCRIPTION's cursor record when it does not read (TOPIC is refused with
-    PersistenceError naming it; for a topic:// give the segment:// the error names).
-
-    The subscription restarts at the first message TOPIC retains (every retained message
-    is delivered again: none is lost), or --to. Refused when the record reads (use a
-    reset), or changed meanwhile (nothing written); docs/ledger.md."""
-    found = run(lambda c: c.admin.repair_cursor(topic, subscription, to=to), url)
-    line = (
-        f"repaired {subscription} on {topic}: it starts again at {found['start']} "
-        f"(the record at {found['key']} did not read)"
-    )
-    show(output, found, line)
 
 
 def _policy(text: str) -> dict[str, Any]:
