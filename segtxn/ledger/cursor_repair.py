@@ -118,9 +118,10 @@ async def repair_cursor(
         raise CursorReadable(
             f"{ledger}: the record of its cursor {cursor!r} at {key} reads correctly now: "
             "nothing to repair (it may already have been repaired, by a repair whose answer "
-            "was lost); if the subscription's position is wrong, reset the subscription"
+            "was lost); if the subscription's position is wrong, reset the subscription: "
+            f"{_reset_command(ledger, cursor)}"
         )
-    first = _first_retained(meta) if start is None else _checked(ledger, meta, start)
+    first = _first_retained(meta) if start is None else _checked(ledger, cursor, meta, start)
     state = CursorState((first.ledger_id, first.entry_id - 1))
     try:
         written = await store.put(key, msgspec.json.encode(state), expected_version=record.version)
@@ -168,7 +169,16 @@ def _first_retained(meta: LedgerMetadata) -> Position:
     return Position(meta.ledgers[0].id if meta.ledgers else meta.next_ledger_id, 0)
 
 
-def _checked(ledger: str, meta: LedgerMetadata, start: Position) -> Position:
+def _reset_command(ledger: str, cursor: str) -> str:
+    """The command that resets ``ledger``'s subscription ``cursor`` (a topic's or
+    segment's ledger is named as the topic or segment is), for an operator told to."""
+    return (
+        f"segtxn topics reset-subscription {ledger} {cursor} "
+        "--to-earliest|--to-latest|--to LEDGER:ENTRY"
+    )
+
+
+def _checked(ledger: str, cursor: str, meta: LedgerMetadata, start: Position) -> Position:
     """``start``, if it lies at or before the end the metadata records: just after its last
     ledger's last entry when that ledger is closed; its entry 0 when it is still open (a
     crash left it so: its entries are counted when the ledger opens next)."""
@@ -180,6 +190,7 @@ def _checked(ledger: str, meta: LedgerMetadata, start: Position) -> Position:
     if start > end:
         raise TargetBeyondEnd(
             f"{ledger}: {start} is beyond the end its metadata records ({end}): it could hide "
-            "entries; repair to the earliest, then reset the loaded subscription"
+            "entries; repair to the earliest, then reset the loaded subscription: "
+            f"{_reset_command(ledger, cursor)}"
         )
     return start

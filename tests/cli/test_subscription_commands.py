@@ -3,7 +3,8 @@
 deletion removes the subscription from the topic's stats, on ``persistent://`` and
 ``topic://`` alike; a subscription in use, an unknown topic or subscription and a position
 past the end are one line and exit status 1; a malformed argument is a usage error (2)
-before anything connects."""
+before anything connects. ``repair-cursor``'s advice for a cursor that reads names the
+reset (its repair itself is tested in tests/broker/test_cursor_repair.py)."""
 
 from __future__ import annotations
 
@@ -225,3 +226,22 @@ def test_a_malformed_deletion_is_a_usage_error() -> None:
     result = invoke(*DELETE, "persistent://t/ns/x", "", "--url", "http://127.0.0.1:1")
     assert result.exit_code == 2, result.output
     assert "subscription name '' must be" in one_line(result)
+
+
+def test_repairing_a_cursor_that_reads_names_the_reset(standalone: str) -> None:
+    """A user told by ``repair-cursor`` to reset the subscription is told the command."""
+    topic = "persistent://t/ns/readable"
+    assert invoke("topics", "create", topic, "--url", standalone).exit_code == 0
+
+    async def subscribe() -> None:
+        async with Client(standalone) as client:
+            await client.admin.create_subscription(topic, "s")
+
+    asyncio.run(subscribe())
+    refused = invoke("topics", "repair-cursor", topic, "s", "--url", standalone)
+    assert refused.exit_code == 1
+    assert one_line(refused).startswith("Error: NotAllowed: ")
+    assert one_line(refused).endswith(
+        f"reset the subscription: segtxn topics reset-subscription {topic} s "
+        "--to-earliest|--to-latest|--to LEDGER:ENTRY"
+    )
