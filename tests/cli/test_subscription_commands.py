@@ -145,6 +145,27 @@ def test_a_reset_moves_a_scalable_topics_subscription_on_every_segment(standalon
     assert "segment://" in one_line(position)
 
 
+def test_a_segment_of_a_scalable_topic_is_reset_to_a_position(standalone: str) -> None:
+    """What ``--to`` on a ``topic://`` is refused for: a message id names a segment's entry,
+    and that segment is reset to it (the usage error says so)."""
+    topic = "topic://t/ns/reset-segment"
+    assert invoke("topics", "create", topic, "--url", standalone).exit_code == 0
+
+    async def scenario() -> None:
+        async with Client(standalone) as client:
+            producer = await client.create_producer(topic)
+            ids = [await producer.send(f"m{i}".encode()) for i in range(4)]
+            assert await _consume_all(client, topic, "s", 4) == {f"m{i}".encode() for i in range(4)}
+            segment = ids[2].topic
+            assert segment == "segment://t/ns/reset-segment/0"
+            position = f"{ids[2].ledger_id}:{ids[2].entry_id}"
+            moved = await _cli(*RESET, segment, "s", "--to", position, "--url", standalone)
+            assert moved.exit_code == 0, moved.output
+            assert await _first(client, topic, "s") == b"m2"
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("topic", ["persistent://t/ns/deleted", "topic://t/ns/deleted"])
 def test_a_deleted_subscription_is_gone_from_the_stats(standalone: str, topic: str) -> None:
     assert invoke("topics", "create", topic, "--url", standalone).exit_code == 0
