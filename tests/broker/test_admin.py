@@ -220,6 +220,26 @@ async def test_bad_subscription_arguments_are_invalid_argument(client: Client) -
     assert await client.admin.subscriptions(TOPIC) == ["sub"]
 
 
+async def test_a_subscription_name_cannot_name_another_subscription_in_the_url(
+    client: Client,
+) -> None:
+    """A name with a ``?`` or a ``/`` is put into the request's path as one segment of it
+    (the connector encodes it), so it never makes the URL of subscription ``s`` with the
+    rest a query or another endpoint: refused, and ``s`` untouched."""
+    await client.admin.create_topic(TOPIC)
+    await client.admin.create_subscription(TOPIC, "s", initial_position="earliest")
+    await produce(client, TOPIC, 2)
+    for call in (
+        client.admin.reset_subscription(TOPIC, "s?x", to="latest"),
+        client.admin.delete_subscription(TOPIC, "s?x"),
+        client.admin.delete_subscription(TOPIC, "s/"),
+    ):
+        with pytest.raises(ServerError):
+            await call
+    assert await client.admin.subscriptions(TOPIC) == ["s"]
+    assert await backlog(client, TOPIC, "s") == 2
+
+
 async def test_subscriptions_of_a_scalable_topic_span_its_segments(client: Client) -> None:
     await client.admin.create_topic(SCALABLE, segments=3)
     await client.admin.create_subscription(SCALABLE, "all", initial_position="earliest")
