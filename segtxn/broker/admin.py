@@ -183,7 +183,20 @@ async def delete_subscription(request: web.Request) -> web.StreamResponse:
     name = topic_from(request)
     subscription = _subscription_name(request)
     if name.domain is Domain.TOPIC:
-        await fan_out(request, name, "DELETE", f"/subscription/{subscription}")
+        # Each segment's delete as it is: one that stopped part-way (a consumer on a later
+        # segment) is retried to its end, and only a subscription no segment has is not found.
+        answers = await fan_out(
+            request,
+            name,
+            "DELETE",
+            f"/subscription/{subscription}",
+            settled_by=ErrorName.SUBSCRIPTION_NOT_FOUND,
+        )
+        missing = [a for a in answers.values() if isinstance(a, ServerError)]
+        if missing and len(missing) == len(answers):
+            raise ServerError(
+                ErrorName.SUBSCRIPTION_NOT_FOUND, f"{name} has no subscription {subscription!r}"
+            )
         return web.Response(status=204)
     topic = await request.app[SERVICE].serve(name)
     await topic.delete_subscription(subscription)

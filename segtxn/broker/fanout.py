@@ -36,6 +36,7 @@ async def fan_out(
     record: ScalableTopic | None = None,
     params: Mapping[str, str] | None = None,
     only_creating: bool = False,
+    settled_by: ErrorName | None = None,
 ) -> dict[str, Any]:
     """Run an admin call on every segment of scalable topic ``name``, on its home broker,
     and return each answer by segment id; the RETIRED ones (their data is gone,
@@ -50,6 +51,9 @@ async def fan_out(
         params: the query to send (default: the request's own).
         only_creating: on the children of a split or merge in progress alone (those
             placed already).
+        settled_by: a refusal that means the call is done there already (a subscription
+            deleted by an earlier call that stopped part-way): that segment's answer is
+            the error, and the call goes on with the next.
 
     Raises:
         ServerError: TopicNotFound (no such topic); ServiceNotReady (a segment's broker is
@@ -91,6 +95,9 @@ async def fan_out(
                 raise ServerError(ErrorName.UNKNOWN, f"{ledger}: HTTP {status}") from None
             if failed.name is ErrorName.TOPIC_NOT_FOUND and await _gone(service, ledger):
                 results[str(segment_id)] = None
+                continue
+            if failed.name is settled_by:
+                results[str(segment_id)] = failed
                 continue
             raise failed
         results[str(segment_id)] = json.loads(text) if text else None

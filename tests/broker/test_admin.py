@@ -251,6 +251,23 @@ async def test_subscriptions_of_a_scalable_topic_span_its_segments(client: Clien
     assert await client.admin.subscriptions(SCALABLE) == []
 
 
+async def test_a_scalable_topics_subscription_half_deleted_is_deleted_by_a_retry(
+    client: Client,
+) -> None:
+    """A delete on a ``topic://`` goes segment by segment and stops at the first refusal
+    (a consumer on a later segment, its broker down): the segments before had lost the
+    subscription, and the retry, refused SubscriptionNotFound by the first of them, never
+    reached the rest. Made here by deleting it from one segment first."""
+    await client.admin.create_topic(SCALABLE, segments=3)
+    await client.admin.create_subscription(SCALABLE, "all", initial_position="earliest")
+    await client.admin.delete_subscription("segment://acme/admin/scaled/0", "all")
+    await client.admin.delete_subscription(SCALABLE, "all")
+    assert await client.admin.subscriptions(SCALABLE) == []
+    with pytest.raises(ServerError) as error:  # on no segment at all: it is not found
+        await client.admin.delete_subscription(SCALABLE, "all")
+    assert error.value.name is ErrorName.SUBSCRIPTION_NOT_FOUND
+
+
 # ---------------------------------------------------------------------- properties
 
 
