@@ -19,19 +19,19 @@ from typing import Any
 
 import click
 
-from segtxn.cli.errors import FailedPartWay, ServiceUnreachable, describe, interrupted
+from segtxn.cli.acks import Acks
+from segtxn.cli.errors import FailedPartWay, ServiceUnreachable, interrupted
 from segtxn.cli.output import OUTPUT, Format, show
 from segtxn.cli.params import COUNT, POSITIVE_INT, SECONDS, Topic, refuse_unless
 from segtxn.cli.service import URL, run
 from segtxn.client import (
     Client,
     ClientError,
-    ConnectionLost,
+    Consumer,
     ErrorCategory,
     Message,
     MessageId,
     ServerError,
-    Timeout,
 )
 from segtxn.protocol.limits import DEFAULT_MAX_MESSAGE_BYTES
 from segtxn.protocol.names import Domain, client_name_problem
@@ -261,6 +261,10 @@ def consume(
 ) -> None:
     """Receive and acknowledge messages of TOPIC on SUBSCRIPTION; print how many.
 
+    It receives on while up to 256 acknowledgments await their answers, and ends (or stops)
+    once every one is answered; interrupted, it counts those without an answer yet as of
+    unknown outcome.
+
     An acknowledgment that fails (the broker's store is briefly down, no answer came in
     time, the broker cannot be reached) does not stop it: the message may be delivered
     again, which an at-least-once consumer takes anyway. It warns once, counts them in its
@@ -273,107 +277,82 @@ def consume(
         raise click.BadParameter("a subscription needs a name", param_hint="SUBSCRIPTION")
     _check_name("subscription", subscription, "SUBSCRIPTION")
     streaming = show_each and output == Format.TABLE  # a person watches them come
-    received = unacknowledged = 0
-    unknown = 0
-    """Of ``unacknowledged``, those that got no answer (timed out, or the connection was
-    lost after they were written): the broker may have applied them."""
-    in_doubt = 0
-    """1 from a message's receipt until its acknowledgment is answered: a stop then leaves
-    that acknowledgment's outcome unknown (the broker may apply one it already has)."""
-    subscribed = False
-    failing_since: float | None = None
-    """When the acknowledgments that failed since the last one that did not began."""
+    acks: Acks | None = None
+    """Made once subscribed (with the client's operation timeout as its outage limit)."""
 
     def progress() -> str:
-        if not unacknowledged and not in_doubt:
+        if acks is None:
+            return "0 messages received and acknowledged"
+        received, in_doubt = acks.received, acks.in_doubt
+        if not acks.unacknowledged and not in_doubt:
             return f"{received:,} messages received and acknowledged"
-        said = [_unacknowledged(unacknowledged, unknown)] if unacknowledged else []
-        if in_doubt:
+        said = [_unacknowledged(acks.unacknowledged, acks.unknown)] if acks.unacknowledged else []
+        if in_doubt == 1:
             said.append(
                 "the last one's acknowledgment had no answer yet, its outcome unknown: "
                 "it may be delivered again"
             )
+        elif in_doubt:
+            said.append(
+                f"{in_doubt:,} acknowledgments had no answer yet, their outcome unknown: "
+                "those messages may be delivered again"
+            )
         return (
-            f"{received:,} messages received, {received - unacknowledged - in_doubt:,} of "
-            f"them acknowledged ({'; '.join(said)})"
+            f"{received:,} messages received, {acks.acknowledged:,} of them acknowledged "
+            f"({'; '.join(said)})"
         )
 
-    def ack_failed(error: ServerError | Timeout | ConnectionLost, limit_s: float) -> None:
-        """Count a failed acknowledgment (of unknown outcome, if it says so); raise
-        ``error`` once they have failed for longer than ``limit_s`` without one that did
-        not."""
-        nonlocal unacknowledged, unknown, failing_since, in_doubt
-        in_doubt = 0
-        unacknowledged += 1
-        if error.category is ErrorCategory.OUTCOME_UNKNOWN:
-            unknown += 1
-        now = time.monotonic()
-        if failing_since is None:
-            failing_since = now
-        elif now - failing_since > limit_s:
-            raise error
-        if unacknowledged == 1:
-            click.echo(
-                f"Warning: an acknowledgment failed ({describe(error)}); going on: a "
-                "message whose acknowledgment failed may be delivered again",
-                err=True,
-            )
-
     async def body(client: Client) -> dict[str, Any]:
-        nonlocal received, subscribed, failing_since, in_doubt, unacknowledged
+        nonlocal acks
         consumer = await client.subscribe(
             topic, subscription, subscription_type=sub_type, initial_position=initial
         )
-        subscribed = True
-        outage_limit_s = client.timeouts.operation_timeout_s
+        acks = taken = Acks(client.timeouts.operation_timeout_s)
         keys: set[str] = set()
         shown: list[dict[str, Any]] = []
         first = last = None
-        while not count or received < count:
-            try:
-                message = await consumer.receive(timeout_s=idle_timeout)
-            except TimeoutError:
-                cut_off = consumer.reconnecting()
-                if cut_off:  # not idle: nothing could arrive, the backlog is unknown
-                    raise ServiceUnreachable(
-                        f"no message for {idle_timeout:g} s while it could not reach the "
-                        f"broker of {', '.join(cut_off)} (reconnecting): messages may remain"
-                    ) from None
-                break
-            # counted at once: a stop from here on (Ctrl-C while its acknowledgment waits
-            # for an answer) must not leave out a message the broker may count as consumed
-            received += 1
-            in_doubt = 1
-            if streaming:
-                shown_value = message.value[:SHOWN_BYTES]
-                click.echo(f"{message.message_id} key={message.key} {shown_value!r}")
-            elif show_each:
-                shown.append(_shown(message))
-            try:
-                await consumer.acknowledge(message)
-                failing_since = None
-                in_doubt = 0
-            except ServerError as e:
-                if not e.retriable:  # refused for good (not authorized, ...): not applied
-                    in_doubt = 0
-                    unacknowledged += 1
-                    raise
-                ack_failed(e, outage_limit_s)
-            except (Timeout, ConnectionLost) as e:
-                ack_failed(e, outage_limit_s)
-            first = first or str(message.message_id)
-            last = str(message.message_id)
-            if message.key is not None:
-                keys.add(message.key)
+        try:
+            while not count or taken.received < count:
+                await taken.room()  # (raises the acknowledgment failure that stops it)
+                try:
+                    message = await _next(consumer, taken, idle_timeout)
+                except TimeoutError:
+                    cut_off = consumer.reconnecting()
+                    if cut_off:  # not idle: nothing could arrive, the backlog is unknown
+                        raise ServiceUnreachable(
+                            f"no message for {idle_timeout:g} s while it could not reach the "
+                            f"broker of {', '.join(cut_off)} (reconnecting): messages may "
+                            "remain"
+                        ) from None
+                    break
+                # counted at once: a stop from here on (Ctrl-C while its acknowledgment waits
+                # for an answer) must not leave out a message the broker may count as consumed
+                taken.took()
+                if streaming:
+                    shown_value = message.value[:SHOWN_BYTES]
+                    click.echo(f"{message.message_id} key={message.key} {shown_value!r}")
+                elif show_each:
+                    shown.append(_shown(message))
+                taken.add(await consumer.acknowledge_async(message))
+                first = first or str(message.message_id)
+                last = str(message.message_id)
+                if message.key is not None:
+                    keys.add(message.key)
+            await taken.settled()
+        except Exception:
+            # a failure says how far it got once every acknowledgment sent is answered (an
+            # interrupt, a CancelledError, does not wait: those left are in doubt)
+            await taken.drained()
+            raise
         summary: dict[str, Any] = {
             "topic": topic,
             "subscription": subscription,
-            "received": received,
+            "received": taken.received,
             "keys": len(keys),
             "firstId": first,
             "lastId": last,
-            "unacknowledged": unacknowledged,
-            "ackOutcomeUnknown": unknown,
+            "unacknowledged": taken.unacknowledged,
+            "ackOutcomeUnknown": taken.unknown,
         }
         if show_each and not streaming:
             summary["messages"] = shown
@@ -384,15 +363,28 @@ def consume(
     except KeyboardInterrupt:
         interrupted(progress())
     except Exception as e:
-        if not subscribed:  # nothing done yet: the error alone says it
+        if acks is None:  # nothing done yet: the error alone says it
             raise
         raise FailedPartWay(progress()) from e
     line = f"received {done['received']} messages"
     if done["received"]:
         line += f" ({done['keys']} keys), first {done['firstId']}, last {done['lastId']}"
-    if unacknowledged:
-        line += f"; {_unacknowledged(unacknowledged, unknown)}"
+    if done["unacknowledged"]:
+        line += f"; {_unacknowledged(done['unacknowledged'], done['ackOutcomeUnknown'])}"
     show(output, done, line)
+
+
+async def _next(consumer: Consumer, acks: Acks, idle_timeout_s: float) -> Message:
+    """The next message, within ``idle_timeout_s``; one already here without a task or a
+    timer, else unless an acknowledgment's failure stops the command first (raised).
+
+    Raises:
+        TimeoutError: none came within ``idle_timeout_s``.
+    """
+    try:
+        return await consumer.receive(timeout_s=0)
+    except TimeoutError:
+        return await acks.unless_stopped(consumer.receive(timeout_s=idle_timeout_s))
 
 
 def _unacknowledged(count: int, unknown: int) -> str:

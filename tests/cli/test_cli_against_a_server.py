@@ -198,8 +198,7 @@ def test_interrupted_produce_and_consume_say_how_far_they_got(
         return int((await client.admin.stats(topic))["subscriptions"]["sub"]["backlog"])
 
     async def consumed(client: Client) -> bool:
-        # it acknowledges one at a time, once the last is durable: two acknowledged means
-        # the first one's acknowledgment returned
+        # two acknowledged at the broker: consume is under way
         return await backlog(client) <= left - 2
 
     assert invoke("topics", "create", topic, "--url", standalone).exit_code == 0
@@ -241,8 +240,8 @@ def test_interrupted_produce_and_consume_say_how_far_they_got(
     asyncio.run(interrupt(consuming, consumed))
     err = _interrupted(consuming)
     assert consuming.returncode == 128 + stop, err
-    # "... received and acknowledged", or, stopped while an acknowledgment awaited its
-    # answer, "... received, N - 1 of them acknowledged (... outcome unknown ...)"
+    # "... received and acknowledged", or, stopped while acknowledgments awaited their
+    # answers, "... received, M of them acknowledged (... outcome unknown ...)"
     said = re.search(rf"Error: {said_stop}: ([\d,]+) messages received", err)
     assert said is not None and int(said[1].replace(",", "")) > 0, err
 

@@ -9,6 +9,7 @@ import contextlib
 import re
 import signal
 
+from segtxn.cli.acks import ACKS_IN_FLIGHT
 from segtxn.client import Client
 from tests import processes
 from tests.cli.consuming import consume_under_way, filled, subscription_stat
@@ -93,5 +94,6 @@ def test_an_interrupt_during_an_acknowledgment_counts_its_message(
     assert said is not None, (err, f"the subscription lost {taken}")
     received, acked = (int(n.replace(",", "")) for n in said.groups())
     assert acked <= taken <= received, (err, taken)
-    assert received == acked + 1, err
+    # those in doubt: the acknowledgments on their way when it stopped, at most a window
+    assert 0 < received - acked <= ACKS_IN_FLIGHT, err
     assert "outcome unknown" in err, err

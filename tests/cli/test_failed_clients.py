@@ -86,14 +86,15 @@ def test_consume_that_fails_says_how_many_it_received(
     assert invoke("topics", "create", topic, "--url", url).exit_code == 0
     assert invoke("produce", topic, "-n", "10", "--url", url).exit_code == 0
     receive = Consumer.receive
-    calls = 0
+    taken = 0
 
     async def failing(self: Consumer, *args: Any, **kwargs: Any) -> Message:
-        nonlocal calls
-        calls += 1
-        if calls > 4:
+        nonlocal taken  # (messages, not calls: a call may find none here yet)
+        if taken == 4:
             raise TopicNotFound(f"topic {topic} does not exist")
-        return await receive(self, *args, **kwargs)
+        message = await receive(self, *args, **kwargs)
+        taken += 1
+        return message
 
     monkeypatch.setattr(Consumer, "receive", failing)
     result = invoke("consume", topic, "sub", "--url", url)
@@ -129,8 +130,9 @@ async def test_consume_goes_on_through_failed_acknowledgments(cluster: Cluster) 
     async with Client(cluster.url) as client:  # the failed acks took effect (docs/protocol.md)
         stats = await client.admin.stats(topic)
     assert stats["segments"][0]["stats"]["subscriptions"]["sub"]["backlog"] == 0
-    # Three store writes fail. A failed save whose record reads back unchanged writes it back
-    # to close the door on a late landing (docs/ledger.md), and that write may be the one
-    # failing: three failures fail two or three acknowledgments.
-    assert re.search(r"received 20 messages.*; [23] acknowledgments failed: those messages "
-                     r"may be delivered again", result.stdout), result.stdout  # fmt: skip
+    # Three store writes fail. Each cursor save carries every acknowledgment that arrived
+    # while the one before was in flight (consume keeps up to ACKS_IN_FLIGHT of them on
+    # their way), and a failed save fails them all: from one acknowledgment to all 20.
+    said = re.search(r"received 20 messages.*; (\d+) acknowledgments? failed: those messages "
+                     r"may be delivered again", result.stdout)  # fmt: skip
+    assert said is not None and 1 <= int(said[1]) <= 20, result.stdout
