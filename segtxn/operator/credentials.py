@@ -291,7 +291,9 @@ async def ensure_cluster(
     await work.auth(owner, key)
     for role in sec.token_roles():
         await work.token(owner, role, key, ca_pem, client_ca)
-    for name in coordinators:
+    # Kopf's index is live: a coordinator made or deleted during an await below would
+    # change it under the loop (RuntimeError); one made meanwhile has its own handler.
+    for name in sorted(coordinators):
         found = await runtime.kube.get(API, "TransactionCoordinator", namespace, name)
         if found is not None and not found.get("metadata", {}).get("deletionTimestamp"):
             tc = kopf.Body(cast(kopf.RawBody, found))

@@ -5,6 +5,7 @@ nothing of it with the switch off; a policy the servers would refuse is refused 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
 import re
@@ -12,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import jwt
+import kmock
 import kopf
 import pytest
 import yaml
@@ -355,3 +357,38 @@ async def test_what_a_secured_cluster_sends_is_granted_and_every_secured_grant_i
         seen = observed(emu.requests)
     assert seen - declared() == set(), "sent but not granted"
     assert SECURED - seen == set(), "granted for security but never sent"
+
+
+async def test_a_coordinator_created_while_the_clusters_handler_goes_through_them() -> None:
+    """Kopf's index of a cluster's TransactionCoordinators is live: a TransactionCoordinator
+    created while the cluster's handler walks them (one certificate each, an await each)
+    changed the collection under its loop (``RuntimeError: dictionary changed size during
+    iteration``), and the handler failed, retried only after Kopf's minute of back-off. Held
+    here at its read of the first coordinator's certificate while another one is made."""
+    async with emulator() as emu, operator(emu, offline()):
+        await secured(emu)
+        await wait_until(lambda: all(emu.get(SECRETS, s) for s in ALL_SECRETS),
+                         timeout=WAIT_S, what="the Secrets")  # fmt: skip
+        held, release = asyncio.Event(), asyncio.Event()
+
+        async def gate(request: kmock.Request) -> None:
+            target = request.resource
+            ours = target is not None and target.plural == "secrets"
+            if ours and request.name == "demo-coordinator-tls" and not held.is_set():
+                held.set()
+                await release.wait()
+
+        emu.gate = gate
+        roles = {**ROLES, "audit-app": [{"resource": "acme/orders", "actions": ["consume"]}]}
+        await emu.patch("SegtxnCluster", "demo", {"spec": {"security": {"roles": roles}}})
+        await asyncio.wait_for(held.wait(), timeout=WAIT_S)
+        await emu.create("TransactionCoordinator", "beta", {"clusterRef": "demo"})
+        await wait_until(lambda: emu.get(SECRETS, "beta-coordinator-tls") is not None,
+                         timeout=WAIT_S, what="beta indexed and its certificate made")  # fmt: skip
+        release.set()
+        await wait_until(
+            lambda: (applied := condition_of(emu, "SegtxnCluster", "demo", "Applied")) is not None
+            and applied.get("observedGeneration") == 2 and applied["status"] == "True",
+            timeout=WAIT_S, what="the cluster's new spec applied",
+        )  # fmt: skip
+        assert emu.get(SECRETS, "demo-token-audit-app") is not None
