@@ -5,6 +5,7 @@ see :class:`MetadataStore` for the contract and :mod:`segtxn.metastore.engine` f
 backend must provide.
 """
 
+from segtxn.metastore import grpc_fork  # noqa: F401  (imported first, for its effect)
 from segtxn.metastore.election import LeaderElection, Leadership
 from segtxn.metastore.errors import (
     AlreadyExists,
