@@ -1,20 +1,26 @@
 """What the SegtxnCluster and TransactionCoordinator handlers share: applying a resource's
 children and saying so in its status (``Applied`` True, an event), saying why a spec was
-not applied (``Applied`` False, a Warning event once), a status timer's conditions written
-beside the handler's (:func:`with_fresh_others`), and the check of a cluster's spec against
+not applied (``Applied`` False, a Warning event once), each writer's conditions written
+beside the other's (:func:`write_status`), and the check of a cluster's spec against
 what its broker StatefulSet runs (:mod:`.immutable`)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from segtxn.operator import render
 from segtxn.operator.immutable import immutable_changes
-from segtxn.operator.runtime import API, Runtime, apply_objects, now
+from segtxn.operator.runtime import Runtime, apply_objects, now
 from segtxn.operator.status import condition
+
+HANDLER_CONDITIONS = ("Applied",)
+"""The condition a SegtxnCluster's or TransactionCoordinator's handler owns; its status
+timer owns the others."""
 
 
 async def apply_children(
@@ -28,8 +34,7 @@ async def apply_children(
     (``observedGeneration``, condition ``Applied``) and an event."""
     await apply_objects(runtime, body, objects)
     message = f"{len(objects)} objects applied"
-    patch.status["observedGeneration"] = body.meta.get("generation")
-    patch.status["conditions"] = condition(
+    applied = condition(
         status.get("conditions"),
         kind="Applied",
         status=True,
@@ -38,30 +43,69 @@ async def apply_children(
         now=now(),
         generation=body.meta.get("generation"),
     )
+    write_status(
+        patch,
+        applied,
+        own=HANDLER_CONDITIONS,
+        fields={"observedGeneration": body.meta.get("generation")},
+    )
     kopf.info(body, reason="Applied", message=message)
 
 
-async def with_fresh_others(
-    runtime: Runtime,
-    kind: str,
-    namespace: str,
-    name: str,
-    conditions: list[dict[str, Any]],
+@dataclass(frozen=True)
+class StatusWrite:
+    """A Kopf patch function (one of ``patch.fns``): in the body it is given, sets the
+    status ``fields`` (a None removes one, as in a merge patch) and the condition types
+    ``own`` (to ``mine``), and leaves every other condition type as it is there.
+
+    Why: a resource's handler (``Applied``) and its status timer (the other types) write
+    one ``conditions`` list, and a merge patch replaces a list whole: each wrote the
+    other's types back as it had last read them, which could undo a newer write. A timer
+    tick that had read ``Applied`` False wrote it back over the handler's True, and nothing
+    wrote True again: a cluster whose spec was applied said it was refused. Kopf runs a
+    patch function on the freshest body it has (what the patch's merge part returned, else
+    the last one watched) and sends the difference as one JSON patch that tests the
+    resourceVersion: a write in between fails that test (422), and Kopf applies the
+    function again on its next cycle, to the newer body. The fields ride in the same
+    patch, so a reader never sees a timer's ``phase`` without its conditions."""
+
+    fields: tuple[tuple[str, Any], ...]
+    own: frozenset[str]
+    mine: tuple[Mapping[str, Any], ...]
+
+    def __call__(self, body: kopf.RawBody) -> None:
+        status = body.setdefault("status", {})
+        for key, value in self.fields:
+            if value is None:  # as in a merge patch: gone
+                status.pop(key, None)
+            else:
+                status[key] = copy.deepcopy(value)
+        stored = status.get("conditions") or []
+        others = [c for c in stored if c.get("type") not in self.own]
+        mine = [dict(c) for c in self.mine]
+        status["conditions"] = sorted([*others, *mine], key=lambda c: str(c["type"]))
+
+
+def write_status(
+    patch: kopf.Patch,
+    conditions: Sequence[Mapping[str, Any]],
     *,
     own: Sequence[str],
-) -> list[dict[str, Any]]:
-    """What a status timer writes as ``conditions``: its ``own`` types from ``conditions``,
-    the others (``Applied``: the handler's) as stored now, re-read.
-
-    Why: the tick began with a snapshot (:func:`.runtime.snapshot`), and the handler may
-    have written ``Applied`` since; a merge patch replaces the whole list, so writing the
-    snapshot's would undo it. What remains is a window of one request between this read
-    and the timer's write."""
-    fresh = await runtime.kube.get(API, kind, namespace, name)
-    stored = ((fresh or {}).get("status") or {}).get("conditions") or []
-    others = [c for c in stored if c.get("type") not in own]
-    mine = [c for c in conditions if c.get("type") in own]
-    return sorted([*others, *mine], key=lambda c: str(c["type"]))
+    fields: Mapping[str, Any] | None = None,
+) -> None:
+    """Have ``patch`` write the condition types ``own`` as ``conditions`` has them (no
+    other type) and the status ``fields``, together (:class:`StatusWrite`). It replaces an
+    earlier such write of the same types still pending in ``patch``: one that Kopf carried
+    over from a write that met a newer version, which this newer one supersedes."""
+    types = frozenset(own)
+    write = StatusWrite(
+        tuple((fields or {}).items()),
+        types,
+        tuple(c for c in conditions if c.get("type") in types),
+    )
+    for stale in [fn for fn in patch.fns if isinstance(fn, StatusWrite) and fn.own == types]:
+        patch.fns.remove(stale)
+    patch.fns.append(write)
 
 
 def not_applied(
@@ -78,7 +122,7 @@ def not_applied(
         and c.get("message") == message
         for c in previous or ()
     )
-    patch.status["conditions"] = condition(
+    refused = condition(
         previous,
         kind="Applied",
         status=False,
@@ -87,6 +131,7 @@ def not_applied(
         now=now(),
         generation=body.meta.get("generation"),
     )
+    write_status(patch, refused, own=HANDLER_CONDITIONS)
     if not repeated:
         kopf.warn(body, reason=why, message=message)
 

@@ -19,7 +19,7 @@ from segtxn.operator.applying import (
     apply_children,
     not_applied,
     refused_changes,
-    with_fresh_others,
+    write_status,
 )
 from segtxn.operator.runtime import (
     GROUP,
@@ -114,7 +114,14 @@ async def reconcile_cluster(
         not_applied(body, status, patch, "ApplyFailed", str(e))
         raise
     patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
-    patch.status["phase"] = status.get("phase") or "Pending"
+    patch.fns.append(_pending_unless_phased)
+
+
+def _pending_unless_phased(body: kopf.RawBody) -> None:
+    """A Kopf patch function: phase ``Pending`` for a cluster that has no phase yet. The
+    status timer's phase stays, even one written after the handler's body was read
+    (:class:`~.applying.StatusWrite` says why a function and not a merge patch)."""
+    body.setdefault("status", {}).setdefault("phase", "Pending")
 
 
 def _replication(
@@ -219,12 +226,8 @@ async def cluster_readiness(
     unchanged = status.get("readyBrokers") == state.ready_replicas and status.get("phase") == phase
     if unchanged and status.get("roll") == roll and same(status.get("conditions"), conditions):
         return
-    patch.status["roll"] = roll
-    patch.status["readyBrokers"] = state.ready_replicas
-    patch.status["phase"] = phase
-    patch.status["conditions"] = await with_fresh_others(
-        runtime, "SegtxnCluster", namespace, name, conditions, own=TIMER_CONDITIONS
-    )
+    fields = {"roll": roll, "readyBrokers": state.ready_replicas, "phase": phase}
+    write_status(patch, conditions, own=TIMER_CONDITIONS, fields=fields)
     was_ready = status.get("phase") == "Ready"
     if state.ready and not was_ready:
         kopf.info(body, reason="Ready", message=state.message)

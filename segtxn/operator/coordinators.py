@@ -18,7 +18,7 @@ from segtxn.operator.applying import (
     apply_children,
     not_applied,
     refused_changes,
-    with_fresh_others,
+    write_status,
 )
 from segtxn.operator.immutable import coordinator_changes
 from segtxn.operator.runtime import (
@@ -154,8 +154,7 @@ async def coordinator_status(
         now=stamp,
         generation=generation,
     )
-    patch.status["lastChecked"] = stamp
-    patch.status["readyReplicas"] = state.ready_replicas
+    fields: dict[str, Any] = {"lastChecked": stamp, "readyReplicas": state.ready_replicas}
     try:
         http = await runtime.sessions.session(
             runtime.kube, runtime.http, namespace, cluster_name, secured
@@ -171,15 +170,13 @@ async def coordinator_status(
             now=stamp,
             generation=generation,
         )
-        patch.status["conditions"] = await with_fresh_others(
-            runtime, "TransactionCoordinator", namespace, name, conditions, own=TIMER_CONDITIONS
-        )
+        write_status(patch, conditions, own=TIMER_CONDITIONS, fields=fields)
         return
     backlog = int(stats["gcBacklog"])
     threshold = int(spec.get("gcBacklogThreshold", 10_000))
-    patch.status["openTransactions"] = int(stats["openTransactions"])
-    patch.status["gcBacklog"] = backlog
-    patch.status["idsHeld"] = list(stats["idsHeld"])
+    fields["openTransactions"] = int(stats["openTransactions"])
+    fields["gcBacklog"] = backlog
+    fields["idsHeld"] = list(stats["idsHeld"])
     conditions = condition(
         conditions,
         kind="Reachable",
@@ -203,8 +200,6 @@ async def coordinator_status(
         now=stamp,
         generation=body.meta.get("generation"),
     )
-    patch.status["conditions"] = await with_fresh_others(
-        runtime, "TransactionCoordinator", namespace, name, conditions, own=TIMER_CONDITIONS
-    )
+    write_status(patch, conditions, own=TIMER_CONDITIONS, fields=fields)
     if high and not was_high:
         kopf.warn(body, reason="GCBacklogHigh", message=message)

@@ -11,6 +11,8 @@ coordinator Deployment still runs the old image while the brokers roll."""
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from typing import Any
 
 import kmock
@@ -88,20 +90,31 @@ def rolling(emu: Emulator) -> dict[str, Any]:
     return cond(emu, "Rolling")
 
 
-def hold_once(emu: Emulator, plural: str, name: str) -> tuple[asyncio.Event, asyncio.Event]:
-    """(held, release): the operator's first read of ``plural``/``name`` from now on waits,
+def hold_first(
+    emu: Emulator, matches: Callable[[kmock.Request], bool]
+) -> tuple[asyncio.Event, asyncio.Event]:
+    """(held, release): the operator's first request from now on that ``matches`` waits,
     once ``held`` is set, until the test sets ``release``."""
     held, release = asyncio.Event(), asyncio.Event()
 
     async def gate(request: kmock.Request) -> None:
-        target = request.resource
-        ours = target is not None and target.plural == plural and request.name == name
-        if ours and request.action == kmock.action.FETCH and not held.is_set():
+        if matches(request) and not held.is_set():
             held.set()
             await release.wait()
 
     emu.gate = gate
     return held, release
+
+
+def hold_once(emu: Emulator, plural: str, name: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """:func:`hold_first` for the operator's first read of ``plural``/``name``."""
+
+    def read(request: kmock.Request) -> bool:
+        target = request.resource
+        ours = target is not None and target.plural == plural and request.name == name
+        return ours and request.action == kmock.action.FETCH
+
+    return hold_first(emu, read)
 
 
 async def test_an_image_change_rolls_the_brokers_then_each_coordinator_in_turn() -> None:
@@ -230,7 +243,7 @@ async def test_a_coordinators_status_tick_keeps_what_its_handler_wrote_meanwhile
             before = len(patches)
             release.set()
             await wait_until(
-                lambda: any(name == "alpha" and "lastChecked" in body.get("status", {})
+                lambda: any(name == "alpha" and "lastChecked" in json.dumps(body)
                             for name, body in patches[before:]),
                 timeout=WAIT_S, what="the held tick's write",
             )  # fmt: skip
@@ -238,6 +251,40 @@ async def test_a_coordinators_status_tick_keeps_what_its_handler_wrote_meanwhile
             conditions = status(emu, "TransactionCoordinator", "alpha")["conditions"]
             kinds = {c["type"] for c in conditions}
             assert kinds == {"Applied", "Ready", "Reachable"}  # no coordinator answers here
+
+
+async def test_a_coordinators_status_write_keeps_what_its_handler_wrote_meanwhile() -> None:
+    """A merge patch replaces the whole ``conditions`` list: the coordinator's status timer
+    wrote the handler's ``Applied`` back as it had read it, and a handler's write between
+    that read and that write was undone for good (a handler writes ``Applied`` once per
+    change). Here the timer's status write is held while the handler writes."""
+    fake = fake_brokers()
+    async with serving(fake), emulator() as emu, operator(emu, memo(fake)):
+        await running(emu)
+        await emu.create("TransactionCoordinator", "alpha", {
+            "clusterRef": "demo", "replicas": 2, "statusIntervalSeconds": 1})  # fmt: skip
+        await wait_until(lambda: applied_for(emu, "alpha") == 1 and "lastChecked" in status(
+            emu, "TransactionCoordinator", "alpha"), timeout=WAIT_S,
+            what="alpha applied and checked")  # fmt: skip
+
+        def timer_write(request: kmock.Request) -> bool:
+            return (request.name == "alpha" and request.subresource == "status"
+                    and "lastChecked" in json.dumps(request.data))  # fmt: skip
+
+        held, release = hold_first(emu, timer_write)
+        await asyncio.wait_for(held.wait(), timeout=WAIT_S)
+        checked = status(emu, "TransactionCoordinator", "alpha")["lastChecked"]
+        await emu.patch("TransactionCoordinator", "alpha", {"spec": {"gcSweepSeconds": 5}})
+        await wait_until(lambda: applied_for(emu, "alpha") == 2, timeout=WAIT_S,
+                         what="the handler's Applied")  # fmt: skip
+        release.set()
+        await wait_until(
+            lambda: status(emu, "TransactionCoordinator", "alpha")["lastChecked"] != checked,
+            timeout=WAIT_S, what="a timer write after the held one",
+        )  # fmt: skip
+        assert applied_for(emu, "alpha") == 2
+        conditions = status(emu, "TransactionCoordinator", "alpha")["conditions"]
+        assert {c["type"] for c in conditions} == {"Applied", "Ready", "Reachable"}
 
 
 async def test_an_operator_restarted_during_the_coordinators_turn_goes_on_in_order() -> None:
