@@ -19,7 +19,7 @@ import kmock
 import pytest
 
 from tests.operator.emulator import NS, Emulator, emulator, operator
-from tests.operator.fakebrokers import serving
+from tests.operator.fakebrokers import FakeBrokers, serving
 from tests.operator.support import WAIT_S, status
 from tests.operator.test_rolling import (
     BROKERS,
@@ -86,6 +86,21 @@ async def two_coordinators(emu: Emulator) -> None:
         await coordinators_done(emu, name, 1)
 
 
+async def cluster_with_two_coordinators(emu: Emulator) -> None:
+    """Cluster demo running (replication 3/2, its brokers rolled), then :func:`two_coordinators`."""
+    await running(emu, replication="3/2")
+    await brokers_done(emu, 1)
+    await two_coordinators(emu)
+
+
+async def brokers_replaced_before_any_coordinator(emu: Emulator, fake: FakeBrokers) -> None:
+    """Each broker replaced on r2, highest first (:func:`replaced`), both coordinators still
+    on the old image before each: the brokers roll first."""
+    for k, name in enumerate(reversed(BROKERS), start=1):
+        assert image(emu, "alpha") == image(emu, "beta") == "segtxn:0.1.0", name
+        await replaced(emu, fake, k, name, "r2")
+
+
 def rolling(emu: Emulator) -> dict[str, Any]:
     return cond(emu, "Rolling")
 
@@ -122,9 +137,7 @@ async def test_an_image_change_rolls_the_brokers_then_each_coordinator_in_turn()
     async with serving(fake), emulator() as emu:
         breaches = watch(emu, fake)
         async with operator(emu, memo(fake)):
-            await running(emu, replication="3/2")
-            await brokers_done(emu, 1)
-            await two_coordinators(emu)
+            await cluster_with_two_coordinators(emu)
             await change_image(emu, "segtxn:0.2.0", "r2")
             await controller(emu, "statefulsets", "demo-broker", generation=2, observed=2,
                              updated=0, ready=3, replicas=3)  # fmt: skip
@@ -136,9 +149,7 @@ async def test_an_image_change_rolls_the_brokers_then_each_coordinator_in_turn()
                             .get("conditions", [])),
                 timeout=WAIT_S, what="beta waiting for the brokers",
             )  # fmt: skip
-            for k, name in enumerate(reversed(BROKERS), start=1):
-                assert image(emu, "alpha") == image(emu, "beta") == "segtxn:0.1.0", name
-                await replaced(emu, fake, k, name, "r2")
+            await brokers_replaced_before_any_coordinator(emu, fake)
             await wait_until(lambda: rolling(emu).get("reason") == "UpToDate", timeout=WAIT_S,
                              what="every broker on r2")  # fmt: skip
             # Every pod runs r2, but the controller has not said so: still the brokers' turn.
@@ -192,9 +203,7 @@ async def test_an_image_changed_during_a_coordinators_tick_still_waits_for_the_b
     async with serving(fake), emulator() as emu:
         breaches = watch(emu, fake)
         async with operator(emu, memo(fake)):
-            await running(emu, replication="3/2")
-            await brokers_done(emu, 1)
-            await two_coordinators(emu)
+            await cluster_with_two_coordinators(emu)
             held, release = hold_once(emu, "transactioncoordinators", "alpha")
             await asyncio.wait_for(held.wait(), timeout=WAIT_S)
             await change_image(emu, "segtxn:0.2.0", "r2")
@@ -203,9 +212,7 @@ async def test_an_image_changed_during_a_coordinators_tick_still_waits_for_the_b
             release.set()
             await controller(emu, "statefulsets", "demo-broker", generation=2, observed=2,
                              updated=0, ready=3, replicas=3)  # fmt: skip
-            for k, name in enumerate(reversed(BROKERS), start=1):
-                assert image(emu, "alpha") == image(emu, "beta") == "segtxn:0.1.0", name
-                await replaced(emu, fake, k, name, "r2")
+            await brokers_replaced_before_any_coordinator(emu, fake)
             await brokers_done(emu, 2)
             await wait_until(lambda: image(emu, "alpha") == "segtxn:0.2.0", timeout=WAIT_S,
                              what="alpha applied, in its turn")  # fmt: skip
@@ -292,9 +299,7 @@ async def test_an_operator_restarted_during_the_coordinators_turn_goes_on_in_ord
     async with serving(fake), emulator() as emu:
         watch(emu, fake)
         async with operator(emu, memo(fake)):
-            await running(emu, replication="3/2")
-            await brokers_done(emu, 1)
-            await two_coordinators(emu)
+            await cluster_with_two_coordinators(emu)
             await change_image(emu, "segtxn:0.2.0", "r2")
             await controller(emu, "statefulsets", "demo-broker", generation=2, observed=2,
                              updated=0, ready=3, replicas=3)  # fmt: skip
