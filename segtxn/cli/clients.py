@@ -145,7 +145,7 @@ def produce(
     show(
         output,
         done,
-        f"sent {count} messages in {done['seconds']:.2f}s ({done['rate']} msg/s); "
+        f"sent {_messages(count)} in {done['seconds']:.2f}s ({done['rate']} msg/s); "
         f"last id {done['lastId']}",
     )
 
@@ -231,7 +231,7 @@ def _shown(message: Message) -> dict[str, Any]:
     "sub_type",
     default="Exclusive",
     show_default=True,
-    type=click.Choice(["Exclusive", "Failover", "Shared"]),
+    type=click.Choice(["Exclusive", "Failover", "Shared"], case_sensitive=False),
 )
 @click.option(
     "--initial", default="earliest", show_default=True, type=click.Choice(["earliest", "latest"])
@@ -366,7 +366,7 @@ def consume(
         if acks is None:  # nothing done yet: the error alone says it
             raise
         raise FailedPartWay(progress()) from e
-    line = f"received {done['received']} messages"
+    line = f"received {_messages(done['received'])}"
     if done["received"]:
         line += f" ({done['keys']} keys), first {done['firstId']}, last {done['lastId']}"
     if done["unacknowledged"]:
@@ -398,3 +398,8 @@ def _unacknowledged(count: int, unknown: int) -> str:
             f"{'their' if unknown > 1 else 'its'} outcome unknown"
         )
     return f"{'; '.join(said)}: those messages may be delivered again"
+
+
+def _messages(count: int) -> str:
+    """``1 message``, ``3 messages``."""
+    return f"{count} message" if count == 1 else f"{count} messages"

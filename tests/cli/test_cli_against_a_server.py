@@ -110,6 +110,19 @@ def test_produce_reports_what_it_sent(standalone: str) -> None:
     assert result.stderr == "", result.stderr
 
 
+def test_one_message_is_counted_in_the_singular_and_a_type_in_any_case(
+    standalone: str,
+) -> None:
+    topic = "topic://t/ns/one"
+    invoke("topics", "create", topic, "--url", standalone)
+    sent = invoke("produce", topic, "-m", "only", "--url", standalone)
+    assert sent.exit_code == 0, sent.output
+    assert sent.stdout.startswith("sent 1 message in "), sent.stdout
+    got = invoke("consume", topic, "one", "--type", "shared", "-n", "1", "--url", standalone)
+    assert got.exit_code == 0, got.output
+    assert got.stdout.startswith("received 1 message ("), got.stdout
+
+
 def test_produce_sends_the_bytes_of_a_message_that_is_not_utf8(standalone: str) -> None:
     """``-m`` sends the bytes the shell passed, as ``-m "$(printf '\\xff')"`` does: Python
     hands them over as lone surrogates, which ``str.encode()`` refused (before: "internal
