@@ -95,17 +95,34 @@ def write_status(
 ) -> None:
     """Have ``patch`` write the condition types ``own`` as ``conditions`` has them (no
     other type) and the status ``fields``, together (:class:`StatusWrite`). It replaces an
-    earlier such write of the same types still pending in ``patch``: one that Kopf carried
-    over from a write that met a newer version, which this newer one supersedes."""
+    earlier such write of the same types still pending in ``patch`` (one that Kopf carried
+    over from a write that met a newer version, on a handler's next run): its conditions
+    are superseded, and its fields kept where this write does not set them (an
+    ``observedGeneration`` whose children were applied stays written when the next run
+    refuses a newer spec)."""
     types = frozenset(own)
+    earlier: dict[str, Any] = {}
+    for stale in forget_status_writes(patch, own):
+        earlier.update(stale.fields)
     write = StatusWrite(
-        tuple((fields or {}).items()),
+        tuple({**earlier, **(fields or {})}.items()),
         types,
         tuple(c for c in conditions if c.get("type") in types),
     )
-    for stale in [fn for fn in patch.fns if isinstance(fn, StatusWrite) and fn.own == types]:
-        patch.fns.remove(stale)
     patch.fns.append(write)
+
+
+def forget_status_writes(patch: kopf.Patch, own: Sequence[str]) -> list[StatusWrite]:
+    """Take out of ``patch`` the writes of the condition types ``own`` still pending in it
+    (carried over by Kopf from a write that met a newer version); returns them. A status
+    timer calls it when its tick begins: the tick decides from the status as it is now,
+    and one that finds nothing to change must not have an older tick's values written
+    over it."""
+    types = frozenset(own)
+    stale = [fn for fn in patch.fns if isinstance(fn, StatusWrite) and fn.own == types]
+    for fn in stale:
+        patch.fns.remove(fn)
+    return stale
 
 
 def not_applied(

@@ -17,6 +17,7 @@ from segtxn.ledger.replicas import Replication
 from segtxn.operator import credentials, ordering, render, replication, rolling, scaledown, security
 from segtxn.operator.applying import (
     apply_children,
+    forget_status_writes,
     not_applied,
     refused_changes,
     write_status,
@@ -114,7 +115,8 @@ async def reconcile_cluster(
         not_applied(body, status, patch, "ApplyFailed", str(e))
         raise
     patch.status["serviceUrl"] = render.service_url(name, namespace, spec)
-    patch.fns.append(_pending_unless_phased)
+    if _pending_unless_phased not in patch.fns:  # (one carried over may be there)
+        patch.fns.append(_pending_unless_phased)
 
 
 def _pending_unless_phased(body: kopf.RawBody) -> None:
@@ -181,6 +183,7 @@ async def cluster_readiness(
     turn (:mod:`.ordering`, said in ``Rolling``); written only when something changed. One
     timer writes them all: two would each rewrite the whole ``conditions`` list from what
     they last read."""
+    forget_status_writes(patch, TIMER_CONDITIONS)  # this tick decides afresh
     if track(memo, indexes["stopped"]):  # Kopf's TimerFn type leaves this kwarg out
         return
     body = snapshot(body)  # the spec the brokers are checked against is the one applied

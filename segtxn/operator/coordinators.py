@@ -16,6 +16,7 @@ from segtxn.client.errors import Timeout
 from segtxn.operator import credentials, ordering, render
 from segtxn.operator.applying import (
     apply_children,
+    forget_status_writes,
     not_applied,
     refused_changes,
     write_status,
@@ -119,6 +120,7 @@ async def coordinator_status(
     """Every ``statusIntervalSeconds``: ``Ready`` from the Deployment against what the
     spec and its cluster's render (:func:`status.rollout`); open transactions and the GC
     backlog into status; ``GCBacklogHigh`` when the backlog passes ``gcBacklogThreshold``."""
+    forget_status_writes(patch, TIMER_CONDITIONS)  # this tick decides afresh
     if track(memo, kwargs["stopped"]):  # Kopf's TimerFn type leaves this kwarg out
         return
     body = snapshot(body)  # one spec and one status for the whole tick
