@@ -8,6 +8,7 @@ takes a port, a service URL or a count accepts exactly the same things.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import tempfile
 from collections.abc import Callable
@@ -73,6 +74,7 @@ class HttpUrl(click.ParamType[str]):
 
     def _one(self, text: str, param: click.Parameter | None, ctx: click.Context | None) -> str:
         form = "http://host:port" + ("/path" if self.path_ok else "")
+        text = ipv6_bracketed(text)
         try:
             parts = urlsplit(text)
         except ValueError as e:  # (an unclosed IPv6 bracket)
@@ -86,6 +88,26 @@ class HttpUrl(click.ParamType[str]):
         if (parts.path not in ("", "/") and not self.path_ok) or parts.query or parts.fragment:
             self.fail(f"{text!r}: expected only {form}", param, ctx)
         return text if self.path_ok else text.rstrip("/")
+
+
+def ipv6_bracketed(url: str) -> str:
+    """``http://fd00::1:8081`` as ``http://[fd00::1]:8081``; any other text as given.
+
+    Why: the operator advertises a coordinator as ``http://$(POD_IP):PORT``, and on an
+    IPv6 cluster Kubernetes expands that to an address without the brackets a URL needs
+    around it: the coordinator refused to start ("the port must be a number"). The last
+    colon-separated part is taken as the port when it is decimal digits and what precedes
+    it is an IPv6 address, which is what the expansion gives."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    host, _, port = netloc.rpartition(":")
+    if not sep or "[" in netloc or "@" in netloc or ":" not in host or not port.isdigit():
+        return url
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return url
+    return f"{scheme}://[{host}]:{port}{slash}{path}"
 
 
 class StoreUrl(click.ParamType[str]):
